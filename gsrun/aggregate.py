@@ -1,0 +1,161 @@
+"""Streaming aggregates with O(1) memory in job length. Pure.
+
+:class:`Metric` keeps time-weighted mean, min, max, time above/below
+thresholds and a fixed histogram; :class:`Timeline` keeps at most
+``max_points`` (time, mean, max) buckets, merging neighbours when full, so
+a 7-day job costs what a 10-minute one does. Both serialise to plain dicts
+(``to_dict`` / ``from_dict``) for the sampler's atomic state file.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+HIST_EDGES_PCT = (0, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100.0001)
+
+
+@dataclass
+class Metric:
+    """One metric's running aggregate. ``add(value, dt_s)`` weights a value
+    by the time it stood for; ``None`` values (N/A) count as gap time."""
+
+    thresholds: tuple[float, ...] = ()
+    hist_edges: tuple[float, ...] = ()
+    n: int = 0
+    weight_s: float = 0.0
+    wsum: float = 0.0
+    min: float | None = None
+    max: float | None = None
+    gap_s: float = 0.0
+    above_s: dict = field(default_factory=dict)   # str(threshold) -> seconds at value >= threshold
+    hist_s: list = field(default_factory=list)
+
+    def add(self, value: float | None, dt_s: float) -> None:
+        if dt_s < 0 or (isinstance(dt_s, float) and math.isnan(dt_s)):
+            return
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            self.gap_s += dt_s
+            return
+        v = float(value)
+        self.n += 1
+        self.weight_s += dt_s
+        self.wsum += v * dt_s
+        self.min = v if self.min is None else min(self.min, v)
+        self.max = v if self.max is None else max(self.max, v)
+        for t in self.thresholds:
+            if v >= t:
+                self.above_s[str(t)] = self.above_s.get(str(t), 0.0) + dt_s
+        if self.hist_edges:
+            if not self.hist_s:
+                self.hist_s = [0.0] * (len(self.hist_edges) - 1)
+            for i in range(len(self.hist_edges) - 1):
+                if self.hist_edges[i] <= v < self.hist_edges[i + 1]:
+                    self.hist_s[i] += dt_s
+                    break
+
+    @property
+    def mean(self) -> float | None:
+        """Time-weighted mean, or None when no value was ever seen."""
+        if self.n == 0:
+            return None
+        if self.weight_s <= 0:
+            return None
+        return self.wsum / self.weight_s
+
+    def frac_above(self, threshold: float) -> float | None:
+        if self.weight_s <= 0:
+            return None
+        return self.above_s.get(str(threshold), 0.0) / self.weight_s
+
+    def to_dict(self) -> dict:
+        return {"thresholds": list(self.thresholds), "hist_edges": list(self.hist_edges), "n": self.n,
+                "weight_s": self.weight_s, "wsum": self.wsum, "min": self.min, "max": self.max,
+                "gap_s": self.gap_s, "above_s": dict(self.above_s), "hist_s": list(self.hist_s)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Metric":
+        m = cls(tuple(d.get("thresholds", ())), tuple(d.get("hist_edges", ())))
+        for k in ("n", "weight_s", "wsum", "min", "max", "gap_s"):
+            setattr(m, k, d.get(k, getattr(m, k)))
+        m.above_s = dict(d.get("above_s", {}))
+        m.hist_s = list(d.get("hist_s", []))
+        return m
+
+
+@dataclass
+class Timeline:
+    """Bounded downsampled series of ``[t_s, mean, max]`` buckets.
+
+    Each new point is its own bucket; when there are ``max_points`` buckets
+    every pair of neighbours is merged (time-weighted by the count they hold),
+    halving the resolution. Memory is O(max_points) for any job length.
+    """
+
+    max_points: int = 1000
+    points: list = field(default_factory=list)   # [t_start_s, mean, max, count]
+    bucket_n: int = 1                             # raw points per bucket now
+
+    def add(self, t_s: float, value: float | None) -> None:
+        if value is None:
+            return
+        v = float(value)
+        if self.points and self.points[-1][3] < self.bucket_n:
+            b = self.points[-1]
+            b[1] = (b[1] * b[3] + v) / (b[3] + 1)
+            b[2] = max(b[2], v)
+            b[3] += 1
+        else:
+            self.points.append([float(t_s), v, v, 1])
+        if len(self.points) >= self.max_points:
+            merged = []
+            for i in range(0, len(self.points), 2):
+                a = self.points[i]
+                if i + 1 < len(self.points):
+                    c = self.points[i + 1]
+                    n = a[3] + c[3]
+                    merged.append([a[0], (a[1] * a[3] + c[1] * c[3]) / n, max(a[2], c[2]), n])
+                else:
+                    merged.append(a)
+            self.points = merged
+            self.bucket_n *= 2
+
+    def to_dict(self) -> dict:
+        return {"max_points": self.max_points, "bucket_n": self.bucket_n, "points": self.points}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Timeline":
+        return cls(d.get("max_points", 1000), [list(p) for p in d.get("points", [])], d.get("bucket_n", 1))
+
+
+@dataclass
+class Counter:
+    """A monotonically increasing hardware counter (NVML energy in mJ) that
+    may reset (driver reload) or wrap: sums the positive deltas."""
+
+    first: float | None = None
+    last: float | None = None
+    total: float = 0.0
+    resets: int = 0
+
+    def add(self, value: float | None) -> None:
+        if value is None:
+            return
+        v = float(value)
+        if self.first is None:
+            self.first = self.last = v
+            return
+        d = v - self.last
+        if d >= 0:
+            self.total += d
+        else:
+            self.resets += 1   # counter restarted from ~0: count what it reached since
+            self.total += max(v, 0.0)
+        self.last = v
+
+    def to_dict(self) -> dict:
+        return {"first": self.first, "last": self.last, "total": self.total, "resets": self.resets}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Counter":
+        return cls(d.get("first"), d.get("last"), d.get("total", 0.0), d.get("resets", 0))

@@ -1,0 +1,51 @@
+"""Errors with the message shape every gsrun tool prints.
+
+``gsrun: <phase>: <what>: <detail>`` and, when the user can fix it, a second
+line ``hint: <hint>``. Library code raises; only the CLI entry points turn an
+error into an exit status.
+"""
+
+from __future__ import annotations
+
+
+class GsrunError(Exception):
+    """Base class. Raised with the phase (``bind``, ``prolog``, ``submit`` ...),
+    the thing that failed, the detail and an optional hint."""
+
+    def __init__(self, phase: str, what: str, detail: str, hint: str | None = None):
+        self.phase = phase
+        self.what = what
+        self.detail = detail
+        self.hint = hint
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        msg = f"gsrun: {self.phase}: {self.what}: {self.detail}"
+        if self.hint:
+            msg += f"\nhint: {self.hint}"
+        return msg
+
+
+class InputError(GsrunError):
+    """A user- or admin-supplied value (flag, env var, job option, config key)
+    failed validation. Likely cause: a typo or a value outside the allow-list."""
+
+
+class ConfigError(InputError):
+    """The site config (``/etc/gsrun/gsrun.toml`` or ``$GSRUN_CONFIG``) has an
+    unknown key or a bad value."""
+
+
+class SlurmError(GsrunError):
+    """A Slurm command failed, timed out or printed something unparsable.
+    Likely causes: slurmctld unreachable, wrong ``SLURM_CONF``, job id unknown."""
+
+
+class TopologyError(GsrunError):
+    """The host's GPUs/NUMA layout could not be read or a requested GPU does
+    not exist on this node. Likely causes: a wrong ``--host-root``, a GPU
+    token that matches no device, a driver that is not loaded."""
+
+
+class NodeError(GsrunError):
+    """A node-side change (tuning, MPS, MIG) could not be made or undone."""

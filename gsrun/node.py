@@ -1,0 +1,258 @@
+"""``gsrun-node``: the node side (run as root by slurmd/slurmctld or an admin).
+
+Subcommands: ``prolog``, ``epilog``, ``epilog-ctld`` (Slurm hooks; the job
+context comes from the environment Slurm sets), ``sampler`` (started by the
+prolog), ``restore``, ``status``, ``topology``, ``mig plan``, ``spank
+build|install``, ``mail flush``, ``config check``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import click
+
+from .errors import GsrunError
+
+HOST_ROOT = click.option("--host-root", default=None, envvar="GSRUN_HOST_ROOT",
+                         help="Read/write /proc and /sys under DIR (a recorded or fake tree).")
+STATE_DIR = click.option("--state-dir", default=None, envvar="GSRUN_STATE_DIR", help="State directory.")
+SPOOL_DIR = click.option("--spool-dir", default=None, envvar="GSRUN_SPOOL_DIR", help="Spool directory.")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def cli():
+    """gsrun node side: Slurm prolog/epilog, sampler, restore, status."""
+
+
+@cli.command()
+@HOST_ROOT
+@STATE_DIR
+@SPOOL_DIR
+@click.option("--dry-run", is_flag=True, help="Print the plan; change nothing.")
+def prolog(host_root, state_dir, spool_dir, dry_run):
+    """Slurm Prolog: tune, MPS/MIG, start the sampler."""
+    from .prolog.main import run
+    return run(os.environ, host_root, state_dir, spool_dir, dry_run=dry_run)
+
+
+@cli.command()
+@HOST_ROOT
+@STATE_DIR
+@SPOOL_DIR
+def epilog(host_root, state_dir, spool_dir):
+    """Slurm Epilog: stop the sampler, node summary, restore the node."""
+    from .epilog.main import run
+    return run(os.environ, host_root, state_dir, spool_dir)
+
+
+@cli.command("epilog-ctld")
+@SPOOL_DIR
+@click.option("--wait-s", type=float, default=30.0, help="Wait this long for node summaries.")
+def epilog_ctld(spool_dir, wait_s):
+    """EpilogSlurmctld: merge node summaries, job report, queue mail."""
+    from .epilog.ctld import run
+    return run(os.environ, spool_dir, wait_s)
+
+
+@cli.command(hidden=True)
+@click.option("--job-id", required=True)
+@click.option("--uid", type=int, required=True)
+@click.option("--node", required=True)
+@click.option("--gpus", default="")
+@HOST_ROOT
+@STATE_DIR
+@SPOOL_DIR
+@click.option("--interval-s", type=float, default=None)
+@click.option("--max-samples", type=int, default=None)
+def sampler(job_id, uid, node, gpus, host_root, state_dir, spool_dir, interval_s, max_samples):
+    """The per-job sampler (started by the prolog)."""
+    from .config import load_config
+    from .hostfs import HostFS
+    from .jobenv import parse_gpu_indices
+    from .paths import Paths
+    from .sampler import Sampler
+
+    cfg = load_config()
+    paths = Paths.from_config(cfg, state_dir, spool_dir)
+    d = paths.make_state_job(job_id)
+    s = Sampler(HostFS.from_env(host_root), job_id, uid, node, parse_gpu_indices(gpus) or [],
+                str(d / "sampler.json"), interval_s or cfg["sampler.interval_s"], cfg["sampler.flush_s"],
+                cfg["sampler.timeline_points"])
+    s.run(max_samples)
+    return 0
+
+
+@cli.command()
+@HOST_ROOT
+@STATE_DIR
+@click.option("--job", "job_id", default=None, help="Restore what this job changed.")
+@click.option("--all", "all_jobs", is_flag=True, help="Restore the node baseline (after a crash or reboot).")
+def restore(host_root, state_dir, job_id, all_jobs):
+    """Undo node changes from the journal (idempotent)."""
+    from . import tuning
+    from .config import load_config
+    from .hostfs import HostFS
+    from .paths import Paths
+
+    if not job_id and not all_jobs:
+        raise click.UsageError("give --job ID or --all")
+    cfg = load_config()
+    paths = Paths.from_config(cfg, state_dir)
+    r = tuning.restore(HostFS.from_env(host_root), str(paths.state_dir), job_id=job_id, all_jobs=all_jobs)
+    click.echo(json.dumps(r, indent=1, default=str))
+    return 0
+
+
+@cli.command()
+@HOST_ROOT
+@STATE_DIR
+@click.option("--json", "as_json", is_flag=True)
+def status(host_root, state_dir, as_json):
+    """What is changed on this node and by which job; samplers; MPS daemons."""
+    from . import tuning
+    from .config import load_config
+    from .fsutil import read_json
+    from .hostfs import HostFS
+    from .paths import Paths
+    from .sampler import sampler_pid_alive
+
+    cfg = load_config()
+    paths = Paths.from_config(cfg, state_dir)
+    out = {"tuning": tuning.status(HostFS.from_env(host_root), str(paths.state_dir)), "samplers": {}}
+    jobs = paths.state_dir / "jobs"
+    if jobs.is_dir():
+        for d in sorted(jobs.iterdir()):
+            info = read_json(d / "sampler.pid.json")
+            if info:
+                out["samplers"][d.name] = {"pid": info["pid"],
+                                           "running": sampler_pid_alive(info["pid"], info.get("create_time"))}
+    click.echo(json.dumps(out, indent=1, default=str))
+    return 0
+
+
+@cli.command()
+@HOST_ROOT
+def topology(host_root):
+    """A table like `nvidia-smi topo -m` plus the binding gsrun would choose."""
+    from . import binding, topology as topo
+    from .hostfs import HostFS
+
+    hostfs = HostFS.from_env(host_root)
+    t = topo.read_topology(hostfs)
+    env = dict(os.environ)
+    plan = binding.plan_from_env(env, hostfs) if env.get("SLURM_LOCALID") else None
+    click.echo(binding.render_table(t, plan))
+    return 0
+
+
+@cli.group()
+def mig():
+    """Per-job MIG layouts."""
+
+
+@mig.command("plan")
+@click.option("--gpu", type=int, required=True, help="NVML index of the GPU.")
+@click.argument("layout")
+@HOST_ROOT
+def mig_plan(gpu, layout, host_root):
+    """Print the MIG plan for LAYOUT on GPU (read-only NVML calls)."""
+    from . import mig as migmod
+    from .hostfs import HostFS
+
+    click.echo(migmod.cli_plan(gpu, layout, HostFS.from_env(host_root)))
+    return 0
+
+
+@cli.group()
+def spank():
+    """Build and install the SPANK plugin."""
+
+
+@spank.command("build")
+@click.option("--out-dir", default=".", type=click.Path(file_okay=False))
+def spank_build(out_dir):
+    from .spank_py import build
+    click.echo(str(build.build(out_dir)))
+    return 0
+
+
+@spank.command("install")
+@click.option("--so", "so_path", required=True, type=click.Path(dir_okay=False, exists=True))
+@click.option("--dest-dir", default="/usr/lib/gsrun")
+@click.option("--plugstack", default="/etc/slurm/plugstack.conf.d/gsrun.conf")
+@click.option("--arg", "args", multiple=True, help="key=value plugstack argument.")
+def spank_install(so_path, dest_dir, plugstack, args):
+    from .spank_py import build
+    kv = dict(a.split("=", 1) for a in args)
+    click.echo(str(build.install(so_path, dest_dir, plugstack, kv)))
+    return 0
+
+
+@cli.group("mail")
+def mail_group():
+    """The report mail queue."""
+
+
+@mail_group.command("flush")
+@SPOOL_DIR
+def mail_flush(spool_dir):
+    """Deliver queued report mails (with retry); safe to run concurrently."""
+    from . import mail
+    from .config import load_config
+    from .paths import Paths
+
+    cfg = load_config()
+    paths = Paths.from_config(cfg, None, spool_dir)
+    click.echo(json.dumps(mail.flush(str(paths.spool_dir), cfg), default=str))
+    return 0
+
+
+@cli.group("config")
+def config_group():
+    """Site configuration."""
+
+
+@config_group.command("check")
+@click.option("--file", "path", default=None, help="Config file (default: $GSRUN_CONFIG or /etc/gsrun/gsrun.toml).")
+@click.option("--partition", default=None)
+def config_check(path, partition):
+    """Parse the site config strictly and show the effective policy."""
+    from .config import load_config
+
+    cfg = load_config(path)
+    click.echo(f"# {cfg.source}: OK")
+    parts = [partition] if partition else [None, *sorted(cfg.partitions)]
+    for p in parts:
+        click.echo(f"[effective{'' if p is None else ' partition=' + p}]")
+        for k, v in cfg.effective(p).items():
+            click.echo(f"  {k} = {json.dumps(v)}")
+    return 0
+
+
+def main(argv=None) -> None:
+    try:
+        rc = cli.main(args=argv, prog_name="gsrun-node", standalone_mode=False)
+    except GsrunError as e:
+        click.echo(str(e), err=True)
+        sys.exit(2)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except click.exceptions.Abort:
+        sys.exit(130)
+    except Exception as e:  # noqa: BLE001 - a hook must never die with a traceback
+        import traceback
+
+        phase = (argv or sys.argv[1:] or ["node"])[0]
+        click.echo(f"gsrun: {phase}: internal error: {e!r}", err=True)
+        traceback.print_exc(file=sys.stderr)
+        # a bug of ours must not drain the node: hooks exit 0
+        sys.exit(0 if phase in ("prolog", "epilog", "epilog-ctld") else 1)
+    sys.exit(rc or 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,365 @@
+"""Build and install the gsrun SPANK plugin (``gsrun_spank.so``).
+
+Plain functions only; ``gsrun-node spank build`` / ``gsrun-node spank install``
+call :func:`build` and :func:`install`.
+
+The plugin embeds the CPython it was built against (the ``python`` argument,
+by default this interpreter) and the Slurm headers found in
+``/usr/include/slurm``; it must be rebuilt for another Slurm major release
+(the ``.so`` records ``SLURM_VERSION_NUMBER`` in its ``plugin_version`` symbol
+and refuses to load on a different major.minor).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from gsrun.errors import ConfigError, InputError, NodeError
+from gsrun.fsutil import atomic_write
+
+SRC_DIR = Path(__file__).resolve().parent
+C_SOURCE = SRC_DIR / "gsrun_spank.c"
+VERSION_SCRIPT = SRC_DIR / "gsrun_spank.map"
+TEMPLATE = Path(__file__).resolve().parent.parent / "templates" / "plugstack.conf.j2"
+SO_NAME = "gsrun_spank.so"
+SLURM_INCLUDE_DIRS = ("/usr/include", "/usr/local/include")
+BEGIN_MARKER = "# BEGIN gsrun spank (managed by gsrun-node spank install)"
+END_MARKER = "# END gsrun spank"
+HARDENING = ["-shared", "-fPIC", "-O2", "-fstack-protector-strong", "-D_FORTIFY_SOURCE=2",
+             "-Wall", "-Werror=implicit-function-declaration", "-Werror=format-security"]
+LINK_HARDENING = ["-Wl,-z,relro,-z,now", "-Wl,-z,nodelete", "-Wl,-z,noexecstack"]
+SYSTEM_LIBDIRS = ("/usr/lib", "/usr/lib64", "/lib", "/lib64")
+ARG_KEYS = ("pythonpath", "on_error", "bind")
+_SAFE_ARG = re.compile(r"^[A-Za-z0-9_./+@-]{1,4000}$")
+_TIMEOUT_S = 120.0
+
+_PROBE = r"""
+import json, sys, sysconfig
+v = sysconfig.get_config_vars()
+print(json.dumps({
+    "version": v.get("VERSION"), "abiflags": v.get("ABIFLAGS") or "",
+    "py_version": sys.version.split()[0], "hexversion": sys.hexversion,
+    "include": sysconfig.get_path("include"), "platinclude": sysconfig.get_path("platinclude"),
+    "libdir": v.get("LIBDIR"), "ldlibrary": v.get("LDLIBRARY"), "instsoname": v.get("INSTSONAME"),
+    "shared": v.get("Py_ENABLE_SHARED"), "libs": v.get("LIBS") or "", "syslibs": v.get("SYSLIBS") or "",
+    "base_prefix": sys.base_prefix, "executable": sys.executable,
+    "purelib": sysconfig.get_path("purelib"),
+}))
+"""
+
+
+def _run(argv: list[str], what: str, timeout_s: float = _TIMEOUT_S) -> str:
+    try:
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except FileNotFoundError as e:
+        raise NodeError("spank build", what, f"{argv[0]} not found",
+                        hint="install a C compiler (cc) and the Python/Slurm development headers") from e
+    except subprocess.TimeoutExpired as e:
+        raise NodeError("spank build", what, f"{argv[0]} did not finish in {timeout_s:.0f} s") from e
+    if p.returncode != 0:
+        raise NodeError("spank build", what, f"{' '.join(argv[:3])}... exited {p.returncode}: "
+                        f"{(p.stderr or p.stdout).strip()[-2000:]}")
+    return p.stdout
+
+
+def python_info(python: str) -> dict:
+    """Facts about the Python to embed, read by running it (``sysconfig``).
+
+    Returns a dict: ``version`` ("3.11"), ``py_version`` ("3.11.2"), ``include``,
+    ``libdir``, ``instsoname`` ("libpython3.11.so.1.0"), ``shared`` (1/0),
+    ``base_prefix`` (the home the plugin gives Py_Initialize), ``executable``,
+    ``purelib`` (its site-packages: the default ``pythonpath=``).
+    Raises NodeError when it cannot be run or was built without ``--enable-shared``
+    (a static libpython cannot be linked into a plugin).
+    """
+    out = _run([python, "-I", "-c", _PROBE], "python")
+    info = json.loads(out)
+    if str(info.get("shared")) != "1" or not info.get("instsoname"):
+        raise NodeError("spank build", "python", f"{python} has no shared libpython (Py_ENABLE_SHARED=0)",
+                        hint="build against a Python configured with --enable-shared "
+                             "(Debian's /usr/bin/python3 is)")
+    return info
+
+
+def python_flags(python: str, info: dict) -> tuple[list[str], list[str]]:
+    """(cflags, ldflags) to embed ``python``: from ``python3.X-config --embed``
+    next to the real interpreter when it exists, else derived from sysconfig."""
+    real = Path(os.path.realpath(python))
+    config = real.parent / f"python{info['version']}{info['abiflags']}-config"
+    if config.is_file() and os.access(config, os.X_OK):
+        cflags = _run([str(config), "--embed", "--cflags"], "python3-config").split()
+        ldflags = _run([str(config), "--embed", "--ldflags"], "python3-config").split()
+        if f"-lpython{info['version']}{info['abiflags']}" in ldflags:
+            return cflags, ldflags
+    cflags = [f"-I{info['include']}"]
+    if info.get("platinclude") and info["platinclude"] != info["include"]:
+        cflags.append(f"-I{info['platinclude']}")
+    ldflags = [f"-L{info['libdir']}", f"-lpython{info['version']}{info['abiflags']}"]
+    ldflags += (info["libs"] + " " + info["syslibs"]).split()
+    return cflags, ldflags
+
+
+def slurm_version_number(include_dir: str | os.PathLike) -> int:
+    """``SLURM_VERSION_NUMBER`` from ``<include_dir>/slurm/slurm_version.h``
+    (e.g. 0x160508 for 22.05.8). Raises NodeError when absent (no libslurm-dev)."""
+    p = Path(include_dir) / "slurm" / "slurm_version.h"
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise NodeError("spank build", "slurm headers", f"cannot read {p}: {e.strerror}",
+                        hint="install the Slurm development headers (Debian: libslurm-dev)") from e
+    m = re.search(r"^#define\s+SLURM_VERSION_NUMBER\s+(0x[0-9a-fA-F]+|\d+)", text, re.M)
+    if not m:
+        raise NodeError("spank build", "slurm headers", f"{p} has no SLURM_VERSION_NUMBER")
+    return int(m.group(1), 0)
+
+
+def format_slurm_version(number: int) -> str:
+    """0x160508 -> "22.05.8"."""
+    return f"{(number >> 16) & 0xff}.{(number >> 8) & 0xff:02d}.{number & 0xff}"
+
+
+def find_slurm_include(candidates=SLURM_INCLUDE_DIRS) -> Path:
+    """The include dir holding ``slurm/spank.h``."""
+    for d in candidates:
+        if (Path(d) / "slurm" / "spank.h").is_file():
+            return Path(d)
+    raise NodeError("spank build", "slurm headers", f"slurm/spank.h not found under {', '.join(candidates)}",
+                    hint="install the Slurm development headers (Debian: libslurm-dev)")
+
+
+def _c_string(value: str, what: str) -> str:
+    if not re.match(r"^[A-Za-z0-9_./+@-]*$", value):
+        raise NodeError("spank build", what, f"{value!r} has characters the build will not quote")
+    return f'"{value}"'
+
+
+def compile_command(out_so: Path, python: str, info: dict, include_dir: Path,
+                    cc: str = "cc") -> list[str]:
+    """The compiler argv (pure apart from ``python_flags``)."""
+    cflags, ldflags = python_flags(python, info)
+    defines = [
+        f"-DGSRUN_LIBPYTHON={_c_string(info['instsoname'], 'libpython soname')}",
+        f"-DGSRUN_PYTHON_HOME={_c_string(info['base_prefix'], 'python home')}",
+        f"-DGSRUN_PYTHON_EXE={_c_string(info['executable'], 'python executable')}",
+        f"-DGSRUN_DEFAULT_PYTHONPATH={_c_string(info['purelib'] or '', 'site-packages')}",
+    ]
+    rpath = []
+    libdir = os.path.normpath(info["libdir"] or "")
+    if libdir and not any(libdir == d or libdir.startswith(d + "/") for d in SYSTEM_LIBDIRS):
+        rpath = [f"-Wl,-rpath,{libdir}"]
+    # Python's cflags may carry -O3/-g/-DNDEBUG; ours come after and win.
+    return ([cc] + cflags + HARDENING + ([] if str(include_dir) == "/usr/include" else [f"-I{include_dir}"]) + defines
+            + [str(C_SOURCE), "-o", str(out_so)]
+            + LINK_HARDENING + [f"-Wl,--version-script={VERSION_SCRIPT}"] + rpath + ldflags)
+
+
+def build(out_dir: str, python: str = sys.executable, cc: str | None = None) -> Path:
+    """Compile ``gsrun_spank.so`` into ``out_dir`` and return its path.
+
+    ``python``: the interpreter to embed (its libpython is linked, its
+    ``sys.base_prefix`` becomes the plugin's Python home, its site-packages the
+    default ``pythonpath=``). ``cc``: compiler (``$CC`` or ``cc``).
+    Also writes ``gsrun_spank.json`` next to it (Slurm and Python versions).
+    Raises NodeError with the compiler output when something is missing.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    include_dir = find_slurm_include()
+    slurm_num = slurm_version_number(include_dir)
+    info = python_info(python)
+    so = out / SO_NAME
+    tmp = out / f".{SO_NAME}.build-{os.getpid()}"
+    argv = compile_command(tmp, python, info, include_dir, cc or os.environ.get("CC") or "cc")
+    try:
+        _run(argv, "compile")
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, so)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    meta = {"slurm_version_number": slurm_num, "slurm_version": format_slurm_version(slurm_num),
+            "python": info["executable"], "python_version": info["py_version"],
+            "libpython": info["instsoname"], "python_home": info["base_prefix"],
+            "default_pythonpath": info["purelib"]}
+    atomic_write(out / "gsrun_spank.json", json.dumps(meta, indent=1, sort_keys=True) + "\n")
+    return so
+
+
+def read_build_info(so_path: str | os.PathLike) -> dict:
+    """What the build recorded: ``gsrun_spank.json`` next to the .so, else the
+    ``built-for`` string inside it. Keys: slurm_version, python_version ({} if unknown)."""
+    so = Path(so_path)
+    meta = so.with_name("gsrun_spank.json")
+    try:
+        return json.loads(meta.read_text())
+    except (OSError, ValueError):
+        pass
+    try:
+        data = so.read_bytes()
+    except OSError:
+        return {}
+    m = re.search(rb"gsrun_spank built-for slurm=(0x[0-9a-fA-F]+) python=([0-9.a-z+]+)", data)
+    if not m:
+        return {}
+    num = int(m.group(1), 16)
+    return {"slurm_version_number": num, "slurm_version": format_slurm_version(num),
+            "python_version": m.group(2).decode()}
+
+
+def plugstack_args(args: dict | None) -> list[tuple[str, str]]:
+    """Validate install ``args`` into ordered ``(key, value)`` pairs.
+
+    ``args``: ``{"pythonpath": str | [str, ...], "on_error": "fail"|"ignore",
+    "bind": "auto"|"none"}`` (all optional). Same rules as the plugin's own
+    parser, checked here so a bad value fails at install time, not at every
+    job. Raises InputError (unknown key, relative path, bad value).
+    """
+    args = dict(args or {})
+    unknown = sorted(set(args) - set(ARG_KEYS))
+    if unknown:
+        raise InputError("spank install", "plugstack argument", f"unknown keys {unknown}",
+                         hint=f"allowed: {', '.join(ARG_KEYS)}")
+    pairs: list[tuple[str, str]] = []
+    paths = args.get("pythonpath") or []
+    if isinstance(paths, str):
+        paths = [paths]
+    if len(paths) > 8:
+        raise InputError("spank install", "pythonpath", f"{len(paths)} entries; at most 8")
+    for p in paths:
+        if not isinstance(p, str) or not p.startswith("/") or not _SAFE_ARG.match(p):
+            raise InputError("spank install", "pythonpath", f"{p!r} must be an absolute path of "
+                             "[A-Za-z0-9_./+@-] (plugstack.conf has no quoting)")
+        pairs.append(("pythonpath", p))
+    allowed = {"on_error": ("fail", "ignore"), "bind": ("auto", "none")}
+    for key in ("on_error", "bind"):
+        v = args.get(key)
+        if v is None:
+            continue
+        if v not in allowed[key]:
+            raise InputError("spank install", key, f"{v!r} must be one of {', '.join(allowed[key])}")
+        pairs.append((key, v))
+    return pairs
+
+
+def render_plugstack(so_path: str, args: list[tuple[str, str]], slurm_version: str = "?",
+                     python_version: str = "?") -> str:
+    """The managed plugstack block (``templates/plugstack.conf.j2``, StrictUndefined)."""
+    import jinja2
+
+    if not so_path.startswith("/") or not _SAFE_ARG.match(so_path):
+        raise InputError("spank install", "plugin path", f"{so_path!r} must be an absolute plain path")
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
+                             autoescape=False)
+    tpl = env.from_string(TEMPLATE.read_text())
+    return tpl.render(so_path=so_path, args=args, slurm_version=slurm_version,
+                      python_version=python_version, begin_marker=BEGIN_MARKER, end_marker=END_MARKER)
+
+
+def merge_plugstack(existing: str, block: str | None) -> str:
+    """Replace the managed block in ``existing`` plugstack text (or append it);
+    ``block=None`` removes it. Other plugins' lines are kept as they are.
+    Raises ConfigError when a BEGIN marker has no END (hand-edited file)."""
+    lines = existing.splitlines(keepends=True)
+    out: list[str] = []
+    i = 0
+    placed = False
+    while i < len(lines):
+        if lines[i].rstrip("\n") == BEGIN_MARKER:
+            j = i
+            while j < len(lines) and lines[j].rstrip("\n") != END_MARKER:
+                j += 1
+            if j == len(lines):
+                raise ConfigError("spank install", "plugstack", "managed block has no end marker",
+                                  hint=f"remove the lines from '{BEGIN_MARKER}' by hand")
+            if block is not None and not placed:
+                out.append(block)
+                placed = True
+            i = j + 1
+            continue
+        out.append(lines[i])
+        i += 1
+    if block is not None and not placed:
+        if out and not out[-1].endswith("\n"):
+            out[-1] += "\n"
+        out.append(block)
+    return "".join(out)
+
+
+def install(so_path: str | os.PathLike, dest_dir: str | os.PathLike, plugstack_path: str | os.PathLike,
+            args: dict | None = None) -> Path:
+    """Copy the plugin to ``<dest_dir>/gsrun_spank.so`` (mode 0755, owner root
+    when run as root) and write its ``required`` line into ``plugstack_path``.
+
+    Both writes are atomic (temp file + rename). Other lines of an existing
+    plugstack file are kept; a previous gsrun block is replaced. ``args`` as in
+    :func:`plugstack_args`. Returns the installed .so path.
+    Raises InputError (bad args), NodeError (cannot copy/write).
+    """
+    src = Path(so_path)
+    pairs = plugstack_args(args)
+    if not src.is_file():
+        raise NodeError("spank install", "plugin", f"{src} does not exist", hint="run gsrun-node spank build first")
+    dest = Path(dest_dir)
+    dest.mkdir(parents=True, exist_ok=True)
+    target = dest / SO_NAME
+    info = read_build_info(src)
+    block = render_plugstack(str(target.resolve()), pairs, info.get("slurm_version", "?"),
+                             info.get("python_version", "?"))
+    root = os.geteuid() == 0
+    fd, tmp = tempfile.mkstemp(prefix=f".{SO_NAME}.", dir=dest)
+    try:
+        with os.fdopen(fd, "wb") as f, open(src, "rb") as s:
+            shutil.copyfileobj(s, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o755)
+        if root:
+            os.chown(tmp, 0, 0)
+        os.replace(tmp, target)
+    except OSError as e:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise NodeError("spank install", "plugin", f"cannot install {target}: {e.strerror}") from e
+    meta = src.with_name("gsrun_spank.json")
+    if meta.is_file() and meta.resolve() != target.with_name("gsrun_spank.json").resolve():
+        atomic_write(target.with_name("gsrun_spank.json"), meta.read_text(), 0o644,
+                     0 if root else None, 0 if root else None)
+    ps = Path(plugstack_path)
+    try:
+        existing = ps.read_text() if ps.exists() else ""
+    except OSError as e:
+        raise NodeError("spank install", "plugstack", f"cannot read {ps}: {e.strerror}") from e
+    try:
+        atomic_write(ps, merge_plugstack(existing, block), 0o644,
+                     0 if root else None, 0 if root else None)
+    except OSError as e:
+        raise NodeError("spank install", "plugstack", f"cannot write {ps}: {e.strerror}") from e
+    return target
+
+
+def uninstall(plugstack_path: str | os.PathLike, so_path: str | os.PathLike | None = None) -> bool:
+    """Remove gsrun's block from ``plugstack_path`` (and the .so when given).
+    Returns True when a block was removed. Jobs started afterwards run without
+    the plugin (gsrun-bind still binds)."""
+    ps = Path(plugstack_path)
+    removed = False
+    if ps.exists():
+        text = ps.read_text()
+        new = merge_plugstack(text, None)
+        if new != text:
+            atomic_write(ps, new, 0o644)
+            removed = True
+    if so_path is not None:
+        try:
+            os.unlink(so_path)
+        except FileNotFoundError:
+            pass
+    return removed

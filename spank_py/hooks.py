@@ -1,0 +1,416 @@
+"""The Python side of the gsrun SPANK plugin (``gsrun_spank.so`` calls these).
+
+The C shim (``gsrun_spank.c``) calls ``register_options()`` once in
+``slurm_spank_init`` and then, for every SPANK callback, the function of the
+same name here when it exists, as ``hook(context, args)``:
+
+* ``context``: ``"allocator"`` (sbatch/salloc), ``"local"`` (srun),
+  ``"remote"`` (slurmstepd), ``"job_script"`` (SPANK prolog/epilog);
+  slurmd itself never runs Python.
+* ``args``: the plugstack arguments, parsed strictly by C:
+  ``{"pythonpath": [...], "on_error": "fail"|"ignore"|None, "bind": "auto"|"none"}``.
+
+A hook returns 0/None (success) or non-zero (failure: in sbatch/srun the
+submission stops). An exception is logged by C with its traceback and turned
+into the ``on_error`` return code (default: fail in allocator/local, ignore in
+a running job); it never crashes slurmstepd.
+
+What the hooks do:
+
+* **allocator/local** (``slurm_spank_init_post_opt``): validate ``--gs-mps``,
+  ``--gs-mig``, ``--gs-tune``, ``--gs-bind``, ``--gs-report`` (a bad value
+  fails the submission before the job queues) and export them with
+  ``job_control_setenv`` as ``GS_*``; Slurm prefixes ``SPANK_``, so the
+  prolog/epilog read ``SPANK_GS_MPS`` etc. (:mod:`gsrun.requests`).
+  ``SPANK_GS_EXCLUSIVE`` is *not* exported: SPANK gives the allocator no
+  access to the job description (``--exclusive``, ``#SBATCH`` lines), so the
+  prolog reads exclusivity from ``scontrol show job`` (``OverSubscribe=NO``).
+* **remote**: ``slurm_spank_user_init`` plans the binding once per node and
+  step (:func:`gsrun.binding.plan_from_env`); ``slurm_spank_task_init`` runs
+  in each task before exec and applies its rank's plan (CPU affinity, memory
+  policy, environment) and the MPS client environment when the job asked for
+  MPS (:func:`gsrun.mps.task_env`). The batch, extern and interactive steps
+  are not bound (a batch script that starts its own ranks must keep all CPUs)
+  but do get the MPS environment.
+
+Everything Slurm-facing goes through the built-in ``_spank`` module, imported
+lazily so that tests can put a fake one in ``sys.modules``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+PHASE = "spank"
+
+#: (name, arginfo, usage, has_arg) -- has_arg: 0 none, 1 required, 2 optional.
+OPTIONS: tuple[tuple[str, str | None, str, int], ...] = (
+    ("gs-mps", "PCT", "gsrun: run a per-job CUDA MPS daemon; PCT (1-100) = default active thread percentage", 2),
+    ("gs-mig", "LAYOUT", "gsrun: MIG layout per GPU (e.g. 7x1g.18gb, or a site layout name); exclusive nodes only", 1),
+    ("gs-tune", "LIST", "gsrun: node tuning for the job, key=value[,...] (governor, swappiness, thp, ...)", 1),
+    ("gs-bind", "MODE", "gsrun: task binding: auto (default), none, isolate (each rank sees only its GPU)", 1),
+    ("gs-report", "MODE", "gsrun: end-of-job GPU efficiency report: mail or none", 1),
+)
+
+#: option name -> job control variable (the prolog sees SPANK_<name>)
+EXPORT_NAMES = {"gs-mps": "GS_MPS", "gs-mig": "GS_MIG", "gs-tune": "GS_TUNE",
+                "gs-bind": "GS_BIND", "gs-report": "GS_REPORT"}
+
+BIND_MODES = ("auto", "none", "isolate")
+REPORT_MODES = ("mail", "none")
+
+#: Slurm's special step ids (slurm.h): pending, extern, batch, interactive, ...
+SPECIAL_STEP_MIN = 0xFFFFFFF0
+EXTERN_STEP = 0xFFFFFFFC
+
+MPOL_BIND = 2
+
+# Fallback syntax when gsrun.tuning_request / gsrun.mig_layout cannot be imported.
+_TUNE_FALLBACK = re.compile(r"^[a-z_]{1,32}=[A-Za-z0-9_.+-]{1,32}(,[a-z_]{1,32}=[A-Za-z0-9_.+-]{1,32}){0,15}$")
+_MIG_FALLBACK = re.compile(r"^[0-9a-z.+x]{1,200}$")
+_MIG_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+#: what gsrun.jobenv accepts for SPANK_GS_* in the prolog
+_EXPORT_VALUE = re.compile(r"^[A-Za-z0-9_.,=+:-]{0,512}$")
+
+
+class OptionError(ValueError):
+    """A ``--gs-*`` value failed validation; ``str()`` is the user message."""
+
+    def __init__(self, option: str, value: str, detail: str, hint: str | None = None):
+        self.option, self.value, self.detail, self.hint = option, value, detail, hint
+        msg = f"gsrun: {PHASE}: --{option}={value}: {detail}"
+        if hint:
+            msg += f"\nhint: {hint}"
+        super().__init__(msg)
+
+
+# ---------------------------------------------------------------- decisions
+
+def register_options() -> tuple[tuple[str, str | None, str, int], ...]:
+    """The option table the C shim registers with ``spank_option_register``."""
+    return OPTIONS
+
+
+def _detail(e: Exception) -> tuple[str, str | None]:
+    return str(getattr(e, "detail", e)), getattr(e, "hint", None)
+
+
+def check_mps(value: str) -> str:
+    """``""`` (flag alone: site default percentage) or an integer 1-100 as text."""
+    v = value.strip()
+    if v == "":
+        return ""
+    if not re.fullmatch(r"[0-9]{1,3}", v) or not 1 <= int(v) <= 100:
+        raise OptionError("gs-mps", value, "must be a percentage 1-100",
+                          "--gs-mps=50, or --gs-mps alone for the site default")
+    return str(int(v))
+
+
+def check_tune(value: str, parse: Callable[[str], dict] | None = None) -> str:
+    """Normalized ``key=value,...`` (no blanks). ``parse``: the tuning request
+    parser (default :func:`gsrun.tuning_request.parse_tune_request`, a strict
+    regex when that module is missing)."""
+    if parse is None:
+        try:
+            from gsrun.tuning_request import parse_tune_request as parse
+        except ImportError:
+            parse = None
+    if parse is None:
+        v = value.replace(" ", "")
+        if not _TUNE_FALLBACK.match(v):
+            raise OptionError("gs-tune", value, "must be key=value[,key=value...]",
+                              "e.g. --gs-tune=swappiness=10,thp=never")
+        return v
+    try:
+        req = parse(value)
+    except Exception as e:  # noqa: BLE001 - InputError from the parser, any other = bad value
+        raise OptionError("gs-tune", value, *_detail(e)) from e
+    if not req:
+        raise OptionError("gs-tune", value, "empty tuning request", "e.g. --gs-tune=swappiness=10")
+    return ",".join(f"{k}={v}" for k, v in req.items())
+
+
+def check_mig(value: str, named: Mapping[str, str] | None = None,
+              parse: Callable[[str], Any] | None = None) -> str:
+    """The layout text to export: a site name (config ``mig.layouts``) is
+    resolved to its layout; the result must parse
+    (:func:`gsrun.mig_layout.parse_layout`, a strict regex when missing)."""
+    v = value.strip()
+    if named and v in named:
+        v = named[v]
+    if parse is None:
+        try:
+            from gsrun.mig_layout import parse_layout as parse
+        except ImportError:
+            parse = None
+    if parse is None:
+        if not _MIG_FALLBACK.match(v.lower()):
+            raise OptionError("gs-mig", value, "must be a layout like 7x1g.18gb or 3g.71gb+3g.71gb")
+        return v.lower()
+    try:
+        parse(v)
+    except Exception as e:  # noqa: BLE001
+        detail, hint = _detail(e)
+        if named is not None and _MIG_NAME.match(value.strip()) and not re.search(r"\d+g\.", value):
+            hint = (f"site layouts: {', '.join(sorted(named)) or 'none configured'}; " + (hint or ""))
+        raise OptionError("gs-mig", value, detail, hint) from e
+    return v.lower()
+
+
+def check_word(option: str, value: str, allowed: tuple[str, ...]) -> str:
+    v = value.strip().lower()
+    if v not in allowed:
+        raise OptionError(option, value, f"must be one of {'|'.join(allowed)}")
+    return v
+
+
+def validate_options(raw: Mapping[str, str | None], mig_layouts: Mapping[str, str] | None = None
+                     ) -> tuple[dict[str, str], list[OptionError]]:
+    """Options as given (``None`` = not given, ``""`` = given without value)
+    -> (``{GS_NAME: value}`` to export, errors). Pure apart from importing
+    the parsers. Every value exported matches what the prolog accepts."""
+    exports: dict[str, str] = {}
+    errors: list[OptionError] = []
+    checks: dict[str, Callable[[str], str]] = {
+        "gs-mps": check_mps,
+        "gs-tune": check_tune,
+        "gs-mig": lambda v: check_mig(v, mig_layouts),
+        "gs-bind": lambda v: check_word("gs-bind", v, BIND_MODES),
+        "gs-report": lambda v: check_word("gs-report", v, REPORT_MODES),
+    }
+    for name, _arginfo, _usage, has_arg in OPTIONS:
+        value = raw.get(name)
+        if value is None:
+            continue
+        if has_arg == 1 and value.strip() == "":
+            errors.append(OptionError(name, value, "needs a value"))
+            continue
+        try:
+            out = checks[name](value)
+        except OptionError as e:
+            errors.append(e)
+            continue
+        if not _EXPORT_VALUE.match(out):
+            errors.append(OptionError(name, value, "has characters outside [A-Za-z0-9_.,=+:-]"))
+            continue
+        exports[EXPORT_NAMES[name]] = out
+    return exports, errors
+
+
+def is_bound_step(step_id: int | None) -> bool:
+    """True for a normal step (``srun``); False for batch/extern/interactive
+    (Slurm's special ids >= 0xfffffff0) and unknown."""
+    return step_id is not None and step_id < SPECIAL_STEP_MIN
+
+
+def bind_mode(plugstack_bind: str, option: str | None) -> str:
+    """Effective mode: ``none`` when the admin set ``bind=none`` in
+    plugstack.conf, else the job's ``--gs-bind`` (default ``auto``); an
+    invalid option value (only possible by bypassing sbatch) means ``none``."""
+    if plugstack_bind == "none":
+        return "none"
+    if option is None or option.strip() == "":
+        return "auto"
+    v = option.strip().lower()
+    return v if v in BIND_MODES else "none"
+
+
+@dataclass
+class TaskActions:
+    """What task_init does for one task (decided, not yet applied)."""
+    setenv: dict[str, str] = field(default_factory=dict)
+    unsetenv: tuple[str, ...] = ()
+    cpus: tuple[int, ...] = ()
+    mem_nodes: tuple[int, ...] = ()
+    notes: list[str] = field(default_factory=list)
+
+
+def task_actions(plan, local_rank: int | None, mps_env: Mapping[str, str] | None,
+                 allowed_mems: list[int] | None = None) -> TaskActions:
+    """Decide one task's changes from the node plan (None: no binding) and
+    the MPS client env (None: no MPS). Memory binding only when the rank's
+    NUMA node is known, the host has > 1 node and the nodes are allowed."""
+    act = TaskActions()
+    if plan is not None and local_rank is not None:
+        from gsrun.binding import rank_env
+
+        rp = plan.rank(local_rank)
+        act.setenv.update(rank_env(plan, local_rank))
+        act.unsetenv = tuple(rp.unset)
+        act.cpus = tuple(rp.cpus)
+        mems = [m for m in rp.mem_nodes if m is not None and m >= 0]
+        if allowed_mems is not None:
+            mems = [m for m in mems if m in set(allowed_mems)]
+        if rp.numa_node is not None and rp.numa_node >= 0 and plan.host_nodes > 1 and mems:
+            act.mem_nodes = tuple(mems)
+        act.notes.append(rp.reason)
+    if mps_env:
+        act.setenv.update(mps_env)
+    return act
+
+
+# ---------------------------------------------------------------- state
+
+class _State:
+    """Per-process state: slurmstepd plans in user_init (parent) and each
+    forked task reads it in task_init."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.config = None
+        self.plan = None
+        self.mode = "none"
+        self.mps_env: dict[str, str] | None = None
+        self.allowed_mems: list[int] | None = None
+        self.step_id: int | None = None
+
+
+STATE = _State()
+
+
+def _spank():
+    import _spank  # the plugin's built-in module (a fake one in tests)
+    return _spank
+
+
+def _log(level: str, msg: str) -> None:
+    for line in msg.splitlines() or [""]:
+        _spank().log(level, line)
+
+
+def _load_config():
+    from gsrun.config import load_config
+    return load_config(environ=os.environ)
+
+
+# ---------------------------------------------------------------- hooks
+
+def slurm_spank_init_post_opt(ctx: str, args: dict) -> int:
+    """allocator/local: validate the options and export them to the prolog."""
+    if ctx not in ("allocator", "local"):
+        return 0
+    sp = _spank()
+    raw = {name: sp.option_getopt(name) for name, *_ in OPTIONS}
+    if all(v is None for v in raw.values()):
+        return 0
+    layouts: Mapping[str, str] | None = None
+    if raw.get("gs-mig") is not None:
+        try:
+            layouts = _load_config()["mig.layouts"]
+        except Exception as e:  # noqa: BLE001 - a broken site config must not block jobs
+            _log("verbose", f"gsrun: {PHASE}: config: {e}; site MIG layout names unavailable")
+    exports, errors = validate_options(raw, layouts)
+    if errors:
+        for e in errors:
+            _log("error", str(e))
+        return -1
+    for name, value in exports.items():
+        try:
+            sp.job_control_setenv(name, value, True)
+        except Exception as e:  # noqa: BLE001 - SpankError: srun inside an allocation
+            if ctx == "allocator":
+                raise
+            _log("verbose", f"gsrun: {PHASE}: job_control_setenv {name}: {e}")
+    return 0
+
+
+def slurm_spank_init(ctx: str, args: dict) -> int:
+    """remote: forget any previous step's state and pre-import what the
+    tasks need while still root (task_init runs as the user)."""
+    if ctx != "remote":
+        return 0
+    STATE.reset()
+    try:
+        STATE.config = _load_config()
+    except Exception as e:  # noqa: BLE001
+        _log("error", f"gsrun: {PHASE}: config: {e}")
+    for mod in ("gsrun.binding", "gsrun.mps"):
+        try:
+            __import__(mod)
+        except ImportError as e:
+            _log("verbose", f"gsrun: {PHASE}: {mod} not available: {e}")
+    return 0
+
+
+def slurm_spank_user_init(ctx: str, args: dict) -> int:
+    """remote, once per node and step: plan the binding and the MPS env."""
+    if ctx != "remote":
+        return 0
+    sp = _spank()
+    STATE.step_id = sp.get_item("S_JOB_STEPID")
+    job_id = sp.get_item("S_JOB_ID")
+    mps_opt = sp.option_getopt("gs-mps")
+    if mps_opt is not None and job_id is not None and STATE.step_id != EXTERN_STEP:
+        try:
+            from gsrun.mps import task_env
+            mps_dir = STATE.config["paths.mps_dir"] if STATE.config is not None else "/run/gsrun/mps"
+            STATE.mps_env = task_env(str(job_id), mps_dir)
+        except ImportError as e:
+            _log("error", f"gsrun: {PHASE}: mps: gsrun.mps not available: {e}")
+        except Exception as e:  # noqa: BLE001 - GsrunError: bad job id/dir
+            _log("error", f"gsrun: {PHASE}: mps: {e}")
+
+    STATE.mode = bind_mode(args.get("bind", "auto"), sp.option_getopt("gs-bind"))
+    if STATE.mode == "none" or not is_bound_step(STATE.step_id):
+        return 0
+    try:
+        from gsrun.binding import plan_from_env
+        from gsrun.hostfs import HostFS
+        from gsrun.topology import read_allowed_mems
+    except ImportError as e:
+        _log("error", f"gsrun: {PHASE}: bind: gsrun.binding not available: {e}")
+        return 0
+    environ = sp.get_item("S_JOB_ENV") or {}
+    try:
+        hostfs = HostFS.from_env(environ=os.environ)  # the admin's root, never the job's
+        allowed = sorted(os.sched_getaffinity(0)) if hostfs.is_real else None
+        STATE.plan = plan_from_env(environ, hostfs, allowed, gpu_isolation=STATE.mode == "isolate")
+        STATE.allowed_mems = read_allowed_mems(hostfs)
+    except Exception as e:  # noqa: BLE001 - GsrunError with a message; the job runs unbound
+        STATE.plan = None
+        _log("error", f"gsrun: {PHASE}: bind: {e}")
+        _log("error", f"gsrun: {PHASE}: bind: tasks of this step run with Slurm's binding")
+        return 0
+    for w in STATE.plan.warnings:
+        _log("verbose", f"gsrun: {PHASE}: bind: {w}")
+    return 0
+
+
+def slurm_spank_task_init(ctx: str, args: dict) -> int:
+    """remote, in each task before exec (as the job's user): apply the rank's
+    affinity, memory policy and environment, and the MPS client env."""
+    if ctx != "remote":
+        return 0
+    if STATE.plan is None and not STATE.mps_env:
+        return 0
+    sp = _spank()
+    local_rank = sp.get_item("S_TASK_ID")
+    try:
+        act = task_actions(STATE.plan, local_rank, STATE.mps_env, STATE.allowed_mems)
+    except Exception as e:  # noqa: BLE001 - InputError: rank outside the plan
+        _log("error", f"gsrun: {PHASE}: bind: task {local_rank}: {e}")
+        act = task_actions(None, None, STATE.mps_env)
+    for name in act.unsetenv:
+        sp.unsetenv(name)
+    for name, value in act.setenv.items():
+        sp.setenv(name, value, True)
+    if act.cpus:
+        # task_init runs in the task itself: S_TASK_PID is not set yet there
+        # (a real slurmstepd answered ESRCH for it), so bind ourselves (pid 0).
+        try:
+            os.sched_setaffinity(0, act.cpus)
+        except OSError as e:
+            _log("error", f"gsrun: {PHASE}: bind: task {local_rank}: sched_setaffinity "
+                          f"{list(act.cpus)}: {e.strerror}")
+    if act.mem_nodes:
+        try:
+            sp.set_mempolicy(MPOL_BIND, list(act.mem_nodes))
+        except OSError as e:
+            _log("verbose", f"gsrun: {PHASE}: bind: task {local_rank}: set_mempolicy "
+                            f"{list(act.mem_nodes)}: {e.strerror}")
+    return 0

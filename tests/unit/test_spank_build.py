@@ -1,0 +1,519 @@
+"""spank_py/build.py and the C shim, for real: compile ``gsrun_spank.so``
+against /usr/include/slurm/spank.h and this Python, check its exported
+symbols, and load it into a fake SPANK host (a small C program that provides
+the spank_* / slurm_* symbols slurmstepd/sbatch would, and dlopen()s the
+plugin RTLD_LOCAL like Slurm). The harness prints every call Slurm would see.
+
+Skipped when there is no C compiler or no Slurm headers.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from gsrun.spank_py import build as spank_build
+
+REPO = Path(__file__).resolve().parents[2]
+SPANK_H = Path("/usr/include/slurm/spank.h")
+
+pytestmark = pytest.mark.skipif(not SPANK_H.is_file() or not shutil.which("cc"),
+                                reason="needs cc and the Slurm headers (libslurm-dev)")
+
+HARNESS_C = r'''/*
+ * A fake SPANK host for tests/unit/test_spank_build.py: provides the spank_*
+ * and slurm_* symbols slurmstepd/srun/sbatch would (exported with -rdynamic),
+ * dlopen()s gsrun_spank.so RTLD_LOCAL like Slurm's plugin loader, and drives
+ * the callbacks of one context. Every call Slurm would see is printed on
+ * stdout, one per line, for the test to check.
+ *
+ * usage: spank_harness SO CONTEXT [plugstack args...]
+ *   CONTEXT: allocator | local | remote | job_script | slurmd
+ *   FAKE_OPTS="gs-mps=50;gs-tune=x=1"  options as the user gave them
+ *   FAKE_MAJOR / FAKE_MINOR             running Slurm version (default 22/05)
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <slurm/spank.h>
+
+struct spank_handle { int unused; };
+static struct spank_handle handle;
+static spank_context_t ctx;
+static struct spank_option *reg[64];
+static int nreg;
+
+spank_context_t spank_context(void) { return ctx; }
+int spank_remote(spank_t s) { (void)s; return ctx == S_CTX_REMOTE; }
+int spank_symbol_supported(const char *s) { (void)s; return 1; }
+const char *spank_strerror(spank_err_t e) { return e == ESPANK_NOT_LOCAL ? "Not in local context" : "fake spank error"; }
+
+spank_err_t spank_option_register(spank_t s, struct spank_option *o)
+{
+	(void)s;
+	printf("REGISTER %s has_arg=%d arginfo=%s\n", o->name, o->has_arg, o->arginfo ? o->arginfo : "-");
+	reg[nreg++] = o;
+	return ESPANK_SUCCESS;
+}
+
+spank_err_t spank_option_getopt(spank_t s, struct spank_option *o, char **optarg)
+{
+	(void)s; (void)o; (void)optarg;
+	return ESPANK_ERROR;
+}
+
+spank_err_t spank_get_item(spank_t s, spank_item_t item, ...)
+{
+	static char *env[] = { "SLURM_STEP_TASKS_PER_NODE=2", "HOME=/home/u", NULL };
+	va_list ap;
+	(void)s;
+	va_start(ap, item);
+	spank_err_t rc = ESPANK_SUCCESS;
+	switch (item) {
+	case S_SLURM_VERSION_MAJOR: *va_arg(ap, char **) = getenv("FAKE_MAJOR") ? getenv("FAKE_MAJOR") : "22"; break;
+	case S_SLURM_VERSION_MINOR: *va_arg(ap, char **) = getenv("FAKE_MINOR") ? getenv("FAKE_MINOR") : "05"; break;
+	case S_SLURM_VERSION: *va_arg(ap, char **) = "fake-version"; break;
+	case S_JOB_ID: *va_arg(ap, uint32_t *) = 4242; break;
+	case S_JOB_STEPID: *va_arg(ap, uint32_t *) = 0; break;
+	case S_JOB_UID: *va_arg(ap, uid_t *) = 1000; break;
+	case S_JOB_NCPUS: *va_arg(ap, uint16_t *) = 16; break;
+	case S_TASK_ID: *va_arg(ap, int *) = 1; break;
+	case S_TASK_PID: *va_arg(ap, pid_t *) = getpid(); break;
+	case S_JOB_ENV: *va_arg(ap, char ***) = env; break;
+	case S_JOB_SUPPLEMENTARY_GIDS: {
+		static gid_t gids[] = { 27, 100 };
+		*va_arg(ap, gid_t **) = gids;
+		*va_arg(ap, int *) = 2;
+		break;
+	}
+	default: rc = ESPANK_NOT_AVAIL;
+	}
+	va_end(ap);
+	return rc;
+}
+
+spank_err_t spank_getenv(spank_t s, const char *var, char *buf, int len)
+{
+	(void)s;
+	if (strcmp(var, "HOME") != 0)
+		return ESPANK_ENV_NOEXIST;
+	snprintf(buf, (size_t)len, "/home/u");
+	return ESPANK_SUCCESS;
+}
+
+spank_err_t spank_setenv(spank_t s, const char *var, const char *val, int overwrite)
+{
+	(void)s; (void)overwrite;
+	printf("SETENV %s=%s\n", var, val);
+	return ESPANK_SUCCESS;
+}
+
+spank_err_t spank_unsetenv(spank_t s, const char *var)
+{
+	(void)s;
+	printf("UNSETENV %s\n", var);
+	return ESPANK_SUCCESS;
+}
+
+spank_err_t spank_job_control_setenv(spank_t s, const char *name, const char *value, int overwrite)
+{
+	(void)s; (void)overwrite;
+	if (ctx != S_CTX_ALLOCATOR && ctx != S_CTX_LOCAL)
+		return ESPANK_NOT_LOCAL;
+	printf("JOBCONTROL SPANK_%s=%s\n", name, value);
+	return ESPANK_SUCCESS;
+}
+
+spank_err_t spank_job_control_getenv(spank_t s, const char *n, char *b, int l) { (void)s; (void)n; (void)b; (void)l; return ESPANK_ENV_NOEXIST; }
+spank_err_t spank_job_control_unsetenv(spank_t s, const char *n) { (void)s; (void)n; return ESPANK_SUCCESS; }
+
+#define LOGFN(fn, tag) \
+	void fn(const char *fmt, ...) \
+	{ \
+		va_list ap; \
+		va_start(ap, fmt); \
+		fputs(tag, stdout); \
+		vprintf(fmt, ap); \
+		fputc('\n', stdout); \
+		va_end(ap); \
+	}
+LOGFN(slurm_info, "INFO: ")
+LOGFN(slurm_error, "ERROR: ")
+LOGFN(slurm_verbose, "VERBOSE: ")
+LOGFN(slurm_debug, "DEBUG: ")
+LOGFN(slurm_debug2, "DEBUG2: ")
+LOGFN(slurm_debug3, "DEBUG3: ")
+LOGFN(slurm_spank_log, "LOG: ")
+
+static int call(void *so, const char *name, int ac, char **av)
+{
+	spank_f *f = (spank_f *)dlsym(so, name);
+	if (f == NULL) {
+		printf("MISSING %s\n", name);
+		return 0;
+	}
+	int rc = f(&handle, ac, av);
+	printf("RC %s %d\n", name, rc);
+	return rc;
+}
+
+static void give_options(int remote)
+{
+	const char *spec = getenv("FAKE_OPTS");
+	if (!spec || !*spec)
+		return;
+	char *copy = strdup(spec), *save = NULL;
+	for (char *tok = strtok_r(copy, ";", &save); tok; tok = strtok_r(NULL, ";", &save)) {
+		char *eq = strchr(tok, '=');
+		const char *val = NULL;
+		if (eq) {
+			*eq = '\0';
+			val = eq + 1;
+		}
+		for (int i = 0; i < nreg; i++)
+			if (strcmp(reg[i]->name, tok) == 0 && reg[i]->cb)
+				printf("OPTCB %s %d\n", tok, reg[i]->cb(reg[i]->val, val, remote));
+	}
+	free(copy);
+}
+
+int main(int argc, char **argv)
+{
+	setvbuf(stdout, NULL, _IONBF, 0);
+	if (argc < 3) {
+		fprintf(stderr, "usage: %s SO CONTEXT [args...]\n", argv[0]);
+		return 2;
+	}
+	const char *c = argv[2];
+	ctx = !strcmp(c, "allocator") ? S_CTX_ALLOCATOR : !strcmp(c, "local") ? S_CTX_LOCAL
+	    : !strcmp(c, "remote") ? S_CTX_REMOTE : !strcmp(c, "job_script") ? S_CTX_JOB_SCRIPT
+	    : !strcmp(c, "slurmd") ? S_CTX_SLURMD : S_CTX_ERROR;
+	void *so = dlopen(argv[1], RTLD_LAZY | RTLD_LOCAL);
+	if (so == NULL) {
+		printf("DLOPEN FAILED %s\n", dlerror());
+		return 3;
+	}
+	const char *type = dlsym(so, "plugin_type");
+	const char *name = dlsym(so, "plugin_name");
+	const unsigned *ver = dlsym(so, "plugin_version");
+	printf("PLUGIN %s %s 0x%x\n", type ? type : "?", name ? name : "?", ver ? *ver : 0);
+	int ac = argc - 3;
+	char **av = argv + 3;
+	if (call(so, "slurm_spank_init", ac, av) != 0)
+		return 10;
+	give_options(ctx == S_CTX_REMOTE);
+	if (call(so, "slurm_spank_init_post_opt", ac, av) != 0)
+		return 11;
+	if (ctx == S_CTX_REMOTE) {
+		call(so, "slurm_spank_user_init", ac, av);
+		for (int t = 0; t < 2; t++) {
+			pid_t pid = fork();
+			if (pid == 0) { /* the task, as slurmstepd forks it */
+				int rc = call(so, "slurm_spank_task_init", ac, av);
+				cpu_set_t set;
+				CPU_ZERO(&set);
+				sched_getaffinity(0, sizeof(set), &set);
+				printf("TASK %d pid-ok cpus=%d\n", t, CPU_COUNT(&set));
+				_exit(rc == 0 ? 0 : 1);
+			}
+			int st = 0;
+			waitpid(pid, &st, 0);
+			printf("CHILD %d exit=%d signaled=%d\n", t, WIFEXITED(st) ? WEXITSTATUS(st) : -1,
+			       WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+			call(so, "slurm_spank_task_exit", ac, av);
+		}
+	}
+	if (ctx == S_CTX_JOB_SCRIPT)
+		call(so, "slurm_spank_job_prolog", ac, av);
+	call(so, "slurm_spank_exit", ac, av);
+	printf("DONE\n");
+	return 0;
+}
+'''
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    out = tmp_path_factory.mktemp("spank-build")
+    so = spank_build.build(str(out), python=sys.executable)
+    return so
+
+
+@pytest.fixture(scope="module")
+def harness(tmp_path_factory):
+    d = tmp_path_factory.mktemp("spank-harness")
+    src = d / "harness.c"
+    src.write_text(HARNESS_C)
+    exe = d / "harness"
+    subprocess.run(["cc", "-O1", "-Wall", "-rdynamic", str(src), "-o", str(exe), "-ldl"],
+                   check=True, timeout=120)
+    return exe
+
+
+def _site(tmp_path: Path, hooks_dir: Path) -> Path:
+    """A site dir where ``gsrun`` is the checkout's core and ``gsrun.spank_py``
+    is ``hooks_dir`` (the checkout's spank_py/ or a test double)."""
+    site = tmp_path / "site"
+    (site / "gsrun").mkdir(parents=True)
+    (site / "_sub").mkdir()
+    os.symlink(hooks_dir, site / "_sub" / "spank_py")
+    (site / "gsrun" / "__init__.py").write_text(
+        f"exec(open({str(REPO / 'gsrun' / '__init__.py')!r}).read())\n"
+        f"__path__ = [{str(REPO / 'gsrun')!r}, {str(site / '_sub')!r}]\n")
+    return site
+
+
+def run_harness(harness, so, ctx, site, *args, opts="", env_extra=None, timeout_s=120):
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "FAKE_OPTS": opts,
+           # must be ignored: the plugin's interpreter is isolated from PYTHON* vars
+           "PYTHONPATH": "/nonexistent", "PYTHONHOME": "/nonexistent"}
+    env.update(env_extra or {})
+    argv = [str(harness), str(so), ctx, f"pythonpath={site}",
+            f"pythonpath={sysconfig.get_path('purelib')}", *args]
+    p = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout_s)
+    return p.returncode, p.stdout.splitlines(), p.stderr
+
+
+@pytest.fixture
+def real_site(tmp_path):
+    return _site(tmp_path, REPO / "spank_py")
+
+
+def double_site(tmp_path, source: str) -> Path:
+    d = tmp_path / "double"
+    d.mkdir()
+    (d / "__init__.py").write_text("")
+    (d / "hooks.py").write_text(source)
+    return _site(tmp_path, d)
+
+
+# ------------------------------------------------------------ the build
+
+def test_exports_only_spank_and_plugin_symbols(built):
+    out = subprocess.run(["nm", "-D", "--defined-only", str(built)], capture_output=True, text=True,
+                         check=True, timeout=60).stdout
+    names = {line.split()[-1].split("@")[0] for line in out.splitlines() if line.strip()}
+    names.discard("GSRUN_SPANK_1.0")
+    assert names, out
+    bad = sorted(n for n in names if not (n.startswith("slurm_spank_") or n.startswith("plugin_")))
+    assert bad == [], bad
+    assert {"plugin_name", "plugin_type", "plugin_version", "slurm_spank_init",
+            "slurm_spank_init_post_opt", "slurm_spank_task_init", "slurm_spank_user_init",
+            "slurm_spank_exit"} <= names
+
+
+def test_hardened_and_linked_to_this_python(built):
+    dyn = subprocess.run(["readelf", "-d", str(built)], capture_output=True, text=True,
+                         check=True, timeout=60).stdout
+    assert "BIND_NOW" in dyn and "NODELETE" in dyn
+    assert f"[{sysconfig.get_config_var('INSTSONAME')}]" in dyn
+    hdr = subprocess.run(["readelf", "-lW", str(built)], capture_output=True, text=True,
+                         check=True, timeout=60).stdout
+    assert "GNU_RELRO" in hdr
+    assert "RWE" not in next(line for line in hdr.splitlines() if "GNU_STACK" in line)
+
+
+def test_build_records_slurm_version(built):
+    num = spank_build.slurm_version_number("/usr/include")
+    text = (Path("/usr/include/slurm/slurm_version.h")).read_text()
+    assert f"{num:#x}" in text.lower()
+    info = spank_build.read_build_info(built)
+    assert info["slurm_version_number"] == num
+    assert info["slurm_version"] == spank_build.format_slurm_version(num)
+    assert info["python_version"] == sys.version.split()[0]
+    # also inside the .so itself, without the JSON next to it
+    alone = built.parent / "alone" / "gsrun_spank.so"
+    alone.parent.mkdir(exist_ok=True)
+    shutil.copy(built, alone)
+    assert spank_build.read_build_info(alone)["slurm_version_number"] == num
+
+
+def test_format_slurm_version():
+    assert spank_build.format_slurm_version(0x160508) == "22.05.8"
+    assert spank_build.format_slurm_version(0x180B01) == "24.11.1"
+
+
+def test_missing_slurm_headers_is_a_clear_error(tmp_path):
+    with pytest.raises(Exception, match="slurm/spank.h not found") as ei:
+        spank_build.find_slurm_include((str(tmp_path),))
+    assert "libslurm-dev" in str(ei.value)
+
+
+# ------------------------------------------------------------ loaded in a fake SPANK host
+
+def test_allocator_registers_validates_and_exports(built, harness, real_site):
+    rc, out, err = run_harness(harness, built, "allocator", real_site,
+                               opts="gs-mps=50;gs-tune=swappiness=10;gs-report=mail")
+    assert rc == 0, (out, err)
+    assert f"PLUGIN spank gsrun {spank_build.slurm_version_number('/usr/include'):#x}" in out
+    assert "REGISTER gs-mps has_arg=2 arginfo=PCT" in out
+    assert [l for l in out if l.startswith("REGISTER")] == [
+        "REGISTER gs-mps has_arg=2 arginfo=PCT", "REGISTER gs-mig has_arg=1 arginfo=LAYOUT",
+        "REGISTER gs-tune has_arg=1 arginfo=LIST", "REGISTER gs-bind has_arg=1 arginfo=MODE",
+        "REGISTER gs-report has_arg=1 arginfo=MODE"]
+    assert [l for l in out if l.startswith("JOBCONTROL")] == [
+        "JOBCONTROL SPANK_GS_MPS=50", "JOBCONTROL SPANK_GS_TUNE=swappiness=10", "JOBCONTROL SPANK_GS_REPORT=mail"]
+    assert "RC slurm_spank_init_post_opt 0" in out and out[-1] == "DONE"
+    assert not [l for l in out if l.startswith("ERROR")]
+
+
+def test_mps_flag_without_value(built, harness, real_site):
+    rc, out, err = run_harness(harness, built, "allocator", real_site, opts="gs-mps")
+    assert rc == 0, (out, err)
+    assert [l for l in out if l.startswith("JOBCONTROL")] == ["JOBCONTROL SPANK_GS_MPS="]
+
+
+def test_allocator_bad_value_fails_submission(built, harness, real_site):
+    rc, out, err = run_harness(harness, built, "allocator", real_site, opts="gs-tune=bogus=1")
+    assert rc == 11, (out, err)                         # init_post_opt failed: sbatch stops
+    assert "RC slurm_spank_init_post_opt -1" in out
+    errors = [l for l in out if l.startswith("ERROR: ")]
+    assert errors[0].startswith("ERROR: gsrun: spank: --gs-tune=bogus=1: ")
+    assert "bogus" in errors[0] and any("hint:" in e for e in errors)
+    assert not [l for l in out if l.startswith("JOBCONTROL")]
+
+
+def test_remote_binds_in_forked_tasks(built, harness, real_site):
+    """user_init in the parent, task_init in forked children (Python repaired
+    after fork), MPS env for the job, no crash."""
+    rc, out, err = run_harness(harness, built, "remote", real_site, opts="gs-mps=50")
+    assert rc == 0, (out, err)
+    for t in (0, 1):
+        assert f"CHILD {t} exit=0 signaled=0" in out, (out, err)
+    assert out.count("RC slurm_spank_task_init 0") == 2
+    assert out.count("SETENV CUDA_MPS_PIPE_DIRECTORY=/run/gsrun/mps/4242/pipe") == 2
+    # the affinity the task really has after task_init = the plan's CPUs for its rank
+    from gsrun.cpulist import parse_cpulist
+    planned = [l.split("=", 1)[1] for l in out if l.startswith("SETENV GSRUN_BIND_CPUS=")]
+    counts = [int(l.rsplit("cpus=", 1)[1]) for l in out if l.startswith("TASK ")]
+    assert len(planned) == 2 and counts == [len(parse_cpulist(p)) for p in planned], out
+    assert out[-1] == "DONE"
+
+
+def test_job_script_context_runs_without_error(built, harness, real_site):
+    rc, out, err = run_harness(harness, built, "job_script", real_site)
+    assert rc == 0 and "RC slurm_spank_job_prolog 0" in out, (out, err)
+    assert not [l for l in out if l.startswith("ERROR")]
+
+
+def test_slurmd_context_never_starts_python(built, harness, tmp_path):
+    site = double_site(tmp_path, "raise RuntimeError('imported in slurmd')\n")
+    rc, out, err = run_harness(harness, built, "slurmd", site)
+    assert rc == 0 and "RC slurm_spank_init 0" in out, (out, err)
+    assert not [l for l in out if l.startswith(("ERROR", "REGISTER"))]
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["colour=blue"], "unknown plugstack argument 'colour'"),
+    (["on_error=maybe"], "on_error=maybe: must be fail or ignore"),
+    (["bind=spread"], "bind=spread: must be auto or none"),
+    (["pythonpath=relative/dir"], "must be one absolute directory"),
+    (["justaword"], "is not key=value"),
+])
+def test_plugstack_args_are_strict(built, harness, real_site, args, needle):
+    rc, out, err = run_harness(harness, built, "remote", real_site, *args)
+    assert rc == 10 and "RC slurm_spank_init -1" in out, (out, err)
+    assert any(needle in l for l in out if l.startswith("ERROR: gsrun: spank: config: ")), out
+
+
+def test_refuses_other_slurm_release(built, harness, real_site):
+    rc, out, err = run_harness(harness, built, "allocator", real_site,
+                               env_extra={"FAKE_MAJOR": "24", "FAKE_MINOR": "11"})
+    assert rc == 10, (out, err)
+    num = spank_build.slurm_version_number("/usr/include")
+    assert (f"ERROR: gsrun: spank: version: gsrun_spank.so was built for Slurm "
+            f"{num >> 16 & 0xff}.{num >> 8 & 0xff:02d} but this is Slurm fake-version; refusing to load") in out
+    assert any("gsrun-node spank build" in l for l in out)
+
+
+RAISING = """
+import sys
+def register_options():
+    return [("gs-x", None, "test", 0)]
+def slurm_spank_init(ctx, args):
+    return 0
+def slurm_spank_init_post_opt(ctx, args):
+    raise ValueError("boom in post_opt")
+def slurm_spank_user_init(ctx, args):
+    sys.exit(3)                       # must not end slurmstepd
+def slurm_spank_task_init(ctx, args):
+    raise KeyboardInterrupt()
+def slurm_spank_task_exit(ctx, args):
+    return "not an int"
+def slurm_spank_exit(ctx, args):
+    import _json, _spank               # a lib-dynload C extension: libpython symbols are global
+    assert _spank.get_item("S_JOB_ID") == 4242
+    assert _spank.get_item("S_JOB_SUPPLEMENTARY_GIDS") == [27, 100]
+    assert _spank.get_item("S_JOB_ENV")["SLURM_STEP_TASKS_PER_NODE"] == "2"
+    assert _spank.get_item("S_TASK_EXIT_STATUS") is None
+    assert _spank.getenv("HOME") == "/home/u" and _spank.getenv("NOPE") is None
+    assert _spank.option_getopt("gs-x") == ""
+    try:
+        _spank.job_control_setenv("GS_X", "1")
+    except _spank.SpankError as e:
+        assert e.args[0] == 8 or e.what == "job_control_setenv", e
+    else:
+        raise AssertionError("remote job_control_setenv must fail")
+    _spank.log("info", "exit ok %s" + _spank.context())
+    return 0
+"""
+
+
+def test_python_errors_never_crash_the_host(built, harness, tmp_path):
+    site = double_site(tmp_path, RAISING)
+    rc, out, err = run_harness(harness, built, "remote", site, opts="gs-x")
+    assert rc == 0, (out, err)
+    # remote default on_error=ignore: every failing hook logged, rc 0, nothing crashed
+    assert "ERROR: gsrun: spank: slurm_spank_init_post_opt: ValueError: boom in post_opt" in out
+    assert any(l.startswith("ERROR: gsrun: spank: slurm_spank_init_post_opt: Traceback") for l in out)
+    assert any("hooks.py" in l and "line 8" in l for l in out if "post_opt" in l)
+    assert "ERROR: gsrun: spank: slurm_spank_user_init: SystemExit: 3" in out
+    assert "ERROR: gsrun: spank: slurm_spank_task_init: KeyboardInterrupt: " in out
+    assert "ERROR: gsrun: spank: slurm_spank_task_exit: returned str, expected int or None" in out
+    assert "CHILD 0 exit=0 signaled=0" in out and "CHILD 1 exit=0 signaled=0" in out
+    assert "INFO: exit ok %sremote" in out            # user text is never a format string
+    assert "RC slurm_spank_exit 0" in out and out[-1] == "DONE"
+
+
+def test_on_error_fail_makes_remote_hook_fail(built, harness, tmp_path):
+    site = double_site(tmp_path, RAISING)
+    rc, out, err = run_harness(harness, built, "remote", site, "on_error=fail", opts="gs-x")
+    assert rc == 11 and "RC slurm_spank_init_post_opt -1" in out, (out, err)
+
+
+def test_exception_in_allocator_fails_by_default_and_ignore_overrides(built, harness, tmp_path):
+    site = double_site(tmp_path, RAISING)
+    rc, out, _ = run_harness(harness, built, "allocator", site)
+    assert rc == 11
+    rc, out, _ = run_harness(harness, built, "allocator", site, "on_error=ignore")
+    assert rc == 0 and "RC slurm_spank_init_post_opt 0" in out
+
+
+def test_import_failure_is_reported_with_hint(built, harness, tmp_path):
+    site = double_site(tmp_path, "import gsrun_no_such_module\n")
+    rc, out, err = run_harness(harness, built, "remote", site)
+    assert rc == 0, (out, err)                      # a running job is not killed by it
+    assert any(l.startswith("ERROR: gsrun: spank: python: cannot import gsrun.spank_py.hooks") for l in out)
+    assert any("ModuleNotFoundError: No module named 'gsrun_no_such_module'" in l for l in out)
+    assert any("hint: install gsrun" in l for l in out)
+    rc, out, _ = run_harness(harness, built, "allocator", site)
+    assert rc == 10                                  # sbatch: fail loudly
+
+
+def test_bad_option_table_is_refused(built, harness, tmp_path):
+    site = double_site(tmp_path, "def register_options():\n    return [('Bad Name', None, 'x', 0)]\n")
+    rc, out, _ = run_harness(harness, built, "allocator", site)
+    assert rc == 10
+    assert "ERROR: gsrun: spank: register_options: bad option Bad Name (has_arg 0)" in out

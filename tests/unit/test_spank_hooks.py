@@ -1,0 +1,331 @@
+"""spank_py/hooks.py against a fake ``_spank`` module (pure tier).
+
+The fake records what the hooks ask of Slurm (job control env, task env,
+log lines), so each test checks the values that would reach the prolog or
+the task.
+"""
+
+import os
+import sys
+import types
+
+import pytest
+
+from gsrun.spank_py import hooks
+
+
+class FakeSpank(types.ModuleType):
+    class SpankError(OSError):
+        pass
+
+    def __init__(self, ctx="allocator", options=None, items=None, job_control_fails=False):
+        super().__init__("_spank")
+        self.ctx = ctx
+        self.options = dict(options or {})
+        self.items = dict(items or {})
+        self.job_control = {}
+        self.env = {}
+        self.unset = []
+        self.logs = []
+        self.mempolicy = []
+        self.job_control_fails = job_control_fails
+
+    def context(self):
+        return self.ctx
+
+    def option_getopt(self, name):
+        assert name in {o[0] for o in hooks.OPTIONS}, name
+        return self.options.get(name)
+
+    def job_control_setenv(self, name, value, overwrite=True):
+        if self.job_control_fails:
+            raise self.SpankError(8, "Not in local context")
+        self.job_control[name] = value
+
+    def get_item(self, name):
+        return self.items.get(name)
+
+    def setenv(self, name, value, overwrite=True):
+        self.env[name] = value
+
+    def unsetenv(self, name):
+        self.unset.append(name)
+
+    def set_mempolicy(self, mode, nodes):
+        self.mempolicy.append((mode, list(nodes)))
+
+    def log(self, level, msg):
+        self.logs.append((level, msg))
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    def make(**kw):
+        m = FakeSpank(**kw)
+        monkeypatch.setitem(sys.modules, "_spank", m)
+        return m
+    hooks.STATE.reset()
+    yield make
+    hooks.STATE.reset()
+
+
+ARGS = {"pythonpath": [], "on_error": None, "bind": "auto"}
+
+
+# ------------------------------------------------------------ option table
+
+def test_option_table_shape():
+    table = hooks.register_options()
+    names = [t[0] for t in table]
+    assert names == ["gs-mps", "gs-mig", "gs-tune", "gs-bind", "gs-report"]
+    by_name = {t[0]: t for t in table}
+    assert by_name["gs-mps"][3] == 2          # optional argument: --gs-mps or --gs-mps=50
+    assert all(by_name[n][3] == 1 for n in names if n != "gs-mps")
+    for name, arginfo, usage, has_arg in table:
+        assert len(name) <= 75 and name.replace("-", "").isalnum()
+        assert usage.startswith("gsrun:")
+
+
+# ------------------------------------------------------------ validation
+
+def test_valid_options_are_exported_normalized(fake):
+    sp = fake(options={"gs-mps": "50", "gs-tune": "swappiness=10, thp=never", "gs-mig": "7X1g.18gb",
+                       "gs-bind": "Isolate", "gs-report": "none"})
+    assert hooks.slurm_spank_init_post_opt("allocator", ARGS) == 0
+    assert sp.job_control == {"GS_MPS": "50", "GS_TUNE": "swappiness=10,thp=never",
+                              "GS_MIG": "7x1g.18gb", "GS_BIND": "isolate", "GS_REPORT": "none"}
+    assert not [m for lvl, m in sp.logs if lvl == "error"]
+
+
+def test_mps_flag_alone_exports_empty_value(fake):
+    sp = fake(options={"gs-mps": ""})
+    assert hooks.slurm_spank_init_post_opt("allocator", ARGS) == 0
+    assert sp.job_control == {"GS_MPS": ""}
+    # the prolog's reader: "" = MPS with the site default percentage
+    from gsrun.mps import requested, requested_pct
+    env = {"SPANK_" + k: v for k, v in sp.job_control.items()}
+    assert requested(env, None) is True and requested_pct(env, None) is None
+
+
+def test_no_options_exports_nothing(fake):
+    sp = fake(options={})
+    assert hooks.slurm_spank_init_post_opt("allocator", ARGS) == 0
+    assert sp.job_control == {} and sp.logs == []
+
+
+@pytest.mark.parametrize("opt,value,needle", [
+    ("gs-mps", "150", "1-100"),
+    ("gs-mps", "abc", "1-100"),
+    ("gs-mps", "0", "1-100"),
+    ("gs-tune", "bogus=1", "bogus"),
+    ("gs-tune", "swappiness=999", "0-200"),
+    ("gs-tune", "swappiness", "swappiness"),
+    ("gs-tune", "", "needs a value"),
+    ("gs-mig", "7x1g.18gb;rm -rf /", "gs-mig"),
+    ("gs-mig", "banana", "banana"),
+    ("gs-bind", "spread", "auto|none|isolate"),
+    ("gs-report", "sms", "mail|none"),
+])
+def test_bad_value_fails_submission_with_clear_message(fake, opt, value, needle):
+    sp = fake(options={opt: value, "gs-report": "mail"} if opt != "gs-report" else {opt: value})
+    assert hooks.slurm_spank_init_post_opt("allocator", ARGS) == -1
+    assert sp.job_control == {}                      # nothing half-exported
+    errors = [m for lvl, m in sp.logs if lvl == "error"]
+    assert errors[0].startswith(f"gsrun: spank: --{opt}={value}: ")
+    assert needle in " ".join(errors)
+
+
+def test_all_bad_values_reported_at_once(fake):
+    sp = fake(options={"gs-mps": "150", "gs-bind": "spread"})
+    assert hooks.slurm_spank_init_post_opt("local", ARGS) == -1
+    errors = [m for lvl, m in sp.logs if lvl == "error" and m.startswith("gsrun:")]
+    assert [e.split(":")[2].strip() for e in errors] == ["--gs-mps=150", "--gs-bind=spread"]
+
+
+def test_site_mig_layout_name_is_resolved(fake, tmp_path, monkeypatch):
+    cfg = tmp_path / "gsrun.toml"
+    cfg.write_text('[mig.layouts]\nsmall = "7x1g.18gb"\n')
+    monkeypatch.setenv("GSRUN_CONFIG", str(cfg))
+    sp = fake(options={"gs-mig": "small"})
+    assert hooks.slurm_spank_init_post_opt("allocator", ARGS) == 0
+    assert sp.job_control == {"GS_MIG": "7x1g.18gb"}
+
+
+def test_fallback_used_when_module_import_fails(monkeypatch):
+    monkeypatch.setitem(sys.modules, "gsrun.tuning_request", None)   # import raises ImportError
+    monkeypatch.setitem(sys.modules, "gsrun.mig_layout", None)
+    assert hooks.check_tune("swappiness=10") == "swappiness=10"
+    with pytest.raises(hooks.OptionError, match="key=value"):
+        hooks.check_tune("swappiness=10;reboot")
+    assert hooks.check_mig("2X3g.71gb") == "2x3g.71gb"
+    with pytest.raises(hooks.OptionError, match="layout"):
+        hooks.check_mig("$(id)")
+
+
+def test_exported_values_pass_the_prolog_reader(fake):
+    from gsrun.jobenv import SPANK_KEYS, _SPANK_VALUE
+    sp = fake(options={"gs-mps": "7", "gs-tune": "governor=performance,swappiness=0",
+                       "gs-mig": "1g.18gb+me+3x1g.18gb", "gs-bind": "none", "gs-report": "mail"})
+    assert hooks.slurm_spank_init_post_opt("allocator", ARGS) == 0
+    for k, v in sp.job_control.items():
+        assert "SPANK_" + k in SPANK_KEYS
+        assert _SPANK_VALUE.match(v), (k, v)
+
+
+def test_job_control_failure_in_allocator_raises_for_c_to_report(fake):
+    fake(options={"gs-mps": "50"}, job_control_fails=True)
+    with pytest.raises(OSError):
+        hooks.slurm_spank_init_post_opt("allocator", ARGS)
+
+
+def test_job_control_failure_in_srun_step_is_only_logged(fake):
+    sp = fake(ctx="local", options={"gs-mps": "50"}, job_control_fails=True)
+    assert hooks.slurm_spank_init_post_opt("local", ARGS) == 0
+    assert any("job_control_setenv GS_MPS" in m for _, m in sp.logs)
+
+
+def test_remote_post_opt_does_not_validate_or_export(fake):
+    sp = fake(ctx="remote", options={"gs-mps": "150"})
+    assert hooks.slurm_spank_init_post_opt("remote", ARGS) == 0
+    assert sp.job_control == {} and sp.logs == []
+
+
+# ------------------------------------------------------------ remote decisions
+
+@pytest.mark.parametrize("plug,opt,want", [
+    ("auto", None, "auto"), ("auto", "", "auto"), ("auto", "isolate", "isolate"),
+    ("auto", "none", "none"), ("none", "isolate", "none"), ("auto", "weird", "none"),
+])
+def test_bind_mode(plug, opt, want):
+    assert hooks.bind_mode(plug, opt) == want
+
+
+@pytest.mark.parametrize("step,want", [(0, True), (7, True), (0xFFFFFFFB, False),
+                                       (0xFFFFFFFC, False), (0xFFFFFFFA, False), (None, False)])
+def test_is_bound_step(step, want):
+    assert hooks.is_bound_step(step) is want
+
+
+def _plan(host_nodes=2):
+    from gsrun.binding import Plan, RankPlan
+    r0 = RankPlan(0, None, (), 0, (0, 1), (0,), None, {"LOCAL_RANK": "0", "GSRUN_BIND_CPUS": "0-1"},
+                  ("ROCR_VISIBLE_DEVICES",), "node 0")
+    r1 = RankPlan(1, None, (), None, (2, 3), (), None, {"LOCAL_RANK": "1", "GSRUN_BIND_CPUS": "2-3"},
+                  (), "unknown node")
+    return Plan(ranks=(r0, r1), allowed_cpus=(0, 1, 2, 3), host_nodes=host_nodes, step_gpus=())
+
+
+def test_task_actions_from_plan_and_mps():
+    mps = {"CUDA_MPS_PIPE_DIRECTORY": "/run/gsrun/mps/42/pipe"}
+    a = hooks.task_actions(_plan(), 0, mps, allowed_mems=[0, 1])
+    assert a.cpus == (0, 1) and a.mem_nodes == (0,)
+    assert a.setenv == {"LOCAL_RANK": "0", "GSRUN_BIND_CPUS": "0-1", **mps}
+    assert a.unsetenv == ("ROCR_VISIBLE_DEVICES",)
+    b = hooks.task_actions(_plan(), 1, None)
+    assert b.cpus == (2, 3) and b.mem_nodes == ()           # node unknown: no memory binding
+    assert hooks.task_actions(_plan(host_nodes=1), 0, None).mem_nodes == ()
+    assert hooks.task_actions(_plan(), 0, None, allowed_mems=[1]).mem_nodes == ()
+    c = hooks.task_actions(None, 3, mps)
+    assert c.cpus == () and c.setenv == mps
+
+
+def test_task_init_applies_plan(fake, monkeypatch):
+    calls = []
+    monkeypatch.setattr(os, "sched_setaffinity", lambda pid, cpus: calls.append((pid, tuple(cpus))))
+    sp = fake(ctx="remote", items={"S_TASK_ID": 1, "S_TASK_PID": 4242})
+    hooks.STATE.plan = _plan()
+    hooks.STATE.mps_env = {"CUDA_MPS_PIPE_DIRECTORY": "/m/7/pipe", "CUDA_MPS_LOG_DIRECTORY": "/m/7/log"}
+    assert hooks.slurm_spank_task_init("remote", ARGS) == 0
+    assert calls == [(0, (2, 3))]
+    assert sp.env == {"LOCAL_RANK": "1", "GSRUN_BIND_CPUS": "2-3",
+                      "CUDA_MPS_PIPE_DIRECTORY": "/m/7/pipe", "CUDA_MPS_LOG_DIRECTORY": "/m/7/log"}
+    assert sp.mempolicy == []
+
+
+def test_task_init_rank_outside_plan_keeps_mps_env(fake, monkeypatch):
+    monkeypatch.setattr(os, "sched_setaffinity", lambda pid, cpus: pytest.fail("must not bind"))
+    sp = fake(ctx="remote", items={"S_TASK_ID": 5, "S_TASK_PID": 1})
+    hooks.STATE.plan = _plan()
+    hooks.STATE.mps_env = {"CUDA_MPS_PIPE_DIRECTORY": "/m/7/pipe"}
+    assert hooks.slurm_spank_task_init("remote", ARGS) == 0
+    assert sp.env == {"CUDA_MPS_PIPE_DIRECTORY": "/m/7/pipe"}
+    assert any("task 5" in m and "no such local rank" in m for lvl, m in sp.logs if lvl == "error")
+
+
+def test_task_init_affinity_error_is_logged_not_raised(fake, monkeypatch):
+    def boom(pid, cpus):
+        raise OSError(22, "Invalid argument")
+    monkeypatch.setattr(os, "sched_setaffinity", boom)
+    sp = fake(ctx="remote", items={"S_TASK_ID": 0, "S_TASK_PID": 9})
+    hooks.STATE.plan = _plan()
+    assert hooks.slurm_spank_task_init("remote", ARGS) == 0
+    assert any("sched_setaffinity [0, 1]: Invalid argument" in m for _, m in sp.logs)
+    assert sp.mempolicy == [(hooks.MPOL_BIND, [0])]
+
+
+H200_TREE = "/work/shared/data/hosts/h200-vm/h200-vm-tree.tar.gz"
+
+
+@pytest.fixture
+def h200_root(tmp_path):
+    import subprocess
+    if not os.path.exists(H200_TREE):
+        pytest.skip("recorded H200 host tree not present")
+    root = tmp_path / "h200"
+    root.mkdir()
+    subprocess.run(["tar", "-xzf", H200_TREE, "-C", str(root), "--no-same-owner"], check=True, timeout=60)
+    return root
+
+
+def test_user_init_then_task_init_on_recorded_h200(fake, h200_root, monkeypatch):
+    """user_init plans from the job env on the recorded H200 host (16 CPUs,
+    one NUMA node, GPU 0), each task gets its half of the cores."""
+    monkeypatch.setenv("GSRUN_HOST_ROOT", str(h200_root))
+    job_env = {"SLURM_STEP_TASKS_PER_NODE": "2", "SLURM_STEP_GPUS": "0", "CUDA_VISIBLE_DEVICES": "0"}
+    sp = fake(ctx="remote", options={"gs-mps": "50"},
+              items={"S_JOB_STEPID": 0, "S_JOB_ID": 77, "S_JOB_ENV": job_env})
+    hooks.slurm_spank_init("remote", ARGS)
+    assert hooks.slurm_spank_user_init("remote", ARGS) == 0
+    assert [lvl for lvl, _ in sp.logs if lvl == "error"] == []
+    assert hooks.STATE.mps_env == {"CUDA_MPS_PIPE_DIRECTORY": "/run/gsrun/mps/77/pipe",
+                                   "CUDA_MPS_LOG_DIRECTORY": "/run/gsrun/mps/77/log"}
+    calls = []
+    monkeypatch.setattr(os, "sched_setaffinity", lambda pid, cpus: calls.append((pid, tuple(cpus))))
+    for rank in (0, 1):
+        sp.items.update({"S_TASK_ID": rank, "S_TASK_PID": 100 + rank})
+        sp.env.clear()
+        assert hooks.slurm_spank_task_init("remote", ARGS) == 0
+        assert sp.env["LOCAL_RANK"] == str(rank) and sp.env["CUDA_VISIBLE_DEVICES"] == "0"
+        assert sp.env["CUDA_MPS_PIPE_DIRECTORY"] == "/run/gsrun/mps/77/pipe"
+    assert calls == [(0, tuple(range(0, 8))), (0, tuple(range(8, 16)))]
+    assert sp.mempolicy == []       # one NUMA node: no memory binding
+
+
+def test_user_init_bind_error_is_logged_and_step_runs_unbound(fake, tmp_path, monkeypatch):
+    monkeypatch.setenv("GSRUN_HOST_ROOT", str(tmp_path))      # a host root with no topology
+    sp = fake(ctx="remote", items={"S_JOB_STEPID": 0, "S_JOB_ID": 77,
+                                   "S_JOB_ENV": {"SLURM_STEP_TASKS_PER_NODE": "x"}})
+    assert hooks.slurm_spank_user_init("remote", ARGS) == 0
+    assert hooks.STATE.plan is None
+    errors = [m for lvl, m in sp.logs if lvl == "error"]
+    assert errors and errors[0].startswith("gsrun: spank: bind: ")
+
+
+def test_user_init_batch_step_gets_mps_but_no_binding(fake):
+    sp = fake(ctx="remote", options={"gs-mps": ""},
+              items={"S_JOB_STEPID": 0xFFFFFFFB, "S_JOB_ID": 5, "S_JOB_ENV": {}})
+    assert hooks.slurm_spank_user_init("remote", ARGS) == 0
+    assert hooks.STATE.plan is None and hooks.STATE.mps_env["CUDA_MPS_PIPE_DIRECTORY"].endswith("/5/pipe")
+    assert sp.logs == []
+
+
+def test_user_init_bind_none_in_plugstack(fake):
+    fake(ctx="remote", options={"gs-bind": "isolate"}, items={"S_JOB_STEPID": 0, "S_JOB_ID": 5})
+    assert hooks.slurm_spank_user_init("remote", {**ARGS, "bind": "none"}) == 0
+    assert hooks.STATE.mode == "none" and hooks.STATE.plan is None and hooks.STATE.mps_env is None
+
+
+def test_task_init_without_plan_or_mps_does_nothing(fake):
+    sp = fake(ctx="remote", items={"S_TASK_ID": 0})
+    assert hooks.slurm_spank_task_init("remote", ARGS) == 0
+    assert sp.env == {} and sp.logs == []

@@ -1,0 +1,71 @@
+"""The prolog killed by SIGKILL at every write boundary (sysfs writes and
+journal writes), in a real child process; then the epilog or ``restore
+--all`` must return the fake host tree to its baseline byte for byte."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+
+from gsrun import tuning
+from gsrun.hostfs import HostFS
+from test_tuning_support import REPO, diff, make_tree, snapshot
+
+REQ = "governor=performance,swappiness=10,swap=off,dirty_ratio=40,dirty_background_ratio=5,thp=never,zone_reclaim_mode=1"
+
+CHILD = textwrap.dedent("""
+    import json, os, signal, sys
+    sys.path.insert(0, sys.argv[1])
+    from gsrun import tuning
+    from gsrun.hostfs import HostFS
+    root, state, kill_at, req = sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
+    events = []
+
+    def boundary(what):
+        if len(events) == kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        events.append(what)
+
+    class H(HostFS):
+        def write(self, rel, value):
+            boundary("write " + rel)
+            super().write(rel, value)
+
+    real_write_json = tuning._write_json
+    def write_json(path, obj):
+        boundary("journal " + os.path.basename(str(path)))
+        real_write_json(path, obj)
+    tuning._write_json = write_json
+    tuning.prolog_tune(H(root), state, "4242", req, None, None, exclusive=True, log=lambda m: None)
+    print(json.dumps(events))
+""")
+
+
+def run_child(root, state, kill_at):
+    return subprocess.run([sys.executable, "-c", CHILD, str(REPO), str(root), str(state), str(kill_at), REQ],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_sigkill_at_every_write_boundary(tmp_path):
+    full = run_child(make_tree(tmp_path / "full"), tmp_path / "fs", -1)
+    assert full.returncode == 0, full.stderr
+    events = json.loads(full.stdout)
+    writes = [e for e in events if e.startswith("write ")]
+    journals = [e for e in events if e.startswith("journal ")]
+    assert len(writes) >= 10 and len(journals) >= 9, events
+    for n in range(len(events)):
+        root = make_tree(tmp_path / f"h{n}")
+        state = tmp_path / f"s{n}"
+        base = snapshot(root)
+        r = run_child(root, state, n)
+        assert r.returncode == -signal.SIGKILL, (n, events[n], r.stderr)
+        if n % 2 == 0:   # alternate the two ways back (both run at every boundary in test_tuning.py)
+            out = tuning.epilog_restore(HostFS(root), str(state), "4242", log=lambda m: None)
+        else:
+            out = tuning.restore(HostFS(root), str(state), all_jobs=True, log=lambda m: None)
+        assert out["ok"], (n, events[n], out)
+        assert diff(base, snapshot(root)) == [], f"killed before {events[n]} (event {n})"
+        assert tuning.status(HostFS(root), str(state))["changes"] == []

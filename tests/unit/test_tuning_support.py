@@ -1,0 +1,168 @@
+"""Fake host trees for the tuning tests (no tests here).
+
+A tree is the real H200 VM recording (/work/shared/data/hosts/h200-vm, no
+cpufreq, no swap) unpacked under tmp_path, plus -- when asked -- synthetic
+cpufreq dirs for 4 CPUs and an active swap file.
+"""
+
+from __future__ import annotations
+
+import atexit
+import errno
+import os
+import shutil
+import tarfile
+import tempfile
+from pathlib import Path
+
+from gsrun.hostfs import HostFS
+
+REPO = Path(__file__).resolve().parents[2]
+TARBALL_CANDIDATES = (REPO / "tests" / "data" / "hosts" / "h200-vm" / "h200-vm-tree.tar.gz",
+                      Path("/work/shared/data/hosts/h200-vm/h200-vm-tree.tar.gz"))
+SWAP_LINE = "/swapfile                               file\t\t8388604\t\t524288\t\t-2"
+SWAP_LINE2 = "/dev/nvme0n1p3                          partition\t16777212\t0\t\t5"
+
+
+def tarball() -> Path | None:
+    for p in TARBALL_CANDIDATES:
+        if p.is_file():
+            return p
+    return None
+
+
+# The tuning-relevant files of the H200 VM recording, as read there (used when
+# the tarball is not reachable, e.g. on the device machine).
+_MINIMAL = {
+    "proc/sys/vm/swappiness": "60\n", "proc/sys/vm/dirty_ratio": "20\n", "proc/sys/vm/dirty_bytes": "0\n",
+    "proc/sys/vm/dirty_background_ratio": "10\n", "proc/sys/vm/dirty_background_bytes": "0\n",
+    "proc/sys/vm/zone_reclaim_mode": "0\n",
+    "sys/kernel/mm/transparent_hugepage/enabled": "always [madvise] never\n",
+    "sys/kernel/mm/transparent_hugepage/defrag": "always defer defer+madvise [madvise] never\n",
+    "proc/swaps": "Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority\n",
+    "proc/meminfo": ("MemTotal:       131981020 kB\nMemFree:        130740832 kB\n"
+                     "MemAvailable:   131494820 kB\nSwapTotal:             0 kB\nSwapFree:              0 kB\n"),
+}
+
+
+_CACHE: list[Path] = []
+
+
+def _unpacked() -> Path:
+    """The tarball unpacked once per test session (regular files and dirs only)."""
+    if not _CACHE:
+        dest = Path(tempfile.mkdtemp(prefix="gsrun-h200-tree-"))
+        _CACHE.append(dest)
+        atexit.register(shutil.rmtree, dest, True)
+        if tarball() is None:
+            for rel, text in _MINIMAL.items():
+                (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+                (dest / rel).write_text(text)
+            for c in range(16):
+                (dest / f"sys/devices/system/cpu/cpu{c}/topology").mkdir(parents=True, exist_ok=True)
+            return dest
+        with tarfile.open(tarball()) as t:
+            for m in t.getmembers():
+                parts = Path(m.name).parts
+                if m.name.startswith("/") or ".." in parts or not (m.isfile() or m.isdir()):
+                    continue
+                if m.isdir():
+                    (dest / m.name).mkdir(parents=True, exist_ok=True)
+                else:
+                    (dest / m.name).parent.mkdir(parents=True, exist_ok=True)
+                    (dest / m.name).write_bytes(t.extractfile(m).read())
+    return _CACHE[0]
+
+
+def make_tree(root: Path, cpufreq_cpus: int = 4, swap: bool = True, swapped_kb: int = 524288,
+              mem_available_kb: int | None = None, dirty_bytes: int = 0, dirty_background_bytes: int = 0,
+              governor: str = "powersave") -> Path:
+    shutil.copytree(_unpacked(), root, dirs_exist_ok=True)
+    for c in range(cpufreq_cpus):
+        d = root / f"sys/devices/system/cpu/cpu{c}/cpufreq"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "scaling_governor").write_text(governor + "\n")
+        (d / "scaling_available_governors").write_text("performance powersave \n")
+    if swap:
+        swaps = root / "proc/swaps"
+        swaps.write_text(swaps.read_text().rstrip("\n") + "\n" + SWAP_LINE + "\n" + SWAP_LINE2 + "\n")
+        mi = root / "proc/meminfo"
+        lines = []
+        total = 8388604 + 16777212
+        for ln in mi.read_text().splitlines():
+            if ln.startswith("SwapTotal:"):
+                ln = f"SwapTotal:      {total} kB"
+            elif ln.startswith("SwapFree:"):
+                ln = f"SwapFree:       {total - swapped_kb} kB"
+            elif ln.startswith("MemAvailable:") and mem_available_kb is not None:
+                ln = f"MemAvailable:   {mem_available_kb} kB"
+            lines.append(ln)
+        mi.write_text("\n".join(lines) + "\n")
+    vm = root / "proc/sys/vm"
+    if dirty_bytes:
+        (vm / "dirty_bytes").write_text(f"{dirty_bytes}\n")
+        (vm / "dirty_ratio").write_text("0\n")
+    if dirty_background_bytes:
+        (vm / "dirty_background_bytes").write_text(f"{dirty_background_bytes}\n")
+        (vm / "dirty_background_ratio").write_text("0\n")
+    return root
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    """Every file under ``root`` (path -> bytes), and every directory."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        rel = os.path.relpath(dirpath, root)
+        out[rel + "/"] = b"<dir>"
+        for f in filenames:
+            p = os.path.join(dirpath, f)
+            out[os.path.relpath(p, root)] = b"<link>" if os.path.islink(p) else Path(p).read_bytes()
+    return out
+
+
+def diff(a: dict, b: dict) -> list[str]:
+    return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+
+
+class Crash(BaseException):
+    """Stands in for the prolog being killed (not caught by the module)."""
+
+
+class CountingHostFS(HostFS):
+    """HostFS whose ``write`` crashes (``Crash``) or fails (``OSError``) on cue."""
+
+    def __init__(self, root, crash_after: int | None = None, fail_path: str | None = None,
+                 fail_errno: int = errno.EROFS, drop_writes: str | None = None):
+        super().__init__(root)
+        self.writes: list[str] = []
+        self.crash_after = crash_after
+        self.fail_path = fail_path
+        self.fail_errno = fail_errno
+        self.drop_writes = drop_writes
+
+    def write(self, rel, value):
+        if self.crash_after is not None and len(self.writes) >= self.crash_after:
+            raise Crash(f"killed before write {len(self.writes)}")
+        if self.fail_path and rel.lstrip("/").endswith(self.fail_path):
+            raise OSError(self.fail_errno, os.strerror(self.fail_errno), rel)
+        self.writes.append(rel)
+        if self.drop_writes and rel.lstrip("/").endswith(self.drop_writes):
+            return  # the kernel "accepts" but keeps the old value
+        super().write(rel, value)
+
+
+class RecordingSwap:
+    """Fake swap effect: records calls and edits /proc/swaps like FakeSwapEffect."""
+
+    def __init__(self):
+        from gsrun.tuning import FakeSwapEffect
+        self.inner = FakeSwapEffect()
+        self.calls: list[tuple[str, list[str]]] = []
+
+    def off(self, hostfs, devices):
+        self.calls.append(("off", [d["name"] for d in devices]))
+        self.inner.off(hostfs, devices)
+
+    def on(self, hostfs, devices):
+        self.calls.append(("on", [d["name"] for d in devices]))
+        self.inner.on(hostfs, devices)

@@ -1,0 +1,238 @@
+"""``gsrun-bind``: bind one task to its GPU's CPUs and memory, then exec.
+
+Two modes::
+
+    gsrun-bind --plan [--json] [--host-root DIR] [--gpus LIST] [--ntasks-per-node N]
+               [--local-rank R] [--allowed-cpus LIST] [--gpu-isolation]
+    gsrun-bind [--gpu-isolation] [--host-root DIR] -- CMD ARGS...
+
+The plan is computed by :mod:`gsrun.binding` (pure) from the Slurm task
+environment; this module only parses flags, applies the rank's plan
+(``os.sched_setaffinity``, environment, ``numactl --membind`` exec prefix)
+and ``os.execvp``'s the command -- no shell. A problem with the plan never
+stops the task: it runs on the allowed CPUs with a warning on stderr.
+Usage errors and a command that cannot be executed exit 2 with a
+``gsrun: bind: ...`` message.
+
+``GSRUN_BIND_VERBOSE=1`` prints ``gsrun-bind: rank L gpu G cpus X mem M (reason)``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import click
+
+from gsrun.binding import (RankPlan, apply_affinity, exec_argv, fallback_rank, plan_from_env,
+                           render_table)
+from gsrun.cpulist import format_cpulist, parse_cpulist
+from gsrun.errors import GsrunError, InputError
+from gsrun.hostfs import HostFS
+from gsrun.topology import read_allowed_mems, read_topology
+
+__all__ = ["main", "BindParams", "apply_affinity", "plan_environ", "run_plan", "run_exec"]
+
+
+@dataclass(frozen=True)
+class BindParams:
+    plan: bool
+    as_json: bool
+    host_root: str | None
+    gpus: str | None
+    ntasks_per_node: int | None
+    local_rank: int | None
+    allowed_cpus: list[int] | None
+    gpu_isolation: bool
+    command: tuple[str, ...]
+
+
+def plan_environ(environ: Mapping[str, str], gpus: str | None, ntasks: int | None,
+                 local_rank: int | None) -> dict[str, str]:
+    """The task environment with the flags folded in: ``--gpus`` replaces
+    ``SLURM_STEP_GPUS`` (and drops ``CUDA_VISIBLE_DEVICES``, whose names
+    belong to the step's own list), ``--ntasks-per-node`` the task counts,
+    ``--local-rank`` ``SLURM_LOCALID``."""
+    env = dict(environ)
+    if gpus is not None:
+        env["SLURM_STEP_GPUS"] = gpus
+        env.pop("SLURM_JOB_GPUS", None)
+        env.pop("CUDA_VISIBLE_DEVICES", None)
+    if ntasks is not None:
+        env["SLURM_NTASKS_PER_NODE"] = str(ntasks)
+        env.pop("SLURM_STEP_TASKS_PER_NODE", None)
+        env.pop("SLURM_TASKS_PER_NODE", None)
+    if local_rank is not None:
+        env["SLURM_LOCALID"] = str(local_rank)
+    return env
+
+
+def _warn(msg: str) -> None:
+    click.echo(f"gsrun: bind: warning: {msg}", err=True)
+
+
+def run_plan(p: BindParams, environ: Mapping[str, str]) -> str:
+    """Text to print for ``--plan`` (JSON or table).
+
+    Raises:
+        GsrunError: bad input (flags, env, host root).
+    """
+    fs = _hostfs(p.host_root, environ)
+    topo = read_topology(fs)
+    env = plan_environ(environ, p.gpus, p.ntasks_per_node, p.local_rank)
+    if p.local_rank is None:
+        env.pop("SLURM_LOCALID", None)
+    plan = plan_from_env(env, fs, p.allowed_cpus, p.gpu_isolation, topology=topo)
+    for w in plan.warnings:
+        _warn(w)
+    if p.as_json:
+        doc = plan.to_json()
+        if p.local_rank is not None:
+            doc = {"ranks": [plan.rank(p.local_rank).to_json()]}
+        return json.dumps(doc, indent=2, sort_keys=False)
+    return render_table(topo, plan)
+
+
+def _local_rank(environ: Mapping[str, str], flag: int | None) -> int:
+    if flag is not None:
+        return flag
+    v = (environ.get("SLURM_LOCALID") or "").strip()
+    if not v:
+        return 0
+    if not v.isdigit():
+        raise InputError("bind", "SLURM_LOCALID is not a number", repr(v)[:60])
+    return int(v)
+
+
+def choose_rank(p: BindParams, environ: Mapping[str, str], fs: HostFS) -> tuple[RankPlan, int, list[str]]:
+    """This task's rank plan, host NUMA node count and warnings. Never
+    raises for a plan problem: falls back to the allowed CPUs."""
+    warnings: list[str] = []
+    try:
+        lr = _local_rank(environ, p.local_rank)
+    except InputError as e:
+        warnings.append(f"{e.what}: {e.detail}; using local rank 0")
+        lr = 0
+    env = plan_environ(environ, p.gpus, p.ntasks_per_node, lr)
+    try:
+        plan = plan_from_env(env, fs, p.allowed_cpus, p.gpu_isolation)
+        warnings += plan.warnings
+        rp = plan.rank(lr)
+        return rp, plan.host_nodes, warnings + list(rp.warnings)
+    except (GsrunError, OSError, ValueError) as e:
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        allowed = p.allowed_cpus or (sorted(os.sched_getaffinity(0)) if fs.is_real else [])
+        if not allowed:
+            try:
+                allowed = list(read_topology(fs, nvml=False).cpus_online)
+            except (GsrunError, OSError):
+                allowed = sorted(os.sched_getaffinity(0))
+        rp = fallback_rank(lr, max(lr + 1, p.ntasks_per_node or 1), allowed, f"no plan: {first}")
+        return rp, 1, warnings + list(rp.warnings)
+
+
+def run_exec(p: BindParams, environ: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
+    """Apply the current task's plan and return (argv, environment) to exec.
+
+    Raises:
+        GsrunError: a bad flag or host root (usage errors only).
+    """
+    if not p.command:
+        raise InputError("bind", "no command to run", "nothing after --",
+                         hint="gsrun-bind [--gpu-isolation] -- CMD ARGS...")
+    fs = _hostfs(p.host_root, environ)
+    rp, host_nodes, warnings = choose_rank(p, environ, fs)
+    for w in warnings:
+        _warn(w)
+    applied = list(rp.cpus)
+    try:
+        applied = apply_affinity(rp, 0)
+    except OSError as e:
+        _warn(f"sched_setaffinity({format_cpulist(rp.cpus)}) failed: {e}; affinity left unchanged")
+        applied = sorted(os.sched_getaffinity(0))
+    env = dict(environ)
+    for k in rp.unset:
+        env.pop(k, None)
+    env.update(rp.env)
+    env["GSRUN_BIND_CPUS"] = format_cpulist(applied)
+    mems = read_allowed_mems(fs) if fs.is_real else None
+    argv = exec_argv(rp, host_nodes, p.command, allowed_mems=mems)
+    if environ.get("GSRUN_BIND_VERBOSE") == "1":
+        membound = len(argv) > len(p.command)  # numactl prefix added
+        mem = format_cpulist(rp.mem_nodes) if membound else "-"
+        gpu = rp.gpu.label() if rp.gpu else "-"
+        click.echo(f"gsrun-bind: rank {rp.local_rank} gpu {gpu} cpus {format_cpulist(applied)} "
+                   f"mem {mem} ({rp.reason})", err=True)
+    return argv, env
+
+
+def _allowed(value: str | None) -> list[int] | None:
+    """``--allowed-cpus`` -> CPU ids.
+
+    Raises:
+        InputError: not a CPU list, or empty.
+    """
+    if value is None:
+        return None
+    try:
+        cpus = parse_cpulist(value)
+    except InputError as e:
+        raise InputError("bind", "bad --allowed-cpus", e.detail, hint="use a CPU list like 0-15,56-71") from None
+    if not cpus:
+        raise InputError("bind", "bad --allowed-cpus", "empty CPU list", hint="use a CPU list like 0-15,56-71")
+    return cpus
+
+
+def _hostfs(host_root: str | None, environ: Mapping[str, str]) -> HostFS:
+    try:
+        return HostFS.from_env(host_root, environ)
+    except GsrunError as e:
+        raise InputError("bind", e.what, e.detail, e.hint) from None
+
+
+@click.command(context_settings={"allow_interspersed_args": False,
+                                 "help_option_names": ["-h", "--help"]})
+@click.option("--plan", "plan", is_flag=True, help="Print the plan instead of running a command.")
+@click.option("--json", "as_json", is_flag=True, help="With --plan: JSON instead of a table.")
+@click.option("--host-root", type=click.Path(file_okay=False), default=None,
+              help="Fake/recorded host tree (sys/, proc/, nvml.json); env GSRUN_HOST_ROOT.")
+@click.option("--gpus", default=None, help="Step GPUs: gres indices (minor numbers) or UUIDs.")
+@click.option("--ntasks-per-node", type=click.IntRange(1, 4096), default=None)
+@click.option("--local-rank", type=click.IntRange(0, 4095), default=None)
+@click.option("--allowed-cpus", default=None,
+              help="CPU list the task may use (default: its affinity; all online under a host root).")
+@click.option("--gpu-isolation", is_flag=True, help="Show each rank only its own GPU(s).")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def main(plan, as_json, host_root, gpus, ntasks_per_node, local_rank, allowed_cpus,
+         gpu_isolation, command):
+    """Bind this task to its GPU's CPUs, memory node and NIC, then exec COMMAND."""
+    environ = dict(os.environ)
+    try:
+        p = BindParams(plan, as_json, host_root, gpus, ntasks_per_node, local_rank,
+                       _allowed(allowed_cpus), gpu_isolation, tuple(command))
+        if p.plan:
+            if p.command:
+                raise InputError("bind", "--plan takes no command", " ".join(p.command)[:80])
+            click.echo(run_plan(p, environ), nl=False if not p.as_json else True)
+            return
+        argv, env = run_exec(p, environ)
+    except GsrunError as e:
+        click.echo(str(e), err=True)
+        sys.exit(2)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        os.execvp(argv[0], argv)
+    except OSError as e:
+        click.echo(str(InputError("bind", "cannot run command", f"{argv[0]}: {e.strerror}",
+                                  hint="check the command name and PATH")), err=True)
+        sys.exit(2)
+
+
+def _entry(argv: Sequence[str] | None = None) -> None:  # pragma: no cover
+    main(args=argv)
