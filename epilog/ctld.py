@@ -7,6 +7,13 @@ user), renders the report and queues the mail when the job asked for it.
 The job record (``MailUser``, ``MailType``, ``TRES``...) comes from
 ``scontrol show job``: the EpilogSlurmctld environment lacks mail fields.
 Mail is only *queued* here; ``gsrun-node mail flush`` delivers it.
+
+With Slurm accounting (slurmdbd), the summary's ``JS1:`` blob is stored in
+the job's ``AdminComment`` (what jobstats and reportseff read) by a detached
+background step, ``python -m gsrun.epilog.ctld admin-comment JOBID``: the
+job's record reaches slurmdbd asynchronously, so it retries with backoff for
+up to 3 minutes (see :func:`gsrun.accounting.store_admin_comment_retry`)
+without holding up slurmctld.
 """
 
 from __future__ import annotations
@@ -22,7 +29,8 @@ from ..errors import GsrunError
 from ..fsutil import atomic_write_json, read_json
 from ..log import JobLog
 from ..paths import Paths
-from ..slurm import expand_hostlist, parse_exit_code, parse_oneliner, run_slurm, validate_job_id
+from ..paths import check_job_id
+from ..slurm import expand_hostlist, parse_exit_code, parse_oneliner, run_slurm
 from ..summary import job_summary
 
 MEM_RE = re.compile(r"^(\d+(?:\.\d+)?)([KMGTP]?)$")
@@ -123,7 +131,7 @@ def run(environ, spool_dir: str | None = None, wait_s: float = 30.0) -> int:
     job_id = environ.get("SLURM_JOB_ID", "")
     log = JobLog(job_id or None, "epilog-ctld")
     try:
-        validate_job_id(job_id)
+        check_job_id(job_id)
     except GsrunError as e:
         log.error(str(e))
         return 0
@@ -157,7 +165,71 @@ def run(environ, spool_dir: str | None = None, wait_s: float = 30.0) -> int:
             queue_mail(paths, summary, cfg, log)
     except Exception as e:  # noqa: BLE001 - mail never fails the epilog
         log.error(f"mail: {e}")
+    _kick_admin_comment(job_id, str(paths.spool_dir))
     return 0
+
+
+def _child_env() -> dict[str, str]:
+    keep = ("PATH", "GSRUN_CONFIG", "GSRUN_SPOOL_DIR", "GSRUN_LOG_FILE", "SLURM_CONF", "LANG")
+    env = {k: v for k, v in os.environ.items() if k in keep}
+    env.setdefault("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+    return env
+
+
+def _kick_admin_comment(job_id: str, spool_dir: str) -> None:
+    """Start the detached AdminComment step (it checks for slurmdbd itself)."""
+    try:
+        subprocess.Popen([sys.executable, "-m", "gsrun.epilog.ctld", "admin-comment", job_id,
+                          "--spool-dir", spool_dir], stdin=subprocess.DEVNULL,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                         close_fds=True, env=_child_env())
+    except OSError:
+        pass
+
+
+def admin_comment_step(job_id: str, spool_dir: str | None = None, deadline_s: float = 180.0) -> int:
+    """The background step: when accounting is slurmdbd, store the JS1 blob of
+    ``<spool>/jobs/<id>/summary.json`` in the job's AdminComment (bounded
+    retry). Returns 0 when stored or not applicable, 1 when it gave up."""
+    from .. import accounting
+    from ..summary import js1_blob
+
+    log = JobLog(job_id, "admin-comment")
+    try:
+        check_job_id(job_id)
+        try:
+            cfg = load_config()
+        except GsrunError:
+            cfg = Config({s.key: s.default for s in SETTINGS})
+        timeout_s = cfg["timeouts.command_s"]
+        sconf = accounting.config(timeout_s)
+        if not accounting.uses_slurmdbd(sconf):
+            return 0
+        paths = Paths.from_config(cfg, None, spool_dir)
+        summary = read_json(paths.spool_job(job_id) / "summary.json")
+        if not summary or summary.get("kind") != "job":
+            log.warn("no job summary: AdminComment not stored")
+            return 1
+        blob = js1_blob(summary)
+        if blob is None:
+            log("no figures jobstats could use (no elapsed time or node summaries): AdminComment not set")
+            return 0
+        how = accounting.store_admin_comment_retry(
+            job_id, blob, sconf.get("ClusterName", ""), os.environ.get("SLURM_CONF"), timeout_s,
+            deadline_s, log=None)
+        log(f"AdminComment stored ({len(blob)} chars, {how})")
+        return 0
+    except GsrunError as e:
+        log.error(f"AdminComment not stored: {e}".replace("\n", " "))
+        return 1
+
+
+def _main(argv: list[str]) -> int:
+    if len(argv) >= 2 and argv[0] == "admin-comment":
+        spool = argv[argv.index("--spool-dir") + 1] if "--spool-dir" in argv[:-1] else None
+        return admin_comment_step(argv[1], spool)
+    print("usage: python -m gsrun.epilog.ctld admin-comment JOBID [--spool-dir DIR]", file=sys.stderr)
+    return 2
 
 
 def _uid(environ, rec) -> int | None:
@@ -176,16 +248,23 @@ def queue_mail(paths: Paths, summary: dict, cfg, log) -> str:
     from ..report import render_text, render_png
 
     job = summary["job"]
-    if not cfg["mail.enabled"] or not job.get("mail_user"):
+    to_addr = job.get("mail_user")
+    if not cfg["mail.enabled"] or not to_addr:
         return "not requested"
-    if not mail.mail_wanted(job.get("mail_type"), cfg["mail.policy"]):
+    if not mail.mail_wanted(job.get("mail_type"), cfg["mail.policy"], state=job.get("state")):
         return "not requested"
+    if "@" not in to_addr:
+        # Slurm's default MailUser is the bare user name
+        if not cfg["mail.default_domain"]:
+            log.warn(f"mail: MailUser {to_addr!r} has no domain and mail.default_domain is empty: not mailed")
+            return "no domain"
+        to_addr = f"{to_addr}@{cfg['mail.default_domain']}"
     png = None
     try:
         png = render_png(summary)
     except Exception as e:  # noqa: BLE001 - no picture is fine
         log.warn(f"no timeline picture: {e}")
-    msg = mail.build_message(summary, render_text(summary, color=False), png, job["mail_user"],
+    msg = mail.build_message(summary, render_text(summary, color=False), png, to_addr,
                              cfg["mail.from_addr"])
     path = mail.enqueue(str(paths.spool_dir), job["id"], msg)
     _kick_flush()
@@ -201,3 +280,7 @@ def _kick_flush() -> None:
                                                if k in ("PATH", "GSRUN_CONFIG", "GSRUN_SPOOL_DIR", "LANG")})
     except OSError:
         pass
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

@@ -1,15 +1,27 @@
 """``gsrun-node epilog``: run by slurmd as root after the job on a node.
 
 Order: stop the sampler (its final flush) -> node summary (atomic, versioned)
--> MPS stop -> MIG restore -> tuning restore (journal, reverse order).
-Each step runs even when an earlier one failed; the whole epilog has a hard
-budget (``timeouts.epilog_budget_s``). Exit status is 0 unless the node
-needs an admin (a GPU was lost): slurmd then drains it with our reason.
-No Slurm command is called here (field case 20).
+-> MPS stop -> residual GPU processes (field case 17) -> MIG restore ->
+tuning restore (journal, reverse order).
+
+Each step runs even when an earlier one failed or timed out. The whole
+epilog has a hard budget (``timeouts.epilog_budget_s``); each step gets its
+own SIGALRM deadline out of what is left, keeping :data:`STEP_RESERVE_S`
+seconds for every later step, so one wedged step cannot starve the restores
+after it. Exit status is 0 unless the node needs an admin -- a GPU was lost,
+GPU memory is still held by residual processes, a step ran out of time --:
+slurmd then drains the node with our reason.
+
+No Slurm command is on the critical path (field case 20): the node-wide
+restore decision is the local tuning reference count (one journal per job,
+under a lock: field case 18), never ``squeue``; only MIG's failure path
+calls ``scontrol`` to drain. ``GSRUN_FAULT_AT`` (tests only) kills the
+epilog at a step boundary: see :mod:`gsrun.log`.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 
@@ -18,14 +30,17 @@ from ..errors import GsrunError
 from ..fsutil import atomic_write_json, read_json
 from ..hostfs import HostFS
 from ..jobenv import job_from_env
-from ..log import JobLog
+from ..log import JobLog, safe_text
 from ..paths import Paths
 from ..sampler import stop_sampler
 from ..summary import node_summary
 
+STEP_RESERVE_S = 5.0
 
-class BudgetExceeded(Exception):
-    pass
+
+class BudgetExceeded(BaseException):
+    """Raised by SIGALRM. A BaseException, so that no ``except Exception``
+    of a library (``comment_from_slurm``...) can swallow the deadline."""
 
 
 def _alarm(signum, frame):
@@ -34,69 +49,147 @@ def _alarm(signum, frame):
 
 def run(environ, host_root: str | None = None, state_dir: str | None = None,
         spool_dir: str | None = None) -> int:
-    t0 = time.time()
+    t0 = time.monotonic()
     log = JobLog(environ.get("SLURM_JOB_ID"), "epilog")
     try:
         job = job_from_env(environ)
     except GsrunError as e:
-        log.error(str(e).replace("\n", " "))
+        log.error(str(e))
         return 0
     try:
         cfg = load_config()
     except GsrunError as e:
-        log.error(f"{e}; using built-in defaults".replace("\n", " "))
+        log.error(f"{e}; using built-in defaults")
         cfg = Config({s.key: s.default for s in SETTINGS})
     hostfs = HostFS.from_env(host_root)
     paths = Paths.from_config(cfg, state_dir, spool_dir)
     sdir = paths.state_job(job.job_id)
+    budget_s = float(cfg["timeouts.epilog_budget_s"])
     result: dict = {"steps": {}}
     rc = 0
+    reasons: list[str] = []
     signal.signal(signal.SIGALRM, _alarm)
-    signal.setitimer(signal.ITIMER_REAL, cfg["timeouts.epilog_budget_s"])
-    steps = [("sampler+summary", lambda: _summary(job, paths, sdir, log)),
+    steps = [("sampler+summary", lambda: _summary(job, paths, sdir, hostfs, log)),
              ("mps", lambda: _mps_stop(job, paths, cfg, log)),
+             ("residual", lambda: _residual(job, hostfs, cfg, log)),
              ("mig", lambda: _mig_restore(job, paths, log)),
              ("tuning", lambda: _tuning_restore(hostfs, paths, job, log))]
     try:
-        for name, fn in steps:
+        for i, (name, fn) in enumerate(steps):
+            left_s = budget_s - (time.monotonic() - t0)
+            step_s = max(0.5, left_s - STEP_RESERVE_S * (len(steps) - i - 1))
+            signal.setitimer(signal.ITIMER_REAL, step_s)
             try:
                 with log.step(name):
                     result["steps"][name] = fn()
             except BudgetExceeded:
-                raise
+                result["steps"][name] = {"error": f"timed out after {step_s:.1f} s"}
+                reasons.append(f"{name} step timed out")
+                log.error(f"{name}: out of time ({step_s:.1f} s); run 'gsrun-node restore --job {job.job_id}'")
             except Exception as e:  # noqa: BLE001 - every step runs; the error is logged
-                result["steps"][name] = {"error": str(e)}
-    except BudgetExceeded:
-        log.error(f"budget of {cfg['timeouts.epilog_budget_s']:g} s exceeded; run 'gsrun-node restore --job {job.job_id}'")
-        rc = 1
+                result["steps"][name] = {"error": safe_text(e)}
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+    except BudgetExceeded:     # an alarm between two steps
+        reasons.append("epilog budget exceeded")
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
     summ = result["steps"].get("sampler+summary") or {}
     if isinstance(summ, dict) and summ.get("lost_gpus"):
-        log.error(f"GPU(s) lost during the job: {summ['lost_gpus']}: node needs an admin")
+        reasons.append(f"GPU(s) lost during the job: {summ['lost_gpus']}")
+    res = result["steps"].get("residual") or {}
+    if isinstance(res, dict) and str(res.get("reason") or "").startswith("Residual GPU processes"):
+        reasons.append(res["reason"])     # GPU memory still held: the next job would OOM (case 17)
+    elif isinstance(res, dict) and res.get("reason"):
+        log.warn(f"GPU process check incomplete: {res['reason']}")   # a wedged nvidia-smi is not a drain
+    if reasons:
         rc = 1
-    log(f"done in {time.time() - t0:.3f} s")
+        log.error("node needs an admin: " + "; ".join(reasons))
+    log(f"done in {time.monotonic() - t0:.3f} s")
     return rc
 
 
-def _summary(job, paths, sdir, log) -> dict:
+def _nvml_reason(hostfs, prolog: dict) -> str | None:
+    """Why there are no GPU figures, when NVML cannot start (field case 15):
+    the prolog's finding, else a fresh probe."""
+    from ..nvml import NvmlUnavailable, open_nvml
+
+    nv_err = (prolog.get("steps") or {}).get("nvml")
+    if isinstance(nv_err, str) and nv_err.startswith("NVML init failed"):
+        return nv_err
+    try:
+        open_nvml(hostfs).close()
+    except NvmlUnavailable as e:
+        return str(e)
+    except Exception:  # noqa: BLE001
+        return None
+    return None
+
+
+def find_samplers(job_id: str, state_dir: str) -> list[tuple[int, float]]:
+    """Samplers of ``job_id`` by command line (``-m gsrun.node sampler
+    --job-id ID ... --state-dir DIR``, DIR = this node's state dir), owned by
+    our uid (root): for a prolog killed between starting the sampler and
+    recording its PID. -> [(pid, create_time)]."""
+    import psutil
+
+    out = []
+    for p in psutil.process_iter(["pid", "cmdline", "uids", "create_time"]):
+        try:
+            cmd = p.info["cmdline"] or []
+            if p.info["uids"] is None or p.info["uids"].real != os.geteuid() or p.info["pid"] == os.getpid():
+                continue
+            if "gsrun.node" in cmd and "sampler" in cmd and "--job-id" in cmd:
+                if _arg(cmd, "--job-id") == job_id and _arg(cmd, "--state-dir") == state_dir:
+                    out.append((p.info["pid"], p.info["create_time"]))
+        except (psutil.Error, ValueError):
+            continue
+    return out
+
+
+def _arg(cmd: list[str], flag: str) -> str | None:
+    k = cmd.index(flag) if flag in cmd else -1
+    return cmd[k + 1] if 0 <= k < len(cmd) - 1 else None
+
+
+def _summary(job, paths, sdir, hostfs, log) -> dict:
     pid_info = read_json(sdir / "sampler.pid.json")
     stopped = "no sampler record"
     if pid_info:
-        stopped = stop_sampler(int(pid_info["pid"]), pid_info.get("create_time"))
+        try:
+            stopped = stop_sampler(int(pid_info["pid"]), pid_info.get("create_time"))
+        except (KeyError, TypeError, ValueError, ProcessLookupError) as e:
+            stopped = f"bad sampler record: {e}"
+    for pid, ct in find_samplers(job.job_id, str(paths.state_dir)):   # unrecorded or second samplers
+        stopped += f"; unrecorded sampler {pid}: {stop_sampler(pid, ct)}"
     state = read_json(sdir / "sampler.json")
     prolog = read_json(paths.spool_job(job.job_id) / f"prolog-{job.node}.json") or {}
     env = job.to_dict()
     env["prolog_time"] = prolog.get("prolog_time")
     summ = node_summary(state, env, time.time())
+    if not summ.get("gpu_available") and (state is None or state.get("nvml_error")):
+        why = (state or {}).get("nvml_error") or _nvml_reason(hostfs, prolog)
+        if why:
+            summ["gpu_reason"] = why
+            log.error(f"GPU section unavailable: {why}")
     summ["sampler_stop"] = stopped
     summ["request"] = prolog.get("request")
-    paths.make_spool_job(job.job_id)
-    out = paths.spool_job(job.job_id) / f"node-{job.node}.json"
-    atomic_write_json(out, summ, mode=0o600)
-    atomic_write_json(paths.spool_job(job.job_id) / f"user-node-{job.node}.json", summ, mode=0o400,
-                      uid=job.uid, gid=job.gid)
     lost = [g["index"] for g in summ["gpus"] if g.get("lost_at_s") is not None]
+    out = paths.spool_job(job.job_id) / f"node-{job.node}.json"
+    try:
+        paths.make_spool_job(job.job_id, log=log.warn)
+        atomic_write_json(out, summ, mode=0o600)
+        atomic_write_json(paths.spool_job(job.job_id) / f"user-node-{job.node}.json", summ, mode=0o400,
+                          uid=job.uid, gid=job.gid)
+    except (OSError, GsrunError) as e:
+        # spool full or broken: keep the summary on the node (state dir), nothing is lost
+        log.error(f"cannot write the node summary to the spool: {safe_text(e)}; kept in {sdir}")
+        try:
+            atomic_write_json(sdir / f"node-{job.node}.json.pending", summ, mode=0o600)
+        except (OSError, GsrunError) as e2:
+            log.error(f"cannot keep the summary in {sdir} either: {safe_text(e2)}")
+        return {"sampler": stopped, "summary": None, "error": safe_text(e), "samples": summ["samples"],
+                "lost_gpus": lost}
     return {"sampler": stopped, "summary": str(out), "samples": summ["samples"], "lost_gpus": lost}
 
 
@@ -105,6 +198,16 @@ def _mps_stop(job, paths, cfg, log):
 
     return mps.stop(job.job_id, str(paths.mps_dir), str(paths.state_dir), cfg["mps.control_bin"],
                     cfg["mps.quit_timeout_s"], log=log)
+
+
+def _residual(job, hostfs, cfg, log):
+    from .. import residual
+
+    rep = residual.cleanup(job.job_id, job.uid, job.gpus, hostfs,
+                           smi_timeout_s=min(10.0, cfg["timeouts.command_s"]), log=log)
+    if rep.get("reason"):
+        log.error(rep["reason"])
+    return rep
 
 
 def _mig_restore(job, paths, log):
@@ -123,7 +226,7 @@ def drain_node(node: str, reason: str, log) -> None:
     epilog also exits non-zero, which drains the node even if this fails."""
     from ..slurm import run_slurm
 
-    reason = "gsrun: " + " ".join(reason.split())[:200]
+    reason = "gsrun: " + " ".join(safe_text(reason).split())[:200]
     log.error(f"draining {node}: {reason}")
     try:
         run_slurm(["scontrol", "update", f"nodename={node}", "state=drain", f"reason={reason}"], 10.0)

@@ -21,7 +21,7 @@ import time
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=5.0)
-    ap.add_argument("--fail-rank", type=int, default=None, help="exit 3 from this rank (tests)")
+    ap.add_argument("--fail-rank", type=int, default=None, help="exit 3 from this rank (-1: every rank; tests)")
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("rest", nargs=argparse.REMAINDER)
     a = ap.parse_args()
@@ -36,7 +36,7 @@ def main() -> int:
           f"cpus {','.join(map(str, cpus))} omp {os.environ.get('OMP_NUM_THREADS', '')}", flush=True)
     if rank == 0 and a.rest:
         print("args: " + repr(a.rest), flush=True)
-    if a.fail_rank is not None and rank == a.fail_rank:
+    if a.fail_rank is not None and a.fail_rank in (rank, -1):
         print(f"rank {rank}: failing on purpose", file=sys.stderr, flush=True)
         return 3
 

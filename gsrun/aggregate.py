@@ -1,10 +1,13 @@
 """Streaming aggregates with O(1) memory in job length. Pure.
 
 :class:`Metric` keeps time-weighted mean, min, max, time above/below
-thresholds and a fixed histogram; :class:`Timeline` keeps at most
-``max_points`` (time, mean, max) buckets, merging neighbours when full, so
-a 7-day job costs what a 10-minute one does. Both serialise to plain dicts
-(``to_dict`` / ``from_dict``) for the sampler's atomic state file.
+thresholds, gap time (no value) and a fixed histogram; :class:`Timeline`
+keeps at most ``max_points`` (time, mean, max, count) buckets, merging
+neighbours when full, so a 7-day job costs what a 10-minute one does;
+:class:`Counter` integrates a cumulative hardware counter (NVML energy, mJ)
+across resets. All serialise to plain dicts (``to_dict`` / ``from_dict``)
+for the sampler's atomic state file; the sampler keeps the live objects in
+memory and serialises only when it flushes.
 """
 
 from __future__ import annotations
@@ -18,7 +21,9 @@ HIST_EDGES_PCT = (0, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100.0001)
 @dataclass
 class Metric:
     """One metric's running aggregate. ``add(value, dt_s)`` weights a value
-    by the time it stood for; ``None`` values (N/A) count as gap time."""
+    by the time it stood for (seconds); ``None`` values (N/A) count as gap
+    time (``gap_s``), never as 0. ``n`` counts values, ``vsum`` their plain
+    sum (the mean of a job too short to have any weighted time)."""
 
     thresholds: tuple[float, ...] = ()
     hist_edges: tuple[float, ...] = ()
@@ -28,6 +33,7 @@ class Metric:
     min: float | None = None
     max: float | None = None
     gap_s: float = 0.0
+    vsum: float = 0.0
     above_s: dict = field(default_factory=dict)   # str(threshold) -> seconds at value >= threshold
     hist_s: list = field(default_factory=list)
 
@@ -39,6 +45,7 @@ class Metric:
             return
         v = float(value)
         self.n += 1
+        self.vsum += v
         self.weight_s += dt_s
         self.wsum += v * dt_s
         self.min = v if self.min is None else min(self.min, v)
@@ -54,13 +61,19 @@ class Metric:
                     self.hist_s[i] += dt_s
                     break
 
+    def add_gap(self, dt_s: float) -> None:
+        """Time with no reading at all (sampler not running)."""
+        if dt_s > 0:
+            self.gap_s += dt_s
+
     @property
     def mean(self) -> float | None:
-        """Time-weighted mean, or None when no value was ever seen."""
+        """Time-weighted mean; the plain mean of the values when none carried
+        time yet (a single-sample job); None when no value was ever seen."""
         if self.n == 0:
             return None
         if self.weight_s <= 0:
-            return None
+            return self.vsum / self.n
         return self.wsum / self.weight_s
 
     def frac_above(self, threshold: float) -> float | None:
@@ -71,12 +84,12 @@ class Metric:
     def to_dict(self) -> dict:
         return {"thresholds": list(self.thresholds), "hist_edges": list(self.hist_edges), "n": self.n,
                 "weight_s": self.weight_s, "wsum": self.wsum, "min": self.min, "max": self.max,
-                "gap_s": self.gap_s, "above_s": dict(self.above_s), "hist_s": list(self.hist_s)}
+                "gap_s": self.gap_s, "vsum": self.vsum, "above_s": dict(self.above_s), "hist_s": list(self.hist_s)}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Metric":
         m = cls(tuple(d.get("thresholds", ())), tuple(d.get("hist_edges", ())))
-        for k in ("n", "weight_s", "wsum", "min", "max", "gap_s"):
+        for k in ("n", "weight_s", "wsum", "min", "max", "gap_s", "vsum"):
             setattr(m, k, d.get(k, getattr(m, k)))
         m.above_s = dict(d.get("above_s", {}))
         m.hist_s = list(d.get("hist_s", []))
@@ -121,7 +134,10 @@ class Timeline:
             self.bucket_n *= 2
 
     def to_dict(self) -> dict:
-        return {"max_points": self.max_points, "bucket_n": self.bucket_n, "points": self.points}
+        """Plain dict; values shortened by :func:`_sig` (the state file is
+        rewritten every flush, so its size matters more than the 7th digit)."""
+        return {"max_points": self.max_points, "bucket_n": self.bucket_n,
+                "points": [[round(p[0], 1), _sig(p[1]), _sig(p[2]), p[3]] for p in self.points]}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Timeline":
@@ -130,20 +146,31 @@ class Timeline:
 
 @dataclass
 class Counter:
-    """A monotonically increasing hardware counter (NVML energy in mJ) that
-    may reset (driver reload) or wrap: sums the positive deltas."""
+    """A monotonically increasing hardware counter (NVML
+    ``nvmlDeviceGetTotalEnergyConsumption``, mJ since driver load) that may
+    reset (driver reload, GPU reset) or wrap: ``total`` sums the deltas
+    between readings. A reading below the previous one is a reset (or a
+    wrap): the counter restarted from 0, so the new reading itself is what
+    accrued since the reset (the energy between the last reading before it
+    and the reset is lost: at most one interval). ``None`` readings (N/A)
+    are skipped: the next delta covers the gap, so gaps lose nothing.
+    ``t_first_s`` / ``t_last_s`` are the times of the first and last
+    readings (the span ``total`` covers)."""
 
     first: float | None = None
     last: float | None = None
     total: float = 0.0
     resets: int = 0
+    t_first_s: float | None = None
+    t_last_s: float | None = None
 
-    def add(self, value: float | None) -> None:
+    def add(self, value: float | None, t_s: float | None = None) -> None:
         if value is None:
             return
         v = float(value)
         if self.first is None:
             self.first = self.last = v
+            self.t_first_s = self.t_last_s = t_s
             return
         d = v - self.last
         if d >= 0:
@@ -152,10 +179,27 @@ class Counter:
             self.resets += 1   # counter restarted from ~0: count what it reached since
             self.total += max(v, 0.0)
         self.last = v
+        self.t_last_s = t_s
+
+    @property
+    def span_s(self) -> float | None:
+        """Seconds between the first and last readings (None without times)."""
+        if self.t_first_s is None or self.t_last_s is None:
+            return None
+        return self.t_last_s - self.t_first_s
 
     def to_dict(self) -> dict:
-        return {"first": self.first, "last": self.last, "total": self.total, "resets": self.resets}
+        return {"first": self.first, "last": self.last, "total": self.total, "resets": self.resets,
+                "t_first_s": self.t_first_s, "t_last_s": self.t_last_s}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Counter":
-        return cls(d.get("first"), d.get("last"), d.get("total", 0.0), d.get("resets", 0))
+        return cls(d.get("first"), d.get("last"), d.get("total", 0.0), d.get("resets", 0),
+                   d.get("t_first_s"), d.get("t_last_s"))
+
+
+def _sig(x: float) -> float:
+    """``x`` shortened for the state file: 2 decimals below 1e6 (percent,
+    W, MHz, cores), whole units above (bytes). Cheap: it runs for every
+    timeline point at every flush."""
+    return round(x, 2) if -1e6 < x < 1e6 else float(round(x))

@@ -22,15 +22,16 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .errors import ConfigError
+from .tuning_request import TUNE_KEYS
 
 ENV_CONFIG = "GSRUN_CONFIG"
 DEFAULT_CONFIG_PATH = "/etc/gsrun/gsrun.toml"
 
-TUNE_KEYS = ("governor", "swappiness", "swap", "dirty_ratio",
-             "dirty_background_ratio", "thp", "thp_defrag", "zone_reclaim_mode")
-_ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
-_HOSTNAME = re.compile(r"^[A-Za-z0-9.-]{1,253}$")
-_EMAIL = re.compile(r"^[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+$")
+_PINNED = re.compile(r"[0-9]+=[0-9]+[MG](,[0-9]+=[0-9]+[MG])*")
+_CMD_NAME = re.compile(r"[A-Za-z0-9_.+-]{1,255}")
+_ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*\Z")
+_HOSTNAME = re.compile(r"^[A-Za-z0-9.-]{1,253}\Z")
+_EMAIL = re.compile(r"^[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\Z")
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,20 @@ def _env_table(v):
     return None
 
 
+def _line(v):
+    return None if not any(c in v for c in "\n\r\0") else "must be one line"
+
+
+def _bin(v):
+    if v.startswith("/"):
+        return _abs_path(v)
+    return None if _CMD_NAME.fullmatch(v) else "must be an absolute path or a plain command name"
+
+
+def _pinned(v):
+    return None if v == "" or _PINNED.fullmatch(v) else "must look like 0=16G,1=16G (GPU=SIZE with M or G)"
+
+
 def _host(v):
     return None if v == "" or _HOSTNAME.match(v) else "must be a host name"
 
@@ -92,7 +107,7 @@ def _layouts(v):
     from .mig_layout import parse_layout  # local: avoid cycle
 
     for name, lay in v.items():
-        if not re.match(r"^[A-Za-z0-9_-]{1,64}$", name) or not isinstance(lay, str):
+        if not re.match(r"^[A-Za-z0-9_-]{1,64}\Z", name) or not isinstance(lay, str):
             return f"layout name {name!r} must be [A-Za-z0-9_-] with a string value"
         try:
             parse_layout(lay)
@@ -127,14 +142,13 @@ SETTINGS: tuple[Setting, ...] = (
             "Keys users may request with --tune / --gs-tune.", _key_list, ", ".join(TUNE_KEYS), True),
     Setting("mps.enabled", bool, True, "Allow per-job MPS daemons.", None, "true/false", True),
     Setting("mps.control_bin", str, "nvidia-cuda-mps-control",
-            "MPS control daemon executable (name on PATH or absolute path).", None, "path or name"),
+            "MPS control daemon executable (name on PATH or absolute path).", _bin, "path or name"),
     Setting("mps.default_active_thread_percentage", int, 0,
             "Default CUDA_MPS_ACTIVE_THREAD_PERCENTAGE for MPS jobs (0 = leave unset).",
             _range(0, 100), "0-100", True),
     Setting("mps.pinned_mem_limit", str, "",
             "Default CUDA_MPS_PINNED_DEVICE_MEM_LIMIT (e.g. \"0=16G\"; empty = unset).",
-            lambda v: None if re.match(r"^([0-9]+=[0-9]+[MG],?)*$", v) else "must look like 0=16G,1=16G",
-            "N=SIZE[MG],...", True),
+            _pinned, "N=SIZE[MG],... or empty", True),
     Setting("mps.exclusive_process", bool, False,
             "Set EXCLUSIVE_PROCESS compute mode on the job's GPUs while its MPS daemon runs.",
             None, "true/false", True),
@@ -165,10 +179,13 @@ SETTINGS: tuple[Setting, ...] = (
             lambda v: None if v in ("job", "always", "never") else "must be job, always or never",
             "job|always|never"),
     Setting("mail.from_addr", str, "gsrun@localhost", "From: address.", _email, "email address"),
+    Setting("mail.default_domain", str, "",
+            "Domain appended to a bare MailUser (\"user1\" -> \"user1@<domain>\"); empty = bare names are not mailed.",
+            _host, "domain name or empty"),
     Setting("mail.smtp_host", str, "localhost", "SMTP server.", _host, "host name"),
     Setting("mail.smtp_port", int, 25, "SMTP port.", _range(1, 65535), "1-65535"),
     Setting("mail.starttls", bool, False, "Use STARTTLS.", None, "true/false"),
-    Setting("mail.username", str, "", "SMTP AUTH user (empty = no auth).", None, "string"),
+    Setting("mail.username", str, "", "SMTP AUTH user (empty = no auth).", _line, "one-line string"),
     Setting("mail.password_file", str, "", "File holding the SMTP password (root-only).", _opt_abs_path,
             "absolute path"),
     Setting("mail.mailprog", str, "", "Use this MailProg (e.g. /usr/sbin/sendmail) instead of SMTP.",
@@ -248,7 +265,7 @@ def parse_config(text: str, source: str = "<string>") -> Config:
             if not isinstance(table, dict):
                 raise ConfigError("config", "bad section", "[partition] must hold [partition.<name>] tables")
             for pname, ptable in table.items():
-                if not re.match(r"^[A-Za-z0-9_.-]{1,64}$", pname):
+                if not re.match(r"^[A-Za-z0-9_.-]{1,64}\Z", pname):
                     raise ConfigError("config", "bad partition name", repr(pname))
                 partitions[pname] = {}
                 for sec, sub in ptable.items():

@@ -3,7 +3,8 @@
 Subcommands: ``prolog``, ``epilog``, ``epilog-ctld`` (Slurm hooks; the job
 context comes from the environment Slurm sets), ``sampler`` (started by the
 prolog), ``restore``, ``status``, ``topology``, ``mig plan``, ``spank
-build|install``, ``mail flush``, ``config check``.
+build|install``, ``mail flush``, ``config check|reference``, ``install``,
+``doctor``.
 """
 
 from __future__ import annotations
@@ -73,9 +74,15 @@ def sampler(job_id, uid, node, gpus, host_root, state_dir, spool_dir, interval_s
     from .hostfs import HostFS
     from .jobenv import parse_gpu_indices
     from .paths import Paths
+    from .config import Config, SETTINGS
+    from .errors import ConfigError
     from .sampler import Sampler
 
-    cfg = load_config()
+    try:
+        cfg = load_config()
+    except ConfigError as e:   # a broken site config must not cost the job its figures
+        click.echo(str(e), err=True)
+        cfg = Config({s.key: s.default for s in SETTINGS})
     paths = Paths.from_config(cfg, state_dir, spool_dir)
     d = paths.make_state_job(job_id)
     s = Sampler(HostFS.from_env(host_root), job_id, uid, node, parse_gpu_indices(gpus) or [],
@@ -91,8 +98,9 @@ def sampler(job_id, uid, node, gpus, host_root, state_dir, spool_dir, interval_s
 @click.option("--job", "job_id", default=None, help="Restore what this job changed.")
 @click.option("--all", "all_jobs", is_flag=True, help="Restore the node baseline (after a crash or reboot).")
 def restore(host_root, state_dir, job_id, all_jobs):
-    """Undo node changes from the journal (idempotent)."""
-    from . import tuning
+    """Undo node changes from the journals (idempotent): tuning, MPS daemons,
+    MIG layouts. Progress goes to stderr, the JSON result to stdout."""
+    from . import mps, tuning
     from .config import load_config
     from .hostfs import HostFS
     from .paths import Paths
@@ -101,8 +109,27 @@ def restore(host_root, state_dir, job_id, all_jobs):
         raise click.UsageError("give --job ID or --all")
     cfg = load_config()
     paths = Paths.from_config(cfg, state_dir)
-    r = tuning.restore(HostFS.from_env(host_root), str(paths.state_dir), job_id=job_id, all_jobs=all_jobs)
-    click.echo(json.dumps(r, indent=1, default=str))
+    hostfs = HostFS.from_env(host_root)
+
+    def log(msg):
+        click.echo(msg, err=True)
+
+    out = {"tuning": tuning.restore(hostfs, str(paths.state_dir), job_id=job_id, all_jobs=all_jobs, log=log)}
+    jobs = [job_id] if job_id else sorted(p.name[len("mps-"):-len(".json")]
+                                           for p in paths.state_dir.glob("mps-*.json"))
+    out["mps"] = {j: mps.stop(j, str(paths.mps_dir), str(paths.state_dir), cfg["mps.control_bin"],
+                              cfg["mps.quit_timeout_s"], log=log) for j in jobs}
+    mig_jobs = [d.name for d in (paths.state_dir / "jobs").glob("*") if (d / "mig.json").exists()] \
+        if (paths.state_dir / "jobs").is_dir() else []
+    if job_id:
+        mig_jobs = [j for j in mig_jobs if j == job_id]
+    if mig_jobs and hostfs.is_real:
+        from . import mig
+        from .mig_nvml import RealMig
+
+        out["mig"] = {j: mig.epilog_restore(RealMig(), str(paths.state_dir / "jobs"), j, log=log)
+                      for j in mig_jobs}
+    click.echo(json.dumps(out, indent=1, default=str))
     return 0
 
 
@@ -230,6 +257,65 @@ def config_check(path, partition):
         for k, v in cfg.effective(p).items():
             click.echo(f"  {k} = {json.dumps(v)}")
     return 0
+
+
+@config_group.command("reference")
+def config_reference():
+    """Print the configuration reference (docs/CONFIG.md) generated from the settings table."""
+    from .install import render_config_reference
+
+    click.echo(render_config_reference(), nl=False)
+    return 0
+
+
+@cli.command()
+@click.option("--print", "print_only", is_flag=True, help="Show what would be done; change nothing.")
+@click.option("--config", "config_path", default=None,
+              help="Site config to write if absent (default: $GSRUN_CONFIG or /etc/gsrun/gsrun.toml).")
+@STATE_DIR
+@SPOOL_DIR
+@click.option("--layout", type=click.Choice(["single", "prolog.d"]), default="single", show_default=True,
+              help="single: Prolog=<hook>; prolog.d: Prolog=<dir>/* with gsrun's hook linked in.")
+@click.option("--hooks-dir", "--prefix", "hooks_dir", default=None, metavar="DIR",
+              help="Write the three hook executables into DIR (this installation's gsrun-node and "
+                   "config path baked in) instead of using the ones shipped in the package.")
+@click.option("--log-file", default=None, metavar="PATH",
+              help="Bake GSRUN_LOG_FILE=PATH into the hooks (hosts without syslog).")
+@click.option("--units-dir", default=None, metavar="DIR",
+              help="Write gsrun-mail.service/.timer into DIR (e.g. /etc/systemd/system); default: print them.")
+@click.option("--prolog-d", default="/etc/slurm/prolog.d", show_default=True)
+@click.option("--epilog-d", default="/etc/slurm/epilog.d", show_default=True)
+@click.option("--no-measure", is_flag=True, help="Do not time a prolog dry run.")
+def install(print_only, config_path, state_dir, spool_dir, layout, hooks_dir, log_file, units_dir, prolog_d,
+            epilog_d, no_measure):
+    """Create gsrun's directories and site config; print the slurm.conf lines."""
+    from . import install as inst
+
+    opts = inst.InstallOptions(print_only=print_only, config_path=config_path, state_dir=state_dir,
+                               spool_dir=spool_dir, layout=layout, hooks_dir=hooks_dir, log_file=log_file, units_dir=units_dir,
+                               prolog_d=prolog_d, epilog_d=epilog_d, measure=not no_measure)
+    return inst.run(opts, out=click.echo)
+
+
+@cli.command()
+@HOST_ROOT
+@STATE_DIR
+@SPOOL_DIR
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output for fleet tooling.")
+@click.option("--config", "config_path", default=None, help="Site config (default: $GSRUN_CONFIG or /etc/gsrun/gsrun.toml).")
+@click.option("--node", default=None, help="Slurm NodeName of this node (default: $SLURMD_NODENAME or hostname).")
+@click.option("--spank-so", default=None, help="The installed gsrun_spank.so (default: found in plugstack.conf).")
+@click.option("--check", "only", multiple=True, help="Run only this check (repeatable).")
+def doctor(host_root, state_dir, spool_dir, as_json, config_path, node, spank_so, only):
+    """Check what this node can do for gsrun; exit 1 if a check fails."""
+    from . import doctor as doc
+    from .hostfs import HostFS
+
+    ctx = doc.Context(HostFS.from_env(host_root), config_path=config_path, state_dir=state_dir,
+                      spool_dir=spool_dir, node=node, slurm_conf=os.environ.get("SLURM_CONF"), spank_so=spank_so)
+    checks = doc.run_all(ctx, list(only) or None)
+    click.echo(doc.to_json(checks, ctx) if as_json else doc.render_table(checks))
+    return doc.exit_status(checks)
 
 
 def main(argv=None) -> None:

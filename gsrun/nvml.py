@@ -278,6 +278,14 @@ class RealNvml(Backend):
             v = c(nv.nvmlDeviceGetCpuAffinity, h, 16)
             return v if is_na(v) else [int(x) for x in v]
         if key == "memory":
+            # v2 first: v1's "used" counts the driver's reservation (615 MiB on an
+            # idle H200, read on the device machine), so a job's high water came out
+            # that much above nvidia-smi's; v2 reports it apart as "reserved"
+            v2 = getattr(nv, "nvmlMemory_v2", None)
+            if v2 is not None:
+                m = c(nv.nvmlDeviceGetMemoryInfo, h, v2)
+                if not is_na(m):
+                    return {"total": m.total, "used": m.used, "free": m.free, "reserved": m.reserved}
             m = c(nv.nvmlDeviceGetMemoryInfo, h)
             return m if is_na(m) else {"total": m.total, "used": m.used, "free": m.free}
         if key == "mig_mode":

@@ -6,15 +6,33 @@ directories created with the right owner and mode.
   root 0755; inside, root-only (0600) node/prolog records and the job summary,
   plus ``user-*.json`` copies owned by the job's user (0400): only that user
   and root can read a job's figures.
+
+A job id becomes a path component only after ``fullmatch`` against
+``[0-9]{1,10}(_[0-9]{1,10})?`` (no ``/``, ``..``, newline). Something planted
+at ``<state_dir>/jobs/<id>`` or ``<spool_dir>/jobs/<id>`` ahead of the prolog
+(a symlink, a file, a directory owned by a user) is moved aside and replaced
+by a fresh root-owned directory (:func:`gsrun.fsutil.ensure_dir` with
+``replace_planted``), and the log says so; the shared parents
+(``<state_dir>``, ``jobs/``) are refused, not replaced, when planted.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
+from .errors import InputError
 from .fsutil import ensure_dir
-from .slurm import validate_job_id
+
+_JOB_ID = re.compile(r"[0-9]{1,10}(?:_[0-9]{1,10})?")
+
+
+def check_job_id(job_id) -> str:
+    """``job_id`` if it is a plain Slurm job id, else :class:`InputError`."""
+    if not isinstance(job_id, str) or not _JOB_ID.fullmatch(job_id):
+        raise InputError("input", "bad job id", repr(job_id)[:80], hint="a Slurm job id is digits, e.g. 1234")
+    return job_id
 
 
 class Paths:
@@ -30,20 +48,30 @@ class Paths:
                    cfg["paths.mps_dir"])
 
     def state_job(self, job_id: str) -> Path:
-        return self.state_dir / "jobs" / validate_job_id(job_id)
+        return self.state_dir / "jobs" / check_job_id(job_id)
 
     def spool_job(self, job_id: str) -> Path:
-        return self.spool_dir / "jobs" / validate_job_id(job_id)
+        return self.spool_dir / "jobs" / check_job_id(job_id)
 
-    def make_state_job(self, job_id: str) -> Path:
+    def make_state_job(self, job_id: str, log=None) -> Path:
+        """Create (or check) ``<state_dir>/jobs/<id>/`` root 0700.
+
+        Raises:
+            NodeError: ``<state_dir>`` or ``<state_dir>/jobs`` is planted or foreign.
+        """
         _makedirs_root(self.state_dir, 0o755)
         ensure_dir(self.state_dir / "jobs", 0o700)
-        return ensure_dir(self.state_job(job_id), 0o700)
+        return ensure_dir(self.state_job(job_id), 0o700, replace_planted=True, log=log)
 
-    def make_spool_job(self, job_id: str) -> Path:
+    def make_spool_job(self, job_id: str, log=None) -> Path:
+        """Create (or check) ``<spool_dir>/jobs/<id>/`` root 0755.
+
+        Raises:
+            NodeError: ``<spool_dir>`` or ``<spool_dir>/jobs`` is planted or foreign.
+        """
         _makedirs_root(self.spool_dir, 0o755)
         ensure_dir(self.spool_dir / "jobs", 0o711)
-        return ensure_dir(self.spool_job(job_id), 0o755)
+        return ensure_dir(self.spool_job(job_id), 0o755, replace_planted=True, log=log)
 
 
 def _makedirs_root(path: Path, mode: int) -> None:

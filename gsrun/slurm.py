@@ -14,14 +14,16 @@ import subprocess
 from collections.abc import Mapping, Sequence
 
 from .errors import InputError, SlurmError
+from .proc import run_bounded
 
 # slurmd/slurmctld run hooks with an almost empty environment (no PATH)
+MAX_HOSTS = 100000
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-JOB_ID_RE = re.compile(r"^[0-9]{1,10}$")
-ARRAY_JOB_ID_RE = re.compile(r"^[0-9]{1,10}(_[0-9]{1,10})?$")
-NODE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-USER_RE = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}\$?$", re.I)
-PARTITION_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+JOB_ID_RE = re.compile(r"^[0-9]{1,10}\Z")
+ARRAY_JOB_ID_RE = re.compile(r"^[0-9]{1,10}(_[0-9]{1,10})?\Z")
+NODE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
+USER_RE = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}\$?\Z", re.I)
+PARTITION_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}\Z")
 
 
 def run_slurm(argv: Sequence[str], timeout_s: float = 15.0, env: Mapping[str, str] | None = None,
@@ -37,13 +39,11 @@ def run_slurm(argv: Sequence[str], timeout_s: float = 15.0, env: Mapping[str, st
     if exe is None:
         raise SlurmError("slurm", f"{argv[0]} not found", "Slurm client commands are not on PATH",
                          hint="install slurm-client or put Slurm's bin directory on PATH")
-    try:
-        cp = subprocess.run([exe, *argv[1:]], capture_output=True, text=True, timeout=timeout_s,
-                            env=dict(env) if env is not None else None, input=input_text,
-                            errors="replace")
-    except subprocess.TimeoutExpired:
+    rc, out, err = run_bounded([exe, *argv[1:]], timeout_s, input_text=input_text, env=env)
+    if rc is None:
         raise SlurmError("slurm", f"{argv[0]} timed out", f"no answer in {timeout_s:g} s",
-                         hint="is slurmctld up? check SLURM_CONF") from None
+                         hint="is slurmctld up? check SLURM_CONF")
+    cp = subprocess.CompletedProcess([exe, *argv[1:]], rc, out, err)
     if check and cp.returncode != 0:
         msg = (cp.stderr or cp.stdout).strip().splitlines()
         raise SlurmError("slurm", f"{argv[0]} failed", msg[-1] if msg else f"exit {cp.returncode}")
@@ -52,7 +52,7 @@ def run_slurm(argv: Sequence[str], timeout_s: float = 15.0, env: Mapping[str, st
 
 def validate_job_id(value: str, what: str = "job id") -> str:
     """A plain job id ``1234`` (or ``1234_5`` for an array task)."""
-    if not isinstance(value, str) or not ARRAY_JOB_ID_RE.match(value):
+    if not isinstance(value, str) or not ARRAY_JOB_ID_RE.fullmatch(value):
         raise InputError("input", f"bad {what}", repr(value)[:80], hint="a Slurm job id is digits, e.g. 1234")
     return value
 
@@ -64,6 +64,8 @@ def expand_hostlist(expr: str) -> list[str]:
     Raises:
         InputError: unbalanced brackets or a bad range.
     """
+    if len(expr) > 65536:
+        raise InputError("slurm", "hostlist too long", f"{len(expr)} characters")
     out: list[str] = []
     for item in _split_top(expr.strip()):
         if not item:
@@ -93,7 +95,7 @@ def _split_top(expr: str) -> list[str]:
 
 
 def _expand_one(item: str) -> list[str]:
-    m = re.match(r"^([^\[]*)\[([^\]]+)\](.*)$", item)
+    m = re.match(r"^([^\[]*)\[([^\]]+)\](.*)\Z", item)
     if not m:
         return [item]
     prefix, ranges, rest = m.groups()
@@ -113,6 +115,8 @@ def _expand_one(item: str) -> list[str]:
         for n in nums:
             for t in tails:
                 out.append(f"{prefix}{n}{t}")
+            if len(out) > MAX_HOSTS:
+                raise InputError("slurm", "hostlist too large", f"more than {MAX_HOSTS} hosts in {item[:80]!r}")
     return out
 
 
@@ -124,10 +128,13 @@ def parse_tasks_per_node(text: str) -> list[int]:
         tok = tok.strip()
         if not tok:
             continue
-        m = re.match(r"^(\d+)(?:\(x(\d+)\))?$", tok)
+        m = re.match(r"^(\d+)(?:\(x(\d+)\))?\Z", tok)
         if not m:
             raise InputError("slurm", "bad tasks-per-node value", repr(text))
-        out += [int(m.group(1))] * int(m.group(2) or 1)
+        reps = int(m.group(2) or 1)
+        if len(out) + reps > MAX_HOSTS:
+            raise InputError("slurm", "tasks-per-node value too large", repr(text)[:80])
+        out += [int(m.group(1))] * reps
     return out
 
 
@@ -206,7 +213,7 @@ def node_addr(node: str, timeout_s: float = 15.0) -> str:
 
 def parse_exit_code(text: str) -> tuple[int, int]:
     """``ExitCode=1:0`` -> ``(1, 0)`` (exit status, signal)."""
-    m = re.match(r"^(\d+):(\d+)$", (text or "").strip())
+    m = re.match(r"^(\d+):(\d+)\Z", (text or "").strip())
     return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
 
 

@@ -50,7 +50,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -189,13 +188,14 @@ class SwapEffect:
         return found
 
     def _run(self, argv: list[str]) -> None:
-        try:
-            r = subprocess.run(argv, capture_output=True, text=True, timeout=self.timeout_s, check=False)
-        except subprocess.TimeoutExpired:
-            raise NodeError("tune", "timed out", f"{argv[0]} after {self.timeout_s:g} s") from None
-        if r.returncode != 0:
+        from .proc import run_bounded
+
+        rc, out, err = run_bounded(argv, self.timeout_s)
+        if rc is None:
+            raise NodeError("tune", "timed out", f"{argv[0]} after {self.timeout_s:g} s")
+        if rc != 0:
             raise NodeError("tune", f"{os.path.basename(argv[0])} failed",
-                            f"exit {r.returncode}: {(r.stderr or r.stdout).strip()[:300]}")
+                            f"exit {rc}: {(err or out).strip()[:300]}")
 
     def off(self, hostfs, devices: list[dict]) -> None:
         for d in devices:
@@ -663,7 +663,7 @@ def _unlink(path: Path) -> None:
 
 
 def _check_job_id(job_id: str) -> None:
-    if not isinstance(job_id, str) or not _JOB_ID.match(job_id):
+    if not isinstance(job_id, str) or not _JOB_ID.fullmatch(job_id):
         raise InputError("tune", "bad job id", repr(job_id), hint="a Slurm job id like 4242")
 
 

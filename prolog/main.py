@@ -1,10 +1,25 @@
 """``gsrun-node prolog``: run by slurmd as root before the job starts on a node.
 
 Order: validate env -> config -> records dirs -> NVML health -> read the job's
-requests -> tuning (journal first) -> MIG -> MPS -> sampler -> record.
+requests -> tuning (journal first) -> MPS -> sampler -> record.
 Exit status is non-zero only when the node truly cannot run GPU jobs (NVML
 driver/library mismatch): Slurm then drains the node with our message as the
 reason. Every other failure is logged and the job runs with defaults.
+
+Trust: every value of the environment is validated (:mod:`gsrun.jobenv`);
+``SPANK_GS_*`` values and the job comment are user requests; whether the
+job holds the node exclusively comes from slurmctld's job record
+(``OverSubscribe=NO``), read once with a bounded ``scontrol`` only when the
+job asked for something that needs it (tuning, MIG, or site tuning
+defaults). slurmctld not answering means "not exclusive" (node-wide
+settings are refused), never a hang: the call has its own timeout and the
+whole prolog a hard budget (``timeouts.prolog_budget_s``, SIGALRM).
+
+A directory planted at ``<spool>/jobs/<id>`` or ``<state>/jobs/<id>`` is
+moved aside and replaced (logged); if the shared parents are planted, the
+records step fails, nothing is written there, and the rest of the prolog
+(tuning, MPS) still runs. ``GSRUN_FAULT_AT`` (tests only) kills the prolog
+at a step boundary: see :mod:`gsrun.log`.
 """
 
 from __future__ import annotations
@@ -20,14 +35,19 @@ from ..errors import GsrunError
 from ..fsutil import atomic_write_json
 from ..hostfs import HostFS
 from ..jobenv import job_from_env
-from ..log import JobLog
+from ..log import JobLog, safe_text
 from ..nvml import NvmlUnavailable, open_nvml
 from ..paths import Paths
-from ..requests import JobRequest, comment_from_slurm, request_from_job_record, request_from_spank
+from ..requests import (JobRequest, comment_from_slurm, exclusive_from_record, request_from_job_record,
+                        request_from_spank)
+
+NVML_MISMATCH_MSG = "NVML/driver mismatch: reboot required"
+SCONTROL_TIMEOUT_S = 5.0
 
 
-class BudgetExceeded(Exception):
-    pass
+class BudgetExceeded(BaseException):
+    """Raised by SIGALRM. A BaseException, so that no ``except Exception``
+    of a library (``comment_from_slurm``...) can swallow the deadline."""
 
 
 def _alarm(signum, frame):
@@ -41,12 +61,12 @@ def run(environ, host_root: str | None = None, state_dir: str | None = None, spo
     try:
         job = job_from_env(environ)
     except GsrunError as e:
-        log.error(str(e).replace("\n", " "))
+        log.error(str(e))
         return 0   # a broken env is not the node's fault: do not drain
     try:
         cfg = load_config()
     except GsrunError as e:
-        log.error(f"{e}; using built-in defaults".replace("\n", " "))
+        log.error(f"{e}; using built-in defaults")
         cfg = Config({s.key: s.default for s in SETTINGS})
     hostfs = HostFS.from_env(host_root)
     paths = Paths.from_config(cfg, state_dir, spool_dir)
@@ -54,11 +74,16 @@ def run(environ, host_root: str | None = None, state_dir: str | None = None, spo
     signal.signal(signal.SIGALRM, _alarm)
     signal.setitimer(signal.ITIMER_REAL, cfg["timeouts.prolog_budget_s"])
     rc = 0
+    records_ok = False
     try:
-        with log.step("records"):
-            if not dry_run:
-                paths.make_state_job(job.job_id)
-                paths.make_spool_job(job.job_id)
+        try:
+            with log.step("records"):
+                if not dry_run:
+                    paths.make_state_job(job.job_id, log=log.warn)
+                    paths.make_spool_job(job.job_id, log=log.warn)
+                records_ok = True
+        except (GsrunError, OSError) as e:
+            record["steps"]["records"] = {"error": safe_text(e)}
         # NVML health: only a driver/library mismatch makes the node unusable (case 15)
         nvml_ok = None
         try:
@@ -67,38 +92,62 @@ def run(environ, host_root: str | None = None, state_dir: str | None = None, spo
             nv.close()
         except NvmlUnavailable as e:
             record["steps"]["nvml"] = str(e)
+            nvml_ok = False
             if e.code_name == "LIB_RM_VERSION_MISMATCH":
-                log.error("NVML/driver mismatch: reboot required (GPU jobs cannot start on this node)")
-                print("gsrun: prolog: NVML/driver mismatch: reboot required", file=sys.stderr)
+                log.error(f"{NVML_MISMATCH_MSG} (GPU jobs cannot start on this node): {e}")
+                print(f"gsrun: prolog: {NVML_MISMATCH_MSG}", file=sys.stderr)
                 rc = 1
                 return rc
             log(f"nvml: {e} (GPU figures will be unavailable)")
         record["nvml_ok"] = nvml_ok
         req = request_from_spank(job)
+        need_record = req is None or req.needs_exclusivity() or _has_tuning_defaults(cfg, job.partition)
+        rec = comment_from_slurm(job.job_id, min(SCONTROL_TIMEOUT_S, cfg["timeouts.command_s"])) \
+            if need_record and not dry_run else None
         if req is None:
-            rec = comment_from_slurm(job.job_id, min(5.0, cfg["timeouts.command_s"]))
-            req = request_from_job_record(rec) if rec else JobRequest(source="none (slurmctld not asked/answered)")
+            req = request_from_job_record(rec, rec.get("__line__")) if rec \
+                else JobRequest(source="none (slurmctld not asked/answered)")
+        elif rec is not None:
+            req.exclusive = exclusive_from_record(rec, rec.get("__line__"))
+            req.exclusive_source = "job record OverSubscribe"
+        if rec is None and need_record and not dry_run:
+            log.warn("job record not available (slurmctld not answering?): job counts as not exclusive")
         record["request"] = req.to_dict()
         exclusive = bool(req.exclusive)
         record["exclusive"] = exclusive
-        with log.step("tuning"):
-            record["steps"]["tuning"] = _tuning(hostfs, paths, job, req, cfg, exclusive, dry_run, log)
+        try:
+            with log.step("tuning"):
+                record["steps"]["tuning"] = _tuning(hostfs, paths, job, req, cfg, exclusive, dry_run, log)
+        except (GsrunError, OSError) as e:
+            record["steps"]["tuning"] = {"error": safe_text(e)}
+        if req.mig and not dry_run:
+            try:
+                with log.step("mig"):
+                    record["steps"]["mig"] = _mig(hostfs, paths, job, req, cfg, exclusive, log)
+            except (GsrunError, OSError) as e:
+                record["steps"]["mig"] = {"error": safe_text(e)}
         if req.mps is not None and not dry_run:
-            with log.step("mps"):
-                record["steps"]["mps"] = _mps(paths, job, req, cfg, log)
-        if start_sampler and not dry_run:
-            with log.step("sampler"):
-                record["steps"]["sampler"] = start_sampler_process(job, paths, cfg, hostfs)
+            try:
+                with log.step("mps"):
+                    record["steps"]["mps"] = _mps(environ, paths, job, req, cfg, log)
+            except (GsrunError, OSError) as e:
+                record["steps"]["mps"] = {"error": safe_text(e)}
+        if start_sampler and not dry_run and records_ok:
+            try:
+                with log.step("sampler"):
+                    record["steps"]["sampler"] = start_sampler_process(job, paths, cfg, hostfs)
+            except (GsrunError, OSError) as e:
+                record["steps"]["sampler"] = {"error": safe_text(e)}
     except BudgetExceeded:
         log.error(f"budget of {cfg['timeouts.prolog_budget_s']:g} s exceeded; job goes on with what was done")
         record["steps"]["budget"] = "exceeded"
     except GsrunError as e:
-        log.error(str(e).replace("\n", " "))
-        record["steps"]["error"] = str(e)
+        log.error(str(e))
+        record["steps"]["error"] = safe_text(e)
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         record["duration_s"] = round(time.time() - t0, 3)
-        if not dry_run and rc == 0:
+        if not dry_run and records_ok:
             try:
                 atomic_write_json(paths.spool_job(job.job_id) / f"prolog-{job.node}.json", record, mode=0o600)
             except OSError as e:
@@ -108,6 +157,13 @@ def run(environ, host_root: str | None = None, state_dir: str | None = None, spo
         import json
         print(json.dumps(record, indent=1, default=str))
     return rc
+
+
+def _has_tuning_defaults(cfg, partition) -> bool:
+    try:
+        return bool(cfg.get("tuning.enabled", partition) and cfg.get("tuning.defaults", partition))
+    except Exception:  # noqa: BLE001
+        return False
 
 
 def _tuning(hostfs, paths, job, req, cfg, exclusive, dry_run, log):
@@ -121,11 +177,50 @@ def _tuning(hostfs, paths, job, req, cfg, exclusive, dry_run, log):
         return tuning.prolog_tune(hostfs, str(paths.state_dir), job.job_id, req.tune, cfg, job.partition,
                                   exclusive, dry_run=dry_run, log=log)
     except GsrunError as e:
-        log.error(f"tuning: {e}".replace("\n", " "))
+        log.error(f"tuning: {e}")
         return {"error": str(e)}
 
 
-def _mps(paths, job, req, cfg, log):
+def _mig(hostfs, paths, job, req, cfg, exclusive, log):
+    """Cut the job's GPUs into the requested MIG layout (real NVML only; the
+    journal lets the epilog or ``gsrun-node restore`` undo it). The MIG
+    devices' UUIDs go to ``user-mig-<node>.json`` (the job's user, 0400) for
+    the job's tasks (the SPANK plugin exports them as CUDA_VISIBLE_DEVICES)."""
+    from .. import mig
+    from ..nvml import is_na
+
+    if not cfg.get("mig.enabled", job.partition):
+        return {"skipped": "mig.enabled = false"}
+    if not hostfs.is_real:
+        return {"skipped": "MIG changes need the real NVML (fake host root)"}
+    try:
+        nv = open_nvml(hostfs)
+    except NvmlUnavailable as e:
+        return {"error": f"MIG needs NVML: {e}"}
+    try:
+        by_minor = {}
+        for i in range(nv.count()):
+            m = nv.get(i, "minor")
+            if not is_na(m):
+                by_minor[int(m)] = i
+    finally:
+        nv.close()
+    indices = [by_minor[g] for g in (job.gpus or []) if g in by_minor]
+    if not indices:
+        return {"error": "no NVIDIA device matches the job's gres"}
+    from ..mig_nvml import RealMig
+    from ..epilog.main import drain_node
+
+    res = mig.prolog_apply(RealMig(), str(paths.state_dir / "jobs"), job.job_id, indices, req.mig,
+                           drain=lambda reason: drain_node(job.node, reason, log), log=log,
+                           exclusive=exclusive, named=cfg["mig.layouts"])
+    devices = list(res.get("devices", []))
+    atomic_write_json(paths.spool_job(job.job_id) / f"user-mig-{job.node}.json",
+                      {"devices": devices, "layout": req.mig}, mode=0o400, uid=job.uid, gid=job.gid)
+    return {"devices": devices, "journal": res.get("journal")}
+
+
+def _mps(environ, paths, job, req, cfg, log):
     try:
         from .. import mps
     except ImportError as e:
@@ -133,7 +228,7 @@ def _mps(paths, job, req, cfg, log):
     if not cfg.get("mps.enabled", job.partition):
         return {"skipped": "mps.enabled = false"}
     try:
-        pct = mps.requested_pct(os.environ, req.mps)
+        pct = mps.requested_pct(environ, req.mps)
         if pct is None and cfg.get("mps.default_active_thread_percentage", job.partition):
             pct = cfg.get("mps.default_active_thread_percentage", job.partition)
         gpus = [str(g) for g in (job.gpus or [])]
@@ -141,7 +236,7 @@ def _mps(paths, job, req, cfg, log):
                          cfg.get("mps.pinned_mem_limit", job.partition) or None, cfg["mps.control_bin"],
                          cfg["mps.quit_timeout_s"], log=log)
     except GsrunError as e:
-        log.error(f"mps: {e}".replace("\n", " "))
+        log.error(f"mps: {e}")
         return {"error": str(e)}
 
 
@@ -156,7 +251,8 @@ def start_sampler_process(job, paths, cfg, hostfs) -> dict:
             "--state-dir", str(paths.state_dir), "--spool-dir", str(paths.spool_dir)]
     if not hostfs.is_real:
         argv += ["--host-root", str(hostfs.root)]
-    logf = open(d / "sampler.log", "ab")
+    logf = os.fdopen(os.open(d / "sampler.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+                             | os.O_CLOEXEC, 0o600), "ab")
     try:
         p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True,
                              close_fds=True, cwd="/", env=_sampler_env())

@@ -158,6 +158,13 @@ def run_exec(p: BindParams, environ: Mapping[str, str]) -> tuple[list[str], dict
         env.pop(k, None)
     env.update(rp.env)
     env["GSRUN_BIND_CPUS"] = format_cpulist(applied)
+    # torch.distributed's contract per task: RANK/WORLD_SIZE from srun's task ids
+    if environ.get("SLURM_PROCID", "").isdigit():
+        env["RANK"] = environ["SLURM_PROCID"]
+    if environ.get("SLURM_NTASKS", "").isdigit():
+        env["WORLD_SIZE"] = environ["SLURM_NTASKS"]
+    if rp.gpu is not None:
+        env["GSRUN_GPU"] = rp.gpu.label()
     mems = read_allowed_mems(fs) if fs.is_real else None
     argv = exec_argv(rp, host_nodes, p.command, allowed_mems=mems)
     if environ.get("GSRUN_BIND_VERBOSE") == "1":

@@ -40,7 +40,8 @@ def _command(script: str, args: tuple[str, ...], python: str | None) -> tuple[st
     return (script, *args)
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(context_settings={"help_option_names": ["-h", "--help"],
+                                "allow_interspersed_args": False})
 @click.option("--gpus", type=int, required=True, help="Total GPUs (one task per GPU).")
 @click.option("--nodes", type=int, default=None, help="Nodes (default: from the cluster's GPUs per node).")
 @click.option("--gpus-per-node", type=int, default=None, help="GPUs per node (default: read with sinfo).")

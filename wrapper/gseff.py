@@ -4,6 +4,12 @@ Reads ``<spool>/jobs/<id>/summary.json`` (as root) or ``user-summary.json``
 (the job's user); when the job summary is missing or older than a node
 summary, merges the node summaries here. A running job shows what the
 sampler has so far.
+
+When the spool has no record (old job, other host) and Slurm accounting is
+configured, the job is read from slurmdbd instead: CPU and memory efficiency
+from ``sacct`` (computed as seff does, :mod:`gsrun.sacct`) and the GPU
+figures from the ``JS1:`` blob that EpilogSlurmctld stored in the job's
+``AdminComment``. ``--sacct`` shows that view for any job.
 """
 
 from __future__ import annotations
@@ -54,17 +60,144 @@ def load_summary(paths: Paths, job_id: str) -> dict:
     return summary
 
 
+def _gib(b) -> str:
+    return "N/A" if b is None else f"{b / 2**30:.2f} GiB"
+
+
+def _pct(x) -> str:
+    return "N/A" if x is None else f"{x:.1f}%"
+
+
+def _hms(s) -> str:
+    if s is None:
+        return "N/A"
+    s = int(round(s))
+    d, s = divmod(s, 86400)
+    h, s = divmod(s, 3600)
+    m, s = divmod(s, 60)
+    return (f"{d}-" if d else "") + f"{h:02d}:{m:02d}:{s:02d}"
+
+
+def gpu_from_js1(blob: dict) -> dict:
+    """Per-GPU figures from a decoded JS1 blob (jobstats layout): utilization
+    mean (%), memory peak and total (bytes), as reportseff reads them.
+    Returns ``{"gpus": [{node, index, util_pct, mem_used_bytes, mem_total_bytes}],
+    "util_mean_pct", "mem_mean_pct"}`` (means over GPUs with a value, None if none)."""
+    rows = []
+    for node, nd in sorted((blob.get("nodes") or {}).items()):
+        idx = set(nd.get("gpu_utilization", {})) | set(nd.get("gpu_total_memory", {}))
+        for i in sorted(idx, key=lambda x: (len(x), x)):
+            rows.append({"node": node, "index": i, "util_pct": nd.get("gpu_utilization", {}).get(i),
+                         "mem_used_bytes": nd.get("gpu_used_memory", {}).get(i),
+                         "mem_total_bytes": nd.get("gpu_total_memory", {}).get(i)})
+    utils = [r["util_pct"] for r in rows if r["util_pct"] is not None]
+    mems = [100.0 * r["mem_used_bytes"] / r["mem_total_bytes"] for r in rows
+            if r["mem_used_bytes"] is not None and r["mem_total_bytes"]]
+    return {"gpus": rows, "util_mean_pct": sum(utils) / len(utils) if utils else None,
+            "mem_mean_pct": sum(mems) / len(mems) if mems else None}
+
+
+def load_accounting(job_id: str, timeout_s: float = 15.0) -> dict:
+    """The job from slurmdbd: ``{"job_id", "source": "sacct", "efficiency":
+    JobEfficiency fields, "js1": decoded blob or None, "js1_error", "gpu":
+    :func:`gpu_from_js1`}``.
+
+    Raises:
+        InputError: the job is not in the accounting database.
+        SlurmError: sacct missing / accounting disabled / slurmdbd unreachable.
+    """
+    from dataclasses import asdict
+
+    from .. import accounting
+    from ..errors import SlurmError
+    from ..summary import decode_js1
+
+    try:
+        eff = accounting.sacct_efficiency(job_id, timeout_s)
+    except SlurmError as e:
+        if e.what in ("no accounting record", "job not in output"):
+            raise InputError("gseff", "unknown job", job_id,
+                             hint="no report in the spool and no record in Slurm accounting: check "
+                                  "the job id (sacct -j ID), or the cluster (sacct -M)") from None
+        raise
+    comment = accounting.admin_comment(job_id, timeout_s)
+    js1, err = None, None
+    if comment and comment.startswith("JS1:"):
+        try:
+            js1 = decode_js1(comment)
+        except (ValueError, OSError, EOFError) as e:
+            err = f"AdminComment JS1 blob does not decode: {e}"
+    elif comment:
+        err = "AdminComment holds no JS1 blob" if not comment.lower().startswith("js1:") else \
+            "AdminComment JS1 blob was lowercased (sacctmgr on Slurm 22.05)"
+    else:
+        err = "no AdminComment (gsrun's EpilogSlurmctld did not store the GPU summary)"
+    return {"job_id": job_id, "source": "sacct", "efficiency": asdict(eff), "js1": js1,
+            "js1_error": err, "gpu": gpu_from_js1(js1) if js1 else None}
+
+
+def render_accounting(rec: dict) -> str:
+    """Plain-text report of :func:`load_accounting`'s record."""
+    e = rec["efficiency"]
+    out = [f"gsrun efficiency report (from Slurm accounting): job {rec['job_id']}",
+           f"  State: {e['state'] or 'N/A'}   Elapsed: {_hms(e['elapsed_s'])}   Nodes: {e['nodes'] or 'N/A'}"
+           f"   CPUs: {e['alloc_cpus'] or 'N/A'}   GPUs: {e['alloc_gpus'] or 'N/A'}", "",
+           "CPU and memory (sacct)",
+           f"  CPU time: {_hms(e['cpu_time_s'])}   CPU efficiency: {_pct(e['cpu_eff_pct'])}"
+           + (f"   [{e['cpu_time_source']}]" if e["cpu_time_source"] else ""),
+           f"  Memory peak: {_gib(e['mem_peak_bytes'])} of {_gib(e['mem_req_bytes'])}"
+           f"   Memory efficiency: {_pct(e['mem_eff_pct'])}"
+           + (f"   [{e['mem_peak_source']}]" if e["mem_peak_source"] else ""), "",
+           "GPUs (AdminComment JS1)"]
+    g = rec["gpu"]
+    if g is None:
+        out.append(f"  GPU figures unavailable: {rec['js1_error']}")
+    elif not g["gpus"]:
+        out.append("  no per-GPU figures in the JS1 blob")
+    else:
+        out.append(f"  {'node':<10} {'gpu':>4} {'util':>7} {'mem peak':>12} {'mem total':>12}")
+        for r in g["gpus"]:
+            out.append(f"  {r['node']:<10} {r['index']:>4} {_pct(r['util_pct']):>7} "
+                       f"{_gib(r['mem_used_bytes']):>12} {_gib(r['mem_total_bytes']):>12}")
+        out.append(f"  GPU utilization: {_pct(g['util_mean_pct'])}   GPU memory: {_pct(g['mem_mean_pct'])}")
+    notes = [n for n in e["notes"] if n]
+    if notes:
+        out += ["", "Notes"] + [f"  - {n}" for n in notes]
+    return "\n".join(out) + "\n"
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("job_id")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary JSON.")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Write a per-GPU timeline PNG.")
+@click.option("--sacct", "from_sacct", is_flag=True,
+              help="Read the job from Slurm accounting (sacct + AdminComment) even if the spool has it.")
 @click.option("--spool-dir", default=None, hidden=True)
-def cli(job_id, as_json, plot, spool_dir):
+def cli(job_id, as_json, plot, from_sacct, spool_dir):
     """Show the GPU efficiency report of JOB_ID."""
     validate_job_id(job_id.strip())
     cfg = load_config()
     paths = Paths.from_config(cfg, None, spool_dir)
-    summary = load_summary(paths, job_id.strip())
+    summary = None
+    if not from_sacct:
+        try:
+            summary = load_summary(paths, job_id.strip())
+        except InputError as spool_err:
+            try:
+                rec = load_accounting(job_id.strip(), cfg["timeouts.command_s"])
+            except InputError:
+                raise
+            except GsrunError as e:   # no accounting here: the spool's message is the useful one
+                raise InputError("gseff", "no report for job", job_id,
+                                 hint=f"{spool_err.hint or ''}; Slurm accounting unavailable: "
+                                      f"{e.what}".strip("; ")) from None
+    if summary is None:
+        if from_sacct:
+            rec = load_accounting(job_id.strip(), cfg["timeouts.command_s"])
+        if plot:
+            raise InputError("gseff", "no plot", "Slurm accounting keeps no GPU timeline")
+        click.echo(json.dumps(rec, indent=1, sort_keys=True) + "\n" if as_json else render_accounting(rec), nl=False)
+        return 0
     if as_json:
         click.echo(json.dumps(summary, indent=1, sort_keys=True))
     else:

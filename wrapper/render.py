@@ -4,17 +4,25 @@ The template (``templates/sbatch.sh.j2``) is rendered with ``StrictUndefined``
 (a missing variable is an error) and every user value passes through the
 ``sh`` filter (:func:`shlex.quote`), so arguments like ``'$(touch x)'; echo``
 reach the program literally. ``#SBATCH`` values are allow-listed by
-:func:`gsrun.wrapper.spec.validate_fields` before rendering.
+:func:`gsrun.wrapper.spec.validate_fields` before rendering, and again here
+(:func:`check_spec`: ``--output`` must be one line without control
+characters, environment names must be ``[A-Za-z_][A-Za-z0-9_]*``), because a
+newline in any value written unquoted would start a new script line.
 """
 
 from __future__ import annotations
 
+import re
 import shlex
 from importlib import resources
 
 import jinja2
 
-from .spec import JobSpec
+from ..errors import InputError
+from .spec import JobSpec, validate_fields
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def _env() -> jinja2.Environment:
@@ -34,7 +42,32 @@ def _load_template(name: str) -> str:
     return resources.files("gsrun.templates").joinpath(name).read_text()
 
 
+def check_spec(spec: JobSpec) -> None:
+    """Everything rendered unquoted is re-checked (defence in depth).
+
+    Raises:
+        InputError: naming the field and the value.
+    """
+    validate_fields(spec.job_name, spec.partition, spec.time, spec.mail_type, spec.mail_user)
+    if spec.output is not None and (not spec.output or len(spec.output) > 4096 or _CONTROL.search(spec.output)
+                                    or any(0xd800 <= ord(c) <= 0xdfff for c in spec.output)):
+        raise InputError("submit", "bad --output", repr(spec.output)[:80],
+                         hint="one line, no control characters (Slurm patterns like %j are fine)")
+    for what, pairs in (("NCCL environment", spec.nccl_env), ("environment", spec.extra_env)):
+        for name, _value in pairs:
+            if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
+                raise InputError("submit", f"bad {what} name", repr(name)[:80], hint="letters, digits and _ only")
+    c = spec.comment()
+    if c is not None and (_CONTROL.search(c) or " " in c):
+        raise InputError("submit", "bad request value", repr(c)[:80])
+
+
 def render_script(spec: JobSpec) -> str:
-    """The sbatch script for ``spec`` (bash). Passes ``bash -n``."""
+    """The sbatch script for ``spec`` (bash). Passes ``bash -n``.
+
+    Raises:
+        InputError: a value that would break out of its line (see :func:`check_spec`).
+    """
+    check_spec(spec)
     tpl = _env().get_template("sbatch.sh.j2")
     return tpl.render(spec=spec, command=" ".join(shlex.quote(a) for a in spec.command))

@@ -11,13 +11,13 @@ from dataclasses import dataclass, field
 
 from ..errors import InputError
 
-JOB_NAME_RE = re.compile(r"^[A-Za-z0-9_.+-]{1,128}$")
-TIME_RE = re.compile(r"^(\d+-)?\d{1,4}(:\d{1,2}){0,2}$|^(UNLIMITED|INFINITE)$")
+JOB_NAME_RE = re.compile(r"^[A-Za-z0-9_.+-]{1,128}\Z")
+TIME_RE = re.compile(r"^(?:(\d+-)?\d{1,4}(:\d{1,2}){0,2}|UNLIMITED|INFINITE)\Z")
 MAIL_TYPE_RE = re.compile(r"^(NONE|BEGIN|END|FAIL|REQUEUE|ALL|INVALID_DEPEND|STAGE_OUT|"
                           r"TIME_LIMIT(_50|_80|_90)?|ARRAY_TASKS)(,(BEGIN|END|FAIL|REQUEUE|ALL|"
-                          r"INVALID_DEPEND|STAGE_OUT|TIME_LIMIT(_50|_80|_90)?|ARRAY_TASKS))*$")
-EMAIL_RE = re.compile(r"^[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+$|^[a-z_][a-z0-9_-]{0,31}$")
-PARTITION_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+                          r"INVALID_DEPEND|STAGE_OUT|TIME_LIMIT(_50|_80|_90)?|ARRAY_TASKS))*\Z")
+EMAIL_RE = re.compile(r"^(?:[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+|[a-z_][a-z0-9_-]{0,31})\Z")
+PARTITION_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}\Z")
 
 
 @dataclass(frozen=True)

@@ -198,7 +198,10 @@ def main() -> int:
     ap.add_argument("--gpu", default="0")
     ap.add_argument("--modes", default="none,gsrun,hand")
     args = ap.parse_args()
-    signal.signal(signal.SIGTERM, lambda *a: sys.exit(3))  # finally blocks quit the daemons
+    def _term(*_a):
+        raise RuntimeError("SIGTERM: stopped early; figures below are partial")
+
+    signal.signal(signal.SIGTERM, _term)  # caught below: daemons quit, partial figures printed
     ns = [int(x) for x in args.ns.split(",")]
     modes = args.modes.split(",")
     log: list[str] = []

@@ -283,14 +283,13 @@ def test_swap_effect_failure_rolls_back(tmp_path, state):
 def test_real_swap_effect_runs_commands_with_timeout(monkeypatch):
     calls = []
 
-    def fake_run(argv, **kw):
-        calls.append((argv, kw.get("timeout"), kw.get("shell", False)))
+    def fake_run(argv, timeout_s, **kw):
+        assert isinstance(argv, list)   # never a shell string
+        calls.append((argv, timeout_s, False))
+        return 0, "", ""
 
-        class R:
-            returncode, stdout, stderr = 0, "", ""
-        return R()
-
-    monkeypatch.setattr(tuning.subprocess, "run", fake_run)
+    import gsrun.proc
+    monkeypatch.setattr(gsrun.proc, "run_bounded", fake_run)
     monkeypatch.setattr(tuning.SwapEffect, "_bin", staticmethod(lambda n: f"/sbin/{n}"))
     eff = tuning.SwapEffect(timeout_s=7)
     eff.off(None, [{"name": "/swap file"}])

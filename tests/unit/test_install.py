@@ -1,0 +1,324 @@
+"""gsrun-node install: version detection, slurm.conf lines, timeout
+recommendation, directories, the never-overwrite config, the thin hooks."""
+
+import os
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gsrun import install
+from gsrun.config import DEFAULT_CONFIG_PATH, parse_config, render_commented_config
+from gsrun.errors import InputError
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULTS = parse_config("")
+
+
+class FakeRun:
+    """subprocess.run stand-in: answers by argv[0]."""
+
+    def __init__(self, answers):
+        self.answers = answers
+        self.calls = []
+
+    def __call__(self, argv, **kw):
+        self.calls.append((list(argv), kw))
+        assert "timeout" in kw and kw["timeout"] > 0
+        a = self.answers.get(argv[0])
+        if a is None:
+            raise FileNotFoundError(argv[0])
+        if a == "timeout":
+            raise subprocess.TimeoutExpired(argv, kw["timeout"])
+        rc, out = a
+        return subprocess.CompletedProcess(argv, rc, out, "")
+
+
+@pytest.mark.parametrize("text,want", [
+    ("slurm-wlm 22.05.8\n", "22.05.8"), ("slurm 24.11.1", "24.11.1"), ("slurm 23.02.7-1", "23.02.7"),
+    ("sinfo: error: fetch_config: DNS SRV lookup failed", None), ("", None)])
+def test_parse_slurm_version(text, want):
+    assert install.parse_slurm_version(text) == want
+
+
+def test_detect_slurm_version_tries_commands_in_order_with_timeouts():
+    run = FakeRun({"slurmd": "timeout", "scontrol": (0, "slurm 24.11.1\n")})
+    v = install.detect_slurm_version(timeout_s=2.0, run=run)
+    assert v == install.SlurmVersion("24.11.1", "scontrol -V")
+    assert v.major_minor == (24, 11)
+    assert [c[0][0] for c in run.calls] == ["slurmctld", "slurmd", "scontrol"]
+    assert all(c[1]["timeout"] == 2.0 for c in run.calls)
+    assert install.detect_slurm_version(run=FakeRun({"sinfo": (1, "sinfo: fatal: no config")})) is None
+
+
+def test_parse_slurm_conf():
+    conf = install.parse_slurm_conf(
+        "# c\nProctrackType=proctrack/cgroup  # x\nPrologFlags=X11\n"
+        "NodeName=gpu01 CPUs=4\nprolog=/etc/slurm/prolog.d/*\nPrologFlags=Alloc\n")
+    assert conf == {"proctracktype": "proctrack/cgroup", "prologflags": "X11", "prolog": "/etc/slurm/prolog.d/*"}
+
+
+@pytest.mark.parametrize("existing,proctrack,want", [
+    (None, None, "Alloc"), ("", "proctrack/linuxproc", "Alloc"), ("None", None, "Alloc"),
+    (None, "proctrack/cgroup", "Alloc,Contain"), ("X11", "proctrack/cgroup", "X11,Alloc,Contain"),
+    ("Alloc", None, "Alloc"), ("Contain,Alloc", "proctrack/cgroup", "Contain,Alloc"),
+    ("alloc,Serial", None, "alloc,Serial")])
+def test_prolog_flags(existing, proctrack, want):
+    flags, why = install.prolog_flags(existing, proctrack)
+    assert flags == want
+    assert "before the batch script" in why
+    assert ("Contain because" in why) == ("Contain" in want and "Contain" not in (existing or ""))
+
+
+def test_recommend_timeout():
+    t, why = install.recommend_timeout_s(install.HookCost(0.4, 0.3, 3), DEFAULTS)
+    assert t == 120   # epilog budget 90 + 30
+    assert "0.40 s" in why and "epilog budget" in why
+    t, why = install.recommend_timeout_s(install.HookCost(15.04, 2.0, 3), DEFAULTS)
+    assert t == 160   # 10 x 15.04 = 150.4 -> 160
+    assert "10 x measured" in why
+    small = parse_config("[timeouts]\nprolog_budget_s = 10\nepilog_budget_s = 10\n")
+    assert install.recommend_timeout_s(install.HookCost(0.1, 0.1, 3), small)[0] == 60
+    t, why = install.recommend_timeout_s(install.HookCost(None, None, 0, "skipped"), DEFAULTS, current="60")
+    assert t == 120 and "not measured (skipped)" in why and "current 60 s is too short" in why
+
+
+def test_measure_hook_cost_with_fake_runs():
+    ticks = iter([0.0, 0.5, 1.0, 1.8, 2.0, 2.4, 3.0, 3.25])
+    run = FakeRun({"/py": (0, "{}")})
+    cost = install.measure_hook_cost("/etc/x.toml", runs=3, python="/py", run=run, clock=lambda: next(ticks))
+    assert cost == install.HookCost(0.8, 0.25, 3)
+    argv, kw = run.calls[0]
+    assert argv == ["/py", "-m", "gsrun.node", "prolog", "--dry-run"]
+    assert kw["env"]["GSRUN_CONFIG"] == "/etc/x.toml" and kw["env"]["SLURM_JOB_ID"] == "0"
+    assert kw["env"]["SPANK_GS_REPORT"] == "1"   # no scontrol call from the dry run
+    assert "GSRUN_LOG_FILE" not in kw["env"]
+    bad = install.measure_hook_cost(None, python="/py", run=FakeRun({"/py": (2, "gsrun: boom\n")}),
+                                    clock=lambda: 0.0)
+    assert bad.prolog_s is None and "exited 2" in bad.error and bad.worst_s is None
+    slow = install.measure_hook_cost(None, python="/py", run=FakeRun({"/py": "timeout"}), clock=lambda: 0.0)
+    assert "longer than" in slow.error
+
+
+def test_plan_and_apply_dirs(tmp_path):
+    cfg = parse_config(f'[paths]\nstate_dir = "{tmp_path}/run/gsrun"\nspool_dir = "{tmp_path}/spool/gsrun"\n'
+                       f'mps_dir = "{tmp_path}/run/gsrun/mps"\n')
+    plan = install.plan_dirs(cfg)
+    want = {f"{tmp_path}/run/gsrun": 0o755, f"{tmp_path}/run/gsrun/jobs": 0o700,
+            f"{tmp_path}/spool/gsrun": 0o755, f"{tmp_path}/spool/gsrun/jobs": 0o711,
+            f"{tmp_path}/spool/gsrun/mail": 0o700, f"{tmp_path}/run/gsrun/mps": 0o711}
+    assert {d.path: d.mode for d in plan} == want
+    lines = install.apply_dirs(plan)
+    assert all(line.startswith("created") for line in lines)
+    for p, mode in want.items():
+        assert stat.S_IMODE(os.stat(p).st_mode) == mode, p
+    os.chmod(f"{tmp_path}/spool/gsrun/jobs", 0o777)
+    lines = install.apply_dirs(plan)
+    assert all(line.startswith("ok") for line in lines)
+    assert stat.S_IMODE(os.stat(f"{tmp_path}/spool/gsrun/jobs").st_mode) == 0o711
+
+
+def test_apply_dirs_refuses_planted_symlink(tmp_path):
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "spool").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(Exception, match="not a plain directory"):
+        install.apply_dirs([install.DirSpec(str(tmp_path / "spool"), 0o755, "x")])
+
+
+def test_write_new_file_never_overwrites(tmp_path):
+    p = tmp_path / "etc" / "gsrun" / "gsrun.toml"
+    assert install.write_new_file(str(p), "one\n", 0o644) is True
+    assert stat.S_IMODE(p.stat().st_mode) == 0o644
+    assert install.write_new_file(str(p), "two\n", 0o644) is False
+    assert p.read_text() == "one\n"
+    link = tmp_path / "link.toml"
+    link.symlink_to(tmp_path / "target.toml")
+    assert install.write_new_file(str(link), "x", 0o644) is False
+    assert not (tmp_path / "target.toml").exists()
+
+
+HOOKS = {"prolog": "/opt/gsrun/venv/lib/python3.11/site-packages/gsrun/prolog/gsrun-prolog",
+         "epilog": "/opt/gsrun/venv/lib/python3.11/site-packages/gsrun/epilog/gsrun-epilog",
+         "epilog-ctld": "/opt/gsrun/venv/lib/python3.11/site-packages/gsrun/epilog/gsrun-epilog-ctld"}
+
+
+def test_render_slurm_lines_single():
+    text = install.render_slurm_lines("22.05.8", HOOKS, "Alloc", "why", 120, "because")
+    lines = [x for x in text.splitlines() if x and not x.startswith("#")]
+    assert lines == ["PrologFlags=Alloc", f"Prolog={HOOKS['prolog']}", f"Epilog={HOOKS['epilog']}",
+                     f"EpilogSlurmctld={HOOKS['epilog-ctld']}", "PrologEpilogTimeout=120"]
+    assert "Slurm 22.05.8" in text and "# PrologFlags: why" in text
+
+
+def test_render_slurm_lines_prolog_d():
+    text = install.render_slurm_lines("24.11.1", HOOKS, "Alloc,Contain", "why", 150, "because",
+                                      layout="prolog.d", prolog_d="/etc/slurm/prolog.d/", epilog_d="/etc/slurm/epilog.d")
+    lines = [x for x in text.splitlines() if x and not x.startswith("#")]
+    assert "Prolog=/etc/slurm/prolog.d/*" in lines and "Epilog=/etc/slurm/epilog.d/*" in lines
+    assert f"EpilogSlurmctld={HOOKS['epilog-ctld']}" in lines
+    assert f"#   ln -sfn {HOOKS['prolog']} /etc/slurm/prolog.d/50-gsrun" in text
+    with pytest.raises(InputError, match="layout"):
+        install.render_slurm_lines("1", HOOKS, "Alloc", "", 1, "", layout="both")
+    with pytest.raises(InputError, match="prolog hook path"):
+        install.render_slurm_lines("1", dict(HOOKS, prolog="/opt/my gsrun/x"), "Alloc", "", 1, "")
+
+
+def test_render_units():
+    u = install.render_units("/opt/gsrun/venv/bin/gsrun-node", DEFAULT_CONFIG_PATH)
+    assert "ExecStart=/opt/gsrun/venv/bin/gsrun-node mail flush" in u["gsrun-mail.service"]
+    assert "GSRUN_CONFIG" not in u["gsrun-mail.service"]
+    assert "OnUnitActiveSec=1min" in u["gsrun-mail.timer"] and "WantedBy=timers.target" in u["gsrun-mail.timer"]
+    u = install.render_units("/opt/gsrun/venv/bin/gsrun-node", "/srv/gsrun.toml")
+    assert "Environment=GSRUN_CONFIG=/srv/gsrun.toml" in u["gsrun-mail.service"]
+
+
+def _fake_node(bindir: Path) -> Path:
+    bindir.mkdir(parents=True, exist_ok=True)
+    node = bindir / "gsrun-node"
+    node.write_text('#!/bin/sh\necho "ran $0 $* config=${GSRUN_CONFIG:-unset}"\n')
+    node.chmod(0o755)
+    return node
+
+
+def test_render_hook_runs_the_baked_gsrun_node(tmp_path):
+    node = _fake_node(tmp_path / "my venv" / "bin")
+    hook = tmp_path / "gsrun-prolog"
+    hook.write_text(install.render_hook(str(node), "prolog", "/srv/it's.toml"))
+    hook.chmod(0o755)
+    out = subprocess.run([str(hook)], capture_output=True, text=True, timeout=10, env={}).stdout
+    assert out == f"ran {node} prolog config=/srv/it's.toml\n"
+    assert "GSRUN_CONFIG" not in install.render_hook(str(node), "epilog", DEFAULT_CONFIG_PATH)
+    with pytest.raises(InputError):
+        install.render_hook(str(node), "rm -rf", None)
+
+
+@pytest.mark.parametrize("rel,cmd", [("prolog/gsrun-prolog", "prolog"), ("epilog/gsrun-epilog", "epilog"),
+                                     ("epilog/gsrun-epilog-ctld", "epilog-ctld")])
+def test_shipped_hook_finds_its_installation_through_a_symlink(tmp_path, rel, cmd):
+    """The shipped hooks, installed as package data of a venv and linked into
+    prolog.d, exec <venv>/bin/gsrun-node (and hook_target says the same)."""
+    venv = tmp_path / "venv"
+    site = venv / "lib" / "python3.11" / "site-packages" / "gsrun"
+    (site / rel).parent.mkdir(parents=True)
+    shutil.copy2(REPO / rel, site / rel)
+    node = _fake_node(venv / "bin")
+    d = tmp_path / "prolog.d"
+    d.mkdir()
+    (d / "50-gsrun").symlink_to(site / rel)
+    out = subprocess.run([str(d / "50-gsrun")], capture_output=True, text=True, timeout=10, env={})
+    assert out.returncode == 0
+    words = out.stdout.split()
+    assert words[0] == "ran" and os.path.realpath(words[1]) == str(node.resolve())
+    assert out.stdout.split()[2] == cmd
+    assert install.hook_target(str(d / "50-gsrun")) == str(node)
+
+
+def test_shipped_hook_without_installation_exits_0(tmp_path):
+    hook = tmp_path / "gsrun-prolog"
+    shutil.copy2(REPO / "prolog" / "gsrun-prolog", hook)
+    p = subprocess.run([str(hook)], capture_output=True, text=True, timeout=10,
+                       env={"PATH": str(tmp_path / "nothing")})
+    assert p.returncode == 0   # a missing install must not drain the node
+
+
+def test_shipped_hooks_are_tiny_and_executable():
+    for rel in ("prolog/gsrun-prolog", "epilog/gsrun-epilog", "epilog/gsrun-epilog-ctld"):
+        p = REPO / rel
+        assert os.access(p, os.X_OK), rel
+        assert len(p.read_text().splitlines()) <= 15
+        assert subprocess.run(["sh", "-n", str(p)], timeout=10).returncode == 0
+
+
+def _opts(tmp_path, **kw):
+    base = dict(config_path=str(tmp_path / "etc" / "gsrun.toml"), state_dir=str(tmp_path / "state"),
+                spool_dir=str(tmp_path / "spool"), hooks_dir=str(tmp_path / "hooks"), measure=False)
+    base.update(kw)
+    return install.InstallOptions(**base)
+
+
+def test_run_print_changes_nothing(tmp_path):
+    out = []
+    rc = install.run(_opts(tmp_path, print_only=True), out=out.append, environ={"SLURM_CONF": "/nonexistent"})
+    text = "\n".join(out)
+    assert rc == 0
+    assert list(tmp_path.iterdir()) == []
+    assert f"would create {tmp_path}/spool/jobs root 0711" in text
+    assert f"would write {tmp_path}/etc/gsrun.toml" in text
+    assert install.config_text(str(tmp_path / "state"), str(tmp_path / "spool")) in text
+    assert f"Prolog={tmp_path}/hooks/gsrun-prolog" in text
+    assert f"exec {shutil.which('gsrun-node') or ''}" in text or "gsrun-node prolog" in text
+    assert "PrologFlags=Alloc" in text and "PrologEpilogTimeout=120" in text
+    assert "spank install" in text and "gsrun-mail.timer" in text
+
+
+def test_run_installs_and_never_overwrites_the_config(tmp_path):
+    out = []
+    opts = _opts(tmp_path, units_dir=str(tmp_path / "units"))
+    assert install.run(opts, out=out.append, environ={}) == 0
+    cfgp = tmp_path / "etc" / "gsrun.toml"
+    cfg = parse_config(cfgp.read_text())
+    assert cfg["paths.state_dir"] == str(tmp_path / "state") and cfg["paths.spool_dir"] == str(tmp_path / "spool")
+    assert cfg["paths.mps_dir"] == str(tmp_path / "state" / "mps")
+    assert stat.S_IMODE(os.stat(tmp_path / "state" / "mps").st_mode) == 0o711
+    assert stat.S_IMODE(os.stat(tmp_path / "state" / "jobs").st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(tmp_path / "spool" / "jobs").st_mode) == 0o711
+    hook = (tmp_path / "hooks" / "gsrun-epilog-ctld").read_text()
+    assert f"GSRUN_CONFIG={cfgp}" in hook and hook.rstrip().endswith("epilog-ctld")
+    assert (tmp_path / "units" / "gsrun-mail.timer").exists()
+    cfgp.write_text("[sampler]\ninterval_s = 2.0\n")
+    out2 = []
+    assert install.run(opts, out=out2.append, environ={}) == 0
+    assert cfgp.read_text() == "[sampler]\ninterval_s = 2.0\n"
+    assert any("exists: left as it is" in line for line in out2)
+    assert any("exists, left as it is" in line for line in out2)
+    out3 = []
+    install.run(_opts(tmp_path, spool_dir=str(tmp_path / "other")), out=out3.append, environ={})
+    assert any("--spool-dir" in line and "differs" in line for line in out3)
+
+
+def test_config_text():
+    assert install.config_text() == render_commented_config()
+    cfg = parse_config(install.config_text("/srv/state", "/srv/spool"))
+    assert (cfg["paths.state_dir"], cfg["paths.mps_dir"], cfg["paths.spool_dir"]) == \
+        ("/srv/state", "/srv/state/mps", "/srv/spool")
+    assert cfg["sampler.interval_s"] == 5.0
+
+
+def test_hook_with_log_file(tmp_path):
+    node = _fake_node(tmp_path / "bin")
+    body = install.render_hook(str(node), "epilog", None, "/var/log/gsrun.log")
+    assert "GSRUN_LOG_FILE=/var/log/gsrun.log exec" in body
+    with pytest.raises(InputError):
+        install.render_hook(str(node), "epilog", None, "/var/log/$(reboot)")
+    assert "SLURM_CONF=/srv/slurm.conf GSRUN" not in body
+    body = install.render_hook(str(node), "epilog-ctld", None, None, "/srv/slurm.conf")
+    assert f"SLURM_CONF=/srv/slurm.conf exec {node} epilog-ctld" in body
+    assert "SLURM_CONF" not in install.render_hook(str(node), "epilog-ctld", None, None, "/etc/slurm/slurm.conf")
+
+
+def test_default_hooks_dir_when_package_hooks_unusable(tmp_path):
+    out = []
+    opts = _opts(tmp_path, hooks_dir=None, print_only=True)
+    install.run(opts, out=out.append, environ={})
+    text = "\n".join(out)
+    inst = install.find_installation()
+    want = str(Path(inst.gsrun_node).parent.parent / "libexec" / "gsrun")
+    assert f"hooks go to {want}" in text and f"Prolog={want}/gsrun-prolog" in text
+
+
+def test_run_notes_an_existing_prolog(tmp_path):
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("Prolog=/etc/slurm/site-prolog\nProctrackType=proctrack/cgroup\nPrologFlags=X11\n")
+    out = []
+    install.run(_opts(tmp_path, print_only=True), out=out.append, environ={"SLURM_CONF": str(conf)})
+    text = "\n".join(out)
+    assert "already have Prolog=/etc/slurm/site-prolog" in text
+    assert "PrologFlags=X11,Alloc,Contain" in text
+
+
+def test_run_rejects_unquotable_paths(tmp_path):
+    with pytest.raises(InputError):
+        install.run(_opts(tmp_path, config_path=str(tmp_path / "my config.toml"), print_only=True), out=print,
+                    environ={})

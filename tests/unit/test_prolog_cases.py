@@ -1,0 +1,223 @@
+"""The real prolog (child process, fake host root, fake tools on PATH) on
+field cases 15, 18 and 20, exclusivity taken only from slurmctld's record,
+and planted symlinks in the state/spool directories."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import stat
+
+import pytest
+
+from test_prolog_support import kill_fakes, leftover_fakes, TUNE, host_only, make_site, nvml_devices, procs_with_arg, run_node, \
+    samplers_of, snapshot, timed
+from test_tuning_support import diff
+
+root_only = pytest.mark.skipif(os.geteuid() != 0, reason="the hooks run as root")
+RECORD = "JobId={job} JobName={name} UserId=nobody(65534) OverSubscribe={ovs} Comment={comment}"
+
+
+@pytest.fixture
+def site(request):
+    s = make_site(**getattr(request, "param", {}))
+    yield s
+    for pid in samplers_of("4242", s.state):
+        os.kill(pid, signal.SIGKILL)
+    kill_fakes(s)
+    shutil.rmtree(s.base, ignore_errors=True)
+
+
+def governor(site) -> str:
+    return (site.host / "sys/devices/system/cpu/cpu0/cpufreq/scaling_governor").read_text().strip()
+
+
+# ---------------------------------------------------------------- case 15
+
+MISMATCH = {"init": {"error": "Driver/library version mismatch", "code": 18}}
+
+
+@root_only
+@pytest.mark.parametrize("site", [{"nvml": MISMATCH}], indirect=True)
+def test_case15_nvml_mismatch_prolog_exits_nonzero_with_reason(site):
+    env = site.env(FAKE_NVSMI="mismatch")
+    cp = run_node(["prolog"], env)
+    assert cp.returncode == 1
+    assert "gsrun: prolog: NVML/driver mismatch: reboot required" in cp.stderr
+    rec = json.loads((site.spool / "jobs/4242/prolog-gpu-node01.json").read_text())
+    assert rec["steps"]["nvml"].startswith("NVML init failed: LIB_RM_VERSION_MISMATCH")
+    assert not samplers_of("4242", site.state)
+
+
+@root_only
+@pytest.mark.parametrize("code,name", [(9, "DRIVER_NOT_LOADED"), (12, "LIBRARY_NOT_FOUND"), (999, "UNKNOWN")])
+def test_other_nvml_init_failures_do_not_drain(site, code, name):
+    (site.host / "nvml.json").write_text(json.dumps({"init": {"error": name, "code": code}}))
+    cp = run_node(["prolog"], site.env())
+    assert cp.returncode == 0, cp.stderr
+    rec = json.loads((site.spool / "jobs/4242/prolog-gpu-node01.json").read_text())
+    assert rec["nvml_ok"] is False and name in rec["steps"]["nvml"]
+
+
+# ---------------------------------------------------------------- case 20 + slurmctld unreachable
+
+@root_only
+@pytest.mark.parametrize("slurm", ["hang", "down"])
+def test_case20_wedged_tools_prolog_uses_defaults_within_budget(site, slurm):
+    """nvidia-smi/dcgmi sleep 3600, sacct 120 s, scontrol hangs or fails:
+    the prolog asks scontrol once (bounded), then runs with defaults."""
+    base = host_only(snapshot(site.host))
+    env = site.env(spank={"SPANK_GS_TUNE": TUNE, "SPANK_GS_EXCLUSIVE": "1"}, FAKE_NVSMI="hang", FAKE_SLURM=slurm)
+    cp, took = timed(["prolog"], env)
+    assert cp.returncode == 0, cp.stderr
+    assert took < 15, took                                    # scontrol bounded at 2 s here (command_s)
+    rec = json.loads((site.spool / "jobs/4242/prolog-gpu-node01.json").read_text())
+    assert rec["exclusive"] is False                          # never "exclusive" by default
+    assert "not exclusive" in cp.stderr
+    tuning = rec["steps"]["tuning"]
+    assert "governor" in tuning["refused"] and governor(site) == "powersave"
+    assert [c.split()[0] for c in site.calls_made()] == ["scontrol"]
+    assert leftover_fakes(site) == []          # the hung scontrol and its sleep were killed at the timeout
+    base_after = host_only(snapshot(site.host))
+    assert [d for d in diff(base, base_after) if "governor" in d or "thp" in d] == []
+
+
+@root_only
+def test_case20_prolog_budget_is_hard(site):
+    """A step that outlives the budget is cut off by SIGALRM; the job goes on."""
+    site.config.write_text(site.config.read_text().replace("prolog_budget_s = 60", "prolog_budget_s = 1")
+                           .replace("command_s = 2.0", "command_s = 30"))
+    env = site.env(gpus="0")           # no SPANK: the prolog asks scontrol (hangs); budget 1 s < 5 s cap
+    cp, took = timed(["prolog"], env)
+    assert cp.returncode == 0
+    assert took < 8, took
+    assert "budget of 1 s exceeded" in cp.stderr
+
+
+# ---------------------------------------------------------------- exclusivity only from slurmctld
+
+@root_only
+@pytest.mark.parametrize("name,ovs,comment,want", [
+    ("train", "NO", "(null)", True),
+    ("train", "OK", "(null)", False),
+    ("x OverSubscribe=NO", "OK", "(null)", False),              # forged in the job name
+    ("x OverSubscribe=NO", "NO", "(null)", False),              # ambiguous: fail safe
+    ("train", "OK", "gsrun:exclusive=1;tune=governor=performance", False),   # comment is a request
+    ("train", "USER", "(null)", False),
+])
+def test_exclusive_comes_from_the_job_record_only(site, name, ovs, comment, want):
+    env = site.env(spank={"SPANK_GS_TUNE": "governor=performance", "SPANK_GS_EXCLUSIVE": "1"},
+                   FAKE_SLURM="record", FAKE_SCONTROL_RECORD=RECORD.format(job="4242", name=name, ovs=ovs,
+                                                                           comment=comment))
+    cp = run_node(["prolog"], env)
+    assert cp.returncode == 0, cp.stderr
+    rec = json.loads((site.spool / "jobs/4242/prolog-gpu-node01.json").read_text())
+    assert rec["exclusive"] is want
+    assert governor(site) == ("performance" if want else "powersave")
+    run_node(["epilog"], env)
+    assert governor(site) == "powersave"
+
+
+@root_only
+def test_record_of_another_job_is_not_used(site):
+    env = site.env(spank={"SPANK_GS_TUNE": "governor=performance"}, FAKE_SLURM="record",
+                   FAKE_SCONTROL_RECORD=RECORD.format(job="4243", name="t", ovs="NO", comment="(null)"))
+    cp = run_node(["prolog"], env)
+    rec = json.loads((site.spool / "jobs/4242/prolog-gpu-node01.json").read_text())
+    assert rec["exclusive"] is False and governor(site) == "powersave", cp.stderr
+    run_node(["epilog"], env)
+
+
+# ---------------------------------------------------------------- planted paths
+
+def secret(site):
+    """A stand-in for /etc (shadow inside) outside our directories."""
+    d = site.base / "etc"
+    d.mkdir(exist_ok=True)
+    (d / "shadow").write_text("root:$6$secret:19000:0:99999:7:::\n")
+    os.chmod(d / "shadow", 0o640)
+    return d
+
+
+def tree_bytes(d):
+    return {p.name: (p.read_bytes(), stat.S_IMODE(p.stat().st_mode), p.stat().st_uid) for p in sorted(d.iterdir())}
+
+
+@root_only
+@pytest.mark.parametrize("where", ["spool", "state"])
+@pytest.mark.parametrize("kind", ["dir-symlink", "file", "user-dir"])
+def test_planted_job_dir_is_moved_aside_nothing_written_through(site, where, kind):
+    etc = secret(site)
+    before = tree_bytes(etc)
+    parent = (site.spool if where == "spool" else site.state) / "jobs"
+    parent.mkdir(parents=True)
+    planted = parent / "4242"
+    if kind == "dir-symlink":
+        planted.symlink_to(etc)
+    elif kind == "file":
+        planted.write_text("x")
+    else:
+        planted.mkdir()
+        os.chown(planted, 65534, 65534)
+        (planted / "prolog-gpu-node01.json").symlink_to(etc / "shadow")
+        (planted / "sampler.log").symlink_to(etc / "shadow")
+    cp = run_node(["prolog"], site.env())
+    assert cp.returncode == 0, cp.stderr
+    assert tree_bytes(etc) == before                          # nothing written through
+    assert "moved aside" in cp.stderr and str(planted) in cp.stderr
+    st = os.lstat(planted)
+    assert stat.S_ISDIR(st.st_mode) and st.st_uid == 0        # a fresh root directory
+    aside = [p for p in parent.iterdir() if p.name.startswith(".planted-4242-")]
+    assert len(aside) == 1
+    assert samplers_of("4242", site.state)                    # the job still gets its sampler
+    run_node(["epilog"], site.env())
+    assert tree_bytes(etc) == before
+
+
+@root_only
+@pytest.mark.parametrize("which", ["spool/jobs", "state/jobs"])
+def test_planted_shared_parent_is_refused_and_job_still_runs(site, which):
+    etc = secret(site)
+    before = tree_bytes(etc)
+    top = site.base / which.split("/")[0]
+    top.mkdir()
+    (top / "jobs").symlink_to(etc)
+    cp = run_node(["prolog"], site.env(spank={"SPANK_GS_TUNE": "swappiness=10"}))
+    assert cp.returncode == 0
+    assert "refusing planted path" in cp.stderr
+    assert tree_bytes(etc) == before
+    assert not samplers_of("4242", site.state)
+    e = run_node(["epilog"], site.env())
+    assert e.returncode == 0
+    assert tree_bytes(etc) == before
+
+
+@root_only
+def test_planted_file_symlink_in_spool_job_dir_is_replaced_not_followed(site):
+    etc = secret(site)
+    before = tree_bytes(etc)
+    d = site.spool / "jobs" / "4242"
+    d.mkdir(parents=True)
+    for name in ("prolog-gpu-node01.json", "node-gpu-node01.json", "user-node-gpu-node01.json"):
+        (d / name).symlink_to(etc / "shadow")
+    assert run_node(["prolog"], site.env()).returncode == 0
+    assert run_node(["epilog"], site.env()).returncode == 0
+    assert tree_bytes(etc) == before
+    for name in ("prolog-gpu-node01.json", "node-gpu-node01.json", "user-node-gpu-node01.json"):
+        st = os.lstat(d / name)
+        assert stat.S_ISREG(st.st_mode), name
+        json.loads((d / name).read_text())
+
+
+# ---------------------------------------------------------------- case 18, prolog side
+
+@root_only
+@pytest.mark.parametrize("site", [{"nvml": nvml_devices(4)}], indirect=True)
+def test_case18_hostname_differs_from_nodename(site):
+    env = site.env(gpus="0,1", HOSTNAME="gpu-node01.cluster.example")
+    assert run_node(["prolog"], env).returncode == 0
+    assert (site.spool / "jobs/4242/prolog-gpu-node01.json").is_file()
+    assert not list((site.spool / "jobs/4242").glob("*cluster.example*"))
+    run_node(["epilog"], env)

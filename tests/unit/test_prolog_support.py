@@ -1,0 +1,188 @@
+"""Helpers for the prolog/epilog fault and hostile-input tests (no tests here).
+
+- :func:`make_host`: a fake host root (the H200 VM recording + synthetic
+  cpufreq + swap, from test_tuning_support) with an ``nvml.json``;
+- :func:`site`: config file, state/spool/mps dirs under one temp dir;
+- :func:`run_node`: ``gsrun-node ARGS`` from the checkout in a child
+  process (the hooks run as slurmd runs them: a fresh process, an env dict),
+  with the fake tools of tests/data/fake-bin first on PATH.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from test_tuning_support import make_tree, snapshot  # noqa: F401 (re-exported)
+
+REPO = Path(__file__).resolve().parents[2]
+FAKE_BIN = REPO / "tests" / "data" / "fake-bin"
+H200_NVML = REPO / "tests" / "data" / "hosts" / "h200-vm" / "nvml.json"
+TUNE = "governor=performance,swappiness=10,thp=never,dirty_ratio=40"
+
+# gsrun-node from the checkout (the venv may hold an older installed copy)
+LAUNCH = f"""
+import sys, importlib.util
+sys.path.insert(0, {str(REPO)!r})
+import gsrun
+for sub in ("prolog", "epilog", "wrapper", "spank_py", "templates"):
+    spec = importlib.util.spec_from_file_location("gsrun." + sub, {str(REPO)!r} + "/" + sub + "/__init__.py",
+                                                  submodule_search_locations=[{str(REPO)!r} + "/" + sub])
+    mod = importlib.util.module_from_spec(spec); sys.modules[spec.name] = mod; spec.loader.exec_module(mod)
+from gsrun.node import main
+main(sys.argv[1:])
+"""
+
+
+def nvml_devices(n: int = 4, bus_fmt: str = "0000:{:02x}:00.0", first_bus: int = 0x41) -> dict:
+    """A synthetic NVML recording with ``n`` GPUs (minor i, bus 41+i)."""
+    devs = []
+    for i in range(n):
+        bus = bus_fmt.format(first_bus + i)
+        devs.append({
+            "name": {"ok": "NVIDIA H200"}, "uuid": {"ok": f"GPU-{i:08x}-0000-0000-0000-000000000000"},
+            "minor": {"ok": i}, "pci": {"ok": {"busId": "0000" + bus}},
+            "memory": {"ok": {"total": 150754820096, "used": 1 << 30, "free": 149 << 30}},
+            "power_mw": {"ok": 100000}, "compute_processes": {"ok": []},
+            "utilization": {"ok": {"gpu": 50, "memory": 10}},
+        })
+    return {"driver": {"ok": "580.00"}, "count": n, "devices": devs}
+
+
+def make_host(root: Path, nvml: dict | None | str = "h200") -> Path:
+    make_tree(root)
+    if nvml == "h200":
+        shutil.copy(H200_NVML, root / "nvml.json")
+    elif isinstance(nvml, dict):
+        (root / "nvml.json").write_text(json.dumps(nvml))
+    return root
+
+
+@dataclass
+class Site:
+    base: Path
+    host: Path
+    state: Path
+    spool: Path
+    mps: Path
+    config: Path
+    calls: Path
+
+    def env(self, job_id: str = "4242", uid: int = 65534, gpus: str | None = "0", spank: dict | None = None,
+            **extra) -> dict:
+        """The environment slurmd gives Prolog/Epilog (recorded shape,
+        shared/data/slurm-22.05/prolog_slurmd.env) plus test plumbing."""
+        env = {"PATH": f"{FAKE_BIN}:/usr/bin:/bin", "SLURM_JOB_ID": job_id, "SLURM_JOB_UID": str(uid),
+               "SLURM_JOB_GID": str(uid), "SLURM_JOB_USER": "nobody", "SLURMD_NODENAME": "gpu-node01",
+               "HOSTNAME": "gpu-node01.cluster.example", "SLURM_JOB_PARTITION": "gpu",
+               "SLURM_JOB_NODELIST": "gpu-node01", "SLURM_JOB_CPUS_PER_NODE": "4",
+               "SLURM_SCRIPT_CONTEXT": "prolog_slurmd", "GSRUN_CONFIG": str(self.config),
+               "GSRUN_HOST_ROOT": str(self.host), "GSRUN_STATE_DIR": str(self.state),
+               "GSRUN_SPOOL_DIR": str(self.spool), "FAKE_CALL_LOG": str(self.calls),
+               "PYTHONPATH": str(REPO), "PYTHONDONTWRITEBYTECODE": "1"}
+        if gpus is not None:
+            env["SLURM_JOB_GPUS"] = gpus
+        for k, v in (spank or {}).items():
+            env[k] = v
+        env.update(extra)
+        return env
+
+    def calls_made(self) -> list[str]:
+        return self.calls.read_text().splitlines() if self.calls.exists() else []
+
+
+def make_site(nvml="h200", config_extra: str = "", budget_prolog_s: float = 60, budget_epilog_s: float = 90,
+              command_s: float = 2.0) -> Site:
+    base = Path(tempfile.mkdtemp(prefix="gsrun-fault-", dir="/tmp"))
+    os.chmod(base, 0o755)
+    host = make_host(base / "host", nvml)
+    cfg = base / "gsrun.toml"
+    cfg.write_text(f"""
+[paths]
+state_dir = "{base}/state"
+spool_dir = "{base}/spool"
+mps_dir = "{base}/run/mps"
+[sampler]
+interval_s = 0.2
+flush_s = 0.2
+[timeouts]
+command_s = {command_s}
+prolog_budget_s = {budget_prolog_s}
+epilog_budget_s = {budget_epilog_s}
+{config_extra}
+""")
+    return Site(base, host, base / "state", base / "spool", base / "run" / "mps", cfg, base / "calls.log")
+
+
+def run_node(args: list[str], env: dict, timeout_s: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", LAUNCH, *args], env=env, capture_output=True, text=True,
+                          errors="replace", timeout=timeout_s, cwd="/")
+
+
+def timed(args, env, timeout_s=120) -> tuple[subprocess.CompletedProcess, float]:
+    t0 = time.monotonic()
+    cp = run_node(args, env, timeout_s)
+    return cp, time.monotonic() - t0
+
+
+def samplers_of(job_id: str, state_dir) -> list[int]:
+    """PIDs of live gsrun samplers for ``job_id`` writing under ``state_dir``
+    (other tests may run samplers of a job with the same id elsewhere)."""
+    import psutil
+
+    out = []
+    for p in psutil.process_iter(["pid", "cmdline", "status"]):
+        cmd = p.info["cmdline"] or []
+        if "sampler" in cmd and "--job-id" in cmd and job_id in cmd and str(state_dir) in cmd \
+                and p.info["status"] != psutil.STATUS_ZOMBIE:
+            out.append(p.info["pid"])
+    return out
+
+
+def procs_with_arg(marker: str) -> list[int]:
+    import psutil
+
+    out = []
+    for p in psutil.process_iter(["pid", "cmdline", "status"]):
+        if any(marker in a for a in (p.info["cmdline"] or [])) and p.info["status"] != psutil.STATUS_ZOMBIE:
+            out.append(p.info["pid"])
+    return out
+
+
+def host_only(snap: dict) -> dict:
+    """The node's own files (sys/, proc/) of a snapshot of the host root."""
+    return {k: v for k, v in snap.items() if k.startswith(("sys", "proc"))}
+
+
+def kill_fakes(site) -> None:
+    """End the fake tools' leftovers of this site (a hung fake whose parent
+    was killed at a timeout leaves its ``sleep`` behind): PIDs whose
+    environment has this site's FAKE_CALL_LOG."""
+    import psutil
+
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if p.environ().get("FAKE_CALL_LOG") == str(site.calls):
+                p.kill()
+        except psutil.Error:
+            pass
+
+
+def leftover_fakes(site) -> list[str]:
+    import psutil
+
+    out = []
+    for p in psutil.process_iter(["pid", "cmdline", "status"]):
+        try:
+            if p.environ().get("FAKE_CALL_LOG") == str(site.calls) and p.info["status"] != psutil.STATUS_ZOMBIE:
+                out.append(" ".join(p.info["cmdline"] or []))
+        except psutil.Error:
+            pass
+    return out
