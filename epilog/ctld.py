@@ -30,7 +30,7 @@ from ..fsutil import atomic_write_json, read_json
 from ..log import JobLog
 from ..paths import Paths
 from ..paths import check_job_id
-from ..slurm import expand_hostlist, parse_exit_code, parse_oneliner, run_slurm
+from ..slurm import expand_hostlist, parse_exit_code, parse_job_record, run_slurm
 from ..summary import job_summary
 
 MEM_RE = re.compile(r"^(\d+(?:\.\d+)?)([KMGTP]?)$")
@@ -145,7 +145,10 @@ def run(environ, spool_dir: str | None = None, wait_s: float = 30.0) -> int:
     try:
         cp = run_slurm(["scontrol", "-o", "show", "job", job_id], cfg["timeouts.command_s"], check=False)
         if cp.returncode == 0 and cp.stdout.strip():
-            rec = parse_oneliner(cp.stdout.splitlines()[0])
+            rec = parse_job_record(cp.stdout, job_id)   # forged (duplicated) fields dropped
+            if rec is None:
+                log.warn("job record is not one line of this job (newline in a user field?): using the "
+                         "EpilogSlurmctld environment only")
     except GsrunError as e:
         log.warn(f"job record unavailable: {e}")
     job = job_from_record(job_id, rec, environ)

@@ -71,7 +71,7 @@ def run(environ, host_root: str | None = None, state_dir: str | None = None,
     signal.signal(signal.SIGALRM, _alarm)
     steps = [("sampler+summary", lambda: _summary(job, paths, sdir, hostfs, log)),
              ("mps", lambda: _mps_stop(job, paths, cfg, log)),
-             ("residual", lambda: _residual(job, hostfs, cfg, log)),
+             ("residual", lambda: _residual(job, hostfs, paths, cfg, log)),
              ("mig", lambda: _mig_restore(job, paths, log)),
              ("tuning", lambda: _tuning_restore(hostfs, paths, job, log))]
     try:
@@ -105,8 +105,26 @@ def run(environ, host_root: str | None = None, state_dir: str | None = None,
     if reasons:
         rc = 1
         log.error("node needs an admin: " + "; ".join(reasons))
+    else:
+        _forget_job(sdir, log)
     log(f"done in {time.monotonic() - t0:.3f} s")
     return rc
+
+
+def _forget_job(sdir, log) -> None:
+    """Remove the job's state directory (sampler state and pid, logs) once
+    the node is clean, so /run does not grow with every job and the set of
+    state dirs is the set of jobs live on this node. A journal that still has
+    work (``mig.json`` after a failed restore, a ``.pending`` summary the
+    full spool could not take) keeps the directory."""
+    from ..fsutil import remove_tree
+
+    try:
+        if (sdir / "mig.json").exists() or any(sdir.glob("*.pending")):
+            return
+        remove_tree(sdir)
+    except OSError as e:
+        log.warn(f"cannot remove {sdir}: {e}")
 
 
 def _nvml_reason(hostfs, prolog: dict) -> str | None:
@@ -200,11 +218,22 @@ def _mps_stop(job, paths, cfg, log):
                     cfg["mps.quit_timeout_s"], log=log)
 
 
-def _residual(job, hostfs, cfg, log):
+def _live_jobs(paths, job_id: str) -> set[str]:
+    """Jobs whose prolog state is on this node (their epilog has not run):
+    only those may protect a GPU process by the SLURM_JOB_ID it claims."""
+    d = paths.state_dir / "jobs"
+    try:
+        return {p.name for p in d.iterdir() if p.name.isdigit() and p.name != job_id}
+    except OSError:
+        return set()
+
+
+def _residual(job, hostfs, paths, cfg, log):
     from .. import residual
 
     rep = residual.cleanup(job.job_id, job.uid, job.gpus, hostfs,
-                           smi_timeout_s=min(10.0, cfg["timeouts.command_s"]), log=log)
+                           smi_timeout_s=min(10.0, cfg["timeouts.command_s"]), log=log,
+                           live_jobs=_live_jobs(paths, job.job_id))
     if rep.get("reason"):
         log.error(rep["reason"])
     return rep

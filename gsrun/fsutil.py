@@ -76,7 +76,7 @@ def atomic_write(path: str | os.PathLike, data: str | bytes, mode: int = 0o644,
 
 
 def atomic_write_json(path, obj, mode: int = 0o644, uid=None, gid=None) -> None:
-    atomic_write(path, json.dumps(obj, indent=1, sort_keys=True) + "\n", mode, uid, gid)
+    atomic_write(path, json.dumps(obj, separators=(",", ":"), sort_keys=True) + "\n", mode, uid, gid)
 
 
 def read_json(path) -> dict | None:

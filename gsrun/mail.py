@@ -292,7 +292,8 @@ def _duration(v) -> str:
 
 def _is_mig(dev: Mapping) -> bool:
     """A MIG instance: NVML names it "... MIG 1g.10gb" and its UUID starts with "MIG-"."""
-    return "MIG" in str(dev.get("name") or "").upper().split() or str(dev.get("uuid") or "").startswith("MIG-")
+    return bool(dev.get("mig")) or dev.get("util_na_reason") == "MIG" \
+        or "MIG" in str(dev.get("name") or "").upper().split() or str(dev.get("uuid") or "").startswith("MIG-")
 
 
 def _gpu_headline(summary: Mapping) -> str | None:
@@ -397,6 +398,7 @@ def mail_view(summary: Mapping, report_text: str, has_image: bool, image_cid: st
         if f.get("code") in _IDLE_CODES and not any_util:
             continue
         sev = str(f.get("severity") or "info").lower()
+        sev = {"alert": "crit"}.get(sev, sev)   # gsrun.findings' hardware events
         findings.append({"severity": sev if sev in ("info", "warn", "crit", "error") else "info",
                          "text": clean_line(f.get("text") or "", 500)})
 

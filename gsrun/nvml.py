@@ -351,8 +351,15 @@ class RealNvml(Backend):
         nv = self.nv
         try:
             cur = nv.nvmlGpmSampleAlloc()
-            nv.nvmlGpmSampleGet(h, cur)
         except Exception as e:  # noqa: BLE001
+            return NA(str(e), getattr(e, "value", None))
+        try:
+            nv.nvmlGpmSampleGet(h, cur)
+        except Exception as e:  # noqa: BLE001 - free what we allocated, never leak per poll
+            try:
+                nv.nvmlGpmSampleFree(cur)
+            except Exception:  # noqa: BLE001
+                pass
             return NA(str(e), getattr(e, "value", None))
         prev = self._gpm_prev.get(index)
         self._gpm_prev[index] = (time.monotonic(), cur)

@@ -243,12 +243,16 @@ def render_png(summary: dict) -> bytes | None:
             handles, labels = ax.get_legend_handles_labels()
             if handles:
                 break
+    ncol = min(len(handles), 4) or 1
+    rows = -(-len(handles) // ncol) if handles else 0
+    top = 0.965 - 0.022 * rows
     if handles:
-        fig.legend(handles, labels, loc="upper right", fontsize=8, ncol=min(len(handles), 8), frameon=False)
+        fig.legend(handles, labels, loc="upper left", bbox_to_anchor=(0.06, 0.965), fontsize=8, ncol=ncol,
+                   frameon=False, columnspacing=1.5, handlelength=1.5)
     job = summary["job"]
     title = f"job {job.get('array') or job['id']}" + (f" ({job['name']})" if job.get("name") else "")
-    fig.suptitle(f"{title}: GPU timeline", x=0.02, ha="left", fontsize=11)
-    fig.tight_layout(rect=(0, 0, 1, 0.96))
+    fig.suptitle(f"{title}: GPU timeline", x=0.02, y=0.995, ha="left", va="top", fontsize=11)
+    fig.tight_layout(rect=(0, 0, 1, top))
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90)
     plt.close(fig)

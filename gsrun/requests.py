@@ -21,7 +21,7 @@ import os
 import shutil
 
 from .jobenv import JobEnv
-from .slurm import DEFAULT_PATH, parse_comment_request, parse_oneliner
+from .slurm import DEFAULT_PATH, parse_comment_request, parse_oneliner, parse_job_record
 
 
 @dataclass
@@ -62,7 +62,7 @@ def exclusive_from_record(rec: dict[str, str] | None, line: str | None = None) -
     False."""
     if rec is None:
         return None
-    if line is not None and len(re.findall(r"(?:^| )OverSubscribe=", line)) != 1:
+    if line is not None and (len(re.findall(r"(?:^| )OverSubscribe=", line)) != 1 or "\n" in line.strip()):
         return False
     return rec.get("OverSubscribe", "").upper() == "NO"
 
@@ -93,9 +93,8 @@ def comment_from_slurm(job_id: str, timeout_s: float) -> dict[str, str] | None:
         return None
     if rc != 0 or not out.strip():
         return None
-    line = out.strip().splitlines()[0]
-    if not line.startswith(f"JobId={job_id} "):
+    rec = parse_job_record(out, job_id)   # one line, duplicated keys dropped
+    if rec is None:
         return None
-    rec = parse_oneliner(line)
-    rec["__line__"] = line
+    rec["__line__"] = out.strip()
     return rec

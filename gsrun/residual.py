@@ -215,10 +215,13 @@ def proc_facts(pid: int) -> ProcFacts:
 # ---------------------------------------------------------------- decision (pure)
 
 def select_targets(procs: list[GpuProc], bus_ids: set[str], job_id: str, uid: int,
-                   facts: dict[int, ProcFacts], protect: set[int] = frozenset()) -> Decision:
+                   facts: dict[int, ProcFacts], protect: set[int] = frozenset(),
+                   live_jobs: set[str] | None = None) -> Decision:
     """Which listed processes to end. Only on ``bus_ids``, only the job's
-    user, never one that names another job (environment or cgroup), never
-    PID 1 or a ``protect``-ed PID (ourselves, our parents)."""
+    user, never one in another job's cgroup, never PID 1 or a ``protect``-ed
+    PID (ourselves, our parents). A ``SLURM_JOB_ID`` in the environment is the
+    user's own text: it protects a process only when that job is live on this
+    node (``live_jobs``: jobs whose prolog state is here); ``None`` trusts it."""
     d = Decision()
     for p in procs:
         f = facts.get(p.pid)
@@ -233,7 +236,8 @@ def select_targets(procs: list[GpuProc], bus_ids: set[str], job_id: str, uid: in
             why = "owner unknown"
         elif f.uid != uid:
             why = f"uid {f.uid} is not the job's user"
-        elif f.env_job_id is not None and f.env_job_id != job_id:
+        elif f.env_job_id is not None and f.env_job_id != job_id \
+                and (live_jobs is None or f.env_job_id in live_jobs):
             why = f"belongs to job {f.env_job_id} (SLURM_JOB_ID)"
         elif f.cgroup_job_id is not None and f.cgroup_job_id != job_id:
             why = f"belongs to job {f.cgroup_job_id} (cgroup)"
@@ -287,12 +291,14 @@ def end_processes(pids: list[int], uid: int, term_wait_s: float = TERM_WAIT_S,
     return res
 
 
-def _still_held(p: GpuProc, job_id: str) -> bool:
+def _still_held(p: GpuProc, job_id: str, live_jobs: set[str] | None = None) -> bool:
     """After the kill: a listed process holds the GPU unless it is gone with
     no memory, or it belongs to another running job (GPU sharing/shards)."""
     f = proc_facts(p.pid)
     if f.exists:
-        other = [j for j in (f.env_job_id, f.cgroup_job_id) if j is not None and j != job_id]
+        other = [j for j in (f.cgroup_job_id,) if j is not None and j != job_id]
+        if f.env_job_id is not None and f.env_job_id != job_id and (live_jobs is None or f.env_job_id in live_jobs):
+            other.append(f.env_job_id)
         return not other
     return p.used_bytes is None or p.used_bytes > 0
 
@@ -312,7 +318,8 @@ def _protected() -> set[int]:
 def cleanup(job_id: str, uid: int, gres_indices: list[int] | None, hostfs=None,
             smi_timeout_s: float = SMI_TIMEOUT_S, term_wait_s: float = TERM_WAIT_S,
             kill_wait_s: float = KILL_WAIT_S, recheck_s: float = RECHECK_S,
-            log: Callable[[str], None] = print, smi_exe: str | None = None) -> dict:
+            log: Callable[[str], None] = print, smi_exe: str | None = None,
+            live_jobs: set[str] | None = None) -> dict:
     """The epilog step: list, decide, end, re-check.
 
     Returns ``{"gpus": {gres: bus}, "source", "found": [GpuProc dicts],
@@ -358,7 +365,7 @@ def cleanup(job_id: str, uid: int, gres_indices: list[int] | None, hostfs=None,
         if not procs:
             return rep
         facts = {p.pid: proc_facts(p.pid) for p in procs}
-        dec = select_targets(procs, bus_ids, job_id, uid, facts, _protected())
+        dec = select_targets(procs, bus_ids, job_id, uid, facts, _protected(), live_jobs=live_jobs)
         rep["skipped"] = dec.skipped
         if dec.targets:
             pids = sorted({p.pid for p in dec.targets})
@@ -370,7 +377,7 @@ def cleanup(job_id: str, uid: int, gres_indices: list[int] | None, hostfs=None,
             if again is None:
                 rep["ok"], rep["reason"] = False, "cannot re-check GPU processes: " + "; ".join(rep["notes"][-1:])
                 return rep
-            held = [p for p in again if _still_held(p, job_id)]
+            held = [p for p in again if _still_held(p, job_id, live_jobs)]
             if not held or time.monotonic() >= deadline:
                 break
             time.sleep(0.2)

@@ -155,6 +155,25 @@ def parse_oneliner(text: str) -> dict[str, str]:
     return out
 
 
+def parse_job_record(text: str, job_id: str) -> dict[str, str] | None:
+    """``scontrol -o show job ID`` output -> fields that can be trusted.
+
+    User text sits inside the record (``JobName``, ``Comment``, paths), so a
+    job named ``x OverSubscribe=NO`` or one with a newline in its name could
+    forge fields. Defences: the record must be ONE line starting with
+    ``JobId=<job_id> ``; a key that occurs more than once is dropped (its
+    value is ambiguous). Returns None when the output is not a single record
+    of this job. Pure.
+    """
+    lines = [ln for ln in (text or "").splitlines() if ln.strip()]
+    if len(lines) != 1 or not lines[0].startswith(f"JobId={job_id} "):
+        return None
+    line = lines[0].strip()
+    keys = re.findall(r"(?:^| )([A-Za-z][A-Za-z0-9_:/]*)=", line)
+    dup = {k for k in keys if keys.count(k) > 1}
+    return {k: v for k, v in parse_oneliner(line).items() if k not in dup}
+
+
 def parse_gres_count(gres: str, name: str = "gpu") -> int:
     """Largest count of ``name`` in a node's gres string (``gpu:4``,
     ``gpu:h200:8(S:0-1)``, ``gpu:a100:2,gpu:v100:1``, ``(null)``) -> total."""

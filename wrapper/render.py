@@ -50,9 +50,11 @@ def check_spec(spec: JobSpec) -> None:
     """
     validate_fields(spec.job_name, spec.partition, spec.time, spec.mail_type, spec.mail_user)
     if spec.output is not None and (not spec.output or len(spec.output) > 4096 or _CONTROL.search(spec.output)
+                                    or any(c.isspace() for c in spec.output)
                                     or any(0xd800 <= ord(c) <= 0xdfff for c in spec.output)):
+        # an #SBATCH line cannot quote: a space would start another sbatch option
         raise InputError("submit", "bad --output", repr(spec.output)[:80],
-                         hint="one line, no control characters (Slurm patterns like %j are fine)")
+                         hint="a path without spaces or control characters (Slurm patterns like %j are fine)")
     for what, pairs in (("NCCL environment", spec.nccl_env), ("environment", spec.extra_env)):
         for name, _value in pairs:
             if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):

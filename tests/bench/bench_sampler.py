@@ -214,7 +214,7 @@ def main(argv=None) -> int:
     print()
     print(f"{'CPU per GPU per sample':<44} {'us':>9}  {'x bare-4':>8}  {'x same-calls':>12}")
     print(f"{'bare loop, 4 NVML calls (util/mem/power/energy)':<44} {bare4_us:9.1f}  {1.0:8.2f}  {bare4_us / same_us:12.2f}")
-    print(f"{'bare loop, the sampler s NVML calls':<44} {same_us:9.1f}  {same_us / bare4_us:8.2f}  {1.0:12.2f}")
+    print(f"{'bare loop, the same NVML calls as the sampler':<44} {same_us:9.1f}  {same_us / bare4_us:8.2f}  {1.0:12.2f}")
     print(f"{'sampler polls (calls + aggregation)':<44} {poll_us:9.1f}  {poll_us / bare4_us:8.2f}  {poll_us / same_us:12.2f}")
     print(f"{'sampler incl. state flushes':<44} {total_us:9.1f}  {total_us / bare4_us:8.2f}  {total_us / same_us:12.2f}")
     print()

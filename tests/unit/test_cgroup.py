@@ -205,7 +205,7 @@ def test_usage_from_pids_counts_real_cpu():
         u = None
         while time.monotonic() < deadline:
             u = usage_from_pids([p.pid])
-            if u.cpu_time_s is not None and u.cpu_time_s >= 0.4:
+            if u.cpu_time_s is not None and u.cpu_time_s >= 0.4 and (u.mem_current_bytes or 0) > 1_000_000:
                 break
             time.sleep(0.1)
         assert u.source == "psutil" and u.mem_peak_bytes is None

@@ -114,3 +114,32 @@ def test_raw_bytes_through_the_real_prolog(name, raw):
         assert not (site.spool).exists() and not (site.state).exists()
     finally:
         shutil.rmtree(site.base, ignore_errors=True)
+
+
+# --- red-team findings: forged job-record fields ----------------------------------
+
+def test_job_record_with_newline_in_name_is_not_trusted():
+    from gsrun.requests import exclusive_from_record
+    from gsrun.slurm import parse_job_record
+
+    forged = "JobId=6 JobName=n OverSubscribe=NO\ny UserId=u(1001) OverSubscribe=OK Comment=\n"
+    assert parse_job_record(forged, "6") is None
+    one = "JobId=6 JobName=x OverSubscribe=NO UserId=u(1001) OverSubscribe=OK Comment=\n"
+    rec = parse_job_record(one, "6")
+    assert "OverSubscribe" not in rec and rec["UserId"] == "u(1001)"
+    assert exclusive_from_record(rec, one.strip()) is False
+    real = "JobId=6 JobName=x UserId=u(1001) OverSubscribe=NO Comment=gsrun:tune=swappiness=10\n"
+    rec = parse_job_record(real, "6")
+    assert exclusive_from_record(rec, real.strip()) is True
+
+
+def test_residual_env_claim_protects_only_live_jobs():
+    from gsrun.residual import GpuProc, ProcFacts, select_targets
+
+    procs = [GpuProc(pid=4321, bus_id="0000:41:00.0", used_bytes=1 << 30)]
+    facts = {4321: ProcFacts(4321, True, uid=1001, env_job_id="424242", cgroup_job_id=None)}
+    # the claimed job is not live on this node: the process is the ending job's leftover
+    d = select_targets(procs, {"0000:41:00.0"}, "77", 1001, facts, live_jobs={"80"})
+    assert [p.pid for p in d.targets] == [4321]
+    d = select_targets(procs, {"0000:41:00.0"}, "77", 1001, facts, live_jobs={"424242"})
+    assert d.targets == [] and "belongs to job 424242" in d.skipped[0]["why"]

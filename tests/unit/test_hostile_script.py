@@ -111,6 +111,10 @@ def test_hostile_fields_are_refused_naming_the_field(field, value):
     assert "bad" in str(ei.value)
 
 
-def test_output_pattern_and_spaces_still_allowed(tmp_path):
+def test_output_pattern_allowed_but_spaces_refused(tmp_path):
     text = render_script(spec_for(["true"], output="logs/%x-%j.out"))
     assert "#SBATCH --output=logs/%x-%j.out\n" in text
+    # red-team finding: a space starts another #SBATCH option (--error=/tmp/x, --gs-tune=...)
+    with pytest.raises(InputError) as ei:
+        render_script(spec_for(["true"], output="x.txt --error=/tmp/injected-%j.err --time=1"))
+    assert "bad --output" in str(ei.value)
