@@ -9,7 +9,8 @@ dir=${GSRUN_CLUSTER_DIR:-/var/tmp/gsrun-cluster}
 venv=${GSRUN_VENV:-/opt/gsrun/venv}
 user=${GSRUN_TEST_USER:-gsrun-test}
 
-eval "$("$repo/tests/cluster/up" "$@")"
+up_env=$("$repo/tests/cluster/up" "$@")   # stops here when the cluster does not come up
+eval "$up_env"
 install -o "$user" -m 0644 "$repo/examples/train.py" "$dir/work/train.py"
 as_user() {
   runuser -u "$user" -- env -i HOME="$dir/work" PATH="$venv/bin:/usr/bin:/bin" \

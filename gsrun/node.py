@@ -114,7 +114,9 @@ def restore(host_root, state_dir, job_id, all_jobs):
     def log(msg):
         click.echo(msg, err=True)
 
-    out = {"tuning": tuning.restore(hostfs, str(paths.state_dir), job_id=job_id, all_jobs=all_jobs, log=log)}
+    log(f"gsrun-node restore: state dir {paths.state_dir} (config {cfg.source})")
+    out = {"state_dir": str(paths.state_dir), "config": cfg.source,
+           "tuning": tuning.restore(hostfs, str(paths.state_dir), job_id=job_id, all_jobs=all_jobs, log=log)}
     jobs = [job_id] if job_id else sorted(p.name[len("mps-"):-len(".json")]
                                            for p in paths.state_dir.glob("mps-*.json"))
     out["mps"] = {j: mps.stop(j, str(paths.mps_dir), str(paths.state_dir), cfg["mps.control_bin"],
@@ -213,7 +215,15 @@ def spank_build(out_dir):
 @click.option("--arg", "args", multiple=True, help="key=value plugstack argument.")
 def spank_install(so_path, dest_dir, plugstack, args):
     from .spank_py import build
-    kv = dict(a.split("=", 1) for a in args)
+    kv: dict = {}
+    for a in args:
+        if "=" not in a:
+            raise click.UsageError(f"--arg {a!r}: expected key=value")
+        k, v = a.split("=", 1)
+        if k == "pythonpath":
+            kv.setdefault(k, []).append(v)   # repeatable
+        else:
+            kv[k] = v
     click.echo(str(build.install(so_path, dest_dir, plugstack, kv)))
     return 0
 
@@ -243,7 +253,8 @@ def config_group():
 
 
 @config_group.command("check")
-@click.option("--file", "path", default=None, help="Config file (default: $GSRUN_CONFIG or /etc/gsrun/gsrun.toml).")
+@click.option("--config", "--file", "path", default=None,
+              help="Config file (default: $GSRUN_CONFIG or /etc/gsrun/gsrun.toml).")
 @click.option("--partition", default=None)
 def config_check(path, partition):
     """Parse the site config strictly and show the effective policy."""

@@ -36,7 +36,7 @@ HARDENING = ["-shared", "-fPIC", "-O2", "-fstack-protector-strong", "-D_FORTIFY_
              "-Wall", "-Werror=implicit-function-declaration", "-Werror=format-security"]
 LINK_HARDENING = ["-Wl,-z,relro,-z,now", "-Wl,-z,nodelete", "-Wl,-z,noexecstack"]
 SYSTEM_LIBDIRS = ("/usr/lib", "/usr/lib64", "/lib", "/lib64")
-ARG_KEYS = ("pythonpath", "on_error", "bind")
+ARG_KEYS = ("pythonpath", "on_error", "bind", "config")
 _SAFE_ARG = re.compile(r"^[A-Za-z0-9_./+@-]{1,4000}$")
 _TIMEOUT_S = 120.0
 
@@ -218,7 +218,7 @@ def plugstack_args(args: dict | None) -> list[tuple[str, str]]:
     """Validate install ``args`` into ordered ``(key, value)`` pairs.
 
     ``args``: ``{"pythonpath": str | [str, ...], "on_error": "fail"|"ignore",
-    "bind": "auto"|"none"}`` (all optional). Same rules as the plugin's own
+    "bind": "auto"|"none", "config": "/etc/gsrun/gsrun.toml"}`` (all optional). Same rules as the plugin's own
     parser, checked here so a bad value fails at install time, not at every
     job. Raises InputError (unknown key, relative path, bad value).
     """
@@ -238,6 +238,12 @@ def plugstack_args(args: dict | None) -> list[tuple[str, str]]:
             raise InputError("spank install", "pythonpath", f"{p!r} must be an absolute path of "
                              "[A-Za-z0-9_./+@-] (plugstack.conf has no quoting)")
         pairs.append(("pythonpath", p))
+    conf = args.get("config")
+    if conf is not None:
+        if not isinstance(conf, str) or not conf.startswith("/") or not _SAFE_ARG.match(conf):
+            raise InputError("spank install", "config", f"{conf!r} must be an absolute path of "
+                             "[A-Za-z0-9_./+@-] (plugstack.conf has no quoting)")
+        pairs.append(("config", conf))
     allowed = {"on_error": ("fail", "ignore"), "bind": ("auto", "none")}
     for key in ("on_error", "bind"):
         v = args.get(key)
@@ -309,6 +315,9 @@ def install(so_path: str | os.PathLike, dest_dir: str | os.PathLike, plugstack_p
         raise NodeError("spank install", "plugin", f"{src} does not exist", hint="run gsrun-node spank build first")
     dest = Path(dest_dir)
     dest.mkdir(parents=True, exist_ok=True)
+    # plugstack.conf.d may not exist yet (Debian ships it, others do not): create
+    # it before anything is copied, so a failure leaves no half install
+    Path(plugstack_path).parent.mkdir(mode=0o755, parents=True, exist_ok=True)
     target = dest / SO_NAME
     info = read_build_info(src)
     block = render_plugstack(str(target.resolve()), pairs, info.get("slurm_version", "?"),

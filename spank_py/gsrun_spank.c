@@ -76,6 +76,7 @@ struct gs_config {
 	int n_pythonpath;
 	enum on_error on_error;
 	const char *bind; /* "auto" (default) or "none" */
+	const char *config; /* site config path (absolute) or NULL: $GSRUN_CONFIG / default */
 };
 
 static struct gs_config cfg;
@@ -93,7 +94,7 @@ static int parse_args(int ac, char **av, struct gs_config *c)
 		const char *eq = strchr(a, '=');
 		if (eq == NULL || eq == a) {
 			slurm_error("gsrun: spank: config: plugstack argument '%s' is not key=value; "
-				    "allowed keys: pythonpath=, on_error=, bind=", a);
+				    "allowed keys: pythonpath=, on_error=, bind=, config=", a);
 			return -1;
 		}
 		size_t klen = (size_t)(eq - a);
@@ -122,6 +123,12 @@ static int parse_args(int ac, char **av, struct gs_config *c)
 				slurm_error("gsrun: spank: config: on_error=%s: must be fail or ignore", v);
 				return -1;
 			}
+		} else if (klen == 6 && strncmp(a, "config", klen) == 0) {
+			if (v[0] != '/') {
+				slurm_error("gsrun: spank: config: config=%s must be an absolute path", v);
+				return -1;
+			}
+			c->config = v;
 		} else if (klen == 4 && strncmp(a, "bind", klen) == 0) {
 			if (strcmp(v, "auto") == 0)
 				c->bind = "auto";
@@ -133,7 +140,7 @@ static int parse_args(int ac, char **av, struct gs_config *c)
 			}
 		} else {
 			slurm_error("gsrun: spank: config: unknown plugstack argument '%.*s'; "
-				    "allowed keys: pythonpath=, on_error=, bind=", (int)klen, a);
+				    "allowed keys: pythonpath=, on_error=, bind=, config=", (int)klen, a);
 			return -1;
 		}
 	}
@@ -623,10 +630,13 @@ static PyObject *build_args_dict(void)
 	const char *oe = cfg.on_error == ON_ERROR_FAIL ? "fail" : cfg.on_error == ON_ERROR_IGNORE ? "ignore" : NULL;
 	PyObject *oev = oe ? PyUnicode_FromString(oe) : Py_NewRef(Py_None);
 	PyObject *bv = PyUnicode_FromString(cfg.bind);
-	int bad = !oev || !bv || PyDict_SetItemString(d, "pythonpath", l) < 0 ||
-		  PyDict_SetItemString(d, "on_error", oev) < 0 || PyDict_SetItemString(d, "bind", bv) < 0;
+	PyObject *cv = cfg.config ? PyUnicode_DecodeFSDefault(cfg.config) : Py_NewRef(Py_None);
+	int bad = !oev || !bv || !cv || PyDict_SetItemString(d, "pythonpath", l) < 0 ||
+		  PyDict_SetItemString(d, "on_error", oev) < 0 || PyDict_SetItemString(d, "bind", bv) < 0 ||
+		  PyDict_SetItemString(d, "config", cv) < 0;
 	Py_XDECREF(oev);
 	Py_XDECREF(bv);
+	Py_XDECREF(cv);
 	Py_DECREF(l);
 	if (bad) {
 		Py_DECREF(d);

@@ -283,9 +283,11 @@ def _log(level: str, msg: str) -> None:
         _spank().log(level, line)
 
 
-def _load_config():
+def _load_config(args: Mapping | None = None):
+    """The site config: plugstack ``config=PATH`` when given (slurmstepd's
+    environment has no GSRUN_CONFIG), else $GSRUN_CONFIG / the default."""
     from gsrun.config import load_config
-    return load_config(environ=os.environ)
+    return load_config((args or {}).get("config"), environ=os.environ)
 
 
 # ---------------------------------------------------------------- hooks
@@ -301,7 +303,7 @@ def slurm_spank_init_post_opt(ctx: str, args: dict) -> int:
     layouts: Mapping[str, str] | None = None
     if raw.get("gs-mig") is not None:
         try:
-            layouts = _load_config()["mig.layouts"]
+            layouts = _load_config(args)["mig.layouts"]
         except Exception as e:  # noqa: BLE001 - a broken site config must not block jobs
             _log("verbose", f"gsrun: {PHASE}: config: {e}; site MIG layout names unavailable")
     exports, errors = validate_options(raw, layouts)
@@ -326,7 +328,7 @@ def slurm_spank_init(ctx: str, args: dict) -> int:
         return 0
     STATE.reset()
     try:
-        STATE.config = _load_config()
+        STATE.config = _load_config(args)
     except Exception as e:  # noqa: BLE001
         _log("error", f"gsrun: {PHASE}: config: {e}")
     for mod in ("gsrun.binding", "gsrun.mps"):

@@ -137,3 +137,20 @@ def test_srun_tasks_get_the_planned_affinity():
     for _rank, planned, actual in rows:
         assert parse_cpulist(planned) == parse_cpulist(actual)
     assert not set(parse_cpulist(rows[0][1])) & set(parse_cpulist(rows[1][1]))   # disjoint
+
+
+def test_srun_eight_tasks_on_two_nodes_get_the_planned_affinity():
+    """Issue 8: tasks of ``srun -n 8`` report the planned CPU affinity (bound
+    by the plugin's task_init, no wrapper in the command)."""
+    p = slurm(["srun", "-p", PARTITION, "-N", "2", "-n", "8", "sh", "-c",
+               'echo "$SLURMD_NODENAME $SLURM_LOCALID $GSRUN_BIND_CPUS '
+               '$(grep Cpus_allowed_list /proc/self/status | cut -f2)"'])
+    assert p.returncode == 0, p.stderr
+    from gsrun.cpulist import parse_cpulist
+    rows = sorted(line.split() for line in p.stdout.splitlines() if line.strip())
+    assert len(rows) == 8, p.stdout
+    assert sorted((r[0], r[1]) for r in rows) == [(n, str(i)) for n in ("gpu01", "gpu02") for i in range(4)]
+    for node, local, planned, actual in rows:
+        assert parse_cpulist(planned) == parse_cpulist(actual), (node, local, planned, actual)
+        # 2 real CPUs, 4 ranks per node: round-robin, one CPU each
+        assert parse_cpulist(actual) == [int(local) % 2], (node, local, actual)
