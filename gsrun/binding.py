@@ -683,3 +683,45 @@ def render_table(topology: Topology, plan: Plan | None) -> str:
 __all__ = ["GpuRef", "RankPlan", "Plan", "FOREIGN_GPU_VARS", "resolve_step_gpus", "make_plan",
            "fallback_rank", "rank_env", "ntasks_from_env", "plan_from_env", "apply_affinity",
            "exec_argv", "render_table", "GsrunError"]
+
+
+# ---------------------------------------------------------------- MIG devices of the job
+
+_MIG_UUID = re.compile(r"MIG-[0-9A-Za-z-]{8,64}(/[0-9]{1,3}/[0-9]{1,3})?")
+
+
+def mig_visible_devices(devices: list[str], local_rank: int, gpu_isolation: bool = False) -> str | None:
+    """``CUDA_VISIBLE_DEVICES`` for a rank of a job whose prolog cut its GPUs
+    into MIG devices (their UUIDs, in the prolog's order). Same convention as
+    for whole GPUs: every device visible, ordered so that entry
+    ``LOCAL_RANK`` is the rank's own (``devices[local_rank % n]``); with
+    ``gpu_isolation`` only its own. None when there is no valid device. Pure."""
+    devs = [d for d in devices if isinstance(d, str) and _MIG_UUID.fullmatch(d)]
+    if not devs:
+        return None
+    own = devs[local_rank % len(devs)]
+    if gpu_isolation:
+        return own
+    rest = [d for d in devs if d != own]
+    pos = min(local_rank, len(devs) - 1)
+    return ",".join(rest[:pos] + [own] + rest[pos:])
+
+
+def read_job_mig_devices(spool_dir: str, job_id: str | None, node: str | None) -> list[str] | None:
+    """The MIG device UUIDs the prolog created for this job on this node
+    (``<spool>/jobs/<id>/user-mig-<node>.json``, owned by the job's user),
+    or None when the job has no MIG layout here."""
+    import json
+    import os
+
+    if not job_id or not node or not job_id.isdigit() or not re.fullmatch(r"[A-Za-z0-9._-]{1,64}", node):
+        return None
+    path = os.path.join(spool_dir, "jobs", job_id, f"user-mig-{node}.json")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd) as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    devs = data.get("devices") if isinstance(data, dict) else None
+    return [d for d in devs if isinstance(d, str)] if isinstance(devs, list) else None

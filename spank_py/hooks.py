@@ -229,7 +229,8 @@ class TaskActions:
 
 
 def task_actions(plan, local_rank: int | None, mps_env: Mapping[str, str] | None,
-                 allowed_mems: list[int] | None = None) -> TaskActions:
+                 allowed_mems: list[int] | None = None, mig_devices: list[str] | None = None,
+                 gpu_isolation: bool = False) -> TaskActions:
     """Decide one task's changes from the node plan (None: no binding) and
     the MPS client env (None: no MPS). Memory binding only when the rank's
     NUMA node is known, the host has > 1 node and the nodes are allowed."""
@@ -247,6 +248,12 @@ def task_actions(plan, local_rank: int | None, mps_env: Mapping[str, str] | None
         if rp.numa_node is not None and rp.numa_node >= 0 and plan.host_nodes > 1 and mems:
             act.mem_nodes = tuple(mems)
         act.notes.append(rp.reason)
+        if mig_devices:
+            from gsrun.binding import mig_visible_devices
+
+            vis = mig_visible_devices(mig_devices, local_rank, gpu_isolation)
+            if vis:
+                act.setenv["CUDA_VISIBLE_DEVICES"] = vis   # the job's MIG devices (prolog)
     if mps_env:
         act.setenv.update(mps_env)
     return act
@@ -268,6 +275,7 @@ class _State:
         self.mps_env: dict[str, str] | None = None
         self.allowed_mems: list[int] | None = None
         self.step_id: int | None = None
+        self.mig_devices: list[str] | None = None
 
 
 STATE = _State()
@@ -373,6 +381,11 @@ def slurm_spank_user_init(ctx: str, args: dict) -> int:
         allowed = sorted(os.sched_getaffinity(0)) if hostfs.is_real else None
         STATE.plan = plan_from_env(environ, hostfs, allowed, gpu_isolation=STATE.mode == "isolate")
         STATE.allowed_mems = read_allowed_mems(hostfs)
+        if STATE.config is not None:
+            from gsrun.binding import read_job_mig_devices
+
+            STATE.mig_devices = read_job_mig_devices(STATE.config["paths.spool_dir"], environ.get("SLURM_JOB_ID"),
+                                                     environ.get("SLURMD_NODENAME"))
     except Exception as e:  # noqa: BLE001 - GsrunError with a message; the job runs unbound
         STATE.plan = None
         _log("error", f"gsrun: {PHASE}: bind: {e}")
@@ -393,7 +406,8 @@ def slurm_spank_task_init(ctx: str, args: dict) -> int:
     sp = _spank()
     local_rank = sp.get_item("S_TASK_ID")
     try:
-        act = task_actions(STATE.plan, local_rank, STATE.mps_env, STATE.allowed_mems)
+        act = task_actions(STATE.plan, local_rank, STATE.mps_env, STATE.allowed_mems, STATE.mig_devices,
+                           STATE.mode == "isolate")
     except Exception as e:  # noqa: BLE001 - InputError: rank outside the plan
         _log("error", f"gsrun: {PHASE}: bind: task {local_rank}: {e}")
         act = task_actions(None, None, STATE.mps_env)

@@ -27,7 +27,8 @@ from dataclasses import dataclass
 
 import click
 
-from gsrun.binding import (RankPlan, apply_affinity, exec_argv, fallback_rank, plan_from_env,
+from gsrun.binding import (RankPlan, apply_affinity, exec_argv, fallback_rank, mig_visible_devices,
+                           plan_from_env, read_job_mig_devices,
                            render_table)
 from gsrun.cpulist import format_cpulist, parse_cpulist
 from gsrun.errors import GsrunError, InputError
@@ -165,6 +166,11 @@ def run_exec(p: BindParams, environ: Mapping[str, str]) -> tuple[list[str], dict
         env["WORLD_SIZE"] = environ["SLURM_NTASKS"]
     if rp.gpu is not None:
         env["GSRUN_GPU"] = rp.gpu.label()
+    mig = _job_mig_devices(environ)
+    if mig:
+        vis = mig_visible_devices(mig, rp.local_rank, p.gpu_isolation)
+        if vis:
+            env["CUDA_VISIBLE_DEVICES"] = vis   # the MIG devices the prolog made for this job
     mems = read_allowed_mems(fs) if fs.is_real else None
     argv = exec_argv(rp, host_nodes, p.command, allowed_mems=mems)
     if environ.get("GSRUN_BIND_VERBOSE") == "1":
@@ -174,6 +180,17 @@ def run_exec(p: BindParams, environ: Mapping[str, str]) -> tuple[list[str], dict
         click.echo(f"gsrun-bind: rank {rp.local_rank} gpu {gpu} cpus {format_cpulist(applied)} "
                    f"mem {mem} ({rp.reason})", err=True)
     return argv, env
+
+
+def _job_mig_devices(environ: Mapping[str, str]) -> list[str] | None:
+    """MIG devices the prolog created for this job on this node, if any."""
+    try:
+        from gsrun.config import load_config
+
+        spool = load_config(environ=environ)["paths.spool_dir"]
+    except Exception:  # noqa: BLE001 - a broken config must not stop the task
+        return None
+    return read_job_mig_devices(spool, environ.get("SLURM_JOB_ID"), environ.get("SLURMD_NODENAME"))
 
 
 def _allowed(value: str | None) -> list[int] | None:
