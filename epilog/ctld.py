@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 
-from ..config import Config, SETTINGS, load_config
+from ..config import load_config_or_defaults
 from ..errors import GsrunError
 from ..fsutil import atomic_write_json, read_json
 from ..log import JobLog
@@ -135,11 +135,7 @@ def run(environ, spool_dir: str | None = None, wait_s: float = 30.0) -> int:
     except GsrunError as e:
         log.error(str(e))
         return 0
-    try:
-        cfg = load_config()
-    except GsrunError as e:
-        log.error(str(e).replace("\n", " "))
-        cfg = Config({s.key: s.default for s in SETTINGS})
+    cfg = load_config_or_defaults(log)
     paths = Paths.from_config(cfg, None, spool_dir)
     rec = None
     try:
@@ -200,10 +196,7 @@ def admin_comment_step(job_id: str, spool_dir: str | None = None, deadline_s: fl
     log = JobLog(job_id, "admin-comment")
     try:
         check_job_id(job_id)
-        try:
-            cfg = load_config()
-        except GsrunError:
-            cfg = Config({s.key: s.default for s in SETTINGS})
+        cfg = load_config_or_defaults(log)
         timeout_s = cfg["timeouts.command_s"]
         sconf = accounting.config(timeout_s)
         if not accounting.uses_slurmdbd(sconf):

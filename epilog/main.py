@@ -25,7 +25,7 @@ import os
 import signal
 import time
 
-from ..config import Config, SETTINGS, load_config
+from ..config import load_config_or_defaults
 from ..errors import GsrunError
 from ..fsutil import atomic_write_json, read_json
 from ..hostfs import HostFS
@@ -56,11 +56,7 @@ def run(environ, host_root: str | None = None, state_dir: str | None = None,
     except GsrunError as e:
         log.error(str(e))
         return 0
-    try:
-        cfg = load_config()
-    except GsrunError as e:
-        log.error(f"{e}; using built-in defaults")
-        cfg = Config({s.key: s.default for s in SETTINGS})
+    cfg = load_config_or_defaults(log)
     hostfs = HostFS.from_env(host_root)
     paths = Paths.from_config(cfg, state_dir, spool_dir)
     sdir = paths.state_job(job.job_id)

@@ -317,6 +317,17 @@ def load_config(path: str | None = None, environ=None) -> Config:
     return parse_config(text, str(p))
 
 
+def load_config_or_defaults(log=None, path: str | None = None) -> Config:
+    """For the Slurm hooks: a broken site config is logged and the built-in
+    defaults are used (a config typo must not drain every node)."""
+    try:
+        return load_config(path)
+    except ConfigError as e:
+        if log is not None:
+            log.error(f"{e}; using built-in defaults".replace("\n", " "))
+        return Config({s.key: s.default for s in SETTINGS})
+
+
 def render_commented_config() -> str:
     """The commented ``gsrun.toml`` that ``gsrun-node install`` writes: every
     setting, its default and meaning, all commented out."""

@@ -49,3 +49,24 @@ class TopologyError(GsrunError):
 
 class NodeError(GsrunError):
     """A node-side change (tuning, MPS, MIG) could not be made or undone."""
+
+
+def run_cli(command, prog_name: str, argv=None) -> None:
+    """Run a click ``command`` as a console script: a :class:`GsrunError`
+    prints its ``gsrun: ...`` message and exits 2, click usage errors exit as
+    click says, Ctrl-C exits 130; otherwise the command's return value."""
+    import sys
+
+    import click
+
+    try:
+        rc = command.main(args=argv, prog_name=prog_name, standalone_mode=False)
+    except GsrunError as e:
+        click.echo(str(e), err=True)
+        sys.exit(2)
+    except click.exceptions.Abort:
+        sys.exit(130)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    sys.exit(rc or 0)

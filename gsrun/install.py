@@ -502,7 +502,6 @@ def run(opts: InstallOptions, out: Callable[[str], None] = print, environ=None) 
     rc = 0
     have_config = Path(config_path).exists()
     cfg = load_config(config_path) if have_config else Config({s.key: s.default for s in SETTINGS})
-    mode = "would " if opts.print_only else ""
     inst = find_installation()
     out(f"# gsrun-node install{' --print (nothing is changed)' if opts.print_only else ''}")
     out(f"# installation: {inst.gsrun_node} (python {inst.python})")

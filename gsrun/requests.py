@@ -21,7 +21,7 @@ import os
 import shutil
 
 from .jobenv import JobEnv
-from .slurm import DEFAULT_PATH, parse_comment_request, parse_oneliner, parse_job_record
+from .slurm import DEFAULT_PATH, parse_comment_request, parse_job_record
 
 
 @dataclass

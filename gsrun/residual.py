@@ -40,7 +40,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
 import shutil
 import time
 from dataclasses import asdict, dataclass, field

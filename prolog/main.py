@@ -30,7 +30,7 @@ import subprocess
 import sys
 import time
 
-from ..config import load_config, Config, SETTINGS
+from ..config import load_config_or_defaults
 from ..errors import GsrunError
 from ..fsutil import atomic_write_json
 from ..hostfs import HostFS
@@ -63,11 +63,7 @@ def run(environ, host_root: str | None = None, state_dir: str | None = None, spo
     except GsrunError as e:
         log.error(str(e))
         return 0   # a broken env is not the node's fault: do not drain
-    try:
-        cfg = load_config()
-    except GsrunError as e:
-        log.error(f"{e}; using built-in defaults")
-        cfg = Config({s.key: s.default for s in SETTINGS})
+    cfg = load_config_or_defaults(log)
     hostfs = HostFS.from_env(host_root)
     paths = Paths.from_config(cfg, state_dir, spool_dir)
     record: dict = {"job": job.to_dict(), "prolog_time": t0, "steps": {}, "spank": dict(job.spank)}

@@ -15,7 +15,7 @@ from pathlib import Path
 import click
 
 from ..config import load_config
-from ..errors import GsrunError, InputError
+from ..errors import InputError, run_cli
 from ..slurm import gpus_per_node
 from .render import render_script
 from .spec import JobSpec, plan_nodes, validate_fields
@@ -122,14 +122,4 @@ def _default_name(script: str) -> str:
 
 
 def main(argv=None) -> None:
-    try:
-        rc = cli.main(args=argv, prog_name="gsrun", standalone_mode=False)
-    except GsrunError as e:
-        click.echo(str(e), err=True)
-        sys.exit(2)
-    except click.exceptions.Abort:
-        sys.exit(130)
-    except click.ClickException as e:
-        e.show()
-        sys.exit(e.exit_code)
-    sys.exit(rc or 0)
+    run_cli(cli, "gsrun", argv)

@@ -21,7 +21,7 @@ import sys
 import click
 
 from ..config import load_config
-from ..errors import GsrunError, InputError
+from ..errors import GsrunError, InputError, run_cli
 from ..fsutil import read_json
 from ..paths import Paths
 from ..slurm import validate_job_id
@@ -215,12 +215,4 @@ def cli(job_id, as_json, plot, from_sacct, spool_dir):
 
 
 def main(argv=None) -> None:
-    try:
-        rc = cli.main(args=argv, prog_name="gseff", standalone_mode=False)
-    except GsrunError as e:
-        click.echo(str(e), err=True)
-        sys.exit(2)
-    except click.ClickException as e:
-        e.show()
-        sys.exit(e.exit_code)
-    sys.exit(rc or 0)
+    run_cli(cli, "gseff", argv)
