@@ -79,9 +79,15 @@ def main() -> int:
     if rank == 0:
         print(f"trained {steps} steps in {time.monotonic() - t0:.1f} s on {world} ranks ({backend}); "
               f"mean loss {loss_t.item() / world:.4f}", flush=True)
+    dist.barrier()                 # nobody tears gloo down while a peer still talks
     dist.destroy_process_group()
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    rc = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # skip interpreter teardown: gloo's threads can abort() in static
+    # destructors at exit ("terminate called without an active exception")
+    os._exit(rc)
