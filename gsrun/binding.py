@@ -59,6 +59,7 @@ from .cpulist import format_cpulist
 from .devices import DeviceToken, parse_device_list
 from .errors import GsrunError, InputError, TopologyError
 from .hostfs import HostFS
+from .slurm import parse_tasks_per_node
 from .topology import Gpu, Nic, Topology, read_allowed_cpus, read_topology
 
 #: variables of other vendors' runtimes that Slurm may set on an NVIDIA node
@@ -496,23 +497,14 @@ def _int_env(environ: Mapping[str, str], name: str) -> int | None:
     return int(v)
 
 
-_TPN = re.compile(r"^([0-9]{1,6})(?:\(x([0-9]{1,6})\))?$")
-
-
 def _tasks_per_node(text: str, name: str) -> list[int]:
-    """``4(x2),2`` -> ``[4, 4, 2]`` (kept here, not in gsrun.slurm, so the
-    task-side binder imports nothing that runs Slurm commands)."""
-    out: list[int] = []
-    for tok in text.split(","):
-        tok = tok.strip()
-        if not tok:
-            continue
-        m = _TPN.match(tok)
-        if not m:
-            raise InputError("bind", f"bad {name}", repr(text)[:80],
-                             hint="Slurm writes forms like 4(x2),2")
-        out += [int(m.group(1))] * min(int(m.group(2) or 1), 100000)
-    return out
+    """``4(x2),2`` -> ``[4, 4, 2]`` (:func:`gsrun.slurm.parse_tasks_per_node`),
+    with the error named for the task's variable."""
+    try:
+        return parse_tasks_per_node(text)
+    except InputError:
+        raise InputError("bind", f"bad {name}", repr(text)[:80],
+                         hint="Slurm writes forms like 4(x2),2") from None
 
 
 def ntasks_from_env(environ: Mapping[str, str]) -> int | None:

@@ -178,6 +178,22 @@ def _unwrap(entry: Any) -> Any:
     return entry
 
 
+def index_by_minor(nv: "Backend") -> tuple[dict[int, int], int]:
+    """``{minor number: NVML index}`` for every device that answers
+    ``nvmlDeviceGetMinorNumber`` (Slurm's gres index is the minor number, not
+    the NVML index: field cases 7 and 8), and how many devices answered
+    ``GPU_IS_LOST`` instead."""
+    out: dict[int, int] = {}
+    lost = 0
+    for i in range(nv.count()):
+        m = nv.get(i, "minor")
+        if not is_na(m):
+            out[int(m)] = i
+        elif m.code == GPU_IS_LOST:
+            lost += 1
+    return out, lost
+
+
 def normalize_bus_id(bus_id: str) -> str:
     """``"00000000:00:06.0"`` (NVML) or ``"0000:00:06.0"`` (sysfs) ->
     ``"0000:00:06.0"`` lower case, the sysfs form used as the key everywhere."""

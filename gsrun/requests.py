@@ -82,7 +82,7 @@ def comment_from_slurm(job_id: str, timeout_s: float) -> dict[str, str] | None:
     has are killed at ``timeout_s``) -- None when slurmctld does not answer,
     or the answer is not this job's record. The raw line is kept
     under the key ``"__line__"`` for :func:`exclusive_from_record`."""
-    from .residual import run_bounded   # kills the whole process group on timeout
+    from .proc import run_bounded   # kills the whole process group on timeout
 
     exe = shutil.which("scontrol", path=os.environ.get("PATH") or DEFAULT_PATH)
     if exe is None:

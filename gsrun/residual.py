@@ -45,8 +45,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
-from .proc import run_bounded  # noqa: F401 - re-exported for callers
-from .nvml import NvmlUnavailable, is_na, normalize_bus_id, open_nvml
+from .proc import run_bounded
+from .nvml import NvmlUnavailable, index_by_minor, is_na, normalize_bus_id, open_nvml
 
 SMI_ARGS = ("--query-compute-apps=gpu_bus_id,pid,used_memory", "--format=csv,noheader,nounits")
 SMI_TIMEOUT_S = 10.0
@@ -125,10 +125,10 @@ def job_bus_ids(gres_indices: list[int] | None, nv, hostfs) -> tuple[dict[int, s
     Returns the map and notes for indices not found."""
     by_minor: dict[int, str] = {}
     if nv is not None:
-        for i in range(nv.count()):
-            m, bus = nv.get(i, "minor"), nv.get(i, "pci_bus_id")
-            if not is_na(m) and not is_na(bus):
-                by_minor[int(m)] = bus
+        for minor, i in index_by_minor(nv)[0].items():
+            bus = nv.get(i, "pci_bus_id")
+            if not is_na(bus):
+                by_minor[minor] = bus
     if hostfs is not None:
         for bdf in hostfs.listdir("proc/driver/nvidia/gpus"):
             text = hostfs.read(f"proc/driver/nvidia/gpus/{bdf}/information") or ""

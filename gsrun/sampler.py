@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from .aggregate import HIST_EDGES_PCT, Counter, Metric, Timeline
 from .fsutil import atomic_write, read_json
-from .nvml import GPU_IS_LOST, NA, NvmlUnavailable, is_na, open_nvml
+from .nvml import GPU_IS_LOST, NA, NvmlUnavailable, index_by_minor, is_na, open_nvml
 
 STATE_VERSION = 2
 # NVML clock event (throttle) reason bits -> cause (nvmlClocksEventReason*)
@@ -73,14 +73,7 @@ def resolve_gpus(nv, gres_indices: list[int]) -> tuple[list[GpuRef], list[str]]:
     """Map Slurm gres indices (minor numbers) to NVML devices. Returns the refs
     and notes for indices with no matching device (emulated gres, or a GPU
     hidden from NVML)."""
-    by_minor: dict[int, int] = {}
-    lost = 0
-    for i in range(nv.count()):
-        m = nv.get(i, "minor")
-        if not is_na(m):
-            by_minor[int(m)] = i
-        elif m.code == GPU_IS_LOST:
-            lost += 1
+    by_minor, lost = index_by_minor(nv)
     refs, notes = [], []
     unmatched = [g for g in gres_indices if g not in by_minor]
     for g in gres_indices:

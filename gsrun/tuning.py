@@ -52,6 +52,7 @@ import re
 import shutil
 import time
 from contextlib import contextmanager
+from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -246,15 +247,16 @@ def default_swap_effect(hostfs):
 
 # --------------------------------------------------------------------------- knobs (get/set pairs)
 
-class Knob:
-    """One setting. Values are JSON-able; ``read`` returns None when the
-    setting does not exist on this host."""
+class Knob(ABC):
+    """One setting: a get/set pair. Values are JSON-able; ``read`` returns
+    None when the setting does not exist on this host."""
 
     key = ""
     unsupported_reason = "not supported here"
 
+    @abstractmethod
     def read(self, h) -> Any:
-        raise NotImplementedError
+        """Current value (None: not on this host)."""
 
     def supported(self, current) -> bool:
         return current is not None
@@ -269,11 +271,13 @@ class Knob:
     def is_prior(self, current, prior) -> bool:
         return current == prior
 
+    @abstractmethod
     def apply(self, h, target: str, swap) -> None:
-        raise NotImplementedError
+        """Write ``target``."""
 
+    @abstractmethod
     def restore(self, h, prior, swap) -> None:
-        raise NotImplementedError
+        """Write back the journaled ``prior`` value."""
 
 
 class FileKnob(Knob):

@@ -36,7 +36,7 @@ from ..fsutil import atomic_write_json
 from ..hostfs import HostFS
 from ..jobenv import job_from_env
 from ..log import JobLog, safe_text
-from ..nvml import NvmlUnavailable, open_nvml
+from ..nvml import NvmlUnavailable, index_by_minor, open_nvml
 from ..paths import Paths
 from ..requests import (JobRequest, comment_from_slurm, exclusive_from_record, request_from_job_record,
                         request_from_spank)
@@ -183,7 +183,6 @@ def _mig(hostfs, paths, job, req, cfg, exclusive, log):
     devices' UUIDs go to ``user-mig-<node>.json`` (the job's user, 0400) for
     the job's tasks (the SPANK plugin exports them as CUDA_VISIBLE_DEVICES)."""
     from .. import mig
-    from ..nvml import is_na
 
     if not cfg.get("mig.enabled", job.partition):
         return {"skipped": "mig.enabled = false"}
@@ -194,11 +193,7 @@ def _mig(hostfs, paths, job, req, cfg, exclusive, log):
     except NvmlUnavailable as e:
         return {"error": f"MIG needs NVML: {e}"}
     try:
-        by_minor = {}
-        for i in range(nv.count()):
-            m = nv.get(i, "minor")
-            if not is_na(m):
-                by_minor[int(m)] = i
+        by_minor, _lost = index_by_minor(nv)
     finally:
         nv.close()
     indices = [by_minor[g] for g in (job.gpus or []) if g in by_minor]

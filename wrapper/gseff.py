@@ -24,6 +24,7 @@ from ..config import load_config
 from ..errors import GsrunError, InputError, run_cli
 from ..fsutil import read_json
 from ..paths import Paths
+from ..report import _dur, _p
 from ..slurm import validate_job_id
 
 
@@ -62,20 +63,6 @@ def load_summary(paths: Paths, job_id: str) -> dict:
 
 def _gib(b) -> str:
     return "N/A" if b is None else f"{b / 2**30:.2f} GiB"
-
-
-def _pct(x) -> str:
-    return "N/A" if x is None else f"{x:.1f}%"
-
-
-def _hms(s) -> str:
-    if s is None:
-        return "N/A"
-    s = int(round(s))
-    d, s = divmod(s, 86400)
-    h, s = divmod(s, 3600)
-    m, s = divmod(s, 60)
-    return (f"{d}-" if d else "") + f"{h:02d}:{m:02d}:{s:02d}"
 
 
 def gpu_from_js1(blob: dict) -> dict:
@@ -140,13 +127,13 @@ def render_accounting(rec: dict) -> str:
     """Plain-text report of :func:`load_accounting`'s record."""
     e = rec["efficiency"]
     out = [f"gsrun efficiency report (from Slurm accounting): job {rec['job_id']}",
-           f"  State: {e['state'] or 'N/A'}   Elapsed: {_hms(e['elapsed_s'])}   Nodes: {e['nodes'] or 'N/A'}"
+           f"  State: {e['state'] or 'N/A'}   Elapsed: {_dur(e['elapsed_s'])}   Nodes: {e['nodes'] or 'N/A'}"
            f"   CPUs: {e['alloc_cpus'] or 'N/A'}   GPUs: {e['alloc_gpus'] or 'N/A'}", "",
            "CPU and memory (sacct)",
-           f"  CPU time: {_hms(e['cpu_time_s'])}   CPU efficiency: {_pct(e['cpu_eff_pct'])}"
+           f"  CPU time: {_dur(e['cpu_time_s'])}   CPU efficiency: {_p(e['cpu_eff_pct'])}"
            + (f"   [{e['cpu_time_source']}]" if e["cpu_time_source"] else ""),
            f"  Memory peak: {_gib(e['mem_peak_bytes'])} of {_gib(e['mem_req_bytes'])}"
-           f"   Memory efficiency: {_pct(e['mem_eff_pct'])}"
+           f"   Memory efficiency: {_p(e['mem_eff_pct'])}"
            + (f"   [{e['mem_peak_source']}]" if e["mem_peak_source"] else ""), "",
            "GPUs (AdminComment JS1)"]
     g = rec["gpu"]
@@ -157,9 +144,9 @@ def render_accounting(rec: dict) -> str:
     else:
         out.append(f"  {'node':<10} {'gpu':>4} {'util':>7} {'mem peak':>12} {'mem total':>12}")
         for r in g["gpus"]:
-            out.append(f"  {r['node']:<10} {r['index']:>4} {_pct(r['util_pct']):>7} "
+            out.append(f"  {r['node']:<10} {r['index']:>4} {_p(r['util_pct']):>7} "
                        f"{_gib(r['mem_used_bytes']):>12} {_gib(r['mem_total_bytes']):>12}")
-        out.append(f"  GPU utilization: {_pct(g['util_mean_pct'])}   GPU memory: {_pct(g['mem_mean_pct'])}")
+        out.append(f"  GPU utilization: {_p(g['util_mean_pct'])}   GPU memory: {_p(g['mem_mean_pct'])}")
     notes = [n for n in e["notes"] if n]
     if notes:
         out += ["", "Notes"] + [f"  - {n}" for n in notes]
