@@ -12,7 +12,7 @@ With Slurm accounting (slurmdbd), the summary's ``JS1:`` blob is stored in
 the job's ``AdminComment`` (what jobstats and reportseff read) by a detached
 background step, ``python -m gsrun.epilog.ctld admin-comment JOBID``: the
 job's record reaches slurmdbd asynchronously, so it retries with backoff for
-up to 3 minutes (see :func:`gsrun.accounting.store_admin_comment_retry`)
+up to 3 minutes (see :func:`gsrun.report.accounting.store_admin_comment_retry`)
 without holding up slurmctld.
 """
 
@@ -24,14 +24,14 @@ import subprocess
 import sys
 import time
 
-from ..config import load_config_or_defaults
-from ..errors import GsrunError
-from ..fsutil import atomic_write_json, read_json
-from ..log import JobLog
-from ..paths import Paths
-from ..paths import check_job_id
-from ..slurm import expand_hostlist, parse_exit_code, parse_job_record, run_slurm
-from ..summary import job_summary
+from gsrun.request.config import load_config_or_defaults
+from gsrun.base.errors import GsrunError
+from gsrun.base.fsutil import atomic_write_json, read_json
+from gsrun.base.log import JobLog
+from gsrun.base.paths import Paths
+from gsrun.base.paths import check_job_id
+from gsrun.facts.slurm import expand_hostlist, parse_exit_code, parse_job_record, run_slurm
+from gsrun.report.summary import job_summary
 
 MEM_RE = re.compile(r"^(\d+(?:\.\d+)?)([KMGTP]?)$")
 _UNITS = {"": 1 << 20, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50}
@@ -56,7 +56,7 @@ def _mem_bytes(v: str | None) -> int | None:
 
 
 def job_from_record(job_id: str, rec: dict[str, str] | None, env) -> dict:
-    """Job fields for :func:`gsrun.summary.job_summary` from ``scontrol -o show
+    """Job fields for :func:`gsrun.report.summary.job_summary` from ``scontrol -o show
     job`` (``rec``) and the EpilogSlurmctld environment. Pure."""
     rec = rec or {}
     tres = _tres(rec.get("AllocTRES") or rec.get("TRES", ""))
@@ -190,8 +190,8 @@ def admin_comment_step(job_id: str, spool_dir: str | None = None, deadline_s: fl
     """The background step: when accounting is slurmdbd, store the JS1 blob of
     ``<spool>/jobs/<id>/summary.json`` in the job's AdminComment (bounded
     retry). Returns 0 when stored or not applicable, 1 when it gave up."""
-    from .. import accounting
-    from ..summary import js1_blob
+    from gsrun.report import accounting
+    from gsrun.report.summary import js1_blob
 
     log = JobLog(job_id, "admin-comment")
     try:
@@ -240,8 +240,8 @@ def _uid(environ, rec) -> int | None:
 
 
 def queue_mail(paths: Paths, summary: dict, cfg, log) -> str:
-    from .. import mail
-    from ..report import render_text, render_png
+    from gsrun.report import mail
+    from gsrun.report.render import render_text, render_png
 
     job = summary["job"]
     to_addr = job.get("mail_user")
@@ -270,7 +270,7 @@ def queue_mail(paths: Paths, summary: dict, cfg, log) -> str:
 def _kick_flush() -> None:
     """Start ``gsrun-node mail flush`` detached so delivery never blocks us."""
     try:
-        subprocess.Popen([sys.executable, "-m", "gsrun.node", "mail", "flush"], stdin=subprocess.DEVNULL,
+        subprocess.Popen([sys.executable, "-m", "gsrun.wrapper.node", "mail", "flush"], stdin=subprocess.DEVNULL,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
                          close_fds=True, env={k: v for k, v in os.environ.items()
                                                if k in ("PATH", "GSRUN_CONFIG", "GSRUN_SPOOL_DIR", "LANG")})

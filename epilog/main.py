@@ -16,7 +16,7 @@ No Slurm command is on the critical path (field case 20): the node-wide
 restore decision is the local tuning reference count (one journal per job,
 under a lock: field case 18), never ``squeue``; only MIG's failure path
 calls ``scontrol`` to drain. ``GSRUN_FAULT_AT`` (tests only) kills the
-epilog at a step boundary: see :mod:`gsrun.log`.
+epilog at a step boundary: see :mod:`gsrun.base.log`.
 """
 
 from __future__ import annotations
@@ -25,15 +25,15 @@ import os
 import signal
 import time
 
-from ..config import load_config_or_defaults
-from ..errors import GsrunError
-from ..fsutil import atomic_write_json, read_json
-from ..hostfs import HostFS
-from ..jobenv import job_from_env
-from ..log import JobLog, safe_text
-from ..paths import Paths
-from ..sampler import stop_sampler
-from ..summary import node_summary
+from gsrun.request.config import load_config_or_defaults
+from gsrun.base.errors import GsrunError
+from gsrun.base.fsutil import atomic_write_json, read_json
+from gsrun.facts.hostfs import HostFS
+from gsrun.facts.jobenv import job_from_env
+from gsrun.base.log import JobLog, safe_text
+from gsrun.base.paths import Paths
+from gsrun.node.sampler import stop_sampler
+from gsrun.report.summary import node_summary
 
 STEP_RESERVE_S = 5.0
 
@@ -113,7 +113,7 @@ def _forget_job(sdir, log) -> None:
     state dirs is the set of jobs live on this node. A journal that still has
     work (``mig.json`` after a failed restore, a ``.pending`` summary the
     full spool could not take) keeps the directory."""
-    from ..fsutil import remove_tree
+    from gsrun.base.fsutil import remove_tree
 
     try:
         if (sdir / "mig.json").exists() or any(sdir.glob("*.pending")):
@@ -126,7 +126,7 @@ def _forget_job(sdir, log) -> None:
 def _nvml_reason(hostfs, prolog: dict) -> str | None:
     """Why there are no GPU figures, when NVML cannot start (field case 15):
     the prolog's finding, else a fresh probe."""
-    from ..nvml import NvmlUnavailable, open_nvml
+    from gsrun.facts.nvml import NvmlUnavailable, open_nvml
 
     nv_err = (prolog.get("steps") or {}).get("nvml")
     if isinstance(nv_err, str) and nv_err.startswith("NVML init failed"):
@@ -141,8 +141,9 @@ def _nvml_reason(hostfs, prolog: dict) -> str | None:
 
 
 def find_samplers(job_id: str, state_dir: str) -> list[tuple[int, float]]:
-    """Samplers of ``job_id`` by command line (``-m gsrun.node sampler
-    --job-id ID ... --state-dir DIR``, DIR = this node's state dir), owned by
+    """Samplers of ``job_id`` by command line (``-m gsrun.node.sampler
+    --job-id ID ... --state-dir DIR``, or ``-m gsrun.node sampler ...`` of
+    releases before the layered tree, DIR = this node's state dir), owned by
     our uid (root): for a prolog killed between starting the sampler and
     recording its PID. -> [(pid, create_time)]."""
     import psutil
@@ -153,7 +154,7 @@ def find_samplers(job_id: str, state_dir: str) -> list[tuple[int, float]]:
             cmd = p.info["cmdline"] or []
             if p.info["uids"] is None or p.info["uids"].real != os.geteuid() or p.info["pid"] == os.getpid():
                 continue
-            if "gsrun.node" in cmd and "sampler" in cmd and "--job-id" in cmd:
+            if ("gsrun.node.sampler" in cmd or ("gsrun.node" in cmd and "sampler" in cmd)) and "--job-id" in cmd:
                 if _arg(cmd, "--job-id") == job_id and _arg(cmd, "--state-dir") == state_dir:
                     out.append((p.info["pid"], p.info["create_time"]))
         except (psutil.Error, ValueError):
@@ -208,7 +209,7 @@ def _summary(job, paths, sdir, hostfs, log) -> dict:
 
 
 def _mps_stop(job, paths, cfg, log):
-    from .. import mps
+    from gsrun.node import mps
 
     return mps.stop(job.job_id, str(paths.mps_dir), str(paths.state_dir), cfg["mps.control_bin"],
                     cfg["mps.quit_timeout_s"], log=log)
@@ -225,7 +226,7 @@ def _live_jobs(paths, job_id: str) -> set[str]:
 
 
 def _residual(job, hostfs, paths, cfg, log):
-    from .. import residual
+    from gsrun.node import residual
 
     rep = residual.cleanup(job.job_id, job.uid, job.gpus, hostfs,
                            smi_timeout_s=min(10.0, cfg["timeouts.command_s"]), log=log,
@@ -236,11 +237,11 @@ def _residual(job, hostfs, paths, cfg, log):
 
 
 def _mig_restore(job, paths, log):
-    from .. import mig
+    from gsrun.node import mig
 
     if not (paths.state_job(job.job_id) / mig.JOURNAL_NAME).exists():
         return {"skipped": "no MIG journal"}
-    from ..mig_nvml import RealMig
+    from gsrun.node.mig_nvml import RealMig
 
     return mig.epilog_restore(RealMig(), str(paths.state_dir / "jobs"), job.job_id,
                               drain=lambda reason: drain_node(job.node, reason, log), log=log)
@@ -249,7 +250,7 @@ def _mig_restore(job, paths, log):
 def drain_node(node: str, reason: str, log) -> None:
     """``scontrol update nodename=NODE state=drain reason=...`` (bounded); the
     epilog also exits non-zero, which drains the node even if this fails."""
-    from ..slurm import run_slurm
+    from gsrun.facts.slurm import run_slurm
 
     reason = "gsrun: " + " ".join(safe_text(reason).split())[:200]
     log.error(f"draining {node}: {reason}")
@@ -260,6 +261,6 @@ def drain_node(node: str, reason: str, log) -> None:
 
 
 def _tuning_restore(hostfs, paths, job, log):
-    from .. import tuning
+    from gsrun.node import tuning
 
     return tuning.epilog_restore(hostfs, str(paths.state_dir), job.job_id, log=log)

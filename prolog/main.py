@@ -6,7 +6,7 @@ Exit status is non-zero only when the node truly cannot run GPU jobs (NVML
 driver/library mismatch): Slurm then drains the node with our message as the
 reason. Every other failure is logged and the job runs with defaults.
 
-Trust: every value of the environment is validated (:mod:`gsrun.jobenv`);
+Trust: every value of the environment is validated (:mod:`gsrun.facts.jobenv`);
 ``SPANK_GS_*`` values and the job comment are user requests; whether the
 job holds the node exclusively comes from slurmctld's job record
 (``OverSubscribe=NO``), read once with a bounded ``scontrol`` only when the
@@ -19,7 +19,7 @@ A directory planted at ``<spool>/jobs/<id>`` or ``<state>/jobs/<id>`` is
 moved aside and replaced (logged); if the shared parents are planted, the
 records step fails, nothing is written there, and the rest of the prolog
 (tuning, MPS) still runs. ``GSRUN_FAULT_AT`` (tests only) kills the prolog
-at a step boundary: see :mod:`gsrun.log`.
+at a step boundary: see :mod:`gsrun.base.log`.
 """
 
 from __future__ import annotations
@@ -30,15 +30,15 @@ import subprocess
 import sys
 import time
 
-from ..config import load_config_or_defaults
-from ..errors import GsrunError
-from ..fsutil import atomic_write_json
-from ..hostfs import HostFS
-from ..jobenv import job_from_env
-from ..log import JobLog, safe_text
-from ..nvml import NvmlUnavailable, index_by_minor, open_nvml
-from ..paths import Paths
-from ..requests import (JobRequest, comment_from_slurm, exclusive_from_record, request_from_job_record,
+from gsrun.request.config import load_config_or_defaults
+from gsrun.base.errors import GsrunError
+from gsrun.base.fsutil import atomic_write_json
+from gsrun.facts.hostfs import HostFS
+from gsrun.facts.jobenv import job_from_env
+from gsrun.base.log import JobLog, safe_text
+from gsrun.facts.nvml import NvmlUnavailable, index_by_minor, open_nvml
+from gsrun.base.paths import Paths
+from gsrun.request.job import (JobRequest, comment_from_slurm, exclusive_from_record, request_from_job_record,
                         request_from_spank)
 
 NVML_MISMATCH_MSG = "NVML/driver mismatch: reboot required"
@@ -164,7 +164,7 @@ def _has_tuning_defaults(cfg, partition) -> bool:
 
 def _tuning(hostfs, paths, job, req, cfg, exclusive, dry_run, log):
     try:
-        from .. import tuning
+        from gsrun.node import tuning
     except ImportError as e:
         return {"error": f"tuning module unavailable: {e}"}
     if not cfg.get("tuning.enabled", job.partition):
@@ -182,7 +182,7 @@ def _mig(hostfs, paths, job, req, cfg, exclusive, log):
     journal lets the epilog or ``gsrun-node restore`` undo it). The MIG
     devices' UUIDs go to ``user-mig-<node>.json`` (the job's user, 0400) for
     the job's tasks (the SPANK plugin exports them as CUDA_VISIBLE_DEVICES)."""
-    from .. import mig
+    from gsrun.node import mig
 
     if not cfg.get("mig.enabled", job.partition):
         return {"skipped": "mig.enabled = false"}
@@ -199,8 +199,8 @@ def _mig(hostfs, paths, job, req, cfg, exclusive, log):
     indices = [by_minor[g] for g in (job.gpus or []) if g in by_minor]
     if not indices:
         return {"error": "no NVIDIA device matches the job's gres"}
-    from ..mig_nvml import RealMig
-    from ..epilog.main import drain_node
+    from gsrun.node.mig_nvml import RealMig
+    from gsrun.epilog.main import drain_node
 
     res = mig.prolog_apply(RealMig(), str(paths.state_dir / "jobs"), job.job_id, indices, req.mig,
                            drain=lambda reason: drain_node(job.node, reason, log), log=log,
@@ -213,7 +213,7 @@ def _mig(hostfs, paths, job, req, cfg, exclusive, log):
 
 def _mps(environ, paths, job, req, cfg, log):
     try:
-        from .. import mps
+        from gsrun.node import mps
     except ImportError as e:
         return {"error": f"mps module unavailable: {e}"}
     if not cfg.get("mps.enabled", job.partition):
@@ -237,7 +237,7 @@ def start_sampler_process(job, paths, cfg, hostfs) -> dict:
     import psutil
 
     d = paths.make_state_job(job.job_id)
-    argv = [sys.executable, "-m", "gsrun.node", "sampler", "--job-id", job.job_id, "--uid", str(job.uid),
+    argv = [sys.executable, "-m", "gsrun.node.sampler", "--job-id", job.job_id, "--uid", str(job.uid),
             "--node", job.node, "--gpus", ",".join(str(g) for g in (job.gpus or [])),
             "--state-dir", str(paths.state_dir), "--spool-dir", str(paths.spool_dir)]
     if not hostfs.is_real:

@@ -21,13 +21,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-from gsrun.errors import ConfigError, InputError, NodeError
-from gsrun.fsutil import atomic_write
+from gsrun.base.errors import ConfigError, InputError, NodeError
+from gsrun.base.fsutil import atomic_write
 
 SRC_DIR = Path(__file__).resolve().parent
 C_SOURCE = SRC_DIR / "gsrun_spank.c"
 VERSION_SCRIPT = SRC_DIR / "gsrun_spank.map"
-TEMPLATE = Path(__file__).resolve().parent.parent / "templates" / "plugstack.conf.j2"
 SO_NAME = "gsrun_spank.so"
 SLURM_INCLUDE_DIRS = ("/usr/include", "/usr/local/include")
 BEGIN_MARKER = "# BEGIN gsrun spank (managed by gsrun-node spank install)"
@@ -258,14 +257,11 @@ def plugstack_args(args: dict | None) -> list[tuple[str, str]]:
 def render_plugstack(so_path: str, args: list[tuple[str, str]], slurm_version: str = "?",
                      python_version: str = "?") -> str:
     """The managed plugstack block (``templates/plugstack.conf.j2``, StrictUndefined)."""
-    import jinja2
+    from gsrun.base.templating import render
 
     if not so_path.startswith("/") or not _SAFE_ARG.match(so_path):
         raise InputError("spank install", "plugin path", f"{so_path!r} must be an absolute plain path")
-    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
-                             autoescape=False)
-    tpl = env.from_string(TEMPLATE.read_text())
-    return tpl.render(so_path=so_path, args=args, slurm_version=slurm_version,
+    return render("plugstack.conf.j2", so_path=so_path, args=args, slurm_version=slurm_version,
                       python_version=python_version, begin_marker=BEGIN_MARKER, end_marker=END_MARKER)
 
 

@@ -21,15 +21,15 @@ What the hooks do:
   ``--gs-mig``, ``--gs-tune``, ``--gs-bind``, ``--gs-report`` (a bad value
   fails the submission before the job queues) and export them with
   ``job_control_setenv`` as ``GS_*``; Slurm prefixes ``SPANK_``, so the
-  prolog/epilog read ``SPANK_GS_MPS`` etc. (:mod:`gsrun.requests`).
+  prolog/epilog read ``SPANK_GS_MPS`` etc. (:mod:`gsrun.request.job`).
   ``SPANK_GS_EXCLUSIVE`` is *not* exported: SPANK gives the allocator no
   access to the job description (``--exclusive``, ``#SBATCH`` lines), so the
   prolog reads exclusivity from ``scontrol show job`` (``OverSubscribe=NO``).
 * **remote**: ``slurm_spank_user_init`` plans the binding once per node and
-  step (:func:`gsrun.binding.plan_from_env`); ``slurm_spank_task_init`` runs
+  step (:func:`gsrun.bind.plan.plan_from_env`); ``slurm_spank_task_init`` runs
   in each task before exec and applies its rank's plan (CPU affinity, memory
   policy, environment) and the MPS client environment when the job asked for
-  MPS (:func:`gsrun.mps.task_env`). The batch, extern and interactive steps
+  MPS (:func:`gsrun.node.mps.task_env`). The batch, extern and interactive steps
   are not bound (a batch script that starts its own ranks must keep all CPUs)
   but do get the MPS environment.
 
@@ -68,11 +68,11 @@ EXTERN_STEP = 0xFFFFFFFC
 
 MPOL_BIND = 2
 
-# Fallback syntax when gsrun.tuning_request / gsrun.mig_layout cannot be imported.
+# Fallback syntax when gsrun.request.tune / gsrun.request.mig_layout cannot be imported.
 _TUNE_FALLBACK = re.compile(r"^[a-z_]{1,32}=[A-Za-z0-9_.+-]{1,32}(,[a-z_]{1,32}=[A-Za-z0-9_.+-]{1,32}){0,15}$")
 _MIG_FALLBACK = re.compile(r"^[0-9a-z.+x]{1,200}$")
 _MIG_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-#: what gsrun.jobenv accepts for SPANK_GS_* in the prolog
+#: what gsrun.facts.jobenv accepts for SPANK_GS_* in the prolog
 _EXPORT_VALUE = re.compile(r"^[A-Za-z0-9_.,=+:-]{0,512}$")
 
 
@@ -111,11 +111,11 @@ def check_mps(value: str) -> str:
 
 def check_tune(value: str, parse: Callable[[str], dict] | None = None) -> str:
     """Normalized ``key=value,...`` (no blanks). ``parse``: the tuning request
-    parser (default :func:`gsrun.tuning_request.parse_tune_request`, a strict
+    parser (default :func:`gsrun.request.tune.parse_tune_request`, a strict
     regex when that module is missing)."""
     if parse is None:
         try:
-            from gsrun.tuning_request import parse_tune_request as parse
+            from gsrun.request.tune import parse_tune_request as parse
         except ImportError:
             parse = None
     if parse is None:
@@ -137,13 +137,13 @@ def check_mig(value: str, named: Mapping[str, str] | None = None,
               parse: Callable[[str], Any] | None = None) -> str:
     """The layout text to export: a site name (config ``mig.layouts``) is
     resolved to its layout; the result must parse
-    (:func:`gsrun.mig_layout.parse_layout`, a strict regex when missing)."""
+    (:func:`gsrun.request.mig_layout.parse_layout`, a strict regex when missing)."""
     v = value.strip()
     if named and v in named:
         v = named[v]
     if parse is None:
         try:
-            from gsrun.mig_layout import parse_layout as parse
+            from gsrun.request.mig_layout import parse_layout as parse
         except ImportError:
             parse = None
     if parse is None:
@@ -236,7 +236,7 @@ def task_actions(plan, local_rank: int | None, mps_env: Mapping[str, str] | None
     NUMA node is known, the host has > 1 node and the nodes are allowed."""
     act = TaskActions()
     if plan is not None and local_rank is not None:
-        from gsrun.binding import rank_env
+        from gsrun.bind.plan import rank_env
 
         rp = plan.rank(local_rank)
         act.setenv.update(rank_env(plan, local_rank))
@@ -249,7 +249,7 @@ def task_actions(plan, local_rank: int | None, mps_env: Mapping[str, str] | None
             act.mem_nodes = tuple(mems)
         act.notes.append(rp.reason)
         if mig_devices:
-            from gsrun.binding import mig_visible_devices
+            from gsrun.bind.plan import mig_visible_devices
 
             vis = mig_visible_devices(mig_devices, local_rank, gpu_isolation)
             if vis:
@@ -294,7 +294,7 @@ def _log(level: str, msg: str) -> None:
 def _load_config(args: Mapping | None = None):
     """The site config: plugstack ``config=PATH`` when given (slurmstepd's
     environment has no GSRUN_CONFIG), else $GSRUN_CONFIG / the default."""
-    from gsrun.config import load_config
+    from gsrun.request.config import load_config
     return load_config((args or {}).get("config"), environ=os.environ)
 
 
@@ -339,7 +339,7 @@ def slurm_spank_init(ctx: str, args: dict) -> int:
         STATE.config = _load_config(args)
     except Exception as e:  # noqa: BLE001
         _log("error", f"gsrun: {PHASE}: config: {e}")
-    for mod in ("gsrun.binding", "gsrun.mps"):
+    for mod in ("gsrun.bind.plan", "gsrun.node.mps"):
         try:
             __import__(mod)
         except ImportError as e:
@@ -357,11 +357,11 @@ def slurm_spank_user_init(ctx: str, args: dict) -> int:
     mps_opt = sp.option_getopt("gs-mps")
     if mps_opt is not None and job_id is not None and STATE.step_id != EXTERN_STEP:
         try:
-            from gsrun.mps import task_env
+            from gsrun.node.mps import task_env
             mps_dir = STATE.config["paths.mps_dir"] if STATE.config is not None else "/run/gsrun/mps"
             STATE.mps_env = task_env(str(job_id), mps_dir)
         except ImportError as e:
-            _log("error", f"gsrun: {PHASE}: mps: gsrun.mps not available: {e}")
+            _log("error", f"gsrun: {PHASE}: mps: gsrun.node.mps not available: {e}")
         except Exception as e:  # noqa: BLE001 - GsrunError: bad job id/dir
             _log("error", f"gsrun: {PHASE}: mps: {e}")
 
@@ -369,11 +369,11 @@ def slurm_spank_user_init(ctx: str, args: dict) -> int:
     if STATE.mode == "none" or not is_bound_step(STATE.step_id):
         return 0
     try:
-        from gsrun.binding import plan_from_env
-        from gsrun.hostfs import HostFS
-        from gsrun.topology import read_allowed_mems
+        from gsrun.bind.plan import plan_from_env
+        from gsrun.facts.hostfs import HostFS
+        from gsrun.facts.topology import read_allowed_mems
     except ImportError as e:
-        _log("error", f"gsrun: {PHASE}: bind: gsrun.binding not available: {e}")
+        _log("error", f"gsrun: {PHASE}: bind: gsrun.bind.plan not available: {e}")
         return 0
     environ = sp.get_item("S_JOB_ENV") or {}
     try:
@@ -382,7 +382,7 @@ def slurm_spank_user_init(ctx: str, args: dict) -> int:
         STATE.plan = plan_from_env(environ, hostfs, allowed, gpu_isolation=STATE.mode == "isolate")
         STATE.allowed_mems = read_allowed_mems(hostfs)
         if STATE.config is not None:
-            from gsrun.binding import read_job_mig_devices
+            from gsrun.bind.plan import read_job_mig_devices
 
             STATE.mig_devices = read_job_mig_devices(STATE.config["paths.spool_dir"], environ.get("SLURM_JOB_ID"),
                                                      environ.get("SLURMD_NODENAME"))

@@ -6,7 +6,7 @@ Two modes::
                [--local-rank R] [--allowed-cpus LIST] [--gpu-isolation]
     gsrun-bind [--gpu-isolation] [--host-root DIR] -- CMD ARGS...
 
-The plan is computed by :mod:`gsrun.binding` (pure) from the Slurm task
+The plan is computed by :mod:`gsrun.bind.plan` (pure) from the Slurm task
 environment; this module only parses flags, applies the rank's plan
 (``os.sched_setaffinity``, environment, ``numactl --membind`` exec prefix)
 and ``os.execvp``'s the command -- no shell. A problem with the plan never
@@ -27,13 +27,13 @@ from dataclasses import dataclass
 
 import click
 
-from gsrun.binding import (RankPlan, apply_affinity, exec_argv, fallback_rank, mig_visible_devices,
+from gsrun.bind.plan import (RankPlan, apply_affinity, exec_argv, fallback_rank, mig_visible_devices,
                            plan_from_env, read_job_mig_devices,
                            render_table)
-from gsrun.cpulist import format_cpulist, parse_cpulist
-from gsrun.errors import GsrunError, InputError
-from gsrun.hostfs import HostFS
-from gsrun.topology import read_allowed_mems, read_topology
+from gsrun.base.cpulist import format_cpulist, parse_cpulist
+from gsrun.base.errors import GsrunError, InputError
+from gsrun.facts.hostfs import HostFS
+from gsrun.facts.topology import read_allowed_mems, read_topology
 
 __all__ = ["main", "BindParams", "apply_affinity", "plan_environ", "run_plan", "run_exec"]
 
@@ -185,7 +185,7 @@ def run_exec(p: BindParams, environ: Mapping[str, str]) -> tuple[list[str], dict
 def _job_mig_devices(environ: Mapping[str, str]) -> list[str] | None:
     """MIG devices the prolog created for this job on this node, if any."""
     try:
-        from gsrun.config import load_config
+        from gsrun.request.config import load_config
 
         spool = load_config(environ=environ)["paths.spool_dir"]
     except Exception:  # noqa: BLE001 - a broken config must not stop the task

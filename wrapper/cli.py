@@ -14,11 +14,11 @@ from pathlib import Path
 
 import click
 
-from ..config import load_config
-from ..errors import InputError, run_cli
-from ..slurm import gpus_per_node
-from .render import render_script
-from .spec import JobSpec, plan_nodes, validate_fields
+from gsrun.request.config import load_config
+from gsrun.base.errors import InputError, run_cli
+from gsrun.facts.slurm import gpus_per_node
+from gsrun.wrapper.render import render_script
+from gsrun.wrapper.spec import JobSpec, plan_nodes, validate_fields
 
 
 def _bind_exe() -> str:
@@ -70,13 +70,13 @@ def cli(gpus, nodes, gpus_per_node, time_, partition, job_name, output, cpus_per
     job_name = job_name or _default_name(script)
     validate_fields(job_name, partition, time_, mail_type, mail_user)
     if tune:
-        from ..tuning_request import parse_tune_request
+        from gsrun.request.tune import parse_tune_request
         parse_tune_request(tune)
     if mps not in (None, ""):
         if not (mps.isdigit() and 1 <= int(mps) <= 100):
             raise InputError("submit", "bad --mps", repr(mps)[:40], hint="a percentage 1-100, or --mps alone")
     if mig:
-        from ..mig_layout import parse_layout
+        from gsrun.request.mig_layout import parse_layout
         mig = cfg["mig.layouts"].get(mig, mig)
         parse_layout(mig)
     if cpus_per_task is not None and not 1 <= cpus_per_task <= 4096:
@@ -97,7 +97,7 @@ def cli(gpus, nodes, gpus_per_node, time_, partition, job_name, output, cpus_per
     if dry_run:
         click.echo(text, nl=False)
         return 0
-    from .submit import follow, submit
+    from gsrun.wrapper.submit import follow, submit
 
     job_id = submit(text, cwd=os.getcwd())
     click.echo(f"gsrun: submitted job {job_id}: {gpus} GPUs on {n_nodes} node(s)", err=True)

@@ -7,7 +7,7 @@ sampler has so far.
 
 When the spool has no record (old job, other host) and Slurm accounting is
 configured, the job is read from slurmdbd instead: CPU and memory efficiency
-from ``sacct`` (computed as seff does, :mod:`gsrun.sacct`) and the GPU
+from ``sacct`` (computed as seff does, :mod:`gsrun.facts.sacct`) and the GPU
 figures from the ``JS1:`` blob that EpilogSlurmctld stored in the job's
 ``AdminComment``. ``--sacct`` shows that view for any job.
 """
@@ -20,12 +20,12 @@ import sys
 
 import click
 
-from ..config import load_config
-from ..errors import GsrunError, InputError, run_cli
-from ..fsutil import read_json
-from ..paths import Paths
-from ..report import _dur, _p
-from ..slurm import validate_job_id
+from gsrun.request.config import load_config
+from gsrun.base.errors import GsrunError, InputError, run_cli
+from gsrun.base.fsutil import read_json
+from gsrun.base.paths import Paths
+from gsrun.report.render import _dur, _p
+from gsrun.facts.slurm import validate_job_id
 
 
 def load_summary(paths: Paths, job_id: str) -> dict:
@@ -54,7 +54,7 @@ def load_summary(paths: Paths, job_id: str) -> dict:
             raise InputError("gseff", "no report for job", job_id,
                              hint="the job may still be pending, belong to another user, or have run on a "
                                   "cluster whose spool is not shared with this host")
-        from ..summary import job_summary
+        from gsrun.report.summary import job_summary
         base = summary["job"] if summary else {"id": job_id, "nodes": sorted(n["node"] for n in nodes),
                                                 "state": "RUNNING or unmerged"}
         summary = job_summary(base, nodes)
@@ -95,9 +95,9 @@ def load_accounting(job_id: str, timeout_s: float = 15.0) -> dict:
     """
     from dataclasses import asdict
 
-    from .. import accounting
-    from ..errors import SlurmError
-    from ..summary import decode_js1
+    from gsrun.report import accounting
+    from gsrun.base.errors import SlurmError
+    from gsrun.report.summary import decode_js1
 
     try:
         eff = accounting.sacct_efficiency(job_id, timeout_s)
@@ -188,10 +188,10 @@ def cli(job_id, as_json, plot, from_sacct, spool_dir):
     if as_json:
         click.echo(json.dumps(summary, indent=1, sort_keys=True))
     else:
-        from ..report import render_text
+        from gsrun.report.render import render_text
         click.echo(render_text(summary, color=sys.stdout.isatty() and not os.environ.get("NO_COLOR")), nl=False)
     if plot:
-        from ..report import render_png
+        from gsrun.report.render import render_png
         png = render_png(summary)
         if png is None:
             raise InputError("gseff", "no plot", "no GPU timeline in this job (or matplotlib missing)")

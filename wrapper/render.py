@@ -14,32 +14,13 @@ from __future__ import annotations
 
 import re
 import shlex
-from importlib import resources
 
-import jinja2
-
-from ..errors import InputError
-from .spec import JobSpec, validate_fields
+from gsrun.base.errors import InputError
+from gsrun.base.templating import render
+from gsrun.wrapper.spec import JobSpec, validate_fields
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-
-
-def _env() -> jinja2.Environment:
-    env = jinja2.Environment(
-        loader=jinja2.FunctionLoader(_load_template),
-        undefined=jinja2.StrictUndefined,
-        autoescape=False,
-        keep_trailing_newline=True,
-        trim_blocks=True,
-        lstrip_blocks=True,
-    )
-    env.filters["sh"] = lambda v: shlex.quote(str(v))
-    return env
-
-
-def _load_template(name: str) -> str:
-    return resources.files("gsrun.templates").joinpath(name).read_text()
 
 
 def check_spec(spec: JobSpec) -> None:
@@ -71,5 +52,4 @@ def render_script(spec: JobSpec) -> str:
         InputError: a value that would break out of its line (see :func:`check_spec`).
     """
     check_spec(spec)
-    tpl = _env().get_template("sbatch.sh.j2")
-    return tpl.render(spec=spec, command=" ".join(shlex.quote(a) for a in spec.command))
+    return render("sbatch.sh.j2", spec=spec, command=" ".join(shlex.quote(a) for a in spec.command))

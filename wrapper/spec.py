@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from ..errors import InputError
+from gsrun.base.errors import InputError
 
 JOB_NAME_RE = re.compile(r"^[A-Za-z0-9_.+-]{1,128}\Z")
 TIME_RE = re.compile(r"^(?:(\d+-)?\d{1,4}(:\d{1,2}){0,2}|UNLIMITED|INFINITE)\Z")
@@ -52,7 +52,7 @@ class JobSpec:
 
     def comment(self) -> str | None:
         """Requests for the prolog when the SPANK plugin is absent
-        (``gsrun:tune=...;mps=...``), read by :func:`gsrun.slurm.parse_comment_request`."""
+        (``gsrun:tune=...;mps=...``), read by :func:`gsrun.facts.slurm.parse_comment_request`."""
         parts = []
         if self.tune:
             parts.append(f"tune={self.tune}")

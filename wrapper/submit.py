@@ -7,8 +7,8 @@ import sys
 import time
 from dataclasses import dataclass
 
-from ..errors import SlurmError
-from ..slurm import parse_exit_code, run_slurm, show_job, validate_job_id
+from gsrun.base.errors import SlurmError
+from gsrun.facts.slurm import parse_exit_code, run_slurm, show_job, validate_job_id
 
 DONE_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
                "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT"}

@@ -12,8 +12,8 @@ sum of each process's matmuls per second. Three modes in the same run:
 * ``none``:  no MPS (the processes time-slice the GPU). Their
   ``CUDA_MPS_PIPE_DIRECTORY`` points at an empty private directory, so no
   daemon (not even one at the default /tmp/nvidia-mps) is used.
-* ``gsrun``: the daemon started by ``gsrun.mps.start`` (job 990006, private
-  ``<tmp>/mps``), clients get ``gsrun.mps.task_env``.
+* ``gsrun``: the daemon started by ``gsrun.node.mps.start`` (job 990006, private
+  ``<tmp>/mps``), clients get ``gsrun.node.mps.task_env``.
 * ``hand``:  ``nvidia-cuda-mps-control -d`` started by hand with its own
   private pipe/log directories and the same ``CUDA_VISIBLE_DEVICES``.
 
@@ -47,7 +47,7 @@ sys.path.insert(0, str(REPO))
 
 import psutil  # noqa: E402
 
-from gsrun import mps  # noqa: E402
+from gsrun.node import mps  # noqa: E402
 
 JOB_ID = "990006"
 WORKER = r"""

@@ -49,8 +49,8 @@ def sampler_cost(samples: int, tmp: Path) -> dict:
     sys.path.insert(0, str(REPO))
     import pynvml
 
-    from gsrun.hostfs import HostFS
-    from gsrun.sampler import Sampler
+    from gsrun.facts.hostfs import HostFS
+    from gsrun.node.sampler import Sampler
 
     s = Sampler(HostFS.from_env(None), "990013", os.getuid(), "h200", [0], str(tmp / "s.json"), 1.0, 3600, 1000)
     s.sample_once()
@@ -61,7 +61,7 @@ def sampler_cost(samples: int, tmp: Path) -> dict:
     gs_cpu = (time.process_time() - c0) / samples
     gs_wall = (time.perf_counter() - w0) / samples
     # GPU-only part (no job CPU/memory scan)
-    from gsrun.sampler import read_gpu, update_gpu
+    from gsrun.node.sampler import read_gpu, update_gpu
     ref, g = s.refs[0], s.state["gpus"][0]
     c0 = time.process_time()
     for _ in range(samples):

@@ -9,10 +9,10 @@ The job's clock is simulated (no sleeping): a 7-day job at 5 s is 120960
 polls, run back to back; state is flushed (atomic JSON rewrite) every
 ``--flush`` simulated seconds, as the real sampler does.
 
-- Fake mode (default): :class:`gsrun.nvml.FakeNvml` from the real H200
+- Fake mode (default): :class:`gsrun.facts.nvml.FakeNvml` from the real H200
   recording, ``--gpus`` copies, whose utilization buffer and energy counter
   follow the simulated clock. The bare loop makes the *same* FakeNvml calls
-  as the sampler (:func:`gsrun.sampler.read_gpu`) without aggregating, so the
+  as the sampler (:func:`gsrun.node.sampler.read_gpu`) without aggregating, so the
   ratio is the cost of gsrun's aggregation + state over the calls themselves.
 - ``--real``: pynvml on this host's GPUs (all of them, or ``--gpus N``). The
   bare loop is ``nvmlDeviceGetUtilizationRates`` / ``MemoryInfo`` /
@@ -43,9 +43,9 @@ sys.path.insert(0, str(REPO))
 
 import psutil  # noqa: E402
 
-from gsrun.hostfs import HostFS  # noqa: E402
-from gsrun.nvml import FakeNvml, RealNvml, is_na  # noqa: E402
-from gsrun.sampler import Sampler, read_gpu, resolve_gpus  # noqa: E402
+from gsrun.facts.hostfs import HostFS  # noqa: E402
+from gsrun.facts.nvml import FakeNvml, RealNvml, is_na  # noqa: E402
+from gsrun.node.sampler import Sampler, read_gpu, resolve_gpus  # noqa: E402
 
 T0 = 1_760_000_000.0
 H200 = REPO / "tests" / "data" / "hosts" / "h200-vm" / "nvml.json"

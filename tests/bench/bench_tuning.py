@@ -5,7 +5,7 @@ against ``python3 -c pass``, measured in the same run.
 
 Prints median wall times (ms) of
   - ``python3 -c pass`` (interpreter start, the floor any Python prolog pays),
-  - a child process that imports gsrun.tuning and runs prolog_tune + epilog_restore
+  - a child process that imports gsrun.node.tuning and runs prolog_tune + epilog_restore
     (what slurmd waits for, minus the CLI),
   - the two calls in-process (the tuning work itself),
 and the ratios of the first two to ``python3 -c pass``.
@@ -26,12 +26,12 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests" / "unit"))
 
-from gsrun import tuning  # noqa: E402
-from gsrun.hostfs import HostFS  # noqa: E402
+from gsrun.node import tuning  # noqa: E402
+from gsrun.facts.hostfs import HostFS  # noqa: E402
 from test_tuning_support import make_tree  # noqa: E402
 
 REQ = "governor=performance,swappiness=10,swap=off,dirty_ratio=40,dirty_background_ratio=5,thp=never,thp_defrag=never"
-CHILD = ("import sys; sys.path.insert(0, sys.argv[1]); from gsrun import tuning; from gsrun.hostfs import HostFS; "
+CHILD = ("import sys; sys.path.insert(0, sys.argv[1]); from gsrun import tuning; from gsrun.facts.hostfs import HostFS; "
          "h = HostFS(sys.argv[2]); "
          "tuning.prolog_tune(h, sys.argv[3], '1', sys.argv[4], None, None, True, log=lambda m: None); "
          "r = tuning.epilog_restore(h, sys.argv[3], '1', log=lambda m: None); assert r['ok'] and r['last_job']")

@@ -4,9 +4,9 @@
     python3 tests/gpu/efficiency_real.py [--window-s 20] [--interval-s 1] [--out eff.json]
 
 Two controlled loads, each in its own process (torch), sampled by gsrun's own
-sampler (:class:`gsrun.sampler.Sampler` with the real NVML backend, driven
+sampler (:class:`gsrun.node.sampler.Sampler` with the real NVML backend, driven
 here with ``sample_once`` every ``--interval-s``), then summarised by
-:func:`gsrun.summary.node_summary` / :func:`job_summary` with findings:
+:func:`gsrun.report.summary.node_summary` / :func:`job_summary` with findings:
 
 * ``burst``: 8192x8192 bf16 matmuls for ~200 ms (the count calibrated first),
   then idle until the 400 ms period ends: the GPU busy ~50 % of the time. The
@@ -106,10 +106,10 @@ def measure(mode: str, window_s: float, interval_s: float, tmp: Path) -> dict:
     import pynvml
 
     sys.path.insert(0, str(REPO))
-    from gsrun.hostfs import HostFS
-    from gsrun.sampler import Sampler
-    from gsrun.config import parse_config
-    from gsrun.summary import job_summary, node_summary
+    from gsrun.facts.hostfs import HostFS
+    from gsrun.node.sampler import Sampler
+    from gsrun.request.config import parse_config
+    from gsrun.report.summary import job_summary, node_summary
 
     # a short measurement window: the site setting that withholds advice for
     # jobs under 60 s is set to 0 so the findings are computed

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Real-GPU check of gsrun.mps (issue 5), for the H200 device machine.
+"""Real-GPU check of gsrun.node.mps (issue 5), for the H200 device machine.
 
 Run as root from the repository root:
 
@@ -10,14 +10,14 @@ What it does (the prolog/epilog path, for real):
      user: ``--uid``, default nobody (65534) when root; a preflight
      ``import torch; torch.cuda.is_available()`` as that user decides, and
      falls back to the current uid if it fails (reported as ``uid_fallback``);
-  2. ``gsrun.mps.start`` for job 990005 in a private ``<tmp>/mps`` (never
+  2. ``gsrun.node.mps.start`` for job 990005 in a private ``<tmp>/mps`` (never
      touches compute mode: no ``set_compute_mode``);
   3. runs ``--clients`` concurrent CUDA processes (torch bf16 matmul loops) as
-     that user with only ``gsrun.mps.task_env`` added (no
+     that user with only ``gsrun.node.mps.task_env`` added (no
      ``CUDA_VISIBLE_DEVICES``: clients see the daemon's devices);
   4. asks the daemon ``get_server_list`` while they run and reads
      ``control.log``: expects ONE server and the clients' PIDs as NEW CLIENT;
-  5. ``gsrun.mps.stop``; checks no MPS process (other than ones that existed
+  5. ``gsrun.node.mps.stop``; checks no MPS process (other than ones that existed
      before) and no directory / journal is left.
 
 Prints one JSON object (``ok``, ``checks``, ``control_log``, ``start``,
@@ -43,7 +43,7 @@ sys.path.insert(0, str(REPO))
 
 import psutil  # noqa: E402
 
-from gsrun import mps  # noqa: E402
+from gsrun.node import mps  # noqa: E402
 
 JOB_ID = "990005"
 CLIENT = r"""

@@ -5,9 +5,9 @@
 
 Writes under OUTDIR (read-only probing; no NVML set call, nothing tuned):
 
-* ``nvml.json``: every key of :data:`gsrun.nvml.KEYS` for each GPU, asked
-  through gsrun's own :class:`gsrun.nvml.RealNvml` and written in the
-  recording format :class:`gsrun.nvml.FakeNvml` reads (``{"ok": v}`` /
+* ``nvml.json``: every key of :data:`gsrun.facts.nvml.KEYS` for each GPU, asked
+  through gsrun's own :class:`gsrun.facts.nvml.RealNvml` and written in the
+  recording format :class:`gsrun.facts.nvml.FakeNvml` reads (``{"ok": v}`` /
   ``{"error", "code"}``). ``gpm`` is asked twice, 1 s apart, while a
   4096x4096 bf16 matmul loop runs (the second answer is recorded; the first
   is ``first GPM sample`` by design); ``util_samples`` is the driver's whole
@@ -33,7 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from gsrun.nvml import KEYS, NA, RealNvml, is_na  # noqa: E402
+from gsrun.facts.nvml import KEYS, NA, RealNvml, is_na  # noqa: E402
 
 LOAD = ("import torch,time\na=torch.randn(4096,4096,device='cuda',dtype=torch.bfloat16)\n"
         "print('go',flush=True)\nend=time.time()+6\nwhile time.time()<end:\n c=a@a\n torch.cuda.synchronize()\n")
@@ -50,7 +50,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     nv = RealNvml()
     rec: dict = {"driver": enc(nv.driver_version()), "count": {"ok": nv.count()}, "devices": [],
-                 "recorded_by": "tests/gpu/record_real.py (gsrun.nvml.RealNvml)", "recorded_at": time.time()}
+                 "recorded_by": "tests/gpu/record_real.py (gsrun.facts.nvml.RealNvml)", "recorded_at": time.time()}
     load = subprocess.Popen([sys.executable, "-c", LOAD], stdout=subprocess.PIPE, text=True,
                             env={**os.environ, "CUDA_VISIBLE_DEVICES": "0"})
     load.stdout.readline()

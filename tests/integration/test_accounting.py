@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from gsrun.sacct import SACCT_FORMAT, efficiency_from_sacct
-from gsrun.summary import decode_js1
+from gsrun.facts.sacct import SACCT_FORMAT, efficiency_from_sacct
+from gsrun.report.summary import decode_js1
 
 REPO = Path(__file__).resolve().parents[2]
 VENV = os.environ.get("GSRUN_VENV", "/opt/gsrun/venv")

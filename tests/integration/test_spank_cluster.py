@@ -49,7 +49,7 @@ def slurm(argv, env_extra=None, timeout_s=120):
 def spool_dir() -> Path:
     if os.environ.get("GSRUN_TEST_SPOOL"):
         return Path(os.environ["GSRUN_TEST_SPOOL"])
-    from gsrun.config import load_config
+    from gsrun.request.config import load_config
     return Path(load_config()["paths.spool_dir"])
 
 
@@ -131,7 +131,7 @@ def test_srun_tasks_get_the_planned_affinity():
     p = slurm(["srun", "-p", PARTITION, "-N", "1", "-n", "2", "sh", "-c",
                'echo "$SLURM_LOCALID $GSRUN_BIND_CPUS $(grep Cpus_allowed_list /proc/self/status | cut -f2)"'])
     assert p.returncode == 0, p.stderr
-    from gsrun.cpulist import parse_cpulist
+    from gsrun.base.cpulist import parse_cpulist
     rows = sorted(line.split() for line in p.stdout.splitlines() if line.strip())
     assert [r[0] for r in rows] == ["0", "1"], p.stdout
     for _rank, planned, actual in rows:
@@ -146,7 +146,7 @@ def test_srun_eight_tasks_on_two_nodes_get_the_planned_affinity():
                'echo "$SLURMD_NODENAME $SLURM_LOCALID $GSRUN_BIND_CPUS '
                '$(grep Cpus_allowed_list /proc/self/status | cut -f2)"'])
     assert p.returncode == 0, p.stderr
-    from gsrun.cpulist import parse_cpulist
+    from gsrun.base.cpulist import parse_cpulist
     rows = sorted(line.split() for line in p.stdout.splitlines() if line.strip())
     assert len(rows) == 8, p.stdout
     assert sorted((r[0], r[1]) for r in rows) == [(n, str(i)) for n in ("gpu01", "gpu02") for i in range(4)]

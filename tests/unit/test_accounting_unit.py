@@ -1,4 +1,4 @@
-"""gsrun.accounting pure helpers and retry logic; gseff's accounting view."""
+"""gsrun.report.accounting pure helpers and retry logic; gseff's accounting view."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from gsrun import accounting
-from gsrun.errors import InputError, SlurmError
+from gsrun.report import accounting
+from gsrun.base.errors import InputError, SlurmError
 from gsrun.wrapper import gseff
 
 SHOW_CONFIG = """Configuration data as of 2026-11-29T09:27:49
@@ -103,7 +103,7 @@ SACCT_OUT = (
 
 
 def test_load_accounting_and_render(monkeypatch):
-    from gsrun.summary import js1_blob  # noqa: F401 - the blob format is the summary's
+    from gsrun.report.summary import js1_blob  # noqa: F401 - the blob format is the summary's
     import base64, gzip, json
     comment = "JS1:" + base64.b64encode(gzip.compress(json.dumps(BLOB).encode())).decode()
     monkeypatch.setattr(accounting, "sacct_text", lambda j, t=15.0, fmt=None: SACCT_OUT)

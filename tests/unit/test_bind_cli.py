@@ -10,9 +10,9 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import DATA, REPO
-from gsrun.binding import plan_from_env
-from gsrun.cpulist import format_cpulist
-from gsrun.hostfs import HostFS
+from gsrun.bind.plan import plan_from_env
+from gsrun.base.cpulist import format_cpulist
+from gsrun.facts.hostfs import HostFS
 from gsrun.wrapper.bind import main
 
 HOSTS = DATA / "hosts"

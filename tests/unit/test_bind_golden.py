@@ -12,9 +12,9 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import DATA
-from gsrun.binding import plan_from_env
-from gsrun.hostfs import HostFS
-from gsrun.topology import read_topology
+from gsrun.bind.plan import plan_from_env
+from gsrun.facts.hostfs import HostFS
+from gsrun.facts.topology import read_topology
 from gsrun.wrapper.bind import main
 
 HOSTS = DATA / "hosts"
@@ -53,7 +53,7 @@ def test_golden_plan(name, n, monkeypatch):
     # the golden itself obeys the invariants
     allowed = set(range(4096))
     if GOLDEN_HOSTS[name].get("allowed"):
-        from gsrun.cpulist import parse_cpulist
+        from gsrun.base.cpulist import parse_cpulist
         allowed = set(parse_cpulist(GOLDEN_HOSTS[name]["allowed"]))
     for r in want["ranks"]:
         assert r["cpus"] and set(r["cpus"]) <= allowed

@@ -3,7 +3,7 @@
 import json
 import os
 
-from gsrun.binding import mig_visible_devices, read_job_mig_devices
+from gsrun.bind.plan import mig_visible_devices, read_job_mig_devices
 
 A, B, C = ("MIG-11111111-2222-3333-4444-555555555555", "MIG-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee",
            "MIG-GPU-11111111-2222-3333-4444-555555555555/1/0")

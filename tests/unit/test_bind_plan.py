@@ -3,12 +3,12 @@
 import pytest
 
 from conftest import DATA
-from gsrun.binding import (FOREIGN_GPU_VARS, exec_argv, make_plan, ntasks_from_env, plan_from_env,
+from gsrun.bind.plan import (FOREIGN_GPU_VARS, exec_argv, make_plan, ntasks_from_env, plan_from_env,
                            rank_env, render_table)
-from gsrun.cpulist import parse_cpulist
-from gsrun.errors import InputError, TopologyError
-from gsrun.hostfs import HostFS
-from gsrun.topology import read_topology
+from gsrun.base.cpulist import parse_cpulist
+from gsrun.base.errors import InputError, TopologyError
+from gsrun.facts.hostfs import HostFS
+from gsrun.facts.topology import read_topology
 
 HOSTS = DATA / "hosts"
 ALL_HOSTS = ["h200-vm", "server-2s8g", "amd-nps4", "vm-numa-minus1", "cpuset-job", "case4-l4",

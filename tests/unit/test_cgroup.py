@@ -1,4 +1,4 @@
-"""gsrun.cgroup against fake trees in tests/data/cgroup/ (field case 22) and
+"""gsrun.facts.cgroup against fake trees in tests/data/cgroup/ (field case 22) and
 the real H200 VM recording; the psutil fallback against real processes."""
 
 import os
@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from gsrun.cgroup import (
+from gsrun.facts.cgroup import (
     CgroupMounts, find_job_cgroup, parse_devices_list, parse_mountinfo, read_cpuset,
     read_gpu_minors, read_mounts, read_pids, read_usage, usage_from_pids,
 )
-from gsrun.errors import InputError
-from gsrun.hostfs import HostFS
-from gsrun.sacct import cpu_efficiency
+from gsrun.base.errors import InputError
+from gsrun.facts.hostfs import HostFS
+from gsrun.facts.sacct import cpu_efficiency
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "cgroup"
 GiB = 1024 ** 3
@@ -88,7 +88,7 @@ def test_case22_v2_bounded_search_multi_slurmd_with_peak():
     assert read_pids(h, jcg) == [3001]
     assert find_job_cgroup(h, "4242", None).pids_dir == jcg.pids_dir
     # depth bound: nothing found when the search may only look at the mount itself
-    from gsrun import cgroup as cg
+    from gsrun.facts import cgroup as cg
     assert cg._search(h, "sys/fs/cgroup", "job_4242", max_depth=2) is None
     assert cg._search(h, "sys/fs/cgroup", "job_4242", max_dirs=1) is None
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from gsrun import config
-from gsrun.config import SETTINGS, ConfigError, parse_config
-from gsrun.install import render_config_reference
+from gsrun.request import config
+from gsrun.request.config import SETTINGS, ConfigError, parse_config
+from gsrun.wrapper.install import render_config_reference
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -122,7 +122,7 @@ def test_tuning_allowed_keys_rejects_unknown():
 
 
 def test_tune_keys_come_from_tuning_request():
-    from gsrun import tuning_request
+    from gsrun.request import tune as tuning_request
 
     assert config.TUNE_KEYS is tuning_request.TUNE_KEYS
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from gsrun import doctor
-from gsrun.hostfs import HostFS
-from gsrun.node import cli
+from gsrun.wrapper import doctor
+from gsrun.facts.hostfs import HostFS
+from gsrun.wrapper.node import cli
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 H200 = DATA / "hosts" / "h200-vm"

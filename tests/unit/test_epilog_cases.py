@@ -15,8 +15,8 @@ import time
 import psutil
 import pytest
 
-from gsrun import residual
-from gsrun.hostfs import HostFS
+from gsrun.node import residual
+from gsrun.facts.hostfs import HostFS
 from test_prolog_support import TUNE, host_only, kill_fakes, leftover_fakes, make_site, nvml_devices, \
     run_node, samplers_of, snapshot, timed
 from test_tuning_support import diff
@@ -231,7 +231,7 @@ def test_case15_sampler_runs_on_and_epilog_reports_it(site):
     keeps CPU/memory figures; the summary says why GPU figures are missing."""
     env = site.env(gpus="0")
     (site.state / "jobs/4242").mkdir(parents=True)
-    from gsrun.sampler import Sampler
+    from gsrun.node.sampler import Sampler
 
     s = Sampler(HostFS(site.host), "4242", USER, "gpu-node01", [0], str(site.state / "jobs/4242/sampler.json"),
                 0.01, 0.01, usage=lambda: (12.5, 1 << 30, 2 << 30, "test"))
@@ -247,12 +247,12 @@ def test_case15_sampler_runs_on_and_epilog_reports_it(site):
 
 @root_only
 def test_case16_lost_gpu_makes_the_epilog_exit_nonzero(site):
-    from gsrun.nvml import NA, FakeNvml, Seq
+    from gsrun.facts.nvml import NA, FakeNvml, Seq
 
     nv = FakeNvml(json.loads((site.host / "nvml.json").read_text()))
     nv.set(1, "memory", Seq([{"ok": {"total": 1, "used": 1, "free": 0}}, NA("GPU is lost", 15)]))
     (site.state / "jobs/4242").mkdir(parents=True)
-    from gsrun.sampler import Sampler
+    from gsrun.node.sampler import Sampler
 
     Sampler(HostFS(site.host), "4242", USER, "gpu-node01", [0, 1], str(site.state / "jobs/4242/sampler.json"),
             0.01, 0.01, nvml=nv, usage=lambda: (1.0, 1, 1, "test")).run(4)

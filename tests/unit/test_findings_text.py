@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from gsrun.config import Config, SETTINGS
-from gsrun.nvml import FakeNvml, Seq
-from gsrun.report import render_text
-from gsrun.summary import job_summary
+from gsrun.request.config import Config, SETTINGS
+from gsrun.facts.nvml import FakeNvml, Seq
+from gsrun.report.render import render_text
+from gsrun.report.summary import job_summary
 
 from test_sampler_support import (GIB, SimClock, cpu_usage, energy_stream, h200_data, job_of, make_sampler,
                                   node_of, run_job, util_sample_stream)
@@ -161,6 +161,6 @@ def test_gpu_memory_low(tmp_path):
 def test_pending_and_cancelled_jobs():
     base = {"schema": "x", "cpu": {"efficiency_pct": None}, "memory": {"efficiency_pct": None},
             "gpu": {"available": False, "devices": [], "reason": None}}
-    from gsrun.findings import findings
+    from gsrun.report.findings import findings
     assert findings(dict(base, job={"state": "PENDING", "elapsed_s": 0}))[0]["code"] == "deferred"
     assert findings(dict(base, job={"state": "CANCELLED by 1000", "elapsed_s": 0}))[0]["code"] == "never_started"

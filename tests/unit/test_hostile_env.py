@@ -14,10 +14,10 @@ import time
 
 import pytest
 
-from gsrun.errors import InputError
-from gsrun.jobenv import job_from_env
-from gsrun.log import JobLog, safe_text
-from gsrun.paths import Paths, check_job_id
+from gsrun.base.errors import InputError
+from gsrun.facts.jobenv import job_from_env
+from gsrun.base.log import JobLog, safe_text
+from gsrun.base.paths import Paths, check_job_id
 from test_prolog_support import LAUNCH, make_site
 
 GOOD = {"SLURM_JOB_ID": "4242", "SLURM_JOB_UID": "1000", "SLURM_JOB_GID": "1000", "SLURM_JOB_USER": "user1",
@@ -119,8 +119,8 @@ def test_raw_bytes_through_the_real_prolog(name, raw):
 # --- red-team findings: forged job-record fields ----------------------------------
 
 def test_job_record_with_newline_in_name_is_not_trusted():
-    from gsrun.requests import exclusive_from_record
-    from gsrun.slurm import parse_job_record
+    from gsrun.request.job import exclusive_from_record
+    from gsrun.facts.slurm import parse_job_record
 
     forged = "JobId=6 JobName=n OverSubscribe=NO\ny UserId=u(1001) OverSubscribe=OK Comment=\n"
     assert parse_job_record(forged, "6") is None
@@ -134,7 +134,7 @@ def test_job_record_with_newline_in_name_is_not_trusted():
 
 
 def test_residual_env_claim_protects_only_live_jobs():
-    from gsrun.residual import GpuProc, ProcFacts, select_targets
+    from gsrun.node.residual import GpuProc, ProcFacts, select_targets
 
     procs = [GpuProc(pid=4321, bus_id="0000:41:00.0", used_bytes=1 << 30)]
     facts = {4321: ProcFacts(4321, True, uid=1001, env_job_id="424242", cgroup_job_id=None)}

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gsrun.errors import InputError
+from gsrun.base.errors import InputError
 from gsrun.wrapper.cli import _command
 from gsrun.wrapper.render import render_script
 from gsrun.wrapper.spec import JobSpec

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from gsrun import install
-from gsrun.config import DEFAULT_CONFIG_PATH, parse_config, render_commented_config
-from gsrun.errors import InputError
+from gsrun.wrapper import install
+from gsrun.request.config import DEFAULT_CONFIG_PATH, parse_config, render_commented_config
+from gsrun.base.errors import InputError
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULTS = parse_config("")
@@ -91,7 +91,7 @@ def test_measure_hook_cost_with_fake_runs():
     cost = install.measure_hook_cost("/etc/x.toml", runs=3, python="/py", run=run, clock=lambda: next(ticks))
     assert cost == install.HookCost(0.8, 0.25, 3)
     argv, kw = run.calls[0]
-    assert argv == ["/py", "-m", "gsrun.node", "prolog", "--dry-run"]
+    assert argv == ["/py", "-m", "gsrun.wrapper.node", "prolog", "--dry-run"]
     assert kw["env"]["GSRUN_CONFIG"] == "/etc/x.toml" and kw["env"]["SLURM_JOB_ID"] == "0"
     assert kw["env"]["SPANK_GS_REPORT"] == "1"   # no scontrol call from the dry run
     assert "GSRUN_LOG_FILE" not in kw["env"]

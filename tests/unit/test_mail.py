@@ -1,4 +1,4 @@
-"""gsrun.mail: message building, spool queue, sender with retry, exactly-once.
+"""gsrun.report.mail: message building, spool queue, sender with retry, exactly-once.
 
 Real mail goes to a real SMTP server (aiosmtpd) on 127.0.0.1; outages are the
 server really stopped (connection refused) or a socket that never answers.
@@ -24,10 +24,10 @@ from email.parser import BytesParser
 
 import pytest
 
-from gsrun.config import parse_config
-from gsrun.errors import ConfigError, InputError, NodeError
-from gsrun import mail
-from gsrun.mail import (backoff_s, build_message, enqueue, flush, mail_kind, mail_wanted,
+from gsrun.request.config import parse_config
+from gsrun.base.errors import ConfigError, InputError, NodeError
+from gsrun.report import mail
+from gsrun.report.mail import (backoff_s, build_message, enqueue, flush, mail_kind, mail_wanted,
                         queue_status, subject_line, validate_addr)
 
 aiosmtpd_controller = pytest.importorskip("aiosmtpd.controller")
@@ -611,7 +611,7 @@ def test_two_flush_processes_deliver_each_message_once(spool):
     try:
         for i in range(4):
             enqueue(spool, str(i + 1), build_message(make_summary(id=str(i + 1)), "r", None, TO, FROM))
-        code = ("import sys, json; sys.path.insert(0, sys.argv[1]); from gsrun.mail import flush; "
+        code = ("import sys, json; sys.path.insert(0, sys.argv[1]); from gsrun.report.mail import flush; "
                 "print(json.dumps(flush(sys.argv[2], json.loads(sys.argv[3]))))")
         cfg = json.dumps(cfg_for(srv.port, **{"timeouts.command_s": 10.0}))
         procs = [subprocess.Popen([sys.executable, "-c", code, str(repo), str(spool), cfg],

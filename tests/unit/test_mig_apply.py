@@ -1,4 +1,4 @@
-"""MIG apply/restore (gsrun.mig) against the fake NVML MIG backend seeded
+"""MIG apply/restore (gsrun.node.mig) against the fake NVML MIG backend seeded
 with the real H200 profile table (tests/data/nvml/h200-mig.json)."""
 
 import json
@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from gsrun import mig
-from gsrun.errors import InputError, NodeError
-from gsrun.hostfs import HostFS
-from gsrun.mig_nvml import IN_USE, FakeMig, MigNvmlError
+from gsrun.node import mig
+from gsrun.base.errors import InputError, NodeError
+from gsrun.facts.hostfs import HostFS
+from gsrun.node.mig_nvml import IN_USE, FakeMig, MigNvmlError
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "nvml" / "h200-mig.json"
 

@@ -1,9 +1,9 @@
-"""Layout syntax (gsrun.mig_layout): pure."""
+"""Layout syntax (gsrun.request.mig_layout): pure."""
 
 import pytest
 
-from gsrun.errors import InputError
-from gsrun.mig_layout import MAX_INSTANCES, format_layout, parse_layout
+from gsrun.base.errors import InputError
+from gsrun.request.mig_layout import MAX_INSTANCES, format_layout, parse_layout
 
 
 @pytest.mark.parametrize("text,want", [
@@ -61,7 +61,7 @@ def test_format_roundtrip():
 
 
 def test_config_validates_site_layouts_with_parse_layout():
-    from gsrun.config import _layouts
+    from gsrun.request.config import _layouts
     assert _layouts({"small": "7x1g.18gb", "halves": "3g.71gb+3g.71gb"}) is None
     msg = _layouts({"bad": "3g.71gb;x"})
     assert msg and "bad" in msg and "outside" in msg

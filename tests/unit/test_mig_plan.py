@@ -1,4 +1,4 @@
-"""MIG planner (gsrun.mig.plan_layout) against the real H200's recorded profile table.
+"""MIG planner (gsrun.node.mig.plan_layout) against the real H200's recorded profile table.
 
 Recorded table: tests/data/nvml/h200-mig.json, converted from
 shared/data/hosts/h200-vm/h200-vm-nvml.json (NVIDIA H200, driver 580.159.04,
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from gsrun import mig
-from gsrun.errors import InputError
+from gsrun.node import mig
+from gsrun.base.errors import InputError
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "nvml" / "h200-mig.json"
 RAW = json.loads(DATA.read_text())["devices"][0]["gpu_instance_profiles"]
@@ -164,7 +164,7 @@ def test_search_failure_names_the_instance_and_what_took_its_slices():
 
 
 def test_not_supported_table():
-    from gsrun.nvml import NA
+    from gsrun.facts.nvml import NA
     with pytest.raises(InputError):
         mig.profile_table(NA("Not Supported", 3))
 

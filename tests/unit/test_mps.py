@@ -1,4 +1,4 @@
-"""gsrun.mps: per-job MPS daemon lifecycle with the fake control binary
+"""gsrun.node.mps: per-job MPS daemon lifecycle with the fake control binary
 (tests/data/fake-bin/nvidia-cuda-mps-control), the permission model checked
 for real (owner/mode by stat, access by a child that setuid's to another
 uid), and field cases 17-19 (targeted kill, two jobs side by side, compute
@@ -23,8 +23,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gsrun import mps
-from gsrun.errors import InputError, NodeError
+from gsrun.node import mps
+from gsrun.base.errors import InputError, NodeError
 
 REPO = Path(__file__).resolve().parents[2]
 FAKE = REPO / "tests" / "data" / "fake-bin" / "nvidia-cuda-mps-control"

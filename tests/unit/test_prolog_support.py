@@ -36,7 +36,7 @@ for sub in ("prolog", "epilog", "wrapper", "spank_py", "templates"):
     spec = importlib.util.spec_from_file_location("gsrun." + sub, {str(REPO)!r} + "/" + sub + "/__init__.py",
                                                   submodule_search_locations=[{str(REPO)!r} + "/" + sub])
     mod = importlib.util.module_from_spec(spec); sys.modules[spec.name] = mod; spec.loader.exec_module(mod)
-from gsrun.node import main
+from gsrun.wrapper.node import main
 main(sys.argv[1:])
 """
 
@@ -140,7 +140,7 @@ def samplers_of(job_id: str, state_dir) -> list[int]:
     out = []
     for p in psutil.process_iter(["pid", "cmdline", "status"]):
         cmd = p.info["cmdline"] or []
-        if "sampler" in cmd and "--job-id" in cmd and job_id in cmd and str(state_dir) in cmd \
+        if "gsrun.node.sampler" in cmd and "--job-id" in cmd and job_id in cmd and str(state_dir) in cmd \
                 and p.info["status"] != psutil.STATUS_ZOMBIE:
             out.append(p.info["pid"])
     return out

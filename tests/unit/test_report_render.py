@@ -7,8 +7,8 @@ import zlib
 
 import pytest
 
-from gsrun.nvml import FakeNvml, Seq
-from gsrun.report import _dur, _energy, render_png, render_text
+from gsrun.facts.nvml import FakeNvml, Seq
+from gsrun.report.render import _dur, _energy, render_png, render_text
 
 from test_sampler_support import (GIB, SimClock, cpu_usage, energy_stream, h200_data, job_of, make_sampler,
                                   node_of, run_job, util_sample_stream)

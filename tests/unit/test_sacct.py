@@ -1,12 +1,12 @@
-"""Pure tests of gsrun.sacct against the field cases 23-26 (exact values from
+"""Pure tests of gsrun.facts.sacct against the field cases 23-26 (exact values from
 FIELD_CASES.md) and the recorded-format fixtures in tests/data/sacct/."""
 
 from pathlib import Path
 
 import pytest
 
-from gsrun.errors import SlurmError
-from gsrun.sacct import (
+from gsrun.base.errors import SlurmError
+from gsrun.facts.sacct import (
     SACCT_FORMAT, cpu_efficiency, efficiencies_from_sacct, efficiency_from_sacct,
     group_jobs, parse_mem, parse_sacct, parse_time_s, parse_tres, tres_gpus,
 )

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from gsrun.nvml import FakeNvml
+from gsrun.facts.nvml import FakeNvml
 
 from test_sampler_support import GIB, T0, SimClock, cpu_usage, h200_data, make_sampler, node_of
 

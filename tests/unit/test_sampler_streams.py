@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from gsrun.nvml import GPU_IS_LOST, NA, FakeNvml, NvmlUnavailable, Seq
-from gsrun.report import render_text
-from gsrun.sampler import THROTTLE_CAUSES
+from gsrun.facts.nvml import GPU_IS_LOST, NA, FakeNvml, NvmlUnavailable, Seq
+from gsrun.report.render import render_text
+from gsrun.node.sampler import THROTTLE_CAUSES
 
 from test_sampler_support import (GIB, SimClock, cpu_usage, energy_stream, h200_data, job_of, make_sampler,
                                   node_of, run_job, util_sample_stream)

@@ -1,5 +1,5 @@
 """Helpers (no tests here): synthetic NVML sample streams driven through the
-real :class:`gsrun.sampler.Sampler` with :class:`gsrun.nvml.FakeNvml` and a
+real :class:`gsrun.node.sampler.Sampler` with :class:`gsrun.facts.nvml.FakeNvml` and a
 simulated clock, so a job of any length runs in seconds with known answers.
 
 Every device starts as the real H200 recording
@@ -13,10 +13,10 @@ import copy
 import json
 from pathlib import Path
 
-from gsrun.hostfs import HostFS
-from gsrun.nvml import FakeNvml, Seq
-from gsrun.sampler import Sampler
-from gsrun.summary import job_summary, node_summary
+from gsrun.facts.hostfs import HostFS
+from gsrun.facts.nvml import FakeNvml, Seq
+from gsrun.node.sampler import Sampler
+from gsrun.report.summary import job_summary, node_summary
 
 REPO = Path(__file__).resolve().parents[2]
 H200 = REPO / "tests" / "data" / "hosts" / "h200-vm" / "nvml.json"

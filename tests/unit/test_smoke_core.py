@@ -1,4 +1,4 @@
-from gsrun.cpulist import format_cpulist, parse_cpulist, words_to_cpus
+from gsrun.base.cpulist import format_cpulist, parse_cpulist, words_to_cpus
 
 
 def test_cpulist_roundtrip():

@@ -395,7 +395,7 @@ def test_remote_binds_in_forked_tasks(built, harness, real_site):
     assert out.count("RC slurm_spank_task_init 0") == 2
     assert out.count("SETENV CUDA_MPS_PIPE_DIRECTORY=/run/gsrun/mps/4242/pipe") == 2
     # the affinity the task really has after task_init = the plan's CPUs for its rank
-    from gsrun.cpulist import parse_cpulist
+    from gsrun.base.cpulist import parse_cpulist
     planned = [l.split("=", 1)[1] for l in out if l.startswith("SETENV GSRUN_BIND_CPUS=")]
     counts = [int(l.rsplit("cpus=", 1)[1]) for l in out if l.startswith("TASK ")]
     assert len(planned) == 2 and counts == [len(parse_cpulist(p)) for p in planned], out

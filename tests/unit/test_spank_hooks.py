@@ -102,7 +102,7 @@ def test_mps_flag_alone_exports_empty_value(fake):
     assert hooks.slurm_spank_init_post_opt("allocator", ARGS) == 0
     assert sp.job_control == {"GS_MPS": ""}
     # the prolog's reader: "" = MPS with the site default percentage
-    from gsrun.mps import requested, requested_pct
+    from gsrun.node.mps import requested, requested_pct
     env = {"SPANK_" + k: v for k, v in sp.job_control.items()}
     assert requested(env, None) is True and requested_pct(env, None) is None
 
@@ -152,8 +152,8 @@ def test_site_mig_layout_name_is_resolved(fake, tmp_path, monkeypatch):
 
 
 def test_fallback_used_when_module_import_fails(monkeypatch):
-    monkeypatch.setitem(sys.modules, "gsrun.tuning_request", None)   # import raises ImportError
-    monkeypatch.setitem(sys.modules, "gsrun.mig_layout", None)
+    monkeypatch.setitem(sys.modules, "gsrun.request.tune", None)   # import raises ImportError
+    monkeypatch.setitem(sys.modules, "gsrun.request.mig_layout", None)
     assert hooks.check_tune("swappiness=10") == "swappiness=10"
     with pytest.raises(hooks.OptionError, match="key=value"):
         hooks.check_tune("swappiness=10;reboot")
@@ -163,7 +163,7 @@ def test_fallback_used_when_module_import_fails(monkeypatch):
 
 
 def test_exported_values_pass_the_prolog_reader(fake):
-    from gsrun.jobenv import SPANK_KEYS, _SPANK_VALUE
+    from gsrun.facts.jobenv import SPANK_KEYS, _SPANK_VALUE
     sp = fake(options={"gs-mps": "7", "gs-tune": "governor=performance,swappiness=0",
                        "gs-mig": "1g.18gb+me+3x1g.18gb", "gs-bind": "none", "gs-report": "mail"})
     assert hooks.slurm_spank_init_post_opt("allocator", ARGS) == 0
@@ -207,7 +207,7 @@ def test_is_bound_step(step, want):
 
 
 def _plan(host_nodes=2):
-    from gsrun.binding import Plan, RankPlan
+    from gsrun.bind.plan import Plan, RankPlan
     r0 = RankPlan(0, None, (), 0, (0, 1), (0,), None, {"LOCAL_RANK": "0", "GSRUN_BIND_CPUS": "0-1"},
                   ("ROCR_VISIBLE_DEVICES",), "node 0")
     r1 = RankPlan(1, None, (), None, (2, 3), (), None, {"LOCAL_RANK": "1", "GSRUN_BIND_CPUS": "2-3"},

@@ -6,7 +6,7 @@ import stat
 
 import pytest
 
-from gsrun.errors import ConfigError, InputError
+from gsrun.base.errors import ConfigError, InputError
 from gsrun.spank_py import build as b
 
 

@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from gsrun.nvml import NA, FakeNvml, Seq
-from gsrun.summary import decode_js1, job_summary, js1_blob, node_summary
+from gsrun.facts.nvml import NA, FakeNvml, Seq
+from gsrun.report.summary import decode_js1, job_summary, js1_blob, node_summary
 
 from test_sampler_support import (GIB, SimClock, cpu_usage, energy_stream, h200_data, job_of, make_sampler,
                                   node_of, run_job, util_sample_stream)

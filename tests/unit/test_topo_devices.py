@@ -2,8 +2,8 @@
 
 import pytest
 
-from gsrun.devices import format_device_list, parse_device_list, parse_device_token
-from gsrun.errors import InputError
+from gsrun.facts.devices import format_device_list, parse_device_list, parse_device_token
+from gsrun.base.errors import InputError
 
 U1 = "GPU-11111111-2222-3333-4444-555555555555"
 U2 = "GPU-66666666-7777-8888-9999-000000000000"

@@ -6,9 +6,9 @@ import shutil
 import pytest
 
 from conftest import DATA
-from gsrun.hostfs import HostFS
-from gsrun.nvml import FakeNvml
-from gsrun.topology import read_allowed_mems, read_topology
+from gsrun.facts.hostfs import HostFS
+from gsrun.facts.nvml import FakeNvml
+from gsrun.facts.topology import read_allowed_mems, read_topology
 
 HOSTS = DATA / "hosts"
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from gsrun.errors import InputError
-from gsrun.topo_smi import parse_topo_matrix
+from gsrun.base.errors import InputError
+from gsrun.facts.topo_smi import parse_topo_matrix
 
 CASE2_A = "\tGPU0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\nGPU0\t X \t0-7\t\tN/A\t\tN/A\n"
 CASE2_B = ("\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\n"

@@ -8,10 +8,10 @@ import threading
 
 import pytest
 
-from gsrun import tuning
-from gsrun.config import parse_config
-from gsrun.errors import InputError, NodeError
-from gsrun.hostfs import HostFS
+from gsrun.node import tuning
+from gsrun.request.config import parse_config
+from gsrun.base.errors import InputError, NodeError
+from gsrun.facts.hostfs import HostFS
 from test_tuning_support import (SWAP_LINE, SWAP_LINE2, CountingHostFS, RecordingSwap, diff, make_tree,
                                  snapshot)
 
@@ -288,8 +288,8 @@ def test_real_swap_effect_runs_commands_with_timeout(monkeypatch):
         calls.append((argv, timeout_s, False))
         return 0, "", ""
 
-    import gsrun.proc
-    monkeypatch.setattr(gsrun.proc, "run_bounded", fake_run)
+    import gsrun.base.proc
+    monkeypatch.setattr(gsrun.base.proc, "run_bounded", fake_run)
     monkeypatch.setattr(tuning.SwapEffect, "_bin", staticmethod(lambda n: f"/sbin/{n}"))
     eff = tuning.SwapEffect(timeout_s=7)
     eff.off(None, [{"name": "/swap file"}])

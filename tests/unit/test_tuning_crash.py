@@ -10,8 +10,8 @@ import subprocess
 import sys
 import textwrap
 
-from gsrun import tuning
-from gsrun.hostfs import HostFS
+from gsrun.node import tuning
+from gsrun.facts.hostfs import HostFS
 from test_tuning_support import REPO, diff, make_tree, snapshot
 
 REQ = "governor=performance,swappiness=10,swap=off,dirty_ratio=40,dirty_background_ratio=5,thp=never,zone_reclaim_mode=1"
@@ -19,8 +19,8 @@ REQ = "governor=performance,swappiness=10,swap=off,dirty_ratio=40,dirty_backgrou
 CHILD = textwrap.dedent("""
     import json, os, signal, sys
     sys.path.insert(0, sys.argv[1])
-    from gsrun import tuning
-    from gsrun.hostfs import HostFS
+    from gsrun.node import tuning
+    from gsrun.facts.hostfs import HostFS
     root, state, kill_at, req = sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
     events = []
 

@@ -1,8 +1,8 @@
 import pytest
 
-from gsrun.config import parse_config
-from gsrun.errors import ConfigError, InputError
-from gsrun.tuning_request import parse_tune_request
+from gsrun.request.config import parse_config
+from gsrun.base.errors import ConfigError, InputError
+from gsrun.request.tune import parse_tune_request
 
 
 def test_parse_all_keys_in_order():

@@ -15,7 +15,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from gsrun.hostfs import HostFS
+from gsrun.facts.hostfs import HostFS
 
 REPO = Path(__file__).resolve().parents[2]
 TARBALL_CANDIDATES = (REPO / "tests" / "data" / "hosts" / "h200-vm" / "h200-vm-tree.tar.gz",
@@ -155,7 +155,7 @@ class RecordingSwap:
     """Fake swap effect: records calls and edits /proc/swaps like FakeSwapEffect."""
 
     def __init__(self):
-        from gsrun.tuning import FakeSwapEffect
+        from gsrun.node.tuning import FakeSwapEffect
         self.inner = FakeSwapEffect()
         self.calls: list[tuple[str, list[str]]] = []
 

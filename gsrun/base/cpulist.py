@@ -1,0 +1,99 @@
+"""Parse and format Linux CPU lists (``0-3,8,10-11``) and hex masks.
+
+Pure functions. The kernel writes lists in ``/sys/devices/system/node/node*/cpulist``,
+``/sys/bus/pci/devices/*/local_cpulist`` and ``Cpus_allowed_list`` in
+``/proc/<pid>/status``; masks (``ffff,00000000``) in ``local_cpus``. NVML's
+``nvmlDeviceGetCpuAffinity`` returns a list of 64-bit words, lowest CPUs first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from gsrun.base.errors import InputError
+
+MAX_CPUS = 1 << 16  # bound on CPU ids we accept from any input
+
+
+def parse_cpulist(text: str | None) -> list[int]:
+    """``"0-3,8"`` -> ``[0, 1, 2, 3, 8]`` (sorted, unique). Empty/None -> ``[]``.
+
+    Accepts the kernel's stride form ``0-15:2`` too.
+
+    Raises:
+        InputError: a token that is not ``N``, ``N-M`` or ``N-M:S`` (likely a
+            mask given where a list was expected), or a CPU id >= 65536.
+    """
+    if text is None:
+        return []
+    text = text.strip()
+    if not text:
+        return []
+    out: set[int] = set()
+    for tok in text.split(","):
+        tok = tok.strip()
+        if not tok:
+            continue
+        stride = 1
+        if ":" in tok:
+            tok, s = tok.split(":", 1)
+            stride = _int(s, text)
+            if stride < 1:
+                raise InputError("cpulist", "bad stride", repr(text))
+        if "-" in tok:
+            a, b = tok.split("-", 1)
+            lo, hi = _int(a, text), _int(b, text)
+            if hi < lo:
+                raise InputError("cpulist", "bad range", repr(text))
+            out.update(range(lo, hi + 1, stride))
+        else:
+            out.add(_int(tok, text))
+    if out and max(out) >= MAX_CPUS:
+        raise InputError("cpulist", "CPU id out of range", repr(text))
+    return sorted(out)
+
+
+def _int(s: str, whole: str) -> int:
+    s = s.strip()
+    if not s.isdigit():
+        raise InputError("cpulist", "not a CPU list", repr(whole),
+                         hint="use the kernel's list form, e.g. 0-3,8")
+    return int(s)
+
+
+def format_cpulist(cpus: Iterable[int]) -> str:
+    """``[0, 1, 2, 3, 8]`` -> ``"0-3,8"``; empty -> ``""``."""
+    cs = sorted(set(cpus))
+    parts: list[str] = []
+    i = 0
+    while i < len(cs):
+        j = i
+        while j + 1 < len(cs) and cs[j + 1] == cs[j] + 1:
+            j += 1
+        parts.append(str(cs[i]) if i == j else f"{cs[i]}-{cs[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+def parse_hexmask(text: str) -> list[int]:
+    """Kernel mask ``"0000ffff,0000ffff"`` (32-bit groups, most significant
+    first) -> CPU ids."""
+    text = text.strip().replace(",", "")
+    if not text:
+        return []
+    try:
+        value = int(text, 16)
+    except ValueError:
+        raise InputError("cpulist", "not a hex CPU mask", repr(text)) from None
+    return [i for i in range(value.bit_length()) if value >> i & 1]
+
+
+def words_to_cpus(words: Iterable[int], bits: int = 64) -> list[int]:
+    """NVML affinity words (``nvmlDeviceGetCpuAffinity``), lowest word first ->
+    CPU ids. ``[0xFFFF, 0]`` -> ``[0..15]``."""
+    out = []
+    for w, word in enumerate(words):
+        for b in range(bits):
+            if int(word) >> b & 1:
+                out.append(w * bits + b)
+    return out

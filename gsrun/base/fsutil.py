@@ -1,0 +1,165 @@
+"""Safe file effects for root code: atomic writes and owned directories.
+
+Root writes into directories users can also reach (spool, MPS pipe dirs), so
+every open refuses symlinks (``O_NOFOLLOW``) and every directory is checked
+after creation (owner, mode, not a link).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import stat
+import time
+from pathlib import Path
+
+from gsrun.base.errors import NodeError
+
+
+def atomic_write(path: str | os.PathLike, data: str | bytes, mode: int = 0o644,
+                 uid: int | None = None, gid: int | None = None) -> None:
+    """Write ``data`` to ``path`` via a temp file in the same directory,
+    ``fsync`` it, ``rename`` over the target, ``fsync`` the directory.
+
+    A crash, a full disk (``ENOSPC``) or a signal leaves either the old file or
+    the new one, never half of one, and no temp file. A symlink at ``path`` is
+    replaced, never followed; the directory itself is opened with
+    ``O_NOFOLLOW`` and every operation is relative to that descriptor, so a
+    directory swapped for a symlink (``<spool>/jobs/<id> -> /etc``) is never
+    written through.
+
+    Raises:
+        OSError: the directory is missing or is a symlink (``ELOOP``/``ENOTDIR``),
+            disk full, read-only file system.
+    """
+    path = Path(path)
+    raw = data.encode() if isinstance(data, str) else data
+    dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        tmp = None
+        for _ in range(100):
+            name = f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}"
+            try:
+                fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                             0o600, dir_fd=dfd)
+                tmp = name
+                break
+            except FileExistsError:
+                continue
+        if tmp is None:
+            raise FileExistsError(f"no temp name free in {path.parent}")
+        try:
+            os.fchmod(fd, mode)
+            if uid is not None or gid is not None:
+                os.fchown(fd, -1 if uid is None else uid, -1 if gid is None else gid)
+            with os.fdopen(fd, "wb") as f:
+                fd = None
+                f.write(raw)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path.name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException:
+            if fd is not None:
+                os.close(fd)
+            try:
+                os.unlink(tmp, dir_fd=dfd)
+            except OSError:
+                pass
+            raise
+        try:
+            os.fsync(dfd)
+        except OSError:
+            pass
+    finally:
+        os.close(dfd)
+
+
+def atomic_write_json(path, obj, mode: int = 0o644, uid=None, gid=None) -> None:
+    atomic_write(path, json.dumps(obj, separators=(",", ":"), sort_keys=True) + "\n", mode, uid, gid)
+
+
+def read_json(path) -> dict | None:
+    """JSON object from ``path`` (no symlink followed), or None if absent/corrupt."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        with os.fdopen(fd, "rb") as f:
+            return json.loads(f.read().decode())
+    except (ValueError, OSError, UnicodeDecodeError):
+        return None
+
+
+def ensure_dir(path: str | os.PathLike, mode: int, uid: int = 0, gid: int = 0,
+               replace_planted: bool = False, log=None) -> Path:
+    """Create ``path`` (parents must exist) owned by ``uid:gid`` with ``mode``,
+    or fix an existing one that we own.
+
+    The directory is opened with ``O_NOFOLLOW | O_DIRECTORY`` and checked and
+    changed through that descriptor (``fstat``/``fchown``/``fchmod``), so a
+    symlink swapped in after the check is never followed.
+
+    ``replace_planted``: a symlink, a non-directory or a directory owned by
+    another user found at ``path`` is moved aside (renamed, not followed, to
+    ``.planted-<name>-<unix time>`` in the same parent, for the admin to look
+    at) and a fresh directory is made; ``log(msg)`` says so.
+
+    Raises:
+        NodeError: ``path`` is a symlink or not a directory (something was
+            planted there ahead of us), or it is owned by another user
+            (without ``replace_planted``), or it cannot be created.
+    """
+    path = Path(path)
+    for attempt in range(2):
+        try:
+            os.mkdir(path, mode)
+        except FileExistsError:
+            pass
+        problem = None
+        fd = None
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            problem = ("refusing planted path", f"{path} is not a plain directory")
+        if fd is not None:
+            st = os.fstat(fd)
+            if os.geteuid() == 0 and st.st_uid not in (0, uid):
+                problem = ("refusing foreign directory", f"{path} is owned by uid {st.st_uid}, expected {uid}")
+        if problem is None:
+            try:
+                if os.geteuid() == 0:
+                    os.fchown(fd, uid, gid)
+                os.fchmod(fd, mode)
+            finally:
+                os.close(fd)
+            return path
+        if fd is not None:
+            os.close(fd)
+        if not replace_planted or attempt:
+            raise NodeError("fs", problem[0], problem[1], hint="remove it; gsrun creates its own directories")
+        aside = path.with_name(f".planted-{path.name}-{int(time.time())}")
+        try:
+            os.rename(path, aside)
+        except OSError as e:
+            raise NodeError("fs", problem[0], f"{problem[1]}; cannot move it aside: {e.strerror}") from None
+        if log is not None:
+            log(f"{problem[0]}: {problem[1]}: moved aside to {aside}, made a fresh directory")
+    raise AssertionError("unreachable")
+
+
+def remove_tree(path: str | os.PathLike) -> None:
+    """``rm -rf`` without following symlinks (a link inside is unlinked, its
+    target is left alone)."""
+    import shutil
+
+    p = Path(path)
+    try:
+        st = os.lstat(p)
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        os.unlink(p)
+        return
+    shutil.rmtree(p, ignore_errors=True)

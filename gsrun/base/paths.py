@@ -1,0 +1,80 @@
+"""Where gsrun keeps things (from the site config ``paths.*``), and the
+directories created with the right owner and mode.
+
+- ``<state_dir>/jobs/<id>/`` root 0700: sampler state and pid, journals.
+- ``<spool_dir>/jobs/`` root 0711 (no listing); ``<spool_dir>/jobs/<id>/``
+  root 0755; inside, root-only (0600) node/prolog records and the job summary,
+  plus ``user-*.json`` copies owned by the job's user (0400): only that user
+  and root can read a job's figures.
+
+A job id becomes a path component only after ``fullmatch`` against
+``[0-9]{1,10}(_[0-9]{1,10})?`` (no ``/``, ``..``, newline). Something planted
+at ``<state_dir>/jobs/<id>`` or ``<spool_dir>/jobs/<id>`` ahead of the prolog
+(a symlink, a file, a directory owned by a user) is moved aside and replaced
+by a fresh root-owned directory (:func:`gsrun.base.fsutil.ensure_dir` with
+``replace_planted``), and the log says so; the shared parents
+(``<state_dir>``, ``jobs/``) are refused, not replaced, when planted.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from gsrun.base.errors import InputError
+from gsrun.base.fsutil import ensure_dir
+
+_JOB_ID = re.compile(r"[0-9]{1,10}(?:_[0-9]{1,10})?")
+
+
+def check_job_id(job_id) -> str:
+    """``job_id`` if it is a plain Slurm job id, else :class:`InputError`."""
+    if not isinstance(job_id, str) or not _JOB_ID.fullmatch(job_id):
+        raise InputError("input", "bad job id", repr(job_id)[:80], hint="a Slurm job id is digits, e.g. 1234")
+    return job_id
+
+
+class Paths:
+    def __init__(self, state_dir: str, spool_dir: str, mps_dir: str):
+        self.state_dir = Path(state_dir)
+        self.spool_dir = Path(spool_dir)
+        self.mps_dir = Path(mps_dir)
+
+    @classmethod
+    def from_config(cls, cfg, state_dir: str | None = None, spool_dir: str | None = None) -> "Paths":
+        return cls(state_dir or os.environ.get("GSRUN_STATE_DIR") or cfg["paths.state_dir"],
+                   spool_dir or os.environ.get("GSRUN_SPOOL_DIR") or cfg["paths.spool_dir"],
+                   cfg["paths.mps_dir"])
+
+    def state_job(self, job_id: str) -> Path:
+        return self.state_dir / "jobs" / check_job_id(job_id)
+
+    def spool_job(self, job_id: str) -> Path:
+        return self.spool_dir / "jobs" / check_job_id(job_id)
+
+    def make_state_job(self, job_id: str, log=None) -> Path:
+        """Create (or check) ``<state_dir>/jobs/<id>/`` root 0700.
+
+        Raises:
+            NodeError: ``<state_dir>`` or ``<state_dir>/jobs`` is planted or foreign.
+        """
+        _makedirs_root(self.state_dir, 0o755)
+        ensure_dir(self.state_dir / "jobs", 0o700)
+        return ensure_dir(self.state_job(job_id), 0o700, replace_planted=True, log=log)
+
+    def make_spool_job(self, job_id: str, log=None) -> Path:
+        """Create (or check) ``<spool_dir>/jobs/<id>/`` root 0755.
+
+        Raises:
+            NodeError: ``<spool_dir>`` or ``<spool_dir>/jobs`` is planted or foreign.
+        """
+        _makedirs_root(self.spool_dir, 0o755)
+        ensure_dir(self.spool_dir / "jobs", 0o711)
+        return ensure_dir(self.spool_job(job_id), 0o755, replace_planted=True, log=log)
+
+
+def _makedirs_root(path: Path, mode: int) -> None:
+    if not path.parent.exists():
+        path.parent.mkdir(parents=True, mode=0o755, exist_ok=True)
+    ensure_dir(path, mode)

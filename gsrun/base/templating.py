@@ -1,0 +1,52 @@
+"""The one jinja2 environment: every file gsrun renders comes from here.
+
+Templates live in the ``gsrun.templates`` package (``templates/`` in a
+checkout). The environment is strict and the same for every template:
+
+- ``StrictUndefined``: a variable the caller forgot is an error, never an
+  empty string in a script, a mail or slurm.conf;
+- ``trim_blocks`` / ``lstrip_blocks`` / ``keep_trailing_newline``: block tags
+  take no lines of their own (``+%}`` keeps the newline where one is wanted);
+- autoescape only for ``*.html.j2`` (HTML mail); scripts and config files are
+  rendered as text and quote with the ``sh`` filter (:func:`shlex.quote`).
+
+jinja2 is imported on first use, so hot paths that never render pay nothing.
+"""
+
+from __future__ import annotations
+
+import shlex
+from functools import lru_cache
+from pathlib import Path
+
+
+def template_dir() -> Path:
+    """The directory of the ``gsrun.templates`` package (installed or checkout)."""
+    import gsrun.templates
+
+    return Path(gsrun.templates.__file__).resolve().parent
+
+
+@lru_cache(maxsize=1)
+def environment():
+    """The shared :class:`jinja2.Environment` (created once per process)."""
+    import jinja2
+
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(template_dir())),
+        undefined=jinja2.StrictUndefined,
+        autoescape=lambda name: bool(name) and name.endswith((".html.j2", ".html")),
+        trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+    env.filters["sh"] = lambda v: shlex.quote(str(v))
+    return env
+
+
+def render(template: str, /, **variables) -> str:
+    """Render ``template`` (e.g. ``"sbatch.sh.j2"``) with ``variables``.
+
+    Raises:
+        jinja2.UndefinedError: a variable the template uses was not passed
+            (a caller out of step with its template).
+        jinja2.TemplateNotFound: the package data is missing (reinstall gsrun).
+    """
+    return environment().get_template(template).render(**variables)

@@ -1,0 +1,158 @@
+"""Parse GPU device lists: ``CUDA_VISIBLE_DEVICES``, ``SLURM_STEP_GPUS``,
+``SLURM_JOB_GPUS``, ``gsrun-bind --gpus``.
+
+Pure functions, no I/O. Every entry becomes a typed :class:`DeviceToken`;
+nothing is ``int()``-ed blindly (field case 11: ``int('MIG-377e...')`` crashed
+vLLM). The forms NVIDIA and Slurm use:
+
+==================  ==============================================  =====================
+kind                example                                         source
+==================  ==============================================  =====================
+``index``           ``3``                                           Slurm gres index, CUDA ordinal
+``gpu-uuid``        ``GPU-11111111-2222-3333-4444-555555555555``    ``nvidia-smi -L``, Slurm
+``gpu-uuid-prefix`` ``GPU-11111111``                                CUDA docs (abbreviated UUID)
+``mig-uuid``        ``MIG-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee``    driver >= R470
+``mig-legacy``      ``MIG-GPU-<gpu uuid>/<gi>/<ci>``                driver < R470
+==================  ==============================================  =====================
+
+What an ``index`` means depends on where it came from (the *namespace*):
+``SLURM_*_GPUS`` hold gres indices, i.e. ``/dev/nvidiaN`` minor numbers
+(field case 8); ``CUDA_VISIBLE_DEVICES`` holds CUDA ordinals that Slurm
+renumbers from 0 inside a device-constrained step (field case 9). This
+module only parses; :mod:`gsrun.bind.plan` resolves tokens against the host.
+
+Empty is not "all": ``CUDA_VISIBLE_DEVICES=`` (set but empty) means CUDA sees
+no GPU, so :func:`parse_device_list` returns ``[]`` for it and ``None`` only
+when the variable is unset.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+from gsrun.base.errors import InputError
+
+TokenKind = Literal["index", "gpu-uuid", "gpu-uuid-prefix", "mig-uuid", "mig-legacy"]
+
+_HEX_UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+_RE_INDEX = re.compile(r"^[0-9]{1,6}$")
+_RE_RANGE = re.compile(r"^([0-9]{1,6})-([0-9]{1,6})$")
+_RE_GPU_UUID = re.compile(rf"^GPU-{_HEX_UUID}$", re.I)
+_RE_GPU_PREFIX = re.compile(r"^GPU-[0-9a-f][0-9a-f-]{0,35}$", re.I)
+_RE_MIG_UUID = re.compile(rf"^MIG-{_HEX_UUID}$", re.I)
+_RE_MIG_LEGACY = re.compile(rf"^MIG-(GPU-{_HEX_UUID})/([0-9]{{1,3}})/([0-9]{{1,3}})$", re.I)
+
+#: values Slurm or users write that mean "no usable GPU" (Slurm writes
+#: ``NoDevFiles`` when the gres has no ``File=``; ``-1`` hides all GPUs).
+NO_DEVICE_VALUES = ("NoDevFiles", "-1")
+
+
+@dataclass(frozen=True)
+class DeviceToken:
+    """One entry of a device list.
+
+    ``text`` is the entry as written (stripped). ``index`` is set for
+    ``index``; ``uuid`` holds the GPU UUID (``gpu-uuid``), the prefix
+    (``gpu-uuid-prefix``), the MIG UUID (``mig-uuid``) or the *parent* GPU
+    UUID (``mig-legacy``, with ``gi``/``ci`` the GPU/compute instance ids).
+    UUIDs keep NVIDIA's spelling but compare case-insensitively (see
+    :meth:`matches_uuid`).
+    """
+
+    kind: TokenKind
+    text: str
+    index: int | None = None
+    uuid: str | None = None
+    gi: int | None = None
+    ci: int | None = None
+
+    @property
+    def is_mig(self) -> bool:
+        return self.kind in ("mig-uuid", "mig-legacy")
+
+    @property
+    def parent_uuid(self) -> str | None:
+        """The physical GPU's UUID when the token names it (``gpu-uuid``,
+        ``mig-legacy``); ``None`` for a prefix, a new-style MIG UUID or an index."""
+        if self.kind in ("gpu-uuid", "mig-legacy"):
+            return self.uuid
+        return None
+
+    def matches_uuid(self, gpu_uuid: str | None) -> bool:
+        """True when this token names the GPU with UUID ``gpu_uuid`` (exact for
+        ``gpu-uuid``/``mig-legacy``, by prefix for ``gpu-uuid-prefix``)."""
+        if not gpu_uuid or self.uuid is None:
+            return False
+        g, u = gpu_uuid.lower(), self.uuid.lower()
+        if self.kind == "gpu-uuid-prefix":
+            return g.startswith(u)
+        if self.kind in ("gpu-uuid", "mig-legacy"):
+            return g == u
+        return False
+
+
+def parse_device_token(text: str, allow_ranges: bool = False) -> list[DeviceToken]:
+    """One entry -> tokens (a list because a Slurm range ``0-3`` is 4 tokens,
+    accepted only with ``allow_ranges``).
+
+    Raises:
+        InputError: an entry that is none of the forms above (a typo, a UUID
+            cut short inside a group, a MIG prefix, a negative index, a range
+            where only single devices are allowed).
+    """
+    t = text.strip()
+    if _RE_INDEX.match(t):
+        return [DeviceToken("index", t, index=int(t))]
+    m = _RE_RANGE.match(t)
+    if m and allow_ranges:
+        lo, hi = int(m.group(1)), int(m.group(2))
+        if hi < lo or hi - lo > 4096:
+            raise InputError("devices", "bad GPU index range", repr(t))
+        return [DeviceToken("index", str(i), index=i) for i in range(lo, hi + 1)]
+    if _RE_GPU_UUID.match(t):
+        return [DeviceToken("gpu-uuid", t, uuid=t)]
+    m = _RE_MIG_LEGACY.match(t)
+    if m:
+        return [DeviceToken("mig-legacy", t, uuid=m.group(1), gi=int(m.group(2)), ci=int(m.group(3)))]
+    if _RE_MIG_UUID.match(t):
+        return [DeviceToken("mig-uuid", t, uuid=t)]
+    if _RE_GPU_PREFIX.match(t):
+        return [DeviceToken("gpu-uuid-prefix", t, uuid=t)]
+    raise InputError("devices", "not a GPU device name", repr(t)[:120],
+                     hint="use an index (0), a UUID (GPU-...), a UUID prefix (GPU-8932f937) "
+                          "or a MIG UUID (MIG-... or MIG-GPU-<uuid>/<gi>/<ci>)")
+
+
+def parse_device_list(value: str | None, allow_ranges: bool = False) -> list[DeviceToken] | None:
+    """``"0,1"`` / ``"GPU-...,GPU-..."`` / ``"MIG-..."`` -> tokens in order.
+
+    ``None`` (variable unset) -> ``None``: nothing known. ``""`` (set but
+    empty), ``NoDevFiles`` or ``-1`` -> ``[]``: no GPU is visible. Duplicate
+    entries are kept once (first wins), as CUDA does.
+
+    Raises:
+        InputError: an entry that is no device name (see :func:`parse_device_token`).
+    """
+    if value is None:
+        return None
+    v = value.strip()
+    if v in NO_DEVICE_VALUES or not v:
+        return []
+    out: list[DeviceToken] = []
+    seen: set[str] = set()
+    for part in v.split(","):
+        if not part.strip():
+            continue
+        for tok in parse_device_token(part, allow_ranges=allow_ranges):
+            key = tok.text.lower()
+            if key not in seen:
+                seen.add(key)
+                out.append(tok)
+    return out
+
+
+def format_device_list(tokens: list[DeviceToken]) -> str:
+    """Tokens -> ``"0,1"`` (the ``text`` of each, comma-joined)."""
+    return ",".join(t.text for t in tokens)

@@ -1,0 +1,104 @@
+"""The one door to the host's ``/proc`` and ``/sys`` (and ``/dev``, ``/etc``).
+
+Every reader and writer of host files takes a :class:`HostFS`. Its root is
+``/`` on a real node, or a directory holding a recorded or fake tree
+(``sys/``, ``proc/``, optionally ``nvml.json``), chosen with ``--host-root DIR``
+or ``GSRUN_HOST_ROOT`` -- like node_exporter's ``--path.sysfs``. With a fake
+root every read *and* write stays under it, so tuning can be tested for real
+against a fake tree.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from gsrun.base.errors import InputError
+
+ENV_HOST_ROOT = "GSRUN_HOST_ROOT"
+
+
+class HostFS:
+    """Paths like ``"sys/bus/pci/devices"`` or ``"/proc/self/status"`` are
+    resolved under :attr:`root`.
+
+    Reads return ``None`` when the file does not exist or cannot be read
+    (a VM without cpufreq, a kernel without ``memory.peak``): absence is a
+    fact, not an error. Writes raise ``OSError`` for the caller to journal.
+    """
+
+    def __init__(self, root: str | os.PathLike = "/"):
+        self.root = Path(root)
+        if not self.root.is_dir():
+            raise InputError("hostfs", "host root is not a directory", str(root),
+                             hint="--host-root DIR must hold sys/ and proc/")
+
+    @classmethod
+    def from_env(cls, host_root: str | None = None, environ=None) -> "HostFS":
+        """``host_root`` if given, else ``$GSRUN_HOST_ROOT``, else ``/``."""
+        environ = os.environ if environ is None else environ
+        return cls(host_root or environ.get(ENV_HOST_ROOT) or "/")
+
+    @property
+    def is_real(self) -> bool:
+        """True when this is the live host (root ``/``)."""
+        return self.root.resolve() == Path("/")
+
+    def path(self, rel: str) -> Path:
+        rel = str(rel).lstrip("/")
+        if ".." in Path(rel).parts:
+            raise InputError("hostfs", "path escapes host root", rel)
+        return self.root / rel
+
+    def read(self, rel: str) -> str | None:
+        """File text stripped of the trailing newline, or None if absent."""
+        try:
+            return self.path(rel).read_text(errors="replace").rstrip("\n")
+        except (FileNotFoundError, NotADirectoryError, PermissionError, IsADirectoryError):
+            return None
+        except OSError:
+            return None
+
+    def read_int(self, rel: str) -> int | None:
+        text = self.read(rel)
+        if text is None:
+            return None
+        try:
+            return int(text.strip().split()[0])
+        except (ValueError, IndexError):
+            return None
+
+    def exists(self, rel: str) -> bool:
+        return self.path(rel).exists()
+
+    def listdir(self, rel: str) -> list[str]:
+        """Sorted names in a directory; ``[]`` when it does not exist."""
+        try:
+            return sorted(os.listdir(self.path(rel)))
+        except OSError:
+            return []
+
+    def write(self, rel: str, value: str) -> None:
+        """Write a sysfs/procfs value the way ``echo value > file`` does.
+
+        Raises:
+            OSError: read-only file system, EINVAL from the kernel for a value
+                it refuses, EACCES when not root.
+        """
+        p = self.path(rel)
+        if self.is_real:
+            with open(p, "w") as f:
+                f.write(value)
+        else:
+            # fake tree: replace content exactly like the kernel shows it back
+            if not p.exists():
+                raise FileNotFoundError(str(p))
+            with open(p, "w") as f:
+                f.write(value if value.endswith("\n") else value + "\n")
+
+    def nvml_json(self) -> Path | None:
+        """``<root>/nvml.json`` (a recorded NVML answer set) under a fake root."""
+        if self.is_real:
+            return None
+        p = self.root / "nvml.json"
+        return p if p.is_file() else None

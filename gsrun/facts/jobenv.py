@@ -1,0 +1,177 @@
+"""The job context as slurmd hands it to the prolog/epilog, validated. Pure.
+
+Source: the environment Slurm gives ``Prolog``/``Epilog`` (recorded in
+``shared/data/slurm-22.05/prolog_slurmd.env``): ``SLURM_JOB_ID``,
+``SLURM_JOB_UID``, ``SLURM_JOB_GID``, ``SLURM_JOB_USER``, ``SLURMD_NODENAME``,
+``SLURM_JOB_PARTITION``, ``SLURM_JOB_GPUS`` (node-local gres indices = device
+minor numbers), ``SLURM_JOB_NODELIST``/``SLURM_NODELIST``,
+``SLURM_JOB_CPUS_PER_NODE``, and ``SPANK_GS_*`` from the SPANK plugin. Every
+value is checked against an allow-list; a bad one is an :class:`InputError`
+naming the variable (``repr`` of the value, cut at 80 characters, so a
+newline or a non-UTF-8 byte shows as an escape).
+
+Every pattern is matched with ``fullmatch`` (``re.match(r"^...\Z")`` accepts a
+trailing newline: ``SLURM_JOB_ID="4242\n"`` would become a path component),
+digits are ASCII ``[0-9]`` (``str.isdigit`` accepts ``"²"``, which ``int``
+then refuses), and lists that expand (hostlists, ``4(x999999999)``) are
+bounded before they are expanded.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+
+from gsrun.base.errors import InputError
+from gsrun.facts.slurm import ARRAY_JOB_ID_RE, NODE_NAME_RE, PARTITION_RE, USER_RE, expand_hostlist, parse_tasks_per_node
+
+SPANK_KEYS = ("SPANK_GS_MPS", "SPANK_GS_MIG", "SPANK_GS_TUNE", "SPANK_GS_BIND", "SPANK_GS_REPORT",
+              "SPANK_GS_EXCLUSIVE")
+_SPANK_VALUE = re.compile(r"[A-Za-z0-9_.,=+:-]{0,512}")
+_DIGITS = re.compile(r"[0-9]{1,10}")
+MAX_NODES = 65536          # longest hostlist / cpus-per-node list accepted
+MAX_ENV_LEN = 65536
+
+
+@dataclass
+class JobEnv:
+    job_id: str
+    uid: int
+    gid: int
+    user: str
+    node: str
+    partition: str | None
+    gpus: list[int] | None          # gres indices on this node; None = unknown (not "all")
+    nodelist: list[str]
+    cpus_per_node: list[int]
+    cpus_on_node: int | None
+    spank: dict[str, str] = field(default_factory=dict)
+    context: str | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _need(env: Mapping[str, str], name: str) -> str:
+    v = env.get(name)
+    if v is None or v == "":
+        raise InputError("env", f"{name} missing", "slurmd did not set it",
+                         hint="run this as Slurm's Prolog/Epilog, or set the variable by hand for a test")
+    return v
+
+
+def _int(env, name, lo=0, hi=2**32 - 1) -> int:
+    v = _need(env, name)
+    if not _DIGITS.fullmatch(v) or not lo <= int(v) <= hi:
+        raise InputError("env", f"bad {name}", repr(v)[:80])
+    return int(v)
+
+
+def parse_gpu_indices(value: str | None) -> list[int] | None:
+    """``SLURM_JOB_GPUS`` (``0,1,3``; Slurm may also write ranges ``0-3``) ->
+    indices. None/absent -> None ("unknown", never "all GPUs": case 9);
+    empty -> []."""
+    if value is None:
+        return None
+    if not re.fullmatch(r"[0-9, -]*", value):
+        raise InputError("env", "bad SLURM_JOB_GPUS", repr(value)[:80],
+                         hint="expected gres indices like 0,1 (not UUIDs)")
+    value = value.strip()
+    if not value:
+        return []
+    if len(value) > 4096:
+        raise InputError("env", "bad SLURM_JOB_GPUS", repr(value)[:80], hint="longer than 4096 characters")
+    out: list[int] = []
+    for tok in value.split(","):
+        m = re.fullmatch(r"([0-9]{1,4})(?:-([0-9]{1,4}))?", tok.strip())
+        if not m:
+            raise InputError("env", "bad SLURM_JOB_GPUS", repr(value)[:80],
+                             hint="expected gres indices like 0,1 (not UUIDs)")
+        a = int(m.group(1))
+        b = int(m.group(2) or a)
+        if b < a:
+            raise InputError("env", "bad SLURM_JOB_GPUS", repr(value)[:80])
+        out.extend(range(a, b + 1))
+    return sorted(set(out))
+
+
+def job_from_env(env: Mapping[str, str]) -> JobEnv:
+    """Validate slurmd's prolog/epilog environment into a :class:`JobEnv`.
+
+    Raises:
+        InputError: a missing or malformed variable (named in the message).
+    """
+    job_id = _need(env, "SLURM_JOB_ID")
+    if not ARRAY_JOB_ID_RE.fullmatch(job_id) or "_" in job_id:
+        raise InputError("env", "bad SLURM_JOB_ID", repr(job_id)[:80], hint="a Slurm job id is digits, e.g. 4242")
+    uid = _int(env, "SLURM_JOB_UID")
+    gid = _int(env, "SLURM_JOB_GID") if env.get("SLURM_JOB_GID") else uid
+    user = env.get("SLURM_JOB_USER") or str(uid)
+    if not USER_RE.fullmatch(user) and not _DIGITS.fullmatch(user):
+        raise InputError("env", "bad SLURM_JOB_USER", repr(user)[:80])
+    node = env.get("SLURMD_NODENAME") or ""
+    if not NODE_NAME_RE.fullmatch(node):
+        raise InputError("env", "bad SLURMD_NODENAME", repr(node)[:80])
+    partition = env.get("SLURM_JOB_PARTITION") or None
+    if partition is not None and not PARTITION_RE.fullmatch(partition):
+        raise InputError("env", "bad SLURM_JOB_PARTITION", repr(partition)[:80])
+    nl_text = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or node
+    if len(nl_text) > MAX_ENV_LEN or not re.fullmatch(r"[A-Za-z0-9._,\[\]-]+", nl_text) \
+            or hostlist_size_bound(nl_text) > MAX_NODES:
+        raise InputError("env", "bad SLURM_JOB_NODELIST", repr(nl_text)[:80])
+    try:
+        nodelist = expand_hostlist(nl_text)
+    except InputError as e:
+        raise InputError("env", "bad SLURM_JOB_NODELIST", f"{repr(nl_text)[:80]}: {e.what}") from None
+    cpn_text = env.get("SLURM_JOB_CPUS_PER_NODE", "")
+    if len(cpn_text) > MAX_ENV_LEN or not re.fullmatch(r"[0-9,()x]*", cpn_text) \
+            or _repeat_total(cpn_text) > MAX_NODES:
+        raise InputError("env", "bad SLURM_JOB_CPUS_PER_NODE", repr(cpn_text)[:80])
+    try:
+        cpn = parse_tasks_per_node(cpn_text)
+    except InputError:
+        raise InputError("env", "bad SLURM_JOB_CPUS_PER_NODE", repr(cpn_text)[:80]) from None
+    cpus_on_node = None
+    if cpn:
+        if node in nodelist and len(cpn) == len(nodelist):
+            cpus_on_node = cpn[nodelist.index(node)]
+        elif len(set(cpn)) == 1:
+            cpus_on_node = cpn[0]
+    spank: dict[str, str] = {}
+    for k in SPANK_KEYS:
+        if k in env:
+            v = env[k]
+            if not _SPANK_VALUE.fullmatch(v):
+                raise InputError("env", f"bad {k}", repr(v)[:80], hint="gsrun's SPANK options allow [A-Za-z0-9_.,=+:-]")
+            spank[k] = v
+    return JobEnv(job_id, uid, gid, user, node, partition, parse_gpu_indices(env.get("SLURM_JOB_GPUS")),
+                  nodelist, cpn, cpus_on_node, spank, env.get("SLURM_SCRIPT_CONTEXT"))
+
+
+def hostlist_size_bound(text: str) -> int:
+    """An upper bound of the names ``text`` expands to (each top-level item
+    counts the product of its bracket ranges), computed without expanding,
+    so ``n[0-99999],n[0-99999],...`` is refused before it costs memory.
+    Malformed input counts as 1 per item (the parser reports it)."""
+    total = 0
+    for item in re.split(r",(?![^\[]*\])", text):
+        n = 1
+        for group in re.findall(r"\[([^\]]*)\]", item):
+            count = 0
+            for r in group.split(","):
+                m = re.fullmatch(r"([0-9]{1,12})-([0-9]{1,12})", r)
+                count += (int(m.group(2)) - int(m.group(1)) + 1) if m and int(m.group(2)) >= int(m.group(1)) else 1
+            n *= max(count, 1)
+        total += n
+        if total > MAX_NODES:
+            return total
+    return total
+
+
+def _repeat_total(text: str) -> int:
+    """Entries ``4(x2),1`` expands to (``SLURM_JOB_CPUS_PER_NODE`` form), unexpanded."""
+    total = 0
+    for m in re.finditer(r"\(x([0-9]{1,12})\)|(?:^|,)[^,(]*(?=,|\Z)", text or ""):
+        total += int(m.group(1)) if m.group(1) else 1
+    return total

@@ -1,0 +1,476 @@
+"""The one NVML choke point, with a fake backend loaded from JSON.
+
+Everything gsrun knows about NVIDIA GPUs comes through :func:`open_nvml`,
+which returns a backend with one method, :meth:`Backend.get`. A query is a
+device index plus a *key* (``"power_mw"``, ``"energy_mj"``, ``"uuid"``...);
+each key is one NVML call, named in :data:`KEYS`. The answer is the value, or
+an :class:`NA` that says why there is none (``Not Supported``, ``GPU is
+lost``...): "not available" is a value, never an exception.
+
+Backends:
+
+- :class:`RealNvml` wraps ``pynvml`` (package ``nvidia-ml-py``), initialised
+  lazily once per process.
+- :class:`FakeNvml` answers from a JSON recording in the format the probe of
+  the real H200 wrote (``tests/data/hosts/h200-vm/nvml.json``): per call
+  ``{"ok": value}`` or ``{"error": text, "code": n}``. Tests may change answers
+  with :meth:`FakeNvml.set`, including per-call sequences.
+
+Device indices are NVML's enumeration order; callers map Slurm's gres
+indices (``/dev/nvidiaN`` minor numbers) through ``"minor"`` and
+``"pci_bus_id"`` (see :mod:`gsrun.facts.topology`), never by position.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# key -> NVML call it stands for (docs and the real backend's dispatch)
+KEYS = {
+    "name": "nvmlDeviceGetName",
+    "uuid": "nvmlDeviceGetUUID",
+    "pci": "nvmlDeviceGetPciInfo (busId, busIdLegacy)",
+    "minor": "nvmlDeviceGetMinorNumber",
+    "numa_node": "nvmlDeviceGetNumaNodeId (the GPU's own node; meaningful on Grace only)",
+    "cpu_affinity_words": "nvmlDeviceGetCpuAffinity (64-bit words, lowest CPUs first)",
+    "memory": "nvmlDeviceGetMemoryInfo (bytes: total, used, free)",
+    "mig_mode": "nvmlDeviceGetMigMode ([current, pending])",
+    "compute_mode": "nvmlDeviceGetComputeMode (0 DEFAULT, 2 PROHIBITED, 3 EXCLUSIVE_PROCESS)",
+    "power_mw": "nvmlDeviceGetPowerUsage (milliwatts)",
+    "power_limit_mw": "nvmlDeviceGetEnforcedPowerLimit (milliwatts)",
+    "energy_mj": "nvmlDeviceGetTotalEnergyConsumption (millijoules since driver load)",
+    "temperature_c": "nvmlDeviceGetTemperature(GPU) (degrees C)",
+    "sm_clock_mhz": "nvmlDeviceGetClockInfo(SM)",
+    "max_sm_clock_mhz": "nvmlDeviceGetMaxClockInfo(SM)",
+    "throttle_reasons": "nvmlDeviceGetCurrentClocksEventReasons (bitmask)",
+    "utilization": "nvmlDeviceGetUtilizationRates (percent: gpu, memory)",
+    "util_samples": "nvmlDeviceGetSamples(GPU_UTILIZATION_SAMPLES, since) -> [[ts_us, pct], ...]",
+    "pcie_tx_kbs": "nvmlDeviceGetPcieThroughput(TX) (KB/s)",
+    "pcie_rx_kbs": "nvmlDeviceGetPcieThroughput(RX) (KB/s)",
+    "ecc_uncorrected": "nvmlDeviceGetTotalEccErrors(UNCORRECTED, VOLATILE)",
+    "gpm_supported": "nvmlGpmQueryDeviceSupport",
+    "gpm": "nvmlGpmSampleGet x2 + nvmlGpmMetricsGet -> {sm_active_pct, sm_occupancy_pct, tensor_active_pct, dram_bw_pct}",
+    "compute_processes": "nvmlDeviceGetComputeRunningProcesses -> [{pid, used_bytes}]",
+    "xid_events": "nvmlEventSetWait (XID critical errors since last call) -> [xid, ...]",
+    "gpu_instance_profiles": "nvmlDeviceGetGpuInstanceProfileInfo + PossiblePlacements (all profiles)",
+}
+
+
+@dataclass(frozen=True)
+class NA:
+    """No value: ``reason`` is NVML's text (``"Not Supported"``), ``code`` its
+    return code (3 NOT_SUPPORTED, 15 GPU_IS_LOST, 18 LIB_RM_VERSION_MISMATCH)."""
+
+    reason: str
+    code: int | None = None
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __str__(self) -> str:
+        return f"N/A ({self.reason})"
+
+
+NOT_SUPPORTED = 3
+GPU_IS_LOST = 15
+LIB_RM_VERSION_MISMATCH = 18
+ERROR_NAMES = {1: "UNINITIALIZED", 2: "INVALID_ARGUMENT", 3: "NOT_SUPPORTED", 4: "NO_PERMISSION",
+               9: "DRIVER_NOT_LOADED", 12: "LIBRARY_NOT_FOUND", 13: "FUNCTION_NOT_FOUND",
+               15: "GPU_IS_LOST", 18: "LIB_RM_VERSION_MISMATCH", 999: "UNKNOWN"}
+
+
+def is_na(value: Any) -> bool:
+    return isinstance(value, NA)
+
+
+class NvmlUnavailable(Exception):
+    """NVML could not be initialised. ``code_name`` is NVML's error name
+    (``LIB_RM_VERSION_MISMATCH`` after a driver upgrade without reboot,
+    ``LIBRARY_NOT_FOUND`` / ``DRIVER_NOT_LOADED`` on a node without a driver)."""
+
+    def __init__(self, code_name: str, detail: str = ""):
+        self.code_name = code_name
+        self.detail = detail
+        super().__init__(f"NVML init failed: {code_name}" + (f" ({detail})" if detail else ""))
+
+
+class Backend:
+    def driver_version(self) -> str | NA: ...
+    def count(self) -> int: ...
+    def get(self, index: int, key: str, **kw) -> Any: ...
+    def close(self) -> None: ...
+
+
+class FakeNvml(Backend):
+    """Answers from a recording (see module doc). ``set(index, key, value)``
+    changes an answer; ``value`` may be ``NA(...)``, a plain value, or
+    ``Seq([...])`` whose items are returned one per call (last one repeats)."""
+
+    def __init__(self, data: dict):
+        self.data = copy.deepcopy(data)
+        init = self.data.get("init")
+        if init and "error" in init:
+            code = init.get("code", 999)
+            raise NvmlUnavailable(ERROR_NAMES.get(code, str(code)), init["error"])
+        self.calls: list[tuple[int, str]] = []
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> "FakeNvml":
+        return cls(json.loads(Path(path).read_text()))
+
+    def driver_version(self):
+        return _unwrap(self.data.get("driver", {"error": "Not Found", "code": 6}))
+
+    def count(self) -> int:
+        return len(self.data.get("devices", []))
+
+    def set(self, index: int, key: str, value: Any) -> None:
+        dev = self.data["devices"][index]
+        if isinstance(value, NA):
+            dev[key] = {"error": value.reason, "code": value.code}
+        elif isinstance(value, Seq):
+            dev[key] = {"seq": list(value.items)}
+        else:
+            dev[key] = {"ok": value}
+
+    def get(self, index: int, key: str, **kw) -> Any:
+        self.calls.append((index, key))
+        devs = self.data.get("devices", [])
+        if not 0 <= index < len(devs):
+            return NA("Invalid Argument", 2)
+        dev = devs[index]
+        lost = dev.get("lost")
+        if lost:
+            return NA("GPU is lost", GPU_IS_LOST)
+        if key == "pci_bus_id":
+            pci = _unwrap(dev.get("pci", {"error": "Not Supported", "code": 3}))
+            return pci if is_na(pci) else normalize_bus_id(pci["busId"])
+        if key == "gpu_instance_profiles":
+            return dev.get("gpu_instance_profiles", NA("Not Supported", NOT_SUPPORTED))
+        entry = dev.get(key)
+        if entry is None:
+            return NA("Not Supported", NOT_SUPPORTED)
+        if isinstance(entry, dict) and "seq" in entry:
+            seq = entry["seq"]
+            item = seq.pop(0) if len(seq) > 1 else seq[0]
+            return _unwrap(item) if isinstance(item, dict) and ("ok" in item or "error" in item) else item
+        if key == "util_samples":
+            return _unwrap(entry)
+        return _unwrap(entry)
+
+
+@dataclass
+class Seq:
+    items: list
+
+
+def _unwrap(entry: Any) -> Any:
+    if isinstance(entry, dict):
+        if "ok" in entry:
+            return entry["ok"]
+        if "error" in entry:
+            return NA(str(entry["error"]), entry.get("code"))
+    return entry
+
+
+def index_by_minor(nv: "Backend") -> tuple[dict[int, int], int]:
+    """``{minor number: NVML index}`` for every device that answers
+    ``nvmlDeviceGetMinorNumber`` (Slurm's gres index is the minor number, not
+    the NVML index: field cases 7 and 8), and how many devices answered
+    ``GPU_IS_LOST`` instead."""
+    out: dict[int, int] = {}
+    lost = 0
+    for i in range(nv.count()):
+        m = nv.get(i, "minor")
+        if not is_na(m):
+            out[int(m)] = i
+        elif m.code == GPU_IS_LOST:
+            lost += 1
+    return out, lost
+
+
+def normalize_bus_id(bus_id: str) -> str:
+    """``"00000000:00:06.0"`` (NVML) or ``"0000:00:06.0"`` (sysfs) ->
+    ``"0000:00:06.0"`` lower case, the sysfs form used as the key everywhere."""
+    b = bus_id.strip().lower()
+    if b.count(":") == 2:
+        dom, rest = b.split(":", 1)
+        dom = dom[-4:].rjust(4, "0")
+        return f"{dom}:{rest}"
+    if b.count(":") == 1:
+        return "0000:" + b
+    return b
+
+
+class RealNvml(Backend):
+    """``pynvml`` on the live host.
+
+    Raises:
+        NvmlUnavailable: from the constructor when ``nvmlInit`` fails (no
+            driver, library missing, driver/library version mismatch).
+    """
+
+    def __init__(self):
+        try:
+            import pynvml
+        except ImportError as e:  # pragma: no cover - dependency
+            raise NvmlUnavailable("LIBRARY_NOT_FOUND", str(e)) from None
+        self.nv = pynvml
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as e:
+            code = getattr(e, "value", 999)
+            raise NvmlUnavailable(ERROR_NAMES.get(code, str(code)), str(e)) from None
+        self._handles: dict[int, Any] = {}
+        self._gpm_prev: dict[int, Any] = {}
+        self._eventsets: dict[int, Any] = {}
+
+    def close(self) -> None:
+        for h in self._gpm_prev.values():
+            try:
+                self.nv.nvmlGpmSampleFree(h[1])
+            except Exception:  # noqa: BLE001
+                pass
+        try:
+            self.nv.nvmlShutdown()
+        except Exception:  # noqa: BLE001
+            pass
+
+    def driver_version(self):
+        return self._call(self.nv.nvmlSystemGetDriverVersion)
+
+    def count(self) -> int:
+        n = self._call(self.nv.nvmlDeviceGetCount)
+        return 0 if is_na(n) else int(n)
+
+    def _call(self, fn, *args):
+        try:
+            v = fn(*args)
+        except self.nv.NVMLError as e:
+            code = getattr(e, "value", None)
+            return NA(str(e), code)
+        if isinstance(v, bytes):
+            v = v.decode()
+        return v
+
+    def _h(self, index: int):
+        h = self._handles.get(index)
+        if h is None:
+            h = self._call(self.nv.nvmlDeviceGetHandleByIndex, index)
+            if is_na(h):
+                return h
+            self._handles[index] = h
+        return h
+
+    def get(self, index: int, key: str, **kw) -> Any:
+        h = self._h(index)
+        if is_na(h):
+            return h
+        nv = self.nv
+        c = self._call
+        if key == "name":
+            return c(nv.nvmlDeviceGetName, h)
+        if key == "uuid":
+            return c(nv.nvmlDeviceGetUUID, h)
+        if key in ("pci", "pci_bus_id"):
+            p = c(nv.nvmlDeviceGetPciInfo, h)
+            if is_na(p):
+                return p
+            bus = p.busId.decode() if isinstance(p.busId, bytes) else p.busId
+            if key == "pci_bus_id":
+                return normalize_bus_id(bus)
+            return {"busId": bus}
+        if key == "minor":
+            return c(nv.nvmlDeviceGetMinorNumber, h)
+        if key == "numa_node":
+            fn = getattr(nv, "nvmlDeviceGetNumaNodeId", None)
+            return c(fn, h) if fn else NA("Function Not Found", 13)
+        if key == "cpu_affinity_words":
+            v = c(nv.nvmlDeviceGetCpuAffinity, h, 16)
+            return v if is_na(v) else [int(x) for x in v]
+        if key == "memory":
+            # v2 first: v1's "used" counts the driver's reservation (615 MiB on an
+            # idle H200, read on the device machine), so a job's high water came out
+            # that much above nvidia-smi's; v2 reports it apart as "reserved"
+            v2 = getattr(nv, "nvmlMemory_v2", None)
+            if v2 is not None:
+                m = c(nv.nvmlDeviceGetMemoryInfo, h, v2)
+                if not is_na(m):
+                    return {"total": m.total, "used": m.used, "free": m.free, "reserved": m.reserved}
+            m = c(nv.nvmlDeviceGetMemoryInfo, h)
+            return m if is_na(m) else {"total": m.total, "used": m.used, "free": m.free}
+        if key == "mig_mode":
+            v = c(nv.nvmlDeviceGetMigMode, h)
+            return v if is_na(v) else list(v)
+        if key == "compute_mode":
+            return c(nv.nvmlDeviceGetComputeMode, h)
+        if key == "power_mw":
+            return c(nv.nvmlDeviceGetPowerUsage, h)
+        if key == "power_limit_mw":
+            return c(nv.nvmlDeviceGetEnforcedPowerLimit, h)
+        if key == "energy_mj":
+            return c(nv.nvmlDeviceGetTotalEnergyConsumption, h)
+        if key == "temperature_c":
+            return c(nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU)
+        if key == "sm_clock_mhz":
+            return c(nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_SM)
+        if key == "max_sm_clock_mhz":
+            return c(nv.nvmlDeviceGetMaxClockInfo, h, nv.NVML_CLOCK_SM)
+        if key == "throttle_reasons":
+            fn = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
+                nv.nvmlDeviceGetCurrentClocksThrottleReasons
+            return c(fn, h)
+        if key == "utilization":
+            u = c(nv.nvmlDeviceGetUtilizationRates, h)
+            return u if is_na(u) else {"gpu": u.gpu, "memory": u.memory}
+        if key == "util_samples":
+            since_us = int(kw.get("since_us", 0))
+            r = c(nv.nvmlDeviceGetSamples, h, nv.NVML_GPU_UTILIZATION_SAMPLES, since_us)
+            if is_na(r):
+                return r
+            _vtype, samples = r
+            return [[int(s.timeStamp), int(s.sampleValue.uiVal)] for s in samples]
+        if key == "pcie_tx_kbs":
+            return c(nv.nvmlDeviceGetPcieThroughput, h, nv.NVML_PCIE_UTIL_TX_BYTES)
+        if key == "pcie_rx_kbs":
+            return c(nv.nvmlDeviceGetPcieThroughput, h, nv.NVML_PCIE_UTIL_RX_BYTES)
+        if key == "ecc_uncorrected":
+            return c(nv.nvmlDeviceGetTotalEccErrors, h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                     nv.NVML_VOLATILE_ECC)
+        if key == "gpm_supported":
+            fn = getattr(nv, "nvmlGpmQueryDeviceSupport", None)
+            if fn is None:
+                return NA("Function Not Found", 13)
+            v = c(fn, h)
+            return v if is_na(v) else int(getattr(v, "isSupportedDevice", v))
+        if key == "gpm":
+            return self._gpm(index, h)
+        if key == "compute_processes":
+            ps = c(nv.nvmlDeviceGetComputeRunningProcesses, h)
+            if is_na(ps):
+                return ps
+            return [{"pid": p.pid, "used_bytes": p.usedGpuMemory} for p in ps]
+        if key == "xid_events":
+            return self._xids(index, h)
+        if key == "gpu_instance_profiles":
+            return self._gi_profiles(h)
+        return NA("Not Supported", NOT_SUPPORTED)
+
+    def _gpm(self, index, h):
+        """GPM metrics over the interval since the previous call (None on the
+        first call: a GPM metric needs two samples)."""
+        nv = self.nv
+        try:
+            cur = nv.nvmlGpmSampleAlloc()
+        except Exception as e:  # noqa: BLE001
+            return NA(str(e), getattr(e, "value", None))
+        try:
+            nv.nvmlGpmSampleGet(h, cur)
+        except Exception as e:  # noqa: BLE001 - free what we allocated, never leak per poll
+            try:
+                nv.nvmlGpmSampleFree(cur)
+            except Exception:  # noqa: BLE001
+                pass
+            return NA(str(e), getattr(e, "value", None))
+        prev = self._gpm_prev.get(index)
+        self._gpm_prev[index] = (time.monotonic(), cur)
+        if prev is None:
+            return NA("first GPM sample", None)
+        ids = {"sm_active_pct": nv.NVML_GPM_METRIC_SM_UTIL,
+               "sm_occupancy_pct": nv.NVML_GPM_METRIC_SM_OCCUPANCY,
+               "tensor_active_pct": nv.NVML_GPM_METRIC_ANY_TENSOR_UTIL,
+               "dram_bw_pct": nv.NVML_GPM_METRIC_DRAM_BW_UTIL}
+        try:
+            mg = nv.c_nvmlGpmMetricsGet_t()
+            mg.version = nv.NVML_GPM_METRICS_GET_VERSION
+            mg.numMetrics = len(ids)
+            mg.sample1 = prev[1]
+            mg.sample2 = cur
+            for i, mid in enumerate(ids.values()):
+                mg.metrics[i].metricId = mid
+            nv.nvmlGpmMetricsGet(mg)
+            out = {k: float(mg.metrics[i].value) for i, k in enumerate(ids)}
+        except Exception as e:  # noqa: BLE001
+            out = NA(str(e), getattr(e, "value", None))
+        finally:
+            try:
+                nv.nvmlGpmSampleFree(prev[1])
+            except Exception:  # noqa: BLE001
+                pass
+        return out
+
+    def _xids(self, index, h):
+        nv = self.nv
+        es = self._eventsets.get(index)
+        if es is None:
+            try:
+                es = nv.nvmlEventSetCreate()
+                nv.nvmlDeviceRegisterEvents(h, nv.nvmlEventTypeXidCriticalError, es)
+            except Exception as e:  # noqa: BLE001
+                self._eventsets[index] = NA(str(e), getattr(e, "value", None))
+                return self._eventsets[index]
+            self._eventsets[index] = es
+        if is_na(es):
+            return es
+        xids = []
+        for _ in range(64):
+            try:
+                ev = nv.nvmlEventSetWait_v2(es, 0)
+            except nv.NVMLError:
+                break
+            xids.append(int(ev.eventData))
+        return xids
+
+    def _gi_profiles(self, h):
+        """All GPU-instance profiles with their possible placements, in the
+        recording's format (read-only; works with MIG disabled)."""
+        import ctypes
+
+        nv = self.nv
+        out = {}
+        for p in range(getattr(nv, "NVML_GPU_INSTANCE_PROFILE_COUNT", 15)):
+            try:
+                info = nv.nvmlDeviceGetGpuInstanceProfileInfo(h, p)
+            except Exception:  # noqa: BLE001 - NVMLError or a binding mismatch
+                continue
+            entry = {"info": {"id": info.id, "sliceCount": info.sliceCount,
+                              "instanceCount": info.instanceCount,
+                              "memorySizeMB": info.memorySizeMB,
+                              "name": _profile_name(info)}}
+            try:
+                arr = (nv.c_nvmlGpuInstancePlacement_t * 16)()
+                cnt = ctypes.c_uint(16)
+                nv.nvmlDeviceGetGpuInstancePossiblePlacements(h, info.id, arr, ctypes.byref(cnt))
+                entry["possible_placements"] = {"ok": [f"[{arr[i].start}, {arr[i].size}]" for i in range(cnt.value)]}
+            except Exception as e:  # noqa: BLE001
+                entry["possible_placements"] = {"error": str(e), "code": getattr(e, "value", None)}
+            out[str(p)] = entry
+        return out
+
+
+def _profile_name(info) -> str:
+    name = getattr(info, "name", b"")
+    if isinstance(name, bytes):
+        name = name.decode(errors="replace")
+    return name or f"profile {info.id}"
+
+
+def open_nvml(hostfs=None) -> Backend:
+    """The backend for ``hostfs``: :class:`FakeNvml` when its root holds
+    ``nvml.json``, :class:`RealNvml` on the live host.
+
+    Raises:
+        NvmlUnavailable: no driver/library, driver/library mismatch, or a fake
+            root without ``nvml.json`` (NVML then counts as absent).
+    """
+    if hostfs is not None and not hostfs.is_real:
+        p = hostfs.nvml_json()
+        if p is None:
+            raise NvmlUnavailable("LIBRARY_NOT_FOUND", f"no nvml.json under {hostfs.root}")
+        return FakeNvml.from_file(p)
+    return RealNvml()

@@ -1,0 +1,255 @@
+"""Slurm through its commands: one subprocess boundary, pure parsing.
+
+Only :func:`run_slurm` starts processes (with a timeout, list arguments, no
+shell); everything else parses text and is tested with recorded output.
+pyslurm is not used: it cannot be built against Debian's Slurm here.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Mapping, Sequence
+
+from gsrun.base.errors import InputError, SlurmError
+from gsrun.base.proc import run_bounded
+
+# slurmd/slurmctld run hooks with an almost empty environment (no PATH)
+MAX_HOSTS = 100000
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+JOB_ID_RE = re.compile(r"^[0-9]{1,10}\Z")
+ARRAY_JOB_ID_RE = re.compile(r"^[0-9]{1,10}(_[0-9]{1,10})?\Z")
+NODE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
+USER_RE = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}\$?\Z", re.I)
+PARTITION_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}\Z")
+
+
+def run_slurm(argv: Sequence[str], timeout_s: float = 15.0, env: Mapping[str, str] | None = None,
+              input_text: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    """Run a Slurm command (``sbatch``, ``scontrol``, ``sinfo``, ``sacct``...).
+
+    Raises:
+        SlurmError: the command is not installed, timed out (slurmctld
+            unreachable or wedged), or exited non-zero with ``check``.
+    """
+    path = (env or {}).get("PATH") or os.environ.get("PATH") or DEFAULT_PATH
+    exe = shutil.which(argv[0], path=path)
+    if exe is None:
+        raise SlurmError("slurm", f"{argv[0]} not found", "Slurm client commands are not on PATH",
+                         hint="install slurm-client or put Slurm's bin directory on PATH")
+    rc, out, err = run_bounded([exe, *argv[1:]], timeout_s, input_text=input_text, env=env)
+    if rc is None:
+        raise SlurmError("slurm", f"{argv[0]} timed out", f"no answer in {timeout_s:g} s",
+                         hint="is slurmctld up? check SLURM_CONF")
+    cp = subprocess.CompletedProcess([exe, *argv[1:]], rc, out, err)
+    if check and cp.returncode != 0:
+        msg = (cp.stderr or cp.stdout).strip().splitlines()
+        raise SlurmError("slurm", f"{argv[0]} failed", msg[-1] if msg else f"exit {cp.returncode}")
+    return cp
+
+
+def validate_job_id(value: str, what: str = "job id") -> str:
+    """A plain job id ``1234`` (or ``1234_5`` for an array task)."""
+    if not isinstance(value, str) or not ARRAY_JOB_ID_RE.fullmatch(value):
+        raise InputError("input", f"bad {what}", repr(value)[:80], hint="a Slurm job id is digits, e.g. 1234")
+    return value
+
+
+def expand_hostlist(expr: str) -> list[str]:
+    """Expand a Slurm hostlist (``gpu[01-03,07],login1``) without calling
+    ``scontrol show hostnames``. Zero padding is kept.
+
+    Raises:
+        InputError: unbalanced brackets or a bad range.
+    """
+    if len(expr) > 65536:
+        raise InputError("slurm", "hostlist too long", f"{len(expr)} characters")
+    out: list[str] = []
+    for item in _split_top(expr.strip()):
+        if not item:
+            continue
+        out.extend(_expand_one(item))
+    return out
+
+
+def _split_top(expr: str) -> list[str]:
+    parts, depth, cur = [], 0, ""
+    for ch in expr:
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+            if depth < 0:
+                raise InputError("slurm", "bad hostlist", repr(expr))
+        if ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    if depth:
+        raise InputError("slurm", "bad hostlist", repr(expr))
+    parts.append(cur)
+    return parts
+
+
+def _expand_one(item: str) -> list[str]:
+    m = re.match(r"^([^\[]*)\[([^\]]+)\](.*)\Z", item)
+    if not m:
+        return [item]
+    prefix, ranges, rest = m.groups()
+    tails = _expand_one(rest) if rest else [""]
+    out = []
+    for r in ranges.split(","):
+        if "-" in r:
+            a, b = r.split("-", 1)
+            if not (a.isdigit() and b.isdigit()) or int(b) < int(a) or int(b) - int(a) > 100000:
+                raise InputError("slurm", "bad hostlist range", repr(item))
+            width = len(a)
+            nums = [str(i).zfill(width) for i in range(int(a), int(b) + 1)]
+        else:
+            if not r.isdigit():
+                raise InputError("slurm", "bad hostlist range", repr(item))
+            nums = [r]
+        for n in nums:
+            for t in tails:
+                out.append(f"{prefix}{n}{t}")
+            if len(out) > MAX_HOSTS:
+                raise InputError("slurm", "hostlist too large", f"more than {MAX_HOSTS} hosts in {item[:80]!r}")
+    return out
+
+
+def parse_tasks_per_node(text: str) -> list[int]:
+    """``SLURM_TASKS_PER_NODE`` / ``SLURM_JOB_CPUS_PER_NODE`` form
+    (``4(x2),1``) -> ``[4, 4, 1]``."""
+    out: list[int] = []
+    for tok in (text or "").split(","):
+        tok = tok.strip()
+        if not tok:
+            continue
+        m = re.match(r"^(\d+)(?:\(x(\d+)\))?\Z", tok)
+        if not m:
+            raise InputError("slurm", "bad tasks-per-node value", repr(text))
+        reps = int(m.group(2) or 1)
+        if len(out) + reps > MAX_HOSTS:
+            raise InputError("slurm", "tasks-per-node value too large", repr(text)[:80])
+        out += [int(m.group(1))] * reps
+    return out
+
+
+def parse_oneliner(text: str) -> dict[str, str]:
+    """``scontrol -o show job``/``node`` line -> ``{Key: value}``.
+
+    Values may contain spaces (``Reason=Not responding [slurm@...]``,
+    ``Comment=a b``): a key starts at a space followed by ``Name=``.
+    """
+    text = text.strip()
+    out: dict[str, str] = {}
+    pos = [m.start() for m in re.finditer(r"(?:^| )([A-Za-z][A-Za-z0-9_:/]*)=", text)]
+    for i, p in enumerate(pos):
+        seg = text[p:pos[i + 1]] if i + 1 < len(pos) else text[p:]
+        seg = seg.strip()
+        k, _, v = seg.partition("=")
+        out.setdefault(k, v)
+    return out
+
+
+def parse_job_record(text: str, job_id: str) -> dict[str, str] | None:
+    """``scontrol -o show job ID`` output -> fields that can be trusted.
+
+    User text sits inside the record (``JobName``, ``Comment``, paths), so a
+    job named ``x OverSubscribe=NO`` or one with a newline in its name could
+    forge fields. Defences: the record must be ONE line starting with
+    ``JobId=<job_id> ``; a key that occurs more than once is dropped (its
+    value is ambiguous). Returns None when the output is not a single record
+    of this job. Pure.
+    """
+    lines = [ln for ln in (text or "").splitlines() if ln.strip()]
+    if len(lines) != 1 or not lines[0].startswith(f"JobId={job_id} "):
+        return None
+    line = lines[0].strip()
+    keys = re.findall(r"(?:^| )([A-Za-z][A-Za-z0-9_:/]*)=", line)
+    dup = {k for k in keys if keys.count(k) > 1}
+    return {k: v for k, v in parse_oneliner(line).items() if k not in dup}
+
+
+def parse_gres_count(gres: str, name: str = "gpu") -> int:
+    """Largest count of ``name`` in a node's gres string (``gpu:4``,
+    ``gpu:h200:8(S:0-1)``, ``gpu:a100:2,gpu:v100:1``, ``(null)``) -> total."""
+    total = 0
+    for item in _split_top(gres or ""):
+        item = re.sub(r"\(.*?\)", "", item.strip())
+        parts = item.split(":")
+        if not parts or parts[0] != name:
+            continue
+        last = parts[-1]
+        if last.isdigit() and len(parts) >= 2:
+            total += int(last)
+        elif len(parts) == 1:
+            total += 1
+    return total
+
+
+def gpus_per_node(partition: str | None, timeout_s: float = 15.0) -> int:
+    """GPUs per node of ``partition`` (or the default partition), from
+    ``sinfo -h -o %G``: the most any node offers.
+
+    Raises:
+        SlurmError: sinfo failed, or no node in the partition has gres/gpu.
+    """
+    argv = ["sinfo", "-h", "-o", "%G"]
+    if partition:
+        argv += ["-p", partition]
+    cp = run_slurm(argv, timeout_s)
+    counts = [parse_gres_count(line) for line in cp.stdout.splitlines() if line.strip()]
+    best = max(counts, default=0)
+    if best <= 0:
+        raise SlurmError("submit", "no GPUs in partition", partition or "(default)",
+                         hint="pass --gpus-per-node, or check gres.conf / Gres= in slurm.conf")
+    return best
+
+
+def show_job(job_id: str, timeout_s: float = 15.0) -> dict[str, str] | None:
+    """``scontrol -o show job ID`` as a dict, or None for an unknown job."""
+    validate_job_id(job_id)
+    cp = run_slurm(["scontrol", "-o", "show", "job", job_id], timeout_s, check=False)
+    if cp.returncode != 0:
+        if "Invalid job id" in (cp.stderr + cp.stdout):
+            return None
+        raise SlurmError("slurm", "scontrol show job failed", (cp.stderr or cp.stdout).strip()[-200:])
+    line = cp.stdout.strip().splitlines()
+    return parse_oneliner(line[0]) if line else None
+
+
+def node_addr(node: str, timeout_s: float = 15.0) -> str:
+    """``NodeAddr`` of ``node`` (what MASTER_ADDR must be), falling back to the name."""
+    cp = run_slurm(["scontrol", "-o", "show", "node", node], timeout_s, check=False)
+    if cp.returncode == 0 and cp.stdout.strip():
+        return parse_oneliner(cp.stdout.splitlines()[0]).get("NodeAddr") or node
+    return node
+
+
+def parse_exit_code(text: str) -> tuple[int, int]:
+    """``ExitCode=1:0`` -> ``(1, 0)`` (exit status, signal)."""
+    m = re.match(r"^(\d+):(\d+)\Z", (text or "").strip())
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+
+def parse_comment_request(comment: str) -> dict[str, str]:
+    """The requests ``gsrun`` records in the job comment when the SPANK plugin
+    is not installed: ``gsrun:tune=swappiness=10;mps=50;mig=...``.
+
+    Only the fields gsrun writes are returned (``tune``, ``mps``, ``mig``,
+    ``bind``, ``report``, ``exclusive``); values are validated by their
+    consumers. Anything else in the comment is ignored.
+    """
+    out: dict[str, str] = {}
+    m = re.search(r"(?:^|\s)gsrun:(\S+)", comment or "")
+    if not m:
+        return out
+    for part in m.group(1).split(";"):
+        k, sep, v = part.partition("=")
+        if sep and k in ("tune", "mps", "mig", "bind", "report", "exclusive") and len(v) <= 512:
+            out[k] = v
+    return out

@@ -1,0 +1,467 @@
+"""Topology facts: CPUs, cores, NUMA nodes, GPUs, NICs of one host.
+
+Read through one :class:`~gsrun.facts.hostfs.HostFS` (a real host or a recorded
+tree) and the one NVML choke point (:func:`gsrun.facts.nvml.open_nvml`). The result
+is a frozen :class:`Topology`; decisions (:mod:`gsrun.bind.plan`) never read
+the host themselves.
+
+Sources of each fact:
+
+- online CPUs: ``sys/devices/system/cpu/online`` (else ``present``, else the
+  ``cpuN`` directories);
+- cores: ``sys/devices/system/cpu/cpuN/topology/thread_siblings_list``
+  (else ``core_cpus_list``); a CPU without the file is its own core;
+- NUMA nodes: ``sys/devices/system/node/nodeN/cpulist``, ``meminfo``
+  (``MemTotal`` in kB), ``distance``; a kernel without NUMA gets one node 0;
+- GPUs: NVML (``nvmlDeviceGetUUID``, ``GetPciInfo``, ``GetMinorNumber``,
+  ``GetCpuAffinity``) merged by PCI bus id with sysfs/procfs:
+  ``sys/bus/pci/devices/<bdf>`` with vendor ``0x10de`` and class ``0x0300xx``
+  / ``0x0302xx`` (``numa_node``, ``local_cpulist``) and
+  ``proc/driver/nvidia/gpus/<bdf>/information`` (``Device Minor``, ``GPU
+  UUID``, ``Model``). GPUs NVML cannot see (a device-constrained cgroup shows
+  NVML only the job's GPUs, renumbered from 0: field case 7) still come from
+  sysfs, and NVML indices are never used to name a GPU across processes;
+- NICs: ``sys/class/infiniband/<hca>/device`` (``numa_node``, ``net/``) and
+  ``sys/class/net/<if>/device`` for physical Ethernet.
+
+A GPU's CPU-side NUMA node (``Gpu.numa_node``) is decided in this order,
+and ``Gpu.numa_source`` says which one gave it:
+
+1. sysfs ``numa_node`` >= 0;
+2. the NVML CPU-affinity mask, when it lies within exactly one node (field
+   case 1: ``numa_node`` -1 on a VM, the mask equals node 0's cpulist);
+3. sysfs ``local_cpulist`` the same way (it is all CPUs when the firmware
+   gives no locality, which then decides nothing);
+4. ``nvidia-smi topo -m`` "NUMA Affinity" (live host only, last resort);
+5. a host with one node: node 0 (binding to it is harmless);
+6. else ``None`` (unknown: no memory binding, a warning).
+
+``nvmlDeviceGetNumaNodeId`` is never used: it is the GPU's own memory node,
+NOT_SUPPORTED on x86 and not a CPU target on Grace (field case 4).
+
+Why hand parsing and not hwloc (Debian ``hwloc``, PyPI ``pyhwloc``): the
+facts needed here are a dozen one-line sysfs files that the kernel already
+publishes in final form; hwloc would add a C library and binding to every
+node and to slurmstepd's embedded interpreter (spank_py), its Python binding
+is young, and a recorded test tree would then have to satisfy hwloc's own
+discovery (or be an XML export) instead of being the same ``sys/``/``proc/``
+subset our one :class:`HostFS` root already serves. hwloc's extra knowledge
+(caches, PCI bridges, OS devices) is not used by the plan except PCI
+closeness, which the sysfs device path gives directly.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gsrun.base.cpulist import parse_cpulist, words_to_cpus
+from gsrun.base.errors import InputError
+from gsrun.facts.hostfs import HostFS
+from gsrun.facts.nvml import Backend, NvmlUnavailable, is_na, normalize_bus_id, open_nvml
+
+NVIDIA_VENDOR = "0x10de"
+GPU_CLASSES = ("0x0300", "0x0302")  # VGA-compatible controller, 3D controller
+_BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+NODE_DIR = "sys/devices/system/node"
+CPU_DIR = "sys/devices/system/cpu"
+
+
+@dataclass(frozen=True)
+class NumaNode:
+    """``id``; ``cpus`` its online CPUs (``nodeN/cpulist``); ``mem_total_bytes``
+    from ``nodeN/meminfo`` (None if absent); ``distances`` node id -> SLIT
+    distance (``nodeN/distance``, 10 = local)."""
+
+    id: int
+    cpus: tuple[int, ...]
+    mem_total_bytes: int | None = None
+    distances: dict[int, int] = field(default_factory=dict, hash=False, compare=False)
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One physical NVIDIA GPU.
+
+    ``pci_bus_id`` is the sysfs form (``0000:3b:00.0``), the key that joins
+    NVML, sysfs and procfs. ``minor`` is N of ``/dev/nvidiaN`` = Slurm's gres
+    index (NVML ``GetMinorNumber`` or procfs ``Device Minor``). ``nvml_index``
+    is NVML's enumeration index in *this* process (None when NVML did not see
+    it). ``local_cpus`` are the CPUs near the GPU (NVML affinity, else
+    ``local_cpulist``; empty when unknown). ``pci_path`` the chain of PCI
+    addresses from the root port down to the device (from the sysfs link),
+    used for NIC closeness.
+    """
+
+    pci_bus_id: str
+    minor: int | None
+    nvml_index: int | None
+    uuid: str | None
+    name: str | None
+    numa_node: int | None
+    numa_source: str
+    local_cpus: tuple[int, ...] = ()
+    pci_path: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Nic:
+    """A network device for NCCL. ``kind`` ``"ib"`` (``sys/class/infiniband``,
+    RoCE included) or ``"eth"``; ``name`` the HCA (``mlx5_0``) or interface;
+    ``netdevs`` its interface names; ``numa_node`` None when unknown (-1)."""
+
+    name: str
+    kind: str
+    numa_node: int | None
+    pci_bus_id: str | None
+    netdevs: tuple[str, ...] = ()
+    pci_path: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Everything the binding plan needs. ``notes`` explain how facts were
+    found (``"NVML unavailable: LIBRARY_NOT_FOUND"``...)."""
+
+    cpus_online: tuple[int, ...]
+    cores: tuple[tuple[int, ...], ...]
+    nodes: tuple[NumaNode, ...]
+    gpus: tuple[Gpu, ...]
+    nics: tuple[Nic, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    def node(self, node_id: int) -> NumaNode | None:
+        for n in self.nodes:
+            if n.id == node_id:
+                return n
+        return None
+
+    def node_of_cpu(self, cpu: int) -> int | None:
+        for n in self.nodes:
+            if cpu in n.cpus:
+                return n.id
+        return None
+
+    def distance(self, a: int, b: int) -> int:
+        """SLIT distance, else 10 for a == b and 20 + |a - b| (a guess that
+        keeps nearby ids near) when the kernel gave none."""
+        if a == b:
+            return 10
+        n = self.node(a)
+        if n and b in n.distances:
+            return n.distances[b]
+        return 20 + abs(a - b)
+
+    def gpu_by_minor(self, minor: int) -> Gpu | None:
+        for g in self.gpus:
+            if g.minor == minor:
+                return g
+        return None
+
+
+# ---------------------------------------------------------------- readers
+
+def read_cpus_online(fs: HostFS) -> list[int]:
+    """Online CPU ids: ``cpu/online``, else ``cpu/present``, else ``cpuN`` dirs."""
+    for f in ("online", "present"):
+        text = fs.read(f"{CPU_DIR}/{f}")
+        if text:
+            try:
+                return parse_cpulist(text)
+            except InputError:
+                pass
+    ids = [int(d[3:]) for d in fs.listdir(CPU_DIR) if re.fullmatch(r"cpu[0-9]+", d)]
+    return sorted(ids)
+
+
+def read_cores(fs: HostFS, cpus: list[int]) -> list[tuple[int, ...]]:
+    """Physical cores as sorted tuples of online SMT siblings, ordered by
+    their first CPU (``thread_siblings_list``, else ``core_cpus_list``)."""
+    online = set(cpus)
+    cores: dict[tuple[int, ...], None] = {}
+    for c in cpus:
+        sib = None
+        for f in ("thread_siblings_list", "core_cpus_list"):
+            text = fs.read(f"{CPU_DIR}/cpu{c}/topology/{f}")
+            if text:
+                try:
+                    sib = parse_cpulist(text)
+                    break
+                except InputError:
+                    pass
+        group = tuple(x for x in (sib or [c]) if x in online) or (c,)
+        if c not in group:
+            group = (c,)
+        cores[group] = None
+    # a CPU listed in two groups (inconsistent tree): keep the first group
+    seen: set[int] = set()
+    out = []
+    for g in sorted(cores, key=lambda t: t[0]):
+        g2 = tuple(x for x in g if x not in seen)
+        if g2:
+            seen.update(g2)
+            out.append(g2)
+    return out
+
+
+def read_nodes(fs: HostFS, cpus: list[int]) -> list[NumaNode]:
+    """NUMA nodes with their online CPUs; one node 0 holding all CPUs when
+    the kernel has no NUMA directory."""
+    online = set(cpus)
+    nodes = []
+    names = [d for d in fs.listdir(NODE_DIR) if re.fullmatch(r"node[0-9]+", d)]
+    for d in sorted(names, key=lambda s: int(s[4:])):
+        nid = int(d[4:])
+        try:
+            ncpus = [c for c in parse_cpulist(fs.read(f"{NODE_DIR}/{d}/cpulist")) if c in online]
+        except InputError:
+            ncpus = []
+        mem = None
+        mi = fs.read(f"{NODE_DIR}/{d}/meminfo") or ""
+        m = re.search(r"MemTotal:\s+([0-9]+)\s*kB", mi)
+        if m:
+            mem = int(m.group(1)) * 1024
+        dist: dict[int, int] = {}
+        dtext = fs.read(f"{NODE_DIR}/{d}/distance")
+        if dtext:
+            ids = sorted(int(x[4:]) for x in names)
+            vals = dtext.split()
+            if len(vals) == len(ids) and all(v.isdigit() for v in vals):
+                dist = {i: int(v) for i, v in zip(ids, vals)}
+        nodes.append(NumaNode(nid, tuple(ncpus), mem, dist))
+    if not nodes:
+        nodes = [NumaNode(0, tuple(cpus), None, {0: 10})]
+    return nodes
+
+
+def _pci_path(fs: HostFS, bdf: str) -> tuple[str, ...]:
+    """PCI addresses from the root port down to ``bdf``, from the sysfs link
+    ``bus/pci/devices/<bdf> -> ../../../devices/pci0000:17/0000:17:00.0/...``.
+    ``(bdf,)`` when the tree holds a plain directory (a recorded subset)."""
+    p = fs.path(f"sys/bus/pci/devices/{bdf}")
+    try:
+        if p.is_symlink():
+            target = os.readlink(p)
+            parts = [x for x in Path(target).parts if _BDF.match(x)]
+            if parts:
+                return tuple(parts)
+    except OSError:
+        pass
+    return (bdf,)
+
+
+def _node_from_cpus(cpus: list[int], nodes: list[NumaNode]) -> int | None:
+    """The one node whose CPUs the set touches; None for an empty set or a
+    set spanning nodes (e.g. ``local_cpulist`` = all CPUs)."""
+    s = set(cpus)
+    if not s:
+        return None
+    hit = [n.id for n in nodes if s & set(n.cpus)]
+    return hit[0] if len(hit) == 1 else None
+
+
+def _read_proc_gpu(fs: HostFS, bdf: str) -> dict[str, str]:
+    """``proc/driver/nvidia/gpus/<bdf>/information`` as a dict
+    (``Device Minor``, ``GPU UUID``, ``Model``...)."""
+    text = fs.read(f"proc/driver/nvidia/gpus/{bdf}/information") or ""
+    out = {}
+    for ln in text.splitlines():
+        if ":" in ln:
+            k, v = ln.split(":", 1)
+            out[k.strip()] = v.strip()
+    return out
+
+
+def _sysfs_gpu_bdfs(fs: HostFS) -> list[str]:
+    out = []
+    for bdf in fs.listdir("sys/bus/pci/devices"):
+        base = f"sys/bus/pci/devices/{bdf}"
+        vendor = (fs.read(f"{base}/vendor") or "").strip().lower()
+        cls = (fs.read(f"{base}/class") or "").strip().lower()
+        if vendor == NVIDIA_VENDOR and cls.startswith(GPU_CLASSES):
+            out.append(normalize_bus_id(bdf))
+    # procfs may list GPUs whose PCI entry is not in a recorded subset
+    for bdf in fs.listdir("proc/driver/nvidia/gpus"):
+        b = normalize_bus_id(bdf)
+        if _BDF.match(b) and b not in out:
+            out.append(b)
+    return sorted(out)
+
+
+def _nvml_gpus(nv: Backend) -> dict[str, dict]:
+    """bus id -> {nvml_index, uuid, name, minor, affinity} from NVML."""
+    out: dict[str, dict] = {}
+    for i in range(nv.count()):
+        bus = nv.get(i, "pci_bus_id")
+        if is_na(bus):
+            continue
+        def ok(v):
+            return None if is_na(v) else v
+        words = ok(nv.get(i, "cpu_affinity_words"))
+        minor = ok(nv.get(i, "minor"))
+        out[bus] = {"nvml_index": i, "uuid": ok(nv.get(i, "uuid")), "name": ok(nv.get(i, "name")),
+                    "minor": int(minor) if minor is not None else None,
+                    "affinity": words_to_cpus(words) if words else []}
+    return out
+
+
+def read_gpus(fs: HostFS, nodes: list[NumaNode], cpus: list[int], nvml: Backend | None,
+              smi_text: str | None = None) -> tuple[list[Gpu], list[str]]:
+    """GPUs sorted by PCI bus id, plus notes. See the module doc for sources."""
+    notes: list[str] = []
+    nv = _nvml_gpus(nvml) if nvml is not None else {}
+    bdfs = sorted(set(_sysfs_gpu_bdfs(fs)) | set(nv))
+    online = set(cpus)
+    smi_rows = {}
+    if smi_text:
+        from gsrun.facts.topo_smi import parse_topo_matrix
+        try:
+            smi_rows = {r.index: r for r in parse_topo_matrix(smi_text).gpus}
+        except InputError as e:
+            notes.append(f"nvidia-smi topo -m unreadable: {e.detail}")
+    gpus = []
+    for pos, bdf in enumerate(bdfs):
+        base = f"sys/bus/pci/devices/{bdf}"
+        info = _read_proc_gpu(fs, bdf)
+        n = nv.get(bdf, {})
+        minor = n.get("minor")
+        if minor is None and info.get("Device Minor", "").isdigit():
+            minor = int(info["Device Minor"])
+        uuid = n.get("uuid") or info.get("GPU UUID") or None
+        name = n.get("name") or info.get("Model") or None
+        sys_node = fs.read_int(f"{base}/numa_node")
+        try:
+            local = [c for c in parse_cpulist(fs.read(f"{base}/local_cpulist")) if c in online]
+        except InputError:
+            local = []
+        aff = [c for c in n.get("affinity", []) if c in online]
+        node, source = None, "unknown"
+        if sys_node is not None and sys_node >= 0 and any(x.id == sys_node for x in nodes):
+            node, source = sys_node, "sysfs numa_node"
+        elif _node_from_cpus(aff, nodes) is not None:
+            node, source = _node_from_cpus(aff, nodes), "NVML CPU affinity"
+        elif _node_from_cpus(local, nodes) is not None:
+            node, source = _node_from_cpus(local, nodes), "sysfs local_cpulist"
+        else:
+            idx = n.get("nvml_index", pos if not nv else None)
+            row = smi_rows.get(idx) if idx is not None else None
+            if row is not None and row.numa_node is not None and any(x.id == row.numa_node for x in nodes):
+                node, source = row.numa_node, "nvidia-smi topo -m"
+            elif len(nodes) == 1:
+                node, source = nodes[0].id, "single NUMA node"
+        if sys_node == -1 and source != "sysfs numa_node":
+            notes.append(f"GPU {bdf}: sysfs numa_node is -1; " + (
+                f"node {node} from {source}" if node is not None else
+                "node unknown (NVML affinity and local_cpulist span nodes or are absent)"))
+        local_cpus = aff or (local if local and set(local) != online else [])
+        if not local_cpus and node is not None:
+            local_cpus = list(next(x.cpus for x in nodes if x.id == node))
+        gpus.append(Gpu(pci_bus_id=bdf, minor=minor, nvml_index=n.get("nvml_index"), uuid=uuid,
+                        name=name, numa_node=node, numa_source=source,
+                        local_cpus=tuple(local_cpus), pci_path=_pci_path(fs, bdf)))
+    return gpus, notes
+
+
+def read_nics(fs: HostFS) -> list[Nic]:
+    """InfiniBand/RoCE HCAs and physical Ethernet interfaces with a PCI
+    device (virtual ones such as ``lo``, bridges, ``ifb*`` have no
+    ``device`` and are skipped). Interfaces that belong to an HCA are listed
+    under the HCA only."""
+    nics: list[Nic] = []
+    owned: set[str] = set()
+    for hca in fs.listdir("sys/class/infiniband"):
+        base = f"sys/class/infiniband/{hca}/device"
+        node = fs.read_int(f"{base}/numa_node")
+        netdevs = tuple(fs.listdir(f"{base}/net"))
+        owned.update(netdevs)
+        bdf = _device_bdf(fs, base)
+        nics.append(Nic(hca, "ib", node if node is not None and node >= 0 else None, bdf, netdevs,
+                        _pci_path(fs, bdf) if bdf else ()))
+    for ifname in fs.listdir("sys/class/net"):
+        if ifname in owned or ifname == "lo":
+            continue
+        base = f"sys/class/net/{ifname}/device"
+        if not fs.exists(base):
+            continue
+        node = fs.read_int(f"{base}/numa_node")
+        bdf = _device_bdf(fs, base)
+        nics.append(Nic(ifname, "eth", node if node is not None and node >= 0 else None, bdf,
+                        (ifname,), _pci_path(fs, bdf) if bdf else ()))
+    return nics
+
+
+def _device_bdf(fs: HostFS, base: str) -> str | None:
+    p = fs.path(base)
+    try:
+        if p.is_symlink():
+            name = Path(os.readlink(p)).name
+            if _BDF.match(name):
+                return name
+    except OSError:
+        pass
+    ue = fs.read(f"{base}/uevent") or ""
+    m = re.search(r"PCI_SLOT_NAME=(\S+)", ue)
+    return normalize_bus_id(m.group(1)) if m else None
+
+
+def read_topology(fs: HostFS, nvml: Backend | None | bool = True,
+                  smi_text: str | None = None) -> Topology:
+    """All facts of the host behind ``fs``.
+
+    ``nvml``: ``True`` opens the backend for ``fs`` (FakeNvml from
+    ``<root>/nvml.json``, RealNvml on ``/``); ``False``/``None`` skips NVML
+    (sysfs/procfs only); a :class:`Backend` is used as given. NVML init
+    failing is a note, not an error. ``smi_text`` is ``nvidia-smi topo -m``
+    output for the last-resort fallback; on the live host it is run (10 s
+    timeout) only when a GPU's node is still unknown on a multi-node host;
+    under a fake root ``<root>/nvidia-smi-topo.txt`` is read if present.
+    """
+    notes: list[str] = []
+    cpus = read_cpus_online(fs)
+    if not cpus:
+        notes.append("no online CPU list found")
+    cores = read_cores(fs, cpus)
+    nodes = read_nodes(fs, cpus)
+    backend: Backend | None = None
+    if nvml is True:
+        try:
+            backend = open_nvml(fs)
+        except NvmlUnavailable as e:
+            notes.append(f"NVML unavailable: {e.code_name}")
+    elif isinstance(nvml, Backend):
+        backend = nvml
+    if smi_text is None and not fs.is_real:
+        smi_text = fs.read("nvidia-smi-topo.txt")
+    gpus, gnotes = read_gpus(fs, nodes, cpus, backend, smi_text)
+    if fs.is_real and smi_text is None and len(nodes) > 1 and any(g.numa_node is None for g in gpus):
+        from gsrun.facts.topo_smi import run_topo_matrix
+        text = run_topo_matrix()
+        if text:
+            gpus, gnotes = read_gpus(fs, nodes, cpus, backend, text)
+    notes += gnotes
+    return Topology(cpus_online=tuple(cpus), cores=tuple(cores), nodes=tuple(nodes),
+                    gpus=tuple(gpus), nics=tuple(read_nics(fs)), notes=tuple(notes))
+
+
+def read_allowed_cpus(fs: HostFS, cpus_online: list[int] | tuple[int, ...]) -> list[int]:
+    """CPUs this process may run on: ``os.sched_getaffinity(0)`` on the live
+    host (the task's cgroup cpuset and Slurm's binding are already in it);
+    all online CPUs under a fake root."""
+    if fs.is_real:
+        return sorted(os.sched_getaffinity(0))
+    return sorted(cpus_online)
+
+
+def read_allowed_mems(fs: HostFS) -> list[int] | None:
+    """``Mems_allowed_list`` of ``proc/self/status`` (the cpuset's memory
+    nodes), None when unreadable. ``numactl --membind`` outside it fails."""
+    text = fs.read("proc/self/status") or ""
+    m = re.search(r"^Mems_allowed_list:\s*(\S*)\s*$", text, re.M)
+    if not m:
+        return None
+    try:
+        return parse_cpulist(m.group(1))
+    except InputError:
+        return None

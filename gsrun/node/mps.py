@@ -1,0 +1,687 @@
+"""A per-job NVIDIA MPS control daemon: started by the prolog as the job's
+user, private pipe/log directories, used by the job's tasks, gone after the
+epilog.
+
+Layout (field case 19)::
+
+    <mps_dir>                 root:root  0711  (traversable, not listable)
+    <mps_dir>/<jobid>/        uid:gid    0700
+    <mps_dir>/<jobid>/pipe/   uid:gid    0700  CUDA_MPS_PIPE_DIRECTORY
+    <mps_dir>/<jobid>/log/    uid:gid    0700  CUDA_MPS_LOG_DIRECTORY
+    <state_dir>/mps-<jobid>.json          root 0600  journal (pids, compute modes)
+
+Every ancestor of the job directory must be traversable by the job's user
+(the control daemon forks ``nvidia-cuda-mps-server`` as that user; a 0700
+parent made it crash-loop in bottlerocket #4673); :func:`start` checks it.
+
+The daemon runs as the job's user with ``CUDA_VISIBLE_DEVICES`` set to the
+job's GPUs and ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (so an index means the NVML
+index, field case 10). Its environment is an allow-list; nothing of root's
+environment leaks into it. Clients of other users cannot reach the control
+socket (0700 directory), and the control daemon refuses other users anyway.
+
+:func:`stop` asks the daemon to ``quit`` (as the user, bounded by a timeout:
+clients still attached make ``quit`` block), then ends what is left by
+*targeted* signals: the PIDs it recorded (checked by creation time and uid,
+so a recycled PID is never hit) and any ``nvidia-cuda-mps-*`` process whose
+``CUDA_MPS_PIPE_DIRECTORY`` is this job's pipe directory and whose uid is the
+job's. Never by name alone, never a node-wide ``killall`` (field cases 17-19).
+A zombie (an exited daemon not yet reaped by its reaper, as seen on the H200
+probe: ``457 [nvidia-cuda-mps] <defunct>``) counts as gone.
+
+What the real daemon leaves (probe.log on the H200, driver 580, CUDA 13.0):
+``pipe/{control, control_lock, control_privileged, log,
+nvidia-cuda-mps-control.pid}`` and ``log/{control.log, server.log}``; the
+comm name of both control and server is ``nvidia-cuda-mps`` (15 chars).
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import re
+import signal
+import stat
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Iterable, Mapping
+
+import psutil
+
+from gsrun.base.errors import InputError, NodeError
+from gsrun.base.fsutil import atomic_write_json, ensure_dir, read_json, remove_tree
+
+JOURNAL_SCHEMA = "gsrun.mps/1"
+PID_FILE = "nvidia-cuda-mps-control.pid"
+CONTROL_SOCKET = "control"
+MPS_NAME_PREFIX = "nvidia-cuda-mps"
+SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+# NVML compute modes (nvmlDeviceGetComputeMode / nvmlDeviceSetComputeMode).
+COMPUTE_MODE_DEFAULT = 0
+COMPUTE_MODE_PROHIBITED = 2
+COMPUTE_MODE_EXCLUSIVE_PROCESS = 3
+
+# Variables copied from the caller's environment into the daemon's (when valid).
+ENV_PASS = ("LANG", "LC_ALL", "TZ")
+
+_JOB_ID_RE = re.compile(r"^[0-9]{1,20}$")
+_GPU_RE = re.compile(r"^(?:[0-9]{1,3}|GPU-[0-9a-fA-F-]{8,64}|MIG-[0-9A-Za-z/-]{4,80})$")
+_PINNED_RE = re.compile(r"^[0-9]{1,3}=[0-9]{1,7}[MG](?:,[0-9]{1,3}=[0-9]{1,7}[MG])*$")
+_ENV_VALUE_RE = re.compile(r"^[A-Za-z0-9_.:/@+-]{0,128}$")
+_TERM_WAIT_S = 3.0
+_KILL_WAIT_S = 3.0
+_POLL_S = 0.05
+
+
+# ---------------------------------------------------------------- decisions
+
+def requested_pct(environ: Mapping[str, str], option_value: str | None) -> int | None:
+    """The default active thread percentage a job asked for, 1-100, or None.
+
+    Sources:
+      * ``option_value``: the ``--gs-mps[=PCT]`` / ``gsrun --mps[=PCT]`` value
+        (None = option not given, ``""`` = given without PCT); when None,
+        ``environ["SPANK_GS_MPS"]`` (what the SPANK plugin passes to the
+        prolog) is used instead.
+      * ``environ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"]``: set by Slurm in the
+        job environment for a ``gres/mps`` request (Slurm's share of the GPU).
+
+    When both give a number, the smaller wins: Slurm's value is the share the
+    scheduler allocated, a user option may only narrow it.
+
+    Raises:
+        InputError: a value that is not an integer 1-100 (``--gs-mps=150``,
+            ``--gs-mps=abc``; likely a typo).
+    """
+    opt = option_value if option_value is not None else environ.get("SPANK_GS_MPS")
+    pct_opt = _parse_pct(opt, "--gs-mps") if opt is not None else None
+    slurm = environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
+    pct_slurm = _parse_pct(slurm, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE") if slurm else None
+    vals = [v for v in (pct_opt, pct_slurm) if v is not None]
+    return min(vals) if vals else None
+
+
+def requested(environ: Mapping[str, str], option_value: str | None) -> bool:
+    """True when the job asked for MPS: ``--gs-mps[=PCT]`` given (``option_value``
+    not None, or ``SPANK_GS_MPS`` present in ``environ``) or Slurm's
+    ``gres/mps`` (``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` in ``environ``).
+    Validates like :func:`requested_pct` (raises InputError on a bad value)."""
+    requested_pct(environ, option_value)
+    return (option_value is not None or "SPANK_GS_MPS" in environ
+            or bool(environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")))
+
+
+def _parse_pct(value: str, source: str) -> int | None:
+    v = value.strip()
+    if v.lower() in ("", "on", "yes", "true"):  # flag without a percentage
+        return None
+    if not re.fullmatch(r"[0-9]{1,3}", v) or not 1 <= int(v) <= 100:
+        raise InputError("mps", "bad active thread percentage", f"{source}={value!r}",
+                         hint="use an integer from 1 to 100, e.g. --gs-mps=50, or --gs-mps alone")
+    return int(v)
+
+
+def task_env(job_id: str, mps_dir: str) -> dict[str, str]:
+    """Environment the job's tasks need to reach the job's daemon:
+    ``{"CUDA_MPS_PIPE_DIRECTORY": <mps_dir>/<jobid>/pipe,
+    "CUDA_MPS_LOG_DIRECTORY": <mps_dir>/<jobid>/log}``.
+
+    Raises:
+        InputError: ``job_id`` is not a Slurm job id (digits).
+    """
+    _check_job_id(job_id)
+    d = Path(mps_dir) / job_id
+    return {"CUDA_MPS_PIPE_DIRECTORY": str(d / "pipe"), "CUDA_MPS_LOG_DIRECTORY": str(d / "log")}
+
+
+def journal_path(job_id: str, state_dir: str) -> Path:
+    _check_job_id(job_id)
+    return Path(state_dir) / f"mps-{job_id}.json"
+
+
+def daemon_env(user_env: Mapping[str, str], gpus: list[str], pipe_dir: str, log_dir: str,
+               active_thread_pct: int | None, pinned_mem_limit: str | None,
+               caller_env: Mapping[str, str]) -> dict[str, str]:
+    """The daemon's whole environment (pure): fixed PATH, the user's HOME/USER/
+    LOGNAME, LANG/LC_ALL/TZ from ``caller_env`` when harmless, and the MPS
+    variables. Nothing else of the caller's environment."""
+    env = {"PATH": SAFE_PATH, **user_env}
+    for k in ENV_PASS:
+        v = caller_env.get(k)
+        if v is not None and _ENV_VALUE_RE.fullmatch(v):
+            env[k] = v
+    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+    env["CUDA_MPS_PIPE_DIRECTORY"] = pipe_dir
+    env["CUDA_MPS_LOG_DIRECTORY"] = log_dir
+    if active_thread_pct is not None:
+        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(active_thread_pct)
+    if pinned_mem_limit:
+        env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = pinned_mem_limit
+    return env
+
+
+def _check_job_id(job_id: str) -> None:
+    if not isinstance(job_id, str) or not _JOB_ID_RE.fullmatch(job_id):
+        raise InputError("mps", "bad job id", repr(job_id), hint="a Slurm job id is digits only")
+
+
+def _check_inputs(gpus, active_thread_pct, pinned_mem_limit, timeout_s) -> None:
+    if not gpus:
+        raise InputError("mps", "no GPUs", "an MPS daemon needs the job's GPUs",
+                         hint="the job holds no GPU on this node; drop --gs-mps")
+    for g in gpus:
+        if not isinstance(g, str) or not _GPU_RE.fullmatch(g):
+            raise InputError("mps", "bad GPU identifier", repr(g),
+                             hint="use NVML indices or GPU-/MIG- UUIDs")
+    if active_thread_pct is not None and (
+            isinstance(active_thread_pct, bool) or not isinstance(active_thread_pct, int)
+            or not 1 <= active_thread_pct <= 100):
+        raise InputError("mps", "bad active thread percentage", repr(active_thread_pct),
+                         hint="an integer from 1 to 100")
+    if pinned_mem_limit and not _PINNED_RE.fullmatch(pinned_mem_limit):
+        raise InputError("mps", "bad pinned memory limit", repr(pinned_mem_limit),
+                         hint="form N=SIZE[MG],..., e.g. 0=16G,1=16G")
+    if not timeout_s or timeout_s <= 0:
+        raise InputError("mps", "bad timeout", repr(timeout_s))
+
+
+# ---------------------------------------------------------------- facts
+
+def _user_facts(uid: int, gid: int) -> tuple[dict[str, str], list[int]]:
+    """HOME/USER/LOGNAME and the supplementary groups of ``uid`` (from the
+    passwd/group databases); a uid without an entry gets HOME=/ and only gid."""
+    try:
+        pw = pwd.getpwuid(uid)
+    except KeyError:
+        return {"HOME": "/"}, [gid]
+    env = {"HOME": pw.pw_dir or "/", "USER": pw.pw_name, "LOGNAME": pw.pw_name}
+    try:
+        groups = os.getgrouplist(pw.pw_name, gid)
+    except OSError:
+        groups = [gid]
+    return env, sorted(set(groups))
+
+
+def _traversable(st: os.stat_result, uid: int, groups: Iterable[int]) -> bool:
+    if uid == 0:
+        return True
+    if st.st_uid == uid:
+        return bool(st.st_mode & stat.S_IXUSR)
+    if st.st_gid in groups:
+        return bool(st.st_mode & stat.S_IXGRP)
+    return bool(st.st_mode & stat.S_IXOTH)
+
+
+def _is_mps_process(p: psutil.Process) -> bool:
+    try:
+        if p.name().startswith(MPS_NAME_PREFIX):
+            return True
+        return any(os.path.basename(a).startswith(MPS_NAME_PREFIX) for a in p.cmdline()[:2])
+    except (psutil.Error, OSError):
+        return False
+
+
+def _gone(p: psutil.Process) -> bool:
+    try:
+        return not p.is_running() or p.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+    except psutil.Error:
+        return False
+
+
+def _proc_key(p: psutil.Process) -> dict:
+    return {"pid": p.pid, "create_time": p.create_time()}
+
+
+def _recorded(entries: Iterable[dict], uid: int | None) -> list[psutil.Process]:
+    """Journal PIDs that are still the same process (creation time equal) and,
+    when known, of the job's uid; their descendants too (MPS servers)."""
+    out = []
+    for e in entries or ():
+        try:
+            p = psutil.Process(int(e["pid"]))
+            if abs(p.create_time() - float(e["create_time"])) > 0.01:
+                continue  # PID reused by an unrelated process
+            if uid is not None and p.uids().real != uid:
+                continue
+            out.append(p)
+            out.extend(c for c in p.children(recursive=True)
+                       if uid is None or c.uids().real == uid)
+        except (psutil.Error, KeyError, TypeError, ValueError):
+            continue
+    return out
+
+
+def find_job_processes(pipe_dir: str, uid: int | None,
+                       recorded: Iterable[dict] = ()) -> list[psutil.Process]:
+    """Live (not zombie) processes belonging to one job's MPS daemon.
+
+    A process belongs when it is a recorded PID (same creation time, same uid)
+    or a descendant of one, or when its name (``/proc/PID/comm``, or the first
+    two ``cmdline`` words) starts with ``nvidia-cuda-mps`` AND its
+    ``/proc/PID/environ`` has ``CUDA_MPS_PIPE_DIRECTORY`` equal to
+    ``pipe_dir`` AND (when ``uid`` is given) its real uid is ``uid``.
+    Never by name alone. Reading another user's environ needs root.
+    """
+    want = os.path.normpath(pipe_dir)
+    found: dict[int, psutil.Process] = {p.pid: p for p in _recorded(recorded, uid)}
+    for p in psutil.process_iter():
+        if p.pid in found or p.pid == os.getpid():
+            continue
+        try:
+            if uid is not None and p.uids().real != uid:
+                continue
+            if not _is_mps_process(p):
+                continue
+            v = p.environ().get("CUDA_MPS_PIPE_DIRECTORY")
+        except (psutil.Error, OSError):
+            continue
+        if v and os.path.normpath(v) == want:
+            found[p.pid] = p
+    return [p for p in found.values() if not _gone(p)]
+
+
+def _read_pid_file(pipe_dir: str) -> int | None:
+    """PID from ``<pipe>/nvidia-cuda-mps-control.pid`` (written by the control
+    daemon; the directory is the user's, so the value is only a hint that
+    :func:`find_job_processes`-style checks must confirm)."""
+    try:
+        fd = os.open(os.path.join(pipe_dir, PID_FILE), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        raw = os.read(fd, 64)
+    finally:
+        os.close(fd)
+    m = re.fullmatch(rb"\s*([0-9]{1,10})\s*", raw)
+    return int(m.group(1)) if m else None
+
+
+# ---------------------------------------------------------------- effects
+
+def _as_user_kwargs(uid: int, gid: int, groups: list[int]) -> dict:
+    """subprocess kwargs that drop to uid/gid/groups in the child (setgroups,
+    setregid, setreuid done by CPython before exec; no shell, no preexec)."""
+    if os.geteuid() == 0:
+        return {"user": uid, "group": gid, "extra_groups": groups}
+    if uid != os.geteuid():
+        raise NodeError("mps", "cannot switch user",
+                        f"running as uid {os.geteuid()}, the job's uid is {uid}",
+                        hint="the prolog/epilog must run as root")
+    return {}
+
+
+def _write_journal(path: Path, j: dict) -> None:
+    atomic_write_json(path, j, mode=0o600, uid=0 if os.geteuid() == 0 else None)
+
+
+def start(job_id: str, uid: int, gid: int, gpus: list[str], mps_dir: str, state_dir: str,
+          active_thread_pct: int | None, pinned_mem_limit: str | None, control_bin: str,
+          timeout_s: float, set_compute_mode: Callable[[str, int], int] | None = None,
+          log: Callable[[str], None] = print) -> dict:
+    """Start the job's MPS control daemon (prolog, as root).
+
+    Steps: validate; create ``<mps_dir>`` (root 0711) and the job's
+    ``<jobid>/``, ``pipe/``, ``log/`` (uid:gid 0700) with
+    :func:`gsrun.base.fsutil.ensure_dir` (a planted symlink or a directory owned by
+    another user is refused, nothing is written through it); journal; when
+    ``set_compute_mode`` is given (site ``mps.exclusive_process``), set each GPU
+    to EXCLUSIVE_PROCESS (NVML mode 3) journaling the prior mode it returns;
+    run ``<control_bin> -d`` as uid/gid with the allow-listed environment of
+    :func:`daemon_env`; wait (``timeout_s``) for the control socket and the pid
+    file; record the daemon's PID (confirmed: uid and ``environ``) with its
+    creation time in ``<state_dir>/mps-<jobid>.json``.
+
+    Args:
+        gpus: the job's GPUs as NVML-visible identifiers (indices in PCI order
+            or GPU-/MIG- UUIDs), from ``SLURM_JOB_GPUS`` / the job's devices.
+        set_compute_mode: ``callable(gpu, mode) -> prior mode`` (NVML ints:
+            0 DEFAULT, 2 PROHIBITED, 3 EXCLUSIVE_PROCESS).
+
+    Returns:
+        ``{"job_id", "pipe_dir", "log_dir", "job_dir", "pids": [int],
+        "env": task_env(...), "compute_mode_prior": {gpu: mode}}``.
+
+    Raises:
+        InputError: bad job id, GPU identifier, percentage, pinned limit.
+        NodeError: planted/foreign directory, an ancestor the user cannot
+            traverse, control binary missing, daemon did not come up within
+            ``timeout_s`` (driver not loaded, GPU in PROHIBITED mode, a
+            wedged driver). On failure everything done so far is undone.
+    """
+    _check_job_id(job_id)
+    _check_inputs(gpus, active_thread_pct, pinned_mem_limit, timeout_s)
+    jpath = journal_path(job_id, state_dir)
+    if read_json(jpath) is not None or _plain_dir_of(os.path.join(mps_dir, job_id), (0, uid)):
+        # A requeued job or a prolog run twice; a symlink or a foreign
+        # directory is not cleaned here: ensure_dir below refuses it.
+        log(f"gsrun: mps: job {job_id}: stale MPS state found: cleaning it before starting")
+        stop(job_id, mps_dir, state_dir, control_bin, timeout_s, set_compute_mode, log)
+
+    binary = _resolve_bin(control_bin)
+    user_env, groups = _user_facts(uid, gid)
+    as_user = _as_user_kwargs(uid, gid, groups)
+
+    os.makedirs(state_dir, mode=0o755, exist_ok=True)
+    root_dir = Path(mps_dir)
+    os.makedirs(root_dir.parent, mode=0o755, exist_ok=True)
+    ensure_dir(root_dir, 0o711, 0, 0)
+    _check_ancestors(root_dir, uid, groups)
+    job_dir = ensure_dir(root_dir / job_id, 0o700, uid, gid)
+    pipe_dir = ensure_dir(job_dir / "pipe", 0o700, uid, gid)
+    log_dir = ensure_dir(job_dir / "log", 0o700, uid, gid)
+
+    j = {"schema": JOURNAL_SCHEMA, "job_id": job_id, "uid": uid, "gid": gid, "gpus": list(gpus),
+         "job_dir": str(job_dir), "pipe_dir": str(pipe_dir), "log_dir": str(log_dir),
+         "control_bin": binary, "pids": [], "compute_mode": {}, "state": "starting",
+         "started_at": time.time()}
+    _write_journal(jpath, j)
+    try:
+        if set_compute_mode is not None:
+            for g in gpus:
+                j["compute_mode"][g] = None  # pending: set is about to happen
+                _write_journal(jpath, j)
+                j["compute_mode"][g] = set_compute_mode(g, COMPUTE_MODE_EXCLUSIVE_PROCESS)
+                _write_journal(jpath, j)
+            log(f"gsrun: mps: job {job_id}: compute mode EXCLUSIVE_PROCESS on {','.join(gpus)}")
+        env = daemon_env(user_env, list(gpus), str(pipe_dir), str(log_dir), active_thread_pct,
+                         pinned_mem_limit, os.environ)
+        pids = _launch(binary, env, as_user, str(pipe_dir), uid, timeout_s)
+        j["pids"] = [_proc_key(p) for p in pids]
+        j["state"] = "running"
+        _write_journal(jpath, j)
+    except BaseException as e:
+        log(f"gsrun: mps: job {job_id}: start failed, undoing: {e}")
+        stop(job_id, mps_dir, state_dir, binary, min(timeout_s, 5.0), set_compute_mode, log)
+        raise
+    log(f"gsrun: mps: job {job_id}: control daemon pid {[p.pid for p in pids]} as uid {uid}, "
+        f"GPUs {','.join(gpus)}, pipe {pipe_dir}")
+    return {"job_id": job_id, "pipe_dir": str(pipe_dir), "log_dir": str(log_dir),
+            "job_dir": str(job_dir), "pids": [p.pid for p in pids],
+            "env": task_env(job_id, mps_dir), "compute_mode_prior": dict(j["compute_mode"])}
+
+
+def _plain_dir_of(path: str, owners: tuple[int, ...]) -> bool:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid in owners
+
+
+def _resolve_bin(control_bin: str) -> str:
+    import shutil
+
+    if os.path.isabs(control_bin):
+        path = control_bin
+    else:
+        if "/" in control_bin:
+            raise InputError("mps", "bad control binary", repr(control_bin),
+                             hint="a name on PATH or an absolute path")
+        path = shutil.which(control_bin, path=SAFE_PATH + ":" + os.environ.get("PATH", ""))
+        if path is None:
+            raise NodeError("mps", "control binary not found", control_bin,
+                            hint="install the NVIDIA driver utilities or set mps.control_bin")
+    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+        raise NodeError("mps", "control binary not executable", path,
+                        hint="check mps.control_bin in gsrun.toml")
+    return path
+
+
+def _check_ancestors(root_dir: Path, uid: int, groups: list[int]) -> None:
+    """Every directory from / down to ``root_dir`` must be traversable by uid
+    (field case 19)."""
+    p = root_dir.resolve()
+    for d in [p, *p.parents]:
+        st = os.stat(d)
+        if not _traversable(st, uid, groups):
+            raise NodeError("mps", "directory not traversable by the job's user",
+                            f"{d} mode {stat.S_IMODE(st.st_mode):04o} owner {st.st_uid}, uid {uid}",
+                            hint=f"chmod o+x {d} (0711 or 0755); MPS servers run as the user")
+
+
+def _launch(binary: str, env: dict, as_user: dict, pipe_dir: str, uid: int,
+            timeout_s: float) -> list[psutil.Process]:
+    deadline = time.monotonic() + timeout_s
+    with tempfile.TemporaryFile() as out:
+        try:
+            r = subprocess.run([binary, "-d"], env=env, stdin=subprocess.DEVNULL, stdout=out,
+                               stderr=out, cwd="/", umask=0o077, start_new_session=True,
+                               close_fds=True, timeout=timeout_s, **as_user)
+        except subprocess.TimeoutExpired:
+            raise NodeError("mps", "control daemon start timed out",
+                            f"{binary} -d did not return within {timeout_s:g} s",
+                            hint="a wedged driver; check nvidia-smi") from None
+        except OSError as e:
+            raise NodeError("mps", "cannot run control daemon", f"{binary}: {e}") from None
+        out.seek(0)
+        text = out.read(2000).decode(errors="replace").strip()
+    if r.returncode != 0:
+        raise NodeError("mps", "control daemon failed to start",
+                        f"{binary} -d exited {r.returncode}: {text or 'no output'}",
+                        hint="see the control.log in the job's MPS log directory")
+    sock = os.path.join(pipe_dir, CONTROL_SOCKET)
+    while True:
+        procs = _daemon_processes(pipe_dir, uid)
+        if procs and os.path.exists(sock):
+            return procs
+        if time.monotonic() >= deadline:
+            raise NodeError("mps", "control daemon did not come up",
+                            f"no control socket/process for {pipe_dir} within {timeout_s:g} s",
+                            hint="see control.log in the job's MPS log directory")
+        time.sleep(_POLL_S)
+
+
+def _daemon_processes(pipe_dir: str, uid: int) -> list[psutil.Process]:
+    """The control daemon named by the pid file if it checks out (uid, name,
+    environ), else whatever :func:`find_job_processes` finds."""
+    pid = _read_pid_file(pipe_dir)
+    if pid is not None:
+        try:
+            p = psutil.Process(pid)
+            if (p.uids().real == uid and _is_mps_process(p) and not _gone(p)
+                    and os.path.normpath(p.environ().get("CUDA_MPS_PIPE_DIRECTORY", ""))
+                    == os.path.normpath(pipe_dir)):
+                return [p]
+        except (psutil.Error, OSError):
+            pass
+    return find_job_processes(pipe_dir, uid)
+
+
+def _wait_gone(procs: list[psutil.Process], timeout_s: float) -> list[psutil.Process]:
+    """Poll until all are gone (exited or zombie) or ``timeout_s`` passes;
+    return the survivors."""
+    deadline = time.monotonic() + max(0.0, timeout_s)
+    alive = [p for p in procs if not _gone(p)]
+    while alive and time.monotonic() < deadline:
+        time.sleep(_POLL_S)
+        alive = [p for p in alive if not _gone(p)]
+    return alive
+
+
+def _signal(procs: list[psutil.Process], sig: int) -> list[int]:
+    sent = []
+    for p in procs:
+        try:
+            p.send_signal(sig)  # psutil checks the PID still is this process
+            sent.append(p.pid)
+        except psutil.Error:
+            pass
+    return sent
+
+
+def stop(job_id: str, mps_dir: str, state_dir: str, control_bin: str, timeout_s: float,
+         restore_compute_mode: Callable[[str, int], object] | None = None,
+         log: Callable[[str], None] = print) -> dict:
+    """Stop the job's MPS daemon and remove its directories (epilog, as root;
+    also ``gsrun-node restore``). Idempotent.
+
+    Steps: read the journal (``<state_dir>/mps-<jobid>.json``); find the job's
+    MPS processes (:func:`find_job_processes`); if any is alive or the control
+    socket exists, run ``echo quit | <control_bin>`` as the job's user with
+    ``CUDA_MPS_PIPE_DIRECTORY`` (``timeout_s``); wait for the processes to go
+    (same ``timeout_s`` budget for quit + wait); TERM the survivors, wait
+    3 s, KILL, wait 3 s, look once more; restore each GPU's compute mode from
+    the journal with ``restore_compute_mode(gpu, prior)`` (a set that never
+    recorded its prior restores DEFAULT); remove ``<mps_dir>/<jobid>``. The
+    journal is deleted only when all of that succeeded, so a later run
+    retries what is left.
+
+    Nothing found (node rebooted between prolog and epilog: /run is tmpfs, or
+    MPS never started): returns ``status="nothing"`` and says so.
+
+    Returns:
+        ``{"job_id", "status": "stopped"|"nothing"|"incomplete", "quit":
+        "ok"|"timeout"|"skipped"|"rc N: ..."|"failed: ...", "ended": [pid],
+        "terminated": [pid], "killed": [pid], "leftover": [pid],
+        "compute_mode_restored": {gpu: mode}, "errors": [str],
+        "dir_removed": bool, "journal_kept": bool}``. Never raises for a
+    daemon that misbehaves; only for a bad ``job_id`` (InputError).
+    """
+    _check_job_id(job_id)
+    jpath = journal_path(job_id, state_dir)
+    j = read_json(jpath)
+    if j is not None and (not isinstance(j, dict) or j.get("job_id") != job_id):
+        log(f"gsrun: mps: job {job_id}: journal {jpath} unusable, ignoring it")
+        j = None
+    job_dir = Path(mps_dir) / job_id
+    pipe_dir = str(job_dir / "pipe")
+    uid = gid = None
+    if j:
+        pipe_dir = str(j.get("pipe_dir") or pipe_dir)
+        job_dir = Path(j.get("job_dir") or job_dir)
+        uid, gid = j.get("uid"), j.get("gid")
+    else:
+        try:
+            st = os.lstat(job_dir)
+            if stat.S_ISDIR(st.st_mode):
+                uid, gid = st.st_uid, st.st_gid
+        except OSError:
+            pass
+    res = {"job_id": job_id, "status": "stopped", "quit": "skipped", "ended": [],
+           "terminated": [], "killed": [], "leftover": [], "compute_mode_restored": {},
+           "errors": [], "dir_removed": False, "journal_kept": False}
+    recorded = (j or {}).get("pids") or []
+    procs = find_job_processes(pipe_dir, uid, recorded)
+    has_dir = os.path.lexists(job_dir)
+    if j is None and not has_dir and not procs:
+        log(f"gsrun: mps: job {job_id}: no MPS state (no journal, no {job_dir}): nothing to do "
+            "(MPS not started, or the node rebooted since the prolog)")
+        res["status"] = "nothing"
+        res["dir_removed"] = True
+        return res
+    if j is None:
+        log(f"gsrun: mps: job {job_id}: no journal; cleaning up by pipe directory {pipe_dir}")
+
+    t0 = time.monotonic()
+    seen = {p.pid for p in procs}
+    sock = os.path.join(pipe_dir, CONTROL_SOCKET)
+    if uid is not None and (procs or _exists_nofollow(sock)):
+        res["quit"] = _send_quit(control_bin or (j or {}).get("control_bin") or "", pipe_dir,
+                                 uid, gid if gid is not None else uid, timeout_s)
+        if res["quit"] != "ok":
+            log(f"gsrun: mps: job {job_id}: quit: {res['quit']}")
+    elif procs:
+        res["quit"] = "skipped: owner unknown"
+    # Processes may have appeared (servers) since the first look.
+    procs = _merge(procs, find_job_processes(pipe_dir, uid, recorded))
+    seen |= {p.pid for p in procs}
+    left = _wait_gone(procs, timeout_s - (time.monotonic() - t0))
+    if left:
+        log(f"gsrun: mps: job {job_id}: still running after quit: pids "
+            f"{sorted(p.pid for p in left)}; sending TERM")
+        res["terminated"] = _signal(left, signal.SIGTERM)
+        left = _wait_gone(left, _TERM_WAIT_S)
+    left = _merge(left, find_job_processes(pipe_dir, uid, recorded))
+    if left:
+        res["killed"] = _signal(left, signal.SIGKILL)
+        log(f"gsrun: mps: job {job_id}: KILL pids {res['killed']}")
+        left = _wait_gone(left, _KILL_WAIT_S)
+    left = _merge(left, find_job_processes(pipe_dir, uid, recorded))
+    res["leftover"] = sorted(p.pid for p in left)
+    seen |= set(res["terminated"]) | set(res["killed"])
+    res["ended"] = sorted(seen - set(res["leftover"]))
+    if left:
+        res["errors"].append(f"MPS processes survived KILL: {res['leftover']}")
+
+    modes = (j or {}).get("compute_mode") or {}
+    for g, prior in modes.items():
+        target = COMPUTE_MODE_DEFAULT if prior is None else prior
+        if restore_compute_mode is None:
+            res["errors"].append(f"compute mode of GPU {g} not restored: no restore function")
+            continue
+        try:
+            restore_compute_mode(g, target)
+            res["compute_mode_restored"][g] = target
+        except Exception as e:  # an NVML error must not stop the cleanup
+            res["errors"].append(f"compute mode of GPU {g} not restored to {target}: {e}")
+
+    remove_tree(job_dir)
+    res["dir_removed"] = not os.path.lexists(job_dir)
+    if not res["dir_removed"]:
+        res["errors"].append(f"{job_dir} could not be removed")
+
+    if res["errors"]:
+        res["status"] = "incomplete"
+        for e in res["errors"]:
+            log(f"gsrun: mps: job {job_id}: {e}")
+        if j is not None:
+            j["state"] = "incomplete"
+            j["compute_mode"] = {g: m for g, m in modes.items()
+                                 if g not in res["compute_mode_restored"]}
+            _write_journal(jpath, j)
+            res["journal_kept"] = True
+    else:
+        try:
+            os.unlink(jpath)
+        except FileNotFoundError:
+            pass
+        log(f"gsrun: mps: job {job_id}: stopped (quit {res['quit']}, ended {res['ended']}, "
+            f"killed {res['killed']}), {job_dir} removed")
+    return res
+
+
+def _merge(a: list[psutil.Process], b: list[psutil.Process]) -> list[psutil.Process]:
+    seen = {p.pid: p for p in a}
+    for p in b:
+        seen.setdefault(p.pid, p)
+    return [p for p in seen.values() if not _gone(p)]
+
+
+def _exists_nofollow(path: str) -> bool:
+    try:
+        os.lstat(path)
+        return True
+    except OSError:
+        return False
+
+
+def _send_quit(control_bin: str, pipe_dir: str, uid: int, gid: int, timeout_s: float) -> str:
+    """``echo quit | CUDA_MPS_PIPE_DIRECTORY=<pipe> <control_bin>`` as the
+    job's user, bounded by ``timeout_s`` (the client is killed on expiry)."""
+    try:
+        binary = _resolve_bin(control_bin)
+        user_env, groups = _user_facts(uid, gid)
+        as_user = _as_user_kwargs(uid, gid, groups)
+    except (InputError, NodeError) as e:
+        return f"failed: {e}"
+    env = {"PATH": SAFE_PATH, **user_env, "CUDA_MPS_PIPE_DIRECTORY": pipe_dir,
+           "CUDA_MPS_LOG_DIRECTORY": os.path.join(os.path.dirname(pipe_dir), "log")}
+    try:
+        r = subprocess.run([binary], input=b"quit\n", env=env, capture_output=True, cwd="/",
+                           start_new_session=True, timeout=max(0.1, timeout_s), **as_user)
+    except subprocess.TimeoutExpired:
+        return "timeout"
+    except OSError as e:
+        return f"failed: {e}"
+    if r.returncode != 0:
+        msg = (r.stderr or r.stdout).decode(errors="replace").strip().replace("\n", " ")[:200]
+        return f"rc {r.returncode}: {msg}"
+    return "ok"

@@ -1,0 +1,964 @@
+"""Node tuning per job: apply in the prolog, restore exactly in the epilog.
+
+Every setting is a get/set pair (:class:`Knob`): ``read`` (fact), ``apply`` and
+``restore`` (effects), ``matches``/``is_prior`` (pure). A job's tuning goes
+
+    read facts -> plan (pure, :func:`plan_tuning`) -> journal prior value
+    (atomic write + fsync) -> write -> read back and verify
+
+Settings (all node-wide; the files are read/written through
+:class:`gsrun.facts.hostfs.HostFS`, so ``--host-root DIR`` keeps every access under DIR):
+
+- ``governor``: ``/sys/devices/system/cpu/cpuN/cpufreq/scaling_governor`` for
+  each CPU that has it, allowed = ``scaling_available_governors`` (all CPUs).
+- ``swappiness``: ``/proc/sys/vm/swappiness`` (0-200).
+- ``swap`` (``off``): ``swapoff`` of each device in ``/proc/swaps``, only when
+  ``MemAvailable`` covers ``SwapTotal - SwapFree`` (``/proc/meminfo``); else
+  swap stays on and ``swappiness`` is lowered instead (reason reported).
+- ``dirty_ratio`` / ``dirty_background_ratio``: ``/proc/sys/vm/dirty_*``. The
+  kernel keeps either the ratio or the ``_bytes`` form (writing one zeroes
+  the other), so the journal records which form was in use and restore writes
+  that one.
+- ``thp`` / ``thp_defrag``: ``/sys/kernel/mm/transparent_hugepage/{enabled,defrag}``;
+  the current value is the bracketed word, allowed = the words in the file.
+- ``zone_reclaim_mode``: ``/proc/sys/vm/zone_reclaim_mode`` (0-7).
+
+A setting missing on the host (no cpufreq in a VM, no swap) is "unsupported",
+never an error.
+
+State (``<state_dir>/tuning/``, ``state_dir`` from ``--state-dir`` or
+``$GSRUN_STATE_DIR``, default ``/run/gsrun``):
+
+- ``lock``: ``fcntl.flock`` taken by every prolog/epilog/restore; a crashed
+  holder's lock is released by the kernel.
+- ``jobs/<job_id>.json``: one journal per job that ran the prolog here. The
+  set of these files *is* the reference count (no counter that can drift).
+- ``baseline.json``: the node baseline, an ordered list of entries
+  ``{key, prior, value, owner, holders}``. An entry is written (fsync'd)
+  *before* its setting is changed, so a crash at any point leaves a journal
+  that restores the node. The first job changing a setting records its
+  prior value; later jobs asking the same value reuse it (join ``holders``),
+  a different value is refused (first job wins). The last job out restores
+  the entries in reverse order and removes the file.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import re
+import shutil
+import time
+from contextlib import contextmanager
+from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gsrun.base.errors import GsrunError, InputError, NodeError
+from gsrun.base.fsutil import atomic_write_json, ensure_dir, read_json
+from gsrun.request.tune import TUNE_KEYS, check_tune_value, parse_tune_request
+
+JOURNAL_VERSION = 1
+LOCK_TIMEOUT_S = 30.0
+SWAP_TIMEOUT_S = 60.0
+# When swap=off is unsafe (swapped pages would not fit in MemAvailable) the
+# job gets this swappiness instead, unless it asked for one itself.
+SWAP_FALLBACK_SWAPPINESS = "1"
+_JOB_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
+_CPU = re.compile(r"^cpu[0-9]+$")
+
+VM = "proc/sys/vm"
+THP = "sys/kernel/mm/transparent_hugepage"
+CPU = "sys/devices/system/cpu"
+BOOT_ID = "proc/sys/kernel/random/boot_id"
+# form pairs: writing one zeroes the other (kernel mm/page-writeback.c handlers)
+DIRTY_SIBLING = {f"{VM}/dirty_ratio": f"{VM}/dirty_bytes", f"{VM}/dirty_bytes": f"{VM}/dirty_ratio",
+                 f"{VM}/dirty_background_ratio": f"{VM}/dirty_background_bytes",
+                 f"{VM}/dirty_background_bytes": f"{VM}/dirty_background_ratio"}
+BRACKET_FILES = {f"{THP}/enabled", f"{THP}/defrag"}
+
+
+# --------------------------------------------------------------------------- facts
+
+def bracket_word(text: str | None) -> str | None:
+    """``"always [madvise] never"`` -> ``"madvise"``; None if no bracketed word."""
+    if text is None:
+        return None
+    m = re.search(r"\[([^\]\s]+)\]", text)
+    return m.group(1) if m else None
+
+
+def bracket_choices(text: str | None) -> list[str]:
+    """``"always [madvise] never"`` -> ``["always", "madvise", "never"]``."""
+    return [] if text is None else [w.strip("[]") for w in text.split()]
+
+
+def read_meminfo_kb(hostfs) -> dict[str, int]:
+    """``/proc/meminfo`` as ``{"MemAvailable": kB, ...}`` (``{}`` if absent)."""
+    out: dict[str, int] = {}
+    for line in (hostfs.read("proc/meminfo") or "").splitlines():
+        name, _, rest = line.partition(":")
+        parts = rest.split()
+        if parts and parts[0].isdigit():
+            out[name.strip()] = int(parts[0])
+    return out
+
+
+def _unescape_swaps(name: str) -> str:
+    # /proc/swaps escapes space, tab, newline, backslash as \ooo
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), name)
+
+
+def read_swaps(hostfs) -> list[dict] | None:
+    """Active swap areas from ``/proc/swaps``: ``[{"name": path, "type":
+    "partition"|"file", "size_kb", "used_kb", "priority", "line"}]`` in file
+    order; ``[]`` with no swap; None if ``/proc/swaps`` is absent."""
+    text = hostfs.read("proc/swaps")
+    if text is None:
+        return None
+    out = []
+    for line in text.splitlines()[1:]:
+        parts = line.split()
+        if len(parts) < 5:
+            continue
+        try:
+            out.append({"name": _unescape_swaps(parts[0]), "type": parts[1], "size_kb": int(parts[2]),
+                        "used_kb": int(parts[3]), "priority": int(parts[4]), "line": line})
+        except ValueError:
+            continue
+    return out
+
+
+def governor_cpus(hostfs) -> list[str]:
+    """CPU dir names (``cpu0`` ...) that have ``cpufreq/scaling_governor``, numeric order."""
+    cpus = [c for c in hostfs.listdir(CPU) if _CPU.match(c)
+            and hostfs.exists(f"{CPU}/{c}/cpufreq/scaling_governor")]
+    return sorted(cpus, key=lambda c: int(c[3:]))
+
+
+# --------------------------------------------------------------------------- effects: writes
+
+def kernel_write(hostfs, rel: str, value: str) -> None:
+    """Write ``value`` to a /proc or /sys file like ``echo value > file``.
+
+    On the live host this is :meth:`HostFS.write`. Under a fake root it also
+    shows back what the kernel would: THP files keep all choices with the new
+    one bracketed (an unknown word is ``EINVAL``), and writing a dirty ratio
+    zeroes its ``_bytes`` sibling (and vice versa) when the value changed.
+
+    Raises:
+        OSError: EINVAL (value refused), EROFS/EACCES (read-only, not root).
+    """
+    if hostfs.is_real:
+        hostfs.write(rel, value)
+        return
+    if rel in BRACKET_FILES:
+        old = hostfs.read(rel)
+        choices = bracket_choices(old)
+        if value not in choices:
+            raise OSError(errno.EINVAL, os.strerror(errno.EINVAL), str(hostfs.path(rel)))
+        hostfs.write(rel, " ".join(f"[{w}]" if w == value else w for w in choices))
+        return
+    sibling = DIRTY_SIBLING.get(rel)
+    old = hostfs.read(rel) if sibling else None
+    hostfs.write(rel, value)
+    if sibling and (old or "").strip() != value.strip() and (hostfs.read(sibling) or "0").strip() != "0":
+        hostfs.write(sibling, "0")
+
+
+class SwapEffect:
+    """``swapoff``/``swapon`` of named devices, each run with a timeout and
+    never through a shell. Inject another object with ``off``/``on`` to test."""
+
+    def __init__(self, timeout_s: float = SWAP_TIMEOUT_S):
+        self.timeout_s = timeout_s
+
+    @staticmethod
+    def _bin(name: str) -> str:
+        for d in ("/usr/sbin", "/sbin", "/usr/bin", "/bin"):
+            p = os.path.join(d, name)
+            if os.access(p, os.X_OK):
+                return p
+        found = shutil.which(name)
+        if not found:
+            raise NodeError("tune", f"{name} not found", "looked in /usr/sbin, /sbin and PATH",
+                            hint="install util-linux")
+        return found
+
+    def _run(self, argv: list[str]) -> None:
+        from gsrun.base.proc import run_bounded
+
+        rc, out, err = run_bounded(argv, self.timeout_s)
+        if rc is None:
+            raise NodeError("tune", "timed out", f"{argv[0]} after {self.timeout_s:g} s")
+        if rc != 0:
+            raise NodeError("tune", f"{os.path.basename(argv[0])} failed",
+                            f"exit {rc}: {(err or out).strip()[:300]}")
+
+    def off(self, hostfs, devices: list[dict]) -> None:
+        for d in devices:
+            _check_swap_name(d["name"])
+            self._run([self._bin("swapoff"), "--", d["name"]])
+
+    def on(self, hostfs, devices: list[dict]) -> None:
+        for d in devices:
+            _check_swap_name(d["name"])
+            argv = [self._bin("swapon")]
+            if int(d.get("priority", -1)) >= 0:
+                argv += ["-p", str(int(d["priority"]))]
+            self._run(argv + ["--", d["name"]])
+
+
+class FakeSwapEffect:
+    """Swap effect for a fake host root: edits ``<root>/proc/swaps`` (lines
+    removed on ``off``, the journaled lines put back in their order on ``on``)
+    and never runs ``swapoff``."""
+
+    def off(self, hostfs, devices: list[dict]) -> None:
+        names = {d["name"] for d in devices}
+        text = hostfs.read("proc/swaps") or ""
+        lines = text.splitlines()
+        keep = lines[:1] + [ln for ln in lines[1:] if ln.split() and _unescape_swaps(ln.split()[0]) not in names]
+        hostfs.write("proc/swaps", "\n".join(keep))
+
+    def on(self, hostfs, devices: list[dict]) -> None:
+        lines = (hostfs.read("proc/swaps") or "").splitlines()
+        head, body = lines[:1], lines[1:]
+        active = {_unescape_swaps(ln.split()[0]): ln for ln in body if ln.split()}
+        for d in devices:
+            active.setdefault(d["name"], d["line"])
+        order = [d["name"] for d in devices]
+        ordered = [active[n] for n in order if n in active] + [ln for n, ln in active.items() if n not in order]
+        hostfs.write("proc/swaps", "\n".join(head + ordered))
+
+
+def _check_swap_name(name: str) -> None:
+    if not name.startswith("/") or "\n" in name or "\0" in name or ".." in name.split("/"):
+        raise NodeError("tune", "refusing swap device", repr(name))
+
+
+def default_swap_effect(hostfs):
+    """:class:`SwapEffect` on the live host, :class:`FakeSwapEffect` under a fake root."""
+    return SwapEffect() if hostfs.is_real else FakeSwapEffect()
+
+
+# --------------------------------------------------------------------------- knobs (get/set pairs)
+
+class Knob(ABC):
+    """One setting: a get/set pair. Values are JSON-able; ``read`` returns
+    None when the setting does not exist on this host."""
+
+    key = ""
+    unsupported_reason = "not supported here"
+
+    @abstractmethod
+    def read(self, h) -> Any:
+        """Current value (None: not on this host)."""
+
+    def supported(self, current) -> bool:
+        return current is not None
+
+    def choices(self, h) -> list[str] | None:
+        """Values the kernel offers here (None: fixed range, checked by syntax)."""
+        return None
+
+    def matches(self, current, target: str) -> bool:
+        return current == target
+
+    def is_prior(self, current, prior) -> bool:
+        return current == prior
+
+    @abstractmethod
+    def apply(self, h, target: str, swap) -> None:
+        """Write ``target``."""
+
+    @abstractmethod
+    def restore(self, h, prior, swap) -> None:
+        """Write back the journaled ``prior`` value."""
+
+
+class FileKnob(Knob):
+    def __init__(self, key: str, rel: str, what: str):
+        self.key, self.rel = key, rel
+        self.unsupported_reason = f"not supported here ({what}: /{rel} absent)"
+
+    def read(self, h):
+        v = h.read(self.rel)
+        return None if v is None else v.strip()
+
+    def apply(self, h, target, swap):
+        kernel_write(h, self.rel, target)
+
+    def restore(self, h, prior, swap):
+        kernel_write(h, self.rel, prior)
+
+
+class BracketKnob(FileKnob):
+    def read(self, h):
+        return bracket_word(h.read(self.rel))
+
+    def choices(self, h):
+        return bracket_choices(h.read(self.rel))
+
+
+class DirtyKnob(Knob):
+    """Ratio with its ``_bytes`` sibling; value ``{"form": "ratio"|"bytes", "value": "N"}``."""
+
+    def __init__(self, key: str):
+        self.key = key
+        self.ratio = f"{VM}/{key}"
+        self.bytes = f"{VM}/{key.replace('_ratio', '_bytes')}"
+        self.unsupported_reason = f"not supported here (/{self.ratio} absent)"
+
+    def read(self, h):
+        r = h.read(self.ratio)
+        if r is None:
+            return None
+        b = (h.read(self.bytes) or "0").strip()
+        if b not in ("", "0"):
+            return {"form": "bytes", "value": b}
+        return {"form": "ratio", "value": r.strip()}
+
+    def matches(self, current, target):
+        return current == {"form": "ratio", "value": target}
+
+    def apply(self, h, target, swap):
+        kernel_write(h, self.ratio, target)
+
+    def restore(self, h, prior, swap):
+        kernel_write(h, self.bytes if prior["form"] == "bytes" else self.ratio, prior["value"])
+
+
+class GovernorKnob(Knob):
+    """Value: ``{"cpu0": "powersave", ...}`` for CPUs with cpufreq; target a name."""
+
+    key = "governor"
+    unsupported_reason = "not supported here (no cpufreq/scaling_governor, e.g. a VM)"
+
+    def read(self, h):
+        cpus = governor_cpus(h)
+        if not cpus:
+            return None
+        return {c: (h.read(f"{CPU}/{c}/cpufreq/scaling_governor") or "").strip() for c in cpus}
+
+    def choices(self, h):
+        sets = []
+        for c in governor_cpus(h):
+            t = h.read(f"{CPU}/{c}/cpufreq/scaling_available_governors")
+            if t is not None:
+                sets.append(t.split())
+        if not sets:
+            return []
+        common = [g for g in sets[0] if all(g in s for s in sets[1:])]
+        return common
+
+    def matches(self, current, target):
+        return bool(current) and all(v == target for v in current.values())
+
+    def is_prior(self, current, prior):
+        current = current or {}
+        return all(current.get(c, v) == v for c, v in prior.items())
+
+    def apply(self, h, target, swap):
+        for c in governor_cpus(h):
+            rel = f"{CPU}/{c}/cpufreq/scaling_governor"
+            if (h.read(rel) or "").strip() != target:
+                kernel_write(h, rel, target)
+
+    def restore(self, h, prior, swap):
+        for c, v in prior.items():
+            rel = f"{CPU}/{c}/cpufreq/scaling_governor"
+            if h.exists(rel) and (h.read(rel) or "").strip() != v:
+                kernel_write(h, rel, v)
+
+
+class SwapKnob(Knob):
+    """Value: the active swap areas (list from :func:`read_swaps`); target ``off``."""
+
+    key = "swap"
+    unsupported_reason = "not supported here (no active swap in /proc/swaps)"
+
+    def read(self, h):
+        return read_swaps(h)
+
+    def supported(self, current):
+        return bool(current)
+
+    def matches(self, current, target):
+        return target == "off" and current == []
+
+    def is_prior(self, current, prior):
+        names = {d["name"] for d in (current or [])}
+        return all(d["name"] in names for d in prior)
+
+    def apply(self, h, target, swap):
+        swap.off(h, read_swaps(h) or [])
+
+    def restore(self, h, prior, swap):
+        names = {d["name"] for d in (read_swaps(h) or [])}
+        missing = [d for d in prior if d["name"] not in names]
+        if missing:
+            swap.on(h, missing)
+
+
+# application order; restore is the reverse of what the journal holds
+KNOBS: dict[str, Knob] = {k.key: k for k in (
+    GovernorKnob(),
+    FileKnob("swappiness", f"{VM}/swappiness", "vm.swappiness"),
+    DirtyKnob("dirty_ratio"),
+    DirtyKnob("dirty_background_ratio"),
+    BracketKnob("thp", f"{THP}/enabled", "transparent hugepages"),
+    BracketKnob("thp_defrag", f"{THP}/defrag", "transparent hugepages"),
+    FileKnob("zone_reclaim_mode", f"{VM}/zone_reclaim_mode", "vm.zone_reclaim_mode"),
+    SwapKnob(),
+)}
+assert set(KNOBS) == set(TUNE_KEYS)
+
+
+# --------------------------------------------------------------------------- facts bundle + policy
+
+@dataclass
+class Facts:
+    """What :func:`plan_tuning` needs from the node (all JSON-able).
+
+    current: key -> value as the knob reads it (None = unsupported).
+    choices: key -> words the kernel offers (governors, THP words) or None.
+    swap_used_kb / mem_available_kb: ``/proc/meminfo`` SwapTotal-SwapFree / MemAvailable.
+    entries: baseline journal entries; live_jobs: job ids with a journal.
+    """
+    current: dict[str, Any]
+    choices: dict[str, list[str] | None]
+    swap_used_kb: int = 0
+    mem_available_kb: int = 0
+    entries: list[dict] = field(default_factory=list)
+    live_jobs: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Policy:
+    """From :class:`gsrun.request.config.Config` (``tuning.*``, per partition)."""
+    enabled: bool = True
+    exclusive_only: bool = True
+    defaults: dict[str, str] = field(default_factory=dict)
+    allowed_keys: tuple[str, ...] = TUNE_KEYS
+    partition: str | None = None
+
+    @classmethod
+    def from_config(cls, cfg, partition: str | None) -> "Policy":
+        """Raises ConfigError/InputError if ``tuning.defaults`` does not parse."""
+        if cfg is None:
+            return cls(partition=partition)
+        return cls(enabled=bool(cfg.get("tuning.enabled", partition)),
+                   exclusive_only=bool(cfg.get("tuning.exclusive_only", partition)),
+                   defaults=parse_tune_request(cfg.get("tuning.defaults", partition) or ""),
+                   allowed_keys=tuple(cfg.get("tuning.allowed_keys", partition)),
+                   partition=partition)
+
+
+@dataclass
+class PlanItem:
+    """One decision. action: ``apply`` (write), ``unchanged`` (already the
+    value; journaled so later jobs see who holds it), ``reuse`` (another job
+    set this value), ``refused``, ``unsupported``; after the run also
+    ``applied``, ``failed``, ``rolled_back``, ``skipped`` (not attempted after a failure)."""
+    key: str
+    action: str
+    value: str | None = None
+    source: str = ""            # "request" | "default" | "fallback"
+    reason: str = ""
+    prior: Any = None
+    holder: str | None = None   # job that set the value (reuse/refused conflict)
+
+
+# --------------------------------------------------------------------------- decisions (pure)
+
+def plan_tuning(job_id: str, request: dict[str, str], request_error: str | None, policy: Policy,
+                exclusive: bool, facts: Facts) -> list[PlanItem]:
+    """Decide what to do for each key. Pure: no I/O.
+
+    Per key the job's request is tried first, then the site default; a
+    request value that is not allowed is refused (with the reason) and the
+    default is used instead. Items come in application order (:data:`KNOBS`).
+    """
+    items: list[PlanItem] = []
+    if request_error:
+        items.append(PlanItem("request", "refused", None, "request", request_error))
+    if not policy.enabled:
+        for k, v in list(request.items()) + list(policy.defaults.items()):
+            items.append(PlanItem(k, "refused", v, "request" if k in request else "default",
+                                  "tuning disabled (tuning.enabled = false)"))
+        return items
+    wanted: dict[str, list[tuple[str, str]]] = {}
+    for k, v in request.items():
+        wanted.setdefault(k, []).append((v, "request"))
+    for k, v in policy.defaults.items():
+        wanted.setdefault(k, []).append((v, "default"))
+    # swap=off unsafe -> swappiness fallback (decided before swappiness is planned)
+    swap_ok, swap_why = True, ""
+    if any(v == "off" for v, _ in wanted.get("swap", [])) and facts.swap_used_kb > facts.mem_available_kb:
+        swap_ok = False
+        swap_why = (f"swapped pages ({facts.swap_used_kb} kB) exceed MemAvailable "
+                    f"({facts.mem_available_kb} kB); swap stays on, swappiness only")
+        if "swappiness" not in wanted:
+            wanted["swappiness"] = [(SWAP_FALLBACK_SWAPPINESS, "fallback")]
+    live = set(facts.live_jobs) - {job_id}
+    by_key = {e["key"]: e for e in facts.entries}
+    for key in KNOBS:
+        knob = KNOBS[key]
+        for value, source in wanted.get(key, []):
+            item = _decide(job_id, key, knob, value, source, policy, exclusive, facts, by_key.get(key),
+                           live, swap_ok, swap_why)
+            items.append(item)
+            if item.action != "refused":
+                break
+    return items
+
+
+def _decide(job_id, key, knob, value, source, policy, exclusive, facts, entry, live, swap_ok, swap_why):
+    def refuse(why, holder=None):
+        return PlanItem(key, "refused", value, source, why, holder=holder)
+
+    if source == "request" and key not in policy.allowed_keys:
+        where = f" for partition {policy.partition}" if policy.partition else ""
+        return refuse(f"key not allowed by tuning.allowed_keys{where}")
+    if policy.exclusive_only and not exclusive:
+        return refuse("node-wide setting needs a job with the node exclusively (tuning.exclusive_only)")
+    problem = check_tune_value(key, value)
+    if problem:
+        return refuse(problem)
+    held_by = [j for j in (entry or {}).get("holders", []) if j in live]
+    if entry and held_by:
+        if entry["value"] != value:
+            return refuse(f"conflicts with {key}={entry['value']} set by running job {held_by[0]} "
+                          f"(first job wins)", holder=held_by[0])
+        return PlanItem(key, "reuse", value, source, f"already set by running job {held_by[0]}",
+                        prior=entry["prior"], holder=held_by[0])
+    current = facts.current.get(key)
+    if key == "swap" and not swap_ok:
+        return refuse(swap_why)
+    if not knob.supported(current) and not entry:
+        return PlanItem(key, "unsupported", value, source, knob.unsupported_reason)
+    choices = facts.choices.get(key)
+    if choices is not None and value not in choices:
+        return refuse(f"{value!r} not offered by this kernel (allowed: {' '.join(choices) or 'none'})")
+    prior = entry["prior"] if entry else current
+    if knob.matches(current, value):
+        return PlanItem(key, "unchanged", value, source, "already the value", prior=prior)
+    return PlanItem(key, "apply", value, source, "", prior=prior)
+
+
+def format_plan(plan) -> str:
+    """Text table for ``gsrun-node prolog --dry-run``; ``plan`` is a report
+    from :func:`prolog_tune` or a list of :class:`PlanItem`/dicts."""
+    items = plan.get("items", []) if isinstance(plan, dict) else plan
+    rows = [asdict(i) if isinstance(i, PlanItem) else dict(i) for i in items]
+    if not rows:
+        return "tuning: nothing to do\n"
+    out = [f"{'setting':<24} {'action':<12} {'value':<14} {'from':<9} {'now':<22} reason"]
+    for r in rows:
+        out.append(f"{r['key']:<24} {r['action']:<12} {str(r.get('value') or '-'):<14} "
+                   f"{r.get('source') or '-':<9} {_short(r.get('prior')):<22} {r.get('reason') or ''}".rstrip())
+    return "\n".join(out) + "\n"
+
+
+def _short(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, dict) and "form" in v:
+        return f"{v['value']} ({v['form']})"
+    if isinstance(v, dict):
+        vals = sorted(set(v.values()))
+        return ",".join(vals) + f" ({len(v)} cpus)"
+    if isinstance(v, list):
+        return ",".join(d["name"] for d in v) or "none"
+    return str(v)
+
+
+# --------------------------------------------------------------------------- journal
+
+class _State:
+    def __init__(self, state_dir: str):
+        self.root = Path(state_dir)
+        self.dir = self.root / "tuning"
+        self.jobs = self.dir / "jobs"
+        self.baseline = self.dir / "baseline.json"
+        self.lockfile = self.dir / "lock"
+
+    def ensure(self) -> None:
+        try:
+            if not self.root.is_dir() or self.root.is_symlink():
+                ensure_dir(self.root, 0o755)
+            ensure_dir(self.dir, 0o700)
+            ensure_dir(self.jobs, 0o700)
+        except GsrunError:
+            raise
+        except OSError as e:
+            raise NodeError("tune", "state dir unusable", f"{self.dir}: {e.strerror}",
+                            hint="check --state-dir / GSRUN_STATE_DIR (tmpfs, root-writable)") from None
+
+    def job_path(self, job_id: str) -> Path:
+        return self.jobs / f"{job_id}.json"
+
+    def live_jobs(self) -> list[str]:
+        try:
+            names = os.listdir(self.jobs)
+        except OSError:
+            return []
+        return sorted(n[:-5] for n in names if n.endswith(".json") and not n.startswith("."))
+
+    def load_baseline(self) -> dict:
+        if not self.baseline.exists():
+            return {"version": JOURNAL_VERSION, "boot_id": None, "entries": []}
+        data = read_json(self.baseline)
+        if not isinstance(data, dict) or not isinstance(data.get("entries"), list):
+            raise NodeError("tune", "journal unreadable", str(self.baseline),
+                            hint="inspect it; the prior values are needed to restore the node")
+        return data
+
+    def save_baseline(self, data: dict) -> None:
+        if data["entries"]:
+            _write_json(self.baseline, data)
+        else:
+            _unlink(self.baseline)
+
+    @contextmanager
+    def lock(self, timeout_s: float = LOCK_TIMEOUT_S):
+        fd = os.open(self.lockfile, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            deadline = time.monotonic() + timeout_s
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise NodeError("tune", "lock timeout",
+                                        f"{self.lockfile} held for more than {timeout_s:g} s") from None
+                    time.sleep(0.005)
+            yield
+        finally:
+            os.close(fd)  # releases the flock
+
+
+def _write_json(path: Path, obj) -> None:
+    try:
+        atomic_write_json(path, obj, mode=0o600)
+    except OSError as e:
+        raise NodeError("tune", "cannot write journal", f"{path}: {e.strerror}",
+                        hint="state dir full or read-only?") from None
+
+
+def _unlink(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    try:
+        dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError:
+        pass
+
+
+def _check_job_id(job_id: str) -> None:
+    if not isinstance(job_id, str) or not _JOB_ID.fullmatch(job_id):
+        raise InputError("tune", "bad job id", repr(job_id), hint="a Slurm job id like 4242")
+
+
+def read_facts(hostfs, keys, entries=(), live_jobs=()) -> Facts:
+    """Read current values and kernel choices for ``keys`` (plus meminfo)."""
+    current, choices = {}, {}
+    for k in keys:
+        knob = KNOBS[k]
+        current[k] = knob.read(hostfs)
+        choices[k] = knob.choices(hostfs)
+    mem = read_meminfo_kb(hostfs)
+    return Facts(current, choices, max(0, mem.get("SwapTotal", 0) - mem.get("SwapFree", 0)),
+                 mem.get("MemAvailable", 0), list(entries), list(live_jobs))
+
+
+# --------------------------------------------------------------------------- restore core
+
+def _restore_entries(hostfs, entries: list[dict], swap, log, tag: str) -> tuple[list[dict], list[dict]]:
+    """Restore ``entries`` in reverse order. Returns (results, entries not restored)."""
+    results, left = [], []
+    for e in reversed(entries):
+        knob = KNOBS.get(e["key"])
+        if knob is None:
+            left.insert(0, e)
+            results.append({"key": e["key"], "result": "failed", "reason": "unknown setting in journal"})
+            continue
+        try:
+            current = knob.read(hostfs)
+            if knob.is_prior(current, e["prior"]):
+                results.append({"key": e["key"], "result": "already", "prior": e["prior"]})
+                continue
+            knob.restore(hostfs, e["prior"], swap)
+            after = knob.read(hostfs)
+            if not knob.is_prior(after, e["prior"]):
+                raise NodeError("tune", "verify failed", f"{e['key']} reads {_short(after)} after restore, "
+                                f"expected {_short(e['prior'])}")
+            results.append({"key": e["key"], "result": "restored", "prior": e["prior"]})
+            log(f"gsrun: tune: {tag}: restored {e['key']} = {_short(e['prior'])}")
+        except (OSError, GsrunError) as err:
+            left.insert(0, e)
+            results.append({"key": e["key"], "result": "failed", "reason": _errtext(err)})
+            log(f"gsrun: tune: {tag}: could not restore {e['key']}: {_errtext(err)}")
+    return results, left
+
+
+def _errtext(err) -> str:
+    if isinstance(err, OSError):
+        return f"{err.strerror or err} ({errno.errorcode.get(err.errno, err.errno)})"
+    return str(err).splitlines()[0]
+
+
+# --------------------------------------------------------------------------- public API
+
+def prolog_tune(hostfs, state_dir: str, job_id: str, request: str | None, cfg, partition: str | None,
+                exclusive: bool, dry_run: bool = False, log=print, *, swap_effect=None) -> dict:
+    """Tune the node for ``job_id``: plan, journal, apply, verify.
+
+    ``request`` is the job's ``key=value,...`` (``SPANK_GS_TUNE``); ``cfg`` a
+    :class:`gsrun.request.config.Config` (None = built-in defaults: every key allowed
+    for exclusive jobs, no defaults). ``swap_effect`` replaces the
+    swapoff/swapon runner (default: real commands on ``/``, a ``/proc/swaps``
+    editor under a fake root).
+
+    Returns a JSON-able report ``{"job_id", "dry_run", "ok", "items": [PlanItem
+    dicts], "applied", "reused", "refused", "unsupported", "failed"}`` (lists of
+    keys). A refused or failed setting is reported, not raised; on a failed
+    write or verify every change this job made is rolled back from the journal.
+
+    Raises:
+        NodeError: the state dir cannot be created/written or its journal is
+            unreadable (the node cannot guarantee a restore: drain it), or the
+            tuning lock is held for more than 30 s.
+        InputError: ``job_id`` is not a plain job id.
+    """
+    _check_job_id(job_id)
+    policy = Policy.from_config(cfg, partition)
+    req, req_err = {}, None
+    if request:
+        try:
+            req = parse_tune_request(request)
+        except InputError as e:
+            req_err = f"request ignored: {e.detail}"
+    tag = f"job {job_id}"
+    st = _State(state_dir)
+    swap = swap_effect if swap_effect is not None else default_swap_effect(hostfs)
+    keys = [k for k in KNOBS if k in req or k in policy.defaults or k == "swappiness"]
+
+    if dry_run:
+        data = st.load_baseline() if st.dir.is_dir() else {"entries": []}
+        facts = read_facts(hostfs, keys, data["entries"], st.live_jobs())
+        items = plan_tuning(job_id, req, req_err, policy, exclusive, facts)
+        return _report(job_id, True, items)
+
+    st.ensure()
+    with st.lock():
+        data = st.load_baseline()
+        data = _drop_if_rebooted(hostfs, st, data, log)
+        live = st.live_jobs()
+        facts = read_facts(hostfs, keys, data["entries"], live)
+        items = plan_tuning(job_id, req, req_err, policy, exclusive, facts)
+        for it in items:
+            if it.action == "refused":
+                log(f"gsrun: tune: {tag}: refused {it.key}={it.value}: {it.reason}")
+            elif it.action == "unsupported":
+                log(f"gsrun: tune: {tag}: {it.key}: {it.reason}")
+        # register the job (it counts for the node's reference count from now on)
+        job = {"version": JOURNAL_VERSION, "job_id": job_id, "pid": os.getpid(), "started_unix": time.time(),
+               "request": request or "", "partition": partition, "exclusive": bool(exclusive),
+               "state": "prolog", "holds": []}
+        _write_json(st.job_path(job_id), job)
+        if data.get("boot_id") is None:
+            data["boot_id"] = _boot_id(hostfs)
+        by_key = {e["key"]: e for e in data["entries"]}
+        added: list[dict] = []
+        failed = None
+        for it in items:
+            if it.action not in ("apply", "unchanged", "reuse"):
+                continue
+            e = by_key.get(it.key)
+            if e is None:
+                e = {"key": it.key, "prior": it.prior, "value": it.value, "owner": job_id, "holders": [job_id]}
+                data["entries"].append(e)
+                by_key[it.key] = e
+                added.append(e)
+            else:  # reuse, or an orphaned entry (its holders are gone) taken over
+                e["holders"] = [j for j in e.get("holders", []) if j in live and j != job_id] + [job_id]
+                if it.action != "reuse":
+                    e["value"], e["owner"] = it.value, job_id
+            if it.action != "apply":
+                continue
+            _write_json(st.baseline, data)      # journal before change
+            knob = KNOBS[it.key]
+            try:
+                knob.apply(hostfs, it.value, swap)
+                after = knob.read(hostfs)
+                if not knob.matches(after, it.value):
+                    raise NodeError("tune", "verify failed",
+                                    f"{it.key} reads {_short(after)} after writing {it.value}")
+                it.action = "applied"
+                log(f"gsrun: tune: {tag}: {it.key} {_short(it.prior)} -> {it.value}")
+            except (OSError, GsrunError) as err:
+                it.action, it.reason = "failed", _errtext(err)
+                failed = it
+                log(f"gsrun: tune: {tag}: {it.key}={it.value} failed: {it.reason}; rolling back")
+                break
+        if failed is not None:
+            for it in items:
+                if it.action == "apply":
+                    it.action, it.reason = "skipped", f"not attempted after {failed.key} failed"
+            results, left = _restore_entries(hostfs, added, swap, log, tag)
+            ok_keys = {r["key"] for r in results if r["result"] in ("restored", "already")}
+            gone = [e for e in added if e["key"] in ok_keys]
+            data["entries"] = [e for e in data["entries"] if not any(e is g for g in gone)]
+            for it in items:
+                if it.key in ok_keys and it.action in ("applied", "unchanged"):
+                    it.action, it.reason = "rolled_back", f"rolled back after {failed.key} failed"
+        st.save_baseline(data)
+        job["state"] = "failed" if failed else "applied"
+        job["holds"] = [e["key"] for e in data["entries"] if job_id in e.get("holders", [])]
+        _write_json(st.job_path(job_id), job)
+    return _report(job_id, False, items)
+
+
+def _report(job_id, dry_run, items) -> dict:
+    rows = [asdict(i) for i in items]
+
+    def keys(*acts):
+        return [i.key for i in items if i.action in acts]
+    return {"job_id": job_id, "dry_run": dry_run, "ok": not keys("failed"), "items": rows,
+            "planned": keys("apply"), "applied": keys("applied"), "unchanged": keys("unchanged"),
+            "reused": keys("reuse"), "refused": keys("refused"), "unsupported": keys("unsupported"),
+            "failed": keys("failed"), "rolled_back": keys("rolled_back"), "skipped": keys("skipped")}
+
+
+def _boot_id(hostfs) -> str | None:
+    v = hostfs.read(BOOT_ID)
+    return v.strip() if v else None
+
+
+def _drop_if_rebooted(hostfs, st: _State, data: dict, log) -> dict:
+    """A journal from an earlier boot describes settings the reboot already
+    reset: drop it and its job journals instead of writing stale values."""
+    old, now = data.get("boot_id"), _boot_id(hostfs)
+    if data["entries"] and old and now and old != now:
+        log(f"gsrun: tune: journal is from boot {old}, node booted as {now}: dropping it")
+        for j in st.live_jobs():
+            _unlink(st.job_path(j))
+        data = {"version": JOURNAL_VERSION, "boot_id": now, "entries": []}
+        st.save_baseline(data)
+    return data
+
+
+def epilog_restore(hostfs, state_dir: str, job_id: str, log=print, *, swap_effect=None) -> dict:
+    """The job leaves the node: drop its journal; if no other job with a
+    journal remains, restore the node baseline (reverse order, idempotent).
+
+    Returns ``{"job_id", "last_job": bool, "remaining_jobs": [...], "restored":
+    [{key, result, ...}], "left": [keys not restored], "ok": bool}``.
+    Concurrent epilogs serialise on the lock: exactly one sees itself last.
+
+    Raises:
+        NodeError: state dir unusable, journal unreadable, lock timeout.
+    """
+    _check_job_id(job_id)
+    return _leave(hostfs, state_dir, [job_id], False, log, swap_effect)
+
+
+def restore(hostfs, state_dir: str, job_id: str | None = None, all_jobs: bool = False, log=print,
+            *, swap_effect=None) -> dict:
+    """``gsrun-node restore --job ID`` (as the epilog of ID) or ``--all``
+    (drop every job journal, stale ones of crashed jobs included, and restore
+    the baseline). Same report as :func:`epilog_restore`.
+
+    Raises:
+        InputError: neither or both of ``job_id`` and ``all_jobs``.
+        NodeError: as :func:`epilog_restore`.
+    """
+    if bool(job_id) == bool(all_jobs):
+        raise InputError("restore", "what to restore", "give exactly one of --job ID or --all")
+    if job_id:
+        _check_job_id(job_id)
+        return _leave(hostfs, state_dir, [job_id], False, log, swap_effect)
+    return _leave(hostfs, state_dir, [], True, log, swap_effect)
+
+
+def _leave(hostfs, state_dir, job_ids, all_jobs, log, swap_effect) -> dict:
+    st = _State(state_dir)
+    swap = swap_effect if swap_effect is not None else default_swap_effect(hostfs)
+    tag = "restore --all" if all_jobs else f"job {job_ids[0]}"
+    report = {"job_id": None if all_jobs else job_ids[0], "all_jobs": all_jobs, "had_journal": False,
+              "last_job": False, "remaining_jobs": [], "restored": [], "left": [], "ok": True}
+    if not st.dir.is_dir():
+        report["last_job"] = True
+        return report
+    with st.lock():
+        data = st.load_baseline()
+        data = _drop_if_rebooted(hostfs, st, data, log)
+        live = st.live_jobs()
+        leaving = live if all_jobs else [j for j in job_ids if j in live]
+        report["had_journal"] = bool(leaving)
+        for j in leaving:           # leave first: a crash below leaves a job-less baseline,
+            _unlink(st.job_path(j))  # which the next epilog or restore --all puts back
+        remaining = [j for j in live if j not in leaving]
+        report["remaining_jobs"] = remaining
+        if remaining:
+            for e in data["entries"]:
+                e["holders"] = [h for h in e.get("holders", []) if h not in leaving]
+            st.save_baseline(data)
+            if data["entries"]:
+                log(f"gsrun: tune: {tag}: jobs {', '.join(remaining)} still on the node; node settings kept")
+            return report
+        report["last_job"] = True
+        results, left = _restore_entries(hostfs, data["entries"], swap, log, tag)
+        data["entries"] = left
+        st.save_baseline(data)
+        report["restored"] = results
+        report["left"] = [e["key"] for e in left]
+        report["ok"] = not left
+    return report
+
+
+def status(hostfs, state_dir: str) -> dict:
+    """What is changed on the node and by which job (``gsrun-node status --json``).
+
+    Returns ``{"jobs": [...], "changes": [{key, prior, value, owner, holders,
+    current, in_effect}], "boot_id"}``; read without the lock (journal files
+    are replaced atomically).
+    """
+    st = _State(state_dir)
+    data = st.load_baseline() if st.dir.is_dir() else {"entries": [], "boot_id": None}
+    changes = []
+    for e in data["entries"]:
+        knob = KNOBS.get(e["key"])
+        cur = knob.read(hostfs) if knob else None
+        changes.append({**e, "current": cur,
+                        "in_effect": bool(knob and knob.matches(cur, e["value"]))})
+    return {"jobs": st.live_jobs(), "changes": changes, "boot_id": data.get("boot_id"),
+            "state_dir": str(st.dir)}
+
+
+def format_status(st: dict) -> str:
+    """Text for ``gsrun-node status``."""
+    lines = [f"tuning jobs on node: {', '.join(st['jobs']) or 'none'}"]
+    for c in st["changes"]:
+        lines.append(f"  {c['key']:<24} {c['value']:<12} (was {_short(c['prior'])}) by job {c['owner']}, "
+                     f"held by {', '.join(c.get('holders') or []) or 'nobody'}"
+                     + ("" if c["in_effect"] else f"; now reads {_short(c['current'])}"))
+    if not st["changes"]:
+        lines.append("  no node setting changed")
+    return "\n".join(lines) + "\n"
+
+
+def report_json(report: dict) -> str:
+    return json.dumps(report, indent=1, sort_keys=True)

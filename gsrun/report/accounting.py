@@ -1,0 +1,251 @@
+"""Slurm accounting (slurmdbd) through its commands: read a finished job with
+``sacct`` and store the job summary's ``JS1:`` blob in its ``AdminComment``.
+
+Effects only (every call has a timeout, list arguments, no shell); the sacct
+text is parsed by :mod:`gsrun.facts.sacct`, and the small pure helpers here
+(:func:`parse_show_config`, :func:`parse_kv_conf`, :func:`valid_js1`) are
+tested with recorded text.
+
+Storing ``AdminComment`` (as Princeton jobstats does):
+``sacctmgr -i modify job where jobid=N set AdminComment=JS1:...``;
+``scontrol update`` is refused once the job has finished. The job's record
+reaches slurmdbd asynchronously, so the caller retries (see
+:func:`store_admin_comment_retry`). Slurm 22.05's sacctmgr lowercases every
+value it sends (its database "is maintained in lower case"), which breaks the
+base64 blob; the value is therefore read back with sacct and, when it came
+back mangled, written straight into slurmdbd's MariaDB/MySQL table with the
+credentials of the ``slurmdbd.conf`` next to ``slurm.conf`` (the controller
+usually runs slurmdbd; jobstats' ``ingest_jobstats`` writes the same column
+the same way). Without a readable slurmdbd.conf that fallback is skipped and
+the error says so.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from gsrun.base.errors import SlurmError
+from gsrun.facts.sacct import SACCT_FORMAT, JobEfficiency, efficiency_from_sacct
+from gsrun.facts.slurm import run_slurm, validate_job_id
+
+JS1_RE = re.compile(r"^JS1:[A-Za-z0-9+/]+={0,2}$")
+CLUSTER_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+                "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
+
+
+# --------------------------------------------------------------------------- pure
+
+def parse_show_config(text: str) -> dict[str, str]:
+    """``scontrol show config`` (``Key   = value`` lines) -> ``{Key: value}``."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        k, sep, v = line.partition("=")
+        if sep and k.strip() and " " not in k.strip():
+            out[k.strip()] = v.strip()
+    return out
+
+
+def parse_kv_conf(text: str) -> dict[str, str]:
+    """slurm.conf / slurmdbd.conf ``Key=value`` lines -> ``{key_lower: value}``
+    (comments and blank lines skipped; the last assignment wins)."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        k, sep, v = line.partition("=")
+        if sep and k.strip():
+            out[k.strip().lower()] = v.strip()
+    return out
+
+
+def valid_js1(blob: str) -> bool:
+    """True for ``JS1:`` + base64 text only (what may go into AdminComment,
+    sacctmgr's argv and, in the fallback, an SQL string literal)."""
+    return isinstance(blob, str) and len(blob) < 60000 and bool(JS1_RE.match(blob))
+
+
+# --------------------------------------------------------------------------- facts
+
+def config(timeout_s: float = 15.0) -> dict[str, str]:
+    """slurmctld's running configuration (``scontrol show config``).
+
+    Raises:
+        SlurmError: scontrol missing, slurmctld unreachable or timed out.
+    """
+    return parse_show_config(run_slurm(["scontrol", "show", "config"], timeout_s).stdout)
+
+
+def uses_slurmdbd(cfg: dict[str, str]) -> bool:
+    """AccountingStorageType is slurmdbd (sacct/sacctmgr have a database)."""
+    return cfg.get("AccountingStorageType", "").endswith("slurmdbd")
+
+
+def sacct_text(job_id: str, timeout_s: float = 15.0, fmt=SACCT_FORMAT) -> str:
+    """``sacct -P -n --format=<fmt> -j JOB`` stdout: the job line and its steps
+    (never ``-X``: MaxRSS / TRESUsageInTot live on steps).
+
+    Raises:
+        InputError: a malformed job id.
+        SlurmError: sacct missing, failed (no slurmdbd: "Slurm accounting
+            storage is disabled") or timed out.
+    """
+    validate_job_id(job_id)
+    return run_slurm(["sacct", "-P", "-n", "--format=" + ",".join(fmt), "-j", job_id],
+                     timeout_s).stdout
+
+
+def sacct_efficiency(job_id: str, timeout_s: float = 15.0) -> JobEfficiency:
+    """seff-style CPU / memory efficiency of a job from sacct (see
+    :func:`gsrun.facts.sacct.efficiency_from_sacct` for the figures and errors)."""
+    return efficiency_from_sacct(sacct_text(job_id, timeout_s), SACCT_FORMAT, job_id)
+
+
+def admin_comment(job_id: str, timeout_s: float = 15.0) -> str | None:
+    """The job's AdminComment from sacct (job line), None when empty or the
+    job is unknown. Raises SlurmError as :func:`sacct_text`."""
+    out = sacct_text(job_id, timeout_s, ("JobID", "AdminComment"))
+    for line in out.splitlines():
+        jid, _, text = line.partition("|")
+        if "." not in jid:
+            return text.strip() or None
+    return None
+
+
+def job_state(job_id: str, timeout_s: float = 15.0) -> str | None:
+    """State of the job line in sacct (``COMPLETED``...), None if not recorded yet."""
+    out = sacct_text(job_id, timeout_s, ("JobID", "State", "End"))
+    for line in out.splitlines():
+        parts = line.split("|")
+        if len(parts) == 3 and "." not in parts[0]:
+            state = (parts[1].split() or [""])[0]
+            return state if parts[2] not in ("", "Unknown") else "RUNNING"
+    return None
+
+
+# --------------------------------------------------------------------------- effects
+
+def _sacctmgr_set(job_id: str, blob: str, timeout_s: float) -> tuple[bool, str]:
+    cp = run_slurm(["sacctmgr", "-i", "modify", "job", "where", f"jobid={job_id}", "set",
+                    f"AdminComment={blob}"], timeout_s, check=False)
+    text = (cp.stdout + cp.stderr).strip()
+    return cp.returncode == 0 and "Modified" in cp.stdout, text
+
+
+def _dbd_conf_path(slurm_conf: str | None) -> Path:
+    conf = slurm_conf or os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf"
+    return Path(conf).parent / "slurmdbd.conf"
+
+
+def _sql_set(job_id: str, blob: str, cluster: str, slurm_conf: str | None,
+             timeout_s: float) -> str:
+    """Write the blob into ``<cluster>_job_table.admin_comment`` of the newest
+    row of the job. Returns what was done; raises SlurmError when it cannot."""
+    p = _dbd_conf_path(slurm_conf)
+    try:
+        st = p.stat()
+        text = p.read_text()
+    except OSError as e:
+        raise SlurmError("accounting", "no database fallback", f"{p}: {e.strerror}",
+                         hint="run on the slurmdbd host as root, or use Slurm >= 23.02") from None
+    if st.st_uid != 0 or st.st_mode & 0o077:
+        raise SlurmError("accounting", "no database fallback", f"{p} is not root-owned 0600",
+                         hint="slurmdbd.conf must be private to root")
+    c = parse_kv_conf(text)
+    if not c.get("storagetype", "").endswith("mysql"):
+        raise SlurmError("accounting", "no database fallback", f"StorageType={c.get('storagetype')}")
+    if not CLUSTER_RE.match(cluster):
+        raise SlurmError("accounting", "bad cluster name", repr(cluster)[:80])
+    db = c.get("storageloc", "slurm_acct_db")
+    if not re.match(r"^[A-Za-z0-9_]{1,64}$", db):
+        raise SlurmError("accounting", "bad StorageLoc", repr(db)[:80])
+    client = shutil.which("mariadb") or shutil.which("mysql")
+    if client is None:
+        raise SlurmError("accounting", "no database fallback", "no mariadb/mysql client installed")
+    validate_job_id(job_id)
+    if "_" in job_id or not valid_js1(blob):
+        raise SlurmError("accounting", "refused", "only a raw job id and a JS1 blob are written")
+    # values are allow-listed above: digits, [A-Za-z0-9_-], base64 -- safe in the statement
+    sql = (f"UPDATE `{cluster.lower()}_job_table` SET admin_comment='{blob}' "
+           f"WHERE id_job={int(job_id)} ORDER BY time_submit DESC LIMIT 1;")
+    with tempfile.NamedTemporaryFile("w", prefix="gsrun-dbd-", suffix=".cnf", delete=True) as f:
+        os.chmod(f.name, 0o600)
+        f.write("[client]\n")
+        f.write(f"user={c.get('storageuser', 'slurm')}\n")
+        if c.get("storagepass"):
+            f.write(f"password={c['storagepass']}\n")
+        f.write(f"host={c.get('storagehost', 'localhost')}\n")
+        if c.get("storageport"):
+            f.write(f"port={c['storageport']}\n")
+        f.flush()
+        try:
+            cp = subprocess.run([client, f"--defaults-file={f.name}", "--protocol=TCP", db, "-e", sql],
+                                capture_output=True, text=True, timeout=timeout_s, errors="replace")
+        except subprocess.TimeoutExpired:
+            raise SlurmError("accounting", "database timed out", f"no answer in {timeout_s:g} s") from None
+    if cp.returncode != 0:
+        msg = (cp.stderr or cp.stdout).strip().splitlines()
+        raise SlurmError("accounting", "database update failed", msg[-1] if msg else f"exit {cp.returncode}")
+    return f"written to {db}.{cluster.lower()}_job_table (sacctmgr lowercases AdminComment)"
+
+
+def store_admin_comment(job_id: str, blob: str, cluster: str, slurm_conf: str | None = None,
+                        timeout_s: float = 15.0) -> str:
+    """Store ``blob`` as the job's AdminComment once; verify by reading it back.
+
+    Returns a short description of how it was stored.
+
+    Raises:
+        SlurmError: the job is not in the database yet ("Nothing modified":
+            retry later), sacctmgr failed, or the value came back changed and
+            the database fallback is unavailable.
+    """
+    validate_job_id(job_id)
+    if not valid_js1(blob):
+        raise SlurmError("accounting", "not a JS1 blob", repr(blob[:40]))
+    ok, text = _sacctmgr_set(job_id, blob, timeout_s)
+    if not ok:
+        raise SlurmError("accounting", "sacctmgr modify job failed", text.splitlines()[-1] if text else "?",
+                         hint="the job record may not have reached slurmdbd yet")
+    back = admin_comment(job_id, timeout_s)
+    if back == blob:
+        return "sacctmgr"
+    how = _sql_set(job_id, blob, cluster, slurm_conf, timeout_s)
+    back = admin_comment(job_id, timeout_s)
+    if back != blob:
+        raise SlurmError("accounting", "AdminComment did not stick",
+                         f"read back {str(back)[:40]!r}", hint="check slurmdbd.log")
+    return how
+
+
+def store_admin_comment_retry(job_id: str, blob: str, cluster: str, slurm_conf: str | None = None,
+                              timeout_s: float = 15.0, deadline_s: float = 180.0,
+                              first_wait_s: float = 2.0, log=None, sleep=time.sleep) -> str:
+    """:func:`store_admin_comment` after the job's final record is in
+    slurmdbd, retrying with backoff (2, 4, 8, ... 30 s) until ``deadline_s``.
+
+    Raises:
+        SlurmError: the last error when the deadline passed.
+    """
+    t_end = time.monotonic() + deadline_s
+    wait = first_wait_s
+    last: Exception | None = None
+    while True:
+        sleep(wait)
+        try:
+            state = job_state(job_id, timeout_s)
+            if state in FINAL_STATES:
+                return store_admin_comment(job_id, blob, cluster, slurm_conf, timeout_s)
+            last = SlurmError("accounting", "job not final in slurmdbd yet", f"state {state}")
+        except SlurmError as e:
+            last = e
+        if log:
+            log(f"AdminComment not stored yet: {last}")
+        if time.monotonic() + wait >= t_end:
+            raise last
+        wait = min(wait * 2, 30.0)

@@ -1,0 +1,361 @@
+"""Node and job efficiency summaries (schema ``gsrun.summary/1``). Pure.
+
+- :func:`node_summary`: the epilog turns the sampler's state into one node's
+  summary (per GPU: utilization mean, SM/tensor activity means, memory high
+  water vs total, energy and mean power, seconds throttled per cause, Xid and
+  ECC events, lost-at time; the job's CPU time and memory high water there).
+- :func:`job_summary`: EpilogSlurmctld (or ``gseff``) merges node summaries
+  and the job record into one summary with CPU efficiency
+  (CPU time / (allocated cores x elapsed)), memory high water vs request,
+  GPU-hours used vs allocated, energy, and plain-language findings.
+- :func:`js1_blob`: the compact ``JS1:`` + base64(gzip(json)) form that
+  Princeton jobstats and reportseff read from ``AdminComment``.
+
+Units are in the names. ``None`` means "not available" and is shown as N/A,
+never as 0.
+
+Where the numbers come from (per GPU, from :mod:`gsrun.node.sampler`):
+
+- ``util_mean_pct``: time-weighted mean of the driver's utilization samples
+  (``nvmlDeviceGetSamples``; ``nvmlDeviceGetUtilizationRates`` where the
+  buffer is unsupported): percent of time a kernel ran ("duty cycle").
+  None with ``util_na_reason`` ``"MIG"`` on MIG devices (NVML has no
+  utilization there: field case 12) or NVML's reason otherwise.
+  ``util_gap_s``: seconds with no utilization reading (not counted as 0);
+  ``util_busy_s``: the integral of utilization over time (seconds the GPU
+  was busy); ``util_idle_frac``: share of the sampled time below 5 %.
+- ``sm_active_mean_pct`` etc.: GPM metrics (``nvmlGpmMetricsGet``: SM
+  activity, SM occupancy, any-tensor activity, DRAM bandwidth), None where
+  GPM is unsupported.
+- ``mem_peak_bytes`` vs ``mem_total_bytes``: ``nvmlDeviceGetMemoryInfo``
+  used (highest sample) and total.
+- ``energy_j``: delta of ``nvmlDeviceGetTotalEnergyConsumption`` (mJ / 1000)
+  over the sampled span, summed across counter resets
+  (``energy_counter_resets``); ``power_mean_w`` = energy_j / that span
+  (else the mean of ``nvmlDeviceGetPowerUsage``).
+- ``throttle_s``: seconds during which the clock event reasons
+  (``nvmlDeviceGetCurrentClocksEventReasons``) showed each cause.
+- ``lost_at_s``: seconds after the sampler start when NVML first answered
+  GPU_IS_LOST (code 15); the GPU's figures cover only the time before.
+- ``status``: ``ok``, ``lost``, ``unavailable`` (NVML could not start) or
+  ``emulated`` (a gres index without an NVIDIA device).
+- ``covered_s``: seconds between the GPU's first and last good poll.
+
+Job level: ``cpu.efficiency_pct`` = CPU seconds of all nodes / (allocated
+cores x elapsed) x 100 (clamped to 100, ``anomaly`` set when the raw value
+exceeded 105 %); ``memory.efficiency_pct`` = sum of node high waters /
+requested memory; ``gpu.gpu_hours_alloc`` = GPUs allocated x elapsed;
+``gpu.gpu_hours_used`` = sum of ``util_busy_s`` / 3600 over GPUs with a
+utilization figure (duty-cycle hours); ``gpu.energy_kwh`` = sum of
+``energy_j`` / 3.6e6.
+
+JS1 blob (``AdminComment``; the layout Princeton jobstats writes in
+``Jobstats.report_job_json`` and reads in ``Jobstats.__init__`` /
+``parse_stats``, and reportseff reads in ``Job._parse_admin_comment``)::
+
+    {"gpus": <int: GPUs allocated>,
+     "total_time": <int: job elapsed seconds>,
+     "nodes": {"<node>": {
+         "cpus": <int: cores allocated on the node>,
+         "total_time": <float: CPU seconds used on the node>,
+         "used_memory": <int: host memory high water, bytes>,
+         "total_memory": <int: host memory allocated on the node, bytes>,
+         "gpu_utilization": {"<minor>": <float: mean duty-cycle %>},
+         "gpu_used_memory": {"<minor>": <int: GPU memory high water, bytes>},
+         "gpu_total_memory": {"<minor>": <int: GPU memory total, bytes>}}},
+     "gsrun": {"schema", "cpu_eff_pct", "energy_j", "sm_active_pct": {"node:minor": pct},
+               "tensor_active_pct": {...}, "lost": {"node:minor": lost_at_s}}}
+
+GPU keys are the ``/dev/nvidiaN`` minor numbers as strings (what jobstats'
+exporter labels ``minor_number``). A figure that is not known is left out,
+never written as 0 or null: jobstats then reports that figure as
+unavailable (a node without ``cpus``/``total_time`` -> CPU figures
+unavailable; a node without ``gpu_utilization`` -> GPU utilization
+unavailable, as on MIG). A GPU appears in ``gpu_used_memory`` only together
+with ``gpu_total_memory`` (jobstats indexes one by the other's keys).
+``total_memory`` per node is the job's memory request split over its nodes
+in proportion to their cores (Slurm's AllocTRES ``mem`` is the job total).
+reportseff needs every node's four CPU/memory keys and divides by
+``cpus``, ``total_memory`` and ``total_time``: a blob with one of them left
+out (no CPU figure on a node) makes reportseff fail, as jobstats' own blobs
+do when its exporter lacked a figure.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+
+from gsrun import SUMMARY_SCHEMA
+from gsrun.facts.aggregate import Counter, Metric
+
+IDLE_UTIL_PCT = 5.0      # util_idle_frac: share of time below this (a sampler threshold)
+
+
+def _metric(g: dict, key: str) -> Metric:
+    return Metric.from_dict(g["metrics"][key])
+
+
+def _r(x, nd=1):
+    return None if x is None else round(float(x), nd)
+
+
+def gpu_summary(g: dict, node: str, elapsed_s: float, nvml_error: str | None = None) -> dict:
+    """One GPU's figures from its sampler state (JSON form; see module doc)."""
+    ref = g["ref"]
+    util = _metric(g, "util_pct")
+    sm = _metric(g, "sm_active_pct")
+    tensor = _metric(g, "tensor_active_pct")
+    mem = _metric(g, "mem_used_bytes")
+    power = _metric(g, "power_w")
+    energy = Counter.from_dict(g["energy"])
+    energy_j = energy.total / 1000.0 if energy.first is not None else None
+    first, last_ok = g.get("first_s"), g.get("last_ok_s")
+    covered_s = (last_ok - first) if first is not None and last_ok is not None else None
+    span = energy.span_s
+    power_mean = None
+    if energy_j is not None and span and span > 0:
+        power_mean = energy_j / span
+    elif power.mean is not None:
+        power_mean = power.mean
+    ecc = None
+    if g.get("ecc_uncorrected_last") is not None:
+        ecc = int(g["ecc_uncorrected_last"] - (g.get("ecc_uncorrected_first") or 0))
+    unsupported = dict(g.get("unsupported", {}))
+    if g.get("lost_at_s") is not None:
+        status = "lost"
+    elif ref.get("nvml_index") is None:
+        status = "unavailable" if nvml_error else "emulated"
+    else:
+        status = "ok"
+    util_na = None
+    if util.mean is None and status in ("ok", "lost"):
+        util_na = "MIG" if ref.get("mig") else (unsupported.get("utilization")
+                                               or unsupported.get("util_samples") or "no reading")
+    mem_total = ref.get("mem_total_bytes")
+    mem_peak = None if mem.max is None else int(mem.max)
+    return {
+        "node": node,
+        "index": ref["gres_index"],
+        "nvml_index": ref["nvml_index"],
+        "name": ref.get("name"),
+        "uuid": ref.get("uuid"),
+        "pci_bus_id": ref.get("pci_bus_id"),
+        "mig": bool(ref.get("mig")),
+        "status": status,
+        "util_mean_pct": _r(util.mean),
+        "util_na_reason": util_na,
+        "util_idle_frac": _r(None if util.weight_s <= 0 else 1.0 - (util.frac_above(IDLE_UTIL_PCT) or 0.0), 3),
+        "util_gap_s": _r(util.gap_s),
+        "util_busy_s": _r(util.wsum / 100.0 if util.weight_s > 0 else None),
+        "sm_active_mean_pct": _r(sm.mean),
+        "sm_occupancy_mean_pct": _r(_metric(g, "sm_occupancy_pct").mean),
+        "tensor_active_mean_pct": _r(tensor.mean),
+        "dram_bw_mean_pct": _r(_metric(g, "dram_bw_pct").mean),
+        "mem_peak_bytes": mem_peak,
+        "mem_total_bytes": mem_total,
+        "mem_peak_pct": _r(100.0 * mem_peak / mem_total if mem_peak is not None and mem_total else None),
+        "energy_j": _r(energy_j),
+        "energy_counter_resets": energy.resets,
+        "power_mean_w": _r(power_mean),
+        "power_max_w": _r(power.max),
+        "temperature_max_c": _r(_metric(g, "temperature_c").max),
+        "sm_clock_mean_mhz": _r(_metric(g, "sm_clock_mhz").mean, 0),
+        "throttle_s": {k: _r(v) for k, v in g["throttle_s"].items()},
+        "xid": list(g.get("xid", [])),
+        "ecc_uncorrected": ecc,
+        "lost_at_s": g.get("lost_at_s"),
+        "lost_reason": g.get("lost_reason"),
+        "covered_s": _r(covered_s),
+        "unsupported": unsupported,
+        "timeline": {k: v["points"] for k, v in g["timeline"].items()},
+        "emulated": status == "emulated",
+    }
+
+
+def node_summary(state: dict, job_env: dict, end_time: float) -> dict:
+    """The epilog's summary of one node.
+
+    ``state`` is the sampler state (or None when no sampler ran: the reason
+    goes in ``notes``); ``job_env`` is the validated job context from the
+    prolog record (:mod:`gsrun.facts.jobenv`). ``end_time`` is epoch seconds.
+    """
+    node = job_env["node"]
+    if state is None:
+        start = job_env.get("prolog_time") or end_time
+        return {"schema": SUMMARY_SCHEMA, "kind": "node", "job_id": job_env["job_id"], "node": node,
+                "start_time": start, "end_time": end_time, "elapsed_s": _r(end_time - start, 3),
+                "cpus_alloc": job_env.get("cpus_on_node"), "gres_gpus": job_env.get("gpus") or [],
+                "cpu_time_s": None, "cpu_source": None, "mem_peak_bytes": None, "mem_source": None,
+                "gpu_available": False, "gpu_reason": "no sampler state (sampler did not run)",
+                "gpus": [], "samples": 0, "notes": ["no sampler state"]}
+    elapsed = max(0.0, end_time - state["start_time"])
+    nvml_error = state.get("nvml_error")
+    gpus = [gpu_summary(g, node, elapsed, nvml_error) for g in state["gpus"]]
+    real = [g for g in gpus if g["status"] in ("ok", "lost")]
+    reason = None
+    if nvml_error:
+        reason = nvml_error
+    elif gpus and not real:
+        reason = "no NVIDIA device matches the job's gres (emulated GPUs)"
+    notes = list(state.get("notes", []))
+    if state.get("gap_s"):
+        notes.append(f"sampler not running for {state['gap_s']:.0f} s (counted as gap, not as 0)")
+    elif not gpus:
+        reason = "job has no GPUs on this node"
+    return {
+        "schema": SUMMARY_SCHEMA, "kind": "node", "job_id": state["job_id"], "node": node,
+        "start_time": state["start_time"], "end_time": end_time, "elapsed_s": _r(elapsed, 3),
+        "cpus_alloc": job_env.get("cpus_on_node"), "gres_gpus": job_env.get("gpus") or [],
+        "cpu_time_s": _r(state["cpu"]["time_s"], 3), "cpu_source": state["cpu"]["source"],
+        "mem_peak_bytes": None if state["mem"]["peak_bytes"] is None else int(state["mem"]["peak_bytes"]),
+        "mem_source": state["mem"]["source"],
+        "gpu_available": bool(real) and not nvml_error, "gpu_reason": reason,
+        "gpus": gpus, "samples": state["samples"], "notes": notes,
+        "cpu_timeline": state.get("cpu_timeline", {}).get("points", []),
+    }
+
+
+def job_summary(job: dict, nodes: list[dict], cfg=None, partition: str | None = None) -> dict:
+    """Merge node summaries into the job summary.
+
+    ``job``: fields from the job record (``id``, ``user``, ``name``,
+    ``partition``, ``state``, ``exit_code``, ``nodes`` (expected node names),
+    ``cpus_alloc``, ``mem_req_bytes``, ``gpus_alloc``, ``mail_user``,
+    ``mail_type``, ``start_time``, ``end_time``, ``elapsed_s``) -- any may
+    be None except ``id``. ``nodes``: :func:`node_summary` results.
+    """
+    from gsrun.report.findings import findings as make_findings
+
+    nodes = sorted(nodes, key=lambda n: n["node"])
+    seen = {n["node"] for n in nodes}
+    expected = job.get("nodes") or sorted(seen)
+    missing = [n for n in expected if n not in seen]
+    start = job.get("start_time") or min((n["start_time"] for n in nodes), default=None)
+    end = job.get("end_time") or max((n["end_time"] for n in nodes), default=None)
+    elapsed = job.get("elapsed_s")
+    if elapsed is None:
+        elapsed = max((n["elapsed_s"] or 0 for n in nodes), default=None)
+    cpu_times = [n["cpu_time_s"] for n in nodes if n["cpu_time_s"] is not None]
+    cpu_time = sum(cpu_times) if cpu_times else None
+    cpus_alloc = job.get("cpus_alloc")
+    if cpus_alloc is None:
+        per = [n["cpus_alloc"] for n in nodes if n.get("cpus_alloc")]
+        cpus_alloc = sum(per) if per else None
+    cpu_eff = cpu_raw = None
+    if cpu_time is not None and cpus_alloc and elapsed:
+        cpu_raw = 100.0 * cpu_time / (cpus_alloc * elapsed)
+        cpu_eff = min(100.0, cpu_raw)
+    mem_peaks = [n["mem_peak_bytes"] for n in nodes if n["mem_peak_bytes"] is not None]
+    mem_peak = sum(mem_peaks) if mem_peaks else None
+    mem_req = job.get("mem_req_bytes")
+    mem_eff = 100.0 * mem_peak / mem_req if mem_peak is not None and mem_req else None
+    gpus = [g for n in nodes for g in n["gpus"]]
+    real = [g for g in gpus if g.get("status", "emulated" if g["emulated"] else "ok") in ("ok", "lost")]
+    reasons = sorted({n["gpu_reason"] for n in nodes if n.get("gpu_reason")})
+    gpus_alloc = job.get("gpus_alloc") or len(gpus)
+    gpu_hours_alloc = gpus_alloc * elapsed / 3600.0 if elapsed is not None else None
+    busy = [g["util_busy_s"] for g in real if g.get("util_busy_s") is not None]
+    gpu_hours_used = sum(busy) / 3600.0 if busy else None
+    energies = [g["energy_j"] for g in real if g["energy_j"] is not None]
+    energy_j = sum(energies) if energies else None
+    per_node = []
+    for n in nodes:
+        per_node.append({"node": n["node"], "cpus_alloc": n.get("cpus_alloc"), "cpu_time_s": n["cpu_time_s"],
+                         "mem_peak_bytes": n["mem_peak_bytes"], "elapsed_s": n.get("elapsed_s"),
+                         "gpu_available": n.get("gpu_available"), "gpu_reason": n.get("gpu_reason")})
+    summary = {
+        "schema": SUMMARY_SCHEMA, "kind": "job",
+        "job": {
+            "id": job["id"], "array": job.get("array"), "user": job.get("user"), "name": job.get("name"),
+            "partition": job.get("partition"), "state": job.get("state"), "exit_code": job.get("exit_code"),
+            "nodes": expected, "start_time": start, "end_time": end, "elapsed_s": _r(elapsed, 3),
+            "cpus_alloc": cpus_alloc, "gpus_alloc": gpus_alloc, "mem_req_bytes": mem_req,
+            "mail_user": job.get("mail_user"), "mail_type": job.get("mail_type"),
+        },
+        "cpu": {"time_s": _r(cpu_time, 3), "efficiency_pct": _r(cpu_eff),
+                "anomaly": cpu_raw is not None and cpu_raw > 105.0,
+                "source": "; ".join(sorted({n["cpu_source"] for n in nodes if n.get("cpu_source")})) or None},
+        "memory": {"peak_bytes": mem_peak, "req_bytes": mem_req, "efficiency_pct": _r(mem_eff),
+                   "source": "; ".join(sorted({n["mem_source"] for n in nodes if n.get("mem_source")})) or None},
+        "gpu": {"available": bool(real) and any(n["gpu_available"] for n in nodes),
+                "reason": "; ".join(reasons) or None, "count": len(gpus), "devices": gpus,
+                "gpu_hours_alloc": _r(gpu_hours_alloc, 4), "gpu_hours_used": _r(gpu_hours_used, 4),
+                "energy_j": _r(energy_j), "energy_kwh": _r(None if energy_j is None else energy_j / 3.6e6, 6)},
+        "nodes_detail": per_node,
+        "nodes_missing": missing,
+        "node_notes": {n["node"]: n.get("notes", []) for n in nodes if n.get("notes")},
+    }
+    summary["findings"] = make_findings(summary, cfg, partition)
+    return summary
+
+
+def js1_blob(summary: dict) -> str | None:
+    """``JS1:`` + base64(gzip(json)) in the layout jobstats writes to and
+    reads from ``AdminComment`` (schema in the module doc), plus gsrun's own
+    ``gsrun`` section, which jobstats and reportseff ignore.
+
+    Returns None when there is nothing jobstats could use (no elapsed time
+    or no node figures): jobstats itself then stores ``Short`` / ``None``
+    instead of a blob.
+    """
+    job = summary["job"]
+    elapsed = job.get("elapsed_s")
+    detail = summary.get("nodes_detail") or []
+    if not elapsed or elapsed <= 0 or not detail:
+        return None
+    total_cpus = sum(n["cpus_alloc"] or 0 for n in detail)
+    mem_req = job.get("mem_req_bytes")
+    nodes: dict[str, dict] = {}
+    for n in detail:
+        d: dict = {}
+        cpus = n.get("cpus_alloc")
+        if cpus and n.get("cpu_time_s") is not None:
+            d["cpus"] = int(cpus)
+            d["total_time"] = round(float(n["cpu_time_s"]), 1)
+        if mem_req and n.get("mem_peak_bytes") is not None:
+            share = (cpus / total_cpus) if cpus and total_cpus else 1.0 / len(detail)
+            total = int(mem_req * share)
+            if total > 0:
+                d["used_memory"] = int(n["mem_peak_bytes"])
+                d["total_memory"] = total
+        nodes[n["node"]] = d
+    for g in summary["gpu"]["devices"]:
+        if g.get("status", "ok") not in ("ok", "lost"):
+            continue
+        d = nodes.setdefault(g["node"], {})
+        key = str(g["index"])
+        if g["util_mean_pct"] is not None:
+            d.setdefault("gpu_utilization", {})[key] = g["util_mean_pct"]
+        if g["mem_peak_bytes"] is not None and g["mem_total_bytes"]:
+            d.setdefault("gpu_used_memory", {})[key] = int(g["mem_peak_bytes"])
+            d.setdefault("gpu_total_memory", {})[key] = int(g["mem_total_bytes"])
+    devs = summary["gpu"]["devices"]
+    blob = {"gpus": int(job.get("gpus_alloc") or summary["gpu"].get("count") or 0), "nodes": nodes,
+            "total_time": int(round(elapsed)),
+            "gsrun": {"schema": summary["schema"], "cpu_eff_pct": summary["cpu"]["efficiency_pct"],
+                      "energy_j": summary["gpu"]["energy_j"],
+                      "sm_active_pct": {f'{g["node"]}:{g["index"]}': g["sm_active_mean_pct"] for g in devs
+                                        if g.get("sm_active_mean_pct") is not None},
+                      "tensor_active_pct": {f'{g["node"]}:{g["index"]}': g["tensor_active_mean_pct"] for g in devs
+                                            if g.get("tensor_active_mean_pct") is not None},
+                      "lost": {f'{g["node"]}:{g["index"]}': g["lost_at_s"] for g in devs
+                               if g.get("lost_at_s") is not None}}}
+    raw = json.dumps(blob, separators=(",", ":"), sort_keys=True).encode("ascii")
+    return "JS1:" + base64.b64encode(gzip.compress(raw, mtime=0)).decode("ascii")
+
+
+def decode_js1(text: str) -> dict:
+    """Inverse of :func:`js1_blob` (what jobstats does with ``AdminComment``).
+
+    Raises:
+        ValueError: not a ``JS1:`` blob, or a corrupt one (truncated field,
+            another tool's comment).
+    """
+    if not text.startswith("JS1:"):
+        raise ValueError("not a JS1 blob")
+    try:
+        return json.loads(gzip.decompress(base64.b64decode(text[4:], validate=True)))
+    except (OSError, EOFError, ValueError) as e:
+        raise ValueError(f"corrupt JS1 blob: {e}") from None

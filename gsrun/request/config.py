@@ -1,0 +1,366 @@
+"""Site configuration: ``/etc/gsrun/gsrun.toml`` (or ``$GSRUN_CONFIG``).
+
+One table, :data:`SETTINGS`, names every key with its type, default, allowed
+values and meaning; the parser, ``gsrun-node config check``, the commented
+file ``gsrun-node install`` writes and the admin guide's reference are all
+generated from it, so they cannot drift.
+
+The file is parsed strictly with ``tomllib``: an unknown section or key, or
+a value of the wrong type or outside its range, is a :class:`ConfigError`
+naming the key, the value and what is allowed. ``[partition.<name>]`` tables
+override ``tuning.*``, ``mps.*``, ``mig.*`` and ``findings.*`` keys for jobs
+of that partition.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from gsrun.base.errors import ConfigError
+from gsrun.request.tune import TUNE_KEYS
+
+ENV_CONFIG = "GSRUN_CONFIG"
+DEFAULT_CONFIG_PATH = "/etc/gsrun/gsrun.toml"
+
+_PINNED = re.compile(r"[0-9]+=[0-9]+[MG](,[0-9]+=[0-9]+[MG])*")
+_CMD_NAME = re.compile(r"[A-Za-z0-9_.+-]{1,255}")
+_ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*\Z")
+_HOSTNAME = re.compile(r"^[A-Za-z0-9.-]{1,253}\Z")
+_EMAIL = re.compile(r"^[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\Z")
+
+
+@dataclass(frozen=True)
+class Setting:
+    key: str                      # "section.name"
+    type: type | tuple
+    default: Any
+    meaning: str
+    check: Callable[[Any], str | None] | None = None  # returns a problem or None
+    allowed: str = ""             # human text of the allowed range
+    per_partition: bool = False
+
+
+def _range(lo, hi):
+    def check(v):
+        return None if lo <= v <= hi else f"must be between {lo} and {hi}"
+    return check
+
+
+def _abs_path(v):
+    return None if v.startswith("/") and "\n" not in v and "\0" not in v else "must be an absolute path"
+
+
+def _opt_abs_path(v):
+    return None if v == "" else _abs_path(v)
+
+
+def _tune_list(v):
+    from gsrun.request.tune import parse_tune_request  # local: avoid cycle
+
+    try:
+        parse_tune_request(v)
+    except Exception as e:  # noqa: BLE001 - turned into the config message
+        return str(getattr(e, "detail", e))
+    return None
+
+
+def _key_list(v):
+    bad = [k for k in v if k not in TUNE_KEYS]
+    return f"unknown tuning keys {bad}; allowed: {', '.join(TUNE_KEYS)}" if bad else None
+
+
+def _env_table(v):
+    for k, val in v.items():
+        if not _ENV_NAME.match(k) or not isinstance(val, str) or "\n" in val or "\0" in val:
+            return f"entry {k!r} must be NAME = \"value\" (A-Z, 0-9, _; one line)"
+    return None
+
+
+def _line(v):
+    return None if not any(c in v for c in "\n\r\0") else "must be one line"
+
+
+def _bin(v):
+    if v.startswith("/"):
+        return _abs_path(v)
+    return None if _CMD_NAME.fullmatch(v) else "must be an absolute path or a plain command name"
+
+
+def _pinned(v):
+    return None if v == "" or _PINNED.fullmatch(v) else "must look like 0=16G,1=16G (GPU=SIZE with M or G)"
+
+
+def _host(v):
+    return None if v == "" or _HOSTNAME.match(v) else "must be a host name"
+
+
+def _email(v):
+    return None if v == "" or _EMAIL.match(v) else "must be an email address"
+
+
+def _layouts(v):
+    from gsrun.request.mig_layout import parse_layout  # local: avoid cycle
+
+    for name, lay in v.items():
+        if not re.match(r"^[A-Za-z0-9_-]{1,64}\Z", name) or not isinstance(lay, str):
+            return f"layout name {name!r} must be [A-Za-z0-9_-] with a string value"
+        try:
+            parse_layout(lay)
+        except Exception as e:  # noqa: BLE001
+            return f"layout {name!r}: {getattr(e, 'detail', e)}"
+    return None
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("paths.state_dir", str, "/run/gsrun",
+            "Journals of node changes, sampler pid files, locks (tmpfs: gone at reboot, which is right).",
+            _abs_path, "absolute path"),
+    Setting("paths.spool_dir", str, "/var/spool/gsrun",
+            "Node summaries, job summaries and the mail queue (persistent).", _abs_path, "absolute path"),
+    Setting("paths.mps_dir", str, "/run/gsrun/mps",
+            "Parent of per-job MPS pipe/log directories (<mps_dir>/<jobid>/{pipe,log}).",
+            _abs_path, "absolute path"),
+    Setting("sampler.interval_s", (int, float), 5.0,
+            "Seconds between samples of NVML and the job cgroup.", _range(0.05, 3600), "0.05-3600"),
+    Setting("sampler.flush_s", (int, float), 30.0,
+            "Seconds between atomic rewrites of the sampler state (a killed sampler loses at most this).",
+            _range(0.1, 3600), "0.1-3600"),
+    Setting("sampler.timeline_points", int, 1000,
+            "Most points kept per metric in the downsampled timeline.", _range(10, 100000), "10-100000"),
+    Setting("tuning.enabled", bool, True, "Apply node tuning at all.", None, "true/false", True),
+    Setting("tuning.exclusive_only", bool, True,
+            "Node-wide settings only for jobs that hold the node exclusively.", None, "true/false", True),
+    Setting("tuning.defaults", str, "",
+            "Tuning applied to every job (same form as --tune: key=value,...).", _tune_list,
+            "key=value list", True),
+    Setting("tuning.allowed_keys", list, list(TUNE_KEYS),
+            "Keys users may request with --tune / --gs-tune.", _key_list, ", ".join(TUNE_KEYS), True),
+    Setting("mps.enabled", bool, True, "Allow per-job MPS daemons.", None, "true/false", True),
+    Setting("mps.control_bin", str, "nvidia-cuda-mps-control",
+            "MPS control daemon executable (name on PATH or absolute path).", _bin, "path or name"),
+    Setting("mps.default_active_thread_percentage", int, 0,
+            "Default CUDA_MPS_ACTIVE_THREAD_PERCENTAGE for MPS jobs (0 = leave unset).",
+            _range(0, 100), "0-100", True),
+    Setting("mps.pinned_mem_limit", str, "",
+            "Default CUDA_MPS_PINNED_DEVICE_MEM_LIMIT (e.g. \"0=16G\"; empty = unset).",
+            _pinned, "N=SIZE[MG],... or empty", True),
+    Setting("mps.exclusive_process", bool, False,
+            "Set EXCLUSIVE_PROCESS compute mode on the job's GPUs while its MPS daemon runs.",
+            None, "true/false", True),
+    Setting("mps.quit_timeout_s", (int, float), 10.0,
+            "Seconds to wait for the MPS daemon to quit before ending its recorded PIDs.",
+            _range(0.1, 300), "0.1-300"),
+    Setting("mig.enabled", bool, True, "Allow per-job MIG layouts on exclusive nodes.", None, "true/false", True),
+    Setting("mig.layouts", dict, {}, "Site-named MIG layouts, e.g. small = \"7x1g.18gb\".", _layouts,
+            "name = layout"),
+    Setting("nccl.env", dict, {"NCCL_DEBUG": "WARN"},
+            "NCCL environment exported by gsrun's job scripts (site overrides).", _env_table, "NAME = \"value\""),
+    Setting("findings.idle_util_pct", (int, float), 5.0,
+            "A GPU with mean utilization below this is reported idle.", _range(0, 100), "0-100", True),
+    Setting("findings.low_sm_activity_pct", (int, float), 25.0,
+            "SM activity below this (while busy) is reported as low.", _range(0, 100), "0-100", True),
+    Setting("findings.mem_overrequest_pct", (int, float), 25.0,
+            "Host memory high water below this share of the request is an over-request.",
+            _range(0, 100), "0-100", True),
+    Setting("findings.cpu_saturated_pct", (int, float), 90.0,
+            "CPU efficiency above this while GPUs are under-used suggests a CPU-bound input pipeline.",
+            _range(0, 100), "0-100", True),
+    Setting("findings.short_job_s", (int, float), 60.0,
+            "Jobs shorter than this get no efficiency advice (numbers not meaningful).",
+            _range(0, 86400), "0-86400", True),
+    Setting("mail.enabled", bool, True, "Mail the report when the job asked for END/ALL mail.", None, "true/false"),
+    Setting("mail.policy", str, "job",
+            "job: mail when the job asked (--mail-type END/ALL); always: every job with a MailUser; never.",
+            lambda v: None if v in ("job", "always", "never") else "must be job, always or never",
+            "job|always|never"),
+    Setting("mail.from_addr", str, "gsrun@localhost", "From: address.", _email, "email address"),
+    Setting("mail.default_domain", str, "",
+            "Domain appended to a bare MailUser (\"user1\" -> \"user1@<domain>\"); empty = bare names are not mailed.",
+            _host, "domain name or empty"),
+    Setting("mail.smtp_host", str, "localhost", "SMTP server.", _host, "host name"),
+    Setting("mail.smtp_port", int, 25, "SMTP port.", _range(1, 65535), "1-65535"),
+    Setting("mail.starttls", bool, False, "Use STARTTLS.", None, "true/false"),
+    Setting("mail.username", str, "", "SMTP AUTH user (empty = no auth).", _line, "one-line string"),
+    Setting("mail.password_file", str, "", "File holding the SMTP password (root-only).", _opt_abs_path,
+            "absolute path"),
+    Setting("mail.mailprog", str, "", "Use this MailProg (e.g. /usr/sbin/sendmail) instead of SMTP.",
+            _opt_abs_path, "absolute path"),
+    Setting("mail.max_attempts", int, 48, "Delivery attempts before a message is moved to failed/.",
+            _range(1, 10000), "1-10000"),
+    Setting("timeouts.command_s", (int, float), 15.0,
+            "Timeout for each external command (nvidia-smi, scontrol, numactl, ...).", _range(0.5, 600), "0.5-600"),
+    Setting("timeouts.prolog_budget_s", (int, float), 60.0,
+            "Hard wall-time budget of the prolog; keep under PrologEpilogTimeout.", _range(1, 3600), "1-3600"),
+    Setting("timeouts.epilog_budget_s", (int, float), 90.0,
+            "Hard wall-time budget of the epilog; keep under PrologEpilogTimeout.", _range(1, 3600), "1-3600"),
+)
+
+_BY_KEY = {s.key: s for s in SETTINGS}
+SECTIONS = sorted({s.key.split(".")[0] for s in SETTINGS})
+
+
+class Config:
+    """Effective settings. ``cfg["sampler.interval_s"]`` or
+    ``cfg.get("tuning.defaults", partition="gpu")`` (partition overrides)."""
+
+    def __init__(self, values: dict[str, Any], partitions: dict[str, dict[str, Any]] | None = None,
+                 source: str = "<defaults>"):
+        self._values = values
+        self.partitions = partitions or {}
+        self.source = source
+
+    def __getitem__(self, key: str) -> Any:
+        return self._values[key]
+
+    def get(self, key: str, partition: str | None = None) -> Any:
+        if partition and key in self.partitions.get(partition, {}):
+            return self.partitions[partition][key]
+        return self._values[key]
+
+    def effective(self, partition: str | None = None) -> dict[str, Any]:
+        return {k: self.get(k, partition) for k in self._values}
+
+
+def _check_value(key: str, value: Any, where: str) -> Any:
+    s = _BY_KEY[key]
+    types = s.type if isinstance(s.type, tuple) else (s.type,)
+    if isinstance(value, bool) and bool not in types:
+        ok = False
+    else:
+        ok = isinstance(value, types)
+    if not ok:
+        names = "/".join(t.__name__ for t in types)
+        raise ConfigError("config", f"bad value for {key}", f"{value!r} in {where} is not {names}",
+                          hint=f"allowed: {s.allowed}")
+    if s.check:
+        problem = s.check(value)
+        if problem:
+            raise ConfigError("config", f"bad value for {key}", f"{value!r} in {where}: {problem}",
+                              hint=f"allowed: {s.allowed}")
+    if float in types and isinstance(value, int):
+        value = float(value)
+    return value
+
+
+def parse_config(text: str, source: str = "<string>") -> Config:
+    """Parse TOML text strictly into a :class:`Config`.
+
+    Raises:
+        ConfigError: TOML syntax error, unknown section/key, wrong type, or a
+            value outside the allowed range; the message names the key.
+    """
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError("config", "TOML syntax", f"{source}: {e}") from None
+    values = {s.key: s.default for s in SETTINGS}
+    partitions: dict[str, dict[str, Any]] = {}
+    for section, table in data.items():
+        if section == "partition":
+            if not isinstance(table, dict):
+                raise ConfigError("config", "bad section", "[partition] must hold [partition.<name>] tables")
+            for pname, ptable in table.items():
+                if not re.match(r"^[A-Za-z0-9_.-]{1,64}\Z", pname):
+                    raise ConfigError("config", "bad partition name", repr(pname))
+                partitions[pname] = {}
+                for sec, sub in ptable.items():
+                    if not isinstance(sub, dict):
+                        raise ConfigError("config", "bad key", f"partition.{pname}.{sec} must be a table")
+                    for k, v in sub.items():
+                        key = f"{sec}.{k}"
+                        s = _BY_KEY.get(key)
+                        if s is None or not s.per_partition:
+                            allowed = sorted(x.key for x in SETTINGS if x.per_partition)
+                            raise ConfigError("config", "unknown key", f"partition.{pname}.{key}",
+                                              hint=f"per-partition keys: {', '.join(allowed)}")
+                        partitions[pname][key] = _check_value(key, v, f"[partition.{pname}.{sec}]")
+            continue
+        if section not in SECTIONS:
+            raise ConfigError("config", "unknown section", f"[{section}] in {source}",
+                              hint=f"sections: {', '.join(SECTIONS + ['partition'])}")
+        if not isinstance(table, dict):
+            raise ConfigError("config", "bad section", f"{section} must be a table")
+        for k, v in table.items():
+            key = f"{section}.{k}"
+            if key not in _BY_KEY:
+                known = sorted(x.key.split('.', 1)[1] for x in SETTINGS if x.key.startswith(section + "."))
+                raise ConfigError("config", "unknown key", f"{key} in {source}",
+                                  hint=f"keys of [{section}]: {', '.join(known)}")
+            values[key] = _check_value(key, v, source)
+    return Config(values, partitions, source)
+
+
+def load_config(path: str | None = None, environ=None) -> Config:
+    """Load ``path``, else ``$GSRUN_CONFIG``, else ``/etc/gsrun/gsrun.toml``;
+    built-in defaults when that file does not exist.
+
+    Raises:
+        ConfigError: as :func:`parse_config`, or an explicitly named file is missing.
+    """
+    environ = os.environ if environ is None else environ
+    explicit = path or environ.get(ENV_CONFIG)
+    p = Path(explicit or DEFAULT_CONFIG_PATH)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        if explicit:
+            raise ConfigError("config", "file not found", str(p),
+                              hint=f"unset {ENV_CONFIG} or create the file (gsrun-node install)") from None
+        return Config({s.key: s.default for s in SETTINGS})
+    except OSError as e:
+        raise ConfigError("config", "cannot read", f"{p}: {e.strerror}") from None
+    return parse_config(text, str(p))
+
+
+def load_config_or_defaults(log=None, path: str | None = None) -> Config:
+    """For the Slurm hooks: a broken site config is logged and the built-in
+    defaults are used (a config typo must not drain every node)."""
+    try:
+        return load_config(path)
+    except ConfigError as e:
+        if log is not None:
+            log.error(f"{e}; using built-in defaults".replace("\n", " "))
+        return Config({s.key: s.default for s in SETTINGS})
+
+
+def render_commented_config() -> str:
+    """The commented ``gsrun.toml`` that ``gsrun-node install`` writes: every
+    setting, its default and meaning, all commented out."""
+    import json
+
+    lines = ["# gsrun site configuration. Every setting is shown with its default, commented out.",
+             "# Check with: gsrun-node config check", ""]
+    current = None
+    for s in SETTINGS:
+        sec, name = s.key.split(".", 1)
+        if sec != current:
+            lines += ["", f"[{sec}]"]
+            current = sec
+        lines.append(f"# {s.meaning}")
+        lines.append(f"# allowed: {s.allowed}" + ("   (per-partition)" if s.per_partition else ""))
+        lines.append(f"# {name} = {_toml_value(s.default)}")
+    lines += ["", "# Per-partition overrides, e.g.:", "# [partition.gpu.tuning]",
+              "# defaults = \"governor=performance,swappiness=10\"", ""]
+    _ = json
+    return "\n".join(lines)
+
+
+def _toml_value(v) -> str:
+    import json
+
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{k} = {_toml_value(x)}" for k, x in v.items()) + " }"
+    return json.dumps(v)

@@ -1,0 +1,101 @@
+"""MIG layout requests: the text a user gives to ``--mig`` / ``--gs-mig``.
+
+A layout is what one GPU is cut into, as ``+``-separated terms, each an
+optional count ``<n>x`` and an NVIDIA profile name ``<slices>g.<mem>gb``
+with optional attribute suffixes (``+me``, ``+gfx``)::
+
+    7g.141gb
+    3g.71gb+3g.71gb          -> [(2, "3g.71gb")]
+    7x1g.18gb                -> [(7, "1g.18gb")]
+    2x2g.35gb+1g.18gb        -> [(2, "2g.35gb"), (1, "1g.18gb")]
+    1g.18gb+me+3x1g.18gb     -> [(1, "1g.18gb+me"), (3, "1g.18gb")]
+
+This module only checks syntax (allow-listed characters, bounded length and
+count); whether a GPU can hold the layout is decided by
+:func:`gsrun.node.mig.plan_layout` against the GPU's own profile table.
+"""
+
+from __future__ import annotations
+
+import re
+
+from gsrun.base.errors import InputError
+
+MAX_LAYOUT_CHARS = 200
+#: Upper bound on instances in one layout. Real GPUs allow at most 7 (A100,
+#: H100, H200, B200); the bound sits above that so that ``8x1g.18gb`` reaches
+#: the planner, which says why 8 is too many for *this* GPU.
+MAX_INSTANCES = 16
+MAX_TERM_COUNT = 16
+
+_ALLOWED = re.compile(r"^[0-9a-z.+x]+$")
+_TERM = re.compile(r"^(?:(?P<n>[0-9]{1,2})x)?(?P<name>[1-9][0-9]?g\.[1-9][0-9]{0,3}gb)$")
+#: attribute suffixes NVIDIA appends to profile names (``1g.18gb+me``, ``1g.24gb+gfx``)
+SUFFIXES = ("me", "gfx")
+
+_HINT = ("write a layout like 7g.141gb, 3g.71gb+3g.71gb, 7x1g.18gb or 2x2g.35gb+1g.18gb; "
+         "`gsrun-node mig plan --gpu 0 LAYOUT` lists this GPU's profiles")
+
+
+def _bad(detail: str) -> InputError:
+    return InputError("mig", "bad layout", detail, hint=_HINT)
+
+
+def parse_layout(text: str) -> list[tuple[int, str]]:
+    """Parse a layout into ``[(count, profile_name), ...]``.
+
+    Profile names are returned lower case, in first-seen order; repeated
+    names are merged (``3g.71gb+3g.71gb`` -> ``[(2, "3g.71gb")]``).
+
+    Raises:
+        InputError: empty text, a character outside ``[0-9a-z.+x]`` (case is
+            folded), more than :data:`MAX_LAYOUT_CHARS` characters, a term that
+            is not ``[<n>x]<s>g.<m>gb``, an unknown ``+suffix``, a count of 0,
+            or more than :data:`MAX_INSTANCES` instances in total.
+    """
+    if not isinstance(text, str):
+        raise _bad(f"expected text, got {type(text).__name__}")
+    raw = text.strip().lower()
+    if not raw:
+        raise _bad("empty layout")
+    if len(raw) > MAX_LAYOUT_CHARS:
+        raise _bad(f"layout is {len(raw)} characters; at most {MAX_LAYOUT_CHARS}")
+    if not _ALLOWED.match(raw):
+        odd = sorted({c for c in raw if not re.match(r"[0-9a-z.+x]", c)})
+        raise _bad(f"{text.strip()!r} has characters outside [0-9a-z.+x]: "
+                   + " ".join(repr(c) for c in odd))
+    tokens = raw.split("+")
+    terms: list[list] = []  # [count, name]
+    for tok in tokens:
+        if tok == "":
+            raise _bad(f"{raw!r}: empty term (a leading, trailing or doubled '+')")
+        if tok in SUFFIXES:
+            if not terms:
+                raise _bad(f"{raw!r}: '+{tok}' must follow a profile name")
+            if tok in terms[-1][1].split("+")[1:]:
+                raise _bad(f"{raw!r}: '+{tok}' given twice for {terms[-1][1]}")
+            terms[-1][1] += "+" + tok
+            continue
+        m = _TERM.match(tok)
+        if not m:
+            raise _bad(f"{tok!r} is not a profile term; expected [<n>x]<slices>g.<mem>gb "
+                       f"with optional +{'/+'.join(SUFFIXES)}")
+        n = int(m.group("n")) if m.group("n") is not None else 1
+        if n == 0:
+            raise _bad(f"{tok!r}: a count must be at least 1")
+        terms.append([n, m.group("name")])
+    if len(terms) > MAX_TERM_COUNT:
+        raise _bad(f"{len(terms)} terms; at most {MAX_TERM_COUNT}")
+    merged: dict[str, int] = {}
+    for n, name in terms:
+        merged[name] = merged.get(name, 0) + n
+    total = sum(merged.values())
+    if total > MAX_INSTANCES:
+        raise _bad(f"{total} instances requested; gsrun accepts at most {MAX_INSTANCES} per GPU "
+                   "(GPUs themselves allow at most 7)")
+    return [(n, name) for name, n in merged.items()]
+
+
+def format_layout(items: list[tuple[int, str]]) -> str:
+    """Inverse of :func:`parse_layout`: ``[(2, "3g.71gb")]`` -> ``"2x3g.71gb"``."""
+    return "+".join(name if n == 1 else f"{n}x{name}" for n, name in items)

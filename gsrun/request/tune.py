@@ -1,0 +1,111 @@
+"""Parse a job's tuning request: ``key=value,key=value``.
+
+The same form arrives from three places: ``SPANK_GS_TUNE`` (the SPANK
+plugin's ``--gs-tune``), ``gsrun --tune`` (recorded for the prolog), and the
+site config's ``tuning.defaults``. This module checks *syntax* and the fixed
+kernel ranges only; whether a value is allowed on this node (the governors in
+``scaling_available_governors``, the words THP offers, the site policy) is
+decided by :mod:`gsrun.node.tuning` against the node's facts.
+
+Keys and values (the value's source is the kernel file it ends up in):
+
+==========================  ==============================================  =====================
+key                         kernel file                                     syntax
+==========================  ==============================================  =====================
+governor                    cpu*/cpufreq/scaling_governor                   [a-z][a-z0-9_]{0,31}
+swappiness                  /proc/sys/vm/swappiness                         0-200
+swap                        swapoff of the devices in /proc/swaps           off
+dirty_ratio                 /proc/sys/vm/dirty_ratio                        0-100 (percent)
+dirty_background_ratio      /proc/sys/vm/dirty_background_ratio             0-100 (percent)
+thp                         /sys/kernel/mm/transparent_hugepage/enabled     always|madvise|never
+thp_defrag                  /sys/kernel/mm/transparent_hugepage/defrag      always|defer|defer+madvise|madvise|never
+zone_reclaim_mode           /proc/sys/vm/zone_reclaim_mode                  0-7 (bit mask)
+==========================  ==============================================  =====================
+"""
+
+from __future__ import annotations
+
+import re
+
+from gsrun.base.errors import InputError
+
+# Same tuple as gsrun.request.config.TUNE_KEYS (kept literal here: config imports us).
+TUNE_KEYS = ("governor", "swappiness", "swap", "dirty_ratio",
+             "dirty_background_ratio", "thp", "thp_defrag", "zone_reclaim_mode")
+
+_INT = re.compile(r"^(0|[1-9][0-9]{0,3})$")
+_GOVERNOR = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
+_KEY = re.compile(r"^[a-z_]{1,32}$")
+
+# key -> (lo, hi) for integers, or a tuple of words
+_RANGES: dict[str, tuple[int, int]] = {
+    "swappiness": (0, 200),
+    "dirty_ratio": (0, 100),
+    "dirty_background_ratio": (0, 100),
+    "zone_reclaim_mode": (0, 7),
+}
+_WORDS: dict[str, tuple[str, ...]] = {
+    "swap": ("off",),
+    "thp": ("always", "madvise", "never"),
+    "thp_defrag": ("always", "defer", "defer+madvise", "madvise", "never"),
+}
+
+HINT = ("form: key=value[,key=value...], keys: " + ", ".join(TUNE_KEYS)
+        + "; e.g. governor=performance,swappiness=10,thp=never")
+
+
+def _bad(token: str, why: str) -> InputError:
+    return InputError("tune", "bad tuning request", f"token {token!r}: {why}", hint=HINT)
+
+
+def check_tune_value(key: str, value: str) -> str | None:
+    """Problem with ``value`` for ``key`` (syntax and fixed kernel range), or None."""
+    if key == "governor":
+        return None if _GOVERNOR.match(value) else "governor must be a lowercase name like performance"
+    if key in _RANGES:
+        lo, hi = _RANGES[key]
+        if not _INT.match(value) or not lo <= int(value) <= hi:
+            return f"{key} must be an integer {lo}-{hi}"
+        return None
+    if key in _WORDS:
+        words = _WORDS[key]
+        return None if value in words else f"{key} must be one of {'|'.join(words)}"
+    return f"unknown key {key!r}"
+
+
+def parse_tune_request(text: str) -> dict[str, str]:
+    """``"governor=performance, swappiness=10"`` -> ``{"governor": "performance",
+    "swappiness": "10"}`` (insertion order = order given).
+
+    Whitespace around tokens is ignored; an empty or blank text is ``{}``.
+    Integers are kept as their decimal text (no sign, no leading zeros).
+
+    Raises:
+        InputError: an empty token (``a=1,,b=2`` or a trailing comma), a token
+            without ``=``, an unknown key, a key given twice, or a value outside
+            its syntax/range (table above). The detail names the bad token.
+            Likely cause: a typo in ``--tune``/``--gs-tune`` or ``tuning.defaults``.
+    """
+    if not isinstance(text, str):
+        raise InputError("tune", "bad tuning request", f"expected text, got {type(text).__name__}", hint=HINT)
+    if len(text) > 1024:
+        raise InputError("tune", "bad tuning request", f"{len(text)} characters (limit 1024)", hint=HINT)
+    if not text.strip():
+        return {}
+    out: dict[str, str] = {}
+    for raw in text.split(","):
+        token = raw.strip()
+        if not token:
+            raise _bad(raw, "empty entry (stray comma?)")
+        if token.count("=") != 1:
+            raise _bad(token, "expected exactly one key=value")
+        key, value = (p.strip() for p in token.split("="))
+        if not _KEY.match(key) or key not in TUNE_KEYS:
+            raise _bad(token, f"unknown key {key!r}")
+        if key in out:
+            raise _bad(token, f"key {key!r} given twice")
+        problem = check_tune_value(key, value)
+        if problem:
+            raise _bad(token, problem)
+        out[key] = value
+    return out

@@ -1,0 +1,701 @@
+"""``gsrun-node doctor``: what this node can do for gsrun, in one table.
+
+Each check is a small function ``check_*(ctx) -> Check`` that reads facts
+through the node's :class:`~gsrun.facts.hostfs.HostFS` (``--host-root`` selects a
+recorded tree), the one NVML choke point (:func:`gsrun.facts.nvml.open_nvml`) and
+bounded subprocesses, and returns a :class:`Check`: ``status`` one of
+``ok`` / ``warn`` / ``fail`` / ``n/a``, a one-line ``detail``, a ``hint``
+(what to do) and ``data`` (machine-readable facts for ``--json``).
+
+Every check runs in its own daemon thread with its own timeout
+(:data:`TIMEOUTS_S`): a check that hangs (NVML on a wedged GPU, a dead NFS
+spool) is reported as ``fail: timed out`` and the others still run.
+``doctor`` exits 0 unless a check failed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import stat
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from gsrun.request.config import Config, SETTINGS, load_config
+from gsrun.base.errors import GsrunError
+from gsrun.facts.hostfs import HostFS
+from gsrun.facts.nvml import NvmlUnavailable, is_na, open_nvml
+
+STATUSES = ("ok", "warn", "fail", "n/a")
+SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+NVIDIA_MAJOR = 195
+SPOOL_MIN_FREE_BYTES = 1 << 30
+SPOOL_MIN_FREE_PCT = 5.0
+DEFAULT_TIMEOUT_S = 10.0
+TIMEOUTS_S = {"nvml": 20.0, "gpus": 20.0, "mig": 20.0, "slurm gres": 10.0, "spank": 10.0,
+              "mail": 8.0, "spool": 5.0, "state dir": 5.0}
+MAIL_CONNECT_TIMEOUT_S = 3.0
+THP = "sys/kernel/mm/transparent_hugepage"
+CPU = "sys/devices/system/cpu"
+
+
+@dataclass
+class Check:
+    name: str
+    status: str
+    detail: str
+    hint: str = ""
+    data: dict[str, Any] = field(default_factory=dict)
+    duration_s: float = 0.0
+
+
+def _c(name, status, detail, hint="", **data) -> Check:
+    assert status in STATUSES
+    return Check(name, status, detail, hint, data)
+
+
+@dataclass
+class Context:
+    """What the checks read from. ``run`` replaces :func:`subprocess.run`
+    (tests); ``which(name)`` finds an executable (under a fake root: in its
+    ``usr/bin``, ``usr/sbin``, ``bin``, ``sbin``, ``usr/local/bin``)."""
+
+    hostfs: HostFS
+    config_path: str | None = None
+    state_dir: str | None = None
+    spool_dir: str | None = None
+    node: str | None = None
+    slurm_conf: str | None = None
+    spank_so: str | None = None
+    run: Callable = subprocess.run
+    environ: dict = field(default_factory=lambda: dict(os.environ))
+    _cfg: Config | None = None
+    _cfg_error: str | None = None
+    _nvml: Any = None
+    _nvml_error: NvmlUnavailable | None = None
+    _nvml_opened: bool = False
+    _nvml_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def cfg(self) -> Config:
+        if self._cfg is None and self._cfg_error is None:
+            try:
+                self._cfg = load_config(self.config_path)
+            except GsrunError as e:
+                self._cfg_error = str(e).replace("\n", " ")
+        return self._cfg or Config({s.key: s.default for s in SETTINGS})
+
+    def nvml(self):
+        """The backend, or raises NvmlUnavailable (cached; opened once)."""
+        if not self._nvml_lock.acquire(timeout=TIMEOUTS_S["nvml"]):
+            raise NvmlUnavailable("TIMEOUT", "NVML initialisation did not return")
+        try:
+            if not self._nvml_opened:
+                self._nvml_opened = True
+                try:
+                    self._nvml = open_nvml(self.hostfs)
+                except NvmlUnavailable as e:
+                    self._nvml_error = e
+        finally:
+            self._nvml_lock.release()
+        if self._nvml_error is not None:
+            raise self._nvml_error
+        return self._nvml
+
+    def which(self, name: str) -> str | None:
+        if name.startswith("/"):
+            p = self.hostfs.path(name) if not self.hostfs.is_real else Path(name)
+            return name if p.is_file() and os.access(p, os.X_OK) else None
+        if not self.hostfs.is_real:
+            for d in ("usr/local/sbin", "usr/local/bin", "usr/sbin", "usr/bin", "sbin", "bin"):
+                p = self.hostfs.path(f"{d}/{name}")
+                if p.is_file() and os.access(p, os.X_OK):
+                    return "/" + f"{d}/{name}"
+            return None
+        return shutil.which(name, path=f"{self.environ.get('PATH', '')}:{SAFE_PATH}")
+
+    def cmd(self, argv: list[str], timeout_s: float = 5.0) -> subprocess.CompletedProcess | None:
+        env = {"PATH": SAFE_PATH, "LANG": "C"}
+        if self.slurm_conf:
+            env["SLURM_CONF"] = self.slurm_conf
+        try:
+            return self.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False, env=env,
+                            stdin=subprocess.DEVNULL)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+
+    def paths(self) -> tuple[str, str]:
+        cfg = self.cfg
+        return (self.state_dir or self.environ.get("GSRUN_STATE_DIR") or cfg["paths.state_dir"],
+                self.spool_dir or self.environ.get("GSRUN_SPOOL_DIR") or cfg["paths.spool_dir"])
+
+
+# ----------------------------------------------------------------------------- checks
+
+def world_usable(path: str) -> str | None:
+    """None when every user can run ``path`` (the file o+rx through symlinks,
+    every directory above it o+x), else the first component that blocks."""
+    p = os.path.realpath(path)
+    try:
+        if os.stat(p).st_mode & 0o005 != 0o005:
+            return p
+    except OSError:
+        return p
+    d = os.path.dirname(p)
+    while True:
+        try:
+            if not os.stat(d).st_mode & 0o001:
+                return d
+        except OSError:
+            return d
+        if d == "/":
+            return None
+        d = os.path.dirname(d)
+
+
+def check_install(ctx: Context) -> Check:
+    """gsrun's Python must be usable by every job user (tasks run gsrun-bind,
+    users run gsrun/gseff): a venv made from root's pyenv under /root is not."""
+    import sys
+
+    import gsrun
+
+    py = ctx.environ.get("GSRUN_DOCTOR_PYTHON") or sys.executable
+    pkg = os.path.join(os.path.dirname(gsrun.__file__), "__init__.py")
+    blocked = world_usable(py) or (None if os.stat(pkg).st_mode & 0o004 else pkg)
+    data = {"python": py, "real_python": os.path.realpath(py), "package": os.path.dirname(pkg)}
+    if blocked:
+        return _c("install", "fail", f"{py} -> {os.path.realpath(py)}: {blocked} is not usable by other users",
+                  "recreate the venv from the system Python (/usr/bin/python3 -m venv /opt/gsrun/venv) "
+                  "and chmod -R a+rX it", **data)
+    return _c("install", "ok", f"{os.path.dirname(pkg)} (python {os.path.realpath(py)}) readable by all users",
+              **data)
+
+
+def check_config(ctx: Context) -> Check:
+    ctx.cfg
+    if ctx._cfg_error:
+        return _c("config", "fail", ctx._cfg_error, "fix the file; gsrun-node config check shows the key")
+    src = ctx._cfg.source if ctx._cfg else "<defaults>"
+    if src == "<defaults>":
+        return _c("config", "ok", "no site config file: built-in defaults",
+                  "gsrun-node install writes a commented /etc/gsrun/gsrun.toml", source=src)
+    return _c("config", "ok", f"{src} parses", source=src)
+
+
+def _nvml_extra(nv) -> dict[str, Any]:
+    """Library (NVML) and CUDA driver versions; the backend API has only the
+    driver version, so these come from the recording / pynvml directly."""
+    out: dict[str, Any] = {}
+    data = getattr(nv, "data", None)
+    if isinstance(data, dict):
+        for k in ("nvml", "cuda"):
+            e = data.get(k)
+            if isinstance(e, dict) and "ok" in e:
+                out[k] = e["ok"]
+    elif hasattr(nv, "nv"):
+        for k, fn in (("nvml", "nvmlSystemGetNVMLVersion"), ("cuda", "nvmlSystemGetCudaDriverVersion")):
+            f = getattr(nv.nv, fn, None)
+            if f is not None:
+                v = nv._call(f)
+                if not is_na(v):
+                    out[k] = v
+    return out
+
+
+def _sysfs_nvidia_gpus(fs: HostFS) -> list[str]:
+    out = []
+    for bdf in fs.listdir("sys/bus/pci/devices"):
+        if fs.read(f"sys/bus/pci/devices/{bdf}/vendor") == "0x10de" and \
+                (fs.read(f"sys/bus/pci/devices/{bdf}/class") or "").startswith(("0x0300", "0x0302")):
+            out.append(bdf)
+    return out
+
+
+def check_nvml(ctx: Context) -> Check:
+    try:
+        nv = ctx.nvml()
+    except NvmlUnavailable as e:
+        pci = _sysfs_nvidia_gpus(ctx.hostfs)
+        if e.code_name == "LIB_RM_VERSION_MISMATCH":
+            return _c("nvml", "fail", f"NVML library and kernel driver differ: {e.detail or e.code_name}",
+                      "the driver was upgraded without a reboot: drain the node and reboot "
+                      "(the prolog refuses GPU jobs until then)", error=e.code_name)
+        if e.code_name == "TIMEOUT":
+            return _c("nvml", "fail", "NVML did not answer", "check nvidia-smi; a GPU may be wedged",
+                      error=e.code_name)
+        if pci:
+            return _c("nvml", "fail", f"{len(pci)} NVIDIA GPU(s) on PCI but NVML unavailable: {e.code_name}",
+                      "install/load the NVIDIA driver (nvidia-smi must work)", error=e.code_name, pci=pci)
+        return _c("nvml", "n/a", f"no NVIDIA driver/GPU here ({e.code_name})",
+                  "GPU figures will be empty; CPU figures still work", error=e.code_name)
+    drv = nv.driver_version()
+    extra = _nvml_extra(nv)
+    drv_s = None if is_na(drv) else str(drv)
+    lib = extra.get("nvml")
+    cuda = extra.get("cuda")
+    cuda_s = f"{cuda // 1000}.{(cuda % 1000) // 10}" if isinstance(cuda, int) else None
+    detail = f"driver {drv_s or '?'}, NVML {lib or '?'}" + (f", CUDA {cuda_s}" if cuda_s else "") + \
+        f", {nv.count()} GPU(s)"
+    data = {"driver": drv_s, "nvml": lib, "cuda": cuda_s, "count": nv.count()}
+    if drv_s and lib and not str(lib).endswith(drv_s):
+        return _c("nvml", "warn", detail + f": library {lib} does not match driver {drv_s}",
+                  "reboot after the driver upgrade so the library and the kernel module agree", **data)
+    return _c("nvml", "ok", detail, **data)
+
+
+def check_gpus(ctx: Context) -> Check:
+    from gsrun.facts.topology import read_topology
+
+    try:
+        nv = ctx.nvml()
+    except NvmlUnavailable:
+        nv = None
+    topo = read_topology(ctx.hostfs, nv if nv is not None else False)
+    if not topo.gpus:
+        return _c("gpus", "n/a", "no NVIDIA GPU found (NVML, sysfs, /proc/driver/nvidia)",
+                  notes=list(topo.notes), numa_nodes=len(topo.nodes))
+    gpus = []
+    parts = []
+    unknown = []
+    for g in topo.gpus:
+        raw = ctx.hostfs.read_int(f"sys/bus/pci/devices/{g.pci_bus_id}/numa_node")
+        gpus.append({"pci_bus_id": g.pci_bus_id, "minor": g.minor, "nvml_index": g.nvml_index,
+                     "name": g.name, "uuid": g.uuid, "numa_node": g.numa_node, "numa_source": g.numa_source,
+                     "sysfs_numa_node": raw})
+        where = "NUMA ?" if g.numa_node is None else f"NUMA {g.numa_node}"
+        if raw is not None and raw < 0 and g.numa_node is not None:
+            where += f" (sysfs -1, from {g.numa_source})"
+        parts.append(f"nvidia{g.minor if g.minor is not None else '?'} {g.pci_bus_id} {where}")
+        if g.numa_node is None:
+            unknown.append(g.pci_bus_id)
+    detail = f"{len(topo.gpus)} x {topo.gpus[0].name or 'GPU'}: " + "; ".join(parts)
+    if unknown:
+        return _c("gpus", "warn", detail, "NUMA node unknown: tasks get cores but no memory binding "
+                  "(check BIOS/ACPI SRAT; nvidia-smi topo -m)", gpus=gpus, numa_nodes=len(topo.nodes))
+    if any(g["minor"] is None for g in gpus):
+        return _c("gpus", "warn", detail, "minor number unknown: Slurm gres indices cannot be mapped",
+                  gpus=gpus, numa_nodes=len(topo.nodes))
+    return _c("gpus", "ok", detail, gpus=gpus, numa_nodes=len(topo.nodes))
+
+
+def _expand_brackets(path: str) -> list[str]:
+    m = re.search(r"\[([0-9,-]+)\]", path)
+    if not m:
+        return [path]
+    out = []
+    for part in m.group(1).split(","):
+        a, _, b = part.partition("-")
+        for i in range(int(a), int(b or a) + 1):
+            out += _expand_brackets(path[:m.start()] + str(i) + path[m.end():])
+    return out
+
+
+def parse_gres_conf(text: str, node: str | None) -> list[str]:
+    """Device files of ``Name=gpu`` lines in gres.conf that apply to ``node``
+    (lines without ``NodeName``, or whose NodeName list names it); brackets
+    like ``nvidia[0-3]`` are expanded. Pure."""
+    from gsrun.facts.slurm import expand_hostlist
+
+    files: list[str] = []
+    for line in (text or "").splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        kv = dict(t.split("=", 1) for t in line.split() if "=" in t)
+        kv = {k.lower(): v for k, v in kv.items()}
+        if kv.get("name") != "gpu" or "file" not in kv:
+            continue
+        if "nodename" in kv and node is not None:
+            try:
+                if node not in expand_hostlist(kv["nodename"]):
+                    continue
+            except GsrunError:
+                continue
+        files += _expand_brackets(kv["file"])
+    return files
+
+
+def check_slurm_gres(ctx: Context) -> Check:
+    """Slurm's view of this node's GPUs: ``scontrol -o show node <node>``
+    (``Gres=gpu:N``) and the gres.conf device files (``/dev/nvidiaN`` must be
+    NVIDIA character devices, major 195)."""
+    from gsrun.facts.slurm import parse_gres_count, parse_oneliner
+
+    node = ctx.node or ctx.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    cp = ctx.cmd(["scontrol", "-o", "show", "node", node])
+    if cp is None or cp.returncode != 0 or not cp.stdout.strip():
+        why = "scontrol not found or timed out" if cp is None else \
+            ((cp.stderr or cp.stdout).strip().splitlines() or ["no answer"])[-1][:120]
+        return _c("slurm gres", "n/a", f"node {node} unknown to Slurm here ({why})",
+                  "give --node NAME (the NodeName in slurm.conf) and SLURM_CONF", node=node)
+    rec = parse_oneliner(cp.stdout.splitlines()[0])
+    gres = rec.get("Gres", "")
+    n = parse_gres_count(gres) if gres and gres != "(null)" else 0
+    conf = Path(ctx.slurm_conf or ctx.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf").with_name("gres.conf")
+    try:
+        files = parse_gres_conf(conf.read_text(), node)
+    except OSError:
+        files = []
+    fake = []
+    for f in files:
+        try:
+            st = os.stat(f)
+        except OSError:
+            fake.append(f"{f} missing")
+            continue
+        if not stat.S_ISCHR(st.st_mode) or os.major(st.st_rdev) != NVIDIA_MAJOR:
+            kind = f"char {os.major(st.st_rdev)}:{os.minor(st.st_rdev)}" if stat.S_ISCHR(st.st_mode) else "not a device"
+            fake.append(f"{f} ({kind})")
+    try:
+        found = ctx.nvml().count()
+    except NvmlUnavailable:
+        found = len(_sysfs_nvidia_gpus(ctx.hostfs))
+    detail = f"node {node}: Gres={gres or '(none)'}, gres.conf {len(files)} file(s), {found} GPU(s) visible"
+    data = {"node": node, "gres": gres, "gres_gpus": n, "gres_files": files, "visible_gpus": found,
+            "not_nvidia_devices": fake}
+    if fake:
+        return _c("slurm gres", "warn", detail + f"; {len(fake)} gres file(s) are not NVIDIA devices: "
+                  f"{fake[0]}{' ...' if len(fake) > 1 else ''} (emulated GPUs?)",
+                  "on a real node gres.conf File= must name /dev/nvidiaN (major 195)", **data)
+    if n and n != found:
+        return _c("slurm gres", "warn", detail + f": Slurm has {n}, NVML sees {found}",
+                  "fix gres.conf/slurm.conf Gres= or the driver", **data)
+    return _c("slurm gres", "ok", detail, **data)
+
+
+def check_cpufreq(ctx: Context) -> Check:
+    from gsrun.node.tuning import governor_cpus
+
+    cpus = governor_cpus(ctx.hostfs)
+    if not cpus:
+        return _c("cpufreq", "n/a", "not supported here (no cpufreq/scaling_governor: VM or driver off)",
+                  "governor= tuning is reported as unsupported and skipped")
+    avail = (ctx.hostfs.read(f"{CPU}/{cpus[0]}/cpufreq/scaling_available_governors") or "").split()
+    cur = sorted({ctx.hostfs.read(f"{CPU}/{c}/cpufreq/scaling_governor") or "?" for c in cpus})
+    driver = ctx.hostfs.read(f"{CPU}/{cpus[0]}/cpufreq/scaling_driver")
+    detail = f"{len(cpus)} CPUs, driver {driver or '?'}, now {','.join(cur)}; available: {' '.join(avail) or '?'}"
+    data = {"cpus": len(cpus), "driver": driver, "current": cur, "available": avail}
+    if "performance" not in avail:
+        return _c("cpufreq", "warn", detail, "no 'performance' governor: governor=performance is refused", **data)
+    return _c("cpufreq", "ok", detail, **data)
+
+
+def check_swap(ctx: Context) -> Check:
+    from gsrun.node.tuning import read_meminfo_kb, read_swaps
+
+    swaps = read_swaps(ctx.hostfs)
+    sw = ctx.hostfs.read_int("proc/sys/vm/swappiness")
+    if swaps is None:
+        return _c("swap", "n/a", "/proc/swaps unreadable")
+    total_kb = read_meminfo_kb(ctx.hostfs).get("SwapTotal", sum(s["size_kb"] for s in swaps))
+    data = {"areas": [s["name"] for s in swaps], "total_kb": total_kb, "swappiness": sw}
+    if not swaps:
+        return _c("swap", "ok", f"no swap; vm.swappiness {sw}", **data)
+    return _c("swap", "ok", f"{len(swaps)} area(s), {total_kb / 1048576:.1f} GiB; vm.swappiness {sw}",
+              "swap=off requests turn them off for exclusive jobs and back on after", **data)
+
+
+def check_thp(ctx: Context) -> Check:
+    from gsrun.node.tuning import bracket_word
+
+    en = ctx.hostfs.read(f"{THP}/enabled")
+    de = ctx.hostfs.read(f"{THP}/defrag")
+    if en is None:
+        return _c("thp", "n/a", "no transparent_hugepage in sysfs", "thp= tuning is skipped")
+    return _c("thp", "ok", f"enabled [{bracket_word(en)}], defrag [{bracket_word(de) or '?'}]",
+              enabled=bracket_word(en), defrag=bracket_word(de), enabled_choices=en, defrag_choices=de)
+
+
+def _slurm_cgroup_dirs(fs: HostFS, base: str, max_depth: int = 3) -> list[str]:
+    """Directories named ``slurm*`` / ``slurmstepd.scope`` below ``base`` (bounded walk)."""
+    found: list[str] = []
+    frontier = [base.strip("/")]
+    for _ in range(max_depth):
+        nxt = []
+        for d in frontier:
+            for name in fs.listdir(d):
+                rel = f"{d}/{name}" if d else name
+                if not fs.path(rel).is_dir() or name.endswith((".mount", ".socket", ".swap")):
+                    continue
+                if name == "slurmstepd.scope" or name.startswith(("slurm", "system.slice")):
+                    if name.startswith("slurm"):
+                        found.append("/" + rel)
+                    else:
+                        nxt.append(rel)
+        frontier = nxt[:50]
+    return sorted(found)
+
+
+def check_cgroup(ctx: Context) -> Check:
+    from gsrun.facts.cgroup import read_mounts
+
+    m = read_mounts(ctx.hostfs)
+    if m.version is None:
+        return _c("cgroup", "warn", "no cgroup mount visible in /proc/self/mountinfo",
+                  "job CPU/memory figures fall back to the job's processes")
+    dirs: list[str] = []
+    if m.version == 2 and m.v2:
+        dirs = _slurm_cgroup_dirs(ctx.hostfs, m.v2[0])
+        detail = f"v2 at {m.v2[0]}"
+    else:
+        for ctrl in ("cpuset", "memory", "devices", "cpuacct", "freezer"):
+            if ctrl in m.v1:
+                dirs += _slurm_cgroup_dirs(ctx.hostfs, m.v1[ctrl][0], 1)
+        detail = f"v1 ({', '.join(sorted(m.v1))})"
+    data = {"version": m.version, "v2": m.v2, "v1": {k: v[0] for k, v in m.v1.items()}, "slurm_dirs": dirs}
+    if dirs:
+        return _c("cgroup", "ok", f"{detail}; Slurm: {', '.join(dirs[:3])}", **data)
+    return _c("cgroup", "ok", f"{detail}; no Slurm cgroup yet",
+              "Slurm creates its cgroups with proctrack/cgroup or task/cgroup at the first job; "
+              "without them job figures come from the job's processes", **data)
+
+
+def check_mps(ctx: Context) -> Check:
+    name = ctx.cfg["mps.control_bin"]
+    ctl = ctx.which(name)
+    srv = ctx.which("nvidia-cuda-mps-server")
+    if not ctx.cfg["mps.enabled"]:
+        return _c("mps", "n/a", "mps.enabled = false", control=ctl, server=srv)
+    if ctl and srv:
+        return _c("mps", "ok", f"{ctl}, {srv}", control=ctl, server=srv)
+    return _c("mps", "warn", f"{name} {'found' if ctl else 'not found'}, nvidia-cuda-mps-server "
+              f"{'found' if srv else 'not found'}",
+              "install the NVIDIA MPS binaries (nvidia-utils / CUDA toolkit); --gs-mps jobs run without MPS",
+              control=ctl, server=srv)
+
+
+def check_numactl(ctx: Context) -> Check:
+    p = ctx.which("numactl")
+    if p:
+        return _c("numactl", "ok", p, path=p)
+    return _c("numactl", "warn", "numactl not found", "install numactl: gsrun-bind uses it to bind memory",
+              path=None)
+
+
+def check_mig(ctx: Context) -> Check:
+    try:
+        nv = ctx.nvml()
+    except NvmlUnavailable as e:
+        return _c("mig", "n/a", f"no NVML ({e.code_name})")
+    per = []
+    parts = []
+    for i in range(nv.count()):
+        mode = nv.get(i, "mig_mode")
+        profs = nv.get(i, "gpu_instance_profiles")
+        if is_na(mode):
+            per.append({"index": i, "capable": False, "reason": mode.reason})
+            parts.append(f"GPU{i}: not MIG capable")
+            continue
+        cur, pend = (list(mode) + [None, None])[:2]
+        names = sorted({p["info"]["name"] for p in profs.values() if isinstance(p, dict) and "info" in p}) \
+            if isinstance(profs, dict) else []
+        per.append({"index": i, "capable": True, "current": cur, "pending": pend, "profiles": names})
+        txt = f"GPU{i}: MIG {'enabled' if cur == 1 else 'disabled'}"
+        if pend is not None and pend != cur:
+            txt += f" (pending {'enabled' if pend == 1 else 'disabled'}: reset the GPU)"
+        parts.append(txt + (f", {len(names)} profiles ({names[0]} ...)" if names else ""))
+    if not per:
+        return _c("mig", "n/a", "no GPUs", gpus=per)
+    if not any(p["capable"] for p in per):
+        return _c("mig", "n/a", "; ".join(parts), "--gs-mig needs A100/H100/H200-class GPUs", gpus=per)
+    if any(p.get("pending") is not None and p.get("pending") != p.get("current") for p in per if p["capable"]):
+        return _c("mig", "warn", "; ".join(parts), "a MIG mode change is pending a GPU reset", gpus=per)
+    return _c("mig", "ok", "; ".join(parts), gpus=per)
+
+
+def find_spank_so(ctx: Context) -> str | None:
+    """The installed gsrun_spank.so: ``--spank-so``, else the first
+    ``gsrun_spank.so`` named in PlugStackConfig (default plugstack.conf next to
+    slurm.conf) or a file it ``include``s."""
+    if ctx.spank_so:
+        return ctx.spank_so
+    conf = Path(ctx.slurm_conf or ctx.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf")
+    from gsrun.wrapper.install import parse_slurm_conf
+
+    try:
+        ps = parse_slurm_conf(conf.read_text()).get("plugstackconfig")
+    except OSError:
+        ps = None
+    todo = [Path(ps) if ps else conf.with_name("plugstack.conf")]
+    seen = 0
+    while todo and seen < 32:
+        p = todo.pop(0)
+        seen += 1
+        try:
+            text = p.read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            w = line.split("#", 1)[0].split()
+            if len(w) >= 2 and w[0] in ("required", "optional") and w[1].endswith("gsrun_spank.so"):
+                return w[1]
+            if len(w) >= 2 and w[0] == "include":
+                import glob
+
+                todo += [Path(x) for x in sorted(glob.glob(w[1]))[:16]]
+    return None
+
+
+def check_spank(ctx: Context) -> Check:
+    from gsrun.wrapper.install import detect_slurm_version
+    from gsrun.spank_py.build import read_build_info
+
+    so = find_spank_so(ctx)
+    sv = detect_slurm_version(run=ctx.run)
+    running = sv.version if sv else None
+    if not so:
+        return _c("spank", "n/a", f"gsrun SPANK plugin not in plugstack.conf (Slurm {running or '?'})",
+                  "optional: gsrun-node spank build && gsrun-node spank install (--gs-* options)",
+                  slurm=running)
+    if not Path(so).is_file():
+        return _c("spank", "fail", f"plugstack names {so}, which does not exist",
+                  "a 'required' plugin that is missing fails every job: reinstall it or remove the line",
+                  so=so, slurm=running)
+    info = read_build_info(so)
+    built = info.get("slurm_version")
+    data = {"so": so, "built_for": built, "slurm": running, "python": info.get("python_version")}
+    if not built:
+        return _c("spank", "warn", f"{so}: build info unknown", "rebuild with gsrun-node spank build", **data)
+    if running and built.split(".")[:2] != running.split(".")[:2]:
+        return _c("spank", "fail", f"{so} built for Slurm {built}, running {running}",
+                  "rebuild after the Slurm upgrade: gsrun-node spank build && gsrun-node spank install", **data)
+    return _c("spank", "ok", f"{so} built for Slurm {built} (running {running or '?'}), "
+              f"Python {info.get('python_version', '?')}", **data)
+
+
+def check_spool(ctx: Context) -> Check:
+    _, spool = ctx.paths()
+    p = Path(spool)
+    if not p.is_dir():
+        return _c("spool", "fail", f"{spool} missing", "run gsrun-node install", path=spool)
+    du = shutil.disk_usage(p)
+    pct = 100.0 * du.free / du.total if du.total else 0.0
+    detail = f"{spool}: {du.free / 2**30:.1f} GiB free ({pct:.0f}%)"
+    data = {"path": spool, "free_bytes": du.free, "total_bytes": du.total}
+    if du.free < SPOOL_MIN_FREE_BYTES or pct < SPOOL_MIN_FREE_PCT:
+        return _c("spool", "warn", detail, "summaries and mails need room; prune old jobs/", **data)
+    return _c("spool", "ok", detail, **data)
+
+
+def check_state(ctx: Context) -> Check:
+    state, _ = ctx.paths()
+    p = Path(state)
+    if not p.is_dir():
+        parent = p.parent
+        if parent.is_dir() and os.access(parent, os.W_OK):
+            return _c("state dir", "ok", f"{state} not created yet; {parent} is writable (prolog creates it)",
+                      path=state)
+        return _c("state dir", "fail", f"{state} missing and {parent} not writable", "run gsrun-node install",
+                  path=state)
+    st = os.lstat(p)
+    if stat.S_ISLNK(st.st_mode) or st.st_uid != 0:
+        return _c("state dir", "fail", f"{state} is a symlink or not owned by root (uid {st.st_uid})",
+                  "remove it; gsrun-node install recreates it", path=state)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".doctor-", dir=p)
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as e:
+        return _c("state dir", "fail", f"{state} not writable: {e.strerror}",
+                  "read-only /run? the prolog cannot journal changes", path=state)
+    return _c("state dir", "ok", f"{state} writable, mode {oct(st.st_mode & 0o7777)[2:]}", path=state)
+
+
+def check_mail(ctx: Context) -> Check:
+    cfg = ctx.cfg
+    if not cfg["mail.enabled"] or cfg["mail.policy"] == "never":
+        return _c("mail", "n/a", "mail disabled (mail.enabled / mail.policy)")
+    prog = cfg["mail.mailprog"]
+    if prog:
+        ok = os.path.isfile(prog) and os.access(prog, os.X_OK)
+        return _c("mail", "ok" if ok else "fail", f"mailprog {prog} {'executable' if ok else 'missing'}",
+                  "" if ok else "install it or set mail.mailprog = \"\" to use SMTP", mailprog=prog)
+    host, port = cfg["mail.smtp_host"], cfg["mail.smtp_port"]
+    t0 = time.monotonic()
+    try:
+        with socket.create_connection((host, port), timeout=MAIL_CONNECT_TIMEOUT_S):
+            pass
+    except OSError as e:
+        return _c("mail", "warn", f"SMTP {host}:{port} not reachable: {e.strerror or e}",
+                  "mails stay queued and are retried (gsrun-node mail flush); set mail.smtp_host or "
+                  "mail.mailprog; only the slurmctld host sends mail", host=host, port=port)
+    return _c("mail", "ok", f"SMTP {host}:{port} accepts connections ({time.monotonic() - t0:.2f} s)",
+              host=host, port=port)
+
+
+CHECKS: tuple[tuple[str, Callable[[Context], Check]], ...] = (
+    ("install", check_install), ("config", check_config), ("nvml", check_nvml), ("gpus", check_gpus), ("slurm gres", check_slurm_gres),
+    ("mig", check_mig), ("cpufreq", check_cpufreq), ("swap", check_swap), ("thp", check_thp),
+    ("cgroup", check_cgroup), ("mps", check_mps), ("numactl", check_numactl), ("spank", check_spank),
+    ("spool", check_spool), ("state dir", check_state), ("mail", check_mail),
+)
+
+
+def run_check(name: str, fn: Callable[[Context], Check], ctx: Context, timeout_s: float | None = None) -> Check:
+    """Run one check in a daemon thread; a timeout or an exception becomes a ``fail``."""
+    timeout_s = TIMEOUTS_S.get(name, DEFAULT_TIMEOUT_S) if timeout_s is None else timeout_s
+    box: dict[str, Any] = {}
+
+    def target():
+        try:
+            box["r"] = fn(ctx)
+        except Exception as e:  # noqa: BLE001 - a broken check is a result, not a crash
+            box["e"] = e
+
+    t0 = time.monotonic()
+    th = threading.Thread(target=target, name=f"doctor-{name}", daemon=True)
+    th.start()
+    th.join(timeout_s)
+    dt = round(time.monotonic() - t0, 3)
+    if th.is_alive():
+        r = _c(name, "fail", f"timed out after {timeout_s:g} s", "something on this node hangs; see the detail "
+               "of the checks above and below")
+    elif "e" in box:
+        e = box["e"]
+        r = _c(name, "fail", f"check failed: {str(e).splitlines()[0] if str(e).strip() else type(e).__name__}",
+               "a bug in doctor or an unreadable file; please report with --json")
+    else:
+        r = box["r"]
+    r.name = name
+    r.detail = " ".join(r.detail.split())
+    r.duration_s = dt
+    return r
+
+
+def run_all(ctx: Context, only: list[str] | None = None) -> list[Check]:
+    return [run_check(n, fn, ctx) for n, fn in CHECKS if not only or n in only]
+
+
+def render_table(checks: list[Check]) -> str:
+    """Fixed-width table: check, status, detail; a ``hint:`` line under each non-ok row."""
+    w = max(len(c.name) for c in checks) if checks else 5
+    lines = [f"{'check':<{w}}  {'status':<6}  detail", f"{'-' * w}  ------  {'-' * 40}"]
+    for c in checks:
+        lines.append(f"{c.name:<{w}}  {c.status:<6}  {c.detail}")
+        if c.hint and c.status != "ok":
+            lines.append(f"{'':<{w}}  {'':<6}  hint: {c.hint}")
+    counts = {s: sum(1 for c in checks if c.status == s) for s in STATUSES}
+    lines.append(f"\n{counts['ok']} ok, {counts['warn']} warn, {counts['fail']} fail, {counts['n/a']} n/a")
+    return "\n".join(lines)
+
+
+def to_json(checks: list[Check], ctx: Context) -> str:
+    return json.dumps({"schema": "gsrun.doctor/1", "host": socket.gethostname(),
+                       "host_root": str(ctx.hostfs.root), "time": int(time.time()),
+                       "checks": [asdict(c) for c in checks],
+                       "counts": {s: sum(1 for c in checks if c.status == s) for s in STATUSES}},
+                      indent=1, default=str)
+
+
+def exit_status(checks: list[Check]) -> int:
+    """0 unless a check failed (then 1)."""
+    return 1 if any(c.status == "fail" for c in checks) else 0

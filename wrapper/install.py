@@ -1,0 +1,612 @@
+"""``gsrun-node install``: put gsrun on a node in minutes.
+
+What it does (``--print`` shows all of it and changes nothing):
+
+1. creates the directories with the owners and modes the rest of gsrun
+   expects (:func:`plan_dirs`): ``<state_dir>`` root 0755 with ``jobs/``
+   0700, ``<spool_dir>`` root 0755 with ``jobs/`` 0711 and ``mail/`` 0700,
+   ``<mps_dir>`` root 0711 (:mod:`gsrun.base.paths`, :mod:`gsrun.node.mps`);
+2. writes the commented site config (:func:`gsrun.request.config.render_commented_config`)
+   unless a file is already there (an admin's file is never overwritten);
+3. optionally writes hook executables into ``--hooks-dir`` (the absolute
+   ``gsrun-node`` of this installation baked in) and the mail timer units
+   into ``--units-dir``;
+4. prints the ``slurm.conf`` lines for the Slurm version found on this host
+   (``slurmctld -V``/``slurmd -V``/``scontrol -V``/``sinfo -V``, each with a
+   timeout), ``PrologFlags`` and why, a ``PrologEpilogTimeout`` computed from
+   the measured cost of a prolog dry run, the ``plugstack.conf`` step and the
+   systemd timer for ``gsrun-node mail flush``.
+
+Facts (:func:`detect_slurm_version`, :func:`read_slurm_conf`,
+:func:`measure_hook_cost`, :func:`find_installation`), decisions (pure:
+:func:`plan_dirs`, :func:`prolog_flags`, :func:`recommend_timeout_s`, the
+renderers) and effects (:func:`apply_dirs`, :func:`write_new_file`) are kept
+apart; :func:`run` ties them together for the CLI.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from gsrun.request.config import DEFAULT_CONFIG_PATH, SETTINGS, Config, load_config, render_commented_config
+from gsrun.base.errors import InputError, NodeError
+from gsrun.base.templating import render
+from gsrun.base.fsutil import atomic_write, ensure_dir
+
+PHASE = "install"
+VERSION_COMMANDS = (("slurmctld", "-V"), ("slurmd", "-V"), ("scontrol", "-V"), ("sinfo", "-V"))
+SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+HOOKS = {"prolog": ("prolog", "gsrun-prolog"), "epilog": ("epilog", "gsrun-epilog"),
+         "epilog-ctld": ("epilog", "gsrun-epilog-ctld")}
+LAYOUTS = ("single", "prolog.d")
+DEFAULT_SLURM_CONF = "/etc/slurm/slurm.conf"
+_VERSION_RE = re.compile(r"\bslurm(?:-wlm)?\s+v?([0-9]{2}\.[0-9]{2}\.[0-9]+)", re.I)
+_PLAIN_PATH = re.compile(r"^/[A-Za-z0-9_./+@-]{0,4000}$")
+MIN_TIMEOUT_S = 60
+TIMEOUT_FACTOR = 10
+BUDGET_MARGIN_S = 30
+
+
+# ----------------------------------------------------------------------------- facts
+
+@dataclass(frozen=True)
+class SlurmVersion:
+    """``version`` "22.05.8" from ``command`` ("slurmctld -V")."""
+
+    version: str
+    command: str
+
+    @property
+    def major_minor(self) -> tuple[int, int]:
+        a, b, _ = self.version.split(".", 2)
+        return int(a), int(b)
+
+
+def parse_slurm_version(text: str) -> str | None:
+    """``"slurm-wlm 22.05.8"`` / ``"slurm 24.11.1"`` -> ``"22.05.8"``; None otherwise."""
+    m = _VERSION_RE.search(text or "")
+    return m.group(1) if m else None
+
+
+def detect_slurm_version(timeout_s: float = 5.0, run: Callable = subprocess.run) -> SlurmVersion | None:
+    """The installed Slurm version from the first of :data:`VERSION_COMMANDS`
+    that answers within ``timeout_s`` each. ``slurmctld -V`` and ``slurmd -V``
+    come first because they need no configuration (``sinfo -V`` on 22.05
+    fails without a reachable slurm.conf). None when no command answers."""
+    for argv in VERSION_COMMANDS:
+        try:
+            p = run(list(argv), capture_output=True, text=True, timeout=timeout_s, check=False,
+                    env={"PATH": SAFE_PATH, "LANG": "C"})
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        v = parse_slurm_version((p.stdout or "") + " " + (p.stderr or ""))
+        if v:
+            return SlurmVersion(v, " ".join(argv))
+    return None
+
+
+def parse_slurm_conf(text: str) -> dict[str, str]:
+    """``Key=Value`` lines of slurm.conf -> ``{key.lower(): value}`` (first
+    occurrence wins, comments and ``NodeName``/``PartitionName`` lines skipped). Pure."""
+    out: dict[str, str] = {}
+    for line in (text or "").splitlines():
+        line = line.split("#", 1)[0].strip()
+        if "=" not in line:
+            continue
+        key, value = line.split("=", 1)
+        key = key.strip().lower()
+        if key in ("nodename", "partitionname", "nodeset", "frontendname", "downnodes"):
+            continue
+        out.setdefault(key, value.strip().split()[0] if value.strip() else "")
+    return out
+
+
+def read_slurm_conf(environ=None) -> tuple[str | None, dict[str, str]]:
+    """(path, settings) of ``$SLURM_CONF`` or ``/etc/slurm/slurm.conf``; ``(None, {})`` if unreadable."""
+    environ = os.environ if environ is None else environ
+    for p in (environ.get("SLURM_CONF"), "/etc/slurm/slurm.conf", "/etc/slurm-llnl/slurm.conf"):
+        if not p:
+            continue
+        try:
+            return p, parse_slurm_conf(Path(p).read_text(errors="replace"))
+        except OSError:
+            continue
+    return None, {}
+
+
+@dataclass(frozen=True)
+class HookCost:
+    """Measured seconds: ``prolog_s`` the slowest of ``runs`` ``gsrun-node prolog
+    --dry-run`` processes (interpreter start, imports, config, NVML open, the
+    tuning plan); ``epilog_import_s`` importing the epilog's modules in a fresh
+    interpreter. ``error`` when a run failed (the numbers are then None)."""
+
+    prolog_s: float | None
+    epilog_import_s: float | None
+    runs: int
+    error: str | None = None
+
+    @property
+    def worst_s(self) -> float | None:
+        vals = [v for v in (self.prolog_s, self.epilog_import_s) if v is not None]
+        return max(vals) if vals else None
+
+
+def dry_run_env(config_path: str | None, base=None) -> dict[str, str]:
+    """The environment of a measurement dry run: a fake job 0 as root on node
+    ``gsrun-install`` with a SPANK request (so the prolog does not ask
+    slurmctld), no log file. Pure."""
+    base = os.environ if base is None else base
+    env = {"PATH": SAFE_PATH, "LANG": "C", "SLURM_JOB_ID": "0", "SLURM_JOB_UID": "0",
+           "SLURM_JOB_GID": "0", "SLURM_JOB_USER": "root", "SLURMD_NODENAME": "gsrun-install",
+           "SPANK_GS_REPORT": "1"}
+    for k in ("GSRUN_HOST_ROOT", "SLURM_CONF"):
+        if base.get(k):
+            env[k] = base[k]
+    if config_path:
+        env["GSRUN_CONFIG"] = config_path
+    return env
+
+
+def measure_hook_cost(config_path: str | None, runs: int = 3, timeout_s: float = 60.0,
+                      python: str = sys.executable, run: Callable = subprocess.run,
+                      clock: Callable[[], float] = time.monotonic) -> HookCost:
+    """Time ``runs`` prolog dry runs and one epilog import (see :class:`HookCost`).
+    Each process has ``timeout_s``."""
+    env = dry_run_env(config_path)
+    worst = 0.0
+    try:
+        for _ in range(runs):
+            t0 = clock()
+            p = run([python, "-m", "gsrun.wrapper.node", "prolog", "--dry-run"], capture_output=True, text=True,
+                    timeout=timeout_s, env=env, check=False, stdin=subprocess.DEVNULL)
+            dt = clock() - t0
+            if p.returncode != 0:
+                tail = (p.stderr or p.stdout or "").strip().splitlines()[-1:] or [""]
+                return HookCost(None, None, runs, f"prolog --dry-run exited {p.returncode}: {tail[0][:200]}")
+            worst = max(worst, dt)
+        t0 = clock()
+        p = run([python, "-c", "import gsrun.epilog.main, gsrun.epilog.ctld, gsrun.report.summary, gsrun.report.render"],
+                capture_output=True, text=True, timeout=timeout_s, env=env, check=False,
+                stdin=subprocess.DEVNULL)
+        imp = clock() - t0
+        if p.returncode != 0:
+            return HookCost(worst, None, runs, f"epilog import failed: {(p.stderr or '').strip()[-200:]}")
+    except subprocess.TimeoutExpired:
+        return HookCost(None, None, runs, f"a measurement run took longer than {timeout_s:g} s")
+    except OSError as e:
+        return HookCost(None, None, runs, f"cannot run {python}: {e.strerror}")
+    return HookCost(round(worst, 3), round(imp, 3), runs)
+
+
+@dataclass(frozen=True)
+class Installation:
+    """This gsrun: ``gsrun_node`` the console script next to ``python``;
+    ``package_hooks`` name ("prolog"...) -> the thin hook shipped in the
+    package (None when the package data is missing)."""
+
+    python: str
+    gsrun_node: str
+    package_hooks: dict[str, str | None] = field(default_factory=dict)
+
+
+def find_installation(python: str = sys.executable) -> Installation:
+    """Where this gsrun lives: ``<dir of python>/gsrun-node`` and the hook files
+    next to the ``gsrun.prolog`` / ``gsrun.epilog`` packages."""
+    import gsrun.epilog
+    import gsrun.prolog
+
+    bindir = Path(python).parent
+    node = bindir / "gsrun-node"
+    if not node.exists():
+        import shutil
+
+        found = shutil.which("gsrun-node")
+        node = Path(found) if found else node
+    dirs = {"prolog": Path(gsrun.prolog.__file__).parent, "epilog": Path(gsrun.epilog.__file__).parent}
+    hooks: dict[str, str | None] = {}
+    for name, (d, fname) in HOOKS.items():
+        p = dirs[d] / fname
+        hooks[name] = str(p) if p.is_file() and os.access(p, os.X_OK) else None
+    return Installation(python, str(node), hooks)
+
+
+def hook_target(hook_path: str) -> str:
+    """The ``gsrun-node`` a shipped hook runs first: the same resolution as the
+    shell script (``<dir>/../../../../../bin/gsrun-node`` of its real path). Pure
+    apart from resolving links."""
+    real = os.path.realpath(hook_path)
+    return os.path.normpath(os.path.join(os.path.dirname(real), "..", "..", "..", "..", "..", "bin",
+                                         "gsrun-node"))
+
+
+# ----------------------------------------------------------------------------- decisions
+
+@dataclass(frozen=True)
+class DirSpec:
+    path: str
+    mode: int
+    why: str
+
+
+def plan_dirs(cfg: Config, state_dir: str | None = None, spool_dir: str | None = None,
+              mps_dir: str | None = None) -> list[DirSpec]:
+    """Directories to create, parents first, all owned by root. Pure."""
+    state = state_dir or cfg["paths.state_dir"]
+    spool = spool_dir or cfg["paths.spool_dir"]
+    mps = mps_dir or cfg["paths.mps_dir"]
+    out = [DirSpec(state, 0o755, "node state: tuning journal, locks (tmpfs is right: reboot resets the node)"),
+           DirSpec(os.path.join(state, "jobs"), 0o700, "per-job sampler state and journals (root only)"),
+           DirSpec(spool, 0o755, "node/job summaries and the mail queue (persistent)"),
+           DirSpec(os.path.join(spool, "jobs"), 0o711, "per-job summaries (traversable, not listable)"),
+           DirSpec(os.path.join(spool, "mail"), 0o700, "mail queue (root only)"),
+           DirSpec(mps, 0o711, "parent of per-job MPS pipe/log directories")]
+    seen: set[str] = set()
+    uniq = []
+    for d in out:
+        if d.path not in seen:
+            seen.add(d.path)
+            uniq.append(d)
+    return uniq
+
+
+def prolog_flags(existing: str | None, proctrack: str | None) -> tuple[str, str]:
+    """The ``PrologFlags`` value to use and why. Keeps the site's flags
+    (``X11``, ``Serial``...), adds ``Alloc``, and ``Contain`` when
+    ``ProctrackType=proctrack/cgroup`` (Contain implies Alloc). Pure."""
+    flags = [f for f in (existing or "").split(",") if f and f.lower() != "none"]
+    low = {f.lower() for f in flags}
+    why = ("Alloc runs the prolog on every allocated node when the job is allocated, not at its "
+           "first step, so tuning, MPS and the sampler are in place before the batch script starts "
+           "and every node records a summary")
+    if "alloc" not in low:
+        flags.append("Alloc")
+    if proctrack and proctrack.strip().lower() == "proctrack/cgroup" and "contain" not in low:
+        flags.append("Contain")
+        why += ("; Contain because ProctrackType=proctrack/cgroup: the job's cgroup (the "
+                "'extern' step) exists from allocation, so the sampler can find it")
+    if existing and existing.lower() != "none":
+        why += f"; kept your flags ({existing})"
+    return ",".join(flags), why
+
+
+def recommend_timeout_s(cost: HookCost, cfg: Config, current: str | None = None) -> tuple[int, str]:
+    """``PrologEpilogTimeout`` in whole seconds and why: the largest of
+    :data:`MIN_TIMEOUT_S`, :data:`TIMEOUT_FACTOR` x the measured cost, and each
+    hook budget (``timeouts.prolog_budget_s``/``epilog_budget_s``) plus
+    :data:`BUDGET_MARGIN_S` (gsrun stops itself at its budget; Slurm must not
+    kill it first, a killed prolog drains the node), rounded up to 10 s. Pure."""
+    prolog_b = float(cfg["timeouts.prolog_budget_s"])
+    epilog_b = float(cfg["timeouts.epilog_budget_s"])
+    cands = {"minimum": MIN_TIMEOUT_S,
+             "prolog budget + margin": prolog_b + BUDGET_MARGIN_S,
+             "epilog budget + margin": epilog_b + BUDGET_MARGIN_S}
+    worst = cost.worst_s
+    if worst is not None:
+        cands[f"{TIMEOUT_FACTOR} x measured {worst:.2f} s"] = TIMEOUT_FACTOR * worst
+    name, value = max(cands.items(), key=lambda kv: kv[1])
+    t = int(math.ceil(value / 10.0) * 10)
+    parts = [f"measured prolog dry run {cost.prolog_s:.2f} s, epilog imports {cost.epilog_import_s:.2f} s"
+             if worst is not None else f"not measured ({cost.error})",
+             f"budgets {prolog_b:g}/{epilog_b:g} s (timeouts.prolog_budget_s/epilog_budget_s)",
+             f"{t} s = max(60, {TIMEOUT_FACTOR} x measured, budget + {BUDGET_MARGIN_S} s), from {name}"]
+    if current:
+        try:
+            if int(current) < t:
+                parts.append(f"your current {current} s is too short")
+        except ValueError:
+            pass
+    return t, "; ".join(parts)
+
+
+def _check_plain(path: str, what: str) -> str:
+    if not _PLAIN_PATH.match(path) or ".." in path.split("/"):
+        raise InputError(PHASE, what, f"{path!r} must be an absolute path of [A-Za-z0-9_./+@-]",
+                         hint="slurm.conf and systemd units have no quoting for other characters")
+    return path
+
+
+def render_slurm_lines(slurm_version: str, hooks: dict[str, str], flags: str, flags_why: str,
+                       timeout_s: int, timeout_why: str, layout: str = "single",
+                       prolog_d: str = "/etc/slurm/prolog.d", epilog_d: str = "/etc/slurm/epilog.d",
+                       link_name: str = "50-gsrun") -> str:
+    """The slurm.conf block (``templates/slurm.conf.j2``). ``hooks``:
+    ``{"prolog": path, "epilog": path, "epilog-ctld": path}``. Raises InputError
+    for a layout not in :data:`LAYOUTS` or a path slurm.conf cannot hold."""
+    if layout not in LAYOUTS:
+        raise InputError(PHASE, "layout", repr(layout), hint=f"one of {', '.join(LAYOUTS)}")
+    for k, v in hooks.items():
+        _check_plain(v, f"{k} hook path")
+    _check_plain(prolog_d, "prolog.d")
+    _check_plain(epilog_d, "epilog.d")
+    return render("slurm.conf.j2",
+        slurm_version=slurm_version, prolog=hooks["prolog"], epilog=hooks["epilog"],
+        epilog_ctld=hooks["epilog-ctld"], prolog_flags=flags, prolog_flags_why=flags_why,
+        timeout_s=timeout_s, timeout_why=timeout_why, layout=layout, prolog_d=prolog_d.rstrip("/"),
+        epilog_d=epilog_d.rstrip("/"), link_name=link_name)
+
+
+def render_units(gsrun_node: str, config_path: str | None) -> dict[str, str]:
+    """``{"gsrun-mail.service": text, "gsrun-mail.timer": text}``; the service
+    sets ``GSRUN_CONFIG`` only for a non-default config path."""
+    _check_plain(gsrun_node, "gsrun-node path")
+    cfgp = None
+    if config_path and config_path != DEFAULT_CONFIG_PATH:
+        cfgp = _check_plain(config_path, "config path")
+    return {"gsrun-mail.service": render("gsrun-mail.service.j2",
+                gsrun_node=gsrun_node, config_path=cfgp),
+            "gsrun-mail.timer": render("gsrun-mail.timer.j2")}
+
+
+def render_hook(gsrun_node: str, command: str, config_path: str | None, log_file: str | None = None,
+                slurm_conf: str | None = None) -> str:
+    """A hook with this installation's absolute ``gsrun-node`` baked in (for
+    ``--hooks-dir``); sets ``GSRUN_CONFIG`` for a non-default config and
+    ``GSRUN_LOG_FILE`` when given (hosts without syslog) and ``SLURM_CONF``
+    when given (slurmctld does not pass it to EpilogSlurmctld, whose
+    ``scontrol`` calls then fail on a cluster with a non-default slurm.conf)."""
+    if command not in HOOKS:
+        raise InputError(PHASE, "hook", repr(command))
+    env = ""
+    if config_path and config_path != DEFAULT_CONFIG_PATH:
+        env = f"GSRUN_CONFIG={shlex.quote(config_path)} "
+    if log_file:
+        env += f"GSRUN_LOG_FILE={shlex.quote(_check_plain(log_file, 'log file'))} "
+    if slurm_conf and slurm_conf != DEFAULT_SLURM_CONF:
+        env += f"SLURM_CONF={shlex.quote(_check_plain(slurm_conf, 'slurm.conf path'))} "
+    return ("#!/bin/sh\n"
+            f"# gsrun Slurm hook written by `gsrun-node install`: runs `gsrun-node {command}`.\n"
+            f"{env}exec {shlex.quote(gsrun_node)} {command}\n")
+
+
+def render_config_reference() -> str:
+    """docs/CONFIG.md: every key of :data:`gsrun.request.config.SETTINGS` with its type,
+    default, allowed values, whether ``[partition.<name>]`` may override it,
+    and its meaning. Pure; ``gsrun-node config reference`` prints it."""
+    from gsrun.request.config import _toml_value
+
+    def typename(t) -> str:
+        ts = t if isinstance(t, tuple) else (t,)
+        names = {int: "integer", float: "number", bool: "boolean", str: "string", list: "list", dict: "table"}
+        if set(ts) == {int, float}:
+            return "number"
+        return "/".join(names.get(x, x.__name__) for x in ts)
+
+    def cell(s: str) -> str:
+        return s.replace("|", "\\|").replace("\n", " ")
+
+    lines = ["# gsrun configuration reference", "",
+             "<!-- Generated from gsrun/config.py SETTINGS by `gsrun-node config reference`;",
+             "     do not edit. Regenerate: gsrun-node config reference > docs/CONFIG.md -->", "",
+             f"File: `{DEFAULT_CONFIG_PATH}` (or `$GSRUN_CONFIG`), TOML, parsed strictly: an unknown",
+             "section or key, a wrong type or a value out of range is an error that names the key.",
+             "Check a file with `gsrun-node config check [--file PATH]`; `gsrun-node install` writes a",
+             "commented file with every key at its default.", "",
+             "Keys marked *per partition* may be overridden for the jobs of one partition:", "",
+             "```toml", "[partition.gpu.tuning]", "defaults = \"governor=performance,swappiness=10\"", "```", ""]
+    current = None
+    for s in SETTINGS:
+        sec, name = s.key.split(".", 1)
+        if sec != current:
+            lines += [f"## [{sec}]", "", "| key | type | default | allowed | per partition | meaning |",
+                      "| --- | --- | --- | --- | --- | --- |"]
+            current = sec
+        lines.append(f"| `{name}` | {typename(s.type)} | `{cell(_toml_value(s.default))}` | {cell(s.allowed)} | "
+                     f"{'yes' if s.per_partition else ''} | {cell(s.meaning)} |")
+        nxt = SETTINGS.index(s) + 1
+        if nxt == len(SETTINGS) or SETTINGS[nxt].key.split(".", 1)[0] != sec:
+            lines.append("")
+    return "\n".join(lines)
+
+
+def config_text(state_dir: str | None = None, spool_dir: str | None = None) -> str:
+    """The commented config; ``state_dir``/``spool_dir`` given on the command
+    line are written as active settings (``mps_dir`` follows ``state_dir``). Pure."""
+    text = render_commented_config()
+    set_ = {}
+    if state_dir:
+        set_["state_dir"] = _check_plain(state_dir, "state dir")
+        set_["mps_dir"] = os.path.join(state_dir, "mps")
+    if spool_dir:
+        set_["spool_dir"] = _check_plain(spool_dir, "spool dir")
+    import json
+
+    for key, value in set_.items():
+        text = re.sub(rf"^# {key} = .*$", f"{key} = {json.dumps(value)}", text, count=1, flags=re.M)
+    return text
+
+
+# ----------------------------------------------------------------------------- effects
+
+def apply_dirs(dirs: list[DirSpec]) -> list[str]:
+    """Create/fix each directory (root-owned when run as root) through
+    :func:`gsrun.base.fsutil.ensure_dir`, which refuses planted symlinks and
+    foreign owners. Missing parents are created 0755. Returns one line each."""
+    out = []
+    for d in dirs:
+        p = Path(d.path)
+        existed = p.is_dir()
+        if not p.parent.exists():
+            p.parent.mkdir(parents=True, mode=0o755, exist_ok=True)
+        ensure_dir(p, d.mode, 0, 0)
+        out.append(f"{'ok     ' if existed else 'created'} {d.path} {oct(d.mode)[2:].zfill(4)}")
+    return out
+
+
+def write_new_file(path: str, text: str, mode: int) -> bool:
+    """Write ``path`` only when nothing is there (``O_EXCL``, no symlink
+    followed); True when written, False when a file already existed.
+    Parents are created 0755."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, mode=0o755, exist_ok=True)
+    try:
+        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.chmod(p, mode)
+    return True
+
+
+# ----------------------------------------------------------------------------- the command
+
+@dataclass
+class InstallOptions:
+    print_only: bool = False
+    config_path: str | None = None
+    state_dir: str | None = None
+    spool_dir: str | None = None
+    layout: str = "single"
+    hooks_dir: str | None = None
+    log_file: str | None = None
+    units_dir: str | None = None
+    prolog_d: str = "/etc/slurm/prolog.d"
+    epilog_d: str = "/etc/slurm/epilog.d"
+    measure: bool = True
+
+
+def run(opts: InstallOptions, out: Callable[[str], None] = print, environ=None) -> int:
+    """``gsrun-node install``. Returns the exit status (0 ok, 1 something
+    could not be done: the printed lines say what).
+
+    Raises:
+        ConfigError: an existing config file does not parse (fix it first).
+        InputError: a bad layout or a path slurm.conf cannot hold.
+    """
+    environ = os.environ if environ is None else environ
+    if opts.layout not in LAYOUTS:
+        raise InputError(PHASE, "layout", repr(opts.layout), hint=f"one of {', '.join(LAYOUTS)}")
+    config_path = opts.config_path or environ.get("GSRUN_CONFIG") or DEFAULT_CONFIG_PATH
+    _check_plain(config_path, "config path")
+    rc = 0
+    have_config = Path(config_path).exists()
+    cfg = load_config(config_path) if have_config else Config({s.key: s.default for s in SETTINGS})
+    inst = find_installation()
+    out(f"# gsrun-node install{' --print (nothing is changed)' if opts.print_only else ''}")
+    out(f"# installation: {inst.gsrun_node} (python {inst.python})")
+
+    # 1. directories
+    out("\n## 1. directories")
+    mps_dir = os.path.join(opts.state_dir, "mps") if opts.state_dir and not have_config else None
+    dirs = plan_dirs(cfg, opts.state_dir, opts.spool_dir, mps_dir)
+    if opts.print_only:
+        for d in dirs:
+            out(f"would create {d.path} root {oct(d.mode)[2:].zfill(4)}  # {d.why}")
+    else:
+        try:
+            for line in apply_dirs(dirs):
+                out(line)
+        except (OSError, NodeError) as e:
+            out(f"FAILED: {e}")
+            rc = 1
+    if dirs[0].path.startswith("/run/"):
+        out(f"# {dirs[0].path} is on tmpfs: the prolog recreates it after a reboot")
+
+    # 2. config
+    out("\n## 2. site config")
+    text = config_text(opts.state_dir, opts.spool_dir)
+    if have_config:
+        out(f"{config_path} exists: left as it is (check it: gsrun-node config check --file {config_path})")
+        for flag, key, given in (("--state-dir", "paths.state_dir", opts.state_dir),
+                                 ("--spool-dir", "paths.spool_dir", opts.spool_dir)):
+            if given and os.path.normpath(given) != os.path.normpath(cfg[key]):
+                out(f"WARNING: {flag} {given} differs from {key} = {cfg[key]} in {config_path}; "
+                    "the hooks use the file: edit it")
+    elif opts.print_only:
+        out(f"would write {config_path} (0644):")
+        out(text)
+    else:
+        try:
+            write_new_file(config_path, text, 0o644)
+            out(f"wrote {config_path}: every setting at its default, commented out")
+        except OSError as e:
+            out(f"FAILED: cannot write {config_path}: {e.strerror}")
+            rc = 1
+    cfg_env = config_path if config_path != DEFAULT_CONFIG_PATH else None
+
+    conf_path, conf = read_slurm_conf(environ)
+    slurm_conf_env = conf_path if conf_path and conf_path != DEFAULT_SLURM_CONF else None
+
+    # 3. hooks
+    out("\n## 3. hooks")
+    hooks: dict[str, str] = {}
+    hooks_dir = opts.hooks_dir
+    if not hooks_dir:
+        missing = [n for n, p in inst.package_hooks.items() if p is None]
+        wrong = [n for n, p in inst.package_hooks.items()
+                 if p and os.path.realpath(hook_target(p)) != os.path.realpath(inst.gsrun_node)]
+        if missing or wrong or cfg_env or opts.log_file or slurm_conf_env:
+            hooks_dir = str(Path(inst.gsrun_node).parent.parent / "libexec" / "gsrun")
+            why = ("the package ships no hooks" if missing else
+                   f"the shipped hooks do not find {inst.gsrun_node}" if wrong else
+                   "a non-default config / slurm.conf path or a log file must be baked into the hooks")
+            out(f"# {why}: hooks go to {hooks_dir} (choose with --hooks-dir)")
+        else:
+            hooks = {n: str(p) for n, p in inst.package_hooks.items()}
+            for n, p in hooks.items():
+                out(f"{n}: {p}  (shipped with the package)")
+    if hooks_dir:
+        hd = _check_plain(os.path.abspath(hooks_dir), "hooks dir")
+        root = os.geteuid() == 0
+        for name, (_, fname) in HOOKS.items():
+            p = os.path.join(hd, fname)
+            hooks[name] = p
+            body = render_hook(inst.gsrun_node, name, cfg_env, opts.log_file, slurm_conf_env)
+            if opts.print_only:
+                out(f"would write {p} (0755):\n{body}")
+            else:
+                try:
+                    Path(hd).mkdir(parents=True, mode=0o755, exist_ok=True)
+                    atomic_write(p, body, 0o755, 0 if root else None, 0 if root else None)
+                    out(f"wrote {p}")
+                except OSError as e:
+                    out(f"FAILED: cannot write {p}: {e.strerror}")
+                    rc = 1
+
+    # 4. slurm.conf
+    sv = detect_slurm_version()
+    out(f"\n## 4. slurm.conf (Slurm {sv.version + ' from ' + repr(sv.command) if sv else 'not found on this host'}"
+        f"{'; read ' + conf_path if conf_path else ''})")
+    if conf.get("prolog") and "gsrun" not in conf["prolog"] and opts.layout == "single":
+        out(f"# NOTE: you already have Prolog={conf['prolog']}; use --layout prolog.d to run both")
+    flags, flags_why = prolog_flags(conf.get("prologflags"), conf.get("proctracktype"))
+    cost = (measure_hook_cost(config_path if Path(config_path).exists() else None)
+            if opts.measure else HookCost(None, None, 0, "skipped (--no-measure)"))
+    timeout_s, timeout_why = recommend_timeout_s(cost, cfg, conf.get("prologepilogtimeout"))
+    out(render_slurm_lines(sv.version if sv else "?", hooks, flags, flags_why, timeout_s, timeout_why,
+                           opts.layout, opts.prolog_d, opts.epilog_d))
+
+    # 5. plugstack
+    out("## 5. SPANK plugin (optional: --gs-* options on sbatch/srun/salloc)")
+    out("# build it against this Slurm's headers (libslurm-dev) and this Python, then install:")
+    out(f"{inst.gsrun_node} spank build --out-dir /usr/local/lib/gsrun")
+    out(f"{inst.gsrun_node} spank install --so /usr/local/lib/gsrun/gsrun_spank.so "
+        "--dest-dir /usr/local/lib/gsrun --plugstack /etc/slurm/plugstack.conf.d/gsrun.conf")
+    out("# and make sure /etc/slurm/plugstack.conf has:  include /etc/slurm/plugstack.conf.d/*.conf")
+
+    # 6. mail timer
+    out("\n## 6. mail delivery timer (on the slurmctld host)")
+    units = render_units(inst.gsrun_node, cfg_env)
+    if opts.units_dir and not opts.print_only:
+        for name, body in units.items():
+            p = os.path.join(opts.units_dir, name)
+            out(f"{'wrote' if write_new_file(p, body, 0o644) else 'exists, left as it is:'} {p}")
+        out("systemctl daemon-reload && systemctl enable --now gsrun-mail.timer")
+    else:
+        for name, body in units.items():
+            out(f"# /etc/systemd/system/{name}\n{body}")
+        out("# then: systemctl daemon-reload && systemctl enable --now gsrun-mail.timer")
+    out("\n## next: gsrun-node doctor   (on every node)")
+    return rc

@@ -1,0 +1,339 @@
+"""``gsrun-node``: the node side (run as root by slurmd/slurmctld or an admin).
+
+Subcommands: ``prolog``, ``epilog``, ``epilog-ctld`` (Slurm hooks; the job
+context comes from the environment Slurm sets), ``sampler`` (started by the
+prolog), ``restore``, ``status``, ``topology``, ``mig plan``, ``spank
+build|install``, ``mail flush``, ``config check|reference``, ``install``,
+``doctor``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import click
+
+from gsrun.base.errors import GsrunError
+
+HOST_ROOT = click.option("--host-root", default=None, envvar="GSRUN_HOST_ROOT",
+                         help="Read/write /proc and /sys under DIR (a recorded or fake tree).")
+STATE_DIR = click.option("--state-dir", default=None, envvar="GSRUN_STATE_DIR", help="State directory.")
+SPOOL_DIR = click.option("--spool-dir", default=None, envvar="GSRUN_SPOOL_DIR", help="Spool directory.")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def cli():
+    """gsrun node side: Slurm prolog/epilog, sampler, restore, status."""
+
+
+@cli.command()
+@HOST_ROOT
+@STATE_DIR
+@SPOOL_DIR
+@click.option("--dry-run", is_flag=True, help="Print the plan; change nothing.")
+def prolog(host_root, state_dir, spool_dir, dry_run):
+    """Slurm Prolog: tune, MPS/MIG, start the sampler."""
+    from gsrun.prolog.main import run
+    return run(os.environ, host_root, state_dir, spool_dir, dry_run=dry_run)
+
+
+@cli.command()
+@HOST_ROOT
+@STATE_DIR
+@SPOOL_DIR
+def epilog(host_root, state_dir, spool_dir):
+    """Slurm Epilog: stop the sampler, node summary, restore the node."""
+    from gsrun.epilog.main import run
+    return run(os.environ, host_root, state_dir, spool_dir)
+
+
+@cli.command("epilog-ctld")
+@SPOOL_DIR
+@click.option("--wait-s", type=float, default=30.0, help="Wait this long for node summaries.")
+def epilog_ctld(spool_dir, wait_s):
+    """EpilogSlurmctld: merge node summaries, job report, queue mail."""
+    from gsrun.epilog.ctld import run
+    return run(os.environ, spool_dir, wait_s)
+
+
+@cli.command(hidden=True)
+@click.option("--job-id", required=True)
+@click.option("--uid", type=int, required=True)
+@click.option("--node", required=True)
+@click.option("--gpus", default="")
+@HOST_ROOT
+@STATE_DIR
+@SPOOL_DIR
+@click.option("--interval-s", type=float, default=None)
+@click.option("--max-samples", type=int, default=None)
+def sampler(job_id, uid, node, gpus, host_root, state_dir, spool_dir, interval_s, max_samples):
+    """The per-job sampler (started by the prolog as ``python -m gsrun.node.sampler``)."""
+    from gsrun.node.sampler import run_sampler
+
+    return run_sampler(job_id, uid, node, gpus, host_root, state_dir, spool_dir, interval_s, max_samples)
+
+
+@cli.command()
+@HOST_ROOT
+@STATE_DIR
+@click.option("--job", "job_id", default=None, help="Restore what this job changed.")
+@click.option("--all", "all_jobs", is_flag=True, help="Restore the node baseline (after a crash or reboot).")
+def restore(host_root, state_dir, job_id, all_jobs):
+    """Undo node changes from the journals (idempotent): tuning, MPS daemons,
+    MIG layouts. Progress goes to stderr, the JSON result to stdout."""
+    from gsrun.node import mps, tuning
+    from gsrun.request.config import load_config
+    from gsrun.facts.hostfs import HostFS
+    from gsrun.base.paths import Paths
+
+    if not job_id and not all_jobs:
+        raise click.UsageError("give --job ID or --all")
+    cfg = load_config()
+    paths = Paths.from_config(cfg, state_dir)
+    hostfs = HostFS.from_env(host_root)
+
+    def log(msg):
+        click.echo(msg, err=True)
+
+    log(f"gsrun-node restore: state dir {paths.state_dir} (config {cfg.source})")
+    out = {"state_dir": str(paths.state_dir), "config": cfg.source,
+           "tuning": tuning.restore(hostfs, str(paths.state_dir), job_id=job_id, all_jobs=all_jobs, log=log)}
+    jobs = [job_id] if job_id else sorted(p.name[len("mps-"):-len(".json")]
+                                           for p in paths.state_dir.glob("mps-*.json"))
+    out["mps"] = {j: mps.stop(j, str(paths.mps_dir), str(paths.state_dir), cfg["mps.control_bin"],
+                              cfg["mps.quit_timeout_s"], log=log) for j in jobs}
+    mig_jobs = [d.name for d in (paths.state_dir / "jobs").glob("*") if (d / "mig.json").exists()] \
+        if (paths.state_dir / "jobs").is_dir() else []
+    if job_id:
+        mig_jobs = [j for j in mig_jobs if j == job_id]
+    if mig_jobs and hostfs.is_real:
+        from gsrun.node import mig
+        from gsrun.node.mig_nvml import RealMig
+
+        out["mig"] = {j: mig.epilog_restore(RealMig(), str(paths.state_dir / "jobs"), j, log=log)
+                      for j in mig_jobs}
+    click.echo(json.dumps(out, indent=1, default=str))
+    return 0
+
+
+@cli.command()
+@HOST_ROOT
+@STATE_DIR
+@click.option("--json", "as_json", is_flag=True)
+def status(host_root, state_dir, as_json):
+    """What is changed on this node and by which job; samplers; MPS daemons."""
+    from gsrun.node import tuning
+    from gsrun.request.config import load_config
+    from gsrun.base.fsutil import read_json
+    from gsrun.facts.hostfs import HostFS
+    from gsrun.base.paths import Paths
+    from gsrun.node.sampler import sampler_pid_alive
+
+    cfg = load_config()
+    paths = Paths.from_config(cfg, state_dir)
+    out = {"tuning": tuning.status(HostFS.from_env(host_root), str(paths.state_dir)), "samplers": {}}
+    jobs = paths.state_dir / "jobs"
+    if jobs.is_dir():
+        for d in sorted(jobs.iterdir()):
+            info = read_json(d / "sampler.pid.json")
+            if info:
+                out["samplers"][d.name] = {"pid": info["pid"],
+                                           "running": sampler_pid_alive(info["pid"], info.get("create_time"))}
+    click.echo(json.dumps(out, indent=1, default=str))
+    return 0
+
+
+@cli.command()
+@HOST_ROOT
+def topology(host_root):
+    """A table like `nvidia-smi topo -m` plus the binding gsrun would choose."""
+    from gsrun.bind import plan as binding
+    from gsrun.facts import topology as topo
+    from gsrun.facts.hostfs import HostFS
+
+    hostfs = HostFS.from_env(host_root)
+    t = topo.read_topology(hostfs)
+    env = dict(os.environ)
+    plan = binding.plan_from_env(env, hostfs) if env.get("SLURM_LOCALID") else None
+    click.echo(binding.render_table(t, plan))
+    return 0
+
+
+@cli.group()
+def mig():
+    """Per-job MIG layouts."""
+
+
+@mig.command("plan")
+@click.option("--gpu", type=int, required=True, help="NVML index of the GPU.")
+@click.argument("layout")
+@HOST_ROOT
+def mig_plan(gpu, layout, host_root):
+    """Print the MIG plan for LAYOUT on GPU (read-only NVML calls)."""
+    from gsrun.node import mig as migmod
+    from gsrun.facts.hostfs import HostFS
+
+    click.echo(migmod.cli_plan(gpu, layout, HostFS.from_env(host_root)))
+    return 0
+
+
+@cli.group()
+def spank():
+    """Build and install the SPANK plugin."""
+
+
+@spank.command("build")
+@click.option("--out-dir", default=".", type=click.Path(file_okay=False))
+def spank_build(out_dir):
+    from gsrun.spank_py import build
+    click.echo(str(build.build(out_dir)))
+    return 0
+
+
+@spank.command("install")
+@click.option("--so", "so_path", required=True, type=click.Path(dir_okay=False, exists=True))
+@click.option("--dest-dir", default="/usr/lib/gsrun")
+@click.option("--plugstack", default="/etc/slurm/plugstack.conf.d/gsrun.conf")
+@click.option("--arg", "args", multiple=True, help="key=value plugstack argument.")
+def spank_install(so_path, dest_dir, plugstack, args):
+    from gsrun.spank_py import build
+    kv: dict = {}
+    for a in args:
+        if "=" not in a:
+            raise click.UsageError(f"--arg {a!r}: expected key=value")
+        k, v = a.split("=", 1)
+        if k == "pythonpath":
+            kv.setdefault(k, []).append(v)   # repeatable
+        else:
+            kv[k] = v
+    click.echo(str(build.install(so_path, dest_dir, plugstack, kv)))
+    return 0
+
+
+@cli.group("mail")
+def mail_group():
+    """The report mail queue."""
+
+
+@mail_group.command("flush")
+@SPOOL_DIR
+def mail_flush(spool_dir):
+    """Deliver queued report mails (with retry); safe to run concurrently."""
+    from gsrun.report import mail
+    from gsrun.request.config import load_config
+    from gsrun.base.paths import Paths
+
+    cfg = load_config()
+    paths = Paths.from_config(cfg, None, spool_dir)
+    click.echo(json.dumps(mail.flush(str(paths.spool_dir), cfg), default=str))
+    return 0
+
+
+@cli.group("config")
+def config_group():
+    """Site configuration."""
+
+
+@config_group.command("check")
+@click.option("--config", "--file", "path", default=None,
+              help="Config file (default: $GSRUN_CONFIG or /etc/gsrun/gsrun.toml).")
+@click.option("--partition", default=None)
+def config_check(path, partition):
+    """Parse the site config strictly and show the effective policy."""
+    from gsrun.request.config import load_config
+
+    cfg = load_config(path)
+    click.echo(f"# {cfg.source}: OK")
+    parts = [partition] if partition else [None, *sorted(cfg.partitions)]
+    for p in parts:
+        click.echo(f"[effective{'' if p is None else ' partition=' + p}]")
+        for k, v in cfg.effective(p).items():
+            click.echo(f"  {k} = {json.dumps(v)}")
+    return 0
+
+
+@config_group.command("reference")
+def config_reference():
+    """Print the configuration reference (docs/CONFIG.md) generated from the settings table."""
+    from gsrun.wrapper.install import render_config_reference
+
+    click.echo(render_config_reference(), nl=False)
+    return 0
+
+
+@cli.command()
+@click.option("--print", "print_only", is_flag=True, help="Show what would be done; change nothing.")
+@click.option("--config", "config_path", default=None,
+              help="Site config to write if absent (default: $GSRUN_CONFIG or /etc/gsrun/gsrun.toml).")
+@STATE_DIR
+@SPOOL_DIR
+@click.option("--layout", type=click.Choice(["single", "prolog.d"]), default="single", show_default=True,
+              help="single: Prolog=<hook>; prolog.d: Prolog=<dir>/* with gsrun's hook linked in.")
+@click.option("--hooks-dir", "--prefix", "hooks_dir", default=None, metavar="DIR",
+              help="Write the three hook executables into DIR (this installation's gsrun-node and "
+                   "config path baked in) instead of using the ones shipped in the package.")
+@click.option("--log-file", default=None, metavar="PATH",
+              help="Bake GSRUN_LOG_FILE=PATH into the hooks (hosts without syslog).")
+@click.option("--units-dir", default=None, metavar="DIR",
+              help="Write gsrun-mail.service/.timer into DIR (e.g. /etc/systemd/system); default: print them.")
+@click.option("--prolog-d", default="/etc/slurm/prolog.d", show_default=True)
+@click.option("--epilog-d", default="/etc/slurm/epilog.d", show_default=True)
+@click.option("--no-measure", is_flag=True, help="Do not time a prolog dry run.")
+def install(print_only, config_path, state_dir, spool_dir, layout, hooks_dir, log_file, units_dir, prolog_d,
+            epilog_d, no_measure):
+    """Create gsrun's directories and site config; print the slurm.conf lines."""
+    from gsrun.wrapper import install as inst
+
+    opts = inst.InstallOptions(print_only=print_only, config_path=config_path, state_dir=state_dir,
+                               spool_dir=spool_dir, layout=layout, hooks_dir=hooks_dir, log_file=log_file, units_dir=units_dir,
+                               prolog_d=prolog_d, epilog_d=epilog_d, measure=not no_measure)
+    return inst.run(opts, out=click.echo)
+
+
+@cli.command()
+@HOST_ROOT
+@STATE_DIR
+@SPOOL_DIR
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output for fleet tooling.")
+@click.option("--config", "config_path", default=None, help="Site config (default: $GSRUN_CONFIG or /etc/gsrun/gsrun.toml).")
+@click.option("--node", default=None, help="Slurm NodeName of this node (default: $SLURMD_NODENAME or hostname).")
+@click.option("--spank-so", default=None, help="The installed gsrun_spank.so (default: found in plugstack.conf).")
+@click.option("--check", "only", multiple=True, help="Run only this check (repeatable).")
+def doctor(host_root, state_dir, spool_dir, as_json, config_path, node, spank_so, only):
+    """Check what this node can do for gsrun; exit 1 if a check fails."""
+    from gsrun.wrapper import doctor as doc
+    from gsrun.facts.hostfs import HostFS
+
+    ctx = doc.Context(HostFS.from_env(host_root), config_path=config_path, state_dir=state_dir,
+                      spool_dir=spool_dir, node=node, slurm_conf=os.environ.get("SLURM_CONF"), spank_so=spank_so)
+    checks = doc.run_all(ctx, list(only) or None)
+    click.echo(doc.to_json(checks, ctx) if as_json else doc.render_table(checks))
+    return doc.exit_status(checks)
+
+
+def main(argv=None) -> None:
+    try:
+        rc = cli.main(args=argv, prog_name="gsrun-node", standalone_mode=False)
+    except GsrunError as e:
+        click.echo(str(e), err=True)
+        sys.exit(2)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except click.exceptions.Abort:
+        sys.exit(130)
+    except Exception as e:  # noqa: BLE001 - a hook must never die with a traceback
+        import traceback
+
+        phase = (argv or sys.argv[1:] or ["node"])[0]
+        click.echo(f"gsrun: {phase}: internal error: {e!r}", err=True)
+        traceback.print_exc(file=sys.stderr)
+        # a bug of ours must not drain the node: hooks exit 0
+        sys.exit(0 if phase in ("prolog", "epilog", "epilog-ctld") else 1)
+    sys.exit(rc or 0)
+
+
+if __name__ == "__main__":
+    main()
