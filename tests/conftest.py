@@ -1,136 +1,77 @@
-"""Test setup: import the checkout's code (not an installed copy), and the
-real-Slurm fixture for tests/integration/.
+"""Test tiers, one per folder (each gets its pytest marker):
 
-pyproject maps ``gsrun.prolog`` -> ``prolog/`` etc.; without an install we
-reproduce that mapping here so ``import gsrun.prolog`` works from the tree.
+=============  ============================================================  ==========
+folder         what runs                                                     marker
+=============  ============================================================  ==========
+pure/          decisions and parsers on values made in the test              pure
+recorded/      readers and decisions on recorded host trees (tests/data)     recorded
+process/       real child processes: hooks, CLIs, sampler, mail, SPANK build  process
+slurm/         jobs on the local cluster from tests/cluster/up               slurm
+gpu/           a real NVIDIA GPU node: ``tests/gpu/run`` (not pytest)        -
+bench/         benchmarks, ratios against a baseline (not pytest)            -
+=============  ============================================================  ==========
+
+``tests/run`` runs every tier this machine can (``tests/run -m pure`` picks
+one). The code under test is the *installed* ``gsrun`` (``tests/run``
+installs this checkout; for a quick loop ``pip install -e .[test]``); this
+file stops the run when that install is not this checkout's code, so a stale
+copy is never tested by mistake. Helpers live in ``tests/helpers``.
 """
 
-import importlib.util
-import sys
-from pathlib import Path
-
-REPO = Path(__file__).resolve().parent.parent
-SUBPACKAGES = ("prolog", "epilog", "wrapper", "spank_py", "templates")
-
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-for _name in [m for m in sys.modules if m == "gsrun" or m.startswith("gsrun.")]:
-    del sys.modules[_name]
-import gsrun  # noqa: E402
-
-assert Path(gsrun.__file__).resolve().parent == REPO / "gsrun", gsrun.__file__
-for _sub in SUBPACKAGES:
-    _spec = importlib.util.spec_from_file_location(
-        f"gsrun.{_sub}", REPO / _sub / "__init__.py", submodule_search_locations=[str(REPO / _sub)])
-    _mod = importlib.util.module_from_spec(_spec)
-    sys.modules[_spec.name] = _mod
-    _spec.loader.exec_module(_mod)
-    setattr(gsrun, _sub, _mod)
-
-DATA = REPO / "tests" / "data"
-
-
-# --- real-Slurm tier (tests/integration): enabled when GSRUN_TEST_CLUSTER names the
-# cluster directory (tests/run sets it); jobs are submitted as the unprivileged test user.
-
+from __future__ import annotations
 
 import os
-import re
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
-CLUSTER = os.environ.get("GSRUN_TEST_CLUSTER")
-VENV = os.environ.get("GSRUN_VENV", "/opt/gsrun/venv")
-USER = os.environ.get("GSRUN_TEST_USER", "gsrun-test")
+REPO = Path(__file__).resolve().parent.parent
+TIERS = ("pure", "recorded", "process", "slurm")
+# import package -> folder of the checkout (pyproject's package-dir)
+PACKAGE_DIRS = {"gsrun": "gsrun", "gsrun.prolog": "prolog", "gsrun.epilog": "epilog",
+                "gsrun.wrapper": "wrapper", "gsrun.spank_py": "spank_py", "gsrun.templates": "templates"}
+
+
+def _stale_install() -> str | None:
+    """Why the importable gsrun is not this checkout's code, or None."""
+    import importlib
+
+    for pkg, folder in PACKAGE_DIRS.items():
+        try:
+            mod = importlib.import_module(pkg)
+        except ImportError as e:
+            return f"cannot import {pkg}: {e}"
+        installed = Path(mod.__file__).resolve().parent
+        src = REPO / folder
+        for f in src.rglob("*"):
+            if f.suffix not in (".py", ".j2", ".c", ".map") and f.name not in ("gsrun-prolog", "gsrun-epilog",
+                                                                               "gsrun-epilog-ctld"):
+                continue
+            if "__pycache__" in f.parts:
+                continue
+            other = installed / f.relative_to(src)
+            if not other.is_file() or other.read_bytes() != f.read_bytes():
+                return f"{other} is not {f}"
+    return None
+
+
+def pytest_configure(config):
+    for t in TIERS:
+        config.addinivalue_line("markers", f"{t}: test tier tests/{t}/ (see tests/conftest.py)")
+    why = _stale_install()
+    if why:
+        pytest.exit(f"gsrun: tests: the installed gsrun is not this checkout: {why}\n"
+                    "hint: run tests/run (installs the checkout), or `pip install -e .[test]` "
+                    "in the venv you test with", returncode=4)
 
 
 def pytest_collection_modifyitems(config, items):
-    if CLUSTER:
-        return
+    have_cluster = bool(os.environ.get("GSRUN_TEST_CLUSTER"))
     skip = pytest.mark.skip(reason="needs the local Slurm cluster: run tests/run (sets GSRUN_TEST_CLUSTER)")
     for item in items:
-        if "integration" in str(item.fspath):
+        rel = Path(str(item.fspath)).resolve().relative_to(REPO / "tests")
+        tier = rel.parts[0]
+        if tier in TIERS:
+            item.add_marker(getattr(pytest.mark, tier))
+        if tier == "slurm" and not have_cluster:
             item.add_marker(skip)
-
-
-class Cluster:
-    def __init__(self, root: str):
-        self.dir = Path(root)
-        self.conf = self.dir / "etc" / "slurm.conf"
-        self.work = self.dir / "work"
-        self.spool = self.dir / "gsrun-spool"
-        self.state = self.dir / "gsrun-state"
-        self.hostroot = self.dir / "hostroot"
-        self.gsrun_config = self.dir / "etc" / "gsrun.toml"
-
-    def env(self, **extra) -> dict:
-        env = {"HOME": str(self.work), "PATH": f"{VENV}/bin:/usr/bin:/bin", "LANG": "C.UTF-8",
-               "SLURM_CONF": str(self.conf), "GSRUN_CONFIG": str(self.gsrun_config)}
-        env.update(extra)
-        return env
-
-    def as_user(self, argv, timeout=600, check=False, input_text=None, **extra) -> subprocess.CompletedProcess:
-        """Run ``argv`` as the test user in the cluster's work directory."""
-        cmd = ["runuser", "-u", USER, "--", "env", "-i", *[f"{k}={v}" for k, v in self.env(**extra).items()],
-               *argv]
-        cp = subprocess.run(cmd, cwd=self.work, capture_output=True, text=True, timeout=timeout,
-                            input=input_text)
-        if check and cp.returncode != 0:
-            raise AssertionError(f"{argv} -> {cp.returncode}\nstdout:\n{cp.stdout}\nstderr:\n{cp.stderr}")
-        return cp
-
-    def as_root(self, argv, timeout=120, check=True) -> subprocess.CompletedProcess:
-        env = dict(os.environ, **self.env())
-        cp = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
-        if check and cp.returncode != 0:
-            raise AssertionError(f"{argv} -> {cp.returncode}\n{cp.stdout}\n{cp.stderr}")
-        return cp
-
-    def job_id_from(self, text: str) -> str:
-        m = re.search(r"submitted job (\d+)", text) or re.search(r"Submitted batch job (\d+)", text)
-        assert m, f"no job id in:\n{text}"
-        return m.group(1)
-
-    def wait_file(self, path: Path, timeout_s: float = 60.0) -> bool:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if path.exists():
-                return True
-            time.sleep(0.25)
-        return False
-
-    def wait_job_done(self, job_id: str, timeout_s: float = 300.0) -> str:
-        deadline = time.monotonic() + timeout_s
-        state = ""
-        while time.monotonic() < deadline:
-            cp = self.as_root(["scontrol", "-o", "show", "job", job_id], check=False)
-            m = re.search(r"JobState=(\S+)", cp.stdout)
-            state = m.group(1) if m else ""
-            if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"):
-                return state
-            time.sleep(0.5)
-        raise AssertionError(f"job {job_id} not done after {timeout_s} s (state {state})")
-
-    def hostroot_changes(self) -> list[str]:
-        """Files of the fake host tree whose bytes differ from the baseline taken at bring-up."""
-        base = {}
-        for line in (self.dir / "hostroot.sha256").read_text().splitlines():
-            digest, name = line.split(None, 1)
-            base[name] = digest
-        cp = subprocess.run("find . -type f | sort | xargs sha256sum", shell=True, cwd=self.hostroot,
-                            capture_output=True, text=True, check=True)
-        now = {}
-        for line in cp.stdout.splitlines():
-            digest, name = line.split(None, 1)
-            now[name] = digest
-        return sorted(n for n in set(base) | set(now) if base.get(n) != now.get(n))
-
-
-@pytest.fixture(scope="session")
-def cluster() -> Cluster:
-    c = Cluster(CLUSTER)
-    assert c.conf.exists(), f"no cluster at {CLUSTER}: run tests/cluster/up"
-    return c

@@ -28,7 +28,7 @@ sys.path.insert(0, str(REPO / "tests" / "unit"))
 
 from gsrun.node import tuning  # noqa: E402
 from gsrun.facts.hostfs import HostFS  # noqa: E402
-from test_tuning_support import make_tree  # noqa: E402
+from helpers.tuning_tree import make_tree  # noqa: E402
 
 REQ = "governor=performance,swappiness=10,swap=off,dirty_ratio=40,dirty_background_ratio=5,thp=never,thp_defrag=never"
 CHILD = ("import sys; sys.path.insert(0, sys.argv[1]); from gsrun import tuning; from gsrun.facts.hostfs import HostFS; "

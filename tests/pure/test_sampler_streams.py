@@ -9,7 +9,7 @@ from gsrun.facts.nvml import GPU_IS_LOST, NA, FakeNvml, NvmlUnavailable, Seq
 from gsrun.report.render import render_text
 from gsrun.node.sampler import THROTTLE_CAUSES
 
-from test_sampler_support import (GIB, SimClock, cpu_usage, energy_stream, h200_data, job_of, make_sampler,
+from helpers.sampler_sim import (GIB, SimClock, cpu_usage, energy_stream, h200_data, job_of, make_sampler,
                                   node_of, run_job, util_sample_stream)
 
 INTERVAL = 5.0

@@ -37,7 +37,7 @@ def test_gsrun_bind_exports_the_jobs_mig_devices(tmp_path):
     """Exec path: a task of job 42 on gpu01 whose prolog cut its GPU into two MIG devices."""
     import sys
 
-    from test_bind_cli import CHILD, clean_env, run_bind
+    from helpers.bind_run import CHILD, clean_env, run_bind
 
     spool = tmp_path / "spool"
     d = spool / "jobs" / "42"

@@ -1,7 +1,8 @@
 """Issue 8: removing the SPANK plugin leaves gsrun working through gsrun-bind.
 
-Runs last (file order): restarts the cluster without the plugin, runs a job,
-then brings the cluster back as tests/run left it (plugin + accounting).
+Restarts the cluster without the plugin, runs a job, then brings the cluster
+back as tests/run left it (plugin + accounting), whatever the outcome: the
+tests around it see the same cluster in any order.
 """
 
 from __future__ import annotations

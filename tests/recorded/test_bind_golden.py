@@ -11,7 +11,7 @@ import os
 import pytest
 from click.testing import CliRunner
 
-from conftest import DATA
+from helpers.paths import DATA
 from gsrun.bind.plan import plan_from_env
 from gsrun.facts.hostfs import HostFS
 from gsrun.facts.topology import read_topology

@@ -12,9 +12,9 @@ import stat
 
 import pytest
 
-from test_prolog_support import kill_fakes, leftover_fakes, TUNE, host_only, make_site, nvml_devices, procs_with_arg, run_node, \
+from helpers.node_site import kill_fakes, leftover_fakes, TUNE, host_only, make_site, nvml_devices, procs_with_arg, run_node, \
     samplers_of, snapshot, timed
-from test_tuning_support import diff
+from helpers.tuning_tree import diff
 
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="the hooks run as root")
 RECORD = "JobId={job} JobName={name} UserId=nobody(65534) OverSubscribe={ovs} Comment={comment}"

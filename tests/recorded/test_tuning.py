@@ -12,7 +12,7 @@ from gsrun.node import tuning
 from gsrun.request.config import parse_config
 from gsrun.base.errors import InputError, NodeError
 from gsrun.facts.hostfs import HostFS
-from test_tuning_support import (SWAP_LINE, SWAP_LINE2, CountingHostFS, RecordingSwap, diff, make_tree,
+from helpers.tuning_tree import (SWAP_LINE, SWAP_LINE2, CountingHostFS, RecordingSwap, diff, make_tree,
                                  snapshot)
 
 SHARED = parse_config("[tuning]\nexclusive_only = false\n")
@@ -374,7 +374,7 @@ def test_prolog_crash_between_writes_then_restore(tmp_path, finish):
     tuning.prolog_tune(probe, str(tmp_path / "ps"), "1", req, None, None, exclusive=True, log=quiet)
     total = len(probe.writes)
     assert total >= 9   # 4 governors + swappiness + dirty + 2 thp + swaps
-    from test_tuning_support import Crash
+    from helpers.tuning_tree import Crash
     for n in range(total + 1):
         root = make_tree(tmp_path / f"h{n}")
         st = str(tmp_path / f"s{n}")

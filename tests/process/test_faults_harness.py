@@ -24,8 +24,8 @@ import time
 import psutil
 import pytest
 
-from test_prolog_support import kill_fakes, leftover_fakes, TUNE, host_only, make_site, run_node, samplers_of, snapshot
-from test_tuning_support import diff
+from helpers.node_site import kill_fakes, leftover_fakes, TUNE, host_only, make_site, run_node, samplers_of, snapshot
+from helpers.tuning_tree import diff
 
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="the hooks run as root (chown of user files)")
 PROLOG_POINTS = ["records", "records:end", "tuning", "tuning:end", "sampler", "sampler:end"]

@@ -10,7 +10,7 @@ from gsrun.facts.nvml import FakeNvml, Seq
 from gsrun.report.render import render_text
 from gsrun.report.summary import job_summary
 
-from test_sampler_support import (GIB, SimClock, cpu_usage, energy_stream, h200_data, job_of, make_sampler,
+from helpers.sampler_sim import (GIB, SimClock, cpu_usage, energy_stream, h200_data, job_of, make_sampler,
                                   node_of, run_job, util_sample_stream)
 
 H = 3600.0

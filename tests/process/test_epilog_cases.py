@@ -17,9 +17,9 @@ import pytest
 
 from gsrun.node import residual
 from gsrun.facts.hostfs import HostFS
-from test_prolog_support import TUNE, host_only, kill_fakes, leftover_fakes, make_site, nvml_devices, \
+from helpers.node_site import TUNE, host_only, kill_fakes, leftover_fakes, make_site, nvml_devices, \
     run_node, samplers_of, snapshot, timed
-from test_tuning_support import diff
+from helpers.tuning_tree import diff
 
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="the hooks run as root; processes of other uids")
 USER = 65534          # the job's user (nobody)
@@ -307,9 +307,9 @@ def test_case18_concurrent_epilogs_exactly_one_restores(site, round_):
     envs = [two_jobs_env(site, "4242", "0,1"), two_jobs_env(site, "4243", "2,3")]
     for e in envs:
         assert run_node(["prolog"], e).returncode == 0
-    from test_prolog_support import LAUNCH
+    from helpers.node_site import LAUNCH
 
-    ps = [subprocess.Popen([sys.executable, "-c", LAUNCH, "epilog"], env=e, stderr=subprocess.PIPE, text=True,
+    ps = [subprocess.Popen([sys.executable, "-P", "-c", LAUNCH, "epilog"], env=e, stderr=subprocess.PIPE, text=True,
                            cwd="/") for e in envs]
     errs = [p.communicate(timeout=60)[1] for p in ps]
     assert [p.returncode for p in ps] == [0, 0], errs

@@ -10,7 +10,7 @@ import pytest
 from gsrun.facts.nvml import FakeNvml, Seq
 from gsrun.report.render import _dur, _energy, render_png, render_text
 
-from test_sampler_support import (GIB, SimClock, cpu_usage, energy_stream, h200_data, job_of, make_sampler,
+from helpers.sampler_sim import (GIB, SimClock, cpu_usage, energy_stream, h200_data, job_of, make_sampler,
                                   node_of, run_job, util_sample_stream)
 
 H = 3600.0

@@ -12,13 +12,12 @@ import textwrap
 
 from gsrun.node import tuning
 from gsrun.facts.hostfs import HostFS
-from test_tuning_support import REPO, diff, make_tree, snapshot
+from helpers.tuning_tree import REPO, diff, make_tree, snapshot
 
 REQ = "governor=performance,swappiness=10,swap=off,dirty_ratio=40,dirty_background_ratio=5,thp=never,zone_reclaim_mode=1"
 
 CHILD = textwrap.dedent("""
     import json, os, signal, sys
-    sys.path.insert(0, sys.argv[1])
     from gsrun.node import tuning
     from gsrun.facts.hostfs import HostFS
     root, state, kill_at, req = sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
@@ -45,7 +44,7 @@ CHILD = textwrap.dedent("""
 
 
 def run_child(root, state, kill_at):
-    return subprocess.run([sys.executable, "-c", CHILD, str(REPO), str(root), str(state), str(kill_at), REQ],
+    return subprocess.run([sys.executable, "-P", "-c", CHILD, str(REPO), str(root), str(state), str(kill_at), REQ],
                           capture_output=True, text=True, timeout=60)
 
 

@@ -18,7 +18,7 @@ from gsrun.base.errors import InputError
 from gsrun.facts.jobenv import job_from_env
 from gsrun.base.log import JobLog, safe_text
 from gsrun.base.paths import Paths, check_job_id
-from test_prolog_support import LAUNCH, make_site
+from helpers.node_site import LAUNCH, make_site
 
 GOOD = {"SLURM_JOB_ID": "4242", "SLURM_JOB_UID": "1000", "SLURM_JOB_GID": "1000", "SLURM_JOB_USER": "user1",
         "SLURMD_NODENAME": "gpu-node01", "SLURM_JOB_PARTITION": "gpu", "SLURM_JOB_NODELIST": "gpu-node[01-02]",
@@ -104,7 +104,7 @@ def test_raw_bytes_through_the_real_prolog(name, raw):
         env = {k.encode(): v.encode() for k, v in site.env().items()}
         env[name] = raw
         for hook in ("prolog", "epilog"):
-            cp = subprocess.run([sys.executable, "-c", LAUNCH, hook], env=env, capture_output=True, timeout=60)
+            cp = subprocess.run([sys.executable, "-P", "-c", LAUNCH, hook], env=env, capture_output=True, timeout=60)
             assert cp.returncode == 0, cp.stderr
             assert f"bad {name.decode()}".encode() in cp.stderr
             assert b"Traceback" not in cp.stderr

@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 
-from conftest import DATA
+from helpers.paths import DATA
 from gsrun.facts.hostfs import HostFS
 from gsrun.facts.nvml import FakeNvml
 from gsrun.facts.topology import read_allowed_mems, read_topology

@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from test_prolog_support import make_site, run_node
+from helpers.node_site import make_site, run_node
 
 BAD = [
     ("paths", "state_dir", '"relative/dir"'),

@@ -2,7 +2,7 @@
 
 import pytest
 
-from conftest import DATA
+from helpers.paths import DATA
 from gsrun.bind.plan import (FOREIGN_GPU_VARS, exec_argv, make_plan, ntasks_from_env, plan_from_env,
                            rank_env, render_table)
 from gsrun.base.cpulist import parse_cpulist

@@ -10,7 +10,7 @@ import pytest
 
 from gsrun.facts.nvml import FakeNvml
 
-from test_sampler_support import GIB, T0, SimClock, cpu_usage, h200_data, make_sampler, node_of
+from helpers.sampler_sim import GIB, T0, SimClock, cpu_usage, h200_data, make_sampler, node_of
 
 WEEK_S = 7 * 86400
 INTERVAL = 5.0

@@ -12,7 +12,7 @@ import pytest
 from gsrun.facts.nvml import NA, FakeNvml, Seq
 from gsrun.report.summary import decode_js1, job_summary, js1_blob, node_summary
 
-from test_sampler_support import (GIB, SimClock, cpu_usage, energy_stream, h200_data, job_of, make_sampler,
+from helpers.sampler_sim import (GIB, SimClock, cpu_usage, energy_stream, h200_data, job_of, make_sampler,
                                   node_of, run_job, util_sample_stream)
 
 H = 3600.0

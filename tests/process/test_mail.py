@@ -611,10 +611,10 @@ def test_two_flush_processes_deliver_each_message_once(spool):
     try:
         for i in range(4):
             enqueue(spool, str(i + 1), build_message(make_summary(id=str(i + 1)), "r", None, TO, FROM))
-        code = ("import sys, json; sys.path.insert(0, sys.argv[1]); from gsrun.report.mail import flush; "
+        code = ("import sys, json; from gsrun.report.mail import flush; "
                 "print(json.dumps(flush(sys.argv[2], json.loads(sys.argv[3]))))")
         cfg = json.dumps(cfg_for(srv.port, **{"timeouts.command_s": 10.0}))
-        procs = [subprocess.Popen([sys.executable, "-c", code, str(repo), str(spool), cfg],
+        procs = [subprocess.Popen([sys.executable, "-P", "-c", code, str(repo), str(spool), cfg],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
         outs = [p.communicate(timeout=60) for p in procs]
     finally:

@@ -9,32 +9,14 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from conftest import DATA, REPO
+from helpers.bind_run import CHILD, clean_env, run_bind
+from helpers.paths import DATA, REPO
 from gsrun.bind.plan import plan_from_env
 from gsrun.base.cpulist import format_cpulist
 from gsrun.facts.hostfs import HostFS
 from gsrun.wrapper.bind import main
 
 HOSTS = DATA / "hosts"
-ENTRY = ("import sys; sys.path.insert(0, %r); import tests.conftest; "
-         "from gsrun.wrapper.bind import main; main()" % str(REPO))
-CHILD = ("import os, json; print(json.dumps({'cpus': sorted(os.sched_getaffinity(0)), "
-         "'env': {k: v for k, v in os.environ.items() if k.startswith(('CUDA_', 'LOCAL_', 'OMP_', "
-         "'GSRUN_BIND', 'ROCR', 'GPU_DEVICE', 'NCCL_'))}}))")
-
-
-def clean_env(**extra):
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("SLURM_", "CUDA_", "GSRUN_", "ROCR_", "GPU_DEVICE", "NCCL_"))}
-    env.update(extra)
-    return env
-
-
-def run_bind(args, env):
-    return subprocess.run([sys.executable, "-c", ENTRY, *args], env=env, capture_output=True,
-                          text=True, timeout=60, cwd=REPO)
-
-
 def test_exec_ci_like_task_on_real_host():
     """The CI cluster's task: 4 fake GPUs, 4 tasks, affinity = all CPUs of the machine."""
     env = clean_env(SLURM_JOB_GPUS="0,1,2,3", CUDA_VISIBLE_DEVICES="0,1,2,3", SLURM_LOCALID="1",

@@ -20,25 +20,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from test_tuning_support import make_tree, snapshot  # noqa: F401 (re-exported)
+from helpers.tuning_tree import make_tree, snapshot  # noqa: F401 (re-exported)
 
 REPO = Path(__file__).resolve().parents[2]
 FAKE_BIN = REPO / "tests" / "data" / "fake-bin"
 H200_NVML = REPO / "tests" / "data" / "hosts" / "h200-vm" / "nvml.json"
 TUNE = "governor=performance,swappiness=10,thp=never,dirty_ratio=40"
 
-# gsrun-node from the checkout (the venv may hold an older installed copy)
-LAUNCH = f"""
-import sys, importlib.util
-sys.path.insert(0, {str(REPO)!r})
-import gsrun
-for sub in ("prolog", "epilog", "wrapper", "spank_py", "templates"):
-    spec = importlib.util.spec_from_file_location("gsrun." + sub, {str(REPO)!r} + "/" + sub + "/__init__.py",
-                                                  submodule_search_locations=[{str(REPO)!r} + "/" + sub])
-    mod = importlib.util.module_from_spec(spec); sys.modules[spec.name] = mod; spec.loader.exec_module(mod)
-from gsrun.wrapper.node import main
-main(sys.argv[1:])
-"""
+# gsrun-node of the installed package (tests/run installs this checkout; conftest checks they match)
+LAUNCH = "import sys\nfrom gsrun.wrapper.node import main\nmain(sys.argv[1:])\n"
 
 
 def nvml_devices(n: int = 4, bus_fmt: str = "0000:{:02x}:00.0", first_bus: int = 0x41) -> dict:
@@ -86,7 +76,7 @@ class Site:
                "SLURM_SCRIPT_CONTEXT": "prolog_slurmd", "GSRUN_CONFIG": str(self.config),
                "GSRUN_HOST_ROOT": str(self.host), "GSRUN_STATE_DIR": str(self.state),
                "GSRUN_SPOOL_DIR": str(self.spool), "FAKE_CALL_LOG": str(self.calls),
-               "PYTHONPATH": str(REPO), "PYTHONDONTWRITEBYTECODE": "1"}
+               "PYTHONDONTWRITEBYTECODE": "1"}
         if gpus is not None:
             env["SLURM_JOB_GPUS"] = gpus
         for k, v in (spank or {}).items():
@@ -122,7 +112,7 @@ epilog_budget_s = {budget_epilog_s}
 
 
 def run_node(args: list[str], env: dict, timeout_s: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", LAUNCH, *args], env=env, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-P", "-c", LAUNCH, *args], env=env, capture_output=True, text=True,
                           errors="replace", timeout=timeout_s, cwd="/")
 
 
