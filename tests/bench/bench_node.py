@@ -46,7 +46,6 @@ def wall_ms(argv, env, timeout=120) -> tuple[float, int, str]:
 
 
 def sampler_cost(samples: int, tmp: Path) -> dict:
-    sys.path.insert(0, str(REPO))
     import pynvml
 
     from gsrun.facts.hostfs import HostFS

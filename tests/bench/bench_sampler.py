@@ -39,7 +39,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
 
 import psutil  # noqa: E402
 

@@ -23,15 +23,14 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests" / "unit"))
+sys.path.insert(0, str(REPO / "tests"))  # tests/helpers
 
 from gsrun.node import tuning  # noqa: E402
 from gsrun.facts.hostfs import HostFS  # noqa: E402
 from helpers.tuning_tree import make_tree  # noqa: E402
 
 REQ = "governor=performance,swappiness=10,swap=off,dirty_ratio=40,dirty_background_ratio=5,thp=never,thp_defrag=never"
-CHILD = ("import sys; sys.path.insert(0, sys.argv[1]); from gsrun import tuning; from gsrun.facts.hostfs import HostFS; "
+CHILD = ("import sys; from gsrun.node import tuning; from gsrun.facts.hostfs import HostFS; "
          "h = HostFS(sys.argv[2]); "
          "tuning.prolog_tune(h, sys.argv[3], '1', sys.argv[4], None, None, True, log=lambda m: None); "
          "r = tuning.epilog_restore(h, sys.argv[3], '1', log=lambda m: None); assert r['ok'] and r['last_job']")
@@ -60,10 +59,10 @@ def main() -> None:
         py = sys.executable
 
         def bare():
-            subprocess.run([py, "-c", "pass"], check=True)
+            subprocess.run([py, "-P", "-c", "pass"], check=True)
 
         def child():
-            subprocess.run([py, "-c", CHILD, str(REPO), str(root), str(state), REQ], check=True)
+            subprocess.run([py, "-P", "-c", CHILD, str(REPO), str(root), str(state), REQ], check=True)
 
         def inproc():
             tuning.prolog_tune(host, str(state), "1", REQ, None, None, True, log=lambda m: None)

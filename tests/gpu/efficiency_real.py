@@ -105,7 +105,6 @@ def own_energy_mj(handle) -> int:
 def measure(mode: str, window_s: float, interval_s: float, tmp: Path) -> dict:
     import pynvml
 
-    sys.path.insert(0, str(REPO))
     from gsrun.facts.hostfs import HostFS
     from gsrun.node.sampler import Sampler
     from gsrun.request.config import parse_config

@@ -31,7 +31,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
 
 from gsrun.facts.nvml import KEYS, NA, RealNvml, is_na  # noqa: E402
 
