@@ -1,6 +1,6 @@
 """Fake host trees for the tuning tests (no tests here).
 
-A tree is the real H200 VM recording (/work/shared/data/hosts/h200-vm, no
+A tree is the real H200 VM recording (``../shared/data/hosts/h200-vm`` beside the checkout, no
 cpufreq, no swap) unpacked under tmp_path, plus -- when asked -- synthetic
 cpufreq dirs for 4 CPUs and an active swap file.
 """
@@ -17,9 +17,10 @@ from pathlib import Path
 
 from gsrun.facts.hostfs import HostFS
 
-REPO = Path(__file__).resolve().parents[2]
+from helpers.paths import REPO, SHARED  # noqa: E402  (REPO re-exported)
+
 TARBALL_CANDIDATES = (REPO / "tests" / "data" / "hosts" / "h200-vm" / "h200-vm-tree.tar.gz",
-                      Path("/work/shared/data/hosts/h200-vm/h200-vm-tree.tar.gz"))
+                      SHARED / "data" / "hosts" / "h200-vm" / "h200-vm-tree.tar.gz")
 SWAP_LINE = "/swapfile                               file\t\t8388604\t\t524288\t\t-2"
 SWAP_LINE2 = "/dev/nvme0n1p3                          partition\t16777212\t0\t\t5"
 

@@ -12,6 +12,7 @@ import types
 import pytest
 
 from gsrun.spank_py import hooks
+from helpers.paths import SHARED
 
 
 class FakeSpank(types.ModuleType):
@@ -263,14 +264,14 @@ def test_task_init_affinity_error_is_logged_not_raised(fake, monkeypatch):
     assert sp.mempolicy == [(hooks.MPOL_BIND, [0])]
 
 
-H200_TREE = "/work/shared/data/hosts/h200-vm/h200-vm-tree.tar.gz"
+H200_TREE = str(SHARED / "data" / "hosts" / "h200-vm" / "h200-vm-tree.tar.gz")
 
 
 @pytest.fixture
 def h200_root(tmp_path):
     import subprocess
     if not os.path.exists(H200_TREE):
-        pytest.skip("recorded H200 host tree not present")
+        pytest.skip(f"recorded H200 host tree not present ({H200_TREE}: ../shared beside the checkout)")
     root = tmp_path / "h200"
     root.mkdir()
     subprocess.run(["tar", "-xzf", H200_TREE, "-C", str(root), "--no-same-owner"], check=True, timeout=60)

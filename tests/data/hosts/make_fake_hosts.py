@@ -2,7 +2,7 @@
 """Generate the synthetic host trees under tests/data/hosts/ (and unpack the
 recorded H200 VM).
 
-Usage: ``python tests/data/hosts/make_fake_hosts.py [--h200 /work/shared/data/hosts/h200-vm]``
+Usage: ``python tests/data/hosts/make_fake_hosts.py [--h200 ../shared/data/hosts/h200-vm]``
 
 Each host gets ``sys/`` (CPU topology, NUMA nodes, PCI devices as symlinks
 into a ``sys/devices/pci*`` hierarchy like the kernel's, InfiniBand and net
@@ -272,7 +272,7 @@ def h200(src: Path):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--h200", type=Path, default=Path("/work/shared/data/hosts/h200-vm"))
+    ap.add_argument("--h200", type=Path, default=Path(__file__).resolve().parents[4] / "shared" / "data" / "hosts" / "h200-vm")
     a = ap.parse_args()
     for f in (server_2s8g, amd_nps4, vm_numa_minus1, cpuset_job, case4_l4, case7_mixed, ci_emulated):
         f()
