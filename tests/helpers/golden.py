@@ -1,9 +1,12 @@
 """Golden files: a rendered artifact compared byte for byte with its stored copy.
 
-Regenerate every golden file with ``GSRUN_REGEN_GOLDEN=1`` (e.g.
-``GSRUN_REGEN_GOLDEN=1 tests/run tests/pure tests/recorded``), then review the
-diff with ``git diff tests/data/golden``: a golden file changes only when the
-rendered artifact was meant to change.
+Regenerate every golden file with ``GSRUN_REGEN_GOLDEN=1``::
+
+    GSRUN_REGEN_GOLDEN=1 python -P -m pytest -p no:cacheprovider -q tests/pure tests/recorded tests/process -k golden
+
+then review the diff with ``git diff tests/data/golden tests/data/hosts/*/golden``:
+a golden file changes only when the rendered artifact was meant to change.
+``tests/data/golden/README.md`` lists the golden files and their tests.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""Golden plans for 1, 4 and 8 local ranks on every recorded host.
+"""Golden plans for 1, 4 and 8 local ranks on every recorded host
+(``gsrun-bind --plan --json``, stored as ``tests/data/hosts/<host>/golden/plan-<n>.json``).
 
-Regenerate after an intended change with:
-    GSRUN_REGEN_GOLDEN=1 /opt/gsrun/venv/bin/python -m pytest tests/unit/test_bind_golden.py -q
-and review the diff of tests/data/hosts/*/golden/.
+Regenerate after an intended change with ``GSRUN_REGEN_GOLDEN=1`` (see
+``tests/data/golden/README.md``) and review the diff of tests/data/hosts/*/golden/.
 """
 
 import json
@@ -11,6 +11,7 @@ import os
 import pytest
 from click.testing import CliRunner
 
+from helpers.golden import check_text
 from helpers.paths import DATA
 from gsrun.bind.plan import plan_from_env
 from gsrun.facts.hostfs import HostFS
@@ -21,7 +22,6 @@ HOSTS = DATA / "hosts"
 # host -> extra inputs (the cpuset-restricted job's allowed CPUs, field case 3)
 GOLDEN_HOSTS = {"h200-vm": {}, "server-2s8g": {}, "amd-nps4": {}, "vm-numa-minus1": {},
                 "cpuset-job": {"allowed": "0-15,56-71"}}
-REGEN = os.environ.get("GSRUN_REGEN_GOLDEN") == "1"
 
 
 def cli_args(name, n):
@@ -43,13 +43,8 @@ def test_golden_plan(name, n, monkeypatch):
     assert res.exit_code == 0, res.output
     got = json.loads(res.stdout)
     path = HOSTS / name / "golden" / f"plan-{n}.json"
-    if REGEN:
-        path.parent.mkdir(exist_ok=True)
-        path.write_text(json.dumps(got, indent=2) + "\n")
-    assert path.is_file(), f"missing {path}; create it with GSRUN_REGEN_GOLDEN=1 (see module doc)"
+    check_text(path, json.dumps(got, indent=2) + "\n", f"gsrun-bind plan for {name} with {n} ranks")
     want = json.loads(path.read_text())
-    assert got == want, (f"plan for {name} with {n} ranks differs from {path}; if the change is "
-                         "intended, regenerate with GSRUN_REGEN_GOLDEN=1 and review the diff")
     # the golden itself obeys the invariants
     allowed = set(range(4096))
     if GOLDEN_HOSTS[name].get("allowed"):
