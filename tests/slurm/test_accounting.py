@@ -30,7 +30,6 @@ UTIL = [37, 47, 57, 67]            # % per GPU index (fake NVML answers)
 MEM_USED = [10, 20, 30, 40]        # GiB per GPU index
 
 pytestmark = [
-    pytest.mark.cluster,
     pytest.mark.skipif(os.environ.get("GSRUN_TEST_ACCOUNTING") != "1",
                        reason="needs tests/cluster/up --accounting and GSRUN_TEST_ACCOUNTING=1"),
 ]

@@ -21,7 +21,6 @@ from pathlib import Path
 import pytest
 
 pytestmark = [
-    pytest.mark.cluster,
     pytest.mark.skipif(not os.environ.get("GSRUN_TEST_CLUSTER"), reason="GSRUN_TEST_CLUSTER not set"),
 ]
 
