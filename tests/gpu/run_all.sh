@@ -1,6 +1,7 @@
 #!/bin/bash
-# The H200 device run for issues 9/7/5/3: install gsrun, record the node,
-# real-node lifecycle, efficiency validation, benchmarks. Results in $OUT
+# The H200 device run behind BENCHMARKS.md: install gsrun, record the node,
+# real-node lifecycle, efficiency validation, benchmarks (H2D copy, training,
+# node costs, sampler, MPS). Results in $OUT
 # (at most 8 files come back). Usage (device machine, repo root, as root):
 #   bash tests/gpu/run_all.sh [STEPS]    STEPS: comma list of
 #   record,real,eff,h2d,train,node,sampler,doctor,mps (default: all)
