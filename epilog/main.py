@@ -1,7 +1,7 @@
 """``gsrun-node epilog``: run by slurmd as root after the job on a node.
 
 Order: stop the sampler (its final flush) -> node summary (atomic, versioned)
--> MPS stop -> residual GPU processes (field case 17) -> MIG restore ->
+-> MPS stop -> residual GPU processes (field case 17, docs/field-cases.md) -> MIG restore ->
 tuning restore (journal, reverse order).
 
 Each step runs even when an earlier one failed or timed out. The whole
@@ -95,7 +95,8 @@ def run(environ, host_root: str | None = None, state_dir: str | None = None,
         reasons.append(f"GPU(s) lost during the job: {summ['lost_gpus']}")
     res = result["steps"].get("residual") or {}
     if isinstance(res, dict) and str(res.get("reason") or "").startswith("Residual GPU processes"):
-        reasons.append(res["reason"])     # GPU memory still held: the next job would OOM (case 17)
+        reasons.append(res["reason"])     # GPU memory still held: the next job would OOM
+                                          # (field case 17, docs/field-cases.md)
     elif isinstance(res, dict) and res.get("reason"):
         log.warn(f"GPU process check incomplete: {res['reason']}")   # a wedged nvidia-smi is not a drain
     if reasons:
@@ -124,7 +125,8 @@ def _forget_job(sdir, log) -> None:
 
 
 def _nvml_reason(hostfs, prolog: dict) -> str | None:
-    """Why there are no GPU figures, when NVML cannot start (field case 15):
+    """Why there are no GPU figures, when NVML cannot start (field case 15,
+    docs/field-cases.md):
     the prolog's finding, else a fresh probe."""
     from gsrun.facts.nvml import NvmlUnavailable, open_nvml
 

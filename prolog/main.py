@@ -80,7 +80,8 @@ def run(environ, host_root: str | None = None, state_dir: str | None = None, spo
                 records_ok = True
         except (GsrunError, OSError) as e:
             record["steps"]["records"] = {"error": safe_text(e)}
-        # NVML health: only a driver/library mismatch makes the node unusable (case 15)
+        # NVML health: only a driver/library mismatch makes the node unusable
+        # (field case 15, docs/field-cases.md)
         nvml_ok = None
         try:
             nv = open_nvml(hostfs)

@@ -1,7 +1,7 @@
 """The one way gsrun runs an external command: list argv (no shell), its own
 session, a timeout, and on timeout the whole process group killed -- a
-wrapper script's ``sleep`` child too, so a wedged tool (case 20) never
-outlives the hook that called it."""
+wrapper script's ``sleep`` child too, so a wedged tool (field case 20,
+docs/field-cases.md) never outlives the hook that called it."""
 
 from __future__ import annotations
 

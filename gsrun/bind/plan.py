@@ -14,10 +14,11 @@ The plan's rules:
 
 1. **GPUs.** The step's GPUs come from ``SLURM_STEP_GPUS`` (else
    ``SLURM_JOB_GPUS``), which are gres indices = ``/dev/nvidiaN`` minor
-   numbers (field case 8), matched to host GPUs by minor number, then by
+   numbers (field case 8; field cases are described in
+   docs/field-cases.md), matched to host GPUs by minor number, then by
    UUID; ``CUDA_VISIBLE_DEVICES`` gives the names CUDA will use in the task
    (cgroup-local ordinals under ``ConstrainDevices``, field case 9; UUIDs;
-   MIG UUIDs resolved to the parent GPU, case 11). A GPU the host does not
+   MIG UUIDs resolved to the parent GPU, field case 11). A GPU the host does not
    show (an emulated gres, a driver-less node) stays in the plan with its
    index only ("unknown/emulated").
 2. **Ranks to GPUs.** ``n`` ranks, ``g`` GPUs: rank ``r`` owns GPU
@@ -28,7 +29,7 @@ The plan's rules:
    GPU's socket, field case 3) sends its ranks to the nearest node (SLIT
    distance) that has some; a node with fewer allowed CPUs than ranks spills
    its extra ranks to the nearest node with spare CPUs. Ranks whose GPU
-   node is unknown (case 1 with no NVML, emulated GPUs on a multi-node host)
+   node is unknown (field case 1 with no NVML, emulated GPUs on a multi-node host)
    share the allowed CPUs not used by known pools (all allowed CPUs if none
    is left) and get no memory binding. Inside a pool the CPUs are split into
    contiguous, disjoint, near-equal slices: by whole cores while there are at
@@ -63,7 +64,7 @@ from gsrun.facts.slurm import parse_tasks_per_node
 from gsrun.facts.topology import Gpu, Nic, Topology, read_allowed_cpus, read_topology
 
 #: variables of other vendors' runtimes that Slurm may set on an NVIDIA node
-#: (field case 11); unset in NVIDIA steps.
+#: (field case 11, docs/field-cases.md); unset in NVIDIA steps.
 FOREIGN_GPU_VARS = ("ROCR_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL", "ZE_AFFINITY_MASK")
 
 
@@ -205,7 +206,7 @@ def resolve_step_gpus(topo: Topology, step: Sequence[DeviceToken] | None,
     CUDA will read it as the same GPU (``CUDA_DEVICE_ORDER=PCI_BUS_ID``,
     ordinal = position in PCI order among the GPUs the task sees), else the
     GPU's UUID (never a bare physical index that CUDA would misread, field
-    cases 8-10).
+    cases 8-10, docs/field-cases.md).
     """
     pci_order = device_order in (None, "PCI_BUS_ID")
     refs: list[GpuRef] = []

@@ -3,8 +3,9 @@
 Every read goes through :class:`gsrun.facts.hostfs.HostFS`, so tests run against
 fake trees (``tests/data/cgroup/<layout>/``). Nothing here writes.
 
-Field case 22: the hierarchy is detected from ``/proc/self/mountinfo``
-(``cgroup2`` vs ``cgroup`` mounts), never hard-coded. Units differ:
+Field case 22 (docs/field-cases.md): the hierarchy is detected from
+``/proc/self/mountinfo`` (``cgroup2`` vs ``cgroup`` mounts), never hard-coded.
+Units differ:
 
 ===========  ==============================  ============================
              cgroup v2                       cgroup v1
@@ -198,7 +199,8 @@ def _v1_job_dir(hostfs: HostFS, mount: str, job: str, uid: int | None) -> str | 
 
 def find_job_cgroup(hostfs: HostFS, job_id: str, uid: int | None = None,
                     mounts: CgroupMounts | None = None) -> JobCgroup | None:
-    """Locate the job's cgroup the way Slurm names it (case 22).
+    """Locate the job's cgroup the way Slurm names it (field case 22,
+    docs/field-cases.md).
 
     v2: ``<mount>/system.slice/slurmstepd.scope/job_J``, else any ``job_J``
     directory found by a bounded search under the mount (``<node>_slurmstepd.scope``,
@@ -393,7 +395,7 @@ def read_gpu_minors(hostfs: HostFS, jcg: JobCgroup) -> list[int] | None:
     """GPU minor numbers (``/dev/nvidiaN``) the job may open: v1 from
     ``devices.list``. None = unknown: v2 (the filter is an eBPF program, not
     readable as a file), no devices hierarchy, or no device constraint. The
-    minor is not the NVML index (field case 8)."""
+    minor is not the NVML index (field case 8, docs/field-cases.md)."""
     if jcg.version != 1 or not jcg.devices_dir:
         return None
     return parse_devices_list(hostfs.read(_join(jcg.devices_dir, "devices.list")))

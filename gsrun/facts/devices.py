@@ -2,8 +2,8 @@
 ``SLURM_JOB_GPUS``, ``gsrun-bind --gpus``.
 
 Pure functions, no I/O. Every entry becomes a typed :class:`DeviceToken`;
-nothing is ``int()``-ed blindly (field case 11: ``int('MIG-377e...')`` crashed
-vLLM). The forms NVIDIA and Slurm use:
+nothing is ``int()``-ed blindly (field case 11 in docs/field-cases.md:
+``int('MIG-377e...')`` crashed vLLM). The forms NVIDIA and Slurm use:
 
 ==================  ==============================================  =====================
 kind                example                                         source

@@ -70,7 +70,8 @@ def _int(env, name, lo=0, hi=2**32 - 1) -> int:
 
 def parse_gpu_indices(value: str | None) -> list[int] | None:
     """``SLURM_JOB_GPUS`` (``0,1,3``; Slurm may also write ranges ``0-3``) ->
-    indices. None/absent -> None ("unknown", never "all GPUs": case 9);
+    indices. None/absent -> None ("unknown", never "all GPUs": field case 9,
+    docs/field-cases.md);
     empty -> []."""
     if value is None:
         return None

@@ -181,7 +181,7 @@ def _unwrap(entry: Any) -> Any:
 def index_by_minor(nv: "Backend") -> tuple[dict[int, int], int]:
     """``{minor number: NVML index}`` for every device that answers
     ``nvmlDeviceGetMinorNumber`` (Slurm's gres index is the minor number, not
-    the NVML index: field cases 7 and 8), and how many devices answered
+    the NVML index: field cases 7 and 8, docs/field-cases.md), and how many devices answered
     ``GPU_IS_LOST`` instead."""
     out: dict[int, int] = {}
     lost = 0

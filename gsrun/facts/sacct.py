@@ -1,21 +1,21 @@
 """Pure parsers for Slurm accounting (``sacct -P -n --format=...``) and the
 job CPU/memory efficiency math that seff does, made safe for every sacct
-format seen in the field (cases 23-26 in FIELD_CASES.md).
+format seen in the field (field cases 23-26, docs/field-cases.md).
 
 No I/O here: :mod:`gsrun.facts.slurm` runs ``sacct`` and passes its stdout in.
 Ask sacct for :data:`SACCT_FORMAT` (``--format=`` joined with commas), never
 with ``-X``: ``-X`` drops the steps, and MaxRSS / TRESUsageInTot live only on
-steps (case 25).
+steps (field case 25).
 
-Units (case 24): memory suffixes are binary (``K`` = 1024 bytes). On Slurm
+Units (field case 24): memory suffixes are binary (``K`` = 1024 bytes). On Slurm
 < 21.08 a trailing ``c``/``n`` on ReqMem says per-CPU / per-node; from 21.08
 ReqMem has no qualifier and is the job total, and ``AllocTRES mem=`` is read
 first anyway. A bare number is MiB for ReqMem/AllocTRES (Slurm's request unit)
 and bytes for MaxRSS/TRESUsageInTot (Slurm's usage unit).
 
-Time strings (case 26) are ``[D-][HH:]MM:SS[.fff]``.
+Time strings (field case 26) are ``[D-][HH:]MM:SS[.fff]``.
 
-Zero divisors (case 23) never raise: the percentage is ``None`` and a label
+Zero divisors (field case 23) never raise: the percentage is ``None`` and a label
 says why (``cpu_eff_na``/``mem_eff_na``), seff-style ``0.0`` is not invented.
 """
 
@@ -39,7 +39,8 @@ _FREE_TEXT_FIELDS = ("jobname", "comment", "admincomment", "constraints", "workd
 
 _UNIT_POW = {"": None, "K": 1, "M": 2, "G": 3, "T": 4, "P": 5, "E": 6}
 
-# States after which the summary must wait (case 23: requeued jobs are deferred).
+# States after which the summary must wait (field case 23, docs/field-cases.md:
+# requeued jobs are deferred).
 _PENDING_STATES = {"PENDING"}
 _REQUEUE_STATES = {"REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD"}
 _RUNNING_STATES = {"RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING", "RESIZING",
@@ -403,8 +404,9 @@ def cpu_efficiency(cpu_time_s: float | None, alloc_cpus: int | None,
     """``cpu_time_s / (alloc_cpus x elapsed_s) x 100`` -> (pct, na_label, anomaly).
 
     Every missing or zero divisor gives ``(None, label, False)``; above 100 %
-    gives ``(100.0, label, True)`` (an accounting anomaly, case 26B).
-    Used for sacct and cgroup numbers alike (case 22: 7200 s, 4 CPUs, 3600 s -> 50.0).
+    gives ``(100.0, label, True)`` (an accounting anomaly, field case 26, docs/field-cases.md).
+    Used for sacct and cgroup numbers alike (field case 22: 7200 s, 4 CPUs, 3600 s
+    -> 50.0).
     """
     if cpu_time_s is None:
         return None, "N/A: no CPU time in accounting", False
@@ -530,14 +532,14 @@ def _cpu_part(j: SacctJob, e: JobEfficiency) -> None:
     e.cpu_eff_pct, e.cpu_eff_na, e.cpu_anomaly = pct, (None if anomaly else label), anomaly
     if label:
         notes.append(("CPU efficiency " if not anomaly else "") + label)
-    # the job line disagreeing impossibly with its steps (case 26B)
+    # the job line disagreeing impossibly with its steps (field case 26, docs/field-cases.md)
     if srcs and j.job is not None and e.alloc_cpus and e.elapsed_s:
         jt, jsrc = _step_cpu_s(j.job)
         if jt is not None and jt > e.alloc_cpus * e.elapsed_s * 1.0 + 1e-9:
             notes.append(f"accounting anomaly: the job line's {jsrc} ({jt:.0f} s) exceeds "
                          f"AllocCPUS x Elapsed ({e.alloc_cpus * e.elapsed_s:.0f} s); "
                          "used the sum over steps")
-    # multi-node job whose steps cover fewer nodes (case 26C)
+    # multi-node job whose steps cover fewer nodes (field case 26, docs/field-cases.md)
     if e.nodes and e.nodes > 1 and j.steps:
         covered = max((s.nnodes or 0) for s in j.steps)
         if 0 < covered < e.nodes:

@@ -1,4 +1,4 @@
-"""Fallback parser of ``nvidia-smi topo -m`` (field case 2).
+"""Fallback parser of ``nvidia-smi topo -m`` (field case 2, docs/field-cases.md).
 
 Used only when NVML and sysfs leave a GPU's CPU locality unknown; NVML and
 sysfs are preferred (:mod:`gsrun.facts.topology`). The table's layout varies with
@@ -15,7 +15,7 @@ the driver, so the parser:
 - stops at the ``Legend:`` block, reading ``NIC Legend`` names if present.
 
 ``N/A`` and blanks become ``None``. The ``GPU NUMA ID`` column is the GPU's
-*own* memory node (meaningful on Grace), never a CPU binding target (case 4).
+*own* memory node (meaningful on Grace), never a CPU binding target (field case 4).
 
 Pure: :func:`parse_topo_matrix` takes the text; :func:`run_topo_matrix` is
 the one subprocess call (with a timeout).

@@ -19,7 +19,8 @@ Sources of each fact:
   / ``0x0302xx`` (``numa_node``, ``local_cpulist``) and
   ``proc/driver/nvidia/gpus/<bdf>/information`` (``Device Minor``, ``GPU
   UUID``, ``Model``). GPUs NVML cannot see (a device-constrained cgroup shows
-  NVML only the job's GPUs, renumbered from 0: field case 7) still come from
+  NVML only the job's GPUs, renumbered from 0: field case 7; field cases are described in
+  docs/field-cases.md) still come from
   sysfs, and NVML indices are never used to name a GPU across processes;
 - NICs: ``sys/class/infiniband/<hca>/device`` (``numa_node``, ``net/``) and
   ``sys/class/net/<if>/device`` for physical Ethernet.

@@ -2,7 +2,7 @@
 user, private pipe/log directories, used by the job's tasks, gone after the
 epilog.
 
-Layout (field case 19)::
+Layout (field case 19, docs/field-cases.md)::
 
     <mps_dir>                 root:root  0711  (traversable, not listable)
     <mps_dir>/<jobid>/        uid:gid    0700
@@ -437,7 +437,7 @@ def _resolve_bin(control_bin: str) -> str:
 
 def _check_ancestors(root_dir: Path, uid: int, groups: list[int]) -> None:
     """Every directory from / down to ``root_dir`` must be traversable by uid
-    (field case 19)."""
+    (field case 19, docs/field-cases.md)."""
     p = root_dir.resolve()
     for d in [p, *p.parents]:
         st = os.stat(d)

@@ -1,4 +1,5 @@
-"""Leftover GPU processes after a job (field case 17), found and ended by the epilog.
+"""Leftover GPU processes after a job (field case 17, docs/field-cases.md), found and
+ended by the epilog.
 
 After ``scancel``, workers reparented to init (``proctrack/linuxproc`` does
 not follow them) can keep ~100 GB on each GPU and make the next job OOM

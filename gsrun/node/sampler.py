@@ -53,7 +53,8 @@ GPU_READ_KEYS = ("memory", "power_mw", "energy_mj", "sm_clock_mhz", "temperature
 class GpuRef:
     """A job GPU as the sampler knows it. ``gres_index`` is Slurm's index
     (the ``/dev/nvidiaN`` minor number); ``nvml_index`` is NVML's, found by
-    matching the minor number (never by position: field cases 7 and 8).
+    matching the minor number (never by position: field cases 7 and 8,
+    docs/field-cases.md).
     ``mig``: MIG mode is on (``nvmlDeviceGetMigMode`` current = 1), so the
     device has no utilization figure (field case 12). ``gpm``: GPM metrics
     are supported (``nvmlGpmQueryDeviceSupport``; Hopper and later)."""
@@ -81,7 +82,7 @@ def resolve_gpus(nv, gres_indices: list[int]) -> tuple[list[GpuRef], list[str]]:
         if idx is None:
             # a device that answers GPU_IS_LOST cannot tell its minor number; when
             # there are lost devices, the job's unmatched GPUs are counted lost
-            # (field case 16) rather than "no such device"
+            # (field case 16, docs/field-cases.md) rather than "no such device"
             is_lost = 0 < len(unmatched) <= lost
             refs.append(GpuRef(g, None, lost=is_lost))
             notes.append(f"gres index {g}: " + ("its GPU answers GPU_IS_LOST (fallen off the bus?)" if is_lost
@@ -217,7 +218,8 @@ def update_gpu(g: dict, r: dict, t_rel_s: float, dt_s: float, gap_s: float = 0.0
         return
     lost = _lost(r)
     if lost is not None:
-        # field case 16: statistics cover only the time before; never a crash
+        # field case 16 (docs/field-cases.md): statistics cover only the time before;
+        # never a crash
         g["lost_at_s"] = t_rel_s
         g["lost_reason"] = lost.reason
         return
@@ -412,7 +414,8 @@ class Sampler:
             refs, notes = resolve_gpus(self.nv, gres_indices)
             err = None
         except NvmlUnavailable as e:
-            # field case 15: the job runs on; the GPU section says why it is empty
+            # field case 15 (docs/field-cases.md): the job runs on; the GPU section says
+            # why it is empty
             self.nv = None
             refs = [GpuRef(g, None) for g in gres_indices]
             notes, err = [f"NVML: {e}"], f"NVML init failed: {e.code_name}"

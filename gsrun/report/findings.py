@@ -9,7 +9,8 @@ then, for jobs long enough for the figures to mean something
 (``findings.short_job_s``), advice: idle GPUs, low SM activity, throttling,
 GPU memory, a CPU-bound input pipeline, host memory over-request, idle CPUs.
 A short job gets the ``short_job`` line and no advice. A GPU without a
-utilization figure (MIG, field case 12) is never called idle or unused.
+utilization figure (MIG, field case 12 in docs/field-cases.md) is never called
+idle or unused.
 
 Codes: never_started, deferred, short_job, gpu_lost, xid, ecc,
 gpu_unavailable, idle_gpu, low_sm_activity, util_na, throttle_thermal,

@@ -233,7 +233,7 @@ def mail_kind(summary: Mapping) -> str:
     - ``requeued``: state PENDING/REQUEUED/... (not final; the caller should
       not mail, see :func:`mail_wanted`; the text says a report follows).
     - ``cancelled_before_start``: CANCELLED with elapsed 0 (or none): no
-      efficiency figures at all (field case 23).
+      efficiency figures at all (field case 23, docs/field-cases.md).
     - ``no_run``: any other final state after 0 s (instant failure): the
       figures are not meaningful.
     - ``report``: the efficiency report.
@@ -349,8 +349,8 @@ def mail_view(summary: Mapping, report_text: str, has_image: bool, image_cid: st
 
     Numbers come from the ``gsrun.summary/1`` job summary; ``None`` becomes
     ``N/A`` (MIG utilization: ``N/A (MIG)``, field case 12; unavailable GPU
-    section: its reason, field case 15). Every key is always present, so the
-    templates run under ``StrictUndefined``.
+    section: its reason, field case 15; both in docs/field-cases.md). Every
+    key is always present, so the templates run under ``StrictUndefined``.
     """
     job = summary.get("job") or {}
     cpu = summary.get("cpu") or {}
@@ -395,7 +395,8 @@ def mail_view(summary: Mapping, report_text: str, has_image: bool, image_cid: st
     for f in summary.get("findings") or []:
         if not isinstance(f, Mapping):
             continue
-        # field case 12: no "did not use the GPU" when there is no utilization figure to base it on
+        # field case 12 (docs/field-cases.md): no "did not use the GPU" when there is
+        # no utilization figure to base it on
         if f.get("code") in _IDLE_CODES and not any_util:
             continue
         sev = str(f.get("severity") or "info").lower()

@@ -20,7 +20,8 @@ Where the numbers come from (per GPU, from :mod:`gsrun.node.sampler`):
   (``nvmlDeviceGetSamples``; ``nvmlDeviceGetUtilizationRates`` where the
   buffer is unsupported): percent of time a kernel ran ("duty cycle").
   None with ``util_na_reason`` ``"MIG"`` on MIG devices (NVML has no
-  utilization there: field case 12) or NVML's reason otherwise.
+  utilization there: field case 12, docs/field-cases.md) or NVML's reason
+  otherwise.
   ``util_gap_s``: seconds with no utilization reading (not counted as 0);
   ``util_busy_s``: the integral of utilization over time (seconds the GPU
   was busy); ``util_idle_frac``: share of the sampled time below 5 %.

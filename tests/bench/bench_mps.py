@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""MPS throughput benchmark for issue 5, for the H200 device machine.
+"""MPS throughput benchmark: gsrun's per-job MPS daemon vs no MPS vs a
+hand-started daemon (BENCHMARKS.md, "MPS aggregate throughput"), for the H200
+device machine.
 
 Run from the repository root (as root or any user that can run CUDA):
 
@@ -23,8 +25,9 @@ hand one is then killed by its pid-file PID if it stays). Compute mode is
 never touched; ``NCCL_NVLS_ENABLE=0`` is kept in the workers' environment.
 
 Prints one JSON object: per mode and N the median aggregate matmuls/s, the
-ratios gsrun/none, hand/none, gsrun/hand, and the issue's aims
-(gsrun/none >= 2 at N = 8; gsrun within 5 % of hand at every N).
+ratios gsrun/none, hand/none, gsrun/hand, and whether the targets set for
+gsrun's MPS daemon are met (gsrun/none >= 2 at N = 8; gsrun within 5 % of
+hand at every N).
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Real-GPU check of gsrun.node.mps (issue 5), for the H200 device machine.
+"""Real-GPU check of gsrun.node.mps (the per-job MPS daemon started and
+stopped for real, with real CUDA clients), for the H200 device machine.
 
 Run as root from the repository root:
 

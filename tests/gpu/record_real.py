@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Record the real GPU node for ``tests/data/hosts/h200-real/`` (issue 9).
+"""Record the real GPU node for ``tests/data/hosts/h200-real/`` (part of the
+real GPU node validation, see BENCHMARKS.md).
 
     python3 tests/gpu/record_real.py OUTDIR
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""A small real training job for the H200 device machine (issue 9).
+"""A small real training job for the H200 device machine (used by the
+real-node lifecycle check and the training benchmark, see BENCHMARKS.md).
 
     python3 tests/gpu/train_job.py --seconds 40 --out result.json [--workers 4]
 

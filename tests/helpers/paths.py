@@ -3,7 +3,8 @@
 - ``DATA``: recordings the project made itself (``tests/data``; each folder's
   README names its source).
 - ``SHARED``: public data kept beside the checkout (``../shared``: real hwloc
-  topologies, field cases). Read by a path relative to the project root, never
+  topologies, the field cases behind docs/field-cases.md). Read by a path
+  relative to the project root, never
   copied into the project; tests that need it skip with a reason when absent.
 """
 

@@ -1,4 +1,4 @@
-"""Issue 6: the MIG devices the prolog created reach the job's tasks."""
+"""MIG layouts: the MIG devices the prolog created reach the job's tasks."""
 
 import json
 import os

@@ -1,5 +1,8 @@
 """The real epilog on field cases 15, 16 (exit status), 17, 18 and 20, a
-full spool, a read-only /sys, and who may read a job's summary."""
+full spool, a read-only /sys, and who may read a job's summary.
+
+Field cases are described in docs/field-cases.md; ``test_caseN_...`` names
+the field case a test proves."""
 
 from __future__ import annotations
 
@@ -90,7 +93,7 @@ def gone(p: subprocess.Popen, timeout_s: float = 5.0) -> bool:
     return False
 
 
-# ---------------------------------------------------------------- case 17: parsing (pure)
+# ---------------------------------------------------------------- field case 17: parsing (pure)
 
 PMON_A = ("# gpu         pid  type    sm    mem    enc    dec    command\n"
           "# Idx           #   C/G     %      %      %      %    name\n"
@@ -141,7 +144,7 @@ def test_proc_cgroup_job():
     assert residual.parse_proc_cgroup_job("0::/user.slice/user-1000.slice/session-3.scope\n") is None
 
 
-# ---------------------------------------------------------------- case 17: for real
+# ---------------------------------------------------------------- field case 17: for real
 
 @root_only
 def test_case17_leftover_is_terminated_and_rechecked(site):
@@ -205,7 +208,7 @@ def test_case17_A_A2_through_the_epilog_nothing_killed(site, mode):
     assert alive(w) and "kill" not in cp.stderr.lower().replace("killed at", "")
 
 
-# ---------------------------------------------------------------- case 15 (epilog side)
+# ---------------------------------------------------------------- field case 15 (epilog side)
 
 MISMATCH = {"init": {"error": "Driver/library version mismatch", "code": 18}}
 
@@ -243,7 +246,7 @@ def test_case15_sampler_runs_on_and_epilog_reports_it(site):
     assert summ["cpu_time_s"] == 12.5 and summ["mem_peak_bytes"] == 2 << 30
 
 
-# ---------------------------------------------------------------- case 16: exit status
+# ---------------------------------------------------------------- field case 16: exit status
 
 @root_only
 def test_case16_lost_gpu_makes_the_epilog_exit_nonzero(site):
@@ -262,7 +265,7 @@ def test_case16_lost_gpu_makes_the_epilog_exit_nonzero(site):
     assert [g["lost_at_s"] is not None for g in summ["gpus"]] == [False, True]
 
 
-# ---------------------------------------------------------------- case 18
+# ---------------------------------------------------------------- field case 18
 
 def two_jobs_env(site, job, gpus, **kw):
     env = site.env(job_id=job, gpus=gpus, spank={"SPANK_GS_TUNE": TUNE}, FAKE_SLURM="record",
@@ -319,7 +322,7 @@ def test_case18_concurrent_epilogs_exactly_one_restores(site, round_):
     assert diff(base, host_only(snapshot(site.host))) == []
 
 
-# ---------------------------------------------------------------- case 20 (epilog side)
+# ---------------------------------------------------------------- field case 20 (epilog side)
 
 @root_only
 def test_case20_wedged_nvidia_smi_dcgmi_sacct_epilog_within_budget(site):

@@ -1,4 +1,4 @@
-"""Fault injection (issue 10, item 4): the real prolog and epilog (child
+"""Fault injection (crash safety of the hooks): the real prolog and epilog (child
 processes of ``gsrun-node``, fake host root) are SIGKILLed at every step
 boundary (``GSRUN_FAULT_AT=<phase>:<step>[:end]``, see gsrun.base.log); then a
 second epilog or ``gsrun-node restore --all`` must leave the fake node tree

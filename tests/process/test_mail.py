@@ -2,8 +2,9 @@
 
 Real mail goes to a real SMTP server (aiosmtpd) on 127.0.0.1; outages are the
 server really stopped (connection refused) or a socket that never answers.
-Field cases: 12 (MIG utilization N/A), 15 (NVML init failed), 23 (cancelled
-before start, zero divisors), 16 (Xid / GPU lost flagged).
+Field cases (docs/field-cases.md; ``test_caseN_...`` names the case): 12 (MIG
+utilization N/A), 15 (NVML init failed), 23 (cancelled before start, zero
+divisors), 16 (Xid / GPU lost flagged).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """gsrun.node.mps: per-job MPS daemon lifecycle with the fake control binary
 (tests/data/fake-bin/nvidia-cuda-mps-control), the permission model checked
 for real (owner/mode by stat, access by a child that setuid's to another
-uid), and field cases 17-19 (targeted kill, two jobs side by side, compute
-mode restored).
+uid), and field cases 17-19 of docs/field-cases.md (targeted kill, two jobs
+side by side, compute mode restored).
 
 Needs root (the daemon runs as another uid); skipped otherwise.
 """

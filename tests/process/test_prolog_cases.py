@@ -1,6 +1,9 @@
 """The real prolog (child process, fake host root, fake tools on PATH) on
 field cases 15, 18 and 20, exclusivity taken only from slurmctld's record,
-and planted symlinks in the state/spool directories."""
+and planted symlinks in the state/spool directories.
+
+Field cases are described in docs/field-cases.md; ``test_caseN_...`` names
+the field case a test proves."""
 
 from __future__ import annotations
 
@@ -34,7 +37,7 @@ def governor(site) -> str:
     return (site.host / "sys/devices/system/cpu/cpu0/cpufreq/scaling_governor").read_text().strip()
 
 
-# ---------------------------------------------------------------- case 15
+# ---------------------------------------------------------------- field case 15
 
 MISMATCH = {"init": {"error": "Driver/library version mismatch", "code": 18}}
 
@@ -61,7 +64,7 @@ def test_other_nvml_init_failures_do_not_drain(site, code, name):
     assert rec["nvml_ok"] is False and name in rec["steps"]["nvml"]
 
 
-# ---------------------------------------------------------------- case 20 + slurmctld unreachable
+# ---------------------------------------------------------- field case 20 + slurmctld unreachable
 
 @root_only
 @pytest.mark.parametrize("slurm", ["hang", "down"])
@@ -211,7 +214,7 @@ def test_planted_file_symlink_in_spool_job_dir_is_replaced_not_followed(site):
         json.loads((d / name).read_text())
 
 
-# ---------------------------------------------------------------- case 18, prolog side
+# ---------------------------------------------------------------- field case 18, prolog side
 
 @root_only
 @pytest.mark.parametrize("site", [{"nvml": nvml_devices(4)}], indirect=True)

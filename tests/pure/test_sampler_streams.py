@@ -1,5 +1,7 @@
 """Known-answer tests: synthetic NVML streams through the real Sampler
-(FakeNvml + simulated clock) -> node summary -> job summary -> findings."""
+(FakeNvml + simulated clock) -> node summary -> job summary -> findings.
+
+The field cases named in section comments are described in docs/field-cases.md."""
 
 from __future__ import annotations
 

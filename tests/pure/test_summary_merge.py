@@ -152,8 +152,8 @@ def test_js1_round_trip_and_jobstats_layout(two_nodes):
 
 
 def test_js1_mig_node_has_no_gpu_utilization_but_memory(tmp_path):
-    """Case 12 in jobstats' terms: no gpu_utilization key (jobstats shows it
-    unavailable), never 0."""
+    """Field case 12 (docs/field-cases.md) in jobstats' terms: no
+    gpu_utilization key (jobstats shows it unavailable), never 0."""
     node = _node(tmp_path, "mig-01", [0], None, 1.0, GIB, mig=True)
     job = job_of([node], H, cpus_alloc=8, mem_req_bytes=16 * GIB, gpus_alloc=1)
     raw = decode_js1(js1_blob(job))

@@ -1,4 +1,5 @@
-"""Device-list parsing (field case 11, case 9's Slurm forms)."""
+"""Device-list parsing (field case 11, and the Slurm forms of field case 9;
+both in docs/field-cases.md)."""
 
 import pytest
 

@@ -1,4 +1,5 @@
-"""nvidia-smi topo -m fallback parser (field cases 2 and 3)."""
+"""nvidia-smi topo -m fallback parser (field cases 2 and 3, docs/field-cases.md;
+``CASEn`` inputs and ``test_caseN_...`` names refer to them)."""
 
 import pytest
 

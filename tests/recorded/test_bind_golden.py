@@ -19,7 +19,8 @@ from gsrun.facts.topology import read_topology
 from gsrun.wrapper.bind import main
 
 HOSTS = DATA / "hosts"
-# host -> extra inputs (the cpuset-restricted job's allowed CPUs, field case 3)
+# host -> extra inputs (the cpuset-restricted job's allowed CPUs, field case 3 in
+# docs/field-cases.md)
 GOLDEN_HOSTS = {"h200-vm": {}, "server-2s8g": {}, "amd-nps4": {}, "vm-numa-minus1": {},
                 "cpuset-job": {"allowed": "0-15,56-71"}}
 

@@ -1,4 +1,8 @@
-"""The binding plan (pure decisions) on every recorded host + field cases."""
+"""The binding plan (pure decisions) on every recorded host + field cases.
+
+Field cases are described in docs/field-cases.md; ``test_caseN_...`` names the
+field case a test proves, and the recorded hosts ``case4-l4`` and ``case7-mixed``
+(tests/data/hosts/) are the inputs of field cases 4 and 7."""
 
 import pytest
 

@@ -1,5 +1,6 @@
-"""gsrun.facts.cgroup against fake trees in tests/data/cgroup/ (field case 22) and
-the real H200 VM recording; the psutil fallback against real processes."""
+"""gsrun.facts.cgroup against fake trees in tests/data/cgroup/ (field case 22 in
+docs/field-cases.md) and the real H200 VM recording; the psutil fallback
+against real processes."""
 
 import os
 import shutil
@@ -53,7 +54,7 @@ def test_mountinfo_edge_cases():
     assert m.version == 2 and m.v2 == ("/mnt/my cg", "/")
 
 
-# ----------------------------------------------------------------- case 22
+# ----------------------------------------------------------------- field case 22
 
 @pytest.mark.parametrize("layout", ["v2", "v1-separate", "v1-combined", "v2-multi-slurmd"])
 def test_case22_cpu_time_and_efficiency(layout):

@@ -1,5 +1,8 @@
-"""Pure tests of gsrun.facts.sacct against the field cases 23-26 (exact values from
-FIELD_CASES.md) and the recorded-format fixtures in tests/data/sacct/."""
+"""Pure tests of gsrun.facts.sacct against the field cases 23-26 (described in
+docs/field-cases.md; the exact input values come from the shared
+``cases/FIELD_CASES.md`` beside the checkout) and the recorded-format fixtures
+in tests/data/sacct/. ``test_caseN...`` names and ``caseN_*.txt`` fixtures
+refer to field case N."""
 
 from pathlib import Path
 
@@ -32,7 +35,7 @@ def eff(name, jobid=None):
     return efficiency_from_sacct(text, fmt, jobid=jobid)
 
 
-# ----------------------------------------------------------------- time strings (26)
+# ----------------------------------------------------------------- time strings (field case 26)
 
 @pytest.mark.parametrize("text,seconds", [
     ("00:00.001", 0.001),
@@ -59,7 +62,7 @@ def test_parse_time_exact_and_missing():
             parse_time_s(bad)
 
 
-# ----------------------------------------------------------------- memory zoo (24)
+# ----------------------------------------------------------------- memory zoo (field case 24)
 
 @pytest.mark.parametrize("text,bytes_,per", [
     ("0c", 0, "cpu"),
@@ -159,7 +162,7 @@ def test_bad_time_becomes_note_not_crash():
     assert any("elapsed" in n and "garbage" in n for n in e.notes)
 
 
-# ----------------------------------------------------------------- case 23
+# ----------------------------------------------------------------- field case 23
 
 def test_case23_array_task_cancelled_before_start():
     e = eff("case23_zero_divisors.txt", jobid="15053872_1491")
@@ -215,7 +218,7 @@ def test_case23_pending_and_requeued_are_deferred():
     assert any("deferred" in n for n in r.notes)
 
 
-# ----------------------------------------------------------------- case 24
+# ----------------------------------------------------------------- field case 24
 
 def test_case24_2108_total_not_divided_by_cpus():
     for name in ("case24_reqmem_2108.txt", "case24_reqmem_2108_alloctres.txt"):
@@ -239,7 +242,7 @@ def test_case24_per_node_times_nodes():
     assert e.mem_req_bytes == 20 * 191846 * MiB
 
 
-# ----------------------------------------------------------------- case 25
+# ----------------------------------------------------------------- field case 25
 
 def test_case25a_peak_is_max_over_steps():
     e = eff("case25a_steps.txt")
@@ -274,7 +277,7 @@ def test_case25_minus_X_output_has_no_peak():
     assert e.mem_peak_bytes is None and e.mem_eff_pct is None and "MaxRSS" in e.mem_eff_na
 
 
-# ----------------------------------------------------------------- case 26
+# ----------------------------------------------------------------- field case 26
 
 def test_case26a_empty_totalcpu_uses_tresusage_cpu():
     for name in ("case26a_2505_steponly.txt", "case26a_2505.txt"):
@@ -318,7 +321,7 @@ def test_case26c_20_nodes_only_batch_accounted():
 # ----------------------------------------------------------------- shared math
 
 def test_cpu_efficiency_math():
-    assert cpu_efficiency(7200, 4, 3600) == (50.0, None, False)     # case 22
+    assert cpu_efficiency(7200, 4, 3600) == (50.0, None, False)     # field case 22
     assert cpu_efficiency(None, 4, 3600)[0] is None
     assert cpu_efficiency(10, 0, 3600)[:2] == (None, "N/A: no CPUs allocated (AllocCPUS=0)")
     assert cpu_efficiency(10, None, 3600)[0] is None

@@ -1,4 +1,5 @@
-"""Topology facts from recorded/fake host trees (cases 1, 4, 7, 8)."""
+"""Topology facts from recorded/fake host trees (field cases 1, 4, 7, 8 in
+docs/field-cases.md)."""
 
 import json
 import shutil

@@ -430,6 +430,8 @@ def test_two_overlapping_jobs_last_one_restores(host, state):
 
 
 def test_field_case_18_other_job_still_running(host, state):
+    """Field case 18 (docs/field-cases.md): an epilog leaves node-wide settings
+    alone while another job on the node still runs."""
     # 4242 tuned the node; 4243 (same user, other GPUs) asked for nothing but runs
     base = snapshot(host.root)
     tuning.prolog_tune(host, state, "4242", "governor=performance,thp=never,swappiness=10", SHARED, None,

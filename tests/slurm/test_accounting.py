@@ -1,4 +1,4 @@
-"""Slurm accounting end to end (issue 11): slurmdbd + MariaDB on the local cluster.
+"""Slurm accounting end to end: slurmdbd + MariaDB on the local cluster.
 
 Needs a cluster started with ``tests/cluster/up --accounting`` and
 ``GSRUN_TEST_ACCOUNTING=1`` (plus ``GSRUN_TEST_CLUSTER``, as every test here).

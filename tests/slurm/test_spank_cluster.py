@@ -139,8 +139,8 @@ def test_srun_tasks_get_the_planned_affinity():
 
 
 def test_srun_eight_tasks_on_two_nodes_get_the_planned_affinity():
-    """Issue 8: tasks of ``srun -n 8`` report the planned CPU affinity (bound
-    by the plugin's task_init, no wrapper in the command)."""
+    """With the SPANK plugin loaded, tasks of ``srun -n 8`` report the planned
+    CPU affinity (bound by the plugin's task_init, no wrapper in the command)."""
     p = slurm(["srun", "-p", PARTITION, "-N", "2", "-n", "8", "sh", "-c",
                'echo "$SLURMD_NODENAME $SLURM_LOCALID $GSRUN_BIND_CPUS '
                '$(grep Cpus_allowed_list /proc/self/status | cut -f2)"'])

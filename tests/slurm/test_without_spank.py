@@ -1,4 +1,4 @@
-"""Issue 8: removing the SPANK plugin leaves gsrun working through gsrun-bind.
+"""Removing the SPANK plugin leaves gsrun working through gsrun-bind.
 
 Restarts the cluster without the plugin, runs a job, then brings the cluster
 back as tests/run left it (plugin + accounting), whatever the outcome: the
