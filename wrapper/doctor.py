@@ -128,7 +128,7 @@ class Context:
             env["SLURM_CONF"] = self.slurm_conf
         try:
             return self.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False, env=env,
-                            stdin=subprocess.DEVNULL)
+                            stdin=subprocess.DEVNULL, cwd="/")
         except (OSError, subprocess.TimeoutExpired):
             return None
 

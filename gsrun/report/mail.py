@@ -771,7 +771,7 @@ def send_mailprog(msg: EmailMessage, cfg) -> None:
     try:
         cp = subprocess.run(argv, input=wire_bytes(msg), capture_output=True,
                             timeout=timeout_s, env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
-                            close_fds=True)
+                            close_fds=True, cwd="/")
     except subprocess.TimeoutExpired:
         raise MailError("MailProg timed out", f"{prog} after {timeout_s:g} s",
                         hint="is the local MTA wedged?") from None
