@@ -30,6 +30,7 @@ from gsrun.base.fsutil import atomic_write_json, read_json
 from gsrun.base.log import JobLog
 from gsrun.base.paths import Paths
 from gsrun.base.paths import check_job_id
+from gsrun.base.proc import ROOT_CWD, root_child_env, root_python
 from gsrun.facts.slurm import expand_hostlist, parse_exit_code, parse_job_record, run_slurm
 from gsrun.report.summary import job_summary
 
@@ -169,19 +170,16 @@ def run(environ, spool_dir: str | None = None, wait_s: float = 30.0) -> int:
 
 
 def _child_env() -> dict[str, str]:
-    keep = ("PATH", "GSRUN_CONFIG", "GSRUN_SPOOL_DIR", "GSRUN_LOG_FILE", "SLURM_CONF", "LANG")
-    env = {k: v for k, v in os.environ.items() if k in keep}
-    env.setdefault("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
-    return env
+    return root_child_env(("GSRUN_SPOOL_DIR", "GSRUN_LOG_FILE"))
 
 
 def _kick_admin_comment(job_id: str, spool_dir: str) -> None:
     """Start the detached AdminComment step (it checks for slurmdbd itself)."""
     try:
-        subprocess.Popen([sys.executable, "-m", "gsrun.epilog.ctld", "admin-comment", job_id,
-                          "--spool-dir", spool_dir], stdin=subprocess.DEVNULL,
+        subprocess.Popen(root_python("-m", "gsrun.epilog.ctld", "admin-comment", job_id,
+                                     "--spool-dir", spool_dir), stdin=subprocess.DEVNULL,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-                         close_fds=True, env=_child_env())
+                         close_fds=True, cwd=ROOT_CWD, env=_child_env())
     except OSError:
         pass
 
@@ -194,14 +192,16 @@ def admin_comment_step(job_id: str, spool_dir: str | None = None, deadline_s: fl
     from gsrun.report.summary import js1_blob
 
     log = JobLog(job_id, "admin-comment")
+    paths = None
     try:
         check_job_id(job_id)
         cfg = load_config_or_defaults(log)
         timeout_s = cfg["timeouts.command_s"]
+        paths = Paths.from_config(cfg, None, spool_dir)
         sconf = accounting.config(timeout_s)
         if not accounting.uses_slurmdbd(sconf):
+            _mark_accounting(paths, job_id, "no slurmdbd", log)
             return 0
-        paths = Paths.from_config(cfg, None, spool_dir)
         summary = read_json(paths.spool_job(job_id) / "summary.json")
         if not summary or summary.get("kind") != "job":
             log.warn("no job summary: AdminComment not stored")
@@ -209,15 +209,33 @@ def admin_comment_step(job_id: str, spool_dir: str | None = None, deadline_s: fl
         blob = js1_blob(summary)
         if blob is None:
             log("no figures jobstats could use (no elapsed time or node summaries): AdminComment not set")
+            _mark_accounting(paths, job_id, "no figures", log)
             return 0
         how = accounting.store_admin_comment_retry(
             job_id, blob, sconf.get("ClusterName", ""), os.environ.get("SLURM_CONF"), timeout_s,
             deadline_s, log=None)
         log(f"AdminComment stored ({len(blob)} chars, {how})")
+        _mark_accounting(paths, job_id, "stored", log, how)
         return 0
     except GsrunError as e:
         log.error(f"AdminComment not stored: {e}".replace("\n", " "))
+        if paths is not None:
+            _mark_accounting(paths, job_id, "failed", log, str(e)[:300])
         return 1
+
+
+def _mark_accounting(paths: Paths, job_id: str, state: str, log, detail: str = "") -> None:
+    """``<spool>/jobs/<id>/accounting.json`` (root 0600, atomic):
+    ``{"admin_comment": "stored"|"no slurmdbd"|"no figures"|"failed", "detail", "time"}``.
+    ``gsrun-node prune`` drops a job directory without ``--force`` only when
+    it says ``stored``. Never raises (the job directory may be gone)."""
+    from gsrun.report.retention import ACCOUNTING_MARK
+
+    try:
+        atomic_write_json(paths.spool_job(job_id) / ACCOUNTING_MARK,
+                          {"admin_comment": state, "detail": detail, "time": round(time.time(), 3)}, mode=0o600)
+    except (OSError, GsrunError) as e:
+        log.warn(f"accounting marker not written: {e}".replace("\n", " "))
 
 
 def _main(argv: list[str]) -> int:
@@ -270,10 +288,9 @@ def queue_mail(paths: Paths, summary: dict, cfg, log) -> str:
 def _kick_flush() -> None:
     """Start ``gsrun-node mail flush`` detached so delivery never blocks us."""
     try:
-        subprocess.Popen([sys.executable, "-m", "gsrun.wrapper.node", "mail", "flush"], stdin=subprocess.DEVNULL,
+        subprocess.Popen(root_python("-m", "gsrun.wrapper.node", "mail", "flush"), stdin=subprocess.DEVNULL,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-                         close_fds=True, env={k: v for k, v in os.environ.items()
-                                               if k in ("PATH", "GSRUN_CONFIG", "GSRUN_SPOOL_DIR", "LANG")})
+                         close_fds=True, cwd=ROOT_CWD, env=root_child_env(("GSRUN_SPOOL_DIR",)))
     except OSError:
         pass
 

@@ -38,6 +38,7 @@ from gsrun.facts.jobenv import job_from_env
 from gsrun.base.log import JobLog, safe_text
 from gsrun.facts.nvml import NvmlUnavailable, index_by_minor, open_nvml
 from gsrun.base.paths import Paths
+from gsrun.base.proc import ROOT_CWD, root_child_env, root_python
 from gsrun.request.job import (JobRequest, comment_from_slurm, exclusive_from_record, request_from_job_record,
                         request_from_spank)
 
@@ -238,29 +239,27 @@ def start_sampler_process(job, paths, cfg, hostfs) -> dict:
     import psutil
 
     d = paths.make_state_job(job.job_id)
-    argv = [sys.executable, "-m", "gsrun.node.sampler", "--job-id", job.job_id, "--uid", str(job.uid),
+    args = ["--job-id", job.job_id, "--uid", str(job.uid),
             "--node", job.node, "--gpus", ",".join(str(g) for g in (job.gpus or [])),
             "--state-dir", str(paths.state_dir), "--spool-dir", str(paths.spool_dir)]
     if not hostfs.is_real:
-        argv += ["--host-root", str(hostfs.root)]
+        args += ["--host-root", str(hostfs.root)]
+    argv = root_python("-m", "gsrun.node.sampler", *args)
     logf = os.fdopen(os.open(d / "sampler.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
                              | os.O_CLOEXEC, 0o600), "ab")
     try:
         p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True,
-                             close_fds=True, cwd="/", env=_sampler_env())
+                             close_fds=True, cwd=ROOT_CWD, env=_sampler_env())
     finally:
         logf.close()
     try:
         ct = psutil.Process(p.pid).create_time()
     except psutil.Error:
         ct = None
-    info = {"pid": p.pid, "create_time": ct, "argv": argv[3:]}
+    info = {"pid": p.pid, "create_time": ct, "argv": args}
     atomic_write_json(d / "sampler.pid.json", info, mode=0o600)
     return info
 
 
 def _sampler_env() -> dict:
-    keep = ("PATH", "LANG", "LC_ALL", "GSRUN_CONFIG", "GSRUN_HOST_ROOT", "SLURM_CONF", "PYTHONPATH")
-    env = {k: os.environ[k] for k in keep if k in os.environ}
-    env.setdefault("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-    return env
+    return root_child_env(("GSRUN_HOST_ROOT",))

@@ -128,7 +128,7 @@ class Context:
             env["SLURM_CONF"] = self.slurm_conf
         try:
             return self.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False, env=env,
-                            stdin=subprocess.DEVNULL)
+                            stdin=subprocess.DEVNULL, cwd="/")
         except (OSError, subprocess.TimeoutExpired):
             return None
 
@@ -632,11 +632,44 @@ def check_mail(ctx: Context) -> Check:
               host=host, port=port)
 
 
+SPOOL_MAX_USED_PCT = 90.0
+
+
+def check_retention(ctx: Context) -> Check:
+    """``warn`` when ``<spool>/jobs/`` holds job directories older than
+    ``spool.retention_days`` (gsrun-node prune is not running) or the spool's
+    filesystem is over :data:`SPOOL_MAX_USED_PCT` % full; ``n/a`` without a
+    spool or ``jobs/`` yet."""
+    from gsrun.report.retention import oldest_age_days
+
+    _, spool = ctx.paths()
+    days = ctx.cfg["spool.retention_days"]
+    if not Path(spool, "jobs").is_dir():
+        return _c("retention", "n/a", f"{spool}/jobs not created yet", path=spool)
+    try:
+        n, oldest = oldest_age_days(spool)
+    except GsrunError as e:
+        return _c("retention", "warn", str(e).replace("\n", " "), "inspect the spool", path=spool)
+    du = shutil.disk_usage(spool)
+    used = 100.0 * (du.total - du.free) / du.total if du.total else 0.0
+    data = {"path": spool, "job_dirs": n, "oldest_days": None if oldest is None else round(oldest, 1),
+            "retention_days": days, "used_pct": round(used, 1)}
+    detail = (f"{n} job directories, oldest {oldest:.0f} days" if oldest is not None else "no job directories") \
+        + f"; filesystem {used:.0f}% used; retention {days or 'forever'}" + (" days" if days else "")
+    if used > SPOOL_MAX_USED_PCT:
+        return _c("retention", "warn", detail, "run gsrun-node prune (see docs/ADMIN.md, the prune timer)", **data)
+    if days and oldest is not None and oldest > days + 1:
+        return _c("retention", "warn", detail,
+                  "job directories outlive spool.retention_days: enable the gsrun-prune timer "
+                  "(docs/ADMIN.md) or run gsrun-node prune --dry-run", **data)
+    return _c("retention", "ok", detail, **data)
+
+
 CHECKS: tuple[tuple[str, Callable[[Context], Check]], ...] = (
     ("install", check_install), ("config", check_config), ("nvml", check_nvml), ("gpus", check_gpus), ("slurm gres", check_slurm_gres),
     ("mig", check_mig), ("cpufreq", check_cpufreq), ("swap", check_swap), ("thp", check_thp),
     ("cgroup", check_cgroup), ("mps", check_mps), ("numactl", check_numactl), ("spank", check_spank),
-    ("spool", check_spool), ("state dir", check_state), ("mail", check_mail),
+    ("spool", check_spool), ("retention", check_retention), ("state dir", check_state), ("mail", check_mail),
 )
 
 

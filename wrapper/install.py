@@ -41,6 +41,7 @@ from gsrun.request.config import DEFAULT_CONFIG_PATH, SETTINGS, Config, load_con
 from gsrun.base.errors import InputError, NodeError
 from gsrun.base.templating import render
 from gsrun.base.fsutil import atomic_write, ensure_dir
+from gsrun.base.proc import ROOT_CWD, root_python
 
 PHASE = "install"
 VERSION_COMMANDS = (("slurmctld", "-V"), ("slurmd", "-V"), ("scontrol", "-V"), ("sinfo", "-V"))
@@ -85,7 +86,7 @@ def detect_slurm_version(timeout_s: float = 5.0, run: Callable = subprocess.run)
     for argv in VERSION_COMMANDS:
         try:
             p = run(list(argv), capture_output=True, text=True, timeout=timeout_s, check=False,
-                    env={"PATH": SAFE_PATH, "LANG": "C"})
+                    env={"PATH": SAFE_PATH, "LANG": "C"}, cwd=ROOT_CWD)
         except (OSError, subprocess.TimeoutExpired):
             continue
         v = parse_slurm_version((p.stdout or "") + " " + (p.stderr or ""))
@@ -161,23 +162,28 @@ def measure_hook_cost(config_path: str | None, runs: int = 3, timeout_s: float =
                       python: str = sys.executable, run: Callable = subprocess.run,
                       clock: Callable[[], float] = time.monotonic) -> HookCost:
     """Time ``runs`` prolog dry runs and one epilog import (see :class:`HookCost`).
-    Each process has ``timeout_s``."""
+    Each process has ``timeout_s`` and runs as a root child must
+    (:func:`gsrun.base.proc.root_python`, ``cwd="/"``, :func:`dry_run_env`):
+    an admin running ``gsrun-node install`` from ``/tmp`` or a shared
+    checkout never imports a ``gsrun/`` or ``json.py`` lying there."""
     env = dry_run_env(config_path)
     worst = 0.0
     try:
         for _ in range(runs):
             t0 = clock()
-            p = run([python, "-m", "gsrun.wrapper.node", "prolog", "--dry-run"], capture_output=True, text=True,
-                    timeout=timeout_s, env=env, check=False, stdin=subprocess.DEVNULL)
+            p = run(root_python("-m", "gsrun.wrapper.node", "prolog", "--dry-run", python=python),
+                    capture_output=True, text=True, timeout=timeout_s, env=env, check=False,
+                    stdin=subprocess.DEVNULL, cwd=ROOT_CWD)
             dt = clock() - t0
             if p.returncode != 0:
                 tail = (p.stderr or p.stdout or "").strip().splitlines()[-1:] or [""]
                 return HookCost(None, None, runs, f"prolog --dry-run exited {p.returncode}: {tail[0][:200]}")
             worst = max(worst, dt)
         t0 = clock()
-        p = run([python, "-c", "import gsrun.epilog.main, gsrun.epilog.ctld, gsrun.report.summary, gsrun.report.render"],
+        p = run(root_python("-c", "import gsrun.epilog.main, gsrun.epilog.ctld, gsrun.report.summary, "
+                                  "gsrun.report.render", python=python),
                 capture_output=True, text=True, timeout=timeout_s, env=env, check=False,
-                stdin=subprocess.DEVNULL)
+                stdin=subprocess.DEVNULL, cwd=ROOT_CWD)
         imp = clock() - t0
         if p.returncode != 0:
             return HookCost(worst, None, runs, f"epilog import failed: {(p.stderr or '').strip()[-200:]}")

@@ -3,7 +3,7 @@
 Subcommands: ``prolog``, ``epilog``, ``epilog-ctld`` (Slurm hooks; the job
 context comes from the environment Slurm sets), ``sampler`` (started by the
 prolog), ``restore``, ``status``, ``topology``, ``mig plan``, ``spank
-build|install``, ``mail flush``, ``config check|reference``, ``install``,
+build|install``, ``mail flush``, ``prune``, ``config check|reference``, ``install``,
 ``doctor``.
 """
 
@@ -229,6 +229,41 @@ def mail_flush(spool_dir):
     paths = Paths.from_config(cfg, None, spool_dir)
     click.echo(json.dumps(mail.flush(str(paths.spool_dir), cfg), default=str))
     return 0
+
+
+@cli.command()
+@SPOOL_DIR
+@click.option("--older-than", "older_than", type=click.FloatRange(min=0), default=None, metavar="DAYS",
+              help="Age in days (default: spool.retention_days of the site config).")
+@click.option("--dry-run", is_flag=True, help="Only say what would be removed.")
+@click.option("--force", is_flag=True, help="Also remove job directories whose summary is not in accounting.")
+@click.option("--json", "as_json", is_flag=True)
+def prune(spool_dir, older_than, dry_run, force, as_json):
+    """Remove old job directories of the spool (and delivered/failed mails of
+    the same age). Safe while hooks run: see gsrun.report.retention."""
+    from gsrun.report import mail, retention
+    from gsrun.request.config import load_config
+    from gsrun.base.paths import Paths
+
+    cfg = load_config()
+    paths = Paths.from_config(cfg, None, spool_dir)
+    days = older_than if older_than is not None else cfg["spool.retention_days"]
+    if older_than is None and days == 0:
+        click.echo("gsrun: prune: nothing to do: spool.retention_days = 0 (keep forever)", err=True)
+        return 0
+    rows = retention.prune_job_dirs(str(paths.spool_dir), days, dry_run=dry_run, force=force)
+    mails = 0 if dry_run else mail.prune(str(paths.spool_dir), max_age_s=max(days, 1) * 86400)
+    if as_json:
+        click.echo(json.dumps({"older_than_days": days, "dry_run": dry_run, "jobs": rows, "mails_removed": mails}))
+    else:
+        for r in rows:
+            if r["action"] == "remove" or r["reason"].startswith(("summary not stored", "not ")):
+                click.echo(f"{r['job']}\t{r['action']}\t{r.get('result', '')}\t{r['reason']}")
+        gone = sum(1 for r in rows if r.get("result") in ("removed", "dry run"))
+        click.echo(f"# {gone} job director{'y' if gone == 1 else 'ies'} "
+                   f"{'would be ' if dry_run else ''}removed (older than {days:g} days), "
+                   f"{len(rows) - gone} kept; {mails} mails removed")
+    return 1 if any(str(r.get("result", "")).startswith("error") for r in rows) else 0
 
 
 @cli.group("config")

@@ -8,13 +8,55 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-from collections.abc import Mapping, Sequence
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+
+# The working directory of every child that root code starts: never the caller's
+# (slurmctld's may be /var/tmp, an admin's /tmp or a shared checkout).
+ROOT_CWD = "/"
+SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# Always passed on when set: locale and where gsrun finds its config, dirs and Slurm.
+CHILD_ENV_BASE = ("PATH", "LANG", "LC_ALL", "GSRUN_CONFIG", "SLURM_CONF")
+# PYTHON* variables a child may inherit; every other one (PYTHONPATH, PYTHONHOME,
+# PYTHONSTARTUP, PYTHONUSERBASE, PYTHONWARNINGS -- which imports the module it names --,
+# PYTHONINSPECT, PYTHONBREAKPOINT ...) is dropped even when a caller asks to keep it.
+_PY_ENV_OK = frozenset({"PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED", "PYTHONIOENCODING"})
+
+
+def root_python(*args: str, python: str | None = None) -> list[str]:
+    """The argv of a child Python that root code starts:
+    ``[python, "-P", "-s", *args]`` (``python`` defaults to
+    :data:`sys.executable`). ``-P`` (Python >= 3.11) keeps the working
+    directory / script directory off ``sys.path`` for ``-m`` and ``-c``; ``-s``
+    leaves out the user site-packages. Use with :func:`root_child_env` and
+    ``cwd=ROOT_CWD``. E.g. ``root_python("-m", "gsrun.node.sampler", "--job-id", "42")``.
+    """
+    return [python or sys.executable, "-P", "-s", *args]
+
+
+def root_child_env(keep: Iterable[str] = (), base: Mapping[str, str] | None = None,
+                   extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The explicit, minimal environment of a child of root code: the
+    variables of :data:`CHILD_ENV_BASE` plus the names in ``keep`` taken from
+    ``base`` (default :data:`os.environ`), then ``extra``; ``PATH`` defaults
+    to :data:`SAFE_PATH`. A ``PYTHON*`` variable survives only when it is
+    harmless (``PYTHONDONTWRITEBYTECODE``, ``PYTHONUNBUFFERED``,
+    ``PYTHONIOENCODING``): ``PYTHONPATH``, ``PYTHONHOME``, ``PYTHONSTARTUP``,
+    ``PYTHONUSERBASE``, ``PYTHONWARNINGS``... never reach a root child, even
+    from ``keep`` or ``extra``. Pure. -> {name: value}."""
+    src = os.environ if base is None else base
+    env = {k: src[k] for k in (*CHILD_ENV_BASE, *keep, *_PY_ENV_OK) if k in src}
+    env.update(extra or {})
+    env = {k: v for k, v in env.items() if not k.startswith("PYTHON") or k in _PY_ENV_OK}
+    env.setdefault("PATH", SAFE_PATH)
+    return env
 
 
 def run_bounded(argv: Sequence[str], timeout_s: float, input_text: str | None = None,
-                env: Mapping[str, str] | None = None) -> tuple[int | None, str, str]:
-    """Run ``argv`` with ``timeout_s``. Returns (exit status, or None on
-    timeout; stdout; stderr). Text is decoded with ``errors="replace"`` and
+                env: Mapping[str, str] | None = None, cwd: str = ROOT_CWD) -> tuple[int | None, str, str]:
+    """Run ``argv`` with ``timeout_s`` in ``cwd`` (default ``/``: a tool that
+    is a script never sees the caller's directory). Returns (exit status, or
+    None on timeout; stdout; stderr). Text is decoded with ``errors="replace"`` and
     ``input_text`` encoded with ``surrogateescape`` (non-UTF-8 arguments from
     ``os.fsdecode`` survive).
 
@@ -23,7 +65,7 @@ def run_bounded(argv: Sequence[str], timeout_s: float, input_text: str | None = 
     """
     p = subprocess.Popen(list(argv), stdin=subprocess.PIPE if input_text is not None else subprocess.DEVNULL,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                         close_fds=True, env=dict(env) if env is not None else None)
+                         close_fds=True, cwd=cwd, env=dict(env) if env is not None else None)
     data = input_text.encode("utf-8", "surrogateescape") if input_text is not None else None
     try:
         out, err = p.communicate(input=data, timeout=timeout_s)

@@ -143,7 +143,7 @@ def run_topo_matrix(timeout_s: float = 10.0) -> str | None:
         return None
     try:
         r = subprocess.run([exe, "topo", "-m"], capture_output=True, text=True,
-                           timeout=timeout_s, check=False)
+                           timeout=timeout_s, check=False, cwd="/")
     except (OSError, subprocess.TimeoutExpired):
         return None
     return r.stdout if r.returncode == 0 else None

@@ -185,7 +185,8 @@ def _sql_set(job_id: str, blob: str, cluster: str, slurm_conf: str | None,
         f.flush()
         try:
             cp = subprocess.run([client, f"--defaults-file={f.name}", "--protocol=TCP", db, "-e", sql],
-                                capture_output=True, text=True, timeout=timeout_s, errors="replace")
+                                capture_output=True, text=True, timeout=timeout_s, errors="replace",
+                                cwd="/")
         except subprocess.TimeoutExpired:
             raise SlurmError("accounting", "database timed out", f"no answer in {timeout_s:g} s") from None
     if cp.returncode != 0:

@@ -53,6 +53,7 @@ import subprocess
 import time
 import unicodedata
 from email import policy as email_policy
+from email.header import Header
 from email.headerregistry import Address
 from email.message import EmailMessage
 from email.parser import BytesParser
@@ -122,6 +123,28 @@ def clean_line(value: Any, max_len: int = 200) -> str:
     return s if len(s) <= max_len else s[: max_len - 1] + "\u2026"
 
 
+def set_text_header(msg: EmailMessage, name: str, text: Any, max_len: int = 250) -> str:
+    """Set header ``name`` of ``msg`` to display text built from job data, so
+    that a mail reader shows exactly :func:`clean_line` ``(text)``: the
+    characters as typed, no control, CR/LF or bidi characters.
+
+    RFC 2047 encoded words (``=?utf-8?q?=E2=80=AE...?=``, which a reader
+    would decode into a right-to-left override or a line break) are never
+    decoded for display: when the text holds an ``=?`` marker, the header is
+    written as *our own* encoded words of the literal text (``=3D=3F``
+    inside), folded to 76 columns, so a reader decodes exactly once and shows
+    the marker as plain characters. (Assigning the text the usual way would
+    let ``email.headerregistry`` decode the user's encoded words at once.)
+    Returns the text set."""
+    value = clean_line(text, max_len)
+    del msg[name]
+    if "=?" in value:
+        msg.set_raw(name, Header(value, "utf-8", header_name=name).encode(maxlinelen=76))
+    else:
+        msg[name] = value
+    return value
+
+
 def clean_block(value: Any, max_len: int = 200_000) -> str:
     """Multi-line display text: like :func:`clean_line` per line, but keeps
     ``\\n`` (CRLF/CR normalised) and leading indentation."""
@@ -157,6 +180,9 @@ def validate_addr(addr: str, what: str = "address") -> str:
         raise InputError(PHASE, f"bad {what}", "empty", hint="the job has no MailUser, or mail.from_addr is empty")
     if any(unicodedata.category(c) == "Cc" or c in _BIDI for c in addr):
         raise InputError(PHASE, f"bad {what}", f"{addr!r} holds control characters")
+    if "=?" in addr:   # an RFC 2047 encoded word: readers would decode it (into controls, bidi, CR/LF)
+        raise InputError(PHASE, f"bad {what}", f"{addr!r} holds an encoded word (=?...?=)",
+                         hint="give a plain local@domain address")
     if len(email.utils.getaddresses([addr])) != 1:
         raise InputError(PHASE, f"bad {what}", f"{addr!r} is not one address")
     _name, spec = email.utils.parseaddr(addr, **_STRICT)
@@ -498,7 +524,8 @@ def build_message(summary: dict, report_text: str, png: bytes | None, to_addr: s
             text/html; charset=utf-8                      templates/mail.html.j2, <img src="cid:...">
             image/png (base64, inline, Content-ID)       ``png``
 
-    Headers: From, To, Subject (:func:`subject_line`), Date, Message-ID
+    Headers: From, To, Subject (:func:`subject_line`, set by :func:`set_text_header`:
+    an encoded word in a job name is shown literally, never decoded), Date, Message-ID
     (:func:`message_id`, from the job id), ``Auto-Submitted: auto-generated``
     (RFC 3834: no vacation replies), ``X-Gsrun-Job``. Every header value is
     stripped of CR/LF and control characters; the whole message is 7-bit.
@@ -525,11 +552,11 @@ def build_message(summary: dict, report_text: str, png: bytes | None, to_addr: s
     msg = EmailMessage(policy=email_policy.default)
     msg["From"] = str(Address(username=from_spec.rsplit("@", 1)[0], domain=domain, display_name="gsrun"))
     msg["To"] = to_spec
-    msg["Subject"] = clean_line(view["subject"], 250)
+    set_text_header(msg, "Subject", view["subject"], 250)   # encoded words in a job name stay literal
     msg["Date"] = email.utils.formatdate(date if date is not None else time.time(), localtime=True)
     msg["Message-ID"] = message_id(summary, domain)
     msg["Auto-Submitted"] = "auto-generated"
-    msg["X-Gsrun-Job"] = clean_line(jid, 40)
+    set_text_header(msg, "X-Gsrun-Job", jid, 40)
     msg.set_content(render_text(view), subtype="plain", charset="utf-8", cte="quoted-printable")
     msg.add_alternative(render_html(view), subtype="html", charset="utf-8", cte="quoted-printable")
     if has_image:
@@ -772,7 +799,7 @@ def send_mailprog(msg: EmailMessage, cfg) -> None:
     try:
         cp = subprocess.run(argv, input=wire_bytes(msg), capture_output=True,
                             timeout=timeout_s, env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
-                            close_fds=True)
+                            close_fds=True, cwd="/")
     except subprocess.TimeoutExpired:
         raise MailError("MailProg timed out", f"{prog} after {timeout_s:g} s",
                         hint="is the local MTA wedged?") from None
@@ -979,7 +1006,7 @@ def prune(spool_dir, max_age_s: float = 30 * 86400, now: float | None = None) ->
 
 __all__ = [
     "MailError", "build_message", "mail_wanted", "mail_kind", "mail_view", "subject_line", "message_id",
-    "validate_addr", "clean_line", "clean_block", "enqueue", "flush", "deliver", "send_smtp",
+    "validate_addr", "clean_line", "clean_block", "set_text_header", "enqueue", "flush", "deliver", "send_smtp",
     "send_mailprog", "queue_status", "backoff_s", "prune", "retry_failed", "render_text", "render_html",
     "SpooledMessage", "wire_bytes",
 ]

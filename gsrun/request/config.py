@@ -125,6 +125,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("paths.mps_dir", str, "/run/gsrun/mps",
             "Parent of per-job MPS pipe/log directories (<mps_dir>/<jobid>/{pipe,log}).",
             _abs_path, "absolute path"),
+    Setting("spool.retention_days", int, 180,
+            "gsrun-node prune (and doctor's spool check): job directories of the spool older than this many "
+            "days whose summary is stored in accounting (AdminComment) are removed; 0 = keep forever.",
+            _range(0, 36500), "0-36500"),
     Setting("sampler.interval_s", (int, float), 5.0,
             "Seconds between samples of NVML and the job cgroup.", _range(0.05, 3600), "0.05-3600"),
     Setting("sampler.flush_s", (int, float), 30.0,

@@ -111,9 +111,11 @@ epilog_budget_s = {budget_epilog_s}
     return Site(base, host, base / "state", base / "spool", base / "run" / "mps", cfg, base / "calls.log")
 
 
-def run_node(args: list[str], env: dict, timeout_s: float = 120) -> subprocess.CompletedProcess:
+def run_node(args: list[str], env: dict, timeout_s: float = 120, cwd: str = "/") -> subprocess.CompletedProcess:
+    """``gsrun-node ARGS`` as slurmd runs a hook: ``cwd`` is the hook's working
+    directory (slurmctld's may be world-writable: tests/process/test_root_cwd_imports.py)."""
     return subprocess.run([sys.executable, "-P", "-c", LAUNCH, *args], env=env, capture_output=True, text=True,
-                          errors="replace", timeout=timeout_s, cwd="/")
+                          errors="replace", timeout=timeout_s, cwd=cwd)
 
 
 def timed(args, env, timeout_s=120) -> tuple[subprocess.CompletedProcess, float]:

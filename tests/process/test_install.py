@@ -91,7 +91,9 @@ def test_measure_hook_cost_with_fake_runs():
     cost = install.measure_hook_cost("/etc/x.toml", runs=3, python="/py", run=run, clock=lambda: next(ticks))
     assert cost == install.HookCost(0.8, 0.25, 3)
     argv, kw = run.calls[0]
-    assert argv == ["/py", "-m", "gsrun.wrapper.node", "prolog", "--dry-run"]
+    assert argv == ["/py", "-P", "-s", "-m", "gsrun.wrapper.node", "prolog", "--dry-run"]
+    assert kw["cwd"] == "/" and all(c[1]["cwd"] == "/" for c in run.calls)   # never the admin's directory
+    assert run.calls[-1][0][:4] == ["/py", "-P", "-s", "-c"]
     assert kw["env"]["GSRUN_CONFIG"] == "/etc/x.toml" and kw["env"]["SLURM_JOB_ID"] == "0"
     assert kw["env"]["SPANK_GS_REPORT"] == "1"   # no scontrol call from the dry run
     assert "GSRUN_LOG_FILE" not in kw["env"]

@@ -1,0 +1,239 @@
+"""Retention of the shared spool's job directories (``gsrun-node prune``).
+
+Each job leaves ``<spool_dir>/jobs/<id>/`` (prolog and node records, the job
+summary, the users' copies). Once the summary is stored in accounting (the
+``AdminComment`` step of :mod:`gsrun.epilog.ctld` wrote
+``<spool_dir>/jobs/<id>/accounting.json`` with ``"admin_comment": "stored"``),
+the directory may go; others are kept unless forced (their summary exists
+nowhere else).
+
+- **Decision (pure):** :func:`plan_prune` over :class:`JobDir` facts.
+- **Facts:** :func:`scan_job_dirs` (``lstat`` only, never follows a link).
+- **Effect:** :func:`prune_job_dirs` (rename aside, check again, remove).
+
+Concurrency with epilogs: the writers (prolog, epilog, EpilogSlurmctld, on
+several hosts of a shared -- often NFS -- spool) take no lock, and ``flock``
+is not reliable across NFS clients, so prune uses a *quiet period* instead:
+a directory whose newest entry (or itself) changed within :data:`QUIET_S`
+(1 hour, far longer than any hook's budget) is never touched, whatever
+``--older-than`` says. A directory to drop is first renamed to
+``jobs/.prune.<id>.<random>`` (atomic: a hook starting afterwards creates a
+fresh ``jobs/<id>/``), its age is checked again under the new name, and only
+then removed; a write that landed in between puts it back. Only entries
+whose name is a plain job id (``[0-9]{1,10}(_[0-9]{1,10})?``) and that are
+real directories (not links) are considered; everything else is reported
+and left alone.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import stat
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from gsrun.base.errors import InputError, NodeError
+from gsrun.base.fsutil import read_json
+from gsrun.base.paths import check_job_id
+
+PHASE = "prune"
+QUIET_S = 3600.0
+ACCOUNTING_MARK = "accounting.json"   # written by the AdminComment step (gsrun.epilog.ctld)
+DAY_S = 86400.0
+_ASIDE = ".prune."
+
+
+def is_job_id(name: str) -> bool:
+    """``name`` is a plain Slurm job id (:func:`gsrun.base.paths.check_job_id`). Pure."""
+    try:
+        check_job_id(name)
+        return True
+    except InputError:
+        return False
+
+
+@dataclass(frozen=True)
+class JobDir:
+    """Facts about one entry of ``<spool_dir>/jobs/``: ``name``; ``kind``
+    ``"dir"`` / ``"link"`` / ``"other"``; ``newest_mtime`` epoch seconds of
+    the directory or its newest direct entry (``lstat``); ``stored``: the
+    accounting marker says the summary is in ``AdminComment``."""
+
+    name: str
+    kind: str
+    newest_mtime: float
+    stored: bool = False
+
+
+@dataclass(frozen=True)
+class Decision:
+    """``action`` ``"remove"`` or ``"keep"``; ``reason`` one line for the admin."""
+
+    name: str
+    action: str
+    reason: str
+    age_days: float
+
+
+def plan_prune(entries: list[JobDir], now: float, older_than_days: float, force: bool = False,
+               quiet_s: float = QUIET_S) -> list[Decision]:
+    """What to do with each entry (sorted by name). Removed only when: the
+    name is a job id, it is a real directory, it is older than
+    ``older_than_days`` (days, >= 0) AND than ``quiet_s`` seconds, and its
+    summary is stored in accounting (or ``force``). Pure.
+
+    Raises:
+        ValueError: ``older_than_days`` negative.
+    """
+    if older_than_days < 0:
+        raise ValueError("older_than_days must be >= 0")
+    out = []
+    for e in sorted(entries, key=lambda e: e.name):
+        age_s = now - e.newest_mtime
+        days = round(age_s / DAY_S, 2)
+
+        def keep(why: str) -> Decision:
+            return Decision(e.name, "keep", why, days)
+
+        if not is_job_id(e.name):
+            out.append(keep("not a job id"))
+        elif e.kind != "dir":
+            out.append(keep(f"not a directory ({e.kind}): left alone"))
+        elif age_s < quiet_s:
+            out.append(keep(f"changed {max(age_s, 0) / 60:.0f} min ago (quiet period {quiet_s / 60:.0f} min)"))
+        elif age_s < older_than_days * DAY_S:
+            out.append(keep(f"{days:g} days old, younger than {older_than_days:g}"))
+        elif e.stored:
+            out.append(Decision(e.name, "remove", "summary stored in accounting", days))
+        elif force:
+            out.append(Decision(e.name, "remove", "not in accounting, removed by --force", days))
+        else:
+            out.append(keep("summary not stored in accounting (use --force)"))
+    return out
+
+
+def _newest_mtime(path: Path, st: os.stat_result) -> float:
+    newest = st.st_mtime
+    try:
+        with os.scandir(path) as it:
+            for ent in it:
+                try:
+                    newest = max(newest, ent.stat(follow_symlinks=False).st_mtime)
+                except FileNotFoundError:
+                    continue
+    except OSError:
+        pass
+    return newest
+
+
+def _stored(path: Path) -> bool:
+    mark = read_json(path / ACCOUNTING_MARK) or {}
+    return mark.get("admin_comment") == "stored"
+
+
+def _jobs_dir(spool_dir) -> Path:
+    jobs = Path(spool_dir) / "jobs"
+    try:
+        st = os.lstat(jobs)
+    except FileNotFoundError:
+        raise NodeError(PHASE, "no job directories", f"{jobs} does not exist",
+                        hint="check paths.spool_dir (gsrun-node install creates it)") from None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        raise NodeError(PHASE, "refusing the jobs directory",
+                        f"{jobs} is not a directory owned by uid {os.geteuid()} (planted?)",
+                        hint="inspect it; gsrun-node install recreates the spool")
+    return jobs
+
+
+def scan_job_dirs(spool_dir) -> list[JobDir]:
+    """Facts about every entry of ``<spool_dir>/jobs/`` except prune's own
+    ``.prune.*`` leftovers (no link followed).
+
+    Raises:
+        NodeError: ``jobs/`` missing, not a directory or not owned by us.
+    """
+    jobs = _jobs_dir(spool_dir)
+    out = []
+    with os.scandir(jobs) as it:
+        for ent in it:
+            if ent.name.startswith(_ASIDE):
+                continue
+            try:
+                st = ent.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            if stat.S_ISLNK(st.st_mode):
+                out.append(JobDir(ent.name, "link", st.st_mtime))
+            elif not stat.S_ISDIR(st.st_mode):
+                out.append(JobDir(ent.name, "other", st.st_mtime))
+            else:
+                p = jobs / ent.name
+                out.append(JobDir(ent.name, "dir", _newest_mtime(p, st), _stored(p)))
+    return out
+
+
+def oldest_age_days(spool_dir, now: float | None = None) -> tuple[int, float | None]:
+    """(number of job directories, age in days of the oldest one or None);
+    for ``gsrun-node doctor``.
+
+    Raises:
+        NodeError: as :func:`scan_job_dirs`.
+    """
+    t = time.time() if now is None else now
+    dirs = [e for e in scan_job_dirs(spool_dir) if e.kind == "dir" and is_job_id(e.name)]
+    if not dirs:
+        return 0, None
+    return len(dirs), (t - min(e.newest_mtime for e in dirs)) / DAY_S
+
+
+def _remove_one(jobs: Path, name: str, now: float, quiet_s: float) -> str:
+    """Rename aside, re-check, remove. -> "removed" / "changed: kept" / "gone"."""
+    aside = jobs / f"{_ASIDE}{name}.{secrets.token_hex(4)}"
+    try:
+        os.rename(jobs / name, aside)
+    except FileNotFoundError:
+        return "gone"
+    st = os.lstat(aside)
+    if not stat.S_ISDIR(st.st_mode) or now - _newest_mtime(aside, st) < quiet_s:
+        # a hook wrote in the meantime (or the entry was swapped): put it back when the name is free
+        if not os.path.lexists(jobs / name):
+            try:
+                os.rename(aside, jobs / name)
+            except OSError:
+                pass
+        return "changed: kept" + ("" if not os.path.lexists(aside) else f" as {aside.name}")
+    shutil.rmtree(aside)          # never follows links (fd-based on Linux)
+    return "removed"
+
+
+def prune_job_dirs(spool_dir, older_than_days: float, *, dry_run: bool = False, force: bool = False,
+                   now: float | None = None, quiet_s: float = QUIET_S) -> list[dict]:
+    """Apply :func:`plan_prune` to ``<spool_dir>/jobs/``. Returns one dict per
+    entry: ``{"job": name, "action": "remove"|"keep", "reason", "age_days",
+    "result"}`` (``result`` only for removals: ``"dry run"``, ``"removed"``,
+    ``"changed: kept"``, ``"gone"`` or ``"error: ..."``).
+
+    Raises:
+        NodeError: ``jobs/`` missing or planted (see :func:`scan_job_dirs`).
+        ValueError: ``older_than_days`` negative.
+    """
+    t = time.time() if now is None else now
+    jobs = _jobs_dir(spool_dir)
+    out = []
+    for d in plan_prune(scan_job_dirs(spool_dir), t, older_than_days, force, quiet_s):
+        row = {"job": d.name, "action": d.action, "reason": d.reason, "age_days": d.age_days}
+        if d.action == "remove":
+            try:
+                row["result"] = "dry run" if dry_run else _remove_one(
+                    jobs, d.name, time.time() if now is None else now, quiet_s)
+            except OSError as e:
+                row["result"] = f"error: {e.strerror or e}"
+        out.append(row)
+    return out
+
+
+__all__ = ["ACCOUNTING_MARK", "QUIET_S", "is_job_id", "JobDir", "Decision", "plan_prune", "scan_job_dirs",
+           "prune_job_dirs", "oldest_age_days"]
