@@ -29,7 +29,7 @@ from gsrun.base.errors import GsrunError
 from gsrun.base.fsutil import atomic_write_json, read_json
 from gsrun.base.log import JobLog
 from gsrun.base.paths import Paths
-from gsrun.base.paths import check_job_id
+from gsrun.base.ids import check_job_id
 from gsrun.facts.slurm import expand_hostlist, parse_exit_code, parse_job_record, run_slurm
 from gsrun.report.summary import job_summary
 
@@ -131,7 +131,7 @@ def run(environ, spool_dir: str | None = None, wait_s: float = 30.0) -> int:
     job_id = environ.get("SLURM_JOB_ID", "")
     log = JobLog(job_id or None, "epilog-ctld")
     try:
-        check_job_id(job_id)
+        check_job_id(job_id, array=True)
     except GsrunError as e:
         log.error(str(e))
         return 0
@@ -195,7 +195,7 @@ def admin_comment_step(job_id: str, spool_dir: str | None = None, deadline_s: fl
 
     log = JobLog(job_id, "admin-comment")
     try:
-        check_job_id(job_id)
+        check_job_id(job_id, array=True)
         cfg = load_config_or_defaults(log)
         timeout_s = cfg["timeouts.command_s"]
         sconf = accounting.config(timeout_s)

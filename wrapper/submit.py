@@ -8,7 +8,8 @@ import time
 from dataclasses import dataclass
 
 from gsrun.base.errors import SlurmError
-from gsrun.facts.slurm import parse_exit_code, run_slurm, show_job, validate_job_id
+from gsrun.base.ids import check_job_id
+from gsrun.facts.slurm import parse_exit_code, run_slurm, show_job
 
 DONE_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
                "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT"}
@@ -25,7 +26,7 @@ def submit(script: str, timeout_s: float = 30.0, cwd: str | None = None) -> str:
         argv.append(f"--chdir={cwd}")
     cp = run_slurm(argv, timeout_s, input_text=script)
     job_id = cp.stdout.strip().split(";")[0]
-    validate_job_id(job_id)
+    check_job_id(job_id, array=True)
     return job_id
 
 

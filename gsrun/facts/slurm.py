@@ -14,16 +14,12 @@ import subprocess
 from collections.abc import Mapping, Sequence
 
 from gsrun.base.errors import InputError, SlurmError
+from gsrun.base.ids import check_job_id
 from gsrun.base.proc import run_bounded
 
 # slurmd/slurmctld run hooks with an almost empty environment (no PATH)
 MAX_HOSTS = 100000
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-JOB_ID_RE = re.compile(r"^[0-9]{1,10}\Z")
-ARRAY_JOB_ID_RE = re.compile(r"^[0-9]{1,10}(_[0-9]{1,10})?\Z")
-NODE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
-USER_RE = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}\$?\Z", re.I)
-PARTITION_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}\Z")
 
 
 def run_slurm(argv: Sequence[str], timeout_s: float = 15.0, env: Mapping[str, str] | None = None,
@@ -48,13 +44,6 @@ def run_slurm(argv: Sequence[str], timeout_s: float = 15.0, env: Mapping[str, st
         msg = (cp.stderr or cp.stdout).strip().splitlines()
         raise SlurmError("slurm", f"{argv[0]} failed", msg[-1] if msg else f"exit {cp.returncode}")
     return cp
-
-
-def validate_job_id(value: str, what: str = "job id") -> str:
-    """A plain job id ``1234`` (or ``1234_5`` for an array task)."""
-    if not isinstance(value, str) or not ARRAY_JOB_ID_RE.fullmatch(value):
-        raise InputError("input", f"bad {what}", repr(value)[:80], hint="a Slurm job id is digits, e.g. 1234")
-    return value
 
 
 def expand_hostlist(expr: str) -> list[str]:
@@ -212,7 +201,7 @@ def gpus_per_node(partition: str | None, timeout_s: float = 15.0) -> int:
 
 def show_job(job_id: str, timeout_s: float = 15.0) -> dict[str, str] | None:
     """``scontrol -o show job ID`` as a dict, or None for an unknown job."""
-    validate_job_id(job_id)
+    check_job_id(job_id, array=True)
     cp = run_slurm(["scontrol", "-o", "show", "job", job_id], timeout_s, check=False)
     if cp.returncode != 0:
         if "Invalid job id" in (cp.stderr + cp.stdout):

@@ -32,7 +32,8 @@ from pathlib import Path
 
 from gsrun.base.errors import SlurmError
 from gsrun.facts.sacct import SACCT_FORMAT, JobEfficiency, efficiency_from_sacct
-from gsrun.facts.slurm import run_slurm, validate_job_id
+from gsrun.base.ids import check_job_id
+from gsrun.facts.slurm import run_slurm
 
 JS1_RE = re.compile(r"^JS1:[A-Za-z0-9+/]+={0,2}$")
 CLUSTER_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -95,7 +96,7 @@ def sacct_text(job_id: str, timeout_s: float = 15.0, fmt=SACCT_FORMAT) -> str:
         SlurmError: sacct missing, failed (no slurmdbd: "Slurm accounting
             storage is disabled") or timed out.
     """
-    validate_job_id(job_id)
+    check_job_id(job_id, array=True)
     return run_slurm(["sacct", "-P", "-n", "--format=" + ",".join(fmt), "-j", job_id],
                      timeout_s).stdout
 
@@ -167,7 +168,7 @@ def _sql_set(job_id: str, blob: str, cluster: str, slurm_conf: str | None,
     client = shutil.which("mariadb") or shutil.which("mysql")
     if client is None:
         raise SlurmError("accounting", "no database fallback", "no mariadb/mysql client installed")
-    validate_job_id(job_id)
+    check_job_id(job_id, array=True)
     if "_" in job_id or not valid_js1(blob):
         raise SlurmError("accounting", "refused", "only a raw job id and a JS1 blob are written")
     # values are allow-listed above: digits, [A-Za-z0-9_-], base64 -- safe in the statement
@@ -205,7 +206,7 @@ def store_admin_comment(job_id: str, blob: str, cluster: str, slurm_conf: str | 
             retry later), sacctmgr failed, or the value came back changed and
             the database fallback is unavailable.
     """
-    validate_job_id(job_id)
+    check_job_id(job_id, array=True)
     if not valid_js1(blob):
         raise SlurmError("accounting", "not a JS1 blob", repr(blob[:40]))
     ok, text = _sacctmgr_set(job_id, blob, timeout_s)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from gsrun.base.errors import ConfigError
+from gsrun.base.ids import is_partition
 from gsrun.request.tune import TUNE_KEYS
 
 ENV_CONFIG = "GSRUN_CONFIG"
@@ -265,7 +266,7 @@ def parse_config(text: str, source: str = "<string>") -> Config:
             if not isinstance(table, dict):
                 raise ConfigError("config", "bad section", "[partition] must hold [partition.<name>] tables")
             for pname, ptable in table.items():
-                if not re.match(r"^[A-Za-z0-9_.-]{1,64}\Z", pname):
+                if not is_partition(pname):
                     raise ConfigError("config", "bad partition name", repr(pname))
                 partitions[pname] = {}
                 for sec, sub in ptable.items():
