@@ -53,6 +53,7 @@ import psutil
 from gsrun.base.errors import InputError, NodeError
 from gsrun.base.fsutil import atomic_write_json, ensure_dir, read_json, remove_tree
 from gsrun.base.ids import check_job_id
+from gsrun.request.mps_share import parse_mps_share
 
 JOURNAL_SCHEMA = "gsrun.mps/1"
 PID_FILE = "nvidia-cuda-mps-control.pid"
@@ -94,12 +95,12 @@ def requested_pct(environ: Mapping[str, str], option_value: str | None) -> int |
 
     Raises:
         InputError: a value that is not an integer 1-100 (``--gs-mps=150``,
-            ``--gs-mps=abc``; likely a typo).
+            ``--gs-mps=abc``; likely a typo): :func:`gsrun.request.mps_share.parse_mps_share`.
     """
     opt = option_value if option_value is not None else environ.get("SPANK_GS_MPS")
-    pct_opt = _parse_pct(opt, "--gs-mps") if opt is not None else None
+    pct_opt = parse_mps_share(opt, "--gs-mps") if opt is not None else None
     slurm = environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
-    pct_slurm = _parse_pct(slurm, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE") if slurm else None
+    pct_slurm = parse_mps_share(slurm, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE") if slurm else None
     vals = [v for v in (pct_opt, pct_slurm) if v is not None]
     return min(vals) if vals else None
 
@@ -112,16 +113,6 @@ def requested(environ: Mapping[str, str], option_value: str | None) -> bool:
     requested_pct(environ, option_value)
     return (option_value is not None or "SPANK_GS_MPS" in environ
             or bool(environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")))
-
-
-def _parse_pct(value: str, source: str) -> int | None:
-    v = value.strip()
-    if v.lower() in ("", "on", "yes", "true"):  # flag without a percentage
-        return None
-    if not re.fullmatch(r"[0-9]{1,3}", v) or not 1 <= int(v) <= 100:
-        raise InputError("mps", "bad active thread percentage", f"{source}={value!r}",
-                         hint="use an integer from 1 to 100, e.g. --gs-mps=50, or --gs-mps alone")
-    return int(v)
 
 
 def task_env(job_id: str, mps_dir: str) -> dict[str, str]:
