@@ -21,6 +21,25 @@ from gsrun.base.proc import run_bounded
 MAX_HOSTS = 100000
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
+# Job states as squeue/sacct/scontrol print them (squeue(1) "JOB STATE CODES").
+#: Final: the base states after which a job never runs again (slurm.h
+#: JOB_COMPLETE .. JOB_OOM; slurmdbd's record is complete).
+TERMINAL_STATES = frozenset({"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
+                             "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY"})
+#: Final states that mean the job failed (what ``--mail-type=FAIL`` is for).
+FAILED_STATES = frozenset({"FAILED", "TIMEOUT", "NODE_FAIL", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY"})
+#: Not final: waiting to (re)start ...
+PENDING_STATES = frozenset({"PENDING", "RESV_DEL_HOLD"})
+REQUEUE_STATES = frozenset({"REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD"})
+#: ... or holding its allocation.
+RUNNING_STATES = frozenset({"RUNNING", "SUSPENDED", "STOPPED", "COMPLETING", "CONFIGURING", "RESIZING",
+                            "STAGE_OUT", "SIGNALING", "REQUEUE_CRON"})
+ACTIVE_STATES = PENDING_STATES | REQUEUE_STATES | RUNNING_STATES
+#: Shown after the job's run ended but not final: the job is held until an
+#: admin releases it (SPECIAL_EXIT, set by an EpilogSlurmctld) or it runs on
+#: another cluster of the federation (REVOKED). Nothing more happens here.
+ENDED_HELD_STATES = frozenset({"SPECIAL_EXIT", "REVOKED"})
+
 
 def run_slurm(argv: Sequence[str], timeout_s: float = 15.0, env: Mapping[str, str] | None = None,
               input_text: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
@@ -217,6 +236,24 @@ def node_addr(node: str, timeout_s: float = 15.0) -> str:
     if cp.returncode == 0 and cp.stdout.strip():
         return parse_oneliner(cp.stdout.splitlines()[0]).get("NodeAddr") or node
     return node
+
+
+def parse_state(text: str | None) -> tuple[str, int | None]:
+    """A job state as Slurm prints it -> ``(STATE, uid)``:
+    ``"CANCELLED by 1000"`` -> ``("CANCELLED", 1000)``, ``"completed"`` ->
+    ``("COMPLETED", None)``, ``""``/None -> ``("", None)``. The word is
+    upper-cased, not checked against the known states."""
+    words = (text or "").split()
+    if not words:
+        return "", None
+    by = int(words[2]) if len(words) >= 3 and words[1] == "by" and re.fullmatch(r"[0-9]{1,10}", words[2]) \
+        else None
+    return words[0].upper(), by
+
+
+def state_word(text: str | None) -> str:
+    """The state without its ``by <uid>`` tail, upper-cased (see :func:`parse_state`)."""
+    return parse_state(text)[0]
 
 
 def parse_exit_code(text: str) -> tuple[int, int]:

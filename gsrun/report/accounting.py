@@ -33,12 +33,10 @@ from pathlib import Path
 from gsrun.base.errors import SlurmError
 from gsrun.facts.sacct import SACCT_FORMAT, JobEfficiency, efficiency_from_sacct
 from gsrun.base.ids import check_job_id
-from gsrun.facts.slurm import run_slurm
+from gsrun.facts.slurm import TERMINAL_STATES, run_slurm, state_word
 
 JS1_RE = re.compile(r"^JS1:[A-Za-z0-9+/]+={0,2}$")
 CLUSTER_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
-                "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
 
 
 # --------------------------------------------------------------------------- pure
@@ -124,7 +122,7 @@ def job_state(job_id: str, timeout_s: float = 15.0) -> str | None:
     for line in out.splitlines():
         parts = line.split("|")
         if len(parts) == 3 and "." not in parts[0]:
-            state = (parts[1].split() or [""])[0]
+            state = state_word(parts[1])
             return state if parts[2] not in ("", "Unknown") else "RUNNING"
     return None
 
@@ -240,7 +238,7 @@ def store_admin_comment_retry(job_id: str, blob: str, cluster: str, slurm_conf: 
         sleep(wait)
         try:
             state = job_state(job_id, timeout_s)
-            if state in FINAL_STATES:
+            if state in TERMINAL_STATES:
                 return store_admin_comment(job_id, blob, cluster, slurm_conf, timeout_s)
             last = SlurmError("accounting", "job not final in slurmdbd yet", f"state {state}")
         except SlurmError as e:
