@@ -230,14 +230,6 @@ def show_job(job_id: str, timeout_s: float = 15.0) -> dict[str, str] | None:
     return parse_oneliner(line[0]) if line else None
 
 
-def node_addr(node: str, timeout_s: float = 15.0) -> str:
-    """``NodeAddr`` of ``node`` (what MASTER_ADDR must be), falling back to the name."""
-    cp = run_slurm(["scontrol", "-o", "show", "node", node], timeout_s, check=False)
-    if cp.returncode == 0 and cp.stdout.strip():
-        return parse_oneliner(cp.stdout.splitlines()[0]).get("NodeAddr") or node
-    return node
-
-
 def parse_state(text: str | None) -> tuple[str, int | None]:
     """A job state as Slurm prints it -> ``(STATE, uid)``:
     ``"CANCELLED by 1000"`` -> ``("CANCELLED", 1000)``, ``"completed"`` ->

@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import json
 import os
 import re
 import shutil
@@ -953,7 +952,3 @@ def format_status(st: dict) -> str:
     if not st["changes"]:
         lines.append("  no node setting changed")
     return "\n".join(lines) + "\n"
-
-
-def report_json(report: dict) -> str:
-    return json.dumps(report, indent=1, sort_keys=True)

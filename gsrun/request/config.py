@@ -332,8 +332,6 @@ def load_config_or_defaults(log=None, path: str | None = None) -> Config:
 def render_commented_config() -> str:
     """The commented ``gsrun.toml`` that ``gsrun-node install`` writes: every
     setting, its default and meaning, all commented out."""
-    import json
-
     lines = ["# gsrun site configuration. Every setting is shown with its default, commented out.",
              "# Check with: gsrun-node config check", ""]
     current = None
@@ -347,7 +345,6 @@ def render_commented_config() -> str:
         lines.append(f"# {name} = {_toml_value(s.default)}")
     lines += ["", "# Per-partition overrides, e.g.:", "# [partition.gpu.tuning]",
               "# defaults = \"governor=performance,swappiness=10\"", ""]
-    _ = json
     return "\n".join(lines)
 
 
