@@ -29,42 +29,18 @@ from gsrun.base.errors import GsrunError
 from gsrun.base.fsutil import atomic_write_json, read_json
 from gsrun.base.log import JobLog
 from gsrun.base.paths import Paths
-from gsrun.base.paths import check_job_id
+from gsrun.base.ids import check_job_id
 from gsrun.base.proc import ROOT_CWD, root_child_env, root_python
-from gsrun.facts.slurm import expand_hostlist, parse_exit_code, parse_job_record, run_slurm
+from gsrun.facts.sacct import parse_mem, parse_time_s, parse_tres, tres_gpus
+from gsrun.facts.slurm import expand_hostlist, parse_exit_code, parse_job_record, run_slurm, state_word
 from gsrun.report.summary import job_summary
-
-MEM_RE = re.compile(r"^(\d+(?:\.\d+)?)([KMGTP]?)$")
-_UNITS = {"": 1 << 20, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50}
-
-
-def _tres(tres: str) -> dict[str, str]:
-    out = {}
-    for item in (tres or "").split(","):
-        k, _, v = item.partition("=")
-        if k:
-            out[k] = v
-    return out
-
-
-def _mem_bytes(v: str | None) -> int | None:
-    if not v:
-        return None
-    m = MEM_RE.match(v.strip())
-    if not m:
-        return None
-    return int(float(m.group(1)) * _UNITS[m.group(2)])
-
 
 def job_from_record(job_id: str, rec: dict[str, str] | None, env) -> dict:
     """Job fields for :func:`gsrun.report.summary.job_summary` from ``scontrol -o show
     job`` (``rec``) and the EpilogSlurmctld environment. Pure."""
     rec = rec or {}
-    tres = _tres(rec.get("AllocTRES") or rec.get("TRES", ""))
-    gpus = None
-    for k, v in tres.items():
-        if k == "gres/gpu" and v.isdigit():
-            gpus = int(v)
+    tres = parse_tres(rec.get("AllocTRES") or rec.get("TRES", ""))
+    gpus = tres_gpus(tres)
     if gpus is None:
         # without AccountingStorageTRES=gres/gpu (needs slurmdbd) TRES lacks GPUs
         m = re.search(r"gres[:/]gpu(?::[^:,]+)?:(\d+)", rec.get("TresPerNode", "") or "")
@@ -72,10 +48,10 @@ def job_from_record(job_id: str, rec: dict[str, str] | None, env) -> dict:
             gpus = int(m.group(1)) * int(rec["NumNodes"].split("-")[0])
     nodes_expr = env.get("SLURM_JOB_NODELIST") or rec.get("NodeList") or ""
     nodes = expand_hostlist(nodes_expr) if nodes_expr and nodes_expr != "(null)" else []
-    mem = _mem_bytes(tres.get("mem"))
+    mem = parse_mem(tres.get("mem")).bytes
     ec, sig = parse_exit_code(rec.get("ExitCode", "")) if rec.get("ExitCode") else (
         int(env.get("SLURM_JOB_EXIT_CODE2", "0:0").split(":")[0] or 0), 0)
-    state = ((rec.get("JobState") or "").split() or [None])[0]
+    state = state_word(rec.get("JobState")) or None
     if state == "COMPLETING":   # EpilogSlurmctld runs while the job completes
         state = "COMPLETED" if (ec, sig) == (0, 0) else "FAILED"
     mail_user = rec.get("MailUser") or None
@@ -99,13 +75,10 @@ def job_from_record(job_id: str, rec: dict[str, str] | None, env) -> dict:
 
 
 def _elapsed(text: str | None) -> float | None:
-    if not text:
+    try:
+        return parse_time_s(text)
+    except ValueError:
         return None
-    m = re.match(r"^(?:(\d+)-)?(\d+):(\d+):(\d+)$", text.strip())
-    if not m:
-        return None
-    d, h, mi, s = (int(x or 0) for x in m.groups())
-    return float(((d * 24 + h) * 60 + mi) * 60 + s)
 
 
 def merge(paths: Paths, job: dict, cfg, wait_s: float = 0.0) -> dict:
@@ -132,7 +105,7 @@ def run(environ, spool_dir: str | None = None, wait_s: float = 30.0) -> int:
     job_id = environ.get("SLURM_JOB_ID", "")
     log = JobLog(job_id or None, "epilog-ctld")
     try:
-        check_job_id(job_id)
+        check_job_id(job_id, array=True)
     except GsrunError as e:
         log.error(str(e))
         return 0
@@ -194,7 +167,7 @@ def admin_comment_step(job_id: str, spool_dir: str | None = None, deadline_s: fl
     log = JobLog(job_id, "admin-comment")
     paths = None
     try:
-        check_job_id(job_id)
+        check_job_id(job_id, array=True)
         cfg = load_config_or_defaults(log)
         timeout_s = cfg["timeouts.command_s"]
         paths = Paths.from_config(cfg, None, spool_dir)

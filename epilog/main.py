@@ -28,6 +28,7 @@ import time
 from gsrun.request.config import load_config_or_defaults
 from gsrun.base.errors import GsrunError
 from gsrun.base.fsutil import atomic_write_json, read_json
+from gsrun.base.ids import is_job_id
 from gsrun.facts.hostfs import HostFS
 from gsrun.facts.jobenv import job_from_env
 from gsrun.base.log import JobLog, safe_text
@@ -222,7 +223,7 @@ def _live_jobs(paths, job_id: str) -> set[str]:
     only those may protect a GPU process by the SLURM_JOB_ID it claims."""
     d = paths.state_dir / "jobs"
     try:
-        return {p.name for p in d.iterdir() if p.name.isdigit() and p.name != job_id}
+        return {p.name for p in d.iterdir() if is_job_id(p.name) and p.name != job_id}
     except OSError:
         return set()
 

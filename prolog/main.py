@@ -165,10 +165,7 @@ def _has_tuning_defaults(cfg, partition) -> bool:
 
 
 def _tuning(hostfs, paths, job, req, cfg, exclusive, dry_run, log):
-    try:
-        from gsrun.node import tuning
-    except ImportError as e:
-        return {"error": f"tuning module unavailable: {e}"}
+    from gsrun.node import tuning
     if not cfg.get("tuning.enabled", job.partition):
         return {"skipped": "tuning.enabled = false"}
     try:
@@ -214,10 +211,7 @@ def _mig(hostfs, paths, job, req, cfg, exclusive, log):
 
 
 def _mps(environ, paths, job, req, cfg, log):
-    try:
-        from gsrun.node import mps
-    except ImportError as e:
-        return {"error": f"mps module unavailable: {e}"}
+    from gsrun.node import mps
     if not cfg.get("mps.enabled", job.partition):
         return {"skipped": "mps.enabled = false"}
     try:

@@ -15,6 +15,9 @@
  *    process (no PyErr_Print: SystemExit is reported like any exception) and
  *    is never finalized;
  *  - slurmd itself (S_CTX_SLURMD) never starts Python: nothing runs there.
+ *  - every message has the shape of gsrun.base.errors: "gsrun: spank:
+ *    <what>: <detail>", and a fix the admin can make on its own line
+ *    "hint: ...".
  *
  * Build-time constants (set by spank_py/build.py with -D):
  *  GSRUN_LIBPYTHON          soname of libpython, re-opened RTLD_GLOBAL so that
@@ -66,6 +69,7 @@ __attribute__((used)) static const char gsrun_built_for[] =
 #define MAX_PYPATH 8
 #define MAX_OPTS 32
 #define MAX_ARG_LEN 4096
+#define ALLOWED_KEYS "allowed keys: pythonpath=, on_error=, bind=, config="
 
 /* ---------------------------------------------------------------- config */
 
@@ -93,20 +97,21 @@ static int parse_args(int ac, char **av, struct gs_config *c)
 		const char *a = av[i];
 		const char *eq = strchr(a, '=');
 		if (eq == NULL || eq == a) {
-			slurm_error("gsrun: spank: config: plugstack argument '%s' is not key=value; "
-				    "allowed keys: pythonpath=, on_error=, bind=, config=", a);
+			slurm_error("gsrun: spank: config: plugstack argument '%s' is not key=value", a);
+			slurm_error("hint: " ALLOWED_KEYS);
 			return -1;
 		}
 		size_t klen = (size_t)(eq - a);
 		const char *v = eq + 1;
 		if (strlen(v) >= MAX_ARG_LEN) {
 			slurm_error("gsrun: spank: config: plugstack argument '%.*s' is too long", (int)klen, a);
+			slurm_error("hint: a value has at most %d characters", MAX_ARG_LEN - 1);
 			return -1;
 		}
 		if (klen == 10 && strncmp(a, "pythonpath", klen) == 0) {
 			if (v[0] != '/' || strchr(v, ':') != NULL) {
-				slurm_error("gsrun: spank: config: pythonpath=%s must be one absolute directory "
-					    "(repeat pythonpath= for more)", v);
+				slurm_error("gsrun: spank: config: pythonpath=%s: must be one absolute directory", v);
+				slurm_error("hint: repeat pythonpath= for more directories");
 				return -1;
 			}
 			if (c->n_pythonpath >= MAX_PYPATH) {
@@ -125,7 +130,7 @@ static int parse_args(int ac, char **av, struct gs_config *c)
 			}
 		} else if (klen == 6 && strncmp(a, "config", klen) == 0) {
 			if (v[0] != '/') {
-				slurm_error("gsrun: spank: config: config=%s must be an absolute path", v);
+				slurm_error("gsrun: spank: config: config=%s: must be an absolute path", v);
 				return -1;
 			}
 			c->config = v;
@@ -139,8 +144,8 @@ static int parse_args(int ac, char **av, struct gs_config *c)
 				return -1;
 			}
 		} else {
-			slurm_error("gsrun: spank: config: unknown plugstack argument '%.*s'; "
-				    "allowed keys: pythonpath=, on_error=, bind=, config=", (int)klen, a);
+			slurm_error("gsrun: spank: config: unknown plugstack argument '%.*s'", (int)klen, a);
+			slurm_error("hint: " ALLOWED_KEYS);
 			return -1;
 		}
 	}
@@ -585,8 +590,18 @@ static void report_exception(const char *hook)
 	if (value) {
 		PyObject *s = PyObject_Str(value);
 		const char *txt = s ? PyUnicode_AsUTF8(s) : NULL;
-		slurm_error("gsrun: spank: %s: %s: %s", hook,
-			    type ? ((PyTypeObject *)type)->tp_name : "?", txt ? txt : "?");
+		/* A GsrunError is "gsrun: ...\nhint: ...": one log line each,
+		 * the hint line as Python prints it. */
+		const char *nl = txt ? strchr(txt, '\n') : NULL;
+		slurm_error("gsrun: spank: %s: %s: %.*s", hook,
+			    type ? ((PyTypeObject *)type)->tp_name : "?",
+			    nl ? (int)(nl - txt) : (txt ? (int)strlen(txt) : 1), txt ? txt : "?");
+		while (nl) {
+			const char *line = nl + 1;
+			nl = strchr(line, '\n');
+			if (nl ? nl > line : *line != '\0')
+				slurm_error("%.*s", nl ? (int)(nl - line) : (int)strlen(line), line);
+		}
 		Py_XDECREF(s);
 		PyErr_Clear();
 		PyObject *tbmod = PyImport_ImportModule("traceback");
@@ -664,8 +679,10 @@ static int py_start(void)
 			      GSRUN_LIBPYTHON, dlerror());
 
 	if (Py_IsInitialized()) {
-		slurm_error("gsrun: spank: python: another plugin of this process already started Python; "
-			    "gsrun_spank needs its own interpreter");
+		slurm_error("gsrun: spank: python: interpreter in use: another plugin of this process "
+			    "already started Python");
+		slurm_error("hint: gsrun_spank needs its own interpreter; load no other Python-embedding "
+			    "plugin in plugstack.conf");
 		return -1;
 	}
 	if (PyImport_AppendInittab("_spank", PyInit__spank) < 0) {
@@ -690,6 +707,8 @@ static int py_start(void)
 		slurm_error("gsrun: spank: python: cannot start Python (home %s): %s%s%s",
 			    GSRUN_PYTHON_HOME, st.func ? st.func : "", st.func ? ": " : "",
 			    st.err_msg ? st.err_msg : "unknown error");
+		slurm_error("hint: rebuild and reinstall the plugin for the Python gsrun is installed in: "
+			    "gsrun-node spank build && gsrun-node spank install");
 		return -1;
 	}
 	py_pid = getpid();
@@ -727,7 +746,7 @@ static int py_start(void)
 			    " (pythonpath=%s%s)", cfg.n_pythonpath ? cfg.pythonpath[0] : "<none>",
 			    cfg.n_pythonpath > 1 ? ",..." : "");
 		report_exception("import");
-		slurm_error("gsrun: spank: import: hint: install gsrun into the Python this plugin was built "
+		slurm_error("hint: install gsrun into the Python this plugin was built "
 			    "for and point pythonpath= at its site-packages");
 	}
 	py_main_ts = PyEval_SaveThread();

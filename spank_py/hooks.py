@@ -68,12 +68,14 @@ EXTERN_STEP = 0xFFFFFFFC
 
 MPOL_BIND = 2
 
-# Fallback syntax when gsrun.request.tune / gsrun.request.mig_layout cannot be imported.
-_TUNE_FALLBACK = re.compile(r"^[a-z_]{1,32}=[A-Za-z0-9_.+-]{1,32}(,[a-z_]{1,32}=[A-Za-z0-9_.+-]{1,32}){0,15}$")
-_MIG_FALLBACK = re.compile(r"^[0-9a-z.+x]{1,200}$")
-_MIG_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+# Fallback syntax when gsrun.request.tune / mig_layout / mps_share cannot be
+# imported (all matched with fullmatch: ``$`` would let a trailing newline in).
+_TUNE_FALLBACK = re.compile(r"[a-z_]{1,32}=[A-Za-z0-9_.+-]{1,32}(,[a-z_]{1,32}=[A-Za-z0-9_.+-]{1,32}){0,15}")
+_MIG_FALLBACK = re.compile(r"[0-9a-z.+x]{1,200}")
+_MPS_FALLBACK = re.compile(r"[0-9]{1,3}")
+_MIG_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 #: what gsrun.facts.jobenv accepts for SPANK_GS_* in the prolog
-_EXPORT_VALUE = re.compile(r"^[A-Za-z0-9_.,=+:-]{0,512}$")
+_EXPORT_VALUE = re.compile(r"[A-Za-z0-9_.,=+:-]{0,512}")
 
 
 class OptionError(ValueError):
@@ -98,15 +100,29 @@ def _detail(e: Exception) -> tuple[str, str | None]:
     return str(getattr(e, "detail", e)), getattr(e, "hint", None)
 
 
-def check_mps(value: str) -> str:
-    """``""`` (flag alone: site default percentage) or an integer 1-100 as text."""
-    v = value.strip()
-    if v == "":
-        return ""
-    if not re.fullmatch(r"[0-9]{1,3}", v) or not 1 <= int(v) <= 100:
-        raise OptionError("gs-mps", value, "must be a percentage 1-100",
-                          "--gs-mps=50, or --gs-mps alone for the site default")
-    return str(int(v))
+def check_mps(value: str, parse: Callable[[str], int | None] | None = None) -> str:
+    """``""`` (flag alone: site default percentage) or an integer 1-100 as
+    text (``"050"`` -> ``"50"``). ``parse``: the MPS share parser (default
+    :func:`gsrun.request.mps_share.parse_mps_share`, the same rule as a
+    regex when that module is missing)."""
+    if parse is None:
+        try:
+            from gsrun.request.mps_share import parse_mps_share as parse
+        except ImportError:
+            parse = None
+    if parse is None:
+        v = value.strip()
+        if v == "":
+            return ""
+        if not _MPS_FALLBACK.fullmatch(v) or not 1 <= int(v) <= 100:
+            raise OptionError("gs-mps", value, "must be a percentage 1-100",
+                              "--gs-mps=50, or --gs-mps alone for the site default")
+        return str(int(v))
+    try:
+        pct = parse(value)
+    except Exception as e:  # noqa: BLE001 - InputError from the parser, any other = bad value
+        raise OptionError("gs-mps", value, "must be a percentage 1-100", _detail(e)[1]) from e
+    return "" if pct is None else str(pct)
 
 
 def check_tune(value: str, parse: Callable[[str], dict] | None = None) -> str:
@@ -120,7 +136,7 @@ def check_tune(value: str, parse: Callable[[str], dict] | None = None) -> str:
             parse = None
     if parse is None:
         v = value.replace(" ", "")
-        if not _TUNE_FALLBACK.match(v):
+        if not _TUNE_FALLBACK.fullmatch(v):
             raise OptionError("gs-tune", value, "must be key=value[,key=value...]",
                               "e.g. --gs-tune=swappiness=10,thp=never")
         return v
@@ -147,14 +163,14 @@ def check_mig(value: str, named: Mapping[str, str] | None = None,
         except ImportError:
             parse = None
     if parse is None:
-        if not _MIG_FALLBACK.match(v.lower()):
+        if not _MIG_FALLBACK.fullmatch(v.lower()):
             raise OptionError("gs-mig", value, "must be a layout like 7x1g.18gb or 3g.71gb+3g.71gb")
         return v.lower()
     try:
         parse(v)
     except Exception as e:  # noqa: BLE001
         detail, hint = _detail(e)
-        if named is not None and _MIG_NAME.match(value.strip()) and not re.search(r"\d+g\.", value):
+        if named is not None and _MIG_NAME.fullmatch(value.strip()) and not re.search(r"\d+g\.", value):
             hint = (f"site layouts: {', '.join(sorted(named)) or 'none configured'}; " + (hint or ""))
         raise OptionError("gs-mig", value, detail, hint) from e
     return v.lower()
@@ -193,7 +209,7 @@ def validate_options(raw: Mapping[str, str | None], mig_layouts: Mapping[str, st
         except OptionError as e:
             errors.append(e)
             continue
-        if not _EXPORT_VALUE.match(out):
+        if not _EXPORT_VALUE.fullmatch(out):
             errors.append(OptionError(name, value, "has characters outside [A-Za-z0-9_.,=+:-]"))
             continue
         exports[EXPORT_NAMES[name]] = out

@@ -15,6 +15,7 @@ from pathlib import Path
 import click
 
 from gsrun.request.config import load_config
+from gsrun.request.mps_share import parse_mps_share
 from gsrun.base.errors import InputError, run_cli
 from gsrun.facts.slurm import gpus_per_node
 from gsrun.wrapper.render import render_script
@@ -72,9 +73,9 @@ def cli(gpus, nodes, gpus_per_node, time_, partition, job_name, output, cpus_per
     if tune:
         from gsrun.request.tune import parse_tune_request
         parse_tune_request(tune)
-    if mps not in (None, ""):
-        if not (mps.isdigit() and 1 <= int(mps) <= 100):
-            raise InputError("submit", "bad --mps", repr(mps)[:40], hint="a percentage 1-100, or --mps alone")
+    if mps is not None:
+        pct = parse_mps_share(mps, "--mps", phase="submit")
+        mps = "" if pct is None else str(pct)
     if mig:
         from gsrun.request.mig_layout import parse_layout
         mig = cfg["mig.layouts"].get(mig, mig)

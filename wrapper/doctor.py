@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import socket
 import stat
@@ -287,22 +286,13 @@ def check_gpus(ctx: Context) -> Check:
     return _c("gpus", "ok", detail, gpus=gpus, numa_nodes=len(topo.nodes))
 
 
-def _expand_brackets(path: str) -> list[str]:
-    m = re.search(r"\[([0-9,-]+)\]", path)
-    if not m:
-        return [path]
-    out = []
-    for part in m.group(1).split(","):
-        a, _, b = part.partition("-")
-        for i in range(int(a), int(b or a) + 1):
-            out += _expand_brackets(path[:m.start()] + str(i) + path[m.end():])
-    return out
-
-
 def parse_gres_conf(text: str, node: str | None) -> list[str]:
     """Device files of ``Name=gpu`` lines in gres.conf that apply to ``node``
     (lines without ``NodeName``, or whose NodeName list names it); brackets
-    like ``nvidia[0-3]`` are expanded. Pure."""
+    like ``nvidia[0-3]`` and lists ``/dev/nvidia0,/dev/nvidia1`` are expanded
+    as Slurm does (hostlist syntax: :func:`gsrun.facts.slurm.expand_hostlist`);
+    a File= that does not expand is kept as written, so the device check
+    reports it. Pure."""
     from gsrun.facts.slurm import expand_hostlist
 
     files: list[str] = []
@@ -320,7 +310,10 @@ def parse_gres_conf(text: str, node: str | None) -> list[str]:
                     continue
             except GsrunError:
                 continue
-        files += _expand_brackets(kv["file"])
+        try:
+            files += expand_hostlist(kv["file"])
+        except GsrunError:
+            files.append(kv["file"])
     return files
 
 

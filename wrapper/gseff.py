@@ -25,7 +25,7 @@ from gsrun.base.errors import GsrunError, InputError, run_cli
 from gsrun.base.fsutil import read_json
 from gsrun.base.paths import Paths
 from gsrun.report.render import _dur, _p
-from gsrun.facts.slurm import validate_job_id
+from gsrun.base.ids import check_job_id
 
 
 def load_summary(paths: Paths, job_id: str) -> dict:
@@ -162,7 +162,7 @@ def render_accounting(rec: dict) -> str:
 @click.option("--spool-dir", default=None, hidden=True)
 def cli(job_id, as_json, plot, from_sacct, spool_dir):
     """Show the GPU efficiency report of JOB_ID."""
-    validate_job_id(job_id.strip())
+    check_job_id(job_id.strip(), array=True)
     cfg = load_config()
     paths = Paths.from_config(cfg, None, spool_dir)
     summary = None

@@ -121,9 +121,11 @@ def restore(host_root, state_dir, job_id, all_jobs):
 @cli.command()
 @HOST_ROOT
 @STATE_DIR
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON ({tuning, samplers}) instead of text.")
 def status(host_root, state_dir, as_json):
-    """What is changed on this node and by which job; samplers; MPS daemons."""
+    """What is changed on this node and by which job, and the job samplers.
+    Text by default; ``--json`` prints ``{"tuning": tuning.status(...),
+    "samplers": {job: {"pid", "running"}}}``."""
     from gsrun.node import tuning
     from gsrun.request.config import load_config
     from gsrun.base.fsutil import read_json
@@ -141,7 +143,13 @@ def status(host_root, state_dir, as_json):
             if info:
                 out["samplers"][d.name] = {"pid": info["pid"],
                                            "running": sampler_pid_alive(info["pid"], info.get("create_time"))}
-    click.echo(json.dumps(out, indent=1, default=str))
+    if as_json:
+        click.echo(json.dumps(out, indent=1, default=str))
+        return 0
+    text = tuning.format_status(out["tuning"])
+    text += "samplers: " + (", ".join(f"job {j} pid {v['pid']} ({'running' if v['running'] else 'gone'})"
+                                      for j, v in out["samplers"].items()) or "none") + "\n"
+    click.echo(text, nl=False)
     return 0
 
 

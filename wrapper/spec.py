@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass, field
 
 from gsrun.base.errors import InputError
+from gsrun.base.ids import is_partition
 
 JOB_NAME_RE = re.compile(r"^[A-Za-z0-9_.+-]{1,128}\Z")
 TIME_RE = re.compile(r"^(?:(\d+-)?\d{1,4}(:\d{1,2}){0,2}|UNLIMITED|INFINITE)\Z")
@@ -17,7 +18,6 @@ MAIL_TYPE_RE = re.compile(r"^(NONE|BEGIN|END|FAIL|REQUEUE|ALL|INVALID_DEPEND|STA
                           r"TIME_LIMIT(_50|_80|_90)?|ARRAY_TASKS)(,(BEGIN|END|FAIL|REQUEUE|ALL|"
                           r"INVALID_DEPEND|STAGE_OUT|TIME_LIMIT(_50|_80|_90)?|ARRAY_TASKS))*\Z")
 EMAIL_RE = re.compile(r"^(?:[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+|[a-z_][a-z0-9_-]{0,31})\Z")
-PARTITION_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}\Z")
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,7 @@ def validate_fields(job_name: str, partition: str | None, time: str | None, mail
     if not JOB_NAME_RE.match(job_name):
         raise InputError("submit", "bad --job-name", repr(job_name)[:80],
                          hint="letters, digits and _.+- only, at most 128 characters")
-    if partition is not None and not PARTITION_RE.match(partition):
+    if partition is not None and not is_partition(partition):
         raise InputError("submit", "bad --partition", repr(partition)[:80])
     if time is not None and not TIME_RE.match(time):
         raise InputError("submit", "bad --time", repr(time)[:80], hint="e.g. 30, 1:00:00 or 2-00:00:00")

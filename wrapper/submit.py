@@ -8,10 +8,9 @@ import time
 from dataclasses import dataclass
 
 from gsrun.base.errors import SlurmError
-from gsrun.facts.slurm import parse_exit_code, run_slurm, show_job, validate_job_id
+from gsrun.base.ids import check_job_id
+from gsrun.facts.slurm import ENDED_HELD_STATES, TERMINAL_STATES, parse_exit_code, run_slurm, show_job, state_word
 
-DONE_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
-               "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT"}
 
 
 def submit(script: str, timeout_s: float = 30.0, cwd: str | None = None) -> str:
@@ -25,7 +24,7 @@ def submit(script: str, timeout_s: float = 30.0, cwd: str | None = None) -> str:
         argv.append(f"--chdir={cwd}")
     cp = run_slurm(argv, timeout_s, input_text=script)
     job_id = cp.stdout.strip().split(";")[0]
-    validate_job_id(job_id)
+    check_job_id(job_id, array=True)
     return job_id
 
 
@@ -43,7 +42,7 @@ def poll(job_id: str, timeout_s: float = 15.0) -> JobState | None:
     info = show_job(job_id, timeout_s)
     if info is None:
         return None
-    state = info.get("JobState", "UNKNOWN").split()[0]
+    state = state_word(info.get("JobState")) or "UNKNOWN"
     ec, sig = parse_exit_code(info.get("ExitCode", "0:0"))
     return JobState(state, info.get("RunTime", ""), ec, sig, info.get("StdOut"), info.get("NodeList", ""))
 
@@ -82,7 +81,7 @@ def follow(job_id: str, out=sys.stdout, err=sys.stderr, poll_s: float = 1.0,
             err.write(label + "\n")
             err.flush()
         last_state = st.state
-        if st.state in DONE_STATES:
+        if st.state in TERMINAL_STATES or st.state in ENDED_HELD_STATES:
             final = st
             break
         time.sleep(poll_s)

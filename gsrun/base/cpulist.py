@@ -75,19 +75,6 @@ def format_cpulist(cpus: Iterable[int]) -> str:
     return ",".join(parts)
 
 
-def parse_hexmask(text: str) -> list[int]:
-    """Kernel mask ``"0000ffff,0000ffff"`` (32-bit groups, most significant
-    first) -> CPU ids."""
-    text = text.strip().replace(",", "")
-    if not text:
-        return []
-    try:
-        value = int(text, 16)
-    except ValueError:
-        raise InputError("cpulist", "not a hex CPU mask", repr(text)) from None
-    return [i for i in range(value.bit_length()) if value >> i & 1]
-
-
 def words_to_cpus(words: Iterable[int], bits: int = 64) -> list[int]:
     """NVML affinity words (``nvmlDeviceGetCpuAffinity``), lowest word first ->
     CPU ids. ``[0xFFFF, 0]`` -> ``[0..15]``."""

@@ -7,8 +7,9 @@ directories created with the right owner and mode.
   plus ``user-*.json`` copies owned by the job's user (0400): only that user
   and root can read a job's figures.
 
-A job id becomes a path component only after ``fullmatch`` against
-``[0-9]{1,10}(_[0-9]{1,10})?`` (no ``/``, ``..``, newline). Something planted
+A job id becomes a path component only after
+:func:`gsrun.base.ids.check_job_id` (``[0-9]{1,10}(_[0-9]{1,10})?``, fullmatch:
+no ``/``, ``..``, newline). Something planted
 at ``<state_dir>/jobs/<id>`` or ``<spool_dir>/jobs/<id>`` ahead of the prolog
 (a symlink, a file, a directory owned by a user) is moved aside and replaced
 by a fresh root-owned directory (:func:`gsrun.base.fsutil.ensure_dir` with
@@ -19,20 +20,10 @@ by a fresh root-owned directory (:func:`gsrun.base.fsutil.ensure_dir` with
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
-from gsrun.base.errors import InputError
 from gsrun.base.fsutil import ensure_dir
-
-_JOB_ID = re.compile(r"[0-9]{1,10}(?:_[0-9]{1,10})?")
-
-
-def check_job_id(job_id) -> str:
-    """``job_id`` if it is a plain Slurm job id, else :class:`InputError`."""
-    if not isinstance(job_id, str) or not _JOB_ID.fullmatch(job_id):
-        raise InputError("input", "bad job id", repr(job_id)[:80], hint="a Slurm job id is digits, e.g. 1234")
-    return job_id
+from gsrun.base.ids import check_job_id
 
 
 class Paths:
@@ -48,10 +39,10 @@ class Paths:
                    cfg["paths.mps_dir"])
 
     def state_job(self, job_id: str) -> Path:
-        return self.state_dir / "jobs" / check_job_id(job_id)
+        return self.state_dir / "jobs" / check_job_id(job_id, array=True)
 
     def spool_job(self, job_id: str) -> Path:
-        return self.spool_dir / "jobs" / check_job_id(job_id)
+        return self.spool_dir / "jobs" / check_job_id(job_id, array=True)
 
     def make_state_job(self, job_id: str, log=None) -> Path:
         """Create (or check) ``<state_dir>/jobs/<id>/`` root 0700.

@@ -59,6 +59,7 @@ from dataclasses import dataclass, field
 from gsrun.base.cpulist import format_cpulist
 from gsrun.facts.devices import DeviceToken, parse_device_list
 from gsrun.base.errors import GsrunError, InputError, TopologyError
+from gsrun.base.ids import is_job_id, is_node_name
 from gsrun.facts.hostfs import HostFS
 from gsrun.facts.slurm import parse_tasks_per_node
 from gsrun.facts.topology import Gpu, Nic, Topology, read_allowed_cpus, read_topology
@@ -707,7 +708,7 @@ def read_job_mig_devices(spool_dir: str, job_id: str | None, node: str | None) -
     import json
     import os
 
-    if not job_id or not node or not job_id.isdigit() or not re.fullmatch(r"[A-Za-z0-9._-]{1,64}", node):
+    if not is_job_id(job_id) or not is_node_name(node):
         return None
     path = os.path.join(spool_dir, "jobs", job_id, f"user-mig-{node}.json")
     try:

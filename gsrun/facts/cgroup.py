@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 from gsrun.base.cpulist import parse_cpulist
 from gsrun.base.errors import InputError
+from gsrun.base.ids import check_job_id
 from gsrun.facts.hostfs import HostFS
 
 V1_CONTROLLERS = frozenset({
@@ -147,11 +148,7 @@ def _is_dir(hostfs: HostFS, rel: str) -> bool:
 
 
 def _check_ids(job_id, uid) -> str:
-    jid = str(job_id).strip()
-    if not jid.isdigit() or not jid.isascii():
-        raise InputError("cgroup", "bad job id", repr(job_id),
-                         hint="use the raw numeric job id ($SLURM_JOB_ID or sacct JobIDRaw), "
-                              "not ARRAYID_TASK")
+    jid = check_job_id(str(job_id), phase="cgroup")
     if uid is not None and (not isinstance(uid, int) or isinstance(uid, bool) or uid < 0):
         raise InputError("cgroup", "bad uid", repr(uid))
     return jid

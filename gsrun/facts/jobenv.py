@@ -10,8 +10,9 @@ value is checked against an allow-list; a bad one is an :class:`InputError`
 naming the variable (``repr`` of the value, cut at 80 characters, so a
 newline or a non-UTF-8 byte shows as an escape).
 
-Every pattern is matched with ``fullmatch`` (``re.match(r"^...\Z")`` accepts a
-trailing newline: ``SLURM_JOB_ID="4242\n"`` would become a path component),
+Every pattern is matched with ``fullmatch`` (``re.match(r"^...$")`` accepts a
+trailing newline: ``SLURM_JOB_ID="4242\\n"`` would become a path component;
+the job id, user, node and partition checks are :mod:`gsrun.base.ids`),
 digits are ASCII ``[0-9]`` (``str.isdigit`` accepts ``"²"``, which ``int``
 then refuses), and lists that expand (hostlists, ``4(x999999999)``) are
 bounded before they are expanded.
@@ -24,7 +25,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
 from gsrun.base.errors import InputError
-from gsrun.facts.slurm import ARRAY_JOB_ID_RE, NODE_NAME_RE, PARTITION_RE, USER_RE, expand_hostlist, parse_tasks_per_node
+from gsrun.base.ids import check_job_id, is_node_name, is_partition, is_user_name
+from gsrun.facts.slurm import expand_hostlist, parse_tasks_per_node
 
 SPANK_KEYS = ("SPANK_GS_MPS", "SPANK_GS_MIG", "SPANK_GS_TUNE", "SPANK_GS_BIND", "SPANK_GS_REPORT",
               "SPANK_GS_EXCLUSIVE")
@@ -103,19 +105,17 @@ def job_from_env(env: Mapping[str, str]) -> JobEnv:
     Raises:
         InputError: a missing or malformed variable (named in the message).
     """
-    job_id = _need(env, "SLURM_JOB_ID")
-    if not ARRAY_JOB_ID_RE.fullmatch(job_id) or "_" in job_id:
-        raise InputError("env", "bad SLURM_JOB_ID", repr(job_id)[:80], hint="a Slurm job id is digits, e.g. 4242")
+    job_id = check_job_id(_need(env, "SLURM_JOB_ID"), phase="env", what="SLURM_JOB_ID")
     uid = _int(env, "SLURM_JOB_UID")
     gid = _int(env, "SLURM_JOB_GID") if env.get("SLURM_JOB_GID") else uid
     user = env.get("SLURM_JOB_USER") or str(uid)
-    if not USER_RE.fullmatch(user) and not _DIGITS.fullmatch(user):
+    if not is_user_name(user) and not _DIGITS.fullmatch(user):
         raise InputError("env", "bad SLURM_JOB_USER", repr(user)[:80])
     node = env.get("SLURMD_NODENAME") or ""
-    if not NODE_NAME_RE.fullmatch(node):
+    if not is_node_name(node):
         raise InputError("env", "bad SLURMD_NODENAME", repr(node)[:80])
     partition = env.get("SLURM_JOB_PARTITION") or None
-    if partition is not None and not PARTITION_RE.fullmatch(partition):
+    if partition is not None and not is_partition(partition):
         raise InputError("env", "bad SLURM_JOB_PARTITION", repr(partition)[:80])
     nl_text = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or node
     if len(nl_text) > MAX_ENV_LEN or not re.fullmatch(r"[A-Za-z0-9._,\[\]-]+", nl_text) \

@@ -25,6 +25,7 @@ import re
 from dataclasses import dataclass, field
 
 from gsrun.base.errors import SlurmError
+from gsrun.facts.slurm import PENDING_STATES, REQUEUE_STATES, RUNNING_STATES, parse_state
 
 #: Fields to pass as ``sacct -P -n --format=`` (joined with ``,``). JobName is
 #: last so that a ``|`` inside a job name only ever spills into the last column.
@@ -39,12 +40,8 @@ _FREE_TEXT_FIELDS = ("jobname", "comment", "admincomment", "constraints", "workd
 
 _UNIT_POW = {"": None, "K": 1, "M": 2, "G": 3, "T": 4, "P": 5, "E": 6}
 
-# States after which the summary must wait (field case 23, docs/field-cases.md:
-# requeued jobs are deferred).
-_PENDING_STATES = {"PENDING"}
-_REQUEUE_STATES = {"REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD"}
-_RUNNING_STATES = {"RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING", "RESIZING",
-                   "STAGE_OUT", "SIGNALING", "STOPPED", "REQUEUE_CRON"}
+# Job states (which ones make the summary wait: field case 23, docs/field-cases.md)
+# are gsrun.facts.slurm's.
 
 
 # --------------------------------------------------------------------------- scalars
@@ -302,12 +299,9 @@ def _row(v: dict[str, str]) -> SacctRow:
     r.job_id_raw = v.get("jobidraw", "").strip() or None
     if r.job_id_raw:
         r.job_id_raw = r.job_id_raw.partition(".")[0]
-    state = v.get("state", "").strip()
+    state, by = parse_state(v.get("state"))
     if state:
-        words = state.split()
-        r.state = words[0].upper()
-        if len(words) >= 3 and words[1] == "by" and words[2].isdigit():
-            r.cancelled_by = int(words[2])
+        r.state, r.cancelled_by = state, by
     r.exit_code = v.get("exitcode", "").strip() or None
     r.start = v.get("start", "").strip() or None
     r.end = v.get("end", "").strip() or None
@@ -494,11 +488,11 @@ def job_efficiency(j: SacctJob) -> JobEfficiency:
 
     # outcome
     state = e.state or ""
-    if state in _PENDING_STATES:
+    if state in PENDING_STATES:
         e.outcome, e.deferred = "pending", True
-    elif state in _REQUEUE_STATES:
+    elif state in REQUEUE_STATES:
         e.outcome, e.deferred = "requeued", True
-    elif state in _RUNNING_STATES:
+    elif state in RUNNING_STATES:
         e.outcome, e.deferred = "running", True
     elif not _started(head):
         e.outcome = "cancelled_before_start" if state == "CANCELLED" else "not_started"

@@ -14,16 +14,31 @@ import subprocess
 from collections.abc import Mapping, Sequence
 
 from gsrun.base.errors import InputError, SlurmError
+from gsrun.base.ids import check_job_id
 from gsrun.base.proc import run_bounded
 
 # slurmd/slurmctld run hooks with an almost empty environment (no PATH)
 MAX_HOSTS = 100000
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-JOB_ID_RE = re.compile(r"^[0-9]{1,10}\Z")
-ARRAY_JOB_ID_RE = re.compile(r"^[0-9]{1,10}(_[0-9]{1,10})?\Z")
-NODE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
-USER_RE = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}\$?\Z", re.I)
-PARTITION_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}\Z")
+
+# Job states as squeue/sacct/scontrol print them (squeue(1) "JOB STATE CODES").
+#: Final: the base states after which a job never runs again (slurm.h
+#: JOB_COMPLETE .. JOB_OOM; slurmdbd's record is complete).
+TERMINAL_STATES = frozenset({"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
+                             "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY"})
+#: Final states that mean the job failed (what ``--mail-type=FAIL`` is for).
+FAILED_STATES = frozenset({"FAILED", "TIMEOUT", "NODE_FAIL", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY"})
+#: Not final: waiting to (re)start ...
+PENDING_STATES = frozenset({"PENDING", "RESV_DEL_HOLD"})
+REQUEUE_STATES = frozenset({"REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD"})
+#: ... or holding its allocation.
+RUNNING_STATES = frozenset({"RUNNING", "SUSPENDED", "STOPPED", "COMPLETING", "CONFIGURING", "RESIZING",
+                            "STAGE_OUT", "SIGNALING", "REQUEUE_CRON"})
+ACTIVE_STATES = PENDING_STATES | REQUEUE_STATES | RUNNING_STATES
+#: Shown after the job's run ended but not final: the job is held until an
+#: admin releases it (SPECIAL_EXIT, set by an EpilogSlurmctld) or it runs on
+#: another cluster of the federation (REVOKED). Nothing more happens here.
+ENDED_HELD_STATES = frozenset({"SPECIAL_EXIT", "REVOKED"})
 
 
 def run_slurm(argv: Sequence[str], timeout_s: float = 15.0, env: Mapping[str, str] | None = None,
@@ -48,13 +63,6 @@ def run_slurm(argv: Sequence[str], timeout_s: float = 15.0, env: Mapping[str, st
         msg = (cp.stderr or cp.stdout).strip().splitlines()
         raise SlurmError("slurm", f"{argv[0]} failed", msg[-1] if msg else f"exit {cp.returncode}")
     return cp
-
-
-def validate_job_id(value: str, what: str = "job id") -> str:
-    """A plain job id ``1234`` (or ``1234_5`` for an array task)."""
-    if not isinstance(value, str) or not ARRAY_JOB_ID_RE.fullmatch(value):
-        raise InputError("input", f"bad {what}", repr(value)[:80], hint="a Slurm job id is digits, e.g. 1234")
-    return value
 
 
 def expand_hostlist(expr: str) -> list[str]:
@@ -212,7 +220,7 @@ def gpus_per_node(partition: str | None, timeout_s: float = 15.0) -> int:
 
 def show_job(job_id: str, timeout_s: float = 15.0) -> dict[str, str] | None:
     """``scontrol -o show job ID`` as a dict, or None for an unknown job."""
-    validate_job_id(job_id)
+    check_job_id(job_id, array=True)
     cp = run_slurm(["scontrol", "-o", "show", "job", job_id], timeout_s, check=False)
     if cp.returncode != 0:
         if "Invalid job id" in (cp.stderr + cp.stdout):
@@ -222,12 +230,22 @@ def show_job(job_id: str, timeout_s: float = 15.0) -> dict[str, str] | None:
     return parse_oneliner(line[0]) if line else None
 
 
-def node_addr(node: str, timeout_s: float = 15.0) -> str:
-    """``NodeAddr`` of ``node`` (what MASTER_ADDR must be), falling back to the name."""
-    cp = run_slurm(["scontrol", "-o", "show", "node", node], timeout_s, check=False)
-    if cp.returncode == 0 and cp.stdout.strip():
-        return parse_oneliner(cp.stdout.splitlines()[0]).get("NodeAddr") or node
-    return node
+def parse_state(text: str | None) -> tuple[str, int | None]:
+    """A job state as Slurm prints it -> ``(STATE, uid)``:
+    ``"CANCELLED by 1000"`` -> ``("CANCELLED", 1000)``, ``"completed"`` ->
+    ``("COMPLETED", None)``, ``""``/None -> ``("", None)``. The word is
+    upper-cased, not checked against the known states."""
+    words = (text or "").split()
+    if not words:
+        return "", None
+    by = int(words[2]) if len(words) >= 3 and words[1] == "by" and re.fullmatch(r"[0-9]{1,10}", words[2]) \
+        else None
+    return words[0].upper(), by
+
+
+def state_word(text: str | None) -> str:
+    """The state without its ``by <uid>`` tail, upper-cased (see :func:`parse_state`)."""
+    return parse_state(text)[0]
 
 
 def parse_exit_code(text: str) -> tuple[int, int]:

@@ -30,12 +30,12 @@ from typing import Callable
 
 from gsrun.base.errors import InputError, NodeError
 from gsrun.base.fsutil import atomic_write_json, ensure_dir, read_json
+from gsrun.base.ids import check_job_id, is_job_id
 from gsrun.request.mig_layout import format_layout, parse_layout
 from gsrun.node.mig_nvml import CODE_TEXT, MigBackend, MigNvmlError, parse_placement
 
 JOURNAL_NAME = "mig.json"
 JOURNAL_VERSION = 1
-_JOB_ID = re.compile(r"^[0-9]{1,10}(?:_[0-9]{1,10})?$")
 
 
 # --------------------------------------------------------------------------
@@ -296,9 +296,7 @@ def resolve_layout(text: str, named: dict[str, str] | None = None) -> str:
 # --------------------------------------------------------------------------
 
 def _journal_path(state_dir, job_id: str) -> Path:
-    job_id = str(job_id)
-    if not _JOB_ID.match(job_id):
-        raise InputError("mig", "bad job id", f"{job_id!r} is not a Slurm job id")
+    job_id = check_job_id(str(job_id), array=True, phase="mig")
     return Path(state_dir) / job_id / JOURNAL_NAME
 
 
@@ -602,7 +600,7 @@ def restore_crashed(mig_backend: MigBackend, state_dir, log: Callable[[str], Non
         return out
     keep = {str(j) for j in keep_jobs}
     for d in sorted(base.iterdir()):
-        if not _JOB_ID.match(d.name) or d.name in keep or d.is_symlink():
+        if not is_job_id(d.name, array=True) or d.name in keep or d.is_symlink():
             continue
         p = d / JOURNAL_NAME
         if not p.exists():

@@ -52,6 +52,8 @@ import psutil
 
 from gsrun.base.errors import InputError, NodeError
 from gsrun.base.fsutil import atomic_write_json, ensure_dir, read_json, remove_tree
+from gsrun.base.ids import check_job_id
+from gsrun.request.mps_share import parse_mps_share
 
 JOURNAL_SCHEMA = "gsrun.mps/1"
 PID_FILE = "nvidia-cuda-mps-control.pid"
@@ -67,7 +69,6 @@ COMPUTE_MODE_EXCLUSIVE_PROCESS = 3
 # Variables copied from the caller's environment into the daemon's (when valid).
 ENV_PASS = ("LANG", "LC_ALL", "TZ")
 
-_JOB_ID_RE = re.compile(r"^[0-9]{1,20}$")
 _GPU_RE = re.compile(r"^(?:[0-9]{1,3}|GPU-[0-9a-fA-F-]{8,64}|MIG-[0-9A-Za-z/-]{4,80})$")
 _PINNED_RE = re.compile(r"^[0-9]{1,3}=[0-9]{1,7}[MG](?:,[0-9]{1,3}=[0-9]{1,7}[MG])*$")
 _ENV_VALUE_RE = re.compile(r"^[A-Za-z0-9_.:/@+-]{0,128}$")
@@ -94,12 +95,12 @@ def requested_pct(environ: Mapping[str, str], option_value: str | None) -> int |
 
     Raises:
         InputError: a value that is not an integer 1-100 (``--gs-mps=150``,
-            ``--gs-mps=abc``; likely a typo).
+            ``--gs-mps=abc``; likely a typo): :func:`gsrun.request.mps_share.parse_mps_share`.
     """
     opt = option_value if option_value is not None else environ.get("SPANK_GS_MPS")
-    pct_opt = _parse_pct(opt, "--gs-mps") if opt is not None else None
+    pct_opt = parse_mps_share(opt, "--gs-mps") if opt is not None else None
     slurm = environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
-    pct_slurm = _parse_pct(slurm, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE") if slurm else None
+    pct_slurm = parse_mps_share(slurm, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE") if slurm else None
     vals = [v for v in (pct_opt, pct_slurm) if v is not None]
     return min(vals) if vals else None
 
@@ -114,16 +115,6 @@ def requested(environ: Mapping[str, str], option_value: str | None) -> bool:
             or bool(environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")))
 
 
-def _parse_pct(value: str, source: str) -> int | None:
-    v = value.strip()
-    if v.lower() in ("", "on", "yes", "true"):  # flag without a percentage
-        return None
-    if not re.fullmatch(r"[0-9]{1,3}", v) or not 1 <= int(v) <= 100:
-        raise InputError("mps", "bad active thread percentage", f"{source}={value!r}",
-                         hint="use an integer from 1 to 100, e.g. --gs-mps=50, or --gs-mps alone")
-    return int(v)
-
-
 def task_env(job_id: str, mps_dir: str) -> dict[str, str]:
     """Environment the job's tasks need to reach the job's daemon:
     ``{"CUDA_MPS_PIPE_DIRECTORY": <mps_dir>/<jobid>/pipe,
@@ -132,13 +123,13 @@ def task_env(job_id: str, mps_dir: str) -> dict[str, str]:
     Raises:
         InputError: ``job_id`` is not a Slurm job id (digits).
     """
-    _check_job_id(job_id)
+    check_job_id(job_id, phase="mps")
     d = Path(mps_dir) / job_id
     return {"CUDA_MPS_PIPE_DIRECTORY": str(d / "pipe"), "CUDA_MPS_LOG_DIRECTORY": str(d / "log")}
 
 
 def journal_path(job_id: str, state_dir: str) -> Path:
-    _check_job_id(job_id)
+    check_job_id(job_id, phase="mps")
     return Path(state_dir) / f"mps-{job_id}.json"
 
 
@@ -162,11 +153,6 @@ def daemon_env(user_env: Mapping[str, str], gpus: list[str], pipe_dir: str, log_
     if pinned_mem_limit:
         env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = pinned_mem_limit
     return env
-
-
-def _check_job_id(job_id: str) -> None:
-    if not isinstance(job_id, str) or not _JOB_ID_RE.fullmatch(job_id):
-        raise InputError("mps", "bad job id", repr(job_id), hint="a Slurm job id is digits only")
 
 
 def _check_inputs(gpus, active_thread_pct, pinned_mem_limit, timeout_s) -> None:
@@ -356,7 +342,7 @@ def start(job_id: str, uid: int, gid: int, gpus: list[str], mps_dir: str, state_
             ``timeout_s`` (driver not loaded, GPU in PROHIBITED mode, a
             wedged driver). On failure everything done so far is undone.
     """
-    _check_job_id(job_id)
+    check_job_id(job_id, phase="mps")
     _check_inputs(gpus, active_thread_pct, pinned_mem_limit, timeout_s)
     jpath = journal_path(job_id, state_dir)
     if read_json(jpath) is not None or _plain_dir_of(os.path.join(mps_dir, job_id), (0, uid)):
@@ -545,7 +531,7 @@ def stop(job_id: str, mps_dir: str, state_dir: str, control_bin: str, timeout_s:
         "dir_removed": bool, "journal_kept": bool}``. Never raises for a
     daemon that misbehaves; only for a bad ``job_id`` (InputError).
     """
-    _check_job_id(job_id)
+    check_job_id(job_id, phase="mps")
     jpath = journal_path(job_id, state_dir)
     j = read_json(jpath)
     if j is not None and (not isinstance(j, dict) or j.get("job_id") != job_id):

@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import json
 import os
 import re
 import shutil
@@ -59,6 +58,7 @@ from typing import Any
 
 from gsrun.base.errors import GsrunError, InputError, NodeError
 from gsrun.base.fsutil import atomic_write_json, ensure_dir, read_json
+from gsrun.base.ids import check_job_id
 from gsrun.request.tune import TUNE_KEYS, check_tune_value, parse_tune_request
 
 JOURNAL_VERSION = 1
@@ -67,7 +67,6 @@ SWAP_TIMEOUT_S = 60.0
 # When swap=off is unsafe (swapped pages would not fit in MemAvailable) the
 # job gets this swappiness instead, unless it asked for one itself.
 SWAP_FALLBACK_SWAPPINESS = "1"
-_JOB_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
 _CPU = re.compile(r"^cpu[0-9]+$")
 
 VM = "proc/sys/vm"
@@ -666,11 +665,6 @@ def _unlink(path: Path) -> None:
         pass
 
 
-def _check_job_id(job_id: str) -> None:
-    if not isinstance(job_id, str) or not _JOB_ID.fullmatch(job_id):
-        raise InputError("tune", "bad job id", repr(job_id), hint="a Slurm job id like 4242")
-
-
 def read_facts(hostfs, keys, entries=(), live_jobs=()) -> Facts:
     """Read current values and kernel choices for ``keys`` (plus meminfo)."""
     current, choices = {}, {}
@@ -742,7 +736,7 @@ def prolog_tune(hostfs, state_dir: str, job_id: str, request: str | None, cfg, p
             tuning lock is held for more than 30 s.
         InputError: ``job_id`` is not a plain job id.
     """
-    _check_job_id(job_id)
+    check_job_id(job_id, phase="tune")
     policy = Policy.from_config(cfg, partition)
     req, req_err = {}, None
     if request:
@@ -871,7 +865,7 @@ def epilog_restore(hostfs, state_dir: str, job_id: str, log=print, *, swap_effec
     Raises:
         NodeError: state dir unusable, journal unreadable, lock timeout.
     """
-    _check_job_id(job_id)
+    check_job_id(job_id, phase="tune")
     return _leave(hostfs, state_dir, [job_id], False, log, swap_effect)
 
 
@@ -888,7 +882,7 @@ def restore(hostfs, state_dir: str, job_id: str | None = None, all_jobs: bool = 
     if bool(job_id) == bool(all_jobs):
         raise InputError("restore", "what to restore", "give exactly one of --job ID or --all")
     if job_id:
-        _check_job_id(job_id)
+        check_job_id(job_id, phase="tune")
         return _leave(hostfs, state_dir, [job_id], False, log, swap_effect)
     return _leave(hostfs, state_dir, [], True, log, swap_effect)
 
@@ -958,7 +952,3 @@ def format_status(st: dict) -> str:
     if not st["changes"]:
         lines.append("  no node setting changed")
     return "\n".join(lines) + "\n"
-
-
-def report_json(report: dict) -> str:
-    return json.dumps(report, indent=1, sort_keys=True)

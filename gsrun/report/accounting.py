@@ -32,12 +32,11 @@ from pathlib import Path
 
 from gsrun.base.errors import SlurmError
 from gsrun.facts.sacct import SACCT_FORMAT, JobEfficiency, efficiency_from_sacct
-from gsrun.facts.slurm import run_slurm, validate_job_id
+from gsrun.base.ids import check_job_id
+from gsrun.facts.slurm import TERMINAL_STATES, run_slurm, state_word
 
 JS1_RE = re.compile(r"^JS1:[A-Za-z0-9+/]+={0,2}$")
 CLUSTER_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
-                "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
 
 
 # --------------------------------------------------------------------------- pure
@@ -95,7 +94,7 @@ def sacct_text(job_id: str, timeout_s: float = 15.0, fmt=SACCT_FORMAT) -> str:
         SlurmError: sacct missing, failed (no slurmdbd: "Slurm accounting
             storage is disabled") or timed out.
     """
-    validate_job_id(job_id)
+    check_job_id(job_id, array=True)
     return run_slurm(["sacct", "-P", "-n", "--format=" + ",".join(fmt), "-j", job_id],
                      timeout_s).stdout
 
@@ -123,7 +122,7 @@ def job_state(job_id: str, timeout_s: float = 15.0) -> str | None:
     for line in out.splitlines():
         parts = line.split("|")
         if len(parts) == 3 and "." not in parts[0]:
-            state = (parts[1].split() or [""])[0]
+            state = state_word(parts[1])
             return state if parts[2] not in ("", "Unknown") else "RUNNING"
     return None
 
@@ -167,7 +166,7 @@ def _sql_set(job_id: str, blob: str, cluster: str, slurm_conf: str | None,
     client = shutil.which("mariadb") or shutil.which("mysql")
     if client is None:
         raise SlurmError("accounting", "no database fallback", "no mariadb/mysql client installed")
-    validate_job_id(job_id)
+    check_job_id(job_id, array=True)
     if "_" in job_id or not valid_js1(blob):
         raise SlurmError("accounting", "refused", "only a raw job id and a JS1 blob are written")
     # values are allow-listed above: digits, [A-Za-z0-9_-], base64 -- safe in the statement
@@ -206,7 +205,7 @@ def store_admin_comment(job_id: str, blob: str, cluster: str, slurm_conf: str | 
             retry later), sacctmgr failed, or the value came back changed and
             the database fallback is unavailable.
     """
-    validate_job_id(job_id)
+    check_job_id(job_id, array=True)
     if not valid_js1(blob):
         raise SlurmError("accounting", "not a JS1 blob", repr(blob[:40]))
     ok, text = _sacctmgr_set(job_id, blob, timeout_s)
@@ -240,7 +239,7 @@ def store_admin_comment_retry(job_id: str, blob: str, cluster: str, slurm_conf: 
         sleep(wait)
         try:
             state = job_state(job_id, timeout_s)
-            if state in FINAL_STATES:
+            if state in TERMINAL_STATES:
                 return store_admin_comment(job_id, blob, cluster, slurm_conf, timeout_s)
             last = SlurmError("accounting", "job not final in slurmdbd yet", f"state {state}")
         except SlurmError as e:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from gsrun.base.errors import ConfigError
+from gsrun.base.ids import is_partition
 from gsrun.request.tune import TUNE_KEYS
 
 ENV_CONFIG = "GSRUN_CONFIG"
@@ -269,7 +270,7 @@ def parse_config(text: str, source: str = "<string>") -> Config:
             if not isinstance(table, dict):
                 raise ConfigError("config", "bad section", "[partition] must hold [partition.<name>] tables")
             for pname, ptable in table.items():
-                if not re.match(r"^[A-Za-z0-9_.-]{1,64}\Z", pname):
+                if not is_partition(pname):
                     raise ConfigError("config", "bad partition name", repr(pname))
                 partitions[pname] = {}
                 for sec, sub in ptable.items():
@@ -335,8 +336,6 @@ def load_config_or_defaults(log=None, path: str | None = None) -> Config:
 def render_commented_config() -> str:
     """The commented ``gsrun.toml`` that ``gsrun-node install`` writes: every
     setting, its default and meaning, all commented out."""
-    import json
-
     lines = ["# gsrun site configuration. Every setting is shown with its default, commented out.",
              "# Check with: gsrun-node config check", ""]
     current = None
@@ -350,7 +349,6 @@ def render_commented_config() -> str:
         lines.append(f"# {name} = {_toml_value(s.default)}")
     lines += ["", "# Per-partition overrides, e.g.:", "# [partition.gpu.tuning]",
               "# defaults = \"governor=performance,swappiness=10\"", ""]
-    _ = json
     return "\n".join(lines)
 
 

@@ -191,6 +191,10 @@ def test_parse_gres_conf():
     assert doctor.parse_gres_conf(text, "a2") == ["/dev/nvidia0", "/dev/nvidia1", "/dev/nvidia2", "/dev/nvidia4",
                                                   "/dev/nvidia5"]
     assert doctor.parse_gres_conf(text, "b1") == ["/dev/nvidia0", "/dev/nvidia1", "/dev/nvidia7"]
+    # Slurm's hostlist rules: a comma list, zero padding kept; a bad range is kept as written (the check reports it)
+    assert doctor.parse_gres_conf("Name=gpu File=/dev/nvidia0,/dev/nvidia[01-02]\n", None) == \
+        ["/dev/nvidia0", "/dev/nvidia01", "/dev/nvidia02"]
+    assert doctor.parse_gres_conf("Name=gpu File=/dev/nvidia[3-1]\n", None) == ["/dev/nvidia[3-1]"]
 
 
 def test_binaries_inside_a_fake_root(tmp_path):

@@ -109,7 +109,7 @@ def test_prolog_killed_at_step_boundary(site, point, way_back):
         assert e.returncode == 0, (point, e.stderr)
     assert diff(base, host_only(snapshot(site.host))) == [], f"prolog killed at {point}, back by {way_back}"
     assert no_sampler_within(site, "4242"), f"sampler left after prolog killed at {point}"
-    st = run_node(["status"], env)
+    st = run_node(["status", "--json"], env)
     assert json.loads(st.stdout)["tuning"]["changes"] == []
 
 

@@ -17,7 +17,8 @@ import pytest
 from gsrun.base.errors import InputError
 from gsrun.facts.jobenv import job_from_env
 from gsrun.base.log import JobLog, safe_text
-from gsrun.base.paths import Paths, check_job_id
+from gsrun.base.ids import check_job_id
+from gsrun.base.paths import Paths
 from helpers.node_site import LAUNCH, make_site
 
 GOOD = {"SLURM_JOB_ID": "4242", "SLURM_JOB_UID": "1000", "SLURM_JOB_GID": "1000", "SLURM_JOB_USER": "user1",
@@ -69,7 +70,7 @@ def test_hostile_env_value_is_refused_naming_the_variable(name, value):
 @pytest.mark.parametrize("value", ["4242\n", "../4242", "4242/..", "", "4242\x00", "a", "1" * 11])
 def test_paths_never_take_a_bad_job_id(tmp_path, value):
     with pytest.raises(InputError):
-        check_job_id(value)
+        check_job_id(value, array=True)
     with pytest.raises(InputError):
         Paths(str(tmp_path), str(tmp_path), str(tmp_path)).spool_job(value)
 

@@ -415,17 +415,19 @@ def test_slurmd_context_never_starts_python(built, harness, tmp_path):
     assert not [l for l in out if l.startswith(("ERROR", "REGISTER"))]
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["colour=blue"], "unknown plugstack argument 'colour'"),
-    (["on_error=maybe"], "on_error=maybe: must be fail or ignore"),
-    (["bind=spread"], "bind=spread: must be auto or none"),
-    (["pythonpath=relative/dir"], "must be one absolute directory"),
-    (["justaword"], "is not key=value"),
+@pytest.mark.parametrize("args,needle,hint", [
+    (["colour=blue"], "unknown plugstack argument 'colour'", "hint: allowed keys: pythonpath="),
+    (["on_error=maybe"], "on_error=maybe: must be fail or ignore", None),
+    (["bind=spread"], "bind=spread: must be auto or none", None),
+    (["pythonpath=relative/dir"], "pythonpath=relative/dir: must be one absolute directory", "hint: repeat"),
+    (["justaword"], "is not key=value", "hint: allowed keys: pythonpath="),
 ])
-def test_plugstack_args_are_strict(built, harness, real_site, args, needle):
+def test_plugstack_args_are_strict(built, harness, real_site, args, needle, hint):
     rc, out, err = run_harness(harness, built, "remote", real_site, *args)
     assert rc == 10 and "RC slurm_spank_init -1" in out, (out, err)
     assert any(needle in l for l in out if l.startswith("ERROR: gsrun: spank: config: ")), out
+    if hint:                                      # the fix on its own line, as gsrun.base.errors prints it
+        assert any(l.startswith("ERROR: " + hint) for l in out), out
 
 
 def test_refuses_other_slurm_release(built, harness, real_site):
@@ -445,7 +447,7 @@ def register_options():
 def slurm_spank_init(ctx, args):
     return 0
 def slurm_spank_init_post_opt(ctx, args):
-    raise ValueError("boom in post_opt")
+    raise ValueError("boom in post_opt\\nhint: try again")
 def slurm_spank_user_init(ctx, args):
     sys.exit(3)                       # must not end slurmstepd
 def slurm_spank_task_init(ctx, args):
@@ -477,6 +479,7 @@ def test_python_errors_never_crash_the_host(built, harness, tmp_path):
     assert rc == 0, (out, err)
     # remote default on_error=ignore: every failing hook logged, rc 0, nothing crashed
     assert "ERROR: gsrun: spank: slurm_spank_init_post_opt: ValueError: boom in post_opt" in out
+    assert "ERROR: hint: try again" in out            # a GsrunError's hint: its own line, as Python prints it
     assert any(l.startswith("ERROR: gsrun: spank: slurm_spank_init_post_opt: Traceback") for l in out)
     assert any("hooks.py" in l and "line 8" in l for l in out if "post_opt" in l)
     assert "ERROR: gsrun: spank: slurm_spank_user_init: SystemExit: 3" in out

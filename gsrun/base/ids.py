@@ -1,0 +1,119 @@
+"""Slurm identifiers, checked in one place: job ids, user, node and
+partition names. Pure.
+
+Every check is a ``fullmatch`` against an ASCII allow-list, so a trailing
+newline (``"4242\\n"``, which ``re.match(r"^[0-9]+$")`` accepts), a NUL, a
+``/`` or ``..``, and non-ASCII digits (``"４２"`` and ``"²"``, which
+``str.isdigit`` accepts) are refused. A checked value is safe as a path
+component, a log tag and a command argument.
+
+- job id: ``[0-9]{1,10}`` (Slurm job ids are 32-bit; leading zeros are
+  accepted as Slurm's own parsers accept them). With ``array=True`` also an
+  array task ``<array job id>_<task id>`` (``15053872_1491``), the form
+  ``sacct``/``squeue`` print and users type; the node side (prolog, epilog,
+  cgroups, MPS) only ever sees the raw numeric id. Heterogeneous job
+  components (``123+1``) are not accepted by any caller.
+- user name: ``[A-Za-z_][A-Za-z0-9_.-]{0,31}`` with an optional trailing
+  ``$`` (POSIX portable names as useradd/sssd produce them).
+- node name: ``[A-Za-z0-9][A-Za-z0-9._-]{0,63}`` (a Slurm NodeName; never
+  starts with ``-`` or ``.``).
+- partition name: ``[A-Za-z0-9_.-]{1,64}``.
+
+``check_*`` return the value unchanged or raise :class:`InputError` in the
+usual shape ``gsrun: <phase>: bad <what>: <repr of the value>`` plus a hint;
+``is_*`` are the same tests as booleans for callers that skip bad values.
+"""
+
+from __future__ import annotations
+
+import re
+
+from gsrun.base.errors import InputError
+
+JOB_ID_RE = re.compile(r"[0-9]{1,10}")
+ARRAY_JOB_ID_RE = re.compile(r"[0-9]{1,10}(?:_[0-9]{1,10})?")
+USER_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}\$?")
+NODE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+PARTITION_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+_JOB_HINT = "a Slurm job id is digits, e.g. 4242"
+_ARRAY_HINT = "a Slurm job id is digits, e.g. 4242, or an array task, e.g. 4242_7"
+_RAW_HINT = ("a Slurm job id is digits, e.g. 4242; for an array task use the raw job id "
+             "($SLURM_JOB_ID or sacct JobIDRaw), not ARRAYID_TASK")
+
+
+def _ok(pattern: re.Pattern, value) -> bool:
+    return isinstance(value, str) and pattern.fullmatch(value) is not None
+
+
+def _bad(phase: str, what: str, value, hint: str | None = None) -> InputError:
+    return InputError(phase, f"bad {what}", repr(value)[:80], hint=hint)
+
+
+def is_job_id(value, *, array: bool = False) -> bool:
+    """True when ``value`` is a str job id (``"4242"``; with ``array`` also
+    ``"4242_7"``)."""
+    return _ok(ARRAY_JOB_ID_RE if array else JOB_ID_RE, value)
+
+
+def check_job_id(value, *, array: bool = False, phase: str = "input", what: str = "job id") -> str:
+    """``value`` if it is a job id (see :func:`is_job_id`).
+
+    Raises:
+        InputError: ``gsrun: <phase>: bad <what>: <repr>``, e.g. a non-str,
+            an empty string, a newline, non-ASCII digits, more than 10
+            digits, or (without ``array``) an array task id.
+    """
+    if not is_job_id(value, array=array):
+        hint = _ARRAY_HINT if array else (_RAW_HINT if is_job_id(value, array=True) else _JOB_HINT)
+        raise _bad(phase, what, value, hint)
+    return value
+
+
+def is_user_name(value) -> bool:
+    """True when ``value`` is a str user name (``alice``, ``j.doe``, ``host$``)."""
+    return _ok(USER_NAME_RE, value)
+
+
+def check_user_name(value, *, phase: str = "input", what: str = "user name") -> str:
+    """``value`` if it is a user name (see :func:`is_user_name`).
+
+    Raises:
+        InputError: ``gsrun: <phase>: bad <what>: <repr>``.
+    """
+    if not is_user_name(value):
+        raise _bad(phase, what, value, "letters, digits and _.- (at most 32), not starting with a digit")
+    return value
+
+
+def is_node_name(value) -> bool:
+    """True when ``value`` is a str Slurm node name (``gpu01``, ``gpu-node01.ib``)."""
+    return _ok(NODE_NAME_RE, value)
+
+
+def check_node_name(value, *, phase: str = "input", what: str = "node name") -> str:
+    """``value`` if it is a node name (see :func:`is_node_name`).
+
+    Raises:
+        InputError: ``gsrun: <phase>: bad <what>: <repr>``.
+    """
+    if not is_node_name(value):
+        raise _bad(phase, what, value, "a Slurm NodeName: letters, digits and ._- (at most 64), "
+                                       "starting with a letter or digit")
+    return value
+
+
+def is_partition(value) -> bool:
+    """True when ``value`` is a str Slurm partition name (``gpu``, ``h200_long``)."""
+    return _ok(PARTITION_RE, value)
+
+
+def check_partition(value, *, phase: str = "input", what: str = "partition") -> str:
+    """``value`` if it is a partition name (see :func:`is_partition`).
+
+    Raises:
+        InputError: ``gsrun: <phase>: bad <what>: <repr>``.
+    """
+    if not is_partition(value):
+        raise _bad(phase, what, value, "letters, digits and _.- only, at most 64 characters")
+    return value

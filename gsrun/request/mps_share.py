@@ -1,0 +1,38 @@
+"""The MPS share a job asks for: the default active thread percentage of its
+per-job MPS daemon (``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``). Pure.
+
+One rule for every way it arrives: ``gsrun --mps[=PCT]``, ``--gs-mps[=PCT]``
+(SPANK plugin, exported to the prolog as ``SPANK_GS_MPS``), ``mps=PCT`` in
+the job comment, and Slurm's own ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` for a
+``gres/mps`` job. The site default (config
+``mps.default_active_thread_percentage``) is a TOML integer checked by the
+config loader.
+"""
+
+from __future__ import annotations
+
+import re
+
+from gsrun.base.errors import InputError
+
+_PCT = re.compile(r"[0-9]{1,3}")
+HINT = "use an integer from 1 to 100 (e.g. --gs-mps=50 or --mps=50), or the option alone for the site default"
+
+
+def parse_mps_share(text: str, source: str = "--gs-mps", phase: str = "mps") -> int | None:
+    """``text`` -> the percentage 1-100, or None for the option given
+    without a value (``""``, surrounding blanks ignored: ``--mps`` alone,
+    ``SPANK_GS_MPS=``, ``mps=`` in the comment). ASCII digits only, at most
+    three (``"050"`` is 50, ``"0100"`` is refused).
+
+    Raises:
+        InputError: ``gsrun: <phase>: bad active thread percentage:
+            <source>=<repr>`` plus a hint, for anything else (``0``, ``101``,
+            ``-5``, ``50%``, ``abc``, ``"４２"``, a non-str); likely a typo.
+    """
+    v = text.strip() if isinstance(text, str) else None
+    if v == "":
+        return None
+    if v is None or not _PCT.fullmatch(v) or not 1 <= int(v) <= 100:
+        raise InputError(phase, "bad active thread percentage", f"{source}={text!r}"[:120], hint=HINT)
+    return int(v)
