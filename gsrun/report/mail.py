@@ -62,6 +62,7 @@ from typing import Any, Callable, Mapping
 from gsrun.base.templating import render
 from gsrun.base.errors import ConfigError, GsrunError, InputError, NodeError
 from gsrun.base.fsutil import atomic_write, atomic_write_json, ensure_dir, read_json
+from gsrun.report.records import FindingCode
 from gsrun.report.units import NA, as_number, fmt_bytes, fmt_duration_s, fmt_energy_j, fmt_hours_h, fmt_pct, \
     fmt_power_w
 
@@ -86,7 +87,7 @@ FAIL_STATES = {"FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "
 NOT_FINAL_STATES = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RUNNING",
                     "CONFIGURING", "COMPLETING", "SUSPENDED", "RESIZING", "SIGNALING", "STAGE_OUT"}
 # finding codes that say "the GPU was (nearly) unused"; only meaningful with a utilization figure
-_IDLE_CODES = {"idle_gpu", "unused_gpu", "gpu_unused", "low_gpu_util", "gpu_idle"}
+_IDLE_CODES = frozenset({FindingCode.IDLE_GPU.value})
 
 
 class MailError(GsrunError):
