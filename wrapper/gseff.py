@@ -24,7 +24,7 @@ from gsrun.request.config import load_config
 from gsrun.base.errors import GsrunError, InputError, run_cli
 from gsrun.base.fsutil import read_json
 from gsrun.base.paths import Paths
-from gsrun.report.render import _dur, _p
+from gsrun.report.units import fmt_duration_s, fmt_gib, fmt_pct
 from gsrun.base.ids import check_job_id
 
 
@@ -59,10 +59,6 @@ def load_summary(paths: Paths, job_id: str) -> dict:
                                                 "state": "RUNNING or unmerged"}
         summary = job_summary(base, nodes)
     return summary
-
-
-def _gib(b) -> str:
-    return "N/A" if b is None else f"{b / 2**30:.2f} GiB"
 
 
 def gpu_from_js1(blob: dict) -> dict:
@@ -127,13 +123,14 @@ def render_accounting(rec: dict) -> str:
     """Plain-text report of :func:`load_accounting`'s record."""
     e = rec["efficiency"]
     out = [f"gsrun efficiency report (from Slurm accounting): job {rec['job_id']}",
-           f"  State: {e['state'] or 'N/A'}   Elapsed: {_dur(e['elapsed_s'])}   Nodes: {e['nodes'] or 'N/A'}"
+           f"  State: {e['state'] or 'N/A'}   Elapsed: {fmt_duration_s(e['elapsed_s'], 'clock')}"
+           f"   Nodes: {e['nodes'] or 'N/A'}"
            f"   CPUs: {e['alloc_cpus'] or 'N/A'}   GPUs: {e['alloc_gpus'] or 'N/A'}", "",
            "CPU and memory (sacct)",
-           f"  CPU time: {_dur(e['cpu_time_s'])}   CPU efficiency: {_p(e['cpu_eff_pct'])}"
+           f"  CPU time: {fmt_duration_s(e['cpu_time_s'], 'clock')}   CPU efficiency: {fmt_pct(e['cpu_eff_pct'], 1)}"
            + (f"   [{e['cpu_time_source']}]" if e["cpu_time_source"] else ""),
-           f"  Memory peak: {_gib(e['mem_peak_bytes'])} of {_gib(e['mem_req_bytes'])}"
-           f"   Memory efficiency: {_p(e['mem_eff_pct'])}"
+           f"  Memory peak: {fmt_gib(e['mem_peak_bytes'])} of {fmt_gib(e['mem_req_bytes'])}"
+           f"   Memory efficiency: {fmt_pct(e['mem_eff_pct'], 1)}"
            + (f"   [{e['mem_peak_source']}]" if e["mem_peak_source"] else ""), "",
            "GPUs (AdminComment JS1)"]
     g = rec["gpu"]
@@ -144,9 +141,10 @@ def render_accounting(rec: dict) -> str:
     else:
         out.append(f"  {'node':<10} {'gpu':>4} {'util':>7} {'mem peak':>12} {'mem total':>12}")
         for r in g["gpus"]:
-            out.append(f"  {r['node']:<10} {r['index']:>4} {_p(r['util_pct']):>7} "
-                       f"{_gib(r['mem_used_bytes']):>12} {_gib(r['mem_total_bytes']):>12}")
-        out.append(f"  GPU utilization: {_p(g['util_mean_pct'])}   GPU memory: {_p(g['mem_mean_pct'])}")
+            out.append(f"  {r['node']:<10} {r['index']:>4} {fmt_pct(r['util_pct'], 1):>7} "
+                       f"{fmt_gib(r['mem_used_bytes']):>12} {fmt_gib(r['mem_total_bytes']):>12}")
+        out.append(f"  GPU utilization: {fmt_pct(g['util_mean_pct'], 1)}"
+                   f"   GPU memory: {fmt_pct(g['mem_mean_pct'], 1)}")
     notes = [n for n in e["notes"] if n]
     if notes:
         out += ["", "Notes"] + [f"  - {n}" for n in notes]

@@ -14,7 +14,10 @@ through the NVML choke point (:mod:`gsrun.facts.nvml`):
 - the job's CPU time and memory from its cgroup (:mod:`gsrun.facts.cgroup`), else
   from its processes found by ``SLURM_JOB_ID`` in their environment (psutil).
 
-State is O(1) in job length (:mod:`gsrun.facts.aggregate`) and is rewritten
+State is O(1) in job length (:mod:`gsrun.facts.aggregate`); its file form
+(``sampler.json``, version ``STATE_VERSION``) is typed in
+:mod:`gsrun.facts.sampler_state` (:class:`~gsrun.facts.sampler_state.SamplerState`,
+``schemas/sampler-state.schema.json``). It is rewritten
 atomically every ``sampler.flush_s`` and on SIGTERM, so a killed sampler
 loses at most one flush interval. A lost GPU (NVML ``GPU_IS_LOST``), a
 missing driver or an unsupported metric is recorded, never a crash.
@@ -26,13 +29,12 @@ import json
 import os
 import signal
 import time
-from dataclasses import dataclass
 
 from gsrun.facts.aggregate import HIST_EDGES_PCT, Counter, Metric, Timeline
 from gsrun.base.fsutil import atomic_write, read_json
 from gsrun.facts.nvml import GPU_IS_LOST, NA, NvmlUnavailable, index_by_minor, is_na, open_nvml
+from gsrun.facts.sampler_state import STATE_VERSION, GpuRef  # noqa: F401 - STATE_VERSION: the file format, re-exported
 
-STATE_VERSION = 2
 # NVML clock event (throttle) reason bits -> cause (nvmlClocksEventReason*)
 THROTTLE_CAUSES = {"power": 0x4 | 0x80,        # SwPowerCap | HwPowerBrakeSlowdown
                    "thermal": 0x20 | 0x40,     # SwThermalSlowdown | HwThermalSlowdown
@@ -47,27 +49,6 @@ TIMELINE_FLUSH_EVERY = 10          # timelines re-encoded every 10th flush (see 
 GAP_FACTOR = 2.0                    # a poll later than this x interval_s: the excess is gap time
 GPU_READ_KEYS = ("memory", "power_mw", "energy_mj", "sm_clock_mhz", "temperature_c",
                  "throttle_reasons", "pcie_tx_kbs", "pcie_rx_kbs", "ecc_uncorrected", "xid_events")
-
-
-@dataclass
-class GpuRef:
-    """A job GPU as the sampler knows it. ``gres_index`` is Slurm's index
-    (the ``/dev/nvidiaN`` minor number); ``nvml_index`` is NVML's, found by
-    matching the minor number (never by position: field cases 7 and 8,
-    docs/field-cases.md).
-    ``mig``: MIG mode is on (``nvmlDeviceGetMigMode`` current = 1), so the
-    device has no utilization figure (field case 12). ``gpm``: GPM metrics
-    are supported (``nvmlGpmQueryDeviceSupport``; Hopper and later)."""
-
-    gres_index: int
-    nvml_index: int | None
-    uuid: str | None = None
-    pci_bus_id: str | None = None
-    name: str | None = None
-    mem_total_bytes: int | None = None
-    mig: bool = False
-    gpm: bool = False
-    lost: bool = False        # NVML answered GPU_IS_LOST already when the sampler started
 
 
 def resolve_gpus(nv, gres_indices: list[int]) -> tuple[list[GpuRef], list[str]]:

@@ -64,6 +64,9 @@ from gsrun.base.templating import render
 from gsrun.base.errors import ConfigError, GsrunError, InputError, NodeError
 from gsrun.base.fsutil import atomic_write, atomic_write_json, ensure_dir, read_json
 from gsrun.facts.slurm import ACTIVE_STATES as NOT_FINAL_STATES, FAILED_STATES as FAIL_STATES
+from gsrun.report.records import FindingCode
+from gsrun.report.units import NA, as_number, fmt_bytes, fmt_duration_s, fmt_energy_j, fmt_hours_h, fmt_pct, \
+    fmt_power_w
 
 PHASE = "mail"
 SUBDIRS = ("new", "tmp", "sent", "failed", "state")
@@ -83,7 +86,7 @@ _BIDI = {chr(c) for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A), 0x200E
 MAIL_TYPES = {"NONE", "BEGIN", "END", "FAIL", "REQUEUE", "ALL", "INVALID_DEPEND", "STAGE_OUT",
               "TIME_LIMIT", "TIME_LIMIT_90", "TIME_LIMIT_80", "TIME_LIMIT_50", "ARRAY_TASKS"}
 # finding codes that say "the GPU was (nearly) unused"; only meaningful with a utilization figure
-_IDLE_CODES = {"idle_gpu", "unused_gpu", "gpu_unused", "low_gpu_util", "gpu_idle"}
+_IDLE_CODES = frozenset({FindingCode.IDLE_GPU.value})
 
 
 class MailError(GsrunError):
@@ -265,7 +268,7 @@ def mail_kind(summary: Mapping) -> str:
     job = summary.get("job") or {}
     state_word = str(job.get("state") or "").strip().split(" ")[0].upper()
     elapsed = job.get("elapsed_s")
-    zero = elapsed is None or _num(elapsed) is None or float(elapsed) <= 0.0
+    zero = elapsed is None or as_number(elapsed) is None or float(elapsed) <= 0.0
     if state_word in NOT_FINAL_STATES:
         return "requeued"
     if state_word == "CANCELLED" and zero:
@@ -273,46 +276,6 @@ def mail_kind(summary: Mapping) -> str:
     if zero:
         return "no_run"
     return "report"
-
-
-def _num(v) -> float | None:
-    if isinstance(v, bool) or v is None:
-        return None
-    if isinstance(v, (int, float)):
-        f = float(v)
-        return f if f == f and f not in (float("inf"), float("-inf")) else None
-    return None
-
-
-def _pct(v, digits: int = 0) -> str:
-    f = _num(v)
-    if f is None:
-        return "N/A"
-    return f"{f:.{digits}f}%"
-
-
-def _bytes(v) -> str:
-    f = _num(v)
-    if f is None:
-        return "N/A"
-    for unit, div in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if abs(f) >= div:
-            return f"{f / div:.1f} {unit}"
-    return f"{f:.0f} B"
-
-
-def _duration(v) -> str:
-    f = _num(v)
-    if f is None:
-        return "N/A"
-    s = int(round(f))
-    if s < 60:
-        return f"{f:.1f} s" if f < 10 and f != int(f) else f"{s} s"
-    d, rem = divmod(s, 86400)
-    h, rem = divmod(rem, 3600)
-    m, sec = divmod(rem, 60)
-    hms = f"{h:02d}:{m:02d}:{sec:02d}"
-    return f"{d}-{hms}" if d else hms
 
 
 def _is_mig(dev: Mapping) -> bool:
@@ -330,8 +293,8 @@ def _gpu_headline(summary: Mapping) -> str | None:
     if gpu.get("available") is False:
         return "GPU data unavailable"
     if not devices:
-        return "GPU data unavailable" if (_num(job.get("gpus_alloc")) or 0) > 0 else None
-    utils = [_num(d.get("util_mean_pct")) for d in devices]
+        return "GPU data unavailable" if (as_number(job.get("gpus_alloc")) or 0) > 0 else None
+    utils = [as_number(d.get("util_mean_pct")) for d in devices]
     vals = [u for u in utils if u is not None]
     if vals:
         return f"GPU util {sum(vals) / len(vals):.0f}%"
@@ -363,7 +326,7 @@ def subject_line(summary: Mapping) -> str:
     g = _gpu_headline(summary)
     if g:
         parts.append(g)
-    parts.append(f"CPU eff {_pct((summary.get('cpu') or {}).get('efficiency_pct'))}")
+    parts.append(f"CPU eff {fmt_pct((summary.get('cpu') or {}).get('efficiency_pct'), 0)}")
     return clean_line(f"{head} {state}: {', '.join(parts)}", 250)
 
 
@@ -382,37 +345,38 @@ def mail_view(summary: Mapping, report_text: str, has_image: bool, image_cid: st
     gpu = summary.get("gpu") or {}
     kind = mail_kind(summary)
     devices_in = [d for d in (gpu.get("devices") or []) if isinstance(d, Mapping)]
-    any_util = any(_num(d.get("util_mean_pct")) is not None for d in devices_in)
+    any_util = any(as_number(d.get("util_mean_pct")) is not None for d in devices_in)
 
     devices = []
     events = []
     for d in devices_in:
         mig = _is_mig(d)
-        util = _num(d.get("util_mean_pct"))
+        util = as_number(d.get("util_mean_pct"))
         throttle = d.get("throttle_s") or {}
-        thr = ", ".join(f"{clean_line(k, 30)} {_duration(v)}" for k, v in sorted(throttle.items())
-                        if (_num(v) or 0) > 0) if isinstance(throttle, Mapping) else ""
-        xids = [x for x in (d.get("xid") or []) if _num(x) is not None]
-        lost = _num(d.get("lost_at_s"))
+        thr = ", ".join(f"{clean_line(k, 30)} {fmt_duration_s(v, 'short')}" for k, v in sorted(throttle.items())
+                        if (as_number(v) or 0) > 0) if isinstance(throttle, Mapping) else ""
+        xids = [x for x in (d.get("xid") or []) if as_number(x) is not None]
+        lost = as_number(d.get("lost_at_s"))
         label = f"{clean_line(d.get('node') or '?', 64)} GPU {clean_line(d.get('index', '?'), 8)}"
         if xids:
             events.append(f"{label}: Xid {', '.join(str(int(x)) for x in xids)}")
         if lost is not None:
-            events.append(f"{label}: lost at {_duration(lost)} into the job (figures cover the time before)")
+            events.append(f"{label}: lost at {fmt_duration_s(lost, 'short')} into the job "
+                          "(figures cover the time before)")
         devices.append({
             "node": clean_line(d.get("node") or "?", 64),
             "index": clean_line(d.get("index", "?"), 8),
             "name": clean_line(d.get("name") or "?", 80),
             "mig": mig,
-            "util": ("N/A (MIG)" if mig else "N/A") if util is None else _pct(util),
-            "sm_active": _pct(d.get("sm_active_mean_pct")),
-            "tensor_active": _pct(d.get("tensor_active_mean_pct")),
-            "mem": f"{_bytes(d.get('mem_peak_bytes'))} of {_bytes(d.get('mem_total_bytes'))}",
-            "energy": _energy(d.get("energy_j")),
-            "power": "N/A" if _num(d.get("power_mean_w")) is None else f"{_num(d.get('power_mean_w')):.0f} W",
+            "util": fmt_pct(util, 0, na="N/A (MIG)" if mig else NA),
+            "sm_active": fmt_pct(d.get("sm_active_mean_pct"), 0),
+            "tensor_active": fmt_pct(d.get("tensor_active_mean_pct"), 0),
+            "mem": f"{fmt_bytes(d.get('mem_peak_bytes'))} of {fmt_bytes(d.get('mem_total_bytes'))}",
+            "energy": fmt_energy_j(d.get("energy_j"), "kwh_j"),
+            "power": fmt_power_w(d.get("power_mean_w")),
             "throttle": thr or "none",
             "xid": ", ".join(str(int(x)) for x in xids) or "none",
-            "lost": "" if lost is None else f"lost at {_duration(lost)}",
+            "lost": "" if lost is None else f"lost at {fmt_duration_s(lost, 'short')}",
         })
 
     findings = []
@@ -428,11 +392,11 @@ def mail_view(summary: Mapping, report_text: str, has_image: bool, image_cid: st
         findings.append({"severity": sev if sev in ("info", "warn", "crit", "error") else "info",
                          "text": clean_line(f.get("text") or "", 500)})
 
-    req = _num(mem.get("req_bytes"))
-    mem_eff = _num(mem.get("efficiency_pct"))
-    cpu_eff = _num(cpu.get("efficiency_pct"))
+    req = as_number(mem.get("req_bytes"))
+    mem_eff = as_number(mem.get("efficiency_pct"))
+    cpu_eff = as_number(cpu.get("efficiency_pct"))
     gpu_avail = gpu.get("available") is not False
-    gpus_alloc = _num(job.get("gpus_alloc")) or 0
+    gpus_alloc = as_number(job.get("gpus_alloc")) or 0
     return {
         "kind": kind,
         "subject": subject_line(summary),
@@ -444,24 +408,24 @@ def mail_view(summary: Mapping, report_text: str, has_image: bool, image_cid: st
         "state": clean_line(job.get("state") or "UNKNOWN", 64),
         "exit_code": clean_line("N/A" if job.get("exit_code") is None else job.get("exit_code"), 16),
         "nodes": clean_line(", ".join(str(n) for n in (job.get("nodes") or [])) or "none", 500),
-        "elapsed": _duration(job.get("elapsed_s")),
+        "elapsed": fmt_duration_s(job.get("elapsed_s"), "short"),
         "cpus_alloc": clean_line("N/A" if job.get("cpus_alloc") is None else job.get("cpus_alloc"), 16),
         "gpus_alloc": clean_line("N/A" if job.get("gpus_alloc") is None else job.get("gpus_alloc"), 16),
-        "cpu_time": _duration(cpu.get("time_s")),
-        "cpu_eff": _pct(cpu_eff) if cpu_eff is not None else "N/A",
+        "cpu_time": fmt_duration_s(cpu.get("time_s"), "short"),
+        "cpu_eff": fmt_pct(cpu_eff, 0),
         "cpu_source": clean_line(cpu.get("source") or "", 80),
-        "mem_peak": _bytes(mem.get("peak_bytes")),
-        "mem_req": "not recorded" if req is None or req <= 0 else _bytes(req),
-        "mem_eff": _pct(mem_eff) if mem_eff is not None else "N/A",
+        "mem_peak": fmt_bytes(mem.get("peak_bytes")),
+        "mem_req": "not recorded" if req is None or req <= 0 else fmt_bytes(req),
+        "mem_eff": fmt_pct(mem_eff, 0),
         "gpu_section": bool(devices) or not gpu_avail or gpus_alloc > 0,
         "gpu_available": gpu_avail,
         "gpu_reason": clean_line(gpu.get("reason") or ("no GPU data recorded" if not devices else ""), 300),
         "gpu_any_mig": any(d["mig"] for d in devices),
         "gpu_headline": _gpu_headline(summary) or "",
         "devices": devices,
-        "gpu_energy": _energy(gpu.get("energy_j")),
-        "gpu_hours_alloc": _hours(gpu.get("gpu_hours_alloc")),
-        "gpu_hours_used": _hours(gpu.get("gpu_hours_used")),
+        "gpu_energy": fmt_energy_j(gpu.get("energy_j"), "kwh_j"),
+        "gpu_hours_alloc": fmt_hours_h(gpu.get("gpu_hours_alloc")),
+        "gpu_hours_used": fmt_hours_h(gpu.get("gpu_hours_used")),
         "hardware_events": events,
         "findings": findings,
         "report_text": clean_block(report_text or ""),
@@ -469,18 +433,6 @@ def mail_view(summary: Mapping, report_text: str, has_image: bool, image_cid: st
         "image_cid": image_cid,
         "image_dropped": bool(image_dropped) and not has_image,
     }
-
-
-def _energy(v) -> str:
-    f = _num(v)
-    if f is None:
-        return "N/A"
-    return f"{f / 3.6e6:.3f} kWh ({f:.0f} J)"
-
-
-def _hours(v) -> str:
-    f = _num(v)
-    return "N/A" if f is None else f"{f:.2f}"
 
 
 # ----------------------------------------------------------------------------- templates
@@ -907,7 +859,7 @@ def flush(spool_dir, cfg, now: float | None = None,
             state_path = base / "state" / f"{qid}.json"
             state = read_json(state_path) or {}
             attempts = int(state.get("attempts") or 0)
-            if (_num(state.get("next_try")) or 0) > t:
+            if (as_number(state.get("next_try")) or 0) > t:
                 result["deferred"] += 1
                 continue
             if not _move(base, qid, "new", "tmp"):

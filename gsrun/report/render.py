@@ -3,7 +3,9 @@ and a per-GPU timeline picture (PNG, ``gseff --plot`` and the mail).
 
 Both take a job summary (:func:`gsrun.report.summary.job_summary`). Missing
 figures print as ``N/A`` (``N/A (MIG)`` for a MIG device's utilization),
-never as 0.
+never as 0. Every number goes through :mod:`gsrun.report.units` (the report's
+styles: percent with 1 decimal, durations as ``[D-]HH:MM:SS``, energy in
+J / Wh / kWh).
 """
 
 from __future__ import annotations
@@ -11,54 +13,15 @@ from __future__ import annotations
 import io
 import textwrap
 
+from gsrun.report.units import NA, fmt_bytes, fmt_duration_s, fmt_energy_j, fmt_energy_kwh, fmt_hours_h, \
+    fmt_pct, fmt_power_w, fmt_seconds
+
 WRAP_COLS = 100     # findings are wrapped to this width (the GPU table is wider)
 
 
-def _b(n) -> str:
-    """Bytes in binary units (``1.5 GiB``)."""
-    if n is None:
-        return "N/A"
-    n = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{n:.0f} B"
-        n /= 1024
-    return f"{n:.1f} TiB"
-
-
-def _p(x) -> str:
-    return "N/A" if x is None else f"{x:.1f}%"
-
-
-def _dur(s) -> str:
-    """Seconds as ``[D-]HH:MM:SS``."""
-    if s is None:
-        return "N/A"
-    s = int(round(s))
-    d, s = divmod(s, 86400)
-    h, s = divmod(s, 3600)
-    m, s = divmod(s, 60)
-    return (f"{d}-" if d else "") + f"{h:02d}:{m:02d}:{s:02d}"
-
-
-def _energy(j) -> str:
-    """Joules as J / Wh / kWh, whichever reads best."""
-    if j is None:
-        return "N/A"
-    wh = j / 3600.0
-    if wh < 1:
-        return f"{j:.0f} J"
-    if wh < 1000:
-        return f"{wh:.0f} Wh" if wh >= 10 else f"{wh:.1f} Wh"
-    return f"{wh / 1000:.2f} kWh"
-
-
 def _util(g) -> str:
-    if g["util_mean_pct"] is not None:
-        return f"{g['util_mean_pct']:.1f}%"
-    if g.get("mig") or g.get("util_na_reason") == "MIG":
-        return "N/A (MIG)"
-    return "N/A"
+    mig = g.get("mig") or g.get("util_na_reason") == "MIG"
+    return fmt_pct(g["util_mean_pct"], 1, na="N/A (MIG)" if mig else NA)
 
 
 def _throttle(g) -> str:
@@ -67,7 +30,7 @@ def _throttle(g) -> str:
     if not ts or not cov:
         return "-"
     cause, s = max(ts.items(), key=lambda kv: kv[1])
-    return f"{cause.replace('hw_slowdown', 'hw')} {100 * s / cov:.0f}%"
+    return f"{cause.replace('hw_slowdown', 'hw')} {fmt_pct(100 * s / cov, 0)}"
 
 
 def render_text(summary: dict, color: bool = False) -> str:
@@ -83,17 +46,19 @@ def render_text(summary: dict, color: bool = False) -> str:
         f"  User: {job.get('user') or 'N/A'}   Partition: {job.get('partition') or 'N/A'}   "
         f"State: {job.get('state') or 'N/A'}   Exit code: {job.get('exit_code') if job.get('exit_code') is not None else 'N/A'}",
         f"  Nodes: {len(nodes)} ({', '.join(nodes) or 'N/A'})",
-        f"  Elapsed: {_dur(job.get('elapsed_s'))}   CPUs: {job.get('cpus_alloc') or 'N/A'}   "
+        f"  Elapsed: {fmt_duration_s(job.get('elapsed_s'), 'clock')}   CPUs: {job.get('cpus_alloc') or 'N/A'}   "
         f"GPUs: {job.get('gpus_alloc') or gpu['count'] or 0}",
         "",
         c("1", "CPU and memory"),
-        f"  CPU efficiency: {_p(cpu['efficiency_pct'])}"
-        + (f" ({_dur(cpu['time_s'])} CPU time of {job.get('cpus_alloc')} cores x {_dur(job.get('elapsed_s'))})"
+        f"  CPU efficiency: {fmt_pct(cpu['efficiency_pct'], 1)}"
+        + (f" ({fmt_duration_s(cpu['time_s'], 'clock')} CPU time of {job.get('cpus_alloc')} cores"
+           f" x {fmt_duration_s(job.get('elapsed_s'), 'clock')})"
            if cpu.get("time_s") is not None and job.get("cpus_alloc") else
-           (f" (CPU time {_dur(cpu['time_s'])})" if cpu.get("time_s") is not None else ""))
+           (f" (CPU time {fmt_duration_s(cpu['time_s'], 'clock')})" if cpu.get("time_s") is not None else ""))
         + ("  [accounting anomaly]" if cpu.get("anomaly") else ""),
-        f"  Memory high water: {_b(mem['peak_bytes'])}"
-        + (f" of {_b(mem['req_bytes'])} requested ({_p(mem['efficiency_pct'])})" if mem.get("req_bytes") else ""),
+        f"  Memory high water: {fmt_bytes(mem['peak_bytes'])}"
+        + (f" of {fmt_bytes(mem['req_bytes'])} requested ({fmt_pct(mem['efficiency_pct'], 1)})"
+           if mem.get("req_bytes") else ""),
     ]
     csrc, msrc = cpu.get("source"), mem.get("source")
     if csrc and msrc and (csrc == msrc or msrc.startswith(csrc + " (")):
@@ -111,33 +76,34 @@ def render_text(summary: dict, color: bool = False) -> str:
         lines.append(f"  {'node':<12} {'gpu':>3} {'util':>9} {'SM act':>7} {'tensor':>7} {'memory high water':>24} "
                      f"{'energy':>9} {'power':>6} {'throttled':>10}  name")
         for g in shown:
-            memtxt = _b(g["mem_peak_bytes"])
+            memtxt = fmt_bytes(g["mem_peak_bytes"])
             if g["mem_total_bytes"]:
-                memtxt += f" / {_b(g['mem_total_bytes'])}"
-            power = "N/A" if g["power_mean_w"] is None else f"{g['power_mean_w']:.0f} W"
+                memtxt += f" / {fmt_bytes(g['mem_total_bytes'])}"
+            power = fmt_power_w(g["power_mean_w"])
             extra = ""
             if g.get("lost_at_s") is not None:
-                extra = c("31", f"  LOST at {g['lost_at_s']:.0f} s")
+                extra = c("31", f"  LOST at {fmt_seconds(g['lost_at_s'])}")
             elif g.get("emulated"):
                 extra = "  (no NVIDIA device)"
             lines.append(
-                f"  {g['node']:<12} {g['index']:>3} {_util(g):>9} {_p(g.get('sm_active_mean_pct')):>7} "
-                f"{_p(g.get('tensor_active_mean_pct')):>7} {memtxt:>24} {_energy(g['energy_j']):>9} "
+                f"  {g['node']:<12} {g['index']:>3} {_util(g):>9} {fmt_pct(g.get('sm_active_mean_pct'), 1):>7} "
+                f"{fmt_pct(g.get('tensor_active_mean_pct'), 1):>7} {memtxt:>24} "
+                f"{fmt_energy_j(g['energy_j'], 'auto'):>9} "
                 f"{power:>6} {_throttle(g):>10}  {g.get('name') or ''}{extra}")
         lines.append("  util = share of time a kernel ran; SM act = share of the SMs kept busy (GPM);"
                      " N/A = not reported")
         gaps = [g for g in shown if g.get("util_gap_s") and g.get("covered_s")
                 and g["util_gap_s"] > 0.05 * g["covered_s"]]
         for g in gaps:
-            lines.append(f"  GPU {g['index']} on {g['node']}: no utilization reading for {g['util_gap_s']:.0f} s "
-                         "(left out of the mean, not counted as 0)")
+            lines.append(f"  GPU {g['index']} on {g['node']}: no utilization reading for "
+                         f"{fmt_seconds(g['util_gap_s'])} (left out of the mean, not counted as 0)")
     if gpu.get("gpu_hours_alloc") is not None and (shown or job.get("gpus_alloc")):
         used = gpu.get("gpu_hours_used")
-        line = f"  GPU-hours: {'N/A' if used is None else format(used, '.2f')} busy of {gpu['gpu_hours_alloc']:.2f} allocated"
+        line = f"  GPU-hours: {fmt_hours_h(used)} busy of {fmt_hours_h(gpu['gpu_hours_alloc'])} allocated"
         if used is not None and gpu["gpu_hours_alloc"]:
-            line += f" ({100 * used / gpu['gpu_hours_alloc']:.0f}%)"
+            line += f" ({fmt_pct(100 * used / gpu['gpu_hours_alloc'], 0)})"
         if gpu.get("energy_j") is not None:
-            line += f"   Energy: {gpu['energy_kwh']:.3f} kWh"
+            line += f"   Energy: {fmt_energy_kwh(gpu['energy_kwh'])}"
         lines.append(line)
     if summary.get("findings"):
         lines += ["", c("1", "Findings")]

@@ -85,34 +85,45 @@ do when its exporter lacked a figure.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import gzip
 import json
 
 from gsrun import SUMMARY_SCHEMA
 from gsrun.facts.aggregate import Counter, Metric
+from gsrun.facts.sampler_state import GpuState, SamplerState
+from gsrun.report.records import (CpuFigures, GpuFigures, GpuSummary, JobInfo, JobSummary, MemoryFigures,
+                                  NodeDetail, NodeSummary)
 
 IDLE_UTIL_PCT = 5.0      # util_idle_frac: share of time below this (a sampler threshold)
 
 
-def _metric(g: dict, key: str) -> Metric:
-    return Metric.from_dict(g["metrics"][key])
+def _metric(g: GpuState, key: str) -> Metric:
+    m = g.metrics.get(key)
+    return Metric.from_dict(m.to_json() if m is not None else {})
 
 
 def _r(x, nd=1):
     return None if x is None else round(float(x), nd)
 
 
-def gpu_summary(g: dict, node: str, elapsed_s: float, nvml_error: str | None = None) -> dict:
-    """One GPU's figures from its sampler state (JSON form; see module doc)."""
-    ref = g["ref"]
+def gpu_summary(g: GpuState | dict, node: str, elapsed_s: float, nvml_error: str | None = None) -> dict:
+    """One GPU's figures (a :class:`~gsrun.report.records.GpuSummary` in its
+    JSON form) from its sampler state (see module doc)."""
+    return gpu_record(g if isinstance(g, GpuState) else GpuState.from_json(g), node, nvml_error).to_json()
+
+
+def gpu_record(g: GpuState, node: str, nvml_error: str | None = None) -> GpuSummary:
+    """:func:`gpu_summary` as a record."""
+    ref = g.ref
     util = _metric(g, "util_pct")
     sm = _metric(g, "sm_active_pct")
     tensor = _metric(g, "tensor_active_pct")
     mem = _metric(g, "mem_used_bytes")
     power = _metric(g, "power_w")
-    energy = Counter.from_dict(g["energy"])
+    energy = Counter.from_dict(g.energy.to_json())
     energy_j = energy.total / 1000.0 if energy.first is not None else None
-    first, last_ok = g.get("first_s"), g.get("last_ok_s")
+    first, last_ok = g.first_s, g.last_ok_s
     covered_s = (last_ok - first) if first is not None and last_ok is not None else None
     span = energy.span_s
     power_mean = None
@@ -121,115 +132,137 @@ def gpu_summary(g: dict, node: str, elapsed_s: float, nvml_error: str | None = N
     elif power.mean is not None:
         power_mean = power.mean
     ecc = None
-    if g.get("ecc_uncorrected_last") is not None:
-        ecc = int(g["ecc_uncorrected_last"] - (g.get("ecc_uncorrected_first") or 0))
-    unsupported = dict(g.get("unsupported", {}))
-    if g.get("lost_at_s") is not None:
+    if g.ecc_uncorrected_last is not None:
+        ecc = int(g.ecc_uncorrected_last - (g.ecc_uncorrected_first or 0))
+    unsupported = dict(g.unsupported)
+    if g.lost_at_s is not None:
         status = "lost"
-    elif ref.get("nvml_index") is None:
+    elif ref.nvml_index is None:
         status = "unavailable" if nvml_error else "emulated"
     else:
         status = "ok"
     util_na = None
     if util.mean is None and status in ("ok", "lost"):
-        util_na = "MIG" if ref.get("mig") else (unsupported.get("utilization")
-                                               or unsupported.get("util_samples") or "no reading")
-    mem_total = ref.get("mem_total_bytes")
+        util_na = "MIG" if ref.mig else (unsupported.get("utilization")
+                                         or unsupported.get("util_samples") or "no reading")
+    mem_total = ref.mem_total_bytes
     mem_peak = None if mem.max is None else int(mem.max)
-    return {
-        "node": node,
-        "index": ref["gres_index"],
-        "nvml_index": ref["nvml_index"],
-        "name": ref.get("name"),
-        "uuid": ref.get("uuid"),
-        "pci_bus_id": ref.get("pci_bus_id"),
-        "mig": bool(ref.get("mig")),
-        "status": status,
-        "util_mean_pct": _r(util.mean),
-        "util_na_reason": util_na,
-        "util_idle_frac": _r(None if util.weight_s <= 0 else 1.0 - (util.frac_above(IDLE_UTIL_PCT) or 0.0), 3),
-        "util_gap_s": _r(util.gap_s),
-        "util_busy_s": _r(util.wsum / 100.0 if util.weight_s > 0 else None),
-        "sm_active_mean_pct": _r(sm.mean),
-        "sm_occupancy_mean_pct": _r(_metric(g, "sm_occupancy_pct").mean),
-        "tensor_active_mean_pct": _r(tensor.mean),
-        "dram_bw_mean_pct": _r(_metric(g, "dram_bw_pct").mean),
-        "mem_peak_bytes": mem_peak,
-        "mem_total_bytes": mem_total,
-        "mem_peak_pct": _r(100.0 * mem_peak / mem_total if mem_peak is not None and mem_total else None),
-        "energy_j": _r(energy_j),
-        "energy_counter_resets": energy.resets,
-        "power_mean_w": _r(power_mean),
-        "power_max_w": _r(power.max),
-        "temperature_max_c": _r(_metric(g, "temperature_c").max),
-        "sm_clock_mean_mhz": _r(_metric(g, "sm_clock_mhz").mean, 0),
-        "throttle_s": {k: _r(v) for k, v in g["throttle_s"].items()},
-        "xid": list(g.get("xid", [])),
-        "ecc_uncorrected": ecc,
-        "lost_at_s": g.get("lost_at_s"),
-        "lost_reason": g.get("lost_reason"),
-        "covered_s": _r(covered_s),
-        "unsupported": unsupported,
-        "timeline": {k: v["points"] for k, v in g["timeline"].items()},
-        "emulated": status == "emulated",
-    }
+    return GpuSummary(
+        node=node,
+        index=ref.gres_index,
+        nvml_index=ref.nvml_index,
+        name=ref.name,
+        uuid=ref.uuid,
+        pci_bus_id=ref.pci_bus_id,
+        mig=bool(ref.mig),
+        status=status,
+        util_mean_pct=_r(util.mean),
+        util_na_reason=util_na,
+        util_idle_frac=_r(None if util.weight_s <= 0 else 1.0 - (util.frac_above(IDLE_UTIL_PCT) or 0.0), 3),
+        util_gap_s=_r(util.gap_s),
+        util_busy_s=_r(util.wsum / 100.0 if util.weight_s > 0 else None),
+        sm_active_mean_pct=_r(sm.mean),
+        sm_occupancy_mean_pct=_r(_metric(g, "sm_occupancy_pct").mean),
+        tensor_active_mean_pct=_r(tensor.mean),
+        dram_bw_mean_pct=_r(_metric(g, "dram_bw_pct").mean),
+        mem_peak_bytes=mem_peak,
+        mem_total_bytes=mem_total,
+        mem_peak_pct=_r(100.0 * mem_peak / mem_total if mem_peak is not None and mem_total else None),
+        energy_j=_r(energy_j),
+        energy_counter_resets=energy.resets,
+        power_mean_w=_r(power_mean),
+        power_max_w=_r(power.max),
+        temperature_max_c=_r(_metric(g, "temperature_c").max),
+        sm_clock_mean_mhz=_r(_metric(g, "sm_clock_mhz").mean, 0),
+        throttle_s={k: _r(v) for k, v in g.throttle_s.items()},
+        xid=g.xid,
+        ecc_uncorrected=ecc,
+        lost_at_s=g.lost_at_s,
+        lost_reason=g.lost_reason,
+        covered_s=_r(covered_s),
+        unsupported=unsupported,
+        timeline={k: v.points for k, v in g.timeline.items()},
+        emulated=status == "emulated",
+    )
 
 
-def node_summary(state: dict, job_env: dict, end_time: float) -> dict:
-    """The epilog's summary of one node.
+def node_summary(state: SamplerState | dict | None, job_env: dict, end_time: float) -> dict:
+    """The epilog's summary of one node: :func:`node_record`'s JSON form
+    (``node-<node>.json``)."""
+    return node_record(state, job_env, end_time).to_json()
 
-    ``state`` is the sampler state (or None when no sampler ran: the reason
-    goes in ``notes``); ``job_env`` is the validated job context from the
-    prolog record (:mod:`gsrun.facts.jobenv`). ``end_time`` is epoch seconds.
+
+def node_record(state: SamplerState | dict | None, job_env: dict, end_time: float) -> NodeSummary:
+    """The epilog's summary of one node, as a :class:`~gsrun.report.records.NodeSummary`.
+
+    ``state`` is the sampler state (``sampler.json``: a
+    :class:`~gsrun.facts.sampler_state.SamplerState` or its JSON form), or
+    None when no sampler ran (the reason goes in ``notes``); ``job_env`` is
+    the validated job context from the prolog record
+    (:mod:`gsrun.facts.jobenv`). ``end_time`` is epoch seconds.
+
+    Raises:
+        ValueError: ``state`` is not a sampler state (see
+            :meth:`SamplerState.from_json <gsrun.facts.sampler_state.SamplerState.from_json>`).
     """
     node = job_env["node"]
     if state is None:
         start = job_env.get("prolog_time") or end_time
-        return {"schema": SUMMARY_SCHEMA, "kind": "node", "job_id": job_env["job_id"], "node": node,
-                "start_time": start, "end_time": end_time, "elapsed_s": _r(end_time - start, 3),
-                "cpus_alloc": job_env.get("cpus_on_node"), "gres_gpus": job_env.get("gpus") or [],
-                "cpu_time_s": None, "cpu_source": None, "mem_peak_bytes": None, "mem_source": None,
-                "gpu_available": False, "gpu_reason": "no sampler state (sampler did not run)",
-                "gpus": [], "samples": 0, "notes": ["no sampler state"]}
-    elapsed = max(0.0, end_time - state["start_time"])
-    nvml_error = state.get("nvml_error")
-    gpus = [gpu_summary(g, node, elapsed, nvml_error) for g in state["gpus"]]
-    real = [g for g in gpus if g["status"] in ("ok", "lost")]
+        return NodeSummary(
+            schema=SUMMARY_SCHEMA, kind="node", job_id=job_env["job_id"], node=node,
+            start_time=start, end_time=end_time, elapsed_s=_r(end_time - start, 3),
+            cpus_alloc=job_env.get("cpus_on_node"), gres_gpus=job_env.get("gpus") or [],
+            cpu_time_s=None, cpu_source=None, mem_peak_bytes=None, mem_source=None,
+            gpu_available=False, gpu_reason="no sampler state (sampler did not run)",
+            gpus=[], samples=0, notes=["no sampler state"])
+    st = state if isinstance(state, SamplerState) else SamplerState.from_json(state)
+    elapsed = max(0.0, end_time - st.start_time)
+    nvml_error = st.nvml_error
+    gpus = [gpu_record(g, node, nvml_error) for g in st.gpus]
+    real = [g for g in gpus if g.status in ("ok", "lost")]
     reason = None
     if nvml_error:
         reason = nvml_error
     elif gpus and not real:
         reason = "no NVIDIA device matches the job's gres (emulated GPUs)"
-    notes = list(state.get("notes", []))
-    if state.get("gap_s"):
-        notes.append(f"sampler not running for {state['gap_s']:.0f} s (counted as gap, not as 0)")
+    notes = list(st.notes)
+    if st.gap_s:
+        notes.append(f"sampler not running for {st.gap_s:.0f} s (counted as gap, not as 0)")
     elif not gpus:
         reason = "job has no GPUs on this node"
-    return {
-        "schema": SUMMARY_SCHEMA, "kind": "node", "job_id": state["job_id"], "node": node,
-        "start_time": state["start_time"], "end_time": end_time, "elapsed_s": _r(elapsed, 3),
-        "cpus_alloc": job_env.get("cpus_on_node"), "gres_gpus": job_env.get("gpus") or [],
-        "cpu_time_s": _r(state["cpu"]["time_s"], 3), "cpu_source": state["cpu"]["source"],
-        "mem_peak_bytes": None if state["mem"]["peak_bytes"] is None else int(state["mem"]["peak_bytes"]),
-        "mem_source": state["mem"]["source"],
-        "gpu_available": bool(real) and not nvml_error, "gpu_reason": reason,
-        "gpus": gpus, "samples": state["samples"], "notes": notes,
-        "cpu_timeline": state.get("cpu_timeline", {}).get("points", []),
-    }
+    return NodeSummary(
+        schema=SUMMARY_SCHEMA, kind="node", job_id=st.job_id, node=node,
+        start_time=st.start_time, end_time=end_time, elapsed_s=_r(elapsed, 3),
+        cpus_alloc=job_env.get("cpus_on_node"), gres_gpus=job_env.get("gpus") or [],
+        cpu_time_s=_r(st.cpu.time_s, 3), cpu_source=st.cpu.source,
+        mem_peak_bytes=None if st.mem.peak_bytes is None else int(st.mem.peak_bytes),
+        mem_source=st.mem.source,
+        gpu_available=bool(real) and not nvml_error, gpu_reason=reason,
+        gpus=gpus, samples=st.samples, notes=notes,
+        cpu_timeline=st.cpu_timeline.points,
+    )
 
 
-def job_summary(job: dict, nodes: list[dict], cfg=None, partition: str | None = None) -> dict:
-    """Merge node summaries into the job summary.
+def job_summary(job: dict, nodes: list[dict | NodeSummary], cfg=None, partition: str | None = None) -> dict:
+    """Merge node summaries into the job summary: :func:`job_record`'s JSON
+    form (``summary.json``, ``gseff --json``)."""
+    return job_record(job, nodes, cfg, partition).to_json()
+
+
+def job_record(job: dict, nodes: list[dict | NodeSummary], cfg=None, partition: str | None = None) -> JobSummary:
+    """Merge node summaries into the job summary, as a :class:`~gsrun.report.records.JobSummary`.
 
     ``job``: fields from the job record (``id``, ``user``, ``name``,
     ``partition``, ``state``, ``exit_code``, ``nodes`` (expected node names),
     ``cpus_alloc``, ``mem_req_bytes``, ``gpus_alloc``, ``mail_user``,
     ``mail_type``, ``start_time``, ``end_time``, ``elapsed_s``) -- any may
-    be None except ``id``. ``nodes``: :func:`node_summary` results.
+    be None except ``id``. ``nodes``: :func:`node_summary` results (JSON
+    form, as read from the spool, or records). ``cfg`` / ``partition``: the
+    site's finding thresholds (:func:`gsrun.report.findings.findings`).
     """
-    from gsrun.report.findings import findings as make_findings
+    from gsrun.report.findings import finding_records
 
-    nodes = sorted(nodes, key=lambda n: n["node"])
+    nodes = sorted((n.to_json() if isinstance(n, NodeSummary) else n for n in nodes), key=lambda n: n["node"])
     seen = {n["node"] for n in nodes}
     expected = job.get("nodes") or sorted(seen)
     missing = [n for n in expected if n not in seen]
@@ -261,35 +294,35 @@ def job_summary(job: dict, nodes: list[dict], cfg=None, partition: str | None = 
     gpu_hours_used = sum(busy) / 3600.0 if busy else None
     energies = [g["energy_j"] for g in real if g["energy_j"] is not None]
     energy_j = sum(energies) if energies else None
-    per_node = []
-    for n in nodes:
-        per_node.append({"node": n["node"], "cpus_alloc": n.get("cpus_alloc"), "cpu_time_s": n["cpu_time_s"],
-                         "mem_peak_bytes": n["mem_peak_bytes"], "elapsed_s": n.get("elapsed_s"),
-                         "gpu_available": n.get("gpu_available"), "gpu_reason": n.get("gpu_reason")})
-    summary = {
-        "schema": SUMMARY_SCHEMA, "kind": "job",
-        "job": {
-            "id": job["id"], "array": job.get("array"), "user": job.get("user"), "name": job.get("name"),
-            "partition": job.get("partition"), "state": job.get("state"), "exit_code": job.get("exit_code"),
-            "nodes": expected, "start_time": start, "end_time": end, "elapsed_s": _r(elapsed, 3),
-            "cpus_alloc": cpus_alloc, "gpus_alloc": gpus_alloc, "mem_req_bytes": mem_req,
-            "mail_user": job.get("mail_user"), "mail_type": job.get("mail_type"),
-        },
-        "cpu": {"time_s": _r(cpu_time, 3), "efficiency_pct": _r(cpu_eff),
-                "anomaly": cpu_raw is not None and cpu_raw > 105.0,
-                "source": "; ".join(sorted({n["cpu_source"] for n in nodes if n.get("cpu_source")})) or None},
-        "memory": {"peak_bytes": mem_peak, "req_bytes": mem_req, "efficiency_pct": _r(mem_eff),
-                   "source": "; ".join(sorted({n["mem_source"] for n in nodes if n.get("mem_source")})) or None},
-        "gpu": {"available": bool(real) and any(n["gpu_available"] for n in nodes),
-                "reason": "; ".join(reasons) or None, "count": len(gpus), "devices": gpus,
-                "gpu_hours_alloc": _r(gpu_hours_alloc, 4), "gpu_hours_used": _r(gpu_hours_used, 4),
-                "energy_j": _r(energy_j), "energy_kwh": _r(None if energy_j is None else energy_j / 3.6e6, 6)},
-        "nodes_detail": per_node,
-        "nodes_missing": missing,
-        "node_notes": {n["node"]: n.get("notes", []) for n in nodes if n.get("notes")},
-    }
-    summary["findings"] = make_findings(summary, cfg, partition)
-    return summary
+    per_node = [NodeDetail(node=n["node"], cpus_alloc=n.get("cpus_alloc"), cpu_time_s=n["cpu_time_s"],
+                           mem_peak_bytes=n["mem_peak_bytes"], elapsed_s=n.get("elapsed_s"),
+                           gpu_available=n.get("gpu_available"), gpu_reason=n.get("gpu_reason"))
+                for n in nodes]
+    summary = JobSummary(
+        schema=SUMMARY_SCHEMA, kind="job",
+        job=JobInfo(
+            id=job["id"], array=job.get("array"), user=job.get("user"), name=job.get("name"),
+            partition=job.get("partition"), state=job.get("state"), exit_code=job.get("exit_code"),
+            nodes=expected, start_time=start, end_time=end, elapsed_s=_r(elapsed, 3),
+            cpus_alloc=cpus_alloc, gpus_alloc=gpus_alloc, mem_req_bytes=mem_req,
+            mail_user=job.get("mail_user"), mail_type=job.get("mail_type"),
+        ),
+        cpu=CpuFigures(time_s=_r(cpu_time, 3), efficiency_pct=_r(cpu_eff),
+                       anomaly=cpu_raw is not None and cpu_raw > 105.0,
+                       source="; ".join(sorted({n["cpu_source"] for n in nodes if n.get("cpu_source")})) or None),
+        memory=MemoryFigures(peak_bytes=mem_peak, req_bytes=mem_req, efficiency_pct=_r(mem_eff),
+                             source="; ".join(sorted({n["mem_source"] for n in nodes
+                                                      if n.get("mem_source")})) or None),
+        gpu=GpuFigures(available=bool(real) and any(n["gpu_available"] for n in nodes),
+                       reason="; ".join(reasons) or None, count=len(gpus),
+                       devices=[GpuSummary.from_json(g) for g in gpus],
+                       gpu_hours_alloc=_r(gpu_hours_alloc, 4), gpu_hours_used=_r(gpu_hours_used, 4),
+                       energy_j=_r(energy_j), energy_kwh=_r(None if energy_j is None else energy_j / 3.6e6, 6)),
+        nodes_detail=per_node,
+        nodes_missing=missing,
+        node_notes={n["node"]: n.get("notes", []) for n in nodes if n.get("notes")},
+    )
+    return dataclasses.replace(summary, findings=finding_records(summary.to_json(), cfg, partition))
 
 
 def js1_blob(summary: dict) -> str | None:

@@ -8,7 +8,7 @@ import zlib
 import pytest
 
 from gsrun.facts.nvml import FakeNvml, Seq
-from gsrun.report.render import _dur, _energy, render_png, render_text
+from gsrun.report.render import render_png, render_text
 
 from helpers.sampler_sim import (GIB, SimClock, cpu_usage, energy_stream, h200_data, job_of, make_sampler,
                                   node_of, run_job, util_sample_stream)
@@ -108,12 +108,6 @@ def test_text_report_layout_and_units(tmp_path):
     assert "\033[" not in text
     colored = render_text(job, color=True)
     assert "\033[1m" in colored and "\033[31m" in colored
-
-
-def test_units_helpers():
-    assert _dur(0) == "00:00:00" and _dur(90061) == "1-01:01:01" and _dur(None) == "N/A"
-    assert _energy(None) == "N/A" and _energy(1800) == "1800 J" and _energy(5 * 3600) == "5.0 Wh"
-    assert _energy(150 * 3600) == "150 Wh" and _energy(2.5e6 * 3.6) == "2.50 kWh"
 
 
 def test_missing_figures_print_na_not_zero():

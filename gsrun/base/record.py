@@ -1,0 +1,280 @@
+"""Frozen dataclasses that are also a JSON contract. Pure.
+
+A record class is a ``@dataclass(frozen=True)`` subclass of :class:`Record`
+whose field names are the JSON keys. It gets:
+
+- :meth:`Record.to_json`: the plain dict written to disk (``json.dumps`` of
+  it is the file); fields set to :data:`ABSENT` are left out (a key that
+  today's writers do not always write), ``extra`` keys are written back.
+- :meth:`Record.from_json`: the inverse, tolerant of older forms: a missing
+  key takes the field's default (a field without default is required);
+  unknown keys are kept in ``extra`` and written back unchanged, so a
+  record read and written again loses nothing. Values are not converted
+  (an int stays an int, a float a float), only nested records, tuples and
+  enums are built.
+- :func:`json_schema`: a JSON Schema (draft 2020-12) of the class from its
+  type hints and the ``doc`` of each field (:func:`field`).
+
+Type hints understood: ``int``, ``float`` (a JSON number: an int is
+accepted), ``str``, ``bool``, ``None``, ``Any``, unions, ``tuple[X, ...]``
+(a JSON array), ``dict[str, X]`` (a JSON object), ``Literal[...]``, a
+``str`` :class:`enum.Enum`, and other records.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import types
+import typing
+from typing import Any, Mapping
+
+SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
+
+
+class _Absent:
+    """The value of a field whose key is not in the JSON (see :data:`ABSENT`)."""
+
+    _inst = None
+
+    def __new__(cls):
+        if cls._inst is None:
+            cls._inst = super().__new__(cls)
+        return cls._inst
+
+    def __repr__(self) -> str:
+        return "ABSENT"
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __reduce__(self):
+        return (_Absent, ())
+
+
+ABSENT: Any = _Absent()
+"""Field value meaning "this key is not written" (e.g. ``cpu_timeline`` of a
+node summary made without sampler state). Falsy."""
+
+
+def field(doc: str, default: Any = dataclasses.MISSING, *, factory=dataclasses.MISSING, optional_key: bool = False):
+    """A record field with its documentation (the schema's ``description``:
+    shape, unit and where the number comes from).
+
+    ``optional_key``: the key may be absent from today's JSON: the default
+    is :data:`ABSENT` and the schema does not require the key. Other fields
+    are required by the schema even when they have a default (the default
+    is there to read older files)."""
+    if optional_key:
+        default = ABSENT
+    md = {"doc": doc, "optional_key": optional_key}
+    if factory is not dataclasses.MISSING:
+        return dataclasses.field(default_factory=factory, metadata=md)
+    return dataclasses.field(default=default, metadata=md)
+
+
+class Record:
+    """Base of the JSON records (see the module doc). Subclasses are frozen
+    dataclasses; one that keeps unknown keys declares ``extra: dict =
+    extra_field()`` last."""
+
+    def to_json(self) -> dict:
+        """The record as plain JSON-able dicts/lists (the on-disk form)."""
+        out: dict = {}
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            if f.name == "extra":
+                continue
+            v = getattr(self, f.name)
+            if v is ABSENT:
+                continue
+            out[f.name] = _dump(v)
+        for k, v in (getattr(self, "extra", None) or {}).items():
+            out.setdefault(k, v)
+        return out
+
+    @classmethod
+    def from_json(cls, d: Mapping):
+        """Build the record from its JSON form (see the module doc).
+
+        Raises:
+            ValueError: ``d`` is not an object, a required key is missing,
+                or a nested value has the wrong shape (an enum value that is
+                not a member, an object where an array belongs).
+        """
+        return _load_record(cls, d, cls.__name__)
+
+
+def extra_field():
+    """The ``extra`` field of a record: keys this version does not know, kept
+    from :meth:`Record.from_json` and written back by :meth:`Record.to_json`.
+    Not compared, not in the schema's properties."""
+    return dataclasses.field(default_factory=dict, compare=False, repr=False,
+                             metadata={"doc": "unknown keys, written back unchanged", "optional_key": True})
+
+
+# ----------------------------------------------------------------------------- dump / load
+
+def _dump(v):
+    if isinstance(v, Record):
+        return v.to_json()
+    if isinstance(v, enum.Enum):
+        return v.value
+    if isinstance(v, (tuple, list)):
+        return [_dump(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _dump(x) for k, x in v.items()}
+    return v
+
+
+_HINTS: dict[type, dict] = {}
+
+
+def _hints(cls) -> dict:
+    h = _HINTS.get(cls)
+    if h is None:
+        h = _HINTS[cls] = typing.get_type_hints(cls)
+    return h
+
+
+def _is_record(tp) -> bool:
+    return isinstance(tp, type) and issubclass(tp, Record)
+
+
+def _load_record(cls, d, where: str):
+    if not isinstance(d, Mapping):
+        raise ValueError(f"{where}: expected an object, got {type(d).__name__}")
+    hints = _hints(cls)
+    kw: dict = {}
+    known = set()
+    for f in dataclasses.fields(cls):
+        if f.name == "extra":
+            continue
+        known.add(f.name)
+        if f.name in d:
+            kw[f.name] = _load(hints[f.name], d[f.name], f"{where}.{f.name}")
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise ValueError(f"{where}: missing key {f.name!r}")
+    if any(f.name == "extra" for f in dataclasses.fields(cls)):
+        kw["extra"] = {k: v for k, v in d.items() if k not in known}
+    return cls(**kw)
+
+
+def _load(tp, v, where: str):
+    origin = typing.get_origin(tp)
+    if tp is Any or tp is object:
+        return v
+    if origin in (typing.Union, types.UnionType):
+        allowed = typing.get_args(tp)
+        if v is None and type(None) in allowed:
+            return None
+        args = [a for a in allowed if a is not type(None)]
+        errors = []
+        for a in (a for a in args if _structural(a)):
+            try:
+                return _load(a, v, where)
+            except ValueError as e:
+                errors.append(str(e))
+        if any(not _structural(a) for a in args):
+            return v      # a scalar alternative: kept as it is
+        raise ValueError("; ".join(errors) or f"{where}: unexpected {v!r}")
+    if _is_record(tp):
+        return _load_record(tp, v, where)
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        try:
+            return tp(v)
+        except ValueError:
+            raise ValueError(f"{where}: {v!r} is not one of {[m.value for m in tp]}") from None
+    if origin is tuple:
+        if not isinstance(v, (list, tuple)):
+            raise ValueError(f"{where}: expected an array, got {type(v).__name__}")
+        args = typing.get_args(tp)
+        item = args[0] if args else Any
+        return tuple(_load(item, x, f"{where}[{i}]") for i, x in enumerate(v))
+    if origin in (dict, Mapping, typing.Mapping) or tp is dict:
+        if not isinstance(v, Mapping):
+            raise ValueError(f"{where}: expected an object, got {type(v).__name__}")
+        args = typing.get_args(tp)
+        item = args[1] if len(args) == 2 else Any
+        return {k: _load(item, x, f"{where}.{k}") for k, x in v.items()}
+    if origin is list or tp is list:
+        return v
+    return v          # scalars: kept as they are (checked by the schema, not here)
+
+
+def _structural(tp) -> bool:
+    origin = typing.get_origin(tp)
+    return _is_record(tp) or origin in (tuple, dict, typing.Mapping) or \
+        (isinstance(tp, type) and issubclass(tp, enum.Enum))
+
+
+# ----------------------------------------------------------------------------- JSON Schema
+
+_SCALARS = {int: "integer", float: "number", str: "string", bool: "boolean", type(None): "null"}
+
+
+def json_schema(cls, schema_id: str, title: str | None = None) -> dict:
+    """The JSON Schema (draft 2020-12) of record class ``cls``: every field
+    a property (with its ``doc`` as description), fields without
+    ``optional_key`` required, unknown keys allowed (newer writers).
+    Nested records go to ``$defs``."""
+    defs: dict = {}
+    top = _record_schema(cls, defs)
+    out = {"$schema": SCHEMA_DIALECT, "$id": schema_id, "title": title or cls.__name__}
+    out.update(top)
+    defs.pop(cls.__name__, None)
+    if defs:
+        out["$defs"] = dict(sorted(defs.items()))
+    return out
+
+
+def _doc(cls) -> str:
+    return " ".join((cls.__doc__ or "").split())
+
+
+def _record_schema(cls, defs: dict) -> dict:
+    hints = _hints(cls)
+    props, required = {}, []
+    for f in dataclasses.fields(cls):
+        if f.name == "extra":
+            continue
+        s = _type_schema(hints[f.name], defs)
+        doc = f.metadata.get("doc")
+        if doc:
+            s = {"description": doc, **s}
+        props[f.name] = s
+        if not f.metadata.get("optional_key"):
+            required.append(f.name)
+    out = {"description": _doc(cls), "type": "object", "properties": props, "required": required}
+    return out
+
+
+def _type_schema(tp, defs: dict) -> dict:
+    origin = typing.get_origin(tp)
+    if tp is Any or tp is object:
+        return {}
+    if tp in _SCALARS:
+        return {"type": _SCALARS[tp]}
+    if origin in (typing.Union, types.UnionType):
+        parts = [_type_schema(a, defs) for a in typing.get_args(tp)]
+        if all(set(p) == {"type"} and isinstance(p["type"], str) for p in parts):
+            return {"type": [p["type"] for p in parts]}
+        return {"anyOf": parts}
+    if origin is typing.Literal:
+        return {"enum": list(typing.get_args(tp))}
+    if _is_record(tp):
+        if tp.__name__ not in defs:
+            defs[tp.__name__] = {}          # placeholder against recursion
+            defs[tp.__name__] = _record_schema(tp, defs)
+        return {"$ref": f"#/$defs/{tp.__name__}"}
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return {"type": "string", "enum": [m.value for m in tp]}
+    if origin is tuple or origin is list or tp is list:
+        args = typing.get_args(tp)
+        return {"type": "array", "items": _type_schema(args[0], defs) if args else {}}
+    if origin in (dict, typing.Mapping) or tp is dict:
+        args = typing.get_args(tp)
+        return {"type": "object", "additionalProperties": _type_schema(args[1], defs) if len(args) == 2 else {}}
+    raise TypeError(f"no JSON Schema for {tp!r}")
+
+
+__all__ = ["ABSENT", "Record", "extra_field", "field", "json_schema"]

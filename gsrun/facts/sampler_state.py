@@ -1,0 +1,183 @@
+"""The sampler's state file (``<state_dir>/<job>/sampler.json``) as typed records. Pure.
+
+Written by :mod:`gsrun.node.sampler` (every ``sampler.flush_s`` and at the
+end), read back by a restarted sampler and by the epilog's
+:func:`gsrun.report.summary.node_summary`. It lives in ``facts`` because
+both the sampler (``node``) and the summary (``report``) use it.
+
+Versioned by :data:`STATE_VERSION` (the file's ``version`` key). JSON Schema:
+``schemas/sampler-state.schema.json`` (generated from these classes,
+``tests/pure/test_schemas.py`` checks it is current).
+
+Times ending in ``_s`` inside a GPU are seconds since the sampler started
+(``start_time``, epoch seconds). The aggregates are the JSON forms of
+:class:`gsrun.facts.aggregate.Metric`, ``Timeline`` and ``Counter``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gsrun.base.record import Record, extra_field, field
+
+STATE_VERSION = 2
+SCHEMA_ID = "https://gsrun.invalid/schemas/sampler-state.schema.json"
+
+
+@dataclass(frozen=True)
+class GpuRef(Record):
+    """A job GPU as the sampler knows it. ``gres_index`` is Slurm's index
+    (the ``/dev/nvidiaN`` minor number); ``nvml_index`` is NVML's, found by
+    matching the minor number (never by position: field cases 7 and 8,
+    docs/field-cases.md).
+    ``mig``: MIG mode is on (``nvmlDeviceGetMigMode`` current = 1), so the
+    device has no utilization figure (field case 12). ``gpm``: GPM metrics
+    are supported (``nvmlGpmQueryDeviceSupport``; Hopper and later)."""
+
+    gres_index: int = field("Slurm gres index = /dev/nvidiaN minor number")
+    nvml_index: int | None = field("NVML device index; null: no NVML device matches (emulated gres, lost, "
+                                   "NVML down)")
+    uuid: str | None = field("nvmlDeviceGetUUID", None)
+    pci_bus_id: str | None = field("nvmlDeviceGetPciInfo busId", None)
+    name: str | None = field("nvmlDeviceGetName", None)
+    mem_total_bytes: int | None = field("nvmlDeviceGetMemoryInfo total, bytes", None)
+    mig: bool = field("MIG mode on (nvmlDeviceGetMigMode current = 1, or a MIG name/UUID)", False)
+    gpm: bool = field("GPM metrics supported (nvmlGpmQueryDeviceSupport)", False)
+    lost: bool = field("NVML answered GPU_IS_LOST already when the sampler started", False)
+
+
+@dataclass(frozen=True)
+class MetricState(Record):
+    """One metric's running aggregate (:class:`gsrun.facts.aggregate.Metric`):
+    values weighted by the seconds they stood for; N/A readings count as
+    ``gap_s``, never as 0."""
+
+    thresholds: tuple[float, ...] = field("values (metric unit) for which above_s counts time at or above", ())
+    hist_edges: tuple[float, ...] = field("histogram bucket edges (metric unit)", ())
+    n: int = field("number of values", 0)
+    weight_s: float = field("seconds covered by values", 0.0)
+    wsum: float = field("sum of value x seconds (mean = wsum / weight_s)", 0.0)
+    min: float | None = field("smallest value (metric unit)", None)
+    max: float | None = field("largest value (metric unit)", None)
+    gap_s: float = field("seconds with no value (N/A readings)", 0.0)
+    vsum: float = field("plain sum of values", 0.0)
+    above_s: dict[str, float] = field("threshold (as text) -> seconds at or above it", factory=dict)
+    hist_s: tuple[float, ...] = field("seconds per histogram bucket", ())
+    extra: dict = extra_field()
+
+
+@dataclass(frozen=True)
+class TimelineState(Record):
+    """A bounded downsampled series (:class:`gsrun.facts.aggregate.Timeline`)."""
+
+    max_points: int = field("most buckets kept", 1000)
+    bucket_n: int = field("raw points per bucket now", 1)
+    points: tuple[tuple[float | None, ...], ...] = field(
+        "buckets [t_s since sampler start, mean, max, number of raw points] (value in the metric's unit)", ())
+    extra: dict = extra_field()
+
+
+@dataclass(frozen=True)
+class CounterState(Record):
+    """A hardware counter that may reset (:class:`gsrun.facts.aggregate.Counter`):
+    NVML's energy counter, ``nvmlDeviceGetTotalEnergyConsumption`` in mJ."""
+
+    first: float | None = field("first reading (mJ)", None)
+    last: float | None = field("last reading (mJ)", None)
+    total: float = field("sum of the deltas across resets (mJ)", 0.0)
+    resets: int = field("times the counter went backwards (driver reload, GPU reset)", 0)
+    t_first_s: float | None = field("when first was read, s since sampler start", None)
+    t_last_s: float | None = field("when last was read, s since sampler start", None)
+    extra: dict = extra_field()
+
+
+@dataclass(frozen=True)
+class GpuState(Record):
+    """One GPU's aggregates. ``metrics`` keys: util_pct (nvmlDeviceGetSamples /
+    nvmlDeviceGetUtilizationRates), mem_used_bytes (nvmlDeviceGetMemoryInfo),
+    power_w (nvmlDeviceGetPowerUsage / 1000), sm_clock_mhz, temperature_c,
+    pcie_tx_bytes_s, pcie_rx_bytes_s, and the GPM metrics sm_active_pct,
+    sm_occupancy_pct, tensor_active_pct, dram_bw_pct (nvmlGpmMetricsGet)."""
+
+    ref: GpuRef = field("the device")
+    metrics: dict[str, MetricState] = field("metric name (unit in the name) -> aggregate", factory=dict)
+    timeline: dict[str, TimelineState] = field(
+        "util_pct, sm_active_pct, mem_used_bytes, power_w -> timeline", factory=dict)
+    energy: CounterState = field("energy counter (mJ)", factory=CounterState)
+    throttle_s: dict[str, float] = field(
+        "cause (power, thermal, hw_slowdown, sync_boost) -> seconds the clock event reasons "
+        "(nvmlDeviceGetCurrentClocksEventReasons) showed it", factory=dict)
+    xid: tuple[int, ...] = field("Xid error codes seen (NVML event set), in order", ())
+    ecc_uncorrected_first: int | None = field("first volatile uncorrected ECC count", None)
+    ecc_uncorrected_last: int | None = field("last volatile uncorrected ECC count", None)
+    first_s: float | None = field("first poll with any value, s since sampler start", None)
+    last_ok_s: float | None = field("last poll with any value, s since sampler start", None)
+    lost_at_s: float | None = field("first poll answering GPU_IS_LOST (NVML code 15), s since sampler start",
+                                    None)
+    lost_reason: str | None = field("why the GPU counts as lost", None)
+    unsupported: dict[str, str] = field("reading -> NVML's reason it is not available (Not Supported, ...)",
+                                        factory=dict)
+    last_sample_us: int | None = field("newest nvmlDeviceGetSamples timestamp seen (us); null: no baseline", None)
+    extra: dict = extra_field()
+
+
+@dataclass(frozen=True)
+class CpuState(Record):
+    """The job's CPU time on the node: cgroup ``cpu.stat`` usage_usec (v2) /
+    ``cpuacct.usage`` (v1), else the job's processes (psutil)."""
+
+    time_s: float | None = field("CPU seconds used by the job on this node", None)
+    source: str | None = field("where time_s came from (cgroup path, psutil)", None)
+    extra: dict = extra_field()
+
+
+@dataclass(frozen=True)
+class MemState(Record):
+    """The job's host memory on the node: cgroup ``memory.current`` /
+    ``memory.peak`` (v2), ``memory.usage_in_bytes`` / ``memory.max_usage_in_bytes``
+    (v1), else the RSS sum of its processes."""
+
+    current_bytes: int | float | None = field("last reading, bytes", None)
+    peak_bytes: int | float | None = field("high water, bytes (memory.peak, else the highest reading)", None)
+    source: str | None = field("where the figures came from", None)
+    sampled: MetricState = field("aggregate of the current readings (bytes)", factory=MetricState)
+    extra: dict = extra_field()
+
+
+@dataclass(frozen=True)
+class SamplerState(Record):
+    """The sampler's state file (``sampler.json``), version :data:`STATE_VERSION`."""
+
+    version: int = field("state format version (STATE_VERSION)")
+    job_id: str = field("Slurm job id")
+    node: str = field("node name")
+    start_time: float = field("sampler start, epoch seconds")
+    last_time: float = field("last poll, epoch seconds", 0.0)
+    interval_s: float = field("poll interval (sampler.interval_s), seconds", 0.0)
+    samples: int = field("polls taken", 0)
+    gap_s: float = field("seconds the sampler was not running (restart, stopped VM)", 0.0)
+    nvml_error: str | None = field("why NVML could not start (null: it did)", None)
+    notes: tuple[str, ...] = field("plain-language notes for the summary", ())
+    gpus: tuple[GpuState, ...] = field("the job's GPUs on this node, in gres order", ())
+    cpu: CpuState = field("CPU time", factory=CpuState)
+    mem: MemState = field("host memory", factory=MemState)
+    cpu_timeline: TimelineState = field("CPU cores busy over time", factory=TimelineState)
+    done: bool = field("true in the final state written when the sampler stopped", False)
+    extra: dict = extra_field()
+
+    @classmethod
+    def from_json(cls, d):
+        """The state from ``sampler.json``. Accepts every version up to
+        :data:`STATE_VERSION` whose keys it knows (missing keys take their
+        defaults, unknown ones are kept in ``extra``).
+
+        Raises:
+            ValueError: not an object, a newer version, or a wrong shape.
+        """
+        if isinstance(d, dict) and isinstance(d.get("version"), int) and d["version"] > STATE_VERSION:
+            raise ValueError(f"sampler state version {d['version']} is newer than {STATE_VERSION}")
+        return super().from_json(d)
+
+
+__all__ = ["STATE_VERSION", "GpuRef", "MetricState", "TimelineState", "CounterState", "GpuState", "CpuState",
+           "MemState", "SamplerState"]

@@ -1,0 +1,327 @@
+"""The summaries and findings as typed, versioned records. Pure.
+
+- :class:`NodeSummary` (``<spool>/jobs/<id>/node-<node>.json``, written by
+  the node epilog) with one :class:`GpuSummary` per GPU;
+- :class:`JobSummary` (``<spool>/jobs/<id>/summary.json``, written by
+  EpilogSlurmctld; ``gseff --json`` prints it), made of :class:`JobInfo`,
+  :class:`CpuFigures`, :class:`MemoryFigures`, :class:`GpuFigures`,
+  :class:`NodeDetail` and :class:`Finding` (code: :class:`FindingCode`).
+
+Both carry ``schema`` = :data:`gsrun.SUMMARY_SCHEMA` (``gsrun.summary/1``);
+``from_json`` reads every ``gsrun.summary/1`` file written so far and
+refuses another schema: a key an older writer left out stays out (the
+attribute is :data:`gsrun.base.record.ABSENT`, falsy), unknown keys are kept
+in ``extra``, so ``from_json(d).to_json() == d``. The builders in
+:mod:`gsrun.report.summary` always set every field; the schemas require every
+key except the few marked optional (``cpu_timeline``, ``sampler_stop``,
+``request`` of a node summary). The JSON on disk is ``to_json()``: the same keys as before
+these classes existed (``tests/data/summaries``). JSON Schemas:
+``schemas/node-summary.schema.json``, ``schemas/job-summary.schema.json``,
+``schemas/finding.schema.json`` (generated from these classes by
+``python -m gsrun.report.records``; ``tests/pure/test_schemas.py`` checks
+they are current). How each number is computed: :mod:`gsrun.report.summary`.
+
+``None`` (JSON null) always means "not available", never 0.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from gsrun import SUMMARY_SCHEMA
+from gsrun.base.record import ABSENT, Record, extra_field, field, json_schema
+
+SCHEMA_BASE = "https://gsrun.invalid/schemas/"
+
+
+class FindingCode(str, enum.Enum):
+    """Every finding code :mod:`gsrun.report.findings` emits (the ``code``
+    key of a finding). The mail and the report may only test for these."""
+
+    NEVER_STARTED = "never_started"
+    DEFERRED = "deferred"
+    SHORT_JOB = "short_job"
+    GPU_LOST = "gpu_lost"
+    XID = "xid"
+    ECC = "ecc"
+    GPU_UNAVAILABLE = "gpu_unavailable"
+    NODES_MISSING = "nodes_missing"
+    IDLE_GPU = "idle_gpu"
+    LOW_SM_ACTIVITY = "low_sm_activity"
+    UTIL_NA = "util_na"
+    THROTTLE_THERMAL = "throttle_thermal"
+    THROTTLE_POWER = "throttle_power"
+    THROTTLE_HW_SLOWDOWN = "throttle_hw_slowdown"
+    GPU_MEM_LOW = "gpu_mem_low"
+    CPU_BOUND = "cpu_bound"
+    CPU_ANOMALY = "cpu_anomaly"
+    MEM_OVERREQUEST = "mem_overrequest"
+    CPU_IDLE = "cpu_idle"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+Severity = Literal["info", "warn", "alert"]
+
+
+def _check_schema(d, what: str) -> None:
+    if not isinstance(d, dict):
+        raise ValueError(f"{what}: expected an object, got {type(d).__name__}")
+    s = d.get("schema")
+    if s != SUMMARY_SCHEMA:
+        raise ValueError(f"{what}: schema {s!r} is not {SUMMARY_SCHEMA!r}")
+
+
+@dataclass(frozen=True)
+class Finding(Record):
+    """One plain-language finding with the number behind it."""
+
+    code: FindingCode = field("what the finding is about (FindingCode)")
+    severity: Severity = field("alert: hardware event; warn: advice that saves much; info: the rest")
+    text: str = field("the sentence users read (report, mail)")
+    value: Any = field("the number the text is about: percent, seconds, a count, a list (Xid codes, "
+                       "node names) or null", ABSENT)
+    extra: dict = extra_field()
+
+
+@dataclass(frozen=True)
+class GpuSummary(Record):
+    """One GPU of one node over the job (from the sampler's
+    :class:`gsrun.facts.sampler_state.GpuState`)."""
+
+    node: str = field("node name")
+    index: int = field("Slurm gres index = /dev/nvidiaN minor number")
+    nvml_index: int | None = field("NVML device index; null: no NVML device", ABSENT)
+    name: str | None = field("nvmlDeviceGetName", ABSENT)
+    uuid: str | None = field("nvmlDeviceGetUUID", ABSENT)
+    pci_bus_id: str | None = field("nvmlDeviceGetPciInfo busId", ABSENT)
+    mig: bool = field("MIG mode on (no utilization figure: field case 12)", ABSENT)
+    status: Literal["ok", "lost", "unavailable", "emulated"] | None = field(
+        "ok; lost (GPU_IS_LOST); unavailable (NVML could not start); emulated (gres without NVIDIA device)", ABSENT)
+    util_mean_pct: float | None = field("time-weighted mean utilization, % of time a kernel ran "
+                                        "(nvmlDeviceGetSamples, else nvmlDeviceGetUtilizationRates)", ABSENT)
+    util_na_reason: str | None = field("why util_mean_pct is null (MIG, NVML's reason)", ABSENT)
+    util_idle_frac: float | None = field("share (0..1) of the sampled time below 5 % utilization", ABSENT)
+    util_gap_s: float | None = field("seconds with no utilization reading (not counted as 0)", ABSENT)
+    util_busy_s: float | None = field("integral of utilization over time: seconds the GPU was busy", ABSENT)
+    sm_active_mean_pct: float | None = field("mean SM activity % (GPM, nvmlGpmMetricsGet)", ABSENT)
+    sm_occupancy_mean_pct: float | None = field("mean SM occupancy % (GPM)", ABSENT)
+    tensor_active_mean_pct: float | None = field("mean any-tensor activity % (GPM)", ABSENT)
+    dram_bw_mean_pct: float | None = field("mean DRAM bandwidth utilization % (GPM)", ABSENT)
+    mem_peak_bytes: int | None = field("GPU memory high water, bytes (nvmlDeviceGetMemoryInfo used)", ABSENT)
+    mem_total_bytes: int | None = field("GPU memory total, bytes (nvmlDeviceGetMemoryInfo total)", ABSENT)
+    mem_peak_pct: float | None = field("mem_peak_bytes / mem_total_bytes x 100", ABSENT)
+    energy_j: float | None = field("energy, J: delta of nvmlDeviceGetTotalEnergyConsumption (mJ) / 1000 over "
+                                   "the sampled span, summed across counter resets", ABSENT)
+    energy_counter_resets: int = field("times the energy counter went backwards", ABSENT)
+    power_mean_w: float | None = field("mean power, W: energy_j / sampled span (else mean of "
+                                       "nvmlDeviceGetPowerUsage)", ABSENT)
+    power_max_w: float | None = field("highest nvmlDeviceGetPowerUsage reading, W", ABSENT)
+    temperature_max_c: float | None = field("highest nvmlDeviceGetTemperature reading, deg C", ABSENT)
+    sm_clock_mean_mhz: float | None = field("mean SM clock, MHz (nvmlDeviceGetClockInfo)", ABSENT)
+    throttle_s: dict[str, float | None] = field(
+        "cause (power, thermal, hw_slowdown, sync_boost) -> seconds the clock event reasons "
+        "(nvmlDeviceGetCurrentClocksEventReasons) showed it", ABSENT)
+    xid: tuple[int, ...] = field("Xid error codes seen, in order", ABSENT)
+    ecc_uncorrected: int | None = field("uncorrected ECC errors during the job (volatile count delta)", ABSENT)
+    lost_at_s: float | None = field("s after the sampler start when NVML first answered GPU_IS_LOST", ABSENT)
+    lost_reason: str | None = field("why the GPU counts as lost", ABSENT)
+    covered_s: float | None = field("seconds between the first and the last good poll", ABSENT)
+    unsupported: dict[str, str] = field("reading -> NVML's reason it is not available", ABSENT)
+    timeline: dict[str, tuple[tuple[float | None, ...], ...]] = field(
+        "util_pct, sm_active_pct, mem_used_bytes, power_w -> points [t_s since sampler start, mean, max, n]", ABSENT)
+    emulated: bool = field("status is emulated (kept for readers of older summaries)", ABSENT)
+    extra: dict = extra_field()
+
+
+@dataclass(frozen=True)
+class NodeSummary(Record):
+    """One node's summary of the job (the node epilog's ``node-<node>.json``)."""
+
+    schema: str = field("summary schema, gsrun.summary/1")
+    kind: Literal["node"] = field("node")
+    job_id: str = field("Slurm job id")
+    node: str = field("node name")
+    start_time: float | None = field("sampler start (else the prolog's time), epoch seconds", ABSENT)
+    end_time: float | None = field("epilog time, epoch seconds", ABSENT)
+    elapsed_s: float | None = field("end_time - start_time, seconds", ABSENT)
+    cpus_alloc: int | None = field("cores allocated to the job on this node (SLURM_CPUS_ON_NODE)", ABSENT)
+    gres_gpus: tuple[int, ...] = field("gres GPU indices (minor numbers) of the job on this node", ABSENT)
+    cpu_time_s: float | None = field("CPU seconds used by the job on this node (cgroup cpu.stat usage_usec / "
+                                     "cpuacct.usage, else psutil)", ABSENT)
+    cpu_source: str | None = field("where cpu_time_s came from", ABSENT)
+    mem_peak_bytes: int | None = field("host memory high water, bytes (cgroup memory.peak / "
+                                       "max_usage_in_bytes, else the highest reading)", ABSENT)
+    mem_source: str | None = field("where mem_peak_bytes came from", ABSENT)
+    gpu_available: bool = field("GPU figures are available (NVML ran and a GPU matched)", ABSENT)
+    gpu_reason: str | None = field("why the GPU figures are not available", ABSENT)
+    gpus: tuple[GpuSummary, ...] = field("per GPU, in gres order", ABSENT)
+    samples: int = field("sampler polls", ABSENT)
+    notes: tuple[str, ...] = field("plain-language notes (sampler restarts, gaps, unmatched gres)", ABSENT)
+    cpu_timeline: tuple[tuple[float | None, ...], ...] = field(
+        "CPU cores busy: points [t_s since sampler start, mean, max, n]; absent without sampler state",
+        optional_key=True)
+    sampler_stop: str = field("how the epilog stopped the sampler (added by the epilog)", optional_key=True)
+    request: dict[str, Any] | None = field("the job's gsrun request from the prolog record (added by the "
+                                           "epilog)", optional_key=True)
+    extra: dict = extra_field()
+
+    @classmethod
+    def from_json(cls, d):
+        """Read a node summary (any ``gsrun.summary/1`` file).
+
+        Raises:
+            ValueError: another schema, not kind ``node``, or a wrong shape.
+        """
+        _check_schema(d, "node summary")
+        if d.get("kind") != "node":
+            raise ValueError(f"node summary: kind {d.get('kind')!r}")
+        return super().from_json(d)
+
+
+@dataclass(frozen=True)
+class JobInfo(Record):
+    """The job as Slurm records it (``scontrol show job`` in EpilogSlurmctld)."""
+
+    id: str = field("Slurm job id")
+    array: str | None = field("array form ARRAYID_TASKID, null when not an array task", ABSENT)
+    user: str | None = field("user name", ABSENT)
+    name: str | None = field("job name", ABSENT)
+    partition: str | None = field("partition", ABSENT)
+    state: str | None = field("job state word (COMPLETED, FAILED, CANCELLED ...)", ABSENT)
+    exit_code: int | None = field("exit code (128 + signal when killed by one)", ABSENT)
+    nodes: tuple[str, ...] = field("node names of the allocation", ABSENT)
+    start_time: float | None = field("epoch seconds", ABSENT)
+    end_time: float | None = field("epoch seconds", ABSENT)
+    elapsed_s: float | None = field("run time, seconds (RunTime)", ABSENT)
+    cpus_alloc: int | None = field("cores allocated (AllocTRES cpu)", ABSENT)
+    gpus_alloc: int | None = field("GPUs allocated (AllocTRES gres/gpu)", ABSENT)
+    mem_req_bytes: int | None = field("memory requested, bytes (AllocTRES mem)", ABSENT)
+    mail_user: str | None = field("MailUser", ABSENT)
+    mail_type: str | None = field("MailType", ABSENT)
+    extra: dict = extra_field()
+
+
+@dataclass(frozen=True)
+class CpuFigures(Record):
+    """CPU efficiency of the job."""
+
+    time_s: float | None = field("CPU seconds of all nodes", ABSENT)
+    efficiency_pct: float | None = field("time_s / (cpus_alloc x elapsed_s) x 100, clamped to 100", ABSENT)
+    anomaly: bool = field("the raw efficiency exceeded 105 % (accounting anomaly)", ABSENT)
+    source: str | None = field("where the CPU times came from ('; '-joined per node)", ABSENT)
+    extra: dict = extra_field()
+
+
+@dataclass(frozen=True)
+class MemoryFigures(Record):
+    """Host memory efficiency of the job."""
+
+    peak_bytes: int | None = field("sum of the nodes' memory high waters, bytes", ABSENT)
+    req_bytes: int | None = field("memory requested, bytes", ABSENT)
+    efficiency_pct: float | None = field("peak_bytes / req_bytes x 100", ABSENT)
+    source: str | None = field("where the peaks came from ('; '-joined per node)", ABSENT)
+    extra: dict = extra_field()
+
+
+@dataclass(frozen=True)
+class GpuFigures(Record):
+    """GPU figures of the job."""
+
+    available: bool = field("GPU figures are available on at least one node", ABSENT)
+    reason: str | None = field("why not ('; '-joined node reasons)", ABSENT)
+    count: int = field("GPUs with a summary", ABSENT)
+    devices: tuple[GpuSummary, ...] = field("every GPU of every node", ABSENT)
+    gpu_hours_alloc: float | None = field("GPUs allocated x elapsed / 3600, hours", ABSENT)
+    gpu_hours_used: float | None = field("sum of util_busy_s / 3600 (duty-cycle hours)", ABSENT)
+    energy_j: float | None = field("sum of the GPUs' energy_j, J", ABSENT)
+    energy_kwh: float | None = field("energy_j / 3.6e6, kWh", ABSENT)
+    extra: dict = extra_field()
+
+
+@dataclass(frozen=True)
+class NodeDetail(Record):
+    """Per-node CPU/memory figures kept in the job summary (the JS1 blob's source)."""
+
+    node: str = field("node name")
+    cpus_alloc: int | None = field("cores allocated on the node", ABSENT)
+    cpu_time_s: float | None = field("CPU seconds on the node", ABSENT)
+    mem_peak_bytes: int | None = field("host memory high water on the node, bytes", ABSENT)
+    elapsed_s: float | None = field("the node summary's elapsed_s, seconds", ABSENT)
+    gpu_available: bool | None = field("the node's gpu_available", ABSENT)
+    gpu_reason: str | None = field("the node's gpu_reason", ABSENT)
+    extra: dict = extra_field()
+
+
+@dataclass(frozen=True)
+class JobSummary(Record):
+    """The job's summary (``summary.json``; ``gseff --json``; the JS1 blob is made from it)."""
+
+    schema: str = field("summary schema, gsrun.summary/1")
+    kind: Literal["job"] = field("job")
+    job: JobInfo = field("the job record")
+    cpu: CpuFigures = field("CPU efficiency", ABSENT)
+    memory: MemoryFigures = field("host memory efficiency", ABSENT)
+    gpu: GpuFigures = field("GPU figures", ABSENT)
+    nodes_detail: tuple[NodeDetail, ...] = field("per node, sorted by name", ABSENT)
+    nodes_missing: tuple[str, ...] = field("nodes of the job without a node summary", ABSENT)
+    node_notes: dict[str, tuple[str, ...]] = field("node -> its notes", ABSENT)
+    findings: tuple[Finding, ...] = field("findings, most important first", ABSENT)
+    extra: dict = extra_field()
+
+    @classmethod
+    def from_json(cls, d):
+        """Read a job summary (any ``gsrun.summary/1`` file).
+
+        Raises:
+            ValueError: another schema, not kind ``job``, or a wrong shape.
+        """
+        _check_schema(d, "job summary")
+        if d.get("kind") != "job":
+            raise ValueError(f"job summary: kind {d.get('kind')!r}")
+        return super().from_json(d)
+
+
+SCHEMAS = {
+    "node-summary": (NodeSummary, "gsrun node summary (gsrun.summary/1, kind node)"),
+    "job-summary": (JobSummary, "gsrun job summary (gsrun.summary/1, kind job)"),
+    "finding": (Finding, "gsrun finding"),
+}
+
+
+def all_schemas() -> dict[str, dict]:
+    """file stem -> JSON Schema, for ``schemas/<stem>.schema.json`` (with the
+    sampler state's, :mod:`gsrun.facts.sampler_state`)."""
+    from gsrun.facts import sampler_state as ss
+
+    out = {stem: json_schema(cls, f"{SCHEMA_BASE}{stem}.schema.json", title)
+           for stem, (cls, title) in SCHEMAS.items()}
+    out["sampler-state"] = json_schema(ss.SamplerState, ss.SCHEMA_ID,
+                                       f"gsrun sampler state (sampler.json, version {ss.STATE_VERSION})")
+    return out
+
+
+def write_schemas(folder) -> list[str]:
+    """Write :func:`all_schemas` into ``folder``; returns the paths."""
+    import json
+    from pathlib import Path
+
+    paths = []
+    for stem, schema in all_schemas().items():
+        p = Path(folder) / f"{stem}.schema.json"
+        p.write_text(json.dumps(schema, indent=2) + "\n")
+        paths.append(str(p))
+    return paths
+
+
+if __name__ == "__main__":   # python -m gsrun.report.records [FOLDER]: regenerate schemas/
+    import sys
+
+    print("\n".join(write_schemas(sys.argv[1] if len(sys.argv) > 1 else "schemas")))
+
+
+__all__ = ["FindingCode", "Finding", "GpuSummary", "NodeSummary", "JobInfo", "CpuFigures", "MemoryFigures",
+           "GpuFigures", "NodeDetail", "JobSummary", "all_schemas", "write_schemas"]

@@ -1,0 +1,142 @@
+"""One formatter per unit, for everything a person reads: the text report
+(:mod:`gsrun.report.render`, ``gseff``), the mail (:mod:`gsrun.report.mail`)
+and ``gseff --sacct``. Pure.
+
+Every function takes the number in the unit its name says (``_s`` seconds,
+``_j`` joules, ``_kwh`` kilowatt-hours, ``_bytes`` bytes, ``_pct`` percent,
+``_w`` watts, ``_h`` hours) and returns text. A value that is not a finite
+number (``None``, NaN, infinity, a bool, a string: "not available") prints
+as :data:`NA`, never as 0.
+
+Where the report and the mail print the same quantity differently today
+(percent digits, durations under a minute, energy), the difference is an
+explicit ``digits`` / ``style`` argument, so each caller states which form
+it prints (issue 22 will pick one).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+NA = "N/A"
+BINARY_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
+J_PER_WH = 3600.0
+J_PER_KWH = 3.6e6
+
+
+def as_number(v) -> float | None:
+    """``v`` as a float when it is a finite int or float (not a bool), else None.
+
+    The summary is read as untrusted JSON: anything else there (a string, a
+    list, NaN) is "not available"."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    f = float(v)
+    return f if math.isfinite(f) else None
+
+
+def fmt_pct(pct, digits: int, na: str = NA) -> str:
+    """A percentage (0..100 scale, not a fraction) with ``digits`` decimals:
+    ``42.0%`` (report: 1 digit) or ``42%`` (mail, subject: 0 digits).
+    ``na`` is what a missing value prints as (``N/A (MIG)`` for a MIG
+    device's utilization)."""
+    f = as_number(pct)
+    return na if f is None else f"{f:.{digits}f}%"
+
+
+def fmt_bytes(n_bytes) -> str:
+    """Bytes in binary units, one decimal: ``512 B``, ``1.5 GiB``, up to TiB
+    (``2048.0 TiB`` beyond). The same in the report and the mail."""
+    f = as_number(n_bytes)
+    if f is None:
+        return NA
+    for unit in BINARY_UNITS:
+        if abs(f) < 1024 or unit == BINARY_UNITS[-1]:
+            return f"{f:.0f} B" if unit == "B" else f"{f:.1f} {unit}"
+        f /= 1024
+    raise AssertionError("unreachable")
+
+
+def fmt_gib(n_bytes) -> str:
+    """Bytes always in GiB with two decimals (``13.00 GiB``): the
+    ``gseff --sacct`` table, where the column compares like with like."""
+    f = as_number(n_bytes)
+    return NA if f is None else f"{f / 2**30:.2f} GiB"
+
+
+def fmt_duration_s(seconds, style: Literal["clock", "short"]) -> str:
+    """A duration in seconds, rounded to whole seconds.
+
+    - ``clock`` (report, ``gseff``): always ``[D-]HH:MM:SS`` (``00:00:30``,
+      ``1-01:01:01``), as Slurm prints elapsed time.
+    - ``short`` (mail): under a minute as seconds (``30 s``; one decimal
+      below 10 s when not whole: ``2.5 s``), else ``[D-]HH:MM:SS``.
+    """
+    f = as_number(seconds)
+    if f is None:
+        return NA
+    s = int(round(f))
+    if style == "short" and s < 60:
+        return f"{f:.1f} s" if f < 10 and f != int(f) else f"{s} s"
+    if style not in ("clock", "short"):
+        raise ValueError(f"duration style {style!r}")
+    d, s = divmod(s, 86400)
+    h, s = divmod(s, 3600)
+    m, s = divmod(s, 60)
+    return (f"{d}-" if d else "") + f"{h:02d}:{m:02d}:{s:02d}"
+
+
+def fmt_seconds(seconds) -> str:
+    """Seconds as a whole number with the unit: ``1800 s`` (when a GPU was
+    lost, how long a reading was missing)."""
+    f = as_number(seconds)
+    return NA if f is None else f"{f:.0f} s"
+
+
+def fmt_energy_j(joules, style: Literal["auto", "kwh_j"]) -> str:
+    """Energy given in joules (the summaries' ``energy_j``: NVML's energy
+    counter delta, ``nvmlDeviceGetTotalEnergyConsumption`` mJ / 1000).
+
+    - ``auto`` (report GPU table): whichever reads best of ``540 J``,
+      ``2.5 Wh`` (below 10 Wh), ``150 Wh``, ``1.02 kWh``.
+    - ``kwh_j`` (mail): ``0.150 kWh (540000 J)``.
+    """
+    f = as_number(joules)
+    if f is None:
+        return NA
+    if style == "kwh_j":
+        return f"{f / J_PER_KWH:.3f} kWh ({f:.0f} J)"
+    if style != "auto":
+        raise ValueError(f"energy style {style!r}")
+    wh = f / J_PER_WH
+    if wh < 1:
+        return f"{f:.0f} J"
+    if wh < 1000:
+        return f"{wh:.0f} Wh" if wh >= 10 else f"{wh:.1f} Wh"
+    return f"{wh / 1000:.2f} kWh"
+
+
+def fmt_energy_kwh(kwh) -> str:
+    """Energy given in kWh (the job summary's ``gpu.energy_kwh``) with three
+    decimals: ``1.025 kWh``."""
+    f = as_number(kwh)
+    return NA if f is None else f"{f:.3f} kWh"
+
+
+def fmt_power_w(watts) -> str:
+    """Power in whole watts: ``350 W`` (mean power: energy over the sampled
+    span, else the mean of ``nvmlDeviceGetPowerUsage``)."""
+    f = as_number(watts)
+    return NA if f is None else f"{f:.0f} W"
+
+
+def fmt_hours_h(hours) -> str:
+    """Hours (GPU-hours) with two decimals and no unit word: ``1.39`` (the
+    text around it says "GPU-hours")."""
+    f = as_number(hours)
+    return NA if f is None else f"{f:.2f}"
+
+
+__all__ = ["NA", "as_number", "fmt_pct", "fmt_bytes", "fmt_gib", "fmt_duration_s", "fmt_seconds",
+           "fmt_energy_j", "fmt_energy_kwh", "fmt_power_w", "fmt_hours_h"]
