@@ -33,6 +33,7 @@ from gsrun.base.ids import check_job_id
 from gsrun.base.proc import ROOT_CWD, root_child_env, root_python
 from gsrun.facts.sacct import parse_mem, parse_time_s, parse_tres, tres_gpus
 from gsrun.facts.slurm import expand_hostlist, parse_exit_code, parse_job_record, run_slurm, state_word
+from gsrun.node.steps import CLEANUP, Step, run_steps
 from gsrun.report.summary import job_summary
 
 def job_from_record(job_id: str, rec: dict[str, str] | None, env) -> dict:
@@ -130,16 +131,31 @@ def run(environ, spool_dir: str | None = None, wait_s: float = 30.0) -> int:
             gid = pwd.getpwuid(uid).pw_gid
         except KeyError:
             gid = uid
-    with log.step("merge"):
-        summary = merge(paths, job, cfg, wait_s)
-        write_summary(paths, summary, uid, gid)
-    try:
-        with log.step("mail"):
-            queue_mail(paths, summary, cfg, log)
-    except Exception as e:  # noqa: BLE001 - mail never fails the epilog
-        log.error(f"mail: {e}")
+    ctx = {"paths": paths, "job": job, "cfg": cfg, "uid": uid, "gid": gid, "wait_s": wait_s, "log": log}
+    out = run_steps("epilog-ctld", STEPS, ctx, log, rule=CLEANUP, budget_s=None)
+    mail_err = (out.results.get("mail") or {}).get("error")
+    if mail_err:
+        log.error(f"mail: {mail_err}")
     _kick_admin_comment(job_id, str(paths.spool_dir))
     return 0
+
+
+def _merge_step(c: dict) -> None:
+    c["summary"] = merge(c["paths"], c["job"], c["cfg"], c["wait_s"])
+    write_summary(c["paths"], c["summary"], c["uid"], c["gid"])
+
+
+def _mail_step(c: dict) -> None:
+    queue_mail(c["paths"], c["summary"], c["cfg"], c["log"])
+
+
+# EpilogSlurmctld, in order; no budget of its own (slurmctld's
+# EpilogSlurmctld timeout applies). A failed merge ends it; mail never fails it.
+STEPS = (
+    Step("merge", "merge the node summaries with the job record, write the job summary", 0, _merge_step,
+         catch=()),
+    Step("mail", "queue the report mail when the job asked for it", 0, _mail_step),
+)
 
 
 def _child_env() -> dict[str, str]:

@@ -1,8 +1,9 @@
 """``gsrun-node epilog``: run by slurmd as root after the job on a node.
 
-Order: stop the sampler (its final flush) -> node summary (atomic, versioned)
--> MPS stop -> residual GPU processes (field case 17, docs/field-cases.md) -> MIG restore ->
-tuning restore (journal, reverse order).
+The steps are the table :data:`STEPS`: stop the sampler (its final flush)
+and write the node summary (atomic, versioned) -> MPS stop -> residual GPU
+processes (field case 17, docs/field-cases.md) -> MIG restore -> tuning
+restore (journal, reverse order), run by :func:`gsrun.node.steps.run_steps` (rule ``CLEANUP``).
 
 Each step runs even when an earlier one failed or timed out. The whole
 epilog has a hard budget (``timeouts.epilog_budget_s``); each step gets its
@@ -16,14 +17,14 @@ No Slurm command is on the critical path (field case 20): the node-wide
 restore decision is the local tuning reference count (one journal per job,
 under a lock: field case 18), never ``squeue``; only MIG's failure path
 calls ``scontrol`` to drain. ``GSRUN_FAULT_AT`` (tests only) kills the
-epilog at a step boundary: see :mod:`gsrun.base.log`.
+epilog at a step boundary: see :mod:`gsrun.node.steps`.
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import time
+from dataclasses import dataclass
 
 from gsrun.request.config import load_config_or_defaults
 from gsrun.base.errors import GsrunError
@@ -34,22 +35,45 @@ from gsrun.facts.jobenv import job_from_env
 from gsrun.base.log import JobLog, safe_text
 from gsrun.base.paths import Paths
 from gsrun.node.sampler import stop_sampler
+from gsrun.node.steps import CLEANUP, Step, drain_node, run_steps
 from gsrun.report.summary import node_summary
 
 STEP_RESERVE_S = 5.0
 
 
-class BudgetExceeded(BaseException):
-    """Raised by SIGALRM. A BaseException, so that no ``except Exception``
-    of a library (``comment_from_slurm``...) can swallow the deadline."""
+@dataclass
+class Ctx:
+    """What the epilog's steps share."""
+
+    job: object
+    cfg: object
+    hostfs: HostFS
+    paths: Paths
+    sdir: object
+    log: JobLog
 
 
-def _alarm(signum, frame):
-    raise BudgetExceeded()
+# The epilog, in order. Every step runs, even after an earlier one failed or
+# ran out of time; each keeps STEP_RESERVE_S seconds of the epilog's budget
+# (``timeouts.epilog_budget_s``) from the steps before it.
+STEPS = (
+    Step("sampler+summary", "stop the sampler (final flush) and write the node summary", STEP_RESERVE_S,
+         lambda c: _summary(c.job, c.paths, c.sdir, c.hostfs, c.log)),
+    Step("mps", "stop the job's MPS daemon, put compute modes back", STEP_RESERVE_S,
+         lambda c: _mps_stop(c.job, c.paths, c.cfg, c.log)),
+    Step("residual", "end the job's processes still holding GPU memory, check again", STEP_RESERVE_S,
+         lambda c: _residual(c.job, c.hostfs, c.paths, c.cfg, c.log)),
+    Step("mig", "put the job's GPUs back to their MIG layout before the job", STEP_RESERVE_S,
+         lambda c: _mig_restore(c.job, c.paths, c.log)),
+    Step("tuning", "restore the node settings from the journal (last job out, reverse order)", STEP_RESERVE_S,
+         lambda c: _tuning_restore(c.hostfs, c.paths, c.job, c.log)),
+)
 
 
 def run(environ, host_root: str | None = None, state_dir: str | None = None,
         spool_dir: str | None = None) -> int:
+    """Run :data:`STEPS` for the job in ``environ`` (slurmd's). Returns the
+    exit status: 1 when the node needs an admin (slurmd drains it)."""
     t0 = time.monotonic()
     log = JobLog(environ.get("SLURM_JOB_ID"), "epilog")
     try:
@@ -61,52 +85,31 @@ def run(environ, host_root: str | None = None, state_dir: str | None = None,
     hostfs = HostFS.from_env(host_root)
     paths = Paths.from_config(cfg, state_dir, spool_dir)
     sdir = paths.state_job(job.job_id)
-    budget_s = float(cfg["timeouts.epilog_budget_s"])
-    result: dict = {"steps": {}}
-    rc = 0
-    reasons: list[str] = []
-    signal.signal(signal.SIGALRM, _alarm)
-    steps = [("sampler+summary", lambda: _summary(job, paths, sdir, hostfs, log)),
-             ("mps", lambda: _mps_stop(job, paths, cfg, log)),
-             ("residual", lambda: _residual(job, hostfs, paths, cfg, log)),
-             ("mig", lambda: _mig_restore(job, paths, log)),
-             ("tuning", lambda: _tuning_restore(hostfs, paths, job, log))]
-    try:
-        for i, (name, fn) in enumerate(steps):
-            left_s = budget_s - (time.monotonic() - t0)
-            step_s = max(0.5, left_s - STEP_RESERVE_S * (len(steps) - i - 1))
-            signal.setitimer(signal.ITIMER_REAL, step_s)
-            try:
-                with log.step(name):
-                    result["steps"][name] = fn()
-            except BudgetExceeded:
-                result["steps"][name] = {"error": f"timed out after {step_s:.1f} s"}
-                reasons.append(f"{name} step timed out")
-                log.error(f"{name}: out of time ({step_s:.1f} s); run 'gsrun-node restore --job {job.job_id}'")
-            except Exception as e:  # noqa: BLE001 - every step runs; the error is logged
-                result["steps"][name] = {"error": safe_text(e)}
-            finally:
-                signal.setitimer(signal.ITIMER_REAL, 0)
-    except BudgetExceeded:     # an alarm between two steps
-        reasons.append("epilog budget exceeded")
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-    summ = result["steps"].get("sampler+summary") or {}
+    ctx = Ctx(job, cfg, hostfs, paths, sdir, log)
+    out = run_steps("epilog", STEPS, ctx, log, rule=CLEANUP, budget_s=float(cfg["timeouts.epilog_budget_s"]),
+                    verdict=lambda results: _verdict(results, log),
+                    timeout_hint=f"run 'gsrun-node restore --job {job.job_id}'")
+    if not out.rc:
+        _forget_job(sdir, log)
+    log(f"done in {time.monotonic() - t0:.3f} s")
+    return out.rc
+
+
+def _verdict(results: dict, log) -> list[str]:
+    """The epilog's own reasons to drain, after every step ran: a GPU lost
+    during the job, GPU memory still held by residual processes (field case 17,
+    docs/field-cases.md)."""
+    reasons = []
+    summ = results.get("sampler+summary") or {}
     if isinstance(summ, dict) and summ.get("lost_gpus"):
         reasons.append(f"GPU(s) lost during the job: {summ['lost_gpus']}")
-    res = result["steps"].get("residual") or {}
+    res = results.get("residual") or {}
     if isinstance(res, dict) and str(res.get("reason") or "").startswith("Residual GPU processes"):
         reasons.append(res["reason"])     # GPU memory still held: the next job would OOM
                                           # (field case 17, docs/field-cases.md)
     elif isinstance(res, dict) and res.get("reason"):
         log.warn(f"GPU process check incomplete: {res['reason']}")   # a wedged nvidia-smi is not a drain
-    if reasons:
-        rc = 1
-        log.error("node needs an admin: " + "; ".join(reasons))
-    else:
-        _forget_job(sdir, log)
-    log(f"done in {time.monotonic() - t0:.3f} s")
-    return rc
+    return reasons
 
 
 def _forget_job(sdir, log) -> None:
@@ -248,19 +251,6 @@ def _mig_restore(job, paths, log):
 
     return mig.epilog_restore(RealMig(), str(paths.state_dir / "jobs"), job.job_id,
                               drain=lambda reason: drain_node(job.node, reason, log), log=log)
-
-
-def drain_node(node: str, reason: str, log) -> None:
-    """``scontrol update nodename=NODE state=drain reason=...`` (bounded); the
-    epilog also exits non-zero, which drains the node even if this fails."""
-    from gsrun.facts.slurm import run_slurm
-
-    reason = "gsrun: " + " ".join(safe_text(reason).split())[:200]
-    log.error(f"draining {node}: {reason}")
-    try:
-        run_slurm(["scontrol", "update", f"nodename={node}", "state=drain", f"reason={reason}"], 10.0)
-    except Exception as e:  # noqa: BLE001
-        log.error(f"drain via scontrol failed: {e}")
 
 
 def _tuning_restore(hostfs, paths, job, log):

@@ -1,7 +1,8 @@
 """``gsrun-node prolog``: run by slurmd as root before the job starts on a node.
 
-Order: validate env -> config -> records dirs -> NVML health -> read the job's
-requests -> tuning (journal first) -> MPS -> sampler -> record.
+The steps are the table :data:`STEPS` (records, nvml, request, tuning, mig,
+mps, sampler), run by :func:`gsrun.node.steps.run_steps` after the env and
+config are read; the record is written last, whatever happened.
 Exit status is non-zero only when the node truly cannot run GPU jobs (NVML
 driver/library mismatch): Slurm then drains the node with our message as the
 reason. Every other failure is logged and the job runs with defaults.
@@ -19,16 +20,16 @@ A directory planted at ``<spool>/jobs/<id>`` or ``<state>/jobs/<id>`` is
 moved aside and replaced (logged); if the shared parents are planted, the
 records step fails, nothing is written there, and the rest of the prolog
 (tuning, MPS) still runs. ``GSRUN_FAULT_AT`` (tests only) kills the prolog
-at a step boundary: see :mod:`gsrun.base.log`.
+at a step boundary: see :mod:`gsrun.node.steps`.
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 
 from gsrun.request.config import load_config_or_defaults
 from gsrun.base.errors import GsrunError
@@ -39,24 +40,107 @@ from gsrun.base.log import JobLog, safe_text
 from gsrun.facts.nvml import NvmlUnavailable, index_by_minor, open_nvml
 from gsrun.base.paths import Paths
 from gsrun.base.proc import ROOT_CWD, root_child_env, root_python
+from gsrun.node.steps import SETUP, NodeUnusable, Step, drain_node, run_steps
 from gsrun.request.job import (JobRequest, comment_from_slurm, exclusive_from_record, request_from_job_record,
-                        request_from_spank)
+                               request_from_spank)
 
 NVML_MISMATCH_MSG = "NVML/driver mismatch: reboot required"
 SCONTROL_TIMEOUT_S = 5.0
 
 
-class BudgetExceeded(BaseException):
-    """Raised by SIGALRM. A BaseException, so that no ``except Exception``
-    of a library (``comment_from_slurm``...) can swallow the deadline."""
+@dataclass
+class Ctx:
+    """What the prolog's steps share: the job, where things go, and the
+    record (``<spool>/jobs/<id>/prolog-<node>.json``) they fill in."""
+
+    environ: object
+    job: object
+    cfg: object
+    hostfs: HostFS
+    paths: Paths
+    log: JobLog
+    dry_run: bool
+    start_sampler: bool
+    record: dict
+    records_ok: bool = False
+    req: JobRequest | None = None
+    exclusive: bool = False
 
 
-def _alarm(signum, frame):
-    raise BudgetExceeded()
+def _records(c: Ctx):
+    if not c.dry_run:
+        c.paths.make_state_job(c.job.job_id, log=c.log.warn)
+        c.paths.make_spool_job(c.job.job_id, log=c.log.warn)
+    c.records_ok = True
+
+
+def _nvml(c: Ctx):
+    """Only a driver/library mismatch makes the node unusable (field case 15,
+    docs/field-cases.md)."""
+    try:
+        open_nvml(c.hostfs).close()
+    except NvmlUnavailable as e:
+        if e.code_name == "LIB_RM_VERSION_MISMATCH":
+            c.record["steps"]["nvml"] = str(e)
+            c.log.error(f"{NVML_MISMATCH_MSG} (GPU jobs cannot start on this node): {e}")
+            print(f"gsrun: prolog: {NVML_MISMATCH_MSG}", file=sys.stderr)
+            raise NodeUnusable(NVML_MISMATCH_MSG) from None
+        c.record["nvml_ok"] = False
+        c.log(f"nvml: {e} (GPU figures will be unavailable)")
+        return str(e)
+    c.record["nvml_ok"] = True
+    return None
+
+
+def _request(c: Ctx):
+    """The job's requests (SPANK options, else the job record's comment) and
+    whether it holds the node (slurmctld's job record, asked only when needed)."""
+    job, cfg = c.job, c.cfg
+    req = request_from_spank(job)
+    need_record = req is None or req.needs_exclusivity() or _has_tuning_defaults(cfg, job.partition)
+    rec = comment_from_slurm(job.job_id, min(SCONTROL_TIMEOUT_S, cfg["timeouts.command_s"])) \
+        if need_record and not c.dry_run else None
+    if req is None:
+        req = request_from_job_record(rec, rec.get("__line__")) if rec \
+            else JobRequest(source="none (slurmctld not asked/answered)")
+    elif rec is not None:
+        req.exclusive = exclusive_from_record(rec, rec.get("__line__"))
+        req.exclusive_source = "job record OverSubscribe"
+    if rec is None and need_record and not c.dry_run:
+        c.log.warn("job record not available (slurmctld not answering?): job counts as not exclusive")
+    c.req = req
+    c.record["request"] = req.to_dict()
+    c.exclusive = bool(req.exclusive)
+    c.record["exclusive"] = c.exclusive
+
+
+# The prolog, in order. Budget: the whole prolog has one hard budget
+# (``timeouts.prolog_budget_s``); no step keeps time back (reserve 0), and a
+# step cut off by it ends the prolog: the job goes on with what was done.
+STEPS = (
+    Step("records", "make the job's state and spool directories (planted ones moved aside)", 0, _records),
+    Step("nvml", "check that NVML answers; a driver/library mismatch means the node cannot run GPU jobs", 0,
+         _nvml, quiet=True, catch=()),
+    Step("request", "read the job's requests and whether it holds the node (slurmctld's record)", 0,
+         _request, quiet=True, catch=()),
+    Step("tuning", "tune the node for the job (journal first)", 0,
+         lambda c: _tuning(c.hostfs, c.paths, c.job, c.req, c.cfg, c.exclusive, c.dry_run, c.log)),
+    Step("mig", "cut the job's GPUs into its MIG layout (journal first)", 0,
+         lambda c: _mig(c.hostfs, c.paths, c.job, c.req, c.cfg, c.exclusive, c.log),
+         when=lambda c: bool(c.req.mig) and not c.dry_run),
+    Step("mps", "start the job's MPS control daemon as the job's user", 0,
+         lambda c: _mps(c.environ, c.paths, c.job, c.req, c.cfg, c.log),
+         when=lambda c: c.req.mps is not None and not c.dry_run),
+    Step("sampler", "start the job's GPU/CPU sampler, detached", 0,
+         lambda c: start_sampler_process(c.job, c.paths, c.cfg, c.hostfs),
+         when=lambda c: c.start_sampler and not c.dry_run and c.records_ok),
+)
 
 
 def run(environ, host_root: str | None = None, state_dir: str | None = None, spool_dir: str | None = None,
         dry_run: bool = False, start_sampler: bool = True) -> int:
+    """Run :data:`STEPS` for the job in ``environ`` (slurmd's). Returns the
+    exit status: 1 only when the node cannot run the job (slurmd drains it)."""
     t0 = time.time()
     log = JobLog(environ.get("SLURM_JOB_ID"), "prolog")
     try:
@@ -68,90 +152,28 @@ def run(environ, host_root: str | None = None, state_dir: str | None = None, spo
     hostfs = HostFS.from_env(host_root)
     paths = Paths.from_config(cfg, state_dir, spool_dir)
     record: dict = {"job": job.to_dict(), "prolog_time": t0, "steps": {}, "spank": dict(job.spank)}
-    signal.signal(signal.SIGALRM, _alarm)
-    signal.setitimer(signal.ITIMER_REAL, cfg["timeouts.prolog_budget_s"])
+    ctx = Ctx(environ, job, cfg, hostfs, paths, log, dry_run, start_sampler, record)
+    budget_s = cfg["timeouts.prolog_budget_s"]
     rc = 0
-    records_ok = False
     try:
-        try:
-            with log.step("records"):
-                if not dry_run:
-                    paths.make_state_job(job.job_id, log=log.warn)
-                    paths.make_spool_job(job.job_id, log=log.warn)
-                records_ok = True
-        except (GsrunError, OSError) as e:
-            record["steps"]["records"] = {"error": safe_text(e)}
-        # NVML health: only a driver/library mismatch makes the node unusable
-        # (field case 15, docs/field-cases.md)
-        nvml_ok = None
-        try:
-            nv = open_nvml(hostfs)
-            nvml_ok = True
-            nv.close()
-        except NvmlUnavailable as e:
-            record["steps"]["nvml"] = str(e)
-            nvml_ok = False
-            if e.code_name == "LIB_RM_VERSION_MISMATCH":
-                log.error(f"{NVML_MISMATCH_MSG} (GPU jobs cannot start on this node): {e}")
-                print(f"gsrun: prolog: {NVML_MISMATCH_MSG}", file=sys.stderr)
-                rc = 1
-                return rc
-            log(f"nvml: {e} (GPU figures will be unavailable)")
-        record["nvml_ok"] = nvml_ok
-        req = request_from_spank(job)
-        need_record = req is None or req.needs_exclusivity() or _has_tuning_defaults(cfg, job.partition)
-        rec = comment_from_slurm(job.job_id, min(SCONTROL_TIMEOUT_S, cfg["timeouts.command_s"])) \
-            if need_record and not dry_run else None
-        if req is None:
-            req = request_from_job_record(rec, rec.get("__line__")) if rec \
-                else JobRequest(source="none (slurmctld not asked/answered)")
-        elif rec is not None:
-            req.exclusive = exclusive_from_record(rec, rec.get("__line__"))
-            req.exclusive_source = "job record OverSubscribe"
-        if rec is None and need_record and not dry_run:
-            log.warn("job record not available (slurmctld not answering?): job counts as not exclusive")
-        record["request"] = req.to_dict()
-        exclusive = bool(req.exclusive)
-        record["exclusive"] = exclusive
-        try:
-            with log.step("tuning"):
-                record["steps"]["tuning"] = _tuning(hostfs, paths, job, req, cfg, exclusive, dry_run, log)
-        except (GsrunError, OSError) as e:
-            record["steps"]["tuning"] = {"error": safe_text(e)}
-        if req.mig and not dry_run:
-            try:
-                with log.step("mig"):
-                    record["steps"]["mig"] = _mig(hostfs, paths, job, req, cfg, exclusive, log)
-            except (GsrunError, OSError) as e:
-                record["steps"]["mig"] = {"error": safe_text(e)}
-        if req.mps is not None and not dry_run:
-            try:
-                with log.step("mps"):
-                    record["steps"]["mps"] = _mps(environ, paths, job, req, cfg, log)
-            except (GsrunError, OSError) as e:
-                record["steps"]["mps"] = {"error": safe_text(e)}
-        if start_sampler and not dry_run and records_ok:
-            try:
-                with log.step("sampler"):
-                    record["steps"]["sampler"] = start_sampler_process(job, paths, cfg, hostfs)
-            except (GsrunError, OSError) as e:
-                record["steps"]["sampler"] = {"error": safe_text(e)}
-    except BudgetExceeded:
-        log.error(f"budget of {cfg['timeouts.prolog_budget_s']:g} s exceeded; job goes on with what was done")
-        record["steps"]["budget"] = "exceeded"
+        out = run_steps("prolog", STEPS, ctx, log, rule=SETUP, budget_s=budget_s,
+                        catch=(GsrunError, OSError), results=record["steps"])
+        rc = out.rc
+        if out.budget_exceeded:
+            log.error(f"budget of {budget_s:g} s exceeded; job goes on with what was done")
+            record["steps"]["budget"] = "exceeded"
     except GsrunError as e:
         log.error(str(e))
         record["steps"]["error"] = safe_text(e)
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
         record["duration_s"] = round(time.time() - t0, 3)
-        if not dry_run and records_ok:
+        if not dry_run and ctx.records_ok:
             try:
                 atomic_write_json(paths.spool_job(job.job_id) / f"prolog-{job.node}.json", record, mode=0o600)
             except OSError as e:
                 log.error(f"cannot write prolog record: {e}")
         log(f"done in {record['duration_s']:.3f} s")
-    if dry_run:
+    if dry_run and not rc:
         import json
         print(json.dumps(record, indent=1, default=str))
     return rc
@@ -199,7 +221,6 @@ def _mig(hostfs, paths, job, req, cfg, exclusive, log):
     if not indices:
         return {"error": "no NVIDIA device matches the job's gres"}
     from gsrun.node.mig_nvml import RealMig
-    from gsrun.epilog.main import drain_node
 
     res = mig.prolog_apply(RealMig(), str(paths.state_dir / "jobs"), job.job_id, indices, req.mig,
                            drain=lambda reason: drain_node(job.node, reason, log), log=log,

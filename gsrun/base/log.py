@@ -7,27 +7,28 @@ plain Slurm job id (else ``?``), control characters (a newline in a hostile
 value would forge a second log line) and undecodable bytes are escaped, and a
 line is cut at :data:`MAX_LINE` characters.
 
-Fault injection (tests only): ``GSRUN_FAULT_AT=<phase>:<step>[:end]`` makes
-:meth:`JobLog.step` SIGKILL its own process at that step boundary (before the
-step, or after it with ``:end``), so tests can kill the real prolog/epilog
-at every step. slurmd never sets it, and users cannot: the hook environment
-comes from slurmd, and SPANK values reach it only with a ``SPANK_`` prefix.
+No repeated prefix: the tag already says ``gsrun[<jobid>]: <phase>:``, so a
+message that carries a :class:`~gsrun.base.errors.GsrunError` header
+(``gsrun: <what>: ...``, at its start or after ``: ``) loses the ``gsrun: ``
+and, when ``<what>`` is this log's phase, the phase too: a hook logs
+``gsrun[42]: prolog: tune: ...``, not ``gsrun[42]: prolog: gsrun: tune: ...``.
+
+Steps (begin/end lines, budgets, fault injection) are run by
+:mod:`gsrun.node.steps`.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import signal
 import sys
 import syslog
 import time
-from contextlib import contextmanager
 
 MAX_LINE = 4000
 _JOB_ID = re.compile(r"[0-9]{1,10}(?:_[0-9]{1,10})?")
 _UNSAFE = re.compile(r"[\x00-\x1f\x7f\ud800-\udfff]")
-FAULT_ENV = "GSRUN_FAULT_AT"
+_ERR_HEADER = re.compile(r"(^|: )gsrun: ([A-Za-z][\w+.-]*): ")
 
 
 def safe_text(text, limit: int = MAX_LINE) -> str:
@@ -57,8 +58,14 @@ class JobLog:
             except Exception:  # noqa: BLE001
                 self.use_syslog = False
 
+    def tidy(self, msg) -> str:
+        """``msg`` without the ``gsrun: `` (and own phase) of an embedded
+        error header (module doc)."""
+        return _ERR_HEADER.sub(lambda m: m.group(1) + ("" if m.group(2) == self.phase else m.group(2) + ": "),
+                               str(msg))
+
     def __call__(self, msg: str, level: int = syslog.LOG_INFO) -> None:
-        line = safe_text(f"{self.phase}: {msg}")
+        line = safe_text(f"{self.phase}: {self.tidy(msg)}")
         if self.use_syslog:
             try:
                 syslog.syslog(level, line)
@@ -84,20 +91,3 @@ class JobLog:
 
     def error(self, msg: str) -> None:
         self(msg, syslog.LOG_ERR)
-
-    def _fault(self, name: str) -> None:
-        if os.environ.get(FAULT_ENV) == f"{self.phase}:{name}":
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    @contextmanager
-    def step(self, name: str):
-        self._fault(name)
-        t0 = time.monotonic()
-        self(f"{name}: begin")
-        try:
-            yield
-        except BaseException as e:
-            self.error(f"{name}: failed after {time.monotonic() - t0:.3f} s: {e}")
-            raise
-        self(f"{name}: end ({time.monotonic() - t0:.3f} s)")
-        self._fault(f"{name}:end")

@@ -12,7 +12,8 @@ instance of a layout (a search over placements, largest first) or raises
 :class:`~gsrun.base.errors.InputError` saying why the layout cannot fit.
 
 Effects: :func:`prolog_apply` journals the GPU's prior MIG mode and
-instances (``<state_dir>/<job_id>/mig.json``, atomic), enables MIG mode where
+instances (``<state_dir>/<job_id>/mig.json``, a :mod:`gsrun.node.journal`
+of kind ``mig``, locked by its job directory), enables MIG mode where
 needed, replaces the instances with the plan's, and returns the MIG devices'
 UUIDs for ``CUDA_VISIBLE_DEVICES``; any failure rolls back to the journal.
 :func:`epilog_restore` and :func:`restore_crashed` bring the journaled state
@@ -29,8 +30,9 @@ from pathlib import Path
 from typing import Callable
 
 from gsrun.base.errors import InputError, NodeError
-from gsrun.base.fsutil import atomic_write_json, ensure_dir, read_json
 from gsrun.base.ids import check_job_id, is_job_id
+from gsrun.base.fsutil import ensure_dir
+from gsrun.node.journal import Journal
 from gsrun.request.mig_layout import format_layout, parse_layout
 from gsrun.node.mig_nvml import CODE_TEXT, MigBackend, MigNvmlError, parse_placement
 
@@ -300,8 +302,15 @@ def _journal_path(state_dir, job_id: str) -> Path:
     return Path(state_dir) / job_id / JOURNAL_NAME
 
 
+def _journal(path: Path) -> Journal:
+    """The job's MIG journal (:mod:`gsrun.node.journal`, kind ``mig``), locked
+    by its job directory: a ``gsrun-node restore`` and the epilog never
+    restore the same GPUs at once."""
+    return Journal(path, "mig")
+
+
 def _write(path: Path, journal: dict) -> None:
-    atomic_write_json(path, journal, mode=0o600)
+    _journal(path).write(journal)
 
 
 def _read_state(backend: MigBackend, gpu: int) -> dict:
@@ -464,81 +473,79 @@ def prolog_apply(mig_backend: MigBackend, state_dir, job_id, gpu_indices: list[i
     if not path.parent.parent.exists():  # the state dir itself (normally made by the node setup)
         ensure_dir(path.parent.parent, 0o755, os.geteuid(), os.getegid())
     ensure_dir(path.parent, 0o700, os.geteuid(), os.getegid())
-    journal = {"version": JOURNAL_VERSION, "job_id": str(job_id), "layout": plans[gpus[0]].layout,
-               "status": "applying", "pid": os.getpid(),
-               "gpus": {str(g): {"prior": priors[g], "mode_set": False, "prior_cleared": False,
-                                 "created": [], "devices": []} for g in gpus}}
-    _write(path, journal)
-    log(f"gsrun: mig: job {job_id}: applying {plans[gpus[0]].layout} on GPU(s) "
-        f"{','.join(map(str, gpus))}; journal {path}")
-    try:
-        for g in gpus:
-            ent = journal["gpus"][str(g)]
-            cur, pend = mig_backend.mig_mode(g)
-            if cur != 1:
-                ent["mode_set"] = True
-                _write(path, journal)
-                status = mig_backend.set_mig_mode(g, 1)
-                mode = mig_backend.mig_mode(g)
-                if mode[0] != 1:
-                    raise NodeError("prolog", "MIG mode not enabled", _blocker_detail(g, status, mode, holders),
-                                    hint="stop the holders (or reset the GPU) and retry")
-            if ent["prior"]["gis"]:
-                ent["prior_cleared"] = True
-                _write(path, journal)
-                _clear(mig_backend, g)
-            for p in plans[g].instances:
-                gi = mig_backend.create_gpu_instance(g, p.profile_id, p.start, p.size)
-                ent["created"].append({"gi_id": gi, "profile_id": p.profile_id, "start": p.start,
-                                       "size": p.size, "ci_ids": []})
-                _write(path, journal)
-                ci = mig_backend.create_compute_instance(g, gi)
-                ent["created"][-1]["ci_ids"].append(ci)
-                _write(path, journal)
-            devs = {(d["gi_id"], d["ci_id"]): d["uuid"] for d in mig_backend.mig_devices(g)}
-            uuids = []
-            for c in ent["created"]:
-                u = devs.get((c["gi_id"], c["ci_ids"][0]))
-                if not u:
-                    raise NodeError("prolog", "MIG device missing",
-                                    f"GPU {g}: no MIG device for GPU instance {c['gi_id']} "
-                                    f"compute instance {c['ci_ids'][0]}")
-                uuids.append(u)
-            ent["devices"] = uuids
-            _write(path, journal)
-    except (MigNvmlError, NodeError) as e:
-        cause = str(e) if isinstance(e, MigNvmlError) else e.detail
-        journal["status"] = "rolling_back"
-        journal["error"] = cause
+    with _journal(path).lock():
+        journal = {"version": JOURNAL_VERSION, "job_id": str(job_id), "layout": plans[gpus[0]].layout,
+                   "status": "applying", "pid": os.getpid(),
+                   "gpus": {str(g): {"prior": priors[g], "mode_set": False, "prior_cleared": False,
+                                     "created": [], "devices": []} for g in gpus}}
         _write(path, journal)
-        log(f"gsrun: mig: job {job_id}: {cause}; rolling back")
-        failures = _restore_journal(mig_backend, journal, path, log)
-        if failures:
-            reason = _sanitize_reason(f"gsrun mig job {job_id}: rollback failed: {'; '.join(failures)}")
-            journal["status"] = "rollback_failed"
-            journal["failures"] = failures
+        log(f"gsrun: mig: job {job_id}: applying {plans[gpus[0]].layout} on GPU(s) "
+            f"{','.join(map(str, gpus))}; journal {path}")
+        try:
+            for g in gpus:
+                ent = journal["gpus"][str(g)]
+                cur, pend = mig_backend.mig_mode(g)
+                if cur != 1:
+                    ent["mode_set"] = True
+                    _write(path, journal)
+                    status = mig_backend.set_mig_mode(g, 1)
+                    mode = mig_backend.mig_mode(g)
+                    if mode[0] != 1:
+                        raise NodeError("prolog", "MIG mode not enabled", _blocker_detail(g, status, mode, holders),
+                                        hint="stop the holders (or reset the GPU) and retry")
+                if ent["prior"]["gis"]:
+                    ent["prior_cleared"] = True
+                    _write(path, journal)
+                    _clear(mig_backend, g)
+                for p in plans[g].instances:
+                    gi = mig_backend.create_gpu_instance(g, p.profile_id, p.start, p.size)
+                    ent["created"].append({"gi_id": gi, "profile_id": p.profile_id, "start": p.start,
+                                           "size": p.size, "ci_ids": []})
+                    _write(path, journal)
+                    ci = mig_backend.create_compute_instance(g, gi)
+                    ent["created"][-1]["ci_ids"].append(ci)
+                    _write(path, journal)
+                devs = {(d["gi_id"], d["ci_id"]): d["uuid"] for d in mig_backend.mig_devices(g)}
+                uuids = []
+                for c in ent["created"]:
+                    u = devs.get((c["gi_id"], c["ci_ids"][0]))
+                    if not u:
+                        raise NodeError("prolog", "MIG device missing",
+                                        f"GPU {g}: no MIG device for GPU instance {c['gi_id']} "
+                                        f"compute instance {c['ci_ids'][0]}")
+                    uuids.append(u)
+                ent["devices"] = uuids
+                _write(path, journal)
+        except (MigNvmlError, NodeError) as e:
+            cause = str(e) if isinstance(e, MigNvmlError) else e.detail
+            journal["status"] = "rolling_back"
+            journal["error"] = cause
             _write(path, journal)
-            drain(reason)
-            raise NodeError("prolog", "MIG layout failed and node drained",
-                            f"{cause}; rollback failed: {'; '.join(failures)}",
-                            hint="the journal stays in place; `gsrun-node restore` retries") from None
-        _remove(path)
-        if isinstance(e, NodeError):
-            raise
-        raise NodeError("prolog", "MIG layout not applied", f"{cause} (rolled back)") from None
-    journal["status"] = "applied"
-    _write(path, journal)
-    devices = [u for g in gpus for u in journal["gpus"][str(g)]["devices"]]
-    log(f"gsrun: mig: job {job_id}: {len(devices)} MIG devices")
-    return {"devices": devices, "gpus": {g: journal["gpus"][str(g)]["devices"] for g in gpus},
-            "plans": plans, "journal": str(path)}
+            log(f"gsrun: mig: job {job_id}: {cause}; rolling back")
+            failures = _restore_journal(mig_backend, journal, path, log)
+            if failures:
+                reason = _sanitize_reason(f"gsrun mig job {job_id}: rollback failed: {'; '.join(failures)}")
+                journal["status"] = "rollback_failed"
+                journal["failures"] = failures
+                _write(path, journal)
+                drain(reason)
+                raise NodeError("prolog", "MIG layout failed and node drained",
+                                f"{cause}; rollback failed: {'; '.join(failures)}",
+                                hint="the journal stays in place; `gsrun-node restore` retries") from None
+            _remove(path)
+            if isinstance(e, NodeError):
+                raise
+            raise NodeError("prolog", "MIG layout not applied", f"{cause} (rolled back)") from None
+        journal["status"] = "applied"
+        _write(path, journal)
+        devices = [u for g in gpus for u in journal["gpus"][str(g)]["devices"]]
+        log(f"gsrun: mig: job {job_id}: {len(devices)} MIG devices")
+        return {"devices": devices, "gpus": {g: journal["gpus"][str(g)]["devices"] for g in gpus},
+                "plans": plans, "journal": str(path)}
 
 
 def _remove(path: Path) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
+    _journal(path).remove()
     try:
         path.parent.rmdir()  # only if empty: other modules may share the job dir
     except OSError:
@@ -546,7 +553,18 @@ def _remove(path: Path) -> None:
 
 
 def _restore_path(mig_backend, path: Path, job_id: str, drain, log) -> dict:
-    journal = read_json(path)
+    if not path.parent.is_dir() or path.parent.is_symlink():
+        return {"restored": False, "reason": "no MIG journal"}
+    with _journal(path).lock():
+        return _restore_locked(mig_backend, path, job_id, drain, log)
+
+
+def _restore_locked(mig_backend, path: Path, job_id: str, drain, log) -> dict:
+    got = _journal(path).load()
+    journal = got.data if got else None
+    if got is not None and got.earlier_boot:
+        log(f"gsrun: mig: job {job_id}: journal {path} is from an earlier boot (boot {got.boot_id}): "
+            "its instances are gone, the MIG mode may persist; restoring")
     if journal is None:
         if path.exists():
             reason = _sanitize_reason(f"gsrun mig job {job_id}: journal {path} unreadable")

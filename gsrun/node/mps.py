@@ -8,7 +8,8 @@ Layout (field case 19, docs/field-cases.md)::
     <mps_dir>/<jobid>/        uid:gid    0700
     <mps_dir>/<jobid>/pipe/   uid:gid    0700  CUDA_MPS_PIPE_DIRECTORY
     <mps_dir>/<jobid>/log/    uid:gid    0700  CUDA_MPS_LOG_DIRECTORY
-    <state_dir>/mps-<jobid>.json          root 0600  journal (pids, compute modes)
+    <state_dir>/mps-<jobid>.json          root 0600  journal (pids, compute modes;
+                                                 gsrun.node.journal, kind "mps")
 
 Every ancestor of the job directory must be traversable by the job's user
 (the control daemon forks ``nvidia-cuda-mps-server`` as that user; a 0700
@@ -51,9 +52,10 @@ from typing import Callable, Iterable, Mapping
 import psutil
 
 from gsrun.base.errors import InputError, NodeError
-from gsrun.base.fsutil import atomic_write_json, ensure_dir, read_json, remove_tree
 from gsrun.base.ids import check_job_id
 from gsrun.request.mps_share import parse_mps_share
+from gsrun.base.fsutil import ensure_dir, remove_tree
+from gsrun.node.journal import Journal
 
 JOURNAL_SCHEMA = "gsrun.mps/1"
 PID_FILE = "nvidia-cuda-mps-control.pid"
@@ -304,8 +306,17 @@ def _as_user_kwargs(uid: int, gid: int, groups: list[int]) -> dict:
     return {}
 
 
+def _journal(path: Path) -> Journal:
+    """The job's MPS journal (:mod:`gsrun.node.journal`, kind ``mps``): root
+    0600. Not locked: only the job's own prolog and epilog (serialised by
+    slurmd) and an admin's ``gsrun-node restore`` write it, and :func:`stop`
+    is idempotent; a node-wide lock would queue every job's stop behind
+    another's quit timeout."""
+    return Journal(path, "mps", uid=0 if os.geteuid() == 0 else None)
+
+
 def _write_journal(path: Path, j: dict) -> None:
-    atomic_write_json(path, j, mode=0o600, uid=0 if os.geteuid() == 0 else None)
+    _journal(path).write(j)
 
 
 def start(job_id: str, uid: int, gid: int, gpus: list[str], mps_dir: str, state_dir: str,
@@ -345,7 +356,7 @@ def start(job_id: str, uid: int, gid: int, gpus: list[str], mps_dir: str, state_
     check_job_id(job_id, phase="mps")
     _check_inputs(gpus, active_thread_pct, pinned_mem_limit, timeout_s)
     jpath = journal_path(job_id, state_dir)
-    if read_json(jpath) is not None or _plain_dir_of(os.path.join(mps_dir, job_id), (0, uid)):
+    if _journal(jpath).load() is not None or _plain_dir_of(os.path.join(mps_dir, job_id), (0, uid)):
         # A requeued job or a prolog run twice; a symlink or a foreign
         # directory is not cleaned here: ensure_dir below refuses it.
         log(f"gsrun: mps: job {job_id}: stale MPS state found: cleaning it before starting")
@@ -533,10 +544,15 @@ def stop(job_id: str, mps_dir: str, state_dir: str, control_bin: str, timeout_s:
     """
     check_job_id(job_id, phase="mps")
     jpath = journal_path(job_id, state_dir)
-    j = read_json(jpath)
-    if j is not None and (not isinstance(j, dict) or j.get("job_id") != job_id):
+    jr = _journal(jpath)
+    got = jr.load()
+    j = got.data if got else None
+    if (got is None and jr.exists()) or (j is not None and j.get("job_id") != job_id):
         log(f"gsrun: mps: job {job_id}: journal {jpath} unusable, ignoring it")
         j = None
+    elif got is not None and got.earlier_boot:
+        log(f"gsrun: mps: job {job_id}: journal {jpath} is from an earlier boot (boot {got.boot_id}): "
+            "its daemons are gone; cleaning up what is left")
     job_dir = Path(mps_dir) / job_id
     pipe_dir = str(job_dir / "pipe")
     uid = gid = None
@@ -625,10 +641,7 @@ def stop(job_id: str, mps_dir: str, state_dir: str, control_bin: str, timeout_s:
             _write_journal(jpath, j)
             res["journal_kept"] = True
     else:
-        try:
-            os.unlink(jpath)
-        except FileNotFoundError:
-            pass
+        jr.remove()
         log(f"gsrun: mps: job {job_id}: stopped (quit {res['quit']}, ended {res['ended']}, "
             f"killed {res['killed']}), {job_dir} removed")
     return res

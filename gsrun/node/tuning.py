@@ -27,7 +27,8 @@ A setting missing on the host (no cpufreq in a VM, no swap) is "unsupported",
 never an error.
 
 State (``<state_dir>/tuning/``, ``state_dir`` from ``--state-dir`` or
-``$GSRUN_STATE_DIR``, default ``/run/gsrun``):
+``$GSRUN_STATE_DIR``, default ``/run/gsrun``; every file a journal of
+:mod:`gsrun.node.journal`: header with format, kind and boot id):
 
 - ``lock``: ``fcntl.flock`` taken by every prolog/epilog/restore; a crashed
   holder's lock is released by the kernel.
@@ -39,26 +40,27 @@ State (``<state_dir>/tuning/``, ``state_dir`` from ``--state-dir`` or
   that restores the node. The first job changing a setting records its
   prior value; later jobs asking the same value reuse it (join ``holders``),
   a different value is refused (first job wins). The last job out restores
-  the entries in reverse order and removes the file.
+  the entries in reverse order and removes the file. A baseline written
+  before the last reboot (its boot id is not this boot's) describes settings
+  the reboot already reset: it is dropped, never written back.
 """
 
 from __future__ import annotations
 
 import errno
-import fcntl
 import os
 import re
 import shutil
 import time
-from contextlib import contextmanager
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gsrun.base.errors import GsrunError, InputError, NodeError
-from gsrun.base.fsutil import atomic_write_json, ensure_dir, read_json
 from gsrun.base.ids import check_job_id
+from gsrun.base.fsutil import ensure_dir
+from gsrun.node.journal import Journal, boot_id as journal_boot_id
 from gsrun.request.tune import TUNE_KEYS, check_tune_value, parse_tune_request
 
 JOURNAL_VERSION = 1
@@ -72,7 +74,6 @@ _CPU = re.compile(r"^cpu[0-9]+$")
 VM = "proc/sys/vm"
 THP = "sys/kernel/mm/transparent_hugepage"
 CPU = "sys/devices/system/cpu"
-BOOT_ID = "proc/sys/kernel/random/boot_id"
 # form pairs: writing one zeroes the other (kernel mm/page-writeback.c handlers)
 DIRTY_SIBLING = {f"{VM}/dirty_ratio": f"{VM}/dirty_bytes", f"{VM}/dirty_bytes": f"{VM}/dirty_ratio",
                  f"{VM}/dirty_background_ratio": f"{VM}/dirty_background_bytes",
@@ -214,7 +215,10 @@ class SwapEffect:
 class FakeSwapEffect:
     """Swap effect for a fake host root: edits ``<root>/proc/swaps`` (lines
     removed on ``off``, the journaled lines put back in their order on ``on``)
-    and never runs ``swapoff``."""
+    and never runs ``swapoff``. Not a test double: it is what ``--host-root``
+    (the local test cluster's emulated nodes, ``gsrun-node prolog --host-root``)
+    does for ``swap=off``, as the fake NVML backend is for GPUs, so it stays in
+    the package (:func:`default_swap_effect` picks it)."""
 
     def off(self, hostfs, devices: list[dict]) -> None:
         names = {d["name"] for d in devices}
@@ -579,12 +583,17 @@ def _short(v) -> str:
 # --------------------------------------------------------------------------- journal
 
 class _State:
-    def __init__(self, state_dir: str):
+    """The tuning journals (:mod:`gsrun.node.journal`): ``baseline.json``
+    (kind ``tuning``) and ``jobs/<id>.json`` (kind ``tuning-job``) under
+    ``<state_dir>/tuning/``, all under the one lock file ``tuning/lock``."""
+
+    def __init__(self, state_dir: str, hostfs=None):
         self.root = Path(state_dir)
         self.dir = self.root / "tuning"
         self.jobs = self.dir / "jobs"
         self.baseline = self.dir / "baseline.json"
         self.lockfile = self.dir / "lock"
+        self.hostfs = hostfs
 
     def ensure(self) -> None:
         try:
@@ -598,6 +607,10 @@ class _State:
             raise NodeError("tune", "state dir unusable", f"{self.dir}: {e.strerror}",
                             hint="check --state-dir / GSRUN_STATE_DIR (tmpfs, root-writable)") from None
 
+    def journal(self, path: Path) -> Journal:
+        kind = "tuning" if path == self.baseline else "tuning-job"
+        return Journal(path, kind, hostfs=self.hostfs, lock_path=self.lockfile)
+
     def job_path(self, job_id: str) -> Path:
         return self.jobs / f"{job_id}.json"
 
@@ -609,60 +622,40 @@ class _State:
         return sorted(n[:-5] for n in names if n.endswith(".json") and not n.startswith("."))
 
     def load_baseline(self) -> dict:
-        if not self.baseline.exists():
+        """``{"version", "boot_id", "entries"}``: the baseline's fields, with
+        ``boot_id`` the boot it was written in (journal header; format 1
+        kept it in the document)."""
+        j = self.journal(self.baseline)
+        if not j.exists():
             return {"version": JOURNAL_VERSION, "boot_id": None, "entries": []}
-        data = read_json(self.baseline)
-        if not isinstance(data, dict) or not isinstance(data.get("entries"), list):
+        got = j.load()
+        if got is None or not isinstance(got.data.get("entries"), list):
             raise NodeError("tune", "journal unreadable", str(self.baseline),
                             hint="inspect it; the prior values are needed to restore the node")
-        return data
+        got.data["boot_id"] = got.boot_id
+        return got.data
 
     def save_baseline(self, data: dict) -> None:
         if data["entries"]:
-            _write_json(self.baseline, data)
+            _write_json(self.baseline, {k: v for k, v in data.items() if k != "boot_id"}, self.hostfs)
         else:
             _unlink(self.baseline)
 
-    @contextmanager
     def lock(self, timeout_s: float = LOCK_TIMEOUT_S):
-        fd = os.open(self.lockfile, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        try:
-            deadline = time.monotonic() + timeout_s
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() > deadline:
-                        raise NodeError("tune", "lock timeout",
-                                        f"{self.lockfile} held for more than {timeout_s:g} s") from None
-                    time.sleep(0.005)
-            yield
-        finally:
-            os.close(fd)  # releases the flock
+        return self.journal(self.baseline).lock(timeout_s)
 
 
-def _write_json(path: Path, obj) -> None:
+def _write_json(path: Path, obj, hostfs=None) -> None:
+    """Write one tuning journal (the boundary test_tuning_crash kills at)."""
     try:
-        atomic_write_json(path, obj, mode=0o600)
+        Journal(path, "tuning" if path.name == "baseline.json" else "tuning-job", hostfs=hostfs).write(obj)
     except OSError as e:
         raise NodeError("tune", "cannot write journal", f"{path}: {e.strerror}",
                         hint="state dir full or read-only?") from None
 
 
 def _unlink(path: Path) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-    try:
-        dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    except OSError:
-        pass
+    Journal(path, "tuning").remove()
 
 
 def read_facts(hostfs, keys, entries=(), live_jobs=()) -> Facts:
@@ -745,7 +738,7 @@ def prolog_tune(hostfs, state_dir: str, job_id: str, request: str | None, cfg, p
         except InputError as e:
             req_err = f"request ignored: {e.detail}"
     tag = f"job {job_id}"
-    st = _State(state_dir)
+    st = _State(state_dir, hostfs)
     swap = swap_effect if swap_effect is not None else default_swap_effect(hostfs)
     keys = [k for k in KNOBS if k in req or k in policy.defaults or k == "swappiness"]
 
@@ -771,9 +764,7 @@ def prolog_tune(hostfs, state_dir: str, job_id: str, request: str | None, cfg, p
         job = {"version": JOURNAL_VERSION, "job_id": job_id, "pid": os.getpid(), "started_unix": time.time(),
                "request": request or "", "partition": partition, "exclusive": bool(exclusive),
                "state": "prolog", "holds": []}
-        _write_json(st.job_path(job_id), job)
-        if data.get("boot_id") is None:
-            data["boot_id"] = _boot_id(hostfs)
+        _write_json(st.job_path(job_id), job, hostfs)
         by_key = {e["key"]: e for e in data["entries"]}
         added: list[dict] = []
         failed = None
@@ -792,7 +783,7 @@ def prolog_tune(hostfs, state_dir: str, job_id: str, request: str | None, cfg, p
                     e["value"], e["owner"] = it.value, job_id
             if it.action != "apply":
                 continue
-            _write_json(st.baseline, data)      # journal before change
+            st.save_baseline(data)      # journal before change
             knob = KNOBS[it.key]
             try:
                 knob.apply(hostfs, it.value, swap)
@@ -821,7 +812,7 @@ def prolog_tune(hostfs, state_dir: str, job_id: str, request: str | None, cfg, p
         st.save_baseline(data)
         job["state"] = "failed" if failed else "applied"
         job["holds"] = [e["key"] for e in data["entries"] if job_id in e.get("holders", [])]
-        _write_json(st.job_path(job_id), job)
+        _write_json(st.job_path(job_id), job, hostfs)
     return _report(job_id, False, items)
 
 
@@ -837,8 +828,7 @@ def _report(job_id, dry_run, items) -> dict:
 
 
 def _boot_id(hostfs) -> str | None:
-    v = hostfs.read(BOOT_ID)
-    return v.strip() if v else None
+    return journal_boot_id(hostfs)
 
 
 def _drop_if_rebooted(hostfs, st: _State, data: dict, log) -> dict:
@@ -888,7 +878,7 @@ def restore(hostfs, state_dir: str, job_id: str | None = None, all_jobs: bool = 
 
 
 def _leave(hostfs, state_dir, job_ids, all_jobs, log, swap_effect) -> dict:
-    st = _State(state_dir)
+    st = _State(state_dir, hostfs)
     swap = swap_effect if swap_effect is not None else default_swap_effect(hostfs)
     tag = "restore --all" if all_jobs else f"job {job_ids[0]}"
     report = {"job_id": None if all_jobs else job_ids[0], "all_jobs": all_jobs, "had_journal": False,
@@ -930,7 +920,7 @@ def status(hostfs, state_dir: str) -> dict:
     current, in_effect}], "boot_id"}``; read without the lock (journal files
     are replaced atomically).
     """
-    st = _State(state_dir)
+    st = _State(state_dir, hostfs)
     data = st.load_baseline() if st.dir.is_dir() else {"entries": [], "boot_id": None}
     changes = []
     for e in data["entries"]:

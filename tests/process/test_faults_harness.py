@@ -1,6 +1,6 @@
 """Fault injection (crash safety of the hooks): the real prolog and epilog (child
 processes of ``gsrun-node``, fake host root) are SIGKILLed at every step
-boundary (``GSRUN_FAULT_AT=<phase>:<step>[:end]``, see gsrun.base.log); then a
+boundary (``GSRUN_FAULT_AT=<phase>:<step>[:end]``, see gsrun.node.steps); then a
 second epilog or ``gsrun-node restore --all`` must leave the fake node tree
 exactly at its baseline (every file's bytes under sys/ and proc/), no
 sampler process may be left, and the data already collected (sampler state,

@@ -34,9 +34,9 @@ CHILD = textwrap.dedent("""
             super().write(rel, value)
 
     real_write_json = tuning._write_json
-    def write_json(path, obj):
+    def write_json(path, obj, *args):
         boundary("journal " + os.path.basename(str(path)))
-        real_write_json(path, obj)
+        real_write_json(path, obj, *args)
     tuning._write_json = write_json
     tuning.prolog_tune(H(root), state, "4242", req, None, None, exclusive=True, log=lambda m: None)
     print(json.dumps(events))

@@ -9,7 +9,8 @@ import pytest
 from gsrun.node import mig
 from gsrun.base.errors import InputError, NodeError
 from gsrun.facts.hostfs import HostFS
-from gsrun.node.mig_nvml import IN_USE, FakeMig, MigNvmlError
+from gsrun.node.mig_nvml import IN_USE, MigNvmlError
+from helpers.fake_mig import FakeMig
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "nvml" / "h200-mig.json"
 

@@ -1,0 +1,189 @@
+"""The one journal of node changes: tuning, MPS and MIG write their prior
+values here before they change anything, and restore from it.
+
+A journal is one JSON object in one file, root ``0600``, replaced atomically
+(temp file, ``fsync``, ``rename``, ``fsync`` of the directory:
+:func:`gsrun.base.fsutil.atomic_write`), never written through a symlink.
+The owner's fields stay at the top level of the object (``entries``,
+``status``, ``compute_mode``...); the journal adds one key of its own::
+
+    "journal": {"format": 2, "kind": "tuning"|"tuning-job"|"mps"|"mig",
+                "boot_id": "<uuid from /proc/sys/kernel/random/boot_id>"|null,
+                "written_unix": <float, seconds>, "pid": <int, the writer>}
+
+**Boot-aware**: every write records the boot id (read through
+:class:`gsrun.facts.hostfs.HostFS`, so ``--host-root`` trees have their own);
+:meth:`Journal.load` says whether a journal was written before the last
+reboot (:attr:`Loaded.earlier_boot`), and each owner decides what that means
+(tuning: the reboot already reset the settings, drop it; MIG: instances are
+gone but the MIG mode persists, restore anyway; MPS: its processes are gone).
+
+**Format 1** (releases before this module; no ``"journal"`` key: tuning's
+``{"version": 1, "boot_id", ...}``, MPS's ``{"schema": "gsrun.mps/1",
+...}``, MIG's ``{"version": 1, ...}``) is still read -- a node upgraded with
+journals on it restores them -- and the next write is format 2. A tuning
+baseline of format 1 keeps its top-level ``boot_id`` as the boot it was
+written in.
+
+**Locked**: :meth:`Journal.lock` takes an exclusive ``flock`` (released by
+the kernel when the holder dies) on ``lock_path`` -- a lock file, or by
+default the journal's directory itself, so no file is added next to the
+journals -- bounded by a timeout.
+
+File names and places are the owners' (unchanged): ``<state>/tuning/
+baseline.json`` and ``tuning/jobs/<id>.json`` (lock ``tuning/lock``),
+``<state>/mps-<id>.json``, ``<state>/jobs/<id>/mig.json``.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import stat
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from gsrun.base.errors import NodeError
+from gsrun.base.fsutil import atomic_write_json, read_json
+
+FORMAT = 2
+HEADER = "journal"
+BOOT_ID = "proc/sys/kernel/random/boot_id"
+LOCK_TIMEOUT_S = 30.0
+MODE = 0o600
+
+
+def boot_id(hostfs=None) -> str | None:
+    """This boot's id (``/proc/sys/kernel/random/boot_id`` under ``hostfs``'s
+    root; the live host when ``None``), or ``None`` when it cannot be read."""
+    if hostfs is None:
+        from gsrun.facts.hostfs import HostFS
+
+        hostfs = HostFS("/")
+    try:
+        v = hostfs.read(BOOT_ID)
+    except (OSError, NodeError):
+        return None
+    return v.strip() or None if v else None
+
+
+@dataclass
+class Loaded:
+    """A journal as read: ``data`` (the owner's fields, without the header),
+    ``format`` (2, or 1 for a journal of an older release), ``boot_id`` it
+    was written in (``None``: unknown), ``earlier_boot`` (True when that boot
+    is known and is not this one)."""
+
+    data: dict
+    format: int
+    boot_id: str | None
+    earlier_boot: bool
+
+
+class Journal:
+    """One journal file (module doc).
+
+    ``path``: the file; ``kind``: what it journals (header ``kind``);
+    ``hostfs``: where the boot id is read (``None``: the live host); ``uid``:
+    owner to give the file (``None``: the writer's); ``lock_path``: what
+    :meth:`lock` flocks (default: the journal's directory).
+    """
+
+    def __init__(self, path, kind: str, hostfs=None, uid: int | None = None, lock_path=None):
+        self.path = Path(path)
+        self.kind = kind
+        self.hostfs = hostfs
+        self.uid = uid
+        self.lock_path = Path(lock_path) if lock_path is not None else self.path.parent
+        self._boot: str | None = None
+
+    def boot_id(self) -> str | None:
+        if self._boot is None:
+            self._boot = boot_id(self.hostfs)
+        return self._boot
+
+    def exists(self) -> bool:
+        return os.path.lexists(self.path)
+
+    def load(self) -> Loaded | None:
+        """The journal, or ``None`` when there is none or it is not a JSON
+        object (a corrupt file: see :meth:`exists` to tell the two apart).
+        No symlink is followed."""
+        raw = read_json(self.path)
+        if not isinstance(raw, dict):
+            return None
+        head = raw.pop(HEADER, None)
+        if isinstance(head, dict):
+            fmt, bid = int(head.get("format") or FORMAT), head.get("boot_id")
+        else:                       # format 1: no header
+            fmt, bid = 1, raw.get("boot_id")
+        bid = bid if isinstance(bid, str) and bid else None
+        now = self.boot_id()
+        return Loaded(raw, fmt, bid, bool(bid and now and bid != now))
+
+    def read(self) -> dict | None:
+        """The owner's fields (:meth:`load` without the header), or ``None``."""
+        got = self.load()
+        return got.data if got else None
+
+    def write(self, data: dict) -> None:
+        """Replace the journal with ``data`` (a JSON object; its ``"journal"``
+        key is the header, set here): atomic, fsync'd, mode 0600.
+
+        Raises:
+            OSError: directory missing or a symlink, disk full, read-only.
+        """
+        doc = {k: v for k, v in data.items() if k != HEADER}
+        doc[HEADER] = {"format": FORMAT, "kind": self.kind, "boot_id": self.boot_id(),
+                       "written_unix": round(time.time(), 3), "pid": os.getpid()}
+        atomic_write_json(self.path, doc, mode=MODE, uid=self.uid)
+
+    def remove(self) -> None:
+        """Delete the journal (absent is fine) and fsync its directory, so
+        the removal survives a crash."""
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+        try:
+            dfd = os.open(self.path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+        except OSError:
+            pass
+
+    @contextmanager
+    def lock(self, timeout_s: float = LOCK_TIMEOUT_S):
+        """Hold an exclusive ``flock`` on :attr:`lock_path` for the block.
+
+        Raises:
+            NodeError: the lock is held by another process for more than
+                ``timeout_s`` seconds, or the lock path is unusable (a
+                symlink, missing).
+        """
+        is_dir = self.lock_path == self.path.parent
+        flags = os.O_RDONLY | os.O_DIRECTORY if is_dir else os.O_RDWR | os.O_CREAT
+        try:
+            fd = os.open(self.lock_path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, MODE)
+        except OSError as e:
+            raise NodeError("journal", "cannot lock", f"{self.lock_path}: {e.strerror}") from None
+        try:
+            if not is_dir and not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise NodeError("journal", "cannot lock", f"{self.lock_path} is not a plain file")
+            deadline = time.monotonic() + timeout_s
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise NodeError("tune" if self.kind.startswith("tuning") else self.kind, "lock timeout",
+                                        f"{self.lock_path} held for more than {timeout_s:g} s") from None
+                    time.sleep(0.005)
+            yield
+        finally:
+            os.close(fd)  # releases the flock
