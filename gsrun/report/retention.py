@@ -35,24 +35,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from gsrun.base.errors import InputError, NodeError
 from gsrun.base.fsutil import read_json
-from gsrun.base.paths import check_job_id
+from gsrun.base.ids import is_job_id
 
 PHASE = "prune"
 QUIET_S = 3600.0
 ACCOUNTING_MARK = "accounting.json"   # written by the AdminComment step (gsrun.epilog.ctld)
 DAY_S = 86400.0
 _ASIDE = ".prune."
-
-
-def is_job_id(name: str) -> bool:
-    """``name`` is a plain Slurm job id (:func:`gsrun.base.paths.check_job_id`). Pure."""
-    try:
-        check_job_id(name)
-        return True
-    except InputError:
-        return False
 
 
 @dataclass(frozen=True)
@@ -98,7 +88,7 @@ def plan_prune(entries: list[JobDir], now: float, older_than_days: float, force:
         def keep(why: str) -> Decision:
             return Decision(e.name, "keep", why, days)
 
-        if not is_job_id(e.name):
+        if not is_job_id(e.name, array=True):
             out.append(keep("not a job id"))
         elif e.kind != "dir":
             out.append(keep(f"not a directory ({e.kind}): left alone"))
@@ -183,7 +173,7 @@ def oldest_age_days(spool_dir, now: float | None = None) -> tuple[int, float | N
         NodeError: as :func:`scan_job_dirs`.
     """
     t = time.time() if now is None else now
-    dirs = [e for e in scan_job_dirs(spool_dir) if e.kind == "dir" and is_job_id(e.name)]
+    dirs = [e for e in scan_job_dirs(spool_dir) if e.kind == "dir" and is_job_id(e.name, array=True)]
     if not dirs:
         return 0, None
     return len(dirs), (t - min(e.newest_mtime for e in dirs)) / DAY_S
@@ -235,5 +225,5 @@ def prune_job_dirs(spool_dir, older_than_days: float, *, dry_run: bool = False, 
     return out
 
 
-__all__ = ["ACCOUNTING_MARK", "QUIET_S", "is_job_id", "JobDir", "Decision", "plan_prune", "scan_job_dirs",
+__all__ = ["ACCOUNTING_MARK", "QUIET_S", "JobDir", "Decision", "plan_prune", "scan_job_dirs",
            "prune_job_dirs", "oldest_age_days"]
