@@ -35,6 +35,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from gsrun.base.errors import NodeError
 from gsrun.base.fsutil import read_json
 from gsrun.base.ids import is_job_id
 
