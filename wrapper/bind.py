@@ -10,7 +10,12 @@ The plan is computed by :mod:`gsrun.bind.plan` (pure) from the Slurm task
 environment; this module only parses flags, applies the rank's plan
 (``os.sched_setaffinity``, environment, ``numactl --membind`` exec prefix)
 and ``os.execvp``'s the command -- no shell. A problem with the plan never
-stops the task: it runs on the allowed CPUs with a warning on stderr.
+stops the task: it runs on the allowed CPUs with a warning on stderr. The
+node's warnings are printed once, by local rank 0, prefixed with the node
+name. A worker of a per-node launcher (``gsrun --launcher torchrun``) is
+planned by ``LOCAL_RANK`` / ``LOCAL_WORLD_SIZE``
+(:func:`gsrun.bind.plan.worker_environ`) and keeps its launcher's
+``RANK`` / ``WORLD_SIZE``.
 Usage errors and a command that cannot be executed exit 2 with a
 ``gsrun: bind: ...`` message.
 
