@@ -12,9 +12,10 @@ user=${GSRUN_TEST_USER:-gsrun-test}
 up_env=$("$repo/tests/cluster/up" "$@")   # stops here when the cluster does not come up
 eval "$up_env"
 install -o "$user" -m 0644 "$repo/examples/train.py" "$dir/work/train.py"
+# only what tests/cluster/up printed: gsrun.toml is found beside SLURM_CONF
 as_user() {
   runuser -u "$user" -- env -i HOME="$dir/work" PATH="$venv/bin:/usr/bin:/bin" \
-    SLURM_CONF="$SLURM_CONF" GSRUN_CONFIG="$dir/etc/gsrun.toml" LANG=C.UTF-8 "$@"
+    SLURM_CONF="$SLURM_CONF" LANG=C.UTF-8 "$@"
 }
 cd "$dir/work"
 echo "+ gsrun --gpus 8 --wait examples/train.py   (as $user)"
@@ -30,4 +31,7 @@ for _ in $(seq 60); do [ -e "$dir/gsrun-spool/jobs/$job/user-summary.json" ] && 
 echo
 echo "+ gseff $job   (as $user)"
 as_user gseff "$job"
+echo
+echo "+ gseff $job   (as root, with only SLURM_CONF set)"
+env -i PATH="$venv/bin:/usr/bin:/bin" SLURM_CONF="$SLURM_CONF" LANG=C.UTF-8 gseff "$job" | head -3
 exit "$rc"

@@ -33,7 +33,8 @@ def main() -> int:
     host = os.environ.get("SLURMD_NODENAME", socket.gethostname())
     print(f"rank {rank}/{world} node {host} local_rank {local_rank} "
           f"gpu {os.environ.get('GSRUN_GPU', 'n/a')} cuda_visible {os.environ.get('CUDA_VISIBLE_DEVICES', '')} "
-          f"cpus {','.join(map(str, cpus))} omp {os.environ.get('OMP_NUM_THREADS', '')}", flush=True)
+          f"cpus {','.join(map(str, cpus))} omp {os.environ.get('OMP_NUM_THREADS', '')} "
+          f"python {sys.prefix}", flush=True)
     if rank == 0 and a.rest:
         print("args: " + repr(a.rest), flush=True)
     if a.fail_rank is not None and a.fail_rank in (rank, -1):

@@ -10,7 +10,12 @@ The plan is computed by :mod:`gsrun.bind.plan` (pure) from the Slurm task
 environment; this module only parses flags, applies the rank's plan
 (``os.sched_setaffinity``, environment, ``numactl --membind`` exec prefix)
 and ``os.execvp``'s the command -- no shell. A problem with the plan never
-stops the task: it runs on the allowed CPUs with a warning on stderr.
+stops the task: it runs on the allowed CPUs with a warning on stderr. The
+node's warnings are printed once, by local rank 0, prefixed with the node
+name. A worker of a per-node launcher (``gsrun --launcher torchrun``) is
+planned by ``LOCAL_RANK`` / ``LOCAL_WORLD_SIZE``
+(:func:`gsrun.bind.plan.worker_environ`) and keeps its launcher's
+``RANK`` / ``WORLD_SIZE``.
 Usage errors and a command that cannot be executed exit 2 with a
 ``gsrun: bind: ...`` message.
 
@@ -29,7 +34,7 @@ import click
 
 from gsrun.bind.plan import (RankPlan, apply_affinity, exec_argv, fallback_rank, mig_visible_devices,
                            plan_from_env, read_job_mig_devices,
-                           render_table)
+                           render_table, worker_environ)
 from gsrun.base.cpulist import format_cpulist, parse_cpulist
 from gsrun.base.errors import GsrunError, InputError
 from gsrun.facts.hostfs import HostFS
@@ -109,8 +114,10 @@ def _local_rank(environ: Mapping[str, str], flag: int | None) -> int:
 
 
 def choose_rank(p: BindParams, environ: Mapping[str, str], fs: HostFS) -> tuple[RankPlan, int, list[str]]:
-    """This task's rank plan, host NUMA node count and warnings. Never
-    raises for a plan problem: falls back to the allowed CPUs."""
+    """This task's rank plan, host NUMA node count and the node's warnings
+    (the plan's and every local rank's, each once: every rank computes the
+    same plan, local rank 0 prints them). Never raises for a plan problem:
+    falls back to the allowed CPUs."""
     warnings: list[str] = []
     try:
         lr = _local_rank(environ, p.local_rank)
@@ -122,7 +129,9 @@ def choose_rank(p: BindParams, environ: Mapping[str, str], fs: HostFS) -> tuple[
         plan = plan_from_env(env, fs, p.allowed_cpus, p.gpu_isolation)
         warnings += plan.warnings
         rp = plan.rank(lr)
-        return rp, plan.host_nodes, warnings + list(rp.warnings)
+        for other in plan.ranks:
+            warnings += other.warnings
+        return rp, plan.host_nodes, list(dict.fromkeys(warnings))
     except (GsrunError, OSError, ValueError) as e:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         allowed = p.allowed_cpus or (sorted(os.sched_getaffinity(0)) if fs.is_real else [])
@@ -145,24 +154,29 @@ def run_exec(p: BindParams, environ: Mapping[str, str]) -> tuple[list[str], dict
         raise InputError("bind", "no command to run", "nothing after --",
                          hint="gsrun-bind [--gpu-isolation] -- CMD ARGS...")
     fs = _hostfs(p.host_root, environ)
+    slurm_environ = environ
+    environ, worker = worker_environ(environ)
     rp, host_nodes, warnings = choose_rank(p, environ, fs)
-    for w in warnings:
-        _warn(w)
+    if rp.local_rank == 0:   # once per node, not once per rank
+        node = environ.get("SLURMD_NODENAME")
+        for w in warnings:
+            _warn(f"{node}: {w}" if node else w)
     applied = list(rp.cpus)
     try:
         applied = apply_affinity(rp, 0)
     except OSError as e:
         _warn(f"sched_setaffinity({format_cpulist(rp.cpus)}) failed: {e}; affinity left unchanged")
         applied = sorted(os.sched_getaffinity(0))
-    env = dict(environ)
+    env = dict(slurm_environ)
     for k in rp.unset:
         env.pop(k, None)
     env.update(rp.env)
     env["GSRUN_BIND_CPUS"] = format_cpulist(applied)
     # torch.distributed's contract per task: RANK/WORLD_SIZE from srun's task ids
-    if environ.get("SLURM_PROCID", "").isdigit():
+    # (a launcher's worker keeps the ones its launcher set)
+    if not worker and environ.get("SLURM_PROCID", "").isdigit():
         env["RANK"] = environ["SLURM_PROCID"]
-    if environ.get("SLURM_NTASKS", "").isdigit():
+    if not worker and environ.get("SLURM_NTASKS", "").isdigit():
         env["WORLD_SIZE"] = environ["SLURM_NTASKS"]
     if rp.gpu is not None:
         env["GSRUN_GPU"] = rp.gpu.label()

@@ -18,8 +18,10 @@ from gsrun.request.config import load_config
 from gsrun.request.mps_share import parse_mps_share
 from gsrun.base.errors import InputError, run_cli
 from gsrun.facts.slurm import gpus_per_node
+from gsrun.wrapper.command import (Python, build_command, choose_python, refuse_launcher,
+                                   torch_warning)
 from gsrun.wrapper.render import render_script
-from gsrun.wrapper.spec import JobSpec, plan_nodes, validate_fields
+from gsrun.wrapper.spec import JobSpec, parse_sbatch_option, plan_nodes, validate_fields, validate_site
 
 
 def _bind_exe() -> str:
@@ -33,16 +35,70 @@ def _bind_exe() -> str:
 
 
 def _command(script: str, args: tuple[str, ...], python: str | None) -> tuple[str, ...]:
-    if script.endswith(".py"):
-        interp = python or os.environ.get("GSRUN_PYTHON") or sys.executable
-        return (interp, os.path.abspath(script), *args)
-    if os.path.sep in script or os.path.exists(script):
-        return (os.path.abspath(script), *args)
-    return (script, *args)
+    """The argv for ``SCRIPT ARGS`` (a ``.py`` script with ``python``, else the
+    interpreter :func:`~gsrun.wrapper.command.choose_python` picks)."""
+    py = Python(python, "given") if python else choose_python(None, os.environ)
+    return build_command("script", (script, *args), py)
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"],
-                                "allow_interspersed_args": False})
+class _GsrunCommand(click.Command):
+    """Splits the command line where gsrun's options end, before click parses it:
+
+    - ``-- CMD ARGS``: CMD runs as given (mode ``cmd``);
+    - ``-m MODULE ARGS``: ``<python> -m MODULE ARGS`` (mode ``module``); what
+      follows the module name belongs to it, as with ``python -m``;
+    - else SCRIPT ARGS (mode ``script``).
+
+    ``--mps=PCT`` (the old optional-value form) becomes ``--mps --mps-share PCT``,
+    so a bare ``--mps SCRIPT`` takes SCRIPT as the script.
+    """
+
+    def parse_args(self, ctx, args):
+        takes_value = set()
+        for p in self.params:
+            if isinstance(p, click.Option) and not p.is_flag and not p.count:
+                takes_value.update(p.opts + p.secondary_opts)
+        out: list[str] = []
+        mode = "script"
+        i = 0
+        args = list(args)
+        while i < len(args):
+            a = args[i]
+            if a == "--":
+                mode = "cmd"
+                out += args[i:]
+                break
+            if a in ("-m", "--module") or a.startswith("--module=") or (a.startswith("-m") and not a.startswith("--")):
+                if a in ("-m", "--module"):
+                    if i + 1 >= len(args):
+                        raise click.UsageError(f"{a} needs a MODULE", ctx)
+                    module, rest = args[i + 1], args[i + 2:]
+                else:
+                    module, rest = (a.split("=", 1)[1] if a.startswith("--") else a[2:]), args[i + 1:]
+                mode = "module"
+                out += ["--module", module, "--", *rest]
+                break
+            if a.startswith("--mps=") :
+                out += ["--mps", "--mps-share", a[len("--mps="):]]
+                i += 1
+                continue
+            if not a.startswith("-") or a == "-":
+                out += args[i:]
+                break
+            out.append(a)
+            name = a.split("=", 1)[0]
+            if name in takes_value and "=" not in a and not (len(a) > 2 and not a.startswith("--")):
+                if i + 1 < len(args):
+                    out.append(args[i + 1])
+                i += 2
+                continue
+            i += 1
+        ctx.meta["gsrun.mode"] = mode
+        return super().parse_args(ctx, out)
+
+
+@click.command(cls=_GsrunCommand, context_settings={"help_option_names": ["-h", "--help"],
+                                                   "allow_interspersed_args": False})
 @click.option("--gpus", type=int, required=True, help="Total GPUs (one task per GPU).")
 @click.option("--nodes", type=int, default=None, help="Nodes (default: from the cluster's GPUs per node).")
 @click.option("--gpus-per-node", type=int, default=None, help="GPUs per node (default: read with sinfo).")
@@ -50,50 +106,99 @@ def _command(script: str, args: tuple[str, ...], python: str | None) -> tuple[st
 @click.option("--partition", "-p", default=None, help="Partition.")
 @click.option("--job-name", "-J", default=None, help="Job name (default: the script's name).")
 @click.option("--output", "-o", default=None, help="Job stdout file (Slurm patterns like %j allowed).")
-@click.option("--cpus-per-task", type=int, default=None, help="CPUs per task (default: Slurm's).")
+@click.option("--cpus-per-task", type=int, default=None, help="CPUs per GPU task (default: Slurm's).")
+@click.option("--account", "-A", default=None, help="Account to charge (sbatch -A).")
+@click.option("--qos", "-q", default=None, help="Quality of service (sbatch -q).")
+@click.option("--constraint", "-C", default=None, help="Node features (sbatch -C), e.g. 'h200&ib'.")
+@click.option("--mem", default=None, help="Memory per node (sbatch --mem), e.g. 512G.")
+@click.option("--reservation", default=None, help="Reservation (sbatch --reservation).")
+@click.option("--dependency", "-d", default=None, help="Dependency (sbatch -d), e.g. afterok:1234.")
+@click.option("--signal", default=None, help="Signal before the time limit (sbatch --signal), e.g. B:USR1@120.")
+@click.option("--requeue", is_flag=True, help="Requeue after node failure or preemption (sbatch --requeue).")
+@click.option("--sbatch", "sbatch_opts", multiple=True, metavar="--OPTION[=VALUE]",
+              help="Any other sbatch option as one #SBATCH line; repeatable.")
 @click.option("--mail-type", default=None, help="Mail the efficiency report, e.g. END.")
 @click.option("--mail-user", default=None, help="Address for --mail-type.")
 @click.option("--tune", default=None, help="Node tuning, e.g. governor=performance,swappiness=10.")
-@click.option("--mps", is_flag=False, flag_value="", default=None, metavar="[PCT]",
-              help="Per-job MPS daemon; optional active thread percentage.")
+@click.option("--mps", is_flag=True, help="Per-job MPS daemon (--mps-share PCT: its active thread percentage).")
+@click.option("--mps-share", default=None, metavar="PCT",
+              help="MPS default active thread percentage 1-100 (implies --mps; --mps=PCT works too).")
 @click.option("--mig", default=None, help="Per-job MIG layout per GPU, e.g. 3g.71gb+3g.71gb.")
 @click.option("--gpu-isolation", is_flag=True, help="Each rank sees only its own GPU.")
 @click.option("--exclusive", is_flag=True, help="Hold the nodes exclusively (needed for node tuning/MIG).")
-@click.option("--python", default=None, help="Interpreter for a .py SCRIPT (default: this gsrun's).")
+@click.option("--python", default=None,
+              help="Interpreter for a .py SCRIPT or -m (default: $GSRUN_PYTHON, the active venv/conda env, "
+                   "python3 on PATH).")
+@click.option("--module", "-m", default=None, metavar="MODULE", help="Run <python> -m MODULE ARGS.")
+@click.option("--launcher", type=click.Choice(["torchrun"]), default=None,
+              help="One torchrun per node starting the GPU workers (each still bound by gsrun-bind).")
 @click.option("--dry-run", is_flag=True, help="Print the sbatch script; submit nothing.")
 @click.option("--wait", is_flag=True, help="Follow the job, stream its output, exit with its exit code.")
-@click.argument("script")
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def cli(gpus, nodes, gpus_per_node, time_, partition, job_name, output, cpus_per_task, mail_type,
-        mail_user, tune, mps, mig, gpu_isolation, exclusive, python, dry_run, wait, script, args):
-    """Run SCRIPT [ARGS...] as one task per GPU on Slurm."""
+@click.argument("words", nargs=-1, type=click.UNPROCESSED, metavar="SCRIPT [ARGS]... | -m MODULE [ARGS]... | -- CMD [ARGS]...")
+@click.pass_context
+def cli(ctx, gpus, nodes, gpus_per_node, time_, partition, job_name, output, cpus_per_task, account, qos,
+        constraint, mem, reservation, dependency, signal, requeue, sbatch_opts, mail_type, mail_user, tune,
+        mps, mps_share, mig, gpu_isolation, exclusive, python, module, launcher, dry_run, wait, words):
+    """Run SCRIPT [ARGS...] (or -m MODULE, or -- CMD) as one task per GPU on Slurm."""
+    mode = ctx.meta.get("gsrun.mode", "script")
     cfg = load_config()
-    job_name = job_name or _default_name(script)
+    if mode == "module":
+        if not module or not all(part.isidentifier() for part in module.split(".")):
+            raise InputError("submit", "bad -m", repr(module)[:80], hint="a module name like pkg.train")
+    elif not words:
+        raise InputError("submit", "nothing to run", "no SCRIPT, -m MODULE or -- CMD",
+                         hint="gsrun --gpus N SCRIPT [ARGS], gsrun --gpus N -m MODULE, gsrun --gpus N -- CMD")
+    job_name = job_name if job_name is not None else _default_name(_name_source(mode, words, module))
     validate_fields(job_name, partition, time_, mail_type, mail_user)
+    site = dict(account=account, qos=qos, constraint=constraint, mem=mem, reservation=reservation,
+                dependency=dependency, signal=signal)
+    validate_site(site)
+    extra = tuple(parse_sbatch_option(o) for o in sbatch_opts)
     if tune:
         from gsrun.request.tune import parse_tune_request
         parse_tune_request(tune)
-    if mps is not None:
-        pct = parse_mps_share(mps, "--mps", phase="submit")
-        mps = "" if pct is None else str(pct)
+    mps_value = None
+    if mps_share is not None:
+        pct = parse_mps_share(mps_share, "--mps-share", phase="submit")
+        if pct is None:
+            raise InputError("submit", "bad active thread percentage", "--mps-share=''",
+                             hint="a percentage 1-100 (--mps-share 50 or --mps=50), or --mps alone")
+        mps_value = str(pct)
+    elif mps:
+        mps_value = ""
     if mig:
         from gsrun.request.mig_layout import parse_layout
         mig = cfg["mig.layouts"].get(mig, mig)
         parse_layout(mig)
     if cpus_per_task is not None and not 1 <= cpus_per_task <= 4096:
         raise InputError("submit", "bad --cpus-per-task", str(cpus_per_task))
+    # what each worker runs
+    if not launcher:
+        refuse_launcher(words if mode != "module" else (), module if mode == "module" else None)
+    needs_python = (mode == "module" or launcher is not None
+                    or (mode == "script" and words[0].endswith(".py")))
+    py = choose_python(python, os.environ) if needs_python else None
+    command = build_command(mode, words, py, module)
+    if py is not None and (mode != "cmd" or launcher):
+        warn = torch_warning(py.path)
+        if warn:
+            click.echo(f"gsrun: submit: warning: {warn}", err=True)
     cluster_gpn = None
     if nodes is None and gpus_per_node is None:
         cluster_gpn = gpus_per_node_from_cluster(partition)
     n_nodes, gpn = plan_nodes(gpus, nodes, gpus_per_node, cluster_gpn)
+    if cluster_gpn and gpn != min(cluster_gpn, gpus):
+        click.echo(f"gsrun: submit: note: --gpus {gpus} does not fill nodes of {cluster_gpn} GPUs: "
+                   f"{n_nodes} nodes x {gpn} GPUs (--nodes/--gpus-per-node to choose)", err=True)
     spec = JobSpec(
         gpus=gpus, nodes=n_nodes, gpus_per_node=gpn,
-        command=_command(script, args, python), job_name=job_name, partition=partition,
+        command=command, job_name=job_name, partition=partition,
         time=time_, output=output, cpus_per_task=cpus_per_task,
         mail_type=mail_type.upper() if mail_type else None, mail_user=mail_user,
-        tune=tune, mps=mps, mig=mig, gpu_isolation=gpu_isolation, exclusive=exclusive,
+        tune=tune, mps=mps_value, mig=mig, gpu_isolation=gpu_isolation, exclusive=exclusive,
         bind_exe=_bind_exe(), nccl_env=tuple(sorted(cfg["nccl.env"].items())),
-        mps_dir=cfg["paths.mps_dir"])
+        mps_dir=cfg["paths.mps_dir"], requeue=requeue, sbatch_options=extra, launcher=launcher,
+        python=py.path if py else None, python_why=py.comment() if py else None, **site)
     text = render_script(spec)
     if dry_run:
         click.echo(text, nl=False)
@@ -101,7 +206,8 @@ def cli(gpus, nodes, gpus_per_node, time_, partition, job_name, output, cpus_per
     from gsrun.wrapper.submit import follow, submit
 
     job_id = submit(text, cwd=os.getcwd())
-    click.echo(f"gsrun: submitted job {job_id}: {gpus} GPUs on {n_nodes} node(s)", err=True)
+    how = f"{n_nodes} node(s) x {gpn} GPUs" + (" (one torchrun per node)" if launcher else "")
+    click.echo(f"gsrun: submitted job {job_id}: {gpus} GPUs on {how}", err=True)
     if not wait:
         click.echo(job_id)
         return 0
@@ -114,11 +220,25 @@ def gpus_per_node_from_cluster(partition):
     return gpus_per_node(partition)
 
 
-def _default_name(script: str) -> str:
+def _name_source(mode: str, words, module: str | None) -> str:
+    """What the default job name is taken from: the module of ``-m MODULE``
+    or ``-- python -m MODULE``, else the script's or command's name."""
+    if mode == "module" and module:
+        return module
+    if mode == "cmd" and len(words) >= 3 and os.path.basename(words[0]).startswith("python") and words[1] == "-m":
+        return words[2]
+    return words[0]
+
+
+def _default_name(what: str) -> str:
+    """The script's (module's, command's) name; control characters become ``_``."""
     import re
 
-    base = os.path.basename(script) or "gsrun"
-    name = re.sub(r"[^A-Za-z0-9_.+-]", "_", base)[:128]
+    base = os.path.basename(what.rstrip("/")) or "gsrun"
+    name = re.sub(r"[\x00-\x1f\x7f]", "_", base)[:128]
+    if any(0xd800 <= ord(c) <= 0xdfff for c in name) or "hetjob" in name.lower() or "packjob" in name.lower():
+        name = re.sub(r"[^A-Za-z0-9_.+-]", "_", name.encode("utf-8", "surrogateescape").decode("ascii", "replace"))
+        name = name.lower().replace("hetjob", "job").replace("packjob", "job")
     return name or "gsrun"
 
 

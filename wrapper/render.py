@@ -4,7 +4,10 @@ The template (``templates/sbatch.sh.j2``) is rendered with ``StrictUndefined``
 (a missing variable is an error) and every user value passes through the
 ``sh`` filter (:func:`shlex.quote`), so arguments like ``'$(touch x)'; echo``
 reach the program literally. ``#SBATCH`` values are allow-listed by
-:func:`gsrun.wrapper.spec.validate_fields` before rendering, and again here
+:func:`gsrun.wrapper.spec.validate_fields` before rendering (the job name and
+``--sbatch`` values, which may hold spaces and punctuation, are one line
+without control characters and escaped for sbatch's script parser by
+:func:`gsrun.wrapper.spec.sbatch_word`), and again here
 (:func:`check_spec`: ``--output`` must be one line without control
 characters, environment names must be ``[A-Za-z_][A-Za-z0-9_]*``), because a
 newline in any value written unquoted would start a new script line.
@@ -17,7 +20,8 @@ import shlex
 
 from gsrun.base.errors import InputError
 from gsrun.base.templating import render
-from gsrun.wrapper.spec import JobSpec, validate_fields
+from gsrun.wrapper.spec import (SBATCH_OPT_RE, JobSpec, check_text, parse_sbatch_option, sbatch_word,
+                                validate_fields, validate_site)
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -43,6 +47,19 @@ def check_spec(spec: JobSpec) -> None:
     c = spec.comment()
     if c is not None and (_CONTROL.search(c) or " " in c):
         raise InputError("submit", "bad request value", repr(c)[:80])
+    validate_site({k: getattr(spec, k) for k in ("account", "qos", "constraint", "mem", "reservation",
+                                                 "dependency", "signal")})
+    for name, value in spec.sbatch_options:
+        parse_sbatch_option(f"--{name}" if value is None else f"--{name}={value}")
+        if not SBATCH_OPT_RE.match(f"--{name}"):
+            raise InputError("submit", "bad --sbatch", repr(name)[:80])
+    if spec.python_why is not None:
+        check_text("python comment", spec.python_why, 8192)
+    if spec.launcher not in (None, "torchrun"):
+        raise InputError("submit", "bad --launcher", repr(spec.launcher)[:40], hint="torchrun")
+    if spec.launcher and not spec.python:
+        raise InputError("submit", "no interpreter for the launcher", "--launcher torchrun",
+                         hint="pass --python")
 
 
 def render_script(spec: JobSpec) -> str:
@@ -52,4 +69,7 @@ def render_script(spec: JobSpec) -> str:
         InputError: a value that would break out of its line (see :func:`check_spec`).
     """
     check_spec(spec)
-    return render("sbatch.sh.j2", spec=spec, command=" ".join(shlex.quote(a) for a in spec.command))
+    site = [f"--{name}" if value is None else f"--{name}={sbatch_word(value)}"
+            for name, value in spec.site_lines()]
+    return render("sbatch.sh.j2", spec=spec, command=" ".join(shlex.quote(a) for a in spec.command),
+                  job_name=sbatch_word(spec.job_name), site_lines=site)

@@ -12,12 +12,49 @@ from dataclasses import dataclass, field
 from gsrun.base.errors import InputError
 from gsrun.base.ids import is_partition
 
-JOB_NAME_RE = re.compile(r"^[A-Za-z0-9_.+-]{1,128}\Z")
+JOB_NAME_MAX = 256
 TIME_RE = re.compile(r"^(?:(\d+-)?\d{1,4}(:\d{1,2}){0,2}|UNLIMITED|INFINITE)\Z")
 MAIL_TYPE_RE = re.compile(r"^(NONE|BEGIN|END|FAIL|REQUEUE|ALL|INVALID_DEPEND|STAGE_OUT|"
                           r"TIME_LIMIT(_50|_80|_90)?|ARRAY_TASKS)(,(BEGIN|END|FAIL|REQUEUE|ALL|"
                           r"INVALID_DEPEND|STAGE_OUT|TIME_LIMIT(_50|_80|_90)?|ARRAY_TASKS))*\Z")
 EMAIL_RE = re.compile(r"^(?:[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+|[a-z_][a-z0-9_-]{0,31})\Z")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+# site sbatch options: (flag, allow-list, example) -- values end up unquoted in #SBATCH lines
+SITE_OPTIONS = {
+    "account": ("-A/--account", re.compile(r"^[A-Za-z0-9_.@+-]{1,64}\Z"), "e.g. -A proj123"),
+    "qos": ("-q/--qos", re.compile(r"^[A-Za-z0-9_.+-]{1,64}(,[A-Za-z0-9_.+-]{1,64})*\Z"), "e.g. -q high"),
+    "constraint": ("-C/--constraint", re.compile(r"^[A-Za-z0-9_.&|,*\[\]():!+-]{1,1024}\Z"),
+                   "features with & | , * [] (), e.g. -C 'h200&ib'"),
+    "mem": ("--mem", re.compile(r"^[0-9]{1,12}[KMGT]?\Z"), "a size like 64G, or 0 for all of each node's memory"),
+    "reservation": ("--reservation", re.compile(r"^[A-Za-z0-9_.+-]{1,128}(,[A-Za-z0-9_.+-]{1,128})*\Z"),
+                    "a reservation name"),
+    "dependency": ("-d/--dependency", re.compile(r"^[A-Za-z0-9_:+?,.-]{1,1024}\Z"),
+                   "e.g. afterok:1234 or singleton"),
+    "signal": ("--signal", re.compile(r"^(?:[BR]{1,2}:)?(?:SIG)?[A-Z0-9]{1,8}(?:@[0-9]{1,6})?\Z"),
+               "e.g. B:USR1@120"),
+}
+
+# #SBATCH options gsrun renders itself (or through a flag of its own): --sbatch may not set them.
+# sbatch's getopt_long takes an unambiguous prefix, so a prefix of one of these is refused too.
+RENDERED = {
+    "job-name": "-J/--job-name", "nodes": "--nodes", "ntasks-per-node": "--gpus/--gpus-per-node",
+    "ntasks": "--gpus", "gres": "--gpus", "gpus": "--gpus", "gpus-per-node": "--gpus-per-node",
+    "gpus-per-task": "--gpus", "cpus-per-task": "--cpus-per-task", "partition": "-p/--partition",
+    "time": "--time", "output": "-o/--output", "exclusive": "--exclusive", "mail-type": "--mail-type",
+    "mail-user": "--mail-user", "comment": "(gsrun's requests to the prolog)",
+    "account": "-A/--account", "qos": "-q/--qos", "constraint": "-C/--constraint", "mem": "--mem",
+    "reservation": "--reservation", "dependency": "-d/--dependency", "signal": "--signal",
+    "requeue": "--requeue",
+}
+# options that break the way gsrun submits or follows the job
+NOT_IN_SCRIPT = {
+    "chdir": "gsrun submits from the current directory: cd there first",
+    "wrap": "gsrun writes the script itself", "parsable": "gsrun reads sbatch's output itself",
+    "wait": "use gsrun --wait", "test-only": "use gsrun --dry-run", "uid": "not a user option",
+    "gid": "not a user option", "hold": "release it with scontrol release; not through gsrun",
+}
+SBATCH_OPT_RE = re.compile(r"^--([a-z][a-z0-9-]{0,63})(?:=(.*))?\Z", re.S)
 
 
 @dataclass(frozen=True)
@@ -45,10 +82,44 @@ class JobSpec:
     nccl_env: tuple[tuple[str, str], ...] = ()
     mps_dir: str = "/run/gsrun/mps"
     extra_env: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    mem: str | None = None
+    reservation: str | None = None
+    dependency: str | None = None
+    signal: str | None = None
+    requeue: bool = False
+    sbatch_options: tuple[tuple[str, str | None], ...] = ()   # (--sbatch) name without --, value
+    launcher: str | None = None     # None: one task per GPU; "torchrun": one task per node
+    python: str | None = None       # the interpreter chosen at submit (None: a CMD after --)
+    python_why: str | None = None   # why that one (the script says it in a comment)
 
     @property
     def ntasks_per_node(self) -> int:
-        return self.gpus_per_node
+        return 1 if self.launcher else self.gpus_per_node
+
+    @property
+    def task_cpus(self) -> int | None:
+        """``--cpus-per-task`` of the job: per GPU task, or for a launcher's
+        one task per node, the CPUs of all its workers (one each by default)."""
+        if self.launcher:
+            return (self.cpus_per_task or 1) * self.gpus_per_node
+        return self.cpus_per_task
+
+    def site_lines(self) -> list[tuple[str, str | None]]:
+        """(option, value) of the site sbatch options, in a fixed order; value
+        None for a flag. Values are allow-listed (:func:`validate_site`) or
+        escaped for sbatch's script parser (:func:`sbatch_word`) by the template."""
+        out: list[tuple[str, str | None]] = []
+        for key in ("account", "qos", "constraint", "mem", "reservation", "dependency", "signal"):
+            v = getattr(self, key)
+            if v is not None:
+                out.append((key, v))
+        if self.requeue:
+            out.append(("requeue", None))
+        out.extend(self.sbatch_options)
+        return out
 
     def comment(self) -> str | None:
         """Requests for the prolog when the SPANK plugin is absent
@@ -65,35 +136,134 @@ class JobSpec:
         return "gsrun:" + ";".join(parts) if parts else None
 
 
+def _spreads(gpus: int, max_gpn: int) -> list[tuple[int, int]]:
+    """(nodes, GPUs per node) that hold ``gpus`` evenly with at most ``max_gpn`` per node, fewest nodes first."""
+    return [(n, gpus // n) for n in range(1, gpus + 1) if gpus % n == 0 and gpus // n <= max_gpn]
+
+
+def _fits_hint(gpus: int, gpn: int) -> str:
+    """The exact options that would work for ``gpus`` on nodes of ``gpn`` GPUs."""
+    opts = []
+    lo, hi = (gpus // gpn) * gpn, -(-gpus // gpn) * gpn
+    for g in sorted({lo, hi} - {0}):
+        opts.append(f"--gpus {g} ({g // gpn} node(s) x {gpn})")
+    sp = _spreads(gpus, gpn)
+    if sp:
+        n, per = sp[0]
+        opts.append(f"--gpus {gpus} --nodes {n} ({n} nodes x {per})")
+    return "use " + ", or ".join(opts)
+
+
 def plan_nodes(gpus: int, nodes: int | None, gpus_per_node: int | None,
                cluster_gpus_per_node: int | None) -> tuple[int, int]:
     """Decide (nodes, gpus_per_node) for ``gpus`` GPUs.
 
     - ``--nodes`` given: GPUs are split evenly (must divide).
-    - else ``--gpus-per-node`` or the cluster's GPUs per node decide the node count.
+    - ``--gpus-per-node`` given: the node count is ``gpus / gpus-per-node`` (must divide).
+    - else the cluster's GPUs per node: whole nodes when they fill; otherwise
+      the even spread over as many nodes as whole nodes would take
+      (``--gpus 6`` on 4-GPU nodes: 2 nodes x 3), or a refusal naming the
+      options that work (``--gpus 7``: no even spread on 2 nodes).
 
     Raises:
-        InputError: numbers that do not fit (``--gpus 6 --nodes 4``).
+        InputError: numbers that do not fit, with the exact options that would as the hint.
     """
     if gpus < 1:
         raise InputError("submit", "bad --gpus", str(gpus), hint="ask for at least one GPU")
     if nodes is not None:
         if nodes < 1 or gpus % nodes:
+            good = [n for n in range(1, gpus + 1) if gpus % n == 0]
             raise InputError("submit", "GPUs do not split evenly over nodes", f"--gpus {gpus} --nodes {nodes}",
-                             hint="make --gpus a multiple of --nodes")
+                             hint=f"--nodes must divide --gpus: --nodes {' or '.join(map(str, good[:6]))}")
         gpn = gpus // nodes
         if gpus_per_node is not None and gpus_per_node != gpn:
             raise InputError("submit", "conflicting --gpus-per-node", f"{gpus_per_node} != {gpus}/{nodes}")
         return nodes, gpn
-    gpn = gpus_per_node or cluster_gpus_per_node
+    if gpus_per_node is not None:
+        if gpus_per_node < 1:
+            raise InputError("submit", "bad --gpus-per-node", str(gpus_per_node), hint="at least 1")
+        gpn = min(gpus_per_node, gpus)
+        if gpus % gpn:
+            raise InputError("submit", "GPUs do not fill whole nodes",
+                             f"--gpus {gpus} --gpus-per-node {gpus_per_node}", hint=_fits_hint(gpus, gpn))
+        return gpus // gpn, gpn
+    gpn = cluster_gpus_per_node
     if not gpn or gpn < 1:
         raise InputError("submit", "unknown GPUs per node", "the cluster reported none",
                          hint="pass --gpus-per-node or --nodes")
-    gpn = min(gpn, gpus)
-    if gpus % gpn:
-        raise InputError("submit", "GPUs do not fill whole nodes", f"--gpus {gpus} with {gpn} per node",
-                         hint="pass --nodes N with --gpus a multiple of N")
-    return gpus // gpn, gpn
+    if gpus <= gpn:
+        return 1, gpus
+    if gpus % gpn == 0:
+        return gpus // gpn, gpn
+    need = -(-gpus // gpn)
+    for n, per in _spreads(gpus, gpn):
+        if n == need:
+            return n, per
+    raise InputError("submit", "GPUs do not fill whole nodes", f"--gpus {gpus} on nodes of {gpn} GPUs",
+                     hint=_fits_hint(gpus, gpn))
+
+
+def sbatch_word(value: str) -> str:
+    """``value`` as one word of an ``#SBATCH`` line: sbatch's script parser
+    splits at blanks, takes quotes and backslash escapes, and ends the line at
+    an unquoted ``#``; every such character gets a backslash. Control
+    characters are refused before (:func:`check_text`); to bash the whole line
+    is a comment."""
+    return re.sub(r"""([\s\\"'#])""", r"\\\1", value)
+
+
+def check_text(flag: str, value: str, max_len: int = 1024) -> None:
+    """One line of printable text (``#SBATCH`` values that may hold spaces or punctuation).
+
+    Raises:
+        InputError: empty, too long, a control character or newline, a lone surrogate.
+    """
+    if (not value or len(value) > max_len or _CONTROL.search(value)
+            or any(0xd800 <= ord(c) <= 0xdfff for c in value)):
+        raise InputError("submit", f"bad {flag}", repr(value)[:80],
+                         hint=f"one line of at most {max_len} characters, no control characters")
+
+
+def validate_site(spec_values: dict) -> None:
+    """The site sbatch options (``-A``, ``-q``, ``-C``, ``--mem``, ``--reservation``,
+    ``-d``, ``--signal``) against their allow-lists.
+
+    Raises:
+        InputError: naming the flag, the value and what is allowed.
+    """
+    for key, (flag, rx, example) in SITE_OPTIONS.items():
+        v = spec_values.get(key)
+        if v is not None and not rx.match(v):
+            raise InputError("submit", f"bad {flag}", repr(v)[:80], hint=example)
+
+
+def parse_sbatch_option(text: str) -> tuple[str, str | None]:
+    """``--sbatch=--OPTION[=VALUE]`` -> (OPTION, VALUE or None).
+
+    Raises:
+        InputError: not one long option, a control character or newline,
+            an option gsrun renders itself (or a prefix of one), or one that
+            breaks how gsrun submits.
+    """
+    if _CONTROL.search(text) or any(0xd800 <= ord(c) <= 0xdfff for c in text) or len(text) > 4096:
+        raise InputError("submit", "bad --sbatch", repr(text)[:80],
+                         hint="one option on one line: no newline or control character")
+    m = SBATCH_OPT_RE.match(text)
+    if not m:
+        raise InputError("submit", "bad --sbatch", repr(text)[:80],
+                         hint="one long option, e.g. --sbatch=--licenses=fluent:2 or --sbatch=--nice")
+    name, value = m.group(1), m.group(2)
+    if name.startswith("gs-"):
+        raise InputError("submit", "bad --sbatch", f"--{name}: gsrun's own requests",
+                         hint="use gsrun's --mps, --mig, --tune, --gpu-isolation")
+    for full, flag in RENDERED.items():
+        if full.startswith(name):
+            raise InputError("submit", "bad --sbatch", f"--{name}: gsrun renders --{full} itself",
+                             hint=f"use gsrun's {flag}" if flag.startswith("-") else "leave it to gsrun")
+    for full, why in NOT_IN_SCRIPT.items():
+        if full.startswith(name):
+            raise InputError("submit", "bad --sbatch", f"--{name}", hint=why)
+    return name, value
 
 
 def validate_fields(job_name: str, partition: str | None, time: str | None, mail_type: str | None,
@@ -103,9 +273,11 @@ def validate_fields(job_name: str, partition: str | None, time: str | None, mail
     Raises:
         InputError: naming the flag and the value.
     """
-    if not JOB_NAME_RE.match(job_name):
+    check_text("--job-name", job_name, JOB_NAME_MAX)
+    if "hetjob" in job_name.lower() or "packjob" in job_name.lower():
+        # sbatch's script parser treats these words specially on any #SBATCH line
         raise InputError("submit", "bad --job-name", repr(job_name)[:80],
-                         hint="letters, digits and _.+- only, at most 128 characters")
+                         hint="a name without the words 'hetjob' or 'packjob' (sbatch's job separators)")
     if partition is not None and not is_partition(partition):
         raise InputError("submit", "bad --partition", repr(partition)[:80])
     if time is not None and not TIME_RE.match(time):

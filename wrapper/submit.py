@@ -36,6 +36,7 @@ class JobState:
     signal: int
     stdout_path: str | None
     node_list: str
+    reason: str = ""
 
 
 def poll(job_id: str, timeout_s: float = 15.0) -> JobState | None:
@@ -44,49 +45,84 @@ def poll(job_id: str, timeout_s: float = 15.0) -> JobState | None:
         return None
     state = state_word(info.get("JobState")) or "UNKNOWN"
     ec, sig = parse_exit_code(info.get("ExitCode", "0:0"))
-    return JobState(state, info.get("RunTime", ""), ec, sig, info.get("StdOut"), info.get("NodeList", ""))
+    reason = info.get("Reason", "")
+    return JobState(state, info.get("RunTime", ""), ec, sig, info.get("StdOut"), info.get("NodeList", ""),
+                    "" if reason in ("None", "(null)") else reason)
+
+
+def poll_interval(since_change_s: float) -> float:
+    """Seconds until the next ``scontrol show job``: 1 s for the first 10 s
+    after the job's state changed, then growing by half each time
+    (``1 s x 1.5^k``) to at most 30 s, so a job pending for hours costs
+    slurmctld two RPCs a minute, not sixty."""
+    if since_change_s < 10:
+        return 1.0
+    return min(30.0, 1.5 ** ((since_change_s - 10) / 10 + 1))
+
+
+def status_line(job_id: str, st: JobState, waited_s: float) -> str:
+    """``gsrun: job 12: pending (Resources) 35 s`` / ``gsrun: job 12: running 00:01:02``."""
+    state = st.state.lower()
+    if st.state == "PENDING":
+        why = f" ({st.reason})" if st.reason else ""
+        return f"gsrun: job {job_id}: pending{why}, waited {waited_s:.0f} s"
+    return f"gsrun: job {job_id}: {state} {st.elapsed}".rstrip()
 
 
 def follow(job_id: str, out=sys.stdout, err=sys.stderr, poll_s: float = 1.0,
-           max_unknown_s: float = 600.0) -> int:
+           max_unknown_s: float = 600.0, poller=None, clock=time.monotonic, sleep=time.sleep) -> int:
     """Follow ``job_id`` to the end: status on stderr (one updating line on a
-    TTY), the job's stdout streamed to ``out``. Returns the job's exit code
-    (128+signal when killed by a signal, 1 for FAILED/CANCELLED without one).
+    TTY; a line per state or pending reason otherwise), the job's stdout
+    streamed to ``out`` every ``poll_s``. Slurm is asked with the backoff of
+    :func:`poll_interval`; the output file is read between. Returns the
+    job's exit code (128+signal when killed by a signal, 1 for
+    FAILED/CANCELLED without one).
 
     Raises:
         SlurmError: the job disappeared from slurmctld without a final state
             for ``max_unknown_s`` (MinJobAge too short and no accounting).
     """
+    poller = poller or poll
     tty = err.isatty()
     offset = 0
-    last_state = None
+    shown = None
     unknown_since = None
-    started = time.monotonic()
+    started = changed = clock()
+    next_rpc = started
+    st: JobState | None = None
     final: JobState | None = None
     while True:
-        st = poll(job_id)
-        if st is None:
-            unknown_since = unknown_since or time.monotonic()
-            if time.monotonic() - unknown_since > max_unknown_s:
-                raise SlurmError("follow", "job vanished", job_id, hint="check sacct")
-            time.sleep(poll_s)
-            continue
-        if st.stdout_path:
-            offset = _stream(st.stdout_path, offset, out)
-        label = f"gsrun: job {job_id}: {st.state.lower()} {st.elapsed} ({time.monotonic() - started:.0f} s)"
-        if tty:
-            err.write("\r\033[K" + label)
-            err.flush()
-        elif st.state != last_state:
-            err.write(label + "\n")
-            err.flush()
-        last_state = st.state
-        if st.state in TERMINAL_STATES or st.state in ENDED_HELD_STATES:
-            final = st
-            break
-        time.sleep(poll_s)
+        now = clock()
+        if now >= next_rpc:
+            new = poller(job_id)
+            if new is None:
+                unknown_since = unknown_since or now
+                if now - unknown_since > max_unknown_s:
+                    raise SlurmError("follow", "job vanished", job_id, hint="check sacct")
+            else:
+                unknown_since = None
+                if st is None or (new.state, new.reason) != (st.state, st.reason):
+                    changed = now
+                st = new
+            next_rpc = now + poll_interval(now - changed)
+        if st is not None:
+            if st.stdout_path:
+                offset = _stream(st.stdout_path, offset, out)
+            label = status_line(job_id, st, now - started)
+            key = (st.state, st.reason)
+            if tty:
+                err.write("\r\033[K" + label)
+                err.flush()
+            elif key != shown:
+                err.write(label + "\n")
+                err.flush()
+            shown = key
+            if st.state in TERMINAL_STATES or st.state in ENDED_HELD_STATES:
+                final = st
+                break
+        sleep(poll_s)
     # the last lines may land after the state flips
-    time.sleep(0.5)
+    sleep(0.5)
     if final.stdout_path:
         _stream(final.stdout_path, offset, out)
     if tty:

@@ -526,6 +526,36 @@ def ntasks_from_env(environ: Mapping[str, str]) -> int | None:
     return _int_env(environ, "SLURM_NTASKS_PER_NODE")
 
 
+def worker_environ(environ: Mapping[str, str]) -> tuple[dict[str, str], bool]:
+    """The environment of a worker a per-node launcher started (torchrun
+    under ``gsrun --launcher torchrun``): Slurm's ``SLURM_LOCALID`` and task
+    counts describe the one launcher task, not the worker, so ``LOCAL_RANK``
+    and ``LOCAL_WORLD_SIZE`` take their place. Returns (environment, True)
+    for such a worker; the environment unchanged and False otherwise.
+
+    A worker is a process with ``LOCAL_RANK`` < ``LOCAL_WORLD_SIZE`` (both
+    numbers) where ``GSRUN_LAUNCHER`` is set or Slurm's local task count is
+    not ``LOCAL_WORLD_SIZE`` (one task per GPU with the same counts is
+    described by Slurm already).
+    """
+    env = dict(environ)
+    lr = (environ.get("LOCAL_RANK") or "").strip()
+    lws = (environ.get("LOCAL_WORLD_SIZE") or "").strip()
+    if not (lr.isdigit() and lws.isdigit()) or int(lr) >= int(lws):
+        return env, False
+    try:
+        n = ntasks_from_env(environ)
+    except InputError:
+        n = None
+    if not environ.get("GSRUN_LAUNCHER") and n == int(lws):
+        return env, False
+    env["SLURM_LOCALID"] = str(int(lr))
+    env["SLURM_NTASKS_PER_NODE"] = str(int(lws))
+    env.pop("SLURM_STEP_TASKS_PER_NODE", None)
+    env.pop("SLURM_TASKS_PER_NODE", None)
+    return env, True
+
+
 def plan_from_env(environ: Mapping[str, str], hostfs: HostFS,
                   allowed_cpus: list[int] | None = None, gpu_isolation: bool = False,
                   topology: Topology | None = None) -> Plan:

@@ -1,4 +1,5 @@
-"""Site configuration: ``/etc/gsrun/gsrun.toml`` (or ``$GSRUN_CONFIG``).
+"""Site configuration: ``/etc/gsrun/gsrun.toml`` (or ``$GSRUN_CONFIG``, or
+``gsrun.toml`` beside ``$SLURM_CONF``; :func:`config_path` decides).
 
 One table, :data:`SETTINGS`, names every key with its type, default, allowed
 values and meaning; the parser, ``gsrun-node config check``, the commented
@@ -300,16 +301,37 @@ def parse_config(text: str, source: str = "<string>") -> Config:
     return Config(values, partitions, source)
 
 
+def config_path(path: str | None = None, environ=None) -> tuple[str, bool]:
+    """Which config file every gsrun command reads, and whether it was named
+    explicitly (a named file must exist).
+
+    ``path`` (``--config``), else ``$GSRUN_CONFIG``, else ``gsrun.toml`` in the
+    directory of ``$SLURM_CONF`` when that file exists (Slurm's own convention
+    for ``plugstack.conf``, ``gres.conf``, ``cgroup.conf``), else
+    ``/etc/gsrun/gsrun.toml``.
+    """
+    environ = os.environ if environ is None else environ
+    explicit = path or environ.get(ENV_CONFIG)
+    if explicit:
+        return explicit, True
+    slurm_conf = environ.get("SLURM_CONF")
+    if slurm_conf and os.path.isabs(slurm_conf):
+        beside = os.path.join(os.path.dirname(slurm_conf), "gsrun.toml")
+        if os.path.isfile(beside):
+            return beside, False
+    return DEFAULT_CONFIG_PATH, False
+
+
 def load_config(path: str | None = None, environ=None) -> Config:
-    """Load ``path``, else ``$GSRUN_CONFIG``, else ``/etc/gsrun/gsrun.toml``;
-    built-in defaults when that file does not exist.
+    """Load the file :func:`config_path` names (``path``, ``$GSRUN_CONFIG``,
+    ``gsrun.toml`` beside ``$SLURM_CONF``, ``/etc/gsrun/gsrun.toml``); built-in
+    defaults when that file does not exist.
 
     Raises:
         ConfigError: as :func:`parse_config`, or an explicitly named file is missing.
     """
-    environ = os.environ if environ is None else environ
-    explicit = path or environ.get(ENV_CONFIG)
-    p = Path(explicit or DEFAULT_CONFIG_PATH)
+    name, explicit = config_path(path, environ)
+    p = Path(name)
     try:
         text = p.read_text()
     except FileNotFoundError:

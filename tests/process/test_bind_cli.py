@@ -48,7 +48,44 @@ def test_exec_gpu_isolation_and_user_device_order_kept():
     e = json.loads(r.stdout)["env"]
     assert e["CUDA_VISIBLE_DEVICES"] == "2"
     assert e["CUDA_DEVICE_ORDER"] == "FASTEST_FIRST"
-    assert "CUDA_DEVICE_ORDER=FASTEST_FIRST kept" in r.stderr
+    # the node's warnings come once, from local rank 0
+    assert "CUDA_DEVICE_ORDER=FASTEST_FIRST kept" not in r.stderr
+    r0 = run_bind(["--gpu-isolation", "--", sys.executable, "-c", CHILD], dict(env, SLURM_LOCALID="0"))
+    assert r0.returncode == 0 and "CUDA_DEVICE_ORDER=FASTEST_FIRST kept" in r0.stderr
+
+
+def test_warnings_once_per_node_with_the_node_name():
+    """8 ranks sharing too few CPUs: one warning per node (local rank 0), naming the node."""
+    base = clean_env(SLURM_JOB_GPUS="0,1,2,3", SLURM_NTASKS_PER_NODE="4", SLURMD_NODENAME="gpu07")
+    n = len(os.sched_getaffinity(0))
+    base["SLURM_NTASKS_PER_NODE"] = str(max(4, n + 1))   # more ranks than CPUs: round-robin warning
+    errs = []
+    for lr in range(int(base["SLURM_NTASKS_PER_NODE"])):
+        r = run_bind(["--", sys.executable, "-c", "pass"], dict(base, SLURM_LOCALID=str(lr)))
+        assert r.returncode == 0, r.stderr
+        errs.append(r.stderr)
+    assert all("warning" not in e for e in errs[1:]), errs[1:]
+    lines = [ln for ln in errs[0].splitlines() if ln.startswith("gsrun: bind: warning:")]
+    assert lines and all(ln.startswith("gsrun: bind: warning: gpu07: ") for ln in lines)
+    assert len(lines) == len(set(lines)) and any("round-robin" in ln for ln in lines)
+
+
+def test_torchrun_worker_bound_by_local_rank():
+    """One srun task per node (SLURM_LOCALID 0 of 1), torchrun's worker 2 of 4: worker 2's plan."""
+    env = clean_env(SLURM_JOB_GPUS="0,1,2,3", CUDA_VISIBLE_DEVICES="0,1,2,3", SLURM_LOCALID="0",
+                    SLURM_STEP_TASKS_PER_NODE="1", SLURM_NTASKS_PER_NODE="1", SLURM_PROCID="1", SLURM_NTASKS="2",
+                    LOCAL_RANK="2", LOCAL_WORLD_SIZE="4", RANK="6", WORLD_SIZE="8", GSRUN_LAUNCHER="torchrun")
+    child_code = CHILD.replace("('CUDA_', ", "('CUDA_', 'RANK', 'WORLD_SIZE', ")
+    r = run_bind(["--", sys.executable, "-c", child_code], env)
+    assert r.returncode == 0, r.stderr
+    child = json.loads(r.stdout)
+    want = plan_from_env(dict(env, SLURM_LOCALID="2", SLURM_NTASKS_PER_NODE="4", SLURM_STEP_TASKS_PER_NODE="4"),
+                         HostFS("/"), sorted(os.sched_getaffinity(0))).rank(2)
+    assert child["cpus"] == list(want.cpus)
+    e = child["env"]
+    assert e["LOCAL_RANK"] == "2" and e["LOCAL_WORLD_SIZE"] == "4"
+    assert e["RANK"] == "6" and e["WORLD_SIZE"] == "8"      # torchrun's, not srun's task ids
+    assert e["CUDA_VISIBLE_DEVICES"].split(",")[2] == "2"
 
 
 def test_plan_problem_never_stops_the_task():

@@ -8,11 +8,17 @@ every golden script must also pass ``bash -n``. Regenerate with
 Inputs fixed by the test (nothing of this machine reaches the script):
 
 - ``GSRUN_CONFIG`` is an empty file, so the site config is the built-in
-  defaults (no ``/etc/gsrun/gsrun.toml`` of this host); ``GSRUN_PYTHON`` is unset;
+  defaults (no ``/etc/gsrun/gsrun.toml`` of this host); ``GSRUN_PYTHON``,
+  ``VIRTUAL_ENV`` and ``CONDA_PREFIX`` are unset, so a ``.py`` script runs
+  with the first ``python3`` on ``PATH``: a fake ``@TMP@/bin/python3``
+  (cases in ``CASE_ENV`` set ``VIRTUAL_ENV`` to ``@TMP@/venv``, which has a
+  ``bin/python3``);
 - the cluster's GPUs per node come from a fake ``sinfo`` first on ``PATH``
-  (prints ``gpu:h200:8(S:0-1)``, a node of 8 GPUs), as ``gsrun`` asks when
-  neither ``--nodes`` nor ``--gpus-per-node`` is given; a fake ``sbatch``
-  refuses, so nothing can ever be submitted from here;
+  (prints ``gpu:h200:8(S:0-1)``, a node of 8 GPUs, or ``$GSRUN_TEST_GRES``),
+  as ``gsrun`` asks when neither ``--nodes`` nor ``--gpus-per-node`` is
+  given; a fake ``sbatch`` refuses, so nothing can ever be submitted from here;
+- the scripts the cases name (``train.py``, ``argv.py``, an executable
+  ``run.sh``) exist in the working directory (gsrun refuses a missing one);
 - ``sys.argv[0]`` is ``@TMP@/bin/gsrun`` next to an executable
   ``@TMP@/bin/gsrun-bind``, so the script runs that ``gsrun-bind`` (as an
   installed gsrun finds the one beside it);
@@ -22,7 +28,7 @@ Inputs fixed by the test (nothing of this machine reaches the script):
 Normalised in the output (placeholders that are plain shell words, so the
 golden scripts still pass ``bash -n``):
 
-- ``@PYTHON@``: ``sys.executable``, the interpreter a ``.py`` script runs with;
+- ``@PYTHON@``: ``sys.executable`` (gsrun's own interpreter);
 - ``@TMP@``: the test's temporary directory (``gsrun-bind`` path, cwd).
 """
 
@@ -40,15 +46,17 @@ from helpers.golden import check_text
 from helpers.paths import DATA
 
 GOLDEN = DATA / "golden" / "sbatch"
+HOSTILE_NAME = "bert base 'single' \"double\" $(id) `id` #not-a-comment; a&b | \\ end"
 HOSTILE = ["$(touch /tmp/pwned)'; echo x", "it's", '"double" quotes', "`id`", "line1\nline2", "#not-a-comment",
            "a b\tc", "$HOME", "--gpus", "*"]
 
 CASES = {
     # name: gsrun arguments (the test puts --dry-run first)
     "plain": ["--gpus", "8", "train.py"],
-    # `--mps train.py` would take train.py as the percentage: a bare --mps goes before another option
-    "mps": ["--mps", "--gpus", "8", "train.py"],
+    # a bare --mps is a flag: train.py is the script, not the percentage
+    "mps": ["--gpus", "8", "--mps", "train.py"],
     "mps-50": ["--gpus", "8", "--mps=50", "train.py"],
+    "mps-share": ["--gpus", "8", "--mps-share", "30", "train.py"],
     "mig": ["--gpus", "2", "--exclusive", "--mig", "3g.71gb+3g.71gb", "train.py"],
     "mig-not-exclusive": ["--gpus", "1", "--mig", "7x1g.18gb", "train.py"],
     "hostile-args": ["--gpus", "1", "--gpus-per-node", "1", "argv.py", *HOSTILE],
@@ -63,6 +71,28 @@ CASES = {
                   "--python", "/usr/bin/python3", "train.py", "--lr", "3e-4"],
     "not-python": ["--gpus", "2", "--gpus-per-node", "2", "nvidia-smi", "-L"],
     "executable-path": ["--gpus", "1", "--gpus-per-node", "1", "./run.sh", "x"],
+    # the user's interpreter: an active virtualenv (CASE_ENV), and --python naming one on PATH
+    "user-venv": ["--gpus", "8", "train.py"],
+    "python-flag-name": ["--gpus", "8", "--python", "python3", "train.py"],
+    # any command after --, and -m MODULE with the user's interpreter
+    "cmd-python-m": ["--gpus", "8", "--", "python", "-m", "pkg.train", "--lr", "3e-4"],
+    "module": ["--gpus", "8", "-m", "pkg.train", "--lr", "3e-4"],
+    # one torchrun per node, its workers bound by gsrun-bind
+    "torchrun": ["--gpus", "8", "--gpus-per-node", "4", "--launcher", "torchrun", "train.py", "--epochs", "1"],
+    "torchrun-cpus": ["--gpus", "8", "--launcher", "torchrun", "--cpus-per-task", "6", "-m", "pkg.train"],
+    # site sbatch options, first-class and through --sbatch
+    "site-options": ["--gpus", "8", "-A", "proj123", "-q", "high", "-C", "h200&ib", "--mem", "512G",
+                     "--reservation", "maint", "-d", "afterok:1234", "--signal", "B:USR1@120", "--requeue",
+                     "--sbatch=--licenses=fluent:2", "--sbatch=--nice", "--sbatch=--begin=now+1hour", "train.py"],
+    # a job name as Slurm takes it: spaces, quotes, $(), backticks, # -- one safe #SBATCH line
+    "job-name-hostile": ["--gpus", "8", "-J", HOSTILE_NAME, "train.py"],
+    # --gpus 6 on nodes of 4 GPUs (CASE_ENV): 2 nodes x 3
+    "gpus-6-on-4": ["--gpus", "6", "train.py"],
+}
+
+CASE_ENV = {
+    "user-venv": {"VIRTUAL_ENV": "@TMP@/venv"},
+    "gpus-6-on-4": {"GSRUN_TEST_GRES": "gpu:h200:4(S:0-1)"},
 }
 
 
@@ -72,27 +102,36 @@ def gsrun_env(tmp_path, monkeypatch):
     bindir = tmp_path / "bin"
     bindir.mkdir()
     for name, body in (("gsrun", "#!/bin/sh\nexit 99\n"), ("gsrun-bind", "#!/bin/sh\nexit 99\n"),
-                       ("sinfo", "#!/bin/sh\necho 'gpu:h200:8(S:0-1)'\n"),
+                       ("sinfo", "#!/bin/sh\necho \"${GSRUN_TEST_GRES:-gpu:h200:8(S:0-1)}\"\n"),
+                       ("python3", "#!/bin/sh\nexit 99\n"),
                        ("sbatch", "#!/bin/sh\necho 'fake sbatch: nothing is submitted from tests' >&2; exit 1\n")):
         (bindir / name).write_text(body)
         (bindir / name).chmod(0o755)
     work = tmp_path / "work"
     work.mkdir()
+    for name in ("train.py", "argv.py", "run.sh"):
+        (work / name).write_text("#!/bin/sh\n")
+    (work / "run.sh").chmod(0o755)
+    (tmp_path / "venv" / "bin").mkdir(parents=True)
+    (tmp_path / "venv" / "bin" / "python3").write_text("#!/bin/sh\nexit 99\n")
+    (tmp_path / "venv" / "bin" / "python3").chmod(0o755)
     cfg = tmp_path / "gsrun.toml"
     cfg.write_text("")
     monkeypatch.chdir(work)
     monkeypatch.setattr(sys, "argv", [str(bindir / "gsrun")])
-    monkeypatch.delenv("GSRUN_PYTHON", raising=False)
+    for var in ("GSRUN_PYTHON", "VIRTUAL_ENV", "CONDA_PREFIX", "GSRUN_TEST_GRES", "SLURM_CONF"):
+        monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("GSRUN_CONFIG", str(cfg))
     monkeypatch.setenv("PATH", f"{bindir}:{os.environ.get('PATH', '/usr/bin:/bin')}")
 
     def normalise(text: str) -> str:
         return text.replace(sys.executable, "@PYTHON@").replace(str(tmp_path), "@TMP@")
+    normalise.tmp = str(tmp_path)
     return normalise
 
 
-def render(args) -> str:
-    res = CliRunner().invoke(cli, ["--dry-run", *args])   # before SCRIPT: later words are its arguments
+def render(args, env=None) -> str:
+    res = CliRunner().invoke(cli, ["--dry-run", *args], env=env)   # before SCRIPT: later words are its arguments
     assert res.exit_code == 0, (res.output, res.exception)
     return res.stdout
 
@@ -102,7 +141,8 @@ def test_golden_sbatch(case, gsrun_env):
     args = CASES[case]
     if "--dry-run" in args:
         raise AssertionError("--dry-run is added by the test")
-    got = gsrun_env(render(args))
+    env = {k: v.replace("@TMP@", gsrun_env.tmp) for k, v in CASE_ENV.get(case, {}).items()}
+    got = gsrun_env(render(args, env))
     path = GOLDEN / f"{case}.sh"
     check_text(path, got, f"gsrun {' '.join(args)} --dry-run")
     p = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True, timeout=30)
@@ -119,3 +159,55 @@ def test_hostile_arguments_reach_the_task_literally(gsrun_env, tmp_path):
     argv = out.stdout.decode().split("\0")[:-1]
     assert argv[-len(HOSTILE):] == HOSTILE
     assert not os.path.exists("/tmp/pwned") or os.path.getmtime("/tmp/pwned") < os.path.getmtime(tmp_path)
+
+
+REFUSALS = {
+    # gsrun arguments: (what the first line says, what the hint names)
+    "missing-script": (["--gpus", "8", "trian.py"], "gsrun: submit: no such script: 'trian.py'", "relative to"),
+    "torchrun-as-cmd": (["--gpus", "8", "--", "torchrun", "--nproc-per-node=8", "train.py"],
+                        "gsrun: submit: torchrun would start", "--launcher torchrun"),
+    "torchrun-as-script": (["--gpus", "8", "torchrun", "train.py"], "gsrun: submit: torchrun would start",
+                           "--launcher torchrun"),
+    "python-m-torch-run": (["--gpus", "8", "-m", "torch.distributed.run", "train.py"],
+                           "gsrun: submit: torchrun would start", "--launcher torchrun"),
+    "sbatch-job-name": (["--gpus", "8", "--sbatch=--job-name=x", "train.py"],
+                        "gsrun: submit: bad --sbatch: --job-name: gsrun renders --job-name itself", "-J/--job-name"),
+    "sbatch-newline": (["--gpus", "8", "--sbatch=--x\n#SBATCH --uid=0", "train.py"],
+                       "gsrun: submit: bad --sbatch: '--x\\n#SBATCH --uid=0'", "no newline"),
+    "job-name-newline": (["--gpus", "8", "-J", "a\n#SBATCH --uid=0", "train.py"], "gsrun: submit: bad --job-name",
+                         "no control characters"),
+    "gpus-7-on-4": (["--gpus", "7", "train.py"], "gsrun: submit: GPUs do not fill whole nodes",
+                    "--gpus 8 (2 node(s) x 4)"),
+    "bad-mem": (["--gpus", "8", "--mem", "lots", "train.py"], "gsrun: submit: bad --mem", "64G"),
+    "bad-mps-share": (["--gpus", "8", "--mps=150", "train.py"], "gsrun: submit: bad active thread percentage", "1-100"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSALS))
+def test_refusals_say_what_and_hint(case, gsrun_env):
+    args, first, hint = REFUSALS[case]
+    res = CliRunner().invoke(cli, ["--dry-run", *args], env={"GSRUN_TEST_GRES": "gpu:h200:4(S:0-1)"})
+    assert res.exit_code != 0 and res.exception is not None
+    msg = str(res.exception)
+    assert msg.startswith(first), msg
+    assert "\nhint: " in msg and hint in msg.split("\nhint: ", 1)[1], msg
+
+
+def test_spread_is_said_and_bare_mps_takes_the_script(gsrun_env):
+    res = CliRunner().invoke(cli, ["--dry-run", "--gpus", "6", "train.py"], env={"GSRUN_TEST_GRES": "gpu:h200:4"})
+    assert res.exit_code == 0, res.output
+    assert "gsrun: submit: note: --gpus 6 does not fill nodes of 4 GPUs: 2 nodes x 3 GPUs" in res.stderr
+    res = CliRunner().invoke(cli, ["--dry-run", "--gpus", "8", "--mps", "train.py", "--x"])
+    assert res.exit_code == 0, res.output
+    assert "#SBATCH --comment=gsrun:mps=\n" in res.stdout and "/work/train.py --x\n" in res.stdout
+
+
+def test_warns_when_gsrun_own_python_lacks_torch(gsrun_env, monkeypatch):
+    import importlib.util
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    res = CliRunner().invoke(cli, ["--dry-run", "--gpus", "8", "--python", sys.executable, "train.py"])
+    assert res.exit_code == 0, res.output
+    assert "gsrun: submit: warning:" in res.stderr and "cannot import torch" in res.stderr
+    res = CliRunner().invoke(cli, ["--dry-run", "--gpus", "8", "train.py"])   # the fake python3 on PATH
+    assert "cannot import torch" not in res.stderr

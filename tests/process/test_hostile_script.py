@@ -97,7 +97,8 @@ def test_hostile_working_directory_and_script_name(tmp_path, dirname):
 
 
 @pytest.mark.parametrize("field,value", [
-    ("job_name", "a\ntouch MARK"), ("job_name", "x;y"), ("job_name", "$(id)"), ("job_name", "x" * 200),
+    ("job_name", "a\ntouch MARK"), ("job_name", "x\r#SBATCH --uid=0"), ("job_name", "\x1b[31m"),
+    ("job_name", "x" * 300), ("job_name", ""),
     ("output", "out\ntouch MARK"), ("output", "out\r"), ("output", "\udcff"), ("output", ""),
     ("partition", "gpu\n#SBATCH --exclusive"), ("time", "1:00\ntouch MARK"),
     ("mail_user", "a@b\ntouch MARK"), ("mail_type", "END\nALL"),
@@ -109,6 +110,19 @@ def test_hostile_fields_are_refused_naming_the_field(field, value):
     with pytest.raises(InputError) as ei:
         render_script(spec_for(["true"], **{field: value}))
     assert "bad" in str(ei.value)
+
+
+def test_hostile_job_name_is_one_comment_line(tmp_path):
+    """Slurm takes any printable job name: the #SBATCH line stays one line, bash
+    sees a comment, and running the script creates no marker."""
+    name = "a b $(touch MARK) `touch MARK` ; touch MARK # 'q' \"d\" \\"
+    text = render_script(spec_for(["true"], job_name=name))
+    lines = [ln for ln in text.splitlines() if ln.startswith("#SBATCH --job-name=")]
+    assert len(lines) == 1 and " " not in lines[0].split("=", 1)[1].replace("\\ ", "")
+    assert subprocess.run(["bash", "-n"], input=text.encode(), capture_output=True).returncode == 0
+    cp = run_script(text, tmp_path, tmp_path / "dump.json")
+    assert cp.returncode == 0, cp.stderr
+    assert not list(tmp_path.rglob("MARK"))
 
 
 def test_output_pattern_allowed_but_spaces_refused(tmp_path):

@@ -13,6 +13,7 @@
 #SBATCH --mail-type=END,FAIL
 #SBATCH --mail-user=alice
 #SBATCH --comment=gsrun:tune=thp=always;mps=;exclusive=1
+# python: /usr/bin/python3: from --python
 set -eu
 
 # torch.distributed rendezvous: the first node of the allocation
@@ -28,5 +29,12 @@ export CUDA_MPS_PIPE_DIRECTORY=/run/gsrun/mps/"$SLURM_JOB_ID"/pipe
 export CUDA_MPS_LOG_DIRECTORY=/run/gsrun/mps/"$SLURM_JOB_ID"/log
 # ROCm/oneAPI masks Slurm sets on every gres node mean nothing on NVIDIA steps
 unset ROCR_VISIBLE_DEVICES GPU_DEVICE_ORDINAL ZE_AFFINITY_MASK
+# gsrun-bind binds each worker, not srun; where the task plugin cannot bind
+# (task/none) srun binds nothing anyway, and --cpu-bind would only print a note
+cpu_bind=--cpu-bind=none
+case $(scontrol show config 2>/dev/null | sed -n 's/^TaskPlugin *= *//p') in
+  *affinity*|*cgroup*|'') ;;
+  *) cpu_bind= ;;
+esac
 
-srun --kill-on-bad-exit=1 --cpu-bind=none @TMP@/bin/gsrun-bind --gpu-isolation -- /usr/bin/python3 @TMP@/work/train.py --lr 3e-4
+srun --kill-on-bad-exit=1 $cpu_bind @TMP@/bin/gsrun-bind --gpu-isolation -- /usr/bin/python3 @TMP@/work/train.py --lr 3e-4

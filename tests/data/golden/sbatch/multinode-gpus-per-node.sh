@@ -5,6 +5,7 @@
 #SBATCH --nodes=2
 #SBATCH --ntasks-per-node=8
 #SBATCH --gres=gpu:8
+# python: @TMP@/bin/python3: the first python3 on PATH at submit
 set -eu
 
 # torch.distributed rendezvous: the first node of the allocation
@@ -17,5 +18,12 @@ export CUDA_DEVICE_ORDER=PCI_BUS_ID
 export NCCL_DEBUG=WARN
 # ROCm/oneAPI masks Slurm sets on every gres node mean nothing on NVIDIA steps
 unset ROCR_VISIBLE_DEVICES GPU_DEVICE_ORDINAL ZE_AFFINITY_MASK
+# gsrun-bind binds each worker, not srun; where the task plugin cannot bind
+# (task/none) srun binds nothing anyway, and --cpu-bind would only print a note
+cpu_bind=--cpu-bind=none
+case $(scontrol show config 2>/dev/null | sed -n 's/^TaskPlugin *= *//p') in
+  *affinity*|*cgroup*|'') ;;
+  *) cpu_bind= ;;
+esac
 
-srun --kill-on-bad-exit=1 --cpu-bind=none @TMP@/bin/gsrun-bind -- @PYTHON@ @TMP@/work/train.py --epochs 3
+srun --kill-on-bad-exit=1 $cpu_bind @TMP@/bin/gsrun-bind -- @TMP@/bin/python3 @TMP@/work/train.py --epochs 3
