@@ -159,7 +159,7 @@ def cli(ctx, gpus, nodes, gpus_per_node, time_, partition, job_name, output, cpu
         parse_tune_request(tune)
     mps_value = None
     if mps_share is not None:
-        pct = parse_mps_share(mps_share, "--mps-share", phase="submit")
+        pct = parse_mps_share(mps_share, "--mps", phase="submit")   # --mps=N or --mps-share N
         if pct is None:
             raise InputError("submit", "bad active thread percentage", "--mps-share=''",
                              hint="a percentage 1-100 (--mps-share 50 or --mps=50), or --mps alone")

@@ -63,6 +63,7 @@ def _gsrun_dry_run(mps_arg, tmp_path, monkeypatch, capsys):
     (tmp_path / "none.toml").write_text("")
     script = tmp_path / "job.sh"
     script.write_text("true\n")
+    script.chmod(0o755)                          # gsrun refuses a script it cannot run
     rc = cli.main(["--gpus", "1", "--gpus-per-node", "1", mps_arg, "--dry-run", str(script)],
                   prog_name="gsrun", standalone_mode=False)
     return rc, capsys.readouterr().out
