@@ -65,6 +65,21 @@ def pytest_configure(config):
                     "in the venv you test with", returncode=4)
 
 
+# Site settings a developer's shell (or tests/run, after tests/cluster/up) may carry:
+# gsrun finds its config beside $SLURM_CONF, so the tiers that do not test the
+# cluster run without them, whatever the shell they start from.
+SITE_ENV = ("SLURM_CONF", "GSRUN_CONFIG", "GSRUN_SPOOL_DIR", "GSRUN_STATE_DIR", "GSRUN_HOST_ROOT",
+            "GSRUN_TOPOLOGY_XML", "GSRUN_PYTHON")
+
+
+@pytest.fixture(autouse=True)
+def _hermetic_site_env(request, monkeypatch):
+    tier = Path(str(request.node.fspath)).resolve().relative_to(REPO / "tests").parts[0]
+    if tier != "slurm":
+        for name in SITE_ENV:
+            monkeypatch.delenv(name, raising=False)
+
+
 def pytest_collection_modifyitems(config, items):
     have_cluster = bool(os.environ.get("GSRUN_TEST_CLUSTER"))
     skip = pytest.mark.skip(reason="needs the local Slurm cluster: run tests/run (sets GSRUN_TEST_CLUSTER)")

@@ -54,6 +54,7 @@ NOT_IN_SCRIPT = {
     "wait": "use gsrun --wait", "test-only": "use gsrun --dry-run", "uid": "not a user option",
     "gid": "not a user option", "hold": "release it with scontrol release; not through gsrun",
 }
+_PLAIN_WORD = re.compile(r"[A-Za-z0-9_.,:@%+=/-]+")
 SBATCH_OPT_RE = re.compile(r"^--([a-z][a-z0-9-]{0,63})(?:=(.*))?\Z", re.S)
 
 
@@ -204,12 +205,18 @@ def plan_nodes(gpus: int, nodes: int | None, gpus_per_node: int | None,
 
 
 def sbatch_word(value: str) -> str:
-    """``value`` as one word of an ``#SBATCH`` line: sbatch's script parser
-    splits at blanks, takes quotes and backslash escapes, and ends the line at
-    an unquoted ``#``; every such character gets a backslash. Control
-    characters are refused before (:func:`check_text`); to bash the whole line
-    is a comment."""
-    return re.sub(r"""([\s\\"'#])""", r"\\\1", value)
+    """``value`` as one word of an ``#SBATCH`` line. sbatch's script parser
+    splits at blanks outside quotes (a backslash does not protect a blank:
+    ``bert\\ base`` is two words on Slurm 22.05), takes ``"`` quotes, and
+    inside them a backslash escapes ``"`` and ``\\``; an unquoted ``#`` ends
+    the line. A plain value stays as it is; any other is double-quoted with
+    ``"`` and ``\\`` escaped (checked against sbatch 22.05: ``bert base``,
+    ``a "q" b``, ``x #1; a&b $(id) `id```, ``it's``, ``back\\slash`` all come
+    back as typed in ``scontrol show job``). Control characters are refused
+    before (:func:`check_text`); to bash the whole line is a comment."""
+    if _PLAIN_WORD.fullmatch(value):
+        return value
+    return '"' + re.sub(r'([\\"])', r"\\\1", value) + '"'
 
 
 def check_text(flag: str, value: str, max_len: int = 1024) -> None:

@@ -118,7 +118,8 @@ def test_hostile_job_name_is_one_comment_line(tmp_path):
     name = "a b $(touch MARK) `touch MARK` ; touch MARK # 'q' \"d\" \\"
     text = render_script(spec_for(["true"], job_name=name))
     lines = [ln for ln in text.splitlines() if ln.startswith("#SBATCH --job-name=")]
-    assert len(lines) == 1 and " " not in lines[0].split("=", 1)[1].replace("\\ ", "")
+    quoted = '"' + name.replace("\\", "\\\\").replace('"', '\\"') + '"'   # sbatch reads it back as typed
+    assert lines == ["#SBATCH --job-name=" + quoted]
     assert subprocess.run(["bash", "-n"], input=text.encode(), capture_output=True).returncode == 0
     cp = run_script(text, tmp_path, tmp_path / "dump.json")
     assert cp.returncode == 0, cp.stderr

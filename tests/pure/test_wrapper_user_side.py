@@ -136,11 +136,18 @@ def test_site_options_allow_lists(key, good, bad):
 
 
 def _sbatch_get_argument(line: str) -> list[str]:
-    """sbatch's #SBATCH word splitter (src/sbatch/opt.c _get_argument), transcribed:
-    blanks split, ' and " quote, backslash escapes the next character, an
-    unquoted # ends the line."""
+    """sbatch's #SBATCH word splitter as Slurm 22.05 behaves (src/sbatch/opt.c
+    _get_argument, checked by submitting on the local cluster): a blank outside
+    quotes ends the word even after a backslash; " and ' quote; otherwise a
+    backslash takes the next character literally; an unquoted # ends the line."""
     words, cur, started, quoted, q, esc = [], [], False, False, "", False
     for ch in line:
+        if not quoted and ch.isspace():
+            if started:
+                words.append("".join(cur))
+                cur, started = [], False
+            esc = False
+            continue
         if esc:
             cur.append(ch)
             esc = False
@@ -160,16 +167,18 @@ def _sbatch_get_argument(line: str) -> list[str]:
             continue
         if ch == "#":
             break
-        if ch.isspace():
-            if started:
-                words.append("".join(cur))
-                cur, started = [], False
-            continue
         cur.append(ch)
         started = True
     if started:
         words.append("".join(cur))
     return words
+
+
+def test_the_transcription_matches_what_sbatch_22_05_did():
+    """Observed on the local cluster: a backslash-blank splits, quotes keep."""
+    assert _sbatch_get_argument("--job-name=bert\\ base") == ["--job-name=bert", "base"]
+    assert _sbatch_get_argument('--job-name="a \\"q\\" b"') == ['--job-name=a "q" b']
+    assert _sbatch_get_argument('--job-name="back\\\\slash"') == ["--job-name=back\\slash"]
 
 
 @pytest.mark.parametrize("name", ["bert base", "it's \"x\"", "$(id) `id` #1", "a\\b", "tab\tx", "é 😀", "#", "a  b"])
@@ -250,5 +259,7 @@ def test_worker_environ_torchrun():
 
 def test_sbatch_word_escapes_only_what_sbatch_parses():
     assert sbatch_word("plain-name_1.2") == "plain-name_1.2"
+    assert sbatch_word("bert base") == '"bert base"'
+    assert sbatch_word('a"b\\c') == '"a\\"b\\\\c"'
     hostile = "a b c #d 'e' \"f\" \\g"
     assert _sbatch_get_argument(sbatch_word(hostile) + " # a comment") == [hostile]

@@ -7,7 +7,7 @@
 #SBATCH --gres=gpu:8
 #SBATCH --account=proj123
 #SBATCH --qos=high
-#SBATCH --constraint=h200&ib
+#SBATCH --constraint="h200&ib"
 #SBATCH --mem=512G
 #SBATCH --reservation=maint
 #SBATCH --dependency=afterok:1234
