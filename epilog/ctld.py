@@ -211,6 +211,11 @@ def admin_comment_step(job_id: str, spool_dir: str | None = None, deadline_s: fl
         if paths is not None:
             _mark_accounting(paths, job_id, "failed", log, str(e)[:300])
         return 1
+    except Exception as e:  # noqa: BLE001 - a bug or a broken summary: logged with the job id, never silent
+        log.error(f"AdminComment not stored: internal error: {e!r}".replace("\n", " "))
+        if paths is not None:
+            _mark_accounting(paths, job_id, "failed", log, f"internal error: {e!r}"[:300])
+        return 1
 
 
 def _mark_accounting(paths: Paths, job_id: str, state: str, log, detail: str = "") -> None:

@@ -189,6 +189,7 @@ def _summary(job, paths, sdir, hostfs, log) -> dict:
             summ["gpu_reason"] = why
             log.error(f"GPU section unavailable: {why}")
     summ["sampler_stop"] = stopped
+    summ["mem_total_bytes"] = hostfs.mem_total_bytes()
     summ["request"] = prolog.get("request")
     lost = [g["index"] for g in summ["gpus"] if g.get("lost_at_s") is not None]
     out = paths.spool_job(job.job_id) / f"node-{job.node}.json"
