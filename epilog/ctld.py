@@ -82,17 +82,36 @@ def _elapsed(text: str | None) -> float | None:
         return None
 
 
-def merge(paths: Paths, job: dict, cfg, wait_s: float = 0.0) -> dict:
-    """Read node summaries (waiting up to ``wait_s`` for missing nodes) and merge."""
+def merge(paths: Paths, job: dict, cfg, wait_s: float = 0.0, sleep=time.sleep) -> dict:
+    """Read the node summaries and merge them. Each file is parsed once; a
+    node still missing is waited for by looking for its file only, with
+    backoff (0.1 s doubling to 2 s) for at most ``wait_s`` in all, then
+    reported missing (``nodes_missing``)."""
     d = paths.spool_job(job["id"])
     deadline = time.monotonic() + wait_s
+    by_node: dict[str, dict] = {}
+
+    def take(p) -> None:
+        s = read_json(p)
+        if s and s.get("kind") == "node" and s.get("node") not in by_node:
+            by_node[s["node"]] = s
+
+    for p in sorted(d.glob("node-*.json")):
+        take(p)
+    pause, waited = 0.1, 0.0
     while True:
-        nodes = [s for p in sorted(d.glob("node-*.json")) if (s := read_json(p)) and s.get("kind") == "node"]
-        have = {n["node"] for n in nodes}
-        if all(n in have for n in job["nodes"]) or time.monotonic() >= deadline:
+        missing = [n for n in job["nodes"] if n not in by_node]
+        left = min(wait_s - waited, deadline - time.monotonic())
+        if not missing or left <= 0:
             break
-        time.sleep(0.5)
-    return job_summary(job, nodes, cfg, job.get("partition"))
+        sleep(min(pause, left))
+        waited += min(pause, left)
+        pause = min(2.0, pause * 2)
+        for n in missing:
+            p = d / f"node-{n}.json"
+            if p.exists():
+                take(p)
+    return job_summary(job, list(by_node.values()), cfg, job.get("partition"))
 
 
 def write_summary(paths: Paths, summary: dict, uid: int | None, gid: int | None) -> None:
@@ -210,6 +229,11 @@ def admin_comment_step(job_id: str, spool_dir: str | None = None, deadline_s: fl
         log.error(f"AdminComment not stored: {e}".replace("\n", " "))
         if paths is not None:
             _mark_accounting(paths, job_id, "failed", log, str(e)[:300])
+        return 1
+    except Exception as e:  # noqa: BLE001 - a bug or a broken summary: logged with the job id, never silent
+        log.error(f"AdminComment not stored: internal error: {e!r}".replace("\n", " "))
+        if paths is not None:
+            _mark_accounting(paths, job_id, "failed", log, f"internal error: {e!r}"[:300])
         return 1
 
 

@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass
 
 from gsrun.request.config import load_config_or_defaults
+from gsrun.base import pids
 from gsrun.base.errors import GsrunError
 from gsrun.base.fsutil import atomic_write_json, read_json
 from gsrun.base.ids import is_job_id
@@ -34,9 +35,7 @@ from gsrun.facts.hostfs import HostFS
 from gsrun.facts.jobenv import job_from_env
 from gsrun.base.log import JobLog, safe_text
 from gsrun.base.paths import Paths
-from gsrun.node.sampler import stop_sampler
 from gsrun.node.steps import CLEANUP, Step, drain_node, run_steps
-from gsrun.report.summary import node_summary
 
 STEP_RESERVE_S = 5.0
 
@@ -146,26 +145,20 @@ def _nvml_reason(hostfs, prolog: dict) -> str | None:
     return None
 
 
-def find_samplers(job_id: str, state_dir: str) -> list[tuple[int, float]]:
+def find_samplers(job_id: str, state_dir: str) -> list[tuple[int, float | None]]:
     """Samplers of ``job_id`` by command line (``-m gsrun.node.sampler
     --job-id ID ... --state-dir DIR``, or ``-m gsrun.node sampler ...`` of
     releases before the layered tree, DIR = this node's state dir), owned by
     our uid (root): for a prolog killed between starting the sampler and
-    recording its PID. -> [(pid, create_time)]."""
-    import psutil
+    recording its PID. A ``/proc`` scan (:func:`gsrun.base.pids.scan`), no
+    psutil. -> [(pid, start time, epoch s)]."""
+    from gsrun.base import pids
 
-    out = []
-    for p in psutil.process_iter(["pid", "cmdline", "uids", "create_time"]):
-        try:
-            cmd = p.info["cmdline"] or []
-            if p.info["uids"] is None or p.info["uids"].real != os.geteuid() or p.info["pid"] == os.getpid():
-                continue
-            if ("gsrun.node.sampler" in cmd or ("gsrun.node" in cmd and "sampler" in cmd)) and "--job-id" in cmd:
-                if _arg(cmd, "--job-id") == job_id and _arg(cmd, "--state-dir") == state_dir:
-                    out.append((p.info["pid"], p.info["create_time"]))
-        except (psutil.Error, ValueError):
-            continue
-    return out
+    def match(cmd: list[str]) -> bool:
+        return ("gsrun.node.sampler" in cmd or ("gsrun.node" in cmd and "sampler" in cmd)) \
+            and _arg(cmd, "--job-id") == job_id and _arg(cmd, "--state-dir") == state_dir
+
+    return pids.scan(match, os.geteuid())
 
 
 def _arg(cmd: list[str], flag: str) -> str | None:
@@ -174,15 +167,17 @@ def _arg(cmd: list[str], flag: str) -> str | None:
 
 
 def _summary(job, paths, sdir, hostfs, log) -> dict:
+    from gsrun.report.summary import node_summary
+
     pid_info = read_json(sdir / "sampler.pid.json")
     stopped = "no sampler record"
     if pid_info:
         try:
-            stopped = stop_sampler(int(pid_info["pid"]), pid_info.get("create_time"))
+            stopped = pids.stop(int(pid_info["pid"]), pid_info.get("create_time"))
         except (KeyError, TypeError, ValueError, ProcessLookupError) as e:
             stopped = f"bad sampler record: {e}"
     for pid, ct in find_samplers(job.job_id, str(paths.state_dir)):   # unrecorded or second samplers
-        stopped += f"; unrecorded sampler {pid}: {stop_sampler(pid, ct)}"
+        stopped += f"; unrecorded sampler {pid}: {pids.stop(pid, ct)}"
     state = read_json(sdir / "sampler.json")
     prolog = read_json(paths.spool_job(job.job_id) / f"prolog-{job.node}.json") or {}
     env = job.to_dict()
@@ -194,6 +189,7 @@ def _summary(job, paths, sdir, hostfs, log) -> dict:
             summ["gpu_reason"] = why
             log.error(f"GPU section unavailable: {why}")
     summ["sampler_stop"] = stopped
+    summ["mem_total_bytes"] = hostfs.mem_total_bytes()
     summ["request"] = prolog.get("request")
     lost = [g["index"] for g in summ["gpus"] if g.get("lost_at_s") is not None]
     out = paths.spool_job(job.job_id) / f"node-{job.node}.json"
@@ -217,6 +213,11 @@ def _summary(job, paths, sdir, hostfs, log) -> dict:
 def _mps_stop(job, paths, cfg, log):
     from gsrun.node import mps
 
+    # the prolog journals before it starts a daemon: with neither the journal nor the
+    # job's MPS directory there is nothing to stop (and no process scan to pay)
+    if not mps.journal_path(job.job_id, str(paths.state_dir)).exists() \
+            and not os.path.lexists(paths.mps_dir / job.job_id):
+        return {"skipped": "no MPS journal or directory"}
     return mps.stop(job.job_id, str(paths.mps_dir), str(paths.state_dir), cfg["mps.control_bin"],
                     cfg["mps.quit_timeout_s"], log=log)
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import stat
 import time
 from pathlib import Path
@@ -39,7 +38,7 @@ def atomic_write(path: str | os.PathLike, data: str | bytes, mode: int = 0o644,
     try:
         tmp = None
         for _ in range(100):
-            name = f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}"
+            name = f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}"
             try:
                 fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                              0o600, dir_fd=dfd)

@@ -68,6 +68,17 @@ class HostFS:
         except (ValueError, IndexError):
             return None
 
+    def mem_total_bytes(self) -> int | None:
+        """The node's memory: ``MemTotal`` of ``proc/meminfo`` (kB) in bytes,
+        None when it cannot be read."""
+        for line in (self.read("proc/meminfo") or "").splitlines():
+            k, _, v = line.partition(":")
+            if k == "MemTotal":
+                parts = v.split()
+                if parts and parts[0].isdigit():
+                    return int(parts[0]) * 1024
+        return None
+
     def exists(self, rel: str) -> bool:
         return self.path(rel).exists()
 

@@ -49,8 +49,6 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
-import psutil
-
 from gsrun.base.errors import InputError, NodeError
 from gsrun.base.ids import check_job_id
 from gsrun.request.mps_share import parse_mps_share
@@ -205,6 +203,7 @@ def _traversable(st: os.stat_result, uid: int, groups: Iterable[int]) -> bool:
 
 
 def _is_mps_process(p: psutil.Process) -> bool:
+    import psutil
     try:
         if p.name().startswith(MPS_NAME_PREFIX):
             return True
@@ -214,6 +213,7 @@ def _is_mps_process(p: psutil.Process) -> bool:
 
 
 def _gone(p: psutil.Process) -> bool:
+    import psutil
     try:
         return not p.is_running() or p.status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
@@ -229,6 +229,7 @@ def _proc_key(p: psutil.Process) -> dict:
 def _recorded(entries: Iterable[dict], uid: int | None) -> list[psutil.Process]:
     """Journal PIDs that are still the same process (creation time equal) and,
     when known, of the job's uid; their descendants too (MPS servers)."""
+    import psutil
     out = []
     for e in entries or ():
         try:
@@ -256,6 +257,7 @@ def find_job_processes(pipe_dir: str, uid: int | None,
     ``pipe_dir`` AND (when ``uid`` is given) its real uid is ``uid``.
     Never by name alone. Reading another user's environ needs root.
     """
+    import psutil
     want = os.path.normpath(pipe_dir)
     found: dict[int, psutil.Process] = {p.pid: p for p in _recorded(recorded, uid)}
     for p in psutil.process_iter():
@@ -479,6 +481,7 @@ def _launch(binary: str, env: dict, as_user: dict, pipe_dir: str, uid: int,
 def _daemon_processes(pipe_dir: str, uid: int) -> list[psutil.Process]:
     """The control daemon named by the pid file if it checks out (uid, name,
     environ), else whatever :func:`find_job_processes` finds."""
+    import psutil
     pid = _read_pid_file(pipe_dir)
     if pid is not None:
         try:
@@ -504,6 +507,7 @@ def _wait_gone(procs: list[psutil.Process], timeout_s: float) -> list[psutil.Pro
 
 
 def _signal(procs: list[psutil.Process], sig: int) -> list[int]:
+    import psutil
     sent = []
     for p in procs:
         try:

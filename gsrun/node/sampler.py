@@ -27,8 +27,11 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import time
+
+from gsrun.base import pids
 
 from gsrun.facts.aggregate import HIST_EDGES_PCT, Counter, Metric, Timeline
 from gsrun.base.fsutil import atomic_write, read_json
@@ -487,66 +490,90 @@ class Sampler:
 
     def run(self, max_samples: int | None = None) -> dict:
         """Sample until SIGTERM/SIGINT (or ``max_samples`` polls), then take a
-        last sample, write the final state (``done``) and return it (JSON form)."""
+        last sample, write the final state (``done``) and return it (JSON form).
+
+        The wait between polls is cut short by the signal (a self-pipe given
+        to :func:`signal.set_wakeup_fd`, waited on with ``select``): the
+        sampler starts its final sample within milliseconds of SIGTERM,
+        whatever ``interval_s`` is. An injected ``sleep`` (tests) is used as
+        given instead."""
+        wake = self._wake_pipe()
         try:
-            signal.signal(signal.SIGTERM, self._on_signal)
-            signal.signal(signal.SIGINT, self._on_signal)
-        except ValueError:      # not the main thread (tests): stop via max_samples
-            pass
-        last_flush = None
-        n = 0
-        next_t = self.clock()
-        while not self.stop:
+            last_flush = None
+            n = 0
+            next_t = self.clock()
+            while not self.stop:
+                self.sample_once()
+                n += 1
+                if last_flush is None or self.clock() - last_flush >= self.flush_s:
+                    self.flush()
+                    last_flush = self.clock()
+                if max_samples is not None and n >= max_samples:
+                    break
+                next_t += self.interval_s
+                now = self.clock()
+                if next_t <= now:   # overran: skip the missed slots
+                    next_t = now + self.interval_s - ((now - next_t) % self.interval_s)
+                while not self.stop and self.clock() < next_t:
+                    left = max(0.0, next_t - self.clock())
+                    if wake is None:
+                        self.sleep(min(1.0, left))
+                    else:
+                        _wait_fd(wake[0], left)
             self.sample_once()
-            n += 1
-            if last_flush is None or self.clock() - last_flush >= self.flush_s:
-                self.flush()
-                last_flush = self.clock()
-            if max_samples is not None and n >= max_samples:
-                break
-            next_t += self.interval_s
-            now = self.clock()
-            if next_t <= now:   # overran: skip the missed slots
-                next_t = now + self.interval_s - ((now - next_t) % self.interval_s)
-            while not self.stop and self.clock() < next_t:
-                self.sleep(min(1.0, max(0.0, next_t - self.clock())))
-        self.sample_once()
-        self.flush(done=True)
+            self.flush(done=True)
+        finally:
+            if wake is not None:
+                signal.set_wakeup_fd(-1)
+                for fd in wake:
+                    os.close(fd)
         if self.nv is not None:
             self.nv.close()
         return self.snapshot()
+
+    def _wake_pipe(self) -> tuple[int, int] | None:
+        """Install the SIGTERM/SIGINT handlers; with the real ``sleep``, also a
+        non-blocking self-pipe as the signal wakeup fd. None: no pipe (an
+        injected ``sleep``, or not the main thread: tests stop via ``max_samples``)."""
+        try:
+            signal.signal(signal.SIGTERM, self._on_signal)
+            signal.signal(signal.SIGINT, self._on_signal)
+        except ValueError:
+            return None
+        if self.sleep is not time.sleep:
+            return None
+        r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        return r, w
 
     def _on_signal(self, signum, frame):
         self.stop = True
 
 
-def sampler_pid_alive(pid: int, create_time: float | None) -> bool:
-    """True when ``pid`` is still our sampler (same start time: PIDs are reused)."""
-    import psutil
+def _wait_fd(fd: int, timeout_s: float) -> None:
+    """Wait up to ``timeout_s`` for ``fd`` (the signal wakeup pipe) to turn
+    readable, then drain it."""
+    if select.select([fd], [], [], timeout_s)[0]:
+        try:
+            while os.read(fd, 512):
+                pass
+        except BlockingIOError:
+            pass
 
-    try:
-        p = psutil.Process(pid)
-        return create_time is None or abs(p.create_time() - create_time) < 0.5
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return False
+
+def sampler_pid_alive(pid: int, create_time: float | None) -> bool:
+    """True when ``pid`` is still our sampler (same start time: PIDs are
+    reused) and has not exited (a zombie is not alive)."""
+    return pids.is_same(pid, create_time)
 
 
 def stop_sampler(pid: int, create_time: float | None, timeout_s: float = 5.0) -> str:
-    """SIGTERM the sampler, wait up to ``timeout_s`` for its final flush, then
-    SIGKILL. Returns what happened (``stopped``, ``killed``, ``not running``)."""
-    if not sampler_pid_alive(pid, create_time):
-        return "not running"
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not sampler_pid_alive(pid, create_time):
-            return "stopped"
-        time.sleep(0.05)
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        return "stopped"
-    return "killed"
+    """SIGTERM the sampler and wait for it to exit -- its final sample and
+    flush come first (:meth:`Sampler.run`) --, up to ``timeout_s``, then
+    SIGKILL. The wait ends when the process exits (a pidfd, see
+    :func:`gsrun.base.pids.stop`), not when PID 1 reaps it. Returns what
+    happened (``stopped``, ``killed``, ``not running``)."""
+    return pids.stop(pid, create_time, timeout_s)
 
 
 def run_sampler(job_id: str, uid: int, node: str, gpus: str, host_root: str | None, state_dir: str | None,

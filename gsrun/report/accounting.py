@@ -129,9 +129,21 @@ def job_state(job_id: str, timeout_s: float = 15.0) -> str | None:
 
 # --------------------------------------------------------------------------- effects
 
+# The kernel refuses one argv string longer than MAX_ARG_STRLEN (32 pages = 128 KiB): E2BIG.
+# A blob is at most gsrun.report.summary.JS1_MAX_CHARS (8 KiB); this is the last guard.
+MAX_ARG_BYTES = 64 * 1024
+
+
 def _sacctmgr_set(job_id: str, blob: str, timeout_s: float) -> tuple[bool, str]:
-    cp = run_slurm(["sacctmgr", "-i", "modify", "job", "where", f"jobid={job_id}", "set",
-                    f"AdminComment={blob}"], timeout_s, check=False)
+    argv = ["sacctmgr", "-i", "modify", "job", "where", f"jobid={job_id}", "set", f"AdminComment={blob}"]
+    if max(len(a.encode()) for a in argv) > MAX_ARG_BYTES:
+        raise SlurmError("accounting", "blob too long for sacctmgr",
+                         f"{len(blob)} characters (at most {MAX_ARG_BYTES} bytes per argument)",
+                         hint="a blob from gsrun.report.summary.js1_blob is at most 8 KiB")
+    try:
+        cp = run_slurm(argv, timeout_s, check=False)
+    except OSError as e:      # E2BIG, ENOMEM...: never an uncaught error
+        raise SlurmError("accounting", "sacctmgr could not start", str(e)) from None
     text = (cp.stdout + cp.stderr).strip()
     return cp.returncode == 0 and "Modified" in cp.stdout, text
 

@@ -165,6 +165,8 @@ class NodeSummary(Record):
         "CPU cores busy: points [t_s since sampler start, mean, max, n]; absent without sampler state",
         optional_key=True)
     sampler_stop: str = field("how the epilog stopped the sampler (added by the epilog)", optional_key=True)
+    mem_total_bytes: int | None = field("the node's memory, bytes (/proc/meminfo MemTotal; added by the epilog)",
+                                        optional_key=True)
     request: dict[str, Any] | None = field("the job's gsrun request from the prolog record (added by the "
                                            "epilog)", optional_key=True)
     extra: dict = extra_field()
@@ -253,6 +255,8 @@ class NodeDetail(Record):
     elapsed_s: float | None = field("the node summary's elapsed_s, seconds", ABSENT)
     gpu_available: bool | None = field("the node's gpu_available", ABSENT)
     gpu_reason: str | None = field("the node's gpu_reason", ABSENT)
+    mem_total_bytes: int | None = field("the node's memory, bytes (MemTotal); absent in older summaries",
+                                        optional_key=True)
     extra: dict = extra_field()
 
 

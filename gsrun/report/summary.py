@@ -68,18 +68,18 @@ JS1 blob (``AdminComment``; the layout Princeton jobstats writes in
                "tensor_active_pct": {...}, "lost": {"node:minor": lost_at_s}}}
 
 GPU keys are the ``/dev/nvidiaN`` minor numbers as strings (what jobstats'
-exporter labels ``minor_number``). A figure that is not known is left out,
-never written as 0 or null: jobstats then reports that figure as
-unavailable (a node without ``cpus``/``total_time`` -> CPU figures
-unavailable; a node without ``gpu_utilization`` -> GPU utilization
-unavailable, as on MIG). A GPU appears in ``gpu_used_memory`` only together
-with ``gpu_total_memory`` (jobstats indexes one by the other's keys).
-``total_memory`` per node is the job's memory request split over its nodes
-in proportion to their cores (Slurm's AllocTRES ``mem`` is the job total).
-reportseff needs every node's four CPU/memory keys and divides by
-``cpus``, ``total_memory`` and ``total_time``: a blob with one of them left
-out (no CPU figure on a node) makes reportseff fail, as jobstats' own blobs
-do when its exporter lacked a figure.
+exporter labels ``minor_number``). Every node carries ``cpus``,
+``total_time``, ``used_memory`` and ``total_memory`` (jobstats' formatter
+fails on a node without its memory keys; reportseff divides by them): one
+that is unknown is written as 0 and named in ``gsrun.unknown``. A job with
+GPUs but no utilization figure on a node stores ``gpu_utilization: {}``
+(jobstats: "GPU utilization is unknown", no error); GPU memory keys appear
+only with figures, as a pair keyed alike (jobstats indexes one by the
+other's keys). ``total_memory`` per node is the job's memory request split
+over its nodes in proportion to their cores (Slurm's AllocTRES ``mem`` is
+the job total), else the node's memory (``MemTotal``). The blob is at most
+:data:`JS1_MAX_CHARS` characters: see :func:`js1_blob` for how per-GPU and
+per-node detail is reduced (``gsrun.reduced``) when it would not fit.
 """
 
 from __future__ import annotations
@@ -296,7 +296,8 @@ def job_record(job: dict, nodes: list[dict | NodeSummary], cfg=None, partition: 
     energy_j = sum(energies) if energies else None
     per_node = [NodeDetail(node=n["node"], cpus_alloc=n.get("cpus_alloc"), cpu_time_s=n["cpu_time_s"],
                            mem_peak_bytes=n["mem_peak_bytes"], elapsed_s=n.get("elapsed_s"),
-                           gpu_available=n.get("gpu_available"), gpu_reason=n.get("gpu_reason"))
+                           gpu_available=n.get("gpu_available"), gpu_reason=n.get("gpu_reason"),
+                           **({"mem_total_bytes": n["mem_total_bytes"]} if "mem_total_bytes" in n else {}))
                 for n in nodes]
     summary = JobSummary(
         schema=SUMMARY_SCHEMA, kind="job",
@@ -325,10 +326,105 @@ def job_record(job: dict, nodes: list[dict | NodeSummary], cfg=None, partition: 
     return dataclasses.replace(summary, findings=finding_records(summary.to_json(), cfg, partition))
 
 
-def js1_blob(summary: dict) -> str | None:
+JS1_MAX_CHARS = 8192     # the longest blob js1_blob returns (AdminComment column, sacctmgr argv)
+JS1_GROUPS = (512, 256, 128, 64, 32, 16, 8, 4, 2, 1)   # node groups tried, in order, when per-node does not fit
+
+
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    m = len(xs) // 2
+    return xs[m] if len(xs) % 2 else (xs[m - 1] + xs[m]) / 2
+
+
+def _js1_nodes(summary: dict) -> tuple[list[tuple[str, dict, list[dict]]], dict[str, list[str]]]:
+    """Per node, in name order: (name, the four CPU/memory keys, its GPUs with
+    figures), and node -> keys written as 0 because they are unknown."""
+    job = summary["job"]
+    detail = summary.get("nodes_detail") or []
+    total_cpus = sum(n["cpus_alloc"] or 0 for n in detail)
+    mem_req = job.get("mem_req_bytes")
+    gpus_of: dict[str, list[dict]] = {}
+    for g in summary["gpu"]["devices"]:
+        if g.get("status", "ok") in ("ok", "lost"):
+            gpus_of.setdefault(g["node"], []).append(g)
+    out, unknown = [], {}
+    for n in detail:
+        cpus = n.get("cpus_alloc")
+        miss = []
+        if mem_req:      # the job's memory limit on the node (Slurm's mem is the job total)
+            share = (cpus / total_cpus) if cpus and total_cpus else 1.0 / len(detail)
+            total = int(mem_req * share)
+        else:            # no memory limit: the node's memory
+            total = n.get("mem_total_bytes") or 0
+        d = {"cpus": int(cpus) if cpus else 1, "total_time": round(float(n.get("cpu_time_s") or 0.0), 1),
+             "used_memory": int(n.get("mem_peak_bytes") or 0), "total_memory": int(total)}
+        for key, v in (("cpus", cpus), ("total_time", n.get("cpu_time_s")), ("used_memory", n.get("mem_peak_bytes")),
+                       ("total_memory", total or None)):
+            if v is None:
+                miss.append(key)
+        if miss:
+            unknown[n["node"]] = miss
+        out.append((n["node"], d, gpus_of.get(n["node"], [])))
+    return out, unknown
+
+
+def _gpu_keys(gpus: list[dict], has_gpus: bool, reduce: bool) -> dict:
+    """jobstats' per-node GPU keys. ``gpu_utilization`` is ``{}`` when the job
+    has GPUs but none has a figure here (jobstats: "GPU utilization is
+    unknown", no error); GPU memory keys only with figures (jobstats needs
+    both, keyed alike). ``reduce``: the keys ``min``, ``median``, ``max``
+    across the GPUs instead of one per GPU minor number."""
+    d: dict = {}
+    util = {str(g["index"]): g["util_mean_pct"] for g in gpus if g.get("util_mean_pct") is not None}
+    mem = {str(g["index"]): (int(g["mem_peak_bytes"]), int(g["mem_total_bytes"])) for g in gpus
+           if g.get("mem_peak_bytes") is not None and g.get("mem_total_bytes")}
+    if reduce and len(util) > 3:
+        vals = list(util.values())
+        util = {"min": min(vals), "median": round(_median(vals), 1), "max": max(vals)}
+    if reduce and len(mem) > 3:
+        by_frac = sorted(mem.values(), key=lambda um: um[0] / um[1])
+        mem = {"min": by_frac[0], "median": by_frac[len(by_frac) // 2], "max": by_frac[-1]}
+    if util or has_gpus:
+        d["gpu_utilization"] = util
+    if mem:
+        d["gpu_used_memory"] = {k: v[0] for k, v in mem.items()}
+        d["gpu_total_memory"] = {k: v[1] for k, v in mem.items()}
+    return d
+
+
+def _group(members: list[tuple[str, dict, list[dict]]]) -> tuple[str, dict, list[dict]]:
+    """Several nodes as one jobstats node: CPU/memory keys summed (jobstats'
+    job totals stay exact), GPUs pooled (reduced to min/median/max)."""
+    first, last = members[0][0], members[-1][0]
+    name = first if len(members) == 1 else f"{first}..{last} ({len(members)} nodes)"
+    d = {k: sum(m[1][k] for m in members) for k in ("cpus", "used_memory", "total_memory")}
+    d["total_time"] = round(sum(m[1]["total_time"] for m in members), 1)
+    return name, d, [g for m in members for g in m[2]]
+
+
+def _encode(blob: dict) -> str:
+    raw = json.dumps(blob, separators=(",", ":"), sort_keys=True).encode("ascii")
+    return "JS1:" + base64.b64encode(gzip.compress(raw, mtime=0)).decode("ascii")
+
+
+def js1_blob(summary: dict, max_chars: int = JS1_MAX_CHARS) -> str | None:
     """``JS1:`` + base64(gzip(json)) in the layout jobstats writes to and
     reads from ``AdminComment`` (schema in the module doc), plus gsrun's own
-    ``gsrun`` section, which jobstats and reportseff ignore.
+    ``gsrun`` section, which jobstats and reportseff ignore. At most
+    ``max_chars`` characters whatever the job size.
+
+    Every node carries ``cpus``, ``total_time``, ``used_memory`` and
+    ``total_memory`` (jobstats' formatter fails on a node without its memory
+    keys); one that is unknown is written as 0 and named in
+    ``gsrun.unknown`` (node -> keys). ``total_memory`` is the job's memory
+    limit on the node (the request split by cores), else the node's memory.
+    When per-GPU detail does not fit, each node's GPUs are reduced to the
+    keys ``min``/``median``/``max``; when per-node detail does not fit
+    either, consecutive nodes (by name) are pooled into groups named
+    ``first..last (N nodes)`` with their CPU and memory figures summed, so
+    jobstats' job totals stay exact. ``gsrun.reduced`` then says how
+    (``"gpus"`` or ``"nodes:<groups>"``) and the per-GPU ``gsrun`` maps are
+    left out.
 
     Returns None when there is nothing jobstats could use (no elapsed time
     or no node figures): jobstats itself then stores ``Short`` / ``None``
@@ -336,48 +432,44 @@ def js1_blob(summary: dict) -> str | None:
     """
     job = summary["job"]
     elapsed = job.get("elapsed_s")
-    detail = summary.get("nodes_detail") or []
-    if not elapsed or elapsed <= 0 or not detail:
+    if not elapsed or elapsed <= 0 or not summary.get("nodes_detail"):
         return None
-    total_cpus = sum(n["cpus_alloc"] or 0 for n in detail)
-    mem_req = job.get("mem_req_bytes")
-    nodes: dict[str, dict] = {}
-    for n in detail:
-        d: dict = {}
-        cpus = n.get("cpus_alloc")
-        if cpus and n.get("cpu_time_s") is not None:
-            d["cpus"] = int(cpus)
-            d["total_time"] = round(float(n["cpu_time_s"]), 1)
-        if mem_req and n.get("mem_peak_bytes") is not None:
-            share = (cpus / total_cpus) if cpus and total_cpus else 1.0 / len(detail)
-            total = int(mem_req * share)
-            if total > 0:
-                d["used_memory"] = int(n["mem_peak_bytes"])
-                d["total_memory"] = total
-        nodes[n["node"]] = d
-    for g in summary["gpu"]["devices"]:
-        if g.get("status", "ok") not in ("ok", "lost"):
-            continue
-        d = nodes.setdefault(g["node"], {})
-        key = str(g["index"])
-        if g["util_mean_pct"] is not None:
-            d.setdefault("gpu_utilization", {})[key] = g["util_mean_pct"]
-        if g["mem_peak_bytes"] is not None and g["mem_total_bytes"]:
-            d.setdefault("gpu_used_memory", {})[key] = int(g["mem_peak_bytes"])
-            d.setdefault("gpu_total_memory", {})[key] = int(g["mem_total_bytes"])
+    nodes, unknown = _js1_nodes(summary)
     devs = summary["gpu"]["devices"]
-    blob = {"gpus": int(job.get("gpus_alloc") or summary["gpu"].get("count") or 0), "nodes": nodes,
-            "total_time": int(round(elapsed)),
-            "gsrun": {"schema": summary["schema"], "cpu_eff_pct": summary["cpu"]["efficiency_pct"],
-                      "energy_j": summary["gpu"]["energy_j"],
-                      "sm_active_pct": {f'{g["node"]}:{g["index"]}': g["sm_active_mean_pct"] for g in devs
-                                        if g.get("sm_active_mean_pct") is not None},
-                      "tensor_active_pct": {f'{g["node"]}:{g["index"]}': g["tensor_active_mean_pct"] for g in devs
-                                            if g.get("tensor_active_mean_pct") is not None},
-                      "lost": {f'{g["node"]}:{g["index"]}': g["lost_at_s"] for g in devs
-                               if g.get("lost_at_s") is not None}}}
-    raw = json.dumps(blob, separators=(",", ":"), sort_keys=True).encode("ascii")
-    return "JS1:" + base64.b64encode(gzip.compress(raw, mtime=0)).decode("ascii")
+    gpus_alloc = int(job.get("gpus_alloc") or summary["gpu"].get("count") or 0)
+    gsrun = {"schema": summary["schema"], "cpu_eff_pct": summary["cpu"]["efficiency_pct"],
+             "energy_j": summary["gpu"]["energy_j"]}
+    per_gpu = {"sm_active_pct": {f'{g["node"]}:{g["index"]}': g["sm_active_mean_pct"] for g in devs
+                                 if g.get("sm_active_mean_pct") is not None},
+               "tensor_active_pct": {f'{g["node"]}:{g["index"]}': g["tensor_active_mean_pct"] for g in devs
+                                     if g.get("tensor_active_mean_pct") is not None},
+               "lost": {f'{g["node"]}:{g["index"]}': g["lost_at_s"] for g in devs if g.get("lost_at_s") is not None}}
+    if unknown:
+        gsrun["unknown"] = unknown
+
+    def blob(entries, reduce: bool, reduced: str | None) -> dict:
+        out = {n: dict(d, **_gpu_keys(gs, gpus_alloc > 0, reduce)) for n, d, gs in entries}
+        extra = dict(gsrun, **per_gpu) if reduced is None else dict(gsrun, reduced=reduced, lost_count=len(
+            per_gpu["lost"]))
+        if reduced is not None and "unknown" in extra and len(unknown) > 8:
+            extra["unknown"] = {"nodes": len(unknown)}
+        return {"gpus": gpus_alloc, "nodes": out, "total_time": int(round(elapsed)), "gsrun": extra}
+
+    text = _encode(blob(nodes, False, None))
+    if len(text) <= max_chars:
+        return text
+    text = _encode(blob(nodes, True, "gpus"))
+    if len(text) <= max_chars:
+        return text
+    for g in JS1_GROUPS:
+        if g >= len(nodes):
+            continue
+        size = -(-len(nodes) // g)
+        groups = [_group(nodes[i:i + size]) for i in range(0, len(nodes), size)]
+        text = _encode(blob(groups, True, f"nodes:{len(groups)}"))
+        if len(text) <= max_chars:
+            return text
+    return text     # one pooled node always fits: 4 numbers, 3 GPU keys
 
 
 def decode_js1(text: str) -> dict:

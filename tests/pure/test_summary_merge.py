@@ -11,6 +11,7 @@ import pytest
 
 from gsrun.facts.nvml import NA, FakeNvml, Seq
 from gsrun.report.summary import decode_js1, job_summary, js1_blob, node_summary
+from helpers.jobstats_layout import check_jobstats_layout
 
 from helpers.sampler_sim import (GIB, SimClock, cpu_usage, energy_stream, h200_data, job_of, make_sampler,
                                   node_of, run_job, util_sample_stream)
@@ -143,6 +144,7 @@ def test_js1_round_trip_and_jobstats_layout(two_nodes):
     assert a["gpu_total_memory"] == {"0": 150754820096, "1": 150754820096}
     assert raw["nodes"]["gpu-a02"]["gpu_utilization"] == {"2": 50.0, "3": 50.0}
     assert None not in list(_walk(raw["nodes"]))
+    check_jobstats_layout(raw, gpus=True)
     view = jobstats_view(raw, raw["total_time"])
     assert view["cpu_eff"] == pytest.approx(job["cpu"]["efficiency_pct"])
     assert view["mem_eff"] == pytest.approx(job["memory"]["efficiency_pct"], abs=0.05)
@@ -152,18 +154,22 @@ def test_js1_round_trip_and_jobstats_layout(two_nodes):
 
 
 def test_js1_mig_node_has_no_gpu_utilization_but_memory(tmp_path):
-    """Field case 12 (docs/field-cases.md) in jobstats' terms: no
-    gpu_utilization key (jobstats shows it unavailable), never 0."""
+    """Field case 12 (docs/field-cases.md) in jobstats' terms: an empty
+    gpu_utilization (jobstats: "GPU utilization is unknown"), never 0."""
     node = _node(tmp_path, "mig-01", [0], None, 1.0, GIB, mig=True)
     job = job_of([node], H, cpus_alloc=8, mem_req_bytes=16 * GIB, gpus_alloc=1)
     raw = decode_js1(js1_blob(job))
     d = raw["nodes"]["mig-01"]
-    assert "gpu_utilization" not in d
+    assert d["gpu_utilization"] == {}
     assert d["gpu_used_memory"] == {"0": 20 * GIB} and "0" in d["gpu_total_memory"]
     assert jobstats_view(raw, raw["total_time"])["gpu_util"] is None
+    check_jobstats_layout(raw, gpus=True)
 
 
-def test_js1_nvml_failure_and_unknown_cpu_time_are_left_out(tmp_path):
+def test_js1_nvml_failure_and_unknown_cpu_time_are_flagged(tmp_path):
+    """jobstats' formatter needs every node's four CPU/memory keys (issue 24):
+    an unknown one is 0 and named in gsrun.unknown; no GPU figure: an empty
+    gpu_utilization (jobstats: unknown, no error), no GPU memory keys."""
     data = h200_data(1)
     data["init"] = {"error": "Driver/library version mismatch", "code": 18}
     clock = SimClock()
@@ -173,9 +179,11 @@ def test_js1_nvml_failure_and_unknown_cpu_time_are_left_out(tmp_path):
     job = job_of([node_of(st, 60, gpus=[0])], 60, cpus_alloc=8, mem_req_bytes=16 * GIB, gpus_alloc=1)
     raw = decode_js1(js1_blob(job))
     d = raw["nodes"]["n1"]
-    assert "cpus" not in d and "total_time" not in d          # unknown CPU time: left out, not 0
+    assert d["cpus"] == 8 and d["total_time"] == 0.0
+    assert raw["gsrun"]["unknown"] == {"n1": ["total_time"]}         # 0 there means unknown
     assert d["used_memory"] == 3 * GIB and d["total_memory"] == 16 * GIB
-    assert not any(k.startswith("gpu_") for k in d)
+    assert {k for k in d if k.startswith("gpu_")} == {"gpu_utilization"} and d["gpu_utilization"] == {}
+    check_jobstats_layout(raw, gpus=True)
 
 
 def test_decode_js1_rejects_garbage():

@@ -23,6 +23,7 @@ import pytest
 
 from gsrun.facts.sacct import SACCT_FORMAT, efficiency_from_sacct
 from gsrun.report.summary import decode_js1
+from helpers.jobstats_layout import check_jobstats_layout
 
 REPO = Path(__file__).resolve().parents[2]
 VENV = os.environ.get("GSRUN_VENV", "/opt/gsrun/venv")
@@ -96,6 +97,7 @@ def test_sacct_has_gpu_tres_and_js1(cluster, acct_job):
     assert (jid, state) == (acct_job, "COMPLETED")
     assert "gres/gpu=8" in tres.split(","), tres
     blob = decode_js1(comment)
+    check_jobstats_layout(blob, gpus=True)       # what jobstats needs to render it
     assert blob["gpus"] == 8
     assert sorted(blob["nodes"]) == ["gpu01", "gpu02"]
     for node in ("gpu01", "gpu02"):

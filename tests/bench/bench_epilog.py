@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+"""Hook wall times on a fake host root, against the interpreter floor measured
+in the same run (issue 24, items 1 and 6; BENCHMARKS.md, "Hot paths").
+
+    python3 -P tests/bench/bench_epilog.py [--runs 7] [--interval-s 5] [--run-s 0.3]
+
+As root or not (the fake site of ``tests/helpers/node_site.py``: the H200
+VM recording with a fake NVML, tuning applied to the fake tree). For each
+run: ``gsrun-node prolog`` (sampler started, tuning journaled when tuned),
+``--run-s`` seconds of "job", then ``gsrun-node epilog`` (sampler stop, node
+summary, restore), each in a fresh interpreter as slurmd runs it. Without
+and with tuning (``SPANK_GS_TUNE``). Also ``gsrun --dry-run`` and
+``gsrun-bind --plan --json`` on the same recorded host.
+
+Prints JSON: medians (ms) and ratios to ``python3 -P -c pass``; the targets
+(epilog <= 2.5x, prolog <= 3x, ``gsrun --dry-run`` <= 4x) are in
+``targets`` with ``met`` true/false. Exits 0 whatever the figures.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests"))
+from helpers.node_site import TUNE, make_site, run_node  # noqa: E402
+
+CLI = "import sys\nfrom gsrun.wrapper.cli import main\nmain(sys.argv[1:])\n"
+BIND = "from gsrun.wrapper.bind import main\nmain(prog_name='gsrun-bind')\n"
+H200 = REPO / "tests" / "data" / "hosts" / "h200-vm"
+
+
+def wall_ms(argv, env=None, cwd="/") -> tuple[float, subprocess.CompletedProcess]:
+    t0 = time.perf_counter()
+    cp = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=cwd, timeout=120)
+    return (time.perf_counter() - t0) * 1000.0, cp
+
+
+def hook_ms(args, env) -> tuple[float, subprocess.CompletedProcess]:
+    t0 = time.perf_counter()
+    cp = run_node(args, env)
+    return (time.perf_counter() - t0) * 1000.0, cp
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=7)
+    ap.add_argument("--interval-s", type=float, default=5.0, help="sampler.interval_s (site default 5)")
+    ap.add_argument("--run-s", type=float, default=0.3, help="job length between prolog and epilog")
+    a = ap.parse_args()
+    # byte-compile the checkout as an install does (pip compiles wheels; the hooks' environment
+    # has PYTHONDONTWRITEBYTECODE=1, so without this every run would compile gsrun from source)
+    subprocess.run([sys.executable, "-m", "compileall", "-q", *(str(REPO / d) for d in
+                    ("gsrun", "prolog", "epilog", "wrapper", "spank_py"))], check=True, capture_output=True)
+    site = make_site()
+    text = site.config.read_text().replace("interval_s = 0.2", f"interval_s = {a.interval_s}") \
+        .replace("flush_s = 0.2", "flush_s = 30")
+    site.config.write_text(text)
+    py = [sys.executable, "-P"]
+    res: dict[str, list[float]] = {k: [] for k in ("floor", "prolog", "epilog", "prolog_tuned", "epilog_tuned",
+                                                    "dry_run", "bind_plan")}
+    errors: list[str] = []
+    script = site.base / "train.py"
+    script.write_text("print('hi')\n")
+    job = 5000
+    for i in range(a.runs):
+        res["floor"].append(wall_ms([*py, "-c", "pass"])[0])
+        for tuned in (False, True):
+            job += 1
+            # the prolog asks slurmctld for the job record (item 4 removes that call): the fake
+            # scontrol answers at once, one bash start
+            env = site.env(job_id=str(job), spank={"SPANK_GS_TUNE": TUNE} if tuned else None, FAKE_SLURM="record",
+                           FAKE_SCONTROL_RECORD=f"JobId={job} JobName=bench UserId=nobody(65534) "
+                                                "OverSubscribe=NO Comment=(null)")
+            sfx = "_tuned" if tuned else ""
+            ms, cp = hook_ms(["prolog"], env)
+            res["prolog" + sfx].append(ms)
+            if cp.returncode:
+                errors.append(f"prolog rc {cp.returncode}: {cp.stderr[-300:]}")
+            time.sleep(a.run_s)
+            ms, cp = hook_ms(["epilog"], env)
+            res["epilog" + sfx].append(ms)
+            if cp.returncode:
+                errors.append(f"epilog rc {cp.returncode}: {cp.stderr[-300:]}")
+        ms, cp = wall_ms([*py, "-c", CLI, "--dry-run", "--gpus", "1", "--gpus-per-node", "1",
+                          str(script)], cwd=str(site.base))
+        res["dry_run"].append(ms)
+        if cp.returncode:
+            errors.append(f"gsrun --dry-run rc {cp.returncode}: {cp.stderr[-300:]}")
+        ms, cp = wall_ms([*py, "-c", BIND, "--plan", "--json", "--host-root", str(H200),
+                          "--gpus", "0"])
+        res["bind_plan"].append(ms)
+        if cp.returncode:
+            errors.append(f"gsrun-bind --plan rc {cp.returncode}: {cp.stderr[-300:]}")
+    med = {k: round(statistics.median(v), 1) for k, v in res.items()}
+    floor = med["floor"]
+    ratio = {k: round(v / floor, 2) for k, v in med.items() if k != "floor"}
+    targets = {"epilog": 2.5, "epilog_tuned": 2.5, "prolog": 3.0, "prolog_tuned": 3.0, "dry_run": 4.0}
+    out = {"runs": a.runs, "interval_s": a.interval_s, "median_ms": med, "ratio_to_floor": ratio,
+           "targets": {k: {"max_ratio": t, "ratio": ratio[k], "met": ratio[k] <= t} for k, t in targets.items()},
+           "errors": errors[:5]}
+    print(json.dumps(out, indent=1))
+    shutil.rmtree(site.base, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,107 @@
+"""The epilog's wait for the sampler (issue 24, item 1): the sampler leaves
+its wait at SIGTERM, writes its final state, and the epilog counts an exited
+process as gone even before anyone reaps it (a zombie)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+
+from gsrun.base import pids
+from gsrun.wrapper.node_entry import parse_hook_args
+from helpers.node_site import make_site, run_node
+
+
+def test_start_time_is_psutils_create_time():
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert abs(pids.start_time(p.pid) - psutil.Process(p.pid).create_time()) < 0.05
+        assert pids.is_same(p.pid, psutil.Process(p.pid).create_time())
+        assert not pids.is_same(p.pid, psutil.Process(p.pid).create_time() - 100)   # a reused PID
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_stop_counts_an_unreaped_exit_as_stopped():
+    # our own child: once it exits it stays a zombie until we wait() -- as a detached
+    # sampler does until slurmd's PID 1 reaps it
+    p = subprocess.Popen(["sleep", "30"])
+    ct = pids.start_time(p.pid)
+    try:
+        assert pids.stop(p.pid, ct, timeout_s=5.0) == "stopped"
+        assert psutil.Process(p.pid).status() == psutil.STATUS_ZOMBIE   # never reaped by stop()
+        assert pids.stop(p.pid, ct, timeout_s=5.0) == "not running"
+    finally:
+        p.wait()
+    assert p.returncode == -signal.SIGTERM
+
+
+def test_stop_kills_what_ignores_sigterm():
+    p = subprocess.Popen([sys.executable, "-c", "import signal, time\nsignal.signal(signal.SIGTERM, "
+                          "signal.SIG_IGN)\nprint('ready', flush=True)\ntime.sleep(30)"], stdout=subprocess.PIPE)
+    try:
+        assert p.stdout.readline() == b"ready\n"
+        assert pids.stop(p.pid, pids.start_time(p.pid), timeout_s=0.3) == "killed"
+    finally:
+        p.wait()
+    assert p.returncode == -signal.SIGKILL
+
+
+def test_scan_finds_by_command_line():
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "--job-id", "4711x"])
+    try:
+        time.sleep(0.2)
+        import os
+
+        found = pids.scan(lambda argv: "4711x" in argv, os.geteuid())
+        assert [pid for pid, _ in found] == [p.pid]
+        assert pids.scan(lambda argv: "4711x" in argv, os.geteuid() + 1) == []
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_sampler_leaves_a_long_wait_at_sigterm_with_its_final_state():
+    """interval 60 s: the sampler sleeps right after its first poll; SIGTERM must cut
+    that wait (the old 1 s sleep chunks took up to a second) and the final state is
+    written (done) before it exits."""
+    site = make_site()
+    site.config.write_text(site.config.read_text().replace("interval_s = 0.2", "interval_s = 60")
+                           .replace("flush_s = 0.2", "flush_s = 600"))
+    env = site.env(job_id="4801")
+    cp = run_node(["prolog"], env)
+    assert cp.returncode == 0, cp.stderr
+    sdir = site.state / "jobs" / "4801"
+    info = json.loads((sdir / "sampler.pid.json").read_text())
+    deadline = time.monotonic() + 20
+    while not (sdir / "sampler.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    state = json.loads((sdir / "sampler.json").read_text())
+    assert state["done"] is False and state["samples"] == 1
+    assert pids.stop(info["pid"], info["create_time"], timeout_s=0.5) == "stopped"
+    state = json.loads((sdir / "sampler.json").read_text())
+    assert state["done"] is True and state["samples"] == 2      # the final sample
+    cp = run_node(["epilog"], env)
+    assert cp.returncode == 0, cp.stderr
+    node = json.loads((site.spool / "jobs" / "4801" / "node-gpu-node01.json").read_text())
+    assert node["sampler_stop"] == "not running" and node["samples"] == 2
+
+
+def test_hook_fast_path_arguments(monkeypatch):
+    monkeypatch.setenv("GSRUN_STATE_DIR", "/env/state")
+    monkeypatch.delenv("GSRUN_HOST_ROOT", raising=False)
+    monkeypatch.delenv("GSRUN_SPOOL_DIR", raising=False)
+    assert parse_hook_args(["epilog"]) == {"phase": "epilog", "dry_run": False, "host_root": None,
+                                           "state_dir": "/env/state", "spool_dir": None}
+    assert parse_hook_args(["prolog", "--dry-run", "--host-root=/h", "--spool-dir", "/s"]) == {
+        "phase": "prolog", "dry_run": True, "host_root": "/h", "state_dir": "/env/state", "spool_dir": "/s"}
+    # everything else goes to click (which has the same options, --help, errors)
+    for argv in (["epilog", "--dry-run"], ["prolog", "--help"], ["prolog", "--state-dir"], ["status"],
+                 ["prolog", "--state-dir", "/a", "--state-dir", "/b"], ["epilog-ctld"], []):
+        assert parse_hook_args(argv) is None, argv
