@@ -47,7 +47,10 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping
+
+if TYPE_CHECKING:     # psutil is imported where it is used (not on the epilog's no-MPS path)
+    import psutil
 
 from gsrun.base.errors import InputError, NodeError
 from gsrun.base.ids import check_job_id
