@@ -144,7 +144,7 @@ def add_host_tuning(root: Path, cpus: int = 16, cpuidle: bool = True, irqs: bool
         for n in GPU_IRQS + OTHER_IRQS:
             d = root / f"proc/irq/{n}"
             d.mkdir(parents=True, exist_ok=True)
-            (d / "smp_affinity_list").write_text(f"0-{cpus - 1}\n")
+            (d / "smp_affinity_list").write_text(f"0-{cpus - 1}\n" if cpus > 1 else "0\n")
             if n in GPU_IRQS:
                 (msi / str(n)).write_text("msix\n")
     if hugepages:
