@@ -132,7 +132,7 @@ STEPS = (
          lambda c: _mps(c.environ, c.paths, c.job, c.req, c.cfg, c.log),
          when=lambda c: c.req.mps is not None and not c.dry_run),
     Step("sampler", "start the job's GPU/CPU sampler, detached", 0,
-         lambda c: start_sampler_process(c.job, c.paths, c.cfg, c.hostfs),
+         lambda c: start_sampler_process(c.job, c.paths, c.cfg, c.hostfs, _dma_hold(c)),
          when=lambda c: c.start_sampler and not c.dry_run and c.records_ok),
 )
 
@@ -191,11 +191,52 @@ def _tuning(hostfs, paths, job, req, cfg, exclusive, dry_run, log):
     if not cfg.get("tuning.enabled", job.partition):
         return {"skipped": "tuning.enabled = false"}
     try:
+        scope = _job_scope(hostfs, job, log) if _needs_scope(req.tune, cfg, job.partition) else None
         return tuning.prolog_tune(hostfs, str(paths.state_dir), job.job_id, req.tune, cfg, job.partition,
-                                  exclusive, dry_run=dry_run, log=log)
+                                  exclusive, dry_run=dry_run, log=log, scope=scope)
     except GsrunError as e:
         log.error(f"tuning: {e}")
         return {"error": str(e)}
+
+
+def _needs_scope(tune: str | None, cfg, partition) -> bool:
+    text = f"{tune or ''},{cfg.get('tuning.defaults', partition) or ''}"
+    return "irq=" in text or "hugepages=" in text
+
+
+def _job_scope(hostfs, job, log):
+    """The job's GPUs, the NICs gsrun-bind picks for them (one rank per
+    GPU, :func:`gsrun.bind.plan.make_plan`) and its CPUs (job cgroup cpuset,
+    else every online CPU: node-wide settings are for jobs holding the node),
+    for ``irq``/``hugepages`` (:class:`gsrun.node.tuning.JobScope`)."""
+    from gsrun.bind.plan import plan_from_env
+    from gsrun.facts.cgroup import find_job_cgroup, read_cpuset
+    from gsrun.facts.topology import read_topology
+    from gsrun.node.tuning import JobScope
+
+    topo = read_topology(hostfs, nvml=False)
+    env = {"SLURM_JOB_GPUS": ",".join(str(g) for g in (job.gpus or []))}
+    if job.gpus:
+        env["SLURM_NTASKS_PER_NODE"] = str(len(job.gpus))
+    plan = plan_from_env(env, hostfs, allowed_cpus=list(topo.cpus_online), topology=topo)
+    devices, seen = [], set()
+    for r in plan.ranks:
+        for kind, bdf, name, node in (("gpu", r.gpu.pci_bus_id if r.gpu else None, r.gpu.label() if r.gpu else "",
+                                       r.gpu.gpu.numa_node if r.gpu and r.gpu.gpu else None),
+                                      ("nic", r.nic.pci_bus_id if r.nic else None, r.nic.name if r.nic else "",
+                                       r.nic.numa_node if r.nic else None)):
+            if bdf and bdf.lower() not in seen:
+                seen.add(bdf.lower())
+                devices.append({"bdf": bdf.lower(), "kind": kind, "name": name, "numa_node": node})
+    cpus, source = list(topo.cpus_online), "all online CPUs (job cgroup not found)"
+    try:
+        jcg = find_job_cgroup(hostfs, job.job_id, job.uid)
+        got = read_cpuset(hostfs, jcg) if jcg else None
+        if got:
+            cpus, source = got, "job cgroup cpuset"
+    except GsrunError as e:
+        log.warn(f"tuning: job cpuset unreadable ({e}); using all online CPUs")
+    return JobScope(devices, cpus, {n.id: list(n.cpus) for n in topo.nodes}, source)
 
 
 def _mig(hostfs, paths, job, req, cfg, exclusive, log):
@@ -248,9 +289,17 @@ def _mps(environ, paths, job, req, cfg, log):
         return {"error": str(e)}
 
 
-def start_sampler_process(job, paths, cfg, hostfs) -> dict:
+def _dma_hold(c: Ctx) -> int | None:
+    tun = c.record.get("steps", {}).get("tuning")
+    us = (tun.get("holds") or {}).get("cpu_dma_latency_us") if isinstance(tun, dict) else None
+    return us if isinstance(us, int) else None
+
+
+def start_sampler_process(job, paths, cfg, hostfs, dma_latency_us: int | None = None) -> dict:
     """Start the sampler detached (own session, outside the job's processes),
-    record its PID and start time so the epilog never signals a reused PID."""
+    record its PID and start time so the epilog never signals a reused PID.
+    ``dma_latency_us``: the sampler holds ``/dev/cpu_dma_latency`` at it
+    (``--tune cstate``, :mod:`gsrun.node.cpu_latency`)."""
     import psutil
 
     d = paths.make_state_job(job.job_id)
@@ -259,6 +308,8 @@ def start_sampler_process(job, paths, cfg, hostfs) -> dict:
             "--state-dir", str(paths.state_dir), "--spool-dir", str(paths.spool_dir)]
     if not hostfs.is_real:
         args += ["--host-root", str(hostfs.root)]
+    if dma_latency_us is not None:
+        args += ["--dma-latency-us", str(int(dma_latency_us))]
     argv = root_python("-m", "gsrun.node.sampler", *args)
     logf = os.fdopen(os.open(d / "sampler.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
                              | os.O_CLOEXEC, 0o600), "ab")

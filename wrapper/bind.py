@@ -144,6 +144,41 @@ def choose_rank(p: BindParams, environ: Mapping[str, str], fs: HostFS) -> tuple[
         return rp, 1, warnings + list(rp.warnings)
 
 
+MEMLOCK_ENV = "GSRUN_MEMLOCK_MIN_BYTES"
+
+
+def _memlock_soft() -> int | None:
+    import resource
+
+    try:
+        return resource.getrlimit(resource.RLIMIT_MEMLOCK)[0]
+    except (OSError, ValueError):
+        return None
+
+
+def memlock_warning(soft: int | None, floor_text: str | None) -> str | None:
+    """The task's ``RLIMIT_MEMLOCK`` soft limit (bytes, ``resource.RLIM_INFINITY``
+    = unlimited; None = unreadable) against the floor in
+    ``$GSRUN_MEMLOCK_MIN_BYTES`` (bytes, or ``unlimited``, the default: pinned
+    DataLoader/NCCL buffers need it). Returns the warning, or None when fine.
+    A bad floor value counts as the default."""
+    import resource
+
+    if soft is None:
+        return None
+    floor = None        # None = unlimited expected
+    t = (floor_text or "").strip()
+    if t.isdigit():
+        floor = int(t)
+    if soft == resource.RLIM_INFINITY or (floor is not None and soft >= floor):
+        return None
+    want = "unlimited" if floor is None else f"{floor} bytes"
+    return (f"memlock: RLIMIT_MEMLOCK is {soft} bytes ({soft // 1024} KiB), below {want}: pinned host memory "
+            "(DataLoader pin_memory, NCCL, cudaHostAlloc) fails or falls back to pageable copies; "
+            "hint: slurm.conf PropagateResourceLimitsExcept=MEMLOCK and LimitMEMLOCK=infinity in slurmd's "
+            "systemd unit, then restart slurmd")
+
+
 def run_exec(p: BindParams, environ: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
     """Apply the current task's plan and return (argv, environment) to exec.
 
@@ -159,6 +194,9 @@ def run_exec(p: BindParams, environ: Mapping[str, str]) -> tuple[list[str], dict
     rp, host_nodes, warnings = choose_rank(p, environ, fs)
     if rp.local_rank == 0:   # once per node, not once per rank
         node = environ.get("SLURMD_NODENAME")
+        ml = memlock_warning(_memlock_soft(), environ.get(MEMLOCK_ENV))
+        if ml:
+            warnings = list(warnings) + [ml]
         for w in warnings:
             _warn(f"{node}: {w}" if node else w)
     applied = list(rp.cpus)

@@ -577,10 +577,13 @@ def stop_sampler(pid: int, create_time: float | None, timeout_s: float = 5.0) ->
 
 
 def run_sampler(job_id: str, uid: int, node: str, gpus: str, host_root: str | None, state_dir: str | None,
-                spool_dir: str | None, interval_s: float | None = None, max_samples: int | None = None) -> int:
+                spool_dir: str | None, interval_s: float | None = None, max_samples: int | None = None,
+                dma_latency_us: int | None = None) -> int:
     """The sampler process's body (``python -m gsrun.node.sampler``, started
     detached by the prolog; ``gsrun-node sampler`` runs the same). A broken
-    site config must not cost the job its figures: built-in defaults then."""
+    site config must not cost the job its figures: built-in defaults then.
+    ``dma_latency_us``: hold ``/dev/cpu_dma_latency`` at that latency until
+    the sampler ends (``--tune cstate``, :mod:`gsrun.node.cpu_latency`)."""
     import sys
 
     from gsrun.base.paths import Paths
@@ -599,13 +602,20 @@ def run_sampler(job_id: str, uid: int, node: str, gpus: str, host_root: str | No
     s = Sampler(HostFS.from_env(host_root), job_id, uid, node, parse_gpu_indices(gpus) or [],
                 str(d / "sampler.json"), interval_s or cfg["sampler.interval_s"], cfg["sampler.flush_s"],
                 cfg["sampler.timeline_points"])
+    if dma_latency_us is not None:
+        from gsrun.node import cpu_latency
+
+        _held_fd, note = cpu_latency.hold(s.hostfs, dma_latency_us)   # closed by the kernel when we exit
+        s.state["notes"].append(note)
+        print(f"gsrun: sampler: {note}", file=sys.stderr)
     s.run(max_samples)
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m gsrun.node.sampler --job-id ID --uid N --node NAME [--gpus LIST]
-    [--host-root DIR] [--state-dir DIR] [--spool-dir DIR] [--interval-s S] [--max-samples N]``."""
+    [--host-root DIR] [--state-dir DIR] [--spool-dir DIR] [--interval-s S] [--max-samples N]
+    [--dma-latency-us US]``."""
     import argparse
 
     ap = argparse.ArgumentParser(prog="gsrun-sampler")
@@ -618,9 +628,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--spool-dir", default=os.environ.get("GSRUN_SPOOL_DIR"))
     ap.add_argument("--interval-s", type=float, default=None)
     ap.add_argument("--max-samples", type=int, default=None)
+    ap.add_argument("--dma-latency-us", type=int, default=None)
     a = ap.parse_args(argv)
     return run_sampler(a.job_id, a.uid, a.node, a.gpus, a.host_root, a.state_dir, a.spool_dir,
-                       a.interval_s, a.max_samples)
+                       a.interval_s, a.max_samples, a.dma_latency_us)
 
 
 if __name__ == "__main__":

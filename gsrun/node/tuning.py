@@ -407,6 +407,382 @@ class SwapKnob(Knob):
             swap.on(h, missing)
 
 
+# --------------------------------------------------------------------------- job-scoped knobs (issue 20)
+#
+# cstate, irq and hugepages depend on the job (its GPUs, the NICs gsrun picked
+# for them, its CPUs): each has ``resolve(h, value, scope)``, which turns the
+# request word into a concrete target (the files to write and their values),
+# called once by :func:`read_facts`; the journal entry keeps that ``target``
+# beside ``value``, and its ``prior`` holds only the files the target touches.
+
+NODE = "sys/devices/system/node"
+IRQ = "proc/irq"
+PCI = "sys/bus/pci/devices"
+DMA_LATENCY = "dev/cpu_dma_latency"
+_STATE = re.compile(r"^state[0-9]+$")
+_HP_DIR = re.compile(r"^hugepages-([0-9]+)kB$")
+
+
+@dataclass
+class JobScope:
+    """The job's devices and CPUs on this node, for ``cstate``/``irq``/``hugepages``.
+
+    devices: ``[{"bdf": "0000:00:06.0", "kind": "gpu"|"nic", "name": str,
+    "numa_node": int | None}]`` (the job's GPUs from ``SLURM_JOB_GPUS``, the
+    NICs :func:`gsrun.bind.plan.make_plan` picks for them; sysfs
+    ``numa_node``, None when the kernel says -1).
+    cpus: the job's CPUs here (its cgroup cpuset; all online CPUs when the
+    cgroup is not there yet -- these settings are for jobs holding the node).
+    node_cpus: NUMA node -> its CPUs (``sys/devices/system/node/nodeN/cpulist``).
+    cpus_source: where ``cpus`` came from (shown in reasons).
+    """
+    devices: list[dict] = field(default_factory=list)
+    cpus: list[int] = field(default_factory=list)
+    node_cpus: dict[int, list[int]] = field(default_factory=dict)
+    cpus_source: str = ""
+
+    def device_node(self, dev: dict) -> int | None:
+        """The device's NUMA node; with one node on the host, that node
+        (a VM's ``numa_node`` -1 then means "the only one")."""
+        n = dev.get("numa_node")
+        if isinstance(n, int) and n in self.node_cpus:
+            return n
+        return next(iter(self.node_cpus)) if len(self.node_cpus) == 1 else None
+
+    def gpu_nodes(self) -> list[int]:
+        """NUMA nodes of the job's GPUs (known ones), ascending."""
+        return sorted({n for d in self.devices if d.get("kind") == "gpu"
+                       for n in [self.device_node(d)] if n is not None})
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def scope_from_dict(d: dict | None) -> JobScope | None:
+    if not isinstance(d, dict):
+        return None
+    return JobScope([dict(x) for x in d.get("devices") or []], [int(c) for c in d.get("cpus") or []],
+                    {int(k): [int(c) for c in v] for k, v in (d.get("node_cpus") or {}).items()},
+                    str(d.get("cpus_source") or ""))
+
+
+def _dict_shortfall(after, target, what) -> str:
+    bad = [f"{k}={(after or {}).get(k, '-')}" for k in target if not _dict_value_ok(after, k, target[k], what)]
+    return ", ".join(bad[:6]) + (f" (+{len(bad) - 6})" if len(bad) > 6 else "")
+
+
+def _dict_value_ok(after, k, want, what) -> bool:
+    got = (after or {}).get(k)
+    if got is None:
+        return False
+    if what == "hugepages":
+        return got.isdigit() and int(got) >= int(want)
+    if what == "irq":
+        return _cpuset(got) == _cpuset(want)
+    return got == want
+
+
+def _cpuset(text) -> frozenset | None:
+    from gsrun.base.cpulist import parse_cpulist
+
+    try:
+        return frozenset(parse_cpulist(text))
+    except InputError:
+        return None
+
+
+class ScopedKnob(Knob):
+    """A knob whose target depends on the job: value = ``{file key: text}``
+    of the files it governs; ``resolve`` picks the files and their target."""
+
+    what = ""
+
+    @abstractmethod
+    def resolve(self, h, value: str, scope: JobScope | None) -> tuple[str, Any, str]:
+        """``("ok", target, note)``, ``("unsupported", None, why)`` or ``("refused", None, why)``."""
+
+    def prior_of(self, current, target):
+        return {k: (current or {}).get(k) for k in target}
+
+    def matches(self, current, target):
+        return isinstance(target, dict) and bool(target) and all(
+            _dict_value_ok(current, k, v, self.what) for k, v in target.items())
+
+    def is_prior(self, current, prior):
+        # a file gone since (an IRQ freed, a CPU offlined) has nothing to restore
+        return all((current or {}).get(k, v) == v or v is None for k, v in prior.items())
+
+    def shortfall(self, after, target) -> str:
+        return _dict_shortfall(after, target, self.what)
+
+    def _rel(self, k: str) -> str:
+        raise NotImplementedError
+
+    def apply(self, h, target, swap):
+        for k, v in target.items():
+            kernel_write(h, self._rel(k), v)
+
+    def restore(self, h, prior, swap):
+        for k, v in prior.items():
+            rel = self._rel(k)
+            if v is None or not h.exists(rel):
+                continue
+            cur = h.read(rel)
+            if cur is None or cur.strip() != v:
+                kernel_write(h, rel, v)
+
+
+def _cpu_dirs(h) -> list[str]:
+    return sorted((c for c in h.listdir(CPU) if _CPU.match(c)), key=lambda c: int(c[3:]))
+
+
+class CstateKnob(ScopedKnob):
+    """Idle states per CPU: value ``{"cpu0/state2": "0"|"1", ...}`` from
+    ``cpuN/cpuidle/stateK/disable`` (1 = the kernel will not enter it).
+
+    ``off``: every state with exit latency > 0 us is disabled (POLL stays);
+    ``c1``: only POLL and the first state above it stay; ``shallow``: states
+    with ``latency`` (exit latency, us) <= ``CSTATE_SHALLOW_US`` stay. States
+    already disabled stay disabled (the target only ever adds ``1``s).
+    The other half of ``cstate``, holding ``/dev/cpu_dma_latency`` open, is
+    :func:`cstate_hold_us` (the sampler holds the file).
+    """
+
+    key = "cstate"
+    what = "cstate"
+    unsupported_reason = "not supported here (no cpuN/cpuidle/stateK/disable: cpuidle driver none, e.g. a VM)"
+
+    def _rel(self, k):
+        cpu, state = k.split("/")
+        return f"{CPU}/{cpu}/cpuidle/{state}/disable"
+
+    def _states(self, h) -> dict[str, list[tuple[str, int | None, str]]]:
+        out = {}
+        for c in _cpu_dirs(h):
+            names = sorted((s for s in h.listdir(f"{CPU}/{c}/cpuidle") if _STATE.match(s)), key=lambda s: int(s[5:]))
+            rows = []
+            for s in names:
+                if h.exists(f"{CPU}/{c}/cpuidle/{s}/disable"):
+                    rows.append((s, h.read_int(f"{CPU}/{c}/cpuidle/{s}/latency"),
+                                 (h.read(f"{CPU}/{c}/cpuidle/{s}/name") or "").strip()))
+            if rows:
+                out[c] = rows
+        return out
+
+    def read(self, h):
+        st = self._states(h)
+        if not st:
+            return None
+        return {f"{c}/{s}": (h.read(f"{CPU}/{c}/cpuidle/{s}/disable") or "").strip()
+                for c, rows in st.items() for s, _, _ in rows}
+
+    def resolve(self, h, value, scope):
+        from gsrun.request.tune import CSTATE_SHALLOW_US
+
+        st = self._states(h)
+        hold = h.exists(DMA_LATENCY)
+        if not st:
+            why = self.unsupported_reason
+            if hold:
+                why += f"; /dev/cpu_dma_latency held at {cstate_hold_us(value)} us by the job's sampler instead"
+            return "unsupported", None, why
+        target = {}
+        for c, rows in st.items():
+            first_real = next((i for i, (_, lat, name) in enumerate(rows) if name != "POLL" and lat != 0), None)
+            for i, (s, lat, name) in enumerate(rows):
+                deep = lat is None or lat > 0
+                if value == "c1":
+                    deep = name != "POLL" and lat != 0 and (first_real is None or i > first_real)
+                elif value == "shallow":
+                    deep = lat is None or lat > CSTATE_SHALLOW_US
+                if deep:
+                    target[f"{c}/{s}"] = "1"
+        if not target:
+            return "ok", {}, "no idle state deeper than asked"
+        note = f"{len(target)} idle states disabled on {len(st)} cpus"
+        if hold:
+            note += f"; /dev/cpu_dma_latency held at {cstate_hold_us(value)} us by the sampler"
+        return "ok", target, note
+
+    def matches(self, current, target):
+        return isinstance(target, dict) and all(_dict_value_ok(current, k, v, self.what) for k, v in target.items())
+
+
+def cstate_hold_us(value: str) -> int:
+    """Latency (us) the sampler writes to ``/dev/cpu_dma_latency`` for
+    ``cstate=value``: ``off`` 0, ``c1`` 1, ``shallow`` ``CSTATE_SHALLOW_US``.
+    The kernel keeps CPUs out of idle states with a longer exit latency
+    while the file is open (Documentation/power/pm_qos_interface.rst)."""
+    from gsrun.request.tune import CSTATE_SHALLOW_US
+
+    return {"off": 0, "c1": 1}.get(value, CSTATE_SHALLOW_US)
+
+
+def irqbalance_pids(h) -> list[int]:
+    """PIDs whose ``/proc/<pid>/comm`` is ``irqbalance`` (under the host root)."""
+    out = []
+    for p in h.listdir("proc"):
+        if p.isdigit() and (h.read(f"proc/{p}/comm") or "").strip() == "irqbalance":
+            out.append(int(p))
+    return sorted(out)
+
+
+class IrqKnob(ScopedKnob):
+    """IRQ affinity: value ``{"42": "0-15", ...}`` from
+    ``/proc/irq/N/smp_affinity_list`` for every IRQ that has one.
+
+    ``local``: each MSI/MSI-X IRQ of the job's devices (``sys/bus/pci/devices/
+    <bdf>/msi_irqs/N``) goes to the job's CPUs on the device's NUMA node.
+    Skipped with a reason: a device without MSI IRQs, with its NUMA node
+    unknown on a multi-node host or without job CPUs there, an IRQ without
+    ``smp_affinity_list``, and at write time an IRQ the kernel refuses
+    (EIO: a kernel-managed IRQ; EINVAL; EACCES/EPERM/EROFS).
+
+    irqbalance rewrites affinities every 10 s: while it runs, ``irq=local``
+    is refused with the reason (its own ban mechanisms, ``--banirq`` and
+    ``IRQBALANCE_BANNED_CPUS``, are read only at its start; see docs/ADMIN.md).
+    """
+
+    key = "irq"
+    what = "irq"
+    unsupported_reason = "not supported here (no /proc/irq)"
+
+    def _rel(self, k):
+        return f"{IRQ}/{k}/smp_affinity_list"
+
+    def read(self, h):
+        names = [n for n in h.listdir(IRQ) if n.isdigit()]
+        if not names:
+            return None
+        out = {}
+        for n in sorted(names, key=int):
+            v = h.read(self._rel(n))
+            if v is not None:
+                out[n] = v.strip()
+        return out
+
+    def resolve(self, h, value, scope):
+        from gsrun.base.cpulist import format_cpulist
+
+        if not h.listdir(IRQ):
+            return "unsupported", None, self.unsupported_reason
+        if scope is None or not scope.devices:
+            return "unsupported", None, "no GPU of the job found on this node (SLURM_JOB_GPUS)"
+        pids = irqbalance_pids(h)
+        if pids:
+            return "refused", None, (f"irqbalance runs (pid {pids[0]}) and would move the IRQs back within 10 s; "
+                                     "stop it on exclusive GPU nodes or ban the GPU IRQs at its start (docs/ADMIN.md)")
+        job = set(scope.cpus)
+        target, skipped = {}, []
+        for d in scope.devices:
+            bdf = d.get("bdf") or ""
+            if not re.fullmatch(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]", bdf):
+                skipped.append(f"{d.get('name') or bdf!r}: no PCI address")
+                continue
+            irqs = sorted((n for n in h.listdir(f"{PCI}/{bdf}/msi_irqs") if n.isdigit()), key=int)
+            if not irqs:
+                skipped.append(f"{bdf}: no MSI IRQs (msi_irqs empty)")
+                continue
+            node = scope.device_node(d)
+            if node is None:
+                skipped.append(f"{bdf}: NUMA node unknown (numa_node -1 on a multi-node host)")
+                continue
+            cpus = sorted(set(scope.node_cpus.get(node, [])) & job)
+            if not cpus:
+                skipped.append(f"{bdf}: no CPU of the job on NUMA node {node}")
+                continue
+            for n in irqs:
+                if not h.exists(self._rel(n)):
+                    skipped.append(f"IRQ {n} ({bdf}): no smp_affinity_list")
+                    continue
+                target[n] = format_cpulist(cpus)
+        note = "; ".join(skipped)
+        if not target:
+            return "unsupported", None, "no IRQ of the job's devices can be pinned: " + (note or "none found")
+        return "ok", target, (f"{len(target)} IRQs" + (f"; skipped {note}" if note else ""))
+
+    def apply(self, h, target, swap):
+        """Returns ``{"target": the IRQs written, "note": skipped ones}`` when
+        the kernel refused some (never all: then the first error is raised)."""
+        done, skipped, first = {}, [], None
+        for k, v in target.items():
+            try:
+                kernel_write(h, self._rel(k), v)
+                done[k] = v
+            except OSError as e:
+                if e.errno not in (errno.EIO, errno.EINVAL, errno.EACCES, errno.EPERM, errno.EROFS):
+                    raise
+                first = first or e
+                skipped.append(f"IRQ {k}: {errno.errorcode.get(e.errno, e.errno)}"
+                               + (" (kernel-managed)" if e.errno == errno.EIO else ""))
+        if not done and first is not None:
+            raise first
+        return {"target": done, "note": "skipped " + "; ".join(skipped)} if skipped else None
+
+
+class HugepagesKnob(ScopedKnob):
+    """Explicit hugepages per NUMA node: value ``{"node0/2048": "0", ...}``
+    (node, page size in kB) from ``nodeN/hugepages/hugepages-<kB>kB/nr_hugepages``.
+
+    ``SIZE:N`` asks at least N pages of SIZE on every NUMA node near the
+    job's GPUs (never lowers a larger pool). The kernel may give fewer
+    (fragmented memory): the read-back is the verify, and a shortfall fails
+    with the counts. Refused when the pages missing exceed the node's
+    ``MemFree`` (``nodeN/meminfo``).
+    """
+
+    key = "hugepages"
+    what = "hugepages"
+    unsupported_reason = "not supported here (no sys/devices/system/node/node*/hugepages)"
+
+    def _rel(self, k):
+        node, kb = k.split("/")
+        return f"{NODE}/{node}/hugepages/hugepages-{kb}kB/nr_hugepages"
+
+    def read(self, h):
+        out = {}
+        for n in sorted((d for d in h.listdir(NODE) if re.fullmatch(r"node[0-9]+", d)), key=lambda s: int(s[4:])):
+            for d in h.listdir(f"{NODE}/{n}/hugepages"):
+                m = _HP_DIR.match(d)
+                if m:
+                    v = h.read(f"{NODE}/{n}/hugepages/{d}/nr_hugepages")
+                    if v is not None:
+                        out[f"{n}/{m.group(1)}"] = v.strip()
+        return out or None
+
+    def resolve(self, h, value, scope):
+        from gsrun.request.tune import parse_hugepages
+
+        kb, count = parse_hugepages(value)
+        cur = self.read(h)
+        if cur is None:
+            return "unsupported", None, self.unsupported_reason
+        nodes = scope.gpu_nodes() if scope else []
+        if not nodes:
+            return "unsupported", None, "NUMA node of the job's GPUs unknown (no GPU found, or numa_node -1 on a multi-node host)"
+        target, notes = {}, []
+        for n in nodes:
+            k = f"node{n}/{kb}"
+            if k not in cur:
+                return "unsupported", None, f"no {kb} kB hugepages on NUMA node {n} (hugepages-{kb}kB absent)"
+            have = int(cur[k]) if cur[k].isdigit() else 0
+            need_kb = max(0, count - have) * kb
+            m = re.search(r"MemFree:\s+([0-9]+)\s*kB", h.read(f"{NODE}/node{n}/meminfo") or "")
+            free_kb = int(m.group(1)) if m else None
+            if free_kb is None:
+                return "refused", None, f"NUMA node {n}: MemFree unreadable (nodeN/meminfo), cannot check {value}"
+            if need_kb > free_kb:
+                return "refused", None, (f"{value} on NUMA node {n} needs {need_kb} kB more ({count - have} pages of "
+                                         f"{kb} kB), MemFree there is {free_kb} kB")
+            target[k] = str(max(count, have))
+            notes.append(f"node {n}")
+        return "ok", target, f"{count} x {kb} kB on NUMA " + ", ".join(notes)
+
+
+def _is_scoped(knob) -> bool:
+    return isinstance(knob, ScopedKnob)
+
+
 # application order; restore is the reverse of what the journal holds
 KNOBS: dict[str, Knob] = {k.key: k for k in (
     GovernorKnob(),
@@ -417,6 +793,9 @@ KNOBS: dict[str, Knob] = {k.key: k for k in (
     BracketKnob("thp_defrag", f"{THP}/defrag", "transparent hugepages"),
     FileKnob("zone_reclaim_mode", f"{VM}/zone_reclaim_mode", "vm.zone_reclaim_mode"),
     SwapKnob(),
+    CstateKnob(),
+    IrqKnob(),
+    HugepagesKnob(),
 )}
 assert set(KNOBS) == set(TUNE_KEYS)
 
@@ -438,6 +817,8 @@ class Facts:
     mem_available_kb: int = 0
     entries: list[dict] = field(default_factory=list)
     live_jobs: list[str] = field(default_factory=list)
+    # job-scoped knobs: key -> value -> [verdict, target, note] (ScopedKnob.resolve)
+    targets: dict[str, dict[str, list]] = field(default_factory=dict)
 
 
 @dataclass
@@ -474,6 +855,7 @@ class PlanItem:
     reason: str = ""
     prior: Any = None
     holder: str | None = None   # job that set the value (reuse/refused conflict)
+    target: Any = None          # job-scoped knobs: the files and values ``value`` resolved to
 
 
 # --------------------------------------------------------------------------- decisions (pure)
@@ -542,6 +924,16 @@ def _decide(job_id, key, knob, value, source, policy, exclusive, facts, entry, l
     current = facts.current.get(key)
     if key == "swap" and not swap_ok:
         return refuse(swap_why)
+    if _is_scoped(knob):
+        verdict, target, note = facts.targets.get(key, {}).get(value) or ("unsupported", None, knob.unsupported_reason)
+        if verdict == "refused":
+            return refuse(note)
+        if verdict != "ok":
+            return PlanItem(key, "unsupported", value, source, note)
+        prior = entry["prior"] if entry else knob.prior_of(current, target)
+        if knob.matches(current, target):
+            return PlanItem(key, "unchanged", value, source, note or "already the value", prior=prior, target=target)
+        return PlanItem(key, "apply", value, source, note, prior=prior, target=target)
     if not knob.supported(current) and not entry:
         return PlanItem(key, "unsupported", value, source, knob.unsupported_reason)
     choices = facts.choices.get(key)
@@ -572,6 +964,9 @@ def _short(v) -> str:
         return "-"
     if isinstance(v, dict) and "form" in v:
         return f"{v['value']} ({v['form']})"
+    if isinstance(v, dict) and v and not all(_CPU.match(str(k)) for k in v):   # job-scoped: file -> value
+        shown = [f"{k}={x}" for k, x in list(v.items())[:3]]
+        return " ".join(shown) + (f" (+{len(v) - 3})" if len(v) > 3 else "")
     if isinstance(v, dict):
         vals = sorted(set(v.values()))
         return ",".join(vals) + f" ({len(v)} cpus)"
@@ -658,16 +1053,23 @@ def _unlink(path: Path) -> None:
     Journal(path, "tuning").remove()
 
 
-def read_facts(hostfs, keys, entries=(), live_jobs=()) -> Facts:
-    """Read current values and kernel choices for ``keys`` (plus meminfo)."""
-    current, choices = {}, {}
+def read_facts(hostfs, keys, entries=(), live_jobs=(), wanted=None, scope=None) -> Facts:
+    """Read current values and kernel choices for ``keys`` (plus meminfo);
+    for the job-scoped knobs, resolve each value in ``wanted`` (key -> values)
+    against ``scope`` (:class:`JobScope`)."""
+    current, choices, targets = {}, {}, {}
     for k in keys:
         knob = KNOBS[k]
         current[k] = knob.read(hostfs)
         choices[k] = knob.choices(hostfs)
+        if _is_scoped(knob):
+            targets[k] = {}
+            for v in (wanted or {}).get(k, []):
+                if check_tune_value(k, v) is None:
+                    targets[k][v] = list(knob.resolve(hostfs, v, scope))
     mem = read_meminfo_kb(hostfs)
     return Facts(current, choices, max(0, mem.get("SwapTotal", 0) - mem.get("SwapFree", 0)),
-                 mem.get("MemAvailable", 0), list(entries), list(live_jobs))
+                 mem.get("MemAvailable", 0), list(entries), list(live_jobs), targets)
 
 
 # --------------------------------------------------------------------------- restore core
@@ -709,7 +1111,8 @@ def _errtext(err) -> str:
 # --------------------------------------------------------------------------- public API
 
 def prolog_tune(hostfs, state_dir: str, job_id: str, request: str | None, cfg, partition: str | None,
-                exclusive: bool, dry_run: bool = False, log=print, *, swap_effect=None) -> dict:
+                exclusive: bool, dry_run: bool = False, log=print, *, swap_effect=None,
+                scope: JobScope | None = None) -> dict:
     """Tune the node for ``job_id``: plan, journal, apply, verify.
 
     ``request`` is the job's ``key=value,...`` (``SPANK_GS_TUNE``); ``cfg`` a
@@ -718,9 +1121,14 @@ def prolog_tune(hostfs, state_dir: str, job_id: str, request: str | None, cfg, p
     swapoff/swapon runner (default: real commands on ``/``, a ``/proc/swaps``
     editor under a fake root).
 
+    ``scope`` (:class:`JobScope`): the job's GPUs, NICs and CPUs, needed by
+    ``irq`` and ``hugepages`` (None: those are unsupported for the job).
+
     Returns a JSON-able report ``{"job_id", "dry_run", "ok", "items": [PlanItem
-    dicts], "applied", "reused", "refused", "unsupported", "failed"}`` (lists of
-    keys). A refused or failed setting is reported, not raised; on a failed
+    dicts], "applied", "reused", "refused", "unsupported", "failed", "holds"}``
+    (lists of keys; ``holds``: ``{"cpu_dma_latency_us": N}`` when ``cstate``
+    was asked and not refused and ``/dev/cpu_dma_latency`` exists: the
+    sampler holds it, see :func:`cstate_hold_us`). A refused or failed setting is reported, not raised; on a failed
     write or verify every change this job made is rolled back from the journal.
 
     Raises:
@@ -741,19 +1149,20 @@ def prolog_tune(hostfs, state_dir: str, job_id: str, request: str | None, cfg, p
     st = _State(state_dir, hostfs)
     swap = swap_effect if swap_effect is not None else default_swap_effect(hostfs)
     keys = [k for k in KNOBS if k in req or k in policy.defaults or k == "swappiness"]
+    wanted = {k: [v for v in (req.get(k), policy.defaults.get(k)) if v] for k in keys}
 
     if dry_run:
         data = st.load_baseline() if st.dir.is_dir() else {"entries": []}
-        facts = read_facts(hostfs, keys, data["entries"], st.live_jobs())
+        facts = read_facts(hostfs, keys, data["entries"], st.live_jobs(), wanted, scope)
         items = plan_tuning(job_id, req, req_err, policy, exclusive, facts)
-        return _report(job_id, True, items)
+        return _report(job_id, True, items, hostfs)
 
     st.ensure()
     with st.lock():
         data = st.load_baseline()
         data = _drop_if_rebooted(hostfs, st, data, log)
         live = st.live_jobs()
-        facts = read_facts(hostfs, keys, data["entries"], live)
+        facts = read_facts(hostfs, keys, data["entries"], live, wanted, scope)
         items = plan_tuning(job_id, req, req_err, policy, exclusive, facts)
         for it in items:
             if it.action == "refused":
@@ -774,6 +1183,8 @@ def prolog_tune(hostfs, state_dir: str, job_id: str, request: str | None, cfg, p
             e = by_key.get(it.key)
             if e is None:
                 e = {"key": it.key, "prior": it.prior, "value": it.value, "owner": job_id, "holders": [job_id]}
+                if it.target is not None:
+                    e["target"] = it.target
                 data["entries"].append(e)
                 by_key[it.key] = e
                 added.append(e)
@@ -781,16 +1192,24 @@ def prolog_tune(hostfs, state_dir: str, job_id: str, request: str | None, cfg, p
                 e["holders"] = [j for j in e.get("holders", []) if j in live and j != job_id] + [job_id]
                 if it.action != "reuse":
                     e["value"], e["owner"] = it.value, job_id
+                    if it.target is not None:
+                        e["target"] = it.target
+                        e["prior"] = {**KNOBS[it.key].prior_of(facts.current.get(it.key), it.target),
+                                      **(e.get("prior") or {})}
             if it.action != "apply":
                 continue
             st.save_baseline(data)      # journal before change
             knob = KNOBS[it.key]
+            target = it.value if it.target is None else it.target
             try:
-                knob.apply(hostfs, it.value, swap)
+                note = knob.apply(hostfs, target, swap)
+                if note:        # some files refused by the kernel (IRQs): skipped with the reason
+                    target = it.target = e["target"] = note["target"]
+                    it.reason = "; ".join(x for x in (it.reason, note["note"]) if x)
                 after = knob.read(hostfs)
-                if not knob.matches(after, it.value):
-                    raise NodeError("tune", "verify failed",
-                                    f"{it.key} reads {_short(after)} after writing {it.value}")
+                if not knob.matches(after, target):
+                    got = knob.shortfall(after, target) if _is_scoped(knob) else _short(after)
+                    raise NodeError("tune", "verify failed", f"{it.key} reads {got} after writing {it.value}")
                 it.action = "applied"
                 log(f"gsrun: tune: {tag}: {it.key} {_short(it.prior)} -> {it.value}")
             except (OSError, GsrunError) as err:
@@ -813,18 +1232,24 @@ def prolog_tune(hostfs, state_dir: str, job_id: str, request: str | None, cfg, p
         job["state"] = "failed" if failed else "applied"
         job["holds"] = [e["key"] for e in data["entries"] if job_id in e.get("holders", [])]
         _write_json(st.job_path(job_id), job, hostfs)
-    return _report(job_id, False, items)
+    return _report(job_id, False, items, hostfs)
 
 
-def _report(job_id, dry_run, items) -> dict:
+def _report(job_id, dry_run, items, hostfs=None) -> dict:
     rows = [asdict(i) for i in items]
 
     def keys(*acts):
         return [i.key for i in items if i.action in acts]
+    holds = {}
+    cst = next((i for i in items if i.key == "cstate" and i.action not in ("refused", "failed", "rolled_back",
+                                                                           "skipped")), None)
+    if cst is not None and hostfs is not None and hostfs.exists(DMA_LATENCY):
+        holds["cpu_dma_latency_us"] = cstate_hold_us(cst.value)
     return {"job_id": job_id, "dry_run": dry_run, "ok": not keys("failed"), "items": rows,
             "planned": keys("apply"), "applied": keys("applied"), "unchanged": keys("unchanged"),
             "reused": keys("reuse"), "refused": keys("refused"), "unsupported": keys("unsupported"),
-            "failed": keys("failed"), "rolled_back": keys("rolled_back"), "skipped": keys("skipped")}
+            "failed": keys("failed"), "rolled_back": keys("rolled_back"), "skipped": keys("skipped"),
+            "holds": holds}
 
 
 def _boot_id(hostfs) -> str | None:
@@ -926,8 +1351,10 @@ def status(hostfs, state_dir: str) -> dict:
     for e in data["entries"]:
         knob = KNOBS.get(e["key"])
         cur = knob.read(hostfs) if knob else None
+        if knob is not None and _is_scoped(knob):   # only the files this entry governs
+            cur = {k: (cur or {}).get(k) for k in (e.get("target") or {})}
         changes.append({**e, "current": cur,
-                        "in_effect": bool(knob and knob.matches(cur, e["value"]))})
+                        "in_effect": bool(knob and knob.matches(cur, e.get("target", e["value"])))})
     return {"jobs": st.live_jobs(), "changes": changes, "boot_id": data.get("boot_id"),
             "state_dir": str(st.dir)}
 

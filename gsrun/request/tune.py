@@ -20,7 +20,15 @@ dirty_background_ratio      /proc/sys/vm/dirty_background_ratio             0-10
 thp                         /sys/kernel/mm/transparent_hugepage/enabled     always|madvise|never
 thp_defrag                  /sys/kernel/mm/transparent_hugepage/defrag      always|defer|defer+madvise|madvise|never
 zone_reclaim_mode           /proc/sys/vm/zone_reclaim_mode                  0-7 (bit mask)
+cstate                      cpu*/cpuidle/state*/disable + /dev/cpu_dma_latency  shallow|c1|off
+irq                         /proc/irq/N/smp_affinity_list (job's GPUs/NICs)  local
+hugepages                   node*/hugepages/hugepages-<kB>/nr_hugepages      2M:N (1-1048576) | 1G:N (1-4096)
 ==========================  ==============================================  =====================
+
+``cstate``: ``off`` keeps CPUs out of every idle state but polling (latency
+0 us), ``c1`` allows C1 only, ``shallow`` allows the states whose exit
+latency is at most :data:`CSTATE_SHALLOW_US`. ``hugepages=SIZE:N`` asks N
+pages of SIZE on each NUMA node near the job's GPUs.
 """
 
 from __future__ import annotations
@@ -31,7 +39,14 @@ from gsrun.base.errors import InputError
 
 # Same tuple as gsrun.request.config.TUNE_KEYS (kept literal here: config imports us).
 TUNE_KEYS = ("governor", "swappiness", "swap", "dirty_ratio",
-             "dirty_background_ratio", "thp", "thp_defrag", "zone_reclaim_mode")
+             "dirty_background_ratio", "thp", "thp_defrag", "zone_reclaim_mode",
+             "cstate", "irq", "hugepages")
+
+# cstate=shallow: idle states with exit latency <= this many microseconds stay allowed
+CSTATE_SHALLOW_US = 10
+# hugepages=SIZE:N: SIZE word -> (page size in kB, most pages per NUMA node)
+HUGEPAGE_SIZES: dict[str, tuple[int, int]] = {"2M": (2048, 1048576), "1G": (1048576, 4096)}
+_HUGEPAGES = re.compile(r"^(2M|1G):([1-9][0-9]{0,6})$")
 
 _INT = re.compile(r"^(0|[1-9][0-9]{0,3})$")
 _GOVERNOR = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
@@ -48,6 +63,8 @@ _WORDS: dict[str, tuple[str, ...]] = {
     "swap": ("off",),
     "thp": ("always", "madvise", "never"),
     "thp_defrag": ("always", "defer", "defer+madvise", "madvise", "never"),
+    "cstate": ("shallow", "c1", "off"),
+    "irq": ("local",),
 }
 
 HINT = ("form: key=value[,key=value...], keys: " + ", ".join(TUNE_KEYS)
@@ -62,6 +79,12 @@ def check_tune_value(key: str, value: str) -> str | None:
     """Problem with ``value`` for ``key`` (syntax and fixed kernel range), or None."""
     if key == "governor":
         return None if _GOVERNOR.match(value) else "governor must be a lowercase name like performance"
+    if key == "hugepages":
+        m = _HUGEPAGES.match(value)
+        if not m or int(m.group(2)) > HUGEPAGE_SIZES[m.group(1)][1]:
+            return ("hugepages must be SIZE:COUNT with SIZE 2M (COUNT 1-1048576) or 1G (COUNT 1-4096), "
+                    "e.g. 2M:1024")
+        return None
     if key in _RANGES:
         lo, hi = _RANGES[key]
         if not _INT.match(value) or not lo <= int(value) <= hi:
@@ -71,6 +94,19 @@ def check_tune_value(key: str, value: str) -> str | None:
         words = _WORDS[key]
         return None if value in words else f"{key} must be one of {'|'.join(words)}"
     return f"unknown key {key!r}"
+
+
+def parse_hugepages(value: str) -> tuple[int, int]:
+    """``"2M:1024"`` -> ``(2048, 1024)``: (page size in kB, pages per NUMA node).
+
+    Raises:
+        InputError: not SIZE:COUNT within :data:`HUGEPAGE_SIZES`.
+    """
+    problem = check_tune_value("hugepages", value)
+    if problem:
+        raise _bad(f"hugepages={value}", problem)
+    size, count = value.split(":")
+    return HUGEPAGE_SIZES[size][0], int(count)
 
 
 def parse_tune_request(text: str) -> dict[str, str]:

@@ -61,6 +61,10 @@ def _unpacked() -> Path:
                 (dest / rel).write_text(text)
             for c in range(16):
                 (dest / f"sys/devices/system/cpu/cpu{c}/topology").mkdir(parents=True, exist_ok=True)
+            (dest / "sys/devices/system/node/node0").mkdir(parents=True, exist_ok=True)
+            (dest / "sys/devices/system/node/node0/cpulist").write_text("0-15\n")
+            (dest / "sys/devices/system/node/node0/meminfo").write_text(
+                "Node 0 MemTotal:        4550128 kB\nNode 0 MemFree:         3309996 kB\n")
             return dest
         with tarfile.open(tarball()) as t:
             for m in t.getmembers():
@@ -106,6 +110,60 @@ def make_tree(root: Path, cpufreq_cpus: int = 4, swap: bool = True, swapped_kb: 
     if dirty_background_bytes:
         (vm / "dirty_background_bytes").write_text(f"{dirty_background_bytes}\n")
         (vm / "dirty_background_ratio").write_text("0\n")
+    return root
+
+
+# Idle states as intel_idle shows them on a Sapphire Rapids host (name, exit latency us).
+IDLE_STATES = (("POLL", 0), ("C1", 1), ("C1E", 2), ("C6", 170))
+GPU_BDF = "0000:00:06.0"
+GPU_IRQS = tuple(range(42, 50))     # the real H200 VM: MSI-X 42-49 (PCI-MSIX-0000:00:06.0 0..7-edge nvidia)
+OTHER_IRQS = (1, 24, 25)
+
+
+def add_host_tuning(root: Path, cpus: int = 16, cpuidle: bool = True, irqs: bool = True, hugepages: bool = True,
+                    dma_latency: bool = True, node_free_kb: int | None = None, irqbalance: bool = False) -> Path:
+    """The files ``cstate``, ``irq`` and ``hugepages`` use, as the real H200 VM
+    shows them (``tests/gpu/tuning_real.py`` prints them), plus a bare-metal
+    cpuidle tree the VM lacks: ``cpuN/cpuidle/stateK/{name,latency,disable}``
+    (:data:`IDLE_STATES`), ``msi_irqs`` of the GPU and ``/proc/irq/N/
+    smp_affinity_list`` ("0-15"), ``node0/hugepages/hugepages-{2048,1048576}kB/
+    nr_hugepages`` (0), ``dev/cpu_dma_latency`` (empty file), and with
+    ``irqbalance`` a ``proc/4321/comm`` naming it."""
+    cpu = root / "sys/devices/system/cpu"
+    if cpuidle:
+        for c in range(cpus):
+            for k, (name, lat) in enumerate(IDLE_STATES):
+                d = cpu / f"cpu{c}/cpuidle/state{k}"
+                d.mkdir(parents=True, exist_ok=True)
+                (d / "name").write_text(name + "\n")
+                (d / "latency").write_text(f"{lat}\n")
+                (d / "disable").write_text("0\n")
+    if irqs:
+        msi = root / f"sys/bus/pci/devices/{GPU_BDF}/msi_irqs"
+        msi.mkdir(parents=True, exist_ok=True)
+        for n in GPU_IRQS + OTHER_IRQS:
+            d = root / f"proc/irq/{n}"
+            d.mkdir(parents=True, exist_ok=True)
+            (d / "smp_affinity_list").write_text(f"0-{cpus - 1}\n" if cpus > 1 else "0\n")
+            if n in GPU_IRQS:
+                (msi / str(n)).write_text("msix\n")
+    if hugepages:
+        for kb in (2048, 1048576):
+            d = root / f"sys/devices/system/node/node0/hugepages/hugepages-{kb}kB"
+            d.mkdir(parents=True, exist_ok=True)
+            (d / "nr_hugepages").write_text("0\n")
+        if node_free_kb is not None:
+            mi = root / "sys/devices/system/node/node0/meminfo"
+            text = mi.read_text() if mi.exists() else "Node 0 MemTotal:  4550128 kB\nNode 0 MemFree:  0 kB\n"
+            lines = [f"Node 0 MemFree:         {node_free_kb} kB" if "MemFree:" in ln else ln
+                     for ln in text.splitlines()]
+            mi.write_text("\n".join(lines) + "\n")
+    if dma_latency:
+        (root / "dev").mkdir(exist_ok=True)
+        (root / "dev/cpu_dma_latency").write_bytes(b"")
+    if irqbalance:
+        (root / "proc/4321").mkdir(parents=True, exist_ok=True)
+        (root / "proc/4321/comm").write_text("irqbalance\n")
     return root
 
 

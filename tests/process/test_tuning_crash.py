@@ -68,3 +68,42 @@ def test_sigkill_at_every_write_boundary(tmp_path):
         assert out["ok"], (n, events[n], out)
         assert diff(base, snapshot(root)) == [], f"killed before {events[n]} (event {n})"
         assert tuning.status(HostFS(root), str(state))["changes"] == []
+
+
+# cstate, irq and hugepages (issue 20): the same kill at every sysfs/procfs and journal write
+REQ_HOST = "swappiness=10,cstate=c1,irq=local,hugepages=2M:64"
+CHILD_HOST = CHILD.replace(
+    'tuning.prolog_tune(H(root), state, "4242", req, None, None, exclusive=True, log=lambda m: None)',
+    'scope = tuning.JobScope([{"bdf": "0000:00:06.0", "kind": "gpu", "name": "0", "numa_node": None}],\n'
+    '                        list(range(2, 6)), {0: list(range(16))}, "test")\n'
+    'tuning.prolog_tune(H(root), state, "4242", req, None, None, exclusive=True, log=lambda m: None, scope=scope)')
+
+
+def test_sigkill_at_every_write_boundary_host_settings(tmp_path):
+    from helpers.tuning_tree import add_host_tuning
+
+    def child(root, state, kill_at):
+        return subprocess.run([sys.executable, "-P", "-c", CHILD_HOST, str(REPO), str(root), str(state),
+                               str(kill_at), REQ_HOST], capture_output=True, text=True, timeout=60)
+
+    def tree(name):
+        return add_host_tuning(make_tree(tmp_path / name, swap=False), cpus=4)
+
+    full = child(tree("full"), tmp_path / "fs", -1)
+    assert full.returncode == 0, full.stderr
+    events = json.loads(full.stdout)
+    writes = [e for e in events if e.startswith("write ")]
+    assert any("cpuidle" in w for w in writes) and any("proc/irq/" in w for w in writes) \
+        and any("nr_hugepages" in w for w in writes), events
+    for n in range(len(events)):
+        root = tree(f"h{n}")
+        state = tmp_path / f"s{n}"
+        base = snapshot(root)
+        r = child(root, state, n)
+        assert r.returncode == -signal.SIGKILL, (n, events[n], r.stderr)
+        if n % 2 == 0:
+            out = tuning.epilog_restore(HostFS(root), str(state), "4242", log=lambda m: None)
+        else:
+            out = tuning.restore(HostFS(root), str(state), all_jobs=True, log=lambda m: None)
+        assert out["ok"], (n, events[n], out)
+        assert diff(base, snapshot(root)) == [], f"killed before {events[n]} (event {n})"

@@ -1,0 +1,205 @@
+"""cstate, irq and hugepages (issue 20) against fake host trees: get/set,
+verify, restore byte for byte, refusals with their reasons, and the sampler's
+hold of /dev/cpu_dma_latency."""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from gsrun.facts.hostfs import HostFS
+from gsrun.node import cpu_latency, tuning
+from gsrun.request.config import parse_config
+from gsrun.request.tune import parse_hugepages, parse_tune_request
+from gsrun.base.errors import InputError
+from helpers.tuning_tree import (GPU_BDF, GPU_IRQS, CountingHostFS, add_host_tuning, diff, make_tree, snapshot)
+
+SCOPE = tuning.JobScope([{"bdf": GPU_BDF, "kind": "gpu", "name": "0", "numa_node": None}],
+                        list(range(4, 12)), {0: list(range(16))}, "test")
+Q = lambda m: None  # noqa: E731
+
+
+@pytest.fixture
+def root(tmp_path):
+    return add_host_tuning(make_tree(tmp_path / "host", swap=False))
+
+
+def tune(root, state, req, exclusive=True, scope=SCOPE, hostfs=None, cfg=None):
+    return tuning.prolog_tune(hostfs or HostFS(root), str(state), "77", req, cfg, None, exclusive, log=Q, scope=scope)
+
+
+def test_parser_accepts_the_new_keys_and_rejects_bad_values():
+    assert parse_tune_request("cstate=c1,irq=local,hugepages=1G:16") == {
+        "cstate": "c1", "irq": "local", "hugepages": "1G:16"}
+    assert parse_hugepages("2M:1024") == (2048, 1024)
+    for bad in ("cstate=c6", "irq=all", "hugepages=4M:1", "hugepages=1G:4097", "hugepages=2M:0", "hugepages=2M"):
+        with pytest.raises(InputError, match="bad tuning request"):
+            parse_tune_request(bad)
+
+
+@pytest.mark.parametrize("level,disabled", [("off", ("C1", "C1E", "C6")), ("c1", ("C1E", "C6")),
+                                            ("shallow", ("C6",))])
+def test_cstate_disables_the_deeper_states_and_restores(root, tmp_path, level, disabled):
+    base = snapshot(root)
+    r = tune(root, tmp_path / "s", f"cstate={level}")
+    assert r["applied"] == ["cstate"], r
+    assert r["holds"] == {"cpu_dma_latency_us": tuning.cstate_hold_us(level)}
+    for c in (0, 15):
+        for k, name in enumerate(("POLL", "C1", "C1E", "C6")):
+            got = (root / f"sys/devices/system/cpu/cpu{c}/cpuidle/state{k}/disable").read_text().strip()
+            assert got == ("1" if name in disabled else "0"), (c, name)
+    st = tuning.status(HostFS(root), str(tmp_path / "s"))
+    assert [(c["key"], c["in_effect"]) for c in st["changes"]] == [("cstate", True)]
+    out = tuning.epilog_restore(HostFS(root), str(tmp_path / "s"), "77", log=Q)
+    assert out["ok"] and diff(base, snapshot(root)) == []
+
+
+def test_cstate_without_cpuidle_is_the_dma_latency_hold_only(tmp_path):
+    root = add_host_tuning(make_tree(tmp_path / "vm", swap=False), cpuidle=False)
+    r = tune(root, tmp_path / "s", "cstate=shallow")
+    item = r["items"][0]
+    assert item["action"] == "unsupported" and "cpuidle" in item["reason"]
+    assert "held at 10 us by the job's sampler" in item["reason"]
+    assert r["holds"] == {"cpu_dma_latency_us": 10}
+    os.unlink(root / "dev/cpu_dma_latency")
+    assert tune(root, tmp_path / "s2", "cstate=shallow")["holds"] == {}
+
+
+def test_cstate_refused_for_a_shared_node_holds_nothing(root, tmp_path):
+    r = tune(root, tmp_path / "s", "cstate=off", exclusive=False)
+    assert r["refused"] == ["cstate"] and r["holds"] == {}
+    assert "exclusively" in r["items"][0]["reason"]
+
+
+def test_irq_local_pins_the_gpu_irqs_to_job_cpus_of_its_node(root, tmp_path):
+    base = snapshot(root)
+    r = tune(root, tmp_path / "s", "irq=local")
+    assert r["applied"] == ["irq"], r
+    for n in GPU_IRQS:
+        assert (root / f"proc/irq/{n}/smp_affinity_list").read_text() == "4-11\n"
+    assert (root / "proc/irq/24/smp_affinity_list").read_text() == "0-15\n"     # not the job's device
+    entry = tuning.status(HostFS(root), str(tmp_path / "s"))["changes"][0]
+    assert entry["prior"] == {str(n): "0-15" for n in GPU_IRQS} and entry["in_effect"]
+    assert tuning.restore(HostFS(root), str(tmp_path / "s"), all_jobs=True, log=Q)["ok"]
+    assert diff(base, snapshot(root)) == []
+
+
+def test_irq_multi_node_host_uses_the_device_node_and_skips_unknown(root, tmp_path):
+    nic = {"bdf": "0000:41:00.0", "kind": "nic", "name": "mlx5_0", "numa_node": 1}
+    (root / "sys/bus/pci/devices/0000:41:00.0/msi_irqs").mkdir(parents=True)
+    (root / "sys/bus/pci/devices/0000:41:00.0/msi_irqs/24").write_text("msix\n")
+    scope = tuning.JobScope([{**SCOPE.devices[0], "numa_node": None}, nic], list(range(16)),
+                            {0: list(range(8)), 1: list(range(8, 16))})
+    r = tune(root, tmp_path / "s", "irq=local", scope=scope)
+    item = r["items"][0]
+    assert item["action"] == "applied"
+    assert f"{GPU_BDF}: NUMA node unknown" in item["reason"]
+    assert (root / "proc/irq/24/smp_affinity_list").read_text() == "8-15\n"
+    assert (root / f"proc/irq/{GPU_IRQS[0]}/smp_affinity_list").read_text() == "0-15\n"
+
+
+def test_irq_kernel_managed_irq_is_skipped_with_the_reason(root, tmp_path):
+    h = CountingHostFS(root, fail_path=f"proc/irq/{GPU_IRQS[0]}/smp_affinity_list", fail_errno=errno.EIO)
+    r = tune(root, tmp_path / "s", "irq=local", hostfs=h)
+    item = r["items"][0]
+    assert item["action"] == "applied", item
+    assert f"IRQ {GPU_IRQS[0]}: EIO (kernel-managed)" in item["reason"]
+    entry = tuning.status(HostFS(root), str(tmp_path / "s"))["changes"][0]
+    assert str(GPU_IRQS[0]) not in entry["target"] and entry["in_effect"]
+
+
+def test_irq_refused_while_irqbalance_runs(tmp_path):
+    root = add_host_tuning(make_tree(tmp_path / "h", swap=False), irqbalance=True)
+    base = snapshot(root)
+    r = tune(root, tmp_path / "s", "irq=local")
+    assert r["refused"] == ["irq"] and "irqbalance runs (pid 4321)" in r["items"][0]["reason"]
+    assert diff(base, snapshot(root)) == []
+
+
+def test_irq_without_gpu_is_unsupported(root, tmp_path):
+    r = tune(root, tmp_path / "s", "irq=local", scope=tuning.JobScope([], [0], {0: [0]}))
+    assert r["unsupported"] == ["irq"] and "no GPU of the job" in r["items"][0]["reason"]
+
+
+def test_hugepages_reserved_on_the_gpu_node_and_restored(root, tmp_path):
+    base = snapshot(root)
+    r = tune(root, tmp_path / "s", "hugepages=2M:1024")
+    assert r["applied"] == ["hugepages"], r
+    nr = root / "sys/devices/system/node/node0/hugepages/hugepages-2048kB/nr_hugepages"
+    assert nr.read_text() == "1024\n"
+    assert tuning.epilog_restore(HostFS(root), str(tmp_path / "s"), "77", log=Q)["ok"]
+    assert diff(base, snapshot(root)) == []
+
+
+def test_hugepages_larger_than_node_free_memory_is_refused_with_figures(tmp_path):
+    root = add_host_tuning(make_tree(tmp_path / "h", swap=False), node_free_kb=1_000_000)
+    r = tune(root, tmp_path / "s", "hugepages=2M:1024")
+    assert r["refused"] == ["hugepages"]
+    assert r["items"][0]["reason"] == ("2M:1024 on NUMA node 0 needs 2097152 kB more (1024 pages of 2048 kB), "
+                                       "MemFree there is 1000000 kB")
+
+
+def test_hugepages_shortfall_fails_with_counts_and_rolls_back(root, tmp_path):
+    base = snapshot(root)
+    h = CountingHostFS(root, drop_writes="hugepages-1048576kB/nr_hugepages")
+    r = tune(root, tmp_path / "s", "cstate=c1,hugepages=1G:2", hostfs=h)
+    hp = next(i for i in r["items"] if i["key"] == "hugepages")
+    assert hp["action"] == "failed" and "node0/1048576=0" in hp["reason"], hp
+    assert r["rolled_back"] == ["cstate"]
+    assert diff(base, snapshot(root)) == []
+
+
+def test_hugepages_never_lowers_a_bigger_pool(root, tmp_path):
+    nr = root / "sys/devices/system/node/node0/hugepages/hugepages-2048kB/nr_hugepages"
+    nr.write_text("4096\n")
+    r = tune(root, tmp_path / "s", "hugepages=2M:1024")
+    assert r["unchanged"] == ["hugepages"] and nr.read_text() == "4096\n"
+
+
+def test_allowed_keys_and_defaults_cover_the_new_keys(root, tmp_path):
+    cfg = parse_config('[tuning]\ndefaults = "hugepages=2M:8"\nallowed_keys = ["governor"]\n')
+    r = tune(root, tmp_path / "s", "irq=local", cfg=cfg)
+    by = {i["key"]: i for i in r["items"]}
+    assert by["irq"]["action"] == "refused" and "allowed_keys" in by["irq"]["reason"]
+    assert by["hugepages"]["action"] == "applied" and by["hugepages"]["source"] == "default"
+
+
+def test_sampler_holds_dma_latency_under_host_root_without_writing(root, tmp_path):
+    fd, note = cpu_latency.hold(HostFS(root), 0)
+    try:
+        assert fd is not None and os.readlink(f"/proc/self/fd/{fd}") == str(root / "dev/cpu_dma_latency")
+        assert (root / "dev/cpu_dma_latency").read_bytes() == b""
+        assert note.startswith("cpu_dma_latency held at 0 us")
+    finally:
+        os.close(fd)
+    assert cpu_latency.hold(HostFS(root), -1)[0] is None
+    os.unlink(root / "dev/cpu_dma_latency")
+    fd, note = cpu_latency.hold(HostFS(root), 0)
+    assert fd is None and "absent" in note
+
+
+def test_sampler_process_keeps_the_fd_for_its_lifetime(root, tmp_path):
+    env = {**os.environ, "GSRUN_HOST_ROOT": str(root)}
+    p = subprocess.Popen([sys.executable, "-P", "-m", "gsrun.node.sampler", "--job-id", "77", "--uid", str(os.getuid()),
+                          "--node", "n1", "--host-root", str(root), "--state-dir", str(tmp_path / "st"),
+                          "--spool-dir", str(tmp_path / "sp"), "--interval-s", "0.2", "--dma-latency-us", "1"],
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        want = str(root / "dev/cpu_dma_latency")
+        deadline, held = time.monotonic() + 20, False
+        while time.monotonic() < deadline and not held:
+            try:
+                held = any(os.readlink(f"/proc/{p.pid}/fd/{f}") == want for f in os.listdir(f"/proc/{p.pid}/fd"))
+            except OSError:
+                pass
+            time.sleep(0.1)
+        assert held, p.stderr.read1().decode() if p.poll() is not None else "not held"
+    finally:
+        p.terminate()
+        p.wait(20)
+    assert (root / "dev/cpu_dma_latency").read_bytes() == b""
