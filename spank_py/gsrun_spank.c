@@ -647,9 +647,17 @@ static PyObject *build_args_dict(void)
 	PyObject *oev = oe ? PyUnicode_FromString(oe) : Py_NewRef(Py_None);
 	PyObject *bv = PyUnicode_FromString(cfg.bind);
 	PyObject *cv = cfg.config ? PyUnicode_DecodeFSDefault(cfg.config) : Py_NewRef(Py_None);
-	int bad = !oev || !bv || !cv || PyDict_SetItemString(d, "pythonpath", l) < 0 ||
+	PyObject *ov = PyList_New(0); /* the options compiled into this .so */
+	for (int i = 0; ov && i < n_opts; i++) {
+		PyObject *s = PyUnicode_FromString(opts[i].name);
+		if (!s || PyList_Append(ov, s) < 0)
+			Py_CLEAR(ov);
+		Py_XDECREF(s);
+	}
+	int bad = !oev || !bv || !cv || !ov || PyDict_SetItemString(d, "pythonpath", l) < 0 ||
 		  PyDict_SetItemString(d, "on_error", oev) < 0 || PyDict_SetItemString(d, "bind", bv) < 0 ||
-		  PyDict_SetItemString(d, "config", cv) < 0;
+		  PyDict_SetItemString(d, "config", cv) < 0 || PyDict_SetItemString(d, "options", ov) < 0;
+	Py_XDECREF(ov);
 	Py_XDECREF(oev);
 	Py_XDECREF(bv);
 	Py_XDECREF(cv);

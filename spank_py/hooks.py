@@ -15,7 +15,8 @@ a job with ``--gs-*`` options is refused at submission (C says why).
   ``"remote"`` (slurmstepd), ``"job_script"`` (SPANK prolog/epilog);
   slurmd itself never runs Python.
 * ``args``: the plugstack arguments, parsed strictly by C:
-  ``{"pythonpath": [...], "on_error": "fail"|"ignore"|None, "bind": "auto"|"none"}``.
+  ``{"pythonpath": [...], "on_error": "fail"|"ignore"|None, "bind": "auto"|"none",
+  "config": str|None, "options": [the option names compiled into the .so]}``.
 
 A hook returns 0/None (success) or non-zero (failure: in sbatch/srun the
 submission stops). An exception is logged by C with its traceback and turned
@@ -324,7 +325,13 @@ def slurm_spank_init_post_opt(ctx: str, args: dict) -> int:
     if ctx not in ("allocator", "local"):
         return 0
     sp = _spank()
-    raw = {name: sp.option_getopt(name) for name, *_ in OPTIONS}
+    compiled = args.get("options")
+    defined = [name for name, *_ in OPTIONS]
+    if compiled is not None and list(compiled) != defined:
+        _log("error", f"gsrun: {PHASE}: options: the plugin was built with {', '.join(compiled) or 'none'} "
+                      f"but this gsrun defines {', '.join(defined)}")
+        _log("error", "hint: rebuild and reinstall it: gsrun-node spank build && gsrun-node spank install")
+    raw = {name: sp.option_getopt(name) if compiled is None or name in compiled else None for name in defined}
     if all(v is None for v in raw.values()):
         return 0
     layouts: Mapping[str, str] | None = None

@@ -114,6 +114,26 @@ def test_no_options_exports_nothing(fake):
     assert sp.job_control == {} and sp.logs == []
 
 
+def test_stale_plugin_table_is_named_with_the_fix(fake):
+    """A .so built before an option was added: the new option cannot be
+    given (Slurm does not know it), the others still work, the admin is told."""
+    sp = fake(options={"gs-mps": "50"})
+    args = dict(ARGS, options=["gs-mps", "gs-mig", "gs-tune", "gs-bind"])
+    assert hooks.slurm_spank_init_post_opt("allocator", args) == 0
+    assert sp.job_control == {"GS_MPS": "50"}
+    assert [m for _lvl, m in sp.logs] == [
+        "gsrun: spank: options: the plugin was built with gs-mps, gs-mig, gs-tune, gs-bind but this gsrun "
+        "defines gs-mps, gs-mig, gs-tune, gs-bind, gs-report",
+        "hint: rebuild and reinstall it: gsrun-node spank build && gsrun-node spank install"]
+
+
+def test_current_plugin_table_logs_nothing(fake):
+    sp = fake(options={"gs-report": "mail"})
+    args = dict(ARGS, options=[o[0] for o in hooks.OPTIONS])
+    assert hooks.slurm_spank_init_post_opt("allocator", args) == 0
+    assert sp.job_control == {"GS_REPORT": "mail"} and sp.logs == []
+
+
 @pytest.mark.parametrize("opt,value,needle", [
     ("gs-mps", "150", "1-100"),
     ("gs-mps", "abc", "1-100"),
