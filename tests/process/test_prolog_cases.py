@@ -92,7 +92,7 @@ def test_case20_prolog_budget_is_hard(site):
     """A step that outlives the budget is cut off by SIGALRM; the job goes on."""
     site.config.write_text(site.config.read_text().replace("prolog_budget_s = 60", "prolog_budget_s = 1")
                            .replace("command_s = 2.0", "command_s = 30"))
-    env = site.env(gpus="0")           # no SPANK: the prolog asks scontrol (hangs); budget 1 s < 5 s cap
+    env = site.env(gpus="0")           # no credential fields: the prolog asks scontrol (hangs); budget 1 s < 5 s cap
     cp, took = timed(["prolog"], env)
     assert cp.returncode == 0
     assert took < 8, took
