@@ -16,6 +16,13 @@ defaults). slurmctld not answering means "not exclusive" (node-wide
 settings are refused), never a hang: the call has its own timeout and the
 whole prolog a hard budget (``timeouts.prolog_budget_s``, SIGALRM).
 
+No Slurm command runs for a job that asked for nothing (no ``SPANK_GS_*``,
+no gsrun request in its comment) on a partition without tuning defaults: the
+comment comes from slurmd's environment (``SLURM_JOB_COMMENT``, see
+:func:`gsrun.request.job.comment_from_env`); ``scontrol`` is asked for it
+only on a Slurm whose prolog environment lacks the job credential's fields.
+The record lists the Slurm commands run under ``"slurm_calls"``.
+
 A directory planted at ``<spool>/jobs/<id>`` or ``<state>/jobs/<id>`` is
 moved aside and replaced (logged); if the shared parents are planted, the
 records step fails, nothing is written there, and the rest of the prolog
@@ -41,8 +48,8 @@ from gsrun.facts.nvml import NvmlUnavailable, index_by_minor, open_nvml
 from gsrun.base.paths import Paths
 from gsrun.base.proc import ROOT_CWD, root_child_env, root_python
 from gsrun.node.steps import SETUP, NodeUnusable, Step, drain_node, run_steps
-from gsrun.request.job import (JobRequest, comment_from_slurm, exclusive_from_record, request_from_job_record,
-                               request_from_spank)
+from gsrun.request.job import (JobRequest, comment_from_env, comment_from_slurm, exclusive_from_record,
+                               request_from_comment, request_from_job_record, request_from_spank)
 
 NVML_MISMATCH_MSG = "NVML/driver mismatch: reboot required"
 SCONTROL_TIMEOUT_S = 5.0
@@ -93,13 +100,20 @@ def _nvml(c: Ctx):
 
 
 def _request(c: Ctx):
-    """The job's requests (SPANK options, else the job record's comment) and
-    whether it holds the node (slurmctld's job record, asked only when needed)."""
+    """The job's requests (SPANK options, else the job comment from slurmd's
+    environment, else from the job record) and whether it holds the node
+    (slurmctld's job record, asked only when the answer matters)."""
     job, cfg = c.job, c.cfg
     req = request_from_spank(job)
+    if req is None:
+        comment = comment_from_env(c.environ)
+        if comment is not None:
+            req = request_from_comment(comment, "prolog environment")
     need_record = req is None or req.needs_exclusivity() or _has_tuning_defaults(cfg, job.partition)
-    rec = comment_from_slurm(job.job_id, min(SCONTROL_TIMEOUT_S, cfg["timeouts.command_s"])) \
-        if need_record and not c.dry_run else None
+    rec = None
+    if need_record and not c.dry_run:
+        c.record["slurm_calls"].append("scontrol show job")
+        rec = comment_from_slurm(job.job_id, min(SCONTROL_TIMEOUT_S, cfg["timeouts.command_s"]))
     if req is None:
         req = request_from_job_record(rec, rec.get("__line__")) if rec \
             else JobRequest(source="none (slurmctld not asked/answered)")
@@ -151,7 +165,8 @@ def run(environ, host_root: str | None = None, state_dir: str | None = None, spo
     cfg = load_config_or_defaults(log)
     hostfs = HostFS.from_env(host_root)
     paths = Paths.from_config(cfg, state_dir, spool_dir)
-    record: dict = {"job": job.to_dict(), "prolog_time": t0, "steps": {}, "spank": dict(job.spank)}
+    record: dict = {"job": job.to_dict(), "prolog_time": t0, "steps": {}, "spank": dict(job.spank),
+                    "slurm_calls": []}
     ctx = Ctx(environ, job, cfg, hostfs, paths, log, dry_run, start_sampler, record)
     budget_s = cfg["timeouts.prolog_budget_s"]
     rc = 0

@@ -1,14 +1,22 @@
 """The Python side of the gsrun SPANK plugin (``gsrun_spank.so`` calls these).
 
-The C shim (``gsrun_spank.c``) calls ``register_options()`` once in
-``slurm_spank_init`` and then, for every SPANK callback, the function of the
-same name here when it exists, as ``hook(context, args)``:
+The C shim (``gsrun_spank.c``) registers the options of :data:`OPTIONS` itself
+(``spank_py/build.py`` compiles this table into it: one definition) and starts
+Python only when a process needs it: a ``--gs-*`` option was given, or
+slurmstepd runs a normal step while the site binds tasks (plugstack
+``bind=auto``, the default). Then it calls ``slurm_spank_init`` and
+``slurm_spank_init_post_opt`` here (both from C's ``init_post_opt``, when every
+option is known) and, for every later SPANK callback, the function of the same
+name here when it exists, as ``hook(context, args)``. sbatch/salloc/srun
+without ``--gs-*`` options never load this module; when it cannot be imported,
+a job with ``--gs-*`` options is refused at submission (C says why).
 
 * ``context``: ``"allocator"`` (sbatch/salloc), ``"local"`` (srun),
   ``"remote"`` (slurmstepd), ``"job_script"`` (SPANK prolog/epilog);
   slurmd itself never runs Python.
 * ``args``: the plugstack arguments, parsed strictly by C:
-  ``{"pythonpath": [...], "on_error": "fail"|"ignore"|None, "bind": "auto"|"none"}``.
+  ``{"pythonpath": [...], "on_error": "fail"|"ignore"|None, "bind": "auto"|"none",
+  "config": str|None, "options": [the option names compiled into the .so]}``.
 
 A hook returns 0/None (success) or non-zero (failure: in sbatch/srun the
 submission stops). An exception is logged by C with its traceback and turned
@@ -47,6 +55,7 @@ from typing import Any, Callable, Mapping
 PHASE = "spank"
 
 #: (name, arginfo, usage, has_arg) -- has_arg: 0 none, 1 required, 2 optional.
+#: Compiled into the C shim by spank_py/build.py (rebuild the plugin after a change).
 OPTIONS: tuple[tuple[str, str | None, str, int], ...] = (
     ("gs-mps", "PCT", "gsrun: run a per-job CUDA MPS daemon; PCT (1-100) = default active thread percentage", 2),
     ("gs-mig", "LAYOUT", "gsrun: MIG layout per GPU (e.g. 7x1g.18gb, or a site layout name); exclusive nodes only", 1),
@@ -90,11 +99,6 @@ class OptionError(ValueError):
 
 
 # ---------------------------------------------------------------- decisions
-
-def register_options() -> tuple[tuple[str, str | None, str, int], ...]:
-    """The option table the C shim registers with ``spank_option_register``."""
-    return OPTIONS
-
 
 def _detail(e: Exception) -> tuple[str, str | None]:
     return str(getattr(e, "detail", e)), getattr(e, "hint", None)
@@ -321,7 +325,13 @@ def slurm_spank_init_post_opt(ctx: str, args: dict) -> int:
     if ctx not in ("allocator", "local"):
         return 0
     sp = _spank()
-    raw = {name: sp.option_getopt(name) for name, *_ in OPTIONS}
+    compiled = args.get("options")
+    defined = [name for name, *_ in OPTIONS]
+    if compiled is not None and list(compiled) != defined:
+        _log("error", f"gsrun: {PHASE}: options: the plugin was built with {', '.join(compiled) or 'none'} "
+                      f"but this gsrun defines {', '.join(defined)}")
+        _log("error", "hint: rebuild and reinstall it: gsrun-node spank build && gsrun-node spank install")
+    raw = {name: sp.option_getopt(name) if compiled is None or name in compiled else None for name in defined}
     if all(v is None for v in raw.values()):
         return 0
     layouts: Mapping[str, str] | None = None
@@ -346,8 +356,9 @@ def slurm_spank_init_post_opt(ctx: str, args: dict) -> int:
 
 
 def slurm_spank_init(ctx: str, args: dict) -> int:
-    """remote: forget any previous step's state and pre-import what the
-    tasks need while still root (task_init runs as the user)."""
+    """remote: forget any previous step's state and read the site config.
+    What the tasks need is imported by ``slurm_spank_user_init``, still as
+    root (task_init runs as the user), and only what the step uses."""
     if ctx != "remote":
         return 0
     STATE.reset()
@@ -355,11 +366,6 @@ def slurm_spank_init(ctx: str, args: dict) -> int:
         STATE.config = _load_config(args)
     except Exception as e:  # noqa: BLE001
         _log("error", f"gsrun: {PHASE}: config: {e}")
-    for mod in ("gsrun.bind.plan", "gsrun.node.mps"):
-        try:
-            __import__(mod)
-        except ImportError as e:
-            _log("verbose", f"gsrun: {PHASE}: {mod} not available: {e}")
     return 0
 
 

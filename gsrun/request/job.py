@@ -1,6 +1,20 @@
 """What the job asked of the node, from the SPANK plugin (``SPANK_GS_*``) or,
-without the plugin, from the job comment ``gsrun`` wrote (read once with
-``scontrol``). Pure apart from :func:`comment_from_slurm`.
+without the plugin, from the job comment ``gsrun`` wrote. Pure apart from
+:func:`comment_from_slurm`.
+
+Where the comment comes from, without asking slurmctld (:func:`comment_from_env`):
+slurmd hands the prolog/epilog the job credential's fields, among them
+``SLURM_JOB_COMMENT`` when the job has a comment (Slurm 22.05 and later: the
+environment builder of slurmd's ``prep/script`` plugin; Debian 12's
+``prep_script.so`` sets it beside ``SLURM_JOB_RESTART_COUNT``,
+``SLURM_JOB_NTASKS`` and ``SLURM_JOB_STDOUT``, which the recorded
+``shared/data/slurm-22.05/prolog_slurmd.env`` shows). So an environment with
+``SLURM_JOB_RESTART_COUNT`` (always set from the credential) and no
+``SLURM_JOB_COMMENT`` means "the job has no comment": no request, and no RPC.
+Only an environment without the credential's fields (an older Slurm) makes the
+prolog read the record with ``scontrol`` (:func:`comment_from_slurm`). The
+user cannot plant either variable: slurmd drops a SPANK job environment with
+names not starting ``SPANK_`` and sets these after it.
 
 Trust: every ``SPANK_GS_*`` value and the job comment are written by the
 user (a user can submit any ``spank_job_env`` with a modified client), so
@@ -34,6 +48,7 @@ class JobRequest:
     exclusive: bool | None = None  # None: not known (slurmctld not asked or did not answer)
     source: str = "none"
     exclusive_source: str | None = None
+    comment_from: str | None = None   # "prolog environment" (SLURM_JOB_COMMENT) | "job record" (scontrol)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -67,14 +82,42 @@ def exclusive_from_record(rec: dict[str, str] | None, line: str | None = None) -
     return rec.get("OverSubscribe", "").upper() == "NO"
 
 
+#: set by slurmd from the job credential in every prolog/epilog environment that
+#: also carries SLURM_JOB_COMMENT for a job with a comment (see the module doc)
+CREDENTIAL_MARKER = "SLURM_JOB_RESTART_COUNT"
+
+
+def comment_from_env(environ) -> str | None:
+    """The job's comment from slurmd's prolog/epilog environment: the text of
+    ``SLURM_JOB_COMMENT``; ``""`` when the environment carries the job
+    credential's fields (``SLURM_JOB_RESTART_COUNT``) but no comment (the job
+    has none); None when it cannot tell (no credential fields: an older Slurm),
+    then only slurmctld's record knows."""
+    comment = environ.get("SLURM_JOB_COMMENT")
+    if comment is not None:
+        return comment
+    return "" if environ.get(CREDENTIAL_MARKER) is not None else None
+
+
+def request_from_comment(comment: str, comment_from: str) -> JobRequest:
+    """gsrun's requests in a job comment (``gsrun:tune=...;mps=...``, see
+    :func:`gsrun.facts.slurm.parse_comment_request`); ``exclusive`` stays None
+    (only the job record's ``OverSubscribe`` says it). ``source`` is ``"job
+    comment"``, or ``"none"`` for a comment without gsrun's requests."""
+    c = parse_comment_request(comment)
+    return JobRequest(tune=c.get("tune") or None, mps=c.get("mps") if "mps" in c else None,
+                      mig=c.get("mig") or None, bind=c.get("bind"), report=c.get("report"),
+                      exclusive=None, source="job comment" if c else "none", comment_from=comment_from)
+
+
 def request_from_job_record(rec: dict[str, str], line: str | None = None) -> JobRequest:
     """From ``scontrol -o show job`` fields: ``Comment`` (gsrun's requests)
     and ``OverSubscribe=NO`` (the job holds its nodes exclusively)."""
-    c = parse_comment_request(rec.get("Comment", ""))
-    return JobRequest(tune=c.get("tune") or None, mps=c.get("mps") if "mps" in c else None,
-                      mig=c.get("mig") or None, bind=c.get("bind"), report=c.get("report"),
-                      exclusive=exclusive_from_record(rec, line), source="job comment",
-                      exclusive_source="job record OverSubscribe")
+    req = request_from_comment(rec.get("Comment", ""), "job record")
+    req.source = "job comment"
+    req.exclusive = exclusive_from_record(rec, line)
+    req.exclusive_source = "job record OverSubscribe"
+    return req
 
 
 def comment_from_slurm(job_id: str, timeout_s: float) -> dict[str, str] | None:

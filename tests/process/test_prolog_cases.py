@@ -92,7 +92,7 @@ def test_case20_prolog_budget_is_hard(site):
     """A step that outlives the budget is cut off by SIGALRM; the job goes on."""
     site.config.write_text(site.config.read_text().replace("prolog_budget_s = 60", "prolog_budget_s = 1")
                            .replace("command_s = 2.0", "command_s = 30"))
-    env = site.env(gpus="0")           # no SPANK: the prolog asks scontrol (hangs); budget 1 s < 5 s cap
+    env = site.env(gpus="0")           # no credential fields: the prolog asks scontrol (hangs); budget 1 s < 5 s cap
     cp, took = timed(["prolog"], env)
     assert cp.returncode == 0
     assert took < 8, took
@@ -223,4 +223,101 @@ def test_case18_hostname_differs_from_nodename(site):
     assert run_node(["prolog"], env).returncode == 0
     assert (site.spool / "jobs/4242/prolog-gpu-node01.json").is_file()
     assert not list((site.spool / "jobs/4242").glob("*cluster.example*"))
+    run_node(["epilog"], env)
+
+
+# ---------------------------------------------------------------- no RPC for jobs that asked for nothing
+
+SLURM_COMMANDS = ("scontrol", "squeue", "sacct", "sinfo", "sbatch", "srun", "sacctmgr")
+#: the job credential's fields slurmd 22.05 puts beside the recorded env
+#: (shared/data/slurm-22.05/prolog_slurmd.env; SLURM_JOB_COMMENT only when the job has one)
+CREDENTIAL = {"SLURM_JOB_RESTART_COUNT": "0", "SLURM_JOB_NTASKS": "4", "SLURM_JOB_STDIN": "/dev/null"}
+
+
+def slurm_calls(site) -> list[str]:
+    """What the fake Slurm tools logged ($FAKE_CALL_LOG): every RPC the prolog made."""
+    return [c for c in site.calls_made() if c.split()[0] in SLURM_COMMANDS]
+
+
+def prolog_record(site) -> dict:
+    return json.loads((site.spool / "jobs/4242/prolog-gpu-node01.json").read_text())
+
+
+@root_only
+def test_plain_job_makes_no_slurm_call(site):
+    """A job with no SPANK_GS_* and no comment, on Slurm 22.05's prolog
+    environment: no scontrol (here it would hang for command_s)."""
+    cp = run_node(["prolog"], site.env(**CREDENTIAL))
+    assert cp.returncode == 0, cp.stderr
+    assert slurm_calls(site) == []
+    rec = prolog_record(site)
+    assert rec["slurm_calls"] == []
+    assert rec["request"]["source"] == "none" and rec["request"]["comment_from"] == "prolog environment"
+    assert rec["exclusive"] is False and "not exclusive" not in cp.stderr
+    assert samplers_of("4242", site.state)                    # the rest of the prolog ran
+    run_node(["epilog"], site.env(**CREDENTIAL))
+
+
+@root_only
+def test_older_slurm_env_asks_slurmctld_once(site):
+    """Without the credential's fields the prolog cannot tell "no comment"
+    from "not exported": one bounded scontrol, as before this change."""
+    env = site.env(FAKE_SLURM="record", FAKE_SCONTROL_RECORD=RECORD.format(
+        job="4242", name="t", ovs="OK", comment="gsrun:mps=50"))
+    cp = run_node(["prolog"], env)
+    assert cp.returncode == 0, cp.stderr
+    assert slurm_calls(site) == ["scontrol -o show job 4242"]
+    rec = prolog_record(site)
+    assert rec["slurm_calls"] == ["scontrol show job"]
+    assert rec["request"]["mps"] == "50" and rec["request"]["comment_from"] == "job record"
+    run_node(["epilog"], env)
+
+
+@root_only
+def test_comment_request_comes_from_the_prolog_env(site):
+    """gsrun's comment (the wrapper without the plugin) read from
+    SLURM_JOB_COMMENT: an MPS request needs no exclusivity, so no RPC."""
+    env = site.env(SLURM_JOB_COMMENT="my notes gsrun:mps=50", **CREDENTIAL)
+    cp = run_node(["prolog"], env)
+    assert cp.returncode == 0, cp.stderr
+    assert slurm_calls(site) == []
+    req = prolog_record(site)["request"]
+    assert (req["source"], req["comment_from"], req["mps"], req["tune"]) == \
+        ("job comment", "prolog environment", "50", None)
+    run_node(["epilog"], env)
+
+
+@root_only
+@pytest.mark.parametrize("ovs,want", [("NO", True), ("OK", False)])
+def test_tuning_request_in_env_comment_asks_only_for_exclusivity(site, ovs, want):
+    env = site.env(SLURM_JOB_COMMENT="gsrun:tune=governor=performance", FAKE_SLURM="record",
+                   FAKE_SCONTROL_RECORD=RECORD.format(job="4242", name="t", ovs=ovs, comment="(null)"), **CREDENTIAL)
+    cp = run_node(["prolog"], env)
+    assert cp.returncode == 0, cp.stderr
+    assert slurm_calls(site) == ["scontrol -o show job 4242"]          # one, for OverSubscribe
+    rec = prolog_record(site)
+    assert rec["request"]["tune"] == "governor=performance"
+    assert rec["request"]["comment_from"] == "prolog environment"       # not the record's "(null)"
+    assert rec["exclusive"] is want and governor(site) == ("performance" if want else "powersave")
+    run_node(["epilog"], env)
+    assert governor(site) == "powersave"
+
+
+@root_only
+@pytest.mark.parametrize("site", [{"config_extra": '[tuning]\ndefaults = "swappiness=10"\n'}], indirect=True)
+def test_site_tuning_defaults_still_ask_for_exclusivity(site):
+    env = site.env(FAKE_SLURM="down", **CREDENTIAL)
+    cp = run_node(["prolog"], env)
+    assert cp.returncode == 0, cp.stderr
+    assert slurm_calls(site) == ["scontrol -o show job 4242"]
+    assert prolog_record(site)["exclusive"] is False and "not exclusive" in cp.stderr
+    run_node(["epilog"], env)
+
+
+@root_only
+def test_spank_request_without_tuning_makes_no_slurm_call(site):
+    env = site.env(spank={"SPANK_GS_MPS": "50", "SPANK_GS_REPORT": "none"})
+    cp = run_node(["prolog"], env)
+    assert cp.returncode == 0, cp.stderr
+    assert slurm_calls(site) == [] and prolog_record(site)["request"]["source"] == "spank"
     run_node(["epilog"], env)

@@ -35,6 +35,9 @@ HARNESS_C = r'''/*
  *   CONTEXT: allocator | local | remote | job_script | slurmd
  *   FAKE_OPTS="gs-mps=50;gs-tune=x=1"  options as the user gave them
  *   FAKE_MAJOR / FAKE_MINOR             running Slurm version (default 22/05)
+ *   FAKE_STEPID                         S_JOB_STEPID (default 0, a normal step)
+ *   FAKE_GETOPT="gs-mps=50"             what spank_option_getopt answers (an option
+ *                                       Slurm forwarded to slurmstepd); else not given
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -70,7 +73,17 @@ spank_err_t spank_option_register(spank_t s, struct spank_option *o)
 
 spank_err_t spank_option_getopt(spank_t s, struct spank_option *o, char **optarg)
 {
-	(void)s; (void)o; (void)optarg;
+	static char val[256];
+	const char *spec = getenv("FAKE_GETOPT");
+	size_t n = strlen(o->name);
+	(void)s;
+	if (spec && strncmp(spec, o->name, n) == 0 && (spec[n] == '=' || spec[n] == '\0')) {
+		snprintf(val, sizeof(val), "%s", spec[n] == '=' ? spec + n + 1 : "");
+		if (optarg)
+			*optarg = val;
+		printf("GETOPT %s\n", o->name);
+		return ESPANK_SUCCESS;
+	}
 	return ESPANK_ERROR;
 }
 
@@ -86,7 +99,7 @@ spank_err_t spank_get_item(spank_t s, spank_item_t item, ...)
 	case S_SLURM_VERSION_MINOR: *va_arg(ap, char **) = getenv("FAKE_MINOR") ? getenv("FAKE_MINOR") : "05"; break;
 	case S_SLURM_VERSION: *va_arg(ap, char **) = "fake-version"; break;
 	case S_JOB_ID: *va_arg(ap, uint32_t *) = 4242; break;
-	case S_JOB_STEPID: *va_arg(ap, uint32_t *) = 0; break;
+	case S_JOB_STEPID: *va_arg(ap, uint32_t *) = getenv("FAKE_STEPID") ? (uint32_t)strtoul(getenv("FAKE_STEPID"), NULL, 0) : 0; break;
 	case S_JOB_UID: *va_arg(ap, uid_t *) = 1000; break;
 	case S_JOB_NCPUS: *va_arg(ap, uint16_t *) = 16; break;
 	case S_TASK_ID: *va_arg(ap, int *) = 1; break;
@@ -415,6 +428,106 @@ def test_slurmd_context_never_starts_python(built, harness, tmp_path):
     assert not [l for l in out if l.startswith(("ERROR", "REGISTER"))]
 
 
+# ------------------------------------------------------------ an unused plugin costs nothing
+
+BROKEN = "raise ImportError('gsrun half installed: broken on purpose')\n"
+COMPILED_TABLE = ["REGISTER gs-mps has_arg=2 arginfo=PCT", "REGISTER gs-mig has_arg=1 arginfo=LAYOUT",
+                  "REGISTER gs-tune has_arg=1 arginfo=LIST", "REGISTER gs-bind has_arg=1 arginfo=MODE",
+                  "REGISTER gs-report has_arg=1 arginfo=MODE"]
+
+
+@pytest.mark.parametrize("ctx,args,env_extra", [
+    ("allocator", (), {}),                                   # sbatch / salloc
+    ("local", (), {}),                                       # srun
+    ("remote", ("bind=none",), {}),                          # slurmstepd, site does not bind
+    ("remote", (), {"FAKE_STEPID": "0xfffffffb"}),          # slurmstepd, batch step: never bound
+    ("remote", (), {"FAKE_STEPID": "0xfffffffc"}),          # extern step
+    ("job_script", (), {}),                                  # SPANK prolog/epilog
+])
+def test_no_gs_option_never_starts_python(built, harness, tmp_path, ctx, args, env_extra):
+    """Without --gs-* options the Python side is never imported (here it
+    cannot be: importing it raises), so a broken install cannot block a job:
+    the options are still registered from the compiled-in table."""
+    site = double_site(tmp_path, BROKEN)
+    rc, out, err = run_harness(harness, built, ctx, site, *args, env_extra=env_extra)
+    assert rc == 0, (out, err)
+    assert [l for l in out if l.startswith("REGISTER")] == COMPILED_TABLE
+    assert "RC slurm_spank_init_post_opt 0" in out and out[-1] == "DONE"
+    assert not [l for l in out if l.startswith("ERROR")], out
+
+
+@pytest.mark.parametrize("ctx", ["allocator", "local"])
+def test_broken_python_side_refuses_gs_options_with_the_reason(built, harness, tmp_path, ctx):
+    site = double_site(tmp_path, BROKEN)
+    rc, out, err = run_harness(harness, built, ctx, site, opts="gs-mps=50;gs-tune=swappiness=10")
+    assert rc == 11 and "RC slurm_spank_init_post_opt -1" in out, (out, err)   # sbatch/srun stop here
+    assert "RC slurm_spank_init 0" in out                                       # init itself never fails
+    errors = [l[len("ERROR: "):] for l in out if l.startswith("ERROR: ")]
+    assert errors[0].startswith("gsrun: spank: python: cannot import gsrun.spank_py.hooks"), errors
+    assert any("ImportError: gsrun half installed: broken on purpose" in e for e in errors), errors
+    assert ("gsrun: spank: options: --gs-mps, --gs-tune given, but gsrun's Python side cannot be loaded "
+            "on this host: job refused (its options could not be honoured)") in errors
+    assert errors[-1] == "hint: submit without --gs-* options, or ask the admin to repair gsrun " \
+                         "(gsrun-node doctor names the cause)"
+    assert not [l for l in out if l.startswith("JOBCONTROL")]
+
+
+def test_broken_python_side_in_a_bound_step_runs_it_unbound(built, harness, tmp_path):
+    site = double_site(tmp_path, BROKEN)
+    rc, out, err = run_harness(harness, built, "remote", site)
+    assert rc == 0 and "RC slurm_spank_init_post_opt 0" in out, (out, err)
+    assert "ERROR: gsrun: spank: bind: the tasks of this step run with Slurm's own binding" in out
+    assert "CHILD 0 exit=0 signaled=0" in out and "CHILD 1 exit=0 signaled=0" in out
+    assert not [l for l in out if l.startswith("SETENV")]
+
+
+def test_option_forwarded_to_slurmstepd_starts_python(built, harness, real_site):
+    """bind=none: only the job's own --gs-mps (Slurm forwards it; the shim
+    asks spank_option_getopt) makes slurmstepd start Python, for the MPS env."""
+    rc, out, err = run_harness(harness, built, "remote", real_site, "bind=none",
+                               env_extra={"FAKE_GETOPT": "gs-mps=50", "FAKE_STEPID": "0xfffffffb"})
+    assert rc == 0, (out, err)
+    assert "GETOPT gs-mps" in out
+    assert out.count("SETENV CUDA_MPS_PIPE_DIRECTORY=/run/gsrun/mps/4242/pipe") == 2
+    assert not [l for l in out if l.startswith("SETENV GSRUN_BIND_CPUS=")]   # batch step: not bound
+
+
+def test_bound_step_without_options_starts_python_and_binds(built, harness, real_site):
+    rc, out, err = run_harness(harness, built, "remote", real_site)
+    assert rc == 0, (out, err)
+    assert len([l for l in out if l.startswith("SETENV GSRUN_BIND_CPUS=")]) == 2
+    assert not [l for l in out if l.startswith("ERROR")]
+
+
+def test_option_table_header_is_generated_from_hooks():
+    from gsrun.spank_py import hooks
+    text = spank_build.options_header()
+    assert f"#define GSRUN_N_OPTS {len(hooks.OPTIONS)}" in text
+    for name, arginfo, usage, has_arg in hooks.OPTIONS:
+        info = "NULL" if arginfo is None else f'"{arginfo}"'
+        assert f'{{ "{name}", {info}, "{usage}", {has_arg} }},' in text
+
+
+@pytest.mark.parametrize("rows,needle", [
+    ([("Bad Name", None, "x", 0)], "row 0: bad or repeated option name 'Bad Name'"),
+    ([("gs-a", None, "x", 0), ("gs-a", None, "y", 0)], "row 1: bad or repeated option name 'gs-a'"),
+    ([("gs-" + "a" * 73, None, "x", 0)], "bad or repeated option name"),
+    ([("gs-a", None, "x", 3)], "--gs-a: has_arg 3 must be 0, 1 or 2"),
+    ([("gs-a", None, "tab\there", 0)], "--gs-a usage 'tab\\there' has characters outside printable ASCII"),
+    ([("gs-a", None, "x")], "row 0 is not (name, arginfo|None, usage, has_arg)"),
+    ([], "0 options; 1 to 32 allowed"),
+])
+def test_bad_option_table_fails_the_build(rows, needle):
+    with pytest.raises(spank_build.NodeError) as ei:
+        spank_build.options_header(rows)
+    assert needle in str(ei.value)
+
+
+def test_option_text_is_escaped_for_c():
+    text = spank_build.options_header([("gs-a", 'Q"', 'say "hi" \\ bye', 1)])
+    assert '{ "gs-a", "Q\\"", "say \\"hi\\" \\\\ bye", 1 },' in text
+
+
 @pytest.mark.parametrize("args,needle,hint", [
     (["colour=blue"], "unknown plugstack argument 'colour'", "hint: allowed keys: pythonpath="),
     (["on_error=maybe"], "on_error=maybe: must be fail or ignore", None),
@@ -442,8 +555,6 @@ def test_refuses_other_slurm_release(built, harness, real_site):
 
 RAISING = """
 import sys
-def register_options():
-    return [("gs-x", None, "test", 0)]
 def slurm_spank_init(ctx, args):
     return 0
 def slurm_spank_init_post_opt(ctx, args):
@@ -461,7 +572,7 @@ def slurm_spank_exit(ctx, args):
     assert _spank.get_item("S_JOB_ENV")["SLURM_STEP_TASKS_PER_NODE"] == "2"
     assert _spank.get_item("S_TASK_EXIT_STATUS") is None
     assert _spank.getenv("HOME") == "/home/u" and _spank.getenv("NOPE") is None
-    assert _spank.option_getopt("gs-x") == ""
+    assert _spank.option_getopt("gs-report") == "mail"
     try:
         _spank.job_control_setenv("GS_X", "1")
     except _spank.SpankError as e:
@@ -475,13 +586,13 @@ def slurm_spank_exit(ctx, args):
 
 def test_python_errors_never_crash_the_host(built, harness, tmp_path):
     site = double_site(tmp_path, RAISING)
-    rc, out, err = run_harness(harness, built, "remote", site, opts="gs-x")
+    rc, out, err = run_harness(harness, built, "remote", site, opts="gs-report=mail")
     assert rc == 0, (out, err)
     # remote default on_error=ignore: every failing hook logged, rc 0, nothing crashed
     assert "ERROR: gsrun: spank: slurm_spank_init_post_opt: ValueError: boom in post_opt" in out
     assert "ERROR: hint: try again" in out            # a GsrunError's hint: its own line, as Python prints it
     assert any(l.startswith("ERROR: gsrun: spank: slurm_spank_init_post_opt: Traceback") for l in out)
-    assert any("hooks.py" in l and "line 8" in l for l in out if "post_opt" in l)
+    assert any("hooks.py" in l and "line 6" in l for l in out if "post_opt" in l)
     assert "ERROR: gsrun: spank: slurm_spank_user_init: SystemExit: 3" in out
     assert "ERROR: gsrun: spank: slurm_spank_task_init: KeyboardInterrupt: " in out
     assert "ERROR: gsrun: spank: slurm_spank_task_exit: returned str, expected int or None" in out
@@ -492,15 +603,15 @@ def test_python_errors_never_crash_the_host(built, harness, tmp_path):
 
 def test_on_error_fail_makes_remote_hook_fail(built, harness, tmp_path):
     site = double_site(tmp_path, RAISING)
-    rc, out, err = run_harness(harness, built, "remote", site, "on_error=fail", opts="gs-x")
+    rc, out, err = run_harness(harness, built, "remote", site, "on_error=fail", opts="gs-report=mail")
     assert rc == 11 and "RC slurm_spank_init_post_opt -1" in out, (out, err)
 
 
 def test_exception_in_allocator_fails_by_default_and_ignore_overrides(built, harness, tmp_path):
     site = double_site(tmp_path, RAISING)
-    rc, out, _ = run_harness(harness, built, "allocator", site)
+    rc, out, _ = run_harness(harness, built, "allocator", site, opts="gs-report=mail")
     assert rc == 11
-    rc, out, _ = run_harness(harness, built, "allocator", site, "on_error=ignore")
+    rc, out, _ = run_harness(harness, built, "allocator", site, "on_error=ignore", opts="gs-report=mail")
     assert rc == 0 and "RC slurm_spank_init_post_opt 0" in out
 
 
@@ -511,12 +622,7 @@ def test_import_failure_is_reported_with_hint(built, harness, tmp_path):
     assert any(l.startswith("ERROR: gsrun: spank: python: cannot import gsrun.spank_py.hooks") for l in out)
     assert any("ModuleNotFoundError: No module named 'gsrun_no_such_module'" in l for l in out)
     assert any("hint: install gsrun" in l for l in out)
+    rc, out, _ = run_harness(harness, built, "allocator", site, opts="gs-bind=none")
+    assert rc == 11                                  # sbatch with --gs-*: fail loudly
     rc, out, _ = run_harness(harness, built, "allocator", site)
-    assert rc == 10                                  # sbatch: fail loudly
-
-
-def test_bad_option_table_is_refused(built, harness, tmp_path):
-    site = double_site(tmp_path, "def register_options():\n    return [('Bad Name', None, 'x', 0)]\n")
-    rc, out, _ = run_harness(harness, built, "allocator", site)
-    assert rc == 10
-    assert "ERROR: gsrun: spank: register_options: bad option Bad Name (has_arg 0)" in out
+    assert rc == 0 and not [l for l in out if l.startswith("ERROR")]   # plain sbatch: as if no plugin

@@ -76,7 +76,7 @@ ARGS = {"pythonpath": [], "on_error": None, "bind": "auto"}
 # ------------------------------------------------------------ option table
 
 def test_option_table_shape():
-    table = hooks.register_options()
+    table = hooks.OPTIONS                      # compiled into the shim by spank_py/build.py
     names = [t[0] for t in table]
     assert names == ["gs-mps", "gs-mig", "gs-tune", "gs-bind", "gs-report"]
     by_name = {t[0]: t for t in table}
@@ -112,6 +112,26 @@ def test_no_options_exports_nothing(fake):
     sp = fake(options={})
     assert hooks.slurm_spank_init_post_opt("allocator", ARGS) == 0
     assert sp.job_control == {} and sp.logs == []
+
+
+def test_stale_plugin_table_is_named_with_the_fix(fake):
+    """A .so built before an option was added: the new option cannot be
+    given (Slurm does not know it), the others still work, the admin is told."""
+    sp = fake(options={"gs-mps": "50"})
+    args = dict(ARGS, options=["gs-mps", "gs-mig", "gs-tune", "gs-bind"])
+    assert hooks.slurm_spank_init_post_opt("allocator", args) == 0
+    assert sp.job_control == {"GS_MPS": "50"}
+    assert [m for _lvl, m in sp.logs] == [
+        "gsrun: spank: options: the plugin was built with gs-mps, gs-mig, gs-tune, gs-bind but this gsrun "
+        "defines gs-mps, gs-mig, gs-tune, gs-bind, gs-report",
+        "hint: rebuild and reinstall it: gsrun-node spank build && gsrun-node spank install"]
+
+
+def test_current_plugin_table_logs_nothing(fake):
+    sp = fake(options={"gs-report": "mail"})
+    args = dict(ARGS, options=[o[0] for o in hooks.OPTIONS])
+    assert hooks.slurm_spank_init_post_opt("allocator", args) == 0
+    assert sp.job_control == {"GS_REPORT": "mail"} and sp.logs == []
 
 
 @pytest.mark.parametrize("opt,value,needle", [
