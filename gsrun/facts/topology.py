@@ -81,6 +81,14 @@ class NumaNode:
     mem_total_bytes: int | None = None
     distances: dict[int, int] = field(default_factory=dict, hash=False, compare=False)
 
+    @property
+    def has_memory(self) -> bool:
+        """False only for a node whose ``meminfo`` says ``MemTotal: 0 kB``
+        (a CPU-only node of a POWER LPAR or VM firmware); an absent
+        ``meminfo`` (unknown) counts as having memory, as the kernel's own
+        default policy would use it."""
+        return self.mem_total_bytes != 0
+
 
 @dataclass(frozen=True)
 class Gpu:
@@ -154,6 +162,19 @@ class Topology:
         if n and b in n.distances:
             return n.distances[b]
         return 20 + abs(a - b)
+
+    def memory_node_near(self, node_id: int) -> int | None:
+        """``node_id`` when it has memory, else the nearest node (SLIT
+        distance, then lowest id) that has; None when no node has memory.
+        A memory policy names only nodes this returns (numactl
+        ``--membind`` on a memory-less node fails or OOMs)."""
+        n = self.node(node_id)
+        if n is not None and n.has_memory:
+            return node_id
+        cands = [x.id for x in self.nodes if x.has_memory and x.id != node_id]
+        if not cands:
+            return None
+        return min(cands, key=lambda m: (self.distance(node_id, m), m))
 
     def gpu_by_minor(self, minor: int) -> Gpu | None:
         for g in self.gpus:
