@@ -48,7 +48,14 @@ is young, and a recorded test tree would then have to satisfy hwloc's own
 discovery (or be an XML export) instead of being the same ``sys/``/``proc/``
 subset our one :class:`HostFS` root already serves. hwloc's extra knowledge
 (caches, PCI bridges, OS devices) is not used by the plan except PCI
-closeness, which the sysfs device path gives directly.
+closeness, which the sysfs device path gives directly. An hwloc XML export
+of another machine is read by :mod:`gsrun.facts.hwloc_xml` into the same
+:class:`Topology` (``--topology-xml``).
+
+Memory-less nodes (``MemTotal: 0 kB``: POWER LPARs, some VM firmware) and
+CPU-less nodes (GPU or HBM memory as a NUMA node) are kept as read:
+:attr:`NumaNode.has_memory` and an empty ``cpus`` tell the plan which
+nodes can hold a memory policy and which can hold ranks.
 """
 
 from __future__ import annotations
