@@ -325,6 +325,9 @@ def start_sampler_process(job, paths, cfg, hostfs, dma_latency_us: int | None = 
         args += ["--host-root", str(hostfs.root)]
     if dma_latency_us is not None:
         args += ["--dma-latency-us", str(int(dma_latency_us))]
+    baseline = _mem_baseline(hostfs, job.gpus or [])
+    if baseline:
+        args += ["--mem-baseline", baseline]
     argv = root_python("-m", "gsrun.node.sampler", *args)
     logf = os.fdopen(os.open(d / "sampler.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
                              | os.O_CLOEXEC, 0o600), "ab")
@@ -340,6 +343,26 @@ def start_sampler_process(job, paths, cfg, hostfs, dma_latency_us: int | None = 
     info = {"pid": p.pid, "create_time": ct, "argv": args}
     atomic_write_json(d / "sampler.pid.json", info, mode=0o600)
     return info
+
+
+def _mem_baseline(hostfs, gpus: list[int]) -> str:
+    """The job's GPUs' memory "used" before its processes start, for GPUs
+    with only the v1 memory call (:func:`gsrun.node.sampler.read_mem_baseline`);
+    "" when none or NVML does not answer."""
+    if not gpus:
+        return ""
+    from gsrun.node.sampler import format_mem_baseline, read_mem_baseline
+
+    try:
+        nv = open_nvml(hostfs)
+    except NvmlUnavailable:
+        return ""
+    try:
+        return format_mem_baseline(read_mem_baseline(nv, list(gpus)))
+    except Exception:  # noqa: BLE001 - no baseline is better than no sampler
+        return ""
+    finally:
+        nv.close()
 
 
 def _sampler_env() -> dict:

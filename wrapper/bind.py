@@ -2,8 +2,8 @@
 
 Two modes::
 
-    gsrun-bind --plan [--json] [--host-root DIR] [--gpus LIST] [--ntasks-per-node N]
-               [--local-rank R] [--allowed-cpus LIST] [--gpu-isolation]
+    gsrun-bind --plan [--json] [--host-root DIR | --topology-xml FILE] [--gpus LIST]
+               [--ntasks-per-node N] [--local-rank R] [--allowed-cpus LIST] [--gpu-isolation]
     gsrun-bind [--gpu-isolation] [--host-root DIR] -- CMD ARGS...
 
 The plan is computed by :mod:`gsrun.bind.plan` (pure) from the Slurm task
@@ -18,6 +18,11 @@ planned by ``LOCAL_RANK`` / ``LOCAL_WORLD_SIZE``
 ``RANK`` / ``WORLD_SIZE``.
 Usage errors and a command that cannot be executed exit 2 with a
 ``gsrun: bind: ...`` message.
+
+``--topology-xml FILE`` (env ``GSRUN_TOPOLOGY_XML``, read with ``--plan``
+only) plans on an hwloc XML export of a machine
+(:mod:`gsrun.facts.hwloc_xml`) instead of a host tree; the allowed CPUs are
+then all of its CPUs unless ``--allowed-cpus`` says otherwise.
 
 ``GSRUN_BIND_VERBOSE=1`` prints ``gsrun-bind: rank L gpu G cpus X mem M (reason)``.
 """
@@ -54,6 +59,7 @@ class BindParams:
     allowed_cpus: list[int] | None
     gpu_isolation: bool
     command: tuple[str, ...]
+    topology_xml: str | None = None
 
 
 def plan_environ(environ: Mapping[str, str], gpus: str | None, ntasks: int | None,
@@ -86,12 +92,23 @@ def run_plan(p: BindParams, environ: Mapping[str, str]) -> str:
     Raises:
         GsrunError: bad input (flags, env, host root).
     """
-    fs = _hostfs(p.host_root, environ)
-    topo = read_topology(fs)
+    xml = p.topology_xml or environ.get("GSRUN_TOPOLOGY_XML") or None
+    if xml and p.host_root:
+        raise InputError("bind", "--topology-xml and --host-root both given", f"{xml} / {p.host_root}",
+                         hint="give one source of the topology")
+    fs = _hostfs(p.host_root, environ if not xml else {})
+    allowed = p.allowed_cpus
+    if xml:
+        from gsrun.facts.hwloc_xml import read_topology_xml
+
+        topo = read_topology_xml(xml)
+        allowed = allowed or list(topo.cpus_online)
+    else:
+        topo = read_topology(fs)
     env = plan_environ(environ, p.gpus, p.ntasks_per_node, p.local_rank)
     if p.local_rank is None:
         env.pop("SLURM_LOCALID", None)
-    plan = plan_from_env(env, fs, p.allowed_cpus, p.gpu_isolation, topology=topo)
+    plan = plan_from_env(env, fs, allowed, p.gpu_isolation, topology=topo)
     for w in plan.warnings:
         _warn(w)
     if p.as_json:
@@ -281,14 +298,19 @@ def _hostfs(host_root: str | None, environ: Mapping[str, str]) -> HostFS:
 @click.option("--allowed-cpus", default=None,
               help="CPU list the task may use (default: its affinity; all online under a host root).")
 @click.option("--gpu-isolation", is_flag=True, help="Show each rank only its own GPU(s).")
+@click.option("--topology-xml", type=click.Path(dir_okay=False), default=None,
+              help="With --plan: an hwloc XML export instead of this host; env GSRUN_TOPOLOGY_XML.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def main(plan, as_json, host_root, gpus, ntasks_per_node, local_rank, allowed_cpus,
-         gpu_isolation, command):
+         gpu_isolation, topology_xml, command):
     """Bind this task to its GPU's CPUs, memory node and NIC, then exec COMMAND."""
     environ = dict(os.environ)
     try:
         p = BindParams(plan, as_json, host_root, gpus, ntasks_per_node, local_rank,
-                       _allowed(allowed_cpus), gpu_isolation, tuple(command))
+                       _allowed(allowed_cpus), gpu_isolation, tuple(command), topology_xml)
+        if topology_xml and not p.plan:
+            raise InputError("bind", "--topology-xml plans only", topology_xml,
+                             hint="add --plan; a task is bound on the host it runs on")
         if p.plan:
             if p.command:
                 raise InputError("bind", "--plan takes no command", " ".join(p.command)[:80])

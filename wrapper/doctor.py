@@ -42,7 +42,6 @@ DEFAULT_TIMEOUT_S = 10.0
 TIMEOUTS_S = {"nvml": 20.0, "gpus": 20.0, "mig": 20.0, "slurm gres": 10.0, "spank": 10.0,
               "mail": 8.0, "spool": 5.0, "state dir": 5.0}
 MAIL_CONNECT_TIMEOUT_S = 3.0
-THP = "sys/kernel/mm/transparent_hugepage"
 CPU = "sys/devices/system/cpu"
 
 
@@ -398,13 +397,15 @@ def check_swap(ctx: Context) -> Check:
 
 
 def check_thp(ctx: Context) -> Check:
-    from gsrun.node.tuning import bracket_word
+    from gsrun.node.tuning import bracket_word, thp_dir
 
-    en = ctx.hostfs.read(f"{THP}/enabled")
-    de = ctx.hostfs.read(f"{THP}/defrag")
+    d = thp_dir(ctx.hostfs)
+    en = ctx.hostfs.read(f"{d}/enabled")
+    de = ctx.hostfs.read(f"{d}/defrag")
     if en is None:
         return _c("thp", "n/a", "no transparent_hugepage in sysfs", "thp= tuning is skipped")
-    return _c("thp", "ok", f"enabled [{bracket_word(en)}], defrag [{bracket_word(de) or '?'}]",
+    where = " (RHEL 6 path redhat_transparent_hugepage)" if "redhat" in d else ""
+    return _c("thp", "ok", f"enabled [{bracket_word(en)}], defrag [{bracket_word(de) or '?'}]{where}",
               enabled=bracket_word(en), defrag=bracket_word(de), enabled_choices=en, defrag_choices=de)
 
 

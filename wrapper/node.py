@@ -155,16 +155,26 @@ def status(host_root, state_dir, as_json):
 
 @cli.command()
 @HOST_ROOT
-def topology(host_root):
+@click.option("--topology-xml", type=click.Path(dir_okay=False), default=None, envvar="GSRUN_TOPOLOGY_XML",
+              help="An hwloc XML export (lstopo --of xml) instead of this host.")
+def topology(host_root, topology_xml):
     """A table like `nvidia-smi topo -m` plus the binding gsrun would choose."""
     from gsrun.bind import plan as binding
     from gsrun.facts import topology as topo
     from gsrun.facts.hostfs import HostFS
 
-    hostfs = HostFS.from_env(host_root)
-    t = topo.read_topology(hostfs)
     env = dict(os.environ)
-    plan = binding.plan_from_env(env, hostfs) if env.get("SLURM_LOCALID") else None
+    if topology_xml:
+        from gsrun.facts.hwloc_xml import read_topology_xml
+
+        t = read_topology_xml(topology_xml)
+        hostfs = HostFS.from_env(None, {})
+        allowed = list(t.cpus_online)
+    else:
+        hostfs = HostFS.from_env(host_root)
+        t = topo.read_topology(hostfs)
+        allowed = None
+    plan = binding.plan_from_env(env, hostfs, allowed, topology=t) if env.get("SLURM_LOCALID") else None
     click.echo(binding.render_table(t, plan))
     return 0
 

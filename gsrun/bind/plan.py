@@ -28,16 +28,25 @@ The plan's rules:
    allowed CPUs. A node with no allowed CPU (a cpuset that excludes the
    GPU's socket, field case 3) sends its ranks to the nearest node (SLIT
    distance) that has some; a node with fewer allowed CPUs than ranks spills
-   its extra ranks to the nearest node with spare CPUs. Ranks whose GPU
-   node is unknown (field case 1 with no NVML, emulated GPUs on a multi-node host)
-   share the allowed CPUs not used by known pools (all allowed CPUs if none
-   is left) and get no memory binding. Inside a pool the CPUs are split into
+   its extra ranks to the nearest node with spare CPUs; a node without CPUs
+   (GPU or HBM memory exposed as a NUMA node) is never a CPU pool. A GPU
+   with no NUMA locality (node unknown, its CPU affinity spanning several
+   nodes: a VM whose vNUMA does not follow the host) gives its ranks the
+   allowed CPUs of its affinity not taken by ranks of known nodes, split
+   among the ranks sharing that affinity (when none is left, the node of
+   the affinity with the most allowed CPUs per rank), no memory binding,
+   reason "no NUMA locality". Other ranks whose GPU node is unknown (field
+   case 1 with no NVML, emulated GPUs on a multi-node host) take the node
+   with the most allowed CPUs per rank and get no memory binding. Inside a pool the CPUs are split into
    contiguous, disjoint, near-equal slices: by whole cores while there are at
    least as many cores as ranks, else by hardware threads in core order;
    with more ranks than CPUs, ranks share CPUs round-robin (each >= 1). A
    rank never gets a CPU outside the allowed set, never an empty set.
 4. **Memory.** ``mem_nodes`` = the NUMA nodes of the rank's CPUs when its
-   node is known, else ``[]``.
+   node is known, else ``[]``; a memory-less node (``MemTotal: 0 kB``:
+   POWER LPARs, some VM firmware) is replaced by the nearest node with
+   memory (SLIT distance), so a memory policy never names a node without
+   memory.
 5. **NIC.** Nearest by NUMA distance to the rank's CPUs, then PCI closeness
    to its GPU (longest common sysfs path), then fewest ranks already on it;
    InfiniBand/RoCE before Ethernet. ``None`` when no NIC has a known node.
@@ -314,6 +323,22 @@ def _pick_nic(topo: Topology, node: int | None, gpu: Gpu | None, load: dict[str,
     return best
 
 
+def _memory_nodes(topo: Topology, cpus: Sequence[int], why: list[str]) -> list[int]:
+    """The memory nodes for a rank on ``cpus``: the nodes of those CPUs, a
+    memory-less one (``MemTotal: 0 kB``) replaced by the nearest node with
+    memory (SLIT distance); the replacement is added to ``why``. Never a
+    node without memory."""
+    out: set[int] = set()
+    for n in sorted({topo.node_of_cpu(c) for c in cpus} - {None}):
+        m = topo.memory_node_near(n)
+        if m is None:
+            continue
+        if m != n:
+            why.append(f"node {n} has no memory: memory on nearest node {m}")
+        out.add(m)
+    return sorted(out)
+
+
 def make_plan(topo: Topology, step_gpus: Sequence[GpuRef], nranks: int,
               allowed_cpus: Sequence[int], gpu_isolation: bool = False,
               environ: Mapping[str, str] | None = None,
@@ -366,9 +391,12 @@ def make_plan(topo: Topology, step_gpus: Sequence[GpuRef], nranks: int,
             rank_why[r].append("no GPU")
         elif ref.gpu is not None:
             src = ref.gpu.numa_source
-            rank_why[r].append(f"GPU {ref.label()} on node {home} ({src})" if home is not None
-                               else f"GPU {ref.label()} NUMA node unknown")
-            if home is None:
+            spans = len({topo.node_of_cpu(c) for c in ref.gpu.local_cpus} - {None}) > 1
+            if home is not None:
+                rank_why[r].append(f"GPU {ref.label()} on node {home} ({src})")
+            elif not spans:
+                rank_why[r].append(f"GPU {ref.label()} NUMA node unknown")
+            if home is None and not spans:
                 rank_warn[r].append(f"GPU {ref.label()} ({ref.pci_bus_id}): NUMA node unknown, "
                                     "no memory binding")
         if home is not None and not node_cpus.get(home):
@@ -395,9 +423,40 @@ def make_plan(topo: Topology, step_gpus: Sequence[GpuRef], nranks: int,
             rank_warn[r].append(f"node {node} has {cap} allowed CPUs for more ranks; "
                                 f"spilled to nearest node {near}")
 
+    # ranks whose GPU has no NUMA locality (node unknown, its CPU affinity
+    # spans several nodes: a VM whose vNUMA does not follow the host): the
+    # CPUs of the GPU's own affinity, split among the ranks sharing that
+    # affinity, minus the nodes already taken by ranks with a known node;
+    # when nothing is left, they join the least loaded node of the affinity
+    known = [p is not None for p in pool_of]
+    pool_cpus: dict[object, set[int]] = {n: set(cs) for n, cs in node_cpus.items()}
+    taken = {c for n in set(pool_of) if n is not None for c in node_cpus[n]}
+    for r in range(nranks):
+        ref = gpus[owned[r][0]] if owned[r] else None
+        if pool_of[r] is not None or ref is None or ref.gpu is None:
+            continue
+        aff = set(ref.gpu.local_cpus) & allowed_set
+        spanned = {topo.node_of_cpu(c) for c in aff} - {None}
+        if len(spanned) < 2:
+            continue
+        free = aff - taken
+        if free:
+            key = ("affinity", frozenset(free))
+            pool_cpus[key] = set(free)
+            pool_of[r] = key
+            rank_why[r].append(f"no NUMA locality: GPU {ref.label()} affinity "
+                               f"{format_cpulist(sorted(aff))} spans nodes "
+                               f"{format_cpulist(sorted(spanned))}, no memory binding")
+        else:
+            cands = [n for n in sorted(spanned) if node_cpus.get(n)]
+            best = max(cands, key=lambda n: (len(node_cpus[n]) / (count(n) + 1), -n))
+            pool_of[r] = best
+            rank_why[r].append(f"no NUMA locality: GPU {ref.label()} affinity spans nodes "
+                               f"{format_cpulist(sorted(spanned))}; CPUs from node {best} "
+                               "(most allowed CPUs per rank), no memory binding")
+
     # ranks whose GPU node is unknown: the node with the most allowed CPUs
     # per rank (no overlap while CPUs suffice), but no memory binding
-    known = [p is not None for p in pool_of]
     for r in range(nranks):
         if pool_of[r] is None:
             cands = [n for n, cs in node_cpus.items() if cs]
@@ -407,15 +466,16 @@ def make_plan(topo: Topology, step_gpus: Sequence[GpuRef], nranks: int,
 
     # CPU slices per pool
     cpus_of: list[list[int]] = [[] for _ in range(nranks)]
-    for node in sorted(set(pool_of)):
-        members = [r for r in range(nranks) if pool_of[r] == node]
-        slices, how = _split(_pool_cores(topo, node_cpus[node]), len(members))
+    for pool in sorted(set(pool_of), key=lambda k: (isinstance(k, tuple), str(k))):
+        members = [r for r in range(nranks) if pool_of[r] == pool]
+        slices, how = _split(_pool_cores(topo, pool_cpus[pool]), len(members))
+        where = f"node {pool}" if isinstance(pool, int) else "the GPU's affinity"
         for r, s in zip(members, slices):
             cpus_of[r] = s
             if "round-robin" in how:
                 rank_warn[r].append(how)
             else:
-                rank_why[r].append(f"{how} of node {node}")
+                rank_why[r].append(f"{how} of {where}")
 
     # env
     order = environ.get("CUDA_DEVICE_ORDER")
@@ -431,10 +491,11 @@ def make_plan(topo: Topology, step_gpus: Sequence[GpuRef], nranks: int,
             cpus = list(allowed)
             rank_warn[r].append("empty CPU slice; using all allowed CPUs")
         node = pool_of[r] if known[r] else None
-        mem = sorted({topo.node_of_cpu(c) for c in cpus} - {None}) if node is not None else []
+        mem = _memory_nodes(topo, cpus, rank_why[r]) if node is not None else []
         own = [gpus[i] for i in owned[r]]
         ref = own[0] if own else None
-        nic = _pick_nic(topo, pool_of[r], ref.gpu if ref else None, nic_load)
+        nic_node = pool_of[r] if isinstance(pool_of[r], int) else None
+        nic = _pick_nic(topo, nic_node, ref.gpu if ref else None, nic_load)
         env = {"LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": str(nranks),
                "OMP_NUM_THREADS": str(len(cpus)), "GSRUN_BIND_CPUS": format_cpulist(cpus)}
         unset: tuple[str, ...] = ()

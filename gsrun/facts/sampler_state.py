@@ -96,8 +96,10 @@ class GpuState(Record):
     """One GPU's aggregates. ``metrics`` keys: util_pct (nvmlDeviceGetSamples /
     nvmlDeviceGetUtilizationRates), mem_used_bytes (nvmlDeviceGetMemoryInfo),
     power_w (nvmlDeviceGetPowerUsage / 1000), sm_clock_mhz, temperature_c,
-    pcie_tx_bytes_s, pcie_rx_bytes_s, and the GPM metrics sm_active_pct,
-    sm_occupancy_pct, tensor_active_pct, dram_bw_pct (nvmlGpmMetricsGet)."""
+    pcie_tx_bytes_s, pcie_rx_bytes_s, the GPM metrics sm_active_pct,
+    sm_occupancy_pct, tensor_active_pct, dram_bw_pct (nvmlGpmMetricsGet), and
+    mem_procs_bytes (sum of used_gpu_memory of nvmlDeviceGetComputeRunningProcesses
+    over the job's PIDs)."""
 
     ref: GpuRef = field("the device")
     metrics: dict[str, MetricState] = field("metric name (unit in the name) -> aggregate", factory=dict)
@@ -118,6 +120,12 @@ class GpuState(Record):
     unsupported: dict[str, str] = field("reading -> NVML's reason it is not available (Not Supported, ...)",
                                         factory=dict)
     last_sample_us: int | None = field("newest nvmlDeviceGetSamples timestamp seen (us); null: no baseline", None)
+    not_polled: tuple[str, ...] = field("readings that answered NOT_SUPPORTED (NVML code 3): not polled again "
+                                        "for this job", optional_key=True)
+    mem_baseline_bytes: int | None = field("v1 nvmlDeviceGetMemoryInfo used before the job's processes (read by "
+                                           "the prolog), subtracted from mem_used_bytes; null: v2 or none", optional_key=True)
+    mem_source: str | None = field("how mem_used_bytes was read: nvmlDeviceGetMemoryInfo_v2, v1 minus the "
+                                   "prolog's baseline, or v1 alone", optional_key=True)
     extra: dict = extra_field()
 
 

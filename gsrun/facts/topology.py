@@ -48,7 +48,14 @@ is young, and a recorded test tree would then have to satisfy hwloc's own
 discovery (or be an XML export) instead of being the same ``sys/``/``proc/``
 subset our one :class:`HostFS` root already serves. hwloc's extra knowledge
 (caches, PCI bridges, OS devices) is not used by the plan except PCI
-closeness, which the sysfs device path gives directly.
+closeness, which the sysfs device path gives directly. An hwloc XML export
+of another machine is read by :mod:`gsrun.facts.hwloc_xml` into the same
+:class:`Topology` (``--topology-xml``).
+
+Memory-less nodes (``MemTotal: 0 kB``: POWER LPARs, some VM firmware) and
+CPU-less nodes (GPU or HBM memory as a NUMA node) are kept as read:
+:attr:`NumaNode.has_memory` and an empty ``cpus`` tell the plan which
+nodes can hold a memory policy and which can hold ranks.
 """
 
 from __future__ import annotations
@@ -80,6 +87,14 @@ class NumaNode:
     cpus: tuple[int, ...]
     mem_total_bytes: int | None = None
     distances: dict[int, int] = field(default_factory=dict, hash=False, compare=False)
+
+    @property
+    def has_memory(self) -> bool:
+        """False only for a node whose ``meminfo`` says ``MemTotal: 0 kB``
+        (a CPU-only node of a POWER LPAR or VM firmware); an absent
+        ``meminfo`` (unknown) counts as having memory, as the kernel's own
+        default policy would use it."""
+        return self.mem_total_bytes != 0
 
 
 @dataclass(frozen=True)
@@ -154,6 +169,19 @@ class Topology:
         if n and b in n.distances:
             return n.distances[b]
         return 20 + abs(a - b)
+
+    def memory_node_near(self, node_id: int) -> int | None:
+        """``node_id`` when it has memory, else the nearest node (SLIT
+        distance, then lowest id) that has; None when no node has memory.
+        A memory policy names only nodes this returns (numactl
+        ``--membind`` on a memory-less node fails or OOMs)."""
+        n = self.node(node_id)
+        if n is not None and n.has_memory:
+            return node_id
+        cands = [x.id for x in self.nodes if x.has_memory and x.id != node_id]
+        if not cands:
+            return None
+        return min(cands, key=lambda m: (self.distance(node_id, m), m))
 
     def gpu_by_minor(self, minor: int) -> Gpu | None:
         for g in self.gpus:

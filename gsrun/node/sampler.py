@@ -6,7 +6,13 @@ through the NVML choke point (:mod:`gsrun.facts.nvml`):
 - utilization: the driver's own sample buffer (``nvmlDeviceGetSamples``,
   key ``util_samples``) read since the previous poll, so bursts between polls
   are seen; ``nvmlDeviceGetUtilizationRates`` when the buffer is unsupported;
-- memory used (``nvmlDeviceGetMemoryInfo``), power (``nvmlDeviceGetPowerUsage``),
+- memory used (``nvmlDeviceGetMemoryInfo``, v2 where the binding has it;
+  with only v1, whose "used" counts the driver's reservation, minus the
+  per-GPU baseline the prolog read before the job's processes started:
+  ``--mem-baseline``), the job's own processes' GPU memory (sum of
+  ``used_gpu_memory`` of ``nvmlDeviceGetComputeRunningProcesses`` over the
+  job's PIDs: its cgroup's ``cgroup.procs``, else processes with its
+  ``SLURM_JOB_ID``), power (``nvmlDeviceGetPowerUsage``),
   the energy counter (``nvmlDeviceGetTotalEnergyConsumption``), SM clock,
   temperature, throttle reasons (clock event reasons bitmask), PCIe throughput,
   uncorrected ECC count, Xid events, and GPM metrics where supported (SM
@@ -20,7 +26,10 @@ State is O(1) in job length (:mod:`gsrun.facts.aggregate`); its file form
 ``schemas/sampler-state.schema.json``). It is rewritten
 atomically every ``sampler.flush_s`` and on SIGTERM, so a killed sampler
 loses at most one flush interval. A lost GPU (NVML ``GPU_IS_LOST``), a
-missing driver or an unsupported metric is recorded, never a crash.
+missing driver or an unsupported metric is recorded, never a crash. A reading
+that answered NOT_SUPPORTED is not polled again for the job
+(``GpuState.not_polled``); an energy counter that gives nothing is noted once
+per job (the summary then integrates the power samples, marked estimated).
 """
 
 from __future__ import annotations
@@ -35,7 +44,7 @@ from gsrun.base import pids
 
 from gsrun.facts.aggregate import HIST_EDGES_PCT, Counter, Metric, Timeline
 from gsrun.base.fsutil import atomic_write, read_json
-from gsrun.facts.nvml import GPU_IS_LOST, NA, NvmlUnavailable, index_by_minor, is_na, open_nvml
+from gsrun.facts.nvml import GPU_IS_LOST, NA, NOT_SUPPORTED, NvmlUnavailable, index_by_minor, is_na, open_nvml
 from gsrun.facts.sampler_state import STATE_VERSION, GpuRef  # noqa: F401 - STATE_VERSION: the file format, re-exported
 
 # NVML clock event (throttle) reason bits -> cause (nvmlClocksEventReason*)
@@ -45,13 +54,16 @@ THROTTLE_CAUSES = {"power": 0x4 | 0x80,        # SwPowerCap | HwPowerBrakeSlowdo
                    "sync_boost": 0x10}         # SyncBoost
 GPU_METRICS = ("util_pct", "mem_used_bytes", "power_w", "sm_clock_mhz", "temperature_c",
                "pcie_tx_bytes_s", "pcie_rx_bytes_s", "sm_active_pct", "sm_occupancy_pct",
-               "tensor_active_pct", "dram_bw_pct")
+               "tensor_active_pct", "dram_bw_pct", "mem_procs_bytes")
 TIMELINE_METRICS = ("util_pct", "sm_active_pct", "mem_used_bytes", "power_w")
 UTIL_THRESHOLDS_PCT = (5.0, 50.0)   # util_pct: time at or above these (idle = below 5 %)
 TIMELINE_FLUSH_EVERY = 10          # timelines re-encoded every 10th flush (see Sampler.flush)
 GAP_FACTOR = 2.0                    # a poll later than this x interval_s: the excess is gap time
 GPU_READ_KEYS = ("memory", "power_mw", "energy_mj", "sm_clock_mhz", "temperature_c",
-                 "throttle_reasons", "pcie_tx_kbs", "pcie_rx_kbs", "ecc_uncorrected", "xid_events")
+                 "throttle_reasons", "pcie_tx_kbs", "pcie_rx_kbs", "ecc_uncorrected", "xid_events",
+                 "compute_processes")
+MEM_V2 = "nvmlDeviceGetMemoryInfo_v2"
+MEM_V1_BASELINE = "nvmlDeviceGetMemoryInfo v1 minus the prolog's baseline"
 
 
 def resolve_gpus(nv, gres_indices: list[int]) -> tuple[list[GpuRef], list[str]]:
@@ -89,8 +101,9 @@ def _v(x):
     return None if is_na(x) else x
 
 
-def new_gpu_state(ref: GpuRef, timeline_points: int) -> dict:
-    """A GPU's live state: aggregates as objects (see :func:`state_to_json`)."""
+def new_gpu_state(ref: GpuRef, timeline_points: int, mem_baseline_bytes: int | None = None) -> dict:
+    """A GPU's live state: aggregates as objects (see :func:`state_to_json`).
+    ``mem_baseline_bytes``: v1 memory "used" before the job (prolog), or None."""
     return {
         "ref": dict(ref.__dict__),
         "metrics": {k: Metric(UTIL_THRESHOLDS_PCT if k == "util_pct" else (),
@@ -108,16 +121,22 @@ def new_gpu_state(ref: GpuRef, timeline_points: int) -> dict:
         "lost_reason": "GPU is lost (at sampler start)" if ref.lost else None,
         "unsupported": {},        # key -> NVML's reason (Not Supported, ...)
         "last_sample_us": None,   # newest nvmlDeviceGetSamples timestamp seen (None: no baseline yet)
+        "not_polled": [],         # readings that answered NOT_SUPPORTED: not polled again this job
+        "mem_baseline_bytes": mem_baseline_bytes,
+        "mem_source": None,       # MEM_V2 / MEM_V1_BASELINE (None: v1 alone, as read)
     }
 
 
 def new_state(job_id: str, node: str, refs: list[GpuRef], nvml_error: str | None, notes: list[str],
-              t0: float, interval_s: float, timeline_points: int) -> dict:
-    """The sampler's live state (objects inside; :func:`state_to_json` for disk)."""
+              t0: float, interval_s: float, timeline_points: int,
+              mem_baseline: dict[int, int] | None = None) -> dict:
+    """The sampler's live state (objects inside; :func:`state_to_json` for disk).
+    ``mem_baseline``: gres index -> v1 memory used before the job (prolog)."""
+    mem_baseline = mem_baseline or {}
     return {
         "version": STATE_VERSION, "job_id": job_id, "node": node, "start_time": t0, "last_time": t0,
         "interval_s": interval_s, "samples": 0, "gap_s": 0.0, "nvml_error": nvml_error, "notes": notes,
-        "gpus": [new_gpu_state(r, timeline_points) for r in refs],
+        "gpus": [new_gpu_state(r, timeline_points, mem_baseline.get(r.gres_index)) for r in refs],
         "cpu": {"time_s": None, "source": None},
         "mem": {"current_bytes": None, "peak_bytes": None, "source": None, "sampled": Metric()},
         "cpu_timeline": Timeline(timeline_points),
@@ -140,6 +159,15 @@ def state_to_json(state: dict, timelines: bool = True) -> dict:
         d["throttle_s"] = dict(g["throttle_s"])
         d["unsupported"] = dict(g["unsupported"])
         d["xid"] = list(g["xid"])
+        # keys added by issue 18 are written only when they say something, so a
+        # state without them is byte-identical to what older samplers wrote
+        for k in ("not_polled", "mem_baseline_bytes", "mem_source"):
+            if not d.get(k):
+                d.pop(k, None)
+        if "not_polled" in d:
+            d["not_polled"] = list(d["not_polled"])
+        if not g["metrics"].get("mem_procs_bytes", Metric()).n:
+            d["metrics"].pop("mem_procs_bytes", None)
         out["gpus"].append(d)
     out["mem"] = dict(state["mem"], sampled=state["mem"]["sampled"].to_dict())
     out["cpu"] = dict(state["cpu"])
@@ -157,6 +185,9 @@ def state_from_json(d: dict) -> dict:
         x["metrics"] = {k: Metric.from_dict(v) for k, v in g["metrics"].items()}
         x["timeline"] = {k: Timeline.from_dict(v) for k, v in g["timeline"].items()}
         x["energy"] = Counter.from_dict(g["energy"])
+        x.setdefault("not_polled", [])
+        x.setdefault("mem_baseline_bytes", None)
+        x.setdefault("mem_source", None)
         st["gpus"].append(x)
     st["mem"] = dict(d["mem"], sampled=Metric.from_dict(d["mem"]["sampled"]))
     st["cpu_timeline"] = Timeline.from_dict(d["cpu_timeline"])
@@ -164,20 +195,26 @@ def state_from_json(d: dict) -> dict:
     return st
 
 
-def read_gpu(nv, ref: GpuRef, since_us: int | None) -> dict:
+def read_gpu(nv, ref: GpuRef, since_us: int | None, skip=()) -> dict:
     """One poll of one GPU -> raw readings (values or NA). I/O only.
 
     ``util_samples`` is the driver's utilization sample buffer
     (``nvmlDeviceGetSamples``) since ``since_us`` (0 on the first poll);
     ``utilization`` (``nvmlDeviceGetUtilizationRates``) is read only when the
-    buffer answers N/A. ``gpm`` is read only where GPM is supported."""
+    buffer answers N/A. ``gpm`` is read only where GPM is supported. Keys in
+    ``skip`` (readings that answered NOT_SUPPORTED earlier in the job) are
+    not read: they come back as NA("Not Supported", 3) without an NVML call."""
     i = ref.nvml_index
-    r = {k: nv.get(i, k) for k in GPU_READ_KEYS}
+    gone = NA("Not Supported", NOT_SUPPORTED)
+
+    def get(k, **kw):
+        return gone if k in skip else nv.get(i, k, **kw)
+    r = {k: get(k) for k in GPU_READ_KEYS}
     if ref.gpm:
-        r["gpm"] = nv.get(i, "gpm")
-    r["util_samples"] = nv.get(i, "util_samples", since_us=since_us or 0)
+        r["gpm"] = get("gpm")
+    r["util_samples"] = get("util_samples", since_us=since_us or 0)
     if is_na(r["util_samples"]):
-        r["utilization"] = nv.get(i, "utilization")
+        r["utilization"] = get("utilization")
     return r
 
 
@@ -188,7 +225,8 @@ def _lost(r: dict) -> NA | None:
     return None
 
 
-def update_gpu(g: dict, r: dict, t_rel_s: float, dt_s: float, gap_s: float = 0.0) -> None:
+def update_gpu(g: dict, r: dict, t_rel_s: float, dt_s: float, gap_s: float = 0.0,
+               job_pids: set[int] | None = None) -> None:
     """Fold one poll's readings into a GPU's live state. Pure (no I/O).
 
     ``dt_s``: seconds since the previous poll that the readings stand for
@@ -197,6 +235,11 @@ def update_gpu(g: dict, r: dict, t_rel_s: float, dt_s: float, gap_s: float = 0.0
     Units: utilization/activity in %, memory in bytes (``memory.used``),
     power W (``power_mw`` / 1000), energy mJ (counter), PCIe bytes/s
     (``pcie_*_kbs`` x 1024), clock MHz, temperature degrees C.
+    ``mem_used_bytes`` is v2's ``used`` (the memory dict has ``reserved``),
+    else v1's ``used`` minus ``g["mem_baseline_bytes"]`` (clamped at 0);
+    ``mem_procs_bytes`` the sum of ``used_bytes`` of the compute processes
+    whose PID is in ``job_pids`` (None: PIDs unknown, a gap). A reading that
+    answered NOT_SUPPORTED goes to ``g["not_polled"]``.
     """
     if g["lost_at_s"] is not None:
         return
@@ -248,12 +291,30 @@ def update_gpu(g: dict, r: dict, t_rel_s: float, dt_s: float, gap_s: float = 0.0
             unsupported["utilization"] = u.reason
         elif isinstance(u, dict) and u.get("gpu") is not None:
             util = float(u["gpu"])
+    for k, v in r.items():
+        if is_na(v) and v.code == NOT_SUPPORTED and k not in g.setdefault("not_polled", []):
+            g["not_polled"].append(k)
     mem = r.get("memory")
     mem_used = None
     if is_na(mem):
         unsupported["memory"] = mem.reason
     elif isinstance(mem, dict) and mem.get("used") is not None:
         mem_used = float(mem["used"])
+        base = g.get("mem_baseline_bytes")
+        if "reserved" in mem:
+            g["mem_source"] = MEM_V2
+        elif base is not None:
+            mem_used = max(0.0, mem_used - float(base))
+            g["mem_source"] = MEM_V1_BASELINE
+        # v1 alone (no baseline): "used" as read, as before issue 18 (no key written)
+    procs = r.get("compute_processes")
+    mem_procs = None
+    if is_na(procs):
+        unsupported["compute_processes"] = procs.reason
+    elif isinstance(procs, list) and job_pids is not None:
+        mem_procs = float(sum(int(p["used_bytes"]) for p in procs
+                              if isinstance(p, dict) and p.get("pid") in job_pids
+                              and isinstance(p.get("used_bytes"), int)))
     gpm = r.get("gpm")
     gpm_ok = gpm if isinstance(gpm, dict) else {}
     if is_na(gpm) and gpm.reason != "first GPM sample":
@@ -270,8 +331,11 @@ def update_gpu(g: dict, r: dict, t_rel_s: float, dt_s: float, gap_s: float = 0.0
         "sm_occupancy_pct": gpm_ok.get("sm_occupancy_pct"),
         "tensor_active_pct": gpm_ok.get("tensor_active_pct"),
         "dram_bw_pct": gpm_ok.get("dram_bw_pct"),
+        "mem_procs_bytes": mem_procs,
     }
     for k, v in values.items():
+        if k not in m:   # a state from before this metric existed (restarted sampler)
+            m[k] = Metric()
         if gap_s > 0:
             m[k].add_gap(gap_s)
         m[k].add(v, dt_s)
@@ -313,11 +377,13 @@ class JobProcs:
         self.seen: dict[tuple[int, float], float] = {}
         self.other: set[tuple[int, float]] = set()   # processes known not to be the job's
         self.rss_peak = 0
+        self.current: set[int] = set()                # the job's PIDs at the last poll
 
     def poll(self) -> tuple[float, int]:
         import psutil
 
         rss = 0
+        current: set[int] = set()
         for p in psutil.process_iter(["pid", "uids", "create_time"]):
             try:
                 if self.uid is not None and p.info["uids"] and p.info["uids"].real != self.uid:
@@ -339,9 +405,11 @@ class JobProcs:
                 ct = p.cpu_times()
                 self.seen[key] = ct.user + ct.system
                 rss += p.memory_info().rss
+                current.add(key[0])
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
                 continue
         self.rss_peak = max(self.rss_peak, rss)
+        self.current = current
         return sum(self.seen.values()), rss
 
 
@@ -373,11 +441,14 @@ class Sampler:
     bunched). ``nvml`` replaces :func:`gsrun.facts.nvml.open_nvml` (a backend, or a
     callable returning one or raising :class:`NvmlUnavailable`); ``usage``
     replaces the job cgroup / psutil reader: a callable returning
-    ``(cpu_time_s, mem_current_bytes, mem_peak_bytes, source)``."""
+    ``(cpu_time_s, mem_current_bytes, mem_peak_bytes, source)``;
+    ``mem_baseline``: gres index -> v1 memory used before the job, read by
+    the prolog (:func:`read_mem_baseline`)."""
 
     def __init__(self, hostfs, job_id: str, uid: int | None, node: str, gres_indices: list[int],
                  state_path: str, interval_s: float, flush_s: float, timeline_points: int = 1000,
-                 clock=time.time, sleep=time.sleep, nvml=None, usage=None):
+                 clock=time.time, sleep=time.sleep, nvml=None, usage=None,
+                 mem_baseline: dict[int, int] | None = None):
         self.hostfs = hostfs
         self.job_id = job_id
         self.uid = uid
@@ -409,7 +480,8 @@ class Sampler:
             self.state = state_from_json(prior)   # restarted sampler: continue the same aggregates
             self.state["notes"].append(f"sampler restarted at {t0:.0f}")
         else:
-            self.state = new_state(job_id, node, refs, err, notes, t0, interval_s, timeline_points)
+            self.state = new_state(job_id, node, refs, err, notes, t0, interval_s, timeline_points,
+                                   mem_baseline)
         self.refs = [GpuRef(**g["ref"]) for g in self.state["gpus"]]
         self.procs = JobProcs(job_id, uid, node)
         self._cg = None
@@ -433,6 +505,18 @@ class Sampler:
         cpu, rss = self.procs.poll()
         return cpu, rss, None, "processes with SLURM_JOB_ID (psutil)"
 
+    def _job_pids(self) -> set[int] | None:
+        """The job's PIDs on this node: its cgroup's ``cgroup.procs`` (and
+        sub-cgroups), else the processes :class:`JobProcs` found at the last
+        poll; None when usage is injected (no PIDs known)."""
+        if self._usage is not None:
+            return None
+        if self._cg is not None:
+            from gsrun.facts import cgroup
+
+            return set(cgroup.read_pids(self.hostfs, self._cg))
+        return set(self.procs.current)
+
     def sample_once(self) -> None:
         """One poll of every GPU and of the job's CPU/memory."""
         now = self.clock()
@@ -445,22 +529,48 @@ class Sampler:
             gap, dt = dt - self.interval_s, self.interval_s
             st["gap_s"] = st.get("gap_s", 0.0) + gap
         t_rel = now - st["start_time"]
-        if self.nv is not None:
-            for ref, g in zip(self.refs, st["gpus"]):
-                if ref.nvml_index is None or g["lost_at_s"] is not None:
-                    continue    # a lost GPU is not polled again (calls on it may hang)
-                try:
-                    r = read_gpu(self.nv, ref, g["last_sample_us"])
-                except Exception as e:  # noqa: BLE001 - a broken binding must not kill the sampler
-                    r = {"memory": NA(f"read failed: {e}", None)}
-                update_gpu(g, r, t_rel, dt, gap)
         try:
             cpu, cur, peak, src = self._job_usage()
         except Exception as e:  # noqa: BLE001
             cpu, cur, peak, src = None, None, None, f"unavailable ({e})"
+        if self.nv is not None:
+            try:
+                pids = self._job_pids()
+            except Exception:  # noqa: BLE001 - no PIDs: the job-process figure has a gap
+                pids = None
+            for ref, g in zip(self.refs, st["gpus"]):
+                if ref.nvml_index is None or g["lost_at_s"] is not None:
+                    continue    # a lost GPU is not polled again (calls on it may hang)
+                try:
+                    r = read_gpu(self.nv, ref, g["last_sample_us"], set(g.get("not_polled", ())))
+                except Exception as e:  # noqa: BLE001 - a broken binding must not kill the sampler
+                    r = {"memory": NA(f"read failed: {e}", None)}
+                update_gpu(g, r, t_rel, dt, gap, pids)
+                self._warn_energy(ref, g)
         update_job(st, cpu, cur, peak, src, t_rel, dt)
         st["samples"] += 1
         st["last_time"] = now
+
+    def _warn_energy(self, ref: GpuRef, g: dict) -> None:
+        """Once per job and GPU: the energy counter gave no reading (NOT_SUPPORTED,
+        or another error for 3 polls), so the summary integrates the power
+        samples (a note in the state, a line in sampler.log)."""
+        why = g["unsupported"].get("energy_mj")
+        if why is None or g["energy"].first is not None:
+            return
+        # NOT_SUPPORTED is final; another error counts after 3 polls without a
+        # valid reading (an error on the first read that goes away is no news)
+        if "energy_mj" not in g.get("not_polled", ()) and g["metrics"]["power_w"].n + \
+                g["metrics"]["power_w"].gap_s / max(self.interval_s, 1e-9) < 3:
+            return
+        note = (f"GPU {ref.gres_index}: energy counter (nvmlDeviceGetTotalEnergyConsumption) {why}: "
+                "energy estimated from power samples")
+        if any(n.startswith(f"GPU {ref.gres_index}: energy counter") for n in self.state["notes"]):
+            return
+        self.state["notes"].append(note)
+        import sys
+
+        print(f"gsrun: sampler: job {self.job_id}: warning: {note}", file=sys.stderr, flush=True)
 
     def snapshot(self) -> dict:
         """The state as JSON-able dicts (what :meth:`flush` writes)."""
@@ -576,9 +686,42 @@ def stop_sampler(pid: int, create_time: float | None, timeout_s: float = 5.0) ->
     return pids.stop(pid, create_time, timeout_s)
 
 
+def read_mem_baseline(nv, gres_indices: list[int]) -> dict[int, int]:
+    """gres index -> GPU memory "used" now, for the GPUs whose binding has
+    only the v1 memory call (no ``reserved`` in the answer: v1 counts the
+    driver's reservation as used). Read by the prolog before the job's
+    processes start; GPUs with v2 or no answer are left out."""
+    by_minor, _lost = index_by_minor(nv)
+    out = {}
+    for g in gres_indices:
+        idx = by_minor.get(g)
+        if idx is None:
+            continue
+        m = nv.get(idx, "memory")
+        if isinstance(m, dict) and "reserved" not in m and isinstance(m.get("used"), int):
+            out[g] = int(m["used"])
+    return out
+
+
+def format_mem_baseline(b: dict[int, int]) -> str:
+    """``{0: 650000000}`` -> ``"0=650000000"`` (the ``--mem-baseline`` form)."""
+    return ",".join(f"{k}={v}" for k, v in sorted(b.items()))
+
+
+def parse_mem_baseline(text: str | None) -> dict[int, int]:
+    """Inverse of :func:`format_mem_baseline`; malformed entries are dropped
+    (no baseline is better than a wrong one)."""
+    out = {}
+    for part in (text or "").split(","):
+        k, _, v = part.partition("=")
+        if k.isdigit() and v.isdigit():
+            out[int(k)] = int(v)
+    return out
+
+
 def run_sampler(job_id: str, uid: int, node: str, gpus: str, host_root: str | None, state_dir: str | None,
                 spool_dir: str | None, interval_s: float | None = None, max_samples: int | None = None,
-                dma_latency_us: int | None = None) -> int:
+                dma_latency_us: int | None = None, mem_baseline: str | None = None) -> int:
     """The sampler process's body (``python -m gsrun.node.sampler``, started
     detached by the prolog; ``gsrun-node sampler`` runs the same). A broken
     site config must not cost the job its figures: built-in defaults then.
@@ -601,7 +744,7 @@ def run_sampler(job_id: str, uid: int, node: str, gpus: str, host_root: str | No
     d = paths.make_state_job(job_id)
     s = Sampler(HostFS.from_env(host_root), job_id, uid, node, parse_gpu_indices(gpus) or [],
                 str(d / "sampler.json"), interval_s or cfg["sampler.interval_s"], cfg["sampler.flush_s"],
-                cfg["sampler.timeline_points"])
+                cfg["sampler.timeline_points"], mem_baseline=parse_mem_baseline(mem_baseline))
     if dma_latency_us is not None:
         from gsrun.node import cpu_latency
 
@@ -629,9 +772,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--interval-s", type=float, default=None)
     ap.add_argument("--max-samples", type=int, default=None)
     ap.add_argument("--dma-latency-us", type=int, default=None)
+    ap.add_argument("--mem-baseline", default=None, help="GRES=BYTES,... v1 memory used before the job")
     a = ap.parse_args(argv)
     return run_sampler(a.job_id, a.uid, a.node, a.gpus, a.host_root, a.state_dir, a.spool_dir,
-                       a.interval_s, a.max_samples, a.dma_latency_us)
+                       a.interval_s, a.max_samples, dma_latency_us=a.dma_latency_us, mem_baseline=a.mem_baseline)
 
 
 if __name__ == "__main__":

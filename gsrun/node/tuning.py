@@ -11,6 +11,9 @@ Settings (all node-wide; the files are read/written through
 
 - ``governor``: ``/sys/devices/system/cpu/cpuN/cpufreq/scaling_governor`` for
   each CPU that has it, allowed = ``scaling_available_governors`` (all CPUs).
+  A CPU whose governor cannot be read (EINVAL on some intel_pstate boxes) has
+  an unknown prior: it is never written, it is skipped and reported, and the
+  other CPUs proceed.
 - ``swappiness``: ``/proc/sys/vm/swappiness`` (0-200).
 - ``swap`` (``off``): ``swapoff`` of each device in ``/proc/swaps``, only when
   ``MemAvailable`` covers ``SwapTotal - SwapFree`` (``/proc/meminfo``); else
@@ -19,12 +22,15 @@ Settings (all node-wide; the files are read/written through
   kernel keeps either the ratio or the ``_bytes`` form (writing one zeroes
   the other), so the journal records which form was in use and restore writes
   that one.
-- ``thp`` / ``thp_defrag``: ``/sys/kernel/mm/transparent_hugepage/{enabled,defrag}``;
-  the current value is the bracketed word, allowed = the words in the file.
+- ``thp`` / ``thp_defrag``: ``/sys/kernel/mm/transparent_hugepage/{enabled,defrag}``,
+  or RHEL 6's ``/sys/kernel/mm/redhat_transparent_hugepage/`` where only that
+  exists (:func:`thp_dir`); the current value is the bracketed word, allowed =
+  the words in the file.
 - ``zone_reclaim_mode``: ``/proc/sys/vm/zone_reclaim_mode`` (0-7).
 
 A setting missing on the host (no cpufreq in a VM, no swap) is "unsupported",
-never an error.
+never an error. A setting whose prior value cannot be read is never written:
+no path through prolog and epilog ends with a setting different from before.
 
 State (``<state_dir>/tuning/``, ``state_dir`` from ``--state-dir`` or
 ``$GSRUN_STATE_DIR``, default ``/run/gsrun``; every file a journal of
@@ -73,12 +79,14 @@ _CPU = re.compile(r"^cpu[0-9]+$")
 
 VM = "proc/sys/vm"
 THP = "sys/kernel/mm/transparent_hugepage"
+#: THP directories in the order tried: mainline, then RHEL 6's backport
+THP_DIRS = (THP, "sys/kernel/mm/redhat_transparent_hugepage")
 CPU = "sys/devices/system/cpu"
 # form pairs: writing one zeroes the other (kernel mm/page-writeback.c handlers)
 DIRTY_SIBLING = {f"{VM}/dirty_ratio": f"{VM}/dirty_bytes", f"{VM}/dirty_bytes": f"{VM}/dirty_ratio",
                  f"{VM}/dirty_background_ratio": f"{VM}/dirty_background_bytes",
                  f"{VM}/dirty_background_bytes": f"{VM}/dirty_background_ratio"}
-BRACKET_FILES = {f"{THP}/enabled", f"{THP}/defrag"}
+BRACKET_FILES = {f"{d}/{f}" for d in THP_DIRS for f in ("enabled", "defrag")}
 
 
 # --------------------------------------------------------------------------- facts
@@ -130,6 +138,16 @@ def read_swaps(hostfs) -> list[dict] | None:
         except ValueError:
             continue
     return out
+
+
+def thp_dir(hostfs) -> str:
+    """The THP sysfs directory of this host: ``sys/kernel/mm/transparent_hugepage``,
+    else RHEL 6's ``sys/kernel/mm/redhat_transparent_hugepage`` where only
+    that exists (the mainline path when neither does)."""
+    for d in THP_DIRS:
+        if hostfs.exists(f"{d}/enabled"):
+            return d
+    return THP
 
 
 def governor_cpus(hostfs) -> list[str]:
@@ -307,6 +325,31 @@ class BracketKnob(FileKnob):
         return bracket_choices(h.read(self.rel))
 
 
+class ThpKnob(BracketKnob):
+    """``enabled`` or ``defrag`` in :func:`thp_dir` (mainline or RHEL 6 path)."""
+
+    def __init__(self, key: str, name: str):
+        super().__init__(key, f"{THP}/{name}", "transparent hugepages")
+        self.name = name
+        self.unsupported_reason = ("not supported here (transparent hugepages: neither "
+                                   f"/{THP_DIRS[0]}/{name} nor /{THP_DIRS[1]}/{name})")
+
+    def _rel(self, h) -> str:
+        return f"{thp_dir(h)}/{self.name}"
+
+    def read(self, h):
+        return bracket_word(h.read(self._rel(h)))
+
+    def choices(self, h):
+        return bracket_choices(h.read(self._rel(h)))
+
+    def apply(self, h, target, swap):
+        kernel_write(h, self._rel(h), target)
+
+    def restore(self, h, prior, swap):
+        kernel_write(h, self._rel(h), prior)
+
+
 class DirtyKnob(Knob):
     """Ratio with its ``_bytes`` sibling; value ``{"form": "ratio"|"bytes", "value": "N"}``."""
 
@@ -342,10 +385,21 @@ class GovernorKnob(Knob):
     unsupported_reason = "not supported here (no cpufreq/scaling_governor, e.g. a VM)"
 
     def read(self, h):
-        cpus = governor_cpus(h)
-        if not cpus:
-            return None
-        return {c: (h.read(f"{CPU}/{c}/cpufreq/scaling_governor") or "").strip() for c in cpus}
+        """``{cpu: governor}`` of the CPUs whose governor reads back (a CPU
+        whose read fails or is empty is left out: its prior is unknown, so
+        it is never written); None when no CPU has a readable governor."""
+        out = {}
+        for c in governor_cpus(h):
+            v = (h.read(f"{CPU}/{c}/cpufreq/scaling_governor") or "").strip()
+            if v:
+                out[c] = v
+        return out or None
+
+    def unreadable(self, h) -> list[str]:
+        """CPUs with a ``scaling_governor`` file that cannot be read (EINVAL
+        on some intel_pstate boxes): skipped, never written."""
+        return [c for c in governor_cpus(h)
+                if not (h.read(f"{CPU}/{c}/cpufreq/scaling_governor") or "").strip()]
 
     def choices(self, h):
         sets = []
@@ -366,10 +420,9 @@ class GovernorKnob(Knob):
         return all(current.get(c, v) == v for c, v in prior.items())
 
     def apply(self, h, target, swap):
-        for c in governor_cpus(h):
-            rel = f"{CPU}/{c}/cpufreq/scaling_governor"
-            if (h.read(rel) or "").strip() != target:
-                kernel_write(h, rel, target)
+        for c, v in (self.read(h) or {}).items():  # readable CPUs only: a prior is known
+            if v != target:
+                kernel_write(h, f"{CPU}/{c}/cpufreq/scaling_governor", target)
 
     def restore(self, h, prior, swap):
         for c, v in prior.items():
@@ -789,8 +842,8 @@ KNOBS: dict[str, Knob] = {k.key: k for k in (
     FileKnob("swappiness", f"{VM}/swappiness", "vm.swappiness"),
     DirtyKnob("dirty_ratio"),
     DirtyKnob("dirty_background_ratio"),
-    BracketKnob("thp", f"{THP}/enabled", "transparent hugepages"),
-    BracketKnob("thp_defrag", f"{THP}/defrag", "transparent hugepages"),
+    ThpKnob("thp", "enabled"),
+    ThpKnob("thp_defrag", "defrag"),
     FileKnob("zone_reclaim_mode", f"{VM}/zone_reclaim_mode", "vm.zone_reclaim_mode"),
     SwapKnob(),
     CstateKnob(),
@@ -810,6 +863,8 @@ class Facts:
     choices: key -> words the kernel offers (governors, THP words) or None.
     swap_used_kb / mem_available_kb: ``/proc/meminfo`` SwapTotal-SwapFree / MemAvailable.
     entries: baseline journal entries; live_jobs: job ids with a journal.
+    skipped: key -> parts of the setting whose value cannot be read (CPUs
+    whose governor read fails): never written, named in the item's reason.
     """
     current: dict[str, Any]
     choices: dict[str, list[str] | None]
@@ -819,6 +874,7 @@ class Facts:
     live_jobs: list[str] = field(default_factory=list)
     # job-scoped knobs: key -> value -> [verdict, target, note] (ScopedKnob.resolve)
     targets: dict[str, dict[str, list]] = field(default_factory=dict)
+    skipped: dict[str, list[str]] = field(default_factory=dict)
 
 
 @dataclass
@@ -940,9 +996,13 @@ def _decide(job_id, key, knob, value, source, policy, exclusive, facts, entry, l
     if choices is not None and value not in choices:
         return refuse(f"{value!r} not offered by this kernel (allowed: {' '.join(choices) or 'none'})")
     prior = entry["prior"] if entry else current
+    skipped = facts.skipped.get(key)
+    note = (f"skipped {' '.join(skipped)}: value unreadable (prior unknown, never written)"
+            if skipped else "")
     if knob.matches(current, value):
-        return PlanItem(key, "unchanged", value, source, "already the value", prior=prior)
-    return PlanItem(key, "apply", value, source, "", prior=prior)
+        return PlanItem(key, "unchanged", value, source, "; ".join(x for x in ("already the value", note) if x),
+                        prior=prior)
+    return PlanItem(key, "apply", value, source, note, prior=prior)
 
 
 def format_plan(plan) -> str:
@@ -1056,8 +1116,9 @@ def _unlink(path: Path) -> None:
 def read_facts(hostfs, keys, entries=(), live_jobs=(), wanted=None, scope=None) -> Facts:
     """Read current values and kernel choices for ``keys`` (plus meminfo);
     for the job-scoped knobs, resolve each value in ``wanted`` (key -> values)
-    against ``scope`` (:class:`JobScope`)."""
-    current, choices, targets = {}, {}, {}
+    against ``scope`` (:class:`JobScope`); name the parts of a setting whose
+    value cannot be read (``skipped``: never written)."""
+    current, choices, targets, skipped = {}, {}, {}, {}
     for k in keys:
         knob = KNOBS[k]
         current[k] = knob.read(hostfs)
@@ -1067,9 +1128,11 @@ def read_facts(hostfs, keys, entries=(), live_jobs=(), wanted=None, scope=None) 
             for v in (wanted or {}).get(k, []):
                 if check_tune_value(k, v) is None:
                     targets[k][v] = list(knob.resolve(hostfs, v, scope))
+        if isinstance(knob, GovernorKnob) and knob.unreadable(hostfs):
+            skipped[k] = knob.unreadable(hostfs)
     mem = read_meminfo_kb(hostfs)
     return Facts(current, choices, max(0, mem.get("SwapTotal", 0) - mem.get("SwapFree", 0)),
-                 mem.get("MemAvailable", 0), list(entries), list(live_jobs), targets)
+                 mem.get("MemAvailable", 0), list(entries), list(live_jobs), targets=targets, skipped=skipped)
 
 
 # --------------------------------------------------------------------------- restore core
@@ -1168,6 +1231,8 @@ def prolog_tune(hostfs, state_dir: str, job_id: str, request: str | None, cfg, p
             if it.action == "refused":
                 log(f"gsrun: tune: {tag}: refused {it.key}={it.value}: {it.reason}")
             elif it.action == "unsupported":
+                log(f"gsrun: tune: {tag}: {it.key}: {it.reason}")
+            elif it.key in facts.skipped and it.action in ("apply", "unchanged"):
                 log(f"gsrun: tune: {tag}: {it.key}: {it.reason}")
         # register the job (it counts for the node's reference count from now on)
         job = {"version": JOURNAL_VERSION, "job_id": job_id, "pid": os.getpid(), "started_unix": time.time(),

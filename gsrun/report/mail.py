@@ -371,8 +371,10 @@ def mail_view(summary: Mapping, report_text: str, has_image: bool, image_cid: st
             "util": fmt_pct(util, 0, na="N/A (MIG)" if mig else NA),
             "sm_active": fmt_pct(d.get("sm_active_mean_pct"), 0),
             "tensor_active": fmt_pct(d.get("tensor_active_mean_pct"), 0),
-            "mem": f"{fmt_bytes(d.get('mem_peak_bytes'))} of {fmt_bytes(d.get('mem_total_bytes'))}",
-            "energy": fmt_energy_j(d.get("energy_j"), "kwh_j"),
+            "mem": f"{fmt_bytes(d.get('mem_peak_bytes'))} of {fmt_bytes(d.get('mem_total_bytes'))}"
+                   + (f" (job's processes {fmt_bytes(d['mem_procs_peak_bytes'])})"
+                      if d.get("mem_procs_peak_bytes") is not None else ""),
+            "energy": fmt_energy_j(d.get("energy_j"), "kwh_j") + (" (estimated)" if d.get("energy_estimated") else ""),
             "power": fmt_power_w(d.get("power_mean_w")),
             "throttle": thr or "none",
             "xid": ", ".join(str(int(x)) for x in xids) or "none",
@@ -423,7 +425,8 @@ def mail_view(summary: Mapping, report_text: str, has_image: bool, image_cid: st
         "gpu_any_mig": any(d["mig"] for d in devices),
         "gpu_headline": _gpu_headline(summary) or "",
         "devices": devices,
-        "gpu_energy": fmt_energy_j(gpu.get("energy_j"), "kwh_j"),
+        "gpu_energy": fmt_energy_j(gpu.get("energy_j"), "kwh_j") + (" (estimated)" if gpu.get("energy_estimated")
+                                                                   else ""),
         "gpu_hours_alloc": fmt_hours_h(gpu.get("gpu_hours_alloc")),
         "gpu_hours_used": fmt_hours_h(gpu.get("gpu_hours_used")),
         "hardware_events": events,

@@ -117,6 +117,15 @@ class GpuSummary(Record):
     energy_j: float | None = field("energy, J: delta of nvmlDeviceGetTotalEnergyConsumption (mJ) / 1000 over "
                                    "the sampled span, summed across counter resets", ABSENT)
     energy_counter_resets: int = field("times the energy counter went backwards", ABSENT)
+    energy_estimated: bool = field("energy_j integrates nvmlDeviceGetPowerUsage samples over the covered time "
+                                   "(the energy counter gave no usable reading); absent: from the counter",
+                                   ABSENT, optional_key=True)
+    mem_source: str | None = field("how mem_peak_bytes was read when not nvmlDeviceGetMemoryInfo_v2: v1 minus "
+                                   "the prolog's baseline (mem_baseline_bytes), or v1 alone", ABSENT, optional_key=True)
+    mem_baseline_bytes: int | None = field("v1 memory used before the job's processes (prolog), bytes", ABSENT, optional_key=True)
+    mem_procs_peak_bytes: int | None = field("high water of the job's own processes' GPU memory, bytes: sum of "
+                                             "used_gpu_memory (nvmlDeviceGetComputeRunningProcesses) over the "
+                                             "job's PIDs", ABSENT, optional_key=True)
     power_mean_w: float | None = field("mean power, W: energy_j / sampled span (else mean of "
                                        "nvmlDeviceGetPowerUsage)", ABSENT)
     power_max_w: float | None = field("highest nvmlDeviceGetPowerUsage reading, W", ABSENT)
@@ -241,6 +250,7 @@ class GpuFigures(Record):
     gpu_hours_used: float | None = field("sum of util_busy_s / 3600 (duty-cycle hours)", ABSENT)
     energy_j: float | None = field("sum of the GPUs' energy_j, J", ABSENT)
     energy_kwh: float | None = field("energy_j / 3.6e6, kWh", ABSENT)
+    energy_estimated: bool = field("at least one GPU's energy_j is estimated from power samples", ABSENT, optional_key=True)
     extra: dict = extra_field()
 
 

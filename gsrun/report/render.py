@@ -97,6 +97,17 @@ def render_text(summary: dict, color: bool = False) -> str:
         for g in gaps:
             lines.append(f"  GPU {g['index']} on {g['node']}: no utilization reading for "
                          f"{fmt_seconds(g['util_gap_s'])} (left out of the mean, not counted as 0)")
+        for g in shown:
+            if g.get("energy_estimated"):
+                why = (g.get("unsupported") or {}).get("energy_mj") or "no usable reading"
+                lines.append(f"  GPU {g['index']} on {g['node']}: energy estimated from power samples "
+                             f"(energy counter: {why})")
+            if g.get("mem_procs_peak_bytes") is not None:
+                base = (f", v1 minus {fmt_bytes(g['mem_baseline_bytes'])} in use before the job"
+                        if g.get("mem_baseline_bytes") is not None else "")
+                lines.append(f"  GPU {g['index']} on {g['node']}: the job's processes held at most "
+                             f"{fmt_bytes(g['mem_procs_peak_bytes'])} (device high water "
+                             f"{fmt_bytes(g['mem_peak_bytes'])}{base})")
     if gpu.get("gpu_hours_alloc") is not None and (shown or job.get("gpus_alloc")):
         used = gpu.get("gpu_hours_used")
         line = f"  GPU-hours: {fmt_hours_h(used)} busy of {fmt_hours_h(gpu['gpu_hours_alloc'])} allocated"
@@ -104,6 +115,8 @@ def render_text(summary: dict, color: bool = False) -> str:
             line += f" ({fmt_pct(100 * used / gpu['gpu_hours_alloc'], 0)})"
         if gpu.get("energy_j") is not None:
             line += f"   Energy: {fmt_energy_kwh(gpu['energy_kwh'])}"
+            if gpu.get("energy_estimated"):
+                line += " (estimated)"
         lines.append(line)
     if summary.get("findings"):
         lines += ["", c("1", "Findings")]

@@ -31,9 +31,17 @@ Where the numbers come from (per GPU, from :mod:`gsrun.node.sampler`):
 - ``mem_peak_bytes`` vs ``mem_total_bytes``: ``nvmlDeviceGetMemoryInfo``
   used (highest sample) and total.
 - ``energy_j``: delta of ``nvmlDeviceGetTotalEnergyConsumption`` (mJ / 1000)
-  over the sampled span, summed across counter resets
+  between the first and last valid readings, summed across counter resets
   (``energy_counter_resets``); ``power_mean_w`` = energy_j / that span
-  (else the mean of ``nvmlDeviceGetPowerUsage``).
+  (else the mean of ``nvmlDeviceGetPowerUsage``). Where the counter gave
+  fewer than two valid readings (NOT_SUPPORTED on pre-Volta GPUs and some
+  vGPU profiles, or failing), ``energy_j`` is the integral of the power
+  samples over the covered time and ``energy_estimated`` is true; with
+  neither it is None, never 0.
+- ``mem_procs_peak_bytes``: high water of the job's own processes' GPU
+  memory (compute-process list over the job's PIDs), beside the device
+  figure; ``mem_source`` / ``mem_baseline_bytes`` when the device figure
+  is v1 minus the prolog's baseline (or v1 alone).
 - ``throttle_s``: seconds during which the clock event reasons
   (``nvmlDeviceGetCurrentClocksEventReasons``) showed each cause.
 - ``lost_at_s``: seconds after the sampler start when NVML first answered
@@ -65,7 +73,8 @@ JS1 blob (``AdminComment``; the layout Princeton jobstats writes in
          "gpu_used_memory": {"<minor>": <int: GPU memory high water, bytes>},
          "gpu_total_memory": {"<minor>": <int: GPU memory total, bytes>}}},
      "gsrun": {"schema", "cpu_eff_pct", "energy_j", "sm_active_pct": {"node:minor": pct},
-               "tensor_active_pct": {...}, "lost": {"node:minor": lost_at_s}}}
+               "tensor_active_pct": {...}, "lost": {"node:minor": lost_at_s},
+               "energy_estimated": true (only when some energy_j is estimated from power samples)}}
 
 GPU keys are the ``/dev/nvidiaN`` minor numbers as strings (what jobstats'
 exporter labels ``minor_number``). Every node carries ``cpus``,
@@ -90,6 +99,7 @@ import gzip
 import json
 
 from gsrun import SUMMARY_SCHEMA
+from gsrun.base.record import ABSENT
 from gsrun.facts.aggregate import Counter, Metric
 from gsrun.facts.sampler_state import GpuState, SamplerState
 from gsrun.report.records import (CpuFigures, GpuFigures, GpuSummary, JobInfo, JobSummary, MemoryFigures,
@@ -122,12 +132,19 @@ def gpu_record(g: GpuState, node: str, nvml_error: str | None = None) -> GpuSumm
     mem = _metric(g, "mem_used_bytes")
     power = _metric(g, "power_w")
     energy = Counter.from_dict(g.energy.to_json())
-    energy_j = energy.total / 1000.0 if energy.first is not None else None
+    energy_estimated = False
+    if energy.first is not None and energy.span_s is not None and energy.span_s > 0:
+        energy_j = energy.total / 1000.0
+    elif power.weight_s > 0:
+        energy_j = power.wsum          # W x s = J over the covered time
+        energy_estimated = True
+    else:
+        energy_j = None                # no reading: unknown, never 0
     first, last_ok = g.first_s, g.last_ok_s
     covered_s = (last_ok - first) if first is not None and last_ok is not None else None
     span = energy.span_s
     power_mean = None
-    if energy_j is not None and span and span > 0:
+    if energy_j is not None and not energy_estimated and span and span > 0:
         power_mean = energy_j / span
     elif power.mean is not None:
         power_mean = power.mean
@@ -147,6 +164,10 @@ def gpu_record(g: GpuState, node: str, nvml_error: str | None = None) -> GpuSumm
                                          or unsupported.get("util_samples") or "no reading")
     mem_total = ref.mem_total_bytes
     mem_peak = None if mem.max is None else int(mem.max)
+    procs = _metric(g, "mem_procs_bytes")
+    mem_src = g.mem_source if isinstance(g.mem_source, str) else None
+    base = g.mem_baseline_bytes if isinstance(g.mem_baseline_bytes, int) else None
+    v1 = mem_src is not None and "v2" not in mem_src
     return GpuSummary(
         node=node,
         index=ref.gres_index,
@@ -170,6 +191,10 @@ def gpu_record(g: GpuState, node: str, nvml_error: str | None = None) -> GpuSumm
         mem_peak_pct=_r(100.0 * mem_peak / mem_total if mem_peak is not None and mem_total else None),
         energy_j=_r(energy_j),
         energy_counter_resets=energy.resets,
+        energy_estimated=True if energy_estimated else ABSENT,
+        mem_source=mem_src if v1 else ABSENT,
+        mem_baseline_bytes=base if v1 and base is not None else ABSENT,
+        mem_procs_peak_bytes=int(procs.max) if procs.max is not None else ABSENT,
         power_mean_w=_r(power_mean),
         power_max_w=_r(power.max),
         temperature_max_c=_r(_metric(g, "temperature_c").max),
@@ -294,6 +319,7 @@ def job_record(job: dict, nodes: list[dict | NodeSummary], cfg=None, partition: 
     gpu_hours_used = sum(busy) / 3600.0 if busy else None
     energies = [g["energy_j"] for g in real if g["energy_j"] is not None]
     energy_j = sum(energies) if energies else None
+    estimated = any(g.get("energy_estimated") for g in real if g["energy_j"] is not None)
     per_node = [NodeDetail(node=n["node"], cpus_alloc=n.get("cpus_alloc"), cpu_time_s=n["cpu_time_s"],
                            mem_peak_bytes=n["mem_peak_bytes"], elapsed_s=n.get("elapsed_s"),
                            gpu_available=n.get("gpu_available"), gpu_reason=n.get("gpu_reason"),
@@ -318,7 +344,8 @@ def job_record(job: dict, nodes: list[dict | NodeSummary], cfg=None, partition: 
                        reason="; ".join(reasons) or None, count=len(gpus),
                        devices=[GpuSummary.from_json(g) for g in gpus],
                        gpu_hours_alloc=_r(gpu_hours_alloc, 4), gpu_hours_used=_r(gpu_hours_used, 4),
-                       energy_j=_r(energy_j), energy_kwh=_r(None if energy_j is None else energy_j / 3.6e6, 6)),
+                       energy_j=_r(energy_j), energy_kwh=_r(None if energy_j is None else energy_j / 3.6e6, 6),
+                       energy_estimated=True if estimated else ABSENT),
         nodes_detail=per_node,
         nodes_missing=missing,
         node_notes={n["node"]: n.get("notes", []) for n in nodes if n.get("notes")},
@@ -438,7 +465,8 @@ def js1_blob(summary: dict, max_chars: int = JS1_MAX_CHARS) -> str | None:
     devs = summary["gpu"]["devices"]
     gpus_alloc = int(job.get("gpus_alloc") or summary["gpu"].get("count") or 0)
     gsrun = {"schema": summary["schema"], "cpu_eff_pct": summary["cpu"]["efficiency_pct"],
-             "energy_j": summary["gpu"]["energy_j"]}
+             "energy_j": summary["gpu"]["energy_j"],
+             **({"energy_estimated": True} if summary["gpu"].get("energy_estimated") else {})}
     per_gpu = {"sm_active_pct": {f'{g["node"]}:{g["index"]}': g["sm_active_mean_pct"] for g in devs
                                  if g.get("sm_active_mean_pct") is not None},
                "tensor_active_pct": {f'{g["node"]}:{g["index"]}': g["tensor_active_mean_pct"] for g in devs

@@ -27,7 +27,13 @@ classes), ``proc/`` (``driver/nvidia/gpus/<bdf>/information``,
   NVML ``numa_node`` NOT_SUPPORTED (field case 4);
 - ``case7-mixed``: P100 ``0000:04:00.0`` (NVML 0) + A5000 ``0000:65:00.0``
   (NVML 1) on two nodes (field case 7);
-- ``ci-emulated``: 2 CPUs, 1 node, no GPU, no NVIDIA driver (the CI cluster).
+- ``ci-emulated``: 2 CPUs, 1 node, no GPU, no NVIDIA driver (the CI cluster);
+- ``numa-memless`` (issue 18, variant 1): node0 CPUs 0-15 with memory, node1
+  CPUs 16-31 with ``MemTotal: 0 kB`` (a POWER LPAR), node2 memory only (no
+  CPUs: GPU/HBM memory as a NUMA node); distances 1->0 20, 1->2 40; GPU0 on
+  node0, GPU1 on node1, GPU2 with sysfs ``numa_node`` 2;
+- ``vm-spread`` (issue 18, variant 2): a VM with 2 vNUMA nodes of 16 CPUs,
+  4 GPUs with ``numa_node`` -1, ``local_cpulist`` and NVML affinity all CPUs.
 """
 
 from __future__ import annotations
@@ -101,9 +107,11 @@ def pci_device(root: Path, chain: list[str], attrs: dict[str, str]) -> str:
 def make_host(name: str, nodes: dict[int, list[int]], siblings: dict[int, list[int]],
               gpus: list[dict], nics: list[dict] | None = None, distances=None,
               nvml: bool = True, status_allowed: str | None = None, nvml_affinity=None,
-              nvml_minor=True, nvml_only: list[int] | None = None) -> Path:
+              nvml_minor=True, nvml_only: list[int] | None = None,
+              mem_kb: dict[int, int] | None = None) -> Path:
     root = _fresh(HERE / name)
     cpus = sorted(c for cs in nodes.values() for c in cs)
+    mem_kb = mem_kb or {}
     put(root, "sys/devices/system/cpu/online", fmt(cpus))
     put(root, "sys/devices/system/cpu/present", fmt(cpus))
     for c in cpus:
@@ -113,8 +121,9 @@ def make_host(name: str, nodes: dict[int, list[int]], siblings: dict[int, list[i
     put(root, "sys/devices/system/node/online", fmt(ids))
     for n in ids:
         put(root, f"sys/devices/system/node/node{n}/cpulist", fmt(nodes[n]))
+        total = mem_kb.get(n, 64 * 1024 * 1024)
         put(root, f"sys/devices/system/node/node{n}/meminfo",
-            f"Node {n} MemTotal:       {64 * 1024 * 1024} kB\nNode {n} MemFree:        {60 * 1024 * 1024} kB")
+            f"Node {n} MemTotal:       {total} kB\nNode {n} MemFree:        {total * 15 // 16} kB")
         d = [distances(n, m) if distances else (10 if n == m else 21) for m in ids]
         put(root, f"sys/devices/system/node/node{n}/distance", " ".join(map(str, d)))
     allowed = status_allowed or fmt(cpus)
@@ -260,6 +269,26 @@ def ci_emulated():
     make_host("ci-emulated", {0: [0, 1]}, {}, [], nvml=False)
 
 
+def numa_memless():
+    n0, n1 = list(range(0, 16)), list(range(16, 32))
+    gpus = [gpu(["0000:00:01.0", "0000:04:00.0"], 0, 0, fmt(n0), n0, 0x3E300000),
+            gpu(["0000:20:01.0", "0000:24:00.0"], 1, 1, fmt(n1), n1, 0x3E300001),
+            gpu(["0000:40:01.0", "0000:44:00.0"], 2, 2, "", [], 0x3E300002)]
+
+    def dist(a, b):
+        return {(0, 0): 10, (1, 1): 10, (2, 2): 10, (0, 1): 20, (1, 0): 20, (0, 2): 30, (2, 0): 30,
+                (1, 2): 40, (2, 1): 40}[(a, b)]
+    make_host("numa-memless", {0: n0, 1: n1, 2: []}, {}, gpus, distances=dist, mem_kb={1: 0})
+
+
+def vm_spread():
+    n0, n1 = list(range(0, 16)), list(range(16, 32))
+    every = n0 + n1
+    gpus = [gpu([f"0000:00:{0x10 + i:02x}.0", f"0000:{0x3b + i:02x}:00.0"], i, -1, fmt(every), every,
+                0x5B000000 + i) for i in range(4)]
+    make_host("vm-spread", {0: n0, 1: n1}, {}, gpus)
+
+
 def h200(src: Path):
     root = _fresh(HERE / "h200-vm")
     with tarfile.open(src / "h200-vm-tree.tar.gz") as t:
@@ -274,7 +303,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--h200", type=Path, default=Path(__file__).resolve().parents[4] / "shared" / "data" / "hosts" / "h200-vm")
     a = ap.parse_args()
-    for f in (server_2s8g, amd_nps4, vm_numa_minus1, cpuset_job, case4_l4, case7_mixed, ci_emulated):
+    for f in (server_2s8g, amd_nps4, vm_numa_minus1, cpuset_job, case4_l4, case7_mixed, ci_emulated,
+              numa_memless, vm_spread):
         f()
     if (a.h200 / "h200-vm-tree.tar.gz").is_file():
         h200(a.h200)
