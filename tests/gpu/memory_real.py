@@ -81,7 +81,6 @@ def main(argv=None) -> int:
     ap.add_argument("--window-s", type=float, default=6.0)
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
-    sys.path.insert(0, str(REPO))
     verdict: dict = {"check": "memory_real", "ok": False, "checks": {}}
 
     def done(rc: int) -> int:

@@ -153,7 +153,7 @@ def main() -> int:
         return 2
     pw = pwd.getpwuid(args.uid)
     uid, gid, user = pw.pw_uid, pw.pw_gid, pw.pw_name
-    tools = {n: shutil.which(n, path=slurm_env.SAFE_PATH) for n in ("gsrun-node", "gsrun-bind", "gseff")}
+    tools = {n: shutil.which(n) or shutil.which(n, path=slurm_env.SAFE_PATH) for n in ("gsrun-node", "gsrun-bind", "gseff")}
     if not all(tools.values()):
         print(json.dumps({"ok": False, "error": f"gsrun not installed: {tools}"}))
         return 2

@@ -9,8 +9,7 @@ clocks, persistence or ECC:
 1. snapshot byte for byte every file the three settings govern: every
    ``cpuN/cpuidle/stateK/disable``, every ``/proc/irq/N/smp_affinity_list``,
    every ``nodeN/hugepages/*/nr_hugepages``;
-2. install this checkout into a temporary directory (pip ``--target``, no
-   network) unless ``gsrun`` already imports, and run ``gsrun-node prolog``
+2. with this checkout installed (``tests/gpu/run --steps tuning`` does it), run ``gsrun-node prolog``
    with slurmd's recorded environment (:mod:`slurm_env`, ``SLURM_JOB_GPUS=0``),
    ``SPANK_GS_TUNE=cstate=c1,irq=local,hugepages=2M:<N>`` and the fake
    ``scontrol`` saying ``OverSubscribe=NO`` (the job holds the node);
@@ -70,18 +69,6 @@ def run(argv, env, timeout=120, **kw):
     return {"rc": cp.returncode, "stdout": cp.stdout[-3000:], "stderr": cp.stderr[-3000:]}
 
 
-def install() -> tuple[dict, str]:
-    """PYTHONPATH/PATH additions that make ``gsrun-node`` this checkout."""
-    site = tempfile.mkdtemp(prefix="gsrun-tune-site-", dir="/tmp")
-    os.chmod(site, 0o755)
-    cp = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index",
-                         "--no-build-isolation", "--no-compile", "--target", site, str(REPO)],
-                        capture_output=True, text=True, timeout=120)
-    if cp.returncode != 0:
-        raise SystemExit(json.dumps({"ok": False, "error": "pip install failed", "stderr": cp.stderr[-2000:]}))
-    return {"PYTHONPATH": site}, f"{site}/bin"
-
-
 def gpu_irqs() -> tuple[str | None, list[str], int | None]:
     for d in sorted(glob.glob("/sys/bus/pci/devices/*")):
         try:
@@ -130,7 +117,11 @@ def main() -> int:
     if (subprocess.run(["pgrep", "-x", "irqbalance"], capture_output=True).returncode == 0):
         out["figures"]["irqbalance"] = "running: irq=local is refused while it runs"
 
-    env_add, bindir = ({}, None) if shutil.which("gsrun-node") else install()
+    node_exe = shutil.which("gsrun-node")
+    if not node_exe:
+        raise SystemExit(json.dumps({"ok": False, "error": "gsrun-node not on PATH",
+                                     "hint": "run it through tests/gpu/run (installs this checkout)"}))
+    env_add, bindir = {}, os.path.dirname(node_exe)
     base = Path(tempfile.mkdtemp(prefix="gsrun-tune-", dir="/tmp"))
     os.chmod(base, 0o755)
     cfg = base / "gsrun.toml"
