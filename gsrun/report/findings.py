@@ -48,12 +48,14 @@ def _n(k: int, word: str) -> str:
 
 
 def _hardware(gpu: dict) -> list[dict]:
+    from gsrun.report.units import fmt_duration_s
     out = []
     for g in gpu["devices"]:
         if g.get("lost_at_s") is not None:
             xid = " (Xid 79: fallen off the bus)" if 79 in (g.get("xid") or []) else ""
             out.append({"code": FindingCode.GPU_LOST, "severity": "alert", "value": g["lost_at_s"],
-                        "text": f"Hardware event: {_gpu(g)} was lost {g['lost_at_s']:.0f} s into the job{xid} "
+                        "text": f"Hardware event: {_gpu(g)} was lost {fmt_duration_s(g['lost_at_s'], 'clock')} "
+                                f"into the job{xid} "
                                 "and the node was flagged for the admins. Its figures cover only the time "
                                 "before; if the job failed then, resubmit it."})
         xids = [x for x in (g.get("xid") or []) if not (x == 79 and g.get("lost_at_s") is not None)]
@@ -137,6 +139,21 @@ def _findings(summary: dict, cfg: Config | None, partition: str | None) -> list[
     return sorted(out, key=lambda f: SEVERITY_RANK.get(f["severity"], 3))
 
 
+IDLE_CODES = frozenset({FindingCode.IDLE_GPU.value, FindingCode.LOW_GPU_UTIL.value})
+
+
+def shown_findings(summary: dict) -> list[dict]:
+    """The stored findings a report or mail shows (well-formed entries only).
+    Field case 12 (docs/field-cases.md): a "GPU (nearly) unused" finding
+    (:data:`IDLE_CODES`) is dropped when no GPU has a utilization figure
+    (MIG), whatever engine stored it."""
+    from gsrun.report.units import as_number
+    devs = (summary.get("gpu") or {}).get("devices") or []
+    any_util = any(isinstance(d, dict) and as_number(d.get("util_mean_pct")) is not None for d in devs)
+    return [f for f in summary.get("findings") or []
+            if isinstance(f, dict) and (any_util or f.get("code") not in IDLE_CODES)]
+
+
 def _mem_action(summary: dict) -> str:
     """``ask for less memory (--mem 40G)``: the largest node high water x 1.25,
     rounded up to whole GiB (``--mem`` is per node)."""
@@ -148,18 +165,23 @@ def _mem_action(summary: dict) -> str:
 
 
 def _ranges(idx: list) -> str:
-    """[0, 1, 2, 3, 6] -> ``0-3, 6`` (non-integer indices as they are)."""
+    """[0, 1, 2, 3, 6, 7] -> ``0-3, 6, 7``: a run of three or more as a range,
+    a pair as two numbers (non-integer indices as they are)."""
     nums = sorted(i for i in idx if isinstance(i, int))
     out, run = [], []
+
+    def close():
+        out.extend([f"{run[0]}-{run[-1]}"] if len(run) > 2 else [str(i) for i in run])
+
     for i in nums:
         if run and i == run[-1] + 1:
             run.append(i)
             continue
         if run:
-            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+            close()
         run = [i]
     if run:
-        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+        close()
     return ", ".join(out + [str(i) for i in idx if not isinstance(i, int)])
 
 
@@ -173,9 +195,12 @@ def gpus_label(devs: list[dict]) -> str:
 
 
 def _span(vals: list[float]) -> str:
-    """Integer percent of one value or the range of several: ``98%``, ``33-100%``."""
-    lo, hi = round(min(vals)), round(max(vals))
-    return f"{lo}%" if lo == hi else f"{lo}-{hi}%"
+    """Integer percent of one value or the range of several: ``98%``, ``33-100%``
+    (:func:`gsrun.report.units.fmt_share_pct`: ``0.2%`` for a share above 0 that
+    would round to 0)."""
+    from gsrun.report.units import fmt_share_pct
+    lo, hi = fmt_share_pct(min(vals)), fmt_share_pct(max(vals))
+    return lo if lo == hi else f"{lo[:-1]}-{hi}"
 
 
 def _were(devs: list) -> str:
@@ -318,7 +343,7 @@ def verdicts(summary: dict, cfg: Config | None = None, partition: str | None = N
     (``findings.mem_good_pct`` / ``mem_overrequest_pct``), ``time`` (elapsed
     of the time limit; below 2 x ``findings.time_limit_used_pct``: could be
     better, never wasteful). Empty for a job that did not run."""
-    from gsrun.report.units import fmt_bytes_of, fmt_duration_s, fmt_pct
+    from gsrun.report.units import fmt_bytes_of, fmt_duration_s, fmt_share_pct
 
     job, gpu, cpu, mem = summary["job"], summary["gpu"], summary["cpu"], summary["memory"]
     if not job.get("elapsed_s") or any(f.get("code") in (FindingCode.NEVER_STARTED, FindingCode.DEFERRED)
@@ -332,7 +357,7 @@ def verdicts(summary: dict, cfg: Config | None = None, partition: str | None = N
         mean = sum(g["util_mean_pct"] for g in util) / len(util)
         low = min(util, key=lambda g: g["util_mean_pct"])
         detail = "share of time a kernel ran" if len(util) == 1 else \
-            f"mean of {len(util)} GPUs; lowest {_short_label(low, real)}: {fmt_pct(low['util_mean_pct'], 0)}"
+            f"mean of {len(util)} GPUs; lowest {_short_label(low, real)}: {fmt_share_pct(low['util_mean_pct'])}"
         rows.append({"key": "gpu_busy", "label": "GPU busy", "pct": mean, "detail": detail,
                      "level": _level(mean, _t(cfg, "findings.low_util_note_pct", partition),
                                      _t(cfg, "findings.low_util_warn_pct", partition))})
@@ -389,7 +414,7 @@ def headline(summary: dict, rows: list[dict]) -> dict:
     when every verdict is good (or the GPUs are, naming what is not);
     else a pointer to the findings. Both start in lower case after their
     label (``Next time: ``)."""
-    fs = [f for f in summary.get("findings") or [] if isinstance(f, dict)]
+    fs = shown_findings(summary)
     alert = next((f["text"].removeprefix("Hardware event: ") for f in fs if f.get("severity") == "alert"), "")
     act = next((f for f in fs if f.get("action") and f.get("severity") in ("warn", "alert")), None) \
         or next((f for f in fs if f.get("action")), None)
@@ -402,7 +427,8 @@ def headline(summary: dict, rows: list[dict]) -> dict:
     elif not weak:
         nxt = "nothing to change: the job used what it asked for."
     elif not gpu_weak and any(r["key"].startswith("gpu") for r in rows):
-        nxt = "nothing to change on the GPUs; " + " and ".join(weak).lower() + " could be better (below)."
+        named = " and ".join(" ".join(w if w.isupper() else w.lower() for w in lab.split()) for lab in weak)
+        nxt = f"nothing to change on the GPUs; {named} could be better (below)."     # "CPU" stays upper case
     else:
         nxt = "see the findings below."
     return {"alert": alert, "next": nxt}

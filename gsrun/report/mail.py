@@ -64,9 +64,9 @@ from gsrun.base.templating import render
 from gsrun.base.errors import ConfigError, GsrunError, InputError, NodeError
 from gsrun.base.fsutil import atomic_write, atomic_write_json, ensure_dir, read_json
 from gsrun.facts.slurm import ACTIVE_STATES as NOT_FINAL_STATES, FAILED_STATES as FAIL_STATES
-from gsrun.report.records import FindingCode
+from gsrun.report.records import FindingCode, is_mig as _is_mig
 from gsrun.report.units import NA, as_number, fmt_bytes, fmt_bytes_of, fmt_duration_s, fmt_energy_j, fmt_hours_h, \
-    fmt_pct, fmt_power_w, fmt_time
+    fmt_share_pct, fmt_power_w, fmt_time
 
 PHASE = "mail"
 SUBDIRS = ("new", "tmp", "sent", "failed", "state")
@@ -85,8 +85,6 @@ _BIDI = {chr(c) for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A), 0x200E
 # Slurm MailType tokens (sbatch --mail-type); ALL = BEGIN,END,FAIL,INVALID_DEPEND,REQUEUE,STAGE_OUT
 MAIL_TYPES = {"NONE", "BEGIN", "END", "FAIL", "REQUEUE", "ALL", "INVALID_DEPEND", "STAGE_OUT",
               "TIME_LIMIT", "TIME_LIMIT_90", "TIME_LIMIT_80", "TIME_LIMIT_50", "ARRAY_TASKS"}
-# finding codes that say "the GPU was (nearly) unused"; only meaningful with a utilization figure
-_IDLE_CODES = frozenset({FindingCode.IDLE_GPU.value, FindingCode.LOW_GPU_UTIL.value})
 # colours (readable on white and on a dark background): severity of a finding, level of a verdict
 SEVERITY_COLOR = {"crit": "#c62828", "error": "#c62828", "warn": "#d46b08", "info": "#5c6b7a"}
 LEVEL_COLOR = {"good": "#2e7d32", "better": "#d46b08", "wasteful": "#c62828"}
@@ -284,10 +282,6 @@ def mail_kind(summary: Mapping) -> str:
     return "report"
 
 
-def _is_mig(dev: Mapping) -> bool:
-    """A MIG instance: NVML names it "... MIG 1g.10gb" and its UUID starts with "MIG-"."""
-    return bool(dev.get("mig")) or dev.get("util_na_reason") == "MIG" \
-        or "MIG" in str(dev.get("name") or "").upper().split() or str(dev.get("uuid") or "").startswith("MIG-")
 
 
 def _gpu_headline(summary: Mapping) -> str | None:
@@ -309,7 +303,7 @@ def _gpu_headline(summary: Mapping) -> str | None:
         mean = sum(vals) / len(vals)
         word = LEVEL_WORDS[_level(mean, _t(None, "findings.low_util_note_pct", None),
                                   _t(None, "findings.low_util_warn_pct", None))]
-        return f"GPU busy {mean:.0f}% ({word})"
+        return f"GPU busy {fmt_share_pct(mean)} ({word})"
     if any(_is_mig(d) for d in devices):
         return "GPU busy N/A (MIG)"
     return "GPU busy N/A"
@@ -338,7 +332,7 @@ def subject_line(summary: Mapping) -> str:
     g = _gpu_headline(summary)
     if g:
         parts.append(g)
-    parts.append(f"CPU eff {fmt_pct((summary.get('cpu') or {}).get('efficiency_pct'), 0)}")
+    parts.append(f"CPU eff {fmt_share_pct((summary.get('cpu') or {}).get('efficiency_pct'))}")
     return clean_line(f"{head} {state}: {', '.join(parts)}", 250)
 
 
@@ -360,7 +354,7 @@ def mail_view(summary: Mapping, report_text: str, has_image: bool, image_cid: st
     report at 76 columns); the HTML part does not repeat it. ``image_size``:
     the chart's (width, height) as displayed, CSS px.
     """
-    from gsrun.report.findings import headline, verdicts
+    from gsrun.report.findings import headline, shown_findings, verdicts
     from gsrun.report.render import doc_link
     job = summary.get("job") or {}
     cpu = summary.get("cpu") or {}
@@ -368,7 +362,6 @@ def mail_view(summary: Mapping, report_text: str, has_image: bool, image_cid: st
     gpu = summary.get("gpu") or {}
     kind = mail_kind(summary)
     devices_in = [d for d in (gpu.get("devices") or []) if isinstance(d, Mapping)]
-    any_util = any(as_number(d.get("util_mean_pct")) is not None for d in devices_in)
 
     devices = []
     events = []
@@ -378,7 +371,7 @@ def mail_view(summary: Mapping, report_text: str, has_image: bool, image_cid: st
         throttle = d.get("throttle_s") or {}
         cov = as_number(d.get("covered_s"))
         thr = ", ".join(f"{clean_line(k, 30).replace('hw_slowdown', 'hardware').replace('_', ' ')} "
-                        + (fmt_pct(100 * v / cov, 0) if cov else fmt_duration_s(v, "clock"))
+                        + (fmt_share_pct(100 * v / cov) if cov else fmt_duration_s(v, "clock"))
                         for k, v in sorted(throttle.items())
                         if (as_number(v) or 0) > 0 and k != "sync_boost") if isinstance(throttle, Mapping) else ""
         xids = [x for x in (d.get("xid") or []) if as_number(x) is not None]
@@ -394,9 +387,9 @@ def mail_view(summary: Mapping, report_text: str, has_image: bool, image_cid: st
             "index": clean_line(d.get("index", "?"), 8),
             "name": clean_line(d.get("name") or "?", 80),
             "mig": mig,
-            "util": fmt_pct(util, 0, na="N/A (MIG)" if mig else NA),
-            "sm_active": fmt_pct(d.get("sm_active_mean_pct"), 0),
-            "tensor_active": fmt_pct(d.get("tensor_active_mean_pct"), 0),
+            "util": fmt_share_pct(util, na="N/A (MIG)" if mig else NA),
+            "sm_active": fmt_share_pct(d.get("sm_active_mean_pct")),
+            "tensor_active": fmt_share_pct(d.get("tensor_active_mean_pct")),
             "mem": fmt_bytes_of(d.get("mem_peak_bytes"), d.get("mem_total_bytes")),
             "energy": fmt_energy_j(d.get("energy_j"), "wh"),
             "power": fmt_power_w(d.get("power_mean_w")),
@@ -406,13 +399,9 @@ def mail_view(summary: Mapping, report_text: str, has_image: bool, image_cid: st
         })
 
     findings = []
-    for f in summary.get("findings") or []:
-        if not isinstance(f, Mapping):
-            continue
-        # field case 12 (docs/field-cases.md): no "did not use the GPU" when there is
-        # no utilization figure to base it on
-        if f.get("code") in _IDLE_CODES and not any_util:
-            continue
+    # field case 12 (docs/field-cases.md): no "did not use the GPU" when there is
+    # no utilization figure to base it on (the same rule as the text report)
+    for f in shown_findings(summary):
         sev = str(f.get("severity") or "info").lower()
         sev = {"alert": "crit"}.get(sev, sev)   # gsrun.report.findings' hardware events
         sev = sev if sev in ("info", "warn", "crit", "error") else "info"
@@ -427,9 +416,9 @@ def mail_view(summary: Mapping, report_text: str, has_image: bool, image_cid: st
             head = headline(dict(summary), rows)
         except (KeyError, TypeError, ValueError):   # a summary missing a section: no verdict, the rest stands
             rows = []
-    verdict = [{"label": r["label"], "value": fmt_pct(r["pct"], 0), "word": r["word"],
+    verdict = [{"label": r["label"], "value": fmt_share_pct(r["pct"]), "word": r["word"],
                 "color": LEVEL_COLOR.get(r["level"], "#666666"), "detail": clean_line(r["detail"], 200),
-                "bar": 0 if r["bar_pct"] is None else int(round(r["bar_pct"]))} for r in rows]
+                "bar": None if r["bar_pct"] is None else int(round(r["bar_pct"]))} for r in rows]   # None: no bar (N/A is not 0)
     cols = [c for c in DEVICE_COLUMNS if any(d[c[0]] not in ("none", NA, "") for d in devices)]
     start, end, submit = (as_number(job.get(k)) for k in ("start_time", "end_time", "submit_time"))
     limit = as_number(job.get("time_limit_s"))
@@ -454,11 +443,11 @@ def mail_view(summary: Mapping, report_text: str, has_image: bool, image_cid: st
         "cpus_alloc": clean_line("N/A" if job.get("cpus_alloc") is None else job.get("cpus_alloc"), 16),
         "gpus_alloc": clean_line("N/A" if job.get("gpus_alloc") is None else job.get("gpus_alloc"), 16),
         "cpu_time": fmt_duration_s(cpu.get("time_s"), "clock"),
-        "cpu_eff": fmt_pct(cpu_eff, 0),
+        "cpu_eff": fmt_share_pct(cpu_eff),
         "cpu_source": clean_line(cpu.get("source") or "", 80),
         "mem_peak": fmt_bytes(mem.get("peak_bytes")),
         "mem_req": "not recorded" if req is None or req <= 0 else fmt_bytes(req),
-        "mem_eff": fmt_pct(mem_eff, 0),
+        "mem_eff": fmt_share_pct(mem_eff),
         "gpu_section": bool(devices) or not gpu_avail or gpus_alloc > 0,
         "gpu_available": gpu_avail,
         "gpu_reason": clean_line(gpu.get("reason") or ("no GPU data recorded" if not devices else ""), 300),

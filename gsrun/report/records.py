@@ -300,6 +300,15 @@ SCHEMAS = {
 }
 
 
+def is_mig(dev) -> bool:
+    """Whether a GPU entry of a summary (``gpu.devices[i]``, a mapping) is a
+    MIG instance: the sampler's ``mig`` / ``util_na_reason`` mark, or NVML's
+    name ("... MIG 1g.10gb") or UUID ("MIG-..."), as older summaries only
+    have those. Its utilization is then N/A (MIG), never 0."""
+    return bool(dev.get("mig")) or dev.get("util_na_reason") == "MIG" \
+        or "MIG" in str(dev.get("name") or "").upper().split() or str(dev.get("uuid") or "").startswith("MIG-")
+
+
 def all_schemas() -> dict[str, dict]:
     """file stem -> JSON Schema, for ``schemas/<stem>.schema.json`` (with the
     sampler state's, :mod:`gsrun.facts.sampler_state`)."""
@@ -331,5 +340,5 @@ if __name__ == "__main__":   # python -m gsrun.report.records [FOLDER]: regenera
     print("\n".join(write_schemas(sys.argv[1] if len(sys.argv) > 1 else "schemas")))
 
 
-__all__ = ["FindingCode", "Finding", "GpuSummary", "NodeSummary", "JobInfo", "CpuFigures", "MemoryFigures",
+__all__ = ["is_mig", "FindingCode", "Finding", "GpuSummary", "NodeSummary", "JobInfo", "CpuFigures", "MemoryFigures",
            "GpuFigures", "NodeDetail", "JobSummary", "all_schemas", "write_schemas"]

@@ -14,7 +14,7 @@ import io
 import textwrap
 
 from gsrun.report.units import NA, fmt_bytes, fmt_bytes_of, fmt_duration_s, fmt_energy_j, fmt_hours_h, \
-    fmt_pct, fmt_power_w, fmt_time
+    fmt_share_pct, fmt_power_w, fmt_time
 
 WRAP_COLS = 76      # every line of the text report (and the mail's text part) fits this width
 VERDICT_COLS = (15, 4, 17)      # label, value, judgement; the detail fills the rest
@@ -23,8 +23,8 @@ LEVEL_COLOR = {"good": "32", "better": "33", "wasteful": "31"}
 
 
 def _util(g) -> str:
-    mig = g.get("mig") or g.get("util_na_reason") == "MIG"
-    return fmt_pct(g["util_mean_pct"], 0, na="N/A (MIG)" if mig else NA)
+    from gsrun.report.records import is_mig
+    return fmt_share_pct(g["util_mean_pct"], na="N/A (MIG)" if is_mig(g) else NA)
 
 
 def _throttle(g) -> str:
@@ -33,7 +33,7 @@ def _throttle(g) -> str:
     if not ts or not cov:
         return ""
     cause, s = max(ts.items(), key=lambda kv: kv[1])
-    return f"slowed by {cause.replace('hw_slowdown', 'hardware').replace('_', ' ')} {fmt_pct(100 * s / cov, 0)}"
+    return f"slowed by {cause.replace('hw_slowdown', 'hardware').replace('_', ' ')} {fmt_share_pct(100 * s / cov)}"
 
 
 def _plural(n, word: str) -> str:
@@ -86,7 +86,7 @@ def render_text(summary: dict, color: bool = False, cfg=None) -> str:
     the job (times, queue wait, time limit, allocation), the GPUs (a block
     each, or a table from 5 GPUs on). ``cfg``: the site config for the
     verdict targets and the URL (None: defaults, no URL)."""
-    from gsrun.report.findings import headline, verdicts
+    from gsrun.report.findings import headline, shown_findings, verdicts
 
     def c(code, s):
         return f"\033[{code}m{s}\033[0m" if color else s
@@ -110,15 +110,16 @@ def render_text(summary: dict, color: bool = False, cfg=None) -> str:
     lw, vw, ww = VERDICT_COLS
     for r in rows:
         word = c(LEVEL_COLOR[r["level"]], f"{r['word']:<{ww}}") if r["level"] and color else f"{r['word']:<{ww}}"
-        first = f"{r['label']:<{lw}}{fmt_pct(r['pct'], 0):>{vw}}  "
+        first = f"{r['label']:<{lw}}{fmt_share_pct(r['pct']):>{vw}}  "
         pad = " " * (lw + vw + 2 + ww)
         wrapped = textwrap.wrap(r["detail"], width=WRAP_COLS - len(pad)) or [""]
         lines.append((first + word + wrapped[0]).rstrip())
         lines += [pad + w for w in wrapped[1:]]
 
-    if summary.get("findings"):
+    shown_f = shown_findings(summary)
+    if shown_f:
         lines += ["", c("1", "Findings")]
-        for f in summary["findings"]:
+        for f in shown_f:
             mark = {"alert": "!!", "warn": "! ", "info": "- "}.get(f["severity"], "- ")
             wrapped = _wrap(f["text"], f"  {mark} ", "     ")
             col = {"alert": "31", "warn": "33"}.get(f["severity"])
@@ -157,7 +158,7 @@ def render_text(summary: dict, color: bool = False, cfg=None) -> str:
             cpu_line += " [accounting anomaly]"
         lines += _wrap(cpu_line, "  ", "    ")
     elif not rows:
-        lines += _wrap(f"CPU efficiency {fmt_pct(cpu.get('efficiency_pct'), 0)}, host memory peak "
+        lines += _wrap(f"CPU efficiency {fmt_share_pct(cpu.get('efficiency_pct'))}, host memory peak "
                        f"{fmt_bytes(mem.get('peak_bytes'))}", "  ", "    ")
 
     lines += ["", c("1", "GPUs")]
@@ -172,8 +173,8 @@ def render_text(summary: dict, color: bool = False, cfg=None) -> str:
             lines += _wrap(f"{g['node']} GPU {g['index']}" + (f", {g['name']}" if g.get("name") else ""), "  ", "    ")
             busy = [f"busy {_util(g)}"]
             if has_sm:
-                busy += [f"SM active {fmt_pct(g.get('sm_active_mean_pct'), 0)}",
-                         f"tensor active {fmt_pct(g.get('tensor_active_mean_pct'), 0)}"]
+                busy += [f"SM active {fmt_share_pct(g.get('sm_active_mean_pct'))}",
+                         f"tensor active {fmt_share_pct(g.get('tensor_active_mean_pct'))}"]
             lines += _wrap(", ".join(busy), "    ", "      ")
             lines += _wrap(f"memory peak {fmt_bytes_of(g['mem_peak_bytes'], g['mem_total_bytes'])}, "
                            f"power {fmt_power_w(g['power_mean_w'])}, energy {fmt_energy_j(g['energy_j'], 'wh')}",
@@ -191,7 +192,7 @@ def render_text(summary: dict, color: bool = False, cfg=None) -> str:
         lines.append("  " + hdr)
         for g in shown:
             row = (f"{g['node']:<{nw}} " if multi else "") + f"{g['index']:>3} {_util(g):>5}" \
-                + (f" {fmt_pct(g.get('sm_active_mean_pct'), 0):>4}" if has_sm else "") \
+                + (f" {fmt_share_pct(g.get('sm_active_mean_pct')):>4}" if has_sm else "") \
                 + f"  {fmt_bytes_of(g['mem_peak_bytes'], g['mem_total_bytes']):<19} " \
                 f"{fmt_power_w(g['power_mean_w']):>5} {fmt_energy_j(g['energy_j'], 'wh'):>8}"
             lines.append("  " + row.rstrip())

@@ -43,9 +43,21 @@ def fmt_pct(pct, digits: int, na: str = NA) -> str:
     """A percentage (0..100 scale, not a fraction) with ``digits`` decimals:
     ``42.0%`` (report: 1 digit) or ``42%`` (mail, subject: 0 digits).
     ``na`` is what a missing value prints as (``N/A (MIG)`` for a MIG
-    device's utilization)."""
+    device's utilization). Same text as the formatters it replaced
+    (tests/pure/test_units.py); issue 22's figures use :func:`fmt_share_pct`."""
     f = as_number(pct)
     return na if f is None else f"{f:.{digits}f}%"
+
+
+def fmt_share_pct(pct, na: str = NA) -> str:
+    """A percentage as an integer (issue 22: the verdict, the per-GPU
+    figures, the findings), except a share above 0 that would print as
+    ``0%``: one decimal (``0.2%``, ``0.5%``) or ``<0.1%``, so a small
+    share is never shown as none. ``na`` as in :func:`fmt_pct`."""
+    f = as_number(pct)
+    if f is not None and f > 0 and f"{f:.0f}" == "0":
+        return "<0.1%" if f < 0.05 else f"{f:.1f}%"
+    return fmt_pct(pct, 0, na)
 
 
 def fmt_bytes(n_bytes) -> str:
@@ -179,5 +191,5 @@ def fmt_hours_h(hours) -> str:
     return NA if f is None else f"{f:.2f}"
 
 
-__all__ = ["NA", "as_number", "fmt_pct", "fmt_bytes", "fmt_bytes_of", "fmt_time", "fmt_gib", "fmt_duration_s", "fmt_seconds",
+__all__ = ["NA", "as_number", "fmt_pct", "fmt_share_pct", "fmt_bytes", "fmt_bytes_of", "fmt_time", "fmt_gib", "fmt_duration_s", "fmt_seconds",
            "fmt_energy_j", "fmt_energy_kwh", "fmt_power_w", "fmt_hours_h"]
