@@ -71,8 +71,18 @@ def job_from_record(job_id: str, rec: dict[str, str] | None, env) -> dict:
         "state": state, "exit_code": ec if not sig else 128 + sig,
         "nodes": nodes, "cpus_alloc": int(cpus) if cpus and cpus.isdigit() else None,
         "mem_req_bytes": mem, "gpus_alloc": gpus, "mail_user": mail_user, "mail_type": mail_type,
-        "start_time": None, "end_time": None, "elapsed_s": _elapsed(rec.get("RunTime")),
+        "start_time": _epoch(rec.get("StartTime")), "end_time": None, "elapsed_s": _elapsed(rec.get("RunTime")),
+        "submit_time": _epoch(rec.get("SubmitTime")), "time_limit_s": _elapsed(rec.get("TimeLimit")),
     }
+
+
+def _epoch(text: str | None) -> float | None:
+    """scontrol's ``2025-10-09T10:00:00`` (the controller's local time) -> epoch
+    seconds; ``Unknown``, ``None``, empty or anything else -> None."""
+    try:
+        return float(time.mktime(time.strptime((text or "").strip(), "%Y-%m-%dT%H:%M:%S")))
+    except (ValueError, OverflowError):
+        return None
 
 
 def _elapsed(text: str | None) -> float | None:
@@ -291,8 +301,8 @@ def queue_mail(paths: Paths, summary: dict, cfg, log) -> str:
         png = render_png(summary)
     except Exception as e:  # noqa: BLE001 - no picture is fine
         log.warn(f"no timeline picture: {e}")
-    msg = mail.build_message(summary, render_text(summary, color=False), png, to_addr,
-                             cfg["mail.from_addr"])
+    msg = mail.build_message(summary, render_text(summary, color=False, cfg=cfg), png, to_addr,
+                             cfg["mail.from_addr"], cfg=cfg)
     path = mail.enqueue(str(paths.spool_dir), job["id"], msg)
     _kick_flush()
     return str(path)

@@ -187,7 +187,8 @@ def cli(job_id, as_json, plot, from_sacct, spool_dir):
         click.echo(json.dumps(summary, indent=1, sort_keys=True))
     else:
         from gsrun.report.render import render_text
-        click.echo(render_text(summary, color=sys.stdout.isatty() and not os.environ.get("NO_COLOR")), nl=False)
+        click.echo(render_text(summary, color=sys.stdout.isatty() and not os.environ.get("NO_COLOR"), cfg=cfg),
+                   nl=False)
     if plot:
         from gsrun.report.render import render_png
         png = render_png(summary)

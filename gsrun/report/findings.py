@@ -27,6 +27,8 @@ _DEFAULTS = {s.key: s.default for s in SETTINGS}
 THROTTLE_FRAC = 0.10        # throttled more than this share of the GPU's time -> finding
 CPU_IDLE_PCT = 10.0         # CPU efficiency below this -> fewer CPUs
 CPU_BOUND_GPU_PCT = 50.0    # GPUs below this mean while CPUs saturated -> CPU-bound pipeline
+TIME_SLACK_S = 1800.0       # a time limit this close to the elapsed time is never called too long
+SEVERITY_RANK = {"alert": 0, "warn": 1, "info": 2}
 XID_MEANING = {79: "GPU has fallen off the bus", 48: "double-bit ECC error", 63: "ECC page retirement",
                64: "ECC page retirement failure", 74: "NVLink error", 94: "contained ECC error",
                95: "uncontained ECC error", 119: "GSP timeout", 13: "graphics engine exception",
@@ -46,12 +48,14 @@ def _n(k: int, word: str) -> str:
 
 
 def _hardware(gpu: dict) -> list[dict]:
+    from gsrun.report.units import fmt_duration_s
     out = []
     for g in gpu["devices"]:
         if g.get("lost_at_s") is not None:
             xid = " (Xid 79: fallen off the bus)" if 79 in (g.get("xid") or []) else ""
             out.append({"code": FindingCode.GPU_LOST, "severity": "alert", "value": g["lost_at_s"],
-                        "text": f"Hardware event: {_gpu(g)} was lost {g['lost_at_s']:.0f} s into the job{xid} "
+                        "text": f"Hardware event: {_gpu(g)} was lost {fmt_duration_s(g['lost_at_s'], 'clock')} "
+                                f"into the job{xid} "
                                 "and the node was flagged for the admins. Its figures cover only the time "
                                 "before; if the job failed then, resubmit it."})
         xids = [x for x in (g.get("xid") or []) if not (x == 79 and g.get("lost_at_s") is not None)]
@@ -115,71 +119,316 @@ def _findings(summary: dict, cfg: Config | None, partition: str | None) -> list[
                     "text": f"The allocated CPUs were {cpu['efficiency_pct']:.0f}% busy while the GPUs were "
                             f"busy only {gmean:.0f}% of the time: the input pipeline is likely CPU-bound. "
                             "Use more DataLoader workers (num_workers), pin_memory=True, and ask for more "
-                            "CPUs per GPU if the node has them."})
+                            "CPUs per GPU if the node has them.",
+                    "action": "more DataLoader workers (num_workers) and more CPUs per GPU"})
     if cpu.get("anomaly"):
         out.append({"code": FindingCode.CPU_ANOMALY, "severity": "info", "value": cpu["efficiency_pct"],
                     "text": "The CPU time exceeds the allocated cores x elapsed time (accounting anomaly): "
                             "CPU efficiency is shown as 100%."})
     if mem["efficiency_pct"] is not None and mem["efficiency_pct"] < _t(cfg, "findings.mem_overrequest_pct", partition):
         out.append({"code": FindingCode.MEM_OVERREQUEST, "severity": "info", "value": mem["efficiency_pct"],
+                    "action": _mem_action(summary),
                     "text": f"The job used at most {mem['efficiency_pct']:.0f}% of the host memory it requested: "
-                            "ask for less next time so other jobs can run."})
+                            f"{_mem_action(summary)}, so other jobs can run."})
     if cpu["efficiency_pct"] is not None and cpu["efficiency_pct"] < CPU_IDLE_PCT:
         out.append({"code": FindingCode.CPU_IDLE, "severity": "info", "value": cpu["efficiency_pct"],
+                    "action": "fewer CPUs per task",
                     "text": f"CPU efficiency was {cpu['efficiency_pct']:.0f}% of {job.get('cpus_alloc')} "
                             "allocated cores: fewer CPUs per task would do."})
-    return out
+    out += _time_limit(job, cfg, partition)
+    return sorted(out, key=lambda f: SEVERITY_RANK.get(f["severity"], 3))
+
+
+IDLE_CODES = frozenset({FindingCode.IDLE_GPU.value, FindingCode.LOW_GPU_UTIL.value})
+
+
+def shown_findings(summary: dict) -> list[dict]:
+    """The stored findings a report or mail shows (well-formed entries only).
+    Field case 12 (docs/field-cases.md): a "GPU (nearly) unused" finding
+    (:data:`IDLE_CODES`) is dropped when no GPU has a utilization figure
+    (MIG), whatever engine stored it."""
+    from gsrun.report.units import as_number
+    devs = (summary.get("gpu") or {}).get("devices") or []
+    any_util = any(isinstance(d, dict) and as_number(d.get("util_mean_pct")) is not None for d in devs)
+    return [f for f in summary.get("findings") or []
+            if isinstance(f, dict) and (any_util or f.get("code") not in IDLE_CODES)]
+
+
+def _mem_action(summary: dict) -> str:
+    """``ask for less memory (--mem 40G)``: the largest node high water x 1.25,
+    rounded up to whole GiB (``--mem`` is per node)."""
+    peaks = [n.get("mem_peak_bytes") for n in summary.get("nodes_detail") or [] if n.get("mem_peak_bytes")]
+    if not peaks:
+        return "ask for less memory"
+    gib = -(-int(1.25 * max(peaks)) // 2**30)
+    return f"ask for less memory (--mem {gib}G)"
+
+
+def _ranges(idx: list) -> str:
+    """[0, 1, 2, 3, 6, 7] -> ``0-3, 6, 7``: a run of three or more as a range,
+    a pair as two numbers (non-integer indices as they are)."""
+    nums = sorted(i for i in idx if isinstance(i, int))
+    out, run = [], []
+
+    def close():
+        out.extend([f"{run[0]}-{run[-1]}"] if len(run) > 2 else [str(i) for i in run])
+
+    for i in nums:
+        if run and i == run[-1] + 1:
+            run.append(i)
+            continue
+        if run:
+            close()
+        run = [i]
+    if run:
+        close()
+    return ", ".join(out + [str(i) for i in idx if not isinstance(i, int)])
+
+
+def gpus_label(devs: list[dict]) -> str:
+    """The GPUs of a group in one phrase: ``GPU 3 on n1``, ``GPUs 4-7 on node01``,
+    ``GPUs 0-3 on a, GPU 1 on b`` (nodes in order of first appearance)."""
+    by_node: dict = {}
+    for g in devs:
+        by_node.setdefault(g["node"], []).append(g["index"])
+    return ", ".join(f"{'GPU' if len(ix) == 1 else 'GPUs'} {_ranges(ix)} on {node}" for node, ix in by_node.items())
+
+
+def _span(vals: list[float]) -> str:
+    """Integer percent of one value or the range of several: ``98%``, ``33-100%``
+    (:func:`gsrun.report.units.fmt_share_pct`: ``0.2%`` for a share above 0 that
+    would round to 0)."""
+    from gsrun.report.units import fmt_share_pct
+    lo, hi = fmt_share_pct(min(vals)), fmt_share_pct(max(vals))
+    return lo if lo == hi else f"{lo[:-1]}-{hi}"
+
+
+def _were(devs: list) -> str:
+    return "was" if len(devs) == 1 else "were"
 
 
 def _gpu_advice(real: list[dict], cfg, partition) -> list[dict]:
+    """GPU advice, one finding per kind of problem with the GPUs it concerns
+    grouped (:func:`gpus_label`), each with the change to make (``action``)."""
     out = []
     idle_thr = _t(cfg, "findings.idle_util_pct", partition)
     low_sm = _t(cfg, "findings.low_sm_activity_pct", partition)
+    note = _t(cfg, "findings.low_util_note_pct", partition)
+    warn = _t(cfg, "findings.low_util_warn_pct", partition)
     idle = [g for g in real if g["util_mean_pct"] is not None and g["util_mean_pct"] < idle_thr]
     with_util = [g for g in real if g["util_mean_pct"] is not None]
     keep = len(real) - len(idle)
-    for g in idle:
-        frac = g.get("util_idle_frac")
-        pct = 100.0 * frac if frac is not None else 100.0 - g["util_mean_pct"]
+    if idle:
+        pcts = [100.0 * g["util_idle_frac"] if g.get("util_idle_frac") is not None else 100.0 - g["util_mean_pct"]
+                for g in idle]
         if keep > 0:
-            advice = f"ask for {_n(keep, 'GPU')}"
+            action = f"ask for {_n(keep, 'GPU')} (--gpus {keep})"
         else:
-            advice = "check that the code runs on the GPU at all (e.g. model and data moved to 'cuda')"
-        out.append({"code": FindingCode.IDLE_GPU, "severity": "warn", "value": round(pct, 1),
-                    "text": f"{_gpu(g)} was idle {pct:.0f}% of the job (mean utilization "
-                            f"{g['util_mean_pct']:.1f}%): {advice}."})
-    for g in with_util:
-        u, sm = g["util_mean_pct"], g.get("sm_active_mean_pct")
-        if sm is not None and u >= idle_thr and sm < low_sm and sm < 0.5 * u:
-            out.append({"code": FindingCode.LOW_SM_ACTIVITY, "severity": "warn", "value": sm,
-                        "text": f"{_gpu(g)}: SM activity {sm:.1f}% is far below its utilization {u:.0f}%: "
-                                "kernels ran most of the time but kept few of the GPU's SMs busy (tiny kernels "
-                                "or small batches). Try a larger batch, CUDA graphs or torch.compile."})
-    for g in real:
-        if g["util_mean_pct"] is None and g.get("status") != "lost":
-            why = "N/A (MIG)" if g.get("mig") or g.get("util_na_reason") == "MIG" \
-                else f"N/A ({g.get('util_na_reason') or 'not reported'})"
-            out.append({"code": FindingCode.UTIL_NA, "severity": "info", "value": None,
-                        "text": f"{_gpu(g)}: utilization {why}: NVML gives no utilization figure here, which "
-                                "does not mean the GPU was unused."
-                                + (f" Its memory high water was {g['mem_peak_pct']:.0f}% of the slice."
-                                   if g.get("mem_peak_pct") is not None else "")})
-        covered = g.get("covered_s") or 0.0
-        ts = g.get("throttle_s") or {}
-        for cause in ("thermal", "power", "hw_slowdown"):
-            s = ts.get(cause) or 0.0
-            if covered > 0 and s > THROTTLE_FRAC * covered:
-                hint = {"thermal": "report it to the admins (cooling)",
-                        "power": "the GPU hit its power limit; normal for heavy loads, report it if frequent",
-                        "hw_slowdown": "report it to the admins"}[cause]
-                out.append({"code": FindingCode(f"throttle_{cause}"), "severity": "warn", "value": round(s, 1),
-                            "text": f"{_gpu(g)} was slowed down by {cause.replace('_', ' ')} "
-                                    f"{100 * s / covered:.0f}% of the time ({s:.0f} s): {hint}."})
-        if g["mem_peak_bytes"] and g["mem_total_bytes"] and g["util_mean_pct"] is not None \
-                and g["mem_peak_bytes"] < 0.1 * g["mem_total_bytes"] and g["util_mean_pct"] >= idle_thr:
-            out.append({"code": FindingCode.GPU_MEM_LOW, "severity": "info",
-                        "value": round(100 * g["mem_peak_bytes"] / g["mem_total_bytes"], 1),
-                        "text": f"{_gpu(g)} used at most "
-                                f"{100 * g['mem_peak_bytes'] / g['mem_total_bytes']:.0f}% of its memory: "
-                                "a larger batch would fit, or a MIG slice / MPS share would do."})
+            action = "check that the code runs on the GPU at all (model and data moved to 'cuda')"
+        out.append({"code": FindingCode.IDLE_GPU, "severity": "warn", "value": round(max(pcts), 1),
+                    "action": action,
+                    "text": f"{gpus_label(idle)} {_were(idle)} idle {_span(pcts)} of the time (mean utilization "
+                            f"{_span([g['util_mean_pct'] for g in idle])}): {action}."})
+    low = [g for g in with_util if idle_thr <= g["util_mean_pct"] < note]
+    for sev, group in (("warn", [g for g in low if g["util_mean_pct"] < warn]),
+                       ("info", [g for g in low if g["util_mean_pct"] >= warn])):
+        if not group:
+            continue
+        action = "feed the GPU faster (DataLoader num_workers, pin_memory, larger batches)"
+        out.append({"code": FindingCode.LOW_GPU_UTIL, "severity": sev,
+                    "value": round(min(g["util_mean_pct"] for g in group), 1), "action": action,
+                    "text": f"{gpus_label(group)} {_were(group)} busy only "
+                            f"{_span([g['util_mean_pct'] for g in group])} of the time (target {note:.0f}%): "
+                            "the GPU mostly waited for input or for the CPU. Use more DataLoader workers "
+                            "(num_workers), pin_memory=True and larger batches, and avoid .item() / .cpu() "
+                            "in the training loop; torch.profiler shows where the time goes."})
+    small = [g for g in with_util if g.get("sm_active_mean_pct") is not None and g["util_mean_pct"] >= idle_thr
+             and g["sm_active_mean_pct"] < low_sm and g["sm_active_mean_pct"] < 0.5 * g["util_mean_pct"]]
+    if small:
+        out.append({"code": FindingCode.LOW_SM_ACTIVITY, "severity": "warn",
+                    "value": round(min(g["sm_active_mean_pct"] for g in small), 1),
+                    "action": "use larger batches, CUDA graphs or torch.compile",
+                    "text": f"{gpus_label(small)}: SM activity {_span([g['sm_active_mean_pct'] for g in small])}"
+                            f" is far below the utilization {_span([g['util_mean_pct'] for g in small])}: "
+                            "kernels ran most of the time but kept few of the GPU's compute units (SMs) busy "
+                            "(tiny kernels or small batches). Try a larger batch, CUDA graphs or torch.compile."})
+    na = [g for g in real if g["util_mean_pct"] is None and g.get("status") != "lost"]
+    for why, group in _by(na, lambda g: "MIG" if g.get("mig") or g.get("util_na_reason") == "MIG"
+                          else (g.get("util_na_reason") or "not reported")).items():
+        peaks = [g["mem_peak_pct"] for g in group if g.get("mem_peak_pct") is not None]
+        out.append({"code": FindingCode.UTIL_NA, "severity": "info", "value": None,
+                    "text": f"{gpus_label(group)}: utilization N/A ({why}): NVML gives no utilization figure "
+                            "here, which does not mean the GPU was unused."
+                            + (f" Memory high water: {_span(peaks)} of the slice." if peaks else "")})
+    hints = {"thermal": "report it to the admins (cooling)",
+             "power": "the GPU hit its power limit; normal for heavy loads, report it if frequent",
+             "hw_slowdown": "report it to the admins"}
+    for cause in ("thermal", "power", "hw_slowdown"):
+        hit = [(g, (g.get("throttle_s") or {}).get(cause) or 0.0) for g in real]
+        hit = [(g, s) for g, s in hit if (g.get("covered_s") or 0.0) > 0 and s > THROTTLE_FRAC * g["covered_s"]]
+        if hit:
+            out.append({"code": FindingCode(f"throttle_{cause}"), "severity": "warn",
+                        "value": round(max(s for _g, s in hit), 1),
+                        "text": f"{gpus_label([g for g, _s in hit])} {_were(hit)} slowed down by "
+                                f"{cause.replace('_', ' ')} "
+                                f"{_span([100 * s / g['covered_s'] for g, s in hit])} of the time: {hints[cause]}."})
+    roomy = [g for g in with_util if g["mem_peak_bytes"] and g["mem_total_bytes"]
+             and g["mem_peak_bytes"] < 0.1 * g["mem_total_bytes"] and g["util_mean_pct"] >= idle_thr]
+    if roomy:
+        pcts = [100 * g["mem_peak_bytes"] / g["mem_total_bytes"] for g in roomy]
+        out.append({"code": FindingCode.GPU_MEM_LOW, "severity": "info", "value": round(max(pcts), 1),
+                    "action": "a larger batch, or a MIG slice / MPS share (--mps)",
+                    "text": f"{gpus_label(roomy)} used at most {_span(pcts)} of {'its' if len(roomy) == 1 else 'their'}"
+                            " memory: a larger batch would fit, or a MIG slice / MPS share (--mps) would do."})
     return out
+
+
+def _by(items, key) -> dict:
+    out: dict = {}
+    for x in items:
+        out.setdefault(key(x), []).append(x)
+    return out
+
+
+def _suggest_time_s(elapsed_s: float) -> float:
+    """A time limit for next time: 1.5 x the elapsed time, at least 30 min more,
+    rounded up to 15 minutes."""
+    want = max(1.5 * elapsed_s, elapsed_s + 1800.0)
+    return float(-(-int(want) // 900) * 900)
+
+
+def _time_limit(job: dict, cfg, partition) -> list[dict]:
+    limit, elapsed = job.get("time_limit_s"), job.get("elapsed_s")
+    if not limit or not elapsed or limit <= 0:
+        return []
+    pct = 100.0 * elapsed / limit
+    if pct >= _t(cfg, "findings.time_limit_used_pct", partition) or limit - elapsed < TIME_SLACK_S:
+        return []
+    from gsrun.report.units import fmt_duration_s
+    new = fmt_duration_s(_suggest_time_s(elapsed), "clock")
+    action = f"ask for less time (--time {new})"
+    return [{"code": FindingCode.TIME_LIMIT_HIGH, "severity": "info", "value": round(pct, 1), "action": action,
+             "text": f"The job ran {fmt_duration_s(elapsed, 'clock')} of its {fmt_duration_s(limit, 'clock')} "
+                     f"time limit ({pct:.0f}%): {action}. A shorter limit lets Slurm start the job sooner "
+                     "(backfill)."}]
+
+
+# ----------------------------------------------------------------------------- verdict
+
+LEVEL_WORDS = {"good": "good", "better": "could be better", "wasteful": "wasteful", None: ""}
+GPU_MEM_LOW_PCT = 10.0      # GPU memory high water below this share of the total: could be better
+CPU_WASTE_PCT = CPU_IDLE_PCT
+
+
+def _level(v: float | None, good: float, better: float) -> str | None:
+    if v is None:
+        return None
+    return "good" if v >= good else ("better" if v >= better else "wasteful")
+
+
+def verdicts(summary: dict, cfg: Config | None = None, partition: str | None = None) -> list[dict]:
+    """The verdict: one row per resource, most important first, for the
+    report, the mail and ``gseff``. Pure; reads the job summary's existing
+    fields only.
+
+    Each row: ``{"key", "label", "pct" (float or None), "level" (good |
+    better | wasteful | None = no judgement), "word" (the level in words),
+    "detail" (text, units through gsrun.report.units), "bar_pct" (0..100,
+    what an HTML bar shows)}``. Rows: ``gpu_busy`` (mean utilization over
+    the GPUs with a figure; targets ``findings.low_util_note_pct`` /
+    ``low_util_warn_pct``), ``gpu_sm`` (mean SM activity, GPM; only where
+    known; ``findings.low_sm_activity_pct`` / half of it), ``gpu_mem`` (the
+    highest GPU memory high water of the total; below 10 %: could be
+    better), ``cpu`` (``findings.cpu_good_pct`` / 10 %), ``host_mem``
+    (``findings.mem_good_pct`` / ``mem_overrequest_pct``), ``time`` (elapsed
+    of the time limit; below 2 x ``findings.time_limit_used_pct``: could be
+    better, never wasteful). Empty for a job that did not run."""
+    from gsrun.report.units import fmt_bytes_of, fmt_duration_s, fmt_share_pct
+
+    job, gpu, cpu, mem = summary["job"], summary["gpu"], summary["cpu"], summary["memory"]
+    if not job.get("elapsed_s") or any(f.get("code") in (FindingCode.NEVER_STARTED, FindingCode.DEFERRED)
+                                       for f in summary.get("findings") or []):
+        return []
+    rows = []
+    real = [g for g in gpu.get("devices") or []
+            if g.get("status", "emulated" if g.get("emulated") else "ok") in ("ok", "lost")]
+    util = [g for g in real if g.get("util_mean_pct") is not None]
+    if gpu.get("available") and util:
+        mean = sum(g["util_mean_pct"] for g in util) / len(util)
+        low = min(util, key=lambda g: g["util_mean_pct"])
+        detail = "share of time a kernel ran" if len(util) == 1 else \
+            f"mean of {len(util)} GPUs; lowest {_short_label(low, real)}: {fmt_share_pct(low['util_mean_pct'])}"
+        rows.append({"key": "gpu_busy", "label": "GPU busy", "pct": mean, "detail": detail,
+                     "level": _level(mean, _t(cfg, "findings.low_util_note_pct", partition),
+                                     _t(cfg, "findings.low_util_warn_pct", partition))})
+        sm = [g["sm_active_mean_pct"] for g in util if g.get("sm_active_mean_pct") is not None]
+        if sm:
+            low_sm = _t(cfg, "findings.low_sm_activity_pct", partition)
+            rows.append({"key": "gpu_sm", "label": "GPU SM active", "pct": sum(sm) / len(sm),
+                         "detail": "share of the SMs in use",
+                         "level": _level(sum(sm) / len(sm), low_sm, low_sm / 2)})
+    elif real and gpu.get("available"):
+        rows.append({"key": "gpu_busy", "label": "GPU busy", "pct": None, "level": None,
+                     "detail": "not reported (MIG or driver): does not mean unused"})
+    withmem = [g for g in real if g.get("mem_peak_bytes") is not None and g.get("mem_total_bytes")]
+    if withmem:
+        top = max(withmem, key=lambda g: g["mem_peak_bytes"] / g["mem_total_bytes"])
+        pct = 100.0 * top["mem_peak_bytes"] / top["mem_total_bytes"]
+        rows.append({"key": "gpu_mem", "label": "GPU memory", "pct": pct,
+                     "detail": "peak " + fmt_bytes_of(top["mem_peak_bytes"], top["mem_total_bytes"])
+                     + (f" ({_short_label(top, real)})" if len(withmem) > 1 else ""),
+                     "level": "good" if pct >= GPU_MEM_LOW_PCT else "better"})
+    if cpu.get("efficiency_pct") is not None:
+        rows.append({"key": "cpu", "label": "CPU efficiency", "pct": cpu["efficiency_pct"],
+                     "detail": f"of {job.get('cpus_alloc') or 'N/A'} cores",
+                     "level": _level(cpu["efficiency_pct"], _t(cfg, "findings.cpu_good_pct", partition),
+                                     CPU_WASTE_PCT)})
+    if mem.get("efficiency_pct") is not None:
+        rows.append({"key": "host_mem", "label": "Host memory", "pct": mem["efficiency_pct"],
+                     "detail": "peak " + fmt_bytes_of(mem.get("peak_bytes"), mem.get("req_bytes")) + " requested",
+                     "level": _level(mem["efficiency_pct"], _t(cfg, "findings.mem_good_pct", partition),
+                                     _t(cfg, "findings.mem_overrequest_pct", partition))})
+    limit = job.get("time_limit_s")
+    if limit:
+        pct = 100.0 * job["elapsed_s"] / limit
+        good = 2 * _t(cfg, "findings.time_limit_used_pct", partition)
+        rows.append({"key": "time", "label": "Time limit", "pct": pct,
+                     "detail": f"{fmt_duration_s(job['elapsed_s'], 'clock')} of "
+                               f"{fmt_duration_s(limit, 'clock')}",
+                     "level": "good" if pct >= good else "better"})
+    for r in rows:
+        r["word"] = LEVEL_WORDS[r["level"]]
+        r["bar_pct"] = None if r["pct"] is None else max(0.0, min(100.0, r["pct"]))
+    return rows
+
+
+def _short_label(g: dict, devs: list[dict]) -> str:
+    """``GPU 7`` (one node) or ``GPU 7 on node02``."""
+    return f"GPU {g['index']}" if len({d['node'] for d in devs}) == 1 else gpus_label([g])
+
+
+def headline(summary: dict, rows: list[dict]) -> dict:
+    """What the first lines say: ``{"alert": text or "" (the first hardware
+    event), "next": the change for next time}``. ``next`` is the ``action``
+    of the most important finding that has one; else "nothing to change"
+    when every verdict is good (or the GPUs are, naming what is not);
+    else a pointer to the findings. Both start in lower case after their
+    label (``Next time: ``)."""
+    fs = shown_findings(summary)
+    alert = next((f["text"].removeprefix("Hardware event: ") for f in fs if f.get("severity") == "alert"), "")
+    act = next((f for f in fs if f.get("action") and f.get("severity") in ("warn", "alert")), None) \
+        or next((f for f in fs if f.get("action")), None)
+    weak = [r["label"] for r in rows if r["level"] in ("better", "wasteful")]
+    gpu_weak = [r for r in rows if r["key"].startswith("gpu") and r["level"] in ("better", "wasteful")]
+    if act is not None:
+        nxt = act["action"] + "."
+    elif not rows:
+        nxt = ""
+    elif not weak:
+        nxt = "nothing to change: the job used what it asked for."
+    elif not gpu_weak and any(r["key"].startswith("gpu") for r in rows):
+        named = " and ".join(" ".join(w if w.isupper() else w.lower() for w in lab.split()) for lab in weak)
+        nxt = f"nothing to change on the GPUs; {named} could be better (below)."     # "CPU" stays upper case
+    else:
+        nxt = "see the findings below."
+    return {"alert": alert, "next": nxt}

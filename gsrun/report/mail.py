@@ -64,9 +64,9 @@ from gsrun.base.templating import render
 from gsrun.base.errors import ConfigError, GsrunError, InputError, NodeError
 from gsrun.base.fsutil import atomic_write, atomic_write_json, ensure_dir, read_json
 from gsrun.facts.slurm import ACTIVE_STATES as NOT_FINAL_STATES, FAILED_STATES as FAIL_STATES
-from gsrun.report.records import FindingCode
-from gsrun.report.units import NA, as_number, fmt_bytes, fmt_duration_s, fmt_energy_j, fmt_hours_h, fmt_pct, \
-    fmt_power_w
+from gsrun.report.records import FindingCode, is_mig as _is_mig
+from gsrun.report.units import NA, as_number, fmt_bytes, fmt_bytes_of, fmt_duration_s, fmt_energy_j, fmt_hours_h, \
+    fmt_share_pct, fmt_power_w, fmt_time
 
 PHASE = "mail"
 SUBDIRS = ("new", "tmp", "sent", "failed", "state")
@@ -85,8 +85,12 @@ _BIDI = {chr(c) for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A), 0x200E
 # Slurm MailType tokens (sbatch --mail-type); ALL = BEGIN,END,FAIL,INVALID_DEPEND,REQUEUE,STAGE_OUT
 MAIL_TYPES = {"NONE", "BEGIN", "END", "FAIL", "REQUEUE", "ALL", "INVALID_DEPEND", "STAGE_OUT",
               "TIME_LIMIT", "TIME_LIMIT_90", "TIME_LIMIT_80", "TIME_LIMIT_50", "ARRAY_TASKS"}
-# finding codes that say "the GPU was (nearly) unused"; only meaningful with a utilization figure
-_IDLE_CODES = frozenset({FindingCode.IDLE_GPU.value})
+# colours (readable on white and on a dark background): severity of a finding, level of a verdict
+SEVERITY_COLOR = {"crit": "#c62828", "error": "#c62828", "warn": "#d46b08", "info": "#5c6b7a"}
+LEVEL_COLOR = {"good": "#2e7d32", "better": "#d46b08", "wasteful": "#c62828"}
+# per-GPU columns of the HTML table, dropped when "none" / N/A for every GPU
+DEVICE_COLUMNS = (("util", "Busy"), ("sm_active", "SM active"), ("mem", "Memory peak"), ("power", "Power"),
+                  ("energy", "Energy"), ("throttle", "Slowed by"), ("xid", "Xid"))
 
 
 class MailError(GsrunError):
@@ -278,15 +282,13 @@ def mail_kind(summary: Mapping) -> str:
     return "report"
 
 
-def _is_mig(dev: Mapping) -> bool:
-    """A MIG instance: NVML names it "... MIG 1g.10gb" and its UUID starts with "MIG-"."""
-    return bool(dev.get("mig")) or dev.get("util_na_reason") == "MIG" \
-        or "MIG" in str(dev.get("name") or "").upper().split() or str(dev.get("uuid") or "").startswith("MIG-")
 
 
 def _gpu_headline(summary: Mapping) -> str | None:
-    """``GPU util 50%`` / ``GPU util N/A (MIG)`` / ``GPU data unavailable`` /
-    None for a job without GPUs. Mean over the devices that have a figure."""
+    """``GPU busy 50% (good)`` / ``GPU busy N/A (MIG)`` / ``GPU data unavailable`` /
+    None for a job without GPUs. Mean over the devices that have a figure;
+    the judgement uses the default targets (the subject is the same for
+    every site)."""
     gpu = summary.get("gpu") or {}
     job = summary.get("job") or {}
     devices = [d for d in (gpu.get("devices") or []) if isinstance(d, Mapping)]
@@ -297,14 +299,18 @@ def _gpu_headline(summary: Mapping) -> str | None:
     utils = [as_number(d.get("util_mean_pct")) for d in devices]
     vals = [u for u in utils if u is not None]
     if vals:
-        return f"GPU util {sum(vals) / len(vals):.0f}%"
+        from gsrun.report.findings import _t, _level, LEVEL_WORDS
+        mean = sum(vals) / len(vals)
+        word = LEVEL_WORDS[_level(mean, _t(None, "findings.low_util_note_pct", None),
+                                  _t(None, "findings.low_util_warn_pct", None))]
+        return f"GPU busy {fmt_share_pct(mean)} ({word})"
     if any(_is_mig(d) for d in devices):
-        return "GPU util N/A (MIG)"
-    return "GPU util N/A"
+        return "GPU busy N/A (MIG)"
+    return "GPU busy N/A"
 
 
 def subject_line(summary: Mapping) -> str:
-    """``[gsrun] job 42 (train) COMPLETED: GPU util 50%, CPU eff 42%``.
+    """``[gsrun] job 42 (train) COMPLETED: GPU busy 50% (good), CPU eff 42%``.
 
     Job id = the array form (``15053872_1491``) when present. Every piece
     goes through :func:`clean_line`, so the result holds no CR/LF or control
@@ -326,26 +332,36 @@ def subject_line(summary: Mapping) -> str:
     g = _gpu_headline(summary)
     if g:
         parts.append(g)
-    parts.append(f"CPU eff {fmt_pct((summary.get('cpu') or {}).get('efficiency_pct'), 0)}")
+    parts.append(f"CPU eff {fmt_share_pct((summary.get('cpu') or {}).get('efficiency_pct'))}")
     return clean_line(f"{head} {state}: {', '.join(parts)}", 250)
 
 
 def mail_view(summary: Mapping, report_text: str, has_image: bool, image_cid: str,
-              image_dropped: bool = False) -> dict:
+              image_dropped: bool = False, cfg=None, image_size: tuple[int, int] | None = None) -> dict:
     """Everything the templates print, formatted and cleaned (pure).
 
     Numbers come from the ``gsrun.summary/1`` job summary; ``None`` becomes
     ``N/A`` (MIG utilization: ``N/A (MIG)``, field case 12; unavailable GPU
     section: its reason, field case 15; both in docs/field-cases.md). Every
     key is always present, so the templates run under ``StrictUndefined``.
+
+    Issue 22: ``verdict`` (rows of :func:`gsrun.report.findings.verdicts`
+    with the value formatted and a colour per level), ``next_time`` /
+    ``alert`` (:func:`gsrun.report.findings.headline`), findings with a
+    colour per severity and the site's ``report.doc_url`` link (``cfg``),
+    per-GPU columns that are not "none" everywhere (``columns``), clock
+    times and queue wait. ``report_text`` is the text part itself (the
+    report at 76 columns); the HTML part does not repeat it. ``image_size``:
+    the chart's (width, height) as displayed, CSS px.
     """
+    from gsrun.report.findings import headline, shown_findings, verdicts
+    from gsrun.report.render import doc_link
     job = summary.get("job") or {}
     cpu = summary.get("cpu") or {}
     mem = summary.get("memory") or {}
     gpu = summary.get("gpu") or {}
     kind = mail_kind(summary)
     devices_in = [d for d in (gpu.get("devices") or []) if isinstance(d, Mapping)]
-    any_util = any(as_number(d.get("util_mean_pct")) is not None for d in devices_in)
 
     devices = []
     events = []
@@ -353,46 +369,61 @@ def mail_view(summary: Mapping, report_text: str, has_image: bool, image_cid: st
         mig = _is_mig(d)
         util = as_number(d.get("util_mean_pct"))
         throttle = d.get("throttle_s") or {}
-        thr = ", ".join(f"{clean_line(k, 30)} {fmt_duration_s(v, 'short')}" for k, v in sorted(throttle.items())
-                        if (as_number(v) or 0) > 0) if isinstance(throttle, Mapping) else ""
+        cov = as_number(d.get("covered_s"))
+        thr = ", ".join(f"{clean_line(k, 30).replace('hw_slowdown', 'hardware').replace('_', ' ')} "
+                        + (fmt_share_pct(100 * v / cov) if cov else fmt_duration_s(v, "clock"))
+                        for k, v in sorted(throttle.items())
+                        if (as_number(v) or 0) > 0 and k != "sync_boost") if isinstance(throttle, Mapping) else ""
         xids = [x for x in (d.get("xid") or []) if as_number(x) is not None]
         lost = as_number(d.get("lost_at_s"))
         label = f"{clean_line(d.get('node') or '?', 64)} GPU {clean_line(d.get('index', '?'), 8)}"
         if xids:
             events.append(f"{label}: Xid {', '.join(str(int(x)) for x in xids)}")
         if lost is not None:
-            events.append(f"{label}: lost at {fmt_duration_s(lost, 'short')} into the job "
+            events.append(f"{label}: lost {fmt_duration_s(lost, 'clock')} into the job "
                           "(figures cover the time before)")
         devices.append({
             "node": clean_line(d.get("node") or "?", 64),
             "index": clean_line(d.get("index", "?"), 8),
             "name": clean_line(d.get("name") or "?", 80),
             "mig": mig,
-            "util": fmt_pct(util, 0, na="N/A (MIG)" if mig else NA),
-            "sm_active": fmt_pct(d.get("sm_active_mean_pct"), 0),
-            "tensor_active": fmt_pct(d.get("tensor_active_mean_pct"), 0),
-            "mem": f"{fmt_bytes(d.get('mem_peak_bytes'))} of {fmt_bytes(d.get('mem_total_bytes'))}"
+            "util": fmt_share_pct(util, na="N/A (MIG)" if mig else NA),
+            "sm_active": fmt_share_pct(d.get("sm_active_mean_pct")),
+            "tensor_active": fmt_share_pct(d.get("tensor_active_mean_pct")),
+            "mem": fmt_bytes_of(d.get("mem_peak_bytes"), d.get("mem_total_bytes"))
                    + (f" (job's processes {fmt_bytes(d['mem_procs_peak_bytes'])})"
                       if d.get("mem_procs_peak_bytes") is not None else ""),
-            "energy": fmt_energy_j(d.get("energy_j"), "kwh_j") + (" (estimated)" if d.get("energy_estimated") else ""),
+            "energy": fmt_energy_j(d.get("energy_j"), "wh") + (" (estimated)" if d.get("energy_estimated") else ""),
             "power": fmt_power_w(d.get("power_mean_w")),
             "throttle": thr or "none",
             "xid": ", ".join(str(int(x)) for x in xids) or "none",
-            "lost": "" if lost is None else f"lost at {fmt_duration_s(lost, 'short')}",
+            "lost": "" if lost is None else f"lost {fmt_duration_s(lost, 'clock')} into the job",
         })
 
     findings = []
-    for f in summary.get("findings") or []:
-        if not isinstance(f, Mapping):
-            continue
-        # field case 12 (docs/field-cases.md): no "did not use the GPU" when there is
-        # no utilization figure to base it on
-        if f.get("code") in _IDLE_CODES and not any_util:
-            continue
+    # field case 12 (docs/field-cases.md): no "did not use the GPU" when there is
+    # no utilization figure to base it on (the same rule as the text report)
+    for f in shown_findings(summary):
         sev = str(f.get("severity") or "info").lower()
         sev = {"alert": "crit"}.get(sev, sev)   # gsrun.report.findings' hardware events
-        findings.append({"severity": sev if sev in ("info", "warn", "crit", "error") else "info",
-                         "text": clean_line(f.get("text") or "", 500)})
+        sev = sev if sev in ("info", "warn", "crit", "error") else "info"
+        findings.append({"severity": sev, "color": SEVERITY_COLOR[sev],
+                         "label": {"crit": "hardware", "error": "error", "warn": "fix", "info": "tip"}[sev],
+                         "text": clean_line(f.get("text") or "", 500),
+                         "link": clean_line(doc_link(cfg, clean_line(f.get("code") or "", 40)), 600)})
+    rows, head = [], {"alert": "", "next": ""}
+    if kind == "report":
+        try:
+            rows = verdicts(dict(summary), cfg, job.get("partition"))
+            head = headline(dict(summary), rows)
+        except (KeyError, TypeError, ValueError):   # a summary missing a section: no verdict, the rest stands
+            rows = []
+    verdict = [{"label": r["label"], "value": fmt_share_pct(r["pct"]), "word": r["word"],
+                "color": LEVEL_COLOR.get(r["level"], "#666666"), "detail": clean_line(r["detail"], 200),
+                "bar": None if r["bar_pct"] is None else int(round(r["bar_pct"]))} for r in rows]   # None: no bar (N/A is not 0)
+    cols = [c for c in DEVICE_COLUMNS if any(d[c[0]] not in ("none", NA, "") for d in devices)]
+    start, end, submit = (as_number(job.get(k)) for k in ("start_time", "end_time", "submit_time"))
+    limit = as_number(job.get("time_limit_s"))
 
     req = as_number(mem.get("req_bytes"))
     mem_eff = as_number(mem.get("efficiency_pct"))
@@ -410,26 +441,36 @@ def mail_view(summary: Mapping, report_text: str, has_image: bool, image_cid: st
         "state": clean_line(job.get("state") or "UNKNOWN", 64),
         "exit_code": clean_line("N/A" if job.get("exit_code") is None else job.get("exit_code"), 16),
         "nodes": clean_line(", ".join(str(n) for n in (job.get("nodes") or [])) or "none", 500),
-        "elapsed": fmt_duration_s(job.get("elapsed_s"), "short"),
+        "elapsed": fmt_duration_s(job.get("elapsed_s"), "clock"),
         "cpus_alloc": clean_line("N/A" if job.get("cpus_alloc") is None else job.get("cpus_alloc"), 16),
         "gpus_alloc": clean_line("N/A" if job.get("gpus_alloc") is None else job.get("gpus_alloc"), 16),
-        "cpu_time": fmt_duration_s(cpu.get("time_s"), "short"),
-        "cpu_eff": fmt_pct(cpu_eff, 0),
+        "cpu_time": fmt_duration_s(cpu.get("time_s"), "clock"),
+        "cpu_eff": fmt_share_pct(cpu_eff),
         "cpu_source": clean_line(cpu.get("source") or "", 80),
         "mem_peak": fmt_bytes(mem.get("peak_bytes")),
         "mem_req": "not recorded" if req is None or req <= 0 else fmt_bytes(req),
-        "mem_eff": fmt_pct(mem_eff, 0),
+        "mem_eff": fmt_share_pct(mem_eff),
         "gpu_section": bool(devices) or not gpu_avail or gpus_alloc > 0,
         "gpu_available": gpu_avail,
         "gpu_reason": clean_line(gpu.get("reason") or ("no GPU data recorded" if not devices else ""), 300),
         "gpu_any_mig": any(d["mig"] for d in devices),
         "gpu_headline": _gpu_headline(summary) or "",
         "devices": devices,
-        "gpu_energy": fmt_energy_j(gpu.get("energy_j"), "kwh_j") + (" (estimated)" if gpu.get("energy_estimated")
-                                                                   else ""),
+        "gpu_energy": fmt_energy_j(gpu.get("energy_j"), "wh") + (" (estimated)" if gpu.get("energy_estimated")
+                                                                  else ""),
         "gpu_hours_alloc": fmt_hours_h(gpu.get("gpu_hours_alloc")),
         "gpu_hours_used": fmt_hours_h(gpu.get("gpu_hours_used")),
         "hardware_events": events,
+        "verdict": verdict,
+        "next_time": clean_line(head["next"], 300),
+        "alert": clean_line(head["alert"], 300),
+        "columns": [{"key": k, "title": t} for k, t in cols],
+        "started": fmt_time(start),
+        "ended": fmt_time(end),
+        "queue_wait": fmt_duration_s(start - submit, "clock") if start and submit and start >= submit else "",
+        "time_limit": "" if "time_limit_s" not in job else ("none" if not limit else fmt_duration_s(limit, "clock")),
+        "image_width": (image_size or (720, 0))[0],
+        "image_height": (image_size or (0, 0))[1],
         "findings": findings,
         "report_text": clean_block(report_text or ""),
         "has_image": bool(has_image),
@@ -466,7 +507,7 @@ def message_id(summary: Mapping, domain: str) -> str:
 
 
 def build_message(summary: dict, report_text: str, png: bytes | None, to_addr: str, from_addr: str,
-                  *, date: float | None = None) -> EmailMessage:
+                  *, date: float | None = None, cfg=None) -> EmailMessage:
     """The efficiency mail for one job summary (``gsrun.summary/1``).
 
     Structure::
@@ -485,7 +526,10 @@ def build_message(summary: dict, report_text: str, png: bytes | None, to_addr: s
 
     ``png`` that is not a PNG (bad magic) or is over 5 MiB is left out and
     the text says "timeline unavailable" (a broken plot never stops the mail).
-    ``date``: epoch seconds for the Date header (default now).
+    ``date``: epoch seconds for the Date header (default now). ``cfg``: the
+    site config (verdict targets, ``report.doc_url``; None: defaults). The
+    picture is shown at half its pixel size when wider than 900 px (drawn
+    at 2x), with explicit ``width`` / ``height``.
 
     Raises:
         InputError: ``to_addr`` or ``from_addr`` is not one valid
@@ -500,7 +544,12 @@ def build_message(summary: dict, report_text: str, png: bytes | None, to_addr: s
     cid = f"timeline.{safe}@{domain}"
 
     has_image = isinstance(png, (bytes, bytearray)) and png[:8] == PNG_MAGIC and len(png) <= MAX_PNG_BYTES
-    view = mail_view(summary, report_text, has_image, cid, image_dropped=png is not None)
+    size = None
+    if has_image and len(png) >= 24 and png[12:16] == b"IHDR":
+        w, h = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+        size = (w // 2, h // 2) if w > 900 else (w, h)     # the chart is drawn at 2x for high-DPI screens
+    view = mail_view(summary, report_text, has_image, cid, image_dropped=png is not None, cfg=cfg,
+                     image_size=size)
 
     msg = EmailMessage(policy=email_policy.default)
     msg["From"] = str(Address(username=from_spec.rsplit("@", 1)[0], domain=domain, display_name="gsrun"))

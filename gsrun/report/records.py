@@ -59,6 +59,8 @@ class FindingCode(str, enum.Enum):
     CPU_ANOMALY = "cpu_anomaly"
     MEM_OVERREQUEST = "mem_overrequest"
     CPU_IDLE = "cpu_idle"
+    LOW_GPU_UTIL = "low_gpu_util"
+    TIME_LIMIT_HIGH = "time_limit_high"
 
     def __str__(self) -> str:
         return self.value
@@ -84,6 +86,8 @@ class Finding(Record):
     text: str = field("the sentence users read (report, mail)")
     value: Any = field("the number the text is about: percent, seconds, a count, a list (Xid codes, "
                        "node names) or null", ABSENT)
+    action: str | None = field("the concrete change for next time, as typed (``--gpus 6``, ``--time 02:00:00``, "
+                               "``num_workers``); absent when there is none", optional_key=True)
     extra: dict = extra_field()
 
 
@@ -208,6 +212,10 @@ class JobInfo(Record):
     start_time: float | None = field("epoch seconds", ABSENT)
     end_time: float | None = field("epoch seconds", ABSENT)
     elapsed_s: float | None = field("run time, seconds (RunTime)", ABSENT)
+    submit_time: float | None = field("epoch seconds the job was submitted (SubmitTime); absent in "
+                                      "summaries written before it was recorded", optional_key=True)
+    time_limit_s: float | None = field("time limit, seconds (TimeLimit); null: UNLIMITED or unknown; absent "
+                                       "in summaries written before it was recorded", optional_key=True)
     cpus_alloc: int | None = field("cores allocated (AllocTRES cpu)", ABSENT)
     gpus_alloc: int | None = field("GPUs allocated (AllocTRES gres/gpu)", ABSENT)
     mem_req_bytes: int | None = field("memory requested, bytes (AllocTRES mem)", ABSENT)
@@ -306,6 +314,15 @@ SCHEMAS = {
 }
 
 
+def is_mig(dev) -> bool:
+    """Whether a GPU entry of a summary (``gpu.devices[i]``, a mapping) is a
+    MIG instance: the sampler's ``mig`` / ``util_na_reason`` mark, or NVML's
+    name ("... MIG 1g.10gb") or UUID ("MIG-..."), as older summaries only
+    have those. Its utilization is then N/A (MIG), never 0."""
+    return bool(dev.get("mig")) or dev.get("util_na_reason") == "MIG" \
+        or "MIG" in str(dev.get("name") or "").upper().split() or str(dev.get("uuid") or "").startswith("MIG-")
+
+
 def all_schemas() -> dict[str, dict]:
     """file stem -> JSON Schema, for ``schemas/<stem>.schema.json`` (with the
     sampler state's, :mod:`gsrun.facts.sampler_state`)."""
@@ -337,5 +354,5 @@ if __name__ == "__main__":   # python -m gsrun.report.records [FOLDER]: regenera
     print("\n".join(write_schemas(sys.argv[1] if len(sys.argv) > 1 else "schemas")))
 
 
-__all__ = ["FindingCode", "Finding", "GpuSummary", "NodeSummary", "JobInfo", "CpuFigures", "MemoryFigures",
+__all__ = ["is_mig", "FindingCode", "Finding", "GpuSummary", "NodeSummary", "JobInfo", "CpuFigures", "MemoryFigures",
            "GpuFigures", "NodeDetail", "JobSummary", "all_schemas", "write_schemas"]

@@ -13,118 +13,215 @@ from __future__ import annotations
 import io
 import textwrap
 
-from gsrun.report.units import NA, fmt_bytes, fmt_duration_s, fmt_energy_j, fmt_energy_kwh, fmt_hours_h, \
-    fmt_pct, fmt_power_w, fmt_seconds
+from gsrun.report.units import NA, fmt_bytes, fmt_bytes_of, fmt_duration_s, fmt_energy_j, fmt_hours_h, \
+    fmt_share_pct, fmt_power_w, fmt_time
 
-WRAP_COLS = 100     # findings are wrapped to this width (the GPU table is wider)
+WRAP_COLS = 76      # every line of the text report (and the mail's text part) fits this width
+VERDICT_COLS = (15, 4, 17)      # label, value, judgement; the detail fills the rest
+TABLE_FROM_GPUS = 5             # this many GPUs or more: one table row per GPU instead of a block each
+LEVEL_COLOR = {"good": "32", "better": "33", "wasteful": "31"}
 
 
 def _util(g) -> str:
-    mig = g.get("mig") or g.get("util_na_reason") == "MIG"
-    return fmt_pct(g["util_mean_pct"], 1, na="N/A (MIG)" if mig else NA)
+    from gsrun.report.records import is_mig
+    return fmt_share_pct(g["util_mean_pct"], na="N/A (MIG)" if is_mig(g) else NA)
 
 
 def _throttle(g) -> str:
     ts = {k: v for k, v in (g.get("throttle_s") or {}).items() if v and k != "sync_boost"}
     cov = g.get("covered_s")
     if not ts or not cov:
-        return "-"
+        return ""
     cause, s = max(ts.items(), key=lambda kv: kv[1])
-    return f"{cause.replace('hw_slowdown', 'hw')} {fmt_pct(100 * s / cov, 0)}"
+    return f"slowed by {cause.replace('hw_slowdown', 'hardware').replace('_', ' ')} {fmt_share_pct(100 * s / cov)}"
 
 
-def render_text(summary: dict, color: bool = False) -> str:
-    """The report as plain text (ANSI colour when ``color``)."""
+def _plural(n, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def _wrap(text: str, first: str, rest: str) -> list[str]:
+    return textwrap.wrap(text, width=WRAP_COLS, initial_indent=first, subsequent_indent=rest,
+                         break_on_hyphens=False, break_long_words=True) or [first.rstrip()]
+
+
+def _cfg_partition(summary: dict, cfg):
+    return cfg, (summary.get("job") or {}).get("partition")
+
+
+def doc_link(cfg, code) -> str:
+    """``<report.doc_url>#<code>`` or "" when the site set no URL."""
+    base = ""
+    if cfg is not None:
+        try:
+            base = cfg["report.doc_url"]
+        except KeyError:
+            base = ""
+    return f"{base}#{code}" if base else ""
+
+
+def _gpu_notes(g, c) -> list[str]:
+    notes = []
+    if g.get("lost_at_s") is not None:
+        notes.append(c("31", f"lost {fmt_duration_s(g['lost_at_s'], 'clock')} into the job"))
+    elif g.get("emulated"):
+        notes.append("no NVIDIA device")
+    if g.get("xid"):
+        notes.append("Xid " + ", ".join(str(x) for x in dict.fromkeys(g["xid"])))
+    if _throttle(g):
+        notes.append(_throttle(g))
+    if g.get("util_gap_s") and g.get("covered_s") and g["util_gap_s"] > 0.05 * g["covered_s"]:
+        notes.append(f"no utilization reading for {fmt_duration_s(g['util_gap_s'], 'clock')} (left out of the mean)")
+    if g.get("energy_estimated"):
+        why = (g.get("unsupported") or {}).get("energy_mj") or "no usable reading"
+        notes.append(f"energy estimated from power samples (energy counter: {why})")
+    if g.get("mem_procs_peak_bytes") is not None:
+        base = (f", v1 minus {fmt_bytes(g['mem_baseline_bytes'])} in use before the job"
+                if g.get("mem_baseline_bytes") is not None else "")
+        notes.append(f"the job's processes held at most {fmt_bytes(g['mem_procs_peak_bytes'])} "
+                     f"(device high water {fmt_bytes(g['mem_peak_bytes'])}{base})")
+    return notes
+
+
+def render_text(summary: dict, color: bool = False, cfg=None) -> str:
+    """The report as plain text, every line at most :data:`WRAP_COLS` wide
+    (ANSI colour when ``color``; the colour codes do not count).
+
+    Order: the title line, the change for next time (and a hardware event),
+    the verdict (:func:`gsrun.report.findings.verdicts`, one row per
+    resource), the findings (grouped across GPUs, most important first,
+    each with ``More: <report.doc_url>#<code>`` when the site set a URL),
+    the job (times, queue wait, time limit, allocation), the GPUs (a block
+    each, or a table from 5 GPUs on). ``cfg``: the site config for the
+    verdict targets and the URL (None: defaults, no URL)."""
+    from gsrun.report.findings import headline, shown_findings, verdicts
+
     def c(code, s):
         return f"\033[{code}m{s}\033[0m" if color else s
 
     job, cpu, mem, gpu = summary["job"], summary["cpu"], summary["memory"], summary["gpu"]
     jid = job.get("array") or job["id"]
     nodes = job.get("nodes") or []
-    lines = [
-        c("1", f"gsrun efficiency report: job {jid}") + (f" ({job['name']})" if job.get("name") else ""),
-        f"  User: {job.get('user') or 'N/A'}   Partition: {job.get('partition') or 'N/A'}   "
-        f"State: {job.get('state') or 'N/A'}   Exit code: {job.get('exit_code') if job.get('exit_code') is not None else 'N/A'}",
-        f"  Nodes: {len(nodes)} ({', '.join(nodes) or 'N/A'})",
-        f"  Elapsed: {fmt_duration_s(job.get('elapsed_s'), 'clock')}   CPUs: {job.get('cpus_alloc') or 'N/A'}   "
-        f"GPUs: {job.get('gpus_alloc') or gpu['count'] or 0}",
-        "",
-        c("1", "CPU and memory"),
-        f"  CPU efficiency: {fmt_pct(cpu['efficiency_pct'], 1)}"
-        + (f" ({fmt_duration_s(cpu['time_s'], 'clock')} CPU time of {job.get('cpus_alloc')} cores"
-           f" x {fmt_duration_s(job.get('elapsed_s'), 'clock')})"
-           if cpu.get("time_s") is not None and job.get("cpus_alloc") else
-           (f" (CPU time {fmt_duration_s(cpu['time_s'], 'clock')})" if cpu.get("time_s") is not None else ""))
-        + ("  [accounting anomaly]" if cpu.get("anomaly") else ""),
-        f"  Memory high water: {fmt_bytes(mem['peak_bytes'])}"
-        + (f" of {fmt_bytes(mem['req_bytes'])} requested ({fmt_pct(mem['efficiency_pct'], 1)})"
-           if mem.get("req_bytes") else ""),
-    ]
-    csrc, msrc = cpu.get("source"), mem.get("source")
-    if csrc and msrc and (csrc == msrc or msrc.startswith(csrc + " (")):
-        lines.append(f"  (from {msrc})")
-    elif csrc or msrc:
-        lines.append("  (" + "; ".join(x for x in (csrc and f"CPU time from {csrc}", msrc and f"memory from {msrc}")
-                                       if x) + ")")
+    rows = verdicts(summary, cfg, job.get("partition"))
+    head = headline(summary, rows)
+    title = f"gsrun report: job {jid}" + (f" ({job['name']})" if job.get("name") else "") \
+        + f" {job.get('state') or 'N/A'}"
+    if job.get("elapsed_s"):
+        title += f" after {fmt_duration_s(job['elapsed_s'], 'clock')}"
+    if nodes:
+        title += f" on {nodes[0]}" + (f" and {len(nodes) - 1} more" if len(nodes) > 1 else "")
+    lines = [c("1", ln) for ln in _wrap(title, "", "  ")]
+    if head["alert"]:
+        lines += [c("31", ln) for ln in _wrap(head["alert"], "!! ", "   ")]
+    if head["next"]:
+        lines += _wrap(head["next"], "Next time: ", "  ")
+    lw, vw, ww = VERDICT_COLS
+    for r in rows:
+        word = c(LEVEL_COLOR[r["level"]], f"{r['word']:<{ww}}") if r["level"] and color else f"{r['word']:<{ww}}"
+        first = f"{r['label']:<{lw}}{fmt_share_pct(r['pct']):>{vw}}  "
+        pad = " " * (lw + vw + 2 + ww)
+        wrapped = textwrap.wrap(r["detail"], width=WRAP_COLS - len(pad)) or [""]
+        lines.append((first + word + wrapped[0]).rstrip())
+        lines += [pad + w for w in wrapped[1:]]
+
+    shown_f = shown_findings(summary)
+    if shown_f:
+        lines += ["", c("1", "Findings")]
+        for f in shown_f:
+            mark = {"alert": "!!", "warn": "! ", "info": "- "}.get(f["severity"], "- ")
+            wrapped = _wrap(f["text"], f"  {mark} ", "     ")
+            col = {"alert": "31", "warn": "33"}.get(f["severity"])
+            lines += [c(col, w) if col else w for w in wrapped]
+            link = doc_link(cfg, f.get("code"))
+            if link and f["severity"] != "info" or link and f.get("action"):
+                lines.append(f"     More: {link}")
+
+    lines += ["", c("1", "Job")]
+    who = ", ".join(x for x in (f"user {job.get('user') or 'N/A'}", f"partition {job.get('partition') or 'N/A'}",
+                                "exit code " + ("N/A" if job.get("exit_code") is None else str(job["exit_code"])))
+                    if x)
+    lines += _wrap(who[0].upper() + who[1:], "  ", "    ")
+    start, end, submit = job.get("start_time"), job.get("end_time"), job.get("submit_time")
+    if submit and start and start >= submit:
+        lines += _wrap(f"Submitted {fmt_time(submit)}, waited {fmt_duration_s(start - submit, 'clock')} "
+                       "in the queue", "  ", "    ")
+    if start:
+        same_day = end and fmt_time(start)[:10] == fmt_time(end)[:10]
+        ran = f"Ran {fmt_time(start)} to {fmt_time(end, with_date=not same_day) if end else 'N/A'}"
+        if job.get("time_limit_s"):
+            ran += f", time limit {fmt_duration_s(job['time_limit_s'], 'clock')}"
+        elif "time_limit_s" in job:
+            ran += ", no time limit"
+        lines += _wrap(ran, "  ", "    ")
+    alloc = f"{len(nodes)} node{'s' if len(nodes) != 1 else ''} ({', '.join(nodes) or 'N/A'}), " \
+            f"{job.get('cpus_alloc') or 'N/A'} CPUs, {_plural(job.get('gpus_alloc') or gpu['count'] or 0, 'GPU')}, " \
+            f"{fmt_bytes(mem.get('req_bytes')) if mem.get('req_bytes') else 'no'} memory requested"
+    lines += _wrap(alloc, "  ", "    ")
+    if cpu.get("time_s") is not None:
+        cpu_line = f"CPU time {fmt_duration_s(cpu['time_s'], 'clock')}"
+        if job.get("cpus_alloc") and job.get("elapsed_s"):
+            cpu_line += f" of {job['cpus_alloc']} cores x {fmt_duration_s(job['elapsed_s'], 'clock')}"
+        cpu_line += f"; host memory peak {fmt_bytes(mem.get('peak_bytes'))}"
+        if cpu.get("anomaly"):
+            cpu_line += " [accounting anomaly]"
+        lines += _wrap(cpu_line, "  ", "    ")
+    elif not rows:
+        lines += _wrap(f"CPU efficiency {fmt_share_pct(cpu.get('efficiency_pct'))}, host memory peak "
+                       f"{fmt_bytes(mem.get('peak_bytes'))}", "  ", "    ")
+
     lines += ["", c("1", "GPUs")]
     shown = [g for g in gpu["devices"] if g.get("status", "ok") != "unavailable"]
     if not gpu["available"]:
-        lines.append(f"  unavailable ({gpu.get('reason') or 'unknown reason'})")
+        lines += _wrap(f"unavailable ({gpu.get('reason') or 'unknown reason'})", "  ", "    ")
     elif not shown:
         lines.append("  none")
-    if shown:
-        lines.append(f"  {'node':<12} {'gpu':>3} {'util':>9} {'SM act':>7} {'tensor':>7} {'memory high water':>24} "
-                     f"{'energy':>9} {'power':>6} {'throttled':>10}  name")
+    has_sm = any(g.get("sm_active_mean_pct") is not None for g in shown)
+    if shown and len(shown) < TABLE_FROM_GPUS:
         for g in shown:
-            memtxt = fmt_bytes(g["mem_peak_bytes"])
-            if g["mem_total_bytes"]:
-                memtxt += f" / {fmt_bytes(g['mem_total_bytes'])}"
-            power = fmt_power_w(g["power_mean_w"])
-            extra = ""
-            if g.get("lost_at_s") is not None:
-                extra = c("31", f"  LOST at {fmt_seconds(g['lost_at_s'])}")
-            elif g.get("emulated"):
-                extra = "  (no NVIDIA device)"
-            lines.append(
-                f"  {g['node']:<12} {g['index']:>3} {_util(g):>9} {fmt_pct(g.get('sm_active_mean_pct'), 1):>7} "
-                f"{fmt_pct(g.get('tensor_active_mean_pct'), 1):>7} {memtxt:>24} "
-                f"{fmt_energy_j(g['energy_j'], 'auto'):>9} "
-                f"{power:>6} {_throttle(g):>10}  {g.get('name') or ''}{extra}")
-        lines.append("  util = share of time a kernel ran; SM act = share of the SMs kept busy (GPM);"
-                     " N/A = not reported")
-        gaps = [g for g in shown if g.get("util_gap_s") and g.get("covered_s")
-                and g["util_gap_s"] > 0.05 * g["covered_s"]]
-        for g in gaps:
-            lines.append(f"  GPU {g['index']} on {g['node']}: no utilization reading for "
-                         f"{fmt_seconds(g['util_gap_s'])} (left out of the mean, not counted as 0)")
+            lines += _wrap(f"{g['node']} GPU {g['index']}" + (f", {g['name']}" if g.get("name") else ""), "  ", "    ")
+            busy = [f"busy {_util(g)}"]
+            if has_sm:
+                busy += [f"SM active {fmt_share_pct(g.get('sm_active_mean_pct'))}",
+                         f"tensor active {fmt_share_pct(g.get('tensor_active_mean_pct'))}"]
+            lines += _wrap(", ".join(busy), "    ", "      ")
+            lines += _wrap(f"memory peak {fmt_bytes_of(g['mem_peak_bytes'], g['mem_total_bytes'])}, "
+                           f"power {fmt_power_w(g['power_mean_w'])}, energy {fmt_energy_j(g['energy_j'], 'wh')}",
+                           "    ", "      ")
+            notes = _gpu_notes(g, c)
+            if notes:
+                lines += _wrap("; ".join(notes), "    ", "      ")
+    elif shown:
+        multi = len({g["node"] for g in shown}) > 1
+        nw = max(len(str(g["node"])) for g in shown) if multi else 0
+        hdr = (f"{'node':<{nw}} " if multi else "") + f"{'GPU':>3} {'busy':>5}" + (f" {'SM':>4}" if has_sm else "") \
+            + f"  {'memory peak':<19} {'power':>5} {'energy':>8}"
+        if not multi:
+            lines.append(f"  on {shown[0]['node']}" + (f", {shown[0]['name']}" if shown[0].get("name") else ""))
+        lines.append("  " + hdr)
         for g in shown:
-            if g.get("energy_estimated"):
-                why = (g.get("unsupported") or {}).get("energy_mj") or "no usable reading"
-                lines.append(f"  GPU {g['index']} on {g['node']}: energy estimated from power samples "
-                             f"(energy counter: {why})")
-            if g.get("mem_procs_peak_bytes") is not None:
-                base = (f", v1 minus {fmt_bytes(g['mem_baseline_bytes'])} in use before the job"
-                        if g.get("mem_baseline_bytes") is not None else "")
-                lines.append(f"  GPU {g['index']} on {g['node']}: the job's processes held at most "
-                             f"{fmt_bytes(g['mem_procs_peak_bytes'])} (device high water "
-                             f"{fmt_bytes(g['mem_peak_bytes'])}{base})")
-    if gpu.get("gpu_hours_alloc") is not None and (shown or job.get("gpus_alloc")):
-        used = gpu.get("gpu_hours_used")
-        line = f"  GPU-hours: {fmt_hours_h(used)} busy of {fmt_hours_h(gpu['gpu_hours_alloc'])} allocated"
-        if used is not None and gpu["gpu_hours_alloc"]:
-            line += f" ({fmt_pct(100 * used / gpu['gpu_hours_alloc'], 0)})"
+            row = (f"{g['node']:<{nw}} " if multi else "") + f"{g['index']:>3} {_util(g):>5}" \
+                + (f" {fmt_share_pct(g.get('sm_active_mean_pct')):>4}" if has_sm else "") \
+                + f"  {fmt_bytes_of(g['mem_peak_bytes'], g['mem_total_bytes']):<19} " \
+                f"{fmt_power_w(g['power_mean_w']):>5} {fmt_energy_j(g['energy_j'], 'wh'):>8}"
+            lines.append("  " + row.rstrip())
+        for g in shown:
+            notes = _gpu_notes(g, c)
+            if notes:
+                lines += _wrap(f"GPU {g['index']}" + (f" on {g['node']}" if multi else "") + ": " + "; ".join(notes),
+                               "  ", "    ")
+    if shown and gpu.get("available"):
+        tot = []
+        if gpu.get("gpu_hours_alloc") is not None:
+            used = gpu.get("gpu_hours_used")
+            tot.append(f"GPU-hours busy {fmt_hours_h(used)} of {fmt_hours_h(gpu['gpu_hours_alloc'])} allocated")
         if gpu.get("energy_j") is not None:
-            line += f"   Energy: {fmt_energy_kwh(gpu['energy_kwh'])}"
-            if gpu.get("energy_estimated"):
-                line += " (estimated)"
-        lines.append(line)
-    if summary.get("findings"):
-        lines += ["", c("1", "Findings")]
-        for f in summary["findings"]:
-            mark = {"alert": c("31", "!!"), "warn": c("33", "! "), "info": "- "}.get(f["severity"], "- ")
-            wrapped = textwrap.wrap(f["text"], width=WRAP_COLS - 5) or [""]
-            lines.append(f"  {mark} {wrapped[0]}")
-            lines += [f"     {w}" for w in wrapped[1:]]
+            tot.append(f"energy {fmt_energy_j(gpu['energy_j'], 'wh')}"
+                       + (" (estimated)" if gpu.get("energy_estimated") else ""))
+        if tot:
+            t = "; ".join(tot)
+            lines += _wrap(t[0].upper() + t[1:], "  ", "    ")
+        lines += _wrap("busy = share of time a kernel ran" + ("; SM active = share of the GPU's compute units in "
+                       "use (GPM)" if has_sm else "") + "; N/A = not reported.", "  ", "    ")
     return "\n".join(lines) + "\n"
 
 
@@ -155,11 +252,21 @@ def _segments(pts: list, scale: float, tdiv: float):
     return xs, ys
 
 
+PNG_WIDTH_IN, PNG_DPI = 7.2, 200      # 1440 px wide, shown at 720 CSS px (2x for high-DPI screens)
+MANY_GPUS = 5                          # from this many GPUs: mean with a min-max band, worst GPUs named
+
+
 def render_png(summary: dict) -> bytes | None:
-    """Per-GPU timeline as PNG bytes: four panels (utilization, SM activity,
-    GPU memory in GiB with each GPU's total dashed, power in W), one line
-    per GPU, a marker where a GPU was lost. None when matplotlib is missing
-    or there is nothing to draw (no GPU figures)."""
+    """The GPU timeline as PNG bytes, 1440 px wide (2x of the 720 px it is
+    shown at), fonts 11 pt or more: four panels (busy %, SM activity %, GPU
+    memory in GiB scaled to the job's peak with the total as a note, power
+    in W with the power limit line when known), each with the job's mean as
+    a labelled dashed line; stretches where every GPU was idle (below
+    ``findings.idle_util_pct``'s default) shaded. One line per GPU up to 4
+    GPUs (a legend only with more than one); from 5 GPUs the mean with a
+    min-max band and the two lowest GPUs by mean busy named. Time as
+    minutes/hours since start, or clock time for jobs longer than an hour.
+    None when matplotlib is missing or there is nothing to draw."""
     devices = [g for g in summary["gpu"]["devices"]
                if any(g.get("timeline", {}).get(k) for k in g.get("timeline", {}))]
     if not devices:
@@ -168,71 +275,114 @@ def render_png(summary: dict) -> bytes | None:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        import matplotlib.dates as mdates
     except ImportError:
         return None
+    import datetime
     max_t = max((p[0] for g in devices for pts in g["timeline"].values() for p in pts), default=0.0)
+    start = (summary.get("job") or {}).get("start_time")
+    clock = bool(start) and max_t > 3600
     tdiv, tunit = _time_axis(max_t)
-    panels = (("util_pct", "utilization (%)", 1.0), ("sm_active_pct", "SM activity (%)", 1.0),
-              ("mem_used_bytes", "GPU memory (GiB)", 1 / 2**30), ("power_w", "power (W)", 1.0))
-    fig, axes = plt.subplots(4, 1, figsize=(9, 8.5), sharex=True)
+    panels = [(k, t, sc) for k, t, sc in (("util_pct", "busy (%)", 1.0), ("sm_active_pct", "SM active (%)", 1.0),
+                                          ("mem_used_bytes", "memory (GiB)", 1 / 2**30), ("power_w", "power (W)", 1.0))
+              if any(g["timeline"].get(k) for g in devices)]
+    many = len(devices) >= MANY_GPUS
+    plt.rcParams.update({"font.size": 11})
+    fig, axes = plt.subplots(len(panels), 1, figsize=(PNG_WIDTH_IN, 1.55 * len(panels) + 0.7), sharex=True,
+                             squeeze=False)
+    axes = axes[:, 0]
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     multi_node = len({d["node"] for d in devices}) > 1
-    totals_drawn: set = set()
-    for i, g in enumerate(devices):
-        col = colors[i % len(colors)]
-        label = f"GPU {g['index']}" + (f" ({g['node']})" if multi_node else "")
-        if g.get("util_mean_pct") is not None:
-            label += f": {g['util_mean_pct']:.0f}% util"
-        elif g.get("mig"):
-            label += ": util N/A (MIG)"
-        for ax, (key, _title, scale) in zip(axes, panels):
-            pts = g["timeline"].get(key) or []
-            if pts:
-                xs, ys = _segments(pts, scale, tdiv)
-                ax.plot(xs, ys, "-", color=col, lw=1.2, label=label)
-            if key == "mem_used_bytes" and g.get("mem_total_bytes"):
-                total = g["mem_total_bytes"] * scale
-                ax.axhline(total, color="grey" if total in totals_drawn else col, ls="--", lw=0.8)
-                if total not in totals_drawn:
-                    ax.annotate(f"total {total:.0f} GiB", (0, total), xycoords=("axes fraction", "data"),
-                                xytext=(4, -10), textcoords="offset points", fontsize=7, color="grey")
-                    totals_drawn.add(total)
-            if g.get("lost_at_s") is not None:
-                ax.axvline(g["lost_at_s"] / tdiv, color=col, ls=":", lw=1.5)
-        if g.get("lost_at_s") is not None:
-            axes[0].annotate(f"GPU {g['index']} lost", (g["lost_at_s"] / tdiv, 1.0), xycoords=("data", "axes fraction"),
-                             color=col, fontsize=8, xytext=(3, 3), textcoords="offset points",
-                             bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": col, "lw": 0.8})
-    for ax, (key, title, _s) in zip(axes, panels):
-        ax.set_ylabel(title, fontsize=9)
-        ax.grid(True, alpha=0.3)
-        ax.tick_params(labelsize=8)
-        if key.endswith("_pct"):
-            ax.set_ylim(-2, 105)
+
+    def xs_of(ts):
+        if clock:
+            return [datetime.datetime.fromtimestamp(start + t) if t == t else float("nan") for t in ts]
+        return [t / tdiv if t == t else float("nan") for t in ts]
+
+    for ax, (key, title, scale) in zip(axes, panels):
+        series = [(g, g["timeline"].get(key) or []) for g in devices]
+        series = [(g, pts) for g, pts in series if pts]
+        allv = [p[1] * scale for _g, pts in series for p in pts if p[1] is not None]
+        if many:
+            grid: dict = {}
+            for _g, pts in series:
+                for p in pts:
+                    if p[1] is not None:
+                        grid.setdefault(round(p[0]), []).append(p[1] * scale)
+            ts = sorted(grid)
+            x = xs_of(ts)
+            ax.fill_between(x, [min(grid[t]) for t in ts], [max(grid[t]) for t in ts], color=colors[0], alpha=0.2,
+                            lw=0, label="min-max of GPUs")
+            ax.plot(x, [sum(grid[t]) / len(grid[t]) for t in ts], color=colors[0], lw=1.6, label="mean of GPUs")
         else:
-            ax.set_ylim(bottom=0, top=ax.get_ylim()[1] * 1.08)
-        if not any(g["timeline"].get(key) for g in devices):
-            ax.text(0.5, 0.5, "not available on these GPUs", transform=ax.transAxes, ha="center",
-                    va="center", color="grey", fontsize=9)
-    axes[-1].set_xlabel(f"{tunit} since job start", fontsize=9)
-    axes[-1].set_xlim(left=0)
-    handles, labels = axes[0].get_legend_handles_labels()
-    if not handles:
-        for ax in axes[1:]:
-            handles, labels = ax.get_legend_handles_labels()
-            if handles:
-                break
-    ncol = min(len(handles), 4) or 1
-    rows = -(-len(handles) // ncol) if handles else 0
-    top = 0.965 - 0.022 * rows
-    if handles:
-        fig.legend(handles, labels, loc="upper left", bbox_to_anchor=(0.06, 0.965), fontsize=8, ncol=ncol,
-                   frameon=False, columnspacing=1.5, handlelength=1.5)
+            for i, (g, pts) in enumerate(series):
+                xs, ys = _segments(pts, scale, 1.0)
+                ax.plot(xs_of(xs), ys, "-", color=colors[i % len(colors)], lw=1.4,
+                        label=f"GPU {g['index']}" + (f" ({g['node']})" if multi_node else ""))
+        if allv:
+            mean = sum(allv) / len(allv)
+            ax.axhline(mean, color="#444444", ls="--", lw=1)
+            unit = "%" if key.endswith("_pct") else (" GiB" if key == "mem_used_bytes" else " W")
+            ax.annotate(f"mean {mean:.0f}{unit}", (1.0, mean), xycoords=("axes fraction", "data"), ha="right",
+                        va="bottom", fontsize=11, color="#444444", xytext=(-4, 2), textcoords="offset points")
+        ax.set_ylabel(title, fontsize=11)
+        ax.grid(True, alpha=0.3)
+        ax.tick_params(labelsize=11)
+        if key.endswith("_pct"):
+            ax.set_ylim(0, 105)
+        elif key == "mem_used_bytes":
+            peak = max(allv, default=0.0)
+            ax.set_ylim(0, max(peak * 1.15, 0.5))
+            totals = {g["mem_total_bytes"] for g in devices if g.get("mem_total_bytes")}
+            if totals:
+                ax.annotate(f"of {max(totals) * scale:.0f} GiB per GPU", (0.0, 1.0), xycoords="axes fraction",
+                            ha="left", va="top", fontsize=11, color="#666666", xytext=(4, -3),
+                            textcoords="offset points")
+        else:
+            lim = max((g.get("power_limit_w") or 0 for g in devices), default=0)
+            top = max(max(allv, default=1.0), lim)
+            if lim:
+                ax.axhline(lim, color="#c62828", lw=1)
+                ax.annotate(f"power limit {lim:.0f} W", (0.0, lim), xycoords=("axes fraction", "data"),
+                            fontsize=11, color="#c62828", xytext=(4, -13), textcoords="offset points")
+            ax.set_ylim(0, top * 1.15)
+        for g in devices:
+            if g.get("lost_at_s") is not None:
+                lx = xs_of([g["lost_at_s"]])[0]
+                ax.axvline(lx, color="#c62828", ls=":", lw=1.5)
+                if ax is axes[0]:
+                    ax.annotate(f"GPU {g['index']} lost", (lx, 1.0), xycoords=("data", "axes fraction"),
+                                fontsize=11, color="#c62828", xytext=(3, -14), textcoords="offset points")
+    # idle stretches: every GPU's busy share under 5 % at a point
+    util = {}
+    for g in devices:
+        for p in g["timeline"].get("util_pct") or []:
+            if p[1] is not None:
+                util.setdefault(round(p[0]), []).append(p[1])
+    ts = sorted(util)
+    for a, b in zip(ts, ts[1:]):
+        if max(util[a]) < 5 and max(util[b]) < 5:
+            for ax in axes:
+                ax.axvspan(*xs_of([a, b]), color="#999999", alpha=0.15, lw=0)
+    if clock:
+        axes[-1].xaxis.set_major_formatter(mdates.DateFormatter("%H:%M"))
+        axes[-1].set_xlabel("clock time", fontsize=11)
+    else:
+        axes[-1].set_xlabel(f"{tunit} since job start", fontsize=11)
+        axes[-1].set_xlim(left=0)
     job = summary["job"]
     title = f"job {job.get('array') or job['id']}" + (f" ({job['name']})" if job.get("name") else "")
-    fig.suptitle(f"{title}: GPU timeline", x=0.02, y=0.995, ha="left", va="top", fontsize=11)
-    fig.tight_layout(rect=(0, 0, 1, top))
+    if many:
+        ranked = sorted((g for g in devices if g.get("util_mean_pct") is not None), key=lambda g: g["util_mean_pct"])
+        worst = ", ".join(f"GPU {g['index']} {g['util_mean_pct']:.0f}%" for g in ranked[:2])
+        title += f": {len(devices)} GPUs" + (f", lowest busy: {worst}" if worst else "")
+    fig.suptitle(title, x=0.01, ha="left", fontsize=12)
+    if len(devices) > 1 and not many or many:
+        h, lab = axes[0].get_legend_handles_labels()
+        if h:
+            axes[0].legend(h, lab, loc="lower left", fontsize=11, ncol=min(len(h), 4), frameon=True, framealpha=0.8)
+    fig.tight_layout(pad=0.4)
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90)
+    fig.savefig(buf, format="png", dpi=PNG_DPI, facecolor="white")
     plt.close(fig)
     return buf.getvalue()

@@ -280,7 +280,8 @@ def job_record(job: dict, nodes: list[dict | NodeSummary], cfg=None, partition: 
     ``job``: fields from the job record (``id``, ``user``, ``name``,
     ``partition``, ``state``, ``exit_code``, ``nodes`` (expected node names),
     ``cpus_alloc``, ``mem_req_bytes``, ``gpus_alloc``, ``mail_user``,
-    ``mail_type``, ``start_time``, ``end_time``, ``elapsed_s``) -- any may
+    ``mail_type``, ``start_time``, ``end_time``, ``elapsed_s``; optional:
+    ``submit_time``, ``time_limit_s``) -- any may
     be None except ``id``. ``nodes``: :func:`node_summary` results (JSON
     form, as read from the spool, or records). ``cfg`` / ``partition``: the
     site's finding thresholds (:func:`gsrun.report.findings.findings`).
@@ -333,6 +334,7 @@ def job_record(job: dict, nodes: list[dict | NodeSummary], cfg=None, partition: 
             nodes=expected, start_time=start, end_time=end, elapsed_s=_r(elapsed, 3),
             cpus_alloc=cpus_alloc, gpus_alloc=gpus_alloc, mem_req_bytes=mem_req,
             mail_user=job.get("mail_user"), mail_type=job.get("mail_type"),
+            **{k: job[k] for k in ("submit_time", "time_limit_s") if k in job},
         ),
         cpu=CpuFigures(time_s=_r(cpu_time, 3), efficiency_pct=_r(cpu_eff),
                        anomaly=cpu_raw is not None and cpu_raw > 105.0,

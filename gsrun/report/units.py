@@ -11,7 +11,10 @@ as :data:`NA`, never as 0.
 Where the report and the mail print the same quantity differently today
 (percent digits, durations under a minute, energy), the difference is an
 explicit ``digits`` / ``style`` argument, so each caller states which form
-it prints (issue 22 will pick one).
+it prints. Issue 22 picked one form per quantity for everything a user
+reads (report, ``gseff``, mail): percent as integers (``fmt_pct(x, 0)``),
+durations ``clock``, energy ``wh`` (Wh / kWh), memory in the unit of its
+total (:func:`fmt_bytes_of`), clock times :func:`fmt_time`.
 """
 
 from __future__ import annotations
@@ -40,9 +43,21 @@ def fmt_pct(pct, digits: int, na: str = NA) -> str:
     """A percentage (0..100 scale, not a fraction) with ``digits`` decimals:
     ``42.0%`` (report: 1 digit) or ``42%`` (mail, subject: 0 digits).
     ``na`` is what a missing value prints as (``N/A (MIG)`` for a MIG
-    device's utilization)."""
+    device's utilization). Same text as the formatters it replaced
+    (tests/pure/test_units.py); issue 22's figures use :func:`fmt_share_pct`."""
     f = as_number(pct)
     return na if f is None else f"{f:.{digits}f}%"
+
+
+def fmt_share_pct(pct, na: str = NA) -> str:
+    """A percentage as an integer (issue 22: the verdict, the per-GPU
+    figures, the findings), except a share above 0 that would print as
+    ``0%``: one decimal (``0.2%``, ``0.5%``) or ``<0.1%``, so a small
+    share is never shown as none. ``na`` as in :func:`fmt_pct`."""
+    f = as_number(pct)
+    if f is not None and f > 0 and f"{f:.0f}" == "0":
+        return "<0.1%" if f < 0.05 else f"{f:.1f}%"
+    return fmt_pct(pct, 0, na)
 
 
 def fmt_bytes(n_bytes) -> str:
@@ -56,6 +71,37 @@ def fmt_bytes(n_bytes) -> str:
             return f"{f:.0f} B" if unit == "B" else f"{f:.1f} {unit}"
         f /= 1024
     raise AssertionError("unreachable")
+
+
+def fmt_bytes_of(used_bytes, total_bytes) -> str:
+    """A part of a total in the total's binary unit, one decimal:
+    ``61.0 of 140.4 GiB``, ``512.0 MiB of 2.0 GiB`` when the part is under a
+    tenth of a unit of the total; the part alone when there is no total."""
+    u, t = as_number(used_bytes), as_number(total_bytes)
+    if t is None or t <= 0:
+        return fmt_bytes(used_bytes)
+    unit = 0
+    while unit < len(BINARY_UNITS) - 1 and t >= 1024 ** (unit + 1):
+        unit += 1
+    div = 1024 ** unit
+    if unit == 0:
+        return f"{NA if u is None else f'{u:.0f}'} of {t:.0f} B"
+    if u is None:
+        return f"{NA} of {t / div:.1f} {BINARY_UNITS[unit]}"
+    if u and u / div < 0.1:
+        return f"{fmt_bytes(u)} of {t / div:.1f} {BINARY_UNITS[unit]}"
+    return f"{u / div:.1f} of {t / div:.1f} {BINARY_UNITS[unit]}"
+
+
+def fmt_time(epoch_s, with_date: bool = True) -> str:
+    """An epoch time as this host's local clock time: ``2025-10-09 10:00``
+    (``10:00`` without the date). Slurm's StartTime / EndTime / SubmitTime
+    are in the controller's local time too."""
+    import time as _time
+    f = as_number(epoch_s)
+    if f is None or f <= 0:
+        return NA
+    return _time.strftime("%Y-%m-%d %H:%M" if with_date else "%H:%M", _time.localtime(f))
 
 
 def fmt_gib(n_bytes) -> str:
@@ -94,19 +140,26 @@ def fmt_seconds(seconds) -> str:
     return NA if f is None else f"{f:.0f} s"
 
 
-def fmt_energy_j(joules, style: Literal["auto", "kwh_j"]) -> str:
+def fmt_energy_j(joules, style: Literal["auto", "kwh_j", "wh"]) -> str:
     """Energy given in joules (the summaries' ``energy_j``: NVML's energy
     counter delta, ``nvmlDeviceGetTotalEnergyConsumption`` mJ / 1000).
 
     - ``auto`` (report GPU table): whichever reads best of ``540 J``,
       ``2.5 Wh`` (below 10 Wh), ``150 Wh``, ``1.02 kWh``.
-    - ``kwh_j`` (mail): ``0.150 kWh (540000 J)``.
+    - ``kwh_j`` (old mail): ``0.150 kWh (540000 J)``.
+    - ``wh`` (report, mail, ``gseff``): ``0.2 Wh``, ``2.5 Wh`` (below 10 Wh),
+      ``150 Wh``, ``1.02 kWh`` (from 1000 Wh).
     """
     f = as_number(joules)
     if f is None:
         return NA
     if style == "kwh_j":
         return f"{f / J_PER_KWH:.3f} kWh ({f:.0f} J)"
+    if style == "wh":
+        wh = f / J_PER_WH
+        if wh >= 1000:
+            return f"{wh / 1000:.2f} kWh"
+        return f"{wh:.0f} Wh" if wh >= 10 else f"{wh:.1f} Wh"
     if style != "auto":
         raise ValueError(f"energy style {style!r}")
     wh = f / J_PER_WH
@@ -138,5 +191,5 @@ def fmt_hours_h(hours) -> str:
     return NA if f is None else f"{f:.2f}"
 
 
-__all__ = ["NA", "as_number", "fmt_pct", "fmt_bytes", "fmt_gib", "fmt_duration_s", "fmt_seconds",
+__all__ = ["NA", "as_number", "fmt_pct", "fmt_share_pct", "fmt_bytes", "fmt_bytes_of", "fmt_time", "fmt_gib", "fmt_duration_s", "fmt_seconds",
            "fmt_energy_j", "fmt_energy_kwh", "fmt_power_w", "fmt_hours_h"]

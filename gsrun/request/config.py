@@ -101,6 +101,11 @@ def _host(v):
     return None if v == "" or _HOSTNAME.match(v) else "must be a host name"
 
 
+def _url(v):
+    return None if v == "" or re.fullmatch(r"https?://[A-Za-z0-9._~:/?#\[\]@!$&'()*+,;=%-]{1,500}", v) \
+        else "must be an http:// or https:// URL without spaces or quotes"
+
+
 def _email(v):
     return None if v == "" or _EMAIL.match(v) else "must be an email address"
 
@@ -179,6 +184,23 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("findings.short_job_s", (int, float), 60.0,
             "Jobs shorter than this get no efficiency advice (numbers not meaningful).",
             _range(0, 86400), "0-86400", True),
+    Setting("findings.low_util_note_pct", (int, float), 50.0,
+            "Mean GPU utilization (busy share) below this is noted (verdict: could be better).",
+            _range(0, 100), "0-100", True),
+    Setting("findings.low_util_warn_pct", (int, float), 25.0,
+            "Mean GPU utilization below this is a warning (verdict: wasteful).", _range(0, 100), "0-100", True),
+    Setting("findings.time_limit_used_pct", (int, float), 25.0,
+            "A job that used less than this share of its time limit (and 30 min or more below it) is told "
+            "to ask for less time.", _range(0, 100), "0-100", True),
+    Setting("findings.cpu_good_pct", (int, float), 50.0,
+            "CPU efficiency at or above this is good in the verdict (below 10 % is wasteful).",
+            _range(0, 100), "0-100", True),
+    Setting("findings.mem_good_pct", (int, float), 50.0,
+            "Host memory high water at or above this share of the request is good in the verdict (below "
+            "findings.mem_overrequest_pct is wasteful).", _range(0, 100), "0-100", True),
+    Setting("report.doc_url", str, "",
+            "Site documentation page linked from every finding (the finding code as #anchor); empty = no link.",
+            _url, "http(s) URL or empty"),
     Setting("mail.enabled", bool, True, "Mail the report when the job asked for END/ALL mail.", None, "true/false"),
     Setting("mail.policy", str, "job",
             "job: mail when the job asked (--mail-type END/ALL); always: every job with a MailUser; never.",

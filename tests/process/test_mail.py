@@ -28,6 +28,7 @@ import pytest
 from gsrun.request.config import parse_config
 from gsrun.base.errors import ConfigError, InputError, NodeError
 from gsrun.report import mail
+from gsrun.report.render import render_text
 from gsrun.report.mail import (backoff_s, build_message, enqueue, flush, mail_kind, mail_wanted,
                         queue_status, subject_line, validate_addr)
 
@@ -165,9 +166,10 @@ def queued(spool, sub):
 
 def test_message_headers_parts_and_subject():
     png = tiny_png()
-    msg = build_message(make_summary(), "REPORT LINE 1\n  indented line", png, TO, FROM, date=1_700_000_000)
-    # (40 + 60) / 2 = 50 % GPU util; CPU eff from the summary
-    assert msg["Subject"] == "[gsrun] job 42 (train) COMPLETED: GPU util 50%, CPU eff 42%"
+    s = make_summary()
+    msg = build_message(s, render_text(s), png, TO, FROM, date=1_700_000_000)
+    # (40 + 60) / 2 = 50 % GPU busy, judged against the default targets; CPU eff from the summary
+    assert msg["Subject"] == "[gsrun] job 42 (train) COMPLETED: GPU busy 50% (good), CPU eff 42%"
     assert msg["To"] == TO
     assert msg["From"].addresses[0].addr_spec == FROM
     assert msg["Auto-Submitted"] == "auto-generated"
@@ -175,15 +177,22 @@ def test_message_headers_parts_and_subject():
     assert "2023" in msg["Date"]
     assert parts(msg) == ["multipart/alternative", "text/plain", "multipart/related", "text/html", "image/png"]
     text, html = text_of(msg), html_of(msg)
-    for body in (text, html):
-        assert "42%" in body and "37.5" not in body and "38%" in body      # CPU eff, mem eff rounded
-        assert "3.0 GiB" in body and "8.0 GiB" in body                     # peak / requested
-        assert "40.0 GiB of 141.0 GiB" in body                             # GPU mem high water
-        assert "SM activity 11% while utilization 50%" in body             # finding text
-        assert "0.400 kWh" in body                                         # 1.44 MJ / 3.6e6
-        assert "power 3.5 s" in body                                       # throttle by cause
-    assert "REPORT LINE 1\n  indented line" in text
-    assert "REPORT LINE 1\n  indented line" in html
+    # issue 22: the text part is the 76-column report itself, verdict first
+    assert text.startswith(render_text(s))
+    lines = text.splitlines()
+    assert max(len(ln) for ln in lines) <= 76
+    assert "CPU efficiency  42%  could be better  of 8 cores" in lines
+    assert "Host memory     38%  could be better  peak 3.0 of 8.0 GiB requested" in lines   # 37.5 %
+    assert "    memory peak 40.0 of 141.0 GiB, power 200 W, energy 200 Wh" in lines
+    assert "  !  SM activity 11% while utilization 50%: kernels too small" in lines
+    assert "  GPU-hours busy 1.00 of 2.00 allocated; energy 400 Wh" in lines           # 1.44 MJ / 3600
+    assert "37.5" not in text and "kWh" not in text and " J" not in text
+    # the HTML: the same figures in the same units, the report-text copy dropped
+    for frag in ("<td style=\"padding: 4px 8px 4px 0; text-align: right; font-weight: bold; vertical-align: top;\">42%</td>",
+                 "peak 3.0 of 8.0 GiB requested", "40.0 of 141.0 GiB", "SM activity 11% while utilization 50%",
+                 "energy 400 Wh", "slowed by power 00:00:04"):                  # 3.5 s of power capping
+        assert frag in html, frag
+    assert "gsrun report: job 42" not in html and "37.5" not in html
     # every byte is 7-bit: any relay takes it
     assert max(msg.as_bytes()) < 128
 
@@ -232,7 +241,7 @@ HOSTILE_USER = '"><img src=x onerror=alert(2)>'
 def test_hostile_job_name_and_user_are_escaped_and_cannot_inject_headers(server, spool):
     s = make_summary(name=HOSTILE_NAME, user=HOSTILE_USER)
     s["findings"][0]["text"] = "<b>bold</b> & co"
-    msg = build_message(s, "<pre>not html</pre>", tiny_png(), TO, FROM)
+    msg = build_message(s, render_text(s) + "<pre>not html</pre>\n", tiny_png(), TO, FROM)
     for k, v in msg.items():
         assert "\r" not in str(v) and "\n" not in str(v).replace("\n ", ""), (k, v)
         assert "\x1b" not in str(v) and "\u202e" not in str(v)
@@ -241,11 +250,14 @@ def test_hostile_job_name_and_user_are_escaped_and_cannot_inject_headers(server,
     assert "<script>" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
     assert "<img src=x" not in html and "&#34;&gt;&lt;img src=x onerror=alert(2)&gt;" in html
     assert "<b>bold</b>" not in html and "&lt;b&gt;bold&lt;/b&gt; &amp; co" in html
-    assert "&lt;pre&gt;not html&lt;/pre&gt;" in html
+    assert "not html" not in html                       # the report-text copy is not in the HTML part (issue 22)
     assert html.count("<img ") == 1                       # only our timeline
     text = text_of(msg)
     assert "\x1b" not in text and "\u202e" not in text
-    assert '"; rm -rf / $(reboot) Bcc: victim@evil.example' in text  # shown literally, on one line
+    # shown literally (the report wraps the title at 76 columns; CR LF became a space)
+    assert '"; rm -rf / $(reboot) Bcc: victim@evil.example' in " ".join(text.split())
+    assert not any(ln.startswith("Bcc:") for ln in text.splitlines())
+    assert "<pre>not html</pre>" in text                 # plain text stays plain
 
     # and through a real server: one recipient only, Subject intact, no Bcc smuggled in
     enqueue(spool, "42", msg)
@@ -289,10 +301,11 @@ def test_good_addresses_are_normalised():
 
 
 def test_non_ascii_job_name_is_encoded_not_mangled():
-    msg = build_message(make_summary(name="训练 ✓"), "r", None, TO, FROM)
+    s = make_summary(name="训练 ✓")
+    msg = build_message(s, render_text(s), None, TO, FROM)
     assert max(msg.as_bytes()) < 128
     rx = BytesParser(policy=policy.default).parsebytes(msg.as_bytes())
-    assert rx["Subject"] == "[gsrun] job 42 (训练 ✓) COMPLETED: GPU util 50%, CPU eff 42%"
+    assert rx["Subject"] == "[gsrun] job 42 (训练 ✓) COMPLETED: GPU busy 50% (good), CPU eff 42%"
     assert "训练 ✓" in text_of(rx)
 
 
@@ -322,10 +335,13 @@ def test_case23_instant_failure_says_figures_not_meaningful():
     s["cpu"]["efficiency_pct"] = None
     s["memory"]["efficiency_pct"] = None
     assert mail_kind(s) == "no_run"
-    msg = build_message(s, "r", None, TO, FROM)
+    msg = build_message(s, render_text(s), None, TO, FROM)
     assert msg["Subject"] == "[gsrun] job 13421658 (train) FAILED after 0 s: no efficiency figures"
     text = text_of(msg)
-    assert "not meaningful" in text and "efficiency N/A" in text
+    assert "The job ended after 0 s: CPU, memory and GPU efficiency are not meaningful" in text
+    assert "gsrun report: job 13421658 (train) FAILED on gpu01 and 1 more" in text.splitlines()
+    # no verdict for a job that did not run: no judgement word anywhere
+    assert not any(w in text for w in ("good", "could be better", "wasteful", "efficiency 42%", "38%"))
 
 
 def test_case23_requeued_is_not_mailed_now():
@@ -340,12 +356,15 @@ def test_case15_gpu_unavailable_still_mails_cpu_and_memory():
     s = make_summary()
     s["gpu"] = {"available": False, "reason": "NVML init failed: LIB_RM_VERSION_MISMATCH", "devices": [],
                 "energy_j": None, "gpu_hours_alloc": 2.0, "gpu_hours_used": None}
-    msg = build_message(s, "r", None, TO, FROM)
+    msg = build_message(s, render_text(s), None, TO, FROM)
     assert msg["Subject"] == "[gsrun] job 42 (train) COMPLETED: GPU data unavailable, CPU eff 42%"
-    for body in (text_of(msg), html_of(msg)):
+    text, html = text_of(msg), html_of(msg)
+    for body in (text, html):
         assert "NVML init failed: LIB_RM_VERSION_MISMATCH" in body
-        assert "efficiency 42%" in body or "efficiency <b>42%</b>" in body
-        assert "peak 3.0 GiB" in body
+        assert "peak 3.0 of 8.0 GiB requested" in body
+    assert "CPU efficiency  42%  could be better  of 8 cores" in text.splitlines()
+    assert "  unavailable (NVML init failed: LIB_RM_VERSION_MISMATCH)" in text.splitlines()
+    assert "vertical-align: top;\">42%</td>" in html
 
 
 def test_case12_mig_utilization_is_na_never_did_not_use_gpu():
@@ -359,22 +378,24 @@ def test_case12_mig_utilization_is_na_never_did_not_use_gpu():
     # a findings engine that forgot about MIG: the mail must not repeat it
     s["findings"] = [{"code": "idle_gpu", "severity": "warn", "text": "Your job did not use the GPU",
                       "value": 0.0}]
-    msg = build_message(s, "r", None, TO, FROM)
-    assert msg["Subject"] == "[gsrun] job 42 (train) COMPLETED: GPU util N/A (MIG), CPU eff 42%"
+    msg = build_message(s, render_text(s), None, TO, FROM)
+    assert msg["Subject"] == "[gsrun] job 42 (train) COMPLETED: GPU busy N/A (MIG), CPU eff 42%"
     for body in (text_of(msg), html_of(msg)):
-        assert "N/A (MIG)" in body
+        assert "N/A (MIG)" in body, body
         assert "did not use" not in body.lower()
         assert "0%" not in body.replace("100%", "")  # no 0 % utilization anywhere
-        assert "9.5 GiB of 9.8 GiB" in body          # memory still reported
+        assert "9.5 of 9.8 GiB" in body              # memory still reported, in the total's unit
 
 
 def test_case16_xid_and_lost_gpu_flagged():
     s = make_summary()
     s["gpu"]["devices"][1].update(xid=[79], lost_at_s=1800.0)
-    text = text_of(build_message(s, "r", None, TO, FROM))
-    assert "HARDWARE EVENTS" in text
-    assert "gpu02 GPU 0: Xid 79" in text
-    assert "lost at 00:30:00" in text
+    msg = build_message(s, render_text(s), None, TO, FROM)
+    text, html = text_of(msg), html_of(msg)
+    lines = text.splitlines()
+    i = lines.index("  gpu02 GPU 0, NVIDIA H200")
+    assert lines[i + 3] == "    lost 00:30:00 into the job; Xid 79"
+    assert '<b style="color: #c62828;">lost 00:30:00 into the job</b> <b style="color: #c62828;">Xid 79</b>' in html
 
 
 def test_cpu_only_job_has_no_gpu_part():
@@ -424,7 +445,7 @@ def test_mail_wanted_disabled_and_bad_policy():
 
 def test_enqueue_flush_delivers_real_mail_and_moves_to_sent(server, spool):
     png = tiny_png()
-    msg = build_message(make_summary(), "REPORT", png, TO, FROM)
+    msg = build_message(make_summary(), render_text(make_summary()), png, TO, FROM)
     path = enqueue(spool, "42", msg)
     assert path == spool / "mail" / "new" / "42.eml"
     assert stat.S_IMODE(os.lstat(path).st_mode) == 0o600
@@ -435,12 +456,12 @@ def test_enqueue_flush_delivers_real_mail_and_moves_to_sent(server, spool):
     got = server.sink.messages[0]
     assert got["from"] == FROM and got["rcpt"] == [TO]
     rx = server.sink.parsed()
-    assert rx["Subject"] == "[gsrun] job 42 (train) COMPLETED: GPU util 50%, CPU eff 42%"
+    assert rx["Subject"] == "[gsrun] job 42 (train) COMPLETED: GPU busy 50% (good), CPU eff 42%"
     assert rx["Message-ID"] == msg["Message-ID"]
     assert parts(rx) == ["multipart/alternative", "text/plain", "multipart/related", "text/html", "image/png"]
     img = next(p for p in rx.walk() if p.get_content_type() == "image/png")
     assert img.get_content() == png and f'cid:{img["Content-ID"].strip("<>")}' in html_of(rx)
-    assert "REPORT" in text_of(rx)
+    assert text_of(rx).replace("\r\n", "\n").startswith(render_text(make_summary()))
     assert queued(spool, "new") == [] and queued(spool, "sent") == ["42.eml"]
     assert queue_status(spool)["sent"] == ["42"]
     # a second flush sends nothing

@@ -56,13 +56,30 @@ def _png_chunks(data: bytes):
     return chunks
 
 
-def test_png_is_valid_with_expected_size(tmp_path):
+def test_png_is_valid_with_expected_size(tmp_path, monkeypatch):
+    import matplotlib.figure
+    import matplotlib.text
+    from gsrun.report.mail import build_message
+    figs = []
+    real_savefig = matplotlib.figure.Figure.savefig
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig",
+                        lambda fig, *a, **k: (figs.append(fig), real_savefig(fig, *a, **k))[1])
     job = _job(tmp_path)
     png = render_png(job)
     chunks = _png_chunks(png)
     assert chunks[0][0] == b"IHDR" and chunks[-1][0] == b"IEND"
     width, height, depth, ctype = struct.unpack(">IIBB", chunks[0][1][:10])
-    assert (width, height) == (810, 765)                    # 9 x 8.5 in at 90 dpi
+    # issue 22: drawn at 2x (7.2 in at 200 dpi = 1440 px), shown at 720 px; four panels of 1.55 in + 0.7 in
+    assert (width, height) == (1440, 1380)
+    # every piece of text on the chart is 11 pt or more (at 720 px shown: 11 pt at 100 dpi)
+    (fig,) = figs
+    texts = [t for t in fig.findobj(matplotlib.text.Text) if t.get_visible() and t.get_text().strip()]
+    assert len(texts) > 10
+    assert min(t.get_fontsize() for t in texts) >= 11, sorted({(t.get_fontsize(), t.get_text()) for t in texts})[:5]
+    # the mail shows it at half its pixel size, with an explicit width and height
+    msg = build_message(job, render_text(job), png, "alice@example.org", "gsrun@cluster.example.org", date=0)
+    html = msg.get_body(("html",)).get_content()
+    assert 'width="720" height="690"' in html
     assert depth == 8 and ctype in (2, 6)
     pixels = zlib.decompress(b"".join(b for t, b in chunks if t == b"IDAT"))
     bpp = 4 if ctype == 6 else 3
@@ -89,22 +106,38 @@ def test_text_report_layout_and_units(tmp_path):
     job = _job(tmp_path)
     text = render_text(job)
     lines = text.splitlines()
-    assert lines[0] == "gsrun efficiency report: job 4242 (train-llm)"
-    assert "User: alice   Partition: gpu   State: COMPLETED" in lines[1]
-    assert "Elapsed: 01:00:00   CPUs: 16   GPUs: 4" in text
-    assert "CPU efficiency: 37.5% (06:00:00 CPU time of 16 cores x 01:00:00)" in text
-    assert "Memory high water: 40.0 GiB of 128.0 GiB requested (31.2%)" in text
-    header = [ln for ln in lines if "memory high water" in ln][0]
-    for col in ("util", "SM act", "tensor", "energy", "power", "throttled"):
-        assert col in header
-    rows = [ln for ln in lines if ln.startswith("  gpu-a01")]
-    assert len(rows) == 4
-    assert "LOST at 1800 s" in rows[2] and "LOST" not in rows[0]
-    assert "45.0 GiB / 140.4 GiB" in rows[1]
-    assert "150 W" in rows[0] and "150 Wh" in rows[0]            # 150 W x 1 h
-    assert "GPU-hours:" in text and "of 4.00 allocated" in text and "Energy: " in text
-    assert "kWh" in text
-    assert "Findings" in text and "!! Hardware event: GPU 2 on gpu-a01 was lost 1800 s into the job" in text
+    assert max(len(ln) for ln in lines) <= 76
+    # issue 22: the verdict first (title, the hardware alert, next time, one row per resource)
+    assert lines[0] == "gsrun report: job 4242 (train-llm) COMPLETED after 01:00:00 on gpu-a01"
+    assert lines[1] == "!! GPU 2 on gpu-a01 was lost 00:30:00 into the job and the node was flagged"
+    assert lines[4:12] == [
+        "Next time: nothing to change on the GPUs; CPU efficiency and host memory",
+        "  could be better (below).",
+        "GPU busy        55%  good             mean of 4 GPUs; lowest GPU 0: 55%",
+        "GPU SM active   57%  good             share of the SMs in use",
+        "GPU memory      68%  good             peak 95.0 of 140.4 GiB (GPU 3)",
+        "CPU efficiency  38%  could be better  of 16 cores",            # 6 of 16 cores: 37.5 %
+        "Host memory     31%  could be better  peak 40.0 of 128.0 GiB requested",   # 31.25 %
+        ""]
+    assert lines[12:14] == ["Findings",
+                            "  !! Hardware event: GPU 2 on gpu-a01 was lost 00:30:00 into the job and the"]
+    job_at = lines.index("Job")
+    assert lines[job_at + 1:job_at + 5] == [
+        "  User alice, partition gpu, exit code N/A",
+        "  Ran 2025-10-09 08:53 to 09:53",
+        "  1 node (gpu-a01), 16 CPUs, 4 GPUs, 128.0 GiB memory requested",
+        "  CPU time 06:00:00 of 16 cores x 01:00:00; host memory peak 40.0 GiB"]
+    # fewer than 5 GPUs: a block per GPU, memory in the total's unit, energy in Wh (150 W x 1 h)
+    gpus_at = lines.index("GPUs")
+    assert lines[gpus_at + 1:gpus_at + 4] == ["  gpu-a01 GPU 0, NVIDIA H200",
+                                              "    busy 55%, SM active 42%, tensor active 20%",
+                                              "    memory peak 20.0 of 140.4 GiB, power 150 W, energy 150 Wh"]
+    assert lines[gpus_at + 7:gpus_at + 11] == ["  gpu-a01 GPU 2, NVIDIA H200",
+                                               "    busy 55%, SM active 62%, tensor active 20%",
+                                               "    memory peak 70.0 of 140.4 GiB, power 350 W, energy 175 Wh",
+                                               "    lost 00:30:00 into the job"]
+    assert "  GPU-hours busy 1.92 of 4.00 allocated; energy 1.02 kWh" in lines
+    assert text.count("lost 00:30:00") == 3 and "1800 s" not in text and "LOST" not in text
     assert "\033[" not in text
     colored = render_text(job, color=True)
     assert "\033[1m" in colored and "\033[31m" in colored
@@ -119,5 +152,7 @@ def test_missing_figures_print_na_not_zero():
                    "gpu_hours_used": None, "energy_j": None, "energy_kwh": None},
            "findings": []}
     text = render_text(job)
-    assert "CPU efficiency: N/A" in text and "Memory high water: N/A" in text and "Elapsed: N/A" in text
-    assert "0.0%" not in text
+    assert text.splitlines()[0] == "gsrun report: job 9 N/A on n1"      # state and elapsed unknown: no "after"
+    assert "  CPU efficiency N/A, host memory peak N/A" in text.splitlines()
+    assert "  User N/A, partition N/A, exit code N/A" in text.splitlines()
+    assert "0%" not in text and "0.0" not in text and " 0 s" not in text and "00:00:00" not in text

@@ -106,7 +106,9 @@ def test_na_samples_are_gap_time_not_zero(tmp_path):
     assert st["gpus"][0]["metrics"]["mem_used_bytes"]["gap_s"] == pytest.approx(720.0)
     assert g["mem_peak_bytes"] == 40 * GIB
     text = render_text(job_of([summ], 3600))
-    assert "no utilization reading for 720 s" in text
+    # issue 22: durations in one unit (clock), in the GPU's block
+    assert "    no utilization reading for 00:12:00 (left out of the mean)" in text.splitlines()
+    assert "GPU busy        80%  good             share of time a kernel ran" in text.splitlines()
 
 
 # ----------------------------------------------------------------- energy
@@ -187,12 +189,17 @@ def test_gpu_lost_midway_4_gpus_every_10s(tmp_path):
     job = job_of([summ], 3600, gpus_alloc=4)
     lost = [f for f in job["findings"] if f["code"] == "gpu_lost"]
     assert len(lost) == 1 and lost[0]["severity"] == "alert"
-    assert "Hardware event" in lost[0]["text"] and "1800 s" in lost[0]["text"] and "Xid 79" in lost[0]["text"]
+    assert lost[0]["text"] == ("Hardware event: GPU 2 on n1 was lost 00:30:00 into the job (Xid 79: fallen off "
+                               "the bus) and the node was flagged for the admins. Its figures cover only the "
+                               "time before; if the job failed then, resubmit it.")
     assert not [f for f in job["findings"] if f["code"] == "xid"]     # Xid 79 is told once, with the loss
     assert job["gpu"]["gpu_hours_used"] == pytest.approx((0.9 + 0.7 + 0.4) + 0.6 * 1790 / 3600, abs=1e-3)
     assert job["gpu"]["gpu_hours_alloc"] == 4.0
     text = render_text(job)
-    assert "LOST at 1800 s" in text
+    assert "    lost 00:30:00 into the job; Xid 79" in text.splitlines()
+    # one unit everywhere: the alert line under the title, the finding and the GPU's note
+    assert text.count("lost 00:30:00 into the job") == 3 and "1800 s" not in text
+    assert text.splitlines()[1] == "!! GPU 2 on n1 was lost 00:30:00 into the job (Xid 79: fallen off the bus)"
 
 
 def test_lost_on_first_poll_never_crashes(tmp_path):
@@ -225,7 +232,11 @@ def test_nvml_init_failure_keeps_cpu_and_memory(tmp_path):
     assert job["memory"]["peak_bytes"] == 12 * GIB
     text = render_text(job)
     assert "unavailable (NVML init failed: LIB_RM_VERSION_MISMATCH)" in text
-    assert "CPU efficiency: 50.0%" in text and "12.0 GiB of 32.0 GiB requested (37.5%)" in text
+    lines = text.splitlines()
+    assert "CPU efficiency  50%  good             of 8 cores" in lines
+    assert "Host memory     38%  could be better  peak 12.0 of 32.0 GiB requested" in lines
+    assert "  CPU time 04:00:00 of 8 cores x 01:00:00; host memory peak 12.0 GiB" in lines
+    assert not any(ln.startswith("GPU ") for ln in lines)         # no GPU verdict without GPU figures
     assert "idle" not in text
     assert any(f["code"] == "gpu_unavailable" for f in job["findings"])
 
@@ -259,10 +270,14 @@ def test_mig_utilization_is_na_mig_never_zero(tmp_path):
     assert "idle_gpu" not in codes and "util_na" in codes
     text = render_text(job)
     assert "N/A (MIG)" in text
-    assert "9.5 GiB / 9.8 GiB" in text
+    assert "    memory peak 9.5 of 9.8 GiB, power 0 W, energy 0.0 Wh" in text.splitlines()
+    assert "GPU memory      97%  good             peak 9.5 of 9.8 GiB" in text.splitlines()
+    assert "busy 0%" not in text
     assert "0.0%" not in text.split("GPUs")[1].split("Findings")[0]
     flat = " ".join(text.split())          # findings are wrapped
-    assert "did not use" not in flat and "unused" not in flat.replace("does not mean the GPU was unused", "")
+    assert "GPU busy N/A not reported (MIG or driver): does not mean unused" in flat   # the verdict row
+    assert "did not use" not in flat and "unused" not in flat.replace("does not mean the GPU was unused", "") \
+        .replace("does not mean unused", "")
     assert "GPU 0 on n1: utilization N/A (MIG)" in flat
     assert job["gpu"]["gpu_hours_used"] is None
 
@@ -304,8 +319,9 @@ def test_memory_high_water_vs_total(tmp_path):
     assert g["mem_peak_bytes"] == 100 * GIB
     assert g["mem_total_bytes"] == 150754820096
     assert g["mem_peak_pct"] == pytest.approx(100 * 100 * GIB / 150754820096, abs=0.05)
-    text = render_text(job_of([node_of(st, 500)], 500))
-    assert "100.0 GiB / 140.4 GiB" in text
+    text = render_text(job_of([node_of(st, 500)], 500)).splitlines()
+    assert "    memory peak 100.0 of 140.4 GiB, power 0 W, energy 0.0 Wh" in text
+    assert "GPU memory      71%  good             peak 100.0 of 140.4 GiB" in text
 
 
 def test_throttle_seconds_per_cause(tmp_path):

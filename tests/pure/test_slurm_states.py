@@ -44,3 +44,21 @@ def test_ctld_job_from_record_uses_the_shared_parsers():
     assert typed["gpus_alloc"] == 3 and typed["mem_req_bytes"] == 512 << 20     # bare mem= is MiB
     bad = job_from_record("42", {"AllocTRES": "mem=lots", "RunTime": "soon", "JobState": ""}, {})
     assert bad["mem_req_bytes"] is None and bad["elapsed_s"] is None and bad["state"] is None
+
+
+def test_ctld_job_from_record_reads_time_limit_submit_and_start(monkeypatch):
+    """Issue 22 item 4: SubmitTime, StartTime (controller local time) and TimeLimit reach the summary."""
+    import time
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    try:
+        rec = {"JobState": "COMPLETED", "RunTime": "01:00:00", "TimeLimit": "1-00:00:00",
+               "SubmitTime": "2025-10-09T08:45:00", "StartTime": "2025-10-09T09:00:00"}
+        job = job_from_record("42", rec, {})
+        assert job["time_limit_s"] == 86400.0
+        assert job["submit_time"] == 1759999500.0 and job["start_time"] == 1760000400.0
+        unl = job_from_record("42", {"TimeLimit": "UNLIMITED", "SubmitTime": "Unknown", "StartTime": "None"}, {})
+        assert unl["time_limit_s"] is None and unl["submit_time"] is None and unl["start_time"] is None
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()

@@ -93,7 +93,27 @@ def job_cancelled() -> dict:
                         "mail_user": "carol@example.org", "mail_type": "ALL"}, [])
 
 
+TIMES = {"job-1gpu": {"submit_time": 1760000000.0 - 900, "time_limit_s": 8 * 3600.0},
+         "job-8gpu": {"submit_time": 1760000000.0 - 5400, "time_limit_s": 4 * 3600.0}}
+
+
+def refresh_findings() -> None:
+    """``make.py --findings``: keep the stored figures, add the job record's
+    SubmitTime / TimeLimit (:data:`TIMES`, issue 22) and recompute the
+    findings with today's rules (what EpilogSlurmctld would store now)."""
+    from gsrun.report.findings import findings
+    for p in sorted(HERE.glob("job-*.json")):
+        s = json.loads(p.read_text())
+        s["job"].update(TIMES.get(p.stem, {}))
+        s["findings"] = findings(s)
+        p.write_text(json.dumps(s, indent=1, sort_keys=True) + "\n")
+        print(f"refreshed {p.name}: {len(s['findings'])} finding(s)")
+
+
 def main() -> None:
+    if sys.argv[1:] == ["--findings"]:
+        refresh_findings()
+        return
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         for sub in "abc":
@@ -104,6 +124,7 @@ def main() -> None:
                                        name="train-crash", mail_type="FAIL"),
                 "job-cancelled": job_cancelled()}
     for name, s in jobs.items():
+        s["job"].update(TIMES.get(name, {}))
         (HERE / f"{name}.json").write_text(json.dumps(s, indent=1, sort_keys=True) + "\n")
         print(f"wrote {name}.json ({s['job']['state']}, {len(s['gpu']['devices'])} GPU(s))")
 
