@@ -64,7 +64,7 @@ from gsrun.base.templating import render
 from gsrun.base.errors import ConfigError, GsrunError, InputError, NodeError
 from gsrun.base.fsutil import atomic_write, atomic_write_json, ensure_dir, read_json
 from gsrun.facts.slurm import ACTIVE_STATES as NOT_FINAL_STATES, FAILED_STATES as FAIL_STATES
-from gsrun.report.records import FindingCode, is_mig as _is_mig
+from gsrun.report.records import is_mig as _is_mig
 from gsrun.report.units import NA, as_number, fmt_bytes, fmt_bytes_of, fmt_duration_s, fmt_energy_j, fmt_hours_h, \
     fmt_share_pct, fmt_power_w, fmt_time
 

@@ -109,8 +109,10 @@ def test_energy_unsupported_estimated_and_v1_memory_baseline_and_job_processes(s
     assert summary["gpu"]["energy_j"] == g["energy_j"] and summary["gpu"]["energy_kwh"] > 0
     assert decode_js1(js1_blob(summary))["gsrun"]["energy_estimated"] is True
     text = render_text(summary)
-    assert "(estimated)" in text and "GPU 0 on gpu-node01: energy estimated from power samples" in text
-    assert "the job's processes held at most 3.0 GiB" in text
+    assert "energy 0.1 Wh (estimated)" in text                   # the job's total
+    notes = " ".join(ln.strip() for ln in text[text.index("gpu-node01 GPU 0"):].splitlines()[1:6])
+    assert "energy estimated from power samples (energy counter:" in notes    # under GPU 0's block
+    assert "the job's processes held at most 3.0 GiB" in notes
     view = mail_view(summary, text, False, "cid", "https://x.invalid")
     assert view["gpu_energy"].endswith("(estimated)") and view["devices"][0]["energy"].endswith("(estimated)")
     assert "job's processes 3.0 GiB" in view["devices"][0]["mem"]
