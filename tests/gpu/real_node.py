@@ -312,7 +312,12 @@ def main() -> int:
         checks["user_summary_owner_mode"] = False
         out["spool_error"] = str(e)
     sampler_pid = ((rec.get("steps") or {}).get("sampler") or {}).get("pid")
-    checks["sampler_stopped"] = sampler_pid is not None and not psutil.pid_exists(int(sampler_pid))
+    def _ended(pid: int) -> bool:    # exited: gone, or a zombie its new parent has not reaped yet
+        try:
+            return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+    checks["sampler_stopped"] = sampler_pid is not None and _ended(int(sampler_pid))
 
     # plausibility of the figures against nvidia-smi and the energy counter
     readings = [r for r in poller.readings if t_task0 <= r["t"] <= t_task1]
