@@ -51,7 +51,9 @@ def _fake_nvml() -> dict:
             d["pci"]["ok"] = dict(d["pci"]["ok"], busId=bus, busIdLegacy=bus[4:])
         d["utilization"] = {"ok": {"gpu": UTIL[i], "memory": 10}}
         used = MEM_USED[i] << 30
-        d["memory"] = {"ok": {"total": total, "used": used, "free": total - used}}
+        # v2 answer ("reserved" present): the figures reach sacct as set; a v1-only answer
+        # would be read minus the prolog's baseline (the same static value here: 0)
+        d["memory"] = {"ok": {"total": total, "reserved": 0, "used": used, "free": total - used}}
         d.pop("memory_v2", None)
         devs.append(d)
     rec["devices"] = devs
