@@ -568,8 +568,9 @@ class ScopedKnob(Knob):
     def shortfall(self, after, target) -> str:
         return _dict_shortfall(after, target, self.what)
 
+    @abstractmethod
     def _rel(self, k: str) -> str:
-        raise NotImplementedError
+        """The host-root-relative file of part ``k`` of the setting."""
 
     def apply(self, h, target, swap):
         for k, v in target.items():
