@@ -44,6 +44,8 @@ class GpuRef(Record):
     mig: bool = field("MIG mode on (nvmlDeviceGetMigMode current = 1, or a MIG name/UUID)", False)
     gpm: bool = field("GPM metrics supported (nvmlGpmQueryDeviceSupport)", False)
     lost: bool = field("NVML answered GPU_IS_LOST already when the sampler started", False)
+    power_limit_w: float = field("enforced power limit at the sampler's start, W "
+                                 "(nvmlDeviceGetEnforcedPowerLimit mW / 1000); absent: not reported", optional_key=True)
 
 
 @dataclass(frozen=True)

@@ -91,9 +91,11 @@ def resolve_gpus(nv, gres_indices: list[int]) -> tuple[list[GpuRef], list[str]]:
         uuid = _v(nv.get(idx, "uuid"))
         is_mig = (isinstance(mig, (list, tuple)) and bool(mig) and mig[0] == 1) \
             or " MIG " in f" {name or ''} " or str(uuid or "").startswith("MIG-")
+        limit_mw = nv.get(idx, "power_limit_mw")
+        limit = {"power_limit_w": limit_mw / 1000.0} if isinstance(limit_mw, (int, float)) and limit_mw > 0 else {}
         refs.append(GpuRef(g, idx, uuid, _v(nv.get(idx, "pci_bus_id")), name,
                            None if is_na(mem) else int(mem["total"]), bool(is_mig),
-                           (not is_na(gpm)) and bool(gpm) and not is_mig))
+                           (not is_na(gpm)) and bool(gpm) and not is_mig, **limit))
     return refs, notes
 
 
@@ -105,7 +107,7 @@ def new_gpu_state(ref: GpuRef, timeline_points: int, mem_baseline_bytes: int | N
     """A GPU's live state: aggregates as objects (see :func:`state_to_json`).
     ``mem_baseline_bytes``: v1 memory "used" before the job (prolog), or None."""
     return {
-        "ref": dict(ref.__dict__),
+        "ref": ref.to_json(),     # a key not known (power_limit_w) is left out
         "metrics": {k: Metric(UTIL_THRESHOLDS_PCT if k == "util_pct" else (),
                               HIST_EDGES_PCT if k.endswith("_pct") else ())
                     for k in GPU_METRICS},

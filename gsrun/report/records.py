@@ -133,6 +133,9 @@ class GpuSummary(Record):
     power_mean_w: float | None = field("mean power, W: energy_j / sampled span (else mean of "
                                        "nvmlDeviceGetPowerUsage)", ABSENT)
     power_max_w: float | None = field("highest nvmlDeviceGetPowerUsage reading, W", ABSENT)
+    power_limit_w: float | None = field("enforced power limit, W (nvmlDeviceGetEnforcedPowerLimit at the "
+                                        "sampler's start); absent: not reported or an older summary", ABSENT,
+                                        optional_key=True)
     temperature_max_c: float | None = field("highest nvmlDeviceGetTemperature reading, deg C", ABSENT)
     sm_clock_mean_mhz: float | None = field("mean SM clock, MHz (nvmlDeviceGetClockInfo)", ABSENT)
     throttle_s: dict[str, float | None] = field(

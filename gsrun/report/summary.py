@@ -197,6 +197,7 @@ def gpu_record(g: GpuState, node: str, nvml_error: str | None = None) -> GpuSumm
         mem_procs_peak_bytes=int(procs.max) if procs.max is not None else ABSENT,
         power_mean_w=_r(power_mean),
         power_max_w=_r(power.max),
+        power_limit_w=_r(ref.power_limit_w) if isinstance(ref.power_limit_w, (int, float)) else ABSENT,
         temperature_max_c=_r(_metric(g, "temperature_c").max),
         sm_clock_mean_mhz=_r(_metric(g, "sm_clock_mhz").mean, 0),
         throttle_s={k: _r(v) for k, v in g.throttle_s.items()},

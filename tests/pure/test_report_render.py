@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import struct
 import zlib
 
@@ -156,3 +157,34 @@ def test_missing_figures_print_na_not_zero():
     assert "  CPU efficiency N/A, host memory peak N/A" in text.splitlines()
     assert "  User N/A, partition N/A, exit code N/A" in text.splitlines()
     assert "0%" not in text and "0.0" not in text and " 0 s" not in text and "00:00:00" not in text
+
+
+def test_chart_draws_the_power_limit_nvml_reported(tmp_path, monkeypatch):
+    """The H200 recording reports nvmlDeviceGetEnforcedPowerLimit 700000 mW: the
+    node and job summaries carry power_limit_w 700.0 and the power panel draws
+    it as a labelled horizontal line (a summary without it draws none)."""
+    import matplotlib.figure
+    import matplotlib.lines
+    figs = []
+    real_savefig = matplotlib.figure.Figure.savefig
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig",
+                        lambda fig, *a, **k: (figs.append(fig), real_savefig(fig, *a, **k))[1])
+    job = _job(tmp_path)
+    assert {d.get("power_limit_w") for d in job["gpu"]["devices"]} == {700.0}
+
+    def limit_lines(summary):
+        figs.clear()
+        assert render_png(summary)
+        (fig,) = figs
+        lines = [ln for ln in fig.findobj(matplotlib.lines.Line2D)
+                 if len(set(ln.get_ydata())) == 1 and list(ln.get_ydata())[0] == 700.0]
+        labels = [t.get_text() for t in fig.texts + [t for ax in fig.axes for t in ax.texts]]
+        return lines, labels
+
+    lines, labels = limit_lines(job)
+    assert len(lines) == 1 and "power limit 700 W" in labels
+    old = json.loads(json.dumps(job))
+    for d in old["gpu"]["devices"]:
+        d.pop("power_limit_w")
+    lines, labels = limit_lines(old)
+    assert lines == [] and not any("power limit" in t for t in labels)

@@ -36,7 +36,7 @@ FILES = sorted(p for p in FIX.glob("*/*.json"))
 
 
 def _kind(p: Path):
-    if p.name == "summary.json":
+    if p.name.startswith("summary"):
         return JobSummary, "job-summary"
     if p.name.startswith("node-"):
         return NodeSummary, "node-summary"
