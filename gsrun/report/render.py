@@ -13,12 +13,14 @@ from __future__ import annotations
 import io
 import textwrap
 
-from gsrun.report.units import NA, fmt_bytes, fmt_bytes_of, fmt_duration_s, fmt_energy_j, fmt_hours_h, \
+from gsrun.report.units import NA, fmt_bytes, fmt_bytes_of, fmt_duration_s, fmt_energy_j, fmt_hours_h, fmt_pct, \
     fmt_share_pct, fmt_power_w, fmt_time
 
 WRAP_COLS = 76      # every line of the text report (and the mail's text part) fits this width
 VERDICT_COLS = (15, 4, 17)      # label, value, judgement; the detail fills the rest
 TABLE_FROM_GPUS = 5             # this many GPUs or more: one table row per GPU instead of a block each
+LIST_UP_TO_GPUS = 32            # more GPUs: the distribution and the lowest/highest few, unless all_gpus
+LIST_ENDS = 5                   # lowest and highest GPUs (by busy) listed when summarising
 LEVEL_COLOR = {"good": "32", "better": "33", "wasteful": "31"}
 
 
@@ -83,7 +85,7 @@ def _gpu_notes(g, c) -> list[str]:
     return notes
 
 
-def render_text(summary: dict, color: bool = False, cfg=None) -> str:
+def render_text(summary: dict, color: bool = False, cfg=None, all_gpus: bool = False) -> str:
     """The report as plain text, every line at most :data:`WRAP_COLS` wide
     (ANSI colour when ``color``; the colour codes do not count).
 
@@ -191,6 +193,11 @@ def render_text(summary: dict, color: bool = False, cfg=None) -> str:
             if notes:
                 lines += _wrap("; ".join(notes), "    ", "      ")
     elif shown:
+        if len(shown) > LIST_UP_TO_GPUS and not all_gpus:
+            lines += _distribution(shown)
+            ranked = sorted(shown, key=lambda g: (g.get("util_mean_pct") is None, g.get("util_mean_pct") or 0.0,
+                                                  str(g["node"]), g["index"]))
+            shown = ranked[:LIST_ENDS] + ranked[-LIST_ENDS:]
         multi = len({g["node"] for g in shown}) > 1
         nw = max(len(str(g["node"])) for g in shown) if multi else 0
         hdr = (f"{'node':<{nw}} " if multi else "") + f"{'GPU':>3} {'busy':>5}" + (f" {'SM':>4}" if has_sm else "") \
@@ -223,6 +230,24 @@ def render_text(summary: dict, color: bool = False, cfg=None) -> str:
         lines += _wrap("busy = share of time a kernel ran" + ("; SM active = share of the GPU's compute units in "
                        "use (GPM)" if has_sm else "") + "; N/A = not reported.", "  ", "    ")
     return "\n".join(lines) + "\n"
+
+
+def _distribution(gpus: list[dict]) -> list[str]:
+    """Lines summarising many GPUs: the spread of busy (min, 10th percentile,
+    median, 90th percentile, max over the GPUs with a figure) and what the
+    table below lists."""
+    vals = sorted(g["util_mean_pct"] for g in gpus if g.get("util_mean_pct") is not None)
+    out = []
+    if vals:
+        def q(f: float) -> float:
+            return vals[min(len(vals) - 1, int(f * (len(vals) - 1) + 0.5))]
+        out += _wrap(f"{len(gpus)} GPUs; busy over {len(vals)} with a figure: min {fmt_pct(vals[0], 0)}, "
+                     f"10th percentile {fmt_pct(q(0.1), 0)}, median {fmt_pct(q(0.5), 0)}, 90th percentile "
+                     f"{fmt_pct(q(0.9), 0)}, max {fmt_pct(vals[-1], 0)}", "  ", "    ")
+    else:
+        out += _wrap(f"{len(gpus)} GPUs; none with a busy figure", "  ", "    ")
+    out += _wrap(f"the {LIST_ENDS} least and {LIST_ENDS} most busy (gseff --all lists every GPU):", "  ", "    ")
+    return out
 
 
 def _time_axis(max_t: float) -> tuple[float, str]:
