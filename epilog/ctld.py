@@ -92,19 +92,46 @@ def _elapsed(text: str | None) -> float | None:
         return None
 
 
+POOL_MAX_NODES = 64     # up to this many nodes the merge pools the GPUs' timelines into the job's
+
+
 def merge(paths: Paths, job: dict, cfg, wait_s: float = 0.0, sleep=time.sleep) -> dict:
     """Read the node summaries and merge them. Each file is parsed once; a
     node still missing is waited for by looking for its file only, with
     backoff (0.1 s doubling to 2 s) for at most ``wait_s`` in all, then
-    reported missing (``nodes_missing``)."""
+    reported missing (``nodes_missing``).
+
+    Per-GPU timelines (most of a node file's bytes) are kept in the job
+    summary only for jobs of at most ``KEEP_GPU_TIMELINES`` GPUs; up to
+    :data:`POOL_MAX_NODES` nodes they are pooled into the job-level timeline
+    (:class:`gsrun.report.summary.JobTimeline`) as each file is read; past
+    that they are cut from the file's text before it is parsed
+    (:func:`_node_without_timelines`), so the merge is O(nodes x GPUs) in
+    small constants, and the job summary carries no timeline (``gseff
+    --plot`` reads the node files)."""
+    from gsrun.report.summary import KEEP_GPU_TIMELINES, JobTimeline, strip_timelines
+
     d = paths.spool_job(job["id"])
     deadline = time.monotonic() + wait_s
     by_node: dict[str, dict] = {}
+    cut = len(job.get("nodes") or ()) > POOL_MAX_NODES
+    acc: list = [None, 0, job.get("start_time")]     # job timeline, GPUs read, its t0
 
     def take(p) -> None:
-        s = read_json(p)
+        s = _node_without_timelines(p) if cut else read_json(p)
         if s and s.get("kind") == "node" and s.get("node") not in by_node:
             by_node[s["node"]] = s
+            if cut:
+                return
+            if acc[2] is None:
+                acc[2] = s.get("start_time")
+            acc[1] += len(s.get("gpus") or ())
+            if acc[0] is None and acc[1] > KEEP_GPU_TIMELINES:
+                acc[0] = JobTimeline()
+                for x in by_node.values():
+                    strip_timelines(x, acc[0], acc[2])
+            elif acc[0] is not None:
+                strip_timelines(s, acc[0], acc[2])
 
     for p in sorted(d.glob("node-*.json")):
         take(p)
@@ -121,14 +148,80 @@ def merge(paths: Paths, job: dict, cfg, wait_s: float = 0.0, sleep=time.sleep) -
             p = d / f"node-{n}.json"
             if p.exists():
                 take(p)
-    return job_summary(job, list(by_node.values()), cfg, job.get("partition"))
+    return job_summary(job, list(by_node.values()), cfg, job.get("partition"), acc[0])
+
+
+_TIMELINE_KEYS = ('"timeline":{', '"cpu_timeline":[')
+
+
+def _node_without_timelines(path) -> dict | None:
+    """A node summary file parsed without its timelines (``gpus[].timeline``
+    and ``cpu_timeline`` left out), or None if absent/corrupt (as
+    :func:`~gsrun.base.fsutil.read_json`).
+
+    The node epilog writes the file as compact sorted JSON (root's
+    :func:`~gsrun.base.fsutil.atomic_write_json`), where a GPU's
+    ``"timeline":{...}`` holds only lists of numbers (so it ends at the next
+    ``}``) and ``"cpu_timeline":[...]`` ends at the next ``]]``; the text of
+    each is cut before ``json.loads`` (what makes parsing a 24 h node file
+    cheap). A file of another layout (a key not found where expected) is
+    parsed whole and its timelines dropped after."""
+    import json
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as f:
+            text = f.read().decode()
+    except (OSError, UnicodeDecodeError):
+        return None
+    parts, i = [], 0
+    while True:
+        j = text.find('"timeline":{', i)
+        if j < 0:
+            break
+        k = text.find("}", j)
+        if k < 0:
+            break
+        parts.append(text[i:j])
+        i = k + 1
+        if text[i:i + 1] == ",":
+            i += 1
+        elif parts[-1].endswith(","):
+            parts[-1] = parts[-1][:-1]
+    parts.append(text[i:])
+    text = "".join(parts)
+    j = text.find('"cpu_timeline":[')
+    if j >= 0:
+        k = j + 17 if text.startswith("[]", j + 15) else text.find("]]", j) + 2
+        if text[k:k + 1] == ",":
+            text = text[:j] + text[k + 1:]
+        else:
+            text = text[:j].rstrip(",") + text[k:]
+    try:
+        s = json.loads(text)
+    except ValueError:
+        s = read_json(path)
+    if not isinstance(s, dict):
+        return None
+    s.pop("cpu_timeline", None)
+    for g in s.get("gpus") or ():
+        if isinstance(g, dict):
+            g.pop("timeline", None)
+    return s
 
 
 def write_summary(paths: Paths, summary: dict, uid: int | None, gid: int | None) -> None:
+    """``summary.json`` (root, 0600) and, with ``uid``, ``user-summary.json``
+    (the job's user, 0400): serialized once, the same bytes written to both."""
+    import json
+
+    from gsrun.base.fsutil import atomic_write
+
     d = paths.make_spool_job(summary["job"]["id"])
-    atomic_write_json(d / "summary.json", summary, mode=0o600)
+    data = (json.dumps(summary, separators=(",", ":"), sort_keys=True) + "\n").encode()
+    atomic_write(d / "summary.json", data, mode=0o600)
     if uid is not None:
-        atomic_write_json(d / "user-summary.json", summary, mode=0o400, uid=uid, gid=gid)
+        atomic_write(d / "user-summary.json", data, mode=0o400, uid=uid, gid=gid)
 
 
 def run(environ, spool_dir: str | None = None, wait_s: float = 30.0) -> int:

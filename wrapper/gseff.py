@@ -42,12 +42,15 @@ def load_summary(paths: Paths, job_id: str) -> dict:
         summary = read_json(d / n)
         if summary:
             break
-    nodes = []
+    files: dict[str, object] = {}     # node -> its file; names only: a node file is parsed only when merging here
     for p in sorted(d.glob("node-*.json")) + sorted(d.glob("user-node-*.json")):
-        s = read_json(p)
-        if s and s.get("kind") == "node" and s["node"] not in {x["node"] for x in nodes}:
-            nodes.append(s)
-    if summary is None or len(nodes) > len(summary["job"]["nodes"]) - len(summary.get("nodes_missing", [])):
+        files.setdefault(p.name[len("user-node-") if p.name.startswith("user-") else len("node-"):-len(".json")], p)
+    if summary is None or len(files) > len(summary["job"]["nodes"]) - len(summary.get("nodes_missing", [])):
+        nodes = []
+        for p in files.values():
+            s = read_json(p)
+            if s and s.get("kind") == "node" and s["node"] not in {x["node"] for x in nodes}:
+                nodes.append(s)
         if not nodes:
             if summary:
                 return summary
@@ -155,10 +158,11 @@ def render_accounting(rec: dict) -> str:
 @click.argument("job_id")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary JSON.")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Write a per-GPU timeline PNG.")
+@click.option("--all", "all_gpus", is_flag=True, help="List every GPU (a job of more than 32 GPUs is summarised).")
 @click.option("--sacct", "from_sacct", is_flag=True,
               help="Read the job from Slurm accounting (sacct + AdminComment) even if the spool has it.")
 @click.option("--spool-dir", default=None, hidden=True)
-def cli(job_id, as_json, plot, from_sacct, spool_dir):
+def cli(job_id, as_json, plot, all_gpus, from_sacct, spool_dir):
     """Show the GPU efficiency report of JOB_ID."""
     check_job_id(job_id.strip(), array=True)
     cfg = load_config()
@@ -187,8 +191,8 @@ def cli(job_id, as_json, plot, from_sacct, spool_dir):
         click.echo(json.dumps(summary, indent=1, sort_keys=True))
     else:
         from gsrun.report.render import render_text
-        click.echo(render_text(summary, color=sys.stdout.isatty() and not os.environ.get("NO_COLOR"), cfg=cfg),
-                   nl=False)
+        click.echo(render_text(summary, color=sys.stdout.isatty() and not os.environ.get("NO_COLOR"), cfg=cfg,
+                               all_gpus=all_gpus), nl=False)
     if plot:
         from gsrun.report.render import render_png
         png = render_png(summary)

@@ -262,6 +262,10 @@ class GpuFigures(Record):
     energy_j: float | None = field("sum of the GPUs' energy_j, J", ABSENT)
     energy_kwh: float | None = field("energy_j / 3.6e6, kWh", ABSENT)
     energy_estimated: bool = field("at least one GPU's energy_j is estimated from power samples", ABSENT, optional_key=True)
+    timeline: dict[str, tuple[tuple[float | None, ...], ...]] = field(
+        "job-level timeline, only when the devices carry none (more than 16 GPUs): util_pct, sm_active_pct, "
+        "mem_used_bytes, power_w -> at most 240 points [t_s since the job start, mean over the GPUs, highest "
+        "max, samples, lowest GPU mean] (gsrun.report.summary.JobTimeline)", ABSENT, optional_key=True)
     extra: dict = extra_field()
 
 

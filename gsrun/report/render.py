@@ -13,12 +13,14 @@ from __future__ import annotations
 import io
 import textwrap
 
-from gsrun.report.units import NA, fmt_bytes, fmt_bytes_of, fmt_duration_s, fmt_energy_j, fmt_hours_h, \
+from gsrun.report.units import NA, fmt_bytes, fmt_bytes_of, fmt_duration_s, fmt_energy_j, fmt_hours_h, fmt_pct, \
     fmt_share_pct, fmt_power_w, fmt_time
 
 WRAP_COLS = 76      # every line of the text report (and the mail's text part) fits this width
 VERDICT_COLS = (15, 4, 17)      # label, value, judgement; the detail fills the rest
 TABLE_FROM_GPUS = 5             # this many GPUs or more: one table row per GPU instead of a block each
+LIST_UP_TO_GPUS = 32            # more GPUs: the distribution and the lowest/highest few, unless all_gpus
+LIST_ENDS = 5                   # lowest and highest GPUs (by busy) listed when summarising
 LEVEL_COLOR = {"good": "32", "better": "33", "wasteful": "31"}
 
 
@@ -83,7 +85,7 @@ def _gpu_notes(g, c) -> list[str]:
     return notes
 
 
-def render_text(summary: dict, color: bool = False, cfg=None) -> str:
+def render_text(summary: dict, color: bool = False, cfg=None, all_gpus: bool = False) -> str:
     """The report as plain text, every line at most :data:`WRAP_COLS` wide
     (ANSI colour when ``color``; the colour codes do not count).
 
@@ -191,6 +193,11 @@ def render_text(summary: dict, color: bool = False, cfg=None) -> str:
             if notes:
                 lines += _wrap("; ".join(notes), "    ", "      ")
     elif shown:
+        if len(shown) > LIST_UP_TO_GPUS and not all_gpus:
+            lines += _distribution(shown)
+            ranked = sorted(shown, key=lambda g: (g.get("util_mean_pct") is None, g.get("util_mean_pct") or 0.0,
+                                                  str(g["node"]), g["index"]))
+            shown = ranked[:LIST_ENDS] + ranked[-LIST_ENDS:]
         multi = len({g["node"] for g in shown}) > 1
         nw = max(len(str(g["node"])) for g in shown) if multi else 0
         hdr = (f"{'node':<{nw}} " if multi else "") + f"{'GPU':>3} {'busy':>5}" + (f" {'SM':>4}" if has_sm else "") \
@@ -223,6 +230,24 @@ def render_text(summary: dict, color: bool = False, cfg=None) -> str:
         lines += _wrap("busy = share of time a kernel ran" + ("; SM active = share of the GPU's compute units in "
                        "use (GPM)" if has_sm else "") + "; N/A = not reported.", "  ", "    ")
     return "\n".join(lines) + "\n"
+
+
+def _distribution(gpus: list[dict]) -> list[str]:
+    """Lines summarising many GPUs: the spread of busy (min, 10th percentile,
+    median, 90th percentile, max over the GPUs with a figure) and what the
+    table below lists."""
+    vals = sorted(g["util_mean_pct"] for g in gpus if g.get("util_mean_pct") is not None)
+    out = []
+    if vals:
+        def q(f: float) -> float:
+            return vals[min(len(vals) - 1, int(f * (len(vals) - 1) + 0.5))]
+        out += _wrap(f"{len(gpus)} GPUs; busy over {len(vals)} with a figure: min {fmt_pct(vals[0], 0)}, "
+                     f"10th percentile {fmt_pct(q(0.1), 0)}, median {fmt_pct(q(0.5), 0)}, 90th percentile "
+                     f"{fmt_pct(q(0.9), 0)}, max {fmt_pct(vals[-1], 0)}", "  ", "    ")
+    else:
+        out += _wrap(f"{len(gpus)} GPUs; none with a busy figure", "  ", "    ")
+    out += _wrap(f"the {LIST_ENDS} least and {LIST_ENDS} most busy (gseff --all lists every GPU):", "  ", "    ")
+    return out
 
 
 def _time_axis(max_t: float) -> tuple[float, str]:
@@ -267,9 +292,12 @@ def render_png(summary: dict) -> bytes | None:
     min-max band and the two lowest GPUs by mean busy named. Time as
     minutes/hours since start, or clock time for jobs longer than an hour.
     None when matplotlib is missing or there is nothing to draw."""
-    devices = [g for g in summary["gpu"]["devices"]
-               if any(g.get("timeline", {}).get(k) for k in g.get("timeline", {}))]
-    if not devices:
+    alldev = summary["gpu"]["devices"]
+    devices = [g for g in alldev if any(g.get("timeline", {}).get(k) for k in g.get("timeline", {}))]
+    # a job of many GPUs keeps one pooled timeline (gpu.timeline: [t_s, mean, max, n, lowest GPU mean])
+    # instead of one per device: drawn as the mean with a band from the lowest GPU mean to the highest sample
+    pooled = {k: v for k, v in (summary["gpu"].get("timeline") or {}).items() if v} if not devices else {}
+    if not devices and not pooled:
         return None
     try:
         import matplotlib
@@ -279,14 +307,15 @@ def render_png(summary: dict) -> bytes | None:
     except ImportError:
         return None
     import datetime
-    max_t = max((p[0] for g in devices for pts in g["timeline"].values() for p in pts), default=0.0)
+    max_t = max([p[0] for g in devices for pts in g["timeline"].values() for p in pts]
+                + [p[0] for pts in pooled.values() for p in pts], default=0.0)
     start = (summary.get("job") or {}).get("start_time")
     clock = bool(start) and max_t > 3600
     tdiv, tunit = _time_axis(max_t)
     panels = [(k, t, sc) for k, t, sc in (("util_pct", "busy (%)", 1.0), ("sm_active_pct", "SM active (%)", 1.0),
                                           ("mem_used_bytes", "memory (GiB)", 1 / 2**30), ("power_w", "power (W)", 1.0))
-              if any(g["timeline"].get(k) for g in devices)]
-    many = len(devices) >= MANY_GPUS
+              if any(g["timeline"].get(k) for g in devices) or pooled.get(k)]
+    many = bool(pooled) or len(devices) >= MANY_GPUS
     plt.rcParams.update({"font.size": 11})
     fig, axes = plt.subplots(len(panels), 1, figsize=(PNG_WIDTH_IN, 1.55 * len(panels) + 0.7), sharex=True,
                              squeeze=False)
@@ -303,7 +332,15 @@ def render_png(summary: dict) -> bytes | None:
         series = [(g, g["timeline"].get(key) or []) for g in devices]
         series = [(g, pts) for g, pts in series if pts]
         allv = [p[1] * scale for _g, pts in series for p in pts if p[1] is not None]
-        if many:
+        if pooled:
+            pts = [p for p in pooled.get(key) or [] if p[1] is not None]
+            allv = [p[1] * scale for p in pts]
+            x = xs_of([p[0] for p in pts])
+            ax.fill_between(x, [(p[4] if len(p) > 4 and p[4] is not None else p[1]) * scale for p in pts],
+                            [(p[2] if p[2] is not None else p[1]) * scale for p in pts], color=colors[0], alpha=0.2,
+                            lw=0, label="lowest GPU mean to highest sample")
+            ax.plot(x, allv, color=colors[0], lw=1.6, label="mean of GPUs")
+        elif many:
             grid: dict = {}
             for _g, pts in series:
                 for p in pts:
@@ -333,20 +370,20 @@ def render_png(summary: dict) -> bytes | None:
         elif key == "mem_used_bytes":
             peak = max(allv, default=0.0)
             ax.set_ylim(0, max(peak * 1.15, 0.5))
-            totals = {g["mem_total_bytes"] for g in devices if g.get("mem_total_bytes")}
+            totals = {g["mem_total_bytes"] for g in (devices or alldev) if g.get("mem_total_bytes")}
             if totals:
                 ax.annotate(f"of {max(totals) * scale:.0f} GiB per GPU", (0.0, 1.0), xycoords="axes fraction",
                             ha="left", va="top", fontsize=11, color="#666666", xytext=(4, -3),
                             textcoords="offset points")
         else:
-            lim = max((g.get("power_limit_w") or 0 for g in devices), default=0)
+            lim = max((g.get("power_limit_w") or 0 for g in (devices or alldev)), default=0)
             top = max(max(allv, default=1.0), lim)
             if lim:
                 ax.axhline(lim, color="#c62828", lw=1)
                 ax.annotate(f"power limit {lim:.0f} W", (0.0, lim), xycoords=("axes fraction", "data"),
                             fontsize=11, color="#c62828", xytext=(4, -13), textcoords="offset points")
             ax.set_ylim(0, top * 1.15)
-        for g in devices:
+        for g in (devices or alldev):
             if g.get("lost_at_s") is not None:
                 lx = xs_of([g["lost_at_s"]])[0]
                 ax.axvline(lx, color="#c62828", ls=":", lw=1.5)
@@ -359,6 +396,9 @@ def render_png(summary: dict) -> bytes | None:
         for p in g["timeline"].get("util_pct") or []:
             if p[1] is not None:
                 util.setdefault(round(p[0]), []).append(p[1])
+    for p in pooled.get("util_pct") or []:      # the highest sample of any GPU is under 5 %
+        if p[2] is not None:
+            util.setdefault(round(p[0]), []).append(p[2])
     ts = sorted(util)
     for a, b in zip(ts, ts[1:]):
         if max(util[a]) < 5 and max(util[b]) < 5:
@@ -373,9 +413,12 @@ def render_png(summary: dict) -> bytes | None:
     job = summary["job"]
     title = f"job {job.get('array') or job['id']}" + (f" ({job['name']})" if job.get("name") else "")
     if many:
-        ranked = sorted((g for g in devices if g.get("util_mean_pct") is not None), key=lambda g: g["util_mean_pct"])
-        worst = ", ".join(f"GPU {g['index']} {g['util_mean_pct']:.0f}%" for g in ranked[:2])
-        title += f": {len(devices)} GPUs" + (f", lowest busy: {worst}" if worst else "")
+        shown = devices or alldev
+        ranked = sorted((g for g in shown if g.get("util_mean_pct") is not None), key=lambda g: g["util_mean_pct"])
+        multi_node = len({g["node"] for g in shown}) > 1
+        worst = ", ".join(f"GPU {g['index']}" + (f" on {g['node']}" if multi_node else "")
+                          + f" {g['util_mean_pct']:.0f}%" for g in ranked[:2])
+        title += f": {len(shown)} GPUs" + (f", lowest busy: {worst}" if worst else "")
     fig.suptitle(title, x=0.01, ha="left", fontsize=12)
     if len(devices) > 1 and not many or many:
         h, lab = axes[0].get_legend_handles_labels()

@@ -269,13 +269,99 @@ def node_record(state: SamplerState | dict | None, job_env: dict, end_time: floa
     )
 
 
-def job_summary(job: dict, nodes: list[dict | NodeSummary], cfg=None, partition: str | None = None) -> dict:
+KEEP_GPU_TIMELINES = 16     # up to this many GPUs the job summary keeps each GPU's timeline
+JOB_TIMELINE_POINTS = 240   # at most this many buckets per metric in the job-level timeline
+JOB_TIMELINE_METRICS = ("util_pct", "sm_active_pct", "mem_used_bytes", "power_w")
+
+
+class JobTimeline:
+    """The job-level GPU timeline: every GPU's downsampled points pooled into
+    at most :data:`JOB_TIMELINE_POINTS` buckets of equal width per metric.
+
+    Fed one GPU timeline at a time (:meth:`add_gpu`, the node summary's
+    ``timeline``: points ``[t_s since the node's sampler start, mean, max,
+    n]``), so memory is O(metrics x buckets) whatever the job size. A point
+    lands in bucket ``int((offset_s + t_s) / width_s)``; when a bucket index
+    reaches the bound, the width doubles and neighbours merge (exactly: the
+    buckets hold sums). :meth:`to_json`: metric -> points ``[t_s since the
+    job start, mean over the GPUs' sample means weighted by their sample
+    counts, highest max, samples, lowest GPU mean]``.
+    """
+
+    def __init__(self, width_s: float = 60.0, max_points: int = JOB_TIMELINE_POINTS) -> None:
+        self.width_s = float(width_s)
+        self.max_points = max_points
+        self.series: dict[str, dict[int, list[float]]] = {}
+
+    def add_gpu(self, timeline: dict, offset_s: float = 0.0) -> None:
+        for key in JOB_TIMELINE_METRICS:
+            for p in timeline.get(key) or ():
+                if p[1] is None:
+                    continue
+                self._add(key, max(0.0, offset_s + p[0]), p[1], p[2] if p[2] is not None else p[1],
+                          p[3] if len(p) > 3 and p[3] else 1)
+
+    def _add(self, key: str, t_s: float, mean: float, top: float, n: int) -> None:
+        idx = int(t_s // self.width_s)
+        while idx >= self.max_points:
+            self._coarsen()
+            idx = int(t_s // self.width_s)
+        b = self.series.setdefault(key, {}).get(idx)
+        if b is None:
+            self.series[key][idx] = [mean * n, n, top, mean]
+        else:
+            b[0] += mean * n
+            b[1] += n
+            b[2] = max(b[2], top)
+            b[3] = min(b[3], mean)
+
+    def _coarsen(self) -> None:
+        self.width_s *= 2
+        for key, buckets in self.series.items():
+            merged: dict[int, list[float]] = {}
+            for i, b in buckets.items():
+                m = merged.get(i // 2)
+                if m is None:
+                    merged[i // 2] = list(b)
+                else:
+                    m[0] += b[0]
+                    m[1] += b[1]
+                    m[2] = max(m[2], b[2])
+                    m[3] = min(m[3], b[3])
+            self.series[key] = merged
+
+    def to_json(self) -> dict:
+        return {key: [[round(i * self.width_s, 1), _sig(b[0] / b[1]), _sig(b[2]), int(b[1]), _sig(b[3])]
+                      for i, b in sorted(buckets.items())]
+                for key, buckets in self.series.items() if buckets}
+
+
+def _sig(x: float) -> float:
+    return float(f"{x:.6g}")
+
+
+def job_summary(job: dict, nodes: list[dict | NodeSummary], cfg=None, partition: str | None = None,
+                timeline: JobTimeline | None = None) -> dict:
     """Merge node summaries into the job summary: :func:`job_record`'s JSON
     form (``summary.json``, ``gseff --json``)."""
-    return job_record(job, nodes, cfg, partition).to_json()
+    return job_record(job, nodes, cfg, partition, timeline).to_json()
 
 
-def job_record(job: dict, nodes: list[dict | NodeSummary], cfg=None, partition: str | None = None) -> JobSummary:
+def strip_timelines(node: dict, acc: JobTimeline, t0: float | None) -> None:
+    """Move a node summary's GPU timelines into ``acc`` (offset by the node's
+    start relative to ``t0``, epoch seconds) and drop them and its
+    ``cpu_timeline`` from ``node`` (in place): what the merge of a job with
+    more than :data:`KEEP_GPU_TIMELINES` GPUs keeps of them."""
+    off = (node.get("start_time") or 0.0) - t0 if t0 is not None and node.get("start_time") else 0.0
+    for g in node.get("gpus") or ():
+        tl = g.pop("timeline", None)
+        if tl:
+            acc.add_gpu(tl, off)
+    node.pop("cpu_timeline", None)
+
+
+def job_record(job: dict, nodes: list[dict | NodeSummary], cfg=None, partition: str | None = None,
+               timeline: JobTimeline | None = None) -> JobSummary:
     """Merge node summaries into the job summary, as a :class:`~gsrun.report.records.JobSummary`.
 
     ``job``: fields from the job record (``id``, ``user``, ``name``,
@@ -286,6 +372,13 @@ def job_record(job: dict, nodes: list[dict | NodeSummary], cfg=None, partition: 
     be None except ``id``. ``nodes``: :func:`node_summary` results (JSON
     form, as read from the spool, or records). ``cfg`` / ``partition``: the
     site's finding thresholds (:func:`gsrun.report.findings.findings`).
+
+    Timelines: with at most :data:`KEEP_GPU_TIMELINES` GPUs each device keeps
+    its node summary's ``timeline``; with more, the devices carry none and
+    ``gpu.timeline`` holds the job-level :class:`JobTimeline` (``timeline``:
+    one the caller filled while reading the nodes, as ``epilog/ctld.py``
+    does with :func:`strip_timelines`; else built here). Per-GPU timelines
+    then stay in the node files (``gseff --plot``).
     """
     from gsrun.report.findings import finding_records
 
@@ -313,6 +406,18 @@ def job_record(job: dict, nodes: list[dict | NodeSummary], cfg=None, partition: 
     mem_req = job.get("mem_req_bytes")
     mem_eff = 100.0 * mem_peak / mem_req if mem_peak is not None and mem_req else None
     gpus = [g for n in nodes for g in n["gpus"]]
+    if len(gpus) > KEEP_GPU_TIMELINES or timeline is not None:
+        if timeline is None:
+            timeline = JobTimeline()
+        t0 = start if start is not None else None
+        gpus = []
+        for n in nodes:
+            off = (n["start_time"] - t0) if t0 is not None and n.get("start_time") else 0.0
+            for g in n["gpus"]:
+                if g.get("timeline"):
+                    timeline.add_gpu(g["timeline"], off)
+                    g = {k: v for k, v in g.items() if k != "timeline"}
+                gpus.append(g)
     real = [g for g in gpus if g.get("status", "emulated" if g["emulated"] else "ok") in ("ok", "lost")]
     reasons = sorted({n["gpu_reason"] for n in nodes if n.get("gpu_reason")})
     gpus_alloc = job.get("gpus_alloc") or len(gpus)
@@ -348,7 +453,8 @@ def job_record(job: dict, nodes: list[dict | NodeSummary], cfg=None, partition: 
                        devices=[GpuSummary.from_json(g) for g in gpus],
                        gpu_hours_alloc=_r(gpu_hours_alloc, 4), gpu_hours_used=_r(gpu_hours_used, 4),
                        energy_j=_r(energy_j), energy_kwh=_r(None if energy_j is None else energy_j / 3.6e6, 6),
-                       energy_estimated=True if estimated else ABSENT),
+                       energy_estimated=True if estimated else ABSENT,
+                       timeline=timeline.to_json() if timeline is not None else ABSENT),
         nodes_detail=per_node,
         nodes_missing=missing,
         node_notes={n["node"]: n.get("notes", []) for n in nodes if n.get("notes")},

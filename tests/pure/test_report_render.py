@@ -188,3 +188,34 @@ def test_chart_draws_the_power_limit_nvml_reported(tmp_path, monkeypatch):
         d.pop("power_limit_w")
     lines, labels = limit_lines(old)
     assert lines == [] and not any("power limit" in t for t in labels)
+
+
+def test_chart_of_a_pooled_job_timeline(tmp_path, monkeypatch):
+    """Past 16 GPUs the job summary keeps one pooled timeline (gpu.timeline)
+    and no per-GPU ones: the chart draws its mean with the band from the lowest
+    GPU mean to the highest sample, names the lowest GPUs, and keeps the
+    memory total and the power limit."""
+    import matplotlib.collections
+    import matplotlib.figure
+    from gsrun.report.summary import JobTimeline
+    figs = []
+    real_savefig = matplotlib.figure.Figure.savefig
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig",
+                        lambda fig, *a, **k: (figs.append(fig), real_savefig(fig, *a, **k))[1])
+    job = _job(tmp_path, lose_gpu=False, nodes=("gpu-a01", "gpu-a02"))
+    pool = JobTimeline()
+    for d in job["gpu"]["devices"]:
+        pool.add_gpu(d.pop("timeline"))
+    job["gpu"]["timeline"] = pool.to_json()
+    png = render_png(job)
+    assert png and png.startswith(b"\x89PNG")
+    (fig,) = figs
+    bands = [c for c in fig.findobj(matplotlib.collections.PolyCollection)
+             if c.get_label() == "lowest GPU mean to highest sample"]
+    assert len(bands) == len(fig.axes) == 4                     # busy, SM, memory, power
+    labels = [t.get_text() for ax in fig.axes for t in ax.texts]
+    assert "power limit 700 W" in labels and any(t.startswith("of 140 GiB") for t in labels)
+    title = fig._suptitle.get_text()
+    assert ": 8 GPUs, lowest busy: GPU 0 on gpu-a0" in title
+    job["gpu"]["timeline"] = {}
+    assert render_png(job) is None                              # nothing to draw: no picture
