@@ -6,7 +6,6 @@ import json
 import struct
 import zlib
 
-import pytest
 
 from gsrun.facts.nvml import FakeNvml, Seq
 from gsrun.report.render import render_png, render_text

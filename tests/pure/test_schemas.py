@@ -36,9 +36,10 @@ FILES = sorted(p for p in FIX.glob("*/*.json"))
 
 
 def _kind(p: Path):
-    if p.name.startswith("summary"):
+    name = p.name.removeprefix("before-power-limit-")   # kept beside the current files (README)
+    if name == "summary.json":
         return JobSummary, "job-summary"
-    if p.name.startswith("node-"):
+    if name.startswith("node-"):
         return NodeSummary, "node-summary"
     return SamplerState, "sampler-state"
 
