@@ -120,6 +120,8 @@ class _GsrunCommand(click.Command):
 @click.option("--mail-type", default=None, help="Mail the efficiency report, e.g. END.")
 @click.option("--mail-user", default=None, help="Address for --mail-type.")
 @click.option("--tune", default=None, help="Node tuning, e.g. governor=performance,swappiness=10.")
+@click.option("--malloc", type=click.Choice(["jemalloc", "tcmalloc", "none"]), default=None,
+              help="Preload this allocator into every task (found on the node; default: the site's malloc.default).")
 @click.option("--mps", is_flag=True, help="Per-job MPS daemon (--mps-share PCT: its active thread percentage).")
 @click.option("--mps-share", default=None, metavar="PCT",
               help="MPS default active thread percentage 1-100 (implies --mps; --mps=PCT works too).")
@@ -138,7 +140,7 @@ class _GsrunCommand(click.Command):
 @click.pass_context
 def cli(ctx, gpus, nodes, gpus_per_node, time_, partition, job_name, output, cpus_per_task, account, qos,
         constraint, mem, reservation, dependency, signal, requeue, sbatch_opts, mail_type, mail_user, tune,
-        mps, mps_share, mig, gpu_isolation, exclusive, python, module, launcher, dry_run, wait, words):
+        malloc, mps, mps_share, mig, gpu_isolation, exclusive, python, module, launcher, dry_run, wait, words):
     """Run SCRIPT [ARGS...] (or -m MODULE, or -- CMD) as one task per GPU on Slurm."""
     mode = ctx.meta.get("gsrun.mode", "script")
     cfg = load_config()
@@ -170,6 +172,10 @@ def cli(ctx, gpus, nodes, gpus_per_node, time_, partition, job_name, output, cpu
         from gsrun.request.mig_layout import parse_layout
         mig = cfg["mig.layouts"].get(mig, mig)
         parse_layout(mig)
+    from gsrun.request.malloc import malloc_env, parse_malloc
+
+    allocator = parse_malloc(malloc) if malloc is not None else (cfg["malloc.default"] or None)
+    alloc_env = malloc_env(allocator, cfg["malloc.jemalloc_conf"], cfg["malloc.tcmalloc_env"]) if allocator else ()
     if cpus_per_task is not None and not 1 <= cpus_per_task <= 4096:
         raise InputError("submit", "bad --cpus-per-task", str(cpus_per_task))
     # what each worker runs
@@ -198,7 +204,9 @@ def cli(ctx, gpus, nodes, gpus_per_node, time_, partition, job_name, output, cpu
         tune=tune, mps=mps_value, mig=mig, gpu_isolation=gpu_isolation, exclusive=exclusive,
         bind_exe=_bind_exe(), nccl_env=tuple(sorted(cfg["nccl.env"].items())),
         mps_dir=cfg["paths.mps_dir"], requeue=requeue, sbatch_options=extra, launcher=launcher,
-        python=py.path if py else None, python_why=py.comment() if py else None, **site)
+        python=py.path if py else None, python_why=py.comment() if py else None,
+        malloc=allocator, malloc_env=alloc_env, malloc_lib_dirs=tuple(cfg["malloc.lib_dirs"]),
+        cuda_alloc_conf=cfg["malloc.pytorch_cuda_alloc_conf"] or None, **site)
     text = render_script(spec)
     if dry_run:
         click.echo(text, nl=False)

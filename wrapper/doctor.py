@@ -409,6 +409,158 @@ def check_thp(ctx: Context) -> Check:
               enabled=bracket_word(en), defrag=bracket_word(de), enabled_choices=en, defrag_choices=de)
 
 
+def check_cstate(ctx: Context) -> Check:
+    """``cstate=``: switchable idle states (``cpuN/cpuidle/stateK/disable``, their
+    ``name`` and exit ``latency`` in us, cpu0's shown) and ``/dev/cpu_dma_latency``."""
+    from gsrun.node.tuning import DMA_LATENCY, idle_states
+
+    h = ctx.hostfs
+    st = idle_states(h)
+    hold = h.exists(DMA_LATENCY)
+    driver = (h.read(f"{CPU}/cpuidle/current_driver") or "").strip() or None
+    first = next(iter(st.values()), [])
+    data = {"cpus": len(st), "driver": driver, "states": [{"state": s, "name": n, "latency_us": lat}
+                                                         for s, lat, n in first],
+            "cpu_dma_latency": hold}
+    dma = "/dev/cpu_dma_latency present" if hold else "no /dev/cpu_dma_latency"
+    if st:
+        shown = ", ".join(f"{n or s} {'?' if lat is None else lat} us" for s, lat, n in first)
+        return _c("cstate", "ok", f"{len(st)} CPUs with idle states (driver {driver or '?'}): {shown}; {dma}", **data)
+    if hold:
+        return _c("cstate", "ok", f"no switchable idle states (cpuidle driver {driver or 'unknown'}; none in most VMs); {dma}",
+                  "cstate= holds /dev/cpu_dma_latency only (the host's idle states are the hypervisor's)", **data)
+    return _c("cstate", "n/a", f"no cpuidle states (driver {driver or 'unknown'}) and {dma}",
+              "cstate= is reported as unsupported and skipped", **data)
+
+
+def check_irq(ctx: Context) -> Check:
+    """``irq=local``: the GPUs' MSI IRQs (``sys/bus/pci/devices/<bdf>/msi_irqs``),
+    whether their ``/proc/irq/N/smp_affinity_list`` may be written by this user (file
+    mode: an IRQ the kernel manages itself refuses the write with EIO only at apply),
+    and irqbalance, which makes the prolog refuse ``irq=local``."""
+    from gsrun.node.tuning import IRQ, PCI, irqbalance_pids
+
+    h = ctx.hostfs
+    irqs = [n for n in h.listdir(IRQ) if n.isdigit()]
+    if not irqs:
+        return _c("irq", "n/a", "no /proc/irq here", "irq= tuning is reported as unsupported and skipped")
+    pids = irqbalance_pids(h)
+    gpus, parts, unwritable = [], [], 0
+    for bdf in sorted(_sysfs_nvidia_gpus(h)):
+        msi = sorted((n for n in h.listdir(f"{PCI}/{bdf}/msi_irqs") if n.isdigit()), key=int)
+        files = [n for n in msi if h.exists(f"{IRQ}/{n}/smp_affinity_list")]
+        writable = [n for n in files if os.access(h.path(f"{IRQ}/{n}/smp_affinity_list"), os.W_OK)]
+        unwritable += len(files) - len(writable)
+        gpus.append({"bdf": bdf, "msi_irqs": [int(n) for n in msi], "writable": [int(n) for n in writable]})
+        parts.append(f"{bdf} {len(msi)} MSI IRQs, {len(writable)} writable")
+    data = {"irqs": len(irqs), "gpus": gpus, "irqbalance_pids": pids, "root": os.geteuid() == 0}
+    detail = f"{len(irqs)} IRQs; " + ("; ".join(parts) if parts else "no NVIDIA GPU on PCI")
+    if pids:
+        return _c("irq", "warn", detail + f"; irqbalance runs (pid {pids[0]})",
+                  "irq=local is refused while irqbalance runs: stop it on exclusive GPU nodes, or run it with "
+                  "gsrun's policy script (docs/ADMIN.md, irqbalance)", **data)
+    if not gpus:
+        return _c("irq", "n/a", detail, "irq=local pins the job GPUs' IRQs; there are none here", **data)
+    if not any(g["msi_irqs"] for g in gpus):
+        return _c("irq", "warn", detail, "no MSI IRQs listed for the GPUs (driver not loaded?): irq=local skips them",
+                  **data)
+    if unwritable:
+        return _c("irq", "warn", detail + f"; {unwritable} not writable"
+                  + ("" if os.geteuid() == 0 else " by this user (doctor is not root)"),
+                  "the prolog runs as root; as root, an unwritable affinity file is skipped with its reason", **data)
+    return _c("irq", "ok", detail, **data)
+
+
+def check_hugepages(ctx: Context) -> Check:
+    """``hugepages=``: page sizes per NUMA node with their pool and free counts
+    (``nodeN/hugepages/hugepages-<kB>kB/{nr,free}_hugepages``)."""
+    from gsrun.node.tuning import NODE, HugepagesKnob
+
+    h = ctx.hostfs
+    pools = HugepagesKnob().read(h)
+    if not pools:
+        return _c("hugepages", "n/a", "no per-node hugepages in sysfs (sys/devices/system/node/node*/hugepages)",
+                  "hugepages= tuning is reported as unsupported and skipped")
+    rows, by_node = [], {}
+    for k, nr in sorted(pools.items(), key=lambda kv: tuple(int(x.lstrip("node")) for x in kv[0].split("/"))):
+        node, kb = k.split("/")
+        free = (h.read(f"{NODE}/{node}/hugepages/hugepages-{kb}kB/free_hugepages") or "").strip() or None
+        size = f"{int(kb) // 1048576}G" if int(kb) >= 1048576 else f"{int(kb) // 1024}M"
+        rows.append({"node": int(node[4:]), "size_kb": int(kb), "nr": int(nr) if nr.isdigit() else None,
+                     "free": int(free) if free and free.isdigit() else None})
+        by_node.setdefault(node, []).append(f"{size} {nr}" + (f" ({free} free)" if free is not None else ""))
+    detail = "; ".join(f"{n}: {', '.join(v)}" for n, v in by_node.items())
+    return _c("hugepages", "ok", detail, pools=rows)
+
+
+MEMLOCK_LIMIT_RE = r"^Max locked memory\s+(\S+)\s+(\S+)\s+bytes"
+
+
+def parse_memlock(limits_text: str | None) -> tuple[str, str] | None:
+    """(soft, hard) of the ``Max locked memory`` line of ``/proc/<pid>/limits``:
+    a byte count or ``unlimited``; None when the line is absent. Pure."""
+    import re
+
+    m = re.search(MEMLOCK_LIMIT_RE, limits_text or "", re.M)
+    return (m.group(1), m.group(2)) if m else None
+
+
+def memlock_propagated(conf: dict[str, str]) -> bool:
+    """Whether Slurm gives a job the submitting shell's ``RLIMIT_MEMLOCK``
+    (slurm.conf ``PropagateResourceLimits``, default ``ALL``, and
+    ``PropagateResourceLimitsExcept``; keys lower-cased as
+    :func:`gsrun.wrapper.install.parse_slurm_conf` gives them). Pure."""
+    except_ = {w.strip().upper() for w in conf.get("propagateresourcelimitsexcept", "").split(",")}
+    if "MEMLOCK" in except_ or "ALL" in except_:
+        return False
+    prl = {w.strip().upper() for w in conf.get("propagateresourcelimits", "ALL").split(",")}
+    return "ALL" in prl or "MEMLOCK" in prl
+
+
+def check_memlock(ctx: Context) -> Check:
+    """Pinned memory for jobs: slurmd's own ``RLIMIT_MEMLOCK`` (``/proc/<pid>/limits``
+    of the process named ``slurmd``: what its jobs inherit unless Slurm propagates the
+    submitting shell's) and slurm.conf's ``PropagateResourceLimits[Except]``."""
+    from gsrun.node.tuning import pids_by_comm
+    from gsrun.wrapper.install import parse_slurm_conf
+
+    h = ctx.hostfs
+    pids = pids_by_comm(h, "slurmd")
+    lim = parse_memlock(h.read(f"proc/{pids[0]}/limits")) if pids else None
+    conf_path = Path(ctx.slurm_conf or ctx.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf")
+    try:
+        conf = parse_slurm_conf(conf_path.read_text())
+    except OSError:
+        conf = None
+    data = {"slurmd_pid": pids[0] if pids else None, "slurmd_memlock": list(lim) if lim else None,
+            "slurm_conf": str(conf_path), "propagated": None if conf is None else memlock_propagated(conf)}
+    parts, hints = [], []
+    if not pids:
+        parts.append("slurmd: n/a (not running here)")
+    elif lim is None:
+        parts.append(f"slurmd pid {pids[0]}: limits unreadable")
+    else:
+        parts.append(f"slurmd pid {pids[0]}: RLIMIT_MEMLOCK soft {lim[0]}, hard {lim[1]}")
+        if lim[0] != "unlimited":
+            hints.append("LimitMEMLOCK=infinity in slurmd's systemd unit (systemctl edit slurmd), restart slurmd")
+    if conf is None:
+        parts.append(f"{conf_path} unreadable")
+    else:
+        prl = conf.get("propagateresourcelimits", "ALL (default)")
+        pre = conf.get("propagateresourcelimitsexcept")
+        parts.append(f"PropagateResourceLimits={prl}" + (f", PropagateResourceLimitsExcept={pre}" if pre else ""))
+        if data["propagated"]:
+            parts[-1] += ": jobs get the submitting shell's MEMLOCK limit"
+            hints.append("slurm.conf PropagateResourceLimitsExcept=MEMLOCK")
+    detail = "; ".join(parts)
+    if hints:
+        return _c("memlock", "warn", detail, "; ".join(hints) + " (pinned DataLoader/NCCL buffers need "
+                  "unlimited; gsrun-bind warns each job)", **data)
+    if not pids and conf is None:
+        return _c("memlock", "n/a", detail, **data)
+    return _c("memlock", "ok", detail, **data)
+
+
 def _slurm_cgroup_dirs(fs: HostFS, base: str, max_depth: int = 3) -> list[str]:
     """Directories named ``slurm*`` / ``slurmstepd.scope`` below ``base`` (bounded walk)."""
     found: list[str] = []
@@ -662,6 +814,7 @@ def check_retention(ctx: Context) -> Check:
 CHECKS: tuple[tuple[str, Callable[[Context], Check]], ...] = (
     ("install", check_install), ("config", check_config), ("nvml", check_nvml), ("gpus", check_gpus), ("slurm gres", check_slurm_gres),
     ("mig", check_mig), ("cpufreq", check_cpufreq), ("swap", check_swap), ("thp", check_thp),
+    ("cstate", check_cstate), ("irq", check_irq), ("hugepages", check_hugepages), ("memlock", check_memlock),
     ("cgroup", check_cgroup), ("mps", check_mps), ("numactl", check_numactl), ("spank", check_spank),
     ("spool", check_spool), ("retention", check_retention), ("state dir", check_state), ("mail", check_mail),
 )

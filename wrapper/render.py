@@ -20,6 +20,7 @@ import shlex
 
 from gsrun.base.errors import InputError
 from gsrun.base.templating import render
+from gsrun.request.malloc import ALLOCATORS, check_conf_list, check_lib_dirs, check_tcmalloc_env
 from gsrun.wrapper.spec import (SBATCH_OPT_RE, JobSpec, check_text, parse_sbatch_option, sbatch_word,
                                 validate_fields, validate_site)
 
@@ -55,11 +56,33 @@ def check_spec(spec: JobSpec) -> None:
             raise InputError("submit", "bad --sbatch", repr(name)[:80])
     if spec.python_why is not None:
         check_text("python comment", spec.python_why, 8192)
+    _check_malloc(spec)
     if spec.launcher not in (None, "torchrun"):
         raise InputError("submit", "bad --launcher", repr(spec.launcher)[:40], hint="torchrun")
     if spec.launcher and not spec.python:
         raise InputError("submit", "no interpreter for the launcher", "--launcher torchrun",
                          hint="pass --python")
+
+
+def _check_malloc(spec: JobSpec) -> None:
+    """The allocator fields against :mod:`gsrun.request.malloc`'s allow-lists.
+
+    Raises:
+        InputError: an unknown allocator, a bad library directory, tuning value or name.
+    """
+    if spec.malloc is not None and spec.malloc not in ALLOCATORS:
+        raise InputError("submit", "bad --malloc", repr(spec.malloc)[:40], hint="jemalloc, tcmalloc or none")
+    problem = check_lib_dirs(spec.malloc_lib_dirs)
+    if problem:
+        raise InputError("submit", "bad malloc.lib_dirs", problem)
+    for name, value in spec.malloc_env:
+        ok = (name == "MALLOC_CONF" and spec.malloc == "jemalloc" and not check_conf_list(value)) or \
+             (spec.malloc == "tcmalloc" and not check_tcmalloc_env({name: value}))
+        if not ok:
+            raise InputError("submit", "bad allocator environment", repr((name, value))[:80])
+    if spec.cuda_alloc_conf is not None and (not spec.cuda_alloc_conf or check_conf_list(spec.cuda_alloc_conf)):
+        raise InputError("submit", "bad PYTORCH_CUDA_ALLOC_CONF", repr(spec.cuda_alloc_conf)[:80],
+                         hint="key:value[,key:value...], e.g. expandable_segments:True")
 
 
 def render_script(spec: JobSpec) -> str:

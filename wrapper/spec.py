@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from gsrun.base.errors import InputError
 from gsrun.base.ids import is_partition
+from gsrun.request.malloc import ALLOCATORS, LIB_DIRS, Allocator
 
 JOB_NAME_MAX = 256
 TIME_RE = re.compile(r"^(?:(\d+-)?\d{1,4}(:\d{1,2}){0,2}|UNLIMITED|INFINITE)\Z")
@@ -95,6 +96,15 @@ class JobSpec:
     launcher: str | None = None     # None: one task per GPU; "torchrun": one task per node
     python: str | None = None       # the interpreter chosen at submit (None: a CMD after --)
     python_why: str | None = None   # why that one (the script says it in a comment)
+    malloc: str | None = None       # "jemalloc" | "tcmalloc": preloaded, found on the node at run time
+    malloc_env: tuple[tuple[str, str], ...] = ()   # MALLOC_CONF or TCMALLOC_* (gsrun.request.malloc)
+    malloc_lib_dirs: tuple[str, ...] = LIB_DIRS    # where the job script looks for the library
+    cuda_alloc_conf: str | None = None   # PYTORCH_CUDA_ALLOC_CONF (site), None: unset
+
+    @property
+    def allocator(self) -> Allocator | None:
+        """The :class:`~gsrun.request.malloc.Allocator` of ``malloc`` (None without one)."""
+        return ALLOCATORS[self.malloc] if self.malloc else None
 
     @property
     def ntasks_per_node(self) -> int:

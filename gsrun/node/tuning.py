@@ -590,6 +590,23 @@ def _cpu_dirs(h) -> list[str]:
     return sorted((c for c in h.listdir(CPU) if _CPU.match(c)), key=lambda c: int(c[3:]))
 
 
+def idle_states(h) -> dict[str, list[tuple[str, int | None, str]]]:
+    """``{"cpu0": [("state0", exit latency us or None, "POLL"), ...]}`` for every CPU
+    with switchable idle states (``cpuN/cpuidle/stateK/disable`` present; ``latency``
+    and ``name`` beside it). Empty with the cpuidle driver ``none`` (most VMs)."""
+    out = {}
+    for c in _cpu_dirs(h):
+        names = sorted((s for s in h.listdir(f"{CPU}/{c}/cpuidle") if _STATE.match(s)), key=lambda s: int(s[5:]))
+        rows = []
+        for s in names:
+            if h.exists(f"{CPU}/{c}/cpuidle/{s}/disable"):
+                rows.append((s, h.read_int(f"{CPU}/{c}/cpuidle/{s}/latency"),
+                             (h.read(f"{CPU}/{c}/cpuidle/{s}/name") or "").strip()))
+        if rows:
+            out[c] = rows
+    return out
+
+
 class CstateKnob(ScopedKnob):
     """Idle states per CPU: value ``{"cpu0/state2": "0"|"1", ...}`` from
     ``cpuN/cpuidle/stateK/disable`` (1 = the kernel will not enter it).
@@ -611,17 +628,7 @@ class CstateKnob(ScopedKnob):
         return f"{CPU}/{cpu}/cpuidle/{state}/disable"
 
     def _states(self, h) -> dict[str, list[tuple[str, int | None, str]]]:
-        out = {}
-        for c in _cpu_dirs(h):
-            names = sorted((s for s in h.listdir(f"{CPU}/{c}/cpuidle") if _STATE.match(s)), key=lambda s: int(s[5:]))
-            rows = []
-            for s in names:
-                if h.exists(f"{CPU}/{c}/cpuidle/{s}/disable"):
-                    rows.append((s, h.read_int(f"{CPU}/{c}/cpuidle/{s}/latency"),
-                                 (h.read(f"{CPU}/{c}/cpuidle/{s}/name") or "").strip()))
-            if rows:
-                out[c] = rows
-        return out
+        return idle_states(h)
 
     def read(self, h):
         st = self._states(h)
@@ -672,13 +679,18 @@ def cstate_hold_us(value: str) -> int:
     return {"off": 0, "c1": 1}.get(value, CSTATE_SHALLOW_US)
 
 
-def irqbalance_pids(h) -> list[int]:
-    """PIDs whose ``/proc/<pid>/comm`` is ``irqbalance`` (under the host root)."""
+def pids_by_comm(h, comm: str) -> list[int]:
+    """PIDs whose ``/proc/<pid>/comm`` is ``comm`` (under the host root), ascending."""
     out = []
     for p in h.listdir("proc"):
-        if p.isdigit() and (h.read(f"proc/{p}/comm") or "").strip() == "irqbalance":
+        if p.isdigit() and (h.read(f"proc/{p}/comm") or "").strip() == comm:
             out.append(int(p))
     return sorted(out)
+
+
+def irqbalance_pids(h) -> list[int]:
+    """PIDs whose ``/proc/<pid>/comm`` is ``irqbalance`` (under the host root)."""
+    return pids_by_comm(h, "irqbalance")
 
 
 class IrqKnob(ScopedKnob):

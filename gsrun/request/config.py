@@ -24,6 +24,9 @@ from typing import Any, Callable
 
 from gsrun.base.errors import ConfigError
 from gsrun.base.ids import is_partition
+from gsrun.request.malloc import (ALLOCATORS, JEMALLOC_CONF, TCMALLOC_ENV, check_conf_list, check_lib_dirs,
+                                  check_tcmalloc_env)
+from gsrun.request.malloc import LIB_DIRS as MALLOC_LIB_DIRS
 from gsrun.request.tune import TUNE_KEYS
 
 ENV_CONFIG = "GSRUN_CONFIG"
@@ -171,6 +174,24 @@ SETTINGS: tuple[Setting, ...] = (
             "name = layout"),
     Setting("nccl.env", dict, {"NCCL_DEBUG": "WARN"},
             "NCCL environment exported by gsrun's job scripts (site overrides).", _env_table, "NAME = \"value\""),
+    Setting("malloc.default", str, "",
+            "Allocator preloaded into every gsrun job that does not pass --malloc (jemalloc, tcmalloc; "
+            "empty = none). The job script finds the library on the node (malloc.lib_dirs, then ldconfig -p) "
+            "and stops before srun, naming the package, when it is absent.",
+            lambda v: None if v in ("", *ALLOCATORS) else "must be jemalloc, tcmalloc or empty",
+            "jemalloc|tcmalloc|\"\""),
+    Setting("malloc.lib_dirs", list, list(MALLOC_LIB_DIRS),
+            "Directories the job script searches for the allocator library on the node, in order "
+            "(then ldconfig -p).", check_lib_dirs, "absolute paths"),
+    Setting("malloc.jemalloc_conf", str, JEMALLOC_CONF,
+            "MALLOC_CONF exported with jemalloc (a MALLOC_CONF the job already has wins; empty = unset).",
+            check_conf_list, "key:value,... or empty"),
+    Setting("malloc.tcmalloc_env", dict, dict(TCMALLOC_ENV),
+            "TCMALLOC_* environment exported with tcmalloc (gperftools).", check_tcmalloc_env,
+            "TCMALLOC_NAME = \"value\""),
+    Setting("malloc.pytorch_cuda_alloc_conf", str, "",
+            "PYTORCH_CUDA_ALLOC_CONF exported by every gsrun job script, e.g. \"expandable_segments:True\" "
+            "(one the job already has wins; empty = unset).", check_conf_list, "key:value,... or empty"),
     Setting("findings.idle_util_pct", (int, float), 5.0,
             "A GPU with mean utilization below this is reported idle.", _range(0, 100), "0-100", True),
     Setting("findings.low_sm_activity_pct", (int, float), 25.0,

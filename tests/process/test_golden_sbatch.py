@@ -88,11 +88,19 @@ CASES = {
     "job-name-hostile": ["--gpus", "8", "-J", HOSTILE_NAME, "train.py"],
     # --gpus 6 on nodes of 4 GPUs (CASE_ENV): 2 nodes x 3
     "gpus-6-on-4": ["--gpus", "6", "train.py"],
+    # the allocator preloaded by every task, found on the node at run time (jemalloc: MALLOC_CONF;
+    # tcmalloc: TCMALLOC_*); the site's PYTORCH_CUDA_ALLOC_CONF (CASE_CONFIG) in the tcmalloc case
+    "malloc-jemalloc": ["--gpus", "8", "--malloc", "jemalloc", "train.py"],
+    "malloc-tcmalloc": ["--gpus", "8", "--malloc", "tcmalloc", "train.py"],
 }
 
 CASE_ENV = {
     "user-venv": {"VIRTUAL_ENV": "@TMP@/venv"},
     "gpus-6-on-4": {"GSRUN_TEST_GRES": "gpu:h200:4(S:0-1)"},
+}
+# site config text of a case (others: the empty file, built-in defaults)
+CASE_CONFIG = {
+    "malloc-tcmalloc": '[malloc]\npytorch_cuda_alloc_conf = "expandable_segments:True"\n',
 }
 
 
@@ -142,6 +150,11 @@ def test_golden_sbatch(case, gsrun_env):
     if "--dry-run" in args:
         raise AssertionError("--dry-run is added by the test")
     env = {k: v.replace("@TMP@", gsrun_env.tmp) for k, v in CASE_ENV.get(case, {}).items()}
+    if case in CASE_CONFIG:
+        cfg = os.path.join(gsrun_env.tmp, "case.toml")
+        with open(cfg, "w") as f:
+            f.write(CASE_CONFIG[case])
+        env["GSRUN_CONFIG"] = cfg
     got = gsrun_env(render(args, env))
     path = GOLDEN / f"{case}.sh"
     check_text(path, got, f"gsrun {' '.join(args)} --dry-run")
