@@ -25,8 +25,9 @@ import sys
 import syslog
 import time
 
+from gsrun.base.ids import is_job_id
+
 MAX_LINE = 4000
-_JOB_ID = re.compile(r"[0-9]{1,10}(?:_[0-9]{1,10})?")
 _UNSAFE = re.compile(r"[\x00-\x1f\x7f\ud800-\udfff]")
 _ERR_HEADER = re.compile(r"(^|: )gsrun: ([A-Za-z][\w+.-]*): ")
 
@@ -43,7 +44,7 @@ def safe_job_id(job_id) -> str | None:
     """The job id for a log tag, or ``"?"`` when it is not a plain Slurm job id."""
     if job_id is None:
         return None
-    return job_id if isinstance(job_id, str) and _JOB_ID.fullmatch(job_id) else "?"
+    return job_id if is_job_id(job_id, array=True) else "?"
 
 
 class JobLog:
