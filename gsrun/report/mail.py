@@ -63,7 +63,7 @@ from typing import Any, Callable, Mapping
 from gsrun.base.templating import render
 from gsrun.base.errors import ConfigError, GsrunError, InputError, NodeError
 from gsrun.base.fsutil import atomic_write, atomic_write_json, ensure_dir, read_json
-from gsrun.facts.slurm import ACTIVE_STATES as NOT_FINAL_STATES, FAILED_STATES as FAIL_STATES
+from gsrun.facts.slurm import ACTIVE_STATES as NOT_FINAL_STATES, FAILED_STATES as FAIL_STATES, state_word
 from gsrun.report.records import is_mig as _is_mig
 from gsrun.report.units import NA, as_number, fmt_bytes, fmt_bytes_of, fmt_duration_s, fmt_energy_j, fmt_hours_h, \
     fmt_share_pct, fmt_power_w, fmt_time
@@ -243,8 +243,8 @@ def mail_wanted(mail_type: str | None, policy: str, *, state: str | None = None,
     """
     if policy not in ("job", "always", "never"):
         raise ConfigError("config", "bad value for mail.policy", repr(policy), hint="allowed: job|always|never")
-    state_word = (state or "").strip().split(" ")[0].upper()
-    if not enabled or policy == "never" or state_word in NOT_FINAL_STATES:
+    word = state_word(state)
+    if not enabled or policy == "never" or word in NOT_FINAL_STATES:
         return False
     if policy == "always":
         return True
@@ -253,7 +253,7 @@ def mail_wanted(mail_type: str | None, policy: str, *, state: str | None = None,
         return False
     if "END" in tokens or "ALL" in tokens:
         return True
-    if "FAIL" in tokens and state_word in FAIL_STATES:
+    if "FAIL" in tokens and word in FAIL_STATES:
         return True
     return False
 
@@ -270,12 +270,12 @@ def mail_kind(summary: Mapping) -> str:
     - ``report``: the efficiency report.
     """
     job = summary.get("job") or {}
-    state_word = str(job.get("state") or "").strip().split(" ")[0].upper()
+    word = state_word(str(job.get("state") or ""))
     elapsed = job.get("elapsed_s")
     zero = elapsed is None or as_number(elapsed) is None or float(elapsed) <= 0.0
-    if state_word in NOT_FINAL_STATES:
+    if word in NOT_FINAL_STATES:
         return "requeued"
-    if state_word == "CANCELLED" and zero:
+    if word == "CANCELLED" and zero:
         return "cancelled_before_start"
     if zero:
         return "no_run"
