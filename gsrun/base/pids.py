@@ -97,6 +97,14 @@ def _wait_readable(fd: int, timeout_s: float) -> bool:
     return bool(p.poll(max(0, int(timeout_s * 1000))))
 
 
+def _send(fd: int | None, pid: int, sig: int) -> None:
+    """``sig`` through the pidfd when there is one (never reaches a reused PID), else by PID."""
+    if fd is not None:
+        signal.pidfd_send_signal(fd, sig)
+    else:
+        os.kill(pid, sig)
+
+
 def stop(pid: int, create_time: float | None, timeout_s: float = 5.0) -> str:
     """SIGTERM ``pid`` when it is still the recorded process
     (:func:`is_same`), wait up to ``timeout_s`` for it to exit, then SIGKILL.
@@ -111,10 +119,7 @@ def stop(pid: int, create_time: float | None, timeout_s: float = 5.0) -> str:
         if not is_same(pid, create_time):
             return "not running"
         try:
-            if fd is not None:
-                signal.pidfd_send_signal(fd, signal.SIGTERM)
-            else:
-                os.kill(pid, signal.SIGTERM)
+            _send(fd, pid, signal.SIGTERM)
         except ProcessLookupError:
             return "stopped"
         if fd is not None:
@@ -127,10 +132,7 @@ def stop(pid: int, create_time: float | None, timeout_s: float = 5.0) -> str:
                     return "stopped"
                 time.sleep(POLL_S)
         try:
-            if fd is not None:
-                signal.pidfd_send_signal(fd, signal.SIGKILL)
-            else:
-                os.kill(pid, signal.SIGKILL)
+            _send(fd, pid, signal.SIGKILL)
         except ProcessLookupError:
             return "stopped"
         return "killed"
