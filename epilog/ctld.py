@@ -236,7 +236,7 @@ def run(environ, spool_dir: str | None = None, wait_s: float = 30.0) -> int:
     paths = Paths.from_config(cfg, None, spool_dir)
     rec = None
     try:
-        cp = run_slurm(["scontrol", "-o", "show", "job", job_id], cfg["timeouts.command_s"], check=False)
+        cp = run_slurm(["scontrol", "--local", "-o", "show", "job", job_id], cfg["timeouts.command_s"], check=False)
         if cp.returncode == 0 and cp.stdout.strip():
             rec = parse_job_record(cp.stdout, job_id)   # forged (duplicated) fields dropped
             if rec is None:

@@ -131,7 +131,7 @@ def comment_from_slurm(job_id: str, timeout_s: float) -> dict[str, str] | None:
     if exe is None:
         return None
     try:
-        rc, out, _err = run_bounded([exe, "-o", "show", "job", job_id], timeout_s)
+        rc, out, _err = run_bounded([exe, "--local", "-o", "show", "job", job_id], timeout_s)
     except OSError:
         return None
     if rc != 0 or not out.strip():

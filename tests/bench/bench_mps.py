@@ -18,6 +18,10 @@ sum of each process's matmuls per second. Three modes in the same run:
   ``<tmp>/mps``), clients get ``gsrun.node.mps.task_env``.
 * ``hand``:  ``nvidia-cuda-mps-control -d`` started by hand with its own
   private pipe/log directories and the same ``CUDA_VISIBLE_DEVICES``.
+* ``hand-gsenv``: started by hand, but with gsrun's daemon environment,
+  umask and session (tells the environment's cost from gsrun's code).
+* ``gsrun-prestart``: gsrun's daemon, then ``start_server -uid`` before the
+  clients start (the MPS server already up when the first client connects).
 
 Modes run one after the other in each round (order reversed in odd rounds to
 cancel drift); every daemon is asked to ``quit`` in a ``finally`` (and the
@@ -148,16 +152,43 @@ def gsrun_mps(base: Path, uuid: str, log: list):
             raise RuntimeError(f"gsrun MPS daemon left processes: {res['leftover']}")
 
 
+def start_server(pipe_dir: str, log: list) -> None:
+    """``start_server -uid <uid>`` to a running control daemon: the MPS server
+    is then up before the first client connects (what a prolog could do)."""
+    r = subprocess.run(["nvidia-cuda-mps-control"], input=f"start_server -uid {os.getuid()}\n".encode(),
+                       env={"PATH": mps.SAFE_PATH, "CUDA_MPS_PIPE_DIRECTORY": pipe_dir},
+                       timeout=30, capture_output=True)
+    log.append(f"start_server rc {r.returncode}: {r.stdout.decode(errors='replace').strip()[:200]}")
+
+
 @contextmanager
-def hand_mps(base: Path, uuid: str, log: list):
-    pipe, logd = base / "hand" / "pipe", base / "hand" / "log"
+def gsrun_prestart_mps(base: Path, uuid: str, log: list):
+    with gsrun_mps(base, uuid, log) as extra:
+        start_server(extra["CUDA_MPS_PIPE_DIRECTORY"], log)
+        yield extra
+
+
+@contextmanager
+def hand_mps(base: Path, uuid: str, log: list, gsrun_env: bool = False):
+    """A daemon started by hand; ``gsrun_env`` starts it the way gsrun does
+    (gsrun's daemon environment, umask 077, new session) to tell a cost of
+    that environment from one of gsrun's code."""
+    name = "hand-gsenv" if gsrun_env else "hand"
+    pipe, logd = base / name / "pipe", base / name / "log"
     pipe.mkdir(parents=True, exist_ok=True)
     logd.mkdir(parents=True, exist_ok=True)
-    env = {"PATH": mps.SAFE_PATH, "HOME": os.environ.get("HOME", "/"),
-           "CUDA_VISIBLE_DEVICES": uuid,
-           "CUDA_MPS_PIPE_DIRECTORY": str(pipe), "CUDA_MPS_LOG_DIRECTORY": str(logd)}
-    subprocess.run(["nvidia-cuda-mps-control", "-d"], env=env, timeout=30, check=True,
-                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if gsrun_env:
+        env = mps.daemon_env({"HOME": os.environ.get("HOME", "/")}, [uuid], str(pipe), str(logd),
+                             None, None, os.environ)
+        subprocess.run(["nvidia-cuda-mps-control", "-d"], env=env, timeout=30, check=True, cwd="/",
+                       umask=0o077, start_new_session=True, close_fds=True,
+                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    else:
+        env = {"PATH": mps.SAFE_PATH, "HOME": os.environ.get("HOME", "/"),
+               "CUDA_VISIBLE_DEVICES": uuid,
+               "CUDA_MPS_PIPE_DIRECTORY": str(pipe), "CUDA_MPS_LOG_DIRECTORY": str(logd)}
+        subprocess.run(["nvidia-cuda-mps-control", "-d"], env=env, timeout=30, check=True,
+                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 30
         while not (pipe / "control").exists() and time.monotonic() < deadline:
@@ -227,7 +258,9 @@ def main() -> int:
             order = modes if rnd % 2 == 0 else modes[::-1]
             for mode in order:
                 ctx = {"none": lambda: no_mps(base, uuid), "gsrun": lambda: gsrun_mps(base, uuid, log),
-                       "hand": lambda: hand_mps(base, uuid, log)}[mode]()
+                       "gsrun-prestart": lambda: gsrun_prestart_mps(base, uuid, log),
+                       "hand": lambda: hand_mps(base, uuid, log),
+                       "hand-gsenv": lambda: hand_mps(base, uuid, log, gsrun_env=True)}[mode]()
                 with ctx as extra:
                     for n in ns:
                         r = run_workers(n, args.size, args.duration_s, {**wenv_base, **extra})
@@ -249,7 +282,9 @@ def main() -> int:
                 if n in med.get(a, {}) and n in med.get(b, {}) and med[b][n] > 0}
 
     out["ratios"] = {"gsrun_vs_none": ratio("gsrun", "none"), "hand_vs_none": ratio("hand", "none"),
-                     "gsrun_vs_hand": ratio("gsrun", "hand")}
+                     "gsrun_vs_hand": ratio("gsrun", "hand"),
+                     "hand_gsenv_vs_hand": ratio("hand-gsenv", "hand"),
+                     "gsrun_prestart_vs_hand": ratio("gsrun-prestart", "hand")}
     g8 = out["ratios"]["gsrun_vs_none"].get("8")
     gh = out["ratios"]["gsrun_vs_hand"]
     out["aims"] = {"gsrun_vs_none_n8_ge_2": None if g8 is None else g8 >= 2.0,
