@@ -328,7 +328,7 @@ def start_sampler_process(job, paths, cfg, hostfs, dma_latency_us: int | None = 
     baseline = _mem_baseline(hostfs, job.gpus or [])
     if baseline:
         args += ["--mem-baseline", baseline]
-    argv = root_python("-m", "gsrun.node.sampler", *args)
+    argv = root_python("-m", "gsrun.epilog.sampler", *args)
     logf = os.fdopen(os.open(d / "sampler.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
                              | os.O_CLOEXEC, 0o600), "ab")
     try:

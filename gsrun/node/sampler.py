@@ -723,12 +723,16 @@ def parse_mem_baseline(text: str | None) -> dict[int, int]:
 
 def run_sampler(job_id: str, uid: int, node: str, gpus: str, host_root: str | None, state_dir: str | None,
                 spool_dir: str | None, interval_s: float | None = None, max_samples: int | None = None,
-                dma_latency_us: int | None = None, mem_baseline: str | None = None) -> int:
+                dma_latency_us: int | None = None, mem_baseline: str | None = None, on_done=None) -> int:
     """The sampler process's body (``python -m gsrun.node.sampler``, started
     detached by the prolog; ``gsrun-node sampler`` runs the same). A broken
     site config must not cost the job its figures: built-in defaults then.
     ``dma_latency_us``: hold ``/dev/cpu_dma_latency`` at that latency until
-    the sampler ends (``--tune cstate``, :mod:`gsrun.node.cpu_latency`)."""
+    the sampler ends (``--tune cstate``, :mod:`gsrun.node.cpu_latency`).
+    ``on_done(state, state_dir)``: called with the final state (JSON form, as
+    written) and the job's state directory (a :class:`pathlib.Path`) after the
+    last flush, before the process exits (:mod:`gsrun.epilog.sampler` writes
+    the node summary there)."""
     import sys
 
     from gsrun.base.paths import Paths
@@ -753,14 +757,16 @@ def run_sampler(job_id: str, uid: int, node: str, gpus: str, host_root: str | No
         _held_fd, note = cpu_latency.hold(s.hostfs, dma_latency_us)   # closed by the kernel when we exit
         s.state["notes"].append(note)
         print(f"gsrun: sampler: {note}", file=sys.stderr)
-    s.run(max_samples)
+    final = s.run(max_samples)
+    if on_done is not None:
+        on_done(final, d)
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, on_done=None) -> int:
     """``python -m gsrun.node.sampler --job-id ID --uid N --node NAME [--gpus LIST]
     [--host-root DIR] [--state-dir DIR] [--spool-dir DIR] [--interval-s S] [--max-samples N]
-    [--dma-latency-us US]``."""
+    [--dma-latency-us US]``. ``on_done``: see :func:`run_sampler`."""
     import argparse
 
     ap = argparse.ArgumentParser(prog="gsrun-sampler")
@@ -777,7 +783,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mem-baseline", default=None, help="GRES=BYTES,... v1 memory used before the job")
     a = ap.parse_args(argv)
     return run_sampler(a.job_id, a.uid, a.node, a.gpus, a.host_root, a.state_dir, a.spool_dir,
-                       a.interval_s, a.max_samples, dma_latency_us=a.dma_latency_us, mem_baseline=a.mem_baseline)
+                       a.interval_s, a.max_samples, dma_latency_us=a.dma_latency_us, mem_baseline=a.mem_baseline,
+                       on_done=on_done)
 
 
 if __name__ == "__main__":
