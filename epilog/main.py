@@ -146,16 +146,18 @@ def _nvml_reason(hostfs, prolog: dict) -> str | None:
 
 
 def find_samplers(job_id: str, state_dir: str) -> list[tuple[int, float | None]]:
-    """Samplers of ``job_id`` by command line (``-m gsrun.node.sampler
-    --job-id ID ... --state-dir DIR``, or ``-m gsrun.node sampler ...`` of
-    releases before the layered tree, DIR = this node's state dir), owned by
+    """Samplers of ``job_id`` by command line (``-m gsrun.epilog.sampler
+    --job-id ID ... --state-dir DIR``, ``-m gsrun.node.sampler ...`` of older
+    prologs, or ``-m gsrun.node sampler ...`` of releases before the layered
+    tree, DIR = this node's state dir), owned by
     our uid (root): for a prolog killed between starting the sampler and
     recording its PID. A ``/proc`` scan (:func:`gsrun.base.pids.scan`), no
     psutil. -> [(pid, start time, epoch s)]."""
     from gsrun.base import pids
 
     def match(cmd: list[str]) -> bool:
-        return ("gsrun.node.sampler" in cmd or ("gsrun.node" in cmd and "sampler" in cmd)) \
+        return ("gsrun.epilog.sampler" in cmd or "gsrun.node.sampler" in cmd
+                or ("gsrun.node" in cmd and "sampler" in cmd)) \
             and _arg(cmd, "--job-id") == job_id and _arg(cmd, "--state-dir") == state_dir
 
     return pids.scan(match, os.geteuid())
@@ -167,8 +169,6 @@ def _arg(cmd: list[str], flag: str) -> str | None:
 
 
 def _summary(job, paths, sdir, hostfs, log) -> dict:
-    from gsrun.report.summary import node_summary
-
     pid_info = read_json(sdir / "sampler.pid.json")
     stopped = "no sampler record"
     if pid_info:
@@ -176,15 +176,28 @@ def _summary(job, paths, sdir, hostfs, log) -> dict:
             stopped = pids.stop(int(pid_info["pid"]), pid_info.get("create_time"))
         except (KeyError, TypeError, ValueError, ProcessLookupError) as e:
             stopped = f"bad sampler record: {e}"
-    for pid, ct in find_samplers(job.job_id, str(paths.state_dir)):   # unrecorded or second samplers
+    others = find_samplers(job.job_id, str(paths.state_dir))    # unrecorded or second samplers
+    for pid, ct in others:
         stopped += f"; unrecorded sampler {pid}: {pids.stop(pid, ct)}"
-    state = read_json(sdir / "sampler.json")
     prolog = read_json(paths.spool_job(job.job_id) / f"prolog-{job.node}.json") or {}
     env = job.to_dict()
     env["prolog_time"] = prolog.get("prolog_time")
-    summ = node_summary(state, env, time.time())
-    if not summ.get("gpu_available") and (state is None or state.get("nvml_error")):
-        why = (state or {}).get("nvml_error") or _nvml_reason(hostfs, prolog)
+    end_time = time.time()
+    pre = _sampler_summary(sdir, pid_info, stopped if not others else "")
+    if pre is not None:
+        from gsrun.report.node_end import finish
+
+        summ, nvml_error, from_state = finish(pre["summary"], env, end_time), pre.get("nvml_error"), True
+        log("node summary: written by the sampler at its final flush")
+    else:
+        from gsrun.report.summary import node_summary
+
+        state = read_json(sdir / "sampler.json")
+        summ, nvml_error, from_state = node_summary(state, env, end_time), (state or {}).get("nvml_error"), \
+            state is not None
+        log(f"node summary: computed from sampler.json (sampler: {stopped})")
+    if not summ.get("gpu_available") and (not from_state or nvml_error):
+        why = nvml_error or _nvml_reason(hostfs, prolog)
         if why:
             summ["gpu_reason"] = why
             log.error(f"GPU section unavailable: {why}")
@@ -208,6 +221,25 @@ def _summary(job, paths, sdir, hostfs, log) -> dict:
         return {"sampler": stopped, "summary": None, "error": safe_text(e), "samples": summ["samples"],
                 "lost_gpus": lost}
     return {"sampler": stopped, "summary": str(out), "samples": summ["samples"], "lost_gpus": lost}
+
+
+def _sampler_summary(sdir, pid_info: dict | None, stopped: str) -> dict | None:
+    """The node summary the job's sampler wrote at its final flush
+    (:mod:`gsrun.epilog.sampler`: ``{"pid", "start_time", "nvml_error",
+    "summary"}``), when it is the last act of the recorded sampler this
+    epilog just stopped (``stopped == "stopped"``, same PID and start time);
+    else None and the epilog computes the summary from ``sampler.json``."""
+    from gsrun.report.node_end import SAMPLER_SUMMARY_NAME
+
+    if stopped != "stopped" or not pid_info:
+        return None
+    pre = read_json(sdir / SAMPLER_SUMMARY_NAME)
+    if not pre or not isinstance(pre.get("summary"), dict) or pre.get("pid") != pid_info.get("pid"):
+        return None
+    ct, st = pid_info.get("create_time"), pre.get("start_time")
+    if isinstance(ct, (int, float)) and not (isinstance(st, (int, float)) and abs(ct - st) < 0.5):
+        return None
+    return pre
 
 
 def _mps_stop(job, paths, cfg, log):

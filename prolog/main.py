@@ -315,7 +315,7 @@ def start_sampler_process(job, paths, cfg, hostfs, dma_latency_us: int | None = 
     record its PID and start time so the epilog never signals a reused PID.
     ``dma_latency_us``: the sampler holds ``/dev/cpu_dma_latency`` at it
     (``--tune cstate``, :mod:`gsrun.node.cpu_latency`)."""
-    import psutil
+    from gsrun.base import pids
 
     d = paths.make_state_job(job.job_id)
     args = ["--job-id", job.job_id, "--uid", str(job.uid),
@@ -328,7 +328,7 @@ def start_sampler_process(job, paths, cfg, hostfs, dma_latency_us: int | None = 
     baseline = _mem_baseline(hostfs, job.gpus or [])
     if baseline:
         args += ["--mem-baseline", baseline]
-    argv = root_python("-m", "gsrun.node.sampler", *args)
+    argv = root_python("-m", "gsrun.epilog.sampler", *args)
     logf = os.fdopen(os.open(d / "sampler.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
                              | os.O_CLOEXEC, 0o600), "ab")
     try:
@@ -336,22 +336,18 @@ def start_sampler_process(job, paths, cfg, hostfs, dma_latency_us: int | None = 
                              close_fds=True, cwd=ROOT_CWD, env=_sampler_env())
     finally:
         logf.close()
-    try:
-        ct = psutil.Process(p.pid).create_time()
-    except psutil.Error:
-        ct = None
-    info = {"pid": p.pid, "create_time": ct, "argv": args}
+    info = {"pid": p.pid, "create_time": pids.start_time(p.pid), "argv": args}
     atomic_write_json(d / "sampler.pid.json", info, mode=0o600)
     return info
 
 
 def _mem_baseline(hostfs, gpus: list[int]) -> str:
     """The job's GPUs' memory "used" before its processes start, for GPUs
-    with only the v1 memory call (:func:`gsrun.node.sampler.read_mem_baseline`);
+    with only the v1 memory call (:func:`gsrun.node.mem_baseline.read_mem_baseline`);
     "" when none or NVML does not answer."""
     if not gpus:
         return ""
-    from gsrun.node.sampler import format_mem_baseline, read_mem_baseline
+    from gsrun.node.mem_baseline import format_mem_baseline, read_mem_baseline
 
     try:
         nv = open_nvml(hostfs)

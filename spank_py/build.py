@@ -31,7 +31,9 @@ from gsrun.base.fsutil import atomic_write
 SRC_DIR = Path(__file__).resolve().parent
 C_SOURCE = SRC_DIR / "gsrun_spank.c"
 VERSION_SCRIPT = SRC_DIR / "gsrun_spank.map"
+PY_VERSION_SCRIPT = SRC_DIR / "gsrun_spank_py.map"
 SO_NAME = "gsrun_spank.so"
+PY_PART_NAME = "gsrun_spank_py.so"   # the Python half, loaded by gsrun_spank.so from its own folder
 OPTIONS_HEADER = "gsrun_spank_options.h"
 SPANK_OPTION_MAXLEN = 75          # slurm/spank.h
 MAX_OPTIONS = 32
@@ -200,30 +202,39 @@ def options_header(options=None) -> str:
 
 
 def compile_command(out_so: Path, python: str, info: dict, include_dir: Path,
-                    cc: str = "cc", gen_dir: Path | None = None) -> list[str]:
+                    cc: str = "cc", gen_dir: Path | None = None, part: str = "plugin") -> list[str]:
     """The compiler argv (pure apart from ``python_flags``). ``gen_dir``: the
-    folder holding the generated ``gsrun_spank_options.h``."""
-    cflags, ldflags = python_flags(python, info)
+    folder holding the generated ``gsrun_spank_options.h``. ``part``:
+    ``"plugin"`` (``gsrun_spank.so``, not linked to libpython: it dlopen()s
+    libpython and the Python half only when Python is needed) or ``"python"``
+    (``gsrun_spank_py.so``, linked to libpython)."""
+    libdir = os.path.normpath(info["libdir"] or "")
     defines = [
         f"-DGSRUN_LIBPYTHON={_c_string(info['instsoname'], 'libpython soname')}",
+        f"-DGSRUN_LIBPYTHON_PATH={_c_string(os.path.join(libdir, info['instsoname']), 'libpython path')}",
+        f"-DGSRUN_PY_VERSION={_c_string(info['py_version'], 'python version')}",
         f"-DGSRUN_PYTHON_HOME={_c_string(info['base_prefix'], 'python home')}",
         f"-DGSRUN_PYTHON_EXE={_c_string(info['executable'], 'python executable')}",
         f"-DGSRUN_DEFAULT_PYTHONPATH={_c_string(info['purelib'] or '', 'site-packages')}",
     ]
+    gen = [f"-I{gen_dir}"] if gen_dir is not None else []
+    slurm_inc = [] if str(include_dir) == "/usr/include" else [f"-I{include_dir}"]
+    if part == "plugin":
+        return ([cc] + HARDENING + gen + slurm_inc + defines + [str(C_SOURCE), "-o", str(out_so)]
+                + LINK_HARDENING + [f"-Wl,--version-script={VERSION_SCRIPT}", "-ldl"])
+    cflags, ldflags = python_flags(python, info)
     rpath = []
-    libdir = os.path.normpath(info["libdir"] or "")
     if libdir and not any(libdir == d or libdir.startswith(d + "/") for d in SYSTEM_LIBDIRS):
         rpath = [f"-Wl,-rpath,{libdir}"]
     # Python's cflags may carry -O3/-g/-DNDEBUG; ours come after and win.
-    gen = [f"-I{gen_dir}"] if gen_dir is not None else []
-    return ([cc] + cflags + HARDENING + gen
-            + ([] if str(include_dir) == "/usr/include" else [f"-I{include_dir}"]) + defines
+    return ([cc] + cflags + HARDENING + gen + slurm_inc + defines + ["-DGSRUN_PY_PART"]
             + [str(C_SOURCE), "-o", str(out_so)]
-            + LINK_HARDENING + [f"-Wl,--version-script={VERSION_SCRIPT}"] + rpath + ldflags)
+            + LINK_HARDENING + [f"-Wl,--version-script={PY_VERSION_SCRIPT}"] + rpath + ldflags)
 
 
 def build(out_dir: str, python: str = sys.executable, cc: str | None = None) -> Path:
-    """Compile ``gsrun_spank.so`` into ``out_dir`` and return its path.
+    """Compile ``gsrun_spank.so`` and its Python half ``gsrun_spank_py.so``
+    into ``out_dir`` and return the plugin's path.
 
     ``python``: the interpreter to embed (its libpython is linked, its
     ``sys.base_prefix`` becomes the plugin's Python home, its site-packages the
@@ -237,18 +248,21 @@ def build(out_dir: str, python: str = sys.executable, cc: str | None = None) -> 
     slurm_num = slurm_version_number(include_dir)
     info = python_info(python)
     so = out / SO_NAME
-    tmp = out / f".{SO_NAME}.build-{os.getpid()}"
     header = options_header()
     with tempfile.TemporaryDirectory(prefix="gsrun-spank-gen-") as gen:
         (Path(gen) / OPTIONS_HEADER).write_text(header)
-        argv = compile_command(tmp, python, info, include_dir, cc or os.environ.get("CC") or "cc", Path(gen))
-        try:
-            _run(argv, "compile")
-            os.chmod(tmp, 0o755)
-            os.replace(tmp, so)
-        finally:
-            if tmp.exists():
-                tmp.unlink()
+        # the Python half first: a plugin is never left without the half it loads
+        for part, name in (("python", PY_PART_NAME), ("plugin", SO_NAME)):
+            tmp = out / f".{name}.build-{os.getpid()}"
+            argv = compile_command(tmp, python, info, include_dir, cc or os.environ.get("CC") or "cc", Path(gen),
+                                   part=part)
+            try:
+                _run(argv, f"compile {name}")
+                os.chmod(tmp, 0o755)
+                os.replace(tmp, out / name)
+            finally:
+                if tmp.exists():
+                    tmp.unlink()
     meta = {"slurm_version_number": slurm_num, "slurm_version": format_slurm_version(slurm_num),
             "python": info["executable"], "python_version": info["py_version"],
             "libpython": info["instsoname"], "python_home": info["base_prefix"],
@@ -385,20 +399,13 @@ def install(so_path: str | os.PathLike, dest_dir: str | os.PathLike, plugstack_p
     block = render_plugstack(str(target.resolve()), pairs, info.get("slurm_version", "?"),
                              info.get("python_version", "?"))
     root = os.geteuid() == 0
-    fd, tmp = tempfile.mkstemp(prefix=f".{SO_NAME}.", dir=dest)
-    try:
-        with os.fdopen(fd, "wb") as f, open(src, "rb") as s:
-            shutil.copyfileobj(s, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o755)
-        if root:
-            os.chown(tmp, 0, 0)
-        os.replace(tmp, target)
-    except OSError as e:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise NodeError("spank install", "plugin", f"cannot install {target}: {e.strerror}") from e
+    py_src = src.with_name(PY_PART_NAME)
+    if not py_src.is_file():
+        raise NodeError("spank install", "plugin", f"{py_src} does not exist (the plugin's Python half)",
+                        hint="run gsrun-node spank build first")
+    # the Python half first: the plugin loads it from its own folder
+    for s_path, t_path in ((py_src, target.with_name(PY_PART_NAME)), (src, target)):
+        _copy_root(s_path, t_path, root)
     meta = src.with_name("gsrun_spank.json")
     if meta.is_file() and meta.resolve() != target.with_name("gsrun_spank.json").resolve():
         atomic_write(target.with_name("gsrun_spank.json"), meta.read_text(), 0o644,
@@ -416,6 +423,24 @@ def install(so_path: str | os.PathLike, dest_dir: str | os.PathLike, plugstack_p
     return target
 
 
+def _copy_root(src: Path, target: Path, root: bool) -> None:
+    """Copy ``src`` to ``target`` atomically, mode 0755 (owner root when ``root``)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as f, open(src, "rb") as s:
+            shutil.copyfileobj(s, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o755)
+        if root:
+            os.chown(tmp, 0, 0)
+        os.replace(tmp, target)
+    except OSError as e:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise NodeError("spank install", "plugin", f"cannot install {target}: {e.strerror}") from e
+
+
 def uninstall(plugstack_path: str | os.PathLike, so_path: str | os.PathLike | None = None) -> bool:
     """Remove gsrun's block from ``plugstack_path`` (and the .so when given).
     Returns True when a block was removed. Jobs started afterwards run without
@@ -429,8 +454,9 @@ def uninstall(plugstack_path: str | os.PathLike, so_path: str | os.PathLike | No
             atomic_write(ps, new, 0o644)
             removed = True
     if so_path is not None:
-        try:
-            os.unlink(so_path)
-        except FileNotFoundError:
-            pass
+        for p in (Path(so_path), Path(so_path).with_name(PY_PART_NAME)):
+            try:
+                os.unlink(p)
+            except FileNotFoundError:
+                pass
     return removed

@@ -18,6 +18,14 @@
  * Python side cannot block them; a job that asked for --gs-* options is
  * refused then (its options could not be honoured), with the reason.
  *
+ * Two objects are built from this file (spank_py/build.py):
+ *  - gsrun_spank.so (the plugin Slurm loads): the code outside GSRUN_PY_PART,
+ *    not linked to libpython, so a process that needs no Python never maps it;
+ *  - gsrun_spank_py.so (-DGSRUN_PY_PART, linked to libpython), next to it:
+ *    when Python is needed the plugin dlopen()s libpython RTLD_GLOBAL (the
+ *    path recorded at build time, else its soname), then this part, and hands
+ *    it the plugin's configuration and options (struct gs_shared).
+ *
  * Rules kept here:
  *  - a Python exception never escapes: it becomes slurm_error lines
  *    ("gsrun: spank: <hook>: ..." + traceback) and the configured return code;
@@ -37,12 +45,17 @@
  *  GSRUN_PYTHON_EXE         that Python's executable (sys.executable)
  *  GSRUN_DEFAULT_PYTHONPATH its site-packages, used when no pythonpath= is given
  */
+#define _GNU_SOURCE /* dladdr */
 #define PY_SSIZE_T_CLEAN
+#ifdef GSRUN_PY_PART
 #include <Python.h>
+#endif
 
 #include <dlfcn.h>
+#include <limits.h>
 #include <errno.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
@@ -56,9 +69,13 @@
 #ifndef GSRUN_LIBPYTHON
 #error "GSRUN_LIBPYTHON must be defined (spank_py/build.py does it)"
 #endif
+#ifndef GSRUN_LIBPYTHON_PATH
+#define GSRUN_LIBPYTHON_PATH GSRUN_LIBPYTHON
+#endif
 #ifndef GSRUN_PYTHON_HOME
 #error "GSRUN_PYTHON_HOME must be defined (spank_py/build.py does it)"
 #endif
+#define GSRUN_PY_PART_NAME "gsrun_spank_py.so"
 #ifndef GSRUN_PYTHON_EXE
 #define GSRUN_PYTHON_EXE ""
 #endif
@@ -66,17 +83,21 @@
 #define GSRUN_DEFAULT_PYTHONPATH ""
 #endif
 
+#ifndef GSRUN_PY_PART
 SPANK_PLUGIN(gsrun, 1);
+#endif
 
 #define STR_(x) #x
 #define STR(x) STR_(x)
 #define BUILT_MAJOR SLURM_VERSION_MAJOR(SLURM_VERSION_NUMBER)
 #define BUILT_MINOR SLURM_VERSION_MINOR(SLURM_VERSION_NUMBER)
 
+#ifndef GSRUN_PY_PART
 /* Found by `strings gsrun_spank.so | grep built-for`. */
 __attribute__((used)) static const char gsrun_built_for[] =
 	"gsrun_spank built-for slurm=" STR(SLURM_VERSION_NUMBER)
-	" python=" PY_VERSION " libpython=" GSRUN_LIBPYTHON;
+	" python=" GSRUN_PY_VERSION " libpython=" GSRUN_LIBPYTHON;
+#endif
 
 #define HOOKS_MODULE "gsrun.spank_py.hooks"
 #define MAX_PYPATH 8
@@ -97,7 +118,27 @@ struct gs_config {
 	const char *config; /* site config path (absolute) or NULL: $GSRUN_CONFIG / default */
 };
 
+/* What the plugin hands the Python part (gsrun_py_attach). */
+struct gs_shared {
+	struct gs_config *cfg;
+	struct spank_option *opts;
+	int *n_opts;
+	char **opt_value;
+	int *opt_seen;
+};
+
+#ifdef GSRUN_PY_PART
+static struct gs_shared sh; /* the plugin's own state, not a copy */
+#define cfg (*sh.cfg)
+#define opts (sh.opts)
+#define n_opts (*sh.n_opts)
+#define opt_value (sh.opt_value)
+#define opt_seen (sh.opt_seen)
+#else
 static struct gs_config cfg;
+#endif
+
+#ifndef GSRUN_PY_PART
 
 /*
  * Strict plugstack argument parser: key=value only, known keys only.
@@ -168,7 +209,9 @@ static int parse_args(int ac, char **av, struct gs_config *c)
 	return 0;
 }
 
-static const char *context_name(spank_context_t ctx)
+#endif /* !GSRUN_PY_PART */
+
+__attribute__((unused)) static const char *context_name(spank_context_t ctx)
 {
 	switch (ctx) {
 	case S_CTX_LOCAL: return "local";
@@ -194,6 +237,7 @@ static int error_rc(void)
 
 /* --------------------------------------------------------------- options */
 
+#ifndef GSRUN_PY_PART
 static struct spank_option opts[GSRUN_N_OPTS];
 static int n_opts;
 static char *opt_value[GSRUN_N_OPTS]; /* value seen by the option callback */
@@ -212,6 +256,9 @@ static int opt_cb(int val, const char *optarg, int remote)
 	return 0;
 }
 
+#endif /* !GSRUN_PY_PART */
+
+#ifdef GSRUN_PY_PART
 /* ------------------------------------------------------------ _spank module */
 
 static spank_t cur_sp; /* the handle of the callback in progress, else NULL */
@@ -829,6 +876,75 @@ static int dispatch(spank_t sp, const char *name)
 	return rc;
 }
 
+/* The Python part's two entry points, called by the plugin (dlsym). */
+__attribute__((visibility("default"))) int gsrun_py_attach(const struct gs_shared *s)
+{
+	sh = *s;
+	return py_start();
+}
+
+__attribute__((visibility("default"))) int gsrun_py_dispatch(spank_t sp, const char *name)
+{
+	return dispatch(sp, name);
+}
+
+#else /* the plugin */
+
+/* ------------------------------------------------------- loading Python */
+
+typedef int (*gs_attach_fn)(const struct gs_shared *);
+typedef int (*gs_dispatch_fn)(spank_t, const char *);
+static int py_state; /* 0 not tried, 1 loaded and running, -1 failed (not retried) */
+static gs_dispatch_fn py_dispatch;
+
+/* Map libpython (RTLD_GLOBAL: Python's own extension modules need its
+ * symbols) and the Python part next to this .so, then start the interpreter
+ * and import the hooks, once per process. Returns 0 or -1 after logging why. */
+static int py_start(void)
+{
+	if (py_state != 0)
+		return py_state > 0 ? 0 : -1;
+	py_state = -1;
+	if (dlopen(GSRUN_LIBPYTHON_PATH, RTLD_NOW | RTLD_GLOBAL) == NULL &&
+	    dlopen(GSRUN_LIBPYTHON, RTLD_NOW | RTLD_GLOBAL) == NULL) {
+		slurm_error("gsrun: spank: python: cannot load %s: %s", GSRUN_LIBPYTHON_PATH, dlerror());
+		slurm_error("hint: rebuild and reinstall the plugin for the Python gsrun is installed in: "
+			    "gsrun-node spank build && gsrun-node spank install");
+		return -1;
+	}
+	Dl_info di;
+	char path[PATH_MAX];
+	const char *slash;
+	if (dladdr((void *)&py_start, &di) == 0 || di.dli_fname == NULL ||
+	    (slash = strrchr(di.dli_fname, '/')) == NULL ||
+	    snprintf(path, sizeof(path), "%.*s/" GSRUN_PY_PART_NAME, (int)(slash - di.dli_fname),
+		     di.dli_fname) >= (int)sizeof(path)) {
+		slurm_error("gsrun: spank: python: cannot tell where gsrun_spank.so lies");
+		return -1;
+	}
+	void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+	gs_attach_fn attach = h ? (gs_attach_fn)dlsym(h, "gsrun_py_attach") : NULL;
+	py_dispatch = h ? (gs_dispatch_fn)dlsym(h, "gsrun_py_dispatch") : NULL;
+	if (attach == NULL || py_dispatch == NULL) {
+		slurm_error("gsrun: spank: python: cannot load %s: %s", path, h ? "entry points missing" : dlerror());
+		slurm_error("hint: install both halves of the plugin side by side: "
+			    "gsrun-node spank build && gsrun-node spank install");
+		return -1;
+	}
+	struct gs_shared s = { &cfg, opts, &n_opts, opt_value, opt_seen };
+	if (attach(&s) < 0)
+		return -1;
+	py_state = 1;
+	return 0;
+}
+
+static int dispatch(spank_t sp, const char *name)
+{
+	if (py_state <= 0)
+		return 0; /* Python not needed here, or its failure already decided in init_post_opt */
+	return py_dispatch(sp, name);
+}
+
 /* ------------------------------------------------------------ SPANK entry */
 
 static int check_slurm_version(spank_t sp)
@@ -971,3 +1087,5 @@ FORWARD(slurm_spank_task_exit)
 FORWARD(slurm_spank_job_prolog)
 FORWARD(slurm_spank_job_epilog)
 FORWARD(slurm_spank_exit)
+
+#endif /* GSRUN_PY_PART */

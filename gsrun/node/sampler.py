@@ -46,6 +46,7 @@ from gsrun.facts.aggregate import HIST_EDGES_PCT, Counter, Metric, Timeline
 from gsrun.base.fsutil import atomic_write, read_json
 from gsrun.facts.nvml import GPU_IS_LOST, NA, NOT_SUPPORTED, NvmlUnavailable, index_by_minor, is_na, open_nvml
 from gsrun.facts.sampler_state import STATE_VERSION, GpuRef  # noqa: F401 - STATE_VERSION: the file format, re-exported
+from gsrun.node.mem_baseline import parse_mem_baseline
 
 # NVML clock event (throttle) reason bits -> cause (nvmlClocksEventReason*)
 THROTTLE_CAUSES = {"power": 0x4 | 0x80,        # SwPowerCap | HwPowerBrakeSlowdown
@@ -445,7 +446,7 @@ class Sampler:
     replaces the job cgroup / psutil reader: a callable returning
     ``(cpu_time_s, mem_current_bytes, mem_peak_bytes, source)``;
     ``mem_baseline``: gres index -> v1 memory used before the job, read by
-    the prolog (:func:`read_mem_baseline`)."""
+    the prolog (:func:`gsrun.node.mem_baseline.read_mem_baseline`)."""
 
     def __init__(self, hostfs, job_id: str, uid: int | None, node: str, gres_indices: list[int],
                  state_path: str, interval_s: float, flush_s: float, timeline_points: int = 1000,
@@ -688,47 +689,18 @@ def stop_sampler(pid: int, create_time: float | None, timeout_s: float = 5.0) ->
     return pids.stop(pid, create_time, timeout_s)
 
 
-def read_mem_baseline(nv, gres_indices: list[int]) -> dict[int, int]:
-    """gres index -> GPU memory "used" now, for the GPUs whose binding has
-    only the v1 memory call (no ``reserved`` in the answer: v1 counts the
-    driver's reservation as used). Read by the prolog before the job's
-    processes start; GPUs with v2 or no answer are left out."""
-    by_minor, _lost = index_by_minor(nv)
-    out = {}
-    for g in gres_indices:
-        idx = by_minor.get(g)
-        if idx is None:
-            continue
-        m = nv.get(idx, "memory")
-        if isinstance(m, dict) and "reserved" not in m and isinstance(m.get("used"), int):
-            out[g] = int(m["used"])
-    return out
-
-
-def format_mem_baseline(b: dict[int, int]) -> str:
-    """``{0: 650000000}`` -> ``"0=650000000"`` (the ``--mem-baseline`` form)."""
-    return ",".join(f"{k}={v}" for k, v in sorted(b.items()))
-
-
-def parse_mem_baseline(text: str | None) -> dict[int, int]:
-    """Inverse of :func:`format_mem_baseline`; malformed entries are dropped
-    (no baseline is better than a wrong one)."""
-    out = {}
-    for part in (text or "").split(","):
-        k, _, v = part.partition("=")
-        if k.isdigit() and v.isdigit():
-            out[int(k)] = int(v)
-    return out
-
-
 def run_sampler(job_id: str, uid: int, node: str, gpus: str, host_root: str | None, state_dir: str | None,
                 spool_dir: str | None, interval_s: float | None = None, max_samples: int | None = None,
-                dma_latency_us: int | None = None, mem_baseline: str | None = None) -> int:
+                dma_latency_us: int | None = None, mem_baseline: str | None = None, on_done=None) -> int:
     """The sampler process's body (``python -m gsrun.node.sampler``, started
     detached by the prolog; ``gsrun-node sampler`` runs the same). A broken
     site config must not cost the job its figures: built-in defaults then.
     ``dma_latency_us``: hold ``/dev/cpu_dma_latency`` at that latency until
-    the sampler ends (``--tune cstate``, :mod:`gsrun.node.cpu_latency`)."""
+    the sampler ends (``--tune cstate``, :mod:`gsrun.node.cpu_latency`).
+    ``on_done(state, state_dir)``: called with the final state (JSON form, as
+    written) and the job's state directory (a :class:`pathlib.Path`) after the
+    last flush, before the process exits (:mod:`gsrun.epilog.sampler` writes
+    the node summary there)."""
     import sys
 
     from gsrun.base.paths import Paths
@@ -753,14 +725,16 @@ def run_sampler(job_id: str, uid: int, node: str, gpus: str, host_root: str | No
         _held_fd, note = cpu_latency.hold(s.hostfs, dma_latency_us)   # closed by the kernel when we exit
         s.state["notes"].append(note)
         print(f"gsrun: sampler: {note}", file=sys.stderr)
-    s.run(max_samples)
+    final = s.run(max_samples)
+    if on_done is not None:
+        on_done(final, d)
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, on_done=None) -> int:
     """``python -m gsrun.node.sampler --job-id ID --uid N --node NAME [--gpus LIST]
     [--host-root DIR] [--state-dir DIR] [--spool-dir DIR] [--interval-s S] [--max-samples N]
-    [--dma-latency-us US]``."""
+    [--dma-latency-us US]``. ``on_done``: see :func:`run_sampler`."""
     import argparse
 
     ap = argparse.ArgumentParser(prog="gsrun-sampler")
@@ -777,7 +751,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mem-baseline", default=None, help="GRES=BYTES,... v1 memory used before the job")
     a = ap.parse_args(argv)
     return run_sampler(a.job_id, a.uid, a.node, a.gpus, a.host_root, a.state_dir, a.spool_dir,
-                       a.interval_s, a.max_samples, dma_latency_us=a.dma_latency_us, mem_baseline=a.mem_baseline)
+                       a.interval_s, a.max_samples, dma_latency_us=a.dma_latency_us, mem_baseline=a.mem_baseline,
+                       on_done=on_done)
 
 
 if __name__ == "__main__":

@@ -102,6 +102,7 @@ from gsrun import SUMMARY_SCHEMA
 from gsrun.base.record import ABSENT
 from gsrun.facts.aggregate import Counter, Metric
 from gsrun.facts.sampler_state import GpuState, SamplerState
+from gsrun.report import node_end
 from gsrun.report.records import (CpuFigures, GpuFigures, GpuSummary, JobInfo, JobSummary, MemoryFigures,
                                   NodeDetail, NodeSummary)
 
@@ -242,7 +243,6 @@ def node_record(state: SamplerState | dict | None, job_env: dict, end_time: floa
             gpu_available=False, gpu_reason="no sampler state (sampler did not run)",
             gpus=[], samples=0, notes=["no sampler state"])
     st = state if isinstance(state, SamplerState) else SamplerState.from_json(state)
-    elapsed = max(0.0, end_time - st.start_time)
     nvml_error = st.nvml_error
     gpus = [gpu_record(g, node, nvml_error) for g in st.gpus]
     real = [g for g in gpus if g.status in ("ok", "lost")]
@@ -258,7 +258,7 @@ def node_record(state: SamplerState | dict | None, job_env: dict, end_time: floa
         reason = "job has no GPUs on this node"
     return NodeSummary(
         schema=SUMMARY_SCHEMA, kind="node", job_id=st.job_id, node=node,
-        start_time=st.start_time, end_time=end_time, elapsed_s=_r(elapsed, 3),
+        start_time=st.start_time, end_time=end_time, elapsed_s=node_end.elapsed_s(st.start_time, end_time),
         cpus_alloc=job_env.get("cpus_on_node"), gres_gpus=job_env.get("gpus") or [],
         cpu_time_s=_r(st.cpu.time_s, 3), cpu_source=st.cpu.source,
         mem_peak_bytes=None if st.mem.peak_bytes is None else int(st.mem.peak_bytes),

@@ -132,7 +132,8 @@ def samplers_of(job_id: str, state_dir) -> list[int]:
     out = []
     for p in psutil.process_iter(["pid", "cmdline", "status"]):
         cmd = p.info["cmdline"] or []
-        if "gsrun.node.sampler" in cmd and "--job-id" in cmd and job_id in cmd and str(state_dir) in cmd \
+        if ("gsrun.epilog.sampler" in cmd or "gsrun.node.sampler" in cmd) and "--job-id" in cmd and job_id in cmd \
+                and str(state_dir) in cmd \
                 and p.info["status"] != psutil.STATUS_ZOMBIE:
             out.append(p.info["pid"])
     return out

@@ -5,6 +5,7 @@ process as gone even before anyone reaps it (a zombie)."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -105,3 +106,87 @@ def test_hook_fast_path_arguments(monkeypatch):
     for argv in (["epilog", "--dry-run"], ["prolog", "--help"], ["prolog", "--state-dir"], ["status"],
                  ["prolog", "--state-dir", "/a", "--state-dir", "/b"], ["epilog-ctld"], []):
         assert parse_hook_args(argv) is None, argv
+
+
+def _started(site, job_id: str, interval_s: float = 0.2) -> tuple[dict, dict, object]:
+    """A prolog's sampler of ``job_id`` running and past its first flush -> (env, pid record, state dir)."""
+    site.config.write_text(site.config.read_text().replace("interval_s = 0.2", f"interval_s = {interval_s}"))
+    env = site.env(job_id=job_id)
+    cp = run_node(["prolog"], env)
+    assert cp.returncode == 0, cp.stderr
+    sdir = site.state / "jobs" / job_id
+    deadline = time.monotonic() + 20
+    while not (sdir / "sampler.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return env, json.loads((sdir / "sampler.pid.json").read_text()), sdir
+
+
+def test_epilog_takes_the_summary_the_sampler_wrote_at_sigterm():
+    """The prolog starts ``python -m gsrun.epilog.sampler``; at the epilog's SIGTERM it
+    writes the node summary after its final flush, and the epilog only completes it."""
+    site = make_site()
+    env, info, sdir = _started(site, "4811")
+    assert info["argv"][:2] == ["--job-id", "4811"]
+    assert "gsrun.epilog.sampler" in psutil.Process(info["pid"]).cmdline()
+    cp = run_node(["epilog"], env)
+    assert cp.returncode == 0, cp.stderr
+    assert "node summary: written by the sampler at its final flush" in cp.stderr
+    node = json.loads((site.spool / "jobs" / "4811" / "node-gpu-node01.json").read_text())
+    assert node["sampler_stop"] == "stopped" and node["samples"] >= 2
+    assert node["gres_gpus"] == [0] and node["elapsed_s"] == round(node["end_time"] - node["start_time"], 3)
+    assert node["end_time"] >= node["start_time"] and node["gpu_available"] is True
+    assert not sdir.exists()     # state dir forgotten after a clean epilog
+
+
+def test_epilog_computes_the_summary_when_the_sampler_was_killed():
+    """A sampler killed (SIGKILL, OOM) writes no summary: the epilog falls back to its last flushed state."""
+    site = make_site()
+    env, info, sdir = _started(site, "4812")
+    os.kill(info["pid"], signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while pids.is_same(info["pid"], info["create_time"]) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    flushed = json.loads((sdir / "sampler.json").read_text())
+    cp = run_node(["epilog"], env)
+    assert cp.returncode == 0, cp.stderr
+    assert "node summary: computed from sampler.json (sampler: not running)" in cp.stderr
+    node = json.loads((site.spool / "jobs" / "4812" / "node-gpu-node01.json").read_text())
+    assert node["sampler_stop"] == "not running" and node["samples"] == flushed["samples"] >= 1
+    assert node["start_time"] == flushed["start_time"]
+
+
+def test_epilog_stops_an_older_prologs_sampler_and_computes_the_summary():
+    """A sampler started by an older prolog (``python -m gsrun.node.sampler``: no summary at its
+    end) is stopped and its final state summarised by the epilog; the summary an earlier sampler
+    of the job left is not taken for it (another PID and start time)."""
+    site = make_site()
+    env, info, sdir = _started(site, "4813")
+    assert pids.stop(info["pid"], info["create_time"], timeout_s=5) == "stopped"
+    stale = json.loads((sdir / "node-summary.json").read_text())
+    assert stale["pid"] == info["pid"]
+    from gsrun.base.proc import ROOT_CWD, root_python
+
+    p = subprocess.Popen(root_python("-m", "gsrun.node.sampler", *info["argv"]), cwd=ROOT_CWD,
+                         env={k: v for k, v in env.items() if k in ("PATH", "GSRUN_HOST_ROOT", "GSRUN_CONFIG",
+                                                                    "GSRUN_STATE_DIR", "GSRUN_SPOOL_DIR")},
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            st = json.loads((sdir / "sampler.json").read_text())
+            if st["done"] is False:
+                break
+            time.sleep(0.05)
+        assert st["done"] is False and st["start_time"] > stale["summary"]["start_time"]
+        (sdir / "sampler.pid.json").write_text(json.dumps({"pid": p.pid, "create_time": pids.start_time(p.pid),
+                                                            "argv": info["argv"]}))
+        cp = run_node(["epilog"], env)
+        assert cp.returncode == 0, cp.stderr
+        assert "node summary: computed from sampler.json (sampler: stopped)" in cp.stderr
+        node = json.loads((site.spool / "jobs" / "4813" / "node-gpu-node01.json").read_text())
+        assert node["sampler_stop"] == "stopped" and node["start_time"] == st["start_time"]
+        assert p.wait(5) == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()

@@ -251,6 +251,15 @@ int main(int argc, char **argv)
 	if (ctx == S_CTX_JOB_SCRIPT)
 		call(so, "slurm_spank_job_prolog", ac, av);
 	call(so, "slurm_spank_exit", ac, av);
+	/* is libpython in this process? (a job without --gs-* options must not pay for mapping it) */
+	FILE *maps = fopen("/proc/self/maps", "r");
+	char line[4096];
+	int mapped = 0;
+	while (maps && fgets(line, sizeof(line), maps))
+		mapped |= strstr(line, "libpython") != NULL;
+	if (maps)
+		fclose(maps);
+	printf("LIBPYTHON mapped=%d\n", mapped);
 	printf("DONE\n");
 	return 0;
 }
@@ -327,15 +336,27 @@ def test_exports_only_spank_and_plugin_symbols(built):
             "slurm_spank_exit"} <= names
 
 
-def test_hardened_and_linked_to_this_python(built):
-    dyn = subprocess.run(["readelf", "-d", str(built)], capture_output=True, text=True,
+@pytest.mark.parametrize("half", ["plugin", "python"])
+def test_hardened_and_only_the_python_half_linked_to_this_python(built, half):
+    """The plugin Slurm loads needs no libpython (it is dlopen()ed with the Python half
+    only when Python runs); the Python half is linked to this Python's."""
+    so = built if half == "plugin" else built.with_name(spank_build.PY_PART_NAME)
+    dyn = subprocess.run(["readelf", "-d", str(so)], capture_output=True, text=True,
                          check=True, timeout=60).stdout
     assert "BIND_NOW" in dyn and "NODELETE" in dyn
-    assert f"[{sysconfig.get_config_var('INSTSONAME')}]" in dyn
-    hdr = subprocess.run(["readelf", "-lW", str(built)], capture_output=True, text=True,
+    assert (f"[{sysconfig.get_config_var('INSTSONAME')}]" in dyn) == (half == "python"), dyn
+    assert "libpython" not in dyn or half == "python"
+    hdr = subprocess.run(["readelf", "-lW", str(so)], capture_output=True, text=True,
                          check=True, timeout=60).stdout
     assert "GNU_RELRO" in hdr
     assert "RWE" not in next(line for line in hdr.splitlines() if "GNU_STACK" in line)
+
+
+def test_python_half_exports_only_its_entry_points(built):
+    out = subprocess.run(["nm", "-D", "--defined-only", str(built.with_name(spank_build.PY_PART_NAME))],
+                         capture_output=True, text=True, check=True, timeout=60).stdout
+    names = {line.split()[-1].split("@")[0] for line in out.splitlines() if line.strip()}
+    assert names - {"GSRUN_SPANK_PY_1.0"} == {"gsrun_py_attach", "gsrun_py_dispatch"}
 
 
 def test_build_records_slurm_version(built):
@@ -454,6 +475,29 @@ def test_no_gs_option_never_starts_python(built, harness, tmp_path, ctx, args, e
     assert [l for l in out if l.startswith("REGISTER")] == COMPILED_TABLE
     assert "RC slurm_spank_init_post_opt 0" in out and out[-1] == "DONE"
     assert not [l for l in out if l.startswith("ERROR")], out
+    assert "LIBPYTHON mapped=0" in out          # the process never mapped libpython
+
+
+def test_gs_option_maps_libpython_and_runs_the_hooks(built, harness, real_site):
+    rc, out, err = run_harness(harness, built, "allocator", real_site, opts="gs-mps=50")
+    assert rc == 0, (out, err)
+    assert "LIBPYTHON mapped=1" in out and out[-1] == "DONE"
+
+
+def test_missing_python_half_refuses_gs_options_and_passes_plain_jobs(built, harness, real_site, tmp_path):
+    """A plugin installed without its Python half: plain jobs as if absent; --gs-* refused, saying why."""
+    lone = tmp_path / "lone"
+    lone.mkdir()
+    shutil.copy(built, lone / built.name)
+    rc, out, err = run_harness(harness, lone / built.name, "allocator", real_site)
+    assert rc == 0 and "LIBPYTHON mapped=0" in out, (out, err)
+    rc, out, err = run_harness(harness, lone / built.name, "allocator", real_site, opts="gs-mps=50")
+    assert rc == 11, (out, err)
+    errors = [l[len("ERROR: "):] for l in out if l.startswith("ERROR: ")]
+    assert errors[0].startswith(f"gsrun: spank: python: cannot load {lone / spank_build.PY_PART_NAME}"), errors
+    assert errors[1].startswith("hint: install both halves of the plugin side by side"), errors
+    assert "gsrun: spank: options: --gs-mps given, but gsrun's Python side cannot be loaded on this host: " \
+           "job refused (its options could not be honoured)" in errors
 
 
 @pytest.mark.parametrize("ctx", ["allocator", "local"])

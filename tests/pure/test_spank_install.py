@@ -16,6 +16,7 @@ def so(tmp_path):
     d.mkdir()
     p = d / "gsrun_spank.so"
     p.write_bytes(b"\x7fELF fake gsrun_spank built-for slurm=0x180b01 python=3.13.5 libpython=x")
+    (d / b.PY_PART_NAME).write_bytes(b"\x7fELF fake python half")
     return p
 
 
@@ -27,6 +28,8 @@ def test_install_writes_block_and_keeps_other_plugins(tmp_path, so):
                                       "on_error": "ignore", "bind": "none"})
     assert target == dest / "gsrun_spank.so" and target.read_bytes() == so.read_bytes()
     assert stat.S_IMODE(target.stat().st_mode) == 0o755
+    half = dest / b.PY_PART_NAME          # the plugin loads its Python half from its own folder
+    assert half.read_bytes() == b"\x7fELF fake python half" and stat.S_IMODE(half.stat().st_mode) == 0o755
     text = ps.read_text()
     assert text.startswith("optional /usr/lib/slurm/other.so a=1\n")
     lines = [l for l in text.splitlines() if l.startswith("required")]
@@ -46,7 +49,15 @@ def test_reinstall_replaces_block_and_uninstall_removes_it(tmp_path, so):
     assert b.uninstall(ps, tmp_path / "lib" / "gsrun_spank.so") is True
     assert ps.read_text() == "optional /other.so\n"
     assert not (tmp_path / "lib" / "gsrun_spank.so").exists()
+    assert not (tmp_path / "lib" / b.PY_PART_NAME).exists()
     assert b.uninstall(ps) is False
+
+
+def test_install_without_the_python_half_installs_nothing(tmp_path, so):
+    (so.parent / b.PY_PART_NAME).unlink()
+    with pytest.raises(b.NodeError, match="the plugin's Python half"):
+        b.install(so, tmp_path / "lib", tmp_path / "plugstack.conf")
+    assert not (tmp_path / "lib" / "gsrun_spank.so").exists() and not (tmp_path / "plugstack.conf").exists()
 
 
 @pytest.mark.parametrize("args,needle", [
