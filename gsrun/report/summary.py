@@ -103,7 +103,7 @@ from gsrun.base.record import ABSENT
 from gsrun.facts.aggregate import Counter, Metric
 from gsrun.facts.sampler_state import GpuState, SamplerState
 from gsrun.report.records import (CpuFigures, GpuFigures, GpuSummary, JobInfo, JobSummary, MemoryFigures,
-                                  NodeDetail, NodeSummary)
+                                  NodeDetail, NodeSetting, NodeSummary, SettingsGroup)
 
 IDLE_UTIL_PCT = 5.0      # util_idle_frac: share of time below this (a sampler threshold)
 
@@ -267,6 +267,66 @@ def node_record(state: SamplerState | dict | None, job_env: dict, end_time: floa
         gpus=gpus, samples=st.samples, notes=notes,
         cpu_timeline=st.cpu_timeline.points,
     )
+
+
+# the prolog's tuning actions (gsrun.node.tuning.PlanItem) -> NodeSetting.state; "apply" left
+# in a record means the prolog stopped before the write: not attempted
+_ACTION_STATE = {"applied": "applied", "unchanged": "unchanged", "reuse": "reused", "refused": "refused",
+                 "unsupported": "unsupported", "failed": "failed", "rolled_back": "rolled_back",
+                 "skipped": "skipped", "apply": "skipped"}
+
+
+def node_settings(prolog: dict | None) -> list[dict] | None:
+    """The node settings in force during the job, from the prolog record
+    (``prolog-<node>.json``): one :class:`~gsrun.report.records.NodeSetting`
+    (JSON form) per tuning item of ``steps.tuning`` (the report of
+    :func:`gsrun.node.tuning.prolog_tune`), ``cpu_dma_latency`` when the
+    sampler held ``/dev/cpu_dma_latency`` (``holds``), and ``malloc`` when the
+    job's request names an allocator (``--malloc``: the job script preloads it).
+    ``[]``: nothing asked or tuning off; None: no prolog record (unknown). Pure."""
+    if not isinstance(prolog, dict) or not prolog:
+        return None
+    out: list[dict] = []
+    tune = (prolog.get("steps") or {}).get("tuning")
+    if isinstance(tune, dict):
+        for it in tune.get("items") or ():
+            if not isinstance(it, dict) or not it.get("key"):
+                continue
+            state = _ACTION_STATE.get(str(it.get("action")), "skipped")
+            out.append(NodeSetting(key=str(it["key"]), value=None if it.get("value") is None else str(it["value"]),
+                                   state=state, reason=str(it.get("reason") or ""),
+                                   source=str(it.get("source") or "")).to_json())
+        us = (tune.get("holds") or {}).get("cpu_dma_latency_us")
+        if isinstance(us, int) and not isinstance(us, bool):
+            out.append(NodeSetting(key="cpu_dma_latency", value=str(us), state="held",
+                                   reason="/dev/cpu_dma_latency held open by the job's sampler (us)",
+                                   source="request").to_json())
+    elif isinstance(tune, str) and tune:
+        out.append(NodeSetting(key="tuning", value=None, state="failed", reason=tune).to_json())
+    malloc = (prolog.get("request") or {}).get("malloc")
+    if isinstance(malloc, str) and malloc:
+        out.append(NodeSetting(key="malloc", value=malloc, state="requested",
+                               reason="LD_PRELOAD and its tuning environment set by the job script when the "
+                                      "library is on the node", source="request").to_json())
+    return out
+
+
+def settings_groups(nodes: list[dict]) -> list[SettingsGroup]:
+    """Nodes (node summaries, JSON form) with the same ``settings`` in one
+    :class:`~gsrun.report.records.SettingsGroup`, the largest group first (then
+    by first node name): a 1,000-node job with one configuration is one group.
+    Nodes whose settings are unknown (older summaries, no prolog record) are
+    in no group. Pure; O(nodes) apart from sorting the names."""
+    by: dict[str, tuple[list, list[str]]] = {}
+    for n in nodes:
+        st = n.get("settings")
+        if not isinstance(st, list):
+            continue
+        k = json.dumps(st, sort_keys=True)
+        by.setdefault(k, (st, []))[1].append(n["node"])
+    groups = sorted(by.values(), key=lambda g: (-len(g[1]), min(g[1])))
+    return [SettingsGroup(nodes=sorted(names), settings=[NodeSetting.from_json(x) for x in st])
+            for st, names in groups]
 
 
 KEEP_GPU_TIMELINES = 16     # up to this many GPUs the job summary keeps each GPU's timeline
@@ -458,6 +518,7 @@ def job_record(job: dict, nodes: list[dict | NodeSummary], cfg=None, partition: 
         nodes_detail=per_node,
         nodes_missing=missing,
         node_notes={n["node"]: n.get("notes", []) for n in nodes if n.get("notes")},
+        settings=groups if (groups := settings_groups(nodes)) else ABSENT,
     )
     return dataclasses.replace(summary, findings=finding_records(summary.to_json(), cfg, partition))
 
