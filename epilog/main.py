@@ -169,6 +169,8 @@ def _arg(cmd: list[str], flag: str) -> str | None:
 
 
 def _summary(job, paths, sdir, hostfs, log) -> dict:
+    from gsrun.report.node_end import node_settings
+
     pid_info = read_json(sdir / "sampler.pid.json")
     stopped = "no sampler record"
     if pid_info:
@@ -204,6 +206,7 @@ def _summary(job, paths, sdir, hostfs, log) -> dict:
     summ["sampler_stop"] = stopped
     summ["mem_total_bytes"] = hostfs.mem_total_bytes()
     summ["request"] = prolog.get("request")
+    summ["settings"] = node_settings(prolog)     # None: no prolog record, settings unknown
     lost = [g["index"] for g in summ["gpus"] if g.get("lost_at_s") is not None]
     out = paths.spool_job(job.job_id) / f"node-{job.node}.json"
     try:

@@ -49,6 +49,7 @@ from gsrun.base.paths import Paths
 from gsrun.base.proc import ROOT_CWD, root_child_env, root_python
 from gsrun.node.steps import SETUP, NodeUnusable, Step, drain_node, run_steps
 from gsrun.request.job import (JobRequest, comment_from_env, comment_from_slurm, exclusive_from_record,
+                               malloc_from_comment,
                                request_from_comment, request_from_job_record, request_from_spank)
 
 NVML_MISMATCH_MSG = "NVML/driver mismatch: reboot required"
@@ -105,10 +106,12 @@ def _request(c: Ctx):
     (slurmctld's job record, asked only when the answer matters)."""
     job, cfg = c.job, c.cfg
     req = request_from_spank(job)
+    comment = comment_from_env(c.environ)
     if req is None:
-        comment = comment_from_env(c.environ)
         if comment is not None:
             req = request_from_comment(comment, "prolog environment")
+    elif comment:
+        req.malloc = malloc_from_comment(comment)    # gsrun --malloc: no SPANK option, the comment has it
     need_record = req is None or req.needs_exclusivity() or _has_tuning_defaults(cfg, job.partition)
     rec = None
     if need_record and not c.dry_run:

@@ -437,14 +437,17 @@ def check_irq(ctx: Context) -> Check:
     """``irq=local``: the GPUs' MSI IRQs (``sys/bus/pci/devices/<bdf>/msi_irqs``),
     whether their ``/proc/irq/N/smp_affinity_list`` may be written by this user (file
     mode: an IRQ the kernel manages itself refuses the write with EIO only at apply),
-    and irqbalance, which makes the prolog refuse ``irq=local``."""
-    from gsrun.node.tuning import IRQ, PCI, irqbalance_pids
+    and irqbalance: started with gsrun's policy script (``tuning.irqbalance_policy_script``,
+    its ``-l``/``--policyscript=``), ``irq=local`` bans and pins the IRQs; otherwise the
+    prolog refuses ``irq=local`` while it runs."""
+    from gsrun.node.tuning import IRQ, PCI, irqbalance_check, irqbalance_policy_script
 
     h = ctx.hostfs
     irqs = [n for n in h.listdir(IRQ) if n.isdigit()]
     if not irqs:
         return _c("irq", "n/a", "no /proc/irq here", "irq= tuning is reported as unsupported and skipped")
-    pids = irqbalance_pids(h)
+    cfg = ctx.cfg
+    pids, problem = irqbalance_check(h, cfg["tuning.irqbalance_policy_script"], cfg["tuning.irqbalance_ban_dir"])
     gpus, parts, unwritable = [], [], 0
     for bdf in sorted(_sysfs_nvidia_gpus(h)):
         msi = sorted((n for n in h.listdir(f"{PCI}/{bdf}/msi_irqs") if n.isdigit()), key=int)
@@ -453,12 +456,15 @@ def check_irq(ctx: Context) -> Check:
         unwritable += len(files) - len(writable)
         gpus.append({"bdf": bdf, "msi_irqs": [int(n) for n in msi], "writable": [int(n) for n in writable]})
         parts.append(f"{bdf} {len(msi)} MSI IRQs, {len(writable)} writable")
-    data = {"irqs": len(irqs), "gpus": gpus, "irqbalance_pids": pids, "root": os.geteuid() == 0}
+    data = {"irqs": len(irqs), "gpus": gpus, "irqbalance_pids": pids, "root": os.geteuid() == 0,
+            "irqbalance_policy_script": [irqbalance_policy_script(h, p) for p in pids],
+            "irqbalance_uses_gsrun_policy": bool(pids) and problem is None}
     detail = f"{len(irqs)} IRQs; " + ("; ".join(parts) if parts else "no NVIDIA GPU on PCI")
+    if problem:
+        return _c("irq", "warn", detail + f"; irqbalance runs (pid {pids[0]}) without gsrun's policy script",
+                  f"irq=local is refused: {problem}", **data)
     if pids:
-        return _c("irq", "warn", detail + f"; irqbalance runs (pid {pids[0]})",
-                  "irq=local is refused while irqbalance runs: stop it on exclusive GPU nodes, or run it with "
-                  "gsrun's policy script (docs/ADMIN.md, irqbalance)", **data)
+        detail += f"; irqbalance (pid {pids[0]}) uses gsrun's policy script {cfg['tuning.irqbalance_policy_script']}"
     if not gpus:
         return _c("irq", "n/a", detail, "irq=local pins the job GPUs' IRQs; there are none here", **data)
     if not any(g["msi_irqs"] for g in gpus):

@@ -15,7 +15,10 @@ What it does (``--print`` shows all of it and changes nothing):
    (``slurmctld -V``/``slurmd -V``/``scontrol -V``/``sinfo -V``, each with a
    timeout), ``PrologFlags`` and why, a ``PrologEpilogTimeout`` computed from
    the measured cost of a prolog dry run, the ``plugstack.conf`` step and the
-   systemd timer for ``gsrun-node mail flush``.
+   systemd timer for ``gsrun-node mail flush``;
+5. installs gsrun's irqbalance policy script (root 0755, at
+   ``tuning.irqbalance_policy_script`` or ``--irqbalance-script``) and prints the
+   irqbalance option that uses it (:func:`render_irqbalance_lines`).
 
 Facts (:func:`detect_slurm_version`, :func:`read_slurm_conf`,
 :func:`measure_hook_cost`, :func:`find_installation`), decisions (pure:
@@ -481,6 +484,23 @@ class InstallOptions:
     prolog_d: str = "/etc/slurm/prolog.d"
     epilog_d: str = "/etc/slurm/epilog.d"
     measure: bool = True
+    irqbalance_script: str | None = None     # None: tuning.irqbalance_policy_script
+
+
+def render_irqbalance_lines(script: str, ban_dir: str, default_ban_dir: str) -> str:
+    """The irqbalance option that makes it run gsrun's policy script (systemd drop-in,
+    Debian's /etc/default/irqbalance), and ``GSRUN_IRQ_BAN_DIR`` when the ban
+    directory is not the script's default. Pure."""
+    env = "" if ban_dir == default_ban_dir else f" GSRUN_IRQ_BAN_DIR={ban_dir}"
+    return "\n".join([
+        "# irq=local is applied while irqbalance runs only when irqbalance was started with this script:",
+        f"#   option: --policyscript={script}",
+        "systemctl edit irqbalance   # add:",
+        "#   [Service]",
+        f"#   Environment=IRQBALANCE_ARGS=--policyscript={script}" + (f"\n#   Environment={env.strip()}" if env else ""),
+        f"# (Debian/Ubuntu: IRQBALANCE_ARGS=\"--policyscript={script}\" in /etc/default/irqbalance)",
+        "systemctl restart irqbalance   # once; check with: gsrun-node doctor (irq)",
+    ]) + "\n"
 
 
 def run(opts: InstallOptions, out: Callable[[str], None] = print, environ=None) -> int:
@@ -614,5 +634,37 @@ def run(opts: InstallOptions, out: Callable[[str], None] = print, environ=None) 
         for name, body in units.items():
             out(f"# /etc/systemd/system/{name}\n{body}")
         out("# then: systemctl daemon-reload && systemctl enable --now gsrun-mail.timer")
+    # 7. irqbalance policy script
+    rc = max(rc, _install_irqbalance_script(opts, cfg, out))
     out("\n## next: gsrun-node doctor   (on every node)")
+    return rc
+
+
+def _install_irqbalance_script(opts: InstallOptions, cfg: Config, out: Callable[[str], None]) -> int:
+    """Step 7: write ``templates/irqbalance-policy.sh`` (root 0755) and print the option."""
+    from importlib import resources
+
+    from gsrun.node.tuning import IRQ_BAN_DIR
+
+    script = _check_plain(os.path.abspath(opts.irqbalance_script or cfg["tuning.irqbalance_policy_script"]),
+                          "irqbalance script path")
+    out("\n## 7. irqbalance policy script (optional: irq=local while irqbalance runs)")
+    body = (resources.files("gsrun.templates") / "irqbalance-policy.sh").read_text()
+    rc = 0
+    root = os.geteuid() == 0
+    if opts.print_only:
+        out(f"would write {script} (root 0755): gsrun's irqbalance policy script")
+    elif not root and not opts.irqbalance_script:
+        out(f"# not root: {script} not written (run gsrun-node install as root)")
+    else:
+        try:
+            Path(script).parent.mkdir(parents=True, mode=0o755, exist_ok=True)
+            atomic_write(script, body, 0o755, 0 if root else None, 0 if root else None)
+            out(f"wrote {script} (0755)")
+        except OSError as e:
+            out(f"FAILED: cannot write {script}: {e.strerror}")
+            rc = 1
+    if script != cfg["tuning.irqbalance_policy_script"]:
+        out(f"# set tuning.irqbalance_policy_script = \"{script}\" in the site config (the prolog looks for it there)")
+    out(render_irqbalance_lines(script, cfg["tuning.irqbalance_ban_dir"], IRQ_BAN_DIR).rstrip("\n"))
     return rc

@@ -334,14 +334,17 @@ def config_reference():
 @click.option("--prolog-d", default="/etc/slurm/prolog.d", show_default=True)
 @click.option("--epilog-d", default="/etc/slurm/epilog.d", show_default=True)
 @click.option("--no-measure", is_flag=True, help="Do not time a prolog dry run.")
+@click.option("--irqbalance-script", default=None, metavar="PATH",
+              help="Install gsrun's irqbalance policy script here (default: tuning.irqbalance_policy_script).")
 def install(print_only, config_path, state_dir, spool_dir, layout, hooks_dir, log_file, units_dir, prolog_d,
-            epilog_d, no_measure):
+            epilog_d, no_measure, irqbalance_script):
     """Create gsrun's directories and site config; print the slurm.conf lines."""
     from gsrun.wrapper import install as inst
 
     opts = inst.InstallOptions(print_only=print_only, config_path=config_path, state_dir=state_dir,
                                spool_dir=spool_dir, layout=layout, hooks_dir=hooks_dir, log_file=log_file, units_dir=units_dir,
-                               prolog_d=prolog_d, epilog_d=epilog_d, measure=not no_measure)
+                               prolog_d=prolog_d, epilog_d=epilog_d, measure=not no_measure,
+                               irqbalance_script=irqbalance_script)
     return inst.run(opts, out=click.echo)
 
 

@@ -144,6 +144,8 @@ class JobSpec:
             parts.append(f"mig={self.mig}")
         if self.exclusive:
             parts.append("exclusive=1")
+        if self.malloc:
+            parts.append(f"malloc={self.malloc}")      # for the report's node settings line
         return "gsrun:" + ";".join(parts) if parts else None
 
 

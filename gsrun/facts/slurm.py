@@ -82,6 +82,34 @@ def expand_hostlist(expr: str) -> list[str]:
     return out
 
 
+def compress_hostlist(names) -> str:
+    """The Slurm hostlist of ``names`` (the inverse of :func:`expand_hostlist`):
+    ``["gpu01", "gpu02", "gpu03", "gpu07", "login1"]`` -> ``"gpu[01-03,07],login1"``.
+    Names ending in digits are grouped by prefix and digit count (zero padding
+    kept); others stay as they are. Sorted, duplicates dropped."""
+    groups: dict[tuple[str, int], list[int]] = {}
+    plain: list[str] = []
+    for n in sorted(set(names)):
+        m = re.fullmatch(r"(.*?)([0-9]+)", n)
+        if m:
+            groups.setdefault((m.group(1), len(m.group(2))), []).append(int(m.group(2)))
+        else:
+            plain.append(n)
+    out = []
+    for (prefix, width), nums in sorted(groups.items()):
+        nums = sorted(set(nums))
+        if len(nums) == 1:
+            out.append(f"{prefix}{nums[0]:0{width}d}")
+            continue
+        runs, lo = [], nums[0]
+        for a, b in zip(nums, nums[1:] + [None]):
+            if b != a + 1:
+                runs.append(f"{lo:0{width}d}" if lo == a else f"{lo:0{width}d}-{a:0{width}d}")
+                lo = b
+        out.append(f"{prefix}[{','.join(runs)}]")
+    return ",".join(sorted(out + plain))
+
+
 def _split_top(expr: str) -> list[str]:
     parts, depth, cur = [], 0, ""
     for ch in expr:
@@ -264,7 +292,7 @@ def parse_comment_request(comment: str) -> dict[str, str]:
     is not installed: ``gsrun:tune=swappiness=10;mps=50;mig=...``.
 
     Only the fields gsrun writes are returned (``tune``, ``mps``, ``mig``,
-    ``bind``, ``report``, ``exclusive``); values are validated by their
+    ``bind``, ``report``, ``exclusive``, ``malloc``); values are validated by their
     consumers. Anything else in the comment is ignored.
     """
     out: dict[str, str] = {}
@@ -273,6 +301,6 @@ def parse_comment_request(comment: str) -> dict[str, str]:
         return out
     for part in m.group(1).split(";"):
         k, sep, v = part.partition("=")
-        if sep and k in ("tune", "mps", "mig", "bind", "report", "exclusive") and len(v) <= 512:
+        if sep and k in ("tune", "mps", "mig", "bind", "report", "exclusive", "malloc") and len(v) <= 512:
             out[k] = v
     return out

@@ -530,7 +530,7 @@ def _dict_value_ok(after, k, want, what) -> bool:
         return False
     if what == "hugepages":
         return got.isdigit() and int(got) >= int(want)
-    if what == "irq":
+    if what == "irq" and not k.startswith(BAN_PREFIX):
         return _cpuset(got) == _cpuset(want)
     return got == want
 
@@ -693,9 +693,118 @@ def irqbalance_pids(h) -> list[int]:
     return pids_by_comm(h, "irqbalance")
 
 
+IRQBALANCE_POLICY_SCRIPT = "/usr/local/libexec/gsrun-irqbalance-policy"   # tuning.irqbalance_policy_script
+IRQ_BAN_DIR = "/run/gsrun/irqbalance-ban"                                  # tuning.irqbalance_ban_dir
+BAN_PREFIX = "ban:"      # an irq part that is a ban file: "ban:/run/gsrun/irqbalance-ban/45"
+BAN_PRESENT, BAN_ABSENT = "present", "absent"
+
+
+def irqbalance_policy_script(h, pid: int) -> str | None:
+    """The policy script irqbalance ``pid`` was started with: the argument of
+    ``-l X``, ``-lX``, ``--policyscript=X`` or ``--policyscript X`` in
+    ``/proc/<pid>/cmdline`` (NUL-separated; under the host root). None
+    without one, or when the command line cannot be read."""
+    raw = h.read(f"proc/{int(pid)}/cmdline")
+    if not raw:
+        return None
+    argv = raw.split("\0")
+    for i, a in enumerate(argv[1:], 1):
+        nxt = argv[i + 1] if i + 1 < len(argv) else None
+        if a in ("-l", "--policyscript"):
+            return nxt or None
+        if a.startswith("--policyscript="):
+            return a.split("=", 1)[1] or None
+        if a.startswith("-l") and not a.startswith("--"):
+            return a[2:] or None
+    return None
+
+
+def irqbalance_ban_dir_of(h, pid: int) -> str | None:
+    """``GSRUN_IRQ_BAN_DIR`` in irqbalance's environment (``/proc/<pid>/environ``), the
+    policy script's ban directory when set; None when unset or unreadable."""
+    raw = h.read(f"proc/{int(pid)}/environ")
+    for kv in (raw or "").split("\0"):
+        if kv.startswith("GSRUN_IRQ_BAN_DIR="):
+            return kv.split("=", 1)[1] or None
+    return None
+
+
+def irqbalance_check(h, policy_script: str, ban_dir: str) -> tuple[list[int], str | None]:
+    """``(pids, problem)``: the running irqbalance daemons and, when one of them would
+    undo ``irq=local``, why (None: none runs, or each was started with gsrun's
+    ``policy_script`` -- which must exist under the host root -- and its ban directory
+    is ``ban_dir``). The problem text ends with the fix."""
+    pids = irqbalance_pids(h)
+    for pid in pids:
+        script = irqbalance_policy_script(h, pid)
+        if script != policy_script:
+            got = f"with policy script {script}" if script else "without a policy script"
+            return pids, (f"irqbalance runs {got} and would move the IRQs back within 10 s; "
+                          f"fix: start it with --policyscript={policy_script} (gsrun-node install puts the "
+                          "script there; docs/ADMIN.md, irqbalance), or stop it on exclusive GPU nodes")
+        if not h.exists(policy_script.lstrip("/")):
+            return pids, (f"irqbalance runs with --policyscript={policy_script}, which is missing; "
+                          "fix: gsrun-node install (it installs the script), then restart irqbalance")
+        env_dir = irqbalance_ban_dir_of(h, pid)
+        if env_dir not in (None, ban_dir):
+            return pids, (f"irqbalance runs with GSRUN_IRQ_BAN_DIR={env_dir}, not "
+                          f"tuning.irqbalance_ban_dir {ban_dir}; fix: make them the same")
+    return pids, None
+
+
+def _write_ban(h, rel: str, job_note: str) -> None:
+    """Create one ban file (atomic: temp file, fsync, rename; directory made 0755)."""
+    from gsrun.base.fsutil import atomic_write
+
+    p = h.path(rel)
+    os.makedirs(p.parent.parent, mode=0o755, exist_ok=True)     # /run/gsrun: the state dir, normally there
+    ensure_dir(p.parent, 0o755, uid=os.geteuid(), gid=os.getegid())
+    atomic_write(p, job_note, mode=0o644)
+
+
+def _remove_ban(h, rel: str) -> None:
+    """Remove one ban file, and its directory once empty (it lives in /run: nothing to keep)."""
+    p = h.path(rel)
+    try:
+        os.unlink(p)
+    except FileNotFoundError:
+        pass
+    try:
+        os.rmdir(p.parent)
+    except OSError:     # other ban files (an admin's), or gone
+        pass
+
+
+def irqbalance_rescan(h) -> str:
+    """Ask every running irqbalance to rescan (``SIGHUP``): it runs the policy script
+    for every IRQ again, so ban files written or removed since take effect. Only on
+    the live host (under a host root no real process is signalled). irqbalance ignores
+    a ``SIGHUP`` until it has finished one balancing pass since its start or its last
+    rescan (``force_rescan`` tests ``cycle_count``): a ban then takes effect at a later
+    rescan (docs/ADMIN.md, irqbalance). Returns what was done, for the item's reason."""
+    import signal
+
+    pids = irqbalance_pids(h)
+    if not pids:
+        return ""
+    if not h.is_real:
+        return "irqbalance rescan not signalled (host root)"
+    sent = []
+    for pid in pids:
+        if (h.read(f"proc/{pid}/comm") or "").strip() != "irqbalance":   # gone or reused since listed
+            continue
+        try:
+            os.kill(pid, signal.SIGHUP)
+            sent.append(str(pid))
+        except OSError:
+            continue
+    return "irqbalance asked to rescan (SIGHUP)" if sent else ""
+
+
 class IrqKnob(ScopedKnob):
     """IRQ affinity: value ``{"42": "0-15", ...}`` from
-    ``/proc/irq/N/smp_affinity_list`` for every IRQ that has one.
+    ``/proc/irq/N/smp_affinity_list`` for every IRQ that has one, and
+    ``{"ban:<ban dir>/42": "present"}`` for every ban file in :attr:`ban_dir`.
 
     ``local``: each MSI/MSI-X IRQ of the job's devices (``sys/bus/pci/devices/
     <bdf>/msi_irqs/N``) goes to the job's CPUs on the device's NUMA node.
@@ -704,16 +813,40 @@ class IrqKnob(ScopedKnob):
     ``smp_affinity_list``, and at write time an IRQ the kernel refuses
     (EIO: a kernel-managed IRQ; EINVAL; EACCES/EPERM/EROFS).
 
-    irqbalance rewrites affinities every 10 s: while it runs, ``irq=local``
-    is refused with the reason (its own ban mechanisms, ``--banirq`` and
-    ``IRQBALANCE_BANNED_CPUS``, are read only at its start; see docs/ADMIN.md).
+    irqbalance rewrites affinities every 10 s. While it runs, ``irq=local`` is
+    applied only when every irqbalance was started with gsrun's policy script
+    (:attr:`policy_script`, ``-l``/``--policyscript=``; :func:`irqbalance_check`):
+    then the target also holds one ban file per pinned IRQ
+    (``<ban dir>/<N>``, prior ``absent``), written before the masks and journaled
+    with them, and irqbalance is asked to rescan (:func:`irqbalance_rescan`);
+    restore removes the files, puts the masks back and asks again. Otherwise
+    it is refused with the reason and the fix (docs/ADMIN.md, irqbalance).
     """
 
     key = "irq"
     what = "irq"
     unsupported_reason = "not supported here (no /proc/irq)"
 
+    def __init__(self):
+        self.configure()
+
+    def configure(self, policy_script: str | None = None, ban_dir: str | None = None) -> None:
+        """Set the policy script and ban directory (absolute paths on the node,
+        ``tuning.irqbalance_*``; None: the defaults). Called by every entry point,
+        so no value outlives one prolog, epilog or restore.
+
+        Raises:
+            InputError: a path that is not absolute or has ``..`` parts.
+        """
+        for v in (policy_script, ban_dir):
+            if v is not None and (not v.startswith("/") or ".." in v.split("/") or "\0" in v or "\n" in v):
+                raise InputError("tune", "bad irqbalance path", repr(v)[:120])
+        self.policy_script = policy_script or IRQBALANCE_POLICY_SCRIPT
+        self.ban_dir = (ban_dir or IRQ_BAN_DIR).rstrip("/") or "/"
+
     def _rel(self, k):
+        if k.startswith(BAN_PREFIX):
+            return k[len(BAN_PREFIX):].lstrip("/")
         return f"{IRQ}/{k}/smp_affinity_list"
 
     def read(self, h):
@@ -725,7 +858,22 @@ class IrqKnob(ScopedKnob):
             v = h.read(self._rel(n))
             if v is not None:
                 out[n] = v.strip()
+        for n in sorted((b for b in h.listdir(self.ban_dir.lstrip("/")) if b.isdigit()), key=int):
+            out[f"{BAN_PREFIX}{self.ban_dir}/{n}"] = BAN_PRESENT
         return out
+
+    def prior_of(self, current, target):
+        return {k: (current or {}).get(k, BAN_ABSENT if k.startswith(BAN_PREFIX) else None) for k in target}
+
+    def is_prior(self, current, prior):
+        current = current or {}
+        for k, v in prior.items():
+            if k.startswith(BAN_PREFIX):
+                if current.get(k, BAN_ABSENT) != v:
+                    return False
+            elif v is not None and current.get(k, v) != v:
+                return False
+        return True
 
     def resolve(self, h, value, scope):
         from gsrun.base.cpulist import format_cpulist
@@ -734,10 +882,9 @@ class IrqKnob(ScopedKnob):
             return "unsupported", None, self.unsupported_reason
         if scope is None or not scope.devices:
             return "unsupported", None, "no GPU of the job found on this node (SLURM_JOB_GPUS)"
-        pids = irqbalance_pids(h)
-        if pids:
-            return "refused", None, (f"irqbalance runs (pid {pids[0]}) and would move the IRQs back within 10 s; "
-                                     "stop it on exclusive GPU nodes or ban the GPU IRQs at its start (docs/ADMIN.md)")
+        pids, problem = irqbalance_check(h, self.policy_script, self.ban_dir)
+        if problem:
+            return "refused", None, problem
         job = set(scope.cpus)
         target, skipped = {}, []
         for d in scope.devices:
@@ -765,13 +912,29 @@ class IrqKnob(ScopedKnob):
         note = "; ".join(skipped)
         if not target:
             return "unsupported", None, "no IRQ of the job's devices can be pinned: " + (note or "none found")
-        return "ok", target, (f"{len(target)} IRQs" + (f"; skipped {note}" if note else ""))
+        msg = f"{len(target)} IRQs"
+        if pids:        # no PID in the text: the report groups nodes by it
+            msg += " banned from irqbalance (ban files for its policy script)"
+            # banned first (the dict's order is the order of the writes)
+            target = {**{f"{BAN_PREFIX}{self.ban_dir}/{n}": BAN_PRESENT for n in target}, **target}
+        return "ok", target, msg + (f"; skipped {note}" if note else "")
 
     def apply(self, h, target, swap):
-        """Returns ``{"target": the IRQs written, "note": skipped ones}`` when
-        the kernel refused some (never all: then the first error is raised)."""
-        done, skipped, first = {}, [], None
+        """Write the ban files, ask irqbalance to rescan, then the masks. Returns
+        ``{"target": the parts written, "note": ...}`` when the kernel refused some
+        IRQs (never all: then the first error is raised) or irqbalance was signalled."""
+        done, skipped, first, notes = {}, [], None, []
+        bans = [k for k in target if k.startswith(BAN_PREFIX)]
+        for k in bans:
+            _write_ban(h, self._rel(k), "gsrun irq=local\n")
+            done[k] = target[k]
+        if bans:
+            rescan = irqbalance_rescan(h)
+            if rescan:
+                notes.append(rescan)
         for k, v in target.items():
+            if k.startswith(BAN_PREFIX):
+                continue
             try:
                 kernel_write(h, self._rel(k), v)
                 done[k] = v
@@ -781,9 +944,22 @@ class IrqKnob(ScopedKnob):
                 first = first or e
                 skipped.append(f"IRQ {k}: {errno.errorcode.get(e.errno, e.errno)}"
                                + (" (kernel-managed)" if e.errno == errno.EIO else ""))
-        if not done and first is not None:
+        if not any(not k.startswith(BAN_PREFIX) for k in done) and first is not None:
             raise first
-        return {"target": done, "note": "skipped " + "; ".join(skipped)} if skipped else None
+        if skipped:
+            notes.append("skipped " + "; ".join(skipped))
+        return {"target": done, "note": "; ".join(notes)} if notes else None
+
+    def restore(self, h, prior, swap):
+        """Remove the ban files the job wrote, put the masks back, ask irqbalance to rescan."""
+        bans = False
+        for k, v in prior.items():
+            if k.startswith(BAN_PREFIX) and v == BAN_ABSENT:
+                _remove_ban(h, self._rel(k))
+                bans = True
+        super().restore(h, {k: v for k, v in prior.items() if not k.startswith(BAN_PREFIX)}, swap)
+        if bans:
+            irqbalance_rescan(h)
 
 
 class HugepagesKnob(ScopedKnob):
@@ -1214,6 +1390,7 @@ def prolog_tune(hostfs, state_dir: str, job_id: str, request: str | None, cfg, p
         InputError: ``job_id`` is not a plain job id.
     """
     check_job_id(job_id, phase="tune")
+    KNOBS["irq"].configure(*irq_paths(cfg))
     policy = Policy.from_config(cfg, partition)
     req, req_err = {}, None
     if request:
@@ -1237,6 +1414,7 @@ def prolog_tune(hostfs, state_dir: str, job_id: str, request: str | None, cfg, p
     with st.lock():
         data = st.load_baseline()
         data = _drop_if_rebooted(hostfs, st, data, log)
+        _ban_dir_from_journal(data["entries"])
         live = st.live_jobs()
         facts = read_facts(hostfs, keys, data["entries"], live, wanted, scope)
         items = plan_tuning(job_id, req, req_err, policy, exclusive, facts)
@@ -1347,7 +1525,27 @@ def _drop_if_rebooted(hostfs, st: _State, data: dict, log) -> dict:
     return data
 
 
-def epilog_restore(hostfs, state_dir: str, job_id: str, log=print, *, swap_effect=None) -> dict:
+def irq_paths(cfg) -> tuple[str | None, str | None]:
+    """``(tuning.irqbalance_policy_script, tuning.irqbalance_ban_dir)`` of ``cfg``
+    (None, None without a config: the defaults)."""
+    if cfg is None:
+        return None, None
+    return cfg["tuning.irqbalance_policy_script"], cfg["tuning.irqbalance_ban_dir"]
+
+
+def _ban_dir_from_journal(entries) -> None:
+    """Point the irq knob at the ban directory the journal's ban files are in (the
+    prolog's ``tuning.irqbalance_ban_dir``), so a restore removes them whatever the
+    config says now."""
+    for e in entries:
+        for k in (e.get("prior") or {}) if e.get("key") == "irq" else ():
+            if k.startswith(BAN_PREFIX):
+                KNOBS["irq"].configure(None, os.path.dirname(k[len(BAN_PREFIX):]))
+                return
+
+
+def epilog_restore(hostfs, state_dir: str, job_id: str, log=print, *, swap_effect=None,
+                   irq_ban_dir: str | None = None) -> dict:
     """The job leaves the node: drop its journal; if no other job with a
     journal remains, restore the node baseline (reverse order, idempotent).
 
@@ -1359,11 +1557,12 @@ def epilog_restore(hostfs, state_dir: str, job_id: str, log=print, *, swap_effec
         NodeError: state dir unusable, journal unreadable, lock timeout.
     """
     check_job_id(job_id, phase="tune")
+    KNOBS["irq"].configure(None, irq_ban_dir)
     return _leave(hostfs, state_dir, [job_id], False, log, swap_effect)
 
 
 def restore(hostfs, state_dir: str, job_id: str | None = None, all_jobs: bool = False, log=print,
-            *, swap_effect=None) -> dict:
+            *, swap_effect=None, irq_ban_dir: str | None = None) -> dict:
     """``gsrun-node restore --job ID`` (as the epilog of ID) or ``--all``
     (drop every job journal, stale ones of crashed jobs included, and restore
     the baseline). Same report as :func:`epilog_restore`.
@@ -1374,6 +1573,7 @@ def restore(hostfs, state_dir: str, job_id: str | None = None, all_jobs: bool = 
     """
     if bool(job_id) == bool(all_jobs):
         raise InputError("restore", "what to restore", "give exactly one of --job ID or --all")
+    KNOBS["irq"].configure(None, irq_ban_dir)
     if job_id:
         check_job_id(job_id, phase="tune")
         return _leave(hostfs, state_dir, [job_id], False, log, swap_effect)

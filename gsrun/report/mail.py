@@ -355,7 +355,7 @@ def mail_view(summary: Mapping, report_text: str, has_image: bool, image_cid: st
     the chart's (width, height) as displayed, CSS px.
     """
     from gsrun.report.findings import headline, shown_findings, verdicts
-    from gsrun.report.render import doc_link
+    from gsrun.report.render import doc_link, settings_lines
     job = summary.get("job") or {}
     cpu = summary.get("cpu") or {}
     mem = summary.get("memory") or {}
@@ -472,6 +472,7 @@ def mail_view(summary: Mapping, report_text: str, has_image: bool, image_cid: st
         "image_width": (image_size or (720, 0))[0],
         "image_height": (image_size or (0, 0))[1],
         "findings": findings,
+        "node_settings": [clean_line(ln, 2000) for ln in settings_lines(dict(summary))],
         "report_text": clean_block(report_text or ""),
         "has_image": bool(has_image),
         "image_cid": image_cid,

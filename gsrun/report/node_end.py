@@ -34,3 +34,52 @@ def finish(summary: dict, job_env: dict, end_time: float) -> dict:
     summary["cpus_alloc"] = job_env.get("cpus_on_node")
     summary["gres_gpus"] = job_env.get("gpus") or []
     return summary
+
+
+def _setting(key: str, value: str | None, state: str, reason: str = "", source: str = "") -> dict:
+    """A :class:`~gsrun.report.records.NodeSetting` in its JSON form (same keys,
+    same order: tests/pure/test_node_settings.py checks the equality)."""
+    return {"key": key, "value": value, "state": state, "reason": reason, "source": source}
+
+
+# the prolog's tuning actions (gsrun.node.tuning.PlanItem) -> NodeSetting.state; "apply" left
+# in a record means the prolog stopped before the write: not attempted
+_ACTION_STATE = {"applied": "applied", "unchanged": "unchanged", "reuse": "reused", "refused": "refused",
+                 "unsupported": "unsupported", "failed": "failed", "rolled_back": "rolled_back",
+                 "skipped": "skipped", "apply": "skipped"}
+
+
+def node_settings(prolog: dict | None) -> list[dict] | None:
+    """The node settings in force during the job, from the prolog record
+    (``prolog-<node>.json``): one :class:`~gsrun.report.records.NodeSetting`
+    (its JSON form, built here as a plain dict so that the epilog imports no typed
+    record) per tuning item of ``steps.tuning`` (the report of
+    :func:`gsrun.node.tuning.prolog_tune`), ``cpu_dma_latency`` when the
+    sampler held ``/dev/cpu_dma_latency`` (``holds``), and ``malloc`` when the
+    job's request names an allocator (``--malloc``: the job script preloads it).
+    ``[]``: nothing asked or tuning off; None: no prolog record (unknown). Pure."""
+    if not isinstance(prolog, dict) or not prolog:
+        return None
+    out: list[dict] = []
+    tune = (prolog.get("steps") or {}).get("tuning")
+    if isinstance(tune, dict):
+        for it in tune.get("items") or ():
+            if not isinstance(it, dict) or not it.get("key"):
+                continue
+            state = _ACTION_STATE.get(str(it.get("action")), "skipped")
+            out.append(_setting(key=str(it["key"]), value=None if it.get("value") is None else str(it["value"]),
+                                   state=state, reason=str(it.get("reason") or ""),
+                                   source=str(it.get("source") or "")))
+        us = (tune.get("holds") or {}).get("cpu_dma_latency_us")
+        if isinstance(us, int) and not isinstance(us, bool):
+            out.append(_setting(key="cpu_dma_latency", value=str(us), state="held",
+                                   reason="/dev/cpu_dma_latency held open by the job's sampler (us)",
+                                   source="request"))
+    elif isinstance(tune, str) and tune:
+        out.append(_setting(key="tuning", value=None, state="failed", reason=tune))
+    malloc = (prolog.get("request") or {}).get("malloc")
+    if isinstance(malloc, str) and malloc:
+        out.append(_setting(key="malloc", value=malloc, state="requested",
+                               reason="LD_PRELOAD and its tuning environment set by the job script when the "
+                                      "library is on the node", source="request"))
+    return out

@@ -153,6 +153,42 @@ class GpuSummary(Record):
     extra: dict = extra_field()
 
 
+SettingState = Literal["applied", "unchanged", "reused", "refused", "unsupported", "failed", "rolled_back",
+                       "skipped", "held", "requested"]
+
+
+@dataclass(frozen=True)
+class NodeSetting(Record):
+    """One node setting as it was during the job on one node: a tuning item of the
+    prolog's report (:func:`gsrun.node.tuning.prolog_tune`, kept in the prolog record
+    ``prolog-<node>.json``), the ``/dev/cpu_dma_latency`` hold, or the allocator the
+    job script preloads (``--malloc``)."""
+
+    key: str = field("setting: a --tune key (governor, swap, swappiness, dirty_ratio, dirty_background_ratio, "
+                     "thp, thp_defrag, zone_reclaim_mode, cstate, irq, hugepages), cpu_dma_latency or malloc")
+    value: str | None = field("the value asked (cpu_dma_latency: microseconds held); null: the request itself "
+                              "(key request: a request that could not be parsed)")
+    state: SettingState = field(
+        "applied (written and read back), unchanged (already the value), reused (set by another running job), "
+        "refused (reason), unsupported on this node (reason), failed / rolled_back / skipped (a write or verify "
+        "failed: every change of the job was put back), held (cpu_dma_latency: the sampler held the file), "
+        "requested (malloc: the job script preloads the library when it is on the node)")
+    reason: str = field("why (refused, unsupported, failed), or what was done (IRQs, hugepages per node); "
+                        "may be empty", "")
+    source: str = field("request (the job asked), default (site tuning.defaults), fallback (swap=off unsafe: "
+                        "swappiness instead), site (malloc.default) or empty", "")
+    extra: dict = extra_field()
+
+
+@dataclass(frozen=True)
+class SettingsGroup(Record):
+    """Nodes of the job whose settings during the job were the same (one report line)."""
+
+    nodes: tuple[str, ...] = field("node names, sorted")
+    settings: tuple[NodeSetting, ...] = field("the settings in force on each of them (empty: none changed)")
+    extra: dict = extra_field()
+
+
 @dataclass(frozen=True)
 class NodeSummary(Record):
     """One node's summary of the job (the node epilog's ``node-<node>.json``)."""
@@ -185,6 +221,9 @@ class NodeSummary(Record):
                                         optional_key=True)
     request: dict[str, Any] | None = field("the job's gsrun request from the prolog record (added by the "
                                            "epilog)", optional_key=True)
+    settings: tuple[NodeSetting, ...] | None = field(
+        "node settings during the job, from the prolog record's tuning report (added by the epilog; null: no "
+        "prolog record, so unknown; absent in summaries written before it was recorded)", optional_key=True)
     extra: dict = extra_field()
 
     @classmethod
@@ -299,6 +338,10 @@ class JobSummary(Record):
     nodes_missing: tuple[str, ...] = field("nodes of the job without a node summary", ABSENT)
     node_notes: dict[str, tuple[str, ...]] = field("node -> its notes", ABSENT)
     findings: tuple[Finding, ...] = field("findings, most important first", ABSENT)
+    settings: tuple[SettingsGroup, ...] = field(
+        "node settings during the job, nodes with the same settings in one group (largest group first; nodes "
+        "whose settings are unknown are in none); absent in summaries written before it was recorded",
+        optional_key=True)
     extra: dict = extra_field()
 
     @classmethod
@@ -361,5 +404,5 @@ if __name__ == "__main__":   # python -m gsrun.report.records [FOLDER]: regenera
     print("\n".join(write_schemas(sys.argv[1] if len(sys.argv) > 1 else "schemas")))
 
 
-__all__ = ["is_mig", "FindingCode", "Finding", "GpuSummary", "NodeSummary", "JobInfo", "CpuFigures", "MemoryFigures",
+__all__ = ["is_mig", "FindingCode", "Finding", "GpuSummary", "NodeSetting", "SettingsGroup", "NodeSummary", "JobInfo", "CpuFigures", "MemoryFigures",
            "GpuFigures", "NodeDetail", "JobSummary", "all_schemas", "write_schemas"]

@@ -11,6 +11,7 @@ J / Wh / kWh).
 from __future__ import annotations
 
 import io
+import re
 import textwrap
 
 from gsrun.report.units import NA, fmt_bytes, fmt_bytes_of, fmt_duration_s, fmt_energy_j, fmt_hours_h, fmt_pct, \
@@ -22,6 +23,8 @@ TABLE_FROM_GPUS = 5             # this many GPUs or more: one table row per GPU 
 LIST_UP_TO_GPUS = 32            # more GPUs: the distribution and the lowest/highest few, unless all_gpus
 LIST_ENDS = 5                   # lowest and highest GPUs (by busy) listed when summarising
 LEVEL_COLOR = {"good": "32", "better": "33", "wasteful": "31"}
+SETTINGS_GROUPS_SHOWN = 4       # node-settings lines in the report; the other groups are counted
+_SETTING_WHY = ("refused", "unsupported", "failed", "rolled_back", "skipped")
 
 
 def _util(g) -> str:
@@ -83,6 +86,55 @@ def _gpu_notes(g, c) -> list[str]:
         notes.append(f"the job's processes held at most {fmt_bytes(g['mem_procs_peak_bytes'])} "
                      f"(device high water {fmt_bytes(g['mem_peak_bytes'])}{base})")
     return notes
+
+
+def fmt_setting(st: dict) -> str:
+    """One node setting of a summary (:class:`gsrun.report.records.NodeSetting`, JSON
+    form) as the report shows it: ``governor=performance applied``, ``irq=local refused
+    (irqbalance runs ...)``, ``cpu_dma_latency=1us held``, ``malloc=jemalloc (preloaded by
+    the job script)``."""
+    key, value, state, why = st.get("key"), st.get("value"), st.get("state"), st.get("reason") or ""
+    if key == "cpu_dma_latency":
+        return f"cpu_dma_latency={value}us held by the sampler"
+    if state == "requested":
+        return f"{key}={value} (preloaded by the job script)"
+    text = f"{key}={value} {str(state).replace('_', ' ')}" if value is not None else f"{key} {state}"
+    why = re.sub(r"^not supported here \((.*?)\)(;|$)", r"\1\2", why)    # "unsupported" says it already
+    if why and (state in _SETTING_WHY or key in ("cstate", "irq", "hugepages")) and why != "already the value":
+        text += f" ({why})"
+    return text
+
+
+def settings_lines(summary: dict) -> list[str]:
+    """The "node settings during the job" lines (unwrapped) from the job summary's
+    ``settings`` groups: one line when every node had the same settings (a
+    1,000-node job prints one line), else one per group (largest first, at most
+    :data:`SETTINGS_GROUPS_SHOWN`, the rest counted), and the nodes whose settings
+    are unknown. ``[]`` when no node changed or asked for anything (and for
+    summaries written before settings were recorded)."""
+    from gsrun.facts.slurm import compress_hostlist
+
+    groups = [g for g in summary.get("settings") or () if isinstance(g, dict)]
+    if not any(g.get("settings") for g in groups):
+        return []
+    nodes = list((summary.get("job") or {}).get("nodes") or ())
+    known = {n for g in groups for n in g.get("nodes") or ()}
+    unknown = [n for n in nodes if n not in known]
+    lines = []
+    for g in groups[:SETTINGS_GROUPS_SHOWN]:
+        names = list(g.get("nodes") or ())
+        what = "; ".join(fmt_setting(x) for x in g.get("settings") or ()) or "none changed"
+        where = "" if len(groups) == 1 and not unknown else \
+            f" on {compress_hostlist(names)}" + (f" ({len(names)} nodes)" if len(names) > 1 else "")
+        lines.append(f"Node settings during the job{where}: {what}")
+    rest = groups[SETTINGS_GROUPS_SHOWN:]
+    if rest:
+        n = sum(len(g.get("nodes") or ()) for g in rest)
+        lines.append(f"Node settings differ on {n} more node{'s' if n != 1 else ''} in {len(rest)} groups "
+                     "(gseff --json: settings)")
+    if unknown:
+        lines.append(f"Node settings unknown on {compress_hostlist(unknown)} (no prolog record)")
+    return lines
 
 
 def render_text(summary: dict, color: bool = False, cfg=None, all_gpus: bool = False) -> str:
@@ -170,6 +222,8 @@ def render_text(summary: dict, color: bool = False, cfg=None, all_gpus: bool = F
     elif not rows:
         lines += _wrap(f"CPU efficiency {fmt_share_pct(cpu.get('efficiency_pct'))}, host memory peak "
                        f"{fmt_bytes(mem.get('peak_bytes'))}", "  ", "    ")
+    for ln in settings_lines(summary):
+        lines += _wrap(ln, "  ", "    ")
 
     lines += ["", c("1", "GPUs")]
     shown = [g for g in gpu["devices"] if g.get("status", "ok") != "unavailable"]

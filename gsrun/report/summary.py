@@ -104,7 +104,7 @@ from gsrun.facts.aggregate import Counter, Metric
 from gsrun.facts.sampler_state import GpuState, SamplerState
 from gsrun.report import node_end
 from gsrun.report.records import (CpuFigures, GpuFigures, GpuSummary, JobInfo, JobSummary, MemoryFigures,
-                                  NodeDetail, NodeSummary)
+                                  NodeDetail, NodeSetting, NodeSummary, SettingsGroup)
 
 IDLE_UTIL_PCT = 5.0      # util_idle_frac: share of time below this (a sampler threshold)
 
@@ -267,6 +267,24 @@ def node_record(state: SamplerState | dict | None, job_env: dict, end_time: floa
         gpus=gpus, samples=st.samples, notes=notes,
         cpu_timeline=st.cpu_timeline.points,
     )
+
+
+def settings_groups(nodes: list[dict]) -> list[SettingsGroup]:
+    """Nodes (node summaries, JSON form) with the same ``settings`` in one
+    :class:`~gsrun.report.records.SettingsGroup`, the largest group first (then
+    by first node name): a 1,000-node job with one configuration is one group.
+    Nodes whose settings are unknown (older summaries, no prolog record) are
+    in no group. Pure; O(nodes) apart from sorting the names."""
+    by: dict[str, tuple[list, list[str]]] = {}
+    for n in nodes:
+        st = n.get("settings")
+        if not isinstance(st, list):
+            continue
+        k = json.dumps(st, sort_keys=True)
+        by.setdefault(k, (st, []))[1].append(n["node"])
+    groups = sorted(by.values(), key=lambda g: (-len(g[1]), min(g[1])))
+    return [SettingsGroup(nodes=sorted(names), settings=[NodeSetting.from_json(x) for x in st])
+            for st, names in groups]
 
 
 KEEP_GPU_TIMELINES = 16     # up to this many GPUs the job summary keeps each GPU's timeline
@@ -458,6 +476,7 @@ def job_record(job: dict, nodes: list[dict | NodeSummary], cfg=None, partition: 
         nodes_detail=per_node,
         nodes_missing=missing,
         node_notes={n["node"]: n.get("notes", []) for n in nodes if n.get("notes")},
+        settings=groups if (groups := settings_groups(nodes)) else ABSENT,
     )
     return dataclasses.replace(summary, findings=finding_records(summary.to_json(), cfg, partition))
 

@@ -154,6 +154,13 @@ SETTINGS: tuple[Setting, ...] = (
             "key=value list", True),
     Setting("tuning.allowed_keys", list, list(TUNE_KEYS),
             "Keys users may request with --tune / --gs-tune.", _key_list, ", ".join(TUNE_KEYS), True),
+    Setting("tuning.irqbalance_policy_script", str, "/usr/local/libexec/gsrun-irqbalance-policy",
+            "Where gsrun-node install puts gsrun's irqbalance policy script; irq=local is applied while "
+            "irqbalance runs only when it was started with -l/--policyscript= this path.", _abs_path,
+            "absolute path"),
+    Setting("tuning.irqbalance_ban_dir", str, "/run/gsrun/irqbalance-ban",
+            "Directory of the IRQ ban files irq=local writes for the policy script (one file per IRQ; the "
+            "script's GSRUN_IRQ_BAN_DIR, same default).", _abs_path, "absolute path"),
     Setting("mps.enabled", bool, True, "Allow per-job MPS daemons.", None, "true/false", True),
     Setting("mps.control_bin", str, "nvidia-cuda-mps-control",
             "MPS control daemon executable (name on PATH or absolute path).", _bin, "path or name"),

@@ -49,9 +49,14 @@ class JobRequest:
     source: str = "none"
     exclusive_source: str | None = None
     comment_from: str | None = None   # "prolog environment" (SLURM_JOB_COMMENT) | "job record" (scontrol)
+    malloc: str | None = None         # gsrun --malloc (job comment ``malloc=``): for the report only
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The fields as a dict; ``malloc`` only when set (records before it had none)."""
+        d = asdict(self)
+        if d["malloc"] is None:
+            del d["malloc"]
+        return d
 
     def needs_exclusivity(self) -> bool:
         """True when the answer matters: node tuning or a MIG layout asked."""
@@ -107,7 +112,19 @@ def request_from_comment(comment: str, comment_from: str) -> JobRequest:
     c = parse_comment_request(comment)
     return JobRequest(tune=c.get("tune") or None, mps=c.get("mps") if "mps" in c else None,
                       mig=c.get("mig") or None, bind=c.get("bind"), report=c.get("report"),
-                      exclusive=None, source="job comment" if c else "none", comment_from=comment_from)
+                      exclusive=None, source="job comment" if c else "none", comment_from=comment_from,
+                      malloc=malloc_from_comment(comment))
+
+
+def malloc_from_comment(comment: str | None) -> str | None:
+    """The allocator ``gsrun --malloc`` recorded in the job comment
+    (``gsrun:...;malloc=jemalloc``), allow-listed (:data:`gsrun.request.malloc.ALLOCATORS`);
+    None when absent or not one of them. Only the report shows it: the job
+    script does the preload."""
+    from gsrun.request.malloc import ALLOCATORS
+
+    v = parse_comment_request(comment or "").get("malloc")
+    return v if v in ALLOCATORS else None
 
 
 def request_from_job_record(rec: dict[str, str], line: str | None = None) -> JobRequest:

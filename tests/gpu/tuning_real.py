@@ -18,9 +18,16 @@ clocks, persistence or ECC:
    any) disabled, the sampler holds ``/dev/cpu_dma_latency`` (its
    ``/proc/<pid>/fd``), ``gsrun-node status --json`` lists the changes in
    effect; gsrun-bind warns about memlock for a task whose RLIMIT_MEMLOCK is
-   64 KiB; ``libjemalloc.so.2`` (if on the node) preloads in a child process;
-4. ``gsrun-node epilog``; then every snapshotted file is byte-exact again and
-   no sampler holds ``/dev/cpu_dma_latency``.
+   64 KiB; ``gsrun --malloc jemalloc``: the malloc block of the script ``gsrun
+   --dry-run`` renders (site ``malloc.lib_dirs`` starting with ``--carry-dir``,
+   default ``build/carry`` where ``tests/gpu/carry-malloc`` puts a
+   ``libjemalloc.so.2``; else the node's own) runs, then ``gsrun-bind`` starts
+   ``tests/gpu/malloc_task.py``, which sees jemalloc mapped (``/proc/self/maps``) and
+   ``MALLOC_CONF`` in force (``mallctl opt.background_thread``);
+4. ``gsrun-node epilog``; then every snapshotted file is byte-exact again,
+   no sampler holds ``/dev/cpu_dma_latency``, a new process has no jemalloc,
+   and the node summary's ``settings`` (the report's "node settings during the
+   job" line) name irq, hugepages, cstate and malloc.
 
 Prints one JSON verdict (``ok``, ``checks``, ``absent`` = what this machine
 does not expose) and exits 0 when every check holds.
@@ -94,6 +101,8 @@ def main() -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--pages", type=int, default=512, help="2 MiB pages per GPU NUMA node (default 512 = 1 GiB)")
     ap.add_argument("--seconds", type=float, default=5.0, help="how long the fake job runs")
+    ap.add_argument("--carry-dir", default=str(REPO / "build" / "carry"),
+                    help="a directory with a carried libjemalloc.so.2 (tests/gpu/carry-malloc)")
     args = ap.parse_args()
     if os.geteuid() != 0:
         print(json.dumps({"ok": False, "error": "run as root (slurmd's part)"}))
@@ -125,8 +134,14 @@ def main() -> int:
     base = Path(tempfile.mkdtemp(prefix="gsrun-tune-", dir="/tmp"))
     os.chmod(base, 0o755)
     cfg = base / "gsrun.toml"
+    from gsrun.request.malloc import LIB_DIRS
+    carried = os.path.join(os.path.abspath(args.carry_dir), "libjemalloc.so.2")
+    je = carried if os.path.isfile(carried) else find_lib("libjemalloc.so.2")
+    out["figures"]["jemalloc"] = je
+    lib_dirs = ([os.path.dirname(je)] if je else []) + [d for d in LIB_DIRS if not je or d != os.path.dirname(je)]
     cfg.write_text(f'[paths]\nstate_dir = "{base}/state"\nspool_dir = "{base}/spool"\nmps_dir = "{base}/mps"\n'
-                   '\n[sampler]\ninterval_s = 1.0\nflush_s = 2.0\n')
+                   '\n[sampler]\ninterval_s = 1.0\nflush_s = 2.0\n'
+                   '\n[malloc]\nlib_dirs = [' + ", ".join(json.dumps(d) for d in lib_dirs) + ']\n')
     fakebin = slurm_env.write_fake_scontrol(base / "bin")
     path = ":".join(x for x in (fakebin, bindir, slurm_env.SAFE_PATH) if x)
     extra = {"GSRUN_CONFIG": str(cfg), "PATH": path, "FAKE_COMMENT": "gsrun:tune=" + tune,
@@ -137,6 +152,8 @@ def main() -> int:
     work.mkdir()
     node_cmd = [sys.executable, "-P", "-m", "gsrun.wrapper.node"]
 
+    if je:   # what gsrun --malloc jemalloc writes in the job comment (the report shows it)
+        extra["SLURM_JOB_COMMENT"] = f"gsrun:tune={tune};malloc=jemalloc"
     penv = slurm_env.prolog_env(JOB_ID, 65534, 65534, "nobody", NODE, "0", cpus, str(work), spank, extra)
     pr = run(node_cmd + ["prolog"], penv)
     out["prolog"] = pr
@@ -198,13 +215,35 @@ def main() -> int:
     if resource.getrlimit(resource.RLIMIT_MEMLOCK)[0] == resource.RLIM_INFINITY:
         checks["memlock_no_warning_when_unlimited"] = "RLIMIT_MEMLOCK" not in bind_ok["stderr"]
 
-    je = find_lib("libjemalloc.so.2")
+    task = str(HERE / "malloc_task.py")
     if je:
-        cp = subprocess.run([sys.executable, "-c", "import os;print(open('/proc/self/maps').read().count('jemalloc'))"],
-                            env={**os.environ, "LD_PRELOAD": je}, capture_output=True, text=True, timeout=30)
-        checks["jemalloc_preloaded"] = cp.returncode == 0 and int(cp.stdout.strip() or 0) > 0
+        gsrun_exe = shutil.which("gsrun", path=path) or "gsrun"
+        rendered = run([gsrun_exe, "--gpus", "1", "--gpus-per-node", "1", "--malloc", "jemalloc", "--dry-run",
+                        sys.executable, task], {"PATH": path, "HOME": "/root", "GSRUN_CONFIG": str(cfg)},
+                       timeout=60)
+        lines = rendered["stdout"].splitlines()
+        start = next((i for i, ln in enumerate(lines) if ln.startswith("# --malloc jemalloc")), None)
+        end = next((i for i, ln in enumerate(lines) if start is not None and i > start
+                    and ln.startswith("export MALLOC_CONF=")), None)
+        checks["malloc_block_rendered"] = rendered["rc"] == 0 and start is not None and end is not None
+        if start is not None and end is not None:
+            block = "\n".join(lines[start:end + 1])
+            out["malloc_block_tail"] = lines[end - 1:end + 1]
+            gb = shutil.which("gsrun-bind", path=path) or "gsrun-bind"
+            t = run(["/bin/bash", "-c", block + f"\nexec {gb} -- {sys.executable} {task}"], tenv, timeout=60)
+            try:
+                seen = json.loads(t["stdout"].strip().splitlines()[-1])
+            except (ValueError, IndexError):
+                seen = {"error": t}
+            out["malloc_task"] = seen
+            from gsrun.request.config import load_config
+            want_conf = load_config(str(cfg))["malloc.jemalloc_conf"]
+            checks["jemalloc_mapped_in_task"] = any(str(p).endswith("libjemalloc.so.2") for p in seen.get("mapped", []))
+            checks["malloc_conf_in_force"] = (seen.get("MALLOC_CONF") == want_conf
+                                              and seen.get("opt.background_thread") is True)
     else:
-        absent.append("libjemalloc.so.2 (Debian/Ubuntu package libjemalloc2) in " + ", ".join(LIBDIRS))
+        absent.append("libjemalloc.so.2: not carried (tests/gpu/carry-malloc, then carry build/carry) and not in "
+                      + ", ".join(LIBDIRS))
 
     time.sleep(max(0.0, args.seconds - (time.time() - t0) % args.seconds))
     eenv = slurm_env.epilog_env(JOB_ID, 65534, 65534, "nobody", NODE, "0", cpus, str(work), spank, extra)
@@ -224,6 +263,25 @@ def main() -> int:
         except OSError:
             pass
     checks["dma_latency_released"] = not left
+    if je:   # nothing of the preload stays on the node: a new process maps no jemalloc
+        cp = subprocess.run([sys.executable, task], capture_output=True, text=True, timeout=30, cwd="/")
+        checks["jemalloc_not_after"] = cp.returncode == 0 and json.loads(cp.stdout)["mapped"] == []
+    # the report's "node settings during the job" line, from the node summary the epilog wrote
+    node_p = base / "spool" / "jobs" / JOB_ID / f"node-{NODE}.json"
+    try:
+        from gsrun.report.render import settings_lines
+        from gsrun.report.summary import job_summary
+        node_s = json.loads(node_p.read_text())
+        js = job_summary({"id": JOB_ID, "nodes": [NODE]}, [node_s])
+        out["report_settings_lines"] = settings_lines(js)
+        keys = {x["key"]: x["state"] for x in node_s.get("settings") or []}
+        out["figures"]["settings_states"] = keys
+        checks["report_names_the_settings"] = (len(out["report_settings_lines"]) == 1
+                                               and all(k in keys for k in ("cstate", "irq", "hugepages"))
+                                               and (not je or keys.get("malloc") == "requested"))
+    except (OSError, ValueError, KeyError) as e:
+        out["report_settings_error"] = str(e)
+        checks["report_names_the_settings"] = False
     out["wall_s"] = round(time.time() - t0, 1)
     out["ok"] = all(checks.values())
     text = json.dumps(out, indent=1, default=str)

@@ -121,14 +121,18 @@ OTHER_IRQS = (1, 24, 25)
 
 
 def add_host_tuning(root: Path, cpus: int = 16, cpuidle: bool = True, irqs: bool = True, hugepages: bool = True,
-                    dma_latency: bool = True, node_free_kb: int | None = None, irqbalance: bool = False) -> Path:
+                    dma_latency: bool = True, node_free_kb: int | None = None, irqbalance: bool = False,
+                    irqbalance_args: tuple[str, ...] = ("--foreground",), irqbalance_env: str = "",
+                    policy_script: str | None = None) -> Path:
     """The files ``cstate``, ``irq`` and ``hugepages`` use, as the real H200 VM
     shows them (``tests/gpu/tuning_real.py`` prints them), plus a bare-metal
     cpuidle tree the VM lacks: ``cpuN/cpuidle/stateK/{name,latency,disable}``
     (:data:`IDLE_STATES`), ``msi_irqs`` of the GPU and ``/proc/irq/N/
     smp_affinity_list`` ("0-15"), ``node0/hugepages/hugepages-{2048,1048576}kB/
     nr_hugepages`` (0), ``dev/cpu_dma_latency`` (empty file), and with
-    ``irqbalance`` a ``proc/4321/comm`` naming it."""
+    ``irqbalance`` a ``proc/4321/comm`` naming it, its ``cmdline`` (``irqbalance_args``)
+    and ``environ``; ``policy_script`` (an absolute path) is created under the root
+    from ``templates/irqbalance-policy.sh``."""
     cpu = root / "sys/devices/system/cpu"
     if cpuidle:
         for c in range(cpus):
@@ -164,6 +168,13 @@ def add_host_tuning(root: Path, cpus: int = 16, cpuidle: bool = True, irqs: bool
     if irqbalance:
         (root / "proc/4321").mkdir(parents=True, exist_ok=True)
         (root / "proc/4321/comm").write_text("irqbalance\n")
+        (root / "proc/4321/cmdline").write_text("\0".join(("/usr/sbin/irqbalance", *irqbalance_args)) + "\0")
+        (root / "proc/4321/environ").write_text(irqbalance_env)
+    if policy_script:
+        dest = root / policy_script.lstrip("/")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(REPO / "templates" / "irqbalance-policy.sh", dest)
+        dest.chmod(0o755)
     return root
 
 

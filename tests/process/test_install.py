@@ -235,7 +235,8 @@ def test_shipped_hooks_are_tiny_and_executable():
 
 def _opts(tmp_path, **kw):
     base = dict(config_path=str(tmp_path / "etc" / "gsrun.toml"), state_dir=str(tmp_path / "state"),
-                spool_dir=str(tmp_path / "spool"), hooks_dir=str(tmp_path / "hooks"), measure=False)
+                spool_dir=str(tmp_path / "spool"), hooks_dir=str(tmp_path / "hooks"), measure=False,
+                irqbalance_script=str(tmp_path / "libexec" / "gsrun-irqbalance-policy"))
     base.update(kw)
     return install.InstallOptions(**base)
 
@@ -324,3 +325,20 @@ def test_run_rejects_unquotable_paths(tmp_path):
     with pytest.raises(InputError):
         install.run(_opts(tmp_path, config_path=str(tmp_path / "my config.toml"), print_only=True), out=print,
                     environ={})
+
+
+def test_run_installs_the_irqbalance_policy_script_and_prints_the_option(tmp_path):
+    out = []
+    assert install.run(_opts(tmp_path), out=out.append, environ={}) == 0
+    script = tmp_path / "libexec" / "gsrun-irqbalance-policy"
+    assert script.read_text() == (REPO / "templates" / "irqbalance-policy.sh").read_text()
+    assert stat.S_IMODE(script.stat().st_mode) == 0o755
+    if os.geteuid() == 0:
+        assert script.stat().st_uid == 0
+    text = "\n".join(out)
+    assert f"wrote {script} (0755)" in text
+    assert f"#   Environment=IRQBALANCE_ARGS=--policyscript={script}" in text
+    assert f'tuning.irqbalance_policy_script = "{script}"' in text      # not the configured path: say so
+    assert "GSRUN_IRQ_BAN_DIR" not in text                                # the default ban dir
+    assert install.render_irqbalance_lines("/s", "/run/b", "/run/gsrun/irqbalance-ban").count(
+        "Environment=GSRUN_IRQ_BAN_DIR=/run/b") == 1

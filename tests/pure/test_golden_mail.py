@@ -39,7 +39,7 @@ from helpers.golden import check_json, check_text
 from helpers.paths import DATA
 
 GOLDEN = DATA / "golden"
-JOBS = ("job-1gpu", "job-8gpu", "job-failed", "job-cancelled")
+JOBS = ("job-1gpu", "job-8gpu", "job-failed", "job-cancelled", "job-tuned")
 FROM = "gsrun@cluster.example.org"
 DATE = 1_760_000_000.0
 CID = "timeline.{jid}@cluster.example.org"

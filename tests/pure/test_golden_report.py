@@ -29,7 +29,7 @@ from helpers.paths import DATA
 
 GOLDEN = DATA / "golden"
 SUMMARIES = GOLDEN / "summaries"
-JOBS = ("job-1gpu", "job-8gpu", "job-failed", "job-cancelled")
+JOBS = ("job-1gpu", "job-8gpu", "job-failed", "job-cancelled", "job-tuned")
 
 
 def summary(job: str) -> dict:

@@ -79,8 +79,19 @@ def test_irqbalance_running_warns_with_the_way_out(tmp_path):
     root = host(tmp_path, irqbalance=True)
     r = doctor.check_irq(ctx(root, tmp_path))
     assert r.status == "warn"
-    assert r.detail.endswith("; irqbalance runs (pid 4321)")
-    assert "irq=local is refused while irqbalance runs" in r.hint and "ADMIN.md" in r.hint
+    assert r.detail.endswith("; irqbalance runs (pid 4321) without gsrun's policy script")
+    assert r.hint.startswith("irq=local is refused: irqbalance runs without a policy script")
+    assert "--policyscript=/usr/local/libexec/gsrun-irqbalance-policy" in r.hint and "ADMIN.md" in r.hint
+    assert r.data["irqbalance_uses_gsrun_policy"] is False
+
+
+def test_irqbalance_with_gsrun_policy_script_is_ok(tmp_path):
+    script = "/usr/local/libexec/gsrun-irqbalance-policy"
+    root = host(tmp_path, irqbalance=True, irqbalance_args=("-l", script), policy_script=script)
+    r = doctor.check_irq(ctx(root, tmp_path))
+    assert r.status == "ok", r
+    assert r.detail.endswith(f"; irqbalance (pid 4321) uses gsrun's policy script {script}")
+    assert r.data["irqbalance_policy_script"] == [script] and r.data["irqbalance_uses_gsrun_policy"] is True
 
 
 def test_unwritable_affinity_files_are_counted(tmp_path, monkeypatch):

@@ -117,7 +117,11 @@ def test_irq_refused_while_irqbalance_runs(tmp_path):
     root = add_host_tuning(make_tree(tmp_path / "h", swap=False), irqbalance=True)
     base = snapshot(root)
     r = tune(root, tmp_path / "s", "irq=local")
-    assert r["refused"] == ["irq"] and "irqbalance runs (pid 4321)" in r["items"][0]["reason"]
+    assert r["refused"] == ["irq"]
+    assert r["items"][0]["reason"] == (
+        "irqbalance runs without a policy script and would move the IRQs back within 10 s; fix: start it with "
+        "--policyscript=/usr/local/libexec/gsrun-irqbalance-policy (gsrun-node install puts the script there; "
+        "docs/ADMIN.md, irqbalance), or stop it on exclusive GPU nodes")
     assert diff(base, snapshot(root)) == []
 
 
@@ -203,3 +207,116 @@ def test_sampler_process_keeps_the_fd_for_its_lifetime(root, tmp_path):
         p.terminate()
         p.wait(20)
     assert (root / "dev/cpu_dma_latency").read_bytes() == b""
+
+
+# ---------------------------------------------------------------- irqbalance with gsrun's policy script
+
+POLICY = "/usr/local/libexec/gsrun-irqbalance-policy"
+BAN = "run/gsrun/irqbalance-ban"
+
+
+def irqbalance_tree(tmp_path, args=(f"--policyscript={POLICY}",), env="", script=POLICY):
+    root = add_host_tuning(make_tree(tmp_path / "h", swap=False), irqbalance=True,
+                           irqbalance_args=("--foreground", *args), irqbalance_env=env, policy_script=script)
+    (root / "run/gsrun").mkdir(parents=True, exist_ok=True)      # the node's state dir (tmpfs, always there)
+    return root
+
+
+@pytest.mark.parametrize("argv,want", [
+    (["irqbalance", "--policyscript=/p/s"], "/p/s"), (["irqbalance", "--policyscript", "/p/s"], "/p/s"),
+    (["irqbalance", "-f", "-l", "/p/s"], "/p/s"), (["irqbalance", "-l/p/s"], "/p/s"),
+    (["irqbalance", "--foreground"], None), (["irqbalance", "-l"], None), ([], None)])
+def test_policy_script_from_irqbalance_cmdline(tmp_path, argv, want):
+    (tmp_path / "proc/7").mkdir(parents=True)
+    (tmp_path / "proc/7/cmdline").write_text("\0".join(argv) + ("\0" if argv else ""))
+    assert tuning.irqbalance_policy_script(HostFS(tmp_path), 7) == want
+
+
+def test_irq_with_our_policy_script_bans_pins_and_restores_byte_exact(tmp_path):
+    root = irqbalance_tree(tmp_path)
+    base = snapshot(root)
+    r = tune(root, tmp_path / "s", "irq=local")
+    it = r["items"][0]
+    assert r["applied"] == ["irq"], r
+    assert it["reason"] == ("8 IRQs banned from irqbalance (ban files for its policy script); "
+                            "irqbalance rescan not signalled (host root)")
+    assert sorted(int(n) for n in os.listdir(root / BAN)) == list(GPU_IRQS)
+    assert oct((root / BAN).stat().st_mode & 0o777) == "0o755"
+    for n in GPU_IRQS:
+        assert (root / f"proc/irq/{n}/smp_affinity_list").read_text() == "4-11\n"
+    # the policy script, run as irqbalance runs it, now bans a non-GPU IRQ named there too
+    (root / BAN / "24").write_text("")
+    out = subprocess.run(["/bin/sh", "-c", f"{root}{POLICY} {root}/sys/bus/pci/devices/none 24"],
+                         env={"PATH": "/usr/bin:/bin", "GSRUN_IRQ_BAN_DIR": str(root / BAN)},
+                         capture_output=True, text=True, timeout=30)
+    assert out.stdout == "ban=true\n"
+    os.unlink(root / BAN / "24")
+    entry = tuning.status(HostFS(root), str(tmp_path / "s"))["changes"][0]
+    assert entry["prior"][f"ban:/{BAN}/{GPU_IRQS[0]}"] == "absent" and entry["in_effect"]
+    assert tuning.epilog_restore(HostFS(root), str(tmp_path / "s"), "77", log=Q)["ok"]
+    assert diff(base, snapshot(root)) == []
+
+
+def test_irq_refused_with_another_policy_script_or_ban_dir_or_a_missing_script(tmp_path):
+    cases = [
+        (dict(args=("-l", "/etc/irqbalance/other.sh")), "irqbalance runs with policy script /etc/irqbalance/other.sh "
+                                                        "and would move the IRQs back within 10 s; fix: start it"),
+        (dict(script=None), f"irqbalance runs with --policyscript={POLICY}, which is missing; "
+                            "fix: gsrun-node install"),
+        (dict(env="PATH=/bin\0GSRUN_IRQ_BAN_DIR=/var/ban\0"),
+         "irqbalance runs with GSRUN_IRQ_BAN_DIR=/var/ban, not tuning.irqbalance_ban_dir /run/gsrun/irqbalance-ban"),
+    ]
+    for i, (kw, want) in enumerate(cases):
+        root = irqbalance_tree(tmp_path / str(i), **kw)
+        base = snapshot(root)
+        r = tune(root, tmp_path / f"s{i}", "irq=local")
+        assert r["refused"] == ["irq"] and r["items"][0]["reason"].startswith(want), r["items"][0]["reason"]
+        assert diff(base, snapshot(root)) == []
+
+
+def test_irq_ban_dir_from_the_config_and_restore_finds_it_in_the_journal(tmp_path):
+    root = irqbalance_tree(tmp_path, env="GSRUN_IRQ_BAN_DIR=/run/site-ban\0")
+    base = snapshot(root)
+    cfg = parse_config('[tuning]\nirqbalance_ban_dir = "/run/site-ban"\n')
+    r = tune(root, tmp_path / "s", "irq=local", cfg=cfg)
+    assert r["applied"] == ["irq"], r
+    assert sorted(int(n) for n in os.listdir(root / "run/site-ban")) == list(GPU_IRQS)
+    # restore without the config (gsrun-node restore on a node whose config changed since)
+    assert tuning.restore(HostFS(root), str(tmp_path / "s"), all_jobs=True, log=Q)["ok"]
+    assert diff(base, snapshot(root)) == []
+    with pytest.raises(InputError):
+        tuning.KNOBS["irq"].configure(None, "/run/../etc")
+
+
+def test_irq_crash_at_every_write_with_irqbalance_then_restore(tmp_path, monkeypatch):
+    from helpers.tuning_tree import Crash
+
+    real_ban = tuning._write_ban
+
+    def counting_ban(h, rel, note):         # ban files count as writes of the fault injection too
+        if h.crash_after is not None and len(h.writes) >= h.crash_after:
+            raise Crash(f"killed before write {len(h.writes)}")
+        h.writes.append(rel)
+        real_ban(h, rel, note)
+
+    monkeypatch.setattr(tuning, "_write_ban", counting_ban)
+    probe = CountingHostFS(irqbalance_tree(tmp_path / "probe"))
+    tune(probe.root, tmp_path / "ps", "irq=local,hugepages=2M:16", hostfs=probe)
+    total = len(probe.writes)
+    assert total == 2 * len(GPU_IRQS) + 1        # 8 ban files, 8 masks, 1 hugepages count
+    for n in range(total + 1):
+        root = irqbalance_tree(tmp_path / f"h{n}")
+        st = tmp_path / f"s{n}"
+        base = snapshot(root)
+        host = CountingHostFS(root, crash_after=n)
+        if n < total:
+            with pytest.raises(Crash):
+                tune(root, st, "irq=local,hugepages=2M:16", hostfs=host)
+        else:
+            tune(root, st, "irq=local,hugepages=2M:16", hostfs=host)
+        if n:
+            assert diff(base, snapshot(root)) != [], n
+        out = tuning.restore(HostFS(root), str(st), all_jobs=True, log=Q)
+        assert out["ok"], (n, out)
+        assert diff(base, snapshot(root)) == [], f"crash before write {n}"
+        assert tuning.status(HostFS(root), str(st))["changes"] == []

@@ -5,6 +5,7 @@
 #SBATCH --nodes=1
 #SBATCH --ntasks-per-node=8
 #SBATCH --gres=gpu:8
+#SBATCH --comment=gsrun:malloc=tcmalloc
 # python: @TMP@/bin/python3: the first python3 on PATH at submit
 set -eu
 

@@ -11,7 +11,10 @@ a real :class:`gsrun.node.sampler.Sampler` run on the H200 recording through
   by GPU, GPU 7 idle, GPU 1 power-capped a quarter of the
   time, Xid 79 on GPU 3 at 40 min and GPU 5 lost after 1 h;
 - ``job-failed.json``: the 1-GPU job FAILED (exit 1) after 10 min, mail FAIL;
-- ``job-cancelled.json``: CANCELLED before start (no node summary at all).
+- ``job-cancelled.json``: CANCELLED before start (no node summary at all);
+- ``job-tuned.json`` (``make.py --tuned``, from ``job-1gpu.json``): the same job
+  with the node settings a prolog record of an exclusive tuned job gives
+  (:data:`TUNED_PROLOG` through ``node_settings`` and ``settings_groups``).
 """
 
 from __future__ import annotations
@@ -110,9 +113,47 @@ def refresh_findings() -> None:
         print(f"refreshed {p.name}: {len(s['findings'])} finding(s)")
 
 
+# the prolog record's tuning report (gsrun.node.tuning.prolog_tune) of a job run with
+# gsrun --tune governor=performance,swap=off,thp=never,cstate=c1,irq=local,hugepages=2M:512
+# --malloc jemalloc on a node where irqbalance runs without gsrun's policy script
+TUNED_PROLOG = {
+    "request": {"tune": "governor=performance,swap=off,thp=never,cstate=c1,irq=local,hugepages=2M:512",
+                "malloc": "jemalloc"},
+    "steps": {"tuning": {"items": [
+        {"key": "governor", "action": "applied", "value": "performance", "source": "request", "reason": ""},
+        {"key": "swappiness", "action": "unchanged", "value": "10", "source": "default",
+         "reason": "already the value"},
+        {"key": "thp", "action": "applied", "value": "never", "source": "request", "reason": ""},
+        {"key": "swap", "action": "unsupported", "value": "off", "source": "request",
+         "reason": "not supported here (no active swap in /proc/swaps)"},
+        {"key": "cstate", "action": "unsupported", "value": "c1", "source": "request",
+         "reason": "not supported here (no cpuN/cpuidle/stateK/disable: cpuidle driver none, e.g. a VM); "
+                   "/dev/cpu_dma_latency held at 1 us by the job's sampler instead"},
+        {"key": "irq", "action": "refused", "value": "local", "source": "request",
+         "reason": "irqbalance runs without gsrun's policy script and would move the IRQs back within 10 s"},
+        {"key": "hugepages", "action": "applied", "value": "2M:512", "source": "request",
+         "reason": "512 x 2048 kB on NUMA node 0"}],
+        "holds": {"cpu_dma_latency_us": 1}}}}
+
+
+def tuned() -> None:
+    """``make.py --tuned``: ``job-tuned.json`` from the stored ``job-1gpu.json``."""
+    from gsrun.report.node_end import node_settings
+    from gsrun.report.summary import settings_groups
+    s = json.loads((HERE / "job-1gpu.json").read_text())
+    s["job"]["id"] = "4350"
+    node = {"node": s["job"]["nodes"][0], "settings": node_settings(TUNED_PROLOG)}
+    s["settings"] = [g.to_json() for g in settings_groups([node])]
+    (HERE / "job-tuned.json").write_text(json.dumps(s, indent=1, sort_keys=True) + "\n")
+    print(f"wrote job-tuned.json ({len(s['settings'][0]['settings'])} settings)")
+
+
 def main() -> None:
     if sys.argv[1:] == ["--findings"]:
         refresh_findings()
+        return
+    if sys.argv[1:] == ["--tuned"]:
+        tuned()
         return
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
