@@ -168,39 +168,30 @@ def classify(reading: dict, idle_power_w: float | None, cfg: IdleConfig) -> str:
     """One poll of one GPU -> ``"idle"``, ``"stuck"``, ``"busy"`` or
     ``"unknown"`` (module doc). ``reading``: the keys the module doc names
     (missing = unknown)."""
-    util = _f(reading.get("util_pct"))
-    sm = _f(reading.get("sm_active_pct"))
-    tensor = _f(reading.get("tensor_active_pct"))
-    power = _f(reading.get("power_w"))
-    pids = reading.get("job_gpu_pids")
+    return _classify(_f(reading.get("util_pct")), _f(reading.get("sm_active_pct")),
+                     _f(reading.get("tensor_active_pct")), _f(reading.get("power_w")), reading.get("job_gpu_pids"),
+                     idle_power_w, cfg)
+
+
+def _classify(util, sm, tensor, power, pids, idle_power_w, cfg: IdleConfig) -> str:
     near_idle = None if power is None or idle_power_w is None else power <= idle_power_w + cfg.power_idle_margin_w
+    sm_low = sm is None or sm <= cfg.sm_idle_pct
     if util is not None:
-        if util <= cfg.util_idle_pct and (sm is None or sm <= cfg.sm_idle_pct) and near_idle is not False:
+        if util <= cfg.util_idle_pct and sm_low and near_idle is not False:
             return "idle"
-        if util >= cfg.util_stuck_pct and sm is not None and sm <= cfg.sm_idle_pct \
+        if util >= cfg.util_stuck_pct and sm is not None and sm_low \
                 and (tensor is None or tensor <= cfg.sm_idle_pct) and near_idle is True:
             return "stuck"
     elif sm is not None:
         # no utilization this poll (the driver's buffer had no new sample): SM activity decides
-        if sm <= cfg.sm_idle_pct and (tensor is None or tensor <= cfg.sm_idle_pct) and near_idle is not False:
+        if sm_low and (tensor is None or tensor <= cfg.sm_idle_pct) and near_idle is not False:
             return "idle"
         return "busy"
-    if isinstance(pids, (list, tuple)) and not pids and (util is None or util <= cfg.util_idle_pct) \
-            and (sm is None or sm <= cfg.sm_idle_pct):
+    if isinstance(pids, (list, tuple)) and not pids and (util is None or util <= cfg.util_idle_pct) and sm_low:
         return "idle"
     if util is None and sm is None:
         return "unknown"
     return "busy"
-
-
-def _used(reading: dict, cfg: IdleConfig) -> bool:
-    """Did this poll show the job on the GPU at all (a process of the job, or
-    any activity)?"""
-    pids = reading.get("job_gpu_pids")
-    util = _f(reading.get("util_pct"))
-    sm = _f(reading.get("sm_active_pct"))
-    return bool(isinstance(pids, (list, tuple)) and pids) or (util is not None and util > cfg.util_idle_pct) \
-        or (sm is not None and sm > cfg.sm_idle_pct)
 
 
 # ----------------------------------------------------------------------------- the watch
@@ -318,20 +309,24 @@ class GpuWatch:
         cfg = self.cfg
         t_s = float(t_s)
         reading = reading or {}
+        util = _f(reading.get("util_pct"))
+        sm = _f(reading.get("sm_active_pct"))
         power = _f(reading.get("power_w"))
+        pids = reading.get("job_gpu_pids")
         if power is not None and (self.idle_power_w is None or power < self.idle_power_w):
             self.idle_power_w = power
             self.idle_power_source = "min_seen"
-        if _f(reading.get("sm_active_pct")) is not None:
+        if sm is not None:
             self.gpm_seen = True
         if self.first_s is None:
             self.first_s = t_s
         prev_s = self.last_s
         self.last_s = t_s
         self.polls += 1
-        if _used(reading, cfg):
-            self._ever_used = True
-        kind = classify(reading, self.idle_power_w, cfg)
+        if not self._ever_used and (bool(pids) or (util is not None and util > cfg.util_idle_pct)
+                                    or (sm is not None and sm > cfg.sm_idle_pct)):
+            self._ever_used = True      # a process of the job, or activity, on the GPU
+        kind = _classify(util, sm, _f(reading.get("tensor_active_pct")), power, pids, self.idle_power_w, cfg)
         st = self.stretch
         if kind == "unknown":
             if st is not None and t_s - st.last_s > self.max_gap_s:
