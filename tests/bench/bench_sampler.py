@@ -20,6 +20,12 @@ polls, run back to back; state is flushed (atomic JSON rewrite) every
   exporter polls); the sampler makes its full set of calls (sample buffer,
   clocks, throttle reasons, PCIe, ECC, Xid events, GPM where supported).
 
+``--waste`` (issue 21) runs only the waste detector's section: the sampler's
+polls with and without its per-GPU detector (:class:`gsrun.request.waste.GpuWatch`,
+fed every poll), alternating A/B rounds of ``--waste-samples`` polls in one run,
+and prints the per-poll CPU of both (best round and mean) and their ratio (aim:
+at most 1.10).
+
 Prints CPU microseconds per GPU per sample (process time) for: the bare
 4-call loop, the bare same-calls loop, the sampler's polls (without flushes)
 and the sampler including its flushes; the ratios to the bare loops; the
@@ -146,6 +152,10 @@ def main(argv=None) -> int:
     ap.add_argument("--samples", type=int, default=None,
                     help="polls for the sampler run (default: days x 86400 / interval)")
     ap.add_argument("--bare-samples", type=int, default=20000, help="polls for each bare loop (default 20000)")
+    ap.add_argument("--waste", action="store_true",
+                    help="only the waste detector's section: polls with / without it, and the ratio")
+    ap.add_argument("--waste-samples", type=int, default=5000, help="polls per A/B round (default 5000)")
+    ap.add_argument("--waste-rounds", type=int, default=4, help="A/B rounds (default 4)")
     a = ap.parse_args(argv)
 
     samples = a.samples or int(a.days * 86400 / a.interval)
@@ -170,6 +180,8 @@ def main(argv=None) -> int:
           f"flush every {a.flush:g} s; bare loops: {a.bare_samples} polls")
 
     ng = len(refs)
+    if a.waste:
+        return waste_section(nv, refs, clock, a)
     r0 = rss()
     bare4_s = bare_loop(nv, refs, a.bare_samples, BARE4)
     bare_same_s = bare_same(nv, refs, a.bare_samples, clock, a.interval)
@@ -226,6 +238,52 @@ def main(argv=None) -> int:
     print(f"sampler CPU per real job-day at this interval: {busy_cpu_per_day:.1f} s "
           f"({100 * busy_cpu_per_day / 86400:.4f}% of one core); wall for the run {wall:.1f} s")
     nv.close()
+    for p in Path(tmp).rglob("*"):
+        if p.is_file():
+            p.unlink()
+    return 0
+
+
+def waste_section(nv, refs, clock: Clock, a) -> int:
+    """Per-poll CPU of the sampler with and without the waste detector, in
+    alternating rounds (same process, same fake or real GPUs); prints the ratio."""
+    from gsrun.request.waste import IdleConfig
+
+    ng = len(refs)
+    cfg = IdleConfig(warn_after_min=1, stuck_after_min=1)   # short: stretches, detections and evidence happen
+    tmp = tempfile.mkdtemp(prefix="bench-waste-")
+    root = Path(tmp) / "root"
+    root.mkdir()
+    rounds = {"without": [], "with": []}      # CPU s per round
+    found = 0
+    for rnd in range(a.waste_rounds):
+        for which in (("without", "with") if rnd % 2 == 0 else ("with", "without")):
+            clock.t = T0
+            state = Path(tmp) / f"sampler-{which}.json"
+            state.unlink(missing_ok=True)
+            s = Sampler(HostFS(str(root)), "4242", os.getuid(), "bench", [r.gres_index for r in refs], str(state),
+                        a.interval, 1e12, 1000, clock=clock, sleep=clock.sleep, nvml=nv, usage=job_usage_reader(),
+                        idle=cfg)
+            if which == "without":
+                s._watch = lambda *_a: None          # the sampler as before the detector
+            c0 = time.process_time()
+            for _ in range(a.waste_samples):
+                s.sample_once()
+                clock.t += a.interval
+            rounds[which].append(time.process_time() - c0)
+            if which == "with":
+                found = len(s.state["waste_findings"])
+    # the least disturbed round of each (a shared machine adds noise, never takes it away)
+    us = {k: 1e6 * min(v) / (a.waste_samples * ng) for k, v in rounds.items()}
+    mean = {k: 1e6 * sum(v) / (len(v) * a.waste_samples * ng) for k, v in rounds.items()}
+    print()
+    print(f"waste detector: {a.waste_rounds} alternating rounds of {a.waste_samples} polls x {ng} GPU(s) each; "
+          f"detections in the last round: {found}")
+    print(f"{'CPU per GPU per poll (best round / mean)':<44} {'us':>9} {'mean us':>9}")
+    print(f"{'sampler polls without the detector':<44} {us['without']:9.1f} {mean['without']:9.1f}")
+    print(f"{'sampler polls with the detector':<44} {us['with']:9.1f} {mean['with']:9.1f}")
+    print(f"ratio with / without: {us['with'] / us['without']:.3f} best rounds, "
+          f"{mean['with'] / mean['without']:.3f} means (aim <= 1.10)")
     for p in Path(tmp).rglob("*"):
         if p.is_file():
             p.unlink()
