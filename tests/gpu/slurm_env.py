@@ -92,10 +92,11 @@ def task_env(job_id, uid, user, node, gpus, cpus, home, ntasks=1, local_rank=0,
 
 
 SCONTROL = r"""#!/bin/sh
-# slurmctld's part: `scontrol -o show job ID` answers one job record line in
+# slurmctld's part: `scontrol [--local] -o show job ID` answers one job record line in
 # Slurm 22.05's one-line format; the job holds its node exclusively
 # (OverSubscribe=NO) and carries gsrun's requests in its comment.
 # FAKE_JOBSTATE / FAKE_RUNTIME / FAKE_COMMENT come from the caller's env.
+[ "$1" = "--local" ] && shift
 [ "$1" = "-o" ] && [ "$2" = "show" ] && [ "$3" = "job" ] || { echo "scontrol (fake): unsupported: $*" >&2; exit 1; }
 echo "JobId=$4 JobName=train_job UserId=${FAKE_USER:-nobody}(${FAKE_UID:-65534}) GroupId=nogroup(${FAKE_UID:-65534}) MCS_label=N/A Priority=1 Nice=0 Account=(null) QOS=normal JobState=${FAKE_JOBSTATE:-RUNNING} Reason=None Dependency=(null) Requeue=1 Restarts=0 BatchFlag=1 Reboot=0 ExitCode=0:0 RunTime=${FAKE_RUNTIME:-00:00:01} TimeLimit=01:00:00 TimeMin=N/A Partition=gpu AllocNode:Sid=h200:1 ReqNodeList=(null) ExcNodeList=(null) NodeList=h200 BatchHost=h200 NumNodes=1 NumCPUs=${FAKE_CPUS:-16} NumTasks=1 CPUs/Task=1 ReqB:S:C:T=0:0:*:* TRES=cpu=${FAKE_CPUS:-16},node=1,billing=${FAKE_CPUS:-16},gres/gpu=1 Socks/Node=* NtasksPerN:B:S:C=0:0:*:* CoreSpec=* MinCPUsNode=1 MinMemoryNode=0 MinTmpDiskNode=0 Features=(null) DelayBoot=00:00:00 OverSubscribe=NO Contiguous=0 Licenses=(null) Network=(null) Command=/tmp/job.sh WorkDir=/tmp Comment=${FAKE_COMMENT:-(null)} StdErr=/tmp/job.out StdIn=/dev/null StdOut=/tmp/job.out Power= TresPerNode=gres:gpu:1 MailUser=(null) MailType=NONE"
 """

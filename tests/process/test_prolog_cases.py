@@ -266,7 +266,7 @@ def test_older_slurm_env_asks_slurmctld_once(site):
         job="4242", name="t", ovs="OK", comment="gsrun:mps=50"))
     cp = run_node(["prolog"], env)
     assert cp.returncode == 0, cp.stderr
-    assert slurm_calls(site) == ["scontrol -o show job 4242"]
+    assert slurm_calls(site) == ["scontrol --local -o show job 4242"]
     rec = prolog_record(site)
     assert rec["slurm_calls"] == ["scontrol show job"]
     assert rec["request"]["mps"] == "50" and rec["request"]["comment_from"] == "job record"
@@ -294,7 +294,7 @@ def test_tuning_request_in_env_comment_asks_only_for_exclusivity(site, ovs, want
                    FAKE_SCONTROL_RECORD=RECORD.format(job="4242", name="t", ovs=ovs, comment="(null)"), **CREDENTIAL)
     cp = run_node(["prolog"], env)
     assert cp.returncode == 0, cp.stderr
-    assert slurm_calls(site) == ["scontrol -o show job 4242"]          # one, for OverSubscribe
+    assert slurm_calls(site) == ["scontrol --local -o show job 4242"]          # one, for OverSubscribe
     rec = prolog_record(site)
     assert rec["request"]["tune"] == "governor=performance"
     assert rec["request"]["comment_from"] == "prolog environment"       # not the record's "(null)"
@@ -309,7 +309,7 @@ def test_site_tuning_defaults_still_ask_for_exclusivity(site):
     env = site.env(FAKE_SLURM="down", **CREDENTIAL)
     cp = run_node(["prolog"], env)
     assert cp.returncode == 0, cp.stderr
-    assert slurm_calls(site) == ["scontrol -o show job 4242"]
+    assert slurm_calls(site) == ["scontrol --local -o show job 4242"]
     assert prolog_record(site)["exclusive"] is False and "not exclusive" in cp.stderr
     run_node(["epilog"], env)
 
