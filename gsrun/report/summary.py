@@ -344,7 +344,9 @@ def job_summary(job: dict, nodes: list[dict | NodeSummary], cfg=None, partition:
                 timeline: JobTimeline | None = None) -> dict:
     """Merge node summaries into the job summary: :func:`job_record`'s JSON
     form (``summary.json``, ``gseff --json``)."""
-    return job_record(job, nodes, cfg, partition, timeline).to_json()
+    rec, d = _job_merge(job, nodes, cfg, partition, timeline)
+    d["findings"] = [f.to_json() for f in rec.findings]   # the last field: to_json's key order
+    return d
 
 
 def strip_timelines(node: dict, acc: JobTimeline, t0: float | None) -> None:
@@ -380,6 +382,15 @@ def job_record(job: dict, nodes: list[dict | NodeSummary], cfg=None, partition: 
     does with :func:`strip_timelines`; else built here). Per-GPU timelines
     then stay in the node files (``gseff --plot``).
     """
+    return _job_merge(job, nodes, cfg, partition, timeline)[0]
+
+
+def _job_merge(job: dict, nodes: list, cfg, partition: str | None, timeline: JobTimeline | None
+               ) -> tuple[JobSummary, dict]:
+    """:func:`job_record` and the JSON form of the record without its
+    ``findings`` (what the findings are computed from), so that
+    :func:`job_summary` serialises the 8,000 GPUs of a 1,000-node job once,
+    not twice."""
     from gsrun.report.findings import finding_records
 
     nodes = sorted((n.to_json() if isinstance(n, NodeSummary) else n for n in nodes), key=lambda n: n["node"])
@@ -459,7 +470,8 @@ def job_record(job: dict, nodes: list[dict | NodeSummary], cfg=None, partition: 
         nodes_missing=missing,
         node_notes={n["node"]: n.get("notes", []) for n in nodes if n.get("notes")},
     )
-    return dataclasses.replace(summary, findings=finding_records(summary.to_json(), cfg, partition))
+    d = summary.to_json()
+    return dataclasses.replace(summary, findings=finding_records(d, cfg, partition)), d
 
 
 JS1_MAX_CHARS = 8192     # the longest blob js1_blob returns (AdminComment column, sacctmgr argv)

@@ -236,3 +236,34 @@ def test_every_code_is_emitted_by_findings():
         causes = re.search(r'for cause in \(([^)]*)\)', src).group(1)
         emitted |= {f"throttle_{c}" for c in re.findall(r'"(\w+)"', causes)}
     assert emitted == {c.value for c in FindingCode}
+
+
+@pytest.mark.parametrize("edit, where", [
+    (lambda d: d["gpu"]["devices"].__setitem__(1, [1]), "JobSummary.gpu.devices[1]: expected an object, got list"),
+    (lambda d: d["gpu"]["devices"][0].__setitem__("throttle_s", [1]),
+     "JobSummary.gpu.devices[0].throttle_s: expected an object, got list"),
+    (lambda d: d["findings"][0].__setitem__("code", "no_such_code"),
+     "JobSummary.findings[0].code: 'no_such_code' is not one of"),
+    (lambda d: d["nodes_detail"][0].pop("node"), "JobSummary.nodes_detail[0]: missing key 'node'"),
+    (lambda d: d.__setitem__("node_notes", {"gpu-a01": 3}), "JobSummary.node_notes.gpu-a01: expected an array, got int"),
+])
+def test_a_wrong_shape_is_named_by_its_path(edit, where):
+    """The record readers are built once per class (a 1,000-node merge reads
+    8,000 GPU records): a wrong shape deep inside is still refused with its path."""
+    doc = json.loads((FIX / "two-nodes" / "summary.json").read_text())
+    edit(doc)
+    with pytest.raises(ValueError) as e:
+        JobSummary.from_json(doc)
+    assert where in str(e.value)
+
+
+def test_read_values_are_fresh_containers_and_scalars_kept():
+    doc = json.loads((FIX / "two-nodes" / "summary.json").read_text())
+    rec = JobSummary.from_json(doc)
+    dev, raw = rec.gpu.devices[0], doc["gpu"]["devices"][0]
+    assert isinstance(rec.job.nodes, tuple) and list(rec.job.nodes) == doc["job"]["nodes"]
+    assert dev.throttle_s == raw["throttle_s"] and dev.throttle_s is not raw["throttle_s"]
+    assert all(type(p) is tuple for pts in dev.timeline.values() for p in pts) and dev.timeline
+    assert type(dev.util_mean_pct) is type(raw["util_mean_pct"]) and dev.util_mean_pct == raw["util_mean_pct"]
+    out = rec.to_json()
+    assert out == doc and out["gpu"]["devices"][0]["timeline"] is not raw["timeline"]
