@@ -104,6 +104,18 @@ class Record:
         """
         return _load_record(cls, d, cls.__name__)
 
+    @classmethod
+    def json_form(cls, d: Mapping) -> dict:
+        """``cls.from_json(d).to_json()`` without building the record: ``d``
+        checked the same way (the same errors) and returned in the on-disk
+        form (keys in field order, then the unknown ones; arrays as lists).
+        What the merge of a 4,000-node job uses for its 32,000 GPUs.
+
+        Raises:
+            ValueError: as :meth:`from_json`.
+        """
+        return _json_form(cls, d, cls.__name__)
+
 
 def extra_field():
     """The ``extra`` field of a record: keys this version does not know, kept
@@ -160,11 +172,12 @@ _PLANS: dict[type, tuple] = {}
 def _plan(cls) -> tuple:
     """How :func:`_load_record` reads ``cls`` (cached): per field (name,
     loader or None when the value is kept as it is, required), whether it
-    keeps ``extra``, and the known names."""
+    keeps ``extra``, the known names, and name -> a function giving the
+    default of each field whose default is written (not :data:`ABSENT`)."""
     p = _PLANS.get(cls)
     if p is None:
         hints = _hints(cls)
-        fields, known, has_extra = [], set(), False
+        fields, known, has_extra, defaults = [], set(), False, {}
         for f in dataclasses.fields(cls):
             if f.name == "extra":
                 has_extra = True
@@ -172,24 +185,57 @@ def _plan(cls) -> tuple:
             known.add(f.name)
             required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
             fields.append((f.name, _loader(hints[f.name]), required))
-        p = _PLANS[cls] = (tuple(fields), has_extra, frozenset(known))
+            if f.default_factory is not dataclasses.MISSING:
+                defaults[f.name] = f.default_factory
+            elif not required and f.default is not ABSENT:
+                defaults[f.name] = (lambda v: lambda: v)(f.default)
+        p = _PLANS[cls] = (tuple(fields), has_extra, frozenset(known), defaults)
     return p
+
+
+_MISSING = object()
 
 
 def _load_record(cls, d, where: str):
     if type(d) is not dict and not isinstance(d, collections.abc.Mapping):
         raise ValueError(f"{where}: expected an object, got {type(d).__name__}")
-    fields, has_extra, known = _PLANS.get(cls) or _plan(cls)
+    fields, has_extra, known, _defaults = _PLANS.get(cls) or _plan(cls)
     kw: dict = {}
     for name, load, required in fields:
-        if name in d:
-            v = d[name]
+        v = d.get(name, _MISSING)
+        if v is not _MISSING:
             kw[name] = v if load is None else load(v, f"{where}.{name}")
         elif required:
             raise ValueError(f"{where}: missing key {name!r}")
     if has_extra:
-        kw["extra"] = {k: v for k, v in d.items() if k not in known}
+        kw["extra"] = {k: v for k, v in d.items() if k not in known} if len(d) > len(kw) else {}
     return cls(**kw)
+
+
+def _json_form(cls, d, where: str) -> dict:
+    """:meth:`Record.json_form`: :func:`_load_record` then :meth:`Record.to_json`, fused."""
+    if type(d) is not dict and not isinstance(d, collections.abc.Mapping):
+        raise ValueError(f"{where}: expected an object, got {type(d).__name__}")
+    fields, has_extra, known, defaults = _PLANS.get(cls) or _plan(cls)
+    out: dict = {}
+    found = 0
+    for name, load, required in fields:
+        v = d.get(name, _MISSING)
+        if v is not _MISSING:
+            found += 1
+            if load is not None:
+                v = load(v, f"{where}.{name}")
+            out[name] = v if type(v) in _PLAIN else _dump(v)
+        elif required:
+            raise ValueError(f"{where}: missing key {name!r}")
+        elif name in defaults:             # what from_json would set and to_json write
+            v = defaults[name]()
+            out[name] = v if type(v) in _PLAIN else _dump(v)
+    if has_extra and len(d) > found:
+        for k, v in d.items():
+            if k not in known:
+                out.setdefault(k, v)
+    return out
 
 
 def _load(tp, v, where: str):
