@@ -238,12 +238,6 @@ def _json_form(cls, d, where: str) -> dict:
     return out
 
 
-def _load(tp, v, where: str):
-    """``v`` read as type ``tp`` (see the module doc); ``where`` names it in errors."""
-    load = _loader(tp)
-    return v if load is None else load(v, where)
-
-
 def _loader(tp):
     """A function ``(value, where) -> value`` reading type ``tp``, or None
     where the value is kept as it is (scalars, ``Any``, lists, unions of
