@@ -23,6 +23,7 @@ accepted), ``str``, ``bool``, ``None``, ``Any``, unions, ``tuple[X, ...]``
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import enum
 import types
@@ -80,15 +81,15 @@ class Record:
 
     def to_json(self) -> dict:
         """The record as plain JSON-able dicts/lists (the on-disk form)."""
+        names = _NAMES.get(type(self)) or _names(type(self))
+        dd = self.__dict__
         out: dict = {}
-        for f in dataclasses.fields(self):  # type: ignore[arg-type]
-            if f.name == "extra":
-                continue
-            v = getattr(self, f.name)
+        for name in names:
+            v = dd[name]
             if v is ABSENT:
                 continue
-            out[f.name] = _dump(v)
-        for k, v in (getattr(self, "extra", None) or {}).items():
+            out[name] = v if type(v) in _PLAIN else _dump(v)
+        for k, v in (dd.get("extra") or {}).items():
             out.setdefault(k, v)
         return out
 
@@ -103,6 +104,18 @@ class Record:
         """
         return _load_record(cls, d, cls.__name__)
 
+    @classmethod
+    def json_form(cls, d: Mapping) -> dict:
+        """``cls.from_json(d).to_json()`` without building the record: ``d``
+        checked the same way (the same errors) and returned in the on-disk
+        form (keys in field order, then the unknown ones; arrays as lists).
+        What the merge of a 4,000-node job uses for its 32,000 GPUs.
+
+        Raises:
+            ValueError: as :meth:`from_json`.
+        """
+        return _json_form(cls, d, cls.__name__)
+
 
 def extra_field():
     """The ``extra`` field of a record: keys this version does not know, kept
@@ -114,15 +127,28 @@ def extra_field():
 
 # ----------------------------------------------------------------------------- dump / load
 
+_PLAIN = frozenset((str, int, float, bool, type(None)))   # JSON scalars: dumped and loaded as they are
+_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _names(cls) -> tuple[str, ...]:
+    """The field names of record class ``cls`` that :meth:`Record.to_json` writes, in order (cached)."""
+    n = _NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls) if f.name != "extra")
+    return n
+
+
 def _dump(v):
+    t = type(v)
+    if t in _PLAIN:
+        return v
     if isinstance(v, Record):
         return v.to_json()
     if isinstance(v, enum.Enum):
         return v.value
-    if isinstance(v, (tuple, list)):
-        return [_dump(x) for x in v]
+    if t is tuple or t is list or isinstance(v, (tuple, list)):
+        return [x if type(x) in _PLAIN else _dump(x) for x in v]
     if isinstance(v, dict):
-        return {k: _dump(x) for k, x in v.items()}
+        return {k: x if type(x) in _PLAIN else _dump(x) for k, x in v.items()}
     return v
 
 
@@ -140,65 +166,140 @@ def _is_record(tp) -> bool:
     return isinstance(tp, type) and issubclass(tp, Record)
 
 
+_PLANS: dict[type, tuple] = {}
+
+
+def _plan(cls) -> tuple:
+    """How :func:`_load_record` reads ``cls`` (cached): per field (name,
+    loader or None when the value is kept as it is, required), whether it
+    keeps ``extra``, the known names, and name -> a function giving the
+    default of each field whose default is written (not :data:`ABSENT`)."""
+    p = _PLANS.get(cls)
+    if p is None:
+        hints = _hints(cls)
+        fields, known, has_extra, defaults = [], set(), False, {}
+        for f in dataclasses.fields(cls):
+            if f.name == "extra":
+                has_extra = True
+                continue
+            known.add(f.name)
+            required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+            fields.append((f.name, _loader(hints[f.name]), required))
+            if f.default_factory is not dataclasses.MISSING:
+                defaults[f.name] = f.default_factory
+            elif not required and f.default is not ABSENT:
+                defaults[f.name] = (lambda v: lambda: v)(f.default)
+        p = _PLANS[cls] = (tuple(fields), has_extra, frozenset(known), defaults)
+    return p
+
+
+_MISSING = object()
+
+
 def _load_record(cls, d, where: str):
-    if not isinstance(d, Mapping):
+    if type(d) is not dict and not isinstance(d, collections.abc.Mapping):
         raise ValueError(f"{where}: expected an object, got {type(d).__name__}")
-    hints = _hints(cls)
+    fields, has_extra, known, _defaults = _PLANS.get(cls) or _plan(cls)
     kw: dict = {}
-    known = set()
-    for f in dataclasses.fields(cls):
-        if f.name == "extra":
-            continue
-        known.add(f.name)
-        if f.name in d:
-            kw[f.name] = _load(hints[f.name], d[f.name], f"{where}.{f.name}")
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise ValueError(f"{where}: missing key {f.name!r}")
-    if any(f.name == "extra" for f in dataclasses.fields(cls)):
-        kw["extra"] = {k: v for k, v in d.items() if k not in known}
+    for name, load, required in fields:
+        v = d.get(name, _MISSING)
+        if v is not _MISSING:
+            kw[name] = v if load is None else load(v, f"{where}.{name}")
+        elif required:
+            raise ValueError(f"{where}: missing key {name!r}")
+    if has_extra:
+        kw["extra"] = {k: v for k, v in d.items() if k not in known} if len(d) > len(kw) else {}
     return cls(**kw)
 
 
-def _load(tp, v, where: str):
+def _json_form(cls, d, where: str) -> dict:
+    """:meth:`Record.json_form`: :func:`_load_record` then :meth:`Record.to_json`, fused."""
+    if type(d) is not dict and not isinstance(d, collections.abc.Mapping):
+        raise ValueError(f"{where}: expected an object, got {type(d).__name__}")
+    fields, has_extra, known, defaults = _PLANS.get(cls) or _plan(cls)
+    out: dict = {}
+    found = 0
+    for name, load, required in fields:
+        v = d.get(name, _MISSING)
+        if v is not _MISSING:
+            found += 1
+            if load is not None:
+                v = load(v, f"{where}.{name}")
+            out[name] = v if type(v) in _PLAIN else _dump(v)
+        elif required:
+            raise ValueError(f"{where}: missing key {name!r}")
+        elif name in defaults:             # what from_json would set and to_json write
+            v = defaults[name]()
+            out[name] = v if type(v) in _PLAIN else _dump(v)
+    if has_extra and len(d) > found:
+        for k, v in d.items():
+            if k not in known:
+                out.setdefault(k, v)
+    return out
+
+
+def _loader(tp):
+    """A function ``(value, where) -> value`` reading type ``tp``, or None
+    where the value is kept as it is (scalars, ``Any``, lists, unions of
+    those): built once per field, so reading 8,000 GPU records does not
+    inspect type hints 8,000 times."""
     origin = typing.get_origin(tp)
     if tp is Any or tp is object:
-        return v
+        return None
     if origin in (typing.Union, types.UnionType):
         allowed = typing.get_args(tp)
-        if v is None and type(None) in allowed:
-            return None
+        none_ok = type(None) in allowed
         args = [a for a in allowed if a is not type(None)]
-        errors = []
-        for a in (a for a in args if _structural(a)):
-            try:
-                return _load(a, v, where)
-            except ValueError as e:
-                errors.append(str(e))
-        if any(not _structural(a) for a in args):
-            return v      # a scalar alternative: kept as it is
-        raise ValueError("; ".join(errors) or f"{where}: unexpected {v!r}")
+        tries = [(a, _loader(a)) for a in args if _structural(a)]
+        if not tries:
+            return None          # scalars only: kept as they are
+        scalar_ok = any(not _structural(a) for a in args)
+
+        def load_union(v, where):
+            if v is None and none_ok:
+                return None
+            errors = []
+            for _a, load in tries:
+                try:
+                    return load(v, where)
+                except ValueError as e:
+                    errors.append(str(e))
+            if scalar_ok:
+                return v      # a scalar alternative: kept as it is
+            raise ValueError("; ".join(errors) or f"{where}: unexpected {v!r}")
+        return load_union
     if _is_record(tp):
-        return _load_record(tp, v, where)
+        return lambda v, where: _load_record(tp, v, where)
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        try:
-            return tp(v)
-        except ValueError:
-            raise ValueError(f"{where}: {v!r} is not one of {[m.value for m in tp]}") from None
+        def load_enum(v, where):
+            try:
+                return tp(v)
+            except ValueError:
+                raise ValueError(f"{where}: {v!r} is not one of {[m.value for m in tp]}") from None
+        return load_enum
     if origin is tuple:
-        if not isinstance(v, (list, tuple)):
-            raise ValueError(f"{where}: expected an array, got {type(v).__name__}")
         args = typing.get_args(tp)
-        item = args[0] if args else Any
-        return tuple(_load(item, x, f"{where}[{i}]") for i, x in enumerate(v))
+        item = _loader(args[0]) if args else None
+
+        def load_tuple(v, where):
+            if not isinstance(v, (list, tuple)):
+                raise ValueError(f"{where}: expected an array, got {type(v).__name__}")
+            if item is None:
+                return tuple(v)
+            return tuple(item(x, f"{where}[{i}]") for i, x in enumerate(v))
+        return load_tuple
     if origin in (dict, Mapping, typing.Mapping) or tp is dict:
-        if not isinstance(v, Mapping):
-            raise ValueError(f"{where}: expected an object, got {type(v).__name__}")
         args = typing.get_args(tp)
-        item = args[1] if len(args) == 2 else Any
-        return {k: _load(item, x, f"{where}.{k}") for k, x in v.items()}
-    if origin is list or tp is list:
-        return v
-    return v          # scalars: kept as they are (checked by the schema, not here)
+        item = _loader(args[1]) if len(args) == 2 else None
+
+        def load_dict(v, where):
+            if type(v) is not dict and not isinstance(v, collections.abc.Mapping):
+                raise ValueError(f"{where}: expected an object, got {type(v).__name__}")
+            if item is None:
+                return dict(v)
+            return {k: item(x, f"{where}.{k}") for k, x in v.items()}
+        return load_dict
+    return None       # lists and scalars: kept as they are (checked by the schema, not here)
 
 
 def _structural(tp) -> bool:

@@ -21,6 +21,9 @@ WRAP_COLS = 76      # every line of the text report (and the mail's text part) f
 VERDICT_COLS = (15, 4, 17)      # label, value, judgement; the detail fills the rest
 TABLE_FROM_GPUS = 5             # this many GPUs or more: one table row per GPU instead of a block each
 LIST_UP_TO_GPUS = 32            # more GPUs: the distribution and the lowest/highest few, unless all_gpus
+LIST_UP_TO_NODES = 32           # more nodes: the job's first few and its last, unless all_gpus
+FINDING_UP_TO_NODES = 4         # a finding about GPUs on more nodes names the first few, unless all_gpus
+_LABEL_ITEM = re.compile(r"GPUs? [0-9][0-9, -]*? on [^\s,:]+")   # one node of gsrun.report.findings.gpus_label
 LIST_ENDS = 5                   # lowest and highest GPUs (by busy) listed when summarising
 LEVEL_COLOR = {"good": "32", "better": "33", "wasteful": "31"}
 SETTINGS_GROUPS_SHOWN = 4       # node-settings lines in the report; the other groups are counted
@@ -137,6 +140,28 @@ def settings_lines(summary: dict) -> list[str]:
     return lines
 
 
+def _short_label(text: str, keep: int) -> str:
+    """A finding's text with the GPUs it begins with
+    (:func:`gsrun.report.findings.gpus_label`: ``GPUs 0-3 on a, GPU 1 on b,
+    ...``) cut to those of its first ``keep`` nodes and ``and GPUs on N more
+    nodes (gseff --all lists them)``; the rest of the sentence (what to do)
+    kept. A 1,000-node job's idle-GPU finding is then two lines, not 300.
+    Text that does not begin that way is returned as it is."""
+    items, i = [], 0
+    while True:
+        m = _LABEL_ITEM.match(text, i)
+        if not m:
+            break
+        items.append(m.group(0))
+        i = m.end()
+        if not (text.startswith(", ", i) and _LABEL_ITEM.match(text, i + 2)):
+            break
+        i += 2
+    if len(items) <= keep:
+        return text
+    return f"{', '.join(items[:keep])} and GPUs on {len(items) - keep} more nodes (gseff --all lists them)" + text[i:]
+
+
 def render_text(summary: dict, color: bool = False, cfg=None, all_gpus: bool = False) -> str:
     """The report as plain text, every line at most :data:`WRAP_COLS` wide
     (ANSI colour when ``color``; the colour codes do not count).
@@ -183,7 +208,8 @@ def render_text(summary: dict, color: bool = False, cfg=None, all_gpus: bool = F
         lines += ["", c("1", "Findings")]
         for f in shown_f:
             mark = {"alert": "!!", "warn": "! ", "info": "- "}.get(f["severity"], "- ")
-            wrapped = _wrap(f["text"], f"  {mark} ", "     ")
+            text = f["text"] if all_gpus else _short_label(f["text"], FINDING_UP_TO_NODES)
+            wrapped = _wrap(text, f"  {mark} ", "     ")
             col = {"alert": "31", "warn": "33"}.get(f["severity"])
             lines += [c(col, w) if col else w for w in wrapped]
             link = doc_link(cfg, f.get("code"))
@@ -207,7 +233,9 @@ def render_text(summary: dict, color: bool = False, cfg=None, all_gpus: bool = F
         elif "time_limit_s" in job:
             ran += ", no time limit"
         lines += _wrap(ran, "  ", "    ")
-    alloc = f"{len(nodes)} node{'s' if len(nodes) != 1 else ''} ({', '.join(nodes) or 'N/A'}), " \
+    named = nodes if all_gpus or len(nodes) <= LIST_UP_TO_NODES else \
+        nodes[:FINDING_UP_TO_NODES] + [f"... {nodes[-1]}; gseff --all lists them"]
+    alloc = f"{len(nodes)} node{'s' if len(nodes) != 1 else ''} ({', '.join(named) or 'N/A'}), " \
             f"{job.get('cpus_alloc') or 'N/A'} CPUs, {_plural(job.get('gpus_alloc') or gpu['count'] or 0, 'GPU')}, " \
             f"{fmt_bytes(mem.get('req_bytes')) if mem.get('req_bytes') else 'no'} memory requested"
     lines += _wrap(alloc, "  ", "    ")

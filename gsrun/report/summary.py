@@ -365,7 +365,9 @@ def job_summary(job: dict, nodes: list[dict | NodeSummary], cfg=None, partition:
                 timeline: JobTimeline | None = None) -> dict:
     """Merge node summaries into the job summary: :func:`job_record`'s JSON
     form (``summary.json``, ``gseff --json``)."""
-    return job_record(job, nodes, cfg, partition, timeline).to_json()
+    rec, d = _job_merge(job, nodes, cfg, partition, timeline)
+    d["findings"] = [f.to_json() for f in rec.findings]   # the last field: to_json's key order
+    return d
 
 
 def strip_timelines(node: dict, acc: JobTimeline, t0: float | None) -> None:
@@ -401,6 +403,18 @@ def job_record(job: dict, nodes: list[dict | NodeSummary], cfg=None, partition: 
     does with :func:`strip_timelines`; else built here). Per-GPU timelines
     then stay in the node files (``gseff --plot``).
     """
+    return _job_merge(job, nodes, cfg, partition, timeline, records=True)[0]
+
+
+def _job_merge(job: dict, nodes: list, cfg, partition: str | None, timeline: JobTimeline | None,
+               records: bool = False) -> tuple[JobSummary, dict]:
+    """:func:`job_record` and the JSON form of the record without its
+    ``findings`` (what the findings are computed from). The GPUs are
+    checked and put in their JSON form by :meth:`GpuSummary.json_form
+    <gsrun.base.record.Record.json_form>`; only with ``records`` does the
+    returned record hold them as :class:`GpuSummary` records (else
+    ``gpu.devices`` is empty there): :func:`job_summary` of a 4,000-node job
+    builds and serialises no 32,000 records."""
     from gsrun.report.findings import finding_records
 
     nodes = sorted((n.to_json() if isinstance(n, NodeSummary) else n for n in nodes), key=lambda n: n["node"])
@@ -471,7 +485,7 @@ def job_record(job: dict, nodes: list[dict | NodeSummary], cfg=None, partition: 
                                                       if n.get("mem_source")})) or None),
         gpu=GpuFigures(available=bool(real) and any(n["gpu_available"] for n in nodes),
                        reason="; ".join(reasons) or None, count=len(gpus),
-                       devices=[GpuSummary.from_json(g) for g in gpus],
+                       devices=(),        # set below: records only when asked for
                        gpu_hours_alloc=_r(gpu_hours_alloc, 4), gpu_hours_used=_r(gpu_hours_used, 4),
                        energy_j=_r(energy_j), energy_kwh=_r(None if energy_j is None else energy_j / 3.6e6, 6),
                        energy_estimated=True if estimated else ABSENT,
@@ -483,7 +497,13 @@ def job_record(job: dict, nodes: list[dict | NodeSummary], cfg=None, partition: 
         **({"waste": waste} if (waste := [WasteDetection.from_json(w) for n in nodes for w in n.get("waste") or ()
                                           if isinstance(w, dict)]) else {}),
     )
-    return dataclasses.replace(summary, findings=finding_records(summary.to_json(), cfg, partition))
+    d = summary.to_json()
+    d["gpu"]["devices"] = devices = [GpuSummary.json_form(g) for g in gpus]
+    found = finding_records(d, cfg, partition)
+    if records:
+        return dataclasses.replace(summary, findings=found, gpu=dataclasses.replace(
+            summary.gpu, devices=tuple(GpuSummary.from_json(g) for g in devices))), d
+    return dataclasses.replace(summary, findings=found), d
 
 
 JS1_MAX_CHARS = 8192     # the longest blob js1_blob returns (AdminComment column, sacctmgr argv)

@@ -2,7 +2,7 @@
 """EpilogSlurmctld merge and ``gseff`` on generated job spools (issue 24,
 item 2; BENCHMARKS.md, "Controller merge").
 
-    python3 -P tests/bench/bench_merge.py [--nodes 100,1000] [--big] [--keep DIR]
+    python3 -P tests/bench/bench_merge.py [--nodes 100,1000] [--big] [--keep DIR] [--before REV]
 
 Generates, per size, a job spool of N nodes x 8 GPUs with 24 h of samples:
 ``<spool>/jobs/<id>/node-<node>.json`` in the node epilog's format. The
@@ -24,14 +24,22 @@ from ``getrusage(RUSAGE_CHILDREN)`` of a runner that starts only it):
   ``SLURM_JOB_UID``; no ``scontrol`` answer, ``--wait-s 0``);
 - ``gseff``: ``gseff JOBID`` after the merge (and ``gseff --json``);
 
-against ``python3 -P -c pass`` measured in the same run. ``--big`` adds
-4,000 nodes. Prints JSON lines; the targets (1,000 nodes: merge <= 2 s and
+against ``python3 -P -c pass`` measured in the same run. ``--before REV``
+also runs each step with the package as of git revision ``REV`` (``git
+archive``, laid out as installed, first on ``PYTHONPATH``) on the same
+spool just before the current code, reported as ``before_<step>``, with
+``same_output``: whether both wrote the same ``summary.json`` bytes and
+printed the same ``gseff --json``. ``--repeat N`` runs every step N times,
+before and after alternating (a shared machine's load then falls on both),
+and reports the fastest run (``walls_s``: every run's wall).
+``--big`` adds 4,000 nodes. Prints JSON lines; the targets (1,000 nodes: merge <= 2 s and
 <= 300 MB, gseff <= 1 s; 4,000 nodes: <= 8 s and <= 1 GB) with ``met``.
 Exits 0 whatever the figures.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -48,18 +56,22 @@ INTERVAL_S = 5.0
 GPUS = 8
 
 RUNNER = r"""
-import json, resource, subprocess, sys, time
+import hashlib, json, resource, subprocess, sys, time
 argv, env = json.loads(sys.argv[1]), json.loads(sys.argv[2])
 t0 = time.perf_counter()
 cp = subprocess.run(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 wall = time.perf_counter() - t0
 print(json.dumps({"wall_s": wall, "rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024.0,
                   "rc": cp.returncode, "stdout_bytes": len(cp.stdout), "stdout_lines": cp.stdout.count(b"\n"),
+                  "stdout_sha256": hashlib.sha256(cp.stdout).hexdigest()[:16],
                   "stderr": cp.stderr.decode(errors="replace")[-400:]}))
 """
 
 MERGE = r"""
-import sys
+import os, sys
+import gsrun
+want = os.environ.get("BENCH_GSRUN_ROOT")
+assert not want or gsrun.__file__.startswith(want), f"{gsrun.__file__} is not under {want}"
 from gsrun.base.paths import Paths
 from gsrun.epilog.ctld import merge, write_summary
 from gsrun.request.config import load_config_or_defaults
@@ -71,6 +83,9 @@ job = {"id": "4242", "nodes": [f"n{i:04d}" for i in range(n)], "state": "COMPLET
        "user": "bench", "partition": "gpu"}
 s = merge(paths, job, cfg, 0.0)
 write_summary(paths, s, 0, 0)
+bad = [m for m, mod in sys.modules.items() if m.startswith("gsrun") and want
+       and not (getattr(mod, "__file__", None) or want).startswith(want)]
+assert not bad, f"not from {want}: {bad}"
 """
 
 
@@ -120,10 +135,54 @@ def make_spool(root: Path, job_id: str, n_nodes: int) -> Path:
     return d
 
 
+def before_tree(rev: str, root: Path) -> Path:
+    """The package as of git revision ``rev``, laid out as installed (its
+    pyproject's ``package-dir``: ``epilog/`` -> ``gsrun/epilog``...) under
+    ``root``; returns the folder to put first on ``PYTHONPATH``."""
+    import tomllib
+
+    src, pkg = root / f"before-{rev}-src", root / f"before-{rev}"
+    src.mkdir(parents=True)
+    tar = subprocess.run(["git", "-C", str(REPO), "archive", rev], capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(src)], input=tar, check=True)
+    dirs = tomllib.loads((src / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    for name, folder in sorted(dirs.items()):       # "gsrun" first, then its subpackages
+        shutil.copytree(src / folder, pkg / name.replace(".", "/"), dirs_exist_ok=True)
+    shutil.rmtree(src)
+    return pkg
+
+
 def measure(argv: list[str], env: dict) -> dict:
     cp = subprocess.run([sys.executable, "-P", "-c", RUNNER, json.dumps(argv), json.dumps(env)],
                         capture_output=True, text=True, check=True)
     return json.loads(cp.stdout)
+
+
+def _sha(p: Path) -> str | None:
+    return hashlib.sha256(p.read_bytes()).hexdigest()[:16] if p.exists() else None
+
+
+def run_steps(tag: str, env: dict, n: int, spool: Path, jd: Path, py: str, bindir: Path, skip: set) -> dict:
+    """The steps on one spool, each in a fresh process; keys prefixed with
+    ``tag``. ``merge`` and ``ctld`` carry ``summary_sha256`` (first 16 hex
+    digits) of the ``summary.json`` they wrote."""
+    res: dict = {}
+    if "merge" not in skip:
+        r = res[tag + "merge"] = measure([py, "-P", "-c", MERGE, str(n), str(spool)], env)
+        r["summary_mb"] = round((jd / "summary.json").stat().st_size / 2**20, 2)
+        r["summary_sha256"] = _sha(jd / "summary.json")
+    if "ctld" not in skip:
+        cenv = dict(env, SLURM_JOB_ID="4242", SLURM_JOB_NODELIST=f"n[0000-{n - 1:04d}]",
+                    SLURM_JOB_USER="root", SLURM_JOB_UID=str(os.getuid()), SLURM_JOB_EXIT_CODE2="0:0")
+        r = res[tag + "ctld"] = measure([str(bindir / "gsrun-node"), "epilog-ctld", "--spool-dir", str(spool),
+                                         "--wait-s", "0"], cenv)
+        r["written_mb"] = round(sum((jd / f).stat().st_size for f in ("summary.json", "user-summary.json")
+                                    if (jd / f).exists()) / 2**20, 2)
+        r["summary_sha256"] = _sha(jd / "summary.json")
+    if "gseff" not in skip:
+        res[tag + "gseff"] = measure([str(bindir / "gseff"), "4242", "--spool-dir", str(spool)], env)
+        res[tag + "gseff_json"] = measure([str(bindir / "gseff"), "4242", "--json", "--spool-dir", str(spool)], env)
+    return res
 
 
 def main() -> int:
@@ -132,6 +191,10 @@ def main() -> int:
     ap.add_argument("--big", action="store_true", help="add 4,000 nodes")
     ap.add_argument("--keep", default=None, help="build the spools under this folder and keep them")
     ap.add_argument("--skip", default="", help="comma-separated steps not to run (merge, ctld, gseff)")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="run each step this many times (before and after alternating); the fastest is reported")
+    ap.add_argument("--before", default=None, metavar="REV",
+                    help="also run each step with the package of this git revision (the previous implementation)")
     a = ap.parse_args()
     sizes = [int(x) for x in a.nodes.split(",") if x] + ([4000] if a.big else [])
     skip = set(a.skip.split(","))
@@ -140,6 +203,7 @@ def main() -> int:
     root = Path(a.keep or tempfile.mkdtemp(prefix="bench-merge-"))
     env0 = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/root"),
             "GSRUN_LOG_FILE": str(root / "gsrun.log"), "LANG": "C.UTF-8"}
+    before = before_tree(a.before, root) if a.before else None
     floor = min((measure([py, "-P", "-c", "pass"], env0) for _ in range(5)), key=lambda r: r["wall_s"])
     print(json.dumps({"baseline": "python3 -P -c pass", "wall_s": round(floor["wall_s"], 3),
                       "rss_mb": round(floor["rss_mb"], 1)}), flush=True)
@@ -154,25 +218,30 @@ def main() -> int:
                    "generate_s": round(time.perf_counter() - t0, 1)}
             env = dict(env0, GSRUN_SPOOL_DIR=str(spool))
             res = {}
-            if "merge" not in skip:
-                res["merge"] = measure([py, "-P", "-c", MERGE, str(n), str(spool)], env)
-                res["merge"]["summary_mb"] = round((jd / "summary.json").stat().st_size / 2**20, 2)
-            if "ctld" not in skip:
-                cenv = dict(env, SLURM_JOB_ID="4242", SLURM_JOB_NODELIST=f"n[0000-{n - 1:04d}]",
-                            SLURM_JOB_USER="root", SLURM_JOB_UID=str(os.getuid()), SLURM_JOB_EXIT_CODE2="0:0")
-                res["ctld"] = measure([str(bindir / "gsrun-node"), "epilog-ctld", "--spool-dir", str(spool),
-                                       "--wait-s", "0"], cenv)
-                res["ctld"]["written_mb"] = round(sum((jd / f).stat().st_size for f in ("summary.json", "user-summary.json")
-                                                      if (jd / f).exists()) / 2**20, 2)
-            if "gseff" not in skip:
-                res["gseff"] = measure([str(bindir / "gseff"), "4242", "--spool-dir", str(spool)], env)
-                res["gseff_json"] = measure([str(bindir / "gseff"), "4242", "--json", "--spool-dir", str(spool)], env)
+            runs = [("before_", dict(env, PYTHONPATH=str(before), BENCH_GSRUN_ROOT=str(before)))] if before else []
+            for _ in range(a.repeat):      # before and after alternate, so both see the same load
+                for tag, renv in runs + [("", env)]:
+                    for k, r in run_steps(tag, renv, n, spool, jd, py, bindir, skip).items():
+                        walls = res[k]["walls_s"] if k in res else []
+                        varies = k in res and any(res[k].get(h) != r.get(h)
+                                                  for h in ("summary_sha256", "stdout_sha256"))
+                        if k not in res or r["wall_s"] < res[k]["wall_s"]:
+                            res[k] = r
+                        res[k]["walls_s"] = walls + [round(r["wall_s"], 3)]
+                        if varies:
+                            res[k]["output_varies"] = True      # not the same bytes every run
+            if before:      # the same bytes written (and printed by gseff --json) before and after
+                out["same_output"] = {k: res[k].get(h) == res["before_" + k].get(h) for k, h in (
+                    ("merge", "summary_sha256"), ("ctld", "summary_sha256"), ("gseff_json", "stdout_sha256"))
+                    if k in res}
             for k, r in res.items():
                 r["wall_s"] = round(r["wall_s"], 3)
                 r["rss_mb"] = round(r["rss_mb"], 1)
                 r["x_floor_wall"] = round(r["wall_s"] / floor["wall_s"], 1)
                 if not r["stderr"].strip() and r["rc"] == 0:
                     del r["stderr"]
+                if not k.endswith("gseff_json"):
+                    del r["stdout_sha256"]
             out.update(res)
             if n in targets:
                 wall_t, rss_t, gseff_t = targets[n]

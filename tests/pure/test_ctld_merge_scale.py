@@ -112,3 +112,20 @@ def test_many_gpus_are_summarised_unless_all():
                                             "n017", "n018", "n018", "n019", "n019"]
     every = render_text(s, all_gpus=True)
     assert len([ln for ln in every.splitlines() if ln.startswith("  n0")]) == 40
+
+
+def test_findings_and_nodes_of_a_large_job_are_cut_unless_all():
+    nodes = _nodes(40)                                      # 80 GPUs, 40 nodes
+    for i, n in enumerate(nodes):
+        for g in n["gpus"]:
+            g["util_mean_pct"], g["util_idle_frac"] = (1.0, 0.99) if i % 2 else (80.0, 0.0)
+    s = job_summary({"id": "4242", "nodes": [n["node"] for n in nodes], "elapsed_s": 86400.0}, nodes)
+    idle = next(f["text"] for f in s["findings"] if f["code"] == "idle_gpu")
+    assert idle.count(" on n0") == 20                       # the summary keeps every node
+    text = render_text(s).replace("\n     ", " ").replace("\n    ", " ")
+    assert "GPUs 0, 1 on n001, GPUs 0, 1 on n003, GPUs 0, 1 on n005, GPUs 0, 1 on n007 and GPUs on 16 more " \
+           "nodes (gseff --all lists them) were idle 99% of the time" in text
+    assert "40 nodes (n000, n001, n002, n003, ... n039; gseff --all lists them)" in text
+    assert "n021" not in text.split("\nGPUs\n")[0]
+    every = render_text(s, all_gpus=True).replace("\n     ", " ").replace("\n    ", " ")
+    assert idle in every and ", ".join(n["node"] for n in nodes) in every

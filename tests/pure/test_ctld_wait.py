@@ -28,3 +28,24 @@ def test_missing_node_waited_with_backoff_then_reported(tmp_path):
     assert out["nodes_missing"] == ["a4"]
     assert [n["node"] for n in out["nodes_detail"]] == ["a1", "a2", "a3"]
     assert pauses[:3] == [0.1, 0.2, 0.4] and sum(pauses) <= 1.0 + 1e-9
+
+
+def test_each_node_file_is_parsed_once_and_the_real_wait_is_bounded(tmp_path, monkeypatch):
+    import time
+
+    import gsrun.epilog.ctld as ctld
+
+    paths = Paths(str(tmp_path / "state"), str(tmp_path / "spool"), str(tmp_path / "mps"))
+    d = paths.spool_job("92")
+    d.mkdir(parents=True)
+    for n in ("b1", "b2"):
+        (d / f"node-{n}.json").write_text(json.dumps(node_summary(None, {"job_id": "92", "node": n}, 100.0)))
+    reads: list[str] = []
+    real = ctld.read_json
+    monkeypatch.setattr(ctld, "read_json", lambda p: reads.append(p.name) or real(p))
+    t0 = time.monotonic()
+    out = merge(paths, {"id": "92", "nodes": ["b1", "b2", "b3"]}, None, wait_s=0.5)
+    took = time.monotonic() - t0
+    assert out["nodes_missing"] == ["b3"]
+    assert sorted(reads) == ["node-b1.json", "node-b2.json"]     # not re-read while waiting for b3
+    assert 0.5 <= took < 5.0
