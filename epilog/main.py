@@ -26,7 +26,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from gsrun.request.config import load_config_or_defaults
+from gsrun.request.config import hook_cache_dir, load_config_or_defaults
 from gsrun.base import pids
 from gsrun.base.errors import GsrunError
 from gsrun.base.fsutil import atomic_write_json, read_json
@@ -80,7 +80,7 @@ def run(environ, host_root: str | None = None, state_dir: str | None = None,
     except GsrunError as e:
         log.error(str(e))
         return 0
-    cfg = load_config_or_defaults(log)
+    cfg = load_config_or_defaults(log, cache_dir=hook_cache_dir(state_dir))
     hostfs = HostFS.from_env(host_root)
     paths = Paths.from_config(cfg, state_dir, spool_dir)
     sdir = paths.state_job(job.job_id)

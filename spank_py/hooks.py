@@ -49,8 +49,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
 
 PHASE = "spank"
 
@@ -154,7 +153,7 @@ def check_tune(value: str, parse: Callable[[str], dict] | None = None) -> str:
 
 
 def check_mig(value: str, named: Mapping[str, str] | None = None,
-              parse: Callable[[str], Any] | None = None) -> str:
+              parse: Callable[[str], object] | None = None) -> str:
     """The layout text to export: a site name (config ``mig.layouts``) is
     resolved to its layout; the result must parse
     (:func:`gsrun.request.mig_layout.parse_layout`, a strict regex when missing)."""
@@ -238,14 +237,27 @@ def bind_mode(plugstack_bind: str, option: str | None) -> str:
     return v if v in BIND_MODES else "none"
 
 
-@dataclass
 class TaskActions:
-    """What task_init does for one task (decided, not yet applied)."""
-    setenv: dict[str, str] = field(default_factory=dict)
-    unsetenv: tuple[str, ...] = ()
-    cpus: tuple[int, ...] = ()
-    mem_nodes: tuple[int, ...] = ()
-    notes: list[str] = field(default_factory=list)
+    """What task_init does for one task (decided, not yet applied). A plain
+    class: the hooks do not import ``dataclasses`` (~7 ms in every srun and
+    sbatch with a ``--gs-*`` option)."""
+
+    __slots__ = ("setenv", "unsetenv", "cpus", "mem_nodes", "notes")
+
+    def __init__(self, setenv: dict[str, str] | None = None, unsetenv: tuple[str, ...] = (),
+                 cpus: tuple[int, ...] = (), mem_nodes: tuple[int, ...] = (), notes: list[str] | None = None):
+        self.setenv = {} if setenv is None else setenv
+        self.unsetenv, self.cpus, self.mem_nodes = unsetenv, cpus, mem_nodes
+        self.notes = [] if notes is None else notes
+
+    def _fields(self) -> tuple:
+        return (self.setenv, self.unsetenv, self.cpus, self.mem_nodes, self.notes)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, TaskActions) and self._fields() == other._fields()
+
+    def __repr__(self) -> str:
+        return "TaskActions(" + ", ".join(f"{n}={v!r}" for n, v in zip(self.__slots__, self._fields())) + ")"
 
 
 def task_actions(plan, local_rank: int | None, mps_env: Mapping[str, str] | None,

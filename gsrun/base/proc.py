@@ -6,8 +6,6 @@ docs/field-cases.md) never outlives the hook that called it."""
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -63,6 +61,9 @@ def run_bounded(argv: Sequence[str], timeout_s: float, input_text: str | None = 
     Raises:
         OSError: the program cannot be started (not found, not executable).
     """
+    import signal
+    import subprocess
+
     p = subprocess.Popen(list(argv), stdin=subprocess.PIPE if input_text is not None else subprocess.DEVNULL,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
                          close_fds=True, cwd=cwd, env=dict(env) if env is not None else None)

@@ -10,7 +10,11 @@ checkout). The environment is strict and the same for every template:
 - autoescape only for ``*.html.j2`` (HTML mail); scripts and config files are
   rendered as text and quote with the ``sh`` filter (:func:`shlex.quote`).
 
-jinja2 is imported on first use, so hot paths that never render pay nothing.
+jinja2 is imported on first use, so hot paths that never render pay nothing;
+the templates of :data:`gsrun.base.template_compile.COMPILED` (``sbatch.sh.j2``:
+every ``gsrun``) are rendered by their generated Python in
+``templates/compiled.py`` and import no jinja2 at all, while the template file
+is the one they were generated from.
 """
 
 from __future__ import annotations
@@ -41,12 +45,34 @@ def environment():
     return env
 
 
+def _compiled(template: str):
+    """The generated render function of ``template``, or None (not compiled,
+    ``templates/compiled.py`` missing, or the template file changed since)."""
+    try:
+        from gsrun.templates.compiled import TEMPLATES
+    except ImportError:
+        return None
+    entry = TEMPLATES.get(template)
+    if entry is None:
+        return None
+    source, fn = entry
+    try:
+        current = (template_dir() / template).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+    return fn if current == source else None
+
+
 def render(template: str, /, **variables) -> str:
     """Render ``template`` (e.g. ``"sbatch.sh.j2"``) with ``variables``.
 
     Raises:
         jinja2.UndefinedError: a variable the template uses was not passed
-            (a caller out of step with its template).
+            (a caller out of step with its template); ``KeyError`` /
+            ``AttributeError`` for a compiled template.
         jinja2.TemplateNotFound: the package data is missing (reinstall gsrun).
     """
+    fn = _compiled(template)
+    if fn is not None:
+        return fn(variables)
     return environment().get_template(template).render(**variables)

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import subprocess
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from gsrun.base.errors import InputError, SlurmError
 from gsrun.base.ids import check_job_id
 from gsrun.base.proc import run_bounded
+
+if TYPE_CHECKING:
+    import subprocess
 
 # slurmd/slurmctld run hooks with an almost empty environment (no PATH)
 MAX_HOSTS = 100000
@@ -49,6 +51,9 @@ def run_slurm(argv: Sequence[str], timeout_s: float = 15.0, env: Mapping[str, st
         SlurmError: the command is not installed, timed out (slurmctld
             unreachable or wedged), or exited non-zero with ``check``.
     """
+    import shutil
+    import subprocess
+
     path = (env or {}).get("PATH") or os.environ.get("PATH") or DEFAULT_PATH
     exe = shutil.which(argv[0], path=path)
     if exe is None:

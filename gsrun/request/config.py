@@ -11,13 +11,18 @@ a value of the wrong type or outside its range, is a :class:`ConfigError`
 naming the key, the value and what is allowed. ``[partition.<name>]`` tables
 override ``tuning.*``, ``mps.*``, ``mig.*`` and ``findings.*`` keys for jobs
 of that partition.
+
+The Slurm hooks read the parsed file from a cache
+(:func:`load_config_or_defaults` with ``cache_dir``: ``config-cache.json`` in
+the state dir, root 0600), valid while the file's device, inode, mtime and
+size are the ones recorded and every value passes the same checks again;
+``tomllib`` is imported only to parse.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -361,6 +366,8 @@ def parse_config(text: str, source: str = "<string>") -> Config:
         ConfigError: TOML syntax error, unknown section/key, wrong type, or a
             value outside the allowed range; the message names the key.
     """
+    import tomllib
+
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
@@ -445,15 +452,98 @@ def load_config(path: str | None = None, environ=None) -> Config:
     return parse_config(text, str(p))
 
 
-def load_config_or_defaults(log=None, path: str | None = None) -> Config:
+CACHE_NAME = "config-cache.json"
+#: changes whenever the settings table does, so a cache of another gsrun version is not used
+_CACHE_SCHEMA = f"1:{len(SETTINGS)}:" + ",".join(s.key for s in SETTINGS)
+
+
+def load_config_or_defaults(log=None, path: str | None = None, cache_dir: str | os.PathLike | None = None,
+                            write_cache: bool = True) -> Config:
     """For the Slurm hooks: a broken site config is logged and the built-in
-    defaults are used (a config typo must not drain every node)."""
+    defaults are used (a config typo must not drain every node).
+
+    ``cache_dir`` (the state dir, root 0755): read the parsed file from
+    ``<cache_dir>/config-cache.json`` when it was written for this very file
+    (same path, device, inode, mtime in ns and size, same settings table),
+    is owned by this user, not writable by others, and every value passes
+    :func:`parse_config`'s checks again; else parse the file and (``write_cache``,
+    the directory existing) write the cache, 0600. A cache that cannot be
+    read or written is ignored: the file is parsed as without one.
+    """
+    key = None
+    if cache_dir is not None:
+        name, _explicit = config_path(path)
+        try:
+            st = os.stat(name)
+            key = [name, st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size, _CACHE_SCHEMA]
+        except OSError:
+            key = None   # no file: the defaults (or the error of a named file) without a cache
+        if key is not None:
+            cached = _read_cache(os.path.join(cache_dir, CACHE_NAME), key)
+            if cached is not None:
+                return cached
     try:
-        return load_config(path)
+        cfg = load_config(path)
     except ConfigError as e:
         if log is not None:
             log.error(f"{e}; using built-in defaults".replace("\n", " "))
         return Config({s.key: s.default for s in SETTINGS})
+    if key is not None and write_cache and cfg.source == key[0] and os.path.isdir(cache_dir):
+        _write_cache(os.path.join(cache_dir, CACHE_NAME), key, cfg)
+    return cfg
+
+
+def hook_cache_dir(state_dir: str | None = None) -> str:
+    """Where the Slurm hooks look for the config cache before the config is
+    read: ``--state-dir``, else ``$GSRUN_STATE_DIR``, else the built-in
+    ``paths.state_dir`` (a site that moves its state dir only in the config
+    file parses the file every time unless its hooks are given the dir)."""
+    return state_dir or os.environ.get("GSRUN_STATE_DIR") or _BY_KEY["paths.state_dir"].default
+
+
+def _read_cache(cache: str, key: list) -> Config | None:
+    import json
+
+    try:
+        fd = os.open(cache, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid() or st.st_mode & 0o022 or st.st_size > 1 << 20:
+            return None
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = json.loads(f.read())
+        if data.get("key") != key:
+            return None
+        values = {s.key: s.default for s in SETTINGS}
+        for k, v in data["values"].items():
+            if k not in _BY_KEY:
+                return None
+            values[k] = _check_value(k, v, cache)
+        partitions: dict[str, dict[str, Any]] = {}
+        for pname, table in data["partitions"].items():
+            if not is_partition(pname):
+                return None
+            partitions[pname] = {}
+            for k, v in table.items():
+                if k not in _BY_KEY or not _BY_KEY[k].per_partition:
+                    return None
+                partitions[pname][k] = _check_value(k, v, cache)
+        return Config(values, partitions, key[0])
+    except (OSError, ValueError, TypeError, KeyError, AttributeError, ConfigError):
+        return None
+    finally:
+        os.close(fd)
+
+
+def _write_cache(cache: str, key: list, cfg: Config) -> None:
+    from gsrun.base.fsutil import atomic_write_json
+
+    try:
+        atomic_write_json(cache, {"key": key, "values": cfg._values, "partitions": cfg.partitions}, mode=0o600)
+    except (OSError, TypeError, ValueError):
+        pass   # a value JSON cannot hold, a read-only state dir: no cache, parsed next time
 
 
 def render_commented_config() -> str:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -54,10 +55,14 @@ def main() -> int:
     ap.add_argument("--interval-s", type=float, default=5.0, help="sampler.interval_s (site default 5)")
     ap.add_argument("--run-s", type=float, default=0.3, help="job length between prolog and epilog")
     a = ap.parse_args()
-    # byte-compile the checkout as an install does (pip compiles wheels; the hooks' environment
-    # has PYTHONDONTWRITEBYTECODE=1, so without this every run would compile gsrun from source)
-    subprocess.run([sys.executable, "-m", "compileall", "-q", *(str(REPO / d) for d in
-                    ("gsrun", "prolog", "epilog", "wrapper", "spank_py"))], check=True, capture_output=True)
+    # byte-compile the gsrun this interpreter imports (the checkout, or an install made with
+    # --no-compile) as pip does for a wheel: the hooks' environment has PYTHONDONTWRITEBYTECODE=1,
+    # so without this every run would compile gsrun from source
+    where = subprocess.run([sys.executable, "-P", "-c", "import os, gsrun, gsrun.prolog, gsrun.epilog, "
+                            "gsrun.wrapper, gsrun.spank_py, gsrun.templates as t\nfor m in (gsrun, gsrun.prolog, "
+                            "gsrun.epilog, gsrun.wrapper, gsrun.spank_py, t): print(os.path.dirname(m.__file__))"],
+                           check=True, capture_output=True, text=True, cwd="/").stdout.split()
+    subprocess.run([sys.executable, "-m", "compileall", "-q", *where], check=True, capture_output=True)
     site = make_site()
     text = site.config.read_text().replace("interval_s = 0.2", f"interval_s = {a.interval_s}") \
         .replace("flush_s = 0.2", "flush_s = 30")
@@ -73,9 +78,11 @@ def main() -> int:
         res["floor"].append(wall_ms([*py, "-c", "pass"])[0])
         for tuned in (False, True):
             job += 1
-            # the prolog asks slurmctld for the job record (item 4 removes that call): the fake
-            # scontrol answers at once, one bash start
+            # slurmd 22.05's prolog environment (the credential's SLURM_JOB_RESTART_COUNT): a plain job
+            # makes no Slurm call; a tuned one asks for the job record (OverSubscribe), which the
+            # fake scontrol answers at once, one bash start
             env = site.env(job_id=str(job), spank={"SPANK_GS_TUNE": TUNE} if tuned else None, FAKE_SLURM="record",
+                           SLURM_JOB_RESTART_COUNT="0",
                            FAKE_SCONTROL_RECORD=f"JobId={job} JobName=bench UserId=nobody(65534) "
                                                 "OverSubscribe=NO Comment=(null)")
             sfx = "_tuned" if tuned else ""
@@ -102,7 +109,8 @@ def main() -> int:
     floor = med["floor"]
     ratio = {k: round(v / floor, 2) for k, v in med.items() if k != "floor"}
     targets = {"epilog": 2.5, "epilog_tuned": 2.5, "prolog": 3.0, "prolog_tuned": 3.0, "dry_run": 4.0}
-    out = {"runs": a.runs, "interval_s": a.interval_s, "median_ms": med, "ratio_to_floor": ratio,
+    out = {"runs": a.runs, "interval_s": a.interval_s, "python": sys.executable, "gsrun": where[0],
+           "load_avg": [round(x, 2) for x in os.getloadavg()], "median_ms": med, "ratio_to_floor": ratio,
            "targets": {k: {"max_ratio": t, "ratio": ratio[k], "met": ratio[k] <= t} for k, t in targets.items()},
            "errors": errors[:5]}
     print(json.dumps(out, indent=1))
