@@ -54,14 +54,14 @@ _OUR_FILE = re.compile(rf"{FILE_PREFIX}({JOB_ID_RE.pattern}){re.escape(FILE_SUFF
 # atomic_write's temp name: ".<name>.<pid>.<8 hex>"
 _OUR_TEMP = re.compile(rf"\.{FILE_PREFIX}({JOB_ID_RE.pattern}){re.escape(FILE_SUFFIX)}\.[0-9]+\.[0-9a-f]{{8}}")
 
-# (family name, type, help, sampler metric key, scale to the family's unit)
+# (family name, help, sampler metric key, divisor to the family's unit: % -> ratio)
 GAUGES = (
     ("gsrun_gpu_utilization_ratio", "GPU busy share 0-1 (NVML utilization), mean over the last sampler flush window",
-     "util_pct", 0.01),
+     "util_pct", 100.0),
     ("gsrun_gpu_sm_active_ratio", "GPM SM activity 0-1, mean over the last sampler flush window",
-     "sm_active_pct", 0.01),
+     "sm_active_pct", 100.0),
     ("gsrun_gpu_tensor_active_ratio", "GPM tensor-core activity 0-1, mean over the last sampler flush window",
-     "tensor_active_pct", 0.01),
+     "tensor_active_pct", 100.0),
     ("gsrun_gpu_memory_used_bytes", "GPU memory used in bytes (NVML), mean over the last sampler flush window",
      "mem_used_bytes", 1.0),
     ("gsrun_gpu_power_watts", "GPU power draw in watts (NVML), mean over the last sampler flush window",
@@ -113,6 +113,12 @@ def window_mean(now: tuple, before: tuple | None) -> float | None:
     if w - w0 > 1e-9:
         return (ws - ws0) / (w - w0)
     return (vs - vs0) / (n - n0)
+
+
+def tidy(v: float) -> float:
+    """``v`` to 12 significant digits: the float noise of a time-weighted mean
+    (123.45599999999999 W) goes, every byte count below 1 TB stays exact."""
+    return float(f"{v:.12g}")
 
 
 def _watch_of(state: dict, gres_index: int, i: int):
@@ -175,19 +181,19 @@ def build_samples(state: dict, user: str, marks: dict | None = None) -> tuple[li
         labels = gpu_labels(job_id, user, node, ref)
         before = marks.get(gi, {})
         cur = {}
-        for fam, _help, key, scale in GAUGES:
+        for fam, _help, key, per in GAUGES:
             m = g["metrics"].get(key)
             if m is None:
                 continue
             cur[key] = _marks(m)
             v = window_mean(cur[key], before.get(key))
             if v is not None:
-                by_family.setdefault(fam, []).append(Sample(fam, labels, v * scale))
+                by_family.setdefault(fam, []).append(Sample(fam, labels, tidy(v / per)))
         new_marks[gi] = cur
         energy = g.get("energy")
         if energy is not None and energy.first is not None:
             name = ENERGY[0] + "_total"
-            by_family.setdefault(name, []).append(Sample(name, labels, energy.total / 1000.0))
+            by_family.setdefault(name, []).append(Sample(name, labels, tidy(energy.total / 1000.0)))
         if g.get("lost_at_s") is None:
             flag = idle_flag(state, gi, i)
             if flag is not None:
