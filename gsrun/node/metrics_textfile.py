@@ -7,7 +7,8 @@ When the site sets ``[metrics] textfile_dir``, the sampler writes
 text format, built by ``prometheus_client`` (imported here lazily: only the
 sampler's export path loads it, never a hook) and written atomically (a temp
 file in the same directory, then ``rename``; mode 0644): node_exporter never
-reads half a file. The temp file's name (``.gsrun_job_<jobid>.prom.<pid>.<hex>``)
+reads half a file (no ``fsync``: the file is rewritten every flush and
+worth nothing after a crash). The temp file's name (``.gsrun_job_<jobid>.prom.<pid>.<hex>``)
 does not end in ``.prom``, so the collector never reads it either.
 
 Series, per GPU of the job on this node (labels ``job_id``, ``user``,
@@ -256,7 +257,7 @@ class TextfileExporter:
     def __call__(self, state: dict) -> bool:
         try:
             samples, marks = build_samples(state, self.user, self.marks)
-            atomic_write(self.path, render(samples), FILE_MODE)
+            atomic_write(self.path, render(samples), FILE_MODE, durable=False)
         except Exception as e:  # noqa: BLE001 - the job's figures matter more than the export
             _warn_once(f"{type(e).__name__}:{getattr(e, 'errno', '')}",
                        f"gsrun: sampler: metrics: cannot write {self.path}: {e}\n"
