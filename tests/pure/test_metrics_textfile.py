@@ -226,3 +226,18 @@ def test_sampler_writes_the_file_at_each_flush_0644_atomic(tmp_path, capsys):
     assert bad({"job_id": "4242", "node": "n1", "gpus": []}) is False
     err = capsys.readouterr().err
     assert err.count("gsrun: sampler: metrics: cannot write") == 1 and "hint: check [metrics] textfile_dir" in err
+
+
+def test_idle_flag_follows_the_samplers_detector(tmp_path):
+    """The real detector (gsrun/request/waste.py) in the real Sampler: a GPU
+    whose driver buffer says 0 % is idle (flag 1), one at 90 % is busy (0)."""
+    d = tmp_path / "textfile"
+    d.mkdir()
+    fake = FakeNvml(h200_data(2))
+    for gpu, util in ((0, 0), (1, 90)):
+        fake.set(gpu, "util_samples", Seq([{"ok": [[1_000_000 * (k + 1), util]]} for k in range(8)]))
+    s = make_sampler(tmp_path, fake, [0, 1], SimClock(), flush_s=10.0)
+    s.export = TextfileExporter(str(d), "4242", "alice")
+    s.run(max_samples=6)
+    lines = [x for x in (d / "gsrun_job_4242.prom").read_text().splitlines() if x.startswith("gsrun_gpu_idle{")]
+    assert [(x.split('gpu="')[1][0], x.rsplit(" ", 1)[1]) for x in lines] == [("0", "1.0"), ("1", "0.0")]
