@@ -241,3 +241,20 @@ def test_idle_flag_follows_the_samplers_detector(tmp_path):
     s.run(max_samples=6)
     lines = [x for x in (d / "gsrun_job_4242.prom").read_text().splitlines() if x.startswith("gsrun_gpu_idle{")]
     assert [(x.split('gpu="')[1][0], x.rsplit(" ", 1)[1]) for x in lines] == [("0", "1.0"), ("1", "0.0")]
+
+
+def test_grafana_dashboard_uses_only_series_we_write():
+    """docs/grafana-gsrun-jobs.json: valid JSON, every gsrun_ name in its
+    queries is one the exporter writes, and each written family has a panel."""
+    import json
+    import re
+
+    from gsrun.node.metrics_textfile import ENERGY, GAUGES, IDLE
+    from helpers.paths import REPO
+
+    dash = json.loads((REPO / "docs" / "grafana-gsrun-jobs.json").read_text())
+    text = json.dumps(dash)
+    used = set(re.findall(r"gsrun_[a-z_]+", text)) - {"gsrun_job_"}
+    ours = {f[0] for f in GAUGES} | {ENERGY[0] + "_total", IDLE[0]}
+    assert used == ours
+    assert {v["name"] for v in dash["templating"]["list"]} >= {"job_id", "datasource"}
