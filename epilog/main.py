@@ -1,7 +1,8 @@
 """``gsrun-node epilog``: run by slurmd as root after the job on a node.
 
 The steps are the table :data:`STEPS`: stop the sampler (its final flush)
-and write the node summary (atomic, versioned) -> MPS stop -> residual GPU
+and write the node summary (atomic, versioned) -> remove the job's
+Prometheus textfile (when ``[metrics] textfile_dir`` is set) -> MPS stop -> residual GPU
 processes (field case 17, docs/field-cases.md) -> MIG restore -> tuning
 restore (journal, reverse order), run by :func:`gsrun.node.steps.run_steps` (rule ``CLEANUP``).
 
@@ -58,6 +59,8 @@ class Ctx:
 STEPS = (
     Step("sampler+summary", "stop the sampler (final flush) and write the node summary", STEP_RESERVE_S,
          lambda c: _summary(c.job, c.paths, c.sdir, c.hostfs, c.log)),
+    Step("metrics", "remove the job's Prometheus textfile ([metrics] textfile_dir)", 1.0,
+         lambda c: _metrics_remove(c.job, c.cfg), when=lambda c: bool(c.cfg["metrics.textfile_dir"])),
     Step("mps", "stop the job's MPS daemon, put compute modes back", STEP_RESERVE_S,
          lambda c: _mps_stop(c.job, c.paths, c.cfg, c.log)),
     Step("residual", "end the job's processes still holding GPU memory, check again", STEP_RESERVE_S,
@@ -243,6 +246,15 @@ def _sampler_summary(sdir, pid_info: dict | None, stopped: str) -> dict | None:
     if isinstance(ct, (int, float)) and not (isinstance(st, (int, float)) and abs(ct - st) < 0.5):
         return None
     return pre
+
+
+def _metrics_remove(job, cfg) -> dict:
+    """After the sampler's last flush: remove ``gsrun_job_<jobid>.prom`` (and
+    a temp file of it a killed sampler left) from the textfile directory, so
+    the job's series leave node_exporter's next scrape. Only our exact names."""
+    from gsrun.node.metrics_textfile import remove_job_file
+
+    return {"removed": remove_job_file(cfg["metrics.textfile_dir"], job.job_id)}
 
 
 def _mps_stop(job, paths, cfg, log):

@@ -17,9 +17,13 @@ from gsrun.base.errors import NodeError
 
 
 def atomic_write(path: str | os.PathLike, data: str | bytes, mode: int = 0o644,
-                 uid: int | None = None, gid: int | None = None) -> None:
+                 uid: int | None = None, gid: int | None = None, durable: bool = True) -> None:
     """Write ``data`` to ``path`` via a temp file in the same directory,
     ``fsync`` it, ``rename`` over the target, ``fsync`` the directory.
+    ``durable=False`` leaves out both ``fsync`` calls: readers still see the
+    old file or the new one, never half of one, but a crash may lose the
+    last write (for a file rewritten every few seconds that nobody needs
+    after a crash: the Prometheus textfile).
 
     A crash, a full disk (``ENOSPC``) or a signal leaves either the old file or
     the new one, never half of one, and no temp file. A symlink at ``path`` is
@@ -56,7 +60,8 @@ def atomic_write(path: str | os.PathLike, data: str | bytes, mode: int = 0o644,
                 fd = None
                 f.write(raw)
                 f.flush()
-                os.fsync(f.fileno())
+                if durable:
+                    os.fsync(f.fileno())
             os.replace(tmp, path.name, src_dir_fd=dfd, dst_dir_fd=dfd)
         except BaseException:
             if fd is not None:
@@ -66,10 +71,11 @@ def atomic_write(path: str | os.PathLike, data: str | bytes, mode: int = 0o644,
             except OSError:
                 pass
             raise
-        try:
-            os.fsync(dfd)
-        except OSError:
-            pass
+        if durable:
+            try:
+                os.fsync(dfd)
+            except OSError:
+                pass
     finally:
         os.close(dfd)
 

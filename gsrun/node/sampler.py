@@ -470,7 +470,11 @@ class Sampler:
     replaces the job cgroup / psutil reader: a callable returning
     ``(cpu_time_s, mem_current_bytes, mem_peak_bytes, source)``;
     ``mem_baseline``: gres index -> v1 memory used before the job, read by
-    the prolog (:func:`gsrun.node.mem_baseline.read_mem_baseline`)."""
+    the prolog (:func:`gsrun.node.mem_baseline.read_mem_baseline`). ``export``: called with the live
+    state after each flush (:class:`gsrun.node.metrics_textfile.TextfileExporter`),
+    or None."""
+
+    export = None
 
     def __init__(self, hostfs, job_id: str, uid: int | None, node: str, gres_indices: list[int],
                  state_path: str, interval_s: float, flush_s: float, timeline_points: int = 1000,
@@ -662,6 +666,8 @@ class Sampler:
         for token, js in self._tl_cache.items():
             text = text.replace(f'"{token}"', js, 1)
         atomic_write(self.state_path, text + "\n", 0o600)
+        if self.export is not None:    # [metrics] textfile_dir: gsrun.node.metrics_textfile
+            self.export(self.state)
 
     def run(self, max_samples: int | None = None) -> dict:
         """Sample until SIGTERM/SIGINT (or ``max_samples`` polls), then take a
@@ -782,6 +788,10 @@ def run_sampler(job_id: str, uid: int, node: str, gpus: str, host_root: str | No
                 str(d / "sampler.json"), interval_s or cfg["sampler.interval_s"], cfg["sampler.flush_s"],
                 cfg["sampler.timeline_points"], mem_baseline=parse_mem_baseline(mem_baseline),
                 idle=idle_config(cfg))
+    if cfg["metrics.textfile_dir"]:
+        from gsrun.node.metrics_textfile import exporter_from_config
+
+        s.export = exporter_from_config(cfg, job_id, uid)
     if dma_latency_us is not None:
         from gsrun.node import cpu_latency
 

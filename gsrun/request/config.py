@@ -156,6 +156,11 @@ SETTINGS: tuple[Setting, ...] = (
             _range(0.1, 3600), "0.1-3600"),
     Setting("sampler.timeline_points", int, 1000,
             "Most points kept per metric in the downsampled timeline.", _range(10, 100000), "10-100000"),
+    Setting("metrics.textfile_dir", str, "",
+            "Directory of node_exporter's textfile collector (--collector.textfile.directory, e.g. "
+            "/var/lib/prometheus/node-exporter): the sampler writes each job's GPU metrics to "
+            "gsrun_job_<jobid>.prom there at every flush and the epilog removes it; empty = off.",
+            _opt_abs_path, "absolute path or empty"),
     Setting("tuning.enabled", bool, True, "Apply node tuning at all.", None, "true/false", True),
     Setting("tuning.exclusive_only", bool, True,
             "Node-wide settings only for jobs that hold the node exclusively.", None, "true/false", True),

@@ -26,6 +26,11 @@ fed every poll), alternating A/B rounds of ``--waste-samples`` polls in one run,
 and prints the per-poll CPU of both (best round and mean) and their ratio (aim:
 at most 1.10).
 
+Then the same run compares today's sampler with the sampler writing the
+Prometheus textfile at each flush (``[metrics] textfile_dir``,
+:mod:`gsrun.node.metrics_textfile`): per-poll CPU amortized over polls and
+flushes, best of ``--rounds`` interleaved rounds, and the ratio to today's.
+
 Prints CPU microseconds per GPU per sample (process time) for: the bare
 4-call loop, the bare same-calls loop, the sampler's polls (without flushes)
 and the sampler including its flushes; the ratios to the bare loops; the
@@ -142,6 +147,101 @@ def bare_same(nv, refs, n: int, clock: Clock, interval: float) -> float:
     return time.process_time() - c0
 
 
+def run_variant(nv, refs, a, clock: Clock, tmp: Path, name: str, export: bool,
+                detect: bool = True) -> tuple[float, float, int, float]:
+    """``--compare-samples`` polls of a fresh sampler with flushes every
+    ``--flush`` simulated s; with ``export``, the Prometheus textfile written
+    at each flush as the real sampler does (``[metrics] textfile_dir``);
+    without ``detect``, the waste detector is not fed (the sampler before
+    issue 21: ``Sampler._watch`` replaced by a no-op).
+    -> (CPU s of the polls, CPU s of flushes incl. export, flushes, CPU s
+    inside the export calls alone, CPU s inside the detector calls alone)."""
+    from gsrun.node.metrics_textfile import TextfileExporter
+
+    clock.t = T0
+    d = tmp / name
+    d.mkdir(exist_ok=True)
+    s = Sampler(HostFS(str(tmp / "root")), "4242", os.getuid(), "bench", [r.gres_index for r in refs],
+                str(d / "sampler.json"), a.interval, a.flush, 1000, clock=clock, sleep=clock.sleep,
+                nvml=nv, usage=job_usage_reader())
+    spent = [0.0, 0.0]         # CPU s inside the export calls, inside the detector calls
+    if not detect:
+        s._watch = lambda *_a: None
+    else:
+        watch = s._watch
+
+        def timed_watch(*args):
+            c = time.process_time()
+            watch(*args)
+            spent[1] += time.process_time() - c
+        s._watch = timed_watch
+    if export:
+        exporter = TextfileExporter(str(d), "4242", "bench")
+
+        def timed_export(state):
+            c = time.process_time()
+            exporter(state)
+            spent[0] += time.process_time() - c
+        s.export = timed_export
+    poll = flush = 0.0
+    n_flush = 0
+    last = None
+    for _ in range(a.compare_samples):
+        c0 = time.process_time()
+        s.sample_once()
+        c1 = time.process_time()
+        poll += c1 - c0
+        if last is None or clock.t - last >= a.flush:
+            s.flush()
+            flush += time.process_time() - c1
+            n_flush += 1
+            last = clock.t
+        clock.t += a.interval
+    if export and not (d / "gsrun_job_4242.prom").exists():
+        raise SystemExit("bench: the exporter wrote no file")
+    return poll, flush, n_flush, spent[0], spent[1]
+
+
+def compare_export(nv, refs, a, clock: Clock, tmp: Path) -> None:
+    """Per-poll CPU (amortized: polls + flushes + what runs at the flush, over
+    the polls) of today's sampler (no waste detection) against the sampler
+    with the detector, and with the detector and the Prometheus textfile
+    export, same run, interleaved rounds, best of ``--rounds``.
+    The export runs at the flush only (every ``--flush`` s), so its cost per
+    poll is its cost per flush x interval / flush."""
+    from gsrun.node.metrics_textfile import render
+
+    render([])    # prometheus_client imported once, as the sampler does at its first export
+
+    ng = len(refs)
+    variants = (("today (no detection)", False, False), ("detection", False, True),
+                ("detection + export", True, True))
+    best: dict[str, tuple] = {}
+    for _ in range(a.rounds):
+        for i, (name, export, detect) in enumerate(variants):
+            r = run_variant(nv, refs, a, clock, tmp, f"variant{i}", export, detect)
+            if name not in best or sum(r[:2]) < sum(best[name][:2]):
+                best[name] = r
+    base = sum(best["today (no detection)"][:2]) / (a.compare_samples * ng)
+    print(f"per-poll CPU, amortized over {a.compare_samples} polls (flush every {a.flush:g} s at {a.interval:g} s; "
+          f"best of {a.rounds} interleaved rounds)")
+    print(f"{'variant':<30} {'us/GPU/poll':>12} {'polls us':>10} {'flush ms':>9} {'x today':>8}")
+    for name, _e, _d in variants:
+        poll, flush, n = best[name][:3]
+        per = (poll + flush) / (a.compare_samples * ng)
+        print(f"{name:<30} {1e6 * per:12.2f} {1e6 * poll / (a.compare_samples * ng):10.2f} "
+              f"{1e3 * flush / max(n, 1):9.3f} {per / base:8.3f}")
+    poll, flush, n, inside, detect_s = best["detection + export"]
+    per_flush = inside / max(n, 1)
+    amort = inside / (a.compare_samples * ng)
+    det = detect_s / (a.compare_samples * ng)
+    print("timed around their calls (less noisy than the differences above):")
+    print(f"  detection: {1e6 * det:.2f} us per GPU per poll = {100 * det / base:.1f} % of today's per-poll CPU")
+    print(f"  export: {1e3 * per_flush:.3f} ms CPU per flush for {ng} GPUs = {1e6 * amort:.2f} us per GPU per poll "
+          f"amortized = {100 * amort / base:.1f} % of today's per-poll CPU")
+    print(f"  detection + export: {100 * (det + amort) / base:.1f} % of today's per-poll CPU (target: within 10 %)")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--real", action="store_true", help="use pynvml on this host's GPUs")
@@ -156,9 +256,15 @@ def main(argv=None) -> int:
                     help="only the waste detector's section: polls with / without it, and the ratio")
     ap.add_argument("--waste-samples", type=int, default=5000, help="polls per A/B round (default 5000)")
     ap.add_argument("--waste-rounds", type=int, default=4, help="A/B rounds (default 4)")
+    ap.add_argument("--compare-samples", type=int, default=None,
+                    help="polls per variant and round in the detection/export comparison "
+                         "(default 20000; --real: 2000)")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the comparison (default 3)")
     a = ap.parse_args(argv)
 
     samples = a.samples or int(a.days * 86400 / a.interval)
+    if a.compare_samples is None:
+        a.compare_samples = 2000 if a.real else 20000
     clock = Clock()
     if a.real:
         nv = RealNvml()
@@ -237,6 +343,8 @@ def main(argv=None) -> int:
     busy_cpu_per_day = (poll_cpu + flush_cpu) / sim_days
     print(f"sampler CPU per real job-day at this interval: {busy_cpu_per_day:.1f} s "
           f"({100 * busy_cpu_per_day / 86400:.4f}% of one core); wall for the run {wall:.1f} s")
+    print()
+    compare_export(nv, refs, a, clock, Path(tmp))
     nv.close()
     for p in Path(tmp).rglob("*"):
         if p.is_file():

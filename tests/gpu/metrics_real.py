@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""The per-job Prometheus textfile on the real H200 (issue 21, item 5): a busy
+phase then an idle phase under gsrun's own sampler with the textfile export
+on, the ``.prom`` file it wrote at the end of each phase kept for review.
+
+    python3 tests/gpu/metrics_real.py [--busy-s 25] [--idle-s 25] [--out DIR]
+
+The sampler is :class:`gsrun.node.sampler.Sampler` on the real NVML, GPU 0,
+polled every second and flushed every 2 s (each flush writes
+``gsrun_job_<job>.prom`` through
+:class:`gsrun.node.metrics_textfile.TextfileExporter`), its job's processes
+found as on a node without a job cgroup (``SLURM_JOB_ID`` in their
+environment). The load is 8192x8192 bf16 matmuls back to back in a child
+process carrying that ``SLURM_JOB_ID``; the idle phase has no process of the
+job on the GPU. At the end the epilog's removal
+(:func:`gsrun.node.metrics_textfile.remove_job_file`) runs.
+
+Writes ``DIR/metrics-busy.prom``, ``DIR/metrics-idle.prom`` (the files as
+node_exporter would read them) and ``DIR/metrics_real.json`` (figures and
+checks: busy utilization >= 0.8 and idle flag 0; idle utilization <= 0.05 and
+idle flag 1; energy counter rising; file mode 0644; nothing left after the
+removal). Exits 0 when every check holds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+JOB = "990021"
+LOAD = r"""
+import sys, torch
+a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+c = a @ b
+torch.cuda.synchronize()
+print("ready", flush=True)
+import select
+while not select.select([sys.stdin], [], [], 0)[0]:
+    for _ in range(20):
+        c = a @ b
+    torch.cuda.synchronize()
+"""
+
+
+def series(path: Path) -> dict:
+    """``{family: value}`` of GPU 0 in a .prom file (prometheus_client's parser)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = {}
+    for fam in text_string_to_metric_families(path.read_text()):
+        for s in fam.samples:
+            if s.labels.get("gpu") == "0":
+                out[s.name] = s.value
+    return out
+
+
+def run_phase(s, seconds: float, interval_s: float, flush_s: float) -> None:
+    t0 = time.time()
+    last_flush = None
+    n = 0
+    while time.time() - t0 < seconds:
+        time.sleep(max(0.0, t0 + n * interval_s - time.time()))
+        s.sample_once()
+        n += 1
+        if last_flush is None or time.time() - last_flush >= flush_s:
+            s.flush()
+            last_flush = time.time()
+    s.flush()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--busy-s", type=float, default=25.0)
+    ap.add_argument("--idle-s", type=float, default=25.0)
+    ap.add_argument("--out", default="gpu-results")
+    a = ap.parse_args()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    from gsrun.facts.hostfs import HostFS
+    from gsrun.node.metrics_textfile import TextfileExporter, file_name, remove_job_file, user_label
+    from gsrun.node.sampler import Sampler
+
+    tmp = Path(tempfile.mkdtemp(prefix="gsrun-metrics-real-"))
+    tdir = tmp / "textfile"
+    tdir.mkdir()
+    prom = tdir / file_name(JOB)
+    res: dict = {"job": JOB, "checks": {}}
+    env = {**os.environ, "SLURM_JOB_ID": JOB, "CUDA_VISIBLE_DEVICES": "0", "NCCL_NVLS_ENABLE": "0"}
+    load = None
+    try:
+        s = Sampler(HostFS.from_env(None), JOB, os.getuid(), "h200", [0], str(tmp / "sampler.json"), 1.0, 2.0, 1000)
+        s.export = TextfileExporter(str(tdir), JOB, user_label(os.getuid()))
+        s.sample_once()                      # the prolog's first poll: before the job's process starts
+        load = subprocess.Popen([sys.executable, "-c", LOAD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                text=True, env=env)
+        res["load_ready"] = load.stdout.readline().strip()
+        run_phase(s, a.busy_s, 1.0, 2.0)
+        shutil.copy(prom, out / "metrics-busy.prom")
+        res["mode_octal"] = oct(stat.S_IMODE(os.stat(prom).st_mode))
+        load.stdin.write("stop\n")
+        load.stdin.flush()
+        load.wait(30)
+        run_phase(s, a.idle_s, 1.0, 2.0)
+        shutil.copy(prom, out / "metrics-idle.prom")
+        s.nv.close()
+        res["removed"] = remove_job_file(str(tdir), JOB)
+        res["left"] = sorted(os.listdir(tdir))
+        busy, idle = series(out / "metrics-busy.prom"), series(out / "metrics-idle.prom")
+        res["busy"], res["idle"] = busy, idle
+        res["watch"] = s.state["watch"][0].to_json() if s.state.get("watch") else None
+        c = res["checks"]
+        c["busy_util_ge_0.8"] = busy.get("gsrun_gpu_utilization_ratio", -1) >= 0.8
+        c["busy_not_idle"] = busy.get("gsrun_gpu_idle") == 0.0
+        c["busy_power_gt_200w"] = busy.get("gsrun_gpu_power_watts", 0) > 200
+        c["busy_memory_gt_256mib"] = busy.get("gsrun_gpu_memory_used_bytes", 0) > 256 << 20
+        c["idle_util_le_0.05"] = 0 <= idle.get("gsrun_gpu_utilization_ratio", -1) <= 0.05
+        c["idle_flag_1"] = idle.get("gsrun_gpu_idle") == 1.0
+        c["energy_rises"] = idle.get("gsrun_gpu_energy_joules_total", 0) > \
+            busy.get("gsrun_gpu_energy_joules_total", float("inf")) > 0
+        c["mode_0644"] = res["mode_octal"] == "0o644"
+        c["removed_nothing_left"] = res["removed"] == [file_name(JOB)] and res["left"] == []
+    except Exception as e:  # noqa: BLE001 - one JSON verdict whatever happens
+        res["error"] = f"{type(e).__name__}: {e}"
+    finally:
+        if load is not None and load.poll() is None:
+            load.kill()
+        shutil.rmtree(tmp, ignore_errors=True)
+    res["ok"] = "error" not in res and bool(res["checks"]) and all(res["checks"].values())
+    text = json.dumps(res, indent=1, default=str)
+    (out / "metrics_real.json").write_text(text + "\n")
+    print(text)
+    return 0 if res["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
