@@ -491,6 +491,7 @@ class Sampler:
         self._usage = usage
         self._tl_cache: dict[str, str] | None = None
         self._flushes = 0
+        self.live = None          # gsrun.node.live.LiveActions (run_sampler sets it)
 
     def _job_usage(self):
         if self._usage is not None:
@@ -600,6 +601,13 @@ class Sampler:
             text = text.replace(f'"{token}"', js, 1)
         atomic_write(self.state_path, text + "\n", 0o600)
 
+    def after_flush(self) -> None:
+        """While the job runs (:mod:`gsrun.node.live`, set as ``self.live`` by
+        :func:`run_sampler`): the live node file in the spool, alerts, the
+        opt-in idle cancel. Nothing when ``self.live`` is None."""
+        if self.live is not None:
+            self.live.after_flush(self.state, lambda: state_to_json(self.state, timelines=False))
+
     def run(self, max_samples: int | None = None) -> dict:
         """Sample until SIGTERM/SIGINT (or ``max_samples`` polls), then take a
         last sample, write the final state (``done``) and return it (JSON form).
@@ -619,6 +627,7 @@ class Sampler:
                 n += 1
                 if last_flush is None or self.clock() - last_flush >= self.flush_s:
                     self.flush()
+                    self.after_flush()
                     last_flush = self.clock()
                 if max_samples is not None and n >= max_samples:
                     break
@@ -747,6 +756,7 @@ def run_sampler(job_id: str, uid: int, node: str, gpus: str, host_root: str | No
     s = Sampler(HostFS.from_env(host_root), job_id, uid, node, parse_gpu_indices(gpus) or [],
                 str(d / "sampler.json"), interval_s or cfg["sampler.interval_s"], cfg["sampler.flush_s"],
                 cfg["sampler.timeline_points"], mem_baseline=parse_mem_baseline(mem_baseline))
+    s.live = _live_actions(cfg, paths, job_id, node, uid)
     if dma_latency_us is not None:
         from gsrun.node import cpu_latency
 
@@ -755,6 +765,28 @@ def run_sampler(job_id: str, uid: int, node: str, gpus: str, host_root: str | No
         print(f"gsrun: sampler: {note}", file=sys.stderr)
     s.run(max_samples)
     return 0
+
+
+def _live_actions(cfg, paths, job_id: str, node: str, uid: int):
+    """The sampler's live effects (:class:`gsrun.node.live.LiveActions`) with
+    the site's ``[idle]`` policy (None when it does not parse: live file only)."""
+    from gsrun.node.live import LiveActions
+
+    return LiveActions(paths.spool_dir, job_id, node, uid, idle_config(cfg), cfg["live.flush_s"],
+                       cfg["timeouts.command_s"])
+
+
+def idle_config(cfg):
+    """The site's ``[idle]`` table as :class:`gsrun.request.waste.IdleConfig`, or None."""
+    try:
+        from gsrun.request.waste import IdleConfig
+    except ImportError:
+        return None
+    table = {k.split(".", 1)[1]: v for k, v in cfg.effective().items() if k.startswith("idle.")}
+    try:
+        return IdleConfig.from_table(table)
+    except Exception:  # noqa: BLE001 - a broken [idle] table: no alerts, never a wrong cancel
+        return None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -146,6 +146,10 @@ SETTINGS: tuple[Setting, ...] = (
             _range(0.1, 3600), "0.1-3600"),
     Setting("sampler.timeline_points", int, 1000,
             "Most points kept per metric in the downsampled timeline.", _range(10, 100000), "10-100000"),
+    Setting("live.flush_s", (int, float), 30.0,
+            "Seconds between rewrites of a running job's live node file in the shared spool (what gseff shows "
+            "while the job runs; aggregates only, about 1 KiB per GPU); also written once per alert or cancel.",
+            _range(30, 3600), "30-3600"),
     Setting("tuning.enabled", bool, True, "Apply node tuning at all.", None, "true/false", True),
     Setting("tuning.exclusive_only", bool, True,
             "Node-wide settings only for jobs that hold the node exclusively.", None, "true/false", True),
