@@ -242,6 +242,7 @@ class LiveActions:
         self.prolog: dict | None = None
         self.job: dict | None = None          # job fields from the job record, read once
         self.job_looked = False
+        self._want_kick = False
 
     # -- facts this node has
     def _prolog(self) -> dict | None:
@@ -278,6 +279,9 @@ class LiveActions:
             event = self._cancel(state, now) or event
             if event or self.last_write is None or now - self.last_write >= self.live_flush_s:
                 self.write_live(state, state_json_fn(), now)
+            if self._want_kick:     # after the live file: the alert mail carries the report so far
+                self._want_kick = False
+                self._kick()
         except Exception as e:  # noqa: BLE001 - the sampler goes on
             self.log.warn(f"live: {type(e).__name__}: {e}")
 
@@ -323,7 +327,7 @@ class LiveActions:
                    "lines": lines, "findings": new[:16], "time": round(now, 3)}
             try:
                 if queue_alert(self.spool_dir, self.job_id, "idle", req):
-                    self._kick()
+                    self._want_kick = True
             except Exception as e:  # noqa: BLE001 - kept in the live file; the mail is lost only with the spool
                 self.log.warn(f"alert not queued: {e}")
         return True
@@ -397,7 +401,7 @@ class LiveActions:
                    "lines": [f"job {self.job_id} cancelled: {reason}"], "reason": reason, "time": round(now, 3)}
             try:
                 if queue_alert(self.spool_dir, self.job_id, "cancel", req):
-                    self._kick()
+                    self._want_kick = True
             except Exception as e:  # noqa: BLE001
                 self.log.warn(f"cancel mail not queued: {e}")
         return True

@@ -771,22 +771,10 @@ def _live_actions(cfg, paths, job_id: str, node: str, uid: int):
     """The sampler's live effects (:class:`gsrun.node.live.LiveActions`) with
     the site's ``[idle]`` policy (None when it does not parse: live file only)."""
     from gsrun.node.live import LiveActions
+    from gsrun.request.config import idle_config
 
     return LiveActions(paths.spool_dir, job_id, node, uid, idle_config(cfg), cfg["live.flush_s"],
                        cfg["timeouts.command_s"])
-
-
-def idle_config(cfg):
-    """The site's ``[idle]`` table as :class:`gsrun.request.waste.IdleConfig`, or None."""
-    try:
-        from gsrun.request.waste import IdleConfig
-    except ImportError:
-        return None
-    table = {k.split(".", 1)[1]: v for k, v in cfg.effective().items() if k.startswith("idle.")}
-    try:
-        return IdleConfig.from_table(table)
-    except Exception:  # noqa: BLE001 - a broken [idle] table: no alerts, never a wrong cancel
-        return None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -435,3 +435,17 @@ def _toml_value(v) -> str:
     if isinstance(v, dict):
         return "{ " + ", ".join(f"{k} = {_toml_value(x)}" for k, x in v.items()) + " }"
     return json.dumps(v)
+
+
+def idle_config(cfg: Config):
+    """The site's ``[idle]`` table as :class:`gsrun.request.waste.IdleConfig`,
+    or None when it does not parse (then: no alerts, and never a cancel)."""
+    try:
+        from gsrun.request.waste import IdleConfig
+    except ImportError:
+        return None
+    table = {k.split(".", 1)[1]: v for k, v in cfg.effective().items() if k.startswith("idle.")}
+    try:
+        return IdleConfig.from_table(table)
+    except Exception:  # noqa: BLE001 - a broken [idle] table: no alerts, never a wrong cancel
+        return None
