@@ -155,6 +155,23 @@ class MemState(Record):
 
 
 @dataclass(frozen=True)
+class WasteFinding(Record):
+    """A waste detection while the job ran (:class:`gsrun.request.waste.GpuWatch`)."""
+
+    code: str = field("gpu_idle, gpu_stuck_collective or gpu_never_used")
+    gpu: str = field("the GPU: Slurm gres index as text")
+    since_s: float = field("start of the stretch, s since sampler start")
+    detected_s: float = field("poll at which the stretch reached its threshold, s since sampler start")
+    until_s: float = field("last poll the detection still held at, s since sampler start; absent: only at "
+                           "detected_s", optional_key=True)
+    evidence: dict = field("figures over the stretch: minutes, polls, util_max_pct, util_mean_pct, "
+                           "sm_active_max_pct, tensor_active_max_pct, power_mean_w, power_max_w, power_idle_w, "
+                           "power_idle_source (given | min_seen), job_processes, ever_used, basis (signals "
+                           "used), limits (what the GPU cannot tell)", factory=dict)
+    extra: dict = extra_field()
+
+
+@dataclass(frozen=True)
 class SamplerState(Record):
     """The sampler's state file (``sampler.json``), version :data:`STATE_VERSION`."""
 
@@ -173,6 +190,11 @@ class SamplerState(Record):
     mem: MemState = field("host memory", factory=MemState)
     cpu_timeline: TimelineState = field("CPU cores busy over time", factory=TimelineState)
     done: bool = field("true in the final state written when the sampler stopped", False)
+    watch: tuple[dict, ...] = field("per GPU, the waste detector's state (gsrun.request.waste.GpuWatch.to_json), "
+                                    "in gres order", optional_key=True)
+    waste_findings: tuple[WasteFinding, ...] = field("waste detections so far, oldest first (the newest 64)",
+                                                     optional_key=True)
+    waste_findings_dropped: int = field("older waste detections left out of waste_findings", optional_key=True)
     extra: dict = extra_field()
 
     @classmethod
@@ -190,4 +212,4 @@ class SamplerState(Record):
 
 
 __all__ = ["STATE_VERSION", "GpuRef", "MetricState", "TimelineState", "CounterState", "GpuState", "CpuState",
-           "MemState", "SamplerState"]
+           "MemState", "WasteFinding", "SamplerState"]

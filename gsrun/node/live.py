@@ -264,7 +264,7 @@ class LiveActions:
                 "user": job.get("user"), "partition": job.get("partition")}
 
     def _acts(self, state: dict) -> dict:
-        return state.setdefault("live_actions", {"seen": 0, "alerts": [], "cancel": None, "report_noted": False})
+        return state.setdefault("live_actions", {"seen_keys": [], "alerts": [], "cancel": None, "report_noted": False})
 
     # -- the hook
     def after_flush(self, state: dict, state_json_fn) -> None:
@@ -311,9 +311,14 @@ class LiveActions:
 
     def _alerts(self, state: dict, now: float) -> bool:
         acts = self._acts(state)
-        findings = list(state.get("waste_findings") or ())
-        new = findings[acts["seen"]:]
-        acts["seen"] = len(findings)
+        seen = acts.setdefault("seen_keys", [])
+        new = []
+        for f in state.get("waste_findings") or ():
+            key = f"{f.get('gpu')}|{f.get('code')}|{f.get('since_s')}"
+            if key not in seen:
+                seen.append(key)
+                new.append(f)
+        del seen[:-256]       # bounded (the detector keeps at most 64 findings)
         if not new:
             return False
         lines = [alert_line(f, self.node, float(state["start_time"])) for f in new]
@@ -367,7 +372,8 @@ class LiveActions:
             return False     # exemptions unknown: never cancel on unknowns
         from gsrun.request.waste import cancel_decision
 
-        action, reason = cancel_decision(cfg, self.job, since, now)
+        t0 = float(state["start_time"])     # the detector's frame: seconds since the sampler started
+        action, reason = cancel_decision(cfg, self.job, since - t0, now - t0)
         if action == "none":
             return False
         if action == "report":

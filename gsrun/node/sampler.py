@@ -57,6 +57,7 @@ GPU_METRICS = ("util_pct", "mem_used_bytes", "power_w", "sm_clock_mhz", "tempera
                "tensor_active_pct", "dram_bw_pct", "mem_procs_bytes")
 TIMELINE_METRICS = ("util_pct", "sm_active_pct", "mem_used_bytes", "power_w")
 UTIL_THRESHOLDS_PCT = (5.0, 50.0)   # util_pct: time at or above these (idle = below 5 %)
+WASTE_FINDINGS_MAX = 64            # detections kept in the state (older ones counted in waste_findings_dropped)
 TIMELINE_FLUSH_EVERY = 10          # timelines re-encoded every 10th flush (see Sampler.flush)
 GAP_FACTOR = 2.0                    # a poll later than this x interval_s: the excess is gap time
 GPU_READ_KEYS = ("memory", "power_mw", "energy_mj", "sm_clock_mhz", "temperature_c",
@@ -175,11 +176,16 @@ def state_to_json(state: dict, timelines: bool = True) -> dict:
     out["cpu"] = dict(state["cpu"])
     out["cpu_timeline"] = state["cpu_timeline"].to_dict() if timelines else "@@TLcpu@@"
     out["notes"] = list(state["notes"])
+    if "watch" in state:
+        out["watch"] = [w.to_json() if hasattr(w, "to_json") else dict(w) for w in state["watch"]]
+        out["waste_findings"] = [dict(f) for f in state.get("waste_findings", [])]
     return out
 
 
-def state_from_json(d: dict) -> dict:
-    """Inverse of :func:`state_to_json` (a restarted sampler continues)."""
+def state_from_json(d: dict, idle_cfg=None) -> dict:
+    """Inverse of :func:`state_to_json` (a restarted sampler continues).
+    ``idle_cfg``: the :class:`gsrun.request.waste.IdleConfig` the restored
+    GPU watches run with (default: the built-in defaults)."""
     st = dict(d)
     st["gpus"] = []
     for g in d["gpus"]:
@@ -194,6 +200,15 @@ def state_from_json(d: dict) -> dict:
     st["mem"] = dict(d["mem"], sampled=Metric.from_dict(d["mem"]["sampled"]))
     st["cpu_timeline"] = Timeline.from_dict(d["cpu_timeline"])
     st["notes"] = list(d.get("notes", []))
+    if isinstance(d.get("watch"), list):
+        from gsrun.request.waste import GpuWatch, IdleConfig
+
+        cfg = idle_cfg or IdleConfig()
+        try:
+            st["watch"] = [GpuWatch.from_json(w, cfg) for w in d["watch"]]
+        except (ValueError, TypeError, KeyError):
+            st.pop("watch")      # a broken watch state: the watches start afresh
+        st["waste_findings"] = [f for f in d.get("waste_findings") or [] if isinstance(f, dict)]
     return st
 
 
@@ -228,7 +243,7 @@ def _lost(r: dict) -> NA | None:
 
 
 def update_gpu(g: dict, r: dict, t_rel_s: float, dt_s: float, gap_s: float = 0.0,
-               job_pids: set[int] | None = None) -> None:
+               job_pids: set[int] | None = None) -> dict | None:
     """Fold one poll's readings into a GPU's live state. Pure (no I/O).
 
     ``dt_s``: seconds since the previous poll that the readings stand for
@@ -242,16 +257,21 @@ def update_gpu(g: dict, r: dict, t_rel_s: float, dt_s: float, gap_s: float = 0.0
     ``mem_procs_bytes`` the sum of ``used_bytes`` of the compute processes
     whose PID is in ``job_pids`` (None: PIDs unknown, a gap). A reading that
     answered NOT_SUPPORTED goes to ``g["not_polled"]``.
+
+    Returns this poll's figures (the :data:`GPU_METRICS` keys, None where
+    unknown, plus ``job_gpu_pids``: the job's PIDs among the GPU's compute
+    processes, sorted, None when either list is unknown) for the waste
+    detector (:class:`gsrun.request.waste.GpuWatch`); None for a lost GPU.
     """
     if g["lost_at_s"] is not None:
-        return
+        return None
     lost = _lost(r)
     if lost is not None:
         # field case 16 (docs/field-cases.md): statistics cover only the time before;
         # never a crash
         g["lost_at_s"] = t_rel_s
         g["lost_reason"] = lost.reason
-        return
+        return None
     m = g["metrics"]
     unsupported = g["unsupported"]
 
@@ -311,12 +331,14 @@ def update_gpu(g: dict, r: dict, t_rel_s: float, dt_s: float, gap_s: float = 0.0
         # v1 alone (no baseline): "used" as read, as before issue 18 (no key written)
     procs = r.get("compute_processes")
     mem_procs = None
+    gpu_pids = None
     if is_na(procs):
         unsupported["compute_processes"] = procs.reason
     elif isinstance(procs, list) and job_pids is not None:
         mem_procs = float(sum(int(p["used_bytes"]) for p in procs
                               if isinstance(p, dict) and p.get("pid") in job_pids
                               and isinstance(p.get("used_bytes"), int)))
+        gpu_pids = sorted({p["pid"] for p in procs if isinstance(p, dict) and p.get("pid") in job_pids})
     gpm = r.get("gpm")
     gpm_ok = gpm if isinstance(gpm, dict) else {}
     if is_na(gpm) and gpm.reason != "first GPM sample":
@@ -363,6 +385,8 @@ def update_gpu(g: dict, r: dict, t_rel_s: float, dt_s: float, gap_s: float = 0.0
     xids = r.get("xid_events")
     if isinstance(xids, list) and xids:
         g["xid"] = (g["xid"] + [int(x) for x in xids])[-32:]
+    values["job_gpu_pids"] = gpu_pids
+    return values
 
 
 class JobProcs:
@@ -450,7 +474,9 @@ class Sampler:
     def __init__(self, hostfs, job_id: str, uid: int | None, node: str, gres_indices: list[int],
                  state_path: str, interval_s: float, flush_s: float, timeline_points: int = 1000,
                  clock=time.time, sleep=time.sleep, nvml=None, usage=None,
-                 mem_baseline: dict[int, int] | None = None):
+                 mem_baseline: dict[int, int] | None = None, idle=None):
+        from gsrun.request.waste import GpuWatch, IdleConfig
+
         self.hostfs = hostfs
         self.job_id = job_id
         self.uid = uid
@@ -479,12 +505,19 @@ class Sampler:
         prior = read_json(state_path)
         if prior and prior.get("version") == STATE_VERSION and prior.get("job_id") == job_id \
                 and not prior.get("done"):
-            self.state = state_from_json(prior)   # restarted sampler: continue the same aggregates
+            self.state = state_from_json(prior, idle)   # restarted sampler: continue the same aggregates
             self.state["notes"].append(f"sampler restarted at {t0:.0f}")
         else:
             self.state = new_state(job_id, node, refs, err, notes, t0, interval_s, timeline_points,
                                    mem_baseline)
         self.refs = [GpuRef(**g["ref"]) for g in self.state["gpus"]]
+        self.idle_cfg = idle if idle is not None else IdleConfig()
+        w = self.state.get("watch")
+        if not (isinstance(w, list) and len(w) == len(self.refs)):
+            self.state["watch"] = [GpuWatch(str(r.gres_index), self.idle_cfg, None, GAP_FACTOR * interval_s)
+                                   for r in self.refs]
+            self.state["waste_findings"] = []
+        self.state.setdefault("waste_findings", [])
         self.procs = JobProcs(job_id, uid, node)
         self._cg = None
         self._cg_looked = False
@@ -536,23 +569,52 @@ class Sampler:
             cpu, cur, peak, src = self._job_usage()
         except Exception as e:  # noqa: BLE001
             cpu, cur, peak, src = None, None, None, f"unavailable ({e})"
+        pids = None
         if self.nv is not None:
             try:
                 pids = self._job_pids()
             except Exception:  # noqa: BLE001 - no PIDs: the job-process figure has a gap
                 pids = None
-            for ref, g in zip(self.refs, st["gpus"]):
-                if ref.nvml_index is None or g["lost_at_s"] is not None:
-                    continue    # a lost GPU is not polled again (calls on it may hang)
+        watches = st["watch"]
+        for i, (ref, g) in enumerate(zip(self.refs, st["gpus"])):
+            vals = None
+            if self.nv is not None and ref.nvml_index is not None and g["lost_at_s"] is None:
+                # (a lost GPU is not polled again: calls on it may hang)
                 try:
                     r = read_gpu(self.nv, ref, g["last_sample_us"], set(g.get("not_polled", ())))
                 except Exception as e:  # noqa: BLE001 - a broken binding must not kill the sampler
                     r = {"memory": NA(f"read failed: {e}", None)}
-                update_gpu(g, r, t_rel, dt, gap, pids)
+                vals = update_gpu(g, r, t_rel, dt, gap, pids)
                 self._warn_energy(ref, g)
+            self._watch(watches[i], t_rel, vals)
         update_job(st, cpu, cur, peak, src, t_rel, dt)
         st["samples"] += 1
         st["last_time"] = now
+
+    def _watch(self, watch, t_rel: float, vals: dict | None) -> None:
+        """Feed one GPU's poll to its waste detector; new detections go to
+        ``state["waste_findings"]`` (the newest :data:`WASTE_FINDINGS_MAX`)."""
+        try:
+            new = watch.update(t_rel, vals or {})
+        except Exception as e:  # noqa: BLE001 - the detector must never cost the job its figures
+            note = f"waste detection stopped on GPU {watch.gpu}: {e}"
+            if note not in self.state["notes"]:
+                self.state["notes"].append(note)
+            return
+        found = self.state["waste_findings"]
+        st = watch.stretch
+        if st is not None and st.reported and not new:
+            # the detection still holds: how long it lasted (until_s), for the final report
+            for f in reversed(found):
+                if f["gpu"] == watch.gpu and f["since_s"] == round(st.since_s, 3):
+                    f["until_s"] = round(st.last_s, 3)
+                    break
+        if new:
+            found.extend(new)
+            if len(found) > WASTE_FINDINGS_MAX:
+                drop = len(found) - WASTE_FINDINGS_MAX
+                del found[:drop]
+                self.state["waste_findings_dropped"] = self.state.get("waste_findings_dropped", 0) + drop
 
     def _warn_energy(self, ref: GpuRef, g: dict) -> None:
         """Once per job and GPU: the energy counter gave no reading (NOT_SUPPORTED,
@@ -743,7 +805,7 @@ def run_sampler(job_id: str, uid: int, node: str, gpus: str, host_root: str | No
     from gsrun.base.paths import Paths
     from gsrun.facts.hostfs import HostFS
     from gsrun.facts.jobenv import parse_gpu_indices
-    from gsrun.request.config import load_config_or_defaults
+    from gsrun.request.config import idle_config, load_config_or_defaults
 
     class _Err:
         @staticmethod
@@ -755,8 +817,9 @@ def run_sampler(job_id: str, uid: int, node: str, gpus: str, host_root: str | No
     d = paths.make_state_job(job_id)
     s = Sampler(HostFS.from_env(host_root), job_id, uid, node, parse_gpu_indices(gpus) or [],
                 str(d / "sampler.json"), interval_s or cfg["sampler.interval_s"], cfg["sampler.flush_s"],
-                cfg["sampler.timeline_points"], mem_baseline=parse_mem_baseline(mem_baseline))
-    s.live = _live_actions(cfg, paths, job_id, node, uid)
+                cfg["sampler.timeline_points"], mem_baseline=parse_mem_baseline(mem_baseline),
+                idle=idle_config(cfg))
+    s.live = _live_actions(cfg, paths, job_id, node, uid, s.idle_cfg)
     if dma_latency_us is not None:
         from gsrun.node import cpu_latency
 
@@ -767,13 +830,12 @@ def run_sampler(job_id: str, uid: int, node: str, gpus: str, host_root: str | No
     return 0
 
 
-def _live_actions(cfg, paths, job_id: str, node: str, uid: int):
+def _live_actions(cfg, paths, job_id: str, node: str, uid: int, idle_cfg):
     """The sampler's live effects (:class:`gsrun.node.live.LiveActions`) with
-    the site's ``[idle]`` policy (None when it does not parse: live file only)."""
+    the site's ``[idle]`` policy (``idle_cfg``, the detector's)."""
     from gsrun.node.live import LiveActions
-    from gsrun.request.config import idle_config
 
-    return LiveActions(paths.spool_dir, job_id, node, uid, idle_config(cfg), cfg["live.flush_s"],
+    return LiveActions(paths.spool_dir, job_id, node, uid, idle_cfg, cfg["live.flush_s"],
                        cfg["timeouts.command_s"])
 
 

@@ -47,6 +47,51 @@ def _n(k: int, word: str) -> str:
     return f"{k} {word}" + ("" if k == 1 else "s")
 
 
+WASTE_TEXT = {
+    FindingCode.GPU_NEVER_USED: ("held but never used", "no process of the job ran on {it} since the job started",
+                                 "release GPUs the job does not use (ask for fewer with --gpus)"),
+    FindingCode.GPU_IDLE: ("idle while the job ran", "utilization and SM activity stayed at ~0 near idle power",
+                           "end the job (or its GPU work) when the GPU work is done; do not hold GPUs while idle"),
+    FindingCode.GPU_STUCK_COLLECTIVE: ("stuck", "utilization stayed high while SM and tensor activity were ~0 at "
+                                       "near-idle power: a collective (NCCL) waiting for a rank that hangs, or "
+                                       "kernels too small to use the GPU",
+                                       "check for a hung rank (NCCL_DEBUG=INFO, py-spy dump) and set a timeout "
+                                       "on collectives"),
+}
+
+
+def _lasted_min(w: dict) -> float:
+    """How long a detection held, minutes: to its last poll (``until_s``), else to its detection."""
+    end = w.get("until_s") if isinstance(w.get("until_s"), (int, float)) else w.get("detected_s")
+    try:
+        return max(0.0, (float(end) - float(w["since_s"])) / 60.0)
+    except (KeyError, TypeError, ValueError):
+        return float((w.get("evidence") or {}).get("minutes") or 0.0)
+
+
+def _waste(waste: list[dict]) -> list[dict]:
+    """One finding per kind of waste detected while the job ran (the nodes'
+    samplers, :mod:`gsrun.request.waste`), its GPUs grouped, the longest
+    stretch in minutes as the value."""
+    from gsrun.report.units import fmt_duration_s
+    out = []
+    for code, (what, why, action) in WASTE_TEXT.items():
+        hits = [w for w in waste if isinstance(w, dict) and w.get("code") == code.value]
+        if not hits:
+            continue
+        devs = [{"node": w.get("node"), "index": int(w["gpu"]) if str(w.get("gpu")).isdigit() else w.get("gpu")}
+                for w in hits]
+        devs = list({(d["node"], d["index"]): d for d in devs}.values())
+        longest = max(_lasted_min(w) for w in hits)
+        first = min(w.get("since_s") or 0.0 for w in hits)
+        it = "it" if len(devs) == 1 else "them"
+        out.append({"code": code, "severity": "warn", "value": round(float(longest), 1), "action": action,
+                    "text": f"{gpus_label(devs)} {_were(devs)} {what} (detected while the job ran, from "
+                            f"{fmt_duration_s(first, 'clock')} into the job, for at least {longest:.0f} min): "
+                            f"{why.format(it=it)}. Next time: {action}."})
+    return out
+
+
 def _hardware(gpu: dict) -> list[dict]:
     from gsrun.report.units import fmt_duration_s
     out = []
@@ -95,6 +140,7 @@ def _findings(summary: dict, cfg: Config | None, partition: str | None) -> list[
         return [{"code": FindingCode.DEFERRED, "severity": "info", "value": None,
                  "text": f"The job is {state.lower()}: the report is deferred until it runs."}]
     out += _hardware(gpu)
+    out += _waste(summary.get("waste") or [])
     if not gpu["available"] and gpu.get("reason"):
         out.append({"code": FindingCode.GPU_UNAVAILABLE, "severity": "info", "value": None,
                     "text": f"GPU figures unavailable: {gpu['reason']}."})

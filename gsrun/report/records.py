@@ -61,6 +61,10 @@ class FindingCode(str, enum.Enum):
     CPU_IDLE = "cpu_idle"
     LOW_GPU_UTIL = "low_gpu_util"
     TIME_LIMIT_HIGH = "time_limit_high"
+    # found while the job ran (gsrun.request.waste; the node's sampler state's waste_findings)
+    GPU_IDLE = "gpu_idle"
+    GPU_STUCK_COLLECTIVE = "gpu_stuck_collective"
+    GPU_NEVER_USED = "gpu_never_used"
 
     def __str__(self) -> str:
         return self.value
@@ -183,6 +187,8 @@ class NodeSummary(Record):
     sampler_stop: str = field("how the epilog stopped the sampler (added by the epilog)", optional_key=True)
     mem_total_bytes: int | None = field("the node's memory, bytes (/proc/meminfo MemTotal; added by the epilog)",
                                         optional_key=True)
+    waste: tuple[WasteDetection, ...] = field("waste detections of the node's sampler while the job ran; absent: "
+                                              "none", optional_key=True)
     request: dict[str, Any] | None = field("the job's gsrun request from the prolog record (added by the "
                                            "epilog)", optional_key=True)
     extra: dict = extra_field()
@@ -270,6 +276,21 @@ class GpuFigures(Record):
 
 
 @dataclass(frozen=True)
+class WasteDetection(Record):
+    """A waste detection made while the job ran, by the node's sampler
+    (:class:`gsrun.request.waste.GpuWatch`; the sampler state's ``waste_findings``)."""
+
+    node: str = field("node name")
+    code: str = field("gpu_idle, gpu_stuck_collective or gpu_never_used")
+    gpu: str = field("the GPU: Slurm gres index as text")
+    since_s: float = field("start of the stretch, s since the node's sampler start (the prolog)")
+    detected_s: float = field("poll at which it was detected, s since the node's sampler start")
+    until_s: float = field("last poll it still held at, s since the node's sampler start", optional_key=True)
+    evidence: dict = field("figures over the stretch (sampler-state schema, WasteFinding.evidence)", factory=dict)
+    extra: dict = extra_field()
+
+
+@dataclass(frozen=True)
 class NodeDetail(Record):
     """Per-node CPU/memory figures kept in the job summary (the JS1 blob's source)."""
 
@@ -299,6 +320,8 @@ class JobSummary(Record):
     nodes_missing: tuple[str, ...] = field("nodes of the job without a node summary", ABSENT)
     node_notes: dict[str, tuple[str, ...]] = field("node -> its notes", ABSENT)
     findings: tuple[Finding, ...] = field("findings, most important first", ABSENT)
+    waste: tuple[WasteDetection, ...] = field("waste detections made while the job ran, all nodes (node, then "
+                                              "time); absent: none", optional_key=True)
     extra: dict = extra_field()
 
     @classmethod

@@ -103,7 +103,7 @@ from gsrun.base.record import ABSENT
 from gsrun.facts.aggregate import Counter, Metric
 from gsrun.facts.sampler_state import GpuState, SamplerState
 from gsrun.report.records import (CpuFigures, GpuFigures, GpuSummary, JobInfo, JobSummary, MemoryFigures,
-                                  NodeDetail, NodeSummary)
+                                  NodeDetail, NodeSummary, WasteDetection)
 
 IDLE_UTIL_PCT = 5.0      # util_idle_frac: share of time below this (a sampler threshold)
 
@@ -266,6 +266,9 @@ def node_record(state: SamplerState | dict | None, job_env: dict, end_time: floa
         gpu_available=bool(real) and not nvml_error, gpu_reason=reason,
         gpus=gpus, samples=st.samples, notes=notes,
         cpu_timeline=st.cpu_timeline.points,
+        **({"waste": [WasteDetection(node=node, code=w.code, gpu=w.gpu, since_s=w.since_s, detected_s=w.detected_s,
+                                     evidence=w.evidence, until_s=w.until_s) for w in st.waste_findings]}
+           if st.waste_findings is not ABSENT and st.waste_findings else {}),
     )
 
 
@@ -458,6 +461,8 @@ def job_record(job: dict, nodes: list[dict | NodeSummary], cfg=None, partition: 
         nodes_detail=per_node,
         nodes_missing=missing,
         node_notes={n["node"]: n.get("notes", []) for n in nodes if n.get("notes")},
+        **({"waste": waste} if (waste := [WasteDetection.from_json(w) for n in nodes for w in n.get("waste") or ()
+                                          if isinstance(w, dict)]) else {}),
     )
     return dataclasses.replace(summary, findings=finding_records(summary.to_json(), cfg, partition))
 

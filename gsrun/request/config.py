@@ -28,6 +28,7 @@ from gsrun.request.malloc import (ALLOCATORS, JEMALLOC_CONF, TCMALLOC_ENV, check
                                   check_tcmalloc_env)
 from gsrun.request.malloc import LIB_DIRS as MALLOC_LIB_DIRS
 from gsrun.request.tune import TUNE_KEYS
+from gsrun.request.waste import check_idle_value
 
 ENV_CONFIG = "GSRUN_CONFIG"
 DEFAULT_CONFIG_PATH = "/etc/gsrun/gsrun.toml"
@@ -124,6 +125,10 @@ def _layouts(v):
         except Exception as e:  # noqa: BLE001
             return f"layout {name!r}: {getattr(e, 'detail', e)}"
     return None
+
+
+def _idle(key):
+    return lambda v: check_idle_value(key, v)
 
 
 SETTINGS: tuple[Setting, ...] = (
@@ -223,6 +228,52 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("findings.mem_good_pct", (int, float), 50.0,
             "Host memory high water at or above this share of the request is good in the verdict (below "
             "findings.mem_overrequest_pct is wasteful).", _range(0, 100), "0-100", True),
+    Setting("idle.warn_after_min", (int, float), 60.0,
+            "A GPU of a running job idle this many minutes in a row (utilization ~0, SM activity ~0 where GPM "
+            "reads it, power near its idle level; or no process of the job on it) is a gpu_idle finding and "
+            "alert; gpu_never_used when the job never touched it.", _idle("warn_after_min"), "1-100000"),
+    Setting("idle.cancel_after_min", (int, float), 0,
+            "Cancel (scancel) a job whose allocated GPUs have all been idle this many minutes; 0 = never "
+            "(the default). Needs idle.cancel = \"on\" (or \"report\" for a dry run).",
+            _idle("cancel_after_min"), "0-100000"),
+    Setting("idle.cancel", str, "off",
+            "off: never cancel; report: tell the admins what would have been cancelled (dry run); on: cancel.",
+            _idle("cancel"), "off|report|on"),
+    Setting("idle.stuck_after_min", (int, float), 15.0,
+            "Utilization high while SM and tensor activity stay ~0 at near-idle power for this many minutes "
+            "(a hung collective, or kernels too small to matter) is a gpu_stuck_collective finding. Needs GPM "
+            "(Hopper and later).", _idle("stuck_after_min"), "1-100000"),
+    Setting("idle.util_idle_pct", (int, float), 1.0,
+            "Utilization at or below this (per poll) counts as idle.", _idle("util_idle_pct"), "0-100"),
+    Setting("idle.sm_idle_pct", (int, float), 1.0,
+            "SM activity (and tensor activity) at or below this (per poll, GPM) counts as ~0.",
+            _idle("sm_idle_pct"), "0-100"),
+    Setting("idle.power_idle_margin_w", (int, float), 60.0,
+            "Power within this many watts above the GPU's idle level (the lowest reading of the job, first "
+            "taken by the prolog) counts as near idle. An H200 holding a CUDA context and running nothing "
+            "draws ~45 W above its bare idle.", _idle("power_idle_margin_w"), "0-2000"),
+    Setting("idle.util_stuck_pct", (int, float), 90.0,
+            "Utilization at or above this (with SM activity ~0 at near-idle power) counts towards a stuck "
+            "collective.", _idle("util_stuck_pct"), "0-100"),
+    Setting("idle.exempt_partitions", list, [], "Partitions whose jobs are never cancelled for idling.",
+            _idle("exempt_partitions"), "partition names"),
+    Setting("idle.exempt_qos", list, [], "QOS whose jobs are never cancelled for idling.", _idle("exempt_qos"),
+            "QOS names"),
+    Setting("idle.exempt_users", list, [], "Users whose jobs are never cancelled for idling.",
+            _idle("exempt_users"), "user names"),
+    Setting("idle.exempt_accounts", list, [], "Accounts whose jobs are never cancelled for idling.",
+            _idle("exempt_accounts"), "account names"),
+    Setting("idle.interactive_grace_min", (int, float), 60.0,
+            "Extra idle minutes before an interactive job (salloc, srun --pty) is cancelled: its limit is "
+            "cancel_after_min + this.", _idle("interactive_grace_min"), "0-100000"),
+    Setting("idle.alert_mail", bool, True,
+            "Mail the job's user once when an idle / stuck / never-used GPU is first detected.", None,
+            "true/false"),
+    Setting("idle.mail_per_user_per_hour", int, 3, "Most idle alert mails per user per hour.",
+            _idle("mail_per_user_per_hour"), "0-1000"),
+    Setting("idle.touch_comment", bool, False,
+            "Also note a detection in the job's Comment (off: the job's Comment and stderr are left alone).",
+            None, "true/false"),
     Setting("report.doc_url", str, "",
             "Site documentation page linked from every finding (the finding code as #anchor); empty = no link.",
             _url, "http(s) URL or empty"),
@@ -437,15 +488,8 @@ def _toml_value(v) -> str:
     return json.dumps(v)
 
 
-def idle_config(cfg: Config):
-    """The site's ``[idle]`` table as :class:`gsrun.request.waste.IdleConfig`,
-    or None when it does not parse (then: no alerts, and never a cancel)."""
-    try:
-        from gsrun.request.waste import IdleConfig
-    except ImportError:
-        return None
-    table = {k.split(".", 1)[1]: v for k, v in cfg.effective().items() if k.startswith("idle.")}
-    try:
-        return IdleConfig.from_table(table)
-    except Exception:  # noqa: BLE001 - a broken [idle] table: no alerts, never a wrong cancel
-        return None
+def idle_config(cfg: "Config"):
+    """The ``[idle]`` table as a :class:`gsrun.request.waste.IdleConfig`."""
+    from gsrun.request.waste import IdleConfig
+
+    return IdleConfig.from_table({k: v for k, v in cfg.effective().items() if k.startswith("idle.")})

@@ -1,0 +1,483 @@
+"""Waste detection while a job runs: idle GPUs, stuck collectives, GPUs held
+but never used, and the (opt-in) idle-cancel decision. Pure: no I/O, no NVML.
+
+The sampler (:mod:`gsrun.node.sampler`) keeps one :class:`GpuWatch` per GPU
+of the job on the node and feeds it, every poll, the figures it has just
+folded into its aggregates (the ``values`` dict that
+:func:`gsrun.node.sampler.update_gpu` returns):
+
+- ``util_pct``: utilization over the poll window (the driver's sample buffer;
+  None on the first poll and when NVML gave nothing),
+- ``sm_active_pct``, ``tensor_active_pct``: GPM (Hopper and later; None where
+  GPM is unsupported: older GPUs, most VMs, MIG),
+- ``power_w``: board power,
+- ``job_gpu_pids``: the job's processes among the GPU's compute processes
+  (``nvmlDeviceGetComputeRunningProcesses`` x the job's cgroup PIDs); None
+  when either list is unknown. Under MPS the GPU lists the MPS server, not
+  the job's clients, so an empty list alone never makes a busy GPU idle.
+
+Each poll is classified (:func:`classify`) as ``idle``, ``stuck``, ``busy`` or
+``unknown``:
+
+- ``idle``: utilization at or below ``util_idle_pct`` and every other known
+  signal agrees (SM activity at or below ``sm_idle_pct`` where GPM reads it;
+  power within ``power_idle_margin_w`` of the GPU's idle level where power
+  reads); with no utilization figure for the poll, SM and tensor activity at
+  or below ``sm_idle_pct`` and power not above the idle band -- or none of the job's processes is on the GPU and utilization is
+  low or unknown (a MIG slice has no utilization figure);
+- ``stuck``: utilization at or above ``util_stuck_pct`` while SM activity and
+  tensor activity are at or below ``sm_idle_pct`` and power is near the idle
+  level: a kernel "runs" but does no work -- a collective (NCCL) waiting for
+  a rank that hangs, or a loop of kernels so small the GPU might as well be
+  idle. Needs GPM: without SM activity the two cannot be told apart from a
+  light load, so no ``stuck`` is ever decided there (:attr:`GpuWatch.limits`
+  says so);
+- ``unknown``: utilization unknown and the process list unknown. An unknown
+  poll is a gap, never a 0: a stretch carries over gaps up to ``max_gap_s``
+  and ends at a longer one.
+
+A stretch of ``idle`` polls lasting ``warn_after_min`` is a ``gpu_idle``
+detection (``gpu_never_used`` instead when no process of the job, and no
+activity, was ever seen on the GPU since the first poll); a stretch of
+``stuck`` polls lasting ``stuck_after_min`` is a ``gpu_stuck_collective``.
+Each is reported once per stretch, with its evidence.
+
+The idle power level (``idle_power_w``) of a GPU is the lowest board power
+read on it during the job, starting from the value given at construction
+(the sampler passes none: its first poll, taken by the prolog before the
+job's processes start, is the first reading). A GPU that holds a CUDA context
+and runs nothing draws more than that floor (real H200: 83 W bare, 120-128 W
+with a context; ``tests/data/hosts/h200-real/results/real_node-final.json``),
+which the default margin (60 W) covers.
+
+Times (``t_s``, ``since_s``, ``detected_s``) are seconds in the caller's
+frame (the sampler: since its start).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from gsrun.base.errors import ConfigError
+from gsrun.base.ids import PARTITION_RE, USER_NAME_RE
+
+IDLE = "gpu_idle"
+STUCK = "gpu_stuck_collective"
+NEVER_USED = "gpu_never_used"
+CODES = (IDLE, STUCK, NEVER_USED)
+CANCEL_MODES = ("off", "report", "on")
+WATCH_VERSION = 1
+DEFAULT_MAX_GAP_S = 60.0
+_NAME_RE = PARTITION_RE          # Slurm partition, QOS and account names: same allowed characters
+
+
+@dataclass(frozen=True)
+class IdleConfig:
+    """The ``[idle]`` table of the site config (see :data:`gsrun.request.config.SETTINGS`
+    for meanings and defaults; docs/CONFIG.md). Minutes and percent as named;
+    ``cancel_after_min`` None = never cancel (the config's 0)."""
+
+    warn_after_min: float = 60.0
+    cancel_after_min: float | None = None
+    cancel: str = "off"
+    stuck_after_min: float = 15.0
+    util_idle_pct: float = 1.0
+    sm_idle_pct: float = 1.0
+    power_idle_margin_w: float = 60.0
+    util_stuck_pct: float = 90.0
+    exempt_partitions: tuple[str, ...] = ()
+    exempt_qos: tuple[str, ...] = ()
+    exempt_users: tuple[str, ...] = ()
+    exempt_accounts: tuple[str, ...] = ()
+    interactive_grace_min: float = 60.0
+    alert_mail: bool = True
+    mail_per_user_per_hour: int = 3
+    touch_comment: bool = False
+
+    @classmethod
+    def from_table(cls, table: dict | None) -> "IdleConfig":
+        """From the ``[idle]`` table (keys without the ``idle.`` prefix) or
+        from a full config's effective dict (``{"idle.warn_after_min": ...}``);
+        a missing key takes its default.
+
+        Raises:
+            ConfigError: an unknown key, a wrong type or a value out of range
+                (the message names ``idle.<key>``): a typo in gsrun.toml.
+        """
+        table = dict(table or {})
+        if any(k.startswith("idle.") for k in table):
+            table = {k[5:]: v for k, v in table.items() if k.startswith("idle.")}
+        known = {f.name: f for f in fields(cls)}
+        out = {}
+        for k, v in table.items():
+            if k not in known:
+                raise ConfigError("config", "unknown key", f"idle.{k}", hint=f"keys of [idle]: {', '.join(known)}")
+            problem = check_idle_value(k, v)
+            if problem:
+                raise ConfigError("config", f"bad value for idle.{k}", f"{v!r}: {problem}")
+            if k.startswith("exempt_"):
+                v = tuple(v)
+            elif k == "cancel_after_min":
+                v = None if v in (None, 0) else float(v)
+            elif isinstance(v, int) and not isinstance(v, bool) and k.endswith(("_min", "_pct", "_w")):
+                v = float(v)
+            out[k] = v
+        return cls(**out)
+
+
+def _num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def check_idle_value(key: str, v) -> str | None:
+    """The problem with ``idle.<key> = v``, or None. Shared by
+    :func:`IdleConfig.from_table` and the config's ``SETTINGS`` checks."""
+    if key in ("warn_after_min", "stuck_after_min"):
+        return None if _num(v) and 1 <= v <= 100000 else "must be a number of minutes between 1 and 100000"
+    if key in ("cancel_after_min", "interactive_grace_min"):
+        if key == "cancel_after_min" and v is None:
+            return None
+        return None if _num(v) and 0 <= v <= 100000 else "must be a number of minutes between 0 and 100000"
+    if key in ("util_idle_pct", "sm_idle_pct", "util_stuck_pct"):
+        return None if _num(v) and 0 <= v <= 100 else "must be a percentage between 0 and 100"
+    if key == "power_idle_margin_w":
+        return None if _num(v) and 0 <= v <= 2000 else "must be watts between 0 and 2000"
+    if key == "cancel":
+        return None if v in CANCEL_MODES else "must be off, report or on"
+    if key in ("alert_mail", "touch_comment"):
+        return None if isinstance(v, bool) else "must be true or false"
+    if key == "mail_per_user_per_hour":
+        return None if isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 1000 \
+            else "must be an integer between 0 and 1000"
+    if key.startswith("exempt_"):
+        rx = USER_NAME_RE if key == "exempt_users" else _NAME_RE
+        if not isinstance(v, (list, tuple)):
+            return "must be a list of names"
+        bad = [x for x in v if not isinstance(x, str) or not rx.fullmatch(x)]
+        return f"not valid names: {bad!r}" if bad else None
+    return "unknown key"
+
+
+# ----------------------------------------------------------------------------- one poll
+
+def _f(v) -> float | None:
+    return float(v) if _num(v) else None
+
+
+def classify(reading: dict, idle_power_w: float | None, cfg: IdleConfig) -> str:
+    """One poll of one GPU -> ``"idle"``, ``"stuck"``, ``"busy"`` or
+    ``"unknown"`` (module doc). ``reading``: the keys the module doc names
+    (missing = unknown)."""
+    util = _f(reading.get("util_pct"))
+    sm = _f(reading.get("sm_active_pct"))
+    tensor = _f(reading.get("tensor_active_pct"))
+    power = _f(reading.get("power_w"))
+    pids = reading.get("job_gpu_pids")
+    near_idle = None if power is None or idle_power_w is None else power <= idle_power_w + cfg.power_idle_margin_w
+    if util is not None:
+        if util <= cfg.util_idle_pct and (sm is None or sm <= cfg.sm_idle_pct) and near_idle is not False:
+            return "idle"
+        if util >= cfg.util_stuck_pct and sm is not None and sm <= cfg.sm_idle_pct \
+                and (tensor is None or tensor <= cfg.sm_idle_pct) and near_idle is True:
+            return "stuck"
+    elif sm is not None:
+        # no utilization this poll (the driver's buffer had no new sample): SM activity decides
+        if sm <= cfg.sm_idle_pct and (tensor is None or tensor <= cfg.sm_idle_pct) and near_idle is not False:
+            return "idle"
+        return "busy"
+    if isinstance(pids, (list, tuple)) and not pids and (util is None or util <= cfg.util_idle_pct) \
+            and (sm is None or sm <= cfg.sm_idle_pct):
+        return "idle"
+    if util is None and sm is None:
+        return "unknown"
+    return "busy"
+
+
+def _used(reading: dict, cfg: IdleConfig) -> bool:
+    """Did this poll show the job on the GPU at all (a process of the job, or
+    any activity)?"""
+    pids = reading.get("job_gpu_pids")
+    util = _f(reading.get("util_pct"))
+    sm = _f(reading.get("sm_active_pct"))
+    return bool(isinstance(pids, (list, tuple)) and pids) or (util is not None and util > cfg.util_idle_pct) \
+        or (sm is not None and sm > cfg.sm_idle_pct)
+
+
+# ----------------------------------------------------------------------------- the watch
+
+class _Stretch:
+    """A run of polls of one kind: start, last poll, figures over it."""
+
+    __slots__ = ("kind", "since_s", "last_s", "n", "util_max", "util_sum", "util_n", "sm_max", "tensor_max",
+                 "power_sum", "power_n", "power_max", "reported")
+
+    def __init__(self, kind: str, since_s: float):
+        self.kind, self.since_s, self.last_s = kind, since_s, since_s
+        self.n = self.util_n = self.power_n = 0
+        self.util_max = self.sm_max = self.tensor_max = self.power_max = None
+        self.util_sum = self.power_sum = 0.0
+        self.reported = False
+
+    def add(self, t_s: float, r: dict) -> None:
+        self.last_s = t_s
+        self.n += 1
+        u, s, te, p = (_f(r.get(k)) for k in ("util_pct", "sm_active_pct", "tensor_active_pct", "power_w"))
+        if u is not None:
+            self.util_max = u if self.util_max is None else max(self.util_max, u)
+            self.util_sum += u
+            self.util_n += 1
+        if s is not None:
+            self.sm_max = s if self.sm_max is None else max(self.sm_max, s)
+        if te is not None:
+            self.tensor_max = te if self.tensor_max is None else max(self.tensor_max, te)
+        if p is not None:
+            self.power_max = p if self.power_max is None else max(self.power_max, p)
+            self.power_sum += p
+            self.power_n += 1
+
+    def to_json(self) -> dict:
+        return {k: getattr(self, k) for k in self.__slots__}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "_Stretch":
+        s = cls(str(d["kind"]), float(d["since_s"]))
+        for k in cls.__slots__:
+            if k in d:
+                setattr(s, k, d[k])
+        return s
+
+
+def _r1(v):
+    return None if v is None else round(float(v), 1)
+
+
+class GpuWatch:
+    """The waste detector of one GPU of the job (module doc).
+
+    ``GpuWatch(gpu, cfg, idle_power_w)``: ``gpu`` names the GPU in findings
+    (the sampler: the gres index as text); ``idle_power_w``: a known idle
+    level (W) or None (learned: the lowest power read). ``max_gap_s``: the
+    longest run of unknown polls (or pause between polls) a stretch carries
+    over (the sampler: twice its interval)."""
+
+    def __init__(self, gpu: str, cfg: IdleConfig, idle_power_w: float | None = None,
+                 max_gap_s: float = DEFAULT_MAX_GAP_S):
+        self.gpu = str(gpu)
+        self.cfg = cfg
+        self.idle_power_w = _f(idle_power_w)
+        self.idle_power_source = "given" if self.idle_power_w is not None else None
+        self.max_gap_s = float(max_gap_s)
+        self.first_s: float | None = None
+        self.last_s: float | None = None         # last poll
+        self.last_known_s: float | None = None   # last poll that was not unknown
+        self.kind: str | None = None              # classification of the last known poll
+        self.stretch: _Stretch | None = None      # the current idle or stuck stretch
+        self._ever_used = False
+        self.polls = 0
+        self.gpm_seen = False                     # any SM activity figure read
+        self.detections: list[dict] = []          # the detections of the current stretch (0 or 1)
+
+    # -- properties the sampler, alerts and exporter read
+    @property
+    def idle_since_s(self) -> float | None:
+        """Start of the current idle stretch (s), None when not idle now."""
+        st = self.stretch
+        return st.since_s if st is not None and st.kind == "idle" else None
+
+    @property
+    def ever_used(self) -> bool:
+        """A process of the job, or activity, was seen on the GPU at some poll."""
+        return self._ever_used
+
+    @property
+    def active(self) -> list[dict]:
+        """The detections still true now (the current stretch's), each with
+        ``until_s`` = the last poll it held at."""
+        st = self.stretch
+        if st is None or not st.reported:
+            return []
+        return [dict(d, until_s=st.last_s) for d in self.detections]
+
+    @property
+    def limits(self) -> list[str]:
+        """What this GPU's figures cannot tell (plain language; empty: none)."""
+        out = []
+        if self.polls >= 3 and not self.gpm_seen:
+            out.append("SM activity unknown (no GPM on this GPU): idle is judged on utilization, power and "
+                       "the job's processes; a stuck collective cannot be told from a light load")
+        if self.idle_power_w is None and self.polls >= 1:
+            out.append("power unknown: idle is judged without it; no stuck-collective detection")
+        return out
+
+    # -- the poll
+    def update(self, t_s: float, reading: dict) -> list[dict]:
+        """Fold one poll (``reading``: the module doc's keys; ``{}`` for a poll
+        with no figures, e.g. a lost GPU) in; returns the detections new at
+        this poll (finding dicts: ``code``, ``gpu``, ``since_s``,
+        ``detected_s``, ``evidence``)."""
+        cfg = self.cfg
+        t_s = float(t_s)
+        reading = reading or {}
+        power = _f(reading.get("power_w"))
+        if power is not None and (self.idle_power_w is None or power < self.idle_power_w):
+            self.idle_power_w = power
+            self.idle_power_source = "min_seen"
+        if _f(reading.get("sm_active_pct")) is not None:
+            self.gpm_seen = True
+        if self.first_s is None:
+            self.first_s = t_s
+        prev_s = self.last_s
+        self.last_s = t_s
+        self.polls += 1
+        if _used(reading, cfg):
+            self._ever_used = True
+        kind = classify(reading, self.idle_power_w, cfg)
+        st = self.stretch
+        if kind == "unknown":
+            if st is not None and t_s - st.last_s > self.max_gap_s:
+                self._end()
+            return []
+        self.last_known_s = t_s
+        self.kind = kind
+        if st is not None and (st.kind != kind or t_s - st.last_s > self.max_gap_s):
+            self._end()
+            st = None
+        if kind == "busy":
+            return []
+        if st is None:
+            # a stretch starts where the window of its first reading starts: the
+            # previous poll (unless that is more than a gap before), else now
+            since = prev_s if prev_s is not None and t_s - prev_s <= self.max_gap_s else t_s
+            st = self.stretch = _Stretch(kind, since)
+        st.add(t_s, reading)
+        if st.reported:
+            return []
+        after_min = cfg.warn_after_min if kind == "idle" else cfg.stuck_after_min
+        if t_s - st.since_s + 1e-9 < 60.0 * after_min:
+            return []
+        code = STUCK if kind == "stuck" else (
+            NEVER_USED if not self._ever_used and st.since_s == self.first_s else IDLE)
+        det = {"code": code, "gpu": self.gpu, "since_s": round(st.since_s, 3), "detected_s": round(t_s, 3),
+               "evidence": self._evidence(st, reading)}
+        st.reported = True
+        self.detections = [det]
+        return [dict(det)]
+
+    def _end(self) -> None:
+        self.stretch = None
+        self.detections = []
+
+    def _evidence(self, st: _Stretch, reading: dict) -> dict:
+        pids = reading.get("job_gpu_pids")
+        basis = []
+        if st.util_n:
+            basis.append("utilization")
+        if st.sm_max is not None:
+            basis.append("sm_activity")
+        if st.power_n and self.idle_power_w is not None:
+            basis.append("power")
+        if isinstance(pids, (list, tuple)):
+            basis.append("processes")
+        ev = {"minutes": round((st.last_s - st.since_s) / 60.0, 1),
+              "polls": st.n,
+              "util_max_pct": _r1(st.util_max),
+              "util_mean_pct": _r1(st.util_sum / st.util_n) if st.util_n else None,
+              "sm_active_max_pct": _r1(st.sm_max),
+              "tensor_active_max_pct": _r1(st.tensor_max),
+              "power_mean_w": _r1(st.power_sum / st.power_n) if st.power_n else None,
+              "power_max_w": _r1(st.power_max),
+              "power_idle_w": _r1(self.idle_power_w),
+              "power_idle_source": self.idle_power_source,
+              "job_processes": len(pids) if isinstance(pids, (list, tuple)) else None,
+              "ever_used": self._ever_used,
+              "basis": basis}
+        if self.limits:
+            ev["limits"] = self.limits
+        return ev
+
+    # -- the state file
+    def to_json(self) -> dict:
+        """The watch as plain JSON (the sampler's state file, key ``watch``)."""
+        return {"v": WATCH_VERSION, "gpu": self.gpu, "idle_power_w": self.idle_power_w,
+                "idle_power_source": self.idle_power_source, "max_gap_s": self.max_gap_s,
+                "first_s": self.first_s, "last_s": self.last_s, "last_known_s": self.last_known_s,
+                "kind": self.kind, "ever_used": self._ever_used, "polls": self.polls, "gpm_seen": self.gpm_seen,
+                "stretch": None if self.stretch is None else self.stretch.to_json(),
+                "detections": [dict(d) for d in self.detections]}
+
+    @classmethod
+    def from_json(cls, d: dict, cfg: IdleConfig) -> "GpuWatch":
+        """Inverse of :meth:`to_json` with the site's current ``cfg`` (a
+        restarted sampler continues its stretches). Unknown keys are ignored.
+
+        Raises:
+            ValueError: not a watch object or a newer version.
+        """
+        if not isinstance(d, dict) or "gpu" not in d:
+            raise ValueError("GPU watch state: expected an object with 'gpu'")
+        if isinstance(d.get("v"), int) and d["v"] > WATCH_VERSION:
+            raise ValueError(f"GPU watch state version {d['v']} is newer than {WATCH_VERSION}")
+        w = cls(d["gpu"], cfg, d.get("idle_power_w"), d.get("max_gap_s", DEFAULT_MAX_GAP_S))
+        w.idle_power_source = d.get("idle_power_source")
+        for k in ("first_s", "last_s", "last_known_s", "kind", "polls", "gpm_seen"):
+            if k in d:
+                setattr(w, k, d[k])
+        w._ever_used = bool(d.get("ever_used", False))
+        w.stretch = _Stretch.from_json(d["stretch"]) if isinstance(d.get("stretch"), dict) else None
+        w.detections = [dict(x) for x in d.get("detections") or [] if isinstance(x, dict)]
+        return w
+
+
+def all_idle_since(watches) -> float | None:
+    """When every GPU of ``watches`` was idle from: the latest of their
+    :attr:`GpuWatch.idle_since_s`; None when any GPU is not idle now (or
+    there is none)."""
+    since = [w.idle_since_s for w in watches]
+    if not since or any(s is None for s in since):
+        return None
+    return max(since)
+
+
+# ----------------------------------------------------------------------------- cancel
+
+def cancel_decision(cfg: IdleConfig, job: dict, all_idle_since_s: float | None, now_s: float) -> tuple[str, str]:
+    """Whether to cancel a job whose GPUs are all idle since ``all_idle_since_s``
+    (seconds, same frame as ``now_s``; None: not all idle).
+
+    ``job``: ``partition``, ``qos``, ``user``, ``account`` (names or None),
+    ``interactive`` (bool: ``salloc`` / ``srun --pty``; its limit is
+    ``cancel_after_min + interactive_grace_min``).
+
+    Returns ``(action, reason)``: ``"none"`` (off, not idle long enough,
+    exempt: the reason says which), ``"report"`` (``cancel = "report"``:
+    what would have been cancelled) or ``"cancel"`` (``cancel = "on"``).
+    The reason names the figures (idle since, minutes idle, the limit)."""
+    if cfg.cancel == "off" or cfg.cancel_after_min is None:
+        return "none", "idle cancel is off (idle.cancel = \"off\" or idle.cancel_after_min unset)"
+    if all_idle_since_s is None:
+        return "none", "not all of the job's GPUs are idle"
+    job = job or {}
+    for key, names, what in (("partition", cfg.exempt_partitions, "partition"), ("qos", cfg.exempt_qos, "QOS"),
+                             ("user", cfg.exempt_users, "user"), ("account", cfg.exempt_accounts, "account")):
+        v = job.get(key)
+        if v is not None and v in names:
+            return "none", f"{what} {v} is exempt from idle cancel (idle.exempt_{'qos' if key == 'qos' else key + 's'})"
+    interactive = bool(job.get("interactive"))
+    limit_min = cfg.cancel_after_min + (cfg.interactive_grace_min if interactive else 0.0)
+    idle_min = max(0.0, (now_s - all_idle_since_s) / 60.0)
+    limit_text = f"{_fmt_min(limit_min)} min" + (
+        f" ({_fmt_min(cfg.cancel_after_min)} + {_fmt_min(cfg.interactive_grace_min)} min grace for an interactive "
+        "job)" if interactive else "")
+    if idle_min < limit_min:
+        return "none", f"all GPUs idle for {_fmt_min(idle_min)} min, below the limit of {limit_text}"
+    reason = (f"all allocated GPUs idle since {all_idle_since_s:.0f} s into the job, for {_fmt_min(idle_min)} min "
+              f"(limit {limit_text}, idle.cancel_after_min)")
+    return ("cancel" if cfg.cancel == "on" else "report"), reason
+
+
+def _fmt_min(m: float) -> str:
+    return f"{m:.0f}" if abs(m - round(m)) < 0.05 else f"{m:.1f}"
+
+
+__all__ = ["IdleConfig", "GpuWatch", "classify", "all_idle_since", "cancel_decision", "check_idle_value",
+           "IDLE", "STUCK", "NEVER_USED", "CODES", "CANCEL_MODES"]
