@@ -361,9 +361,7 @@ class LiveActions:
         since = job_idle_since(mine, others, now, STALE_FACTOR * max(self.live_flush_s, 1.0))
         if since is None:
             return False
-        grace = getattr(cfg, "interactive_grace_min", None)
-        first_due_min = min(x for x in (after, grace) if isinstance(x, (int, float)))
-        if now - since < 60.0 * first_due_min:
+        if now - since < 60.0 * after:      # not due for any job yet (an interactive one has more grace)
             return False
         if not self.job_looked:
             self.job_looked = True

@@ -219,3 +219,87 @@ def test_live_reader_skips_foreign_names(tmp_path, bad):
     d.mkdir()
     (d / "user-live-n1.json").write_text(json.dumps({"kind": "live", "version": 1, "node": "n2", "state": {}}))
     assert read_live_docs(d) == {}
+
+
+# ----------------------------------------------------------------------------- the opt-in cancel, real detector
+
+def _cancel_run(tmp_path, table: dict, record: dict | None, nodes=("n1",), polls=20, other_live=None):
+    """A job on a scripted GPU (busy 10 s, then idle) through the real Sampler + detector + LiveActions;
+    returns (scancel calls, final state, spool)."""
+    from gsrun.request.waste import IdleConfig
+    from gsrun.node.sampler import Sampler
+    from gsrun.facts.hostfs import HostFS
+    from helpers.fake_nvml import work_then_idle
+
+    spool = _spool(tmp_path, nodes=nodes)
+    if other_live is not None:
+        other_live(spool)
+    clock = SimClock()
+    fake = FakeNvml(work_then_idle(1, 10.0), clock=clock)
+    root = tmp_path / "root"
+    root.mkdir()
+    idle = IdleConfig.from_table(table)
+    s = Sampler(HostFS(str(root)), JOB, 1000, "n1", [0], str(tmp_path / "sampler.json"), 5.0, 5.0, 100,
+                clock=clock, sleep=clock.sleep, nvml=fake, usage=lambda: (None, None, None, "test"), idle=idle)
+    calls, kicks = [], []
+    s.live = LiveActions(spool, JOB, "n1", os.getuid(), idle, 30.0, clock=clock,
+                         job_record=lambda j: record, scancel=lambda j: (calls.append((j, clock() - clock.t0)),
+                                                                          (True, "scancel accepted"))[1],
+                         kick=lambda: kicks.append(1), log=_Log())
+    final = s.run(max_samples=polls)
+    return calls, final, spool
+
+
+REC = {"Partition": "gpu", "QOS": "normal", "UserId": "alice(1000)", "Account": "lab", "BatchFlag": "1",
+       "MailUser": "alice@example.org"}
+ON = {"warn_after_min": 0.1, "cancel": "on", "cancel_after_min": 0.5, "exempt_partitions": ["gpu-exempt"]}
+
+
+def test_idle_job_cancelled_once_after_the_limit_with_reason(tmp_path):
+    calls, final, spool = _cancel_run(tmp_path, ON, REC)
+    # the poll at t = 10 s is the first idle one; it stands for (5 s, 10 s], so the GPU is idle
+    # since 5 s; the limit is 30 s: the flush at t = 35 s cancels, once
+    assert calls == [(JOB, 35.0)]
+    notes = [n for n in final["notes"] if "cancel" in n]
+    assert notes == ["cancelled by gsrun (idle GPUs): all allocated GPUs idle since 5 s into the job, "
+                     "for 0.5 min (limit 0.5 min, idle.cancel_after_min)"]
+    assert json.loads((spool / "jobs" / JOB / "idle-cancel.json").read_text())["reason"] == notes[0].split(": ", 1)[1]
+    assert sorted(p.name for p in (spool / "alerts" / "new").iterdir()) == [f"{JOB}.cancel.json", f"{JOB}.idle.json"]
+    doc = read_live_docs(spool / "jobs" / JOB)["n1"]
+    assert doc["cancel"]["action"] == "cancel" and doc["alerts"][-1].startswith(f"job {JOB} cancelled: ")
+    assert doc["alerts"][0].startswith("GPU 0 on n1 idle since ")
+
+
+def test_exempt_partition_and_report_mode_never_scancel(tmp_path):
+    calls, final, _ = _cancel_run(tmp_path / "a", ON, dict(REC, Partition="gpu-exempt"))
+    assert calls == [] and not [n for n in final["notes"] if "cancel" in n]
+    calls, final, spool = _cancel_run(tmp_path / "b", dict(ON, cancel="report"), REC)
+    assert calls == []
+    assert [n for n in final["notes"] if "cancel" in n] == [
+        f"idle cancel (report mode): would cancel job {JOB}: all allocated GPUs idle since 5 s into the job, "
+        "for 0.5 min (limit 0.5 min, idle.cancel_after_min)"]
+    assert not (spool / "jobs" / JOB / "idle-cancel.json").exists()
+
+
+def test_interactive_job_gets_its_grace_and_unknown_record_never_cancels(tmp_path):
+    calls, _, _ = _cancel_run(tmp_path / "a", dict(ON, interactive_grace_min=0.25), dict(REC, BatchFlag="0"))
+    assert calls == [(JOB, 50.0)]           # idle since 5 s + 0.5 + 0.25 min
+    calls, _, _ = _cancel_run(tmp_path / "b", ON, None)
+    assert calls == []
+
+
+def test_multi_node_cancel_waits_for_every_node(tmp_path):
+    # n2 has no live file: its GPUs are unknown, never idle
+    calls, _, _ = _cancel_run(tmp_path / "a", ON, REC, nodes=("n1", "n2"))
+    assert calls == []
+
+    def n2_idle(spool, since=1_760_000_020.0):
+        doc = {"kind": "live", "version": 1, "node": "n2", "job_id": JOB, "written": 1_760_000_090.0,
+               "state": {}, "all_idle_since": since}
+        (spool / "jobs" / JOB / "user-live-n2.json").write_text(json.dumps(doc))
+    # n2 idle since 20 s (later than n1's 5 s): due at 50 s
+    calls, _, _ = _cancel_run(tmp_path / "b", ON, REC, nodes=("n1", "n2"), other_live=n2_idle)
+    assert calls == [(JOB, 50.0)]
+    # only the first node of the job decides
+    calls, _, _ = _cancel_run(tmp_path / "c", ON, REC, nodes=("n0", "n1"))
+    assert calls == []
