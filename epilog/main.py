@@ -217,6 +217,10 @@ def _summary(job, paths, sdir, hostfs, log) -> dict:
         atomic_write_json(out, summ, mode=0o600)
         atomic_write_json(paths.spool_job(job.job_id) / f"user-node-{job.node}.json", summ, mode=0o400,
                           uid=job.uid, gid=job.gid)
+        try:    # the final node summary replaces the running job's live file (gsrun.node.live)
+            os.unlink(paths.spool_job(job.job_id) / f"user-live-{job.node}.json")
+        except FileNotFoundError:
+            pass
     except (OSError, GsrunError) as e:
         # spool full or broken: keep the summary on the node (state dir), nothing is lost
         log.error(f"cannot write the node summary to the spool: {safe_text(e)}; kept in {sdir}")

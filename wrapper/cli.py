@@ -211,7 +211,8 @@ def cli(ctx, gpus, nodes, gpus_per_node, time_, partition, job_name, output, cpu
     if dry_run:
         click.echo(text, nl=False)
         return 0
-    from gsrun.wrapper.submit import follow, submit
+    from gsrun.base.paths import Paths
+    from gsrun.wrapper.submit import follow, live_alerts, submit
 
     job_id = submit(text, cwd=os.getcwd())
     how = f"{n_nodes} node(s) x {gpn} GPUs" + (" (one torchrun per node)" if launcher else "")
@@ -219,7 +220,8 @@ def cli(ctx, gpus, nodes, gpus_per_node, time_, partition, job_name, output, cpu
     if not wait:
         click.echo(job_id)
         return 0
-    rc = follow(job_id)
+    spool = Paths.from_config(cfg).spool_dir
+    rc = follow(job_id, alerts=lambda: live_alerts(spool, job_id))
     click.echo(f"gsrun: job {job_id} exited {rc}; report: gseff {job_id}", err=True)
     return rc
 

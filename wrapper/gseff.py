@@ -28,8 +28,10 @@ from gsrun.report.units import fmt_duration_s, fmt_gib, fmt_pct
 from gsrun.base.ids import check_job_id
 
 
-def load_summary(paths: Paths, job_id: str) -> dict:
-    """The job summary for ``job_id``.
+def load_summary(paths: Paths, job_id: str, cfg=None) -> dict:
+    """The job summary for ``job_id``: the final one, else (a running job)
+    the report so far from the live node files (``job.state`` RUNNING and a
+    ``live`` section: :mod:`gsrun.report.live`).
 
     Raises:
         InputError: no record of the job here (unknown id, another user's job,
@@ -45,6 +47,19 @@ def load_summary(paths: Paths, job_id: str) -> dict:
     files: dict[str, object] = {}     # node -> its file; names only: a node file is parsed only when merging here
     for p in sorted(d.glob("node-*.json")) + sorted(d.glob("user-node-*.json")):
         files.setdefault(p.name[len("user-node-") if p.name.startswith("user-") else len("node-"):-len(".json")], p)
+    if summary is None:
+        # a running job: the samplers' live files (gsrun.facts.live), merged with the
+        # node summaries already final, through the finished job's code (gsrun.report.live)
+        from gsrun.facts.live import read_live_docs
+
+        live = read_live_docs(d)
+        if live:
+            from gsrun.report.live import live_summary
+
+            finished = [s for s in (read_json(p) for p in files.values()) if s and s.get("kind") == "node"]
+            running = live_summary(job_id, live, finished, cfg)
+            if running is not None:
+                return running
     if summary is None or len(files) > len(summary["job"]["nodes"]) - len(summary.get("nodes_missing", [])):
         nodes = []
         for p in files.values():
@@ -161,16 +176,20 @@ def render_accounting(rec: dict) -> str:
 @click.option("--all", "all_gpus", is_flag=True, help="List every GPU (a job of more than 32 GPUs is summarised).")
 @click.option("--sacct", "from_sacct", is_flag=True,
               help="Read the job from Slurm accounting (sacct + AdminComment) even if the spool has it.")
+@click.option("--watch", is_flag=True,
+              help="Redraw a running job's report every live flush interval until it ends, then print the final one.")
 @click.option("--spool-dir", default=None, hidden=True)
-def cli(job_id, as_json, plot, all_gpus, from_sacct, spool_dir):
-    """Show the GPU efficiency report of JOB_ID."""
+def cli(job_id, as_json, plot, all_gpus, from_sacct, watch, spool_dir):
+    """Show the GPU efficiency report of JOB_ID (the report so far while it runs)."""
     check_job_id(job_id.strip(), array=True)
     cfg = load_config()
     paths = Paths.from_config(cfg, None, spool_dir)
+    if watch:
+        return watch_job(paths, job_id.strip(), cfg, all_gpus)
     summary = None
     if not from_sacct:
         try:
-            summary = load_summary(paths, job_id.strip())
+            summary = load_summary(paths, job_id.strip(), cfg)
         except InputError as spool_err:
             try:
                 rec = load_accounting(job_id.strip(), cfg["timeouts.command_s"])
@@ -190,9 +209,8 @@ def cli(job_id, as_json, plot, all_gpus, from_sacct, spool_dir):
     if as_json:
         click.echo(json.dumps(summary, indent=1, sort_keys=True))
     else:
-        from gsrun.report.render import render_text
-        click.echo(render_text(summary, color=sys.stdout.isatty() and not os.environ.get("NO_COLOR"), cfg=cfg,
-                               all_gpus=all_gpus), nl=False)
+        click.echo(report_text(summary, cfg, all_gpus, sys.stdout.isatty() and not os.environ.get("NO_COLOR")),
+                   nl=False)
     if plot:
         from gsrun.report.render import render_png
         png = render_png(summary)
@@ -202,6 +220,64 @@ def cli(job_id, as_json, plot, all_gpus, from_sacct, spool_dir):
             f.write(png)
         click.echo(f"gseff: wrote {plot}", err=True)
     return 0
+
+
+def report_text(summary: dict, cfg, all_gpus: bool = False, color: bool = False, now: float | None = None) -> str:
+    """The text report; a running job's starts with its live lines (how old
+    the figures are, alerts, the idle-cancel decision)."""
+    import time
+
+    from gsrun.report.render import render_text
+
+    head = ""
+    if summary.get("live"):
+        from gsrun.report.live import live_text
+
+        head = live_text(summary, time.time() if now is None else now)
+    return head + render_text(summary, color=color, cfg=cfg, all_gpus=all_gpus)
+
+
+def watch_job(paths: Paths, job_id: str, cfg, all_gpus: bool = False, out=None, sleep=None,
+              max_rounds: int | None = None) -> int:
+    """``gseff --watch``: redraw the running job's report in place (a TTY:
+    cursor home + clear; otherwise one report per round) every
+    ``live.flush_s``, until the report is no longer a live one (the job
+    ended: its node summaries or job summary are there), then print that
+    final report. A job with no report yet (pending, prolog running) is
+    waited for. Reads only the spool: no Slurm RPC."""
+    import time
+
+    out = out or sys.stdout
+    sleep = sleep or time.sleep
+    tty = out.isatty()
+    rounds = waits_unmerged = 0
+    while True:
+        rounds += 1
+        try:
+            summary = load_summary(paths, job_id, cfg)
+        except InputError:
+            summary = None
+        unmerged = summary is not None and (summary.get("job") or {}).get("state") == "RUNNING or unmerged"
+        if summary is not None and not summary.get("live") and (not unmerged or waits_unmerged >= 3):
+            if tty:
+                out.write("\033[H\033[2J")
+            out.write(report_text(summary, cfg, all_gpus, tty and not os.environ.get("NO_COLOR")))
+            out.flush()
+            return 0
+        if unmerged:     # the nodes are done; the controller's merge comes within seconds
+            waits_unmerged += 1
+            sleep(min(5.0, float(cfg["live.flush_s"])))
+            continue
+        if tty:
+            out.write("\033[H\033[2J")
+        if summary is None:
+            out.write(f"gseff: job {job_id}: no report yet (pending, or its prolog is running); waiting\n")
+        else:
+            out.write(report_text(summary, cfg, all_gpus, tty and not os.environ.get("NO_COLOR")))
+        out.flush()
+        if max_rounds is not None and rounds >= max_rounds:
+            return 0
+        sleep(float(cfg["live.flush_s"]))
 
 
 def main(argv=None) -> None:

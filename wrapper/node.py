@@ -245,8 +245,33 @@ def mail_flush(spool_dir):
 
     cfg = load_config()
     paths = Paths.from_config(cfg, None, spool_dir)
-    click.echo(json.dumps(mail.flush(str(paths.spool_dir), cfg), default=str))
+    alerts = _alerts_to_mail(paths, cfg)
+    out = mail.flush(str(paths.spool_dir), cfg)
+    if alerts is not None:
+        out["alerts"] = alerts
+    click.echo(json.dumps(out, default=str))
     return 0
+
+
+def _alerts_to_mail(paths, cfg) -> dict | None:
+    """Queue the pending idle alerts / cancel notices as mail
+    (:func:`gsrun.report.alerts.process`) before delivering; None when there
+    is no alert spool yet. A failure here never stops the report mail."""
+    if not (paths.spool_dir / "alerts").is_dir():
+        return None
+    from gsrun.base.log import JobLog
+    from gsrun.node.live import job_fields_from_record, read_job_record
+    from gsrun.report import alerts
+    from gsrun.request.config import idle_config
+
+    log = JobLog(None, "alerts")
+    try:
+        return alerts.process(str(paths.spool_dir), cfg, idle_config(cfg), log=log,
+                              job_record=lambda j: job_fields_from_record(
+                                  read_job_record(j, cfg["timeouts.command_s"])))
+    except Exception as e:  # noqa: BLE001
+        log.error(f"alert requests not processed: {e}")
+        return {"error": str(e)[:300]}
 
 
 @cli.command()

@@ -69,8 +69,28 @@ def status_line(job_id: str, st: JobState, waited_s: float) -> str:
     return f"gsrun: job {job_id}: {state} {st.elapsed}".rstrip()
 
 
+def live_alerts(spool_dir, job_id: str) -> list[str]:
+    """The alert lines of a running job from its live node files in the
+    spool (``<spool>/jobs/<id>/user-live-<node>.json``, readable by the
+    job's user: :mod:`gsrun.facts.live`); [] when the spool is not visible
+    from here. File reads only: no Slurm RPC."""
+    from pathlib import Path
+
+    from gsrun.facts.live import read_live_docs
+
+    lines: list[str] = []
+    try:
+        docs = read_live_docs(Path(spool_dir) / "jobs" / check_job_id(job_id, array=True))
+    except Exception:  # noqa: BLE001 - no spool here: no alert line, the job is followed as before
+        return lines
+    for node in sorted(docs):
+        lines += [a for a in docs[node].get("alerts") or () if isinstance(a, str)]
+    return lines
+
+
 def follow(job_id: str, out=sys.stdout, err=sys.stderr, poll_s: float = 1.0,
-           max_unknown_s: float = 600.0, poller=None, clock=time.monotonic, sleep=time.sleep) -> int:
+           max_unknown_s: float = 600.0, poller=None, clock=time.monotonic, sleep=time.sleep,
+           alerts=None) -> int:
     """Follow ``job_id`` to the end: status on stderr (one updating line on a
     TTY; a line per state or pending reason otherwise), the job's stdout
     streamed to ``out`` every ``poll_s``. Slurm is asked with the backoff of
@@ -78,11 +98,16 @@ def follow(job_id: str, out=sys.stdout, err=sys.stderr, poll_s: float = 1.0,
     job's exit code (128+signal when killed by a signal, 1 for
     FAILED/CANCELLED without one).
 
+    ``alerts()``: the job's alert lines so far (:func:`live_alerts`), read
+    only when Slurm is asked (the same backoff); each new one is printed once
+    on stderr as ``gsrun: job 12: ALERT: ...``.
+
     Raises:
         SlurmError: the job disappeared from slurmctld without a final state
             for ``max_unknown_s`` (MinJobAge too short and no accounting).
     """
     poller = poller or poll
+    told: set[str] = set()
     tty = err.isatty()
     offset = 0
     shown = None
@@ -105,6 +130,12 @@ def follow(job_id: str, out=sys.stdout, err=sys.stderr, poll_s: float = 1.0,
                     changed = now
                 st = new
             next_rpc = now + poll_interval(now - changed)
+            if alerts is not None and st is not None and (st.state == "RUNNING" or st.state in TERMINAL_STATES):
+                for line in alerts():
+                    if line not in told:
+                        told.add(line)
+                        err.write(("\r\033[K" if tty else "") + f"gsrun: job {job_id}: ALERT: {line}\n")
+                        err.flush()
         if st is not None:
             if st.stdout_path:
                 offset = _stream(st.stdout_path, offset, out)

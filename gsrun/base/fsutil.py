@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import stat
 import time
 from pathlib import Path
@@ -168,3 +169,22 @@ def remove_tree(path: str | os.PathLike) -> None:
         os.unlink(p)
         return
     shutil.rmtree(p, ignore_errors=True)
+
+
+def publish_once(path: str | os.PathLike, data: bytes, mode: int = 0o600) -> bool:
+    """Write ``path`` atomically unless it exists: a staged file is hard-linked
+    to the name (``link`` fails when the name exists, on every node of a
+    shared spool). Returns True when this call published it."""
+    path = Path(path)
+    stage = path.with_name(f".stage.{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+    atomic_write(stage, data, mode)
+    try:
+        os.link(stage, path)
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        try:
+            os.unlink(stage)
+        except FileNotFoundError:
+            pass

@@ -14,7 +14,12 @@ Backends:
 - :class:`FakeNvml` answers from a JSON recording in the format the probe of
   the real H200 wrote (``tests/data/hosts/h200-vm/nvml.json``): per call
   ``{"ok": value}`` or ``{"error": text, "code": n}``. Tests may change answers
-  with :meth:`FakeNvml.set`, including per-call sequences.
+  with :meth:`FakeNvml.set`, including per-call sequences. An answer may also
+  follow a time script, ``{"script": [[t_s, answer], ...]}`` (``t_s``: seconds
+  since the backend was opened, i.e. since the sampler started; the answer of
+  the last entry whose ``t_s`` has passed), which is how the local test
+  cluster replays a job that works and then idles (``tests/cluster/up
+  --fake-nvml``).
 
 Device indices are NVML's enumeration order; callers map Slurm's gres
 indices (``/dev/nvidiaN`` minor numbers) through ``"minor"`` and
@@ -109,10 +114,19 @@ class Backend:
 class FakeNvml(Backend):
     """Answers from a recording (see module doc). ``set(index, key, value)``
     changes an answer; ``value`` may be ``NA(...)``, a plain value, or
-    ``Seq([...])`` whose items are returned one per call (last one repeats)."""
+    ``Seq([...])`` whose items are returned one per call (last one repeats).
 
-    def __init__(self, data: dict):
+    A recorded answer ``{"script": [[t_s, answer], ...]}`` (entries sorted by
+    ``t_s``) answers by time: the ``answer`` (``{"ok": v}`` / ``{"error": text,
+    "code": n}``) of the last entry with ``t_s`` <= seconds since this backend
+    was made (``clock``, default :func:`time.monotonic`); before the first
+    entry, the first. A scripted ``util_samples`` answer that is a number is
+    one driver sample stamped now (``[[now_us, pct]]``)."""
+
+    def __init__(self, data: dict, clock=time.monotonic):
         self.data = copy.deepcopy(data)
+        self.clock = clock
+        self.t0 = clock()
         init = self.data.get("init")
         if init and "error" in init:
             code = init.get("code", 999)
@@ -120,8 +134,8 @@ class FakeNvml(Backend):
         self.calls: list[tuple[int, str]] = []
 
     @classmethod
-    def from_file(cls, path: str | Path) -> "FakeNvml":
-        return cls(json.loads(Path(path).read_text()))
+    def from_file(cls, path: str | Path, clock=time.monotonic) -> "FakeNvml":
+        return cls(json.loads(Path(path).read_text()), clock)
 
     def driver_version(self):
         return _unwrap(self.data.get("driver", {"error": "Not Found", "code": 6}))
@@ -159,14 +173,31 @@ class FakeNvml(Backend):
             seq = entry["seq"]
             item = seq.pop(0) if len(seq) > 1 else seq[0]
             return _unwrap(item) if isinstance(item, dict) and ("ok" in item or "error" in item) else item
-        if key == "util_samples":
-            return _unwrap(entry)
+        if isinstance(entry, dict) and "script" in entry:
+            v = _unwrap(_scripted(entry["script"], self.clock() - self.t0))
+            if key == "util_samples" and isinstance(v, (int, float)) and not isinstance(v, bool):
+                return [[int(time.time() * 1e6), v]]
+            return v
         return _unwrap(entry)
 
 
 @dataclass
 class Seq:
     items: list
+
+
+def _scripted(script: list, elapsed_s: float) -> Any:
+    """The answer of a time script (see :class:`FakeNvml`) ``elapsed_s``
+    seconds after the start; NA("Not Supported") for an empty script."""
+    answer: Any = {"error": "Not Supported", "code": NOT_SUPPORTED}
+    for i, step in enumerate(script):
+        if not (isinstance(step, (list, tuple)) and len(step) == 2):
+            continue
+        if i == 0 or float(step[0]) <= elapsed_s:
+            answer = step[1]
+        else:
+            break
+    return answer
 
 
 def _unwrap(entry: Any) -> Any:

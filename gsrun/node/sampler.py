@@ -529,6 +529,7 @@ class Sampler:
         self._usage = usage
         self._tl_cache: dict[str, str] | None = None
         self._flushes = 0
+        self.live = None          # gsrun.node.live.LiveActions (run_sampler sets it)
 
     def _job_usage(self):
         if self._usage is not None:
@@ -669,6 +670,13 @@ class Sampler:
         if self.export is not None:    # [metrics] textfile_dir: gsrun.node.metrics_textfile
             self.export(self.state)
 
+    def after_flush(self) -> None:
+        """While the job runs (:mod:`gsrun.node.live`, set as ``self.live`` by
+        :func:`run_sampler`): the live node file in the spool, alerts, the
+        opt-in idle cancel. Nothing when ``self.live`` is None."""
+        if self.live is not None:
+            self.live.after_flush(self.state, lambda: state_to_json(self.state, timelines=False))
+
     def run(self, max_samples: int | None = None) -> dict:
         """Sample until SIGTERM/SIGINT (or ``max_samples`` polls), then take a
         last sample, write the final state (``done``) and return it (JSON form).
@@ -688,6 +696,7 @@ class Sampler:
                 n += 1
                 if last_flush is None or self.clock() - last_flush >= self.flush_s:
                     self.flush()
+                    self.after_flush()
                     last_flush = self.clock()
                 if max_samples is not None and n >= max_samples:
                     break
@@ -792,6 +801,7 @@ def run_sampler(job_id: str, uid: int, node: str, gpus: str, host_root: str | No
         from gsrun.node.metrics_textfile import exporter_from_config
 
         s.export = exporter_from_config(cfg, job_id, uid)
+    s.live = _live_actions(cfg, paths, job_id, node, uid, s.idle_cfg)
     if dma_latency_us is not None:
         from gsrun.node import cpu_latency
 
@@ -802,6 +812,15 @@ def run_sampler(job_id: str, uid: int, node: str, gpus: str, host_root: str | No
     if on_done is not None:
         on_done(final, d)
     return 0
+
+
+def _live_actions(cfg, paths, job_id: str, node: str, uid: int, idle_cfg):
+    """The sampler's live effects (:class:`gsrun.node.live.LiveActions`) with
+    the site's ``[idle]`` policy (``idle_cfg``, the detector's)."""
+    from gsrun.node.live import LiveActions
+
+    return LiveActions(paths.spool_dir, job_id, node, uid, idle_cfg, cfg["live.flush_s"],
+                       cfg["timeouts.command_s"])
 
 
 def main(argv: list[str] | None = None, on_done=None) -> int:

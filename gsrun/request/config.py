@@ -161,6 +161,10 @@ SETTINGS: tuple[Setting, ...] = (
             "/var/lib/prometheus/node-exporter): the sampler writes each job's GPU metrics to "
             "gsrun_job_<jobid>.prom there at every flush and the epilog removes it; empty = off.",
             _opt_abs_path, "absolute path or empty"),
+    Setting("live.flush_s", (int, float), 30.0,
+            "Seconds between rewrites of a running job's live node file in the shared spool (what gseff shows "
+            "while the job runs; aggregates only, about 1 KiB per GPU); also written once per alert or cancel.",
+            _range(30, 3600), "30-3600"),
     Setting("tuning.enabled", bool, True, "Apply node tuning at all.", None, "true/false", True),
     Setting("tuning.exclusive_only", bool, True,
             "Node-wide settings only for jobs that hold the node exclusively.", None, "true/false", True),
@@ -244,7 +248,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("idle.warn_after_min", (int, float), 60.0,
             "A GPU of a running job idle this many minutes in a row (utilization ~0, SM activity ~0 where GPM "
             "reads it, power near its idle level; or no process of the job on it) is a gpu_idle finding and "
-            "alert; gpu_never_used when the job never touched it.", _idle("warn_after_min"), "1-100000"),
+            "alert; gpu_never_used when the job never touched it.", _idle("warn_after_min"), "0.05-100000"),
     Setting("idle.cancel_after_min", (int, float), 0,
             "Cancel (scancel) a job whose allocated GPUs have all been idle this many minutes; 0 = never "
             "(the default). Needs idle.cancel = \"on\" (or \"report\" for a dry run).",
@@ -255,7 +259,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("idle.stuck_after_min", (int, float), 15.0,
             "Utilization high while SM and tensor activity stay ~0 at near-idle power for this many minutes "
             "(a hung collective, or kernels too small to matter) is a gpu_stuck_collective finding. Needs GPM "
-            "(Hopper and later).", _idle("stuck_after_min"), "1-100000"),
+            "(Hopper and later).", _idle("stuck_after_min"), "0.05-100000"),
     Setting("idle.util_idle_pct", (int, float), 1.0,
             "Utilization at or below this (per poll) counts as idle.", _idle("util_idle_pct"), "0-100"),
     Setting("idle.sm_idle_pct", (int, float), 1.0,

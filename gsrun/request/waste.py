@@ -133,7 +133,8 @@ def check_idle_value(key: str, v) -> str | None:
     """The problem with ``idle.<key> = v``, or None. Shared by
     :func:`IdleConfig.from_table` and the config's ``SETTINGS`` checks."""
     if key in ("warn_after_min", "stuck_after_min"):
-        return None if _num(v) and 1 <= v <= 100000 else "must be a number of minutes between 1 and 100000"
+        return None if _num(v) and 0.05 <= v <= 100000 \
+            else "must be a number of minutes between 0.05 (3 s, test sites) and 100000"
     if key in ("cancel_after_min", "interactive_grace_min"):
         if key == "cancel_after_min" and v is None:
             return None

@@ -1,0 +1,80 @@
+"""The running job's files in the shared spool: live node files and alert requests (their one home). Readers +
+the tiny writers both sides share.
+
+- ``<spool>/jobs/<id>/user-live-<node>.json``: written by the sampler
+  (:mod:`gsrun.node.live`) while the job runs, read by ``gseff`` and
+  ``gsrun --wait`` (:func:`read_live_docs`); owned by the job's user, 0400.
+- ``<spool>/alerts/{new,done,failed,state}/`` (root 0700): alert requests
+  ``<job>.<kind>.json`` (kind ``idle`` or ``cancel``) published once per job
+  and kind by a sampler (:func:`queue_alert`), turned into mail by
+  :mod:`gsrun.report.alerts` (run by ``gsrun-node mail flush``); ``state/``
+  holds the per-user hourly counts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from gsrun.base.fsutil import ensure_dir, publish_once, read_json
+from gsrun.base.ids import check_job_id, is_node_name
+
+LIVE_VERSION = 1
+LIVE_PREFIX = "user-live-"
+ALERTS_DIR = "alerts"
+ALERT_SUBDIRS = ("new", "done", "failed", "state")
+ALERT_KINDS = ("idle", "cancel")
+MAX_LIVE_BYTES = 1 << 20        # a live file bigger than this is not ours (a few KiB per node)
+
+
+def read_live_docs(job_dir) -> dict[str, dict]:
+    """node -> live doc for every ``user-live-<node>.json`` in ``job_dir``
+    that parses as one (kind ``live``, this version or older). Files that do
+    not parse, are too big or name a bad node are skipped."""
+    out: dict[str, dict] = {}
+    try:
+        names = sorted(p.name for p in Path(job_dir).iterdir() if p.name.startswith(LIVE_PREFIX))
+    except OSError:
+        return out
+    for name in names:
+        node = name[len(LIVE_PREFIX):-len(".json")] if name.endswith(".json") else ""
+        if not is_node_name(node):
+            continue
+        p = Path(job_dir) / name
+        try:
+            if os.lstat(p).st_size > MAX_LIVE_BYTES:
+                continue
+        except OSError:
+            continue
+        d = read_json(p)
+        if isinstance(d, dict) and d.get("kind") == "live" and isinstance(d.get("version"), int) \
+                and d["version"] <= LIVE_VERSION and d.get("node") == node and isinstance(d.get("state"), dict):
+            out[node] = d
+    return out
+
+
+def alerts_dir(spool_dir) -> Path:
+    """``<spool>/alerts/{new,done,failed,state}`` (root 0700).
+
+    Raises:
+        NodeError: a planted (symlinked, foreign) directory.
+    """
+    base = ensure_dir(Path(spool_dir) / ALERTS_DIR, 0o700)
+    for sub in ALERT_SUBDIRS:
+        ensure_dir(base / sub, 0o700)
+    return base
+
+
+def queue_alert(spool_dir, job_id: str, kind: str, request: dict) -> bool:
+    """Publish the alert request ``<spool>/alerts/new/<job>.<kind>.json`` once
+    per job and kind (``idle``, ``cancel``); False when it exists already
+    (another node, or a restarted sampler, was first) or was handled."""
+    check_job_id(job_id, array=True)
+    if kind not in ("idle", "cancel"):
+        raise ValueError(f"alert kind {kind!r}")
+    base = alerts_dir(spool_dir)
+    name = f"{job_id}.{kind}.json"
+    if any((base / sub / name).exists() for sub in ("done", "failed")):
+        return False
+    return publish_once(base / "new" / name, (json.dumps(request, sort_keys=True) + "\n").encode())

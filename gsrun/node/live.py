@@ -1,0 +1,417 @@
+"""While the job runs: the live node file, idle alerts and the opt-in cancel (the sampler's effects).
+
+The sampler (:mod:`gsrun.node.sampler`, root, one per job per node) calls
+:meth:`LiveActions.after_flush` after each of its state flushes. Three effects,
+each a thin writer around a decision made elsewhere:
+
+- **Live node file** ``<spool>/jobs/<id>/user-live-<node>.json``: the
+  sampler's aggregates so far (:func:`live_doc`: no timelines, no histograms:
+  about 1 KiB per GPU), written atomically, owned by the job's user, mode
+  0400 (read by ``gseff`` like ``user-node-*.json``), at most every
+  ``live.flush_s`` (default 30 s, the first at the sampler's first flush),
+  plus once when an alert or a cancel happens. The full timelines stay in
+  the node's state dir until the epilog.
+- **Alert** (first detection of the detector :mod:`gsrun.request.waste` on
+  this node): the line goes into the live file (``gsrun --wait`` prints it)
+  and, with ``idle.alert_mail``, a request
+  ``<spool>/alerts/new/<job>.idle.json`` is published once per job (the first
+  node to publish wins: a hard link, which fails when the name exists), then
+  ``gsrun-node mail flush`` is started detached: it turns requests into mail
+  through the mail spool (:mod:`gsrun.report.alerts`), so an alert that
+  cannot be mailed now (server down, per-user hour budget used up) stays
+  queued: never lost.
+- **Cancel** (``idle.cancel`` = ``report`` or ``on`` with
+  ``idle.cancel_after_min``): only the job's first node (its prolog record's
+  node list) decides, from its own GPUs and the other nodes' live files
+  (each must be fresh: written within 3 x ``live.flush_s``), with
+  :func:`gsrun.request.waste.cancel_decision`. Exemptions need the job
+  record (partition, QOS, account, user, batch flag): ``scontrol -o show
+  job`` is read once per job, only when the job's GPUs have been idle long
+  enough to matter. ``report`` logs what would have been cancelled (syslog,
+  the job's report notes); ``on`` runs ``scancel <id>`` once (no shell, the
+  id checked by :func:`gsrun.base.ids.check_job_id`, bounded by
+  ``timeouts.command_s``), with the reason in syslog, the report notes, the
+  live file and a mail (request ``<job>.cancel``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from gsrun.base.fsutil import atomic_write, publish_once, read_json
+from gsrun.base.ids import check_job_id, is_node_name
+from gsrun.facts.live import LIVE_PREFIX, LIVE_VERSION, queue_alert
+
+MAX_ALERT_LINES = 16             # alert lines kept in the live file (one per GPU and kind at most)
+STALE_FACTOR = 3.0               # another node's live file older than this x live.flush_s: its GPUs count unknown
+FINDING_WORDS = {"gpu_idle": "idle", "gpu_stuck_collective": "looks stuck in a collective (busy at idle power)",
+                 "gpu_never_used": "not used by the job since it started"}
+_METRIC_KEEP = ("n", "weight_s", "wsum", "min", "max", "gap_s", "vsum")
+
+
+# ----------------------------------------------------------------------------- the live file (pure parts)
+
+def compact_metric(m: dict) -> dict:
+    """A metric aggregate (``Metric.to_dict``) without its histogram and with
+    only the keys :func:`gsrun.report.summary.gpu_record` reads (thresholds
+    and time above them are kept where there are any)."""
+    out = {k: m[k] for k in _METRIC_KEEP if k in m and m[k] not in (0, 0.0, None)}
+    if m.get("thresholds"):
+        out["thresholds"] = list(m["thresholds"])
+        out["above_s"] = dict(m.get("above_s") or {})
+    return out
+
+
+def live_doc(state_json: dict, job_env: dict, now: float, all_idle_since: float | None,
+             findings: list[dict], alerts: list[str], cancel: dict | None) -> dict:
+    """The live node file's content. ``state_json``: the sampler state as
+    :func:`gsrun.node.sampler.state_to_json` gives it (timelines are dropped
+    here). ``job_env``: ``node``, ``job_id``, ``cpus_on_node``, ``gpus``,
+    ``prolog_time`` (what :func:`gsrun.report.summary.node_summary` needs).
+    ``all_idle_since``: epoch seconds since which every GPU of the job on this
+    node has been idle, None when one is busy or unknown. Pure. Shape::
+
+        {"kind": "live", "version": 1, "job_id", "node", "written": epoch s,
+         "job_env": {...}, "state": <sampler state, aggregates only>,
+         "all_idle_since": epoch s | null, "findings": [finding dicts],
+         "alerts": ["line", ...], "cancel": {"action", "reason", "time"} | null}
+    """
+    st = dict(state_json)
+    st.pop("cpu_timeline", None)
+    st.pop("watch", None)
+    st.pop("waste_findings", None)
+    st.pop("live_actions", None)
+    gpus = []
+    for g in state_json.get("gpus") or ():
+        d = {k: v for k, v in g.items() if k not in ("timeline", "metrics")}
+        d["metrics"] = {k: compact_metric(m) for k, m in (g.get("metrics") or {}).items()
+                        if isinstance(m, dict) and m.get("n")}
+        gpus.append(d)
+    st["gpus"] = gpus
+    mem = dict(st.get("mem") or {})
+    if isinstance(mem.get("sampled"), dict):
+        mem["sampled"] = compact_metric(mem["sampled"])
+    st["mem"] = mem
+    return {"kind": "live", "version": LIVE_VERSION, "job_id": state_json.get("job_id"),
+            "node": state_json.get("node"), "written": round(now, 3), "job_env": job_env, "state": st,
+            "all_idle_since": all_idle_since, "findings": list(findings)[:64],
+            "alerts": list(alerts)[-MAX_ALERT_LINES:], "cancel": cancel}
+
+
+def alert_line(finding: dict, node: str, start_time: float) -> str:
+    """``GPU 0 on gpu01 idle since 10:02:03 (12.5 min)``: one line for a
+    detector finding (``since_s`` / ``detected_s``: seconds since the sampler
+    started at ``start_time``, epoch). Pure (local time of the node)."""
+    code = str(finding.get("code") or "")
+    what = FINDING_WORDS.get(code, code.replace("_", " "))
+    since = finding.get("since_s")
+    det = finding.get("detected_s")
+    gpu = finding.get("gpu")
+    line = f"GPU {gpu} on {node} {what}"
+    if isinstance(since, (int, float)):
+        line += " since " + time.strftime("%H:%M:%S", time.localtime(start_time + since))
+        if isinstance(det, (int, float)) and det >= since:
+            line += f" ({(det - since) / 60.0:.1f} min)"
+    return line
+
+
+def job_fields_from_record(rec: dict | None) -> dict | None:
+    """The job as :func:`gsrun.request.waste.cancel_decision` wants it, from
+    ``scontrol -o show job`` (:func:`gsrun.facts.slurm.parse_job_record`):
+    ``partition``, ``qos``, ``user``, ``account``, ``interactive`` (Slurm's
+    ``BatchFlag=0``: ``salloc``, ``srun`` without ``sbatch``), plus
+    ``mail_user``. None without a record. Pure."""
+    if not rec:
+        return None
+
+    def val(k):
+        v = rec.get(k)
+        return None if v in (None, "", "(null)", "None", "N/A") else v
+    user = (val("UserId") or "").split("(")[0] or None
+    return {"partition": val("Partition"), "qos": val("QOS"), "user": user, "account": val("Account"),
+            "interactive": rec.get("BatchFlag") == "0", "mail_user": val("MailUser")}
+
+
+def job_idle_since(mine: float | None, others: list[dict | None], now: float, stale_s: float) -> float | None:
+    """Epoch seconds since which every GPU of the job has been idle: the
+    latest of this node's and the other nodes' ``all_idle_since``; None when
+    any node is busy, has no live file, or its file is older than
+    ``stale_s`` (unknown is never idle). Pure."""
+    if mine is None:
+        return None
+    latest = mine
+    for d in others:
+        if not isinstance(d, dict):
+            return None
+        w, since = d.get("written"), d.get("all_idle_since")
+        if not isinstance(w, (int, float)) or now - w > stale_s or not isinstance(since, (int, float)) \
+                or isinstance(since, bool):
+            return None
+        latest = max(latest, float(since))
+    return latest
+
+
+# ----------------------------------------------------------------------------- effects
+
+def kick_mail_flush() -> None:
+    """Start ``gsrun-node mail flush`` detached (it handles alert requests
+    first); never blocks the sampler."""
+    import subprocess
+
+    from gsrun.base.proc import ROOT_CWD, root_child_env, root_python
+
+    try:
+        subprocess.Popen(root_python("-m", "gsrun.wrapper.node", "mail", "flush"), stdin=subprocess.DEVNULL,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                         close_fds=True, cwd=ROOT_CWD,
+                         env=root_child_env(("GSRUN_SPOOL_DIR", "GSRUN_LOG_FILE")))
+    except OSError:
+        pass
+
+
+def run_scancel(job_id: str, timeout_s: float) -> tuple[bool, str]:
+    """``scancel <job_id>`` once, no shell, bounded. -> (ok, detail)."""
+    from gsrun.base.errors import SlurmError
+    from gsrun.facts.slurm import run_slurm
+
+    check_job_id(job_id, array=True)
+    try:
+        cp = run_slurm(["scancel", job_id], timeout_s, check=False)
+    except SlurmError as e:
+        return False, str(e)
+    if cp.returncode != 0:
+        return False, ((cp.stderr or cp.stdout).strip().splitlines() or [f"exit {cp.returncode}"])[-1][:300]
+    return True, "scancel accepted"
+
+
+def read_job_record(job_id: str, timeout_s: float) -> dict | None:
+    """``scontrol -o show job <id>`` parsed (forged duplicate fields dropped), or None."""
+    from gsrun.base.errors import SlurmError
+    from gsrun.facts.slurm import parse_job_record, run_slurm
+
+    try:
+        cp = run_slurm(["scontrol", "-o", "show", "job", check_job_id(job_id, array=True)], timeout_s,
+                       check=False)
+    except SlurmError:
+        return None
+    if cp.returncode != 0 or not cp.stdout.strip():
+        return None
+    return parse_job_record(cp.stdout, job_id)
+
+
+def _watches(state: dict) -> list:
+    w = state.get("watch")
+    if isinstance(w, dict):
+        return list(w.values())
+    return list(w or ())
+
+
+class LiveActions:
+    """The sampler's while-the-job-runs effects (see module doc).
+
+    ``idle_cfg``: :class:`gsrun.request.waste.IdleConfig` (None: no alerts,
+    no cancel; the live file is still written). ``live_flush_s``: the
+    ``live.flush_s`` setting. Injectable for tests: ``clock`` (epoch s),
+    ``job_record`` (``job_id -> record dict | None``), ``scancel``
+    (``job_id -> (ok, detail)``), ``kick`` (start the mail flush), ``log``
+    (a :class:`gsrun.base.log.JobLog`-like callable with ``warn``)."""
+
+    def __init__(self, spool_dir, job_id: str, node: str, uid: int, idle_cfg=None, live_flush_s: float = 30.0,
+                 command_timeout_s: float = 15.0, clock=time.time, job_record=None, scancel=None, kick=None,
+                 log=None):
+        self.spool_dir = Path(spool_dir)
+        self.job_id = check_job_id(job_id, array=True)
+        self.node = node
+        self.uid = uid
+        self.idle_cfg = idle_cfg
+        self.live_flush_s = float(live_flush_s)
+        self.timeout_s = command_timeout_s
+        self.clock = clock
+        self._job_record = job_record or (lambda j: read_job_record(j, command_timeout_s))
+        self._scancel = scancel or (lambda j: run_scancel(j, command_timeout_s))
+        self._kick = kick or kick_mail_flush
+        if log is None:
+            from gsrun.base.log import JobLog
+
+            log = JobLog(job_id, "sampler")
+        self.log = log
+        self.last_write: float | None = None
+        self.prolog: dict | None = None
+        self.job: dict | None = None          # job fields from the job record, read once
+        self.job_looked = False
+        self._want_kick = False
+
+    # -- facts this node has
+    def _prolog(self) -> dict | None:
+        """The prolog record of this node (written when the prolog ends, so
+        maybe not yet at the first flush): job env, prolog time."""
+        if self.prolog is None:
+            rec = read_json(self.spool_dir / "jobs" / self.job_id / f"prolog-{self.node}.json")
+            if rec and isinstance(rec.get("job"), dict):
+                self.prolog = rec
+        return self.prolog
+
+    def job_env(self, state: dict) -> dict:
+        rec = self._prolog() or {}
+        job = rec.get("job") or {}
+        gpus = [g["ref"]["gres_index"] for g in state.get("gpus") or () if isinstance(g.get("ref"), dict)]
+        return {"job_id": self.job_id, "node": self.node, "cpus_on_node": job.get("cpus_on_node"),
+                "gpus": job.get("gpus") if job.get("gpus") is not None else gpus,
+                "prolog_time": rec.get("prolog_time"), "nodelist": job.get("nodelist") or [self.node],
+                "user": job.get("user"), "partition": job.get("partition")}
+
+    def _acts(self, state: dict) -> dict:
+        return state.setdefault("live_actions", {"seen_keys": [], "alerts": [], "cancel": None, "report_noted": False})
+
+    # -- the hook
+    def after_flush(self, state: dict, state_json_fn) -> None:
+        """Run after a sampler flush: alerts for new findings, the cancel
+        decision, the live file when due. ``state_json_fn()`` gives the
+        state's JSON form (only called when the live file is written).
+        Never raises: a broken spool costs the live view, not the job's
+        figures."""
+        try:
+            now = self.clock()
+            event = self._alerts(state, now)
+            event = self._cancel(state, now) or event
+            if event or self.last_write is None or now - self.last_write >= self.live_flush_s:
+                self.write_live(state, state_json_fn(), now)
+            if self._want_kick:     # after the live file: the alert mail carries the report so far
+                self._want_kick = False
+                self._kick()
+        except Exception as e:  # noqa: BLE001 - the sampler goes on
+            self.log.warn(f"live: {type(e).__name__}: {e}")
+
+    def node_idle_since(self, state: dict) -> float | None:
+        """Epoch seconds since which all of this node's job GPUs are idle (the
+        detector's :func:`gsrun.request.waste.all_idle_since`), None if not."""
+        ws = _watches(state)
+        if not ws or self.idle_cfg is None:
+            return None
+        from gsrun.request.waste import all_idle_since
+
+        since = all_idle_since(ws)
+        return None if since is None else float(state["start_time"]) + float(since)
+
+    def write_live(self, state: dict, state_json: dict, now: float) -> None:
+        acts = self._acts(state)
+        doc = live_doc(state_json, self.job_env(state), now, self.node_idle_since(state),
+                       list(state.get("waste_findings") or ()), acts["alerts"], acts["cancel"])
+        d = self.spool_dir / "jobs" / self.job_id
+        if not d.is_dir():
+            return      # the prolog makes it; nothing to publish into yet
+        gid = (self._prolog() or {}).get("job", {}).get("gid", self.uid)
+        atomic_write(d / f"{LIVE_PREFIX}{self.node}.json",
+                     json.dumps(doc, separators=(",", ":"), sort_keys=True) + "\n", 0o400,
+                     uid=self.uid if os.geteuid() == 0 else None, gid=gid if os.geteuid() == 0 else None)
+        self.last_write = now
+
+    def _alerts(self, state: dict, now: float) -> bool:
+        acts = self._acts(state)
+        seen = acts.setdefault("seen_keys", [])
+        new = []
+        for f in state.get("waste_findings") or ():
+            key = f"{f.get('gpu')}|{f.get('code')}|{f.get('since_s')}"
+            if key not in seen:
+                seen.append(key)
+                new.append(f)
+        del seen[:-256]       # bounded (the detector keeps at most 64 findings)
+        if not new:
+            return False
+        lines = [alert_line(f, self.node, float(state["start_time"])) for f in new]
+        acts["alerts"] = (acts["alerts"] + lines)[-MAX_ALERT_LINES:]
+        for ln in lines:
+            self.log(f"alert: {ln}")
+        cfg = self.idle_cfg
+        if cfg is not None and getattr(cfg, "alert_mail", True):
+            user = (self._prolog() or {}).get("job", {}).get("user")
+            req = {"job_id": self.job_id, "kind": "idle", "node": self.node, "uid": self.uid, "user": user,
+                   "lines": lines, "findings": new[:16], "time": round(now, 3)}
+            try:
+                if queue_alert(self.spool_dir, self.job_id, "idle", req):
+                    self._want_kick = True
+            except Exception as e:  # noqa: BLE001 - kept in the live file; the mail is lost only with the spool
+                self.log.warn(f"alert not queued: {e}")
+        return True
+
+    def _is_lead(self) -> bool | None:
+        job = (self._prolog() or {}).get("job") or {}
+        nodes = job.get("nodelist") or []
+        if not nodes:
+            return None
+        return nodes[0] == self.node
+
+    def _cancel(self, state: dict, now: float) -> bool:
+        cfg = self.idle_cfg
+        acts = self._acts(state)
+        if cfg is None or acts["cancel"] is not None and acts["cancel"].get("action") == "cancel":
+            return False
+        mode = getattr(cfg, "cancel", "off")
+        after = getattr(cfg, "cancel_after_min", None)
+        if mode not in ("report", "on") or after is None or not self._is_lead():
+            return False
+        mine = self.node_idle_since(state)
+        if mine is None:
+            return False
+        nodes = [n for n in (self._prolog() or {}).get("job", {}).get("nodelist") or () if n != self.node]
+        others = [self._other_live(n) for n in nodes]
+        since = job_idle_since(mine, others, now, STALE_FACTOR * max(self.live_flush_s, 1.0))
+        if since is None:
+            return False
+        if now - since < 60.0 * after:      # not due for any job yet (an interactive one has more grace)
+            return False
+        if not self.job_looked:
+            self.job_looked = True
+            self.job = job_fields_from_record(self._job_record(self.job_id))
+        if self.job is None:
+            return False     # exemptions unknown: never cancel on unknowns
+        from gsrun.request.waste import cancel_decision
+
+        t0 = float(state["start_time"])     # the detector's frame: seconds since the sampler started
+        action, reason = cancel_decision(cfg, self.job, since - t0, now - t0)
+        if action == "none":
+            return False
+        if action == "report":
+            if acts.get("report_noted"):
+                return False
+            acts["report_noted"] = True
+            note = f"idle cancel (report mode): would cancel job {self.job_id}: {reason}"
+            self.log.warn(note)
+            state.setdefault("notes", []).append(note)
+            acts["cancel"] = {"action": "report", "reason": reason, "time": round(now, 3)}
+            return True
+        return self._do_cancel(state, acts, reason, now)
+
+    def _do_cancel(self, state: dict, acts: dict, reason: str, now: float) -> bool:
+        marker = self.spool_dir / "jobs" / self.job_id / "idle-cancel.json"
+        rec = {"job_id": self.job_id, "node": self.node, "reason": reason, "time": round(now, 3)}
+        if not publish_once(marker, (json.dumps(rec, sort_keys=True) + "\n").encode()):
+            acts["cancel"] = {"action": "cancel", "reason": reason, "time": round(now, 3), "detail": "already done"}
+            return False
+        ok, detail = self._scancel(self.job_id)
+        note = f"cancelled by gsrun (idle GPUs): {reason}" if ok else \
+            f"idle cancel failed: scancel {self.job_id}: {detail} (reason: {reason})"
+        (self.log.warn if ok else self.log.error)(note)
+        state.setdefault("notes", []).append(note)
+        acts["cancel"] = {"action": "cancel" if ok else "cancel_failed", "reason": reason, "time": round(now, 3),
+                          "detail": detail}
+        acts["alerts"] = (acts["alerts"] + [f"job {self.job_id} cancelled: {reason}"])[-MAX_ALERT_LINES:]
+        if ok and getattr(self.idle_cfg, "alert_mail", True):
+            req = {"job_id": self.job_id, "kind": "cancel", "node": self.node, "uid": self.uid,
+                   "user": (self.job or {}).get("user"), "mail_user": (self.job or {}).get("mail_user"),
+                   "lines": [f"job {self.job_id} cancelled: {reason}"], "reason": reason, "time": round(now, 3)}
+            try:
+                if queue_alert(self.spool_dir, self.job_id, "cancel", req):
+                    self._want_kick = True
+            except Exception as e:  # noqa: BLE001
+                self.log.warn(f"cancel mail not queued: {e}")
+        return True
+
+    def _other_live(self, node: str) -> dict | None:
+        if not is_node_name(node):
+            return None
+        d = read_json(self.spool_dir / "jobs" / self.job_id / f"{LIVE_PREFIX}{node}.json")
+        return d if isinstance(d, dict) and d.get("kind") == "live" else None

@@ -1,0 +1,176 @@
+"""Alert requests -> mail: the idle alert and the cancel notice, through the report mail's spool and sender.
+
+A sampler publishes ``<spool>/alerts/new/<job>.<kind>.json`` once per job and
+kind (:func:`gsrun.facts.live.queue_alert`); ``gsrun-node mail flush`` calls
+:func:`process` before it delivers, so the alert is queued in the same mail
+spool as the end-of-job report (``<spool>/mail/new/<job>.<kind>.eml``,
+:func:`gsrun.report.mail.enqueue`: idempotent per id) and delivered with the
+same retry and backoff: never lost.
+
+Rate limits: one ``idle`` mail per job (the request name is per job; a
+second node or a restarted sampler finds it taken), and at most
+``idle.mail_per_user_per_hour`` ``idle`` mails per user per clock hour
+(counts in ``<spool>/alerts/state/<user>.<YYYYmmddHH>.json``): a request over
+the budget stays in ``new/`` and goes out in a later hour (the live file and
+``gsrun --wait`` show the alert meanwhile). A ``cancel`` notice is never held
+back (it says what happened to the job). A request with no address to mail
+(no ``MailUser`` with a domain and no ``mail.default_domain``) moves to
+``failed/`` with the reason in ``state/``.
+
+The recipient: the job's ``MailUser`` (``scontrol -o show job``, read once
+per request), else the user name; a bare name gets ``@mail.default_domain``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from email import policy as email_policy
+from email.message import EmailMessage
+from pathlib import Path
+
+from gsrun.base.fsutil import atomic_write_json, read_json
+from gsrun.base.ids import is_job_id, is_user_name
+from gsrun.facts.live import ALERT_KINDS, alerts_dir, read_live_docs
+from gsrun.report import mail
+
+MAX_REQUESTS_PER_RUN = 200
+
+
+def recipient(req: dict, job: dict | None, default_domain: str) -> str | None:
+    """The address for an alert: the job's MailUser, else the request's user
+    name; a bare name gets ``@default_domain`` (none: None). Pure."""
+    who = (job or {}).get("mail_user") or req.get("mail_user") or (job or {}).get("user") or req.get("user")
+    if not isinstance(who, str) or not who:
+        return None
+    if "@" in who:
+        return who
+    if not default_domain or not is_user_name(who):
+        return None
+    return f"{who}@{default_domain}"
+
+
+def hour_key(now: float) -> str:
+    return time.strftime("%Y%m%d%H", time.localtime(now))
+
+
+def build_alert(req: dict, to_addr: str, from_addr: str, report_text: str | None, cancel_after_min,
+                date: float | None = None) -> EmailMessage:
+    """The alert (kind ``idle``) or cancel notice (kind ``cancel``) mail:
+    text/plain (``templates/alert.txt.j2``), headers as the report mail's
+    (:func:`gsrun.report.mail.set_text_header`, ``Auto-Submitted``,
+    ``X-Gsrun-Job``). Raises :class:`~gsrun.base.errors.InputError` on a bad address."""
+    import email.utils
+
+    from gsrun.base.templating import render
+
+    to_spec = mail.validate_addr(to_addr, "recipient address")
+    from_spec = mail.validate_addr(from_addr, "sender address (mail.from_addr)")
+    job_id = mail.clean_line(req["job_id"], 40)
+    kind = req["kind"]
+    lines = [mail.clean_line(x, 300) for x in req.get("lines") or ()][:16]
+    after = f"{cancel_after_min:g} min" if isinstance(cancel_after_min, (int, float)) else ""
+    body = render("alert.txt.j2", kind=kind, job_id=job_id, lines=lines,
+                  reason=mail.clean_line(req.get("reason") or "", 400), cancel_after=after,
+                  report=mail.clean_block(report_text) if report_text else "")
+    msg = EmailMessage(policy=email_policy.default)
+    domain = from_spec.rsplit("@", 1)[1]
+    msg["From"] = f"gsrun <{from_spec}>"
+    msg["To"] = to_spec
+    subject = f"[gsrun] job {job_id} cancelled: GPUs idle" if kind == "cancel" else \
+        f"[gsrun] job {job_id} running: {lines[0] if lines else 'GPU time unused'}"
+    mail.set_text_header(msg, "Subject", subject, 250)
+    msg["Date"] = email.utils.formatdate(date if date is not None else time.time(), localtime=True)
+    msg["Message-ID"] = f"<gsrun.job-{job_id}.{kind}@{domain}>"
+    msg["Auto-Submitted"] = "auto-generated"
+    mail.set_text_header(msg, "X-Gsrun-Job", job_id, 40)
+    mail.set_text_header(msg, "X-Gsrun-Alert", kind, 20)
+    msg.set_content(body, subtype="plain", charset="utf-8", cte="quoted-printable")
+    return msg
+
+
+def process(spool_dir, cfg, idle_cfg=None, now: float | None = None, job_record=None, log=None) -> dict:
+    """Turn the alert requests in ``<spool>/alerts/new/`` into queued mails
+    (see module doc). ``job_record(job_id) -> dict | None``: the job fields of
+    :func:`gsrun.node.live.job_fields_from_record`-shape (``mail_user``,
+    ``user``) -- default: none (the request's user name). Returns
+    ``{"queued": n, "deferred": n, "failed": n}``."""
+    now = time.time() if now is None else now
+    base = alerts_dir(spool_dir)
+    per_hour = getattr(idle_cfg, "mail_per_user_per_hour", 3) if idle_cfg is not None else 3
+    cancel_after = getattr(idle_cfg, "cancel_after_min", None) if idle_cfg is not None else None
+    if idle_cfg is not None and getattr(idle_cfg, "cancel", "off") != "on":
+        cancel_after = None
+    out = {"queued": 0, "deferred": 0, "failed": 0}
+    names = sorted(p.name for p in (base / "new").iterdir() if p.name.endswith(".json")
+                   and not p.name.startswith("."))[:MAX_REQUESTS_PER_RUN]
+    for name in names:
+        p = base / "new" / name
+        req = read_json(p)
+        parts = name[:-len(".json")].rsplit(".", 1)
+        if not req or len(parts) != 2 or not is_job_id(parts[0], array=True) or parts[1] not in ALERT_KINDS \
+                or req.get("job_id") != parts[0] or req.get("kind") != parts[1]:
+            _finish(base, name, "failed", {"error": "malformed request"})
+            out["failed"] += 1
+            continue
+        job_id, kind = parts
+        job = None
+        if job_record is not None:
+            try:
+                job = job_record(job_id)
+            except Exception:  # noqa: BLE001 - no record: the request's own user name
+                job = None
+        to_addr = recipient(req, job, str(cfg["mail.default_domain"] or ""))
+        if to_addr is None:
+            _finish(base, name, "failed", {"error": "no address: no MailUser with a domain and "
+                                                    "mail.default_domain is empty"})
+            if log:
+                log.warn(f"alert for job {job_id} not mailed: no address (set mail.default_domain)")
+            out["failed"] += 1
+            continue
+        user_key = to_addr.lower()
+        count_path = base / "state" / f"{_safe(user_key)}.{hour_key(now)}.json"
+        count = (read_json(count_path) or {}).get("sent", 0)
+        if kind == "idle" and count >= per_hour:
+            out["deferred"] += 1
+            continue
+        report = None
+        try:
+            report = _report_text(spool_dir, job_id, cfg)
+        except Exception:  # noqa: BLE001 - an alert without the report is still an alert
+            report = None
+        try:
+            msg = build_alert(req, to_addr, cfg["mail.from_addr"], report, cancel_after, date=now)
+            mail.enqueue(spool_dir, f"{job_id}.{kind}", msg)
+        except Exception as e:  # noqa: BLE001 - bad address etc.: recorded, not retried for ever
+            _finish(base, name, "failed", {"error": str(e)[:300]})
+            out["failed"] += 1
+            continue
+        atomic_write_json(count_path, {"sent": count + 1}, mode=0o600)
+        _finish(base, name, "done", {"to": to_addr, "time": round(now, 3)})
+        out["queued"] += 1
+    return out
+
+
+def _safe(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "@._-" else "_" for c in text)[:120]
+
+
+def _finish(base: Path, name: str, sub: str, info: dict) -> None:
+    try:
+        os.rename(base / "new" / name, base / sub / name)
+    except OSError:
+        return
+    atomic_write_json(base / "state" / f"{name}.{sub}", info, mode=0o600)
+
+
+def _report_text(spool_dir, job_id: str, cfg) -> str | None:
+    from gsrun.report.live import live_summary
+    from gsrun.report.render import render_text
+
+    live = read_live_docs(Path(spool_dir) / "jobs" / job_id)
+    s = live_summary(job_id, live, None, cfg)
+    return render_text(s, color=False, cfg=cfg) if s else None
+
+
+__all__ = ["process", "build_alert", "recipient"]

@@ -1,0 +1,83 @@
+"""The report of a running job, from the live node files (``gseff`` on a RUNNING job, the alert mail). Pure.
+
+Each node's live file (:mod:`gsrun.facts.live`, written by the sampler every
+``live.flush_s``) holds the sampler's aggregates so far; they go through the
+same code as a finished job: :func:`gsrun.report.summary.node_summary` per
+node (``end_time`` = the node's last poll, so per-GPU figures run up to the
+last sample) and :func:`gsrun.report.summary.job_summary` for the job. A node
+whose epilog already wrote its final summary uses that instead.
+
+The result is a ``gsrun.summary/1`` job summary with ``job.state`` =
+``RUNNING`` and ``elapsed_s`` = from the earliest sampler start to the latest
+poll, plus a ``live`` section::
+
+    {"as_of": epoch s of the newest live file, "nodes_live": [node, ...],
+     "alerts": ["GPU 0 on gpu01 idle since 10:02:03 (12.5 min)", ...],
+     "cancel": {"action", "reason", "time"} | null,
+     "findings": [detector finding dicts, each with "node"]}
+"""
+
+from __future__ import annotations
+
+from gsrun.report.summary import job_summary, node_summary
+
+
+def live_summary(job_id: str, live: dict[str, dict], finished: list[dict] | None = None,
+                 cfg=None) -> dict | None:
+    """The running job's summary (see module doc) from ``live`` (node -> live
+    doc, :func:`gsrun.facts.live.read_live_docs`) and the node summaries
+    already final (``finished``). None when there is no live doc."""
+    finished = [n for n in (finished or []) if isinstance(n, dict) and n.get("kind") == "node"]
+    done = {n["node"] for n in finished}
+    docs = [d for node, d in sorted(live.items()) if node not in done]
+    if not docs:
+        return None
+    nodes = list(finished)
+    for d in docs:
+        st = d["state"]
+        try:
+            nodes.append(node_summary(st, dict(d.get("job_env") or {}, node=d["node"], job_id=job_id),
+                                      float(st.get("last_time") or d["written"])))
+        except (ValueError, TypeError, KeyError):
+            continue      # a live file of another shape: that node is missing from the view
+    if len(nodes) == len(finished):
+        return None
+    starts = [n["start_time"] for n in nodes if n.get("start_time")]
+    ends = [n["end_time"] for n in nodes if n.get("end_time")]
+    start = min(starts) if starts else None
+    env0 = docs[0].get("job_env") or {}
+    expected = sorted(set(env0.get("nodelist") or []) | {n["node"] for n in nodes})
+    base = {"id": job_id, "user": env0.get("user"), "partition": env0.get("partition"), "state": "RUNNING",
+            "nodes": expected, "start_time": start, "end_time": None,
+            "elapsed_s": (max(ends) - start) if start is not None and ends else None}
+    summary = job_summary(base, nodes, cfg, env0.get("partition"))
+    alerts, findings, cancel = [], [], None
+    for d in docs:
+        alerts += [a for a in d.get("alerts") or () if isinstance(a, str)]
+        findings += [dict(f, node=d["node"]) for f in d.get("findings") or () if isinstance(f, dict)]
+        c = d.get("cancel")
+        if isinstance(c, dict) and (cancel is None or c.get("action") == "cancel"):
+            cancel = c
+    summary["live"] = {"as_of": max(float(d["written"]) for d in docs), "nodes_live": [d["node"] for d in docs],
+                       "alerts": alerts, "cancel": cancel, "findings": findings}
+    return summary
+
+
+def live_text(summary: dict, now: float) -> str:
+    """The lines ``gseff`` prints above a running job's report: how fresh
+    the figures are, then each alert and the cancel decision. Pure."""
+    live = summary.get("live") or {}
+    out = []
+    as_of = live.get("as_of")
+    if isinstance(as_of, (int, float)):
+        out.append(f"RUNNING: figures as of {max(0.0, now - as_of):.0f} s ago "
+                   f"(live files of {len(live.get('nodes_live') or [])} node(s); the final report follows "
+                   "when the job ends)")
+    for a in live.get("alerts") or ():
+        out.append(f"ALERT: {a}")
+    c = live.get("cancel")
+    if isinstance(c, dict):
+        word = {"report": "would be cancelled (report mode)", "cancel": "cancelled",
+                "cancel_failed": "cancel failed"}.get(c.get("action"), str(c.get("action")))
+        out.append(f"IDLE CANCEL: {word}: {c.get('reason')}")
+    return "\n".join(out) + ("\n" if out else "")

@@ -1,0 +1,305 @@
+"""While the job runs (gsrun.node.live, gsrun.report.live, gsrun.report.alerts): the bounded live node
+file, gseff on a RUNNING job through the finished job's code, one alert mail per job through the mail
+spool with the per-user hourly budget, gsrun --wait's alert line. No Slurm: a real Sampler on the H200
+recording with a simulated clock, the spool in a temp dir."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from gsrun.base.paths import Paths
+from gsrun.facts.live import read_live_docs
+from gsrun.facts.nvml import FakeNvml
+from gsrun.node.live import LiveActions
+from gsrun.facts.sampler_state import GpuRef
+from gsrun.node.sampler import new_state, state_to_json
+from gsrun.report import alerts
+from gsrun.request.config import parse_config
+from gsrun.wrapper import gseff
+from gsrun.wrapper.submit import JobState, follow
+from helpers.sampler_sim import SimClock, h200_data, job_of, make_sampler, node_of
+
+JOB = "4242"
+
+
+def _spool(tmp_path, nodes=("n1",), user="alice"):
+    spool = tmp_path / "spool"
+    d = spool / "jobs" / JOB
+    d.mkdir(parents=True)
+    for n in nodes:
+        rec = {"job": {"job_id": JOB, "node": n, "nodelist": list(nodes), "user": user, "uid": os.getuid(),
+                       "gid": os.getgid(), "partition": "gpu", "cpus_on_node": 8, "gpus": list(range(8))},
+               "prolog_time": 1_760_000_000.0}
+        (d / f"prolog-{n}.json").write_text(json.dumps(rec))
+    return spool
+
+
+def _live(spool, node, clock, idle_cfg=None, kicks=None):
+    return LiveActions(spool, JOB, node, os.getuid(), idle_cfg, live_flush_s=30.0, clock=clock,
+                       kick=(lambda: kicks.append(node)) if kicks is not None else (lambda: None),
+                       log=SimpleNamespace(warn=lambda m: None, error=lambda m: None, __call__=None) and _Log())
+
+
+class _Log:
+    def __init__(self):
+        self.lines = []
+
+    def __call__(self, m):
+        self.lines.append(m)
+
+    warn = error = __call__
+
+
+def test_live_file_bounded_and_gseff_running_figures_match_the_final_code(tmp_path):
+    spool = _spool(tmp_path)
+    clock = SimClock()
+    fake = FakeNvml(h200_data(8))
+    s = make_sampler(tmp_path, fake, list(range(8)), clock, interval_s=5.0, flush_s=5.0)
+    s.live = _live(spool, "n1", clock)
+    writes = []
+    orig = s.live.write_live
+    s.live.write_live = lambda st, js, now: (writes.append(now - clock.t0), orig(st, js, now))
+    final = s.run(max_samples=25)            # t = 0 .. 120 s
+    # written at the first flush, then no more often than every live.flush_s (30 s)
+    assert writes == [0.0, 30.0, 60.0, 90.0, 120.0]
+    path = spool / "jobs" / JOB / "user-live-n1.json"
+    size = path.stat().st_size
+    assert size < 8 * 1536, f"live file {size} bytes for 8 GPUs"            # aggregates only: < 1.5 KiB per GPU
+    assert oct(path.stat().st_mode & 0o777) == "0o400"
+    # bounded: a job 16x longer writes a live file of the same size (the timelines stay on the node)
+    spool2 = _spool(tmp_path / "long")
+    clock2 = SimClock()
+    s2 = make_sampler(tmp_path / "long", FakeNvml(h200_data(8)), list(range(8)), clock2, interval_s=5.0, flush_s=5.0)
+    s2.live = _live(spool2, "n1", clock2)
+    long_final = s2.run(max_samples=400)
+    size2 = (spool2 / "jobs" / JOB / "user-live-n1.json").stat().st_size
+    assert size2 < 1.1 * size and len(json.dumps(long_final)) > 2 * len(json.dumps(final))
+    # the last live write was after the last poll: its figures are the final code's figures
+    s.live.write_live(s.state, state_to_json(s.state), clock())
+    summary = gseff.load_summary(Paths("/nonexistent", str(spool), "/nonexistent"), JOB)
+    assert summary["job"]["state"] == "RUNNING" and summary["job"]["elapsed_s"] == 120.0
+    assert summary["live"]["nodes_live"] == ["n1"] and summary["live"]["alerts"] == []
+    want = job_of([node_of(final, 120.0, cpus=8, gpus=list(range(8)))], 120.0)
+    keys = ("util_mean_pct", "sm_active_mean_pct", "mem_peak_bytes", "energy_j", "power_mean_w", "covered_s")
+    got_d = {(g["index"], k): g[k] for g in summary["gpu"]["devices"] for k in keys}
+    want_d = {(g["index"], k): g[k] for g in want["gpu"]["devices"] for k in keys}
+    assert got_d == want_d and len(summary["gpu"]["devices"]) == 8
+    assert all(v is not None for (i, k), v in got_d.items() if k in ("util_mean_pct", "energy_j"))
+    text = gseff.report_text(summary, None, now=clock() + 12)
+    assert text.startswith("RUNNING: figures as of 12 s ago (live files of 1 node(s)")
+
+
+def _finding(gpu, since, det, code="gpu_idle"):
+    return {"code": code, "gpu": str(gpu), "since_s": since, "detected_s": det, "evidence": {"util_pct": 0.0}}
+
+
+def _state(node, findings):
+    st = state_to_json(new_state(JOB, node, [GpuRef(0, 0, "GPU-x", None, "NVIDIA H200", 150 << 30)], None, [],
+                                 1_760_000_000.0, 5.0, 100))
+    st.update(last_time=1_760_000_600.0, samples=1, waste_findings=findings)
+    return st
+
+
+def test_one_alert_per_job_across_nodes_and_mailed_once(tmp_path):
+    spool = _spool(tmp_path, nodes=("n1", "n2"))
+    clock = lambda: 1_760_000_700.0  # noqa: E731
+    kicks = []
+    cfg_idle = SimpleNamespace(alert_mail=True, cancel="off", cancel_after_min=None, mail_per_user_per_hour=3)
+    a1, a2 = _live(spool, "n1", clock, cfg_idle, kicks), _live(spool, "n2", clock, cfg_idle, kicks)
+    s1, s2 = _state("n1", [_finding(0, 0.0, 360.0)]), _state("n2", [_finding(1, 30.0, 390.0)])
+    for a, s in ((a1, s1), (a2, s2)):
+        a.after_flush(s, lambda s=s: dict(s))
+    a1.after_flush(s1, lambda: dict(s1))           # nothing new: no second request
+    assert sorted(p.name for p in (spool / "alerts" / "new").iterdir()) == [f"{JOB}.idle.json"]
+    assert kicks == ["n1"]
+    docs = read_live_docs(spool / "jobs" / JOB)
+    line = docs["n1"]["alerts"][0]
+    assert line.startswith("GPU 0 on n1 idle since ") and line.endswith("(6.0 min)")
+    assert docs["n2"]["alerts"][0].startswith("GPU 1 on n2 idle")
+    cfg = parse_config('[mail]\ndefault_domain = "example.org"\nfrom_addr = "gsrun@example.org"\n')
+    out = alerts.process(spool, cfg, cfg_idle, now=1_760_000_710.0)
+    assert out == {"queued": 1, "deferred": 0, "failed": 0}
+    msgs = list((spool / "mail" / "new").iterdir())
+    assert [m.name for m in msgs] == [f"{JOB}.idle.eml"]
+    from email import policy as email_policy
+    from email.parser import BytesParser
+
+    msg = BytesParser(policy=email_policy.default).parsebytes(msgs[0].read_bytes())
+    text = str(msg["To"]) and msg.as_string() + msg.get_content()
+    assert "To: alice@example.org" in text and f"Subject: [gsrun] job {JOB} running: GPU 0 on n1 idle" in text
+    assert f"scancel {JOB}" in text and "Report so far" in text
+    # processed: a rerun queues nothing, and the job cannot be alerted again
+    assert alerts.process(spool, cfg, cfg_idle, now=1_760_000_720.0) == {"queued": 0, "deferred": 0, "failed": 0}
+    a3 = _live(spool, "n1", clock, cfg_idle, kicks)
+    a3.after_flush(_state("n1", [_finding(2, 0.0, 400.0)]), lambda: {})
+    assert not list((spool / "alerts" / "new").iterdir()) and kicks == ["n1"]
+
+
+def test_per_user_hourly_budget_defers_never_drops(tmp_path):
+    spool = tmp_path / "spool"
+    (spool / "jobs").mkdir(parents=True)
+    from gsrun.facts.live import queue_alert
+
+    for j in ("11", "12", "13", "14"):
+        assert queue_alert(spool, j, "idle", {"job_id": j, "kind": "idle", "user": "bob", "lines": [f"GPU 0 idle ({j})"]})
+    cfg = parse_config('[mail]\ndefault_domain = "example.org"\n')
+    idle = SimpleNamespace(mail_per_user_per_hour=3, cancel="off", cancel_after_min=None)
+    t = time.mktime((2025, 10, 9, 10, 5, 0, 0, 0, -1))
+    assert alerts.process(spool, cfg, idle, now=t) == {"queued": 3, "deferred": 1, "failed": 0}
+    assert alerts.process(spool, cfg, idle, now=t + 600) == {"queued": 0, "deferred": 1, "failed": 0}
+    assert alerts.process(spool, cfg, idle, now=t + 3600) == {"queued": 1, "deferred": 0, "failed": 0}
+    assert sorted(p.name for p in (spool / "mail" / "new").iterdir()) == [f"{j}.idle.eml" for j in ("11", "12", "13", "14")]
+
+
+def test_alert_without_address_is_recorded_failed(tmp_path):
+    spool = tmp_path / "spool"
+    (spool / "jobs").mkdir(parents=True)
+    from gsrun.facts.live import queue_alert
+
+    queue_alert(spool, "21", "idle", {"job_id": "21", "kind": "idle", "user": "carol", "lines": ["x"]})
+    out = alerts.process(spool, parse_config(""), None, now=1_760_000_000.0)
+    assert out == {"queued": 0, "deferred": 0, "failed": 1}
+    assert (spool / "alerts" / "failed" / "21.idle.json").exists()
+    assert "mail.default_domain" in (spool / "alerts" / "state" / "21.idle.json.failed").read_text()
+
+
+def test_follow_prints_each_alert_line_once():
+    states = iter([JobState("RUNNING", "00:00:05", 0, 0, None, "n1")] * 3
+                  + [JobState("COMPLETED", "00:00:09", 0, 0, None, "n1")])
+    lines = [[], ["GPU 0 on n1 idle since 10:00:00 (6.0 min)"],
+             ["GPU 0 on n1 idle since 10:00:00 (6.0 min)", "GPU 1 on n1 idle since 10:00:30 (5.5 min)"]]
+    calls = []
+
+    def alerts_fn():
+        calls.append(1)
+        return lines[min(len(calls) - 1, 2)]
+    t = [0.0]
+    err = io.StringIO()
+    rc = follow(JOB, out=io.StringIO(), err=err, poller=lambda j: next(states), clock=lambda: t[0],
+                sleep=lambda s: t.__setitem__(0, t[0] + 1.0), alerts=alerts_fn)
+    assert rc == 0
+    got = [ln for ln in err.getvalue().splitlines() if "ALERT:" in ln]
+    assert got == [f"gsrun: job {JOB}: ALERT: GPU 0 on n1 idle since 10:00:00 (6.0 min)",
+                   f"gsrun: job {JOB}: ALERT: GPU 1 on n1 idle since 10:00:30 (5.5 min)"]
+    assert len(calls) == 4          # once per Slurm poll, never more
+
+
+def test_watch_redraws_until_final_report(tmp_path):
+    spool = _spool(tmp_path)
+    clock = SimClock()
+    s = make_sampler(tmp_path, FakeNvml(h200_data(1)), [0], clock, interval_s=5.0, flush_s=5.0)
+    s.live = _live(spool, "n1", clock)
+    final = s.run(max_samples=3)
+    paths = Paths("/nonexistent", str(spool), "/nonexistent")
+    summ = job_of([node_of(final, 10.0, gpus=[0])], 10.0, id=JOB)
+    rounds = []
+
+    def sleep(sec):
+        rounds.append(sec)
+        if len(rounds) == 2:     # the job ends: the controller's summary appears
+            (spool / "jobs" / JOB / "user-summary.json").write_text(json.dumps(summ))
+    out = io.StringIO()
+    cfg = parse_config("")
+    assert gseff.watch_job(paths, JOB, cfg, out=out, sleep=sleep) == 0
+    text = out.getvalue()
+    assert rounds == [30.0, 30.0]
+    assert text.count("RUNNING: figures as of") == 2
+    assert text.rstrip().endswith(gseff.report_text(summ, cfg).rstrip())
+
+
+@pytest.mark.parametrize("bad", ["../x", "n1/../../etc"])
+def test_live_reader_skips_foreign_names(tmp_path, bad):
+    d = tmp_path / "j"
+    d.mkdir()
+    (d / "user-live-n1.json").write_text(json.dumps({"kind": "live", "version": 1, "node": "n2", "state": {}}))
+    assert read_live_docs(d) == {}
+
+
+# ----------------------------------------------------------------------------- the opt-in cancel, real detector
+
+def _cancel_run(tmp_path, table: dict, record: dict | None, nodes=("n1",), polls=20, other_live=None):
+    """A job on a scripted GPU (busy 10 s, then idle) through the real Sampler + detector + LiveActions;
+    returns (scancel calls, final state, spool)."""
+    from gsrun.request.waste import IdleConfig
+    from gsrun.node.sampler import Sampler
+    from gsrun.facts.hostfs import HostFS
+    from helpers.fake_nvml import work_then_idle
+
+    spool = _spool(tmp_path, nodes=nodes)
+    if other_live is not None:
+        other_live(spool)
+    clock = SimClock()
+    fake = FakeNvml(work_then_idle(1, 10.0), clock=clock)
+    root = tmp_path / "root"
+    root.mkdir()
+    idle = IdleConfig.from_table(table)
+    s = Sampler(HostFS(str(root)), JOB, 1000, "n1", [0], str(tmp_path / "sampler.json"), 5.0, 5.0, 100,
+                clock=clock, sleep=clock.sleep, nvml=fake, usage=lambda: (None, None, None, "test"), idle=idle)
+    calls, kicks = [], []
+    s.live = LiveActions(spool, JOB, "n1", os.getuid(), idle, 30.0, clock=clock,
+                         job_record=lambda j: record, scancel=lambda j: (calls.append((j, clock() - clock.t0)),
+                                                                          (True, "scancel accepted"))[1],
+                         kick=lambda: kicks.append(1), log=_Log())
+    final = s.run(max_samples=polls)
+    return calls, final, spool
+
+
+REC = {"Partition": "gpu", "QOS": "normal", "UserId": "alice(1000)", "Account": "lab", "BatchFlag": "1",
+       "MailUser": "alice@example.org"}
+ON = {"warn_after_min": 0.1, "cancel": "on", "cancel_after_min": 0.5, "exempt_partitions": ["gpu-exempt"]}
+
+
+def test_idle_job_cancelled_once_after_the_limit_with_reason(tmp_path):
+    calls, final, spool = _cancel_run(tmp_path, ON, REC)
+    # the poll at t = 10 s is the first idle one; it stands for (5 s, 10 s], so the GPU is idle
+    # since 5 s; the limit is 30 s: the flush at t = 35 s cancels, once
+    assert calls == [(JOB, 35.0)]
+    notes = [n for n in final["notes"] if "cancel" in n]
+    assert notes == ["cancelled by gsrun (idle GPUs): all allocated GPUs idle since 5 s into the job, "
+                     "for 0.5 min (limit 0.5 min, idle.cancel_after_min)"]
+    assert json.loads((spool / "jobs" / JOB / "idle-cancel.json").read_text())["reason"] == notes[0].split(": ", 1)[1]
+    assert sorted(p.name for p in (spool / "alerts" / "new").iterdir()) == [f"{JOB}.cancel.json", f"{JOB}.idle.json"]
+    doc = read_live_docs(spool / "jobs" / JOB)["n1"]
+    assert doc["cancel"]["action"] == "cancel" and doc["alerts"][-1].startswith(f"job {JOB} cancelled: ")
+    assert doc["alerts"][0].startswith("GPU 0 on n1 idle since ")
+
+
+def test_exempt_partition_and_report_mode_never_scancel(tmp_path):
+    calls, final, _ = _cancel_run(tmp_path / "a", ON, dict(REC, Partition="gpu-exempt"))
+    assert calls == [] and not [n for n in final["notes"] if "cancel" in n]
+    calls, final, spool = _cancel_run(tmp_path / "b", dict(ON, cancel="report"), REC)
+    assert calls == []
+    assert [n for n in final["notes"] if "cancel" in n] == [
+        f"idle cancel (report mode): would cancel job {JOB}: all allocated GPUs idle since 5 s into the job, "
+        "for 0.5 min (limit 0.5 min, idle.cancel_after_min)"]
+    assert not (spool / "jobs" / JOB / "idle-cancel.json").exists()
+
+
+def test_interactive_job_gets_its_grace_and_unknown_record_never_cancels(tmp_path):
+    calls, _, _ = _cancel_run(tmp_path / "a", dict(ON, interactive_grace_min=0.25), dict(REC, BatchFlag="0"))
+    assert calls == [(JOB, 50.0)]           # idle since 5 s + 0.5 + 0.25 min
+    calls, _, _ = _cancel_run(tmp_path / "b", ON, None)
+    assert calls == []
+
+
+def test_multi_node_cancel_waits_for_every_node(tmp_path):
+    # n2 has no live file: its GPUs are unknown, never idle
+    calls, _, _ = _cancel_run(tmp_path / "a", ON, REC, nodes=("n1", "n2"))
+    assert calls == []
+
+    def n2_idle(spool, since=1_760_000_020.0):
+        doc = {"kind": "live", "version": 1, "node": "n2", "job_id": JOB, "written": 1_760_000_090.0,
+               "state": {}, "all_idle_since": since}
+        (spool / "jobs" / JOB / "user-live-n2.json").write_text(json.dumps(doc))
+    # n2 idle since 20 s (later than n1's 5 s): due at 50 s
+    calls, _, _ = _cancel_run(tmp_path / "b", ON, REC, nodes=("n1", "n2"), other_live=n2_idle)
+    assert calls == [(JOB, 50.0)]
+    # only the first node of the job decides
+    calls, _, _ = _cancel_run(tmp_path / "c", ON, REC, nodes=("n0", "n1"))
+    assert calls == []
