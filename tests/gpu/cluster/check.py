@@ -82,6 +82,7 @@ class Run:
 
     def gsrun(self, user: str, name: str, gpus: int, mode: str, seconds: float, extra: list[str]):
         out = self.res / name
+        shutil.rmtree(out, ignore_errors=True)    # no marker of an earlier run counts
         argv = ["gsrun", "--gpus", str(gpus), *extra, "--wait", "-J", name, "-o", f"{self.res}/{name}-%j.out",
                 str(self.jobs / "job_probe.py"), "--out", str(out), "--mode", mode, "--seconds", str(seconds)]
         return self.as_user(user, argv, bg=True), out
