@@ -23,6 +23,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--fail-rank", type=int, default=None, help="exit 3 from this rank (-1: every rank; tests)")
     ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--bf16", action="store_true", help="bf16 autocast for forward/loss on GPUs")
     ap.add_argument("rest", nargs=argparse.REMAINDER)
     a = ap.parse_args()
 
@@ -66,7 +67,8 @@ def main() -> int:
         x = torch.randn(a.batch, 64, device=device)
         y = (x @ w_true).argmax(dim=1)
         opt.zero_grad(set_to_none=True)
-        loss = loss_fn(ddp(x), y)
+        with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=use_cuda and a.bf16):
+            loss = loss_fn(ddp(x), y)
         loss.backward()
         opt.step()
         steps += 1
@@ -79,7 +81,8 @@ def main() -> int:
     dist.all_reduce(loss_t)
     if rank == 0:
         print(f"trained {steps} steps in {time.monotonic() - t0:.1f} s on {world} ranks ({backend}); "
-              f"mean loss {loss_t.item() / world:.4f}", flush=True)
+              f"mean loss {loss_t.item() / world:.4f}; step {1000 * (time.monotonic() - t0) / steps:.2f} ms"
+              f"{' bf16' if use_cuda and a.bf16 else ''}", flush=True)
     dist.barrier()                 # nobody tears gloo down while a peer still talks
     dist.destroy_process_group()
     return 0

@@ -232,19 +232,23 @@ def compile_command(out_so: Path, python: str, info: dict, include_dir: Path,
             + LINK_HARDENING + [f"-Wl,--version-script={PY_VERSION_SCRIPT}"] + rpath + ldflags)
 
 
-def build(out_dir: str, python: str = sys.executable, cc: str | None = None) -> Path:
+def build(out_dir: str, python: str = sys.executable, cc: str | None = None,
+          slurm_include: str | os.PathLike | None = None) -> Path:
     """Compile ``gsrun_spank.so`` and its Python half ``gsrun_spank_py.so``
     into ``out_dir`` and return the plugin's path.
 
     ``python``: the interpreter to embed (its libpython is linked, its
     ``sys.base_prefix`` becomes the plugin's Python home, its site-packages the
     default ``pythonpath=``). ``cc``: compiler (``$CC`` or ``cc``).
+    ``slurm_include``: the include dir holding ``slurm/spank.h`` (e.g. a
+    libslurm-dev unpacked into a private prefix); default: the first of
+    :data:`SLURM_INCLUDE_DIRS` that has it.
     Also writes ``gsrun_spank.json`` next to it (Slurm and Python versions).
     Raises NodeError with the compiler output when something is missing.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    include_dir = find_slurm_include()
+    include_dir = find_slurm_include((str(slurm_include),) if slurm_include else SLURM_INCLUDE_DIRS)
     slurm_num = slurm_version_number(include_dir)
     info = python_info(python)
     so = out / SO_NAME

@@ -204,9 +204,11 @@ def spank():
 
 @spank.command("build")
 @click.option("--out-dir", default=".", type=click.Path(file_okay=False))
-def spank_build(out_dir):
+@click.option("--slurm-include", default=None, type=click.Path(file_okay=False, exists=True),
+              help="Include dir holding slurm/spank.h (default: /usr/include, /usr/local/include).")
+def spank_build(out_dir, slurm_include):
     from gsrun.spank_py import build
-    click.echo(str(build.build(out_dir)))
+    click.echo(str(build.build(out_dir, slurm_include=slurm_include)))
     return 0
 
 
