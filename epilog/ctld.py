@@ -32,7 +32,8 @@ from gsrun.base.paths import Paths
 from gsrun.base.ids import check_job_id
 from gsrun.base.proc import ROOT_CWD, root_child_env, root_python
 from gsrun.facts.sacct import parse_mem, parse_time_s, parse_tres, tres_gpus
-from gsrun.facts.slurm import expand_hostlist, parse_exit_code, parse_job_record, run_slurm, state_word
+from gsrun.facts.slurm import (ACTIVE_STATES, expand_hostlist, parse_exit_code, parse_job_record, run_slurm,
+                              state_word)
 from gsrun.node.steps import CLEANUP, Step, run_steps
 from gsrun.report.summary import job_summary
 
@@ -53,8 +54,13 @@ def job_from_record(job_id: str, rec: dict[str, str] | None, env) -> dict:
     ec, sig = parse_exit_code(rec.get("ExitCode", "")) if rec.get("ExitCode") else (
         int(env.get("SLURM_JOB_EXIT_CODE2", "0:0").split(":")[0] or 0), 0)
     state = state_word(rec.get("JobState")) or None
-    if state == "COMPLETING":   # EpilogSlurmctld runs while the job completes
+    state_source = "slurm" if state else None
+    if state == "COMPLETING":
+        # EpilogSlurmctld runs while the job completes, and scontrol then shows the
+        # COMPLETING flag instead of the final state (CANCELLED, TIMEOUT, OUT_OF_MEMORY,
+        # NODE_FAIL...): a guess from the exit code, settled later (settle_state)
         state = "COMPLETED" if (ec, sig) == (0, 0) else "FAILED"
+        state_source = "exit_code"
     mail_user = rec.get("MailUser") or None
     if mail_user in ("(null)", "None"):
         mail_user = None
@@ -73,6 +79,7 @@ def job_from_record(job_id: str, rec: dict[str, str] | None, env) -> dict:
         "mem_req_bytes": mem, "gpus_alloc": gpus, "mail_user": mail_user, "mail_type": mail_type,
         "start_time": _epoch(rec.get("StartTime")), "end_time": None, "elapsed_s": _elapsed(rec.get("RunTime")),
         "submit_time": _epoch(rec.get("SubmitTime")), "time_limit_s": _elapsed(rec.get("TimeLimit")),
+        **({"state_source": state_source} if state_source else {}),
     }
 
 
@@ -272,10 +279,12 @@ def run(environ, spool_dir: str | None = None, wait_s: float = 30.0) -> int:
             gid = uid
     ctx = {"paths": paths, "job": job, "cfg": cfg, "uid": uid, "gid": gid, "wait_s": wait_s, "log": log}
     out = run_steps("epilog-ctld", STEPS, ctx, log, rule=CLEANUP, budget_s=None)
-    mail_err = (out.results.get("mail") or {}).get("error")
-    if mail_err:
-        log.error(f"mail: {mail_err}")
-    _kick_admin_comment(job_id, str(paths.spool_dir))
+    mail_res = out.results.get("mail") or {}
+    if mail_res.get("error"):
+        log.error(f"mail: {mail_res['error']}")
+    if not _kick_admin_comment(job_id, str(paths.spool_dir)) and mail_res.get("deferred") and ctx.get("summary"):
+        # no background step to settle the state: the mail goes now, with the guess
+        queue_mail(paths, ctx["summary"], cfg, log)
     return 0
 
 
@@ -284,8 +293,13 @@ def _merge_step(c: dict) -> None:
     write_summary(c["paths"], c["summary"], c["uid"], c["gid"])
 
 
-def _mail_step(c: dict) -> None:
+def _mail_step(c: dict) -> dict | None:
+    if (c["summary"].get("job") or {}).get("state_source") == "exit_code":
+        # the state is a guess while slurmctld shows COMPLETING: the background step
+        # (settle_state) queues the mail once Slurm has the final state
+        return {"deferred": "until Slurm has the job's final state"}
     queue_mail(c["paths"], c["summary"], c["cfg"], c["log"])
+    return None
 
 
 # EpilogSlurmctld, in order; no budget of its own (slurmctld's
@@ -301,15 +315,74 @@ def _child_env() -> dict[str, str]:
     return root_child_env(("GSRUN_SPOOL_DIR", "GSRUN_LOG_FILE"))
 
 
-def _kick_admin_comment(job_id: str, spool_dir: str) -> None:
-    """Start the detached AdminComment step (it checks for slurmdbd itself)."""
+def _kick_admin_comment(job_id: str, spool_dir: str) -> bool:
+    """Start the detached background step (:func:`admin_comment_step`: the
+    final state, the deferred mail, the AdminComment). False when it could
+    not be started."""
     try:
         subprocess.Popen(root_python("-m", "gsrun.epilog.ctld", "admin-comment", job_id,
                                      "--spool-dir", spool_dir), stdin=subprocess.DEVNULL,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
                          close_fds=True, cwd=ROOT_CWD, env=_child_env())
+        return True
     except OSError:
-        pass
+        return False
+
+
+SETTLE_DELAYS_S = (1.0, 2.0, 4.0, 8.0, 15.0, 30.0)   # scontrol polls after EpilogSlurmctld: ~60 s in all
+
+
+def settle_state(paths: Paths, job_id: str, cfg, log, show_job=None, sleep=time.sleep,
+                 delays_s=SETTLE_DELAYS_S) -> dict | None:
+    """When the job summary's state is a guess (``job.state_source ==
+    "exit_code"``: slurmctld showed the job COMPLETING to EpilogSlurmctld),
+    wait with backoff (``delays_s``, one ``scontrol --local show job`` RPC
+    each) until slurmctld has the final state, then rewrite the summary (and
+    the user's copy) with it, its findings recomputed. Returns the summary
+    (JSON form) when it was a guess (settled or not: after the last poll the
+    guess stays, ``state_source`` still ``exit_code``), None when there was
+    nothing to settle or no summary. Never raises for Slurm errors: logged."""
+    from gsrun.facts.slurm import show_job as _show_job
+
+    show_job = show_job or _show_job
+    summary = read_json(paths.spool_job(job_id) / "summary.json")
+    if not isinstance(summary, dict) or (summary.get("job") or {}).get("state_source") != "exit_code":
+        return None
+    job = summary["job"]
+    for delay in delays_s:
+        sleep(delay)
+        try:
+            rec = show_job(job_id, cfg["timeouts.command_s"])
+        except GsrunError as e:
+            log.warn(f"final state: {e}".replace("\n", " "))
+            continue
+        if rec is None:       # purged (MinJobAge): the guess stays
+            break
+        final = state_word(rec.get("JobState"))
+        if not final or final in ACTIVE_STATES or final == "COMPLETING":
+            continue
+        was = job.get("state")
+        job["state"], job["state_source"] = final, "slurm"
+        if rec.get("ExitCode"):
+            ec, sig = parse_exit_code(rec["ExitCode"])
+            job["exit_code"] = ec if not sig else 128 + sig
+        from gsrun.report.findings import finding_records
+
+        summary["findings"] = [f.to_json() for f in finding_records(summary, cfg, job.get("partition"))]
+        uid = _uid({}, {"UserId": rec.get("UserId", "")})
+        gid = None
+        if uid is not None:
+            import pwd
+            try:
+                gid = pwd.getpwuid(uid).pw_gid
+            except KeyError:
+                gid = uid
+        write_summary(paths, summary, uid, gid)
+        log(f"final state {final} (EpilogSlurmctld saw COMPLETING and guessed {was} from the exit code)")
+        return summary
+    log.warn(f"final state not known after {sum(delays_s):.0f} s: the summary keeps {job.get('state')} "
+             "(a guess from the exit code)")
+    return summary
 
 
 def admin_comment_step(job_id: str, spool_dir: str | None = None, deadline_s: float = 180.0) -> int:
@@ -326,6 +399,18 @@ def admin_comment_step(job_id: str, spool_dir: str | None = None, deadline_s: fl
         cfg = load_config_or_defaults(log)
         timeout_s = cfg["timeouts.command_s"]
         paths = Paths.from_config(cfg, None, spool_dir)
+        first = read_json(paths.spool_job(job_id) / "summary.json")
+        deferred = isinstance(first, dict) and (first.get("job") or {}).get("state_source") == "exit_code"
+        try:
+            if deferred:
+                settle_state(paths, job_id, cfg, log)
+        finally:
+            if deferred:
+                # the mail EpilogSlurmctld deferred: queued even when settling failed (never lost)
+                try:
+                    queue_mail(paths, read_json(paths.spool_job(job_id) / "summary.json") or first, cfg, log)
+                except Exception as e:  # noqa: BLE001 - logged with the job id, never silent
+                    log.error(f"mail: not queued: {e!r}".replace("\n", " "))
         sconf = accounting.config(timeout_s)
         if not accounting.uses_slurmdbd(sconf):
             _mark_accounting(paths, job_id, "no slurmdbd", log)

@@ -269,6 +269,11 @@ class JobInfo(Record):
     mem_req_bytes: int | None = field("memory requested, bytes (AllocTRES mem)", ABSENT)
     mail_user: str | None = field("MailUser", ABSENT)
     mail_type: str | None = field("MailType", ABSENT)
+    state_source: str | None = field(
+        "where the state came from: slurm (the job record), sacct (slurmdbd, while slurmctld still showed the "
+        "job COMPLETING), exit_code (a guess from the exit code while COMPLETING: replaced by Slurm's final state "
+        "by the background step as soon as slurmctld has it); absent in summaries written before it was "
+        "recorded", optional_key=True)
     extra: dict = extra_field()
 
 

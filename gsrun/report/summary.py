@@ -475,7 +475,7 @@ def _job_merge(job: dict, nodes: list, cfg, partition: str | None, timeline: Job
             nodes=expected, start_time=start, end_time=end, elapsed_s=_r(elapsed, 3),
             cpus_alloc=cpus_alloc, gpus_alloc=gpus_alloc, mem_req_bytes=mem_req,
             mail_user=job.get("mail_user"), mail_type=job.get("mail_type"),
-            **{k: job[k] for k in ("submit_time", "time_limit_s") if k in job},
+            **{k: job[k] for k in ("submit_time", "time_limit_s", "state_source") if k in job},
         ),
         cpu=CpuFigures(time_s=_r(cpu_time, 3), efficiency_pct=_r(cpu_eff),
                        anomaly=cpu_raw is not None and cpu_raw > 105.0,
