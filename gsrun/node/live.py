@@ -48,7 +48,7 @@ from gsrun.facts.live import LIVE_PREFIX, LIVE_VERSION, queue_alert
 MAX_ALERT_LINES = 16             # alert lines kept in the live file (one per GPU and kind at most)
 STALE_FACTOR = 3.0               # another node's live file older than this x live.flush_s: its GPUs count unknown
 FINDING_WORDS = {"gpu_idle": "idle", "gpu_stuck_collective": "looks stuck in a collective (busy at idle power)",
-                 "gpu_never_used": "not used by the job since it started"}
+                 "gpu_never_used": "not used by the job"}
 _METRIC_KEEP = ("n", "weight_s", "wsum", "min", "max", "gap_s", "vsum")
 
 

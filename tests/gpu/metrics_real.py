@@ -75,10 +75,12 @@ def run_phase(s, seconds: float, interval_s: float, flush_s: float) -> None:
         n += 1
         if last_flush is None or time.time() - last_flush >= flush_s:
             s.flush()
+            s.after_flush()
             last_flush = time.time()
             polled = False
     if polled:      # as the sampler does: a flush window always holds a poll (an empty window has no means)
         s.flush()
+        s.after_flush()
 
 
 def main() -> int:
@@ -93,6 +95,11 @@ def main() -> int:
     from gsrun.facts.hostfs import HostFS
     from gsrun.node.metrics_textfile import TextfileExporter, file_name, remove_job_file, user_label
     from gsrun.node.sampler import Sampler
+    from gsrun.node.live import LiveActions
+    from gsrun.facts.live import read_live_docs
+    from gsrun.report.live import live_summary, live_text
+    from gsrun.report.render import render_text
+    from gsrun.request.waste import IdleConfig
 
     tmp = Path(tempfile.mkdtemp(prefix="gsrun-metrics-real-"))
     tdir = tmp / "textfile"
@@ -102,20 +109,38 @@ def main() -> int:
     env = {**os.environ, "SLURM_JOB_ID": JOB, "CUDA_VISIBLE_DEVICES": "0", "NCCL_NVLS_ENABLE": "0"}
     load = None
     try:
-        s = Sampler(HostFS.from_env(None), JOB, os.getuid(), "h200", [0], str(tmp / "sampler.json"), 1.0, 2.0, 1000)
+        s = Sampler(HostFS.from_env(None), JOB, os.getuid(), "h200", [0], str(tmp / "sampler.json"), 1.0, 2.0, 1000,
+                    idle=IdleConfig(warn_after_min=0.25))
         s.export = TextfileExporter(str(tdir), JOB, user_label(os.getuid()))
+        # the live report as gseff shows a running job: the sampler's live file (every flush here),
+        # idle alert after 15 s of idle (no mail: nothing configured; the alert line is what is checked)
+        spool = tmp / "spool"
+        (spool / "jobs" / JOB).mkdir(parents=True)
+        s.live = LiveActions(spool, JOB, "h200", os.getuid(), s.idle_cfg, live_flush_s=0.0, kick=lambda: None)
+
+        def live_report(tag: str) -> dict:
+            docs = read_live_docs(spool / "jobs" / JOB)
+            summ = live_summary(JOB, docs)
+            text = live_text(summ, time.time()) + "\n" + render_text(summ, color=False)
+            (out / f"live-{tag}.txt").write_text(text)
+            g = (summ["gpu"].get("devices") or [{}])[0]
+            return {"state": summ["job"]["state"], "util_pct": g.get("util_mean_pct"),
+                    "alerts": summ["live"]["alerts"], "findings": [f.get("code") for f in summ["live"]["findings"]],
+                    "bytes": sum(len(json.dumps(d)) for d in docs.values())}
         s.sample_once()                      # the prolog's first poll: before the job's process starts
         load = subprocess.Popen([sys.executable, "-c", LOAD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 text=True, env=env)
         res["load_ready"] = load.stdout.readline().strip()
         run_phase(s, a.busy_s, 1.0, 2.0)
         shutil.copy(prom, out / "metrics-busy.prom")
+        res["live_busy"] = live_report("busy")
         res["mode_octal"] = oct(stat.S_IMODE(os.stat(prom).st_mode))
         load.stdin.write("stop\n")
         load.stdin.flush()
         load.wait(30)
         run_phase(s, a.idle_s, 1.0, 2.0)
         shutil.copy(prom, out / "metrics-idle.prom")
+        res["live_idle"] = live_report("idle")
         s.nv.close()
         res["removed"] = remove_job_file(str(tdir), JOB)
         res["left"] = sorted(os.listdir(tdir))
@@ -133,6 +158,11 @@ def main() -> int:
             busy.get("gsrun_gpu_energy_joules_total", float("inf")) > 0
         c["mode_0644"] = res["mode_octal"] == "0o644"
         c["removed_nothing_left"] = res["removed"] == [file_name(JOB)] and res["left"] == []
+        lb, li = res["live_busy"], res["live_idle"]
+        c["live_running_busy"] = lb["state"] == "RUNNING" and (lb["util_pct"] or 0) >= 80 and not lb["alerts"]
+        c["live_idle_alert"] = li["state"] == "RUNNING" and any(" idle since " in a for a in li["alerts"]) \
+            and "gpu_idle" in li["findings"]
+        c["live_file_small"] = lb["bytes"] < 12 * 1024 and li["bytes"] < 12 * 1024
     except Exception as e:  # noqa: BLE001 - one JSON verdict whatever happens
         res["error"] = f"{type(e).__name__}: {e}"
     finally:
