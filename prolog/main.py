@@ -365,4 +365,6 @@ def _mem_baseline(hostfs, gpus: list[int]) -> str:
 
 
 def _sampler_env() -> dict:
-    return root_child_env(("GSRUN_HOST_ROOT",))
+    # GSRUN_LOG_FILE: the sampler logs alerts and idle cancels; on hosts without a syslog
+    # daemon the site's log file is where admins find them
+    return root_child_env(("GSRUN_HOST_ROOT", "GSRUN_LOG_FILE"))

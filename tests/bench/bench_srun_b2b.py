@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""Back-to-back ``srun -N2 -n8 true`` with gsrun (SPANK plugin, Prolog,
+Epilog, EpilogSlurmctld) against the same cluster with all of them removed,
+side by side in one run on the local test cluster (issue 24, item 1: within
+1.2x).
+
+Each ``srun`` makes a new allocation, so every one pays the prolog on both
+nodes (``PrologFlags=Alloc``), the epilog on both and EpilogSlurmctld, and
+the next one starts only when the nodes have left COMPLETING. The two modes
+alternate every round (``scontrol reconfigure`` between them; plugstack.conf
+and the hook lines of slurm.conf switched, restored at the end whatever
+happens); a round times ``--per-round`` sruns in a row.
+
+Run as root with the cluster up (the lead does; never in CI):
+
+    tests/cluster/up && /opt/gsrun/venv/bin/python tests/bench/bench_srun_b2b.py --rounds 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+RATIO_MAX = 1.2
+HOOK_KEYS = ("Prolog", "Epilog", "EpilogSlurmctld")
+
+
+def bare_conf(text: str) -> str:
+    """slurm.conf without gsrun's hooks (the Prolog/Epilog/EpilogSlurmctld lines commented)."""
+    return re.sub(rf"^(({'|'.join(HOOK_KEYS)})=)", r"#bench# \1", text, flags=re.M)
+
+
+def reconfigure(env: dict) -> None:
+    subprocess.run(["scontrol", "reconfigure"], env=env, check=True, capture_output=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:      # both nodes answering again
+        out = subprocess.run(["sinfo", "-h", "-N", "-p", "gpu", "-o", "%t"], env=env, capture_output=True,
+                             text=True).stdout.split()
+        if out and all(s in ("idle", "mix") for s in out):
+            return
+        time.sleep(0.2)
+    raise SystemExit("nodes did not come back after scontrol reconfigure")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cluster", default=os.environ.get("GSRUN_CLUSTER_DIR", "/var/tmp/gsrun-cluster"))
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--per-round", type=int, default=5)
+    ap.add_argument("--user", default="gsrun-test")
+    a = ap.parse_args()
+    d = Path(a.cluster)
+    conf, plug = d / "etc" / "slurm.conf", d / "etc" / "plugstack.conf"
+    orig_conf, orig_plug = conf.read_text(), plug.read_text()
+    env = dict(os.environ, SLURM_CONF=str(conf))
+    argv = ["runuser", "-u", a.user, "--", "env", f"SLURM_CONF={conf}", "srun", "-p", "gpu", "-N", "2", "-n", "8",
+            "true"]
+    modes = {"gsrun": (orig_conf, orig_plug), "bare": (bare_conf(orig_conf), "\n")}
+    res: dict[str, list[float]] = {m: [] for m in modes}
+    try:
+        for r in range(a.rounds):
+            for m in (("gsrun", "bare") if r % 2 == 0 else ("bare", "gsrun")):
+                conf.write_text(modes[m][0])
+                plug.write_text(modes[m][1])
+                reconfigure(env)
+                subprocess.run(argv, env=env, check=True, capture_output=True, cwd="/tmp")   # warm, unmeasured
+                t0 = time.perf_counter()
+                for _ in range(a.per_round):
+                    subprocess.run(argv, env=env, check=True, capture_output=True, cwd="/tmp")
+                res[m].append((time.perf_counter() - t0) / a.per_round)
+    finally:
+        conf.write_text(orig_conf)
+        plug.write_text(orig_plug)
+        reconfigure(env)
+    med = {m: statistics.median(v) for m, v in res.items()}
+    ratio = med["gsrun"] / med["bare"]
+    print(json.dumps({"rounds": a.rounds, "per_round": a.per_round,
+                      "per_srun_s": {m: [round(x, 3) for x in v] for m, v in res.items()},
+                      "median_per_srun_s": {m: round(v, 3) for m, v in med.items()},
+                      "ratio_gsrun_vs_bare": round(ratio, 3), "target_max": RATIO_MAX, "met": ratio <= RATIO_MAX},
+                     indent=1))
+
+
+if __name__ == "__main__":
+    main()
