@@ -57,12 +57,13 @@ def atomic_write(path: str | os.PathLike, data: str | bytes, mode: int = 0o644,
             os.fchmod(fd, mode)
             if uid is not None or gid is not None:
                 os.fchown(fd, -1 if uid is None else uid, -1 if gid is None else gid)
-            with os.fdopen(fd, "wb") as f:
-                fd = None
-                f.write(raw)
-                f.flush()
-                if durable:
-                    os.fsync(f.fileno())
+            view = memoryview(raw)
+            while view:                     # os.write, no file object: this runs at every sampler flush
+                view = view[os.write(fd, view):]
+            if durable:
+                os.fsync(fd)
+            os.close(fd)
+            fd = None
             os.replace(tmp, path.name, src_dir_fd=dfd, dst_dir_fd=dfd)
         except BaseException:
             if fd is not None:
