@@ -47,6 +47,16 @@ echo "governor=$(cat {hr}/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor)"
         time.sleep(0.5)
     assert cluster.hostroot_changes() == []
     assert (hr / "proc/sys/vm/swappiness").read_text() == before
+    # the report says what was in force: one line for both nodes (same settings)
+    assert cluster.wait_file(cluster.spool / "jobs" / job / "user-summary.json", 60)
+    text = cluster.as_user(["gseff", job], check=True).stdout
+    flat = " ".join(text.split())       # the report wraps long lines
+    assert flat.count("Node settings") == 1 and "Node settings during the job: " in flat, text
+    line = flat.split("Node settings during the job: ", 1)[1]
+    assert "swappiness=10 applied" in line and "thp=never applied" in line \
+        and "governor=performance applied" in line, text
+    js = json.loads(cluster.as_user(["gseff", "--json", job], check=True).stdout)
+    assert [sorted(g["nodes"]) for g in js["settings"]] == [["gpu01", "gpu02"]]
 
 
 def test_tuning_refused_for_shared_job(cluster):
@@ -61,6 +71,9 @@ def test_tuning_refused_for_shared_job(cluster):
     rec = json.loads((cluster.spool / "jobs" / job / "prolog-gpu01.json").read_text())
     items = rec["steps"]["tuning"]["items"]
     assert items[0]["action"] == "refused" and "exclusive" in items[0]["reason"]
+    assert cluster.wait_file(cluster.spool / "jobs" / job / "user-summary.json", 60)
+    text = cluster.as_user(["gseff", job], check=True).stdout
+    assert "swappiness=10 refused (" in " ".join(text.split()), text
 
 
 @pytest.fixture
