@@ -36,16 +36,22 @@ def bare_conf(text: str) -> str:
     return re.sub(rf"^(({'|'.join(HOOK_KEYS)})=)", r"#bench# \1", text, flags=re.M)
 
 
-def reconfigure(env: dict) -> None:
-    subprocess.run(["scontrol", "reconfigure"], env=env, check=True, capture_output=True)
+def wait_idle(env: dict, what: str) -> None:
+    """Both nodes idle: no job still COMPLETING (its epilog and slurmstepd's
+    SPANK epilog read the files this bench switches)."""
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:      # both nodes answering again
+    while time.monotonic() < deadline:
         out = subprocess.run(["sinfo", "-h", "-N", "-p", "gpu", "-o", "%t"], env=env, capture_output=True,
                              text=True).stdout.split()
-        if out and all(s in ("idle", "mix") for s in out):
+        if out and all(s == "idle" for s in out):
             return
         time.sleep(0.2)
-    raise SystemExit("nodes did not come back after scontrol reconfigure")
+    raise SystemExit(f"nodes not idle {what}: {out}")
+
+
+def reconfigure(env: dict) -> None:
+    subprocess.run(["scontrol", "reconfigure"], env=env, check=True, capture_output=True)
+    wait_idle(env, "after scontrol reconfigure")
 
 
 def main() -> None:
@@ -66,6 +72,7 @@ def main() -> None:
     try:
         for r in range(a.rounds):
             for m in (("gsrun", "bare") if r % 2 == 0 else ("bare", "gsrun")):
+                wait_idle(env, "before switching the configuration")
                 conf.write_text(modes[m][0])
                 plug.write_text(modes[m][1])
                 reconfigure(env)
@@ -75,7 +82,10 @@ def main() -> None:
                     subprocess.run(argv, env=env, check=True, capture_output=True, cwd="/tmp")
                 res[m].append((time.perf_counter() - t0) / a.per_round)
     finally:
-        conf.write_text(orig_conf)
+        try:
+            wait_idle(env, "before restoring the configuration")
+        finally:
+            conf.write_text(orig_conf)
         plug.write_text(orig_plug)
         reconfigure(env)
     med = {m: statistics.median(v) for m, v in res.items()}
