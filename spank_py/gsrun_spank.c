@@ -720,6 +720,24 @@ fail:
 	return NULL;
 }
 
+/* Process the .pth files of the pythonpath= folders (site.addsitedir), for
+ * an install that needs them. Returns 0, or -1 (no exception left set). */
+static int add_pth_files(void)
+{
+	PyObject *site = PyImport_ImportModule("site");
+	int ok = site != NULL;
+	for (int i = 0; ok && i < cfg.n_pythonpath; i++) {
+		PyObject *p = PyUnicode_DecodeFSDefault(cfg.pythonpath[i]);
+		PyObject *r = p ? PyObject_CallMethod(site, "addsitedir", "O", p) : NULL;
+		ok = r != NULL;
+		Py_XDECREF(r);
+		Py_XDECREF(p);
+	}
+	Py_XDECREF(site);
+	PyErr_Clear();
+	return ok ? 0 : -1;
+}
+
 /* Start the interpreter and import the hooks, once per process. Returns 0 with
  * the interpreter ready (GIL not held) or -1 after logging why. */
 static int py_start(void)
@@ -750,7 +768,7 @@ static int py_start(void)
 	PyConfig pc;
 	PyConfig_InitIsolatedConfig(&pc);      /* no PYTHON* env, no user site, no cwd */
 	pc.install_signal_handlers = 0;        /* as Py_InitializeEx(0) */
-	pc.site_import = 0;                    /* our pythonpath= only, no dist-packages */
+	pc.site_import = 0;                    /* our pythonpath= only, no dist-packages, no .pth */
 	pc.write_bytecode = 0;                 /* root never writes .pyc into the venv */
 	pc.parse_argv = 0;
 	st = PyConfig_SetBytesString(&pc, &pc.home, GSRUN_PYTHON_HOME);
@@ -769,32 +787,41 @@ static int py_start(void)
 	}
 	py_pid = getpid();
 
+	/* sys.path = pythonpath= + the standard library: `site` is not imported
+	 * (~2-3 ms: site, os, the .pth files' own imports). Only when the hooks
+	 * are not found there (an editable install reaches gsrun through a .pth
+	 * file) are the folders' .pth files processed, and the import retried. */
 	int ok = 0;
 	PyObject *sys_path = PySys_GetObject("path"); /* borrowed */
-	PyObject *site = PyImport_ImportModule("site");
-	if (sys_path && site) {
+	if (sys_path) {
 		ok = 1;
 		for (int i = cfg.n_pythonpath - 1; ok && i >= 0; i--) {
 			PyObject *p = PyUnicode_DecodeFSDefault(cfg.pythonpath[i]);
 			ok = p && PyList_Insert(sys_path, 0, p) == 0;
 			Py_XDECREF(p);
 		}
-		/* .pth files (an editable install of gsrun uses one). */
-		for (int i = 0; ok && i < cfg.n_pythonpath; i++) {
-			PyObject *p = PyUnicode_DecodeFSDefault(cfg.pythonpath[i]);
-			PyObject *r = p ? PyObject_CallMethod(site, "addsitedir", "O", p) : NULL;
-			ok = r != NULL;
-			Py_XDECREF(r);
-			Py_XDECREF(p);
-		}
 	}
-	Py_XDECREF(site);
 	if (ok) {
 		py_args = build_args_dict();
 		ok = py_args != NULL;
 	}
 	if (ok) {
 		hooks = PyImport_ImportModule(HOOKS_MODULE);
+		if (hooks == NULL && PyErr_ExceptionMatches(PyExc_ModuleNotFoundError)) {
+			PyObject *type, *value, *tb; /* the first error is the one reported */
+			PyErr_Fetch(&type, &value, &tb);
+			int retried = add_pth_files() == 0;
+			if (retried)
+				hooks = PyImport_ImportModule(HOOKS_MODULE);
+			if (hooks == NULL && (!retried || PyErr_ExceptionMatches(PyExc_ModuleNotFoundError))) {
+				PyErr_Clear(); /* still not found: the first error says why */
+				PyErr_Restore(type, value, tb);
+			} else { /* imported, or found through a .pth file but broken: that is reported */
+				Py_XDECREF(type);
+				Py_XDECREF(value);
+				Py_XDECREF(tb);
+			}
+		}
 		ok = hooks != NULL;
 	}
 	if (!ok) {

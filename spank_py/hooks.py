@@ -48,8 +48,15 @@ lazily so that tests can put a fake one in ``sys.modules``.
 from __future__ import annotations
 
 import os
-import re
-from collections.abc import Callable, Mapping
+
+TYPE_CHECKING = False   # not `typing` (~2.5 ms)
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+
+# Lean on purpose: this module is imported in every sbatch/srun with a --gs-*
+# option and every bound step; `re` (~5 ms with enum), `collections.abc`,
+# `dataclasses` and the gsrun modules a hook does not use are imported only
+# where they are needed (tests/bench/bench_spank_host.py measures it).
 
 PHASE = "spank"
 
@@ -78,12 +85,29 @@ MPOL_BIND = 2
 
 # Fallback syntax when gsrun.request.tune / mig_layout / mps_share cannot be
 # imported (all matched with fullmatch: ``$`` would let a trailing newline in).
-_TUNE_FALLBACK = re.compile(r"[a-z_]{1,32}=[A-Za-z0-9_.+-]{1,32}(,[a-z_]{1,32}=[A-Za-z0-9_.+-]{1,32}){0,15}")
-_MIG_FALLBACK = re.compile(r"[0-9a-z.+x]{1,200}")
-_MPS_FALLBACK = re.compile(r"[0-9]{1,3}")
-_MIG_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
-#: what gsrun.facts.jobenv accepts for SPANK_GS_* in the prolog
-_EXPORT_VALUE = re.compile(r"[A-Za-z0-9_.,=+:-]{0,512}")
+_TUNE_FALLBACK = r"[a-z_]{1,32}=[A-Za-z0-9_.+-]{1,32}(,[a-z_]{1,32}=[A-Za-z0-9_.+-]{1,32}){0,15}"
+_MIG_FALLBACK = r"[0-9a-z.+x]{1,200}"
+_MPS_FALLBACK = r"[0-9]{1,3}"
+_MIG_NAME = r"[A-Za-z0-9_-]{1,64}"
+#: what gsrun.facts.jobenv accepts for SPANK_GS_* in the prolog: [A-Za-z0-9_.,=+:-]{0,512}
+#: (a set, not a regex: no `re` import for --gs-mps/--gs-bind/--gs-report)
+_EXPORT_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.,=+:-")
+_EXPORT_MAX = 512
+
+
+def _fullmatch(pattern: str, text: str) -> bool:
+    import re
+    return re.fullmatch(pattern, text) is not None
+
+
+def _search(pattern: str, text: str) -> bool:
+    import re
+    return re.search(pattern, text) is not None
+
+
+def is_export_value(text: str) -> bool:
+    """True when ``text`` may be exported as ``SPANK_GS_*`` (what the prolog accepts)."""
+    return len(text) <= _EXPORT_MAX and set(text) <= _EXPORT_CHARS
 
 
 class OptionError(ValueError):
@@ -117,7 +141,7 @@ def check_mps(value: str, parse: Callable[[str], int | None] | None = None) -> s
         v = value.strip()
         if v == "":
             return ""
-        if not _MPS_FALLBACK.fullmatch(v) or not 1 <= int(v) <= 100:
+        if not _fullmatch(_MPS_FALLBACK, v) or not 1 <= int(v) <= 100:
             raise OptionError("gs-mps", value, "must be a percentage 1-100",
                               "--gs-mps=50, or --gs-mps alone for the site default")
         return str(int(v))
@@ -139,7 +163,7 @@ def check_tune(value: str, parse: Callable[[str], dict] | None = None) -> str:
             parse = None
     if parse is None:
         v = value.replace(" ", "")
-        if not _TUNE_FALLBACK.fullmatch(v):
+        if not _fullmatch(_TUNE_FALLBACK, v):
             raise OptionError("gs-tune", value, "must be key=value[,key=value...]",
                               "e.g. --gs-tune=swappiness=10,thp=never")
         return v
@@ -166,14 +190,14 @@ def check_mig(value: str, named: Mapping[str, str] | None = None,
         except ImportError:
             parse = None
     if parse is None:
-        if not _MIG_FALLBACK.fullmatch(v.lower()):
+        if not _fullmatch(_MIG_FALLBACK, v.lower()):
             raise OptionError("gs-mig", value, "must be a layout like 7x1g.18gb or 3g.71gb+3g.71gb")
         return v.lower()
     try:
         parse(v)
     except Exception as e:  # noqa: BLE001
         detail, hint = _detail(e)
-        if named is not None and _MIG_NAME.fullmatch(value.strip()) and not re.search(r"\d+g\.", value):
+        if named is not None and _fullmatch(_MIG_NAME, value.strip()) and not _search(r"\d+g\.", value):
             hint = (f"site layouts: {', '.join(sorted(named)) or 'none configured'}; " + (hint or ""))
         raise OptionError("gs-mig", value, detail, hint) from e
     return v.lower()
@@ -212,7 +236,7 @@ def validate_options(raw: Mapping[str, str | None], mig_layouts: Mapping[str, st
         except OptionError as e:
             errors.append(e)
             continue
-        if not _EXPORT_VALUE.fullmatch(out):
+        if not is_export_value(out):
             errors.append(OptionError(name, value, "has characters outside [A-Za-z0-9_.,=+:-]"))
             continue
         exports[EXPORT_NAMES[name]] = out
@@ -323,11 +347,19 @@ def _log(level: str, msg: str) -> None:
         _spank().log(level, line)
 
 
-def _load_config(args: Mapping | None = None):
+def _load_config(args: Mapping | None = None, cached: bool = False):
     """The site config: plugstack ``config=PATH`` when given (slurmstepd's
-    environment has no GSRUN_CONFIG), else $GSRUN_CONFIG / the default."""
+    environment has no GSRUN_CONFIG), else $GSRUN_CONFIG / the default.
+    ``cached`` (slurmstepd, root): through the parsed-file cache in the state
+    dir the prolog uses (:func:`gsrun.request.config.hook_cache_dir`), so a
+    step does not parse the TOML file (nor import ``tomllib``); sbatch/srun run
+    as the user, who may not read root's cache: they parse."""
+    path = (args or {}).get("config")
+    if cached:
+        from gsrun.request.config import hook_cache_dir, load_config_cached
+        return load_config_cached(path, hook_cache_dir())
     from gsrun.request.config import load_config
-    return load_config((args or {}).get("config"), environ=os.environ)
+    return load_config(path, environ=os.environ)
 
 
 # ---------------------------------------------------------------- hooks
@@ -375,7 +407,7 @@ def slurm_spank_init(ctx: str, args: dict) -> int:
         return 0
     STATE.reset()
     try:
-        STATE.config = _load_config(args)
+        STATE.config = _load_config(args, cached=True)
     except Exception as e:  # noqa: BLE001
         _log("error", f"gsrun: {PHASE}: config: {e}")
     return 0

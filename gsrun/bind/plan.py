@@ -61,7 +61,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -683,6 +682,8 @@ def exec_argv(rank_plan: RankPlan, host_nodes: int, command: Sequence[str],
         mems = [m for m in mems if m in set(allowed_mems)]
     if rank_plan.numa_node is None or rank_plan.numa_node < 0 or host_nodes <= 1 or not mems:
         return cmd
+    import shutil
+
     exe = numactl or shutil.which("numactl")
     if not exe:
         return cmd

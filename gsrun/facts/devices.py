@@ -30,11 +30,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Literal
 
 from gsrun.base.errors import InputError
 
-TokenKind = Literal["index", "gpu-uuid", "gpu-uuid-prefix", "mig-uuid", "mig-legacy"]
+TYPE_CHECKING = False   # not `typing` at run time (~2.5 ms on the SPANK and hook paths)
+if TYPE_CHECKING:
+    from typing import Literal
+
+    TokenKind = Literal["index", "gpu-uuid", "gpu-uuid-prefix", "mig-uuid", "mig-legacy"]
 
 _HEX_UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 _RE_INDEX = re.compile(r"^[0-9]{1,6}$")

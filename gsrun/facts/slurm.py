@@ -10,12 +10,12 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
 
 from gsrun.base.errors import InputError, SlurmError
 from gsrun.base.ids import check_job_id
 from gsrun.base.proc import run_bounded
 
+TYPE_CHECKING = False   # not `typing` at run time (~2.5 ms on the SPANK and hook paths)
 if TYPE_CHECKING:
     import subprocess
 
