@@ -35,7 +35,6 @@ from gsrun.facts.sacct import parse_mem, parse_time_s, parse_tres, tres_gpus
 from gsrun.facts.slurm import (ACTIVE_STATES, expand_hostlist, parse_exit_code, parse_job_record, run_slurm,
                               state_word)
 from gsrun.node.steps import CLEANUP, Step, run_steps
-from gsrun.report.summary import job_summary
 
 def job_from_record(job_id: str, rec: dict[str, str] | None, env) -> dict:
     """Job fields for :func:`gsrun.report.summary.job_summary` from ``scontrol -o show
@@ -171,6 +170,8 @@ def _merge(paths: Paths, job: dict, cfg, wait_s: float, sleep) -> dict:
             p = d / f"node-{n}.json"
             if p.exists():
                 take(p)
+    from gsrun.report.summary import job_summary
+
     return job_summary(job, list(by_node.values()), cfg, job.get("partition"), acc[0])
 
 
@@ -248,7 +249,49 @@ def write_summary(paths: Paths, summary: dict, uid: int | None, gid: int | None)
         atomic_write(d / "user-summary.json", data, mode=0o400, uid=uid, gid=gid)
 
 
-def run(environ, spool_dir: str | None = None, wait_s: float = 30.0) -> int:
+def detach(environ, spool_dir: str | None = None, wait_s: float = 30.0) -> int:
+    """EpilogSlurmctld itself: check the job id, start the merge (:func:`run`)
+    and what follows it (:func:`admin_comment_step`) as a detached process
+    (``python -m gsrun.epilog.ctld finish JOBID``), and return at once.
+
+    Why: slurmctld keeps the job COMPLETING until EpilogSlurmctld exits, and
+    when that is after the nodes' epilogs the next job on those nodes is
+    scheduled only at a later scheduler pass: measured on the local cluster,
+    back-to-back ``srun -N2 -n8 true`` took 1.7-2.0 s each with the merge in
+    EpilogSlurmctld and 0.66 s with EpilogSlurmctld=/bin/true
+    (``tests/bench/bench_srun_b2b.py``). The merge waits for the node
+    summaries anyway, and run after EpilogSlurmctld it mostly finds the job's
+    final state instead of COMPLETING. If the process cannot be started the
+    merge runs here, as before. Returns 0 (a merge failure never fails the
+    job)."""
+    job_id = environ.get("SLURM_JOB_ID", "")
+    log = JobLog(job_id or None, "epilog-ctld")
+    try:
+        check_job_id(job_id, array=True)
+    except GsrunError as e:
+        log.error(str(e))
+        return 0
+    # the environment slurmctld gave EpilogSlurmctld (the merge ran in it before): all of it but the
+    # PYTHON* variables root children never get (gsrun.base.proc.root_child_env)
+    keep = tuple(environ)
+    argv = root_python("-m", "gsrun.epilog.ctld", "finish", job_id, "--wait-s", f"{float(wait_s):g}")
+    if spool_dir:
+        argv += ["--spool-dir", spool_dir]
+    try:
+        subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True, close_fds=True, cwd=ROOT_CWD,
+                         env=root_child_env(keep, base=environ))
+    except OSError as e:
+        log.warn(f"cannot start the merge in the background ({e}): merging here")
+        return run(environ, spool_dir, wait_s)
+    return 0
+
+
+def run(environ, spool_dir: str | None = None, wait_s: float = 30.0, background: bool = False) -> int:
+    """The merge, the job report, the mail (deferred while the state is a
+    guess) and then the background step: started as its own process
+    (``background=False``: EpilogSlurmctld with ``--foreground``) or run
+    here (``background=True``: already the detached process of :func:`detach`)."""
     job_id = environ.get("SLURM_JOB_ID", "")
     log = JobLog(job_id or None, "epilog-ctld")
     try:
@@ -282,7 +325,9 @@ def run(environ, spool_dir: str | None = None, wait_s: float = 30.0) -> int:
     mail_res = out.results.get("mail") or {}
     if mail_res.get("error"):
         log.error(f"mail: {mail_res['error']}")
-    if not _kick_admin_comment(job_id, str(paths.spool_dir)) and mail_res.get("deferred") and ctx.get("summary"):
+    if background:
+        admin_comment_step(job_id, str(paths.spool_dir))
+    elif not _kick_admin_comment(job_id, str(paths.spool_dir)) and mail_res.get("deferred") and ctx.get("summary"):
         # no background step to settle the state: the mail goes now, with the guess
         queue_mail(paths, ctx["summary"], cfg, log)
     return 0
@@ -457,10 +502,23 @@ def _mark_accounting(paths: Paths, job_id: str, state: str, log, detail: str = "
 
 
 def _main(argv: list[str]) -> int:
+    spool = argv[argv.index("--spool-dir") + 1] if "--spool-dir" in argv[:-1] else None
     if len(argv) >= 2 and argv[0] == "admin-comment":
-        spool = argv[argv.index("--spool-dir") + 1] if "--spool-dir" in argv[:-1] else None
         return admin_comment_step(argv[1], spool)
-    print("usage: python -m gsrun.epilog.ctld admin-comment JOBID [--spool-dir DIR]", file=sys.stderr)
+    if len(argv) >= 2 and argv[0] == "finish":
+        # the detached part of EpilogSlurmctld (detach): the job id must be the one it was given
+        if os.environ.get("SLURM_JOB_ID") != argv[1]:
+            print("gsrun: epilog-ctld: finish: job id differs from SLURM_JOB_ID", file=sys.stderr)
+            return 2
+        wait_s = 30.0
+        if "--wait-s" in argv[:-1]:
+            try:
+                wait_s = min(max(float(argv[argv.index("--wait-s") + 1]), 0.0), 600.0)
+            except ValueError:
+                pass
+        return run(os.environ, spool, wait_s, background=True)
+    print("usage: python -m gsrun.epilog.ctld admin-comment|finish JOBID [--spool-dir DIR] [--wait-s S]",
+          file=sys.stderr)
     return 2
 
 

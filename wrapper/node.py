@@ -52,10 +52,15 @@ def epilog(host_root, state_dir, spool_dir):
 @cli.command("epilog-ctld")
 @SPOOL_DIR
 @click.option("--wait-s", type=float, default=30.0, help="Wait this long for node summaries.")
-def epilog_ctld(spool_dir, wait_s):
+@click.option("--foreground", is_flag=True,
+              help="Merge before returning (default: in a detached process, so that slurmctld frees the "
+                   "job's nodes at once).")
+def epilog_ctld(spool_dir, wait_s, foreground):
     """EpilogSlurmctld: merge node summaries, job report, queue mail."""
-    from gsrun.epilog.ctld import run
-    return run(os.environ, spool_dir, wait_s)
+    from gsrun.epilog import ctld
+    if foreground:
+        return ctld.run(os.environ, spool_dir, wait_s)
+    return ctld.detach(os.environ, spool_dir, wait_s)
 
 
 @cli.command(hidden=True)

@@ -142,7 +142,7 @@ def no_mps(base: Path, uuid: str):
 def gsrun_mps(base: Path, uuid: str, log: list):
     mps_dir, state_dir = str(base / "mps"), str(base / "state")
     try:
-        r = mps.start(JOB_ID, os.getuid(), os.getgid(), [uuid], mps_dir, state_dir, None, None,
+        mps.start(JOB_ID, os.getuid(), os.getgid(), [uuid], mps_dir, state_dir, None, None,
                       "nvidia-cuda-mps-control", 30.0, log=log.append)
         yield dict(mps.task_env(JOB_ID, mps_dir))
     finally:

@@ -15,7 +15,7 @@ import stat
 
 import pytest
 
-from helpers.node_site import kill_fakes, leftover_fakes, TUNE, host_only, make_site, nvml_devices, procs_with_arg, run_node, \
+from helpers.node_site import kill_fakes, leftover_fakes, TUNE, host_only, make_site, nvml_devices, run_node, \
     samplers_of, snapshot, timed
 from helpers.tuning_tree import diff
 

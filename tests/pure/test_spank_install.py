@@ -1,7 +1,6 @@
 """spank_py/build.py install side: the plugstack block and the copied .so
 (pure + tmp files; no compiler needed)."""
 
-import os
 import stat
 
 import pytest

@@ -167,6 +167,17 @@ class Run:
         return {"prolog_s": _wall(self.log_lines(jid), "prolog"), "epilog_s": _wall(self.log_lines(jid), "epilog")}
 
     def summary(self, user: str, jid: str, name: str) -> dict | None:
+        # EpilogSlurmctld merges in a detached process: wait for the job summary (and for
+        # its final state when EpilogSlurmctld saw the job COMPLETING), bounded
+        f = self.dir / "gsrun-spool" / "jobs" / jid / "summary.json"
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            try:
+                if json.loads(f.read_text())["job"].get("state_source") != "exit_code":
+                    break
+            except (OSError, ValueError, KeyError, TypeError):
+                pass
+            time.sleep(0.5)
         txt = self.as_user(user, ["gseff", jid])
         self.save(f"{name}/gseff.txt", txt.stdout + txt.stderr)
         js = self.as_user(user, ["gseff", "--json", jid])
