@@ -249,6 +249,18 @@ def write_summary(paths: Paths, summary: dict, uid: int | None, gid: int | None)
         atomic_write(d / "user-summary.json", data, mode=0o400, uid=uid, gid=gid)
 
 
+def _job_and_log(environ) -> tuple[str | None, JobLog]:
+    """EpilogSlurmctld's job id (checked; None and logged when it is not one) and its log."""
+    job_id = environ.get("SLURM_JOB_ID", "")
+    log = JobLog(job_id or None, "epilog-ctld")
+    try:
+        check_job_id(job_id, array=True)
+    except GsrunError as e:
+        log.error(str(e))
+        return None, log
+    return job_id, log
+
+
 def detach(environ, spool_dir: str | None = None, wait_s: float = 30.0) -> int:
     """EpilogSlurmctld itself: check the job id, start the merge (:func:`run`)
     and what follows it (:func:`admin_comment_step`) as a detached process
@@ -264,12 +276,8 @@ def detach(environ, spool_dir: str | None = None, wait_s: float = 30.0) -> int:
     final state instead of COMPLETING. If the process cannot be started the
     merge runs here, as before. Returns 0 (a merge failure never fails the
     job)."""
-    job_id = environ.get("SLURM_JOB_ID", "")
-    log = JobLog(job_id or None, "epilog-ctld")
-    try:
-        check_job_id(job_id, array=True)
-    except GsrunError as e:
-        log.error(str(e))
+    job_id, log = _job_and_log(environ)
+    if job_id is None:
         return 0
     # the environment slurmctld gave EpilogSlurmctld (the merge ran in it before): all of it but the
     # PYTHON* variables root children never get (gsrun.base.proc.root_child_env)
@@ -292,12 +300,8 @@ def run(environ, spool_dir: str | None = None, wait_s: float = 30.0, background:
     guess) and then the background step: started as its own process
     (``background=False``: EpilogSlurmctld with ``--foreground``) or run
     here (``background=True``: already the detached process of :func:`detach`)."""
-    job_id = environ.get("SLURM_JOB_ID", "")
-    log = JobLog(job_id or None, "epilog-ctld")
-    try:
-        check_job_id(job_id, array=True)
-    except GsrunError as e:
-        log.error(str(e))
+    job_id, log = _job_and_log(environ)
+    if job_id is None:
         return 0
     cfg = load_config_or_defaults(log)
     paths = Paths.from_config(cfg, None, spool_dir)

@@ -8,7 +8,6 @@ import json
 import shutil
 import time
 
-import pytest
 
 
 def _script(cluster, name: str, text: str) -> str:
@@ -74,26 +73,6 @@ def test_tuning_refused_for_shared_job(cluster):
     assert cluster.wait_file(cluster.spool / "jobs" / job / "user-summary.json", 60)
     text = cluster.as_user(["gseff", job], check=True).stdout
     assert "swappiness=10 refused (" in " ".join(text.split()), text
-
-
-@pytest.fixture
-def smtp_server():
-    aiosmtpd = pytest.importorskip("aiosmtpd.controller")
-    from aiosmtpd.handlers import Message  # noqa: F401
-
-    received = []
-
-    class Handler:
-        async def handle_DATA(self, server, session, envelope):
-            received.append(envelope)
-            return "250 OK"
-
-    ctl = aiosmtpd.Controller(Handler(), hostname="127.0.0.1", port=18025)
-    ctl.start()
-    try:
-        yield received
-    finally:
-        ctl.stop()
 
 
 def test_job_with_mail_type_end_gets_exactly_one_mail(cluster, smtp_server):

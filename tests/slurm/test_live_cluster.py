@@ -54,24 +54,6 @@ def idle_site(cluster):
             p.unlink(missing_ok=True)
 
 
-@pytest.fixture
-def smtp_server():
-    aiosmtpd = pytest.importorskip("aiosmtpd.controller")
-    received = []
-
-    class Handler:
-        async def handle_DATA(self, server, session, envelope):
-            received.append(envelope)
-            return "250 OK"
-
-    ctl = aiosmtpd.Controller(Handler(), hostname="127.0.0.1", port=18025)
-    ctl.start()
-    try:
-        yield received
-    finally:
-        ctl.stop()
-
-
 def _script(cluster, name: str, seconds: int) -> str:
     p = cluster.work / name
     p.write_text(f"#!/bin/bash\nsleep {seconds}\necho slept\n")
