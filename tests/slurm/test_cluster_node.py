@@ -9,7 +9,6 @@ import shutil
 import time
 
 
-
 def _script(cluster, name: str, text: str) -> str:
     p = cluster.work / name
     p.write_text(text)
