@@ -141,6 +141,8 @@ def _merge(paths: Paths, job: dict, cfg, wait_s: float, sleep) -> dict:
 
     def take(p) -> None:
         s = _node_without_timelines(p) if cut else read_json(p)
+        if s and s.get("kind") == "node" and _stale(s, job):
+            return      # an earlier job with this id (ids wrap; a requeued run): wait for this run's
         if s and s.get("kind") == "node" and s.get("node") not in by_node:
             by_node[s["node"]] = s
             if cut:
@@ -173,6 +175,18 @@ def _merge(paths: Paths, job: dict, cfg, wait_s: float, sleep) -> dict:
     from gsrun.report.summary import job_summary
 
     return job_summary(job, list(by_node.values()), cfg, job.get("partition"), acc[0])
+
+
+STALE_SLACK_S = 300.0   # a node summary starting this long before the job's StartTime is not this run's
+
+
+def _stale(node: dict, job: dict) -> bool:
+    """A node summary left by an earlier job with the same id (job ids wrap,
+    a requeued job runs again under its id): it started more than
+    :data:`STALE_SLACK_S` before this job's ``start_time`` (slurmctld's
+    StartTime; the node's clock may differ a little). Unknown times: not stale."""
+    ns, js = node.get("start_time"), job.get("start_time")
+    return isinstance(ns, (int, float)) and isinstance(js, (int, float)) and ns < js - STALE_SLACK_S
 
 
 _TIMELINE_KEYS = ('"timeline":{', '"cpu_timeline":[')

@@ -49,3 +49,30 @@ def test_each_node_file_is_parsed_once_and_the_real_wait_is_bounded(tmp_path, mo
     assert out["nodes_missing"] == ["b3"]
     assert sorted(reads) == ["node-b1.json", "node-b2.json"]     # not re-read while waiting for b3
     assert 0.5 <= took < 5.0
+
+
+def test_a_node_file_of_an_earlier_job_with_the_same_id_is_not_merged(tmp_path):
+    """Job ids wrap and a requeued job runs again under its id: a node summary that
+    started well before this job did is an earlier run's, and the merge waits for
+    this run's (found when a reused id's old spool directory was merged at once)."""
+    paths = Paths(str(tmp_path / "state"), str(tmp_path / "spool"), str(tmp_path / "mps"))
+    d = paths.spool_job("93")
+    d.mkdir(parents=True)
+
+    def node(n, start):
+        s = node_summary(None, {"job_id": "93", "node": n}, start + 10.0)
+        s["start_time"] = start
+        return json.dumps(s)
+
+    (d / "node-c1.json").write_text(node("c1", 1000.0))          # the earlier job 93
+    pauses = []
+
+    def sleep(s):
+        pauses.append(s)
+        if len(pauses) == 2:      # this run's epilog writes its summary over it
+            (d / "node-c1.json").write_text(node("c1", 10_005.0))
+
+    out = merge(paths, {"id": "93", "nodes": ["c1"], "start_time": 10_000.0}, None, wait_s=5.0, sleep=sleep)
+    assert out["nodes_missing"] == [] and len(pauses) == 2
+    assert [n["node"] for n in out["nodes_detail"]] == ["c1"]
+    assert out["job"]["start_time"] == 10_000.0
