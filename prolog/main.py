@@ -78,8 +78,36 @@ class Ctx:
 def _records(c: Ctx):
     if not c.dry_run:
         c.paths.make_state_job(c.job.job_id, log=c.log.warn)
-        c.paths.make_spool_job(c.job.job_id, log=c.log.warn)
+        d = c.paths.make_spool_job(c.job.job_id, log=c.log.warn)
+        gone = clear_earlier_run(d, c.job.node)
+        if gone:
+            c.log(f"removed an earlier run's {', '.join(gone)} (same job id: requeued, or ids reissued)")
     c.records_ok = True
+
+
+def clear_earlier_run(job_dir, node: str) -> list[str]:
+    """Remove from the job's spool directory what an earlier run with the same
+    job id left (a requeued job; ids a restarted slurmctld issued again): this
+    node's summaries and live file, and the job's report and markers. At the
+    prolog nothing of this run exists yet (every node's prolog runs before the
+    job), so what is there is stale: left, EpilogSlurmctld would merge it and
+    ``gseff`` would show the old report while this run goes on. Names only,
+    unlinked relative to the directory opened without following a symlink;
+    a link is removed, never followed. Returns the names removed."""
+    names = (f"node-{node}.json", f"user-node-{node}.json", f"user-live-{node}.json", "summary.json",
+             "user-summary.json", "accounting.json", "idle-cancel.json")
+    dfd = os.open(job_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    gone = []
+    try:
+        for name in names:
+            try:
+                os.unlink(name, dir_fd=dfd)
+                gone.append(name)
+            except FileNotFoundError:
+                pass
+    finally:
+        os.close(dfd)
+    return gone
 
 
 def _nvml(c: Ctx):

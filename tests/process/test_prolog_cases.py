@@ -259,6 +259,28 @@ def test_plain_job_makes_no_slurm_call(site):
 
 
 @root_only
+def test_prolog_clears_what_an_earlier_run_with_this_job_id_left(site):
+    """A requeued job, or an id a restarted slurmctld issued again: the spool
+    directory holds the earlier run's summaries. Left, EpilogSlurmctld would
+    merge them and gseff would show the old report while this run goes on."""
+    d = site.spool / "jobs" / "4242"
+    d.mkdir(parents=True)
+    old = ["node-gpu-node01.json", "user-node-gpu-node01.json", "user-live-gpu-node01.json", "summary.json",
+           "user-summary.json", "accounting.json", "idle-cancel.json"]
+    for name in old + ["node-gpu-node02.json"]:          # another node's summary is that node's to clear
+        (d / name).write_text("{}")
+    (site.base / "elsewhere.json").write_text("{}")
+    (d / "summary.json").unlink()
+    (d / "summary.json").symlink_to(site.base / "elsewhere.json")   # a link is removed, not followed
+    cp = run_node(["prolog"], site.env(**CREDENTIAL))
+    assert cp.returncode == 0, cp.stderr
+    assert sorted(x.name for x in d.iterdir()) == ["node-gpu-node02.json", "prolog-gpu-node01.json"]
+    assert (site.base / "elsewhere.json").exists()
+    assert "removed an earlier run's node-gpu-node01.json" in cp.stderr
+    run_node(["epilog"], site.env(**CREDENTIAL))
+
+
+@root_only
 def test_older_slurm_env_asks_slurmctld_once(site):
     """Without the credential's fields the prolog cannot tell "no comment"
     from "not exported": one bounded scontrol, as before this change."""
