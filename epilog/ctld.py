@@ -32,8 +32,8 @@ from gsrun.base.paths import Paths
 from gsrun.base.ids import check_job_id
 from gsrun.base.proc import ROOT_CWD, root_child_env, root_python
 from gsrun.facts.sacct import parse_mem, parse_time_s, parse_tres, tres_gpus
-from gsrun.facts.slurm import (ACTIVE_STATES, expand_hostlist, parse_exit_code, parse_job_record, run_slurm,
-                              state_word)
+from gsrun.facts.slurm import (ACTIVE_STATES, expand_hostlist, job_record_argv, parse_exit_code, parse_job_record,
+                              run_slurm, state_word)
 from gsrun.node.steps import CLEANUP, Step, run_steps
 
 def job_from_record(job_id: str, rec: dict[str, str] | None, env) -> dict:
@@ -321,7 +321,7 @@ def run(environ, spool_dir: str | None = None, wait_s: float = 30.0, background:
     paths = Paths.from_config(cfg, None, spool_dir)
     rec = None
     try:
-        cp = run_slurm(["scontrol", "--local", "-o", "show", "job", job_id], cfg["timeouts.command_s"], check=False)
+        cp = run_slurm(job_record_argv(job_id), cfg["timeouts.command_s"], check=False)
         if cp.returncode == 0 and cp.stdout.strip():
             rec = parse_job_record(cp.stdout, job_id)   # forged (duplicated) fields dropped
             if rec is None:
@@ -331,13 +331,7 @@ def run(environ, spool_dir: str | None = None, wait_s: float = 30.0, background:
         log.warn(f"job record unavailable: {e}")
     job = job_from_record(job_id, rec, environ)
     uid = _uid(environ, rec)
-    gid = None
-    if uid is not None:
-        try:
-            import pwd
-            gid = pwd.getpwuid(uid).pw_gid
-        except KeyError:
-            gid = uid
+    gid = _gid_of(uid)
     ctx = {"paths": paths, "job": job, "cfg": cfg, "uid": uid, "gid": gid, "wait_s": wait_s, "log": log}
     out = run_steps("epilog-ctld", STEPS, ctx, log, rule=CLEANUP, budget_s=None)
     mail_res = out.results.get("mail") or {}
@@ -433,14 +427,7 @@ def settle_state(paths: Paths, job_id: str, cfg, log, show_job=None, sleep=time.
 
         summary["findings"] = [f.to_json() for f in finding_records(summary, cfg, job.get("partition"))]
         uid = _uid({}, {"UserId": rec.get("UserId", "")})
-        gid = None
-        if uid is not None:
-            import pwd
-            try:
-                gid = pwd.getpwuid(uid).pw_gid
-            except KeyError:
-                gid = uid
-        write_summary(paths, summary, uid, gid)
+        write_summary(paths, summary, uid, _gid_of(uid))
         log(f"final state {final} (EpilogSlurmctld saw COMPLETING and guessed {was} from the exit code)")
         return summary
     log.warn(f"final state not known after {sum(delays_s):.0f} s: the summary keeps {job.get('state')} "
@@ -538,6 +525,19 @@ def _main(argv: list[str]) -> int:
     print("usage: python -m gsrun.epilog.ctld admin-comment|finish JOBID [--spool-dir DIR] [--wait-s S]",
           file=sys.stderr)
     return 2
+
+
+def _gid_of(uid: int | None) -> int | None:
+    """The primary group of ``uid`` (passwd), ``uid`` itself when it has no
+    entry, None for None: the owner of the user's copy of the summary."""
+    if uid is None:
+        return None
+    import pwd
+
+    try:
+        return pwd.getpwuid(uid).pw_gid
+    except KeyError:
+        return uid
 
 
 def _uid(environ, rec) -> int | None:

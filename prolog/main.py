@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 from gsrun.request.config import hook_cache_dir, load_config_or_defaults
 from gsrun.base.errors import GsrunError
-from gsrun.base.fsutil import atomic_write_json
+from gsrun.base.fsutil import atomic_write_json, unlink_names
 from gsrun.facts.hostfs import HostFS
 from gsrun.facts.jobenv import job_from_env
 from gsrun.base.log import JobLog, safe_text
@@ -92,22 +92,10 @@ def clear_earlier_run(job_dir, node: str) -> list[str]:
     prolog nothing of this run exists yet (every node's prolog runs before the
     job), so what is there is stale: left, EpilogSlurmctld would merge it and
     ``gseff`` would show the old report while this run goes on. Names only,
-    unlinked relative to the directory opened without following a symlink;
-    a link is removed, never followed. Returns the names removed."""
-    names = (f"node-{node}.json", f"user-node-{node}.json", f"user-live-{node}.json", "summary.json",
-             "user-summary.json", "accounting.json", "idle-cancel.json")
-    dfd = os.open(job_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    gone = []
-    try:
-        for name in names:
-            try:
-                os.unlink(name, dir_fd=dfd)
-                gone.append(name)
-            except FileNotFoundError:
-                pass
-    finally:
-        os.close(dfd)
-    return gone
+    unlinked by :func:`gsrun.base.fsutil.unlink_names` (a link is removed,
+    never followed). Returns the names removed."""
+    return unlink_names(job_dir, (f"node-{node}.json", f"user-node-{node}.json", f"user-live-{node}.json",
+                                  "summary.json", "user-summary.json", "accounting.json", "idle-cancel.json"))
 
 
 def _nvml(c: Ctx):

@@ -156,6 +156,36 @@ def ensure_dir(path: str | os.PathLike, mode: int, uid: int = 0, gid: int = 0,
     raise AssertionError("unreachable")
 
 
+def unlink_names(directory: str | os.PathLike, names) -> list[str]:
+    """Unlink the entries of ``directory`` named by ``names`` (an iterable of
+    names, or a predicate ``name -> bool`` over the directory's listing),
+    relative to the directory opened with ``O_NOFOLLOW``: a symlinked
+    directory is never entered, a link among the names is removed, never
+    followed. A missing directory or name is no error. Returns the names
+    removed, in the order tried.
+
+    Raises:
+        OSError: the directory is a symlink (``ELOOP``) or cannot be listed,
+            an entry cannot be removed (permissions, read-only file system).
+    """
+    try:
+        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return []
+    gone = []
+    try:
+        wanted = [n for n in os.listdir(dfd) if names(n)] if callable(names) else list(names)
+        for name in wanted:
+            try:
+                os.unlink(name, dir_fd=dfd)
+                gone.append(name)
+            except FileNotFoundError:
+                pass
+    finally:
+        os.close(dfd)
+    return gone
+
+
 def remove_tree(path: str | os.PathLike) -> None:
     """``rm -rf`` without following symlinks (a link inside is unlinked, its
     target is left alone)."""

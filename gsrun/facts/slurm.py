@@ -251,15 +251,18 @@ def gpus_per_node(partition: str | None, timeout_s: float = 15.0) -> int:
     return best
 
 
-def show_job(job_id: str, timeout_s: float = 15.0) -> dict[str, str] | None:
-    """``scontrol --local -o show job ID`` as a dict, or None for an unknown job.
+def job_record_argv(job_id: str, scontrol: str = "scontrol") -> list[str]:
+    """The one command gsrun reads a job record with: ``scontrol --local -o
+    show job ID``. ``--local`` makes it one RPC (``REQUEST_JOB_INFO_SINGLE``);
+    without it scontrol first asks for the federation (``REQUEST_FED_INFO``),
+    two RPCs per call (measured with ``sdiag``, BENCHMARKS.md)."""
+    return [scontrol, "--local", "-o", "show", "job", job_id]
 
-    ``--local`` makes it one RPC (``REQUEST_JOB_INFO_SINGLE``); without it
-    scontrol first asks for the federation (``REQUEST_FED_INFO``), two RPCs
-    per call (measured with ``sdiag``, BENCHMARKS.md).
-    """
+
+def show_job(job_id: str, timeout_s: float = 15.0) -> dict[str, str] | None:
+    """:func:`job_record_argv`'s record as a dict, or None for an unknown job."""
     check_job_id(job_id, array=True)
-    cp = run_slurm(["scontrol", "--local", "-o", "show", "job", job_id], timeout_s, check=False)
+    cp = run_slurm(job_record_argv(job_id), timeout_s, check=False)
     if cp.returncode != 0:
         if "Invalid job id" in (cp.stderr + cp.stdout):
             return None

@@ -45,7 +45,7 @@ import re
 import sys
 from typing import NamedTuple
 
-from gsrun.base.fsutil import atomic_write
+from gsrun.base.fsutil import atomic_write, unlink_names
 from gsrun.base.ids import JOB_ID_RE, check_job_id
 
 FILE_PREFIX = "gsrun_job_"
@@ -293,20 +293,4 @@ def remove_job_file(directory: str, job_id: str) -> list[str]:
         OSError: the directory cannot be listed or a file cannot be removed
             (permissions, read-only file system)."""
     check_job_id(job_id, phase="metrics")
-    try:
-        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return []
-    removed = []
-    try:
-        for name in os.listdir(dfd):
-            if not is_our_file(name, job_id):
-                continue
-            try:
-                os.unlink(name, dir_fd=dfd)
-                removed.append(name)
-            except FileNotFoundError:
-                pass
-    finally:
-        os.close(dfd)
-    return sorted(removed)
+    return sorted(unlink_names(directory, lambda name: is_our_file(name, job_id)))

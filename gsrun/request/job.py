@@ -35,7 +35,7 @@ import os
 import shutil
 
 from gsrun.facts.jobenv import JobEnv
-from gsrun.facts.slurm import DEFAULT_PATH, parse_comment_request, parse_job_record
+from gsrun.facts.slurm import DEFAULT_PATH, job_record_argv, parse_comment_request, parse_job_record
 
 
 @dataclass
@@ -148,7 +148,7 @@ def comment_from_slurm(job_id: str, timeout_s: float) -> dict[str, str] | None:
     if exe is None:
         return None
     try:
-        rc, out, _err = run_bounded([exe, "--local", "-o", "show", "job", job_id], timeout_s)
+        rc, out, _err = run_bounded(job_record_argv(job_id, exe), timeout_s)
     except OSError:
         return None
     if rc != 0 or not out.strip():
