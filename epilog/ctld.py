@@ -390,7 +390,7 @@ SETTLE_DELAYS_S = (1.0, 2.0, 4.0, 8.0, 15.0, 30.0)   # scontrol polls after Epil
 
 
 def settle_state(paths: Paths, job_id: str, cfg, log, show_job=None, sleep=time.sleep,
-                 delays_s=SETTLE_DELAYS_S) -> dict | None:
+                 delays_s=SETTLE_DELAYS_S, summary: dict | None = None) -> dict | None:
     """When the job summary's state is a guess (``job.state_source ==
     "exit_code"``: slurmctld showed the job COMPLETING to EpilogSlurmctld),
     wait with backoff (``delays_s``, one ``scontrol --local show job`` RPC
@@ -398,11 +398,14 @@ def settle_state(paths: Paths, job_id: str, cfg, log, show_job=None, sleep=time.
     the user's copy) with it, its findings recomputed. Returns the summary
     (JSON form) when it was a guess (settled or not: after the last poll the
     guess stays, ``state_source`` still ``exit_code``), None when there was
-    nothing to settle or no summary. Never raises for Slurm errors: logged."""
+    nothing to settle or no summary. ``summary``: the job summary already
+    read by the caller (else read from the spool). Never raises for Slurm
+    errors: logged."""
     from gsrun.facts.slurm import show_job as _show_job
 
     show_job = show_job or _show_job
-    summary = read_json(paths.spool_job(job_id) / "summary.json")
+    if summary is None:
+        summary = read_json(paths.spool_job(job_id) / "summary.json")
     if not isinstance(summary, dict) or (summary.get("job") or {}).get("state_source") != "exit_code":
         return None
     job = summary["job"]
@@ -451,14 +454,15 @@ def admin_comment_step(job_id: str, spool_dir: str | None = None, deadline_s: fl
         paths = Paths.from_config(cfg, None, spool_dir)
         first = read_json(paths.spool_job(job_id) / "summary.json")
         deferred = isinstance(first, dict) and (first.get("job") or {}).get("state_source") == "exit_code"
+        settled = None
         try:
             if deferred:
-                settle_state(paths, job_id, cfg, log)
+                settled = settle_state(paths, job_id, cfg, log, summary=first)
         finally:
             if deferred:
                 # the mail EpilogSlurmctld deferred: queued even when settling failed (never lost)
                 try:
-                    queue_mail(paths, read_json(paths.spool_job(job_id) / "summary.json") or first, cfg, log)
+                    queue_mail(paths, settled or first, cfg, log)
                 except Exception as e:  # noqa: BLE001 - logged with the job id, never silent
                     log.error(f"mail: not queued: {e!r}".replace("\n", " "))
         sconf = accounting.config(timeout_s)
