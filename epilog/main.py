@@ -51,6 +51,7 @@ class Ctx:
     paths: Paths
     sdir: object
     log: JobLog
+    pre: dict | None = None     # the node summary of the sampler running this epilog (gsrun.epilog.handoff)
 
 
 # The epilog, in order. Every step runs, even after an earlier one failed or
@@ -58,7 +59,7 @@ class Ctx:
 # (``timeouts.epilog_budget_s``) from the steps before it.
 STEPS = (
     Step("sampler+summary", "stop the sampler (final flush) and write the node summary", STEP_RESERVE_S,
-         lambda c: _summary(c.job, c.paths, c.sdir, c.hostfs, c.log)),
+         lambda c: _summary(c.job, c.paths, c.sdir, c.hostfs, c.log, c.pre)),
     Step("metrics", "remove the job's Prometheus textfile ([metrics] textfile_dir)", 1.0,
          lambda c: _metrics_remove(c.job, c.cfg), when=lambda c: bool(c.cfg["metrics.textfile_dir"])),
     Step("mps", "stop the job's MPS daemon, put compute modes back", STEP_RESERVE_S,
@@ -74,26 +75,50 @@ STEPS = (
 
 def run(environ, host_root: str | None = None, state_dir: str | None = None,
         spool_dir: str | None = None) -> int:
-    """Run :data:`STEPS` for the job in ``environ`` (slurmd's). Returns the
-    exit status: 1 when the node needs an admin (slurmd drains it)."""
+    """Run the epilog for the job in ``environ`` (slurmd's): handed to the
+    job's sampler when it listens (:mod:`gsrun.epilog.handoff`), else
+    :func:`run_here`. Returns the exit status: 1 when the node needs an admin
+    (slurmd drains it)."""
+    from gsrun.epilog.handoff import try_handoff
+
+    rc, why = try_handoff(environ, host_root, state_dir, spool_dir)
+    if rc is not None:
+        return rc
+    return run_here(environ, host_root, state_dir, spool_dir, note=why)
+
+
+def run_here(environ, host_root: str | None = None, state_dir: str | None = None,
+             spool_dir: str | None = None, *, stream=None, pre: dict | None = None,
+             note: str | None = None, on_config=None) -> int:
+    """Run :data:`STEPS` in this process for the job in ``environ``.
+    ``stream``: where the log lines go besides syslog (default stderr);
+    ``pre``: the node summary of the sampler this runs in (its final flush,
+    :func:`gsrun.epilog.sampler.write_summary`'s dict); ``note``: why the
+    handoff did not happen (logged); ``on_config(budget_s)``: called once the
+    config is read, before the steps."""
     t0 = time.monotonic()
-    log = JobLog(environ.get("SLURM_JOB_ID"), "epilog")
+    log = JobLog(environ.get("SLURM_JOB_ID"), "epilog", **({"stream": stream} if stream is not None else {}))
+    if note:
+        log.warn(note)
     try:
         job = job_from_env(environ)
     except GsrunError as e:
         log.error(str(e))
         return 0
     cfg = load_config_or_defaults(log, cache_dir=hook_cache_dir(state_dir))
+    budget_s = float(cfg["timeouts.epilog_budget_s"])
+    if on_config is not None:
+        on_config(budget_s)
     hostfs = HostFS.from_env(host_root)
     paths = Paths.from_config(cfg, state_dir, spool_dir)
     sdir = paths.state_job(job.job_id)
-    ctx = Ctx(job, cfg, hostfs, paths, sdir, log)
-    out = run_steps("epilog", STEPS, ctx, log, rule=CLEANUP, budget_s=float(cfg["timeouts.epilog_budget_s"]),
+    ctx = Ctx(job, cfg, hostfs, paths, sdir, log, pre)
+    out = run_steps("epilog", STEPS, ctx, log, rule=CLEANUP, budget_s=budget_s,
                     verdict=lambda results: _verdict(results, log),
                     timeout_hint=f"run 'gsrun-node restore --job {job.job_id}'")
     if not out.rc:
         _forget_job(sdir, log)
-    log(f"done in {time.monotonic() - t0:.3f} s")
+    log(f"done in {time.monotonic() - t0:.3f} s" + (" (in the job's sampler)" if pre is not None else ""))
     return out.rc
 
 
@@ -171,12 +196,14 @@ def _arg(cmd: list[str], flag: str) -> str | None:
     return cmd[k + 1] if 0 <= k < len(cmd) - 1 else None
 
 
-def _summary(job, paths, sdir, hostfs, log) -> dict:
+def _summary(job, paths, sdir, hostfs, log, pre: dict | None = None) -> dict:
     from gsrun.report.node_end import node_settings
 
     pid_info = read_json(sdir / "sampler.pid.json")
     stopped = "no sampler record"
-    if pid_info:
+    if pid_info and pre is not None and pid_info.get("pid") == os.getpid():
+        stopped = "stopped"      # this is the recorded sampler, after its final flush
+    elif pid_info:
         try:
             stopped = pids.stop(int(pid_info["pid"]), pid_info.get("create_time"))
         except (KeyError, TypeError, ValueError, ProcessLookupError) as e:
@@ -188,7 +215,7 @@ def _summary(job, paths, sdir, hostfs, log) -> dict:
     env = job.to_dict()
     env["prolog_time"] = prolog.get("prolog_time")
     end_time = time.time()
-    pre = _sampler_summary(sdir, pid_info, stopped if not others else "")
+    pre = _sampler_summary(sdir, pid_info, stopped if not others else "", pre)
     if pre is not None:
         from gsrun.report.node_end import finish
 
@@ -233,17 +260,20 @@ def _summary(job, paths, sdir, hostfs, log) -> dict:
     return {"sampler": stopped, "summary": str(out), "samples": summ["samples"], "lost_gpus": lost}
 
 
-def _sampler_summary(sdir, pid_info: dict | None, stopped: str) -> dict | None:
+def _sampler_summary(sdir, pid_info: dict | None, stopped: str, pre: dict | None = None) -> dict | None:
     """The node summary the job's sampler wrote at its final flush
     (:mod:`gsrun.epilog.sampler`: ``{"pid", "start_time", "nvml_error",
     "summary"}``), when it is the last act of the recorded sampler this
     epilog just stopped (``stopped == "stopped"``, same PID and start time);
-    else None and the epilog computes the summary from ``sampler.json``."""
+    else None and the epilog computes the summary from ``sampler.json``.
+    ``pre``: that file's content, when this epilog runs in the sampler that
+    wrote it (not read again)."""
     from gsrun.report.node_end import SAMPLER_SUMMARY_NAME
 
     if stopped != "stopped" or not pid_info:
         return None
-    pre = read_json(sdir / SAMPLER_SUMMARY_NAME)
+    if pre is None:
+        pre = read_json(sdir / SAMPLER_SUMMARY_NAME)
     if not pre or not isinstance(pre.get("summary"), dict) or pre.get("pid") != pid_info.get("pid"):
         return None
     ct, st = pid_info.get("create_time"), pre.get("start_time")

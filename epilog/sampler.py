@@ -19,6 +19,15 @@ flushed), else computes the summary from ``sampler.json`` itself (an older
 prolog's ``gsrun.node.sampler``, a sampler that was killed, crashed or had
 already exited, a second sampler of the job).
 
+It also runs the epilog itself when the epilog hands it over
+(:mod:`gsrun.epilog.handoff`): it listens on ``epilog.sock`` in the job's
+state directory from its start, and a connection from root ends the loop
+like SIGTERM does; after the final flush and the summary it runs
+:func:`gsrun.epilog.main.run_here` with the epilog's arguments and
+environment and sends back the exit status and the epilog's stderr text.
+The epilog's modules are imported at this process's start, off the job's
+critical path.
+
 Lives with the epilog because the layers keep :mod:`gsrun.node` and
 :mod:`gsrun.report` apart (tests/pure/test_import_layers.py).
 """
@@ -31,31 +40,103 @@ import time
 
 from gsrun.base import pids
 from gsrun.base.fsutil import atomic_write_json
+from gsrun.epilog import handoff
+from gsrun.epilog import main as epilog_main    # loaded now: the epilog's steps run here
 from gsrun.node import sampler
 from gsrun.report.node_end import SAMPLER_SUMMARY_NAME
 from gsrun.report.summary import node_summary   # loaded now: the final flush must not wait for it
 
 MODULE = "gsrun.epilog.sampler"
+# what the epilog's steps import on their way (lazily in gsrun.epilog.main), loaded at this
+# process's start so that the handed-over epilog pays none of it
+_EPILOG_MODULES = ("gsrun.node.tuning", "gsrun.node.mps", "gsrun.node.residual", "gsrun.node.mig",
+                   "gsrun.report.node_end", "gsrun.base.fsutil")
 
 
-def write_summary(state: dict, state_dir) -> None:
+def write_summary(state: dict, state_dir, write: bool = True) -> dict | None:
     """Write :data:`~gsrun.report.node_end.SAMPLER_SUMMARY_NAME` for the final ``state`` (JSON form) in
-    ``state_dir``; a failure is reported on stderr (the sampler log) and
-    leaves no file: the epilog then computes the summary itself."""
+    ``state_dir`` and return what was written (``write=False``: only return
+    it, for the epilog handed to this process); a failure is reported on
+    stderr (the sampler log), leaves no file and returns None: the epilog then
+    computes the summary itself."""
     try:
         summ = node_summary(state, {"node": state["node"], "job_id": state["job_id"]}, time.time())
         me = os.getpid()
-        atomic_write_json(os.path.join(state_dir, SAMPLER_SUMMARY_NAME),
-                          {"pid": me, "start_time": pids.start_time(me), "nvml_error": state.get("nvml_error"),
-                           "summary": summ}, mode=0o600)
+        pre = {"pid": me, "start_time": pids.start_time(me), "nvml_error": state.get("nvml_error"),
+               "summary": summ}
+        if write:
+            atomic_write_json(os.path.join(state_dir, SAMPLER_SUMMARY_NAME), pre, mode=0o600)
+        return pre
     except Exception as e:  # noqa: BLE001 - the epilog has the fallback; the sampler must still exit 0
         print(f"gsrun: sampler: node summary not written ({type(e).__name__}: {e}); "
               "the epilog computes it from sampler.json", file=sys.stderr)
+        return None
+
+
+class _Tee:
+    """The handed-over epilog's stderr: the sampler log and the text sent back."""
+
+    def __init__(self, log):
+        self.log, self.parts = log, []
+
+    def write(self, text: str) -> int:
+        self.parts.append(text)
+        try:
+            self.log.write(text)
+        except (OSError, ValueError):
+            pass
+        return len(text)
+
+    def flush(self) -> None:
+        try:
+            self.log.flush()
+        except (OSError, ValueError):
+            pass
+
+
+def serve_epilog(conn, request, pre: dict | None) -> None:
+    """Run the epilog handed over on ``conn`` (``request``: what
+    :meth:`gsrun.epilog.handoff.Listener.accept` read, checked to be root's
+    and for this job) and send back its exit status and stderr text
+    (:mod:`gsrun.epilog.handoff`). A failure here closes the connection
+    without a result, which makes the epilog run the steps itself."""
+    host_root, state_dir, spool_dir, env = request
+    # the steps see the epilog's environment, as they would in the epilog process
+    os.environ.clear()
+    os.environ.update(env)
+    tee = _Tee(sys.stderr)
+    sent = []
+
+    def on_config(budget_s: float) -> None:
+        conn.sendall(f"accepted {budget_s:g}\n".encode())
+        sent.append(True)
+
+    rc = epilog_main.run_here(env, host_root, state_dir, spool_dir, stream=tee, pre=pre, on_config=on_config)
+    if not sent:
+        conn.sendall(b"accepted 0\n")
+    conn.sendall(f"rc {rc}\n".encode() + "".join(tee.parts).encode("utf-8", "replace"))
 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m gsrun.epilog.sampler`` with :func:`gsrun.node.sampler.main`'s options."""
-    return sampler.main(argv, on_done=write_summary)
+    import importlib
+
+    for name in _EPILOG_MODULES:
+        importlib.import_module(name)
+    listener = handoff.Listener()
+
+    def on_done(state: dict, state_dir) -> None:
+        # handed over: the summary goes to the epilog's steps in this process, no file
+        pre = write_summary(state, state_dir, write=listener.conn is None)
+        if listener.conn is not None:
+            try:
+                serve_epilog(listener.conn, listener.request, pre)
+            except Exception as e:  # noqa: BLE001 - the epilog runs the steps itself on no result
+                print(f"gsrun: sampler: job {state.get('job_id')}: handed-over epilog failed "
+                      f"({type(e).__name__}: {e})", file=sys.stderr)
+        listener.close()
+
+    return sampler.main(argv, on_done=on_done, listener=listener)
 
 
 if __name__ == "__main__":

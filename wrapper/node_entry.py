@@ -71,9 +71,15 @@ def main(argv: list[str] | None = None) -> None:
 
             rc = run(os.environ, a["host_root"], a["state_dir"], a["spool_dir"], dry_run=a["dry_run"])
         else:
-            from gsrun.epilog.main import run
+            # the job's sampler runs the steps when it listens (gsrun.epilog.handoff): then
+            # this process imports nothing else
+            from gsrun.epilog.handoff import try_handoff
 
-            rc = run(os.environ, a["host_root"], a["state_dir"], a["spool_dir"])
+            rc, why = try_handoff(os.environ, a["host_root"], a["state_dir"], a["spool_dir"])
+            if rc is None:
+                from gsrun.epilog.main import run_here
+
+                rc = run_here(os.environ, a["host_root"], a["state_dir"], a["spool_dir"], note=why)
     except GsrunError as e:
         print(str(e), file=sys.stderr)
         sys.exit(2)

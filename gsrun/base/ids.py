@@ -26,15 +26,34 @@ usual shape ``gsrun: <phase>: bad <what>: <repr of the value>`` plus a hint;
 
 from __future__ import annotations
 
-import re
-
 from gsrun.base.errors import InputError
 
-JOB_ID_RE = re.compile(r"[0-9]{1,10}")
-ARRAY_JOB_ID_RE = re.compile(r"[0-9]{1,10}(?:_[0-9]{1,10})?")
-USER_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}\$?")
-NODE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-PARTITION_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+# Compiled on first use (module ``__getattr__``): the Slurm hooks check job ids
+# on every job and import nothing they do not use (issue 24, item 6).
+_PATTERNS = {
+    "JOB_ID_RE": r"[0-9]{1,10}",
+    "ARRAY_JOB_ID_RE": r"[0-9]{1,10}(?:_[0-9]{1,10})?",
+    "USER_NAME_RE": r"[A-Za-z_][A-Za-z0-9_.-]{0,31}\$?",
+    "NODE_NAME_RE": r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}",
+    "PARTITION_RE": r"[A-Za-z0-9_.-]{1,64}",
+}
+
+
+def __getattr__(name: str):
+    """``JOB_ID_RE``, ``ARRAY_JOB_ID_RE``, ``USER_NAME_RE``, ``NODE_NAME_RE``,
+    ``PARTITION_RE``: the compiled patterns (``re.Pattern``), compiled once."""
+    if name not in _PATTERNS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import re
+
+    pat = globals()[name] = re.compile(_PATTERNS[name])
+    return pat
+
+
+def _digits(value: str) -> bool:
+    # JOB_ID_RE without a regex: 1-10 ASCII digits
+    return 0 < len(value) <= 10 and value.isascii() and value.isdigit()
+
 
 _JOB_HINT = "a Slurm job id is digits, e.g. 4242"
 _ARRAY_HINT = "a Slurm job id is digits, e.g. 4242, or an array task, e.g. 4242_7"
@@ -42,8 +61,8 @@ _RAW_HINT = ("a Slurm job id is digits, e.g. 4242; for an array task use the raw
              "($SLURM_JOB_ID or sacct JobIDRaw), not ARRAYID_TASK")
 
 
-def _ok(pattern: re.Pattern, value) -> bool:
-    return isinstance(value, str) and pattern.fullmatch(value) is not None
+def _ok(name: str, value) -> bool:
+    return isinstance(value, str) and (globals().get(name) or __getattr__(name)).fullmatch(value) is not None
 
 
 def _bad(phase: str, what: str, value, hint: str | None = None) -> InputError:
@@ -53,7 +72,12 @@ def _bad(phase: str, what: str, value, hint: str | None = None) -> InputError:
 def is_job_id(value, *, array: bool = False) -> bool:
     """True when ``value`` is a str job id (``"4242"``; with ``array`` also
     ``"4242_7"``)."""
-    return _ok(ARRAY_JOB_ID_RE if array else JOB_ID_RE, value)
+    if not isinstance(value, str):
+        return False
+    if array and "_" in value:
+        job, _, task = value.partition("_")
+        return _digits(job) and _digits(task)
+    return _digits(value)
 
 
 def check_job_id(value, *, array: bool = False, phase: str = "input", what: str = "job id") -> str:
@@ -72,7 +96,7 @@ def check_job_id(value, *, array: bool = False, phase: str = "input", what: str 
 
 def is_user_name(value) -> bool:
     """True when ``value`` is a str user name (``alice``, ``j.doe``, ``host$``)."""
-    return _ok(USER_NAME_RE, value)
+    return _ok("USER_NAME_RE", value)
 
 
 def check_user_name(value, *, phase: str = "input", what: str = "user name") -> str:
@@ -88,7 +112,7 @@ def check_user_name(value, *, phase: str = "input", what: str = "user name") -> 
 
 def is_node_name(value) -> bool:
     """True when ``value`` is a str Slurm node name (``gpu01``, ``gpu-node01.ib``)."""
-    return _ok(NODE_NAME_RE, value)
+    return _ok("NODE_NAME_RE", value)
 
 
 def check_node_name(value, *, phase: str = "input", what: str = "node name") -> str:
@@ -105,7 +129,7 @@ def check_node_name(value, *, phase: str = "input", what: str = "node name") -> 
 
 def is_partition(value) -> bool:
     """True when ``value`` is a str Slurm partition name (``gpu``, ``h200_long``)."""
-    return _ok(PARTITION_RE, value)
+    return _ok("PARTITION_RE", value)
 
 
 def check_partition(value, *, phase: str = "input", what: str = "partition") -> str:

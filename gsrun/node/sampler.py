@@ -64,6 +64,11 @@ GAP_FACTOR = 2.0                    # a poll later than this x interval_s: the e
 GPU_READ_KEYS = ("memory", "power_mw", "energy_mj", "sm_clock_mhz", "temperature_c",
                  "throttle_reasons", "pcie_tx_kbs", "pcie_rx_kbs", "ecc_uncorrected", "xid_events",
                  "compute_processes")
+# Left out of the final sample, which is on the epilog's critical path: NVML
+# measures PCIe throughput over a 20 ms window per call (nvmlDeviceGetPcieThroughput,
+# TX and RX: ~40 ms per GPU on the H200, most of a poll). The PCIe figures then
+# have a gap of one poll at the end, never a 0.
+FINAL_LEAVE_OUT = ("pcie_tx_kbs", "pcie_rx_kbs")
 MEM_V2 = "nvmlDeviceGetMemoryInfo_v2"
 MEM_V1_BASELINE = "nvmlDeviceGetMemoryInfo v1 minus the prolog's baseline"
 
@@ -213,7 +218,7 @@ def state_from_json(d: dict, idle_cfg=None) -> dict:
     return st
 
 
-def read_gpu(nv, ref: GpuRef, since_us: int | None, skip=()) -> dict:
+def read_gpu(nv, ref: GpuRef, since_us: int | None, skip=(), leave_out=()) -> dict:
     """One poll of one GPU -> raw readings (values or NA). I/O only.
 
     ``util_samples`` is the driver's utilization sample buffer
@@ -221,13 +226,14 @@ def read_gpu(nv, ref: GpuRef, since_us: int | None, skip=()) -> dict:
     ``utilization`` (``nvmlDeviceGetUtilizationRates``) is read only when the
     buffer answers N/A. ``gpm`` is read only where GPM is supported. Keys in
     ``skip`` (readings that answered NOT_SUPPORTED earlier in the job) are
-    not read: they come back as NA("Not Supported", 3) without an NVML call."""
+    not read: they come back as NA("Not Supported", 3) without an NVML call.
+    Keys in ``leave_out`` are neither read nor returned (a gap in this poll)."""
     i = ref.nvml_index
     gone = NA("Not Supported", NOT_SUPPORTED)
 
     def get(k, **kw):
         return gone if k in skip else nv.get(i, k, **kw)
-    r = {k: get(k) for k in GPU_READ_KEYS}
+    r = {k: get(k) for k in GPU_READ_KEYS if k not in leave_out}
     if ref.gpm:
         r["gpm"] = get("gpm")
     r["util_samples"] = get("util_samples", since_us=since_us or 0)
@@ -475,6 +481,8 @@ class Sampler:
     or None."""
 
     export = None
+    listen_fd: int | None = None     # a socket polled with the wakeup pipe (gsrun.epilog.handoff)
+    on_listen = None                 # called when it is readable; True: stop now
 
     def __init__(self, hostfs, job_id: str, uid: int | None, node: str, gres_indices: list[int],
                  state_path: str, interval_s: float, flush_s: float, timeline_points: int = 1000,
@@ -558,8 +566,9 @@ class Sampler:
             return set(cgroup.read_pids(self.hostfs, self._cg))
         return set(self.procs.current)
 
-    def sample_once(self) -> None:
-        """One poll of every GPU and of the job's CPU/memory."""
+    def sample_once(self, final: bool = False) -> None:
+        """One poll of every GPU and of the job's CPU/memory; the ``final``
+        one leaves out :data:`FINAL_LEAVE_OUT`."""
         now = self.clock()
         st = self.state
         dt = max(0.0, now - st["last_time"]) if st["samples"] else 0.0
@@ -586,7 +595,8 @@ class Sampler:
             if self.nv is not None and ref.nvml_index is not None and g["lost_at_s"] is None:
                 # (a lost GPU is not polled again: calls on it may hang)
                 try:
-                    r = read_gpu(self.nv, ref, g["last_sample_us"], set(g.get("not_polled", ())))
+                    r = read_gpu(self.nv, ref, g["last_sample_us"], set(g.get("not_polled", ())),
+                                 FINAL_LEAVE_OUT if final else ())
                 except Exception as e:  # noqa: BLE001 - a broken binding must not kill the sampler
                     r = {"memory": NA(f"read failed: {e}", None)}
                 vals = update_gpu(g, r, t_rel, dt, gap, pids)
@@ -708,9 +718,9 @@ class Sampler:
                     left = max(0.0, next_t - self.clock())
                     if wake is None:
                         self.sleep(min(1.0, left))
-                    else:
-                        _wait_fd(wake[0], left)
-            self.sample_once()
+                    elif _wait_fd(wake[0], left, self.listen_fd) and self.on_listen():
+                        self.stop = True
+            self.sample_once(final=True)
             self.flush(done=True)
         finally:
             if wake is not None:
@@ -740,15 +750,18 @@ class Sampler:
         self.stop = True
 
 
-def _wait_fd(fd: int, timeout_s: float) -> None:
-    """Wait up to ``timeout_s`` for ``fd`` (the signal wakeup pipe) to turn
-    readable, then drain it."""
-    if select.select([fd], [], [], timeout_s)[0]:
+def _wait_fd(fd: int, timeout_s: float, listen_fd: int | None = None) -> bool:
+    """Wait up to ``timeout_s`` for ``fd`` (the signal wakeup pipe) or
+    ``listen_fd`` to turn readable; drain ``fd``. True when ``listen_fd`` is
+    readable."""
+    ready = select.select([fd] if listen_fd is None else [fd, listen_fd], [], [], timeout_s)[0]
+    if fd in ready:
         try:
             while os.read(fd, 512):
                 pass
         except BlockingIOError:
             pass
+    return listen_fd is not None and listen_fd in ready
 
 
 def sampler_pid_alive(pid: int, create_time: float | None) -> bool:
@@ -768,7 +781,8 @@ def stop_sampler(pid: int, create_time: float | None, timeout_s: float = 5.0) ->
 
 def run_sampler(job_id: str, uid: int, node: str, gpus: str, host_root: str | None, state_dir: str | None,
                 spool_dir: str | None, interval_s: float | None = None, max_samples: int | None = None,
-                dma_latency_us: int | None = None, mem_baseline: str | None = None, on_done=None) -> int:
+                dma_latency_us: int | None = None, mem_baseline: str | None = None, on_done=None,
+                listener=None) -> int:
     """The sampler process's body (``python -m gsrun.node.sampler``, started
     detached by the prolog; ``gsrun-node sampler`` runs the same). A broken
     site config must not cost the job its figures: built-in defaults then.
@@ -777,7 +791,9 @@ def run_sampler(job_id: str, uid: int, node: str, gpus: str, host_root: str | No
     ``on_done(state, state_dir)``: called with the final state (JSON form, as
     written) and the job's state directory (a :class:`pathlib.Path`) after the
     last flush, before the process exits (:mod:`gsrun.epilog.sampler` writes
-    the node summary there)."""
+    the node summary there). ``listener``: ``open(state_job_dir) -> fd | None``
+    and ``accept() -> bool`` (:class:`gsrun.epilog.handoff.Listener`): the
+    loop also stops when ``accept`` takes a connection."""
     import sys
 
     from gsrun.base.paths import Paths
@@ -802,6 +818,9 @@ def run_sampler(job_id: str, uid: int, node: str, gpus: str, host_root: str | No
 
         s.export = exporter_from_config(cfg, job_id, uid)
     s.live = _live_actions(cfg, paths, job_id, node, uid, s.idle_cfg)
+    if listener is not None:
+        s.listen_fd = listener.open(d)
+        s.on_listen = listener.accept
     if dma_latency_us is not None:
         from gsrun.node import cpu_latency
 
@@ -823,10 +842,10 @@ def _live_actions(cfg, paths, job_id: str, node: str, uid: int, idle_cfg):
                        cfg["timeouts.command_s"])
 
 
-def main(argv: list[str] | None = None, on_done=None) -> int:
+def main(argv: list[str] | None = None, on_done=None, listener=None) -> int:
     """``python -m gsrun.node.sampler --job-id ID --uid N --node NAME [--gpus LIST]
     [--host-root DIR] [--state-dir DIR] [--spool-dir DIR] [--interval-s S] [--max-samples N]
-    [--dma-latency-us US]``. ``on_done``: see :func:`run_sampler`."""
+    [--dma-latency-us US]``. ``on_done``, ``listener``: see :func:`run_sampler`."""
     import argparse
 
     ap = argparse.ArgumentParser(prog="gsrun-sampler")
@@ -844,7 +863,7 @@ def main(argv: list[str] | None = None, on_done=None) -> int:
     a = ap.parse_args(argv)
     return run_sampler(a.job_id, a.uid, a.node, a.gpus, a.host_root, a.state_dir, a.spool_dir,
                        a.interval_s, a.max_samples, dma_latency_us=a.dma_latency_us, mem_baseline=a.mem_baseline,
-                       on_done=on_done)
+                       on_done=on_done, listener=listener)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from gsrun.base.errors import ConfigError
 from gsrun.base.ids import is_partition
+from gsrun.base.paths import DEFAULT_MPS_DIR, DEFAULT_SPOOL_DIR, DEFAULT_STATE_DIR
 from gsrun.request.malloc import (ALLOCATORS, JEMALLOC_CONF, TCMALLOC_ENV, check_conf_list, check_lib_dirs,
                                   check_tcmalloc_env)
 from gsrun.request.malloc import LIB_DIRS as MALLOC_LIB_DIRS
@@ -140,12 +141,12 @@ def _idle(key):
 
 
 SETTINGS: tuple[Setting, ...] = (
-    Setting("paths.state_dir", str, "/run/gsrun",
+    Setting("paths.state_dir", str, DEFAULT_STATE_DIR,
             "Journals of node changes, sampler pid files, locks (tmpfs: gone at reboot, which is right).",
             _abs_path, "absolute path"),
-    Setting("paths.spool_dir", str, "/var/spool/gsrun",
+    Setting("paths.spool_dir", str, DEFAULT_SPOOL_DIR,
             "Node summaries, job summaries and the mail queue (persistent).", _abs_path, "absolute path"),
-    Setting("paths.mps_dir", str, "/run/gsrun/mps",
+    Setting("paths.mps_dir", str, DEFAULT_MPS_DIR,
             "Parent of per-job MPS pipe/log directories (<mps_dir>/<jobid>/{pipe,log}).",
             _abs_path, "absolute path"),
     Setting("spool.retention_days", int, 180,
