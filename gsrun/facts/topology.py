@@ -322,8 +322,10 @@ def _sysfs_gpu_bdfs(fs: HostFS) -> list[str]:
     for bdf in fs.listdir("sys/bus/pci/devices"):
         base = f"sys/bus/pci/devices/{bdf}"
         vendor = (fs.read(f"{base}/vendor") or "").strip().lower()
+        if vendor != NVIDIA_VENDOR:   # most of a node's PCI functions: one read, not two
+            continue
         cls = (fs.read(f"{base}/class") or "").strip().lower()
-        if vendor == NVIDIA_VENDOR and cls.startswith(GPU_CLASSES):
+        if cls.startswith(GPU_CLASSES):
             out.append(normalize_bus_id(bdf))
     # procfs may list GPUs whose PCI entry is not in a recorded subset
     for bdf in fs.listdir("proc/driver/nvidia/gpus"):
