@@ -62,11 +62,11 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 
 from gsrun.base.cpulist import format_cpulist
 from gsrun.facts.devices import DeviceToken, parse_device_list
 from gsrun.base.errors import GsrunError, InputError, TopologyError
+from gsrun.base.frozen import Frozen
 from gsrun.base.ids import is_job_id, is_node_name
 from gsrun.facts.hostfs import HostFS
 from gsrun.facts.slurm import parse_tasks_per_node
@@ -77,19 +77,21 @@ from gsrun.facts.topology import Gpu, Nic, Topology, read_allowed_cpus, read_top
 FOREIGN_GPU_VARS = ("ROCR_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL", "ZE_AFFINITY_MASK")
 
 
-@dataclass(frozen=True)
-class GpuRef:
+class GpuRef(Frozen):
     """A step GPU: ``index`` Slurm's gres index (= minor number; the token's
     index for an unknown/emulated GPU; None when given only by UUID and not
     found), ``uuid`` and ``pci_bus_id`` (None when unknown), ``cuda_name``
     the ``CUDA_VISIBLE_DEVICES`` entry that selects it in the task, ``gpu``
     the host fact (None = unknown/emulated)."""
 
+    __slots__ = ("index", "uuid", "pci_bus_id", "cuda_name", "gpu")
+    _defaults = {"gpu": None}
+    _no_compare = frozenset({"gpu"})
     index: int | None
     uuid: str | None
     pci_bus_id: str | None
     cuda_name: str
-    gpu: Gpu | None = field(default=None, compare=False)
+    gpu: Gpu | None
 
     def label(self) -> str:
         if self.index is not None:
@@ -100,13 +102,15 @@ class GpuRef:
         return {"index": self.index, "uuid": self.uuid, "pci_bus_id": self.pci_bus_id}
 
 
-@dataclass(frozen=True)
-class RankPlan:
+class RankPlan(Frozen):
     """One local rank's binding. ``cpus`` sorted, never empty when the host
     has an online CPU; ``numa_node`` None = unknown; ``env`` variables to
     set, ``unset`` variables to remove; ``warnings`` also folded into
     ``reason``."""
 
+    __slots__ = ("local_rank", "gpu", "gpus", "numa_node", "cpus", "mem_nodes", "nic", "env", "unset",
+                 "reason", "warnings")
+    _defaults = {"warnings": ()}
     local_rank: int
     gpu: GpuRef | None
     gpus: tuple[GpuRef, ...]
@@ -117,7 +121,7 @@ class RankPlan:
     env: dict[str, str]
     unset: tuple[str, ...]
     reason: str
-    warnings: tuple[str, ...] = ()
+    warnings: tuple[str, ...]
 
     def to_json(self) -> dict:
         return {"local_rank": self.local_rank,
@@ -130,16 +134,17 @@ class RankPlan:
                 "reason": self.reason}
 
 
-@dataclass(frozen=True)
-class Plan:
+class Plan(Frozen):
     """All local ranks of one node. ``host_nodes`` = number of NUMA nodes
     of the host (memory binding only matters when > 1)."""
 
+    __slots__ = ("ranks", "allowed_cpus", "host_nodes", "step_gpus", "warnings")
+    _defaults = {"warnings": ()}
     ranks: tuple[RankPlan, ...]
     allowed_cpus: tuple[int, ...]
     host_nodes: int
     step_gpus: tuple[GpuRef, ...]
-    warnings: tuple[str, ...] = ()
+    warnings: tuple[str, ...]
 
     def rank(self, local_rank: int) -> RankPlan:
         for r in self.ranks:

@@ -29,9 +29,9 @@ when the variable is unset.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 from gsrun.base.errors import InputError
+from gsrun.base.frozen import Frozen
 
 TYPE_CHECKING = False   # not `typing` at run time (~2.5 ms on the SPANK and hook paths)
 if TYPE_CHECKING:
@@ -52,8 +52,7 @@ _RE_MIG_LEGACY = re.compile(rf"^MIG-(GPU-{_HEX_UUID})/([0-9]{{1,3}})/([0-9]{{1,3
 NO_DEVICE_VALUES = ("NoDevFiles", "-1")
 
 
-@dataclass(frozen=True)
-class DeviceToken:
+class DeviceToken(Frozen):
     """One entry of a device list.
 
     ``text`` is the entry as written (stripped). ``index`` is set for
@@ -64,12 +63,14 @@ class DeviceToken:
     :meth:`matches_uuid`).
     """
 
+    __slots__ = ("kind", "text", "index", "uuid", "gi", "ci")
+    _defaults = {"index": None, "uuid": None, "gi": None, "ci": None}
     kind: TokenKind
     text: str
-    index: int | None = None
-    uuid: str | None = None
-    gi: int | None = None
-    ci: int | None = None
+    index: int | None
+    uuid: str | None
+    gi: int | None
+    ci: int | None
 
     @property
     def is_mig(self) -> bool:

@@ -29,8 +29,9 @@ indices (``/dev/nvidiaN`` minor numbers) through ``"minor"`` and
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from pathlib import Path
+
+from gsrun.base.frozen import Frozen
 
 TYPE_CHECKING = False   # not `typing` at run time (~2.5 ms on the SPANK and hook paths)
 if TYPE_CHECKING:
@@ -67,13 +68,14 @@ KEYS = {
 }
 
 
-@dataclass(frozen=True)
-class NA:
+class NA(Frozen):
     """No value: ``reason`` is NVML's text (``"Not Supported"``), ``code`` its
     return code (3 NOT_SUPPORTED, 15 GPU_IS_LOST, 18 LIB_RM_VERSION_MISMATCH)."""
 
+    __slots__ = ("reason", "code")
+    _defaults = {"code": None}
     reason: str
-    code: int | None = None
+    code: int | None
 
     def __bool__(self) -> bool:
         return False
@@ -186,9 +188,19 @@ class FakeNvml(Backend):
         return _unwrap(entry)
 
 
-@dataclass
 class Seq:
-    items: list
+    """Answers given one per call, the last one repeating (see :class:`FakeNvml`)."""
+
+    def __init__(self, items: list):
+        self.items = items
+
+    def __eq__(self, other):
+        return other.__class__ is self.__class__ and self.items == other.items
+
+    __hash__ = None   # mutable, as the dataclass it was
+
+    def __repr__(self) -> str:
+        return f"Seq(items={self.items!r})"
 
 
 def _scripted(script: list, elapsed_s: float) -> Any:

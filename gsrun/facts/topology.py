@@ -62,13 +62,19 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from gsrun.base.cpulist import parse_cpulist, words_to_cpus
 from gsrun.base.errors import InputError
+from gsrun.base.frozen import Frozen, factory
 from gsrun.facts.hostfs import HostFS
-from gsrun.facts.nvml import Backend, NvmlUnavailable, is_na, normalize_bus_id, open_nvml
+
+TYPE_CHECKING = False   # not `typing`
+if TYPE_CHECKING:
+    from gsrun.facts.nvml import Backend
+
+# gsrun.facts.nvml (and through it dataclasses, pynvml) is imported where NVML
+# is read, not here: the SPANK plugin imports this module in every bound step.
 
 NVIDIA_VENDOR = "0x10de"
 GPU_CLASSES = ("0x0300", "0x0302")  # VGA-compatible controller, 3D controller
@@ -77,16 +83,18 @@ NODE_DIR = "sys/devices/system/node"
 CPU_DIR = "sys/devices/system/cpu"
 
 
-@dataclass(frozen=True)
-class NumaNode:
+class NumaNode(Frozen):
     """``id``; ``cpus`` its online CPUs (``nodeN/cpulist``); ``mem_total_bytes``
     from ``nodeN/meminfo`` (None if absent); ``distances`` node id -> SLIT
     distance (``nodeN/distance``, 10 = local)."""
 
+    __slots__ = ("id", "cpus", "mem_total_bytes", "distances")
+    _defaults = {"mem_total_bytes": None, "distances": factory(dict)}
+    _no_compare = frozenset({"distances"})
     id: int
     cpus: tuple[int, ...]
-    mem_total_bytes: int | None = None
-    distances: dict[int, int] = field(default_factory=dict, hash=False, compare=False)
+    mem_total_bytes: int | None
+    distances: dict[int, int]
 
     @property
     def has_memory(self) -> bool:
@@ -97,8 +105,7 @@ class NumaNode:
         return self.mem_total_bytes != 0
 
 
-@dataclass(frozen=True)
-class Gpu:
+class Gpu(Frozen):
     """One physical NVIDIA GPU.
 
     ``pci_bus_id`` is the sysfs form (``0000:3b:00.0``), the key that joins
@@ -111,6 +118,9 @@ class Gpu:
     used for NIC closeness.
     """
 
+    __slots__ = ("pci_bus_id", "minor", "nvml_index", "uuid", "name", "numa_node", "numa_source",
+                 "local_cpus", "pci_path")
+    _defaults = {"local_cpus": (), "pci_path": ()}
     pci_bus_id: str
     minor: int | None
     nvml_index: int | None
@@ -118,35 +128,37 @@ class Gpu:
     name: str | None
     numa_node: int | None
     numa_source: str
-    local_cpus: tuple[int, ...] = ()
-    pci_path: tuple[str, ...] = ()
+    local_cpus: tuple[int, ...]
+    pci_path: tuple[str, ...]
 
 
-@dataclass(frozen=True)
-class Nic:
+class Nic(Frozen):
     """A network device for NCCL. ``kind`` ``"ib"`` (``sys/class/infiniband``,
     RoCE included) or ``"eth"``; ``name`` the HCA (``mlx5_0``) or interface;
     ``netdevs`` its interface names; ``numa_node`` None when unknown (-1)."""
 
+    __slots__ = ("name", "kind", "numa_node", "pci_bus_id", "netdevs", "pci_path")
+    _defaults = {"netdevs": (), "pci_path": ()}
     name: str
     kind: str
     numa_node: int | None
     pci_bus_id: str | None
-    netdevs: tuple[str, ...] = ()
-    pci_path: tuple[str, ...] = ()
+    netdevs: tuple[str, ...]
+    pci_path: tuple[str, ...]
 
 
-@dataclass(frozen=True)
-class Topology:
+class Topology(Frozen):
     """Everything the binding plan needs. ``notes`` explain how facts were
     found (``"NVML unavailable: LIBRARY_NOT_FOUND"``...)."""
 
+    __slots__ = ("cpus_online", "cores", "nodes", "gpus", "nics", "notes")
+    _defaults = {"nics": (), "notes": ()}
     cpus_online: tuple[int, ...]
     cores: tuple[tuple[int, ...], ...]
     nodes: tuple[NumaNode, ...]
     gpus: tuple[Gpu, ...]
-    nics: tuple[Nic, ...] = ()
-    notes: tuple[str, ...] = ()
+    nics: tuple[Nic, ...]
+    notes: tuple[str, ...]
 
     def node(self, node_id: int) -> NumaNode | None:
         for n in self.nodes:
@@ -304,12 +316,16 @@ def _read_proc_gpu(fs: HostFS, bdf: str) -> dict[str, str]:
 
 
 def _sysfs_gpu_bdfs(fs: HostFS) -> list[str]:
+    from gsrun.facts.nvml import normalize_bus_id
+
     out = []
     for bdf in fs.listdir("sys/bus/pci/devices"):
         base = f"sys/bus/pci/devices/{bdf}"
         vendor = (fs.read(f"{base}/vendor") or "").strip().lower()
+        if vendor != NVIDIA_VENDOR:   # most of a node's PCI functions: one read, not two
+            continue
         cls = (fs.read(f"{base}/class") or "").strip().lower()
-        if vendor == NVIDIA_VENDOR and cls.startswith(GPU_CLASSES):
+        if cls.startswith(GPU_CLASSES):
             out.append(normalize_bus_id(bdf))
     # procfs may list GPUs whose PCI entry is not in a recorded subset
     for bdf in fs.listdir("proc/driver/nvidia/gpus"):
@@ -321,6 +337,8 @@ def _sysfs_gpu_bdfs(fs: HostFS) -> list[str]:
 
 def _nvml_gpus(nv: Backend) -> dict[str, dict]:
     """bus id -> {nvml_index, uuid, name, minor, affinity} from NVML."""
+    from gsrun.facts.nvml import is_na
+
     out: dict[str, dict] = {}
     for i in range(nv.count()):
         bus = nv.get(i, "pci_bus_id")
@@ -430,6 +448,8 @@ def _device_bdf(fs: HostFS, base: str) -> str | None:
                 return name
     except OSError:
         pass
+    from gsrun.facts.nvml import normalize_bus_id
+
     ue = fs.read(f"{base}/uevent") or ""
     m = re.search(r"PCI_SLOT_NAME=(\S+)", ue)
     return normalize_bus_id(m.group(1)) if m else None
@@ -447,6 +467,8 @@ def read_topology(fs: HostFS, nvml: Backend | None | bool = True,
     timeout) only when a GPU's node is still unknown on a multi-node host;
     under a fake root ``<root>/nvidia-smi-topo.txt`` is read if present.
     """
+    from gsrun.facts.nvml import Backend, NvmlUnavailable, open_nvml
+
     notes: list[str] = []
     cpus = read_cpus_online(fs)
     if not cpus:

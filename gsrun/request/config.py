@@ -17,23 +17,25 @@ The Slurm hooks and the SPANK plugin in slurmstepd read the parsed file from a c
 the state dir, root 0600), valid while the file's device, inode, mtime and
 size are the ones recorded and every value passes the same checks again;
 ``tomllib`` is imported only to parse.
+
+Import cost matters here (every hook and every bound step's slurmstepd reads
+the config): no ``dataclasses``, no regex compiled at import, ``pathlib``,
+``tomllib`` and the checks of other modules imported where they run.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
-from pathlib import Path
 
 from gsrun.base.errors import ConfigError
+from gsrun.base.frozen import Frozen
 from gsrun.base.ids import is_partition
 from gsrun.base.paths import DEFAULT_MPS_DIR, DEFAULT_SPOOL_DIR, DEFAULT_STATE_DIR
 from gsrun.request.malloc import (ALLOCATORS, JEMALLOC_CONF, TCMALLOC_ENV, check_conf_list, check_lib_dirs,
                                   check_tcmalloc_env)
 from gsrun.request.malloc import LIB_DIRS as MALLOC_LIB_DIRS
 from gsrun.request.tune import TUNE_KEYS
-from gsrun.request.waste import check_idle_value
 
 TYPE_CHECKING = False   # not `typing` at run time (~2.5 ms on the SPANK and hook paths)
 if TYPE_CHECKING:
@@ -42,22 +44,29 @@ if TYPE_CHECKING:
 ENV_CONFIG = "GSRUN_CONFIG"
 DEFAULT_CONFIG_PATH = "/etc/gsrun/gsrun.toml"
 
-_PINNED = re.compile(r"[0-9]+=[0-9]+[MG](,[0-9]+=[0-9]+[MG])*")
-_CMD_NAME = re.compile(r"[A-Za-z0-9_.+-]{1,255}")
-_ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*\Z")
-_HOSTNAME = re.compile(r"^[A-Za-z0-9.-]{1,253}\Z")
-_EMAIL = re.compile(r"^[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\Z")
+# patterns, compiled (and cached by `re`) when a check first runs
+_PINNED = r"[0-9]+=[0-9]+[MG](,[0-9]+=[0-9]+[MG])*"
+_CMD_NAME = r"[A-Za-z0-9_.+-]{1,255}"
+_ENV_NAME = r"^[A-Z_][A-Z0-9_]*\Z"
+_HOSTNAME = r"^[A-Za-z0-9.-]{1,253}\Z"
+_EMAIL = r"^[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\Z"
 
 
-@dataclass(frozen=True)
-class Setting:
-    key: str                      # "section.name"
+class Setting(Frozen):
+    """One key of the config: ``key`` ``"section.name"``; ``type`` a type or
+    a tuple of types; ``check`` returns a problem (text) or None; ``allowed``
+    human text of the allowed range; ``per_partition`` may be overridden in
+    ``[partition.<name>.<section>]``."""
+
+    __slots__ = ("key", "type", "default", "meaning", "check", "allowed", "per_partition")
+    _defaults = {"check": None, "allowed": "", "per_partition": False}
+    key: str
     type: type | tuple
     default: Any
     meaning: str
-    check: Callable[[Any], str | None] | None = None  # returns a problem or None
-    allowed: str = ""             # human text of the allowed range
-    per_partition: bool = False
+    check: Callable[[Any], str | None] | None
+    allowed: str
+    per_partition: bool
 
 
 def _range(lo, hi):
@@ -91,7 +100,7 @@ def _key_list(v):
 
 def _env_table(v):
     for k, val in v.items():
-        if not _ENV_NAME.match(k) or not isinstance(val, str) or "\n" in val or "\0" in val:
+        if not re.match(_ENV_NAME, k) or not isinstance(val, str) or "\n" in val or "\0" in val:
             return f"entry {k!r} must be NAME = \"value\" (A-Z, 0-9, _; one line)"
     return None
 
@@ -103,15 +112,15 @@ def _line(v):
 def _bin(v):
     if v.startswith("/"):
         return _abs_path(v)
-    return None if _CMD_NAME.fullmatch(v) else "must be an absolute path or a plain command name"
+    return None if re.fullmatch(_CMD_NAME, v) else "must be an absolute path or a plain command name"
 
 
 def _pinned(v):
-    return None if v == "" or _PINNED.fullmatch(v) else "must look like 0=16G,1=16G (GPU=SIZE with M or G)"
+    return None if v == "" or re.fullmatch(_PINNED, v) else "must look like 0=16G,1=16G (GPU=SIZE with M or G)"
 
 
 def _host(v):
-    return None if v == "" or _HOSTNAME.match(v) else "must be a host name"
+    return None if v == "" or re.match(_HOSTNAME, v) else "must be a host name"
 
 
 def _url(v):
@@ -120,7 +129,7 @@ def _url(v):
 
 
 def _email(v):
-    return None if v == "" or _EMAIL.match(v) else "must be an email address"
+    return None if v == "" or re.match(_EMAIL, v) else "must be an email address"
 
 
 def _layouts(v):
@@ -137,7 +146,11 @@ def _layouts(v):
 
 
 def _idle(key):
-    return lambda v: check_idle_value(key, v)
+    def check(v):
+        from gsrun.request.waste import check_idle_value
+
+        return check_idle_value(key, v)
+    return check
 
 
 SETTINGS: tuple[Setting, ...] = (
@@ -451,6 +464,8 @@ def load_config(path: str | None = None, environ=None) -> Config:
     Raises:
         ConfigError: as :func:`parse_config`, or an explicitly named file is missing.
     """
+    from pathlib import Path
+
     name, explicit = config_path(path, environ)
     p = Path(name)
     try:
@@ -523,6 +538,15 @@ def hook_cache_dir(state_dir: str | None = None) -> str:
     return state_dir or os.environ.get("GSRUN_STATE_DIR") or _BY_KEY["paths.state_dir"].default
 
 
+def _is_default(key: str, value: Any) -> bool:
+    """``value`` is ``key``'s built-in default, of the same type (JSON keeps
+    int, float, str, list, dict apart). Every default passes its own check
+    (tests/pure/test_config_validation.py), so a cached default needs none:
+    the cache read runs (and imports) only the checks of keys the site set."""
+    d = _BY_KEY[key].default
+    return type(value) is type(d) and value == d
+
+
 def _read_cache(cache: str, key: list) -> Config | None:
     import json
 
@@ -542,7 +566,8 @@ def _read_cache(cache: str, key: list) -> Config | None:
         for k, v in data["values"].items():
             if k not in _BY_KEY:
                 return None
-            values[k] = _check_value(k, v, cache)
+            if not _is_default(k, v):   # a default is what a parse without the key gives
+                values[k] = _check_value(k, v, cache)
         partitions: dict[str, dict[str, Any]] = {}
         for pname, table in data["partitions"].items():
             if not is_partition(pname):

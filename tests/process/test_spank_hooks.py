@@ -12,7 +12,7 @@ import types
 import pytest
 
 from gsrun.spank_py import hooks
-from helpers.paths import SHARED
+from helpers.paths import DATA, SHARED
 
 
 class FakeSpank(types.ModuleType):
@@ -350,3 +350,47 @@ def test_task_init_without_plan_or_mps_does_nothing(fake):
     sp = fake(ctx="remote", items={"S_TASK_ID": 0})
     assert hooks.slurm_spank_task_init("remote", ARGS) == 0
     assert sp.env == {} and sp.logs == []
+
+
+REMOTE_STEP = r"""
+import json, os, sys, types
+sp = types.ModuleType("_spank")
+sp.get_item = {"S_JOB_STEPID": 0, "S_JOB_ID": 12, "S_TASK_ID": 1,
+               "S_JOB_ENV": {"SLURM_STEP_TASKS_PER_NODE": "2", "SLURM_STEP_GPUS": "0",
+                             "CUDA_VISIBLE_DEVICES": "0"}}.get
+sp.option_getopt = lambda name: None
+sp.log = lambda level, msg: print(level, msg, file=sys.stderr)
+sp.setenv = sp.unsetenv = sp.set_mempolicy = lambda *a: None
+sys.modules["_spank"] = sp
+before = set(sys.modules)
+from gsrun.spank_py import hooks
+args = {"pythonpath": [], "on_error": None, "bind": "auto", "config": sys.argv[1], "options": None}
+hooks.slurm_spank_init("remote", args)
+hooks.slurm_spank_user_init("remote", args)
+print(json.dumps({"new": sorted(set(sys.modules) - before), "cpus": list(hooks.STATE.plan.rank(1).cpus),
+                  "spool": hooks.STATE.config["paths.spool_dir"]}))
+"""
+
+
+def test_remote_step_imports_only_what_it_uses(tmp_path):
+    """slurmstepd of a bound step (config from its cache, plan on the recorded
+    H200 VM) imports no dataclasses/inspect (~7 ms), tomllib, typing or NVML
+    binding: they were most of the step's Python time (BENCHMARKS.md §19,
+    tests/bench/bench_spank_host.py measures it)."""
+    import json
+    import subprocess
+
+    state = tmp_path / "state"
+    state.mkdir()
+    cfg = tmp_path / "gsrun.toml"
+    cfg.write_text(f'[paths]\nspool_dir = "{tmp_path}/spool"\n[mail]\nfrom_addr = "hpc@example.org"\n')
+    env = {**os.environ, "GSRUN_HOST_ROOT": str(DATA / "hosts" / "h200-vm"),
+           "GSRUN_STATE_DIR": str(state)}
+    runs = [json.loads(subprocess.run([sys.executable, "-P", "-c", REMOTE_STEP, str(cfg)], env=env, check=True,
+                                      capture_output=True, text=True, timeout=60).stdout) for _ in range(2)]
+    assert (state / "config-cache.json").exists()
+    for got in runs:
+        assert got["cpus"] == list(range(8, 16)) and got["spool"] == f"{tmp_path}/spool"
+    assert "tomllib" in runs[0]["new"]                    # the first step parsed the file
+    for mod in ("dataclasses", "inspect", "tomllib", "typing", "pynvml", "gsrun.request.waste"):
+        assert mod not in runs[1]["new"], mod
