@@ -82,9 +82,16 @@ exporter labels ``minor_number``). Every node carries ``cpus``,
 fails on a node without its memory keys; reportseff divides by them): one
 that is unknown is written as 0 and named in ``gsrun.unknown``. A job with
 GPUs but no utilization figure on a node stores ``gpu_utilization: {}``
-(jobstats: "GPU utilization is unknown", no error); GPU memory keys appear
-only with figures, as a pair keyed alike (jobstats indexes one by the
-other's keys). ``total_memory`` per node is the job's memory request split
+(jobstats: "GPU utilization is unknown", no error). The GPU memory keys come
+as a pair keyed alike (jobstats indexes one by the other's keys), on every
+node as soon as one node has figures (``{}`` on a node without: jobstats
+reads GPU memory only when every node has the pair); a job with no GPU
+memory figure at all (NVML down, GPUs emulated) has no pair anywhere.
+jobstats then prints "(JSON is malformed)" on its GPU memory line and "could
+not be determined" in its notes: with the pair empty it divides by a zero
+total and fails, and a 0 would be an invented figure, so that is the only
+way it shows the memory as unknown. A CPU-only job (``gpus`` 0) has no GPU
+keys, as jobstats writes it. ``total_memory`` per node is the job's memory request split
 over its nodes in proportion to their cores (Slurm's AllocTRES ``mem`` is
 the job total), else the node's memory (``MemTotal``). The blob is at most
 :data:`JS1_MAX_CHARS` characters: see :func:`js1_blob` for how per-GPU and
@@ -548,16 +555,26 @@ def _js1_nodes(summary: dict) -> tuple[list[tuple[str, dict, list[dict]]], dict[
     return out, unknown
 
 
-def _gpu_keys(gpus: list[dict], has_gpus: bool, reduce: bool) -> dict:
+def _gpu_mem(gpus: list[dict]) -> dict[str, tuple[int, int]]:
+    """GPU minor -> (memory high water, total) bytes, for GPUs with both figures."""
+    return {str(g["index"]): (int(g["mem_peak_bytes"]), int(g["mem_total_bytes"])) for g in gpus
+            if g.get("mem_peak_bytes") is not None and g.get("mem_total_bytes")}
+
+
+def _gpu_keys(gpus: list[dict], has_gpus: bool, mem_pair: bool, reduce: bool) -> dict:
     """jobstats' per-node GPU keys. ``gpu_utilization`` is ``{}`` when the job
     has GPUs but none has a figure here (jobstats: "GPU utilization is
-    unknown", no error); GPU memory keys only with figures (jobstats needs
-    both, keyed alike). ``reduce``: the keys ``min``, ``median``, ``max``
-    across the GPUs instead of one per GPU minor number."""
+    unknown", no error). ``mem_pair``: some node of the job has GPU memory
+    figures, so every node carries ``gpu_used_memory`` / ``gpu_total_memory``
+    (keyed alike; ``{}`` on a node without figures): jobstats reads GPU
+    memory only when every node has the pair, and divides by the job's total.
+    Without any figure the pair is left out (jobstats then prints "JSON is
+    malformed" for GPU memory: its only rendering of that case that neither
+    fails nor shows an invented number). ``reduce``: the keys ``min``,
+    ``median``, ``max`` across the GPUs instead of one per GPU minor number."""
     d: dict = {}
     util = {str(g["index"]): g["util_mean_pct"] for g in gpus if g.get("util_mean_pct") is not None}
-    mem = {str(g["index"]): (int(g["mem_peak_bytes"]), int(g["mem_total_bytes"])) for g in gpus
-           if g.get("mem_peak_bytes") is not None and g.get("mem_total_bytes")}
+    mem = _gpu_mem(gpus)
     if reduce and len(util) > 3:
         vals = list(util.values())
         util = {"min": min(vals), "median": round(_median(vals), 1), "max": max(vals)}
@@ -566,7 +583,7 @@ def _gpu_keys(gpus: list[dict], has_gpus: bool, reduce: bool) -> dict:
         mem = {"min": by_frac[0], "median": by_frac[len(by_frac) // 2], "max": by_frac[-1]}
     if util or has_gpus:
         d["gpu_utilization"] = util
-    if mem:
+    if mem or mem_pair:
         d["gpu_used_memory"] = {k: v[0] for k, v in mem.items()}
         d["gpu_total_memory"] = {k: v[1] for k, v in mem.items()}
     return d
@@ -596,7 +613,9 @@ def js1_blob(summary: dict, max_chars: int = JS1_MAX_CHARS) -> str | None:
     Every node carries ``cpus``, ``total_time``, ``used_memory`` and
     ``total_memory`` (jobstats' formatter fails on a node without its memory
     keys); one that is unknown is written as 0 and named in
-    ``gsrun.unknown`` (node -> keys). ``total_memory`` is the job's memory
+    ``gsrun.unknown`` (node -> keys). GPU keys as in the module doc: an
+    empty ``gpu_utilization`` where the job has GPUs but no figure, the
+    memory pair on every node or none. ``total_memory`` is the job's memory
     limit on the node (the request split by cores), else the node's memory.
     When per-GPU detail does not fit, each node's GPUs are reduced to the
     keys ``min``/``median``/``max``; when per-node detail does not fit
@@ -628,8 +647,11 @@ def js1_blob(summary: dict, max_chars: int = JS1_MAX_CHARS) -> str | None:
     if unknown:
         gsrun["unknown"] = unknown
 
+    has_util = gpus_alloc > 0 or any(g.get("util_mean_pct") is not None for _, _, gs in nodes for g in gs)
+    mem_pair = any(_gpu_mem(gs) for _, _, gs in nodes)
+
     def blob(entries, reduce: bool, reduced: str | None) -> dict:
-        out = {n: dict(d, **_gpu_keys(gs, gpus_alloc > 0, reduce)) for n, d, gs in entries}
+        out = {n: dict(d, **_gpu_keys(gs, has_util, mem_pair, reduce)) for n, d, gs in entries}
         extra = dict(gsrun, **per_gpu) if reduced is None else dict(gsrun, reduced=reduced, lost_count=len(
             per_gpu["lost"]))
         if reduced is not None and "unknown" in extra and len(unknown) > 8:

@@ -24,3 +24,35 @@ def check_jobstats_layout(raw: dict, gpus: bool) -> None:
         if "gpu_total_memory" in d:
             assert set(d["gpu_used_memory"]) == set(d["gpu_total_memory"])
             assert all(v > 0 for v in d["gpu_total_memory"].values())
+    # GPU memory is read only when every node has the pair, and then divided by the job's
+    # total: all nodes or none, and a pair that is there has some figure
+    with_mem = [d for d in raw["nodes"].values() if "gpu_total_memory" in d]
+    assert len(with_mem) in (0, len(raw["nodes"]))
+    assert not with_mem or sum(v for d in with_mem for v in d["gpu_total_memory"].values()) > 0
+
+
+def jobstats_gpu_headlines(raw: dict) -> tuple[str, str]:
+    """The GPU utilization and GPU memory headlines jobstats' text report prints
+    for a blob of a job with GPUs in AllocTRES (its ``gpus`` comes from sacct,
+    not from the blob), as stated in the report of issue 24 item 3:
+
+    - utilization: a node without ``gpu_utilization`` -> ``"(Value is unknown)"``;
+      no GPU value on any node -> ``"GPU utilization is unknown"``; else the
+      mean over the listed GPUs, rounded, as ``"<n>%"``;
+    - memory: a node without the pair -> ``"(JSON is malformed)"``; a total of
+      0 -> ``"ZeroDivisionError"`` (it divides without a check); else
+      used / total over the listed GPUs, rounded, as ``"<n>%"``.
+    """
+    nodes = raw["nodes"].values()
+    if not all("gpu_utilization" in d for d in nodes):
+        util = "(Value is unknown)"
+    else:
+        vals = [v for d in nodes for v in d["gpu_utilization"].values()]
+        util = f"{round(sum(vals) / len(vals))}%" if vals else "GPU utilization is unknown"
+    if not all("gpu_used_memory" in d and "gpu_total_memory" in d for d in nodes):
+        mem = "(JSON is malformed)"
+    else:
+        total = sum(v for d in nodes for v in d["gpu_total_memory"].values())
+        used = sum(d["gpu_used_memory"][k] for d in nodes for k in d["gpu_total_memory"])
+        mem = f"{round(100 * used / total)}%" if total else "ZeroDivisionError"
+    return util, mem

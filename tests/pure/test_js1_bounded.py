@@ -13,7 +13,7 @@ from gsrun import SUMMARY_SCHEMA
 from gsrun.base.errors import SlurmError
 from gsrun.report import accounting
 from gsrun.report.summary import JS1_MAX_CHARS, decode_js1, js1_blob
-from helpers.jobstats_layout import check_jobstats_layout
+from helpers.jobstats_layout import check_jobstats_layout, jobstats_gpu_headlines
 
 GIB = 1 << 30
 
@@ -75,6 +75,28 @@ def test_job_without_gpu_figures_renders_as_unknown():
     check_jobstats_layout(raw, gpus=True)
     # jobstats: empty gpu_utilization -> "GPU utilization is unknown" (no error), no memory keys
     assert all(d["gpu_utilization"] == {} and "gpu_used_memory" not in d for d in raw["nodes"].values())
+
+
+@pytest.mark.parametrize("n_nodes, reduced", [(8, None), (60, "gpus"), (4000, "nodes")])
+def test_nodes_without_gpu_figures_keep_the_memory_pair(n_nodes, reduced):
+    """NVML down on every other node: those nodes carry empty GPU keys (jobstats
+    reads GPU memory only when every node has the pair), per GPU, reduced or pooled."""
+    job = big_job(n_nodes)
+    down = set(job["job"]["nodes"][1::2])
+    for g in job["gpu"]["devices"]:
+        if g["node"] in down:
+            g.update(status="unavailable", util_mean_pct=None, mem_peak_bytes=None, mem_total_bytes=None)
+    text = js1_blob(job)
+    assert len(text) <= JS1_MAX_CHARS
+    raw = decode_js1(text)
+    check_jobstats_layout(raw, gpus=True)
+    assert (raw["gsrun"].get("reduced") or "").split(":")[0] == (reduced or "")
+    assert all(set(d) >= {"gpu_used_memory", "gpu_total_memory"} for d in raw["nodes"].values())
+    if reduced != "nodes":
+        for name, d in raw["nodes"].items():
+            assert (d["gpu_total_memory"] == {} and d["gpu_utilization"] == {}) == (name in down), name
+    util, mem = jobstats_gpu_headlines(raw)
+    assert util.endswith("%") and mem.endswith("%")
 
 
 def test_sacctmgr_argument_is_bounded(monkeypatch):
