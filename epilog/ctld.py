@@ -276,37 +276,18 @@ def _job_and_log(environ) -> tuple[str | None, JobLog]:
 
 
 def detach(environ, spool_dir: str | None = None, wait_s: float = 30.0) -> int:
-    """EpilogSlurmctld itself: check the job id, start the merge (:func:`run`)
-    and what follows it (:func:`admin_comment_step`) as a detached process
-    (``python -m gsrun.epilog.ctld finish JOBID``), and return at once.
+    """EpilogSlurmctld itself: :func:`gsrun.epilog.ctld_start.detach` (the
+    merge started as a detached process).
 
     Why: slurmctld keeps the job COMPLETING until EpilogSlurmctld exits, and
     when that is after the nodes' epilogs the next job on those nodes is
     scheduled only at a later scheduler pass: measured on the local cluster,
     back-to-back ``srun -N2 -n8 true`` took 1.7-2.0 s each with the merge in
     EpilogSlurmctld and 0.66 s with EpilogSlurmctld=/bin/true
-    (``tests/bench/bench_srun_b2b.py``). The merge waits for the node
-    summaries anyway, and run after EpilogSlurmctld it mostly finds the job's
-    final state instead of COMPLETING. If the process cannot be started the
-    merge runs here, as before. Returns 0 (a merge failure never fails the
-    job)."""
-    job_id, log = _job_and_log(environ)
-    if job_id is None:
-        return 0
-    # the environment slurmctld gave EpilogSlurmctld (the merge ran in it before): all of it but the
-    # PYTHON* variables root children never get (gsrun.base.proc.root_child_env)
-    keep = tuple(environ)
-    argv = root_python("-m", "gsrun.epilog.ctld", "finish", job_id, "--wait-s", f"{float(wait_s):g}")
-    if spool_dir:
-        argv += ["--spool-dir", spool_dir]
-    try:
-        subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                         start_new_session=True, close_fds=True, cwd=ROOT_CWD,
-                         env=root_child_env(keep, base=environ))
-    except OSError as e:
-        log.warn(f"cannot start the merge in the background ({e}): merging here")
-        return run(environ, spool_dir, wait_s)
-    return 0
+    (``tests/bench/bench_srun_b2b.py``)."""
+    from gsrun.epilog.ctld_start import detach as start
+
+    return start(environ, spool_dir, wait_s)
 
 
 def run(environ, spool_dir: str | None = None, wait_s: float = 30.0, background: bool = False) -> int:

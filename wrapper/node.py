@@ -57,10 +57,13 @@ def epilog(host_root, state_dir, spool_dir):
                    "job's nodes at once).")
 def epilog_ctld(spool_dir, wait_s, foreground):
     """EpilogSlurmctld: merge node summaries, job report, queue mail."""
-    from gsrun.epilog import ctld
     if foreground:
+        from gsrun.epilog import ctld
+
         return ctld.run(os.environ, spool_dir, wait_s)
-    return ctld.detach(os.environ, spool_dir, wait_s)
+    from gsrun.epilog.ctld_start import detach
+
+    return detach(os.environ, spool_dir, wait_s)
 
 
 @cli.command(hidden=True)

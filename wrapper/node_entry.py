@@ -1,17 +1,29 @@
 """``gsrun-node``'s entry point: the Slurm hooks start without click.
 
 slurmd runs ``gsrun-node prolog`` / ``gsrun-node epilog`` for every job on
-every node, so their start-up is paid per job (issue 24: a hook's wall is
-measured against ``python3 -c pass``). ``gsrun-node prolog|epilog`` with
-only the options below is dispatched here straight to the hook; everything
+every node and slurmctld ``gsrun-node epilog-ctld`` for every job, so their
+start-up is paid per job (issue 24: a hook's wall is measured against
+``python3 -c pass``). ``gsrun-node prolog|epilog|epilog-ctld`` with only the
+options below is dispatched here straight to the hook; everything
 else (``--help``, every other subcommand, any other option) goes to the
 click CLI of :mod:`gsrun.wrapper.node`, which accepts the same hook options
 and behaves the same.
 
+How the hooks start it (:data:`HOOK_BOOTSTRAP`, :func:`hook_argv`): the
+installation's interpreter with ``-I -S`` -- isolated (no ``PYTHON*``
+environment, no user site, no working directory on ``sys.path``) and without
+the ``site`` module (no ``.pth`` files: ~3 ms of every hook on a plain venv,
+~9 ms with an editable install's finder) -- and gsrun's ``site-packages``
+directory put first on ``sys.path`` by the bootstrap. Only for a regular
+install (the ``gsrun`` package with its ``prolog``/``epilog`` folders in one
+directory, as ``pip install`` lays it out; gsrun's dependencies in the same
+directory); an editable install runs the ``gsrun-node`` command instead.
+
 Hook options (as in :mod:`gsrun.wrapper.node`): ``--host-root DIR``,
 ``--state-dir DIR``, ``--spool-dir DIR`` (also ``--opt=DIR``; defaults from
 ``GSRUN_HOST_ROOT``, ``GSRUN_STATE_DIR``, ``GSRUN_SPOOL_DIR``) and, for the
-prolog, ``--dry-run``.
+prolog, ``--dry-run``; ``epilog-ctld`` takes ``--spool-dir`` only (its
+``--wait-s`` and ``--foreground`` go to click).
 """
 
 from __future__ import annotations
@@ -19,7 +31,29 @@ from __future__ import annotations
 import os
 import sys
 
-HOOKS = ("prolog", "epilog")
+HOOKS = ("prolog", "epilog", "epilog-ctld")
+# ``python3 -I -S -c HOOK_BOOTSTRAP <site-packages> <command>`` (also spelled out in the shipped
+# prolog/gsrun-prolog, epilog/gsrun-epilog, epilog/gsrun-epilog-ctld; a test keeps them equal)
+HOOK_BOOTSTRAP = "import sys; sys.path[:0] = [sys.argv.pop(1)]; from gsrun.wrapper.node_entry import main; main()"
+
+
+def hook_argv(command: str, python: str | None = None) -> list[str] | None:
+    """``[python, "-I", "-S", "-c", HOOK_BOOTSTRAP, site_dir, command]`` for
+    this installation (``python`` defaults to :data:`sys.executable`); None
+    when gsrun is not laid out as a regular install (an editable checkout):
+    the hook then runs ``gsrun-node``. Only for a venv (``pyvenv.cfg``) that
+    holds gsrun: a system-wide install may have its dependencies in another
+    site directory."""
+    import gsrun
+
+    site_dir = os.path.dirname(os.path.dirname(os.path.abspath(gsrun.__file__)))
+    prefix = os.path.abspath(sys.prefix)
+    if not (os.path.isfile(os.path.join(site_dir, "gsrun", "prolog", "main.py"))
+            and os.path.isfile(os.path.join(site_dir, "gsrun", "wrapper", "node_entry.py"))
+            and os.path.isfile(os.path.join(prefix, "pyvenv.cfg"))
+            and site_dir.startswith(prefix + os.sep)):
+        return None
+    return [python or sys.executable, "-I", "-S", "-c", HOOK_BOOTSTRAP, site_dir, command]
 _DIRS = {"--host-root": "GSRUN_HOST_ROOT", "--state-dir": "GSRUN_STATE_DIR", "--spool-dir": "GSRUN_SPOOL_DIR"}
 
 
@@ -31,12 +65,13 @@ def parse_hook_args(argv: list[str]) -> dict | None:
     if not argv or argv[0] not in HOOKS:
         return None
     out = {"phase": argv[0], "dry_run": False}
+    allowed = ("--spool-dir",) if argv[0] == "epilog-ctld" else tuple(_DIRS)
     given: dict[str, str] = {}
     i = 1
     while i < len(argv):
         a = argv[i]
         name, eq, val = a.partition("=")
-        if name in _DIRS:
+        if name in allowed:
             if not eq:
                 if i + 1 >= len(argv):
                     return None
@@ -50,12 +85,47 @@ def parse_hook_args(argv: list[str]) -> dict | None:
         else:
             return None
         i += 1
-    for opt, env in _DIRS.items():
-        out[opt[2:].replace("-", "_")] = given.get(opt, os.environ.get(env) or None)
+    for opt in allowed:
+        out[opt[2:].replace("-", "_")] = given.get(opt, os.environ.get(_DIRS[opt]) or None)
     return out
 
 
+def _site_when_needed() -> None:
+    """Started ``-S`` (:data:`HOOK_BOOTSTRAP`): gsrun's dependencies are in its
+    own site directory (``sys.path[0]``) unless the venv was made with
+    ``--system-site-packages`` (then ``site`` runs after all) or that
+    directory has ``.pth`` files that add paths (then they are processed:
+    ``site.addsitedir``), e.g. a venv that sees another Python's packages
+    through a ``.pth`` (tests/gpu/install-venv). setuptools'
+    ``distutils-precedence.pth`` changes nothing gsrun imports and is left out."""
+    if not sys.flags.no_site:
+        return
+    try:
+        # next to the venv's bin/ (sys.prefix is the base interpreter's until site runs)
+        with open(os.path.join(os.path.dirname(os.path.dirname(sys.executable)), "pyvenv.cfg"),
+                  encoding="utf-8", errors="replace") as f:
+            cfg = f.read(65536)
+    except OSError:
+        cfg = ""
+    for line in cfg.splitlines():
+        key, eq, val = line.partition("=")
+        if eq and key.strip().lower() == "include-system-site-packages" and val.strip().lower() == "true":
+            import site
+
+            site.main()
+            return
+    try:
+        pth = [n for n in os.listdir(sys.path[0]) if n.endswith(".pth") and n != "distutils-precedence.pth"]
+    except (OSError, IndexError):
+        return
+    if pth:
+        import site
+
+        site.addsitedir(sys.path[0])
+
+
 def main(argv: list[str] | None = None) -> None:
+    _site_when_needed()
     argv = sys.argv[1:] if argv is None else list(argv)
     a = parse_hook_args(argv)
     if a is None:
@@ -70,6 +140,10 @@ def main(argv: list[str] | None = None) -> None:
             from gsrun.prolog.main import run
 
             rc = run(os.environ, a["host_root"], a["state_dir"], a["spool_dir"], dry_run=a["dry_run"])
+        elif a["phase"] == "epilog-ctld":
+            from gsrun.epilog.ctld_start import detach
+
+            rc = detach(os.environ, a["spool_dir"])
         else:
             # the job's sampler runs the steps when it listens (gsrun.epilog.handoff): then
             # this process imports nothing else

@@ -2,19 +2,28 @@
 """Hook wall times on a fake host root, against the interpreter floor measured
 in the same run (issue 24, items 1 and 6; BENCHMARKS.md, "Hot paths").
 
-    python3 -P tests/bench/bench_epilog.py [--runs 7] [--interval-s 5] [--run-s 0.3]
+    python3 -P tests/bench/bench_epilog.py [--venv /opt/gsrun/venv] [--runs 11] [--interval-s 5] [--run-s 0.3]
+
+The hooks run as slurmd runs them: the executables shipped in the package of a
+regular (non-editable) install, ``<site-packages>/gsrun/prolog/gsrun-prolog``
+and ``.../epilog/gsrun-epilog``, which start that venv's interpreter ``-I -S``
+(:func:`gsrun.wrapper.node_entry.hook_argv`); ``--venv`` defaults to the
+cluster install ``tests/cluster/up`` makes from this checkout
+(``/opt/gsrun/venv``). The floor is that venv's ``python3 -c pass``; the
+isolated floor (``python3 -I -S -c pass``) is printed too.
 
 As root or not (the fake site of ``tests/helpers/node_site.py``: the H200
 VM recording with a fake NVML, tuning applied to the fake tree). For each
 run: ``gsrun-node prolog`` (sampler started, tuning journaled when tuned),
-``--run-s`` seconds of "job", then ``gsrun-node epilog`` (sampler stop, node
-summary, restore), each in a fresh interpreter as slurmd runs it. Without
-and with tuning (``SPANK_GS_TUNE``). Also ``gsrun --dry-run`` and
-``gsrun-bind --plan --json`` on the same recorded host.
+``--run-s`` seconds of "job", then ``gsrun-node epilog`` (handed to the
+sampler: final sample, node summary, restore), each a fresh process.
+Without and with tuning (``SPANK_GS_TUNE``). Also ``gsrun --dry-run`` and
+``gsrun-bind --plan --json`` on the same recorded host, with the venv's
+interpreter.
 
-Prints JSON: medians (ms) and ratios to ``python3 -P -c pass``; the targets
-(epilog <= 2.5x, prolog <= 3x, ``gsrun --dry-run`` <= 4x) are in
-``targets`` with ``met`` true/false. Exits 0 whatever the figures.
+Prints JSON: medians (ms) and ratios to the floor; the targets (epilog <=
+2.5x, prolog <= 3x, ``gsrun --dry-run`` <= 4x) are in ``targets`` with
+``met`` true/false. Exits 0 whatever the figures (2: no usable venv).
 """
 from __future__ import annotations
 
@@ -30,7 +39,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))
-from helpers.node_site import TUNE, make_site, run_node  # noqa: E402
+from helpers.node_site import TUNE, make_site  # noqa: E402
 
 CLI = "import sys\nfrom gsrun.wrapper.cli import main\nmain(sys.argv[1:])\n"
 BIND = "from gsrun.wrapper.bind import main\nmain(prog_name='gsrun-bind')\n"
@@ -43,39 +52,49 @@ def wall_ms(argv, env=None, cwd="/") -> tuple[float, subprocess.CompletedProcess
     return (time.perf_counter() - t0) * 1000.0, cp
 
 
-def hook_ms(args, env) -> tuple[float, subprocess.CompletedProcess]:
+def hook_ms(hook: str, env) -> tuple[float, subprocess.CompletedProcess]:
     t0 = time.perf_counter()
-    cp = run_node(args, env)
+    cp = subprocess.run([hook], env=env, capture_output=True, text=True, errors="replace", timeout=120, cwd="/")
     return (time.perf_counter() - t0) * 1000.0, cp
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--runs", type=int, default=7)
+    ap.add_argument("--venv", default="/opt/gsrun/venv", help="a regular install of gsrun (not editable)")
+    ap.add_argument("--runs", type=int, default=11)
     ap.add_argument("--interval-s", type=float, default=5.0, help="sampler.interval_s (site default 5)")
     ap.add_argument("--run-s", type=float, default=0.3, help="job length between prolog and epilog")
     a = ap.parse_args()
-    # byte-compile the gsrun this interpreter imports (the checkout, or an install made with
-    # --no-compile) as pip does for a wheel: the hooks' environment has PYTHONDONTWRITEBYTECODE=1,
-    # so without this every run would compile gsrun from source
-    where = subprocess.run([sys.executable, "-P", "-c", "import os, gsrun, gsrun.prolog, gsrun.epilog, "
-                            "gsrun.wrapper, gsrun.spank_py, gsrun.templates as t\nfor m in (gsrun, gsrun.prolog, "
-                            "gsrun.epilog, gsrun.wrapper, gsrun.spank_py, t): print(os.path.dirname(m.__file__))"],
-                           check=True, capture_output=True, text=True, cwd="/").stdout.split()
-    subprocess.run([sys.executable, "-m", "compileall", "-q", *where], check=True, capture_output=True)
+    python = os.path.join(a.venv, "bin", "python3")
+    probe = subprocess.run([python, "-P", "-c", "import json\nfrom gsrun.wrapper.node_entry import hook_argv\n"
+                            "print(json.dumps(hook_argv('prolog')))"], capture_output=True, text=True, cwd="/")
+    argv = json.loads(probe.stdout) if probe.returncode == 0 and probe.stdout.strip() else None
+    if not argv:
+        print(f"bench_epilog: {a.venv} holds no regular gsrun install ({probe.stderr.strip()[-200:] or 'editable'})"
+              "\nhint: tests/cluster/up installs this checkout there; or: python3 -m venv V && V/bin/pip install .",
+              file=sys.stderr)
+        return 2
+    site_dir = argv[-2]
+    hooks = {"prolog": os.path.join(site_dir, "gsrun", "prolog", "gsrun-prolog"),
+             "epilog": os.path.join(site_dir, "gsrun", "epilog", "gsrun-epilog")}
+    # byte-compile that install as pip does for a wheel (--no-compile installs exist)
+    subprocess.run([python, "-m", "compileall", "-q", os.path.join(site_dir, "gsrun")], check=True,
+                   capture_output=True)
+    where = [os.path.join(site_dir, "gsrun")]
     site = make_site()
     text = site.config.read_text().replace("interval_s = 0.2", f"interval_s = {a.interval_s}") \
         .replace("flush_s = 0.2", "flush_s = 30")
     site.config.write_text(text)
-    py = [sys.executable, "-P"]
-    res: dict[str, list[float]] = {k: [] for k in ("floor", "prolog", "epilog", "prolog_tuned", "epilog_tuned",
-                                                    "dry_run", "bind_plan")}
+    py = [python, "-P"]
+    res: dict[str, list[float]] = {k: [] for k in ("floor", "floor_isolated", "prolog", "epilog", "prolog_tuned",
+                                                    "epilog_tuned", "dry_run", "bind_plan")}
     errors: list[str] = []
     script = site.base / "train.py"
     script.write_text("print('hi')\n")
     job = 5000
     for i in range(a.runs):
-        res["floor"].append(wall_ms([*py, "-c", "pass"])[0])
+        res["floor"].append(wall_ms([python, "-c", "pass"])[0])
+        res["floor_isolated"].append(wall_ms([python, "-I", "-S", "-c", "pass"])[0])
         for tuned in (False, True):
             job += 1
             # slurmd 22.05's prolog environment (the credential's SLURM_JOB_RESTART_COUNT): a plain job
@@ -86,12 +105,14 @@ def main() -> int:
                            FAKE_SCONTROL_RECORD=f"JobId={job} JobName=bench UserId=nobody(65534) "
                                                 "OverSubscribe=NO Comment=(null)")
             sfx = "_tuned" if tuned else ""
-            ms, cp = hook_ms(["prolog"], env)
+            ms, cp = hook_ms(hooks["prolog"], env)
             res["prolog" + sfx].append(ms)
             if cp.returncode:
                 errors.append(f"prolog rc {cp.returncode}: {cp.stderr[-300:]}")
             time.sleep(a.run_s)
-            ms, cp = hook_ms(["epilog"], env)
+            ms, cp = hook_ms(hooks["epilog"], env)
+            if not cp.returncode and "(in the job's sampler)" not in cp.stderr:
+                errors.append(f"epilog not handed to the sampler: {cp.stderr[-300:]}")
             res["epilog" + sfx].append(ms)
             if cp.returncode:
                 errors.append(f"epilog rc {cp.returncode}: {cp.stderr[-300:]}")
@@ -109,7 +130,7 @@ def main() -> int:
     floor = med["floor"]
     ratio = {k: round(v / floor, 2) for k, v in med.items() if k != "floor"}
     targets = {"epilog": 2.5, "epilog_tuned": 2.5, "prolog": 3.0, "prolog_tuned": 3.0, "dry_run": 4.0}
-    out = {"runs": a.runs, "interval_s": a.interval_s, "python": sys.executable, "gsrun": where[0],
+    out = {"runs": a.runs, "interval_s": a.interval_s, "python": python, "gsrun": where[0], "hooks": hooks,
            "load_avg": [round(x, 2) for x in os.getloadavg()], "median_ms": med, "ratio_to_floor": ratio,
            "targets": {k: {"max_ratio": t, "ratio": ratio[k], "met": ratio[k] <= t} for k, t in targets.items()},
            "errors": errors[:5]}

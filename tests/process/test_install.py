@@ -2,6 +2,7 @@
 recommendation, directories, the never-overwrite config, the thin hooks."""
 
 import os
+import sys
 import shutil
 import stat
 import subprocess
@@ -342,3 +343,98 @@ def test_run_installs_the_irqbalance_policy_script_and_prints_the_option(tmp_pat
     assert "GSRUN_IRQ_BAN_DIR" not in text                                # the default ban dir
     assert install.render_irqbalance_lines("/s", "/run/b", "/run/gsrun/irqbalance-ban").count(
         "Environment=GSRUN_IRQ_BAN_DIR=/run/b") == 1
+
+
+def _fake_venv_python(venv):
+    """<venv>/bin/python3.11 that prints its argv, and a pyvenv.cfg."""
+    (venv / "bin").mkdir(parents=True, exist_ok=True)
+    py = venv / "bin" / "python3.11"
+    py.write_text('#!/bin/sh\nfor a in "$0" "$@"; do printf "%s\\n" "$a"; done\n')
+    py.chmod(0o755)
+    (venv / "pyvenv.cfg").write_text("home = /usr/bin\ninclude-system-site-packages = false\n")
+    return py
+
+
+@pytest.mark.parametrize("rel,cmd", [("prolog/gsrun-prolog", "prolog"), ("epilog/gsrun-epilog", "epilog"),
+                                     ("epilog/gsrun-epilog-ctld", "epilog-ctld")])
+def test_shipped_hook_starts_the_venvs_interpreter_isolated_without_site(tmp_path, rel, cmd):
+    """In a venv laid out by pip, the shipped hook (also through a prolog.d symlink)
+    execs <venv>/bin/python3.X -I -S -c HOOK_BOOTSTRAP <site-packages> <cmd>."""
+    from gsrun.wrapper.node_entry import HOOK_BOOTSTRAP
+
+    venv = tmp_path / "venv"
+    sp = venv / "lib" / "python3.11" / "site-packages"
+    (sp / "gsrun" / rel).parent.mkdir(parents=True)
+    (sp / "gsrun" / "wrapper").mkdir(parents=True, exist_ok=True)
+    (sp / "gsrun" / "wrapper" / "node_entry.py").write_text("")
+    shutil.copy2(REPO / rel, sp / "gsrun" / rel)
+    py = _fake_venv_python(venv)
+    _fake_node(venv / "bin")
+    d = tmp_path / "prolog.d"
+    d.mkdir()
+    (d / "50-gsrun").symlink_to(sp / "gsrun" / rel)
+    for hook in (sp / "gsrun" / rel, d / "50-gsrun"):
+        out = subprocess.run([str(hook)], capture_output=True, text=True, timeout=10, env={})
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.splitlines() == [str(py), "-I", "-S", "-c", HOOK_BOOTSTRAP, str(sp), cmd]
+    # not a venv (no pyvenv.cfg): the gsrun-node script, which runs site
+    (venv / "pyvenv.cfg").unlink()
+    out = subprocess.run([str(d / "50-gsrun")], capture_output=True, text=True, timeout=10, env={})
+    assert out.stdout.split()[0] == "ran" and out.stdout.split()[2] == cmd
+
+
+def test_render_hook_with_the_interpreter_argv(tmp_path):
+    from gsrun.wrapper.node_entry import HOOK_BOOTSTRAP
+
+    py = _fake_venv_python(tmp_path / "venv")
+    argv = [str(py), "-I", "-S", "-c", HOOK_BOOTSTRAP, "/opt/v/lib/python3.11/site-packages", "epilog"]
+    hook = tmp_path / "gsrun-epilog"
+    hook.write_text(install.render_hook("/opt/v/bin/gsrun-node", "epilog", "/srv/g.toml", argv=argv))
+    hook.chmod(0o755)
+    out = subprocess.run([str(hook)], capture_output=True, text=True, timeout=10, env={})
+    assert out.stdout.splitlines() == argv
+    with pytest.raises(InputError):
+        install.render_hook("/opt/v/bin/gsrun-node", "prolog", None, argv=argv)      # argv for another hook
+
+
+def test_hook_argv_only_for_a_venv_that_holds_gsrun():
+    from gsrun.wrapper.node_entry import hook_argv
+
+    # this test run's gsrun: an editable checkout (no gsrun/prolog/ folder beside gsrun/) or an install
+    import gsrun
+
+    site_dir = os.path.dirname(os.path.dirname(os.path.abspath(gsrun.__file__)))
+    a = hook_argv("prolog")
+    if os.path.isfile(os.path.join(site_dir, "gsrun", "prolog", "main.py")) and \
+            os.path.isfile(os.path.join(sys.prefix, "pyvenv.cfg")):
+        assert a[-2:] == [site_dir, "prolog"] and a[1:4] == ["-I", "-S", "-c"]
+    else:
+        assert a is None
+
+
+def test_a_hook_started_without_site_still_sees_paths_added_by_pth_files(tmp_path):
+    """-I -S skips .pth files; a venv that sees another Python's packages through one
+    (tests/gpu/install-venv) must still find them from a hook; setuptools'
+    distutils-precedence.pth alone is no reason to run site."""
+    sp = tmp_path / "site-packages"
+    other = tmp_path / "parent-site"
+    (other / "parentmod").mkdir(parents=True)
+    (other / "parentmod" / "__init__.py").write_text("X = 42\n")
+    sp.mkdir()
+    (sp / "parent.pth").write_text(f"{other}\n")   # what tests/gpu/install-venv writes
+    (sp / "distutils-precedence.pth").write_text("import os; os.environ['PTH_RAN'] = '1'\n")
+    mod = tmp_path / "mod"
+    mod.mkdir()
+    shutil.copy2(REPO / "wrapper" / "node_entry.py", mod / "node_entry_under_test.py")   # imports os, sys only
+    code = ("import sys; sys.path[:0] = [sys.argv.pop(1)]; sys.path.append(sys.argv.pop(1))\n"
+            "from node_entry_under_test import _site_when_needed\n_site_when_needed()\n"
+            "import os, parentmod; print(parentmod.X, os.environ.get('PTH_RAN'))")
+    def run():
+        return subprocess.run([sys.executable, "-I", "-S", "-c", code, str(sp), str(mod)], capture_output=True,
+                              text=True, timeout=30)
+
+    out = run()
+    assert out.stdout.split() == ["42", "1"], out.stderr     # the .pth files processed (both)
+    (sp / "parent.pth").unlink()
+    out = run()
+    assert "No module named 'parentmod'" in out.stderr and "PTH_RAN" not in out.stdout

@@ -102,9 +102,12 @@ def test_hook_fast_path_arguments(monkeypatch):
                                            "state_dir": "/env/state", "spool_dir": None}
     assert parse_hook_args(["prolog", "--dry-run", "--host-root=/h", "--spool-dir", "/s"]) == {
         "phase": "prolog", "dry_run": True, "host_root": "/h", "state_dir": "/env/state", "spool_dir": "/s"}
+    assert parse_hook_args(["epilog-ctld", "--spool-dir=/sp"]) == {"phase": "epilog-ctld", "dry_run": False,
+                                                                   "spool_dir": "/sp"}
     # everything else goes to click (which has the same options, --help, errors)
     for argv in (["epilog", "--dry-run"], ["prolog", "--help"], ["prolog", "--state-dir"], ["status"],
-                 ["prolog", "--state-dir", "/a", "--state-dir", "/b"], ["epilog-ctld"], []):
+                 ["prolog", "--state-dir", "/a", "--state-dir", "/b"], ["epilog-ctld", "--wait-s", "5"],
+                 ["epilog-ctld", "--state-dir", "/s"], ["epilog-ctld", "--foreground"], []):
         assert parse_hook_args(argv) is None, argv
 
 

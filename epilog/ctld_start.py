@@ -1,0 +1,40 @@
+"""EpilogSlurmctld's own process: check the job id, start the merge
+(``python -m gsrun.epilog.ctld finish JOBID``) detached, exit.
+
+slurmctld keeps the job COMPLETING until EpilogSlurmctld exits (issue 24: the
+next job on the nodes waits for it), so this path imports no more than the
+job id check and :func:`gsrun.base.proc.spawn_detached`; the merge, the
+report, the mail and the accounting step are :mod:`gsrun.epilog.ctld`'s,
+in the detached process. If that process cannot be started the merge runs
+here, as before.
+"""
+
+from __future__ import annotations
+
+from gsrun.base.ids import is_job_id
+from gsrun.base.proc import root_child_env, root_python, spawn_detached
+
+
+def detach(environ, spool_dir: str | None = None, wait_s: float = 30.0) -> int:
+    """Start the merge for the job in ``environ`` (slurmctld's
+    EpilogSlurmctld environment, passed on whole but for the ``PYTHON*``
+    variables root children never get: :func:`gsrun.base.proc.root_child_env`)
+    and return 0 at once. A bad job id is logged (nothing started); a merge
+    failure never fails the job."""
+    job_id = environ.get("SLURM_JOB_ID", "")
+    if not is_job_id(job_id, array=True):
+        from gsrun.epilog.ctld import _job_and_log
+
+        _job_and_log(environ)          # logs why, the usual way
+        return 0
+    argv = root_python("-m", "gsrun.epilog.ctld", "finish", job_id, "--wait-s", f"{float(wait_s):g}")
+    if spool_dir:
+        argv += ["--spool-dir", spool_dir]
+    try:
+        spawn_detached(argv, root_child_env(tuple(environ), base=environ))
+    except OSError as e:
+        from gsrun.epilog import ctld
+
+        ctld._job_and_log(environ)[1].warn(f"cannot start the merge in the background ({e}): merging here")
+        return ctld.run(environ, spool_dir, wait_s)
+    return 0
