@@ -56,6 +56,11 @@ def trivial_conf(text: str) -> str:
     return re.sub(rf"^(({'|'.join(HOOK_KEYS)})=).*$", r"\1/bin/true", text, flags=re.M)
 
 
+def one_true(text: str, key: str) -> str:
+    """slurm.conf with only gsrun's ``key`` hook replaced by ``/bin/true`` (what that hook costs)."""
+    return re.sub(rf"^({key}=).*$", r"\1/bin/true", text, flags=re.M)
+
+
 def reconfigure(env: dict) -> None:
     subprocess.run(["scontrol", "reconfigure"], env=env, check=True, capture_output=True)
     wait_idle(env, "after scontrol reconfigure")
@@ -67,6 +72,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--per-round", type=int, default=5)
     ap.add_argument("--user", default="gsrun-test")
+    ap.add_argument("--modes", default="gsrun,bare,true-hooks",
+                    help="also: no-plugin (hooks, no SPANK plugin), true-prolog, true-epilog, true-ctld "
+                         "(that one hook /bin/true): where the time goes")
     a = ap.parse_args()
     d = Path(a.cluster)
     conf, plug = d / "etc" / "slurm.conf", d / "etc" / "plugstack.conf"
@@ -74,8 +82,15 @@ def main() -> None:
     env = dict(os.environ, SLURM_CONF=str(conf))
     argv = ["runuser", "-u", a.user, "--", "env", f"SLURM_CONF={conf}", "srun", "-p", "gpu", "-N", "2", "-n", "8",
             "true"]
-    modes = {"gsrun": (orig_conf, orig_plug), "bare": (bare_conf(orig_conf), "\n"),
-             "true-hooks": (trivial_conf(orig_conf), "\n")}
+    known = {"gsrun": (orig_conf, orig_plug), "bare": (bare_conf(orig_conf), "\n"),
+             "true-hooks": (trivial_conf(orig_conf), "\n"), "no-plugin": (orig_conf, "\n"),
+             "true-prolog": (one_true(orig_conf, "Prolog"), orig_plug),
+             "true-epilog": (one_true(orig_conf, "Epilog"), orig_plug),
+             "true-ctld": (one_true(orig_conf, "EpilogSlurmctld"), orig_plug)}
+    names = [m for m in a.modes.split(",") if m]
+    if not {"gsrun", "bare"} <= set(names) or set(names) - set(known):
+        raise SystemExit(f"--modes: gsrun and bare, plus any of {sorted(set(known) - {'gsrun', 'bare'})}")
+    modes = {m: known[m] for m in names}
     res: dict[str, list[float]] = {m: [] for m in modes}
     try:
         for r in range(a.rounds):
@@ -99,7 +114,7 @@ def main() -> None:
     med = {m: statistics.median(v) for m, v in res.items()}
     ratio = med["gsrun"] / med["bare"]
     print(json.dumps({"rounds": a.rounds, "per_round": a.per_round,
-                      "ratio_gsrun_vs_true_hooks": round(med["gsrun"] / med["true-hooks"], 3),
+                      "ratio_to_bare": {m: round(v / med["bare"], 3) for m, v in med.items()},
                       "per_srun_s": {m: [round(x, 3) for x in v] for m, v in res.items()},
                       "median_per_srun_s": {m: round(v, 3) for m, v in med.items()},
                       "ratio_gsrun_vs_bare": round(ratio, 3), "target_max": RATIO_MAX, "met": ratio <= RATIO_MAX},
