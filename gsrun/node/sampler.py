@@ -483,6 +483,9 @@ class Sampler:
     export = None
     listen_fd: int | None = None     # a socket polled with the wakeup pipe (gsrun.epilog.handoff)
     on_listen = None                 # called when it is readable; True: stop now
+    handed_over = False              # stopped by on_listen: NVML stays initialised for the epilog's
+                                     # steps in this process (nvmlInit again costs tens of ms on a
+                                     # real node; NVML counts inits), closed by run_sampler after
 
     def __init__(self, hostfs, job_id: str, uid: int | None, node: str, gres_indices: list[int],
                  state_path: str, interval_s: float, flush_s: float, timeline_points: int = 1000,
@@ -719,7 +722,7 @@ class Sampler:
                     if wake is None:
                         self.sleep(min(1.0, left))
                     elif _wait_fd(wake[0], left, self.listen_fd) and self.on_listen():
-                        self.stop = True
+                        self.stop = self.handed_over = True
             self.sample_once(final=True)
             self.flush(done=True)
         finally:
@@ -727,7 +730,7 @@ class Sampler:
                 signal.set_wakeup_fd(-1)
                 for fd in wake:
                     os.close(fd)
-        if self.nv is not None:
+        if self.nv is not None and not self.handed_over:
             self.nv.close()
         return self.snapshot()
 
@@ -828,8 +831,12 @@ def run_sampler(job_id: str, uid: int, node: str, gpus: str, host_root: str | No
         s.state["notes"].append(note)
         print(f"gsrun: sampler: {note}", file=sys.stderr)
     final = s.run(max_samples)
-    if on_done is not None:
-        on_done(final, d)
+    try:
+        if on_done is not None:
+            on_done(final, d)
+    finally:
+        if s.handed_over and s.nv is not None:
+            s.nv.close()
     return 0
 
 

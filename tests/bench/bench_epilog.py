@@ -64,6 +64,9 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=11)
     ap.add_argument("--interval-s", type=float, default=5.0, help="sampler.interval_s (site default 5)")
     ap.add_argument("--run-s", type=float, default=0.3, help="job length between prolog and epilog")
+    ap.add_argument("--real-host", action="store_true",
+                    help="the hooks on this machine's own /proc, /sys and NVML (root; a GPU node: the tuned "
+                         "case changes and restores real settings), not the recorded H200 VM")
     a = ap.parse_args()
     python = os.path.join(a.venv, "bin", "python3")
     probe = subprocess.run([python, "-P", "-c", "import json\nfrom gsrun.wrapper.node_entry import hook_argv\n"
@@ -104,6 +107,8 @@ def main() -> int:
                            SLURM_JOB_RESTART_COUNT="0",
                            FAKE_SCONTROL_RECORD=f"JobId={job} JobName=bench UserId=nobody(65534) "
                                                 "OverSubscribe=NO Comment=(null)")
+            if a.real_host:
+                env.pop("GSRUN_HOST_ROOT", None)
             sfx = "_tuned" if tuned else ""
             ms, cp = hook_ms(hooks["prolog"], env)
             res["prolog" + sfx].append(ms)
@@ -130,7 +135,7 @@ def main() -> int:
     floor = med["floor"]
     ratio = {k: round(v / floor, 2) for k, v in med.items() if k != "floor"}
     targets = {"epilog": 2.5, "epilog_tuned": 2.5, "prolog": 3.0, "prolog_tuned": 3.0, "dry_run": 4.0}
-    out = {"runs": a.runs, "interval_s": a.interval_s, "python": python, "gsrun": where[0], "hooks": hooks,
+    out = {"runs": a.runs, "interval_s": a.interval_s, "real_host": a.real_host, "python": python, "gsrun": where[0], "hooks": hooks,
            "load_avg": [round(x, 2) for x in os.getloadavg()], "median_ms": med, "ratio_to_floor": ratio,
            "targets": {k: {"max_ratio": t, "ratio": ratio[k], "met": ratio[k] <= t} for k, t in targets.items()},
            "errors": errors[:5]}
