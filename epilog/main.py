@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from gsrun.request.config import hook_cache_dir, load_config_or_defaults
 from gsrun.base import pids
 from gsrun.base.errors import GsrunError
-from gsrun.base.fsutil import atomic_write_json, read_json
+from gsrun.base.fsutil import atomic_write, atomic_write_json, json_text, read_json
 from gsrun.base.ids import is_job_id
 from gsrun.facts.hostfs import HostFS
 from gsrun.facts.jobenv import job_from_env
@@ -89,13 +89,14 @@ def run(environ, host_root: str | None = None, state_dir: str | None = None,
 
 def run_here(environ, host_root: str | None = None, state_dir: str | None = None,
              spool_dir: str | None = None, *, stream=None, pre: dict | None = None,
-             note: str | None = None, on_config=None) -> int:
+             note: str | None = None, on_config=None, in_sampler: str | None = None) -> int:
     """Run :data:`STEPS` in this process for the job in ``environ``.
     ``stream``: where the log lines go besides syslog (default stderr);
     ``pre``: the node summary of the sampler this runs in (its final flush,
     :func:`gsrun.epilog.sampler.write_summary`'s dict); ``note``: why the
     handoff did not happen (logged); ``on_config(budget_s)``: called once the
-    config is read, before the steps."""
+    config is read, before the steps; ``in_sampler``: running in the job's
+    sampler, after what it says (final sample, flush, summary: for the log)."""
     t0 = time.monotonic()
     log = JobLog(environ.get("SLURM_JOB_ID"), "epilog", **({"stream": stream} if stream is not None else {}))
     if note:
@@ -118,7 +119,8 @@ def run_here(environ, host_root: str | None = None, state_dir: str | None = None
                     timeout_hint=f"run 'gsrun-node restore --job {job.job_id}'")
     if not out.rc:
         _forget_job(sdir, log)
-    log(f"done in {time.monotonic() - t0:.3f} s" + (" (in the job's sampler)" if pre is not None else ""))
+    log(f"done in {time.monotonic() - t0:.3f} s" + (f" (in the job's sampler, after {in_sampler})"
+                                                       if in_sampler else ""))
     return out.rc
 
 
@@ -241,9 +243,10 @@ def _summary(job, paths, sdir, hostfs, log, pre: dict | None = None) -> dict:
     out = paths.spool_job(job.job_id) / f"node-{job.node}.json"
     try:
         paths.make_spool_job(job.job_id, log=log.warn)
-        atomic_write_json(out, summ, mode=0o600)
-        atomic_write_json(paths.spool_job(job.job_id) / f"user-node-{job.node}.json", summ, mode=0o400,
-                          uid=job.uid, gid=job.gid)
+        text = json_text(summ)        # one serialization, two copies (root's and the user's)
+        atomic_write(out, text, mode=0o600)
+        atomic_write(paths.spool_job(job.job_id) / f"user-node-{job.node}.json", text, mode=0o400,
+                     uid=job.uid, gid=job.gid)
         try:    # the final node summary replaces the running job's live file (gsrun.node.live)
             os.unlink(paths.spool_job(job.job_id) / f"user-live-{job.node}.json")
         except FileNotFoundError:

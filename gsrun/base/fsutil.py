@@ -82,8 +82,13 @@ def atomic_write(path: str | os.PathLike, data: str | bytes, mode: int = 0o644,
         os.close(dfd)
 
 
+def json_text(obj) -> str:
+    """How gsrun writes a JSON file: compact, sorted keys, one trailing newline."""
+    return json.dumps(obj, separators=(",", ":"), sort_keys=True) + "\n"
+
+
 def atomic_write_json(path, obj, mode: int = 0o644, uid=None, gid=None) -> None:
-    atomic_write(path, json.dumps(obj, separators=(",", ":"), sort_keys=True) + "\n", mode, uid, gid)
+    atomic_write(path, json_text(obj), mode, uid, gid)
 
 
 def read_json(path) -> dict | None:

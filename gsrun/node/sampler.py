@@ -483,6 +483,7 @@ class Sampler:
     export = None
     listen_fd: int | None = None     # a socket polled with the wakeup pipe (gsrun.epilog.handoff)
     on_listen = None                 # called when it is readable; True: stop now
+    final_ms: dict | None = None     # what the last sample and the final flush took (ms), for the log
     handed_over = False              # stopped by on_listen: NVML stays initialised for the epilog's
                                      # steps in this process (nvmlInit again costs tens of ms on a
                                      # real node; NVML counts inits), closed by run_sampler after
@@ -723,8 +724,18 @@ class Sampler:
                         self.sleep(min(1.0, left))
                     elif _wait_fd(wake[0], left, self.listen_fd) and self.on_listen():
                         self.stop = self.handed_over = True
+            t_stop = time.perf_counter()
             self.sample_once(final=True)
-            self.flush(done=True)
+            t_sampled = time.perf_counter()
+            self.final_ms = {"final_sample": (t_sampled - t_stop) * 1000}
+            if not self.handed_over:
+                # handed over, the epilog's steps in this process write the node summary
+                # from this state next; should they never get there, the epilog falls back to
+                # the last periodic flush, as for a SIGKILLed sampler (at most flush_s of
+                # samples lost) -- and the final flush, which re-encodes every timeline,
+                # stays off the epilog's critical path
+                self.flush(done=True)
+                self.final_ms["final_flush"] = (time.perf_counter() - t_sampled) * 1000
         finally:
             if wake is not None:
                 signal.set_wakeup_fd(-1)
@@ -791,8 +802,9 @@ def run_sampler(job_id: str, uid: int, node: str, gpus: str, host_root: str | No
     site config must not cost the job its figures: built-in defaults then.
     ``dma_latency_us``: hold ``/dev/cpu_dma_latency`` at that latency until
     the sampler ends (``--tune cstate``, :mod:`gsrun.node.cpu_latency`).
-    ``on_done(state, state_dir)``: called with the final state (JSON form, as
-    written) and the job's state directory (a :class:`pathlib.Path`) after the
+    ``on_done(state, state_dir, final_ms)``: called with the final state (JSON form, as
+    written), the job's state directory (a :class:`pathlib.Path`) and what the
+    last sample and flush took (``{"final_sample": ms, "final_flush": ms}``) after the
     last flush, before the process exits (:mod:`gsrun.epilog.sampler` writes
     the node summary there). ``listener``: ``open(state_job_dir) -> fd | None``
     and ``accept() -> bool`` (:class:`gsrun.epilog.handoff.Listener`): the
@@ -833,7 +845,7 @@ def run_sampler(job_id: str, uid: int, node: str, gpus: str, host_root: str | No
     final = s.run(max_samples)
     try:
         if on_done is not None:
-            on_done(final, d)
+            on_done(final, d, s.final_ms)
     finally:
         if s.handed_over and s.nv is not None:
             s.nv.close()

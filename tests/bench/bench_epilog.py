@@ -52,6 +52,26 @@ def wall_ms(argv, env=None, cwd="/") -> tuple[float, subprocess.CompletedProcess
     return (time.perf_counter() - t0) * 1000.0, cp
 
 
+def _parts(stderr: str) -> dict[str, float]:
+    """The handed-over epilog's log line ``done in S s (in the job's sampler, after
+    final sample A ms, final flush B ms, summary C ms)`` -> {"steps": ms, "final sample": A, ...}."""
+    import re
+
+    m = re.search(r"done in ([0-9.]+) s \(in the job's sampler, after ([^)]*)\)", stderr)
+    if not m:
+        return {}
+    out = {"steps": float(m.group(1)) * 1000}
+    for part in m.group(2).split(", "):
+        name, _, rest = part.rpartition(" ")
+        if rest == "ms" and name:
+            k, _, v = name.rpartition(" ")
+            try:
+                out[k] = float(v)
+            except ValueError:
+                pass
+    return out
+
+
 def hook_ms(hook: str, env) -> tuple[float, subprocess.CompletedProcess]:
     t0 = time.perf_counter()
     cp = subprocess.run([hook], env=env, capture_output=True, text=True, errors="replace", timeout=120, cwd="/")
@@ -92,6 +112,7 @@ def main() -> int:
     res: dict[str, list[float]] = {k: [] for k in ("floor", "floor_isolated", "prolog", "epilog", "prolog_tuned",
                                                     "epilog_tuned", "dry_run", "bind_plan")}
     errors: list[str] = []
+    parts: dict[str, list[dict]] = {"epilog": [], "epilog_tuned": []}
     script = site.base / "train.py"
     script.write_text("print('hi')\n")
     job = 5000
@@ -116,7 +137,8 @@ def main() -> int:
                 errors.append(f"prolog rc {cp.returncode}: {cp.stderr[-300:]}")
             time.sleep(a.run_s)
             ms, cp = hook_ms(hooks["epilog"], env)
-            if not cp.returncode and "(in the job's sampler)" not in cp.stderr:
+            parts["epilog" + sfx].append(_parts(cp.stderr))
+            if not cp.returncode and "in the job's sampler" not in cp.stderr:
                 errors.append(f"epilog not handed to the sampler: {cp.stderr[-300:]}")
             res["epilog" + sfx].append(ms)
             if cp.returncode:
@@ -138,6 +160,9 @@ def main() -> int:
     out = {"runs": a.runs, "interval_s": a.interval_s, "real_host": a.real_host, "python": python, "gsrun": where[0], "hooks": hooks,
            "load_avg": [round(x, 2) for x in os.getloadavg()], "median_ms": med, "ratio_to_floor": ratio,
            "targets": {k: {"max_ratio": t, "ratio": ratio[k], "met": ratio[k] <= t} for k, t in targets.items()},
+           "epilog_in_sampler_median_ms": {k: {p: round(statistics.median([d[p] for d in v if p in d]), 1)
+                                               for p in sorted({p for d in v for p in d})}
+                                           for k, v in parts.items()},
            "errors": errors[:5]}
     print(json.dumps(out, indent=1))
     shutil.rmtree(site.base, ignore_errors=True)
