@@ -59,6 +59,12 @@ class JobEnv(Frozen):
                 for n in self.__slots__ for v in (getattr(self, n),)}
 
 
+def is_spank_value(value: str) -> bool:
+    """True when ``value`` passes the allow-list of a ``SPANK_GS_*`` value:
+    ``[A-Za-z0-9_.,=+:-]{0,512}``, whole."""
+    return len(value) <= 512 and not value.strip(_SPANK_CHARS)
+
+
 def _digits(value: str, most: int = 10) -> bool:
     """``[0-9]{1,most}`` (fullmatch): ASCII digits only (``"²"`` and ``"٤"`` are not)."""
     return 0 < len(value) <= most and value.isascii() and value.isdigit()
@@ -152,7 +158,7 @@ def job_from_env(env: Mapping[str, str]) -> JobEnv:
     for k in SPANK_KEYS:
         if k in env:
             v = env[k]
-            if len(v) > 512 or v.strip(_SPANK_CHARS):
+            if not is_spank_value(v):
                 raise InputError("env", f"bad {k}", repr(v)[:80], hint="gsrun's SPANK options allow [A-Za-z0-9_.,=+:-]")
             spank[k] = v
     return JobEnv(job_id, uid, gid, user, node, partition, parse_gpu_indices(env.get("SLURM_JOB_GPUS")),
