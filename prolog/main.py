@@ -33,10 +33,8 @@ at a step boundary: see :mod:`gsrun.node.steps`.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import time
-from dataclasses import dataclass
 
 from gsrun.request.config import hook_cache_dir, load_config_or_defaults
 from gsrun.base.errors import GsrunError
@@ -46,7 +44,7 @@ from gsrun.facts.jobenv import job_from_env
 from gsrun.base.log import JobLog, safe_text
 from gsrun.facts.nvml import NvmlUnavailable, index_by_minor, open_nvml
 from gsrun.base.paths import Paths
-from gsrun.base.proc import ROOT_CWD, root_child_env, root_python
+from gsrun.base.proc import root_child_env, root_python, spawn_detached
 from gsrun.node.steps import SETUP, NodeUnusable, Step, drain_node, run_steps
 from gsrun.request.job import (JobRequest, comment_from_env, comment_from_slurm, exclusive_from_record,
                                malloc_from_comment,
@@ -56,23 +54,20 @@ NVML_MISMATCH_MSG = "NVML/driver mismatch: reboot required"
 SCONTROL_TIMEOUT_S = 5.0
 
 
-@dataclass
 class Ctx:
     """What the prolog's steps share: the job, where things go, and the
-    record (``<spool>/jobs/<id>/prolog-<node>.json``) they fill in."""
+    record (``<spool>/jobs/<id>/prolog-<node>.json``) they fill in. The
+    steps set ``records_ok``, ``req`` (a :class:`JobRequest`) and ``exclusive``."""
 
-    environ: object
-    job: object
-    cfg: object
-    hostfs: HostFS
-    paths: Paths
-    log: JobLog
-    dry_run: bool
-    start_sampler: bool
-    record: dict
-    records_ok: bool = False
-    req: JobRequest | None = None
-    exclusive: bool = False
+    __slots__ = ("environ", "job", "cfg", "hostfs", "paths", "log", "dry_run", "start_sampler", "record",
+                 "records_ok", "req", "exclusive")
+
+    def __init__(self, environ, job, cfg, hostfs: HostFS, paths: Paths, log: JobLog, dry_run: bool,
+                 start_sampler: bool, record: dict, records_ok: bool = False, req: JobRequest | None = None,
+                 exclusive: bool = False):
+        self.environ, self.job, self.cfg, self.hostfs, self.paths, self.log = environ, job, cfg, hostfs, paths, log
+        self.dry_run, self.start_sampler, self.record = dry_run, start_sampler, record
+        self.records_ok, self.req, self.exclusive = records_ok, req, exclusive
 
 
 def _records(c: Ctx):
@@ -347,15 +342,13 @@ def start_sampler_process(job, paths, cfg, hostfs, dma_latency_us: int | None = 
     baseline = _mem_baseline(hostfs, job.gpus or [])
     if baseline:
         args += ["--mem-baseline", baseline]
-    argv = root_python("-m", "gsrun.epilog.sampler", *args)
-    logf = os.fdopen(os.open(d / "sampler.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
-                             | os.O_CLOEXEC, 0o600), "ab")
+    logfd = os.open(d / "sampler.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                    0o600)
     try:
-        p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True,
-                             close_fds=True, cwd=ROOT_CWD, env=_sampler_env())
+        pid = spawn_detached(root_python("-m", "gsrun.epilog.sampler", *args), _sampler_env(), logfd)
     finally:
-        logf.close()
-    info = {"pid": p.pid, "create_time": pids.start_time(p.pid), "argv": args}
+        os.close(logfd)
+    info = {"pid": pid, "create_time": pids.start_time(pid), "argv": args}
     atomic_write_json(d / "sampler.pid.json", info, mode=0o600)
     return info
 

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import stat
 import time
-from pathlib import Path
 
 from gsrun.base.errors import NodeError
+
+TYPE_CHECKING = False   # pathlib is imported where a Path is made (the hooks' import time)
+if TYPE_CHECKING:
+    from pathlib import Path
 
 
 def atomic_write(path: str | os.PathLike, data: str | bytes, mode: int = 0o644,
@@ -37,13 +39,13 @@ def atomic_write(path: str | os.PathLike, data: str | bytes, mode: int = 0o644,
         OSError: the directory is missing or is a symlink (``ELOOP``/``ENOTDIR``),
             disk full, read-only file system.
     """
-    path = Path(path)
+    parent, base = _split(path)
     raw = data.encode() if isinstance(data, str) else data
-    dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    dfd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         tmp = None
         for _ in range(100):
-            name = f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}"
+            name = f".{base}.{os.getpid()}.{os.urandom(4).hex()}"
             try:
                 fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                              0o600, dir_fd=dfd)
@@ -52,7 +54,7 @@ def atomic_write(path: str | os.PathLike, data: str | bytes, mode: int = 0o644,
             except FileExistsError:
                 continue
         if tmp is None:
-            raise FileExistsError(f"no temp name free in {path.parent}")
+            raise FileExistsError(f"no temp name free in {parent}")
         try:
             os.fchmod(fd, mode)
             if uid is not None or gid is not None:
@@ -64,7 +66,7 @@ def atomic_write(path: str | os.PathLike, data: str | bytes, mode: int = 0o644,
                 os.fsync(fd)
             os.close(fd)
             fd = None
-            os.replace(tmp, path.name, src_dir_fd=dfd, dst_dir_fd=dfd)
+            os.replace(tmp, base, src_dir_fd=dfd, dst_dir_fd=dfd)
         except BaseException:
             if fd is not None:
                 os.close(fd)
@@ -85,6 +87,15 @@ def atomic_write(path: str | os.PathLike, data: str | bytes, mode: int = 0o644,
 def json_text(obj) -> str:
     """How gsrun writes a JSON file: compact, sorted keys, one trailing newline."""
     return json.dumps(obj, separators=(",", ":"), sort_keys=True) + "\n"
+
+
+def _split(path) -> tuple[str, str]:
+    """``path`` -> (its directory, its name), as ``Path(path).parent`` and
+    ``.name`` give them (``"f"`` -> ``(".", "f")``), without :mod:`pathlib`."""
+    p = os.fspath(path)
+    p = p.rstrip("/") or p
+    head, name = os.path.split(p)
+    return head or ".", name
 
 
 def atomic_write_json(path, obj, mode: int = 0o644, uid=None, gid=None) -> None:
@@ -123,6 +134,8 @@ def ensure_dir(path: str | os.PathLike, mode: int, uid: int = 0, gid: int = 0,
             planted there ahead of us), or it is owned by another user
             (without ``replace_planted``), or it cannot be created.
     """
+    from pathlib import Path
+
     path = Path(path)
     for attempt in range(2):
         try:
@@ -196,7 +209,7 @@ def remove_tree(path: str | os.PathLike) -> None:
     target is left alone)."""
     import shutil
 
-    p = Path(path)
+    p = os.fspath(path)
     try:
         st = os.lstat(p)
     except FileNotFoundError:
@@ -211,8 +224,10 @@ def publish_once(path: str | os.PathLike, data: bytes, mode: int = 0o600) -> boo
     """Write ``path`` atomically unless it exists: a staged file is hard-linked
     to the name (``link`` fails when the name exists, on every node of a
     shared spool). Returns True when this call published it."""
+    from pathlib import Path
+
     path = Path(path)
-    stage = path.with_name(f".stage.{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+    stage = path.with_name(f".stage.{path.name}.{os.getpid()}.{os.urandom(4).hex()}")
     atomic_write(stage, data, mode)
     try:
         os.link(stage, path)

@@ -20,7 +20,6 @@ Steps (begin/end lines, budgets, fault injection) are run by
 from __future__ import annotations
 
 import os
-import re
 import sys
 import syslog
 import time
@@ -28,15 +27,28 @@ import time
 from gsrun.base.ids import is_job_id
 
 MAX_LINE = 4000
-_UNSAFE = re.compile(r"[\x00-\x1f\x7f\ud800-\udfff]")
-_ERR_HEADER = re.compile(r"(^|: )gsrun: ([A-Za-z][\w+.-]*): ")
+# compiled on first use (_pattern): most lines are plain ASCII without an error header,
+# and the hooks import no `re` for them
+_PATTERNS = {"unsafe": r"[\x00-\x1f\x7f\ud800-\udfff]", "err_header": r"(^|: )gsrun: ([A-Za-z][\w+.-]*): "}
+_COMPILED: dict = {}
+
+
+def _pattern(name: str):
+    pat = _COMPILED.get(name)
+    if pat is None:
+        import re
+
+        pat = _COMPILED[name] = re.compile(_PATTERNS[name])
+    return pat
 
 
 def safe_text(text, limit: int = MAX_LINE) -> str:
     """``text`` on one printable line: control characters and lone
     surrogates (non-UTF-8 bytes decoded with ``surrogateescape``) become
     ``\\xNN``/``\\uNNNN`` escapes; cut at ``limit`` characters."""
-    s = _UNSAFE.sub(lambda m: repr(m.group(0))[1:-1], str(text))
+    s = str(text)
+    if not (s.isascii() and s.isprintable()):   # printable ASCII has nothing to escape
+        s = _pattern("unsafe").sub(lambda m: repr(m.group(0))[1:-1], s)
     return s if len(s) <= limit else s[:limit] + f"...[{len(s) - limit} more]"
 
 
@@ -62,8 +74,11 @@ class JobLog:
     def tidy(self, msg) -> str:
         """``msg`` without the ``gsrun: `` (and own phase) of an embedded
         error header (module doc)."""
-        return _ERR_HEADER.sub(lambda m: m.group(1) + ("" if m.group(2) == self.phase else m.group(2) + ": "),
-                               str(msg))
+        msg = str(msg)
+        if "gsrun: " not in msg:
+            return msg
+        return _pattern("err_header").sub(lambda m: m.group(1) + ("" if m.group(2) == self.phase
+                                                                  else m.group(2) + ": "), msg)
 
     def __call__(self, msg: str, level: int = syslog.LOG_INFO) -> None:
         line = safe_text(f"{self.phase}: {self.tidy(msg)}")

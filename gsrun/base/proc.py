@@ -1,13 +1,18 @@
 """The one way gsrun runs an external command: list argv (no shell), its own
 session, a timeout, and on timeout the whole process group killed -- a
 wrapper script's ``sleep`` child too, so a wedged tool (field case 20,
-docs/field-cases.md) never outlives the hook that called it."""
+docs/field-cases.md) never outlives the hook that called it
+(:func:`run_bounded`); a child left running on its own (the prolog's sampler)
+is started by :func:`spawn_detached`."""
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+
+TYPE_CHECKING = False   # not `collections.abc`/`typing` at run time (the hooks' import time)
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping, Sequence
 
 # The working directory of every child that root code starts: never the caller's
 # (slurmctld's may be /var/tmp, an admin's /tmp or a shared checkout).
@@ -50,38 +55,65 @@ def root_child_env(keep: Iterable[str] = (), base: Mapping[str, str] | None = No
     return env
 
 
-def spawn_detached(argv: Sequence[str], env: Mapping[str, str], out_fd: int | None = None) -> int:
-    """Start ``argv`` detached and return its PID at once: its own session
-    (``setsid``), stdin ``/dev/null``, stdout and stderr to ``out_fd`` (else
-    ``/dev/null``), the explicit ``env``, working directory ``/``
-    (:data:`ROOT_CWD`), and no open file of this process but those three:
-    every other descriptor is made non-inheritable first. ``os.posix_spawn``,
-    not :mod:`subprocess` (whose import costs a Slurm hook ~8 ms). Changes
-    this process's working directory to ``/`` (posix_spawn has no chdir in
-    Python 3.11); root code never relies on its own.
+def spawn_detached(argv: list[str], env: dict, log_fd: int | None = None) -> int:
+    """Start ``argv`` (``argv[0]`` a path) with exactly ``env``, stdin
+    ``/dev/null``, stdout and stderr to ``log_fd`` (None: ``/dev/null``), in a new session, in
+    :data:`ROOT_CWD`, with no descriptor but 0-2 (every other one is marked
+    close-on-exec first) and SIGPIPE/SIGXFSZ at their defaults -- what ``subprocess.Popen(...,
+    start_new_session=True, close_fds=True, cwd=ROOT_CWD)`` did, with
+    ``os.posix_spawn`` (``subprocess`` costs the prolog ~8 ms of imports).
+    Returns the PID; the child is not waited for.
 
     Raises:
-        OSError: the program cannot be started.
+        OSError: the program cannot be started (not found, not executable).
     """
-    os.chdir(ROOT_CWD)
+    import signal
+
+    if log_fd is None:
+        out = [(os.POSIX_SPAWN_OPEN, 1, "/dev/null", os.O_WRONLY, 0), (os.POSIX_SPAWN_DUP2, 1, 2)]
+        log_fd = 3           # nothing to keep below
+    else:
+        out = None
+    if log_fd < 3:          # dup2 onto itself would leave close-on-exec set
+        import fcntl
+
+        log_fd = fcntl.fcntl(log_fd, fcntl.F_DUPFD_CLOEXEC, 3)
+        own = log_fd
+    else:
+        own = None
+    _no_inherit_from(3)
+    try:
+        here = os.open(".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        here = None         # no way back: the caller's directory is gone
+    try:
+        os.chdir(ROOT_CWD)  # posix_spawn has no chdir action in Python; ours is given back below
+        return os.posix_spawn(argv[0], argv, env, setsid=True, setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),
+                              file_actions=[(os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
+                                            *(out or [(os.POSIX_SPAWN_DUP2, log_fd, 1),
+                                                      (os.POSIX_SPAWN_DUP2, log_fd, 2)])])
+    finally:
+        if here is not None:
+            os.fchdir(here)
+            os.close(here)
+        if own is not None:
+            os.close(own)
+
+
+def _no_inherit_from(low: int) -> None:
+    """Mark every open descriptor >= ``low`` close-on-exec (those slurmd or a
+    caller left inheritable; Python's own already are)."""
     try:
         fds = [int(n) for n in os.listdir("/proc/self/fd")]
     except OSError:
-        fds = []
+        fds = range(low, 1024)
     for fd in fds:
-        if fd > 2:
+        if fd >= low:
             try:
-                os.set_inheritable(fd, False)
+                if os.get_inheritable(fd):
+                    os.set_inheritable(fd, False)
             except OSError:
-                pass
-    null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
-    try:
-        out = null if out_fd is None else out_fd
-        return os.posix_spawn(argv[0], list(argv), dict(env), setsid=True,
-                              file_actions=[(os.POSIX_SPAWN_DUP2, null, 0), (os.POSIX_SPAWN_DUP2, out, 1),
-                                            (os.POSIX_SPAWN_DUP2, out, 2)])
-    finally:
-        os.close(null)
+                pass        # closed meanwhile (the listing's own descriptor)
 
 
 def run_bounded(argv: Sequence[str], timeout_s: float, input_text: str | None = None,

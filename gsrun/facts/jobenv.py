@@ -10,49 +10,64 @@ value is checked against an allow-list; a bad one is an :class:`InputError`
 naming the variable (``repr`` of the value, cut at 80 characters, so a
 newline or a non-UTF-8 byte shows as an escape).
 
-Every pattern is matched with ``fullmatch`` (``re.match(r"^...$")`` accepts a
+Every allow-list is matched whole (``re.match(r"^...$")`` accepts a
 trailing newline: ``SLURM_JOB_ID="4242\\n"`` would become a path component;
-the job id, user, node and partition checks are :mod:`gsrun.base.ids`),
-digits are ASCII ``[0-9]`` (``str.isdigit`` accepts ``"²"``, which ``int``
-then refuses), and lists that expand (hostlists, ``4(x999999999)``) are
-bounded before they are expanded.
+the job id, user, node and partition checks are :mod:`gsrun.base.ids`);
+character classes are checked with ``str`` methods, the patterns in the
+comments beside them, so a plain job's prolog needs no ``re``. Digits are
+ASCII ``[0-9]`` (``str.isdigit`` alone accepts ``"²"``, which ``int`` then
+refuses), and lists that expand (hostlists, ``4(x999999999)``) are bounded
+before they are expanded.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
-
 from gsrun.base.errors import InputError
+from gsrun.base.frozen import Frozen, factory
 from gsrun.base.ids import check_job_id, is_node_name, is_partition, is_user_name
 from gsrun.facts.slurm import expand_hostlist, parse_tasks_per_node
 
+TYPE_CHECKING = False   # not `collections.abc` at run time (the hooks' import time)
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
 SPANK_KEYS = ("SPANK_GS_MPS", "SPANK_GS_MIG", "SPANK_GS_TUNE", "SPANK_GS_BIND", "SPANK_GS_REPORT",
               "SPANK_GS_EXCLUSIVE")
-_SPANK_VALUE = re.compile(r"[A-Za-z0-9_.,=+:-]{0,512}")
-_DIGITS = re.compile(r"[0-9]{1,10}")
+# character sets of the allow-lists, checked with str methods (no regex on the hooks' path):
+# ``not value.strip(chars)`` is true exactly when every character of value is in chars
+_SPANK_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.,=+:-"   # [A-Za-z0-9_.,=+:-]
+_NODELIST_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._,[]-"  # [A-Za-z0-9._,\[\]-]
 MAX_NODES = 65536          # longest hostlist / cpus-per-node list accepted
 MAX_ENV_LEN = 65536
 
 
-@dataclass
-class JobEnv:
-    job_id: str
-    uid: int
-    gid: int
-    user: str
-    node: str
-    partition: str | None
-    gpus: list[int] | None          # gres indices on this node; None = unknown (not "all")
-    nodelist: list[str]
-    cpus_per_node: list[int]
-    cpus_on_node: int | None
-    spank: dict[str, str] = field(default_factory=dict)
-    context: str | None = None
+class JobEnv(Frozen):
+    """The validated job context. ``job_id`` str; ``uid``/``gid`` int;
+    ``user``, ``node`` str; ``partition`` str or None; ``gpus``: gres indices
+    on this node (list of int), None = unknown (never "all"); ``nodelist``:
+    node names; ``cpus_per_node``: CPUs per node of ``nodelist`` (list of
+    int); ``cpus_on_node``: int or None; ``spank``: ``SPANK_GS_*`` name ->
+    value; ``context``: ``SLURM_SCRIPT_CONTEXT`` or None."""
+
+    __slots__ = ("job_id", "uid", "gid", "user", "node", "partition", "gpus", "nodelist", "cpus_per_node",
+                 "cpus_on_node", "spank", "context")
+    _defaults = {"spank": factory(dict), "context": None}
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The fields as a dict (lists and the ``spank`` dict copied), in field order."""
+        return {n: (list(v) if isinstance(v, list) else dict(v) if isinstance(v, dict) else v)
+                for n in self.__slots__ for v in (getattr(self, n),)}
+
+
+def is_spank_value(value: str) -> bool:
+    """True when ``value`` passes the allow-list of a ``SPANK_GS_*`` value:
+    ``[A-Za-z0-9_.,=+:-]{0,512}``, whole."""
+    return len(value) <= 512 and not value.strip(_SPANK_CHARS)
+
+
+def _digits(value: str, most: int = 10) -> bool:
+    """``[0-9]{1,most}`` (fullmatch): ASCII digits only (``"²"`` and ``"٤"`` are not)."""
+    return 0 < len(value) <= most and value.isascii() and value.isdigit()
 
 
 def _need(env: Mapping[str, str], name: str) -> str:
@@ -65,7 +80,7 @@ def _need(env: Mapping[str, str], name: str) -> str:
 
 def _int(env, name, lo=0, hi=2**32 - 1) -> int:
     v = _need(env, name)
-    if not _DIGITS.fullmatch(v) or not lo <= int(v) <= hi:
+    if not _digits(v) or not lo <= int(v) <= hi:
         raise InputError("env", f"bad {name}", repr(v)[:80])
     return int(v)
 
@@ -77,7 +92,7 @@ def parse_gpu_indices(value: str | None) -> list[int] | None:
     empty -> []."""
     if value is None:
         return None
-    if not re.fullmatch(r"[0-9, -]*", value):
+    if value.strip("0123456789, -"):         # [0-9, -]*
         raise InputError("env", "bad SLURM_JOB_GPUS", repr(value)[:80],
                          hint="expected gres indices like 0,1 (not UUIDs)")
     value = value.strip()
@@ -87,12 +102,12 @@ def parse_gpu_indices(value: str | None) -> list[int] | None:
         raise InputError("env", "bad SLURM_JOB_GPUS", repr(value)[:80], hint="longer than 4096 characters")
     out: list[int] = []
     for tok in value.split(","):
-        m = re.fullmatch(r"([0-9]{1,4})(?:-([0-9]{1,4}))?", tok.strip())
-        if not m:
+        first, dash, last = tok.strip().partition("-")          # ([0-9]{1,4})(?:-([0-9]{1,4}))?
+        if not _digits(first, 4) or (dash and not _digits(last, 4)):
             raise InputError("env", "bad SLURM_JOB_GPUS", repr(value)[:80],
                              hint="expected gres indices like 0,1 (not UUIDs)")
-        a = int(m.group(1))
-        b = int(m.group(2) or a)
+        a = int(first)
+        b = int(last) if dash else a
         if b < a:
             raise InputError("env", "bad SLURM_JOB_GPUS", repr(value)[:80])
         out.extend(range(a, b + 1))
@@ -109,7 +124,7 @@ def job_from_env(env: Mapping[str, str]) -> JobEnv:
     uid = _int(env, "SLURM_JOB_UID")
     gid = _int(env, "SLURM_JOB_GID") if env.get("SLURM_JOB_GID") else uid
     user = env.get("SLURM_JOB_USER") or str(uid)
-    if not is_user_name(user) and not _DIGITS.fullmatch(user):
+    if not is_user_name(user) and not _digits(user):
         raise InputError("env", "bad SLURM_JOB_USER", repr(user)[:80])
     node = env.get("SLURMD_NODENAME") or ""
     if not is_node_name(node):
@@ -118,7 +133,7 @@ def job_from_env(env: Mapping[str, str]) -> JobEnv:
     if partition is not None and not is_partition(partition):
         raise InputError("env", "bad SLURM_JOB_PARTITION", repr(partition)[:80])
     nl_text = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or node
-    if len(nl_text) > MAX_ENV_LEN or not re.fullmatch(r"[A-Za-z0-9._,\[\]-]+", nl_text) \
+    if len(nl_text) > MAX_ENV_LEN or not nl_text or nl_text.strip(_NODELIST_CHARS) \
             or hostlist_size_bound(nl_text) > MAX_NODES:
         raise InputError("env", "bad SLURM_JOB_NODELIST", repr(nl_text)[:80])
     try:
@@ -126,7 +141,7 @@ def job_from_env(env: Mapping[str, str]) -> JobEnv:
     except InputError as e:
         raise InputError("env", "bad SLURM_JOB_NODELIST", f"{repr(nl_text)[:80]}: {e.what}") from None
     cpn_text = env.get("SLURM_JOB_CPUS_PER_NODE", "")
-    if len(cpn_text) > MAX_ENV_LEN or not re.fullmatch(r"[0-9,()x]*", cpn_text) \
+    if len(cpn_text) > MAX_ENV_LEN or cpn_text.strip("0123456789,()x") \
             or _repeat_total(cpn_text) > MAX_NODES:
         raise InputError("env", "bad SLURM_JOB_CPUS_PER_NODE", repr(cpn_text)[:80])
     try:
@@ -143,7 +158,7 @@ def job_from_env(env: Mapping[str, str]) -> JobEnv:
     for k in SPANK_KEYS:
         if k in env:
             v = env[k]
-            if not _SPANK_VALUE.fullmatch(v):
+            if not is_spank_value(v):
                 raise InputError("env", f"bad {k}", repr(v)[:80], hint="gsrun's SPANK options allow [A-Za-z0-9_.,=+:-]")
             spank[k] = v
     return JobEnv(job_id, uid, gid, user, node, partition, parse_gpu_indices(env.get("SLURM_JOB_GPUS")),
@@ -155,6 +170,11 @@ def hostlist_size_bound(text: str) -> int:
     counts the product of its bracket ranges), computed without expanding,
     so ``n[0-99999],n[0-99999],...`` is refused before it costs memory.
     Malformed input counts as 1 per item (the parser reports it)."""
+    if "[" not in text and "]" not in text:     # one name per item
+        n = text.count(",") + 1
+        return n if n <= MAX_NODES else MAX_NODES + 1
+    import re
+
     total = 0
     for item in re.split(r",(?![^\[]*\])", text):
         n = 1
@@ -172,6 +192,10 @@ def hostlist_size_bound(text: str) -> int:
 
 def _repeat_total(text: str) -> int:
     """Entries ``4(x2),1`` expands to (``SLURM_JOB_CPUS_PER_NODE`` form), unexpanded."""
+    if "(" not in (text or ""):                 # one entry per item
+        return (text or "").count(",") + 1
+    import re
+
     total = 0
     for m in re.finditer(r"\(x([0-9]{1,12})\)|(?:^|,)[^,(]*(?=,|\Z)", text or ""):
         total += int(m.group(1)) if m.group(1) else 1

@@ -41,12 +41,11 @@ import fcntl
 import os
 import stat
 import time
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 from gsrun.base.errors import NodeError
 from gsrun.base.fsutil import atomic_write_json, read_json
+from gsrun.base.frozen import Frozen
 
 FORMAT = 2
 HEADER = "journal"
@@ -69,17 +68,13 @@ def boot_id(hostfs=None) -> str | None:
     return v.strip() or None if v else None
 
 
-@dataclass
-class Loaded:
+class Loaded(Frozen):
     """A journal as read: ``data`` (the owner's fields, without the header),
     ``format`` (2, or 1 for a journal of an older release), ``boot_id`` it
     was written in (``None``: unknown), ``earlier_boot`` (True when that boot
     is known and is not this one)."""
 
-    data: dict
-    format: int
-    boot_id: str | None
-    earlier_boot: bool
+    __slots__ = ("data", "format", "boot_id", "earlier_boot")
 
 
 class Journal:
@@ -156,24 +151,37 @@ class Journal:
         except OSError:
             pass
 
-    @contextmanager
-    def lock(self, timeout_s: float = LOCK_TIMEOUT_S):
-        """Hold an exclusive ``flock`` on :attr:`lock_path` for the block.
+    def lock(self, timeout_s: float = LOCK_TIMEOUT_S) -> "_Flock":
+        """A context manager: hold an exclusive ``flock`` on :attr:`lock_path`
+        for the ``with`` block.
 
-        Raises:
+        Raises (on entering the block):
             NodeError: the lock is held by another process for more than
                 ``timeout_s`` seconds, or the lock path is unusable (a
                 symlink, missing).
         """
-        is_dir = self.lock_path == self.path.parent
+        return _Flock(self, timeout_s)
+
+
+class _Flock:
+    """:meth:`Journal.lock`'s context manager (a class: no ``contextlib`` on the hooks' path)."""
+
+    __slots__ = ("journal", "timeout_s", "fd")
+
+    def __init__(self, journal: Journal, timeout_s: float):
+        self.journal, self.timeout_s, self.fd = journal, timeout_s, None
+
+    def __enter__(self) -> None:
+        j, timeout_s = self.journal, self.timeout_s
+        is_dir = j.lock_path == j.path.parent
         flags = os.O_RDONLY | os.O_DIRECTORY if is_dir else os.O_RDWR | os.O_CREAT
         try:
-            fd = os.open(self.lock_path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, MODE)
+            fd = os.open(j.lock_path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, MODE)
         except OSError as e:
-            raise NodeError("journal", "cannot lock", f"{self.lock_path}: {e.strerror}") from None
+            raise NodeError("journal", "cannot lock", f"{j.lock_path}: {e.strerror}") from None
         try:
             if not is_dir and not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise NodeError("journal", "cannot lock", f"{self.lock_path} is not a plain file")
+                raise NodeError("journal", "cannot lock", f"{j.lock_path} is not a plain file")
             deadline = time.monotonic() + timeout_s
             while True:
                 try:
@@ -181,9 +189,15 @@ class Journal:
                     break
                 except BlockingIOError:
                     if time.monotonic() > deadline:
-                        raise NodeError("tune" if self.kind.startswith("tuning") else self.kind, "lock timeout",
-                                        f"{self.lock_path} held for more than {timeout_s:g} s") from None
+                        raise NodeError("tune" if j.kind.startswith("tuning") else j.kind, "lock timeout",
+                                        f"{j.lock_path} held for more than {timeout_s:g} s") from None
                     time.sleep(0.005)
-            yield
-        finally:
+        except BaseException:
+            os.close(fd)
+            raise
+        self.fd = fd
+
+    def __exit__(self, *exc) -> None:
+        fd, self.fd = self.fd, None
+        if fd is not None:
             os.close(fd)  # releases the flock

@@ -46,10 +46,13 @@ from __future__ import annotations
 import os
 import signal
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable
 
+from gsrun.base.frozen import Frozen
 from gsrun.base.log import safe_text
+
+TYPE_CHECKING = False   # not `typing` at run time (the hooks' import time)
+if TYPE_CHECKING:
+    from typing import Callable
 
 FAULT_ENV = "GSRUN_FAULT_AT"
 MIN_STEP_S = 0.5
@@ -69,8 +72,7 @@ class NodeUnusable(Exception):
     is 1, so slurmd drains the node. ``str()`` is the reason."""
 
 
-@dataclass(frozen=True)
-class Step:
+class Step(Frozen):
     """One row of a hook's table.
 
     ``name``: log and fault-point name (``GSRUN_FAULT_AT=<phase>:<name>``),
@@ -84,16 +86,10 @@ class Step:
     text}`` instead of ending the hook (``None``: the hook's).
     """
 
-    name: str
-    does: str
-    reserve_s: float
-    fn: Callable[[Any], Any]
-    when: Callable[[Any], bool] | None = None
-    quiet: bool = False
-    catch: tuple[type[BaseException], ...] | None = None
+    __slots__ = ("name", "does", "reserve_s", "fn", "when", "quiet", "catch")
+    _defaults = {"when": None, "quiet": False, "catch": None}
 
 
-@dataclass
 class Outcome:
     """What :func:`run_steps` did. ``results``: step name -> result (or
     ``{"error": text}``); ``reasons``: why the node needs an admin (drain);
@@ -101,10 +97,24 @@ class Outcome:
     the rest; ``unusable``: the :class:`NodeUnusable` reason, if any; ``rc``:
     the hook's exit status (0, or 1: drain)."""
 
-    results: dict = field(default_factory=dict)
-    reasons: list[str] = field(default_factory=list)
-    budget_exceeded: bool = False
-    unusable: str | None = None
+    __slots__ = ("results", "reasons", "budget_exceeded", "unusable")
+
+    def __init__(self, results: dict | None = None, reasons: list[str] | None = None,
+                 budget_exceeded: bool = False, unusable: str | None = None):
+        self.results = {} if results is None else results
+        self.reasons = [] if reasons is None else reasons
+        self.budget_exceeded = budget_exceeded
+        self.unusable = unusable
+
+    def __repr__(self) -> str:
+        return ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__slots__).join(("Outcome(", ")"))
+
+    def __eq__(self, other):
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return all(getattr(self, n) == getattr(other, n) for n in self.__slots__)
+
+    __hash__ = None     # mutable
 
     @property
     def rc(self) -> int:

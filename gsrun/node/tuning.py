@@ -55,19 +55,20 @@ from __future__ import annotations
 
 import errno
 import os
-import re
-import shutil
 import time
 from abc import ABC, abstractmethod
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 from gsrun.base.errors import GsrunError, InputError, NodeError
+from gsrun.base.frozen import Frozen, factory
 from gsrun.base.ids import check_job_id
 from gsrun.base.fsutil import ensure_dir
 from gsrun.node.journal import Journal, boot_id as journal_boot_id
 from gsrun.request.tune import TUNE_KEYS, check_tune_value, parse_tune_request
+
+TYPE_CHECKING = False   # not `typing` at run time (the prolog imports this module for every job)
+if TYPE_CHECKING:
+    from typing import Any
 
 JOURNAL_VERSION = 1
 LOCK_TIMEOUT_S = 30.0
@@ -75,7 +76,9 @@ SWAP_TIMEOUT_S = 60.0
 # When swap=off is unsafe (swapped pages would not fit in MemAvailable) the
 # job gets this swappiness instead, unless it asked for one itself.
 SWAP_FALLBACK_SWAPPINESS = "1"
-_CPU = re.compile(r"^cpu[0-9]+$")
+# patterns, compiled (and cached by `re`) where they are used: a job that asks no tuning
+# reads swappiness only, and its prolog imports no `re`
+_CPU = r"^cpu[0-9]+$"
 
 VM = "proc/sys/vm"
 THP = "sys/kernel/mm/transparent_hugepage"
@@ -93,6 +96,8 @@ BRACKET_FILES = {f"{d}/{f}" for d in THP_DIRS for f in ("enabled", "defrag")}
 
 def bracket_word(text: str | None) -> str | None:
     """``"always [madvise] never"`` -> ``"madvise"``; None if no bracketed word."""
+    import re
+
     if text is None:
         return None
     m = re.search(r"\[([^\]\s]+)\]", text)
@@ -117,6 +122,8 @@ def read_meminfo_kb(hostfs) -> dict[str, int]:
 
 def _unescape_swaps(name: str) -> str:
     # /proc/swaps escapes space, tab, newline, backslash as \ooo
+    import re
+
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), name)
 
 
@@ -152,7 +159,9 @@ def thp_dir(hostfs) -> str:
 
 def governor_cpus(hostfs) -> list[str]:
     """CPU dir names (``cpu0`` ...) that have ``cpufreq/scaling_governor``, numeric order."""
-    cpus = [c for c in hostfs.listdir(CPU) if _CPU.match(c)
+    import re
+
+    cpus = [c for c in hostfs.listdir(CPU) if re.match(_CPU, c)
             and hostfs.exists(f"{CPU}/{c}/cpufreq/scaling_governor")]
     return sorted(cpus, key=lambda c: int(c[3:]))
 
@@ -200,6 +209,8 @@ class SwapEffect:
             p = os.path.join(d, name)
             if os.access(p, os.X_OK):
                 return p
+        import shutil
+
         found = shutil.which(name)
         if not found:
             raise NodeError("tune", f"{name} not found", "looked in /usr/sbin, /sbin and PATH",
@@ -472,12 +483,11 @@ NODE = "sys/devices/system/node"
 IRQ = "proc/irq"
 PCI = "sys/bus/pci/devices"
 DMA_LATENCY = "dev/cpu_dma_latency"
-_STATE = re.compile(r"^state[0-9]+$")
-_HP_DIR = re.compile(r"^hugepages-([0-9]+)kB$")
+_STATE = r"^state[0-9]+$"
+_HP_DIR = r"^hugepages-([0-9]+)kB$"
 
 
-@dataclass
-class JobScope:
+class JobScope(Frozen):
     """The job's devices and CPUs on this node, for ``cstate``/``irq``/``hugepages``.
 
     devices: ``[{"bdf": "0000:00:06.0", "kind": "gpu"|"nic", "name": str,
@@ -489,10 +499,8 @@ class JobScope:
     node_cpus: NUMA node -> its CPUs (``sys/devices/system/node/nodeN/cpulist``).
     cpus_source: where ``cpus`` came from (shown in reasons).
     """
-    devices: list[dict] = field(default_factory=list)
-    cpus: list[int] = field(default_factory=list)
-    node_cpus: dict[int, list[int]] = field(default_factory=dict)
-    cpus_source: str = ""
+    __slots__ = ("devices", "cpus", "node_cpus", "cpus_source")
+    _defaults = {"devices": factory(list), "cpus": factory(list), "node_cpus": factory(dict), "cpus_source": ""}
 
     def device_node(self, dev: dict) -> int | None:
         """The device's NUMA node; with one node on the host, that node
@@ -508,7 +516,17 @@ class JobScope:
                        for n in [self.device_node(d)] if n is not None})
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {n: _plain(getattr(self, n)) for n in self.__slots__}
+
+
+def _plain(v):
+    """``v`` with its dicts, lists and tuples copied all the way down (what
+    ``dataclasses.asdict`` did to the fields)."""
+    if isinstance(v, dict):
+        return {k: _plain(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return type(v)(_plain(x) for x in v)
+    return v
 
 
 def scope_from_dict(d: dict | None) -> JobScope | None:
@@ -587,16 +605,20 @@ class ScopedKnob(Knob):
 
 
 def _cpu_dirs(h) -> list[str]:
-    return sorted((c for c in h.listdir(CPU) if _CPU.match(c)), key=lambda c: int(c[3:]))
+    import re
+
+    return sorted((c for c in h.listdir(CPU) if re.match(_CPU, c)), key=lambda c: int(c[3:]))
 
 
 def idle_states(h) -> dict[str, list[tuple[str, int | None, str]]]:
     """``{"cpu0": [("state0", exit latency us or None, "POLL"), ...]}`` for every CPU
     with switchable idle states (``cpuN/cpuidle/stateK/disable`` present; ``latency``
     and ``name`` beside it). Empty with the cpuidle driver ``none`` (most VMs)."""
+    import re
+
     out = {}
     for c in _cpu_dirs(h):
-        names = sorted((s for s in h.listdir(f"{CPU}/{c}/cpuidle") if _STATE.match(s)), key=lambda s: int(s[5:]))
+        names = sorted((s for s in h.listdir(f"{CPU}/{c}/cpuidle") if re.match(_STATE, s)), key=lambda s: int(s[5:]))
         rows = []
         for s in names:
             if h.exists(f"{CPU}/{c}/cpuidle/{s}/disable"):
@@ -876,6 +898,8 @@ class IrqKnob(ScopedKnob):
         return True
 
     def resolve(self, h, value, scope):
+        import re
+
         from gsrun.base.cpulist import format_cpulist
 
         if not h.listdir(IRQ):
@@ -982,10 +1006,12 @@ class HugepagesKnob(ScopedKnob):
         return f"{NODE}/{node}/hugepages/hugepages-{kb}kB/nr_hugepages"
 
     def read(self, h):
+        import re
+
         out = {}
         for n in sorted((d for d in h.listdir(NODE) if re.fullmatch(r"node[0-9]+", d)), key=lambda s: int(s[4:])):
             for d in h.listdir(f"{NODE}/{n}/hugepages"):
-                m = _HP_DIR.match(d)
+                m = re.match(_HP_DIR, d)
                 if m:
                     v = h.read(f"{NODE}/{n}/hugepages/{d}/nr_hugepages")
                     if v is not None:
@@ -993,6 +1019,8 @@ class HugepagesKnob(ScopedKnob):
         return out or None
 
     def resolve(self, h, value, scope):
+        import re
+
         from gsrun.request.tune import parse_hugepages
 
         kb, count = parse_hugepages(value)
@@ -1044,8 +1072,7 @@ assert set(KNOBS) == set(TUNE_KEYS)
 
 # --------------------------------------------------------------------------- facts bundle + policy
 
-@dataclass
-class Facts:
+class Facts(Frozen):
     """What :func:`plan_tuning` needs from the node (all JSON-able).
 
     current: key -> value as the knob reads it (None = unsupported).
@@ -1055,25 +1082,21 @@ class Facts:
     skipped: key -> parts of the setting whose value cannot be read (CPUs
     whose governor read fails): never written, named in the item's reason.
     """
-    current: dict[str, Any]
-    choices: dict[str, list[str] | None]
-    swap_used_kb: int = 0
-    mem_available_kb: int = 0
-    entries: list[dict] = field(default_factory=list)
-    live_jobs: list[str] = field(default_factory=list)
-    # job-scoped knobs: key -> value -> [verdict, target, note] (ScopedKnob.resolve)
-    targets: dict[str, dict[str, list]] = field(default_factory=dict)
-    skipped: dict[str, list[str]] = field(default_factory=dict)
+    # targets: job-scoped knobs: key -> value -> [verdict, target, note] (ScopedKnob.resolve)
+    __slots__ = ("current", "choices", "swap_used_kb", "mem_available_kb", "entries", "live_jobs", "targets",
+                 "skipped")
+    _defaults = {"swap_used_kb": 0, "mem_available_kb": 0, "entries": factory(list), "live_jobs": factory(list),
+                 "targets": factory(dict), "skipped": factory(dict)}
 
 
-@dataclass
-class Policy:
-    """From :class:`gsrun.request.config.Config` (``tuning.*``, per partition)."""
-    enabled: bool = True
-    exclusive_only: bool = True
-    defaults: dict[str, str] = field(default_factory=dict)
-    allowed_keys: tuple[str, ...] = TUNE_KEYS
-    partition: str | None = None
+class Policy(Frozen):
+    """From :class:`gsrun.request.config.Config` (``tuning.*``, per partition):
+    ``enabled``, ``exclusive_only`` (bool), ``defaults`` (key -> value),
+    ``allowed_keys`` (tuple of keys), ``partition`` (str or None)."""
+
+    __slots__ = ("enabled", "exclusive_only", "defaults", "allowed_keys", "partition")
+    _defaults = {"enabled": True, "exclusive_only": True, "defaults": factory(dict), "allowed_keys": TUNE_KEYS,
+                 "partition": None}
 
     @classmethod
     def from_config(cls, cfg, partition: str | None) -> "Policy":
@@ -1087,20 +1110,36 @@ class Policy:
                    partition=partition)
 
 
-@dataclass
 class PlanItem:
     """One decision. action: ``apply`` (write), ``unchanged`` (already the
     value; journaled so later jobs see who holds it), ``reuse`` (another job
     set this value), ``refused``, ``unsupported``; after the run also
-    ``applied``, ``failed``, ``rolled_back``, ``skipped`` (not attempted after a failure)."""
-    key: str
-    action: str
-    value: str | None = None
-    source: str = ""            # "request" | "default" | "fallback"
-    reason: str = ""
-    prior: Any = None
-    holder: str | None = None   # job that set the value (reuse/refused conflict)
-    target: Any = None          # job-scoped knobs: the files and values ``value`` resolved to
+    ``applied``, ``failed``, ``rolled_back``, ``skipped`` (not attempted after a failure).
+    ``source``: ``"request"`` | ``"default"`` | ``"fallback"``; ``holder``: the
+    job that set the value (reuse/refused conflict); ``target``: job-scoped
+    knobs: the files and values ``value`` resolved to. Mutable (the run
+    updates ``action``, ``reason``, ``target``)."""
+
+    __slots__ = ("key", "action", "value", "source", "reason", "prior", "holder", "target")
+
+    def __init__(self, key: str, action: str, value: str | None = None, source: str = "", reason: str = "",
+                 prior: Any = None, holder: str | None = None, target: Any = None):
+        self.key, self.action, self.value, self.source, self.reason = key, action, value, source, reason
+        self.prior, self.holder, self.target = prior, holder, target
+
+    def __repr__(self) -> str:
+        return ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__slots__).join(("PlanItem(", ")"))
+
+    def __eq__(self, other):
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return all(getattr(self, n) == getattr(other, n) for n in self.__slots__)
+
+    __hash__ = None     # mutable
+
+    def to_dict(self) -> dict:
+        """The fields as a dict (``prior``/``target`` copied), in field order."""
+        return {n: _plain(getattr(self, n)) for n in self.__slots__}
 
 
 # --------------------------------------------------------------------------- decisions (pure)
@@ -1198,7 +1237,7 @@ def format_plan(plan) -> str:
     """Text table for ``gsrun-node prolog --dry-run``; ``plan`` is a report
     from :func:`prolog_tune` or a list of :class:`PlanItem`/dicts."""
     items = plan.get("items", []) if isinstance(plan, dict) else plan
-    rows = [asdict(i) if isinstance(i, PlanItem) else dict(i) for i in items]
+    rows = [i.to_dict() if isinstance(i, PlanItem) else dict(i) for i in items]
     if not rows:
         return "tuning: nothing to do\n"
     out = [f"{'setting':<24} {'action':<12} {'value':<14} {'from':<9} {'now':<22} reason"]
@@ -1209,11 +1248,13 @@ def format_plan(plan) -> str:
 
 
 def _short(v) -> str:
+    import re
+
     if v is None:
         return "-"
     if isinstance(v, dict) and "form" in v:
         return f"{v['value']} ({v['form']})"
-    if isinstance(v, dict) and v and not all(_CPU.match(str(k)) for k in v):   # job-scoped: file -> value
+    if isinstance(v, dict) and v and not all(re.match(_CPU, str(k)) for k in v):   # job-scoped: file -> value
         shown = [f"{k}={x}" for k, x in list(v.items())[:3]]
         return " ".join(shown) + (f" (+{len(v) - 3})" if len(v) > 3 else "")
     if isinstance(v, dict):
@@ -1492,7 +1533,7 @@ def prolog_tune(hostfs, state_dir: str, job_id: str, request: str | None, cfg, p
 
 
 def _report(job_id, dry_run, items, hostfs=None) -> dict:
-    rows = [asdict(i) for i in items]
+    rows = [i.to_dict() for i in items]
 
     def keys(*acts):
         return [i.key for i in items if i.action in acts]

@@ -26,7 +26,6 @@ the config): no ``dataclasses``, no regex compiled at import, ``pathlib``,
 from __future__ import annotations
 
 import os
-import re
 
 from gsrun.base.errors import ConfigError
 from gsrun.base.frozen import Frozen
@@ -99,6 +98,8 @@ def _key_list(v):
 
 
 def _env_table(v):
+    import re
+
     for k, val in v.items():
         if not re.match(_ENV_NAME, k) or not isinstance(val, str) or "\n" in val or "\0" in val:
             return f"entry {k!r} must be NAME = \"value\" (A-Z, 0-9, _; one line)"
@@ -110,29 +111,41 @@ def _line(v):
 
 
 def _bin(v):
+    import re
+
     if v.startswith("/"):
         return _abs_path(v)
     return None if re.fullmatch(_CMD_NAME, v) else "must be an absolute path or a plain command name"
 
 
 def _pinned(v):
+    import re
+
     return None if v == "" or re.fullmatch(_PINNED, v) else "must look like 0=16G,1=16G (GPU=SIZE with M or G)"
 
 
 def _host(v):
+    import re
+
     return None if v == "" or re.match(_HOSTNAME, v) else "must be a host name"
 
 
 def _url(v):
+    import re
+
     return None if v == "" or re.fullmatch(r"https?://[A-Za-z0-9._~:/?#\[\]@!$&'()*+,;=%-]{1,500}", v) \
         else "must be an http:// or https:// URL without spaces or quotes"
 
 
 def _email(v):
+    import re
+
     return None if v == "" or re.match(_EMAIL, v) else "must be an email address"
 
 
 def _layouts(v):
+    import re
+
     from gsrun.request.mig_layout import parse_layout  # local: avoid cycle
 
     for name, lay in v.items():

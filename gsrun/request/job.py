@@ -28,32 +28,49 @@ comment containing `` OverSubscribe=NO``) counts as not exclusive.
 
 from __future__ import annotations
 
-import re
-from dataclasses import asdict, dataclass
-
 import os
-import shutil
 
-from gsrun.facts.jobenv import JobEnv
 from gsrun.facts.slurm import DEFAULT_PATH, job_record_argv, parse_comment_request, parse_job_record
 
+TYPE_CHECKING = False   # annotations only
+if TYPE_CHECKING:
+    from gsrun.facts.jobenv import JobEnv
 
-@dataclass
+
 class JobRequest:
-    tune: str | None = None
-    mps: str | None = None        # None: no MPS; "": default percentage; "50"
-    mig: str | None = None
-    bind: str | None = None
-    report: str | None = None
-    exclusive: bool | None = None  # None: not known (slurmctld not asked or did not answer)
-    source: str = "none"
-    exclusive_source: str | None = None
-    comment_from: str | None = None   # "prolog environment" (SLURM_JOB_COMMENT) | "job record" (scontrol)
-    malloc: str | None = None         # gsrun --malloc (job comment ``malloc=``): for the report only
+    """What the job asked (all str or None unless said): ``tune``; ``mps``
+    (None: no MPS; ``""``: the default percentage; ``"50"``); ``mig``;
+    ``bind``; ``report``; ``exclusive`` (bool; None: not known, slurmctld
+    not asked or did not answer); ``source`` (str); ``exclusive_source``;
+    ``comment_from`` (``"prolog environment"``: ``SLURM_JOB_COMMENT`` |
+    ``"job record"``: scontrol); ``malloc`` (``gsrun --malloc``, job comment
+    ``malloc=``: for the report only). Mutable: the prolog fills in
+    ``exclusive`` and ``malloc`` as it learns them."""
+
+    __slots__ = ("tune", "mps", "mig", "bind", "report", "exclusive", "source", "exclusive_source",
+                 "comment_from", "malloc")
+
+    def __init__(self, tune: str | None = None, mps: str | None = None, mig: str | None = None,
+                 bind: str | None = None, report: str | None = None, exclusive: bool | None = None,
+                 source: str = "none", exclusive_source: str | None = None, comment_from: str | None = None,
+                 malloc: str | None = None):
+        self.tune, self.mps, self.mig, self.bind, self.report = tune, mps, mig, bind, report
+        self.exclusive, self.source, self.exclusive_source = exclusive, source, exclusive_source
+        self.comment_from, self.malloc = comment_from, malloc
+
+    def __repr__(self) -> str:
+        return ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__slots__).join(("JobRequest(", ")"))
+
+    def __eq__(self, other):
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return all(getattr(self, n) == getattr(other, n) for n in self.__slots__)
+
+    __hash__ = None     # mutable
 
     def to_dict(self) -> dict:
-        """The fields as a dict; ``malloc`` only when set (records before it had none)."""
-        d = asdict(self)
+        """The fields as a dict, in field order; ``malloc`` only when set (records before it had none)."""
+        d = {n: getattr(self, n) for n in self.__slots__}
         if d["malloc"] is None:
             del d["malloc"]
         return d
@@ -82,6 +99,8 @@ def exclusive_from_record(rec: dict[str, str] | None, line: str | None = None) -
     False."""
     if rec is None:
         return None
+    import re
+
     if line is not None and (len(re.findall(r"(?:^| )OverSubscribe=", line)) != 1 or "\n" in line.strip()):
         return False
     return rec.get("OverSubscribe", "").upper() == "NO"
@@ -142,6 +161,8 @@ def comment_from_slurm(job_id: str, timeout_s: float) -> dict[str, str] | None:
     has are killed at ``timeout_s``) -- None when slurmctld does not answer,
     or the answer is not this job's record. The raw line is kept
     under the key ``"__line__"`` for :func:`exclusive_from_record`."""
+    import shutil
+
     from gsrun.base.proc import run_bounded   # kills the whole process group on timeout
 
     exe = shutil.which("scontrol", path=os.environ.get("PATH") or DEFAULT_PATH)

@@ -184,13 +184,13 @@ def test_fallback_used_when_module_import_fails(monkeypatch):
 
 
 def test_exported_values_pass_the_prolog_reader(fake):
-    from gsrun.facts.jobenv import SPANK_KEYS, _SPANK_VALUE
+    from gsrun.facts.jobenv import SPANK_KEYS, is_spank_value
     sp = fake(options={"gs-mps": "7", "gs-tune": "governor=performance,swappiness=0",
                        "gs-mig": "1g.18gb+me+3x1g.18gb", "gs-bind": "none", "gs-report": "mail"})
     assert hooks.slurm_spank_init_post_opt("allocator", ARGS) == 0
     for k, v in sp.job_control.items():
         assert "SPANK_" + k in SPANK_KEYS
-        assert _SPANK_VALUE.match(v), (k, v)
+        assert is_spank_value(v), (k, v)
 
 
 def test_job_control_failure_in_allocator_raises_for_c_to_report(fake):

@@ -1,0 +1,113 @@
+"""Issue 24, item 6: slurmd runs ``gsrun-node prolog`` for every job on every
+node, so what it imports is paid per job. The hooks are launched as
+``python3 -I -S -c <bootstrap>`` (no ``site``); here the prolog of a job that
+asks nothing (config cache warm, the job credential's fields in the
+environment: no Slurm command) runs that way, and the modules it imports are
+listed. Timings live in tests/bench/ (BENCHMARKS.md); this test pins the
+modules that cost most before (``subprocess`` ~8 ms, ``dataclasses`` with
+``inspect`` ~5.5 ms, ``secrets`` ~3.4 ms, ``typing``, ``shutil``...).
+
+Also the sampler the prolog starts (``os.posix_spawn``): its own session, cwd
+``/``, stdin ``/dev/null``, stdout/stderr to ``sampler.log``, and no descriptor
+of the prolog's caller beyond 0-2 (an inheritable one left open by slurmd)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+
+import gsrun
+import gsrun.epilog
+import gsrun.prolog
+import gsrun.wrapper
+from helpers.node_site import make_site, run_node, samplers_of
+
+pytestmark = pytest.mark.process
+
+# gsrun's package dirs as this interpreter finds them (an install, or the checkout's
+# package-dir mapping: gsrun.prolog is <repo>/prolog), for a child without `site`
+_ROOTS = [os.path.dirname(os.path.dirname(m.__file__)) for m in (gsrun, gsrun.prolog, gsrun.wrapper, gsrun.epilog)]
+# what a plain job's prolog must not import (each was on its path before)
+NOT_IMPORTED = ("subprocess", "selectors", "threading", "locale", "dataclasses", "inspect", "ast", "dis",
+                "secrets", "hmac", "hashlib", "random", "typing", "shutil", "bz2", "lzma", "contextlib",
+                "tomllib", "gsrun.node.mps", "gsrun.node.mig", "gsrun.bind.plan", "gsrun.request.waste")
+CREDENTIAL = {"SLURM_JOB_RESTART_COUNT": "0"}   # slurmd's credential fields: the job has no comment
+
+
+def _launch(out: str) -> str:
+    return (f"import sys\nsys.path[:0] = [{_ROOTS[0]!r}]\nimport gsrun\n"
+            f"gsrun.__path__.extend(d for d in {_ROOTS[1:]!r} if d not in gsrun.__path__)\n"
+            "before = set(sys.modules)\n"
+            "from gsrun.wrapper.node_entry import main\n"
+            "try:\n    main(sys.argv[1:])\n"
+            "finally:\n"
+            f"    open({out!r}, 'w').write('\\n'.join(sorted(set(sys.modules) - before)))\n")
+
+
+@pytest.fixture
+def site():
+    s = make_site()
+    yield s
+    for job in ("4301", "4302", "4303"):
+        for pid in samplers_of(job, s.state):
+            os.kill(pid, signal.SIGKILL)
+    shutil.rmtree(s.base, ignore_errors=True)
+
+
+def _hook(site, phase: str, job: str, out: str, **kw) -> subprocess.CompletedProcess:
+    env = site.env(job_id=job, **CREDENTIAL)
+    return subprocess.run([sys.executable, "-I", "-S", "-c", _launch(out), phase], env=env, capture_output=True,
+                          text=True, timeout=120, cwd="/", **kw)
+
+
+def test_plain_prolog_imports_only_what_it_uses(site):
+    runs = []
+    for job in ("4301", "4302"):
+        out = str(site.base / f"modules-{job}")
+        cp = _hook(site, "prolog", job, out)
+        assert cp.returncode == 0, cp.stderr
+        rec = json.loads((site.spool / "jobs" / job / "prolog-gpu-node01.json").read_text())
+        assert rec["slurm_calls"] == [] and rec["request"]["source"] == "none"
+        assert rec["steps"]["sampler"]["pid"] > 0
+        runs.append(set(open(out).read().split()))
+        assert _hook(site, "epilog", job, os.devnull).returncode == 0
+        assert not samplers_of(job, site.state)
+    assert (site.state / "config-cache.json").exists()
+    assert "tomllib" in runs[0]                           # the first prolog parsed the file
+    assert {"gsrun.prolog.main", "gsrun.node.tuning", "json"} <= runs[1]
+    assert sorted(m for m in NOT_IMPORTED if m in runs[1]) == []
+
+
+def test_sampler_is_detached_in_root_cwd_without_inherited_fds(site):
+    marker = site.base / "inherited-fd"
+    fd = os.open(marker, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        os.set_inheritable(fd, True)
+        cp = _hook(site, "prolog", "4303", os.devnull, pass_fds=(fd,))
+    finally:
+        os.close(fd)
+    assert cp.returncode == 0, cp.stderr
+    info = json.loads((site.state / "jobs/4303/sampler.pid.json").read_text())
+    pid = info["pid"]
+    try:
+        assert samplers_of("4303", site.state) == [pid]
+        assert os.getsid(pid) == pid                      # its own session
+        assert os.readlink(f"/proc/{pid}/cwd") == "/"
+        fds = {}
+        for n in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                fds[int(n)] = os.readlink(f"/proc/{pid}/fd/{n}")
+            except FileNotFoundError:
+                pass                                      # closed meanwhile by the sampler
+        assert fds[0] == "/dev/null"
+        assert fds[1] == fds[2] == str(site.state / "jobs/4303/sampler.log")
+        assert str(marker) not in fds.values()
+    finally:
+        assert run_node(["epilog"], site.env(job_id="4303", **CREDENTIAL)).returncode == 0
+    assert not samplers_of("4303", site.state)
