@@ -60,7 +60,7 @@ class Ctx:
     steps set ``records_ok``, ``req`` (a :class:`JobRequest`) and ``exclusive``."""
 
     __slots__ = ("environ", "job", "cfg", "hostfs", "paths", "log", "dry_run", "start_sampler", "record",
-                 "records_ok", "req", "exclusive")
+                 "records_ok", "req", "exclusive", "nv")
 
     def __init__(self, environ, job, cfg, hostfs: HostFS, paths: Paths, log: JobLog, dry_run: bool,
                  start_sampler: bool, record: dict, records_ok: bool = False, req: JobRequest | None = None,
@@ -68,6 +68,7 @@ class Ctx:
         self.environ, self.job, self.cfg, self.hostfs, self.paths, self.log = environ, job, cfg, hostfs, paths, log
         self.dry_run, self.start_sampler, self.record = dry_run, start_sampler, record
         self.records_ok, self.req, self.exclusive = records_ok, req, exclusive
+        self.nv = None      # NVML, opened once by the nvml step for every step after it; closed by run()
 
 
 def _records(c: Ctx):
@@ -97,7 +98,7 @@ def _nvml(c: Ctx):
     """Only a driver/library mismatch makes the node unusable (field case 15,
     docs/field-cases.md)."""
     try:
-        open_nvml(c.hostfs).close()
+        c.nv = open_nvml(c.hostfs)
     except NvmlUnavailable as e:
         if e.code_name == "LIB_RM_VERSION_MISMATCH":
             c.record["steps"]["nvml"] = str(e)
@@ -154,13 +155,13 @@ STEPS = (
     Step("tuning", "tune the node for the job (journal first)", 0,
          lambda c: _tuning(c.hostfs, c.paths, c.job, c.req, c.cfg, c.exclusive, c.dry_run, c.log)),
     Step("mig", "cut the job's GPUs into its MIG layout (journal first)", 0,
-         lambda c: _mig(c.hostfs, c.paths, c.job, c.req, c.cfg, c.exclusive, c.log),
+         lambda c: _mig(c.hostfs, c.paths, c.job, c.req, c.cfg, c.exclusive, c.log, c.nv),
          when=lambda c: bool(c.req.mig) and not c.dry_run),
     Step("mps", "start the job's MPS control daemon as the job's user", 0,
          lambda c: _mps(c.environ, c.paths, c.job, c.req, c.cfg, c.log),
          when=lambda c: c.req.mps is not None and not c.dry_run),
     Step("sampler", "start the job's GPU/CPU sampler, detached", 0,
-         lambda c: start_sampler_process(c.job, c.paths, c.cfg, c.hostfs, _dma_hold(c)),
+         lambda c: start_sampler_process(c.job, c.paths, c.cfg, c.hostfs, _dma_hold(c), c.nv),
          when=lambda c: c.start_sampler and not c.dry_run and c.records_ok),
 )
 
@@ -195,6 +196,11 @@ def run(environ, host_root: str | None = None, state_dir: str | None = None, spo
         log.error(str(e))
         record["steps"]["error"] = safe_text(e)
     finally:
+        if ctx.nv is not None:
+            try:
+                ctx.nv.close()
+            except Exception:  # noqa: BLE001 - the record is written whatever NVML does
+                pass
         record["duration_s"] = round(time.time() - t0, 3)
         if not dry_run and ctx.records_ok:
             try:
@@ -268,7 +274,7 @@ def _job_scope(hostfs, job, log):
     return JobScope(devices, cpus, {n.id: list(n.cpus) for n in topo.nodes}, source)
 
 
-def _mig(hostfs, paths, job, req, cfg, exclusive, log):
+def _mig(hostfs, paths, job, req, cfg, exclusive, log, nv=None):
     """Cut the job's GPUs into the requested MIG layout (real NVML only; the
     journal lets the epilog or ``gsrun-node restore`` undo it). The MIG
     devices' UUIDs go to ``user-mig-<node>.json`` (the job's user, 0400) for
@@ -279,14 +285,17 @@ def _mig(hostfs, paths, job, req, cfg, exclusive, log):
         return {"skipped": "mig.enabled = false"}
     if not hostfs.is_real:
         return {"skipped": "MIG changes need the real NVML (fake host root)"}
-    try:
-        nv = open_nvml(hostfs)
-    except NvmlUnavailable as e:
-        return {"error": f"MIG needs NVML: {e}"}
+    own = nv is None
+    if own:
+        try:
+            nv = open_nvml(hostfs)
+        except NvmlUnavailable as e:
+            return {"error": f"MIG needs NVML: {e}"}
     try:
         by_minor, _lost = index_by_minor(nv)
     finally:
-        nv.close()
+        if own:
+            nv.close()
     indices = [by_minor[g] for g in (job.gpus or []) if g in by_minor]
     if not indices:
         return {"error": "no NVIDIA device matches the job's gres"}
@@ -324,7 +333,7 @@ def _dma_hold(c: Ctx) -> int | None:
     return us if isinstance(us, int) else None
 
 
-def start_sampler_process(job, paths, cfg, hostfs, dma_latency_us: int | None = None) -> dict:
+def start_sampler_process(job, paths, cfg, hostfs, dma_latency_us: int | None = None, nv=None) -> dict:
     """Start the sampler detached (own session, outside the job's processes),
     record its PID and start time so the epilog never signals a reused PID.
     ``dma_latency_us``: the sampler holds ``/dev/cpu_dma_latency`` at it
@@ -339,7 +348,7 @@ def start_sampler_process(job, paths, cfg, hostfs, dma_latency_us: int | None = 
         args += ["--host-root", str(hostfs.root)]
     if dma_latency_us is not None:
         args += ["--dma-latency-us", str(int(dma_latency_us))]
-    baseline = _mem_baseline(hostfs, job.gpus or [])
+    baseline = _mem_baseline(hostfs, job.gpus or [], nv)
     if baseline:
         args += ["--mem-baseline", baseline]
     logfd = os.open(d / "sampler.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
@@ -353,24 +362,28 @@ def start_sampler_process(job, paths, cfg, hostfs, dma_latency_us: int | None = 
     return info
 
 
-def _mem_baseline(hostfs, gpus: list[int]) -> str:
+def _mem_baseline(hostfs, gpus: list[int], nv=None) -> str:
     """The job's GPUs' memory "used" before its processes start, for GPUs
     with only the v1 memory call (:func:`gsrun.node.mem_baseline.read_mem_baseline`);
-    "" when none or NVML does not answer."""
+    "" when none or NVML does not answer. ``nv``: the prolog's open NVML (else
+    opened and closed here: a second nvmlInit costs tens of ms on a real node)."""
     if not gpus:
         return ""
     from gsrun.node.mem_baseline import format_mem_baseline, read_mem_baseline
 
-    try:
-        nv = open_nvml(hostfs)
-    except NvmlUnavailable:
-        return ""
+    own = nv is None
+    if own:
+        try:
+            nv = open_nvml(hostfs)
+        except NvmlUnavailable:
+            return ""
     try:
         return format_mem_baseline(read_mem_baseline(nv, list(gpus)))
     except Exception:  # noqa: BLE001 - no baseline is better than no sampler
         return ""
     finally:
-        nv.close()
+        if own:
+            nv.close()
 
 
 def _sampler_env() -> dict:
