@@ -16,8 +16,24 @@ import pytest
 
 from gsrun.base import pids
 from gsrun.epilog import handoff
-from helpers.node_site import TUNE, host_only, make_site, run_node
+from helpers.node_site import TUNE, host_only, make_site, run_node, samplers_of
+
+_STARTED: list = []      # (site, job id) of every sampler a test started
 from helpers.tuning_tree import snapshot
+
+
+@pytest.fixture(autouse=True)
+def _no_sampler_left():
+    """A test that fails half-way must not leave its job's sampler polling."""
+    yield
+    while _STARTED:
+        site, job_id = _STARTED.pop()
+        for pid in samplers_of(job_id, site.state):
+            try:
+                os.kill(pid, signal.SIGCONT)
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def _started(site, job_id: str, tuned: bool = False, interval_s: float = 0.2):
@@ -28,6 +44,7 @@ def _started(site, job_id: str, tuned: bool = False, interval_s: float = 0.2):
               FAKE_SCONTROL_RECORD=f"JobId={job_id} JobName=t UserId=nobody(65534) OverSubscribe=NO "
                                    "Comment=(null)") if tuned else {}
     env = site.env(job_id=job_id, **kw)
+    _STARTED.append((site, job_id))
     cp = run_node(["prolog"], env)
     assert cp.returncode == 0, cp.stderr
     sdir = site.state / "jobs" / job_id
