@@ -54,11 +54,14 @@ JEMALLOC_CONF = "background_thread:true,metadata_thp:auto,dirty_decay_ms:10000,m
 TCMALLOC_ENV = {"TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD": "68719476736",
                 "TCMALLOC_MAX_TOTAL_THREAD_CACHE_BYTES": "268435456"}
 
-_CONF_LIST = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}:[A-Za-z0-9_.+-]{1,64}"
-                        r"(,[A-Za-z_][A-Za-z0-9_]{0,63}:[A-Za-z0-9_.+-]{1,64}){0,31}")
-_TCMALLOC_NAME = re.compile(r"TCMALLOC_[A-Z0-9_]{1,64}")
-_WORD = re.compile(r"[A-Za-z0-9_.+-]{1,64}")
-_LIB_DIR = re.compile(r"/[A-Za-z0-9_.+/-]{0,254}")
+# allow-lists: pattern text, compiled (and cached by `re`) on first use -- every gsrun and
+# every config read imports this module, most never check an allocator value
+_CONF_LIST = (r"[A-Za-z_][A-Za-z0-9_]{0,63}:[A-Za-z0-9_.+-]{1,64}"
+              r"(,[A-Za-z_][A-Za-z0-9_]{0,63}:[A-Za-z0-9_.+-]{1,64}){0,31}")
+_TCMALLOC_NAME = r"TCMALLOC_[A-Z0-9_]{1,64}"
+_WORD = r"[A-Za-z0-9_.+-]{1,64}"
+# a library directory, /[A-Za-z0-9_.+/-]{0,254} (checked on every gsrun: a set, no regex)
+_LIB_DIR_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.+/-")
 
 
 def parse_malloc(value: str, phase: str = "submit") -> str | None:
@@ -75,7 +78,7 @@ def parse_malloc(value: str, phase: str = "submit") -> str | None:
 def check_conf_list(value: str) -> str | None:
     """A ``MALLOC_CONF`` / ``PYTORCH_CUDA_ALLOC_CONF`` value (``key:value,...`` of plain
     words) or ``""``: None when good, else the problem."""
-    if value == "" or _CONF_LIST.fullmatch(value):
+    if value == "" or re.fullmatch(_CONF_LIST, value):
         return None
     return "must be key:value[,key:value...] of letters, digits and _ . + -"
 
@@ -83,8 +86,8 @@ def check_conf_list(value: str) -> str | None:
 def check_tcmalloc_env(table: dict) -> str | None:
     """``{"TCMALLOC_NAME": "value"}`` with plain-word values: None when good, else the problem."""
     for k, v in table.items():
-        if not isinstance(k, str) or not _TCMALLOC_NAME.fullmatch(k) or not isinstance(v, str) \
-                or not _WORD.fullmatch(v):
+        if not isinstance(k, str) or not re.fullmatch(_TCMALLOC_NAME, k) or not isinstance(v, str) \
+                or not re.fullmatch(_WORD, v):
             return f"entry {k!r} must be TCMALLOC_NAME = \"value\" (value: letters, digits, _ . + -)"
     return None
 
@@ -94,7 +97,8 @@ def check_lib_dirs(dirs) -> str | None:
     if not dirs or len(dirs) > 32:
         return "must list 1 to 32 directories"
     for d in dirs:
-        if not isinstance(d, str) or not _LIB_DIR.fullmatch(d) or "/../" in d + "/":
+        plain = isinstance(d, str) and d.startswith("/") and len(d) <= 255 and _LIB_DIR_CHARS.issuperset(d)
+        if not plain or "/../" in d + "/":
             return f"{d!r} must be an absolute path of letters, digits and _ . + - /"
     return None
 

@@ -46,11 +46,13 @@ TUNE_KEYS = ("governor", "swappiness", "swap", "dirty_ratio",
 CSTATE_SHALLOW_US = 10
 # hugepages=SIZE:N: SIZE word -> (page size in kB, most pages per NUMA node)
 HUGEPAGE_SIZES: dict[str, tuple[int, int]] = {"2M": (2048, 1048576), "1G": (1048576, 4096)}
-_HUGEPAGES = re.compile(r"^(2M|1G):([1-9][0-9]{0,6})$")
+# allow-lists: pattern text, compiled (and cached by `re`) on first use -- the config
+# imports this module on every gsrun and hook, a tuning request is checked far more rarely
+_HUGEPAGES = r"^(2M|1G):([1-9][0-9]{0,6})$"
 
-_INT = re.compile(r"^(0|[1-9][0-9]{0,3})$")
-_GOVERNOR = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
-_KEY = re.compile(r"^[a-z_]{1,32}$")
+_INT = r"^(0|[1-9][0-9]{0,3})$"
+_GOVERNOR = r"^[a-z][a-z0-9_]{0,31}$"
+_KEY = r"^[a-z_]{1,32}$"
 
 # key -> (lo, hi) for integers, or a tuple of words
 _RANGES: dict[str, tuple[int, int]] = {
@@ -78,16 +80,16 @@ def _bad(token: str, why: str) -> InputError:
 def check_tune_value(key: str, value: str) -> str | None:
     """Problem with ``value`` for ``key`` (syntax and fixed kernel range), or None."""
     if key == "governor":
-        return None if _GOVERNOR.match(value) else "governor must be a lowercase name like performance"
+        return None if re.match(_GOVERNOR, value) else "governor must be a lowercase name like performance"
     if key == "hugepages":
-        m = _HUGEPAGES.match(value)
+        m = re.match(_HUGEPAGES, value)
         if not m or int(m.group(2)) > HUGEPAGE_SIZES[m.group(1)][1]:
             return ("hugepages must be SIZE:COUNT with SIZE 2M (COUNT 1-1048576) or 1G (COUNT 1-4096), "
                     "e.g. 2M:1024")
         return None
     if key in _RANGES:
         lo, hi = _RANGES[key]
-        if not _INT.match(value) or not lo <= int(value) <= hi:
+        if not re.match(_INT, value) or not lo <= int(value) <= hi:
             return f"{key} must be an integer {lo}-{hi}"
         return None
     if key in _WORDS:
@@ -136,7 +138,7 @@ def parse_tune_request(text: str) -> dict[str, str]:
         if token.count("=") != 1:
             raise _bad(token, "expected exactly one key=value")
         key, value = (p.strip() for p in token.split("="))
-        if not _KEY.match(key) or key not in TUNE_KEYS:
+        if not re.match(_KEY, key) or key not in TUNE_KEYS:
             raise _bad(token, f"unknown key {key!r}")
         if key in out:
             raise _bad(token, f"key {key!r} given twice")
