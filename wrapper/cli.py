@@ -45,6 +45,13 @@ def _command(script: str, args: tuple[str, ...], python: str | None) -> tuple[st
     return build_command("script", (script, *args), py)
 
 
+def _show_help(ctx, _param, value) -> None:
+    """``-h/--help``: print the help page and exit (as click's own help option)."""
+    if value and not ctx.resilient_parsing:
+        click.echo(ctx.get_help(), color=ctx.color)
+        ctx.exit()
+
+
 class _GsrunCommand(click.Command):
     """Splits the command line where gsrun's options end, before click parses it:
 
@@ -56,6 +63,21 @@ class _GsrunCommand(click.Command):
     ``--mps=PCT`` (the old optional-value form) becomes ``--mps --mps-share PCT``,
     so a bare ``--mps SCRIPT`` takes SCRIPT as the script.
     """
+
+    _gsrun_help = None
+
+    def get_help_option(self, ctx):
+        """click's ``-h/--help`` option, made here: click's own builds its help
+        text through gettext, which imports ``locale`` (~0.7 ms, a regex
+        compiled) on every run, ``--dry-run`` included. Same option, same
+        place (last), same text; the usage-error hint still names it."""
+        names = self.get_help_option_names(ctx)
+        if not names or not self.add_help_option:
+            return None
+        if self._gsrun_help is None:
+            self._gsrun_help = click.Option(names, is_flag=True, expose_value=False, is_eager=True,
+                                            callback=_show_help, help="Show this message and exit.")
+        return self._gsrun_help
 
     def parse_args(self, ctx, args):
         takes_value = set()

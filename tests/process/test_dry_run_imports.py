@@ -85,3 +85,19 @@ def test_cluster_query_and_options_import_their_modules_where_they_run(site):
     script, loaded = _modules(CLI, ["--dry-run", "--gpus", "8", "--mps-share", "30", "train.py"], site)
     assert "#SBATCH --gres=gpu:8\n" in script and "#SBATCH --comment=gsrun:mps=30\n" in script
     assert {"gsrun.facts.slurm", "gsrun.request.mps_share"} <= loaded
+
+
+def test_help_option_as_click_made_it(site):
+    """gsrun makes its -h/--help option itself (click's imports locale): same
+    line, last in the list, and usage errors still point to it."""
+    env = site["env"]
+    for flag in ("-h", "--help"):
+        cp = subprocess.run([sys.executable, "-P", "-c", CLI, flag], cwd=site["work"], env=env,
+                            capture_output=True, text=True, timeout=60)
+        assert cp.returncode == 0 and cp.stdout.startswith("Usage: gsrun [OPTIONS] SCRIPT [ARGS]...")
+        assert cp.stdout.rstrip().splitlines()[-1].split() == ["-h,", "--help", "Show", "this", "message", "and",
+                                                               "exit."]
+    cp = subprocess.run([sys.executable, "-P", "-c", CLI, "--gpus", "1", "--bogus"], cwd=site["work"], env=env,
+                        capture_output=True, text=True, timeout=60)
+    assert cp.returncode == 2 and "Try 'gsrun --help' for help." in cp.stderr
+    assert "Error: No such option '--bogus'" in cp.stderr
