@@ -3,21 +3,25 @@
 click parses flags into a :class:`~gsrun.wrapper.spec.JobSpec`; rendering is
 pure (:mod:`gsrun.wrapper.render`); only :mod:`gsrun.wrapper.submit` talks to
 Slurm.
+
+``gsrun --dry-run`` is what users wait on at every submit: it imports click
+and what every run uses (config, spec, render); the rest (Slurm queries,
+``--tune``/``--mig``/``--mps-share`` checks, submit and follow) is imported
+where it runs, and nothing on the way imports ``dataclasses``, ``shutil`` or
+``pathlib`` (``tests/process/test_dry_run_imports.py``; the figure against the
+interpreter floor: ``tests/bench/bench_epilog.py``, ``dry_run``).
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import sys
-from pathlib import Path
 
 import click
 
-from gsrun.request.config import load_config
-from gsrun.request.mps_share import parse_mps_share
 from gsrun.base.errors import InputError, run_cli
-from gsrun.facts.slurm import gpus_per_node
+from gsrun.base.exe import which
+from gsrun.request.config import load_config
 from gsrun.wrapper.command import (Python, build_command, choose_python, refuse_launcher,
                                    torch_warning)
 from gsrun.wrapper.render import render_script
@@ -27,10 +31,10 @@ from gsrun.wrapper.spec import JobSpec, parse_sbatch_option, plan_nodes, validat
 def _bind_exe() -> str:
     """Absolute path of the gsrun-bind beside this gsrun (the job's tasks
     must find the same installation), else the name on PATH."""
-    here = Path(sys.argv[0]).resolve().parent / "gsrun-bind"
-    if here.is_file() and os.access(here, os.X_OK):
-        return str(here)
-    found = shutil.which("gsrun-bind")
+    here = os.path.join(os.path.dirname(os.path.realpath(sys.argv[0])), "gsrun-bind")
+    if os.path.isfile(here) and os.access(here, os.X_OK):
+        return here
+    found = which("gsrun-bind")
     return found or "gsrun-bind"
 
 
@@ -39,6 +43,13 @@ def _command(script: str, args: tuple[str, ...], python: str | None) -> tuple[st
     interpreter :func:`~gsrun.wrapper.command.choose_python` picks)."""
     py = Python(python, "given") if python else choose_python(None, os.environ)
     return build_command("script", (script, *args), py)
+
+
+def _show_help(ctx, _param, value) -> None:
+    """``-h/--help``: print the help page and exit (as click's own help option)."""
+    if value and not ctx.resilient_parsing:
+        click.echo(ctx.get_help(), color=ctx.color)
+        ctx.exit()
 
 
 class _GsrunCommand(click.Command):
@@ -52,6 +63,21 @@ class _GsrunCommand(click.Command):
     ``--mps=PCT`` (the old optional-value form) becomes ``--mps --mps-share PCT``,
     so a bare ``--mps SCRIPT`` takes SCRIPT as the script.
     """
+
+    _gsrun_help = None
+
+    def get_help_option(self, ctx):
+        """click's ``-h/--help`` option, made here: click's own builds its help
+        text through gettext, which imports ``locale`` (~0.7 ms, a regex
+        compiled) on every run, ``--dry-run`` included. Same option, same
+        place (last), same text; the usage-error hint still names it."""
+        names = self.get_help_option_names(ctx)
+        if not names or not self.add_help_option:
+            return None
+        if self._gsrun_help is None:
+            self._gsrun_help = click.Option(names, is_flag=True, expose_value=False, is_eager=True,
+                                            callback=_show_help, help="Show this message and exit.")
+        return self._gsrun_help
 
     def parse_args(self, ctx, args):
         takes_value = set()
@@ -161,6 +187,8 @@ def cli(ctx, gpus, nodes, gpus_per_node, time_, partition, job_name, output, cpu
         parse_tune_request(tune)
     mps_value = None
     if mps_share is not None:
+        from gsrun.request.mps_share import parse_mps_share
+
         pct = parse_mps_share(mps_share, "--mps", phase="submit")   # --mps=N or --mps-share N
         if pct is None:
             raise InputError("submit", "bad active thread percentage", "--mps-share=''",
@@ -227,6 +255,8 @@ def cli(ctx, gpus, nodes, gpus_per_node, time_, partition, job_name, output, cpu
 
 
 def gpus_per_node_from_cluster(partition):
+    from gsrun.facts.slurm import gpus_per_node
+
     return gpus_per_node(partition)
 
 
@@ -240,13 +270,16 @@ def _name_source(mode: str, words, module: str | None) -> str:
     return words[0]
 
 
+_CONTROL_TO_UNDERSCORE = {**{c: "_" for c in range(0x20)}, 0x7f: "_"}
+
+
 def _default_name(what: str) -> str:
     """The script's (module's, command's) name; control characters become ``_``."""
-    import re
-
     base = os.path.basename(what.rstrip("/")) or "gsrun"
-    name = re.sub(r"[\x00-\x1f\x7f]", "_", base)[:128]
+    name = base.translate(_CONTROL_TO_UNDERSCORE)[:128]
     if any(0xd800 <= ord(c) <= 0xdfff for c in name) or "hetjob" in name.lower() or "packjob" in name.lower():
+        import re
+
         name = re.sub(r"[^A-Za-z0-9_.+-]", "_", name.encode("utf-8", "surrogateescape").decode("ascii", "replace"))
         name = name.lower().replace("hetjob", "job").replace("packjob", "job")
     return name or "gsrun"

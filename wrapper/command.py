@@ -4,20 +4,26 @@
 Decided at submit time on the submitting host: the job's nodes may have
 another ``PATH``, so every interpreter is an absolute path here. Nothing
 here reaches a shell: the argv is quoted by the template.
+
+Every ``gsrun`` imports this module: no ``dataclasses``, ``shutil`` or regex
+compiled at import (:mod:`gsrun.base.exe` finds executables).
 """
 
 from __future__ import annotations
 
 import os
-import re
-import shutil
 import sys
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 from gsrun.base.errors import InputError
+from gsrun.base.exe import which
+from gsrun.base.frozen import Frozen
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
+# control characters -> "?" (a newline would end the script's comment line)
+_CONTROL_TO_QMARK = {**{c: "?" for c in range(0x20)}, 0x7f: "?"}
 
 # launchers that start one process per GPU themselves: as a gsrun CMD they would run N x N processes
 _LAUNCHER_EXES = {"torchrun": "torchrun", "deepspeed": "deepspeed", "accelerate": "accelerate launch"}
@@ -27,23 +33,23 @@ _LAUNCHER_MODULES = {"torch.distributed.run": "torchrun", "torch.distributed.lau
                      "accelerate.commands.accelerate_cli": "accelerate launch"}
 
 
-@dataclass(frozen=True)
-class Python:
+class Python(Frozen):
     """The interpreter a ``.py`` SCRIPT or ``-m MODULE`` runs with, and why."""
 
+    __slots__ = ("path", "why")
     path: str
     why: str
 
     def comment(self) -> str:
         """One comment line's text: no control characters (a newline would end the comment)."""
-        return _CONTROL.sub("?", f"{self.path}: {self.why}")
+        return f"{self.path}: {self.why}".translate(_CONTROL_TO_QMARK)
 
 
 def _abs_exe(name: str, environ: Mapping[str, str]) -> str | None:
     if os.sep in name:
         p = os.path.abspath(name)
         return p if os.path.isfile(p) and os.access(p, os.X_OK) else None
-    return shutil.which(name, path=environ.get("PATH", os.defpath))
+    return which(name, path=environ.get("PATH", os.defpath))
 
 
 def _env_python(prefix: str) -> str | None:
@@ -82,7 +88,7 @@ def choose_python(flag: str | None, environ: Mapping[str, str]) -> Python:
             if p:
                 return Python(p, f"{what} (${var})")
             skipped.append(f"${var} has no bin/python3")
-    p = shutil.which("python3", path=environ.get("PATH", os.defpath))
+    p = which("python3", path=environ.get("PATH", os.defpath))
     if p:
         why = "the first python3 on PATH at submit"
         return Python(os.path.abspath(p), why + (f" ({'; '.join(skipped)})" if skipped else ""))
@@ -119,7 +125,7 @@ def launcher_in(argv: Sequence[str]) -> str | None:
         if exe == "accelerate" and (len(argv) < 2 or argv[1] != "launch"):
             return None
         return _LAUNCHER_EXES[exe]
-    if re.fullmatch(r"python[0-9.]*", exe):
+    if exe.startswith("python") and exe[6:].strip("0123456789.") == "":   # python, python3, python3.11
         rest = list(argv[1:])
         while rest and rest[0].startswith("-") and rest[0] != "-m":
             rest.pop(0)   # interpreter flags like -u, -X

@@ -21,11 +21,13 @@ import shlex
 from gsrun.base.errors import InputError
 from gsrun.base.templating import render
 from gsrun.request.malloc import ALLOCATORS, check_conf_list, check_lib_dirs, check_tcmalloc_env
-from gsrun.wrapper.spec import (SBATCH_OPT_RE, JobSpec, check_text, parse_sbatch_option, sbatch_word,
-                                validate_fields, validate_site)
+from gsrun.wrapper.spec import (SBATCH_OPT_RE, JobSpec, check_text, has_control, parse_sbatch_option,
+                                sbatch_word, validate_fields, validate_site)
 
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+def _env_name(name: str) -> bool:
+    """``[A-Za-z_][A-Za-z0-9_]{0,127}`` (an ASCII identifier is exactly that)."""
+    return len(name) <= 128 and name.isascii() and name.isidentifier()
 
 
 def check_spec(spec: JobSpec) -> None:
@@ -35,7 +37,7 @@ def check_spec(spec: JobSpec) -> None:
         InputError: naming the field and the value.
     """
     validate_fields(spec.job_name, spec.partition, spec.time, spec.mail_type, spec.mail_user)
-    if spec.output is not None and (not spec.output or len(spec.output) > 4096 or _CONTROL.search(spec.output)
+    if spec.output is not None and (not spec.output or len(spec.output) > 4096 or has_control(spec.output)
                                     or any(c.isspace() for c in spec.output)
                                     or any(0xd800 <= ord(c) <= 0xdfff for c in spec.output)):
         # an #SBATCH line cannot quote: a space would start another sbatch option
@@ -43,16 +45,16 @@ def check_spec(spec: JobSpec) -> None:
                          hint="a path without spaces or control characters (Slurm patterns like %j are fine)")
     for what, pairs in (("NCCL environment", spec.nccl_env), ("environment", spec.extra_env)):
         for name, _value in pairs:
-            if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
+            if not isinstance(name, str) or not _env_name(name):
                 raise InputError("submit", f"bad {what} name", repr(name)[:80], hint="letters, digits and _ only")
     c = spec.comment()
-    if c is not None and (_CONTROL.search(c) or " " in c):
+    if c is not None and (has_control(c) or " " in c):
         raise InputError("submit", "bad request value", repr(c)[:80])
     validate_site({k: getattr(spec, k) for k in ("account", "qos", "constraint", "mem", "reservation",
                                                  "dependency", "signal")})
     for name, value in spec.sbatch_options:
         parse_sbatch_option(f"--{name}" if value is None else f"--{name}={value}")
-        if not SBATCH_OPT_RE.match(f"--{name}"):
+        if not re.match(SBATCH_OPT_RE, f"--{name}"):
             raise InputError("submit", "bad --sbatch", repr(name)[:80])
     if spec.python_why is not None:
         check_text("python comment", spec.python_why, 8192)

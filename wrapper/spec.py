@@ -1,38 +1,56 @@
-"""The job spec: everything ``gsrun`` was asked, validated, as a frozen dataclass.
+"""The job spec: everything ``gsrun`` was asked, validated, as an immutable
+:class:`~gsrun.base.frozen.Frozen` value.
 
 click only parses flags into a :class:`JobSpec`; :func:`gsrun.wrapper.render.render_script`
 turns a spec into sbatch text (pure) and :mod:`gsrun.wrapper.submit` submits it.
+
+Every ``gsrun`` imports this module: no ``dataclasses`` and no regex compiled at
+import (the allow-lists below are pattern text, compiled and cached by ``re``
+on their first check; most runs check two or three of them).
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 
 from gsrun.base.errors import InputError
+from gsrun.base.frozen import Frozen
 from gsrun.base.ids import is_partition
-from gsrun.request.malloc import ALLOCATORS, LIB_DIRS, Allocator
+from gsrun.request.malloc import ALLOCATORS, LIB_DIRS
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from gsrun.request.malloc import Allocator
 
 JOB_NAME_MAX = 256
-TIME_RE = re.compile(r"^(?:(\d+-)?\d{1,4}(:\d{1,2}){0,2}|UNLIMITED|INFINITE)\Z")
-MAIL_TYPE_RE = re.compile(r"^(NONE|BEGIN|END|FAIL|REQUEUE|ALL|INVALID_DEPEND|STAGE_OUT|"
-                          r"TIME_LIMIT(_50|_80|_90)?|ARRAY_TASKS)(,(BEGIN|END|FAIL|REQUEUE|ALL|"
-                          r"INVALID_DEPEND|STAGE_OUT|TIME_LIMIT(_50|_80|_90)?|ARRAY_TASKS))*\Z")
-EMAIL_RE = re.compile(r"^(?:[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+|[a-z_][a-z0-9_-]{0,31})\Z")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# allow-lists (pattern text, used with re.match / re.search)
+TIME_RE = r"^(?:(\d+-)?\d{1,4}(:\d{1,2}){0,2}|UNLIMITED|INFINITE)\Z"
+MAIL_TYPE_RE = (r"^(NONE|BEGIN|END|FAIL|REQUEUE|ALL|INVALID_DEPEND|STAGE_OUT|"
+                r"TIME_LIMIT(_50|_80|_90)?|ARRAY_TASKS)(,(BEGIN|END|FAIL|REQUEUE|ALL|"
+                r"INVALID_DEPEND|STAGE_OUT|TIME_LIMIT(_50|_80|_90)?|ARRAY_TASKS))*\Z")
+EMAIL_RE = r"^(?:[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+|[a-z_][a-z0-9_-]{0,31})\Z"
+CONTROL_RE = r"[\x00-\x1f\x7f]"
+
+
+def has_control(text: str) -> bool:
+    """``text`` holds a control character (:data:`CONTROL_RE`: C0 or DEL; a
+    newline would start a new script line). Printable ASCII, what nearly
+    every value is, is answered without a regex."""
+    return not (text.isascii() and text.isprintable()) and re.search(CONTROL_RE, text) is not None
+
 
 # site sbatch options: (flag, allow-list, example) -- values end up unquoted in #SBATCH lines
 SITE_OPTIONS = {
-    "account": ("-A/--account", re.compile(r"^[A-Za-z0-9_.@+-]{1,64}\Z"), "e.g. -A proj123"),
-    "qos": ("-q/--qos", re.compile(r"^[A-Za-z0-9_.+-]{1,64}(,[A-Za-z0-9_.+-]{1,64})*\Z"), "e.g. -q high"),
-    "constraint": ("-C/--constraint", re.compile(r"^[A-Za-z0-9_.&|,*\[\]():!+-]{1,1024}\Z"),
+    "account": ("-A/--account", r"^[A-Za-z0-9_.@+-]{1,64}\Z", "e.g. -A proj123"),
+    "qos": ("-q/--qos", r"^[A-Za-z0-9_.+-]{1,64}(,[A-Za-z0-9_.+-]{1,64})*\Z", "e.g. -q high"),
+    "constraint": ("-C/--constraint", r"^[A-Za-z0-9_.&|,*\[\]():!+-]{1,1024}\Z",
                    "features with & | , * [] (), e.g. -C 'h200&ib'"),
-    "mem": ("--mem", re.compile(r"^[0-9]{1,12}[KMGT]?\Z"), "a size like 64G, or 0 for all of each node's memory"),
-    "reservation": ("--reservation", re.compile(r"^[A-Za-z0-9_.+-]{1,128}(,[A-Za-z0-9_.+-]{1,128})*\Z"),
+    "mem": ("--mem", r"^[0-9]{1,12}[KMGT]?\Z", "a size like 64G, or 0 for all of each node's memory"),
+    "reservation": ("--reservation", r"^[A-Za-z0-9_.+-]{1,128}(,[A-Za-z0-9_.+-]{1,128})*\Z",
                     "a reservation name"),
-    "dependency": ("-d/--dependency", re.compile(r"^[A-Za-z0-9_:+?,.-]{1,1024}\Z"),
+    "dependency": ("-d/--dependency", r"^[A-Za-z0-9_:+?,.-]{1,1024}\Z",
                    "e.g. afterok:1234 or singleton"),
-    "signal": ("--signal", re.compile(r"^(?:[BR]{1,2}:)?(?:SIG)?[A-Z0-9]{1,8}(?:@[0-9]{1,6})?\Z"),
+    "signal": ("--signal", r"^(?:[BR]{1,2}:)?(?:SIG)?[A-Z0-9]{1,8}(?:@[0-9]{1,6})?\Z",
                "e.g. B:USR1@120"),
 }
 
@@ -55,51 +73,68 @@ NOT_IN_SCRIPT = {
     "wait": "use gsrun --wait", "test-only": "use gsrun --dry-run", "uid": "not a user option",
     "gid": "not a user option", "hold": "release it with scontrol release; not through gsrun",
 }
-_PLAIN_WORD = re.compile(r"[A-Za-z0-9_.,:@%+=/-]+")
-SBATCH_OPT_RE = re.compile(r"^--([a-z][a-z0-9-]{0,63})(?:=(.*))?\Z", re.S)
+# the characters of a plain #SBATCH word (sbatch_word leaves it unquoted)
+_PLAIN_WORD = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.,:@%+=/-")
+SBATCH_OPT_RE = r"(?s)^--([a-z][a-z0-9-]{0,63})(?:=(.*))?\Z"
 
 
-@dataclass(frozen=True)
-class JobSpec:
+class JobSpec(Frozen):
     """What to submit. ``command`` is the argv each task runs (after
-    ``gsrun-bind --``); every element reaches the task literally."""
+    ``gsrun-bind --``); every element reaches the task literally. Fields as
+    annotated below, in constructor order (keyword or positional); the first
+    five have no default.
+    """
 
+    __slots__ = ("gpus", "nodes", "gpus_per_node", "command", "job_name", "partition", "time", "output",
+                 "cpus_per_task", "mail_type", "mail_user", "tune", "mps", "mig", "gpu_isolation", "exclusive",
+                 "bind_exe", "nccl_env", "mps_dir", "extra_env", "account", "qos", "constraint", "mem",
+                 "reservation", "dependency", "signal", "requeue", "sbatch_options", "launcher", "python",
+                 "python_why", "malloc", "malloc_env", "malloc_lib_dirs", "cuda_alloc_conf")
+    _defaults = {
+        "partition": None, "time": None, "output": None, "cpus_per_task": None, "mail_type": None,
+        "mail_user": None, "tune": None, "mps": None, "mig": None, "gpu_isolation": False, "exclusive": False,
+        "bind_exe": "gsrun-bind", "nccl_env": (), "mps_dir": "/run/gsrun/mps", "extra_env": (),
+        "account": None, "qos": None, "constraint": None, "mem": None, "reservation": None, "dependency": None,
+        "signal": None, "requeue": False, "sbatch_options": (), "launcher": None, "python": None,
+        "python_why": None, "malloc": None, "malloc_env": (), "malloc_lib_dirs": LIB_DIRS,
+        "cuda_alloc_conf": None,
+    }
     gpus: int
     nodes: int
     gpus_per_node: int
     command: tuple[str, ...]
     job_name: str
-    partition: str | None = None
-    time: str | None = None
-    output: str | None = None
-    cpus_per_task: int | None = None
-    mail_type: str | None = None
-    mail_user: str | None = None
-    tune: str | None = None
-    mps: str | None = None          # "" = default percentage, "50" = 50 %
-    mig: str | None = None
-    gpu_isolation: bool = False
-    exclusive: bool = False
-    bind_exe: str = "gsrun-bind"
-    nccl_env: tuple[tuple[str, str], ...] = ()
-    mps_dir: str = "/run/gsrun/mps"
-    extra_env: tuple[tuple[str, str], ...] = field(default_factory=tuple)
-    account: str | None = None
-    qos: str | None = None
-    constraint: str | None = None
-    mem: str | None = None
-    reservation: str | None = None
-    dependency: str | None = None
-    signal: str | None = None
-    requeue: bool = False
-    sbatch_options: tuple[tuple[str, str | None], ...] = ()   # (--sbatch) name without --, value
-    launcher: str | None = None     # None: one task per GPU; "torchrun": one task per node
-    python: str | None = None       # the interpreter chosen at submit (None: a CMD after --)
-    python_why: str | None = None   # why that one (the script says it in a comment)
-    malloc: str | None = None       # "jemalloc" | "tcmalloc": preloaded, found on the node at run time
-    malloc_env: tuple[tuple[str, str], ...] = ()   # MALLOC_CONF or TCMALLOC_* (gsrun.request.malloc)
-    malloc_lib_dirs: tuple[str, ...] = LIB_DIRS    # where the job script looks for the library
-    cuda_alloc_conf: str | None = None   # PYTORCH_CUDA_ALLOC_CONF (site), None: unset
+    partition: str | None
+    time: str | None
+    output: str | None
+    cpus_per_task: int | None
+    mail_type: str | None
+    mail_user: str | None
+    tune: str | None
+    mps: str | None                 # "" = default percentage, "50" = 50 %
+    mig: str | None
+    gpu_isolation: bool
+    exclusive: bool
+    bind_exe: str
+    nccl_env: tuple[tuple[str, str], ...]
+    mps_dir: str
+    extra_env: tuple[tuple[str, str], ...]
+    account: str | None
+    qos: str | None
+    constraint: str | None
+    mem: str | None
+    reservation: str | None
+    dependency: str | None
+    signal: str | None
+    requeue: bool
+    sbatch_options: tuple[tuple[str, str | None], ...]   # (--sbatch) name without --, value
+    launcher: str | None            # None: one task per GPU; "torchrun": one task per node
+    python: str | None              # the interpreter chosen at submit (None: a CMD after --)
+    python_why: str | None          # why that one (the script says it in a comment)
+    malloc: str | None              # "jemalloc" | "tcmalloc": preloaded, found on the node at run time
+    malloc_env: tuple[tuple[str, str], ...]   # MALLOC_CONF or TCMALLOC_* (gsrun.request.malloc)
+    malloc_lib_dirs: tuple[str, ...]          # where the job script looks for the library
+    cuda_alloc_conf: str | None     # PYTORCH_CUDA_ALLOC_CONF (site), None: unset
 
     @property
     def allocator(self) -> Allocator | None:
@@ -226,7 +261,7 @@ def sbatch_word(value: str) -> str:
     ``a "q" b``, ``x #1; a&b $(id) `id```, ``it's``, ``back\\slash`` all come
     back as typed in ``scontrol show job``). Control characters are refused
     before (:func:`check_text`); to bash the whole line is a comment."""
-    if _PLAIN_WORD.fullmatch(value):
+    if value and _PLAIN_WORD.issuperset(value):
         return value
     return '"' + re.sub(r'([\\"])', r"\\\1", value) + '"'
 
@@ -237,7 +272,7 @@ def check_text(flag: str, value: str, max_len: int = 1024) -> None:
     Raises:
         InputError: empty, too long, a control character or newline, a lone surrogate.
     """
-    if (not value or len(value) > max_len or _CONTROL.search(value)
+    if (not value or len(value) > max_len or has_control(value)
             or any(0xd800 <= ord(c) <= 0xdfff for c in value)):
         raise InputError("submit", f"bad {flag}", repr(value)[:80],
                          hint=f"one line of at most {max_len} characters, no control characters")
@@ -252,7 +287,7 @@ def validate_site(spec_values: dict) -> None:
     """
     for key, (flag, rx, example) in SITE_OPTIONS.items():
         v = spec_values.get(key)
-        if v is not None and not rx.match(v):
+        if v is not None and not re.match(rx, v):
             raise InputError("submit", f"bad {flag}", repr(v)[:80], hint=example)
 
 
@@ -264,10 +299,10 @@ def parse_sbatch_option(text: str) -> tuple[str, str | None]:
             an option gsrun renders itself (or a prefix of one), or one that
             breaks how gsrun submits.
     """
-    if _CONTROL.search(text) or any(0xd800 <= ord(c) <= 0xdfff for c in text) or len(text) > 4096:
+    if has_control(text) or any(0xd800 <= ord(c) <= 0xdfff for c in text) or len(text) > 4096:
         raise InputError("submit", "bad --sbatch", repr(text)[:80],
                          hint="one option on one line: no newline or control character")
-    m = SBATCH_OPT_RE.match(text)
+    m = re.match(SBATCH_OPT_RE, text)
     if not m:
         raise InputError("submit", "bad --sbatch", repr(text)[:80],
                          hint="one long option, e.g. --sbatch=--licenses=fluent:2 or --sbatch=--nice")
@@ -299,9 +334,9 @@ def validate_fields(job_name: str, partition: str | None, time: str | None, mail
                          hint="a name without the words 'hetjob' or 'packjob' (sbatch's job separators)")
     if partition is not None and not is_partition(partition):
         raise InputError("submit", "bad --partition", repr(partition)[:80])
-    if time is not None and not TIME_RE.match(time):
+    if time is not None and not re.match(TIME_RE, time):
         raise InputError("submit", "bad --time", repr(time)[:80], hint="e.g. 30, 1:00:00 or 2-00:00:00")
-    if mail_type is not None and not MAIL_TYPE_RE.match(mail_type.upper()):
+    if mail_type is not None and not re.match(MAIL_TYPE_RE, mail_type.upper()):
         raise InputError("submit", "bad --mail-type", repr(mail_type)[:80], hint="e.g. END or END,FAIL")
-    if mail_user is not None and not EMAIL_RE.match(mail_user):
+    if mail_user is not None and not re.match(EMAIL_RE, mail_user):
         raise InputError("submit", "bad --mail-user", repr(mail_user)[:80])

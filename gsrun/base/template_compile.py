@@ -227,7 +227,7 @@ def module_source() -> str:
     env = environment()
     parts = [_HEADER, "TEMPLATES = {}\n"]
     for i, name in enumerate(COMPILED):
-        source = (template_dir() / name).read_text(encoding="utf-8")
+        source = (Path(template_dir()) / name).read_text(encoding="utf-8")
         fn = translate(name, source, env).replace("def render(", f"def _render_{i}(", 1)
         parts.append(f"\n\n{fn}\n\nTEMPLATES[{name!r}] = ({source!r}, _render_{i})\n")
     return "".join(parts)

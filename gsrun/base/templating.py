@@ -14,21 +14,22 @@ jinja2 is imported on first use, so hot paths that never render pay nothing;
 the templates of :data:`gsrun.base.template_compile.COMPILED` (``sbatch.sh.j2``:
 every ``gsrun``) are rendered by their generated Python in
 ``templates/compiled.py`` and import no jinja2 at all, while the template file
-is the one they were generated from.
+is the one they were generated from. No ``pathlib`` either: every ``gsrun``
+renders through here.
 """
 
 from __future__ import annotations
 
+import os
 import shlex
 from functools import lru_cache
-from pathlib import Path
 
 
-def template_dir() -> Path:
-    """The directory of the ``gsrun.templates`` package (installed or checkout)."""
+def template_dir() -> str:
+    """The directory of the ``gsrun.templates`` package (installed or checkout), symlinks resolved."""
     import gsrun.templates
 
-    return Path(gsrun.templates.__file__).resolve().parent
+    return os.path.dirname(os.path.realpath(gsrun.templates.__file__))
 
 
 @lru_cache(maxsize=1)
@@ -37,7 +38,7 @@ def environment():
     import jinja2
 
     env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(template_dir())),
+        loader=jinja2.FileSystemLoader(template_dir()),
         undefined=jinja2.StrictUndefined,
         autoescape=lambda name: bool(name) and name.endswith((".html.j2", ".html")),
         trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
@@ -57,7 +58,8 @@ def _compiled(template: str):
         return None
     source, fn = entry
     try:
-        current = (template_dir() / template).read_text(encoding="utf-8")
+        with open(os.path.join(template_dir(), template), encoding="utf-8") as f:
+            current = f.read()
     except (OSError, UnicodeDecodeError):
         return None
     return fn if current == source else None

@@ -477,20 +477,19 @@ def load_config(path: str | None = None, environ=None) -> Config:
     Raises:
         ConfigError: as :func:`parse_config`, or an explicitly named file is missing.
     """
-    from pathlib import Path
-
     name, explicit = config_path(path, environ)
-    p = Path(name)
+    p = os.fspath(name)
     try:
-        text = p.read_text()
+        with open(p) as f:
+            text = f.read()
     except FileNotFoundError:
         if explicit:
-            raise ConfigError("config", "file not found", str(p),
+            raise ConfigError("config", "file not found", p,
                               hint=f"unset {ENV_CONFIG} or create the file (gsrun-node install)") from None
         return Config({s.key: s.default for s in SETTINGS})
     except OSError as e:
         raise ConfigError("config", "cannot read", f"{p}: {e.strerror}") from None
-    return parse_config(text, str(p))
+    return parse_config(text, p)
 
 
 CACHE_NAME = "config-cache.json"

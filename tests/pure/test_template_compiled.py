@@ -5,6 +5,8 @@ The golden sbatch scripts run both ways in tests/process/test_golden_sbatch.py."
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 import gsrun.base.templating as templating
@@ -13,7 +15,7 @@ from gsrun.templates import compiled
 
 
 def test_compiled_module_is_current():
-    path = templating.template_dir() / "compiled.py"
+    path = Path(templating.template_dir()) / "compiled.py"
     assert path.read_text(encoding="utf-8") == module_source(), \
         "regenerate: python -P -m gsrun.base.template_compile"
     assert sorted(compiled.TEMPLATES) == sorted(COMPILED)
@@ -68,7 +70,7 @@ def test_html_templates_are_not_translated():
 
 
 def test_changed_template_file_falls_back_to_jinja2(tmp_path, monkeypatch):
-    src = (templating.template_dir() / "sbatch.sh.j2").read_text(encoding="utf-8")
+    src = (Path(templating.template_dir()) / "sbatch.sh.j2").read_text(encoding="utf-8")
     assert templating._compiled("sbatch.sh.j2") is compiled.TEMPLATES["sbatch.sh.j2"][1]
     (tmp_path / "sbatch.sh.j2").write_text(src + "# edited by the site\n", encoding="utf-8")
     monkeypatch.setattr(templating, "template_dir", lambda: tmp_path)
