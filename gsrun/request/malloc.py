@@ -16,6 +16,8 @@ of plain characters.
 
 from __future__ import annotations
 
+import re
+
 from gsrun.base.errors import InputError
 from gsrun.base.frozen import Frozen
 
@@ -83,8 +85,6 @@ def check_conf_list(value: str) -> str | None:
 
 def check_tcmalloc_env(table: dict) -> str | None:
     """``{"TCMALLOC_NAME": "value"}`` with plain-word values: None when good, else the problem."""
-    import re
-
     for k, v in table.items():
         if not isinstance(k, str) or not re.fullmatch(_TCMALLOC_NAME, k) or not isinstance(v, str) \
                 or not re.fullmatch(_WORD, v):
@@ -96,8 +96,6 @@ def check_lib_dirs(dirs) -> str | None:
     """A non-empty list of absolute directory paths of plain characters: None when good."""
     if not dirs or len(dirs) > 32:
         return "must list 1 to 32 directories"
-    import re
-
     for d in dirs:
         plain = isinstance(d, str) and d.startswith("/") and len(d) <= 255 and _LIB_DIR_CHARS.issuperset(d)
         if not plain or "/../" in d + "/":
