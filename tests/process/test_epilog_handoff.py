@@ -190,3 +190,48 @@ def test_a_long_state_dir_path_uses_the_directory_fd(tmp_path):
         c.close()
     finally:
         lst.close()
+
+
+def test_the_sampler_running_the_epilog_never_signals_itself():
+    """Handed over, the sampler's own summary can be missing (write_summary failed and
+    returned None): the summary step must still not stop the recorded sampler -- itself.
+    SIGTERM only sets its loop's flag, so pids.stop waited 5 s on its own exit and then
+    SIGKILLed it in the middle of the epilog it was running."""
+    import io
+
+    from gsrun.epilog import main as epilog_main
+    from gsrun.base.log import JobLog
+    from gsrun.base.paths import Paths
+    from gsrun.facts.hostfs import HostFS
+    from gsrun.facts.jobenv import job_from_env
+
+    site = make_site()
+    env = site.env(job_id="4909")
+    paths = Paths(str(site.state), str(site.spool), str(site.mps))
+    sdir = paths.make_state_job("4909")
+    r, w = os.pipe()
+    t0 = time.monotonic()
+    pid = os.fork()
+    if pid == 0:     # the child stands for the sampler: the recorded PID, a SIGTERM handler that only notes it
+        code = 1
+        try:
+            os.close(r)
+            signal.signal(signal.SIGTERM, lambda *a: None)
+            me = os.getpid()
+            (sdir / "sampler.pid.json").write_text(json.dumps({"pid": me, "create_time": pids.start_time(me)}))
+            out = epilog_main._summary(job_from_env(env), paths, sdir, HostFS.from_env(str(site.host)),
+                                       JobLog("4909", "epilog", stream=io.StringIO(), use_syslog=False), None)
+            os.write(w, json.dumps(out).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    _, status = os.waitpid(pid, 0)
+    took_s = time.monotonic() - t0
+    with os.fdopen(r, "rb") as f:
+        out = f.read()
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, \
+        f"the sampler ended by signal {os.WTERMSIG(status) if os.WIFSIGNALED(status) else None} after {took_s:.1f} s"
+    assert took_s < 4.0
+    res = json.loads(out)
+    assert res["sampler"] == "stopped" and res["summary"].endswith("node-gpu-node01.json")
