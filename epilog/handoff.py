@@ -13,7 +13,10 @@ epilog would have printed, and exits. This module imports ``os`` and
 
 Who may talk: the job directory is root's (0700), the socket 0600, and both
 ends check that the peer is uid 0 (``SO_PEERCRED``). The request is bounded
-(:data:`MAX_REQUEST_BYTES`) and the sampler refuses one for another job.
+(:data:`MAX_REQUEST_BYTES`) and the sampler refuses one for another job, and
+ignores one whose epilog has already closed the connection (a sampler that
+woke up late finds it queued, whole, after the epilog gave up and ran the
+steps itself).
 
 Protocol (one connection, ``AF_UNIX`` stream)::
 
@@ -278,12 +281,19 @@ class Listener:
         try:
             if peer_cred(c)[1] == 0 and self.conn is None:
                 req = read_request(c)
-                if req[3].get("SLURM_JOB_ID") == self.job_id:
+                if req[3].get("SLURM_JOB_ID") != self.job_id:
+                    why = "request for another job"
+                    c.sendall(f"refused {why}\n".encode())
+                elif _hung_up(c):
+                    # queued while this process was stuck in a poll; the epilog that sent it closed
+                    # its end (it gave up after ACCEPT_TIMEOUT_S and runs the steps itself)
+                    why = "its epilog already gave up on it"
+                else:
                     c.settimeout(None)
                     self.conn, self.request = c, req
                     return True
-                why = "request for another job"
-                c.sendall(f"refused {why}\n".encode())
+            elif self.conn is not None:
+                why = "an epilog is already being served"
         except (OSError, ValueError) as e:
             why = f"bad request ({e})"
         print(f"gsrun: sampler: job {self.job_id}: epilog connection ignored: {why}", file=sys.stderr)
@@ -298,6 +308,17 @@ class Listener:
                 except OSError:
                     pass
         self.conn = self.sock = None
+
+
+def _hung_up(conn) -> bool:
+    """True when the other end has closed the connection altogether (``POLLHUP``:
+    an ``AF_UNIX`` stream reports it only when the peer has shut down both ways,
+    not after the epilog's ``SHUT_WR``)."""
+    import select
+
+    p = select.poll()
+    p.register(conn.fileno(), select.POLLHUP)
+    return any(ev & select.POLLHUP for _, ev in p.poll(0))
 
 
 def read_request(conn, timeout_s: float = 5.0):

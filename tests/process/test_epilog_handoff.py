@@ -235,3 +235,30 @@ def test_the_sampler_running_the_epilog_never_signals_itself():
     assert took_s < 4.0
     res = json.loads(out)
     assert res["sampler"] == "stopped" and res["summary"].endswith("node-gpu-node01.json")
+
+
+def test_a_request_whose_epilog_gave_up_is_not_served(tmp_path):
+    """A sampler that wakes up late (hung in a poll past ACCEPT_TIMEOUT_S, and not killed: no
+    pidfd, a PID not visible) still finds the request queued on the socket, whole, after the
+    epilog that sent it closed its end and ran the steps itself: it must not run them a second
+    time (and it keeps sampling, so its final flush is not lost); a request whose epilog still
+    waits is taken."""
+    d = tmp_path / "jobs" / "4910"
+    d.mkdir(parents=True)
+    lst = handoff.Listener()
+    assert lst.open(d) is not None
+    try:
+        gone = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        gone.connect(str(d / handoff.SOCKET_NAME))
+        gone.sendall(handoff.encode_request({"SLURM_JOB_ID": "4910"}, None, None, None))
+        gone.shutdown(socket.SHUT_WR)
+        gone.close()                            # the epilog fell back
+        assert lst.accept() is False and lst.conn is None
+        waiting = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        waiting.connect(str(d / handoff.SOCKET_NAME))
+        waiting.sendall(handoff.encode_request({"SLURM_JOB_ID": "4910"}, None, None, None))
+        waiting.shutdown(socket.SHUT_WR)
+        assert lst.accept() is True and lst.request[3] == {"SLURM_JOB_ID": "4910"}
+        waiting.close()
+    finally:
+        lst.close()
