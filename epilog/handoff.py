@@ -81,14 +81,33 @@ def peer_cred(sock: socket.socket) -> tuple[int, int]:
 
 def _kill(pid: int, wait_s: float = 5.0) -> str:
     """SIGKILL the sampler at the other end of the socket and wait for it to
-    exit (a pidfd: never a reused PID once opened, zombie or not)."""
+    exit (a pidfd: never a reused PID once opened, zombie or not; without
+    pidfds, kernel < 5.3, by PID: the connection it holds keeps the PID in use)."""
+    import errno
     import select
     import signal
+    import time
 
+    if pid <= 0:        # not visible from here (another PID namespace): os.kill(0) is our own group
+        return "not killed: its PID is not visible from here"
     try:
         fd = os.pidfd_open(pid)
-    except OSError:
-        return "already gone"
+    except OSError as e:
+        if e.errno == errno.ESRCH:
+            return "already gone"
+        # no pidfds (kernel < 5.3): by PID -- the connection it still holds keeps the PID from reuse
+        from gsrun.base import pids
+
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return "already gone"
+        except OSError as e2:
+            return f"kill failed: {e2}"
+        deadline = time.monotonic() + wait_s
+        while not pids._exited(pid) and time.monotonic() < deadline:
+            time.sleep(pids.POLL_S)
+        return "killed" if pids._exited(pid) else f"still there after SIGKILL + {wait_s:g} s"
     try:
         signal.pidfd_send_signal(fd, signal.SIGKILL)
         return "killed" if select.select([fd], [], [], wait_s)[0] else f"still there after SIGKILL + {wait_s:g} s"

@@ -262,3 +262,27 @@ def test_a_request_whose_epilog_gave_up_is_not_served(tmp_path):
         waiting.close()
     finally:
         lst.close()
+
+
+def test_a_wedged_sampler_is_killed_without_pidfds_too(monkeypatch):
+    """Kernels before 5.3 have no pidfd_open (ENOSYS): the wedged sampler is still
+    killed (by PID) before the epilog runs the steps, not reported 'already gone'."""
+    import errno
+
+    site = make_site()
+    env, info, sdir = _started(site, "4911")
+    os.kill(info["pid"], signal.SIGSTOP)
+
+    def no_pidfd(pid, flags=0):
+        raise OSError(errno.ENOSYS, "Function not implemented")
+
+    monkeypatch.setattr(handoff, "ACCEPT_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(os, "pidfd_open", no_pidfd)
+    try:
+        rc, why = handoff.try_handoff(env, None, str(site.state), None)
+    finally:
+        monkeypatch.undo()
+    assert rc is None and "did not take the epilog within 0.5 s: killed" in why
+    assert _gone(info, 1.0)
+    cp = run_node(["epilog"], env)
+    assert cp.returncode == 0, cp.stderr
