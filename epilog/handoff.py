@@ -13,7 +13,10 @@ epilog would have printed, and exits. This module imports ``os`` and
 
 Who may talk: the job directory is root's (0700), the socket 0600, and both
 ends check that the peer is uid 0 (``SO_PEERCRED``). The request is bounded
-(:data:`MAX_REQUEST_BYTES`) and the sampler refuses one for another job.
+(:data:`MAX_REQUEST_BYTES`) and the sampler refuses one for another job, and
+ignores one whose epilog has already closed the connection (a sampler that
+woke up late finds it queued, whole, after the epilog gave up and ran the
+steps itself).
 
 Protocol (one connection, ``AF_UNIX`` stream)::
 
@@ -78,14 +81,33 @@ def peer_cred(sock: socket.socket) -> tuple[int, int]:
 
 def _kill(pid: int, wait_s: float = 5.0) -> str:
     """SIGKILL the sampler at the other end of the socket and wait for it to
-    exit (a pidfd: never a reused PID once opened, zombie or not)."""
+    exit (a pidfd: never a reused PID once opened, zombie or not; without
+    pidfds, kernel < 5.3, by PID: the connection it holds keeps the PID in use)."""
+    import errno
     import select
     import signal
+    import time
 
+    if pid <= 0:        # not visible from here (another PID namespace): os.kill(0) is our own group
+        return "not killed: its PID is not visible from here"
     try:
         fd = os.pidfd_open(pid)
-    except OSError:
-        return "already gone"
+    except OSError as e:
+        if e.errno == errno.ESRCH:
+            return "already gone"
+        # no pidfds (kernel < 5.3): by PID -- the connection it still holds keeps the PID from reuse
+        from gsrun.base import pids
+
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return "already gone"
+        except OSError as e2:
+            return f"kill failed: {e2}"
+        deadline = time.monotonic() + wait_s
+        while not pids._exited(pid) and time.monotonic() < deadline:
+            time.sleep(pids.POLL_S)
+        return "killed" if pids._exited(pid) else f"still there after SIGKILL + {wait_s:g} s"
     try:
         signal.pidfd_send_signal(fd, signal.SIGKILL)
         return "killed" if select.select([fd], [], [], wait_s)[0] else f"still there after SIGKILL + {wait_s:g} s"
@@ -278,12 +300,19 @@ class Listener:
         try:
             if peer_cred(c)[1] == 0 and self.conn is None:
                 req = read_request(c)
-                if req[3].get("SLURM_JOB_ID") == self.job_id:
+                if req[3].get("SLURM_JOB_ID") != self.job_id:
+                    why = "request for another job"
+                    c.sendall(f"refused {why}\n".encode())
+                elif _hung_up(c):
+                    # queued while this process was stuck in a poll; the epilog that sent it closed
+                    # its end (it gave up after ACCEPT_TIMEOUT_S and runs the steps itself)
+                    why = "its epilog already gave up on it"
+                else:
                     c.settimeout(None)
                     self.conn, self.request = c, req
                     return True
-                why = "request for another job"
-                c.sendall(f"refused {why}\n".encode())
+            elif self.conn is not None:
+                why = "an epilog is already being served"
         except (OSError, ValueError) as e:
             why = f"bad request ({e})"
         print(f"gsrun: sampler: job {self.job_id}: epilog connection ignored: {why}", file=sys.stderr)
@@ -298,6 +327,17 @@ class Listener:
                 except OSError:
                     pass
         self.conn = self.sock = None
+
+
+def _hung_up(conn) -> bool:
+    """True when the other end has closed the connection altogether (``POLLHUP``:
+    an ``AF_UNIX`` stream reports it only when the peer has shut down both ways,
+    not after the epilog's ``SHUT_WR``)."""
+    import select
+
+    p = select.poll()
+    p.register(conn.fileno(), select.POLLHUP)
+    return any(ev & select.POLLHUP for _, ev in p.poll(0))
 
 
 def read_request(conn, timeout_s: float = 5.0):

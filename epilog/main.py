@@ -203,8 +203,12 @@ def _summary(job, paths, sdir, hostfs, log, pre: dict | None = None) -> dict:
 
     pid_info = read_json(sdir / "sampler.pid.json")
     stopped = "no sampler record"
-    if pid_info and pre is not None and pid_info.get("pid") == os.getpid():
-        stopped = "stopped"      # this is the recorded sampler, after its final flush
+    if pid_info and pid_info.get("pid") == os.getpid() \
+            and (pre is not None or pids.is_same(os.getpid(), pid_info.get("create_time"))):
+        # this is the recorded sampler running the handed-over epilog, past its final sample;
+        # never signalled, even without a summary of its own (write_summary failed): SIGTERM
+        # only sets its loop's flag, so stop() would wait 5 s and SIGKILL it mid-epilog
+        stopped = "stopped"
     elif pid_info:
         try:
             stopped = pids.stop(int(pid_info["pid"]), pid_info.get("create_time"))

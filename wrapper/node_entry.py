@@ -14,7 +14,9 @@ installation's interpreter with ``-I -S`` -- isolated (no ``PYTHON*``
 environment, no user site, no working directory on ``sys.path``) and without
 the ``site`` module (no ``.pth`` files: ~3 ms of every hook on a plain venv,
 ~9 ms with an editable install's finder) -- and gsrun's ``site-packages``
-directory put first on ``sys.path`` by the bootstrap. Only for a regular
+directory put on ``sys.path`` by the bootstrap, after the standard library as
+``site`` puts it (a module there named like a standard one -- enum34's
+``enum``, the old ``pathlib`` backport -- must not replace it). Only for a regular
 install (the ``gsrun`` package with its ``prolog``/``epilog`` folders in one
 directory, as ``pip install`` lays it out; gsrun's dependencies in the same
 directory); an editable install runs the ``gsrun-node`` command instead.
@@ -34,7 +36,7 @@ import sys
 HOOKS = ("prolog", "epilog", "epilog-ctld")
 # ``python3 -I -S -c HOOK_BOOTSTRAP <site-packages> <command>`` (also spelled out in the shipped
 # prolog/gsrun-prolog, epilog/gsrun-epilog, epilog/gsrun-epilog-ctld; a test keeps them equal)
-HOOK_BOOTSTRAP = "import sys; sys.path[:0] = [sys.argv.pop(1)]; from gsrun.wrapper.node_entry import main; main()"
+HOOK_BOOTSTRAP = "import sys; sys.path.append(sys.argv.pop(1)); from gsrun.wrapper.node_entry import main; main()"
 
 
 def hook_argv(command: str, python: str | None = None) -> list[str] | None:
@@ -92,7 +94,7 @@ def parse_hook_args(argv: list[str]) -> dict | None:
 
 def _site_when_needed() -> None:
     """Started ``-S`` (:data:`HOOK_BOOTSTRAP`): gsrun's dependencies are in its
-    own site directory (``sys.path[0]``) unless the venv was made with
+    own site directory (the one holding this package) unless the venv was made with
     ``--system-site-packages`` (then ``site`` runs after all) or that
     directory has ``.pth`` files that add paths (then they are processed:
     ``site.addsitedir``), e.g. a venv that sees another Python's packages
@@ -114,14 +116,17 @@ def _site_when_needed() -> None:
 
             site.main()
             return
+    # gsrun's site directory: <site>/gsrun/wrapper/node_entry.py (hooks written by older releases
+    # put it first on sys.path, the current bootstrap last)
+    site_dir = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     try:
-        pth = [n for n in os.listdir(sys.path[0]) if n.endswith(".pth") and n != "distutils-precedence.pth"]
-    except (OSError, IndexError):
+        pth = [n for n in os.listdir(site_dir) if n.endswith(".pth") and n != "distutils-precedence.pth"]
+    except OSError:
         return
     if pth:
         import site
 
-        site.addsitedir(sys.path[0])
+        site.addsitedir(site_dir)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -207,3 +207,99 @@ def test_a_long_state_dir_path_uses_the_directory_fd(tmp_path):
         c.close()
     finally:
         lst.close()
+
+
+def test_the_sampler_running_the_epilog_never_signals_itself():
+    """Handed over, the sampler's own summary can be missing (write_summary failed and
+    returned None): the summary step must still not stop the recorded sampler -- itself.
+    SIGTERM only sets its loop's flag, so pids.stop waited 5 s on its own exit and then
+    SIGKILLed it in the middle of the epilog it was running."""
+    import io
+
+    from gsrun.epilog import main as epilog_main
+    from gsrun.base.log import JobLog
+    from gsrun.base.paths import Paths
+    from gsrun.facts.hostfs import HostFS
+    from gsrun.facts.jobenv import job_from_env
+
+    site = make_site()
+    env = site.env(job_id="4909")
+    paths = Paths(str(site.state), str(site.spool), str(site.mps))
+    sdir = paths.make_state_job("4909")
+    r, w = os.pipe()
+    t0 = time.monotonic()
+    pid = os.fork()
+    if pid == 0:     # the child stands for the sampler: the recorded PID, a SIGTERM handler that only notes it
+        code = 1
+        try:
+            os.close(r)
+            signal.signal(signal.SIGTERM, lambda *a: None)
+            me = os.getpid()
+            (sdir / "sampler.pid.json").write_text(json.dumps({"pid": me, "create_time": pids.start_time(me)}))
+            out = epilog_main._summary(job_from_env(env), paths, sdir, HostFS.from_env(str(site.host)),
+                                       JobLog("4909", "epilog", stream=io.StringIO(), use_syslog=False), None)
+            os.write(w, json.dumps(out).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    _, status = os.waitpid(pid, 0)
+    took_s = time.monotonic() - t0
+    with os.fdopen(r, "rb") as f:
+        out = f.read()
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, \
+        f"the sampler ended by signal {os.WTERMSIG(status) if os.WIFSIGNALED(status) else None} after {took_s:.1f} s"
+    assert took_s < 4.0
+    res = json.loads(out)
+    assert res["sampler"] == "stopped" and res["summary"].endswith("node-gpu-node01.json")
+
+
+def test_a_request_whose_epilog_gave_up_is_not_served(tmp_path):
+    """A sampler that wakes up late (hung in a poll past ACCEPT_TIMEOUT_S, and not killed: no
+    pidfd, a PID not visible) still finds the request queued on the socket, whole, after the
+    epilog that sent it closed its end and ran the steps itself: it must not run them a second
+    time (and it keeps sampling, so its final flush is not lost); a request whose epilog still
+    waits is taken."""
+    d = tmp_path / "jobs" / "4910"
+    d.mkdir(parents=True)
+    lst = handoff.Listener()
+    assert lst.open(d) is not None
+    try:
+        gone = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        gone.connect(str(d / handoff.SOCKET_NAME))
+        gone.sendall(handoff.encode_request({"SLURM_JOB_ID": "4910"}, None, None, None))
+        gone.shutdown(socket.SHUT_WR)
+        gone.close()                            # the epilog fell back
+        assert lst.accept() is False and lst.conn is None
+        waiting = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        waiting.connect(str(d / handoff.SOCKET_NAME))
+        waiting.sendall(handoff.encode_request({"SLURM_JOB_ID": "4910"}, None, None, None))
+        waiting.shutdown(socket.SHUT_WR)
+        assert lst.accept() is True and lst.request[3] == {"SLURM_JOB_ID": "4910"}
+        waiting.close()
+    finally:
+        lst.close()
+
+
+def test_a_wedged_sampler_is_killed_without_pidfds_too(monkeypatch):
+    """Kernels before 5.3 have no pidfd_open (ENOSYS): the wedged sampler is still
+    killed (by PID) before the epilog runs the steps, not reported 'already gone'."""
+    import errno
+
+    site = make_site()
+    env, info, sdir = _started(site, "4911")
+    os.kill(info["pid"], signal.SIGSTOP)
+
+    def no_pidfd(pid, flags=0):
+        raise OSError(errno.ENOSYS, "Function not implemented")
+
+    monkeypatch.setattr(handoff, "ACCEPT_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(os, "pidfd_open", no_pidfd)
+    try:
+        rc, why = handoff.try_handoff(env, None, str(site.state), None)
+    finally:
+        monkeypatch.undo()
+    assert rc is None and "did not take the epilog within 0.5 s: killed" in why
+    assert _gone(info, 1.0)
+    cp = run_node(["epilog"], env)
+    assert cp.returncode == 0, cp.stderr

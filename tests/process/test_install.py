@@ -423,18 +423,44 @@ def test_a_hook_started_without_site_still_sees_paths_added_by_pth_files(tmp_pat
     sp.mkdir()
     (sp / "parent.pth").write_text(f"{other}\n")   # what tests/gpu/install-venv writes
     (sp / "distutils-precedence.pth").write_text("import os; os.environ['PTH_RAN'] = '1'\n")
-    mod = tmp_path / "mod"
-    mod.mkdir()
-    shutil.copy2(REPO / "wrapper" / "node_entry.py", mod / "node_entry_under_test.py")   # imports os, sys only
-    code = ("import sys; sys.path[:0] = [sys.argv.pop(1)]; sys.path.append(sys.argv.pop(1))\n"
-            "from node_entry_under_test import _site_when_needed\n_site_when_needed()\n"
+    (sp / "gsrun" / "wrapper").mkdir(parents=True)
+    for init in (sp / "gsrun" / "__init__.py", sp / "gsrun" / "wrapper" / "__init__.py"):
+        init.write_text("")
+    shutil.copy2(REPO / "wrapper" / "node_entry.py", sp / "gsrun" / "wrapper" / "node_entry.py")  # os, sys only
+    boot = "import sys; sys.path.append(sys.argv.pop(1)); "
+    code = ("from gsrun.wrapper.node_entry import _site_when_needed\n_site_when_needed()\n"
             "import os, parentmod; print(parentmod.X, os.environ.get('PTH_RAN'))")
-    def run():
-        return subprocess.run([sys.executable, "-I", "-S", "-c", code, str(sp), str(mod)], capture_output=True,
-                              text=True, timeout=30)
 
-    out = run()
-    assert out.stdout.split() == ["42", "1"], out.stderr     # the .pth files processed (both)
+    def run(first=False):     # first: the bootstrap of hooks written by older releases
+        return subprocess.run([sys.executable, "-I", "-S", "-c",
+                               (boot.replace("sys.path.append(sys.argv.pop(1))", "sys.path[:0] = [sys.argv.pop(1)]")
+                                if first else boot) + code, str(sp)], capture_output=True, text=True, timeout=30)
+
+    for first in (False, True):
+        out = run(first)
+        assert out.stdout.split() == ["42", "1"], out.stderr     # the .pth files processed (both)
     (sp / "parent.pth").unlink()
     out = run()
     assert "No module named 'parentmod'" in out.stderr and "PTH_RAN" not in out.stdout
+
+
+def test_the_hook_bootstrap_keeps_the_standard_library_ahead_of_site_packages(tmp_path):
+    """With site, a venv's site-packages comes after the standard library; a module there
+    named like a standard one (enum34's enum/, the pathlib 1.0 backport: old packages still
+    pull them in, harmless on a normal start) must not replace it in a hook started -I -S,
+    where a failed import fails the prolog and drains the node."""
+    from gsrun.wrapper.node_entry import HOOK_BOOTSTRAP
+
+    sp = tmp_path / "site-packages"
+    (sp / "gsrun" / "wrapper").mkdir(parents=True)
+    (sp / "gsrun" / "__init__.py").write_text("")
+    (sp / "gsrun" / "wrapper" / "__init__.py").write_text("")
+    (sp / "gsrun" / "wrapper" / "node_entry.py").write_text(
+        "def main():\n    import enum, sys\n    print(enum.__file__)\n    print(sys.argv[1:])\n")
+    (sp / "enum").mkdir()
+    (sp / "enum" / "__init__.py").write_text("raise ImportError('enum34 on Python 3')\n")
+    out = subprocess.run([sys.executable, "-I", "-S", "-c", HOOK_BOOTSTRAP, str(sp), "prolog"],
+                         capture_output=True, text=True, timeout=30, cwd="/")
+    assert out.returncode == 0, out.stderr
+    enum_file, argv = out.stdout.splitlines()
+    assert not enum_file.startswith(str(sp)) and argv == "['prolog']"
