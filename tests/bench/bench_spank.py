@@ -20,7 +20,11 @@ at the end). Prints JSON: medians, ratios against ``none`` and the targets:
   (``srun`` under ``bind-none``; under ``plugin`` it is shown, not judged:
   binding every task is work the site asked for);
 * with ``--gs-*`` options: added time <= 30 ms (``sbatch --gs-mps=50
-  --gs-report=none``, ``srun -n1 --gs-report=none``, both under ``plugin``).
+  --gs-report=none``, ``srun -n1 --gs-report=none``, both under ``plugin``,
+  and the srun one also under ``bind-none``: there slurmstepd starts Python
+  for the option alone, not to bind the task).
+Each command waits ``--gap-s`` first, so that it is not measured behind the
+previous job's epilogs and merge.
 
 Run as root with the cluster up (the lead does; never in CI):
 
@@ -59,6 +63,9 @@ def main() -> None:
     ap.add_argument("--cluster", default=os.environ.get("GSRUN_CLUSTER_DIR", "/var/tmp/gsrun-cluster"))
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--user", default="gsrun-test")
+    ap.add_argument("--gap-s", type=float, default=1.0,
+                    help="pause before each command: the previous job's epilogs, sampler exit and merge finish "
+                         "first (without it each case is measured behind the same predecessor's tail)")
     a = ap.parse_args()
     d = Path(a.cluster)
     plug = d / "etc" / "plugstack.conf"
@@ -80,6 +87,7 @@ def main() -> None:
         "srun/plugin": ("plugin", srun + ["true"]),
         "srun/bind-none": ("bind-none", srun + ["true"]),
         "srun-gs/plugin": ("plugin", srun + ["--gs-report=none", "true"]),
+        "srun-gs/bind-none": ("bind-none", srun + ["--gs-report=none", "true"]),
     }
     names = list(cases)
     res: dict[str, list[float]] = {n: [] for n in names}
@@ -92,6 +100,7 @@ def main() -> None:
             for n in order:
                 mode, argv = cases[n]
                 plug.write_text(texts[mode])
+                time.sleep(a.gap_s)
                 res[n].append(timed(argv, env))
     finally:
         plug.write_text(original)
@@ -107,6 +116,8 @@ def main() -> None:
     added = {
         "sbatch_gs_options_ms": (med["sbatch-gs/plugin"] - med["sbatch/none"]) * 1000,
         "srun_gs_options_ms": (med["srun-gs/plugin"] - med["srun/none"]) * 1000,
+        # the same where the site does not bind tasks (bind=none): what the options cost by themselves
+        "srun_gs_options_bind_none_ms": (med["srun-gs/bind-none"] - med["srun/none"]) * 1000,
     }
     out["ratio"] = {k: round(v, 3) for k, v in ratios.items()}
     out["added_ms"] = {k: round(v, 1) for k, v in added.items()}
