@@ -85,3 +85,21 @@ class Frozen:
 
     def __delattr__(self, name):
         raise AttributeError(f"cannot delete field {name!r} of {type(self).__name__}")
+
+
+class Slotted:
+    """Base of the mutable counterparts (a step's outcome, a job's request, a
+    tuning plan item): the subclass lists its fields in ``__slots__`` and
+    writes its own ``__init__``; this gives the ``Name(field=value, ...)``
+    repr and field-wise equality, and leaves them unhashable (they change)."""
+
+    __slots__ = ()
+    __hash__ = None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(" + ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__slots__) + ")"
+
+    def __eq__(self, other):
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return all(getattr(self, n) == getattr(other, n) for n in self.__slots__)

@@ -47,7 +47,7 @@ import os
 import signal
 import time
 
-from gsrun.base.frozen import Frozen
+from gsrun.base.frozen import Frozen, Slotted
 from gsrun.base.log import safe_text
 
 TYPE_CHECKING = False   # not `typing` at run time (the hooks' import time)
@@ -90,7 +90,7 @@ class Step(Frozen):
     _defaults = {"when": None, "quiet": False, "catch": None}
 
 
-class Outcome:
+class Outcome(Slotted):
     """What :func:`run_steps` did. ``results``: step name -> result (or
     ``{"error": text}``); ``reasons``: why the node needs an admin (drain);
     ``budget_exceeded``: a :data:`SETUP` hook ran out of budget and skipped
@@ -106,15 +106,6 @@ class Outcome:
         self.budget_exceeded = budget_exceeded
         self.unusable = unusable
 
-    def __repr__(self) -> str:
-        return ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__slots__).join(("Outcome(", ")"))
-
-    def __eq__(self, other):
-        if other.__class__ is not self.__class__:
-            return NotImplemented
-        return all(getattr(self, n) == getattr(other, n) for n in self.__slots__)
-
-    __hash__ = None     # mutable
 
     @property
     def rc(self) -> int:

@@ -60,7 +60,7 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 
 from gsrun.base.errors import GsrunError, InputError, NodeError
-from gsrun.base.frozen import Frozen, factory
+from gsrun.base.frozen import Frozen, Slotted, factory
 from gsrun.base.ids import check_job_id
 from gsrun.base.fsutil import ensure_dir
 from gsrun.node.journal import Journal, boot_id as journal_boot_id
@@ -1110,7 +1110,7 @@ class Policy(Frozen):
                    partition=partition)
 
 
-class PlanItem:
+class PlanItem(Slotted):
     """One decision. action: ``apply`` (write), ``unchanged`` (already the
     value; journaled so later jobs see who holds it), ``reuse`` (another job
     set this value), ``refused``, ``unsupported``; after the run also
@@ -1127,15 +1127,6 @@ class PlanItem:
         self.key, self.action, self.value, self.source, self.reason = key, action, value, source, reason
         self.prior, self.holder, self.target = prior, holder, target
 
-    def __repr__(self) -> str:
-        return ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__slots__).join(("PlanItem(", ")"))
-
-    def __eq__(self, other):
-        if other.__class__ is not self.__class__:
-            return NotImplemented
-        return all(getattr(self, n) == getattr(other, n) for n in self.__slots__)
-
-    __hash__ = None     # mutable
 
     def to_dict(self) -> dict:
         """The fields as a dict (``prior``/``target`` copied), in field order."""

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 
+from gsrun.base.frozen import Slotted
 from gsrun.facts.slurm import DEFAULT_PATH, job_record_argv, parse_comment_request, parse_job_record
 
 TYPE_CHECKING = False   # annotations only
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
     from gsrun.facts.jobenv import JobEnv
 
 
-class JobRequest:
+class JobRequest(Slotted):
     """What the job asked (all str or None unless said): ``tune``; ``mps``
     (None: no MPS; ``""``: the default percentage; ``"50"``); ``mig``;
     ``bind``; ``report``; ``exclusive`` (bool; None: not known, slurmctld
@@ -58,15 +59,6 @@ class JobRequest:
         self.exclusive, self.source, self.exclusive_source = exclusive, source, exclusive_source
         self.comment_from, self.malloc = comment_from, malloc
 
-    def __repr__(self) -> str:
-        return ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__slots__).join(("JobRequest(", ")"))
-
-    def __eq__(self, other):
-        if other.__class__ is not self.__class__:
-            return NotImplemented
-        return all(getattr(self, n) == getattr(other, n) for n in self.__slots__)
-
-    __hash__ = None     # mutable
 
     def to_dict(self) -> dict:
         """The fields as a dict, in field order; ``malloc`` only when set (records before it had none)."""
