@@ -204,7 +204,10 @@ def run(environ, host_root: str | None = None, state_dir: str | None = None, spo
         record["duration_s"] = round(time.time() - t0, 3)
         if not dry_run and ctx.records_ok:
             try:
-                atomic_write_json(paths.spool_job(job.job_id) / f"prolog-{job.node}.json", record, mode=0o600)
+                # not fsync'd: after a crash of the node the job is gone and nothing reads it; every
+                # process still sees the old file or the new one (the journal is the durable record)
+                atomic_write_json(paths.spool_job(job.job_id) / f"prolog-{job.node}.json", record, mode=0o600,
+                                  durable=False)
             except OSError as e:
                 log.error(f"cannot write prolog record: {e}")
         log(f"done in {record['duration_s']:.3f} s")
@@ -358,7 +361,7 @@ def start_sampler_process(job, paths, cfg, hostfs, dma_latency_us: int | None = 
     finally:
         os.close(logfd)
     info = {"pid": pid, "create_time": pids.start_time(pid), "argv": args}
-    atomic_write_json(d / "sampler.pid.json", info, mode=0o600)
+    atomic_write_json(d / "sampler.pid.json", info, mode=0o600, durable=False)   # the sampler dies with the node
     return info
 
 

@@ -98,8 +98,9 @@ def _split(path) -> tuple[str, str]:
     return head or ".", name
 
 
-def atomic_write_json(path, obj, mode: int = 0o644, uid=None, gid=None) -> None:
-    atomic_write(path, json_text(obj), mode, uid, gid)
+def atomic_write_json(path, obj, mode: int = 0o644, uid=None, gid=None, durable: bool = True) -> None:
+    """:func:`json_text` of ``obj`` written by :func:`atomic_write` (``durable``: see there)."""
+    atomic_write(path, json_text(obj), mode, uid, gid, durable)
 
 
 def read_json(path) -> dict | None:
