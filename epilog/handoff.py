@@ -7,8 +7,10 @@ epilog's modules loaded: it listens on ``<state_dir>/jobs/<id>/epilog.sock``,
 and the epilog process only connects, sends its arguments and environment,
 and waits. The sampler takes its final sample, writes the node summary and
 runs the same steps (:func:`gsrun.epilog.main.run_here`, with the epilog's
-environment as ``os.environ``), sends back the exit status and what the
-epilog would have printed, and exits. This module imports ``os`` and
+environment as ``os.environ``), lets go of NVML and its C-state hold,
+sends back the exit status and what the epilog would have printed, and
+exits; the epilog returns once it has (as when it stopped the sampler by
+signal: no process of the job's is left behind the epilog). This module imports ``os`` and
 ``_socket`` only: it is all the epilog loads when the handoff works.
 
 Who may talk: the job directory is root's (0700), the socket 0600, and both
@@ -58,6 +60,7 @@ from gsrun.base.paths import DEFAULT_STATE_DIR
 SOCKET_NAME = "epilog.sock"
 MAGIC = b"gsrun-epilog 1"
 ACCEPT_TIMEOUT_S = 5.0
+EXIT_WAIT_S = 5.0       # the sampler exits right after its result; the epilog waits for that
 RESULT_MARGIN_S = 15.0
 MAX_REQUEST_BYTES = 1 << 20
 MAX_REPLY_BYTES = 1 << 20
@@ -77,6 +80,36 @@ def peer_cred(sock: socket.socket) -> tuple[int, int]:
     """``(pid, uid)`` of the process at the other end (``SO_PEERCRED``)."""
     cred = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
     return int.from_bytes(cred[0:4], sys.byteorder), int.from_bytes(cred[4:8], sys.byteorder)
+
+
+def _exited(pid: int, wait_s: float | None = None) -> bool | None:
+    """Wait up to ``wait_s`` (default :data:`EXIT_WAIT_S`) for the sampler at
+    the other end to exit (it leaves right after sending its result): True when
+    it did, False when it is still there, None when that cannot be told."""
+    import select
+
+    wait_s = EXIT_WAIT_S if wait_s is None else wait_s
+    if pid <= 0:
+        return None
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    except OSError:     # no pidfds (kernel < 5.3)
+        import time
+
+        from gsrun.base import pids
+
+        deadline = time.monotonic() + wait_s
+        while not pids._exited(pid):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(pids.POLL_S)
+        return True
+    try:
+        return bool(select.select([fd], [], [], wait_s)[0])
+    finally:
+        os.close(fd)
 
 
 def _kill(pid: int, wait_s: float = 5.0) -> str:
@@ -241,6 +274,10 @@ def try_handoff(environ, host_root: str | None = None, state_dir: str | None = N
         except ValueError:
             return None, "the sampler sent a bad result; running the steps here"
         text = bytes(buf).decode("utf-8", "replace")
+        gone = _exited(pid)
+        if gone is not True:    # as before the handoff: the epilog ends after the sampler
+            text += (f"gsrun[{environ.get('SLURM_JOB_ID')}]: epilog: the sampler (pid {pid}) had not exited "
+                     f"{EXIT_WAIT_S:g} s after the epilog's steps: {_kill(pid)}\n")
         if text:
             err.write(text)
             err.flush()

@@ -94,13 +94,14 @@ class _Tee:
             pass
 
 
-def serve_epilog(conn, request, pre: dict | None, before: str = "") -> None:
+def serve_epilog(conn, request, pre: dict | None, before: str = "", release=None) -> None:
     """Run the epilog handed over on ``conn`` (``request``: what
     :meth:`gsrun.epilog.handoff.Listener.accept` read, checked to be root's
     and for this job) and send back its exit status and stderr text
     (:mod:`gsrun.epilog.handoff`). A failure here closes the connection
     without a result, which makes the epilog run the steps itself.
-    ``before``: what the sampler did first (final sample, flush, summary), for the log."""
+    ``before``: what the sampler did first (final sample, flush, summary), for the log;
+    ``release()``: lets go of NVML and the C-state hold, before the result is sent."""
     host_root, state_dir, spool_dir, env = request
     # the steps see the epilog's environment, as they would in the epilog process
     os.environ.clear()
@@ -116,6 +117,8 @@ def serve_epilog(conn, request, pre: dict | None, before: str = "") -> None:
                               in_sampler=before or "no timing")
     if not sent:
         conn.sendall(b"accepted 0\n")
+    if release is not None:
+        release()
     conn.sendall(f"rc {rc}\n".encode() + "".join(tee.parts).encode("utf-8", "replace"))
 
 
@@ -127,19 +130,28 @@ def main(argv: list[str] | None = None) -> int:
         importlib.import_module(name)
     listener = handoff.Listener()
 
-    def on_done(state: dict, state_dir, final_ms: dict | None = None) -> None:
+    def on_done(state: dict, state_dir, final_ms: dict | None = None, release=None) -> None:
         # handed over: the summary goes to the epilog's steps in this process, no file
         t0 = time.perf_counter()
         pre = write_summary(state, state_dir, write=listener.conn is None)
-        if listener.conn is not None:
-            ms = dict(final_ms or {}, summary=(time.perf_counter() - t0) * 1000)
+        if listener.conn is None:
+            listener.close()
+            return
+        ms = dict(final_ms or {}, summary=(time.perf_counter() - t0) * 1000)
+        try:
+            serve_epilog(listener.conn, listener.request, pre,
+                         ", ".join(f"{k.replace('_', ' ')} {v:.1f} ms" for k, v in ms.items()), release)
+        except Exception as e:  # noqa: BLE001 - the epilog runs the steps itself on no result
+            print(f"gsrun: sampler: job {state.get('job_id')}: handed-over epilog failed "
+                  f"({type(e).__name__}: {e})", file=sys.stderr)
+        # the epilog returns when this process has exited (it waits on it): go now, without the
+        # interpreter's teardown; nothing is left to write
+        for f in (sys.stdout, sys.stderr):
             try:
-                serve_epilog(listener.conn, listener.request, pre,
-                             ", ".join(f"{k.replace('_', ' ')} {v:.1f} ms" for k, v in ms.items()))
-            except Exception as e:  # noqa: BLE001 - the epilog runs the steps itself on no result
-                print(f"gsrun: sampler: job {state.get('job_id')}: handed-over epilog failed "
-                      f"({type(e).__name__}: {e})", file=sys.stderr)
-        listener.close()
+                f.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(0)
 
     return sampler.main(argv, on_done=on_done, listener=listener)
 

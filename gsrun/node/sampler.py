@@ -802,9 +802,10 @@ def run_sampler(job_id: str, uid: int, node: str, gpus: str, host_root: str | No
     site config must not cost the job its figures: built-in defaults then.
     ``dma_latency_us``: hold ``/dev/cpu_dma_latency`` at that latency until
     the sampler ends (``--tune cstate``, :mod:`gsrun.node.cpu_latency`).
-    ``on_done(state, state_dir, final_ms)``: called with the final state (JSON form, as
-    written), the job's state directory (a :class:`pathlib.Path`) and what the
-    last sample and flush took (``{"final_sample": ms, "final_flush": ms}``) after the
+    ``on_done(state, state_dir, final_ms, release)``: called with the final state (JSON form, as
+    written), the job's state directory (a :class:`pathlib.Path`), what the
+    last sample and flush took (``{"final_sample": ms, "final_flush": ms}``) and
+    ``release()`` (lets go of NVML and the C-state hold at once) after the
     last flush, before the process exits (:mod:`gsrun.epilog.sampler` writes
     the node summary there). ``listener``: ``open(state_job_dir) -> fd | None``
     and ``accept() -> bool`` (:class:`gsrun.epilog.handoff.Listener`): the
@@ -833,22 +834,37 @@ def run_sampler(job_id: str, uid: int, node: str, gpus: str, host_root: str | No
 
         s.export = exporter_from_config(cfg, job_id, uid)
     s.live = _live_actions(cfg, paths, job_id, node, uid, s.idle_cfg)
+    held_fd = None
     if listener is not None:
         s.listen_fd = listener.open(d)
         s.on_listen = listener.accept
     if dma_latency_us is not None:
         from gsrun.node import cpu_latency
 
-        _held_fd, note = cpu_latency.hold(s.hostfs, dma_latency_us)   # closed by the kernel when we exit
+        held_fd, note = cpu_latency.hold(s.hostfs, dma_latency_us)   # closed by release() or at exit
         s.state["notes"].append(note)
         print(f"gsrun: sampler: {note}", file=sys.stderr)
     final = s.run(max_samples)
+
+    def release() -> None:
+        """Let go of what this process holds on the node (NVML, the C-state hold), before
+        a handed-over epilog reports back. Idempotent."""
+        nonlocal held_fd
+        if s.nv is not None:
+            nv, s.nv = s.nv, None
+            nv.close()
+        if held_fd is not None:
+            fd, held_fd = held_fd, None
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
     try:
         if on_done is not None:
-            on_done(final, d, s.final_ms)
+            on_done(final, d, s.final_ms, release)
     finally:
-        if s.handed_over and s.nv is not None:
-            s.nv.close()
+        release()
     return 0
 
 
