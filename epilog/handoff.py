@@ -7,8 +7,8 @@ epilog's modules loaded: it listens on ``<state_dir>/jobs/<id>/epilog.sock``,
 and the epilog process only connects, sends its arguments and environment,
 and waits. The sampler takes its final sample, writes the node summary and
 runs the same steps (:func:`gsrun.epilog.main.run_here`, with the epilog's
-environment as ``os.environ``), lets go of NVML and its C-state hold,
-sends back the exit status and what the epilog would have printed, and
+environment as ``os.environ``), lets go of its C-state hold, sends back
+the exit status and what the epilog would have printed, and
 exits; the epilog returns once it has (as when it stopped the sampler by
 signal: no process of the job's is left behind the epilog). This module imports ``os`` and
 ``_socket`` only: it is all the epilog loads when the handoff works.

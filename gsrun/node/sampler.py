@@ -846,11 +846,11 @@ def run_sampler(job_id: str, uid: int, node: str, gpus: str, host_root: str | No
         print(f"gsrun: sampler: {note}", file=sys.stderr)
     final = s.run(max_samples)
 
-    def release() -> None:
-        """Let go of what this process holds on the node (NVML, the C-state hold), before
-        a handed-over epilog reports back. Idempotent."""
+    def release(nvml: bool = True) -> None:
+        """Let go of what this process holds on the node (the C-state hold; NVML unless
+        ``nvml`` is False), before a handed-over epilog reports back. Idempotent."""
         nonlocal held_fd
-        if s.nv is not None:
+        if nvml and s.nv is not None:
             nv, s.nv = s.nv, None
             nv.close()
         if held_fd is not None:
