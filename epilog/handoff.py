@@ -86,68 +86,22 @@ def _exited(pid: int, wait_s: float | None = None) -> bool | None:
     """Wait up to ``wait_s`` (default :data:`EXIT_WAIT_S`) for the sampler at
     the other end to exit (it leaves right after sending its result): True when
     it did, False when it is still there, None when that cannot be told."""
-    import select
-
-    wait_s = EXIT_WAIT_S if wait_s is None else wait_s
-    if pid <= 0:
+    if pid <= 0:        # not visible from here (another PID namespace)
         return None
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return True
-    except OSError:     # no pidfds (kernel < 5.3)
-        import time
+    from gsrun.base import pids
 
-        from gsrun.base import pids
-
-        deadline = time.monotonic() + wait_s
-        while not pids._exited(pid):
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(pids.POLL_S)
-        return True
-    try:
-        return bool(select.select([fd], [], [], wait_s)[0])
-    finally:
-        os.close(fd)
+    return pids.wait_exit(pid, EXIT_WAIT_S if wait_s is None else wait_s)
 
 
 def _kill(pid: int, wait_s: float = 5.0) -> str:
     """SIGKILL the sampler at the other end of the socket and wait for it to
-    exit (a pidfd: never a reused PID once opened, zombie or not; without
-    pidfds, kernel < 5.3, by PID: the connection it holds keeps the PID in use)."""
-    import errno
-    import select
-    import signal
-    import time
-
+    exit (:func:`gsrun.base.pids.kill`: through a pidfd, or by PID on kernels
+    without pidfds -- the connection it still holds keeps the PID from reuse)."""
     if pid <= 0:        # not visible from here (another PID namespace): os.kill(0) is our own group
         return "not killed: its PID is not visible from here"
-    try:
-        fd = os.pidfd_open(pid)
-    except OSError as e:
-        if e.errno == errno.ESRCH:
-            return "already gone"
-        # no pidfds (kernel < 5.3): by PID -- the connection it still holds keeps the PID from reuse
-        from gsrun.base import pids
+    from gsrun.base import pids
 
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            return "already gone"
-        except OSError as e2:
-            return f"kill failed: {e2}"
-        deadline = time.monotonic() + wait_s
-        while not pids._exited(pid) and time.monotonic() < deadline:
-            time.sleep(pids.POLL_S)
-        return "killed" if pids._exited(pid) else f"still there after SIGKILL + {wait_s:g} s"
-    try:
-        signal.pidfd_send_signal(fd, signal.SIGKILL)
-        return "killed" if select.select([fd], [], [], wait_s)[0] else f"still there after SIGKILL + {wait_s:g} s"
-    except OSError as e:
-        return f"kill failed: {e}"
-    finally:
-        os.close(fd)
+    return pids.kill(pid, wait_s)
 
 
 def _at(sock: socket.socket, op, directory: str) -> None:

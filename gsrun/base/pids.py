@@ -10,6 +10,8 @@
   has not reaped yet counts as gone (issue 24). Without pidfds (older
   kernels, ``ENOSYS``), ``/proc/<pid>/stat`` is polled every 10 ms and a
   zombie (``Z``) counts as gone too;
+- :func:`wait_exit`, :func:`kill`: the same wait, and SIGKILL then that wait,
+  for a process known by a live tie to it (the epilog's socket to its sampler);
 - :func:`scan`: PIDs whose command line matches, owned by a uid.
 
 Only the real ``/proc`` (processes are not part of a recorded host root).
@@ -105,6 +107,49 @@ def _send(fd: int | None, pid: int, sig: int) -> None:
         os.kill(pid, sig)
 
 
+def _wait(fd: int | None, pid: int, timeout_s: float) -> bool:
+    """Wait up to ``timeout_s`` for ``pid`` to exit: its pidfd ``fd`` turning
+    readable, else ``/proc`` polled every :data:`POLL_S` (a zombie counts as gone)."""
+    if fd is not None:
+        return _wait_readable(fd, timeout_s)
+    deadline = time.monotonic() + timeout_s
+    while not _exited(pid):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(POLL_S)
+    return True
+
+
+def wait_exit(pid: int, timeout_s: float) -> bool:
+    """True when ``pid`` has exited (zombie or gone) within ``timeout_s``."""
+    fd = _pidfd(pid)
+    try:
+        return _wait(fd, pid, timeout_s)
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def kill(pid: int, timeout_s: float = 5.0) -> str:
+    """SIGKILL ``pid`` (through its pidfd where there is one) and wait up to
+    ``timeout_s`` for it to exit. Returns ``"killed"``, ``"already gone"``,
+    ``"still there after SIGKILL + <timeout_s> s"`` or ``"kill failed: <why>"``.
+    For a process known by a live tie to it (the sampler at the other end of a
+    socket), not by a recorded start time: see :func:`stop` for those."""
+    fd = _pidfd(pid)
+    try:
+        try:
+            _send(fd, pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return "already gone"
+        except OSError as e:
+            return f"kill failed: {e}"
+        return "killed" if _wait(fd, pid, timeout_s) else f"still there after SIGKILL + {timeout_s:g} s"
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
 def stop(pid: int, create_time: float | None, timeout_s: float = 5.0) -> str:
     """SIGTERM ``pid`` when it is still the recorded process
     (:func:`is_same`), wait up to ``timeout_s`` for it to exit, then SIGKILL.
@@ -122,15 +167,8 @@ def stop(pid: int, create_time: float | None, timeout_s: float = 5.0) -> str:
             _send(fd, pid, signal.SIGTERM)
         except ProcessLookupError:
             return "stopped"
-        if fd is not None:
-            if _wait_readable(fd, timeout_s):
-                return "stopped"
-        else:
-            deadline = time.monotonic() + timeout_s
-            while time.monotonic() < deadline:
-                if _exited(pid):
-                    return "stopped"
-                time.sleep(POLL_S)
+        if _wait(fd, pid, timeout_s):
+            return "stopped"
         try:
             _send(fd, pid, signal.SIGKILL)
         except ProcessLookupError:
