@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 import time
 
@@ -30,7 +29,7 @@ from gsrun.base.fsutil import atomic_write_json, read_json
 from gsrun.base.log import JobLog
 from gsrun.base.paths import Paths
 from gsrun.base.ids import check_job_id
-from gsrun.base.proc import ROOT_CWD, root_child_env, root_python
+from gsrun.base.proc import root_child_env, root_python, spawn_detached
 from gsrun.facts.sacct import parse_mem, parse_time_s, parse_tres, tres_gpus
 from gsrun.facts.slurm import (ACTIVE_STATES, expand_hostlist, job_record_argv, parse_exit_code, parse_job_record,
                               run_slurm, state_word)
@@ -275,26 +274,11 @@ def _job_and_log(environ) -> tuple[str | None, JobLog]:
     return job_id, log
 
 
-def detach(environ, spool_dir: str | None = None, wait_s: float = 30.0) -> int:
-    """EpilogSlurmctld itself: :func:`gsrun.epilog.ctld_start.detach` (the
-    merge started as a detached process).
-
-    Why: slurmctld keeps the job COMPLETING until EpilogSlurmctld exits, and
-    when that is after the nodes' epilogs the next job on those nodes is
-    scheduled only at a later scheduler pass: measured on the local cluster,
-    back-to-back ``srun -N2 -n8 true`` took 1.7-2.0 s each with the merge in
-    EpilogSlurmctld and 0.66 s with EpilogSlurmctld=/bin/true
-    (``tests/bench/bench_srun_b2b.py``)."""
-    from gsrun.epilog.ctld_start import detach as start
-
-    return start(environ, spool_dir, wait_s)
-
-
 def run(environ, spool_dir: str | None = None, wait_s: float = 30.0, background: bool = False) -> int:
     """The merge, the job report, the mail (deferred while the state is a
     guess) and then the background step: started as its own process
     (``background=False``: EpilogSlurmctld with ``--foreground``) or run
-    here (``background=True``: already the detached process of :func:`detach`)."""
+    here (``background=True``: already the detached process of :func:`gsrun.epilog.ctld_start.detach`)."""
     job_id, log = _job_and_log(environ)
     if job_id is None:
         return 0
@@ -358,10 +342,8 @@ def _kick_admin_comment(job_id: str, spool_dir: str) -> bool:
     final state, the deferred mail, the AdminComment). False when it could
     not be started."""
     try:
-        subprocess.Popen(root_python("-m", "gsrun.epilog.ctld", "admin-comment", job_id,
-                                     "--spool-dir", spool_dir), stdin=subprocess.DEVNULL,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-                         close_fds=True, cwd=ROOT_CWD, env=_child_env())
+        spawn_detached(root_python("-m", "gsrun.epilog.ctld", "admin-comment", job_id, "--spool-dir", spool_dir),
+                       _child_env())
         return True
     except OSError:
         return False
@@ -567,9 +549,7 @@ def queue_mail(paths: Paths, summary: dict, cfg, log) -> str:
 def _kick_flush() -> None:
     """Start ``gsrun-node mail flush`` detached so delivery never blocks us."""
     try:
-        subprocess.Popen(root_python("-m", "gsrun.wrapper.node", "mail", "flush"), stdin=subprocess.DEVNULL,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-                         close_fds=True, cwd=ROOT_CWD, env=root_child_env(("GSRUN_SPOOL_DIR",)))
+        spawn_detached(root_python("-m", "gsrun.wrapper.node", "mail", "flush"), root_child_env(("GSRUN_SPOOL_DIR",)))
     except OSError:
         pass
 
