@@ -92,6 +92,15 @@ def parse_hook_args(argv: list[str]) -> dict | None:
     return out
 
 
+def hook_command(command: str, gsrun_node: str) -> str:
+    """The shell words a hook ``exec``s: :func:`hook_argv`, else ``gsrun_node command``
+    (an editable install). ``python -m gsrun.wrapper.node_entry --hook-command CMD GSRUN_NODE``
+    prints it for scripts that write hooks (tests/cluster/up, tests/gpu/cluster/up)."""
+    import shlex
+
+    return shlex.join(hook_argv(command) or [gsrun_node, command])
+
+
 def _site_when_needed() -> None:
     """Started ``-S`` (:data:`HOOK_BOOTSTRAP`): gsrun's dependencies are in its
     own site directory (the one holding this package) unless the venv was made with
@@ -172,4 +181,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["--hook-command"] and len(sys.argv) == 4:
+        print(hook_command(sys.argv[2], sys.argv[3]))
+    else:
+        main()

@@ -464,3 +464,15 @@ def test_the_hook_bootstrap_keeps_the_standard_library_ahead_of_site_packages(tm
     assert out.returncode == 0, out.stderr
     enum_file, argv = out.stdout.splitlines()
     assert not enum_file.startswith(str(sp)) and argv == "['prolog']"
+
+
+def test_hook_command_is_hook_argv_quoted_else_gsrun_node(monkeypatch):
+    """What tests/cluster/up and tests/gpu/cluster/up write into their hooks."""
+    from gsrun.wrapper import node_entry
+
+    monkeypatch.setattr(node_entry, "hook_argv", lambda c: ["/v/bin/python3", "-I", "-S", "-c", "import sys; x()",
+                                                           "/v/site packages", c])
+    assert node_entry.hook_command("epilog", "/v/bin/gsrun-node") == \
+        "/v/bin/python3 -I -S -c 'import sys; x()' '/v/site packages' epilog"
+    monkeypatch.setattr(node_entry, "hook_argv", lambda c: None)      # an editable install
+    assert node_entry.hook_command("epilog-ctld", "/v/bin/gsrun-node") == "/v/bin/gsrun-node epilog-ctld"
