@@ -58,13 +58,15 @@ def _site(tmp_path: Path, hooks_dir: Path) -> Path:
     return site
 
 
-def run_harness(harness, so, ctx, site, *args, opts="", env_extra=None, timeout_s=120):
+def run_harness(harness, so, ctx, site, *args, opts="", env_extra=None, timeout_s=120, purelib=True):
+    """The fake SPANK host in context ``ctx`` with ``pythonpath=site`` (and this
+    venv's site-packages unless ``purelib`` is False) -> (rc, stdout lines, stderr)."""
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "FAKE_OPTS": opts,
            # must be ignored: the plugin's interpreter is isolated from PYTHON* vars
            "PYTHONPATH": "/nonexistent", "PYTHONHOME": "/nonexistent"}
     env.update(env_extra or {})
     argv = [str(harness), str(so), ctx, f"pythonpath={site}",
-            f"pythonpath={sysconfig.get_path('purelib')}", *args]
+            *([f"pythonpath={sysconfig.get_path('purelib')}"] if purelib else []), *args]
     p = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout_s)
     return p.returncode, p.stdout.splitlines(), p.stderr
 
@@ -461,11 +463,8 @@ def test_editable_install_reached_through_a_pth_file(built, harness, real_site, 
     only_pth = tmp_path / "only-pth"
     only_pth.mkdir()
     (only_pth / "gsrun-editable.pth").write_text(f"{real_site}\n")
-    argv = [str(harness), str(built), "allocator", f"pythonpath={only_pth}"]
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "FAKE_OPTS": "gs-mps=50"}
-    p = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
-    out = p.stdout.splitlines()
-    assert p.returncode == 0, (out, p.stderr)
+    rc, out, err = run_harness(harness, built, "allocator", only_pth, opts="gs-mps=50", purelib=False)
+    assert rc == 0, (out, err)
     assert "JOBCONTROL SPANK_GS_MPS=50" in out
     assert not [l for l in out if l.startswith("ERROR")]
 
@@ -474,11 +473,8 @@ def test_not_found_even_through_pth_files_reports_the_first_error(built, harness
     empty = tmp_path / "empty"
     empty.mkdir()
     (empty / "other.pth").write_text(f"{tmp_path / 'nowhere'}\n")
-    argv = [str(harness), str(built), "allocator", f"pythonpath={empty}"]
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "FAKE_OPTS": "gs-mps=50"}
-    p = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
-    out = p.stdout.splitlines()
-    assert p.returncode == 11, (out, p.stderr)
+    rc, out, err = run_harness(harness, built, "allocator", empty, opts="gs-mps=50", purelib=False)
+    assert rc == 11, (out, err)
     errors = [l[len("ERROR: "):] for l in out if l.startswith("ERROR: ")]
     assert errors[0].startswith("gsrun: spank: python: cannot import gsrun.spank_py.hooks"), errors
     assert any("ModuleNotFoundError: No module named 'gsrun'" in e for e in errors), errors
