@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import os
 import select
-import signal
 import time
+
+import _signal as signal   # the C module: signal.py's enums (enum, functools) cost the epilog ~6 ms
 
 POLL_S = 0.01       # the /proc fallback's poll period
 _BOOT_TIME: float | None = None

@@ -159,9 +159,7 @@ def thp_dir(hostfs) -> str:
 
 def governor_cpus(hostfs) -> list[str]:
     """CPU dir names (``cpu0`` ...) that have ``cpufreq/scaling_governor``, numeric order."""
-    import re
-
-    cpus = [c for c in hostfs.listdir(CPU) if re.match(_CPU, c)
+    cpus = [c for c in hostfs.listdir(CPU) if c.startswith("cpu") and c[3:].isascii() and c[3:].isdigit()
             and hostfs.exists(f"{CPU}/{c}/cpufreq/scaling_governor")]
     return sorted(cpus, key=lambda c: int(c[3:]))
 

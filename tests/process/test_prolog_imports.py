@@ -43,11 +43,14 @@ CREDENTIAL = {"SLURM_JOB_RESTART_COUNT": "0"}   # slurmd's credential fields: th
 def _launch(out: str) -> str:
     return (f"import sys\nsys.path[:0] = [{_ROOTS[0]!r}]\nimport gsrun\n"
             f"gsrun.__path__.extend(d for d in {_ROOTS[1:]!r} if d not in gsrun.__path__)\n"
-            "before = set(sys.modules)\n"
+            "import os\nbefore = set(sys.modules)\n"
+            "def record():\n"
+            f"    open({out!r}, 'w').write('\\n'.join(sorted(set(sys.modules) - before)))\n"
+            # a hook that finished ends by os._exit (node_entry._exit): record on the way out
+            "exit_now = os._exit\nos._exit = lambda rc: (record(), exit_now(rc))\n"
             "from gsrun.wrapper.node_entry import main\n"
             "try:\n    main(sys.argv[1:])\n"
-            "finally:\n"
-            f"    open({out!r}, 'w').write('\\n'.join(sorted(set(sys.modules) - before)))\n")
+            "finally:\n    record()\n")
 
 
 @pytest.fixture
