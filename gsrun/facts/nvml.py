@@ -126,10 +126,12 @@ class FakeNvml(Backend):
     entry, the first. A scripted ``util_samples`` answer that is a number is
     one driver sample stamped now (``[[now_us, pct]]``)."""
 
-    def __init__(self, data: dict, clock=time.monotonic):
-        import copy
+    def __init__(self, data: dict, clock=time.monotonic, _own: bool = False):
+        if not _own:        # the caller's dict is never changed by set()
+            import copy
 
-        self.data = copy.deepcopy(data)
+            data = copy.deepcopy(data)
+        self.data = data
         self.clock = clock
         self.t0 = clock()
         init = self.data.get("init")
@@ -142,7 +144,8 @@ class FakeNvml(Backend):
     def from_file(cls, path: str | Path, clock=time.monotonic) -> "FakeNvml":
         import json
 
-        return cls(json.loads(Path(path).read_text()), clock)
+        with open(path, "rb") as f:
+            return cls(json.loads(f.read()), clock, _own=True)     # a fresh dict: no copy needed
 
     def driver_version(self):
         return _unwrap(self.data.get("driver", {"error": "Not Found", "code": 6}))

@@ -193,3 +193,44 @@ def test_epilog_stops_an_older_prologs_sampler_and_computes_the_summary():
         if p.poll() is None:
             p.kill()
             p.wait()
+
+
+def _busy(job_id: str, node: str = "gpu-node01"):
+    """A process of job ``job_id`` (its environment, as slurmstepd gives it) that burns CPU."""
+    env = dict(os.environ, SLURM_JOB_ID=job_id, SLURMD_NODENAME=node)
+    return subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\nwhile True:\n    pass\n"], env=env)
+
+
+def test_job_procs_final_poll_rereads_known_processes_only():
+    """Without a job cgroup the sampler finds the job's processes by their
+    environment; its final poll (known_only) re-reads the ones it knows and
+    does not scan for new ones, and CPU time of a process that ended is kept."""
+    from gsrun.node.sampler import JobProcs
+
+    job = "987654"
+    procs = JobProcs(job, os.getuid(), "gpu-node01")
+    a = _busy(job)
+    other = _busy("111")            # another job's process: never counted
+    b = None
+    try:
+        time.sleep(0.3)
+        cpu0, rss0 = procs.poll()
+        assert procs.current == {a.pid} and rss0 > 0
+        time.sleep(0.4)
+        b = _busy(job)              # started after the last full poll
+        time.sleep(0.3)
+        cpu1, _ = procs.poll(known_only=True)
+        assert procs.current == {a.pid}           # b is not looked for
+        assert cpu1 >= cpu0 + 0.3                 # a kept burning CPU: re-read
+        a.kill()
+        a.wait()
+        cpu2, rss2 = procs.poll(known_only=True)
+        assert procs.current == set() and rss2 == 0
+        assert cpu2 == cpu1                       # an ended process keeps its last value
+        cpu3, _ = procs.poll()                    # a full poll finds b
+        assert procs.current == {b.pid} and cpu3 > cpu2
+    finally:
+        for p in (a, other, b):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
