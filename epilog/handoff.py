@@ -38,6 +38,11 @@ sampler's: if it runs past ``budget_s`` + :data:`RESULT_MARGIN_S` (its own
 per-step budgets failed) the epilog exits 1 and slurmd drains the node with
 the reason, rather than run a second restore alongside the first.
 
+One epilog of a job runs at a time on a node (:func:`lock_job`, taken by
+:func:`run_epilog` before anything else): a second one, run by hand while
+slurmd's is handed over, waits for the first instead of taking the busy
+sampler for wedged.
+
 The socket is found under ``--state-dir``, else ``$GSRUN_STATE_DIR``, else
 the built-in ``paths.state_dir`` -- the config is not read first (that is
 the cost being avoided): a site that moves its state dir only in the config
@@ -58,6 +63,8 @@ from gsrun.base.ids import is_job_id
 from gsrun.base.paths import DEFAULT_STATE_DIR
 
 SOCKET_NAME = "epilog.sock"
+LOCK_NAME = "epilog.lock"
+LOCK_WAIT_S = 120.0     # a second epilog of the job waits this long for the first one
 MAGIC = b"gsrun-epilog 1"
 ACCEPT_TIMEOUT_S = 5.0
 EXIT_WAIT_S = 5.0       # the sampler exits right after its result; the epilog waits for that
@@ -74,6 +81,71 @@ def job_dir(environ, state_dir: str | None) -> str | None:
     if not is_job_id(job_id, array=True):
         return None
     return os.path.join(state_dir or environ.get("GSRUN_STATE_DIR") or DEFAULT_STATE_DIR, "jobs", job_id)
+
+
+def lock_job(environ, state_dir: str | None, wait_s: float | None = None) -> tuple[int | None, str | None]:
+    """One epilog of a job at a time on this node: an exclusive ``flock`` on
+    ``<state_dir>/jobs/<id>/epilog.lock`` (root 0600, in the job's root 0700
+    directory), waited for up to ``wait_s`` (default :data:`LOCK_WAIT_S`). Without it a second epilog (run
+    by hand while slurmd's is handed over) would find the sampler busy, kill
+    it after :data:`ACCEPT_TIMEOUT_S` and run the steps alongside the first.
+    The one that waited runs after the first as a rerun does. Not the job
+    directory itself: the MIG journal's lock is on that (:mod:`gsrun.node.journal`).
+
+    Returns ``(fd, None)``: held until ``fd`` is closed or this process
+    exits; ``(None, None)``: no job directory (no prolog state: nothing to
+    serialise) or a file system without ``flock``; ``(None, why)``: still held
+    after ``wait_s``."""
+    jdir = job_dir(environ, state_dir)
+    if jdir is None:
+        return None, None
+    try:
+        fd = os.open(os.path.join(jdir, LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return None, None
+    import fcntl
+    import time
+
+    wait_s = LOCK_WAIT_S if wait_s is None else wait_s
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd, None
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                os.close(fd)
+                return None, f"another epilog of this job still holds {LOCK_NAME} after {wait_s:g} s"
+            time.sleep(0.02)
+        except OSError:
+            os.close(fd)
+            return None, None
+
+
+def run_epilog(environ, host_root: str | None = None, state_dir: str | None = None,
+               spool_dir: str | None = None) -> int:
+    """The epilog of the job in ``environ`` (slurmd's): one at a time per job
+    (:func:`lock_job`), handed to the job's sampler when it listens
+    (:func:`try_handoff`), else run in this process
+    (:func:`gsrun.epilog.main.run_here`). Returns the exit status: 1 when the
+    node needs an admin (slurmd drains it), also when another epilog of the
+    job holds the lock past :data:`LOCK_WAIT_S` (wedged)."""
+    fd, why = lock_job(environ, state_dir)
+    if why:
+        job = environ.get("SLURM_JOB_ID")
+        print(f"gsrun: epilog: job {job}: {why}\nhint: see that epilog's lines in the gsrun log / syslog; "
+              f"when it is gone, run 'gsrun-node restore --job {job}'", file=sys.stderr)
+        return 1
+    try:
+        rc, why = try_handoff(environ, host_root, state_dir, spool_dir)
+        if rc is None:
+            from gsrun.epilog.main import run_here
+
+            rc = run_here(environ, host_root, state_dir, spool_dir, note=why)
+        return rc
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 def peer_cred(sock: socket.socket) -> tuple[int, int]:

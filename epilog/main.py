@@ -79,12 +79,9 @@ def run(environ, host_root: str | None = None, state_dir: str | None = None,
     job's sampler when it listens (:mod:`gsrun.epilog.handoff`), else
     :func:`run_here`. Returns the exit status: 1 when the node needs an admin
     (slurmd drains it)."""
-    from gsrun.epilog.handoff import try_handoff
+    from gsrun.epilog.handoff import run_epilog
 
-    rc, why = try_handoff(environ, host_root, state_dir, spool_dir)
-    if rc is not None:
-        return rc
-    return run_here(environ, host_root, state_dir, spool_dir, note=why)
+    return run_epilog(environ, host_root, state_dir, spool_dir)
 
 
 def run_here(environ, host_root: str | None = None, state_dir: str | None = None,

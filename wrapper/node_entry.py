@@ -161,13 +161,9 @@ def main(argv: list[str] | None = None) -> None:
         else:
             # the job's sampler runs the steps when it listens (gsrun.epilog.handoff): then
             # this process imports nothing else
-            from gsrun.epilog.handoff import try_handoff
+            from gsrun.epilog.handoff import run_epilog
 
-            rc, why = try_handoff(os.environ, a["host_root"], a["state_dir"], a["spool_dir"])
-            if rc is None:
-                from gsrun.epilog.main import run_here
-
-                rc = run_here(os.environ, a["host_root"], a["state_dir"], a["spool_dir"], note=why)
+            rc = run_epilog(os.environ, a["host_root"], a["state_dir"], a["spool_dir"])
     except GsrunError as e:
         print(str(e), file=sys.stderr)
         sys.exit(2)

@@ -304,3 +304,44 @@ def test_a_wedged_sampler_is_killed_without_pidfds_too(monkeypatch):
     assert _gone(info, 1.0)
     cp = run_node(["epilog"], env)
     assert cp.returncode == 0, cp.stderr
+
+
+def test_a_second_epilog_of_the_job_waits_for_the_first(monkeypatch, capsys):
+    """One epilog of a job at a time (handoff.lock_job): a second one (by hand, while
+    slurmd's is handed over) waits for the lock instead of finding the sampler busy,
+    killing it after ACCEPT_TIMEOUT_S and running the steps alongside the first."""
+    import fcntl
+    import subprocess
+    import sys
+
+    from helpers.node_site import LAUNCH
+
+    site = make_site()
+    env, info, sdir = _started(site, "4920")
+    first = os.open(sdir / handoff.LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)    # the first epilog
+    fcntl.flock(first, fcntl.LOCK_EX)
+    try:
+        # a wedged first epilog: the second gives up after the wait, exit 1 (slurmd drains), sampler untouched
+        monkeypatch.setattr(handoff, "LOCK_WAIT_S", 0.3)
+        assert handoff.run_epilog(env, None, str(site.state), None) == 1
+        err = capsys.readouterr().err
+        assert "gsrun: epilog: job 4920: another epilog of this job still holds epilog.lock after 0.3 s" in err
+        assert "hint: " in err
+        assert pids.is_same(info["pid"], info["create_time"])
+        second = subprocess.Popen([sys.executable, "-P", "-c", LAUNCH, "epilog"], env=env, text=True,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/")
+        time.sleep(handoff.ACCEPT_TIMEOUT_S / 5 + 0.5)
+        assert second.poll() is None                           # waiting for the lock
+        assert pids.is_same(info["pid"], info["create_time"])  # nobody touched the sampler
+    finally:
+        os.close(first)
+    out, err = second.communicate(timeout=60)
+    assert second.returncode == 0, err
+    assert "(in the job's sampler" in err                      # then handed over as usual
+    assert _gone(info, 1.0)
+    assert not sdir.exists()                                   # the job's state forgotten
+
+
+def test_no_job_directory_means_no_lock(tmp_path):
+    assert handoff.lock_job({"SLURM_JOB_ID": "77"}, str(tmp_path)) == (None, None)
+    assert handoff.lock_job({"SLURM_JOB_ID": "x/../y"}, str(tmp_path)) == (None, None)
