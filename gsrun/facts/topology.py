@@ -472,11 +472,11 @@ def _device_bdf(fs: HostFS, base: str) -> str | None:
         name = [x for x in target.split("/") if x not in ("", ".")][-1:] or [""]   # Path(target).name
         if is_bdf(name[0]):
             return name[0]
-    import re
-
     ue = fs.read(f"{base}/uevent") or ""
-    m = re.search(r"PCI_SLOT_NAME=(\S+)", ue)
-    return _bus_id(m.group(1)) if m else None
+    for part in ue.split("PCI_SLOT_NAME=")[1:]:   # PCI_SLOT_NAME=(\S+), without `re`
+        if part[:1] and not part[:1].isspace():
+            return _bus_id(part.split()[0])
+    return None
 
 
 #: ``read_topology(fs, nvml=NVML_IF_NEEDED)``: sysfs/procfs first, NVML only
