@@ -43,7 +43,7 @@ from gsrun.bind.plan import (RankPlan, apply_affinity, exec_argv, fallback_rank,
 from gsrun.base.cpulist import format_cpulist, parse_cpulist
 from gsrun.base.errors import GsrunError, InputError
 from gsrun.facts.hostfs import HostFS
-from gsrun.facts.topology import read_allowed_mems, read_topology
+from gsrun.facts.topology import NVML_IF_NEEDED, read_allowed_mems, read_topology
 
 __all__ = ["main", "BindParams", "apply_affinity", "plan_environ", "run_plan", "run_exec"]
 
@@ -104,7 +104,9 @@ def run_plan(p: BindParams, environ: Mapping[str, str]) -> str:
         topo = read_topology_xml(xml)
         allowed = allowed or list(topo.cpus_online)
     else:
-        topo = read_topology(fs)
+        # the JSON plan: sysfs/procfs first, NVML only for what they leave unknown (the
+        # same plan); the table also shows NVML's own view of each GPU (CPU affinity)
+        topo = read_topology(fs, nvml=NVML_IF_NEEDED if p.as_json else True)
     env = plan_environ(environ, p.gpus, p.ntasks_per_node, p.local_rank)
     if p.local_rank is None:
         env.pop("SLURM_LOCALID", None)

@@ -60,8 +60,6 @@ cpuset, NCCL's helper threads land on the same CPUs, which is what we want.
 from __future__ import annotations
 
 import os
-import re
-from collections.abc import Mapping, Sequence
 
 from gsrun.base.cpulist import format_cpulist
 from gsrun.facts.devices import DeviceToken, parse_device_list
@@ -70,7 +68,14 @@ from gsrun.base.frozen import Frozen
 from gsrun.base.ids import is_job_id, is_node_name
 from gsrun.facts.hostfs import HostFS
 from gsrun.facts.slurm import parse_tasks_per_node
-from gsrun.facts.topology import Gpu, Nic, Topology, read_allowed_cpus, read_topology
+from gsrun.facts.topology import NVML_IF_NEEDED, Gpu, Nic, Topology, read_allowed_cpus, read_topology
+
+TYPE_CHECKING = False   # not `typing`
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
+# `re` is imported only where a MIG UUID is checked: the SPANK plugin imports
+# this module in every bound step (tests/bench/bench_spank_host.py).
 
 #: variables of other vendors' runtimes that Slurm may set on an NVIDIA node
 #: (field case 11, docs/field-cases.md); unset in NVIDIA steps.
@@ -630,14 +635,17 @@ def plan_from_env(environ: Mapping[str, str], hostfs: HostFS,
     ``CUDA_DEVICE_ORDER``, the task counts (:func:`ntasks_from_env`, else one
     per GPU, else 1) and ``SLURM_LOCALID`` (the count is raised to cover it).
     ``allowed_cpus`` None: the process's affinity on the live host, all
-    online CPUs under a host root. ``topology`` skips reading the host.
+    online CPUs under a host root. ``topology`` skips reading the host;
+    without it the host is read sysfs/procfs first, NVML only for what they
+    leave unknown (:data:`gsrun.facts.topology.NVML_IF_NEEDED`: the plan is
+    the same either way).
 
     Raises:
         InputError: a malformed Slurm/CUDA variable (see
             :func:`gsrun.facts.devices.parse_device_list`), no allowed CPU online.
         TopologyError: an ambiguous GPU UUID prefix.
     """
-    topo = topology if topology is not None else read_topology(hostfs)
+    topo = topology if topology is not None else read_topology(hostfs, nvml=NVML_IF_NEEDED)
     if allowed_cpus is None:
         allowed_cpus = read_allowed_cpus(hostfs, topo.cpus_online)
     warns: list[str] = []
@@ -778,7 +786,7 @@ __all__ = ["GpuRef", "RankPlan", "Plan", "FOREIGN_GPU_VARS", "resolve_step_gpus"
 
 # ---------------------------------------------------------------- MIG devices of the job
 
-_MIG_UUID = re.compile(r"MIG-[0-9A-Za-z-]{8,64}(/[0-9]{1,3}/[0-9]{1,3})?")
+_MIG_UUID = r"MIG-[0-9A-Za-z-]{8,64}(/[0-9]{1,3}/[0-9]{1,3})?"
 
 
 def mig_visible_devices(devices: list[str], local_rank: int, gpu_isolation: bool = False) -> str | None:
@@ -787,7 +795,9 @@ def mig_visible_devices(devices: list[str], local_rank: int, gpu_isolation: bool
     for whole GPUs: every device visible, ordered so that entry
     ``LOCAL_RANK`` is the rank's own (``devices[local_rank % n]``); with
     ``gpu_isolation`` only its own. None when there is no valid device. Pure."""
-    devs = [d for d in devices if isinstance(d, str) and _MIG_UUID.fullmatch(d)]
+    import re
+
+    devs = [d for d in devices if isinstance(d, str) and re.fullmatch(_MIG_UUID, d)]
     if not devs:
         return None
     own = devs[local_rank % len(devs)]
@@ -802,14 +812,16 @@ def read_job_mig_devices(spool_dir: str, job_id: str | None, node: str | None) -
     """The MIG device UUIDs the prolog created for this job on this node
     (``<spool>/jobs/<id>/user-mig-<node>.json``, owned by the job's user),
     or None when the job has no MIG layout here."""
-    import json
-    import os
-
     if not is_job_id(job_id) or not is_node_name(node):
         return None
     path = os.path.join(spool_dir, "jobs", job_id, f"user-mig-{node}.json")
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None   # the usual case: no MIG layout, and no `json` import (~8 ms with re) in the step
+    import json
+
+    try:
         with os.fdopen(fd) as f:
             data = json.load(f)
     except (OSError, ValueError):

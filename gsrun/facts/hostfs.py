@@ -11,11 +11,25 @@ against a fake tree.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 from gsrun.base.errors import InputError
 
+TYPE_CHECKING = False   # not `typing`
+if TYPE_CHECKING:
+    from pathlib import Path
+
+# `pathlib` (~3 ms with urllib.parse, ipaddress) is imported only by the
+# methods that hand out a Path: the SPANK plugin reads the topology through
+# this class in every bound step.
+
 ENV_HOST_ROOT = "GSRUN_HOST_ROOT"
+
+
+def _as_posix_path(text: str) -> str:
+    """``str(pathlib.Path(text))`` without importing pathlib: repeated
+    slashes and ``.`` components dropped, ``..`` kept, ``""`` -> ``"."``."""
+    lead = "//" if text.startswith("//") and not text.startswith("///") else "/" if text.startswith("/") else ""
+    return lead + "/".join(p for p in text.split("/") if p not in ("", ".")) or "."
 
 
 class HostFS:
@@ -28,10 +42,9 @@ class HostFS:
     """
 
     def __init__(self, root: str | os.PathLike = "/"):
-        self.root = Path(root)
         # every read and write goes through plain strings and os calls (:meth:`_p`): a
         # Path per access cost the tuned epilog's restore ~2 ms in pathlib alone
-        self._root = os.fspath(self.root)
+        self._root = _as_posix_path(os.fspath(root))
         if not os.path.isdir(self._root):
             raise InputError("hostfs", "host root is not a directory", str(root),
                              hint="--host-root DIR must hold sys/ and proc/")
@@ -42,6 +55,13 @@ class HostFS:
         """``host_root`` if given, else ``$GSRUN_HOST_ROOT``, else ``/``."""
         environ = os.environ if environ is None else environ
         return cls(host_root or environ.get(ENV_HOST_ROOT) or "/")
+
+    @property
+    def root(self) -> Path:
+        """The root as a :class:`~pathlib.Path`."""
+        from pathlib import Path
+
+        return Path(self._root)
 
     @property
     def is_real(self) -> bool:
@@ -59,7 +79,17 @@ class HostFS:
         return os.path.join(self._root, rel)
 
     def path(self, rel: str) -> Path:
+        from pathlib import Path
+
         return Path(self._p(rel))
+
+    def readlink(self, rel: str) -> str | None:
+        """The target of the symlink ``rel`` as written (``os.readlink``),
+        None when ``rel`` is not a symlink or cannot be read."""
+        try:
+            return os.readlink(self._p(rel))
+        except (OSError, ValueError):
+            return None
 
     def read(self, rel: str) -> str | None:
         """File text stripped of the trailing newline, or None if absent."""
@@ -123,5 +153,9 @@ class HostFS:
         """``<root>/nvml.json`` (a recorded NVML answer set) under a fake root."""
         if self.is_real:
             return None
-        p = self.root / "nvml.json"
-        return p if p.is_file() else None
+        p = os.path.join(self._root, "nvml.json")
+        if not os.path.isfile(p):
+            return None
+        from pathlib import Path
+
+        return Path(p)

@@ -61,8 +61,6 @@ nodes can hold a memory policy and which can hold ranks.
 from __future__ import annotations
 
 import os
-import re
-from pathlib import Path
 
 from gsrun.base.cpulist import parse_cpulist, words_to_cpus
 from gsrun.base.errors import InputError
@@ -74,11 +72,39 @@ if TYPE_CHECKING:
     from gsrun.facts.nvml import Backend
 
 # gsrun.facts.nvml (and through it dataclasses, pynvml) is imported where NVML
-# is read, not here: the SPANK plugin imports this module in every bound step.
+# is read, and `re`/`pathlib` not at all on the usual path (string checks
+# below): the SPANK plugin imports this module in every bound step.
 
 NVIDIA_VENDOR = "0x10de"
 GPU_CLASSES = ("0x0300", "0x0302")  # VGA-compatible controller, 3D controller
-_BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+_HEX_LOWER = frozenset("0123456789abcdef")
+_DIGITS = frozenset("0123456789")
+
+
+def is_bdf(text: str) -> bool:
+    """``text`` is a PCI address in sysfs form, ``0000:3b:00.0``
+    (``[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}.[0-7]``)."""
+    return (len(text) == 12 and text[4] == ":" and text[7] == ":" and text[10] == "."
+            and _HEX_LOWER.issuperset(text[0:4] + text[5:7] + text[8:10]) and text[11] in "01234567")
+
+
+def _numbered(name: str, prefix: str) -> bool:
+    """``name`` is ``prefix`` followed by decimal digits (``cpu12``, ``node3``)."""
+    return name.startswith(prefix) and len(name) > len(prefix) and _DIGITS.issuperset(name[len(prefix):])
+
+
+def _mem_total_kb(meminfo: str) -> int | None:
+    """``MemTotal`` of a node's ``meminfo`` (``Node 0 MemTotal:  65536 kB``)
+    in kB: ``MemTotal:\\s+([0-9]+)\\s*kB``, without `re`."""
+    for line in meminfo.splitlines():
+        _, found, rest = line.partition("MemTotal:")
+        if not found or not rest[:1].isspace():
+            continue
+        rest = rest.lstrip()
+        n = len(rest) - len(rest.lstrip("0123456789"))
+        if n and rest[n:].lstrip().startswith("kB"):
+            return int(rest[:n])
+    return None
 NODE_DIR = "sys/devices/system/node"
 CPU_DIR = "sys/devices/system/cpu"
 
@@ -213,7 +239,7 @@ def read_cpus_online(fs: HostFS) -> list[int]:
                 return parse_cpulist(text)
             except InputError:
                 pass
-    ids = [int(d[3:]) for d in fs.listdir(CPU_DIR) if re.fullmatch(r"cpu[0-9]+", d)]
+    ids = [int(d[3:]) for d in fs.listdir(CPU_DIR) if _numbered(d, "cpu")]
     return sorted(ids)
 
 
@@ -252,18 +278,15 @@ def read_nodes(fs: HostFS, cpus: list[int]) -> list[NumaNode]:
     the kernel has no NUMA directory."""
     online = set(cpus)
     nodes = []
-    names = [d for d in fs.listdir(NODE_DIR) if re.fullmatch(r"node[0-9]+", d)]
+    names = [d for d in fs.listdir(NODE_DIR) if _numbered(d, "node")]
     for d in sorted(names, key=lambda s: int(s[4:])):
         nid = int(d[4:])
         try:
             ncpus = [c for c in parse_cpulist(fs.read(f"{NODE_DIR}/{d}/cpulist")) if c in online]
         except InputError:
             ncpus = []
-        mem = None
-        mi = fs.read(f"{NODE_DIR}/{d}/meminfo") or ""
-        m = re.search(r"MemTotal:\s+([0-9]+)\s*kB", mi)
-        if m:
-            mem = int(m.group(1)) * 1024
+        kb = _mem_total_kb(fs.read(f"{NODE_DIR}/{d}/meminfo") or "")
+        mem = kb * 1024 if kb is not None else None
         dist: dict[int, int] = {}
         dtext = fs.read(f"{NODE_DIR}/{d}/distance")
         if dtext:
@@ -281,15 +304,11 @@ def _pci_path(fs: HostFS, bdf: str) -> tuple[str, ...]:
     """PCI addresses from the root port down to ``bdf``, from the sysfs link
     ``bus/pci/devices/<bdf> -> ../../../devices/pci0000:17/0000:17:00.0/...``.
     ``(bdf,)`` when the tree holds a plain directory (a recorded subset)."""
-    p = fs.path(f"sys/bus/pci/devices/{bdf}")
-    try:
-        if p.is_symlink():
-            target = os.readlink(p)
-            parts = [x for x in Path(target).parts if _BDF.match(x)]
-            if parts:
-                return tuple(parts)
-    except OSError:
-        pass
+    target = fs.readlink(f"sys/bus/pci/devices/{bdf}")
+    if target is not None:
+        parts = [x for x in target.split("/") if is_bdf(x)]
+        if parts:
+            return tuple(parts)
     return (bdf,)
 
 
@@ -315,9 +334,17 @@ def _read_proc_gpu(fs: HostFS, bdf: str) -> dict[str, str]:
     return out
 
 
-def _sysfs_gpu_bdfs(fs: HostFS) -> list[str]:
+def _bus_id(text: str) -> str:
+    """:func:`gsrun.facts.nvml.normalize_bus_id`, without importing that
+    module for a name already in sysfs form."""
+    if is_bdf(text):
+        return text
     from gsrun.facts.nvml import normalize_bus_id
 
+    return normalize_bus_id(text)
+
+
+def _sysfs_gpu_bdfs(fs: HostFS) -> list[str]:
     out = []
     for bdf in fs.listdir("sys/bus/pci/devices"):
         base = f"sys/bus/pci/devices/{bdf}"
@@ -326,11 +353,11 @@ def _sysfs_gpu_bdfs(fs: HostFS) -> list[str]:
             continue
         cls = (fs.read(f"{base}/class") or "").strip().lower()
         if cls.startswith(GPU_CLASSES):
-            out.append(normalize_bus_id(bdf))
+            out.append(_bus_id(bdf))
     # procfs may list GPUs whose PCI entry is not in a recorded subset
     for bdf in fs.listdir("proc/driver/nvidia/gpus"):
-        b = normalize_bus_id(bdf)
-        if _BDF.match(b) and b not in out:
+        b = _bus_id(bdf)
+        if is_bdf(b) and b not in out:
             out.append(b)
     return sorted(out)
 
@@ -440,41 +467,91 @@ def read_nics(fs: HostFS) -> list[Nic]:
 
 
 def _device_bdf(fs: HostFS, base: str) -> str | None:
-    p = fs.path(base)
-    try:
-        if p.is_symlink():
-            name = Path(os.readlink(p)).name
-            if _BDF.match(name):
-                return name
-    except OSError:
-        pass
-    from gsrun.facts.nvml import normalize_bus_id
-
+    target = fs.readlink(base)
+    if target is not None:
+        name = [x for x in target.split("/") if x not in ("", ".")][-1:] or [""]   # Path(target).name
+        if is_bdf(name[0]):
+            return name[0]
     ue = fs.read(f"{base}/uevent") or ""
-    m = re.search(r"PCI_SLOT_NAME=(\S+)", ue)
-    return normalize_bus_id(m.group(1)) if m else None
+    for part in ue.split("PCI_SLOT_NAME=")[1:]:   # PCI_SLOT_NAME=(\S+), without `re`
+        if part[:1] and not part[:1].isspace():
+            return _bus_id(part.split()[0])
+    return None
 
 
-def read_topology(fs: HostFS, nvml: Backend | None | bool = True,
+#: ``read_topology(fs, nvml=NVML_IF_NEEDED)``: sysfs/procfs first, NVML only
+#: for what they leave unknown (see :func:`sysfs_decides`).
+NVML_IF_NEEDED = "if-needed"
+
+_HEX = frozenset("0123456789abcdefABCDEF")
+
+
+def _is_gpu_uuid(text: str | None) -> bool:
+    """``GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`` (what NVML and procfs
+    print for a GPU that has one; ``??`` or a truncated value is not)."""
+    if not text or not text.startswith("GPU-"):
+        return False
+    parts = text[4:].split("-")
+    return [len(x) for x in parts] == [8, 4, 4, 4, 12] and all(set(x) <= _HEX for x in parts)
+
+
+def sysfs_decides(fs: HostFS, gpus: list[Gpu]) -> str | None:
+    """Why NVML is still needed after reading ``gpus`` from sysfs/procfs
+    alone (:func:`read_gpus` without a backend), or None when it is not:
+    the PCI device list is readable and every GPU has its minor number and
+    UUID (procfs ``information``) and its NUMA node from sysfs ``numa_node``.
+    NVML would then change nothing the binding plan uses (it adds its own
+    enumeration index, the name, and its CPU-affinity mask, which
+    :func:`read_gpus` consults only when ``numa_node`` does not decide).
+    A host whose PCI list cannot be read (a fake tree without
+    ``sys/bus/pci/devices``) leaves the GPU list itself to NVML."""
+    if not fs.listdir("sys/bus/pci/devices"):
+        return "no PCI device list"
+    for g in gpus:
+        if g.minor is None:
+            return f"GPU {g.pci_bus_id}: minor number unknown"
+        if not _is_gpu_uuid(g.uuid):
+            return f"GPU {g.pci_bus_id}: UUID unknown"
+        if g.numa_source != "sysfs numa_node":
+            return f"GPU {g.pci_bus_id}: sysfs numa_node does not decide"
+    return None
+
+
+def read_topology(fs: HostFS, nvml: Backend | None | bool | str = True,
                   smi_text: str | None = None) -> Topology:
     """All facts of the host behind ``fs``.
 
     ``nvml``: ``True`` opens the backend for ``fs`` (FakeNvml from
     ``<root>/nvml.json``, RealNvml on ``/``); ``False``/``None`` skips NVML
-    (sysfs/procfs only); a :class:`Backend` is used as given. NVML init
-    failing is a note, not an error. ``smi_text`` is ``nvidia-smi topo -m``
-    output for the last-resort fallback; on the live host it is run (10 s
-    timeout) only when a GPU's node is still unknown on a multi-node host;
-    under a fake root ``<root>/nvidia-smi-topo.txt`` is read if present.
+    (sysfs/procfs only); a :class:`Backend` is used as given;
+    :data:`NVML_IF_NEEDED` reads sysfs/procfs first and opens NVML (as
+    ``True``) only when :func:`sysfs_decides` says they leave something
+    unknown -- otherwise every GPU's ``nvml_index`` is None (NVML not
+    asked) and a note says so (nvmlInit + nvmlShutdown cost ~28 ms on an
+    H200 node, in every bound step). NVML init failing is a note, not an
+    error. ``smi_text`` is ``nvidia-smi topo -m`` output for the
+    last-resort fallback; on the live host it is run (10 s timeout) only
+    when a GPU's node is still unknown on a multi-node host; under a fake
+    root ``<root>/nvidia-smi-topo.txt`` is read if present.
     """
-    from gsrun.facts.nvml import Backend, NvmlUnavailable, open_nvml
-
     notes: list[str] = []
     cpus = read_cpus_online(fs)
     if not cpus:
         notes.append("no online CPU list found")
     cores = read_cores(fs, cpus)
     nodes = read_nodes(fs, cpus)
+    if nvml == NVML_IF_NEEDED:
+        gpus, gnotes = read_gpus(fs, nodes, cpus, None)
+        if sysfs_decides(fs, gpus) is None:
+            notes += gnotes
+            notes.append("NVML not opened: sysfs/procfs gave every GPU's minor number, UUID and NUMA node"
+                         if gpus else "NVML not opened: no NVIDIA GPU in sysfs/procfs")
+            return Topology(cpus_online=tuple(cpus), cores=tuple(cores), nodes=tuple(nodes),
+                            gpus=tuple(gpus), nics=tuple(read_nics(fs)), notes=tuple(notes))
+        nvml = True
+
+    from gsrun.facts.nvml import Backend, NvmlUnavailable, open_nvml
+
     backend: Backend | None = None
     if nvml is True:
         try:
@@ -508,11 +585,13 @@ def read_allowed_cpus(fs: HostFS, cpus_online: list[int] | tuple[int, ...]) -> l
 def read_allowed_mems(fs: HostFS) -> list[int] | None:
     """``Mems_allowed_list`` of ``proc/self/status`` (the cpuset's memory
     nodes), None when unreadable. ``numactl --membind`` outside it fails."""
-    text = fs.read("proc/self/status") or ""
-    m = re.search(r"^Mems_allowed_list:\s*(\S*)\s*$", text, re.M)
-    if not m:
-        return None
-    try:
-        return parse_cpulist(m.group(1))
-    except InputError:
-        return None
+    for line in (fs.read("proc/self/status") or "").splitlines():
+        if line.startswith("Mems_allowed_list:"):
+            value = line[len("Mems_allowed_list:"):].split()
+            if len(value) > 1:
+                continue   # not one list: not the kernel's line
+            try:
+                return parse_cpulist(value[0] if value else "")
+            except InputError:
+                return None
+    return None

@@ -10,7 +10,9 @@ Each build gets a production-like ``pythonpath=``: a folder holding the
 build's ``gsrun`` package, then this venv's site-packages as symlinks without
 an editable install's files (``tests/cluster/up`` installs gsrun non-editable;
 ``distutils-precedence.pth`` of setuptools stays). Remote contexts see the
-recorded H200 VM (``tests/data/hosts/h200-vm``) as host root and a site
+recorded H200 VM (``tests/data/hosts/h200-vm``: sysfs ``numa_node`` -1, so the
+plan asks NVML, here its recording) as host root, or ``--host-root NAME``
+(``server-2s8g``: sysfs decides every GPU's node, NVML is not opened), and a site
 config written here (``--config`` plugstack argument), with the config
 cache in a temporary state dir.
 
@@ -118,9 +120,10 @@ def compile_harness(d: Path) -> Path:
     return exe
 
 
-def run_once(harness: Path, so: Path, paths: list[str], config: Path, case: str, check: bool = False) -> float:
+def run_once(harness: Path, so: Path, paths: list[str], config: Path, case: str, check: bool = False,
+             host_root: Path = HOST_ROOT) -> float:
     ctx, opts, getopt = CASES[case]
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "FAKE_OPTS": opts, "GSRUN_HOST_ROOT": str(HOST_ROOT),
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "FAKE_OPTS": opts, "GSRUN_HOST_ROOT": str(host_root),
            "GSRUN_STATE_DIR": str(config.parent / "state")}
     if getopt:
         env["FAKE_GETOPT"] = getopt
@@ -140,7 +143,12 @@ def main() -> None:
     ap.add_argument("--before", default="main", help="git revision to compare against (default main)")
     ap.add_argument("--rounds", type=int, default=21)
     ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--host-root", default=HOST_ROOT.name,
+                    help="recorded host under tests/data/hosts for the remote cases (default h200-vm)")
     a = ap.parse_args()
+    host_root = HOST_ROOT.parent / a.host_root
+    if not (host_root / "sys").is_dir():
+        raise SystemExit(f"--host-root {a.host_root}: no recorded tree at {host_root}")
     cases = a.cases.split(",")
     tmp = Path(tempfile.mkdtemp(prefix="gsrun-bench-spank-"))
     try:
@@ -156,16 +164,16 @@ def main() -> None:
             builds[name] = (so, site_dirs(tree, tmp / f"{name}-site"))
         for case in cases:                               # check once, unmeasured (warms caches)
             for name, (so, paths) in builds.items():
-                run_once(harness, so, paths, config, case, check=True)
+                run_once(harness, so, paths, config, case, check=True, host_root=host_root)
         runs = [(c, b) for c in cases for b in builds]
         res: dict[tuple[str, str], list[float]] = {r: [] for r in runs}
         for r in range(a.rounds):
             k = r % len(runs)
             for case, b in runs[k:] + runs[:k]:
                 so, paths = builds[b]
-                res[(case, b)].append(run_once(harness, so, paths, config, case))
+                res[(case, b)].append(run_once(harness, so, paths, config, case, host_root=host_root))
         med = {r: statistics.median(v) * 1000 for r, v in res.items()}
-        out = {"before": a.before, "rounds": a.rounds, "load_avg": os.getloadavg()[0],
+        out = {"before": a.before, "rounds": a.rounds, "host_root": a.host_root, "load_avg": os.getloadavg()[0],
                "median_ms": {c: {b: round(med[(c, b)], 1) for b in builds} for c in cases},
                "after_over_before": {c: round(med[(c, "after")] / med[(c, "before")], 2) for c in cases}}
         if "floor" in cases:

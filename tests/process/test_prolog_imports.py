@@ -81,7 +81,7 @@ def test_plain_prolog_imports_only_what_it_uses(site):
         runs.append(set(open(out).read().split()))
         assert _hook(site, "epilog", job, os.devnull).returncode == 0
         assert not samplers_of(job, site.state)
-    assert (site.state / "config-cache.json").exists()
+    assert (site.state / "config-cache.marshal").exists()
     assert "tomllib" in runs[0]                           # the first prolog parsed the file
     assert {"gsrun.prolog.main", "gsrun.node.tuning", "json"} <= runs[1]
     assert sorted(m for m in NOT_IMPORTED if m in runs[1]) == []

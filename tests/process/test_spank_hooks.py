@@ -388,7 +388,7 @@ def test_remote_step_imports_only_what_it_uses(tmp_path):
            "GSRUN_STATE_DIR": str(state)}
     runs = [json.loads(subprocess.run([sys.executable, "-P", "-c", REMOTE_STEP, str(cfg)], env=env, check=True,
                                       capture_output=True, text=True, timeout=60).stdout) for _ in range(2)]
-    assert (state / "config-cache.json").exists()
+    assert (state / "config-cache.marshal").exists()
     for got in runs:
         assert got["cpus"] == list(range(8, 16)) and got["spool"] == f"{tmp_path}/spool"
     assert "tomllib" in runs[0]["new"]                    # the first step parsed the file

@@ -4,7 +4,7 @@ ignored when foreign, tampered or stale."""
 
 from __future__ import annotations
 
-import json
+import marshal
 import os
 
 import pytest
@@ -49,17 +49,17 @@ def test_edited_file_is_parsed_again(site):
     load_config_or_defaults(cache_dir=state)
     cfg.write_text(TEXT.replace("interval_s = 3", "interval_s = 7"))
     assert load_config_or_defaults(cache_dir=state)["sampler.interval_s"] == 7.0
-    assert json.loads((state / CACHE_NAME).read_text())["values"]["sampler.interval_s"] == 7.0
+    assert marshal.loads((state / CACHE_NAME).read_bytes())["values"]["sampler.interval_s"] == 7.0
 
 
 def test_tampered_value_is_not_trusted(site):
     cfg, state = site
     load_config_or_defaults(cache_dir=state)
     cache = state / CACHE_NAME
-    data = json.loads(cache.read_text())
+    data = marshal.loads(cache.read_bytes())
     data["values"]["sampler.interval_s"] = -5          # outside the allowed range
     data["values"]["paths.state_dir"] = "relative/dir"  # not an absolute path
-    cache.write_text(json.dumps(data))
+    cache.write_bytes(marshal.dumps(data))
     got = load_config_or_defaults(cache_dir=state)
     assert got["sampler.interval_s"] == 3.0 and got["paths.state_dir"].startswith("/")
 
@@ -68,26 +68,26 @@ def test_unknown_key_or_foreign_mode_ignored(site, monkeypatch):
     cfg, state = site
     load_config_or_defaults(cache_dir=state)
     cache = state / CACHE_NAME
-    data = json.loads(cache.read_text())
+    data = marshal.loads(cache.read_bytes())
     data["values"]["sampler.interval_s"] = 9.0          # in range: would be taken if the file were trusted
-    cache.write_text(json.dumps(data))
+    cache.write_bytes(marshal.dumps(data))
     os.chmod(cache, 0o666)
     assert load_config_or_defaults(cache_dir=state, write_cache=False)["sampler.interval_s"] == 3.0
     os.chmod(cache, 0o600)
     assert load_config_or_defaults(cache_dir=state, write_cache=False)["sampler.interval_s"] == 9.0
     data["values"]["sampler.no_such_key"] = 1
-    cache.write_text(json.dumps(data))
+    cache.write_bytes(marshal.dumps(data))
     assert load_config_or_defaults(cache_dir=state, write_cache=False)["sampler.interval_s"] == 3.0
 
 
 def test_symlinked_cache_not_followed(site, tmp_path):
     cfg, state = site
     load_config_or_defaults(cache_dir=state)
-    real = tmp_path / "elsewhere.json"
+    real = tmp_path / "elsewhere.marshal"
     os.replace(state / CACHE_NAME, real)
-    data = json.loads(real.read_text())
+    data = marshal.loads(real.read_bytes())
     data["values"]["sampler.interval_s"] = 9.0
-    real.write_text(json.dumps(data))
+    real.write_bytes(marshal.dumps(data))
     os.symlink(real, state / CACHE_NAME)
     assert load_config_or_defaults(cache_dir=state, write_cache=False)["sampler.interval_s"] == 3.0
 
