@@ -8,7 +8,10 @@ Slurm.
 and what every run uses (config, spec, render); the rest (Slurm queries,
 ``--tune``/``--mig``/``--mps-share`` checks, submit and follow) is imported
 where it runs, and nothing on the way imports ``dataclasses``, ``shutil`` or
-``pathlib`` (``tests/process/test_dry_run_imports.py``; the figure against the
+``pathlib``. click's ``inspect`` is a placeholder that runs only for a help
+page (:func:`gsrun.base.deferred.defer_import`, :class:`_Option`), and a
+finished run ends without the interpreter's teardown (:func:`main`)
+(``tests/process/test_dry_run_imports.py``; the figure against the
 interpreter floor: ``tests/bench/bench_epilog.py``, ``dry_run``).
 """
 
