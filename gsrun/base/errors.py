@@ -51,10 +51,14 @@ class NodeError(GsrunError):
     """A node-side change (tuning, MPS, MIG) could not be made or undone."""
 
 
-def run_cli(command, prog_name: str, argv=None) -> None:
+def run_cli(command, prog_name: str, argv=None, *, fast_exit: bool = False) -> None:
     """Run a click ``command`` as a console script: a :class:`GsrunError`
     prints its ``gsrun: ...`` message and exits 2, click usage errors exit as
-    click says, Ctrl-C exits 130; otherwise the command's return value."""
+    click says, Ctrl-C exits 130; otherwise the command's return value.
+
+    ``fast_exit``: a command that returned ends by :func:`exit_now` (no
+    interpreter teardown): only for a command that leaves no thread, no
+    ``atexit`` handler and no file open for writing behind it."""
     import sys
 
     import click
@@ -69,4 +73,27 @@ def run_cli(command, prog_name: str, argv=None) -> None:
     except click.ClickException as e:
         e.show()
         sys.exit(e.exit_code)
+    if fast_exit:
+        exit_now(rc or 0)
     sys.exit(rc or 0)
+
+
+def exit_now(rc: int) -> None:
+    """End a process that finished normally without the interpreter's teardown
+    (module and object finalisation: 1.5-2 ms of every prolog and epilog,
+    ~3.5 ms of every ``gsrun``, paid while slurmd or the user waits).
+    Buffered stdout/stderr are flushed first (an error flushing them is
+    ignored); ``atexit`` handlers do not run, and anything else the process
+    holds (files, NVML, a C-state hold) is left to the kernel's cleanup of the
+    process as at any exit. For callers whose files are closed by then
+    (:func:`gsrun.base.fsutil.atomic_write`) and who registered no ``atexit``
+    handler (gsrun registers none)."""
+    import os
+    import sys
+
+    for f in (sys.stdout, sys.stderr):
+        try:
+            f.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(rc)

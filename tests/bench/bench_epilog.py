@@ -19,7 +19,9 @@ run: ``gsrun-node prolog`` (sampler started, tuning journaled when tuned),
 sampler: final sample, node summary, restore), each a fresh process.
 Without and with tuning (``SPANK_GS_TUNE``). Also ``gsrun --dry-run`` and
 ``gsrun-bind --plan --json`` on the same recorded host, with the venv's
-interpreter.
+interpreter; the dry run without a site config (``dry_run``: built-in
+defaults, as the target is set) and with the fake site's ``gsrun.toml``
+(``dry_run_config``: ``tomllib`` and the checks, as on a cluster).
 
 Prints JSON: medians (ms) and ratios to the floor; the targets (epilog <=
 2.5x, prolog <= 3x, ``gsrun --dry-run`` <= 4x) are in ``targets`` with
@@ -110,7 +112,7 @@ def main() -> int:
     site.config.write_text(text)
     py = [python, "-P"]
     res: dict[str, list[float]] = {k: [] for k in ("floor", "floor_isolated", "prolog", "epilog", "prolog_tuned",
-                                                    "epilog_tuned", "dry_run", "bind_plan")}
+                                                    "epilog_tuned", "dry_run", "dry_run_config", "bind_plan")}
     errors: list[str] = []
     parts: dict[str, list[dict]] = {"epilog": [], "epilog_tuned": []}
     script = site.base / "train.py"
@@ -148,6 +150,11 @@ def main() -> int:
         res["dry_run"].append(ms)
         if cp.returncode:
             errors.append(f"gsrun --dry-run rc {cp.returncode}: {cp.stderr[-300:]}")
+        ms, cp = wall_ms([*py, "-c", CLI, "--dry-run", "--gpus", "1", "--gpus-per-node", "1",
+                          str(script)], env={**os.environ, "GSRUN_CONFIG": str(site.config)}, cwd=str(site.base))
+        res["dry_run_config"].append(ms)
+        if cp.returncode:
+            errors.append(f"gsrun --dry-run (site config) rc {cp.returncode}: {cp.stderr[-300:]}")
         ms, cp = wall_ms([*py, "-c", BIND, "--plan", "--json", "--host-root", str(H200),
                           "--gpus", "0"])
         res["bind_plan"].append(ms)

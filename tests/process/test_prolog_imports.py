@@ -46,7 +46,7 @@ def _launch(out: str) -> str:
             "import os\nbefore = set(sys.modules)\n"
             "def record():\n"
             f"    open({out!r}, 'w').write('\\n'.join(sorted(set(sys.modules) - before)))\n"
-            # a hook that finished ends by os._exit (node_entry._exit): record on the way out
+            # a hook that finished ends by os._exit (gsrun.base.errors.exit_now): record on the way out
             "exit_now = os._exit\nos._exit = lambda rc: (record(), exit_now(rc))\n"
             "from gsrun.wrapper.node_entry import main\n"
             "try:\n    main(sys.argv[1:])\n"
