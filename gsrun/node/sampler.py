@@ -426,10 +426,22 @@ class JobProcs:
         never seen is missed)."""
         import psutil
 
-        if known_only:
-            return self._poll_known(psutil)
         rss = 0
         current: set[int] = set()
+        for key, p in (self._known(psutil) if known_only else self._scan(psutil)):
+            try:
+                ct = p.cpu_times()
+                self.seen[key] = ct.user + ct.system
+                rss += p.memory_info().rss
+                current.add(key[0])
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+                continue
+        self.rss_peak = max(self.rss_peak, rss)
+        self.current = current
+        return sum(self.seen.values()), rss
+
+    def _scan(self, psutil):
+        """``((pid, create_time), process)`` of every process of the job's on this node."""
         for p in psutil.process_iter(["pid", "uids", "create_time"]):
             try:
                 if self.uid is not None and p.info["uids"] and p.info["uids"].real != self.uid:
@@ -448,33 +460,20 @@ class JobProcs:
                     if self.node and env.get("SLURMD_NODENAME", self.node) != self.node:
                         self.other.add(key)
                         continue
-                ct = p.cpu_times()
-                self.seen[key] = ct.user + ct.system
-                rss += p.memory_info().rss
-                current.add(key[0])
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
                 continue
-        self.rss_peak = max(self.rss_peak, rss)
-        self.current = current
-        return sum(self.seen.values()), rss
+            yield key, p
 
-    def _poll_known(self, psutil) -> tuple[float, int]:
-        rss = 0
-        current: set[int] = set()
+    def _known(self, psutil):
+        """The same for the job's processes of the last poll that still run (a reused PID is not one)."""
         for key in [k for k in self.seen if k[0] in self.current]:
             try:
                 p = psutil.Process(key[0])
                 if p.create_time() != key[1]:
-                    continue            # the PID was reused: the job's process is gone
-                ct = p.cpu_times()
-                self.seen[key] = ct.user + ct.system
-                rss += p.memory_info().rss
-                current.add(key[0])
+                    continue
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
                 continue
-        self.rss_peak = max(self.rss_peak, rss)
-        self.current = current
-        return sum(self.seen.values()), rss
+            yield key, p
 
 
 def update_job(state: dict, cpu_time_s, mem_current, mem_peak, source: str, t_rel_s: float, dt_s: float):
