@@ -64,16 +64,11 @@ GAP_FACTOR = 2.0                    # a poll later than this x interval_s: the e
 GPU_READ_KEYS = ("memory", "power_mw", "energy_mj", "sm_clock_mhz", "temperature_c",
                  "throttle_reasons", "pcie_tx_kbs", "pcie_rx_kbs", "ecc_uncorrected", "xid_events",
                  "compute_processes")
-# Left out of the final sample, which is on the epilog's critical path (the sampler
-# takes it when slurmd runs the epilog, after the job's tasks ended): NVML measures
-# PCIe throughput over a 20 ms window per call (nvmlDeviceGetPcieThroughput, TX and
-# RX: ~40 ms per GPU on the H200, most of a poll); and the instant readings (power,
-# clock, temperature, throttle reasons, memory used, compute processes) would describe
-# the GPU after the job, not the job. Those figures have a gap of one poll at the end,
-# never a 0 or an idle value. What covers the job's last interval is still read: the
-# energy counter, the utilization samples since the last poll, GPM, ECC and Xid events.
-FINAL_LEAVE_OUT = ("pcie_tx_kbs", "pcie_rx_kbs", "power_mw", "sm_clock_mhz", "temperature_c",
-                   "throttle_reasons", "memory", "compute_processes")
+# Left out of the final sample, which is on the epilog's critical path: NVML
+# measures PCIe throughput over a 20 ms window per call (nvmlDeviceGetPcieThroughput,
+# TX and RX: ~40 ms per GPU on the H200, most of a poll). The PCIe figures then
+# have a gap of one poll at the end, never a 0.
+FINAL_LEAVE_OUT = ("pcie_tx_kbs", "pcie_rx_kbs")
 MEM_V2 = "nvmlDeviceGetMemoryInfo_v2"
 MEM_V1_BASELINE = "nvmlDeviceGetMemoryInfo v1 minus the prolog's baseline"
 

@@ -72,9 +72,9 @@ def test_seven_day_job_state_is_bounded(tmp_path):
                 continue
             assert 250 <= len(tl["points"]) <= 1000, (k, len(tl["points"]))
             # every poll is in a bucket: util has none for the baseline poll and the stop poll
-            # (no new driver samples), memory for every poll but the stop poll (FINAL_LEAVE_OUT)
+            # (no new driver samples), memory has one for every poll
             n_in = sum(p[3] for p in tl["points"])
-            assert n_in == {"util_pct": week["samples"] - 2, "mem_used_bytes": week["samples"] - 1}.get(k, n_in)
+            assert n_in == {"util_pct": week["samples"] - 2, "mem_used_bytes": week["samples"]}.get(k, n_in)
             assert tl["points"][-1][0] <= WEEK_S
         m = g["metrics"]["util_pct"]
         # windows of 5 driver samples hold 2 or 1 busy ones: 40 % and 20 %, half the time each

@@ -185,7 +185,7 @@ def test_gpu_lost_midway_4_gpus_every_10s(tmp_path):
     # the lost GPU is asked once (the poll that finds it lost), then never again
     after = [k for idx, k in fake.calls[mark[0]:] if idx == 2]
     assert after.count("memory") == 1 and len(after) <= 15
-    assert [k for idx, k in fake.calls[mark[0]:] if idx == 3].count("memory") == 181   # t=1800..3600 (the stop poll leaves memory out: FINAL_LEAVE_OUT)
+    assert [k for idx, k in fake.calls[mark[0]:] if idx == 3].count("memory") == 182   # t=1800..3600 + stop
     job = job_of([summ], 3600, gpus_alloc=4)
     lost = [f for f in job["findings"] if f["code"] == "gpu_lost"]
     assert len(lost) == 1 and lost[0]["severity"] == "alert"
