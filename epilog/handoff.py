@@ -64,7 +64,10 @@ from gsrun.base.paths import DEFAULT_STATE_DIR
 
 SOCKET_NAME = "epilog.sock"
 LOCK_NAME = "epilog.lock"
-LOCK_WAIT_S = 120.0     # a second epilog of the job waits this long for the first one
+# how long a second epilog of the job waits for the first: longer than any epilog's own bound
+# (ACCEPT_TIMEOUT_S + timeouts.epilog_budget_s + RESULT_MARGIN_S + the exit waits), so that it
+# gives up (exit 1: slurmd drains the node) only on an epilog that is wedged past its own limits
+LOCK_WAIT_S = 900.0
 MAGIC = b"gsrun-epilog 1"
 ACCEPT_TIMEOUT_S = 5.0
 EXIT_WAIT_S = 5.0       # the sampler exits right after its result; the epilog waits for that

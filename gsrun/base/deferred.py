@@ -21,22 +21,42 @@ same module object: code that imported it early sees the real module.
 
 from __future__ import annotations
 
+import _thread
 import sys
 import types
+
+_LOCK = _thread.RLock()     # one module runs at a time, as under the import lock
 
 
 class _Deferred(types.ModuleType):
     """A module not executed yet: the first attribute it lacks executes it."""
 
     def __getattr__(self, attr: str):
-        spec = self.__spec__
-        self.__class__ = types.ModuleType          # from here on an ordinary module (its code sees one)
-        try:
-            spec.loader.exec_module(self)
-        except BaseException:
-            if sys.modules.get(spec.name) is self:  # as a failed import: not left half-made
-                del sys.modules[spec.name]
-            raise
+        with _LOCK:
+            if type(self) is _Deferred:         # (another thread may have run it while this one waited)
+                spec = self.__spec__
+                self.__class__ = _Running       # its own code sees a module being imported
+                try:
+                    spec.loader.exec_module(self)
+                except BaseException:
+                    self.__class__ = types.ModuleType
+                    if sys.modules.get(spec.name) is self:  # as a failed import: not left half-made
+                        del sys.modules[spec.name]
+                    raise
+                self.__class__ = types.ModuleType
+        return getattr(self, attr)
+
+
+class _Running(_Deferred):
+    """A deferred module whose code is running: another thread waits for it to
+    finish (as it would for an import in progress); the thread running it gets
+    ``AttributeError`` for what is not defined yet, as from a partly
+    initialised module."""
+
+    def __getattr__(self, attr: str):
+        with _LOCK:
+            if type(self) is _Running:          # this thread is running it (the lock is re-entrant)
+                raise AttributeError(f"partially initialized module {self.__name__!r} has no attribute {attr!r}")
         return getattr(self, attr)
 
 

@@ -92,6 +92,8 @@ def exit_now(rc: int) -> None:
     import sys
 
     for f in (sys.stdout, sys.stderr):
+        if f is None:       # started with that fd closed (cron, `>&-`): nothing to flush
+            continue
         try:
             f.flush()
         except (OSError, ValueError):

@@ -4,10 +4,6 @@ values here before they change anything, and restore from it.
 A journal is one JSON object in one file, root ``0600``, replaced atomically
 (temp file, ``fsync``, ``rename``, ``fsync`` of the directory:
 :func:`gsrun.base.fsutil.atomic_write`), never written through a symlink.
-``durable=False`` leaves out the ``fsync`` calls (still atomic) for a journal
-of changes that a reboot undoes by itself (tuning: runtime kernel settings and
-files under ``/run``): a crash that could lose the last write is a reboot,
-after which such a journal is dropped anyway (:attr:`Loaded.earlier_boot`).
 The owner's fields stay at the top level of the object (``entries``,
 ``status``, ``compute_mode``...); the journal adds one key of its own::
 
@@ -87,15 +83,12 @@ class Journal:
     ``path``: the file; ``kind``: what it journals (header ``kind``);
     ``hostfs``: where the boot id is read (``None``: the live host); ``uid``:
     owner to give the file (``None``: the writer's); ``lock_path``: what
-    :meth:`lock` flocks (default: the journal's directory); ``durable``:
-    ``fsync`` writes and removals (module doc: False only for changes a reboot undoes).
+    :meth:`lock` flocks (default: the journal's directory).
     """
 
-    def __init__(self, path, kind: str, hostfs=None, uid: int | None = None, lock_path=None,
-                 durable: bool = True):
+    def __init__(self, path, kind: str, hostfs=None, uid: int | None = None, lock_path=None):
         self.path = Path(path)
         self.kind = kind
-        self.durable = durable
         self.hostfs = hostfs
         self.uid = uid
         self.lock_path = Path(lock_path) if lock_path is not None else self.path.parent
@@ -132,7 +125,7 @@ class Journal:
 
     def write(self, data: dict) -> None:
         """Replace the journal with ``data`` (a JSON object; its ``"journal"``
-        key is the header, set here): atomic, fsync'd when :attr:`durable`, mode 0600.
+        key is the header, set here): atomic, fsync'd, mode 0600.
 
         Raises:
             OSError: directory missing or a symlink, disk full, read-only.
@@ -140,17 +133,15 @@ class Journal:
         doc = {k: v for k, v in data.items() if k != HEADER}
         doc[HEADER] = {"format": FORMAT, "kind": self.kind, "boot_id": self.boot_id(),
                        "written_unix": round(time.time(), 3), "pid": os.getpid()}
-        atomic_write_json(self.path, doc, mode=MODE, uid=self.uid, durable=self.durable)
+        atomic_write_json(self.path, doc, mode=MODE, uid=self.uid)
 
     def remove(self) -> None:
-        """Delete the journal (absent is fine) and, when :attr:`durable`,
-        fsync its directory, so the removal survives a crash."""
+        """Delete the journal (absent is fine) and fsync its directory, so
+        the removal survives a crash."""
         try:
             os.unlink(self.path)
         except FileNotFoundError:
             pass
-        if not self.durable:
-            return
         try:
             dfd = os.open(self.path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
             try:

@@ -79,10 +79,6 @@ SWAP_FALLBACK_SWAPPINESS = "1"
 # patterns, compiled (and cached by `re`) where they are used: a job that asks no tuning
 # reads swappiness only, and its prolog imports no `re`
 _CPU = r"^cpu[0-9]+$"
-# The tuning journal is written without fsync (gsrun.node.journal): every setting it records is
-# runtime kernel state or a file under /run, which a reboot resets, and a journal from an earlier
-# boot is dropped (_drop_if_rebooted) -- a crash that loses its last write is that reboot.
-JOURNAL_DURABLE = False
 
 VM = "proc/sys/vm"
 THP = "sys/kernel/mm/transparent_hugepage"
@@ -1287,7 +1283,7 @@ class _State:
 
     def journal(self, path: Path) -> Journal:
         kind = "tuning" if path == self.baseline else "tuning-job"
-        return Journal(path, kind, hostfs=self.hostfs, lock_path=self.lockfile, durable=JOURNAL_DURABLE)
+        return Journal(path, kind, hostfs=self.hostfs, lock_path=self.lockfile)
 
     def job_path(self, job_id: str) -> Path:
         return self.jobs / f"{job_id}.json"
@@ -1326,15 +1322,14 @@ class _State:
 def _write_json(path: Path, obj, hostfs=None) -> None:
     """Write one tuning journal (the boundary test_tuning_crash kills at)."""
     try:
-        Journal(path, "tuning" if path.name == "baseline.json" else "tuning-job", hostfs=hostfs,
-                durable=JOURNAL_DURABLE).write(obj)
+        Journal(path, "tuning" if path.name == "baseline.json" else "tuning-job", hostfs=hostfs).write(obj)
     except OSError as e:
         raise NodeError("tune", "cannot write journal", f"{path}: {e.strerror}",
                         hint="state dir full or read-only?") from None
 
 
 def _unlink(path: Path) -> None:
-    Journal(path, "tuning", durable=JOURNAL_DURABLE).remove()
+    Journal(path, "tuning").remove()
 
 
 def read_facts(hostfs, keys, entries=(), live_jobs=(), wanted=None, scope=None) -> Facts:

@@ -594,7 +594,8 @@ def _read_cache(cache: str, key: list) -> Config | None:
                     return None
                 partitions[pname][k] = _check_value(k, v, cache)
         return Config(values, partitions, key[0])
-    except (OSError, EOFError, ValueError, TypeError, KeyError, AttributeError, ConfigError):
+    except (OSError, EOFError, ValueError, TypeError, KeyError, AttributeError, ConfigError,
+            MemoryError, RecursionError):   # a corrupt cache (marshal: a huge declared size, deep nesting)
         return None
     finally:
         os.close(fd)

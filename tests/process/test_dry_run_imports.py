@@ -140,3 +140,16 @@ def test_help_option_as_click_made_it(site):
                         capture_output=True, text=True, timeout=60)
     assert cp.returncode == 2 and "Try 'gsrun --help' for help." in cp.stderr
     assert "Error: No such option '--bogus'" in cp.stderr
+
+
+@pytest.mark.parametrize("closed", ["1", "2", "1 2"])
+def test_the_fast_exit_keeps_the_exit_status_with_stdout_or_stderr_closed(closed):
+    """A hook or gsrun started with fd 1 or 2 closed (cron, ``>&-``) has
+    sys.stdout/sys.stderr None: the fast exit still ends with the caller's status."""
+    import subprocess
+    import sys
+
+    redirs = " ".join(f"{fd}>&-" for fd in closed.split())
+    cp = subprocess.run(["/bin/sh", "-c", f'"$0" -P -c "from gsrun.base.errors import exit_now; exit_now(3)" {redirs}',
+                         sys.executable], capture_output=False)
+    assert cp.returncode == 3

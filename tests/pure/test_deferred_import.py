@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import time
 
 import click
 import pytest
@@ -102,3 +103,31 @@ def test_every_gsrun_option_takes_the_plain_path():
     assert len(opts) >= 30 and all(type(p) is _Option for p in opts)
     for p in opts:
         assert p.help and p.help == p.help.strip() and "\n" not in p.help and "\t" not in p.help, p.opts
+
+
+def test_a_second_thread_waits_for_the_module_to_finish(modules_dir):
+    """Two threads read an attribute of a deferred module at once: the module
+    runs once and both get the value (the second waits, as for an import in
+    progress), never an AttributeError from a half-run module."""
+    import threading
+
+    d, runs = modules_dir
+    _module(d, "slow_deferred", "import time\ntime.sleep(0.3)\nvalue = 42\n")
+    assert defer_import("slow_deferred")
+    import slow_deferred
+
+    got = []
+
+    def read():
+        try:
+            got.append(slow_deferred.value)
+        except Exception as e:  # noqa: BLE001 - the failure is what the test looks for
+            got.append(e)
+
+    threads = [threading.Thread(target=read) for _ in range(2)]
+    threads[0].start()
+    time.sleep(0.05)
+    threads[1].start()
+    for t in threads:
+        t.join()
+    assert got == [42, 42] and runs == ["slow_deferred"]
