@@ -112,7 +112,8 @@ def run_workers(n: int, size: int, duration_s: float, env: dict) -> dict:
             while line and line.strip() != "ready":
                 line = p.stdout.readline()
             if line.strip() != "ready":
-                raise RuntimeError(f"worker {p.pid} failed: {p.stderr.read()[-800:]}")
+                err = p.stderr.read()    # the error's first lines and its end (a CUDA error is often first)
+                raise RuntimeError(f"worker {p.pid} failed: {err if len(err) <= 1600 else err[:800] + ' ... ' + err[-800:]}")
         for p in procs:
             p.stdin.write("go\n")
             p.stdin.flush()
@@ -252,6 +253,9 @@ def main() -> int:
     wenv_base = {k: v for k, v in os.environ.items()
                  if not k.startswith("CUDA_MPS_") and k != "CUDA_VISIBLE_DEVICES"}
     wenv_base["NCCL_NVLS_ENABLE"] = "0"
+    # the clients see the one GPU the daemon serves, as a job's tasks do (Slurm sets it for them);
+    # without it a client on a multi-GPU host also sees GPUs no daemon serves and fails to start CUDA
+    wenv_base["CUDA_VISIBLE_DEVICES"] = uuid
     samples: dict[str, dict[int, list[float]]] = {m: {n: [] for n in ns} for m in modes}
     try:
         for rnd in range(args.rounds):
