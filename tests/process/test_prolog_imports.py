@@ -114,3 +114,24 @@ def test_sampler_is_detached_in_root_cwd_without_inherited_fds(site):
     finally:
         assert run_node(["epilog"], site.env(job_id="4303", **CREDENTIAL)).returncode == 0
     assert not samplers_of("4303", site.state)
+
+
+def test_the_sampler_reads_the_hooks_config_cache(site):
+    """The job's sampler starts with the config the prolog just cached
+    (config-cache.marshal in the state dir): no TOML parser at every job's start."""
+    out = str(site.base / "modules-4302")
+    assert _hook(site, "prolog", "4301", os.devnull).returncode == 0      # writes the cache
+    assert _hook(site, "epilog", "4301", os.devnull).returncode == 0
+    assert (site.state / "config-cache.marshal").exists()
+    code = ("import sys\n"
+            "from gsrun.node.sampler import main\n"
+            "main(sys.argv[1:])\n"
+            f"open({out!r}, 'w').write('\\n'.join(sorted(sys.modules)))\n")
+    env = site.env(job_id="4302", **CREDENTIAL)
+    cp = subprocess.run([sys.executable, "-P", "-c", code, "--job-id", "4302", "--uid", "65534", "--node",
+                         "gpu-node01", "--gpus", "0", "--state-dir", str(site.state), "--spool-dir",
+                         str(site.spool), "--host-root", str(site.host), "--max-samples", "1"],
+                        env=env, capture_output=True, text=True, timeout=120, cwd="/")
+    assert cp.returncode == 0, cp.stderr
+    mods = set(open(out).read().split())
+    assert "gsrun.node.sampler" in mods and "tomllib" not in mods
