@@ -106,23 +106,17 @@ def lock_job(environ, state_dir: str | None, wait_s: float | None = None) -> tup
         fd = os.open(os.path.join(jdir, LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except OSError:
         return None, None
-    import fcntl
-    import time
+    from gsrun.base.fsutil import flock_within
 
     wait_s = LOCK_WAIT_S if wait_s is None else wait_s
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    try:
+        if flock_within(fd, wait_s, 0.02):
             return fd, None
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                os.close(fd)
-                return None, f"another epilog of this job still holds {LOCK_NAME} after {wait_s:g} s"
-            time.sleep(0.02)
-        except OSError:
-            os.close(fd)
-            return None, None
+        why = f"another epilog of this job still holds {LOCK_NAME} after {wait_s:g} s"
+    except OSError:
+        why = None
+    os.close(fd)
+    return None, why
 
 
 def run_epilog(environ, host_root: str | None = None, state_dir: str | None = None,

@@ -7,7 +7,6 @@ after creation (owner, mode, not a link).
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 import time
@@ -86,6 +85,8 @@ def atomic_write(path: str | os.PathLike, data: str | bytes, mode: int = 0o644,
 
 def json_text(obj) -> str:
     """How gsrun writes a JSON file: compact, sorted keys, one trailing newline."""
+    import json     # here, not at import: the epilog's first process takes only flock_within
+
     return json.dumps(obj, separators=(",", ":"), sort_keys=True) + "\n"
 
 
@@ -103,8 +104,32 @@ def atomic_write_json(path, obj, mode: int = 0o644, uid=None, gid=None, durable:
     atomic_write(path, json_text(obj), mode, uid, gid, durable)
 
 
+def flock_within(fd: int, timeout_s: float, poll_s: float = 0.005) -> bool:
+    """Take an exclusive ``flock`` on ``fd``, trying every ``poll_s`` seconds
+    for up to ``timeout_s`` (``LOCK_NB``: never a blocking call). True when
+    held (released when ``fd`` is closed), False when another holder kept it
+    that long.
+
+    Raises:
+        OSError: ``flock`` refused for another reason (``ENOLCK``: a file
+            system without locks)."""
+    import fcntl
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(poll_s)
+
+
 def read_json(path) -> dict | None:
     """JSON object from ``path`` (no symlink followed), or None if absent/corrupt."""
+    import json
+
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:

@@ -37,14 +37,13 @@ baseline.json`` and ``tuning/jobs/<id>.json`` (lock ``tuning/lock``),
 
 from __future__ import annotations
 
-import fcntl
 import os
 import stat
 import time
 from pathlib import Path
 
 from gsrun.base.errors import NodeError
-from gsrun.base.fsutil import atomic_write_json, read_json
+from gsrun.base.fsutil import atomic_write_json, flock_within, read_json
 from gsrun.base.frozen import Frozen
 
 FORMAT = 2
@@ -182,16 +181,9 @@ class _Flock:
         try:
             if not is_dir and not stat.S_ISREG(os.fstat(fd).st_mode):
                 raise NodeError("journal", "cannot lock", f"{j.lock_path} is not a plain file")
-            deadline = time.monotonic() + timeout_s
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() > deadline:
-                        raise NodeError("tune" if j.kind.startswith("tuning") else j.kind, "lock timeout",
-                                        f"{j.lock_path} held for more than {timeout_s:g} s") from None
-                    time.sleep(0.005)
+            if not flock_within(fd, timeout_s):
+                raise NodeError("tune" if j.kind.startswith("tuning") else j.kind, "lock timeout",
+                                f"{j.lock_path} held for more than {timeout_s:g} s")
         except BaseException:
             os.close(fd)
             raise

@@ -62,7 +62,7 @@ from typing import Any, Callable, Mapping
 
 from gsrun.base.templating import render
 from gsrun.base.errors import ConfigError, GsrunError, InputError, NodeError
-from gsrun.base.fsutil import atomic_write, atomic_write_json, ensure_dir, read_json
+from gsrun.base.fsutil import atomic_write, atomic_write_json, ensure_dir, flock_within, read_json
 from gsrun.facts.slurm import ACTIVE_STATES as NOT_FINAL_STATES, FAILED_STATES as FAIL_STATES, state_word
 from gsrun.report.records import is_mig as _is_mig
 from gsrun.report.units import NA, as_number, fmt_bytes, fmt_bytes_of, fmt_duration_s, fmt_energy_j, fmt_hours_h, \
@@ -599,15 +599,7 @@ class _Lock:
         if timeout_s is None:
             fcntl.flock(self.fd, fcntl.LOCK_EX)
             return True
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return True
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    return False
-                time.sleep(0.05)
+        return flock_within(self.fd, timeout_s, 0.05)
 
     def close(self) -> None:
         os.close(self.fd)  # releases the lock
