@@ -26,6 +26,8 @@ import sys
 
 import pytest
 
+from helpers.fake_install import fake_bin
+
 # modules the dry run must not load; each one was loaded before the fix (or is heavy and unused)
 NOT_IMPORTED = ("dataclasses", "shutil", "bz2", "lzma", "fnmatch", "pathlib", "locale", "tomllib",
                 "jinja2", "gsrun.facts.slurm", "gsrun.base.proc", "gsrun.request.mps_share",
@@ -51,14 +53,7 @@ CLI = "import re, sys\nfrom gsrun.wrapper.cli import main\nmain(sys.argv[1:])"
 def site(tmp_path):
     """A fake installation dir (gsrun, gsrun-bind, python3, sinfo, sbatch that refuses), no config
     file (built-in defaults, no TOML parse), a train.py in the working directory."""
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    for name, body in (("gsrun", "#!/bin/sh\nexit 99\n"), ("gsrun-bind", "#!/bin/sh\nexit 99\n"),
-                       ("python3", "#!/bin/sh\nexit 99\n"),
-                       ("sinfo", "#!/bin/sh\necho 'gpu:h200:8(S:0-1)'\n"),
-                       ("sbatch", "#!/bin/sh\necho 'fake sbatch: nothing is submitted from tests' >&2; exit 1\n")):
-        (bindir / name).write_text(body)
-        (bindir / name).chmod(0o755)
+    bindir = fake_bin(tmp_path, "#!/bin/sh\necho 'gpu:h200:8(S:0-1)'\n")
     work = tmp_path / "work"
     work.mkdir()
     (work / "train.py").write_text("print('hi')\n")

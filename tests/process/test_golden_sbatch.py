@@ -42,6 +42,7 @@ import pytest
 from click.testing import CliRunner
 
 from gsrun.wrapper.cli import cli
+from helpers.fake_install import fake_bin
 from helpers.golden import check_text
 from helpers.paths import DATA
 
@@ -107,14 +108,7 @@ CASE_CONFIG = {
 @pytest.fixture
 def gsrun_env(tmp_path, monkeypatch):
     """Fake installation dir, fake sinfo, empty config, cwd; returns a normaliser."""
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    for name, body in (("gsrun", "#!/bin/sh\nexit 99\n"), ("gsrun-bind", "#!/bin/sh\nexit 99\n"),
-                       ("sinfo", "#!/bin/sh\necho \"${GSRUN_TEST_GRES:-gpu:h200:8(S:0-1)}\"\n"),
-                       ("python3", "#!/bin/sh\nexit 99\n"),
-                       ("sbatch", "#!/bin/sh\necho 'fake sbatch: nothing is submitted from tests' >&2; exit 1\n")):
-        (bindir / name).write_text(body)
-        (bindir / name).chmod(0o755)
+    bindir = fake_bin(tmp_path, "#!/bin/sh\necho \"${GSRUN_TEST_GRES:-gpu:h200:8(S:0-1)}\"\n")
     work = tmp_path / "work"
     work.mkdir()
     for name in ("train.py", "argv.py", "run.sh"):
