@@ -32,6 +32,25 @@ def _as_posix_path(text: str) -> str:
     return lead + "/".join(p for p in text.split("/") if p not in ("", ".")) or "."
 
 
+def meminfo_kb(text: str) -> dict[str, int]:
+    """``/proc/meminfo`` or a NUMA node's ``nodeN/meminfo`` text ->
+    ``{"MemTotal": kB, "MemFree": kB, ...}``: every line ``[Node N ]Key:
+    <digits> kB`` (``Key:\\s+([0-9]+)\\s*kB`` without `re`; a node's file puts
+    ``Node N`` before each key). Counts without a unit (``HugePages_Total``) and
+    malformed lines are left out. Pure."""
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        name, found, rest = line.partition(":")
+        key = name.split()[-1:]
+        if not found or not key or not rest[:1].isspace():
+            continue
+        rest = rest.lstrip()
+        n = len(rest) - len(rest.lstrip("0123456789"))
+        if n and rest[n:].lstrip().startswith("kB"):
+            out.setdefault(key[0], int(rest[:n]))     # the first, as a regex search finds it
+    return out
+
+
 class HostFS:
     """Paths like ``"sys/bus/pci/devices"`` or ``"/proc/self/status"`` are
     resolved under :attr:`root`.
@@ -113,13 +132,8 @@ class HostFS:
     def mem_total_bytes(self) -> int | None:
         """The node's memory: ``MemTotal`` of ``proc/meminfo`` (kB) in bytes,
         None when it cannot be read."""
-        for line in (self.read("proc/meminfo") or "").splitlines():
-            k, _, v = line.partition(":")
-            if k == "MemTotal":
-                parts = v.split()
-                if parts and parts[0].isdigit():
-                    return int(parts[0]) * 1024
-        return None
+        kb = meminfo_kb(self.read("proc/meminfo") or "").get("MemTotal")
+        return None if kb is None else kb * 1024
 
     def exists(self, rel: str) -> bool:
         return os.path.exists(self._p(rel))

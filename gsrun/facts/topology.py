@@ -65,7 +65,7 @@ import os
 from gsrun.base.cpulist import parse_cpulist, words_to_cpus
 from gsrun.base.errors import InputError
 from gsrun.base.frozen import Frozen, factory
-from gsrun.facts.hostfs import HostFS
+from gsrun.facts.hostfs import HostFS, meminfo_kb
 
 TYPE_CHECKING = False   # not `typing`
 if TYPE_CHECKING:
@@ -93,18 +93,6 @@ def _numbered(name: str, prefix: str) -> bool:
     return name.startswith(prefix) and len(name) > len(prefix) and _DIGITS.issuperset(name[len(prefix):])
 
 
-def _mem_total_kb(meminfo: str) -> int | None:
-    """``MemTotal`` of a node's ``meminfo`` (``Node 0 MemTotal:  65536 kB``)
-    in kB: ``MemTotal:\\s+([0-9]+)\\s*kB``, without `re`."""
-    for line in meminfo.splitlines():
-        _, found, rest = line.partition("MemTotal:")
-        if not found or not rest[:1].isspace():
-            continue
-        rest = rest.lstrip()
-        n = len(rest) - len(rest.lstrip("0123456789"))
-        if n and rest[n:].lstrip().startswith("kB"):
-            return int(rest[:n])
-    return None
 NODE_DIR = "sys/devices/system/node"
 CPU_DIR = "sys/devices/system/cpu"
 
@@ -285,7 +273,7 @@ def read_nodes(fs: HostFS, cpus: list[int]) -> list[NumaNode]:
             ncpus = [c for c in parse_cpulist(fs.read(f"{NODE_DIR}/{d}/cpulist")) if c in online]
         except InputError:
             ncpus = []
-        kb = _mem_total_kb(fs.read(f"{NODE_DIR}/{d}/meminfo") or "")
+        kb = meminfo_kb(fs.read(f"{NODE_DIR}/{d}/meminfo") or "").get("MemTotal")
         mem = kb * 1024 if kb is not None else None
         dist: dict[int, int] = {}
         dtext = fs.read(f"{NODE_DIR}/{d}/distance")

@@ -110,14 +110,11 @@ def bracket_choices(text: str | None) -> list[str]:
 
 
 def read_meminfo_kb(hostfs) -> dict[str, int]:
-    """``/proc/meminfo`` as ``{"MemAvailable": kB, ...}`` (``{}`` if absent)."""
-    out: dict[str, int] = {}
-    for line in (hostfs.read("proc/meminfo") or "").splitlines():
-        name, _, rest = line.partition(":")
-        parts = rest.split()
-        if parts and parts[0].isdigit():
-            out[name.strip()] = int(parts[0])
-    return out
+    """``/proc/meminfo`` as ``{"MemAvailable": kB, ...}`` (``{}`` if absent;
+    :func:`gsrun.facts.hostfs.meminfo_kb`)."""
+    from gsrun.facts.hostfs import meminfo_kb
+
+    return meminfo_kb(hostfs.read("proc/meminfo") or "")
 
 
 def _unescape_swaps(name: str) -> str:
@@ -1017,8 +1014,7 @@ class HugepagesKnob(ScopedKnob):
         return out or None
 
     def resolve(self, h, value, scope):
-        import re
-
+        from gsrun.facts.hostfs import meminfo_kb
         from gsrun.request.tune import parse_hugepages
 
         kb, count = parse_hugepages(value)
@@ -1035,8 +1031,7 @@ class HugepagesKnob(ScopedKnob):
                 return "unsupported", None, f"no {kb} kB hugepages on NUMA node {n} (hugepages-{kb}kB absent)"
             have = int(cur[k]) if cur[k].isdigit() else 0
             need_kb = max(0, count - have) * kb
-            m = re.search(r"MemFree:\s+([0-9]+)\s*kB", h.read(f"{NODE}/node{n}/meminfo") or "")
-            free_kb = int(m.group(1)) if m else None
+            free_kb = meminfo_kb(h.read(f"{NODE}/node{n}/meminfo") or "").get("MemFree")
             if free_kb is None:
                 return "refused", None, f"NUMA node {n}: MemFree unreadable (nodeN/meminfo), cannot check {value}"
             if need_kb > free_kb:

@@ -7,8 +7,8 @@ import pytest
 
 from gsrun.base.ids import _PATTERNS, is_node_name
 from gsrun.facts.devices import parse_device_token
-from gsrun.facts.hostfs import HostFS
-from gsrun.facts.topology import _mem_total_kb, is_bdf, read_allowed_mems
+from gsrun.facts.hostfs import HostFS, meminfo_kb
+from gsrun.facts.topology import is_bdf, read_allowed_mems
 from gsrun.base.errors import InputError
 
 
@@ -21,9 +21,10 @@ def test_is_bdf_is_the_old_pattern(text):
 @pytest.mark.parametrize("text", ["Node 0 MemTotal:       65536 kB", "Node 3 MemTotal:       0 kB", "MemTotal:12 kB",
                                   "MemTotal:  12kB", "MemTotal: 1 2 kB", "x\nNode 1 MemTotal:\t 77 kB\nNode 1 MemFree: 1 kB",
                                   "MemTotal: kB", "MemTotal: 5 MB", ""])
-def test_mem_total_is_the_old_pattern(text):
-    m = re.search(r"MemTotal:\s+([0-9]+)\s*kB", text)
-    assert _mem_total_kb(text) == (int(m.group(1)) if m else None)
+@pytest.mark.parametrize("key", ["MemTotal", "MemFree"])
+def test_meminfo_is_the_old_pattern(text, key):
+    m = re.search(key + r":\s+([0-9]+)\s*kB", text)
+    assert meminfo_kb(text).get(key) == (int(m.group(1)) if m else None)
 
 
 @pytest.mark.parametrize("value", ["gpu01", "gpu-node01.ib", "-a", "a" * 64, "a" * 65, "", "a b", "a\n", "é1",
