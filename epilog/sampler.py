@@ -39,6 +39,7 @@ import sys
 import time
 
 from gsrun.base import pids
+from gsrun.base.errors import exit_now
 from gsrun.base.fsutil import atomic_write_json
 from gsrun.epilog import handoff
 from gsrun.epilog import main as epilog_main    # loaded now: the epilog's steps run here
@@ -148,12 +149,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"({type(e).__name__}: {e})", file=sys.stderr)
         # the epilog returns when this process has exited (it waits on it): go now, without the
         # interpreter's teardown; nothing is left to write
-        for f in (sys.stdout, sys.stderr):
-            try:
-                f.flush()
-            except (OSError, ValueError):
-                pass
-        os._exit(0)
+        exit_now(0)
 
     return sampler.main(argv, on_done=on_done, listener=listener)
 
