@@ -27,19 +27,10 @@ import time
 from gsrun.base.ids import is_job_id
 
 MAX_LINE = 4000
-# compiled on first use (_pattern): most lines are plain ASCII without an error header,
-# and the hooks import no `re` for them
-_PATTERNS = {"unsafe": r"[\x00-\x1f\x7f\ud800-\udfff]", "err_header": r"(^|: )gsrun: ([A-Za-z][\w+.-]*): "}
-_COMPILED: dict = {}
-
-
-def _pattern(name: str):
-    pat = _COMPILED.get(name)
-    if pat is None:
-        import re
-
-        pat = _COMPILED[name] = re.compile(_PATTERNS[name])
-    return pat
+# used through `re`'s own cache of compiled patterns, imported on first use: most lines are
+# plain ASCII without an error header, and the hooks import no `re` for them
+_UNSAFE = r"[\x00-\x1f\x7f\ud800-\udfff]"
+_ERR_HEADER = r"(^|: )gsrun: ([A-Za-z][\w+.-]*): "
 
 
 def safe_text(text, limit: int = MAX_LINE) -> str:
@@ -48,7 +39,9 @@ def safe_text(text, limit: int = MAX_LINE) -> str:
     ``\\xNN``/``\\uNNNN`` escapes; cut at ``limit`` characters."""
     s = str(text)
     if not (s.isascii() and s.isprintable()):   # printable ASCII has nothing to escape
-        s = _pattern("unsafe").sub(lambda m: repr(m.group(0))[1:-1], s)
+        import re
+
+        s = re.sub(_UNSAFE, lambda m: repr(m.group(0))[1:-1], s)
     return s if len(s) <= limit else s[:limit] + f"...[{len(s) - limit} more]"
 
 
@@ -77,8 +70,10 @@ class JobLog:
         msg = str(msg)
         if "gsrun: " not in msg:
             return msg
-        return _pattern("err_header").sub(lambda m: m.group(1) + ("" if m.group(2) == self.phase
-                                                                  else m.group(2) + ": "), msg)
+        import re
+
+        return re.sub(_ERR_HEADER, lambda m: m.group(1) + ("" if m.group(2) == self.phase
+                                                          else m.group(2) + ": "), msg)
 
     def __call__(self, msg: str, level: int = syslog.LOG_INFO) -> None:
         line = safe_text(f"{self.phase}: {self.tidy(msg)}")
