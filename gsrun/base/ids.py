@@ -50,9 +50,11 @@ def __getattr__(name: str):
     return pat
 
 
-def _digits(value: str) -> bool:
-    # JOB_ID_RE without a regex: 1-10 ASCII digits
-    return 0 < len(value) <= 10 and value.isascii() and value.isdigit()
+def is_digits(value: str, most: int | None = 10) -> bool:
+    """``value`` is ``[0-9]{1,most}`` whole (``most`` None: any length), without
+    a regex: ASCII digits only (``str.isdigit`` alone takes ``"²"``, ``"٤"``
+    and ``"４２"``, which ``int`` refuses or reads as another number)."""
+    return 0 < len(value) and (most is None or len(value) <= most) and value.isascii() and value.isdigit()
 
 
 _JOB_HINT = "a Slurm job id is digits, e.g. 4242"
@@ -76,8 +78,8 @@ def is_job_id(value, *, array: bool = False) -> bool:
         return False
     if array and "_" in value:
         job, _, task = value.partition("_")
-        return _digits(job) and _digits(task)
-    return _digits(value)
+        return is_digits(job) and is_digits(task)
+    return is_digits(value)
 
 
 def check_job_id(value, *, array: bool = False, phase: str = "input", what: str = "job id") -> str:

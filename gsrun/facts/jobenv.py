@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from gsrun.base.errors import InputError
 from gsrun.base.frozen import Frozen, factory
-from gsrun.base.ids import check_job_id, is_node_name, is_partition, is_user_name
+from gsrun.base.ids import check_job_id, is_digits, is_node_name, is_partition, is_user_name
 from gsrun.facts.slurm import expand_hostlist, parse_tasks_per_node
 
 TYPE_CHECKING = False   # not `collections.abc` at run time (the hooks' import time)
@@ -65,11 +65,6 @@ def is_spank_value(value: str) -> bool:
     return len(value) <= 512 and not value.strip(_SPANK_CHARS)
 
 
-def _digits(value: str, most: int = 10) -> bool:
-    """``[0-9]{1,most}`` (fullmatch): ASCII digits only (``"²"`` and ``"٤"`` are not)."""
-    return 0 < len(value) <= most and value.isascii() and value.isdigit()
-
-
 def _need(env: Mapping[str, str], name: str) -> str:
     v = env.get(name)
     if v is None or v == "":
@@ -80,7 +75,7 @@ def _need(env: Mapping[str, str], name: str) -> str:
 
 def _int(env, name, lo=0, hi=2**32 - 1) -> int:
     v = _need(env, name)
-    if not _digits(v) or not lo <= int(v) <= hi:
+    if not is_digits(v) or not lo <= int(v) <= hi:
         raise InputError("env", f"bad {name}", repr(v)[:80])
     return int(v)
 
@@ -103,7 +98,7 @@ def parse_gpu_indices(value: str | None) -> list[int] | None:
     out: list[int] = []
     for tok in value.split(","):
         first, dash, last = tok.strip().partition("-")          # ([0-9]{1,4})(?:-([0-9]{1,4}))?
-        if not _digits(first, 4) or (dash and not _digits(last, 4)):
+        if not is_digits(first, 4) or (dash and not is_digits(last, 4)):
             raise InputError("env", "bad SLURM_JOB_GPUS", repr(value)[:80],
                              hint="expected gres indices like 0,1 (not UUIDs)")
         a = int(first)
@@ -124,7 +119,7 @@ def job_from_env(env: Mapping[str, str]) -> JobEnv:
     uid = _int(env, "SLURM_JOB_UID")
     gid = _int(env, "SLURM_JOB_GID") if env.get("SLURM_JOB_GID") else uid
     user = env.get("SLURM_JOB_USER") or str(uid)
-    if not is_user_name(user) and not _digits(user):
+    if not is_user_name(user) and not is_digits(user):
         raise InputError("env", "bad SLURM_JOB_USER", repr(user)[:80])
     node = env.get("SLURMD_NODENAME") or ""
     if not is_node_name(node):

@@ -65,6 +65,7 @@ import os
 from gsrun.base.cpulist import parse_cpulist, words_to_cpus
 from gsrun.base.errors import InputError
 from gsrun.base.frozen import Frozen, factory
+from gsrun.base.ids import is_digits
 from gsrun.facts.hostfs import HostFS, meminfo_kb
 
 TYPE_CHECKING = False   # not `typing`
@@ -78,7 +79,6 @@ if TYPE_CHECKING:
 NVIDIA_VENDOR = "0x10de"
 GPU_CLASSES = ("0x0300", "0x0302")  # VGA-compatible controller, 3D controller
 _HEX_LOWER = frozenset("0123456789abcdef")
-_DIGITS = frozenset("0123456789")
 
 
 def is_bdf(text: str) -> bool:
@@ -90,7 +90,7 @@ def is_bdf(text: str) -> bool:
 
 def _numbered(name: str, prefix: str) -> bool:
     """``name`` is ``prefix`` followed by decimal digits (``cpu12``, ``node3``)."""
-    return name.startswith(prefix) and len(name) > len(prefix) and _DIGITS.issuperset(name[len(prefix):])
+    return name.startswith(prefix) and is_digits(name[len(prefix):], None)
 
 
 NODE_DIR = "sys/devices/system/node"

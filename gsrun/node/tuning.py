@@ -61,7 +61,7 @@ from pathlib import Path
 
 from gsrun.base.errors import GsrunError, InputError, NodeError
 from gsrun.base.frozen import Frozen, Slotted, factory
-from gsrun.base.ids import check_job_id
+from gsrun.base.ids import check_job_id, is_digits
 from gsrun.base.fsutil import ensure_dir
 from gsrun.node.journal import Journal, boot_id as journal_boot_id
 from gsrun.request.tune import TUNE_KEYS, check_tune_value, parse_tune_request
@@ -156,7 +156,7 @@ def thp_dir(hostfs) -> str:
 
 def governor_cpus(hostfs) -> list[str]:
     """CPU dir names (``cpu0`` ...) that have ``cpufreq/scaling_governor``, numeric order."""
-    cpus = [c for c in hostfs.listdir(CPU) if c.startswith("cpu") and c[3:].isascii() and c[3:].isdigit()
+    cpus = [c for c in hostfs.listdir(CPU) if c.startswith("cpu") and is_digits(c[3:], None)
             and hostfs.exists(f"{CPU}/{c}/cpufreq/scaling_governor")]
     return sorted(cpus, key=lambda c: int(c[3:]))
 

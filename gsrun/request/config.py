@@ -557,7 +557,7 @@ def hook_cache_dir(state_dir: str | None = None) -> str:
 
 
 def _is_default(key: str, value: Any) -> bool:
-    """``value`` is ``key``'s built-in default, of the same type (JSON keeps
+    """``value`` is ``key``'s built-in default, of the same type (the cache keeps
     int, float, str, list, dict apart). Every default passes its own check
     (tests/pure/test_config_validation.py), so a cached default needs none:
     the cache read runs (and imports) only the checks of keys the site set."""

@@ -12,8 +12,8 @@ config loader.
 from __future__ import annotations
 
 from gsrun.base.errors import InputError
+from gsrun.base.ids import is_digits
 
-_DIGITS = frozenset("0123456789")   # not str.isdigit (that takes "４２"); no `re` on the SPANK hooks' path
 HINT = "use an integer from 1 to 100 (e.g. --gs-mps=50 or --mps=50), or the option alone for the site default"
 
 
@@ -31,6 +31,6 @@ def parse_mps_share(text: str, source: str = "--gs-mps", phase: str = "mps") -> 
     v = text.strip() if isinstance(text, str) else None
     if v == "":
         return None
-    if v is None or not 1 <= len(v) <= 3 or not set(v) <= _DIGITS or not 1 <= int(v) <= 100:
+    if v is None or not is_digits(v, 3) or not 1 <= int(v) <= 100:     # no `re` on the SPANK hooks' path
         raise InputError(phase, "bad active thread percentage", f"{source}={text!r}"[:120], hint=HINT)
     return int(v)
