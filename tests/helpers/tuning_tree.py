@@ -1,7 +1,7 @@
 """Fake host trees for the tuning tests (no tests here).
 
-A tree is the real H200 VM recording (``../shared/data/hosts/h200-vm`` beside the checkout, no
-cpufreq, no swap) unpacked under tmp_path, plus -- when asked -- synthetic
+A tree is the real H200 VM recording (``tests/data/hosts/h200-vm/h200-vm-tree.tar.gz``: the
+project's own probe of the device machine, no cpufreq, no swap) unpacked under tmp_path, plus -- when asked -- synthetic
 cpufreq dirs for 4 CPUs and an active swap file.
 """
 
@@ -17,33 +17,11 @@ from pathlib import Path
 
 from gsrun.facts.hostfs import HostFS
 
-from helpers.paths import REPO, SHARED  # noqa: E402  (REPO re-exported)
+from helpers.paths import DATA, REPO  # noqa: E402  (REPO re-exported)
 
-TARBALL_CANDIDATES = (REPO / "tests" / "data" / "hosts" / "h200-vm" / "h200-vm-tree.tar.gz",
-                      SHARED / "data" / "hosts" / "h200-vm" / "h200-vm-tree.tar.gz")
+TARBALL = DATA / "hosts" / "h200-vm" / "h200-vm-tree.tar.gz"
 SWAP_LINE = "/swapfile                               file\t\t8388604\t\t524288\t\t-2"
 SWAP_LINE2 = "/dev/nvme0n1p3                          partition\t16777212\t0\t\t5"
-
-
-def tarball() -> Path | None:
-    for p in TARBALL_CANDIDATES:
-        if p.is_file():
-            return p
-    return None
-
-
-# The tuning-relevant files of the H200 VM recording, as read there (used when
-# the tarball is not reachable, e.g. on the device machine).
-_MINIMAL = {
-    "proc/sys/vm/swappiness": "60\n", "proc/sys/vm/dirty_ratio": "20\n", "proc/sys/vm/dirty_bytes": "0\n",
-    "proc/sys/vm/dirty_background_ratio": "10\n", "proc/sys/vm/dirty_background_bytes": "0\n",
-    "proc/sys/vm/zone_reclaim_mode": "0\n",
-    "sys/kernel/mm/transparent_hugepage/enabled": "always [madvise] never\n",
-    "sys/kernel/mm/transparent_hugepage/defrag": "always defer defer+madvise [madvise] never\n",
-    "proc/swaps": "Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority\n",
-    "proc/meminfo": ("MemTotal:       131981020 kB\nMemFree:        130740832 kB\n"
-                     "MemAvailable:   131494820 kB\nSwapTotal:             0 kB\nSwapFree:              0 kB\n"),
-}
 
 
 _CACHE: list[Path] = []
@@ -55,18 +33,7 @@ def _unpacked() -> Path:
         dest = Path(tempfile.mkdtemp(prefix="gsrun-h200-tree-"))
         _CACHE.append(dest)
         atexit.register(shutil.rmtree, dest, True)
-        if tarball() is None:
-            for rel, text in _MINIMAL.items():
-                (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-                (dest / rel).write_text(text)
-            for c in range(16):
-                (dest / f"sys/devices/system/cpu/cpu{c}/topology").mkdir(parents=True, exist_ok=True)
-            (dest / "sys/devices/system/node/node0").mkdir(parents=True, exist_ok=True)
-            (dest / "sys/devices/system/node/node0/cpulist").write_text("0-15\n")
-            (dest / "sys/devices/system/node/node0/meminfo").write_text(
-                "Node 0 MemTotal:        4550128 kB\nNode 0 MemFree:         3309996 kB\n")
-            return dest
-        with tarfile.open(tarball()) as t:
+        with tarfile.open(TARBALL) as t:
             for m in t.getmembers():
                 parts = Path(m.name).parts
                 if m.name.startswith("/") or ".." in parts or not (m.isfile() or m.isdir()):
