@@ -5,7 +5,10 @@
  * checks the Slurm version, registers the --gs-* options from the table
  * spank_py/build.py generated from gsrun.spank_py.hooks.OPTIONS (the one
  * definition, compiled in: gsrun_spank_options.h), and forwards every SPANK
- * callback to the Python function of the same name in gsrun.spank_py.hooks.
+ * callback to the Python function of the same name in gsrun.spank_py.hooks --
+ * but for slurm_spank_job_prolog/_epilog, exported only when that module
+ * defines them (the same header says), since slurmd starts a slurmstepd on
+ * every node of every job for each one a plugin exports.
  * Python sees Slurm through a tiny built-in module, _spank.
  *
  * An unused plugin costs nothing: CPython is started (once per process, in
@@ -1111,8 +1114,14 @@ FORWARD(slurm_spank_task_init_privileged)
 FORWARD(slurm_spank_task_init)
 FORWARD(slurm_spank_task_post_fork)
 FORWARD(slurm_spank_task_exit)
+/* Exported only when gsrun.spank_py.hooks defines them (spank_py/build.py): with either one in
+ * the stack, slurmd starts a "slurmstepd spank prolog|epilog" on every node of every job. */
+#ifdef GSRUN_FORWARD_SLURM_SPANK_JOB_PROLOG
 FORWARD(slurm_spank_job_prolog)
+#endif
+#ifdef GSRUN_FORWARD_SLURM_SPANK_JOB_EPILOG
 FORWARD(slurm_spank_job_epilog)
+#endif
 FORWARD(slurm_spank_exit)
 
 #endif /* GSRUN_PY_PART */

@@ -97,6 +97,22 @@ def test_exports_only_spank_and_plugin_symbols(built):
     assert {"plugin_name", "plugin_type", "plugin_version", "slurm_spank_init",
             "slurm_spank_init_post_opt", "slurm_spank_task_init", "slurm_spank_user_init",
             "slurm_spank_exit"} <= names
+    # the Python side defines no job prolog/epilog: exporting them would make slurmd start a
+    # "slurmstepd spank prolog|epilog" on every node of every job for nothing
+    assert not {"slurm_spank_job_prolog", "slurm_spank_job_epilog"} & names, names
+
+
+def test_job_script_hooks_compiled_in_only_when_the_python_side_has_them():
+    assert spank_build._job_script_hooks() == ()
+    plain = spank_build.options_header()
+    assert "GSRUN_FORWARD_" not in plain
+    both = spank_build.options_header(job_script_hooks=spank_build.JOB_SCRIPT_HOOKS)
+    assert "#define GSRUN_FORWARD_SLURM_SPANK_JOB_PROLOG 1\n" in both
+    assert "#define GSRUN_FORWARD_SLURM_SPANK_JOB_EPILOG 1\n" in both
+    one = spank_build.options_header(job_script_hooks=["slurm_spank_job_epilog"])
+    assert "JOB_EPILOG" in one and "JOB_PROLOG" not in one
+    with pytest.raises(spank_build.NodeError, match="job script hooks"):
+        spank_build.options_header(job_script_hooks=["slurm_spank_task_exit"])
 
 
 @pytest.mark.parametrize("half", ["plugin", "python"])
@@ -201,7 +217,9 @@ def test_remote_binds_in_forked_tasks(built, harness, real_site):
 
 def test_job_script_context_runs_without_error(built, harness, real_site):
     rc, out, err = run_harness(harness, built, "job_script", real_site)
-    assert rc == 0 and "RC slurm_spank_job_prolog 0" in out, (out, err)
+    # not exported (see test_exports_only_spank_and_plugin_symbols): slurmd would not even start it
+    assert rc == 0 and "MISSING slurm_spank_job_prolog" in out, (out, err)
+    assert "RC slurm_spank_init 0" in out and "RC slurm_spank_exit 0" in out, (out, err)
     assert not [l for l in out if l.startswith("ERROR")]
 
 
