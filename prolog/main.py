@@ -348,7 +348,7 @@ def start_sampler_process(job, paths, cfg, hostfs, dma_latency_us: int | None = 
             "--node", job.node, "--gpus", ",".join(str(g) for g in (job.gpus or [])),
             "--state-dir", str(paths.state_dir), "--spool-dir", str(paths.spool_dir)]
     if not hostfs.is_real:
-        args += ["--host-root", str(hostfs.root)]
+        args += ["--host-root", hostfs.root_dir]
     if dma_latency_us is not None:
         args += ["--dma-latency-us", str(int(dma_latency_us))]
     baseline = _mem_baseline(hostfs, job.gpus or [], nv)

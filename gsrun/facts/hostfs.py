@@ -76,6 +76,11 @@ class HostFS:
         return cls(host_root or environ.get(ENV_HOST_ROOT) or "/")
 
     @property
+    def root_dir(self) -> str:
+        """The root as a string (no :mod:`pathlib`: the hooks' import budget)."""
+        return self._root
+
+    @property
     def root(self) -> Path:
         """The root as a :class:`~pathlib.Path`."""
         from pathlib import Path

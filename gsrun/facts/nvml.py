@@ -28,8 +28,8 @@ indices (``/dev/nvidiaN`` minor numbers) through ``"minor"`` and
 
 from __future__ import annotations
 
+import os
 import time
-from pathlib import Path
 
 from gsrun.base.frozen import Frozen
 
@@ -141,7 +141,7 @@ class FakeNvml(Backend):
         self.calls: list[tuple[int, str]] = []
 
     @classmethod
-    def from_file(cls, path: str | Path, clock=time.monotonic) -> "FakeNvml":
+    def from_file(cls, path: str | os.PathLike, clock=time.monotonic) -> "FakeNvml":
         import json
 
         with open(path, "rb") as f:
@@ -522,6 +522,6 @@ def open_nvml(hostfs=None) -> Backend:
     if hostfs is not None and not hostfs.is_real:
         p = hostfs.nvml_json()
         if p is None:
-            raise NvmlUnavailable("LIBRARY_NOT_FOUND", f"no nvml.json under {hostfs.root}")
+            raise NvmlUnavailable("LIBRARY_NOT_FOUND", f"no nvml.json under {hostfs.root_dir}")
         return FakeNvml.from_file(p)
     return RealNvml()
