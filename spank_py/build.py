@@ -225,7 +225,9 @@ def options_header(options=None, job_script_hooks=None) -> str:
 
 def compile_command(out_so: Path, python: str, info: dict, include_dir: Path,
                     cc: str = "cc", gen_dir: Path | None = None, part: str = "plugin") -> list[str]:
-    """The compiler argv (pure apart from ``python_flags``). ``gen_dir``: the
+    """The compiler argv (pure apart from ``python_flags``); the SONAME is the
+    installed name, not the temporary output's, so that the same sources give
+    the same plugin (``tests/cluster/up`` restarts slurmd when it changes). ``gen_dir``: the
     folder holding the generated ``gsrun_spank_options.h``. ``part``:
     ``"plugin"`` (``gsrun_spank.so``, not linked to libpython: it dlopen()s
     libpython and the Python half only when Python is needed) or ``"python"``
@@ -243,7 +245,7 @@ def compile_command(out_so: Path, python: str, info: dict, include_dir: Path,
     slurm_inc = [] if str(include_dir) == "/usr/include" else [f"-I{include_dir}"]
     if part == "plugin":
         return ([cc] + HARDENING + gen + slurm_inc + defines + [str(C_SOURCE), "-o", str(out_so)]
-                + LINK_HARDENING + [f"-Wl,--version-script={VERSION_SCRIPT}", "-ldl"])
+                + LINK_HARDENING + [f"-Wl,-soname,{SO_NAME}", f"-Wl,--version-script={VERSION_SCRIPT}", "-ldl"])
     cflags, ldflags = python_flags(python, info)
     rpath = []
     if libdir and not any(libdir == d or libdir.startswith(d + "/") for d in SYSTEM_LIBDIRS):
@@ -251,7 +253,8 @@ def compile_command(out_so: Path, python: str, info: dict, include_dir: Path,
     # Python's cflags may carry -O3/-g/-DNDEBUG; ours come after and win.
     return ([cc] + cflags + HARDENING + gen + slurm_inc + defines + ["-DGSRUN_PY_PART"]
             + [str(C_SOURCE), "-o", str(out_so)]
-            + LINK_HARDENING + [f"-Wl,--version-script={PY_VERSION_SCRIPT}"] + rpath + ldflags)
+            + LINK_HARDENING + [f"-Wl,-soname,{PY_PART_NAME}", f"-Wl,--version-script={PY_VERSION_SCRIPT}"]
+            + rpath + ldflags)
 
 
 def build(out_dir: str, python: str = sys.executable, cc: str | None = None,

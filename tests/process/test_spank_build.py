@@ -102,6 +102,16 @@ def test_exports_only_spank_and_plugin_symbols(built):
     assert not {"slurm_spank_job_prolog", "slurm_spank_job_epilog"} & names, names
 
 
+def test_plugin_build_is_reproducible(built, tmp_path):
+    """Same sources, same plugin bytes (SONAME the installed name, not the temp output's):
+    tests/cluster/up restarts slurmd only when the plugin really changed."""
+    again = spank_build.build(str(tmp_path / "again"), python=sys.executable)
+    assert again.read_bytes() == built.read_bytes()
+    dyn = subprocess.run(["readelf", "-d", str(built)], capture_output=True, text=True, check=True,
+                         timeout=60).stdout
+    assert "Library soname: [gsrun_spank.so]" in dyn, dyn
+
+
 def test_job_script_hooks_compiled_in_only_when_the_python_side_has_them():
     assert spank_build._job_script_hooks() == ()
     plain = spank_build.options_header()
