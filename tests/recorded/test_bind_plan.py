@@ -261,6 +261,21 @@ def test_ntasks_from_env(env, want):
     assert ntasks_from_env(env) == want
 
 
+@pytest.mark.parametrize("text,want", [
+    ("4(x2),1", [4, 4, 1]), ("8", [8]), (" 2 , 3(x1) ", [2, 3]), ("1(x0),5", [5]), ("", []),
+    ("4(x)", None), ("(x2)", None), ("4(x2", None), ("4x2", None), ("4(x-1)", None), ("\u0664(x2)", None),
+    ("4(x2))", None), ("a", None), ("\u0664", None),
+])
+def test_parse_tasks_per_node(text, want):
+    from gsrun.facts.slurm import parse_tasks_per_node
+
+    if want is None:
+        with pytest.raises(InputError):
+            parse_tasks_per_node(text)
+    else:
+        assert parse_tasks_per_node(text) == want
+
+
 def test_bad_env_is_input_error():
     fs, t = host("ci-emulated")
     with pytest.raises(InputError):
