@@ -221,3 +221,48 @@ def test_docs_config_md_is_generated():
     assert path.read_text() == render_config_reference(), (
         "docs/CONFIG.md is out of date with gsrun/config.py SETTINGS; regenerate it with:\n"
         "  gsrun-node config reference > docs/CONFIG.md")
+
+
+# the patterns the string checks of gsrun.request.config stand for (no `re` on the hooks' path)
+_PATTERNS = {
+    "is_env_name": (r"^[A-Z_][A-Z0-9_]*\Z", re.match),
+    "is_host_name": (r"^[A-Za-z0-9.-]{1,253}\Z", re.match),
+    "is_email": (r"^[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\Z", re.match),
+}
+_SAMPLES = ["", "A", "a", "_", "9", "NCCL_DEBUG", "nccl_debug", "A1", "1A", "A-B", "A B", "A\n", "\u00c9T\u00c9",
+            "\uff21", "\u0664", "K\u212a", "localhost", "127.0.0.1", "a.b-c", "a_b", "-x", ".", "x" * 253,
+            "x" * 254, "h\u00f6st", "host\n", "a@b", "@b", "a@", "a@@b", "a@b@c", "gsrun@localhost",
+            "first.last+tag%x@example.org", "a b@c", "a@b c", "a@b_c", "\u00e9@b", "a@\u00e9", "A@B\n"]
+
+
+@pytest.mark.parametrize("name", sorted(_PATTERNS))
+def test_string_checks_equal_their_patterns(name):
+    pat, how = _PATTERNS[name]
+    check = getattr(config, name)
+    for v in _SAMPLES:
+        assert check(v) == bool(how(pat, v)), (name, v)
+
+
+def test_command_name_check_equals_its_pattern():
+    for v in _SAMPLES + ["sacctmgr", "x+y.z_1-2", "x" * 255, "x" * 256, "a/b"]:
+        assert (config._bin(v) is None) == (v.startswith("/") and config._abs_path(v) is None
+                                            or bool(re.fullmatch(r"[A-Za-z0-9_.+-]{1,255}", v))), v
+
+
+def test_reading_the_cache_of_a_typical_site_imports_no_re(tmp_path):
+    """[nccl.env], [mail] smtp_host and from_addr set: every hook re-checks them from the
+    config cache; that must not import re (~4 ms with enum in slurmstepd and the prolog)."""
+    import subprocess
+    import sys
+
+    cfg = tmp_path / "gsrun.toml"
+    cfg.write_text('[nccl.env]\nNCCL_DEBUG = "WARN"\nNCCL_SOCKET_IFNAME = "lo"\n'
+                   '[mail]\nsmtp_host = "127.0.0.1"\nfrom_addr = "gsrun@localhost"\n')
+    # -I -S as the hooks run (a venv's site machinery may import re itself), the checkout on the path
+    code = (f"import sys\nsys.path.insert(0, {str(REPO)!r})\nbefore = set(sys.modules)\n"
+            "from gsrun.request.config import load_config_cached\n"
+            f"c = load_config_cached({str(cfg)!r}, {str(tmp_path)!r})\n"
+            "print(c['mail.smtp_host'], 're' in set(sys.modules) - before)\n")
+    outs = [subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, check=True,
+                           timeout=60).stdout.split() for _ in range(2)]
+    assert outs[0][0] == "127.0.0.1" and outs[1] == ["127.0.0.1", "False"], outs
