@@ -136,11 +136,11 @@ class Journal:
 
     def remove(self) -> None:
         """Delete the journal (absent is fine) and fsync its directory, so
-        the removal survives a crash."""
+        the removal survives a crash (no fsync when there was nothing to delete)."""
         try:
             os.unlink(self.path)
         except FileNotFoundError:
-            pass
+            return          # nothing removed: nothing to make durable
         try:
             dfd = os.open(self.path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
             try:

@@ -1454,6 +1454,12 @@ def prolog_tune(hostfs, state_dir: str, job_id: str, request: str | None, cfg, p
         job = {"version": JOURNAL_VERSION, "job_id": job_id, "pid": os.getpid(), "started_unix": time.time(),
                "request": request or "", "partition": partition, "exclusive": bool(exclusive),
                "state": "prolog", "holds": []}
+        if not any(it.action in ("apply", "unchanged", "reuse") for it in items):
+            # nothing to change or to join (most jobs): the registration is the only write, in
+            # its final state; the baseline is left as it is
+            job["state"] = "applied"
+            _write_json(st.job_path(job_id), job, hostfs)
+            return _report(job_id, False, items, hostfs)
         _write_json(st.job_path(job_id), job, hostfs)
         by_key = {e["key"]: e for e in data["entries"]}
         added: list[dict] = []
@@ -1625,13 +1631,19 @@ def _leave(hostfs, state_dir, job_ids, all_jobs, log, swap_effect) -> dict:
         remaining = [j for j in live if j not in leaving]
         report["remaining_jobs"] = remaining
         if remaining:
+            changed = False
             for e in data["entries"]:
-                e["holders"] = [h for h in e.get("holders", []) if h not in leaving]
-            st.save_baseline(data)
+                holders = [h for h in e.get("holders", []) if h not in leaving]
+                if holders != e.get("holders", []):
+                    e["holders"], changed = holders, True
+            if changed:             # a job that held nothing leaves the baseline as it is
+                st.save_baseline(data)
             if data["entries"]:
                 log(f"gsrun: tune: {tag}: jobs {', '.join(remaining)} still on the node; node settings kept")
             return report
         report["last_job"] = True
+        if not data["entries"]:     # nothing was changed on the node: no baseline to restore or remove
+            return report
         results, left = _restore_entries(hostfs, data["entries"], swap, log, tag)
         data["entries"] = left
         st.save_baseline(data)

@@ -635,3 +635,36 @@ def test_lock_timeout(host, state, monkeypatch):
         assert "lock timeout" in str(ei.value)
     finally:
         os.close(fd)
+
+
+def test_job_that_asks_nothing_only_registers(host, state, monkeypatch):
+    """Most jobs ask nothing: the prolog writes their registration once, in its final
+    state, and never touches the baseline; their epilog removes it and writes nothing
+    else -- also beside a tuned job, whose entries stay byte for byte."""
+    import os
+    from pathlib import Path
+
+    writes, fsyncs = [], []
+    real_write, real_fsync = tuning._write_json, os.fsync
+    monkeypatch.setattr(tuning, "_write_json", lambda p, o, h=None: (writes.append(os.path.basename(p)),
+                                                                     real_write(p, o, h)))
+    monkeypatch.setattr(os, "fsync", lambda fd: (fsyncs.append(fd), real_fsync(fd)))
+    rep = tuning.prolog_tune(host, state, "7", None, None, None, exclusive=True, log=quiet)
+    assert rep["ok"] and rep["applied"] == [] and writes == ["7.json"]
+    job = json.loads((Path(state) / "tuning" / "jobs" / "7.json").read_text())
+    assert job["state"] == "applied" and job["holds"] == []
+    assert not (Path(state) / "tuning" / "baseline.json").exists()
+    assert len(fsyncs) == 2                      # the journal file and its directory
+    writes.clear(), fsyncs.clear()
+    out = tuning.epilog_restore(host, state, "7", log=quiet)
+    assert out["last_job"] and out["ok"] and out["restored"] == [] and writes == []
+    assert len(fsyncs) == 1                      # the job journal's removal; no baseline to remove
+    # beside a tuned job: the plain job's prolog and epilog leave the baseline as it was
+    tuning.prolog_tune(host, state, "8", "swappiness=10", SHARED, None, exclusive=False, log=quiet)
+    baseline = (Path(state) / "tuning" / "baseline.json").read_bytes()
+    writes.clear()
+    tuning.prolog_tune(host, state, "9", None, SHARED, None, exclusive=False, log=quiet)
+    out = tuning.epilog_restore(host, state, "9", log=quiet)
+    assert out["remaining_jobs"] == ["8"] and writes == ["9.json"]
+    assert (Path(state) / "tuning" / "baseline.json").read_bytes() == baseline
+    assert tuning.epilog_restore(host, state, "8", log=quiet)["restored"][0]["key"] == "swappiness"
