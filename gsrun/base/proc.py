@@ -67,7 +67,7 @@ def spawn_detached(argv: list[str], env: dict, log_fd: int | None = None) -> int
     Raises:
         OSError: the program cannot be started (not found, not executable).
     """
-    import signal
+    import _signal as signal    # the C module (the prolog's import budget): constants only here
 
     if log_fd is None:
         out = [(os.POSIX_SPAWN_OPEN, 1, "/dev/null", os.O_WRONLY, 0), (os.POSIX_SPAWN_DUP2, 1, 2)]
