@@ -428,7 +428,7 @@ def admin_comment_step(job_id: str, spool_dir: str | None = None, deadline_s: fl
                     queue_mail(paths, settled or first, cfg, log)
                 except Exception as e:  # noqa: BLE001 - logged with the job id, never silent
                     log.error(f"mail: not queued: {e!r}".replace("\n", " "))
-        sconf = accounting.config(timeout_s)
+        sconf = accounting.config_cached(str(paths.spool_dir), timeout_s)
         if not accounting.uses_slurmdbd(sconf):
             _mark_accounting(paths, job_id, "no slurmdbd", log)
             return 0

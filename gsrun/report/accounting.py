@@ -80,6 +80,74 @@ def config(timeout_s: float = 15.0) -> dict[str, str]:
     return parse_show_config(run_slurm(["scontrol", "show", "config"], timeout_s).stdout)
 
 
+# what the controller's background step needs of ``scontrol show config``, kept between jobs
+CONFIG_CACHE_NAME = "slurm-config.json"
+CONFIG_CACHE_TTL_S = 600.0
+CONFIG_CACHE_KEYS = ("AccountingStorageType", "ClusterName")
+
+
+def config_cached(cache_dir: str, timeout_s: float = 15.0, ttl_s: float = CONFIG_CACHE_TTL_S,
+                  slurm_conf: str | None = None, now=time.time) -> dict[str, str]:
+    """:data:`CONFIG_CACHE_KEYS` of slurmctld's running configuration, from
+    ``<cache_dir>/slurm-config.json`` when that was fetched less than
+    ``ttl_s`` seconds ago for the same ``slurm.conf`` (``slurm_conf``, else
+    ``$SLURM_CONF``, else ``/etc/slurm/slurm.conf``: path, inode, mtime and
+    size), else from :func:`config` (and written there, root 0600). Before,
+    every job's background step sent slurmctld a ``scontrol show config``; an
+    edited ``slurm.conf`` fetches again at once, a change that leaves the file
+    as it was (an ``Include``d file) within ``ttl_s``. No ``slurm.conf`` to
+    key on: no cache. A cache that is not ours (owner, mode), too big or
+    unreadable is ignored.
+
+    Raises:
+        SlurmError: as :func:`config`, when the cache cannot answer.
+    """
+    conf = slurm_conf or os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf"
+    try:
+        st = os.stat(conf)
+        key = [conf, st.st_ino, st.st_mtime_ns, st.st_size]
+    except OSError:
+        key = None
+    path = os.path.join(cache_dir, CONFIG_CACHE_NAME)
+    if key is not None:
+        got = _read_config_cache(path)
+        if got is not None and got.get("key") == key and isinstance(got.get("time"), (int, float)) \
+                and 0 <= now() - got["time"] < ttl_s:
+            values = got.get("values")
+            if isinstance(values, dict) and all(isinstance(k, str) and isinstance(v, str)
+                                                for k, v in values.items()):
+                return values
+    full = config(timeout_s)
+    values = {k: full[k] for k in CONFIG_CACHE_KEYS if k in full}
+    if key is not None:
+        from gsrun.base.fsutil import atomic_write_json
+
+        try:        # a lost cache only costs the next job one scontrol: no fsync
+            atomic_write_json(path, {"key": key, "time": now(), "values": values}, mode=0o600, durable=False)
+        except OSError:
+            pass
+    return values
+
+
+def _read_config_cache(path: str) -> dict | None:
+    import json
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid() or st.st_mode & 0o022 or st.st_size > 1 << 16:
+            return None
+        got = json.loads(os.read(fd, 1 << 16))
+        return got if isinstance(got, dict) else None
+    except (OSError, ValueError, RecursionError):
+        return None
+    finally:
+        os.close(fd)
+
+
 def uses_slurmdbd(cfg: dict[str, str]) -> bool:
     """AccountingStorageType is slurmdbd (sacct/sacctmgr have a database)."""
     return cfg.get("AccountingStorageType", "").endswith("slurmdbd")

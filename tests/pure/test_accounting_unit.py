@@ -129,3 +129,39 @@ def test_load_accounting_unknown_job(monkeypatch):
     monkeypatch.setattr(accounting, "sacct_text", lambda j, t=15.0, fmt=None: "")
     with pytest.raises(InputError, match="unknown job: 99"):
         gseff.load_accounting("99")
+
+
+def test_config_cached_asks_slurmctld_once_per_slurm_conf_and_ttl(tmp_path, monkeypatch):
+    """The controller's background step asked slurmctld for its whole configuration
+    (scontrol show config) for every job; it needs two keys, which change only with
+    slurm.conf: cached next to the spool, keyed on the file, for at most ttl_s."""
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("ClusterName=c1\n")
+    calls = []
+    answer = {"AccountingStorageType": "accounting_storage/slurmdbd", "ClusterName": "c1", "SlurmctldPort": "6817"}
+    monkeypatch.setattr(accounting, "config", lambda timeout_s=15.0: calls.append(timeout_s) or dict(answer))
+    clock = [1000.0]
+    get = lambda **kw: accounting.config_cached(str(tmp_path), 7.0, slurm_conf=str(conf), now=lambda: clock[0],
+                                                **kw)
+    want = {"AccountingStorageType": "accounting_storage/slurmdbd", "ClusterName": "c1"}
+    assert get() == want and calls == [7.0]
+    assert (tmp_path / accounting.CONFIG_CACHE_NAME).stat().st_mode & 0o777 == 0o600
+    clock[0] += 599
+    assert get() == want and len(calls) == 1                  # from the cache
+    clock[0] += 2
+    assert get() == want and len(calls) == 2                  # older than the TTL: asked again
+    answer["ClusterName"] = "c2"
+    conf.write_text("ClusterName=c2\n")                       # slurm.conf edited: asked again at once
+    assert get()["ClusterName"] == "c2" and len(calls) == 3
+    assert get()["ClusterName"] == "c2" and len(calls) == 3
+    # a cache that is not ours or not JSON is never trusted
+    cache = tmp_path / accounting.CONFIG_CACHE_NAME
+    os.chmod(cache, 0o666)
+    assert get()["ClusterName"] == "c2" and len(calls) == 4
+    cache.write_text("{not json")
+    assert get()["ClusterName"] == "c2" and len(calls) == 5
+    # no slurm.conf to key on: asked every time, nothing written
+    cache.unlink()
+    assert accounting.config_cached(str(tmp_path), slurm_conf=str(tmp_path / "nope.conf")) == \
+        {"AccountingStorageType": "accounting_storage/slurmdbd", "ClusterName": "c2"}
+    assert len(calls) == 6 and not cache.exists()
