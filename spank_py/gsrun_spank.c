@@ -1124,4 +1124,4 @@ FORWARD(slurm_spank_job_epilog)
 #endif
 FORWARD(slurm_spank_exit)
 
-#endif /* GSRUN_PY_PART */
+#endif /* the plugin (not GSRUN_PY_PART) */

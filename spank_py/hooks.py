@@ -62,6 +62,9 @@ PHASE = "spank"
 
 #: (name, arginfo, usage, has_arg) -- has_arg: 0 none, 1 required, 2 optional.
 #: Compiled into the C shim by spank_py/build.py (rebuild the plugin after a change).
+#: The same holds for ``slurm_spank_job_prolog``/``_epilog``: the shim exports them only when this
+#: module defines them at build time (each one costs a slurmstepd per node per job), so defining one
+#: takes effect after ``gsrun-node spank build`` / ``install`` and a restart of slurmd.
 OPTIONS: tuple[tuple[str, str | None, str, int], ...] = (
     ("gs-mps", "PCT", "gsrun: run a per-job CUDA MPS daemon; PCT (1-100) = default active thread percentage", 2),
     ("gs-mig", "LAYOUT", "gsrun: MIG layout per GPU (e.g. 7x1g.18gb, or a site layout name); exclusive nodes only", 1),

@@ -91,8 +91,9 @@ def config_cached(cache_dir: str, timeout_s: float = 15.0, ttl_s: float = CONFIG
     """:data:`CONFIG_CACHE_KEYS` of slurmctld's running configuration, from
     ``<cache_dir>/slurm-config.json`` when that was fetched less than
     ``ttl_s`` seconds ago for the same ``slurm.conf`` (``slurm_conf``, else
-    ``$SLURM_CONF``, else ``/etc/slurm/slurm.conf``: path, inode, mtime and
-    size), else from :func:`config` (and written there, root 0600). Before,
+    ``$SLURM_CONF``, else ``/etc/slurm/slurm.conf``: path, inode, mtime, ctime
+    and size), else from :func:`config` (and written there, root 0600, only
+    when every key was in the answer). Before,
     every job's background step sent slurmctld a ``scontrol show config``; an
     edited ``slurm.conf`` fetches again at once, a change that leaves the file
     as it was (an ``Include``d file) within ``ttl_s``. No ``slurm.conf`` to
@@ -105,7 +106,9 @@ def config_cached(cache_dir: str, timeout_s: float = 15.0, ttl_s: float = CONFIG
     conf = slurm_conf or os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf"
     try:
         st = os.stat(conf)
-        key = [conf, st.st_ino, st.st_mtime_ns, st.st_size]
+        # ctime too: every write sets it and utime cannot (cp -p / rsync -t of a same-size file keep
+        # mtime and size; an old kernel's coarse mtime misses a rewrite within a tick)
+        key = [conf, st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size]
     except OSError:
         key = None
     path = os.path.join(cache_dir, CONFIG_CACHE_NAME)
@@ -119,7 +122,7 @@ def config_cached(cache_dir: str, timeout_s: float = 15.0, ttl_s: float = CONFIG
                 return values
     full = config(timeout_s)
     values = {k: full[k] for k in CONFIG_CACHE_KEYS if k in full}
-    if key is not None:
+    if key is not None and len(values) == len(CONFIG_CACHE_KEYS):   # never keep a partial answer
         from gsrun.base.fsutil import atomic_write_json
 
         try:        # a lost cache only costs the next job one scontrol: no fsync
@@ -132,13 +135,16 @@ def config_cached(cache_dir: str, timeout_s: float = 15.0, ttl_s: float = CONFIG
 def _read_config_cache(path: str) -> dict | None:
     import json
 
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    import stat
+
+    try:    # O_NONBLOCK: a FIFO planted there must not hang the background step
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError:
         return None
     try:
         st = os.fstat(fd)
-        if st.st_uid != os.geteuid() or st.st_mode & 0o022 or st.st_size > 1 << 16:
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022 \
+                or st.st_size > 1 << 16:
             return None
         got = json.loads(os.read(fd, 1 << 16))
         return got if isinstance(got, dict) else None

@@ -81,7 +81,9 @@ def is_host_name(value: str) -> bool:
 
 
 def is_email(value: str) -> bool:
-    """``local@domain``: local ``[A-Za-z0-9._%+-]+``, domain ``[A-Za-z0-9.-]+``."""
+    """``local@domain``: local ``[A-Za-z0-9._%+-]+``, domain ``[A-Za-z0-9.-]+`` -- what
+    ``[mail] from_addr`` may be. A recipient (a job's MailUser) is checked by
+    :mod:`gsrun.report.mail`, which also takes a display name."""
     local, at, domain = value.partition("@")
     return bool(at) and _only(local, _EMAIL_LOCAL_CHARS) and _only(domain, _HOST_CHARS)
 

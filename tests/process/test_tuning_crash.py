@@ -107,3 +107,28 @@ def test_sigkill_at_every_write_boundary_host_settings(tmp_path):
             out = tuning.restore(HostFS(root), str(state), all_jobs=True, log=lambda m: None)
         assert out["ok"], (n, events[n], out)
         assert diff(base, snapshot(root)) == [], f"killed before {events[n]} (event {n})"
+
+
+def test_plain_job_killed_beside_a_tuned_one(tmp_path):
+    """A job that asks nothing writes one journal (its registration, final state): killed
+    before it, it does not count; after it, it holds the tuned job's settings on the node
+    until its own epilog -- and either way the node ends at its baseline."""
+    child = CHILD.replace('"4242", req,', '"4243", req,')
+    assert child != CHILD
+    for kill_at in (0, -1):
+        root = make_tree(tmp_path / f"p{kill_at}")
+        state = tmp_path / f"ps{kill_at}"
+        base = snapshot(root)
+        tuning.prolog_tune(HostFS(root), str(state), "4242", "swappiness=10,thp=never", None, None,
+                           exclusive=True, log=lambda m: None)
+        r = subprocess.run([sys.executable, "-P", "-c", child, str(REPO), str(root), str(state), str(kill_at), ""],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == (-signal.SIGKILL if kill_at == 0 else 0), r.stderr
+        registered = (state / "tuning" / "jobs" / "4243.json").exists()
+        assert registered == (kill_at == -1)
+        out = tuning.epilog_restore(HostFS(root), str(state), "4242", log=lambda m: None)
+        if registered:
+            assert not out["last_job"] and diff(base, snapshot(root)) != []    # kept for 4243
+            out = tuning.epilog_restore(HostFS(root), str(state), "4243", log=lambda m: None)
+        assert out["last_job"] and out["ok"], out
+        assert diff(base, snapshot(root)) == []

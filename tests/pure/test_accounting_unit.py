@@ -151,7 +151,9 @@ def test_config_cached_asks_slurmctld_once_per_slurm_conf_and_ttl(tmp_path, monk
     clock[0] += 2
     assert get() == want and len(calls) == 2                  # older than the TTL: asked again
     answer["ClusterName"] = "c2"
-    conf.write_text("ClusterName=c2\n")                       # slurm.conf edited: asked again at once
+    st = conf.stat()
+    conf.write_text("ClusterName=c2\n")                       # slurm.conf edited: asked again at once,
+    os.utime(conf, ns=(st.st_atime_ns, st.st_mtime_ns))        # even with the same size and mtime (cp -p)
     assert get()["ClusterName"] == "c2" and len(calls) == 3
     assert get()["ClusterName"] == "c2" and len(calls) == 3
     # a cache that is not ours or not JSON is never trusted
@@ -160,8 +162,19 @@ def test_config_cached_asks_slurmctld_once_per_slurm_conf_and_ttl(tmp_path, monk
     assert get()["ClusterName"] == "c2" and len(calls) == 4
     cache.write_text("{not json")
     assert get()["ClusterName"] == "c2" and len(calls) == 5
-    # no slurm.conf to key on: asked every time, nothing written
     cache.unlink()
+    os.symlink(tmp_path / "elsewhere.json", cache)              # a link is never followed: replaced
+    assert get()["ClusterName"] == "c2" and len(calls) == 6
+    assert not cache.is_symlink() and not (tmp_path / "elsewhere.json").exists()
+    cache.unlink()
+    os.mkfifo(cache, 0o600)                                    # nor a FIFO read (it would block)
+    assert get()["ClusterName"] == "c2" and len(calls) == 7
+    cache.unlink()
+    # an answer without every key is used for this job but not kept
+    del answer["AccountingStorageType"]
+    assert get() == {"ClusterName": "c2"} and len(calls) == 8 and not cache.exists()
+    answer["AccountingStorageType"] = "accounting_storage/slurmdbd"
+    # no slurm.conf to key on: asked every time, nothing written
     assert accounting.config_cached(str(tmp_path), slurm_conf=str(tmp_path / "nope.conf")) == \
         {"AccountingStorageType": "accounting_storage/slurmdbd", "ClusterName": "c2"}
-    assert len(calls) == 6 and not cache.exists()
+    assert len(calls) == 9 and not cache.exists()
