@@ -1545,7 +1545,10 @@ def _boot_id(hostfs) -> str | None:
 
 def _drop_if_rebooted(hostfs, st: _State, data: dict, log) -> dict:
     """A journal from an earlier boot describes settings the reboot already
-    reset: drop it and its job journals instead of writing stale values."""
+    reset: drop it and its job journals instead of writing stale values. A job
+    journal of an earlier boot is dropped on its own too (a job whose epilog
+    never ran before the reboot, on a disk-backed state dir): it would count
+    as a job on the node forever and keep every later job's settings."""
     old, now = data.get("boot_id"), _boot_id(hostfs)
     if data["entries"] and old and now and old != now:
         log(f"gsrun: tune: journal is from boot {old}, node booted as {now}: dropping it")
@@ -1553,6 +1556,14 @@ def _drop_if_rebooted(hostfs, st: _State, data: dict, log) -> dict:
             _unlink(st.job_path(j))
         data = {"version": JOURNAL_VERSION, "boot_id": now, "entries": []}
         st.save_baseline(data)
+        return data
+    if now:
+        for j in st.live_jobs():
+            got = st.journal(st.job_path(j)).load()
+            if got is not None and got.earlier_boot:
+                log(f"gsrun: tune: job {j}'s journal is from boot {got.boot_id}, node booted as {now}: "
+                    "dropping it")
+                _unlink(st.job_path(j))
     return data
 
 

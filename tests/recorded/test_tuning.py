@@ -668,3 +668,24 @@ def test_job_that_asks_nothing_only_registers(host, state, monkeypatch):
     assert out["remaining_jobs"] == ["8"] and writes == ["9.json"]
     assert (Path(state) / "tuning" / "baseline.json").read_bytes() == baseline
     assert tuning.epilog_restore(host, state, "8", log=quiet)["restored"][0]["key"] == "swappiness"
+
+
+def test_job_journal_of_an_earlier_boot_does_not_hold_the_node(host, state):
+    """A job whose epilog never ran before a reboot (disk-backed state dir, nothing tuned at
+    the time, so no baseline to drop with it) must not count as a job on the node after the
+    reboot: the next tuned job's epilog restores its settings."""
+    from pathlib import Path
+
+    boot = Path(host.root) / "proc/sys/kernel/random/boot_id"
+    boot.parent.mkdir(parents=True, exist_ok=True)
+    boot.write_text("00000000-2222-3333-4444-555555555555\n")
+    base = snapshot(host.root)
+    tuning.prolog_tune(host, state, "5", None, None, None, exclusive=True, log=quiet)   # never leaves
+    boot.write_text("11111111-2222-3333-4444-555555555555\n")                         # the reboot
+    said = []
+    rep = tuning.prolog_tune(host, state, "6", "swappiness=10", None, None, exclusive=True, log=said.append)
+    assert rep["applied"] == ["swappiness"]
+    assert any("job 5's journal is from boot" in m for m in said), said
+    out = tuning.epilog_restore(host, state, "6", log=quiet)
+    assert out["last_job"] and out["remaining_jobs"] == [] and [r["key"] for r in out["restored"]] == ["swappiness"]
+    assert diff(base, snapshot(host.root)) == ["proc/sys/kernel/random/boot_id"]
