@@ -34,7 +34,7 @@ import os
 
 from gsrun.base.errors import ConfigError
 from gsrun.base.frozen import Frozen
-from gsrun.base.ids import is_partition
+from gsrun.base.ids import ALNUM, DIGITS, UPPER, is_chars, is_partition
 from gsrun.base.paths import DEFAULT_MPS_DIR, DEFAULT_SPOOL_DIR, DEFAULT_STATE_DIR
 from gsrun.request.malloc import (ALLOCATORS, JEMALLOC_CONF, TCMALLOC_ENV, check_conf_list, check_lib_dirs,
                                   check_tcmalloc_env)
@@ -56,28 +56,20 @@ _PINNED = r"[0-9]+=[0-9]+[MG](,[0-9]+=[0-9]+[MG])*"
 # Same sets as the patterns they stand for (tests/pure/test_config_validation.py compares them):
 #   env name   ^[A-Z_][A-Z0-9_]*\Z          host  ^[A-Za-z0-9.-]{1,253}\Z
 #   command    [A-Za-z0-9_.+-]{1,255}        email ^[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\Z
-_UPPER = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
-_DIGITS = "0123456789"
-_ALNUM = _UPPER + _UPPER.lower() + _DIGITS
-_ENV_CHARS = frozenset(_UPPER + _DIGITS + "_")
-_HOST_CHARS = frozenset(_ALNUM + ".-")
-_CMD_CHARS = frozenset(_ALNUM + "_.+-")
-_EMAIL_LOCAL_CHARS = frozenset(_ALNUM + "._%+-")
-
-
-def _only(value: str, chars: frozenset, most: int | None = None) -> bool:
-    """``value`` is 1 to ``most`` (None: any number of) characters, each in ``chars``."""
-    return 0 < len(value) and (most is None or len(value) <= most) and chars.issuperset(value)
+_ENV_CHARS = UPPER | DIGITS | frozenset("_")
+_HOST_CHARS = ALNUM | frozenset(".-")
+_CMD_CHARS = ALNUM | frozenset("_.+-")
+_EMAIL_LOCAL_CHARS = ALNUM | frozenset("._%+-")
 
 
 def is_env_name(name: str) -> bool:
     """``[A-Z_][A-Z0-9_]*`` (an environment variable name gsrun sets)."""
-    return _only(name, _ENV_CHARS) and name[0] not in _DIGITS
+    return is_chars(name, _ENV_CHARS) and name[0] not in DIGITS
 
 
 def is_host_name(value: str) -> bool:
     """``[A-Za-z0-9.-]{1,253}``."""
-    return _only(value, _HOST_CHARS, 253)
+    return is_chars(value, _HOST_CHARS, 253)
 
 
 def is_email(value: str) -> bool:
@@ -85,7 +77,7 @@ def is_email(value: str) -> bool:
     ``[mail] from_addr`` may be. A recipient (a job's MailUser) is checked by
     :mod:`gsrun.report.mail`, which also takes a display name."""
     local, at, domain = value.partition("@")
-    return bool(at) and _only(local, _EMAIL_LOCAL_CHARS) and _only(domain, _HOST_CHARS)
+    return bool(at) and is_chars(local, _EMAIL_LOCAL_CHARS) and is_chars(domain, _HOST_CHARS)
 
 
 class Setting(Frozen):
@@ -148,7 +140,7 @@ def _line(v):
 def _bin(v):
     if v.startswith("/"):
         return _abs_path(v)
-    return None if _only(v, _CMD_CHARS, 255) else "must be an absolute path or a plain command name"
+    return None if is_chars(v, _CMD_CHARS, 255) else "must be an absolute path or a plain command name"
 
 
 def _pinned(v):
