@@ -126,6 +126,37 @@ def flock_within(fd: int, timeout_s: float, poll_s: float = 0.005) -> bool:
             time.sleep(poll_s)
 
 
+def read_own_file(path: str, max_bytes: int) -> bytes | None:
+    """The bytes of ``path`` when it is a regular file owned by this process's
+    user, not writable by group or others, at most ``max_bytes`` long; else
+    None (absent, a link -- never followed --, a FIFO -- never blocked on --,
+    another owner, too big, unreadable). For the caches gsrun keeps for itself
+    (the parsed config, slurmctld's config): what another user could have
+    written is never read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022 \
+                or st.st_size > max_bytes:
+            return None
+        chunks, left = [], max_bytes + 1
+        while left > 0:
+            chunk = os.read(fd, left)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        data = b"".join(chunks)
+        return data if len(data) <= max_bytes else None
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
 def read_json(path) -> dict | None:
     """JSON object from ``path`` (no symlink followed), or None if absent/corrupt."""
     import json

@@ -135,23 +135,14 @@ def config_cached(cache_dir: str, timeout_s: float = 15.0, ttl_s: float = CONFIG
 def _read_config_cache(path: str) -> dict | None:
     import json
 
-    import stat
+    from gsrun.base.fsutil import read_own_file
 
-    try:    # O_NONBLOCK: a FIFO planted there must not hang the background step
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    except OSError:
-        return None
+    raw = read_own_file(path, 1 << 16)
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022 \
-                or st.st_size > 1 << 16:
-            return None
-        got = json.loads(os.read(fd, 1 << 16))
-        return got if isinstance(got, dict) else None
-    except (OSError, ValueError, RecursionError):
+        got = json.loads(raw) if raw is not None else None
+    except (ValueError, RecursionError):
         return None
-    finally:
-        os.close(fd)
+    return got if isinstance(got, dict) else None
 
 
 def uses_slurmdbd(cfg: dict[str, str]) -> bool:

@@ -582,16 +582,13 @@ def _is_default(key: str, value: Any) -> bool:
 
 
 def _read_cache(cache: str, key: list) -> Config | None:
-    try:
-        fd = os.open(cache, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
+    from gsrun.base.fsutil import read_own_file
+
+    raw = read_own_file(cache, 1 << 20)
+    if raw is None:
         return None
     try:
-        st = os.fstat(fd)
-        if st.st_uid != os.geteuid() or st.st_mode & 0o022 or st.st_size > 1 << 20:
-            return None
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            data = marshal.loads(f.read())
+        data = marshal.loads(raw)
         if type(data) is not dict or data.get("key") != key:
             return None
         values = {s.key: s.default for s in SETTINGS}
@@ -610,11 +607,9 @@ def _read_cache(cache: str, key: list) -> Config | None:
                     return None
                 partitions[pname][k] = _check_value(k, v, cache)
         return Config(values, partitions, key[0])
-    except (OSError, EOFError, ValueError, TypeError, KeyError, AttributeError, ConfigError,
+    except (EOFError, ValueError, TypeError, KeyError, AttributeError, ConfigError,
             MemoryError, RecursionError):   # a corrupt cache (marshal: a huge declared size, deep nesting)
         return None
-    finally:
-        os.close(fd)
 
 
 def _write_cache(cache: str, key: list, cfg: Config) -> None:

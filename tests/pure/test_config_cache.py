@@ -92,6 +92,13 @@ def test_symlinked_cache_not_followed(site, tmp_path):
     assert load_config_or_defaults(cache_dir=state, write_cache=False)["sampler.interval_s"] == 3.0
 
 
+def test_fifo_at_the_cache_is_not_read(site):
+    """A FIFO planted where the cache goes is refused without blocking (every hook reads it)."""
+    cfg, state = site
+    os.mkfifo(state / CACHE_NAME, 0o600)
+    assert load_config_or_defaults(cache_dir=state, write_cache=False)["sampler.interval_s"] == 3.0
+
+
 def test_broken_config_gives_defaults_and_no_cache(site):
     cfg, state = site
     cfg.write_text("[sampler]\ninterval_s = 'fast'\n")
