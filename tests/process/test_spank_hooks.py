@@ -12,7 +12,8 @@ import types
 import pytest
 
 from gsrun.spank_py import hooks
-from helpers.paths import DATA, SHARED
+from helpers.paths import DATA
+from helpers.tuning_tree import TARBALL
 
 
 class FakeSpank(types.ModuleType):
@@ -284,14 +285,12 @@ def test_task_init_affinity_error_is_logged_not_raised(fake, monkeypatch):
     assert sp.mempolicy == [(hooks.MPOL_BIND, [0])]
 
 
-H200_TREE = str(SHARED / "data" / "hosts" / "h200-vm" / "h200-vm-tree.tar.gz")
+H200_TREE = str(TARBALL)   # our own probe of the H200 VM (tests/data/hosts/h200-vm/README.md)
 
 
 @pytest.fixture
 def h200_root(tmp_path):
     import subprocess
-    if not os.path.exists(H200_TREE):
-        pytest.skip(f"recorded H200 host tree not present ({H200_TREE}: ../shared beside the checkout)")
     root = tmp_path / "h200"
     root.mkdir()
     subprocess.run(["tar", "-xzf", H200_TREE, "-C", str(root), "--no-same-owner"], check=True, timeout=60)
