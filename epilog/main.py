@@ -172,6 +172,17 @@ def _nvml_reason(hostfs, prolog: dict) -> str | None:
     return None
 
 
+def sampler_recorded(prolog: dict, pid_info: dict | None) -> bool:
+    """Whether the prolog's record (``prolog-<node>.json``, written last, after
+    every step) names the same sampler (PID and start time) as
+    ``sampler.pid.json``: then no sampler of the job can be unrecorded, and the
+    ``/proc`` scan of :func:`find_samplers` (one open per process on the node,
+    on every epilog's critical path) is not needed. Pure."""
+    rec = (prolog.get("steps") or {}).get("sampler") if isinstance(prolog, dict) else None
+    return (isinstance(rec, dict) and isinstance(pid_info, dict) and isinstance(rec.get("pid"), int)
+            and rec.get("pid") == pid_info.get("pid") and rec.get("create_time") == pid_info.get("create_time"))
+
+
 def find_samplers(job_id: str, state_dir: str) -> list[tuple[int, float | None]]:
     """Samplers of ``job_id`` by command line (``-m gsrun.epilog.sampler
     --job-id ID ... --state-dir DIR``, ``-m gsrun.node.sampler ...`` of older
@@ -211,10 +222,13 @@ def _summary(job, paths, sdir, hostfs, log, pre: dict | None = None) -> dict:
             stopped = pids.stop(int(pid_info["pid"]), pid_info.get("create_time"))
         except (KeyError, TypeError, ValueError, ProcessLookupError) as e:
             stopped = f"bad sampler record: {e}"
-    others = find_samplers(job.job_id, str(paths.state_dir))    # unrecorded or second samplers
+    prolog = read_json(paths.spool_job(job.job_id) / f"prolog-{job.node}.json") or {}
+    # unrecorded or second samplers, by a /proc scan -- only when the prolog did not finish
+    # recording the sampler it started (the prolog stops an earlier one of the job before
+    # starting its own, so a finished record leaves none unrecorded)
+    others = [] if sampler_recorded(prolog, pid_info) else find_samplers(job.job_id, str(paths.state_dir))
     for pid, ct in others:
         stopped += f"; unrecorded sampler {pid}: {pids.stop(pid, ct)}"
-    prolog = read_json(paths.spool_job(job.job_id) / f"prolog-{job.node}.json") or {}
     env = job.to_dict()
     env["prolog_time"] = prolog.get("prolog_time")
     end_time = time.time()

@@ -44,11 +44,13 @@ from gsrun.facts.jobenv import job_from_env
 from gsrun.base.log import JobLog, safe_text
 from gsrun.facts.nvml import NvmlUnavailable, index_by_minor, open_nvml
 from gsrun.base.paths import Paths
-from gsrun.base.proc import root_child_env, root_python, spawn_detached
+from gsrun.base.proc import root_child_env, root_python, spawn_detached, take_warm
 from gsrun.node.steps import SETUP, NodeUnusable, Step, drain_node, run_steps
 from gsrun.request.job import (JobRequest, comment_from_env, comment_from_slurm, exclusive_from_record,
                                malloc_from_comment,
                                request_from_comment, request_from_job_record, request_from_spank)
+
+SAMPLER_MODULE = "gsrun.epilog.sampler"   # the job's sampler: python -m SAMPLER_MODULE ARGS
 
 NVML_MISMATCH_MSG = "NVML/driver mismatch: reboot required"
 SCONTROL_TIMEOUT_S = 5.0
@@ -354,15 +356,44 @@ def start_sampler_process(job, paths, cfg, hostfs, dma_latency_us: int | None = 
     baseline = _mem_baseline(hostfs, job.gpus or [], nv)
     if baseline:
         args += ["--mem-baseline", baseline]
+    _stop_earlier_sampler(d)
     logfd = os.open(d / "sampler.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
                     0o600)
     try:
-        pid = spawn_detached(root_python("-m", "gsrun.epilog.sampler", *args), _sampler_env(), logfd)
+        warm = take_warm(SAMPLER_MODULE)    # run by the node agent: its waiting copy becomes the sampler
+        if warm is not None:
+            # recorded before it runs: a prolog killed in between leaves no sampler (the copy exits
+            # with this process), and the copy's command line is the agent's (not findable by it)
+            info = {"pid": warm.pid, "create_time": pids.start_time(warm.pid), "argv": args}
+            atomic_write_json(d / "sampler.pid.json", info, mode=0o600, durable=False)
+            try:
+                warm.start(args, _sampler_env(), logfd)
+                return info
+            except OSError:
+                pass        # the copy is gone: a sampler of its own below, recorded again
+        pid = spawn_detached(root_python("-m", SAMPLER_MODULE, *args), _sampler_env(), logfd)
     finally:
         os.close(logfd)
     info = {"pid": pid, "create_time": pids.start_time(pid), "argv": args}
     atomic_write_json(d / "sampler.pid.json", info, mode=0o600, durable=False)   # the sampler dies with the node
     return info
+
+
+def _stop_earlier_sampler(d) -> None:
+    """One sampler per job per node: a prolog that runs again for a job whose
+    sampler is still recorded and running (no epilog in between) stops that one
+    first, so the epilog, which trusts a finished prolog record
+    (:func:`gsrun.epilog.main.sampler_recorded`), never leaves one running. One
+    failed open on the usual path."""
+    from gsrun.base import pids
+    from gsrun.base.fsutil import read_json
+
+    old = read_json(d / "sampler.pid.json")
+    if isinstance(old, dict) and isinstance(old.get("pid"), int) and old["pid"] > 1:
+        try:
+            pids.stop(old["pid"], old.get("create_time"))
+        except OSError:
+            pass        # not ours to stop (then not a sampler of ours): the new one starts anyway
 
 
 def _mem_baseline(hostfs, gpus: list[int], nv=None) -> str:

@@ -64,16 +64,16 @@ print(json.dumps({
 """
 
 
-def _run(argv: list[str], what: str, timeout_s: float = _TIMEOUT_S) -> str:
+def _run(argv: list[str], what: str, timeout_s: float = _TIMEOUT_S, phase: str = "spank build") -> str:
     try:
         p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False)
     except FileNotFoundError as e:
-        raise NodeError("spank build", what, f"{argv[0]} not found",
+        raise NodeError(phase, what, f"{argv[0]} not found",
                         hint="install a C compiler (cc) and the Python/Slurm development headers") from e
     except subprocess.TimeoutExpired as e:
-        raise NodeError("spank build", what, f"{argv[0]} did not finish in {timeout_s:.0f} s") from e
+        raise NodeError(phase, what, f"{argv[0]} did not finish in {timeout_s:.0f} s") from e
     if p.returncode != 0:
-        raise NodeError("spank build", what, f"{' '.join(argv[:3])}... exited {p.returncode}: "
+        raise NodeError(phase, what, f"{' '.join(argv[:3])}... exited {p.returncode}: "
                         f"{(p.stderr or p.stdout).strip()[-2000:]}")
     return p.stdout
 

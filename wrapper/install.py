@@ -358,27 +358,40 @@ def render_slurm_lines(slurm_version: str, hooks: dict[str, str], flags: str, fl
         epilog_d=epilog_d.rstrip("/"), link_name=link_name)
 
 
-def render_units(gsrun_node: str, config_path: str | None) -> dict[str, str]:
-    """``{"gsrun-mail.service": text, "gsrun-mail.timer": text}``; the service
-    sets ``GSRUN_CONFIG`` only for a non-default config path."""
+def render_units(gsrun_node: str, config_path: str | None,
+                 agent_socket: str | None = None) -> dict[str, str]:
+    """``{"gsrun-mail.service": text, "gsrun-mail.timer": text}`` and, with
+    ``agent_socket``, ``"gsrun-agent.service"`` (the node agent on that
+    socket; systemd makes the socket's directory when it is ``/run/NAME``);
+    the services set ``GSRUN_CONFIG`` only for a non-default config path."""
     _check_plain(gsrun_node, "gsrun-node path")
     cfgp = None
     if config_path and config_path != DEFAULT_CONFIG_PATH:
         cfgp = _check_plain(config_path, "config path")
-    return {"gsrun-mail.service": render("gsrun-mail.service.j2",
-                gsrun_node=gsrun_node, config_path=cfgp),
-            "gsrun-mail.timer": render("gsrun-mail.timer.j2")}
+    units = {"gsrun-mail.service": render("gsrun-mail.service.j2", gsrun_node=gsrun_node, config_path=cfgp),
+             "gsrun-mail.timer": render("gsrun-mail.timer.j2")}
+    if agent_socket:
+        sock = _check_plain(agent_socket, "agent socket path")
+        parent = os.path.dirname(sock)
+        runtime = parent[len("/run/"):] if parent.startswith("/run/") and "/" not in parent[len("/run/"):] else None
+        units["gsrun-agent.service"] = render("gsrun-agent.service.j2", gsrun_node=gsrun_node, config_path=cfgp,
+                                              socket_path=sock, runtime_dir=runtime)
+    return units
 
 
 def render_hook(gsrun_node: str, command: str, config_path: str | None, log_file: str | None = None,
-                slurm_conf: str | None = None, argv: list[str] | None = None) -> str:
+                slurm_conf: str | None = None, argv: list[str] | None = None,
+                via_agent: tuple[str, str] | None = None) -> str:
     """A hook with this installation's absolute ``gsrun-node`` baked in (for
     ``--hooks-dir``), or ``argv`` when given: the installation's interpreter
     started ``-I -S`` (:func:`gsrun.wrapper.node_entry.hook_argv`, ~3 ms less
     per hook than the ``gsrun-node`` script); sets ``GSRUN_CONFIG`` for a non-default config and
     ``GSRUN_LOG_FILE`` when given (hosts without syslog) and ``SLURM_CONF``
     when given (slurmctld does not pass it to EpilogSlurmctld, whose
-    ``scontrol`` calls then fail on a cluster with a non-default slurm.conf)."""
+    ``scontrol`` calls then fail on a cluster with a non-default slurm.conf).
+    ``via_agent``: ``(client, socket)``: the command goes through the node
+    agent's client ``gsrun-hook`` (:mod:`gsrun.wrapper.hook_client`), which runs
+    it itself when no agent listens on ``socket``."""
     if command not in HOOKS:
         raise InputError(PHASE, "hook", repr(command))
     env = ""
@@ -395,6 +408,9 @@ def render_hook(gsrun_node: str, command: str, config_path: str | None, log_file
         _check_plain(argv[0], "interpreter path")
         _check_plain(argv[-2], "site-packages path")
         run = " ".join(shlex.quote(a) for a in argv)
+    if via_agent:
+        client, sock = (_check_plain(p, what) for p, what in zip(via_agent, ("hook client path", "agent socket")))
+        run = f"{shlex.quote(client)} {shlex.quote(sock)} {run}"
     return ("#!/bin/sh\n"
             f"# gsrun Slurm hook written by `gsrun-node install`: runs `gsrun-node {command}`.\n"
             f"{env}exec {run}\n")
@@ -508,6 +524,7 @@ class InstallOptions:
     epilog_d: str = "/etc/slurm/epilog.d"
     measure: bool = True
     irqbalance_script: str | None = None     # None: tuning.irqbalance_policy_script
+    agent: bool = True                       # hooks through the node agent's client (gsrun.wrapper.agent)
 
 
 def render_irqbalance_lines(script: str, ban_dir: str, default_ban_dir: str) -> str:
@@ -596,24 +613,30 @@ def run(opts: InstallOptions, out: Callable[[str], None] = print, environ=None) 
         missing = [n for n, p in inst.package_hooks.items() if p is None]
         wrong = [n for n, p in inst.package_hooks.items()
                  if p and os.path.realpath(hook_target(p)) != os.path.realpath(inst.gsrun_node)]
-        if missing or wrong or cfg_env or opts.log_file or slurm_conf_env:
+        if missing or wrong or cfg_env or opts.log_file or slurm_conf_env or opts.agent:
             hooks_dir = str(Path(inst.gsrun_node).parent.parent / "libexec" / "gsrun")
             why = ("the package ships no hooks" if missing else
                    f"the shipped hooks do not find {inst.gsrun_node}" if wrong else
-                   "a non-default config / slurm.conf path or a log file must be baked into the hooks")
+                   "a non-default config / slurm.conf path or a log file must be baked into the hooks"
+                   if cfg_env or opts.log_file or slurm_conf_env else
+                   "the hooks go through the node agent's client, built there")
             out(f"# {why}: hooks go to {hooks_dir} (choose with --hooks-dir)")
         else:
             hooks = {n: str(p) for n, p in inst.package_hooks.items()}
             for n, p in hooks.items():
                 out(f"{n}: {p}  (shipped with the package)")
+    agent_socket = os.path.join(opts.state_dir or cfg["paths.state_dir"], "agent.sock")
+    via = None
     if hooks_dir:
         hd = _check_plain(os.path.abspath(hooks_dir), "hooks dir")
         root = os.geteuid() == 0
+        if opts.agent:
+            via = _install_hook_client(hd, agent_socket, opts.print_only, out)
         for name, (_, fname) in HOOKS.items():
             p = os.path.join(hd, fname)
             hooks[name] = p
             body = render_hook(inst.gsrun_node, name, cfg_env, opts.log_file, slurm_conf_env,
-                               hook_argv(name) if _same_install(inst.gsrun_node) else None)
+                               hook_argv(name) if _same_install(inst.gsrun_node) else None, via)
             if opts.print_only:
                 out(f"would write {p} (0755):\n{body}")
             else:
@@ -646,22 +669,46 @@ def run(opts: InstallOptions, out: Callable[[str], None] = print, environ=None) 
         "--dest-dir /usr/local/lib/gsrun --plugstack /etc/slurm/plugstack.conf.d/gsrun.conf")
     out("# and make sure /etc/slurm/plugstack.conf has:  include /etc/slurm/plugstack.conf.d/*.conf")
 
-    # 6. mail timer
-    out("\n## 6. mail delivery timer (on the slurmctld host)")
-    units = render_units(inst.gsrun_node, cfg_env)
+    # 6. mail timer and node agent
+    out("\n## 6. mail delivery timer (on the slurmctld host)"
+        + ("; node agent (on every node and the slurmctld host)" if via else ""))
+    units = render_units(inst.gsrun_node, cfg_env, agent_socket if via else None)
+    enable = "systemctl enable --now gsrun-mail.timer" + (
+        "  # and everywhere: systemctl enable --now gsrun-agent.service" if via else "")
     if opts.units_dir and not opts.print_only:
         for name, body in units.items():
             p = os.path.join(opts.units_dir, name)
             out(f"{'wrote' if write_new_file(p, body, 0o644) else 'exists, left as it is:'} {p}")
-        out("systemctl daemon-reload && systemctl enable --now gsrun-mail.timer")
+        out("systemctl daemon-reload && " + enable)
     else:
         for name, body in units.items():
             out(f"# /etc/systemd/system/{name}\n{body}")
-        out("# then: systemctl daemon-reload && systemctl enable --now gsrun-mail.timer")
+        out("# then: systemctl daemon-reload && " + enable)
     # 7. irqbalance policy script
     rc = max(rc, _install_irqbalance_script(opts, cfg, out))
     out("\n## next: gsrun-node doctor   (on every node)")
     return rc
+
+
+def _install_hook_client(hooks_dir: str, agent_socket: str, print_only: bool,
+                         out: Callable[[str], None]) -> tuple[str, str] | None:
+    """Build ``gsrun-hook`` into ``hooks_dir`` (step 3) -> ``(client, socket)``
+    for :func:`render_hook`, or None (no compiler: the hooks run on their own,
+    as they do wherever the agent is not running)."""
+    from gsrun.wrapper import hook_client
+
+    client = os.path.join(hooks_dir, hook_client.CLIENT_NAME)
+    if print_only:
+        out(f"would build {client} (the node agent's client; needs cc)")
+        return client, agent_socket
+    try:
+        hook_client.build(hooks_dir)
+    except (OSError, NodeError) as e:
+        out(f"# {client} not built ({str(e).splitlines()[0]}): the hooks run without the node agent")
+        return None
+    out(f"built {client}: the hooks go through the node agent on {agent_socket} when it runs "
+        "(gsrun-agent.service, step 6), else run on their own")
+    return client, agent_socket
 
 
 def _install_irqbalance_script(opts: InstallOptions, cfg: Config, out: Callable[[str], None]) -> int:

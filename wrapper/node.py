@@ -240,6 +240,33 @@ def spank_install(so_path, dest_dir, plugstack, args):
     return 0
 
 
+@cli.group()
+def agent():
+    """The node agent: runs the prolog and epilog from a warm process (docs/ADMIN.md)."""
+
+
+@agent.command("run")
+@click.option("--socket", "socket_path", default=None, type=click.Path(dir_okay=False),
+              help="Unix socket to listen on (default: <state dir>/agent.sock).")
+@click.option("--state-dir", default=None, envvar="GSRUN_STATE_DIR", type=click.Path(file_okay=False),
+              help="The node's state directory (default /run/gsrun).")
+def agent_run(socket_path, state_dir):
+    """Serve hooks until SIGTERM (SIGHUP: re-execute, e.g. after an upgrade)."""
+    from gsrun.wrapper import agent as agentmod
+
+    sys.exit(agentmod.run(socket_path, state_dir))
+
+
+@agent.command("build")
+@click.option("--out-dir", default=".", type=click.Path(file_okay=False))
+def agent_build(out_dir):
+    """Compile the hooks' client OUT_DIR/gsrun-hook (needs cc)."""
+    from gsrun.wrapper import hook_client
+
+    click.echo(str(hook_client.build(out_dir)))
+    return 0
+
+
 @cli.group("mail")
 def mail_group():
     """The report mail queue."""
@@ -371,15 +398,18 @@ def config_reference():
 @click.option("--no-measure", is_flag=True, help="Do not time a prolog dry run.")
 @click.option("--irqbalance-script", default=None, metavar="PATH",
               help="Install gsrun's irqbalance policy script here (default: tuning.irqbalance_policy_script).")
+@click.option("--no-agent", is_flag=True,
+              help="Hooks that never go through the node agent (default: through its client gsrun-hook, "
+                   "built into the hooks dir, with a gsrun-agent.service unit).")
 def install(print_only, config_path, state_dir, spool_dir, layout, hooks_dir, log_file, units_dir, prolog_d,
-            epilog_d, no_measure, irqbalance_script):
+            epilog_d, no_measure, irqbalance_script, no_agent):
     """Create gsrun's directories and site config; print the slurm.conf lines."""
     from gsrun.wrapper import install as inst
 
     opts = inst.InstallOptions(print_only=print_only, config_path=config_path, state_dir=state_dir,
                                spool_dir=spool_dir, layout=layout, hooks_dir=hooks_dir, log_file=log_file, units_dir=units_dir,
                                prolog_d=prolog_d, epilog_d=epilog_d, measure=not no_measure,
-                               irqbalance_script=irqbalance_script)
+                               irqbalance_script=irqbalance_script, agent=not no_agent)
     return inst.run(opts, out=click.echo)
 
 

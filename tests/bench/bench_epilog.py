@@ -17,7 +17,10 @@ VM recording with a fake NVML, tuning applied to the fake tree). For each
 run: ``gsrun-node prolog`` (sampler started, tuning journaled when tuned),
 ``--run-s`` seconds of "job", then ``gsrun-node epilog`` (handed to the
 sampler: final sample, node summary, restore), each a fresh process.
-Without and with tuning (``SPANK_GS_TUNE``). Also ``gsrun --dry-run`` and
+Without and with tuning (``SPANK_GS_TUNE``); and both again through the node
+agent (``*_agent``: the venv's ``gsrun-node agent run`` on a private socket,
+the hooks run by its client ``gsrun-hook`` as ``gsrun-node install`` writes
+them; ``--no-agent`` skips them). Also ``gsrun --dry-run`` and
 ``gsrun-bind --plan --json`` on the same recorded host, with the venv's
 interpreter; the dry run without a site config (``dry_run``: built-in
 defaults, as the target is set) and with the fake site's ``gsrun.toml``
@@ -74,10 +77,37 @@ def _parts(stderr: str) -> dict[str, float]:
     return out
 
 
-def hook_ms(hook: str, env) -> tuple[float, subprocess.CompletedProcess]:
+def hook_ms(hook: str, env, via: tuple[str, str] | None = None) -> tuple[float, subprocess.CompletedProcess]:
+    """One hook run as slurmd runs it; ``via``: ``(gsrun-hook, socket)``, through the node agent."""
+    argv = [*via, hook] if via else [hook]
     t0 = time.perf_counter()
-    cp = subprocess.run([hook], env=env, capture_output=True, text=True, errors="replace", timeout=120, cwd="/")
+    cp = subprocess.run(argv, env=env, capture_output=True, text=True, errors="replace", timeout=120, cwd="/")
     return (time.perf_counter() - t0) * 1000.0, cp
+
+
+def start_agent(venv: str, base) -> tuple[str, str] | None:
+    """The node agent of ``venv`` on a socket under ``base`` and its client built
+    there -> ``(client, socket)`` (None when there is no C compiler). The agent
+    is stopped with this process (its own session is not taken: it dies with
+    the bench's process group on ^C, and is killed at exit)."""
+    import atexit
+
+    client_dir = os.path.join(base, "agent-bin")
+    b = subprocess.run([os.path.join(venv, "bin", "gsrun-node"), "agent", "build", "--out-dir", client_dir],
+                       capture_output=True, text=True)
+    if b.returncode:
+        print(f"bench_epilog: no agent ({b.stderr.strip()[-200:]})", file=sys.stderr)
+        return None
+    run_dir = os.path.join(base, "agent-run")
+    os.mkdir(run_dir, 0o700)
+    sock = os.path.join(run_dir, "agent.sock")
+    p = subprocess.Popen([os.path.join(venv, "bin", "gsrun-node"), "agent", "run", "--socket", sock],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd="/")
+    atexit.register(lambda: (p.terminate(), p.wait()))
+    deadline = time.monotonic() + 30
+    while not os.path.exists(sock) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return (os.path.join(client_dir, "gsrun-hook"), sock) if os.path.exists(sock) else None
 
 
 def main() -> int:
@@ -86,6 +116,8 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=11)
     ap.add_argument("--interval-s", type=float, default=5.0, help="sampler.interval_s (site default 5)")
     ap.add_argument("--run-s", type=float, default=0.3, help="job length between prolog and epilog")
+    ap.add_argument("--no-agent", action="store_true",
+                    help="skip the hooks through the node agent (gsrun-node agent run + gsrun-hook; needs cc)")
     ap.add_argument("--real-host", action="store_true",
                     help="the hooks on this machine's own /proc, /sys and NVML (root; a GPU node: the tuned "
                          "case changes and restores real settings), not the recorded H200 VM")
@@ -113,6 +145,10 @@ def main() -> int:
     py = [python, "-P"]
     res: dict[str, list[float]] = {k: [] for k in ("floor", "floor_isolated", "prolog", "epilog", "prolog_tuned",
                                                     "epilog_tuned", "dry_run", "dry_run_config", "bind_plan")}
+    agent = None if a.no_agent else start_agent(a.venv, site.base)
+    if agent:
+        for k in ("prolog_agent", "epilog_agent", "prolog_tuned_agent", "epilog_tuned_agent"):
+            res[k] = []
     errors: list[str] = []
     parts: dict[str, list[dict]] = {"epilog": [], "epilog_tuned": []}
     script = site.base / "train.py"
@@ -121,7 +157,7 @@ def main() -> int:
     for i in range(a.runs):
         res["floor"].append(wall_ms([python, "-c", "pass"])[0])
         res["floor_isolated"].append(wall_ms([python, "-I", "-S", "-c", "pass"])[0])
-        for tuned in (False, True):
+        for tuned, via in ((False, None), (True, None), *(((False, agent), (True, agent)) if agent else ())):
             job += 1
             # slurmd 22.05's prolog environment (the credential's SLURM_JOB_RESTART_COUNT): a plain job
             # makes no Slurm call; a tuned one asks for the job record (OverSubscribe), which the
@@ -132,14 +168,14 @@ def main() -> int:
                                                 "OverSubscribe=NO Comment=(null)")
             if a.real_host:
                 env.pop("GSRUN_HOST_ROOT", None)
-            sfx = "_tuned" if tuned else ""
-            ms, cp = hook_ms(hooks["prolog"], env)
+            sfx = ("_tuned" if tuned else "") + ("_agent" if via else "")
+            ms, cp = hook_ms(hooks["prolog"], env, via)
             res["prolog" + sfx].append(ms)
             if cp.returncode:
                 errors.append(f"prolog rc {cp.returncode}: {cp.stderr[-300:]}")
             time.sleep(a.run_s)
-            ms, cp = hook_ms(hooks["epilog"], env)
-            parts["epilog" + sfx].append(_parts(cp.stderr))
+            ms, cp = hook_ms(hooks["epilog"], env, via)
+            parts.setdefault("epilog" + sfx, []).append(_parts(cp.stderr))
             if not cp.returncode and "in the job's sampler" not in cp.stderr:
                 errors.append(f"epilog not handed to the sampler: {cp.stderr[-300:]}")
             res["epilog" + sfx].append(ms)
@@ -164,6 +200,8 @@ def main() -> int:
     floor = med["floor"]
     ratio = {k: round(v / floor, 2) for k, v in med.items() if k != "floor"}
     targets = {"epilog": 2.5, "epilog_tuned": 2.5, "prolog": 3.0, "prolog_tuned": 3.0, "dry_run": 4.0}
+    if agent:       # the same targets, for the hooks through the node agent
+        targets.update({k + "_agent": targets[k] for k in ("epilog", "epilog_tuned", "prolog", "prolog_tuned")})
     out = {"runs": a.runs, "interval_s": a.interval_s, "real_host": a.real_host, "python": python, "gsrun": where[0], "hooks": hooks,
            "load_avg": [round(x, 2) for x in os.getloadavg()], "median_ms": med, "ratio_to_floor": ratio,
            "targets": {k: {"max_ratio": t, "ratio": ratio[k], "met": ratio[k] <= t} for k, t in targets.items()},

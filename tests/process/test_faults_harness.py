@@ -164,3 +164,45 @@ def test_unrecorded_sampler_is_found_and_stopped(site):
     assert no_sampler_within(site, "4242")
     summ = json.loads((site.spool / "jobs/4242/node-gpu-node01.json").read_text())
     assert f"unrecorded sampler {pid}: stopped" in summ["sampler_stop"]
+
+
+@root_only
+def test_a_finished_prolog_record_spares_the_epilog_its_proc_scan(site):
+    """The prolog's record names the sampler it started, as sampler.pid.json does: no
+    sampler of the job can be unrecorded, so the epilog does not scan /proc (one open
+    per process on the node, on every epilog's critical path). A process whose command
+    line looks like an unrecorded sampler of this job is left alone (it is found, and
+    stopped, when the records disagree: test_unrecorded_sampler_is_found_and_stopped)."""
+    import subprocess
+    import sys
+
+    env = job_env(site)
+    assert run_node(["prolog"], env).returncode == 0
+    decoy = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "gsrun.epilog.sampler",
+                              "--job-id", "4242", "--state-dir", str(site.state)])
+    try:
+        e = run_node(["epilog"], env)
+        assert e.returncode == 0, e.stderr
+        summ = json.loads((site.spool / "jobs/4242/node-gpu-node01.json").read_text())
+        assert "unrecorded" not in summ["sampler_stop"]
+        assert decoy.poll() is None
+    finally:
+        decoy.kill()
+        decoy.wait()
+
+
+@root_only
+def test_a_second_prolog_of_a_job_stops_the_first_ones_sampler(site):
+    """One sampler per job per node, whatever runs the prolog twice (no epilog between)."""
+    env = job_env(site)
+    assert run_node(["prolog"], env).returncode == 0
+    [first] = samplers_of("4242", site.state)
+    assert run_node(["prolog"], env).returncode == 0
+    deadline = time.monotonic() + 10
+    while first in samplers_of("4242", site.state) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    alive = samplers_of("4242", site.state)
+    assert first not in alive and len(alive) == 1
+    assert json.loads((site.state / "jobs/4242/sampler.pid.json").read_text())["pid"] == alive[0]
+    assert run_node(["epilog"], env).returncode == 0
+    assert no_sampler_within(site, "4242")

@@ -1,0 +1,310 @@
+"""The node agent (gsrun.wrapper.agent) and its C client gsrun-hook (issue 24:
+the hooks' interpreter start and imports off every job): a hook through the
+agent does what the same hook does on its own -- same exit status, same
+stderr, same files -- the job's sampler is the agent's warm copy, and every
+way the agent can be missing, refuse or die ends in the hook running itself
+exactly once."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import gsrun
+from gsrun.wrapper import agent
+from gsrun.wrapper.node_entry import HOOK_BOOTSTRAP
+from helpers.node_site import LAUNCH, make_site, samplers_of
+
+SITE_DIR = os.path.realpath(os.path.dirname(os.path.dirname(os.path.abspath(gsrun.__file__))))
+MISMATCH = {"init": {"error": "Driver/library version mismatch", "code": 18}}
+
+
+def hook(phase: str) -> list[str]:
+    """The command a hook of this installation runs (gsrun.wrapper.node_entry.hook_argv's shape)."""
+    return [sys.executable, "-I", "-S", "-c", HOOK_BOOTSTRAP, SITE_DIR, phase]
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory):
+    if not shutil.which(os.environ.get("CC") or "cc"):
+        pytest.skip("no C compiler (tests/cluster/up installs gcc)")
+    from gsrun.wrapper import hook_client
+
+    return str(hook_client.build(tmp_path_factory.mktemp("hookbin")))
+
+
+class Running:
+    def __init__(self, tmp_path):
+        d = tmp_path / "run"
+        d.mkdir(mode=0o700)
+        self.sock = str(d / "agent.sock")
+        self.log = tmp_path / "agent.log"
+        with open(self.log, "w") as out:
+            self.proc = subprocess.Popen([sys.executable, "-P", "-c", LAUNCH, "agent", "run", "--socket", self.sock],
+                                         stdout=out, stderr=subprocess.STDOUT, cwd="/")
+        deadline = time.monotonic() + 30
+        while not os.path.exists(self.sock) and time.monotonic() < deadline and self.proc.poll() is None:
+            time.sleep(0.05)
+        assert os.path.exists(self.sock), self.log.read_text()
+
+    def children(self) -> list[int]:
+        import psutil
+
+        return [c.pid for c in psutil.Process(self.proc.pid).children()
+                if c.status() != psutil.STATUS_ZOMBIE]
+
+    def stop(self) -> str:
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(timeout=30)
+        return self.log.read_text()
+
+
+@pytest.fixture
+def running(tmp_path):
+    a = Running(tmp_path)
+    yield a
+    if a.proc.poll() is None:
+        a.proc.kill()
+        a.proc.wait()
+
+
+def via(client, sock, argv, env, timeout_s=120) -> subprocess.CompletedProcess:
+    return subprocess.run([client, sock, *argv], env=env, capture_output=True, text=True, errors="replace",
+                          timeout=timeout_s, cwd="/")
+
+
+# ------------------------------------------------------------------ protocol (pure)
+
+def test_a_request_round_trips_and_the_first_of_a_repeated_name_wins():
+    raw = agent.encode_request(["/p", "prolog"], {"A": "1", "B": "x=y", "E": ""}, 0o027)
+    assert int.from_bytes(raw[:4], "big") == len(raw) - 4
+    argv, env, um = agent.parse_request(raw[4:] + b"A=2\0")
+    assert argv == ["/p", "prolog"] and env == {"A": "1", "B": "x=y", "E": ""} and um == 0o027
+
+
+@pytest.mark.parametrize("body", [
+    b"GSH0\x00022\x001\x00/p\x00",            # another protocol version
+    b"GSH1\x00999\x001\x00/p\x00",            # umask out of range
+    b"GSH1\x00022\x000\x00",                  # no argv
+    b"GSH1\x00022\x005\x00/p\x00",            # argc past the fields
+    b"GSH1\x00022\x001\x00/p\x00NOEQUALS\x00",  # environment entry without a value
+    b"GSH1\x00022\x001\x00/p",                # unterminated
+])
+def test_a_malformed_request_is_refused(body):
+    with pytest.raises(agent.BadRequest):
+        agent.parse_request(body)
+
+
+def test_only_the_hook_command_of_this_installation_is_served(tmp_path):
+    py = sys.executable
+    assert agent.hook_args(hook("prolog"), py, SITE_DIR) == ["prolog"]
+    assert agent.hook_args(hook("epilog") + ["--state-dir", "/x"], py, SITE_DIR) == ["epilog", "--state-dir", "/x"]
+    link = tmp_path / "python-link"
+    link.symlink_to(os.path.realpath(py))
+    assert agent.hook_args([str(link), *hook("prolog")[1:]], py, SITE_DIR) == ["prolog"]   # same interpreter
+    node = tmp_path / "gsrun-node"      # this installation's console script (a regular or editable install)
+    node.write_text("#!/bin/sh\n")
+    assert agent.hook_args([str(node), "epilog"], py, SITE_DIR, str(node)) == ["epilog"]
+    assert agent.hook_args([str(node), "status"], py, SITE_DIR, str(node)) is None
+    assert agent.hook_args([str(node), "epilog"], py, SITE_DIR, None) is None
+    other = tmp_path / "site-packages"
+    other.mkdir()
+    for argv in (hook("sampler"),                                   # not a hook
+                 hook("prolog") + ["--help"],                       # click's, not the fast path's
+                 [*hook("prolog")[:5], str(other), "prolog"],       # another installation
+                 ["/bin/sh", *hook("prolog")[1:]],                  # another program
+                 [py, "-I", "-c", HOOK_BOOTSTRAP, SITE_DIR, "prolog"],
+                 [py, "-I", "-S", "-c", "import os; os.system('id')", SITE_DIR, "prolog"]):
+        assert agent.hook_args(argv, py, SITE_DIR) is None, argv
+
+
+def test_a_changed_module_is_seen(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text("x = 1\n")
+    st = os.stat(f)
+    files = {str(f): (st.st_ino, st.st_mtime_ns, st.st_size)}
+    assert agent.changed(files) is None
+    f.write_text("x = 22\n")
+    assert agent.changed(files) == str(f)
+    f.unlink()
+    assert agent.changed(files) == str(f)
+
+
+# ------------------------------------------------------------------ through the agent
+
+def test_a_job_through_the_agent_prolog_warm_sampler_handed_over_epilog(client, running):
+    site = make_site()
+    try:
+        env = site.env(job_id="5101")
+        cp = via(client, running.sock, hook("prolog"), env)
+        assert cp.returncode == 0, cp.stderr
+        sdir = site.state / "jobs" / "5101"
+        rec = json.loads((sdir / "sampler.pid.json").read_text())
+        # the sampler is the agent's warm copy (named so only by that path) and the prolog's own
+        # record names it: the epilog needs no /proc scan
+        with open(f"/proc/{rec['pid']}/comm") as f:
+            assert f.read().strip() == "gsrun-sampler"
+        prolog = json.loads((site.spool / "jobs" / "5101" / "prolog-gpu-node01.json").read_text())
+        assert prolog["steps"]["sampler"]["pid"] == rec["pid"]
+        deadline = time.monotonic() + 20
+        while not (sdir / "epilog.sock").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        cp = via(client, running.sock, hook("epilog"), env)
+        assert cp.returncode == 0, cp.stderr
+        assert "in the job's sampler" in cp.stderr
+        assert (site.spool / "jobs" / "5101" / "node-gpu-node01.json").exists()
+        deadline = time.monotonic() + 10
+        while os.path.exists(f"/proc/{rec['pid']}") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with open(f"/proc/{rec['pid']}/stat") if os.path.exists(f"/proc/{rec['pid']}") else open(os.devnull) as f:
+            assert f.read().split(") ")[-1][:1] in ("", "Z")     # gone (or a zombie of init)
+        assert "5101" not in " ".join(map(str, samplers_of("5101", site.state)))
+        assert running.children() == []
+        log = running.stop()
+        assert "stopped (2 hooks served)" in log, log
+    finally:
+        shutil.rmtree(site.base, ignore_errors=True)
+
+
+def test_the_exit_status_and_stderr_are_the_hooks_own(client, running):
+    """NVML/driver mismatch: the prolog exits 1 (slurmd drains the node) with its
+    reason, through the agent as on its own."""
+    site = make_site(nvml=MISMATCH)
+    try:
+        env = site.env(job_id="5102", FAKE_NVSMI="mismatch")
+        cp = via(client, running.sock, hook("prolog"), env)
+        assert cp.returncode == 1
+        assert "gsrun: prolog: NVML/driver mismatch: reboot required" in cp.stderr
+        assert not samplers_of("5102", site.state)
+    finally:
+        shutil.rmtree(site.base, ignore_errors=True)
+
+
+def test_without_an_agent_the_hook_runs_itself(client, tmp_path):
+    cp = via(client, str(tmp_path / "none.sock"), ["/bin/sh", "-c", 'echo "ran $X"; exit 7'], {"X": "1"})
+    assert (cp.returncode, cp.stdout) == (7, "ran 1\n")
+
+
+def test_a_command_the_agent_does_not_serve_runs_itself_and_the_agent_goes_on(client, running):
+    cp = via(client, running.sock, ["/bin/sh", "-c", 'echo "ran $X"; exit 7'], {"X": "2"})
+    assert (cp.returncode, cp.stdout) == (7, "ran 2\n")
+    assert running.proc.poll() is None
+    # a client of another user cannot even connect (socket 0600): it runs the hook itself
+    if os.geteuid() == 0:
+        cp = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", client,
+                             running.sock, "/bin/sh", "-c", "id -u"], capture_output=True, text=True, timeout=30)
+        assert (cp.returncode, cp.stdout) == (0, "65534\n"), cp.stderr
+    assert "stopped (0 hooks served)" in running.stop()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the tuned prolog reads the job record as root does")
+def test_a_client_killed_takes_its_hook_with_it_and_a_killed_hook_kills_its_client(client, running):
+    """slurmd kills a hook past PrologEpilogTimeout: the agent's child goes too. A
+    hook that dies of a signal makes its client die of the same one (slurmd sees
+    what it would have seen)."""
+    site = make_site(command_s=20.0)
+    try:
+        # a tuned job asks slurmctld for its record; FAKE_SLURM unset: scontrol never answers
+        env = site.env(job_id="5103", spank={"SPANK_GS_TUNE": "governor=performance"})
+        p = subprocess.Popen([client, running.sock, *hook("prolog")], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, cwd="/")
+        deadline = time.monotonic() + 10
+        while not running.children() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        kids = running.children()
+        assert kids
+        p.kill()
+        p.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while running.children() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert running.children() == []
+
+        p = subprocess.Popen([client, running.sock, *hook("prolog")], env=site.env(job_id="5104", spank={
+            "SPANK_GS_TUNE": "governor=performance"}), stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/")
+        deadline = time.monotonic() + 10
+        while not running.children() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        os.kill(running.children()[0], signal.SIGKILL)
+        assert p.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        from helpers.node_site import kill_fakes
+
+        kill_fakes(site)
+        shutil.rmtree(site.base, ignore_errors=True)
+
+
+def test_an_upgraded_module_makes_the_agent_step_aside_and_come_back(client, tmp_path):
+    """A gsrun module changed under a running agent (an upgrade): the next hook runs on
+    its own (never old code against a new layout) and the agent re-executes itself."""
+    a = Running(tmp_path)
+    try:
+        import gsrun.wrapper.agent as mod
+
+        st = os.stat(mod.__file__)
+        os.utime(mod.__file__, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+        try:
+            cp = via(client, a.sock, ["/bin/sh", "-c", "exit 3"], {})     # refused either way
+            assert cp.returncode == 3
+            site = make_site()
+            try:
+                cp = via(client, a.sock, hook("prolog"), site.env(job_id="5105", FAKE_SLURM="record"))
+                from gsrun.wrapper.node_entry import hook_argv
+
+                if hook_argv("prolog"):     # a regular install (an editable one cannot run the bootstrap)
+                    assert cp.returncode == 0, cp.stderr
+                deadline = time.monotonic() + 30
+                while "serving" not in a.log.read_text().split("re-executing")[-1] and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                text = a.log.read_text()
+                assert "changed since the agent started" in text and "re-executing" in text, text
+                assert a.proc.poll() is None        # same PID, new image
+            finally:
+                from gsrun.base import pids
+
+                f = site.state / "jobs" / "5105" / "sampler.pid.json"
+                if f.exists():
+                    rec = json.loads(f.read_text())
+                    pids.stop(rec["pid"], rec.get("create_time"))
+                shutil.rmtree(site.base, ignore_errors=True)
+        finally:
+            os.utime(mod.__file__, ns=(st.st_atime_ns, st.st_mtime_ns))
+    finally:
+        a.proc.kill()
+        a.proc.wait()
+
+
+def test_nothing_starts_without_the_clients_go(running, tmp_path):
+    """The client gives up waiting for "ready" (and runs the hook itself) -> the agent,
+    which then gets no "go", starts nothing: a hook never runs twice."""
+    import socket
+
+    site = make_site()
+    try:
+        req = agent.encode_request(hook("prolog"), site.env(job_id="5106"), 0o022)
+        for how in ("close", "late"):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(running.sock)
+            socket.send_fds(s, [req], [0, 1, 2])
+            assert s.recv(1) == agent.READY
+            if how == "late":
+                time.sleep(agent.REQUEST_TIMEOUT_S + 0.5)
+                try:
+                    s.sendall(agent.GO)
+                except OSError:
+                    pass
+                assert s.recv(1) in (b"", agent.FALLBACK)     # not "S": nothing started
+            s.close()
+        time.sleep(0.3)
+        assert running.children() == []
+        assert not (site.state / "jobs" / "5106" / "sampler.pid.json").exists()
+        assert "stopped (0 hooks served)" in running.stop()
+    finally:
+        shutil.rmtree(site.base, ignore_errors=True)

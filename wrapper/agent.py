@@ -1,0 +1,646 @@
+"""The node agent: runs the Slurm hooks in a process that has already started.
+
+Every job pays its prolog and epilog on every node, and most of what a hook
+costs is not its work but its start: the interpreter and its imports
+(issue 24: a plain prolog 34 ms standalone, 11 ms when forked from a process
+that holds its modules; the epilog 22 ms and 13 ms). The agent is one root
+process per node (``gsrun-node agent run``, a systemd unit, docs/ADMIN.md)
+that imports the hooks' modules once and listens on a Unix socket. The hook
+that slurmd runs is then the small C client ``gsrun-hook``
+(``hook_client.c`` beside this module): it hands the agent its command line, its
+environment, its umask and its stdin/stdout/stderr, and the agent forks a
+child that runs exactly that hook (:func:`gsrun.wrapper.node_entry.main`)
+with exactly that environment, in its own session, and sends back the
+child's wait status, which the client exits with (or dies of the same signal).
+
+Nothing depends on the agent: the client runs the command itself
+(``execv``) whenever the agent is not there, refuses, or is older than the
+installed code, so a node without it runs the hooks as before, and a hook
+never runs twice (the client falls back only before the agent said it
+started the hook).
+
+What the agent accepts (trust): a peer with the agent's own user id
+(``SO_PEERCRED``; root on a node) on a socket only that user can open, and
+only the command a hook would run with this installation --
+``[python, "-I", "-S", "-c", HOOK_BOOTSTRAP, site_dir, hook, options...]``
+with the agent's own interpreter (by real path) and site directory, a hook
+of :data:`gsrun.wrapper.node_entry.HOOKS` and options that the hooks' fast
+path takes (:func:`gsrun.wrapper.node_entry.parse_hook_args`). Anything else
+is answered "run it yourself". The environment is passed as given: it is
+the one slurmd gives the hook, which the hook validates as it always does.
+
+Stale code: the agent keeps the (inode, mtime, size) of every gsrun module
+it loaded; a request that finds one changed (an upgrade) is answered "run it
+yourself", and the agent re-executes itself once no hook it started is
+running, so it never runs old code against a new state layout.
+
+Protocol (a Unix stream socket; all integers big-endian):
+
+* client -> agent, one message with ``SCM_RIGHTS`` carrying fds 0, 1, 2:
+  ``u32 length`` then ``length`` bytes of NUL-terminated fields:
+  ``"GSH1"``, the umask in octal, ``argc``, the ``argc`` arguments, then
+  ``NAME=VALUE`` environment entries to the end (:func:`encode_request`,
+  :func:`parse_request`);
+* agent -> client: ``b"F"`` (run it yourself) or ``b"R"`` (ready); the
+  client answers ``b"G"`` (go) within 2 s, else it runs the hook itself and the
+  agent, seeing no ``G`` in that time, starts nothing. After ``G``: ``b"S"``,
+  sent by the forked child before it does anything else (a connection that
+  closes before ``S`` means nothing ran: the client runs the hook itself), then
+  ``b"X"`` and the ``i32`` wait status once the hook ended. So a hook runs once,
+  whatever fails where. A client that goes away while its hook runs (slurmd
+  killing a hook past ``PrologEpilogTimeout``) has the hook's process group
+  killed with it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+MAGIC = "GSH1"
+MAX_REQUEST_BYTES = 1 << 20     # an environment of ~1 MiB: far above slurmd's (a few KiB)
+MAX_ARGS = 32
+REQUEST_TIMEOUT_S = 2.0         # a client sends its request in one message, at once
+READY, GO, STARTED, FALLBACK, EXITED = b"R", b"G", b"S", b"F", b"X"
+SOCKET_NAME = "agent.sock"
+# What a hook imports, loaded once by the agent (imported again by no child: a test
+# runs a plain and a tuned prolog and epilog in a child and checks that none is new).
+PRELOAD = ("gsrun.wrapper.node_entry", "gsrun.prolog.main", "gsrun.epilog.handoff", "gsrun.epilog.main",
+           "gsrun.epilog.ctld_start", "gsrun.node.tuning", "gsrun.node.journal", "gsrun.node.mem_baseline",
+           "gsrun.node.steps", "gsrun.request.config", "gsrun.request.job", "gsrun.base.pids",
+           "gsrun.facts.nvml", "json", "pathlib", "subprocess", "shutil", "tomllib", "datetime",
+           "traceback", "fcntl", "select", "socket",
+           # what the waiting copies become (gsrun.base.proc.WARM_ENTRIES) and what they import
+           "gsrun.epilog.sampler", "gsrun.epilog.ctld", "gsrun.node.sampler", "gsrun.node.mps",
+           "gsrun.node.residual", "gsrun.node.mig", "gsrun.report.node_end", "gsrun.report.summary",
+           "gsrun.report.findings", "gsrun.report.accounting", "gsrun.report.render", "gsrun.report.retention")
+
+
+class BadRequest(ValueError):
+    """A request that is not what :func:`encode_request` writes."""
+
+
+def default_socket(state_dir: str | None = None) -> str:
+    """``<state dir>/agent.sock``: the node's state directory (``--state-dir``,
+    else ``GSRUN_STATE_DIR``, else :data:`gsrun.base.paths.DEFAULT_STATE_DIR`)."""
+    from gsrun.base.paths import DEFAULT_STATE_DIR
+
+    return os.path.join(state_dir or os.environ.get("GSRUN_STATE_DIR") or DEFAULT_STATE_DIR, SOCKET_NAME)
+
+
+def encode_request(argv: list[str], env: dict[str, str], umask: int) -> bytes:
+    """The request bytes (length prefix included) the C client sends; for tests
+    and a Python client. Pure."""
+    fields = [MAGIC, format(umask, "o"), str(len(argv)), *argv, *(f"{k}={v}" for k, v in env.items())]
+    body = b"".join(os.fsencode(f) + b"\0" for f in fields)
+    return len(body).to_bytes(4, "big") + body
+
+
+def parse_request(body: bytes) -> tuple[list[str], dict[str, str], int]:
+    """The request body (after the length) -> ``(argv, env, umask)``. Pure.
+
+    Raises:
+        BadRequest: not a request of this protocol version (a client of another
+            gsrun release), a field count or umask out of range, an environment
+            entry without ``=``.
+    """
+    if not body.endswith(b"\0"):
+        raise BadRequest("unterminated field")
+    fields = [os.fsdecode(f) for f in body[:-1].split(b"\0")]
+    if len(fields) < 4 or fields[0] != MAGIC:
+        raise BadRequest(f"not a {MAGIC} request")
+    um, argc = fields[1], fields[2]
+    if not (um and len(um) <= 4 and all(c in "01234567" for c in um)) or int(um, 8) > 0o777:
+        raise BadRequest(f"umask {um[:8]!r}")
+    if not (argc.isdigit() and 1 <= int(argc) <= MAX_ARGS) or len(fields) < 3 + int(argc):
+        raise BadRequest(f"argc {argc[:8]!r}")
+    n = int(argc)
+    argv = fields[3:3 + n]
+    env: dict[str, str] = {}
+    for entry in fields[3 + n:]:
+        k, eq, v = entry.partition("=")
+        if not eq or not k:
+            raise BadRequest("environment entry without a name")
+        env.setdefault(k, v)        # the first wins, as getenv(3) finds it
+    return argv, env, int(um, 8)
+
+
+def hook_args(argv: list[str], python: str, site_dir: str, gsrun_node: str | None = None) -> list[str] | None:
+    """The hook's own arguments (``["prolog", "--state-dir", "/x"]``) when
+    ``argv`` is the command a hook of this installation runs -- ``python``
+    (compared by real path), ``-I -S -c HOOK_BOOTSTRAP``, ``site_dir`` (real
+    path), or this installation's ``gsrun-node`` script (``gsrun_node``, real
+    path) -- then a hook and options the fast path takes; else None (the
+    client runs ``argv`` itself). Pure apart from resolving the paths."""
+    from gsrun.wrapper.node_entry import HOOK_BOOTSTRAP, parse_hook_args
+
+    if not argv:
+        return None
+    if gsrun_node and len(argv) >= 2 and os.path.realpath(argv[0]) == os.path.realpath(gsrun_node):
+        rest = argv[1:]
+    elif len(argv) < 7 or argv[1:5] != ["-I", "-S", "-c", HOOK_BOOTSTRAP]:
+        return None
+    elif os.path.realpath(argv[0]) != os.path.realpath(python) or os.path.realpath(argv[5]) != site_dir:
+        return None
+    else:
+        rest = argv[6:]
+    # the fast path's options only; their defaults come from the request's environment,
+    # which parse_hook_args reads from os.environ: only the shape is checked here
+    return rest if parse_hook_args(rest) is not None else None
+
+
+def loaded_files() -> dict[str, tuple[int, int, int]]:
+    """``{path: (inode, mtime_ns, size)}`` of every gsrun module loaded now."""
+    out = {}
+    for name, mod in list(sys.modules.items()):
+        f = getattr(mod, "__file__", None)
+        if f and (name == "gsrun" or name.startswith("gsrun.")):
+            try:
+                st = os.stat(f)
+            except OSError:
+                continue
+            out[f] = (st.st_ino, st.st_mtime_ns, st.st_size)
+    return out
+
+
+def changed(files: dict[str, tuple[int, int, int]]) -> str | None:
+    """The first of ``files`` that is gone or differs from its recorded stat, or None."""
+    for f, key in files.items():
+        try:
+            st = os.stat(f)
+        except OSError:
+            return f
+        if (st.st_ino, st.st_mtime_ns, st.st_size) != key:
+            return f
+    return None
+
+
+def _peer_uid(conn) -> int:
+    import socket
+    import struct
+
+    _pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                          struct.calcsize("3i")))
+    return uid
+
+
+def _read_request(conn) -> tuple[list[str], dict[str, str], int, list[int]]:
+    """Read one request (blocking, :data:`REQUEST_TIMEOUT_S`) -> (argv, env, umask, fds)."""
+    import array
+    import socket
+
+    conn.settimeout(REQUEST_TIMEOUT_S)
+    fds = array.array("i")
+    buf = bytearray()
+    need = None
+    while need is None or len(buf) < need:
+        want = 65536 if need is None else min(65536, need - len(buf))
+        data, anc, _flags, _addr = conn.recvmsg(want, socket.CMSG_SPACE(3 * fds.itemsize))
+        for level, kind, payload in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
+        if not data:
+            break
+        buf += data
+        if need is None and len(buf) >= 4:
+            need = 4 + int.from_bytes(buf[:4], "big")
+            if need > MAX_REQUEST_BYTES:
+                break
+    got = list(fds)
+    if need is None or len(buf) != need or len(got) != 3:
+        for fd in got:
+            os.close(fd)
+        raise BadRequest("short request" if need is None or len(buf) < need else
+                         f"request over {MAX_REQUEST_BYTES} bytes" if need > MAX_REQUEST_BYTES else
+                         f"{len(got)} descriptors, not 3")
+    try:
+        argv, env, umask = parse_request(bytes(buf[4:]))
+    except BadRequest:
+        for fd in got:
+            os.close(fd)
+        raise
+    return argv, env, umask, got
+
+
+def _close_from(low: int) -> None:
+    """Close every descriptor >= ``low`` (listed in /proc/self/fd: no loop over
+    a large RLIMIT_NOFILE on a kernel without close_range)."""
+    try:
+        fds = [int(n) for n in os.listdir("/proc/self/fd")]
+    except OSError:
+        fds = list(range(low, 1024))
+    for fd in fds:
+        if fd >= low:
+            try:
+                os.close(fd)
+            except OSError:
+                pass        # the listing's own descriptor, closed already
+
+
+def _child(args: list[str], env: dict[str, str], umask: int, fds: list[int], conn) -> None:
+    """In the forked child: tell the client the hook started (from here: if this
+    process dies before, the client sees the connection close without it and runs
+    the hook itself), become what slurmd's own hook process would be, run the
+    hook, exit."""
+    import signal
+
+    rc = 70
+    try:
+        conn.setblocking(True)
+        conn.sendall(STARTED)
+        os.setsid()
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD, signal.SIGALRM):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.set_wakeup_fd(-1)
+        signal.pthread_sigmask(signal.SIG_SETMASK, [])
+        import fcntl
+
+        high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 3) for fd in fds]  # none of them is 0-2 while moved
+        for i, fd in enumerate(high):
+            os.dup2(fd, i)
+        _close_from(3)
+        os.umask(umask)
+        os.chdir("/")
+        os.environ.clear()
+        os.environ.update(env)
+        import time
+
+        time.tzset()
+        if args[0] in ("prolog", "epilog-ctld") and "--dry-run" not in args:
+            prefork_warm()  # the sampler / the merge: a copy of this clean process, not a new interpreter
+        from gsrun.wrapper.node_entry import main
+
+        main(args)      # ends the process itself (exit_now / sys.exit)
+        rc = 0
+    except SystemExit as e:
+        rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException as e:  # noqa: BLE001 - never back into the agent's loop
+        try:
+            os.write(2, f"gsrun: agent: hook failed in the agent's child: {e!r}\n".encode())
+        except OSError:
+            pass
+        rc = 0          # a bug of ours must not drain the node (as node_entry.main)
+    finally:
+        for f in (sys.stdout, sys.stderr):
+            try:
+                f.flush()
+            except Exception:  # noqa: BLE001
+                pass
+        os._exit(rc)
+
+
+# gsrun programs a hook's waiting copy may become (module -> entry function, called with the
+# argv after ``-m MODULE``; its process name): the job's sampler (prolog), the merge (EpilogSlurmctld)
+WARM_ENTRIES = {"gsrun.epilog.sampler": ("main", "gsrun-sampler"), "gsrun.epilog.ctld": ("_main", "gsrun-merge")}
+
+
+def prefork_warm() -> None:
+    """In the hook child, before the hook runs: fork the waiting copy
+    (:class:`gsrun.base.proc.WarmFork`) and hand it to
+    :func:`gsrun.base.proc.set_warm`. A failed fork only means the hook starts
+    its programs the usual way."""
+    import socket
+
+    from gsrun.base.proc import WarmFork, set_warm
+
+    try:
+        mine, its = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+        pid = os.fork()
+    except OSError:
+        return
+    if pid == 0:
+        mine.close()
+        _warm_wait(its)     # never returns
+    its.close()
+    set_warm(WarmFork(pid, mine, WARM_ENTRIES))
+
+
+def _warm_wait(sock) -> None:
+    """The waiting copy: one request, then become that program (never returns)."""
+    rc = 0
+    try:
+        import socket
+
+        msg, fds, _flags, _addr = socket.recv_fds(sock, 1 << 20, 1)
+        if not msg:
+            os._exit(0)     # the hook ended without needing it
+        import json
+
+        req = json.loads(msg)
+        module = req["module"]
+        entry, name = WARM_ENTRIES[module]
+        os.setsid()
+        null = os.open("/dev/null", os.O_RDWR)
+        out = fds[0] if fds else null
+        os.dup2(null, 0)
+        os.dup2(out, 1)
+        os.dup2(out, 2)
+        _close_from(3)
+        os.chdir("/")
+        os.environ.clear()
+        os.environ.update(req["env"])
+        try:
+            with open("/proc/self/comm", "w") as f:
+                f.write(name)
+        except OSError:
+            pass
+        import importlib
+
+        sys.argv = [module, *req["args"]]
+        rc = getattr(importlib.import_module(module), entry)(list(req["args"])) or 0
+    except SystemExit as e:
+        rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException:   # noqa: BLE001 - never back into the hook
+        import traceback
+
+        traceback.print_exc()
+        rc = 1
+    finally:
+        for f in (sys.stdout, sys.stderr):
+            try:
+                f.flush()
+            except Exception:  # noqa: BLE001
+                pass
+        os._exit(rc)
+
+
+class Agent:
+    """One node's agent: :meth:`serve` until SIGTERM/SIGINT (then the hooks it
+    started are waited for); SIGHUP re-executes it (as a changed module does)."""
+
+    def __init__(self, socket_path: str, log=None):
+        import selectors
+
+        self.socket_path = socket_path
+        self.log = log or (lambda msg: print(f"gsrun: agent: {msg}", file=sys.stderr, flush=True))
+        self.python = sys.executable
+        import gsrun
+
+        self.site_dir = os.path.realpath(os.path.dirname(os.path.dirname(os.path.abspath(gsrun.__file__))))
+        # this installation's console script (a venv's bin/, beside its interpreter)
+        node = os.path.join(os.path.dirname(self.python), "gsrun-node")
+        self.gsrun_node = node if os.path.isfile(node) else None
+        self.sel = selectors.DefaultSelector()
+        self.running: dict[int, tuple[object, int]] = {}   # pidfd -> (conn, pid)
+        self.stopping = False
+        self.reexec = False
+        self.files: dict[str, tuple[int, int, int]] = {}
+        self.served = 0
+
+    # -- setup -------------------------------------------------------------------
+    def preload(self) -> list[str]:
+        """Import :data:`PRELOAD`; -> the names that failed (logged, not fatal)."""
+        import importlib
+
+        bad = []
+        for name in PRELOAD:
+            try:
+                importlib.import_module(name)
+            except Exception as e:  # noqa: BLE001 - a missing optional module costs only speed
+                bad.append(f"{name} ({e!r})")
+        try:    # the patterns gsrun.base.ids compiles on first use: once here, not in every child
+            from gsrun.base import ids
+
+            for name in ids._PATTERNS:
+                getattr(ids, name)
+        except Exception:  # noqa: BLE001
+            pass
+        self.files = loaded_files()
+        import gc
+
+        gc.collect()
+        gc.freeze()     # children do not touch (copy) the preloaded objects' pages for GC
+        return bad
+
+    def bind(self):
+        """Listen on :attr:`socket_path` (mode 0600, made under a temporary name
+        and renamed over the path, so a client never meets a half-made socket).
+
+        Raises:
+            NodeError: the directory is missing, not a directory, or writable by
+                another user; or the path holds something that is not a socket.
+        """
+        import socket
+        import stat
+
+        from gsrun.base.errors import NodeError
+
+        d = os.path.dirname(os.path.abspath(self.socket_path))
+        try:
+            st = os.lstat(d)
+        except OSError as e:
+            raise NodeError("agent", "socket directory", f"{d}: {e.strerror}",
+                            hint="create the node's state directory first (the prolog does; or "
+                                 "--socket in an existing root-owned directory)") from e
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            raise NodeError("agent", "socket directory", f"{d}: not a directory of uid {os.geteuid()} "
+                            "closed to others", hint="chown root and chmod go-w it, or choose another --socket")
+        try:
+            old = os.lstat(self.socket_path)
+            if not stat.S_ISSOCK(old.st_mode):
+                raise NodeError("agent", "socket", f"{self.socket_path} exists and is not a socket",
+                                hint="remove it or choose another --socket")
+        except FileNotFoundError:
+            pass
+        tmp = f"{self.socket_path}.{os.getpid()}.new"
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        old_umask = os.umask(0o177)
+        try:
+            s.bind(tmp)
+        finally:
+            os.umask(old_umask)
+        os.chmod(tmp, 0o600)
+        s.listen(128)
+        os.rename(tmp, self.socket_path)
+        s.setblocking(False)
+        self.listener = s
+        self.sel.register(s, 1, "accept")
+        return s
+
+    # -- loop ----------------------------------------------------------------------
+    def serve(self) -> int:
+        import signal
+        import socket
+
+        wake_r, wake_w = socket.socketpair()
+        wake_r.setblocking(False)
+        wake_w.setblocking(False)
+        signal.set_wakeup_fd(wake_w.fileno(), warn_on_full_buffer=False)
+        self.sel.register(wake_r, 1, "signal")
+        caught: list[int] = []
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, lambda n, _f: caught.append(n))
+        self.log(f"serving {self.socket_path} (pid {os.getpid()}, {len(self.files)} gsrun modules loaded)")
+        while True:
+            for sig in caught:
+                if sig == signal.SIGHUP:
+                    self.reexec = True
+                self._stop_listening()
+            caught.clear()
+            if (self.stopping or self.reexec) and not self.running:
+                break
+            for key, _ev in self.sel.select(timeout=None if not self.stopping else 1.0):
+                if key.data == "signal":
+                    try:
+                        while wake_r.recv(64):
+                            pass
+                    except BlockingIOError:
+                        pass
+                elif key.data == "accept":
+                    self._accept()
+                elif key.data == "child":
+                    self._reap(key.fileobj)
+                else:
+                    self._client_readable(key.fileobj, key.data)
+        signal.set_wakeup_fd(-1)
+        if self.reexec:
+            self.log(f"re-executing ({self.served} hooks served)")
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.execv(self.python, getattr(sys, "orig_argv", None) or [self.python, *sys.argv])
+        self.log(f"stopped ({self.served} hooks served)")
+        return 0
+
+    def _stop_listening(self) -> None:
+        if getattr(self, "listener", None) is None:
+            return
+        self.stopping = True
+        self.sel.unregister(self.listener)
+        try:
+            # ours only: a newer agent may have renamed its socket over the path already
+            if os.lstat(self.socket_path).st_ino == os.fstat(self.listener.fileno()).st_ino:
+                os.unlink(self.socket_path)
+        except OSError:
+            pass
+        self.listener.close()
+        self.listener = None
+
+    def _accept(self) -> None:
+        try:
+            conn, _ = self.listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as e:
+            self.log(f"accept: {e}")
+            return
+        try:
+            self._handle(conn)
+        except Exception as e:  # noqa: BLE001 - one bad client never stops the agent
+            self.log(f"request refused: {e}")
+            try:
+                conn.settimeout(0.5)
+                conn.sendall(FALLBACK)
+            except OSError:
+                pass
+            conn.close()
+
+    def _handle(self, conn) -> None:
+        uid = _peer_uid(conn)
+        if uid != os.geteuid():
+            self.log(f"refused a client of uid {uid}")
+            conn.close()
+            return
+        argv, env, umask, fds = _read_request(conn)
+        try:
+            args = hook_args(argv, self.python, self.site_dir, self.gsrun_node)
+            stale = changed(self.files) if args is not None else None
+            if args is None or stale or self.stopping:
+                if stale and not self.reexec:
+                    self.log(f"{stale} changed since the agent started: hooks run on their own "
+                             "until it re-executes")
+                    self.reexec = True
+                    self._stop_listening()
+                conn.settimeout(0.5)
+                conn.sendall(FALLBACK)
+                conn.close()
+                return
+            # "ready": the client answers "go" within REQUEST_TIMEOUT_S, else it has given up
+            # waiting (and runs the hook itself): then nothing is started here
+            conn.sendall(READY)
+            if conn.recv(1) != GO:
+                conn.close()
+                return
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:
+                _child(args, env, umask, fds, conn)     # never returns
+        finally:
+            for fd in fds:
+                os.close(fd)
+        pidfd = os.pidfd_open(pid)
+        self.served += 1
+        conn.setblocking(False)
+        self.running[pidfd] = (conn, pid)
+        self.sel.register(pidfd, 1, "child")
+        self.sel.register(conn, 1, pidfd)
+
+    def _client_readable(self, conn, pidfd: int) -> None:
+        try:
+            data = conn.recv(64)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if data:
+            return      # nothing is expected from a client now; ignore
+        # the client is gone (slurmd killed it: PrologEpilogTimeout): the hook goes too
+        entry = self.running.get(pidfd)
+        self.sel.unregister(conn)
+        if entry:
+            import signal
+
+            try:
+                os.killpg(entry[1], signal.SIGKILL)
+            except OSError:
+                pass
+            self.running[pidfd] = (None, entry[1])
+        conn.close()
+
+    def _reap(self, pidfd: int) -> None:
+        conn, pid = self.running.pop(pidfd)
+        self.sel.unregister(pidfd)
+        os.close(pidfd)
+        try:
+            _, status = os.waitpid(pid, 0)
+        except ChildProcessError:
+            status = 0
+        if conn is None:
+            return
+        self.sel.unregister(conn)
+        try:
+            conn.setblocking(True)
+            conn.settimeout(0.5)
+            conn.sendall(EXITED + status.to_bytes(4, "big", signed=True))
+        except OSError:
+            pass
+        conn.close()
+
+
+def run(socket_path: str | None = None, state_dir: str | None = None) -> int:
+    """``gsrun-node agent run``: preload, listen, serve until SIGTERM. -> exit status.
+
+    Raises:
+        NodeError: the socket cannot be made (:meth:`Agent.bind`), or this kernel
+            has no ``pidfd_open`` (Linux < 5.3): the hooks then run on their own.
+    """
+    from gsrun.base.errors import NodeError
+
+    if not hasattr(os, "pidfd_open"):
+        raise NodeError("agent", "kernel", "os.pidfd_open is missing (Linux >= 5.3, Python >= 3.9)",
+                        hint="run without the agent: the hooks work the same, only slower")
+    for fd in (0, 1, 2):    # started with one closed: a received descriptor must not take its number
+        try:
+            os.fstat(fd)
+        except OSError:
+            os.open("/dev/null", os.O_RDWR)
+    agent = Agent(socket_path or default_socket(state_dir))
+    bad = agent.preload()
+    if bad:
+        agent.log("not preloaded (children import them): " + ", ".join(bad))
+    agent.bind()
+    return agent.serve()
