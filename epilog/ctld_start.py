@@ -19,23 +19,36 @@ from gsrun.base.ids import is_job_id
 from gsrun.base.proc import root_child_env, root_python, spawn_detached
 
 
-def detach(environ, spool_dir: str | None = None, wait_s: float = 30.0) -> int:
-    """Start the merge for the job in ``environ`` (slurmctld's
-    EpilogSlurmctld environment, passed on whole but for the ``PYTHON*``
-    variables root children never get: :func:`gsrun.base.proc.root_child_env`)
-    and return 0 at once. A bad job id is logged (nothing started); a merge
-    failure never fails the job."""
+def merge_command(environ, spool_dir: str | None = None,
+                  wait_s: float = 30.0) -> tuple[list[str], dict[str, str]] | None:
+    """``(argv, env)`` of the detached merge for the job in ``environ``
+    (slurmctld's EpilogSlurmctld environment, passed on whole but for the
+    ``PYTHON*`` variables root children never get:
+    :func:`gsrun.base.proc.root_child_env`): ``python -m gsrun.epilog.ctld
+    finish JOBID --wait-s S [--spool-dir DIR]``; None for a bad job id. Pure
+    (the node agent starts the same command without a hook process)."""
     job_id = environ.get("SLURM_JOB_ID", "")
     if not is_job_id(job_id, array=True):
+        return None
+    argv = root_python("-m", "gsrun.epilog.ctld", "finish", job_id, "--wait-s", f"{float(wait_s):g}")
+    if spool_dir:
+        argv += ["--spool-dir", spool_dir]
+    return argv, root_child_env(tuple(environ), base=environ)
+
+
+def detach(environ, spool_dir: str | None = None, wait_s: float = 30.0) -> int:
+    """Start the merge for the job in ``environ`` (:func:`merge_command`)
+    and return 0 at once. A bad job id is logged (nothing started); a merge
+    failure never fails the job."""
+    cmd = merge_command(environ, spool_dir, wait_s)
+    if cmd is None:
         from gsrun.epilog.ctld import _job_and_log
 
         _job_and_log(environ)          # logs why, the usual way
         return 0
-    argv = root_python("-m", "gsrun.epilog.ctld", "finish", job_id, "--wait-s", f"{float(wait_s):g}")
-    if spool_dir:
-        argv += ["--spool-dir", spool_dir]
+    argv, env = cmd
     try:
-        spawn_detached(argv, root_child_env(tuple(environ), base=environ))
+        spawn_detached(argv, env)
     except OSError as e:
         from gsrun.epilog import ctld
 

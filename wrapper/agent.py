@@ -29,6 +29,12 @@ path takes (:func:`gsrun.wrapper.node_entry.parse_hook_args`). Anything else
 is answered "run it yourself". The environment is passed as given: it is
 the one slurmd gives the hook, which the hook validates as it always does.
 
+EpilogSlurmctld only starts the merge detached and exits 0
+(:mod:`gsrun.epilog.ctld_start`), while slurmctld holds the job COMPLETING:
+for a good job id the agent answers it itself, at once, and then forks the
+merge (:func:`gsrun.epilog.ctld_start.merge_command`, the same command and
+environment) as a copy of itself; only a bad job id goes to a hook process.
+
 Stale code: the agent keeps the (inode, mtime, size) of every gsrun module
 it loaded; a request that finds one changed (an upgrade) is answered "run it
 yourself", and the agent re-executes itself once no hook it started is
@@ -317,7 +323,6 @@ def prefork_warm() -> None:
 
 def _warm_wait(sock) -> None:
     """The waiting copy: one request, then become that program (never returns)."""
-    rc = 0
     try:
         import socket
 
@@ -327,18 +332,38 @@ def _warm_wait(sock) -> None:
         import json
 
         req = json.loads(msg)
-        module = req["module"]
+    except BaseException:   # noqa: BLE001 - never back into the hook
+        os._exit(1)
+    _become(req["module"], req["args"], req["env"], fds[0] if fds else None)
+
+
+def _become(module: str, args: list[str], env: dict[str, str], out_fd: int | None,
+            umask: int | None = None) -> None:
+    """Become the gsrun program ``module`` (:data:`WARM_ENTRIES`) as
+    :func:`gsrun.base.proc.spawn_detached` starts one: own session, stdin
+    ``/dev/null``, stdout/stderr ``out_fd`` (None: ``/dev/null``), no other
+    descriptor, ``/``, exactly ``env``; never returns."""
+    rc = 0
+    try:
+        import signal
+
         entry, name = WARM_ENTRIES[module]
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD, signal.SIGALRM):
+            signal.signal(sig, signal.SIG_DFL)      # forked from the agent itself: not its handlers
+        signal.set_wakeup_fd(-1)
+        signal.pthread_sigmask(signal.SIG_SETMASK, [])
         os.setsid()
+        if umask is not None:
+            os.umask(umask)
         null = os.open("/dev/null", os.O_RDWR)
-        out = fds[0] if fds else null
+        out = out_fd if out_fd is not None else null
         os.dup2(null, 0)
         os.dup2(out, 1)
         os.dup2(out, 2)
         _close_from(3)
         os.chdir("/")
         os.environ.clear()
-        os.environ.update(req["env"])
+        os.environ.update(env)
         try:
             with open("/proc/self/comm", "w") as f:
                 f.write(name)
@@ -346,8 +371,8 @@ def _warm_wait(sock) -> None:
             pass
         import importlib
 
-        sys.argv = [module, *req["args"]]
-        rc = getattr(importlib.import_module(module), entry)(list(req["args"])) or 0
+        sys.argv = [module, *args]
+        rc = getattr(importlib.import_module(module), entry)(list(args)) or 0
     except SystemExit as e:
         rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except BaseException:   # noqa: BLE001 - never back into the hook
@@ -362,6 +387,20 @@ def _warm_wait(sock) -> None:
             except Exception:  # noqa: BLE001
                 pass
         os._exit(rc)
+
+
+def _merge_of(args: list[str], env: dict[str, str]) -> tuple[list[str], dict[str, str]] | None:
+    """For ``epilog-ctld`` with a good job id: the merge it would start
+    (:func:`gsrun.epilog.ctld_start.merge_command`, the hook's options and the
+    request's environment); else None (the hook runs in a child as any other,
+    e.g. to log a bad job id)."""
+    if args[0] != "epilog-ctld":
+        return None
+    from gsrun.epilog.ctld_start import merge_command
+    from gsrun.wrapper.node_entry import parse_hook_args
+
+    a = parse_hook_args(args, env)
+    return merge_command(env, a["spool_dir"]) if a is not None else None
 
 
 class Agent:
@@ -566,6 +605,16 @@ class Agent:
                 return
             sys.stdout.flush()
             sys.stderr.flush()
+            merge = _merge_of(args, env)
+            if merge is not None:
+                # EpilogSlurmctld only starts the merge detached and exits 0 (gsrun.epilog.ctld_start):
+                # answered here at once, the merge forked after the answer -- no hook process
+                # on slurmctld's path (it holds the job COMPLETING until this hook exits)
+                conn.sendall(STARTED + EXITED + (0).to_bytes(4, "big", signed=True))
+                conn.close()
+                self.served += 1
+                self._start_detached(*merge, umask)
+                return
             pid = os.fork()
             if pid == 0:
                 _child(args, env, umask, fds, conn)     # never returns
@@ -578,6 +627,27 @@ class Agent:
         self.running[pidfd] = (conn, pid)
         self.sel.register(pidfd, 1, "child")
         self.sel.register(conn, 1, pidfd)
+
+    def _start_detached(self, argv: list[str], env: dict[str, str], umask: int) -> None:
+        """Fork ``argv`` (``root_python("-m", MODULE, ...)``, MODULE one of
+        :data:`WARM_ENTRIES`) as a copy of this process, through a child that
+        exits at once (the program is init's child, not the agent's: stopping or
+        re-executing the agent never waits for it)."""
+        module, args = argv[4], argv[5:]
+        try:
+            pid = os.fork()
+        except OSError as e:
+            self.log(f"cannot start {module} {' '.join(args[:2])}: {e}")
+            return
+        if pid == 0:
+            try:
+                if os.fork() == 0:
+                    _become(module, args, env, None, umask)   # never returns
+            finally:
+                os._exit(0)
+        pidfd = os.pidfd_open(pid)
+        self.running[pidfd] = (None, pid)
+        self.sel.register(pidfd, 1, "child")
 
     def _client_readable(self, conn, pidfd: int) -> None:
         try:

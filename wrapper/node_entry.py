@@ -59,11 +59,11 @@ def hook_argv(command: str, python: str | None = None) -> list[str] | None:
 _DIRS = {"--host-root": "GSRUN_HOST_ROOT", "--state-dir": "GSRUN_STATE_DIR", "--spool-dir": "GSRUN_SPOOL_DIR"}
 
 
-def parse_hook_args(argv: list[str]) -> dict | None:
+def parse_hook_args(argv: list[str], environ=None) -> dict | None:
     """``["prolog", "--state-dir", "/x"]`` -> ``{"phase": "prolog", "host_root":
     ..., "state_dir": "/x", "spool_dir": ..., "dry_run": False}``; None when
     ``argv`` is anything this fast path does not take (click handles it). Pure
-    except for the environment defaults."""
+    except for the environment defaults (``environ``, default :data:`os.environ`)."""
     if not argv or argv[0] not in HOOKS:
         return None
     out = {"phase": argv[0], "dry_run": False}
@@ -88,7 +88,8 @@ def parse_hook_args(argv: list[str]) -> dict | None:
             return None
         i += 1
     for opt in allowed:
-        out[opt[2:].replace("-", "_")] = given.get(opt, os.environ.get(_DIRS[opt]) or None)
+        out[opt[2:].replace("-", "_")] = given.get(opt, (os.environ if environ is None else environ).get(
+            _DIRS[opt]) or None)
     return out
 
 

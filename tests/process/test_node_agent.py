@@ -167,8 +167,25 @@ def test_a_job_through_the_agent_prolog_warm_sampler_handed_over_epilog(client, 
             assert f.read().split(") ")[-1][:1] in ("", "Z")     # gone (or a zombie of init)
         assert "5101" not in " ".join(map(str, samplers_of("5101", site.state)))
         assert running.children() == []
+        # EpilogSlurmctld: answered by the agent itself (no hook process on slurmctld's path), the
+        # merge a copy of the agent that writes the job summary
+        record = ("JobId=5101 JobName=t UserId=nobody(65534) GroupId=nogroup(65534) JobState=COMPLETED "
+                  "ExitCode=0:0 RunTime=00:01:00 NodeList=gpu-node01 NumNodes=1 Partition=gpu "
+                  "OverSubscribe=NO Comment=(null)")
+        cenv = dict(env, SLURM_SCRIPT_CONTEXT="epilog_slurmctld", FAKE_SLURM="record", FAKE_SCONTROL_RECORD=record)
+        cp = via(client, running.sock, hook("epilog-ctld"), cenv)
+        assert (cp.returncode, cp.stdout, cp.stderr) == (0, "", "")
+        summary = site.spool / "jobs" / "5101" / "summary.json"
+        deadline = time.monotonic() + 30
+        while not summary.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        got = json.loads(summary.read_text())
+        assert (got["kind"], got["job"]["id"], got["nodes_missing"]) == ("job", "5101", [])
+        # a bad job id goes to a hook process, which says why (in the log), as on its own
+        cp = via(client, running.sock, hook("epilog-ctld"), dict(cenv, SLURM_JOB_ID="5101x"))
+        assert cp.returncode == 0, cp.stderr
         log = running.stop()
-        assert "stopped (2 hooks served)" in log, log
+        assert "stopped (4 hooks served)" in log, log
     finally:
         shutil.rmtree(site.base, ignore_errors=True)
 
