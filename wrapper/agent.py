@@ -572,12 +572,34 @@ class Agent:
         finally:
             for fd in fds:
                 os.close(fd)
-        pidfd = os.pidfd_open(pid)
         self.served += 1
+        # the hook runs from here: nothing below may answer "F" (_accept's answer to an
+        # exception), or the client, reading "F" before the child's "S", runs it a second time
+        try:
+            self._watch(conn, pid)
+        except Exception as e:  # noqa: BLE001 - out of descriptors (EMFILE), epoll watches (ENOSPC)
+            self.log(f"hook {pid} started but cannot be watched ({e!r}): waiting for it before the next")
+            try:
+                _, status = os.waitpid(pid, 0)
+            except ChildProcessError:
+                status = 0
+            _send_exit(conn, status)
+
+    def _watch(self, conn, pid: int) -> None:
+        """Track the running hook ``pid`` (its pidfd) and its client ``conn`` in the loop."""
+        pidfd = os.pidfd_open(pid)
+        try:
+            self.sel.register(pidfd, 1, "child")
+            try:
+                self.sel.register(conn, 1, pidfd)
+            except BaseException:
+                self.sel.unregister(pidfd)
+                raise
+        except BaseException:
+            os.close(pidfd)
+            raise
         conn.setblocking(False)
         self.running[pidfd] = (conn, pid)
-        self.sel.register(pidfd, 1, "child")
-        self.sel.register(conn, 1, pidfd)
 
     def _client_readable(self, conn, pidfd: int) -> None:
         try:
@@ -598,6 +620,10 @@ class Agent:
                 os.killpg(entry[1], signal.SIGKILL)
             except OSError:
                 pass
+            try:    # a child not yet past its setsid() has no group of its own: it alone
+                os.kill(entry[1], signal.SIGKILL)   # (unreaped until _reap: the PID is still ours)
+            except OSError:
+                pass
             self.running[pidfd] = (None, entry[1])
         conn.close()
 
@@ -612,13 +638,18 @@ class Agent:
         if conn is None:
             return
         self.sel.unregister(conn)
-        try:
-            conn.setblocking(True)
-            conn.settimeout(0.5)
-            conn.sendall(EXITED + status.to_bytes(4, "big", signed=True))
-        except OSError:
-            pass
-        conn.close()
+        _send_exit(conn, status)
+
+
+def _send_exit(conn, status: int) -> None:
+    """Send the client ``X`` and the hook's wait status, then close ``conn``."""
+    try:
+        conn.setblocking(True)
+        conn.settimeout(0.5)
+        conn.sendall(EXITED + status.to_bytes(4, "big", signed=True))
+    except OSError:
+        pass
+    conn.close()
 
 
 def run(socket_path: str | None = None, state_dir: str | None = None) -> int:

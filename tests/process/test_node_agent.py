@@ -57,8 +57,14 @@ class Running:
     def children(self) -> list[int]:
         import psutil
 
-        return [c.pid for c in psutil.Process(self.proc.pid).children()
-                if c.status() != psutil.STATUS_ZOMBIE]
+        out = []
+        for c in psutil.Process(self.proc.pid).children():
+            try:
+                if c.status() != psutil.STATUS_ZOMBIE:
+                    out.append(c.pid)
+            except psutil.NoSuchProcess:
+                pass        # reaped between the listing and the look
+        return out
 
     def stop(self) -> str:
         self.proc.send_signal(signal.SIGTERM)
@@ -308,3 +314,80 @@ def test_nothing_starts_without_the_clients_go(running, tmp_path):
         assert "stopped (0 hooks served)" in running.stop()
     finally:
         shutil.rmtree(site.base, ignore_errors=True)
+
+
+# ------------------------------------------------------------------ failures inside the agent
+# An agent whose hook child is replaced (``agent._child``: "S", then a line in a file, as a
+# hook's one visible effect) and whose every command is served as a hook: what the agent
+# does around the fork, without a prolog's cost.
+PATCHED = """
+import os, sys, time
+from gsrun.wrapper import agent
+sock, marker, mode = sys.argv[1:4]
+def child(args, env, umask, fds, conn):
+    time.sleep(0.3)                 # the parent's answer, if any, reaches the client first
+    conn.sendall(agent.STARTED)
+    if mode == "no-setsid":         # a client that leaves before the child is its own group
+        time.sleep(1.5)
+    with open(marker, "a") as f:
+        f.write("agent\\n")
+    os._exit(0)
+agent._child = child
+agent.hook_args = lambda argv, *a: ["prolog"]
+if mode == "no-pidfd":
+    def no_pidfd(pid, flags=0):
+        raise OSError(24, "Too many open files")
+    os.pidfd_open = no_pidfd
+sys.exit(agent.run(sock))
+"""
+
+
+def patched_agent(tmp_path, mode: str):
+    d = tmp_path / "run"
+    d.mkdir(mode=0o700)
+    sock, marker, log = str(d / "agent.sock"), tmp_path / "ran", tmp_path / "agent.log"
+    with open(log, "w") as out:
+        p = subprocess.Popen([sys.executable, "-P", "-c", PATCHED, sock, str(marker), mode], stdout=out,
+                             stderr=subprocess.STDOUT, cwd="/")
+    deadline = time.monotonic() + 30
+    while not os.path.exists(sock) and time.monotonic() < deadline and p.poll() is None:
+        time.sleep(0.05)
+    assert os.path.exists(sock), log.read_text()
+    return p, sock, marker, log
+
+
+def test_a_hook_the_agent_cannot_watch_still_runs_once_and_its_status_comes_back(client, tmp_path):
+    """Out of descriptors after the fork (pidfd_open fails): the child runs the hook
+    already, so the agent must not answer "run it yourself" (it did: the client ran
+    the hook itself, and a child whose "S" got out before the client closed ran it
+    a second time); it waits for the hook and sends its status."""
+    p, sock, marker, log = patched_agent(tmp_path, "no-pidfd")
+    try:
+        cp = via(client, sock, ["/bin/sh", "-c", f"echo self >> {marker}; exit 4"], {}, timeout_s=30)
+        assert marker.read_text() == "agent\n", (cp, log.read_text())
+        assert cp.returncode == 0, cp.stderr
+        assert "cannot be watched" in log.read_text()
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_a_client_gone_before_its_hook_has_its_own_group_takes_the_hook_with_it(tmp_path):
+    """The client leaves between the child's "S" and its setsid(): no group of the
+    child's PID yet, so the child itself is killed."""
+    import socket
+
+    p, sock, marker, log = patched_agent(tmp_path, "no-setsid")
+    try:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(sock)
+        socket.send_fds(s, [agent.encode_request(["/bin/true"], {}, 0o022)], [0, 1, 2])
+        assert s.recv(1) == agent.READY
+        s.sendall(agent.GO)
+        assert s.recv(1) == agent.STARTED
+        s.close()
+        time.sleep(2.5)
+        assert not marker.exists(), log.read_text()
+    finally:
+        p.kill()
+        p.wait()
