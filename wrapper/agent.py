@@ -28,6 +28,9 @@ of :data:`gsrun.wrapper.node_entry.HOOKS` and options that the hooks' fast
 path takes (:func:`gsrun.wrapper.node_entry.parse_hook_args`). Anything else
 is answered "run it yourself". The environment is passed as given: it is
 the one slurmd gives the hook, which the hook validates as it always does.
+The client, in turn, talks only to a listener of its own user id, and runs
+the hook itself when one of its descriptors 0-2 is closed (its socket would
+take that number and reach the hook as its stdin/stdout/stderr).
 
 Stale code: the agent keeps the (inode, mtime, size) of every gsrun module
 it loaded; a request that finds one changed (an upgrade) is answered "run it

@@ -391,3 +391,83 @@ def test_a_client_gone_before_its_hook_has_its_own_group_takes_the_hook_with_it(
     finally:
         p.kill()
         p.wait()
+
+
+# ------------------------------------------------------------------ the client against a stand-in agent
+# A one-connection agent stand-in (run as ``user``): records the descriptors it was handed
+# (whether each is a socket) and answers that the hook ran and exited 0.
+STANDIN = """
+import os, socket, stat, sys
+sock, report = sys.argv[1:3]
+s = socket.socket(socket.AF_UNIX)
+s.bind(sock)
+os.chmod(sock, 0o777)
+s.listen(1)
+s.settimeout(5)
+try:
+    c, _ = s.accept()
+except TimeoutError:
+    sys.exit(0)
+c.settimeout(5)
+_msg, fds, _f, _a = socket.recv_fds(c, 1 << 20, 3)
+with open(report, "w") as f:
+    f.write(" ".join("sock" if stat.S_ISSOCK(os.fstat(fd).st_mode) else "other" for fd in fds))
+c.sendall(b"R")
+c.recv(1)
+c.sendall(b"SX" + bytes(4))
+"""
+
+
+def standin(tmp_path, uid: int | None = None):
+    import pathlib
+    import tempfile
+
+    d = pathlib.Path(tempfile.mkdtemp(prefix="gsrun-standin-"))     # under /tmp: reachable by ``uid``
+    (tmp_path / "standin").symlink_to(d)                            # removed with it below
+    os.chmod(d, 0o755)
+    report = d / "fds"
+    argv = [sys.executable, "-I", "-c", STANDIN, str(d / "agent.sock"), str(report)]
+    if uid is not None:
+        os.chown(d, uid, uid)
+        argv = ["setpriv", "--reuid", str(uid), "--regid", str(uid), "--clear-groups", *argv]
+    p = subprocess.Popen(argv, cwd="/")
+    deadline = time.monotonic() + 10
+    while not (d / "agent.sock").exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert (d / "agent.sock").exists()
+    return p, str(d / "agent.sock"), report
+
+
+@pytest.mark.parametrize("closed", [0, 1, 2])
+def test_a_closed_standard_descriptor_never_hands_the_clients_own_socket_to_the_hook(client, tmp_path, closed):
+    """slurmd/slurmctld may start a hook with one of 0-2 closed: the client's socket
+    took that number and went to the hook as its stdin/stdout/stderr (the hook's
+    output into the protocol, the client's end held open by the hook). Now the hook
+    runs itself, with that descriptor closed as it was."""
+    p, sock, report = standin(tmp_path)
+    try:
+        out = tmp_path / "out"
+        cp = subprocess.run(["/bin/sh", "-c", f'exec {closed}>&-; exec "$@"', "sh", client, sock, "/bin/sh", "-c",
+                             f"echo self > {out}; exit 5"], capture_output=True, text=True, timeout=30, cwd="/")
+        assert (cp.returncode, out.read_text()) == (5, "self\n"), cp.stderr
+        assert not report.exists() or "sock" not in report.read_text()
+    finally:
+        p.kill()
+        p.wait()
+        shutil.rmtree(os.path.dirname(sock), ignore_errors=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a listener of another user")
+def test_the_client_talks_only_to_an_agent_of_its_own_user(client, tmp_path):
+    """A socket at the agent's path held by another user (a state directory open to
+    it): the client neither hands it its environment and descriptors nor believes
+    its "the hook exited 0"; the hook runs itself."""
+    p, sock, report = standin(tmp_path, uid=65534)
+    try:
+        cp = via(client, sock, ["/bin/sh", "-c", "echo self; exit 5"], {}, timeout_s=30)
+        assert (cp.returncode, cp.stdout) == (5, "self\n"), cp.stderr
+        assert not report.exists() or report.read_text() == ""     # no descriptor handed over
+    finally:
+        p.kill()
+        p.wait()
+        shutil.rmtree(os.path.dirname(sock), ignore_errors=True)
