@@ -252,8 +252,9 @@ def _child(args: list[str], env: dict[str, str], umask: int, fds: list[int], con
         conn.setblocking(True)
         conn.sendall(STARTED)
         os.setsid()
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD, signal.SIGALRM):
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD, signal.SIGALRM):
             signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)    # as a fresh interpreter has it
         signal.set_wakeup_fd(-1)
         signal.pthread_sigmask(signal.SIG_SETMASK, [])
         import fcntl

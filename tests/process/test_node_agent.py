@@ -332,8 +332,16 @@ def child(args, env, umask, fds, conn):
     with open(marker, "a") as f:
         f.write("agent\\n")
     os._exit(0)
-agent._child = child
-agent.hook_args = lambda argv, *a: ["prolog"]
+def probe(args):                    # the hook itself, in the agent's real hook child
+    with open("/proc/self/status") as f, open(marker, "w") as out:
+        out.write("".join(l for l in f if l.startswith(("SigBlk", "SigIgn", "SigCgt"))))
+    os._exit(0)
+if mode == "probe":
+    import gsrun.wrapper.node_entry
+    gsrun.wrapper.node_entry.main = probe
+else:
+    agent._child = child
+agent.hook_args = lambda argv, *a: ["epilog"]
 if mode == "no-pidfd":
     def no_pidfd(pid, flags=0):
         raise OSError(24, "Too many open files")
@@ -471,3 +479,20 @@ def test_the_client_talks_only_to_an_agent_of_its_own_user(client, tmp_path):
         p.kill()
         p.wait()
         shutil.rmtree(os.path.dirname(sock), ignore_errors=True)
+
+
+def test_the_hook_child_handles_signals_as_a_fresh_interpreter_does(client, tmp_path):
+    """Blocked, ignored and caught signals of the hook in the agent's child are those of
+    the hook started on its own (python -I -S): SIGINT raises KeyboardInterrupt there
+    (the hook's finally blocks run), it does not kill the process outright."""
+    p, sock, marker, log = patched_agent(tmp_path, "probe")
+    try:
+        cp = via(client, sock, ["/bin/true"], {}, timeout_s=30)
+        assert cp.returncode == 0, (cp.stderr, log.read_text())
+        fresh = subprocess.run([sys.executable, "-I", "-S", "-c", "import sys; sys.stdout.write(''.join("
+                                "l for l in open('/proc/self/status') if l.startswith(('SigBlk', 'SigIgn', 'SigCgt'))))"],
+                               capture_output=True, text=True, check=True, cwd="/").stdout
+        assert marker.read_text() == fresh
+    finally:
+        p.kill()
+        p.wait()
