@@ -389,7 +389,10 @@ def _stop_earlier_sampler(d) -> None:
     from gsrun.base.fsutil import read_json
 
     old = read_json(d / "sampler.pid.json")
-    if isinstance(old, dict) and isinstance(old.get("pid"), int) and old["pid"] > 1:
+    # only a record that proves the process is that sampler (its start time): without one the
+    # PID may be anyone's by now (a sampler gone before it was recorded, the PID reused)
+    if (isinstance(old, dict) and isinstance(old.get("pid"), int) and old["pid"] > 1
+            and isinstance(old.get("create_time"), (int, float))):
         try:
             pids.stop(old["pid"], old.get("create_time"))
         except OSError:

@@ -28,6 +28,9 @@ of :data:`gsrun.wrapper.node_entry.HOOKS` and options that the hooks' fast
 path takes (:func:`gsrun.wrapper.node_entry.parse_hook_args`). Anything else
 is answered "run it yourself". The environment is passed as given: it is
 the one slurmd gives the hook, which the hook validates as it always does.
+The client, in turn, talks only to a listener of its own user id, and runs
+the hook itself when one of its descriptors 0-2 is closed (its socket would
+take that number and reach the hook as its stdin/stdout/stderr).
 
 EpilogSlurmctld only starts the merge detached and exits 0
 (:mod:`gsrun.epilog.ctld_start`), while slurmctld holds the job COMPLETING:
@@ -255,8 +258,9 @@ def _child(args: list[str], env: dict[str, str], umask: int, fds: list[int], con
         conn.setblocking(True)
         conn.sendall(STARTED)
         os.setsid()
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD, signal.SIGALRM):
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD, signal.SIGALRM):
             signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)    # as a fresh interpreter has it
         signal.set_wakeup_fd(-1)
         signal.pthread_sigmask(signal.SIG_SETMASK, [])
         import fcntl
@@ -621,12 +625,34 @@ class Agent:
         finally:
             for fd in fds:
                 os.close(fd)
-        pidfd = os.pidfd_open(pid)
         self.served += 1
+        # the hook runs from here: nothing below may answer "F" (_accept's answer to an
+        # exception), or the client, reading "F" before the child's "S", runs it a second time
+        try:
+            self._watch(conn, pid)
+        except Exception as e:  # noqa: BLE001 - out of descriptors (EMFILE), epoll watches (ENOSPC)
+            self.log(f"hook {pid} started but cannot be watched ({e!r}): waiting for it before the next")
+            try:
+                _, status = os.waitpid(pid, 0)
+            except ChildProcessError:
+                status = 0
+            _send_exit(conn, status)
+
+    def _watch(self, conn, pid: int) -> None:
+        """Track the running hook ``pid`` (its pidfd) and its client ``conn`` in the loop."""
+        pidfd = os.pidfd_open(pid)
+        try:
+            self.sel.register(pidfd, 1, "child")
+            try:
+                self.sel.register(conn, 1, pidfd)
+            except BaseException:
+                self.sel.unregister(pidfd)
+                raise
+        except BaseException:
+            os.close(pidfd)
+            raise
         conn.setblocking(False)
         self.running[pidfd] = (conn, pid)
-        self.sel.register(pidfd, 1, "child")
-        self.sel.register(conn, 1, pidfd)
 
     def _start_detached(self, argv: list[str], env: dict[str, str], umask: int) -> None:
         """Fork ``argv`` (``root_python("-m", MODULE, ...)``, MODULE one of
@@ -668,6 +694,10 @@ class Agent:
                 os.killpg(entry[1], signal.SIGKILL)
             except OSError:
                 pass
+            try:    # a child not yet past its setsid() has no group of its own: it alone
+                os.kill(entry[1], signal.SIGKILL)   # (unreaped until _reap: the PID is still ours)
+            except OSError:
+                pass
             self.running[pidfd] = (None, entry[1])
         conn.close()
 
@@ -682,13 +712,18 @@ class Agent:
         if conn is None:
             return
         self.sel.unregister(conn)
-        try:
-            conn.setblocking(True)
-            conn.settimeout(0.5)
-            conn.sendall(EXITED + status.to_bytes(4, "big", signed=True))
-        except OSError:
-            pass
-        conn.close()
+        _send_exit(conn, status)
+
+
+def _send_exit(conn, status: int) -> None:
+    """Send the client ``X`` and the hook's wait status, then close ``conn``."""
+    try:
+        conn.setblocking(True)
+        conn.settimeout(0.5)
+        conn.sendall(EXITED + status.to_bytes(4, "big", signed=True))
+    except OSError:
+        pass
+    conn.close()
 
 
 def run(socket_path: str | None = None, state_dir: str | None = None) -> int:

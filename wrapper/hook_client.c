@@ -88,11 +88,25 @@ int main(int argc, char **argv)
 	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (fd < 0)
 		run_it_yourself(argv + 2);
+	/* one of 0-2 was closed and the socket took its number: it would go to the hook
+	 * as its stdin/stdout/stderr. The hook runs itself, with that one closed */
+	if (fd < 3)
+		goto fallback;
 	/* bounded until the agent says it started the hook */
 	setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
 	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
 	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
 		goto fallback;
+	{
+		/* only an agent of our own user gets the environment and the descriptors,
+		 * and is believed about the hook's status */
+		struct ucred cr;
+		socklen_t crl = sizeof(cr);
+
+		if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &crl) < 0 || crl != sizeof(cr) ||
+		    cr.uid != geteuid())
+			goto fallback;
+	}
 
 	buf = malloc(MAX_REQUEST);
 	if (!buf)
@@ -134,7 +148,7 @@ int main(int argc, char **argv)
 			if (w < 0 && errno == EINTR)
 				continue;
 			if (w <= 0)
-				goto fallback;      /* a closed 0-2 (EBADF) too: the hook runs itself */
+				goto fallback;      /* two of 0-2 closed (EBADF) too: the hook runs itself */
 			off += (size_t)w;
 			iov.iov_base = buf + off;
 			iov.iov_len = len + 4 - off;

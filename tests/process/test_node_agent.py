@@ -57,8 +57,14 @@ class Running:
     def children(self) -> list[int]:
         import psutil
 
-        return [c.pid for c in psutil.Process(self.proc.pid).children()
-                if c.status() != psutil.STATUS_ZOMBIE]
+        out = []
+        for c in psutil.Process(self.proc.pid).children():
+            try:
+                if c.status() != psutil.STATUS_ZOMBIE:
+                    out.append(c.pid)
+            except psutil.NoSuchProcess:
+                pass        # reaped between the listing and the look
+        return out
 
     def stop(self) -> str:
         self.proc.send_signal(signal.SIGTERM)
@@ -325,3 +331,185 @@ def test_nothing_starts_without_the_clients_go(running, tmp_path):
         assert "stopped (0 hooks served)" in running.stop()
     finally:
         shutil.rmtree(site.base, ignore_errors=True)
+
+
+# ------------------------------------------------------------------ failures inside the agent
+# An agent whose hook child is replaced (``agent._child``: "S", then a line in a file, as a
+# hook's one visible effect) and whose every command is served as a hook: what the agent
+# does around the fork, without a prolog's cost.
+PATCHED = """
+import os, sys, time
+from gsrun.wrapper import agent
+sock, marker, mode = sys.argv[1:4]
+def child(args, env, umask, fds, conn):
+    time.sleep(0.3)                 # the parent's answer, if any, reaches the client first
+    conn.sendall(agent.STARTED)
+    if mode == "no-setsid":         # a client that leaves before the child is its own group
+        time.sleep(1.5)
+    with open(marker, "a") as f:
+        f.write("agent\\n")
+    os._exit(0)
+def probe(args):                    # the hook itself, in the agent's real hook child
+    with open("/proc/self/status") as f, open(marker, "w") as out:
+        out.write("".join(l for l in f if l.startswith(("SigBlk", "SigIgn", "SigCgt"))))
+    os._exit(0)
+if mode == "probe":
+    import gsrun.wrapper.node_entry
+    gsrun.wrapper.node_entry.main = probe
+else:
+    agent._child = child
+agent.hook_args = lambda argv, *a: ["epilog"]
+if mode == "no-pidfd":
+    def no_pidfd(pid, flags=0):
+        raise OSError(24, "Too many open files")
+    os.pidfd_open = no_pidfd
+sys.exit(agent.run(sock))
+"""
+
+
+def patched_agent(tmp_path, mode: str):
+    d = tmp_path / "run"
+    d.mkdir(mode=0o700)
+    sock, marker, log = str(d / "agent.sock"), tmp_path / "ran", tmp_path / "agent.log"
+    with open(log, "w") as out:
+        p = subprocess.Popen([sys.executable, "-P", "-c", PATCHED, sock, str(marker), mode], stdout=out,
+                             stderr=subprocess.STDOUT, cwd="/")
+    deadline = time.monotonic() + 30
+    while not os.path.exists(sock) and time.monotonic() < deadline and p.poll() is None:
+        time.sleep(0.05)
+    assert os.path.exists(sock), log.read_text()
+    return p, sock, marker, log
+
+
+def test_a_hook_the_agent_cannot_watch_still_runs_once_and_its_status_comes_back(client, tmp_path):
+    """Out of descriptors after the fork (pidfd_open fails): the child runs the hook
+    already, so the agent must not answer "run it yourself" (it did: the client ran
+    the hook itself, and a child whose "S" got out before the client closed ran it
+    a second time); it waits for the hook and sends its status."""
+    p, sock, marker, log = patched_agent(tmp_path, "no-pidfd")
+    try:
+        cp = via(client, sock, ["/bin/sh", "-c", f"echo self >> {marker}; exit 4"], {}, timeout_s=30)
+        assert marker.read_text() == "agent\n", (cp, log.read_text())
+        assert cp.returncode == 0, cp.stderr
+        assert "cannot be watched" in log.read_text()
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_a_client_gone_before_its_hook_has_its_own_group_takes_the_hook_with_it(tmp_path):
+    """The client leaves between the child's "S" and its setsid(): no group of the
+    child's PID yet, so the child itself is killed."""
+    import socket
+
+    p, sock, marker, log = patched_agent(tmp_path, "no-setsid")
+    try:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(sock)
+        socket.send_fds(s, [agent.encode_request(["/bin/true"], {}, 0o022)], [0, 1, 2])
+        assert s.recv(1) == agent.READY
+        s.sendall(agent.GO)
+        assert s.recv(1) == agent.STARTED
+        s.close()
+        time.sleep(2.5)
+        assert not marker.exists(), log.read_text()
+    finally:
+        p.kill()
+        p.wait()
+
+
+# ------------------------------------------------------------------ the client against a stand-in agent
+# A one-connection agent stand-in (run as ``user``): records the descriptors it was handed
+# (whether each is a socket) and answers that the hook ran and exited 0.
+STANDIN = """
+import os, socket, stat, sys
+sock, report = sys.argv[1:3]
+s = socket.socket(socket.AF_UNIX)
+s.bind(sock)
+os.chmod(sock, 0o777)
+s.listen(1)
+s.settimeout(5)
+try:
+    c, _ = s.accept()
+except TimeoutError:
+    sys.exit(0)
+c.settimeout(5)
+_msg, fds, _f, _a = socket.recv_fds(c, 1 << 20, 3)
+with open(report, "w") as f:
+    f.write(" ".join("sock" if stat.S_ISSOCK(os.fstat(fd).st_mode) else "other" for fd in fds))
+c.sendall(b"R")
+c.recv(1)
+c.sendall(b"SX" + bytes(4))
+"""
+
+
+def standin(tmp_path, uid: int | None = None):
+    import pathlib
+    import tempfile
+
+    d = pathlib.Path(tempfile.mkdtemp(prefix="gsrun-standin-"))     # under /tmp: reachable by ``uid``
+    (tmp_path / "standin").symlink_to(d)                            # removed with it below
+    os.chmod(d, 0o755)
+    report = d / "fds"
+    argv = [sys.executable, "-I", "-c", STANDIN, str(d / "agent.sock"), str(report)]
+    if uid is not None:
+        os.chown(d, uid, uid)
+        argv = ["setpriv", "--reuid", str(uid), "--regid", str(uid), "--clear-groups", *argv]
+    p = subprocess.Popen(argv, cwd="/")
+    deadline = time.monotonic() + 10
+    while not (d / "agent.sock").exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert (d / "agent.sock").exists()
+    return p, str(d / "agent.sock"), report
+
+
+@pytest.mark.parametrize("closed", [0, 1, 2])
+def test_a_closed_standard_descriptor_never_hands_the_clients_own_socket_to_the_hook(client, tmp_path, closed):
+    """slurmd/slurmctld may start a hook with one of 0-2 closed: the client's socket
+    took that number and went to the hook as its stdin/stdout/stderr (the hook's
+    output into the protocol, the client's end held open by the hook). Now the hook
+    runs itself, with that descriptor closed as it was."""
+    p, sock, report = standin(tmp_path)
+    try:
+        out = tmp_path / "out"
+        cp = subprocess.run(["/bin/sh", "-c", f'exec {closed}>&-; exec "$@"', "sh", client, sock, "/bin/sh", "-c",
+                             f"echo self > {out}; exit 5"], capture_output=True, text=True, timeout=30, cwd="/")
+        assert (cp.returncode, out.read_text()) == (5, "self\n"), cp.stderr
+        assert not report.exists() or "sock" not in report.read_text()
+    finally:
+        p.kill()
+        p.wait()
+        shutil.rmtree(os.path.dirname(sock), ignore_errors=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a listener of another user")
+def test_the_client_talks_only_to_an_agent_of_its_own_user(client, tmp_path):
+    """A socket at the agent's path held by another user (a state directory open to
+    it): the client neither hands it its environment and descriptors nor believes
+    its "the hook exited 0"; the hook runs itself."""
+    p, sock, report = standin(tmp_path, uid=65534)
+    try:
+        cp = via(client, sock, ["/bin/sh", "-c", "echo self; exit 5"], {}, timeout_s=30)
+        assert (cp.returncode, cp.stdout) == (5, "self\n"), cp.stderr
+        assert not report.exists() or report.read_text() == ""     # no descriptor handed over
+    finally:
+        p.kill()
+        p.wait()
+        shutil.rmtree(os.path.dirname(sock), ignore_errors=True)
+
+
+def test_the_hook_child_handles_signals_as_a_fresh_interpreter_does(client, tmp_path):
+    """Blocked, ignored and caught signals of the hook in the agent's child are those of
+    the hook started on its own (python -I -S): SIGINT raises KeyboardInterrupt there
+    (the hook's finally blocks run), it does not kill the process outright."""
+    p, sock, marker, log = patched_agent(tmp_path, "probe")
+    try:
+        cp = via(client, sock, ["/bin/true"], {}, timeout_s=30)
+        assert cp.returncode == 0, (cp.stderr, log.read_text())
+        fresh = subprocess.run([sys.executable, "-I", "-S", "-c", "import sys; sys.stdout.write(''.join("
+                                "l for l in open('/proc/self/status') if l.startswith(('SigBlk', 'SigIgn', 'SigCgt'))))"],
+                               capture_output=True, text=True, check=True, cwd="/").stdout
+        assert marker.read_text() == fresh
+    finally:
+        p.kill()
+        p.wait()

@@ -234,3 +234,25 @@ def test_job_procs_final_poll_rereads_known_processes_only():
             if p is not None and p.poll() is None:
                 p.kill()
                 p.wait()
+
+
+def test_a_prolog_stops_the_earlier_sampler_of_its_job_and_nothing_else(tmp_path):
+    """The prolog stops the sampler a record of its job names, before starting its own
+    -- only when the record proves that process is it (its start time): a record
+    without one (a sampler gone before it was recorded: start_time None) names a PID
+    that may belong to anything by now, and root must not SIGTERM/SIGKILL that."""
+    from gsrun.prolog.main import _stop_earlier_sampler
+
+    procs = [subprocess.Popen(["sleep", "60"]) for _ in range(3)]
+    try:
+        earlier, reused, other = procs
+        for p, ct in ((earlier, pids.start_time(earlier.pid)), (reused, None),
+                      (other, pids.start_time(other.pid) - 100)):
+            (tmp_path / "sampler.pid.json").write_text(json.dumps({"pid": p.pid, "create_time": ct}))
+            _stop_earlier_sampler(tmp_path)
+        assert earlier.wait(timeout=10) == -signal.SIGTERM
+        assert reused.poll() is None and other.poll() is None
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
