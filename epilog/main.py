@@ -180,6 +180,7 @@ def sampler_recorded(prolog: dict, pid_info: dict | None) -> bool:
     on every epilog's critical path) is not needed. Pure."""
     rec = (prolog.get("steps") or {}).get("sampler") if isinstance(prolog, dict) else None
     return (isinstance(rec, dict) and isinstance(pid_info, dict) and isinstance(rec.get("pid"), int)
+            and isinstance(pid_info.get("create_time"), (int, float))
             and rec.get("pid") == pid_info.get("pid") and rec.get("create_time") == pid_info.get("create_time"))
 
 
@@ -217,6 +218,10 @@ def _summary(job, paths, sdir, hostfs, log, pre: dict | None = None) -> dict:
         # never signalled, even without a summary of its own (write_summary failed): SIGTERM
         # only sets its loop's flag, so stop() would wait 5 s and SIGKILL it mid-epilog
         stopped = "stopped"
+    elif pid_info and not isinstance(pid_info.get("create_time"), (int, float)):
+        # without its start time the PID may be anyone's by now: never signalled (the /proc scan
+        # below finds the sampler by its command line)
+        stopped = "bad sampler record: no start time"
     elif pid_info:
         try:
             stopped = pids.stop(int(pid_info["pid"]), pid_info.get("create_time"))

@@ -184,13 +184,44 @@ def changed(files: dict[str, tuple[int, int, int]]) -> str | None:
     return None
 
 
-def _peer_uid(conn) -> int:
+def _peer(conn) -> tuple[int, int]:
+    """``(pid, uid)`` of the client (``SO_PEERCRED``: the kernel's, at connect)."""
     import socket
     import struct
 
-    _pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
-                                                          struct.calcsize("3i")))
-    return uid
+    pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                         struct.calcsize("3i")))
+    return pid, uid
+
+
+def join_client(pid: int, proc: str = "/proc", cgroup_fs: str = "/sys/fs/cgroup") -> list[str]:
+    """Put the calling process where the client ``pid`` runs, as the hook it
+    replaces would be: its cgroup (v2: the ``0::PATH`` line of
+    ``/proc/PID/cgroup``; slurmd's, so the job's sampler lives where it
+    lived and a site's CPU or memory limits for slurmd and its children
+    hold) and its CPU affinity (a site that keeps slurmd off the job cores,
+    CoreSpec). Best effort: -> what could not be done (logged by the hook's
+    log, never fatal: the hook still runs)."""
+    notes = []
+
+    def v2_path(who: str) -> str | None:
+        with open(f"{proc}/{who}/cgroup", encoding="utf-8", errors="replace") as f:
+            return next((ln[3:] for ln in f.read(65536).splitlines() if ln.startswith("0::")), None)
+
+    try:
+        # cgroup v2 mounted as the hierarchy (not a v1 or hybrid host: there only the affinity)
+        if os.path.exists(os.path.join(cgroup_fs, "cgroup.controllers")):
+            path = v2_path(str(int(pid)))
+            if path and path.startswith("/") and "/.." not in path and path != v2_path("self"):
+                with open(os.path.join(cgroup_fs, path.lstrip("/"), "cgroup.procs"), "w") as f:
+                    f.write("0")
+    except OSError as e:
+        notes.append(f"cgroup of the hook's client {pid}: {e.strerror or e}")
+    try:
+        os.sched_setaffinity(0, os.sched_getaffinity(pid))
+    except OSError as e:
+        notes.append(f"CPU affinity of the hook's client {pid}: {e.strerror or e}")
+    return notes
 
 
 def _read_request(conn) -> tuple[list[str], dict[str, str], int, list[int]]:
@@ -246,17 +277,19 @@ def _close_from(low: int) -> None:
                 pass        # the listing's own descriptor, closed already
 
 
-def _child(args: list[str], env: dict[str, str], umask: int, fds: list[int], conn) -> None:
+def _child(args: list[str], env: dict[str, str], umask: int, fds: list[int], conn,
+           client_pid: int | None = None) -> None:
     """In the forked child: tell the client the hook started (from here: if this
     process dies before, the client sees the connection close without it and runs
-    the hook itself), become what slurmd's own hook process would be, run the
-    hook, exit."""
+    the hook itself), become what slurmd's own hook process would be (its
+    cgroup and CPU affinity: :func:`join_client`), run the hook, exit."""
     import signal
 
     rc = 70
     try:
         conn.setblocking(True)
         conn.sendall(STARTED)
+        notes = join_client(client_pid) if client_pid else []
         os.setsid()
         for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD, signal.SIGALRM):
             signal.signal(sig, signal.SIG_DFL)
@@ -276,6 +309,8 @@ def _child(args: list[str], env: dict[str, str], umask: int, fds: list[int], con
         import time
 
         time.tzset()
+        for note in notes:
+            os.write(2, f"gsrun: agent: {note}\n".encode())
         if args[0] in ("prolog", "epilog-ctld") and "--dry-run" not in args:
             prefork_warm()  # the sampler / the merge: a copy of this clean process, not a new interpreter
         from gsrun.wrapper.node_entry import main
@@ -582,7 +617,7 @@ class Agent:
             conn.close()
 
     def _handle(self, conn) -> None:
-        uid = _peer_uid(conn)
+        client_pid, uid = _peer(conn)
         if uid != os.geteuid():
             self.log(f"refused a client of uid {uid}")
             conn.close()
@@ -621,7 +656,7 @@ class Agent:
                 return
             pid = os.fork()
             if pid == 0:
-                _child(args, env, umask, fds, conn)     # never returns
+                _child(args, env, umask, fds, conn, client_pid)     # never returns
         finally:
             for fd in fds:
                 os.close(fd)
@@ -738,6 +773,11 @@ def run(socket_path: str | None = None, state_dir: str | None = None) -> int:
     if not hasattr(os, "pidfd_open"):
         raise NodeError("agent", "kernel", "os.pidfd_open is missing (Linux >= 5.3, Python >= 3.9)",
                         hint="run without the agent: the hooks work the same, only slower")
+    import signal
+
+    # a reload (SIGHUP) that comes while the modules load, e.g. right after a re-exec, must not
+    # end the agent: ignored until serve() installs its handler
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     for fd in (0, 1, 2):    # started with one closed: a received descriptor must not take its number
         try:
             os.fstat(fd)

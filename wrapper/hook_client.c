@@ -78,9 +78,15 @@ int main(int argc, char **argv)
 	mode_t um;
 	int fd, i, status;
 
-	if (argc < 3 || argv[2][0] != '/') {
+	if (argc < 3) {
 		fprintf(stderr, "usage: gsrun-hook SOCKET /PATH/PROGRAM [ARG...]\n");
 		return 2;
+	}
+	if (argv[2][0] != '/') {
+		/* the agent serves only absolute commands: this one runs itself, as the hook line says */
+		execvp(argv[2], argv + 2);
+		fprintf(stderr, "gsrun: hook: cannot run %s: %s\n", argv[2], strerror(errno));
+		_exit(127);
 	}
 	if (strlen(argv[1]) >= sizeof(sa.sun_path))
 		run_it_yourself(argv + 2);
@@ -180,7 +186,14 @@ int main(int argc, char **argv)
 	status = (int)(((uint32_t)(unsigned char)st[0] << 24) | ((uint32_t)(unsigned char)st[1] << 16) |
 		       ((uint32_t)(unsigned char)st[2] << 8) | (uint32_t)(unsigned char)st[3]);
 	if (WIFSIGNALED(status)) {
+		sigset_t one;
+
+		/* die of the same signal, as slurmd would have seen the hook die: at its default
+		 * action and not blocked (a mask inherited from slurmd would hold it) */
 		signal(WTERMSIG(status), SIG_DFL);
+		sigemptyset(&one);
+		sigaddset(&one, WTERMSIG(status));
+		sigprocmask(SIG_UNBLOCK, &one, NULL);
 		raise(WTERMSIG(status));
 		return 128 + WTERMSIG(status);
 	}

@@ -206,3 +206,29 @@ def test_a_second_prolog_of_a_job_stops_the_first_ones_sampler(site):
     assert json.loads((site.state / "jobs/4242/sampler.pid.json").read_text())["pid"] == alive[0]
     assert run_node(["epilog"], env).returncode == 0
     assert no_sampler_within(site, "4242")
+
+
+@root_only
+def test_a_sampler_record_without_a_start_time_never_signals_its_pid(site):
+    """A PID recorded without its start time may be anyone's by now: the epilog signals
+    nothing by it and finds the sampler by its command line instead."""
+    import subprocess
+    import sys
+
+    env = job_env(site)
+    assert run_node(["prolog"], env).returncode == 0
+    [pid] = samplers_of("4242", site.state)
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        rec = site.state / "jobs/4242/sampler.pid.json"
+        rec.write_text(json.dumps({"pid": bystander.pid, "create_time": None, "argv": []}))
+        e = run_node(["epilog"], env)
+        assert e.returncode == 0, e.stderr
+        assert bystander.poll() is None
+        summ = json.loads((site.spool / "jobs/4242/node-gpu-node01.json").read_text())
+        assert summ["sampler_stop"].startswith("bad sampler record: no start time")
+        assert f"unrecorded sampler {pid}: stopped" in summ["sampler_stop"]
+        assert no_sampler_within(site, "4242")
+    finally:
+        bystander.kill()
+        bystander.wait()

@@ -341,7 +341,7 @@ PATCHED = """
 import os, sys, time
 from gsrun.wrapper import agent
 sock, marker, mode = sys.argv[1:4]
-def child(args, env, umask, fds, conn):
+def child(args, env, umask, fds, conn, client_pid=None):
     time.sleep(0.3)                 # the parent's answer, if any, reaches the client first
     conn.sendall(agent.STARTED)
     if mode == "no-setsid":         # a client that leaves before the child is its own group
@@ -513,3 +513,30 @@ def test_the_hook_child_handles_signals_as_a_fresh_interpreter_does(client, tmp_
     finally:
         p.kill()
         p.wait()
+
+
+def test_the_hook_child_joins_its_clients_cgroup_and_affinity(tmp_path):
+    """The hook runs where slurmd's own hook process would (its cgroup v2 and CPU affinity):
+    the job's sampler too, e.g. off the cores a site reserves for jobs."""
+    proc, cg = tmp_path / "proc", tmp_path / "cgroup"
+    me = os.getpid()
+    (proc / str(me)).mkdir(parents=True)
+    (proc / "self").mkdir()
+    (proc / str(me) / "cgroup").write_text("0::/system.slice/slurmd.service\n")
+    (proc / "self" / "cgroup").write_text("0::/system.slice/gsrun-agent.service\n")
+    (cg / "system.slice" / "slurmd.service").mkdir(parents=True)
+    procs = cg / "system.slice" / "slurmd.service" / "cgroup.procs"
+    procs.write_text("")
+    # not a cgroup v2 hierarchy (v1 or hybrid): left alone
+    assert agent.join_client(me, str(proc), str(cg)) == [] and procs.read_text() == ""
+    (cg / "cgroup.controllers").write_text("cpuset cpu memory pids\n")
+    assert agent.join_client(me, str(proc), str(cg)) == []
+    assert procs.read_text() == "0"         # "0": the writing process, into slurmd's cgroup
+    procs.write_text("")
+    (proc / "self" / "cgroup").write_text("0::/system.slice/slurmd.service\n")     # there already
+    assert agent.join_client(me, str(proc), str(cg)) == [] and procs.read_text() == ""
+    shutil.rmtree(procs.parent)            # gone (the slurmd restarted meanwhile)
+    (proc / "self" / "cgroup").write_text("0::/\n")
+    notes = agent.join_client(me, str(proc), str(cg))       # cannot: said, not fatal
+    assert len(notes) == 1 and notes[0].startswith(f"cgroup of the hook's client {me}:")
+    assert agent.join_client(2 ** 22 + 7, str(proc), str(cg))[-1].startswith("CPU affinity")

@@ -51,6 +51,7 @@ REC = {"pid": 4321, "create_time": 1796127343.26, "argv": []}
     ({}, dict(REC), False),                                                      # no record (killed)
     ({"steps": {"sampler": dict(REC)}}, None, False),                            # no pid file
     ({"steps": {"sampler": dict(REC, pid="4321")}}, dict(REC, pid="4321"), False),
+    ({"steps": {"sampler": dict(REC, create_time=None)}}, dict(REC, create_time=None), False),  # no start time
 ])
 def test_the_epilog_trusts_only_a_finished_prolog_record(prolog, pid_info, expected):
     assert sampler_recorded(prolog, pid_info) is expected
