@@ -77,9 +77,11 @@ def _parts(stderr: str) -> dict[str, float]:
     return out
 
 
-def hook_ms(hook: str, env, via: tuple[str, str] | None = None) -> tuple[float, subprocess.CompletedProcess]:
-    """One hook run as slurmd runs it; ``via``: ``(gsrun-hook, socket)``, through the node agent."""
-    argv = [*via, hook] if via else [hook]
+def hook_ms(hook: str, env, via: tuple[str, str, list[str]] | None = None) -> tuple[float, subprocess.CompletedProcess]:
+    """One hook run as slurmd runs it; ``via``: ``(gsrun-hook, socket, command)``, through the
+    node agent, the command as ``gsrun-node install`` writes it (the install's interpreter -I -S
+    with the hook bootstrap: :func:`gsrun.wrapper.node_entry.hook_argv`) -- what the agent serves."""
+    argv = [via[0], via[1], *via[2][:-1], os.path.basename(hook).removeprefix("gsrun-")] if via else [hook]
     t0 = time.perf_counter()
     cp = subprocess.run(argv, env=env, capture_output=True, text=True, errors="replace", timeout=120, cwd="/")
     return (time.perf_counter() - t0) * 1000.0, cp
@@ -146,6 +148,8 @@ def main() -> int:
     res: dict[str, list[float]] = {k: [] for k in ("floor", "floor_isolated", "prolog", "epilog", "prolog_tuned",
                                                     "epilog_tuned", "dry_run", "dry_run_config", "bind_plan")}
     agent = None if a.no_agent else start_agent(a.venv, site.base)
+    if agent:
+        agent = (*agent, argv)
     if agent:
         for k in ("prolog_agent", "epilog_agent", "prolog_tuned_agent", "epilog_tuned_agent"):
             res[k] = []
