@@ -354,8 +354,11 @@ def prefork_warm() -> None:
     except OSError:
         return
     if pid == 0:
-        mine.close()
-        _warm_wait(its)     # never returns
+        try:
+            mine.close()
+            _warm_wait(its)     # never returns
+        finally:
+            os._exit(70)        # whatever happens, never back into the hook's code
     its.close()
     set_warm(WarmFork(pid, mine, WARM_ENTRIES))
 
@@ -656,7 +659,10 @@ class Agent:
                 return
             pid = os.fork()
             if pid == 0:
-                _child(args, env, umask, fds, conn, client_pid)     # never returns
+                try:
+                    _child(args, env, umask, fds, conn, client_pid)     # never returns
+                finally:
+                    os._exit(70)    # whatever happens, the child never runs the agent's loop
         finally:
             for fd in fds:
                 os.close(fd)

@@ -353,9 +353,13 @@ def probe(args):                    # the hook itself, in the agent's real hook 
     with open("/proc/self/status") as f, open(marker, "w") as out:
         out.write("".join(l for l in f if l.startswith(("SigBlk", "SigIgn", "SigCgt"))))
     os._exit(0)
+def broken(*args, **kwargs):       # the child's code fails before it runs anything
+    raise TypeError("child() takes 5 positional arguments but 6 were given")
 if mode == "probe":
     import gsrun.wrapper.node_entry
     gsrun.wrapper.node_entry.main = probe
+elif mode == "broken":
+    agent._child = broken
 else:
     agent._child = child
 agent.hook_args = lambda argv, *a: ["epilog"]
@@ -540,3 +544,23 @@ def test_the_hook_child_joins_its_clients_cgroup_and_affinity(tmp_path):
     notes = agent.join_client(me, str(proc), str(cg))       # cannot: said, not fatal
     assert len(notes) == 1 and notes[0].startswith(f"cgroup of the hook's client {me}:")
     assert agent.join_client(2 ** 22 + 7, str(proc), str(cg))[-1].startswith("CPU affinity")
+
+
+def test_a_child_whose_code_fails_never_runs_the_agents_loop(client, tmp_path):
+    """An exception in the forked child before the hook (a bug of ours) ends the child: it
+    never returns into the agent's loop (a second agent, forever, on a copy of the
+    listening socket). The client, which got no "S", runs the hook itself, once."""
+    import psutil
+
+    p, sock, marker, log = patched_agent(tmp_path, "broken")
+    try:
+        cp = via(client, sock, ["/bin/sh", "-c", f"echo self >> {marker}"], {}, timeout_s=30)
+        assert cp.returncode == 0 and marker.read_text() == "self\n", (cp, log.read_text())
+        deadline = time.monotonic() + 5
+        while psutil.Process(p.pid).children() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [c for c in psutil.Process(p.pid).children() if c.status() != psutil.STATUS_ZOMBIE] == []
+        assert "request refused" not in log.read_text()
+    finally:
+        p.kill()
+        p.wait()
