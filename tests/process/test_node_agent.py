@@ -155,8 +155,14 @@ def test_a_job_through_the_agent_prolog_warm_sampler_handed_over_epilog(client, 
         rec = json.loads((sdir / "sampler.pid.json").read_text())
         # the sampler is the agent's warm copy (named so only by that path) and the prolog's own
         # record names it: the epilog needs no /proc scan
-        with open(f"/proc/{rec['pid']}/comm") as f:
-            assert f.read().strip() == "gsrun-sampler"
+        def comm() -> str:
+            with open(f"/proc/{rec['pid']}/comm") as f:
+                return f.read().strip()
+
+        deadline = time.monotonic() + 10     # the copy names itself when it takes the request
+        while comm() != "gsrun-sampler" and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert comm() == "gsrun-sampler"
         prolog = json.loads((site.spool / "jobs" / "5101" / "prolog-gpu-node01.json").read_text())
         assert prolog["steps"]["sampler"]["pid"] == rec["pid"]
         deadline = time.monotonic() + 20
