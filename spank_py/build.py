@@ -41,6 +41,8 @@ _OPTION_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,74}")
 SLURM_INCLUDE_DIRS = ("/usr/include", "/usr/local/include")
 BEGIN_MARKER = "# BEGIN gsrun spank (managed by gsrun-node spank install)"
 END_MARKER = "# END gsrun spank"
+# wrapper/ beside this folder (the package's gsrun/wrapper once installed): agent_client.h
+AGENT_CLIENT_DIR = Path(__file__).resolve().parent.parent / "wrapper"
 HARDENING = ["-shared", "-fPIC", "-O2", "-fstack-protector-strong", "-D_FORTIFY_SOURCE=2",
              "-Wall", "-Werror=implicit-function-declaration", "-Werror=format-security"]
 LINK_HARDENING = ["-Wl,-z,relro,-z,now", "-Wl,-z,nodelete", "-Wl,-z,noexecstack"]
@@ -244,7 +246,9 @@ def compile_command(out_so: Path, python: str, info: dict, include_dir: Path,
     gen = [f"-I{gen_dir}"] if gen_dir is not None else []
     slurm_inc = [] if str(include_dir) == "/usr/include" else [f"-I{include_dir}"]
     if part == "plugin":
-        return ([cc] + HARDENING + gen + slurm_inc + defines + [str(C_SOURCE), "-o", str(out_so)]
+        # the node agent's client side (agent_client.h), shared with gsrun-hook
+        agent_inc = [f"-I{AGENT_CLIENT_DIR}"]
+        return ([cc] + HARDENING + gen + agent_inc + slurm_inc + defines + [str(C_SOURCE), "-o", str(out_so)]
                 + LINK_HARDENING + [f"-Wl,-soname,{SO_NAME}", f"-Wl,--version-script={VERSION_SCRIPT}", "-ldl"])
     cflags, ldflags = python_flags(python, info)
     rpath = []

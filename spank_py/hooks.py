@@ -318,6 +318,77 @@ def task_actions(plan, local_rank: int | None, mps_env: Mapping[str, str] | None
     return act
 
 
+# ---------------------------------------------------------------- the step's plan from the node agent
+
+ACTIONS_MAGIC = "GSA1"
+
+
+def step_actions(job_env: Mapping[str, str], host_root: str | None, allowed_cpus: list[int] | None,
+                 allowed_mems: list[int] | None, config_path: str | None) -> tuple[list[tuple[int, TaskActions]],
+                                                                                  tuple[str, ...]]:
+    """What ``slurm_spank_user_init`` and ``slurm_spank_task_init`` decide for
+    every local rank of a bound step without ``--gs-*`` options (the site's
+    binding, mode ``auto``), from values the plugin sent: the step's job
+    environment, slurmstepd's ``GSRUN_HOST_ROOT``, its CPU affinity and
+    ``Mems_allowed_list`` after the step's cpuset applied (used on the live
+    host; a host root answers from its own files, as in slurmstepd), the
+    plugstack ``config=``. -> ``([(local_rank, TaskActions)], plan warnings)``.
+    Run by the node agent (:mod:`gsrun.wrapper.agent`) so that slurmstepd
+    starts no Python for it.
+
+    Raises:
+        InputError / TopologyError: as :func:`gsrun.bind.plan.plan_from_env`.
+    """
+    from gsrun.bind.plan import plan_from_env, read_job_mig_devices
+    from gsrun.facts.hostfs import HostFS
+    from gsrun.facts.topology import read_allowed_mems
+
+    hostfs = HostFS.from_env(host_root or None, environ={})
+    plan = plan_from_env(job_env, hostfs, sorted(allowed_cpus) if hostfs.is_real and allowed_cpus else None,
+                         gpu_isolation=False)
+    mems = allowed_mems if hostfs.is_real else read_allowed_mems(hostfs)
+    cfg = _load_config({"config": config_path} if config_path else None, cached=True)
+    mig = read_job_mig_devices(cfg["paths.spool_dir"], job_env.get("SLURM_JOB_ID"), job_env.get("SLURMD_NODENAME"))
+    return ([(r.local_rank, task_actions(plan, r.local_rank, None, mems, mig, False)) for r in plan.ranks],
+            tuple(plan.warnings))
+
+
+def format_actions(actions: list[tuple[int, TaskActions]], notes: tuple[str, ...] = ()) -> str:
+    """The text the plugin's C side applies (``spank_py/gsrun_spank.c``,
+    ``agent_actions``): ``GSA1``, then per rank ``rank N``, ``unset NAME``,
+    ``set NAME=VALUE``, ``cpus 0,1``, ``mems 0``; ``note TEXT`` lines; ``end``.
+    Pure.
+
+    Raises:
+        ValueError: a name or value the line format cannot carry (a newline or
+            NUL, a name that is not an environment name): the plugin then plans
+            in Python as before.
+    """
+    from gsrun.base.ids import ALNUM, is_chars
+
+    def name_ok(n: str) -> bool:
+        return bool(n) and not n[0].isdigit() and is_chars(n, ALNUM | {"_"}, None)
+
+    out = [ACTIONS_MAGIC]
+    for rank, act in actions:
+        out.append(f"rank {int(rank)}")
+        for n in act.unsetenv:
+            if not name_ok(n):
+                raise ValueError(f"environment name {n!r}")
+            out.append(f"unset {n}")
+        for n, v in act.setenv.items():
+            if not name_ok(n) or "\n" in v or "\0" in v:
+                raise ValueError(f"environment entry {n!r}")
+            out.append(f"set {n}={v}")
+        if act.cpus:
+            out.append("cpus " + ",".join(str(int(c)) for c in act.cpus))
+        if act.mem_nodes:
+            out.append("mems " + ",".join(str(int(m)) for m in act.mem_nodes))
+    out += [f"note {n}".replace("\n", " ").replace("\0", " ") for n in notes]
+    out.append("end")
+    return "\n".join(out) + "\n"
+
+
 # ---------------------------------------------------------------- state
 
 class _State:

@@ -82,7 +82,9 @@ PRELOAD = ("gsrun.wrapper.node_entry", "gsrun.prolog.main", "gsrun.epilog.handof
            # what the waiting copies become (gsrun.base.proc.WARM_ENTRIES) and what they import
            "gsrun.epilog.sampler", "gsrun.epilog.ctld", "gsrun.node.sampler", "gsrun.node.mps",
            "gsrun.node.residual", "gsrun.node.mig", "gsrun.report.node_end", "gsrun.report.summary",
-           "gsrun.report.findings", "gsrun.report.accounting", "gsrun.report.render", "gsrun.report.retention")
+           "gsrun.report.findings", "gsrun.report.accounting", "gsrun.report.render", "gsrun.report.retention",
+           # the SPANK plugin's step plans (_bind_child)
+           "gsrun.spank_py.hooks", "gsrun.bind.plan", "gsrun.facts.topology", "gsrun.base.cpulist")
 
 
 class BadRequest(ValueError):
@@ -224,12 +226,14 @@ def join_client(pid: int, proc: str = "/proc", cgroup_fs: str = "/sys/fs/cgroup"
     return notes
 
 
-def _read_request(conn) -> tuple[list[str], dict[str, str], int, list[int]]:
-    """Read one request (blocking, :data:`REQUEST_TIMEOUT_S`) -> (argv, env, umask, fds)."""
+def _read_request(conn, nfds: int = 3, timeout_s: float = REQUEST_TIMEOUT_S
+                  ) -> tuple[list[str], dict[str, str], int, list[int]]:
+    """Read one request (blocking, ``timeout_s``) carrying ``nfds``
+    descriptors -> (argv, env, umask, fds)."""
     import array
     import socket
 
-    conn.settimeout(REQUEST_TIMEOUT_S)
+    conn.settimeout(timeout_s)
     fds = array.array("i")
     buf = bytearray()
     need = None
@@ -247,12 +251,12 @@ def _read_request(conn) -> tuple[list[str], dict[str, str], int, list[int]]:
             if need > MAX_REQUEST_BYTES:
                 break
     got = list(fds)
-    if need is None or len(buf) != need or len(got) != 3:
+    if need is None or len(buf) != need or len(got) != nfds:
         for fd in got:
             os.close(fd)
         raise BadRequest("short request" if need is None or len(buf) < need else
                          f"request over {MAX_REQUEST_BYTES} bytes" if need > MAX_REQUEST_BYTES else
-                         f"{len(got)} descriptors, not 3")
+                         f"{len(got)} descriptors, not {nfds}")
     try:
         argv, env, umask = parse_request(bytes(buf[4:]))
     except BadRequest:
@@ -260,6 +264,59 @@ def _read_request(conn) -> tuple[list[str], dict[str, str], int, list[int]]:
             os.close(fd)
         raise
     return argv, env, umask, got
+
+
+BIND_REQUEST = "@bind"       # the SPANK plugin's request for a step's plan (see _bind_child)
+BIND_WAIT_S = 120.0          # from slurmstepd's init_post_opt to its user_init (the request's second part)
+
+
+def _bind_child(conn, stepd_env: dict[str, str]) -> None:
+    """In a child forked for the SPANK plugin of one ``slurmstepd`` (a bound
+    step without ``--gs-*`` options): wait for the step's request, sent from
+    its ``user_init`` once the step's cpuset applies (``["@step", CPUS,
+    MEMS]`` and the step's job environment; CPUS/MEMS slurmstepd's affinity and
+    ``Mems_allowed_list`` then), and answer the plan for every local rank
+    (:func:`gsrun.spank_py.hooks.step_actions`, text of
+    :func:`~gsrun.spank_py.hooks.format_actions`), or ``error WHY`` (the plugin
+    then plans in Python as before). ``stepd_env``: slurmstepd's own
+    ``GSRUN_HOST_ROOT``/``GSRUN_STATE_DIR``/``GSRUN_CONFIG``. Never returns."""
+    import signal
+
+    try:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD, signal.SIGALRM):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.set_wakeup_fd(-1)
+        signal.pthread_sigmask(signal.SIG_SETMASK, [])
+        keep = conn.fileno()
+        for fd in (int(n) for n in os.listdir("/proc/self/fd")):
+            if fd > 2 and fd != keep:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        os.chdir("/")
+        os.environ.clear()
+        os.environ.update({k: v for k, v in stepd_env.items() if k in ("GSRUN_HOST_ROOT", "GSRUN_STATE_DIR")})
+        try:
+            argv, job_env, _um, _fds = _read_request(conn, nfds=0, timeout_s=BIND_WAIT_S)
+            if len(argv) != 3 or argv[0] != "@step":
+                raise BadRequest("not a step request")
+            from gsrun.base.cpulist import parse_cpulist
+            from gsrun.spank_py.hooks import format_actions, step_actions
+
+            cpus = parse_cpulist(argv[1]) if argv[1] else None
+            mems = parse_cpulist(argv[2]) if argv[2] else None
+            actions, notes = step_actions(job_env, stepd_env.get("GSRUN_HOST_ROOT"), cpus, mems,
+                                          stepd_env.get("GSRUN_CONFIG"))
+            text = format_actions(actions, notes)
+        except Exception as e:  # noqa: BLE001 - the plugin plans in Python then
+            text = "error " + f"{type(e).__name__}: {e}".replace("\n", " ") + "\n"
+        conn.settimeout(5.0)
+        conn.sendall(text.encode("utf-8", "surrogateescape"))
+    except BaseException:   # noqa: BLE001 - never back into the agent's loop
+        pass
+    finally:
+        os._exit(0)
 
 
 def _close_from(low: int) -> None:
@@ -575,6 +632,13 @@ class Agent:
                     self._accept()
                 elif key.data == "child":
                     self._reap(key.fileobj)
+                elif key.data == "plan":
+                    self.sel.unregister(key.fileobj)
+                    try:
+                        os.waitid(os.P_PIDFD, key.fileobj, os.WEXITED)
+                    except (ChildProcessError, OSError):
+                        pass
+                    os.close(key.fileobj)
                 else:
                     self._client_readable(key.fileobj, key.data)
         signal.set_wakeup_fd(-1)
@@ -626,6 +690,11 @@ class Agent:
             conn.close()
             return
         argv, env, umask, fds = _read_request(conn)
+        if argv == [BIND_REQUEST]:
+            for fd in fds:
+                os.close(fd)
+            self._start_bind(conn, env)
+            return
         try:
             args = hook_args(argv, self.python, self.site_dir, self.gsrun_node)
             stale = changed(self.files) if args is not None else None
@@ -694,6 +763,29 @@ class Agent:
             raise
         conn.setblocking(False)
         self.running[pidfd] = (conn, pid)
+
+    def _start_bind(self, conn, stepd_env: dict[str, str]) -> None:
+        """Fork :func:`_bind_child` for one slurmstepd's plugin and let it have the connection."""
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            pid = os.fork()
+        except OSError as e:
+            self.log(f"cannot serve a step's plan: {e}")
+            conn.close()        # the plugin plans in Python
+            return
+        if pid == 0:
+            try:
+                _bind_child(conn, stepd_env)
+            finally:
+                os._exit(70)
+        conn.close()
+        self.served += 1
+        try:    # reaped when it ends; a stop or re-exec does not wait for it (it ends on its own)
+            pidfd = os.pidfd_open(pid)
+            self.sel.register(pidfd, 1, "plan")
+        except OSError as e:
+            self.log(f"step plan {pid} cannot be watched ({e!r})")
 
     def _start_detached(self, argv: list[str], env: dict[str, str], umask: int) -> None:
         """Fork ``argv`` (``root_python("-m", MODULE, ...)``, MODULE one of

@@ -12,7 +12,8 @@
  * (agent "R", client "G", the hook's own process "S"; gsrun/wrapper/agent.py)
  * makes the hook run once whatever fails where.
  *
- * Only the standard C library; no allocation larger than the request.
+ * Only the standard C library; no allocation larger than the request. The
+ * protocol's client side is agent_client.h (shared with the SPANK plugin).
  * Built by `gsrun-node agent build` (wrapper/hook_client.py).
  */
 #define _GNU_SOURCE
@@ -25,13 +26,12 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
-#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-extern char **environ;
+#include "agent_client.h"
 
-#define MAX_REQUEST (1u << 20) /* gsrun.wrapper.agent.MAX_REQUEST_BYTES */
+extern char **environ;
 
 static void run_it_yourself(char **argv) __attribute__((noreturn));
 static void run_it_yourself(char **argv)
@@ -41,40 +41,11 @@ static void run_it_yourself(char **argv)
 	_exit(127);
 }
 
-static int add(char *buf, size_t *len, const char *s)
-{
-	size_t n = strlen(s) + 1;
-
-	if (*len + n > MAX_REQUEST - 4)
-		return -1;
-	memcpy(buf + 4 + *len, s, n);
-	*len += n;
-	return 0;
-}
-
-static int read_full(int fd, char *p, size_t n)
-{
-	while (n) {
-		ssize_t r = read(fd, p, n);
-
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r <= 0)
-			return -1;
-		p += r;
-		n -= (size_t)r;
-	}
-	return 0;
-}
-
 int main(int argc, char **argv)
 {
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	struct timeval tv = { .tv_sec = 2 };
-	char ctl[CMSG_SPACE(3 * sizeof(int))] = { 0 };
-	char numbuf[32], reply, st[4];
-	char *buf;
-	size_t len = 0;
+	struct timeval tv = { 0 };
+	struct gs_msg m = { 0 };
+	char reply, st[4];
 	mode_t um;
 	int fd, i, status;
 
@@ -88,95 +59,37 @@ int main(int argc, char **argv)
 		fprintf(stderr, "gsrun: hook: cannot run %s: %s\n", argv[2], strerror(errno));
 		_exit(127);
 	}
-	if (strlen(argv[1]) >= sizeof(sa.sun_path))
-		run_it_yourself(argv + 2);
-	strcpy(sa.sun_path, argv[1]);
-	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	/* bounded until the agent says it started the hook; only an agent of our own user
+	 * gets the environment and the descriptors, and is believed about the hook's status */
+	fd = gs_agent_connect(argv[1], 2);
 	if (fd < 0)
 		run_it_yourself(argv + 2);
-	/* one of 0-2 was closed and the socket took its number: it would go to the hook
-	 * as its stdin/stdout/stderr. The hook runs itself, with that one closed */
-	if (fd < 3)
-		goto fallback;
-	/* bounded until the agent says it started the hook */
-	setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
-		goto fallback;
-	{
-		/* only an agent of our own user gets the environment and the descriptors,
-		 * and is believed about the hook's status */
-		struct ucred cr;
-		socklen_t crl = sizeof(cr);
-
-		if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &crl) < 0 || crl != sizeof(cr) ||
-		    cr.uid != geteuid())
-			goto fallback;
-	}
-
-	buf = malloc(MAX_REQUEST);
-	if (!buf)
-		goto fallback;
 	um = umask(0);
 	umask(um);
-	snprintf(numbuf, sizeof(numbuf), "%o", (unsigned)um);
-	if (add(buf, &len, "GSH1") || add(buf, &len, numbuf))
-		goto fallback;
-	snprintf(numbuf, sizeof(numbuf), "%d", argc - 2);
-	if (add(buf, &len, numbuf))
+	if (gs_msg_begin(&m, um, argc - 2))
 		goto fallback;
 	for (i = 2; i < argc; i++)
-		if (add(buf, &len, argv[i]))
+		if (gs_msg_add(&m, argv[i]))
 			goto fallback;
 	for (char **e = environ; e && *e; e++)
-		if (add(buf, &len, *e))
+		if (gs_msg_add(&m, *e))
 			goto fallback;
-	buf[0] = (char)(len >> 24);
-	buf[1] = (char)(len >> 16);
-	buf[2] = (char)(len >> 8);
-	buf[3] = (char)len;
-
-	{
-		struct iovec iov = { .iov_base = buf, .iov_len = len + 4 };
-		struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1,
-				     .msg_control = ctl, .msg_controllen = sizeof(ctl) };
-		struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
-		int fds[3] = { 0, 1, 2 };
-		size_t off = 0;
-
-		c->cmsg_level = SOL_SOCKET;
-		c->cmsg_type = SCM_RIGHTS;
-		c->cmsg_len = CMSG_LEN(sizeof(fds));
-		memcpy(CMSG_DATA(c), fds, sizeof(fds));
-		while (off < len + 4) {
-			ssize_t w = sendmsg(fd, &mh, MSG_NOSIGNAL);
-
-			if (w < 0 && errno == EINTR)
-				continue;
-			if (w <= 0)
-				goto fallback;      /* two of 0-2 closed (EBADF) too: the hook runs itself */
-			off += (size_t)w;
-			iov.iov_base = buf + off;
-			iov.iov_len = len + 4 - off;
-			mh.msg_control = NULL;  /* the descriptors go with the first part only */
-			mh.msg_controllen = 0;
-		}
-	}
-	free(buf);
-	if (read_full(fd, &reply, 1) || reply != 'R')
+	if (gs_msg_send(fd, &m, 1))
+		goto fallback;      /* two of 0-2 closed (EBADF) too: the hook runs itself */
+	gs_msg_free(&m);
+	if (gs_read_full(fd, &reply, 1) || reply != 'R')
 		goto fallback;              /* "F", a timeout or a closed socket: nothing ran */
 	/* "go": from here the agent may start the hook; it starts nothing without it */
 	reply = 'G';
 	if (send(fd, &reply, 1, MSG_NOSIGNAL) != 1)
 		goto fallback;
 	/* no timeout from here: the agent forks at once, and slurmd's PrologEpilogTimeout bounds the rest */
-	tv.tv_sec = 0;
 	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
 	/* "S" comes from the hook's own process before it does anything: a connection
 	 * closed without it means nothing ran */
-	if (read_full(fd, &reply, 1) || reply != 'S')
+	if (gs_read_full(fd, &reply, 1) || reply != 'S')
 		goto fallback;
-	if (read_full(fd, &reply, 1) || reply != 'X' || read_full(fd, st, 4)) {
+	if (gs_read_full(fd, &reply, 1) || reply != 'X' || gs_read_full(fd, st, 4)) {
 		/* the agent died under a running hook: its status is lost. A failed
 		 * prolog drains the node, so, as for any bug of gsrun's, exit 0 */
 		fprintf(stderr, "gsrun: hook: the node agent went away while %s ran; its exit status "
@@ -200,6 +113,7 @@ int main(int argc, char **argv)
 	return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
 
 fallback:
+	gs_msg_free(&m);
 	close(fd);
 	run_it_yourself(argv + 2);
 }

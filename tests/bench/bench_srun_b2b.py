@@ -61,6 +61,12 @@ def one_true(text: str, key: str) -> str:
     return re.sub(rf"^({key}=).*$", r"\1/bin/true", text, flags=re.M)
 
 
+def bind_none(plugstack: str) -> str:
+    """plugstack.conf with ``bind=none`` on gsrun's line (the plugin loaded, the site not binding)."""
+    return "".join(ln.rstrip("\n") + (" bind=none\n" if "gsrun_spank" in ln else "\n")
+                   for ln in plugstack.splitlines(True))
+
+
 def reconfigure(env: dict) -> None:
     subprocess.run(["scontrol", "reconfigure"], env=env, check=True, capture_output=True)
     wait_idle(env, "after scontrol reconfigure")
@@ -73,7 +79,8 @@ def main() -> None:
     ap.add_argument("--per-round", type=int, default=5)
     ap.add_argument("--user", default="gsrun-test")
     ap.add_argument("--modes", default="gsrun,bare,true-hooks",
-                    help="also: no-plugin (hooks, no SPANK plugin), true-prolog, true-ctld (that one hook "
+                    help="also: no-plugin (hooks, no SPANK plugin), bind-none (the plugin with bind=none: no "
+                         "Python in slurmstepd), true-prolog, true-ctld (that one hook "
                          "/bin/true): where the time goes. Not the epilog: without it each job's sampler "
                          "would go on polling and its tuning registration stay")
     a = ap.parse_args()
@@ -86,7 +93,8 @@ def main() -> None:
     known = {"gsrun": (orig_conf, orig_plug), "bare": (bare_conf(orig_conf), "\n"),
              "true-hooks": (trivial_conf(orig_conf), "\n"), "no-plugin": (orig_conf, "\n"),
              "true-prolog": (one_true(orig_conf, "Prolog"), orig_plug),
-             "true-ctld": (one_true(orig_conf, "EpilogSlurmctld"), orig_plug)}
+             "true-ctld": (one_true(orig_conf, "EpilogSlurmctld"), orig_plug),
+             "bind-none": (orig_conf, bind_none(orig_plug))}
     names = [m for m in a.modes.split(",") if m]
     if not {"gsrun", "bare"} <= set(names) or set(names) - set(known):
         raise SystemExit(f"--modes: gsrun and bare, plus any of {sorted(set(known) - {'gsrun', 'bare'})}")

@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import time
 from pathlib import Path
 
 import pytest
@@ -507,3 +508,84 @@ def test_not_found_even_through_pth_files_reports_the_first_error(built, harness
     assert errors[0].startswith("gsrun: spank: python: cannot import gsrun.spank_py.hooks"), errors
     assert any("ModuleNotFoundError: No module named 'gsrun'" in e for e in errors), errors
     assert any("job refused" in e for e in errors), errors
+
+
+# ------------------------------------------------------------ the step's plan from the node agent
+
+@pytest.fixture
+def node_agent(tmp_path):
+    """``gsrun-node agent run`` of this checkout on a private socket -> its path."""
+    from helpers.node_site import LAUNCH
+
+    d = tmp_path / "agent-run"
+    d.mkdir(mode=0o700)
+    sock = d / "agent.sock"
+    log = open(tmp_path / "agent.log", "w")
+    p = subprocess.Popen([sys.executable, "-P", "-c", LAUNCH, "agent", "run", "--socket", str(sock)],
+                         stdout=log, stderr=subprocess.STDOUT, cwd="/")
+    deadline = time.monotonic() + 30
+    while not sock.exists() and time.monotonic() < deadline and p.poll() is None:
+        time.sleep(0.05)
+    assert sock.exists(), (tmp_path / "agent.log").read_text()
+    yield sock
+    p.terminate()
+    p.wait(timeout=30)
+
+
+def _binding(out: list[str]) -> list[str]:
+    return [l for l in out if l.startswith(("SETENV ", "UNSETENV ", "TASK "))]
+
+
+def test_a_bound_step_planned_by_the_node_agent_binds_as_python_does_without_python(built, harness, real_site,
+                                                                                      node_agent):
+    """plugstack agent=SOCKET: slurmstepd asks the node agent for the step's plan (gsrun.spank_py.hooks.
+    step_actions) and applies it in C -- the same environment and affinity per task as the Python
+    side gives, and libpython never mapped; with no agent listening, Python plans as before."""
+    rc, out, err = run_harness(harness, built, "remote", real_site)
+    assert rc == 0, (out, err)
+    python_way = _binding(out)
+    assert len([l for l in python_way if l.startswith("SETENV GSRUN_BIND_CPUS=")]) == 2
+    rc, out, err = run_harness(harness, built, "remote", real_site, f"agent={node_agent}")
+    assert rc == 0, (out, err)
+    assert _binding(out) == python_way
+    assert "LIBPYTHON mapped=0" in out
+    assert not [l for l in out if l.startswith("ERROR")]
+    # the agent gone: the step plans in Python, same result
+    rc, out, err = run_harness(harness, built, "remote", real_site, f"agent={node_agent}.gone")
+    assert rc == 0, (out, err)
+    assert _binding(out) == python_way and "LIBPYTHON mapped=1" in out
+
+
+def test_an_agent_that_gives_no_plan_leaves_the_step_to_python(built, harness, real_site, tmp_path):
+    """A listener that closes without a plan (or answers an error): Python plans in user_init."""
+    import socket
+    import threading
+
+    d = tmp_path / "bad"
+    d.mkdir(mode=0o700)
+    path = str(d / "agent.sock")
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(4)
+
+    def serve():
+        for _ in range(2):
+            try:
+                c, _ = srv.accept()
+            except OSError:
+                return
+            c.recv(1 << 20)
+            c.close()
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    rc, out, err = run_harness(harness, built, "remote", real_site)
+    python_way = _binding(out)
+    rc, out, err = run_harness(harness, built, "remote", real_site, f"agent={path}")
+    srv.close()
+    assert rc == 0, (out, err)
+    assert _binding(out) == python_way and "LIBPYTHON mapped=1" in out
+
+
+def test_agent_argument_must_be_absolute(built, harness, real_site):
+    rc, out, err = run_harness(harness, built, "remote", real_site, "agent=run/agent.sock")
+    assert rc != 0 and any("agent=run/agent.sock: must be an absolute path" in l for l in out + err.splitlines())
