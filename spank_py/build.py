@@ -47,7 +47,7 @@ HARDENING = ["-shared", "-fPIC", "-O2", "-fstack-protector-strong", "-D_FORTIFY_
              "-Wall", "-Werror=implicit-function-declaration", "-Werror=format-security"]
 LINK_HARDENING = ["-Wl,-z,relro,-z,now", "-Wl,-z,nodelete", "-Wl,-z,noexecstack"]
 SYSTEM_LIBDIRS = ("/usr/lib", "/usr/lib64", "/lib", "/lib64")
-ARG_KEYS = ("pythonpath", "on_error", "bind", "config")
+ARG_KEYS = ("pythonpath", "on_error", "bind", "config", "agent")
 _SAFE_ARG = re.compile(r"^[A-Za-z0-9_./+@-]{1,4000}$")
 _TIMEOUT_S = 120.0
 
@@ -330,7 +330,8 @@ def plugstack_args(args: dict | None) -> list[tuple[str, str]]:
     """Validate install ``args`` into ordered ``(key, value)`` pairs.
 
     ``args``: ``{"pythonpath": str | [str, ...], "on_error": "fail"|"ignore",
-    "bind": "auto"|"none", "config": "/etc/gsrun/gsrun.toml"}`` (all optional). Same rules as the plugin's own
+    "bind": "auto"|"none", "config": "/etc/gsrun/gsrun.toml", "agent":
+    "/run/gsrun/agent.sock"}`` (all optional). Same rules as the plugin's own
     parser, checked here so a bad value fails at install time, not at every
     job. Raises InputError (unknown key, relative path, bad value).
     """
@@ -350,12 +351,14 @@ def plugstack_args(args: dict | None) -> list[tuple[str, str]]:
             raise InputError("spank install", "pythonpath", f"{p!r} must be an absolute path of "
                              "[A-Za-z0-9_./+@-] (plugstack.conf has no quoting)")
         pairs.append(("pythonpath", p))
-    conf = args.get("config")
-    if conf is not None:
-        if not isinstance(conf, str) or not conf.startswith("/") or not _SAFE_ARG.match(conf):
-            raise InputError("spank install", "config", f"{conf!r} must be an absolute path of "
+    for key in ("config", "agent"):
+        v = args.get(key)
+        if v is None:
+            continue
+        if not isinstance(v, str) or not v.startswith("/") or not _SAFE_ARG.match(v):
+            raise InputError("spank install", key, f"{v!r} must be an absolute path of "
                              "[A-Za-z0-9_./+@-] (plugstack.conf has no quoting)")
-        pairs.append(("config", conf))
+        pairs.append((key, v))
     allowed = {"on_error": ("fail", "ignore"), "bind": ("auto", "none")}
     for key in ("on_error", "bind"):
         v = args.get(key)

@@ -666,7 +666,11 @@ def run(opts: InstallOptions, out: Callable[[str], None] = print, environ=None) 
     out("# build it against this Slurm's headers (libslurm-dev) and this Python, then install:")
     out(f"{inst.gsrun_node} spank build --out-dir /usr/local/lib/gsrun")
     out(f"{inst.gsrun_node} spank install --so /usr/local/lib/gsrun/gsrun_spank.so "
-        "--dest-dir /usr/local/lib/gsrun --plugstack /etc/slurm/plugstack.conf.d/gsrun.conf")
+        "--dest-dir /usr/local/lib/gsrun --plugstack /etc/slurm/plugstack.conf.d/gsrun.conf"
+        + (f" --arg agent={agent_socket}" if via else ""))
+    if via:
+        out("# agent=: a bound step gets its binding plan from the node agent (step 6), so slurmstepd "
+            "starts no Python; without the agent it plans in Python as before")
     out("# and make sure /etc/slurm/plugstack.conf has:  include /etc/slurm/plugstack.conf.d/*.conf")
 
     # 6. mail timer and node agent
