@@ -1024,8 +1024,10 @@ static int agent_hello(void)
 		return -1;
 	if (gs_msg_begin(&m, 022, 1) || gs_msg_add(&m, "@bind"))
 		goto bad;
-	/* slurmstepd's own (never the job's) host root, state dir and the site config */
-	const char *names[] = { "GSRUN_HOST_ROOT", "GSRUN_STATE_DIR" };
+	/* slurmstepd's own (never the job's) host root, state dir and the site config, and
+	 * SLURM_CONF (gsrun.toml beside it is the config when GSRUN_CONFIG is unset):
+	 * gsrun.wrapper.agent.STEPD_ENV */
+	const char *names[] = { "GSRUN_HOST_ROOT", "GSRUN_STATE_DIR", "SLURM_CONF" };
 	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
 		if ((v = getenv(names[i])) != NULL && strlen(v) < MAX_ARG_LEN) {
 			snprintf(kv, sizeof(kv), "%s=%s", names[i], v);

@@ -268,6 +268,9 @@ def _read_request(conn, nfds: int = 3, timeout_s: float = REQUEST_TIMEOUT_S
 
 BIND_REQUEST = "@bind"       # the SPANK plugin's request for a step's plan (see _bind_child)
 BIND_WAIT_S = 120.0          # from slurmstepd's init_post_opt to its user_init (the request's second part)
+# slurmstepd's own variables the plugin sends with @bind (agent_hello): its host root, state dir,
+# the site config ($GSRUN_CONFIG or plugstack config=) and $SLURM_CONF (gsrun.toml beside it)
+STEPD_ENV = ("GSRUN_HOST_ROOT", "GSRUN_STATE_DIR", "GSRUN_CONFIG", "SLURM_CONF")
 
 
 def _bind_child(conn, stepd_env: dict[str, str]) -> None:
@@ -279,7 +282,7 @@ def _bind_child(conn, stepd_env: dict[str, str]) -> None:
     (:func:`gsrun.spank_py.hooks.step_actions`, text of
     :func:`~gsrun.spank_py.hooks.format_actions`), or ``error WHY`` (the plugin
     then plans in Python as before). ``stepd_env``: slurmstepd's own
-    ``GSRUN_HOST_ROOT``/``GSRUN_STATE_DIR``/``GSRUN_CONFIG``. Never returns."""
+    :data:`STEPD_ENV`. Never returns."""
     import signal
 
     try:
@@ -296,7 +299,8 @@ def _bind_child(conn, stepd_env: dict[str, str]) -> None:
                     pass
         os.chdir("/")
         os.environ.clear()
-        os.environ.update({k: v for k, v in stepd_env.items() if k in ("GSRUN_HOST_ROOT", "GSRUN_STATE_DIR")})
+        # what gsrun.request.config.config_path and hook_cache_dir read in slurmstepd's Python
+        os.environ.update({k: v for k, v in stepd_env.items() if k in STEPD_ENV and k != "GSRUN_CONFIG"})
         try:
             argv, job_env, _um, _fds = _read_request(conn, nfds=0, timeout_s=BIND_WAIT_S)
             if len(argv) != 3 or argv[0] != "@step":

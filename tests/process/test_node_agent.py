@@ -570,3 +570,46 @@ def test_a_child_whose_code_fails_never_runs_the_agents_loop(client, tmp_path):
     finally:
         p.kill()
         p.wait()
+
+
+# ------------------------------------------------------------ the SPANK plugin's step plans (@bind)
+
+def ask_plan(sock: str, stepd_env: dict[str, str], job_env: dict[str, str], cpus: str = "", mems: str = "") -> str:
+    """What the plugin does (spank_py/gsrun_spank.c, agent_hello/agent_plan): ``@bind`` with
+    slurmstepd's own variables and fds 0-2, then ``@step`` with the job's environment -> the answer."""
+    import socket
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(30)
+        s.connect(sock)
+        s.sendmsg([agent.encode_request([agent.BIND_REQUEST], stepd_env, 0o022)],
+                  [(socket.SOL_SOCKET, socket.SCM_RIGHTS, bytes(memoryview(__import__("array").array("i", [0, 1, 2]))))])
+        s.sendall(agent.encode_request(["@step", cpus, mems], job_env, 0o022))
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+    return out.decode()
+
+
+def test_a_step_plan_reads_the_config_beside_slurm_conf_as_slurmstepd_does(running, tmp_path):
+    """slurmstepd's Python finds the site config as every gsrun command does (gsrun.request.config.
+    config_path: $GSRUN_CONFIG, else gsrun.toml beside $SLURM_CONF): the agent's plan for the step
+    reads the same file -- here its spool_dir, where the prolog left the job's MIG devices."""
+    from pathlib import Path
+
+    host = Path(__file__).resolve().parents[1] / "data" / "hosts" / "h200-vm"
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    (etc / "slurm.conf").write_text("ClusterName=t\n")
+    (etc / "gsrun.toml").write_text(f'[paths]\nspool_dir = "{tmp_path}/spool"\n')
+    job = tmp_path / "spool" / "jobs" / "4242"
+    job.mkdir(parents=True)
+    (job / "user-mig-n1.json").write_text(json.dumps({"devices": ["MIG-0123456789abcdef"]}))
+    state = tmp_path / "state"
+    state.mkdir()
+    answer = ask_plan(running.sock, {"GSRUN_HOST_ROOT": str(host), "GSRUN_STATE_DIR": str(state),
+                                     "SLURM_CONF": str(etc / "slurm.conf")},
+                      {"SLURM_JOB_ID": "4242", "SLURMD_NODENAME": "n1", "SLURM_STEP_TASKS_PER_NODE": "1"})
+    lines = answer.splitlines()
+    assert lines[0] == "GSA1" and lines[-1] == "end", answer
+    assert "rank 0" in lines and "set CUDA_VISIBLE_DEVICES=MIG-0123456789abcdef" in lines, answer

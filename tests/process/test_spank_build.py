@@ -589,3 +589,39 @@ def test_an_agent_that_gives_no_plan_leaves_the_step_to_python(built, harness, r
 def test_agent_argument_must_be_absolute(built, harness, real_site):
     rc, out, err = run_harness(harness, built, "remote", real_site, "agent=run/agent.sock")
     assert rc != 0 and any("agent=run/agent.sock: must be an absolute path" in l for l in out + err.splitlines())
+
+
+def test_the_hello_carries_slurmstepds_own_config_variables(built, harness, real_site, tmp_path):
+    """@bind carries slurmstepd's GSRUN_HOST_ROOT, GSRUN_STATE_DIR, GSRUN_CONFIG and SLURM_CONF
+    (gsrun.wrapper.agent.STEPD_ENV: the config beside slurm.conf is the site's when GSRUN_CONFIG is unset)."""
+    import socket
+    import threading
+
+    from gsrun.wrapper import agent
+
+    d = tmp_path / "rec"
+    d.mkdir(mode=0o700)
+    path = str(d / "agent.sock")
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(1)
+    got = []
+
+    def serve():
+        c, _ = srv.accept()
+        argv, env, _umask, fds = agent._read_request(c, timeout_s=30)
+        for fd in fds:      # the harness's stdout among them: kept open, run_harness never ends
+            os.close(fd)
+        got.append((argv, env))
+        c.close()
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    stepd = {"GSRUN_HOST_ROOT": "/", "GSRUN_STATE_DIR": str(tmp_path / "state"),
+             "GSRUN_CONFIG": str(tmp_path / "g.toml"), "SLURM_CONF": str(tmp_path / "slurm.conf")}
+    rc, out, err = run_harness(harness, built, "remote", real_site, f"agent={path}", env_extra=stepd)
+    t.join(30)
+    srv.close()
+    assert rc == 0, (out, err)
+    argv, env = got[0]
+    assert argv == [agent.BIND_REQUEST] and env == stepd
+    assert set(env) == set(agent.STEPD_ENV)
