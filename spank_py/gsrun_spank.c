@@ -1080,6 +1080,18 @@ static int parse_list(const char *s, cpu_set_t *cpus, unsigned long *mask, size_
 	return 0;
 }
 
+/* n characters of an environment name: [A-Za-z_][A-Za-z0-9_]* (as format_actions writes them). */
+static int env_name_ok(const char *s, size_t n)
+{
+	if (n == 0 || (s[0] >= '0' && s[0] <= '9'))
+		return 0;
+	for (size_t i = 0; i < n; i++)
+		if (!((s[i] >= 'A' && s[i] <= 'Z') || (s[i] >= 'a' && s[i] <= 'z') ||
+		      (s[i] >= '0' && s[i] <= '9') || s[i] == '_'))
+			return 0;
+	return 1;
+}
+
 /* Parse the agent's answer (NUL-terminated, owned by us: split in place). 0 or -1. */
 static int parse_plan(char *text)
 {
@@ -1100,20 +1112,26 @@ static int parse_plan(char *text)
 			acts = a;
 			cur = &acts[n_acts++];
 			memset(cur, 0, sizeof(*cur));
-			cur->rank = atoi(line + 5);
+			char *end;
+			errno = 0;
+			long r = strtol(line + 5, &end, 10);
+			if (errno || end == line + 5 || *end != '\0' || r < 0 || r > (1L << 20))
+				return -1;
+			cur->rank = (int)r;
 		} else if (strncmp(line, "note ", 5) == 0) {
 			slurm_verbose("gsrun: spank: bind: %s", line + 5);
 		} else if (strcmp(line, "end") == 0) {
 			done = 1;
 		} else if (cur == NULL) {
 			return -1;
-		} else if (strncmp(line, "unset ", 6) == 0) {
+		} else if (strncmp(line, "unset ", 6) == 0 && env_name_ok(line + 6, strlen(line + 6))) {
 			char **u = realloc(cur->unset, (size_t)(cur->n_unset + 1) * sizeof(char *));
 			if (!u)
 				return -1;
 			cur->unset = u;
 			cur->unset[cur->n_unset++] = line + 6;
-		} else if (strncmp(line, "set ", 4) == 0 && strchr(line + 4, '=') != NULL) {
+		} else if (strncmp(line, "set ", 4) == 0 && strchr(line + 4, '=') != NULL &&
+			   env_name_ok(line + 4, (size_t)(strchr(line + 4, '=') - (line + 4)))) {
 			char **e = realloc(cur->set, (size_t)(cur->n_set + 1) * sizeof(char *));
 			if (!e)
 				return -1;
@@ -1145,12 +1163,22 @@ static int agent_plan(spank_t sp)
 	char **env = NULL;
 	cpu_set_t set;
 	size_t used = 0, cap = 1 << 16, got = 0;
-	struct timeval tv = { .tv_sec = 10 };
+	struct timeval tv = { .tv_sec = 3 }; /* a slow agent: Python plans (it takes ~10 ms) */
 	int rc = -1;
 
+	uint32_t job_id = 0;
+	char job[16];
+
 	CPU_ZERO(&set);
-	if (sched_getaffinity(0, sizeof(set), &set) == 0)
-		for (int c = 0; c < CPU_SETSIZE; c++)
+	/* unknown affinity (more CPUs than a cpu_set_t holds...): Python plans, as it would */
+	if (sched_getaffinity(0, sizeof(set), &set) != 0)
+		return -1;
+	/* the job id from slurmstepd's own record, never the (user-settable) job environment: the
+	 * agent reads the job's MIG devices by it, as root */
+	if (spank_get_item(sp, S_JOB_ID, &job_id) != ESPANK_SUCCESS || job_id == 0)
+		return -1;
+	snprintf(job, sizeof(job), "%u", job_id);
+	for (int c = 0; c < CPU_SETSIZE; c++)
 			if (CPU_ISSET(c, &set)) {
 				int w = snprintf(cpus + used, sizeof(cpus) - used, "%s%d", used ? "," : "", c);
 				if (w < 0 || (size_t)w >= sizeof(cpus) - used)
@@ -1170,7 +1198,8 @@ static int agent_plan(spank_t sp)
 		fclose(f);
 	if (spank_get_item(sp, S_JOB_ENV, &env) != ESPANK_SUCCESS || env == NULL)
 		return -1;
-	if (gs_msg_begin(&m, 022, 3) || gs_msg_add(&m, "@step") || gs_msg_add(&m, cpus) || gs_msg_add(&m, mems))
+	if (gs_msg_begin(&m, 022, 4) || gs_msg_add(&m, "@step") || gs_msg_add(&m, cpus) || gs_msg_add(&m, mems) ||
+	    gs_msg_add(&m, job))
 		goto out;
 	for (char **e = env; *e; e++)
 		if (gs_msg_add(&m, *e))

@@ -324,15 +324,16 @@ ACTIONS_MAGIC = "GSA1"
 
 
 def step_actions(job_env: Mapping[str, str], host_root: str | None, allowed_cpus: list[int] | None,
-                 allowed_mems: list[int] | None, config_path: str | None) -> tuple[list[tuple[int, TaskActions]],
-                                                                                  tuple[str, ...]]:
+                 allowed_mems: list[int] | None, config_path: str | None,
+                 job_id: str | None = None) -> tuple[list[tuple[int, TaskActions]], tuple[str, ...]]:
     """What ``slurm_spank_user_init`` and ``slurm_spank_task_init`` decide for
     every local rank of a bound step without ``--gs-*`` options (the site's
     binding, mode ``auto``), from values the plugin sent: the step's job
     environment, slurmstepd's ``GSRUN_HOST_ROOT``, its CPU affinity and
     ``Mems_allowed_list`` after the step's cpuset applied (used on the live
     host; a host root answers from its own files, as in slurmstepd), the
-    plugstack ``config=``. -> ``([(local_rank, TaskActions)], plan warnings)``.
+    plugstack ``config=``, slurmstepd's own job id (``S_JOB_ID``; the MIG
+    devices are the job's, read by root). -> ``([(local_rank, TaskActions)], plan warnings)``.
     Run by the node agent (:mod:`gsrun.wrapper.agent`) so that slurmstepd
     starts no Python for it.
 
@@ -348,7 +349,10 @@ def step_actions(job_env: Mapping[str, str], host_root: str | None, allowed_cpus
                          gpu_isolation=False)
     mems = allowed_mems if hostfs.is_real else read_allowed_mems(hostfs)
     cfg = _load_config({"config": config_path} if config_path else None, cached=True)
-    mig = read_job_mig_devices(cfg["paths.spool_dir"], job_env.get("SLURM_JOB_ID"), job_env.get("SLURMD_NODENAME"))
+    # job_id: slurmstepd's own (S_JOB_ID), not the job environment's, which a job can set: the agent
+    # reads the job's MIG devices as root
+    mig = read_job_mig_devices(cfg["paths.spool_dir"], job_id or job_env.get("SLURM_JOB_ID"),
+                               job_env.get("SLURMD_NODENAME"))
     return ([(r.local_rank, task_actions(plan, r.local_rank, None, mems, mig, False)) for r in plan.ranks],
             tuple(plan.warnings))
 

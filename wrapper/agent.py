@@ -277,8 +277,9 @@ def _bind_child(conn, stepd_env: dict[str, str]) -> None:
     """In a child forked for the SPANK plugin of one ``slurmstepd`` (a bound
     step without ``--gs-*`` options): wait for the step's request, sent from
     its ``user_init`` once the step's cpuset applies (``["@step", CPUS,
-    MEMS]`` and the step's job environment; CPUS/MEMS slurmstepd's affinity and
-    ``Mems_allowed_list`` then), and answer the plan for every local rank
+    MEMS, JOB_ID]`` and the step's job environment; CPUS/MEMS slurmstepd's
+    affinity and ``Mems_allowed_list`` then, JOB_ID its job record's, not the
+    job environment's), and answer the plan for every local rank
     (:func:`gsrun.spank_py.hooks.step_actions`, text of
     :func:`~gsrun.spank_py.hooks.format_actions`), or ``error WHY`` (the plugin
     then plans in Python as before). ``stepd_env``: slurmstepd's own
@@ -303,7 +304,7 @@ def _bind_child(conn, stepd_env: dict[str, str]) -> None:
         os.environ.update({k: v for k, v in stepd_env.items() if k in STEPD_ENV and k != "GSRUN_CONFIG"})
         try:
             argv, job_env, _um, _fds = _read_request(conn, nfds=0, timeout_s=BIND_WAIT_S)
-            if len(argv) != 3 or argv[0] != "@step":
+            if len(argv) != 4 or argv[0] != "@step" or not argv[3].isdigit():
                 raise BadRequest("not a step request")
             from gsrun.base.cpulist import parse_cpulist
             from gsrun.spank_py.hooks import format_actions, step_actions
@@ -311,7 +312,7 @@ def _bind_child(conn, stepd_env: dict[str, str]) -> None:
             cpus = parse_cpulist(argv[1]) if argv[1] else None
             mems = parse_cpulist(argv[2]) if argv[2] else None
             actions, notes = step_actions(job_env, stepd_env.get("GSRUN_HOST_ROOT"), cpus, mems,
-                                          stepd_env.get("GSRUN_CONFIG"))
+                                          stepd_env.get("GSRUN_CONFIG"), job_id=argv[3])
             text = format_actions(actions, notes)
         except Exception as e:  # noqa: BLE001 - the plugin plans in Python then
             text = "error " + f"{type(e).__name__}: {e}".replace("\n", " ") + "\n"
@@ -636,13 +637,6 @@ class Agent:
                     self._accept()
                 elif key.data == "child":
                     self._reap(key.fileobj)
-                elif key.data == "plan":
-                    self.sel.unregister(key.fileobj)
-                    try:
-                        os.waitid(os.P_PIDFD, key.fileobj, os.WEXITED)
-                    except (ChildProcessError, OSError):
-                        pass
-                    os.close(key.fileobj)
                 else:
                     self._client_readable(key.fileobj, key.data)
         signal.set_wakeup_fd(-1)
@@ -697,6 +691,14 @@ class Agent:
         if argv == [BIND_REQUEST]:
             for fd in fds:
                 os.close(fd)
+            stale = changed(self.files)
+            if stale or self.stopping:
+                if stale and not self.reexec:     # an upgrade: the plugin plans in Python until then
+                    self.log(f"{stale} changed since the agent started: re-executing")
+                    self.reexec = True
+                    self._stop_listening()
+                conn.close()
+                return
             self._start_bind(conn, env)
             return
         try:
@@ -779,17 +781,19 @@ class Agent:
             conn.close()        # the plugin plans in Python
             return
         if pid == 0:
+            # through a child that exits at once: the plan's process is init's, so the agent
+            # neither waits for it at a stop or re-exec nor leaves it a zombie of a new image
             try:
-                _bind_child(conn, stepd_env)
+                if os.fork() == 0:
+                    _bind_child(conn, stepd_env)
             finally:
-                os._exit(70)
+                os._exit(0)
         conn.close()
         self.served += 1
-        try:    # reaped when it ends; a stop or re-exec does not wait for it (it ends on its own)
-            pidfd = os.pidfd_open(pid)
-            self.sel.register(pidfd, 1, "plan")
-        except OSError as e:
-            self.log(f"step plan {pid} cannot be watched ({e!r})")
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
 
     def _start_detached(self, argv: list[str], env: dict[str, str], umask: int) -> None:
         """Fork ``argv`` (``root_python("-m", MODULE, ...)``, MODULE one of

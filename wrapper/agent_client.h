@@ -137,7 +137,7 @@ static int gs_msg_send(int fd, struct gs_msg *m, int with_fds)
 }
 
 /* Read exactly n bytes (EINTR retried); -1 on EOF, error or timeout. */
-static int gs_read_full(int fd, char *p, size_t n)
+__attribute__((unused)) static int gs_read_full(int fd, char *p, size_t n)
 {
 	while (n) {
 		ssize_t r = read(fd, p, n);

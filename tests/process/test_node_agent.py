@@ -574,7 +574,8 @@ def test_a_child_whose_code_fails_never_runs_the_agents_loop(client, tmp_path):
 
 # ------------------------------------------------------------ the SPANK plugin's step plans (@bind)
 
-def ask_plan(sock: str, stepd_env: dict[str, str], job_env: dict[str, str], cpus: str = "", mems: str = "") -> str:
+def ask_plan(sock: str, stepd_env: dict[str, str], job_env: dict[str, str], cpus: str = "", mems: str = "",
+             job_id: str = "4242") -> str:
     """What the plugin does (spank_py/gsrun_spank.c, agent_hello/agent_plan): ``@bind`` with
     slurmstepd's own variables and fds 0-2, then ``@step`` with the job's environment -> the answer."""
     import socket
@@ -584,7 +585,7 @@ def ask_plan(sock: str, stepd_env: dict[str, str], job_env: dict[str, str], cpus
         s.connect(sock)
         s.sendmsg([agent.encode_request([agent.BIND_REQUEST], stepd_env, 0o022)],
                   [(socket.SOL_SOCKET, socket.SCM_RIGHTS, bytes(memoryview(__import__("array").array("i", [0, 1, 2]))))])
-        s.sendall(agent.encode_request(["@step", cpus, mems], job_env, 0o022))
+        s.sendall(agent.encode_request(["@step", cpus, mems, job_id], job_env, 0o022))
         out = b""
         while chunk := s.recv(65536):
             out += chunk
@@ -613,3 +614,12 @@ def test_a_step_plan_reads_the_config_beside_slurm_conf_as_slurmstepd_does(runni
     lines = answer.splitlines()
     assert lines[0] == "GSA1" and lines[-1] == "end", answer
     assert "rank 0" in lines and "set CUDA_VISIBLE_DEVICES=MIG-0123456789abcdef" in lines, answer
+    # the job id is slurmstepd's own: one the job environment names instead (a job can set its
+    # environment) never reaches another job's MIG devices
+    answer = ask_plan(running.sock, {"GSRUN_HOST_ROOT": str(host), "GSRUN_STATE_DIR": str(state),
+                                     "SLURM_CONF": str(etc / "slurm.conf")},
+                      {"SLURM_JOB_ID": "4242", "SLURMD_NODENAME": "n1", "SLURM_STEP_TASKS_PER_NODE": "1"},
+                      job_id="4343")
+    assert answer.startswith("GSA1") and "MIG-0123456789abcdef" not in answer, answer
+    # an answer for a request without the job id: an error (the plugin plans in Python)
+    assert ask_plan(running.sock, {}, {}, job_id="x").startswith("error "), answer

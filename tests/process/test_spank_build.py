@@ -556,8 +556,13 @@ def test_a_bound_step_planned_by_the_node_agent_binds_as_python_does_without_pyt
     assert _binding(out) == python_way and "LIBPYTHON mapped=1" in out
 
 
-def test_an_agent_that_gives_no_plan_leaves_the_step_to_python(built, harness, real_site, tmp_path):
-    """A listener that closes without a plan (or answers an error): Python plans in user_init."""
+@pytest.mark.parametrize("answer", [b"", b"error InputError: boom\n", b"GSA1\nrank 0\nset 1X=y\nend\n",
+                                    b"GSA1\nrank 99999999999\nend\n", b"GSA1\nrank 0\ncpus 0,5000\nend\n",
+                                    b"GSA1\nrank 0\nunset A-B\nend\n", b"GSA1\nrank 0\n"])
+def test_an_agent_that_gives_no_plan_leaves_the_step_to_python(built, harness, real_site, tmp_path, answer):
+    """A listener that closes without a plan, answers an error or a plan the plugin must not
+    apply (a name that is no environment name, a rank or CPU out of range, no "end"): Python
+    plans in user_init."""
     import socket
     import threading
 
@@ -574,7 +579,13 @@ def test_an_agent_that_gives_no_plan_leaves_the_step_to_python(built, harness, r
                 c, _ = srv.accept()
             except OSError:
                 return
-            c.recv(1 << 20)
+            c.settimeout(5)
+            try:
+                c.recv(1 << 20)     # @bind
+                c.recv(1 << 20)     # @step
+                c.sendall(answer)
+            except OSError:
+                pass
             c.close()
     t = threading.Thread(target=serve, daemon=True)
     t.start()
