@@ -147,6 +147,7 @@ def test_a_changed_module_is_seen(tmp_path):
 
 def test_a_job_through_the_agent_prolog_warm_sampler_handed_over_epilog(client, running):
     site = make_site()
+    rec = None
     try:
         env = site.env(job_id="5101")
         cp = via(client, running.sock, hook("prolog"), env)
@@ -199,6 +200,10 @@ def test_a_job_through_the_agent_prolog_warm_sampler_handed_over_epilog(client, 
         log = running.stop()
         assert "stopped (4 hooks served)" in log, log
     finally:
+        if rec is not None:     # a test that failed half-way must not leave the job's sampler polling
+            from gsrun.base import pids
+
+            pids.stop(rec["pid"], rec.get("create_time"))
         shutil.rmtree(site.base, ignore_errors=True)
 
 
