@@ -585,6 +585,21 @@ class Agent:
                                 hint="remove it or choose another --socket")
         except FileNotFoundError:
             pass
+        else:
+            # a live agent there keeps it: renaming over its socket would leave it serving
+            # nobody, and the hooks cold once this one stops (a stale socket is replaced)
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+            try:
+                probe.settimeout(1.0)
+                probe.connect(self.socket_path)
+            except OSError:
+                pass
+            else:
+                raise NodeError("agent", "socket", f"{self.socket_path}: another agent is serving it",
+                                hint="stop that one first (systemctl stop gsrun-agent), or choose another "
+                                     "--socket")
+            finally:
+                probe.close()
         tmp = f"{self.socket_path}.{os.getpid()}.new"
         try:
             os.unlink(tmp)
@@ -597,6 +612,8 @@ class Agent:
         finally:
             os.umask(old_umask)
         os.chmod(tmp, 0o600)
+        st_sock = os.lstat(tmp)
+        self.socket_id = (st_sock.st_dev, st_sock.st_ino)   # the file's: fstat of the fd names the socket's
         s.listen(128)
         os.rename(tmp, self.socket_path)
         s.setblocking(False)
@@ -655,7 +672,8 @@ class Agent:
         self.sel.unregister(self.listener)
         try:
             # ours only: a newer agent may have renamed its socket over the path already
-            if os.lstat(self.socket_path).st_ino == os.fstat(self.listener.fileno()).st_ino:
+            st = os.lstat(self.socket_path)
+            if (st.st_dev, st.st_ino) == self.socket_id:
                 os.unlink(self.socket_path)
         except OSError:
             pass

@@ -43,7 +43,7 @@ def client(tmp_path_factory):
 class Running:
     def __init__(self, tmp_path):
         d = tmp_path / "run"
-        d.mkdir(mode=0o700)
+        d.mkdir(mode=0o700, exist_ok=True)
         self.sock = str(d / "agent.sock")
         self.log = tmp_path / "agent.log"
         with open(self.log, "w") as out:
@@ -313,6 +313,32 @@ def test_an_upgraded_module_makes_the_agent_step_aside_and_come_back(client, tmp
     finally:
         a.proc.kill()
         a.proc.wait()
+
+
+def test_a_second_agent_leaves_a_serving_ones_socket_alone_and_a_stopped_one_removes_its_own(running):
+    """An admin trying `gsrun-node agent run` while the unit's agent serves: the second
+    one refuses (renaming its socket over the path would leave the first serving nobody
+    and the hooks cold once the second stops); the first goes on serving, and removes
+    its socket when it stops (a stale one is replaced by the next agent)."""
+    import socket
+
+    cp = subprocess.run([sys.executable, "-P", "-c", LAUNCH, "agent", "run", "--socket", running.sock],
+                        capture_output=True, text=True, timeout=30, cwd="/")
+    assert cp.returncode == 2, cp.stderr
+    assert f"gsrun: agent: socket: {running.sock}: another agent is serving it" in cp.stderr
+    assert "hint: stop that one first" in cp.stderr
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(running.sock)             # still the first agent's
+    assert running.proc.poll() is None
+    assert "stopped" in running.stop()
+    assert not os.path.exists(running.sock)
+    again = Running(running.log.parent)     # the directory is there, the socket is not: a fresh start
+    try:
+        with socket.socket(socket.AF_UNIX) as s:
+            s.connect(again.sock)
+    finally:
+        again.proc.kill()
+        again.proc.wait()
 
 
 def test_nothing_starts_without_the_clients_go(running, tmp_path):
