@@ -44,6 +44,7 @@ from gsrun.request.config import DEFAULT_CONFIG_PATH, SETTINGS, Config, load_con
 from gsrun.base.errors import InputError, NodeError
 from gsrun.base.templating import render
 from gsrun.base.fsutil import atomic_write, ensure_dir
+from gsrun.base.paths import DEFAULT_STATE_DIR
 from gsrun.base.proc import ROOT_CWD, root_python
 from gsrun.wrapper.node_entry import hook_argv
 
@@ -381,14 +382,17 @@ def render_units(gsrun_node: str, config_path: str | None,
 
 def render_hook(gsrun_node: str, command: str, config_path: str | None, log_file: str | None = None,
                 slurm_conf: str | None = None, argv: list[str] | None = None,
-                via_agent: tuple[str, str] | None = None) -> str:
+                via_agent: tuple[str, str] | None = None, state_dir: str | None = None) -> str:
     """A hook with this installation's absolute ``gsrun-node`` baked in (for
     ``--hooks-dir``), or ``argv`` when given: the installation's interpreter
     started ``-I -S`` (:func:`gsrun.wrapper.node_entry.hook_argv`, ~3 ms less
     per hook than the ``gsrun-node`` script); sets ``GSRUN_CONFIG`` for a non-default config and
     ``GSRUN_LOG_FILE`` when given (hosts without syslog) and ``SLURM_CONF``
     when given (slurmctld does not pass it to EpilogSlurmctld, whose
-    ``scontrol`` calls then fail on a cluster with a non-default slurm.conf).
+    ``scontrol`` calls then fail on a cluster with a non-default slurm.conf),
+    ``GSRUN_STATE_DIR`` for a non-default ``state_dir`` (the epilog finds the
+    job's sampler socket and the hooks their config cache there before the
+    config is read: without it they look in the built-in directory).
     ``via_agent``: ``(client, socket)``: the command goes through the node
     agent's client ``gsrun-hook`` (:mod:`gsrun.wrapper.hook_client`), which runs
     it itself when no agent listens on ``socket``."""
@@ -401,6 +405,8 @@ def render_hook(gsrun_node: str, command: str, config_path: str | None, log_file
         env += f"GSRUN_LOG_FILE={shlex.quote(_check_plain(log_file, 'log file'))} "
     if slurm_conf and slurm_conf != DEFAULT_SLURM_CONF:
         env += f"SLURM_CONF={shlex.quote(_check_plain(slurm_conf, 'slurm.conf path'))} "
+    if state_dir and state_dir != DEFAULT_STATE_DIR:
+        env += f"GSRUN_STATE_DIR={shlex.quote(_check_plain(state_dir, 'state dir'))} "
     run = f"{shlex.quote(gsrun_node)} {command}"
     if argv:
         if argv[-1] != command:
@@ -604,6 +610,8 @@ def run(opts: InstallOptions, out: Callable[[str], None] = print, environ=None) 
 
     conf_path, conf = read_slurm_conf(environ)
     slurm_conf_env = conf_path if conf_path and conf_path != DEFAULT_SLURM_CONF else None
+    state_dir = opts.state_dir or cfg["paths.state_dir"]
+    state_env = state_dir if state_dir != DEFAULT_STATE_DIR else None
 
     # 3. hooks
     out("\n## 3. hooks")
@@ -613,19 +621,19 @@ def run(opts: InstallOptions, out: Callable[[str], None] = print, environ=None) 
         missing = [n for n, p in inst.package_hooks.items() if p is None]
         wrong = [n for n, p in inst.package_hooks.items()
                  if p and os.path.realpath(hook_target(p)) != os.path.realpath(inst.gsrun_node)]
-        if missing or wrong or cfg_env or opts.log_file or slurm_conf_env or opts.agent:
+        if missing or wrong or cfg_env or opts.log_file or slurm_conf_env or state_env or opts.agent:
             hooks_dir = str(Path(inst.gsrun_node).parent.parent / "libexec" / "gsrun")
             why = ("the package ships no hooks" if missing else
                    f"the shipped hooks do not find {inst.gsrun_node}" if wrong else
-                   "a non-default config / slurm.conf path or a log file must be baked into the hooks"
-                   if cfg_env or opts.log_file or slurm_conf_env else
+                   "a non-default config / state dir / slurm.conf path or a log file must be baked into the hooks"
+                   if cfg_env or opts.log_file or slurm_conf_env or state_env else
                    "the hooks go through the node agent's client, built there")
             out(f"# {why}: hooks go to {hooks_dir} (choose with --hooks-dir)")
         else:
             hooks = {n: str(p) for n, p in inst.package_hooks.items()}
             for n, p in hooks.items():
                 out(f"{n}: {p}  (shipped with the package)")
-    agent_socket = os.path.join(opts.state_dir or cfg["paths.state_dir"], "agent.sock")
+    agent_socket = os.path.join(state_dir, "agent.sock")
     via = None
     if hooks_dir:
         hd = _check_plain(os.path.abspath(hooks_dir), "hooks dir")
@@ -636,7 +644,7 @@ def run(opts: InstallOptions, out: Callable[[str], None] = print, environ=None) 
             p = os.path.join(hd, fname)
             hooks[name] = p
             body = render_hook(inst.gsrun_node, name, cfg_env, opts.log_file, slurm_conf_env,
-                               hook_argv(name) if _same_install(inst.gsrun_node) else None, via)
+                               hook_argv(name) if _same_install(inst.gsrun_node) else None, via, state_env)
             if opts.print_only:
                 out(f"would write {p} (0755):\n{body}")
             else:
@@ -667,7 +675,11 @@ def run(opts: InstallOptions, out: Callable[[str], None] = print, environ=None) 
     out(f"{inst.gsrun_node} spank build --out-dir /usr/local/lib/gsrun")
     out(f"{inst.gsrun_node} spank install --so /usr/local/lib/gsrun/gsrun_spank.so "
         "--dest-dir /usr/local/lib/gsrun --plugstack /etc/slurm/plugstack.conf.d/gsrun.conf"
+        + (f" --arg config={cfg_env}" if cfg_env else "")
         + (f" --arg agent={agent_socket}" if via else ""))
+    if cfg_env:
+        out("# config=: slurmstepd's environment has no GSRUN_CONFIG; without it the steps read "
+            f"{DEFAULT_CONFIG_PATH}")
     if via:
         out("# agent=: a bound step gets its binding plan from the node agent (step 6), so slurmstepd "
             "starts no Python; without the agent it plans in Python as before")
