@@ -91,6 +91,11 @@ class BadRequest(ValueError):
     """A request that is not what :func:`encode_request` writes."""
 
 
+class NoRequest(BadRequest):
+    """A connection closed before its first byte (another agent checking
+    whether this one serves the socket): nothing to log."""
+
+
 def default_socket(state_dir: str | None = None) -> str:
     """``<state dir>/agent.sock``: the node's state directory (``--state-dir``,
     else ``GSRUN_STATE_DIR``, else :data:`gsrun.base.paths.DEFAULT_STATE_DIR`)."""
@@ -254,6 +259,8 @@ def _read_request(conn, nfds: int = 3, timeout_s: float = REQUEST_TIMEOUT_S
     if need is None or len(buf) != need or len(got) != nfds:
         for fd in got:
             os.close(fd)
+        if not buf and not got:
+            raise NoRequest("no request")
         raise BadRequest("short request" if need is None or len(buf) < need else
                          f"request over {MAX_REQUEST_BYTES} bytes" if need > MAX_REQUEST_BYTES else
                          f"{len(got)} descriptors, not {nfds}")
@@ -690,6 +697,8 @@ class Agent:
             return
         try:
             self._handle(conn)
+        except NoRequest:
+            conn.close()
         except Exception as e:  # noqa: BLE001 - one bad client never stops the agent
             self.log(f"request refused: {e}")
             try:
