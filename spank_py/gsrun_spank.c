@@ -1334,6 +1334,20 @@ static int options_given(spank_t sp, char *buf, size_t len)
 	return n;
 }
 
+/* How many of the options slurmstepd's hooks read (gsrun.spank_py.hooks.REMOTE_OPTIONS: MPS,
+ * --gs-bind) the job gave: a step with only the others (for the prolog) is planned as one without. */
+static int remote_options_given(spank_t sp)
+{
+	static const char *const names[] = { GSRUN_REMOTE_OPTIONS NULL };
+	int n = 0;
+
+	for (int i = 0; i < n_opts; i++)
+		for (size_t k = 0; names[k] != NULL; k++)
+			if (strcmp(opts[i].name, names[k]) == 0 && option_given(sp, i))
+				n++;
+	return n;
+}
+
 /* A normal step (srun) of a job: not batch, extern, interactive. */
 static int normal_step(spank_t sp)
 {
@@ -1370,9 +1384,11 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 		return 0; /* slurmd, job_script (SPANK prolog/epilog): nothing of ours runs there */
 	int n_given = options_given(sp, given, sizeof(given));
 	int bind = ctx == S_CTX_REMOTE && strcmp(cfg.bind, "auto") == 0 && normal_step(sp);
-	if (n_given == 0 && !bind)
+	/* slurmstepd: only the options its hooks read count (the prolog took the others) */
+	int n_step = ctx == S_CTX_REMOTE ? remote_options_given(sp) : n_given;
+	if (n_step == 0 && !bind)
 		return 0; /* as if the plugin were absent */
-	if (n_given == 0 && bind && cfg.agent && agent_hello() == 0)
+	if (n_step == 0 && bind && cfg.agent && agent_hello() == 0)
 		return 0; /* the step's plan comes from the node agent, in user_init: no Python here */
 	if (py_start() < 0) {
 		if (n_given > 0 && (ctx == S_CTX_ALLOCATOR || ctx == S_CTX_LOCAL)) {

@@ -65,6 +65,12 @@ PHASE = "spank"
 #: The same holds for ``slurm_spank_job_prolog``/``_epilog``: the shim exports them only when this
 #: module defines them at build time (each one costs a slurmstepd per node per job), so defining one
 #: takes effect after ``gsrun-node spank build`` / ``install`` and a restart of slurmd.
+# The options slurmstepd's hooks read (slurm_spank_user_init): only these change what a step's
+# tasks get; the others are for the prolog (SPANK_GS_*, set by sbatch/srun). A step given none of
+# these is planned as a step without options (through the node agent when plugstack has agent=);
+# spank_py/build.py puts the list into the plugin (a test keeps it equal to what the hooks read).
+REMOTE_OPTIONS = ("gs-mps", "gs-bind")
+
 OPTIONS: tuple[tuple[str, str | None, str, int], ...] = (
     ("gs-mps", "PCT", "gsrun: run a per-job CUDA MPS daemon; PCT (1-100) = default active thread percentage", 2),
     ("gs-mig", "LAYOUT", "gsrun: MIG layout per GPU (e.g. 7x1g.18gb, or a site layout name); exclusive nodes only", 1),

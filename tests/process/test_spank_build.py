@@ -636,3 +636,41 @@ def test_the_hello_carries_slurmstepds_own_config_variables(built, harness, real
     argv, env = got[0]
     assert argv == [agent.BIND_REQUEST] and env == stepd
     assert set(env) == set(agent.STEPD_ENV)
+
+
+def test_remote_options_are_the_ones_slurmstepds_hooks_read():
+    """gsrun.spank_py.hooks.REMOTE_OPTIONS (compiled into the plugin) is every option the remote
+    hooks read: a step given only the others (for the prolog) is planned as one without options."""
+    import ast
+    import inspect
+
+    from gsrun.spank_py import hooks
+
+    read = set()
+    for fn in (hooks.slurm_spank_init, hooks.slurm_spank_user_init, hooks.slurm_spank_task_init):
+        for node in ast.walk(ast.parse(inspect.getsource(fn))):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "option_getopt":
+                read.add(node.args[0].value)
+    assert read == set(hooks.REMOTE_OPTIONS)
+    assert set(hooks.REMOTE_OPTIONS) <= {row[0] for row in hooks.OPTIONS}
+    assert '#define GSRUN_REMOTE_OPTIONS "gs-mps", "gs-bind", ' in spank_build.options_header()
+
+
+def test_a_step_with_only_prolog_options_is_planned_by_the_agent(built, harness, real_site, node_agent):
+    """--gs-report, --gs-tune...: the prolog's, forwarded to every step of the job; slurmstepd's
+    hooks do nothing with them, so the step is planned by the agent without Python. --gs-mps
+    changes the tasks' environment: Python plans that step."""
+    rc, out, err = run_harness(harness, built, "remote", real_site, env_extra={"FAKE_GETOPT": "gs-report=none"})
+    python_way = _binding(out)
+    assert rc == 0 and "LIBPYTHON mapped=1" in out, (out, err)
+    rc, out, err = run_harness(harness, built, "remote", real_site, f"agent={node_agent}",
+                               env_extra={"FAKE_GETOPT": "gs-report=none"})
+    assert rc == 0 and _binding(out) == python_way and "LIBPYTHON mapped=0" in out, (out, err)
+    rc, out, err = run_harness(harness, built, "remote", real_site, "bind=none",
+                               env_extra={"FAKE_GETOPT": "gs-report=none"})
+    assert rc == 0 and "LIBPYTHON mapped=0" in out, (out, err)      # nothing to do: no Python
+    assert not [l for l in out if l.startswith(("SETENV ", "UNSETENV "))], out
+    rc, out, err = run_harness(harness, built, "remote", real_site, f"agent={node_agent}",
+                               env_extra={"FAKE_GETOPT": "gs-mps=50"})
+    assert rc == 0 and "LIBPYTHON mapped=1" in out, (out, err)
+    assert out.count("SETENV CUDA_MPS_PIPE_DIRECTORY=/run/gsrun/mps/4242/pipe") == 2
