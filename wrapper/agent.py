@@ -291,20 +291,9 @@ def _bind_child(conn, stepd_env: dict[str, str]) -> None:
     :func:`~gsrun.spank_py.hooks.format_actions`), or ``error WHY`` (the plugin
     then plans in Python as before). ``stepd_env``: slurmstepd's own
     :data:`STEPD_ENV`. Never returns."""
-    import signal
-
     try:
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD, signal.SIGALRM):
-            signal.signal(sig, signal.SIG_DFL)
-        signal.set_wakeup_fd(-1)
-        signal.pthread_sigmask(signal.SIG_SETMASK, [])
-        keep = conn.fileno()
-        for fd in (int(n) for n in os.listdir("/proc/self/fd")):
-            if fd > 2 and fd != keep:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
+        _fresh_signals()
+        _close_from(3, keep=conn.fileno())
         os.chdir("/")
         os.environ.clear()
         # what gsrun.request.config.config_path and hook_cache_dir read in slurmstepd's Python
@@ -331,15 +320,28 @@ def _bind_child(conn, stepd_env: dict[str, str]) -> None:
         os._exit(0)
 
 
-def _close_from(low: int) -> None:
-    """Close every descriptor >= ``low`` (listed in /proc/self/fd: no loop over
-    a large RLIMIT_NOFILE on a kernel without close_range)."""
+def _fresh_signals(sigint=None) -> None:
+    """In a child forked from the agent: the signals the agent handles back at their defaults
+    (SIGINT at ``sigint`` when given), no wakeup fd, nothing blocked."""
+    import signal
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD, signal.SIGALRM):
+        signal.signal(sig, signal.SIG_DFL)
+    if sigint is not None:
+        signal.signal(signal.SIGINT, sigint)
+    signal.set_wakeup_fd(-1)
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+
+
+def _close_from(low: int, keep: int = -1) -> None:
+    """Close every descriptor >= ``low`` but ``keep`` (listed in /proc/self/fd: no loop
+    over a large RLIMIT_NOFILE on a kernel without close_range)."""
     try:
         fds = [int(n) for n in os.listdir("/proc/self/fd")]
     except OSError:
         fds = list(range(low, 1024))
     for fd in fds:
-        if fd >= low:
+        if fd >= low and fd != keep:
             try:
                 os.close(fd)
             except OSError:
@@ -360,11 +362,7 @@ def _child(args: list[str], env: dict[str, str], umask: int, fds: list[int], con
         conn.sendall(STARTED)
         notes = join_client(client_pid) if client_pid else []
         os.setsid()
-        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD, signal.SIGALRM):
-            signal.signal(sig, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)    # as a fresh interpreter has it
-        signal.set_wakeup_fd(-1)
-        signal.pthread_sigmask(signal.SIG_SETMASK, [])
+        _fresh_signals(signal.default_int_handler)     # SIGINT as a fresh interpreter has it
         import fcntl
 
         high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 3) for fd in fds]  # none of them is 0-2 while moved
@@ -395,12 +393,9 @@ def _child(args: list[str], env: dict[str, str], umask: int, fds: list[int], con
             pass
         rc = 0          # a bug of ours must not drain the node (as node_entry.main)
     finally:
-        for f in (sys.stdout, sys.stderr):
-            try:
-                f.flush()
-            except Exception:  # noqa: BLE001
-                pass
-        os._exit(rc)
+        from gsrun.base.errors import exit_now
+
+        exit_now(rc)        # flush stdout/stderr, then _exit: never back into the caller
 
 
 # gsrun programs a hook's waiting copy may become (module -> entry function, called with the
@@ -456,13 +451,8 @@ def _become(module: str, args: list[str], env: dict[str, str], out_fd: int | Non
     descriptor, ``/``, exactly ``env``; never returns."""
     rc = 0
     try:
-        import signal
-
         entry, name = WARM_ENTRIES[module]
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD, signal.SIGALRM):
-            signal.signal(sig, signal.SIG_DFL)      # forked from the agent itself: not its handlers
-        signal.set_wakeup_fd(-1)
-        signal.pthread_sigmask(signal.SIG_SETMASK, [])
+        _fresh_signals()        # forked from the agent itself: not its handlers
         os.setsid()
         if umask is not None:
             os.umask(umask)
@@ -492,12 +482,9 @@ def _become(module: str, args: list[str], env: dict[str, str], out_fd: int | Non
         traceback.print_exc()
         rc = 1
     finally:
-        for f in (sys.stdout, sys.stderr):
-            try:
-                f.flush()
-            except Exception:  # noqa: BLE001
-                pass
-        os._exit(rc)
+        from gsrun.base.errors import exit_now
+
+        exit_now(rc)        # flush stdout/stderr, then _exit: never back into the caller
 
 
 def _merge_of(args: list[str], env: dict[str, str]) -> tuple[list[str], dict[str, str]] | None:

@@ -556,6 +556,34 @@ def test_a_bound_step_planned_by_the_node_agent_binds_as_python_does_without_pyt
     assert _binding(out) == python_way and "LIBPYTHON mapped=1" in out
 
 
+def fake_agent(tmp_path, serve, connections: int):
+    """A stand-in for the node agent on a fresh socket: ``serve(conn)`` for each of the first
+    ``connections`` clients, in a thread -> (listening socket, its path, the thread)."""
+    import socket
+    import threading
+
+    d = tmp_path / "fake-agent"
+    d.mkdir(mode=0o700)
+    path = str(d / "agent.sock")
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(4)
+
+    def loop():
+        for _ in range(connections):
+            try:
+                c, _ = srv.accept()
+            except OSError:
+                return
+            try:
+                serve(c)
+            finally:
+                c.close()
+    t = threading.Thread(target=loop, daemon=True)
+    t.start()
+    return srv, path, t
+
+
 @pytest.mark.parametrize("answer", [b"", b"error InputError: boom\n", b"GSA1\nrank 0\nset 1X=y\nend\n",
                                     b"GSA1\nrank 99999999999\nend\n", b"GSA1\nrank 0\ncpus 0,5000\nend\n",
                                     b"GSA1\nrank 0\nunset A-B\nend\n", b"GSA1\nrank 0\n"])
@@ -563,32 +591,16 @@ def test_an_agent_that_gives_no_plan_leaves_the_step_to_python(built, harness, r
     """A listener that closes without a plan, answers an error or a plan the plugin must not
     apply (a name that is no environment name, a rank or CPU out of range, no "end"): Python
     plans in user_init."""
-    import socket
-    import threading
+    def serve(c):
+        c.settimeout(5)
+        try:
+            c.recv(1 << 20)     # @bind
+            c.recv(1 << 20)     # @step
+            c.sendall(answer)
+        except OSError:
+            pass
 
-    d = tmp_path / "bad"
-    d.mkdir(mode=0o700)
-    path = str(d / "agent.sock")
-    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    srv.bind(path)
-    srv.listen(4)
-
-    def serve():
-        for _ in range(2):
-            try:
-                c, _ = srv.accept()
-            except OSError:
-                return
-            c.settimeout(5)
-            try:
-                c.recv(1 << 20)     # @bind
-                c.recv(1 << 20)     # @step
-                c.sendall(answer)
-            except OSError:
-                pass
-            c.close()
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
+    srv, path, _t = fake_agent(tmp_path, serve, connections=2)
     rc, out, err = run_harness(harness, built, "remote", real_site)
     python_way = _binding(out)
     rc, out, err = run_harness(harness, built, "remote", real_site, f"agent={path}")
@@ -605,28 +617,17 @@ def test_agent_argument_must_be_absolute(built, harness, real_site):
 def test_the_hello_carries_slurmstepds_own_config_variables(built, harness, real_site, tmp_path):
     """@bind carries slurmstepd's GSRUN_HOST_ROOT, GSRUN_STATE_DIR, GSRUN_CONFIG and SLURM_CONF
     (gsrun.wrapper.agent.STEPD_ENV: the config beside slurm.conf is the site's when GSRUN_CONFIG is unset)."""
-    import socket
-    import threading
-
     from gsrun.wrapper import agent
 
-    d = tmp_path / "rec"
-    d.mkdir(mode=0o700)
-    path = str(d / "agent.sock")
-    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    srv.bind(path)
-    srv.listen(1)
     got = []
 
-    def serve():
-        c, _ = srv.accept()
+    def serve(c):
         argv, env, _umask, fds = agent._read_request(c, timeout_s=30)
         for fd in fds:      # the harness's stdout among them: kept open, run_harness never ends
             os.close(fd)
         got.append((argv, env))
-        c.close()
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
+
+    srv, path, t = fake_agent(tmp_path, serve, connections=1)
     stepd = {"GSRUN_HOST_ROOT": "/", "GSRUN_STATE_DIR": str(tmp_path / "state"),
              "GSRUN_CONFIG": str(tmp_path / "g.toml"), "SLURM_CONF": str(tmp_path / "slurm.conf")}
     rc, out, err = run_harness(harness, built, "remote", real_site, f"agent={path}", env_extra=stepd)
