@@ -10,9 +10,10 @@ reason. Every other failure is logged and the job runs with defaults.
 Trust: every value of the environment is validated (:mod:`gsrun.facts.jobenv`);
 ``SPANK_GS_*`` values and the job comment are user requests; whether the
 job holds the node exclusively comes from slurmctld's job record
-(``OverSubscribe=NO``), read once with a bounded ``scontrol`` only when the
-job asked for something that needs it (tuning, MIG, or site tuning
-defaults). slurmctld not answering means "not exclusive" (node-wide
+(``Exclusive=NODE``, or ``OverSubscribe=NO`` on a Slurm without
+``Exclusive=``: :func:`gsrun.request.job.exclusive_from_record`), read once
+with a bounded ``scontrol`` only when the job asked for something that needs
+it (tuning, MIG, or site tuning defaults). slurmctld not answering means "not exclusive" (node-wide
 settings are refused), never a hang: the call has its own timeout and the
 whole prolog a hard budget (``timeouts.prolog_budget_s``, SIGALRM).
 
@@ -135,8 +136,7 @@ def _request(c: Ctx):
         req = request_from_job_record(rec, rec.get("__line__")) if rec \
             else JobRequest(source="none (slurmctld not asked/answered)")
     elif rec is not None:
-        req.exclusive = exclusive_from_record(rec, rec.get("__line__"))
-        req.exclusive_source = "job record OverSubscribe"
+        req.exclusive, req.exclusive_source = exclusive_from_record(rec, rec.get("__line__"))
     if rec is None and need_record and not c.dry_run:
         c.log.warn("job record not available (slurmctld not answering?): job counts as not exclusive")
     c.req = req

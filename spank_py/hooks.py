@@ -32,7 +32,8 @@ What the hooks do:
   prolog/epilog read ``SPANK_GS_MPS`` etc. (:mod:`gsrun.request.job`).
   ``SPANK_GS_EXCLUSIVE`` is *not* exported: SPANK gives the allocator no
   access to the job description (``--exclusive``, ``#SBATCH`` lines), so the
-  prolog reads exclusivity from ``scontrol show job`` (``OverSubscribe=NO``).
+  prolog reads exclusivity from ``scontrol show job`` (``Exclusive=NODE``, or
+  ``OverSubscribe=NO`` where Slurm prints no ``Exclusive=``).
 * **remote**: ``slurm_spank_user_init`` plans the binding once per node and
   step (:func:`gsrun.bind.plan.plan_from_env`); ``slurm_spank_task_init`` runs
   in each task before exec and applies its rank's plan (CPU affinity, memory

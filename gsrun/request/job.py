@@ -20,10 +20,18 @@ Trust: every ``SPANK_GS_*`` value and the job comment are written by the
 user (a user can submit any ``spank_job_env`` with a modified client), so
 they are *requests*, checked by their consumers' allow-lists. Whether the job
 holds the node exclusively is a fact only slurmctld knows: it is taken from
-the job record's ``OverSubscribe=NO`` alone (:func:`exclusive_from_record`),
-never from ``SPANK_GS_EXCLUSIVE`` or ``exclusive=1`` in the comment, and a
-record in which ``OverSubscribe=`` appears more than once (a job name or
-comment containing `` OverSubscribe=NO``) counts as not exclusive.
+the job record alone (:func:`exclusive_from_record`), never from
+``SPANK_GS_EXCLUSIVE`` or ``exclusive=1`` in the comment.
+
+What the record says, per release (``scontrol -o show job``; recorded shapes
+in ``tests/data/slurm-records/``): Slurm 22.05 to 25.11 print one key,
+``OverSubscribe=`` (``NO`` for ``--exclusive`` or a partition
+``OverSubscribe=EXCLUSIVE``; ``OK`` for a default job; ``YES`` for
+``--oversubscribe`` or a partition ``OverSubscribe=FORCE:n``; ``USER``,
+``MCS``, ``TOPO`` for ``--exclusive=user|mcs|topo``). Slurm 26.05 prints
+``OverSubscribe=NO|YES|OK Exclusive=NO|NODE|USER|MCS|TOPO``, and there
+``OverSubscribe=NO`` is also what a default job on an ``OverSubscribe=NO``
+partition gets: only ``Exclusive=`` says whether the node is the job's.
 """
 
 from __future__ import annotations
@@ -84,18 +92,53 @@ def request_from_spank(job: JobEnv) -> JobRequest | None:
                       report=s.get("SPANK_GS_REPORT") or None, exclusive=None, source="spank")
 
 
-def exclusive_from_record(rec: dict[str, str] | None, line: str | None = None) -> bool | None:
-    """``OverSubscribe=NO`` in the job record -> True; any other value ->
-    False; no record -> None. ``line`` (the raw ``scontrol -o`` line) is
-    checked for a second ``OverSubscribe=`` (forged in a user field): then
-    False."""
-    if rec is None:
-        return None
+#: the record values that mean "the job holds its nodes for itself", per key;
+#: ``Exclusive=`` (Slurm 26.05 and later) decides where it is printed
+WHOLE_NODE_VALUES = {"Exclusive": ("NODE",), "OverSubscribe": ("NO",)}
+
+
+def exclusive_from_record(rec: dict[str, str] | None, line: str | None = None) -> tuple[bool | None, str | None]:
+    """Whether the job holds its nodes for itself, from its ``scontrol -o
+    show job`` record (``rec``, :func:`gsrun.facts.slurm.parse_job_record`)
+    and the raw line (``line``; default ``rec["__line__"]``) -> ``(exclusive,
+    exclusive_source)``. Pure.
+
+    - no record: ``(None, None)``;
+    - the line has ``Exclusive=`` (Slurm 26.05 and later): ``NODE`` -> True,
+      anything else -> False; source ``"job record Exclusive"``;
+    - else ``OverSubscribe=NO`` -> True, anything else -> False; source
+      ``"job record OverSubscribe"``.
+
+    Only node exclusivity counts. ``USER`` and ``MCS`` let other jobs (of the
+    same user, or the same MCS label) onto the node, and node-wide settings
+    would change under them without their asking; ``TOPO`` does not by itself
+    mean whole nodes (``--exclusive=topo`` sets no whole-node flag, and
+    ``topology/flat`` has no segments): all three are False, like ``YES``/``OK``
+    (a partition ``OverSubscribe=FORCE``, ``--oversubscribe``).
+
+    Forged fields (user text such as a job name ``x Exclusive=NODE`` sits in
+    the line, and :func:`parse_job_record` drops a duplicated key): False,
+    source ``"job record (ambiguous)"``, without a line, or when it has a
+    newline, ``OverSubscribe=`` other than once, ``Exclusive=`` more than once,
+    or an ``Exclusive=`` that is not the key Slurm prints right after
+    ``OverSubscribe=<value>``.
+    """
     import re
 
-    if line is not None and (len(re.findall(r"(?:^| )OverSubscribe=", line)) != 1 or "\n" in line.strip()):
-        return False
-    return rec.get("OverSubscribe", "").upper() == "NO"
+    if rec is None:
+        return None, None
+    if line is None:
+        line = rec.get("__line__")
+    if line is None:    # duplicated keys were dropped from rec: nothing to check them against
+        return False, "job record (ambiguous)"
+    line = line.strip()
+    over = re.findall(r"(?:^| )OverSubscribe=", line)
+    excl = re.findall(r"(?:^| )Exclusive=", line)
+    paired = re.search(r"(?:^| )OverSubscribe=[^ ]* Exclusive=", line)
+    if "\n" in line or len(over) != 1 or len(excl) > 1 or (excl and not paired):
+        return False, "job record (ambiguous)"
+    key = "Exclusive" if excl else "OverSubscribe"
+    return rec.get(key, "").upper() in WHOLE_NODE_VALUES[key], f"job record {key}"
 
 
 #: set by slurmd from the job credential in every prolog/epilog environment that
@@ -118,7 +161,7 @@ def comment_from_env(environ) -> str | None:
 def request_from_comment(comment: str, comment_from: str) -> JobRequest:
     """gsrun's requests in a job comment (``gsrun:tune=...;mps=...``, see
     :func:`gsrun.facts.slurm.parse_comment_request`); ``exclusive`` stays None
-    (only the job record's ``OverSubscribe`` says it). ``source`` is ``"job
+    (only the job record says it, :func:`exclusive_from_record`). ``source`` is ``"job
     comment"``, or ``"none"`` for a comment without gsrun's requests."""
     c = parse_comment_request(comment)
     return JobRequest(tune=c.get("tune") or None, mps=c.get("mps") if "mps" in c else None,
@@ -140,11 +183,10 @@ def malloc_from_comment(comment: str | None) -> str | None:
 
 def request_from_job_record(rec: dict[str, str], line: str | None = None) -> JobRequest:
     """From ``scontrol -o show job`` fields: ``Comment`` (gsrun's requests)
-    and ``OverSubscribe=NO`` (the job holds its nodes exclusively)."""
+    and whether the job holds its nodes exclusively (:func:`exclusive_from_record`)."""
     req = request_from_comment(rec.get("Comment", ""), "job record")
     req.source = "job comment"
-    req.exclusive = exclusive_from_record(rec, line)
-    req.exclusive_source = "job record OverSubscribe"
+    req.exclusive, req.exclusive_source = exclusive_from_record(rec, line)
     return req
 
 

@@ -128,10 +128,10 @@ def test_job_record_with_newline_in_name_is_not_trusted():
     one = "JobId=6 JobName=x OverSubscribe=NO UserId=u(1001) OverSubscribe=OK Comment=\n"
     rec = parse_job_record(one, "6")
     assert "OverSubscribe" not in rec and rec["UserId"] == "u(1001)"
-    assert exclusive_from_record(rec, one.strip()) is False
+    assert exclusive_from_record(rec, one.strip()) == (False, "job record (ambiguous)")
     real = "JobId=6 JobName=x UserId=u(1001) OverSubscribe=NO Comment=gsrun:tune=swappiness=10\n"
     rec = parse_job_record(real, "6")
-    assert exclusive_from_record(rec, real.strip()) is True
+    assert exclusive_from_record(rec, real.strip()) == (True, "job record OverSubscribe")
 
 
 def test_residual_env_claim_protects_only_live_jobs():
