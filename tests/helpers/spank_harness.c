@@ -136,6 +136,20 @@ spank_err_t spank_job_control_setenv(spank_t s, const char *name, const char *va
 spank_err_t spank_job_control_getenv(spank_t s, const char *n, char *b, int l) { (void)s; (void)n; (void)b; (void)l; return ESPANK_ENV_NOEXIST; }
 spank_err_t spank_job_control_unsetenv(spank_t s, const char *n) { (void)s; (void)n; return ESPANK_SUCCESS; }
 
+/*
+ * Python's fork repair, interposed: the Python half of the plugin is linked to libpython, which
+ * the plugin dlopen()s RTLD_GLOBAL, and symbols resolve to this executable's (-rdynamic) first.
+ * slurmstepd forks the tasks itself, so no PyOS_BeforeFork() ever ran: on Python 3.13+ the real
+ * PyOS_AfterFork_Child() then aborts ("PyMutex_Unlock: unlocking mutex that is not locked").
+ * The plugin must never enter Python in a forked task: if it tries, the task dies here on every
+ * Python version (CHILD n ... signaled=6).
+ */
+void PyOS_AfterFork_Child(void)
+{
+	printf("AFTERFORK_CHILD without before-fork (pid %d, task %d)\n", (int)getpid(), task_id);
+	abort();
+}
+
 #define LOGFN(fn, tag) \
 	void fn(const char *fmt, ...) \
 	{ \
