@@ -11,6 +11,14 @@
  * every node of every job for each one a plugin exports.
  * Python sees Slurm through a tiny built-in module, _spank.
  *
+ * Python runs only in the process that started it. slurmstepd calls
+ * task_init_privileged and task_init in each task it forks (after fork, before
+ * exec) and the plugin does not do that fork, so no PyOS_BeforeFork() ran:
+ * the Python hooks are never called there. What the tasks get is decided in
+ * slurmstepd's user_init, before the fork, as one plan for every local rank
+ * (from the node agent, or from the Python side through
+ * _spank.set_task_plan), and task_init applies the task's part in C.
+ *
  * An unused plugin costs nothing: CPython is started (once per process, in
  * slurm_spank_init_post_opt, when every option is known) only when
  *  - a --gs-* option was given (command line, #SBATCH line, environment, or
@@ -133,6 +141,8 @@ struct gs_shared {
 	int *n_opts;
 	char **opt_value;
 	int *opt_seen;
+	/* the plugin's plan_set: the step's plan (GSA1 text) that task_init applies; 0, or -1 with why */
+	int (*set_task_plan)(const char *text, char *why, size_t why_len);
 };
 
 #ifdef GSRUN_PY_PART
@@ -551,43 +561,20 @@ static PyObject *py_option_getopt(PyObject *self, PyObject *args)
 	return NULL;
 }
 
-/* set_mempolicy(mode, nodes) for the calling process (task_init runs in the
- * task itself, before exec). mode: 0 default, 1 preferred, 2 bind, 3 interleave. */
-static PyObject *py_set_mempolicy(PyObject *self, PyObject *args)
+/* set_task_plan(text): the step's plan (GSA1, gsrun.spank_py.hooks.format_actions) that the
+ * plugin's task_init applies in every task (Python never runs in the tasks slurmstepd forks).
+ * Raises ValueError for a plan the plugin refuses (the tasks then keep Slurm's binding). */
+static PyObject *py_set_task_plan(PyObject *self, PyObject *args)
 {
-	int mode;
-	PyObject *nodes;
-	unsigned long mask[1024 / (8 * sizeof(unsigned long))];
+	const char *text;
+	char why[160];
 	(void)self;
-	if (!PyArg_ParseTuple(args, "iO:set_mempolicy", &mode, &nodes))
+	if (!PyArg_ParseTuple(args, "s:set_task_plan", &text))
 		return NULL;
-	if (mode < 0 || mode > 3) {
-		PyErr_Format(PyExc_ValueError, "set_mempolicy: mode %d not in 0-3", mode);
+	if (sh.set_task_plan(text, why, sizeof(why)) < 0) {
+		PyErr_Format(PyExc_ValueError, "set_task_plan: %s", why);
 		return NULL;
 	}
-	memset(mask, 0, sizeof(mask));
-	PyObject *it = PyObject_GetIter(nodes);
-	if (!it)
-		return NULL;
-	PyObject *x;
-	while ((x = PyIter_Next(it)) != NULL) {
-		long nd = PyLong_AsLong(x);
-		Py_DECREF(x);
-		if (nd == -1 && PyErr_Occurred())
-			break;
-		if (nd < 0 || nd >= 1024) {
-			PyErr_Format(PyExc_ValueError, "set_mempolicy: node %ld not in 0-1023", nd);
-			break;
-		}
-		mask[nd / (8 * sizeof(unsigned long))] |= 1UL << (nd % (8 * sizeof(unsigned long)));
-	}
-	Py_DECREF(it);
-	if (PyErr_Occurred())
-		return NULL;
-	long r = syscall(SYS_set_mempolicy, mode, mode == 0 ? NULL : mask,
-			 mode == 0 ? 0UL : (unsigned long)(8 * sizeof(mask)) + 1);
-	if (r != 0)
-		return PyErr_SetFromErrno(PyExc_OSError);
 	Py_RETURN_NONE;
 }
 
@@ -601,7 +588,8 @@ static PyMethodDef spank_methods[] = {
 	  "job_control_setenv(name, value, overwrite=True): prolog/epilog see SPANK_<name> (allocator/local only)" },
 	{ "get_item", py_get_item, METH_VARARGS, "get_item('S_JOB_ID') -> value or None" },
 	{ "option_getopt", py_option_getopt, METH_VARARGS, "option_getopt(name) -> str | None" },
-	{ "set_mempolicy", py_set_mempolicy, METH_VARARGS, "set_mempolicy(mode, nodes)" },
+	{ "set_task_plan", py_set_task_plan, METH_VARARGS,
+	  "set_task_plan(text): the GSA1 plan task_init applies (remote, user_init); ValueError if refused" },
 	{ NULL, NULL, 0, NULL }
 };
 
@@ -630,9 +618,13 @@ static PyObject *PyInit__spank(void)
 /* ------------------------------------------------------------ interpreter */
 
 static int py_state;     /* 0 not tried, 1 running, -1 failed (not retried) */
-static pid_t py_pid;     /* process that owns the interpreter state */
-static PyThreadState *py_main_ts;
+static pid_t py_pid;     /* the process that started the interpreter: the only one that enters it */
 static PyObject *hooks;  /* gsrun.spank_py.hooks */
+/* The hooks slurmstepd calls in a task it forked (after fork, before exec): Python is not entered
+ * there (no PyOS_BeforeFork ran: CPython 3.13+ aborts in PyOS_AfterFork_Child), so a task's part
+ * of the step is the plan the plugin applies in C. Whether the hooks module defines them: */
+static const char *const task_hooks[] = { "slurm_spank_task_init_privileged", "slurm_spank_task_init" };
+static int task_hook_defined[sizeof(task_hooks) / sizeof(task_hooks[0])];
 static PyObject *py_args; /* dict handed to every hook */
 
 /* Report the pending Python exception as slurm_error lines. GIL held. */
@@ -839,6 +831,8 @@ static int py_start(void)
 		}
 		ok = hooks != NULL;
 	}
+	for (size_t k = 0; ok && k < sizeof(task_hooks) / sizeof(task_hooks[0]); k++)
+		task_hook_defined[k] = PyObject_HasAttrString(hooks, task_hooks[k]);
 	if (!ok) {
 		slurm_error("gsrun: spank: python: cannot import " HOOKS_MODULE
 			    " (pythonpath=%s%s)", cfg.n_pythonpath ? cfg.pythonpath[0] : "<none>",
@@ -847,24 +841,11 @@ static int py_start(void)
 		slurm_error("hint: install gsrun into the Python this plugin was built "
 			    "for and point pythonpath= at its site-packages");
 	}
-	py_main_ts = PyEval_SaveThread();
+	PyEval_SaveThread(); /* the GIL is taken per hook (PyGILState_Ensure) */
 	if (!ok)
 		return -1;
 	py_state = 1;
 	return 0;
-}
-
-/* Take the GIL; first repair the interpreter when we are a forked child
- * (slurmstepd forks each task and calls task_init there). */
-static PyGILState_STATE py_enter(void)
-{
-	if (getpid() != py_pid) {
-		PyEval_RestoreThread(py_main_ts);
-		PyOS_AfterFork_Child();
-		py_pid = getpid();
-		py_main_ts = PyEval_SaveThread();
-	}
-	return PyGILState_Ensure();
 }
 
 /* Call hooks.<name>(context, args) if it exists. Returns the SPANK rc. GIL held. */
@@ -912,7 +893,17 @@ static int dispatch(spank_t sp, const char *name)
 		return 0;
 	if (py_state <= 0)
 		return 0; /* Python not needed here, or its failure already decided in init_post_opt */
-	PyGILState_STATE g = py_enter();
+	if (getpid() != py_pid) {
+		/* a task slurmstepd forked: its interpreter state is a copy no PyOS_BeforeFork prepared */
+		size_t k, n = sizeof(task_hooks) / sizeof(task_hooks[0]);
+		for (k = 0; k < n && strcmp(task_hooks[k], name) != 0; k++)
+			;
+		if (k == n || task_hook_defined[k])
+			slurm_verbose("gsrun: spank: %s: not called in a forked task: Python runs only in the "
+				      "process that started it (slurmstepd)", name);
+		return 0;
+	}
+	PyGILState_STATE g = PyGILState_Ensure();
 	int rc = call_py(sp, name);
 	PyGILState_Release(g);
 	return rc;
@@ -932,123 +923,53 @@ __attribute__((visibility("default"))) int gsrun_py_dispatch(spank_t sp, const c
 
 #else /* the plugin */
 
-/* ------------------------------------------------------- loading Python */
-
-typedef int (*gs_attach_fn)(const struct gs_shared *);
-typedef int (*gs_dispatch_fn)(spank_t, const char *);
-static int py_state; /* 0 not tried, 1 loaded and running, -1 failed (not retried) */
-static gs_dispatch_fn py_dispatch;
-
-/* Map libpython (RTLD_GLOBAL: Python's own extension modules need its
- * symbols) and the Python part next to this .so, then start the interpreter
- * and import the hooks, once per process. Returns 0 or -1 after logging why. */
-static int py_start(void)
-{
-	if (py_state != 0)
-		return py_state > 0 ? 0 : -1;
-	py_state = -1;
-	if (dlopen(GSRUN_LIBPYTHON_PATH, RTLD_NOW | RTLD_GLOBAL) == NULL &&
-	    dlopen(GSRUN_LIBPYTHON, RTLD_NOW | RTLD_GLOBAL) == NULL) {
-		slurm_error("gsrun: spank: python: cannot load %s: %s", GSRUN_LIBPYTHON_PATH, dlerror());
-		slurm_error("hint: rebuild and reinstall the plugin for the Python gsrun is installed in: "
-			    "gsrun-node spank build && gsrun-node spank install");
-		return -1;
-	}
-	Dl_info di;
-	char path[PATH_MAX];
-	const char *slash;
-	if (dladdr((void *)&py_start, &di) == 0 || di.dli_fname == NULL ||
-	    (slash = strrchr(di.dli_fname, '/')) == NULL ||
-	    snprintf(path, sizeof(path), "%.*s/" GSRUN_PY_PART_NAME, (int)(slash - di.dli_fname),
-		     di.dli_fname) >= (int)sizeof(path)) {
-		slurm_error("gsrun: spank: python: cannot tell where gsrun_spank.so lies");
-		return -1;
-	}
-	void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-	gs_attach_fn attach = h ? (gs_attach_fn)dlsym(h, "gsrun_py_attach") : NULL;
-	py_dispatch = h ? (gs_dispatch_fn)dlsym(h, "gsrun_py_dispatch") : NULL;
-	if (attach == NULL || py_dispatch == NULL) {
-		slurm_error("gsrun: spank: python: cannot load %s: %s", path, h ? "entry points missing" : dlerror());
-		slurm_error("hint: install both halves of the plugin side by side: "
-			    "gsrun-node spank build && gsrun-node spank install");
-		return -1;
-	}
-	struct gs_shared s = { &cfg, opts, &n_opts, opt_value, opt_seen };
-	if (attach(&s) < 0)
-		return -1;
-	py_state = 1;
-	return 0;
-}
-
-static int dispatch(spank_t sp, const char *name)
-{
-	if (py_state <= 0)
-		return 0; /* Python not needed here, or its failure already decided in init_post_opt */
-	return py_dispatch(sp, name);
-}
-
-/* ------------------------------------------- the step's plan from the node agent */
+/* ------------------------------------------------------------ the step's plan */
 
 /*
- * A bound step without --gs-* options, with plugstack agent=SOCKET: the node
- * agent (gsrun.wrapper.agent) plans the step and this process starts no
- * Python. init_post_opt (root) connects and says "@bind"; user_init (after
- * the step's cpuset applied, as the job's user) sends the step's job
- * environment, this process's CPU affinity and Mems_allowed_list, and reads
- * the plan (gsrun.spank_py.hooks.format_actions); task_init applies the
- * task's part. Anything that fails on the way: Python plans, as without agent=.
+ * What every task of a step gets (environment, CPU affinity, memory policy) is decided once per
+ * step in slurmstepd, before it forks the tasks, and applied by task_init in C: Python never runs
+ * in a forked task (no PyOS_BeforeFork() ran before slurmstepd's fork; CPython 3.13+ aborts in
+ * PyOS_AfterFork_Child() then). The plan comes from one of two places, as the same text
+ * (gsrun.spank_py.hooks.format_actions, "GSA1"), parsed by plan_parse and applied by
+ * apply_task_plan:
+ *  - the node agent (plugstack agent=, a bound step without --gs-mps/--gs-bind), in user_init;
+ *  - the Python side's slurm_spank_user_init, through _spank.set_task_plan (plan_set).
+ *
+ * The text: "GSA1", then blocks "rank N" (N a local rank, 0 to GS_MAX_LOCAL_TASKS-1, each at most
+ * once) or "rank *" (a task whose rank has no block of its own), each followed by "unset NAME",
+ * "set NAME=VALUE", "cpus 0,1,...", "mems 0,..." lines; "note TEXT" lines (logged at verbose);
+ * "end". A task whose rank has no block: an error when the plan has rank blocks, then the
+ * "rank *" block if there is one, else nothing (Slurm's binding).
  */
+#define GS_MAX_LOCAL_TASKS 4096 /* local ranks a plan may name: more than any node runs */
 struct gs_rank_act {
-	int rank;
 	char **unset;
 	int n_unset;
 	char **set; /* NAME=VALUE */
 	int n_set;
 	cpu_set_t cpus;
+	const char *cpus_text; /* the plan's "0,1,..." (for messages) */
 	int has_cpus;
 	unsigned long mems[1024 / (8 * sizeof(unsigned long))];
 	int has_mems;
 };
-static int agent_fd = -1;
+static char *plan_text; /* the plan's text, split in place: acts point into it */
 static struct gs_rank_act *acts;
-static int n_acts = -1; /* -1: no plan from the agent */
+static int n_acts = -1; /* blocks of the plan; -1: no plan (the tasks keep Slurm's binding) */
+static int rank_slot[GS_MAX_LOCAL_TASKS + 1]; /* rank -> 1 + its block in acts, 0: none; last: "rank *" */
 
-static int agent_hello(void)
+static void plan_clear(void)
 {
-	struct gs_msg m = { 0 };
-	const char *v;
-	char kv[MAX_ARG_LEN + 64];
-	int fd = gs_agent_connect(cfg.agent, 2);
-
-	if (fd < 0)
-		return -1;
-	if (gs_msg_begin(&m, 022, 1) || gs_msg_add(&m, "@bind"))
-		goto bad;
-	/* slurmstepd's own (never the job's) host root, state dir and the site config, and
-	 * SLURM_CONF (gsrun.toml beside it is the config when GSRUN_CONFIG is unset):
-	 * gsrun.wrapper.agent.STEPD_ENV */
-	const char *names[] = { "GSRUN_HOST_ROOT", "GSRUN_STATE_DIR", "SLURM_CONF" };
-	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
-		if ((v = getenv(names[i])) != NULL && strlen(v) < MAX_ARG_LEN) {
-			snprintf(kv, sizeof(kv), "%s=%s", names[i], v);
-			if (gs_msg_add(&m, kv))
-				goto bad;
-		}
-	v = cfg.config ? cfg.config : getenv("GSRUN_CONFIG");
-	if (v && strlen(v) < MAX_ARG_LEN) {
-		snprintf(kv, sizeof(kv), "GSRUN_CONFIG=%s", v);
-		if (gs_msg_add(&m, kv))
-			goto bad;
+	for (int i = 0; i < n_acts; i++) {
+		free(acts[i].unset);
+		free(acts[i].set);
 	}
-	if (gs_msg_send(fd, &m, 1))
-		goto bad;
-	gs_msg_free(&m);
-	agent_fd = fd;
-	return 0;
-bad:
-	gs_msg_free(&m);
-	close(fd);
-	return -1;
+	free(acts);
+	acts = NULL;
+	n_acts = -1;
+	memset(rank_slot, 0, sizeof(rank_slot));
+	free(plan_text);
+	plan_text = NULL;
 }
 
 /* "0,1,2" into a cpu_set_t (cpus) or a node mask (mems); -1 on anything else. */
@@ -1092,70 +1013,257 @@ static int env_name_ok(const char *s, size_t n)
 	return 1;
 }
 
-/* Parse the agent's answer (NUL-terminated, owned by us: split in place). 0 or -1. */
-static int parse_plan(char *text)
+/* A new block for "rank N" / "rank *" (the text after "rank "). NULL when malformed or repeated. */
+static struct gs_rank_act *plan_block(const char *r)
 {
-	char *save = NULL, *line = strtok_r(text, "\n", &save);
-	struct gs_rank_act *cur = NULL;
-	int done = 0;
+	long slot;
+	if (strcmp(r, "*") == 0) {
+		slot = GS_MAX_LOCAL_TASKS;
+	} else {
+		char *end;
+		errno = 0;
+		slot = strtol(r, &end, 10);
+		if (errno || end == r || *end != '\0' || *r == '+' || *r == '-' || slot < 0 ||
+		    slot >= GS_MAX_LOCAL_TASKS)
+			return NULL;
+	}
+	if (rank_slot[slot] != 0)
+		return NULL;
+	struct gs_rank_act *a = realloc(acts, (size_t)(n_acts + 1) * sizeof(*acts));
+	if (!a)
+		return NULL;
+	acts = a;
+	memset(&acts[n_acts], 0, sizeof(*acts));
+	rank_slot[slot] = ++n_acts;
+	return &acts[n_acts - 1];
+}
 
+/* Parse `text` (malloc'd, NUL-terminated; owned by the plan from here) as the step's plan,
+ * replacing any earlier one. 0, or -1 with no plan left and why (the line refused) in why. */
+static int plan_parse(char *text, char *why, size_t why_len)
+{
+	char *save = NULL, *line;
+	struct gs_rank_act *cur = NULL;
+	int done = 0, n_line = 1;
+
+	plan_clear();
+	plan_text = text;
+	line = strtok_r(text, "\n", &save);
 	if (line == NULL || strcmp(line, "GSA1") != 0) {
-		slurm_verbose("gsrun: spank: bind: the node agent answered: %.200s", line ? line : "nothing");
-		return -1;
+		snprintf(why, why_len, "not a GSA1 plan: %.80s", line ? line : "nothing");
+		goto bad;
 	}
 	n_acts = 0;
-	while ((line = strtok_r(NULL, "\n", &save)) != NULL && !done) {
+	while (!done && (line = strtok_r(NULL, "\n", &save)) != NULL) {
+		n_line++;
 		if (strncmp(line, "rank ", 5) == 0) {
-			struct gs_rank_act *a = realloc(acts, (size_t)(n_acts + 1) * sizeof(*acts));
-			if (!a)
-				return -1;
-			acts = a;
-			cur = &acts[n_acts++];
-			memset(cur, 0, sizeof(*cur));
-			char *end;
-			errno = 0;
-			long r = strtol(line + 5, &end, 10);
-			if (errno || end == line + 5 || *end != '\0' || r < 0 || r > (1L << 20))
-				return -1;
-			cur->rank = (int)r;
+			if ((cur = plan_block(line + 5)) == NULL)
+				goto bad_line;
 		} else if (strncmp(line, "note ", 5) == 0) {
 			slurm_verbose("gsrun: spank: bind: %s", line + 5);
 		} else if (strcmp(line, "end") == 0) {
 			done = 1;
 		} else if (cur == NULL) {
-			return -1;
+			goto bad_line;
 		} else if (strncmp(line, "unset ", 6) == 0 && env_name_ok(line + 6, strlen(line + 6))) {
 			char **u = realloc(cur->unset, (size_t)(cur->n_unset + 1) * sizeof(char *));
 			if (!u)
-				return -1;
+				goto bad_line;
 			cur->unset = u;
 			cur->unset[cur->n_unset++] = line + 6;
 		} else if (strncmp(line, "set ", 4) == 0 && strchr(line + 4, '=') != NULL &&
 			   env_name_ok(line + 4, (size_t)(strchr(line + 4, '=') - (line + 4)))) {
 			char **e = realloc(cur->set, (size_t)(cur->n_set + 1) * sizeof(char *));
 			if (!e)
-				return -1;
+				goto bad_line;
 			cur->set = e;
 			cur->set[cur->n_set++] = line + 4;
 		} else if (strncmp(line, "cpus ", 5) == 0) {
 			CPU_ZERO(&cur->cpus);
 			if (parse_list(line + 5, &cur->cpus, NULL, 0))
-				return -1;
+				goto bad_line;
+			cur->cpus_text = line + 5;
 			cur->has_cpus = 1;
 		} else if (strncmp(line, "mems ", 5) == 0) {
 			memset(cur->mems, 0, sizeof(cur->mems));
 			if (parse_list(line + 5, NULL, cur->mems, 8 * sizeof(cur->mems)))
-				return -1;
+				goto bad_line;
 			cur->has_mems = 1;
 		} else {
-			return -1;
+			goto bad_line;
 		}
 	}
-	return done ? 0 : -1;
+	if (done)
+		return 0;
+	snprintf(why, why_len, "no \"end\" line");
+	goto bad;
+bad_line:
+	snprintf(why, why_len, "line %d: %.80s", n_line, line);
+bad:
+	plan_clear();
+	return -1;
+}
+
+/* _spank.set_task_plan (the Python side's user_init): a copy of text becomes the step's plan. */
+static int plan_set(const char *text, char *why, size_t why_len)
+{
+	char *copy = strdup(text);
+	if (!copy) {
+		snprintf(why, why_len, "out of memory");
+		return -1;
+	}
+	return plan_parse(copy, why, why_len);
+}
+
+/* task_init, in the task slurmstepd forked (before exec, as the job's user): this task's part
+ * of the step's plan. Failures are logged; the task runs. */
+static void apply_task_plan(spank_t sp)
+{
+	int rank = -1;
+	struct gs_rank_act *a = NULL;
+
+	if (n_acts < 0)
+		return;
+	if (spank_get_item(sp, S_TASK_ID, &rank) != ESPANK_SUCCESS) {
+		slurm_verbose("gsrun: spank: bind: no task id in task_init: the task keeps Slurm's binding");
+		return;
+	}
+	if (rank >= 0 && rank < GS_MAX_LOCAL_TASKS && rank_slot[rank] != 0) {
+		a = &acts[rank_slot[rank] - 1];
+	} else {
+		int others = rank_slot[GS_MAX_LOCAL_TASKS];
+		if (n_acts > (others ? 1 : 0))
+			slurm_error("gsrun: spank: bind: task %d: no such local rank in the plan (%d ranks): it "
+				    "runs with Slurm's binding", rank, n_acts - (others ? 1 : 0));
+		if (others == 0)
+			return;
+		a = &acts[others - 1];
+	}
+	for (int i = 0; i < a->n_unset; i++)
+		spank_unsetenv(sp, a->unset[i]);
+	for (int i = 0; i < a->n_set; i++) {
+		char *eq = strchr(a->set[i], '=');
+		*eq = '\0';
+		spank_setenv(sp, a->set[i], eq + 1, 1);
+		*eq = '=';
+	}
+	/* in the task itself: S_TASK_PID is not set yet (a real slurmstepd answers ESRCH), so pid 0 */
+	if (a->has_cpus && sched_setaffinity(0, sizeof(a->cpus), &a->cpus) != 0)
+		slurm_error("gsrun: spank: bind: task %d: sched_setaffinity %s: %s", rank, a->cpus_text,
+			    strerror(errno));
+	if (a->has_mems && syscall(SYS_set_mempolicy, 2 /* MPOL_BIND */, a->mems,
+				   (unsigned long)(8 * sizeof(a->mems)) + 1) != 0)
+		slurm_verbose("gsrun: spank: bind: task %d: set_mempolicy: %s", rank, strerror(errno));
+}
+
+/* ------------------------------------------------------- loading Python */
+
+typedef int (*gs_attach_fn)(const struct gs_shared *);
+typedef int (*gs_dispatch_fn)(spank_t, const char *);
+static int py_state; /* 0 not tried, 1 loaded and running, -1 failed (not retried) */
+static gs_dispatch_fn py_dispatch;
+
+/* Map libpython (RTLD_GLOBAL: Python's own extension modules need its
+ * symbols) and the Python part next to this .so, then start the interpreter
+ * and import the hooks, once per process. Returns 0 or -1 after logging why. */
+static int py_start(void)
+{
+	if (py_state != 0)
+		return py_state > 0 ? 0 : -1;
+	py_state = -1;
+	if (dlopen(GSRUN_LIBPYTHON_PATH, RTLD_NOW | RTLD_GLOBAL) == NULL &&
+	    dlopen(GSRUN_LIBPYTHON, RTLD_NOW | RTLD_GLOBAL) == NULL) {
+		slurm_error("gsrun: spank: python: cannot load %s: %s", GSRUN_LIBPYTHON_PATH, dlerror());
+		slurm_error("hint: rebuild and reinstall the plugin for the Python gsrun is installed in: "
+			    "gsrun-node spank build && gsrun-node spank install");
+		return -1;
+	}
+	Dl_info di;
+	char path[PATH_MAX];
+	const char *slash;
+	if (dladdr((void *)&py_start, &di) == 0 || di.dli_fname == NULL ||
+	    (slash = strrchr(di.dli_fname, '/')) == NULL ||
+	    snprintf(path, sizeof(path), "%.*s/" GSRUN_PY_PART_NAME, (int)(slash - di.dli_fname),
+		     di.dli_fname) >= (int)sizeof(path)) {
+		slurm_error("gsrun: spank: python: cannot tell where gsrun_spank.so lies");
+		return -1;
+	}
+	void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+	gs_attach_fn attach = h ? (gs_attach_fn)dlsym(h, "gsrun_py_attach") : NULL;
+	py_dispatch = h ? (gs_dispatch_fn)dlsym(h, "gsrun_py_dispatch") : NULL;
+	if (attach == NULL || py_dispatch == NULL) {
+		slurm_error("gsrun: spank: python: cannot load %s: %s", path, h ? "entry points missing" : dlerror());
+		slurm_error("hint: install both halves of the plugin side by side: "
+			    "gsrun-node spank build && gsrun-node spank install");
+		return -1;
+	}
+	struct gs_shared s = { &cfg, opts, &n_opts, opt_value, opt_seen, plan_set };
+	if (attach(&s) < 0)
+		return -1;
+	py_state = 1;
+	return 0;
+}
+
+static int dispatch(spank_t sp, const char *name)
+{
+	if (py_state <= 0)
+		return 0; /* Python not needed here, or its failure already decided in init_post_opt */
+	return py_dispatch(sp, name);
+}
+
+/* ------------------------------------------- the step's plan from the node agent */
+
+/*
+ * A bound step without --gs-mps/--gs-bind, with plugstack agent=SOCKET: the node
+ * agent (gsrun.wrapper.agent) plans the step and this process starts no
+ * Python. init_post_opt (root) connects and says "@bind"; user_init (after
+ * the step's cpuset applied, as the job's user) sends the step's job
+ * environment, this process's CPU affinity and Mems_allowed_list, and reads
+ * the plan (gsrun.spank_py.hooks.format_actions); task_init applies the
+ * task's part (apply_task_plan). Anything that fails on the way: Python plans,
+ * as without agent=.
+ */
+static int agent_fd = -1;
+
+static int agent_hello(void)
+{
+	struct gs_msg m = { 0 };
+	const char *v;
+	char kv[MAX_ARG_LEN + 64];
+	int fd = gs_agent_connect(cfg.agent, 2);
+
+	if (fd < 0)
+		return -1;
+	if (gs_msg_begin(&m, 022, 1) || gs_msg_add(&m, "@bind"))
+		goto bad;
+	/* slurmstepd's own (never the job's) host root, state dir and the site config, and
+	 * SLURM_CONF (gsrun.toml beside it is the config when GSRUN_CONFIG is unset):
+	 * gsrun.wrapper.agent.STEPD_ENV */
+	const char *names[] = { "GSRUN_HOST_ROOT", "GSRUN_STATE_DIR", "SLURM_CONF" };
+	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+		if ((v = getenv(names[i])) != NULL && strlen(v) < MAX_ARG_LEN) {
+			snprintf(kv, sizeof(kv), "%s=%s", names[i], v);
+			if (gs_msg_add(&m, kv))
+				goto bad;
+		}
+	v = cfg.config ? cfg.config : getenv("GSRUN_CONFIG");
+	if (v && strlen(v) < MAX_ARG_LEN) {
+		snprintf(kv, sizeof(kv), "GSRUN_CONFIG=%s", v);
+		if (gs_msg_add(&m, kv))
+			goto bad;
+	}
+	if (gs_msg_send(fd, &m, 1))
+		goto bad;
+	gs_msg_free(&m);
+	agent_fd = fd;
+	return 0;
+bad:
+	gs_msg_free(&m);
+	close(fd);
+	return -1;
 }
 
 /* user_init: ask for the step's plan on the connection init_post_opt opened. 0 or -1. */
-static char *plan_text;
 static int agent_plan(spank_t sp)
 {
 	struct gs_msg m = { 0 };
@@ -1165,6 +1273,7 @@ static int agent_plan(spank_t sp)
 	size_t used = 0, cap = 1 << 16, got = 0;
 	struct timeval tv = { .tv_sec = 3 }; /* a slow agent: Python plans (it takes ~10 ms) */
 	int rc = -1;
+	char *text = NULL, why[160];
 
 	uint32_t job_id = 0;
 	char job[16];
@@ -1207,11 +1316,11 @@ static int agent_plan(spank_t sp)
 	if (gs_msg_send(agent_fd, &m, 0))
 		goto out;
 	setsockopt(agent_fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-	plan_text = malloc(cap);
-	if (!plan_text)
+	text = malloc(cap);
+	if (!text)
 		goto out;
 	for (;;) {
-		ssize_t r = read(agent_fd, plan_text + got, cap - 1 - got);
+		ssize_t r = read(agent_fd, text + got, cap - 1 - got);
 		if (r < 0 && errno == EINTR)
 			continue;
 		if (r < 0)
@@ -1222,46 +1331,17 @@ static int agent_plan(spank_t sp)
 		if (got == cap - 1)
 			goto out; /* larger than any plan */
 	}
-	plan_text[got] = '\0';
-	rc = parse_plan(plan_text);
+	text[got] = '\0';
+	rc = plan_parse(text, why, sizeof(why)); /* owns text from here */
+	text = NULL;
+	if (rc < 0)
+		slurm_verbose("gsrun: spank: bind: the node agent's plan: %s", why);
 out:
+	free(text);
 	gs_msg_free(&m);
 	close(agent_fd);
 	agent_fd = -1;
-	if (rc < 0)
-		n_acts = -1;
 	return rc;
-}
-
-/* task_init: this task's part of the agent's plan (as the Python side applies it). */
-static int agent_apply(spank_t sp)
-{
-	int rank = -1;
-	struct gs_rank_act *a = NULL;
-
-	if (spank_get_item(sp, S_TASK_ID, &rank) != ESPANK_SUCCESS)
-		return 0;
-	for (int i = 0; i < n_acts; i++)
-		if (acts[i].rank == rank)
-			a = &acts[i];
-	if (a == NULL) {
-		slurm_error("gsrun: spank: bind: task %d: no such local rank in the plan", rank);
-		return 0;
-	}
-	for (int i = 0; i < a->n_unset; i++)
-		spank_unsetenv(sp, a->unset[i]);
-	for (int i = 0; i < a->n_set; i++) {
-		char *eq = strchr(a->set[i], '=');
-		*eq = '\0';
-		spank_setenv(sp, a->set[i], eq + 1, 1);
-		*eq = '=';
-	}
-	if (a->has_cpus && sched_setaffinity(0, sizeof(a->cpus), &a->cpus) != 0)
-		slurm_error("gsrun: spank: bind: task %d: sched_setaffinity: %s", rank, strerror(errno));
-	if (a->has_mems && syscall(SYS_set_mempolicy, 2 /* MPOL_BIND */, a->mems,
-				   (unsigned long)(8 * sizeof(a->mems)) + 1) != 0)
-		slurm_verbose("gsrun: spank: bind: task %d: set_mempolicy: %s", rank, strerror(errno));
-	return 0;
 }
 
 /* ------------------------------------------------------------ SPANK entry */
@@ -1415,9 +1495,13 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 		return dispatch(sp, #hook); \
 	}
 
+/* srun (local), before it launches the step */
 FORWARD(slurm_spank_local_user_init)
+/* slurmstepd, in the forked task as root: no Python there (dispatch), nothing of ours to do */
 FORWARD(slurm_spank_task_init_privileged)
 
+/* slurmstepd, once per step before it forks the tasks (as the job's user): the step's plan, from
+ * the node agent or the Python side's slurm_spank_user_init (_spank.set_task_plan). */
 int slurm_spank_user_init(spank_t sp, int ac, char **av)
 {
 	(void)ac; (void)av;
@@ -1437,13 +1521,15 @@ int slurm_spank_user_init(spank_t sp, int ac, char **av)
 	return dispatch(sp, "slurm_spank_user_init");
 }
 
+/* In the task slurmstepd forked: the task's part of the step's plan, in C (dispatch never enters
+ * Python in a forked task). */
 int slurm_spank_task_init(spank_t sp, int ac, char **av)
 {
 	(void)ac; (void)av;
-	if (n_acts >= 0)
-		return agent_apply(sp);
+	apply_task_plan(sp);
 	return dispatch(sp, "slurm_spank_task_init");
 }
+/* slurmstepd itself, after each fork and as each task ends */
 FORWARD(slurm_spank_task_post_fork)
 FORWARD(slurm_spank_task_exit)
 /* Exported only when gsrun.spank_py.hooks defines them (spank_py/build.py): with either one in
@@ -1454,6 +1540,7 @@ FORWARD(slurm_spank_job_prolog)
 #ifdef GSRUN_FORWARD_SLURM_SPANK_JOB_EPILOG
 FORWARD(slurm_spank_job_epilog)
 #endif
+/* every process that loaded the plugin, at its end (slurmstepd: itself, not a task) */
 FORWARD(slurm_spank_exit)
 
 #endif /* the plugin (not GSRUN_PY_PART) */

@@ -34,11 +34,16 @@ What the hooks do:
   access to the job description (``--exclusive``, ``#SBATCH`` lines), so the
   prolog reads exclusivity from ``scontrol show job`` (``Exclusive=NODE``, or
   ``OverSubscribe=NO`` where Slurm prints no ``Exclusive=``).
-* **remote**: ``slurm_spank_user_init`` plans the binding once per node and
-  step (:func:`gsrun.bind.plan.plan_from_env`); ``slurm_spank_task_init`` runs
-  in each task before exec and applies its rank's plan (CPU affinity, memory
-  policy, environment) and the MPS client environment when the job asked for
-  MPS (:func:`gsrun.node.mps.task_env`). The batch, extern and interactive steps
+* **remote**: ``slurm_spank_user_init`` runs once per node and step in
+  slurmstepd, before it forks the tasks, and decides what every local rank
+  gets: its binding (:func:`gsrun.bind.plan.plan_from_env`: CPU affinity,
+  memory policy, environment, the job's MIG devices) and the MPS client
+  environment when the job asked for MPS (:func:`gsrun.node.mps.task_env`).
+  It hands that to the plugin as one plan (:func:`format_actions`,
+  ``_spank.set_task_plan``), and the plugin's ``task_init`` applies each
+  task's part in C: Python never runs in a task slurmstepd forked (no
+  ``PyOS_BeforeFork()`` ran there; CPython 3.13+ aborts), so this module
+  defines no ``slurm_spank_task_init``. The batch, extern and interactive steps
   are not bound (a batch script that starts its own ranks must keep all CPUs)
   but do get the MPS environment.
 
@@ -90,8 +95,6 @@ REPORT_MODES = ("mail", "none")
 #: Slurm's special step ids (slurm.h): pending, extern, batch, interactive, ...
 SPECIAL_STEP_MIN = 0xFFFFFFF0
 EXTERN_STEP = 0xFFFFFFFC
-
-MPOL_BIND = 2
 
 # Fallback syntax when gsrun.request.tune / mig_layout / mps_share cannot be
 # imported (all matched with fullmatch: ``$`` would let a trailing newline in).
@@ -333,8 +336,8 @@ ACTIONS_MAGIC = "GSA1"
 def step_actions(job_env: Mapping[str, str], host_root: str | None, allowed_cpus: list[int] | None,
                  allowed_mems: list[int] | None, config_path: str | None,
                  job_id: str | None = None) -> tuple[list[tuple[int, TaskActions]], tuple[str, ...]]:
-    """What ``slurm_spank_user_init`` and ``slurm_spank_task_init`` decide for
-    every local rank of a bound step without ``--gs-*`` options (the site's
+    """What ``slurm_spank_user_init`` decides for every local rank of a bound
+    step without ``--gs-mps``/``--gs-bind`` (the site's
     binding, mode ``auto``), from values the plugin sent: the step's job
     environment, slurmstepd's ``GSRUN_HOST_ROOT``, its CPU affinity and
     ``Mems_allowed_list`` after the step's cpuset applied (used on the live
@@ -364,16 +367,24 @@ def step_actions(job_env: Mapping[str, str], host_root: str | None, allowed_cpus
             tuple(plan.warnings))
 
 
-def format_actions(actions: list[tuple[int, TaskActions]], notes: tuple[str, ...] = ()) -> str:
-    """The text the plugin's C side applies (``spank_py/gsrun_spank.c``,
-    ``agent_actions``): ``GSA1``, then per rank ``rank N``, ``unset NAME``,
-    ``set NAME=VALUE``, ``cpus 0,1``, ``mems 0``; ``note TEXT`` lines; ``end``.
-    Pure.
+def format_actions(actions: list[tuple[int, TaskActions]], notes: tuple[str, ...] = (),
+                   others: TaskActions | None = None) -> str:
+    """The step's plan as the plugin's C side parses and applies it in each
+    task (``spank_py/gsrun_spank.c``: ``plan_parse``, ``apply_task_plan``),
+    from the node agent or from :func:`slurm_spank_user_init`: ``GSA1``, then
+    per local rank ``rank N`` (0-4095, each once) followed by its
+    ``unset NAME``, ``set NAME=VALUE``, ``cpus 0,1``, ``mems 0`` lines; then,
+    when ``others`` is given, the same lines after ``rank *``: what a task
+    whose rank has no block of its own gets (the MPS environment of a step
+    without binding, or of a rank outside the binding plan, which the plugin
+    also logs as an error when the plan has rank blocks); ``note TEXT`` lines
+    (logged at verbose); ``end``. The ``cpus``/``mems`` of ``others`` are
+    written like a rank's but nothing here sets them. Pure.
 
     Raises:
         ValueError: a name or value the line format cannot carry (a newline or
-            NUL, a name that is not an environment name): the plugin then plans
-            in Python as before.
+            NUL, a name that is not an environment name): the agent's answer is
+            an error then (Python plans), the Python side logs it.
     """
     from gsrun.base.ids import ALNUM, is_chars
 
@@ -381,8 +392,11 @@ def format_actions(actions: list[tuple[int, TaskActions]], notes: tuple[str, ...
         return bool(n) and not n[0].isdigit() and is_chars(n, ALNUM | {"_"}, None)
 
     out = [ACTIONS_MAGIC]
-    for rank, act in actions:
-        out.append(f"rank {int(rank)}")
+    blocks = [(f"rank {int(rank)}", act) for rank, act in actions]
+    if others is not None:
+        blocks.append(("rank *", others))
+    for head, act in blocks:
+        out.append(head)
         for n in act.unsetenv:
             if not name_ok(n):
                 raise ValueError(f"environment name {n!r}")
@@ -403,8 +417,8 @@ def format_actions(actions: list[tuple[int, TaskActions]], notes: tuple[str, ...
 # ---------------------------------------------------------------- state
 
 class _State:
-    """Per-process state: slurmstepd plans in user_init (parent) and each
-    forked task reads it in task_init."""
+    """Per-process state of slurmstepd: the site config (init) and what
+    user_init decided for the step (read by tests and diagnostics)."""
 
     def __init__(self) -> None:
         self.reset()
@@ -414,9 +428,8 @@ class _State:
         self.plan = None
         self.mode = "none"
         self.mps_env: dict[str, str] | None = None
-        self.allowed_mems: list[int] | None = None
         self.step_id: int | None = None
-        self.mig_devices: list[str] | None = None
+        self.task_plan: str | None = None    # the GSA1 text handed to the plugin, None: none
 
 
 STATE = _State()
@@ -486,8 +499,8 @@ def slurm_spank_init_post_opt(ctx: str, args: dict) -> int:
 
 def slurm_spank_init(ctx: str, args: dict) -> int:
     """remote: forget any previous step's state and read the site config.
-    What the tasks need is imported by ``slurm_spank_user_init``, still as
-    root (task_init runs as the user), and only what the step uses."""
+    What the step needs is imported by ``slurm_spank_user_init``, and only
+    what it uses."""
     if ctx != "remote":
         return 0
     STATE.reset()
@@ -499,7 +512,11 @@ def slurm_spank_init(ctx: str, args: dict) -> int:
 
 
 def slurm_spank_user_init(ctx: str, args: dict) -> int:
-    """remote, once per node and step: plan the binding and the MPS env."""
+    """remote, once per node and step, in slurmstepd before it forks the
+    tasks: decide what every local rank gets (binding, MIG devices, MPS
+    environment) and hand it to the plugin as the step's plan, which task_init
+    applies in C in each task. A binding that cannot be planned is logged and
+    the tasks keep Slurm's binding; they still get the MPS environment."""
     if ctx != "remote":
         return 0
     sp = _spank()
@@ -517,67 +534,66 @@ def slurm_spank_user_init(ctx: str, args: dict) -> int:
             _log("error", f"gsrun: {PHASE}: mps: {e}")
 
     STATE.mode = bind_mode(args.get("bind", "auto"), sp.option_getopt("gs-bind"))
-    if STATE.mode == "none" or not is_bound_step(STATE.step_id):
-        return 0
+    actions: list[tuple[int, TaskActions]] = []
+    notes: tuple[str, ...] = ()
+    if STATE.mode != "none" and is_bound_step(STATE.step_id):
+        actions, notes = _bind_actions(sp)
+    others = task_actions(None, None, STATE.mps_env) if STATE.mps_env else None
+    _hand_task_plan(sp, actions, notes, others)
+    return 0
+
+
+def _bind_actions(sp) -> tuple[list[tuple[int, TaskActions]], tuple[str, ...]]:
+    """Every local rank's binding for this step (mode ``STATE.mode``) with the
+    MPS environment -> ``([(local_rank, TaskActions)], plan warnings)``;
+    ``([], ())`` after logging why when it cannot be planned."""
     try:
         from gsrun.bind.plan import plan_from_env
         from gsrun.facts.hostfs import HostFS
         from gsrun.facts.topology import read_allowed_mems
     except ImportError as e:
         _log("error", f"gsrun: {PHASE}: bind: gsrun.bind.plan not available: {e}")
-        return 0
+        return [], ()
     environ = sp.get_item("S_JOB_ENV") or {}
     try:
         hostfs = HostFS.from_env(environ=os.environ)  # the admin's root, never the job's
         allowed = sorted(os.sched_getaffinity(0)) if hostfs.is_real else None
         STATE.plan = plan_from_env(environ, hostfs, allowed, gpu_isolation=STATE.mode == "isolate")
-        STATE.allowed_mems = read_allowed_mems(hostfs)
+        mems = read_allowed_mems(hostfs)
+        mig = None
         if STATE.config is not None:
             from gsrun.bind.plan import read_job_mig_devices
 
-            STATE.mig_devices = read_job_mig_devices(STATE.config["paths.spool_dir"], environ.get("SLURM_JOB_ID"),
-                                                     environ.get("SLURMD_NODENAME"))
+            mig = read_job_mig_devices(STATE.config["paths.spool_dir"], environ.get("SLURM_JOB_ID"),
+                                       environ.get("SLURMD_NODENAME"))
+        actions = [(r.local_rank, task_actions(STATE.plan, r.local_rank, STATE.mps_env, mems, mig,
+                                               STATE.mode == "isolate")) for r in STATE.plan.ranks]
     except Exception as e:  # noqa: BLE001 - GsrunError with a message; the job runs unbound
         STATE.plan = None
         _log("error", f"gsrun: {PHASE}: bind: {e}")
         _log("error", f"gsrun: {PHASE}: bind: tasks of this step run with Slurm's binding")
-        return 0
-    for w in STATE.plan.warnings:
-        _log("verbose", f"gsrun: {PHASE}: bind: {w}")
-    return 0
+        return [], ()
+    return actions, tuple(STATE.plan.warnings)
 
 
-def slurm_spank_task_init(ctx: str, args: dict) -> int:
-    """remote, in each task before exec (as the job's user): apply the rank's
-    affinity, memory policy and environment, and the MPS client env."""
-    if ctx != "remote":
-        return 0
-    if STATE.plan is None and not STATE.mps_env:
-        return 0
-    sp = _spank()
-    local_rank = sp.get_item("S_TASK_ID")
-    try:
-        act = task_actions(STATE.plan, local_rank, STATE.mps_env, STATE.allowed_mems, STATE.mig_devices,
-                           STATE.mode == "isolate")
-    except Exception as e:  # noqa: BLE001 - InputError: rank outside the plan
-        _log("error", f"gsrun: {PHASE}: bind: task {local_rank}: {e}")
-        act = task_actions(None, None, STATE.mps_env)
-    for name in act.unsetenv:
-        sp.unsetenv(name)
-    for name, value in act.setenv.items():
-        sp.setenv(name, value, True)
-    if act.cpus:
-        # task_init runs in the task itself: S_TASK_PID is not set yet there
-        # (a real slurmstepd answered ESRCH for it), so bind ourselves (pid 0).
+def _hand_task_plan(sp, actions: list[tuple[int, TaskActions]], notes: tuple[str, ...],
+                    others: TaskActions | None) -> None:
+    """Give the plugin the step's plan (:func:`format_actions`): the ranks'
+    ``actions`` and, for a task without a block of its own, ``others`` (the
+    MPS environment, or None). A plan the line format or the plugin refuses
+    (``ValueError``): logged, and the tasks get ``others`` only."""
+    tries = [(actions, notes), ([], ())] if actions else [([], ())]
+    for acts, nts in tries:
+        if not acts and others is None:
+            return
         try:
-            os.sched_setaffinity(0, act.cpus)
-        except OSError as e:
-            _log("error", f"gsrun: {PHASE}: bind: task {local_rank}: sched_setaffinity "
-                          f"{list(act.cpus)}: {e.strerror}")
-    if act.mem_nodes:
-        try:
-            sp.set_mempolicy(MPOL_BIND, list(act.mem_nodes))
-        except OSError as e:
-            _log("verbose", f"gsrun: {PHASE}: bind: task {local_rank}: set_mempolicy "
-                            f"{list(act.mem_nodes)}: {e.strerror}")
-    return 0
+            text = format_actions(acts, nts, others)
+            sp.set_task_plan(text)
+        except ValueError as e:
+            what = "bind" if acts else "mps"
+            _log("error", f"gsrun: {PHASE}: {what}: the step's plan: {e}")
+            if acts:
+                _log("error", f"gsrun: {PHASE}: bind: tasks of this step run with Slurm's binding")
+            continue
+        STATE.task_plan = text
+        return

@@ -9,7 +9,8 @@
  * usage: spank_harness SO CONTEXT [plugstack args...]
  *   CONTEXT: allocator | local | remote | job_script | slurmd
  *   FAKE_OPTS="gs-mps=50;gs-tune=x=1"  options as the user gave them
- *   FAKE_MAJOR / FAKE_MINOR             running Slurm version (default 22/05)
+ *   FAKE_MAJOR / FAKE_MINOR             running Slurm version (default: the one of the
+ *                                       headers this harness is compiled with, e.g. 24/11)
  *   FAKE_STEPID                         S_JOB_STEPID (default 0, a normal step)
  *   FAKE_GETOPT="gs-mps=50"             what spank_option_getopt answers (an option
  *                                       Slurm forwarded to slurmstepd); else not given
@@ -26,12 +27,15 @@
 #include <unistd.h>
 
 #include <slurm/spank.h>
+#include <slurm/slurm_version.h>
 
 struct spank_handle { int unused; };
 static struct spank_handle handle;
 static spank_context_t ctx;
 static struct spank_option *reg[64];
 static int nreg;
+static int task_id = -1; /* S_TASK_ID: the local rank of the forked task, -1 outside a task */
+static char built_major[8], built_minor[8]; /* the Slurm of the headers: "24", "05" */
 
 spank_context_t spank_context(void) { return ctx; }
 int spank_remote(spank_t s) { (void)s; return ctx == S_CTX_REMOTE; }
@@ -70,14 +74,19 @@ spank_err_t spank_get_item(spank_t s, spank_item_t item, ...)
 	va_start(ap, item);
 	spank_err_t rc = ESPANK_SUCCESS;
 	switch (item) {
-	case S_SLURM_VERSION_MAJOR: *va_arg(ap, char **) = getenv("FAKE_MAJOR") ? getenv("FAKE_MAJOR") : "22"; break;
-	case S_SLURM_VERSION_MINOR: *va_arg(ap, char **) = getenv("FAKE_MINOR") ? getenv("FAKE_MINOR") : "05"; break;
+	case S_SLURM_VERSION_MAJOR: *va_arg(ap, char **) = getenv("FAKE_MAJOR") ? getenv("FAKE_MAJOR") : built_major; break;
+	case S_SLURM_VERSION_MINOR: *va_arg(ap, char **) = getenv("FAKE_MINOR") ? getenv("FAKE_MINOR") : built_minor; break;
 	case S_SLURM_VERSION: *va_arg(ap, char **) = "fake-version"; break;
 	case S_JOB_ID: *va_arg(ap, uint32_t *) = 4242; break;
 	case S_JOB_STEPID: *va_arg(ap, uint32_t *) = getenv("FAKE_STEPID") ? (uint32_t)strtoul(getenv("FAKE_STEPID"), NULL, 0) : 0; break;
 	case S_JOB_UID: *va_arg(ap, uid_t *) = 1000; break;
 	case S_JOB_NCPUS: *va_arg(ap, uint16_t *) = 16; break;
-	case S_TASK_ID: *va_arg(ap, int *) = 1; break;
+	case S_TASK_ID:
+		if (task_id < 0)
+			rc = ESPANK_NOT_TASK;
+		else
+			*va_arg(ap, int *) = task_id;
+		break;
 	case S_TASK_PID: *va_arg(ap, pid_t *) = getpid(); break;
 	case S_JOB_ENV: *va_arg(ap, char ***) = env; break;
 	case S_JOB_SUPPLEMENTARY_GIDS: {
@@ -126,6 +135,20 @@ spank_err_t spank_job_control_setenv(spank_t s, const char *name, const char *va
 
 spank_err_t spank_job_control_getenv(spank_t s, const char *n, char *b, int l) { (void)s; (void)n; (void)b; (void)l; return ESPANK_ENV_NOEXIST; }
 spank_err_t spank_job_control_unsetenv(spank_t s, const char *n) { (void)s; (void)n; return ESPANK_SUCCESS; }
+
+/*
+ * Python's fork repair, interposed: the Python half of the plugin is linked to libpython, which
+ * the plugin dlopen()s RTLD_GLOBAL, and symbols resolve to this executable's (-rdynamic) first.
+ * slurmstepd forks the tasks itself, so no PyOS_BeforeFork() ever ran: on Python 3.13+ the real
+ * PyOS_AfterFork_Child() then aborts ("PyMutex_Unlock: unlocking mutex that is not locked").
+ * The plugin must never enter Python in a forked task: if it tries, the task dies here on every
+ * Python version (CHILD n ... signaled=6).
+ */
+void PyOS_AfterFork_Child(void)
+{
+	printf("AFTERFORK_CHILD without before-fork (pid %d, task %d)\n", (int)getpid(), task_id);
+	abort();
+}
 
 #define LOGFN(fn, tag) \
 	void fn(const char *fmt, ...) \
@@ -180,6 +203,8 @@ static void give_options(int remote)
 int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IONBF, 0);
+	snprintf(built_major, sizeof(built_major), "%d", SLURM_VERSION_MAJOR(SLURM_VERSION_NUMBER));
+	snprintf(built_minor, sizeof(built_minor), "%02d", SLURM_VERSION_MINOR(SLURM_VERSION_NUMBER));
 	if (argc < 3) {
 		fprintf(stderr, "usage: %s SO CONTEXT [args...]\n", argv[0]);
 		return 2;
@@ -208,7 +233,8 @@ int main(int argc, char **argv)
 		call(so, "slurm_spank_user_init", ac, av);
 		for (int t = 0; t < 2; t++) {
 			pid_t pid = fork();
-			if (pid == 0) { /* the task, as slurmstepd forks it */
+			if (pid == 0) { /* the task, as slurmstepd forks it: local rank t */
+				task_id = t;
 				int rc = call(so, "slurm_spank_task_init", ac, av);
 				cpu_set_t set;
 				CPU_ZERO(&set);
@@ -220,7 +246,9 @@ int main(int argc, char **argv)
 			waitpid(pid, &st, 0);
 			printf("CHILD %d exit=%d signaled=%d\n", t, WIFEXITED(st) ? WEXITSTATUS(st) : -1,
 			       WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+			task_id = t; /* task_exit: in slurmstepd, for that task */
 			call(so, "slurm_spank_task_exit", ac, av);
+			task_id = -1;
 		}
 	}
 	if (ctx == S_CTX_JOB_SCRIPT)

@@ -210,13 +210,14 @@ def test_allocator_bad_value_fails_submission(built, harness, real_site):
 
 
 def test_remote_binds_in_forked_tasks(built, harness, real_site):
-    """user_init in the parent, task_init in forked children (Python repaired
-    after fork), MPS env for the job, no crash."""
+    """user_init in the parent plans every rank (Python), task_init in each forked child applies
+    its rank's part in C (no Python there), MPS env for the job, no crash."""
     rc, out, err = run_harness(harness, built, "remote", real_site, opts="gs-mps=50")
     assert rc == 0, (out, err)
     for t in (0, 1):
         assert f"CHILD {t} exit=0 signaled=0" in out, (out, err)
     assert out.count("RC slurm_spank_task_init 0") == 2
+    assert [l for l in out if l.startswith("SETENV LOCAL_RANK=")] == ["SETENV LOCAL_RANK=0", "SETENV LOCAL_RANK=1"]
     assert out.count("SETENV CUDA_MPS_PIPE_DIRECTORY=/run/gsrun/mps/4242/pipe") == 2
     # the affinity the task really has after task_init = the plan's CPUs for its rank
     from gsrun.base.cpulist import parse_cpulist
@@ -326,6 +327,78 @@ def test_option_forwarded_to_slurmstepd_starts_python(built, harness, real_site)
     assert "GETOPT gs-mps" in out
     assert out.count("SETENV CUDA_MPS_PIPE_DIRECTORY=/run/gsrun/mps/4242/pipe") == 2
     assert not [l for l in out if l.startswith("SETENV GSRUN_BIND_CPUS=")]   # batch step: not bound
+    assert not [l for l in out if l.startswith("ERROR")], out                 # every task: "rank *"
+
+
+@pytest.mark.parametrize("args,env_extra", [
+    ((), {}),                                                           # a bound step, no option
+    ((), {"FAKE_GETOPT": "gs-mps=50"}),                                 # bound, MPS
+    ((), {"FAKE_GETOPT": "gs-bind=isolate"}),
+    (("bind=none",), {"FAKE_GETOPT": "gs-mps"}),                        # MPS only
+    ((), {"FAKE_GETOPT": "gs-mps=50", "FAKE_STEPID": "0xfffffffb"}),   # batch step: MPS only
+])
+def test_python_is_never_entered_in_a_forked_task(built, harness, real_site, args, env_extra):
+    """slurmstepd forks the tasks itself (no PyOS_BeforeFork ran): the harness's own
+    PyOS_AfterFork_Child aborts the task if the plugin enters Python there, as CPython 3.13+ does.
+    Python runs in the parent (user_init), the tasks get their part of its plan in C."""
+    rc, out, err = run_harness(harness, built, "remote", real_site, *args, env_extra=env_extra)
+    assert rc == 0, (out, err)
+    assert "CHILD 0 exit=0 signaled=0" in out and "CHILD 1 exit=0 signaled=0" in out, out
+    assert not [l for l in out if l.startswith(("AFTERFORK", "ERROR"))], out
+    assert "LIBPYTHON mapped=1" in out and [l for l in out if l.startswith("SETENV ")], out
+
+
+PLAN_DOUBLE = r"""
+import _spank
+def slurm_spank_user_init(ctx, args):
+    for bad in ("GSA1\nrank 4096\nend\n", "GSA1\nrank 0\nrank 0\nend\n", "GSA1\nrank -1\nend\n",
+                "GSA1\nrank 0\nset A=1\n", "nope\n", "GSA1\nset A=1\nend\n"):
+        try:
+            _spank.set_task_plan(bad)
+        except ValueError as e:
+            _spank.log("info", "refused: %s" % e)
+        else:
+            raise AssertionError(bad)
+    _spank.set_task_plan("GSA1\nrank 0\nunset DROP_ME\nset ZERO=0\ncpus 1023\nmems 1000\n"
+                         "rank *\nset OTHER=1\nnote planned by a double\nend\n")
+"""
+
+
+def test_a_plan_from_python_is_applied_in_c_per_rank(built, harness, tmp_path):
+    """_spank.set_task_plan: the plugin's one parser refuses a malformed plan (ValueError: the line);
+    task_init applies the task's block; a rank without one is an error and gets the "rank *" block.
+    Failing affinity or memory policy is logged, the task runs."""
+    assert os.cpu_count() < 1024
+    site = double_site(tmp_path, PLAN_DOUBLE)
+    rc, out, err = run_harness(harness, built, "remote", site)
+    assert rc == 0, (out, err)
+    assert [l for l in out if l.startswith("INFO: refused: ")] == [
+        "INFO: refused: set_task_plan: line 2: rank 4096", "INFO: refused: set_task_plan: line 3: rank 0",
+        "INFO: refused: set_task_plan: line 2: rank -1", 'INFO: refused: set_task_plan: no "end" line',
+        "INFO: refused: set_task_plan: not a GSA1 plan: nope", "INFO: refused: set_task_plan: line 2: set A=1"]
+    assert "VERBOSE: gsrun: spank: bind: planned by a double" in out
+    t0 = out[out.index("RC slurm_spank_user_init 0") + 1:out.index("CHILD 0 exit=0 signaled=0")]
+    assert t0[:3] == ["UNSETENV DROP_ME", "SETENV ZERO=0",
+                      "ERROR: gsrun: spank: bind: task 0: sched_setaffinity 1023: Invalid argument"], t0
+    assert t0[3].startswith("VERBOSE: gsrun: spank: bind: task 0: set_mempolicy: "), t0
+    t1 = out[out.index("CHILD 0 exit=0 signaled=0") + 1:out.index("CHILD 1 exit=0 signaled=0")]
+    assert t1[:2] == ["RC slurm_spank_task_exit 0", "ERROR: gsrun: spank: bind: task 1: no such local rank in "
+                      "the plan (1 ranks): it runs with Slurm's binding"], t1
+    assert t1[2] == "SETENV OTHER=1", t1
+    cpus = len(os.sched_getaffinity(0))
+    assert [l for l in out if l.startswith("TASK ")] == [f"TASK 0 pid-ok cpus={cpus}", f"TASK 1 pid-ok cpus={cpus}"]
+
+
+def test_a_step_that_cannot_be_bound_still_gets_the_mps_env(built, harness, real_site, tmp_path):
+    empty = tmp_path / "no-host"
+    empty.mkdir()
+    rc, out, err = run_harness(harness, built, "remote", real_site,
+                               env_extra={"FAKE_GETOPT": "gs-mps=50", "GSRUN_HOST_ROOT": str(empty)})
+    assert rc == 0, (out, err)
+    assert "ERROR: gsrun: spank: bind: tasks of this step run with Slurm's binding" in out
+    assert "CHILD 0 exit=0 signaled=0" in out and "CHILD 1 exit=0 signaled=0" in out, out
+    assert out.count("SETENV CUDA_MPS_PIPE_DIRECTORY=/run/gsrun/mps/4242/pipe") == 2
+    assert not [l for l in out if l.startswith("SETENV GSRUN_BIND_CPUS=")]
 
 
 def test_bound_step_without_options_starts_python_and_binds(built, harness, real_site):
@@ -380,10 +453,12 @@ def test_plugstack_args_are_strict(built, harness, real_site, args, needle, hint
 
 
 def test_refuses_other_slurm_release(built, harness, real_site):
-    rc, out, err = run_harness(harness, built, "allocator", real_site,
-                               env_extra={"FAKE_MAJOR": "24", "FAKE_MINOR": "11"})
-    assert rc == 10, (out, err)
+    """A release other than the one of the headers it was built with (the harness answers that one
+    unless told): refused, whichever Slurm the test runs on."""
     num = spank_build.slurm_version_number("/usr/include")
+    other = {"FAKE_MAJOR": str((num >> 16 & 0xff) + 1), "FAKE_MINOR": f"{num >> 8 & 0xff:02d}"}
+    rc, out, err = run_harness(harness, built, "allocator", real_site, env_extra=other)
+    assert rc == 10, (out, err)
     assert (f"ERROR: gsrun: spank: version: gsrun_spank.so was built for Slurm "
             f"{num >> 16 & 0xff}.{num >> 8 & 0xff:02d} but this is Slurm fake-version; refusing to load") in out
     assert any("gsrun-node spank build" in l for l in out)
@@ -398,7 +473,7 @@ def slurm_spank_init_post_opt(ctx, args):
 def slurm_spank_user_init(ctx, args):
     sys.exit(3)                       # must not end slurmstepd
 def slurm_spank_task_init(ctx, args):
-    raise KeyboardInterrupt()
+    raise KeyboardInterrupt()         # never called: Python is not entered in a forked task
 def slurm_spank_task_exit(ctx, args):
     return "not an int"
 def slurm_spank_exit(ctx, args):
@@ -430,7 +505,9 @@ def test_python_errors_never_crash_the_host(built, harness, tmp_path):
     assert any(l.startswith("ERROR: gsrun: spank: slurm_spank_init_post_opt: Traceback") for l in out)
     assert any("hooks.py" in l and "line 6" in l for l in out if "post_opt" in l)
     assert "ERROR: gsrun: spank: slurm_spank_user_init: SystemExit: 3" in out
-    assert "ERROR: gsrun: spank: slurm_spank_task_init: KeyboardInterrupt: " in out
+    assert out.count("VERBOSE: gsrun: spank: slurm_spank_task_init: not called in a forked task: Python runs "
+                     "only in the process that started it (slurmstepd)") == 2
+    assert not [l for l in out if "KeyboardInterrupt" in l or l.startswith("AFTERFORK")], out
     assert "ERROR: gsrun: spank: slurm_spank_task_exit: returned str, expected int or None" in out
     assert "CHILD 0 exit=0 signaled=0" in out and "CHILD 1 exit=0 signaled=0" in out
     assert "INFO: exit ok %sremote" in out            # user text is never a format string
@@ -585,7 +662,8 @@ def fake_agent(tmp_path, serve, connections: int):
 
 
 @pytest.mark.parametrize("answer", [b"", b"error InputError: boom\n", b"GSA1\nrank 0\nset 1X=y\nend\n",
-                                    b"GSA1\nrank 99999999999\nend\n", b"GSA1\nrank 0\ncpus 0,5000\nend\n",
+                                    b"GSA1\nrank 99999999999\nend\n", b"GSA1\nrank 4096\nend\n",
+                                    b"GSA1\nrank 0\nrank 0\nend\n", b"GSA1\nrank 0\ncpus 0,5000\nend\n",
                                     b"GSA1\nrank 0\nunset A-B\nend\n", b"GSA1\nrank 0\n"])
 def test_an_agent_that_gives_no_plan_leaves_the_step_to_python(built, harness, real_site, tmp_path, answer):
     """A listener that closes without a plan, answers an error or a plan the plugin must not
@@ -648,7 +726,7 @@ def test_remote_options_are_the_ones_slurmstepds_hooks_read():
     from gsrun.spank_py import hooks
 
     read = set()
-    for fn in (hooks.slurm_spank_init, hooks.slurm_spank_user_init, hooks.slurm_spank_task_init):
+    for fn in (hooks.slurm_spank_init, hooks.slurm_spank_user_init, hooks._bind_actions):
         for node in ast.walk(ast.parse(inspect.getsource(fn))):
             if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "option_getopt":
                 read.add(node.args[0].value)

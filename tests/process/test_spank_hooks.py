@@ -1,8 +1,9 @@
 """spank_py/hooks.py against a fake ``_spank`` module (pure tier).
 
-The fake records what the hooks ask of Slurm (job control env, task env,
-log lines), so each test checks the values that would reach the prolog or
-the task.
+The fake records what the hooks ask of Slurm (job control env, the step's
+plan handed to the plugin, log lines), so each test checks the values that
+would reach the prolog or the tasks (the plugin applies the plan in C:
+tests/process/test_spank_build.py).
 """
 
 import os
@@ -29,8 +30,9 @@ class FakeSpank(types.ModuleType):
         self.env = {}
         self.unset = []
         self.logs = []
-        self.mempolicy = []
+        self.plans = []
         self.job_control_fails = job_control_fails
+        self.plan_refused = None
 
     def context(self):
         return self.ctx
@@ -53,8 +55,11 @@ class FakeSpank(types.ModuleType):
     def unsetenv(self, name):
         self.unset.append(name)
 
-    def set_mempolicy(self, mode, nodes):
-        self.mempolicy.append((mode, list(nodes)))
+    def set_task_plan(self, text):
+        assert text.startswith("GSA1\n") and text.endswith("\nend\n"), text
+        if self.plan_refused:
+            raise ValueError(f"set_task_plan: {self.plan_refused}")
+        self.plans.append(text)
 
     def log(self, level, msg):
         self.logs.append((level, msg))
@@ -251,38 +256,53 @@ def test_task_actions_from_plan_and_mps():
     assert c.cpus == () and c.setenv == mps
 
 
-def test_task_init_applies_plan(fake, monkeypatch):
-    calls = []
-    monkeypatch.setattr(os, "sched_setaffinity", lambda pid, cpus: calls.append((pid, tuple(cpus))))
-    sp = fake(ctx="remote", items={"S_TASK_ID": 1, "S_TASK_PID": 4242})
-    hooks.STATE.plan = _plan()
-    hooks.STATE.mps_env = {"CUDA_MPS_PIPE_DIRECTORY": "/m/7/pipe", "CUDA_MPS_LOG_DIRECTORY": "/m/7/log"}
-    assert hooks.slurm_spank_task_init("remote", ARGS) == 0
-    assert calls == [(0, (2, 3))]
-    assert sp.env == {"LOCAL_RANK": "1", "GSRUN_BIND_CPUS": "2-3",
-                      "CUDA_MPS_PIPE_DIRECTORY": "/m/7/pipe", "CUDA_MPS_LOG_DIRECTORY": "/m/7/log"}
-    assert sp.mempolicy == []
+def plan_blocks(text):
+    """A GSA1 plan (what the plugin's plan_parse reads) -> {"0": {"set": {...}, "unset": [...],
+    "cpus": [...] | None, "mems": [...] | None}, ..., "*": ...}."""
+    lines = text.splitlines()
+    assert lines[0] == "GSA1" and lines[-1] == "end", text
+    blocks, cur = {}, None
+    for line in lines[1:-1]:
+        kind, _, rest = line.partition(" ")
+        if kind == "rank":
+            assert rest not in blocks, text
+            cur = blocks[rest] = {"set": {}, "unset": [], "cpus": None, "mems": None}
+        elif kind == "set":
+            name, _, value = rest.partition("=")
+            cur["set"][name] = value
+        elif kind == "unset":
+            cur["unset"].append(rest)
+        elif kind in ("cpus", "mems"):
+            cur[kind] = [int(x) for x in rest.split(",")]
+        else:
+            assert kind == "note", line
+    return blocks
 
 
-def test_task_init_rank_outside_plan_keeps_mps_env(fake, monkeypatch):
-    monkeypatch.setattr(os, "sched_setaffinity", lambda pid, cpus: pytest.fail("must not bind"))
-    sp = fake(ctx="remote", items={"S_TASK_ID": 5, "S_TASK_PID": 1})
-    hooks.STATE.plan = _plan()
-    hooks.STATE.mps_env = {"CUDA_MPS_PIPE_DIRECTORY": "/m/7/pipe"}
-    assert hooks.slurm_spank_task_init("remote", ARGS) == 0
-    assert sp.env == {"CUDA_MPS_PIPE_DIRECTORY": "/m/7/pipe"}
-    assert any("task 5" in m and "no such local rank" in m for lvl, m in sp.logs if lvl == "error")
+def test_format_actions_gives_each_rank_its_block_and_the_others_theirs():
+    mps = {"CUDA_MPS_PIPE_DIRECTORY": "/m/7/pipe", "CUDA_MPS_LOG_DIRECTORY": "/m/7/log"}
+    acts = [(r, hooks.task_actions(_plan(), r, mps, allowed_mems=[0, 1])) for r in (0, 1)]
+    text = hooks.format_actions(acts, ("SLURM_LOCALID 3 >= tasks\nper node",),
+                                others=hooks.task_actions(None, None, mps))
+    assert text == (
+        "GSA1\n"
+        "rank 0\nunset ROCR_VISIBLE_DEVICES\nset LOCAL_RANK=0\nset GSRUN_BIND_CPUS=0-1\n"
+        "set CUDA_MPS_PIPE_DIRECTORY=/m/7/pipe\nset CUDA_MPS_LOG_DIRECTORY=/m/7/log\ncpus 0,1\nmems 0\n"
+        "rank 1\nset LOCAL_RANK=1\nset GSRUN_BIND_CPUS=2-3\n"
+        "set CUDA_MPS_PIPE_DIRECTORY=/m/7/pipe\nset CUDA_MPS_LOG_DIRECTORY=/m/7/log\ncpus 2,3\n"
+        "rank *\nset CUDA_MPS_PIPE_DIRECTORY=/m/7/pipe\nset CUDA_MPS_LOG_DIRECTORY=/m/7/log\n"
+        "note SLURM_LOCALID 3 >= tasks per node\n"
+        "end\n")
+    assert hooks.format_actions([]) == "GSA1\nend\n"
 
 
-def test_task_init_affinity_error_is_logged_not_raised(fake, monkeypatch):
-    def boom(pid, cpus):
-        raise OSError(22, "Invalid argument")
-    monkeypatch.setattr(os, "sched_setaffinity", boom)
-    sp = fake(ctx="remote", items={"S_TASK_ID": 0, "S_TASK_PID": 9})
-    hooks.STATE.plan = _plan()
-    assert hooks.slurm_spank_task_init("remote", ARGS) == 0
-    assert any("sched_setaffinity [0, 1]: Invalid argument" in m for _, m in sp.logs)
-    assert sp.mempolicy == [(hooks.MPOL_BIND, [0])]
+@pytest.mark.parametrize("act", [hooks.TaskActions(setenv={"A": "x\ny"}), hooks.TaskActions(setenv={"1A": "x"}),
+                                 hooks.TaskActions(unsetenv=("A-B",)), hooks.TaskActions(setenv={"A": "\0"})])
+def test_format_actions_refuses_what_a_line_cannot_carry(act):
+    with pytest.raises(ValueError):
+        hooks.format_actions([(0, act)])
+    with pytest.raises(ValueError):
+        hooks.format_actions([], others=act)
 
 
 H200_TREE = str(TARBALL)   # our own probe of the H200 VM (tests/data/hosts/h200-vm/README.md)
@@ -297,9 +317,10 @@ def h200_root(tmp_path):
     return root
 
 
-def test_user_init_then_task_init_on_recorded_h200(fake, h200_root, monkeypatch):
+def test_user_init_plans_every_rank_on_recorded_h200(fake, h200_root, monkeypatch):
     """user_init plans from the job env on the recorded H200 host (16 CPUs,
-    one NUMA node, GPU 0), each task gets its half of the cores."""
+    one NUMA node, GPU 0) and hands the plugin one plan: each rank its half of
+    the cores, the GPU and the MPS env; any other task the MPS env."""
     monkeypatch.setenv("GSRUN_HOST_ROOT", str(h200_root))
     job_env = {"SLURM_STEP_TASKS_PER_NODE": "2", "SLURM_STEP_GPUS": "0", "CUDA_VISIBLE_DEVICES": "0"}
     sp = fake(ctx="remote", options={"gs-mps": "50"},
@@ -307,28 +328,65 @@ def test_user_init_then_task_init_on_recorded_h200(fake, h200_root, monkeypatch)
     hooks.slurm_spank_init("remote", ARGS)
     assert hooks.slurm_spank_user_init("remote", ARGS) == 0
     assert [lvl for lvl, _ in sp.logs if lvl == "error"] == []
-    assert hooks.STATE.mps_env == {"CUDA_MPS_PIPE_DIRECTORY": "/run/gsrun/mps/77/pipe",
-                                   "CUDA_MPS_LOG_DIRECTORY": "/run/gsrun/mps/77/log"}
-    calls = []
-    monkeypatch.setattr(os, "sched_setaffinity", lambda pid, cpus: calls.append((pid, tuple(cpus))))
-    for rank in (0, 1):
-        sp.items.update({"S_TASK_ID": rank, "S_TASK_PID": 100 + rank})
-        sp.env.clear()
-        assert hooks.slurm_spank_task_init("remote", ARGS) == 0
-        assert sp.env["LOCAL_RANK"] == str(rank) and sp.env["CUDA_VISIBLE_DEVICES"] == "0"
-        assert sp.env["CUDA_MPS_PIPE_DIRECTORY"] == "/run/gsrun/mps/77/pipe"
-    assert calls == [(0, tuple(range(0, 8))), (0, tuple(range(8, 16)))]
-    assert sp.mempolicy == []       # one NUMA node: no memory binding
+    mps = {"CUDA_MPS_PIPE_DIRECTORY": "/run/gsrun/mps/77/pipe", "CUDA_MPS_LOG_DIRECTORY": "/run/gsrun/mps/77/log"}
+    assert hooks.STATE.mps_env == mps
+    assert len(sp.plans) == 1 and hooks.STATE.task_plan == sp.plans[0]
+    blocks = plan_blocks(sp.plans[0])
+    assert sorted(blocks) == ["*", "0", "1"]
+    for rank, cpus in ((0, range(0, 8)), (1, range(8, 16))):
+        b = blocks[str(rank)]
+        assert b["cpus"] == list(cpus)
+        assert b["set"]["LOCAL_RANK"] == str(rank) and b["set"]["CUDA_VISIBLE_DEVICES"] == "0"
+        assert {k: b["set"][k] for k in mps} == mps
+        assert b["mems"] is None        # one NUMA node: no memory binding
+    assert blocks["*"] == {"set": mps, "unset": [], "cpus": None, "mems": None}
 
 
-def test_user_init_bind_error_is_logged_and_step_runs_unbound(fake, tmp_path, monkeypatch):
+def test_user_init_bind_error_is_logged_and_tasks_still_get_the_mps_env(fake, tmp_path, monkeypatch):
     monkeypatch.setenv("GSRUN_HOST_ROOT", str(tmp_path))      # a host root with no topology
-    sp = fake(ctx="remote", items={"S_JOB_STEPID": 0, "S_JOB_ID": 77,
-                                   "S_JOB_ENV": {"SLURM_STEP_TASKS_PER_NODE": "x"}})
+    sp = fake(ctx="remote", options={"gs-mps": ""}, items={"S_JOB_STEPID": 0, "S_JOB_ID": 77,
+                                                           "S_JOB_ENV": {"SLURM_STEP_TASKS_PER_NODE": "2"}})
     assert hooks.slurm_spank_user_init("remote", ARGS) == 0
     assert hooks.STATE.plan is None
     errors = [m for lvl, m in sp.logs if lvl == "error"]
-    assert errors and errors[0].startswith("gsrun: spank: bind: ")
+    assert errors[0].startswith("gsrun: spank: bind: ")
+    assert errors[-1] == "gsrun: spank: bind: tasks of this step run with Slurm's binding"
+    assert [sorted(plan_blocks(t)) for t in sp.plans] == [["*"]]
+    assert plan_blocks(sp.plans[0])["*"]["set"]["CUDA_MPS_PIPE_DIRECTORY"] == "/run/gsrun/mps/77/pipe"
+
+
+def test_a_plan_the_line_format_cannot_carry_leaves_the_mps_env(fake, h200_root, monkeypatch):
+    """A rank's environment value with a newline: logged, the tasks keep Slurm's binding and get the
+    MPS env; without MPS no plan at all."""
+    monkeypatch.setenv("GSRUN_HOST_ROOT", str(h200_root))
+    real = hooks.task_actions
+
+    def bad(plan, *a, **kw):
+        act = real(plan, *a, **kw)
+        if plan is not None:     # a rank's, not the MPS env of the others
+            act.setenv["NCCL_SOCKET_IFNAME"] = "eth0\nset LD_PRELOAD=/x.so"
+        return act
+    monkeypatch.setattr(hooks, "task_actions", bad)
+    items = {"S_JOB_STEPID": 0, "S_JOB_ID": 77, "S_JOB_ENV": {"SLURM_STEP_TASKS_PER_NODE": "2"}}
+    sp = fake(ctx="remote", options={"gs-mps": "50"}, items=items)
+    assert hooks.slurm_spank_user_init("remote", ARGS) == 0
+    errors = [m for lvl, m in sp.logs if lvl == "error"]
+    assert errors == ["gsrun: spank: bind: the step's plan: environment entry 'NCCL_SOCKET_IFNAME'",
+                      "gsrun: spank: bind: tasks of this step run with Slurm's binding"]
+    assert [sorted(plan_blocks(t)) for t in sp.plans] == [["*"]]
+    hooks.STATE.reset()
+    sp = fake(ctx="remote", items=items)
+    assert hooks.slurm_spank_user_init("remote", ARGS) == 0
+    assert sp.plans == [] and hooks.STATE.task_plan is None
+
+
+def test_a_plan_the_plugin_refuses_is_logged(fake):
+    sp = fake(ctx="remote", options={"gs-mps": ""}, items={"S_JOB_STEPID": 0xFFFFFFFB, "S_JOB_ID": 5})
+    sp.plan_refused = "line 2: rank 4096"
+    assert hooks.slurm_spank_user_init("remote", ARGS) == 0
+    assert [m for lvl, m in sp.logs if lvl == "error"] == [
+        "gsrun: spank: mps: the step's plan: set_task_plan: line 2: rank 4096"]
+    assert hooks.STATE.task_plan is None
 
 
 def test_user_init_batch_step_gets_mps_but_no_binding(fake):
@@ -337,18 +395,22 @@ def test_user_init_batch_step_gets_mps_but_no_binding(fake):
     assert hooks.slurm_spank_user_init("remote", ARGS) == 0
     assert hooks.STATE.plan is None and hooks.STATE.mps_env["CUDA_MPS_PIPE_DIRECTORY"].endswith("/5/pipe")
     assert sp.logs == []
+    assert sp.plans == ["GSA1\nrank *\nset CUDA_MPS_PIPE_DIRECTORY=/run/gsrun/mps/5/pipe\n"
+                        "set CUDA_MPS_LOG_DIRECTORY=/run/gsrun/mps/5/log\nend\n"]
 
 
 def test_user_init_bind_none_in_plugstack(fake):
-    fake(ctx="remote", options={"gs-bind": "isolate"}, items={"S_JOB_STEPID": 0, "S_JOB_ID": 5})
+    sp = fake(ctx="remote", options={"gs-bind": "isolate"}, items={"S_JOB_STEPID": 0, "S_JOB_ID": 5})
     assert hooks.slurm_spank_user_init("remote", {**ARGS, "bind": "none"}) == 0
     assert hooks.STATE.mode == "none" and hooks.STATE.plan is None and hooks.STATE.mps_env is None
+    assert sp.plans == [] and sp.logs == []          # nothing for the tasks: no plan, Slurm's binding
 
 
-def test_task_init_without_plan_or_mps_does_nothing(fake):
-    sp = fake(ctx="remote", items={"S_TASK_ID": 0})
-    assert hooks.slurm_spank_task_init("remote", ARGS) == 0
-    assert sp.env == {} and sp.logs == []
+def test_no_python_hook_runs_in_the_forked_tasks():
+    """slurmstepd calls task_init(_privileged) in the task it forked, where the plugin never enters
+    Python: the module defines neither (the plugin applies the plan user_init handed it)."""
+    assert not hasattr(hooks, "slurm_spank_task_init")
+    assert not hasattr(hooks, "slurm_spank_task_init_privileged")
 
 
 REMOTE_STEP = r"""
@@ -359,7 +421,7 @@ sp.get_item = {"S_JOB_STEPID": 0, "S_JOB_ID": 12, "S_TASK_ID": 1,
                              "CUDA_VISIBLE_DEVICES": "0"}}.get
 sp.option_getopt = lambda name: None
 sp.log = lambda level, msg: print(level, msg, file=sys.stderr)
-sp.setenv = sp.unsetenv = sp.set_mempolicy = lambda *a: None
+sp.setenv = sp.unsetenv = sp.set_task_plan = lambda *a: None
 sys.modules["_spank"] = sp
 before = set(sys.modules)
 from gsrun.spank_py import hooks
