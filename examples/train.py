@@ -54,7 +54,15 @@ def main() -> int:
         device = torch.device("cuda", local_rank)
     else:
         device = torch.device("cpu")
-    dist.init_process_group(backend=backend, rank=rank, world_size=world)
+    try:
+        dist.init_process_group(backend=backend, rank=rank, world_size=world)
+    except RuntimeError as e:
+        # a torch built without libuv (Debian's) has only the classic TCPStore, which
+        # torch >= 2.4 asks for only with USE_LIBUV=0; every rank fails alike, so every rank retries
+        if "libuv" not in str(e):
+            raise
+        os.environ["USE_LIBUV"] = "0"
+        dist.init_process_group(backend=backend, rank=rank, world_size=world)
     torch.manual_seed(1234 + rank)
     model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10)).to(device)
     ddp = nn.parallel.DistributedDataParallel(model, device_ids=[local_rank] if use_cuda else None)
