@@ -9,10 +9,30 @@ import re
 import subprocess
 import time
 from pathlib import Path
+from typing import NamedTuple
+
+from gsrun.facts.sacct import parse_sacct
+from gsrun.facts.slurm import parse_job_record, state_word
 
 CLUSTER = os.environ.get("GSRUN_TEST_CLUSTER")
 VENV = os.environ.get("GSRUN_VENV", "/opt/gsrun/venv")
 USER = os.environ.get("GSRUN_TEST_USER", "gsrun-test")
+# states a job or step does not leave
+END_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
+                        "BOOT_FAIL", "DEADLINE"})
+STEP_FORMAT = ("JobID", "State", "ExitCode")
+
+
+class JobEnd(NamedTuple):
+    """How Slurm says a job (or step) ended: ``state`` the word (``CANCELLED``
+    of ``CANCELLED by 0``), ``exit_code`` as Slurm prints it (``status:signal``),
+    ``derived`` the DerivedExitCode (None where the source has none), ``output``
+    the job's StdOut path (None where unknown), ``source`` where it was read."""
+    state: str
+    exit_code: str
+    derived: str | None
+    output: str | None
+    source: str
 
 
 class Cluster:
@@ -62,16 +82,99 @@ class Cluster:
         return False
 
     def wait_job_done(self, job_id: str, timeout_s: float = 300.0) -> str:
+        """The job's end state once it has one (see :meth:`job_end`)."""
+        return self.job_end(job_id, timeout_s).state
+
+    def _sacct(self, job: str, fmt=STEP_FORMAT) -> list:
+        """sacct's rows for ``job`` (``ID`` or ``ID.STEP``), parsed by the product's
+        sacct parser; None when the cluster has no accounting to ask."""
+        cp = self.as_root(["sacct", "-n", "-P", "-o", ",".join(fmt), "-j", job], check=False)
+        if cp.returncode != 0:
+            return None
+        return parse_sacct(cp.stdout, fmt)
+
+    def job_state(self, job_id: str) -> str:
+        """The job's state word now (``""`` when slurmctld has no record of it)."""
+        cp = self.as_root(["scontrol", "-o", "show", "job", job_id], check=False)
+        rec = parse_job_record(cp.stdout, job_id) if cp.returncode == 0 else None
+        return state_word((rec or {}).get("JobState"))
+
+    def job_end(self, job_id: str, timeout_s: float = 300.0) -> JobEnd:
+        """Wait until the job has ended; its end as slurmctld's record says
+        (``scontrol -o show job``, read by the product's
+        :func:`gsrun.facts.slurm.parse_job_record`), or as accounting says
+        (``sacct -X``) once the record has aged out of slurmctld."""
         deadline = time.monotonic() + timeout_s
-        state = ""
-        while time.monotonic() < deadline:
+        seen = ""
+        while True:
             cp = self.as_root(["scontrol", "-o", "show", "job", job_id], check=False)
-            m = re.search(r"JobState=(\S+)", cp.stdout)
-            state = m.group(1) if m else ""
-            if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"):
-                return state
+            rec = parse_job_record(cp.stdout, job_id) if cp.returncode == 0 else None
+            if rec is not None:
+                seen = state_word(rec.get("JobState"))
+                if seen in END_STATES:
+                    return JobEnd(seen, rec.get("ExitCode", ""), rec.get("DerivedExitCode"), rec.get("StdOut"),
+                                  "scontrol")
+            elif "Invalid job id" in cp.stdout + cp.stderr:
+                rows = [r for r in self._sacct(job_id) or [] if r.job_id == job_id and r.step == ""]
+                if rows and rows[0].state in END_STATES:
+                    return JobEnd(rows[0].state, rows[0].exit_code or "", None, None, "sacct")
+            if time.monotonic() >= deadline:
+                raise AssertionError(f"job {job_id} not ended after {timeout_s} s (state {seen or '?'}; "
+                                     f"scontrol: {(cp.stdout + cp.stderr).strip()[-300:]})")
             time.sleep(0.5)
-        raise AssertionError(f"job {job_id} not done after {timeout_s} s (state {state})")
+
+    def assert_job_end(self, job_id: str, state: str = "COMPLETED", exit_code: str = "0:0",
+                       timeout_s: float = 300.0, output: Path | str | None = None) -> JobEnd:
+        """Wait for the job's end and check its state and exit code exactly;
+        the failure shows both, the derived exit code and the tail of the job's
+        output file (``output``, else the record's StdOut)."""
+        end = self.job_end(job_id, timeout_s)
+        if (end.state, end.exit_code) != (state, exit_code):
+            raise AssertionError(f"job {job_id} ended {end.state} ExitCode={end.exit_code} "
+                                 f"DerivedExitCode={end.derived} (from {end.source}), expected {state} "
+                                 f"ExitCode={exit_code}\n{self._output_tail(job_id, output or end.output)}")
+        return end
+
+    def step_end(self, job_id: str, step: str = "0", timeout_s: float = 60.0) -> JobEnd | None:
+        """A step's end as accounting says (``sacct -j ID.STEP``); None when the
+        cluster has no accounting (then the srun's own return code is the evidence)."""
+        deadline = time.monotonic() + timeout_s
+        seen = ""
+        while True:
+            rows = self._sacct(f"{job_id}.{step}")
+            if rows is None:
+                return None
+            rows = [r for r in rows if r.job_id == job_id and r.step == step]
+            if rows:
+                seen = rows[0].state or ""
+                if seen in END_STATES:
+                    return JobEnd(seen, rows[0].exit_code or "", None, None, "sacct")
+            if time.monotonic() >= deadline:
+                raise AssertionError(f"step {job_id}.{step} not ended in accounting after {timeout_s} s "
+                                     f"(state {seen or 'no record'})")
+            time.sleep(0.5)
+
+    def assert_srun_ok(self, cp: subprocess.CompletedProcess, job_id: str, step: str = "0") -> None:
+        """An ``srun`` run directly (its own allocation): exit status 0, its
+        job COMPLETED 0:0, and its step COMPLETED 0:0 where accounting keeps steps."""
+        assert cp.returncode == 0, f"srun (job {job_id}) -> {cp.returncode}\n{cp.stdout[-2000:]}\n{cp.stderr[-2000:]}"
+        self.assert_job_end(job_id)
+        end = self.step_end(job_id, step)
+        if end is not None and (end.state, end.exit_code) != ("COMPLETED", "0:0"):
+            raise AssertionError(f"step {job_id}.{step} ended {end.state} ExitCode={end.exit_code} (from sacct)\n"
+                                 f"srun stderr:\n{cp.stderr[-2000:]}")
+
+    def _output_tail(self, job_id: str, path, lines: int = 20) -> str:
+        if not path or path == "/dev/null":
+            return "(no output file)"
+        p = Path(str(path).replace("%j", job_id).replace("%A", job_id))
+        if not p.is_absolute():
+            p = self.work / p
+        try:
+            tail = p.read_text(errors="replace").splitlines()[-lines:]
+        except OSError as e:
+            return f"(output {p}: {e.strerror})"
+        return f"last {len(tail)} lines of {p}:\n" + "\n".join(tail)
 
     def hostroot_changes(self) -> list[str]:
         """Files of the fake host tree whose bytes differ from the baseline taken at bring-up

@@ -1,4 +1,4 @@
-"""Typed records and their JSON contracts (issue 16).
+"""Typed records and their JSON contracts.
 
 - ``schemas/*.schema.json`` are current (generated from the record classes)
   and valid JSON Schemas;
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import ast
 import copy
-import importlib.util
 import json
 import re
 from pathlib import Path
@@ -28,6 +27,7 @@ from gsrun.facts.sampler_state import STATE_VERSION, SamplerState
 from gsrun.report import records
 from gsrun.report.records import FindingCode, GpuSummary, JobSummary, NodeSummary
 from gsrun.report.summary import decode_js1, js1_blob, node_record
+from helpers.paths import data_entries, load_data_module
 
 REPO = Path(__file__).resolve().parents[2]
 FIX = REPO / "tests" / "data" / "summaries"
@@ -81,10 +81,7 @@ def test_old_files_read_and_write_back_unchanged(path):
 
 
 def _load_make():
-    spec = importlib.util.spec_from_file_location("summaries_make", FIX / "make.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_data_module(FIX / "make.py", "summaries_make")
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +91,7 @@ def generated(tmp_path_factory):
 
 def test_summaries_made_now_equal_the_old_files(generated):
     make = _load_make()
-    assert sorted(generated) == sorted(p.name for p in FIX.iterdir() if p.is_dir())
+    assert sorted(generated) == sorted(p.name for p in data_entries(FIX) if p.is_dir())
     for name, (states, nodes, job) in generated.items():
         d = FIX / name
         for node, st in states.items():

@@ -7,13 +7,13 @@ tests/data/traces/expect.json (times from the workload's own phase marks)."""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 
 import pytest
 
 from gsrun.request.waste import IdleConfig
 
+from helpers.paths import load_data_module
 from helpers.traces import TRACES, load, phase_start, replay, trace_files
 
 pytestmark = pytest.mark.recorded
@@ -67,7 +67,5 @@ def test_stuck_trace_evidence_and_no_idle():
 
 
 def test_synthetic_trace_is_what_its_generator_writes():
-    spec = importlib.util.spec_from_file_location("make_synthetic", TRACES / "make_synthetic.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_data_module(TRACES / "make_synthetic.py", "make_synthetic")
     assert (TRACES / "stuck_collective_synthetic.json").read_text() == mod.dump(mod.trace())

@@ -80,6 +80,7 @@ def acct_job(cluster):
                               "--seconds", "3"])
         assert cp.returncode == 0, cp.stdout + cp.stderr
         job = cluster.job_id_from(cp.stderr)
+        cluster.assert_job_end(job, "COMPLETED", "0:0")
         assert cluster.wait_file(cluster.spool / "jobs" / job / "summary.json", 60)
     finally:
         for nv in nvs:

@@ -22,12 +22,13 @@ def test_main_job_eight_ranks_two_nodes_and_gseff(cluster):
     cp = cluster.as_user(["gsrun", "--gpus", "8", "--wait", "--output", "main-%j.out", script, "--seconds", "2"])
     assert cp.returncode == 0, cp.stdout + cp.stderr
     job = cluster.job_id_from(cp.stderr)
+    cluster.assert_job_end(job, "COMPLETED", "0:0")
     ranks = [ln for ln in cp.stdout.splitlines() if ln.startswith("rank ")]
     assert len(ranks) == 8, cp.stdout
     seen = set()
     for ln in ranks:
         f = ln.split()
-        rank, node, local = f[1].split("/")[0], f[3], f[5]
+        node, local = f[3], f[5]
         cpus = f[f.index("cpus") + 1]
         seen.add((node, local))
         # gsrun-bind gave each rank CPUs of its own (2 real CPUs, 4 ranks per node: round-robin)
@@ -65,6 +66,7 @@ def test_hostile_argument_reaches_script_literally(cluster, tmp_path):
     subprocess.run(["bash", "-n"], input=dry, text=True, check=True)
     cp = cluster.as_user(["gsrun", "--gpus", "1", "--wait", "--output", "argv-%j.out", "argv.py", hostile, *others])
     assert cp.returncode == 0, cp.stderr
+    cluster.assert_job_end(cluster.job_id_from(cp.stderr), "COMPLETED", "0:0")
     line = [ln for ln in cp.stdout.splitlines() if ln.startswith("ARGV=")]
     assert line, cp.stdout
     assert eval(line[0][5:]) == [hostile, *others]  # noqa: S307 - repr of a list of str we printed
@@ -78,6 +80,7 @@ def test_wait_propagates_failing_exit_code(cluster):
                           script, "--fail-rank", "0"])
     assert cp.returncode == 3, cp.stdout + cp.stderr
     job = cluster.job_id_from(cp.stderr)
+    cluster.assert_job_end(job, "FAILED", "3:0")
     assert cluster.wait_file(cluster.spool / "jobs" / job / "user-summary.json", 60)
     js = json.loads(cluster.as_user(["gseff", "--json", job], check=True).stdout)
     assert js["job"]["state"] == "FAILED" and js["job"]["exit_code"] == 3
@@ -87,6 +90,7 @@ def test_wait_propagates_failing_exit_code(cluster):
                           script, "--fail-rank", "1"])
     assert cp.returncode == 143, cp.stdout + cp.stderr
     assert "task 1: Exited with exit code 3" in cp.stdout + cp.stderr
+    cluster.assert_job_end(cluster.job_id_from(cp.stderr), "FAILED", "143:0")
 
 
 def test_gseff_refuses_unknown_and_bad_ids(cluster):

@@ -35,6 +35,7 @@ echo "governor=$(cat {hr}/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor)"
     assert "thp=always madvise [never]" in cp.stdout
     assert "governor=performance" in cp.stdout
     job = cluster.job_id_from(cp.stderr)
+    cluster.assert_job_end(job, "COMPLETED", "0:0")
     for node in ("gpu01", "gpu02"):
         rec = json.loads((cluster.spool / "jobs" / job / f"prolog-{node}.json").read_text())
         assert rec["request"]["source"] == "job comment" and rec["exclusive"] is True
@@ -66,6 +67,7 @@ def test_tuning_refused_for_shared_job(cluster):
     assert cp.returncode == 0, cp.stderr
     assert cp.stdout.strip().splitlines()[-1] == before
     job = cluster.job_id_from(cp.stderr)
+    cluster.assert_job_end(job, "COMPLETED", "0:0")
     rec = json.loads((cluster.spool / "jobs" / job / "prolog-gpu01.json").read_text())
     items = rec["steps"]["tuning"]["items"]
     assert items[0]["action"] == "refused" and "exclusive" in items[0]["reason"]
@@ -80,6 +82,7 @@ def test_job_with_mail_type_end_gets_exactly_one_mail(cluster, smtp_server):
                           "--mail-user", "gsrun-test@localhost", "--output", "mail-%j.out", job_script])
     assert cp.returncode == 0, cp.stderr
     job = cluster.job_id_from(cp.stderr)
+    cluster.assert_job_end(job, "COMPLETED", "0:0")
     deadline = time.monotonic() + 90
     while not smtp_server and time.monotonic() < deadline:
         time.sleep(0.5)

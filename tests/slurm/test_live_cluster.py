@@ -72,9 +72,7 @@ def _alerts_for(received, job: str, kind: str) -> list:
 
 
 def _state(cluster, job: str) -> str:
-    cp = cluster.as_root(["scontrol", "-o", "show", "job", job], check=False)
-    m = re.search(r"JobState=(\S+)", cp.stdout)
-    return m.group(1) if m else ""
+    return cluster.job_state(job)
 
 
 def test_idle_job_alerted_once_live_report_then_cancelled_with_reason(idle_site, smtp_server):
@@ -117,10 +115,10 @@ def test_idle_job_alerted_once_live_report_then_cancelled_with_reason(idle_site,
         time.sleep(0.5)
     assert len(_alerts_for(smtp_server, job, "idle")) == 1
     assert _state(cluster, job) == "RUNNING"
-    # cancelled after cancel_after_min of all-idle GPUs (+ the 2 s flush and scancel)
-    state = cluster.wait_job_done(job, 120)
+    # cancelled after cancel_after_min of all-idle GPUs (+ the 2 s flush and scancel): scancel's
+    # SIGTERM ends the batch script, Slurm records signal 15
+    cluster.assert_job_end(job, "CANCELLED", "0:15", timeout_s=120, output=cluster.work / f"idle-{job}.out")
     took = time.monotonic() - t0
-    assert state == "CANCELLED", state
     assert CANCEL_MIN * 60 - 5 < took < 100, took
     marker = json.loads((jd / "idle-cancel.json").read_text())
     assert "idle" in marker["reason"]
@@ -155,6 +153,7 @@ def test_exempt_partition_not_cancelled_and_wait_prints_alert(idle_site, smtp_se
                           "--output", "exempt-%j.out", script], timeout=seconds + 120)
     assert cp.returncode == 0, cp.stdout + cp.stderr
     job = cluster.job_id_from(cp.stderr)
+    cluster.assert_job_end(job, "COMPLETED", "0:0")
     assert "slept" in cp.stdout
     alert = [ln for ln in cp.stderr.splitlines() if ": ALERT: " in ln]
     assert len(alert) == 1 and re.match(rf"gsrun: job {job}: ALERT: GPU 0 on gpu0[12] (idle|not used by the job) since ", alert[0]), cp.stderr

@@ -1,5 +1,4 @@
-"""The prolog sends no RPC for a job that asked gsrun for nothing (issue 24,
-item 4), on the real Slurm of the local cluster: slurmd's own prolog records
+"""The prolog sends no RPC for a job that asked gsrun for nothing, on the real Slurm of the local cluster: slurmd's own prolog records
 the Slurm commands it ran under ``"slurm_calls"``, and where the job comment
 came from under ``"request"."comment_from"``.
 
@@ -24,7 +23,7 @@ def _sbatch(cluster, *opts) -> str:
     cp = cluster.as_user(["sbatch", "--parsable", "-p", PARTITION, "-o", "/dev/null", *opts, "--wrap", "true"])
     assert cp.returncode == 0, cp.stderr
     job = cp.stdout.strip().split(";")[0]
-    assert cluster.wait_job_done(job) == "COMPLETED"
+    cluster.assert_job_end(job, "COMPLETED", "0:0")
     return job
 
 

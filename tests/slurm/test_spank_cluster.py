@@ -52,17 +52,6 @@ def spool_dir() -> Path:
     return Path(load_config()["paths.spool_dir"])
 
 
-def wait_job(job_id: str, timeout_s: float = 90) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        p = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True,
-                           timeout=30)
-        if not p.stdout.strip():
-            return
-        time.sleep(0.5)
-    pytest.fail(f"job {job_id} still in the queue after {timeout_s} s")
-
-
 def prolog_records(job_id: str, timeout_s: float = 60) -> list[dict]:
     d = spool_dir() / "jobs" / job_id
     deadline = time.monotonic() + timeout_s
@@ -83,13 +72,13 @@ def cluster_ready():
         pytest.fail("the gsrun SPANK plugin is not in plugstack.conf (sbatch --help lists no --gs-mps)")
 
 
-def test_valid_options_are_accepted_and_reach_the_prolog():
+def test_valid_options_are_accepted_and_reach_the_prolog(cluster):
     p = slurm(["sbatch", "--parsable", "-p", PARTITION, "-o", "/dev/null",
                "--gs-mps=50", "--gs-tune=swappiness=10", "--wrap", "true"])
     assert p.returncode == 0, p.stderr
     job_id = p.stdout.strip().split(";")[0]
     assert job_id.isdigit(), p.stdout
-    wait_job(job_id)
+    cluster.assert_job_end(job_id, "COMPLETED", "0:0", timeout_s=90)
     recs = prolog_records(job_id)
     for rec in recs:
         spank = rec["spank"]
@@ -97,7 +86,7 @@ def test_valid_options_are_accepted_and_reach_the_prolog():
         assert spank["SPANK_GS_TUNE"] == "swappiness=10", rec
 
 
-def test_sbatch_script_lines_work():
+def test_sbatch_script_lines_work(cluster):
     script = Path("/tmp") / f"gsrun-spank-test-{os.getpid()}.sh"
     script.write_text("#!/bin/sh\n#SBATCH --gs-report=none\n#SBATCH --gs-bind=isolate\n#SBATCH -o /dev/null\ntrue\n")
     script.chmod(0o755)
@@ -107,7 +96,8 @@ def test_sbatch_script_lines_work():
         script.unlink()
     assert p.returncode == 0, p.stderr
     job_id = p.stdout.strip().split(";")[0]
-    wait_job(job_id)
+    assert job_id.isdigit(), p.stdout
+    cluster.assert_job_end(job_id, "COMPLETED", "0:0", timeout_s=90)
     spank = prolog_records(job_id)[0]["spank"]
     assert spank.get("SPANK_GS_REPORT") == "none" and spank.get("SPANK_GS_BIND") == "isolate", spank
 
@@ -126,27 +116,37 @@ def test_invalid_value_from_environment_is_refused():
     assert p.returncode != 0 and "--gs-mps=500: must be a percentage 1-100" in p.stderr, p.stderr
 
 
-def test_srun_tasks_get_the_planned_affinity():
+def _job_of(p, rows) -> str:
+    """The one job id the tasks printed as their last field (their rows without it stay in ``rows``)."""
+    jobs = {r.pop() for r in rows}
+    assert len(jobs) == 1 and next(iter(jobs)).isdigit(), p.stdout
+    return jobs.pop()
+
+
+def test_srun_tasks_get_the_planned_affinity(cluster):
     p = slurm(["srun", "-p", PARTITION, "-N", "1", "-n", "2", "sh", "-c",
-               'echo "$SLURM_LOCALID $GSRUN_BIND_CPUS $(grep Cpus_allowed_list /proc/self/status | cut -f2)"'])
+               'echo "$SLURM_LOCALID $GSRUN_BIND_CPUS $(grep Cpus_allowed_list /proc/self/status | cut -f2) '
+               '$SLURM_JOB_ID"'])
     assert p.returncode == 0, p.stderr
     from gsrun.base.cpulist import parse_cpulist
     rows = sorted(line.split() for line in p.stdout.splitlines() if line.strip())
+    cluster.assert_srun_ok(p, _job_of(p, rows))
     assert [r[0] for r in rows] == ["0", "1"], p.stdout
     for _rank, planned, actual in rows:
         assert parse_cpulist(planned) == parse_cpulist(actual)
     assert not set(parse_cpulist(rows[0][1])) & set(parse_cpulist(rows[1][1]))   # disjoint
 
 
-def test_srun_eight_tasks_on_two_nodes_get_the_planned_affinity():
+def test_srun_eight_tasks_on_two_nodes_get_the_planned_affinity(cluster):
     """With the SPANK plugin loaded, tasks of ``srun -n 8`` report the planned
     CPU affinity (bound by the plugin's task_init, no wrapper in the command)."""
     p = slurm(["srun", "-p", PARTITION, "-N", "2", "-n", "8", "sh", "-c",
                'echo "$SLURMD_NODENAME $SLURM_LOCALID $GSRUN_BIND_CPUS '
-               '$(grep Cpus_allowed_list /proc/self/status | cut -f2)"'])
+               '$(grep Cpus_allowed_list /proc/self/status | cut -f2) $SLURM_JOB_ID"'])
     assert p.returncode == 0, p.stderr
     from gsrun.base.cpulist import parse_cpulist
     rows = sorted(line.split() for line in p.stdout.splitlines() if line.strip())
+    cluster.assert_srun_ok(p, _job_of(p, rows))
     assert len(rows) == 8, p.stdout
     assert sorted((r[0], r[1]) for r in rows) == [(n, str(i)) for n in ("gpu01", "gpu02") for i in range(4)]
     for node, local, planned, actual in rows:

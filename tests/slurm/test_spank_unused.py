@@ -1,5 +1,5 @@
-"""The SPANK plugin costs nothing when unused and never blocks submission
-(issue 24, item 5), on the real local cluster: its plugstack line is pointed at
+"""The SPANK plugin costs nothing when unused and never blocks submission,
+on the real local cluster: its plugstack line is pointed at
 a Python side that cannot be imported, or given ``bind=none``, for the length
 of one test and put back after it whatever the outcome.
 
@@ -73,7 +73,7 @@ def test_broken_python_side_does_not_block_plain_sbatch_and_refuses_gs_options(c
         plain = cluster.as_user(["sbatch", "--parsable", "-p", PARTITION, "-o", "/dev/null", "--wrap", "true"])
         refused = cluster.as_user(["sbatch", "-p", PARTITION, "-o", "/dev/null", "--gs-mps=50",
                                    "--wrap", "true"])
-        step = cluster.as_user(["srun", "-p", PARTITION, "-N", "1", "-n", "1", "true"])
+        step = cluster.as_user(["srun", "-p", PARTITION, "-N", "1", "-n", "1", "sh", "-c", 'echo "$SLURM_JOB_ID"'])
         helps = cluster.as_user(["sbatch", "--help"])
     assert plain.returncode == 0, plain.stderr
     assert "gsrun" not in plain.stderr, plain.stderr                  # as if the plugin were absent
@@ -86,8 +86,10 @@ def test_broken_python_side_does_not_block_plain_sbatch_and_refuses_gs_options(c
             "job refused") in refused.stderr
     assert "hint: submit without --gs-* options" in refused.stderr
     assert step.returncode == 0, step.stderr                          # a bound step runs, unbound
+    assert step.stdout.strip().isdigit(), step.stdout
+    cluster.assert_srun_ok(step, step.stdout.strip())
     assert "--gs-mps" in helps.stdout                                 # options come from the compiled table
-    assert cluster.wait_job_done(job) == "COMPLETED"
+    cluster.assert_job_end(job, "COMPLETED", "0:0")
     assert _prolog_record(cluster, job)["spank"] == {}
 
 
@@ -100,7 +102,7 @@ def test_options_still_reach_the_prolog_and_the_tasks(cluster):
                           "--gs-report=none", "--gs-tune=swappiness=10", "--wrap", "true"])
     assert sb.returncode == 0, sb.stderr
     job = sb.stdout.strip().split(";")[0]
-    assert cluster.wait_job_done(job) == "COMPLETED"
+    cluster.assert_job_end(job, "COMPLETED", "0:0")
     assert _prolog_record(cluster, job)["spank"] == {"SPANK_GS_MPS": "50", "SPANK_GS_REPORT": "none",
                                                      "SPANK_GS_TUNE": "swappiness=10"}
     sr = cluster.as_user(["srun", "-p", PARTITION, "-N", "1", "-n", "1", "--gs-mps=25", "sh", "-c",
@@ -110,6 +112,7 @@ def test_options_still_reach_the_prolog_and_the_tasks(cluster):
     assert len(words) == 2, sr.stdout                                 # no MPS env: Python never ran there
     job2, pipe = words
     assert pipe.endswith(f"/{job2}/pipe"), sr.stdout
+    cluster.assert_srun_ok(sr, job2)
     assert _prolog_record(cluster, job2)["spank"] == {"SPANK_GS_MPS": "25"}
 
 
@@ -120,6 +123,9 @@ def test_bind_none_and_no_option_leaves_tasks_alone(cluster):
     line = _plugin_line(cluster)
     with _plugstack(cluster, _replace_arg(line, "bind", "none")):
         p = cluster.as_user(["srun", "-p", PARTITION, "-N", "1", "-n", "2", "sh", "-c",
-                             'echo "x${GSRUN_BIND_CPUS:-unset}"'])
+                             'echo "x${GSRUN_BIND_CPUS:-unset} $SLURM_JOB_ID"'])
     assert p.returncode == 0, p.stderr
-    assert sorted(p.stdout.split()) == ["xunset", "xunset"], p.stdout
+    rows = sorted(ln.split() for ln in p.stdout.splitlines() if ln.strip())
+    assert len(rows) == 2 and [r[0] for r in rows] == ["xunset", "xunset"], p.stdout
+    assert rows[0][1:] == rows[1][1:] and len(rows[0]) == 2 and rows[0][1].isdigit(), p.stdout
+    cluster.assert_srun_ok(p, rows[0][1])

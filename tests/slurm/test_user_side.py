@@ -73,6 +73,7 @@ def test_own_venv_eight_ranks(cluster, user_venv):
     cp = cluster.as_user(["gsrun", "--gpus", "8", "--wait", "--output", "venv-%j.out", script, "--seconds", "2"],
                          **env)
     assert cp.returncode == 0, cp.stdout + cp.stderr
+    cluster.assert_job_end(cluster.job_id_from(cp.stderr), "COMPLETED", "0:0")
     _check_eight_bound_ranks(cp.stdout, str(user_venv))
     assert "trained" in cp.stdout
     assert "cannot import torch" not in cp.stderr
@@ -84,12 +85,13 @@ def test_own_venv_torchrun_two_nodes_four_workers(cluster, user_venv):
     cp = cluster.as_user(["gsrun", "--gpus", "8", "--launcher", "torchrun", "--wait", "--output", "trun-%j.out",
                           script, "--seconds", "2"], **env)
     assert cp.returncode == 0, cp.stdout + cp.stderr
+    job = cluster.job_id_from(cp.stderr)
+    cluster.assert_job_end(job, "COMPLETED", "0:0")
     _check_eight_bound_ranks(cp.stdout, str(user_venv))
     ranks = _ranks(cp.stdout)
     assert sorted(int(f[1].split("/")[0]) for f in ranks) == list(range(8))   # torchrun's global ranks
     assert all(f[1].endswith("/8") for f in ranks)
     assert "trained" in cp.stdout
-    job = cluster.job_id_from(cp.stderr)
     rec = cluster.as_root(["scontrol", "-o", "show", "job", job]).stdout
     assert "NumTasks=2 " in rec or "NumTasks=2\n" in rec, rec
 
@@ -99,6 +101,7 @@ def test_demo_output_quiet_no_repeated_lines(cluster):
     script = _copy_train(cluster)
     cp = cluster.as_user(["gsrun", "--gpus", "8", "--wait", "--output", "quiet-%j.out", script, "--seconds", "1"])
     assert cp.returncode == 0, cp.stdout + cp.stderr
+    cluster.assert_job_end(cluster.job_id_from(cp.stderr), "COMPLETED", "0:0")
     out = cp.stdout + cp.stderr
     assert "lacks support for cpu binding" not in out
     warn = [ln for ln in out.splitlines() if "warning" in ln]
@@ -114,6 +117,7 @@ def test_site_options_and_hostile_job_name_reach_slurm(cluster):
                           "--sbatch=--nice=5", "--wait", "--output", "site-%j.out", script, "--seconds", "0.5"])
     assert cp.returncode == 0, cp.stdout + cp.stderr
     job = cluster.job_id_from(cp.stderr)
+    cluster.assert_job_end(job, "COMPLETED", "0:0")
     rec = cluster.as_root(["scontrol", "-o", "show", "job", job]).stdout
     m = re.search(r"JobName=(.*) UserId=", rec)
     assert m and m.group(1) == name, rec
@@ -136,6 +140,7 @@ def test_gpus_six_spread_over_two_nodes(cluster):
     script = _copy_train(cluster)
     cp = cluster.as_user(["gsrun", "--gpus", "6", "--wait", "--output", "six-%j.out", script, "--seconds", "1"])
     assert cp.returncode == 0, cp.stdout + cp.stderr
+    cluster.assert_job_end(cluster.job_id_from(cp.stderr), "COMPLETED", "0:0")
     assert "2 nodes x 3 GPUs" in cp.stderr
     assert len(_ranks(cp.stdout)) == 6
 
@@ -146,7 +151,7 @@ def test_wait_says_why_pending(cluster):
                                "--wrap", "sleep 15"], check=True).stdout.strip().split(";")[0]
     try:
         for _ in range(60):
-            if "JobState=RUNNING" in cluster.as_root(["scontrol", "-o", "show", "job", blocker]).stdout:
+            if cluster.job_state(blocker) == "RUNNING":
                 break
             time.sleep(0.5)
         script = _copy_train(cluster)
@@ -157,6 +162,9 @@ def test_wait_says_why_pending(cluster):
         assert any(re.search(r"pending \((Resources|Priority|ReqNodeNotAvail[^)]*)\), waited \d+ s", ln)
                    for ln in pend), cp.stderr
         assert len(pend) <= 3, pend   # one line per reason change, not one per poll
+        cluster.assert_job_end(cluster.job_id_from(cp.stderr), "COMPLETED", "0:0")
+        # the job could start only once the blocker had left both nodes: its sleep ran out
+        cluster.assert_job_end(blocker, "COMPLETED", "0:0")
     finally:
         cluster.as_root(["scancel", blocker], check=False)
 
@@ -167,6 +175,7 @@ def test_gseff_with_only_slurm_conf(cluster):
     cp = cluster.as_user(["gsrun", "--gpus", "1", "--wait", "--output", "eff-%j.out", script, "--seconds", "0.5"])
     assert cp.returncode == 0, cp.stdout + cp.stderr
     job = cluster.job_id_from(cp.stderr)
+    cluster.assert_job_end(job, "COMPLETED", "0:0")
     assert cluster.wait_file(cluster.spool / "jobs" / job / "user-summary.json", 60)
     env = ["env", "-i", f"PATH={VENV}/bin:/usr/bin:/bin", f"SLURM_CONF={cluster.conf}", "LANG=C.UTF-8"]
     cp = subprocess.run([*env, "gseff", job], capture_output=True, text=True, timeout=120)

@@ -33,6 +33,7 @@ def test_gsrun_works_without_the_plugin(cluster):
         cp = cluster.as_user(["gsrun", "--gpus", "4", "--gpus-per-node", "2", "--wait",
                               "--output", "nospank-%j.out", str(cluster.work / "aff.sh")])
         assert cp.returncode == 0, cp.stdout + cp.stderr
+        cluster.assert_job_end(cluster.job_id_from(cp.stderr), "COMPLETED", "0:0")
         rows = sorted(ln.split()[1:] for ln in cp.stdout.splitlines() if ln.startswith("aff "))
         assert [(n, r) for n, r, _ in rows] == [("gpu01", "0"), ("gpu01", "1"), ("gpu02", "0"), ("gpu02", "1")]
         assert all(cpus == r for _n, r, cpus in rows)   # 2 ranks per node on 2 CPUs: one each
