@@ -432,7 +432,9 @@ def test_a_hook_started_without_site_still_sees_paths_added_by_pth_files(tmp_pat
             "import os, parentmod; print(parentmod.X, os.environ.get('PTH_RAN'))")
 
     def run(first=False):     # first: the bootstrap of hooks written by older releases
-        return subprocess.run([sys.executable, "-I", "-S", "-c",
+        # the base interpreter: a venv made --system-site-packages (a release root's) runs site
+        # itself, the other branch of _site_when_needed
+        return subprocess.run([getattr(sys, "_base_executable", sys.executable), "-I", "-S", "-c",
                                (boot.replace("sys.path.append(sys.argv.pop(1))", "sys.path[:0] = [sys.argv.pop(1)]")
                                 if first else boot) + code, str(sp)], capture_output=True, text=True, timeout=30)
 
