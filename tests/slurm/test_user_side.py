@@ -28,14 +28,20 @@ def _copy_train(cluster) -> str:
 @pytest.fixture(scope="module")
 def user_venv(cluster) -> Path:
     """The test user's own venv (python3 -m venv) with the CPU torch from the
-    wheelhouse tests/cluster/up keeps; gsrun is not installed in it."""
+    wheelhouse tests/cluster/up keeps; gsrun is not installed in it. Where the
+    system Python has torch (a release root: Debian's python3-torch, no wheel for
+    its Python on PyPI) the venv sees it instead (``--system-site-packages``), as
+    at a site whose torch comes with the OS."""
     venv = cluster.work / "user-venv"
+    wheels = cluster.dir / "wheels"
+    system_torch = not list(wheels.glob("torch-*.whl")) and \
+        cluster.as_user(["/usr/bin/python3", "-c", "import torch"]).returncode == 0
     if not (venv / "bin" / "python3").exists():
-        cluster.as_user(["/usr/bin/python3", "-m", "venv", str(venv)], check=True)
+        cluster.as_user(["/usr/bin/python3", "-m", "venv", *(["--system-site-packages"] if system_torch else []),
+                         str(venv)], check=True)
     if cluster.as_user([str(venv / "bin" / "python3"), "-c", "import torch"]).returncode != 0:
-        wheels = cluster.dir / "wheels"
         if not list(wheels.glob("torch-*.whl")):
-            pytest.skip(f"no torch wheel in {wheels} (tests/cluster/up keeps one)")
+            pytest.skip(f"no torch wheel in {wheels} (tests/cluster/up keeps one) and none in the system Python")
         cluster.as_user([str(venv / "bin" / "pip"), "install", "-q", "--no-index", "--find-links", str(wheels),
                          "torch"], timeout=900, check=True)
     assert cluster.as_user([str(venv / "bin" / "python3"), "-c", "import gsrun"]).returncode != 0
