@@ -49,8 +49,13 @@ def user_venv(cluster) -> Path:
 
 
 def _activated(venv: Path) -> dict:
-    """What `source venv/bin/activate` sets, with gsrun from its own venv after it on PATH."""
-    return {"VIRTUAL_ENV": str(venv), "PATH": f"{venv}/bin:{VENV}/bin:/usr/bin:/bin"}
+    """What `source venv/bin/activate` sets, with gsrun from its own venv after it on PATH.
+    A torch built without libuv (Debian's) needs ``USE_LIBUV=0`` for torchrun's c10d
+    rendezvous store, as its own error says; its user would set it, so the test does."""
+    env = {"VIRTUAL_ENV": str(venv), "PATH": f"{venv}/bin:{VENV}/bin:/usr/bin:/bin"}
+    if "include-system-site-packages = true" in (venv / "pyvenv.cfg").read_text():
+        env["USE_LIBUV"] = "0"
+    return env
 
 
 def _ranks(stdout: str) -> list[list[str]]:
