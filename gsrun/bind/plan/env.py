@@ -19,11 +19,24 @@ from gsrun.facts.devices import parse_device_list
 from gsrun.facts.hostfs import HostFS
 from gsrun.facts.slurm import parse_tasks_per_node
 from gsrun.facts.topology import NVML_IF_NEEDED, Topology, read_allowed_cpus, read_topology
-from gsrun.bind.plan.rules import Plan, make_plan, resolve_step_gpus
+from gsrun.bind.plan.rules import MAX_LOCAL_RANKS, Plan, make_plan, max_local_ranks, resolve_step_gpus
 
 TYPE_CHECKING = False   # not `typing`
 if TYPE_CHECKING:
     from collections.abc import Mapping
+
+    from gsrun.facts.devices import DeviceToken
+
+#: Most GPUs a step's device list may name on one node, ranges expanded: a
+#: node has at most 16 GPUs today (HGX-2), 112 gres entries when each holds 7
+#: MIG instances. Each entry costs a token and a lookup, as root, so a longer
+#: list (``SLURM_STEP_GPUS``, ``SLURM_JOB_GPUS``, ``CUDA_VISIBLE_DEVICES``) is
+#: refused before it is expanded.
+MAX_STEP_GPUS = 256
+#: Most digits of a task number (``SLURM_LOCALID``, ``SLURM_NODEID``,
+#: ``SLURM_NTASKS_PER_NODE``): far above :data:`MAX_LOCAL_RANKS`, far below
+#: Python's 4300-digit ``int()`` limit.
+MAX_DIGITS = 9
 
 
 def _int_env(environ: Mapping[str, str], name: str) -> int | None:
@@ -33,7 +46,41 @@ def _int_env(environ: Mapping[str, str], name: str) -> int | None:
     v = v.strip()
     if not v.isdigit():
         raise InputError("bind", f"{name} is not a number", repr(v)[:60])
+    if len(v) > MAX_DIGITS:
+        raise InputError("bind", f"{name} out of range", f"{v[:12]}... ({len(v)} digits)",
+                         hint=f"Slurm writes task numbers below {MAX_LOCAL_RANKS}")
     return int(v)
+
+
+def _device_list(environ: Mapping[str, str], name: str, allow_ranges: bool) -> list[DeviceToken] | None:
+    """:func:`gsrun.facts.devices.parse_device_list` of ``environ[name]``,
+    refused first when it names more than :data:`MAX_STEP_GPUS` devices,
+    ranges expanded (counted from the text, nothing expanded yet).
+
+    Raises:
+        InputError: too many devices, or what ``parse_device_list`` raises.
+    """
+    value = environ.get(name)
+    if value is None:
+        return None
+    entries = value.count(",") + 1
+    total = 0
+    if entries <= MAX_STEP_GPUS:
+        for part in value.split(","):
+            lo, dash, hi = part.strip().partition("-")
+            if allow_ranges and dash and lo.isdigit() and hi.isdigit() and len(lo) <= 6 and len(hi) <= 6:
+                total += max(1, int(hi) - int(lo) + 1)
+            else:
+                total += 1
+            if total > MAX_STEP_GPUS:
+                break
+    if entries > MAX_STEP_GPUS or total > MAX_STEP_GPUS:
+        detail = (f"{entries} entries" if entries > MAX_STEP_GPUS
+                  else f"over {MAX_STEP_GPUS} GPUs once its ranges are expanded")
+        raise InputError("bind", f"{name} names too many GPUs", f"{detail}; a node has at most {MAX_STEP_GPUS}",
+                         hint="Slurm writes this node's GPUs of the step, e.g. 0-3 or 0,2; check the job's "
+                              "environment")
+    return parse_device_list(value, allow_ranges=allow_ranges)
 
 
 def _tasks_per_node(text: str, name: str) -> list[int]:
@@ -78,7 +125,7 @@ def worker_environ(environ: Mapping[str, str]) -> tuple[dict[str, str], bool]:
     env = dict(environ)
     lr = (environ.get("LOCAL_RANK") or "").strip()
     lws = (environ.get("LOCAL_WORLD_SIZE") or "").strip()
-    if not (lr.isdigit() and lws.isdigit()) or int(lr) >= int(lws):
+    if not (lr.isdigit() and lws.isdigit()) or max(len(lr), len(lws)) > MAX_DIGITS or int(lr) >= int(lws):
         return env, False
     try:
         n = ntasks_from_env(environ)
@@ -109,23 +156,32 @@ def plan_from_env(environ: Mapping[str, str], hostfs: HostFS,
 
     Raises:
         InputError: a malformed Slurm/CUDA variable (see
-            :func:`gsrun.facts.devices.parse_device_list`), no allowed CPU online.
+            :func:`gsrun.facts.devices.parse_device_list`), no allowed CPU
+            online; a device list naming more than :data:`MAX_STEP_GPUS` GPUs,
+            a task count or ``SLURM_LOCALID`` at or above what the node plans
+            (:func:`gsrun.bind.plan.rules.max_local_ranks`): values a user can
+            set, bounded because the plan is made as root.
         TopologyError: an ambiguous GPU UUID prefix.
     """
     topo = topology if topology is not None else read_topology(hostfs, nvml=NVML_IF_NEEDED)
     if allowed_cpus is None:
         allowed_cpus = read_allowed_cpus(hostfs, topo.cpus_online)
     warns: list[str] = []
-    step_var = environ.get("SLURM_STEP_GPUS")
-    if step_var is None:
-        step_var = environ.get("SLURM_JOB_GPUS")
-    step = parse_device_list(step_var, allow_ranges=True)
-    cuda = parse_device_list(environ.get("CUDA_VISIBLE_DEVICES"))
+    step_name = "SLURM_STEP_GPUS" if environ.get("SLURM_STEP_GPUS") is not None else "SLURM_JOB_GPUS"
+    step = _device_list(environ, step_name, allow_ranges=True)
+    cuda = _device_list(environ, "CUDA_VISIBLE_DEVICES", allow_ranges=False)
     refs = resolve_step_gpus(topo, step, cuda, environ.get("CUDA_DEVICE_ORDER"), warns)
+    cap = max_local_ranks(topo)
     n = ntasks_from_env(environ)
+    if n is not None and n > cap:
+        raise InputError("bind", "tasks per node out of range", f"{n} local tasks, this node plans at most {cap}",
+                         hint="check SLURM_STEP_TASKS_PER_NODE / SLURM_TASKS_PER_NODE / SLURM_NTASKS_PER_NODE")
     if n is None:
         n = max(1, len(refs))
     lr = _int_env(environ, "SLURM_LOCALID")
+    if lr is not None and lr >= cap:
+        raise InputError("bind", "SLURM_LOCALID out of range", f"{lr}, this node plans at most {cap} local ranks",
+                         hint="Slurm sets SLURM_LOCALID to the task's index on the node (0 to tasks per node - 1)")
     if lr is not None and lr >= n:
         warns.append(f"SLURM_LOCALID {lr} >= tasks per node {n}; planning {lr + 1} ranks")
         n = lr + 1

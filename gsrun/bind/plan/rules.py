@@ -68,6 +68,13 @@ if TYPE_CHECKING:
 # this module in every bound step (tests/bench/bench_spank_host.py).
 
 
+#: Most local ranks one node's plan has, unless the node has more online CPUs
+#: (then one rank per online CPU). Slurm's ``MaxTasksPerNode`` defaults to 512;
+#: 4096 leaves room for oversubscribed CPUs. The plan is computed as root (SPANK
+#: plugin, prolog) from values a user sets, so its size is bounded here, not by
+#: ``SLURM_LOCALID``.
+MAX_LOCAL_RANKS = 4096
+
 #: variables of other vendors' runtimes that Slurm may set on an NVIDIA node
 #: (field case 11, docs/field-cases.md); unset in NVIDIA steps.
 FOREIGN_GPU_VARS = ("ROCR_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL", "ZE_AFFINITY_MASK")
@@ -130,9 +137,17 @@ class RankPlan(Frozen):
                 "reason": self.reason}
 
 
-class Plan(Frozen):
+class _RankIndex(Frozen):
+    """Holds a plan's ``local_rank -> RankPlan`` dict (not a field: left out
+    of ``==``, ``hash``, ``repr`` and copies, rebuilt by ``__init__``)."""
+
+    __slots__ = ("_by_rank",)
+
+
+class Plan(_RankIndex):
     """All local ranks of one node. ``host_nodes`` = number of NUMA nodes
-    of the host (memory binding only matters when > 1)."""
+    of the host (memory binding only matters when > 1). :meth:`rank` is a
+    dict lookup (O(1))."""
 
     __slots__ = ("ranks", "allowed_cpus", "host_nodes", "step_gpus", "warnings")
     _defaults = {"warnings": ()}
@@ -142,10 +157,22 @@ class Plan(Frozen):
     step_gpus: tuple[GpuRef, ...]
     warnings: tuple[str, ...]
 
-    def rank(self, local_rank: int) -> RankPlan:
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        by_rank: dict[int, RankPlan] = {}
         for r in self.ranks:
-            if r.local_rank == local_rank:
-                return r
+            by_rank.setdefault(r.local_rank, r)      # the first one wins, as the linear search did
+        object.__setattr__(self, "_by_rank", by_rank)
+
+    def rank(self, local_rank: int) -> RankPlan:
+        """The plan of ``local_rank``.
+
+        Raises:
+            InputError: no such local rank in the plan.
+        """
+        r = self._by_rank.get(local_rank)
+        if r is not None:
+            return r
         raise InputError("bind", "no such local rank", str(local_rank),
                          hint=f"the plan has local ranks 0-{len(self.ranks) - 1}")
 
@@ -335,6 +362,12 @@ def _memory_nodes(topo: Topology, cpus: Sequence[int], why: list[str]) -> list[i
     return sorted(out)
 
 
+def max_local_ranks(topo: Topology) -> int:
+    """Most local ranks a plan on ``topo`` may have: :data:`MAX_LOCAL_RANKS`,
+    or the node's online CPU count when larger."""
+    return max(MAX_LOCAL_RANKS, len(topo.cpus_online))
+
+
 def make_plan(topo: Topology, step_gpus: Sequence[GpuRef], nranks: int,
               allowed_cpus: Sequence[int], gpu_isolation: bool = False,
               environ: Mapping[str, str] | None = None,
@@ -346,13 +379,18 @@ def make_plan(topo: Topology, step_gpus: Sequence[GpuRef], nranks: int,
     ``CUDA_DEVICE_ORDER`` (a user's value is kept, with a warning).
 
     Raises:
-        InputError: ``nranks`` < 1, or no allowed CPU is online (a wrong
+        InputError: ``nranks`` < 1 or above :data:`MAX_LOCAL_RANKS` (and above
+            the node's online CPUs), or no allowed CPU is online (a wrong
             ``--allowed-cpus`` or host root).
     """
     environ = environ or {}
     if nranks < 1:
         raise InputError("bind", "number of local ranks must be >= 1", str(nranks))
     online = set(topo.cpus_online)
+    cap = max_local_ranks(topo)
+    if nranks > cap:
+        raise InputError("bind", "too many local ranks", f"{nranks}, this node plans at most {cap}",
+                         hint=f"a node runs at most {cap} tasks here ({MAX_LOCAL_RANKS} or one per online CPU)")
     allowed = sorted(set(allowed_cpus) & online) if online else sorted(set(allowed_cpus))
     if not allowed:
         raise InputError("bind", "no allowed CPU is online",
@@ -405,8 +443,20 @@ def make_plan(topo: Topology, step_gpus: Sequence[GpuRef], nranks: int,
         pool_of.append(home)
 
     # spill ranks from overfull nodes to the nearest node with spare CPUs
-    def count(node):
-        return sum(1 for p in pool_of if p == node)
+    # ranks per pool, updated as ranks move (O(1) per lookup: the spill and
+    # the "most allowed CPUs per rank" choices ask it once per rank and node)
+    load: dict[object, int] = {}
+    for p in pool_of:
+        load[p] = load.get(p, 0) + 1
+
+    def count(node) -> int:
+        return load.get(node, 0)
+
+    def move(r: int, to: object) -> None:
+        load[pool_of[r]] -= 1
+        load[to] = load.get(to, 0) + 1
+        pool_of[r] = to
+
     for node in sorted({p for p in pool_of if p is not None}):
         cap = len(node_cpus[node])
         while count(node) > cap:
@@ -415,7 +465,7 @@ def make_plan(topo: Topology, step_gpus: Sequence[GpuRef], nranks: int,
             if near is None:
                 break
             r = max(i for i, p in enumerate(pool_of) if p == node)
-            pool_of[r] = near
+            move(r, near)
             rank_warn[r].append(f"node {node} has {cap} allowed CPUs for more ranks; "
                                 f"spilled to nearest node {near}")
 
@@ -439,14 +489,14 @@ def make_plan(topo: Topology, step_gpus: Sequence[GpuRef], nranks: int,
         if free:
             key = ("affinity", frozenset(free))
             pool_cpus[key] = set(free)
-            pool_of[r] = key
+            move(r, key)
             rank_why[r].append(f"no NUMA locality: GPU {ref.label()} affinity "
                                f"{format_cpulist(sorted(aff))} spans nodes "
                                f"{format_cpulist(sorted(spanned))}, no memory binding")
         else:
             cands = [n for n in sorted(spanned) if node_cpus.get(n)]
             best = max(cands, key=lambda n: (len(node_cpus[n]) / (count(n) + 1), -n))
-            pool_of[r] = best
+            move(r, best)
             rank_why[r].append(f"no NUMA locality: GPU {ref.label()} affinity spans nodes "
                                f"{format_cpulist(sorted(spanned))}; CPUs from node {best} "
                                "(most allowed CPUs per rank), no memory binding")
@@ -457,7 +507,7 @@ def make_plan(topo: Topology, step_gpus: Sequence[GpuRef], nranks: int,
         if pool_of[r] is None:
             cands = [n for n, cs in node_cpus.items() if cs]
             best = max(cands, key=lambda n: (len(node_cpus[n]) / (count(n) + 1), -n))
-            pool_of[r] = best
+            move(r, best)
             rank_why[r].append(f"CPUs from node {best} (most allowed CPUs per rank), no memory binding")
 
     # CPU slices per pool
