@@ -15,6 +15,10 @@ if TYPE_CHECKING:
     from collections.abc import Iterable
 
 MAX_CPUS = 1 << 16  # bound on CPU ids we accept from any input
+#: Most CPU ids one list may name, its ranges counted before they are expanded
+#: (a kernel list names each CPU once: at most MAX_CPUS; the slack is for
+#: hand-written overlapping lists).
+MAX_LIST_IDS = 4 * MAX_CPUS
 
 
 def parse_cpulist(text: str | None) -> list[int]:
@@ -24,7 +28,9 @@ def parse_cpulist(text: str | None) -> list[int]:
 
     Raises:
         InputError: a token that is not ``N``, ``N-M`` or ``N-M:S`` (likely a
-            mask given where a list was expected), or a CPU id >= 65536.
+            mask given where a list was expected), a CPU id >= 65536 (checked
+            before a range is expanded: ``0-4294967295`` allocates nothing), or
+            ranges naming more than :data:`MAX_LIST_IDS` ids in all.
     """
     if text is None:
         return []
@@ -32,6 +38,7 @@ def parse_cpulist(text: str | None) -> list[int]:
     if not text:
         return []
     out: set[int] = set()
+    named = 0
     for tok in text.split(","):
         tok = tok.strip()
         if not tok:
@@ -47,7 +54,14 @@ def parse_cpulist(text: str | None) -> list[int]:
             lo, hi = _int(a, text), _int(b, text)
             if hi < lo:
                 raise InputError("cpulist", "bad range", repr(text))
-            out.update(range(lo, hi + 1, stride))
+            if hi >= MAX_CPUS:
+                raise InputError("cpulist", "CPU id out of range", repr(text))
+            ids = range(lo, hi + 1, stride)
+            named += len(ids)
+            if named > MAX_LIST_IDS:
+                raise InputError("cpulist", "list too long", f"{repr(text)[:60]}... names over {MAX_LIST_IDS} CPU ids",
+                                 hint="give each CPU once, in the kernel's list form, e.g. 0-3,8")
+            out.update(ids)
         else:
             out.add(_int(tok, text))
     if out and max(out) >= MAX_CPUS:
@@ -60,6 +74,8 @@ def _int(s: str, whole: str) -> int:
     if not s.isdigit():
         raise InputError("cpulist", "not a CPU list", repr(whole),
                          hint="use the kernel's list form, e.g. 0-3,8")
+    if len(s) > 9:   # far above MAX_CPUS; int() refuses 4300 digits with a ValueError
+        raise InputError("cpulist", "CPU id out of range", repr(whole))
     return int(s)
 
 

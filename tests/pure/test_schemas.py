@@ -219,8 +219,9 @@ def _codes_tested_in_templates() -> set[str]:
 def test_every_code_the_mail_and_report_test_for_is_emitted():
     members = {c.value for c in FindingCode}
     used = set()
-    for mod in ("mail.py", "render.py", "findings.py"):     # findings.shown_findings: the shared filter
-        used |= _codes_tested_in_python(REPO / "gsrun" / "report" / mod)
+    report = REPO / "gsrun" / "report"
+    for path in [*sorted((report / "mail").glob("*.py")), report / "render.py", report / "findings.py"]:
+        used |= _codes_tested_in_python(path)   # findings.shown_findings: the shared filter
     used |= _codes_tested_in_templates()
     assert "idle_gpu" in used                  # the walk finds the idle-GPU filter (findings.IDLE_CODES)
     assert used <= members, f"codes tested but never emitted: {sorted(used - members)}"

@@ -1,14 +1,9 @@
 """The per-rank binding plan: GPU, CPUs, memory node and NIC for each local
 rank of a step on one node.
 
-Layout (mpibind's "the library computes, the adapter applies"):
-
-- **decisions** (pure, no I/O): :func:`resolve_step_gpus`, :func:`make_plan`,
-  :func:`rank_env`, :func:`render_table`;
-- **adapter** (reads facts, still no effects): :func:`plan_from_env` reads
-  the topology through a :class:`~gsrun.facts.hostfs.HostFS` and the Slurm task
-  environment, then calls :func:`make_plan`;
-- **effects** (thin): :func:`apply_affinity`, :func:`exec_argv`.
+Pure, no I/O: :func:`resolve_step_gpus`, :func:`make_plan`, :func:`rank_env`,
+:func:`fallback_rank`, :func:`mig_visible_devices`. The inputs come from
+:mod:`gsrun.bind.plan.env`; the effects are in :mod:`gsrun.bind.plan.apply`.
 
 The plan's rules:
 
@@ -59,16 +54,11 @@ cpuset, NCCL's helper threads land on the same CPUs, which is what we want.
 
 from __future__ import annotations
 
-import os
-
 from gsrun.base.cpulist import format_cpulist
-from gsrun.facts.devices import DeviceToken, parse_device_list
-from gsrun.base.errors import GsrunError, InputError, TopologyError
+from gsrun.base.errors import InputError, TopologyError
 from gsrun.base.frozen import Frozen
-from gsrun.base.ids import is_job_id, is_node_name
-from gsrun.facts.hostfs import HostFS
-from gsrun.facts.slurm import parse_tasks_per_node
-from gsrun.facts.topology import NVML_IF_NEEDED, Gpu, Nic, Topology, read_allowed_cpus, read_topology
+from gsrun.facts.devices import DeviceToken
+from gsrun.facts.topology import Gpu, Nic, Topology
 
 TYPE_CHECKING = False   # not `typing`
 if TYPE_CHECKING:
@@ -76,6 +66,14 @@ if TYPE_CHECKING:
 
 # `re` is imported only where a MIG UUID is checked: the SPANK plugin imports
 # this module in every bound step (tests/bench/bench_spank_host.py).
+
+
+#: Most local ranks one node's plan has, unless the node has more online CPUs
+#: (then one rank per online CPU). Slurm's ``MaxTasksPerNode`` defaults to 512;
+#: 4096 leaves room for oversubscribed CPUs. The plan is computed as root (SPANK
+#: plugin, prolog) from values a user sets, so its size is bounded here, not by
+#: ``SLURM_LOCALID``.
+MAX_LOCAL_RANKS = 4096
 
 #: variables of other vendors' runtimes that Slurm may set on an NVIDIA node
 #: (field case 11, docs/field-cases.md); unset in NVIDIA steps.
@@ -139,9 +137,17 @@ class RankPlan(Frozen):
                 "reason": self.reason}
 
 
-class Plan(Frozen):
+class _RankIndex(Frozen):
+    """Holds a plan's ``local_rank -> RankPlan`` dict (not a field: left out
+    of ``==``, ``hash``, ``repr`` and copies, rebuilt by ``__init__``)."""
+
+    __slots__ = ("_by_rank",)
+
+
+class Plan(_RankIndex):
     """All local ranks of one node. ``host_nodes`` = number of NUMA nodes
-    of the host (memory binding only matters when > 1)."""
+    of the host (memory binding only matters when > 1). :meth:`rank` is a
+    dict lookup (O(1))."""
 
     __slots__ = ("ranks", "allowed_cpus", "host_nodes", "step_gpus", "warnings")
     _defaults = {"warnings": ()}
@@ -151,10 +157,22 @@ class Plan(Frozen):
     step_gpus: tuple[GpuRef, ...]
     warnings: tuple[str, ...]
 
-    def rank(self, local_rank: int) -> RankPlan:
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        by_rank: dict[int, RankPlan] = {}
         for r in self.ranks:
-            if r.local_rank == local_rank:
-                return r
+            by_rank.setdefault(r.local_rank, r)      # the first one wins, as the linear search did
+        object.__setattr__(self, "_by_rank", by_rank)
+
+    def rank(self, local_rank: int) -> RankPlan:
+        """The plan of ``local_rank``.
+
+        Raises:
+            InputError: no such local rank in the plan.
+        """
+        r = self._by_rank.get(local_rank)
+        if r is not None:
+            return r
         raise InputError("bind", "no such local rank", str(local_rank),
                          hint=f"the plan has local ranks 0-{len(self.ranks) - 1}")
 
@@ -162,8 +180,6 @@ class Plan(Frozen):
         """The ``gsrun-bind --plan --json`` document: ``{"ranks": [...]}``."""
         return {"ranks": [r.to_json() for r in self.ranks]}
 
-
-# ---------------------------------------------------------------- GPUs
 
 def _resolve_token(tok: DeviceToken, topo: Topology, namespace: str,
                    warnings: list[str]) -> Gpu | None:
@@ -269,8 +285,6 @@ def resolve_step_gpus(topo: Topology, step: Sequence[DeviceToken] | None,
     return refs
 
 
-# ---------------------------------------------------------------- CPUs
-
 def _split(cores: list[list[int]], k: int) -> tuple[list[list[int]], str]:
     """Split a pool (cores = allowed sibling lists, in order) among ``k``
     ranks: contiguous, disjoint, near-equal. Returns slices and how."""
@@ -348,6 +362,12 @@ def _memory_nodes(topo: Topology, cpus: Sequence[int], why: list[str]) -> list[i
     return sorted(out)
 
 
+def max_local_ranks(topo: Topology) -> int:
+    """Most local ranks a plan on ``topo`` may have: :data:`MAX_LOCAL_RANKS`,
+    or the node's online CPU count when larger."""
+    return max(MAX_LOCAL_RANKS, len(topo.cpus_online))
+
+
 def make_plan(topo: Topology, step_gpus: Sequence[GpuRef], nranks: int,
               allowed_cpus: Sequence[int], gpu_isolation: bool = False,
               environ: Mapping[str, str] | None = None,
@@ -359,13 +379,18 @@ def make_plan(topo: Topology, step_gpus: Sequence[GpuRef], nranks: int,
     ``CUDA_DEVICE_ORDER`` (a user's value is kept, with a warning).
 
     Raises:
-        InputError: ``nranks`` < 1, or no allowed CPU is online (a wrong
+        InputError: ``nranks`` < 1 or above :data:`MAX_LOCAL_RANKS` (and above
+            the node's online CPUs), or no allowed CPU is online (a wrong
             ``--allowed-cpus`` or host root).
     """
     environ = environ or {}
     if nranks < 1:
         raise InputError("bind", "number of local ranks must be >= 1", str(nranks))
     online = set(topo.cpus_online)
+    cap = max_local_ranks(topo)
+    if nranks > cap:
+        raise InputError("bind", "too many local ranks", f"{nranks}, this node plans at most {cap}",
+                         hint=f"a node runs at most {cap} tasks here ({MAX_LOCAL_RANKS} or one per online CPU)")
     allowed = sorted(set(allowed_cpus) & online) if online else sorted(set(allowed_cpus))
     if not allowed:
         raise InputError("bind", "no allowed CPU is online",
@@ -418,8 +443,20 @@ def make_plan(topo: Topology, step_gpus: Sequence[GpuRef], nranks: int,
         pool_of.append(home)
 
     # spill ranks from overfull nodes to the nearest node with spare CPUs
-    def count(node):
-        return sum(1 for p in pool_of if p == node)
+    # ranks per pool, updated as ranks move (O(1) per lookup: the spill and
+    # the "most allowed CPUs per rank" choices ask it once per rank and node)
+    load: dict[object, int] = {}
+    for p in pool_of:
+        load[p] = load.get(p, 0) + 1
+
+    def count(node) -> int:
+        return load.get(node, 0)
+
+    def move(r: int, to: object) -> None:
+        load[pool_of[r]] -= 1
+        load[to] = load.get(to, 0) + 1
+        pool_of[r] = to
+
     for node in sorted({p for p in pool_of if p is not None}):
         cap = len(node_cpus[node])
         while count(node) > cap:
@@ -428,7 +465,7 @@ def make_plan(topo: Topology, step_gpus: Sequence[GpuRef], nranks: int,
             if near is None:
                 break
             r = max(i for i, p in enumerate(pool_of) if p == node)
-            pool_of[r] = near
+            move(r, near)
             rank_warn[r].append(f"node {node} has {cap} allowed CPUs for more ranks; "
                                 f"spilled to nearest node {near}")
 
@@ -452,14 +489,14 @@ def make_plan(topo: Topology, step_gpus: Sequence[GpuRef], nranks: int,
         if free:
             key = ("affinity", frozenset(free))
             pool_cpus[key] = set(free)
-            pool_of[r] = key
+            move(r, key)
             rank_why[r].append(f"no NUMA locality: GPU {ref.label()} affinity "
                                f"{format_cpulist(sorted(aff))} spans nodes "
                                f"{format_cpulist(sorted(spanned))}, no memory binding")
         else:
             cands = [n for n in sorted(spanned) if node_cpus.get(n)]
             best = max(cands, key=lambda n: (len(node_cpus[n]) / (count(n) + 1), -n))
-            pool_of[r] = best
+            move(r, best)
             rank_why[r].append(f"no NUMA locality: GPU {ref.label()} affinity spans nodes "
                                f"{format_cpulist(sorted(spanned))}; CPUs from node {best} "
                                "(most allowed CPUs per rank), no memory binding")
@@ -470,7 +507,7 @@ def make_plan(topo: Topology, step_gpus: Sequence[GpuRef], nranks: int,
         if pool_of[r] is None:
             cands = [n for n, cs in node_cpus.items() if cs]
             best = max(cands, key=lambda n: (len(node_cpus[n]) / (count(n) + 1), -n))
-            pool_of[r] = best
+            move(r, best)
             rank_why[r].append(f"CPUs from node {best} (most allowed CPUs per rank), no memory binding")
 
     # CPU slices per pool
@@ -557,235 +594,6 @@ def rank_env(plan: Plan, local_rank: int) -> dict[str, str]:
     return dict(plan.rank(local_rank).env)
 
 
-# ---------------------------------------------------------------- adapter
-
-def _int_env(environ: Mapping[str, str], name: str) -> int | None:
-    v = environ.get(name)
-    if v is None or not v.strip():
-        return None
-    v = v.strip()
-    if not v.isdigit():
-        raise InputError("bind", f"{name} is not a number", repr(v)[:60])
-    return int(v)
-
-
-def _tasks_per_node(text: str, name: str) -> list[int]:
-    """``4(x2),2`` -> ``[4, 4, 2]`` (:func:`gsrun.facts.slurm.parse_tasks_per_node`),
-    with the error named for the task's variable."""
-    try:
-        return parse_tasks_per_node(text)
-    except InputError:
-        raise InputError("bind", f"bad {name}", repr(text)[:80],
-                         hint="Slurm writes forms like 4(x2),2") from None
-
-
-def ntasks_from_env(environ: Mapping[str, str]) -> int | None:
-    """Local task count: ``SLURM_STEP_TASKS_PER_NODE`` / ``SLURM_TASKS_PER_NODE``
-    (``4(x2),2``, entry ``SLURM_NODEID``), else ``SLURM_NTASKS_PER_NODE``.
-
-    Raises:
-        InputError: a malformed value.
-    """
-    for name in ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
-        v = environ.get(name)
-        if v and v.strip():
-            counts = _tasks_per_node(v, name)
-            if counts:
-                nid = _int_env(environ, "SLURM_NODEID") or 0
-                return counts[min(nid, len(counts) - 1)]
-    return _int_env(environ, "SLURM_NTASKS_PER_NODE")
-
-
-def worker_environ(environ: Mapping[str, str]) -> tuple[dict[str, str], bool]:
-    """The environment of a worker a per-node launcher started (torchrun
-    under ``gsrun --launcher torchrun``): Slurm's ``SLURM_LOCALID`` and task
-    counts describe the one launcher task, not the worker, so ``LOCAL_RANK``
-    and ``LOCAL_WORLD_SIZE`` take their place. Returns (environment, True)
-    for such a worker; the environment unchanged and False otherwise.
-
-    A worker is a process with ``LOCAL_RANK`` < ``LOCAL_WORLD_SIZE`` (both
-    numbers) where ``GSRUN_LAUNCHER`` is set or Slurm's local task count is
-    not ``LOCAL_WORLD_SIZE`` (one task per GPU with the same counts is
-    described by Slurm already).
-    """
-    env = dict(environ)
-    lr = (environ.get("LOCAL_RANK") or "").strip()
-    lws = (environ.get("LOCAL_WORLD_SIZE") or "").strip()
-    if not (lr.isdigit() and lws.isdigit()) or int(lr) >= int(lws):
-        return env, False
-    try:
-        n = ntasks_from_env(environ)
-    except InputError:
-        n = None
-    if not environ.get("GSRUN_LAUNCHER") and n == int(lws):
-        return env, False
-    env["SLURM_LOCALID"] = str(int(lr))
-    env["SLURM_NTASKS_PER_NODE"] = str(int(lws))
-    env.pop("SLURM_STEP_TASKS_PER_NODE", None)
-    env.pop("SLURM_TASKS_PER_NODE", None)
-    return env, True
-
-
-def plan_from_env(environ: Mapping[str, str], hostfs: HostFS,
-                  allowed_cpus: list[int] | None = None, gpu_isolation: bool = False,
-                  topology: Topology | None = None) -> Plan:
-    """Plan all local ranks of this node from a Slurm task environment.
-
-    Reads ``SLURM_STEP_GPUS`` (else ``SLURM_JOB_GPUS``), ``CUDA_VISIBLE_DEVICES``,
-    ``CUDA_DEVICE_ORDER``, the task counts (:func:`ntasks_from_env`, else one
-    per GPU, else 1) and ``SLURM_LOCALID`` (the count is raised to cover it).
-    ``allowed_cpus`` None: the process's affinity on the live host, all
-    online CPUs under a host root. ``topology`` skips reading the host;
-    without it the host is read sysfs/procfs first, NVML only for what they
-    leave unknown (:data:`gsrun.facts.topology.NVML_IF_NEEDED`: the plan is
-    the same either way).
-
-    Raises:
-        InputError: a malformed Slurm/CUDA variable (see
-            :func:`gsrun.facts.devices.parse_device_list`), no allowed CPU online.
-        TopologyError: an ambiguous GPU UUID prefix.
-    """
-    topo = topology if topology is not None else read_topology(hostfs, nvml=NVML_IF_NEEDED)
-    if allowed_cpus is None:
-        allowed_cpus = read_allowed_cpus(hostfs, topo.cpus_online)
-    warns: list[str] = []
-    step_var = environ.get("SLURM_STEP_GPUS")
-    if step_var is None:
-        step_var = environ.get("SLURM_JOB_GPUS")
-    step = parse_device_list(step_var, allow_ranges=True)
-    cuda = parse_device_list(environ.get("CUDA_VISIBLE_DEVICES"))
-    refs = resolve_step_gpus(topo, step, cuda, environ.get("CUDA_DEVICE_ORDER"), warns)
-    n = ntasks_from_env(environ)
-    if n is None:
-        n = max(1, len(refs))
-    lr = _int_env(environ, "SLURM_LOCALID")
-    if lr is not None and lr >= n:
-        warns.append(f"SLURM_LOCALID {lr} >= tasks per node {n}; planning {lr + 1} ranks")
-        n = lr + 1
-    return make_plan(topo, refs, n, allowed_cpus, gpu_isolation, environ, warns)
-
-
-# ---------------------------------------------------------------- effects
-
-def apply_affinity(rank_plan: RankPlan, pid: int = 0) -> list[int]:
-    """``os.sched_setaffinity(pid, cpus)``; returns the CPUs applied. Never
-    called with an empty set: an empty plan leaves the affinity unchanged.
-
-    Raises:
-        OSError: EINVAL when no planned CPU is in the task's cpuset (a plan
-            made for another host or cgroup), ESRCH for a vanished pid.
-    """
-    cpus = list(rank_plan.cpus)
-    if not cpus:
-        return sorted(os.sched_getaffinity(pid))
-    os.sched_setaffinity(pid, cpus)
-    return cpus
-
-
-def exec_argv(rank_plan: RankPlan, host_nodes: int, command: Sequence[str],
-              allowed_mems: Sequence[int] | None = None,
-              numactl: str | None = None) -> list[str]:
-    """The argv to exec: ``numactl --membind=N -- CMD...`` when numactl
-    exists (``numactl`` path, else looked up), the rank's node is known, the
-    host has > 1 node and the nodes are within ``allowed_mems`` (the
-    cpuset's ``Mems_allowed_list``; numactl fails outside it); else CMD."""
-    cmd = list(command)
-    mems = [m for m in rank_plan.mem_nodes if m is not None and m >= 0]
-    if allowed_mems is not None:
-        mems = [m for m in mems if m in set(allowed_mems)]
-    if rank_plan.numa_node is None or rank_plan.numa_node < 0 or host_nodes <= 1 or not mems:
-        return cmd
-    import shutil
-
-    exe = numactl or shutil.which("numactl")
-    if not exe:
-        return cmd
-    return [exe, "--membind=" + ",".join(str(m) for m in mems), "--", *cmd]
-
-
-# ---------------------------------------------------------------- table
-
-def _link(topo: Topology, a_node: int | None, a_path: tuple[str, ...],
-          b_node: int | None, b_path: tuple[str, ...]) -> str:
-    """nvidia-smi-like connection type from sysfs paths and nodes: PIX/PXB
-    (common PCI bridge), PHB (same root port), NODE (same node), SYS."""
-    k = 0
-    for x, y in zip(a_path, b_path):
-        if x != y:
-            break
-        k += 1
-    if k >= 2:
-        return "PIX" if len(a_path) - k <= 1 and len(b_path) - k <= 1 else "PXB"
-    if k == 1:
-        return "PHB"
-    if a_node is not None and a_node == b_node:
-        return "NODE"
-    return "SYS" if a_node is not None and b_node is not None else "?"
-
-
-def render_table(topology: Topology, plan: Plan | None) -> str:
-    """Human table like ``nvidia-smi topo -m`` (GPU/NIC connection matrix,
-    CPU affinity, NUMA node) followed by the plan's binding per rank."""
-    topo = topology
-    gpus = list(topo.gpus)
-    nics = list(topo.nics)
-    cols = [f"GPU{g.minor if g.minor is not None else i}" for i, g in enumerate(gpus)] + \
-           [f"NIC{i}" for i in range(len(nics))]
-    paths = [(g.numa_node, g.pci_path) for g in gpus] + [(n.numa_node, n.pci_path) for n in nics]
-    lines = []
-    head = ["", *cols, "CPU Affinity", "NUMA Affinity", "Bus Id", "UUID"]
-    rows = [head]
-    for i, g in enumerate(gpus):
-        links = ["X" if j == i else _link(topo, *paths[i], *paths[j]) for j in range(len(cols))]
-        rows.append([cols[i], *links, format_cpulist(g.local_cpus) or "N/A",
-                     str(g.numa_node) if g.numa_node is not None else "N/A",
-                     g.pci_bus_id, g.uuid or "N/A"])
-    for k, n in enumerate(nics):
-        i = len(gpus) + k
-        links = ["X" if j == i else _link(topo, *paths[i], *paths[j]) for j in range(len(cols))]
-        rows.append([cols[i], *links, "", str(n.numa_node) if n.numa_node is not None else "N/A",
-                     n.pci_bus_id or "", ""])
-    widths = [max(len(r[c]) for r in rows) for c in range(len(head))]
-    for r in rows:
-        lines.append("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip())
-    if not gpus:
-        lines.append("(no NVIDIA GPU found on this host)")
-    if nics:
-        lines.append("")
-        lines.append("NIC Legend:")
-        for k, n in enumerate(nics):
-            lines.append(f"  NIC{k}: {n.name}" + (f" ({','.join(n.netdevs)})" if n.netdevs else ""))
-    lines.append("")
-    lines.append("NUMA nodes:")
-    for n in topo.nodes:
-        mem = f", {n.mem_total_bytes / 2**30:.1f} GiB" if n.mem_total_bytes else ""
-        lines.append(f"  node{n.id}: CPUs {format_cpulist(n.cpus) or '-'}{mem}")
-    if plan is not None:
-        lines.append("")
-        lines.append(f"Binding ({len(plan.ranks)} local ranks, allowed CPUs "
-                     f"{format_cpulist(plan.allowed_cpus)}):")
-        brows = [["rank", "gpu", "cpus", "mem", "nic", "reason"]]
-        for r in plan.ranks:
-            brows.append([str(r.local_rank), r.gpu.label() if r.gpu else "-",
-                          format_cpulist(r.cpus), format_cpulist(r.mem_nodes) or "-",
-                          r.nic.name if r.nic else "-", r.reason])
-        bw = [max(len(x[c]) for x in brows) for c in range(5)]
-        for x in brows:
-            lines.append("  " + "  ".join(v.ljust(w) for v, w in zip(x[:5], bw)) + "  " + x[5])
-        for w in plan.warnings:
-            lines.append(f"warning: {w}")
-    for note in topo.notes:
-        lines.append(f"note: {note}")
-    return "\n".join(lines) + "\n"
-
-
-__all__ = ["GpuRef", "RankPlan", "Plan", "FOREIGN_GPU_VARS", "resolve_step_gpus", "make_plan",
-           "fallback_rank", "rank_env", "ntasks_from_env", "plan_from_env", "apply_affinity",
-           "exec_argv", "render_table", "GsrunError"]
-
-
-# ---------------------------------------------------------------- MIG devices of the job
-
 _MIG_UUID = r"MIG-[0-9A-Za-z-]{8,64}(/[0-9]{1,3}/[0-9]{1,3})?"
 
 
@@ -806,25 +614,3 @@ def mig_visible_devices(devices: list[str], local_rank: int, gpu_isolation: bool
     rest = [d for d in devs if d != own]
     pos = min(local_rank, len(devs) - 1)
     return ",".join(rest[:pos] + [own] + rest[pos:])
-
-
-def read_job_mig_devices(spool_dir: str, job_id: str | None, node: str | None) -> list[str] | None:
-    """The MIG device UUIDs the prolog created for this job on this node
-    (``<spool>/jobs/<id>/user-mig-<node>.json``, owned by the job's user),
-    or None when the job has no MIG layout here."""
-    if not is_job_id(job_id) or not is_node_name(node):
-        return None
-    path = os.path.join(spool_dir, "jobs", job_id, f"user-mig-{node}.json")
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError:
-        return None   # the usual case: no MIG layout, and no `json` import (~8 ms with re) in the step
-    import json
-
-    try:
-        with os.fdopen(fd) as f:
-            data = json.load(f)
-    except (OSError, ValueError):
-        return None
-    devs = data.get("devices") if isinstance(data, dict) else None
-    return [d for d in devs if isinstance(d, str)] if isinstance(devs, list) else None

@@ -1,0 +1,109 @@
+"""Node tuning per job: apply in the prolog, restore exactly in the epilog.
+
+Every setting is a get/set pair (:class:`Knob`): ``read`` (fact), ``apply`` and
+``restore`` (effects), ``matches``/``is_prior`` (pure). A job's tuning goes
+
+    read facts -> plan (pure, :func:`plan_tuning`) -> journal prior value
+    (atomic write + fsync) -> write -> read back and verify
+
+Settings (all node-wide; the files are read/written through
+:class:`gsrun.facts.hostfs.HostFS`, so ``--host-root DIR`` keeps every access under DIR):
+
+- ``governor``: ``/sys/devices/system/cpu/cpuN/cpufreq/scaling_governor`` for
+  each CPU that has it, allowed = ``scaling_available_governors`` (all CPUs).
+  A CPU whose governor cannot be read (EINVAL on some intel_pstate boxes) has
+  an unknown prior: it is never written, it is skipped and reported, and the
+  other CPUs proceed.
+- ``swappiness``: ``/proc/sys/vm/swappiness`` (0-200).
+- ``swap`` (``off``): ``swapoff`` of each device in ``/proc/swaps``, only when
+  ``MemAvailable`` covers ``SwapTotal - SwapFree`` (``/proc/meminfo``); else
+  swap stays on and ``swappiness`` is lowered instead (reason reported).
+- ``dirty_ratio`` / ``dirty_background_ratio``: ``/proc/sys/vm/dirty_*``. The
+  kernel keeps either the ratio or the ``_bytes`` form (writing one zeroes
+  the other), so the journal records which form was in use and restore writes
+  that one.
+- ``thp`` / ``thp_defrag``: ``/sys/kernel/mm/transparent_hugepage/{enabled,defrag}``,
+  or RHEL 6's ``/sys/kernel/mm/redhat_transparent_hugepage/`` where only that
+  exists (:func:`thp_dir`); the current value is the bracketed word, allowed =
+  the words in the file.
+- ``zone_reclaim_mode``: ``/proc/sys/vm/zone_reclaim_mode`` (0-7).
+
+A setting missing on the host (no cpufreq in a VM, no swap) is "unsupported",
+never an error. A setting whose prior value cannot be read is never written:
+no path through prolog and epilog ends with a setting different from before.
+
+State (``<state_dir>/tuning/``, ``state_dir`` from ``--state-dir`` or
+``$GSRUN_STATE_DIR``, default ``/run/gsrun``; every file a journal of
+:mod:`gsrun.node.journal`: header with format, kind and boot id):
+
+- ``lock``: ``fcntl.flock`` taken by every prolog/epilog/restore; a crashed
+  holder's lock is released by the kernel.
+- ``jobs/<job_id>.json``: one journal per job that ran the prolog here. The
+  set of these files *is* the reference count (no counter that can drift).
+- ``baseline.json``: the node baseline, an ordered list of entries
+  ``{key, prior, value, owner, holders}``. An entry is written (fsync'd)
+  *before* its setting is changed, so a crash at any point leaves a journal
+  that restores the node. The first job changing a setting records its
+  prior value; later jobs asking the same value reuse it (join ``holders``),
+  a different value is refused (first job wins). The last job out restores
+  the entries in reverse order and removes the file. A baseline written
+  before the last reboot (its boot id is not this boot's) describes settings
+  the reboot already reset: it is dropped, never written back.
+
+Layout (one module per area of the machine, one protocol, one journal):
+
+- :mod:`~gsrun.node.tuning.knob`: the get/set protocol (:class:`Knob`,
+  :class:`ScopedKnob`, :class:`JobScope`) and the one write path
+  (:func:`kernel_write`);
+- areas: :mod:`~gsrun.node.tuning.governor` (CPU frequency governor),
+  :mod:`~gsrun.node.tuning.vm` (swap, swappiness, dirty ratios, zone
+  reclaim), :mod:`~gsrun.node.tuning.thp` (transparent hugepages),
+  :mod:`~gsrun.node.tuning.cstate` (CPU idle states / latency),
+  :mod:`~gsrun.node.tuning.irq` (IRQ affinity, irqbalance),
+  :mod:`~gsrun.node.tuning.hugepages` (explicit hugepages per NUMA node);
+- :mod:`~gsrun.node.tuning.plan`: the knobs in application order
+  (:data:`KNOBS`), the facts they read, the pure decision;
+- :mod:`~gsrun.node.tuning.state`: the journal files (the one storage of
+  every area's prior values, :mod:`gsrun.node.journal` files) and their lock;
+- :mod:`~gsrun.node.tuning.lifecycle`: prolog apply, epilog restore,
+  manual restore, status.
+
+Every name is re-exported here: ``from gsrun.node.tuning import X`` works
+for all of them.
+"""
+
+from __future__ import annotations
+
+from gsrun.node.tuning.knob import (BAN_PREFIX, bracket_choices, BRACKET_FILES, bracket_word, BracketKnob,
+                                    _CPU, CPU, _cpuset, _dict_shortfall, _dict_value_ok, DIRTY_SIBLING,
+                                    FileKnob, _is_scoped, JobScope, kernel_write, Knob, _plain, replaceable,
+                                    scope_from_dict, ScopedKnob, THP, THP_DIRS, VM)
+from gsrun.node.tuning.state import (JOURNAL_VERSION, LOCK_TIMEOUT_S, _State, _unlink, _write_json)
+from gsrun.node.tuning.governor import (governor_cpus, GovernorKnob)
+from gsrun.node.tuning.vm import (_check_swap_name, default_swap_effect, DirtyKnob, FakeSwapEffect,
+                                  read_meminfo_kb, read_swaps, SWAP_FALLBACK_SWAPPINESS, SWAP_TIMEOUT_S,
+                                  SwapEffect, SwapKnob, _unescape_swaps)
+from gsrun.node.tuning.thp import (thp_dir, ThpKnob)
+from gsrun.node.tuning.cstate import (_cpu_dirs, cstate_hold_us, CstateKnob, DMA_LATENCY, idle_states, _STATE)
+from gsrun.node.tuning.irq import (BAN_ABSENT, BAN_PRESENT, IRQ, IRQ_BAN_DIR, irqbalance_ban_dir_of,
+                                   irqbalance_check, irqbalance_pids, IRQBALANCE_POLICY_SCRIPT,
+                                   irqbalance_policy_script, irqbalance_rescan, IrqKnob, PCI, pids_by_comm,
+                                   _remove_ban, _write_ban)
+from gsrun.node.tuning.hugepages import (_HP_DIR, HugepagesKnob, NODE)
+from gsrun.node.tuning.plan import (KNOBS, _decide, Facts, format_plan, plan_tuning, PlanItem, Policy, read_facts,
+                                    _short)
+from gsrun.node.tuning.lifecycle import (_ban_dir_from_journal, _boot_id, _drop_if_rebooted, epilog_restore,
+                                         _errtext, format_status, irq_paths, _leave, prolog_tune, _report,
+                                         restore, _restore_entries, status)
+
+__all__ = ["KNOBS", "replaceable", "JOURNAL_VERSION", "LOCK_TIMEOUT_S", "SWAP_TIMEOUT_S",
+           "SWAP_FALLBACK_SWAPPINESS", "VM", "THP",
+           "THP_DIRS", "CPU", "DIRTY_SIBLING", "BRACKET_FILES", "bracket_word", "bracket_choices",
+           "read_meminfo_kb", "read_swaps", "thp_dir", "governor_cpus", "kernel_write", "SwapEffect",
+           "FakeSwapEffect", "default_swap_effect", "Knob", "FileKnob", "BracketKnob", "ThpKnob", "DirtyKnob",
+           "GovernorKnob", "SwapKnob", "NODE", "IRQ", "PCI", "DMA_LATENCY", "JobScope", "scope_from_dict",
+           "ScopedKnob", "idle_states", "CstateKnob", "cstate_hold_us", "pids_by_comm", "irqbalance_pids",
+           "IRQBALANCE_POLICY_SCRIPT", "IRQ_BAN_DIR", "BAN_PREFIX", "BAN_PRESENT", "BAN_ABSENT",
+           "irqbalance_policy_script", "irqbalance_ban_dir_of", "irqbalance_check", "irqbalance_rescan",
+           "IrqKnob", "HugepagesKnob", "Facts", "Policy", "PlanItem", "plan_tuning", "format_plan",
+           "read_facts", "prolog_tune", "irq_paths", "epilog_restore", "restore", "status", "format_status"]

@@ -1,0 +1,186 @@
+"""The MIME message (pure): a ``multipart/alternative`` text + HTML message,
+the timeline PNG inline in a ``multipart/related`` part referenced by
+``cid:`` (:func:`build_message`); safe header values (:func:`set_text_header`,
+:func:`validate_addr`); the bytes that go on the wire (:func:`wire_bytes`).
+"""
+
+from __future__ import annotations
+
+import email.utils
+import hashlib
+import re
+import time
+import unicodedata
+from email import policy as email_policy
+from email.header import Header
+from email.headerregistry import Address
+from email.message import EmailMessage
+from typing import Any, Mapping
+
+from gsrun.base.errors import InputError
+from gsrun.report.mail.view import _BIDI, PHASE, clean_line, mail_view, render_html, render_text
+
+
+MAX_PNG_BYTES = 5 * 1024 * 1024
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+_WIDE_HEADERS = email_policy.default.clone(max_line_length=998)
+_ADDR_RE = re.compile(r"^[A-Za-z0-9!#$%&'*+/=?^_`{|}~.-]{1,64}@[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?$")
+
+
+def set_text_header(msg: EmailMessage, name: str, text: Any, max_len: int = 250) -> str:
+    """Set header ``name`` of ``msg`` to display text built from job data, so
+    that a mail reader shows exactly :func:`clean_line` ``(text)``: the
+    characters as typed, no control, CR/LF or bidi characters.
+
+    RFC 2047 encoded words (``=?utf-8?q?=E2=80=AE...?=``, which a reader
+    would decode into a right-to-left override or a line break) are never
+    decoded for display: when the text holds an ``=?`` marker, the header is
+    written as *our own* encoded words of the literal text (``=3D=3F``
+    inside), folded to 76 columns, so a reader decodes exactly once and shows
+    the marker as plain characters. (Assigning the text the usual way would
+    let ``email.headerregistry`` decode the user's encoded words at once.)
+    Returns the text set."""
+    value = clean_line(text, max_len)
+    del msg[name]
+    if "=?" in value:
+        msg.set_raw(name, Header(value, "utf-8", header_name=name).encode(maxlinelen=76))
+    else:
+        msg[name] = value
+    return value
+
+
+def validate_addr(addr: str, what: str = "address") -> str:
+    """Return the bare ``local@domain`` of ``addr`` or raise.
+
+    Accepts ``a@b.example`` or ``Name <a@b.example>`` (the display name is
+    dropped). Refuses control characters, several addresses, a missing
+    domain (Slurm's default ``MailUser`` is the bare user name: append the
+    site's mail domain before calling), and anything ``email.headerregistry``
+    cannot parse.
+
+    Raises:
+        InputError: the address is empty, has CR/LF or other control
+            characters, a list of addresses, or is not ``local@domain``.
+    """
+    if not isinstance(addr, str) or not addr.strip():
+        raise InputError(PHASE, f"bad {what}", "empty", hint="the job has no MailUser, or mail.from_addr is empty")
+    if any(unicodedata.category(c) == "Cc" or c in _BIDI for c in addr):
+        raise InputError(PHASE, f"bad {what}", f"{addr!r} holds control characters")
+    if "=?" in addr:   # an RFC 2047 encoded word: readers would decode it (into controls, bidi, CR/LF)
+        raise InputError(PHASE, f"bad {what}", f"{addr!r} holds an encoded word (=?...?=)",
+                         hint="give a plain local@domain address")
+    if len(email.utils.getaddresses([addr])) != 1:
+        raise InputError(PHASE, f"bad {what}", f"{addr!r} is not one address")
+    _name, spec = email.utils.parseaddr(addr, **_STRICT)
+    if not spec or not _ADDR_RE.fullmatch(spec) or ".." in spec or spec.startswith(".") or len(spec) > 254:
+        hint = ("Slurm's MailUser defaults to the user name; add the site mail domain"
+                if spec and "@" not in spec else None)
+        raise InputError(PHASE, f"bad {what}", f"{addr!r} is not local@domain", hint=hint)
+    try:
+        Address(addr_spec=spec)
+    except (ValueError, IndexError, TypeError) as e:
+        raise InputError(PHASE, f"bad {what}", f"{addr!r}: {e}") from None
+    return spec
+
+
+try:  # Python >= 3.13 and the 3.11/3.12 security releases: refuse ambiguous address lists
+    email.utils.parseaddr("a@b", strict=True)
+    _STRICT = {"strict": True}
+except TypeError:
+    _STRICT = {}
+
+
+def message_id(summary: Mapping, domain: str) -> str:
+    """``<gsrun.job-42.1a2b3c4d5e6f@domain>``: the same job summary always
+    gives the same id (a resend is recognisable); the hash of id, user, name
+    and first node tells apart jobs once Slurm's job ids wrap around."""
+    job = summary.get("job") or {}
+    jid = str(job.get("array") or job.get("id") or "unknown")
+    safe = re.sub(r"[^A-Za-z0-9_.+-]", "_", jid)[:40]
+    nodes = job.get("nodes") or [""]
+    key = "|".join(str(x) for x in (job.get("id"), job.get("array"), job.get("user"), job.get("name"), nodes[0]))
+    digest = hashlib.sha256(key.encode("utf-8", "replace")).hexdigest()[:12]
+    return f"<gsrun.job-{safe}.{digest}@{domain}>"
+
+
+def build_message(summary: dict, report_text: str, png: bytes | None, to_addr: str, from_addr: str,
+                  *, date: float | None = None, cfg=None) -> EmailMessage:
+    """The efficiency mail for one job summary (``gsrun.summary/1``).
+
+    Structure::
+
+        multipart/alternative
+          text/plain; charset=utf-8 (quoted-printable)   templates/mail.txt.j2 + report_text
+          multipart/related                               (text/html alone when png is None)
+            text/html; charset=utf-8                      templates/mail.html.j2, <img src="cid:...">
+            image/png (base64, inline, Content-ID)       ``png``
+
+    Headers: From, To, Subject (:func:`subject_line`, set by :func:`set_text_header`:
+    an encoded word in a job name is shown literally, never decoded), Date, Message-ID
+    (:func:`message_id`, from the job id), ``Auto-Submitted: auto-generated``
+    (RFC 3834: no vacation replies), ``X-Gsrun-Job``. Every header value is
+    stripped of CR/LF and control characters; the whole message is 7-bit.
+
+    ``png`` that is not a PNG (bad magic) or is over 5 MiB is left out and
+    the text says "timeline unavailable" (a broken plot never stops the mail).
+    ``date``: epoch seconds for the Date header (default now). ``cfg``: the
+    site config (verdict targets, ``report.doc_url``; None: defaults). The
+    picture is shown at half its pixel size when wider than 900 px (drawn
+    at 2x), with explicit ``width`` / ``height``.
+
+    Raises:
+        InputError: ``to_addr`` or ``from_addr`` is not one valid
+            ``local@domain`` address (see :func:`validate_addr`).
+    """
+    to_spec = validate_addr(to_addr, "recipient address (MailUser)")
+    from_spec = validate_addr(from_addr, "sender address (mail.from_addr)")
+    domain = from_spec.rsplit("@", 1)[1]
+    job = summary.get("job") or {}
+    jid = clean_line(job.get("array") or job.get("id") or "unknown", 40)
+    safe = re.sub(r"[^A-Za-z0-9_.+-]", "_", jid)[:40]
+    cid = f"timeline.{safe}@{domain}"
+
+    has_image = isinstance(png, (bytes, bytearray)) and png[:8] == PNG_MAGIC and len(png) <= MAX_PNG_BYTES
+    size = None
+    if has_image and len(png) >= 24 and png[12:16] == b"IHDR":
+        w, h = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+        size = (w // 2, h // 2) if w > 900 else (w, h)     # the chart is drawn at 2x for high-DPI screens
+    view = mail_view(summary, report_text, has_image, cid, image_dropped=png is not None, cfg=cfg,
+                     image_size=size)
+
+    msg = EmailMessage(policy=email_policy.default)
+    msg["From"] = str(Address(username=from_spec.rsplit("@", 1)[0], domain=domain, display_name="gsrun"))
+    msg["To"] = to_spec
+    set_text_header(msg, "Subject", view["subject"], 250)   # encoded words in a job name stay literal
+    msg["Date"] = email.utils.formatdate(date if date is not None else time.time(), localtime=True)
+    msg["Message-ID"] = message_id(summary, domain)
+    msg["Auto-Submitted"] = "auto-generated"
+    set_text_header(msg, "X-Gsrun-Job", jid, 40)
+    msg.set_content(render_text(view), subtype="plain", charset="utf-8", cte="quoted-printable")
+    msg.add_alternative(render_html(view), subtype="html", charset="utf-8", cte="quoted-printable")
+    if has_image:
+        html_part = msg.get_payload()[1]
+        html_part.add_related(bytes(png), maintype="image", subtype="png", cid=f"<{cid}>",
+                              disposition="inline", filename="timeline.png")
+    # Headers: do not fold ASCII values (lines up to RFC 5322's 998): Python's folder
+    # otherwise moves a whole Subject to a continuation line, which readers then show with
+    # a leading space. Bodies were encoded above with the default 76-column lines.
+    if all(str(v).isascii() for v in msg.values()):
+        msg.policy = _WIDE_HEADERS
+    return msg
+
+
+class SpooledMessage(EmailMessage):
+    """A message read back from the spool; ``raw`` holds its exact bytes,
+    which is what the transports send (no re-serialisation, so what was
+    queued is what arrives)."""
+
+    raw: bytes = b""
+
+
+def wire_bytes(msg: EmailMessage) -> bytes:
+    """The bytes to send (LF line ends): the spooled bytes as they are, or
+    ``msg`` serialised with its own policy."""
+    if isinstance(msg, SpooledMessage) and msg.raw:
+        return msg.raw
+    return msg.as_bytes()

@@ -1,0 +1,304 @@
+"""The spool queue (effects): :func:`enqueue` writes a message atomically
+(mode 0600) into ``<spool_dir>/mail/new/<jobid>.eml``, once per job id;
+:func:`flush` delivers the queued messages that are due, with retry and
+capped exponential backoff (:func:`backoff_s`), moving each to ``mail/sent/``
+(delivered) or ``mail/failed/`` (permanent refusal, or ``mail.max_attempts``
+used up). Layout and the exactly-once argument: :mod:`gsrun.report.mail`.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import secrets
+import time
+from email import policy as email_policy
+from email.message import EmailMessage
+from email.parser import BytesParser
+from pathlib import Path
+from typing import Any, Callable
+
+from gsrun.base.errors import InputError, NodeError
+from gsrun.base.fsutil import atomic_write, atomic_write_json, ensure_dir, flock_within, read_json
+from gsrun.report.units import as_number
+from gsrun.report.mail.message import SpooledMessage, wire_bytes
+from gsrun.report.mail.send import MailError, _cfg, deliver
+from gsrun.report.mail.view import PHASE
+
+
+SUBDIRS = ("new", "tmp", "sent", "failed", "state")
+BACKOFF_BASE_S = 60.0
+BACKOFF_CAP_S = 3600.0
+QID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
+
+
+def _qid(job_id: Any) -> str:
+    s = str(job_id)
+    if not QID_RE.fullmatch(s):
+        raise InputError(PHASE, "bad job id", f"{s!r}", hint="expected e.g. 42 or 15053872_1491")
+    return s
+
+
+def _mail_dir(spool_dir) -> Path:
+    spool = Path(spool_dir)
+    if not spool.is_dir():
+        raise NodeError(PHASE, "spool directory missing", str(spool),
+                        hint="gsrun-node install creates paths.spool_dir")
+    uid, gid = os.geteuid(), os.getegid()
+    base = ensure_dir(spool / "mail", 0o700, uid, gid)
+    for sub in SUBDIRS:
+        ensure_dir(base / sub, 0o700, uid, gid)
+    return base
+
+
+class _Lock:
+    """``flock`` on a lock file (opened without following symlinks)."""
+
+    def __init__(self, path: Path):
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+
+    def acquire(self, timeout_s: float | None) -> bool:
+        """Blocking when ``timeout_s`` is None, else poll until it runs out."""
+        if timeout_s is None:
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+            return True
+        return flock_within(self.fd, timeout_s, 0.05)
+
+    def close(self) -> None:
+        os.close(self.fd)  # releases the lock
+
+    def __enter__(self):
+        self.acquire(None)
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _queue_lock(base: Path) -> _Lock:
+    return _Lock(base / ".queue.lock")
+
+
+def _find(base: Path, qid: str) -> Path | None:
+    for sub in ("new", "tmp", "sent", "failed"):
+        p = base / sub / f"{qid}.eml"
+        if os.path.lexists(p):
+            return p
+    return None
+
+
+def enqueue(spool_dir, job_id, msg: EmailMessage) -> Path:
+    """Queue ``msg`` for job ``job_id``: ``<spool_dir>/mail/new/<job_id>.eml``
+    (mode 0600, written with :func:`gsrun.base.fsutil.atomic_write`).
+
+    Idempotent per job id: when a message for this job is already queued,
+    being sent, sent or failed, nothing is written and that file's path is
+    returned (a rerun epilog does not mail twice). Never talks to a server;
+    waits only for the queue lock, which is held for single renames.
+
+    Raises:
+        InputError: ``job_id`` is not a plain Slurm job id (``42``, ``15053872_1491``).
+        NodeError: the spool directory is missing, or ``mail/`` there is a
+            symlink or owned by someone else (planted).
+    """
+    qid = _qid(job_id)
+    base = _mail_dir(spool_dir)
+    existing = _find(base, qid)
+    if existing is not None:
+        return existing
+    data = wire_bytes(msg)
+    stage = base / "tmp" / f".stage.{qid}.{os.getpid()}.{secrets.token_hex(4)}"
+    atomic_write(stage, data, mode=0o600)
+    try:
+        with _queue_lock(base):
+            existing = _find(base, qid)
+            if existing is not None:
+                return existing
+            target = base / "new" / f"{qid}.eml"
+            os.rename(stage, target)
+            return target
+    finally:
+        try:
+            os.unlink(stage)
+        except FileNotFoundError:
+            pass
+
+
+def queue_status(spool_dir) -> dict:
+    """``{"new": [...], "tmp": [...], "sent": [...], "failed": [...]}``: job
+    ids per folder, sorted (for ``gsrun-node mail status``)."""
+    base = _mail_dir(spool_dir)
+    return {sub: sorted(p.name[:-4] for p in (base / sub).iterdir()
+                        if p.name.endswith(".eml") and not p.name.startswith("."))
+            for sub in ("new", "tmp", "sent", "failed")}
+
+
+def backoff_s(attempts: int) -> float:
+    """Seconds to wait after the ``attempts``-th failed try: 60, 120, 240 ...
+    capped at 3600 (so 48 attempts span about two days)."""
+    return min(BACKOFF_BASE_S * (2 ** max(0, attempts - 1)), BACKOFF_CAP_S)
+
+
+def _read_msg(path: Path) -> SpooledMessage:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        raw = f.read()
+    msg = BytesParser(SpooledMessage, policy=email_policy.default).parsebytes(raw)
+    msg.raw = raw
+    return msg
+
+
+def _move(base: Path, qid: str, src: str, dst: str) -> bool:
+    """rename mail/<src>/<qid>.eml -> mail/<dst>/ under the queue lock;
+    False when it is no longer in ``src`` (someone else moved it)."""
+    with _queue_lock(base):
+        try:
+            os.rename(base / src / f"{qid}.eml", base / dst / f"{qid}.eml")
+            return True
+        except FileNotFoundError:
+            return False
+
+
+def flush(spool_dir, cfg, now: float | None = None,
+          send: Callable[[EmailMessage, Any], None] | None = None) -> dict:
+    """Deliver the queued messages that are due; ``gsrun-node mail flush``.
+
+    ``cfg``: a :class:`gsrun.request.config.Config` (or a dict with the same keys;
+    missing keys take the defaults). ``now``: epoch seconds used for the
+    backoff schedule (default: the clock). ``send(msg, cfg)``: the transport,
+    default :func:`deliver` (SMTP or MailProg); it raises :class:`MailError`
+    (any other exception counts as a temporary failure).
+
+    Per message: claimed by renaming ``new/`` -> ``tmp/``; on success moved to
+    ``sent/``; on a temporary failure put back in ``new/`` with attempts+1 and
+    ``next_try = now + backoff_s(attempts)``, or moved to ``failed/`` once
+    ``mail.max_attempts`` tries are used; on a permanent refusal moved to
+    ``failed/`` at once. When the server is unreachable (``outage``) the other
+    due messages are not tried in this run (each would wait its own timeout)
+    but their attempt counts rise too.
+
+    Returns ``{"sent": n, "failed": n, "deferred": n, "busy": bool}``:
+    ``deferred`` = still queued after this run (failed this time, or not due
+    yet); ``busy`` = another flush held the spool for longer than
+    ``timeouts.command_s`` and nothing was done.
+
+    Raises:
+        NodeError: the spool directory is missing or planted (see :func:`enqueue`).
+    """
+    base = _mail_dir(spool_dir)
+    send = send or deliver
+    timeout_s = float(_cfg(cfg, "timeouts.command_s"))
+    max_attempts = int(_cfg(cfg, "mail.max_attempts"))
+    result = {"sent": 0, "failed": 0, "deferred": 0, "busy": False}
+    lock = _Lock(base / ".flush.lock")
+    try:
+        if not lock.acquire(timeout_s):
+            result["busy"] = True
+            return result
+        # we hold the flush lock: anything claimed in tmp/ belongs to a flush that died
+        for p in sorted((base / "tmp").iterdir()):
+            if p.name.endswith(".eml") and not p.name.startswith("."):
+                _move(base, p.name[:-4], "tmp", "new")
+        outage: MailError | None = None
+        for p in sorted((base / "new").iterdir()):
+            if not p.name.endswith(".eml") or p.name.startswith("."):
+                continue
+            qid = p.name[:-4]
+            t = time.time() if now is None else now
+            state_path = base / "state" / f"{qid}.json"
+            state = read_json(state_path) or {}
+            attempts = int(state.get("attempts") or 0)
+            if (as_number(state.get("next_try")) or 0) > t:
+                result["deferred"] += 1
+                continue
+            if not _move(base, qid, "new", "tmp"):
+                continue
+            err: MailError | None = None
+            if outage is not None:
+                err = outage
+            else:
+                try:
+                    send(_read_msg(base / "tmp" / f"{qid}.eml"), cfg)
+                except MailError as e:
+                    err = e
+                except (ValueError, InputError) as e:  # unparsable / bad addresses in the queued file
+                    err = MailError("bad queued message", f"{qid}: {e}", permanent=True)
+                except Exception as e:  # noqa: BLE001 - a transport bug must not lose the message
+                    err = MailError("send failed", f"{qid}: {type(e).__name__}: {e}")
+            attempts += 1
+            state.update({"job_id": qid, "attempts": attempts, "last_try": t})
+            if err is None:
+                state.update({"sent_at": t, "last_error": None, "next_try": None})
+                atomic_write_json(state_path, state, mode=0o600)
+                _move(base, qid, "tmp", "sent")
+                result["sent"] += 1
+                continue
+            if err.outage:
+                outage = err
+            state["last_error"] = str(err).split("\n")[0]
+            if err.permanent or attempts >= max_attempts:
+                state.update({"failed_at": t, "next_try": None})
+                atomic_write_json(state_path, state, mode=0o600)
+                _move(base, qid, "tmp", "failed")
+                result["failed"] += 1
+            else:
+                state["next_try"] = t + backoff_s(attempts)
+                atomic_write_json(state_path, state, mode=0o600)
+                _move(base, qid, "tmp", "new")
+                result["deferred"] += 1
+    finally:
+        lock.close()
+    return result
+
+
+def retry_failed(spool_dir, job_id: str | None = None) -> list[str]:
+    """Move ``failed/`` messages (one job, or all) back to ``new/`` with their
+    attempt count reset, e.g. after the admin fixed the relay settings.
+    Returns the job ids requeued. The flush lock is taken so no flush runs
+    meanwhile (waits without limit: an admin command, not the epilog)."""
+    base = _mail_dir(spool_dir)
+    qids = [_qid(job_id)] if job_id is not None else queue_status(spool_dir)["failed"]
+    done = []
+    lock = _Lock(base / ".flush.lock")
+    try:
+        lock.acquire(None)
+        for qid in qids:
+            try:
+                os.unlink(base / "state" / f"{qid}.json")
+            except FileNotFoundError:
+                pass
+            if _move(base, qid, "failed", "new"):
+                done.append(qid)
+    finally:
+        lock.close()
+    return done
+
+
+def prune(spool_dir, max_age_s: float = 30 * 86400, now: float | None = None) -> int:
+    """Remove ``sent/`` and ``failed/`` messages (and their state) older than
+    ``max_age_s``, and enqueue staging files older than a day. Returns the
+    number of messages removed. A pruned job id can be queued again."""
+    base = _mail_dir(spool_dir)
+    t = time.time() if now is None else now
+    removed = 0
+    with _queue_lock(base):
+        for sub in ("sent", "failed"):
+            for p in (base / sub).iterdir():
+                try:
+                    if p.name.endswith(".eml") and t - os.lstat(p).st_mtime > max_age_s:
+                        os.unlink(p)
+                        removed += 1
+                        try:
+                            os.unlink(base / "state" / (p.name[:-4] + ".json"))
+                        except FileNotFoundError:
+                            pass
+                except FileNotFoundError:
+                    continue
+        for p in (base / "tmp").iterdir():
+            try:
+                if p.name.startswith(".stage.") and t - os.lstat(p).st_mtime > 86400:
+                    os.unlink(p)
+            except FileNotFoundError:
+                continue
+    return removed

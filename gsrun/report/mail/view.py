@@ -1,0 +1,342 @@
+"""What the efficiency mail says (decisions, pure): whether a job gets one
+(:func:`mail_wanted`, Slurm ``MailType`` + site ``mail.policy``), which kind
+(:func:`mail_kind`: report, cancelled before start, no run, requeued), its
+subject (:func:`subject_line`) and every value the templates print, already
+formatted and cleaned of control characters (:func:`mail_view`), rendered by
+:func:`render_text` / :func:`render_html`.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from typing import Any, Mapping
+
+from gsrun.base.templating import render
+from gsrun.base.errors import ConfigError
+from gsrun.facts.slurm import ACTIVE_STATES as NOT_FINAL_STATES, FAILED_STATES as FAIL_STATES, state_word
+from gsrun.report.records import is_mig as _is_mig
+from gsrun.report.units import NA, as_number, fmt_bytes, fmt_bytes_of, fmt_duration_s, fmt_energy_j, fmt_hours_h, \
+    fmt_share_pct, fmt_power_w, fmt_time
+
+
+PHASE = "mail"
+_ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
+# bidi overrides/isolates: would let a job name reorder what the reader sees
+_BIDI = {chr(c) for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A), 0x200E, 0x200F, 0x061C)}
+# Slurm MailType tokens (sbatch --mail-type); ALL = BEGIN,END,FAIL,INVALID_DEPEND,REQUEUE,STAGE_OUT
+MAIL_TYPES = {"NONE", "BEGIN", "END", "FAIL", "REQUEUE", "ALL", "INVALID_DEPEND", "STAGE_OUT",
+              "TIME_LIMIT", "TIME_LIMIT_90", "TIME_LIMIT_80", "TIME_LIMIT_50", "ARRAY_TASKS"}
+# colours (readable on white and on a dark background): severity of a finding, level of a verdict
+SEVERITY_COLOR = {"crit": "#c62828", "error": "#c62828", "warn": "#d46b08", "info": "#5c6b7a"}
+LEVEL_COLOR = {"good": "#2e7d32", "better": "#d46b08", "wasteful": "#c62828"}
+# per-GPU columns of the HTML table, dropped when "none" / N/A for every GPU
+DEVICE_COLUMNS = (("util", "Busy"), ("sm_active", "SM active"), ("mem", "Memory peak"), ("power", "Power"),
+                  ("energy", "Energy"), ("throttle", "Slowed by"), ("xid", "Xid"))
+
+
+def clean_line(value: Any, max_len: int = 200) -> str:
+    """One line of display text from anything: ANSI escapes, control
+    characters (NUL, ESC, DEL ...) and bidi overrides removed; line breaks
+    (CR, LF, U+2028 ...) and tabs become one space; cut to ``max_len``
+    characters. Safe for a header value."""
+    s = _ANSI_RE.sub("", str(value))
+    out = []
+    for ch in s:
+        if ch in "\t\r\n\u2028\u2029\x0b\x0c\x85":
+            if out and out[-1] != " ":
+                out.append(" ")
+        elif ch in _BIDI or unicodedata.category(ch) in ("Cc", "Zl", "Zp", "Cs"):
+            continue
+        else:
+            out.append(ch)
+    s = "".join(out).strip()
+    return s if len(s) <= max_len else s[: max_len - 1] + "\u2026"
+
+
+def clean_block(value: Any, max_len: int = 200_000) -> str:
+    """Multi-line display text: like :func:`clean_line` per line, but keeps
+    ``\\n`` (CRLF/CR normalised) and leading indentation."""
+    s = _ANSI_RE.sub("", str(value)).replace("\r\n", "\n").replace("\r", "\n")
+    out = []
+    for ch in s:
+        if ch == "\n":
+            out.append(ch)
+        elif ch == "\t":
+            out.append("    ")
+        elif ch in _BIDI or unicodedata.category(ch) in ("Cc", "Zl", "Zp", "Cs"):
+            continue
+        else:
+            out.append(ch)
+    s = "".join(out)
+    return s if len(s) <= max_len else s[:max_len] + "\n[... cut]"
+
+
+def mail_wanted(mail_type: str | None, policy: str, *, state: str | None = None,
+                enabled: bool = True) -> bool:
+    """Whether the job gets the efficiency mail.
+
+    ``mail_type`` is Slurm's ``MailType`` from the job record
+    (``scontrol show job``: ``END``, ``ALL``, ``END,FAIL``, ``NONE``,
+    ``INVALID_DEPEND,BEGIN,END,FAIL,REQUEUE,STAGE_OUT``, ``(null)``...),
+    ``policy`` the site's ``mail.policy``:
+
+    - ``never``: no mail.
+    - ``always``: every job (the caller still needs a MailUser).
+    - ``job``: only when the user asked for end-of-job mail (``END`` or
+      ``ALL``); ``FAIL`` alone gets the mail only when ``state`` is a failure
+      (FAILED, TIMEOUT, OUT_OF_MEMORY, NODE_FAIL, ...). BEGIN, REQUEUE,
+      TIME_LIMIT_* and ARRAY_TASKS alone do not ask for a report.
+
+    ``state`` (optional, Slurm job state): a job that is not finished
+    (PENDING, REQUEUED, RUNNING ...) never gets the report now; it comes when
+    the job really ends. ``enabled`` is ``mail.enabled``.
+
+    Raises:
+        ConfigError: ``policy`` is not job, always or never.
+    """
+    if policy not in ("job", "always", "never"):
+        raise ConfigError("config", "bad value for mail.policy", repr(policy), hint="allowed: job|always|never")
+    word = state_word(state)
+    if not enabled or policy == "never" or word in NOT_FINAL_STATES:
+        return False
+    if policy == "always":
+        return True
+    tokens = {t.strip().upper() for t in re.split(r"[,\s]+", mail_type or "") if t.strip()}
+    if "NONE" in tokens and len(tokens) == 1:
+        return False
+    if "END" in tokens or "ALL" in tokens:
+        return True
+    if "FAIL" in tokens and word in FAIL_STATES:
+        return True
+    return False
+
+
+def mail_kind(summary: Mapping) -> str:
+    """What kind of mail a job summary gets:
+
+    - ``requeued``: state PENDING/REQUEUED/... (not final; the caller should
+      not mail, see :func:`mail_wanted`; the text says a report follows).
+    - ``cancelled_before_start``: CANCELLED with elapsed 0 (or none): no
+      efficiency figures at all (field case 23, docs/field-cases.md).
+    - ``no_run``: any other final state after 0 s (instant failure): the
+      figures are not meaningful.
+    - ``report``: the efficiency report.
+    """
+    job = summary.get("job") or {}
+    word = state_word(str(job.get("state") or ""))
+    elapsed = job.get("elapsed_s")
+    zero = elapsed is None or as_number(elapsed) is None or float(elapsed) <= 0.0
+    if word in NOT_FINAL_STATES:
+        return "requeued"
+    if word == "CANCELLED" and zero:
+        return "cancelled_before_start"
+    if zero:
+        return "no_run"
+    return "report"
+
+
+def _gpu_headline(summary: Mapping) -> str | None:
+    """``GPU busy 50% (good)`` / ``GPU busy N/A (MIG)`` / ``GPU data unavailable`` /
+    None for a job without GPUs. Mean over the devices that have a figure;
+    the judgement uses the default targets (the subject is the same for
+    every site)."""
+    gpu = summary.get("gpu") or {}
+    job = summary.get("job") or {}
+    devices = [d for d in (gpu.get("devices") or []) if isinstance(d, Mapping)]
+    if gpu.get("available") is False:
+        return "GPU data unavailable"
+    if not devices:
+        return "GPU data unavailable" if (as_number(job.get("gpus_alloc")) or 0) > 0 else None
+    utils = [as_number(d.get("util_mean_pct")) for d in devices]
+    vals = [u for u in utils if u is not None]
+    if vals:
+        from gsrun.report.findings import _t, _level, LEVEL_WORDS
+        mean = sum(vals) / len(vals)
+        word = LEVEL_WORDS[_level(mean, _t(None, "findings.low_util_note_pct", None),
+                                  _t(None, "findings.low_util_warn_pct", None))]
+        return f"GPU busy {fmt_share_pct(mean)} ({word})"
+    if any(_is_mig(d) for d in devices):
+        return "GPU busy N/A (MIG)"
+    return "GPU busy N/A"
+
+
+def subject_line(summary: Mapping) -> str:
+    """``[gsrun] job 42 (train) COMPLETED: GPU busy 50% (good), CPU eff 42%``.
+
+    Job id = the array form (``15053872_1491``) when present. Every piece
+    goes through :func:`clean_line`, so the result holds no CR/LF or control
+    characters whatever the job name is.
+    """
+    job = summary.get("job") or {}
+    jid = clean_line(job.get("array") or job.get("id") or "?", 40)
+    name = clean_line(job.get("name") or "", 60)
+    state = clean_line(job.get("state") or "UNKNOWN", 40)
+    head = f"[gsrun] job {jid}" + (f" ({name})" if name else "")
+    kind = mail_kind(summary)
+    if kind == "cancelled_before_start":
+        return f"{head} {state.split(' ')[0]} before start"
+    if kind == "requeued":
+        return f"{head} {state}: report follows when the job ends"
+    if kind == "no_run":
+        return f"{head} {state} after 0 s: no efficiency figures"
+    parts = []
+    g = _gpu_headline(summary)
+    if g:
+        parts.append(g)
+    parts.append(f"CPU eff {fmt_share_pct((summary.get('cpu') or {}).get('efficiency_pct'))}")
+    return clean_line(f"{head} {state}: {', '.join(parts)}", 250)
+
+
+def mail_view(summary: Mapping, report_text: str, has_image: bool, image_cid: str,
+              image_dropped: bool = False, cfg=None, image_size: tuple[int, int] | None = None) -> dict:
+    """Everything the templates print, formatted and cleaned (pure).
+
+    Numbers come from the ``gsrun.summary/1`` job summary; ``None`` becomes
+    ``N/A`` (MIG utilization: ``N/A (MIG)``, field case 12; unavailable GPU
+    section: its reason, field case 15; both in docs/field-cases.md). Every
+    key is always present, so the templates run under ``StrictUndefined``.
+
+    Issue 22: ``verdict`` (rows of :func:`gsrun.report.findings.verdicts`
+    with the value formatted and a colour per level), ``next_time`` /
+    ``alert`` (:func:`gsrun.report.findings.headline`), findings with a
+    colour per severity and the site's ``report.doc_url`` link (``cfg``),
+    per-GPU columns that are not "none" everywhere (``columns``), clock
+    times and queue wait. ``report_text`` is the text part itself (the
+    report at 76 columns); the HTML part does not repeat it. ``image_size``:
+    the chart's (width, height) as displayed, CSS px.
+    """
+    from gsrun.report.findings import headline, shown_findings, verdicts
+    from gsrun.report.render import doc_link, settings_lines
+    job = summary.get("job") or {}
+    cpu = summary.get("cpu") or {}
+    mem = summary.get("memory") or {}
+    gpu = summary.get("gpu") or {}
+    kind = mail_kind(summary)
+    devices_in = [d for d in (gpu.get("devices") or []) if isinstance(d, Mapping)]
+
+    devices = []
+    events = []
+    for d in devices_in:
+        mig = _is_mig(d)
+        util = as_number(d.get("util_mean_pct"))
+        throttle = d.get("throttle_s") or {}
+        cov = as_number(d.get("covered_s"))
+        thr = ", ".join(f"{clean_line(k, 30).replace('hw_slowdown', 'hardware').replace('_', ' ')} "
+                        + (fmt_share_pct(100 * v / cov) if cov else fmt_duration_s(v, "clock"))
+                        for k, v in sorted(throttle.items())
+                        if (as_number(v) or 0) > 0 and k != "sync_boost") if isinstance(throttle, Mapping) else ""
+        xids = [x for x in (d.get("xid") or []) if as_number(x) is not None]
+        lost = as_number(d.get("lost_at_s"))
+        label = f"{clean_line(d.get('node') or '?', 64)} GPU {clean_line(d.get('index', '?'), 8)}"
+        if xids:
+            events.append(f"{label}: Xid {', '.join(str(int(x)) for x in xids)}")
+        if lost is not None:
+            events.append(f"{label}: lost {fmt_duration_s(lost, 'clock')} into the job "
+                          "(figures cover the time before)")
+        devices.append({
+            "node": clean_line(d.get("node") or "?", 64),
+            "index": clean_line(d.get("index", "?"), 8),
+            "name": clean_line(d.get("name") or "?", 80),
+            "mig": mig,
+            "util": fmt_share_pct(util, na="N/A (MIG)" if mig else NA),
+            "sm_active": fmt_share_pct(d.get("sm_active_mean_pct")),
+            "tensor_active": fmt_share_pct(d.get("tensor_active_mean_pct")),
+            "mem": fmt_bytes_of(d.get("mem_peak_bytes"), d.get("mem_total_bytes"))
+                   + (f" (job's processes {fmt_bytes(d['mem_procs_peak_bytes'])})"
+                      if d.get("mem_procs_peak_bytes") is not None else ""),
+            "energy": fmt_energy_j(d.get("energy_j"), "wh") + (" (estimated)" if d.get("energy_estimated") else ""),
+            "power": fmt_power_w(d.get("power_mean_w")),
+            "throttle": thr or "none",
+            "xid": ", ".join(str(int(x)) for x in xids) or "none",
+            "lost": "" if lost is None else f"lost {fmt_duration_s(lost, 'clock')} into the job",
+        })
+
+    findings = []
+    # field case 12 (docs/field-cases.md): no "did not use the GPU" when there is
+    # no utilization figure to base it on (the same rule as the text report)
+    for f in shown_findings(summary):
+        sev = str(f.get("severity") or "info").lower()
+        sev = {"alert": "crit"}.get(sev, sev)   # gsrun.report.findings' hardware events
+        sev = sev if sev in ("info", "warn", "crit", "error") else "info"
+        findings.append({"severity": sev, "color": SEVERITY_COLOR[sev],
+                         "label": {"crit": "hardware", "error": "error", "warn": "fix", "info": "tip"}[sev],
+                         "text": clean_line(f.get("text") or "", 500),
+                         "link": clean_line(doc_link(cfg, clean_line(f.get("code") or "", 40)), 600)})
+    rows, head = [], {"alert": "", "next": ""}
+    if kind == "report":
+        try:
+            rows = verdicts(dict(summary), cfg, job.get("partition"))
+            head = headline(dict(summary), rows)
+        except (KeyError, TypeError, ValueError):   # a summary missing a section: no verdict, the rest stands
+            rows = []
+    verdict = [{"label": r["label"], "value": fmt_share_pct(r["pct"]), "word": r["word"],
+                "color": LEVEL_COLOR.get(r["level"], "#666666"), "detail": clean_line(r["detail"], 200),
+                "bar": None if r["bar_pct"] is None else int(round(r["bar_pct"]))} for r in rows]   # None: no bar (N/A is not 0)
+    cols = [c for c in DEVICE_COLUMNS if any(d[c[0]] not in ("none", NA, "") for d in devices)]
+    start, end, submit = (as_number(job.get(k)) for k in ("start_time", "end_time", "submit_time"))
+    limit = as_number(job.get("time_limit_s"))
+
+    req = as_number(mem.get("req_bytes"))
+    mem_eff = as_number(mem.get("efficiency_pct"))
+    cpu_eff = as_number(cpu.get("efficiency_pct"))
+    gpu_avail = gpu.get("available") is not False
+    gpus_alloc = as_number(job.get("gpus_alloc")) or 0
+    return {
+        "kind": kind,
+        "subject": subject_line(summary),
+        "job_id": clean_line(job.get("array") or job.get("id") or "?", 40),
+        "job_raw_id": clean_line(job.get("id") or "?", 40),
+        "name": clean_line(job.get("name") or "", 200),
+        "user": clean_line(job.get("user") or "?", 64),
+        "partition": clean_line(job.get("partition") or "?", 64),
+        "state": clean_line(job.get("state") or "UNKNOWN", 64),
+        "exit_code": clean_line("N/A" if job.get("exit_code") is None else job.get("exit_code"), 16),
+        "nodes": clean_line(", ".join(str(n) for n in (job.get("nodes") or [])) or "none", 500),
+        "elapsed": fmt_duration_s(job.get("elapsed_s"), "clock"),
+        "cpus_alloc": clean_line("N/A" if job.get("cpus_alloc") is None else job.get("cpus_alloc"), 16),
+        "gpus_alloc": clean_line("N/A" if job.get("gpus_alloc") is None else job.get("gpus_alloc"), 16),
+        "cpu_time": fmt_duration_s(cpu.get("time_s"), "clock"),
+        "cpu_eff": fmt_share_pct(cpu_eff),
+        "cpu_source": clean_line(cpu.get("source") or "", 80),
+        "mem_peak": fmt_bytes(mem.get("peak_bytes")),
+        "mem_req": "not recorded" if req is None or req <= 0 else fmt_bytes(req),
+        "mem_eff": fmt_share_pct(mem_eff),
+        "gpu_section": bool(devices) or not gpu_avail or gpus_alloc > 0,
+        "gpu_available": gpu_avail,
+        "gpu_reason": clean_line(gpu.get("reason") or ("no GPU data recorded" if not devices else ""), 300),
+        "gpu_any_mig": any(d["mig"] for d in devices),
+        "gpu_headline": _gpu_headline(summary) or "",
+        "devices": devices,
+        "gpu_energy": fmt_energy_j(gpu.get("energy_j"), "wh") + (" (estimated)" if gpu.get("energy_estimated")
+                                                                  else ""),
+        "gpu_hours_alloc": fmt_hours_h(gpu.get("gpu_hours_alloc")),
+        "gpu_hours_used": fmt_hours_h(gpu.get("gpu_hours_used")),
+        "hardware_events": events,
+        "verdict": verdict,
+        "next_time": clean_line(head["next"], 300),
+        "alert": clean_line(head["alert"], 300),
+        "columns": [{"key": k, "title": t} for k, t in cols],
+        "started": fmt_time(start),
+        "ended": fmt_time(end),
+        "queue_wait": fmt_duration_s(start - submit, "clock") if start and submit and start >= submit else "",
+        "time_limit": "" if "time_limit_s" not in job else ("none" if not limit else fmt_duration_s(limit, "clock")),
+        "image_width": (image_size or (720, 0))[0],
+        "image_height": (image_size or (0, 0))[1],
+        "findings": findings,
+        "node_settings": [clean_line(ln, 2000) for ln in settings_lines(dict(summary))],
+        "report_text": clean_block(report_text or ""),
+        "has_image": bool(has_image),
+        "image_cid": image_cid,
+        "image_dropped": bool(image_dropped) and not has_image,
+    }
+
+
+def render_text(view: Mapping) -> str:
+    """The plain-text part (templates/mail.txt.j2)."""
+    return render("mail.txt.j2", **view)
+
+
+def render_html(view: Mapping) -> str:
+    """The HTML part (templates/mail.html.j2, autoescaped)."""
+    return render("mail.html.j2", **view)
