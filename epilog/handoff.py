@@ -44,10 +44,9 @@ slurmd's is handed over, waits for the first instead of taking the busy
 sampler for wedged.
 
 The socket is found under ``--state-dir``, else ``$GSRUN_STATE_DIR``, else
-the built-in ``paths.state_dir`` -- the config is not read first (that is
-the cost being avoided): a site that moves its state dir only in the config
-file gets the full epilog unless its hooks are given the dir, as for the
-config cache (:func:`gsrun.request.config.hook_cache_dir`).
+the built-in ``paths.state_dir``, before the config is read: a site that
+moves its state dir only in the config file gets the full epilog unless its
+hooks are given the dir (``GSRUN_STATE_DIR``).
 ``GSRUN_FAULT_AT`` (tests: kill the epilog at a step boundary) keeps the
 steps in the epilog process.
 """

@@ -27,7 +27,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from gsrun.request.config import hook_cache_dir, load_config_or_defaults
+from gsrun.request.config import load_config_or_defaults
 from gsrun.base import pids
 from gsrun.base.errors import GsrunError
 from gsrun.base.fsutil import atomic_write, atomic_write_json, json_text, read_json
@@ -103,7 +103,7 @@ def run_here(environ, host_root: str | None = None, state_dir: str | None = None
     except GsrunError as e:
         log.error(str(e))
         return 0
-    cfg = load_config_or_defaults(log, cache_dir=hook_cache_dir(state_dir))
+    cfg = load_config_or_defaults(log)
     budget_s = float(cfg["timeouts.epilog_budget_s"])
     if on_config is not None:
         on_config(budget_s)

@@ -37,7 +37,7 @@ import os
 import sys
 import time
 
-from gsrun.request.config import hook_cache_dir, load_config_or_defaults
+from gsrun.request.config import load_config_or_defaults
 from gsrun.base.errors import GsrunError
 from gsrun.base.fsutil import atomic_write_json, unlink_names
 from gsrun.facts.hostfs import HostFS
@@ -179,7 +179,7 @@ def run(environ, host_root: str | None = None, state_dir: str | None = None, spo
     except GsrunError as e:
         log.error(str(e))
         return 0   # a broken env is not the node's fault: do not drain
-    cfg = load_config_or_defaults(log, cache_dir=hook_cache_dir(state_dir), write_cache=not dry_run)
+    cfg = load_config_or_defaults(log)
     hostfs = HostFS.from_env(host_root)
     paths = Paths.from_config(cfg, state_dir, spool_dir)
     record: dict = {"job": job.to_dict(), "prolog_time": t0, "steps": {}, "spank": dict(job.spank),

@@ -358,7 +358,7 @@ def step_actions(job_env: Mapping[str, str], host_root: str | None, allowed_cpus
     plan = plan_from_env(job_env, hostfs, sorted(allowed_cpus) if hostfs.is_real and allowed_cpus else None,
                          gpu_isolation=False)
     mems = allowed_mems if hostfs.is_real else read_allowed_mems(hostfs)
-    cfg = _load_config({"config": config_path} if config_path else None, cached=True)
+    cfg = _load_config({"config": config_path} if config_path else None)
     # job_id: slurmstepd's own (S_JOB_ID), not the job environment's, which a job can set: the agent
     # reads the job's MIG devices as root
     mig = read_job_mig_devices(cfg["paths.spool_dir"], job_id or job_env.get("SLURM_JOB_ID"),
@@ -445,19 +445,11 @@ def _log(level: str, msg: str) -> None:
         _spank().log(level, line)
 
 
-def _load_config(args: Mapping | None = None, cached: bool = False):
+def _load_config(args: Mapping | None = None):
     """The site config: plugstack ``config=PATH`` when given (slurmstepd's
-    environment has no GSRUN_CONFIG), else $GSRUN_CONFIG / the default.
-    ``cached`` (slurmstepd, root): through the parsed-file cache in the state
-    dir the prolog uses (:func:`gsrun.request.config.hook_cache_dir`), so a
-    step does not parse the TOML file (nor import ``tomllib``); sbatch/srun run
-    as the user, who may not read root's cache: they parse."""
-    path = (args or {}).get("config")
-    if cached:
-        from gsrun.request.config import hook_cache_dir, load_config_cached
-        return load_config_cached(path, hook_cache_dir())
+    environment has no GSRUN_CONFIG), else $GSRUN_CONFIG / the default."""
     from gsrun.request.config import load_config
-    return load_config(path, environ=os.environ)
+    return load_config((args or {}).get("config"), environ=os.environ)
 
 
 # ---------------------------------------------------------------- hooks
@@ -505,7 +497,7 @@ def slurm_spank_init(ctx: str, args: dict) -> int:
         return 0
     STATE.reset()
     try:
-        STATE.config = _load_config(args, cached=True)
+        STATE.config = _load_config(args)
     except Exception as e:  # noqa: BLE001
         _log("error", f"gsrun: {PHASE}: config: {e}")
     return 0

@@ -296,7 +296,7 @@ def _bind_child(conn, stepd_env: dict[str, str]) -> None:
         _close_from(3, keep=conn.fileno())
         os.chdir("/")
         os.environ.clear()
-        # what gsrun.request.config.config_path and hook_cache_dir read in slurmstepd's Python
+        # what gsrun.request.config.config_path reads in slurmstepd's Python
         os.environ.update({k: v for k, v in stepd_env.items() if k in STEPD_ENV and k != "GSRUN_CONFIG"})
         try:
             argv, job_env, _um, _fds = _read_request(conn, nfds=0, timeout_s=BIND_WAIT_S)

@@ -391,8 +391,8 @@ def render_hook(gsrun_node: str, command: str, config_path: str | None, log_file
     when given (slurmctld does not pass it to EpilogSlurmctld, whose
     ``scontrol`` calls then fail on a cluster with a non-default slurm.conf),
     ``GSRUN_STATE_DIR`` for a non-default ``state_dir`` (the epilog finds the
-    job's sampler socket and the hooks their config cache there before the
-    config is read: without it they look in the built-in directory).
+    job's sampler socket there before the config is read: without it it looks
+    in the built-in directory).
     ``via_agent``: ``(client, socket)``: the command goes through the node
     agent's client ``gsrun-hook`` (:mod:`gsrun.wrapper.hook_client`), which runs
     it itself when no agent listens on ``socket``."""

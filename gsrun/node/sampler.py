@@ -841,16 +841,14 @@ def run_sampler(job_id: str, uid: int, node: str, gpus: str, host_root: str | No
     from gsrun.base.paths import Paths
     from gsrun.facts.hostfs import HostFS
     from gsrun.facts.jobenv import parse_gpu_indices
-    from gsrun.request.config import hook_cache_dir, idle_config, load_config_or_defaults
+    from gsrun.request.config import idle_config, load_config_or_defaults
 
     class _Err:
         @staticmethod
         def error(msg: str) -> None:
             print(msg, file=sys.stderr)
 
-    # the hooks' config cache (the prolog that started this process has just written it): no
-    # TOML parser and no parse at every job's start
-    cfg = load_config_or_defaults(_Err, cache_dir=hook_cache_dir(state_dir))
+    cfg = load_config_or_defaults(_Err)
     paths = Paths.from_config(cfg, state_dir, spool_dir)
     d = paths.make_state_job(job_id)
     s = Sampler(HostFS.from_env(host_root), job_id, uid, node, parse_gpu_indices(gpus) or [],
