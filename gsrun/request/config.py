@@ -35,9 +35,7 @@ DEFAULT_CONFIG_PATH = "/etc/gsrun/gsrun.toml"
 # patterns, compiled (and cached by `re`) when a check first runs
 _PINNED = r"[0-9]+=[0-9]+[MG](,[0-9]+=[0-9]+[MG])*"
 # The checks most sites' configs hit ([nccl.env], [mail] smtp_host/from_addr, tool names) are
-# character classes, checked without `re`: every hook re-checks the keys the site set when it
-# reads the config cache, and `re` with `enum` is ~4 ms of a bound step's slurmstepd or a prolog.
-# Same sets as the patterns they stand for (tests/pure/test_config_validation.py compares them):
+# character classes. Same sets as the patterns they stand for (tests/pure/test_config_validation.py compares them):
 #   env name   ^[A-Z_][A-Z0-9_]*\Z          host  ^[A-Za-z0-9.-]{1,253}\Z
 #   command    [A-Za-z0-9_.+-]{1,255}        email ^[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\Z
 _ENV_CHARS = UPPER | DIGITS | frozenset("_")
