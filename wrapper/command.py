@@ -11,16 +11,14 @@ compiled at import (:mod:`gsrun.base.exe` finds executables).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
+from collections.abc import Mapping, Sequence
 
 from gsrun.base.errors import InputError
 from gsrun.base.exe import which
 from gsrun.base.frozen import Frozen
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
 
 # control characters -> "?" (a newline would end the script's comment line)
 _CONTROL_TO_QMARK = {**{c: "?" for c in range(0x20)}, 0x7f: "?"}
@@ -107,7 +105,6 @@ def torch_warning(python: str) -> str | None:
     """A warning when ``python`` is gsrun's own installation and cannot import torch."""
     if not is_gsrun_own(python):
         return None
-    import importlib.util
 
     if importlib.util.find_spec("torch") is not None:
         return None

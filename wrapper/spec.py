@@ -16,11 +16,7 @@ import re
 from gsrun.base.errors import InputError
 from gsrun.base.frozen import Frozen
 from gsrun.base.ids import is_partition
-from gsrun.request.malloc import ALLOCATORS, LIB_DIRS
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from gsrun.request.malloc import Allocator
+from gsrun.request.malloc import ALLOCATORS, Allocator, LIB_DIRS
 
 JOB_NAME_MAX = 256
 # allow-lists (pattern text, used with re.match / re.search)

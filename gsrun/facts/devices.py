@@ -28,15 +28,14 @@ when the variable is unset.
 
 from __future__ import annotations
 
+import re
+from typing import Literal
+
 from gsrun.base.errors import InputError
 from gsrun.base.frozen import Frozen
 from gsrun.base.ids import is_digits
 
-TYPE_CHECKING = False   # not `typing` at run time (~2.5 ms on the SPANK and hook paths)
-if TYPE_CHECKING:
-    from typing import Literal
-
-    TokenKind = Literal["index", "gpu-uuid", "gpu-uuid-prefix", "mig-uuid", "mig-legacy"]
+TokenKind = Literal["index", "gpu-uuid", "gpu-uuid-prefix", "mig-uuid", "mig-legacy"]
 
 _HEX_UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 # matched with re.fullmatch(..., re.I); `re` (~4.5 ms with enum) is imported only for
@@ -121,7 +120,6 @@ def parse_device_token(text: str, allow_ranges: bool = False) -> list[DeviceToke
         if hi < lo or hi - lo > 4096:
             raise InputError("devices", "bad GPU index range", repr(t))
         return [DeviceToken("index", str(i), index=i) for i in range(lo, hi + 1)]
-    import re
 
     if re.fullmatch(_RE_GPU_UUID, t, re.I):
         return [DeviceToken("gpu-uuid", t, uuid=t)]

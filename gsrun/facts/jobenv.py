@@ -22,14 +22,13 @@ before they are expanded.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
+
 from gsrun.base.errors import InputError
 from gsrun.base.frozen import Frozen, factory
 from gsrun.base.ids import check_job_id, is_digits, is_node_name, is_partition, is_user_name
 from gsrun.facts.slurm import expand_hostlist, parse_tasks_per_node
-
-TYPE_CHECKING = False   # not `collections.abc` at run time (the hooks' import time)
-if TYPE_CHECKING:
-    from collections.abc import Mapping
 
 SPANK_KEYS = ("SPANK_GS_MPS", "SPANK_GS_MIG", "SPANK_GS_TUNE", "SPANK_GS_BIND", "SPANK_GS_REPORT",
               "SPANK_GS_EXCLUSIVE")
@@ -168,7 +167,6 @@ def hostlist_size_bound(text: str) -> int:
     if "[" not in text and "]" not in text:     # one name per item
         n = text.count(",") + 1
         return n if n <= MAX_NODES else MAX_NODES + 1
-    import re
 
     total = 0
     for item in re.split(r",(?![^\[]*\])", text):
@@ -189,7 +187,6 @@ def _repeat_total(text: str) -> int:
     """Entries ``4(x2),1`` expands to (``SLURM_JOB_CPUS_PER_NODE`` form), unexpanded."""
     if "(" not in (text or ""):                 # one entry per item
         return (text or "").count(",") + 1
-    import re
 
     total = 0
     for m in re.finditer(r"\(x([0-9]{1,12})\)|(?:^|,)[^,(]*(?=,|\Z)", text or ""):

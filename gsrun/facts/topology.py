@@ -67,10 +67,8 @@ from gsrun.base.errors import InputError
 from gsrun.base.frozen import Frozen, factory
 from gsrun.base.ids import is_digits
 from gsrun.facts.hostfs import HostFS, meminfo_kb
-
-TYPE_CHECKING = False   # not `typing`
-if TYPE_CHECKING:
-    from gsrun.facts.nvml import Backend
+from gsrun.facts.nvml import Backend, NvmlUnavailable, is_na, normalize_bus_id, open_nvml
+from gsrun.facts.topo_smi import parse_topo_matrix, run_topo_matrix
 
 # gsrun.facts.nvml (and through it dataclasses, pynvml) is imported where NVML
 # is read, and `re`/`pathlib` not at all on the usual path (string checks
@@ -327,7 +325,6 @@ def _bus_id(text: str) -> str:
     module for a name already in sysfs form."""
     if is_bdf(text):
         return text
-    from gsrun.facts.nvml import normalize_bus_id
 
     return normalize_bus_id(text)
 
@@ -352,8 +349,6 @@ def _sysfs_gpu_bdfs(fs: HostFS) -> list[str]:
 
 def _nvml_gpus(nv: Backend) -> dict[str, dict]:
     """bus id -> {nvml_index, uuid, name, minor, affinity} from NVML."""
-    from gsrun.facts.nvml import is_na
-
     out: dict[str, dict] = {}
     for i in range(nv.count()):
         bus = nv.get(i, "pci_bus_id")
@@ -378,7 +373,6 @@ def read_gpus(fs: HostFS, nodes: list[NumaNode], cpus: list[int], nvml: Backend 
     online = set(cpus)
     smi_rows = {}
     if smi_text:
-        from gsrun.facts.topo_smi import parse_topo_matrix
         try:
             smi_rows = {r.index: r for r in parse_topo_matrix(smi_text).gpus}
         except InputError as e:
@@ -538,8 +532,6 @@ def read_topology(fs: HostFS, nvml: Backend | None | bool | str = True,
                             gpus=tuple(gpus), nics=tuple(read_nics(fs)), notes=tuple(notes))
         nvml = True
 
-    from gsrun.facts.nvml import Backend, NvmlUnavailable, open_nvml
-
     backend: Backend | None = None
     if nvml is True:
         try:
@@ -552,7 +544,6 @@ def read_topology(fs: HostFS, nvml: Backend | None | bool | str = True,
         smi_text = fs.read("nvidia-smi-topo.txt")
     gpus, gnotes = read_gpus(fs, nodes, cpus, backend, smi_text)
     if fs.is_real and smi_text is None and len(nodes) > 1 and any(g.numa_node is None for g in gpus):
-        from gsrun.facts.topo_smi import run_topo_matrix
         text = run_topo_matrix()
         if text:
             gpus, gnotes = read_gpus(fs, nodes, cpus, backend, text)

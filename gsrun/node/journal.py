@@ -43,8 +43,9 @@ import time
 from pathlib import Path
 
 from gsrun.base.errors import NodeError
-from gsrun.base.fsutil import atomic_write_json, flock_within, read_json
 from gsrun.base.frozen import Frozen
+from gsrun.base.fsutil import atomic_write_json, flock_within, read_json
+from gsrun.facts.hostfs import HostFS
 
 FORMAT = 2
 HEADER = "journal"
@@ -57,8 +58,6 @@ def boot_id(hostfs=None) -> str | None:
     """This boot's id (``/proc/sys/kernel/random/boot_id`` under ``hostfs``'s
     root; the live host when ``None``), or ``None`` when it cannot be read."""
     if hostfs is None:
-        from gsrun.facts.hostfs import HostFS
-
         hostfs = HostFS("/")
     try:
         v = hostfs.read(BOOT_ID)

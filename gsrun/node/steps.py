@@ -43,17 +43,14 @@ for the steps that must drain at once (a MIG GPU that cannot be put back).
 
 from __future__ import annotations
 
+import _signal as signal
 import os
 import time
-
-import _signal as signal   # the C module: signal.py's enums cost every prolog and epilog ~0.4 ms
+from typing import Callable
 
 from gsrun.base.frozen import Frozen, Slotted
 from gsrun.base.log import safe_text
-
-TYPE_CHECKING = False   # not `typing` at run time (the hooks' import time)
-if TYPE_CHECKING:
-    from typing import Callable
+from gsrun.facts.slurm import run_slurm
 
 FAULT_ENV = "GSRUN_FAULT_AT"
 MIN_STEP_S = 0.5
@@ -220,8 +217,6 @@ def drain_node(node: str, reason: str, log) -> None:
     (bounded, 10 s; the reason on one line, at most 200 characters). Never
     raises: a failed scontrol is logged (the epilog also exits non-zero,
     which drains the node even if this fails)."""
-    from gsrun.facts.slurm import run_slurm
-
     reason = "gsrun: " + " ".join(safe_text(reason).split())[:200]
     log.error(f"draining {node}: {reason}")
     try:

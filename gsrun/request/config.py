@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tomllib
 from typing import Any, Callable
 
@@ -24,10 +25,11 @@ from gsrun.base.errors import ConfigError
 from gsrun.base.frozen import Frozen
 from gsrun.base.ids import ALNUM, DIGITS, UPPER, is_chars, is_partition
 from gsrun.base.paths import DEFAULT_MPS_DIR, DEFAULT_SPOOL_DIR, DEFAULT_STATE_DIR
-from gsrun.request.malloc import (ALLOCATORS, JEMALLOC_CONF, TCMALLOC_ENV, check_conf_list, check_lib_dirs,
-                                  check_tcmalloc_env)
-from gsrun.request.malloc import LIB_DIRS as MALLOC_LIB_DIRS
-from gsrun.request.tune import TUNE_KEYS
+from gsrun.request.malloc import (ALLOCATORS, JEMALLOC_CONF, LIB_DIRS as MALLOC_LIB_DIRS, TCMALLOC_ENV, check_conf_list,
+                                  check_lib_dirs, check_tcmalloc_env)
+from gsrun.request.mig_layout import parse_layout
+from gsrun.request.tune import TUNE_KEYS, parse_tune_request
+from gsrun.request.waste import IdleConfig, check_idle_value
 
 ENV_CONFIG = "GSRUN_CONFIG"
 DEFAULT_CONFIG_PATH = "/etc/gsrun/gsrun.toml"
@@ -94,8 +96,6 @@ def _opt_abs_path(v):
 
 
 def _tune_list(v):
-    from gsrun.request.tune import parse_tune_request  # local: avoid cycle
-
     try:
         parse_tune_request(v)
     except Exception as e:  # noqa: BLE001 - turned into the config message
@@ -126,8 +126,6 @@ def _bin(v):
 
 
 def _pinned(v):
-    import re
-
     return None if v == "" or re.fullmatch(_PINNED, v) else "must look like 0=16G,1=16G (GPU=SIZE with M or G)"
 
 
@@ -136,8 +134,6 @@ def _host(v):
 
 
 def _url(v):
-    import re
-
     return None if v == "" or re.fullmatch(r"https?://[A-Za-z0-9._~:/?#\[\]@!$&'()*+,;=%-]{1,500}", v) \
         else "must be an http:// or https:// URL without spaces or quotes"
 
@@ -147,10 +143,6 @@ def _email(v):
 
 
 def _layouts(v):
-    import re
-
-    from gsrun.request.mig_layout import parse_layout  # local: avoid cycle
-
     for name, lay in v.items():
         if not re.match(r"^[A-Za-z0-9_-]{1,64}\Z", name) or not isinstance(lay, str):
             return f"layout name {name!r} must be [A-Za-z0-9_-] with a string value"
@@ -163,8 +155,6 @@ def _layouts(v):
 
 def _idle(key):
     def check(v):
-        from gsrun.request.waste import check_idle_value
-
         return check_idle_value(key, v)
     return check
 
@@ -539,6 +529,4 @@ def _toml_value(v) -> str:
 
 def idle_config(cfg: "Config"):
     """The ``[idle]`` table as a :class:`gsrun.request.waste.IdleConfig`."""
-    from gsrun.request.waste import IdleConfig
-
     return IdleConfig.from_table({k: v for k, v in cfg.effective().items() if k.startswith("idle.")})

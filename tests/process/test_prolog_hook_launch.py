@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 
 import pytest
 
@@ -32,7 +33,9 @@ CREDENTIAL = {"SLURM_JOB_RESTART_COUNT": "0"}   # slurmd's credential fields: th
 
 
 def _launch() -> str:
-    return (f"import sys\nsys.path[:0] = [{_ROOTS[0]!r}]\nimport gsrun\n"
+    # the checkout first, this venv's site-packages (gsrun's dependencies) last, as HOOK_BOOTSTRAP puts it
+    return (f"import sys\nsys.path[:0] = [{_ROOTS[0]!r}]\nsys.path.append({sysconfig.get_path('purelib')!r})\n"
+            "import gsrun\n"
             f"gsrun.__path__.extend(d for d in {_ROOTS[1:]!r} if d not in gsrun.__path__)\n"
             "from gsrun.wrapper.node_entry import main\n"
             "main(sys.argv[1:])\n")
