@@ -4,9 +4,6 @@
 Decided at submit time on the submitting host: the job's nodes may have
 another ``PATH``, so every interpreter is an absolute path here. Nothing
 here reaches a shell: the argv is quoted by the template.
-
-Every ``gsrun`` imports this module: no ``dataclasses``, ``shutil`` or regex
-compiled at import (:mod:`gsrun.base.exe` finds executables).
 """
 
 from __future__ import annotations
@@ -15,10 +12,10 @@ import importlib.util
 import os
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from gsrun.base.errors import InputError
 from gsrun.base.exe import which
-from gsrun.base.frozen import Frozen
 
 # control characters -> "?" (a newline would end the script's comment line)
 _CONTROL_TO_QMARK = {**{c: "?" for c in range(0x20)}, 0x7f: "?"}
@@ -31,10 +28,10 @@ _LAUNCHER_MODULES = {"torch.distributed.run": "torchrun", "torch.distributed.lau
                      "accelerate.commands.accelerate_cli": "accelerate launch"}
 
 
-class Python(Frozen):
+@dataclass(frozen=True, slots=True)
+class Python:
     """The interpreter a ``.py`` SCRIPT or ``-m MODULE`` runs with, and why."""
 
-    __slots__ = ("path", "why")
     path: str
     why: str
 

@@ -29,10 +29,10 @@ when the variable is unset.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Literal
 
 from gsrun.base.errors import InputError
-from gsrun.base.frozen import Frozen
 from gsrun.base.ids import is_digits
 
 TokenKind = Literal["index", "gpu-uuid", "gpu-uuid-prefix", "mig-uuid", "mig-legacy"]
@@ -57,7 +57,8 @@ def _index(text: str) -> int | None:
 NO_DEVICE_VALUES = ("NoDevFiles", "-1")
 
 
-class DeviceToken(Frozen):
+@dataclass(frozen=True, slots=True)
+class DeviceToken:
     """One entry of a device list.
 
     ``text`` is the entry as written (stripped). ``index`` is set for
@@ -68,14 +69,12 @@ class DeviceToken(Frozen):
     :meth:`matches_uuid`).
     """
 
-    __slots__ = ("kind", "text", "index", "uuid", "gi", "ci")
-    _defaults = {"index": None, "uuid": None, "gi": None, "ci": None}
     kind: TokenKind
     text: str
-    index: int | None
-    uuid: str | None
-    gi: int | None
-    ci: int | None
+    index: int | None = None
+    uuid: str | None = None
+    gi: int | None = None
+    ci: int | None = None
 
     @property
     def is_mig(self) -> bool:

@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from gsrun.base.errors import InputError
-from gsrun.base.frozen import Frozen, factory
 from gsrun.base.ids import check_job_id, is_digits, is_node_name, is_partition, is_user_name
 from gsrun.facts.slurm import expand_hostlist, parse_tasks_per_node
 
@@ -40,7 +40,8 @@ MAX_NODES = 65536          # longest hostlist / cpus-per-node list accepted
 MAX_ENV_LEN = 65536
 
 
-class JobEnv(Frozen):
+@dataclass(frozen=True, slots=True)
+class JobEnv:
     """The validated job context. ``job_id`` str; ``uid``/``gid`` int;
     ``user``, ``node`` str; ``partition`` str or None; ``gpus``: gres indices
     on this node (list of int), None = unknown (never "all"); ``nodelist``:
@@ -48,9 +49,18 @@ class JobEnv(Frozen):
     int); ``cpus_on_node``: int or None; ``spank``: ``SPANK_GS_*`` name ->
     value; ``context``: ``SLURM_SCRIPT_CONTEXT`` or None."""
 
-    __slots__ = ("job_id", "uid", "gid", "user", "node", "partition", "gpus", "nodelist", "cpus_per_node",
-                 "cpus_on_node", "spank", "context")
-    _defaults = {"spank": factory(dict), "context": None}
+    job_id: str
+    uid: int
+    gid: int
+    user: str
+    node: str
+    partition: str | None
+    gpus: list[int] | None
+    nodelist: list[str]
+    cpus_per_node: list[int]
+    cpus_on_node: int | None
+    spank: dict[str, str] = field(default_factory=dict)
+    context: str | None = None
 
     def to_dict(self) -> dict:
         """The fields as a dict (lists and the ``spank`` dict copied), in field order."""

@@ -33,9 +33,9 @@ import ctypes
 import json
 import os
 import time
+from dataclasses import dataclass
 from typing import Any
 
-from gsrun.base.frozen import Frozen
 
 # key -> NVML call it stands for (docs and the real backend's dispatch)
 KEYS = {
@@ -68,14 +68,13 @@ KEYS = {
 }
 
 
-class NA(Frozen):
+@dataclass(frozen=True, slots=True)
+class NA:
     """No value: ``reason`` is NVML's text (``"Not Supported"``), ``code`` its
     return code (3 NOT_SUPPORTED, 15 GPU_IS_LOST, 18 LIB_RM_VERSION_MISMATCH)."""
 
-    __slots__ = ("reason", "code")
-    _defaults = {"code": None}
     reason: str
-    code: int | None
+    code: int | None = None
 
     def __bool__(self) -> bool:
         return False

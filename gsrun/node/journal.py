@@ -40,10 +40,10 @@ from __future__ import annotations
 import os
 import stat
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from gsrun.base.errors import NodeError
-from gsrun.base.frozen import Frozen
 from gsrun.base.fsutil import atomic_write_json, flock_within, read_json
 from gsrun.facts.hostfs import HostFS
 
@@ -66,13 +66,17 @@ def boot_id(hostfs=None) -> str | None:
     return v.strip() or None if v else None
 
 
-class Loaded(Frozen):
+@dataclass(frozen=True, slots=True)
+class Loaded:
     """A journal as read: ``data`` (the owner's fields, without the header),
     ``format`` (2, or 1 for a journal of an older release), ``boot_id`` it
     was written in (``None``: unknown), ``earlier_boot`` (True when that boot
     is known and is not this one)."""
 
-    __slots__ = ("data", "format", "boot_id", "earlier_boot")
+    data: dict
+    format: int
+    boot_id: str | None
+    earlier_boot: bool
 
 
 class Journal:

@@ -46,9 +46,9 @@ from __future__ import annotations
 import _signal as signal
 import os
 import time
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
-from gsrun.base.frozen import Frozen, Slotted
 from gsrun.base.log import safe_text
 from gsrun.facts.slurm import run_slurm
 
@@ -70,7 +70,8 @@ class NodeUnusable(Exception):
     is 1, so slurmd drains the node. ``str()`` is the reason."""
 
 
-class Step(Frozen):
+@dataclass(frozen=True, slots=True)
+class Step:
     """One row of a hook's table.
 
     ``name``: log and fault-point name (``GSRUN_FAULT_AT=<phase>:<name>``),
@@ -84,26 +85,27 @@ class Step(Frozen):
     text}`` instead of ending the hook (``None``: the hook's).
     """
 
-    __slots__ = ("name", "does", "reserve_s", "fn", "when", "quiet", "catch")
-    _defaults = {"when": None, "quiet": False, "catch": None}
+    name: str
+    does: str
+    reserve_s: float
+    fn: Callable[[Any], Any]
+    when: Callable[[Any], bool] | None = None
+    quiet: bool = False
+    catch: type[BaseException] | tuple[type[BaseException], ...] | None = None
 
 
-class Outcome(Slotted):
+@dataclass(slots=True)
+class Outcome:
     """What :func:`run_steps` did. ``results``: step name -> result (or
     ``{"error": text}``); ``reasons``: why the node needs an admin (drain);
     ``budget_exceeded``: a :data:`SETUP` hook ran out of budget and skipped
     the rest; ``unusable``: the :class:`NodeUnusable` reason, if any; ``rc``:
     the hook's exit status (0, or 1: drain)."""
 
-    __slots__ = ("results", "reasons", "budget_exceeded", "unusable")
-
-    def __init__(self, results: dict | None = None, reasons: list[str] | None = None,
-                 budget_exceeded: bool = False, unusable: str | None = None):
-        self.results = {} if results is None else results
-        self.reasons = [] if reasons is None else reasons
-        self.budget_exceeded = budget_exceeded
-        self.unusable = unusable
-
+    results: dict = field(default_factory=dict)
+    reasons: list[str] = field(default_factory=list)
+    budget_exceeded: bool = False
+    unusable: str | None = None
 
     @property
     def rc(self) -> int:

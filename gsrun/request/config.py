@@ -19,10 +19,10 @@ import json
 import os
 import re
 import tomllib
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from gsrun.base.errors import ConfigError
-from gsrun.base.frozen import Frozen
 from gsrun.base.ids import ALNUM, DIGITS, UPPER, is_chars, is_partition
 from gsrun.base.paths import DEFAULT_MPS_DIR, DEFAULT_SPOOL_DIR, DEFAULT_STATE_DIR
 from gsrun.request.malloc import (ALLOCATORS, JEMALLOC_CONF, LIB_DIRS as MALLOC_LIB_DIRS, TCMALLOC_ENV, check_conf_list,
@@ -64,21 +64,20 @@ def is_email(value: str) -> bool:
     return bool(at) and is_chars(local, _EMAIL_LOCAL_CHARS) and is_chars(domain, _HOST_CHARS)
 
 
-class Setting(Frozen):
+@dataclass(frozen=True, slots=True)
+class Setting:
     """One key of the config: ``key`` ``"section.name"``; ``type`` a type or
     a tuple of types; ``check`` returns a problem (text) or None; ``allowed``
     human text of the allowed range; ``per_partition`` may be overridden in
     ``[partition.<name>.<section>]``."""
 
-    __slots__ = ("key", "type", "default", "meaning", "check", "allowed", "per_partition")
-    _defaults = {"check": None, "allowed": "", "per_partition": False}
     key: str
     type: type | tuple
     default: Any
     meaning: str
-    check: Callable[[Any], str | None] | None
-    allowed: str
-    per_partition: bool
+    check: Callable[[Any], str | None] | None = None
+    allowed: str = ""
+    per_partition: bool = False
 
 
 def _range(lo, hi):

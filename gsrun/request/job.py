@@ -39,15 +39,16 @@ from __future__ import annotations
 import os
 import re
 import shutil
+from dataclasses import dataclass
 
-from gsrun.base.frozen import Slotted
 from gsrun.base.proc import run_bounded
 from gsrun.facts.jobenv import JobEnv
 from gsrun.facts.slurm import DEFAULT_PATH, job_record_argv, parse_comment_request, parse_job_record
 from gsrun.request.malloc import ALLOCATORS
 
 
-class JobRequest(Slotted):
+@dataclass(slots=True)
+class JobRequest:
     """What the job asked (all str or None unless said): ``tune``; ``mps``
     (None: no MPS; ``""``: the default percentage; ``"50"``); ``mig``;
     ``bind``; ``report``; ``exclusive`` (bool; None: not known, slurmctld
@@ -57,17 +58,16 @@ class JobRequest(Slotted):
     ``malloc=``: for the report only). Mutable: the prolog fills in
     ``exclusive`` and ``malloc`` as it learns them."""
 
-    __slots__ = ("tune", "mps", "mig", "bind", "report", "exclusive", "source", "exclusive_source",
-                 "comment_from", "malloc")
-
-    def __init__(self, tune: str | None = None, mps: str | None = None, mig: str | None = None,
-                 bind: str | None = None, report: str | None = None, exclusive: bool | None = None,
-                 source: str = "none", exclusive_source: str | None = None, comment_from: str | None = None,
-                 malloc: str | None = None):
-        self.tune, self.mps, self.mig, self.bind, self.report = tune, mps, mig, bind, report
-        self.exclusive, self.source, self.exclusive_source = exclusive, source, exclusive_source
-        self.comment_from, self.malloc = comment_from, malloc
-
+    tune: str | None = None
+    mps: str | None = None
+    mig: str | None = None
+    bind: str | None = None
+    report: str | None = None
+    exclusive: bool | None = None
+    source: str = "none"
+    exclusive_source: str | None = None
+    comment_from: str | None = None
+    malloc: str | None = None
 
     def to_dict(self) -> dict:
         """The fields as a dict, in field order; ``malloc`` only when set (records before it had none)."""

@@ -17,16 +17,16 @@ of plain characters.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from gsrun.base.errors import InputError
-from gsrun.base.frozen import Frozen
 
 
-class Allocator(Frozen):
+@dataclass(frozen=True, slots=True)
+class Allocator:
     """One preloadable allocator: its library names (first found wins), the
     environment variable family that tunes it, and the packages that provide it."""
 
-    __slots__ = ("name", "sonames", "debian", "rhel")
     name: str
     sonames: tuple[str, ...]
     debian: str          # Debian/Ubuntu package
