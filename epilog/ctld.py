@@ -18,22 +18,30 @@ without holding up slurmctld.
 
 from __future__ import annotations
 
+import gc
+import json
 import os
+import pwd
 import re
 import sys
 import time
 
-from gsrun.request.config import load_config_or_defaults
 from gsrun.base.errors import GsrunError
-from gsrun.base.fsutil import atomic_write_json, read_json
+from gsrun.base.fsutil import atomic_write, atomic_write_json, read_json
+from gsrun.base.ids import check_job_id
 from gsrun.base.log import JobLog
 from gsrun.base.paths import Paths
-from gsrun.base.ids import check_job_id
 from gsrun.base.proc import root_child_env, root_python, spawn_detached
 from gsrun.facts.sacct import parse_mem, parse_time_s, parse_tres, tres_gpus
 from gsrun.facts.slurm import (ACTIVE_STATES, expand_hostlist, job_record_argv, parse_exit_code, parse_job_record,
-                              run_slurm, state_word)
+                               run_slurm, show_job as _show_job, state_word)
 from gsrun.node.steps import CLEANUP, Step, run_steps
+from gsrun.report import accounting, mail
+from gsrun.report.findings import finding_records
+from gsrun.report.render import render_png, render_text
+from gsrun.report.retention import ACCOUNTING_MARK
+from gsrun.report.summary import JobTimeline, KEEP_GPU_TIMELINES, job_summary, js1_blob, strip_timelines
+from gsrun.request.config import load_config_or_defaults
 
 def job_from_record(job_id: str, rec: dict[str, str] | None, env) -> dict:
     """Job fields for :func:`gsrun.report.summary.job_summary` from ``scontrol -o show
@@ -118,8 +126,6 @@ def merge(paths: Paths, job: dict, cfg, wait_s: float = 0.0, sleep=time.sleep) -
     The cyclic garbage collector is off meanwhile: the merge makes about a
     million containers and no cycles, and the collector's repeated passes
     over them cost a third of a 4,000-node merge."""
-    import gc
-
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -130,8 +136,6 @@ def merge(paths: Paths, job: dict, cfg, wait_s: float = 0.0, sleep=time.sleep) -
 
 
 def _merge(paths: Paths, job: dict, cfg, wait_s: float, sleep) -> dict:
-    from gsrun.report.summary import KEEP_GPU_TIMELINES, JobTimeline, strip_timelines
-
     d = paths.spool_job(job["id"])
     deadline = time.monotonic() + wait_s
     by_node: dict[str, dict] = {}
@@ -171,7 +175,6 @@ def _merge(paths: Paths, job: dict, cfg, wait_s: float, sleep) -> dict:
             p = d / f"node-{n}.json"
             if p.exists():
                 take(p)
-    from gsrun.report.summary import job_summary
 
     return job_summary(job, list(by_node.values()), cfg, job.get("partition"), acc[0])
 
@@ -203,8 +206,6 @@ def _node_without_timelines(path) -> dict | None:
     each is cut before ``json.loads`` (what makes parsing a 24 h node file
     cheap). A file of another layout (a key not found where expected) is
     parsed whole and its timelines dropped after."""
-    import json
-
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
         with os.fdopen(fd, "rb") as f:
@@ -251,10 +252,6 @@ def _node_without_timelines(path) -> dict | None:
 def write_summary(paths: Paths, summary: dict, uid: int | None, gid: int | None) -> None:
     """``summary.json`` (root, 0600) and, with ``uid``, ``user-summary.json``
     (the job's user, 0400): serialized once, the same bytes written to both."""
-    import json
-
-    from gsrun.base.fsutil import atomic_write
-
     d = paths.make_spool_job(summary["job"]["id"])
     data = (json.dumps(summary, separators=(",", ":"), sort_keys=True) + "\n").encode()
     atomic_write(d / "summary.json", data, mode=0o600)
@@ -364,8 +361,6 @@ def settle_state(paths: Paths, job_id: str, cfg, log, show_job=None, sleep=time.
     nothing to settle or no summary. ``summary``: the job summary already
     read by the caller (else read from the spool). Never raises for Slurm
     errors: logged."""
-    from gsrun.facts.slurm import show_job as _show_job
-
     show_job = show_job or _show_job
     if summary is None:
         summary = read_json(paths.spool_job(job_id) / "summary.json")
@@ -389,7 +384,6 @@ def settle_state(paths: Paths, job_id: str, cfg, log, show_job=None, sleep=time.
         if rec.get("ExitCode"):
             ec, sig = parse_exit_code(rec["ExitCode"])
             job["exit_code"] = ec if not sig else 128 + sig
-        from gsrun.report.findings import finding_records
 
         summary["findings"] = [f.to_json() for f in finding_records(summary, cfg, job.get("partition"))]
         uid = _uid({}, {"UserId": rec.get("UserId", "")})
@@ -405,9 +399,6 @@ def admin_comment_step(job_id: str, spool_dir: str | None = None, deadline_s: fl
     """The background step: when accounting is slurmdbd, store the JS1 blob of
     ``<spool>/jobs/<id>/summary.json`` in the job's AdminComment (bounded
     retry). Returns 0 when stored or not applicable, 1 when it gave up."""
-    from gsrun.report import accounting
-    from gsrun.report.summary import js1_blob
-
     log = JobLog(job_id, "admin-comment")
     paths = None
     try:
@@ -464,8 +455,6 @@ def _mark_accounting(paths: Paths, job_id: str, state: str, log, detail: str = "
     ``{"admin_comment": "stored"|"no slurmdbd"|"no figures"|"failed", "detail", "time"}``.
     ``gsrun-node prune`` drops a job directory without ``--force`` only when
     it says ``stored``. Never raises (the job directory may be gone)."""
-    from gsrun.report.retention import ACCOUNTING_MARK
-
     try:
         atomic_write_json(paths.spool_job(job_id) / ACCOUNTING_MARK,
                           {"admin_comment": state, "detail": detail, "time": round(time.time(), 3)}, mode=0o600)
@@ -499,7 +488,6 @@ def _gid_of(uid: int | None) -> int | None:
     entry, None for None: the owner of the user's copy of the summary."""
     if uid is None:
         return None
-    import pwd
 
     try:
         return pwd.getpwuid(uid).pw_gid
@@ -519,9 +507,6 @@ def _uid(environ, rec) -> int | None:
 
 
 def queue_mail(paths: Paths, summary: dict, cfg, log) -> str:
-    from gsrun.report import mail
-    from gsrun.report.render import render_text, render_png
-
     job = summary["job"]
     to_addr = job.get("mail_user")
     if not cfg["mail.enabled"] or not to_addr:

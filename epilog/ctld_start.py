@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from gsrun.base.ids import is_job_id
 from gsrun.base.proc import root_child_env, root_python, spawn_detached
+from gsrun.epilog.ctld import _job_and_log
 
 
 def merge_command(environ, spool_dir: str | None = None,
@@ -42,8 +43,6 @@ def detach(environ, spool_dir: str | None = None, wait_s: float = 30.0) -> int:
     failure never fails the job."""
     cmd = merge_command(environ, spool_dir, wait_s)
     if cmd is None:
-        from gsrun.epilog.ctld import _job_and_log
-
         _job_and_log(environ)          # logs why, the usual way
         return 0
     argv, env = cmd

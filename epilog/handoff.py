@@ -44,21 +44,22 @@ slurmd's is handed over, waits for the first instead of taking the busy
 sampler for wedged.
 
 The socket is found under ``--state-dir``, else ``$GSRUN_STATE_DIR``, else
-the built-in ``paths.state_dir`` -- the config is not read first (that is
-the cost being avoided): a site that moves its state dir only in the config
-file gets the full epilog unless its hooks are given the dir, as for the
-config cache (:func:`gsrun.request.config.hook_cache_dir`).
+the built-in ``paths.state_dir``, before the config is read: a site that
+moves its state dir only in the config file gets the full epilog unless its
+hooks are given the dir (``GSRUN_STATE_DIR``).
 ``GSRUN_FAULT_AT`` (tests: kill the epilog at a step boundary) keeps the
 steps in the epilog process.
 """
 
 from __future__ import annotations
 
+import _socket as socket
 import os
+import select
 import sys
 
-import _socket as socket   # the C module: socket.py's enums and selectors cost the epilog ~5 ms
-
+from gsrun.base import pids
+from gsrun.base.fsutil import flock_within
 from gsrun.base.ids import is_job_id
 from gsrun.base.paths import DEFAULT_STATE_DIR
 
@@ -106,7 +107,6 @@ def lock_job(environ, state_dir: str | None, wait_s: float | None = None) -> tup
         fd = os.open(os.path.join(jdir, LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except OSError:
         return None, None
-    from gsrun.base.fsutil import flock_within
 
     wait_s = LOCK_WAIT_S if wait_s is None else wait_s
     try:
@@ -157,7 +157,6 @@ def _exited(pid: int, wait_s: float | None = None) -> bool | None:
     it did, False when it is still there, None when that cannot be told."""
     if pid <= 0:        # not visible from here (another PID namespace)
         return None
-    from gsrun.base import pids
 
     return pids.wait_exit(pid, EXIT_WAIT_S if wait_s is None else wait_s)
 
@@ -168,7 +167,6 @@ def _kill(pid: int, wait_s: float = 5.0) -> str:
     without pidfds -- the connection it still holds keeps the PID from reuse)."""
     if pid <= 0:        # not visible from here (another PID namespace): os.kill(0) is our own group
         return "not killed: its PID is not visible from here"
-    from gsrun.base import pids
 
     return pids.kill(pid, wait_s)
 
@@ -393,8 +391,6 @@ def _hung_up(conn) -> bool:
     """True when the other end has closed the connection altogether (``POLLHUP``:
     an ``AF_UNIX`` stream reports it only when the peer has shut down both ways,
     not after the epilog's ``SHUT_WR``)."""
-    import select
-
     p = select.poll()
     p.register(conn.fileno(), select.POLLHUP)
     return any(ev & select.POLLHUP for _, ev in p.poll(0))

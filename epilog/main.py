@@ -27,16 +27,23 @@ import os
 import time
 from dataclasses import dataclass
 
-from gsrun.request.config import hook_cache_dir, load_config_or_defaults
 from gsrun.base import pids
 from gsrun.base.errors import GsrunError
-from gsrun.base.fsutil import atomic_write, atomic_write_json, json_text, read_json
+from gsrun.base.fsutil import atomic_write, atomic_write_json, json_text, read_json, remove_tree
 from gsrun.base.ids import is_job_id
-from gsrun.facts.hostfs import HostFS
-from gsrun.facts.jobenv import job_from_env
 from gsrun.base.log import JobLog, safe_text
 from gsrun.base.paths import Paths
+from gsrun.epilog.handoff import run_epilog
+from gsrun.facts.hostfs import HostFS
+from gsrun.facts.jobenv import job_from_env
+from gsrun.facts.nvml import NvmlUnavailable, open_nvml
+from gsrun.node import mig, mps, residual, tuning
+from gsrun.node.metrics_textfile import remove_job_file
+from gsrun.node.mig_nvml import RealMig
 from gsrun.node.steps import CLEANUP, Step, drain_node, run_steps
+from gsrun.report.node_end import SAMPLER_SUMMARY_NAME, finish, node_settings
+from gsrun.report.summary import node_summary
+from gsrun.request.config import load_config_or_defaults
 
 STEP_RESERVE_S = 5.0
 
@@ -79,8 +86,6 @@ def run(environ, host_root: str | None = None, state_dir: str | None = None,
     job's sampler when it listens (:mod:`gsrun.epilog.handoff`), else
     :func:`run_here`. Returns the exit status: 1 when the node needs an admin
     (slurmd drains it)."""
-    from gsrun.epilog.handoff import run_epilog
-
     return run_epilog(environ, host_root, state_dir, spool_dir)
 
 
@@ -103,7 +108,7 @@ def run_here(environ, host_root: str | None = None, state_dir: str | None = None
     except GsrunError as e:
         log.error(str(e))
         return 0
-    cfg = load_config_or_defaults(log, cache_dir=hook_cache_dir(state_dir))
+    cfg = load_config_or_defaults(log)
     budget_s = float(cfg["timeouts.epilog_budget_s"])
     if on_config is not None:
         on_config(budget_s)
@@ -144,8 +149,6 @@ def _forget_job(sdir, log) -> None:
     state dirs is the set of jobs live on this node. A journal that still has
     work (``mig.json`` after a failed restore, a ``.pending`` summary the
     full spool could not take) keeps the directory."""
-    from gsrun.base.fsutil import remove_tree
-
     try:
         if (sdir / "mig.json").exists() or any(sdir.glob("*.pending")):
             return
@@ -158,8 +161,6 @@ def _nvml_reason(hostfs, prolog: dict) -> str | None:
     """Why there are no GPU figures, when NVML cannot start (field case 15,
     docs/field-cases.md):
     the prolog's finding, else a fresh probe."""
-    from gsrun.facts.nvml import NvmlUnavailable, open_nvml
-
     nv_err = (prolog.get("steps") or {}).get("nvml")
     if isinstance(nv_err, str) and nv_err.startswith("NVML init failed"):
         return nv_err
@@ -192,8 +193,6 @@ def find_samplers(job_id: str, state_dir: str) -> list[tuple[int, float | None]]
     our uid (root): for a prolog killed between starting the sampler and
     recording its PID. A ``/proc`` scan (:func:`gsrun.base.pids.scan`), no
     psutil. -> [(pid, start time, epoch s)]."""
-    from gsrun.base import pids
-
     def match(cmd: list[str]) -> bool:
         return ("gsrun.epilog.sampler" in cmd or "gsrun.node.sampler" in cmd
                 or ("gsrun.node" in cmd and "sampler" in cmd)) \
@@ -208,8 +207,6 @@ def _arg(cmd: list[str], flag: str) -> str | None:
 
 
 def _summary(job, paths, sdir, hostfs, log, pre: dict | None = None) -> dict:
-    from gsrun.report.node_end import node_settings
-
     pid_info = read_json(sdir / "sampler.pid.json")
     stopped = "no sampler record"
     if pid_info and pid_info.get("pid") == os.getpid() \
@@ -239,13 +236,9 @@ def _summary(job, paths, sdir, hostfs, log, pre: dict | None = None) -> dict:
     end_time = time.time()
     pre = _sampler_summary(sdir, pid_info, stopped if not others else "", pre)
     if pre is not None:
-        from gsrun.report.node_end import finish
-
         summ, nvml_error, from_state = finish(pre["summary"], env, end_time), pre.get("nvml_error"), True
         log("node summary: written by the sampler at its final flush")
     else:
-        from gsrun.report.summary import node_summary
-
         state = read_json(sdir / "sampler.json")
         summ, nvml_error, from_state = node_summary(state, env, end_time), (state or {}).get("nvml_error"), \
             state is not None
@@ -291,8 +284,6 @@ def _sampler_summary(sdir, pid_info: dict | None, stopped: str, pre: dict | None
     else None and the epilog computes the summary from ``sampler.json``.
     ``pre``: that file's content, when this epilog runs in the sampler that
     wrote it (not read again)."""
-    from gsrun.report.node_end import SAMPLER_SUMMARY_NAME
-
     if stopped != "stopped" or not pid_info:
         return None
     if pre is None:
@@ -309,14 +300,10 @@ def _metrics_remove(job, cfg) -> dict:
     """After the sampler's last flush: remove ``gsrun_job_<jobid>.prom`` (and
     a temp file of it a killed sampler left) from the textfile directory, so
     the job's series leave node_exporter's next scrape. Only our exact names."""
-    from gsrun.node.metrics_textfile import remove_job_file
-
     return {"removed": remove_job_file(cfg["metrics.textfile_dir"], job.job_id)}
 
 
 def _mps_stop(job, paths, cfg, log):
-    from gsrun.node import mps
-
     # the prolog journals before it starts a daemon: with neither the journal nor the
     # job's MPS directory there is nothing to stop (and no process scan to pay)
     if not mps.journal_path(job.job_id, str(paths.state_dir)).exists() \
@@ -337,8 +324,6 @@ def _live_jobs(paths, job_id: str) -> set[str]:
 
 
 def _residual(job, hostfs, paths, cfg, log):
-    from gsrun.node import residual
-
     rep = residual.cleanup(job.job_id, job.uid, job.gpus, hostfs,
                            smi_timeout_s=min(10.0, cfg["timeouts.command_s"]), log=log,
                            live_jobs=_live_jobs(paths, job.job_id))
@@ -348,17 +333,12 @@ def _residual(job, hostfs, paths, cfg, log):
 
 
 def _mig_restore(job, paths, log):
-    from gsrun.node import mig
-
     if not (paths.state_job(job.job_id) / mig.JOURNAL_NAME).exists():
         return {"skipped": "no MIG journal"}
-    from gsrun.node.mig_nvml import RealMig
 
     return mig.epilog_restore(RealMig(), str(paths.state_dir / "jobs"), job.job_id,
                               drain=lambda reason: drain_node(job.node, reason, log), log=log)
 
 
 def _tuning_restore(hostfs, paths, job, log):
-    from gsrun.node import tuning
-
     return tuning.epilog_restore(hostfs, str(paths.state_dir), job.job_id, log=log)

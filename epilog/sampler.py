@@ -34,6 +34,7 @@ Lives with the epilog because the layers keep :mod:`gsrun.node` and
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import time
@@ -41,11 +42,10 @@ import time
 from gsrun.base import pids
 from gsrun.base.errors import exit_now
 from gsrun.base.fsutil import atomic_write_json
-from gsrun.epilog import handoff
-from gsrun.epilog import main as epilog_main    # loaded now: the epilog's steps run here
+from gsrun.epilog import handoff, main as epilog_main
 from gsrun.node import sampler
 from gsrun.report.node_end import SAMPLER_SUMMARY_NAME
-from gsrun.report.summary import node_summary   # loaded now: the final flush must not wait for it
+from gsrun.report.summary import node_summary
 
 MODULE = "gsrun.epilog.sampler"
 # what the epilog's steps import on their way (lazily in gsrun.epilog.main), loaded at this
@@ -127,8 +127,6 @@ def serve_epilog(conn, request, pre: dict | None, before: str = "", release=None
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m gsrun.epilog.sampler`` with :func:`gsrun.node.sampler.main`'s options."""
-    import importlib
-
     for name in _EPILOG_MODULES:
         importlib.import_module(name)
     listener = handoff.Listener()

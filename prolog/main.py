@@ -33,23 +33,31 @@ at a step boundary: see :mod:`gsrun.node.steps`.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
 
-from gsrun.request.config import hook_cache_dir, load_config_or_defaults
+from gsrun.base import pids
 from gsrun.base.errors import GsrunError
-from gsrun.base.fsutil import atomic_write_json, unlink_names
-from gsrun.facts.hostfs import HostFS
-from gsrun.facts.jobenv import job_from_env
+from gsrun.base.fsutil import atomic_write_json, read_json, unlink_names
 from gsrun.base.log import JobLog, safe_text
-from gsrun.facts.nvml import NvmlUnavailable, index_by_minor, open_nvml
 from gsrun.base.paths import Paths
 from gsrun.base.proc import root_child_env, root_python, spawn_detached, take_warm
-from gsrun.node.steps import SETUP, NodeUnusable, Step, drain_node, run_steps
+from gsrun.bind.plan import plan_from_env
+from gsrun.facts.cgroup import find_job_cgroup, read_cpuset
+from gsrun.facts.hostfs import HostFS
+from gsrun.facts.jobenv import job_from_env
+from gsrun.facts.nvml import NvmlUnavailable, index_by_minor, open_nvml
+from gsrun.facts.topology import read_topology
+from gsrun.node import mig, mps, tuning
+from gsrun.node.mem_baseline import format_mem_baseline, read_mem_baseline
+from gsrun.node.mig_nvml import RealMig
+from gsrun.node.steps import NodeUnusable, SETUP, Step, drain_node, run_steps
+from gsrun.node.tuning import JobScope
+from gsrun.request.config import load_config_or_defaults
 from gsrun.request.job import (JobRequest, comment_from_env, comment_from_slurm, exclusive_from_record,
-                               malloc_from_comment,
-                               request_from_comment, request_from_job_record, request_from_spank)
+                               malloc_from_comment, request_from_comment, request_from_job_record, request_from_spank)
 
 SAMPLER_MODULE = "gsrun.epilog.sampler"   # the job's sampler: python -m SAMPLER_MODULE ARGS
 
@@ -179,7 +187,7 @@ def run(environ, host_root: str | None = None, state_dir: str | None = None, spo
     except GsrunError as e:
         log.error(str(e))
         return 0   # a broken env is not the node's fault: do not drain
-    cfg = load_config_or_defaults(log, cache_dir=hook_cache_dir(state_dir), write_cache=not dry_run)
+    cfg = load_config_or_defaults(log)
     hostfs = HostFS.from_env(host_root)
     paths = Paths.from_config(cfg, state_dir, spool_dir)
     record: dict = {"job": job.to_dict(), "prolog_time": t0, "steps": {}, "spank": dict(job.spank),
@@ -214,7 +222,6 @@ def run(environ, host_root: str | None = None, state_dir: str | None = None, spo
                 log.error(f"cannot write prolog record: {e}")
         log(f"done in {record['duration_s']:.3f} s")
     if dry_run and not rc:
-        import json
         print(json.dumps(record, indent=1, default=str))
     return rc
 
@@ -227,7 +234,6 @@ def _has_tuning_defaults(cfg, partition) -> bool:
 
 
 def _tuning(hostfs, paths, job, req, cfg, exclusive, dry_run, log):
-    from gsrun.node import tuning
     if not cfg.get("tuning.enabled", job.partition):
         return {"skipped": "tuning.enabled = false"}
     try:
@@ -249,11 +255,6 @@ def _job_scope(hostfs, job, log):
     GPU, :func:`gsrun.bind.plan.make_plan`) and its CPUs (job cgroup cpuset,
     else every online CPU: node-wide settings are for jobs holding the node),
     for ``irq``/``hugepages`` (:class:`gsrun.node.tuning.JobScope`)."""
-    from gsrun.bind.plan import plan_from_env
-    from gsrun.facts.cgroup import find_job_cgroup, read_cpuset
-    from gsrun.facts.topology import read_topology
-    from gsrun.node.tuning import JobScope
-
     topo = read_topology(hostfs, nvml=False)
     env = {"SLURM_JOB_GPUS": ",".join(str(g) for g in (job.gpus or []))}
     if job.gpus:
@@ -284,8 +285,6 @@ def _mig(hostfs, paths, job, req, cfg, exclusive, log, nv=None):
     journal lets the epilog or ``gsrun-node restore`` undo it). The MIG
     devices' UUIDs go to ``user-mig-<node>.json`` (the job's user, 0400) for
     the job's tasks (the SPANK plugin exports them as CUDA_VISIBLE_DEVICES)."""
-    from gsrun.node import mig
-
     if not cfg.get("mig.enabled", job.partition):
         return {"skipped": "mig.enabled = false"}
     if not hostfs.is_real:
@@ -304,7 +303,6 @@ def _mig(hostfs, paths, job, req, cfg, exclusive, log, nv=None):
     indices = [by_minor[g] for g in (job.gpus or []) if g in by_minor]
     if not indices:
         return {"error": "no NVIDIA device matches the job's gres"}
-    from gsrun.node.mig_nvml import RealMig
 
     res = mig.prolog_apply(RealMig(), str(paths.state_dir / "jobs"), job.job_id, indices, req.mig,
                            drain=lambda reason: drain_node(job.node, reason, log), log=log,
@@ -316,7 +314,6 @@ def _mig(hostfs, paths, job, req, cfg, exclusive, log, nv=None):
 
 
 def _mps(environ, paths, job, req, cfg, log):
-    from gsrun.node import mps
     if not cfg.get("mps.enabled", job.partition):
         return {"skipped": "mps.enabled = false"}
     try:
@@ -343,8 +340,6 @@ def start_sampler_process(job, paths, cfg, hostfs, dma_latency_us: int | None = 
     record its PID and start time so the epilog never signals a reused PID.
     ``dma_latency_us``: the sampler holds ``/dev/cpu_dma_latency`` at it
     (``--tune cstate``, :mod:`gsrun.node.cpu_latency`)."""
-    from gsrun.base import pids
-
     d = paths.make_state_job(job.job_id)
     args = ["--job-id", job.job_id, "--uid", str(job.uid),
             "--node", job.node, "--gpus", ",".join(str(g) for g in (job.gpus or [])),
@@ -385,9 +380,6 @@ def _stop_earlier_sampler(d) -> None:
     first, so the epilog, which trusts a finished prolog record
     (:func:`gsrun.epilog.main.sampler_recorded`), never leaves one running. One
     failed open on the usual path."""
-    from gsrun.base import pids
-    from gsrun.base.fsutil import read_json
-
     old = read_json(d / "sampler.pid.json")
     # only a record that proves the process is that sampler (its start time): without one the
     # PID may be anyone's by now (a sampler gone before it was recorded, the PID reused)
@@ -406,7 +398,6 @@ def _mem_baseline(hostfs, gpus: list[int], nv=None) -> str:
     opened and closed here: a second nvmlInit costs tens of ms on a real node)."""
     if not gpus:
         return ""
-    from gsrun.node.mem_baseline import format_mem_baseline, read_mem_baseline
 
     own = nv is None
     if own:

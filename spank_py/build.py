@@ -25,8 +25,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+import gsrun.spank_py.hooks as hooks
 from gsrun.base.errors import ConfigError, InputError, NodeError
 from gsrun.base.fsutil import atomic_write
+from gsrun.base.templating import render
+from gsrun.spank_py.hooks import OPTIONS, REMOTE_OPTIONS
 
 SRC_DIR = Path(__file__).resolve().parent
 C_SOURCE = SRC_DIR / "gsrun_spank.c"
@@ -153,7 +156,6 @@ def _c_string(value: str, what: str) -> str:
 
 
 def _options():
-    from gsrun.spank_py.hooks import OPTIONS   # the one definition of the --gs-* options
     return OPTIONS
 
 
@@ -164,8 +166,6 @@ JOB_SCRIPT_HOOKS = ("slurm_spank_job_prolog", "slurm_spank_job_epilog")
 
 
 def _job_script_hooks() -> tuple[str, ...]:
-    import gsrun.spank_py.hooks as hooks
-
     return tuple(h for h in JOB_SCRIPT_HOOKS if callable(getattr(hooks, h, None)))
 
 
@@ -216,7 +216,6 @@ def options_header(options=None, job_script_hooks=None) -> str:
     if unknown:
         raise NodeError("spank build", "job script hooks", f"{unknown}: only {list(JOB_SCRIPT_HOOKS)}")
     forwards = "".join(f"#define GSRUN_FORWARD_{h.upper()} 1\n" for h in JOB_SCRIPT_HOOKS if h in hooks)
-    from gsrun.spank_py.hooks import REMOTE_OPTIONS
 
     # the options slurmstepd's hooks read, each followed by a comma (the shim ends the list with NULL)
     forwards += "#define GSRUN_REMOTE_OPTIONS " + "".join(_c_text(n, "name") + ", " for n in REMOTE_OPTIONS
@@ -378,8 +377,6 @@ def plugstack_args(args: dict | None) -> list[tuple[str, str]]:
 def render_plugstack(so_path: str, args: list[tuple[str, str]], slurm_version: str = "?",
                      python_version: str = "?") -> str:
     """The managed plugstack block (``templates/plugstack.conf.j2``, StrictUndefined)."""
-    from gsrun.base.templating import render
-
     if not so_path.startswith("/") or not _SAFE_ARG.match(so_path):
         raise InputError("spank install", "plugin path", f"{so_path!r} must be an absolute plain path")
     return render("plugstack.conf.j2", so_path=so_path, args=args, slurm_version=slurm_version,

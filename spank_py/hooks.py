@@ -54,15 +54,14 @@ lazily so that tests can put a fake one in ``sys.modules``.
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Callable, Mapping
 
-TYPE_CHECKING = False   # not `typing` (~2.5 ms)
-if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
-
-# Lean on purpose: this module is imported in every sbatch/srun with a --gs-*
-# option and every bound step; `re` (~5 ms with enum), `collections.abc`,
-# `dataclasses` and the gsrun modules a hook does not use are imported only
-# where they are needed (tests/bench/bench_spank_host.py measures it).
+from gsrun.base.ids import ALNUM, is_chars
+from gsrun.bind.plan import mig_visible_devices, plan_from_env, rank_env, read_job_mig_devices
+from gsrun.facts.hostfs import HostFS
+from gsrun.facts.topology import read_allowed_mems
+from gsrun.request.config import load_config
 
 PHASE = "spank"
 
@@ -109,12 +108,10 @@ _EXPORT_MAX = 512
 
 
 def _fullmatch(pattern: str, text: str) -> bool:
-    import re
     return re.fullmatch(pattern, text) is not None
 
 
 def _search(pattern: str, text: str) -> bool:
-    import re
     return re.search(pattern, text) is not None
 
 
@@ -305,8 +302,6 @@ def task_actions(plan, local_rank: int | None, mps_env: Mapping[str, str] | None
     NUMA node is known, the host has > 1 node and the nodes are allowed."""
     act = TaskActions()
     if plan is not None and local_rank is not None:
-        from gsrun.bind.plan import rank_env
-
         rp = plan.rank(local_rank)
         act.setenv.update(rank_env(plan, local_rank))
         act.unsetenv = tuple(rp.unset)
@@ -318,8 +313,6 @@ def task_actions(plan, local_rank: int | None, mps_env: Mapping[str, str] | None
             act.mem_nodes = tuple(mems)
         act.notes.append(rp.reason)
         if mig_devices:
-            from gsrun.bind.plan import mig_visible_devices
-
             vis = mig_visible_devices(mig_devices, local_rank, gpu_isolation)
             if vis:
                 act.setenv["CUDA_VISIBLE_DEVICES"] = vis   # the job's MIG devices (prolog)
@@ -350,15 +343,11 @@ def step_actions(job_env: Mapping[str, str], host_root: str | None, allowed_cpus
     Raises:
         InputError / TopologyError: as :func:`gsrun.bind.plan.plan_from_env`.
     """
-    from gsrun.bind.plan import plan_from_env, read_job_mig_devices
-    from gsrun.facts.hostfs import HostFS
-    from gsrun.facts.topology import read_allowed_mems
-
     hostfs = HostFS.from_env(host_root or None, environ={})
     plan = plan_from_env(job_env, hostfs, sorted(allowed_cpus) if hostfs.is_real and allowed_cpus else None,
                          gpu_isolation=False)
     mems = allowed_mems if hostfs.is_real else read_allowed_mems(hostfs)
-    cfg = _load_config({"config": config_path} if config_path else None, cached=True)
+    cfg = _load_config({"config": config_path} if config_path else None)
     # job_id: slurmstepd's own (S_JOB_ID), not the job environment's, which a job can set: the agent
     # reads the job's MIG devices as root
     mig = read_job_mig_devices(cfg["paths.spool_dir"], job_id or job_env.get("SLURM_JOB_ID"),
@@ -386,8 +375,6 @@ def format_actions(actions: list[tuple[int, TaskActions]], notes: tuple[str, ...
             NUL, a name that is not an environment name): the agent's answer is
             an error then (Python plans), the Python side logs it.
     """
-    from gsrun.base.ids import ALNUM, is_chars
-
     def name_ok(n: str) -> bool:
         return bool(n) and not n[0].isdigit() and is_chars(n, ALNUM | {"_"}, None)
 
@@ -445,19 +432,10 @@ def _log(level: str, msg: str) -> None:
         _spank().log(level, line)
 
 
-def _load_config(args: Mapping | None = None, cached: bool = False):
+def _load_config(args: Mapping | None = None):
     """The site config: plugstack ``config=PATH`` when given (slurmstepd's
-    environment has no GSRUN_CONFIG), else $GSRUN_CONFIG / the default.
-    ``cached`` (slurmstepd, root): through the parsed-file cache in the state
-    dir the prolog uses (:func:`gsrun.request.config.hook_cache_dir`), so a
-    step does not parse the TOML file (nor import ``tomllib``); sbatch/srun run
-    as the user, who may not read root's cache: they parse."""
-    path = (args or {}).get("config")
-    if cached:
-        from gsrun.request.config import hook_cache_dir, load_config_cached
-        return load_config_cached(path, hook_cache_dir())
-    from gsrun.request.config import load_config
-    return load_config(path, environ=os.environ)
+    environment has no GSRUN_CONFIG), else $GSRUN_CONFIG / the default."""
+    return load_config((args or {}).get("config"), environ=os.environ)
 
 
 # ---------------------------------------------------------------- hooks
@@ -505,7 +483,7 @@ def slurm_spank_init(ctx: str, args: dict) -> int:
         return 0
     STATE.reset()
     try:
-        STATE.config = _load_config(args, cached=True)
+        STATE.config = _load_config(args)
     except Exception as e:  # noqa: BLE001
         _log("error", f"gsrun: {PHASE}: config: {e}")
     return 0

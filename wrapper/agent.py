@@ -63,8 +63,23 @@ Protocol (a Unix stream socket; all integers big-endian):
 
 from __future__ import annotations
 
+import array
+import gc
+import importlib
 import os
+import selectors
+import signal
+import socket
+import stat
+import struct
 import sys
+
+import gsrun
+from gsrun.base.errors import NodeError
+from gsrun.base.paths import DEFAULT_STATE_DIR
+from gsrun.base.proc import WarmFork, set_warm
+from gsrun.epilog.ctld_start import merge_command
+from gsrun.wrapper.node_entry import HOOK_BOOTSTRAP, parse_hook_args
 
 MAGIC = "GSH1"
 MAX_REQUEST_BYTES = 1 << 20     # an environment of ~1 MiB: far above slurmd's (a few KiB)
@@ -99,8 +114,6 @@ class NoRequest(BadRequest):
 def default_socket(state_dir: str | None = None) -> str:
     """``<state dir>/agent.sock``: the node's state directory (``--state-dir``,
     else ``GSRUN_STATE_DIR``, else :data:`gsrun.base.paths.DEFAULT_STATE_DIR`)."""
-    from gsrun.base.paths import DEFAULT_STATE_DIR
-
     return os.path.join(state_dir or os.environ.get("GSRUN_STATE_DIR") or DEFAULT_STATE_DIR, SOCKET_NAME)
 
 
@@ -148,8 +161,6 @@ def hook_args(argv: list[str], python: str, site_dir: str, gsrun_node: str | Non
     path), or this installation's ``gsrun-node`` script (``gsrun_node``, real
     path) -- then a hook and options the fast path takes; else None (the
     client runs ``argv`` itself). Pure apart from resolving the paths."""
-    from gsrun.wrapper.node_entry import HOOK_BOOTSTRAP, parse_hook_args
-
     if not argv:
         return None
     if gsrun_node and len(argv) >= 2 and os.path.realpath(argv[0]) == os.path.realpath(gsrun_node):
@@ -193,9 +204,6 @@ def changed(files: dict[str, tuple[int, int, int]]) -> str | None:
 
 def _peer(conn) -> tuple[int, int]:
     """``(pid, uid)`` of the client (``SO_PEERCRED``: the kernel's, at connect)."""
-    import socket
-    import struct
-
     pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
                                                          struct.calcsize("3i")))
     return pid, uid
@@ -235,9 +243,6 @@ def _read_request(conn, nfds: int = 3, timeout_s: float = REQUEST_TIMEOUT_S
                   ) -> tuple[list[str], dict[str, str], int, list[int]]:
     """Read one request (blocking, ``timeout_s``) carrying ``nfds``
     descriptors -> (argv, env, umask, fds)."""
-    import array
-    import socket
-
     conn.settimeout(timeout_s)
     fds = array.array("i")
     buf = bytearray()
@@ -296,7 +301,7 @@ def _bind_child(conn, stepd_env: dict[str, str]) -> None:
         _close_from(3, keep=conn.fileno())
         os.chdir("/")
         os.environ.clear()
-        # what gsrun.request.config.config_path and hook_cache_dir read in slurmstepd's Python
+        # what gsrun.request.config.config_path reads in slurmstepd's Python
         os.environ.update({k: v for k, v in stepd_env.items() if k in STEPD_ENV and k != "GSRUN_CONFIG"})
         try:
             argv, job_env, _um, _fds = _read_request(conn, nfds=0, timeout_s=BIND_WAIT_S)
@@ -323,8 +328,6 @@ def _bind_child(conn, stepd_env: dict[str, str]) -> None:
 def _fresh_signals(sigint=None) -> None:
     """In a child forked from the agent: the signals the agent handles back at their defaults
     (SIGINT at ``sigint`` when given), no wakeup fd, nothing blocked."""
-    import signal
-
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD, signal.SIGALRM):
         signal.signal(sig, signal.SIG_DFL)
     if sigint is not None:
@@ -354,8 +357,6 @@ def _child(args: list[str], env: dict[str, str], umask: int, fds: list[int], con
     process dies before, the client sees the connection close without it and runs
     the hook itself), become what slurmd's own hook process would be (its
     cgroup and CPU affinity: :func:`join_client`), run the hook, exit."""
-    import signal
-
     rc = 70
     try:
         conn.setblocking(True)
@@ -408,10 +409,6 @@ def prefork_warm() -> None:
     (:class:`gsrun.base.proc.WarmFork`) and hand it to
     :func:`gsrun.base.proc.set_warm`. A failed fork only means the hook starts
     its programs the usual way."""
-    import socket
-
-    from gsrun.base.proc import WarmFork, set_warm
-
     try:
         mine, its = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
         pid = os.fork()
@@ -494,8 +491,6 @@ def _merge_of(args: list[str], env: dict[str, str]) -> tuple[list[str], dict[str
     e.g. to log a bad job id)."""
     if args[0] != "epilog-ctld":
         return None
-    from gsrun.epilog.ctld_start import merge_command
-    from gsrun.wrapper.node_entry import parse_hook_args
 
     a = parse_hook_args(args, env)
     return merge_command(env, a["spool_dir"]) if a is not None else None
@@ -506,12 +501,9 @@ class Agent:
     started are waited for); SIGHUP re-executes it (as a changed module does)."""
 
     def __init__(self, socket_path: str, log=None):
-        import selectors
-
         self.socket_path = socket_path
         self.log = log or (lambda msg: print(f"gsrun: agent: {msg}", file=sys.stderr, flush=True))
         self.python = sys.executable
-        import gsrun
 
         self.site_dir = os.path.realpath(os.path.dirname(os.path.dirname(os.path.abspath(gsrun.__file__))))
         # this installation's console script (a venv's bin/, beside its interpreter)
@@ -527,8 +519,6 @@ class Agent:
     # -- setup -------------------------------------------------------------------
     def preload(self) -> list[str]:
         """Import :data:`PRELOAD`; -> the names that failed (logged, not fatal)."""
-        import importlib
-
         bad = []
         for name in PRELOAD:
             try:
@@ -543,7 +533,6 @@ class Agent:
         except Exception:  # noqa: BLE001
             pass
         self.files = loaded_files()
-        import gc
 
         gc.collect()
         gc.freeze()     # children do not touch (copy) the preloaded objects' pages for GC
@@ -557,11 +546,6 @@ class Agent:
             NodeError: the directory is missing, not a directory, or writable by
                 another user; or the path holds something that is not a socket.
         """
-        import socket
-        import stat
-
-        from gsrun.base.errors import NodeError
-
         d = os.path.dirname(os.path.abspath(self.socket_path))
         try:
             st = os.lstat(d)
@@ -617,9 +601,6 @@ class Agent:
 
     # -- loop ----------------------------------------------------------------------
     def serve(self) -> int:
-        import signal
-        import socket
-
         wake_r, wake_w = socket.socketpair()
         wake_r.setblocking(False)
         wake_w.setblocking(False)
@@ -843,8 +824,6 @@ class Agent:
         entry = self.running.get(pidfd)
         self.sel.unregister(conn)
         if entry:
-            import signal
-
             try:
                 os.killpg(entry[1], signal.SIGKILL)
             except OSError:
@@ -888,12 +867,9 @@ def run(socket_path: str | None = None, state_dir: str | None = None) -> int:
         NodeError: the socket cannot be made (:meth:`Agent.bind`), or this kernel
             has no ``pidfd_open`` (Linux < 5.3): the hooks then run on their own.
     """
-    from gsrun.base.errors import NodeError
-
     if not hasattr(os, "pidfd_open"):
         raise NodeError("agent", "kernel", "os.pidfd_open is missing (Linux >= 5.3, Python >= 3.9)",
                         hint="run without the agent: the hooks work the same, only slower")
-    import signal
 
     # a reload (SIGHUP) that comes while the modules load, e.g. right after a re-exec, must not
     # end the agent: ignored until serve() installs its handler

@@ -31,18 +31,19 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import click
 
-from gsrun.bind.plan import (RankPlan, apply_affinity, exec_argv, fallback_rank, mig_visible_devices,
-                           plan_from_env, read_job_mig_devices,
-                           render_table, worker_environ)
 from gsrun.base.cpulist import format_cpulist, parse_cpulist
 from gsrun.base.errors import GsrunError, InputError
+from gsrun.bind.plan import (RankPlan, apply_affinity, exec_argv, fallback_rank, mig_visible_devices, plan_from_env,
+                             read_job_mig_devices, render_table, worker_environ)
 from gsrun.facts.hostfs import HostFS
+from gsrun.facts.hwloc_xml import read_topology_xml
 from gsrun.facts.topology import NVML_IF_NEEDED, read_allowed_mems, read_topology
 
 __all__ = ["main", "BindParams", "apply_affinity", "plan_environ", "run_plan", "run_exec"]
@@ -99,8 +100,6 @@ def run_plan(p: BindParams, environ: Mapping[str, str]) -> str:
     fs = _hostfs(p.host_root, environ if not xml else {})
     allowed = p.allowed_cpus
     if xml:
-        from gsrun.facts.hwloc_xml import read_topology_xml
-
         topo = read_topology_xml(xml)
         allowed = allowed or list(topo.cpus_online)
     else:
@@ -167,8 +166,6 @@ MEMLOCK_ENV = "GSRUN_MEMLOCK_MIN_BYTES"
 
 
 def _memlock_soft() -> int | None:
-    import resource
-
     try:
         return resource.getrlimit(resource.RLIMIT_MEMLOCK)[0]
     except (OSError, ValueError):
@@ -181,8 +178,6 @@ def memlock_warning(soft: int | None, floor_text: str | None) -> str | None:
     ``$GSRUN_MEMLOCK_MIN_BYTES`` (bytes, or ``unlimited``, the default: pinned
     DataLoader/NCCL buffers need it). Returns the warning, or None when fine.
     A bad floor value counts as the default."""
-    import resource
-
     if soft is None:
         return None
     floor = None        # None = unlimited expected

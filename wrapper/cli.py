@@ -3,38 +3,31 @@
 click parses flags into a :class:`~gsrun.wrapper.spec.JobSpec`; rendering is
 pure (:mod:`gsrun.wrapper.render`); only :mod:`gsrun.wrapper.submit` talks to
 Slurm.
-
-``gsrun --dry-run`` is what users wait on at every submit: it imports click
-and what every run uses (config, spec, render); the rest (Slurm queries,
-``--tune``/``--mig``/``--mps-share`` checks, submit and follow) is imported
-where it runs, and nothing on the way imports ``dataclasses``, ``shutil`` or
-``pathlib``. click's ``inspect`` is a placeholder that runs only for a help
-page (:func:`gsrun.base.deferred.defer_import`, :class:`_Option`), and a
-finished run ends without the interpreter's teardown (:func:`main`)
-(``tests/process/test_dry_run_imports.py``; the figure against the
-interpreter floor: ``tests/bench/bench_epilog.py``, ``dry_run``).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import sys
-from functools import partial
 
-from gsrun.base.deferred import defer_import
-
-# click imports `inspect` (~4 ms with ast, dis, tokenize) for help text only: run it when read
-defer_import("inspect")
 import click
 
 from gsrun.base.errors import InputError, run_cli
 from gsrun.base.exe import which
+from gsrun.base.paths import Paths
+from gsrun.facts.slurm import gpus_per_node
 from gsrun.request.config import load_config
+from gsrun.request.malloc import malloc_env, parse_malloc
+from gsrun.request.mig_layout import parse_layout
+from gsrun.request.mps_share import parse_mps_share
+from gsrun.request.tune import parse_tune_request
 from gsrun.wrapper.command import (Python, build_command, choose_python, refuse_launcher,
                                    torch_warning)
 from gsrun.wrapper.render import render_script
 from gsrun.wrapper.spec import (JobSpec, parse_sbatch_option, plan_nodes, validate_fields,
                                 validate_site)
+from gsrun.wrapper.submit import follow, live_alerts, submit
 
 
 def _bind_exe() -> str:
@@ -54,34 +47,6 @@ def _command(script: str, args: tuple[str, ...], python: str | None) -> tuple[st
     return build_command("script", (script, *args), py)
 
 
-def _show_help(ctx, _param, value) -> None:
-    """``-h/--help``: print the help page and exit (as click's own help option)."""
-    if value and not ctx.resilient_parsing:
-        click.echo(ctx.get_help(), color=ctx.color)
-        ctx.exit()
-
-
-class _Option(click.Option):
-    """click's option, without ``inspect`` for a help text it would not change.
-
-    click runs every option's help through ``inspect.cleandoc``, which is the
-    identity for one line without tabs or surrounding whitespace (all of
-    gsrun's): such a text is set after click's ``__init__``, so a run that
-    prints no help page never executes ``inspect``
-    (:func:`gsrun.base.deferred.defer_import`). Any other text, or a
-    deprecated option (its label is added to the help), goes through click."""
-
-    def __init__(self, *args, help=None, **kwargs):
-        plain = (help is not None and not kwargs.get("deprecated") and help == help.strip()
-                 and "\n" not in help and "\t" not in help)
-        super().__init__(*args, help=None if plain else help, **kwargs)
-        if plain:
-            self.help = help
-
-
-_option = partial(click.option, cls=_Option)
-
-
 class _GsrunCommand(click.Command):
     """Splits the command line where gsrun's options end, before click parses it:
 
@@ -93,21 +58,6 @@ class _GsrunCommand(click.Command):
     ``--mps=PCT`` (the old optional-value form) becomes ``--mps --mps-share PCT``,
     so a bare ``--mps SCRIPT`` takes SCRIPT as the script.
     """
-
-    _gsrun_help = None
-
-    def get_help_option(self, ctx):
-        """click's ``-h/--help`` option, made here: click's own builds its help
-        text through gettext, which imports ``locale`` (~0.7 ms, a regex
-        compiled) on every run, ``--dry-run`` included. Same option, same
-        place (last), same text; the usage-error hint still names it."""
-        names = self.get_help_option_names(ctx)
-        if not names or not self.add_help_option:
-            return None
-        if self._gsrun_help is None:
-            self._gsrun_help = _Option(names, is_flag=True, expose_value=False, is_eager=True,
-                                            callback=_show_help, help="Show this message and exit.")
-        return self._gsrun_help
 
     def parse_args(self, ctx, args):
         takes_value = set()
@@ -155,43 +105,43 @@ class _GsrunCommand(click.Command):
 
 @click.command(cls=_GsrunCommand, context_settings={"help_option_names": ["-h", "--help"],
                                                    "allow_interspersed_args": False})
-@_option("--gpus", type=int, required=True, help="Total GPUs (one task per GPU).")
-@_option("--nodes", type=int, default=None, help="Nodes (default: from the cluster's GPUs per node).")
-@_option("--gpus-per-node", type=int, default=None, help="GPUs per node (default: read with sinfo).")
-@_option("--time", "time_", default=None, help="Time limit (Slurm format).")
-@_option("--partition", "-p", default=None, help="Partition.")
-@_option("--job-name", "-J", default=None, help="Job name (default: the script's name).")
-@_option("--output", "-o", default=None, help="Job stdout file (Slurm patterns like %j allowed).")
-@_option("--cpus-per-task", type=int, default=None, help="CPUs per GPU task (default: Slurm's).")
-@_option("--account", "-A", default=None, help="Account to charge (sbatch -A).")
-@_option("--qos", "-q", default=None, help="Quality of service (sbatch -q).")
-@_option("--constraint", "-C", default=None, help="Node features (sbatch -C), e.g. 'h200&ib'.")
-@_option("--mem", default=None, help="Memory per node (sbatch --mem), e.g. 512G.")
-@_option("--reservation", default=None, help="Reservation (sbatch --reservation).")
-@_option("--dependency", "-d", default=None, help="Dependency (sbatch -d), e.g. afterok:1234.")
-@_option("--signal", default=None, help="Signal before the time limit (sbatch --signal), e.g. B:USR1@120.")
-@_option("--requeue", is_flag=True, help="Requeue after node failure or preemption (sbatch --requeue).")
-@_option("--sbatch", "sbatch_opts", multiple=True, metavar="--OPTION[=VALUE]",
+@click.option("--gpus", type=int, required=True, help="Total GPUs (one task per GPU).")
+@click.option("--nodes", type=int, default=None, help="Nodes (default: from the cluster's GPUs per node).")
+@click.option("--gpus-per-node", type=int, default=None, help="GPUs per node (default: read with sinfo).")
+@click.option("--time", "time_", default=None, help="Time limit (Slurm format).")
+@click.option("--partition", "-p", default=None, help="Partition.")
+@click.option("--job-name", "-J", default=None, help="Job name (default: the script's name).")
+@click.option("--output", "-o", default=None, help="Job stdout file (Slurm patterns like %j allowed).")
+@click.option("--cpus-per-task", type=int, default=None, help="CPUs per GPU task (default: Slurm's).")
+@click.option("--account", "-A", default=None, help="Account to charge (sbatch -A).")
+@click.option("--qos", "-q", default=None, help="Quality of service (sbatch -q).")
+@click.option("--constraint", "-C", default=None, help="Node features (sbatch -C), e.g. 'h200&ib'.")
+@click.option("--mem", default=None, help="Memory per node (sbatch --mem), e.g. 512G.")
+@click.option("--reservation", default=None, help="Reservation (sbatch --reservation).")
+@click.option("--dependency", "-d", default=None, help="Dependency (sbatch -d), e.g. afterok:1234.")
+@click.option("--signal", default=None, help="Signal before the time limit (sbatch --signal), e.g. B:USR1@120.")
+@click.option("--requeue", is_flag=True, help="Requeue after node failure or preemption (sbatch --requeue).")
+@click.option("--sbatch", "sbatch_opts", multiple=True, metavar="--OPTION[=VALUE]",
               help="Any other sbatch option as one #SBATCH line; repeatable.")
-@_option("--mail-type", default=None, help="Mail the efficiency report, e.g. END.")
-@_option("--mail-user", default=None, help="Address for --mail-type.")
-@_option("--tune", default=None, help="Node tuning, e.g. governor=performance,swappiness=10.")
-@_option("--malloc", type=click.Choice(["jemalloc", "tcmalloc", "none"]), default=None,
+@click.option("--mail-type", default=None, help="Mail the efficiency report, e.g. END.")
+@click.option("--mail-user", default=None, help="Address for --mail-type.")
+@click.option("--tune", default=None, help="Node tuning, e.g. governor=performance,swappiness=10.")
+@click.option("--malloc", type=click.Choice(["jemalloc", "tcmalloc", "none"]), default=None,
               help="Preload this allocator into every task (found on the node; default: the site's malloc.default).")
-@_option("--mps", is_flag=True, help="Per-job MPS daemon (--mps-share PCT: its active thread percentage).")
-@_option("--mps-share", default=None, metavar="PCT",
+@click.option("--mps", is_flag=True, help="Per-job MPS daemon (--mps-share PCT: its active thread percentage).")
+@click.option("--mps-share", default=None, metavar="PCT",
               help="MPS default active thread percentage 1-100 (implies --mps; --mps=PCT works too).")
-@_option("--mig", default=None, help="Per-job MIG layout per GPU, e.g. 3g.71gb+3g.71gb.")
-@_option("--gpu-isolation", is_flag=True, help="Each rank sees only its own GPU.")
-@_option("--exclusive", is_flag=True, help="Hold the nodes exclusively (needed for node tuning/MIG).")
-@_option("--python", default=None,
+@click.option("--mig", default=None, help="Per-job MIG layout per GPU, e.g. 3g.71gb+3g.71gb.")
+@click.option("--gpu-isolation", is_flag=True, help="Each rank sees only its own GPU.")
+@click.option("--exclusive", is_flag=True, help="Hold the nodes exclusively (needed for node tuning/MIG).")
+@click.option("--python", default=None,
               help="Interpreter for a .py SCRIPT or -m (default: $GSRUN_PYTHON, the active venv/conda env, "
                    "python3 on PATH).")
-@_option("--module", "-m", default=None, metavar="MODULE", help="Run <python> -m MODULE ARGS.")
-@_option("--launcher", type=click.Choice(["torchrun"]), default=None,
+@click.option("--module", "-m", default=None, metavar="MODULE", help="Run <python> -m MODULE ARGS.")
+@click.option("--launcher", type=click.Choice(["torchrun"]), default=None,
               help="One torchrun per node starting the GPU workers (each still bound by gsrun-bind).")
-@_option("--dry-run", is_flag=True, help="Print the sbatch script; submit nothing.")
-@_option("--wait", is_flag=True, help="Follow the job, stream its output, exit with its exit code.")
+@click.option("--dry-run", is_flag=True, help="Print the sbatch script; submit nothing.")
+@click.option("--wait", is_flag=True, help="Follow the job, stream its output, exit with its exit code.")
 @click.argument("words", nargs=-1, type=click.UNPROCESSED, metavar="SCRIPT [ARGS]... | -m MODULE [ARGS]... | -- CMD [ARGS]...")
 @click.pass_context
 def cli(ctx, gpus, nodes, gpus_per_node, time_, partition, job_name, output, cpus_per_task, account, qos,
@@ -213,12 +163,9 @@ def cli(ctx, gpus, nodes, gpus_per_node, time_, partition, job_name, output, cpu
     validate_site(site)
     extra = tuple(parse_sbatch_option(o) for o in sbatch_opts)
     if tune:
-        from gsrun.request.tune import parse_tune_request
         parse_tune_request(tune)
     mps_value = None
     if mps_share is not None:
-        from gsrun.request.mps_share import parse_mps_share
-
         pct = parse_mps_share(mps_share, "--mps", phase="submit")   # --mps=N or --mps-share N
         if pct is None:
             raise InputError("submit", "bad active thread percentage", "--mps-share=''",
@@ -227,11 +174,8 @@ def cli(ctx, gpus, nodes, gpus_per_node, time_, partition, job_name, output, cpu
     elif mps:
         mps_value = ""
     if mig:
-        from gsrun.request.mig_layout import parse_layout
         mig = cfg["mig.layouts"].get(mig, mig)
         parse_layout(mig)
-    from gsrun.request.malloc import malloc_env, parse_malloc
-
     allocator = parse_malloc(malloc) if malloc is not None else (cfg["malloc.default"] or None)
     alloc_env = malloc_env(allocator, cfg["malloc.jemalloc_conf"], cfg["malloc.tcmalloc_env"]) if allocator else ()
     if cpus_per_task is not None and not 1 <= cpus_per_task <= 4096:
@@ -269,9 +213,6 @@ def cli(ctx, gpus, nodes, gpus_per_node, time_, partition, job_name, output, cpu
     if dry_run:
         click.echo(text, nl=False)
         return 0
-    from gsrun.base.paths import Paths
-    from gsrun.wrapper.submit import follow, live_alerts, submit
-
     job_id = submit(text, cwd=os.getcwd())
     how = f"{n_nodes} node(s) x {gpn} GPUs" + (" (one torchrun per node)" if launcher else "")
     click.echo(f"gsrun: submitted job {job_id}: {gpus} GPUs on {how}", err=True)
@@ -285,8 +226,6 @@ def cli(ctx, gpus, nodes, gpus_per_node, time_, partition, job_name, output, cpu
 
 
 def gpus_per_node_from_cluster(partition):
-    from gsrun.facts.slurm import gpus_per_node
-
     return gpus_per_node(partition)
 
 
@@ -308,8 +247,6 @@ def _default_name(what: str) -> str:
     base = os.path.basename(what.rstrip("/")) or "gsrun"
     name = base.translate(_CONTROL_TO_UNDERSCORE)[:128]
     if any(0xd800 <= ord(c) <= 0xdfff for c in name) or "hetjob" in name.lower() or "packjob" in name.lower():
-        import re
-
         name = re.sub(r"[^A-Za-z0-9_.+-]", "_", name.encode("utf-8", "surrogateescape").decode("ascii", "replace"))
         name = name.lower().replace("hetjob", "job").replace("packjob", "job")
     return name or "gsrun"

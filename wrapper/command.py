@@ -4,23 +4,18 @@
 Decided at submit time on the submitting host: the job's nodes may have
 another ``PATH``, so every interpreter is an absolute path here. Nothing
 here reaches a shell: the argv is quoted by the template.
-
-Every ``gsrun`` imports this module: no ``dataclasses``, ``shutil`` or regex
-compiled at import (:mod:`gsrun.base.exe` finds executables).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from gsrun.base.errors import InputError
 from gsrun.base.exe import which
-from gsrun.base.frozen import Frozen
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
 
 # control characters -> "?" (a newline would end the script's comment line)
 _CONTROL_TO_QMARK = {**{c: "?" for c in range(0x20)}, 0x7f: "?"}
@@ -33,10 +28,10 @@ _LAUNCHER_MODULES = {"torch.distributed.run": "torchrun", "torch.distributed.lau
                      "accelerate.commands.accelerate_cli": "accelerate launch"}
 
 
-class Python(Frozen):
+@dataclass(frozen=True, slots=True)
+class Python:
     """The interpreter a ``.py`` SCRIPT or ``-m MODULE`` runs with, and why."""
 
-    __slots__ = ("path", "why")
     path: str
     why: str
 
@@ -107,7 +102,6 @@ def torch_warning(python: str) -> str | None:
     """A warning when ``python`` is gsrun's own installation and cannot import torch."""
     if not is_gsrun_own(python):
         return None
-    import importlib.util
 
     if importlib.util.find_spec("torch") is not None:
         return None

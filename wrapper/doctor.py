@@ -15,12 +15,15 @@ spool) is reported as ``fail: timed out`` and the others still run.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
+import re
 import shutil
 import socket
 import stat
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -28,10 +31,20 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from gsrun.request.config import Config, SETTINGS, load_config
+import gsrun
 from gsrun.base.errors import GsrunError
+from gsrun.facts.cgroup import read_mounts
 from gsrun.facts.hostfs import HostFS
 from gsrun.facts.nvml import NvmlUnavailable, is_na, open_nvml
+from gsrun.facts.slurm import expand_hostlist, parse_gres_count, parse_oneliner
+from gsrun.facts.topology import read_topology
+from gsrun.node.tuning import (DMA_LATENCY, HugepagesKnob, IRQ, NODE, PCI, bracket_word, governor_cpus, idle_states,
+                               irqbalance_check, irqbalance_policy_script, pids_by_comm, read_meminfo_kb, read_swaps,
+                               thp_dir)
+from gsrun.report.retention import oldest_age_days
+from gsrun.request.config import Config, SETTINGS, load_config
+from gsrun.spank_py.build import read_build_info
+from gsrun.wrapper.install import detect_slurm_version, parse_slurm_conf
 
 STATUSES = ("ok", "warn", "fail", "n/a")
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -162,10 +175,6 @@ def world_usable(path: str) -> str | None:
 def check_install(ctx: Context) -> Check:
     """gsrun's Python must be usable by every job user (tasks run gsrun-bind,
     users run gsrun/gseff): a venv made from root's pyenv under /root is not."""
-    import sys
-
-    import gsrun
-
     py = ctx.environ.get("GSRUN_DOCTOR_PYTHON") or sys.executable
     pkg = os.path.join(os.path.dirname(gsrun.__file__), "__init__.py")
     blocked = world_usable(py) or (None if os.stat(pkg).st_mode & 0o004 else pkg)
@@ -251,8 +260,6 @@ def check_nvml(ctx: Context) -> Check:
 
 
 def check_gpus(ctx: Context) -> Check:
-    from gsrun.facts.topology import read_topology
-
     try:
         nv = ctx.nvml()
     except NvmlUnavailable:
@@ -292,8 +299,6 @@ def parse_gres_conf(text: str, node: str | None) -> list[str]:
     as Slurm does (hostlist syntax: :func:`gsrun.facts.slurm.expand_hostlist`);
     a File= that does not expand is kept as written, so the device check
     reports it. Pure."""
-    from gsrun.facts.slurm import expand_hostlist
-
     files: list[str] = []
     for line in (text or "").splitlines():
         line = line.split("#", 1)[0].strip()
@@ -320,8 +325,6 @@ def check_slurm_gres(ctx: Context) -> Check:
     """Slurm's view of this node's GPUs: ``scontrol -o show node <node>``
     (``Gres=gpu:N``) and the gres.conf device files (``/dev/nvidiaN`` must be
     NVIDIA character devices, major 195)."""
-    from gsrun.facts.slurm import parse_gres_count, parse_oneliner
-
     node = ctx.node or ctx.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
     cp = ctx.cmd(["scontrol", "-o", "show", "node", node])
     if cp is None or cp.returncode != 0 or not cp.stdout.strip():
@@ -365,8 +368,6 @@ def check_slurm_gres(ctx: Context) -> Check:
 
 
 def check_cpufreq(ctx: Context) -> Check:
-    from gsrun.node.tuning import governor_cpus
-
     cpus = governor_cpus(ctx.hostfs)
     if not cpus:
         return _c("cpufreq", "n/a", "not supported here (no cpufreq/scaling_governor: VM or driver off)",
@@ -382,8 +383,6 @@ def check_cpufreq(ctx: Context) -> Check:
 
 
 def check_swap(ctx: Context) -> Check:
-    from gsrun.node.tuning import read_meminfo_kb, read_swaps
-
     swaps = read_swaps(ctx.hostfs)
     sw = ctx.hostfs.read_int("proc/sys/vm/swappiness")
     if swaps is None:
@@ -397,8 +396,6 @@ def check_swap(ctx: Context) -> Check:
 
 
 def check_thp(ctx: Context) -> Check:
-    from gsrun.node.tuning import bracket_word, thp_dir
-
     d = thp_dir(ctx.hostfs)
     en = ctx.hostfs.read(f"{d}/enabled")
     de = ctx.hostfs.read(f"{d}/defrag")
@@ -412,8 +409,6 @@ def check_thp(ctx: Context) -> Check:
 def check_cstate(ctx: Context) -> Check:
     """``cstate=``: switchable idle states (``cpuN/cpuidle/stateK/disable``, their
     ``name`` and exit ``latency`` in us, cpu0's shown) and ``/dev/cpu_dma_latency``."""
-    from gsrun.node.tuning import DMA_LATENCY, idle_states
-
     h = ctx.hostfs
     st = idle_states(h)
     hold = h.exists(DMA_LATENCY)
@@ -440,8 +435,6 @@ def check_irq(ctx: Context) -> Check:
     and irqbalance: started with gsrun's policy script (``tuning.irqbalance_policy_script``,
     its ``-l``/``--policyscript=``), ``irq=local`` bans and pins the IRQs; otherwise the
     prolog refuses ``irq=local`` while it runs."""
-    from gsrun.node.tuning import IRQ, PCI, irqbalance_check, irqbalance_policy_script
-
     h = ctx.hostfs
     irqs = [n for n in h.listdir(IRQ) if n.isdigit()]
     if not irqs:
@@ -480,8 +473,6 @@ def check_irq(ctx: Context) -> Check:
 def check_hugepages(ctx: Context) -> Check:
     """``hugepages=``: page sizes per NUMA node with their pool and free counts
     (``nodeN/hugepages/hugepages-<kB>kB/{nr,free}_hugepages``)."""
-    from gsrun.node.tuning import NODE, HugepagesKnob
-
     h = ctx.hostfs
     pools = HugepagesKnob().read(h)
     if not pools:
@@ -505,8 +496,6 @@ MEMLOCK_LIMIT_RE = r"^Max locked memory\s+(\S+)\s+(\S+)\s+bytes"
 def parse_memlock(limits_text: str | None) -> tuple[str, str] | None:
     """(soft, hard) of the ``Max locked memory`` line of ``/proc/<pid>/limits``:
     a byte count or ``unlimited``; None when the line is absent. Pure."""
-    import re
-
     m = re.search(MEMLOCK_LIMIT_RE, limits_text or "", re.M)
     return (m.group(1), m.group(2)) if m else None
 
@@ -527,9 +516,6 @@ def check_memlock(ctx: Context) -> Check:
     """Pinned memory for jobs: slurmd's own ``RLIMIT_MEMLOCK`` (``/proc/<pid>/limits``
     of the process named ``slurmd``: what its jobs inherit unless Slurm propagates the
     submitting shell's) and slurm.conf's ``PropagateResourceLimits[Except]``."""
-    from gsrun.node.tuning import pids_by_comm
-    from gsrun.wrapper.install import parse_slurm_conf
-
     h = ctx.hostfs
     pids = pids_by_comm(h, "slurmd")
     lim = parse_memlock(h.read(f"proc/{pids[0]}/limits")) if pids else None
@@ -588,8 +574,6 @@ def _slurm_cgroup_dirs(fs: HostFS, base: str, max_depth: int = 3) -> list[str]:
 
 
 def check_cgroup(ctx: Context) -> Check:
-    from gsrun.facts.cgroup import read_mounts
-
     m = read_mounts(ctx.hostfs)
     if m.version is None:
         return _c("cgroup", "warn", "no cgroup mount visible in /proc/self/mountinfo",
@@ -671,7 +655,6 @@ def find_spank_so(ctx: Context) -> str | None:
     if ctx.spank_so:
         return ctx.spank_so
     conf = Path(ctx.slurm_conf or ctx.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf")
-    from gsrun.wrapper.install import parse_slurm_conf
 
     try:
         ps = parse_slurm_conf(conf.read_text()).get("plugstackconfig")
@@ -691,16 +674,11 @@ def find_spank_so(ctx: Context) -> str | None:
             if len(w) >= 2 and w[0] in ("required", "optional") and w[1].endswith("gsrun_spank.so"):
                 return w[1]
             if len(w) >= 2 and w[0] == "include":
-                import glob
-
                 todo += [Path(x) for x in sorted(glob.glob(w[1]))[:16]]
     return None
 
 
 def check_spank(ctx: Context) -> Check:
-    from gsrun.wrapper.install import detect_slurm_version
-    from gsrun.spank_py.build import read_build_info
-
     so = find_spank_so(ctx)
     sv = detect_slurm_version(run=ctx.run)
     running = sv.version if sv else None
@@ -792,8 +770,6 @@ def check_retention(ctx: Context) -> Check:
     ``spool.retention_days`` (gsrun-node prune is not running) or the spool's
     filesystem is over :data:`SPOOL_MAX_USED_PCT` % full; ``n/a`` without a
     spool or ``jobs/`` yet."""
-    from gsrun.report.retention import oldest_age_days
-
     _, spool = ctx.paths()
     days = ctx.cfg["spool.retention_days"]
     if not Path(spool, "jobs").is_dir():

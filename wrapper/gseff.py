@@ -17,15 +17,22 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
+from dataclasses import asdict
 
 import click
 
-from gsrun.request.config import load_config
-from gsrun.base.errors import GsrunError, InputError, run_cli
+from gsrun.base.errors import GsrunError, InputError, SlurmError, run_cli
 from gsrun.base.fsutil import read_json
-from gsrun.base.paths import Paths
-from gsrun.report.units import fmt_duration_s, fmt_gib, fmt_pct
 from gsrun.base.ids import check_job_id
+from gsrun.base.paths import Paths
+from gsrun.facts.live import read_live_docs
+from gsrun.report import accounting
+from gsrun.report.live import live_summary, live_text
+from gsrun.report.render import render_png, render_text
+from gsrun.report.summary import decode_js1, job_summary
+from gsrun.report.units import fmt_duration_s, fmt_gib, fmt_pct
+from gsrun.request.config import load_config
 
 
 def load_summary(paths: Paths, job_id: str, cfg=None) -> dict:
@@ -50,12 +57,9 @@ def load_summary(paths: Paths, job_id: str, cfg=None) -> dict:
     if summary is None:
         # a running job: the samplers' live files (gsrun.facts.live), merged with the
         # node summaries already final, through the finished job's code (gsrun.report.live)
-        from gsrun.facts.live import read_live_docs
 
         live = read_live_docs(d)
         if live:
-            from gsrun.report.live import live_summary
-
             finished = [s for s in (read_json(p) for p in files.values()) if s and s.get("kind") == "node"]
             running = live_summary(job_id, live, finished, cfg)
             if running is not None:
@@ -72,7 +76,6 @@ def load_summary(paths: Paths, job_id: str, cfg=None) -> dict:
             raise InputError("gseff", "no report for job", job_id,
                              hint="the job may still be pending, belong to another user, or have run on a "
                                   "cluster whose spool is not shared with this host")
-        from gsrun.report.summary import job_summary
         base = summary["job"] if summary else {"id": job_id, "nodes": sorted(n["node"] for n in nodes),
                                                 "state": "RUNNING or unmerged"}
         summary = job_summary(base, nodes)
@@ -107,12 +110,6 @@ def load_accounting(job_id: str, timeout_s: float = 15.0) -> dict:
         InputError: the job is not in the accounting database.
         SlurmError: sacct missing / accounting disabled / slurmdbd unreachable.
     """
-    from dataclasses import asdict
-
-    from gsrun.report import accounting
-    from gsrun.base.errors import SlurmError
-    from gsrun.report.summary import decode_js1
-
     try:
         eff = accounting.sacct_efficiency(job_id, timeout_s)
     except SlurmError as e:
@@ -212,7 +209,6 @@ def cli(job_id, as_json, plot, all_gpus, from_sacct, watch, spool_dir):
         click.echo(report_text(summary, cfg, all_gpus, sys.stdout.isatty() and not os.environ.get("NO_COLOR")),
                    nl=False)
     if plot:
-        from gsrun.report.render import render_png
         png = render_png(summary)
         if png is None:
             raise InputError("gseff", "no plot", "no GPU timeline in this job (or matplotlib missing)")
@@ -225,14 +221,8 @@ def cli(job_id, as_json, plot, all_gpus, from_sacct, watch, spool_dir):
 def report_text(summary: dict, cfg, all_gpus: bool = False, color: bool = False, now: float | None = None) -> str:
     """The text report; a running job's starts with its live lines (how old
     the figures are, alerts, the idle-cancel decision)."""
-    import time
-
-    from gsrun.report.render import render_text
-
     head = ""
     if summary.get("live"):
-        from gsrun.report.live import live_text
-
         head = live_text(summary, time.time() if now is None else now)
     return head + render_text(summary, color=color, cfg=cfg, all_gpus=all_gpus)
 
@@ -245,8 +235,6 @@ def watch_job(paths: Paths, job_id: str, cfg, all_gpus: bool = False, out=None, 
     ended: its node summaries or job summary are there), then print that
     final report. A job with no report yet (pending, prolog running) is
     waited for. Reads only the spool: no Slurm RPC."""
-    import time
-
     out = out or sys.stdout
     sleep = sleep or time.sleep
     tty = out.isatty()

@@ -29,23 +29,30 @@ apart; :func:`run` ties them together for the CLI.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Callable
 
-from gsrun.request.config import DEFAULT_CONFIG_PATH, SETTINGS, Config, load_config, render_commented_config
+import gsrun.epilog
 from gsrun.base.errors import InputError, NodeError
-from gsrun.base.templating import render
 from gsrun.base.fsutil import atomic_write, ensure_dir
 from gsrun.base.paths import DEFAULT_STATE_DIR
 from gsrun.base.proc import ROOT_CWD, root_python
+from gsrun.base.templating import render
+from gsrun.node.tuning import IRQ_BAN_DIR
+from gsrun.request.config import (Config, DEFAULT_CONFIG_PATH, SETTINGS, _toml_value, load_config,
+                                  render_commented_config)
+from gsrun.wrapper import hook_client
 from gsrun.wrapper.node_entry import hook_argv
 
 PHASE = "install"
@@ -213,14 +220,11 @@ class Installation:
 def find_installation(python: str = sys.executable) -> Installation:
     """Where this gsrun lives: ``<dir of python>/gsrun-node`` and the hook files
     next to the ``gsrun.prolog`` / ``gsrun.epilog`` packages."""
-    import gsrun.epilog
     import gsrun.prolog
 
     bindir = Path(python).parent
     node = bindir / "gsrun-node"
     if not node.exists():
-        import shutil
-
         found = shutil.which("gsrun-node")
         node = Path(found) if found else node
     dirs = {"prolog": Path(gsrun.prolog.__file__).parent, "epilog": Path(gsrun.epilog.__file__).parent}
@@ -391,8 +395,8 @@ def render_hook(gsrun_node: str, command: str, config_path: str | None, log_file
     when given (slurmctld does not pass it to EpilogSlurmctld, whose
     ``scontrol`` calls then fail on a cluster with a non-default slurm.conf),
     ``GSRUN_STATE_DIR`` for a non-default ``state_dir`` (the epilog finds the
-    job's sampler socket and the hooks their config cache there before the
-    config is read: without it they look in the built-in directory).
+    job's sampler socket there before the config is read: without it it looks
+    in the built-in directory).
     ``via_agent``: ``(client, socket)``: the command goes through the node
     agent's client ``gsrun-hook`` (:mod:`gsrun.wrapper.hook_client`), which runs
     it itself when no agent listens on ``socket``."""
@@ -426,8 +430,6 @@ def render_config_reference() -> str:
     """docs/CONFIG.md: every key of :data:`gsrun.request.config.SETTINGS` with its type,
     default, allowed values, whether ``[partition.<name>]`` may override it,
     and its meaning. Pure; ``gsrun-node config reference`` prints it."""
-    from gsrun.request.config import _toml_value
-
     def typename(t) -> str:
         ts = t if isinstance(t, tuple) else (t,)
         names = {int: "integer", float: "number", bool: "boolean", str: "string", list: "list", dict: "table"}
@@ -472,7 +474,6 @@ def config_text(state_dir: str | None = None, spool_dir: str | None = None) -> s
         set_["mps_dir"] = os.path.join(state_dir, "mps")
     if spool_dir:
         set_["spool_dir"] = _check_plain(spool_dir, "spool dir")
-    import json
 
     for key, value in set_.items():
         text = re.sub(rf"^# {key} = .*$", f"{key} = {json.dumps(value)}", text, count=1, flags=re.M)
@@ -711,8 +712,6 @@ def _install_hook_client(hooks_dir: str, agent_socket: str, print_only: bool,
     """Build ``gsrun-hook`` into ``hooks_dir`` (step 3) -> ``(client, socket)``
     for :func:`render_hook`, or None (no compiler: the hooks run on their own,
     as they do wherever the agent is not running)."""
-    from gsrun.wrapper import hook_client
-
     client = os.path.join(hooks_dir, hook_client.CLIENT_NAME)
     if print_only:
         out(f"would build {client} (the node agent's client; needs cc)")
@@ -729,10 +728,6 @@ def _install_hook_client(hooks_dir: str, agent_socket: str, print_only: bool,
 
 def _install_irqbalance_script(opts: InstallOptions, cfg: Config, out: Callable[[str], None]) -> int:
     """Step 7: write ``templates/irqbalance-policy.sh`` (root 0755) and print the option."""
-    from importlib import resources
-
-    from gsrun.node.tuning import IRQ_BAN_DIR
-
     script = _check_plain(os.path.abspath(opts.irqbalance_script or cfg["tuning.irqbalance_policy_script"]),
                           "irqbalance script path")
     out("\n## 7. irqbalance policy script (optional: irq=local while irqbalance runs)")

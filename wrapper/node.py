@@ -16,6 +16,25 @@ import sys
 import click
 
 from gsrun.base.errors import GsrunError
+from gsrun.base.fsutil import read_json
+from gsrun.base.log import JobLog
+from gsrun.base.paths import Paths
+from gsrun.bind import plan as binding
+from gsrun.epilog import ctld
+from gsrun.epilog.ctld_start import detach
+from gsrun.facts import topology as topo
+from gsrun.facts.hostfs import HostFS
+from gsrun.facts.hwloc_xml import read_topology_xml
+from gsrun.node import mig as migmod, mps, tuning
+from gsrun.node.live import job_fields_from_record, read_job_record
+from gsrun.node.mig_nvml import RealMig
+from gsrun.node.sampler import run_sampler, sampler_pid_alive
+from gsrun.prolog.main import run
+from gsrun.report import alerts, mail, retention
+from gsrun.request.config import idle_config, load_config
+from gsrun.spank_py import build
+from gsrun.wrapper import agent as agentmod, doctor as doc, hook_client, install as inst
+from gsrun.wrapper.install import render_config_reference
 
 HOST_ROOT = click.option("--host-root", default=None, envvar="GSRUN_HOST_ROOT",
                          help="Read/write /proc and /sys under DIR (a recorded or fake tree).")
@@ -35,7 +54,6 @@ def cli():
 @click.option("--dry-run", is_flag=True, help="Print the plan; change nothing.")
 def prolog(host_root, state_dir, spool_dir, dry_run):
     """Slurm Prolog: tune, MPS/MIG, start the sampler."""
-    from gsrun.prolog.main import run
     return run(os.environ, host_root, state_dir, spool_dir, dry_run=dry_run)
 
 
@@ -58,10 +76,7 @@ def epilog(host_root, state_dir, spool_dir):
 def epilog_ctld(spool_dir, wait_s, foreground):
     """EpilogSlurmctld: merge node summaries, job report, queue mail."""
     if foreground:
-        from gsrun.epilog import ctld
-
         return ctld.run(os.environ, spool_dir, wait_s)
-    from gsrun.epilog.ctld_start import detach
 
     return detach(os.environ, spool_dir, wait_s)
 
@@ -78,8 +93,6 @@ def epilog_ctld(spool_dir, wait_s, foreground):
 @click.option("--max-samples", type=int, default=None)
 def sampler(job_id, uid, node, gpus, host_root, state_dir, spool_dir, interval_s, max_samples):
     """The per-job sampler (started by the prolog as ``python -m gsrun.node.sampler``)."""
-    from gsrun.node.sampler import run_sampler
-
     return run_sampler(job_id, uid, node, gpus, host_root, state_dir, spool_dir, interval_s, max_samples)
 
 
@@ -91,11 +104,6 @@ def sampler(job_id, uid, node, gpus, host_root, state_dir, spool_dir, interval_s
 def restore(host_root, state_dir, job_id, all_jobs):
     """Undo node changes from the journals (idempotent): tuning, MPS daemons,
     MIG layouts. Progress goes to stderr, the JSON result to stdout."""
-    from gsrun.node import mps, tuning
-    from gsrun.request.config import load_config
-    from gsrun.facts.hostfs import HostFS
-    from gsrun.base.paths import Paths
-
     if not job_id and not all_jobs:
         raise click.UsageError("give --job ID or --all")
     cfg = load_config()
@@ -118,7 +126,6 @@ def restore(host_root, state_dir, job_id, all_jobs):
         mig_jobs = [j for j in mig_jobs if j == job_id]
     if mig_jobs and hostfs.is_real:
         from gsrun.node import mig
-        from gsrun.node.mig_nvml import RealMig
 
         out["mig"] = {j: mig.epilog_restore(RealMig(), str(paths.state_dir / "jobs"), j, log=log)
                       for j in mig_jobs}
@@ -134,13 +141,6 @@ def status(host_root, state_dir, as_json):
     """What is changed on this node and by which job, and the job samplers.
     Text by default; ``--json`` prints ``{"tuning": tuning.status(...),
     "samplers": {job: {"pid", "running"}}}``."""
-    from gsrun.node import tuning
-    from gsrun.request.config import load_config
-    from gsrun.base.fsutil import read_json
-    from gsrun.facts.hostfs import HostFS
-    from gsrun.base.paths import Paths
-    from gsrun.node.sampler import sampler_pid_alive
-
     cfg = load_config()
     paths = Paths.from_config(cfg, state_dir)
     out = {"tuning": tuning.status(HostFS.from_env(host_root), str(paths.state_dir)), "samplers": {}}
@@ -167,14 +167,8 @@ def status(host_root, state_dir, as_json):
               help="An hwloc XML export (lstopo --of xml) instead of this host.")
 def topology(host_root, topology_xml):
     """A table like `nvidia-smi topo -m` plus the binding gsrun would choose."""
-    from gsrun.bind import plan as binding
-    from gsrun.facts import topology as topo
-    from gsrun.facts.hostfs import HostFS
-
     env = dict(os.environ)
     if topology_xml:
-        from gsrun.facts.hwloc_xml import read_topology_xml
-
         t = read_topology_xml(topology_xml)
         hostfs = HostFS.from_env(None, {})
         allowed = list(t.cpus_online)
@@ -198,9 +192,6 @@ def mig():
 @HOST_ROOT
 def mig_plan(gpu, layout, host_root):
     """Print the MIG plan for LAYOUT on GPU (read-only NVML calls)."""
-    from gsrun.node import mig as migmod
-    from gsrun.facts.hostfs import HostFS
-
     click.echo(migmod.cli_plan(gpu, layout, HostFS.from_env(host_root)))
     return 0
 
@@ -215,7 +206,6 @@ def spank():
 @click.option("--slurm-include", default=None, type=click.Path(file_okay=False, exists=True),
               help="Include dir holding slurm/spank.h (default: /usr/include, /usr/local/include).")
 def spank_build(out_dir, slurm_include):
-    from gsrun.spank_py import build
     click.echo(str(build.build(out_dir, slurm_include=slurm_include)))
     return 0
 
@@ -226,7 +216,6 @@ def spank_build(out_dir, slurm_include):
 @click.option("--plugstack", default="/etc/slurm/plugstack.conf.d/gsrun.conf")
 @click.option("--arg", "args", multiple=True, help="key=value plugstack argument.")
 def spank_install(so_path, dest_dir, plugstack, args):
-    from gsrun.spank_py import build
     kv: dict = {}
     for a in args:
         if "=" not in a:
@@ -252,8 +241,6 @@ def agent():
               help="The node's state directory (default /run/gsrun).")
 def agent_run(socket_path, state_dir):
     """Serve hooks until SIGTERM (SIGHUP: re-execute, e.g. after an upgrade)."""
-    from gsrun.wrapper import agent as agentmod
-
     sys.exit(agentmod.run(socket_path, state_dir))
 
 
@@ -261,8 +248,6 @@ def agent_run(socket_path, state_dir):
 @click.option("--out-dir", default=".", type=click.Path(file_okay=False))
 def agent_build(out_dir):
     """Compile the hooks' client OUT_DIR/gsrun-hook (needs cc)."""
-    from gsrun.wrapper import hook_client
-
     click.echo(str(hook_client.build(out_dir)))
     return 0
 
@@ -276,10 +261,6 @@ def mail_group():
 @SPOOL_DIR
 def mail_flush(spool_dir):
     """Deliver queued report mails (with retry); safe to run concurrently."""
-    from gsrun.report import mail
-    from gsrun.request.config import load_config
-    from gsrun.base.paths import Paths
-
     cfg = load_config()
     paths = Paths.from_config(cfg, None, spool_dir)
     alerts = _alerts_to_mail(paths, cfg)
@@ -296,10 +277,6 @@ def _alerts_to_mail(paths, cfg) -> dict | None:
     is no alert spool yet. A failure here never stops the report mail."""
     if not (paths.spool_dir / "alerts").is_dir():
         return None
-    from gsrun.base.log import JobLog
-    from gsrun.node.live import job_fields_from_record, read_job_record
-    from gsrun.report import alerts
-    from gsrun.request.config import idle_config
 
     log = JobLog(None, "alerts")
     try:
@@ -321,10 +298,6 @@ def _alerts_to_mail(paths, cfg) -> dict | None:
 def prune(spool_dir, older_than, dry_run, force, as_json):
     """Remove old job directories of the spool (and delivered/failed mails of
     the same age). Safe while hooks run: see gsrun.report.retention."""
-    from gsrun.report import mail, retention
-    from gsrun.request.config import load_config
-    from gsrun.base.paths import Paths
-
     cfg = load_config()
     paths = Paths.from_config(cfg, None, spool_dir)
     days = older_than if older_than is not None else cfg["spool.retention_days"]
@@ -357,8 +330,6 @@ def config_group():
 @click.option("--partition", default=None)
 def config_check(path, partition):
     """Parse the site config strictly and show the effective policy."""
-    from gsrun.request.config import load_config
-
     cfg = load_config(path)
     click.echo(f"# {cfg.source}: OK")
     parts = [partition] if partition else [None, *sorted(cfg.partitions)]
@@ -372,8 +343,6 @@ def config_check(path, partition):
 @config_group.command("reference")
 def config_reference():
     """Print the configuration reference (docs/CONFIG.md) generated from the settings table."""
-    from gsrun.wrapper.install import render_config_reference
-
     click.echo(render_config_reference(), nl=False)
     return 0
 
@@ -404,8 +373,6 @@ def config_reference():
 def install(print_only, config_path, state_dir, spool_dir, layout, hooks_dir, log_file, units_dir, prolog_d,
             epilog_d, no_measure, irqbalance_script, no_agent):
     """Create gsrun's directories and site config; print the slurm.conf lines."""
-    from gsrun.wrapper import install as inst
-
     opts = inst.InstallOptions(print_only=print_only, config_path=config_path, state_dir=state_dir,
                                spool_dir=spool_dir, layout=layout, hooks_dir=hooks_dir, log_file=log_file, units_dir=units_dir,
                                prolog_d=prolog_d, epilog_d=epilog_d, measure=not no_measure,
@@ -424,9 +391,6 @@ def install(print_only, config_path, state_dir, spool_dir, layout, hooks_dir, lo
 @click.option("--check", "only", multiple=True, help="Run only this check (repeatable).")
 def doctor(host_root, state_dir, spool_dir, as_json, config_path, node, spank_so, only):
     """Check what this node can do for gsrun; exit 1 if a check fails."""
-    from gsrun.wrapper import doctor as doc
-    from gsrun.facts.hostfs import HostFS
-
     ctx = doc.Context(HostFS.from_env(host_root), config_path=config_path, state_dir=state_dir,
                       spool_dir=spool_dir, node=node, slurm_conf=os.environ.get("SLURM_CONF"), spank_so=spank_so)
     checks = doc.run_all(ctx, list(only) or None)

@@ -31,7 +31,10 @@ prolog, ``--dry-run``; ``epilog-ctld`` takes ``--spool-dir`` only (its
 from __future__ import annotations
 
 import os
+import shlex
 import sys
+
+import gsrun
 
 HOOKS = ("prolog", "epilog", "epilog-ctld")
 # ``python3 -I -S -c HOOK_BOOTSTRAP <site-packages> <command>`` (also spelled out in the shipped
@@ -46,8 +49,6 @@ def hook_argv(command: str, python: str | None = None) -> list[str] | None:
     the hook then runs ``gsrun-node``. Only for a venv (``pyvenv.cfg``) that
     holds gsrun: a system-wide install may have its dependencies in another
     site directory."""
-    import gsrun
-
     site_dir = os.path.dirname(os.path.dirname(os.path.abspath(gsrun.__file__)))
     prefix = os.path.abspath(sys.prefix)
     if not (os.path.isfile(os.path.join(site_dir, "gsrun", "prolog", "main.py"))
@@ -97,8 +98,6 @@ def hook_command(command: str, gsrun_node: str) -> str:
     """The shell words a hook ``exec``s: :func:`hook_argv`, else ``gsrun_node command``
     (an editable install). ``python -m gsrun.wrapper.node_entry --hook-command CMD GSRUN_NODE``
     prints it for scripts that write hooks (tests/cluster/up, tests/gpu/cluster/up)."""
-    import shlex
-
     return shlex.join(hook_argv(command) or [gsrun_node, command])
 
 
@@ -141,6 +140,9 @@ def _site_when_needed() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     _site_when_needed()
+    # after the site directory is set up: gsrun's dependencies (click) may be reachable only from there
+    from gsrun.base.errors import GsrunError, exit_now
+
     argv = sys.argv[1:] if argv is None else list(argv)
     a = parse_hook_args(argv)
     if a is None:
@@ -148,7 +150,6 @@ def main(argv: list[str] | None = None) -> None:
 
         click_main(argv)
         return
-    from gsrun.base.errors import GsrunError, exit_now
 
     try:
         if a["phase"] == "prolog":

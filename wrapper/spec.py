@@ -1,26 +1,21 @@
 """The job spec: everything ``gsrun`` was asked, validated, as an immutable
-:class:`~gsrun.base.frozen.Frozen` value.
+frozen dataclass.
 
 click only parses flags into a :class:`JobSpec`; :func:`gsrun.wrapper.render.render_script`
 turns a spec into sbatch text (pure) and :mod:`gsrun.wrapper.submit` submits it.
 
-Every ``gsrun`` imports this module: no ``dataclasses`` and no regex compiled at
-import (the allow-lists below are pattern text, compiled and cached by ``re``
-on their first check; most runs check two or three of them).
+The allow-lists below are pattern text, compiled and cached by ``re`` on
+their first check.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from gsrun.base.errors import InputError
-from gsrun.base.frozen import Frozen
 from gsrun.base.ids import is_partition
-from gsrun.request.malloc import ALLOCATORS, LIB_DIRS
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from gsrun.request.malloc import Allocator
+from gsrun.request.malloc import ALLOCATORS, Allocator, LIB_DIRS
 
 JOB_NAME_MAX = 256
 # allow-lists (pattern text, used with re.match / re.search)
@@ -78,63 +73,50 @@ _PLAIN_WORD = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz012
 SBATCH_OPT_RE = r"(?s)^--([a-z][a-z0-9-]{0,63})(?:=(.*))?\Z"
 
 
-class JobSpec(Frozen):
+@dataclass(frozen=True, slots=True)
+class JobSpec:
     """What to submit. ``command`` is the argv each task runs (after
     ``gsrun-bind --``); every element reaches the task literally. Fields as
     annotated below, in constructor order (keyword or positional); the first
     five have no default.
     """
 
-    __slots__ = ("gpus", "nodes", "gpus_per_node", "command", "job_name", "partition", "time", "output",
-                 "cpus_per_task", "mail_type", "mail_user", "tune", "mps", "mig", "gpu_isolation", "exclusive",
-                 "bind_exe", "nccl_env", "mps_dir", "extra_env", "account", "qos", "constraint", "mem",
-                 "reservation", "dependency", "signal", "requeue", "sbatch_options", "launcher", "python",
-                 "python_why", "malloc", "malloc_env", "malloc_lib_dirs", "cuda_alloc_conf")
-    _defaults = {
-        "partition": None, "time": None, "output": None, "cpus_per_task": None, "mail_type": None,
-        "mail_user": None, "tune": None, "mps": None, "mig": None, "gpu_isolation": False, "exclusive": False,
-        "bind_exe": "gsrun-bind", "nccl_env": (), "mps_dir": "/run/gsrun/mps", "extra_env": (),
-        "account": None, "qos": None, "constraint": None, "mem": None, "reservation": None, "dependency": None,
-        "signal": None, "requeue": False, "sbatch_options": (), "launcher": None, "python": None,
-        "python_why": None, "malloc": None, "malloc_env": (), "malloc_lib_dirs": LIB_DIRS,
-        "cuda_alloc_conf": None,
-    }
     gpus: int
     nodes: int
     gpus_per_node: int
     command: tuple[str, ...]
     job_name: str
-    partition: str | None
-    time: str | None
-    output: str | None
-    cpus_per_task: int | None
-    mail_type: str | None
-    mail_user: str | None
-    tune: str | None
-    mps: str | None                 # "" = default percentage, "50" = 50 %
-    mig: str | None
-    gpu_isolation: bool
-    exclusive: bool
-    bind_exe: str
-    nccl_env: tuple[tuple[str, str], ...]
-    mps_dir: str
-    extra_env: tuple[tuple[str, str], ...]
-    account: str | None
-    qos: str | None
-    constraint: str | None
-    mem: str | None
-    reservation: str | None
-    dependency: str | None
-    signal: str | None
-    requeue: bool
-    sbatch_options: tuple[tuple[str, str | None], ...]   # (--sbatch) name without --, value
-    launcher: str | None            # None: one task per GPU; "torchrun": one task per node
-    python: str | None              # the interpreter chosen at submit (None: a CMD after --)
-    python_why: str | None          # why that one (the script says it in a comment)
-    malloc: str | None              # "jemalloc" | "tcmalloc": preloaded, found on the node at run time
-    malloc_env: tuple[tuple[str, str], ...]   # MALLOC_CONF or TCMALLOC_* (gsrun.request.malloc)
-    malloc_lib_dirs: tuple[str, ...]          # where the job script looks for the library
-    cuda_alloc_conf: str | None     # PYTORCH_CUDA_ALLOC_CONF (site), None: unset
+    partition: str | None = None
+    time: str | None = None
+    output: str | None = None
+    cpus_per_task: int | None = None
+    mail_type: str | None = None
+    mail_user: str | None = None
+    tune: str | None = None
+    mps: str | None = None  # "" = default percentage, "50" = 50 %
+    mig: str | None = None
+    gpu_isolation: bool = False
+    exclusive: bool = False
+    bind_exe: str = "gsrun-bind"
+    nccl_env: tuple[tuple[str, str], ...] = ()
+    mps_dir: str = "/run/gsrun/mps"
+    extra_env: tuple[tuple[str, str], ...] = ()
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    mem: str | None = None
+    reservation: str | None = None
+    dependency: str | None = None
+    signal: str | None = None
+    requeue: bool = False
+    sbatch_options: tuple[tuple[str, str | None], ...] = ()  # (--sbatch) name without --, value
+    launcher: str | None = None  # None: one task per GPU; "torchrun": one task per node
+    python: str | None = None  # the interpreter chosen at submit (None: a CMD after --)
+    python_why: str | None = None  # why that one (the script says it in a comment)
+    malloc: str | None = None  # "jemalloc" | "tcmalloc": preloaded, found on the node at run time
+    malloc_env: tuple[tuple[str, str], ...] = ()  # MALLOC_CONF or TCMALLOC_* (gsrun.request.malloc)
+    malloc_lib_dirs: tuple[str, ...] = LIB_DIRS  # where the job script looks for the library
+    cuda_alloc_conf: str | None = None  # PYTORCH_CUDA_ALLOC_CONF (site), None: unset
 
     @property
     def allocator(self) -> Allocator | None:

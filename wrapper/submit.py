@@ -6,9 +6,11 @@ import os
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from gsrun.base.errors import SlurmError
 from gsrun.base.ids import check_job_id
+from gsrun.facts.live import read_live_docs
 from gsrun.facts.slurm import ENDED_HELD_STATES, TERMINAL_STATES, parse_exit_code, run_slurm, show_job, state_word
 
 
@@ -74,10 +76,6 @@ def live_alerts(spool_dir, job_id: str) -> list[str]:
     spool (``<spool>/jobs/<id>/user-live-<node>.json``, readable by the
     job's user: :mod:`gsrun.facts.live`); [] when the spool is not visible
     from here. File reads only: no Slurm RPC."""
-    from pathlib import Path
-
-    from gsrun.facts.live import read_live_docs
-
     lines: list[str] = []
     try:
         docs = read_live_docs(Path(spool_dir) / "jobs" / check_job_id(job_id, array=True))

@@ -8,11 +8,9 @@ Pure functions. The kernel writes lists in ``/sys/devices/system/node/node*/cpul
 
 from __future__ import annotations
 
-from gsrun.base.errors import InputError
+from collections.abc import Iterable
 
-TYPE_CHECKING = False   # not `collections` (~1 ms: every bound step formats CPU lists)
-if TYPE_CHECKING:
-    from collections.abc import Iterable
+from gsrun.base.errors import InputError
 
 MAX_CPUS = 1 << 16  # bound on CPU ids we accept from any input
 #: Most CPU ids one list may name, its ranges counted before they are expanded

@@ -7,6 +7,11 @@ error into an exit status.
 
 from __future__ import annotations
 
+import os
+import sys
+
+import click
+
 
 class GsrunError(Exception):
     """Base class. Raised with the phase (``bind``, ``prolog``, ``submit`` ...),
@@ -59,10 +64,6 @@ def run_cli(command, prog_name: str, argv=None, *, fast_exit: bool = False) -> N
     ``fast_exit``: a command that returned ends by :func:`exit_now` (no
     interpreter teardown): only for a command that leaves no thread, no
     ``atexit`` handler and no file open for writing behind it."""
-    import sys
-
-    import click
-
     try:
         rc = command.main(args=argv, prog_name=prog_name, standalone_mode=False)
     except GsrunError as e:
@@ -88,9 +89,6 @@ def exit_now(rc: int) -> None:
     process as at any exit. For callers whose files are closed by then
     (:func:`gsrun.base.fsutil.atomic_write`) and who registered no ``atexit``
     handler (gsrun registers none)."""
-    import os
-    import sys
-
     for f in (sys.stdout, sys.stderr):
         if f is None:       # started with that fd closed (cron, `>&-`): nothing to flush
             continue

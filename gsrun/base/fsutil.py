@@ -7,15 +7,15 @@ after creation (owner, mode, not a link).
 
 from __future__ import annotations
 
+import fcntl
+import json
 import os
+import shutil
 import stat
 import time
+from pathlib import Path
 
 from gsrun.base.errors import NodeError
-
-TYPE_CHECKING = False   # pathlib is imported where a Path is made (the hooks' import time)
-if TYPE_CHECKING:
-    from pathlib import Path
 
 
 def atomic_write(path: str | os.PathLike, data: str | bytes, mode: int = 0o644,
@@ -85,8 +85,6 @@ def atomic_write(path: str | os.PathLike, data: str | bytes, mode: int = 0o644,
 
 def json_text(obj) -> str:
     """How gsrun writes a JSON file: compact, sorted keys, one trailing newline."""
-    import json     # here, not at import: the epilog's first process takes only flock_within
-
     return json.dumps(obj, separators=(",", ":"), sort_keys=True) + "\n"
 
 
@@ -113,8 +111,6 @@ def flock_within(fd: int, timeout_s: float, poll_s: float = 0.005) -> bool:
     Raises:
         OSError: ``flock`` refused for another reason (``ENOLCK``: a file
             system without locks)."""
-    import fcntl
-
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -159,8 +155,6 @@ def read_own_file(path: str, max_bytes: int) -> bytes | None:
 
 def read_json(path) -> dict | None:
     """JSON object from ``path`` (no symlink followed), or None if absent/corrupt."""
-    import json
-
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:
@@ -191,8 +185,6 @@ def ensure_dir(path: str | os.PathLike, mode: int, uid: int = 0, gid: int = 0,
             planted there ahead of us), or it is owned by another user
             (without ``replace_planted``), or it cannot be created.
     """
-    from pathlib import Path
-
     path = Path(path)
     for attempt in range(2):
         try:
@@ -264,8 +256,6 @@ def unlink_names(directory: str | os.PathLike, names) -> list[str]:
 def remove_tree(path: str | os.PathLike) -> None:
     """``rm -rf`` without following symlinks (a link inside is unlinked, its
     target is left alone)."""
-    import shutil
-
     p = os.fspath(path)
     try:
         st = os.lstat(p)
@@ -281,8 +271,6 @@ def publish_once(path: str | os.PathLike, data: bytes, mode: int = 0o600) -> boo
     """Write ``path`` atomically unless it exists: a staged file is hard-linked
     to the name (``link`` fails when the name exists, on every node of a
     shared spool). Returns True when this call published it."""
-    from pathlib import Path
-
     path = Path(path)
     stage = path.with_name(f".stage.{path.name}.{os.getpid()}.{os.urandom(4).hex()}")
     atomic_write(stage, data, mode)

@@ -26,6 +26,8 @@ usual shape ``gsrun: <phase>: bad <what>: <repr of the value>`` plus a hint;
 
 from __future__ import annotations
 
+import re
+
 from gsrun.base.errors import InputError
 
 # Compiled on first use (module ``__getattr__``): the Slurm hooks check job ids
@@ -44,7 +46,6 @@ def __getattr__(name: str):
     ``PARTITION_RE``: the compiled patterns (``re.Pattern``), compiled once."""
     if name not in _PATTERNS:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import re
 
     pat = globals()[name] = re.compile(_PATTERNS[name])
     return pat

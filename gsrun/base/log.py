@@ -20,6 +20,7 @@ Steps (begin/end lines, budgets, fault injection) are run by
 from __future__ import annotations
 
 import os
+import re
 import sys
 import syslog
 import time
@@ -39,8 +40,6 @@ def safe_text(text, limit: int = MAX_LINE) -> str:
     ``\\xNN``/``\\uNNNN`` escapes; cut at ``limit`` characters."""
     s = str(text)
     if not (s.isascii() and s.isprintable()):   # printable ASCII has nothing to escape
-        import re
-
         s = re.sub(_UNSAFE, lambda m: repr(m.group(0))[1:-1], s)
     return s if len(s) <= limit else s[:limit] + f"...[{len(s) - limit} more]"
 
@@ -70,7 +69,6 @@ class JobLog:
         msg = str(msg)
         if "gsrun: " not in msg:
             return msg
-        import re
 
         return re.sub(_ERR_HEADER, lambda m: m.group(1) + ("" if m.group(2) == self.phase
                                                           else m.group(2) + ": "), msg)

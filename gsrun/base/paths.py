@@ -20,16 +20,14 @@ by a fresh root-owned directory (:func:`gsrun.base.fsutil.ensure_dir` with
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
+from gsrun.base.fsutil import ensure_dir
 from gsrun.base.ids import check_job_id
 
-if False:   # annotations only (pathlib is imported where a Path is made)
-    from pathlib import Path
-
 # The built-in defaults of ``paths.state_dir``, ``paths.spool_dir``, ``paths.mps_dir``
-# (:mod:`gsrun.request.config`'s settings table). Here, with ``pathlib`` and the
-# directory helpers imported on first use, because the epilog looks for the job's
-# sampler before it reads any config (:mod:`gsrun.epilog.handoff`).
+# (:mod:`gsrun.request.config`'s settings table). Here because the epilog looks for
+# the job's sampler before it reads any config (:mod:`gsrun.epilog.handoff`).
 DEFAULT_STATE_DIR = "/run/gsrun"
 DEFAULT_SPOOL_DIR = "/var/spool/gsrun"
 DEFAULT_MPS_DIR = "/run/gsrun/mps"
@@ -37,8 +35,6 @@ DEFAULT_MPS_DIR = "/run/gsrun/mps"
 
 class Paths:
     def __init__(self, state_dir: str, spool_dir: str, mps_dir: str):
-        from pathlib import Path
-
         self.state_dir = Path(state_dir)
         self.spool_dir = Path(spool_dir)
         self.mps_dir = Path(mps_dir)
@@ -61,8 +57,6 @@ class Paths:
         Raises:
             NodeError: ``<state_dir>`` or ``<state_dir>/jobs`` is planted or foreign.
         """
-        from gsrun.base.fsutil import ensure_dir
-
         _makedirs_root(self.state_dir, 0o755)
         ensure_dir(self.state_dir / "jobs", 0o700)
         return ensure_dir(self.state_job(job_id), 0o700, replace_planted=True, log=log)
@@ -73,16 +67,12 @@ class Paths:
         Raises:
             NodeError: ``<spool_dir>`` or ``<spool_dir>/jobs`` is planted or foreign.
         """
-        from gsrun.base.fsutil import ensure_dir
-
         _makedirs_root(self.spool_dir, 0o755)
         ensure_dir(self.spool_dir / "jobs", 0o711)
         return ensure_dir(self.spool_job(job_id), 0o755, replace_planted=True, log=log)
 
 
 def _makedirs_root(path: Path, mode: int) -> None:
-    from gsrun.base.fsutil import ensure_dir
-
     if not path.parent.exists():
         path.parent.mkdir(parents=True, mode=0o755, exist_ok=True)
     ensure_dir(path, mode)

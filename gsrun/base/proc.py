@@ -7,12 +7,14 @@ is started by :func:`spawn_detached`."""
 
 from __future__ import annotations
 
+import fcntl
+import json
 import os
+import signal
+import socket
+import subprocess
 import sys
-
-TYPE_CHECKING = False   # not `collections.abc`/`typing` at run time (the hooks' import time)
-if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 # The working directory of every child that root code starts: never the caller's
 # (slurmctld's may be /var/tmp, an admin's /tmp or a shared checkout).
@@ -67,8 +69,6 @@ def spawn_detached(argv: list[str], env: dict, log_fd: int | None = None) -> int
     Raises:
         OSError: the program cannot be started (not found, not executable).
     """
-    import _signal as signal    # the C module (the prolog's import budget): constants only here
-
     warm = _warm_for(argv)
     if warm is not None:
         try:
@@ -81,8 +81,6 @@ def spawn_detached(argv: list[str], env: dict, log_fd: int | None = None) -> int
     else:
         out = None
     if log_fd < 3:          # dup2 onto itself would leave close-on-exec set
-        import fcntl
-
         log_fd = fcntl.fcntl(log_fd, fcntl.F_DUPFD_CLOEXEC, 3)
         own = log_fd
     else:
@@ -141,9 +139,6 @@ class WarmFork:
         Raises:
             OSError: the copy is gone (killed).
         """
-        import json
-        import socket
-
         msg = json.dumps({"module": self.module, "args": list(args), "env": dict(env)}).encode()
         try:
             socket.send_fds(self.sock, [msg], [log_fd] if log_fd is not None else [])
@@ -205,9 +200,6 @@ def run_bounded(argv: Sequence[str], timeout_s: float, input_text: str | None = 
     Raises:
         OSError: the program cannot be started (not found, not executable).
     """
-    import signal
-    import subprocess
-
     p = subprocess.Popen(list(argv), stdin=subprocess.PIPE if input_text is not None else subprocess.DEVNULL,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
                          close_fds=True, cwd=cwd, env=dict(env) if env is not None else None)

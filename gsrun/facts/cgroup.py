@@ -32,6 +32,8 @@ import re
 from collections import deque
 from dataclasses import dataclass, field
 
+import psutil
+
 from gsrun.base.cpulist import parse_cpulist
 from gsrun.base.errors import InputError
 from gsrun.base.ids import check_job_id
@@ -409,8 +411,6 @@ def usage_from_pids(pids) -> CgroupUsage:
     not reaped by a listed process are not counted, so CPU time is a lower
     bound; RSS double-counts shared pages.
     """
-    import psutil
-
     cpu = 0.0
     rss = 0
     seen = gone = 0

@@ -11,16 +11,9 @@ against a fake tree.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from gsrun.base.errors import InputError
-
-TYPE_CHECKING = False   # not `typing`
-if TYPE_CHECKING:
-    from pathlib import Path
-
-# `pathlib` (~3 ms with urllib.parse, ipaddress) is imported only by the
-# methods that hand out a Path: the SPANK plugin reads the topology through
-# this class in every bound step.
 
 ENV_HOST_ROOT = "GSRUN_HOST_ROOT"
 
@@ -83,8 +76,6 @@ class HostFS:
     @property
     def root(self) -> Path:
         """The root as a :class:`~pathlib.Path`."""
-        from pathlib import Path
-
         return Path(self._root)
 
     @property
@@ -103,8 +94,6 @@ class HostFS:
         return os.path.join(self._root, rel)
 
     def path(self, rel: str) -> Path:
-        from pathlib import Path
-
         return Path(self._p(rel))
 
     def readlink(self, rel: str) -> str | None:
@@ -175,6 +164,5 @@ class HostFS:
         p = os.path.join(self._root, "nvml.json")
         if not os.path.isfile(p):
             return None
-        from pathlib import Path
 
         return Path(p)

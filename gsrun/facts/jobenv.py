@@ -22,14 +22,13 @@ before they are expanded.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
 from gsrun.base.errors import InputError
-from gsrun.base.frozen import Frozen, factory
 from gsrun.base.ids import check_job_id, is_digits, is_node_name, is_partition, is_user_name
 from gsrun.facts.slurm import expand_hostlist, parse_tasks_per_node
-
-TYPE_CHECKING = False   # not `collections.abc` at run time (the hooks' import time)
-if TYPE_CHECKING:
-    from collections.abc import Mapping
 
 SPANK_KEYS = ("SPANK_GS_MPS", "SPANK_GS_MIG", "SPANK_GS_TUNE", "SPANK_GS_BIND", "SPANK_GS_REPORT",
               "SPANK_GS_EXCLUSIVE")
@@ -41,7 +40,8 @@ MAX_NODES = 65536          # longest hostlist / cpus-per-node list accepted
 MAX_ENV_LEN = 65536
 
 
-class JobEnv(Frozen):
+@dataclass(frozen=True, slots=True)
+class JobEnv:
     """The validated job context. ``job_id`` str; ``uid``/``gid`` int;
     ``user``, ``node`` str; ``partition`` str or None; ``gpus``: gres indices
     on this node (list of int), None = unknown (never "all"); ``nodelist``:
@@ -49,9 +49,18 @@ class JobEnv(Frozen):
     int); ``cpus_on_node``: int or None; ``spank``: ``SPANK_GS_*`` name ->
     value; ``context``: ``SLURM_SCRIPT_CONTEXT`` or None."""
 
-    __slots__ = ("job_id", "uid", "gid", "user", "node", "partition", "gpus", "nodelist", "cpus_per_node",
-                 "cpus_on_node", "spank", "context")
-    _defaults = {"spank": factory(dict), "context": None}
+    job_id: str
+    uid: int
+    gid: int
+    user: str
+    node: str
+    partition: str | None
+    gpus: list[int] | None
+    nodelist: list[str]
+    cpus_per_node: list[int]
+    cpus_on_node: int | None
+    spank: dict[str, str] = field(default_factory=dict)
+    context: str | None = None
 
     def to_dict(self) -> dict:
         """The fields as a dict (lists and the ``spank`` dict copied), in field order."""
@@ -168,7 +177,6 @@ def hostlist_size_bound(text: str) -> int:
     if "[" not in text and "]" not in text:     # one name per item
         n = text.count(",") + 1
         return n if n <= MAX_NODES else MAX_NODES + 1
-    import re
 
     total = 0
     for item in re.split(r",(?![^\[]*\])", text):
@@ -189,7 +197,6 @@ def _repeat_total(text: str) -> int:
     """Entries ``4(x2),1`` expands to (``SLURM_JOB_CPUS_PER_NODE`` form), unexpanded."""
     if "(" not in (text or ""):                 # one entry per item
         return (text or "").count(",") + 1
-    import re
 
     total = 0
     for m in re.finditer(r"\(x([0-9]{1,12})\)|(?:^|,)[^,(]*(?=,|\Z)", text or ""):

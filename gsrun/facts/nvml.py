@@ -28,14 +28,14 @@ indices (``/dev/nvidiaN`` minor numbers) through ``"minor"`` and
 
 from __future__ import annotations
 
+import copy
+import ctypes
+import json
 import os
 import time
+from dataclasses import dataclass
+from typing import Any
 
-from gsrun.base.frozen import Frozen
-
-TYPE_CHECKING = False   # not `typing` at run time (~2.5 ms on the SPANK and hook paths)
-if TYPE_CHECKING:
-    from typing import Any
 
 # key -> NVML call it stands for (docs and the real backend's dispatch)
 KEYS = {
@@ -68,14 +68,13 @@ KEYS = {
 }
 
 
-class NA(Frozen):
+@dataclass(frozen=True, slots=True)
+class NA:
     """No value: ``reason`` is NVML's text (``"Not Supported"``), ``code`` its
     return code (3 NOT_SUPPORTED, 15 GPU_IS_LOST, 18 LIB_RM_VERSION_MISMATCH)."""
 
-    __slots__ = ("reason", "code")
-    _defaults = {"code": None}
     reason: str
-    code: int | None
+    code: int | None = None
 
     def __bool__(self) -> bool:
         return False
@@ -128,8 +127,6 @@ class FakeNvml(Backend):
 
     def __init__(self, data: dict, clock=time.monotonic, _own: bool = False):
         if not _own:        # the caller's dict is never changed by set()
-            import copy
-
             data = copy.deepcopy(data)
         self.data = data
         self.clock = clock
@@ -142,8 +139,6 @@ class FakeNvml(Backend):
 
     @classmethod
     def from_file(cls, path: str | os.PathLike, clock=time.monotonic) -> "FakeNvml":
-        import json
-
         with open(path, "rb") as f:
             return cls(json.loads(f.read()), clock, _own=True)     # a fresh dict: no copy needed
 
@@ -480,8 +475,6 @@ class RealNvml(Backend):
     def _gi_profiles(self, h):
         """All GPU-instance profiles with their possible placements, in the
         recording's format (read-only; works with MIG disabled)."""
-        import ctypes
-
         nv = self.nv
         out = {}
         for p in range(getattr(nv, "NVML_GPU_INSTANCE_PROFILE_COUNT", 15)):

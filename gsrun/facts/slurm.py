@@ -8,15 +8,14 @@ pyslurm is not used: it cannot be built against Debian's Slurm here.
 from __future__ import annotations
 
 import os
+import re
+import shutil
+import subprocess
+from collections.abc import Mapping, Sequence
 
 from gsrun.base.errors import InputError, SlurmError
 from gsrun.base.ids import check_job_id, is_digits
 from gsrun.base.proc import run_bounded
-
-TYPE_CHECKING = False   # not `typing` at run time (~2.5 ms on the SPANK and hook paths)
-if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
-    import subprocess
 
 # slurmd/slurmctld run hooks with an almost empty environment (no PATH)
 MAX_HOSTS = 100000
@@ -50,9 +49,6 @@ def run_slurm(argv: Sequence[str], timeout_s: float = 15.0, env: Mapping[str, st
         SlurmError: the command is not installed, timed out (slurmctld
             unreachable or wedged), or exited non-zero with ``check``.
     """
-    import shutil
-    import subprocess
-
     path = (env or {}).get("PATH") or os.environ.get("PATH") or DEFAULT_PATH
     exe = shutil.which(argv[0], path=path)
     if exe is None:
@@ -91,8 +87,6 @@ def compress_hostlist(names) -> str:
     ``["gpu01", "gpu02", "gpu03", "gpu07", "login1"]`` -> ``"gpu[01-03,07],login1"``.
     Names ending in digits are grouped by prefix and digit count (zero padding
     kept); others stay as they are. Sorted, duplicates dropped."""
-    import re
-
     groups: dict[tuple[str, int], list[int]] = {}
     plain: list[str] = []
     for n in sorted(set(names)):
@@ -139,7 +133,6 @@ def _split_top(expr: str) -> list[str]:
 def _expand_one(item: str) -> list[str]:
     if "[" not in item:
         return [item]
-    import re
 
     m = re.match(r"^([^\[]*)\[([^\]]+)\](.*)\Z", item)
     if not m:
@@ -197,8 +190,6 @@ def parse_oneliner(text: str) -> dict[str, str]:
     Values may contain spaces (``Reason=Not responding [slurm@...]``,
     ``Comment=a b``): a key starts at a space followed by ``Name=``.
     """
-    import re
-
     text = text.strip()
     out: dict[str, str] = {}
     pos = [m.start() for m in re.finditer(r"(?:^| )([A-Za-z][A-Za-z0-9_:/]*)=", text)]
@@ -220,8 +211,6 @@ def parse_job_record(text: str, job_id: str) -> dict[str, str] | None:
     value is ambiguous). Returns None when the output is not a single record
     of this job. Pure.
     """
-    import re
-
     lines = [ln for ln in (text or "").splitlines() if ln.strip()]
     if len(lines) != 1 or not lines[0].startswith(f"JobId={job_id} "):
         return None
@@ -234,8 +223,6 @@ def parse_job_record(text: str, job_id: str) -> dict[str, str] | None:
 def parse_gres_count(gres: str, name: str = "gpu") -> int:
     """Largest count of ``name`` in a node's gres string (``gpu:4``,
     ``gpu:h200:8(S:0-1)``, ``gpu:a100:2,gpu:v100:1``, ``(null)``) -> total."""
-    import re
-
     total = 0
     for item in _split_top(gres or ""):
         item = re.sub(r"\(.*?\)", "", item.strip())
@@ -294,8 +281,6 @@ def parse_state(text: str | None) -> tuple[str, int | None]:
     ``"CANCELLED by 1000"`` -> ``("CANCELLED", 1000)``, ``"completed"`` ->
     ``("COMPLETED", None)``, ``""``/None -> ``("", None)``. The word is
     upper-cased, not checked against the known states."""
-    import re
-
     words = (text or "").split()
     if not words:
         return "", None
@@ -311,8 +296,6 @@ def state_word(text: str | None) -> str:
 
 def parse_exit_code(text: str) -> tuple[int, int]:
     """``ExitCode=1:0`` -> ``(1, 0)`` (exit status, signal)."""
-    import re
-
     m = re.match(r"^(\d+):(\d+)\Z", (text or "").strip())
     return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
 
@@ -328,7 +311,6 @@ def parse_comment_request(comment: str) -> dict[str, str]:
     out: dict[str, str] = {}
     if "gsrun:" not in (comment or ""):
         return out
-    import re
 
     m = re.search(r"(?:^|\s)gsrun:(\S+)", comment or "")
     if not m:

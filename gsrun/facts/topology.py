@@ -61,16 +61,14 @@ nodes can hold a memory policy and which can hold ranks.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field
 
 from gsrun.base.cpulist import parse_cpulist, words_to_cpus
 from gsrun.base.errors import InputError
-from gsrun.base.frozen import Frozen, factory
 from gsrun.base.ids import is_digits
 from gsrun.facts.hostfs import HostFS, meminfo_kb
-
-TYPE_CHECKING = False   # not `typing`
-if TYPE_CHECKING:
-    from gsrun.facts.nvml import Backend
+from gsrun.facts.nvml import Backend, NvmlUnavailable, is_na, normalize_bus_id, open_nvml
+from gsrun.facts.topo_smi import parse_topo_matrix, run_topo_matrix
 
 # gsrun.facts.nvml (and through it dataclasses, pynvml) is imported where NVML
 # is read, and `re`/`pathlib` not at all on the usual path (string checks
@@ -97,18 +95,16 @@ NODE_DIR = "sys/devices/system/node"
 CPU_DIR = "sys/devices/system/cpu"
 
 
-class NumaNode(Frozen):
+@dataclass(frozen=True, slots=True)
+class NumaNode:
     """``id``; ``cpus`` its online CPUs (``nodeN/cpulist``); ``mem_total_bytes``
     from ``nodeN/meminfo`` (None if absent); ``distances`` node id -> SLIT
     distance (``nodeN/distance``, 10 = local)."""
 
-    __slots__ = ("id", "cpus", "mem_total_bytes", "distances")
-    _defaults = {"mem_total_bytes": None, "distances": factory(dict)}
-    _no_compare = frozenset({"distances"})
     id: int
     cpus: tuple[int, ...]
-    mem_total_bytes: int | None
-    distances: dict[int, int]
+    mem_total_bytes: int | None = None
+    distances: dict[int, int] = field(default_factory=dict, compare=False)
 
     @property
     def has_memory(self) -> bool:
@@ -119,7 +115,8 @@ class NumaNode(Frozen):
         return self.mem_total_bytes != 0
 
 
-class Gpu(Frozen):
+@dataclass(frozen=True, slots=True)
+class Gpu:
     """One physical NVIDIA GPU.
 
     ``pci_bus_id`` is the sysfs form (``0000:3b:00.0``), the key that joins
@@ -132,9 +129,6 @@ class Gpu(Frozen):
     used for NIC closeness.
     """
 
-    __slots__ = ("pci_bus_id", "minor", "nvml_index", "uuid", "name", "numa_node", "numa_source",
-                 "local_cpus", "pci_path")
-    _defaults = {"local_cpus": (), "pci_path": ()}
     pci_bus_id: str
     minor: int | None
     nvml_index: int | None
@@ -142,37 +136,35 @@ class Gpu(Frozen):
     name: str | None
     numa_node: int | None
     numa_source: str
-    local_cpus: tuple[int, ...]
-    pci_path: tuple[str, ...]
+    local_cpus: tuple[int, ...] = ()
+    pci_path: tuple[str, ...] = ()
 
 
-class Nic(Frozen):
+@dataclass(frozen=True, slots=True)
+class Nic:
     """A network device for NCCL. ``kind`` ``"ib"`` (``sys/class/infiniband``,
     RoCE included) or ``"eth"``; ``name`` the HCA (``mlx5_0``) or interface;
     ``netdevs`` its interface names; ``numa_node`` None when unknown (-1)."""
 
-    __slots__ = ("name", "kind", "numa_node", "pci_bus_id", "netdevs", "pci_path")
-    _defaults = {"netdevs": (), "pci_path": ()}
     name: str
     kind: str
     numa_node: int | None
     pci_bus_id: str | None
-    netdevs: tuple[str, ...]
-    pci_path: tuple[str, ...]
+    netdevs: tuple[str, ...] = ()
+    pci_path: tuple[str, ...] = ()
 
 
-class Topology(Frozen):
+@dataclass(frozen=True, slots=True)
+class Topology:
     """Everything the binding plan needs. ``notes`` explain how facts were
     found (``"NVML unavailable: LIBRARY_NOT_FOUND"``...)."""
 
-    __slots__ = ("cpus_online", "cores", "nodes", "gpus", "nics", "notes")
-    _defaults = {"nics": (), "notes": ()}
     cpus_online: tuple[int, ...]
     cores: tuple[tuple[int, ...], ...]
     nodes: tuple[NumaNode, ...]
     gpus: tuple[Gpu, ...]
-    nics: tuple[Nic, ...]
-    notes: tuple[str, ...]
+    nics: tuple[Nic, ...] = ()
+    notes: tuple[str, ...] = ()
 
     def node(self, node_id: int) -> NumaNode | None:
         for n in self.nodes:
@@ -327,7 +319,6 @@ def _bus_id(text: str) -> str:
     module for a name already in sysfs form."""
     if is_bdf(text):
         return text
-    from gsrun.facts.nvml import normalize_bus_id
 
     return normalize_bus_id(text)
 
@@ -352,8 +343,6 @@ def _sysfs_gpu_bdfs(fs: HostFS) -> list[str]:
 
 def _nvml_gpus(nv: Backend) -> dict[str, dict]:
     """bus id -> {nvml_index, uuid, name, minor, affinity} from NVML."""
-    from gsrun.facts.nvml import is_na
-
     out: dict[str, dict] = {}
     for i in range(nv.count()):
         bus = nv.get(i, "pci_bus_id")
@@ -378,7 +367,6 @@ def read_gpus(fs: HostFS, nodes: list[NumaNode], cpus: list[int], nvml: Backend 
     online = set(cpus)
     smi_rows = {}
     if smi_text:
-        from gsrun.facts.topo_smi import parse_topo_matrix
         try:
             smi_rows = {r.index: r for r in parse_topo_matrix(smi_text).gpus}
         except InputError as e:
@@ -538,8 +526,6 @@ def read_topology(fs: HostFS, nvml: Backend | None | bool | str = True,
                             gpus=tuple(gpus), nics=tuple(read_nics(fs)), notes=tuple(notes))
         nvml = True
 
-    from gsrun.facts.nvml import Backend, NvmlUnavailable, open_nvml
-
     backend: Backend | None = None
     if nvml is True:
         try:
@@ -552,7 +538,6 @@ def read_topology(fs: HostFS, nvml: Backend | None | bool | str = True,
         smi_text = fs.read("nvidia-smi-topo.txt")
     gpus, gnotes = read_gpus(fs, nodes, cpus, backend, smi_text)
     if fs.is_real and smi_text is None and len(nodes) > 1 and any(g.numa_node is None for g in gpus):
-        from gsrun.facts.topo_smi import run_topo_matrix
         text = run_topo_matrix()
         if text:
             gpus, gnotes = read_gpus(fs, nodes, cpus, backend, text)

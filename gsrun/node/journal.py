@@ -40,11 +40,12 @@ from __future__ import annotations
 import os
 import stat
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from gsrun.base.errors import NodeError
 from gsrun.base.fsutil import atomic_write_json, flock_within, read_json
-from gsrun.base.frozen import Frozen
+from gsrun.facts.hostfs import HostFS
 
 FORMAT = 2
 HEADER = "journal"
@@ -57,8 +58,6 @@ def boot_id(hostfs=None) -> str | None:
     """This boot's id (``/proc/sys/kernel/random/boot_id`` under ``hostfs``'s
     root; the live host when ``None``), or ``None`` when it cannot be read."""
     if hostfs is None:
-        from gsrun.facts.hostfs import HostFS
-
         hostfs = HostFS("/")
     try:
         v = hostfs.read(BOOT_ID)
@@ -67,13 +66,17 @@ def boot_id(hostfs=None) -> str | None:
     return v.strip() or None if v else None
 
 
-class Loaded(Frozen):
+@dataclass(frozen=True, slots=True)
+class Loaded:
     """A journal as read: ``data`` (the owner's fields, without the header),
     ``format`` (2, or 1 for a journal of an older release), ``boot_id`` it
     was written in (``None``: unknown), ``earlier_boot`` (True when that boot
     is known and is not this one)."""
 
-    __slots__ = ("data", "format", "boot_id", "earlier_boot")
+    data: dict
+    format: int
+    boot_id: str | None
+    earlier_boot: bool
 
 
 class Journal:

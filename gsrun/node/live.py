@@ -38,12 +38,18 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 from pathlib import Path
 
+from gsrun.base.errors import SlurmError
 from gsrun.base.fsutil import atomic_write, publish_once, read_json
 from gsrun.base.ids import check_job_id, is_node_name
+from gsrun.base.log import JobLog
+from gsrun.base.proc import ROOT_CWD, root_child_env, root_python
 from gsrun.facts.live import LIVE_PREFIX, LIVE_VERSION, queue_alert
+from gsrun.facts.slurm import parse_job_record, run_slurm
+from gsrun.request.waste import all_idle_since, cancel_decision
 
 MAX_ALERT_LINES = 16             # alert lines kept in the live file (one per GPU and kind at most)
 STALE_FACTOR = 3.0               # another node's live file older than this x live.flush_s: its GPUs count unknown
@@ -159,10 +165,6 @@ def job_idle_since(mine: float | None, others: list[dict | None], now: float, st
 def kick_mail_flush() -> None:
     """Start ``gsrun-node mail flush`` detached (it handles alert requests
     first); never blocks the sampler."""
-    import subprocess
-
-    from gsrun.base.proc import ROOT_CWD, root_child_env, root_python
-
     try:
         subprocess.Popen(root_python("-m", "gsrun.wrapper.node", "mail", "flush"), stdin=subprocess.DEVNULL,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
@@ -174,9 +176,6 @@ def kick_mail_flush() -> None:
 
 def run_scancel(job_id: str, timeout_s: float) -> tuple[bool, str]:
     """``scancel <job_id>`` once, no shell, bounded. -> (ok, detail)."""
-    from gsrun.base.errors import SlurmError
-    from gsrun.facts.slurm import run_slurm
-
     check_job_id(job_id, array=True)
     try:
         cp = run_slurm(["scancel", job_id], timeout_s, check=False)
@@ -189,9 +188,6 @@ def run_scancel(job_id: str, timeout_s: float) -> tuple[bool, str]:
 
 def read_job_record(job_id: str, timeout_s: float) -> dict | None:
     """``scontrol -o show job <id>`` parsed (forged duplicate fields dropped), or None."""
-    from gsrun.base.errors import SlurmError
-    from gsrun.facts.slurm import parse_job_record, run_slurm
-
     try:
         cp = run_slurm(["scontrol", "-o", "show", "job", check_job_id(job_id, array=True)], timeout_s,
                        check=False)
@@ -234,8 +230,6 @@ class LiveActions:
         self._scancel = scancel or (lambda j: run_scancel(j, command_timeout_s))
         self._kick = kick or kick_mail_flush
         if log is None:
-            from gsrun.base.log import JobLog
-
             log = JobLog(job_id, "sampler")
         self.log = log
         self.last_write: float | None = None
@@ -291,7 +285,6 @@ class LiveActions:
         ws = _watches(state)
         if not ws or self.idle_cfg is None:
             return None
-        from gsrun.request.waste import all_idle_since
 
         since = all_idle_since(ws)
         return None if since is None else float(state["start_time"]) + float(since)
@@ -368,7 +361,6 @@ class LiveActions:
             self.job = job_fields_from_record(self._job_record(self.job_id))
         if self.job is None:
             return False     # exemptions unknown: never cancel on unknowns
-        from gsrun.request.waste import cancel_decision
 
         t0 = float(state["start_time"])     # the detector's frame: seconds since the sampler started
         action, reason = cancel_decision(cfg, self.job, since - t0, now - t0)

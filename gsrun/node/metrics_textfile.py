@@ -4,8 +4,7 @@ textfile collector (``--collector.textfile.directory``).
 When the site sets ``[metrics] textfile_dir``, the sampler writes
 ``<textfile_dir>/gsrun_job_<jobid>.prom`` at each state flush
 (``sampler.flush_s``) and the epilog removes it. The file is the Prometheus
-text format, built by ``prometheus_client`` (imported here lazily: only the
-sampler's export path loads it, never a hook) and written atomically (a temp
+text format, built by ``prometheus_client``, and written atomically (a temp
 file in the same directory, then ``rename``; mode 0644): node_exporter never
 reads half a file (no ``fsync``: the file is rewritten every flush and
 worth nothing after a crash). The temp file's name (``.gsrun_job_<jobid>.prom.<pid>.<hex>``)
@@ -41,9 +40,13 @@ it is left out when there is no detector state for the GPU.
 from __future__ import annotations
 
 import os
+import pwd
 import re
 import sys
 from typing import NamedTuple
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from gsrun.base.fsutil import atomic_write, unlink_names
 from gsrun.base.ids import JOB_ID_RE, check_job_id
@@ -207,9 +210,6 @@ def render(samples: list[Sample]) -> bytes:
     """The Prometheus text exposition of ``samples`` (``prometheus_client``:
     its escaping of label values and float format). Families with no sample
     are not written."""
-    from prometheus_client import CollectorRegistry, generate_latest
-    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
     families = []
     for fam, help_text, *_ in GAUGES:
         families.append(GaugeMetricFamily(fam, help_text))
@@ -233,7 +233,6 @@ def user_label(uid: int | None) -> str:
     digits (as :func:`gsrun.facts.jobenv.job_from_env` does), else ``""``."""
     if uid is None:
         return ""
-    import pwd
 
     try:
         return pwd.getpwuid(uid).pw_name

@@ -30,11 +30,12 @@ from pathlib import Path
 from typing import Callable
 
 from gsrun.base.errors import InputError, NodeError
-from gsrun.base.ids import check_job_id, is_job_id
 from gsrun.base.fsutil import ensure_dir
+from gsrun.base.ids import check_job_id, is_job_id
+from gsrun.facts.nvml import NA, open_nvml
 from gsrun.node.journal import Journal
+from gsrun.node.mig_nvml import CODE_TEXT, MigBackend, MigNvmlError, RealMig, parse_placement
 from gsrun.request.mig_layout import format_layout, parse_layout
-from gsrun.node.mig_nvml import CODE_TEXT, MigBackend, MigNvmlError, parse_placement
 
 JOURNAL_NAME = "mig.json"
 JOURNAL_VERSION = 1
@@ -648,8 +649,6 @@ def cli_plan(gpu_index: int, layout: str, hostfs=None, named: dict[str, str] | N
     mode = None
     name = None
     if mig_backend is None and hostfs is not None and not hostfs.is_real:
-        from gsrun.facts.nvml import NA, open_nvml
-
         nv = open_nvml(hostfs)
         raw = nv.get(gpu_index, "gpu_instance_profiles")
         if isinstance(raw, NA):
@@ -660,8 +659,6 @@ def cli_plan(gpu_index: int, layout: str, hostfs=None, named: dict[str, str] | N
         name = None if isinstance(n, NA) else n
     else:
         if mig_backend is None:
-            from gsrun.node.mig_nvml import RealMig
-
             mig_backend = RealMig()
         try:
             raw = mig_backend.profiles(gpu_index)

@@ -30,6 +30,7 @@ Every failure is a :class:`MigNvmlError` with the NVML return code. Shapes:
 
 from __future__ import annotations
 
+import ctypes
 import json
 from typing import Any
 
@@ -158,7 +159,6 @@ class RealMig(MigBackend):
 
     def _placements(self, gpu: int, h, profile_id: int) -> list[tuple[int, int]]:
         nv = self.nv
-        import ctypes
 
         arr = (nv.c_nvmlGpuInstancePlacement_t * 16)()
         cnt = ctypes.c_uint(16)
@@ -192,7 +192,6 @@ class RealMig(MigBackend):
 
     def _gi_handles(self, gpu: int) -> list:
         nv = self.nv
-        import ctypes
 
         h = self._h(gpu)
         if self.mig_mode(gpu)[0] != 1:
@@ -234,7 +233,6 @@ class RealMig(MigBackend):
 
     def compute_instances(self, gpu: int, gi_id: int) -> list[dict]:
         nv = self.nv
-        import ctypes
 
         gi = self._gi(gpu, gi_id)
         out = []

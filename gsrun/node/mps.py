@@ -41,16 +41,16 @@ from __future__ import annotations
 import os
 import pwd
 import re
+import shutil
 import signal
 import stat
 import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
-if TYPE_CHECKING:     # psutil is imported where it is used (not on the epilog's no-MPS path)
-    import psutil
+import psutil
 
 from gsrun.base.errors import InputError, NodeError
 from gsrun.base.ids import check_job_id
@@ -206,7 +206,6 @@ def _traversable(st: os.stat_result, uid: int, groups: Iterable[int]) -> bool:
 
 
 def _is_mps_process(p: psutil.Process) -> bool:
-    import psutil
     try:
         if p.name().startswith(MPS_NAME_PREFIX):
             return True
@@ -216,7 +215,6 @@ def _is_mps_process(p: psutil.Process) -> bool:
 
 
 def _gone(p: psutil.Process) -> bool:
-    import psutil
     try:
         return not p.is_running() or p.status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
@@ -232,7 +230,6 @@ def _proc_key(p: psutil.Process) -> dict:
 def _recorded(entries: Iterable[dict], uid: int | None) -> list[psutil.Process]:
     """Journal PIDs that are still the same process (creation time equal) and,
     when known, of the job's uid; their descendants too (MPS servers)."""
-    import psutil
     out = []
     for e in entries or ():
         try:
@@ -260,7 +257,6 @@ def find_job_processes(pipe_dir: str, uid: int | None,
     ``pipe_dir`` AND (when ``uid`` is given) its real uid is ``uid``.
     Never by name alone. Reading another user's environ needs root.
     """
-    import psutil
     want = os.path.normpath(pipe_dir)
     found: dict[int, psutil.Process] = {p.pid: p for p in _recorded(recorded, uid)}
     for p in psutil.process_iter():
@@ -419,8 +415,6 @@ def _plain_dir_of(path: str, owners: tuple[int, ...]) -> bool:
 
 
 def _resolve_bin(control_bin: str) -> str:
-    import shutil
-
     if os.path.isabs(control_bin):
         path = control_bin
     else:
@@ -484,7 +478,6 @@ def _launch(binary: str, env: dict, as_user: dict, pipe_dir: str, uid: int,
 def _daemon_processes(pipe_dir: str, uid: int) -> list[psutil.Process]:
     """The control daemon named by the pid file if it checks out (uid, name,
     environ), else whatever :func:`find_job_processes` finds."""
-    import psutil
     pid = _read_pid_file(pipe_dir)
     if pid is not None:
         try:
@@ -510,7 +503,6 @@ def _wait_gone(procs: list[psutil.Process], timeout_s: float) -> list[psutil.Pro
 
 
 def _signal(procs: list[psutil.Process], sig: int) -> list[int]:
-    import psutil
     sent = []
     for p in procs:
         try:

@@ -40,11 +40,13 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import shutil
+import signal
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
+
+import psutil
 
 from gsrun.base.proc import run_bounded
 from gsrun.facts.nvml import NvmlUnavailable, index_by_minor, is_na, normalize_bus_id, open_nvml
@@ -189,8 +191,6 @@ def list_smi(bus_ids: set[str], timeout_s: float = SMI_TIMEOUT_S, exe: str | Non
 
 def proc_facts(pid: int) -> ProcFacts:
     """psutil facts of ``pid`` (root reads any environment)."""
-    import psutil
-
     try:
         p = psutil.Process(pid)
         with p.oneshot():
@@ -256,8 +256,6 @@ def end_processes(pids: list[int], uid: int, term_wait_s: float = TERM_WAIT_S,
     PID is re-checked (still ``uid``) right before it is signalled, through a
     psutil handle (which refuses a PID reused by a new process). Returns
     pid -> ``terminated`` | ``killed`` | ``gone`` | ``survived`` | ``skipped``."""
-    import psutil
-
     procs, res = [], {}
     for pid in pids:
         try:

@@ -34,19 +34,31 @@ per job (the summary then integrates the power samples, marked estimated).
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import select
 import signal
+import sys
 import time
 
-from gsrun.base import pids
+import psutil
 
-from gsrun.facts.aggregate import HIST_EDGES_PCT, Counter, Metric, Timeline
+from gsrun.base import pids
 from gsrun.base.fsutil import atomic_write, read_json
+from gsrun.base.paths import Paths
+from gsrun.facts import cgroup
+from gsrun.facts.aggregate import Counter, HIST_EDGES_PCT, Metric, Timeline
+from gsrun.facts.hostfs import HostFS
+from gsrun.facts.jobenv import parse_gpu_indices
 from gsrun.facts.nvml import GPU_IS_LOST, NA, NOT_SUPPORTED, NvmlUnavailable, index_by_minor, is_na, open_nvml
-from gsrun.facts.sampler_state import STATE_VERSION, GpuRef  # noqa: F401 - STATE_VERSION: the file format, re-exported
+from gsrun.facts.sampler_state import GpuRef, STATE_VERSION
+from gsrun.node import cpu_latency
+from gsrun.node.live import LiveActions
 from gsrun.node.mem_baseline import parse_mem_baseline
+from gsrun.node.metrics_textfile import exporter_from_config
+from gsrun.request.config import idle_config, load_config_or_defaults
+from gsrun.request.waste import GpuWatch, IdleConfig
 
 # NVML clock event (throttle) reason bits -> cause (nvmlClocksEventReason*)
 THROTTLE_CAUSES = {"power": 0x4 | 0x80,        # SwPowerCap | HwPowerBrakeSlowdown
@@ -207,8 +219,6 @@ def state_from_json(d: dict, idle_cfg=None) -> dict:
     st["cpu_timeline"] = Timeline.from_dict(d["cpu_timeline"])
     st["notes"] = list(d.get("notes", []))
     if isinstance(d.get("watch"), list):
-        from gsrun.request.waste import GpuWatch, IdleConfig
-
         cfg = idle_cfg or IdleConfig()
         try:
             st["watch"] = [GpuWatch.from_json(w, cfg) for w in d["watch"]]
@@ -419,8 +429,6 @@ class JobProcs:
         slurmd runs the epilog, after the job's tasks ended (the scan is ~8 ms
         of it on an H200 node; a process started in the last interval and
         never seen is missed)."""
-        import psutil
-
         rss = 0
         current: set[int] = set()
         for key, p in (self._known(psutil) if known_only else self._scan(psutil)):
@@ -517,8 +525,6 @@ class Sampler:
                  state_path: str, interval_s: float, flush_s: float, timeline_points: int = 1000,
                  clock=time.time, sleep=time.sleep, nvml=None, usage=None,
                  mem_baseline: dict[int, int] | None = None, idle=None):
-        from gsrun.request.waste import GpuWatch, IdleConfig
-
         self.hostfs = hostfs
         self.job_id = job_id
         self.uid = uid
@@ -571,7 +577,6 @@ class Sampler:
     def _job_usage(self, final: bool = False):
         if self._usage is not None:
             return self._usage()
-        from gsrun.facts import cgroup
 
         if not self._cg_looked:
             self._cg = cgroup.find_job_cgroup(self.hostfs, self.job_id, self.uid)
@@ -590,8 +595,6 @@ class Sampler:
         if self._usage is not None:
             return None
         if self._cg is not None:
-            from gsrun.facts import cgroup
-
             return set(cgroup.read_pids(self.hostfs, self._cg))
         return set(self.procs.current)
 
@@ -678,7 +681,6 @@ class Sampler:
         if any(n.startswith(f"GPU {ref.gres_index}: energy counter") for n in self.state["notes"]):
             return
         self.state["notes"].append(note)
-        import sys
 
         print(f"gsrun: sampler: job {self.job_id}: warning: {note}", file=sys.stderr, flush=True)
 
@@ -836,21 +838,12 @@ def run_sampler(job_id: str, uid: int, node: str, gpus: str, host_root: str | No
     the node summary there). ``listener``: ``open(state_job_dir) -> fd | None``
     and ``accept() -> bool`` (:class:`gsrun.epilog.handoff.Listener`): the
     loop also stops when ``accept`` takes a connection."""
-    import sys
-
-    from gsrun.base.paths import Paths
-    from gsrun.facts.hostfs import HostFS
-    from gsrun.facts.jobenv import parse_gpu_indices
-    from gsrun.request.config import hook_cache_dir, idle_config, load_config_or_defaults
-
     class _Err:
         @staticmethod
         def error(msg: str) -> None:
             print(msg, file=sys.stderr)
 
-    # the hooks' config cache (the prolog that started this process has just written it): no
-    # TOML parser and no parse at every job's start
-    cfg = load_config_or_defaults(_Err, cache_dir=hook_cache_dir(state_dir))
+    cfg = load_config_or_defaults(_Err)
     paths = Paths.from_config(cfg, state_dir, spool_dir)
     d = paths.make_state_job(job_id)
     s = Sampler(HostFS.from_env(host_root), job_id, uid, node, parse_gpu_indices(gpus) or [],
@@ -858,8 +851,6 @@ def run_sampler(job_id: str, uid: int, node: str, gpus: str, host_root: str | No
                 cfg["sampler.timeline_points"], mem_baseline=parse_mem_baseline(mem_baseline),
                 idle=idle_config(cfg))
     if cfg["metrics.textfile_dir"]:
-        from gsrun.node.metrics_textfile import exporter_from_config
-
         s.export = exporter_from_config(cfg, job_id, uid)
     s.live = _live_actions(cfg, paths, job_id, node, uid, s.idle_cfg)
     held_fd = None
@@ -867,8 +858,6 @@ def run_sampler(job_id: str, uid: int, node: str, gpus: str, host_root: str | No
         s.listen_fd = listener.open(d)
         s.on_listen = listener.accept
     if dma_latency_us is not None:
-        from gsrun.node import cpu_latency
-
         held_fd, note = cpu_latency.hold(s.hostfs, dma_latency_us)   # closed by release() or at exit
         s.state["notes"].append(note)
         print(f"gsrun: sampler: {note}", file=sys.stderr)
@@ -899,8 +888,6 @@ def run_sampler(job_id: str, uid: int, node: str, gpus: str, host_root: str | No
 def _live_actions(cfg, paths, job_id: str, node: str, uid: int, idle_cfg):
     """The sampler's live effects (:class:`gsrun.node.live.LiveActions`) with
     the site's ``[idle]`` policy (``idle_cfg``, the detector's)."""
-    from gsrun.node.live import LiveActions
-
     return LiveActions(paths.spool_dir, job_id, node, uid, idle_cfg, cfg["live.flush_s"],
                        cfg["timeouts.command_s"])
 
@@ -909,8 +896,6 @@ def main(argv: list[str] | None = None, on_done=None, listener=None) -> int:
     """``python -m gsrun.node.sampler --job-id ID --uid N --node NAME [--gpus LIST]
     [--host-root DIR] [--state-dir DIR] [--spool-dir DIR] [--interval-s S] [--max-samples N]
     [--dma-latency-us US]``. ``on_done``, ``listener``: see :func:`run_sampler`."""
-    import argparse
-
     ap = argparse.ArgumentParser(prog="gsrun-sampler")
     ap.add_argument("--job-id", required=True)
     ap.add_argument("--uid", type=int, required=True)

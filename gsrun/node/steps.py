@@ -43,17 +43,14 @@ for the steps that must drain at once (a MIG GPU that cannot be put back).
 
 from __future__ import annotations
 
+import _signal as signal
 import os
 import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
-import _signal as signal   # the C module: signal.py's enums cost every prolog and epilog ~0.4 ms
-
-from gsrun.base.frozen import Frozen, Slotted
 from gsrun.base.log import safe_text
-
-TYPE_CHECKING = False   # not `typing` at run time (the hooks' import time)
-if TYPE_CHECKING:
-    from typing import Callable
+from gsrun.facts.slurm import run_slurm
 
 FAULT_ENV = "GSRUN_FAULT_AT"
 MIN_STEP_S = 0.5
@@ -73,7 +70,8 @@ class NodeUnusable(Exception):
     is 1, so slurmd drains the node. ``str()`` is the reason."""
 
 
-class Step(Frozen):
+@dataclass(frozen=True, slots=True)
+class Step:
     """One row of a hook's table.
 
     ``name``: log and fault-point name (``GSRUN_FAULT_AT=<phase>:<name>``),
@@ -87,26 +85,27 @@ class Step(Frozen):
     text}`` instead of ending the hook (``None``: the hook's).
     """
 
-    __slots__ = ("name", "does", "reserve_s", "fn", "when", "quiet", "catch")
-    _defaults = {"when": None, "quiet": False, "catch": None}
+    name: str
+    does: str
+    reserve_s: float
+    fn: Callable[[Any], Any]
+    when: Callable[[Any], bool] | None = None
+    quiet: bool = False
+    catch: type[BaseException] | tuple[type[BaseException], ...] | None = None
 
 
-class Outcome(Slotted):
+@dataclass(slots=True)
+class Outcome:
     """What :func:`run_steps` did. ``results``: step name -> result (or
     ``{"error": text}``); ``reasons``: why the node needs an admin (drain);
     ``budget_exceeded``: a :data:`SETUP` hook ran out of budget and skipped
     the rest; ``unusable``: the :class:`NodeUnusable` reason, if any; ``rc``:
     the hook's exit status (0, or 1: drain)."""
 
-    __slots__ = ("results", "reasons", "budget_exceeded", "unusable")
-
-    def __init__(self, results: dict | None = None, reasons: list[str] | None = None,
-                 budget_exceeded: bool = False, unusable: str | None = None):
-        self.results = {} if results is None else results
-        self.reasons = [] if reasons is None else reasons
-        self.budget_exceeded = budget_exceeded
-        self.unusable = unusable
-
+    results: dict = field(default_factory=dict)
+    reasons: list[str] = field(default_factory=list)
+    budget_exceeded: bool = False
+    unusable: str | None = None
 
     @property
     def rc(self) -> int:
@@ -220,8 +219,6 @@ def drain_node(node: str, reason: str, log) -> None:
     (bounded, 10 s; the reason on one line, at most 200 characters). Never
     raises: a failed scontrol is logged (the epilog also exits non-zero,
     which drains the node even if this fails)."""
-    from gsrun.facts.slurm import run_slurm
-
     reason = "gsrun: " + " ".join(safe_text(reason).split())[:200]
     log.error(f"draining {node}: {reason}")
     try:

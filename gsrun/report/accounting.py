@@ -22,6 +22,7 @@ the error says so.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -31,8 +32,9 @@ import time
 from pathlib import Path
 
 from gsrun.base.errors import SlurmError
-from gsrun.facts.sacct import SACCT_FORMAT, JobEfficiency, efficiency_from_sacct
+from gsrun.base.fsutil import atomic_write_json, read_own_file
 from gsrun.base.ids import check_job_id
+from gsrun.facts.sacct import JobEfficiency, SACCT_FORMAT, efficiency_from_sacct
 from gsrun.facts.slurm import TERMINAL_STATES, run_slurm, state_word
 
 JS1_RE = re.compile(r"^JS1:[A-Za-z0-9+/]+={0,2}$")
@@ -123,8 +125,6 @@ def config_cached(cache_dir: str, timeout_s: float = 15.0, ttl_s: float = CONFIG
     full = config(timeout_s)
     values = {k: full[k] for k in CONFIG_CACHE_KEYS if k in full}
     if key is not None and len(values) == len(CONFIG_CACHE_KEYS):   # never keep a partial answer
-        from gsrun.base.fsutil import atomic_write_json
-
         try:        # a lost cache only costs the next job one scontrol: no fsync
             atomic_write_json(path, {"key": key, "time": now(), "values": values}, mode=0o600, durable=False)
         except OSError:
@@ -133,10 +133,6 @@ def config_cached(cache_dir: str, timeout_s: float = 15.0, ttl_s: float = CONFIG
 
 
 def _read_config_cache(path: str) -> dict | None:
-    import json
-
-    from gsrun.base.fsutil import read_own_file
-
     raw = read_own_file(path, 1 << 16)
     try:
         got = json.loads(raw) if raw is not None else None

@@ -23,6 +23,7 @@ per request), else the user name; a bare name gets ``@mail.default_domain``.
 
 from __future__ import annotations
 
+import email.utils
 import os
 import time
 from email import policy as email_policy
@@ -31,8 +32,11 @@ from pathlib import Path
 
 from gsrun.base.fsutil import atomic_write_json, read_json
 from gsrun.base.ids import is_job_id, is_user_name
+from gsrun.base.templating import render
 from gsrun.facts.live import ALERT_KINDS, alerts_dir, read_live_docs
 from gsrun.report import mail
+from gsrun.report.live import live_summary
+from gsrun.report.render import render_text
 
 MAX_REQUESTS_PER_RUN = 200
 
@@ -60,10 +64,6 @@ def build_alert(req: dict, to_addr: str, from_addr: str, report_text: str | None
     text/plain (``templates/alert.txt.j2``), headers as the report mail's
     (:func:`gsrun.report.mail.set_text_header`, ``Auto-Submitted``,
     ``X-Gsrun-Job``). Raises :class:`~gsrun.base.errors.InputError` on a bad address."""
-    import email.utils
-
-    from gsrun.base.templating import render
-
     to_spec = mail.validate_addr(to_addr, "recipient address")
     from_spec = mail.validate_addr(from_addr, "sender address (mail.from_addr)")
     job_id = mail.clean_line(req["job_id"], 40)
@@ -165,9 +165,6 @@ def _finish(base: Path, name: str, sub: str, info: dict) -> None:
 
 
 def _report_text(spool_dir, job_id: str, cfg) -> str | None:
-    from gsrun.report.live import live_summary
-    from gsrun.report.render import render_text
-
     live = read_live_docs(Path(spool_dir) / "jobs" / job_id)
     s = live_summary(job_id, live, None, cfg)
     return render_text(s, color=False, cfg=cfg) if s else None

@@ -20,8 +20,9 @@ cpu_bound, mem_overrequest, cpu_idle, cpu_anomaly, nodes_missing).
 
 from __future__ import annotations
 
-from gsrun.request.config import Config, SETTINGS
 from gsrun.report.records import Finding, FindingCode
+from gsrun.report.units import as_number, fmt_bytes_of, fmt_duration_s, fmt_share_pct
+from gsrun.request.config import Config, SETTINGS
 
 _DEFAULTS = {s.key: s.default for s in SETTINGS}
 THROTTLE_FRAC = 0.10        # throttled more than this share of the GPU's time -> finding
@@ -73,7 +74,6 @@ def _waste(waste: list[dict]) -> list[dict]:
     """One finding per kind of waste detected while the job ran (the nodes'
     samplers, :mod:`gsrun.request.waste`), its GPUs grouped, the longest
     stretch in minutes as the value."""
-    from gsrun.report.units import fmt_duration_s
     out = []
     for code, (what, why, action) in WASTE_TEXT.items():
         hits = [w for w in waste if isinstance(w, dict) and w.get("code") == code.value]
@@ -93,7 +93,6 @@ def _waste(waste: list[dict]) -> list[dict]:
 
 
 def _hardware(gpu: dict) -> list[dict]:
-    from gsrun.report.units import fmt_duration_s
     out = []
     for g in gpu["devices"]:
         if g.get("lost_at_s") is not None:
@@ -193,7 +192,6 @@ def shown_findings(summary: dict) -> list[dict]:
     Field case 12 (docs/field-cases.md): a "GPU (nearly) unused" finding
     (:data:`IDLE_CODES`) is dropped when no GPU has a utilization figure
     (MIG), whatever engine stored it."""
-    from gsrun.report.units import as_number
     devs = (summary.get("gpu") or {}).get("devices") or []
     any_util = any(isinstance(d, dict) and as_number(d.get("util_mean_pct")) is not None for d in devs)
     return [f for f in summary.get("findings") or []
@@ -244,7 +242,6 @@ def _span(vals: list[float]) -> str:
     """Integer percent of one value or the range of several: ``98%``, ``33-100%``
     (:func:`gsrun.report.units.fmt_share_pct`: ``0.2%`` for a share above 0 that
     would round to 0)."""
-    from gsrun.report.units import fmt_share_pct
     lo, hi = fmt_share_pct(min(vals)), fmt_share_pct(max(vals))
     return lo if lo == hi else f"{lo[:-1]}-{hi}"
 
@@ -350,7 +347,6 @@ def _time_limit(job: dict, cfg, partition) -> list[dict]:
     pct = 100.0 * elapsed / limit
     if pct >= _t(cfg, "findings.time_limit_used_pct", partition) or limit - elapsed < TIME_SLACK_S:
         return []
-    from gsrun.report.units import fmt_duration_s
     new = fmt_duration_s(_suggest_time_s(elapsed), "clock")
     action = f"ask for less time (--time {new})"
     return [{"code": FindingCode.TIME_LIMIT_HIGH, "severity": "info", "value": round(pct, 1), "action": action,
@@ -389,8 +385,6 @@ def verdicts(summary: dict, cfg: Config | None = None, partition: str | None = N
     (``findings.mem_good_pct`` / ``mem_overrequest_pct``), ``time`` (elapsed
     of the time limit; below 2 x ``findings.time_limit_used_pct``: could be
     better, never wasteful). Empty for a job that did not run."""
-    from gsrun.report.units import fmt_bytes_of, fmt_duration_s, fmt_share_pct
-
     job, gpu, cpu, mem = summary["job"], summary["gpu"], summary["cpu"], summary["memory"]
     if not job.get("elapsed_s") or any(f.get("code") in (FindingCode.NEVER_STARTED, FindingCode.DEFERRED)
                                        for f in summary.get("findings") or []):

@@ -27,11 +27,14 @@ they are current). How each number is computed: :mod:`gsrun.report.summary`.
 from __future__ import annotations
 
 import enum
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from gsrun import SUMMARY_SCHEMA
 from gsrun.base.record import ABSENT, Record, extra_field, field, json_schema
+from gsrun.facts import sampler_state as ss
 
 SCHEMA_BASE = "https://gsrun.invalid/schemas/"
 
@@ -404,8 +407,6 @@ def is_mig(dev) -> bool:
 def all_schemas() -> dict[str, dict]:
     """file stem -> JSON Schema, for ``schemas/<stem>.schema.json`` (with the
     sampler state's, :mod:`gsrun.facts.sampler_state`)."""
-    from gsrun.facts import sampler_state as ss
-
     out = {stem: json_schema(cls, f"{SCHEMA_BASE}{stem}.schema.json", title)
            for stem, (cls, title) in SCHEMAS.items()}
     out["sampler-state"] = json_schema(ss.SamplerState, ss.SCHEMA_ID,
@@ -415,9 +416,6 @@ def all_schemas() -> dict[str, dict]:
 
 def write_schemas(folder) -> list[str]:
     """Write :func:`all_schemas` into ``folder``; returns the paths."""
-    import json
-    from pathlib import Path
-
     paths = []
     for stem, schema in all_schemas().items():
         p = Path(folder) / f"{stem}.schema.json"

@@ -10,12 +10,16 @@ J / Wh / kWh).
 
 from __future__ import annotations
 
+import datetime
 import io
 import re
 import textwrap
 
-from gsrun.report.units import NA, fmt_bytes, fmt_bytes_of, fmt_duration_s, fmt_energy_j, fmt_hours_h, fmt_pct, \
-    fmt_share_pct, fmt_power_w, fmt_time
+from gsrun.facts.slurm import compress_hostlist
+from gsrun.report.findings import headline, shown_findings, verdicts
+from gsrun.report.records import is_mig
+from gsrun.report.units import (NA, fmt_bytes, fmt_bytes_of, fmt_duration_s, fmt_energy_j, fmt_hours_h, fmt_pct,
+                                fmt_power_w, fmt_share_pct, fmt_time)
 
 WRAP_COLS = 76      # every line of the text report (and the mail's text part) fits this width
 VERDICT_COLS = (15, 4, 17)      # label, value, judgement; the detail fills the rest
@@ -31,7 +35,6 @@ _SETTING_WHY = ("refused", "unsupported", "failed", "rolled_back", "skipped")
 
 
 def _util(g) -> str:
-    from gsrun.report.records import is_mig
     return fmt_share_pct(g["util_mean_pct"], na="N/A (MIG)" if is_mig(g) else NA)
 
 
@@ -115,8 +118,6 @@ def settings_lines(summary: dict) -> list[str]:
     :data:`SETTINGS_GROUPS_SHOWN`, the rest counted), and the nodes whose settings
     are unknown. ``[]`` when no node changed or asked for anything (and for
     summaries written before settings were recorded)."""
-    from gsrun.facts.slurm import compress_hostlist
-
     groups = [g for g in summary.get("settings") or () if isinstance(g, dict)]
     if not any(g.get("settings") for g in groups):
         return []
@@ -173,8 +174,6 @@ def render_text(summary: dict, color: bool = False, cfg=None, all_gpus: bool = F
     the job (times, queue wait, time limit, allocation), the GPUs (a block
     each, or a table from 5 GPUs on). ``cfg``: the site config for the
     verdict targets and the URL (None: defaults, no URL)."""
-    from gsrun.report.findings import headline, shown_findings, verdicts
-
     def c(code, s):
         return f"\033[{code}m{s}\033[0m" if color else s
 
@@ -388,7 +387,6 @@ def render_png(summary: dict) -> bytes | None:
         import matplotlib.dates as mdates
     except ImportError:
         return None
-    import datetime
     max_t = max([p[0] for g in devices for pts in g["timeline"].values() for p in pts]
                 + [p[0] for pts in pooled.values() for p in pts], default=0.0)
     start = (summary.get("job") or {}).get("start_time")

@@ -110,8 +110,9 @@ from gsrun.base.record import ABSENT
 from gsrun.facts.aggregate import Counter, Metric
 from gsrun.facts.sampler_state import GpuState, SamplerState
 from gsrun.report import node_end
-from gsrun.report.records import (CpuFigures, GpuFigures, GpuSummary, JobInfo, JobSummary, MemoryFigures,
-                                  NodeDetail, NodeSetting, NodeSummary, SettingsGroup, WasteDetection)
+from gsrun.report.findings import finding_records
+from gsrun.report.records import (CpuFigures, GpuFigures, GpuSummary, JobInfo, JobSummary, MemoryFigures, NodeDetail,
+                                  NodeSetting, NodeSummary, SettingsGroup, WasteDetection)
 
 IDLE_UTIL_PCT = 5.0      # util_idle_frac: share of time below this (a sampler threshold)
 
@@ -422,8 +423,6 @@ def _job_merge(job: dict, nodes: list, cfg, partition: str | None, timeline: Job
     returned record hold them as :class:`GpuSummary` records (else
     ``gpu.devices`` is empty there): :func:`job_summary` of a 4,000-node job
     builds and serialises no 32,000 records."""
-    from gsrun.report.findings import finding_records
-
     nodes = sorted((n.to_json() if isinstance(n, NodeSummary) else n for n in nodes), key=lambda n: n["node"])
     seen = {n["node"] for n in nodes}
     expected = job.get("nodes") or sorted(seen)

@@ -20,6 +20,7 @@ total (:func:`fmt_bytes_of`), clock times :func:`fmt_time`.
 from __future__ import annotations
 
 import math
+import time as _time
 from typing import Literal
 
 NA = "N/A"
@@ -97,7 +98,6 @@ def fmt_time(epoch_s, with_date: bool = True) -> str:
     """An epoch time as this host's local clock time: ``2025-10-09 10:00``
     (``10:00`` without the date). Slurm's StartTime / EndTime / SubmitTime
     are in the controller's local time too."""
-    import time as _time
     f = as_number(epoch_s)
     if f is None or f <= 0:
         return NA

@@ -11,39 +11,25 @@ a value of the wrong type or outside its range, is a :class:`ConfigError`
 naming the key, the value and what is allowed. ``[partition.<name>]`` tables
 override ``tuning.*``, ``mps.*``, ``mig.*`` and ``findings.*`` keys for jobs
 of that partition.
-
-The Slurm hooks and the SPANK plugin in slurmstepd read the parsed file from a cache
-(:func:`load_config_cached` with ``cache_dir``: ``config-cache.marshal`` in
-the state dir, root 0600), valid while the file's device, inode, mtime and
-size are the ones recorded and every value passes the same checks again;
-``tomllib`` is imported only to parse. The cache is :mod:`marshal` data, not
-JSON: ``json`` imports ``re`` and ``enum`` (~8 ms in a fresh interpreter, a
-third of what a bound step's slurmstepd spent in Python); the file is read
-only when owned by this user and not writable by others (as the config file
-itself must be), and no value it holds is used unchecked.
-
-Import cost matters here (every hook and every bound step's slurmstepd reads
-the config): no ``dataclasses``, no regex compiled at import, ``pathlib``,
-``tomllib`` and the checks of other modules imported where they run.
 """
 
 from __future__ import annotations
 
-import marshal
+import json
 import os
+import re
+import tomllib
+from dataclasses import dataclass
+from typing import Any, Callable
 
 from gsrun.base.errors import ConfigError
-from gsrun.base.frozen import Frozen
 from gsrun.base.ids import ALNUM, DIGITS, UPPER, is_chars, is_partition
 from gsrun.base.paths import DEFAULT_MPS_DIR, DEFAULT_SPOOL_DIR, DEFAULT_STATE_DIR
-from gsrun.request.malloc import (ALLOCATORS, JEMALLOC_CONF, TCMALLOC_ENV, check_conf_list, check_lib_dirs,
-                                  check_tcmalloc_env)
-from gsrun.request.malloc import LIB_DIRS as MALLOC_LIB_DIRS
-from gsrun.request.tune import TUNE_KEYS
-
-TYPE_CHECKING = False   # not `typing` at run time (~2.5 ms on the SPANK and hook paths)
-if TYPE_CHECKING:
-    from typing import Any, Callable
+from gsrun.request.malloc import (ALLOCATORS, JEMALLOC_CONF, LIB_DIRS as MALLOC_LIB_DIRS, TCMALLOC_ENV, check_conf_list,
+                                  check_lib_dirs, check_tcmalloc_env)
+from gsrun.request.mig_layout import parse_layout
+from gsrun.request.tune import TUNE_KEYS, parse_tune_request
+from gsrun.request.waste import IdleConfig, check_idle_value
 
 ENV_CONFIG = "GSRUN_CONFIG"
 DEFAULT_CONFIG_PATH = "/etc/gsrun/gsrun.toml"
@@ -51,9 +37,7 @@ DEFAULT_CONFIG_PATH = "/etc/gsrun/gsrun.toml"
 # patterns, compiled (and cached by `re`) when a check first runs
 _PINNED = r"[0-9]+=[0-9]+[MG](,[0-9]+=[0-9]+[MG])*"
 # The checks most sites' configs hit ([nccl.env], [mail] smtp_host/from_addr, tool names) are
-# character classes, checked without `re`: every hook re-checks the keys the site set when it
-# reads the config cache, and `re` with `enum` is ~4 ms of a bound step's slurmstepd or a prolog.
-# Same sets as the patterns they stand for (tests/pure/test_config_validation.py compares them):
+# character classes. Same sets as the patterns they stand for (tests/pure/test_config_validation.py compares them):
 #   env name   ^[A-Z_][A-Z0-9_]*\Z          host  ^[A-Za-z0-9.-]{1,253}\Z
 #   command    [A-Za-z0-9_.+-]{1,255}        email ^[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\Z
 _ENV_CHARS = UPPER | DIGITS | frozenset("_")
@@ -80,21 +64,20 @@ def is_email(value: str) -> bool:
     return bool(at) and is_chars(local, _EMAIL_LOCAL_CHARS) and is_chars(domain, _HOST_CHARS)
 
 
-class Setting(Frozen):
+@dataclass(frozen=True, slots=True)
+class Setting:
     """One key of the config: ``key`` ``"section.name"``; ``type`` a type or
     a tuple of types; ``check`` returns a problem (text) or None; ``allowed``
     human text of the allowed range; ``per_partition`` may be overridden in
     ``[partition.<name>.<section>]``."""
 
-    __slots__ = ("key", "type", "default", "meaning", "check", "allowed", "per_partition")
-    _defaults = {"check": None, "allowed": "", "per_partition": False}
     key: str
     type: type | tuple
     default: Any
     meaning: str
-    check: Callable[[Any], str | None] | None
-    allowed: str
-    per_partition: bool
+    check: Callable[[Any], str | None] | None = None
+    allowed: str = ""
+    per_partition: bool = False
 
 
 def _range(lo, hi):
@@ -112,8 +95,6 @@ def _opt_abs_path(v):
 
 
 def _tune_list(v):
-    from gsrun.request.tune import parse_tune_request  # local: avoid cycle
-
     try:
         parse_tune_request(v)
     except Exception as e:  # noqa: BLE001 - turned into the config message
@@ -144,8 +125,6 @@ def _bin(v):
 
 
 def _pinned(v):
-    import re
-
     return None if v == "" or re.fullmatch(_PINNED, v) else "must look like 0=16G,1=16G (GPU=SIZE with M or G)"
 
 
@@ -154,8 +133,6 @@ def _host(v):
 
 
 def _url(v):
-    import re
-
     return None if v == "" or re.fullmatch(r"https?://[A-Za-z0-9._~:/?#\[\]@!$&'()*+,;=%-]{1,500}", v) \
         else "must be an http:// or https:// URL without spaces or quotes"
 
@@ -165,10 +142,6 @@ def _email(v):
 
 
 def _layouts(v):
-    import re
-
-    from gsrun.request.mig_layout import parse_layout  # local: avoid cycle
-
     for name, lay in v.items():
         if not re.match(r"^[A-Za-z0-9_-]{1,64}\Z", name) or not isinstance(lay, str):
             return f"layout name {name!r} must be [A-Za-z0-9_-] with a string value"
@@ -181,8 +154,6 @@ def _layouts(v):
 
 def _idle(key):
     def check(v):
-        from gsrun.request.waste import check_idle_value
-
         return check_idle_value(key, v)
     return check
 
@@ -426,8 +397,6 @@ def parse_config(text: str, source: str = "<string>") -> Config:
         ConfigError: TOML syntax error, unknown section/key, wrong type, or a
             value outside the allowed range; the message names the key.
     """
-    import tomllib
-
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
@@ -513,113 +482,15 @@ def load_config(path: str | None = None, environ=None) -> Config:
     return parse_config(text, p)
 
 
-CACHE_NAME = "config-cache.marshal"
-#: changes whenever the settings table or the marshal format does, so a cache of
-#: another gsrun or Python version is not used
-_CACHE_SCHEMA = f"2:{marshal.version}:{len(SETTINGS)}:" + ",".join(s.key for s in SETTINGS)
-
-
-def load_config_cached(path: str | None = None, cache_dir: str | os.PathLike | None = None,
-                       write_cache: bool = True) -> Config:
-    """:func:`load_config` through the parsed-file cache of ``cache_dir``
-    (the state dir, root 0755; None: no cache): ``<cache_dir>/config-cache.marshal``
-    is used when it was written for this very file (same path, device, inode,
-    mtime in ns and size, same settings table), is owned by this user, not
-    writable by others, and every value passes :func:`parse_config`'s checks
-    again; else the file is parsed and (``write_cache``, the directory
-    existing) the cache written, 0600. A cache that cannot be read or written
-    is ignored: the file is parsed as without one.
-
-    Raises:
-        ConfigError: as :func:`load_config`.
-    """
-    key = None
-    if cache_dir is not None:
-        name, _explicit = config_path(path)
-        try:
-            st = os.stat(name)
-            key = [name, st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size, _CACHE_SCHEMA]
-        except OSError:
-            key = None   # no file: the defaults (or the error of a named file) without a cache
-        if key is not None:
-            cached = _read_cache(os.path.join(cache_dir, CACHE_NAME), key)
-            if cached is not None:
-                return cached
-    cfg = load_config(path)
-    if key is not None and write_cache and cfg.source == key[0] and os.path.isdir(cache_dir):
-        _write_cache(os.path.join(cache_dir, CACHE_NAME), key, cfg)
-    return cfg
-
-
-def load_config_or_defaults(log=None, path: str | None = None, cache_dir: str | os.PathLike | None = None,
-                            write_cache: bool = True) -> Config:
-    """For the Slurm hooks: a broken site config is logged and the built-in
-    defaults are used (a config typo must not drain every node).
-    ``cache_dir``, ``write_cache``: as :func:`load_config_cached`."""
+def load_config_or_defaults(log=None, path: str | None = None) -> Config:
+    """:func:`load_config` for the Slurm hooks: a broken site config is logged
+    and the built-in defaults are used (a config typo must not drain every node)."""
     try:
-        return load_config_cached(path, cache_dir, write_cache)
+        return load_config(path)
     except ConfigError as e:
         if log is not None:
             log.error(f"{e}; using built-in defaults".replace("\n", " "))
         return Config({s.key: s.default for s in SETTINGS})
-
-
-def hook_cache_dir(state_dir: str | None = None) -> str:
-    """Where the Slurm hooks look for the config cache before the config is
-    read: ``--state-dir``, else ``$GSRUN_STATE_DIR``, else the built-in
-    ``paths.state_dir`` (a site that moves its state dir only in the config
-    file parses the file every time unless its hooks are given the dir)."""
-    return state_dir or os.environ.get("GSRUN_STATE_DIR") or _BY_KEY["paths.state_dir"].default
-
-
-def _is_default(key: str, value: Any) -> bool:
-    """``value`` is ``key``'s built-in default, of the same type (the cache keeps
-    int, float, str, list, dict apart). Every default passes its own check
-    (tests/pure/test_config_validation.py), so a cached default needs none:
-    the cache read runs (and imports) only the checks of keys the site set."""
-    d = _BY_KEY[key].default
-    return type(value) is type(d) and value == d
-
-
-def _read_cache(cache: str, key: list) -> Config | None:
-    from gsrun.base.fsutil import read_own_file
-
-    raw = read_own_file(cache, 1 << 20)
-    if raw is None:
-        return None
-    try:
-        data = marshal.loads(raw)
-        if type(data) is not dict or data.get("key") != key:
-            return None
-        values = {s.key: s.default for s in SETTINGS}
-        for k, v in data["values"].items():
-            if k not in _BY_KEY:
-                return None
-            if not _is_default(k, v):   # a default is what a parse without the key gives
-                values[k] = _check_value(k, v, cache)
-        partitions: dict[str, dict[str, Any]] = {}
-        for pname, table in data["partitions"].items():
-            if not is_partition(pname):
-                return None
-            partitions[pname] = {}
-            for k, v in table.items():
-                if k not in _BY_KEY or not _BY_KEY[k].per_partition:
-                    return None
-                partitions[pname][k] = _check_value(k, v, cache)
-        return Config(values, partitions, key[0])
-    except (EOFError, ValueError, TypeError, KeyError, AttributeError, ConfigError,
-            MemoryError, RecursionError):   # a corrupt cache (marshal: a huge declared size, deep nesting)
-        return None
-
-
-def _write_cache(cache: str, key: list, cfg: Config) -> None:
-    from gsrun.base.fsutil import atomic_write
-
-    try:
-        data = marshal.dumps({"key": key, "values": cfg._values, "partitions": cfg.partitions})
-        atomic_write(cache, data, mode=0o600)
-    except (OSError, TypeError, ValueError):
-        pass   # a value marshal cannot hold, a read-only state dir: no cache, parsed next time
 
 
 def render_commented_config() -> str:
@@ -642,8 +513,6 @@ def render_commented_config() -> str:
 
 
 def _toml_value(v) -> str:
-    import json
-
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, (int, float)):
@@ -659,6 +528,4 @@ def _toml_value(v) -> str:
 
 def idle_config(cfg: "Config"):
     """The ``[idle]`` table as a :class:`gsrun.request.waste.IdleConfig`."""
-    from gsrun.request.waste import IdleConfig
-
     return IdleConfig.from_table({k: v for k, v in cfg.effective().items() if k.startswith("idle.")})

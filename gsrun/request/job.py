@@ -37,16 +37,18 @@ partition gets: only ``Exclusive=`` says whether the node is the job's.
 from __future__ import annotations
 
 import os
+import re
+import shutil
+from dataclasses import dataclass
 
-from gsrun.base.frozen import Slotted
+from gsrun.base.proc import run_bounded
+from gsrun.facts.jobenv import JobEnv
 from gsrun.facts.slurm import DEFAULT_PATH, job_record_argv, parse_comment_request, parse_job_record
-
-TYPE_CHECKING = False   # annotations only
-if TYPE_CHECKING:
-    from gsrun.facts.jobenv import JobEnv
+from gsrun.request.malloc import ALLOCATORS
 
 
-class JobRequest(Slotted):
+@dataclass(slots=True)
+class JobRequest:
     """What the job asked (all str or None unless said): ``tune``; ``mps``
     (None: no MPS; ``""``: the default percentage; ``"50"``); ``mig``;
     ``bind``; ``report``; ``exclusive`` (bool; None: not known, slurmctld
@@ -56,17 +58,16 @@ class JobRequest(Slotted):
     ``malloc=``: for the report only). Mutable: the prolog fills in
     ``exclusive`` and ``malloc`` as it learns them."""
 
-    __slots__ = ("tune", "mps", "mig", "bind", "report", "exclusive", "source", "exclusive_source",
-                 "comment_from", "malloc")
-
-    def __init__(self, tune: str | None = None, mps: str | None = None, mig: str | None = None,
-                 bind: str | None = None, report: str | None = None, exclusive: bool | None = None,
-                 source: str = "none", exclusive_source: str | None = None, comment_from: str | None = None,
-                 malloc: str | None = None):
-        self.tune, self.mps, self.mig, self.bind, self.report = tune, mps, mig, bind, report
-        self.exclusive, self.source, self.exclusive_source = exclusive, source, exclusive_source
-        self.comment_from, self.malloc = comment_from, malloc
-
+    tune: str | None = None
+    mps: str | None = None
+    mig: str | None = None
+    bind: str | None = None
+    report: str | None = None
+    exclusive: bool | None = None
+    source: str = "none"
+    exclusive_source: str | None = None
+    comment_from: str | None = None
+    malloc: str | None = None
 
     def to_dict(self) -> dict:
         """The fields as a dict, in field order; ``malloc`` only when set (records before it had none)."""
@@ -123,8 +124,6 @@ def exclusive_from_record(rec: dict[str, str] | None, line: str | None = None) -
     or an ``Exclusive=`` that is not the key Slurm prints right after
     ``OverSubscribe=<value>``.
     """
-    import re
-
     if rec is None:
         return None, None
     if line is None:
@@ -175,8 +174,6 @@ def malloc_from_comment(comment: str | None) -> str | None:
     (``gsrun:...;malloc=jemalloc``), allow-listed (:data:`gsrun.request.malloc.ALLOCATORS`);
     None when absent or not one of them. Only the report shows it: the job
     script does the preload."""
-    from gsrun.request.malloc import ALLOCATORS
-
     v = parse_comment_request(comment or "").get("malloc")
     return v if v in ALLOCATORS else None
 
@@ -195,10 +192,6 @@ def comment_from_slurm(job_id: str, timeout_s: float) -> dict[str, str] | None:
     has are killed at ``timeout_s``) -- None when slurmctld does not answer,
     or the answer is not this job's record. The raw line is kept
     under the key ``"__line__"`` for :func:`exclusive_from_record`."""
-    import shutil
-
-    from gsrun.base.proc import run_bounded   # kills the whole process group on timeout
-
     exe = shutil.which("scontrol", path=os.environ.get("PATH") or DEFAULT_PATH)
     if exe is None:
         return None

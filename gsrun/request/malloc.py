@@ -16,15 +16,17 @@ of plain characters.
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
+
 from gsrun.base.errors import InputError
-from gsrun.base.frozen import Frozen
 
 
-class Allocator(Frozen):
+@dataclass(frozen=True, slots=True)
+class Allocator:
     """One preloadable allocator: its library names (first found wins), the
     environment variable family that tunes it, and the packages that provide it."""
 
-    __slots__ = ("name", "sonames", "debian", "rhel")
     name: str
     sonames: tuple[str, ...]
     debian: str          # Debian/Ubuntu package
@@ -76,8 +78,6 @@ def parse_malloc(value: str, phase: str = "submit") -> str | None:
 def check_conf_list(value: str) -> str | None:
     """A ``MALLOC_CONF`` / ``PYTORCH_CUDA_ALLOC_CONF`` value (``key:value,...`` of plain
     words) or ``""``: None when good, else the problem."""
-    import re   # here, not at the top: gsrun.request.config imports this module in every bound step
-
     if value == "" or re.fullmatch(_CONF_LIST, value):
         return None
     return "must be key:value[,key:value...] of letters, digits and _ . + -"
@@ -85,8 +85,6 @@ def check_conf_list(value: str) -> str | None:
 
 def check_tcmalloc_env(table: dict) -> str | None:
     """``{"TCMALLOC_NAME": "value"}`` with plain-word values: None when good, else the problem."""
-    import re
-
     for k, v in table.items():
         if not isinstance(k, str) or not re.fullmatch(_TCMALLOC_NAME, k) or not isinstance(v, str) \
                 or not re.fullmatch(_WORD, v):

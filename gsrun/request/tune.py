@@ -33,6 +33,8 @@ pages of SIZE on each NUMA node near the job's GPUs.
 
 from __future__ import annotations
 
+import re
+
 from gsrun.base.errors import InputError
 
 # Same tuple as gsrun.request.config.TUNE_KEYS (kept literal here: config imports us).
@@ -77,8 +79,6 @@ def _bad(token: str, why: str) -> InputError:
 
 def check_tune_value(key: str, value: str) -> str | None:
     """Problem with ``value`` for ``key`` (syntax and fixed kernel range), or None."""
-    import re   # here, not at the top: gsrun.request.config imports this module in every bound step
-
     if key == "governor":
         return None if re.match(_GOVERNOR, value) else "governor must be a lowercase name like performance"
     if key == "hugepages":
@@ -130,7 +130,6 @@ def parse_tune_request(text: str) -> dict[str, str]:
         raise InputError("tune", "bad tuning request", f"{len(text)} characters (limit 1024)", hint=HINT)
     if not text.strip():
         return {}
-    import re
 
     out: dict[str, str] = {}
     for raw in text.split(","):

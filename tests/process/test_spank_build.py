@@ -565,10 +565,10 @@ def test_site_and_pth_files_are_not_processed_when_gsrun_is_on_pythonpath(built,
 
 def test_editable_install_reached_through_a_pth_file(built, harness, real_site, tmp_path):
     """gsrun reachable only through a .pth file of a pythonpath= folder (an
-    editable install): the .pth files are processed and the import retried."""
+    editable install, its dependencies beside it): the .pth files are processed and the import retried."""
     only_pth = tmp_path / "only-pth"
     only_pth.mkdir()
-    (only_pth / "gsrun-editable.pth").write_text(f"{real_site}\n")
+    (only_pth / "gsrun-editable.pth").write_text(f"{real_site}\n{sysconfig.get_path('purelib')}\n")
     rc, out, err = run_harness(harness, built, "allocator", only_pth, opts="gs-mps=50", purelib=False)
     assert rc == 0, (out, err)
     assert "JOBCONTROL SPANK_GS_MPS=50" in out

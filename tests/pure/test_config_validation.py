@@ -247,22 +247,3 @@ def test_command_name_check_equals_its_pattern():
     for v in _SAMPLES + ["sacctmgr", "x+y.z_1-2", "x" * 255, "x" * 256, "a/b"]:
         assert (config._bin(v) is None) == (v.startswith("/") and config._abs_path(v) is None
                                             or bool(re.fullmatch(r"[A-Za-z0-9_.+-]{1,255}", v))), v
-
-
-def test_reading_the_cache_of_a_typical_site_imports_no_re(tmp_path):
-    """[nccl.env], [mail] smtp_host and from_addr set: every hook re-checks them from the
-    config cache; that must not import re (~4 ms with enum in slurmstepd and the prolog)."""
-    import subprocess
-    import sys
-
-    cfg = tmp_path / "gsrun.toml"
-    cfg.write_text('[nccl.env]\nNCCL_DEBUG = "WARN"\nNCCL_SOCKET_IFNAME = "lo"\n'
-                   '[mail]\nsmtp_host = "127.0.0.1"\nfrom_addr = "gsrun@localhost"\n')
-    # -I -S as the hooks run (a venv's site machinery may import re itself), the checkout on the path
-    code = (f"import sys\nsys.path.insert(0, {str(REPO)!r})\nbefore = set(sys.modules)\n"
-            "from gsrun.request.config import load_config_cached\n"
-            f"c = load_config_cached({str(cfg)!r}, {str(tmp_path)!r})\n"
-            "print(c['mail.smtp_host'], 're' in set(sys.modules) - before)\n")
-    outs = [subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, check=True,
-                           timeout=60).stdout.split() for _ in range(2)]
-    assert outs[0][0] == "127.0.0.1" and outs[1] == ["127.0.0.1", "False"], outs
