@@ -290,8 +290,8 @@ def test_real_swap_effect_runs_commands_with_timeout(monkeypatch):
         calls.append((argv, timeout_s, False))
         return 0, "", ""
 
-    import gsrun.base.proc
-    monkeypatch.setattr(gsrun.base.proc, "run_bounded", fake_run)
+    import gsrun.node.tuning.vm
+    monkeypatch.setattr(gsrun.node.tuning.vm, "run_bounded", fake_run)
     monkeypatch.setattr(tuning.SwapEffect, "_bin", staticmethod(lambda n: f"/sbin/{n}"))
     eff = tuning.SwapEffect(timeout_s=7)
     eff.off(None, [{"name": "/swap file"}])

@@ -7,10 +7,9 @@ from __future__ import annotations
 import os
 
 from gsrun.bind.plan.rules import RankPlan
+from collections.abc import Sequence
+import shutil
 
-TYPE_CHECKING = False   # not `typing`
-if TYPE_CHECKING:
-    from collections.abc import Sequence
 
 
 def apply_affinity(rank_plan: RankPlan, pid: int = 0) -> list[int]:
@@ -41,7 +40,6 @@ def exec_argv(rank_plan: RankPlan, host_nodes: int, command: Sequence[str],
         mems = [m for m in mems if m in set(allowed_mems)]
     if rank_plan.numa_node is None or rank_plan.numa_node < 0 or host_nodes <= 1 or not mems:
         return cmd
-    import shutil
 
     exe = numactl or shutil.which("numactl")
     if not exe:

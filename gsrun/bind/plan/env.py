@@ -20,12 +20,11 @@ from gsrun.facts.hostfs import HostFS
 from gsrun.facts.slurm import parse_tasks_per_node
 from gsrun.facts.topology import NVML_IF_NEEDED, Topology, read_allowed_cpus, read_topology
 from gsrun.bind.plan.rules import MAX_LOCAL_RANKS, Plan, make_plan, max_local_ranks, resolve_step_gpus
+from collections.abc import Mapping
+from gsrun.facts.devices import DeviceToken
+import json
 
-TYPE_CHECKING = False   # not `typing`
-if TYPE_CHECKING:
-    from collections.abc import Mapping
 
-    from gsrun.facts.devices import DeviceToken
 
 #: Most GPUs a step's device list may name on one node, ranges expanded: a
 #: node has at most 16 GPUs today (HGX-2), 112 gres entries when each holds 7
@@ -199,7 +198,6 @@ def read_job_mig_devices(spool_dir: str, job_id: str | None, node: str | None) -
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:
         return None   # the usual case: no MIG layout, and no `json` import (~8 ms with re) in the step
-    import json
 
     try:
         with os.fdopen(fd) as f:

@@ -54,15 +54,14 @@ cpuset, NCCL's helper threads land on the same CPUs, which is what we want.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
 from gsrun.base.cpulist import format_cpulist
 from gsrun.base.errors import InputError, TopologyError
-from gsrun.base.frozen import Frozen
 from gsrun.facts.devices import DeviceToken
 from gsrun.facts.topology import Gpu, Nic, Topology
-
-TYPE_CHECKING = False   # not `typing`
-if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+import re
 
 # `re` is imported only where a MIG UUID is checked: the SPANK plugin imports
 # this module in every bound step (tests/bench/bench_spank_host.py).
@@ -80,21 +79,19 @@ MAX_LOCAL_RANKS = 4096
 FOREIGN_GPU_VARS = ("ROCR_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL", "ZE_AFFINITY_MASK")
 
 
-class GpuRef(Frozen):
+@dataclass(frozen=True, slots=True)
+class GpuRef:
     """A step GPU: ``index`` Slurm's gres index (= minor number; the token's
     index for an unknown/emulated GPU; None when given only by UUID and not
     found), ``uuid`` and ``pci_bus_id`` (None when unknown), ``cuda_name``
     the ``CUDA_VISIBLE_DEVICES`` entry that selects it in the task, ``gpu``
     the host fact (None = unknown/emulated)."""
 
-    __slots__ = ("index", "uuid", "pci_bus_id", "cuda_name", "gpu")
-    _defaults = {"gpu": None}
-    _no_compare = frozenset({"gpu"})
     index: int | None
     uuid: str | None
     pci_bus_id: str | None
     cuda_name: str
-    gpu: Gpu | None
+    gpu: Gpu | None = field(default=None, compare=False)
 
     def label(self) -> str:
         if self.index is not None:
@@ -105,15 +102,13 @@ class GpuRef(Frozen):
         return {"index": self.index, "uuid": self.uuid, "pci_bus_id": self.pci_bus_id}
 
 
-class RankPlan(Frozen):
+@dataclass(frozen=True, slots=True)
+class RankPlan:
     """One local rank's binding. ``cpus`` sorted, never empty when the host
     has an online CPU; ``numa_node`` None = unknown; ``env`` variables to
     set, ``unset`` variables to remove; ``warnings`` also folded into
     ``reason``."""
 
-    __slots__ = ("local_rank", "gpu", "gpus", "numa_node", "cpus", "mem_nodes", "nic", "env", "unset",
-                 "reason", "warnings")
-    _defaults = {"warnings": ()}
     local_rank: int
     gpu: GpuRef | None
     gpus: tuple[GpuRef, ...]
@@ -124,7 +119,7 @@ class RankPlan(Frozen):
     env: dict[str, str]
     unset: tuple[str, ...]
     reason: str
-    warnings: tuple[str, ...]
+    warnings: tuple[str, ...] = ()
 
     def to_json(self) -> dict:
         return {"local_rank": self.local_rank,
@@ -137,31 +132,24 @@ class RankPlan(Frozen):
                 "reason": self.reason}
 
 
-class _RankIndex(Frozen):
-    """Holds a plan's ``local_rank -> RankPlan`` dict (not a field: left out
-    of ``==``, ``hash``, ``repr`` and copies, rebuilt by ``__init__``)."""
-
-    __slots__ = ("_by_rank",)
-
-
-class Plan(_RankIndex):
+@dataclass(frozen=True, slots=True)
+class Plan:
     """All local ranks of one node. ``host_nodes`` = number of NUMA nodes
     of the host (memory binding only matters when > 1). :meth:`rank` is a
-    dict lookup (O(1))."""
+    dict lookup (O(1)): ``_by_rank`` is built from ``ranks`` and is not a
+    compared or printed field."""
 
-    __slots__ = ("ranks", "allowed_cpus", "host_nodes", "step_gpus", "warnings")
-    _defaults = {"warnings": ()}
     ranks: tuple[RankPlan, ...]
     allowed_cpus: tuple[int, ...]
     host_nodes: int
     step_gpus: tuple[GpuRef, ...]
-    warnings: tuple[str, ...]
+    warnings: tuple[str, ...] = ()
+    _by_rank: dict = field(init=False, repr=False, compare=False)
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __post_init__(self):
         by_rank: dict[int, RankPlan] = {}
         for r in self.ranks:
-            by_rank.setdefault(r.local_rank, r)      # the first one wins, as the linear search did
+            by_rank.setdefault(r.local_rank, r)      # the first one wins
         object.__setattr__(self, "_by_rank", by_rank)
 
     def rank(self, local_rank: int) -> RankPlan:
@@ -603,7 +591,6 @@ def mig_visible_devices(devices: list[str], local_rank: int, gpu_isolation: bool
     for whole GPUs: every device visible, ordered so that entry
     ``LOCAL_RANK`` is the rank's own (``devices[local_rank % n]``); with
     ``gpu_isolation`` only its own. None when there is no valid device. Pure."""
-    import re
 
     devs = [d for d in devices if isinstance(d, str) and re.fullmatch(_MIG_UUID, d)]
     if not devs:

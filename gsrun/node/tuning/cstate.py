@@ -8,6 +8,8 @@ the latency the job's sampler holds on ``/dev/cpu_dma_latency``
 from __future__ import annotations
 
 from gsrun.node.tuning.knob import _CPU, CPU, ScopedKnob, _dict_value_ok
+import re
+from gsrun.request.tune import CSTATE_SHALLOW_US
 
 
 DMA_LATENCY = "dev/cpu_dma_latency"
@@ -15,7 +17,6 @@ _STATE = r"^state[0-9]+$"
 
 
 def _cpu_dirs(h) -> list[str]:
-    import re
 
     return sorted((c for c in h.listdir(CPU) if re.match(_CPU, c)), key=lambda c: int(c[3:]))
 
@@ -24,7 +25,6 @@ def idle_states(h) -> dict[str, list[tuple[str, int | None, str]]]:
     """``{"cpu0": [("state0", exit latency us or None, "POLL"), ...]}`` for every CPU
     with switchable idle states (``cpuN/cpuidle/stateK/disable`` present; ``latency``
     and ``name`` beside it). Empty with the cpuidle driver ``none`` (most VMs)."""
-    import re
 
     out = {}
     for c in _cpu_dirs(h):
@@ -70,7 +70,6 @@ class CstateKnob(ScopedKnob):
                 for c, rows in st.items() for s, _, _ in rows}
 
     def resolve(self, h, value, scope):
-        from gsrun.request.tune import CSTATE_SHALLOW_US
 
         st = self._states(h)
         hold = h.exists(DMA_LATENCY)
@@ -106,6 +105,5 @@ def cstate_hold_us(value: str) -> int:
     ``cstate=value``: ``off`` 0, ``c1`` 1, ``shallow`` ``CSTATE_SHALLOW_US``.
     The kernel keeps CPUs out of idle states with a longer exit latency
     while the file is open (Documentation/power/pm_qos_interface.rst)."""
-    from gsrun.request.tune import CSTATE_SHALLOW_US
 
     return {"off": 0, "c1": 1}.get(value, CSTATE_SHALLOW_US)

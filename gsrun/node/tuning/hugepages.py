@@ -7,6 +7,9 @@ on the NUMA nodes near the job's GPUs (:class:`HugepagesKnob`).
 from __future__ import annotations
 
 from gsrun.node.tuning.knob import ScopedKnob
+import re
+from gsrun.facts.hostfs import meminfo_kb
+from gsrun.request.tune import parse_hugepages
 
 
 NODE = "sys/devices/system/node"
@@ -33,7 +36,6 @@ class HugepagesKnob(ScopedKnob):
         return f"{NODE}/{node}/hugepages/hugepages-{kb}kB/nr_hugepages"
 
     def read(self, h):
-        import re
 
         out = {}
         for n in sorted((d for d in h.listdir(NODE) if re.fullmatch(r"node[0-9]+", d)), key=lambda s: int(s[4:])):
@@ -46,8 +48,6 @@ class HugepagesKnob(ScopedKnob):
         return out or None
 
     def resolve(self, h, value, scope):
-        from gsrun.facts.hostfs import meminfo_kb
-        from gsrun.request.tune import parse_hugepages
 
         kb, count = parse_hugepages(value)
         cur = self.read(h)

@@ -13,6 +13,10 @@ import os
 from gsrun.base.errors import InputError
 from gsrun.base.fsutil import ensure_dir
 from gsrun.node.tuning.knob import BAN_PREFIX, ScopedKnob, kernel_write, replaceable
+from gsrun.base.fsutil import atomic_write
+import signal
+import re
+from gsrun.base.cpulist import format_cpulist
 
 
 IRQ = "proc/irq"
@@ -93,7 +97,6 @@ def irqbalance_check(h, policy_script: str, ban_dir: str) -> tuple[list[int], st
 
 def _write_ban(h, rel: str, job_note: str) -> None:
     """Create one ban file (atomic: temp file, fsync, rename; directory made 0755)."""
-    from gsrun.base.fsutil import atomic_write
 
     p = h.path(rel)
     os.makedirs(p.parent.parent, mode=0o755, exist_ok=True)     # /run/gsrun: the state dir, normally there
@@ -121,7 +124,6 @@ def irqbalance_rescan(h) -> str:
     a ``SIGHUP`` until it has finished one balancing pass since its start or its last
     rescan (``force_rescan`` tests ``cycle_count``): a ban then takes effect at a later
     rescan (docs/ADMIN.md, irqbalance). Returns what was done, for the item's reason."""
-    import signal
 
     pids = irqbalance_pids(h)
     if not pids:
@@ -215,9 +217,7 @@ class IrqKnob(ScopedKnob):
         return True
 
     def resolve(self, h, value, scope):
-        import re
 
-        from gsrun.base.cpulist import format_cpulist
 
         if not h.listdir(IRQ):
             return "unsupported", None, self.unsupported_reason

@@ -27,19 +27,14 @@ import errno
 import os
 import sys
 from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
 
 from gsrun.base.errors import InputError
-from gsrun.base.frozen import Frozen, factory
+import re
+from gsrun.base.cpulist import parse_cpulist
 
-TYPE_CHECKING = False   # not `typing` at run time (the prolog imports this package for every job)
-if TYPE_CHECKING:
-    from typing import Any
 
-# patterns, compiled (and cached by `re`) where they are used: a job that asks no tuning
-# reads swappiness only, and its prolog imports no `re`
-
-# patterns, compiled (and cached by `re`) where they are used: a job that asks no tuning
-# reads swappiness only, and its prolog imports no `re`
 _CPU = r"^cpu[0-9]+$"
 VM = "proc/sys/vm"
 THP = "sys/kernel/mm/transparent_hugepage"
@@ -56,7 +51,6 @@ BAN_PREFIX = "ban:"      # an irq part that is a ban file: "ban:/run/gsrun/irqba
 
 def bracket_word(text: str | None) -> str | None:
     """``"always [madvise] never"`` -> ``"madvise"``; None if no bracketed word."""
-    import re
 
     if text is None:
         return None
@@ -154,7 +148,8 @@ class BracketKnob(FileKnob):
         return bracket_choices(h.read(self.rel))
 
 
-class JobScope(Frozen):
+@dataclass(frozen=True, slots=True)
+class JobScope:
     """The job's devices and CPUs on this node, for ``cstate``/``irq``/``hugepages``.
 
     devices: ``[{"bdf": "0000:00:06.0", "kind": "gpu"|"nic", "name": str,
@@ -166,8 +161,10 @@ class JobScope(Frozen):
     node_cpus: NUMA node -> its CPUs (``sys/devices/system/node/nodeN/cpulist``).
     cpus_source: where ``cpus`` came from (shown in reasons).
     """
-    __slots__ = ("devices", "cpus", "node_cpus", "cpus_source")
-    _defaults = {"devices": factory(list), "cpus": factory(list), "node_cpus": factory(dict), "cpus_source": ""}
+    devices: list = field(default_factory=list)
+    cpus: list = field(default_factory=list)
+    node_cpus: dict = field(default_factory=dict)
+    cpus_source: str = ""
 
     def device_node(self, dev: dict) -> int | None:
         """The device's NUMA node; with one node on the host, that node
@@ -221,7 +218,6 @@ def _dict_value_ok(after, k, want, what) -> bool:
 
 
 def _cpuset(text) -> frozenset | None:
-    from gsrun.base.cpulist import parse_cpulist
 
     try:
         return frozenset(parse_cpulist(text))

@@ -8,7 +8,9 @@ Restore runs the journal's entries in the reverse of :data:`KNOBS`' order.
 
 from __future__ import annotations
 
-from gsrun.base.frozen import Frozen, Slotted, factory
+from dataclasses import dataclass, field, fields
+from typing import Any
+
 from gsrun.node.tuning.cstate import CstateKnob
 from gsrun.node.tuning.governor import GovernorKnob
 from gsrun.node.tuning.hugepages import HugepagesKnob
@@ -17,10 +19,8 @@ from gsrun.node.tuning.knob import _CPU, VM, FileKnob, Knob, _is_scoped, _plain
 from gsrun.node.tuning.thp import ThpKnob
 from gsrun.node.tuning.vm import SWAP_FALLBACK_SWAPPINESS, DirtyKnob, SwapKnob, read_meminfo_kb
 from gsrun.request.tune import TUNE_KEYS, check_tune_value, parse_tune_request
+import re
 
-TYPE_CHECKING = False   # not `typing` at run time (the prolog imports this package for every job)
-if TYPE_CHECKING:
-    from typing import Any
 
 # application order; restore is the reverse of what the journal holds
 KNOBS: dict[str, Knob] = {k.key: k for k in (
@@ -39,7 +39,8 @@ KNOBS: dict[str, Knob] = {k.key: k for k in (
 assert set(KNOBS) == set(TUNE_KEYS)
 
 
-class Facts(Frozen):
+@dataclass(frozen=True, slots=True)
+class Facts:
     """What :func:`plan_tuning` needs from the node (all JSON-able).
 
     current: key -> value as the knob reads it (None = unsupported).
@@ -50,20 +51,27 @@ class Facts(Frozen):
     whose governor read fails): never written, named in the item's reason.
     """
     # targets: job-scoped knobs: key -> value -> [verdict, target, note] (ScopedKnob.resolve)
-    __slots__ = ("current", "choices", "swap_used_kb", "mem_available_kb", "entries", "live_jobs", "targets",
-                 "skipped")
-    _defaults = {"swap_used_kb": 0, "mem_available_kb": 0, "entries": factory(list), "live_jobs": factory(list),
-                 "targets": factory(dict), "skipped": factory(dict)}
+    current: dict
+    choices: dict
+    swap_used_kb: int = 0
+    mem_available_kb: int = 0
+    entries: list = field(default_factory=list)
+    live_jobs: list = field(default_factory=list)
+    targets: dict = field(default_factory=dict)
+    skipped: dict = field(default_factory=dict)
 
 
-class Policy(Frozen):
+@dataclass(frozen=True, slots=True)
+class Policy:
     """From :class:`gsrun.request.config.Config` (``tuning.*``, per partition):
     ``enabled``, ``exclusive_only`` (bool), ``defaults`` (key -> value),
     ``allowed_keys`` (tuple of keys), ``partition`` (str or None)."""
 
-    __slots__ = ("enabled", "exclusive_only", "defaults", "allowed_keys", "partition")
-    _defaults = {"enabled": True, "exclusive_only": True, "defaults": factory(dict), "allowed_keys": TUNE_KEYS,
-                 "partition": None}
+    enabled: bool = True
+    exclusive_only: bool = True
+    defaults: dict = field(default_factory=dict)
+    allowed_keys: tuple = TUNE_KEYS
+    partition: str | None = None
 
     @classmethod
     def from_config(cls, cfg, partition: str | None) -> "Policy":
@@ -77,7 +85,8 @@ class Policy(Frozen):
                    partition=partition)
 
 
-class PlanItem(Slotted):
+@dataclass(slots=True, eq=True)
+class PlanItem:
     """One decision. action: ``apply`` (write), ``unchanged`` (already the
     value; journaled so later jobs see who holds it), ``reuse`` (another job
     set this value), ``refused``, ``unsupported``; after the run also
@@ -87,17 +96,18 @@ class PlanItem(Slotted):
     knobs: the files and values ``value`` resolved to. Mutable (the run
     updates ``action``, ``reason``, ``target``)."""
 
-    __slots__ = ("key", "action", "value", "source", "reason", "prior", "holder", "target")
-
-    def __init__(self, key: str, action: str, value: str | None = None, source: str = "", reason: str = "",
-                 prior: Any = None, holder: str | None = None, target: Any = None):
-        self.key, self.action, self.value, self.source, self.reason = key, action, value, source, reason
-        self.prior, self.holder, self.target = prior, holder, target
-
+    key: str
+    action: str
+    value: str | None = None
+    source: str = ""
+    reason: str = ""
+    prior: Any = None
+    holder: str | None = None
+    target: Any = None
 
     def to_dict(self) -> dict:
         """The fields as a dict (``prior``/``target`` copied), in field order."""
-        return {n: _plain(getattr(self, n)) for n in self.__slots__}
+        return {f.name: _plain(getattr(self, f.name)) for f in fields(self)}
 
 
 def plan_tuning(job_id: str, request: dict[str, str], request_error: str | None, policy: Policy,
@@ -204,7 +214,6 @@ def format_plan(plan) -> str:
 
 
 def _short(v) -> str:
-    import re
 
     if v is None:
         return "-"

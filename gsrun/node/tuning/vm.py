@@ -18,6 +18,10 @@ import os
 
 from gsrun.base.errors import NodeError
 from gsrun.node.tuning.knob import VM, Knob, kernel_write
+from gsrun.facts.hostfs import meminfo_kb
+import re
+import shutil
+from gsrun.base.proc import run_bounded
 
 
 SWAP_TIMEOUT_S = 60.0
@@ -29,14 +33,12 @@ SWAP_FALLBACK_SWAPPINESS = "1"
 def read_meminfo_kb(hostfs) -> dict[str, int]:
     """``/proc/meminfo`` as ``{"MemAvailable": kB, ...}`` (``{}`` if absent;
     :func:`gsrun.facts.hostfs.meminfo_kb`)."""
-    from gsrun.facts.hostfs import meminfo_kb
 
     return meminfo_kb(hostfs.read("proc/meminfo") or "")
 
 
 def _unescape_swaps(name: str) -> str:
     # /proc/swaps escapes space, tab, newline, backslash as \ooo
-    import re
 
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), name)
 
@@ -74,7 +76,6 @@ class SwapEffect:
             p = os.path.join(d, name)
             if os.access(p, os.X_OK):
                 return p
-        import shutil
 
         found = shutil.which(name)
         if not found:
@@ -83,7 +84,6 @@ class SwapEffect:
         return found
 
     def _run(self, argv: list[str]) -> None:
-        from gsrun.base.proc import run_bounded
 
         rc, out, err = run_bounded(argv, self.timeout_s)
         if rc is None:

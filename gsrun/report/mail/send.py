@@ -17,6 +17,7 @@ from email.message import EmailMessage
 from gsrun.base.errors import GsrunError
 from gsrun.report.mail.message import validate_addr, wire_bytes
 from gsrun.report.mail.view import PHASE, clean_line
+from gsrun.request.config import SETTINGS
 
 
 class MailError(GsrunError):
@@ -37,7 +38,6 @@ def _cfg(cfg, key: str):
     try:
         return cfg[key]
     except KeyError:
-        from gsrun.request.config import SETTINGS
         for s in SETTINGS:
             if s.key == key:
                 return s.default

@@ -18,6 +18,9 @@ from gsrun.facts.slurm import ACTIVE_STATES as NOT_FINAL_STATES, FAILED_STATES a
 from gsrun.report.records import is_mig as _is_mig
 from gsrun.report.units import NA, as_number, fmt_bytes, fmt_bytes_of, fmt_duration_s, fmt_energy_j, fmt_hours_h, \
     fmt_share_pct, fmt_power_w, fmt_time
+from gsrun.report.findings import _t, _level, LEVEL_WORDS
+from gsrun.report.findings import headline, shown_findings, verdicts
+from gsrun.report.render import doc_link, settings_lines
 
 
 PHASE = "mail"
@@ -151,7 +154,6 @@ def _gpu_headline(summary: Mapping) -> str | None:
     utils = [as_number(d.get("util_mean_pct")) for d in devices]
     vals = [u for u in utils if u is not None]
     if vals:
-        from gsrun.report.findings import _t, _level, LEVEL_WORDS
         mean = sum(vals) / len(vals)
         word = LEVEL_WORDS[_level(mean, _t(None, "findings.low_util_note_pct", None),
                                   _t(None, "findings.low_util_warn_pct", None))]
@@ -206,8 +208,6 @@ def mail_view(summary: Mapping, report_text: str, has_image: bool, image_cid: st
     report at 76 columns); the HTML part does not repeat it. ``image_size``:
     the chart's (width, height) as displayed, CSS px.
     """
-    from gsrun.report.findings import headline, shown_findings, verdicts
-    from gsrun.report.render import doc_link, settings_lines
     job = summary.get("job") or {}
     cpu = summary.get("cpu") or {}
     mem = summary.get("memory") or {}
