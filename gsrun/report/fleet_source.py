@@ -47,6 +47,7 @@ REPORT_FORMAT: tuple[str, ...] = (
 #: states a report covers (``sacct -s``): jobs that ended
 REPORT_STATES = ("CA", "CD", "DL", "F", "NF", "OOM", "PR", "TO")
 _N = len(REPORT_FORMAT)
+_END = REPORT_FORMAT.index("End")
 
 
 @dataclass(slots=True)
@@ -319,6 +320,11 @@ def window_jobs(start_s: float, end_s: float, chunk_s: float, timeout_s: float, 
     lines_of = lines_of or (lambda argv: stream_sacct(argv, timeout_s))
     for a, b in chunks(start_s, end_s, chunk_s):
         for line in lines_of(sacct_argv(a, b, clusters, partitions, accounts)):
+            parts = line.split("|", _END + 1)
+            if len(parts) > _END + 1:      # skip a job another chunk reports before parsing it
+                end = _epoch(parts[_END])
+                if end is None or not (a <= end < b):
+                    continue
             row = parse_line(line)
             if row is None or row.end_s is None or not (a <= row.end_s < b):
                 continue
