@@ -365,7 +365,8 @@ def render_slurm_lines(slurm_version: str, hooks: dict[str, str], flags: str, fl
 
 def render_units(gsrun_node: str, config_path: str | None,
                  agent_socket: str | None = None) -> dict[str, str]:
-    """``{"gsrun-mail.service": text, "gsrun-mail.timer": text}`` and, with
+    """``{"gsrun-mail.service": text, "gsrun-mail.timer": text}``, the weekly
+    ``gsrun-report.service`` / ``.timer`` (written, off until enabled) and, with
     ``agent_socket``, ``"gsrun-agent.service"`` (the node agent on that
     socket; systemd makes the socket's directory when it is ``/run/NAME``);
     the services set ``GSRUN_CONFIG`` only for a non-default config path."""
@@ -374,7 +375,11 @@ def render_units(gsrun_node: str, config_path: str | None,
     if config_path and config_path != DEFAULT_CONFIG_PATH:
         cfgp = _check_plain(config_path, "config path")
     units = {"gsrun-mail.service": render("gsrun-mail.service.j2", gsrun_node=gsrun_node, config_path=cfgp),
-             "gsrun-mail.timer": render("gsrun-mail.timer.j2")}
+             "gsrun-mail.timer": render("gsrun-mail.timer.j2"),
+             # written, never enabled by install: the weekly report is the site's choice
+             "gsrun-report.service": render("gsrun-report.service.j2", config_path=cfgp,
+                                            gsrun_report=os.path.join(os.path.dirname(gsrun_node), "gsrun-report")),
+             "gsrun-report.timer": render("gsrun-report.timer.j2")}
     if agent_socket:
         sock = _check_plain(agent_socket, "agent socket path")
         parent = os.path.dirname(sock)

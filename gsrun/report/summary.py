@@ -74,7 +74,8 @@ JS1 blob (``AdminComment``; the layout Princeton jobstats writes in
          "gpu_total_memory": {"<minor>": <int: GPU memory total, bytes>}}},
      "gsrun": {"schema", "cpu_eff_pct", "energy_j", "sm_active_pct": {"node:minor": pct},
                "tensor_active_pct": {...}, "lost": {"node:minor": lost_at_s},
-               "energy_estimated": true (only when some energy_j is estimated from power samples)}}
+               "energy_estimated": true (only when some energy_j is estimated from power samples),
+               "alerts": <int: waste detections of the live detector, only when there were some>}}
 
 GPU keys are the ``/dev/nvidiaN`` minor numbers as strings (what jobstats'
 exporter labels ``minor_number``). Every node carries ``cpus``,
@@ -637,7 +638,8 @@ def js1_blob(summary: dict, max_chars: int = JS1_MAX_CHARS) -> str | None:
     gpus_alloc = int(job.get("gpus_alloc") or summary["gpu"].get("count") or 0)
     gsrun = {"schema": summary["schema"], "cpu_eff_pct": summary["cpu"]["efficiency_pct"],
              "energy_j": summary["gpu"]["energy_j"],
-             **({"energy_estimated": True} if summary["gpu"].get("energy_estimated") else {})}
+             **({"energy_estimated": True} if summary["gpu"].get("energy_estimated") else {}),
+             **({"alerts": len(summary["waste"])} if summary.get("waste") else {})}
     per_gpu = {"sm_active_pct": {f'{g["node"]}:{g["index"]}': g["sm_active_mean_pct"] for g in devs
                                  if g.get("sm_active_mean_pct") is not None},
                "tensor_active_pct": {f'{g["node"]}:{g["index"]}': g["tensor_active_mean_pct"] for g in devs

@@ -1,0 +1,151 @@
+"""The cluster report's tables as fixed-width text (a terminal or a mail),
+CSV and JSON, and one user's digest as text (pure). Every number goes
+through :mod:`gsrun.report.units`: GPU-hours ``fmt_hours_h``, shares
+``fmt_share_pct``, durations ``fmt_duration_s`` (clock), energy in kWh
+with three decimals, times ``fmt_time``.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from dataclasses import asdict, dataclass
+
+from gsrun.report.fleet import Table, UserDigest
+from gsrun.report.units import NA, as_number, fmt_duration_s, fmt_hours_h, fmt_share_pct, fmt_time
+
+# column -> kind ("h" GPU/CPU-hours, "pct", "dur" seconds, "kwh", "num" one decimal, "int", text otherwise)
+_KIND = {
+    "GPU-h at 0%": "h", "GPU-h": "h", "CPU-h": "h", "GPU-h over": "h", "GPU-h unused": "h",
+    "share": "pct", "util": "pct", "SM active": "pct", "host mem used": "pct", "limit used": "pct",
+    "queued": "dur", "mean run": "dur", "mean limit": "dur", "kWh": "kwh",
+    "max cores/GPU": "num", "max mem/GPU GiB": "num", "Wh per GPU-h": "int",
+}
+
+
+@dataclass(frozen=True)
+class Scope:
+    """What a report covers: ``start_s``/``end_s`` epoch seconds, the
+    clusters and partitions asked for (empty: all) and the accounts."""
+
+    start_s: float
+    end_s: float
+    clusters: tuple[str, ...] = ()
+    partitions: tuple[str, ...] = ()
+    accounts: tuple[str, ...] = ()
+
+    def line(self, seen_clusters=()) -> str:
+        cl = ",".join(self.clusters) or ",".join(sorted(c for c in seen_clusters if c)) or "this cluster"
+        out = (f"window {fmt_time(self.start_s)} .. {fmt_time(self.end_s)}   cluster {cl}   "
+               f"partitions {','.join(self.partitions) or 'all'}")
+        return out + (f"   accounts {','.join(self.accounts)}" if self.accounts else "")
+
+
+def cell(column: str, v) -> str:
+    """One value as the table prints it (None: N/A)."""
+    kind = _KIND.get(column)
+    if v is None:
+        return NA
+    if kind == "h":
+        return fmt_hours_h(v)
+    if kind == "pct":
+        return fmt_share_pct(v)
+    if kind == "dur":
+        return fmt_duration_s(v, "clock")
+    if kind == "kwh":
+        f = as_number(v)
+        return NA if f is None else f"{f:.3f}"
+    if kind == "num":
+        f = as_number(v)
+        return NA if f is None else f"{f:.1f}"
+    if kind == "int":
+        f = as_number(v)
+        return NA if f is None else f"{f:.0f}"
+    return str(v)
+
+
+def _thresholds(t: Table) -> str:
+    return "   ".join(f"{k}={v}" for k, v in t.thresholds.items()) or "none"
+
+
+def table_text(t: Table, scope: Scope, seen_clusters=()) -> str:
+    """One table: title, scope, thresholds, how many jobs had no figures,
+    then the rows in fixed-width columns (text left, numbers right)."""
+    lines = [f"== {t.title} ==", scope.line(seen_clusters),
+             f"thresholds: {_thresholds(t)}   jobs: {t.jobs}   without figures: {t.no_figures}"]
+    lines += [f"note: {n}" for n in t.notes]
+    if not t.rows:
+        lines.append("(nothing to report)")
+        return "\n".join(lines) + "\n"
+    cells = [[cell(c, v) for c, v in zip(t.columns, r)] for r in t.rows]
+    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(t.columns)]
+    numeric = [all(as_number(r[i]) is not None or r[i] is None for r in t.rows) and i > 0
+               for i in range(len(t.columns))]
+
+    def fmt(row):
+        return "  ".join(s.rjust(w) if num else s.ljust(w) for s, w, num in zip(row, widths, numeric)).rstrip()
+
+    lines.append(fmt(t.columns))
+    lines.append(fmt(["-" * w for w in widths]))
+    lines += [fmt(r) for r in cells]
+    return "\n".join(lines) + "\n"
+
+
+def report_text(tables: list[Table], scope: Scope, seen_clusters=(), head: str = "") -> str:
+    """Every table, separated by blank lines."""
+    return head + "\n".join(table_text(t, scope, seen_clusters) for t in tables)
+
+
+def report_csv(tables: list[Table], scope: Scope) -> str:
+    """One CSV for all tables: ``table,<columns...>`` header per table, raw
+    numbers (unrounded, empty for N/A)."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    for t in tables:
+        w.writerow(["table", *t.columns])
+        for r in t.rows:
+            w.writerow([t.key, *("" if v is None else v for v in r)])
+    return buf.getvalue()
+
+
+def report_json(tables: list[Table], scope: Scope, extra: dict) -> str:
+    """``{"scope": ..., "tables": [...], **extra}`` (raw numbers)."""
+    return json.dumps({"scope": asdict(scope), **extra, "tables": [asdict(t) for t in tables]},
+                      indent=1, sort_keys=True, default=str) + "\n"
+
+
+def digest_text(d: UserDigest, scope: Scope, doc_url: str = "") -> str:
+    """One user's digest: their GPU jobs that ended in the window (since
+    their last digest), what each finding means, the site's help link."""
+    out = [f"gsrun: your GPU jobs {fmt_time(scope.start_s)} .. {fmt_time(scope.end_s)}",
+           f"{d.jobs} GPU jobs, {fmt_hours_h(d.gpu_h)} GPU-hours, GPU energy {d.energy_kwh:.3f} kWh", ""]
+
+    def section(title, rows, more, head, fmt):
+        if not rows:
+            return
+        out.append(title)
+        out.append("  " + head)
+        out.extend("  " + fmt(r) for r in rows)
+        if more:
+            out.append(f"  ... and {more} more")
+        out.append("")
+
+    section("GPUs left idle (0 % utilization): cancel jobs whose GPUs stopped working, or ask for fewer GPUs",
+            d.zero, d.zero_more, f"{'job':<16} {'GPU-h at 0%':>11}", lambda r: f"{r[0]:<16} {fmt_hours_h(r[1]):>11}")
+    section("Low GPU utilization: profile the job (larger batches, more data-loader workers)",
+            d.low, d.low_more, f"{'job':<16} {'util':>5} {'SM':>5} {'GPU-h':>7}",
+            lambda r: f"{r[0]:<16} {fmt_share_pct(r[1]):>5} {fmt_share_pct(r[2]):>5} {fmt_hours_h(r[3]):>7}")
+    section("More CPU cores or memory per GPU than the node's share: others' GPUs on the node go unused",
+            d.over, d.over_more, f"{'job':<16} {'cores/GPU':>9} {'share':>6} {'GiB/GPU':>8} {'share':>6}",
+            lambda r: f"{r[0]:<16} {r[1]:>9.1f} {r[2]:>6.1f} {r[3]:>8.1f} {r[4]:>6.1f}")
+    section("A MIG slice would have served these jobs: ask for it (gsrun --mig) and wait less",
+            d.mig, d.mig_more, f"{'job':<16} {'profile':<10} {'GPU mem GiB':>11} {'compute':>7}",
+            lambda r: f"{r[0]:<16} {r[1]:<10} {r[2]:>11.1f} {fmt_share_pct(r[3]):>7}")
+    section("Time limits far beyond the run time: a shorter limit starts sooner (backfill)",
+            d.time_limit, d.time_limit_more, f"{'job':<16} {'ran':>10} {'limit':>10}",
+            lambda r: f"{r[0]:<16} {fmt_duration_s(r[1], 'clock'):>10} {fmt_duration_s(r[2], 'clock'):>10}")
+    out.append("Each job's own report: gseff JOBID")
+    if doc_url:
+        out.append(f"Help: {doc_url}")
+    return "\n".join(out) + "\n"

@@ -1,0 +1,356 @@
+"""Jobs of a time window from Slurm accounting, one at a time (facts).
+
+:func:`sacct_argv` builds one bulk ``sacct -P -n -X`` query per window
+chunk (:func:`chunks`, a day by default) with the fields of
+:data:`REPORT_FORMAT`; :func:`stream_sacct` runs it (argv list, no shell,
+a timeout for the whole chunk) and yields its stdout line by line, so a week
+of 200,000 jobs never sits in memory; :func:`parse_line` turns one line into
+a :class:`JobRow` with the scalar parsers of :mod:`gsrun.facts.sacct` and
+:func:`blob_figures` turns the job's ``AdminComment`` (gsrun's or jobstats'
+``JS1:`` blob, decoded by :func:`gsrun.report.summary.decode_js1`) into
+:class:`JobFigures`.
+
+``-X`` (allocation lines only) on purpose: the report's CPU time, host
+memory high water and GPU figures come from the blob, which holds them per
+node; steps would quadruple the rows for figures the blob already has. A
+job without a blob (not a GPU job of gsrun or jobstats, a ``JS1:Short``
+stub, a lowercased or foreign comment) is counted under "no figures".
+
+A job is reported in the chunk its ``End`` falls in (``start <= End <
+end``): sacct lists a job in every chunk it overlaps, and this keeps each
+job exactly once without remembering job ids across chunks.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Iterable, Iterator
+
+from gsrun.base.errors import SlurmError
+from gsrun.facts.sacct import parse_mem, parse_time_s, parse_tres, tres_gpus
+from gsrun.facts.slurm import DEFAULT_PATH, TERMINAL_STATES, state_word
+from gsrun.report.summary import decode_js1
+
+#: ``--format=`` of the report's query. AdminComment is last: a ``|`` inside
+#: another tool's comment only ever spills into the last column.
+REPORT_FORMAT: tuple[str, ...] = (
+    "JobID", "JobIDRaw", "Cluster", "Partition", "Account", "User", "State", "Submit", "Start", "End",
+    "Elapsed", "Timelimit", "AllocCPUS", "AllocTRES", "ReqMem", "NNodes", "NodeList", "AdminComment",
+)
+#: states a report covers (``sacct -s``): jobs that ended
+REPORT_STATES = ("CA", "CD", "DL", "F", "NF", "OOM", "PR", "TO")
+_N = len(REPORT_FORMAT)
+_END = REPORT_FORMAT.index("End")
+
+
+@dataclass(slots=True)
+class JobRow:
+    """One job's allocation line. Times are epoch seconds (local time as
+    sacct prints it), durations seconds, memory bytes; None = not given."""
+
+    job_id: str
+    cluster: str
+    partition: str
+    account: str
+    user: str
+    state: str
+    submit_s: float | None
+    start_s: float | None
+    end_s: float | None
+    elapsed_s: float
+    time_limit_s: float | None
+    cpus: int
+    gpus: int
+    gpu_type: str | None            # gres/gpu:<type> in AllocTRES
+    mem_req_bytes: int | None       # AllocTRES mem (the job total)
+    nnodes: int
+    nodes: str
+    comment: str
+
+
+@dataclass(slots=True)
+class JobFigures:
+    """What a ``JS1:`` blob says about a job (jobstats layout, gsrun's
+    ``gsrun`` section where present).
+
+    gpu_util_pct / gpu_mem_used_bytes / gpu_mem_total_bytes: one entry per
+    GPU with a figure (duty-cycle mean %, memory high water and total).
+    sm_active_pct: mean SM activity over the GPUs that have it (gsrun
+    only, GPM), None otherwise. cpu_time_s, host_mem_used_bytes,
+    host_mem_req_bytes: sums over the blob's nodes. energy_j: gsrun's GPU
+    energy (None for jobstats' blobs). alerts: waste detections the live
+    detector made while the job ran (gsrun). source: ``"gsrun"`` or
+    ``"jobstats"``.
+    """
+
+    source: str
+    gpu_util_pct: list[float] = field(default_factory=list)
+    gpu_mem_used_bytes: list[int] = field(default_factory=list)
+    gpu_mem_total_bytes: list[int] = field(default_factory=list)
+    sm_active_pct: float | None = None
+    cpu_time_s: float | None = None
+    host_mem_used_bytes: int | None = None
+    host_mem_req_bytes: int | None = None
+    energy_j: float | None = None
+    alerts: int = 0
+
+
+# --------------------------------------------------------------------------- pure
+
+def _epoch(text: str) -> float | None:
+    t = text.strip()
+    if not t or t in ("Unknown", "None"):
+        return None
+    try:
+        return datetime.fromisoformat(t).timestamp()
+    except ValueError:
+        return None
+
+
+def _time(text: str) -> float | None:
+    try:
+        return parse_time_s(text)
+    except ValueError:
+        return None
+
+
+def parse_line(line: str, fmt: tuple[str, ...] = REPORT_FORMAT) -> JobRow | None:
+    """One ``sacct -P -n -X --format=<REPORT_FORMAT>`` line -> :class:`JobRow`;
+    None for a step line, a ``CLUSTER:`` header (``-M``), a blank line, or a
+    line with too few columns. ``fmt`` may be another order of the same
+    names (recorded outputs of other Slurm versions name them the same)."""
+    if fmt is REPORT_FORMAT:
+        parts = line.rstrip("\n").split("|", _N - 1)
+        if len(parts) != _N:
+            return None
+        v = dict(zip(("jobid", "jobidraw", "cluster", "partition", "account", "user", "state", "submit",
+                      "start", "end", "elapsed", "timelimit", "alloccpus", "alloctres", "reqmem", "nnodes",
+                      "nodelist", "admincomment"), parts))
+    else:
+        names = [f.lower() for f in fmt]
+        parts = line.rstrip("\n").split("|", len(names) - 1)
+        if len(parts) != len(names):
+            return None
+        v = dict(zip(names, parts))
+    jid = v.get("jobid", "").strip()
+    if not jid or "." in jid:
+        return None
+    tres = parse_tres(v.get("alloctres"))
+    gpus = tres_gpus(tres) or 0
+    gtype = next((k[len("gres/gpu:"):] for k in tres if k.startswith("gres/gpu:")), None)
+    mem = parse_mem(tres["mem"], bare_unit="M").bytes if "mem" in tres else None
+    if mem is None and v.get("reqmem"):
+        rm = parse_mem(v["reqmem"], bare_unit="M")
+        mem = rm.bytes if rm.per is None else None
+    cpus = v.get("alloccpus", "").strip()
+    nn = v.get("nnodes", "").strip()
+    return JobRow(
+        job_id=jid, cluster=v.get("cluster", "").strip(), partition=v.get("partition", "").strip(),
+        account=v.get("account", "").strip(), user=v.get("user", "").strip(),
+        state=state_word(v.get("state", "")) or "", submit_s=_epoch(v.get("submit", "")),
+        start_s=_epoch(v.get("start", "")), end_s=_epoch(v.get("end", "")),
+        elapsed_s=_time(v.get("elapsed", "")) or 0.0, time_limit_s=_time(v.get("timelimit", "")),
+        cpus=int(cpus) if cpus.isdigit() else 0, gpus=gpus, gpu_type=gtype, mem_req_bytes=mem,
+        nnodes=int(nn) if nn.isdigit() else 1, nodes=v.get("nodelist", "").strip(),
+        comment=v.get("admincomment", "").strip())
+
+
+def _num(x) -> float | None:
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return None
+    f = float(x)
+    return f if math.isfinite(f) else None
+
+
+def blob_figures(comment: str) -> tuple[JobFigures | None, str | None]:
+    """``(figures, None)`` from a ``JS1:`` AdminComment, else ``(None,
+    why)``: ``"no blob"``, ``"jobstats stub"`` (``JS1:Short`` / ``JS1:None``:
+    jobstats had too little to store), ``"lowercased"`` (sacctmgr of Slurm
+    22.05), ``"corrupt"``. Per-GPU figures keyed ``min``/``median``/``max``
+    (a reduced gsrun blob) count as three GPUs."""
+    if not comment.startswith("JS1:"):
+        return None, ("lowercased" if comment.startswith("js1:") else "no blob")
+    if comment in ("JS1:Short", "JS1:None"):
+        return None, "jobstats stub"
+    try:
+        blob = decode_js1(comment)
+    except ValueError:
+        return None, "corrupt"
+    if not isinstance(blob, dict) or not isinstance(blob.get("nodes"), dict):
+        return None, "corrupt"
+    gs = blob.get("gsrun") if isinstance(blob.get("gsrun"), dict) else None
+    f = JobFigures(source="gsrun" if gs is not None else "jobstats")
+    cpu = used = req = 0.0
+    have_cpu = have_mem = False
+    for nd in blob["nodes"].values():
+        if not isinstance(nd, dict):
+            continue
+        if (t := _num(nd.get("total_time"))) is not None:
+            cpu += t
+            have_cpu = True
+        u, r = _num(nd.get("used_memory")), _num(nd.get("total_memory"))
+        if u is not None and r:
+            used += u
+            req += r
+            have_mem = True
+        util = nd.get("gpu_utilization")
+        if isinstance(util, dict):
+            f.gpu_util_pct.extend(x for x in map(_num, util.values()) if x is not None)
+        gu, gt = nd.get("gpu_used_memory"), nd.get("gpu_total_memory")
+        if isinstance(gu, dict) and isinstance(gt, dict):
+            for k, u in gu.items():
+                u, t = _num(u), _num(gt.get(k))
+                if u is not None and t:
+                    f.gpu_mem_used_bytes.append(int(u))
+                    f.gpu_mem_total_bytes.append(int(t))
+    if have_cpu:
+        f.cpu_time_s = cpu
+    if have_mem:
+        f.host_mem_used_bytes, f.host_mem_req_bytes = int(used), int(req)
+    if gs is not None:
+        f.energy_j = _num(gs.get("energy_j"))
+        sm = gs.get("sm_active_pct")
+        if isinstance(sm, dict):
+            vals = [x for x in map(_num, sm.values()) if x is not None]
+            f.sm_active_pct = sum(vals) / len(vals) if vals else None
+        a = _num(gs.get("alerts"))
+        f.alerts = int(a) if a else 0
+    return f, None
+
+
+def chunks(start_s: float, end_s: float, chunk_s: float) -> list[tuple[float, float]]:
+    """``[start_s, end_s)`` cut into consecutive pieces of ``chunk_s`` (the last shorter)."""
+    out, t = [], start_s
+    while t < end_s:
+        out.append((t, min(t + chunk_s, end_s)))
+        t += chunk_s
+    return out
+
+
+def _slurm_time(epoch_s: float) -> str:
+    return datetime.fromtimestamp(epoch_s).strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def sacct_argv(start_s: float, end_s: float, clusters: Iterable[str] = (), partitions: Iterable[str] = (),
+               accounts: Iterable[str] = ()) -> list[str]:
+    """The argv of one chunk's query (every user: ``-a``; jobs that ended:
+    ``-s``; allocations only: ``-X``). Filters are comma-joined lists whose
+    names were checked by the caller (:func:`check_names`)."""
+    argv = ["sacct", "-P", "-n", "-X", "-a", "--format=" + ",".join(REPORT_FORMAT),
+            "-S", _slurm_time(start_s), "-E", _slurm_time(end_s), "-s", ",".join(REPORT_STATES)]
+    for flag, names in (("-M", clusters), ("-r", partitions), ("-A", accounts)):
+        names = list(names)
+        if names:
+            argv += [flag, ",".join(names)]
+    return argv
+
+
+def check_names(what: str, names: Iterable[str]) -> list[str]:
+    """Cluster, partition or account names: ``[A-Za-z0-9_.-]{1,64}`` each.
+
+    Raises:
+        SlurmError: any other name (it would reach sacct's argv)."""
+    out = []
+    for n in names:
+        n = n.strip()
+        if not n or len(n) > 64 or not all(c.isascii() and (c.isalnum() or c in "_.-") for c in n):
+            raise SlurmError("report", f"bad {what} name", repr(n)[:80], hint="letters, digits, _ . - only")
+        out.append(n)
+    return out
+
+
+# --------------------------------------------------------------------------- effects
+
+def stream_sacct(argv: list[str], timeout_s: float) -> Iterator[str]:
+    """Run ``argv`` (sacct) and yield its stdout lines as they come; the
+    whole run is bounded by ``timeout_s`` (killed after it).
+
+    Raises:
+        SlurmError: sacct missing, failed (no slurmdbd) or timed out.
+    """
+    exe = shutil.which(argv[0], path=os.environ.get("PATH") or DEFAULT_PATH)
+    if exe is None:
+        raise SlurmError("report", f"{argv[0]} not found", "Slurm client commands are not on PATH",
+                         hint="install slurm-client or put Slurm's bin directory on PATH")
+    proc = subprocess.Popen([exe, *argv[1:]], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            errors="replace", cwd="/", bufsize=1 << 16)
+    killed = threading.Event()
+
+    def kill():
+        killed.set()
+        proc.kill()
+
+    timer = threading.Timer(timeout_s, kill)
+    timer.daemon = True
+    timer.start()
+    try:
+        assert proc.stdout is not None
+        yield from proc.stdout
+        err = proc.stderr.read() if proc.stderr else ""
+        rc = proc.wait()
+    finally:
+        timer.cancel()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for f in (proc.stdout, proc.stderr):
+            if f:
+                f.close()
+    if killed.is_set():
+        raise SlurmError("report", "sacct timed out", f"no full answer in {timeout_s:g} s",
+                         hint="is slurmdbd up? a shorter chunk (cluster_report.chunk_h) asks less at once")
+    if rc != 0:
+        msg = err.strip().splitlines()
+        raise SlurmError("report", "sacct failed", msg[-1] if msg else f"exit {rc}",
+                         hint="sacct needs slurmdbd accounting (AccountingStorageType=accounting_storage/slurmdbd)")
+
+
+def window_jobs(start_s: float, end_s: float, chunk_s: float, timeout_s: float, clusters=(), partitions=(),
+                accounts=(), lines_of=None) -> Iterator[JobRow]:
+    """Every job that ended in ``[start_s, end_s)``, chunk by chunk, once.
+    ``lines_of(argv)``: the line source (default :func:`stream_sacct`;
+    tests and the benchmark pass recorded text)."""
+    lines_of = lines_of or (lambda argv: stream_sacct(argv, timeout_s))
+    for a, b in chunks(start_s, end_s, chunk_s):
+        for line in lines_of(sacct_argv(a, b, clusters, partitions, accounts)):
+            parts = line.split("|", _END + 1)
+            if len(parts) > _END + 1:      # skip a job another chunk reports before parsing it
+                end = _epoch(parts[_END])
+                if end is None or not (a <= end < b):
+                    continue
+            row = parse_line(line)
+            if row is None or row.end_s is None or not (a <= row.end_s < b):
+                continue
+            if row.state not in TERMINAL_STATES:
+                continue
+            yield row
+
+
+def parse_since(text: str, now: float | None = None) -> float:
+    """``7d``, ``36h``, ``90m`` -> the epoch second that long before ``now``.
+
+    Raises:
+        SlurmError: another form."""
+    t = text.strip().lower()
+    mult = {"d": 86400, "h": 3600, "m": 60, "w": 7 * 86400}.get(t[-1:])
+    if mult is None or not t[:-1].isdigit() or int(t[:-1]) <= 0:
+        raise SlurmError("report", "bad --since", repr(text)[:40], hint="e.g. 7d, 36h, 90m or 2w")
+    return (time.time() if now is None else now) - int(t[:-1]) * mult
+
+
+def parse_when(text: str) -> float:
+    """``2024-05-01`` or ``2024-05-01T12:00[:00]`` (local time) -> epoch seconds.
+
+    Raises:
+        SlurmError: another form."""
+    try:
+        return datetime.fromisoformat(text.strip()).timestamp()
+    except ValueError:
+        raise SlurmError("report", "bad time", repr(text)[:40], hint="e.g. 2024-05-01 or 2024-05-01T12:00") from None
