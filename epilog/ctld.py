@@ -27,7 +27,7 @@ import sys
 import time
 
 from gsrun.base.errors import GsrunError
-from gsrun.base.fsutil import atomic_write, atomic_write_json, read_json
+from gsrun.base.fsutil import atomic_write, atomic_write_json, read_json, write_user_copy
 from gsrun.base.ids import check_job_id
 from gsrun.base.log import JobLog
 from gsrun.base.paths import Paths
@@ -251,12 +251,13 @@ def _node_without_timelines(path) -> dict | None:
 
 def write_summary(paths: Paths, summary: dict, uid: int | None, gid: int | None) -> None:
     """``summary.json`` (root, 0600) and, with ``uid``, ``user-summary.json``
-    (the job's user, 0400): serialized once, the same bytes written to both."""
-    d = paths.make_spool_job(summary["job"]["id"])
+    (root's, group ``gid``, 0440: :func:`gsrun.base.fsutil.write_user_copy`):
+    serialized once, the same bytes written to both."""
+    d = paths.make_spool_job(summary["job"]["id"], gid=gid)
     data = (json.dumps(summary, separators=(",", ":"), sort_keys=True) + "\n").encode()
     atomic_write(d / "summary.json", data, mode=0o600)
     if uid is not None:
-        atomic_write(d / "user-summary.json", data, mode=0o400, uid=uid, gid=gid)
+        write_user_copy(d / "user-summary.json", data, gid)
 
 
 def _job_and_log(environ) -> tuple[str | None, JobLog]:
@@ -292,8 +293,8 @@ def run(environ, spool_dir: str | None = None, wait_s: float = 30.0, background:
     except GsrunError as e:
         log.warn(f"job record unavailable: {e}")
     job = job_from_record(job_id, rec, environ)
-    uid = _uid(environ, rec)
-    gid = _gid_of(uid)
+    uid = _uid(environ)
+    gid = _gid(environ, uid)
     ctx = {"paths": paths, "job": job, "cfg": cfg, "uid": uid, "gid": gid, "wait_s": wait_s, "log": log}
     out = run_steps("epilog-ctld", STEPS, ctx, log, rule=CLEANUP, budget_s=None)
     mail_res = out.results.get("mail") or {}
@@ -331,7 +332,9 @@ STEPS = (
 
 
 def _child_env() -> dict[str, str]:
-    return root_child_env(("GSRUN_SPOOL_DIR", "GSRUN_LOG_FILE"))
+    # the job's uid and gid travel in slurmctld's variables: the background step
+    # settles the state and rewrites the user's copy, owned by them
+    return root_child_env(("GSRUN_SPOOL_DIR", "GSRUN_LOG_FILE", "SLURM_JOB_UID", "SLURM_JOB_GID"))
 
 
 def _kick_admin_comment(job_id: str, spool_dir: str) -> bool:
@@ -350,7 +353,7 @@ SETTLE_DELAYS_S = (1.0, 2.0, 4.0, 8.0, 15.0, 30.0)   # scontrol polls after Epil
 
 
 def settle_state(paths: Paths, job_id: str, cfg, log, show_job=None, sleep=time.sleep,
-                 delays_s=SETTLE_DELAYS_S, summary: dict | None = None) -> dict | None:
+                 delays_s=SETTLE_DELAYS_S, summary: dict | None = None, environ=None) -> dict | None:
     """When the job summary's state is a guess (``job.state_source ==
     "exit_code"``: slurmctld showed the job COMPLETING to EpilogSlurmctld),
     wait with backoff (``delays_s``, one ``scontrol --local show job`` RPC
@@ -359,8 +362,12 @@ def settle_state(paths: Paths, job_id: str, cfg, log, show_job=None, sleep=time.
     (JSON form) when it was a guess (settled or not: after the last poll the
     guess stays, ``state_source`` still ``exit_code``), None when there was
     nothing to settle or no summary. ``summary``: the job summary already
-    read by the caller (else read from the spool). Never raises for Slurm
-    errors: logged."""
+    read by the caller (else read from the spool). ``environ`` (default
+    :data:`os.environ`): where the job's uid and gid come from
+    (``SLURM_JOB_UID``/``SLURM_JOB_GID``, passed on by EpilogSlurmctld), the
+    owner of the user's copy; the record only gives the state and exit code,
+    parsed with forged keys dropped (:func:`gsrun.facts.slurm.show_job`).
+    Never raises for Slurm errors: logged."""
     show_job = show_job or _show_job
     if summary is None:
         summary = read_json(paths.spool_job(job_id) / "summary.json")
@@ -386,8 +393,9 @@ def settle_state(paths: Paths, job_id: str, cfg, log, show_job=None, sleep=time.
             job["exit_code"] = ec if not sig else 128 + sig
 
         summary["findings"] = [f.to_json() for f in finding_records(summary, cfg, job.get("partition"))]
-        uid = _uid({}, {"UserId": rec.get("UserId", "")})
-        write_summary(paths, summary, uid, _gid_of(uid))
+        env = os.environ if environ is None else environ
+        uid = _uid(env)
+        write_summary(paths, summary, uid, _gid(env, uid))
         log(f"final state {final} (EpilogSlurmctld saw COMPLETING and guessed {was} from the exit code)")
         return summary
     log.warn(f"final state not known after {sum(delays_s):.0f} s: the summary keeps {job.get('state')} "
@@ -495,15 +503,20 @@ def _gid_of(uid: int | None) -> int | None:
         return uid
 
 
-def _uid(environ, rec) -> int | None:
-    v = environ.get("SLURM_JOB_UID")
-    if v and v.isdigit():
-        return int(v)
-    if rec and rec.get("UserId"):
-        m = re.search(r"\((\d+)\)", rec["UserId"])
-        if m:
-            return int(m.group(1))
-    return None
+def _uid(environ) -> int | None:
+    """The job's uid from slurmctld's environment (``SLURM_JOB_UID``), None
+    without it. Never from a job record: user text in it can forge ``UserId=``."""
+    v = environ.get("SLURM_JOB_UID", "")
+    return int(v) if v.isdigit() and len(v) <= 10 else None
+
+
+def _gid(environ, uid: int | None) -> int | None:
+    """The job's gid from slurmctld's environment (``SLURM_JOB_GID``), else
+    :func:`_gid_of` ``uid``; None without a uid."""
+    if uid is None:
+        return None
+    v = environ.get("SLURM_JOB_GID", "")
+    return int(v) if v.isdigit() and len(v) <= 10 else _gid_of(uid)
 
 
 def queue_mail(paths: Paths, summary: dict, cfg, log) -> str:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from gsrun.base import pids
 from gsrun.base.errors import GsrunError
-from gsrun.base.fsutil import atomic_write, atomic_write_json, json_text, read_json, remove_tree
+from gsrun.base.fsutil import atomic_write, atomic_write_json, json_text, read_json, remove_tree, write_user_copy
 from gsrun.base.ids import is_job_id
 from gsrun.base.log import JobLog, safe_text
 from gsrun.base.paths import Paths
@@ -255,11 +255,10 @@ def _summary(job, paths, sdir, hostfs, log, pre: dict | None = None) -> dict:
     lost = [g["index"] for g in summ["gpus"] if g.get("lost_at_s") is not None]
     out = paths.spool_job(job.job_id) / f"node-{job.node}.json"
     try:
-        paths.make_spool_job(job.job_id, log=log.warn)
+        paths.make_spool_job(job.job_id, log=log.warn, gid=job.gid)
         text = json_text(summ)        # one serialization, two copies (root's and the user's)
         atomic_write(out, text, mode=0o600)
-        atomic_write(paths.spool_job(job.job_id) / f"user-node-{job.node}.json", text, mode=0o400,
-                     uid=job.uid, gid=job.gid)
+        write_user_copy(paths.spool_job(job.job_id) / f"user-node-{job.node}.json", text, job.gid)
         try:    # the final node summary replaces the running job's live file (gsrun.node.live)
             os.unlink(paths.spool_job(job.job_id) / f"user-live-{job.node}.json")
         except FileNotFoundError:

@@ -40,7 +40,7 @@ import time
 
 from gsrun.base import pids
 from gsrun.base.errors import GsrunError
-from gsrun.base.fsutil import atomic_write_json, read_json, unlink_names
+from gsrun.base.fsutil import atomic_write_json, json_text, read_json, unlink_names, write_user_copy
 from gsrun.base.log import JobLog, safe_text
 from gsrun.base.paths import Paths
 from gsrun.base.proc import root_child_env, root_python, spawn_detached, take_warm
@@ -85,7 +85,7 @@ class Ctx:
 def _records(c: Ctx):
     if not c.dry_run:
         c.paths.make_state_job(c.job.job_id, log=c.log.warn)
-        d = c.paths.make_spool_job(c.job.job_id, log=c.log.warn)
+        d = c.paths.make_spool_job(c.job.job_id, log=c.log.warn, gid=c.job.gid)
         gone = clear_earlier_run(d, c.job.node)
         if gone:
             c.log(f"removed an earlier run's {', '.join(gone)} (same job id: requeued, or ids reissued)")
@@ -308,8 +308,8 @@ def _mig(hostfs, paths, job, req, cfg, exclusive, log, nv=None):
                            drain=lambda reason: drain_node(job.node, reason, log), log=log,
                            exclusive=exclusive, named=cfg["mig.layouts"])
     devices = list(res.get("devices", []))
-    atomic_write_json(paths.spool_job(job.job_id) / f"user-mig-{job.node}.json",
-                      {"devices": devices, "layout": req.mig}, mode=0o400, uid=job.uid, gid=job.gid)
+    write_user_copy(paths.spool_job(job.job_id) / f"user-mig-{job.node}.json",
+                    json_text({"devices": devices, "layout": req.mig}), job.gid)
     return {"devices": devices, "journal": res.get("journal")}
 
 

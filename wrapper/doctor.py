@@ -41,7 +41,7 @@ from gsrun.facts.topology import read_topology
 from gsrun.node.tuning import (DMA_LATENCY, HugepagesKnob, IRQ, NODE, PCI, bracket_word, governor_cpus, idle_states,
                                irqbalance_check, irqbalance_policy_script, pids_by_comm, read_meminfo_kb, read_swaps,
                                thp_dir)
-from gsrun.report.retention import oldest_age_days
+from gsrun.report.retention import last_run, oldest_age_days
 from gsrun.request.config import Config, SETTINGS, load_config
 from gsrun.spank_py.build import read_build_info
 from gsrun.wrapper.install import detect_slurm_version, parse_slurm_conf
@@ -765,6 +765,10 @@ def check_mail(ctx: Context) -> Check:
 SPOOL_MAX_USED_PCT = 90.0
 
 
+def _ago(hours: float) -> str:
+    return f"{hours * 60:.0f} min" if hours < 1 else f"{hours:.0f} h" if hours < 48 else f"{hours / 24:.0f} days"
+
+
 def check_retention(ctx: Context) -> Check:
     """``warn`` when ``<spool>/jobs/`` holds job directories older than
     ``spool.retention_days`` (gsrun-node prune is not running) or the spool's
@@ -780,12 +784,21 @@ def check_retention(ctx: Context) -> Check:
         return _c("retention", "warn", str(e).replace("\n", " "), "inspect the spool", path=spool)
     du = shutil.disk_usage(spool)
     used = 100.0 * (du.total - du.free) / du.total if du.total else 0.0
+    last = last_run(spool)
+    last_h = None if last is None else max(0.0, (time.time() - last["time"]) / 3600.0)
     data = {"path": spool, "job_dirs": n, "oldest_days": None if oldest is None else round(oldest, 1),
-            "retention_days": days, "used_pct": round(used, 1)}
+            "retention_days": days, "used_pct": round(used, 1),
+            "last_prune_hours": None if last_h is None else round(last_h, 1)}
     detail = (f"{n} job directories, oldest {oldest:.0f} days" if oldest is not None else "no job directories") \
-        + f"; filesystem {used:.0f}% used; retention {days or 'forever'}" + (" days" if days else "")
+        + f"; filesystem {used:.0f}% used; retention {days or 'forever'}" + (" days" if days else "") \
+        + ("; prune never ran" if last is None else
+           f"; last prune {_ago(last_h)} ago (removed {last.get('removed', 0)})")
     if used > SPOOL_MAX_USED_PCT:
         return _c("retention", "warn", detail, "run gsrun-node prune (see docs/ADMIN.md, the prune timer)", **data)
+    if days and last_h is not None and last_h > 48 and n:
+        return _c("retention", "warn", detail,
+                  "gsrun-node prune has not run for 2 days: is gsrun-prune.timer enabled? "
+                  "(systemctl list-timers gsrun-prune.timer)", **data)
     if days and oldest is not None and oldest > days + 1:
         return _c("retention", "warn", detail,
                   "job directories outlive spool.retention_days: enable the gsrun-prune timer "

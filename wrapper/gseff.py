@@ -23,8 +23,9 @@ from dataclasses import asdict
 import click
 
 from gsrun.base.errors import GsrunError, InputError, SlurmError, run_cli
-from gsrun.base.fsutil import read_json
+from gsrun.base.fsutil import read_spool_json
 from gsrun.base.ids import check_job_id
+from gsrun.base.log import escape_strings
 from gsrun.base.paths import Paths
 from gsrun.facts.live import read_live_docs
 from gsrun.report import accounting
@@ -48,7 +49,7 @@ def load_summary(paths: Paths, job_id: str, cfg=None) -> dict:
     names = ("summary.json", "user-summary.json")
     summary = None
     for n in names:
-        summary = read_json(d / n)
+        summary = read_spool_json(d / n)
         if summary:
             break
     files: dict[str, object] = {}     # node -> its file; names only: a node file is parsed only when merging here
@@ -60,14 +61,14 @@ def load_summary(paths: Paths, job_id: str, cfg=None) -> dict:
 
         live = read_live_docs(d)
         if live:
-            finished = [s for s in (read_json(p) for p in files.values()) if s and s.get("kind") == "node"]
+            finished = [s for s in (read_spool_json(p) for p in files.values()) if s and s.get("kind") == "node"]
             running = live_summary(job_id, live, finished, cfg)
             if running is not None:
                 return running
     if summary is None or len(files) > len(summary["job"]["nodes"]) - len(summary.get("nodes_missing", [])):
         nodes = []
         for p in files.values():
-            s = read_json(p)
+            s = read_spool_json(p)
             if s and s.get("kind") == "node" and s["node"] not in {x["node"] for x in nodes}:
                 nodes.append(s)
         if not nodes:
@@ -135,7 +136,9 @@ def load_accounting(job_id: str, timeout_s: float = 15.0) -> dict:
 
 
 def render_accounting(rec: dict) -> str:
-    """Plain-text report of :func:`load_accounting`'s record."""
+    """Plain-text report of :func:`load_accounting`'s record; every string
+    from the record escaped (:func:`gsrun.base.log.escape_strings`)."""
+    rec = escape_strings(rec)
     e = rec["efficiency"]
     out = [f"gsrun efficiency report (from Slurm accounting): job {rec['job_id']}",
            f"  State: {e['state'] or 'N/A'}   Elapsed: {fmt_duration_s(e['elapsed_s'], 'clock')}"
@@ -220,7 +223,11 @@ def cli(job_id, as_json, plot, all_gpus, from_sacct, watch, spool_dir):
 
 def report_text(summary: dict, cfg, all_gpus: bool = False, color: bool = False, now: float | None = None) -> str:
     """The text report; a running job's starts with its live lines (how old
-    the figures are, alerts, the idle-cancel decision)."""
+    the figures are, alerts, the idle-cancel decision). Every string from
+    the job's records (name, nodes, notes, alert lines...) is escaped first
+    (:func:`gsrun.base.log.escape_strings`): control and bidi characters
+    reach the terminal as ``\\x1b``/``\\u202e``, never as themselves."""
+    summary = escape_strings(summary)
     head = ""
     if summary.get("live"):
         head = live_text(summary, time.time() if now is None else now)

@@ -365,7 +365,9 @@ def render_slurm_lines(slurm_version: str, hooks: dict[str, str], flags: str, fl
 
 def render_units(gsrun_node: str, config_path: str | None,
                  agent_socket: str | None = None) -> dict[str, str]:
-    """``{"gsrun-mail.service": text, "gsrun-mail.timer": text}``, the weekly
+    """``{"gsrun-mail.service": text, "gsrun-mail.timer": text,
+    "gsrun-prune.service": text, "gsrun-prune.timer": text}`` (mail delivery
+    every minute, spool pruning daily: both where the spool is written), the weekly
     ``gsrun-report.service`` / ``.timer`` (written, off until enabled) and, with
     ``agent_socket``, ``"gsrun-agent.service"`` (the node agent on that
     socket; systemd makes the socket's directory when it is ``/run/NAME``);
@@ -376,6 +378,8 @@ def render_units(gsrun_node: str, config_path: str | None,
         cfgp = _check_plain(config_path, "config path")
     units = {"gsrun-mail.service": render("gsrun-mail.service.j2", gsrun_node=gsrun_node, config_path=cfgp),
              "gsrun-mail.timer": render("gsrun-mail.timer.j2"),
+             "gsrun-prune.service": render("gsrun-prune.service.j2", gsrun_node=gsrun_node, config_path=cfgp),
+             "gsrun-prune.timer": render("gsrun-prune.timer.j2"),
              # written, never enabled by install: the weekly report is the site's choice
              "gsrun-report.service": render("gsrun-report.service.j2", config_path=cfgp,
                                             gsrun_report=os.path.join(os.path.dirname(gsrun_node), "gsrun-report")),
@@ -692,10 +696,10 @@ def run(opts: InstallOptions, out: Callable[[str], None] = print, environ=None) 
     out("# and make sure /etc/slurm/plugstack.conf has:  include /etc/slurm/plugstack.conf.d/*.conf")
 
     # 6. mail timer and node agent
-    out("\n## 6. mail delivery timer (on the slurmctld host)"
+    out("\n## 6. mail delivery and spool pruning timers (on the slurmctld host)"
         + ("; node agent (on every node and the slurmctld host)" if via else ""))
     units = render_units(inst.gsrun_node, cfg_env, agent_socket if via else None)
-    enable = "systemctl enable --now gsrun-mail.timer" + (
+    enable = "systemctl enable --now gsrun-mail.timer gsrun-prune.timer" + (
         "  # and everywhere: systemctl enable --now gsrun-agent.service" if via else "")
     if opts.units_dir and not opts.print_only:
         for name, body in units.items():

@@ -306,6 +306,12 @@ def prune(spool_dir, older_than, dry_run, force, as_json):
         return 0
     rows = retention.prune_job_dirs(str(paths.spool_dir), days, dry_run=dry_run, force=force)
     mails = 0 if dry_run else mail.prune(str(paths.spool_dir), max_age_s=max(days, 1) * 86400)
+    if not dry_run:
+        try:
+            retention.record_run(str(paths.spool_dir), rows, mails, days)
+        except OSError as e:
+            click.echo(f"gsrun: prune: last-run record not written: {e.strerror or e}\n"
+                       "hint: gsrun-node doctor will not know this run; check the spool's permissions", err=True)
     if as_json:
         click.echo(json.dumps({"older_than_days": days, "dry_run": dry_run, "jobs": rows, "mails_removed": mails}))
     else:

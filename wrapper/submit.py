@@ -11,6 +11,7 @@ from pathlib import Path
 from gsrun.base.errors import SlurmError
 from gsrun.base.ids import check_job_id
 from gsrun.facts.live import read_live_docs
+from gsrun.base.log import safe_text
 from gsrun.facts.slurm import ENDED_HELD_STATES, TERMINAL_STATES, parse_exit_code, run_slurm, show_job, state_word
 
 
@@ -63,7 +64,11 @@ def poll_interval(since_change_s: float) -> float:
 
 
 def status_line(job_id: str, st: JobState, waited_s: float) -> str:
-    """``gsrun: job 12: pending (Resources) 35 s`` / ``gsrun: job 12: running 00:01:02``."""
+    """``gsrun: job 12: pending (Resources) 35 s`` / ``gsrun: job 12: running 00:01:02``
+    (record text escaped: :func:`gsrun.base.log.safe_text`)."""
+    from dataclasses import astuple
+
+    st = JobState(*(safe_text(v) if isinstance(v, str) else v for v in astuple(st)))
     state = st.state.lower()
     if st.state == "PENDING":
         why = f" ({st.reason})" if st.reason else ""
@@ -132,7 +137,7 @@ def follow(job_id: str, out=sys.stdout, err=sys.stderr, poll_s: float = 1.0,
                 for line in alerts():
                     if line not in told:
                         told.add(line)
-                        err.write(("\r\033[K" if tty else "") + f"gsrun: job {job_id}: ALERT: {line}\n")
+                        err.write(("\r\033[K" if tty else "") + f"gsrun: job {job_id}: ALERT: {safe_text(line)}\n")
                         err.flush()
         if st is not None:
             if st.stdout_path:

@@ -122,20 +122,25 @@ def flock_within(fd: int, timeout_s: float, poll_s: float = 0.005) -> bool:
             time.sleep(poll_s)
 
 
-def read_own_file(path: str, max_bytes: int) -> bytes | None:
-    """The bytes of ``path`` when it is a regular file owned by this process's
-    user, not writable by group or others, at most ``max_bytes`` long; else
-    None (absent, a link -- never followed --, a FIFO -- never blocked on --,
-    another owner, too big, unreadable). For the caches gsrun keeps for itself
-    (the parsed config, slurmctld's config): what another user could have
-    written is never read."""
+def read_bounded(path, max_bytes: int, owners=None, dir_fd: int | None = None) -> bytes | None:
+    """The bytes of ``path`` when it is a regular file owned by one of
+    ``owners`` (uids; default: this process's user), not writable by group or
+    others, at most ``max_bytes`` long; else None (absent, a link -- never
+    followed --, a FIFO -- never blocked on --, another owner, too big,
+    unreadable). Opened once with ``O_NOFOLLOW`` and checked with ``fstat`` on
+    that descriptor (no check-then-read race); reads stop after
+    ``max_bytes + 1`` bytes, so a file grown after the ``fstat`` is refused
+    too. ``dir_fd``: ``path`` relative to that directory. The one reader of
+    files root decides from: what another user could have written is never
+    read."""
+    allowed = (os.geteuid(),) if owners is None else tuple(owners)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dir_fd)
     except OSError:
         return None
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022 \
+        if not stat.S_ISREG(st.st_mode) or st.st_uid not in allowed or st.st_mode & 0o022 \
                 or st.st_size > max_bytes:
             return None
         chunks, left = [], max_bytes + 1
@@ -153,6 +158,41 @@ def read_own_file(path: str, max_bytes: int) -> bytes | None:
         os.close(fd)
 
 
+def read_own_file(path: str, max_bytes: int) -> bytes | None:
+    """:func:`read_bounded` of a file owned by this process's user: for the
+    caches gsrun keeps for itself (the parsed config, slurmctld's config)."""
+    return read_bounded(path, max_bytes)
+
+
+#: Largest spool JSON file gsrun reads (summaries, node and live files); a
+#: 64-GPU, 30-day job's summary is a few MiB.
+MAX_SPOOL_JSON_BYTES = 64 << 20
+
+
+def spool_owners() -> tuple[int, ...]:
+    """The owners a spool file may have for this process to trust it: root
+    (every spool file is root's), plus this process's user when it is not
+    root (its own test spool, or a file only it could have hurt)."""
+    return (0,) if os.geteuid() == 0 else (0, os.geteuid())
+
+
+def read_spool_json(path, max_bytes: int = MAX_SPOOL_JSON_BYTES) -> dict | None:
+    """The JSON object in the spool file ``path`` read by :func:`read_bounded`
+    (owner root -- or this user when not root --, not group- or
+    other-writable, at most ``max_bytes``), None when absent, refused or not
+    a JSON object."""
+    import json
+
+    raw = read_bounded(path, max_bytes, spool_owners())
+    if raw is None:
+        return None
+    try:
+        d = json.loads(raw.decode())
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return d if isinstance(d, dict) else None
+
+
 def read_json(path) -> dict | None:
     """JSON object from ``path`` (no symlink followed), or None if absent/corrupt."""
     try:
@@ -164,6 +204,28 @@ def read_json(path) -> dict | None:
             return json.loads(f.read().decode())
     except (ValueError, OSError, UnicodeDecodeError):
         return None
+
+
+#: The mode of a user's copy in the spool (``user-*.json``): root's file,
+#: readable by the job's group, writable by nobody but root.
+USER_COPY_MODE = 0o440
+
+
+def write_user_copy(path, data: str | bytes, gid: int | None, durable: bool = True) -> None:
+    """Write a user's copy of a spool file (``user-summary.json``,
+    ``user-node-<node>.json``, ``user-live-<node>.json``,
+    ``user-mig-<node>.json``) with :func:`atomic_write`: owned by root, group
+    ``gid`` (the job's group), mode :data:`USER_COPY_MODE`. The user reads it
+    through the group and can neither write, grow, replace (the job
+    directory is root's) nor ``chmod`` it, so root may read it back with
+    :func:`read_spool_json`. Plain owner and group bits, no ACL: the same on
+    local disks and NFS. Not root (tests): the caller's own file, group unchanged.
+
+    Raises:
+        OSError: as :func:`atomic_write`."""
+    root = os.geteuid() == 0
+    atomic_write(path, data, USER_COPY_MODE, uid=0 if root else None,
+                 gid=gid if root and gid is not None else None, durable=durable)
 
 
 def ensure_dir(path: str | os.PathLike, mode: int, uid: int = 0, gid: int = 0,

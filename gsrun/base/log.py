@@ -30,18 +30,38 @@ from gsrun.base.ids import is_job_id
 MAX_LINE = 4000
 # used through `re`'s own cache of compiled patterns, imported on first use: most lines are
 # plain ASCII without an error header, and the hooks import no `re` for them
-_UNSAFE = r"[\x00-\x1f\x7f\ud800-\udfff]"
+# C0, DEL, C1 (\x9b is CSI on a VT220), line and paragraph separators, the bidi
+# marks, overrides and isolates (the set the mail's clean_line drops), lone surrogates
+_UNSAFE = r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
 _ERR_HEADER = r"(^|: )gsrun: ([A-Za-z][\w+.-]*): "
 
 
 def safe_text(text, limit: int = MAX_LINE) -> str:
-    """``text`` on one printable line: control characters and lone
-    surrogates (non-UTF-8 bytes decoded with ``surrogateescape``) become
-    ``\\xNN``/``\\uNNNN`` escapes; cut at ``limit`` characters."""
+    """``text`` on one printable line: control characters (C0, DEL, C1),
+    line separators, bidi marks, overrides and isolates (U+202A-U+202E,
+    U+2066-U+2069, ...) and lone surrogates (non-UTF-8 bytes decoded with
+    ``surrogateescape``) become ``\\xNN``/``\\uNNNN`` escapes; cut at
+    ``limit`` characters."""
     s = str(text)
     if not (s.isascii() and s.isprintable()):   # printable ASCII has nothing to escape
         s = re.sub(_UNSAFE, lambda m: repr(m.group(0))[1:-1], s)
     return s if len(s) <= limit else s[:limit] + f"...[{len(s) - limit} more]"
+
+
+def escape_strings(obj, limit: int = 4096):
+    """A copy of the JSON tree ``obj`` with every string (keys too) passed
+    through :func:`safe_text`: what a text report built from job records
+    shows a terminal, where an ESC sequence or a right-to-left override in a
+    job name would otherwise act on the reader's screen. Other values are
+    kept. Pure."""
+    if isinstance(obj, str):
+        return safe_text(obj, limit)
+    if isinstance(obj, dict):
+        return {escape_strings(k, limit) if isinstance(k, str) else k: escape_strings(v, limit)
+                for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [escape_strings(v, limit) for v in obj]
+    return obj
 
 
 def safe_job_id(job_id) -> str | None:

@@ -61,15 +61,20 @@ class Paths:
         ensure_dir(self.state_dir / "jobs", 0o700)
         return ensure_dir(self.state_job(job_id), 0o700, replace_planted=True, log=log)
 
-    def make_spool_job(self, job_id: str, log=None) -> Path:
-        """Create (or check) ``<spool_dir>/jobs/<id>/`` root 0755.
+    def make_spool_job(self, job_id: str, log=None, gid: int | None = None) -> Path:
+        """Create (or check) ``<spool_dir>/jobs/<id>/``: root, group ``gid``
+        (the job's group), 0750 -- the job's user lists it and reads its
+        ``user-*.json`` copies through the group, other users can neither
+        list nor enter it; without ``gid`` root:root 0711 (nobody but root lists it).
 
         Raises:
             NodeError: ``<spool_dir>`` or ``<spool_dir>/jobs`` is planted or foreign.
         """
         _makedirs_root(self.spool_dir, 0o755)
         ensure_dir(self.spool_dir / "jobs", 0o711)
-        return ensure_dir(self.spool_job(job_id), 0o755, replace_planted=True, log=log)
+        if gid is None:
+            return ensure_dir(self.spool_job(job_id), 0o711, replace_planted=True, log=log)
+        return ensure_dir(self.spool_job(job_id), 0o750, 0, gid, replace_planted=True, log=log)
 
 
 def _makedirs_root(path: Path, mode: int) -> None:

@@ -3,7 +3,8 @@ the tiny writers both sides share.
 
 - ``<spool>/jobs/<id>/user-live-<node>.json``: written by the sampler
   (:mod:`gsrun.node.live`) while the job runs, read by ``gseff`` and
-  ``gsrun --wait`` (:func:`read_live_docs`); owned by the job's user, 0400.
+  ``gsrun --wait`` (:func:`read_live_docs`); root's, the job's group, 0440
+  (:func:`gsrun.base.fsutil.write_user_copy`).
 - ``<spool>/alerts/{new,done,failed,state}/`` (root 0700): alert requests
   ``<job>.<kind>.json`` (kind ``idle`` or ``cancel``) published once per job
   and kind by a sampler (:func:`queue_alert`), turned into mail by
@@ -14,10 +15,9 @@ the tiny writers both sides share.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
-from gsrun.base.fsutil import ensure_dir, publish_once, read_json
+from gsrun.base.fsutil import ensure_dir, publish_once, read_spool_json
 from gsrun.base.ids import check_job_id, is_node_name
 
 LIVE_VERSION = 1
@@ -31,7 +31,10 @@ MAX_LIVE_BYTES = 1 << 20        # a live file bigger than this is not ours (a fe
 def read_live_docs(job_dir) -> dict[str, dict]:
     """node -> live doc for every ``user-live-<node>.json`` in ``job_dir``
     that parses as one (kind ``live``, this version or older). Files that do
-    not parse, are too big or name a bad node are skipped."""
+    not parse, are too big, are not root's (or, not root, this user's), are
+    writable by group or others, or name a bad node are skipped
+    (:func:`gsrun.base.fsutil.read_spool_json`: one bounded read, no
+    check-then-read race)."""
     out: dict[str, dict] = {}
     try:
         names = sorted(p.name for p in Path(job_dir).iterdir() if p.name.startswith(LIVE_PREFIX))
@@ -41,13 +44,7 @@ def read_live_docs(job_dir) -> dict[str, dict]:
         node = name[len(LIVE_PREFIX):-len(".json")] if name.endswith(".json") else ""
         if not is_node_name(node):
             continue
-        p = Path(job_dir) / name
-        try:
-            if os.lstat(p).st_size > MAX_LIVE_BYTES:
-                continue
-        except OSError:
-            continue
-        d = read_json(p)
+        d = read_spool_json(Path(job_dir) / name, MAX_LIVE_BYTES)
         if isinstance(d, dict) and d.get("kind") == "live" and isinstance(d.get("version"), int) \
                 and d["version"] <= LIVE_VERSION and d.get("node") == node and isinstance(d.get("state"), dict):
             out[node] = d

@@ -220,6 +220,42 @@ def parse_job_record(text: str, job_id: str) -> dict[str, str] | None:
     return {k: v for k, v in parse_oneliner(line).items() if k not in dup}
 
 
+#: ``squeue -O`` fields of the idle-cancel exemptions, in this order, each
+#: printed unpadded (``:0``) and followed by ``|``: none of them holds the job's
+#: name, comment, paths or mail address, so no free text a user gives a job can
+#: split or forge the record. Partition, QOS and user name are the admin's
+#: names; an account a site does not enforce (AccountingStorageEnforce) could
+#: hold a ``|`` or a newline, which makes the record unparsable.
+EXEMPTION_FIELDS = ("JobID", "Partition", "QOS", "UserName", "Account", "BatchFlag")
+
+
+def exemption_argv(job_id: str) -> list[str]:
+    """``squeue -h -j ID -O JobID:0|,Partition:0|,...``: the one read of the
+    fields the idle cancel's exemptions test (:data:`EXEMPTION_FIELDS`)."""
+    return ["squeue", "-h", "-j", check_job_id(job_id, array=True), "-O",
+            ",".join(f"{f}:0|" for f in EXEMPTION_FIELDS)]
+
+
+def parse_exemption_record(text: str, job_id: str) -> dict | None:
+    """:func:`exemption_argv`'s output -> ``{"partition", "qos", "user",
+    "account", "interactive"}`` (names or None; ``interactive``: Slurm's
+    batch flag 0, an ``salloc``/``srun`` allocation), or None when the output
+    is not exactly one line of exactly these fields for ``job_id`` (a ``|``
+    or newline in an unenforced account name). Pure."""
+    lines = (text or "").splitlines()
+    if len(lines) != 1:
+        return None
+    parts = lines[0].split("|")
+    if len(parts) != len(EXEMPTION_FIELDS) + 1 or parts[-1].strip() or parts[0] != job_id \
+            or parts[5] not in ("0", "1"):
+        return None
+
+    def val(v):
+        return None if v in ("", "(null)", "None", "N/A") else v
+    return {"partition": val(parts[1]), "qos": val(parts[2]), "user": val(parts[3]), "account": val(parts[4]),
+            "interactive": parts[5] == "0"}
+
+
 def parse_gres_count(gres: str, name: str = "gpu") -> int:
     """Largest count of ``name`` in a node's gres string (``gpu:4``,
     ``gpu:h200:8(S:0-1)``, ``gpu:a100:2,gpu:v100:1``, ``(null)``) -> total."""
@@ -265,15 +301,26 @@ def job_record_argv(job_id: str, scontrol: str = "scontrol") -> list[str]:
 
 
 def show_job(job_id: str, timeout_s: float = 15.0) -> dict[str, str] | None:
-    """:func:`job_record_argv`'s record as a dict, or None for an unknown job."""
+    """:func:`job_record_argv`'s record through :func:`parse_job_record`
+    (a key a user field forged is dropped), or None for an unknown job.
+
+    Raises:
+        SlurmError: scontrol failed or timed out, or its output is not one
+            record of this job (a newline in the job's name or comment).
+    """
     check_job_id(job_id, array=True)
     cp = run_slurm(job_record_argv(job_id), timeout_s, check=False)
     if cp.returncode != 0:
         if "Invalid job id" in (cp.stderr + cp.stdout):
             return None
         raise SlurmError("slurm", "scontrol show job failed", (cp.stderr or cp.stdout).strip()[-200:])
-    line = cp.stdout.strip().splitlines()
-    return parse_oneliner(line[0]) if line else None
+    if not cp.stdout.strip():
+        return None
+    rec = parse_job_record(cp.stdout, job_id)
+    if rec is None:
+        raise SlurmError("slurm", "job record is not one record of this job", f"job {job_id}",
+                         hint="a newline in the job's name or comment splits scontrol's one-line record")
+    return rec
 
 
 def parse_state(text: str | None) -> tuple[str, int | None]:

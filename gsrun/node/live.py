@@ -6,8 +6,8 @@ each a thin writer around a decision made elsewhere:
 
 - **Live node file** ``<spool>/jobs/<id>/user-live-<node>.json``: the
   sampler's aggregates so far (:func:`live_doc`: no timelines, no histograms:
-  about 1 KiB per GPU), written atomically, owned by the job's user, mode
-  0400 (read by ``gseff`` like ``user-node-*.json``), at most every
+  about 1 KiB per GPU), written atomically, owned by root, the job's group, mode
+  0440 (read by ``gseff`` like ``user-node-*.json``), at most every
   ``live.flush_s`` (default 30 s, the first at the sampler's first flush),
   plus once when an alert or a cancel happens. The full timelines stay in
   the node's state dir until the epilog.
@@ -37,18 +37,17 @@ each a thin writer around a decision made elsewhere:
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import time
 from pathlib import Path
 
 from gsrun.base.errors import SlurmError
-from gsrun.base.fsutil import atomic_write, publish_once, read_json
+from gsrun.base.fsutil import publish_once, read_json, read_spool_json, write_user_copy
 from gsrun.base.ids import check_job_id, is_node_name
 from gsrun.base.log import JobLog
 from gsrun.base.proc import ROOT_CWD, root_child_env, root_python
-from gsrun.facts.live import LIVE_PREFIX, LIVE_VERSION, queue_alert
-from gsrun.facts.slurm import parse_job_record, run_slurm
+from gsrun.facts.live import LIVE_PREFIX, LIVE_VERSION, MAX_LIVE_BYTES, queue_alert
+from gsrun.facts.slurm import exemption_argv, parse_exemption_record, parse_job_record, run_slurm
 from gsrun.request.waste import all_idle_since, cancel_decision
 
 MAX_ALERT_LINES = 16             # alert lines kept in the live file (one per GPU and kind at most)
@@ -186,6 +185,35 @@ def run_scancel(job_id: str, timeout_s: float) -> tuple[bool, str]:
     return True, "scancel accepted"
 
 
+#: What the idle cancel decides with when the exemption fields cannot be read
+#: as one record (:func:`gsrun.facts.slurm.parse_exemption_record` None):
+#: exemptions are allow-lists, so a record that does not parse exempts nothing.
+NOT_EXEMPT = {"partition": None, "qos": None, "user": None, "account": None, "interactive": False,
+              "unparsable": True}
+
+
+def read_cancel_fields(job_id: str, timeout_s: float) -> dict | None:
+    """The job as :func:`gsrun.request.waste.cancel_decision` wants it:
+    ``partition``, ``qos``, ``user``, ``account``, ``interactive`` from
+    ``squeue`` (:func:`gsrun.facts.slurm.exemption_argv`: fields no user text
+    can break), plus ``mail_user`` from the job record (None when it does not
+    parse: the cancel mail then goes to the user's name). A squeue answer
+    that does not parse is :data:`NOT_EXEMPT` (never a way out of the
+    cancel); None when Slurm could not be asked (timeout, unknown job): the
+    decision waits for the next flush."""
+    try:
+        cp = run_slurm(exemption_argv(job_id), timeout_s, check=False)
+    except SlurmError:
+        return None
+    if cp.returncode != 0 or not cp.stdout.strip():
+        return None
+    fields = parse_exemption_record(cp.stdout, job_id)
+    job = dict(NOT_EXEMPT) if fields is None else {**fields, "unparsable": False}
+    rec = job_fields_from_record(read_job_record(job_id, timeout_s))
+    job["mail_user"] = (rec or {}).get("mail_user")
+    return job
+
+
 def read_job_record(job_id: str, timeout_s: float) -> dict | None:
     """``scontrol -o show job <id>`` parsed (forged duplicate fields dropped), or None."""
     try:
@@ -213,7 +241,10 @@ class LiveActions:
     ``live.flush_s`` setting. Injectable for tests: ``clock`` (epoch s),
     ``job_record`` (``job_id -> record dict | None``), ``scancel``
     (``job_id -> (ok, detail)``), ``kick`` (start the mail flush), ``log``
-    (a :class:`gsrun.base.log.JobLog`-like callable with ``warn``)."""
+    (a :class:`gsrun.base.log.JobLog`-like callable with ``warn``).
+    ``job_record`` gives :func:`read_cancel_fields`' shape: a dict (exempt
+    fields; ``unparsable`` when Slurm's answer did not parse: nothing is
+    exempt) or None (Slurm not reachable now: asked again at the next flush)."""
 
     def __init__(self, spool_dir, job_id: str, node: str, uid: int, idle_cfg=None, live_flush_s: float = 30.0,
                  command_timeout_s: float = 15.0, clock=time.time, job_record=None, scancel=None, kick=None,
@@ -226,7 +257,7 @@ class LiveActions:
         self.live_flush_s = float(live_flush_s)
         self.timeout_s = command_timeout_s
         self.clock = clock
-        self._job_record = job_record or (lambda j: read_job_record(j, command_timeout_s))
+        self._job_record = job_record or (lambda j: read_cancel_fields(j, command_timeout_s))
         self._scancel = scancel or (lambda j: run_scancel(j, command_timeout_s))
         self._kick = kick or kick_mail_flush
         if log is None:
@@ -297,9 +328,8 @@ class LiveActions:
         if not d.is_dir():
             return      # the prolog makes it; nothing to publish into yet
         gid = (self._prolog() or {}).get("job", {}).get("gid", self.uid)
-        atomic_write(d / f"{LIVE_PREFIX}{self.node}.json",
-                     json.dumps(doc, separators=(",", ":"), sort_keys=True) + "\n", 0o400,
-                     uid=self.uid if os.geteuid() == 0 else None, gid=gid if os.geteuid() == 0 else None)
+        write_user_copy(d / f"{LIVE_PREFIX}{self.node}.json",
+                        json.dumps(doc, separators=(",", ":"), sort_keys=True) + "\n", gid)
         self.last_write = now
 
     def _alerts(self, state: dict, now: float) -> bool:
@@ -356,12 +386,15 @@ class LiveActions:
             return False
         if now - since < 60.0 * after:      # not due for any job yet (an interactive one has more grace)
             return False
-        if not self.job_looked:
-            self.job_looked = True
-            self.job = job_fields_from_record(self._job_record(self.job_id))
         if self.job is None:
-            return False     # exemptions unknown: never cancel on unknowns
-
+            self.job = self._job_record(self.job_id)
+            self.job_looked = True
+        if self.job is None:
+            return False     # Slurm not reachable: asked again at the next flush
+        if self.job.get("unparsable") and not acts.get("unparsable_noted"):
+            acts["unparsable_noted"] = True
+            self.log.warn("idle cancel: the job's exemption fields do not parse as one record (a '|' or newline "
+                          "in its account?): no exemption applies")
         t0 = float(state["start_time"])     # the detector's frame: seconds since the sampler started
         action, reason = cancel_decision(cfg, self.job, since - t0, now - t0)
         if action == "none":
@@ -405,5 +438,5 @@ class LiveActions:
     def _other_live(self, node: str) -> dict | None:
         if not is_node_name(node):
             return None
-        d = read_json(self.spool_dir / "jobs" / self.job_id / f"{LIVE_PREFIX}{node}.json")
+        d = read_spool_json(self.spool_dir / "jobs" / self.job_id / f"{LIVE_PREFIX}{node}.json", MAX_LIVE_BYTES)
         return d if isinstance(d, dict) and d.get("kind") == "live" else None

@@ -4,14 +4,16 @@ textfile collector (``--collector.textfile.directory``).
 When the site sets ``[metrics] textfile_dir``, the sampler writes
 ``<textfile_dir>/gsrun_job_<jobid>.prom`` at each state flush
 (``sampler.flush_s``) and the epilog removes it. The file is the Prometheus
-text format, built by ``prometheus_client``, and written atomically (a temp
-file in the same directory, then ``rename``; mode 0644): node_exporter never
+text format, built by ``prometheus_client`` and written atomically (a temp
+file in the same directory, then ``rename``; mode ``metrics.textfile_mode``,
+default 0640, group ``metrics.textfile_group``, default the directory's group:
+node_exporter reads it through the group, other local users do not): node_exporter never
 reads half a file (no ``fsync``: the file is rewritten every flush and
 worth nothing after a crash). The temp file's name (``.gsrun_job_<jobid>.prom.<pid>.<hex>``)
 does not end in ``.prom``, so the collector never reads it either.
 
-Series, per GPU of the job on this node (labels ``job_id``, ``user``,
-``node``, ``gpu`` = Slurm gres index, ``uuid`` = NVML UUID, and
+Series, per GPU of the job on this node (labels ``job_id``, ``user`` --
+left out with ``metrics.user_label = false`` --, ``node``, ``gpu`` = Slurm gres index, ``uuid`` = NVML UUID, and
 ``mig_instance`` = the MIG device UUID only where the sampled device is a MIG
 instance); at most :data:`SERIES_PER_GPU` (7) of them, no per-process or
 per-step label:
@@ -53,7 +55,7 @@ from gsrun.base.ids import JOB_ID_RE, check_job_id
 
 FILE_PREFIX = "gsrun_job_"
 FILE_SUFFIX = ".prom"
-FILE_MODE = 0o644
+FILE_MODE = 0o640     # metrics.textfile_mode's default
 _OUR_FILE = re.compile(rf"{FILE_PREFIX}({JOB_ID_RE.pattern}){re.escape(FILE_SUFFIX)}")
 # atomic_write's temp name: ".<name>.<pid>.<8 hex>"
 _OUR_TEMP = re.compile(rf"\.{FILE_PREFIX}({JOB_ID_RE.pattern}){re.escape(FILE_SUFFIX)}\.[0-9]+\.[0-9a-f]{{8}}")
@@ -154,10 +156,13 @@ def idle_flag(state: dict, gres_index: int, i: int) -> float | None:
     return 1.0 if since is not None else 0.0
 
 
-def gpu_labels(job_id: str, user: str, node: str, ref: dict) -> dict:
-    """The labels of one GPU's series. ``mig_instance`` only for a MIG device
+def gpu_labels(job_id: str, user: str | None, node: str, ref: dict) -> dict:
+    """The labels of one GPU's series. ``user`` None: no ``user`` label
+    (``metrics.user_label = false``). ``mig_instance`` only for a MIG device
     (its UUID is ``MIG-...``); ``uuid`` left out when NVML gave none."""
     labels = {"job_id": job_id, "user": user, "node": node, "gpu": str(ref.get("gres_index"))}
+    if user is None:
+        del labels["user"]
     uuid = ref.get("uuid")
     if uuid:
         labels["uuid"] = str(uuid)
@@ -242,21 +247,25 @@ def user_label(uid: int | None) -> str:
 
 class TextfileExporter:
     """The sampler's export hook: ``exporter(state)`` at each flush writes
-    ``<directory>/gsrun_job_<jobid>.prom`` (atomic, 0644). It never raises:
+    ``<directory>/gsrun_job_<jobid>.prom`` (atomic, ``mode``, group ``gid``
+    when root and not None). ``user`` None: no ``user`` label. It never raises:
     a write that fails (directory missing, disk full, read-only) is one
     warning on the sampler's stderr (``sampler.log``) per cause, and the
     sampler carries on."""
 
-    def __init__(self, directory: str, job_id: str, user: str):
+    def __init__(self, directory: str, job_id: str, user: str | None, mode: int = FILE_MODE,
+                 gid: int | None = None):
         self.directory = directory
         self.path = os.path.join(directory, file_name(job_id))
         self.user = user
+        self.mode = mode
+        self.gid = gid if os.geteuid() == 0 else None
         self.marks: dict = {}
 
     def __call__(self, state: dict) -> bool:
         try:
             samples, marks = build_samples(state, self.user, self.marks)
-            atomic_write(self.path, render(samples), FILE_MODE, durable=False)
+            atomic_write(self.path, render(samples), self.mode, gid=self.gid, durable=False)
         except Exception as e:  # noqa: BLE001 - the job's figures matter more than the export
             _warn_once(f"{type(e).__name__}:{getattr(e, 'errno', '')}",
                        f"gsrun: sampler: metrics: cannot write {self.path}: {e}\n"
@@ -274,11 +283,38 @@ def _warn_once(key: str, msg: str) -> None:
 
 
 def exporter_from_config(cfg, job_id: str, uid: int | None) -> TextfileExporter | None:
-    """The exporter for this job when ``metrics.textfile_dir`` is set, else None."""
+    """The exporter for this job when ``metrics.textfile_dir`` is set, else
+    None: mode ``metrics.textfile_mode``, group ``metrics.textfile_group``
+    (else the directory's group: :func:`textfile_gid`), the ``user`` label
+    unless ``metrics.user_label`` is false."""
     d = cfg["metrics.textfile_dir"]
     if not d:
         return None
-    return TextfileExporter(d, job_id, user_label(uid))
+    user = user_label(uid) if cfg["metrics.user_label"] else None
+    return TextfileExporter(d, job_id, user, int(cfg["metrics.textfile_mode"], 8),
+                            textfile_gid(d, cfg["metrics.textfile_group"]))
+
+
+def textfile_gid(directory: str, group: str) -> int | None:
+    """The gid the ``.prom`` files get: ``group``'s (a name or digits), else
+    the group of ``directory`` (node_exporter's textfile directory); None
+    when neither is known (the file keeps root's group: a warning at write
+    time is not needed, node_exporter as root still reads it)."""
+    if group:
+        if group.isdigit():
+            return int(group)
+        import grp
+
+        try:
+            return grp.getgrnam(group).gr_gid
+        except KeyError:
+            _warn_once(f"group:{group}", f"gsrun: sampler: metrics: unknown group {group!r}: .prom files keep "
+                       "root's group\nhint: set [metrics] textfile_group to node_exporter's group")
+            return None
+    try:
+        return os.stat(directory).st_gid
+    except OSError:
+        return None
 
 
 def remove_job_file(directory: str, job_id: str) -> list[str]:

@@ -226,5 +226,36 @@ def prune_job_dirs(spool_dir, older_than_days: float, *, dry_run: bool = False, 
     return out
 
 
-__all__ = ["ACCOUNTING_MARK", "QUIET_S", "JobDir", "Decision", "plan_prune", "scan_job_dirs",
+LAST_RUN = "prune-last.json"     # <spool>/prune-last.json: when gsrun-node prune last ran, and what it did
+
+
+def record_run(spool_dir, rows: list[dict], mails_removed: int, older_than_days: float,
+               now: float | None = None) -> None:
+    """Write ``<spool>/prune-last.json`` (root 0644, atomic): ``{"time": epoch
+    s, "older_than_days", "removed", "kept", "errors", "mails_removed"}``,
+    what ``gsrun-node doctor`` reports as the last prune (a prune timer that
+    never fires shows as a missing or old file).
+
+    Raises:
+        OSError: the spool is not writable."""
+    from gsrun.base.fsutil import atomic_write_json
+
+    removed = sum(1 for r in rows if r.get("result") == "removed")
+    errors = sum(1 for r in rows if str(r.get("result", "")).startswith("error"))
+    atomic_write_json(Path(spool_dir) / LAST_RUN,
+                      {"time": round(time.time() if now is None else now, 3), "older_than_days": older_than_days,
+                       "removed": removed, "kept": len(rows) - removed - errors, "errors": errors,
+                       "mails_removed": mails_removed}, mode=0o644)
+
+
+def last_run(spool_dir) -> dict | None:
+    """The record :func:`record_run` wrote (read bounded, root's file only),
+    or None when prune never ran (or the file is not gsrun's)."""
+    from gsrun.base.fsutil import read_spool_json
+
+    d = read_spool_json(Path(spool_dir) / LAST_RUN, 1 << 16)
+    return d if d is not None and isinstance(d.get("time"), (int, float)) else None
+
+
+__all__ = ["ACCOUNTING_MARK", "LAST_RUN", "record_run", "last_run", "QUIET_S", "JobDir", "Decision", "plan_prune", "scan_job_dirs",
            "prune_job_dirs", "oldest_age_days"]

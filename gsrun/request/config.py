@@ -90,6 +90,14 @@ def _abs_path(v):
     return None if v.startswith("/") and "\n" not in v and "\0" not in v else "must be an absolute path"
 
 
+def _octal_mode(v):
+    if not (isinstance(v, str) and 3 <= len(v) <= 4 and all(c in "01234567" for c in v)):
+        return "an octal mode like \"0640\""
+    if int(v, 8) & 0o7133:
+        return "no set-id, sticky, execute or group/other write bit"
+    return None
+
+
 def _opt_abs_path(v):
     return None if v == "" else _abs_path(v)
 
@@ -183,6 +191,17 @@ SETTINGS: tuple[Setting, ...] = (
             "/var/lib/prometheus/node-exporter): the sampler writes each job's GPU metrics to "
             "gsrun_job_<jobid>.prom there at every flush and the epilog removes it; empty = off.",
             _opt_abs_path, "absolute path or empty"),
+    Setting("metrics.textfile_mode", str, "0640",
+            "Privacy: mode of the .prom files (octal). The default 0640 lets only root and the file's group "
+            "(metrics.textfile_group) read a job's user, id and GPU figures; 0644 shows them to every local "
+            "user.", _octal_mode, "octal mode, no write or execute bit for group or others (0600, 0640, 0644)"),
+    Setting("metrics.textfile_group", str, "",
+            "Privacy: group of the .prom files, the group node_exporter reads them with (e.g. prometheus); "
+            "empty = the group of metrics.textfile_dir.", None, "group name or empty"),
+    Setting("metrics.user_label", bool, True,
+            "Privacy: put the job's user name in the user label of every series; false = leave the label out "
+            "(the job id still ties a series to a job for those who may read Slurm's records).", None,
+            "true/false"),
     Setting("live.flush_s", (int, float), 30.0,
             "Seconds between rewrites of a running job's live node file in the shared spool (what gseff shows "
             "while the job runs; aggregates only, about 1 KiB per GPU); also written once per alert or cancel.",

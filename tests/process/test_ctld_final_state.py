@@ -90,3 +90,48 @@ def test_mail_is_deferred_while_the_state_is_a_guess(tmp_path, monkeypatch):
     assert ctld._mail_step(c) == {"deferred": "until Slurm has the job's final state"} and queued == []
     c["summary"]["job"]["state_source"] = "slurm"
     assert ctld._mail_step(c) is None and len(queued) == 1
+
+
+def test_settle_ignores_fields_a_job_name_forges(tmp_path, monkeypatch):
+    """A job named ``x UserId=victim(4321) ExitCode=0:0`` puts those keys in
+    scontrol's record ahead of Slurm's own: the state settling drops the
+    duplicated keys (the exit code stays the one EpilogSlurmctld had) and
+    the user's copy goes to the job's uid/gid from slurmctld's environment,
+    never to a uid read from the record."""
+    import os
+
+    from gsrun.facts import slurm
+
+    paths, job = _spool(tmp_path, "FAILED", "exit_code")
+    s = json.loads((paths.spool_job(job) / "summary.json").read_text())
+    s["job"]["exit_code"] = 3
+    ctld.write_summary(paths, s, None, None)
+    line = (f"JobId={job} JobName=x UserId=victim(4321) ExitCode=0:0 UserId=nobody(65534) GroupId=nogroup(65534) "
+            "JobState=FAILED Reason=NonZeroExitCode ExitCode=3:0 Partition=gpu\n")
+    monkeypatch.setattr(slurm, "run_slurm", lambda argv, *a, **k: __import__("subprocess").CompletedProcess(
+        argv, 0, line, ""))
+    out = ctld.settle_state(paths, job, _cfg(), Log(), sleep=lambda s: None,
+                            environ={"SLURM_JOB_UID": str(os.getuid()), "SLURM_JOB_GID": str(os.getgid())})
+    assert out["job"]["state"] == "FAILED" and out["job"]["exit_code"] == 3
+    st = (paths.spool_job(job) / "user-summary.json").stat()
+    assert st.st_uid != 4321 and st.st_gid != 4321
+    if os.geteuid() == 0:
+        assert (st.st_uid, st.st_gid) == (0, os.getgid())
+    assert json.loads((paths.spool_job(job) / "user-summary.json").read_text())["job"]["exit_code"] == 3
+
+
+def test_show_job_drops_forged_keys_and_refuses_a_split_record(monkeypatch):
+    import subprocess
+
+    import pytest
+
+    from gsrun.base.errors import SlurmError
+    from gsrun.facts import slurm
+
+    out = {"text": "JobId=7 JobName=a ExitCode=0:0 UserId=u(1) ExitCode=3:0 JobState=FAILED\n"}
+    monkeypatch.setattr(slurm, "run_slurm", lambda argv, *a, **k: subprocess.CompletedProcess(argv, 0, out["text"], ""))
+    rec = slurm.show_job("7")
+    assert "ExitCode" not in rec and rec["UserId"] == "u(1)" and rec["JobState"] == "FAILED"
+    out["text"] = "JobId=7 JobName=a\nExitCode=0:0 UserId=u(1) ExitCode=3:0 JobState=FAILED\n"
+    with pytest.raises(SlurmError):
+        slurm.show_job("7")

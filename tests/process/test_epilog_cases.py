@@ -440,6 +440,46 @@ def try_read(path, uid) -> str:
     return {0: "read", 13: "EACCES"}.get(os.waitstatus_to_exitcode(status), "other")
 
 
+def try_as(uid, action) -> str:
+    """``action()`` in a child with ``uid`` and gid ``uid`` -> "ok", "EACCES"/"EPERM" or "other"."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            action()
+            os._exit(0)
+        except PermissionError as e:
+            os._exit(1 if e.errno == 1 else 13)
+        except BaseException:
+            os._exit(99)
+    _, status = os.waitpid(pid, 0)
+    return {0: "ok", 1: "EPERM", 13: "EACCES"}.get(os.waitstatus_to_exitcode(status), "other")
+
+
+@root_only
+def test_users_copy_cannot_be_written_grown_or_listed_by_users(site):
+    """The user's copy is root's (group: the job's, 0440): its user reads it,
+    cannot chmod, rewrite, grow or replace it; other users cannot list or
+    enter the job's directory (file names tell what happened to a job)."""
+    env = site.env(gpus="0")
+    assert run_node(["prolog"], env).returncode == 0
+    assert run_node(["epilog"], env).returncode == 0
+    d = site.spool / "jobs/4242"
+    user_copy = d / "user-node-gpu-node01.json"
+    st = os.lstat(user_copy)
+    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (0, USER, 0o440)
+    dst = os.lstat(d)
+    assert (dst.st_uid, dst.st_gid, stat.S_IMODE(dst.st_mode)) == (0, USER, 0o750)
+    assert try_as(USER, lambda: os.chmod(user_copy, 0o640)) == "EPERM"
+    assert try_as(USER, lambda: open(user_copy, "ab").write(b" " * (1 << 20))) == "EACCES"
+    assert try_as(USER, lambda: os.rename(user_copy, d / "x")) == "EACCES"
+    assert try_as(USER, lambda: os.listdir(d)) == "ok"
+    assert try_as(OTHER, lambda: os.listdir(d)) == "EACCES"
+    assert try_as(OTHER, lambda: open(user_copy, "rb").read(1)) == "EACCES"
+
+
 @root_only
 def test_summaries_readable_only_by_their_user(site):
     env = site.env(gpus="0")
@@ -447,7 +487,7 @@ def test_summaries_readable_only_by_their_user(site):
     assert run_node(["epilog"], env).returncode == 0
     d = site.spool / "jobs/4242"
     for name, owner, mode in [("node-gpu-node01.json", 0, 0o600), ("prolog-gpu-node01.json", 0, 0o600),
-                              ("user-node-gpu-node01.json", USER, 0o400)]:
+                              ("user-node-gpu-node01.json", 0, 0o440)]:
         st = os.lstat(d / name)
         assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (owner, mode), name
     assert stat.S_IMODE(os.lstat(site.spool / "jobs").st_mode) == 0o711      # no listing of other jobs

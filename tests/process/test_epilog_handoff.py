@@ -81,7 +81,7 @@ def test_epilog_runs_in_the_sampler_with_the_same_results():
     assert node["elapsed_s"] == round(node["end_time"] - node["start_time"], 3) > 0
     assert node["gpu_available"] is True and node["request"] is not None
     user = site.spool / "jobs" / "4901" / "user-node-gpu-node01.json"
-    assert user.stat().st_uid == 65534 and stat.S_IMODE(user.stat().st_mode) == 0o400
+    assert user.stat().st_uid == 0 and stat.S_IMODE(user.stat().st_mode) == 0o440
     assert not sdir.exists()         # forgotten after a clean epilog, socket with it
 
 

@@ -16,7 +16,7 @@ import pytest
 from gsrun.base.paths import Paths
 from gsrun.facts.live import read_live_docs
 from gsrun.facts.nvml import FakeNvml
-from gsrun.node.live import LiveActions
+from gsrun.node.live import NOT_EXEMPT, LiveActions, job_fields_from_record
 from gsrun.facts.sampler_state import GpuRef
 from gsrun.node.sampler import new_state, state_to_json
 from gsrun.report import alerts
@@ -71,7 +71,7 @@ def test_live_file_bounded_and_gseff_running_figures_match_the_final_code(tmp_pa
     path = spool / "jobs" / JOB / "user-live-n1.json"
     size = path.stat().st_size
     assert size < 8 * 1536, f"live file {size} bytes for 8 GPUs"            # aggregates only: < 1.5 KiB per GPU
-    assert oct(path.stat().st_mode & 0o777) == "0o400"
+    assert oct(path.stat().st_mode & 0o777) == "0o440"
     # bounded: a job 16x longer writes a live file of the same size (the timelines stay on the node)
     spool2 = _spool(tmp_path / "long")
     clock2 = SimClock()
@@ -242,8 +242,12 @@ def _cancel_run(tmp_path, table: dict, record: dict | None, nodes=("n1",), polls
     s = Sampler(HostFS(str(root)), JOB, 1000, "n1", [0], str(tmp_path / "sampler.json"), 5.0, 5.0, 100,
                 clock=clock, sleep=clock.sleep, nvml=fake, usage=lambda: (None, None, None, "test"), idle=idle)
     calls, kicks = [], []
+    if isinstance(record, dict):     # a job record as scontrol prints it -> read_cancel_fields' shape
+        fields = {**job_fields_from_record(record), "unparsable": False}
+    else:                            # None: Slurm not reachable; NOT_EXEMPT: squeue's answer did not parse
+        fields = record
     s.live = LiveActions(spool, JOB, "n1", os.getuid(), idle, 30.0, clock=clock,
-                         job_record=lambda j: record, scancel=lambda j: (calls.append((j, clock() - clock.t0)),
+                         job_record=lambda j: fields, scancel=lambda j: (calls.append((j, clock() - clock.t0)),
                                                                           (True, "scancel accepted"))[1],
                          kick=lambda: kicks.append(1), log=_Log())
     final = s.run(max_samples=polls)
@@ -302,4 +306,53 @@ def test_multi_node_cancel_waits_for_every_node(tmp_path):
     assert calls == [(JOB, 50.0)]
     # only the first node of the job decides
     calls, _, _ = _cancel_run(tmp_path / "c", ON, REC, nodes=("n0", "n1"))
+    assert calls == []
+
+
+# --- what a user can write never steers root's cancel decision ------------------------------------------
+
+def _n2_live(since, size_pad=0, mode=0o440, owner=None):
+    def plant(spool):
+        doc = {"kind": "live", "version": 1, "node": "n2", "job_id": JOB, "written": 1_760_000_090.0,
+               "state": {}, "all_idle_since": since, "pad": "x" * size_pad}
+        p = spool / "jobs" / JOB / "user-live-n2.json"
+        p.write_text(json.dumps(doc))
+        os.chmod(p, mode)
+        if owner is not None:
+            os.chown(p, owner, owner)
+    return plant
+
+
+def test_lead_node_decides_only_from_live_files_root_wrote(tmp_path):
+    """Another node's live file that its user could rewrite (their own, or
+    group/other-writable) or that is oversized is not read: that node's GPUs
+    count as unknown, and a user cannot move ``all_idle_since`` to evade (or
+    force) the cancel, nor make root read 300 MB."""
+    # a sane root file: idle since 20 s -> cancelled at 50 s
+    calls, _, _ = _cancel_run(tmp_path / "ok", ON, REC, nodes=("n1", "n2"), other_live=_n2_live(1_760_000_020.0))
+    assert calls == [(JOB, 50.0)]
+    # group-writable: the job's group could rewrite it -> not read -> unknown
+    calls, _, _ = _cancel_run(tmp_path / "gw", ON, REC, nodes=("n1", "n2"),
+                              other_live=_n2_live(1_760_000_020.0, mode=0o460))
+    assert calls == []
+    # oversized: refused after fstat, never read whole
+    calls, _, _ = _cancel_run(tmp_path / "big", ON, REC, nodes=("n1", "n2"),
+                              other_live=_n2_live(1_760_000_020.0, size_pad=2 << 20))
+    assert calls == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
+def test_lead_node_ignores_a_live_file_its_user_owns(tmp_path):
+    calls, _, _ = _cancel_run(tmp_path, ON, REC, nodes=("n1", "n2"),
+                              other_live=_n2_live(1_760_000_020.0, owner=65534))
+    assert calls == []
+
+
+def test_unparsable_exemption_record_exempts_nothing(tmp_path):
+    """A record a user broke (a newline or separator in a field) is no way
+    out of the site's cancel: exemptions are allow-lists."""
+    calls, final, _ = _cancel_run(tmp_path / "a", ON, dict(NOT_EXEMPT))
+    assert calls == [(JOB, 35.0)]
+    # the same job with a readable record in an exempt partition stays
+    calls, _, _ = _cancel_run(tmp_path / "b", ON, dict(REC, Partition="gpu-exempt"))
     assert calls == []

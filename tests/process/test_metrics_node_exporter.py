@@ -110,7 +110,9 @@ def test_node_exporter_serves_the_samplers_file_and_drops_it_after_the_epilog():
         while time.monotonic() < deadline and not (prom.exists() and " 2500.0\n" in prom.read_text()):
             time.sleep(0.1)
         assert prom.exists(), (site.state / "jobs" / JOB / "sampler.log").read_text()
-        assert stat.S_IMODE(os.stat(prom).st_mode) == 0o644 and os.stat(prom).st_uid == os.geteuid()
+        # not world-readable: root's, the textfile directory's group (node_exporter's), 0640
+        assert stat.S_IMODE(os.stat(prom).st_mode) == 0o640 and os.stat(prom).st_uid == os.geteuid()
+        assert os.stat(prom).st_gid == os.stat(tdir).st_gid
         exporter, port = start_exporter(tdir)
         got = scrape(port)
         user = pwd.getpwuid(65534).pw_name

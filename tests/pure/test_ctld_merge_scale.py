@@ -95,7 +95,7 @@ def test_merge_of_many_nodes_cuts_timelines_and_writes_one_serialization(tmp_pat
     a, b = (d / "summary.json").read_bytes(), (d / "user-summary.json").read_bytes()
     assert a == b and json.loads(a) == s
     assert (d / "summary.json").stat().st_mode & 0o777 == 0o600
-    assert (d / "user-summary.json").stat().st_mode & 0o777 == 0o400
+    assert (d / "user-summary.json").stat().st_mode & 0o777 == 0o440
 
 
 def test_many_gpus_are_summarised_unless_all():

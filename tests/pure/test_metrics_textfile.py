@@ -207,7 +207,7 @@ def test_remove_is_idempotent_and_touches_only_our_files(tmp_path):
 
 def test_sampler_writes_the_file_at_each_flush_0644_atomic(tmp_path, capsys):
     """The real Sampler with the exporter: the file appears at the first
-    flush, mode 0644, no temp file left; a missing directory is one warning
+    flush, mode 0640, no temp file left; a missing directory is one warning
     and the sampler's own state is still written."""
     d = tmp_path / "textfile"
     d.mkdir()
@@ -218,7 +218,7 @@ def test_sampler_writes_the_file_at_each_flush_0644_atomic(tmp_path, capsys):
     s.run(max_samples=5)
     assert os.listdir(d) == ["gsrun_job_4242.prom"]
     st = os.stat(d / "gsrun_job_4242.prom")
-    assert stat.S_IMODE(st.st_mode) == 0o644
+    assert stat.S_IMODE(st.st_mode) == 0o640
     text = (d / "gsrun_job_4242.prom").read_text()
     assert f'gsrun_gpu_utilization_ratio{{gpu="0",job_id="4242",node="n1",user="alice",uuid="{UUID0}"}}' in text
     bad = TextfileExporter(str(tmp_path / "absent"), "4242", "alice")
@@ -258,3 +258,35 @@ def test_grafana_dashboard_uses_only_series_we_write():
     ours = {f[0] for f in GAUGES} | {ENERGY[0] + "_total", IDLE[0]}
     assert used == ours
     assert {v["name"] for v in dash["templating"]["list"]} >= {"job_id", "datasource"}
+
+
+def test_privacy_settings_hide_figures_from_other_local_users(tmp_path):
+    """A local user who is not in node_exporter's group reads no job's user,
+    id or figures: the file is 0640 with the directory's (or the set) group;
+    ``metrics.user_label = false`` leaves the user name out of every series."""
+    from gsrun.node.metrics_textfile import exporter_from_config
+
+    d = tmp_path / "textfile"
+    d.mkdir()
+    cfg = {"metrics.textfile_dir": str(d), "metrics.textfile_mode": "0640", "metrics.textfile_group": "",
+           "metrics.user_label": False}
+    exp = exporter_from_config(cfg, "4242", os.getuid())
+    assert exp.user is None and exp.mode == 0o640
+    fake = FakeNvml(h200_data(1))
+    s = make_sampler(tmp_path, fake, [0], SimClock(), flush_s=10.0)
+    s.export = exp
+    s.run(max_samples=3)
+    st = os.stat(d / "gsrun_job_4242.prom")
+    assert stat.S_IMODE(st.st_mode) & 0o007 == 0, "world-readable .prom file"
+    text = (d / "gsrun_job_4242.prom").read_text()
+    assert "user=" not in text and 'job_id="4242"' in text
+    cfg["metrics.user_label"] = True
+    assert exporter_from_config(cfg, "4242", 0).user == "root"
+
+
+def test_textfile_mode_setting_refuses_world_writable():
+    from gsrun.request.config import SETTINGS
+
+    check = {s.key: s for s in SETTINGS}["metrics.textfile_mode"].check
+    assert check("0640") is None and check("0644") is None and check("0600") is None
+    assert check("0666") and check("0755") and check("640x") and check(640)

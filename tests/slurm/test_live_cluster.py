@@ -91,7 +91,7 @@ def test_idle_job_alerted_once_live_report_then_cancelled_with_reason(idle_site,
         live = hits[0] if hits else None
         time.sleep(0.5)
     assert live is not None, f"no live file in {jd}"
-    assert live.stat().st_size < 8192 and live.stat().st_mode & 0o777 == 0o400
+    assert live.stat().st_size < 8192 and live.stat().st_mode & 0o777 == 0o440 and live.stat().st_uid == 0
     # the alert: in the live file (and so in gseff) within seconds of warn_after_min
     deadline = time.monotonic() + 40
     js = {}
