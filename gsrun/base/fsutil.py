@@ -181,7 +181,6 @@ def read_spool_json(path, max_bytes: int = MAX_SPOOL_JSON_BYTES) -> dict | None:
     (owner root -- or this user when not root --, not group- or
     other-writable, at most ``max_bytes``), None when absent, refused or not
     a JSON object."""
-    import json
 
     raw = read_bounded(path, max_bytes, spool_owners())
     if raw is None:

@@ -38,6 +38,8 @@ from pathlib import Path
 from gsrun.base.errors import NodeError
 from gsrun.base.fsutil import read_json
 from gsrun.base.ids import is_job_id
+from gsrun.base.fsutil import atomic_write_json
+from gsrun.base.fsutil import read_spool_json
 
 PHASE = "prune"
 QUIET_S = 3600.0
@@ -238,7 +240,6 @@ def record_run(spool_dir, rows: list[dict], mails_removed: int, older_than_days:
 
     Raises:
         OSError: the spool is not writable."""
-    from gsrun.base.fsutil import atomic_write_json
 
     removed = sum(1 for r in rows if r.get("result") == "removed")
     errors = sum(1 for r in rows if str(r.get("result", "")).startswith("error"))
@@ -251,7 +252,6 @@ def record_run(spool_dir, rows: list[dict], mails_removed: int, older_than_days:
 def last_run(spool_dir) -> dict | None:
     """The record :func:`record_run` wrote (read bounded, root's file only),
     or None when prune never ran (or the file is not gsrun's)."""
-    from gsrun.base.fsutil import read_spool_json
 
     d = read_spool_json(Path(spool_dir) / LAST_RUN, 1 << 16)
     return d if d is not None and isinstance(d.get("time"), (int, float)) else None
