@@ -12,6 +12,7 @@ prove hostile arguments reach the script unchanged).
 """
 
 import argparse
+import contextlib
 import os
 import socket
 import sys
@@ -75,7 +76,9 @@ def main() -> int:
         x = torch.randn(a.batch, 64, device=device)
         y = (x @ w_true).argmax(dim=1)
         opt.zero_grad(set_to_none=True)
-        with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=use_cuda and a.bf16):
+        # no CUDA autocast object at all on a CPU-only torch (1.13 raises for one even when disabled)
+        with (torch.autocast(device_type="cuda", dtype=torch.bfloat16) if use_cuda and a.bf16
+              else contextlib.nullcontext()):
             loss = loss_fn(ddp(x), y)
         loss.backward()
         opt.step()
