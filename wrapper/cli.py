@@ -272,14 +272,14 @@ def cli(ctx, gpus, nodes, gpus_per_node, time_, partition, job_name, output, cpu
     from gsrun.base.paths import Paths
     from gsrun.wrapper.submit import follow, live_alerts, submit
 
-    job_id = submit(text, cwd=os.getcwd())
+    job_id, cluster = submit(text, cwd=os.getcwd())
     how = f"{n_nodes} node(s) x {gpn} GPUs" + (" (one torchrun per node)" if launcher else "")
     click.echo(f"gsrun: submitted job {job_id}: {gpus} GPUs on {how}", err=True)
     if not wait:
         click.echo(job_id)
         return 0
     spool = Paths.from_config(cfg).spool_dir
-    rc = follow(job_id, alerts=lambda: live_alerts(spool, job_id))
+    rc = follow(job_id, alerts=lambda: live_alerts(spool, job_id), cluster=cluster)
     click.echo(f"gsrun: job {job_id} exited {rc}; report: gseff {job_id}", err=True)
     return rc
 
