@@ -33,8 +33,8 @@ from gsrun.request.config import load_config
 from gsrun.wrapper.command import (Python, build_command, choose_python, refuse_launcher,
                                    torch_warning)
 from gsrun.wrapper.render import render_script
-from gsrun.wrapper.spec import (JobSpec, parse_sbatch_option, plan_nodes, validate_fields,
-                                validate_site)
+from gsrun.wrapper.spec import (JobSpec, check_comment, parse_sbatch_option, plan_nodes,
+                                validate_fields, validate_site)
 
 
 def _bind_exe() -> str:
@@ -170,6 +170,7 @@ class _GsrunCommand(click.Command):
 @_option("--reservation", default=None, help="Reservation (sbatch --reservation).")
 @_option("--dependency", "-d", default=None, help="Dependency (sbatch -d), e.g. afterok:1234.")
 @_option("--signal", default=None, help="Signal before the time limit (sbatch --signal), e.g. B:USR1@120.")
+@_option("--comment", default=None, help="Your own job comment (sbatch --comment), kept beside gsrun's requests.")
 @_option("--requeue", is_flag=True, help="Requeue after node failure or preemption (sbatch --requeue).")
 @_option("--sbatch", "sbatch_opts", multiple=True, metavar="--OPTION[=VALUE]",
               help="Any other sbatch option as one #SBATCH line; repeatable.")
@@ -195,7 +196,7 @@ class _GsrunCommand(click.Command):
 @click.argument("words", nargs=-1, type=click.UNPROCESSED, metavar="SCRIPT [ARGS]... | -m MODULE [ARGS]... | -- CMD [ARGS]...")
 @click.pass_context
 def cli(ctx, gpus, nodes, gpus_per_node, time_, partition, job_name, output, cpus_per_task, account, qos,
-        constraint, mem, reservation, dependency, signal, requeue, sbatch_opts, mail_type, mail_user, tune,
+        constraint, mem, reservation, dependency, signal, comment, requeue, sbatch_opts, mail_type, mail_user, tune,
         malloc, mps, mps_share, mig, gpu_isolation, exclusive, python, module, launcher, dry_run, wait, words):
     """Run SCRIPT [ARGS...] (or -m MODULE, or -- CMD) as one task per GPU on Slurm."""
     mode = ctx.meta.get("gsrun.mode", "script")
@@ -212,6 +213,15 @@ def cli(ctx, gpus, nodes, gpus_per_node, time_, partition, job_name, output, cpu
                 dependency=dependency, signal=signal)
     validate_site(site)
     extra = tuple(parse_sbatch_option(o) for o in sbatch_opts)
+    comments = ([("--comment", comment)] if comment is not None else []) + \
+        [("--sbatch=--comment", v or "") for n, v in extra if n == "comment"]
+    if len(comments) > 1:
+        raise InputError("submit", "two comments", " and ".join(w for w, _ in comments), hint="give one")
+    user_comment = check_comment(comments[0][1]) if comments else None
+    extra = tuple((n, v) for n, v in extra if n != "comment")
+    from gsrun.wrapper.environ import memory_options
+
+    memory_options(mem, extra)
     if tune:
         from gsrun.request.tune import parse_tune_request
         parse_tune_request(tune)
@@ -264,7 +274,7 @@ def cli(ctx, gpus, nodes, gpus_per_node, time_, partition, job_name, output, cpu
         mps_dir=cfg["paths.mps_dir"], requeue=requeue, sbatch_options=extra, launcher=launcher,
         python=py.path if py else None, python_why=py.comment() if py else None,
         malloc=allocator, malloc_env=alloc_env, malloc_lib_dirs=tuple(cfg["malloc.lib_dirs"]),
-        cuda_alloc_conf=cfg["malloc.pytorch_cuda_alloc_conf"] or None, **site)
+        cuda_alloc_conf=cfg["malloc.pytorch_cuda_alloc_conf"] or None, user_comment=user_comment, **site)
     text = render_script(spec)
     if dry_run:
         click.echo(text, nl=False)
@@ -272,7 +282,16 @@ def cli(ctx, gpus, nodes, gpus_per_node, time_, partition, job_name, output, cpu
     from gsrun.base.paths import Paths
     from gsrun.wrapper.submit import follow, live_alerts, submit
 
-    job_id, cluster = submit(text, cwd=os.getcwd())
+    from gsrun.wrapper.environ import sbatch_env_args, scrub_note, submit_environ
+
+    args, overridden = sbatch_env_args(text, os.environ)
+    env, gone = submit_environ(os.environ)
+    if overridden:
+        click.echo(f"gsrun: submit: note: {', '.join(overridden)} from your environment would override what "
+                   f"gsrun asks for: passed {' '.join(args)} on the sbatch command line", err=True)
+    if gone:
+        click.echo(scrub_note(os.environ["SLURM_JOB_ID"], gone), err=True)
+    job_id, cluster = submit(text, cwd=os.getcwd(), args=args, env=env)
     how = f"{n_nodes} node(s) x {gpn} GPUs" + (" (one torchrun per node)" if launcher else "")
     click.echo(f"gsrun: submitted job {job_id}: {gpus} GPUs on {how}", err=True)
     if not wait:

@@ -61,7 +61,7 @@ RENDERED = {
     "ntasks": "--gpus", "gres": "--gpus", "gpus": "--gpus", "gpus-per-node": "--gpus-per-node",
     "gpus-per-task": "--gpus", "cpus-per-task": "--cpus-per-task", "partition": "-p/--partition",
     "time": "--time", "output": "-o/--output", "exclusive": "--exclusive", "mail-type": "--mail-type",
-    "mail-user": "--mail-user", "comment": "(gsrun's requests to the prolog)",
+    "mail-user": "--mail-user",
     "account": "-A/--account", "qos": "-q/--qos", "constraint": "-C/--constraint", "mem": "--mem",
     "reservation": "--reservation", "dependency": "-d/--dependency", "signal": "--signal",
     "requeue": "--requeue",
@@ -89,7 +89,8 @@ class JobSpec(Frozen):
                  "cpus_per_task", "mail_type", "mail_user", "tune", "mps", "mig", "gpu_isolation", "exclusive",
                  "bind_exe", "nccl_env", "mps_dir", "extra_env", "account", "qos", "constraint", "mem",
                  "reservation", "dependency", "signal", "requeue", "sbatch_options", "launcher", "python",
-                 "python_why", "malloc", "malloc_env", "malloc_lib_dirs", "cuda_alloc_conf")
+                 "python_why", "malloc", "malloc_env", "malloc_lib_dirs", "cuda_alloc_conf",
+                 "user_comment")
     _defaults = {
         "partition": None, "time": None, "output": None, "cpus_per_task": None, "mail_type": None,
         "mail_user": None, "tune": None, "mps": None, "mig": None, "gpu_isolation": False, "exclusive": False,
@@ -97,7 +98,7 @@ class JobSpec(Frozen):
         "account": None, "qos": None, "constraint": None, "mem": None, "reservation": None, "dependency": None,
         "signal": None, "requeue": False, "sbatch_options": (), "launcher": None, "python": None,
         "python_why": None, "malloc": None, "malloc_env": (), "malloc_lib_dirs": LIB_DIRS,
-        "cuda_alloc_conf": None,
+        "cuda_alloc_conf": None, "user_comment": None,
     }
     gpus: int
     nodes: int
@@ -135,6 +136,7 @@ class JobSpec(Frozen):
     malloc_env: tuple[tuple[str, str], ...]   # MALLOC_CONF or TCMALLOC_* (gsrun.request.malloc)
     malloc_lib_dirs: tuple[str, ...]          # where the job script looks for the library
     cuda_alloc_conf: str | None     # PYTORCH_CUDA_ALLOC_CONF (site), None: unset
+    user_comment: str | None        # --comment: the user's own text, after gsrun's requests
 
     @property
     def allocator(self) -> Allocator | None:
@@ -182,6 +184,12 @@ class JobSpec(Frozen):
         if self.malloc:
             parts.append(f"malloc={self.malloc}")      # for the report's node settings line
         return "gsrun:" + ";".join(parts) if parts else None
+
+    def job_comment(self) -> str | None:
+        """The job's ``Comment``: gsrun's requests (:meth:`comment`) first, then
+        a blank and the user's ``--comment`` text (which may not hold ``gsrun:``:
+        :func:`check_comment`)."""
+        return " ".join(c for c in (self.comment(), self.user_comment) if c) or None
 
 
 def _spreads(gpus: int, max_gpn: int) -> list[tuple[int, int]]:
@@ -266,6 +274,27 @@ def sbatch_word(value: str) -> str:
     return '"' + re.sub(r'([\\"])', r"\\\1", value) + '"'
 
 
+def unquote_sbatch_word(word: str) -> str:
+    """The value sbatch reads from one word :func:`sbatch_word` wrote."""
+    if len(word) >= 2 and word[0] == word[-1] == '"':
+        return re.sub(r'\\([\\"])', r"\1", word[1:-1])
+    return word
+
+
+def check_comment(text: str) -> str:
+    """The user's ``--comment`` text (one line, at most 1024 characters, no
+    ``gsrun:``: the prolog reads gsrun's requests from the comment).
+
+    Raises:
+        InputError: a newline or control character, too long, ``gsrun:`` in it.
+    """
+    check_text("--comment", text)
+    if "gsrun:" in text:
+        raise InputError("submit", "bad --comment", repr(text)[:80],
+                         hint="a comment without 'gsrun:' (gsrun keeps its own requests there)")
+    return text
+
+
 def check_text(flag: str, value: str, max_len: int = 1024) -> None:
     """One line of printable text (``#SBATCH`` values that may hold spaces or punctuation).
 
@@ -310,6 +339,10 @@ def parse_sbatch_option(text: str) -> tuple[str, str | None]:
     if name.startswith("gs-"):
         raise InputError("submit", "bad --sbatch", f"--{name}: gsrun's own requests",
                          hint="use gsrun's --mps, --mig, --tune, --gpu-isolation")
+    if name != "comment" and "comment".startswith(name):
+        raise InputError("submit", "bad --sbatch", f"--{name}: ambiguous", hint="--comment TEXT")
+    if name == "comment":
+        check_comment(value or "")
     for full, flag in RENDERED.items():
         if full.startswith(name):
             raise InputError("submit", "bad --sbatch", f"--{name}: gsrun renders --{full} itself",
