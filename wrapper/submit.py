@@ -10,8 +10,9 @@ from functools import partial
 
 from gsrun.base.errors import SlurmError
 from gsrun.base.ids import check_job_id
-from gsrun.facts.slurm import (ENDED_HELD_STATES, TERMINAL_STATES, accounting_argv, parse_accounting,
-                               parse_exit_code, parse_parsable, parse_queue, queue_argv, run_slurm, state_word)
+from gsrun.facts.slurm import (ENDED_HELD_STATES, TERMINAL_STATES, accounting_argv, job_record_argv,
+                               parse_accounting, parse_exit_code, parse_job_record, parse_parsable, parse_queue,
+                               parse_queue_exit, queue_argv, run_slurm, state_word)
 
 
 
@@ -74,6 +75,7 @@ class Watcher:
         self.cache_dir = cache_dir if cache_dir is not None else _cache_dir()
         self.aged_out = False
         self.timeout_s = 30.0
+        self.stdout_path: str | None = None     # from the job record, when squeue's has patterns
 
     def run(self, argv: list[str]) -> str:
         """stdout of one Slurm command.
@@ -140,6 +142,21 @@ class Watcher:
         finally:
             os.close(lock)
 
+    def _stdout(self, path: str, state: str) -> str | None:
+        """The job's output file. squeue prints ``%j``-style patterns as given
+        (22.05; 24.11 without ``--expand-patterns``, an option 22.05 lacks):
+        such a path is read once from the job record, which has them expanded
+        (one ``scontrol --local -o show job`` per job, once it has started)."""
+        if "%" not in path:
+            return path or None
+        if self.stdout_path is None and state != "PENDING":
+            argv = job_record_argv(self.job_id)
+            if self.cluster:
+                argv[1:2] = ["-M", self.cluster]
+            rec = parse_job_record(self.run(argv), self.job_id) or {}
+            self.stdout_path = rec.get("StdOut") or ""
+        return self.stdout_path or None
+
     def poll(self) -> JobState | None:
         """The job's state; None while Slurm does not know it yet (``sacct``
         empty: slurmdbd is behind).
@@ -152,11 +169,11 @@ class Watcher:
             if rec is None and taken < self.since:    # an answer from before the job was submitted
                 rec = parse_queue(self.queue(after=self.since)[1]).get(self.job_id)
             if rec is not None:
-                ec, sig = parse_exit_code(rec.get("exit_code", "0:0"))
+                ec, sig = parse_queue_exit(rec.get("exit_code", ""))
                 reason = rec.get("Reason", "")
-                return JobState(state_word(rec.get("State")) or "UNKNOWN", rec.get("TimeUsed", ""), ec, sig,
-                                rec.get("StdOut") or None, rec.get("NodeList", ""),
-                                "" if reason in ("None", "(null)") else reason)
+                state = state_word(rec.get("State")) or "UNKNOWN"
+                return JobState(state, rec.get("TimeUsed", ""), ec, sig, self._stdout(rec.get("StdOut", ""), state),
+                                rec.get("NodeList", ""), "" if reason in ("None", "(null)") else reason)
             self.aged_out = True            # not in the controller any more: accounting has it
         acct = parse_accounting(self.run(accounting_argv(self.job_id, self.cluster)), self.job_id)
         if acct is None:

@@ -373,6 +373,22 @@ def parse_queue(text: str) -> dict[str, dict[str, str]]:
     return out
 
 
+def parse_queue_exit(text: str) -> tuple[int, int]:
+    """squeue's ``exit_code`` -> ``(exit status, signal)``: ``"3:0"`` on Slurm
+    >= 23.02 (``WEXITSTATUS:WTERMSIG``), the raw wait status on 22.05
+    (``768`` = exit 3, ``9`` = SIGKILL); ``""`` (not ended) -> ``(0, 0)``."""
+    text = (text or "").strip()
+    if ":" in text:
+        return parse_exit_code(text)
+    if not is_digits(text):
+        return 0, 0
+    raw = int(text)
+    sig = raw & 0x7F
+    if sig and sig != 0x7F:
+        return 0, sig
+    return (raw >> 8) & 0xFF, 0
+
+
 def accounting_argv(job_id: str, cluster: str | None = None) -> list[str]:
     """``sacct`` for a job the controller no longer holds: the allocation's
     line only (``-X``), ``|``-separated, no header."""
