@@ -253,6 +253,9 @@ def cli(ctx, gpus, nodes, gpus_per_node, time_, partition, job_name, output, cpu
                     or (mode == "script" and words[0].endswith(".py")))
     py = choose_python(python, os.environ) if needs_python else None
     command = build_command(mode, words, py, module)
+    if py is not None and py.why.startswith("the first python3 on PATH"):
+        click.echo(f"gsrun: submit: note: no virtualenv or conda env is active: the job runs {py.path} "
+                   "(the first python3 on PATH here; --python to choose)", err=True)
     if py is not None and (mode != "cmd" or launcher):
         warn = torch_warning(py.path)
         if warn:
@@ -273,6 +276,8 @@ def cli(ctx, gpus, nodes, gpus_per_node, time_, partition, job_name, output, cpu
         bind_exe=_bind_exe(), nccl_env=tuple(sorted(cfg["nccl.env"].items())),
         mps_dir=cfg["paths.mps_dir"], requeue=requeue, sbatch_options=extra, launcher=launcher,
         python=py.path if py else None, python_why=py.comment() if py else None,
+        python_env=py.env if py else None, python_prefix=py.prefix if py else None,
+        conda_exe=py.conda if py else None,
         malloc=allocator, malloc_env=alloc_env, malloc_lib_dirs=tuple(cfg["malloc.lib_dirs"]),
         cuda_alloc_conf=cfg["malloc.pytorch_cuda_alloc_conf"] or None, user_comment=user_comment, **site)
     text = render_script(spec)

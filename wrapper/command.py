@@ -34,11 +34,20 @@ _LAUNCHER_MODULES = {"torch.distributed.run": "torchrun", "torch.distributed.lau
 
 
 class Python(Frozen):
-    """The interpreter a ``.py`` SCRIPT or ``-m MODULE`` runs with, and why."""
+    """The interpreter a ``.py`` SCRIPT or ``-m MODULE`` runs with, and why.
 
-    __slots__ = ("path", "why")
+    ``env``: ``"venv"`` or ``"conda"`` when it is the active environment's
+    (``prefix`` is then ``$VIRTUAL_ENV`` / ``$CONDA_PREFIX``, made absolute;
+    ``conda`` is ``$CONDA_EXE``, the conda that activates it in the job, or
+    None), else None."""
+
+    __slots__ = ("path", "why", "env", "prefix", "conda")
+    _defaults = {"env": None, "prefix": None, "conda": None}
     path: str
     why: str
+    env: str | None
+    prefix: str | None
+    conda: str | None
 
     def comment(self) -> str:
         """One comment line's text: no control characters (a newline would end the comment)."""
@@ -65,7 +74,8 @@ def choose_python(flag: str | None, environ: Mapping[str, str]) -> Python:
 
     ``--python``, else ``$GSRUN_PYTHON``, else the active virtualenv
     (``$VIRTUAL_ENV/bin/python3``), else the active conda env
-    (``$CONDA_PREFIX/bin/python3``), else the first ``python3`` on ``PATH``,
+    (``$CONDA_PREFIX/bin/python3``, activated in the job by ``$CONDA_EXE``),
+    else the first ``python3`` on ``PATH``,
     else gsrun's own. The path is made absolute but symlinks are kept (a
     venv's ``python3`` is a link to the base interpreter; resolving it would
     lose the venv).
@@ -81,12 +91,16 @@ def choose_python(flag: str | None, environ: Mapping[str, str]) -> Python:
                                  hint="an interpreter path or a name on PATH, e.g. --python ~/venv/bin/python3")
             return Python(p, f"from {source}")
     skipped = []
-    for var, what in (("VIRTUAL_ENV", "the active virtualenv"), ("CONDA_PREFIX", "the active conda env")):
+    for var, what, env in (("VIRTUAL_ENV", "the active virtualenv", "venv"),
+                           ("CONDA_PREFIX", "the active conda env", "conda")):
         prefix = environ.get(var)
         if prefix:
             p = _env_python(prefix)
             if p:
-                return Python(p, f"{what} (${var})")
+                conda = environ.get("CONDA_EXE") if env == "conda" else None
+                if conda and not (os.path.isabs(conda) and os.access(conda, os.X_OK)):
+                    conda = None
+                return Python(p, f"{what} (${var})", env, os.path.abspath(prefix), conda)
             skipped.append(f"${var} has no bin/python3")
     p = which("python3", path=environ.get("PATH", os.defpath))
     if p:

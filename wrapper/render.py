@@ -60,6 +60,11 @@ def check_spec(spec: JobSpec) -> None:
             raise InputError("submit", "bad --sbatch", repr(name)[:80])
     if spec.python_why is not None:
         check_text("python comment", spec.python_why, 8192)
+    if spec.python_env not in (None, "venv", "conda") or (spec.python_env and not (spec.python and spec.python_prefix)):
+        raise InputError("submit", "bad python environment", repr((spec.python_env, spec.python_prefix))[:80])
+    for value in (spec.python, spec.python_prefix, spec.conda_exe):
+        if value is not None and ("\0" in value or not value.startswith("/")):
+            raise InputError("submit", "bad interpreter path", repr(value)[:80], hint="an absolute path")
     _check_malloc(spec)
     if spec.launcher not in (None, "torchrun"):
         raise InputError("submit", "bad --launcher", repr(spec.launcher)[:40], hint="torchrun")

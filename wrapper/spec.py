@@ -90,7 +90,7 @@ class JobSpec(Frozen):
                  "bind_exe", "nccl_env", "mps_dir", "extra_env", "account", "qos", "constraint", "mem",
                  "reservation", "dependency", "signal", "requeue", "sbatch_options", "launcher", "python",
                  "python_why", "malloc", "malloc_env", "malloc_lib_dirs", "cuda_alloc_conf",
-                 "user_comment")
+                 "user_comment", "python_env", "python_prefix", "conda_exe")
     _defaults = {
         "partition": None, "time": None, "output": None, "cpus_per_task": None, "mail_type": None,
         "mail_user": None, "tune": None, "mps": None, "mig": None, "gpu_isolation": False, "exclusive": False,
@@ -98,7 +98,8 @@ class JobSpec(Frozen):
         "account": None, "qos": None, "constraint": None, "mem": None, "reservation": None, "dependency": None,
         "signal": None, "requeue": False, "sbatch_options": (), "launcher": None, "python": None,
         "python_why": None, "malloc": None, "malloc_env": (), "malloc_lib_dirs": LIB_DIRS,
-        "cuda_alloc_conf": None, "user_comment": None,
+        "cuda_alloc_conf": None, "user_comment": None, "python_env": None, "python_prefix": None,
+        "conda_exe": None,
     }
     gpus: int
     nodes: int
@@ -137,6 +138,9 @@ class JobSpec(Frozen):
     malloc_lib_dirs: tuple[str, ...]          # where the job script looks for the library
     cuda_alloc_conf: str | None     # PYTORCH_CUDA_ALLOC_CONF (site), None: unset
     user_comment: str | None        # --comment: the user's own text, after gsrun's requests
+    python_env: str | None          # "venv" | "conda": the active environment python belongs to
+    python_prefix: str | None       # its prefix at submit (what sys.prefix must be in the job)
+    conda_exe: str | None           # the conda that activates a conda env in the job ($CONDA_EXE)
 
     @property
     def allocator(self) -> Allocator | None:

@@ -91,7 +91,7 @@ def test_dry_run_imports_only_what_it_uses(site):
     # found on PATH, with the first python3 on PATH and the script's absolute path
     assert script.startswith("#!/bin/bash\n")
     assert "#SBATCH --nodes=1\n#SBATCH --ntasks-per-node=2\n#SBATCH --gres=gpu:2\n" in script
-    assert (f"srun --kill-on-bad-exit=1 $cpu_bind {site['bin']}/gsrun-bind -- {site['bin']}/python3 "
+    assert (f"srun --kill-on-bad-exit=1 --export=ALL $cpu_bind {site['bin']}/gsrun-bind -- {site['bin']}/python3 "
             f"{site['work']}/train.py --lr 3\n") in script
     unwanted = sorted(m for m in NOT_IMPORTED if m in loaded and m not in baseline)
     assert unwanted == [], f"gsrun --dry-run imports {unwanted}"
