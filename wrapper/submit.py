@@ -15,7 +15,6 @@ from gsrun.facts.slurm import (ENDED_HELD_STATES, TERMINAL_STATES, accounting_ar
                                parse_queue_exit, queue_argv, run_slurm, state_word)
 
 
-
 def submit(script: str, timeout_s: float = 30.0, cwd: str | None = None, args=(),
            env=None) -> tuple[str, str | None]:
     """``sbatch --parsable [ARGS]`` with the script on stdin -> ``(job id,
@@ -35,6 +34,12 @@ def submit(script: str, timeout_s: float = 30.0, cwd: str | None = None, args=()
 
 @dataclass
 class JobState:
+    """One look at a job: ``state`` the base state word (``RUNNING``,
+    ``COMPLETED``...), ``elapsed`` Slurm's ``[D-][H:]M:S`` (squeue TimeUsed or
+    sacct Elapsed), ``exit_code``/``signal`` of the batch script (0 while it
+    runs), ``stdout_path`` the job's output file (None when not known: sacct),
+    ``node_list`` a Slurm hostlist, ``reason`` why it pends ("" for none)."""
+
     state: str
     elapsed: str
     exit_code: int

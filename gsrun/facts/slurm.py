@@ -416,9 +416,13 @@ def parse_parsable(text: str) -> tuple[str, str | None]:
 
     Raises:
         InputError: no job id in it.
+        SlurmError: a cluster name that is not one (letters, digits, ``-_.``).
     """
     line = (text or "").strip().splitlines()
     first = line[-1].strip() if line else ""
     job_id, _, cluster = first.partition(";")
     check_job_id(job_id, array=True, phase="submit")
+    if cluster and (cluster.startswith("-") or not cluster.replace("-", "").replace("_", "").replace(".", "")
+                    .isalnum() or not cluster.isascii()):
+        raise SlurmError("submit", "bad cluster name from sbatch", repr(cluster)[:80])
     return job_id, (cluster or None)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gsrun.base.errors import InputError
+from gsrun.base.errors import InputError, SlurmError
 from gsrun.facts.slurm import (accounting_argv, parse_accounting, parse_parsable, parse_queue, parse_queue_exit,
                                queue_argv)
 
@@ -44,3 +44,5 @@ def test_parsable_with_cluster():
     assert parse_parsable("42;gpu\n") == ("42", "gpu")
     with pytest.raises(InputError):
         parse_parsable("Submitted batch job 42")
+    with pytest.raises(SlurmError):
+        parse_parsable("42;-x")

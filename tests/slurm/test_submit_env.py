@@ -77,3 +77,72 @@ def test_comment_and_wait_through_squeue(cluster):
     rec = _record(cluster, job)
     assert " ExitCode=3:0 " in rec
     assert parse_oneliner(rec)["Comment"] == f"gsrun:mps= {typed}", rec
+
+
+FAKE_CONDA = r'''#!/bin/sh
+[ "$1" = shell.bash ] && [ "$2" = hook ] || exit 2
+cat <<'HOOK'
+conda() {
+  [ "$1" = activate ] || return 1
+  export CONDA_PREFIX="$2" CONDA_SHLVL=1 PATH="$2/bin:$PATH"
+  for f in "$2"/etc/conda/activate.d/*.sh; do [ -r "$f" ] && . "$f"; done
+  return 0
+}
+HOOK
+'''
+SHOW = ("import os, sys; print('ENV', sys.prefix, os.environ.get('XLA_FLAGS'), os.environ.get('VIRTUAL_ENV'), "
+        "os.environ.get('WORLD_SIZE'), os.environ.get('MASTER_ADDR') is not None)")
+
+
+def _user_env(cluster, name: str):
+    prefix = cluster.work / name
+    if not (prefix / "bin" / "python3").exists():
+        cluster.as_user(["/usr/bin/python3", "-m", "venv", "--without-pip", str(prefix)], check=True)
+    return prefix
+
+
+def test_conda_env_activate_d_runs_in_the_job(cluster):
+    """A conda env (a layout whose activate.d sets XLA_FLAGS) activated by path through conda's hook."""
+    prefix = _user_env(cluster, "fake-conda-env")
+    actd = prefix / "etc" / "conda" / "activate.d"
+    cluster.as_user(["mkdir", "-p", str(actd), str(cluster.work / "fake-conda" / "bin")], check=True)
+    cluster.as_user(["sh", "-c", f"cat > {actd}/xla.sh"], check=True,
+                    input_text='export XLA_FLAGS="--xla_gpu_cuda_data_dir=$CONDA_PREFIX/lib"\n')
+    conda = cluster.work / "fake-conda" / "bin" / "conda"
+    cluster.as_user(["sh", "-c", f"cat > {conda} && chmod 755 {conda}"], check=True, input_text=FAKE_CONDA)
+    cluster.as_user(["sh", "-c", "cat > show_env.py"], check=True, input_text=SHOW + "\n")
+    cp = cluster.as_user(["gsrun", "--gpus", "1", "--wait", "--output", "conda-%j.out", "show_env.py"],
+                         CONDA_PREFIX=str(prefix), CONDA_EXE=str(conda))
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    _ended_ok(cluster, cluster.job_id_from(cp.stderr))
+    line = [ln for ln in cp.stdout.splitlines() if ln.startswith("ENV ")]
+    assert line == [f"ENV {prefix} --xla_gpu_cuda_data_dir={prefix}/lib None 1 True"], cp.stdout
+
+
+def test_venv_under_export_none(cluster):
+    """SBATCH_EXPORT=NONE: the job still runs the venv's python with VIRTUAL_ENV, and srun's tasks get
+    what the script set (WORLD_SIZE, MASTER_ADDR)."""
+    prefix = _user_env(cluster, "plain-venv")
+    cluster.as_user(["sh", "-c", "cat > show_env.py"], check=True, input_text=SHOW + "\n")
+    cp = cluster.as_user(["gsrun", "--gpus", "2", "--gpus-per-node", "2", "--wait", "--output", "none-%j.out",
+                          "show_env.py"], VIRTUAL_ENV=str(prefix), SBATCH_EXPORT="NONE")
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    _ended_ok(cluster, cluster.job_id_from(cp.stderr))
+    lines = [ln for ln in cp.stdout.splitlines() if ln.startswith("ENV ")]
+    assert lines == [f"ENV {prefix} None {prefix} 2 True"] * 2, cp.stdout
+
+
+def test_moved_env_stops_the_job_before_the_command(cluster):
+    prefix = _user_env(cluster, "venv-to-break")
+    cluster.as_user(["sh", "-c", "cat > show_env.py"], check=True, input_text=SHOW + "\n")
+    cluster.as_user(["mv", str(prefix / "pyvenv.cfg"), str(prefix / "pyvenv.cfg.off")], check=True)
+    try:
+        cp = cluster.as_user(["gsrun", "--gpus", "1", "--wait", "--output", "broken-%j.out", "show_env.py"],
+                             VIRTUAL_ENV=str(prefix))
+    finally:
+        cluster.as_user(["mv", str(prefix / "pyvenv.cfg.off"), str(prefix / "pyvenv.cfg")])
+    assert cp.returncode == 1, cp.stdout + cp.stderr
+    job = cluster.job_id_from(cp.stderr)
+    assert cluster.wait_job_done(job) == "FAILED" and " ExitCode=1:0 " in _record(cluster, job)
+    assert "ENV " not in cp.stdout
+    assert f"gsrun: job: python: {prefix}/bin/python3 runs with sys.prefix /usr on " in cp.stdout, cp.stdout
