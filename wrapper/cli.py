@@ -281,21 +281,21 @@ def cli(ctx, gpus, nodes, gpus_per_node, time_, partition, job_name, output, cpu
         malloc=allocator, malloc_env=alloc_env, malloc_lib_dirs=tuple(cfg["malloc.lib_dirs"]),
         cuda_alloc_conf=cfg["malloc.pytorch_cuda_alloc_conf"] or None, user_comment=user_comment, **site)
     text = render_script(spec)
-    if dry_run:
-        click.echo(text, nl=False)
-        return 0
-    from gsrun.base.paths import Paths
-    from gsrun.wrapper.submit import follow, live_alerts, submit
-
     from gsrun.wrapper.environ import sbatch_env_args, scrub_note, submit_environ
 
-    args, overridden = sbatch_env_args(text, os.environ)
+    args, overridden = sbatch_env_args(text, os.environ)     # also on --dry-run: the same notes, refusals
     env, gone = submit_environ(os.environ)
     if overridden:
         click.echo(f"gsrun: submit: note: {', '.join(overridden)} from your environment would override what "
                    f"gsrun asks for: passed {' '.join(args)} on the sbatch command line", err=True)
     if gone:
         click.echo(scrub_note(os.environ["SLURM_JOB_ID"], gone), err=True)
+    if dry_run:
+        click.echo(text, nl=False)
+        return 0
+    from gsrun.base.paths import Paths
+    from gsrun.wrapper.submit import follow, live_alerts, submit
+
     job_id, cluster = submit(text, cwd=os.getcwd(), args=args, env=env)
     how = f"{n_nodes} node(s) x {gpn} GPUs" + (" (one torchrun per node)" if launcher else "")
     click.echo(f"gsrun: submitted job {job_id}: {gpus} GPUs on {how}", err=True)

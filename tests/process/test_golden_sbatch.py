@@ -257,3 +257,13 @@ def test_comment_reaches_slurm_as_typed(gsrun_env):
     from gsrun.facts.slurm import parse_comment_request
 
     assert parse_comment_request(script_options(text)["comment"]) == {"mps": ""}
+
+
+def test_dry_run_says_what_the_environment_would_override(gsrun_env):
+    res = CliRunner().invoke(cli, ["--dry-run", "--gpus", "8", "-p", "h200", "train.py"],
+                             env={"SBATCH_PARTITION": "debug"})
+    assert res.exit_code == 0, res.output
+    assert ("gsrun: submit: note: SBATCH_PARTITION from your environment would override what gsrun asks for: "
+            "passed --partition=h200 on the sbatch command line") in res.stderr
+    res = CliRunner().invoke(cli, ["--dry-run", "--gpus", "8", "train.py"], env={"SBATCH_GPUS": "2"})
+    assert res.exit_code != 0 and str(res.exception).startswith("gsrun: submit: SBATCH_GPUS is set: ")
