@@ -14,8 +14,9 @@ stops the task: it runs on the allowed CPUs with a warning on stderr. The
 node's warnings are printed once, by local rank 0, prefixed with the node
 name. A worker of a per-node launcher (``gsrun --launcher torchrun``) is
 planned by ``LOCAL_RANK`` / ``LOCAL_WORLD_SIZE``
-(:func:`gsrun.bind.plan.worker_environ`) and keeps its launcher's
-``RANK`` / ``WORLD_SIZE``.
+(:func:`gsrun.bind.plan.worker_environ`), keeps its launcher's
+``RANK`` / ``WORLD_SIZE``, and sees Slurm's task variables set to them
+(:func:`gsrun.bind.plan.worker_task_env`).
 Usage errors and a command that cannot be executed exit 2 with a
 ``gsrun: bind: ...`` message.
 
@@ -41,10 +42,12 @@ import click
 from gsrun.base.cpulist import format_cpulist, parse_cpulist
 from gsrun.base.errors import GsrunError, InputError
 from gsrun.bind.plan import (RankPlan, apply_affinity, exec_argv, fallback_rank, mig_visible_devices, plan_from_env,
-                             read_job_mig_devices, render_table, worker_environ)
+                             read_job_mig_devices, render_table, worker_environ, worker_task_env)
 from gsrun.facts.hostfs import HostFS
 from gsrun.facts.hwloc_xml import read_topology_xml
 from gsrun.facts.topology import NVML_IF_NEEDED, read_allowed_mems, read_topology
+from gsrun.request.config import load_config
+from gsrun.facts.slurm import expand_hostlist
 
 __all__ = ["main", "BindParams", "apply_affinity", "plan_environ", "run_plan", "run_exec"]
 
@@ -220,6 +223,12 @@ def run_exec(p: BindParams, environ: Mapping[str, str]) -> tuple[list[str], dict
         _warn(f"sched_setaffinity({format_cpulist(rp.cpus)}) failed: {e}; affinity left unchanged")
         applied = sorted(os.sched_getaffinity(0))
     env = dict(slurm_environ)
+    if worker:
+        for k, v in worker_task_env(slurm_environ).items():
+            if v is None:
+                env.pop(k, None)
+            else:
+                env[k] = v
     for k in rp.unset:
         env.pop(k, None)
     env.update(rp.env)
@@ -251,8 +260,6 @@ def run_exec(p: BindParams, environ: Mapping[str, str]) -> tuple[list[str], dict
 def _job_mig_devices(environ: Mapping[str, str]) -> list[str] | None:
     """MIG devices the prolog created for this job on this node, if any."""
     try:
-        from gsrun.request.config import load_config
-
         spool = load_config(environ=environ)["paths.spool_dir"]
     except Exception:  # noqa: BLE001 - a broken config must not stop the task
         return None
@@ -283,6 +290,26 @@ def _hostfs(host_root: str | None, environ: Mapping[str, str]) -> HostFS:
         raise InputError("bind", e.what, e.detail, e.hint) from None
 
 
+def first_job_host(environ: Mapping[str, str]) -> str:
+    """The first host of the job's ``SLURM_JOB_NODELIST`` (the batch host,
+    torch.distributed's rendezvous), expanded by
+    :func:`gsrun.facts.slurm.expand_hostlist`: no ``scontrol`` needed.
+
+    Raises:
+        InputError: the variable is missing, empty or not a hostlist.
+    """
+
+    nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST") or ""
+    try:
+        hosts = expand_hostlist(nodelist)
+    except InputError:
+        hosts = []
+    if not hosts:
+        raise InputError("job", "no rendezvous host", f"SLURM_JOB_NODELIST={nodelist!r:.80}",
+                         hint="run the script through sbatch (gsrun submits it); the job's node list names the host")
+    return hosts[0]
+
+
 @click.command(context_settings={"allow_interspersed_args": False,
                                  "help_option_names": ["-h", "--help"]})
 @click.option("--plan", "plan", is_flag=True, help="Print the plan instead of running a command.")
@@ -297,12 +324,17 @@ def _hostfs(host_root: str | None, environ: Mapping[str, str]) -> HostFS:
 @click.option("--gpu-isolation", is_flag=True, help="Show each rank only its own GPU(s).")
 @click.option("--topology-xml", type=click.Path(dir_okay=False), default=None,
               help="With --plan: an hwloc XML export instead of this host; env GSRUN_TOPOLOGY_XML.")
+@click.option("--first-host", is_flag=True,
+              help="Print the first host of $SLURM_JOB_NODELIST (the job's rendezvous host) and exit.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def main(plan, as_json, host_root, gpus, ntasks_per_node, local_rank, allowed_cpus,
-         gpu_isolation, topology_xml, command):
+         gpu_isolation, topology_xml, first_host, command):
     """Bind this task to its GPU's CPUs, memory node and NIC, then exec COMMAND."""
     environ = dict(os.environ)
     try:
+        if first_host:
+            click.echo(first_job_host(environ))
+            return
         p = BindParams(plan, as_json, host_root, gpus, ntasks_per_node, local_rank,
                        _allowed(allowed_cpus), gpu_isolation, tuple(command), topology_xml)
         if topology_xml and not p.plan:

@@ -25,9 +25,11 @@ from gsrun.request.tune import parse_tune_request
 from gsrun.wrapper.command import (Python, build_command, choose_python, refuse_launcher,
                                    torch_warning)
 from gsrun.wrapper.render import render_script
-from gsrun.wrapper.spec import (JobSpec, parse_sbatch_option, plan_nodes, validate_fields,
-                                validate_site)
+from gsrun.wrapper.spec import (JobSpec, check_comment, parse_sbatch_option, plan_nodes,
+                                validate_fields, validate_site)
 from gsrun.wrapper.submit import follow, live_alerts, submit
+from gsrun.wrapper.environ import memory_options
+from gsrun.wrapper.environ import sbatch_env_args, scrub_note, submit_environ
 
 
 def _bind_exe() -> str:
@@ -120,6 +122,7 @@ class _GsrunCommand(click.Command):
 @click.option("--reservation", default=None, help="Reservation (sbatch --reservation).")
 @click.option("--dependency", "-d", default=None, help="Dependency (sbatch -d), e.g. afterok:1234.")
 @click.option("--signal", default=None, help="Signal before the time limit (sbatch --signal), e.g. B:USR1@120.")
+@click.option("--comment", default=None, help="Your own job comment (sbatch --comment), kept beside gsrun's requests.")
 @click.option("--requeue", is_flag=True, help="Requeue after node failure or preemption (sbatch --requeue).")
 @click.option("--sbatch", "sbatch_opts", multiple=True, metavar="--OPTION[=VALUE]",
               help="Any other sbatch option as one #SBATCH line; repeatable.")
@@ -145,7 +148,7 @@ class _GsrunCommand(click.Command):
 @click.argument("words", nargs=-1, type=click.UNPROCESSED, metavar="SCRIPT [ARGS]... | -m MODULE [ARGS]... | -- CMD [ARGS]...")
 @click.pass_context
 def cli(ctx, gpus, nodes, gpus_per_node, time_, partition, job_name, output, cpus_per_task, account, qos,
-        constraint, mem, reservation, dependency, signal, requeue, sbatch_opts, mail_type, mail_user, tune,
+        constraint, mem, reservation, dependency, signal, comment, requeue, sbatch_opts, mail_type, mail_user, tune,
         malloc, mps, mps_share, mig, gpu_isolation, exclusive, python, module, launcher, dry_run, wait, words):
     """Run SCRIPT [ARGS...] (or -m MODULE, or -- CMD) as one task per GPU on Slurm."""
     mode = ctx.meta.get("gsrun.mode", "script")
@@ -162,6 +165,14 @@ def cli(ctx, gpus, nodes, gpus_per_node, time_, partition, job_name, output, cpu
                 dependency=dependency, signal=signal)
     validate_site(site)
     extra = tuple(parse_sbatch_option(o) for o in sbatch_opts)
+    comments = ([("--comment", comment)] if comment is not None else []) + \
+        [("--sbatch=--comment", v or "") for n, v in extra if n == "comment"]
+    if len(comments) > 1:
+        raise InputError("submit", "two comments", " and ".join(w for w, _ in comments), hint="give one")
+    user_comment = check_comment(comments[0][1]) if comments else None
+    extra = tuple((n, v) for n, v in extra if n != "comment")
+
+    memory_options(mem, extra)
     if tune:
         parse_tune_request(tune)
     mps_value = None
@@ -187,6 +198,9 @@ def cli(ctx, gpus, nodes, gpus_per_node, time_, partition, job_name, output, cpu
                     or (mode == "script" and words[0].endswith(".py")))
     py = choose_python(python, os.environ) if needs_python else None
     command = build_command(mode, words, py, module)
+    if py is not None and py.why.startswith("the first python3 on PATH"):
+        click.echo(f"gsrun: submit: note: no virtualenv or conda env is active: the job runs {py.path} "
+                   "(the first python3 on PATH here; --python to choose)", err=True)
     if py is not None and (mode != "cmd" or launcher):
         warn = torch_warning(py.path)
         if warn:
@@ -207,20 +221,30 @@ def cli(ctx, gpus, nodes, gpus_per_node, time_, partition, job_name, output, cpu
         bind_exe=_bind_exe(), nccl_env=tuple(sorted(cfg["nccl.env"].items())),
         mps_dir=cfg["paths.mps_dir"], requeue=requeue, sbatch_options=extra, launcher=launcher,
         python=py.path if py else None, python_why=py.comment() if py else None,
+        python_env=py.env if py else None, python_prefix=py.prefix if py else None,
+        conda_exe=py.conda if py else None,
         malloc=allocator, malloc_env=alloc_env, malloc_lib_dirs=tuple(cfg["malloc.lib_dirs"]),
-        cuda_alloc_conf=cfg["malloc.pytorch_cuda_alloc_conf"] or None, **site)
+        cuda_alloc_conf=cfg["malloc.pytorch_cuda_alloc_conf"] or None, user_comment=user_comment, **site)
     text = render_script(spec)
+
+    args, overridden = sbatch_env_args(text, os.environ)     # also on --dry-run: the same notes, refusals
+    env, gone = submit_environ(os.environ)
+    if overridden:
+        click.echo(f"gsrun: submit: note: {', '.join(overridden)} from your environment would override what "
+                   f"gsrun asks for: passed {' '.join(args)} on the sbatch command line", err=True)
+    if gone:
+        click.echo(scrub_note(os.environ["SLURM_JOB_ID"], gone), err=True)
     if dry_run:
         click.echo(text, nl=False)
         return 0
-    job_id = submit(text, cwd=os.getcwd())
+    job_id, cluster = submit(text, cwd=os.getcwd(), args=args, env=env)
     how = f"{n_nodes} node(s) x {gpn} GPUs" + (" (one torchrun per node)" if launcher else "")
     click.echo(f"gsrun: submitted job {job_id}: {gpus} GPUs on {how}", err=True)
     if not wait:
         click.echo(job_id)
         return 0
     spool = Paths.from_config(cfg).spool_dir
-    rc = follow(job_id, alerts=lambda: live_alerts(spool, job_id))
+    rc = follow(job_id, alerts=lambda: live_alerts(spool, job_id), cluster=cluster)
     click.echo(f"gsrun: job {job_id} exited {rc}; report: gseff {job_id}", err=True)
     return rc
 

@@ -30,10 +30,18 @@ _LAUNCHER_MODULES = {"torch.distributed.run": "torchrun", "torch.distributed.lau
 
 @dataclass(frozen=True, slots=True)
 class Python:
-    """The interpreter a ``.py`` SCRIPT or ``-m MODULE`` runs with, and why."""
+    """The interpreter a ``.py`` SCRIPT or ``-m MODULE`` runs with, and why.
+
+    ``env``: ``"venv"`` or ``"conda"`` when it is the active environment's
+    (``prefix`` is then ``$VIRTUAL_ENV`` / ``$CONDA_PREFIX``, made absolute;
+    ``conda`` is ``$CONDA_EXE``, the conda that activates it in the job, or
+    None), else None."""
 
     path: str
     why: str
+    env: str | None = None
+    prefix: str | None = None
+    conda: str | None = None
 
     def comment(self) -> str:
         """One comment line's text: no control characters (a newline would end the comment)."""
@@ -60,7 +68,8 @@ def choose_python(flag: str | None, environ: Mapping[str, str]) -> Python:
 
     ``--python``, else ``$GSRUN_PYTHON``, else the active virtualenv
     (``$VIRTUAL_ENV/bin/python3``), else the active conda env
-    (``$CONDA_PREFIX/bin/python3``), else the first ``python3`` on ``PATH``,
+    (``$CONDA_PREFIX/bin/python3``, activated in the job by ``$CONDA_EXE``),
+    else the first ``python3`` on ``PATH``,
     else gsrun's own. The path is made absolute but symlinks are kept (a
     venv's ``python3`` is a link to the base interpreter; resolving it would
     lose the venv).
@@ -76,12 +85,16 @@ def choose_python(flag: str | None, environ: Mapping[str, str]) -> Python:
                                  hint="an interpreter path or a name on PATH, e.g. --python ~/venv/bin/python3")
             return Python(p, f"from {source}")
     skipped = []
-    for var, what in (("VIRTUAL_ENV", "the active virtualenv"), ("CONDA_PREFIX", "the active conda env")):
+    for var, what, env in (("VIRTUAL_ENV", "the active virtualenv", "venv"),
+                           ("CONDA_PREFIX", "the active conda env", "conda")):
         prefix = environ.get(var)
         if prefix:
             p = _env_python(prefix)
             if p:
-                return Python(p, f"{what} (${var})")
+                conda = environ.get("CONDA_EXE") if env == "conda" else None
+                if conda and not (os.path.isabs(conda) and os.access(conda, os.X_OK)):
+                    conda = None
+                return Python(p, f"{what} (${var})", env, os.path.abspath(prefix), conda)
             skipped.append(f"${var} has no bin/python3")
     p = which("python3", path=environ.get("PATH", os.defpath))
     if p:

@@ -21,7 +21,7 @@ import shlex
 from gsrun.base.errors import InputError
 from gsrun.base.templating import render
 from gsrun.request.malloc import ALLOCATORS, check_conf_list, check_lib_dirs, check_tcmalloc_env
-from gsrun.wrapper.spec import (SBATCH_OPT_RE, JobSpec, check_text, has_control, parse_sbatch_option,
+from gsrun.wrapper.spec import (SBATCH_OPT_RE, JobSpec, check_comment, check_text, has_control, parse_sbatch_option,
                                 sbatch_word, validate_fields, validate_site)
 
 
@@ -50,6 +50,8 @@ def check_spec(spec: JobSpec) -> None:
     c = spec.comment()
     if c is not None and (has_control(c) or " " in c):
         raise InputError("submit", "bad request value", repr(c)[:80])
+    if spec.user_comment is not None:
+        check_comment(spec.user_comment)
     validate_site({k: getattr(spec, k) for k in ("account", "qos", "constraint", "mem", "reservation",
                                                  "dependency", "signal")})
     for name, value in spec.sbatch_options:
@@ -58,6 +60,11 @@ def check_spec(spec: JobSpec) -> None:
             raise InputError("submit", "bad --sbatch", repr(name)[:80])
     if spec.python_why is not None:
         check_text("python comment", spec.python_why, 8192)
+    if spec.python_env not in (None, "venv", "conda") or (spec.python_env and not (spec.python and spec.python_prefix)):
+        raise InputError("submit", "bad python environment", repr((spec.python_env, spec.python_prefix))[:80])
+    for value in (spec.python, spec.python_prefix, spec.conda_exe):
+        if value is not None and ("\0" in value or not value.startswith("/")):
+            raise InputError("submit", "bad interpreter path", repr(value)[:80], hint="an absolute path")
     _check_malloc(spec)
     if spec.launcher not in (None, "torchrun"):
         raise InputError("submit", "bad --launcher", repr(spec.launcher)[:40], hint="torchrun")
@@ -97,4 +104,5 @@ def render_script(spec: JobSpec) -> str:
     site = [f"--{name}" if value is None else f"--{name}={sbatch_word(value)}"
             for name, value in spec.site_lines()]
     return render("sbatch.sh.j2", spec=spec, command=" ".join(shlex.quote(a) for a in spec.command),
-                  job_name=sbatch_word(spec.job_name), site_lines=site)
+                  job_name=sbatch_word(spec.job_name), site_lines=site,
+                  comment=sbatch_word(spec.job_comment()) if spec.user_comment else spec.comment())

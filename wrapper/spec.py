@@ -56,7 +56,7 @@ RENDERED = {
     "ntasks": "--gpus", "gres": "--gpus", "gpus": "--gpus", "gpus-per-node": "--gpus-per-node",
     "gpus-per-task": "--gpus", "cpus-per-task": "--cpus-per-task", "partition": "-p/--partition",
     "time": "--time", "output": "-o/--output", "exclusive": "--exclusive", "mail-type": "--mail-type",
-    "mail-user": "--mail-user", "comment": "(gsrun's requests to the prolog)",
+    "mail-user": "--mail-user",
     "account": "-A/--account", "qos": "-q/--qos", "constraint": "-C/--constraint", "mem": "--mem",
     "reservation": "--reservation", "dependency": "-d/--dependency", "signal": "--signal",
     "requeue": "--requeue",
@@ -117,6 +117,10 @@ class JobSpec:
     malloc_env: tuple[tuple[str, str], ...] = ()  # MALLOC_CONF or TCMALLOC_* (gsrun.request.malloc)
     malloc_lib_dirs: tuple[str, ...] = LIB_DIRS  # where the job script looks for the library
     cuda_alloc_conf: str | None = None  # PYTORCH_CUDA_ALLOC_CONF (site), None: unset
+    user_comment: str | None = None  # --comment: the user's own text, after gsrun's requests
+    python_env: str | None = None  # "venv" | "conda": the active environment python belongs to
+    python_prefix: str | None = None  # its prefix at submit (what sys.prefix must be in the job)
+    conda_exe: str | None = None  # the conda that activates a conda env in the job ($CONDA_EXE)
 
     @property
     def allocator(self) -> Allocator | None:
@@ -164,6 +168,12 @@ class JobSpec:
         if self.malloc:
             parts.append(f"malloc={self.malloc}")      # for the report's node settings line
         return "gsrun:" + ";".join(parts) if parts else None
+
+    def job_comment(self) -> str | None:
+        """The job's ``Comment``: gsrun's requests (:meth:`comment`) first, then
+        a blank and the user's ``--comment`` text (which may not hold ``gsrun:``:
+        :func:`check_comment`)."""
+        return " ".join(c for c in (self.comment(), self.user_comment) if c) or None
 
 
 def _spreads(gpus: int, max_gpn: int) -> list[tuple[int, int]]:
@@ -248,6 +258,27 @@ def sbatch_word(value: str) -> str:
     return '"' + re.sub(r'([\\"])', r"\\\1", value) + '"'
 
 
+def unquote_sbatch_word(word: str) -> str:
+    """The value sbatch reads from one word :func:`sbatch_word` wrote."""
+    if len(word) >= 2 and word[0] == word[-1] == '"':
+        return re.sub(r'\\([\\"])', r"\1", word[1:-1])
+    return word
+
+
+def check_comment(text: str) -> str:
+    """The user's ``--comment`` text (one line, at most 1024 characters, no
+    ``gsrun:``: the prolog reads gsrun's requests from the comment).
+
+    Raises:
+        InputError: a newline or control character, too long, ``gsrun:`` in it.
+    """
+    check_text("--comment", text)
+    if "gsrun:" in text:
+        raise InputError("submit", "bad --comment", repr(text)[:80],
+                         hint="a comment without 'gsrun:' (gsrun keeps its own requests there)")
+    return text
+
+
 def check_text(flag: str, value: str, max_len: int = 1024) -> None:
     """One line of printable text (``#SBATCH`` values that may hold spaces or punctuation).
 
@@ -292,6 +323,10 @@ def parse_sbatch_option(text: str) -> tuple[str, str | None]:
     if name.startswith("gs-"):
         raise InputError("submit", "bad --sbatch", f"--{name}: gsrun's own requests",
                          hint="use gsrun's --mps, --mig, --tune, --gpu-isolation")
+    if name != "comment" and "comment".startswith(name):
+        raise InputError("submit", "bad --sbatch", f"--{name}: ambiguous", hint="--comment TEXT")
+    if name == "comment":
+        check_comment(value or "")
     for full, flag in RENDERED.items():
         if full.startswith(name):
             raise InputError("submit", "bad --sbatch", f"--{name}: gsrun renders --{full} itself",

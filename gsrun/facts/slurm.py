@@ -367,3 +367,91 @@ def parse_comment_request(comment: str) -> dict[str, str]:
         if sep and k in ("tune", "mps", "mig", "bind", "report", "exclusive", "malloc") and len(v) <= 512:
             out[k] = v
     return out
+
+
+#: ``squeue -O`` fields gsrun follows jobs with: one ``|`` after each (``:|`` is width 0 -- no
+#: padding, no cut -- and ``|`` as the suffix, squeue's ``_parse_long_token``), StdOut last
+#: (a path may hold ``|``). The same names on Slurm 22.05, 24.11 and 26.05 (``src/squeue/opts.c``).
+QUEUE_FIELDS = ("JobID", "State", "Reason", "TimeUsed", "NodeList", "exit_code", "StdOut")
+
+
+def queue_argv(cluster: str | None = None) -> list[str]:
+    """The one ``squeue`` that answers every waiter of this user: all of the
+    user's jobs (``--me``) in every state the controller still holds
+    (``-t all``: finished ones until ``MinJobAge``), one RPC
+    (``REQUEST_JOB_USER_INFO``). ``--local`` skips the federation query;
+    with ``cluster`` it is ``-M cluster`` instead."""
+    fmt = ",".join(f"{f}:|" for f in QUEUE_FIELDS)
+    where = ["-M", cluster] if cluster else ["--local"]
+    return ["squeue", *where, "--me", "-h", "-t", "all", "-O", fmt]
+
+
+def parse_queue(text: str) -> dict[str, dict[str, str]]:
+    """:func:`queue_argv`'s output -> ``{job id: {field: value}}`` (fields of
+    :data:`QUEUE_FIELDS`). Lines that are not a full record (``-M``'s
+    ``CLUSTER: name`` header, blank lines) are skipped; StdOut keeps any ``|``."""
+    out: dict[str, dict[str, str]] = {}
+    n = len(QUEUE_FIELDS)
+    for line in (text or "").splitlines():
+        parts = line.split("|", n - 1)
+        if len(parts) != n or not parts[0].strip():
+            continue
+        rec = dict(zip(QUEUE_FIELDS, (p.strip() for p in parts)))
+        rec["StdOut"] = rec["StdOut"].removesuffix("|")
+        out[rec["JobID"]] = rec
+    return out
+
+
+def parse_queue_exit(text: str) -> tuple[int, int]:
+    """squeue's ``exit_code`` -> ``(exit status, signal)``: ``"3:0"`` on Slurm
+    >= 23.02 (``WEXITSTATUS:WTERMSIG``), the raw wait status on 22.05
+    (``768`` = exit 3, ``9`` = SIGKILL); ``""`` (not ended) -> ``(0, 0)``."""
+    text = (text or "").strip()
+    if ":" in text:
+        return parse_exit_code(text)
+    if not is_digits(text):
+        return 0, 0
+    raw = int(text)
+    sig = raw & 0x7F
+    if sig and sig != 0x7F:
+        return 0, sig
+    return (raw >> 8) & 0xFF, 0
+
+
+def accounting_argv(job_id: str, cluster: str | None = None) -> list[str]:
+    """``sacct`` for a job the controller no longer holds: the allocation's
+    line only (``-X``), ``|``-separated, no header."""
+    check_job_id(job_id, array=True)
+    where = ["-M", cluster] if cluster else []
+    return ["sacct", *where, "-X", "-n", "-P", "-j", job_id, "-o", "JobID,State,ExitCode,Elapsed,NodeList"]
+
+
+def parse_accounting(text: str, job_id: str) -> dict[str, str] | None:
+    """:func:`accounting_argv`'s output -> the job's ``{JobID, State,
+    ExitCode, Elapsed, NodeList}``; None when sacct has no line for it yet
+    (slurmdbd is behind the controller: not a sign that the job is gone).
+    The last line wins (a requeued job has one per run)."""
+    found = None
+    for line in (text or "").splitlines():
+        parts = line.split("|")
+        if len(parts) >= 5 and parts[0] == job_id:
+            found = dict(zip(("JobID", "State", "ExitCode", "Elapsed", "NodeList"), parts))
+    return found
+
+
+def parse_parsable(text: str) -> tuple[str, str | None]:
+    """``sbatch --parsable`` output -> ``(job id, cluster or None)``:
+    ``"42"`` or ``"42;gpu"`` (with ``-M`` / a federation).
+
+    Raises:
+        InputError: no job id in it.
+        SlurmError: a cluster name that is not one (letters, digits, ``-_.``).
+    """
+    line = (text or "").strip().splitlines()
+    first = line[-1].strip() if line else ""
+    job_id, _, cluster = first.partition(";")
+    check_job_id(job_id, array=True, phase="submit")
+    if cluster and (cluster.startswith("-") or not cluster.replace("-", "").replace("_", "").replace(".", "")
+                    .isalnum() or not cluster.isascii()):
+        raise SlurmError("submit", "bad cluster name from sbatch", repr(cluster)[:80])
+    return job_id, (cluster or None)

@@ -88,6 +88,28 @@ def test_torchrun_worker_bound_by_local_rank():
     assert e["CUDA_VISIBLE_DEVICES"].split(",")[2] == "2"
 
 
+def test_torchrun_worker_sees_one_world_in_slurm_variables():
+    """What Lightning / Accelerate read from Slurm agrees with torchrun's RANK/LOCAL_RANK/WORLD_SIZE."""
+    env = clean_env(SLURM_JOB_GPUS="0,1,2,3", CUDA_VISIBLE_DEVICES="0,1,2,3", SLURM_LOCALID="0",
+                    SLURM_STEP_TASKS_PER_NODE="1", SLURM_TASKS_PER_NODE="1(x2)", SLURM_NTASKS_PER_NODE="1",
+                    SLURM_PROCID="1", SLURM_NTASKS="2", SLURM_NPROCS="2", SLURM_STEP_NUM_TASKS="2",
+                    LOCAL_RANK="2", LOCAL_WORLD_SIZE="4", RANK="6", WORLD_SIZE="8", GSRUN_LAUNCHER="torchrun")
+    code = ("import json, os; print(json.dumps({k: os.environ.get(k) for k in ('SLURM_PROCID', 'SLURM_LOCALID', "
+            "'SLURM_NTASKS', 'SLURM_NPROCS', 'SLURM_STEP_NUM_TASKS', 'SLURM_NTASKS_PER_NODE', "
+            "'SLURM_TASKS_PER_NODE', 'SLURM_STEP_TASKS_PER_NODE')}))")
+    r = run_bind(["--", sys.executable, "-c", code], env)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == {"SLURM_PROCID": "6", "SLURM_LOCALID": "2", "SLURM_NTASKS": "8",
+                                    "SLURM_NPROCS": "8", "SLURM_STEP_NUM_TASKS": "8", "SLURM_NTASKS_PER_NODE": "4",
+                                    "SLURM_TASKS_PER_NODE": None, "SLURM_STEP_TASKS_PER_NODE": None}
+    # one task per GPU (no launcher): Slurm's own variables stay as srun set them
+    plain = clean_env(SLURM_JOB_GPUS="0,1", CUDA_VISIBLE_DEVICES="0,1", SLURM_LOCALID="1", SLURM_PROCID="3",
+                      SLURM_NTASKS="4", SLURM_NTASKS_PER_NODE="2")
+    r = run_bind(["--", sys.executable, "-c", code], plain)
+    got = json.loads(r.stdout)
+    assert (got["SLURM_PROCID"], got["SLURM_LOCALID"], got["SLURM_NTASKS"]) == ("3", "1", "4")
+
+
 def test_plan_problem_never_stops_the_task():
     env = clean_env(SLURM_JOB_GPUS="0,bogus", SLURM_LOCALID="0")
     r = run_bind(["--", sys.executable, "-c", CHILD], env)

@@ -93,6 +93,11 @@ CASES = {
     # tcmalloc: TCMALLOC_*); the site's PYTORCH_CUDA_ALLOC_CONF (CASE_CONFIG) in the tcmalloc case
     "malloc-jemalloc": ["--gpus", "8", "--malloc", "jemalloc", "train.py"],
     "malloc-tcmalloc": ["--gpus", "8", "--malloc", "tcmalloc", "train.py"],
+    # the user's own comment beside gsrun's requests: quotes, #, ; and $() survive as one #SBATCH word
+    "comment": ["--gpus", "8", "--mps", "--comment", "run 7: \"lr\" #3; $(id) it's", "train.py"],
+    "comment-sbatch": ["--gpus", "8", "--sbatch=--comment=sweep a;b", "train.py"],
+    # the user's memory choice replaces gsrun's default (none): exactly one memory option
+    "mem-per-cpu": ["--gpus", "8", "--sbatch=--mem-per-cpu=4G", "train.py"],
 }
 
 CASE_ENV = {
@@ -187,6 +192,16 @@ REFUSALS = {
                     "--gpus 8 (2 node(s) x 4)"),
     "bad-mem": (["--gpus", "8", "--mem", "lots", "train.py"], "gsrun: submit: bad --mem", "64G"),
     "bad-mps-share": (["--gpus", "8", "--mps=150", "train.py"], "gsrun: submit: bad active thread percentage", "1 to 100"),
+    "two-memory": (["--gpus", "8", "--mem", "64G", "--sbatch=--mem-per-cpu=4G", "train.py"],
+                   "gsrun: submit: two memory requests: --mem and --sbatch=--mem-per-cpu", "choose one of --mem"),
+    "two-memory-sbatch": (["--gpus", "8", "--sbatch=--mem-per-gpu=4G", "--sbatch=--mem-per-cpu=4G", "train.py"],
+                          "gsrun: submit: two memory requests", "choose one"),
+    "comment-newline": (["--gpus", "8", "--comment", "a\n#SBATCH --uid=0", "train.py"], "gsrun: submit: bad --comment",
+                        "no control characters"),
+    "comment-forged-request": (["--gpus", "8", "--comment", "x gsrun:tune=swappiness=0", "train.py"],
+                               "gsrun: submit: bad --comment", "without 'gsrun:'"),
+    "two-comments": (["--gpus", "8", "--comment", "a", "--sbatch=--comment=b", "train.py"],
+                     "gsrun: submit: two comments: --comment and --sbatch=--comment", "give one"),
 }
 
 
@@ -218,3 +233,26 @@ def test_warns_when_gsrun_own_python_lacks_torch(gsrun_env, monkeypatch):
     assert "gsrun: submit: warning:" in res.stderr and "cannot import torch" in res.stderr
     res = CliRunner().invoke(cli, ["--dry-run", "--gpus", "8", "train.py"])   # the fake python3 on PATH
     assert "cannot import torch" not in res.stderr
+
+
+def test_comment_reaches_slurm_as_typed(gsrun_env):
+    """sbatch's script parser reads the comment word back as typed (its quoting rules:
+    :func:`gsrun.wrapper.spec.sbatch_word`), gsrun's requests first."""
+    from gsrun.wrapper.environ import script_options
+
+    typed = "run 7: \"lr\" #3; $(id) it's"
+    text = render(["--gpus", "8", "--mps", "--comment", typed, "train.py"])
+    assert script_options(text)["comment"] == f"gsrun:mps= {typed}"
+    from gsrun.facts.slurm import parse_comment_request
+
+    assert parse_comment_request(script_options(text)["comment"]) == {"mps": ""}
+
+
+def test_dry_run_says_what_the_environment_would_override(gsrun_env):
+    res = CliRunner().invoke(cli, ["--dry-run", "--gpus", "8", "-p", "h200", "train.py"],
+                             env={"SBATCH_PARTITION": "debug"})
+    assert res.exit_code == 0, res.output
+    assert ("gsrun: submit: note: SBATCH_PARTITION from your environment would override what gsrun asks for: "
+            "passed --partition=h200 on the sbatch command line") in res.stderr
+    res = CliRunner().invoke(cli, ["--dry-run", "--gpus", "8", "train.py"], env={"SBATCH_GPUS": "2"})
+    assert res.exit_code != 0 and str(res.exception).startswith("gsrun: submit: SBATCH_GPUS is set: ")

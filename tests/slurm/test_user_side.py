@@ -213,3 +213,23 @@ def test_gseff_with_only_slurm_conf(cluster):
     cp = subprocess.run(["runuser", "-u", USER, "--", *env, f"HOME={cluster.work}", "gseff", job],
                         capture_output=True, text=True, timeout=120, cwd=cluster.work)
     assert cp.returncode == 0 and f"job {job}" in cp.stdout, cp.stderr
+
+
+WORLD = ("import os; e = os.environ; print('world', *(e.get(k) for k in ('RANK', 'SLURM_PROCID', 'LOCAL_RANK', "
+         "'SLURM_LOCALID', 'WORLD_SIZE', 'SLURM_NTASKS', 'SLURM_NPROCS', 'SLURM_STEP_NUM_TASKS')))")
+
+
+def test_torchrun_workers_see_one_world(cluster, user_venv):
+    """Each torchrun worker's Slurm task variables agree with torchrun's RANK/LOCAL_RANK/WORLD_SIZE."""
+    cluster.as_user(["sh", "-c", "cat > world.py"], check=True, input_text=WORLD + "\n")
+    cp = cluster.as_user(["gsrun", "--gpus", "4", "--gpus-per-node", "2", "--launcher", "torchrun", "--wait",
+                          "--output", "world-%j.out", "world.py"], **_activated(user_venv))
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    job = cluster.job_id_from(cp.stderr)
+    assert cluster.wait_job_done(job) == "COMPLETED"
+    assert " ExitCode=0:0 " in cluster.as_root(["scontrol", "-o", "show", "job", job]).stdout
+    rows = sorted(ln.split()[1:] for ln in cp.stdout.splitlines() if ln.startswith("world "))
+    assert len(rows) == 4, cp.stdout
+    for rank, procid, local, localid, world, ntasks, nprocs, step_tasks in rows:
+        assert procid == rank and localid == local and world == ntasks == nprocs == step_tasks == "4", rows
+    assert sorted(r[0] for r in rows) == ["0", "1", "2", "3"]

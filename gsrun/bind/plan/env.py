@@ -139,6 +139,31 @@ def worker_environ(environ: Mapping[str, str]) -> tuple[dict[str, str], bool]:
     return env, True
 
 
+#: Slurm task variables that describe a launcher's one task; a worker of it gets torchrun's world instead
+WORKER_TASK_VARS = ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_STEP_NUM_TASKS",
+                    "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_STEP_TASKS_PER_NODE")
+
+
+def worker_task_env(environ: Mapping[str, str]) -> dict[str, str | None]:
+    """For a launcher's worker (:func:`worker_environ`): the Slurm task
+    variables that would contradict torchrun's ``RANK`` / ``LOCAL_RANK`` /
+    ``WORLD_SIZE`` / ``LOCAL_WORLD_SIZE`` -> their values in the worker's
+    environment, None to unset. ``SLURM_PROCID`` = ``RANK``, ``SLURM_LOCALID``
+    = ``LOCAL_RANK``, ``SLURM_NTASKS`` = ``SLURM_NPROCS`` =
+    ``SLURM_STEP_NUM_TASKS`` = ``WORLD_SIZE``, ``SLURM_NTASKS_PER_NODE`` =
+    ``LOCAL_WORLD_SIZE``; the per-node task lists are unset. A torchrun
+    variable that is not a number of at most 9 digits unsets its Slurm
+    counterparts, so a framework that reads Slurm's (Lightning, Accelerate)
+    sees one world."""
+    def num(name: str) -> str | None:
+        v = (environ.get(name) or "").strip()
+        return str(int(v)) if v.isdigit() and len(v) <= 9 else None
+    world = num("WORLD_SIZE")
+    return {"SLURM_PROCID": num("RANK"), "SLURM_LOCALID": num("LOCAL_RANK"), "SLURM_NTASKS": world,
+            "SLURM_NPROCS": world, "SLURM_STEP_NUM_TASKS": world, "SLURM_NTASKS_PER_NODE": num("LOCAL_WORLD_SIZE"),
+            "SLURM_TASKS_PER_NODE": None, "SLURM_STEP_TASKS_PER_NODE": None}
+
+
 def plan_from_env(environ: Mapping[str, str], hostfs: HostFS,
                   allowed_cpus: list[int] | None = None, gpu_isolation: bool = False,
                   topology: Topology | None = None) -> Plan:

@@ -17,7 +17,6 @@ _STATE = r"^state[0-9]+$"
 
 
 def _cpu_dirs(h) -> list[str]:
-
     return sorted((c for c in h.listdir(CPU) if re.match(_CPU, c)), key=lambda c: int(c[3:]))
 
 
@@ -70,7 +69,6 @@ class CstateKnob(ScopedKnob):
                 for c, rows in st.items() for s, _, _ in rows}
 
     def resolve(self, h, value, scope):
-
         st = self._states(h)
         hold = h.exists(DMA_LATENCY)
         if not st:

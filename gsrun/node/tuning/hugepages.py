@@ -36,7 +36,6 @@ class HugepagesKnob(ScopedKnob):
         return f"{NODE}/{node}/hugepages/hugepages-{kb}kB/nr_hugepages"
 
     def read(self, h):
-
         out = {}
         for n in sorted((d for d in h.listdir(NODE) if re.fullmatch(r"node[0-9]+", d)), key=lambda s: int(s[4:])):
             for d in h.listdir(f"{NODE}/{n}/hugepages"):
@@ -48,7 +47,6 @@ class HugepagesKnob(ScopedKnob):
         return out or None
 
     def resolve(self, h, value, scope):
-
         kb, count = parse_hugepages(value)
         cur = self.read(h)
         if cur is None:

@@ -218,7 +218,6 @@ def _dict_value_ok(after, k, want, what) -> bool:
 
 
 def _cpuset(text) -> frozenset | None:
-
     try:
         return frozenset(parse_cpulist(text))
     except InputError:

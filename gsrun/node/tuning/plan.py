@@ -214,7 +214,6 @@ def format_plan(plan) -> str:
 
 
 def _short(v) -> str:
-
     if v is None:
         return "-"
     if isinstance(v, dict) and "form" in v:

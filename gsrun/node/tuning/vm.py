@@ -84,7 +84,6 @@ class SwapEffect:
         return found
 
     def _run(self, argv: list[str]) -> None:
-
         rc, out, err = run_bounded(argv, self.timeout_s)
         if rc is None:
             raise NodeError("tune", "timed out", f"{argv[0]} after {self.timeout_s:g} s")

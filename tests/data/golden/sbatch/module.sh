@@ -8,9 +8,10 @@
 # python: @TMP@/bin/python3: the first python3 on PATH at submit
 set -eu
 
-# torch.distributed rendezvous: the first node of the allocation
-read -r first_node < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
-MASTER_ADDR=$(scontrol -o show node "$first_node" | sed -n 's/.*NodeAddr=\([^ ]*\).*/\1/p')
+# torch.distributed rendezvous: the first node of the allocation (gsrun's own hostlist code:
+# no scontrol needed in the job's container), at its NodeAddr where scontrol can say
+first_node=$(@TMP@/bin/gsrun-bind --first-host) || exit 1
+MASTER_ADDR=$(scontrol -o show node "$first_node" 2>/dev/null | sed -n 's/.*NodeAddr=\([^ ]*\).*/\1/p')
 export MASTER_ADDR=${MASTER_ADDR:-$first_node}
 export MASTER_PORT=$(( 20000 + SLURM_JOB_ID % 20000 ))
 export WORLD_SIZE=$SLURM_NTASKS
@@ -26,4 +27,4 @@ case $(scontrol show config 2>/dev/null | sed -n 's/^TaskPlugin *= *//p') in
   *) cpu_bind= ;;
 esac
 
-srun --kill-on-bad-exit=1 $cpu_bind @TMP@/bin/gsrun-bind -- @TMP@/bin/python3 -m pkg.train --lr 3e-4
+srun --kill-on-bad-exit=1 --export=ALL $cpu_bind @TMP@/bin/gsrun-bind -- @TMP@/bin/python3 -m pkg.train --lr 3e-4

@@ -9,9 +9,10 @@
 # python: @TMP@/bin/python3: the first python3 on PATH at submit
 set -eu
 
-# torch.distributed rendezvous: the first node of the allocation
-read -r first_node < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
-MASTER_ADDR=$(scontrol -o show node "$first_node" | sed -n 's/.*NodeAddr=\([^ ]*\).*/\1/p')
+# torch.distributed rendezvous: the first node of the allocation (gsrun's own hostlist code:
+# no scontrol needed in the job's container), at its NodeAddr where scontrol can say
+first_node=$(@TMP@/bin/gsrun-bind --first-host) || exit 1
+MASTER_ADDR=$(scontrol -o show node "$first_node" 2>/dev/null | sed -n 's/.*NodeAddr=\([^ ]*\).*/\1/p')
 export MASTER_ADDR=${MASTER_ADDR:-$first_node}
 export MASTER_PORT=$(( 20000 + SLURM_JOB_ID % 20000 ))
 export CUDA_DEVICE_ORDER=PCI_BUS_ID
@@ -29,4 +30,4 @@ esac
 # torchrun (python -m torch.distributed.run of the job's interpreter): one per node,
 # its workers run through gsrun-bind (LOCAL_RANK / LOCAL_WORLD_SIZE pick each one's GPU)
 export GSRUN_LAUNCHER=torchrun
-srun --kill-on-bad-exit=1 --cpus-per-task=48 $cpu_bind @TMP@/bin/python3 -m torch.distributed.run --nnodes="$SLURM_NNODES" --nproc-per-node=8 --rdzv-id="$SLURM_JOB_ID" --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --no-python @TMP@/bin/gsrun-bind -- @TMP@/bin/python3 -m pkg.train
+srun --kill-on-bad-exit=1 --export=ALL --cpus-per-task=48 $cpu_bind @TMP@/bin/python3 -m torch.distributed.run --nnodes="$SLURM_NNODES" --nproc-per-node=8 --rdzv-id="$SLURM_JOB_ID" --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --no-python @TMP@/bin/gsrun-bind -- @TMP@/bin/python3 -m pkg.train

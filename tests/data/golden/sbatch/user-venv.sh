@@ -8,9 +8,21 @@
 # python: @TMP@/venv/bin/python3: the active virtualenv ($VIRTUAL_ENV)
 set -eu
 
-# torch.distributed rendezvous: the first node of the allocation
-read -r first_node < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
-MASTER_ADDR=$(scontrol -o show node "$first_node" | sed -n 's/.*NodeAddr=\([^ ]*\).*/\1/p')
+# the virtualenv found at submit, also under --export=NONE
+export VIRTUAL_ENV=@TMP@/venv
+export PATH=@TMP@/venv/bin${PATH:+:$PATH}
+# the interpreter must still belong to that environment here (not moved, a venv with its pyvenv.cfg)
+py_check=$(@TMP@/venv/bin/python3 -c 'import os, sys; p = os.path.realpath(sys.prefix); print("ok" if p == os.path.realpath(sys.argv[1]) else p)' @TMP@/venv 2>&1) || py_check="(it does not start: $py_check)"
+if [ "$py_check" != ok ]; then
+  echo "gsrun: job: python: "@TMP@/venv/bin/python3" runs with sys.prefix $py_check on $(uname -n), not the environment found at submit, "@TMP@/venv >&2
+  echo "hint: recreate the environment at that path (python3 -m venv / conda create -p), or submit from the environment the job should use" >&2
+  exit 1
+fi
+
+# torch.distributed rendezvous: the first node of the allocation (gsrun's own hostlist code:
+# no scontrol needed in the job's container), at its NodeAddr where scontrol can say
+first_node=$(@TMP@/bin/gsrun-bind --first-host) || exit 1
+MASTER_ADDR=$(scontrol -o show node "$first_node" 2>/dev/null | sed -n 's/.*NodeAddr=\([^ ]*\).*/\1/p')
 export MASTER_ADDR=${MASTER_ADDR:-$first_node}
 export MASTER_PORT=$(( 20000 + SLURM_JOB_ID % 20000 ))
 export WORLD_SIZE=$SLURM_NTASKS
@@ -26,4 +38,4 @@ case $(scontrol show config 2>/dev/null | sed -n 's/^TaskPlugin *= *//p') in
   *) cpu_bind= ;;
 esac
 
-srun --kill-on-bad-exit=1 $cpu_bind @TMP@/bin/gsrun-bind -- @TMP@/venv/bin/python3 @TMP@/work/train.py
+srun --kill-on-bad-exit=1 --export=ALL $cpu_bind @TMP@/bin/gsrun-bind -- @TMP@/venv/bin/python3 @TMP@/work/train.py
