@@ -43,7 +43,7 @@ def run_report(scope: Scope, cfg, lines_of=None, shares=None, digests: bool = Fa
     rep = FleetReport(thresholds_from_config(cfg), shares, digest_after, digests)
     add = rep.add
     for job in window_jobs(scope.start_s, scope.end_s, float(cfg["cluster_report.chunk_h"]) * 3600.0,
-                           float(cfg["timeouts.command_s"]) * 8, scope.clusters, scope.partitions,
+                           float(cfg["cluster_report.sacct_timeout_s"]), scope.clusters, scope.partitions,
                            scope.accounts, lines_of):
         if job.gpus > 0:
             figs, why = blob_figures(job.comment)
