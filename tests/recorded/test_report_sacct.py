@@ -6,7 +6,7 @@ CSV and JSON."""
 from __future__ import annotations
 
 import json
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -20,8 +20,10 @@ from helpers.golden import check_text
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 GOLDEN = DATA / "golden" / "cluster_report"
-START, END = datetime(2024, 4, 30).timestamp(), datetime(2024, 5, 1).timestamp()
+START, END = (datetime(2024, 4, 30, tzinfo=timezone.utc).timestamp(),
+              datetime(2024, 5, 1, tzinfo=timezone.utc).timestamp())
 SHARES = {"gpu": NodeShare(64, 512 << 30, 4)}
+pytestmark = pytest.mark.usefixtures("utc_tz")      # the goldens print UTC
 
 
 def _lines(name):
@@ -95,7 +97,7 @@ def test_sinfo_shares():
 
 
 @pytest.fixture(scope="module")
-def report():
+def report(utc_tz):
     cfg = parse_config('[mail]\ndefault_domain = "example.org"\n')
     lines = _lines("report_2411.txt")
     rep = run_report(Scope(START, END, ("della",)), cfg, lines_of=lambda argv: iter(lines), shares=SHARES,
