@@ -21,6 +21,7 @@ copy is never tested by mistake. Helpers live in ``tests/helpers``.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -78,6 +79,17 @@ def _hermetic_site_env(request, monkeypatch):
     if tier != "slurm":
         for name in SITE_ENV:
             monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture(scope="module")
+def utc_tz():
+    """``TZ=UTC`` for a whole module (its module fixtures included): sacct prints local
+    times and the golden tables print them back, stored as UTC."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TZ", "UTC")
+        time.tzset()
+        yield
+    time.tzset()
 
 
 def pytest_collection_modifyitems(config, items):

@@ -20,30 +20,34 @@ from gsrun.base.errors import InputError, SlurmError, run_cli
 from gsrun.base.paths import Paths
 from gsrun.facts.slurm import run_slurm
 from gsrun.report import fleet_mail
-from gsrun.report.fleet import FleetReport, parse_sinfo_nodes, thresholds_from_config
+from gsrun.report.fleet import FleetReport, parse_sinfo_models, parse_sinfo_nodes, thresholds_from_config
 from gsrun.report.fleet_render import Scope, report_csv, report_json, report_text
 from gsrun.report.fleet_source import (blob_figures, check_names, parse_since, parse_when, window_jobs)
 from gsrun.request.config import load_config
 
 
-def node_shares(clusters, timeout_s: float) -> dict:
-    """partition -> NodeShare from ``sinfo`` (``{}`` when sinfo cannot answer:
-    the over-allocation and fragmentation tables then say so)."""
+def node_shares(clusters, timeout_s: float) -> tuple[dict, list[str]]:
+    """partition -> NodeShare and the GPU models (gres types) from one ``sinfo``
+    (``({}, [])`` when sinfo cannot answer: the over-allocation and
+    fragmentation tables then say so)."""
     argv = ["sinfo", "-h", "-N", "-o", "%P|%c|%m|%G"] + (["-M", ",".join(clusters)] if clusters else [])
     try:
-        return parse_sinfo_nodes(run_slurm(argv, timeout_s).stdout)
+        text = run_slurm(argv, timeout_s).stdout
     except SlurmError as e:
         click.echo(f"{e}", err=True)
-        return {}
+        return {}, []
+    return parse_sinfo_nodes(text), parse_sinfo_models(text)
 
 
-def run_report(scope: Scope, cfg, lines_of=None, shares=None, digests: bool = False, digest_after=None):
+def run_report(scope: Scope, cfg, lines_of=None, shares=None, digests: bool = False, digest_after=None,
+               models=None):
     """Stream the window's jobs into a :class:`FleetReport`; ``lines_of`` as
-    in :func:`gsrun.report.fleet_source.window_jobs`."""
-    rep = FleetReport(thresholds_from_config(cfg), shares, digest_after, digests)
+    in :func:`gsrun.report.fleet_source.window_jobs`; ``shares`` and
+    ``models`` as :func:`node_shares` gives them."""
+    rep = FleetReport(thresholds_from_config(cfg), shares, digest_after, digests, models)
     add = rep.add
     for job in window_jobs(scope.start_s, scope.end_s, float(cfg["cluster_report.chunk_h"]) * 3600.0,
-                           float(cfg["timeouts.command_s"]) * 8, scope.clusters, scope.partitions,
+                           float(cfg["cluster_report.sacct_timeout_s"]), scope.clusters, scope.partitions,
                            scope.accounts, lines_of):
         if job.gpus > 0:
             figs, why = blob_figures(job.comment)
@@ -68,7 +72,7 @@ def run_report(scope: Scope, cfg, lines_of=None, shares=None, digests: bool = Fa
 @click.option("--spool-dir", default=None, hidden=True)
 def cli(since, start, end, clusters, partitions, accounts, as_json, as_csv, email, report_to, dry_run, spool_dir):
     """Rank the window's GPU jobs: idle GPU-hours, low efficiency, over-allocation, MIG fits,
-    fragmentation, time limits, energy and usage."""
+    smaller GPU models, fragmentation, time limits, energy and usage."""
     if since and start:
         raise InputError("report", "conflicting options", "--since and --start", hint="give one of them")
     if as_json and as_csv:
@@ -84,8 +88,9 @@ def cli(since, start, end, clusters, partitions, accounts, as_json, as_csv, emai
                   tuple(check_names("account", filter(None, accounts.split(",")))))
     paths = Paths.from_config(cfg, None, spool_dir)
     state = fleet_mail.read_state(paths.spool_dir) if email else {}
-    rep = run_report(scope, cfg, shares=node_shares(scope.clusters, float(cfg["timeouts.command_s"])),
-                     digests=email, digest_after=fleet_mail.digest_after(state))
+    shares, models = node_shares(scope.clusters, float(cfg["timeouts.command_s"]))
+    rep = run_report(scope, cfg, shares=shares, digests=email, digest_after=fleet_mail.digest_after(state),
+                     models=models)
     tables = rep.tables()
     if as_json:
         click.echo(report_json(tables, scope, {"jobs": rep.jobs, "gpu_jobs": rep.gpu_jobs,

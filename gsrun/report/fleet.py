@@ -26,6 +26,12 @@ Figures and where they come from:
   :data:`MIG_PROFILES`) whose memory holds the job's GPU memory high water
   and whose compute share (slices / 7) holds its SM activity (else
   utilization), both with ``mig_headroom_pct`` to spare.
+- smaller model: on a cluster with several GPU models (gres types in
+  AllocTRES ``gres/gpu:<type>``; the models' memory from the blobs'
+  ``gpu_total_memory`` of the window's jobs on them), a job whose SM
+  activity (else peak utilization) is below ``low_sm_pct`` and whose GPU
+  memory high water, with ``mig_headroom_pct`` to spare, fits the smallest
+  model of the same cluster with less memory than its own.
 - fragmentation: a multi-node job on more nodes than ceil(GPUs / GPUs per
   node of the partition).
 - time limit used = Elapsed / Timelimit of completed GPU jobs.
@@ -97,6 +103,22 @@ class NodeShare:
     @property
     def mem_per_gpu_bytes(self) -> float:
         return self.mem_bytes / self.gpus
+
+
+def parse_sinfo_models(text: str) -> list[str]:
+    """``sinfo -h -N -o %P|%c|%m|%G`` (as :func:`parse_sinfo_nodes`) -> the GPU
+    models named as gres types (``gpu:a100:4`` -> ``a100``), sorted; untyped
+    ``gpu:4`` gres name none."""
+    out = set()
+    for line in text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) != 4:
+            continue
+        for g in parts[3].split(","):
+            bits = g.split("(", 1)[0].split(":")
+            if len(bits) == 3 and bits[0] == "gpu" and bits[1]:
+                out.add(bits[1])
+    return sorted(out)
 
 
 def parse_sinfo_nodes(text: str) -> dict[str, NodeShare]:
@@ -217,6 +239,11 @@ class _Who:
 IDS_KEPT = 5          # job ids kept per user and table (the rest counted)
 
 
+def _id_key(job_id: str) -> tuple:
+    """Job ids in numeric order (``4104_7`` after ``4104``)."""
+    return tuple(int(p) if p.isdigit() else 0 for p in job_id.replace("_", ".").split("."))
+
+
 def _keep(ids: list, job_id: str) -> None:
     if len(ids) < IDS_KEPT:
         ids.append(job_id)
@@ -276,17 +303,35 @@ def _dkeep(d: UserDigest, name: str, item: list) -> None:
         setattr(d, name + "_more", getattr(d, name + "_more") + 1)
 
 
+@dataclass
+class _ModelFit:
+    """Jobs of one user on one GPU model whose GPU memory need (high water
+    plus headroom) rounds up to the same whole GiB: how many, GPU-hours, ids."""
+
+    jobs: int = 0
+    gpu_h: float = 0.0
+    ids: list = field(default_factory=list)
+
+
 class FleetReport:
     """Folds jobs into the tables (see the module doc for every figure).
 
     ``shares``: partition -> :class:`NodeShare` (sinfo), used where the
     thresholds' ``cores_per_gpu`` / ``mem_per_gpu_gib`` are 0.
+    ``models``: the GPU models sinfo names (gres types), listed in the
+    smaller-model table's note; a model's memory comes from the blobs.
     ``digest_after``: user -> epoch second; a user's job enters the digest
     only when it ended after it (the end of the user's last digest)."""
 
     def __init__(self, th: Thresholds, shares: dict[str, NodeShare] | None = None,
-                 digest_after: dict[str, float] | None = None, digests: bool = False):
+                 digest_after: dict[str, float] | None = None, digests: bool = False,
+                 models: list[str] | None = None):
         self.th = th
+        self.sinfo_models = list(models or [])
+        self.model_mem: dict[tuple[str, str], int] = {}      # (cluster, model) -> GPU memory total, bytes
+        self.model_fit: dict[tuple[str, str, str, int], _ModelFit] = {}   # (cluster, model, user, GiB needed)
+        self.model_jobs = 0
+        self.model_no_figures = 0
         self.shares = shares or {}
         self.digest_after = digest_after or {}
         self.want_digests = digests
@@ -454,6 +499,58 @@ class FleetReport:
                     _dkeep(d, "mig", [job.job_id, prof, peak / GIB, compute])
         elif util:
             self.mig_no_figures += 1
+        self._model(job, figs, gpu_h)
+
+    def _model(self, job: JobRow, figs: JobFigures, gpu_h: float) -> None:
+        """The smaller-model fold: the model's memory, and the job's need in whole GiB when its
+        compute is low enough (the models compared once all jobs are in: :meth:`_model_rows`)."""
+        util, used, total = figs.gpu_util_pct, figs.gpu_mem_used_bytes, figs.gpu_mem_total_bytes
+        if not (job.gpu_type and util and used and len(used) == len(total)):
+            self.model_no_figures += 1
+            return
+        self.model_jobs += 1
+        key = (job.cluster, job.gpu_type)
+        if max(total) > self.model_mem.get(key, 0):
+            self.model_mem[key] = max(total)
+        compute = figs.sm_active_pct if figs.sm_active_pct is not None else max(util)
+        if compute >= self.th.low_sm_pct:
+            return
+        need = math.ceil(max(used) * (1.0 + self.th.mig_headroom_pct / 100.0) / GIB)
+        f = self.model_fit.get((job.cluster, job.gpu_type, job.user, need))
+        if f is None:
+            f = self.model_fit.setdefault((job.cluster, job.gpu_type, job.user, need), _ModelFit())
+        f.jobs += 1
+        f.gpu_h += gpu_h
+        _keep(f.ids, job.job_id)
+
+    def _model_rows(self) -> list[list]:
+        """Per user, model and smaller model: ``[user, model, smaller model, jobs, GPU-h, job ids]``,
+        by GPU-hours. The smaller model is the one with the least memory (of the same cluster)
+        that holds the need; none when only the job's own model does."""
+        rows: dict[tuple[str, str, str], _ModelFit] = {}
+        for (cluster, model, user, need), f in self.model_fit.items():
+            own = self.model_mem[(cluster, model)]
+            smaller = [(mem, m) for (c, m), mem in self.model_mem.items()
+                       if c == cluster and mem < own and mem >= need * GIB]
+            if not smaller:
+                continue
+            to = min(smaller)[1]
+            r = rows.get((user, model, to)) or rows.setdefault((user, model, to), _ModelFit())
+            r.jobs += f.jobs
+            r.gpu_h += f.gpu_h
+            for i in f.ids:
+                _keep(r.ids, i)
+        out = sorted(rows.items(), key=lambda kv: (-kv[1].gpu_h, kv[0]))[:self.th.top]
+        return [[u, m, to, f.jobs, f.gpu_h, self._ids(sorted(f.ids, key=_id_key), f.jobs)]
+                for (u, m, to), f in out]
+
+    def _model_notes(self) -> list[str]:
+        seen = sorted(self.model_mem.items())
+        notes = ["GPU models: " + (", ".join(f"{m} ({mem / GIB:.0f} GiB)" for (_, m), mem in seen) or "none seen")]
+        unseen = [m for m in self.sinfo_models if m not in {k[1] for k in self.model_mem}]
+        if unseen:
+            notes.append("models sinfo names without a job with figures (memory unknown): " + ", ".join(unseen))
+        return notes
 
     # ----------------------------------------------------------------- tables
 
@@ -513,6 +610,11 @@ class FleetReport:
                                                                         key=lambda pn: (-pn[1], pn[0]))),
                                  self._ids(w.mig_ids, w.mig_jobs)]),
             {"mig_headroom_pct": th.mig_headroom_pct}, self.gpu_jobs, self.mig_no_figures))
+        out.append(Table(
+            "model_fit", "Jobs a smaller GPU model of the cluster would have served, per user",
+            ["user", "model", "smaller model", "jobs", "GPU-h", "job ids"], self._model_rows(),
+            {"low_sm_pct": th.low_sm_pct, "mig_headroom_pct": th.mig_headroom_pct},
+            self.gpu_jobs, self.gpu_no_figures + self.model_no_figures, self._model_notes()))
         out.append(Table(
             "fragmentation", "Multinode GPU fragmentation (more nodes than the GPUs need)",
             ["job", "user", "account", "partition", "GPUs", "nodes", "nodes needed", "GPU-h"],

@@ -305,7 +305,8 @@ def stream_sacct(argv: list[str], timeout_s: float) -> Iterator[str]:
                 f.close()
     if killed.is_set():
         raise SlurmError("report", "sacct timed out", f"no full answer in {timeout_s:g} s",
-                         hint="is slurmdbd up? a shorter chunk (cluster_report.chunk_h) asks less at once")
+                         hint="is slurmdbd up? a shorter chunk (cluster_report.chunk_h) asks less at once; "
+                         "cluster_report.sacct_timeout_s allows more")
     if rc != 0:
         msg = err.strip().splitlines()
         raise SlurmError("report", "sacct failed", msg[-1] if msg else f"exit {rc}",

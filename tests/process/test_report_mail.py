@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timezone
 from email import policy
 from email.parser import BytesParser
 from pathlib import Path
@@ -16,8 +16,10 @@ from gsrun.request.config import parse_config
 from gsrun.wrapper.gsreport import run_report
 
 aiosmtpd_controller = pytest.importorskip("aiosmtpd.controller")
+pytestmark = pytest.mark.usefixtures("utc_tz")      # sacct's local times read as UTC
 DATA = Path(__file__).resolve().parents[1] / "data"
-START, END = datetime(2024, 4, 30).timestamp(), datetime(2024, 5, 1).timestamp()
+START, END = (datetime(2024, 4, 30, tzinfo=timezone.utc).timestamp(),
+              datetime(2024, 5, 1, tzinfo=timezone.utc).timestamp())
 
 
 class Sink:

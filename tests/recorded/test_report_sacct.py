@@ -1,17 +1,17 @@
 """gsrun-report on recorded sacct outputs (Slurm 24.11-style rows with gsrun's and jobstats'
 blobs, a JS1:Short stub, a lowercased blob, a foreign comment with '|'; Slurm 22.05 with a
--M CLUSTER header, a step line and ReqMem per node): the parser, every table's golden text,
-CSV and JSON."""
+-M CLUSTER header, a step line and ReqMem per node; a mixed cluster of A100s, V100s and T4s):
+the parser, every table's golden text, CSV and JSON."""
 
 from __future__ import annotations
 
 import json
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 
-from gsrun.report.fleet import NodeShare, mig_fit, parse_sinfo_nodes
+from gsrun.report.fleet import NodeShare, mig_fit, parse_sinfo_models, parse_sinfo_nodes
 from gsrun.report.fleet_render import Scope, report_csv, report_json, table_text
 from gsrun.report.fleet_source import blob_figures, parse_line, window_jobs
 from gsrun.request.config import parse_config
@@ -20,8 +20,10 @@ from helpers.golden import check_text
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 GOLDEN = DATA / "golden" / "cluster_report"
-START, END = datetime(2024, 4, 30).timestamp(), datetime(2024, 5, 1).timestamp()
+START, END = (datetime(2024, 4, 30, tzinfo=timezone.utc).timestamp(),
+              datetime(2024, 5, 1, tzinfo=timezone.utc).timestamp())
 SHARES = {"gpu": NodeShare(64, 512 << 30, 4)}
+pytestmark = pytest.mark.usefixtures("utc_tz")      # the goldens print UTC
 
 
 def _lines(name):
@@ -95,7 +97,7 @@ def test_sinfo_shares():
 
 
 @pytest.fixture(scope="module")
-def report():
+def report(utc_tz):
     cfg = parse_config('[mail]\ndefault_domain = "example.org"\n')
     lines = _lines("report_2411.txt")
     rep = run_report(Scope(START, END, ("della",)), cfg, lines_of=lambda argv: iter(lines), shares=SHARES,
@@ -126,3 +128,39 @@ def test_golden(report, fmt):
         check_text(GOLDEN / "report.csv", report_csv(tables, scope), "report CSV")
     else:
         check_text(GOLDEN / "report.json", report_json(tables, scope, {"jobs": report.jobs}), "report JSON")
+
+
+MIXED_SINFO = ("gpu*|64|512000|gpu:a100:4(S:0-1)\ngpu-v100|32|192000|gpu:v100:4\ngpu-t4|16|96000|gpu:t4:2\n"
+               "gpu-l40s|48|384000|gpu:l40s:8,gpu:tmp:1\ncpu|128|256000|(null)\n")
+
+
+@pytest.fixture(scope="module")
+def mixed(utc_tz):
+    cfg = parse_config("")
+    lines = _lines("report_mixed.txt")
+    return run_report(Scope(START, END, ("mix",)), cfg, lines_of=lambda argv: iter(lines),
+                      shares=parse_sinfo_nodes(MIXED_SINFO), models=parse_sinfo_models(MIXED_SINFO))
+
+
+def test_sinfo_models():
+    assert parse_sinfo_models(MIXED_SINFO) == ["a100", "l40s", "t4", "tmp", "v100"]
+    assert parse_sinfo_models("gpu|4|4096|gpu:4\n") == []
+
+
+def test_smaller_model_on_a_mixed_cluster(mixed):
+    t = {t.key: t for t in mixed.tables()}["model_fit"]
+    # 5001: 6 GiB + 20 % -> 8 GiB, SM 5 %: a T4 (15 GiB) holds it; 5002: 20 GiB + 20 % -> 24 GiB:
+    # a V100 (32 GiB); 5003 is busy; 5004 (jobstats: utilization 5 %) fits a T4; 5005 is on the
+    # smallest model; 5006 names no model; 5007 has no blob
+    assert [r[:5] for r in t.rows] == [["carol", "v100", "t4", 1, pytest.approx(1 + 3 / 60)],
+                                       ["alice", "a100", "v100", 1, pytest.approx(1 + 1 / 60)],
+                                       ["alice", "a100", "t4", 1, pytest.approx(1.0)]]      # by GPU-hours
+    assert [r[5] for r in t.rows] == ["5004", "5002", "5001"]
+    assert t.jobs == 7 and t.no_figures == 2
+    assert t.notes == ["GPU models: a100 (80 GiB), t4 (15 GiB), v100 (32 GiB)",
+                       "models sinfo names without a job with figures (memory unknown): l40s, tmp"]
+
+
+def test_smaller_model_golden(mixed):
+    t = {t.key: t for t in mixed.tables()}["model_fit"]
+    check_text(GOLDEN / "model_fit_mixed.txt", table_text(t, Scope(START, END, ("mix",))), "table model_fit (mixed)")
