@@ -45,7 +45,7 @@ def test_dry_run_prints_the_script(site):
     # found on PATH, with the first python3 on PATH and the script's absolute path
     assert script.startswith("#!/bin/bash\n")
     assert "#SBATCH --nodes=1\n#SBATCH --ntasks-per-node=2\n#SBATCH --gres=gpu:2\n" in script
-    assert (f"srun --kill-on-bad-exit=1 $cpu_bind {site['bin']}/gsrun-bind -- {site['bin']}/python3 "
+    assert (f"srun --kill-on-bad-exit=1 --export=ALL $cpu_bind {site['bin']}/gsrun-bind -- {site['bin']}/python3 "
             f"{site['work']}/train.py --lr 3\n") in script
 
 
