@@ -312,6 +312,7 @@ def first_job_host(environ: Mapping[str, str]) -> str:
 
 @click.command(context_settings={"allow_interspersed_args": False,
                                  "help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="gsrun", prog_name="gsrun-bind", message="%(prog)s %(version)s")
 @click.option("--plan", "plan", is_flag=True, help="Print the plan instead of running a command.")
 @click.option("--json", "as_json", is_flag=True, help="With --plan: JSON instead of a table.")
 @click.option("--host-root", type=click.Path(file_okay=False), default=None,

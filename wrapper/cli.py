@@ -107,6 +107,7 @@ class _GsrunCommand(click.Command):
 
 @click.command(cls=_GsrunCommand, context_settings={"help_option_names": ["-h", "--help"],
                                                    "allow_interspersed_args": False})
+@click.version_option(package_name="gsrun", prog_name="gsrun", message="%(prog)s %(version)s")
 @click.option("--gpus", type=int, required=True, help="Total GPUs (one task per GPU).")
 @click.option("--nodes", type=int, default=None, help="Nodes (default: from the cluster's GPUs per node).")
 @click.option("--gpus-per-node", type=int, default=None, help="GPUs per node (default: read with sinfo).")

@@ -170,6 +170,7 @@ def render_accounting(rec: dict) -> str:
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="gsrun", prog_name="gseff", message="%(prog)s %(version)s")
 @click.argument("job_id")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary JSON.")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Write a per-GPU timeline PNG.")

@@ -58,6 +58,7 @@ def run_report(scope: Scope, cfg, lines_of=None, shares=None, digests: bool = Fa
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="gsrun", prog_name="gsrun-report", message="%(prog)s %(version)s")
 @click.option("--since", default=None, help="Window ending now: 7d, 36h, 90m, 2w (default 7d).")
 @click.option("--start", default=None, help="Window start, local time: 2024-05-01 or 2024-05-01T12:00.")
 @click.option("--end", default=None, help="Window end (default now).")

@@ -43,6 +43,7 @@ SPOOL_DIR = click.option("--spool-dir", default=None, envvar="GSRUN_SPOOL_DIR", 
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="gsrun", prog_name="gsrun-node", message="%(prog)s %(version)s")
 def cli():
     """gsrun node side: Slurm prolog/epilog, sampler, restore, status."""
 
