@@ -20,7 +20,7 @@ from gsrun.facts.slurm import gpus_per_node
 from gsrun.request.config import load_config
 from gsrun.request.malloc import malloc_env, parse_malloc
 from gsrun.request.mig_layout import parse_layout
-from gsrun.request.mps_share import parse_mps_share
+from gsrun.request.mps_share import HINT as MPS_HINT, parse_mps_share
 from gsrun.request.tune import parse_tune_request
 from gsrun.wrapper.command import (Python, build_command, choose_python, refuse_launcher,
                                    torch_warning)
@@ -47,6 +47,16 @@ def _command(script: str, args: tuple[str, ...], python: str | None) -> tuple[st
     interpreter :func:`~gsrun.wrapper.command.choose_python` picks)."""
     py = Python(python, "given") if python else choose_python(None, os.environ)
     return build_command("script", (script, *args), py)
+
+
+def _checked(option: str, parse, value: str, *args, hint_prefix: str = ""):
+    """``parse(value, *args)`` (the parser the node and the SPANK plugin use
+    for the same value); its refusal becomes ``gsrun: submit: OPTION: <the
+    parser's detail>`` with the parser's hint (allowed values or keys)."""
+    try:
+        return parse(value, *args)
+    except InputError as e:
+        raise InputError("submit", option, e.detail, hint=hint_prefix + (e.hint or "")) from None
 
 
 class _GsrunCommand(click.Command):
@@ -130,7 +140,7 @@ class _GsrunCommand(click.Command):
 @click.option("--mail-type", default=None, help="Mail the efficiency report, e.g. END.")
 @click.option("--mail-user", default=None, help="Address for --mail-type.")
 @click.option("--tune", default=None, help="Node tuning, e.g. governor=performance,swappiness=10.")
-@click.option("--malloc", type=click.Choice(["jemalloc", "tcmalloc", "none"]), default=None,
+@click.option("--malloc", default=None, metavar="jemalloc|tcmalloc|none",
               help="Preload this allocator into every task (found on the node; default: the site's malloc.default).")
 @click.option("--mps", is_flag=True, help="Per-job MPS daemon (--mps-share PCT: its active thread percentage).")
 @click.option("--mps-share", default=None, metavar="PCT",
@@ -175,20 +185,21 @@ def cli(ctx, gpus, nodes, gpus_per_node, time_, partition, job_name, output, cpu
 
     memory_options(mem, extra)
     if tune:
-        parse_tune_request(tune)
+        _checked("--tune", parse_tune_request, tune)
     mps_value = None
     if mps_share is not None:
-        pct = parse_mps_share(mps_share, "--mps", phase="submit")   # --mps=N or --mps-share N
+        pct = _checked("--mps-share", parse_mps_share, mps_share, "--mps")   # --mps=N or --mps-share N
         if pct is None:
-            raise InputError("submit", "bad active thread percentage", "--mps-share=''",
-                             hint="a percentage 1-100 (--mps-share 50 or --mps=50), or --mps alone")
+            raise InputError("submit", "--mps-share", "empty value", hint=MPS_HINT)
         mps_value = str(pct)
     elif mps:
         mps_value = ""
     if mig:
-        mig = cfg["mig.layouts"].get(mig, mig)
-        parse_layout(mig)
-    allocator = parse_malloc(malloc) if malloc is not None else (cfg["malloc.default"] or None)
+        layouts = cfg["mig.layouts"]
+        mig = layouts.get(mig, mig)
+        _checked("--mig", parse_layout, mig,
+                 hint_prefix=f"site layouts: {', '.join(sorted(layouts)) or 'none configured'}; ")
+    allocator = _checked("--malloc", parse_malloc, malloc) if malloc is not None else (cfg["malloc.default"] or None)
     alloc_env = malloc_env(allocator, cfg["malloc.jemalloc_conf"], cfg["malloc.tcmalloc_env"]) if allocator else ()
     if cpus_per_task is not None and not 1 <= cpus_per_task <= 4096:
         raise InputError("submit", "bad --cpus-per-task", str(cpus_per_task))

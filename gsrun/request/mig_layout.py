@@ -2,6 +2,7 @@
 
 A layout is what one GPU is cut into, as ``+``-separated terms, each an
 optional count ``<n>x`` and an NVIDIA profile name ``<slices>g.<mem>gb``
+(``<slices>`` one of :data:`SLICES`)
 with optional attribute suffixes (``+me``, ``+gfx``)::
 
     7g.141gb
@@ -30,6 +31,8 @@ MAX_TERM_COUNT = 16
 
 _ALLOWED = re.compile(r"^[0-9a-z.+x]+$")
 _TERM = re.compile(r"^(?:(?P<n>[0-9]{1,2})x)?(?P<name>[1-9][0-9]?g\.[1-9][0-9]{0,3}gb)$")
+#: compute slices of the profiles NVIDIA defines (``<slices>g``) on every MIG-capable GPU
+SLICES = (1, 2, 3, 4, 7)
 #: attribute suffixes NVIDIA appends to profile names (``1g.18gb+me``, ``1g.24gb+gfx``)
 SUFFIXES = ("me", "gfx")
 
@@ -50,7 +53,7 @@ def parse_layout(text: str) -> list[tuple[int, str]]:
     Raises:
         InputError: empty text, a character outside ``[0-9a-z.+x]`` (case is
             folded), more than :data:`MAX_LAYOUT_CHARS` characters, a term that
-            is not ``[<n>x]<s>g.<m>gb``, an unknown ``+suffix``, a count of 0,
+            is not ``[<n>x]<s>g.<m>gb``, slices outside :data:`SLICES`, an unknown ``+suffix``, a count of 0,
             or more than :data:`MAX_INSTANCES` instances in total.
     """
     if not isinstance(text, str):
@@ -81,6 +84,10 @@ def parse_layout(text: str) -> list[tuple[int, str]]:
             raise _bad(f"{tok!r} is not a profile term; expected [<n>x]<slices>g.<mem>gb "
                        f"with optional +{'/+'.join(SUFFIXES)}")
         n = int(m.group("n")) if m.group("n") is not None else 1
+        slices = int(m.group("name").split("g.", 1)[0])
+        if slices not in SLICES:
+            raise _bad(f"{tok!r}: {slices} compute slices; MIG profiles have "
+                       + ", ".join(map(str, SLICES[:-1])) + f" or {SLICES[-1]}")
         if n == 0:
             raise _bad(f"{tok!r}: a count must be at least 1")
         terms.append([n, m.group("name")])

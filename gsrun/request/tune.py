@@ -12,7 +12,7 @@ Keys and values (the value's source is the kernel file it ends up in):
 ==========================  ==============================================  =====================
 key                         kernel file                                     syntax
 ==========================  ==============================================  =====================
-governor                    cpu*/cpufreq/scaling_governor                   [a-z][a-z0-9_]{0,31}
+governor                    cpu*/cpufreq/scaling_governor                   one of GOVERNORS
 swappiness                  /proc/sys/vm/swappiness                         0-200
 swap                        swapoff of the devices in /proc/swaps           off
 dirty_ratio                 /proc/sys/vm/dirty_ratio                        0-100 (percent)
@@ -51,7 +51,9 @@ HUGEPAGE_SIZES: dict[str, tuple[int, int]] = {"2M": (2048, 1048576), "1G": (1048
 _HUGEPAGES = r"^(2M|1G):([1-9][0-9]{0,6})$"
 
 _INT = r"^(0|[1-9][0-9]{0,3})$"
-_GOVERNOR = r"^[a-z][a-z0-9_]{0,31}$"
+#: the Linux kernel's cpufreq governors (drivers/cpufreq/cpufreq_*.c); which of
+#: them a node offers (``scaling_available_governors``) the node decides
+GOVERNORS = ("performance", "powersave", "schedutil", "ondemand", "conservative", "userspace")
 _KEY = r"^[a-z_]{1,32}$"
 
 # key -> (lo, hi) for integers, or a tuple of words
@@ -80,7 +82,7 @@ def _bad(token: str, why: str) -> InputError:
 def check_tune_value(key: str, value: str) -> str | None:
     """Problem with ``value`` for ``key`` (syntax and fixed kernel range), or None."""
     if key == "governor":
-        return None if re.match(_GOVERNOR, value) else "governor must be a lowercase name like performance"
+        return None if value in GOVERNORS else f"governor must be one of {'|'.join(GOVERNORS)}"
     if key == "hugepages":
         m = re.match(_HUGEPAGES, value)
         if not m or int(m.group(2)) > HUGEPAGE_SIZES[m.group(1)][1]:

@@ -191,7 +191,7 @@ REFUSALS = {
     "gpus-7-on-4": (["--gpus", "7", "train.py"], "gsrun: submit: GPUs do not fill whole nodes",
                     "--gpus 8 (2 node(s) x 4)"),
     "bad-mem": (["--gpus", "8", "--mem", "lots", "train.py"], "gsrun: submit: bad --mem", "64G"),
-    "bad-mps-share": (["--gpus", "8", "--mps=150", "train.py"], "gsrun: submit: bad active thread percentage", "1 to 100"),
+    "bad-mps-share": (["--gpus", "8", "--mps=150", "train.py"], "gsrun: submit: --mps-share: --mps='150'", "1 to 100"),
     "two-memory": (["--gpus", "8", "--mem", "64G", "--sbatch=--mem-per-cpu=4G", "train.py"],
                    "gsrun: submit: two memory requests: --mem and --sbatch=--mem-per-cpu", "choose one of --mem"),
     "two-memory-sbatch": (["--gpus", "8", "--sbatch=--mem-per-gpu=4G", "--sbatch=--mem-per-cpu=4G", "train.py"],

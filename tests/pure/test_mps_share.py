@@ -73,5 +73,5 @@ def test_gsrun_mps_flag_uses_the_same_rule(tmp_path, monkeypatch, capsys):
     rc, out = _gsrun_dry_run("--mps=050", tmp_path, monkeypatch, capsys)
     assert rc == 0 and "mps=50" in out and "mps=050" not in out       # normalized like --gs-mps
     for bad in ("--mps=４２", "--mps=0100", "--mps=yes"):
-        with pytest.raises(InputError, match="gsrun: submit: bad active thread percentage: --mps="):
+        with pytest.raises(InputError, match="gsrun: submit: --mps-share: --mps="):
             _gsrun_dry_run(bad, tmp_path, monkeypatch, capsys)
