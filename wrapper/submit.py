@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 from dataclasses import dataclass
+from typing import TextIO
 from functools import partial
 from pathlib import Path
 
@@ -250,6 +252,56 @@ def status_line(job_id: str, st: JobState, waited_s: float) -> str:
     return f"gsrun: job {job_id}: {state} {st.elapsed}".rstrip()
 
 
+#: a second Ctrl-C within this many seconds of the first cancels the job (as srun does)
+CANCEL_WINDOW_S = 1.0
+#: exit status of ``gsrun --wait`` after a Ctrl-C cancelled the job (128 + SIGINT)
+INTERRUPTED_RC = 130
+
+
+@dataclass
+class StatusLine:
+    """The status of ``--wait`` on ``err``: on a terminal (``tty``) one line
+    drawn in place (``\\r`` + clear to end of line ``\\x1b[K``) and cleared
+    before any other output; otherwise one line per change, no carriage
+    return. ``drawn``: the line is on screen now."""
+
+    err: TextIO
+    tty: bool
+    drawn: bool = False
+
+    def show(self, label: str, changed: bool) -> None:
+        """Draw ``label`` (a tty), or write it as a line when ``changed``."""
+        if self.tty:
+            self.err.write("\r\033[K" + label)
+            self.drawn = True
+        elif changed:
+            self.err.write(label + "\n")
+        self.err.flush()
+
+    def clear(self) -> None:
+        """Take the drawn line off the screen (before other output)."""
+        if self.drawn:
+            self.err.write("\r\033[K")
+            self.err.flush()
+            self.drawn = False
+
+    def say(self, text: str) -> None:
+        """``text`` as a line of its own (the status line cleared first)."""
+        self.clear()
+        self.err.write(text + "\n")
+        self.err.flush()
+
+
+def cancel_job(job_id: str, cluster: str | None = None, timeout_s: float = 15.0) -> str | None:
+    """``scancel [-M CLUSTER] JOB``; None when it worked, else why not (text)."""
+    argv = ["scancel", *(["-M", cluster] if cluster else []), job_id]
+    try:
+        run_slurm(argv, timeout_s=timeout_s)
+    except SlurmError as e:
+        return f"{e.what}: {e.detail}"
+    return None
+
+
 def live_alerts(spool_dir, job_id: str) -> list[str]:
     """The alert lines of a running job from its live node files in the
     spool (``<spool>/jobs/<id>/user-live-<node>.json``, readable by the
@@ -267,9 +319,11 @@ def live_alerts(spool_dir, job_id: str) -> list[str]:
 
 def follow(job_id: str, out=sys.stdout, err=sys.stderr, poll_s: float = 1.0,
            max_unknown_s: float = 600.0, poller=None, clock=time.monotonic, sleep=time.sleep,
-           alerts=None, cluster: str | None = None, give_up_s: float = GIVE_UP_S, jitter=None) -> int:
-    """Follow ``job_id`` to the end: status on stderr (one updating line on a
-    TTY; a line per state or pending reason otherwise), the job's stdout
+           alerts=None, cluster: str | None = None, give_up_s: float = GIVE_UP_S, jitter=None,
+           cancel=cancel_job) -> int:
+    """Follow ``job_id`` to the end: status on stderr (:class:`StatusLine`:
+    one line updated in place on a TTY, cleared before anything else is
+    written; a line per state or pending reason otherwise), the job's stdout
     streamed to ``out`` every ``poll_s``. Slurm is asked through
     ``poller(job_id)`` (default: a :class:`Watcher` on ``cluster``) with the
     backoff of :func:`poll_interval` times ``jitter()`` (default: uniform
@@ -286,20 +340,44 @@ def follow(job_id: str, out=sys.stdout, err=sys.stderr, poll_s: float = 1.0,
     only when Slurm is asked (the same backoff); each new one is printed once
     on stderr as ``gsrun: job 12: ALERT: ...``.
 
+    Ctrl-C (SIGINT, when called from the main thread): the first says the job
+    still runs and how to stop it, and following goes on; a second within
+    :data:`CANCEL_WINDOW_S` (wall clock) runs ``cancel(job_id, cluster)``
+    (default :func:`cancel_job`: ``scancel``), says so and returns
+    :data:`INTERRUPTED_RC`.
+
     Raises:
         SlurmError: no answer from Slurm for ``give_up_s`` (the job may still
             run: the hint says how to look), or the job unknown to both the
             controller and accounting for ``max_unknown_s``.
     """
+    presses: list[float] = []       # wall-clock times of Ctrl-C, appended by the handler
+    try:
+        previous = signal.signal(signal.SIGINT, lambda _sig, _frame: presses.append(time.monotonic()))
+    except ValueError:              # not the main thread: Ctrl-C is the caller's
+        previous = None
+    try:
+        return _follow(job_id, out, err, poll_s, max_unknown_s, poller, clock, sleep, alerts, cluster,
+                       give_up_s, jitter, cancel, presses)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+
+
+def _follow(job_id, out, err, poll_s, max_unknown_s, poller, clock, sleep, alerts, cluster, give_up_s, jitter,
+            cancel, presses: list[float]) -> int:
+    """:func:`follow`'s loop; ``presses``: Ctrl-C times (monotonic), appended by its handler."""
     if poller is None:
         watcher = Watcher(job_id, cluster)
         poller = lambda _job: watcher.poll()      # noqa: E731
     if jitter is None:
         jitter = partial(random.uniform, 0.8, 1.2)
-    look = f"squeue {'-M ' + cluster + ' ' if cluster else ''}-j {job_id}; sacct {'-M ' + cluster + ' ' if cluster else ''}-j {job_id}"
+    m = f"-M {cluster} " if cluster else ""
+    look = f"squeue {m}-j {job_id}; sacct {m}-j {job_id}"
     told: set[str] = set()
-    tty = err.isatty()
+    status = StatusLine(err, err.isatty())
     offset = 0
+    at_line_start = True            # the job's output so far ends a line: the status may be drawn
     shown = None
     unknown_since = None
     started = changed = clock()
@@ -309,18 +387,46 @@ def follow(job_id: str, out=sys.stdout, err=sys.stderr, poll_s: float = 1.0,
     st: JobState | None = None
     final: JobState | None = None
     path: str | None = None
+    seen = 0                        # Ctrl-C presses handled
+    first_press: float | None = None
+
+    def interrupted() -> bool:
+        """Handle new Ctrl-C presses; True when the job was cancelled."""
+        nonlocal seen, first_press
+        while seen < len(presses):
+            t = presses[seen]
+            seen += 1
+            if first_press is not None and t - first_press <= CANCEL_WINDOW_S:
+                why = cancel(job_id, cluster)
+                if why is None:
+                    status.say(f"gsrun: wait: job {job_id}: cancelled (scancel {m}{job_id})")
+                else:
+                    status.say(f"gsrun: wait: job {job_id}: scancel failed: {why}\n"
+                               f"hint: the job may still run: scancel {m}{job_id}")
+                return True
+            first_press = t
+            status.say(f"gsrun: wait: job {job_id} still runs; scancel {m}{job_id} to stop it "
+                       f"(Ctrl-C again within {CANCEL_WINDOW_S:g} s cancels it)")
+        return False
+
     while True:
+        if interrupted():
+            return INTERRUPTED_RC
         now = clock()
         if now >= next_rpc:
+            before = len(presses)
             try:
                 new = poller(job_id)
             except SlurmError as e:
+                if len(presses) != before:      # Ctrl-C on a terminal reaches squeue too: not Slurm's fault
+                    next_rpc = now
+                    continue
                 failures += 1
                 if failures == 1:
-                    err.write(("\r\033[K" if tty else "") + f"gsrun: wait: job {job_id}: Slurm did not answer "
-                              f"({e.detail or e.what}); asking again with backoff for up to {give_up_s:.0f} s\n")
-                    err.flush()
+                    status.say(f"gsrun: wait: job {job_id}: Slurm did not answer "
+                               f"({e.detail or e.what}); asking again with backoff for up to {give_up_s:.0f} s")
                 if now - answered >= give_up_s:
+                    status.clear()
                     raise SlurmError("wait", f"no answer from Slurm for {now - answered:.0f} s",
                                      f"job {job_id} may still be running", hint=f"look with: {look}") from None
                 next_rpc = now + retry_interval(failures) * jitter()
@@ -328,13 +434,12 @@ def follow(job_id: str, out=sys.stdout, err=sys.stderr, poll_s: float = 1.0,
                 continue
             answered = now
             if failures:
-                err.write(("\r\033[K" if tty else "") + f"gsrun: wait: job {job_id}: Slurm answers again "
-                          f"(after {failures} failed queries)\n")
-                err.flush()
+                status.say(f"gsrun: wait: job {job_id}: Slurm answers again (after {failures} failed queries)")
                 failures = 0
             if new is None:
                 unknown_since = unknown_since or now
                 if now - unknown_since > max_unknown_s:
+                    status.clear()
                     raise SlurmError("wait", "job unknown to Slurm", f"job {job_id}: not in the queue nor in "
                                      f"accounting for {max_unknown_s:.0f} s", hint=f"look with: {look}")
             else:
@@ -347,21 +452,15 @@ def follow(job_id: str, out=sys.stdout, err=sys.stderr, poll_s: float = 1.0,
                 for line in alerts():
                     if line not in told:
                         told.add(line)
-                        err.write(("\r\033[K" if tty else "") + f"gsrun: job {job_id}: ALERT: {safe_text(line)}\n")
-                        err.flush()
+                        status.say(f"gsrun: job {job_id}: ALERT: {safe_text(line)}")
         if st is not None:
             path = st.stdout_path or path     # sacct has no path: the queue's one stays
             if path:
-                offset = _stream(path, offset, out)
-            label = status_line(job_id, st, now - started)
+                offset, at_line_start = _stream(path, offset, out, status.clear, at_line_start)
             key = (st.state, st.reason)
-            if tty:
-                err.write("\r\033[K" + label)
-                err.flush()
-            elif key != shown:
-                err.write(label + "\n")
-                err.flush()
-            shown = key
+            if at_line_start or not status.tty:
+                status.show(status_line(job_id, st, now - started), key != shown)
+                shown = key
             if st.state in TERMINAL_STATES or st.state in ENDED_HELD_STATES:
                 final = st
                 break
@@ -369,9 +468,10 @@ def follow(job_id: str, out=sys.stdout, err=sys.stderr, poll_s: float = 1.0,
     # the last lines may land after the state flips
     sleep(0.5)
     if path:
-        _stream(path, offset, out)
-    if tty:
-        err.write("\n")
+        _stream(path, offset, out, status.clear, at_line_start)
+    if status.drawn:
+        err.write("\n")                # the final state stays on screen as a line
+        err.flush()
     if final.signal:
         return 128 + final.signal
     if final.exit_code:
@@ -379,15 +479,19 @@ def follow(job_id: str, out=sys.stdout, err=sys.stderr, poll_s: float = 1.0,
     return 0 if final.state == "COMPLETED" else 1
 
 
-def _stream(path: str, offset: int, out) -> int:
+def _stream(path: str, offset: int, out, before_output, at_line_start: bool) -> tuple[int, bool]:
+    """Copy what the job's output file ``path`` got past ``offset`` to
+    ``out``, calling ``before_output()`` first when there is any -> (new
+    offset, whether the output so far ends a line)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:
-        return offset
+        return offset, at_line_start
     with os.fdopen(fd, "rb") as f:
         f.seek(offset)
         data = f.read()
     if data:
+        before_output()
         out.write(data.decode(errors="replace"))
         out.flush()
-    return offset + len(data)
+    return offset + len(data), (data.endswith(b"\n") if data else at_line_start)

@@ -1,5 +1,5 @@
-"""A fake Slurm controller for ``gsrun --wait``: ``squeue``, ``sacct`` and
-``sbatch`` as scripts in a directory to put first on ``PATH``, answering from
+"""A fake Slurm controller for ``gsrun --wait``: ``squeue``, ``sacct``,
+``sbatch`` and ``scancel`` (the job becomes CANCELLED) as scripts in a directory to put first on ``PATH``, answering from
 a plan file and failing in scripted ways; every call is one line in
 ``calls.log`` (wall time and argv), so a test or benchmark counts the RPCs a
 real controller would have served.
@@ -55,6 +55,13 @@ if mode == "hang":
 if mode:
     sys.stderr.write(("slurm_load_jobs error: " if name == "squeue" else name + ": error: ") + MSG[mode] + "\n")
     sys.exit(1)
+if name == "scancel":
+    j = plan["jobs"][sys.argv[-1]]
+    j.update(state="CANCELLED", exit="0:15", run_s=0)
+    with open(os.path.join(d, "plan.json.new"), "w") as g:
+        json.dump(plan, g)
+    os.rename(os.path.join(d, "plan.json.new"), os.path.join(d, "plan.json"))
+    sys.exit(0)
 if name == "sbatch":
     sys.stdin.read()
     print(plan.get("sbatch", "101"))
@@ -86,7 +93,7 @@ class FakeSlurm:
     def __init__(self, root: Path, plan: dict):
         self.dir = Path(root)
         self.dir.mkdir(parents=True, exist_ok=True)
-        for name in ("squeue", "sacct", "sbatch"):
+        for name in ("squeue", "sacct", "sbatch", "scancel"):
             p = self.dir / name
             p.write_text(FAKE.replace("/usr/bin/env python3", sys.executable, 1))
             p.chmod(0o755)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -114,3 +115,51 @@ def test_forty_waiters_share_one_squeue(fake, tmp_path):
     # one squeue per ~3 s for all 40 (not 40 per 3 s): at most one per 2.4 s of wall time, + the last round
     assert len(calls) <= wall / 2.4 + 3, (len(calls), wall)
     assert not fake.calls("sacct")
+
+
+def _waiter(fake, tmp_path, job="101"):
+    """A real ``follow()`` in its own process (the main thread: SIGINT is its
+    own), stderr on a pipe; waits for its first status line."""
+    code = ("import sys, io\nfrom gsrun.wrapper.submit import follow\n"
+            "sys.exit(follow(sys.argv[1], out=io.StringIO()))")
+    env = dict(os.environ, XDG_RUNTIME_DIR=str(tmp_path))
+    p = subprocess.Popen([sys.executable, "-P", "-c", code, job], env=env, stderr=subprocess.PIPE, text=True)
+    first = p.stderr.readline()
+    assert first.startswith(f"gsrun: job {job}: running"), first
+    return p
+
+
+def test_first_ctrl_c_says_how_to_stop_and_keeps_following(fake, tmp_path):
+    fake.set_plan({"jobs": {"101": {"run_s": 4, "exit": "0:0"}}, "submitted": {"101": time.time()}})
+    p = _waiter(fake, tmp_path)
+    p.send_signal(signal.SIGINT)
+    rest = p.stderr.read()
+    assert p.wait(timeout=30) == 0                   # followed to the end
+    assert ("gsrun: wait: job 101 still runs; scancel 101 to stop it (Ctrl-C again within 1 s cancels it)\n"
+            in rest), rest
+    assert not fake.calls("scancel")
+
+
+def test_second_ctrl_c_within_the_window_cancels_the_job(fake, tmp_path):
+    fake.set_plan({"jobs": {"101": {"run_s": 600, "exit": "0:0"}}, "submitted": {"101": time.time()}})
+    p = _waiter(fake, tmp_path)
+    p.send_signal(signal.SIGINT)
+    time.sleep(0.2)
+    p.send_signal(signal.SIGINT)
+    rest = p.stderr.read()
+    assert p.wait(timeout=30) == 130
+    assert [c[2:] for c in fake.calls("scancel")] == [["101"]]
+    assert "gsrun: wait: job 101 still runs; scancel 101 to stop it" in rest
+    assert rest.endswith("gsrun: wait: job 101: cancelled (scancel 101)\n"), rest
+
+
+def test_ctrl_c_presses_further_apart_do_not_cancel(fake, tmp_path):
+    fake.set_plan({"jobs": {"101": {"run_s": 5, "exit": "0:0"}}, "submitted": {"101": time.time()}})
+    p = _waiter(fake, tmp_path)
+    p.send_signal(signal.SIGINT)
+    time.sleep(1.6)
+    p.send_signal(signal.SIGINT)
+    rest = p.stderr.read()
+    assert p.wait(timeout=30) == 0
+    assert rest.count("still runs; scancel 101 to stop it") == 2
+    assert not fake.calls("scancel")
