@@ -59,15 +59,23 @@ def _site(tmp_path: Path, hooks_dir: Path) -> Path:
     return site
 
 
+def site_dirs() -> list[str]:
+    """Every site directory this interpreter sees: its venv's, and the system's for a venv made
+    ``--system-site-packages`` (a release root's, whose click is Debian's)."""
+    std = {sysconfig.get_path(k) for k in ("stdlib", "platstdlib")}
+    return [p for p in sys.path if p and os.path.isdir(p) and p not in std
+            and ("site-packages" in p or p.endswith("dist-packages"))]
+
+
 def run_harness(harness, so, ctx, site, *args, opts="", env_extra=None, timeout_s=120, purelib=True):
     """The fake SPANK host in context ``ctx`` with ``pythonpath=site`` (and this
-    venv's site-packages unless ``purelib`` is False) -> (rc, stdout lines, stderr)."""
+    interpreter's site directories unless ``purelib`` is False) -> (rc, stdout lines, stderr)."""
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "FAKE_OPTS": opts,
            # must be ignored: the plugin's interpreter is isolated from PYTHON* vars
            "PYTHONPATH": "/nonexistent", "PYTHONHOME": "/nonexistent"}
     env.update(env_extra or {})
     argv = [str(harness), str(so), ctx, f"pythonpath={site}",
-            *([f"pythonpath={sysconfig.get_path('purelib')}"] if purelib else []), *args]
+            *([f"pythonpath={d}" for d in site_dirs()] if purelib else []), *args]
     p = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout_s)
     return p.returncode, p.stdout.splitlines(), p.stderr
 
@@ -568,7 +576,7 @@ def test_editable_install_reached_through_a_pth_file(built, harness, real_site, 
     editable install, its dependencies beside it): the .pth files are processed and the import retried."""
     only_pth = tmp_path / "only-pth"
     only_pth.mkdir()
-    (only_pth / "gsrun-editable.pth").write_text(f"{real_site}\n{sysconfig.get_path('purelib')}\n")
+    (only_pth / "gsrun-editable.pth").write_text(f"{real_site}\n" + "".join(f"{d}\n" for d in site_dirs()))
     rc, out, err = run_harness(harness, built, "allocator", only_pth, opts="gs-mps=50", purelib=False)
     assert rc == 0, (out, err)
     assert "JOBCONTROL SPANK_GS_MPS=50" in out
