@@ -117,7 +117,6 @@ class _GsrunCommand(click.Command):
 
 @click.command(cls=_GsrunCommand, context_settings={"help_option_names": ["-h", "--help"],
                                                    "allow_interspersed_args": False})
-@click.version_option(package_name="gsrun", prog_name="gsrun", message="%(prog)s %(version)s")
 @click.option("--gpus", type=int, required=True, help="Total GPUs (one task per GPU).")
 @click.option("--nodes", type=int, default=None, help="Nodes (default: from the cluster's GPUs per node).")
 @click.option("--gpus-per-node", type=int, default=None, help="GPUs per node (default: read with sinfo).")
@@ -158,6 +157,7 @@ class _GsrunCommand(click.Command):
 @click.option("--wait", is_flag=True, help="Follow the job, stream its output, exit with its exit code.")
 @click.argument("words", nargs=-1, type=click.UNPROCESSED, metavar="SCRIPT [ARGS]... | -m MODULE [ARGS]... | -- CMD [ARGS]...")
 @click.pass_context
+@click.version_option(package_name="gsrun", prog_name="gsrun", message="%(prog)s %(version)s")
 def cli(ctx, gpus, nodes, gpus_per_node, time_, partition, job_name, output, cpus_per_task, account, qos,
         constraint, mem, reservation, dependency, signal, comment, requeue, sbatch_opts, mail_type, mail_user, tune,
         malloc, mps, mps_share, mig, gpu_isolation, exclusive, python, module, launcher, dry_run, wait, words):

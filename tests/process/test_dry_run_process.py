@@ -64,7 +64,8 @@ def test_help_page_lists_every_option_with_its_text(site):
                             "Run SCRIPT [ARGS...] (or -m MODULE, or -- CMD) as one task per GPU on Slurm. Options: "
                             "--gpus INTEGER Total GPUs (one task per GPU). ")
     assert words.endswith(" --dry-run Print the sbatch script; submit nothing. --wait Follow the job, stream its "
-                          "output, exit with its exit code. -h, --help Show this message and exit.")
+                          "output, exit with its exit code. --version Show the version and exit. "
+                          "-h, --help Show this message and exit.")
 
 
 def test_help_option_and_usage_errors(site):
