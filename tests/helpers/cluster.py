@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -67,6 +68,14 @@ class Cluster:
         if check and cp.returncode != 0:
             raise AssertionError(f"{argv} -> {cp.returncode}\n{cp.stdout}\n{cp.stderr}")
         return cp
+
+    def user_script(self, name: str, text: str) -> str:
+        """``text`` as the test user's executable ``name`` in the work directory -> its path."""
+        p = self.work / name
+        p.write_text(text)
+        p.chmod(0o755)
+        shutil.chown(p, USER)
+        return str(p)
 
     def job_id_from(self, text: str) -> str:
         m = re.search(r"submitted job (\d+)", text) or re.search(r"Submitted batch job (\d+)", text)

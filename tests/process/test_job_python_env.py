@@ -17,21 +17,10 @@ import pytest
 from click.testing import CliRunner
 
 from gsrun.wrapper.cli import cli
-from helpers.fake_install import fake_bin
+from helpers.fake_install import FAKE_CONDA, fake_bin
 
 HOSTILE_DIR = "env it's \"q\" $(touch pwned-env); x"
 
-FAKE_CONDA = r'''#!/bin/sh
-[ "$1" = shell.bash ] && [ "$2" = hook ] || exit 2
-cat <<'HOOK'
-conda() {
-  [ "$1" = activate ] || return 1
-  export CONDA_PREFIX="$2" CONDA_SHLVL=1 PATH="$2/bin:$PATH"
-  for f in "$2"/etc/conda/activate.d/*.sh; do [ -r "$f" ] && . "$f"; done
-  return 0
-}
-HOOK
-'''
 
 
 @pytest.fixture()

@@ -5,23 +5,14 @@ report mail delivered exactly once to a real SMTP server on loopback."""
 from __future__ import annotations
 
 import json
-import shutil
 import time
-
-
-def _script(cluster, name: str, text: str) -> str:
-    p = cluster.work / name
-    p.write_text(text)
-    p.chmod(0o755)
-    shutil.chown(p, "gsrun-test")
-    return str(p)
 
 
 def test_tuning_in_force_during_job_and_restored_after(cluster):
     hr = cluster.hostroot / "gpu01"
     assert cluster.hostroot_changes() == [], "fake host tree not at baseline before the test"
     before = (hr / "proc/sys/vm/swappiness").read_text()
-    show = _script(cluster, "show-tuning.sh", f"""#!/bin/bash
+    show = cluster.user_script("show-tuning.sh", f"""#!/bin/bash
 [ "$SLURM_PROCID" = 0 ] || exit 0
 echo "swappiness=$(cat {hr}/proc/sys/vm/swappiness)"
 echo "thp=$(cat {hr}/sys/kernel/mm/transparent_hugepage/enabled)"
@@ -59,7 +50,7 @@ echo "governor=$(cat {hr}/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor)"
 
 
 def test_tuning_refused_for_shared_job(cluster):
-    show = _script(cluster, "show-swappiness.sh",
+    show = cluster.user_script("show-swappiness.sh",
                    f"#!/bin/bash\ncat {cluster.hostroot}/gpu01/proc/sys/vm/swappiness\n")
     before = (cluster.hostroot / "gpu01/proc/sys/vm/swappiness").read_text().strip()
     cp = cluster.as_user(["gsrun", "--gpus", "1", "--wait", "--tune", "swappiness=10",
@@ -77,7 +68,7 @@ def test_tuning_refused_for_shared_job(cluster):
 
 
 def test_job_with_mail_type_end_gets_exactly_one_mail(cluster, smtp_server):
-    job_script = _script(cluster, "hello.sh", "#!/bin/bash\necho hello from $SLURM_PROCID\n")
+    job_script = cluster.user_script("hello.sh", "#!/bin/bash\necho hello from $SLURM_PROCID\n")
     cp = cluster.as_user(["gsrun", "--gpus", "2", "--wait", "--mail-type", "END",
                           "--mail-user", "gsrun-test@localhost", "--output", "mail-%j.out", job_script])
     assert cp.returncode == 0, cp.stderr

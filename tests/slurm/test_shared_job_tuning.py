@@ -9,22 +9,13 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import time
-
-
-def _script(cluster, name: str, text: str) -> str:
-    p = cluster.work / name
-    p.write_text(text)
-    p.chmod(0o755)
-    shutil.chown(p, "gsrun-test")
-    return str(p)
 
 
 def _swappiness_script(cluster) -> str:
     """Prints the swappiness of the fake host tree of the node it runs on at its
     start and again after a few seconds (the job's whole life: both must be one value)."""
-    return _script(cluster, "swappiness-twice.sh", f"""#!/bin/bash
+    return cluster.user_script("swappiness-twice.sh", f"""#!/bin/bash
 [ "${{SLURM_PROCID:-0}}" = 0 ] || exit 0
 f={cluster.hostroot}/$SLURMD_NODENAME/proc/sys/vm/swappiness
 [ -e "$f" ] || f={cluster.hostroot}/proc/sys/vm/swappiness

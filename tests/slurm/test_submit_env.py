@@ -10,6 +10,7 @@ import re
 
 from gsrun.facts.slurm import parse_oneliner
 from helpers.cluster import VENV
+from helpers.fake_install import FAKE_CONDA
 
 
 def _record(cluster, job: str) -> str:
@@ -79,17 +80,6 @@ def test_comment_and_wait_through_squeue(cluster):
     assert parse_oneliner(rec)["Comment"] == f"gsrun:mps= {typed}", rec
 
 
-FAKE_CONDA = r'''#!/bin/sh
-[ "$1" = shell.bash ] && [ "$2" = hook ] || exit 2
-cat <<'HOOK'
-conda() {
-  [ "$1" = activate ] || return 1
-  export CONDA_PREFIX="$2" CONDA_SHLVL=1 PATH="$2/bin:$PATH"
-  for f in "$2"/etc/conda/activate.d/*.sh; do [ -r "$f" ] && . "$f"; done
-  return 0
-}
-HOOK
-'''
 SHOW = ("import os, sys; print('ENV', sys.prefix, os.environ.get('XLA_FLAGS'), os.environ.get('VIRTUAL_ENV'), "
         "os.environ.get('WORLD_SIZE'), os.environ.get('MASTER_ADDR') is not None)")
 

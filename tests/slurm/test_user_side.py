@@ -58,18 +58,19 @@ STORE_PROBE = ("import datetime, torch.distributed as d; "
                "timeout=datetime.timedelta(seconds=5))")
 
 
-def _torchrun_env(cluster, venv: Path) -> dict | None:
+def _torchrun_env(cluster, venv: Path) -> dict:
     """What torchrun's c10d rendezvous needs from the environment with this venv's torch:
     ``{}`` for a torch with libuv (PyPI's); ``{"USE_LIBUV": "0"}`` for one built without it
-    whose store honours that variable; None when the store cannot be made at all (Debian's
-    python3-torch on 13 and sid: no libuv, and torchrun's c10d backend asks for it)."""
+    whose store honours that variable; the test skips when the store cannot be made at all
+    (Debian's python3-torch on 13 and sid: no libuv, and torchrun's c10d backend asks for it)."""
     env = _activated(venv)
     py = str(venv / "bin" / "python3")
     if cluster.as_user([py, "-c", STORE_PROBE], timeout=60, **env).returncode == 0:
         return {}
     if cluster.as_user([py, "-c", STORE_PROBE], timeout=60, USE_LIBUV="0", **env).returncode == 0:
         return {"USE_LIBUV": "0"}
-    return None
+    pytest.skip("this torch cannot make torchrun's c10d store: built without libuv (Debian's "
+                "python3-torch on 13 and sid), with or without USE_LIBUV=0")
 
 
 def _ranks(stdout: str) -> list[list[str]]:
@@ -107,9 +108,6 @@ def test_own_venv_eight_ranks(cluster, user_venv):
 def test_own_venv_torchrun_two_nodes_four_workers(cluster, user_venv):
     script = _copy_train(cluster)
     store_env = _torchrun_env(cluster, user_venv)
-    if store_env is None:
-        pytest.skip("this torch cannot make torchrun's c10d store: built without libuv (Debian's "
-                    "python3-torch on 13 and sid), with or without USE_LIBUV=0")
     env = {**_activated(user_venv), **store_env}
     cp = cluster.as_user(["gsrun", "--gpus", "8", "--launcher", "torchrun", "--wait", "--output", "trun-%j.out",
                           script, "--seconds", "2"], **env)
@@ -221,9 +219,6 @@ WORLD = ("import os; e = os.environ; print('world', *(e.get(k) for k in ('RANK',
 def test_torchrun_workers_see_one_world(cluster, user_venv):
     """Each torchrun worker's Slurm task variables agree with torchrun's RANK/LOCAL_RANK/WORLD_SIZE."""
     store_env = _torchrun_env(cluster, user_venv)
-    if store_env is None:
-        pytest.skip("this torch cannot make torchrun's c10d store: built without libuv (Debian's "
-                    "python3-torch on 13 and sid), with or without USE_LIBUV=0")
     cluster.as_user(["sh", "-c", "cat > world.py"], check=True, input_text=WORLD + "\n")
     cp = cluster.as_user(["gsrun", "--gpus", "4", "--gpus-per-node", "2", "--launcher", "torchrun", "--wait",
                           "--output", "world-%j.out", "world.py"], **_activated(user_venv), **store_env)
