@@ -27,7 +27,7 @@ def merge_command(environ, spool_dir: str | None = None,
     ``PYTHON*`` variables root children never get:
     :func:`gsrun.base.proc.root_child_env`): ``python -m gsrun.epilog.ctld
     finish JOBID --wait-s S [--spool-dir DIR]``; None for a bad job id. Pure
-    (the node agent starts the same command without a hook process)."""
+    (the node daemon starts the same command without a hook process)."""
     job_id = environ.get("SLURM_JOB_ID", "")
     if not is_job_id(job_id, array=True):
         return None

@@ -43,7 +43,7 @@ from gsrun.base.errors import GsrunError
 from gsrun.base.fsutil import atomic_write_json, json_text, read_json, unlink_names, write_user_copy
 from gsrun.base.log import JobLog, safe_text
 from gsrun.base.paths import Paths
-from gsrun.base.proc import root_child_env, root_python, spawn_detached, take_warm
+from gsrun.base.proc import root_child_env, root_python, spawn_detached
 from gsrun.bind.plan import plan_from_env
 from gsrun.facts.cgroup import find_job_cgroup, read_cpuset
 from gsrun.facts.hostfs import HostFS
@@ -355,17 +355,6 @@ def start_sampler_process(job, paths, cfg, hostfs, dma_latency_us: int | None = 
     logfd = os.open(d / "sampler.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
                     0o600)
     try:
-        warm = take_warm(SAMPLER_MODULE)    # run by the node agent: its waiting copy becomes the sampler
-        if warm is not None:
-            # recorded before it runs: a prolog killed in between leaves no sampler (the copy exits
-            # with this process), and the copy's command line is the agent's (not findable by it)
-            info = {"pid": warm.pid, "create_time": pids.start_time(warm.pid), "argv": args}
-            atomic_write_json(d / "sampler.pid.json", info, mode=0o600, durable=False)
-            try:
-                warm.start(args, _sampler_env(), logfd)
-                return info
-            except OSError:
-                pass        # the copy is gone: a sampler of its own below, recorded again
         pid = spawn_detached(root_python("-m", SAMPLER_MODULE, *args), _sampler_env(), logfd)
     finally:
         os.close(logfd)

@@ -44,13 +44,13 @@ _OPTION_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,74}")
 SLURM_INCLUDE_DIRS = ("/usr/include", "/usr/local/include")
 BEGIN_MARKER = "# BEGIN gsrun spank (managed by gsrun-node spank install)"
 END_MARKER = "# END gsrun spank"
-# wrapper/ beside this folder (the package's gsrun/wrapper once installed): agent_client.h
-AGENT_CLIENT_DIR = Path(__file__).resolve().parent.parent / "wrapper"
+# daemon/ beside this folder (the package's gsrun/daemon once installed): client.h
+DAEMON_CLIENT_DIR = Path(__file__).resolve().parent.parent / "daemon"
 HARDENING = ["-shared", "-fPIC", "-O2", "-fstack-protector-strong", "-D_FORTIFY_SOURCE=2",
              "-Wall", "-Werror=implicit-function-declaration", "-Werror=format-security"]
 LINK_HARDENING = ["-Wl,-z,relro,-z,now", "-Wl,-z,nodelete", "-Wl,-z,noexecstack"]
 SYSTEM_LIBDIRS = ("/usr/lib", "/usr/lib64", "/lib", "/lib64")
-ARG_KEYS = ("pythonpath", "on_error", "bind", "config", "agent")
+ARG_KEYS = ("pythonpath", "on_error", "bind", "config", "daemon")
 _SAFE_ARG = re.compile(r"^[A-Za-z0-9_./+@-]{1,4000}$")
 _TIMEOUT_S = 120.0
 
@@ -250,9 +250,9 @@ def compile_command(out_so: Path, python: str, info: dict, include_dir: Path,
     gen = [f"-I{gen_dir}"] if gen_dir is not None else []
     slurm_inc = [] if str(include_dir) == "/usr/include" else [f"-I{include_dir}"]
     if part == "plugin":
-        # the node agent's client side (agent_client.h), shared with gsrun-hook
-        agent_inc = [f"-I{AGENT_CLIENT_DIR}"]
-        return ([cc] + HARDENING + gen + agent_inc + slurm_inc + defines + [str(C_SOURCE), "-o", str(out_so)]
+        # the node daemon's client side (client.h), shared with gsrun-hook
+        daemon_inc = [f"-I{DAEMON_CLIENT_DIR}"]
+        return ([cc] + HARDENING + gen + daemon_inc + slurm_inc + defines + [str(C_SOURCE), "-o", str(out_so)]
                 + LINK_HARDENING + [f"-Wl,-soname,{SO_NAME}", f"-Wl,--version-script={VERSION_SCRIPT}", "-ldl"])
     cflags, ldflags = python_flags(python, info)
     rpath = []
@@ -334,8 +334,8 @@ def plugstack_args(args: dict | None) -> list[tuple[str, str]]:
     """Validate install ``args`` into ordered ``(key, value)`` pairs.
 
     ``args``: ``{"pythonpath": str | [str, ...], "on_error": "fail"|"ignore",
-    "bind": "auto"|"none", "config": "/etc/gsrun/gsrun.toml", "agent":
-    "/run/gsrun/agent.sock"}`` (all optional). Same rules as the plugin's own
+    "bind": "auto"|"none", "config": "/etc/gsrun/gsrun.toml", "daemon":
+    "/run/gsrun/daemon.sock"}`` (all optional). Same rules as the plugin's own
     parser, checked here so a bad value fails at install time, not at every
     job. Raises InputError (unknown key, relative path, bad value).
     """
@@ -355,7 +355,7 @@ def plugstack_args(args: dict | None) -> list[tuple[str, str]]:
             raise InputError("spank install", "pythonpath", f"{p!r} must be an absolute path of "
                              "[A-Za-z0-9_./+@-] (plugstack.conf has no quoting)")
         pairs.append(("pythonpath", p))
-    for key in ("config", "agent"):
+    for key in ("config", "daemon"):
         v = args.get(key)
         if v is None:
             continue

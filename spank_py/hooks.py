@@ -72,7 +72,7 @@ PHASE = "spank"
 #: takes effect after ``gsrun-node spank build`` / ``install`` and a restart of slurmd.
 # The options slurmstepd's hooks read (slurm_spank_user_init): only these change what a step's
 # tasks get; the others are for the prolog (SPANK_GS_*, set by sbatch/srun). A step given none of
-# these is planned as a step without options (through the node agent when plugstack has agent=);
+# these is planned as a step without options (through the node daemon when plugstack has daemon=);
 # spank_py/build.py puts the list into the plugin (a test keeps it equal to what the hooks read).
 REMOTE_OPTIONS = ("gs-mps", "gs-bind")
 
@@ -321,7 +321,7 @@ def task_actions(plan, local_rank: int | None, mps_env: Mapping[str, str] | None
     return act
 
 
-# ---------------------------------------------------------------- the step's plan from the node agent
+# ---------------------------------------------------------------- the step's plan from the node daemon
 
 ACTIONS_MAGIC = "GSA1"
 
@@ -337,7 +337,7 @@ def step_actions(job_env: Mapping[str, str], host_root: str | None, allowed_cpus
     host; a host root answers from its own files, as in slurmstepd), the
     plugstack ``config=``, slurmstepd's own job id (``S_JOB_ID``; the MIG
     devices are the job's, read by root). -> ``([(local_rank, TaskActions)], plan warnings)``.
-    Run by the node agent (:mod:`gsrun.wrapper.agent`) so that slurmstepd
+    Run by the node daemon (:mod:`gsrun.daemon.server`) so that slurmstepd
     starts no Python for it.
 
     Raises:
@@ -348,7 +348,7 @@ def step_actions(job_env: Mapping[str, str], host_root: str | None, allowed_cpus
                          gpu_isolation=False)
     mems = allowed_mems if hostfs.is_real else read_allowed_mems(hostfs)
     cfg = _load_config({"config": config_path} if config_path else None)
-    # job_id: slurmstepd's own (S_JOB_ID), not the job environment's, which a job can set: the agent
+    # job_id: slurmstepd's own (S_JOB_ID), not the job environment's, which a job can set: the daemon
     # reads the job's MIG devices as root
     mig = read_job_mig_devices(cfg["paths.spool_dir"], job_id or job_env.get("SLURM_JOB_ID"),
                                job_env.get("SLURMD_NODENAME"))
@@ -360,7 +360,7 @@ def format_actions(actions: list[tuple[int, TaskActions]], notes: tuple[str, ...
                    others: TaskActions | None = None) -> str:
     """The step's plan as the plugin's C side parses and applies it in each
     task (``spank_py/gsrun_spank.c``: ``plan_parse``, ``apply_task_plan``),
-    from the node agent or from :func:`slurm_spank_user_init`: ``GSA1``, then
+    from the node daemon or from :func:`slurm_spank_user_init`: ``GSA1``, then
     per local rank ``rank N`` (0-4095, each once) followed by its
     ``unset NAME``, ``set NAME=VALUE``, ``cpus 0,1``, ``mems 0`` lines; then,
     when ``others`` is given, the same lines after ``rank *``: what a task
@@ -372,7 +372,7 @@ def format_actions(actions: list[tuple[int, TaskActions]], notes: tuple[str, ...
 
     Raises:
         ValueError: a name or value the line format cannot carry (a newline or
-            NUL, a name that is not an environment name): the agent's answer is
+            NUL, a name that is not an environment name): the daemon's answer is
             an error then (Python plans), the Python side logs it.
     """
     def name_ok(n: str) -> bool:

@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parent.parent
 TIERS = ("pure", "recorded", "process", "slurm")
 # import package -> folder of the checkout (pyproject's package-dir)
 PACKAGE_DIRS = {"gsrun": "gsrun", "gsrun.prolog": "prolog", "gsrun.epilog": "epilog",
-                "gsrun.wrapper": "wrapper", "gsrun.spank_py": "spank_py", "gsrun.templates": "templates"}
+                "gsrun.wrapper": "wrapper", "gsrun.daemon": "daemon", "gsrun.spank_py": "spank_py", "gsrun.templates": "templates"}
 
 
 def _stale_install() -> str | None:
@@ -45,8 +45,7 @@ def _stale_install() -> str | None:
         installed = Path(mod.__file__).resolve().parent
         src = REPO / folder
         for f in src.rglob("*"):
-            if f.suffix not in (".py", ".j2", ".c", ".map") and f.name not in ("gsrun-prolog", "gsrun-epilog",
-                                                                               "gsrun-epilog-ctld"):
+            if f.suffix not in (".py", ".j2", ".c", ".h", ".map"):
                 continue
             if "__pycache__" in f.parts:
                 continue

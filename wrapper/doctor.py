@@ -33,6 +33,7 @@ from typing import Any, Callable
 
 import gsrun
 from gsrun.base.errors import GsrunError
+from gsrun.daemon import server
 from gsrun.facts.cgroup import read_mounts
 from gsrun.facts.hostfs import HostFS
 from gsrun.facts.nvml import NvmlUnavailable, is_na, open_nvml
@@ -44,7 +45,7 @@ from gsrun.node.tuning import (DMA_LATENCY, HugepagesKnob, IRQ, NODE, PCI, brack
 from gsrun.report.retention import last_run, oldest_age_days
 from gsrun.request.config import Config, SETTINGS, load_config
 from gsrun.spank_py.build import read_build_info
-from gsrun.wrapper.install import detect_slurm_version, parse_slurm_conf
+from gsrun.wrapper.install import detect_slurm_version, parse_slurm_conf, read_slurm_conf
 
 STATUSES = ("ok", "warn", "fail", "n/a")
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -740,6 +741,68 @@ def check_state(ctx: Context) -> Check:
     return _c("state dir", "ok", f"{state} writable, mode {oct(st.st_mode & 0o7777)[2:]}", path=state)
 
 
+HOOK_MAX_BYTES = 65536      # a hook script read to see what it runs
+HOOKS_PER_LINE_MAX = 64     # files a Prolog=/Epilog= glob may name
+
+
+def hook_wiring(conf: dict[str, str], sock: str) -> dict[str, str]:
+    """For ``prolog`` and ``epilog`` of slurm.conf (``conf``: lowercased keys,
+    :func:`gsrun.wrapper.install.parse_slurm_conf`): ``"daemon"`` when a script
+    it names (a path or a glob: prolog.d) runs ``gsrun-hook`` on ``sock``,
+    ``"direct"`` when one runs gsrun without the daemon's client, ``"other"``
+    when none runs gsrun (``"unset"``: no such line). Reads at most
+    :data:`HOOKS_PER_LINE_MAX` files of :data:`HOOK_MAX_BYTES` each."""
+    out = {}
+    for key in ("prolog", "epilog"):
+        val = conf.get(key)
+        if not val:
+            out[key] = "unset"
+            continue
+        found = "other"
+        for path in sorted(glob.glob(val))[:HOOKS_PER_LINE_MAX]:
+            try:
+                with open(path, "rb") as f:
+                    text = f.read(HOOK_MAX_BYTES).decode("utf-8", "replace")
+            except OSError:
+                continue
+            if "gsrun-hook" in text and sock in text:
+                found = "daemon"
+                break
+            if "gsrun" in text:
+                found = "direct"
+        out[key] = found
+    return out
+
+
+def check_daemon(ctx: Context) -> Check:
+    """The node daemon answers on ``<state dir>/daemon.sock`` (``@ping``), is
+    this release, and slurm.conf's Prolog=/Epilog= run its client."""
+    state, _ = ctx.paths()
+    sock = os.path.join(state, server.SOCKET_NAME)
+    try:
+        st = server.ping(sock)
+    except GsrunError as e:
+        return _c("daemon", "fail", f"not answering on {sock}: {e.detail.removeprefix(sock + ': ')}",
+                  "systemctl enable --now gsrun-daemon (written by gsrun-node install); until it runs, every "
+                  "prolog fails and Slurm drains the node", socket=sock)
+    data = {"socket": sock, "pid": st.get("pid"), "version": st.get("version"), "served": st.get("served")}
+    conf_path, conf = read_slurm_conf({"SLURM_CONF": ctx.slurm_conf} if ctx.slurm_conf else ctx.environ)
+    wiring = hook_wiring(conf, sock) if conf_path else {}
+    data["hooks"] = wiring
+    detail = f"pid {st.get('pid')} answers on {sock} ({st.get('served')} requests served)"
+    if st.get("version") != gsrun.__version__:
+        return _c("daemon", "warn", f"{detail}; it runs gsrun {st.get('version')}, this is {gsrun.__version__}",
+                  "systemctl reload gsrun-daemon (it also re-executes at the next hook)", **data)
+    bad = [k for k, v in wiring.items() if v != "daemon"]
+    if bad:
+        why = {"direct": "runs gsrun without the daemon's client", "other": "does not run gsrun",
+               "unset": "is not set"}
+        return _c("daemon", "warn", detail + "; " + "; ".join(
+            f"{conf_path}: {k.capitalize()}= {why[wiring[k]]}" for k in bad),
+            "point Prolog=/Epilog= at the hooks `gsrun-node install` writes (they go through gsrun-hook)", **data)
+    return _c("daemon", "ok", detail + ("; Prolog= and Epilog= go through it" if wiring else ""), **data)
+
+
 def check_mail(ctx: Context) -> Check:
     cfg = ctx.cfg
     if not cfg["mail.enabled"] or cfg["mail.policy"] == "never":
@@ -811,7 +874,8 @@ CHECKS: tuple[tuple[str, Callable[[Context], Check]], ...] = (
     ("mig", check_mig), ("cpufreq", check_cpufreq), ("swap", check_swap), ("thp", check_thp),
     ("cstate", check_cstate), ("irq", check_irq), ("hugepages", check_hugepages), ("memlock", check_memlock),
     ("cgroup", check_cgroup), ("mps", check_mps), ("numactl", check_numactl), ("spank", check_spank),
-    ("spool", check_spool), ("retention", check_retention), ("state dir", check_state), ("mail", check_mail),
+    ("spool", check_spool), ("retention", check_retention), ("state dir", check_state), ("daemon", check_daemon),
+    ("mail", check_mail),
 )
 
 

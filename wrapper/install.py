@@ -43,7 +43,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Callable
 
-import gsrun.epilog
 from gsrun.base.errors import InputError, NodeError
 from gsrun.base.fsutil import atomic_write, ensure_dir
 from gsrun.base.paths import DEFAULT_STATE_DIR
@@ -52,7 +51,7 @@ from gsrun.base.templating import render
 from gsrun.node.tuning import IRQ_BAN_DIR
 from gsrun.request.config import (Config, DEFAULT_CONFIG_PATH, SETTINGS, _toml_value, load_config,
                                   render_commented_config)
-from gsrun.wrapper import hook_client
+from gsrun.daemon import build as daemon_client, server
 from gsrun.wrapper.node_entry import hook_argv
 
 PHASE = "install"
@@ -208,31 +207,20 @@ def measure_hook_cost(config_path: str | None, runs: int = 3, timeout_s: float =
 
 @dataclass(frozen=True)
 class Installation:
-    """This gsrun: ``gsrun_node`` the console script next to ``python``;
-    ``package_hooks`` name ("prolog"...) -> the thin hook shipped in the
-    package (None when the package data is missing)."""
+    """This gsrun: ``gsrun_node`` the console script next to ``python``."""
 
     python: str
     gsrun_node: str
-    package_hooks: dict[str, str | None] = field(default_factory=dict)
 
 
 def find_installation(python: str = sys.executable) -> Installation:
-    """Where this gsrun lives: ``<dir of python>/gsrun-node`` and the hook files
-    next to the ``gsrun.prolog`` / ``gsrun.epilog`` packages."""
-    import gsrun.prolog
-
+    """Where this gsrun lives: ``<dir of python>/gsrun-node`` (else the one on PATH)."""
     bindir = Path(python).parent
     node = bindir / "gsrun-node"
     if not node.exists():
         found = shutil.which("gsrun-node")
         node = Path(found) if found else node
-    dirs = {"prolog": Path(gsrun.prolog.__file__).parent, "epilog": Path(gsrun.epilog.__file__).parent}
-    hooks: dict[str, str | None] = {}
-    for name, (d, fname) in HOOKS.items():
-        p = dirs[d] / fname
-        hooks[name] = str(p) if p.is_file() and os.access(p, os.X_OK) else None
-    return Installation(python, str(node), hooks)
+    return Installation(python, str(node))
 
 
 def _same_install(gsrun_node: str) -> bool:
@@ -246,15 +234,6 @@ def _same_install(gsrun_node: str) -> bool:
     # same bin directory = same venv (realpath would equate every venv of one base interpreter)
     return first.startswith(b"#!") and os.path.dirname(first[2:].strip().decode(errors="replace")) \
         == os.path.dirname(os.path.abspath(sys.executable))
-
-
-def hook_target(hook_path: str) -> str:
-    """The ``gsrun-node`` a shipped hook runs first: the same resolution as the
-    shell script (``<dir>/../../../../../bin/gsrun-node`` of its real path). Pure
-    apart from resolving links."""
-    real = os.path.realpath(hook_path)
-    return os.path.normpath(os.path.join(os.path.dirname(real), "..", "..", "..", "..", "..", "bin",
-                                         "gsrun-node"))
 
 
 # ----------------------------------------------------------------------------- decisions
@@ -364,12 +343,12 @@ def render_slurm_lines(slurm_version: str, hooks: dict[str, str], flags: str, fl
 
 
 def render_units(gsrun_node: str, config_path: str | None,
-                 agent_socket: str | None = None) -> dict[str, str]:
+                 daemon_socket: str | None = None) -> dict[str, str]:
     """``{"gsrun-mail.service": text, "gsrun-mail.timer": text,
     "gsrun-prune.service": text, "gsrun-prune.timer": text}`` (mail delivery
     every minute, spool pruning daily: both where the spool is written), the weekly
     ``gsrun-report.service`` / ``.timer`` (written, off until enabled) and, with
-    ``agent_socket``, ``"gsrun-agent.service"`` (the node agent on that
+    ``daemon_socket``, ``"gsrun-daemon.service"`` (the node daemon on that
     socket; systemd makes the socket's directory when it is ``/run/NAME``);
     the services set ``GSRUN_CONFIG`` only for a non-default config path."""
     _check_plain(gsrun_node, "gsrun-node path")
@@ -384,18 +363,18 @@ def render_units(gsrun_node: str, config_path: str | None,
              "gsrun-report.service": render("gsrun-report.service.j2", config_path=cfgp,
                                             gsrun_report=os.path.join(os.path.dirname(gsrun_node), "gsrun-report")),
              "gsrun-report.timer": render("gsrun-report.timer.j2")}
-    if agent_socket:
-        sock = _check_plain(agent_socket, "agent socket path")
+    if daemon_socket:
+        sock = _check_plain(daemon_socket, "daemon socket path")
         parent = os.path.dirname(sock)
         runtime = parent[len("/run/"):] if parent.startswith("/run/") and "/" not in parent[len("/run/"):] else None
-        units["gsrun-agent.service"] = render("gsrun-agent.service.j2", gsrun_node=gsrun_node, config_path=cfgp,
-                                              socket_path=sock, runtime_dir=runtime)
+        units["gsrun-daemon.service"] = render("gsrun-daemon.service.j2", gsrun_node=gsrun_node, config_path=cfgp,
+                                               socket_path=sock, runtime_dir=runtime)
     return units
 
 
 def render_hook(gsrun_node: str, command: str, config_path: str | None, log_file: str | None = None,
                 slurm_conf: str | None = None, argv: list[str] | None = None,
-                via_agent: tuple[str, str] | None = None, state_dir: str | None = None) -> str:
+                via_daemon: tuple[str, str] | None = None, state_dir: str | None = None) -> str:
     """A hook with this installation's absolute ``gsrun-node`` baked in (for
     ``--hooks-dir``), or ``argv`` when given: the installation's interpreter
     started ``-I -S`` (:func:`gsrun.wrapper.node_entry.hook_argv`, ~3 ms less
@@ -406,9 +385,10 @@ def render_hook(gsrun_node: str, command: str, config_path: str | None, log_file
     ``GSRUN_STATE_DIR`` for a non-default ``state_dir`` (the epilog finds the
     job's sampler socket there before the config is read: without it it looks
     in the built-in directory).
-    ``via_agent``: ``(client, socket)``: the command goes through the node
-    agent's client ``gsrun-hook`` (:mod:`gsrun.wrapper.hook_client`), which runs
-    it itself when no agent listens on ``socket``."""
+    ``via_daemon``: ``(client, socket)``: the command goes through the node
+    daemon's client ``gsrun-hook`` (:mod:`gsrun.daemon.build`), which fails
+    when no daemon listens on ``socket`` (every installed hook does; None
+    only for tests of the command line itself)."""
     if command not in HOOKS:
         raise InputError(PHASE, "hook", repr(command))
     env = ""
@@ -427,8 +407,8 @@ def render_hook(gsrun_node: str, command: str, config_path: str | None, log_file
         _check_plain(argv[0], "interpreter path")
         _check_plain(argv[-2], "site-packages path")
         run = " ".join(shlex.quote(a) for a in argv)
-    if via_agent:
-        client, sock = (_check_plain(p, what) for p, what in zip(via_agent, ("hook client path", "agent socket")))
+    if via_daemon:
+        client, sock = (_check_plain(p, what) for p, what in zip(via_daemon, ("hook client path", "daemon socket")))
         run = f"{shlex.quote(client)} {shlex.quote(sock)} {run}"
     return ("#!/bin/sh\n"
             f"# gsrun Slurm hook written by `gsrun-node install`: runs `gsrun-node {command}`.\n"
@@ -540,7 +520,6 @@ class InstallOptions:
     epilog_d: str = "/etc/slurm/epilog.d"
     measure: bool = True
     irqbalance_script: str | None = None     # None: tuning.irqbalance_policy_script
-    agent: bool = True                       # hooks through the node agent's client (gsrun.wrapper.agent)
 
 
 def render_irqbalance_lines(script: str, ban_dir: str, default_ban_dir: str) -> str:
@@ -626,45 +605,29 @@ def run(opts: InstallOptions, out: Callable[[str], None] = print, environ=None) 
     # 3. hooks
     out("\n## 3. hooks")
     hooks: dict[str, str] = {}
-    hooks_dir = opts.hooks_dir
-    if not hooks_dir:
-        missing = [n for n, p in inst.package_hooks.items() if p is None]
-        wrong = [n for n, p in inst.package_hooks.items()
-                 if p and os.path.realpath(hook_target(p)) != os.path.realpath(inst.gsrun_node)]
-        if missing or wrong or cfg_env or opts.log_file or slurm_conf_env or state_env or opts.agent:
-            hooks_dir = str(Path(inst.gsrun_node).parent.parent / "libexec" / "gsrun")
-            why = ("the package ships no hooks" if missing else
-                   f"the shipped hooks do not find {inst.gsrun_node}" if wrong else
-                   "a non-default config / state dir / slurm.conf path or a log file must be baked into the hooks"
-                   if cfg_env or opts.log_file or slurm_conf_env or state_env else
-                   "the hooks go through the node agent's client, built there")
-            out(f"# {why}: hooks go to {hooks_dir} (choose with --hooks-dir)")
+    hd = _check_plain(os.path.abspath(opts.hooks_dir or str(Path(inst.gsrun_node).parent.parent / "libexec" / "gsrun")),
+                      "hooks dir")
+    daemon_socket = os.path.join(state_dir, server.SOCKET_NAME)
+    root = os.geteuid() == 0
+    via = _install_hook_client(hd, daemon_socket, opts.print_only, out)
+    if via is None:
+        rc = 1
+        via = (os.path.join(hd, daemon_client.CLIENT_NAME), daemon_socket)
+    for name, (_, fname) in HOOKS.items():
+        p = os.path.join(hd, fname)
+        hooks[name] = p
+        body = render_hook(inst.gsrun_node, name, cfg_env, opts.log_file, slurm_conf_env,
+                           hook_argv(name) if _same_install(inst.gsrun_node) else None, via, state_env)
+        if opts.print_only:
+            out(f"would write {p} (0755):\n{body}")
         else:
-            hooks = {n: str(p) for n, p in inst.package_hooks.items()}
-            for n, p in hooks.items():
-                out(f"{n}: {p}  (shipped with the package)")
-    agent_socket = os.path.join(state_dir, "agent.sock")
-    via = None
-    if hooks_dir:
-        hd = _check_plain(os.path.abspath(hooks_dir), "hooks dir")
-        root = os.geteuid() == 0
-        if opts.agent:
-            via = _install_hook_client(hd, agent_socket, opts.print_only, out)
-        for name, (_, fname) in HOOKS.items():
-            p = os.path.join(hd, fname)
-            hooks[name] = p
-            body = render_hook(inst.gsrun_node, name, cfg_env, opts.log_file, slurm_conf_env,
-                               hook_argv(name) if _same_install(inst.gsrun_node) else None, via, state_env)
-            if opts.print_only:
-                out(f"would write {p} (0755):\n{body}")
-            else:
-                try:
-                    Path(hd).mkdir(parents=True, mode=0o755, exist_ok=True)
-                    atomic_write(p, body, 0o755, 0 if root else None, 0 if root else None)
-                    out(f"wrote {p}")
-                except OSError as e:
-                    out(f"FAILED: cannot write {p}: {e.strerror}")
-                    rc = 1
+            try:
+                Path(hd).mkdir(parents=True, mode=0o755, exist_ok=True)
+                atomic_write(p, body, 0o755, 0 if root else None, 0 if root else None)
+                out(f"wrote {p}")
+            except OSError as e:
+                out(f"FAILED: cannot write {p}: {e.strerror}")
+                rc = 1
 
     # 4. slurm.conf
     sv = detect_slurm_version()
@@ -686,21 +649,20 @@ def run(opts: InstallOptions, out: Callable[[str], None] = print, environ=None) 
     out(f"{inst.gsrun_node} spank install --so /usr/local/lib/gsrun/gsrun_spank.so "
         "--dest-dir /usr/local/lib/gsrun --plugstack /etc/slurm/plugstack.conf.d/gsrun.conf"
         + (f" --arg config={cfg_env}" if cfg_env else "")
-        + (f" --arg agent={agent_socket}" if via else ""))
+        + f" --arg daemon={daemon_socket}")
     if cfg_env:
         out("# config=: slurmstepd's environment has no GSRUN_CONFIG; without it the steps read "
             f"{DEFAULT_CONFIG_PATH}")
-    if via:
-        out("# agent=: a bound step gets its binding plan from the node agent (step 6), so slurmstepd "
-            "starts no Python; without the agent it plans in Python as before")
+    out("# daemon=: a bound step gets its binding plan from the node daemon (step 6), so slurmstepd "
+        "starts no Python")
     out("# and make sure /etc/slurm/plugstack.conf has:  include /etc/slurm/plugstack.conf.d/*.conf")
 
-    # 6. mail timer and node agent
-    out("\n## 6. mail delivery and spool pruning timers (on the slurmctld host)"
-        + ("; node agent (on every node and the slurmctld host)" if via else ""))
-    units = render_units(inst.gsrun_node, cfg_env, agent_socket if via else None)
-    enable = "systemctl enable --now gsrun-mail.timer gsrun-prune.timer" + (
-        "  # and everywhere: systemctl enable --now gsrun-agent.service" if via else "")
+    # 6. node daemon, mail timer
+    out("\n## 6. node daemon (on every node and the slurmctld host); mail delivery and spool pruning "
+        "timers (on the slurmctld host)")
+    units = render_units(inst.gsrun_node, cfg_env, daemon_socket)
+    enable = ("systemctl enable --now gsrun-daemon.service  # everywhere; then on the slurmctld host: "
+              "systemctl enable --now gsrun-mail.timer gsrun-prune.timer")
     if opts.units_dir and not opts.print_only:
         for name, body in units.items():
             p = os.path.join(opts.units_dir, name)
@@ -716,23 +678,23 @@ def run(opts: InstallOptions, out: Callable[[str], None] = print, environ=None) 
     return rc
 
 
-def _install_hook_client(hooks_dir: str, agent_socket: str, print_only: bool,
+def _install_hook_client(hooks_dir: str, daemon_socket: str, print_only: bool,
                          out: Callable[[str], None]) -> tuple[str, str] | None:
     """Build ``gsrun-hook`` into ``hooks_dir`` (step 3) -> ``(client, socket)``
-    for :func:`render_hook`, or None (no compiler: the hooks run on their own,
-    as they do wherever the agent is not running)."""
-    client = os.path.join(hooks_dir, hook_client.CLIENT_NAME)
+    for :func:`render_hook`, or None when it cannot be built (said, with the
+    hint: the hooks cannot run without it)."""
+    client = os.path.join(hooks_dir, daemon_client.CLIENT_NAME)
     if print_only:
-        out(f"would build {client} (the node agent's client; needs cc)")
-        return client, agent_socket
+        out(f"would build {client} (the node daemon's client; needs cc)")
+        return client, daemon_socket
     try:
-        hook_client.build(hooks_dir)
+        daemon_client.build(hooks_dir)
     except (OSError, NodeError) as e:
-        out(f"# {client} not built ({str(e).splitlines()[0]}): the hooks run without the node agent")
+        out(f"FAILED: cannot build {client}: {str(e).splitlines()[0]}\n"
+            "hint: install a C compiler (apt install gcc) and run install again; the hooks need it")
         return None
-    out(f"built {client}: the hooks go through the node agent on {agent_socket} when it runs "
-        "(gsrun-agent.service, step 6), else run on their own")
-    return client, agent_socket
+    out(f"built {client}: the hooks go through the node daemon on {daemon_socket} (step 6)")
+    return client, daemon_socket
 
 
 def _install_irqbalance_script(opts: InstallOptions, cfg: Config, out: Callable[[str], None]) -> int:

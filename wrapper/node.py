@@ -33,7 +33,8 @@ from gsrun.prolog.main import run
 from gsrun.report import alerts, mail, retention
 from gsrun.request.config import idle_config, load_config
 from gsrun.spank_py import build
-from gsrun.wrapper import agent as agentmod, doctor as doc, hook_client, install as inst
+from gsrun.daemon import build as daemon_client, server
+from gsrun.wrapper import doctor as doc, install as inst
 from gsrun.wrapper.install import render_config_reference
 
 HOST_ROOT = click.option("--host-root", default=None, envvar="GSRUN_HOST_ROOT",
@@ -231,25 +232,41 @@ def spank_install(so_path, dest_dir, plugstack, args):
 
 
 @cli.group()
-def agent():
-    """The node agent: runs the prolog and epilog from a warm process (docs/ADMIN.md)."""
+def daemon():
+    """The node daemon: runs every Slurm hook of this node (docs/ADMIN.md)."""
 
 
-@agent.command("run")
+@daemon.command("run")
 @click.option("--socket", "socket_path", default=None, type=click.Path(dir_okay=False),
-              help="Unix socket to listen on (default: <state dir>/agent.sock).")
+              help="Unix socket to listen on (default: <state dir>/daemon.sock).")
 @click.option("--state-dir", default=None, envvar="GSRUN_STATE_DIR", type=click.Path(file_okay=False),
               help="The node's state directory (default /run/gsrun).")
-def agent_run(socket_path, state_dir):
+def daemon_run(socket_path, state_dir):
     """Serve hooks until SIGTERM (SIGHUP: re-execute, e.g. after an upgrade)."""
-    sys.exit(agentmod.run(socket_path, state_dir))
+    sys.exit(server.run(socket_path, state_dir))
 
 
-@agent.command("build")
+@daemon.command("status")
+@click.option("--socket", "socket_path", default=None, type=click.Path(dir_okay=False),
+              help="The daemon's socket (default: <state dir>/daemon.sock).")
+@click.option("--state-dir", default=None, envvar="GSRUN_STATE_DIR", type=click.Path(file_okay=False),
+              help="The node's state directory (default /run/gsrun).")
+@click.option("--json", "as_json", is_flag=True, help="The daemon's answer as JSON.")
+def daemon_status(socket_path, state_dir, as_json):
+    """Ask the daemon whether it runs and answers (exit 1 when not)."""
+    st = server.ping(socket_path or server.default_socket(state_dir))
+    if as_json:
+        click.echo(json.dumps(st, sort_keys=True))
+    else:
+        click.echo(f"gsrun-daemon {st['version']}: pid {st['pid']}, serving {st['socket']}, "
+                   f"{st['served']} requests served, {st['running']} running")
+
+
+@daemon.command("build")
 @click.option("--out-dir", default=".", type=click.Path(file_okay=False))
-def agent_build(out_dir):
+def daemon_build(out_dir):
     """Compile the hooks' client OUT_DIR/gsrun-hook (needs cc)."""
-    click.echo(str(hook_client.build(out_dir)))
+    click.echo(str(daemon_client.build(out_dir)))
     return 0
 
 
@@ -363,27 +380,25 @@ def config_reference():
 @click.option("--layout", type=click.Choice(["single", "prolog.d"]), default="single", show_default=True,
               help="single: Prolog=<hook>; prolog.d: Prolog=<dir>/* with gsrun's hook linked in.")
 @click.option("--hooks-dir", "--prefix", "hooks_dir", default=None, metavar="DIR",
-              help="Write the three hook executables into DIR (this installation's gsrun-node and "
-                   "config path baked in) instead of using the ones shipped in the package.")
+              help="Write the three hook executables and the node daemon's client gsrun-hook into DIR "
+                   "(default: <prefix>/libexec/gsrun of this installation).")
 @click.option("--log-file", default=None, metavar="PATH",
               help="Bake GSRUN_LOG_FILE=PATH into the hooks (hosts without syslog).")
 @click.option("--units-dir", default=None, metavar="DIR",
-              help="Write gsrun-mail.service/.timer into DIR (e.g. /etc/systemd/system); default: print them.")
+              help="Write the systemd units (gsrun-daemon.service, the mail, prune and report timers) into DIR "
+                   "(e.g. /etc/systemd/system); default: print them.")
 @click.option("--prolog-d", default="/etc/slurm/prolog.d", show_default=True)
 @click.option("--epilog-d", default="/etc/slurm/epilog.d", show_default=True)
 @click.option("--no-measure", is_flag=True, help="Do not time a prolog dry run.")
 @click.option("--irqbalance-script", default=None, metavar="PATH",
               help="Install gsrun's irqbalance policy script here (default: tuning.irqbalance_policy_script).")
-@click.option("--no-agent", is_flag=True,
-              help="Hooks that never go through the node agent (default: through its client gsrun-hook, "
-                   "built into the hooks dir, with a gsrun-agent.service unit).")
 def install(print_only, config_path, state_dir, spool_dir, layout, hooks_dir, log_file, units_dir, prolog_d,
-            epilog_d, no_measure, irqbalance_script, no_agent):
+            epilog_d, no_measure, irqbalance_script):
     """Create gsrun's directories and site config; print the slurm.conf lines."""
     opts = inst.InstallOptions(print_only=print_only, config_path=config_path, state_dir=state_dir,
                                spool_dir=spool_dir, layout=layout, hooks_dir=hooks_dir, log_file=log_file, units_dir=units_dir,
                                prolog_d=prolog_d, epilog_d=epilog_d, measure=not no_measure,
-                               irqbalance_script=irqbalance_script, agent=not no_agent)
+                               irqbalance_script=irqbalance_script)
     return inst.run(opts, out=click.echo)
 
 

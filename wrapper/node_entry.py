@@ -37,8 +37,8 @@ import sys
 import gsrun
 
 HOOKS = ("prolog", "epilog", "epilog-ctld")
-# ``python3 -I -S -c HOOK_BOOTSTRAP <site-packages> <command>`` (also spelled out in the shipped
-# prolog/gsrun-prolog, epilog/gsrun-epilog, epilog/gsrun-epilog-ctld; a test keeps them equal)
+# ``python3 -I -S -c HOOK_BOOTSTRAP <site-packages> <command>``: the command a hook hands the node
+# daemon (gsrun.daemon.server.hook_args), which runs it in a child as this module's main()
 HOOK_BOOTSTRAP = "import sys; sys.path.append(sys.argv.pop(1)); from gsrun.wrapper.node_entry import main; main()"
 
 

@@ -8,10 +8,8 @@ is started by :func:`spawn_detached`."""
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterable, Mapping, Sequence
@@ -69,12 +67,6 @@ def spawn_detached(argv: list[str], env: dict, log_fd: int | None = None) -> int
     Raises:
         OSError: the program cannot be started (not found, not executable).
     """
-    warm = _warm_for(argv)
-    if warm is not None:
-        try:
-            return warm.start(argv[5:], env, log_fd)
-        except OSError:
-            pass            # the waiting copy is gone: start it the usual way
     if log_fd is None:
         out = [(os.POSIX_SPAWN_OPEN, 1, "/dev/null", os.O_WRONLY, 0), (os.POSIX_SPAWN_DUP2, 1, 2)]
         log_fd = 3           # nothing to keep below
@@ -102,75 +94,6 @@ def spawn_detached(argv: list[str], env: dict, log_fd: int | None = None) -> int
             os.close(here)
         if own is not None:
             os.close(own)
-
-
-_warm: "WarmFork | None" = None     # set by the node agent in its hook child (gsrun.wrapper.agent)
-
-
-class WarmFork:
-    """A copy of the node agent (:mod:`gsrun.wrapper.agent`) forked in the
-    child that runs a hook, before the hook ran -- so it holds nothing of the
-    hook (no NVML handle, no lock, no job file) -- that waits on a socket to
-    become one detached gsrun program (``modules``: the job's sampler for the
-    prolog, the merge for EpilogSlurmctld) with the modules the agent loaded:
-    no interpreter start and no imports (the sampler: ~40 ms of CPU on the node
-    while the job starts, issue 24). Used once; it exits when the hook's
-    process ends without using it.
-
-    ``pid`` is known before :meth:`start`, so the prolog records the sampler
-    before it runs (a prolog killed in between leaves no unrecorded sampler:
-    the copy exits with it). Its command line stays the agent's (Linux lets
-    only CAP_SYS_RESOURCE change it); its name (``/proc/PID/comm``, what
-    ``top`` and ``pgrep`` show) is the program's (``gsrun-sampler``).
-    """
-
-    def __init__(self, pid: int, sock, modules: Iterable[str]):
-        self.pid = pid
-        self.sock = sock
-        self.modules = frozenset(modules)
-        self.module = ""
-
-    def start(self, args: Sequence[str], env: Mapping[str, str], log_fd: int | None = None) -> int:
-        """Make the copy run :attr:`module` (set by :func:`take_warm`) with
-        ``args`` and exactly ``env``, stdin ``/dev/null``, stdout and stderr to
-        ``log_fd`` (None: ``/dev/null``), in a new session, in :data:`ROOT_CWD`
-        -- as :func:`spawn_detached` starts a program. -> its PID.
-
-        Raises:
-            OSError: the copy is gone (killed).
-        """
-        msg = json.dumps({"module": self.module, "args": list(args), "env": dict(env)}).encode()
-        try:
-            socket.send_fds(self.sock, [msg], [log_fd] if log_fd is not None else [])
-        finally:
-            self.sock.close()
-        return self.pid
-
-
-def set_warm(w: WarmFork | None) -> None:
-    """The node agent's hook child hands its waiting copy here."""
-    global _warm
-    _warm = w
-
-
-def take_warm(module: str) -> WarmFork | None:
-    """The waiting copy, taken for ``module`` (one it can become; a second call
-    gets None), or None (not run by the node agent: start a program as usual)."""
-    global _warm
-    w = _warm
-    if w is None or module not in w.modules:
-        return None
-    _warm = None
-    w.module = module
-    return w
-
-
-def _warm_for(argv: Sequence[str]) -> WarmFork | None:
-    """:func:`take_warm` for ``argv`` when it is ``root_python("-m", MODULE, ...)``
-    of this interpreter."""
-    if _warm is None or len(argv) < 5 or list(argv[:4]) != [sys.executable, "-P", "-s", "-m"]:
-        return None
-    return take_warm(argv[4])
 
 
 def _no_inherit_from(low: int) -> None:

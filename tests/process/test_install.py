@@ -197,43 +197,6 @@ def test_render_hook_runs_the_baked_gsrun_node(tmp_path):
         install.render_hook(str(node), "rm -rf", None)
 
 
-@pytest.mark.parametrize("rel,cmd", [("prolog/gsrun-prolog", "prolog"), ("epilog/gsrun-epilog", "epilog"),
-                                     ("epilog/gsrun-epilog-ctld", "epilog-ctld")])
-def test_shipped_hook_finds_its_installation_through_a_symlink(tmp_path, rel, cmd):
-    """The shipped hooks, installed as package data of a venv and linked into
-    prolog.d, exec <venv>/bin/gsrun-node (and hook_target says the same)."""
-    venv = tmp_path / "venv"
-    site = venv / "lib" / "python3.11" / "site-packages" / "gsrun"
-    (site / rel).parent.mkdir(parents=True)
-    shutil.copy2(REPO / rel, site / rel)
-    node = _fake_node(venv / "bin")
-    d = tmp_path / "prolog.d"
-    d.mkdir()
-    (d / "50-gsrun").symlink_to(site / rel)
-    out = subprocess.run([str(d / "50-gsrun")], capture_output=True, text=True, timeout=10, env={})
-    assert out.returncode == 0
-    words = out.stdout.split()
-    assert words[0] == "ran" and os.path.realpath(words[1]) == str(node.resolve())
-    assert out.stdout.split()[2] == cmd
-    assert install.hook_target(str(d / "50-gsrun")) == str(node)
-
-
-def test_shipped_hook_without_installation_exits_0(tmp_path):
-    hook = tmp_path / "gsrun-prolog"
-    shutil.copy2(REPO / "prolog" / "gsrun-prolog", hook)
-    p = subprocess.run([str(hook)], capture_output=True, text=True, timeout=10,
-                       env={"PATH": str(tmp_path / "nothing")})
-    assert p.returncode == 0   # a missing install must not drain the node
-
-
-def test_shipped_hooks_are_tiny_and_executable():
-    for rel in ("prolog/gsrun-prolog", "epilog/gsrun-epilog", "epilog/gsrun-epilog-ctld"):
-        p = REPO / rel
-        assert os.access(p, os.X_OK), rel
-        assert len(p.read_text().splitlines()) <= 15
-        assert subprocess.run(["sh", "-n", str(p)], timeout=10).returncode == 0
-
-
 def _opts(tmp_path, **kw):
     base = dict(config_path=str(tmp_path / "etc" / "gsrun.toml"), state_dir=str(tmp_path / "state"),
                 spool_dir=str(tmp_path / "spool"), hooks_dir=str(tmp_path / "hooks"), measure=False,
@@ -270,7 +233,14 @@ def test_run_installs_and_never_overwrites_the_config(tmp_path):
     assert stat.S_IMODE(os.stat(tmp_path / "spool" / "jobs").st_mode) == 0o711
     hook = (tmp_path / "hooks" / "gsrun-epilog-ctld").read_text()
     assert f"GSRUN_CONFIG={cfgp}" in hook and hook.rstrip().endswith("epilog-ctld")
+    # every hook goes through the daemon's client, built beside them, on the state dir's socket
+    client = tmp_path / "hooks" / "gsrun-hook"
+    assert os.access(client, os.X_OK)
+    assert f"exec {client} {tmp_path}/state/daemon.sock " in hook
     assert (tmp_path / "units" / "gsrun-mail.timer").exists()
+    unit = (tmp_path / "units" / "gsrun-daemon.service").read_text()
+    assert f"daemon run --socket {tmp_path}/state/daemon.sock" in unit
+    assert all(k in unit.splitlines() for k in ("Restart=always", "MemoryMax=512M", "TasksMax=512"))
     cfgp.write_text("[sampler]\ninterval_s = 2.0\n")
     out2 = []
     assert install.run(opts, out=out2.append, environ={}) == 0
@@ -302,14 +272,14 @@ def test_hook_with_log_file(tmp_path):
     assert "SLURM_CONF" not in install.render_hook(str(node), "epilog-ctld", None, None, "/etc/slurm/slurm.conf")
 
 
-def test_default_hooks_dir_when_package_hooks_unusable(tmp_path):
+def test_default_hooks_dir_is_the_installations_libexec(tmp_path):
     out = []
     opts = _opts(tmp_path, hooks_dir=None, print_only=True)
     install.run(opts, out=out.append, environ={})
     text = "\n".join(out)
     inst = install.find_installation()
     want = str(Path(inst.gsrun_node).parent.parent / "libexec" / "gsrun")
-    assert f"hooks go to {want}" in text and f"Prolog={want}/gsrun-prolog" in text
+    assert f"would build {want}/gsrun-hook" in text and f"Prolog={want}/gsrun-prolog" in text
 
 
 def test_run_notes_an_existing_prolog(tmp_path):
@@ -353,34 +323,6 @@ def _fake_venv_python(venv):
     py.chmod(0o755)
     (venv / "pyvenv.cfg").write_text("home = /usr/bin\ninclude-system-site-packages = false\n")
     return py
-
-
-@pytest.mark.parametrize("rel,cmd", [("prolog/gsrun-prolog", "prolog"), ("epilog/gsrun-epilog", "epilog"),
-                                     ("epilog/gsrun-epilog-ctld", "epilog-ctld")])
-def test_shipped_hook_starts_the_venvs_interpreter_isolated_without_site(tmp_path, rel, cmd):
-    """In a venv laid out by pip, the shipped hook (also through a prolog.d symlink)
-    execs <venv>/bin/python3.X -I -S -c HOOK_BOOTSTRAP <site-packages> <cmd>."""
-    from gsrun.wrapper.node_entry import HOOK_BOOTSTRAP
-
-    venv = tmp_path / "venv"
-    sp = venv / "lib" / "python3.11" / "site-packages"
-    (sp / "gsrun" / rel).parent.mkdir(parents=True)
-    (sp / "gsrun" / "wrapper").mkdir(parents=True, exist_ok=True)
-    (sp / "gsrun" / "wrapper" / "node_entry.py").write_text("")
-    shutil.copy2(REPO / rel, sp / "gsrun" / rel)
-    py = _fake_venv_python(venv)
-    _fake_node(venv / "bin")
-    d = tmp_path / "prolog.d"
-    d.mkdir()
-    (d / "50-gsrun").symlink_to(sp / "gsrun" / rel)
-    for hook in (sp / "gsrun" / rel, d / "50-gsrun"):
-        out = subprocess.run([str(hook)], capture_output=True, text=True, timeout=10, env={})
-        assert out.returncode == 0, out.stderr
-        assert out.stdout.splitlines() == [str(py), "-I", "-S", "-c", HOOK_BOOTSTRAP, str(sp), cmd]
-    # not a venv (no pyvenv.cfg): the gsrun-node script, which runs site
-    (venv / "pyvenv.cfg").unlink()
-    out = subprocess.run([str(d / "50-gsrun")], capture_output=True, text=True, timeout=10, env={})
-    assert out.stdout.split()[0] == "ran" and out.stdout.split()[2] == cmd
 
 
 def test_render_hook_with_the_interpreter_argv(tmp_path):

@@ -595,23 +595,23 @@ def test_not_found_even_through_pth_files_reports_the_first_error(built, harness
     assert any("job refused" in e for e in errors), errors
 
 
-# ------------------------------------------------------------ the step's plan from the node agent
+# ------------------------------------------------------------ the step's plan from the node daemon
 
 @pytest.fixture
-def node_agent(tmp_path):
-    """``gsrun-node agent run`` of this checkout on a private socket -> its path."""
+def node_daemon(tmp_path):
+    """``gsrun-node daemon run`` of this checkout on a private socket -> its path."""
     from helpers.node_site import LAUNCH
 
-    d = tmp_path / "agent-run"
+    d = tmp_path / "daemon-run"
     d.mkdir(mode=0o700)
-    sock = d / "agent.sock"
-    log = open(tmp_path / "agent.log", "w")
-    p = subprocess.Popen([sys.executable, "-P", "-c", LAUNCH, "agent", "run", "--socket", str(sock)],
+    sock = d / "daemon.sock"
+    log = open(tmp_path / "daemon.log", "w")
+    p = subprocess.Popen([sys.executable, "-P", "-c", LAUNCH, "daemon", "run", "--socket", str(sock)],
                          stdout=log, stderr=subprocess.STDOUT, cwd="/")
     deadline = time.monotonic() + 30
     while not sock.exists() and time.monotonic() < deadline and p.poll() is None:
         time.sleep(0.05)
-    assert sock.exists(), (tmp_path / "agent.log").read_text()
+    assert sock.exists(), (tmp_path / "daemon.log").read_text()
     yield sock
     p.terminate()
     p.wait(timeout=30)
@@ -621,35 +621,35 @@ def _binding(out: list[str]) -> list[str]:
     return [l for l in out if l.startswith(("SETENV ", "UNSETENV ", "TASK "))]
 
 
-def test_a_bound_step_planned_by_the_node_agent_binds_as_python_does_without_python(built, harness, real_site,
-                                                                                      node_agent):
-    """plugstack agent=SOCKET: slurmstepd asks the node agent for the step's plan (gsrun.spank_py.hooks.
+def test_a_bound_step_planned_by_the_node_daemon_binds_as_python_does_without_python(built, harness, real_site,
+                                                                                      node_daemon):
+    """plugstack daemon=SOCKET: slurmstepd asks the node daemon for the step's plan (gsrun.spank_py.hooks.
     step_actions) and applies it in C -- the same environment and affinity per task as the Python
-    side gives, and libpython never mapped; with no agent listening, Python plans as before."""
+    side gives, and libpython never mapped; with no daemon listening, Python plans as before."""
     rc, out, err = run_harness(harness, built, "remote", real_site)
     assert rc == 0, (out, err)
     python_way = _binding(out)
     assert len([l for l in python_way if l.startswith("SETENV GSRUN_BIND_CPUS=")]) == 2
-    rc, out, err = run_harness(harness, built, "remote", real_site, f"agent={node_agent}")
+    rc, out, err = run_harness(harness, built, "remote", real_site, f"daemon={node_daemon}")
     assert rc == 0, (out, err)
     assert _binding(out) == python_way
     assert "LIBPYTHON mapped=0" in out
     assert not [l for l in out if l.startswith("ERROR")]
-    # the agent gone: the step plans in Python, same result
-    rc, out, err = run_harness(harness, built, "remote", real_site, f"agent={node_agent}.gone")
+    # the daemon gone: the step plans in Python, same result
+    rc, out, err = run_harness(harness, built, "remote", real_site, f"daemon={node_daemon}.gone")
     assert rc == 0, (out, err)
     assert _binding(out) == python_way and "LIBPYTHON mapped=1" in out
 
 
-def fake_agent(tmp_path, serve, connections: int):
-    """A stand-in for the node agent on a fresh socket: ``serve(conn)`` for each of the first
+def fake_daemon(tmp_path, serve, connections: int):
+    """A stand-in for the node daemon on a fresh socket: ``serve(conn)`` for each of the first
     ``connections`` clients, in a thread -> (listening socket, its path, the thread)."""
     import socket
     import threading
 
-    d = tmp_path / "fake-agent"
+    d = tmp_path / "fake-daemon"
     d.mkdir(mode=0o700)
-    path = str(d / "agent.sock")
+    path = str(d / "daemon.sock")
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     srv.bind(path)
     srv.listen(4)
@@ -673,7 +673,7 @@ def fake_agent(tmp_path, serve, connections: int):
                                     b"GSA1\nrank 99999999999\nend\n", b"GSA1\nrank 4096\nend\n",
                                     b"GSA1\nrank 0\nrank 0\nend\n", b"GSA1\nrank 0\ncpus 0,5000\nend\n",
                                     b"GSA1\nrank 0\nunset A-B\nend\n", b"GSA1\nrank 0\n"])
-def test_an_agent_that_gives_no_plan_leaves_the_step_to_python(built, harness, real_site, tmp_path, answer):
+def test_a_daemon_that_gives_no_plan_leaves_the_step_to_python(built, harness, real_site, tmp_path, answer):
     """A listener that closes without a plan, answers an error or a plan the plugin must not
     apply (a name that is no environment name, a rank or CPU out of range, no "end"): Python
     plans in user_init."""
@@ -686,43 +686,43 @@ def test_an_agent_that_gives_no_plan_leaves_the_step_to_python(built, harness, r
         except OSError:
             pass
 
-    srv, path, _t = fake_agent(tmp_path, serve, connections=2)
+    srv, path, _t = fake_daemon(tmp_path, serve, connections=2)
     rc, out, err = run_harness(harness, built, "remote", real_site)
     python_way = _binding(out)
-    rc, out, err = run_harness(harness, built, "remote", real_site, f"agent={path}")
+    rc, out, err = run_harness(harness, built, "remote", real_site, f"daemon={path}")
     srv.close()
     assert rc == 0, (out, err)
     assert _binding(out) == python_way and "LIBPYTHON mapped=1" in out
 
 
-def test_agent_argument_must_be_absolute(built, harness, real_site):
-    rc, out, err = run_harness(harness, built, "remote", real_site, "agent=run/agent.sock")
-    assert rc != 0 and any("agent=run/agent.sock: must be an absolute path" in l for l in out + err.splitlines())
+def test_daemon_argument_must_be_absolute(built, harness, real_site):
+    rc, out, err = run_harness(harness, built, "remote", real_site, "daemon=run/daemon.sock")
+    assert rc != 0 and any("daemon=run/daemon.sock: must be an absolute path" in l for l in out + err.splitlines())
 
 
 def test_the_hello_carries_slurmstepds_own_config_variables(built, harness, real_site, tmp_path):
     """@bind carries slurmstepd's GSRUN_HOST_ROOT, GSRUN_STATE_DIR, GSRUN_CONFIG and SLURM_CONF
-    (gsrun.wrapper.agent.STEPD_ENV: the config beside slurm.conf is the site's when GSRUN_CONFIG is unset)."""
-    from gsrun.wrapper import agent
+    (gsrun.daemon.server.STEPD_ENV: the config beside slurm.conf is the site's when GSRUN_CONFIG is unset)."""
+    from gsrun.daemon import server
 
     got = []
 
     def serve(c):
-        argv, env, _umask, fds = agent._read_request(c, timeout_s=30)
+        argv, env, _umask, fds = server._read_request(c, timeout_s=30)
         for fd in fds:      # the harness's stdout among them: kept open, run_harness never ends
             os.close(fd)
         got.append((argv, env))
 
-    srv, path, t = fake_agent(tmp_path, serve, connections=1)
+    srv, path, t = fake_daemon(tmp_path, serve, connections=1)
     stepd = {"GSRUN_HOST_ROOT": "/", "GSRUN_STATE_DIR": str(tmp_path / "state"),
              "GSRUN_CONFIG": str(tmp_path / "g.toml"), "SLURM_CONF": str(tmp_path / "slurm.conf")}
-    rc, out, err = run_harness(harness, built, "remote", real_site, f"agent={path}", env_extra=stepd)
+    rc, out, err = run_harness(harness, built, "remote", real_site, f"daemon={path}", env_extra=stepd)
     t.join(30)
     srv.close()
     assert rc == 0, (out, err)
     argv, env = got[0]
-    assert argv == [agent.BIND_REQUEST] and env == stepd
-    assert set(env) == set(agent.STEPD_ENV)
+    assert argv == [server.BIND_REQUEST] and env == stepd
+    assert set(env) == set(server.STEPD_ENV)
 
 
 def test_remote_options_are_the_ones_slurmstepds_hooks_read():
@@ -743,21 +743,21 @@ def test_remote_options_are_the_ones_slurmstepds_hooks_read():
     assert '#define GSRUN_REMOTE_OPTIONS "gs-mps", "gs-bind", ' in spank_build.options_header()
 
 
-def test_a_step_with_only_prolog_options_is_planned_by_the_agent(built, harness, real_site, node_agent):
+def test_a_step_with_only_prolog_options_is_planned_by_the_daemon(built, harness, real_site, node_daemon):
     """--gs-report, --gs-tune...: the prolog's, forwarded to every step of the job; slurmstepd's
-    hooks do nothing with them, so the step is planned by the agent without Python. --gs-mps
+    hooks do nothing with them, so the step is planned by the daemon without Python. --gs-mps
     changes the tasks' environment: Python plans that step."""
     rc, out, err = run_harness(harness, built, "remote", real_site, env_extra={"FAKE_GETOPT": "gs-report=none"})
     python_way = _binding(out)
     assert rc == 0 and "LIBPYTHON mapped=1" in out, (out, err)
-    rc, out, err = run_harness(harness, built, "remote", real_site, f"agent={node_agent}",
+    rc, out, err = run_harness(harness, built, "remote", real_site, f"daemon={node_daemon}",
                                env_extra={"FAKE_GETOPT": "gs-report=none"})
     assert rc == 0 and _binding(out) == python_way and "LIBPYTHON mapped=0" in out, (out, err)
     rc, out, err = run_harness(harness, built, "remote", real_site, "bind=none",
                                env_extra={"FAKE_GETOPT": "gs-report=none"})
     assert rc == 0 and "LIBPYTHON mapped=0" in out, (out, err)      # nothing to do: no Python
     assert not [l for l in out if l.startswith(("SETENV ", "UNSETENV "))], out
-    rc, out, err = run_harness(harness, built, "remote", real_site, f"agent={node_agent}",
+    rc, out, err = run_harness(harness, built, "remote", real_site, f"daemon={node_daemon}",
                                env_extra={"FAKE_GETOPT": "gs-mps=50"})
     assert rc == 0 and "LIBPYTHON mapped=1" in out, (out, err)
     assert out.count("SETENV CUDA_MPS_PIPE_DIRECTORY=/run/gsrun/mps/4242/pipe") == 2

@@ -1,64 +1,73 @@
-"""The node agent: runs the Slurm hooks in a process that has already started.
+"""The node daemon: one root process per node that runs every Slurm hook.
 
-Every job pays its prolog and epilog on every node, and most of what a hook
-costs is not its work but its start: the interpreter and its imports
-(issue 24: a plain prolog 34 ms standalone, 11 ms when forked from a process
-that holds its modules; the epilog 22 ms and 13 ms). The agent is one root
-process per node (``gsrun-node agent run``, a systemd unit, docs/ADMIN.md)
-that imports the hooks' modules once and listens on a Unix socket. The hook
-that slurmd runs is then the small C client ``gsrun-hook``
-(``hook_client.c`` beside this module): it hands the agent its command line, its
-environment, its umask and its stdin/stdout/stderr, and the agent forks a
-child that runs exactly that hook (:func:`gsrun.wrapper.node_entry.main`)
-with exactly that environment, in its own session, and sends back the
-child's wait status, which the client exits with (or dies of the same signal).
+``gsrun-node daemon run`` (a systemd unit, ``gsrun-daemon.service``,
+docs/ADMIN.md) imports the hooks' modules once and listens on a Unix socket
+(``<state dir>/daemon.sock``). The Prolog, Epilog and EpilogSlurmctld that
+slurmd and slurmctld run are the small C client ``gsrun-hook``
+(``client.c`` beside this module): it hands the daemon its command line, its
+environment, its umask and its stdin/stdout/stderr; the daemon forks a child
+that runs exactly that hook (:func:`gsrun.wrapper.node_entry.main`) with
+exactly that environment, in its own session, in the client's cgroup and CPU
+affinity, and sends back the child's wait status, which the client exits
+with (or dies of the same signal). The SPANK plugin's remote side asks the
+same socket for a bound step's plan (:data:`BIND_REQUEST`).
 
-Nothing depends on the agent: the client runs the command itself
-(``execv``) whenever the agent is not there, refuses, or is older than the
-installed code, so a node without it runs the hooks as before, and a hook
-never runs twice (the client falls back only before the agent said it
-started the hook).
+There is one way a hook runs: through the daemon. When it is not there the
+client fails with ``gsrun: <hook>: node daemon not running: <why>`` and a
+``hint:``, so slurmd drains the node as it does when munged is down; it never
+runs the hook itself. A hook never runs twice: the client gives up only
+before the daemon said it started the hook.
 
-What the agent accepts (trust): a peer with the agent's own user id
+Isolation: each hook runs in its own forked child, with its own budget
+(``SIGALRM``, :mod:`gsrun.node.steps`), signals, session and descriptors; a
+child that fails or is killed ends only its own hook, never the daemon or
+another job's hook. A step plan runs in a grandchild with a CPU-time limit
+(:data:`BIND_CPU_S`) and a wall-clock limit (:data:`BIND_PLAN_S`).
+
+What the daemon accepts (trust): a peer with the daemon's own user id
 (``SO_PEERCRED``; root on a node) on a socket only that user can open, and
 only the command a hook would run with this installation --
 ``[python, "-I", "-S", "-c", HOOK_BOOTSTRAP, site_dir, hook, options...]``
-with the agent's own interpreter (by real path) and site directory, a hook
-of :data:`gsrun.wrapper.node_entry.HOOKS` and options that the hooks' fast
-path takes (:func:`gsrun.wrapper.node_entry.parse_hook_args`). Anything else
-is answered "run it yourself". The environment is passed as given: it is
-the one slurmd gives the hook, which the hook validates as it always does.
-The client, in turn, talks only to a listener of its own user id, and runs
-the hook itself when one of its descriptors 0-2 is closed (its socket would
-take that number and reach the hook as its stdin/stdout/stderr).
+with the daemon's own interpreter (by real path) and site directory, or this
+installation's ``gsrun-node``, a hook of :data:`gsrun.wrapper.node_entry.HOOKS`
+and options that the hooks take (:func:`gsrun.wrapper.node_entry.parse_hook_args`).
+Anything else is refused with its reason (``E``). Requests are bounded: at
+most :data:`MAX_REQUEST_BYTES`, :data:`MAX_ARGS` arguments, read within
+:data:`REQUEST_TIMEOUT_S`. The environment is passed as given: it is the one
+slurmd gives the hook, which the hook validates as it always does.
 
 EpilogSlurmctld only starts the merge detached and exits 0
 (:mod:`gsrun.epilog.ctld_start`), while slurmctld holds the job COMPLETING:
-for a good job id the agent answers it itself, at once, and then forks the
+for a good job id the daemon answers it itself, at once, and then starts the
 merge (:func:`gsrun.epilog.ctld_start.merge_command`, the same command and
-environment) as a copy of itself; only a bad job id goes to a hook process.
+environment); only a bad job id goes to a hook process.
 
-Stale code: the agent keeps the (inode, mtime, size) of every gsrun module
-it loaded; a request that finds one changed (an upgrade) is answered "run it
-yourself", and the agent re-executes itself once no hook it started is
-running, so it never runs old code against a new state layout.
+Upgrades: the daemon keeps the (inode, mtime, size) of every gsrun module it
+loaded; a request that finds one changed is answered ``F`` (try again), and
+the daemon re-executes itself once no hook it started is running, so it never
+runs old code against a new state layout; the client retries for
+``GS_RETRY_S`` (client.h) meanwhile.
 
 Protocol (a Unix stream socket; all integers big-endian):
 
-* client -> agent, one message with ``SCM_RIGHTS`` carrying fds 0, 1, 2:
+* client -> daemon, one message with ``SCM_RIGHTS`` carrying fds 0, 1, 2:
   ``u32 length`` then ``length`` bytes of NUL-terminated fields:
   ``"GSH1"``, the umask in octal, ``argc``, the ``argc`` arguments, then
   ``NAME=VALUE`` environment entries to the end (:func:`encode_request`,
   :func:`parse_request`);
-* agent -> client: ``b"F"`` (run it yourself) or ``b"R"`` (ready); the
-  client answers ``b"G"`` (go) within 2 s, else it runs the hook itself and the
-  agent, seeing no ``G`` in that time, starts nothing. After ``G``: ``b"S"``,
-  sent by the forked child before it does anything else (a connection that
-  closes before ``S`` means nothing ran: the client runs the hook itself), then
-  ``b"X"`` and the ``i32`` wait status once the hook ended. So a hook runs once,
-  whatever fails where. A client that goes away while its hook runs (slurmd
-  killing a hook past ``PrologEpilogTimeout``) has the hook's process group
-  killed with it.
+* daemon -> client: ``b"F"`` (busy re-executing: try again), ``b"E"`` and a
+  line of text (refused: why), or ``b"R"`` (ready); the client answers
+  ``b"G"`` (go) within 2 s, else the daemon starts nothing. After ``G``:
+  ``b"S"``, sent by the forked child before it does anything else (a
+  connection that closes before ``S`` means nothing ran), then ``b"X"`` and
+  the ``i32`` wait status once the hook ended. A client that goes away while
+  its hook runs (slurmd killing a hook past ``PrologEpilogTimeout``) has the
+  hook's process group killed with it.
+* ``["@ping"]`` (no descriptors): the daemon answers one JSON line
+  (:meth:`NodeDaemon.status`) -- ``gsrun-node daemon status`` and ``doctor``.
+* ``["@bind"]`` (no descriptors) with slurmstepd's :data:`STEPD_ENV`, then
+  ``["@step", CPUS, MEMS, JOB_ID]`` with the job's environment: the step's
+  plan text (:func:`_bind_child`).
 """
 
 from __future__ import annotations
@@ -66,18 +75,21 @@ from __future__ import annotations
 import array
 import gc
 import importlib
+import json
 import os
+import resource
 import selectors
 import signal
 import socket
 import stat
 import struct
 import sys
+import time
 
 import gsrun
 from gsrun.base.errors import NodeError
 from gsrun.base.paths import DEFAULT_STATE_DIR
-from gsrun.base.proc import WarmFork, set_warm
+from gsrun.base.proc import spawn_detached
 from gsrun.epilog.ctld_start import merge_command
 from gsrun.wrapper.node_entry import HOOK_BOOTSTRAP, parse_hook_args
 
@@ -85,19 +97,17 @@ MAGIC = "GSH1"
 MAX_REQUEST_BYTES = 1 << 20     # an environment of ~1 MiB: far above slurmd's (a few KiB)
 MAX_ARGS = 32
 REQUEST_TIMEOUT_S = 2.0         # a client sends its request in one message, at once
-READY, GO, STARTED, FALLBACK, EXITED = b"R", b"G", b"S", b"F", b"X"
-SOCKET_NAME = "agent.sock"
-# What a hook imports, loaded once by the agent (imported again by no child: a test
+READY, GO, STARTED, AGAIN, REFUSED, EXITED = b"R", b"G", b"S", b"F", b"E", b"X"
+SOCKET_NAME = "daemon.sock"
+PING_REQUEST = "@ping"
+# What a hook imports, loaded once by the daemon (imported again by no child: a test
 # runs a plain and a tuned prolog and epilog in a child and checks that none is new).
 PRELOAD = ("gsrun.wrapper.node_entry", "gsrun.prolog.main", "gsrun.epilog.handoff", "gsrun.epilog.main",
            "gsrun.epilog.ctld_start", "gsrun.node.tuning", "gsrun.node.journal", "gsrun.node.mem_baseline",
-           "gsrun.node.steps", "gsrun.request.config", "gsrun.request.job", "gsrun.base.pids",
-           "gsrun.facts.nvml", "json", "pathlib", "subprocess", "shutil", "tomllib", "datetime",
-           "traceback", "fcntl", "select", "socket",
-           # what the waiting copies become (gsrun.base.proc.WARM_ENTRIES) and what they import
-           "gsrun.epilog.sampler", "gsrun.epilog.ctld", "gsrun.node.sampler", "gsrun.node.mps",
-           "gsrun.node.residual", "gsrun.node.mig", "gsrun.report.node_end", "gsrun.report.summary",
-           "gsrun.report.findings", "gsrun.report.accounting", "gsrun.report.render", "gsrun.report.retention",
+           "gsrun.node.steps", "gsrun.node.mps", "gsrun.node.residual", "gsrun.node.mig",
+           "gsrun.request.config", "gsrun.request.job", "gsrun.base.pids",
+           "gsrun.report.node_end", "gsrun.report.summary", "gsrun.facts.nvml", "json", "pathlib",
+           "subprocess", "shutil", "tomllib", "datetime", "traceback", "fcntl", "select", "socket",
            # the SPANK plugin's step plans (_bind_child)
            "gsrun.spank_py.hooks", "gsrun.bind.plan", "gsrun.facts.topology", "gsrun.base.cpulist")
 
@@ -107,12 +117,12 @@ class BadRequest(ValueError):
 
 
 class NoRequest(BadRequest):
-    """A connection closed before its first byte (another agent checking
+    """A connection closed before its first byte (another daemon checking
     whether this one serves the socket): nothing to log."""
 
 
 def default_socket(state_dir: str | None = None) -> str:
-    """``<state dir>/agent.sock``: the node's state directory (``--state-dir``,
+    """``<state dir>/daemon.sock``: the node's state directory (``--state-dir``,
     else ``GSRUN_STATE_DIR``, else :data:`gsrun.base.paths.DEFAULT_STATE_DIR`)."""
     return os.path.join(state_dir or os.environ.get("GSRUN_STATE_DIR") or DEFAULT_STATE_DIR, SOCKET_NAME)
 
@@ -239,7 +249,7 @@ def join_client(pid: int, proc: str = "/proc", cgroup_fs: str = "/sys/fs/cgroup"
     return notes
 
 
-def _read_request(conn, nfds: int = 3, timeout_s: float = REQUEST_TIMEOUT_S
+def _read_request(conn, nfds: int | None = 3, timeout_s: float = REQUEST_TIMEOUT_S
                   ) -> tuple[list[str], dict[str, str], int, list[int]]:
     """Read one request (blocking, ``timeout_s``) carrying ``nfds``
     descriptors -> (argv, env, umask, fds)."""
@@ -261,14 +271,14 @@ def _read_request(conn, nfds: int = 3, timeout_s: float = REQUEST_TIMEOUT_S
             if need > MAX_REQUEST_BYTES:
                 break
     got = list(fds)
-    if need is None or len(buf) != need or len(got) != nfds:
+    if need is None or len(buf) != need or len(got) not in ((0, 3) if nfds is None else (nfds,)):
         for fd in got:
             os.close(fd)
         if not buf and not got:
             raise NoRequest("no request")
         raise BadRequest("short request" if need is None or len(buf) < need else
                          f"request over {MAX_REQUEST_BYTES} bytes" if need > MAX_REQUEST_BYTES else
-                         f"{len(got)} descriptors, not {nfds}")
+                         f"{len(got)} descriptors, not {nfds if nfds is not None else '0 or 3'}")
     try:
         argv, env, umask = parse_request(bytes(buf[4:]))
     except BadRequest:
@@ -280,9 +290,11 @@ def _read_request(conn, nfds: int = 3, timeout_s: float = REQUEST_TIMEOUT_S
 
 BIND_REQUEST = "@bind"       # the SPANK plugin's request for a step's plan (see _bind_child)
 BIND_WAIT_S = 120.0          # from slurmstepd's init_post_opt to its user_init (the request's second part)
-# slurmstepd's own variables the plugin sends with @bind (agent_hello): its host root, state dir,
+# slurmstepd's own variables the plugin sends with @bind (daemon_hello): its host root, state dir,
 # the site config ($GSRUN_CONFIG or plugstack config=) and $SLURM_CONF (gsrun.toml beside it)
 STEPD_ENV = ("GSRUN_HOST_ROOT", "GSRUN_STATE_DIR", "GSRUN_CONFIG", "SLURM_CONF")
+BIND_CPU_S = 5               # CPU seconds a plan may use (RLIMIT_CPU; a plan takes ~10 ms)
+BIND_PLAN_S = 10             # wall seconds from the step's request to its answer (SIGALRM ends it)
 
 
 def _bind_child(conn, stepd_env: dict[str, str]) -> None:
@@ -294,10 +306,14 @@ def _bind_child(conn, stepd_env: dict[str, str]) -> None:
     job environment's), and answer the plan for every local rank
     (:func:`gsrun.spank_py.hooks.step_actions`, text of
     :func:`~gsrun.spank_py.hooks.format_actions`), or ``error WHY`` (the plugin
-    then plans in Python as before). ``stepd_env``: slurmstepd's own
-    :data:`STEPD_ENV`. Never returns."""
+    then runs the step unbound and says why). ``stepd_env``: slurmstepd's own
+    :data:`STEPD_ENV`. Bounded: :data:`BIND_CPU_S` of CPU and
+    :data:`BIND_PLAN_S` of wall time once the request came (the process is
+    killed past either), whatever the job's environment asks for. Never
+    returns."""
     try:
         _fresh_signals()
+        resource.setrlimit(resource.RLIMIT_CPU, (BIND_CPU_S, BIND_CPU_S))
         _close_from(3, keep=conn.fileno())
         os.chdir("/")
         os.environ.clear()
@@ -305,6 +321,7 @@ def _bind_child(conn, stepd_env: dict[str, str]) -> None:
         os.environ.update({k: v for k, v in stepd_env.items() if k in STEPD_ENV and k != "GSRUN_CONFIG"})
         try:
             argv, job_env, _um, _fds = _read_request(conn, nfds=0, timeout_s=BIND_WAIT_S)
+            signal.alarm(BIND_PLAN_S)       # SIG_DFL: the process ends
             if len(argv) != 4 or argv[0] != "@step" or not argv[3].isdigit():
                 raise BadRequest("not a step request")
             from gsrun.base.cpulist import parse_cpulist
@@ -315,18 +332,18 @@ def _bind_child(conn, stepd_env: dict[str, str]) -> None:
             actions, notes = step_actions(job_env, stepd_env.get("GSRUN_HOST_ROOT"), cpus, mems,
                                           stepd_env.get("GSRUN_CONFIG"), job_id=argv[3])
             text = format_actions(actions, notes)
-        except Exception as e:  # noqa: BLE001 - the plugin plans in Python then
+        except Exception as e:  # noqa: BLE001 - the plugin runs the step unbound and says why
             text = "error " + f"{type(e).__name__}: {e}".replace("\n", " ") + "\n"
         conn.settimeout(5.0)
         conn.sendall(text.encode("utf-8", "surrogateescape"))
-    except BaseException:   # noqa: BLE001 - never back into the agent's loop
+    except BaseException:   # noqa: BLE001 - never back into the daemon's loop
         pass
     finally:
         os._exit(0)
 
 
 def _fresh_signals(sigint=None) -> None:
-    """In a child forked from the agent: the signals the agent handles back at their defaults
+    """In a child forked from the daemon: the signals the daemon handles back at their defaults
     (SIGINT at ``sigint`` when given), no wakeup fd, nothing blocked."""
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD, signal.SIGALRM):
         signal.signal(sig, signal.SIG_DFL)
@@ -378,106 +395,19 @@ def _child(args: list[str], env: dict[str, str], umask: int, fds: list[int], con
 
         time.tzset()
         for note in notes:
-            os.write(2, f"gsrun: agent: {note}\n".encode())
-        if args[0] in ("prolog", "epilog-ctld") and "--dry-run" not in args:
-            prefork_warm()  # the sampler / the merge: a copy of this clean process, not a new interpreter
+            os.write(2, f"gsrun: daemon: {note}\n".encode())
         from gsrun.wrapper.node_entry import main
 
         main(args)      # ends the process itself (exit_now / sys.exit)
         rc = 0
     except SystemExit as e:
         rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    except BaseException as e:  # noqa: BLE001 - never back into the agent's loop
+    except BaseException as e:  # noqa: BLE001 - never back into the daemon's loop
         try:
-            os.write(2, f"gsrun: agent: hook failed in the agent's child: {e!r}\n".encode())
+            os.write(2, f"gsrun: daemon: hook failed in the daemon's child: {e!r}\n".encode())
         except OSError:
             pass
         rc = 0          # a bug of ours must not drain the node (as node_entry.main)
-    finally:
-        from gsrun.base.errors import exit_now
-
-        exit_now(rc)        # flush stdout/stderr, then _exit: never back into the caller
-
-
-# gsrun programs a hook's waiting copy may become (module -> entry function, called with the
-# argv after ``-m MODULE``; its process name): the job's sampler (prolog), the merge (EpilogSlurmctld)
-WARM_ENTRIES = {"gsrun.epilog.sampler": ("main", "gsrun-sampler"), "gsrun.epilog.ctld": ("_main", "gsrun-merge")}
-
-
-def prefork_warm() -> None:
-    """In the hook child, before the hook runs: fork the waiting copy
-    (:class:`gsrun.base.proc.WarmFork`) and hand it to
-    :func:`gsrun.base.proc.set_warm`. A failed fork only means the hook starts
-    its programs the usual way."""
-    try:
-        mine, its = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
-        pid = os.fork()
-    except OSError:
-        return
-    if pid == 0:
-        try:
-            mine.close()
-            _warm_wait(its)     # never returns
-        finally:
-            os._exit(70)        # whatever happens, never back into the hook's code
-    its.close()
-    set_warm(WarmFork(pid, mine, WARM_ENTRIES))
-
-
-def _warm_wait(sock) -> None:
-    """The waiting copy: one request, then become that program (never returns)."""
-    try:
-        import socket
-
-        msg, fds, _flags, _addr = socket.recv_fds(sock, 1 << 20, 1)
-        if not msg:
-            os._exit(0)     # the hook ended without needing it
-        import json
-
-        req = json.loads(msg)
-    except BaseException:   # noqa: BLE001 - never back into the hook
-        os._exit(1)
-    _become(req["module"], req["args"], req["env"], fds[0] if fds else None)
-
-
-def _become(module: str, args: list[str], env: dict[str, str], out_fd: int | None,
-            umask: int | None = None) -> None:
-    """Become the gsrun program ``module`` (:data:`WARM_ENTRIES`) as
-    :func:`gsrun.base.proc.spawn_detached` starts one: own session, stdin
-    ``/dev/null``, stdout/stderr ``out_fd`` (None: ``/dev/null``), no other
-    descriptor, ``/``, exactly ``env``; never returns."""
-    rc = 0
-    try:
-        entry, name = WARM_ENTRIES[module]
-        _fresh_signals()        # forked from the agent itself: not its handlers
-        os.setsid()
-        if umask is not None:
-            os.umask(umask)
-        null = os.open("/dev/null", os.O_RDWR)
-        out = out_fd if out_fd is not None else null
-        os.dup2(null, 0)
-        os.dup2(out, 1)
-        os.dup2(out, 2)
-        _close_from(3)
-        os.chdir("/")
-        os.environ.clear()
-        os.environ.update(env)
-        try:
-            with open("/proc/self/comm", "w") as f:
-                f.write(name)
-        except OSError:
-            pass
-        import importlib
-
-        sys.argv = [module, *args]
-        rc = getattr(importlib.import_module(module), entry)(list(args)) or 0
-    except SystemExit as e:
-        rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    except BaseException:   # noqa: BLE001 - never back into the hook
-        import traceback
-
-        traceback.print_exc()
-        rc = 1
     finally:
         from gsrun.base.errors import exit_now
 
@@ -496,13 +426,13 @@ def _merge_of(args: list[str], env: dict[str, str]) -> tuple[list[str], dict[str
     return merge_command(env, a["spool_dir"]) if a is not None else None
 
 
-class Agent:
-    """One node's agent: :meth:`serve` until SIGTERM/SIGINT (then the hooks it
+class NodeDaemon:
+    """One node's daemon: :meth:`serve` until SIGTERM/SIGINT (then the hooks it
     started are waited for); SIGHUP re-executes it (as a changed module does)."""
 
     def __init__(self, socket_path: str, log=None):
         self.socket_path = socket_path
-        self.log = log or (lambda msg: print(f"gsrun: agent: {msg}", file=sys.stderr, flush=True))
+        self.log = log or (lambda msg: print(f"gsrun: daemon: {msg}", file=sys.stderr, flush=True))
         self.python = sys.executable
 
         self.site_dir = os.path.realpath(os.path.dirname(os.path.dirname(os.path.abspath(gsrun.__file__))))
@@ -515,6 +445,7 @@ class Agent:
         self.reexec = False
         self.files: dict[str, tuple[int, int, int]] = {}
         self.served = 0
+        self.started = int(time.time())
 
     # -- setup -------------------------------------------------------------------
     def preload(self) -> list[str]:
@@ -550,22 +481,22 @@ class Agent:
         try:
             st = os.lstat(d)
         except OSError as e:
-            raise NodeError("agent", "socket directory", f"{d}: {e.strerror}",
+            raise NodeError("daemon", "socket directory", f"{d}: {e.strerror}",
                             hint="create the node's state directory first (the prolog does; or "
                                  "--socket in an existing root-owned directory)") from e
         if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
-            raise NodeError("agent", "socket directory", f"{d}: not a directory of uid {os.geteuid()} "
+            raise NodeError("daemon", "socket directory", f"{d}: not a directory of uid {os.geteuid()} "
                             "closed to others", hint="chown root and chmod go-w it, or choose another --socket")
         try:
             old = os.lstat(self.socket_path)
             if not stat.S_ISSOCK(old.st_mode):
-                raise NodeError("agent", "socket", f"{self.socket_path} exists and is not a socket",
+                raise NodeError("daemon", "socket", f"{self.socket_path} exists and is not a socket",
                                 hint="remove it or choose another --socket")
         except FileNotFoundError:
             pass
         else:
-            # a live agent there keeps it: renaming over its socket would leave it serving
-            # nobody, and the hooks cold once this one stops (a stale socket is replaced)
+            # a live daemon there keeps it: renaming over its socket would leave it serving
+            # nobody, and the hooks failing once this one stops (a stale socket is replaced)
             probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
             try:
                 probe.settimeout(1.0)
@@ -573,8 +504,8 @@ class Agent:
             except OSError:
                 pass
             else:
-                raise NodeError("agent", "socket", f"{self.socket_path}: another agent is serving it",
-                                hint="stop that one first (systemctl stop gsrun-agent), or choose another "
+                raise NodeError("daemon", "socket", f"{self.socket_path}: another daemon is serving it",
+                                hint="stop that one first (systemctl stop gsrun-daemon), or choose another "
                                      "--socket")
             finally:
                 probe.close()
@@ -640,13 +571,22 @@ class Agent:
         self.log(f"stopped ({self.served} hooks served)")
         return 0
 
+    def status(self, stale: str | None = None) -> dict:
+        """What ``@ping`` answers: ``{"pid", "version", "started", "served",
+        "running", "socket", "stale"}`` (``started``: Unix seconds; ``running``:
+        hooks and merges running now; ``stale``: a module changed since the
+        start, the daemon re-executes)."""
+        return {"pid": os.getpid(), "version": gsrun.__version__, "started": self.started,
+                "served": self.served, "running": len(self.running), "socket": self.socket_path,
+                "stale": stale}
+
     def _stop_listening(self) -> None:
         if getattr(self, "listener", None) is None:
             return
         self.stopping = True
         self.sel.unregister(self.listener)
         try:
-            # ours only: a newer agent may have renamed its socket over the path already
+            # ours only: a newer daemon may have renamed its socket over the path already
             st = os.lstat(self.socket_path)
             if (st.st_dev, st.st_ino) == self.socket_id:
                 os.unlink(self.socket_path)
@@ -667,14 +607,9 @@ class Agent:
             self._handle(conn)
         except NoRequest:
             conn.close()
-        except Exception as e:  # noqa: BLE001 - one bad client never stops the agent
+        except Exception as e:  # noqa: BLE001 - one bad client never stops the daemon
             self.log(f"request refused: {e}")
-            try:
-                conn.settimeout(0.5)
-                conn.sendall(FALLBACK)
-            except OSError:
-                pass
-            conn.close()
+            _refuse(conn, f"bad request: {e}")
 
     def _handle(self, conn) -> None:
         client_pid, uid = _peer(conn)
@@ -682,35 +617,44 @@ class Agent:
             self.log(f"refused a client of uid {uid}")
             conn.close()
             return
-        argv, env, umask, fds = _read_request(conn)
-        if argv == [BIND_REQUEST]:
+        argv, env, umask, fds = _read_request(conn, nfds=None)
+        if argv in ([BIND_REQUEST], [PING_REQUEST]):
             for fd in fds:
                 os.close(fd)
             stale = changed(self.files)
-            if stale or self.stopping:
-                if stale and not self.reexec:     # an upgrade: the plugin plans in Python until then
-                    self.log(f"{stale} changed since the agent started: re-executing")
-                    self.reexec = True
-                    self._stop_listening()
+            if stale and not self.reexec:
+                self.log(f"{stale} changed since the daemon started: re-executing")
+                self.reexec = True
+                self._stop_listening()
+            if argv == [PING_REQUEST]:
+                conn.settimeout(0.5)
+                conn.sendall((json.dumps(self.status(stale)) + "\n").encode())
                 conn.close()
-                return
-            self._start_bind(conn, env)
+            elif stale or self.stopping:
+                conn.close()        # the plugin says the daemon is re-executing; the step runs unbound
+            else:
+                self._start_bind(conn, env)
             return
         try:
+            if len(fds) != 3:
+                raise BadRequest(f"{len(fds)} descriptors, not 3")
             args = hook_args(argv, self.python, self.site_dir, self.gsrun_node)
-            stale = changed(self.files) if args is not None else None
-            if args is None or stale or self.stopping:
+            if args is None:
+                self.log(f"refused a command that is not a hook of this installation: {argv[:3]}")
+                _refuse(conn, "not a hook of this installation (" + " ".join(argv[:1] + argv[5:7])[:200] + ")")
+                return
+            stale = changed(self.files)
+            if stale or self.stopping:
                 if stale and not self.reexec:
-                    self.log(f"{stale} changed since the agent started: hooks run on their own "
-                             "until it re-executes")
+                    self.log(f"{stale} changed since the daemon started: re-executing")
                     self.reexec = True
                     self._stop_listening()
                 conn.settimeout(0.5)
-                conn.sendall(FALLBACK)
+                conn.sendall(AGAIN)
                 conn.close()
                 return
             # "ready": the client answers "go" within REQUEST_TIMEOUT_S, else it has given up
-            # waiting (and runs the hook itself): then nothing is started here
+            # waiting (and failed): then nothing is started here
             conn.sendall(READY)
             if conn.recv(1) != GO:
                 conn.close()
@@ -732,13 +676,13 @@ class Agent:
                 try:
                     _child(args, env, umask, fds, conn, client_pid)     # never returns
                 finally:
-                    os._exit(70)    # whatever happens, the child never runs the agent's loop
+                    os._exit(70)    # whatever happens, the child never runs the daemon's loop
         finally:
             for fd in fds:
                 os.close(fd)
         self.served += 1
-        # the hook runs from here: nothing below may answer "F" (_accept's answer to an
-        # exception), or the client, reading "F" before the child's "S", runs it a second time
+        # the hook runs from here: nothing below may answer (_accept's answer to an
+        # exception), or the client would read it before the child's "S"
         try:
             self._watch(conn, pid)
         except Exception as e:  # noqa: BLE001 - out of descriptors (EMFILE), epoll watches (ENOSPC)
@@ -776,7 +720,7 @@ class Agent:
             conn.close()        # the plugin plans in Python
             return
         if pid == 0:
-            # through a child that exits at once: the plan's process is init's, so the agent
+            # through a child that exits at once: the plan's process is init's, so the daemon
             # neither waits for it at a stop or re-exec nor leaves it a zombie of a new image
             try:
                 if os.fork() == 0:
@@ -791,22 +735,17 @@ class Agent:
             pass
 
     def _start_detached(self, argv: list[str], env: dict[str, str], umask: int) -> None:
-        """Fork ``argv`` (``root_python("-m", MODULE, ...)``, MODULE one of
-        :data:`WARM_ENTRIES`) as a copy of this process, through a child that
-        exits at once (the program is init's child, not the agent's: stopping or
-        re-executing the agent never waits for it)."""
-        module, args = argv[4], argv[5:]
+        """Start ``argv`` (the merge: ``root_python("-m", "gsrun.epilog.ctld", ...)``)
+        detached (:func:`gsrun.base.proc.spawn_detached`: own session, ``/``, no
+        descriptor but 0-2 on ``/dev/null``) with the hook's umask; reaped by the loop."""
+        old = os.umask(umask)
         try:
-            pid = os.fork()
+            pid = spawn_detached(argv, env)
         except OSError as e:
-            self.log(f"cannot start {module} {' '.join(args[:2])}: {e}")
+            self.log(f"cannot start {' '.join(argv[4:6])}: {e}")
             return
-        if pid == 0:
-            try:
-                if os.fork() == 0:
-                    _become(module, args, env, None, umask)   # never returns
-            finally:
-                os._exit(0)
+        finally:
+            os.umask(old)
         pidfd = os.pidfd_open(pid)
         self.running[pidfd] = (None, pid)
         self.sel.register(pidfd, 1, "child")
@@ -849,6 +788,17 @@ class Agent:
         _send_exit(conn, status)
 
 
+def _refuse(conn, why: str) -> None:
+    """Answer ``E`` and ``why`` (one line), then close ``conn``: the client prints
+    it and fails."""
+    try:
+        conn.settimeout(0.5)
+        conn.sendall(REFUSED + " ".join(why.split())[:400].encode("utf-8", "replace") + b"\n")
+    except OSError:
+        pass
+    conn.close()
+
+
 def _send_exit(conn, status: int) -> None:
     """Send the client ``X`` and the hook's wait status, then close ``conn``."""
     try:
@@ -861,27 +811,66 @@ def _send_exit(conn, status: int) -> None:
 
 
 def run(socket_path: str | None = None, state_dir: str | None = None) -> int:
-    """``gsrun-node agent run``: preload, listen, serve until SIGTERM. -> exit status.
+    """``gsrun-node daemon run``: preload, listen, serve until SIGTERM. -> exit status.
 
     Raises:
-        NodeError: the socket cannot be made (:meth:`Agent.bind`), or this kernel
-            has no ``pidfd_open`` (Linux < 5.3): the hooks then run on their own.
+        NodeError: the socket cannot be made (:meth:`NodeDaemon.bind`), or this
+            kernel has no ``pidfd_open`` (Linux < 5.3).
     """
     if not hasattr(os, "pidfd_open"):
-        raise NodeError("agent", "kernel", "os.pidfd_open is missing (Linux >= 5.3, Python >= 3.9)",
-                        hint="run without the agent: the hooks work the same, only slower")
+        raise NodeError("daemon", "kernel", "os.pidfd_open is missing (Linux >= 5.3, Python >= 3.9)",
+                        hint="gsrun's node side needs Linux 5.3 or later")
 
     # a reload (SIGHUP) that comes while the modules load, e.g. right after a re-exec, must not
-    # end the agent: ignored until serve() installs its handler
+    # end the daemon: ignored until serve() installs its handler
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     for fd in (0, 1, 2):    # started with one closed: a received descriptor must not take its number
         try:
             os.fstat(fd)
         except OSError:
             os.open("/dev/null", os.O_RDWR)
-    agent = Agent(socket_path or default_socket(state_dir))
-    bad = agent.preload()
+    daemon = NodeDaemon(socket_path or default_socket(state_dir))
+    bad = daemon.preload()
     if bad:
-        agent.log("not preloaded (children import them): " + ", ".join(bad))
-    agent.bind()
-    return agent.serve()
+        daemon.log("not preloaded (children import them): " + ", ".join(bad))
+    daemon.bind()
+    return daemon.serve()
+
+
+def ping(socket_path: str, timeout_s: float = 2.0) -> dict:
+    """Ask the daemon on ``socket_path`` for :meth:`NodeDaemon.status`.
+
+    Raises:
+        NodeError: nothing listens there, the listener is not of this user, or
+            it does not answer within ``timeout_s`` (why, with a hint).
+    """
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        s.settimeout(timeout_s)
+        try:
+            s.connect(socket_path)
+        except OSError as e:
+            raise NodeError("daemon", "not running", f"{socket_path}: {e.strerror or e}",
+                            hint="systemctl start gsrun-daemon (journalctl -u gsrun-daemon says why it stopped)") from e
+        if _peer(s)[1] != os.geteuid():
+            raise NodeError("daemon", "socket", f"{socket_path}: served by another user",
+                            hint="only root's daemon serves the hooks; remove the socket and restart gsrun-daemon")
+        s.sendall(encode_request([PING_REQUEST], {}, 0o022))
+        buf = b""
+        try:
+            while not buf.endswith(b"\n") and len(buf) < 65536:
+                chunk = s.recv(4096)
+                if not chunk:
+                    break
+                buf += chunk
+        except OSError as e:
+            raise NodeError("daemon", "no answer", f"{socket_path}: {e}",
+                            hint="the daemon is busy or wedged: journalctl -u gsrun-daemon; systemctl restart "
+                                 "gsrun-daemon") from e
+        try:
+            return json.loads(buf)
+        except ValueError as e:
+            raise NodeError("daemon", "no answer", f"{socket_path}: {buf[:80]!r}",
+                            hint="the daemon is re-executing after an upgrade: try again in a second") from e
+    finally:
+        s.close()

@@ -1,15 +1,15 @@
 /*
- * The client side of the node agent's protocol (wrapper/agent.py, "Protocol"),
- * shared by gsrun-hook (wrapper/hook_client.c) and the SPANK plugin
- * (spank_py/gsrun_spank.c): connect to an agent of our own user, build a
+ * The client side of the node daemon's protocol (daemon/server.py, "Protocol"),
+ * shared by gsrun-hook (daemon/client.c) and the SPANK plugin
+ * (spank_py/gsrun_spank.c): connect to a daemon of our own user, build a
  * request (u32 length, then NUL-terminated fields: "GSH1", umask in octal,
  * argc, the arguments, NAME=VALUE environment entries) and send it, with
  * descriptors 0-2 attached when asked.
  *
  * Only the standard C library; static functions, for one translation unit each.
  */
-#ifndef GSRUN_AGENT_CLIENT_H
-#define GSRUN_AGENT_CLIENT_H
+#ifndef GSRUN_DAEMON_CLIENT_H
+#define GSRUN_DAEMON_CLIENT_H
 
 #include <errno.h>
 #include <stdlib.h>
@@ -20,7 +20,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#define GS_AGENT_MAX_REQUEST (1u << 20) /* gsrun.wrapper.agent.MAX_REQUEST_BYTES */
+#define GS_DAEMON_MAX_REQUEST (1u << 20) /* gsrun.daemon.server.MAX_REQUEST_BYTES */
 
 struct gs_msg {
 	char *buf; /* 4 bytes of length, then the fields */
@@ -32,7 +32,7 @@ static int gs_msg_add(struct gs_msg *m, const char *s)
 {
 	size_t n = strlen(s) + 1;
 
-	if (m->len + n > GS_AGENT_MAX_REQUEST - 4)
+	if (m->len + n > GS_DAEMON_MAX_REQUEST - 4)
 		return -1;
 	memcpy(m->buf + 4 + m->len, s, n);
 	m->len += n;
@@ -45,7 +45,7 @@ static int gs_msg_begin(struct gs_msg *m, mode_t um, int argc)
 	char num[32];
 
 	m->len = 0;
-	m->buf = malloc(GS_AGENT_MAX_REQUEST);
+	m->buf = malloc(GS_DAEMON_MAX_REQUEST);
 	if (!m->buf)
 		return -1;
 	snprintf(num, sizeof(num), "%o", (unsigned)um);
@@ -61,11 +61,11 @@ static void gs_msg_free(struct gs_msg *m)
 	m->buf = NULL;
 }
 
-/* Connect to the agent on path with send/receive timeouts of timeout_s; only
- * an agent of our own user id (SO_PEERCRED) is talked to. A socket that took
+/* Connect to the daemon on path with send/receive timeouts of timeout_s; only
+ * a daemon of our own user id (SO_PEERCRED) is talked to. A socket that took
  * one of 0-2 (one was closed) is refused: it would reach the hook as its
  * stdin/stdout/stderr. Returns the descriptor or -1. */
-static int gs_agent_connect(const char *path, int timeout_s)
+static int gs_daemon_connect(const char *path, int timeout_s)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	struct timeval tv = { .tv_sec = timeout_s };
@@ -79,19 +79,27 @@ static int gs_agent_connect(const char *path, int timeout_s)
 	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (fd < 0)
 		return -1;
-	if (fd < 3)
+	if (fd < 3) {
+		errno = EBADF;      /* one of 0-2 closed */
 		goto bad;
+	}
 	setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
 	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
 	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
 		goto bad;
 	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &crl) < 0 || crl != sizeof(cr) ||
-	    cr.uid != geteuid())
+	    cr.uid != geteuid()) {
+		errno = EPERM;
 		goto bad;
+	}
 	return fd;
-bad:
+bad: {
+	int saved = errno;
+
 	close(fd);
+	errno = saved;
 	return -1;
+}
 }
 
 /* Send the request (its length filled in here), with descriptors 0, 1, 2

@@ -1,14 +1,14 @@
-"""Build ``gsrun-hook``, the node agent's C client (``hook_client.c``; the
-agent: :mod:`gsrun.wrapper.agent`), and write the hooks that use it.
+"""Build ``gsrun-hook``, the node daemon's C client (``client.c``; the
+daemon: :mod:`gsrun.daemon.server`).
 
-``gsrun-node agent build --out-dir DIR`` compiles it to ``DIR/gsrun-hook``
+``gsrun-node daemon build --out-dir DIR`` compiles it to ``DIR/gsrun-hook``
 (the standard C library only: any ``cc``; hardened like the SPANK plugin).
 A hook then runs::
 
-    exec DIR/gsrun-hook /run/gsrun/agent.sock <the hook's own command>
+    exec DIR/gsrun-hook /run/gsrun/daemon.sock <the hook's own command>
 
-and the client runs the hook's own command itself whenever the agent is not
-there, so the same hook works on nodes with and without the agent.
+and fails (``gsrun: prolog: node daemon not running: ...``) when no daemon
+serves the socket.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from gsrun.spank_py.build import LINK_HARDENING, _run
 
-C_SOURCE = Path(__file__).with_name("hook_client.c")
+C_SOURCE = Path(__file__).with_name("client.c")
 CLIENT_NAME = "gsrun-hook"
 CFLAGS = ["-O2", "-fstack-protector-strong", "-D_FORTIFY_SOURCE=2", "-fPIE", "-pie", "-Wall",
           "-Werror=implicit-function-declaration", "-Werror=format-security"]
@@ -42,7 +42,7 @@ def build(out_dir: str | os.PathLike, cc: str | None = None) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / f".{CLIENT_NAME}.build-{os.getpid()}"
     try:
-        _run(compile_command(tmp, cc or os.environ.get("CC") or "cc"), f"compile {CLIENT_NAME}", phase="agent build")
+        _run(compile_command(tmp, cc or os.environ.get("CC") or "cc"), f"compile {CLIENT_NAME}", phase="daemon build")
         os.chmod(tmp, 0o755)
         os.replace(tmp, out / CLIENT_NAME)
     finally:
@@ -52,6 +52,6 @@ def build(out_dir: str | os.PathLike, cc: str | None = None) -> Path:
 
 
 def client_command(client: str, socket_path: str, command: list[str]) -> str:
-    """The shell words of a hook that goes through the agent:
+    """The shell words of a hook that goes through the daemon:
     ``client socket_path command...``, quoted. Pure."""
     return shlex.join([client, socket_path, *command])

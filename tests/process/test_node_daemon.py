@@ -1,9 +1,8 @@
-"""The node agent (gsrun.wrapper.agent) and its C client gsrun-hook (issue 24:
-the hooks' interpreter start and imports off every job): a hook through the
-agent does what the same hook does on its own -- same exit status, same
-stderr, same files -- the job's sampler is the agent's warm copy, and every
-way the agent can be missing, refuse or die ends in the hook running itself
-exactly once."""
+"""The node daemon (gsrun.daemon.server) and its C client gsrun-hook: a hook
+through the daemon does what the hook's code does -- same exit status, same
+stderr, same files -- and every way the daemon can be missing, refuse or die
+ends in the hook running at most once, or the client failing with why and a
+hint (never running the hook itself)."""
 
 from __future__ import annotations
 
@@ -18,7 +17,7 @@ import time
 import pytest
 
 import gsrun
-from gsrun.wrapper import agent
+from gsrun.daemon import server
 from gsrun.wrapper.node_entry import HOOK_BOOTSTRAP
 from helpers.node_site import LAUNCH, make_site, samplers_of
 
@@ -35,7 +34,7 @@ def hook(phase: str) -> list[str]:
 def client(tmp_path_factory):
     if not shutil.which(os.environ.get("CC") or "cc"):
         pytest.skip("no C compiler (tests/cluster/up installs gcc)")
-    from gsrun.wrapper import hook_client
+    from gsrun.daemon import build as hook_client
 
     return str(hook_client.build(tmp_path_factory.mktemp("hookbin")))
 
@@ -44,10 +43,10 @@ class Running:
     def __init__(self, tmp_path):
         d = tmp_path / "run"
         d.mkdir(mode=0o700, exist_ok=True)
-        self.sock = str(d / "agent.sock")
-        self.log = tmp_path / "agent.log"
+        self.sock = str(d / "daemon.sock")
+        self.log = tmp_path / "server.log"
         with open(self.log, "w") as out:
-            self.proc = subprocess.Popen([sys.executable, "-P", "-c", LAUNCH, "agent", "run", "--socket", self.sock],
+            self.proc = subprocess.Popen([sys.executable, "-P", "-c", LAUNCH, "daemon", "run", "--socket", self.sock],
                                          stdout=out, stderr=subprocess.STDOUT, cwd="/")
         deadline = time.monotonic() + 30
         while not os.path.exists(self.sock) and time.monotonic() < deadline and self.proc.poll() is None:
@@ -89,9 +88,9 @@ def via(client, sock, argv, env, timeout_s=120) -> subprocess.CompletedProcess:
 # ------------------------------------------------------------------ protocol (pure)
 
 def test_a_request_round_trips_and_the_first_of_a_repeated_name_wins():
-    raw = agent.encode_request(["/p", "prolog"], {"A": "1", "B": "x=y", "E": ""}, 0o027)
+    raw = server.encode_request(["/p", "prolog"], {"A": "1", "B": "x=y", "E": ""}, 0o027)
     assert int.from_bytes(raw[:4], "big") == len(raw) - 4
-    argv, env, um = agent.parse_request(raw[4:] + b"A=2\0")
+    argv, env, um = server.parse_request(raw[4:] + b"A=2\0")
     assert argv == ["/p", "prolog"] and env == {"A": "1", "B": "x=y", "E": ""} and um == 0o027
 
 
@@ -104,22 +103,22 @@ def test_a_request_round_trips_and_the_first_of_a_repeated_name_wins():
     b"GSH1\x00022\x001\x00/p",                # unterminated
 ])
 def test_a_malformed_request_is_refused(body):
-    with pytest.raises(agent.BadRequest):
-        agent.parse_request(body)
+    with pytest.raises(server.BadRequest):
+        server.parse_request(body)
 
 
 def test_only_the_hook_command_of_this_installation_is_served(tmp_path):
     py = sys.executable
-    assert agent.hook_args(hook("prolog"), py, SITE_DIR) == ["prolog"]
-    assert agent.hook_args(hook("epilog") + ["--state-dir", "/x"], py, SITE_DIR) == ["epilog", "--state-dir", "/x"]
+    assert server.hook_args(hook("prolog"), py, SITE_DIR) == ["prolog"]
+    assert server.hook_args(hook("epilog") + ["--state-dir", "/x"], py, SITE_DIR) == ["epilog", "--state-dir", "/x"]
     link = tmp_path / "python-link"
     link.symlink_to(os.path.realpath(py))
-    assert agent.hook_args([str(link), *hook("prolog")[1:]], py, SITE_DIR) == ["prolog"]   # same interpreter
+    assert server.hook_args([str(link), *hook("prolog")[1:]], py, SITE_DIR) == ["prolog"]   # same interpreter
     node = tmp_path / "gsrun-node"      # this installation's console script (a regular or editable install)
     node.write_text("#!/bin/sh\n")
-    assert agent.hook_args([str(node), "epilog"], py, SITE_DIR, str(node)) == ["epilog"]
-    assert agent.hook_args([str(node), "status"], py, SITE_DIR, str(node)) is None
-    assert agent.hook_args([str(node), "epilog"], py, SITE_DIR, None) is None
+    assert server.hook_args([str(node), "epilog"], py, SITE_DIR, str(node)) == ["epilog"]
+    assert server.hook_args([str(node), "status"], py, SITE_DIR, str(node)) is None
+    assert server.hook_args([str(node), "epilog"], py, SITE_DIR, None) is None
     other = tmp_path / "site-packages"
     other.mkdir()
     for argv in (hook("sampler"),                                   # not a hook
@@ -128,7 +127,7 @@ def test_only_the_hook_command_of_this_installation_is_served(tmp_path):
                  ["/bin/sh", *hook("prolog")[1:]],                  # another program
                  [py, "-I", "-c", HOOK_BOOTSTRAP, SITE_DIR, "prolog"],
                  [py, "-I", "-S", "-c", "import os; os.system('id')", SITE_DIR, "prolog"]):
-        assert agent.hook_args(argv, py, SITE_DIR) is None, argv
+        assert server.hook_args(argv, py, SITE_DIR) is None, argv
 
 
 def test_a_changed_module_is_seen(tmp_path):
@@ -136,16 +135,16 @@ def test_a_changed_module_is_seen(tmp_path):
     f.write_text("x = 1\n")
     st = os.stat(f)
     files = {str(f): (st.st_ino, st.st_mtime_ns, st.st_size)}
-    assert agent.changed(files) is None
+    assert server.changed(files) is None
     f.write_text("x = 22\n")
-    assert agent.changed(files) == str(f)
+    assert server.changed(files) == str(f)
     f.unlink()
-    assert agent.changed(files) == str(f)
+    assert server.changed(files) == str(f)
 
 
-# ------------------------------------------------------------------ through the agent
+# ------------------------------------------------------------------ through the daemon
 
-def test_a_job_through_the_agent_prolog_warm_sampler_handed_over_epilog(client, running):
+def test_a_job_through_the_daemon_prolog_sampler_handed_over_epilog(client, running):
     site = make_site()
     rec = None
     try:
@@ -154,16 +153,9 @@ def test_a_job_through_the_agent_prolog_warm_sampler_handed_over_epilog(client, 
         assert cp.returncode == 0, cp.stderr
         sdir = site.state / "jobs" / "5101"
         rec = json.loads((sdir / "sampler.pid.json").read_text())
-        # the sampler is the agent's warm copy (named so only by that path) and the prolog's own
-        # record names it: the epilog needs no /proc scan
-        def comm() -> str:
-            with open(f"/proc/{rec['pid']}/comm") as f:
-                return f.read().strip()
-
-        deadline = time.monotonic() + 10     # the copy names itself when it takes the request
-        while comm() != "gsrun-sampler" and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert comm() == "gsrun-sampler"
+        # the prolog's own record names the sampler: the epilog needs no /proc scan
+        with open(f"/proc/{rec['pid']}/cmdline", "rb") as f:
+            assert b"gsrun.epilog.sampler" in f.read()
         prolog = json.loads((site.spool / "jobs" / "5101" / "prolog-gpu-node01.json").read_text())
         assert prolog["steps"]["sampler"]["pid"] == rec["pid"]
         deadline = time.monotonic() + 20
@@ -180,8 +172,8 @@ def test_a_job_through_the_agent_prolog_warm_sampler_handed_over_epilog(client, 
             assert f.read().split(") ")[-1][:1] in ("", "Z")     # gone (or a zombie of init)
         assert "5101" not in " ".join(map(str, samplers_of("5101", site.state)))
         assert running.children() == []
-        # EpilogSlurmctld: answered by the agent itself (no hook process on slurmctld's path), the
-        # merge a copy of the agent that writes the job summary
+        # EpilogSlurmctld: answered by the daemon itself (no hook process on slurmctld's path),
+        # the merge started detached writes the job summary
         record = ("JobId=5101 JobName=t UserId=nobody(65534) GroupId=nogroup(65534) JobState=COMPLETED "
                   "ExitCode=0:0 RunTime=00:01:00 NodeList=gpu-node01 NumNodes=1 Partition=gpu "
                   "OverSubscribe=NO Comment=(null)")
@@ -194,9 +186,13 @@ def test_a_job_through_the_agent_prolog_warm_sampler_handed_over_epilog(client, 
             time.sleep(0.05)
         got = json.loads(summary.read_text())
         assert (got["kind"], got["job"]["id"], got["nodes_missing"]) == ("job", "5101", [])
-        # a bad job id goes to a hook process, which says why (in the log), as on its own
+        # a bad job id goes to a hook process, which says why (in the log)
         cp = via(client, running.sock, hook("epilog-ctld"), dict(cenv, SLURM_JOB_ID="5101x"))
         assert cp.returncode == 0, cp.stderr
+        st = json.loads(subprocess.run([sys.executable, "-P", "-c", LAUNCH, "daemon", "status", "--json",
+                                        "--socket", running.sock], capture_output=True, text=True, check=True,
+                                       timeout=30, cwd="/").stdout)
+        assert (st["pid"], st["served"], st["version"]) == (running.proc.pid, 4, gsrun.__version__)
         log = running.stop()
         assert "stopped (4 hooks served)" in log, log
     finally:
@@ -209,7 +205,7 @@ def test_a_job_through_the_agent_prolog_warm_sampler_handed_over_epilog(client, 
 
 def test_the_exit_status_and_stderr_are_the_hooks_own(client, running):
     """NVML/driver mismatch: the prolog exits 1 (slurmd drains the node) with its
-    reason, through the agent as on its own."""
+    reason, through the daemon."""
     site = make_site(nvml=MISMATCH)
     try:
         env = site.env(job_id="5102", FAKE_NVSMI="mismatch")
@@ -221,26 +217,43 @@ def test_the_exit_status_and_stderr_are_the_hooks_own(client, running):
         shutil.rmtree(site.base, ignore_errors=True)
 
 
-def test_without_an_agent_the_hook_runs_itself(client, tmp_path):
-    cp = via(client, str(tmp_path / "none.sock"), ["/bin/sh", "-c", 'echo "ran $X"; exit 7'], {"X": "1"})
-    assert (cp.returncode, cp.stdout) == (7, "ran 1\n")
+def test_without_a_daemon_the_hook_fails_with_why_and_never_runs_itself(client, tmp_path):
+    marker = tmp_path / "ran"
+    t0 = time.monotonic()
+    cp = via(client, str(tmp_path / "none.sock"), [*hook("prolog")], {"X": "1"})
+    waited_s = time.monotonic() - t0
+    assert cp.returncode == 1 and cp.stdout == ""
+    assert cp.stderr.splitlines() == [
+        f"gsrun: prolog: node daemon not running: {tmp_path}/none.sock: No such file or directory",
+        "hint: start it: systemctl start gsrun-daemon (journalctl -u gsrun-daemon says why it stopped); "
+        "the node stays drained until it runs"]
+    assert 4.5 < waited_s < 15          # it waited for a daemon that is (re)starting, boundedly
+    cp = via(client, str(tmp_path / "none.sock"), ["/bin/sh", "-c", f"echo self > {marker}"], {})
+    assert cp.returncode == 1 and "gsrun: hook: node daemon not running" in cp.stderr
+    assert not marker.exists()
 
 
-def test_a_command_the_agent_does_not_serve_runs_itself_and_the_agent_goes_on(client, running):
-    cp = via(client, running.sock, ["/bin/sh", "-c", 'echo "ran $X"; exit 7'], {"X": "2"})
-    assert (cp.returncode, cp.stdout) == (7, "ran 2\n")
+def test_a_command_the_daemon_does_not_serve_is_refused_and_the_daemon_goes_on(client, running, tmp_path):
+    marker = tmp_path / "ran"
+    cp = via(client, running.sock, ["/bin/sh", "-c", f"echo self > {marker}", "prolog"], {"X": "2"})
+    assert cp.returncode == 1 and not marker.exists()
+    assert cp.stderr.startswith("gsrun: prolog: node daemon refused the hook: not a hook of this installation"), \
+        cp.stderr
+    assert "hint: point slurm.conf's Prolog/Epilog at the lines `gsrun-node install` prints" in cp.stderr
     assert running.proc.poll() is None
-    # a client of another user cannot even connect (socket 0600): it runs the hook itself
+    # a client of another user cannot even connect (socket 0600): it fails, it runs nothing
     if os.geteuid() == 0:
         cp = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", client,
-                             running.sock, "/bin/sh", "-c", "id -u"], capture_output=True, text=True, timeout=30)
-        assert (cp.returncode, cp.stdout) == (0, "65534\n"), cp.stderr
+                             running.sock, "/bin/sh", "-c", "id -u", "epilog"], capture_output=True, text=True,
+                            timeout=30)
+        assert (cp.returncode, cp.stdout) == (1, ""), cp.stderr
+        assert f"gsrun: epilog: node daemon not running: {running.sock}: Permission denied" in cp.stderr
     assert "stopped (0 hooks served)" in running.stop()
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the tuned prolog reads the job record as root does")
 def test_a_client_killed_takes_its_hook_with_it_and_a_killed_hook_kills_its_client(client, running):
-    """slurmd kills a hook past PrologEpilogTimeout: the agent's child goes too. A
+    """slurmd kills a hook past PrologEpilogTimeout: the daemon's child goes too. A
     hook that dies of a signal makes its client die of the same one (slurmd sees
     what it would have seen)."""
     site = make_site(command_s=20.0)
@@ -275,18 +288,17 @@ def test_a_client_killed_takes_its_hook_with_it_and_a_killed_hook_kills_its_clie
         shutil.rmtree(site.base, ignore_errors=True)
 
 
-def test_an_upgraded_module_makes_the_agent_step_aside_and_come_back(client, tmp_path):
-    """A gsrun module changed under a running agent (an upgrade): the next hook runs on
-    its own (never old code against a new layout) and the agent re-executes itself."""
+def test_an_upgraded_module_makes_the_daemon_re_execute_and_the_hook_waits_for_it(client, tmp_path):
+    """A gsrun module changed under a running daemon (an upgrade): the next hook is
+    answered "try again" (never old code against a new layout), the daemon
+    re-executes itself, and the client's retry runs the hook in the new image, once."""
     a = Running(tmp_path)
     try:
-        import gsrun.wrapper.agent as mod
+        import gsrun.daemon.server as mod
 
         st = os.stat(mod.__file__)
         os.utime(mod.__file__, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
         try:
-            cp = via(client, a.sock, ["/bin/sh", "-c", "exit 3"], {})     # refused either way
-            assert cp.returncode == 3
             site = make_site()
             try:
                 cp = via(client, a.sock, hook("prolog"), site.env(job_id="5105", FAKE_SLURM="record"))
@@ -294,11 +306,9 @@ def test_an_upgraded_module_makes_the_agent_step_aside_and_come_back(client, tmp
 
                 if hook_argv("prolog"):     # a regular install (an editable one cannot run the bootstrap)
                     assert cp.returncode == 0, cp.stderr
-                deadline = time.monotonic() + 30
-                while "serving" not in a.log.read_text().split("re-executing")[-1] and time.monotonic() < deadline:
-                    time.sleep(0.1)
                 text = a.log.read_text()
-                assert "changed since the agent started" in text and "re-executing" in text, text
+                assert "changed since the daemon started" in text and "re-executing" in text, text
+                assert text.count("serving ") == 2, text        # the first image, then the new one
                 assert a.proc.poll() is None        # same PID, new image
             finally:
                 from gsrun.base import pids
@@ -315,20 +325,20 @@ def test_an_upgraded_module_makes_the_agent_step_aside_and_come_back(client, tmp
         a.proc.wait()
 
 
-def test_a_second_agent_leaves_a_serving_ones_socket_alone_and_a_stopped_one_removes_its_own(running):
-    """An admin trying `gsrun-node agent run` while the unit's agent serves: the second
+def test_a_second_daemon_leaves_a_serving_ones_socket_alone_and_a_stopped_one_removes_its_own(running):
+    """An admin trying `gsrun-node daemon run` while the unit's daemon serves: the second
     one refuses (renaming its socket over the path would leave the first serving nobody
-    and the hooks cold once the second stops); the first goes on serving, and removes
-    its socket when it stops (a stale one is replaced by the next agent)."""
+    and the hooks failing once the second stops); the first goes on serving, and removes
+    its socket when it stops (a stale one is replaced by the next daemon)."""
     import socket
 
-    cp = subprocess.run([sys.executable, "-P", "-c", LAUNCH, "agent", "run", "--socket", running.sock],
+    cp = subprocess.run([sys.executable, "-P", "-c", LAUNCH, "daemon", "run", "--socket", running.sock],
                         capture_output=True, text=True, timeout=30, cwd="/")
     assert cp.returncode == 2, cp.stderr
-    assert f"gsrun: agent: socket: {running.sock}: another agent is serving it" in cp.stderr
+    assert f"gsrun: daemon: socket: {running.sock}: another daemon is serving it" in cp.stderr
     assert "hint: stop that one first" in cp.stderr
     with socket.socket(socket.AF_UNIX) as s:
-        s.connect(running.sock)             # still the first agent's
+        s.connect(running.sock)             # still the first daemon's
     assert running.proc.poll() is None
     log = running.stop()
     assert "stopped" in log and "refused" not in log, log     # the second one's look is not a bad request
@@ -343,25 +353,25 @@ def test_a_second_agent_leaves_a_serving_ones_socket_alone_and_a_stopped_one_rem
 
 
 def test_nothing_starts_without_the_clients_go(running, tmp_path):
-    """The client gives up waiting for "ready" (and runs the hook itself) -> the agent,
-    which then gets no "go", starts nothing: a hook never runs twice."""
+    """The client gives up waiting for "ready" (and fails) -> the daemon, which then
+    gets no "go", starts nothing: a hook never runs twice."""
     import socket
 
     site = make_site()
     try:
-        req = agent.encode_request(hook("prolog"), site.env(job_id="5106"), 0o022)
+        req = server.encode_request(hook("prolog"), site.env(job_id="5106"), 0o022)
         for how in ("close", "late"):
             s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             s.connect(running.sock)
             socket.send_fds(s, [req], [0, 1, 2])
-            assert s.recv(1) == agent.READY
+            assert s.recv(1) == server.READY
             if how == "late":
-                time.sleep(agent.REQUEST_TIMEOUT_S + 0.5)
+                time.sleep(server.REQUEST_TIMEOUT_S + 0.5)
                 try:
-                    s.sendall(agent.GO)
+                    s.sendall(server.GO)
                 except OSError:
                     pass
-                assert s.recv(1) in (b"", agent.FALLBACK)     # not "S": nothing started
+                assert s.recv(1) in (b"", server.REFUSED)     # not "S": nothing started
             s.close()
         time.sleep(0.3)
         assert running.children() == []
@@ -371,23 +381,23 @@ def test_nothing_starts_without_the_clients_go(running, tmp_path):
         shutil.rmtree(site.base, ignore_errors=True)
 
 
-# ------------------------------------------------------------------ failures inside the agent
-# An agent whose hook child is replaced (``agent._child``: "S", then a line in a file, as a
-# hook's one visible effect) and whose every command is served as a hook: what the agent
+# ------------------------------------------------------------------ failures inside the daemon
+# A daemon whose hook child is replaced (``server._child``: "S", then a line in a file, as a
+# hook's one visible effect) and whose every command is served as a hook: what the daemon
 # does around the fork, without a prolog's cost.
 PATCHED = """
 import os, sys, time
-from gsrun.wrapper import agent
+from gsrun.daemon import server
 sock, marker, mode = sys.argv[1:4]
 def child(args, env, umask, fds, conn, client_pid=None):
     time.sleep(0.3)                 # the parent's answer, if any, reaches the client first
-    conn.sendall(agent.STARTED)
+    conn.sendall(server.STARTED)
     if mode == "no-setsid":         # a client that leaves before the child is its own group
         time.sleep(1.5)
     with open(marker, "a") as f:
-        f.write("agent\\n")
+        f.write("daemon\\n")
     os._exit(0)
-def probe(args):                    # the hook itself, in the agent's real hook child
+def probe(args):                    # the hook itself, in the daemon's real hook child
     with open("/proc/self/status") as f, open(marker, "w") as out:
         out.write("".join(l for l in f if l.startswith(("SigBlk", "SigIgn", "SigCgt"))))
     os._exit(0)
@@ -397,22 +407,22 @@ if mode == "probe":
     import gsrun.wrapper.node_entry
     gsrun.wrapper.node_entry.main = probe
 elif mode == "broken":
-    agent._child = broken
+    server._child = broken
 else:
-    agent._child = child
-agent.hook_args = lambda argv, *a: ["epilog"]
+    server._child = child
+server.hook_args = lambda argv, *a: ["epilog"]
 if mode == "no-pidfd":
     def no_pidfd(pid, flags=0):
         raise OSError(24, "Too many open files")
     os.pidfd_open = no_pidfd
-sys.exit(agent.run(sock))
+sys.exit(server.run(sock))
 """
 
 
-def patched_agent(tmp_path, mode: str):
+def patched_daemon(tmp_path, mode: str):
     d = tmp_path / "run"
     d.mkdir(mode=0o700)
-    sock, marker, log = str(d / "agent.sock"), tmp_path / "ran", tmp_path / "agent.log"
+    sock, marker, log = str(d / "server.sock"), tmp_path / "ran", tmp_path / "server.log"
     with open(log, "w") as out:
         p = subprocess.Popen([sys.executable, "-P", "-c", PATCHED, sock, str(marker), mode], stdout=out,
                              stderr=subprocess.STDOUT, cwd="/")
@@ -423,15 +433,14 @@ def patched_agent(tmp_path, mode: str):
     return p, sock, marker, log
 
 
-def test_a_hook_the_agent_cannot_watch_still_runs_once_and_its_status_comes_back(client, tmp_path):
+def test_a_hook_the_daemon_cannot_watch_still_runs_once_and_its_status_comes_back(client, tmp_path):
     """Out of descriptors after the fork (pidfd_open fails): the child runs the hook
-    already, so the agent must not answer "run it yourself" (it did: the client ran
-    the hook itself, and a child whose "S" got out before the client closed ran it
-    a second time); it waits for the hook and sends its status."""
-    p, sock, marker, log = patched_agent(tmp_path, "no-pidfd")
+    already, so the daemon must not answer anything before the child's "S"; it
+    waits for the hook and sends its status."""
+    p, sock, marker, log = patched_daemon(tmp_path, "no-pidfd")
     try:
         cp = via(client, sock, ["/bin/sh", "-c", f"echo self >> {marker}; exit 4"], {}, timeout_s=30)
-        assert marker.read_text() == "agent\n", (cp, log.read_text())
+        assert marker.read_text() == "daemon\n", (cp, log.read_text())
         assert cp.returncode == 0, cp.stderr
         assert "cannot be watched" in log.read_text()
     finally:
@@ -444,14 +453,14 @@ def test_a_client_gone_before_its_hook_has_its_own_group_takes_the_hook_with_it(
     child's PID yet, so the child itself is killed."""
     import socket
 
-    p, sock, marker, log = patched_agent(tmp_path, "no-setsid")
+    p, sock, marker, log = patched_daemon(tmp_path, "no-setsid")
     try:
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.connect(sock)
-        socket.send_fds(s, [agent.encode_request(["/bin/true"], {}, 0o022)], [0, 1, 2])
-        assert s.recv(1) == agent.READY
-        s.sendall(agent.GO)
-        assert s.recv(1) == agent.STARTED
+        socket.send_fds(s, [server.encode_request(["/bin/true"], {}, 0o022)], [0, 1, 2])
+        assert s.recv(1) == server.READY
+        s.sendall(server.GO)
+        assert s.recv(1) == server.STARTED
         s.close()
         time.sleep(2.5)
         assert not marker.exists(), log.read_text()
@@ -460,8 +469,8 @@ def test_a_client_gone_before_its_hook_has_its_own_group_takes_the_hook_with_it(
         p.wait()
 
 
-# ------------------------------------------------------------------ the client against a stand-in agent
-# A one-connection agent stand-in (run as ``user``): records the descriptors it was handed
+# ------------------------------------------------------------------ the client against a stand-in daemon
+# A one-connection daemon stand-in (run as ``user``): records the descriptors it was handed
 # (whether each is a socket) and answers that the hook ran and exited 0.
 STANDIN = """
 import os, socket, stat, sys
@@ -493,31 +502,31 @@ def standin(tmp_path, uid: int | None = None):
     (tmp_path / "standin").symlink_to(d)                            # removed with it below
     os.chmod(d, 0o755)
     report = d / "fds"
-    argv = [sys.executable, "-I", "-c", STANDIN, str(d / "agent.sock"), str(report)]
+    argv = [sys.executable, "-I", "-c", STANDIN, str(d / "server.sock"), str(report)]
     if uid is not None:
         os.chown(d, uid, uid)
         argv = ["setpriv", "--reuid", str(uid), "--regid", str(uid), "--clear-groups", *argv]
     p = subprocess.Popen(argv, cwd="/")
     deadline = time.monotonic() + 10
-    while not (d / "agent.sock").exists() and time.monotonic() < deadline:
+    while not (d / "server.sock").exists() and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert (d / "agent.sock").exists()
-    return p, str(d / "agent.sock"), report
+    assert (d / "server.sock").exists()
+    return p, str(d / "server.sock"), report
 
 
 @pytest.mark.parametrize("closed", [0, 1, 2])
-def test_a_closed_standard_descriptor_never_hands_the_clients_own_socket_to_the_hook(client, tmp_path, closed):
+def test_a_closed_standard_descriptor_reaches_the_hook_as_dev_null_never_as_the_clients_socket(
+        client, tmp_path, closed):
     """slurmd/slurmctld may start a hook with one of 0-2 closed: the client's socket
-    took that number and went to the hook as its stdin/stdout/stderr (the hook's
-    output into the protocol, the client's end held open by the hook). Now the hook
-    runs itself, with that descriptor closed as it was."""
+    would take that number and go to the hook as its stdin/stdout/stderr (the hook's
+    output into the protocol). The client opens /dev/null there first: the daemon
+    is handed three descriptors, none of them a socket."""
     p, sock, report = standin(tmp_path)
     try:
-        out = tmp_path / "out"
-        cp = subprocess.run(["/bin/sh", "-c", f'exec {closed}>&-; exec "$@"', "sh", client, sock, "/bin/sh", "-c",
-                             f"echo self > {out}; exit 5"], capture_output=True, text=True, timeout=30, cwd="/")
-        assert (cp.returncode, out.read_text()) == (5, "self\n"), cp.stderr
-        assert not report.exists() or "sock" not in report.read_text()
+        cp = subprocess.run(["/bin/sh", "-c", f'exec {closed}>&-; exec "$@"', "sh", client, sock, "/bin/true"],
+                            capture_output=True, text=True, timeout=30, cwd="/")
+        assert cp.returncode == 0, cp.stderr
+        assert report.read_text() == "other other other"
     finally:
         p.kill()
         p.wait()
@@ -525,14 +534,15 @@ def test_a_closed_standard_descriptor_never_hands_the_clients_own_socket_to_the_
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="a listener of another user")
-def test_the_client_talks_only_to_an_agent_of_its_own_user(client, tmp_path):
-    """A socket at the agent's path held by another user (a state directory open to
+def test_the_client_talks_only_to_a_daemon_of_its_own_user(client, tmp_path):
+    """A socket at the daemon's path held by another user (a state directory open to
     it): the client neither hands it its environment and descriptors nor believes
-    its "the hook exited 0"; the hook runs itself."""
+    its "the hook exited 0"; it fails and says so."""
     p, sock, report = standin(tmp_path, uid=65534)
     try:
-        cp = via(client, sock, ["/bin/sh", "-c", "echo self; exit 5"], {}, timeout_s=30)
-        assert (cp.returncode, cp.stdout) == (5, "self\n"), cp.stderr
+        cp = via(client, sock, ["/bin/sh", "-c", "echo self; exit 5", "epilog"], {}, timeout_s=30)
+        assert (cp.returncode, cp.stdout) == (1, ""), cp.stderr
+        assert f"gsrun: epilog: node daemon not running: {sock}: served by another user" in cp.stderr
         assert not report.exists() or report.read_text() == ""     # no descriptor handed over
     finally:
         p.kill()
@@ -541,10 +551,10 @@ def test_the_client_talks_only_to_an_agent_of_its_own_user(client, tmp_path):
 
 
 def test_the_hook_child_handles_signals_as_a_fresh_interpreter_does(client, tmp_path):
-    """Blocked, ignored and caught signals of the hook in the agent's child are those of
+    """Blocked, ignored and caught signals of the hook in the daemon's child are those of
     the hook started on its own (python -I -S): SIGINT raises KeyboardInterrupt there
     (the hook's finally blocks run), it does not kill the process outright."""
-    p, sock, marker, log = patched_agent(tmp_path, "probe")
+    p, sock, marker, log = patched_daemon(tmp_path, "probe")
     try:
         cp = via(client, sock, ["/bin/true"], {}, timeout_s=30)
         assert cp.returncode == 0, (cp.stderr, log.read_text())
@@ -565,35 +575,36 @@ def test_the_hook_child_joins_its_clients_cgroup_and_affinity(tmp_path):
     (proc / str(me)).mkdir(parents=True)
     (proc / "self").mkdir()
     (proc / str(me) / "cgroup").write_text("0::/system.slice/slurmd.service\n")
-    (proc / "self" / "cgroup").write_text("0::/system.slice/gsrun-agent.service\n")
+    (proc / "self" / "cgroup").write_text("0::/system.slice/gsrun-server.service\n")
     (cg / "system.slice" / "slurmd.service").mkdir(parents=True)
     procs = cg / "system.slice" / "slurmd.service" / "cgroup.procs"
     procs.write_text("")
     # not a cgroup v2 hierarchy (v1 or hybrid): left alone
-    assert agent.join_client(me, str(proc), str(cg)) == [] and procs.read_text() == ""
+    assert server.join_client(me, str(proc), str(cg)) == [] and procs.read_text() == ""
     (cg / "cgroup.controllers").write_text("cpuset cpu memory pids\n")
-    assert agent.join_client(me, str(proc), str(cg)) == []
+    assert server.join_client(me, str(proc), str(cg)) == []
     assert procs.read_text() == "0"         # "0": the writing process, into slurmd's cgroup
     procs.write_text("")
     (proc / "self" / "cgroup").write_text("0::/system.slice/slurmd.service\n")     # there already
-    assert agent.join_client(me, str(proc), str(cg)) == [] and procs.read_text() == ""
+    assert server.join_client(me, str(proc), str(cg)) == [] and procs.read_text() == ""
     shutil.rmtree(procs.parent)            # gone (the slurmd restarted meanwhile)
     (proc / "self" / "cgroup").write_text("0::/\n")
-    notes = agent.join_client(me, str(proc), str(cg))       # cannot: said, not fatal
+    notes = server.join_client(me, str(proc), str(cg))       # cannot: said, not fatal
     assert len(notes) == 1 and notes[0].startswith(f"cgroup of the hook's client {me}:")
-    assert agent.join_client(2 ** 22 + 7, str(proc), str(cg))[-1].startswith("CPU affinity")
+    assert server.join_client(2 ** 22 + 7, str(proc), str(cg))[-1].startswith("CPU affinity")
 
 
-def test_a_child_whose_code_fails_never_runs_the_agents_loop(client, tmp_path):
+def test_a_child_whose_code_fails_never_runs_the_daemons_loop(client, tmp_path):
     """An exception in the forked child before the hook (a bug of ours) ends the child: it
-    never returns into the agent's loop (a second agent, forever, on a copy of the
-    listening socket). The client, which got no "S", runs the hook itself, once."""
+    never returns into the daemon's loop (a second daemon, forever, on a copy of the
+    listening socket). The client, which got no "S", fails and says so; nothing ran."""
     import psutil
 
-    p, sock, marker, log = patched_agent(tmp_path, "broken")
+    p, sock, marker, log = patched_daemon(tmp_path, "broken")
     try:
         cp = via(client, sock, ["/bin/sh", "-c", f"echo self >> {marker}"], {}, timeout_s=30)
-        assert cp.returncode == 0 and marker.read_text() == "self\n", (cp, log.read_text())
+        assert cp.returncode == 1 and not marker.exists(), (cp, log.read_text())
+        assert "node daemon not running: it went away before the hook started" in cp.stderr
         deadline = time.monotonic() + 5
         while psutil.Process(p.pid).children() and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -608,16 +619,16 @@ def test_a_child_whose_code_fails_never_runs_the_agents_loop(client, tmp_path):
 
 def ask_plan(sock: str, stepd_env: dict[str, str], job_env: dict[str, str], cpus: str = "", mems: str = "",
              job_id: str = "4242") -> str:
-    """What the plugin does (spank_py/gsrun_spank.c, agent_hello/agent_plan): ``@bind`` with
+    """What the plugin does (spank_py/gsrun_spank.c, daemon_hello/daemon_plan): ``@bind`` with
     slurmstepd's own variables and fds 0-2, then ``@step`` with the job's environment -> the answer."""
     import socket
 
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(30)
         s.connect(sock)
-        s.sendmsg([agent.encode_request([agent.BIND_REQUEST], stepd_env, 0o022)],
+        s.sendmsg([server.encode_request([server.BIND_REQUEST], stepd_env, 0o022)],
                   [(socket.SOL_SOCKET, socket.SCM_RIGHTS, bytes(memoryview(__import__("array").array("i", [0, 1, 2]))))])
-        s.sendall(agent.encode_request(["@step", cpus, mems, job_id], job_env, 0o022))
+        s.sendall(server.encode_request(["@step", cpus, mems, job_id], job_env, 0o022))
         out = b""
         while chunk := s.recv(65536):
             out += chunk
@@ -626,7 +637,7 @@ def ask_plan(sock: str, stepd_env: dict[str, str], job_env: dict[str, str], cpus
 
 def test_a_step_plan_reads_the_config_beside_slurm_conf_as_slurmstepd_does(running, tmp_path):
     """slurmstepd's Python finds the site config as every gsrun command does (gsrun.request.config.
-    config_path: $GSRUN_CONFIG, else gsrun.toml beside $SLURM_CONF): the agent's plan for the step
+    config_path: $GSRUN_CONFIG, else gsrun.toml beside $SLURM_CONF): the daemon's plan for the step
     reads the same file -- here its spool_dir, where the prolog left the job's MIG devices."""
     from pathlib import Path
 
@@ -653,5 +664,75 @@ def test_a_step_plan_reads_the_config_beside_slurm_conf_as_slurmstepd_does(runni
                       {"SLURM_JOB_ID": "4242", "SLURMD_NODENAME": "n1", "SLURM_STEP_TASKS_PER_NODE": "1"},
                       job_id="4343")
     assert answer.startswith("GSA1") and "MIG-0123456789abcdef" not in answer, answer
-    # an answer for a request without the job id: an error (the plugin plans in Python)
+    # an answer for a request without the job id: an error (said by the plugin)
     assert ask_plan(running.sock, {}, {}, job_id="x").startswith("error "), answer
+
+
+def test_a_hostile_step_environment_leaves_no_root_process_busy(running, tmp_path):
+    """An ordinary srun can set any job variable: SLURM_LOCALID=60000 and beyond,
+    SLURM_STEP_GPUS made of thousands of ranges, a huge task count. The plan is
+    answered (or refused) within a second or two, and once the answer is back no
+    process of the daemon's is left running: the plan's process is bounded by its
+    own CPU and wall limits (server.BIND_CPU_S, server.BIND_PLAN_S)."""
+    import psutil
+    from pathlib import Path
+
+    host = Path(__file__).resolve().parents[1] / "data" / "hosts" / "h200-vm"
+    state = tmp_path / "state"
+    state.mkdir()
+    base = {"SLURM_JOB_ID": "4242", "SLURMD_NODENAME": "n1"}
+    hostile = [
+        {"SLURM_LOCALID": "60000", "SLURM_STEP_TASKS_PER_NODE": "60001"},
+        {"SLURM_LOCALID": "999999999", "SLURM_STEP_TASKS_PER_NODE": "999999999"},
+        {"SLURM_STEP_GPUS": ",".join(f"{i}-{i + 1}" for i in range(0, 40000, 3)),
+         "SLURM_STEP_TASKS_PER_NODE": "8"},
+        {"SLURM_STEP_TASKS_PER_NODE": "4294967295(x999999)", "SLURM_TASKS_PER_NODE": "9" * 60},
+    ]
+    before = {p.pid for p in psutil.process_iter()}
+    for extra in hostile:
+        t0 = time.monotonic()
+        answer = ask_plan(running.sock, {"GSRUN_HOST_ROOT": str(host), "GSRUN_STATE_DIR": str(state)},
+                          dict(base, **extra), cpus="0-3", mems="0")
+        took_s = time.monotonic() - t0
+        assert took_s < server.BIND_PLAN_S + 1, (extra, took_s)
+        assert answer.startswith(("GSA1", "error ")) or answer == "", answer[:200]
+    time.sleep(0.2)
+    busy = []
+    for p in psutil.process_iter(["pid", "ppid", "cmdline"]):
+        if p.pid in before or p.pid == os.getpid():
+            continue
+        try:
+            if p.info["ppid"] in (running.proc.pid, 1) and "gsrun" in " ".join(p.info["cmdline"] or []):
+                busy.append((p.pid, p.info["cmdline"][:3]))
+        except psutil.NoSuchProcess:
+            pass
+    assert busy == []
+    assert running.children() == []
+    assert running.proc.poll() is None
+
+
+def test_doctor_says_whether_the_daemon_answers_and_the_hooks_go_through_it(client, running, tmp_path):
+    """`gsrun-node doctor` (check "daemon"): fail without an answer, warn while slurm.conf's
+    Prolog=/Epilog= run gsrun without the client, ok once both do."""
+    from gsrun.facts.hostfs import HostFS
+    from gsrun.wrapper import doctor
+
+    state = os.path.dirname(running.sock)
+    conf = tmp_path / "slurm.conf"
+    hooks = tmp_path / "prolog.d"
+    hooks.mkdir()
+    (hooks / "50-gsrun").write_text(f"#!/bin/sh\nexec /opt/gsrun/venv/bin/gsrun-node prolog\n")
+    (tmp_path / "epilog").write_text(f"#!/bin/sh\nexec {client} {running.sock} /opt/gsrun/venv/bin/gsrun-node epilog\n")
+    conf.write_text(f"Prolog={hooks}/*\nEpilog={tmp_path}/epilog\n")
+    ctx = doctor.Context(HostFS(), state_dir=state, slurm_conf=str(conf))
+    got = doctor.check_daemon(ctx)
+    assert got.status == "warn" and got.data["hooks"] == {"prolog": "direct", "epilog": "daemon"}, got
+    assert f"{conf}: Prolog= runs gsrun without the daemon's client" in got.detail
+    (hooks / "50-gsrun").write_text(f"#!/bin/sh\nexec {client} {running.sock} /opt/gsrun/venv/bin/gsrun-node prolog\n")
+    got = doctor.check_daemon(ctx)
+    assert got.status == "ok" and got.data["pid"] == running.proc.pid, got
+    assert got.detail.endswith("; Prolog= and Epilog= go through it")
+    running.stop()
+    got = doctor.check_daemon(ctx)
+    assert got.status == "fail" and got.detail.startswith(f"not answering on {running.sock}: "), got
+    assert "gsrun-daemon" in got.hint
