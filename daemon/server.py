@@ -6,7 +6,7 @@ docs/ADMIN.md) imports the hooks' modules once and listens on a Unix socket
 slurmd and slurmctld run are the small C client ``gsrun-hook``
 (``client.c`` beside this module): it hands the daemon its command line, its
 environment, its umask and its stdin/stdout/stderr; the daemon forks a child
-that runs exactly that hook (:func:`gsrun.wrapper.node_entry.main`) with
+that runs exactly that hook (:func:`gsrun.admin.node_entry.main`) with
 exactly that environment, in its own session, in the client's cgroup and CPU
 affinity, and sends back the child's wait status, which the client exits
 with (or dies of the same signal). The SPANK plugin's remote side asks the
@@ -29,8 +29,8 @@ What the daemon accepts (trust): a peer with the daemon's own user id
 only the command a hook would run with this installation --
 ``[python, "-I", "-S", "-c", HOOK_BOOTSTRAP, site_dir, hook, options...]``
 with the daemon's own interpreter (by real path) and site directory, or this
-installation's ``gsrun-node``, a hook of :data:`gsrun.wrapper.node_entry.HOOKS`
-and options that the hooks take (:func:`gsrun.wrapper.node_entry.parse_hook_args`).
+installation's ``gsrun-node``, a hook of :data:`gsrun.admin.node_entry.HOOKS`
+and options that the hooks take (:func:`gsrun.admin.node_entry.parse_hook_args`).
 Anything else is refused with its reason (``E``). Requests are bounded: at
 most :data:`MAX_REQUEST_BYTES`, :data:`MAX_ARGS` arguments, read within
 :data:`REQUEST_TIMEOUT_S`. The environment is passed as given: it is the one
@@ -91,7 +91,7 @@ from gsrun.base.errors import NodeError
 from gsrun.base.paths import DEFAULT_STATE_DIR
 from gsrun.base.proc import spawn_detached
 from gsrun.epilog.ctld_start import merge_command
-from gsrun.wrapper.node_entry import HOOK_BOOTSTRAP, parse_hook_args
+from gsrun.admin.node_entry import HOOK_BOOTSTRAP, parse_hook_args
 
 MAGIC = "GSH1"
 MAX_REQUEST_BYTES = 1 << 20     # an environment of ~1 MiB: far above slurmd's (a few KiB)
@@ -102,7 +102,7 @@ SOCKET_NAME = "daemon.sock"
 PING_REQUEST = "@ping"
 # What a hook imports, loaded once by the daemon (imported again by no child: a test
 # runs a plain and a tuned prolog and epilog in a child and checks that none is new).
-PRELOAD = ("gsrun.wrapper.node_entry", "gsrun.prolog.main", "gsrun.epilog.handoff", "gsrun.epilog.main",
+PRELOAD = ("gsrun.admin.node_entry", "gsrun.prolog.main", "gsrun.epilog.handoff", "gsrun.epilog.main",
            "gsrun.epilog.ctld_start", "gsrun.node.tuning", "gsrun.node.journal", "gsrun.node.mem_baseline",
            "gsrun.node.steps", "gsrun.node.mps", "gsrun.node.residual", "gsrun.node.mig",
            "gsrun.request.config", "gsrun.request.job", "gsrun.base.pids",
@@ -396,7 +396,7 @@ def _child(args: list[str], env: dict[str, str], umask: int, fds: list[int], con
         time.tzset()
         for note in notes:
             os.write(2, f"gsrun: daemon: {note}\n".encode())
-        from gsrun.wrapper.node_entry import main
+        from gsrun.admin.node_entry import main
 
         main(args)      # ends the process itself (exit_now / sys.exit)
         rc = 0

@@ -547,7 +547,7 @@ def queue_mail(paths: Paths, summary: dict, cfg, log) -> str:
 def _kick_flush() -> None:
     """Start ``gsrun-node mail flush`` detached so delivery never blocks us."""
     try:
-        spawn_detached(root_python("-m", "gsrun.wrapper.node", "mail", "flush"), root_child_env(("GSRUN_SPOOL_DIR",)))
+        spawn_detached(root_python("-m", "gsrun.admin.node", "mail", "flush"), root_child_env(("GSRUN_SPOOL_DIR",)))
     except OSError:
         pass
 

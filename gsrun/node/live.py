@@ -165,7 +165,7 @@ def kick_mail_flush() -> None:
     """Start ``gsrun-node mail flush`` detached (it handles alert requests
     first); never blocks the sampler."""
     try:
-        subprocess.Popen(root_python("-m", "gsrun.wrapper.node", "mail", "flush"), stdin=subprocess.DEVNULL,
+        subprocess.Popen(root_python("-m", "gsrun.admin.node", "mail", "flush"), stdin=subprocess.DEVNULL,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
                          close_fds=True, cwd=ROOT_CWD,
                          env=root_child_env(("GSRUN_SPOOL_DIR", "GSRUN_LOG_FILE")))

@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """Hook wall times on a fake host root, against the interpreter floor measured
-in the same run (issue 24, items 1 and 6; BENCHMARKS.md, "Hot paths").
+in the same run (BENCHMARKS.md, "Hot paths").
 
     python3 -P tests/bench/bench_epilog.py [--venv /opt/gsrun/venv] [--runs 11] [--interval-s 5] [--run-s 0.3]
 
-The hooks run as slurmd runs them: the executables shipped in the package of a
-regular (non-editable) install, ``<site-packages>/gsrun/prolog/gsrun-prolog``
-and ``.../epilog/gsrun-epilog``, which start that venv's interpreter ``-I -S``
-(:func:`gsrun.wrapper.node_entry.hook_argv`); ``--venv`` defaults to the
+The hooks run as slurmd runs them: through the node daemon (``*_daemon``: the
+venv's ``gsrun-node daemon run`` on a private socket, each hook run by its
+client ``gsrun-hook`` as ``gsrun-node install`` writes it), and, for the
+cost of the hook's own code, the command the daemon runs (the venv's
+interpreter ``-I -S``, :func:`gsrun.admin.node_entry.hook_argv`) as a fresh
+process (``prolog``, ``epilog``). ``--venv`` defaults to the
 cluster install ``tests/cluster/up`` makes from this checkout
 (``/opt/gsrun/venv``). The floor is that venv's ``python3 -c pass``; the
 isolated floor (``python3 -I -S -c pass``) is printed too.
@@ -17,10 +19,8 @@ VM recording with a fake NVML, tuning applied to the fake tree). For each
 run: ``gsrun-node prolog`` (sampler started, tuning journaled when tuned),
 ``--run-s`` seconds of "job", then ``gsrun-node epilog`` (handed to the
 sampler: final sample, node summary, restore), each a fresh process.
-Without and with tuning (``SPANK_GS_TUNE``); and both again through the node
-agent (``*_agent``: the venv's ``gsrun-node agent run`` on a private socket,
-the hooks run by its client ``gsrun-hook`` as ``gsrun-node install`` writes
-them; ``--no-agent`` skips them). Also ``gsrun --dry-run`` and
+Without and with tuning (``SPANK_GS_TUNE``); ``--no-daemon`` skips the runs
+through the daemon (no C compiler). Also ``gsrun --dry-run`` and
 ``gsrun-bind --plan --json`` on the same recorded host, with the venv's
 interpreter; the dry run without a site config (``dry_run``: built-in
 defaults, as the target is set) and with the fake site's ``gsrun.toml``
@@ -77,33 +77,33 @@ def _parts(stderr: str) -> dict[str, float]:
     return out
 
 
-def hook_ms(hook: str, env, via: tuple[str, str, list[str]] | None = None) -> tuple[float, subprocess.CompletedProcess]:
-    """One hook run as slurmd runs it; ``via``: ``(gsrun-hook, socket, command)``, through the
-    node agent, the command as ``gsrun-node install`` writes it (the install's interpreter -I -S
-    with the hook bootstrap: :func:`gsrun.wrapper.node_entry.hook_argv`) -- what the agent serves."""
-    argv = [via[0], via[1], *via[2][:-1], os.path.basename(hook).removeprefix("gsrun-")] if via else [hook]
+def hook_ms(hook: list[str], env, via: tuple[str, str] | None = None) -> tuple[float, subprocess.CompletedProcess]:
+    """One hook run: ``hook`` is the command as ``gsrun-node install`` writes it (the install's
+    interpreter -I -S with the hook bootstrap: :func:`gsrun.admin.node_entry.hook_argv`); ``via``:
+    ``(gsrun-hook, socket)``, through the node daemon as slurmd runs it, else the command itself."""
+    argv = [via[0], via[1], *hook] if via else hook
     t0 = time.perf_counter()
     cp = subprocess.run(argv, env=env, capture_output=True, text=True, errors="replace", timeout=120, cwd="/")
     return (time.perf_counter() - t0) * 1000.0, cp
 
 
-def start_agent(venv: str, base) -> tuple[str, str] | None:
-    """The node agent of ``venv`` on a socket under ``base`` and its client built
-    there -> ``(client, socket)`` (None when there is no C compiler). The agent
+def start_daemon(venv: str, base) -> tuple[str, str] | None:
+    """The node daemon of ``venv`` on a socket under ``base`` and its client built
+    there -> ``(client, socket)`` (None when there is no C compiler). The daemon
     is stopped with this process (its own session is not taken: it dies with
     the bench's process group on ^C, and is killed at exit)."""
     import atexit
 
-    client_dir = os.path.join(base, "agent-bin")
-    b = subprocess.run([os.path.join(venv, "bin", "gsrun-node"), "agent", "build", "--out-dir", client_dir],
+    client_dir = os.path.join(base, "daemon-bin")
+    b = subprocess.run([os.path.join(venv, "bin", "gsrun-node"), "daemon", "build", "--out-dir", client_dir],
                        capture_output=True, text=True)
     if b.returncode:
-        print(f"bench_epilog: no agent ({b.stderr.strip()[-200:]})", file=sys.stderr)
+        print(f"bench_epilog: no daemon ({b.stderr.strip()[-200:]})", file=sys.stderr)
         return None
-    run_dir = os.path.join(base, "agent-run")
+    run_dir = os.path.join(base, "daemon-run")
     os.mkdir(run_dir, 0o700)
-    sock = os.path.join(run_dir, "agent.sock")
-    p = subprocess.Popen([os.path.join(venv, "bin", "gsrun-node"), "agent", "run", "--socket", sock],
+    sock = os.path.join(run_dir, "daemon.sock")
+    p = subprocess.Popen([os.path.join(venv, "bin", "gsrun-node"), "daemon", "run", "--socket", sock],
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd="/")
     atexit.register(lambda: (p.terminate(), p.wait()))
     deadline = time.monotonic() + 30
@@ -118,14 +118,14 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=11)
     ap.add_argument("--interval-s", type=float, default=5.0, help="sampler.interval_s (site default 5)")
     ap.add_argument("--run-s", type=float, default=0.3, help="job length between prolog and epilog")
-    ap.add_argument("--no-agent", action="store_true",
-                    help="skip the hooks through the node agent (gsrun-node agent run + gsrun-hook; needs cc)")
+    ap.add_argument("--no-daemon", action="store_true",
+                    help="skip the hooks through the node daemon (gsrun-node daemon run + gsrun-hook; needs cc)")
     ap.add_argument("--real-host", action="store_true",
                     help="the hooks on this machine's own /proc, /sys and NVML (root; a GPU node: the tuned "
                          "case changes and restores real settings), not the recorded H200 VM")
     a = ap.parse_args()
     python = os.path.join(a.venv, "bin", "python3")
-    probe = subprocess.run([python, "-P", "-c", "import json\nfrom gsrun.wrapper.node_entry import hook_argv\n"
+    probe = subprocess.run([python, "-P", "-c", "import json\nfrom gsrun.admin.node_entry import hook_argv\n"
                             "print(json.dumps(hook_argv('prolog')))"], capture_output=True, text=True, cwd="/")
     argv = json.loads(probe.stdout) if probe.returncode == 0 and probe.stdout.strip() else None
     if not argv:
@@ -134,8 +134,7 @@ def main() -> int:
               file=sys.stderr)
         return 2
     site_dir = argv[-2]
-    hooks = {"prolog": os.path.join(site_dir, "gsrun", "prolog", "gsrun-prolog"),
-             "epilog": os.path.join(site_dir, "gsrun", "epilog", "gsrun-epilog")}
+    hooks = {"prolog": argv, "epilog": [*argv[:-1], "epilog"]}
     # byte-compile that install as pip does for a wheel (--no-compile installs exist)
     subprocess.run([python, "-m", "compileall", "-q", os.path.join(site_dir, "gsrun")], check=True,
                    capture_output=True)
@@ -147,11 +146,9 @@ def main() -> int:
     py = [python, "-P"]
     res: dict[str, list[float]] = {k: [] for k in ("floor", "floor_isolated", "prolog", "epilog", "prolog_tuned",
                                                     "epilog_tuned", "dry_run", "dry_run_config", "bind_plan")}
-    agent = None if a.no_agent else start_agent(a.venv, site.base)
-    if agent:
-        agent = (*agent, argv)
-    if agent:
-        for k in ("prolog_agent", "epilog_agent", "prolog_tuned_agent", "epilog_tuned_agent"):
+    daemon = None if a.no_daemon else start_daemon(a.venv, site.base)
+    if daemon:
+        for k in ("prolog_daemon", "epilog_daemon", "prolog_tuned_daemon", "epilog_tuned_daemon"):
             res[k] = []
     errors: list[str] = []
     parts: dict[str, list[dict]] = {"epilog": [], "epilog_tuned": []}
@@ -161,7 +158,7 @@ def main() -> int:
     for i in range(a.runs):
         res["floor"].append(wall_ms([python, "-c", "pass"])[0])
         res["floor_isolated"].append(wall_ms([python, "-I", "-S", "-c", "pass"])[0])
-        for tuned, via in ((False, None), (True, None), *(((False, agent), (True, agent)) if agent else ())):
+        for tuned, via in ((False, None), (True, None), *(((False, daemon), (True, daemon)) if daemon else ())):
             job += 1
             # slurmd 22.05's prolog environment (the credential's SLURM_JOB_RESTART_COUNT): a plain job
             # makes no Slurm call; a tuned one asks for the job record (OverSubscribe), which the
@@ -172,7 +169,7 @@ def main() -> int:
                                                 "OverSubscribe=NO Comment=(null)")
             if a.real_host:
                 env.pop("GSRUN_HOST_ROOT", None)
-            sfx = ("_tuned" if tuned else "") + ("_agent" if via else "")
+            sfx = ("_tuned" if tuned else "") + ("_daemon" if via else "")
             ms, cp = hook_ms(hooks["prolog"], env, via)
             res["prolog" + sfx].append(ms)
             if cp.returncode:
@@ -204,8 +201,8 @@ def main() -> int:
     floor = med["floor"]
     ratio = {k: round(v / floor, 2) for k, v in med.items() if k != "floor"}
     targets = {"epilog": 2.5, "epilog_tuned": 2.5, "prolog": 3.0, "prolog_tuned": 3.0, "dry_run": 4.0}
-    if agent:       # the same targets, for the hooks through the node agent
-        targets.update({k + "_agent": targets[k] for k in ("epilog", "epilog_tuned", "prolog", "prolog_tuned")})
+    if daemon:      # the same targets, for the hooks through the node daemon
+        targets.update({k + "_daemon": targets[k] for k in ("epilog", "epilog_tuned", "prolog", "prolog_tuned")})
     out = {"runs": a.runs, "interval_s": a.interval_s, "real_host": a.real_host, "python": python, "gsrun": where[0], "hooks": hooks,
            "load_avg": [round(x, 2) for x in os.getloadavg()], "median_ms": med, "ratio_to_floor": ratio,
            "targets": {k: {"max_ratio": t, "ratio": ratio[k], "met": ratio[k] <= t} for k, t in targets.items()},

@@ -150,7 +150,7 @@ def main() -> int:
     cpus = os.cpu_count() or 1
     work = base / "job"
     work.mkdir()
-    node_cmd = [sys.executable, "-P", "-m", "gsrun.wrapper.node"]
+    node_cmd = [sys.executable, "-P", "-m", "gsrun.admin.node"]
 
     if je:   # what gsrun --malloc jemalloc writes in the job comment (the report shows it)
         extra["SLURM_JOB_COMMENT"] = f"gsrun:tune={tune};malloc=jemalloc"

@@ -28,7 +28,7 @@ H200_NVML = REPO / "tests" / "data" / "hosts" / "h200-vm" / "nvml.json"
 TUNE = "governor=performance,swappiness=10,thp=never,dirty_ratio=40"
 
 # gsrun-node (its console-script entry point) of the installed package (tests/run installs this checkout; conftest checks they match)
-LAUNCH = "import sys\nfrom gsrun.wrapper.node_entry import main\nmain(sys.argv[1:])\n"
+LAUNCH = "import sys\nfrom gsrun.admin.node_entry import main\nmain(sys.argv[1:])\n"
 
 
 def nvml_devices(n: int = 4, bus_fmt: str = "0000:{:02x}:00.0", first_bus: int = 0x41) -> dict:

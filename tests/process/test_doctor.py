@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from gsrun.wrapper import doctor
+from gsrun.admin import doctor
 from gsrun.facts.hostfs import HostFS
-from gsrun.wrapper.node import cli
+from gsrun.admin.node import cli
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 H200 = DATA / "hosts" / "h200-vm"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gsrun.wrapper import install
+from gsrun.admin import install
 from gsrun.request.config import DEFAULT_CONFIG_PATH, parse_config, render_commented_config
 from gsrun.base.errors import InputError
 
@@ -92,7 +92,7 @@ def test_measure_hook_cost_with_fake_runs():
     cost = install.measure_hook_cost("/etc/x.toml", runs=3, python="/py", run=run, clock=lambda: next(ticks))
     assert cost == install.HookCost(0.8, 0.25, 3)
     argv, kw = run.calls[0]
-    assert argv == ["/py", "-P", "-s", "-m", "gsrun.wrapper.node", "prolog", "--dry-run"]
+    assert argv == ["/py", "-P", "-s", "-m", "gsrun.admin.node", "prolog", "--dry-run"]
     assert kw["cwd"] == "/" and all(c[1]["cwd"] == "/" for c in run.calls)   # never the admin's directory
     assert run.calls[-1][0][:4] == ["/py", "-P", "-s", "-c"]
     assert kw["env"]["GSRUN_CONFIG"] == "/etc/x.toml" and kw["env"]["SLURM_JOB_ID"] == "0"
@@ -326,7 +326,7 @@ def _fake_venv_python(venv):
 
 
 def test_render_hook_with_the_interpreter_argv(tmp_path):
-    from gsrun.wrapper.node_entry import HOOK_BOOTSTRAP
+    from gsrun.admin.node_entry import HOOK_BOOTSTRAP
 
     py = _fake_venv_python(tmp_path / "venv")
     argv = [str(py), "-I", "-S", "-c", HOOK_BOOTSTRAP, "/opt/v/lib/python3.11/site-packages", "epilog"]
@@ -340,7 +340,7 @@ def test_render_hook_with_the_interpreter_argv(tmp_path):
 
 
 def test_hook_argv_only_for_a_venv_that_holds_gsrun():
-    from gsrun.wrapper.node_entry import hook_argv
+    from gsrun.admin.node_entry import hook_argv
 
     # this test run's gsrun: an editable checkout (no gsrun/prolog/ folder beside gsrun/) or an install
     import gsrun
@@ -365,12 +365,12 @@ def test_a_hook_started_without_site_still_sees_paths_added_by_pth_files(tmp_pat
     sp.mkdir()
     (sp / "parent.pth").write_text(f"{other}\n")   # what tests/gpu/install-venv writes
     (sp / "distutils-precedence.pth").write_text("import os; os.environ['PTH_RAN'] = '1'\n")
-    (sp / "gsrun" / "wrapper").mkdir(parents=True)
-    for init in (sp / "gsrun" / "__init__.py", sp / "gsrun" / "wrapper" / "__init__.py"):
+    (sp / "gsrun" / "admin").mkdir(parents=True)
+    for init in (sp / "gsrun" / "__init__.py", sp / "gsrun" / "admin" / "__init__.py"):
         init.write_text("")
-    shutil.copy2(REPO / "wrapper" / "node_entry.py", sp / "gsrun" / "wrapper" / "node_entry.py")  # os, sys only
+    shutil.copy2(REPO / "admin" / "node_entry.py", sp / "gsrun" / "admin" / "node_entry.py")  # os, sys only
     boot = "import sys; sys.path.append(sys.argv.pop(1)); "
-    code = ("from gsrun.wrapper.node_entry import _site_when_needed\n_site_when_needed()\n"
+    code = ("from gsrun.admin.node_entry import _site_when_needed\n_site_when_needed()\n"
             "import os, parentmod; print(parentmod.X, os.environ.get('PTH_RAN'))")
 
     def run(first=False):     # first: the bootstrap of hooks written by older releases
@@ -393,13 +393,13 @@ def test_the_hook_bootstrap_keeps_the_standard_library_ahead_of_site_packages(tm
     named like a standard one (enum34's enum/, the pathlib 1.0 backport: old packages still
     pull them in, harmless on a normal start) must not replace it in a hook started -I -S,
     where a failed import fails the prolog and drains the node."""
-    from gsrun.wrapper.node_entry import HOOK_BOOTSTRAP
+    from gsrun.admin.node_entry import HOOK_BOOTSTRAP
 
     sp = tmp_path / "site-packages"
-    (sp / "gsrun" / "wrapper").mkdir(parents=True)
+    (sp / "gsrun" / "admin").mkdir(parents=True)
     (sp / "gsrun" / "__init__.py").write_text("")
-    (sp / "gsrun" / "wrapper" / "__init__.py").write_text("")
-    (sp / "gsrun" / "wrapper" / "node_entry.py").write_text(
+    (sp / "gsrun" / "admin" / "__init__.py").write_text("")
+    (sp / "gsrun" / "admin" / "node_entry.py").write_text(
         "def main():\n    import enum, sys\n    print(enum.__file__)\n    print(sys.argv[1:])\n")
     (sp / "enum").mkdir()
     (sp / "enum" / "__init__.py").write_text("raise ImportError('enum34 on Python 3')\n")
@@ -412,7 +412,7 @@ def test_the_hook_bootstrap_keeps_the_standard_library_ahead_of_site_packages(tm
 
 def test_hook_command_is_hook_argv_quoted_else_gsrun_node(monkeypatch):
     """What tests/cluster/up and tests/gpu/cluster/up write into their hooks."""
-    from gsrun.wrapper import node_entry
+    from gsrun.admin import node_entry
 
     monkeypatch.setattr(node_entry, "hook_argv", lambda c: ["/v/bin/python3", "-I", "-S", "-c", "import sys; x()",
                                                            "/v/site packages", c])

@@ -18,7 +18,7 @@ import pytest
 
 import gsrun
 from gsrun.daemon import server
-from gsrun.wrapper.node_entry import HOOK_BOOTSTRAP
+from gsrun.admin.node_entry import HOOK_BOOTSTRAP
 from helpers.node_site import LAUNCH, make_site, samplers_of
 
 SITE_DIR = os.path.realpath(os.path.dirname(os.path.dirname(os.path.abspath(gsrun.__file__))))
@@ -26,7 +26,7 @@ MISMATCH = {"init": {"error": "Driver/library version mismatch", "code": 18}}
 
 
 def hook(phase: str) -> list[str]:
-    """The command a hook of this installation runs (gsrun.wrapper.node_entry.hook_argv's shape)."""
+    """The command a hook of this installation runs (gsrun.admin.node_entry.hook_argv's shape)."""
     return [sys.executable, "-I", "-S", "-c", HOOK_BOOTSTRAP, SITE_DIR, phase]
 
 
@@ -302,7 +302,7 @@ def test_an_upgraded_module_makes_the_daemon_re_execute_and_the_hook_waits_for_i
             site = make_site()
             try:
                 cp = via(client, a.sock, hook("prolog"), site.env(job_id="5105", FAKE_SLURM="record"))
-                from gsrun.wrapper.node_entry import hook_argv
+                from gsrun.admin.node_entry import hook_argv
 
                 if hook_argv("prolog"):     # a regular install (an editable one cannot run the bootstrap)
                     assert cp.returncode == 0, cp.stderr
@@ -404,8 +404,8 @@ def probe(args):                    # the hook itself, in the daemon's real hook
 def broken(*args, **kwargs):       # the child's code fails before it runs anything
     raise TypeError("child() takes 5 positional arguments but 6 were given")
 if mode == "probe":
-    import gsrun.wrapper.node_entry
-    gsrun.wrapper.node_entry.main = probe
+    import gsrun.admin.node_entry
+    gsrun.admin.node_entry.main = probe
 elif mode == "broken":
     server._child = broken
 else:
@@ -715,7 +715,7 @@ def test_doctor_says_whether_the_daemon_answers_and_the_hooks_go_through_it(clie
     """`gsrun-node doctor` (check "daemon"): fail without an answer, warn while slurm.conf's
     Prolog=/Epilog= run gsrun without the client, ok once both do."""
     from gsrun.facts.hostfs import HostFS
-    from gsrun.wrapper import doctor
+    from gsrun.admin import doctor
 
     state = os.path.dirname(running.sock)
     conf = tmp_path / "slurm.conf"

@@ -37,7 +37,7 @@ def _launch() -> str:
     return (f"import sys\nsys.path[:0] = [{_ROOTS[0]!r}]\nsys.path.append({sysconfig.get_path('purelib')!r})\n"
             "import gsrun\n"
             f"gsrun.__path__.extend(d for d in {_ROOTS[1:]!r} if d not in gsrun.__path__)\n"
-            "from gsrun.wrapper.node_entry import main\n"
+            "from gsrun.admin.node_entry import main\n"
             "main(sys.argv[1:])\n")
 
 

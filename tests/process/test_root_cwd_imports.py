@@ -102,7 +102,7 @@ def test_no_root_entry_point_or_child_imports_from_cwd(site, what):
     assert wait_for(lambda: ((jobdir / "accounting.json").exists() and (site.base / "delivered.eml").exists())
                     or marked(), 60), seen
     # 4. gsrun-node install's measurement runs (prolog --dry-run and the epilog import, real children)
-    code = ("import json, sys\nfrom gsrun.wrapper.install import measure_hook_cost\n"
+    code = ("import json, sys\nfrom gsrun.admin.install import measure_hook_cost\n"
             "c = measure_hook_cost(sys.argv[1], runs=1, timeout_s=60)\nprint(json.dumps(c.error))\n")
     # an admin's PYTHONPATH naming the planted directory must not reach the children either
     # (-E: the parent itself ignores it, as the gsrun-node console script would not -- that is the admin's own)

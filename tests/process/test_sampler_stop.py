@@ -14,7 +14,7 @@ import time
 import psutil
 
 from gsrun.base import pids
-from gsrun.wrapper.node_entry import parse_hook_args
+from gsrun.admin.node_entry import parse_hook_args
 from helpers.node_site import make_site, run_node
 
 

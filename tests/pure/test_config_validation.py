@@ -10,7 +10,7 @@ import pytest
 
 from gsrun.request import config
 from gsrun.request.config import SETTINGS, ConfigError, parse_config
-from gsrun.wrapper.install import render_config_reference
+from gsrun.admin.install import render_config_reference
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -32,8 +32,8 @@ import pytest
 from click.testing import CliRunner
 
 from gsrun.spank_py.build import render_plugstack
-from gsrun.wrapper import install
-from gsrun.wrapper.node import cli
+from gsrun.admin import install
+from gsrun.admin.node import cli
 from helpers.golden import check_text
 from helpers.paths import DATA, REPO
 

@@ -4,10 +4,12 @@
 
 A module imports only from its own layer or the layers before it; ``node``,
 ``bind`` and ``report`` are siblings and never import each other; nothing in
-the core imports a role (``prolog/``, ``epilog/``, ``wrapper/``, ``spank_py/``).
-Roles are entry points: ``wrapper`` (the CLIs, ``gsrun-node`` among them)
-may dispatch to the hooks in ``prolog``/``epilog`` and build the SPANK
-plugin, but the hooks and the plugin never import a CLI or each other.
+the core imports a role (``prolog/``, ``epilog/``, ``wrapper/``, ``admin/``,
+``daemon/``, ``spank_py/``). Roles are entry points: ``admin`` (``gsrun-node``)
+may dispatch to the hooks in ``prolog``/``epilog``, start the daemon and build
+its client and the SPANK plugin; the daemon runs the hooks through admin's
+entry point and the plugin's step plans; the user CLIs (``wrapper``), the
+hooks and the plugin import no other role.
 
 Every import is checked, also those inside functions (lazy imports on hot
 paths), by reading the source: nothing is imported to run this test.
@@ -24,12 +26,16 @@ from helpers.paths import REPO
 
 # folder of the checkout -> import package (pyproject's package-dir)
 FOLDERS = {"gsrun": "gsrun", "prolog": "gsrun.prolog", "epilog": "gsrun.epilog", "wrapper": "gsrun.wrapper",
-           "spank_py": "gsrun.spank_py", "templates": "gsrun.templates"}
+           "admin": "gsrun.admin", "daemon": "gsrun.daemon", "spank_py": "gsrun.spank_py",
+           "templates": "gsrun.templates"}
 RANK = {"base": 0, "facts": 1, "request": 2, "node": 3, "bind": 3, "report": 3,
-        "prolog": 4, "epilog": 4, "wrapper": 4, "spank_py": 4}
-ROLES = {"prolog", "epilog", "wrapper", "spank_py"}
-# role -> roles it may import (entry-point dispatch)
-ROLE_DISPATCH = {"wrapper": {"prolog", "epilog", "spank_py"}}
+        "prolog": 4, "epilog": 4, "wrapper": 4, "admin": 4, "daemon": 4, "spank_py": 4}
+ROLES = {"prolog", "epilog", "wrapper", "admin", "daemon", "spank_py"}
+# role -> roles it may import (entry-point dispatch): the admin command starts the daemon,
+# builds its client and the SPANK plugin, and hands the hooks to their step tables; the
+# daemon runs the hooks through that same entry point and the plugin's step plans
+ROLE_DISPATCH = {"admin": {"prolog", "epilog", "spank_py", "daemon"},
+                 "daemon": {"admin", "epilog", "spank_py"}}
 
 
 def layer_of(module: str) -> str | None:
@@ -115,9 +121,9 @@ def test_every_core_module_is_in_a_layer():
     ("gsrun.report.summary", "gsrun.node.sampler", True),
     ("gsrun.request.config", "gsrun.prolog.main", True),
     ("gsrun.prolog.main", "gsrun.node.tuning", False),
-    ("gsrun.prolog.main", "gsrun.wrapper.node", True),
+    ("gsrun.prolog.main", "gsrun.admin.node", True),
     ("gsrun.epilog.main", "gsrun.prolog.main", True),
-    ("gsrun.wrapper.node", "gsrun.prolog.main", False),
+    ("gsrun.admin.node", "gsrun.prolog.main", False),
 ])
 def test_the_rule_itself(src, dst, bad):
     """The checker catches what it must (so a green run means something)."""

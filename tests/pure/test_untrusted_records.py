@@ -75,7 +75,7 @@ def test_gsrun_status_line_escapes_the_reason():
 
 
 def test_install_writes_the_prune_timer_with_the_mail_timer():
-    from gsrun.wrapper import install
+    from gsrun.admin import install
 
     units = install.render_units("/opt/gsrun/venv/bin/gsrun-node", None)
     assert "ExecStart=/opt/gsrun/venv/bin/gsrun-node prune" in units["gsrun-prune.service"]

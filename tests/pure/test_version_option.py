@@ -8,7 +8,8 @@ import importlib.metadata
 import pytest
 from click.testing import CliRunner
 
-from gsrun.wrapper import bind, cli, gseff, gsreport, node
+from gsrun.admin import node
+from gsrun.wrapper import bind, cli, gseff, gsreport
 
 COMMANDS = [(cli.cli, "gsrun"), (gseff.cli, "gseff"), (bind.main, "gsrun-bind"),
             (gsreport.cli, "gsrun-report"), (node.cli, "gsrun-node")]

@@ -10,7 +10,7 @@ import os
 import pytest
 
 from gsrun.facts.hostfs import HostFS
-from gsrun.wrapper import doctor
+from gsrun.admin import doctor
 from helpers.tuning_tree import GPU_BDF, GPU_IRQS, add_host_tuning, make_tree
 
 pytestmark = pytest.mark.recorded

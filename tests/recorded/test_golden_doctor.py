@@ -39,8 +39,8 @@ import pytest
 from click.testing import CliRunner
 
 import gsrun
-from gsrun.wrapper import doctor
-from gsrun.wrapper.node import cli
+from gsrun.admin import doctor
+from gsrun.admin.node import cli
 from helpers.golden import check_text
 from helpers.paths import DATA, REPO
 

@@ -21,7 +21,7 @@ from gsrun.base.cpulist import parse_cpulist
 from gsrun.base.errors import InputError
 from gsrun.facts.hwloc_xml import parse_bitmap, read_topology_xml
 from gsrun.wrapper.bind import main as bind_main
-from gsrun.wrapper.node import cli as node_cli
+from gsrun.admin.node import cli as node_cli
 
 MPIBIND = SHARED / "data" / "topologies" / "mpibind"
 FILES = sorted(p.name for p in MPIBIND.glob("*.xml")) if MPIBIND.is_dir() else []

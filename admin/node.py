@@ -34,8 +34,8 @@ from gsrun.report import alerts, mail, retention
 from gsrun.request.config import idle_config, load_config
 from gsrun.spank_py import build
 from gsrun.daemon import build as daemon_client, server
-from gsrun.wrapper import doctor as doc, install as inst
-from gsrun.wrapper.install import render_config_reference
+from gsrun.admin import doctor as doc, install as inst
+from gsrun.admin.install import render_config_reference
 
 HOST_ROOT = click.option("--host-root", default=None, envvar="GSRUN_HOST_ROOT",
                          help="Read/write /proc and /sys under DIR (a recorded or fake tree).")

@@ -52,7 +52,7 @@ from gsrun.node.tuning import IRQ_BAN_DIR
 from gsrun.request.config import (Config, DEFAULT_CONFIG_PATH, SETTINGS, _toml_value, load_config,
                                   render_commented_config)
 from gsrun.daemon import build as daemon_client, server
-from gsrun.wrapper.node_entry import hook_argv
+from gsrun.admin.node_entry import hook_argv
 
 PHASE = "install"
 VERSION_COMMANDS = (("slurmctld", "-V"), ("slurmd", "-V"), ("scontrol", "-V"), ("sinfo", "-V"))
@@ -182,7 +182,7 @@ def measure_hook_cost(config_path: str | None, runs: int = 3, timeout_s: float =
     try:
         for _ in range(runs):
             t0 = clock()
-            p = run(root_python("-m", "gsrun.wrapper.node", "prolog", "--dry-run", python=python),
+            p = run(root_python("-m", "gsrun.admin.node", "prolog", "--dry-run", python=python),
                     capture_output=True, text=True, timeout=timeout_s, env=env, check=False,
                     stdin=subprocess.DEVNULL, cwd=ROOT_CWD)
             dt = clock() - t0
@@ -225,7 +225,7 @@ def find_installation(python: str = sys.executable) -> Installation:
 
 def _same_install(gsrun_node: str) -> bool:
     """True when ``gsrun_node`` is this interpreter's (the hooks may then
-    start the interpreter directly, :func:`gsrun.wrapper.node_entry.hook_argv`)."""
+    start the interpreter directly, :func:`gsrun.admin.node_entry.hook_argv`)."""
     try:
         with open(gsrun_node, "rb") as f:
             first = f.readline(4096)
@@ -377,7 +377,7 @@ def render_hook(gsrun_node: str, command: str, config_path: str | None, log_file
                 via_daemon: tuple[str, str] | None = None, state_dir: str | None = None) -> str:
     """A hook with this installation's absolute ``gsrun-node`` baked in (for
     ``--hooks-dir``), or ``argv`` when given: the installation's interpreter
-    started ``-I -S`` (:func:`gsrun.wrapper.node_entry.hook_argv`, ~3 ms less
+    started ``-I -S`` (:func:`gsrun.admin.node_entry.hook_argv`, ~3 ms less
     per hook than the ``gsrun-node`` script); sets ``GSRUN_CONFIG`` for a non-default config and
     ``GSRUN_LOG_FILE`` when given (hosts without syslog) and ``SLURM_CONF``
     when given (slurmctld does not pass it to EpilogSlurmctld, whose

@@ -45,7 +45,7 @@ from gsrun.node.tuning import (DMA_LATENCY, HugepagesKnob, IRQ, NODE, PCI, brack
 from gsrun.report.retention import last_run, oldest_age_days
 from gsrun.request.config import Config, SETTINGS, load_config
 from gsrun.spank_py.build import read_build_info
-from gsrun.wrapper.install import detect_slurm_version, parse_slurm_conf, read_slurm_conf
+from gsrun.admin.install import detect_slurm_version, parse_slurm_conf, read_slurm_conf
 
 STATUSES = ("ok", "warn", "fail", "n/a")
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -505,7 +505,7 @@ def memlock_propagated(conf: dict[str, str]) -> bool:
     """Whether Slurm gives a job the submitting shell's ``RLIMIT_MEMLOCK``
     (slurm.conf ``PropagateResourceLimits``, default ``ALL``, and
     ``PropagateResourceLimitsExcept``; keys lower-cased as
-    :func:`gsrun.wrapper.install.parse_slurm_conf` gives them). Pure."""
+    :func:`gsrun.admin.install.parse_slurm_conf` gives them). Pure."""
     except_ = {w.strip().upper() for w in conf.get("propagateresourcelimitsexcept", "").split(",")}
     if "MEMLOCK" in except_ or "ALL" in except_:
         return False
@@ -747,7 +747,7 @@ HOOKS_PER_LINE_MAX = 64     # files a Prolog=/Epilog= glob may name
 
 def hook_wiring(conf: dict[str, str], sock: str) -> dict[str, str]:
     """For ``prolog`` and ``epilog`` of slurm.conf (``conf``: lowercased keys,
-    :func:`gsrun.wrapper.install.parse_slurm_conf`): ``"daemon"`` when a script
+    :func:`gsrun.admin.install.parse_slurm_conf`): ``"daemon"`` when a script
     it names (a path or a glob: prolog.d) runs ``gsrun-hook`` on ``sock``,
     ``"direct"`` when one runs gsrun without the daemon's client, ``"other"``
     when none runs gsrun (``"unset"``: no such line). Reads at most

@@ -6,7 +6,7 @@ start-up is paid per job (issue 24: a hook's wall is measured against
 ``python3 -c pass``). ``gsrun-node prolog|epilog|epilog-ctld`` with only the
 options below is dispatched here straight to the hook; everything
 else (``--help``, every other subcommand, any other option) goes to the
-click CLI of :mod:`gsrun.wrapper.node`, which accepts the same hook options
+click CLI of :mod:`gsrun.admin.node`, which accepts the same hook options
 and behaves the same.
 
 How the hooks start it (:data:`HOOK_BOOTSTRAP`, :func:`hook_argv`): the
@@ -21,7 +21,7 @@ install (the ``gsrun`` package with its ``prolog``/``epilog`` folders in one
 directory, as ``pip install`` lays it out; gsrun's dependencies in the same
 directory); an editable install runs the ``gsrun-node`` command instead.
 
-Hook options (as in :mod:`gsrun.wrapper.node`): ``--host-root DIR``,
+Hook options (as in :mod:`gsrun.admin.node`): ``--host-root DIR``,
 ``--state-dir DIR``, ``--spool-dir DIR`` (also ``--opt=DIR``; defaults from
 ``GSRUN_HOST_ROOT``, ``GSRUN_STATE_DIR``, ``GSRUN_SPOOL_DIR``) and, for the
 prolog, ``--dry-run``; ``epilog-ctld`` takes ``--spool-dir`` only (its
@@ -39,7 +39,7 @@ import gsrun
 HOOKS = ("prolog", "epilog", "epilog-ctld")
 # ``python3 -I -S -c HOOK_BOOTSTRAP <site-packages> <command>``: the command a hook hands the node
 # daemon (gsrun.daemon.server.hook_args), which runs it in a child as this module's main()
-HOOK_BOOTSTRAP = "import sys; sys.path.append(sys.argv.pop(1)); from gsrun.wrapper.node_entry import main; main()"
+HOOK_BOOTSTRAP = "import sys; sys.path.append(sys.argv.pop(1)); from gsrun.admin.node_entry import main; main()"
 
 
 def hook_argv(command: str, python: str | None = None) -> list[str] | None:
@@ -96,7 +96,7 @@ def parse_hook_args(argv: list[str], environ=None) -> dict | None:
 
 def hook_command(command: str, gsrun_node: str) -> str:
     """The shell words a hook ``exec``s: :func:`hook_argv`, else ``gsrun_node command``
-    (an editable install). ``python -m gsrun.wrapper.node_entry --hook-command CMD GSRUN_NODE``
+    (an editable install). ``python -m gsrun.admin.node_entry --hook-command CMD GSRUN_NODE``
     prints it for scripts that write hooks (tests/cluster/up, tests/gpu/cluster/up)."""
     return shlex.join(hook_argv(command) or [gsrun_node, command])
 
@@ -125,7 +125,7 @@ def _site_when_needed() -> None:
 
             site.main()
             return
-    # gsrun's site directory: <site>/gsrun/wrapper/node_entry.py (hooks written by older releases
+    # gsrun's site directory: <site>/gsrun/admin/node_entry.py (hooks written by older releases
     # put it first on sys.path, the current bootstrap last)
     site_dir = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     try:
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     a = parse_hook_args(argv)
     if a is None:
-        from gsrun.wrapper.node import main as click_main
+        from gsrun.admin.node import main as click_main
 
         click_main(argv)
         return
