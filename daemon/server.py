@@ -251,15 +251,35 @@ def join_client(pid: int, proc: str = "/proc", cgroup_fs: str = "/sys/fs/cgroup"
 
 def _read_request(conn, nfds: int | None = 3, timeout_s: float = REQUEST_TIMEOUT_S
                   ) -> tuple[list[str], dict[str, str], int, list[int]]:
-    """Read one request (blocking, ``timeout_s``) carrying ``nfds``
-    descriptors -> (argv, env, umask, fds)."""
-    conn.settimeout(timeout_s)
+    """Read one request carrying ``nfds`` descriptors (None: 0 or 3) ->
+    (argv, env, umask, fds), all of it within ``timeout_s`` (one deadline for
+    the whole request, not per read: a client that trickles a byte at a time
+    holds the loop no longer than a silent one).
+
+    Raises:
+        NoRequest: the peer closed before its first byte.
+        BadRequest: a short, oversized or malformed request, or the wrong
+            number of descriptors.
+        TimeoutError: the request did not arrive within ``timeout_s``.
+    """
+    deadline = time.monotonic() + timeout_s
     fds = array.array("i")
     buf = bytearray()
     need = None
     while need is None or len(buf) < need:
         want = 65536 if need is None else min(65536, need - len(buf))
-        data, anc, _flags, _addr = conn.recvmsg(want, socket.CMSG_SPACE(3 * fds.itemsize))
+        left = deadline - time.monotonic()
+        if left <= 0:
+            for fd in fds:
+                os.close(fd)
+            raise TimeoutError(f"request not complete within {timeout_s:g} s")
+        conn.settimeout(left)
+        try:
+            data, anc, _flags, _addr = conn.recvmsg(want, socket.CMSG_SPACE(3 * fds.itemsize))
+        except OSError:
+            for fd in fds:
+                os.close(fd)
+            raise
         for level, kind, payload in anc:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
@@ -655,6 +675,7 @@ class NodeDaemon:
                 return
             # "ready": the client answers "go" within REQUEST_TIMEOUT_S, else it has given up
             # waiting (and failed): then nothing is started here
+            conn.settimeout(REQUEST_TIMEOUT_S)
             conn.sendall(READY)
             if conn.recv(1) != GO:
                 conn.close()

@@ -736,3 +736,38 @@ def test_doctor_says_whether_the_daemon_answers_and_the_hooks_go_through_it(clie
     got = doctor.check_daemon(ctx)
     assert got.status == "fail" and got.detail.startswith(f"not answering on {running.sock}: "), got
     assert "gsrun-daemon" in got.hint
+
+
+def test_a_trickling_client_holds_the_loop_no_longer_than_one_request_deadline(running):
+    """One deadline per request (server.REQUEST_TIMEOUT_S), not per read: a client that
+    sends a byte every half second is dropped after the deadline, and a hook request
+    behind it is served at once after that."""
+    import socket
+
+    site_req = server.encode_request(["@ping"], {}, 0o022)
+    slow = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    slow.connect(running.sock)
+    t0 = time.monotonic()
+    dropped_s = None
+    for b in site_req[:12]:
+        try:
+            slow.sendall(bytes([b]))
+        except OSError:
+            dropped_s = time.monotonic() - t0
+            break
+        time.sleep(0.5)
+        if slow.recv(1, socket.MSG_DONTWAIT | socket.MSG_PEEK) if _readable(slow) else False:
+            dropped_s = time.monotonic() - t0
+            break
+    dropped_s = dropped_s if dropped_s is not None else time.monotonic() - t0
+    slow.close()
+    assert dropped_s < server.REQUEST_TIMEOUT_S + 1.5, dropped_s
+    st = server.ping(running.sock)
+    assert st["pid"] == running.proc.pid
+    assert "request refused" in running.stop()      # the trickler, logged as a bad request
+
+
+def _readable(s) -> bool:
+    import select
+
+    return bool(select.select([s], [], [], 0)[0])
