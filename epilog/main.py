@@ -340,4 +340,4 @@ def _mig_restore(job, paths, log):
 
 
 def _tuning_restore(hostfs, paths, job, log):
-    return tuning.epilog_restore(hostfs, str(paths.state_dir), job.job_id, log=log)
+    return tuning.epilog_restore(hostfs, str(paths.state_dir), job.job_id, log=log, uid=job.uid)

@@ -13,7 +13,7 @@ jobstats' own rules (PrincetonUniversity/jobstats, ``jobstats.py``
   than 10 characters, and sums ``total_time``/``cpus`` and the memory keys
   over ``nodes`` (``parse_stats``).
 
-The job records are ``tests/data/slurm-records/24.11/array-task-*.txt``."""
+The job records are ``tests/data/slurm-array/24.11-array-task-*.txt``."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ from helpers.paths import DATA
 
 from test_js1_bounded import big_job
 
-RECORDS = DATA / "slurm-records" / "24.11"
+RECORDS = DATA / "slurm-array"
 SAMPLING_PERIOD = 30          # jobstats config.py
 
 
@@ -123,7 +123,8 @@ def test_short_and_none_markers_follow_jobstats(elapsed, nodes, want):
                                               ("array-task-0", "4242", "4242_0"),
                                               ("shared", "4242", "4242")])
 def test_array_task_is_addressed_as_arrayjob_task(case, raw, want):
-    rec = parse_job_record((RECORDS / f"{case}.txt").read_text(), raw)
+    path = DATA / "slurm-records" / "24.11" / "shared.txt" if case == "shared" else RECORDS / f"24.11-{case}.txt"
+    rec = parse_job_record(path.read_text(), raw)
     job = job_from_record(raw, rec, {})
     assert accounting_job_id(raw, job) == want
     env = {"SLURM_JOB_ID": raw}
