@@ -38,6 +38,7 @@ from gsrun.facts.hostfs import HostFS
 from gsrun.facts.nvml import NvmlUnavailable, is_na, open_nvml
 from gsrun.facts.slurm import expand_hostlist, parse_gres_count, parse_oneliner
 from gsrun.facts.topology import read_topology
+from gsrun.facts.memlock import MEMLOCK_LIMIT_RE, memlock_propagated, parse_memlock, rdma_devices, rdma_text  # noqa: F401
 from gsrun.node.tuning import (DMA_LATENCY, HugepagesKnob, IRQ, NODE, PCI, bracket_word, governor_cpus, idle_states,
                                irqbalance_check, irqbalance_policy_script, pids_by_comm, read_meminfo_kb, read_swaps,
                                thp_dir)
@@ -490,32 +491,14 @@ def check_hugepages(ctx: Context) -> Check:
     return _c("hugepages", "ok", detail, pools=rows)
 
 
-MEMLOCK_LIMIT_RE = r"^Max locked memory\s+(\S+)\s+(\S+)\s+bytes"
-
-
-def parse_memlock(limits_text: str | None) -> tuple[str, str] | None:
-    """(soft, hard) of the ``Max locked memory`` line of ``/proc/<pid>/limits``:
-    a byte count or ``unlimited``; None when the line is absent. Pure."""
-    m = re.search(MEMLOCK_LIMIT_RE, limits_text or "", re.M)
-    return (m.group(1), m.group(2)) if m else None
-
-
-def memlock_propagated(conf: dict[str, str]) -> bool:
-    """Whether Slurm gives a job the submitting shell's ``RLIMIT_MEMLOCK``
-    (slurm.conf ``PropagateResourceLimits``, default ``ALL``, and
-    ``PropagateResourceLimitsExcept``; keys lower-cased as
-    :func:`gsrun.wrapper.install.parse_slurm_conf` gives them). Pure."""
-    except_ = {w.strip().upper() for w in conf.get("propagateresourcelimitsexcept", "").split(",")}
-    if "MEMLOCK" in except_ or "ALL" in except_:
-        return False
-    prl = {w.strip().upper() for w in conf.get("propagateresourcelimits", "ALL").split(",")}
-    return "ALL" in prl or "MEMLOCK" in prl
-
-
 def check_memlock(ctx: Context) -> Check:
     """Pinned memory for jobs: slurmd's own ``RLIMIT_MEMLOCK`` (``/proc/<pid>/limits``
     of the process named ``slurmd``: what its jobs inherit unless Slurm propagates the
-    submitting shell's) and slurm.conf's ``PropagateResourceLimits[Except]``."""
+    submitting shell's), slurm.conf's ``PropagateResourceLimits[Except]`` and the
+    node's RDMA devices (:func:`gsrun.facts.memlock.rdma_devices`: where the limit
+    matters most). A soft limit below an unlimited hard one is fine: gsrun-bind
+    raises each task's soft limit to its hard one; a limited hard limit is the
+    warning, said here once per node instead of on every job's terminal."""
     h = ctx.hostfs
     pids = pids_by_comm(h, "slurmd")
     lim = parse_memlock(h.read(f"proc/{pids[0]}/limits")) if pids else None
@@ -524,8 +507,10 @@ def check_memlock(ctx: Context) -> Check:
         conf = parse_slurm_conf(conf_path.read_text())
     except OSError:
         conf = None
+    rdma = rdma_devices(h)
     data = {"slurmd_pid": pids[0] if pids else None, "slurmd_memlock": list(lim) if lim else None,
-            "slurm_conf": str(conf_path), "propagated": None if conf is None else memlock_propagated(conf)}
+            "slurm_conf": str(conf_path), "propagated": None if conf is None else memlock_propagated(conf),
+            "rdma_devices": rdma}
     parts, hints = [], []
     if not pids:
         parts.append("slurmd: n/a (not running here)")
@@ -533,8 +518,10 @@ def check_memlock(ctx: Context) -> Check:
         parts.append(f"slurmd pid {pids[0]}: limits unreadable")
     else:
         parts.append(f"slurmd pid {pids[0]}: RLIMIT_MEMLOCK soft {lim[0]}, hard {lim[1]}")
-        if lim[0] != "unlimited":
+        if lim[1] != "unlimited":
             hints.append("LimitMEMLOCK=infinity in slurmd's systemd unit (systemctl edit slurmd), restart slurmd")
+        elif lim[0] != "unlimited":
+            parts[-1] += " (gsrun-bind raises each task's soft limit to the hard one)"
     if conf is None:
         parts.append(f"{conf_path} unreadable")
     else:
@@ -544,10 +531,12 @@ def check_memlock(ctx: Context) -> Check:
         if data["propagated"]:
             parts[-1] += ": jobs get the submitting shell's MEMLOCK limit"
             hints.append("slurm.conf PropagateResourceLimitsExcept=MEMLOCK")
+    parts.append(rdma_text(rdma))
     detail = "; ".join(parts)
     if hints:
-        return _c("memlock", "warn", detail, "; ".join(hints) + " (pinned DataLoader/NCCL buffers need "
-                  "unlimited; gsrun-bind warns each job)", **data)
+        return _c("memlock", "warn", detail, "; ".join(hints) + " (pinned DataLoader/NCCL buffers"
+                  + (" and RDMA registrations" if rdma else "") + " need unlimited; each job's report says so "
+                  "in its node settings)", **data)
     if not pids and conf is None:
         return _c("memlock", "n/a", detail, **data)
     return _c("memlock", "ok", detail, **data)
