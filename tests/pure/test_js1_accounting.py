@@ -183,3 +183,29 @@ def test_reduction_is_deterministic_and_jobstats_reads_every_blob(n_nodes, cap):
     assert got["cpu_time"] == pytest.approx(sum(n["cpu_time_s"] for n in det), rel=1e-6)
     assert got["mem_used"] == sum(n["mem_peak_bytes"] for n in det)
     assert got["mem_alloc"] == sum(n["mem_total_bytes"] for n in det)
+
+
+# ------------------------------------------------ through EpilogSlurmctld's background step
+
+@pytest.mark.parametrize("elapsed, want", [(42.0, JS1_SHORT), (7200.0, "blob")])
+def test_admin_comment_step_stores_the_tasks_own_comment(tmp_path, monkeypatch, elapsed, want):
+    from gsrun.epilog import ctld
+    monkeypatch.setenv("GSRUN_CONFIG", str(tmp_path / "none.toml"))
+    monkeypatch.setenv("GSRUN_LOG_FILE", str(tmp_path / "log"))
+    rec = parse_job_record((RECORDS / "24.11-array-task-7.txt").read_text(), "4249")
+    summary = big_job(2)
+    summary["job"].update(job_from_record("4249", rec, {}), elapsed_s=elapsed)
+    d = tmp_path / "spool/jobs/4249"
+    d.mkdir(parents=True)
+    (d / "summary.json").write_text(json.dumps(summary))
+    monkeypatch.setattr(accounting, "config_cached", lambda *a, **k: {
+        "AccountingStorageType": "accounting_storage/slurmdbd", "ClusterName": "c"})
+    stored = []
+    monkeypatch.setattr(accounting, "store_admin_comment_retry",
+                        lambda job, blob, *a, **k: stored.append((job, blob)) or "sacctmgr")
+    assert ctld.admin_comment_step("4249", str(tmp_path / "spool")) == 0
+    assert [s[0] for s in stored] == ["4242_7"]          # the task, never the array's id
+    blob = stored[0][1]
+    assert blob == JS1_SHORT if want == JS1_SHORT else jobstats_read(blob)["nodes"] == 2
+    mark = json.loads((d / "accounting.json").read_text())
+    assert mark["admin_comment"] == ("no figures" if want == JS1_SHORT else "stored")
