@@ -431,7 +431,7 @@ def check_cstate(ctx: Context) -> Check:
 
 def check_irq(ctx: Context) -> Check:
     """``irq=local``: the GPUs' MSI IRQs (``sys/bus/pci/devices/<bdf>/msi_irqs``),
-    whether their ``/proc/irq/N/smp_affinity_list`` may be written by this user (file
+    whether their ``/proc/irq/N/smp_affinity_list`` (else ``smp_affinity``) may be written by this user (file
     mode: an IRQ the kernel manages itself refuses the write with EIO only at apply),
     and irqbalance: started with gsrun's policy script (``tuning.irqbalance_policy_script``,
     its ``-l``/``--policyscript=``), ``irq=local`` bans and pins the IRQs; otherwise the
@@ -445,8 +445,13 @@ def check_irq(ctx: Context) -> Check:
     gpus, parts, unwritable = [], [], 0
     for bdf in sorted(_sysfs_nvidia_gpus(h)):
         msi = sorted((n for n in h.listdir(f"{PCI}/{bdf}/msi_irqs") if n.isdigit()), key=int)
-        files = [n for n in msi if h.exists(f"{IRQ}/{n}/smp_affinity_list")]
-        writable = [n for n in files if os.access(h.path(f"{IRQ}/{n}/smp_affinity_list"), os.W_OK)]
+        # smp_affinity_list, else smp_affinity (a hex mask: what irq=local writes where the list is absent)
+        files = {}
+        for n in msi:
+            f = next((f for f in (f"{IRQ}/{n}/smp_affinity_list", f"{IRQ}/{n}/smp_affinity") if h.exists(f)), None)
+            if f is not None:
+                files[n] = f
+        writable = [n for n in files if os.access(h.path(files[n]), os.W_OK)]
         unwritable += len(files) - len(writable)
         gpus.append({"bdf": bdf, "msi_irqs": [int(n) for n in msi], "writable": [int(n) for n in writable]})
         parts.append(f"{bdf} {len(msi)} MSI IRQs, {len(writable)} writable")
