@@ -39,6 +39,7 @@ from gsrun.facts.hostfs import HostFS
 from gsrun.facts.nvml import NvmlUnavailable, is_na, open_nvml
 from gsrun.facts.slurm import expand_hostlist, parse_gres_count, parse_oneliner
 from gsrun.facts.topology import read_topology
+from gsrun.facts.memlock import MEMLOCK_LIMIT_RE, memlock_propagated, parse_memlock, rdma_devices, rdma_text  # noqa: F401
 from gsrun.node.tuning import (DMA_LATENCY, HugepagesKnob, IRQ, NODE, PCI, bracket_word, governor_cpus, idle_states,
                                irqbalance_check, irqbalance_policy_script, pids_by_comm, read_meminfo_kb, read_swaps,
                                thp_dir)
@@ -431,7 +432,7 @@ def check_cstate(ctx: Context) -> Check:
 
 def check_irq(ctx: Context) -> Check:
     """``irq=local``: the GPUs' MSI IRQs (``sys/bus/pci/devices/<bdf>/msi_irqs``),
-    whether their ``/proc/irq/N/smp_affinity_list`` may be written by this user (file
+    whether their ``/proc/irq/N/smp_affinity_list`` (else ``smp_affinity``) may be written by this user (file
     mode: an IRQ the kernel manages itself refuses the write with EIO only at apply),
     and irqbalance: started with gsrun's policy script (``tuning.irqbalance_policy_script``,
     its ``-l``/``--policyscript=``), ``irq=local`` bans and pins the IRQs; otherwise the
@@ -445,8 +446,13 @@ def check_irq(ctx: Context) -> Check:
     gpus, parts, unwritable = [], [], 0
     for bdf in sorted(_sysfs_nvidia_gpus(h)):
         msi = sorted((n for n in h.listdir(f"{PCI}/{bdf}/msi_irqs") if n.isdigit()), key=int)
-        files = [n for n in msi if h.exists(f"{IRQ}/{n}/smp_affinity_list")]
-        writable = [n for n in files if os.access(h.path(f"{IRQ}/{n}/smp_affinity_list"), os.W_OK)]
+        # smp_affinity_list, else smp_affinity (a hex mask: what irq=local writes where the list is absent)
+        files = {}
+        for n in msi:
+            f = next((f for f in (f"{IRQ}/{n}/smp_affinity_list", f"{IRQ}/{n}/smp_affinity") if h.exists(f)), None)
+            if f is not None:
+                files[n] = f
+        writable = [n for n in files if os.access(h.path(files[n]), os.W_OK)]
         unwritable += len(files) - len(writable)
         gpus.append({"bdf": bdf, "msi_irqs": [int(n) for n in msi], "writable": [int(n) for n in writable]})
         parts.append(f"{bdf} {len(msi)} MSI IRQs, {len(writable)} writable")
@@ -491,32 +497,14 @@ def check_hugepages(ctx: Context) -> Check:
     return _c("hugepages", "ok", detail, pools=rows)
 
 
-MEMLOCK_LIMIT_RE = r"^Max locked memory\s+(\S+)\s+(\S+)\s+bytes"
-
-
-def parse_memlock(limits_text: str | None) -> tuple[str, str] | None:
-    """(soft, hard) of the ``Max locked memory`` line of ``/proc/<pid>/limits``:
-    a byte count or ``unlimited``; None when the line is absent. Pure."""
-    m = re.search(MEMLOCK_LIMIT_RE, limits_text or "", re.M)
-    return (m.group(1), m.group(2)) if m else None
-
-
-def memlock_propagated(conf: dict[str, str]) -> bool:
-    """Whether Slurm gives a job the submitting shell's ``RLIMIT_MEMLOCK``
-    (slurm.conf ``PropagateResourceLimits``, default ``ALL``, and
-    ``PropagateResourceLimitsExcept``; keys lower-cased as
-    :func:`gsrun.admin.install.parse_slurm_conf` gives them). Pure."""
-    except_ = {w.strip().upper() for w in conf.get("propagateresourcelimitsexcept", "").split(",")}
-    if "MEMLOCK" in except_ or "ALL" in except_:
-        return False
-    prl = {w.strip().upper() for w in conf.get("propagateresourcelimits", "ALL").split(",")}
-    return "ALL" in prl or "MEMLOCK" in prl
-
-
 def check_memlock(ctx: Context) -> Check:
     """Pinned memory for jobs: slurmd's own ``RLIMIT_MEMLOCK`` (``/proc/<pid>/limits``
     of the process named ``slurmd``: what its jobs inherit unless Slurm propagates the
-    submitting shell's) and slurm.conf's ``PropagateResourceLimits[Except]``."""
+    submitting shell's), slurm.conf's ``PropagateResourceLimits[Except]`` and the
+    node's RDMA devices (:func:`gsrun.facts.memlock.rdma_devices`: where the limit
+    matters most). A soft limit below an unlimited hard one is fine: gsrun-bind
+    raises each task's soft limit to its hard one; a limited hard limit is the
+    warning, said here once per node instead of on every job's terminal."""
     h = ctx.hostfs
     pids = pids_by_comm(h, "slurmd")
     lim = parse_memlock(h.read(f"proc/{pids[0]}/limits")) if pids else None
@@ -525,8 +513,10 @@ def check_memlock(ctx: Context) -> Check:
         conf = parse_slurm_conf(conf_path.read_text())
     except OSError:
         conf = None
+    rdma = rdma_devices(h)
     data = {"slurmd_pid": pids[0] if pids else None, "slurmd_memlock": list(lim) if lim else None,
-            "slurm_conf": str(conf_path), "propagated": None if conf is None else memlock_propagated(conf)}
+            "slurm_conf": str(conf_path), "propagated": None if conf is None else memlock_propagated(conf),
+            "rdma_devices": rdma}
     parts, hints = [], []
     if not pids:
         parts.append("slurmd: n/a (not running here)")
@@ -534,8 +524,10 @@ def check_memlock(ctx: Context) -> Check:
         parts.append(f"slurmd pid {pids[0]}: limits unreadable")
     else:
         parts.append(f"slurmd pid {pids[0]}: RLIMIT_MEMLOCK soft {lim[0]}, hard {lim[1]}")
-        if lim[0] != "unlimited":
+        if lim[1] != "unlimited":
             hints.append("LimitMEMLOCK=infinity in slurmd's systemd unit (systemctl edit slurmd), restart slurmd")
+        elif lim[0] != "unlimited":
+            parts[-1] += " (gsrun-bind raises each task's soft limit to the hard one)"
     if conf is None:
         parts.append(f"{conf_path} unreadable")
     else:
@@ -545,10 +537,12 @@ def check_memlock(ctx: Context) -> Check:
         if data["propagated"]:
             parts[-1] += ": jobs get the submitting shell's MEMLOCK limit"
             hints.append("slurm.conf PropagateResourceLimitsExcept=MEMLOCK")
+    parts.append(rdma_text(rdma))
     detail = "; ".join(parts)
     if hints:
-        return _c("memlock", "warn", detail, "; ".join(hints) + " (pinned DataLoader/NCCL buffers need "
-                  "unlimited; gsrun-bind warns each job)", **data)
+        return _c("memlock", "warn", detail, "; ".join(hints) + " (pinned DataLoader/NCCL buffers"
+                  + (" and RDMA registrations" if rdma else "") + " need unlimited; each job's report says so "
+                  "in its node settings)", **data)
     if not pids and conf is None:
         return _c("memlock", "n/a", detail, **data)
     return _c("memlock", "ok", detail, **data)

@@ -28,7 +28,7 @@ import time
 
 from gsrun.base.errors import GsrunError
 from gsrun.base.fsutil import atomic_write, atomic_write_json, read_json, write_user_copy
-from gsrun.base.ids import check_job_id
+from gsrun.base.ids import check_job_id, is_job_id
 from gsrun.base.log import JobLog
 from gsrun.base.paths import Paths
 from gsrun.base.proc import root_child_env, root_python, spawn_detached
@@ -40,7 +40,8 @@ from gsrun.report import accounting, mail
 from gsrun.report.findings import finding_records
 from gsrun.report.render import render_png, render_text
 from gsrun.report.retention import ACCOUNTING_MARK
-from gsrun.report.summary import JobTimeline, KEEP_GPU_TIMELINES, job_summary, js1_blob, strip_timelines
+from gsrun.report.summary import (JS1_MARKERS, JS1_SHORT, JobTimeline, KEEP_GPU_TIMELINES, job_summary, js1_comment,
+                                  strip_timelines)
 from gsrun.request.config import load_config_or_defaults
 
 def job_from_record(job_id: str, rec: dict[str, str] | None, env) -> dict:
@@ -87,6 +88,19 @@ def job_from_record(job_id: str, rec: dict[str, str] | None, env) -> dict:
         "submit_time": _epoch(rec.get("SubmitTime")), "time_limit_s": _elapsed(rec.get("TimeLimit")),
         **({"state_source": state_source} if state_source else {}),
     }
+
+
+def accounting_job_id(job_id: str, job: dict) -> str:
+    """The id the job's record has in accounting for ``sacctmgr ... where jobid=``:
+    an array task is ``<ArrayJobId>_<ArrayTaskId>`` (``job["array"]``, from
+    ``scontrol show job``). Its raw ``SLURM_JOB_ID`` is not used: the first
+    task's raw id is the array's own id, and ``jobid=<ArrayJobId>`` names every
+    task of the array (jobstats' ``slurmctldepilog.sh`` addresses tasks the same
+    way), so each task would overwrite the others' blob. Pure."""
+    array = job.get("array")
+    if isinstance(array, str) and "_" in array and is_job_id(array, array=True):
+        return array
+    return job_id
 
 
 def _epoch(text: str | None) -> float | None:
@@ -435,15 +449,17 @@ def admin_comment_step(job_id: str, spool_dir: str | None = None, deadline_s: fl
         if not summary or summary.get("kind") != "job":
             log.warn("no job summary: AdminComment not stored")
             return 1
-        blob = js1_blob(summary)
-        if blob is None:
-            log("no figures jobstats could use (no elapsed time or node summaries): AdminComment not set")
-            _mark_accounting(paths, job_id, "no figures", log)
-            return 0
+        blob = js1_comment(summary, cfg["report.js1_max_chars"])
+        target = accounting_job_id(job_id, summary.get("job") or {})
         how = accounting.store_admin_comment_retry(
-            job_id, blob, sconf.get("ClusterName", ""), os.environ.get("SLURM_CONF"), timeout_s,
+            target, blob, sconf.get("ClusterName", ""), os.environ.get("SLURM_CONF"), timeout_s,
             deadline_s, log=None)
-        log(f"AdminComment stored ({len(blob)} chars, {how})")
+        if blob in JS1_MARKERS:
+            what = "ran under 60 s" if blob == JS1_SHORT else "no figures jobstats could use"
+            log(f"AdminComment of {target} stored as jobstats' marker {blob} ({what}, {how})")
+            _mark_accounting(paths, job_id, "no figures", log, f"{blob}; {how}")
+            return 0
+        log(f"AdminComment of {target} stored ({len(blob)} chars, {how})")
         _mark_accounting(paths, job_id, "stored", log, how)
         return 0
     except GsrunError as e:

@@ -36,6 +36,7 @@ from gsrun.base.paths import Paths
 from gsrun.epilog.handoff import run_epilog
 from gsrun.facts.hostfs import HostFS
 from gsrun.facts.jobenv import job_from_env
+from gsrun.facts.task_notes import read_task_notes
 from gsrun.facts.nvml import NvmlUnavailable, open_nvml
 from gsrun.node import mig, mps, residual, tuning
 from gsrun.node.metrics_textfile import remove_job_file
@@ -251,7 +252,8 @@ def _summary(job, paths, sdir, hostfs, log, pre: dict | None = None) -> dict:
     summ["sampler_stop"] = stopped
     summ["mem_total_bytes"] = hostfs.mem_total_bytes()
     summ["request"] = prolog.get("request")
-    summ["settings"] = node_settings(prolog)     # None: no prolog record, settings unknown
+    notes = read_task_notes(str(paths.spool_dir), job.job_id, job.node, job.uid) if job.uid > 0 else None
+    summ["settings"] = node_settings(prolog, notes)     # None: no prolog record, settings unknown
     lost = [g["index"] for g in summ["gpus"] if g.get("lost_at_s") is not None]
     out = paths.spool_job(job.job_id) / f"node-{job.node}.json"
     try:
@@ -340,4 +342,4 @@ def _mig_restore(job, paths, log):
 
 
 def _tuning_restore(hostfs, paths, job, log):
-    return tuning.epilog_restore(hostfs, str(paths.state_dir), job.job_id, log=log)
+    return tuning.epilog_restore(hostfs, str(paths.state_dir), job.job_id, log=log, uid=job.uid)

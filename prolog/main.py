@@ -40,7 +40,7 @@ import time
 
 from gsrun.base import pids
 from gsrun.base.errors import GsrunError
-from gsrun.base.fsutil import atomic_write_json, json_text, read_json, unlink_names, write_user_copy
+from gsrun.base.fsutil import atomic_write_json, ensure_dir, json_text, read_json, unlink_names, write_user_copy
 from gsrun.base.log import JobLog, safe_text
 from gsrun.base.paths import Paths
 from gsrun.base.proc import root_child_env, root_python, spawn_detached
@@ -49,6 +49,7 @@ from gsrun.facts.cgroup import find_job_cgroup, read_cpuset
 from gsrun.facts.hostfs import HostFS
 from gsrun.facts.jobenv import job_from_env
 from gsrun.facts.nvml import NvmlUnavailable, index_by_minor, open_nvml
+from gsrun.facts.task_notes import NOTES_NAME, task_dir
 from gsrun.facts.topology import read_topology
 from gsrun.node import mig, mps, tuning
 from gsrun.node.mem_baseline import format_mem_baseline, read_mem_baseline
@@ -87,6 +88,10 @@ def _records(c: Ctx):
         c.paths.make_state_job(c.job.job_id, log=c.log.warn)
         d = c.paths.make_spool_job(c.job.job_id, log=c.log.warn, gid=c.job.gid)
         gone = clear_earlier_run(d, c.job.node)
+        task = task_dir(str(c.paths.spool_dir), c.job.job_id, c.job.node)
+        if task is not None and c.job.uid > 0:   # gsrun-bind's notes for the node summary, written as the user
+            ensure_dir(task, 0o700, c.job.uid, c.job.gid, replace_planted=True, log=c.log.warn)
+            gone += [f"{os.path.basename(task)}/{n}" for n in unlink_names(task, (NOTES_NAME,))]
         if gone:
             c.log(f"removed an earlier run's {', '.join(gone)} (same job id: requeued, or ids reissued)")
     c.records_ok = True

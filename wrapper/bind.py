@@ -48,6 +48,11 @@ from gsrun.facts.hwloc_xml import read_topology_xml
 from gsrun.facts.topology import NVML_IF_NEEDED, read_allowed_mems, read_topology
 from gsrun.request.config import load_config
 from gsrun.facts.slurm import expand_hostlist
+from gsrun.bind.malloc import (LIB_DIRS_ENV, MALLOC_ENV, find_allocator, lib_dirs_from_env, preload_value,
+                               watch_preload, write_notes)
+from gsrun.facts.memlock import memlock_problem, raise_memlock_soft, rdma_devices, rdma_text
+from gsrun.facts.task_notes import NOTES_NAME, task_dir
+from gsrun.request.malloc import ALLOCATORS, LIB_DIRS
 
 __all__ = ["main", "BindParams", "apply_affinity", "plan_environ", "run_plan", "run_exec"]
 
@@ -168,36 +173,29 @@ def choose_rank(p: BindParams, environ: Mapping[str, str], fs: HostFS) -> tuple[
 MEMLOCK_ENV = "GSRUN_MEMLOCK_MIN_BYTES"
 
 
-def _memlock_soft() -> int | None:
-    try:
-        return resource.getrlimit(resource.RLIMIT_MEMLOCK)[0]
-    except (OSError, ValueError):
+def memlock_warning(hard: int | None, floor_text: str | None, rdma: list[str] | None = None) -> str | None:
+    """The admin's warning for a task whose hard ``RLIMIT_MEMLOCK`` (bytes,
+    ``resource.RLIM_INFINITY`` = unlimited; None = unreadable) is below the
+    floor in ``$GSRUN_MEMLOCK_MIN_BYTES`` (bytes, or ``unlimited``, the
+    default; :func:`gsrun.facts.memlock.memlock_problem`), naming the node's
+    RDMA devices (``rdma``); None when fine. A soft limit below the hard one
+    is no problem: gsrun-bind raises it. The text goes to the task notes
+    (the report's node settings), never to the user's terminal."""
+    problem = memlock_problem(hard, floor_text)
+    if problem is None:
         return None
+    return (f"memlock: {problem}: pinned host memory (DataLoader pin_memory, NCCL, cudaHostAlloc) fails or falls "
+            f"back to pageable copies; {rdma_text(rdma or [])}; hint: LimitMEMLOCK=infinity in slurmd's systemd "
+            "unit (and slurm.conf PropagateResourceLimitsExcept=MEMLOCK), then restart slurmd")
 
 
-def memlock_warning(soft: int | None, floor_text: str | None) -> str | None:
-    """The task's ``RLIMIT_MEMLOCK`` soft limit (bytes, ``resource.RLIM_INFINITY``
-    = unlimited; None = unreadable) against the floor in
-    ``$GSRUN_MEMLOCK_MIN_BYTES`` (bytes, or ``unlimited``, the default: pinned
-    DataLoader/NCCL buffers need it). Returns the warning, or None when fine.
-    A bad floor value counts as the default."""
-    if soft is None:
-        return None
-    floor = None        # None = unlimited expected
-    t = (floor_text or "").strip()
-    if t.isdigit():
-        floor = int(t)
-    if soft == resource.RLIM_INFINITY or (floor is not None and soft >= floor):
-        return None
-    want = "unlimited" if floor is None else f"{floor} bytes"
-    return (f"memlock: RLIMIT_MEMLOCK is {soft} bytes ({soft // 1024} KiB), below {want}: pinned host memory "
-            "(DataLoader pin_memory, NCCL, cudaHostAlloc) fails or falls back to pageable copies; "
-            "hint: slurm.conf PropagateResourceLimitsExcept=MEMLOCK and LimitMEMLOCK=infinity in slurmd's "
-            "systemd unit, then restart slurmd")
-
-
-def run_exec(p: BindParams, environ: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
+def run_exec(p: BindParams, environ: Mapping[str, str], notes_out: dict | None = None
+             ) -> tuple[list[str], dict[str, str]]:
     """Apply the current task's plan and return (argv, environment) to exec.
+    Raises the soft ``RLIMIT_MEMLOCK`` to the hard one; with ``GSRUN_MALLOC``
+    set, puts the allocator first in ``LD_PRELOAD`` (:mod:`gsrun.bind.malloc`).
+    Local rank 0 fills ``notes_out`` (when given) with the task notes
+    (:mod:`gsrun.facts.task_notes`).
 
     Raises:
         GsrunError: a bad flag or host root (usage errors only).
@@ -209,13 +207,21 @@ def run_exec(p: BindParams, environ: Mapping[str, str]) -> tuple[list[str], dict
     slurm_environ = environ
     environ, worker = worker_environ(environ)
     rp, host_nodes, warnings = choose_rank(p, environ, fs)
+    node = environ.get("SLURMD_NODENAME")
+    limits = raise_memlock_soft() if fs.is_real else None      # every rank: limits are per process
+    malloc = _malloc(environ, rp.local_rank == 0, warnings)
     if rp.local_rank == 0:   # once per node, not once per rank
-        node = environ.get("SLURMD_NODENAME")
-        ml = memlock_warning(_memlock_soft(), environ.get(MEMLOCK_ENV))
-        if ml:
-            warnings = list(warnings) + [ml]
         for w in warnings:
             _warn(f"{node}: {w}" if node else w)
+        if notes_out is not None:
+            rdma = rdma_devices(fs)
+            hard = None if limits is None or limits[1] == resource.RLIM_INFINITY else limits[1]
+            notes_out["memlock"] = {"soft": None if limits is None or limits[0] == resource.RLIM_INFINITY
+                                    else limits[0], "hard": hard, "rdma": rdma,
+                                    "problem": memlock_warning(limits[1], environ.get(MEMLOCK_ENV), rdma)
+                                    if limits else None}
+            if malloc is not None:
+                notes_out["malloc"] = malloc
     applied = list(rp.cpus)
     try:
         applied = apply_affinity(rp, 0)
@@ -246,6 +252,8 @@ def run_exec(p: BindParams, environ: Mapping[str, str]) -> tuple[list[str], dict
         vis = mig_visible_devices(mig, rp.local_rank, p.gpu_isolation)
         if vis:
             env["CUDA_VISIBLE_DEVICES"] = vis   # the MIG devices the prolog made for this job
+    if malloc is not None and malloc.get("path"):
+        env["LD_PRELOAD"] = preload_value(malloc["path"], slurm_environ.get("LD_PRELOAD"))
     mems = read_allowed_mems(fs) if fs.is_real else None
     argv = exec_argv(rp, host_nodes, p.command, allowed_mems=mems)
     if environ.get("GSRUN_BIND_VERBOSE") == "1":
@@ -255,6 +263,34 @@ def run_exec(p: BindParams, environ: Mapping[str, str]) -> tuple[list[str], dict
         click.echo(f"gsrun-bind: rank {rp.local_rank} gpu {gpu} cpus {format_cpulist(applied)} "
                    f"mem {mem} ({rp.reason})", err=True)
     return argv, env
+
+
+def _malloc(environ: Mapping[str, str], warn: bool, warnings: list[str]) -> dict | None:
+    """The allocator this task preloads (``GSRUN_MALLOC``, set by the job script
+    for ``--malloc``): ``{"name", "state", "path", "detail"}`` for the task notes
+    (state ``not verified`` until the watcher looks, ``not found``), None
+    without one. A library not found adds the node's warning (``warn``: local
+    rank 0) naming where it looked; the task runs without it."""
+    name = environ.get(MALLOC_ENV)
+    if not name:
+        return None
+    if name not in ALLOCATORS:
+        if warn:
+            warnings.append(f"--malloc: unknown allocator {name[:40]!r} in {MALLOC_ENV}: not preloaded")
+        return None
+    dirs = lib_dirs_from_env(environ.get(LIB_DIRS_ENV))
+    if dirs is None:
+        dirs = LIB_DIRS
+    path, looked, rejected = find_allocator(name, dirs)
+    if path is None:
+        alloc = ALLOCATORS[name]
+        why = f"{' or '.join(alloc.sonames)} not found (looked in {', '.join(looked)})" + (
+            f"; not usable: {'; '.join(rejected[:3])}" if rejected else "")
+        if warn:
+            warnings.append(f"--malloc {name}: {why}: the job runs without it; hint: install {alloc.debian} "
+                            f"(Debian/Ubuntu) or {alloc.rhel} (RHEL) on the nodes, or submit with --malloc none")
+        return {"name": name, "state": "not found", "path": None, "detail": why}
+    return {"name": name, "state": "not verified", "path": path, "detail": "watcher not started"}
 
 
 def _job_mig_devices(environ: Mapping[str, str]) -> list[str] | None:
@@ -346,12 +382,15 @@ def main(plan, as_json, host_root, gpus, ntasks_per_node, local_rank, allowed_cp
                 raise InputError("bind", "--plan takes no command", " ".join(p.command)[:80])
             click.echo(run_plan(p, environ), nl=False if not p.as_json else True)
             return
-        argv, env = run_exec(p, environ)
+        notes: dict = {}
+        argv, env = run_exec(p, environ, notes)
     except GsrunError as e:
         click.echo(str(e), err=True)
         sys.exit(2)
     sys.stdout.flush()
     sys.stderr.flush()
+    if notes:
+        _record_notes(notes, environ)
     os.environ.clear()
     os.environ.update(env)
     try:
@@ -360,6 +399,26 @@ def main(plan, as_json, host_root, gpus, ntasks_per_node, local_rank, allowed_cp
         click.echo(str(InputError("bind", "cannot run command", f"{argv[0]}: {e.strerror}",
                                   hint="check the command name and PATH")), err=True)
         sys.exit(2)
+
+
+def _record_notes(notes: dict, environ: Mapping[str, str]) -> None:
+    """Write local rank 0's task notes where the epilog reads them
+    (:func:`gsrun.facts.task_notes.task_dir`, made by the prolog for the job's
+    user): through the preload watcher when an allocator is preloaded, else
+    now. Nothing when the directory is not there (no prolog of gsrun, a test)."""
+    try:
+        spool = environ.get("GSRUN_SPOOL_DIR") or load_config(environ=environ)["paths.spool_dir"]
+    except Exception:  # noqa: BLE001 - a broken config must not stop the task
+        return
+    d = task_dir(spool, environ.get("SLURM_JOB_ID"), environ.get("SLURMD_NODENAME"))
+    if d is None or not os.path.isdir(d) or os.path.islink(d):
+        return
+    path = os.path.join(d, NOTES_NAME)
+    m = notes.get("malloc")
+    if m and m.get("path"):
+        watch_preload(m["path"], notes, path)
+    else:
+        write_notes(path, notes)
 
 
 def _entry(argv: Sequence[str] | None = None) -> None:  # pragma: no cover

@@ -31,7 +31,7 @@ from gsrun.facts.live import read_live_docs
 from gsrun.report import accounting
 from gsrun.report.live import live_summary, live_text
 from gsrun.report.render import render_png, render_text
-from gsrun.report.summary import decode_js1, job_summary
+from gsrun.report.summary import JS1_MARKERS, JS1_SHORT, JS1_SHORT_S, decode_js1, job_summary
 from gsrun.report.units import fmt_duration_s, fmt_gib, fmt_pct
 from gsrun.request.config import load_config
 
@@ -121,7 +121,11 @@ def load_accounting(job_id: str, timeout_s: float = 15.0) -> dict:
         raise
     comment = accounting.admin_comment(job_id, timeout_s)
     js1, err = None, None
-    if comment and comment.startswith("JS1:"):
+    if comment in JS1_MARKERS:
+        err = ("AdminComment is jobstats' short-job marker (JS1:Short): the job ran under "
+               f"{JS1_SHORT_S} s, no GPU figures were stored") if comment == JS1_SHORT else \
+              "AdminComment is jobstats' marker JS1:None: no node figures were stored for the job"
+    elif comment and comment.startswith("JS1:"):
         try:
             js1 = decode_js1(comment)
         except (ValueError, OSError, EOFError) as e:

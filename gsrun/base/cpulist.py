@@ -100,3 +100,40 @@ def words_to_cpus(words: Iterable[int], bits: int = 64) -> list[int]:
             if int(word) >> b & 1:
                 out.append(w * bits + b)
     return out
+
+
+def parse_cpumask(text: str | None) -> list[int]:
+    """A kernel hex CPU mask -> CPU ids, ascending. The form of
+    ``/proc/irq/N/smp_affinity``, ``effective_affinity`` and ``local_cpus``
+    (``bitmap_print_to_pagebuf``): comma-separated 32-bit words of hex
+    digits, most significant word first, e.g. ``00000000,0000ff00`` ->
+    ``[8..15]`` (any width: a 256-CPU host prints 8 words).
+
+    Raises:
+        InputError: not such a mask, or more than :data:`MAX_CPUS` bits.
+    """
+    t = (text or "").strip()
+    words = t.split(",") if t else []
+    if not words or len(words) * 32 > MAX_CPUS or any(
+            not w or len(w) > 8 or any(c not in "0123456789abcdefABCDEF" for c in w) for w in words):
+        raise InputError("input", "bad CPU mask", repr(t)[:80], hint="comma-separated hex words, e.g. ff,00000000")
+    return words_to_cpus((int(w, 16) for w in reversed(words)), 32)
+
+
+def format_cpumask(cpus: Iterable[int]) -> str:
+    """CPU ids -> the kernel's hex mask form (see :func:`parse_cpumask`): as
+    many 32-bit words as the highest CPU needs, each 8 digits, most
+    significant first. ``[8..15]`` -> ``0000ff00``; ``[0, 64]`` ->
+    ``00000001,00000000,00000001``; ``[]`` -> ``00000000``.
+
+    Raises:
+        InputError: a CPU id below 0 or at least :data:`MAX_CPUS`.
+    """
+    ids = sorted(set(int(c) for c in cpus))
+    if ids and (ids[0] < 0 or ids[-1] >= MAX_CPUS):
+        raise InputError("input", "bad CPU id", str(ids[0] if ids[0] < 0 else ids[-1]))
+    n = (ids[-1] // 32 + 1) if ids else 1
+    words = [0] * n
+    for c in ids:
+        words[c // 32] |= 1 << (c % 32)
+    return ",".join(f"{w:08x}" for w in reversed(words))

@@ -191,7 +191,7 @@ def job_state(job_id: str, timeout_s: float = 15.0) -> str | None:
 # --------------------------------------------------------------------------- effects
 
 # The kernel refuses one argv string longer than MAX_ARG_STRLEN (32 pages = 128 KiB): E2BIG.
-# A blob is at most gsrun.report.summary.JS1_MAX_CHARS (8 KiB); this is the last guard.
+# A blob is at most report.js1_max_chars (at most gsrun.report.summary.JS1_CAP_MAX); this is the last guard.
 MAX_ARG_BYTES = 64 * 1024
 
 
@@ -200,7 +200,7 @@ def _sacctmgr_set(job_id: str, blob: str, timeout_s: float) -> tuple[bool, str]:
     if max(len(a.encode()) for a in argv) > MAX_ARG_BYTES:
         raise SlurmError("accounting", "blob too long for sacctmgr",
                          f"{len(blob)} characters (at most {MAX_ARG_BYTES} bytes per argument)",
-                         hint="a blob from gsrun.report.summary.js1_blob is at most 8 KiB")
+                         hint="lower report.js1_max_chars (docs/CONFIG.md)")
     try:
         cp = run_slurm(argv, timeout_s, check=False)
     except OSError as e:      # E2BIG, ENOMEM...: never an uncaught error
@@ -212,6 +212,23 @@ def _sacctmgr_set(job_id: str, blob: str, timeout_s: float) -> tuple[bool, str]:
 def _dbd_conf_path(slurm_conf: str | None) -> Path:
     conf = slurm_conf or os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf"
     return Path(conf).parent / "slurmdbd.conf"
+
+
+def sql_job_where(job_id: str) -> str:
+    """The ``WHERE`` condition of slurmdbd's ``<cluster>_job_table`` row of
+    ``job_id``: ``id_job=N`` for a raw id, ``id_array_job=A AND
+    id_array_task=T`` for an array task ``A_T`` (the columns slurmdbd keeps
+    per task; ``id_job`` of a task is its raw id, which EpilogSlurmctld's
+    caller addresses as ``A_T``). Pure.
+
+    Raises:
+        InputError: not a job id or array task id.
+    """
+    check_job_id(job_id, array=True)
+    if "_" in job_id:
+        a, t = job_id.split("_")
+        return f"id_array_job={int(a)} AND id_array_task={int(t)}"
+    return f"id_job={int(job_id)}"
 
 
 def _sql_set(job_id: str, blob: str, cluster: str, slurm_conf: str | None,
@@ -240,11 +257,11 @@ def _sql_set(job_id: str, blob: str, cluster: str, slurm_conf: str | None,
     if client is None:
         raise SlurmError("accounting", "no database fallback", "no mariadb/mysql client installed")
     check_job_id(job_id, array=True)
-    if "_" in job_id or not valid_js1(blob):
-        raise SlurmError("accounting", "refused", "only a raw job id and a JS1 blob are written")
+    if not valid_js1(blob):
+        raise SlurmError("accounting", "refused", "only a job id and a JS1 blob are written")
     # values are allow-listed above: digits, [A-Za-z0-9_-], base64 -- safe in the statement
     sql = (f"UPDATE `{cluster.lower()}_job_table` SET admin_comment='{blob}' "
-           f"WHERE id_job={int(job_id)} ORDER BY time_submit DESC LIMIT 1;")
+           f"WHERE {sql_job_where(job_id)} ORDER BY time_submit DESC LIMIT 1;")
     with tempfile.NamedTemporaryFile("w", prefix="gsrun-dbd-", suffix=".cnf", delete=True) as f:
         os.chmod(f.name, 0o600)
         f.write("[client]\n")

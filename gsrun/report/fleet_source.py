@@ -36,7 +36,7 @@ from typing import Iterable, Iterator
 from gsrun.base.errors import SlurmError
 from gsrun.facts.sacct import parse_mem, parse_time_s, parse_tres, tres_gpus
 from gsrun.facts.slurm import DEFAULT_PATH, TERMINAL_STATES, state_word
-from gsrun.report.summary import decode_js1
+from gsrun.report.summary import JS1_MARKERS, decode_js1
 
 #: ``--format=`` of the report's query. AdminComment is last: a ``|`` inside
 #: another tool's comment only ever spills into the last column.
@@ -177,7 +177,7 @@ def blob_figures(comment: str) -> tuple[JobFigures | None, str | None]:
     (a reduced gsrun blob) count as three GPUs."""
     if not comment.startswith("JS1:"):
         return None, ("lowercased" if comment.startswith("js1:") else "no blob")
-    if comment in ("JS1:Short", "JS1:None"):
+    if comment in JS1_MARKERS:
         return None, "jobstats stub"
     try:
         blob = decode_js1(comment)

@@ -49,14 +49,20 @@ _ACTION_STATE = {"applied": "applied", "unchanged": "unchanged", "reuse": "reuse
                  "skipped": "skipped", "apply": "skipped"}
 
 
-def node_settings(prolog: dict | None) -> list[dict] | None:
+def node_settings(prolog: dict | None, notes: dict | None = None) -> list[dict] | None:
     """The node settings in force during the job, from the prolog record
     (``prolog-<node>.json``): one :class:`~gsrun.report.records.NodeSetting`
     (its JSON form, built here as a plain dict so that the epilog imports no typed
     record) per tuning item of ``steps.tuning`` (the report of
     :func:`gsrun.node.tuning.prolog_tune`), ``cpu_dma_latency`` when the
     sampler held ``/dev/cpu_dma_latency`` (``holds``), and ``malloc`` when the
-    job's request names an allocator (``--malloc``: the job script preloads it).
+    job's request names an allocator (``--malloc``: gsrun-bind preloads it).
+    ``notes``: the task notes of the node (:func:`gsrun.facts.task_notes.read_task_notes`):
+    ``malloc`` then says what the task got (``applied`` = verified in its
+    ``/proc/<pid>/maps``, ``requested`` = preloaded but not verified, with why,
+    ``unsupported`` = not found, with where gsrun-bind looked), and a hard
+    ``RLIMIT_MEMLOCK`` too low for pinned memory adds ``memlock`` (state
+    ``warning``, once per node, naming the node's RDMA devices).
     ``[]``: nothing asked or tuning off; None: no prolog record (unknown). Pure."""
     if not isinstance(prolog, dict) or not prolog:
         return None
@@ -78,8 +84,19 @@ def node_settings(prolog: dict | None) -> list[dict] | None:
     elif isinstance(tune, str) and tune:
         out.append(_setting(key="tuning", value=None, state="failed", reason=tune))
     malloc = (prolog.get("request") or {}).get("malloc")
-    if isinstance(malloc, str) and malloc:
+    task = (notes or {}).get("malloc") if isinstance(notes, dict) else None
+    if isinstance(task, dict) and task.get("name"):
+        state = {"verified": "applied", "not found": "unsupported"}.get(task.get("state"), "requested")
+        where = f"LD_PRELOAD={task['path']} by gsrun-bind; " if task.get("path") else ""
+        out.append(_setting(key="malloc", value=str(task["name"]), state=state,
+                            reason=f"{where}{task.get('state')}: {task.get('detail') or ''}".rstrip(": "),
+                            source="request"))
+    elif isinstance(malloc, str) and malloc:
         out.append(_setting(key="malloc", value=malloc, state="requested",
-                               reason="LD_PRELOAD and its tuning environment set by the job script when the "
-                                      "library is on the node", source="request"))
+                            reason="LD_PRELOAD set by gsrun-bind for each task's command when the library is on "
+                                   "the node", source="request"))
+    ml = (notes or {}).get("memlock") if isinstance(notes, dict) else None
+    if isinstance(ml, dict) and ml.get("problem"):
+        out.append(_setting(key="memlock", value=None if ml.get("hard") is None else str(ml["hard"]),
+                            state="warning", reason=str(ml["problem"]), source="node"))
     return out

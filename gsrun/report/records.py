@@ -161,7 +161,7 @@ class GpuSummary(Record):
 
 
 SettingState = Literal["applied", "unchanged", "reused", "refused", "unsupported", "failed", "rolled_back",
-                       "skipped", "held", "requested"]
+                       "skipped", "held", "requested", "warning"]
 
 
 @dataclass(frozen=True)
@@ -172,18 +172,20 @@ class NodeSetting(Record):
     job script preloads (``--malloc``)."""
 
     key: str = field("setting: a --tune key (governor, swap, swappiness, dirty_ratio, dirty_background_ratio, "
-                     "thp, thp_defrag, zone_reclaim_mode, cstate, irq, hugepages), cpu_dma_latency or malloc")
+                     "thp, thp_defrag, zone_reclaim_mode, cstate, irq, hugepages), cpu_dma_latency, malloc or memlock")
     value: str | None = field("the value asked (cpu_dma_latency: microseconds held); null: the request itself "
                               "(key request: a request that could not be parsed)")
     state: SettingState = field(
         "applied (written and read back), unchanged (already the value), reused (set by another running job), "
         "refused (reason), unsupported on this node (reason), failed / rolled_back / skipped (a write or verify "
         "failed: every change of the job was put back), held (cpu_dma_latency: the sampler held the file), "
-        "requested (malloc: the job script preloads the library when it is on the node)")
+        "requested (malloc: gsrun-bind preloads the library when it is on the node; not verified yet, or why "
+        "not), warning (memlock: the task's hard RLIMIT_MEMLOCK is too low for pinned memory)")
     reason: str = field("why (refused, unsupported, failed), or what was done (IRQs, hugepages per node); "
                         "may be empty", "")
     source: str = field("request (the job asked), default (site tuning.defaults), fallback (swap=off unsafe: "
-                        "swappiness instead), site (malloc.default) or empty", "")
+                        "swappiness instead), site (malloc.default), node (memlock: what the node gave the task) "
+                        "or empty", "")
     extra: dict = extra_field()
 
 

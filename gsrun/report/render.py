@@ -98,12 +98,16 @@ def fmt_setting(st: dict) -> str:
     """One node setting of a summary (:class:`gsrun.report.records.NodeSetting`, JSON
     form) as the report shows it: ``governor=performance applied``, ``irq=local refused
     (irqbalance runs ...)``, ``cpu_dma_latency=1us held``, ``malloc=jemalloc (preloaded by
-    the job script)``."""
+    gsrun-bind)``."""
     key, value, state, why = st.get("key"), st.get("value"), st.get("state"), st.get("reason") or ""
     if key == "cpu_dma_latency":
         return f"cpu_dma_latency={value}us held by the sampler"
+    if key == "malloc" and why.startswith(("LD_PRELOAD=", "not found")) or key == "malloc" and state == "unsupported":
+        return f"{key}={value} ({why})"       # what the task got (gsrun-bind's notes)
     if state == "requested":
-        return f"{key}={value} (preloaded by the job script)"
+        return f"{key}={value} (preloaded by gsrun-bind)"
+    if key == "memlock":
+        return f"memlock warning ({why})"
     text = f"{key}={value} {str(state).replace('_', ' ')}" if value is not None else f"{key} {state}"
     why = re.sub(r"^not supported here \((.*?)\)(;|$)", r"\1\2", why)    # "unsupported" says it already
     if why and (state in _SETTING_WHY or key in ("cstate", "irq", "hugepages")) and why != "already the value":

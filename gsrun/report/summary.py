@@ -94,9 +94,17 @@ total and fails, and a 0 would be an invented figure, so that is the only
 way it shows the memory as unknown. A CPU-only job (``gpus`` 0) has no GPU
 keys, as jobstats writes it. ``total_memory`` per node is the job's memory request split
 over its nodes in proportion to their cores (Slurm's AllocTRES ``mem`` is
-the job total), else the node's memory (``MemTotal``). The blob is at most
-:data:`JS1_MAX_CHARS` characters: see :func:`js1_blob` for how per-GPU and
-per-node detail is reduced (``gsrun.reduced``) when it would not fit.
+the job total), else the node's memory (``MemTotal``). The blob is at most ``max_chars``
+characters (site setting ``report.js1_max_chars``, default
+:data:`JS1_MAX_CHARS`): see :func:`js1_blob` for how per-GPU and per-node
+detail is reduced (``gsrun.reduced``) when it would not fit.
+
+What is stored in ``AdminComment`` (:func:`js1_comment`) follows jobstats'
+``report_job_json`` and its ``slurmctldepilog.sh``: ``JS1:Short``
+(:data:`JS1_SHORT`) for a job that ran less than :data:`JS1_SHORT_S`
+seconds, ``JS1:None`` (:data:`JS1_NONE`) for one without node figures,
+else the blob. jobstats' reader only decodes a comment longer than 10
+characters, so it never tries to decode a marker.
 """
 
 from __future__ import annotations
@@ -513,7 +521,18 @@ def _job_merge(job: dict, nodes: list, cfg, partition: str | None, timeline: Job
     return dataclasses.replace(summary, findings=found), d
 
 
-JS1_MAX_CHARS = 8192     # the longest blob js1_blob returns (AdminComment column, sacctmgr argv)
+# the default of report.js1_max_chars: a 64-node job of 8 GPUs each, every GPU with its own
+# figures, is about 13.6 k characters (tests/pure/test_js1_accounting.py), so it stays unreduced
+JS1_MAX_CHARS = 32768
+# the most report.js1_max_chars may be: under accounting.valid_js1's 60000 and MAX_ARG_BYTES
+# (one sacctmgr argument), and MySQL's TEXT column (65535 bytes) for admin_comment
+JS1_CAP_MAX = 49152
+# jobstats' markers (jobstats.py Jobstats.report_job_json, stored by slurm/slurmctldepilog.sh
+# as "JS1:" + the word): a run shorter than 2 x SAMPLING_PERIOD (30 s in jobstats' config.py)
+# is "Short"; a job with no node figures is "None"
+JS1_SHORT, JS1_NONE = "JS1:Short", "JS1:None"
+JS1_MARKERS = (JS1_SHORT, JS1_NONE)
+JS1_SHORT_S = 2 * 30
 JS1_GROUPS = (512, 256, 128, 64, 32, 16, 8, 4, 2, 1)   # node groups tried, in order, when per-node does not fit
 
 
@@ -535,7 +554,7 @@ def _js1_nodes(summary: dict) -> tuple[list[tuple[str, dict, list[dict]]], dict[
         if g.get("status", "ok") in ("ok", "lost"):
             gpus_of.setdefault(g["node"], []).append(g)
     out, unknown = [], {}
-    for n in detail:
+    for n in sorted(detail, key=lambda n: str(n["node"])):   # the same blob whatever order the merge saw
         cpus = n.get("cpus_alloc")
         miss = []
         if mem_req:      # the job's memory limit on the node (Slurm's mem is the job total)
@@ -551,7 +570,7 @@ def _js1_nodes(summary: dict) -> tuple[list[tuple[str, dict, list[dict]]], dict[
                 miss.append(key)
         if miss:
             unknown[n["node"]] = miss
-        out.append((n["node"], d, gpus_of.get(n["node"], [])))
+        out.append((n["node"], d, sorted(gpus_of.get(n["node"], []), key=lambda g: int(g["index"]))))
     return out, unknown
 
 
@@ -579,7 +598,7 @@ def _gpu_keys(gpus: list[dict], has_gpus: bool, mem_pair: bool, reduce: bool) ->
         vals = list(util.values())
         util = {"min": min(vals), "median": round(_median(vals), 1), "max": max(vals)}
     if reduce and len(mem) > 3:
-        by_frac = sorted(mem.values(), key=lambda um: um[0] / um[1])
+        by_frac = sorted(mem.values(), key=lambda um: (um[0] / um[1], um))
         mem = {"min": by_frac[0], "median": by_frac[len(by_frac) // 2], "max": by_frac[-1]}
     if util or has_gpus:
         d["gpu_utilization"] = util
@@ -676,15 +695,30 @@ def js1_blob(summary: dict, max_chars: int = JS1_MAX_CHARS) -> str | None:
     return text     # one pooled node always fits: 4 numbers, 3 GPU keys
 
 
+def js1_comment(summary: dict, max_chars: int = JS1_MAX_CHARS) -> str:
+    """What goes into the job's ``AdminComment``, decided as jobstats decides
+    it (``Jobstats.report_job_json``, in this order): :data:`JS1_SHORT` when
+    the job ran less than :data:`JS1_SHORT_S` seconds (``job.elapsed_s``),
+    :data:`JS1_NONE` when its elapsed time is unknown or it has no node
+    figures (:func:`js1_blob` returns None), else the blob of at most
+    ``max_chars`` characters."""
+    elapsed = (summary.get("job") or {}).get("elapsed_s")
+    if isinstance(elapsed, (int, float)) and elapsed < JS1_SHORT_S:
+        return JS1_SHORT
+    return js1_blob(summary, max_chars) or JS1_NONE
+
+
 def decode_js1(text: str) -> dict:
     """Inverse of :func:`js1_blob` (what jobstats does with ``AdminComment``).
 
     Raises:
-        ValueError: not a ``JS1:`` blob, or a corrupt one (truncated field,
-            another tool's comment).
+        ValueError: not a ``JS1:`` blob, a marker (:data:`JS1_MARKERS`), or
+            a corrupt one (truncated field, another tool's comment).
     """
     if not text.startswith("JS1:"):
         raise ValueError("not a JS1 blob")
+    if text in JS1_MARKERS:
+        raise ValueError(f"{text} is jobstats' marker for a job without figures, not a blob")
     try:
         return json.loads(gzip.decompress(base64.b64decode(text[4:], validate=True)))
     except (OSError, EOFError, ValueError) as e:

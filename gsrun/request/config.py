@@ -332,6 +332,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("idle.touch_comment", bool, False,
             "Also note a detection in the job's Comment (off: the job's Comment and stderr are left alone).",
             None, "true/false"),
+    Setting("report.js1_max_chars", int, 32768,
+            "Longest JS1 blob stored in a job's AdminComment (jobstats' layout); a larger job's per-GPU, then "
+            "per-node figures are pooled (min/median/max, node groups) so it fits. The default keeps a 64-node "
+            "job of 8 GPUs each unreduced (about 14 k characters).", _range(2048, 49152), "2048-49152"),
     Setting("report.doc_url", str, "",
             "Site documentation page linked from every finding (the finding code as #anchor); empty = no link.",
             _url, "http(s) URL or empty"),

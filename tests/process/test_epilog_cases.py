@@ -496,3 +496,38 @@ def test_summaries_readable_only_by_their_user(site):
     for name in ("user-node-gpu-node01.json", "node-gpu-node01.json", "prolog-gpu-node01.json"):
         assert try_read(d / name, OTHER) == "EACCES", name
     assert try_read(site.state / "jobs/4242/sampler.json", OTHER) == "EACCES"
+
+
+# ---------------------------------------------------------------- the task's notes in the node summary
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the notes file must belong to the job's user")
+def test_task_notes_reach_the_node_settings_and_a_planted_link_does_not(site):
+    """What local rank 0's gsrun-bind leaves in ``task-<node>/bind.json`` (the
+    allocator verified in its maps, a hard RLIMIT_MEMLOCK of 64 KiB on a node
+    with an mlx5 port) becomes the node summary's settings; a link planted
+    there instead is never followed."""
+    env = site.env()
+    assert run_node(["prolog"], env).returncode == 0
+    task = site.spool / "jobs/4242/task-gpu-node01"
+    assert task.is_dir() and task.stat().st_uid == USER and stat.S_IMODE(task.stat().st_mode) == 0o700
+    lib = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
+    notes = {"malloc": {"name": "jemalloc", "state": "verified", "path": lib,
+                        "detail": "mapped in local rank 0's /proc/4711/maps"},
+             "memlock": {"soft": 65536, "hard": 65536, "rdma": ["mlx5_0"],
+                         "problem": "memlock: hard RLIMIT_MEMLOCK 65536 bytes (64 KiB), below unlimited: ..."}}
+    (task / "bind.json").write_text(json.dumps(notes))
+    os.chown(task / "bind.json", USER, USER)
+    assert run_node(["epilog"], env).returncode == 0
+    summ = json.loads((site.spool / "jobs/4242/node-gpu-node01.json").read_text())
+    by = {s["key"]: s for s in summ["settings"]}
+    assert by["malloc"]["state"] == "applied" and by["malloc"]["reason"] == (
+        f"LD_PRELOAD={lib} by gsrun-bind; verified: mapped in local rank 0's /proc/4711/maps")
+    assert by["memlock"] == {"key": "memlock", "value": "65536", "state": "warning", "source": "node",
+                             "reason": notes["memlock"]["problem"]}
+    # the next run of the same id: a link to root's file in place of the notes is not read
+    assert run_node(["prolog"], env).returncode == 0
+    (site.base / "root-notes.json").write_text(json.dumps(notes))
+    (task / "bind.json").symlink_to(site.base / "root-notes.json")
+    assert run_node(["epilog"], env).returncode == 0
+    summ = json.loads((site.spool / "jobs/4242/node-gpu-node01.json").read_text())
+    assert not any(s["key"] in ("malloc", "memlock") for s in summ["settings"] or [])

@@ -1,11 +1,11 @@
-"""``gsrun --malloc``: the rendered preload snippet run by bash with fake library
-directories and a fake ``ldconfig`` (what a node would find at run time), and
-the allow-lists that keep every value out of the shell's reach.
-
-The snippet is cut from the real rendered script (from the ``# --malloc`` comment
-to ``srun``), so what runs here is byte for byte what a job runs; ``srun`` is
-replaced by printing the environment the tasks would inherit.
-"""
+"""``gsrun --malloc``: the job script only names the allocator; ``gsrun-bind``
+finds the library on the node (directories with ELF headers built per elf(5):
+x86-64 and aarch64 shared objects, an executable, a non-ELF file; ``ldconfig
+-p`` text in glibc's format with a stale and a foreign-machine line), puts it
+first in ``LD_PRELOAD`` of the task's command only, and proves it mapped in
+the task's ``/proc/<pid>/maps`` (a real shared object of this host copied
+under the allocator's name: no jemalloc needs to be installed); plus the
+allow-lists that keep every value out of the shell's reach."""
 
 from __future__ import annotations
 
@@ -31,106 +31,143 @@ def spec(malloc="jemalloc", dirs=("/nonexistent",), env=None, cuda=None) -> JobS
                    malloc_env=env, malloc_lib_dirs=tuple(dirs), cuda_alloc_conf=cuda)
 
 
-def snippet(script: str) -> str:
-    start = script.index("# --malloc ")
-    end = script.index("\nsrun ")
-    return ("set -eu\n" + script[start:end]
-            + '\nprintf "LD_PRELOAD=%s\\n" "$LD_PRELOAD"; env | grep -E "^(MALLOC_CONF|TCMALLOC_)" | sort'
-            + '\necho reached-srun\n')
+LIB = "/lib/x86_64-linux-gnu/libbz2.so.1.0"     # a real x86-64 shared object of this host, standing in
 
 
-def run_snippet(tmp_path, script: str, ldconfig_out: str = "", env_extra=None):
-    """Run the snippet with a fake ``ldconfig`` first on PATH printing ``ldconfig_out``."""
-    fake = tmp_path / "fakebin"
-    fake.mkdir(exist_ok=True)
-    (fake / "ldconfig").write_text(f"#!/bin/sh\n[ \"$1\" = -p ] || exit 2\ncat <<'EOF'\n{ldconfig_out}EOF\n")
-    (fake / "ldconfig").chmod(0o755)
-    env = {"PATH": f"{fake}:/usr/bin:/bin", "HOME": str(tmp_path)}
-    env.update(env_extra or {})
-    p = subprocess.run(["bash", "-c", snippet(script)], capture_output=True, text=True, timeout=30, env=env)
-    return p.returncode, p.stdout, p.stderr
+def header(ei_class=2, ei_data=1, e_type=3, e_machine=62) -> bytes:
+    """An ELF header as elf(5) lays it out (64 bytes; the fields gsrun reads set)."""
+    order = "little" if ei_data == 1 else "big"
+    return (b"\x7fELF" + bytes([ei_class, ei_data, 1, 0]) + bytes(8) + e_type.to_bytes(2, order)
+            + e_machine.to_bytes(2, order) + bytes(44))
 
 
-def libdir(tmp_path, name, *libs):
+def libdir(tmp_path, name, libs: dict) -> str:
     d = tmp_path / name
     d.mkdir()
-    for lib in libs:
-        (d / lib).write_bytes(b"\x7fELF fake")
+    for lib, head in libs.items():
+        (d / lib).write_bytes(head)
     return str(d)
 
 
-def test_found_in_the_first_directory_that_has_it(tmp_path):
-    empty = libdir(tmp_path, "empty")
-    first = libdir(tmp_path, "a", "libjemalloc.so.2")
-    second = libdir(tmp_path, "b", "libjemalloc.so.2")
-    rc, out, err = run_snippet(tmp_path, render_script(spec(dirs=(empty, first, second))))
-    assert rc == 0, err
-    assert f"LD_PRELOAD={first}/libjemalloc.so.2\n" in out
-    assert f"MALLOC_CONF={JEMALLOC_CONF}\n" in out
-    assert out.endswith("reached-srun\n")
+# `ldconfig -p` as glibc 2.36 (Debian 12) prints it on an x86-64 node with a multiarch aarch64 copy
+LDCONFIG = ("1234 libs found in cache `/etc/ld.so.cache'\n"
+            "\tlibjemalloc.so.2 (libc6,AArch64) => {arm}\n"
+            "\tlibjemalloc.so.2 (libc6,x86-64) => {stale}\n"
+            "\tlibjemalloc.so.2 (libc6,x86-64) => {good}\n"
+            "\tlibjemalloc.so (libc6,x86-64) => {good}\n")
 
 
-def test_the_jobs_own_preload_and_malloc_conf_are_kept(tmp_path):
-    d = libdir(tmp_path, "a", "libjemalloc.so.2")
-    rc, out, err = run_snippet(tmp_path, render_script(spec(dirs=(d,))),
-                               env_extra={"LD_PRELOAD": "/opt/x/libmine.so", "MALLOC_CONF": "narenas:2"})
-    assert rc == 0, err
-    assert f"LD_PRELOAD={d}/libjemalloc.so.2:/opt/x/libmine.so\n" in out
-    assert "MALLOC_CONF=narenas:2\n" in out
+def test_the_script_sets_no_preload_for_itself_srun_or_torchrun():
+    for s in (spec(), JobSpec(gpus=2, nodes=1, gpus_per_node=2, command=("true",), job_name="t",
+                              malloc="jemalloc", launcher="torchrun", python="/usr/bin/python3")):
+        text = render_script(s)
+        assert [ln for ln in text.splitlines() if "LD_PRELOAD" in ln and not ln.startswith("#")] == []
+        assert "export GSRUN_MALLOC=jemalloc\n" in text and "export GSRUN_MALLOC_LIB_DIRS=/nonexistent\n" in text \
+            or "export GSRUN_MALLOC_LIB_DIRS=/usr/lib/x86_64-linux-gnu:" in text
 
 
-def test_ldconfig_cache_when_no_directory_has_it_64_bit_entry(tmp_path):
-    empty = libdir(tmp_path, "empty")
-    cache = ("3 libs found in cache `/etc/ld.so.cache'\n"
-             "\tlibjemalloc.so.2 (libc6) => /usr/lib/i386-linux-gnu/libjemalloc.so.2\n"
-             "\tlibjemalloc.so.2 (libc6,x86-64) => /opt/site/lib/libjemalloc.so.2\n"
-             "\tlibjemalloc.so (libc6,x86-64) => /opt/other/libjemalloc.so\n")
-    rc, out, err = run_snippet(tmp_path, render_script(spec(dirs=(empty,))), cache)
-    assert rc == 0, err
-    assert "LD_PRELOAD=/opt/site/lib/libjemalloc.so.2\n" in out
+def test_found_in_the_first_directory_whose_library_fits_the_node(tmp_path):
+    from gsrun.bind.malloc import find_allocator
+    arm = libdir(tmp_path, "arm", {"libjemalloc.so.2": header(e_machine=183)})
+    fake = libdir(tmp_path, "fake", {"libjemalloc.so.2": b"\x7fELF fake"})
+    exe = libdir(tmp_path, "exe", {"libjemalloc.so.2": header(e_type=2)})
+    good = libdir(tmp_path, "good", {"libjemalloc.so.2": header()})
+    path, looked, rejected = find_allocator("jemalloc", (arm, fake, exe, good), lambda: "", machine="x86_64")
+    assert path == f"{good}/libjemalloc.so.2" and looked == [arm, fake, exe, good]
+    assert rejected == [f"{arm}/libjemalloc.so.2: ELF 64-bit aarch64, this node is x86_64",
+                        f"{fake}/libjemalloc.so.2: not an ELF file",
+                        f"{exe}/libjemalloc.so.2: ELF 64-bit x86-64 is not a shared object (e_type 2)"]
+    # the same aarch64 library is the one to use on an aarch64 node
+    assert find_allocator("jemalloc", (arm,), lambda: "", machine="aarch64")[0] == f"{arm}/libjemalloc.so.2"
 
 
-@pytest.mark.parametrize("malloc,package", [("jemalloc", "libjemalloc2"), ("tcmalloc", "libtcmalloc-minimal4")])
-def test_absent_library_stops_before_srun_naming_the_package(tmp_path, malloc, package):
-    empty = libdir(tmp_path, "empty")
-    rc, out, err = run_snippet(tmp_path, render_script(spec(malloc, dirs=(empty,))),
-                               "\tlibc.so.6 (libc6,x86-64) => /lib/x86_64-linux-gnu/libc.so.6\n")
-    assert rc == 1
-    assert "reached-srun" not in out
-    lines = err.splitlines()
-    assert lines[0].startswith(f"gsrun: job: --malloc {malloc}: ")
-    assert f"not found on {os.uname().nodename} (searched {empty} and ldconfig -p)" in lines[0]
-    assert lines[1].startswith(f"hint: install {package} (Debian/Ubuntu)")
+def test_ldconfig_lines_are_checked_not_trusted(tmp_path):
+    from gsrun.bind.malloc import find_allocator
+    arm = libdir(tmp_path, "arm", {"libjemalloc.so.2": header(e_machine=183)}) + "/libjemalloc.so.2"
+    good = libdir(tmp_path, "good", {"libjemalloc.so.2": header()}) + "/libjemalloc.so.2"
+    text = LDCONFIG.format(arm=arm, stale=str(tmp_path / "gone/libjemalloc.so.2"), good=good)
+    empty = libdir(tmp_path, "empty", {})
+    path, looked, rejected = find_allocator("jemalloc", (empty,), lambda: text, machine="x86_64")
+    assert path == good and looked == [empty, "ldconfig -p"]
+    assert rejected == [f"ldconfig -p: {arm}: ELF 64-bit aarch64, this node is x86_64",
+                        f"ldconfig -p: {tmp_path}/gone/libjemalloc.so.2: No such file or directory"]
 
 
-def test_tcmalloc_prefers_minimal_and_exports_its_tuning(tmp_path):
-    full_only = libdir(tmp_path, "full", "libtcmalloc.so.4")
-    rc, out, err = run_snippet(tmp_path, render_script(spec("tcmalloc", dirs=(full_only,))))
-    assert rc == 0, err
-    assert f"LD_PRELOAD={full_only}/libtcmalloc.so.4\n" in out
-    both = libdir(tmp_path, "both", "libtcmalloc.so.4", "libtcmalloc_minimal.so.4")
-    rc, out, err = run_snippet(tmp_path, render_script(spec("tcmalloc", dirs=(full_only, both))))
-    # directory order first: the full library of the earlier directory wins over a later minimal
-    assert f"LD_PRELOAD={full_only}/libtcmalloc.so.4\n" in out
-    rc, out, err = run_snippet(tmp_path, render_script(spec("tcmalloc", dirs=(both,))))
-    assert f"LD_PRELOAD={both}/libtcmalloc_minimal.so.4\n" in out
-    assert "TCMALLOC_RELEASE_RATE=2.5\n" in out
-    assert "MALLOC_CONF" not in out
+def test_tcmalloc_prefers_minimal(tmp_path):
+    from gsrun.bind.malloc import find_allocator
+    both = libdir(tmp_path, "both", {"libtcmalloc.so.4": header(), "libtcmalloc_minimal.so.4": header()})
+    assert find_allocator("tcmalloc", (both,), lambda: "", "x86_64")[0] == f"{both}/libtcmalloc_minimal.so.4"
 
 
-def test_a_real_preload_runs_when_the_node_has_the_library(tmp_path):
-    """The real library of this machine, if installed: a program starts with it preloaded."""
-    libs = [p for p in ("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2", "/usr/lib64/libjemalloc.so.2")
-            if os.path.exists(p)]
-    if not libs:
-        pytest.skip("libjemalloc2 is not installed on this machine")
-    d = os.path.dirname(libs[0])
-    script = render_script(spec(dirs=(d,))).replace("\nsrun ", "\n/bin/true; srun ")
-    rc, out, err = run_snippet(tmp_path, script)
-    assert rc == 0 and f"LD_PRELOAD={libs[0]}" in out, err
-    p = subprocess.run(["cat", "/proc/self/maps"], capture_output=True, text=True,
-                       env={"LD_PRELOAD": libs[0], "PATH": "/usr/bin:/bin"}, timeout=30)
-    assert "libjemalloc.so.2" in p.stdout
+def test_existing_preloads_are_kept_after_it():
+    from gsrun.bind.malloc import preload_value
+    assert preload_value("/l/libjemalloc.so.2", None) == "/l/libjemalloc.so.2"
+    assert preload_value("/l/libjemalloc.so.2", "/opt/a.so /opt/b.so") == "/l/libjemalloc.so.2:/opt/a.so:/opt/b.so"
+    assert preload_value("/l/libjemalloc.so.2", "/opt/a.so:/l/libjemalloc.so.2") == "/l/libjemalloc.so.2:/opt/a.so"
+
+
+def test_maps_match_by_inode_or_path():
+    from gsrun.bind.malloc import maps_has
+    line = "7f1c2a000000-7f1c2a02a000 r--p 00000000 fd:01 1234567    /usr/lib/x86_64-linux-gnu/libjemalloc.so.2\n"
+    assert maps_has(line, (os.makedev(0xfd, 1), 1234567), "/elsewhere/libjemalloc.so.2")
+    assert maps_has(line, None, "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2")
+    assert not maps_has(line, (os.makedev(0xfd, 2), 1234567), "/x/libjemalloc.so.2")
+
+
+TASK = ("import os, json; m = open('/proc/self/maps').read(); "
+        "print(json.dumps({'preload': os.environ.get('LD_PRELOAD'), 'mapped': 'libjemalloc.so.2' in m}))")
+
+
+def bind_env(tmp_path, dirs, **extra):
+    from helpers.bind_run import clean_env
+    spool = tmp_path / "spool"
+    (spool / "jobs/4242/task-gpu01").mkdir(parents=True)
+    return clean_env(GSRUN_MALLOC="jemalloc", GSRUN_MALLOC_LIB_DIRS=":".join(dirs), GSRUN_SPOOL_DIR=str(spool),
+                     SLURM_JOB_ID="4242", SLURMD_NODENAME="gpu01", SLURM_LOCALID="0", GSRUN_CONFIG="/nonexistent",
+                     PATH="/usr/sbin:/usr/bin:/bin", **extra), spool / "jobs/4242/task-gpu01/bind.json"
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64" or not os.path.exists(LIB), reason="needs x86-64 libbz2")
+def test_gsrun_bind_preloads_the_task_command_and_proves_it_mapped(tmp_path):
+    import json
+    import shutil
+    import sys
+    import time
+    from helpers.bind_run import run_bind
+    d = tmp_path / "lib"
+    d.mkdir()
+    shutil.copyfile(LIB, d / "libjemalloc.so.2")      # a real shared object under the allocator's name
+    env, notes = bind_env(tmp_path, (str(tmp_path / "none"), str(d)), LD_PRELOAD=LIB)
+    r = run_bind(["--", sys.executable, "-c", TASK], env)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert got == {"preload": f"{d}/libjemalloc.so.2:{LIB}", "mapped": True}
+    assert "malloc" not in r.stderr and "memlock" not in r.stderr      # nothing on the user's terminal
+    for _ in range(300):
+        if notes.exists():
+            break
+        time.sleep(0.02)
+    n = json.loads(notes.read_text())
+    assert n["malloc"]["state"] == "verified" and n["malloc"]["path"] == f"{d}/libjemalloc.so.2"
+    assert n["malloc"]["detail"].startswith("mapped in local rank 0's /proc/")
+    assert set(n["memlock"]) == {"soft", "hard", "rdma", "problem"}
+
+
+def test_gsrun_bind_without_the_library_warns_where_it_looked_and_runs(tmp_path):
+    import json
+    import sys
+    from helpers.bind_run import run_bind
+    empty = libdir(tmp_path, "empty", {})
+    env, notes = bind_env(tmp_path, (empty,), LD_PRELOAD="")
+    env["PATH"] = str(tmp_path / "nobin")      # no ldconfig to ask either
+    r = run_bind(["--", sys.executable, "-c", TASK], env)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == {"preload": "", "mapped": False}
+    assert (f"gsrun: bind: warning: gpu01: --malloc jemalloc: libjemalloc.so.2 not found (looked in {empty}, "
+            "ldconfig -p): the job runs without it; hint: install libjemalloc2") in r.stderr
+    n = json.loads(notes.read_text())
+    assert n["malloc"] == {"name": "jemalloc", "state": "not found", "path": None,
+                           "detail": f"libjemalloc.so.2 not found (looked in {empty}, ldconfig -p)"}
 
 
 def test_hostile_values_never_reach_the_script():

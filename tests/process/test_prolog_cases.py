@@ -269,14 +269,19 @@ def test_prolog_clears_what_an_earlier_run_with_this_job_id_left(site):
            "user-summary.json", "accounting.json", "idle-cancel.json"]
     for name in old + ["node-gpu-node02.json"]:          # another node's summary is that node's to clear
         (d / name).write_text("{}")
+    (d / "task-gpu-node01").mkdir()
+    (d / "task-gpu-node01/bind.json").write_text("{}")     # the earlier run's task notes
     (site.base / "elsewhere.json").write_text("{}")
     (d / "summary.json").unlink()
     (d / "summary.json").symlink_to(site.base / "elsewhere.json")   # a link is removed, not followed
     cp = run_node(["prolog"], site.env(**CREDENTIAL))
     assert cp.returncode == 0, cp.stderr
-    assert sorted(x.name for x in d.iterdir()) == ["node-gpu-node02.json", "prolog-gpu-node01.json"]
+    assert sorted(x.name for x in d.iterdir()) == ["node-gpu-node02.json", "prolog-gpu-node01.json",
+                                                   "task-gpu-node01"]
+    task = d / "task-gpu-node01"     # made for the job's user, empty: gsrun-bind's notes go there
+    assert list(task.iterdir()) == [] and task.stat().st_uid == int(site.env(**CREDENTIAL)["SLURM_JOB_UID"])
     assert (site.base / "elsewhere.json").exists()
-    assert "removed an earlier run's node-gpu-node01.json" in cp.stderr
+    assert "removed an earlier run's node-gpu-node01.json" in cp.stderr and "task-gpu-node01/bind.json" in cp.stderr
     run_node(["epilog"], site.env(**CREDENTIAL))
 
 

@@ -178,3 +178,12 @@ def test_config_cached_asks_slurmctld_once_per_slurm_conf_and_ttl(tmp_path, monk
     assert accounting.config_cached(str(tmp_path), slurm_conf=str(tmp_path / "nope.conf")) == \
         {"AccountingStorageType": "accounting_storage/slurmdbd", "ClusterName": "c2"}
     assert len(calls) == 9 and not cache.exists()
+
+
+@pytest.mark.parametrize("comment, said", [("JS1:Short", "short-job marker (JS1:Short): the job ran under 60 s"),
+                                            ("JS1:None", "marker JS1:None: no node figures")])
+def test_load_accounting_jobstats_markers(monkeypatch, comment, said):
+    monkeypatch.setattr(accounting, "sacct_text", lambda j, t=15.0, fmt=None: SACCT_OUT)
+    monkeypatch.setattr(accounting, "admin_comment", lambda j, t=15.0: comment)
+    rec = gseff.load_accounting("4")
+    assert rec["gpu"] is None and rec["js1"] is None and said in rec["js1_error"]

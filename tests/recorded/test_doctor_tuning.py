@@ -139,8 +139,8 @@ def test_memlock_slurmd_and_slurm_conf(tmp_path, conf, soft, status, detail_end,
     r = doctor.check_memlock(ctx(root, tmp_path, conf))
     assert r.status == status, r.detail
     assert r.detail.startswith(f"slurmd pid 777: RLIMIT_MEMLOCK soft {soft}, hard ")
-    assert r.detail.endswith(detail_end)
-    assert r.data["slurmd_memlock"][0] == soft
+    assert r.detail.endswith(detail_end + "; " + NO_RDMA)
+    assert r.data["slurmd_memlock"][0] == soft and r.data["rdma_devices"] == []
     if hint_has:
         assert hint_has in r.hint
     else:
@@ -153,7 +153,29 @@ def test_memlock_without_slurmd(tmp_path):
     assert r.status == "ok"
     assert r.detail.startswith("slurmd: n/a (not running here); PropagateResourceLimits=ALL (default)")
     r = doctor.check_memlock(ctx(root, tmp_path / "x"))
-    assert r.status == "n/a" and r.detail.endswith("slurm.conf unreadable")
+    assert r.status == "n/a" and r.detail.endswith("slurm.conf unreadable; " + NO_RDMA)
+
+
+NO_RDMA = "no RDMA devices (/sys/class/infiniband, /dev/infiniband/uverbs*)"
+
+
+def test_memlock_soft_below_unlimited_hard_is_fine_the_task_raises_it(tmp_path):
+    root = host(tmp_path)
+    slurmd(root, "65536", "unlimited")
+    r = doctor.check_memlock(ctx(root, tmp_path, "PropagateResourceLimitsExcept=MEMLOCK\n"))
+    assert r.status == "ok" and r.hint == ""
+    assert "soft 65536, hard unlimited (gsrun-bind raises each task's soft limit to the hard one)" in r.detail
+
+
+def test_memlock_warning_names_the_rdma_devices(tmp_path):
+    """An HDR InfiniBand node: two mlx5 ports in sysfs, their uverbs nodes in /dev."""
+    root = host(tmp_path)
+    slurmd(root, "8388608", "8388608")
+    for n in ("mlx5_0", "mlx5_1"):
+        (root / "sys/class/infiniband" / n).mkdir(parents=True)
+    r = doctor.check_memlock(ctx(root, tmp_path, "PropagateResourceLimitsExcept=MEMLOCK\n"))
+    assert r.status == "warn" and r.detail.endswith("; RDMA devices: mlx5_0, mlx5_1")
+    assert "LimitMEMLOCK=infinity" in r.hint and "RDMA registrations" in r.hint
 
 
 def test_parse_memlock_and_propagation_rules():

@@ -88,8 +88,10 @@ from gsrun.node.tuning.cstate import (_cpu_dirs, cstate_hold_us, CstateKnob, DMA
 from gsrun.node.tuning.irq import (BAN_ABSENT, BAN_PRESENT, IRQ, IRQ_BAN_DIR, irqbalance_ban_dir_of,
                                    irqbalance_check, irqbalance_pids, IRQBALANCE_POLICY_SCRIPT,
                                    irqbalance_policy_script, irqbalance_rescan, IrqKnob, PCI, pids_by_comm,
-                                   _remove_ban, _write_ban)
-from gsrun.node.tuning.hugepages import (_HP_DIR, HugepagesKnob, NODE)
+                                   _remove_ban, _write_ban, MASK_PREFIX, IRQ_SKIP_ERRNOS, effective_cpus,
+                                   irq_cpus_text)
+from gsrun.node.tuning.hugepages import (_HP_DIR, ALLOC_RETRIES, HugepagesKnob, NODE, hugetlbfs_mounts, in_use,
+                                         job_hugetlbfs_files, pool_counts, remove_job_hugetlbfs_files)
 from gsrun.node.tuning.plan import (KNOBS, _decide, Facts, format_plan, plan_tuning, PlanItem, Policy, read_facts,
                                     _short)
 from gsrun.node.tuning.lifecycle import (_ban_dir_from_journal, _boot_id, _drop_if_rebooted, epilog_restore,

@@ -1,8 +1,14 @@
 """IRQ affinity of the job's devices: ``irq`` (``local``), and irqbalance.
 
-``/proc/irq/N/smp_affinity_list`` of each MSI/MSI-X IRQ of the job's GPUs
-and NICs, and the ban files that keep a running irqbalance (started with
-gsrun's policy script) off those IRQs (:class:`IrqKnob`).
+``/proc/irq/N/smp_affinity_list`` (or, on kernels and IRQs without it,
+``smp_affinity``, a hex mask) of each MSI/MSI-X IRQ of the job's GPUs and
+NICs, read back through ``effective_affinity_list`` / ``effective_affinity``
+where the kernel has them, and the ban files that keep a running irqbalance
+(started with gsrun's policy script) off those IRQs (:class:`IrqKnob`).
+Files and errors as in the kernel's Documentation/core-api/irq/irq-affinity.rst
+and ``kernel/irq/proc.c`` (``write_irq_affinity``: EIO for a managed or
+non-movable IRQ, EINVAL for a mask without an online CPU; ENOSPC from the
+x86 vector allocator when no CPU of the mask has a free vector).
 """
 
 from __future__ import annotations
@@ -16,11 +22,38 @@ from gsrun.node.tuning.knob import BAN_PREFIX, ScopedKnob, kernel_write, replace
 from gsrun.base.fsutil import atomic_write
 import signal
 import re
-from gsrun.base.cpulist import format_cpulist
+from gsrun.base.cpulist import format_cpulist, format_cpumask, parse_cpulist, parse_cpumask
+from gsrun.base.errors import GsrunError
 
 
 IRQ = "proc/irq"
 PCI = "sys/bus/pci/devices"
+MASK_PREFIX = "mask:"    # an irq part written as a hex mask (only smp_affinity exists): "mask:45"
+# errnos that skip one IRQ (kernel/irq/proc.c write_irq_affinity, x86 vector.c): the others keep theirs
+IRQ_SKIP_ERRNOS = {errno.EIO: "kernel-managed or not movable", errno.ENOSPC: "no free vector on those CPUs",
+                   errno.EINVAL: "refused", errno.EACCES: "", errno.EPERM: "", errno.EROFS: ""}
+EFFECTIVE_SHOWN = 16     # IRQs whose effective CPUs the note lists one by one
+
+
+def irq_cpus_text(text: str | None, mask: bool) -> str | None:
+    """A ``/proc/irq/N`` affinity file's text as a CPU list (``smp_affinity``
+    and ``effective_affinity`` are hex masks); None when absent or unreadable."""
+    if text is None:
+        return None
+    try:
+        return format_cpulist(parse_cpumask(text) if mask else parse_cpulist(text))
+    except GsrunError:
+        return None
+
+
+def effective_cpus(h, n: str) -> str | None:
+    """Where IRQ ``n`` really is delivered now: ``effective_affinity_list``,
+    else ``effective_affinity`` (hex mask), as a CPU list; None when the
+    kernel has neither (before 4.15, or an IRQ chip that does not say)."""
+    v = irq_cpus_text(h.read(f"{IRQ}/{n}/effective_affinity_list"), False)
+    if v is None:
+        v = irq_cpus_text(h.read(f"{IRQ}/{n}/effective_affinity"), True)
+    return v
 
 
 def pids_by_comm(h, comm: str) -> list[int]:
@@ -144,15 +177,22 @@ def irqbalance_rescan(h) -> str:
 
 class IrqKnob(ScopedKnob):
     """IRQ affinity: value ``{"42": "0-15", ...}`` from
-    ``/proc/irq/N/smp_affinity_list`` for every IRQ that has one, and
+    ``/proc/irq/N/smp_affinity_list`` for every IRQ that has one,
+    ``{"mask:42": "0-15"}`` (the hex mask of ``smp_affinity`` read as a CPU
+    list, written back as a mask) for an IRQ with only that file, and
     ``{"ban:<ban dir>/42": "present"}`` for every ban file in :attr:`ban_dir`.
 
     ``local``: each MSI/MSI-X IRQ of the job's devices (``sys/bus/pci/devices/
     <bdf>/msi_irqs/N``) goes to the job's CPUs on the device's NUMA node.
     Skipped with a reason: a device without MSI IRQs, with its NUMA node
     unknown on a multi-node host or without job CPUs there, an IRQ without
-    ``smp_affinity_list``, and at write time an IRQ the kernel refuses
-    (EIO: a kernel-managed IRQ; EINVAL; EACCES/EPERM/EROFS).
+    ``smp_affinity_list`` or ``smp_affinity``, and at write time each IRQ the
+    kernel refuses (:data:`IRQ_SKIP_ERRNOS`: EIO for a kernel-managed IRQ,
+    ENOSPC when the CPUs' vector space is full, EINVAL, EACCES/EPERM/EROFS):
+    that IRQ is named in the reason and the others keep their new affinity
+    (only when every IRQ is refused does the setting fail). The reason also
+    says where the kernel really delivers each pinned IRQ
+    (:meth:`effective_note`).
 
     irqbalance rewrites affinities every 10 s. While it runs, ``irq=local`` is
     applied only when every irqbalance was started with gsrun's policy script
@@ -188,7 +228,25 @@ class IrqKnob(ScopedKnob):
     def _rel(self, k):
         if k.startswith(BAN_PREFIX):
             return k[len(BAN_PREFIX):].lstrip("/")
+        if k.startswith(MASK_PREFIX):
+            return f"{IRQ}/{k[len(MASK_PREFIX):]}/smp_affinity"
         return f"{IRQ}/{k}/smp_affinity_list"
+
+    def _key(self, h, n: str) -> str | None:
+        """The part key of IRQ ``n``: ``n`` (its ``smp_affinity_list``), ``mask:n``
+        (only ``smp_affinity``), None (neither)."""
+        if h.exists(self._rel(n)):
+            return n
+        if h.exists(self._rel(MASK_PREFIX + n)):
+            return MASK_PREFIX + n
+        return None
+
+    def _write(self, h, k: str, cpus: str) -> None:
+        """Write a CPU list to part ``k``: as a list, or as a hex mask for ``mask:`` parts."""
+        if k.startswith(MASK_PREFIX):
+            kernel_write(h, self._rel(k), format_cpumask(parse_cpulist(cpus)))
+        else:
+            kernel_write(h, self._rel(k), cpus)
 
     def read(self, h):
         names = [n for n in h.listdir(IRQ) if n.isdigit()]
@@ -199,6 +257,10 @@ class IrqKnob(ScopedKnob):
             v = h.read(self._rel(n))
             if v is not None:
                 out[n] = v.strip()
+                continue
+            v = irq_cpus_text(h.read(self._rel(MASK_PREFIX + n)), True)
+            if v is not None:
+                out[MASK_PREFIX + n] = v
         for n in sorted((b for b in h.listdir(self.ban_dir.lstrip("/")) if b.isdigit()), key=int):
             out[f"{BAN_PREFIX}{self.ban_dir}/{n}"] = BAN_PRESENT
         return out
@@ -246,10 +308,11 @@ class IrqKnob(ScopedKnob):
                 skipped.append(f"{bdf}: no CPU of the job on NUMA node {node}")
                 continue
             for n in irqs:
-                if not h.exists(self._rel(n)):
-                    skipped.append(f"IRQ {n} ({bdf}): no smp_affinity_list")
+                k = self._key(h, n)
+                if k is None:
+                    skipped.append(f"IRQ {n} ({bdf}): no smp_affinity_list or smp_affinity")
                     continue
-                target[n] = format_cpulist(cpus)
+                target[k] = format_cpulist(cpus)
         note = "; ".join(skipped)
         if not target:
             return "unsupported", None, "no IRQ of the job's devices can be pinned: " + (note or "none found")
@@ -277,19 +340,40 @@ class IrqKnob(ScopedKnob):
             if k.startswith(BAN_PREFIX):
                 continue
             try:
-                kernel_write(h, self._rel(k), v)
+                self._write(h, k, v)
                 done[k] = v
             except OSError as e:
-                if e.errno not in (errno.EIO, errno.EINVAL, errno.EACCES, errno.EPERM, errno.EROFS):
+                if e.errno not in IRQ_SKIP_ERRNOS:
                     raise
                 first = first or e
-                skipped.append(f"IRQ {k}: {errno.errorcode.get(e.errno, e.errno)}"
-                               + (" (kernel-managed)" if e.errno == errno.EIO else ""))
+                why = IRQ_SKIP_ERRNOS[e.errno]
+                skipped.append(f"IRQ {k.removeprefix(MASK_PREFIX)}: {errno.errorcode.get(e.errno, e.errno)}"
+                               + (f" ({why})" if why else ""))
         if not any(not k.startswith(BAN_PREFIX) for k in done) and first is not None:
             raise first
         if skipped:
             notes.append("skipped " + "; ".join(skipped))
+        eff = self.effective_note(h, [k for k in done if not k.startswith(BAN_PREFIX)])
+        if eff:
+            notes.append(eff)
         return {"target": done, "note": "; ".join(notes)} if notes else None
+
+    def effective_note(self, h, keys) -> str:
+        """``effective: IRQ 42 on 4, IRQ 43 on 5, ...``: where the kernel really
+        delivers each IRQ written (:func:`effective_cpus`; the first
+        :data:`EFFECTIVE_SHOWN`, the rest counted). ``""`` when the kernel
+        says for none of them. x86 picks one CPU of the mask per IRQ; a
+        chip that moves the IRQ at its next interrupt may still show the old one."""
+        got = []
+        for k in keys:
+            n = k.removeprefix(MASK_PREFIX)
+            e = effective_cpus(h, n)
+            if e is not None:
+                got.append(f"IRQ {n} on {e}")
+        if not got:
+            return ""
+        more = len(got) - EFFECTIVE_SHOWN
+        return "effective: " + ", ".join(got[:EFFECTIVE_SHOWN]) + (f" (+{more} IRQs)" if more > 0 else "")
 
     def restore(self, h, prior, swap):
         """Remove the ban files the job wrote, put the masks back, ask irqbalance to rescan."""
@@ -298,6 +382,11 @@ class IrqKnob(ScopedKnob):
             if k.startswith(BAN_PREFIX) and v == BAN_ABSENT:
                 _remove_ban(h, self._rel(k))
                 bans = True
-        super().restore(h, {k: v for k, v in prior.items() if not k.startswith(BAN_PREFIX)}, swap)
+        for k, v in prior.items():
+            if k.startswith(BAN_PREFIX) or v is None or not h.exists(self._rel(k)):
+                continue
+            cur = h.read(self._rel(k))
+            if irq_cpus_text(cur, k.startswith(MASK_PREFIX)) != irq_cpus_text(v, False):
+                self._write(h, k, v)
         if bans:
             irqbalance_rescan(h)

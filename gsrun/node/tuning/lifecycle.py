@@ -22,6 +22,7 @@ from gsrun.base.errors import GsrunError, InputError, NodeError
 from gsrun.base.ids import check_job_id
 from gsrun.node.journal import boot_id as journal_boot_id
 from gsrun.node.tuning.cstate import DMA_LATENCY, cstate_hold_us
+from gsrun.node.tuning.hugepages import remove_job_hugetlbfs_files
 from gsrun.node.tuning.knob import BAN_PREFIX, JobScope, _is_scoped, replaceable
 from gsrun.node.tuning.plan import KNOBS, Policy, _short, plan_tuning, read_facts
 from gsrun.node.tuning.state import JOURNAL_VERSION, _State, _unlink
@@ -263,9 +264,13 @@ def _ban_dir_from_journal(entries) -> None:
 
 
 def epilog_restore(hostfs, state_dir: str, job_id: str, log=print, *, swap_effect=None,
-                   irq_ban_dir: str | None = None) -> dict:
+                   irq_ban_dir: str | None = None, uid: int | None = None) -> dict:
     """The job leaves the node: drop its journal; if no other job with a
     journal remains, restore the node baseline (reverse order, idempotent).
+    When the baseline has a hugepages pool to put back, the files of the
+    job's user ``uid`` in hugetlbfs mounts are removed first
+    (:func:`gsrun.node.tuning.hugepages.remove_job_hugetlbfs_files`: no other
+    job is on the node then), so their pages can return to the system.
 
     Returns ``{"job_id", "last_job": bool, "remaining_jobs": [...], "restored":
     [{key, result, ...}], "left": [keys not restored], "ok": bool}``.
@@ -276,7 +281,7 @@ def epilog_restore(hostfs, state_dir: str, job_id: str, log=print, *, swap_effec
     """
     check_job_id(job_id, phase="tune")
     KNOBS["irq"].configure(None, irq_ban_dir)
-    return _leave(hostfs, state_dir, [job_id], False, log, swap_effect)
+    return _leave(hostfs, state_dir, [job_id], False, log, swap_effect, uid)
 
 
 def restore(hostfs, state_dir: str, job_id: str | None = None, all_jobs: bool = False, log=print,
@@ -298,7 +303,7 @@ def restore(hostfs, state_dir: str, job_id: str | None = None, all_jobs: bool = 
     return _leave(hostfs, state_dir, [], True, log, swap_effect)
 
 
-def _leave(hostfs, state_dir, job_ids, all_jobs, log, swap_effect) -> dict:
+def _leave(hostfs, state_dir, job_ids, all_jobs, log, swap_effect, uid: int | None = None) -> dict:
     st = _State(state_dir, hostfs)
     swap = swap_effect if swap_effect is not None else default_swap_effect(hostfs)
     tag = "restore --all" if all_jobs else f"job {job_ids[0]}"
@@ -331,6 +336,8 @@ def _leave(hostfs, state_dir, job_ids, all_jobs, log, swap_effect) -> dict:
         report["last_job"] = True
         if not data["entries"]:     # nothing was changed on the node: no baseline to restore or remove
             return report
+        if uid is not None and any(e.get("key") == "hugepages" for e in data["entries"]):
+            report["hugetlbfs_removed"] = ["/" + p for p in remove_job_hugetlbfs_files(hostfs, int(uid), log)]
         results, left = _restore_entries(hostfs, data["entries"], swap, log, tag)
         data["entries"] = left
         st.save_baseline(data)

@@ -28,25 +28,12 @@ case $(scontrol show config 2>/dev/null | sed -n 's/^TaskPlugin *= *//p') in
   *) cpu_bind= ;;
 esac
 
-# --malloc jemalloc: every task preloads the library found on this node now
-# (the directories below, then ldconfig -p); without it the job stops here, before srun
-malloc_lib=
-for malloc_dir in /usr/lib/x86_64-linux-gnu /usr/lib/aarch64-linux-gnu /usr/lib64 /usr/lib /usr/local/lib; do
-  for malloc_name in libjemalloc.so.2; do
-    if [ -z "$malloc_lib" ] && [ -r "$malloc_dir/$malloc_name" ]; then malloc_lib=$malloc_dir/$malloc_name; fi
-  done
-done
-for malloc_name in libjemalloc.so.2; do
-  if [ -z "$malloc_lib" ]; then
-    malloc_lib=$(PATH=$PATH:/sbin:/usr/sbin ldconfig -p 2>/dev/null | awk -v n="$malloc_name" '$1 == n && /x86-64|AArch64|64bit/ { print $NF; exit }')
-  fi
-done
-if [ -z "$malloc_lib" ]; then
-  echo "gsrun: job: --malloc jemalloc: libjemalloc.so.2 not found on $(uname -n) (searched /usr/lib/x86_64-linux-gnu /usr/lib/aarch64-linux-gnu /usr/lib64 /usr/lib /usr/local/lib and ldconfig -p)" >&2
-  echo "hint: install libjemalloc2 (Debian/Ubuntu) or jemalloc (RHEL) on the nodes, or submit with --malloc none" >&2
-  exit 1
-fi
-export LD_PRELOAD=$malloc_lib${LD_PRELOAD:+:$LD_PRELOAD}
+# --malloc jemalloc: gsrun-bind puts libjemalloc.so.2 first in LD_PRELOAD of each
+# task's command (not of this script, srun or a launcher): found on the node in these directories,
+# then ldconfig -p, and checked to be a shared object of the node's machine; not found, the job
+# runs without it and says so
+export GSRUN_MALLOC=jemalloc
+export GSRUN_MALLOC_LIB_DIRS=/usr/lib/x86_64-linux-gnu:/usr/lib/aarch64-linux-gnu:/usr/lib64:/usr/lib:/usr/local/lib
 export MALLOC_CONF=${MALLOC_CONF-background_thread:true,metadata_thp:auto,dirty_decay_ms:10000,muzzy_decay_ms:10000}
 
 srun --kill-on-bad-exit=1 --export=ALL $cpu_bind @TMP@/bin/gsrun-bind -- @TMP@/bin/python3 @TMP@/work/train.py

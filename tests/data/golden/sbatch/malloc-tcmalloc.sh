@@ -30,25 +30,12 @@ case $(scontrol show config 2>/dev/null | sed -n 's/^TaskPlugin *= *//p') in
   *) cpu_bind= ;;
 esac
 
-# --malloc tcmalloc: every task preloads the library found on this node now
-# (the directories below, then ldconfig -p); without it the job stops here, before srun
-malloc_lib=
-for malloc_dir in /usr/lib/x86_64-linux-gnu /usr/lib/aarch64-linux-gnu /usr/lib64 /usr/lib /usr/local/lib; do
-  for malloc_name in libtcmalloc_minimal.so.4 libtcmalloc.so.4; do
-    if [ -z "$malloc_lib" ] && [ -r "$malloc_dir/$malloc_name" ]; then malloc_lib=$malloc_dir/$malloc_name; fi
-  done
-done
-for malloc_name in libtcmalloc_minimal.so.4 libtcmalloc.so.4; do
-  if [ -z "$malloc_lib" ]; then
-    malloc_lib=$(PATH=$PATH:/sbin:/usr/sbin ldconfig -p 2>/dev/null | awk -v n="$malloc_name" '$1 == n && /x86-64|AArch64|64bit/ { print $NF; exit }')
-  fi
-done
-if [ -z "$malloc_lib" ]; then
-  echo "gsrun: job: --malloc tcmalloc: libtcmalloc_minimal.so.4 or libtcmalloc.so.4 not found on $(uname -n) (searched /usr/lib/x86_64-linux-gnu /usr/lib/aarch64-linux-gnu /usr/lib64 /usr/lib /usr/local/lib and ldconfig -p)" >&2
-  echo "hint: install libtcmalloc-minimal4 (Debian/Ubuntu) or gperftools-libs (RHEL) on the nodes, or submit with --malloc none" >&2
-  exit 1
-fi
-export LD_PRELOAD=$malloc_lib${LD_PRELOAD:+:$LD_PRELOAD}
+# --malloc tcmalloc: gsrun-bind puts libtcmalloc_minimal.so.4 or libtcmalloc.so.4 first in LD_PRELOAD of each
+# task's command (not of this script, srun or a launcher): found on the node in these directories,
+# then ldconfig -p, and checked to be a shared object of the node's machine; not found, the job
+# runs without it and says so
+export GSRUN_MALLOC=tcmalloc
+export GSRUN_MALLOC_LIB_DIRS=/usr/lib/x86_64-linux-gnu:/usr/lib/aarch64-linux-gnu:/usr/lib64:/usr/lib:/usr/local/lib
 export TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD=${TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD-68719476736}
 export TCMALLOC_MAX_TOTAL_THREAD_CACHE_BYTES=${TCMALLOC_MAX_TOTAL_THREAD_CACHE_BYTES-268435456}
 
