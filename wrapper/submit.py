@@ -15,7 +15,7 @@ from gsrun.base.errors import SlurmError
 from gsrun.base.ids import check_job_id
 from gsrun.base.log import safe_text
 from gsrun.facts.live import read_live_docs
-from gsrun.facts.slurm import (ENDED_HELD_STATES, TERMINAL_STATES, accounting_argv, job_record_argv,
+from gsrun.facts.slurm import (ENDED_HELD_STATES, PENDING_STATES, TERMINAL_STATES, pending_for_good, pending_hint, accounting_argv, job_record_argv,
                                parse_accounting, parse_exit_code, parse_job_record, parse_parsable, parse_queue,
                                parse_queue_exit, queue_argv, run_slurm, state_word)
 import stat
@@ -340,6 +340,11 @@ def follow(job_id: str, out=sys.stdout, err=sys.stderr, poll_s: float = 1.0,
     only when Slurm is asked (the same backoff); each new one is printed once
     on stderr as ``gsrun: job 12: ALERT: ...``.
 
+    A pending reason that will not change by itself
+    (:data:`gsrun.facts.slurm.PENDING_FOR_GOOD`: ``PartitionConfig``...) is
+    named once, with what it means and a hint; following goes on (an admin
+    may change the configuration).
+
     Ctrl-C (SIGINT, when called from the main thread): the first says the job
     still runs and how to stop it, and following goes on; a second within
     :data:`CANCEL_WINDOW_S` (wall clock) runs ``cancel(job_id, cluster)``
@@ -375,6 +380,7 @@ def _follow(job_id, out, err, poll_s, max_unknown_s, poller, clock, sleep, alert
     m = f"-M {cluster} " if cluster else ""
     look = f"squeue {m}-j {job_id}; sacct {m}-j {job_id}"
     told: set[str] = set()
+    told_reasons: set[str] = set()      # pending reasons that will not change, said once each
     status = StatusLine(err, err.isatty())
     offset = 0
     at_line_start = True            # the job's output so far ends a line: the status may be drawn
@@ -447,6 +453,11 @@ def _follow(job_id, out, err, poll_s, max_unknown_s, poller, clock, sleep, alert
                 if st is None or (new.state, new.reason) != (st.state, st.reason):
                     changed = now
                 st = new
+                meaning = pending_for_good(st.reason) if st.state in PENDING_STATES else None
+                if meaning and st.reason not in told_reasons:
+                    told_reasons.add(st.reason)
+                    status.say(f"gsrun: wait: job {job_id}: pending ({safe_text(st.reason)}) for good: {meaning}; "
+                               f"it will not start as it is\nhint: {pending_hint(job_id, cluster)}")
             next_rpc = now + poll_interval(now - changed) * jitter()
             if alerts is not None and st is not None and (st.state == "RUNNING" or st.state in TERMINAL_STATES):
                 for line in alerts():
