@@ -31,7 +31,8 @@ from gsrun.facts.live import read_live_docs
 from gsrun.report import accounting
 from gsrun.report.live import live_summary, live_text
 from gsrun.report.render import render_png, render_text
-from gsrun.report.summary import decode_js1, job_summary
+from gsrun.facts.slurm import PENDING_STATES, REQUEUE_STATES, show_job, state_word
+from gsrun.report.summary import decode_js1, job_summary, pending_summary
 from gsrun.report.units import fmt_duration_s, fmt_gib, fmt_pct
 from gsrun.request.config import load_config
 
@@ -74,13 +75,29 @@ def load_summary(paths: Paths, job_id: str, cfg=None) -> dict:
         if not nodes:
             if summary:
                 return summary
-            raise InputError("gseff", "no report for job", job_id,
-                             hint="the job may still be pending, belong to another user, or have run on a "
-                                  "cluster whose spool is not shared with this host")
+            raise InputError("gseff", "no report for job", job_id, hint=NO_REPORT_HINT)
         base = summary["job"] if summary else {"id": job_id, "nodes": sorted(n["node"] for n in nodes),
                                                 "state": "RUNNING or unmerged"}
         summary = job_summary(base, nodes)
     return summary
+
+
+NO_REPORT_HINT = ("the job may belong to another user, or have run on a cluster whose spool is not shared "
+                  "with this host")
+
+
+def not_started(job_id: str, cfg, timeout_s: float | None = None) -> dict | None:
+    """The report of a job the controller holds that has not started
+    (pending, requeued: :func:`gsrun.report.summary.pending_summary`), or
+    None (running or ended, unknown to the controller, or no controller
+    here: the spool and accounting answer then). One ``scontrol show job``."""
+    try:
+        rec = show_job(job_id, timeout_s or cfg["timeouts.command_s"])
+    except GsrunError:
+        return None
+    if not rec or state_word(rec.get("JobState")) not in PENDING_STATES | REQUEUE_STATES:
+        return None
+    return pending_summary(rec, cfg)
 
 
 def gpu_from_js1(blob: dict) -> dict:
@@ -191,15 +208,16 @@ def cli(job_id, as_json, plot, all_gpus, from_sacct, watch, spool_dir):
     if not from_sacct:
         try:
             summary = load_summary(paths, job_id.strip(), cfg)
-        except InputError as spool_err:
+        except InputError:
+            summary = not_started(job_id.strip(), cfg)
+        if summary is None and not from_sacct:
             try:
                 rec = load_accounting(job_id.strip(), cfg["timeouts.command_s"])
             except InputError:
                 raise
             except GsrunError as e:   # no accounting here: the spool's message is the useful one
                 raise InputError("gseff", "no report for job", job_id,
-                                 hint=f"{spool_err.hint or ''}; Slurm accounting unavailable: "
-                                      f"{e.what}".strip("; ")) from None
+                                 hint=f"{NO_REPORT_HINT}; Slurm accounting unavailable: {e.what}") from None
     if summary is None:
         if from_sacct:
             rec = load_accounting(job_id.strip(), cfg["timeouts.command_s"])

@@ -20,8 +20,9 @@ cpu_bound, mem_overrequest, cpu_idle, cpu_anomaly, nodes_missing).
 
 from __future__ import annotations
 
+from gsrun.facts.slurm import pending_for_good, pending_hint
 from gsrun.report.records import Finding, FindingCode
-from gsrun.report.units import as_number, fmt_bytes_of, fmt_duration_s, fmt_share_pct
+from gsrun.report.units import as_number, fmt_bytes_of, fmt_duration_s, fmt_share_pct, fmt_time
 from gsrun.request.config import Config, SETTINGS
 
 _DEFAULTS = {s.key: s.default for s in SETTINGS}
@@ -136,8 +137,7 @@ def _findings(summary: dict, cfg: Config | None, partition: str | None) -> list[
         return [{"code": FindingCode.NEVER_STARTED, "severity": "info", "value": 0,
                  "text": "The job was cancelled before it started: nothing to report."}]
     if state in ("PENDING", "REQUEUED"):
-        return [{"code": FindingCode.DEFERRED, "severity": "info", "value": None,
-                 "text": f"The job is {state.lower()}: the report is deferred until it runs."}]
+        return [_deferred(job, state)]
     out += _hardware(gpu)
     out += _waste(summary.get("waste") or [])
     if not gpu["available"] and gpu.get("reason"):
@@ -183,6 +183,30 @@ def _findings(summary: dict, cfg: Config | None, partition: str | None) -> list[
                             "allocated cores: fewer CPUs per task would do."})
     out += _time_limit(job, cfg, partition)
     return sorted(out, key=lambda f: SEVERITY_RANK.get(f["severity"], 3))
+
+
+def _deferred(job: dict, state: str) -> dict:
+    """The one finding of a job that has not run yet: why it waits (Slurm's
+    pending reason, ``job["pending_reason"]``, with what it means when it will
+    not change by itself: :data:`gsrun.facts.slurm.PENDING_FOR_GOOD`), when
+    Slurm expects it to start (``job["expected_start"]``, epoch s) and when a
+    report will exist."""
+    reason = job.get("pending_reason") or ""
+    why = f" ({reason})" if reason else ""
+    stuck = pending_for_good(reason)
+    text = f"The job is {state.lower()}{why}"
+    if stuck:
+        text += f", and will not start as it is: {stuck}."
+    else:
+        start = job.get("expected_start")
+        text += (f"; Slurm expects it to start at {fmt_time(start)}." if isinstance(start, (int, float))
+                 else ".")
+        text += f" A report exists once it starts (gseff {job.get('id') or 'JOBID'} shows it as it runs) and " \
+                "the full one when it ends."
+    out = {"code": FindingCode.DEFERRED, "severity": "warn" if stuck else "info", "value": None, "text": text}
+    if stuck:
+        out["action"] = pending_hint(str(job.get("id") or "JOBID"))
+    return out
 
 
 def _cpus_can_shrink(job: dict, gpu: dict) -> bool:

@@ -232,13 +232,22 @@ def render_text(summary: dict, color: bool = False, cfg=None, all_gpus: bool = F
         elif "time_limit_s" in job:
             ran += ", no time limit"
         lines += _wrap(ran, "  ", "    ")
+    if not nodes and not start and submit:       # not started: what it asked for, how long it waited
+        lines += _wrap(f"Submitted {fmt_time(submit)}"
+                       + (f", time limit {fmt_duration_s(job['time_limit_s'], 'clock')}"
+                          if job.get("time_limit_s") else ""), "  ", "    ")
     named = nodes if all_gpus or len(nodes) <= LIST_UP_TO_NODES else \
         nodes[:FINDING_UP_TO_NODES] + [f"... {nodes[-1]}; gseff --all lists them"]
     alloc = f"{len(nodes)} node{'s' if len(nodes) != 1 else ''} ({', '.join(named) or 'N/A'}), " \
             f"{job.get('cpus_alloc') or 'N/A'} CPUs, {_plural(job.get('gpus_alloc') or gpu['count'] or 0, 'GPU')}, " \
             f"{fmt_bytes(mem.get('req_bytes')) if mem.get('req_bytes') else 'no'} memory requested"
+    if not nodes and not start:
+        alloc = f"Asked for {job.get('cpus_alloc') or 'N/A'} CPUs, " \
+                f"{_plural(job.get('gpus_alloc') or gpu['count'] or 0, 'GPU')}"
     lines += _wrap(alloc, "  ", "    ")
-    if cpu.get("time_s") is not None:
+    if not nodes and not start:
+        pass                    # not started: no figures to show
+    elif cpu.get("time_s") is not None:
         cpu_line = f"CPU time {fmt_duration_s(cpu['time_s'], 'clock')}"
         if job.get("cpus_alloc") and job.get("elapsed_s"):
             cpu_line += f" of {job['cpus_alloc']} cores x {fmt_duration_s(job['elapsed_s'], 'clock')}"
@@ -256,6 +265,9 @@ def render_text(summary: dict, color: bool = False, cfg=None, all_gpus: bool = F
     shown = [g for g in gpu["devices"] if g.get("status", "ok") != "unavailable"]
     if not gpu["available"]:
         lines += _wrap(f"unavailable ({gpu.get('reason') or 'unknown reason'})", "  ", "    ")
+    elif not shown and not nodes and (job.get("gpus_alloc") or gpu.get("count")):
+        lines.append(f"  {_plural(job.get('gpus_alloc') or gpu.get('count'), 'GPU')} asked for; "
+                     "figures once the job runs")
     elif not shown:
         lines.append("  none")
     has_sm = any(g.get("sm_active_mean_pct") is not None for g in shown)

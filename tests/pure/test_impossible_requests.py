@@ -1,6 +1,6 @@
 """A request no partition can ever hold is refused at submit, from what
 ``sinfo`` and ``scontrol show partition`` say (recorded outputs in
-``tests/data/slurm-records/partitions/``); ``--wait`` names a pending reason
+``tests/data/slurm-partitions/``); ``--wait`` names a pending reason
 that will not change by itself, once, with the hint."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from gsrun.wrapper.spec import partition_offer, plan_nodes, refuse_unrunnable
 from gsrun.wrapper.submit import JobState, follow
 from helpers.paths import DATA
 
-REC = DATA / "slurm-records" / "partitions"
+REC = DATA / "slurm-partitions"
 
 
 @pytest.fixture(scope="module")
