@@ -29,7 +29,7 @@ from gsrun.wrapper.command import (Python, build_command, choose_python, refuse_
 from gsrun.wrapper.render import render_script
 from gsrun.wrapper.spec import (JobSpec, check_comment, parse_sbatch_option, plan_nodes, refuse_unrunnable,
                                 validate_fields, validate_site)
-from gsrun.wrapper.submit import follow, live_alerts, submit
+from gsrun.wrapper.submit import exit_line, follow_to_end, live_alerts, submit
 from gsrun.wrapper.environ import memory_options
 from gsrun.wrapper.environ import sbatch_env_args, scrub_note, submit_environ
 
@@ -262,9 +262,9 @@ def cli(ctx, gpus, nodes, gpus_per_node, time_, partition, job_name, output, cpu
         click.echo(job_id)
         return 0
     spool = Paths.from_config(cfg).spool_dir
-    rc = follow(job_id, alerts=lambda: live_alerts(spool, job_id), cluster=cluster)
-    click.echo(f"gsrun: job {job_id} exited {rc}; report: gseff {job_id}", err=True)
-    return rc
+    ended = follow_to_end(job_id, alerts=lambda: live_alerts(spool, job_id), cluster=cluster)
+    click.echo(exit_line(job_id, ended), err=True)
+    return ended.rc
 
 
 def gpus_per_node_from_cluster(partition):

@@ -511,6 +511,25 @@ def parse_accounting(text: str, job_id: str) -> dict[str, str] | None:
     return found
 
 
+#: srun's line for tasks that ended badly (``src/srun/step_ctx``/``launch``):
+#: ``srun: error: gpu02: task 1: Exited with exit code 1``,
+#: ``srun: error: gpu01: tasks 0,2-3: Terminated``
+_SRUN_TASK_END = re.compile(r"^srun: error: (\S+): tasks? ([0-9][0-9,-]*): (.+?)\s*$")
+
+
+def parse_srun_task_end(line: str) -> tuple[str, int, int | None, str] | None:
+    """One line of a job's output -> ``(node, first rank, exit code or None
+    for a signal, what srun said)`` when it is srun's report of tasks that
+    ended badly, else None. Pure."""
+    m = _SRUN_TASK_END.match(line)
+    if not m:
+        return None
+    node, ranks, what = m.groups()
+    first = int(re.split(r"[,-]", ranks)[0])
+    code = re.fullmatch(r"Exited with exit code (\d+)", what)
+    return node, first, (int(code.group(1)) if code else None), what
+
+
 def parse_parsable(text: str) -> tuple[str, str | None]:
     """``sbatch --parsable`` output -> ``(job id, cluster or None)``:
     ``"42"`` or ``"42;gpu"`` (with ``-M`` / a federation).
