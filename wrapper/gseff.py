@@ -30,7 +30,7 @@ from gsrun.base.paths import Paths
 from gsrun.facts.live import read_live_docs
 from gsrun.report import accounting
 from gsrun.report.live import live_summary, live_text
-from gsrun.report.render import render_png, render_text
+from gsrun.report.render import explain_text, render_png, render_text
 from gsrun.facts.slurm import PENDING_STATES, REQUEUE_STATES, show_job, state_word
 from gsrun.report.summary import decode_js1, job_summary, pending_summary
 from gsrun.report.units import fmt_duration_s, fmt_gib, fmt_pct
@@ -188,7 +188,9 @@ def render_accounting(rec: dict) -> str:
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="gsrun", prog_name="gseff", message="%(prog)s %(version)s")
-@click.argument("job_id")
+@click.argument("job_id", required=False)
+@click.option("--explain", is_flag=True, help="Say what each figure of the report means, and how it compares "
+              "with jobstats and reportseff; no JOB_ID needed.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary JSON.")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Write a per-GPU timeline PNG.")
 @click.option("--all", "all_gpus", is_flag=True, help="List every GPU (a job of more than 32 GPUs is summarised).")
@@ -197,8 +199,14 @@ def render_accounting(rec: dict) -> str:
 @click.option("--watch", is_flag=True,
               help="Redraw a running job's report every live flush interval until it ends, then print the final one.")
 @click.option("--spool-dir", default=None, hidden=True)
-def cli(job_id, as_json, plot, all_gpus, from_sacct, watch, spool_dir):
+def cli(job_id, explain, as_json, plot, all_gpus, from_sacct, watch, spool_dir):
     """Show the GPU efficiency report of JOB_ID (the report so far while it runs)."""
+    if explain:
+        click.echo(explain_text(), nl=False)
+        if not job_id:
+            return 0
+    if not job_id:
+        raise InputError("gseff", "no job id", "JOB_ID is missing", hint="gseff JOBID, or gseff --explain")
     check_job_id(job_id.strip(), array=True)
     cfg = load_config()
     paths = Paths.from_config(cfg, None, spool_dir)

@@ -34,6 +34,41 @@ SETTINGS_GROUPS_SHOWN = 4       # node-settings lines in the report; the other g
 _SETTING_WHY = ("refused", "unsupported", "failed", "rolled_back", "skipped")
 
 
+#: What each figure of the report means: its label, its definition and source,
+#: and how it compares with the same label in jobstats and reportseff. The one
+#: home of these texts: ``gseff --explain`` prints them, docs/USER.md ("What the
+#: figures mean") holds the same text (tests/pure/test_figure_definitions.py).
+FIGURES = (
+    ("GPU busy", "mean over the job's GPUs of the share of time a kernel ran on each (NVML "
+     "utilization.gpu, sampled; a GPU with no reading is left out). jobstats' and reportseff's "
+     "'GPU utilization' is the same figure."),
+    ("GPU SM active", "mean share of each GPU's streaming multiprocessors that had work (NVML GPM "
+     "SM_ACTIVITY; H100/H200 and newer). A GPU can be 100% busy with 10% of its SMs in use."),
+    ("GPU memory", "the fullest GPU's memory high water as a share of its total (the highest "
+     "nvmlDeviceGetMemoryInfo used, less what was in use before the job, over the job's GPUs): can "
+     "any GPU's memory hold a larger batch? jobstats and reportseff show the MEAN over the GPUs of "
+     "each GPU's peak over its total instead, so the same job reads 82% here and 45% there when one "
+     "GPU is full and the others half."),
+    ("CPU efficiency", "CPU time of the job (cgroup cpu.stat usage_usec, or sacct TotalCPU) over "
+     "the allocated cores x the elapsed time, as seff computes it."),
+    ("Host memory", "the job's host memory high water (cgroup memory.peak, or sacct MaxRSS) over "
+     "the memory it asked for (--mem, or Slurm's default for the partition), as seff computes it."),
+    ("Time limit", "elapsed time over the time limit (Slurm Elapsed and TimeLimit)."),
+    ("Elapsed", "from the job's start to its end as Slurm records them (StartTime to EndTime; "
+     "squeue TimeUsed while it runs), shown as [D-]HH:MM:SS everywhere."),
+    ("Energy", "the GPUs' energy counters over the job (nvmlDeviceGetTotalEnergyConsumption), in Wh; "
+     "'(estimated)' where a GPU has no counter and its power readings were integrated."),
+)
+
+
+def explain_text() -> str:
+    """:data:`FIGURES` as plain text, every line at most :data:`WRAP_COLS` wide."""
+    lines = ["What the figures of a gsrun report mean", ""]
+    for label, text in FIGURES:
+        lines += _wrap(f"{label}: {text}", "", "  ")
+    return "\n".join(lines) + "\n"
+
+
 def _util(g) -> str:
     return fmt_share_pct(g["util_mean_pct"], na="N/A (MIG)" if is_mig(g) else NA)
 
