@@ -114,7 +114,7 @@ class WarmFork:
     become one detached gsrun program (``modules``: the job's sampler for the
     prolog, the merge for EpilogSlurmctld) with the modules the agent loaded:
     no interpreter start and no imports (the sampler: ~40 ms of CPU on the node
-    while the job starts, issue 24). Used once; it exits when the hook's
+    while the job starts). Used once; it exits when the hook's
     process ends without using it.
 
     ``pid`` is known before :meth:`start`, so the prolog records the sampler

@@ -1,4 +1,4 @@
-"""gsrun-bind's RLIMIT_MEMLOCK check (issue 20 item 4)."""
+"""gsrun-bind's RLIMIT_MEMLOCK check."""
 
 import resource
 

@@ -45,6 +45,19 @@ def _screen(raw: str) -> list[str]:
     return lines
 
 
+def _drain(fd: int) -> str:
+    """Everything written to the pty so far (one read may return only a part)."""
+    import select
+
+    chunks = []
+    while select.select([fd], [], [], 0.2)[0]:
+        data = os.read(fd, 1 << 16)
+        if not data:
+            break
+        chunks.append(data)
+    return b"".join(chunks).decode()
+
+
 def _run(out, err, tmp_path) -> int:
     """A job that pends, runs (printing two lines, a warning among them, and
     raising one alert), then completes; fake clock, output file written as
@@ -82,7 +95,7 @@ def test_tty_status_line_is_cleared_before_any_other_output(tmp_path):
     try:
         assert _run(term, term, tmp_path) == 0
         term.flush()
-        raw = os.read(master, 1 << 16).decode()
+        raw = _drain(master)
     finally:
         term.close()
         os.close(master)

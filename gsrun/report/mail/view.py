@@ -199,7 +199,7 @@ def mail_view(summary: Mapping, report_text: str, has_image: bool, image_cid: st
     section: its reason, field case 15; both in docs/field-cases.md). Every
     key is always present, so the templates run under ``StrictUndefined``.
 
-    Issue 22: ``verdict`` (rows of :func:`gsrun.report.findings.verdicts`
+    ``verdict`` (rows of :func:`gsrun.report.findings.verdicts`
     with the value formatted and a colour per level), ``next_time`` /
     ``alert`` (:func:`gsrun.report.findings.headline`), findings with a
     colour per severity and the site's ``report.doc_url`` link (``cfg``),
