@@ -9,8 +9,10 @@ What it does (``--print`` shows all of it and changes nothing):
 2. writes the commented site config (:func:`gsrun.request.config.render_commented_config`)
    unless a file is already there (an admin's file is never overwritten);
 3. optionally writes hook executables into ``--hooks-dir`` (the absolute
-   ``gsrun-node`` of this installation baked in) and the mail timer units
-   into ``--units-dir``;
+   ``gsrun-node`` of this installation baked in) and gsrun's systemd units
+   (:func:`render_units`: mail and prune timers, the weekly report timer)
+   into ``--units-dir`` (``gsrun-node install`` as root: /etc/systemd/system);
+   without it they are named, and ``--print`` shows their text;
 4. prints the ``slurm.conf`` lines for the Slurm version found on this host
    (``slurmctld -V``/``slurmd -V``/``scontrol -V``/``sinfo -V``, each with a
    timeout), ``PrologFlags`` and why, a ``PrologEpilogTimeout`` computed from
@@ -668,10 +670,13 @@ def run(opts: InstallOptions, out: Callable[[str], None] = print, environ=None) 
             p = os.path.join(opts.units_dir, name)
             out(f"{'wrote' if write_new_file(p, body, 0o644) else 'exists, left as it is:'} {p}")
         out("systemctl daemon-reload && " + enable)
-    else:
+    elif opts.print_only:
         for name, body in units.items():
             out(f"# /etc/systemd/system/{name}\n{body}")
         out("# then: systemctl daemon-reload && " + enable)
+    else:
+        out(f"# not written: {', '.join(units)}; --units-dir /etc/systemd/system writes them, "
+            "--print shows them")
     # 7. irqbalance policy script
     rc = max(rc, _install_irqbalance_script(opts, cfg, out))
     out("\n## next: gsrun-node doctor   (on every node)")

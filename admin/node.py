@@ -49,6 +49,10 @@ def cli():
     """gsrun node side: Slurm prolog/epilog, sampler, restore, status."""
 
 
+#: where ``install`` writes gsrun's systemd units by default (as root)
+SYSTEMD_UNITS_DIR = "/etc/systemd/system"
+
+
 @cli.command()
 @HOST_ROOT
 @STATE_DIR
@@ -385,8 +389,9 @@ def config_reference():
 @click.option("--log-file", default=None, metavar="PATH",
               help="Bake GSRUN_LOG_FILE=PATH into the hooks (hosts without syslog).")
 @click.option("--units-dir", default=None, metavar="DIR",
-              help="Write the systemd units (gsrun-daemon.service, the mail, prune and report timers) into DIR "
-                   "(e.g. /etc/systemd/system); default: print them.")
+              help="Write gsrun's systemd units into DIR: gsrun-daemon.service, the mail and prune timers "
+                   "and the (disabled) weekly report timer. Default: /etc/systemd/system when run as root "
+                   "(not with --print), else they are only named.")
 @click.option("--prolog-d", default="/etc/slurm/prolog.d", show_default=True)
 @click.option("--epilog-d", default="/etc/slurm/epilog.d", show_default=True)
 @click.option("--no-measure", is_flag=True, help="Do not time a prolog dry run.")
@@ -395,6 +400,8 @@ def config_reference():
 def install(print_only, config_path, state_dir, spool_dir, layout, hooks_dir, log_file, units_dir, prolog_d,
             epilog_d, no_measure, irqbalance_script):
     """Create gsrun's directories and site config; print the slurm.conf lines."""
+    if units_dir is None and not print_only and os.geteuid() == 0 and os.path.isdir(SYSTEMD_UNITS_DIR):
+        units_dir = SYSTEMD_UNITS_DIR
     opts = inst.InstallOptions(print_only=print_only, config_path=config_path, state_dir=state_dir,
                                spool_dir=spool_dir, layout=layout, hooks_dir=hooks_dir, log_file=log_file, units_dir=units_dir,
                                prolog_d=prolog_d, epilog_d=epilog_d, measure=not no_measure,

@@ -2,8 +2,7 @@
 
 slurmd runs ``gsrun-node prolog`` / ``gsrun-node epilog`` for every job on
 every node and slurmctld ``gsrun-node epilog-ctld`` for every job, so their
-start-up is paid per job (issue 24: a hook's wall is measured against
-``python3 -c pass``). ``gsrun-node prolog|epilog|epilog-ctld`` with only the
+start-up is paid per job. ``gsrun-node prolog|epilog|epilog-ctld`` with only the
 options below is dispatched here straight to the hook; everything
 else (``--help``, every other subcommand, any other option) goes to the
 click CLI of :mod:`gsrun.admin.node`, which accepts the same hook options

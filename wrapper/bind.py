@@ -10,9 +10,9 @@ The plan is computed by :mod:`gsrun.bind.plan` (pure) from the Slurm task
 environment; this module only parses flags, applies the rank's plan
 (``os.sched_setaffinity``, environment, ``numactl --membind`` exec prefix)
 and ``os.execvp``'s the command -- no shell. A problem with the plan never
-stops the task: it runs on the allowed CPUs with a warning on stderr. The
-node's warnings are printed once, by local rank 0, prefixed with the node
-name. A worker of a per-node launcher (``gsrun --launcher torchrun``) is
+stops the task: it runs on the allowed CPUs with a warning. The node's
+warnings go to syslog from local rank 0 of each node; the job's stderr gets
+at most one line of them, from global rank 0 (:func:`node_notes`). A worker of a per-node launcher (``gsrun --launcher torchrun``) is
 planned by ``LOCAL_RANK`` / ``LOCAL_WORLD_SIZE``
 (:func:`gsrun.bind.plan.worker_environ`), keeps its launcher's
 ``RANK`` / ``WORLD_SIZE``, and sees Slurm's task variables set to them
@@ -41,6 +41,7 @@ import click
 
 from gsrun.base.cpulist import format_cpulist, parse_cpulist
 from gsrun.base.errors import GsrunError, InputError
+from gsrun.base.log import JobLog
 from gsrun.bind.plan import (RankPlan, apply_affinity, exec_argv, fallback_rank, mig_visible_devices, plan_from_env,
                              read_job_mig_devices, render_table, worker_environ, worker_task_env)
 from gsrun.facts.hostfs import HostFS
@@ -189,6 +190,35 @@ def memlock_warning(hard: int | None, floor_text: str | None, rdma: list[str] | 
             "unit (and slurm.conf PropagateResourceLimitsExcept=MEMLOCK), then restart slurmd")
 
 
+def node_notes(warnings: Sequence[str], node: str | None, environ: Mapping[str, str],
+               log=None) -> list[str]:
+    """What the task of local rank 0 on ``node`` prints of the node's
+    ``warnings`` (plan, rank and limit problems, each once) -> lines for
+    stderr, without the ``gsrun: bind: warning:`` prefix.
+
+    Every warning goes to syslog (``gsrun[<job>]: bind: <node>: ...``, the
+    admin's copy: ``log``, default a :class:`gsrun.base.log.JobLog` of
+    ``SLURM_JOB_ID``). The job's terminal gets at most one line per job: from
+    the task of global rank 0 (``SLURM_PROCID`` 0 or unset), the first
+    warning and how many more there are. ``GSRUN_BIND_VERBOSE=1`` prints
+    every warning of every node, as the admin sees them."""
+    if not warnings:
+        return []
+    where = f"{node}: " if node else ""
+    if log is None:
+        log = JobLog(environ.get("SLURM_JOB_ID"), "bind", stream=None)
+    for w in warnings:
+        log.warn(where + w)
+    if environ.get("GSRUN_BIND_VERBOSE") == "1":
+        return [where + w for w in warnings]
+    if (environ.get("SLURM_PROCID") or "0").strip() != "0":
+        return []
+    more = len(warnings) - 1
+    tail = (f" (and {more} more: GSRUN_BIND_VERBOSE=1 prints them; the node's admin has them in syslog)"
+            if more else "")
+    return [where + warnings[0] + tail]
+
+
 def run_exec(p: BindParams, environ: Mapping[str, str], notes_out: dict | None = None
              ) -> tuple[list[str], dict[str, str]]:
     """Apply the current task's plan and return (argv, environment) to exec.
@@ -211,8 +241,8 @@ def run_exec(p: BindParams, environ: Mapping[str, str], notes_out: dict | None =
     limits = raise_memlock_soft() if fs.is_real else None      # every rank: limits are per process
     malloc = _malloc(environ, rp.local_rank == 0, warnings)
     if rp.local_rank == 0:   # once per node, not once per rank
-        for w in warnings:
-            _warn(f"{node}: {w}" if node else w)
+        for line in node_notes(warnings, node, environ):
+            _warn(line)
         if notes_out is not None:
             rdma = rdma_devices(fs)
             hard = None if limits is None or limits[1] == resource.RLIM_INFINITY else limits[1]

@@ -16,7 +16,9 @@ import click
 from gsrun.base.errors import InputError, run_cli
 from gsrun.base.exe import which
 from gsrun.base.paths import Paths
-from gsrun.facts.slurm import gpus_per_node
+from gsrun.base.errors import SlurmError
+from gsrun.facts.slurm import (NODE_GRES_ARGV, PARTITIONS_ARGV, gpus_per_node, parse_node_gres, parse_partitions,
+                               run_slurm)
 from gsrun.request.config import load_config
 from gsrun.request.malloc import malloc_env, parse_malloc
 from gsrun.request.mig_layout import parse_layout
@@ -25,9 +27,9 @@ from gsrun.request.tune import parse_tune_request
 from gsrun.wrapper.command import (Python, build_command, choose_python, refuse_launcher,
                                    torch_warning)
 from gsrun.wrapper.render import render_script
-from gsrun.wrapper.spec import (JobSpec, check_comment, parse_sbatch_option, plan_nodes,
+from gsrun.wrapper.spec import (JobSpec, check_comment, parse_sbatch_option, plan_nodes, refuse_unrunnable,
                                 validate_fields, validate_site)
-from gsrun.wrapper.submit import follow, live_alerts, submit
+from gsrun.wrapper.submit import exit_line, follow_to_end, live_alerts, submit
 from gsrun.wrapper.environ import memory_options
 from gsrun.wrapper.environ import sbatch_env_args, scrub_note, submit_environ
 
@@ -221,6 +223,10 @@ def cli(ctx, gpus, nodes, gpus_per_node, time_, partition, job_name, output, cpu
     if nodes is None and gpus_per_node is None:
         cluster_gpn = gpus_per_node_from_cluster(partition)
     n_nodes, gpn = plan_nodes(gpus, nodes, gpus_per_node, cluster_gpn)
+    offer = cluster_offer()
+    if offer is not None:
+        wanted = partition or os.environ.get("SBATCH_PARTITION") or None
+        refuse_unrunnable(gpus, n_nodes, gpn, wanted.split(",") if wanted else None, *offer)
     if cluster_gpn and gpn != min(cluster_gpn, gpus):
         click.echo(f"gsrun: submit: note: --gpus {gpus} does not fill nodes of {cluster_gpn} GPUs: "
                    f"{n_nodes} nodes x {gpn} GPUs (--nodes/--gpus-per-node to choose)", err=True)
@@ -256,13 +262,28 @@ def cli(ctx, gpus, nodes, gpus_per_node, time_, partition, job_name, output, cpu
         click.echo(job_id)
         return 0
     spool = Paths.from_config(cfg).spool_dir
-    rc = follow(job_id, alerts=lambda: live_alerts(spool, job_id), cluster=cluster)
-    click.echo(f"gsrun: job {job_id} exited {rc}; report: gseff {job_id}", err=True)
-    return rc
+    ended = follow_to_end(job_id, alerts=lambda: live_alerts(spool, job_id), cluster=cluster)
+    click.echo(exit_line(job_id, ended), err=True)
+    return ended.rc
 
 
 def gpus_per_node_from_cluster(partition):
     return gpus_per_node(partition)
+
+
+def cluster_offer(timeout_s: float = 15.0):
+    """What the partitions offer, for :func:`~gsrun.wrapper.spec.refuse_unrunnable`:
+    ``(offer, default partition, partition records)`` from one ``sinfo`` and one
+    ``scontrol show partition``; None when Slurm does not answer (then
+    nothing is refused here: sbatch judges)."""
+    try:
+        offer, default = parse_node_gres(run_slurm(list(NODE_GRES_ARGV), timeout_s).stdout)
+        if not offer:
+            return None
+        parts = parse_partitions(run_slurm(list(PARTITIONS_ARGV), timeout_s).stdout)
+    except SlurmError:
+        return None
+    return offer, default, parts
 
 
 def _name_source(mode: str, words, module: str | None) -> str:

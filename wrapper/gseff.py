@@ -30,8 +30,9 @@ from gsrun.base.paths import Paths
 from gsrun.facts.live import read_live_docs
 from gsrun.report import accounting
 from gsrun.report.live import live_summary, live_text
-from gsrun.report.render import render_png, render_text
-from gsrun.report.summary import JS1_MARKERS, JS1_SHORT, JS1_SHORT_S, decode_js1, job_summary
+from gsrun.facts.slurm import PENDING_STATES, REQUEUE_STATES, show_job, state_word
+from gsrun.report.render import explain_text, render_png, render_text
+from gsrun.report.summary import JS1_MARKERS, JS1_SHORT, JS1_SHORT_S, decode_js1, job_summary, pending_summary
 from gsrun.report.units import fmt_duration_s, fmt_gib, fmt_pct
 from gsrun.request.config import load_config
 
@@ -74,13 +75,29 @@ def load_summary(paths: Paths, job_id: str, cfg=None) -> dict:
         if not nodes:
             if summary:
                 return summary
-            raise InputError("gseff", "no report for job", job_id,
-                             hint="the job may still be pending, belong to another user, or have run on a "
-                                  "cluster whose spool is not shared with this host")
+            raise InputError("gseff", "no report for job", job_id, hint=NO_REPORT_HINT)
         base = summary["job"] if summary else {"id": job_id, "nodes": sorted(n["node"] for n in nodes),
                                                 "state": "RUNNING or unmerged"}
         summary = job_summary(base, nodes)
     return summary
+
+
+NO_REPORT_HINT = ("the job may belong to another user, or have run on a cluster whose spool is not shared "
+                  "with this host")
+
+
+def not_started(job_id: str, cfg, timeout_s: float | None = None) -> dict | None:
+    """The report of a job the controller holds that has not started
+    (pending, requeued: :func:`gsrun.report.summary.pending_summary`), or
+    None (running or ended, unknown to the controller, or no controller
+    here: the spool and accounting answer then). One ``scontrol show job``."""
+    try:
+        rec = show_job(job_id, timeout_s or cfg["timeouts.command_s"])
+    except GsrunError:
+        return None
+    if not rec or state_word(rec.get("JobState")) not in PENDING_STATES | REQUEUE_STATES:
+        return None
+    return pending_summary(rec, cfg)
 
 
 def gpu_from_js1(blob: dict) -> dict:
@@ -175,7 +192,9 @@ def render_accounting(rec: dict) -> str:
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="gsrun", prog_name="gseff", message="%(prog)s %(version)s")
-@click.argument("job_id")
+@click.argument("job_id", required=False)
+@click.option("--explain", is_flag=True, help="Say what each figure of the report means, and how it compares "
+              "with jobstats and reportseff; no JOB_ID needed.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary JSON.")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Write a per-GPU timeline PNG.")
 @click.option("--all", "all_gpus", is_flag=True, help="List every GPU (a job of more than 32 GPUs is summarised).")
@@ -184,8 +203,14 @@ def render_accounting(rec: dict) -> str:
 @click.option("--watch", is_flag=True,
               help="Redraw a running job's report every live flush interval until it ends, then print the final one.")
 @click.option("--spool-dir", default=None, hidden=True)
-def cli(job_id, as_json, plot, all_gpus, from_sacct, watch, spool_dir):
+def cli(job_id, explain, as_json, plot, all_gpus, from_sacct, watch, spool_dir):
     """Show the GPU efficiency report of JOB_ID (the report so far while it runs)."""
+    if explain:
+        click.echo(explain_text(), nl=False)
+        if not job_id:
+            return 0
+    if not job_id:
+        raise InputError("gseff", "no job id", "JOB_ID is missing", hint="gseff JOBID, or gseff --explain")
     check_job_id(job_id.strip(), array=True)
     cfg = load_config()
     paths = Paths.from_config(cfg, None, spool_dir)
@@ -195,15 +220,16 @@ def cli(job_id, as_json, plot, all_gpus, from_sacct, watch, spool_dir):
     if not from_sacct:
         try:
             summary = load_summary(paths, job_id.strip(), cfg)
-        except InputError as spool_err:
+        except InputError:
+            summary = not_started(job_id.strip(), cfg)
+        if summary is None and not from_sacct:
             try:
                 rec = load_accounting(job_id.strip(), cfg["timeouts.command_s"])
             except InputError:
                 raise
             except GsrunError as e:   # no accounting here: the spool's message is the useful one
                 raise InputError("gseff", "no report for job", job_id,
-                                 hint=f"{spool_err.hint or ''}; Slurm accounting unavailable: "
-                                      f"{e.what}".strip("; ")) from None
+                                 hint=f"{NO_REPORT_HINT}; Slurm accounting unavailable: {e.what}") from None
     if summary is None:
         if from_sacct:
             rec = load_accounting(job_id.strip(), cfg["timeouts.command_s"])

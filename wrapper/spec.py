@@ -243,6 +243,68 @@ def plan_nodes(gpus: int, nodes: int | None, gpus_per_node: int | None,
                      hint=_fits_hint(gpus, gpn))
 
 
+def _max_nodes(rec: dict[str, str] | None) -> int | None:
+    """A partition record's ``MaxNodes`` (None: ``UNLIMITED`` or unknown)."""
+    v = (rec or {}).get("MaxNodes", "")
+    return int(v) if v.isdigit() else None
+
+
+def partition_offer(name: str, node_gpus: dict[str, int], rec: dict[str, str] | None) -> tuple[int, int, int]:
+    """The largest job one partition can hold -> ``(GPUs, nodes, GPUs per
+    node)``: over each GPU count a node of it has, that count times the
+    nodes having at least as many (at most ``MaxNodes``)."""
+    best = (0, 0, 0)
+    cap = _max_nodes(rec)
+    for per in sorted({g for g in node_gpus.values() if g > 0}):
+        n = sum(1 for g in node_gpus.values() if g >= per)
+        n = min(n, cap) if cap is not None else n
+        best = max(best, (per * n, n, per))
+    return best
+
+
+def refuse_unrunnable(gpus: int, nodes: int, gpus_per_node: int, wanted: list[str] | None,
+                      offer: dict[str, dict[str, int]], default: str | None,
+                      partitions: dict[str, dict[str, str]]) -> None:
+    """Refuse ``nodes x gpus_per_node`` GPUs when none of the partitions the
+    job may run in (``wanted``; None: the default partition) could ever hold
+    it: too few nodes with that many GPUs (sinfo, ``offer``: ``{partition:
+    {node: GPUs}}``), or more nodes than its ``MaxNodes`` / fewer than its
+    ``MinNodes`` (``scontrol show partition``, ``partitions``). A necessary
+    condition only (features, reservations and QOS limits are Slurm's to
+    judge): a request it lets through may still wait, one it refuses would
+    wait for ever (``PartitionConfig``). Partitions not in ``offer``, or no
+    ``offer`` at all: nothing is refused. Pure.
+
+    Raises:
+        InputError: the request cannot run; the detail says what each
+            partition has, the hint the largest request that fits.
+    """
+    names = wanted if wanted else ([default] if default else [])
+    names = [n for n in names if n in offer]
+    if not names or len(names) != len(wanted or names):
+        return
+    seen = []
+    for name in names:
+        rec = partitions.get(name) or {}
+        have = sum(1 for g in offer[name].values() if g >= gpus_per_node)
+        cap = _max_nodes(rec)
+        low = int(rec["MinNodes"]) if rec.get("MinNodes", "").isdigit() else 0
+        if have >= nodes and (cap is None or nodes <= cap) and nodes >= low:
+            return
+        most, n, per = partition_offer(name, offer[name], rec)
+        limits = f", MaxNodes={cap}" if cap is not None else ""
+        seen.append((name, have, most, n, per, limits))
+    detail = "; ".join(f"partition {name}: {have} node{'s' if have != 1 else ''} with {gpus_per_node} or more "
+                       f"GPUs{limits}, at most {most} GPUs ({n} x {per}) in one job"
+                       for name, have, most, n, per, limits in seen)
+    name, _have, most, n, per, _l = max(seen, key=lambda x: x[2])
+    hint = (f"ask for at most --gpus {most} ({n} node{'s' if n != 1 else ''} x {per} GPUs) in partition {name}"
+            if most else f"partition {name} has no GPU nodes: pick another (sinfo -o '%P %D %G')")
+    raise InputError("submit", "no partition can run this",
+                     f"{nodes} node{'s' if nodes != 1 else ''} x {gpus_per_node} GPUs (--gpus {gpus}); {detail}",
+                     hint=hint)
+
+
 def sbatch_word(value: str) -> str:
     """``value`` as one word of an ``#SBATCH`` line. sbatch's script parser
     splits at blanks outside quotes (a backslash does not protect a blank:

@@ -15,9 +15,12 @@ from gsrun.base.errors import SlurmError
 from gsrun.base.ids import check_job_id
 from gsrun.base.log import safe_text
 from gsrun.facts.live import read_live_docs
-from gsrun.facts.slurm import (ENDED_HELD_STATES, TERMINAL_STATES, accounting_argv, job_record_argv,
+from gsrun.facts.slurm import (ENDED_HELD_STATES, PENDING_STATES, TERMINAL_STATES, accounting_argv, job_record_argv,
                                parse_accounting, parse_exit_code, parse_job_record, parse_parsable, parse_queue,
-                               parse_queue_exit, queue_argv, run_slurm, state_word)
+                               parse_queue_exit, parse_srun_task_end, pending_for_good, pending_hint, queue_argv,
+                               run_slurm, state_word)
+from gsrun.facts.sacct import parse_time_s
+from gsrun.report.units import fmt_duration_s
 import stat
 from dataclasses import astuple
 import random
@@ -317,18 +320,89 @@ def live_alerts(spool_dir, job_id: str) -> list[str]:
     return lines
 
 
+@dataclass
+class Ended:
+    """How a followed job ended: ``rc`` the exit status ``gsrun --wait``
+    returns; ``state`` the last state seen (None after a Ctrl-C cancel);
+    ``elapsed`` Slurm's ``[D-][H:]M:S`` of it; ``stdout_path`` the job's
+    output file (None: not known); ``failed``: the first task srun reported
+    ending badly, ``(node, rank, exit code or None for a signal, srun's
+    words)`` (:func:`gsrun.facts.slurm.parse_srun_task_end`), None if none."""
+
+    rc: int
+    state: str | None = None
+    elapsed: str = ""
+    stdout_path: str | None = None
+    failed: tuple | None = None
+
+
+class _SrunLines:
+    """Watches the job's output as it is streamed for srun's first report of
+    a task that ended badly (a line may arrive in pieces)."""
+
+    def __init__(self):
+        self.carry = ""
+        self.first: tuple | None = None
+
+    def __call__(self, text: str) -> None:
+        if self.first is not None:
+            return
+        lines = (self.carry + text).split("\n")
+        self.carry = lines.pop()[-4096:]
+        for ln in lines:
+            hit = parse_srun_task_end(ln)
+            if hit and (hit[2] is None or hit[2] != 0):
+                self.first = hit
+                return
+
+
+def exit_line(job_id: str, ended: Ended) -> str:
+    """The last line of ``gsrun --wait``: the final state and elapsed time
+    (``[D-]HH:MM:SS``, the format of ``gseff``), the first rank that failed
+    with its node and exit code (from srun's own line), the output file and
+    the report command. Record text escaped."""
+    state = safe_text(ended.state or "CANCELLED")
+    secs = None
+    try:
+        secs = parse_time_s(ended.elapsed)
+    except ValueError:
+        pass
+    line = f"gsrun: job {job_id}: {state}" + (f" after {fmt_duration_s(secs, 'clock')}" if secs is not None else "")
+    if ended.failed:
+        node, rank, code, what = (safe_text(x) if isinstance(x, str) else x for x in ended.failed)
+        line += (f"; rank {rank} on {node} failed first: exit code {code}" if code is not None
+                 else f"; rank {rank} on {node} failed first: {what}")
+    elif ended.rc:
+        line += f"; exit code {ended.rc}"
+    if ended.stdout_path:
+        line += f"; output: {safe_text(ended.stdout_path)}"
+    return line + f"; report: gseff {job_id}"
+
+
 def follow(job_id: str, out=sys.stdout, err=sys.stderr, poll_s: float = 1.0,
            max_unknown_s: float = 600.0, poller=None, clock=time.monotonic, sleep=time.sleep,
            alerts=None, cluster: str | None = None, give_up_s: float = GIVE_UP_S, jitter=None,
            cancel=cancel_job) -> int:
+    """:func:`follow_to_end`'s exit status (same arguments)."""
+    return follow_to_end(job_id, out, err, poll_s, max_unknown_s, poller, clock, sleep, alerts, cluster,
+                         give_up_s, jitter, cancel).rc
+
+
+def follow_to_end(job_id: str, out=sys.stdout, err=sys.stderr, poll_s: float = 1.0,
+                  max_unknown_s: float = 600.0, poller=None, clock=time.monotonic, sleep=time.sleep,
+                  alerts=None, cluster: str | None = None, give_up_s: float = GIVE_UP_S, jitter=None,
+                  cancel=cancel_job) -> Ended:
     """Follow ``job_id`` to the end: status on stderr (:class:`StatusLine`:
     one line updated in place on a TTY, cleared before anything else is
     written; a line per state or pending reason otherwise), the job's stdout
     streamed to ``out`` every ``poll_s``. Slurm is asked through
     ``poller(job_id)`` (default: a :class:`Watcher` on ``cluster``) with the
     backoff of :func:`poll_interval` times ``jitter()`` (default: uniform
-    0.8-1.2); the output file is read between. Returns the job's exit code
-    (128+signal when killed by a signal, 1 for FAILED/CANCELLED without one).
+    0.8-1.2); the output file is read between. Returns :class:`Ended`: its
+    ``rc`` is the exit code of the first task srun reported failing (srun
+    ends the others with SIGTERM: the batch script's own code is then 143),
+    else the job's (128+signal when killed by a signal, 1 for
+    FAILED/CANCELLED without one).
 
     A failed query (a timeout, ``Socket timed out``, ``Unable to contact
     slurm controller``, a rate-limit answer, a killed command) is retried
@@ -340,11 +414,16 @@ def follow(job_id: str, out=sys.stdout, err=sys.stderr, poll_s: float = 1.0,
     only when Slurm is asked (the same backoff); each new one is printed once
     on stderr as ``gsrun: job 12: ALERT: ...``.
 
+    A pending reason that will not change by itself
+    (:data:`gsrun.facts.slurm.PENDING_FOR_GOOD`: ``PartitionConfig``...) is
+    named once, with what it means and a hint; following goes on (an admin
+    may change the configuration).
+
     Ctrl-C (SIGINT, when called from the main thread): the first says the job
     still runs and how to stop it, and following goes on; a second within
     :data:`CANCEL_WINDOW_S` (wall clock) runs ``cancel(job_id, cluster)``
     (default :func:`cancel_job`: ``scancel``), says so and returns
-    :data:`INTERRUPTED_RC`.
+    :data:`INTERRUPTED_RC` as ``rc``.
 
     Raises:
         SlurmError: no answer from Slurm for ``give_up_s`` (the job may still
@@ -375,6 +454,7 @@ def _follow(job_id, out, err, poll_s, max_unknown_s, poller, clock, sleep, alert
     m = f"-M {cluster} " if cluster else ""
     look = f"squeue {m}-j {job_id}; sacct {m}-j {job_id}"
     told: set[str] = set()
+    told_reasons: set[str] = set()      # pending reasons that will not change, said once each
     status = StatusLine(err, err.isatty())
     offset = 0
     at_line_start = True            # the job's output so far ends a line: the status may be drawn
@@ -388,6 +468,7 @@ def _follow(job_id, out, err, poll_s, max_unknown_s, poller, clock, sleep, alert
     final: JobState | None = None
     path: str | None = None
     seen = 0                        # Ctrl-C presses handled
+    srun_lines = _SrunLines()
     first_press: float | None = None
 
     def interrupted() -> bool:
@@ -411,7 +492,7 @@ def _follow(job_id, out, err, poll_s, max_unknown_s, poller, clock, sleep, alert
 
     while True:
         if interrupted():
-            return INTERRUPTED_RC
+            return Ended(INTERRUPTED_RC, None, st.elapsed if st else "", path, srun_lines.first)
         now = clock()
         if now >= next_rpc:
             before = len(presses)
@@ -447,6 +528,11 @@ def _follow(job_id, out, err, poll_s, max_unknown_s, poller, clock, sleep, alert
                 if st is None or (new.state, new.reason) != (st.state, st.reason):
                     changed = now
                 st = new
+                meaning = pending_for_good(st.reason) if st.state in PENDING_STATES else None
+                if meaning and st.reason not in told_reasons:
+                    told_reasons.add(st.reason)
+                    status.say(f"gsrun: wait: job {job_id}: pending ({safe_text(st.reason)}) for good: {meaning}; "
+                               f"it will not start as it is\nhint: {pending_hint(job_id, cluster)}")
             next_rpc = now + poll_interval(now - changed) * jitter()
             if alerts is not None and st is not None and (st.state == "RUNNING" or st.state in TERMINAL_STATES):
                 for line in alerts():
@@ -456,7 +542,7 @@ def _follow(job_id, out, err, poll_s, max_unknown_s, poller, clock, sleep, alert
         if st is not None:
             path = st.stdout_path or path     # sacct has no path: the queue's one stays
             if path:
-                offset, at_line_start = _stream(path, offset, out, status.clear, at_line_start)
+                offset, at_line_start = _stream(path, offset, out, status.clear, at_line_start, srun_lines)
             key = (st.state, st.reason)
             if at_line_start or not status.tty:
                 status.show(status_line(job_id, st, now - started), key != shown)
@@ -468,21 +554,25 @@ def _follow(job_id, out, err, poll_s, max_unknown_s, poller, clock, sleep, alert
     # the last lines may land after the state flips
     sleep(0.5)
     if path:
-        _stream(path, offset, out, status.clear, at_line_start)
-    if status.drawn:
-        err.write("\n")                # the final state stays on screen as a line
-        err.flush()
-    if final.signal:
-        return 128 + final.signal
-    if final.exit_code:
-        return final.exit_code
-    return 0 if final.state == "COMPLETED" else 1
+        _stream(path, offset, out, status.clear, at_line_start, srun_lines)
+    status.clear()                      # the exit line says the final state
+    failed = srun_lines.first
+    if failed and failed[2]:
+        rc = failed[2]
+    elif final.signal:
+        rc = 128 + final.signal
+    elif final.exit_code:
+        rc = final.exit_code
+    else:
+        rc = 0 if final.state == "COMPLETED" else 1
+    return Ended(rc, final.state, final.elapsed, path, failed)
 
 
-def _stream(path: str, offset: int, out, before_output, at_line_start: bool) -> tuple[int, bool]:
+def _stream(path: str, offset: int, out, before_output, at_line_start: bool, watch=None) -> tuple[int, bool]:
     """Copy what the job's output file ``path`` got past ``offset`` to
-    ``out``, calling ``before_output()`` first when there is any -> (new
-    offset, whether the output so far ends a line)."""
+    ``out``, calling ``before_output()`` first when there is any, and
+    ``watch(text)`` with it -> (new offset, whether the output so far ends a
+    line)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:
@@ -492,6 +582,9 @@ def _stream(path: str, offset: int, out, before_output, at_line_start: bool) -> 
         data = f.read()
     if data:
         before_output()
-        out.write(data.decode(errors="replace"))
+        text = data.decode(errors="replace")
+        if watch is not None:
+            watch(text)
+        out.write(text)
         out.flush()
     return offset + len(data), (data.endswith(b"\n") if data else at_line_start)

@@ -3,7 +3,7 @@
 :func:`which` is :func:`shutil.which` for POSIX (same lookup, same result)
 for the paths every ``gsrun`` takes: ``import shutil`` also imports ``bz2``,
 ``lzma`` and ``fnmatch`` (~1.5 ms), a tenth of what ``gsrun --dry-run`` spends
-beyond the interpreter and click (issue 24, item 6). Code that copies or
+beyond the interpreter and click. Code that copies or
 moves files uses :mod:`shutil` itself.
 """
 

@@ -31,7 +31,7 @@ import re
 from gsrun.base.errors import InputError
 
 # Compiled on first use (module ``__getattr__``): the Slurm hooks check job ids
-# on every job and import nothing they do not use (issue 24, item 6).
+# on every job and import nothing they do not use.
 _PATTERNS = {
     "JOB_ID_RE": r"[0-9]{1,10}",
     "ARRAY_JOB_ID_RE": r"[0-9]{1,10}(?:_[0-9]{1,10})?",

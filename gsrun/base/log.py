@@ -72,6 +72,9 @@ def safe_job_id(job_id) -> str | None:
 
 
 class JobLog:
+    """``log(msg)``: one line to syslog (LOG_DAEMON, tag ``gsrun[<job>]``),
+    ``stream`` (None: not written) and ``$GSRUN_LOG_FILE``."""
+
     def __init__(self, job_id: str | None, phase: str, stream=sys.stderr, use_syslog: bool = True):
         self.job_id = safe_job_id(job_id)
         self.phase = phase
@@ -102,8 +105,9 @@ class JobLog:
                 pass
         tag = f"gsrun[{self.job_id}]" if self.job_id else "gsrun"
         try:
-            self.stream.write(f"{tag}: {line}\n")
-            self.stream.flush()
+            if self.stream is not None:
+                self.stream.write(f"{tag}: {line}\n")
+                self.stream.flush()
         except Exception:  # noqa: BLE001
             pass
         path = os.environ.get("GSRUN_LOG_FILE")

@@ -7,7 +7,7 @@
 - :func:`stop`: SIGTERM a process and wait for it to *exit* -- through a
   pidfd (``pidfd_open``, Linux >= 5.3), which turns readable when the
   process has exited, zombie or not: a detached child that slurmd's PID 1
-  has not reaped yet counts as gone (issue 24). Without pidfds (older
+  has not reaped yet counts as gone. Without pidfds (older
   kernels, ``ENOSYS``), ``/proc/<pid>/stat`` is polled every 10 ms and a
   zombie (``Z``) counts as gone too;
 - :func:`wait_exit`, :func:`kill`: the same wait, and SIGKILL then that wait,

@@ -292,6 +292,78 @@ def gpus_per_node(partition: str | None, timeout_s: float = 15.0) -> int:
     return best
 
 
+#: ``sinfo`` for what each partition offers: one line per node and partition,
+#: ``PARTITION|NODE|GRES`` (the default partition marked ``*``, sinfo's ``%P``)
+NODE_GRES_ARGV = ("sinfo", "-h", "-N", "-o", "%P|%n|%G")
+#: ``scontrol`` for every partition's limits, one line each (``PartitionName=gpu ... MaxNodes=UNLIMITED ...``)
+PARTITIONS_ARGV = ("scontrol", "-o", "show", "partition")
+
+
+def parse_node_gres(text: str) -> tuple[dict[str, dict[str, int]], str | None]:
+    """:data:`NODE_GRES_ARGV`'s output -> ``({partition: {node: GPUs}},
+    default partition or None)``. Lines that are not ``P|N|G`` are skipped."""
+    parts: dict[str, dict[str, int]] = {}
+    default = None
+    for line in (text or "").splitlines():
+        fields = line.strip().split("|")
+        if len(fields) != 3 or not fields[0] or not fields[1]:
+            continue
+        name = fields[0]
+        if name.endswith("*"):
+            name = name[:-1]
+            default = name
+        parts.setdefault(name, {})[fields[1]] = parse_gres_count(fields[2])
+    return parts, default
+
+
+def parse_partitions(text: str) -> dict[str, dict[str, str]]:
+    """:data:`PARTITIONS_ARGV`'s output -> ``{name: {Key: value}}`` (one
+    ``PartitionName=...`` line per partition; other lines skipped)."""
+    out: dict[str, dict[str, str]] = {}
+    for line in (text or "").splitlines():
+        if line.startswith("PartitionName="):
+            rec = parse_oneliner(line)
+            out[rec["PartitionName"]] = rec
+    return out
+
+
+#: Pending reasons (squeue ``%r`` / ``Reason=``) that do not change while the
+#: job and the cluster's configuration stay as they are -> what they mean.
+#: ``--wait`` and ``gseff`` name them once, with how to ask for what exists.
+PENDING_FOR_GOOD = {
+    "PartitionConfig": "it asks for more than the partition has (nodes, GPUs per node or CPUs)",
+    "PartitionNodeLimit": "its node count is outside the partition's MinNodes..MaxNodes",
+    "PartitionTimeLimit": "its time limit is above the partition's MaxTime",
+    "BadConstraints": "no node of the partition has the features asked for (--constraint)",
+    "QOSMaxGRESPerJob": "it asks for more GPUs than the QOS allows one job",
+    "QOSMaxGRESPerUser": "it asks for more GPUs than the QOS allows one user at a time "
+                         "(it starts only when your other jobs leave room, never if it alone is over)",
+    "AssocMaxGRESPerJob": "it asks for more GPUs than your account allows one job",
+    "QOSMaxNodePerJobLimit": "it asks for more nodes than the QOS allows one job",
+    "AssocMaxNodesPerJobLimit": "it asks for more nodes than your account allows one job",
+    "QOSMaxCpuPerJobLimit": "it asks for more CPUs than the QOS allows one job",
+    "AssocMaxCpuPerJobLimit": "it asks for more CPUs than your account allows one job",
+    "QOSMaxWallDurationPerJobLimit": "its time limit is above the QOS's maximum",
+    "AssocMaxWallDurationPerJobLimit": "its time limit is above your account's maximum",
+    "DependencyNeverSatisfied": "a job it depends on ended in a way the dependency excludes",
+    "InvalidAccount": "the account is not valid for you",
+    "InvalidQOS": "the QOS is not valid for you or the partition",
+}
+
+
+def pending_for_good(reason: str | None) -> str | None:
+    """What a pending ``reason`` means when it will not change by itself
+    (:data:`PENDING_FOR_GOOD`), else None."""
+    return PENDING_FOR_GOOD.get((reason or "").strip())
+
+
+def pending_hint(job_id: str, cluster: str | None = None) -> str:
+    """How to stop a job that will not start and see what the cluster offers."""
+    m = f"-M {cluster} " if cluster else ""
+    return (f"scancel {m}{job_id}, then ask for what exists: sinfo {m}-o '%P %D %G %l' lists each "
+            f"partition's nodes, GPUs per node and time limit; scontrol {m}show partition its limits")
+
+
 def job_record_argv(job_id: str, scontrol: str = "scontrol") -> list[str]:
     """The one command gsrun reads a job record with: ``scontrol --local -o
     show job ID``. ``--local`` makes it one RPC (``REQUEST_JOB_INFO_SINGLE``);
@@ -437,6 +509,25 @@ def parse_accounting(text: str, job_id: str) -> dict[str, str] | None:
         if len(parts) >= 5 and parts[0] == job_id:
             found = dict(zip(("JobID", "State", "ExitCode", "Elapsed", "NodeList"), parts))
     return found
+
+
+#: srun's line for tasks that ended badly (``src/srun/step_ctx``/``launch``):
+#: ``srun: error: gpu02: task 1: Exited with exit code 1``,
+#: ``srun: error: gpu01: tasks 0,2-3: Terminated``
+_SRUN_TASK_END = re.compile(r"^srun: error: (\S+): tasks? ([0-9][0-9,-]*): (.+?)\s*$")
+
+
+def parse_srun_task_end(line: str) -> tuple[str, int, int | None, str] | None:
+    """One line of a job's output -> ``(node, first rank, exit code or None
+    for a signal, what srun said)`` when it is srun's report of tasks that
+    ended badly, else None. Pure."""
+    m = _SRUN_TASK_END.match(line)
+    if not m:
+        return None
+    node, ranks, what = m.groups()
+    first = int(re.split(r"[,-]", ranks)[0])
+    code = re.fullmatch(r"Exited with exit code (\d+)", what)
+    return node, first, (int(code.group(1)) if code else None), what
 
 
 def parse_parsable(text: str) -> tuple[str, str | None]:

@@ -20,8 +20,9 @@ cpu_bound, mem_overrequest, cpu_idle, cpu_anomaly, nodes_missing).
 
 from __future__ import annotations
 
+from gsrun.facts.slurm import pending_for_good, pending_hint
 from gsrun.report.records import Finding, FindingCode
-from gsrun.report.units import as_number, fmt_bytes_of, fmt_duration_s, fmt_share_pct
+from gsrun.report.units import as_number, fmt_bytes_of, fmt_duration_s, fmt_share_pct, fmt_time
 from gsrun.request.config import Config, SETTINGS
 
 _DEFAULTS = {s.key: s.default for s in SETTINGS}
@@ -136,13 +137,13 @@ def _findings(summary: dict, cfg: Config | None, partition: str | None) -> list[
         return [{"code": FindingCode.NEVER_STARTED, "severity": "info", "value": 0,
                  "text": "The job was cancelled before it started: nothing to report."}]
     if state in ("PENDING", "REQUEUED"):
-        return [{"code": FindingCode.DEFERRED, "severity": "info", "value": None,
-                 "text": f"The job is {state.lower()}: the report is deferred until it runs."}]
+        return [_deferred(job, state)]
     out += _hardware(gpu)
     out += _waste(summary.get("waste") or [])
     if not gpu["available"] and gpu.get("reason"):
         out.append({"code": FindingCode.GPU_UNAVAILABLE, "severity": "info", "value": None,
-                    "text": f"GPU figures unavailable: {gpu['reason']}."})
+                    "text": "No GPU figures: the node could not read this job's GPUs (the cause is under GPUs "
+                            "below and in the node's log, for the admin). This is not a problem of the job."})
     if summary.get("nodes_missing"):
         out.append({"code": FindingCode.NODES_MISSING, "severity": "warn", "value": summary["nodes_missing"],
                     "text": f"No summary from node(s) {', '.join(summary['nodes_missing'])}: figures are partial."})
@@ -175,13 +176,48 @@ def _findings(summary: dict, cfg: Config | None, partition: str | None) -> list[
                     "action": _mem_action(summary),
                     "text": f"The job used at most {mem['efficiency_pct']:.0f}% of the host memory it requested: "
                             f"{_mem_action(summary)}, so other jobs can run."})
-    if cpu["efficiency_pct"] is not None and cpu["efficiency_pct"] < CPU_IDLE_PCT:
+    if cpu["efficiency_pct"] is not None and cpu["efficiency_pct"] < CPU_IDLE_PCT and _cpus_can_shrink(job, gpu):
         out.append({"code": FindingCode.CPU_IDLE, "severity": "info", "value": cpu["efficiency_pct"],
                     "action": "fewer CPUs per task",
                     "text": f"CPU efficiency was {cpu['efficiency_pct']:.0f}% of {job.get('cpus_alloc')} "
                             "allocated cores: fewer CPUs per task would do."})
     out += _time_limit(job, cfg, partition)
     return sorted(out, key=lambda f: SEVERITY_RANK.get(f["severity"], 3))
+
+
+def _deferred(job: dict, state: str) -> dict:
+    """The one finding of a job that has not run yet: why it waits (Slurm's
+    pending reason, ``job["pending_reason"]``, with what it means when it will
+    not change by itself: :data:`gsrun.facts.slurm.PENDING_FOR_GOOD`), when
+    Slurm expects it to start (``job["expected_start"]``, epoch s) and when a
+    report will exist."""
+    reason = job.get("pending_reason") or ""
+    why = f" ({reason})" if reason else ""
+    stuck = pending_for_good(reason)
+    text = f"The job is {state.lower()}{why}"
+    if stuck:
+        text += f", and will not start as it is: {stuck}."
+    else:
+        start = job.get("expected_start")
+        text += (f"; Slurm expects it to start at {fmt_time(start)}." if isinstance(start, (int, float))
+                 else ".")
+        text += f" A report exists once it starts (gseff {job.get('id') or 'JOBID'} shows it as it runs) and " \
+                "the full one when it ends."
+    out = {"code": FindingCode.DEFERRED, "severity": "warn" if stuck else "info", "value": None, "text": text}
+    if stuck:
+        out["action"] = pending_hint(str(job.get("id") or "JOBID"))
+    return out
+
+
+def _cpus_can_shrink(job: dict, gpu: dict) -> bool:
+    """Whether asking for fewer CPUs per task is possible: more than one CPU
+    per GPU task (gsrun runs one task per GPU), or a job without GPUs with
+    more than one CPU. Unknown counts: True (the advice stands)."""
+    cpus = job.get("cpus_alloc")
+    gpus = job.get("gpus_alloc") or (gpu or {}).get("count") or 0
+    if not isinstance(cpus, (int, float)):
+        return True
+    return cpus > max(1, gpus)
 
 
 IDLE_CODES = frozenset({FindingCode.IDLE_GPU.value, FindingCode.LOW_GPU_UTIL.value})
@@ -390,6 +426,8 @@ def verdicts(summary: dict, cfg: Config | None = None, partition: str | None = N
                                        for f in summary.get("findings") or []):
         return []
     rows = []
+    # too short to judge (the SHORT_JOB finding says so): the figures stand, without a level
+    judge = job["elapsed_s"] >= _t(cfg, "findings.short_job_s", partition)
     real = [g for g in gpu.get("devices") or []
             if g.get("status", "emulated" if g.get("emulated") else "ok") in ("ok", "lost")]
     util = [g for g in real if g.get("util_mean_pct") is not None]
@@ -419,10 +457,12 @@ def verdicts(summary: dict, cfg: Config | None = None, partition: str | None = N
                      + (f" ({_short_label(top, real)})" if len(withmem) > 1 else ""),
                      "level": "good" if pct >= GPU_MEM_LOW_PCT else "better"})
     if cpu.get("efficiency_pct") is not None:
+        shrink = _cpus_can_shrink(job, gpu)
         rows.append({"key": "cpu", "label": "CPU efficiency", "pct": cpu["efficiency_pct"],
-                     "detail": f"of {job.get('cpus_alloc') or 'N/A'} cores",
+                     "detail": f"of {job.get('cpus_alloc') or 'N/A'} cores"
+                               + ("" if shrink else " (one per task: the fewest there are)"),
                      "level": _level(cpu["efficiency_pct"], _t(cfg, "findings.cpu_good_pct", partition),
-                                     CPU_WASTE_PCT)})
+                                     CPU_WASTE_PCT) if shrink else None})
     if mem.get("efficiency_pct") is not None:
         rows.append({"key": "host_mem", "label": "Host memory", "pct": mem["efficiency_pct"],
                      "detail": "peak " + fmt_bytes_of(mem.get("peak_bytes"), mem.get("req_bytes")) + " requested",
@@ -437,6 +477,8 @@ def verdicts(summary: dict, cfg: Config | None = None, partition: str | None = N
                                f"{fmt_duration_s(limit, 'clock')}",
                      "level": "good" if pct >= good else "better"})
     for r in rows:
+        if not judge:
+            r["level"] = None
         r["word"] = LEVEL_WORDS[r["level"]]
         r["bar_pct"] = None if r["pct"] is None else max(0.0, min(100.0, r["pct"]))
     return rows
@@ -450,9 +492,11 @@ def _short_label(g: dict, devs: list[dict]) -> str:
 def headline(summary: dict, rows: list[dict]) -> dict:
     """What the first lines say: ``{"alert": text or "" (the first hardware
     event), "next": the change for next time}``. ``next`` is the ``action``
-    of the most important finding that has one; else "nothing to change"
-    when every verdict is good (or the GPUs are, naming what is not);
-    else a pointer to the findings. Both start in lower case after their
+    of the most important finding that has one; else "" when nothing was
+    judged (no verdict row has a level: a job too short to judge);
+    "nothing to change" when every verdict is good (or the GPUs are, naming
+    what is not); else the resources that could be better, by name (never a
+    pointer to findings that hold no advice). Both start in lower case after their
     label (``Next time: ``)."""
     fs = shown_findings(summary)
     alert = next((f["text"].removeprefix("Hardware event: ") for f in fs if f.get("severity") == "alert"), "")
@@ -460,15 +504,15 @@ def headline(summary: dict, rows: list[dict]) -> dict:
         or next((f for f in fs if f.get("action")), None)
     weak = [r["label"] for r in rows if r["level"] in ("better", "wasteful")]
     gpu_weak = [r for r in rows if r["key"].startswith("gpu") and r["level"] in ("better", "wasteful")]
+    named = " and ".join(" ".join(w if w.isupper() else w.lower() for w in lab.split()) for lab in weak)
     if act is not None:
         nxt = act["action"] + "."
-    elif not rows:
-        nxt = ""
+    elif not rows or all(r["level"] is None for r in rows):
+        nxt = ""        # nothing judged (a job too short to judge, no figures): nothing to advise
     elif not weak:
         nxt = "nothing to change: the job used what it asked for."
     elif not gpu_weak and any(r["key"].startswith("gpu") for r in rows):
-        named = " and ".join(" ".join(w if w.isupper() else w.lower() for w in lab.split()) for lab in weak)
         nxt = f"nothing to change on the GPUs; {named} could be better (below)."     # "CPU" stays upper case
     else:
-        nxt = "see the findings below."
+        nxt = f"{named} could be better (the figures below say by how much)."
     return {"alert": alert, "next": nxt}

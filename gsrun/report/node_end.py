@@ -6,7 +6,7 @@ sampler state and the job's context; the job's sampler computes the same at
 its final flush (:mod:`gsrun.epilog.sampler`) before the epilog has run, so
 the epilog completes it with :func:`finish`. Kept apart from
 :mod:`gsrun.report.summary` so that the epilog's usual path imports no typed
-record (issue 24: the epilog's wall against the interpreter floor).
+record.
 """
 
 from __future__ import annotations

@@ -34,6 +34,41 @@ SETTINGS_GROUPS_SHOWN = 4       # node-settings lines in the report; the other g
 _SETTING_WHY = ("refused", "unsupported", "failed", "rolled_back", "skipped")
 
 
+#: What each figure of the report means: its label, its definition and source,
+#: and how it compares with the same label in jobstats and reportseff. The one
+#: home of these texts: ``gseff --explain`` prints them, docs/USER.md ("What the
+#: figures mean") holds the same text (tests/pure/test_figure_definitions.py).
+FIGURES = (
+    ("GPU busy", "mean over the job's GPUs of the share of time a kernel ran on each (NVML "
+     "utilization.gpu, sampled; a GPU with no reading is left out). jobstats' and reportseff's "
+     "'GPU utilization' is the same figure."),
+    ("GPU SM active", "mean share of each GPU's streaming multiprocessors that had work (NVML GPM "
+     "SM_ACTIVITY; H100/H200 and newer). A GPU can be 100% busy with 10% of its SMs in use."),
+    ("GPU memory", "the fullest GPU's memory high water as a share of its total (the highest "
+     "nvmlDeviceGetMemoryInfo used, less what was in use before the job, over the job's GPUs): can "
+     "any GPU's memory hold a larger batch? jobstats and reportseff show the MEAN over the GPUs of "
+     "each GPU's peak over its total instead, so the same job reads 82% here and 45% there when one "
+     "GPU is full and the others half."),
+    ("CPU efficiency", "CPU time of the job (cgroup cpu.stat usage_usec, or sacct TotalCPU) over "
+     "the allocated cores x the elapsed time, as seff computes it."),
+    ("Host memory", "the job's host memory high water (cgroup memory.peak, or sacct MaxRSS) over "
+     "the memory it asked for (--mem, or Slurm's default for the partition), as seff computes it."),
+    ("Time limit", "elapsed time over the time limit (Slurm Elapsed and TimeLimit)."),
+    ("Elapsed", "from the job's start to its end as Slurm records them (StartTime to EndTime; "
+     "squeue TimeUsed while it runs), shown as [D-]HH:MM:SS everywhere."),
+    ("Energy", "the GPUs' energy counters over the job (nvmlDeviceGetTotalEnergyConsumption), in Wh; "
+     "'(estimated)' where a GPU has no counter and its power readings were integrated."),
+)
+
+
+def explain_text() -> str:
+    """:data:`FIGURES` as plain text, every line at most :data:`WRAP_COLS` wide."""
+    lines = ["What the figures of a gsrun report mean", ""]
+    for label, text in FIGURES:
+        lines += _wrap(f"{label}: {text}", "", "  ")
+    return "\n".join(lines) + "\n"
+
+
 def _util(g) -> str:
     return fmt_share_pct(g["util_mean_pct"], na="N/A (MIG)" if is_mig(g) else NA)
 
@@ -236,13 +271,22 @@ def render_text(summary: dict, color: bool = False, cfg=None, all_gpus: bool = F
         elif "time_limit_s" in job:
             ran += ", no time limit"
         lines += _wrap(ran, "  ", "    ")
+    if not nodes and not start and submit:       # not started: what it asked for, how long it waited
+        lines += _wrap(f"Submitted {fmt_time(submit)}"
+                       + (f", time limit {fmt_duration_s(job['time_limit_s'], 'clock')}"
+                          if job.get("time_limit_s") else ""), "  ", "    ")
     named = nodes if all_gpus or len(nodes) <= LIST_UP_TO_NODES else \
         nodes[:FINDING_UP_TO_NODES] + [f"... {nodes[-1]}; gseff --all lists them"]
     alloc = f"{len(nodes)} node{'s' if len(nodes) != 1 else ''} ({', '.join(named) or 'N/A'}), " \
             f"{job.get('cpus_alloc') or 'N/A'} CPUs, {_plural(job.get('gpus_alloc') or gpu['count'] or 0, 'GPU')}, " \
             f"{fmt_bytes(mem.get('req_bytes')) if mem.get('req_bytes') else 'no'} memory requested"
+    if not nodes and not start:
+        alloc = f"Asked for {job.get('cpus_alloc') or 'N/A'} CPUs, " \
+                f"{_plural(job.get('gpus_alloc') or gpu['count'] or 0, 'GPU')}"
     lines += _wrap(alloc, "  ", "    ")
-    if cpu.get("time_s") is not None:
+    if not nodes and not start:
+        pass                    # not started: no figures to show
+    elif cpu.get("time_s") is not None:
         cpu_line = f"CPU time {fmt_duration_s(cpu['time_s'], 'clock')}"
         if job.get("cpus_alloc") and job.get("elapsed_s"):
             cpu_line += f" of {job['cpus_alloc']} cores x {fmt_duration_s(job['elapsed_s'], 'clock')}"
@@ -260,6 +304,9 @@ def render_text(summary: dict, color: bool = False, cfg=None, all_gpus: bool = F
     shown = [g for g in gpu["devices"] if g.get("status", "ok") != "unavailable"]
     if not gpu["available"]:
         lines += _wrap(f"unavailable ({gpu.get('reason') or 'unknown reason'})", "  ", "    ")
+    elif not shown and not nodes and (job.get("gpus_alloc") or gpu.get("count")):
+        lines.append(f"  {_plural(job.get('gpus_alloc') or gpu.get('count'), 'GPU')} asked for; "
+                     "figures once the job runs")
     elif not shown:
         lines.append("  none")
     has_sm = any(g.get("sm_active_mean_pct") is not None for g in shown)

@@ -111,13 +111,16 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import datetime
 import gzip
 import json
 
 from gsrun import SUMMARY_SCHEMA
 from gsrun.base.record import ABSENT
 from gsrun.facts.aggregate import Counter, Metric
+from gsrun.facts.sacct import parse_time_s, parse_tres, tres_gpus
 from gsrun.facts.sampler_state import GpuState, SamplerState
+from gsrun.facts.slurm import state_word
 from gsrun.report import node_end
 from gsrun.report.findings import finding_records
 from gsrun.report.records import (CpuFigures, GpuFigures, GpuSummary, JobInfo, JobSummary, MemoryFigures, NodeDetail,
@@ -723,3 +726,40 @@ def decode_js1(text: str) -> dict:
         return json.loads(gzip.decompress(base64.b64decode(text[4:], validate=True)))
     except (OSError, EOFError, ValueError) as e:
         raise ValueError(f"corrupt JS1 blob: {e}") from None
+
+
+def pending_summary(rec: dict[str, str], cfg=None) -> dict:
+    """The report of a job that has not started, from its controller record
+    (``scontrol -o show job``, :func:`gsrun.facts.slurm.parse_job_record`):
+    the job summary's shape with no figures, what it asked for (``NumCPUs``,
+    ``gres/gpu`` of ``ReqTRES``/``TRES``, ``TimeLimit``), its pending reason and
+    Slurm's expected start (``StartTime`` while pending; absent when
+    ``Unknown``), and the one finding that says why it waits and when a
+    report will exist (:func:`gsrun.report.findings.findings`). For the text
+    report (:func:`gsrun.report.render.render_text`); never stored."""
+    def val(k):
+        v = rec.get(k)
+        return None if v in (None, "", "(null)", "None", "N/A", "Unknown") else v
+
+    def epoch(k):
+        try:
+            return datetime.datetime.fromisoformat(val(k)).timestamp() if val(k) else None
+        except ValueError:
+            return None
+    tres = parse_tres(val("ReqTRES") or val("TRES") or "")
+    gpus = tres_gpus(tres) or 0
+    cpus = val("NumCPUs")
+    try:
+        limit = parse_time_s(val("TimeLimit"))
+    except ValueError:
+        limit = None
+    job = {"id": rec.get("JobId"), "name": val("JobName"), "user": (val("UserId") or "").split("(")[0] or None,
+           "partition": val("Partition"), "state": state_word(rec.get("JobState")) or "PENDING", "nodes": [],
+           "cpus_alloc": int(cpus) if cpus and cpus.isdigit() else None, "gpus_alloc": gpus,
+           "submit_time": epoch("SubmitTime"), "time_limit_s": limit, "elapsed_s": 0.0,
+           "pending_reason": val("Reason"), "expected_start": epoch("StartTime")}
+    summary = {"job": job, "cpu": {"efficiency_pct": None, "time_s": None, "anomaly": False},
+               "memory": {"efficiency_pct": None, "peak_bytes": None, "req_bytes": None},
+               "gpu": {"available": True, "count": gpus, "devices": [], "reason": None}}
+    summary["findings"] = [f.to_json() for f in finding_records(summary, cfg, job["partition"])]
+    return summary

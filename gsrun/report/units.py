@@ -11,7 +11,7 @@ as :data:`NA`, never as 0.
 Where the report and the mail print the same quantity differently today
 (percent digits, durations under a minute, energy), the difference is an
 explicit ``digits`` / ``style`` argument, so each caller states which form
-it prints. Issue 22 picked one form per quantity for everything a user
+it prints. One form per quantity for everything a user
 reads (report, ``gseff``, mail): percent as integers (``fmt_pct(x, 0)``),
 durations ``clock``, energy ``wh`` (Wh / kWh), memory in the unit of its
 total (:func:`fmt_bytes_of`), clock times :func:`fmt_time`.
@@ -45,13 +45,13 @@ def fmt_pct(pct, digits: int, na: str = NA) -> str:
     ``42.0%`` (report: 1 digit) or ``42%`` (mail, subject: 0 digits).
     ``na`` is what a missing value prints as (``N/A (MIG)`` for a MIG
     device's utilization). Same text as the formatters it replaced
-    (tests/pure/test_units.py); issue 22's figures use :func:`fmt_share_pct`."""
+    (tests/pure/test_units.py); the report's figures use :func:`fmt_share_pct`."""
     f = as_number(pct)
     return na if f is None else f"{f:.{digits}f}%"
 
 
 def fmt_share_pct(pct, na: str = NA) -> str:
-    """A percentage as an integer (issue 22: the verdict, the per-GPU
+    """A percentage as an integer (the verdict, the per-GPU
     figures, the findings), except a share above 0 that would print as
     ``0%``: one decimal (``0.2%``, ``0.5%``) or ``<0.1%``, so a small
     share is never shown as none. ``na`` as in :func:`fmt_pct`."""

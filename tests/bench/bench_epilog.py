@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Hook wall times on a fake host root, against the interpreter floor measured
-in the same run (BENCHMARKS.md, "Hot paths").
+in the same run (docs/history/benchmarks-log.md, "Hot paths").
 
     python3 -P tests/bench/bench_epilog.py [--venv /opt/gsrun/venv] [--runs 11] [--interval-s 5] [--run-s 0.3]
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Pinned host-to-device copy bandwidth: a rank bound by gsrun-bind vs an
 unbound one, in the same run, against the best plain copy and the link limit
-(BENCHMARKS.md, "Pinned host-to-device copy bandwidth"). For the H200 device
+(docs/history/benchmarks-log.md, "Pinned host-to-device copy bandwidth"). For the H200 device
 machine (needs torch and gsrun-bind on PATH).
 
     python3 tests/bench/bench_h2d.py [--rounds 3] [--gib 1] [--ntasks 4]

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Pinned host buffers from 2 MiB hugepages vs normal pages, same run (issue 20).
+"""Pinned host buffers from 2 MiB hugepages vs normal pages, same run.
 
 Run as root on a GPU node with torch (the H200 VM):
 

@@ -1,6 +1,5 @@
 #!/usr/bin/env python3
-"""EpilogSlurmctld merge and ``gseff`` on generated job spools (issue 24,
-item 2; BENCHMARKS.md, "Controller merge").
+"""EpilogSlurmctld merge and ``gseff`` on generated job spools (docs/history/benchmarks-log.md, "Controller merge").
 
     python3 -P tests/bench/bench_merge.py [--nodes 100,1000] [--big] [--keep DIR] [--before REV]
 

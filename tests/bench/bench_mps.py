@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """MPS throughput benchmark: gsrun's per-job MPS daemon vs no MPS vs a
-hand-started daemon (BENCHMARKS.md, "MPS aggregate throughput"), for the H200
+hand-started daemon (docs/history/benchmarks-log.md, "MPS aggregate throughput"), for the H200
 device machine.
 
 Run from the repository root (as root or any user that can run CUDA):

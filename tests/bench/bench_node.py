@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Node-side costs on a real GPU node, measured side by side (part of the
-real GPU node validation; BENCHMARKS.md, "Node-side costs").
+real GPU node validation; docs/history/benchmarks-log.md, "Node-side costs").
 
     python3 tests/bench/bench_node.py [--runs 5] [--samples 100]
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""``gsrun-report`` over generated accounting rows (BENCHMARKS.md, "Cluster report").
+"""``gsrun-report`` over generated accounting rows (docs/history/benchmarks-log.md, "Cluster report").
 
     python3 -P tests/bench/bench_report.py [--jobs 50000,200000] [--keep DIR]
 

@@ -20,7 +20,7 @@ polls, run back to back; state is flushed (atomic JSON rewrite) every
   exporter polls); the sampler makes its full set of calls (sample buffer,
   clocks, throttle reasons, PCIe, ECC, Xid events, GPM where supported).
 
-``--waste`` (issue 21) runs only the waste detector's section: the sampler's
+``--waste`` runs only the waste detector's section: the sampler's
 polls with and without its per-GPU detector (:class:`gsrun.request.waste.GpuWatch`,
 fed every poll), alternating A/B rounds of ``--waste-samples`` polls in one run,
 and prints the per-poll CPU of both (best round and mean) and their ratio (aim:
@@ -153,7 +153,7 @@ def run_variant(nv, refs, a, clock: Clock, tmp: Path, name: str, export: bool,
     ``--flush`` simulated s; with ``export``, the Prometheus textfile written
     at each flush as the real sampler does (``[metrics] textfile_dir``);
     without ``detect``, the waste detector is not fed (the sampler before
-    issue 21: ``Sampler._watch`` replaced by a no-op).
+    ``Sampler._watch`` replaced by a no-op).
     -> (CPU s of the polls, CPU s of flushes incl. export, flushes, CPU s
     inside the export calls alone, CPU s inside the detector calls alone)."""
     from gsrun.node.metrics_textfile import TextfileExporter

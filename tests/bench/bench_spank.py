@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What the SPANK plugin adds to ``sbatch --wrap true`` and to an ``srun -n1
 true`` step, with and without ``--gs-*`` options, measured side by side in one
-run on the local test cluster (issue 24, item 5).
+run on the local test cluster.
 
 The cluster's plugstack file is switched before each command between
 

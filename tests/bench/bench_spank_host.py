@@ -4,7 +4,7 @@
 program that answers the spank_* calls and dlopen()s the real
 ``gsrun_spank.so`` RTLD_LOCAL like Slurm), for two builds side by side: the
 plugin and hooks of a git revision (``--before``, default ``main``) and those
-of this checkout. No cluster, no root (issue 24, item 5).
+of this checkout. No cluster, no root.
 
 Each build gets a production-like ``pythonpath=``: a folder holding the
 build's ``gsrun`` package, then this venv's site-packages as symlinks without

@@ -3,7 +3,7 @@
 Epilog, EpilogSlurmctld) against the same cluster with all of them removed
 (``bare``), and with each hook replaced by ``/bin/true`` (``true-hooks``: what
 having hooks at all costs in Slurm), side by side in one run on the local test
-cluster (issue 24, item 1: within 1.2x of ``bare``).
+cluster (within 1.2x of ``bare``).
 
 Each ``srun`` makes a new allocation, so every one pays the prolog on both
 nodes (``PrologFlags=Alloc``), the epilog on both and EpilogSlurmctld, and

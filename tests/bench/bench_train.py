@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Training step time under gsrun-bind vs a plain launch, same script, same run
-(part of the real GPU node validation; BENCHMARKS.md, "Training step time").
+(part of the real GPU node validation; docs/history/benchmarks-log.md, "Training step time").
 For the H200 device machine (torch; gsrun-bind on PATH).
 
     python3 tests/bench/bench_train.py [--rounds 2] [--seconds 10]

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The bound step's sysfs-first topology read against NVML's answer on a real
-GPU node (issue 24, item 5).
+GPU node.
 
     python3 -P tests/gpu/bind_topology_real.py [--runs 7] [--out FILE]
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """GPU efficiency figures validated on the real H200: the sampler's numbers
-against loads whose busy time is known (BENCHMARKS.md, "GPU efficiency
+against loads whose busy time is known (docs/history/benchmarks-log.md, "GPU efficiency
 validation").
 
     python3 tests/gpu/efficiency_real.py [--window-s 20] [--interval-s 1] [--out eff.json]

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""GPU memory figures on a real GPU (issue 18, variant 4).
+"""GPU memory figures on a real GPU (host variant 4).
 
     python3 -P tests/gpu/memory_real.py [--gpu MINOR] [--window-s 6] [--out FILE]
 

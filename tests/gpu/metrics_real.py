@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The per-job Prometheus textfile on the real H200 (issue 21, item 5): a busy
+"""The per-job Prometheus textfile on the real H200: a busy
 phase then an idle phase under gsrun's own sampler with the textfile export
 on, the ``.prom`` file it wrote at the end of each phase kept for review.
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The whole job lifecycle on a real GPU node, slurmd's part played by hand
-(BENCHMARKS.md, "Real-node lifecycle").
+(docs/history/benchmarks-log.md, "Real-node lifecycle").
 
 Run as root on the H200 device machine, with gsrun installed (``gsrun-node``,
 ``gsrun-bind``, ``gseff`` on PATH):

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """cstate, irq, hugepages, memlock and a jemalloc preload on a real GPU node,
-through gsrun's own prolog/epilog (issue 20). Run as root on the H200 VM from
+through gsrun's own prolog/epilog. Run as root on the H200 VM from
 the repository root; under 3 minutes; never touches MIG, compute mode,
 clocks, persistence or ECC:
 

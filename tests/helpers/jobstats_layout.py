@@ -34,7 +34,7 @@ def check_jobstats_layout(raw: dict, gpus: bool) -> None:
 def jobstats_gpu_headlines(raw: dict) -> tuple[str, str]:
     """The GPU utilization and GPU memory headlines jobstats' text report prints
     for a blob of a job with GPUs in AllocTRES (its ``gpus`` comes from sacct,
-    not from the blob), as stated in the report of issue 24 item 3:
+    not from the blob), as jobstats states it:
 
     - utilization: a node without ``gpu_utilization`` -> ``"(Value is unknown)"``;
       no GPU value on any node -> ``"GPU utilization is unknown"``; else the

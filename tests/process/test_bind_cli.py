@@ -54,20 +54,37 @@ def test_exec_gpu_isolation_and_user_device_order_kept():
     assert r0.returncode == 0 and "CUDA_DEVICE_ORDER=FASTEST_FIRST kept" in r0.stderr
 
 
-def test_warnings_once_per_node_with_the_node_name():
-    """8 ranks sharing too few CPUs: one warning per node (local rank 0), naming the node."""
-    base = clean_env(SLURM_JOB_GPUS="0,1,2,3", SLURM_NTASKS_PER_NODE="4", SLURMD_NODENAME="gpu07")
+def test_one_warning_line_per_job_the_rest_in_the_admins_log(tmp_path):
+    """2 nodes x N ranks sharing too few CPUs: the job's stderr gets one line (global
+    rank 0: the first warning, naming the node, and how many more); every warning of
+    each node goes once to the admin's log (syslog; here ``GSRUN_LOG_FILE``)."""
     n = len(os.sched_getaffinity(0))
-    base["SLURM_NTASKS_PER_NODE"] = str(max(4, n + 1))   # more ranks than CPUs: round-robin warning
+    per_node = max(4, n + 1)        # more ranks than CPUs: round-robin warning
+    log = tmp_path / "gsrun.log"
+    base = clean_env(SLURM_JOB_GPUS="0,1,2,3", SLURM_NTASKS_PER_NODE=str(per_node), SLURM_JOB_ID="77",
+                     SLURM_NTASKS=str(2 * per_node), GSRUN_LOG_FILE=str(log))
     errs = []
-    for lr in range(int(base["SLURM_NTASKS_PER_NODE"])):
-        r = run_bind(["--", sys.executable, "-c", "pass"], dict(base, SLURM_LOCALID=str(lr)))
-        assert r.returncode == 0, r.stderr
-        errs.append(r.stderr)
-    assert all("warning" not in e for e in errs[1:]), errs[1:]
-    lines = [ln for ln in errs[0].splitlines() if ln.startswith("gsrun: bind: warning:")]
-    assert lines and all(ln.startswith("gsrun: bind: warning: gpu07: ") for ln in lines)
-    assert len(lines) == len(set(lines)) and any("round-robin" in ln for ln in lines)
+    for node in range(2):
+        for lr in range(per_node):
+            r = run_bind(["--", sys.executable, "-c", "pass"],
+                         dict(base, SLURM_LOCALID=str(lr), SLURM_PROCID=str(node * per_node + lr),
+                              SLURMD_NODENAME=f"gpu0{7 + node}"))
+            assert r.returncode == 0, r.stderr
+            errs.append(r.stderr)
+    lines = [ln for e in errs for ln in e.splitlines()]
+    assert len(lines) == 1 and lines[0].startswith("gsrun: bind: warning: gpu07: "), lines
+    logged = log.read_text().splitlines()
+    assert all(" gsrun[77]: bind: gpu0" in ln for ln in logged)
+    for node in ("gpu07", "gpu08"):
+        mine = [ln for ln in logged if f"bind: {node}: " in ln]
+        assert mine and len(mine) == len(set(mine)) and any("round-robin" in ln for ln in mine)
+    more = len([ln for ln in logged if "bind: gpu07: " in ln]) - 1
+    assert (f"(and {more} more: GSRUN_BIND_VERBOSE=1" in lines[0]) == (more > 0)
+    # verbose: every warning of the node, on stderr too
+    r = run_bind(["--", sys.executable, "-c", "pass"], dict(base, SLURM_LOCALID="0", SLURM_PROCID="4",
+                                                            SLURMD_NODENAME="gpu08", GSRUN_BIND_VERBOSE="1"))
+    shown = [ln for ln in r.stderr.splitlines() if ln.startswith("gsrun: bind: warning: gpu08: ")]
+    assert len(shown) == len([ln for ln in logged if "bind: gpu08: " in ln]) and len(shown) >= 1
 
 
 def test_torchrun_worker_bound_by_local_rank():

@@ -1,4 +1,4 @@
-"""Issue 18, variants 1 and 2, through ``gsrun-bind --plan --json --host-root``
+"""Variants 1 and 2 of the recorded hosts, through ``gsrun-bind --plan --json --host-root``
 on host trees built for them (tests/data/hosts/make_fake_hosts.py):
 
 - ``numa-memless``: node1 has CPUs but ``MemTotal: 0 kB``, node2 memory but no

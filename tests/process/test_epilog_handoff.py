@@ -1,4 +1,4 @@
-"""The epilog handed to the job's sampler (gsrun.epilog.handoff; issue 24,
+"""The epilog handed to the job's sampler (gsrun.epilog.handoff,
 item 1): the epilog process only connects and waits, the sampler runs the
 steps with the epilog's environment; every way the handoff can fail ends in
 the epilog running the steps itself, never in both running them."""

@@ -1,4 +1,4 @@
-"""Issue 18, variants 3 and 4, through the real ``gsrun-node prolog`` (which
+"""Variants 3 and 4 of the recorded hosts, through the real ``gsrun-node prolog`` (which
 starts the detached sampler), ``gsrun-node epilog`` and ``gseff --json`` on
 a fake host whose NVML recording is built for them:
 

@@ -420,3 +420,17 @@ def test_hook_command_is_hook_argv_quoted_else_gsrun_node(monkeypatch):
         "/v/bin/python3 -I -S -c 'import sys; x()' '/v/site packages' epilog"
     monkeypatch.setattr(node_entry, "hook_argv", lambda c: None)      # an editable install
     assert node_entry.hook_command("epilog-ctld", "/v/bin/gsrun-node") == "/v/bin/gsrun-node epilog-ctld"
+
+
+def test_run_without_units_dir_names_the_units_in_one_line(tmp_path):
+    """Outside --print the units' text is not printed (it was most of a 378-line output):
+    one line names them and how to write or see them; the whole run stays short."""
+    out = []
+    assert install.run(_opts(tmp_path, measure=False), out=out.append, environ={}) == 0
+    text = "\n".join(out)
+    (line,) = [ln for ln in text.splitlines() if ln.startswith("# not written: ")]
+    assert line.startswith("# not written: gsrun-mail.service, gsrun-mail.timer, gsrun-prune.service, "
+                           "gsrun-prune.timer, gsrun-report.service, gsrun-report.timer")
+    assert line.endswith("; --units-dir /etc/systemd/system writes them, --print shows them")
+    assert "[Unit]" not in text and "[Timer]" not in text
+    assert len(text.splitlines()) < 120, len(text.splitlines())

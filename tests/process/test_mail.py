@@ -177,7 +177,7 @@ def test_message_headers_parts_and_subject():
     assert "2023" in msg["Date"]
     assert parts(msg) == ["multipart/alternative", "text/plain", "multipart/related", "text/html", "image/png"]
     text, html = text_of(msg), html_of(msg)
-    # issue 22: the text part is the 76-column report itself, verdict first
+    # the text part is the 76-column report itself, verdict first
     assert text.startswith(render_text(s))
     lines = text.splitlines()
     assert max(len(ln) for ln in lines) <= 76
@@ -250,7 +250,7 @@ def test_hostile_job_name_and_user_are_escaped_and_cannot_inject_headers(server,
     assert "<script>" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
     assert "<img src=x" not in html and "&#34;&gt;&lt;img src=x onerror=alert(2)&gt;" in html
     assert "<b>bold</b>" not in html and "&lt;b&gt;bold&lt;/b&gt; &amp; co" in html
-    assert "not html" not in html                       # the report-text copy is not in the HTML part (issue 22)
+    assert "not html" not in html                       # the report-text copy is not in the HTML part
     assert html.count("<img ") == 1                       # only our timeline
     text = text_of(msg)
     assert "\x1b" not in text and "\u202e" not in text

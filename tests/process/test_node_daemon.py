@@ -550,17 +550,32 @@ def test_the_client_talks_only_to_a_daemon_of_its_own_user(client, tmp_path):
         shutil.rmtree(os.path.dirname(sock), ignore_errors=True)
 
 
+def _default_signals() -> None:
+    """In a child before exec: every signal unblocked and at its default action."""
+    import signal
+    for sig in signal.valid_signals():
+        if sig not in (signal.SIGKILL, signal.SIGSTOP):
+            try:
+                signal.signal(sig, signal.SIG_DFL)
+            except (OSError, ValueError):
+                pass
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+
+
 def test_the_hook_child_handles_signals_as_a_fresh_interpreter_does(client, tmp_path):
     """Blocked, ignored and caught signals of the hook in the daemon's child are those of
-    the hook started on its own (python -I -S): SIGINT raises KeyboardInterrupt there
-    (the hook's finally blocks run), it does not kill the process outright."""
+    the hook started on its own (python -I -S) with default dispositions: SIGINT raises
+    KeyboardInterrupt there (the hook's finally blocks run), it does not kill the process
+    outright. The reference starts from default dispositions, as slurmd's children do,
+    whatever this test run inherited (``nohup`` ignores SIGHUP)."""
     p, sock, marker, log = patched_daemon(tmp_path, "probe")
     try:
         cp = via(client, sock, ["/bin/true"], {}, timeout_s=30)
         assert cp.returncode == 0, (cp.stderr, log.read_text())
         fresh = subprocess.run([sys.executable, "-I", "-S", "-c", "import sys; sys.stdout.write(''.join("
                                 "l for l in open('/proc/self/status') if l.startswith(('SigBlk', 'SigIgn', 'SigCgt'))))"],
-                               capture_output=True, text=True, check=True, cwd="/").stdout
+                               capture_output=True, text=True, check=True, cwd="/",
+                               preexec_fn=_default_signals).stdout
         assert marker.read_text() == fresh
     finally:
         p.kill()

@@ -1,4 +1,4 @@
-"""Issue 23, item 3: ``gsrun-node prune`` over a real spool, while an epilog
+"""``gsrun-node prune`` over a real spool, while an epilog
 writes into it, and doctor's retention check."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 23, item 1: root code never imports from its working directory.
+"""Root code never imports from its working directory.
 
 A user who can write the working directory of a root hook (slurmctld's may
 be ``/var/tmp``; an admin may run ``gsrun-node install`` from ``/tmp`` or a

@@ -1,4 +1,4 @@
-"""The epilog's wait for the sampler (issue 24, item 1): the sampler leaves
+"""The epilog's wait for the sampler: the sampler leaves
 its wait at SIGTERM, writes its final state, and the epilog counts an exited
 process as gone even before anyone reaps it (a zombie)."""
 

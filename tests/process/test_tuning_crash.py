@@ -70,7 +70,7 @@ def test_sigkill_at_every_write_boundary(tmp_path):
         assert tuning.status(HostFS(root), str(state))["changes"] == []
 
 
-# cstate, irq and hugepages (issue 20): the same kill at every sysfs/procfs and journal write
+# cstate, irq and hugepages: the same kill at every sysfs/procfs and journal write
 REQ_HOST = "swappiness=10,cstate=c1,irq=local,hugepages=2M:64"
 CHILD_HOST = CHILD.replace(
     'tuning.prolog_tune(H(root), state, "4242", req, None, None, exclusive=True, log=lambda m: None)',

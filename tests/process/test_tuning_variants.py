@@ -1,4 +1,4 @@
-"""Issue 18, variants 5 and 6, through the real ``gsrun-node prolog`` /
+"""Variants 5 and 6 of the recorded hosts, through the real ``gsrun-node prolog`` /
 ``epilog`` (child processes, fake host root):
 
 - variant 5: a CPU whose ``scaling_governor`` cannot be read (EINVAL on

@@ -1,4 +1,4 @@
-"""The controller merge at scale (issue 24, item 2): timelines cut before
+"""The controller merge at scale: timelines cut before
 parsing, a bounded job-level timeline, one serialization for both copies,
 a summarising gseff report for many GPUs."""
 

@@ -1,4 +1,4 @@
-"""EpilogSlurmctld's wait for missing node summaries (issue 24, item 2):
+"""EpilogSlurmctld's wait for missing node summaries:
 each file parsed once, only missing nodes looked for, backoff, a bounded total."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The regex-free checks on ``gsrun``'s path answer as the allow-lists they
-replaced (issue 24, item 6), and :func:`gsrun.base.exe.which` finds what
+replaced, and :func:`gsrun.base.exe.which` finds what
 :func:`shutil.which` finds."""
 
 from __future__ import annotations

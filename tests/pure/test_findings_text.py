@@ -65,7 +65,7 @@ def test_all_gpus_idle_does_not_say_ask_for_zero(tmp_path):
     st = run_job(make_sampler(tmp_path, fake, [0, 1], SimClock()), N)
     job = job_of([node_of(st, H, gpus=[0, 1])], H)
     texts = [f["text"] for f in job["findings"] if f["code"] == "idle_gpu"]
-    # one finding for both GPUs (issue 22: grouped across GPUs)
+    # one finding for both GPUs (grouped across GPUs)
     assert texts == ["GPUs 0, 1 on n1 were idle 100% of the time (mean utilization 0%): check that the code "
                      "runs on the GPU at all (model and data moved to 'cuda')."]
     assert not any("ask for 0" in t or "ask for 1 GPU" in t for t in texts)
@@ -172,7 +172,7 @@ def test_pending_and_cancelled_jobs():
 
 
 def test_low_gpu_util_grouped_warn_below_25_info_below_50(tmp_path):
-    """Issue 22: low-but-not-idle use. GPUs at 10 %, 20 % (under the warn
+    """Low-but-not-idle use. GPUs at 10 %, 20 % (under the warn
     threshold 25 %), 30 %, 40 % (under the note threshold 50 %), 60 %
     (fine): two findings, each naming its GPUs once."""
     fake = FakeNvml(h200_data(5))

@@ -1,4 +1,4 @@
-"""The JS1 blob always fits and always renders (issue 24, item 3): at most
+"""The JS1 blob always fits and always renders: at most
 report.js1_max_chars (default 32 KiB) whatever the job size, every node with jobstats' per-node keys
 (PrincetonUniversity/jobstats docs/setup/summaries.md), job totals exact
 when nodes are pooled, and sacctmgr never sees an argument the kernel refuses."""

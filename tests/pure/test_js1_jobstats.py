@@ -1,5 +1,4 @@
-"""What Princeton jobstats shows from the JS1 blob gsrun stores (issue 24,
-item 3): real blobs of an 8-GPU job, of jobs whose GPU figures are
+"""What Princeton jobstats shows from the JS1 blob gsrun stores: real blobs of an 8-GPU job, of jobs whose GPU figures are
 unavailable (NVML could not start; GPUs emulated without NVML), of a
 CPU-only job and of a two-node job with NVML down on one node, checked
 value by value and through the headlines jobstats prints for them

@@ -1,4 +1,4 @@
-"""Issue 23, item 2: RFC 2047 encoded words in job data never reach a mail
+"""RFC 2047 encoded words in job data never reach a mail
 reader as something to decode. A job name like ``=?utf-8?q?=E2=80=AEfdp.exe?=``
 is shown literally (its characters as typed), never as a right-to-left
 override, an encoded CR/LF never becomes a line break, and an address with an

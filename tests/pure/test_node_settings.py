@@ -1,4 +1,4 @@
-"""The report's "node settings during the job" (issue 20): the prolog record's tuning
+"""The report's "node settings during the job": the prolog record's tuning
 report -> the node summary's ``settings`` -> the job summary's ``settings`` groups ->
 one text line per group of identical nodes (a 1,000-node job prints one line)."""
 

@@ -69,7 +69,7 @@ def test_png_is_valid_with_expected_size(tmp_path, monkeypatch):
     chunks = _png_chunks(png)
     assert chunks[0][0] == b"IHDR" and chunks[-1][0] == b"IEND"
     width, height, depth, ctype = struct.unpack(">IIBB", chunks[0][1][:10])
-    # issue 22: drawn at 2x (7.2 in at 200 dpi = 1440 px), shown at 720 px; four panels of 1.55 in + 0.7 in
+    # drawn at 2x (7.2 in at 200 dpi = 1440 px), shown at 720 px; four panels of 1.55 in + 0.7 in
     assert (width, height) == (1440, 1380)
     # every piece of text on the chart is 11 pt or more (at 720 px shown: 11 pt at 100 dpi)
     (fig,) = figs
@@ -107,7 +107,7 @@ def test_text_report_layout_and_units(tmp_path):
     text = render_text(job)
     lines = text.splitlines()
     assert max(len(ln) for ln in lines) <= 76
-    # issue 22: the verdict first (title, the hardware alert, next time, one row per resource)
+    # the verdict first (title, the hardware alert, next time, one row per resource)
     assert lines[0] == "gsrun report: job 4242 (train-llm) COMPLETED after 01:00:00 on gpu-a01"
     assert lines[1] == "!! GPU 2 on gpu-a01 was lost 00:30:00 into the job and the node was flagged"
     assert lines[4:12] == [

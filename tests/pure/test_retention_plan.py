@@ -1,4 +1,4 @@
-"""Issue 23, item 3: which spool job directories ``gsrun-node prune`` drops
+"""Which spool job directories ``gsrun-node prune`` drops
 (:func:`gsrun.report.retention.plan_prune`, pure)."""
 
 from __future__ import annotations

@@ -106,7 +106,7 @@ def test_na_samples_are_gap_time_not_zero(tmp_path):
     assert st["gpus"][0]["metrics"]["mem_used_bytes"]["gap_s"] == pytest.approx(720.0)
     assert g["mem_peak_bytes"] == 40 * GIB
     text = render_text(job_of([summ], 3600))
-    # issue 22: durations in one unit (clock), in the GPU's block
+    # durations in one unit (clock), in the GPU's block
     assert "    no utilization reading for 00:12:00 (left out of the mean)" in text.splitlines()
     assert "GPU busy        80%  good             share of time a kernel ran" in text.splitlines()
 

@@ -1,7 +1,7 @@
 """The node summary the sampler writes at its final flush
 (:mod:`gsrun.epilog.sampler`), completed by the epilog
 (:func:`gsrun.report.node_end.finish`), is byte for byte the summary the
-epilog computes from ``sampler.json`` (issue 24, item 1): same state, same
+epilog computes from ``sampler.json``: same state, same
 end time, same job context -> same file."""
 
 from __future__ import annotations

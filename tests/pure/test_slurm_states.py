@@ -47,7 +47,7 @@ def test_ctld_job_from_record_uses_the_shared_parsers():
 
 
 def test_ctld_job_from_record_reads_time_limit_submit_and_start(monkeypatch):
-    """Issue 22 item 4: SubmitTime, StartTime (controller local time) and TimeLimit reach the summary."""
+    """SubmitTime, StartTime (controller local time) and TimeLimit reach the summary."""
     import time
     monkeypatch.setenv("TZ", "UTC")
     time.tzset()

@@ -1,4 +1,4 @@
-"""The SPANK hooks' value checks that avoid `re` (issue 24: the --gs-* path
+"""The SPANK hooks' value checks that avoid `re` (the --gs-* path
 imports no regex engine) accept exactly what the regexes they replace accept."""
 
 import re

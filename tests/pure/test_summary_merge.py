@@ -167,7 +167,7 @@ def test_js1_mig_node_has_no_gpu_utilization_but_memory(tmp_path):
 
 
 def test_js1_nvml_failure_and_unknown_cpu_time_are_flagged(tmp_path):
-    """jobstats' formatter needs every node's four CPU/memory keys (issue 24):
+    """jobstats' formatter needs every node's four CPU/memory keys:
     an unknown one is 0 and named in gsrun.unknown; no GPU figure: an empty
     gpu_utilization (jobstats: unknown, no error), no GPU memory keys."""
     data = h200_data(1)

@@ -59,7 +59,7 @@ def test_known_answers():
     assert U.fmt_energy_j(540000, "kwh_j") == "0.150 kWh (540000 J)"
     assert U.fmt_bytes(512) == "512 B" and U.fmt_bytes(1.5 * 2**30) == "1.5 GiB" and U.fmt_gib(2**33) == "8.00 GiB"
     assert U.fmt_pct(42, 1) == "42.0%" and U.fmt_pct(42.4, 0) == "42%"
-    # a share above 0 never prints as 0% (issue 22: the tiny-kernel job's SM activity 0.2 %)
+    # a share above 0 never prints as 0% (the tiny-kernel job's SM activity 0.2 %)
     assert U.fmt_share_pct(0.2) == "0.2%" and U.fmt_share_pct(0.04) == "<0.1%" and U.fmt_share_pct(0.0) == "0%"
     assert U.fmt_share_pct(0.5) == "0.5%" and U.fmt_share_pct(0.6) == "1%" and U.fmt_share_pct(42.4) == "42%"
     assert U.fmt_share_pct(None) == "N/A" and U.fmt_share_pct(None, na="N/A (MIG)") == "N/A (MIG)"

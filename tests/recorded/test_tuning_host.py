@@ -1,4 +1,4 @@
-"""cstate, irq and hugepages (issue 20) against fake host trees: get/set,
+"""cstate, irq and hugepages against fake host trees: get/set,
 verify, restore byte for byte, refusals with their reasons, and the sampler's
 hold of /dev/cpu_dma_latency."""
 

@@ -199,7 +199,7 @@ def mail_view(summary: Mapping, report_text: str, has_image: bool, image_cid: st
     section: its reason, field case 15; both in docs/field-cases.md). Every
     key is always present, so the templates run under ``StrictUndefined``.
 
-    Issue 22: ``verdict`` (rows of :func:`gsrun.report.findings.verdicts`
+    ``verdict`` (rows of :func:`gsrun.report.findings.verdicts`
     with the value formatted and a colour per level), ``next_time`` /
     ``alert`` (:func:`gsrun.report.findings.headline`), findings with a
     colour per severity and the site's ``report.doc_url`` link (``cfg``),
@@ -260,7 +260,8 @@ def mail_view(summary: Mapping, report_text: str, has_image: bool, image_cid: st
         sev = {"alert": "crit"}.get(sev, sev)   # gsrun.report.findings' hardware events
         sev = sev if sev in ("info", "warn", "crit", "error") else "info"
         findings.append({"severity": sev, "color": SEVERITY_COLOR[sev],
-                         "label": {"crit": "hardware", "error": "error", "warn": "fix", "info": "tip"}[sev],
+                         "label": {"crit": "hardware", "error": "error", "warn": "fix",
+                                   "info": "tip" if f.get("action") else "note"}[sev],
                          "text": clean_line(f.get("text") or "", 500),
                          "link": clean_line(doc_link(cfg, clean_line(f.get("code") or "", 40)), 600)})
     rows, head = [], {"alert": "", "next": ""}
@@ -300,7 +301,7 @@ def mail_view(summary: Mapping, report_text: str, has_image: bool, image_cid: st
         "cpu_eff": fmt_share_pct(cpu_eff),
         "cpu_source": clean_line(cpu.get("source") or "", 80),
         "mem_peak": fmt_bytes(mem.get("peak_bytes")),
-        "mem_req": "not recorded" if req is None or req <= 0 else fmt_bytes(req),
+        "mem_req": "" if req is None or req <= 0 else fmt_bytes(req),
         "mem_eff": fmt_share_pct(mem_eff),
         "gpu_section": bool(devices) or not gpu_avail or gpus_alloc > 0,
         "gpu_available": gpu_avail,

@@ -28,11 +28,11 @@ classes), ``proc/`` (``driver/nvidia/gpus/<bdf>/information``,
 - ``case7-mixed``: P100 ``0000:04:00.0`` (NVML 0) + A5000 ``0000:65:00.0``
   (NVML 1) on two nodes (field case 7);
 - ``ci-emulated``: 2 CPUs, 1 node, no GPU, no NVIDIA driver (the CI cluster);
-- ``numa-memless`` (issue 18, variant 1): node0 CPUs 0-15 with memory, node1
+- ``numa-memless`` (variant 1): node0 CPUs 0-15 with memory, node1
   CPUs 16-31 with ``MemTotal: 0 kB`` (a POWER LPAR), node2 memory only (no
   CPUs: GPU/HBM memory as a NUMA node); distances 1->0 20, 1->2 40; GPU0 on
   node0, GPU1 on node1, GPU2 with sysfs ``numa_node`` 2;
-- ``vm-spread`` (issue 18, variant 2): a VM with 2 vNUMA nodes of 16 CPUs,
+- ``vm-spread`` (variant 2): a VM with 2 vNUMA nodes of 16 CPUs,
   4 GPUs with ``numa_node`` -1, ``local_cpulist`` and NVML affinity all CPUs.
 """
 

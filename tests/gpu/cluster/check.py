@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Checks of issue 19 on the cluster of tests/gpu/cluster/up (run as root by
+"""Shared-node checks on the cluster of tests/gpu/cluster/up (run as root by
 tests/gpu/cluster/check): the exclusive all-GPU job, two shared jobs of two
 users (>= 2 GPUs, else skipped), a cancelled and a segfaulting job. Prints a
 verdict line per check and writes ``verdict.json`` plus the evidence (task

@@ -102,7 +102,7 @@ TIMES = {"job-1gpu": {"submit_time": 1760000000.0 - 900, "time_limit_s": 8 * 360
 
 def refresh_findings() -> None:
     """``make.py --findings``: keep the stored figures, add the job record's
-    SubmitTime / TimeLimit (:data:`TIMES`, issue 22) and recompute the
+    SubmitTime / TimeLimit (:data:`TIMES`) and recompute the
     findings with today's rules (what EpilogSlurmctld would store now)."""
     from gsrun.report.findings import findings
     for p in sorted(HERE.glob("job-*.json")):
