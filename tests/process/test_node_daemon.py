@@ -786,3 +786,65 @@ def _readable(s) -> bool:
     import select
 
     return bool(select.select([s], [], [], 0)[0])
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the tuned prolog reads the job record as root does")
+def test_a_daemon_killed_mid_job_loses_no_setting_and_no_figure(client, tmp_path):
+    """SIGKILL the daemon while a tuned job's prolog runs, and again while the job runs:
+    the prolog finishes on its own (its child is in its own session; the client says the
+    status is unknown and exits 0), the job's sampler keeps sampling, an epilog while no
+    daemon runs fails without running anything (the node drains), and the epilog through
+    the restarted daemon restores every setting and writes the job's figures."""
+    from helpers.node_site import TUNE, host_only, kill_fakes, snapshot
+    from helpers.tuning_tree import diff
+
+    site = make_site()
+    rec = None
+    try:
+        base = host_only(snapshot(site.host))
+        env = site.env(job_id="5201", spank={"SPANK_GS_TUNE": TUNE}, FAKE_SLURM="record",
+                       FAKE_SCONTROL_RECORD="JobId=5201 JobName=t UserId=nobody(65534) OverSubscribe=NO "
+                                            "Comment=(null)")
+        a = Running(tmp_path)
+        p = subprocess.Popen([client, a.sock, *hook("prolog")], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, cwd="/")
+        deadline = time.monotonic() + 10
+        while not a.children() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert a.children(), "the prolog never started"
+        a.proc.kill()                       # mid-prolog
+        a.proc.wait()
+        out, err = p.communicate(timeout=60)
+        assert p.returncode == 0, err
+        assert "the node daemon went away while the hook ran" in err
+        sdir = site.state / "jobs" / "5201"
+        deadline = time.monotonic() + 60    # the prolog's own process goes on to its end
+        while not (sdir / "sampler.pid.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        rec = json.loads((sdir / "sampler.pid.json").read_text())
+        deadline = time.monotonic() + 30
+        while len(diff(base, host_only(snapshot(site.host)))) < 6 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(diff(base, host_only(snapshot(site.host)))) >= 6      # governor x4, swappiness, thp...
+        time.sleep(1.0)                     # the job runs; the sampler samples without any daemon
+        cp = via(client, a.sock, hook("epilog"), env)
+        assert cp.returncode == 1 and "node daemon not running" in cp.stderr
+        assert len(diff(base, host_only(snapshot(site.host)))) >= 6      # nothing ran
+        b = Running(tmp_path)               # restarted (systemd's Restart=always): the stale socket replaced
+        try:
+            cp = via(client, b.sock, hook("epilog"), env)
+            assert cp.returncode == 0, cp.stderr
+            assert diff(base, host_only(snapshot(site.host))) == []
+            node = json.loads((site.spool / "jobs" / "5201" / "node-gpu-node01.json").read_text())
+            assert node["gpu_available"] and node["samples"] >= 2, {k: node.get(k) for k in ("samples",
+                                                                                          "gpu_reason")}
+        finally:
+            b.proc.kill()
+            b.proc.wait()
+    finally:
+        if rec is not None:
+            from gsrun.base import pids
+
+            pids.stop(rec["pid"], rec.get("create_time"))
+        kill_fakes(site)
+        shutil.rmtree(site.base, ignore_errors=True)
