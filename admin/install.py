@@ -344,14 +344,38 @@ def render_slurm_lines(slurm_version: str, hooks: dict[str, str], flags: str, fl
         epilog_d=epilog_d.rstrip("/"), link_name=link_name)
 
 
+CTLD_SOCKET = "/run/gsrun-ctld/daemon.sock"    # the EpilogSlurmctld daemon's, when SlurmUser is not root
+_USER_NAME = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+
+
+def ctld_daemon(conf: dict[str, str], node_socket: str) -> tuple[str | None, str]:
+    """Who serves EpilogSlurmctld: ``(user, socket)``. slurmctld runs it as
+    ``SlurmUser`` (slurm.conf; default root), and a daemon serves only its own
+    user: for another user, a second daemon as that user on
+    :data:`CTLD_SOCKET`; for root, the node daemon on ``node_socket``
+    (``(None, node_socket)``). Pure.
+
+    Raises:
+        InputError: SlurmUser is not a plain user name.
+    """
+    user = (conf.get("slurmuser") or "root").strip()
+    if user in ("root", "0"):
+        return None, node_socket
+    if not _USER_NAME.match(user):
+        raise InputError(PHASE, "SlurmUser", repr(user[:40]), hint="fix slurm.conf's SlurmUser=")
+    return user, CTLD_SOCKET
+
+
 def render_units(gsrun_node: str, config_path: str | None,
-                 daemon_socket: str | None = None) -> dict[str, str]:
+                 daemon_socket: str | None = None, ctld: tuple[str, str] | None = None) -> dict[str, str]:
     """``{"gsrun-mail.service": text, "gsrun-mail.timer": text,
     "gsrun-prune.service": text, "gsrun-prune.timer": text}`` (mail delivery
     every minute, spool pruning daily: both where the spool is written), the weekly
     ``gsrun-report.service`` / ``.timer`` (written, off until enabled) and, with
     ``daemon_socket``, ``"gsrun-daemon.service"`` (the node daemon on that
-    socket; systemd makes the socket's directory when it is ``/run/NAME``);
+    socket; systemd makes the socket's directory when it is ``/run/NAME``),
+    and with ``ctld`` = ``(user, socket)`` ``"gsrun-daemon-ctld.service"``
+    (EpilogSlurmctld's daemon as slurm.conf's SlurmUser, :func:`ctld_daemon`);
     the services set ``GSRUN_CONFIG`` only for a non-default config path."""
     _check_plain(gsrun_node, "gsrun-node path")
     cfgp = None
@@ -370,7 +394,14 @@ def render_units(gsrun_node: str, config_path: str | None,
         parent = os.path.dirname(sock)
         runtime = parent[len("/run/"):] if parent.startswith("/run/") and "/" not in parent[len("/run/"):] else None
         units["gsrun-daemon.service"] = render("gsrun-daemon.service.j2", gsrun_node=gsrun_node, config_path=cfgp,
-                                               socket_path=sock, runtime_dir=runtime)
+                                               socket_path=sock, runtime_dir=runtime, user=None)
+    if ctld:
+        user, sock = ctld[0], _check_plain(ctld[1], "daemon socket path")
+        parent = os.path.dirname(sock)
+        runtime = parent[len("/run/"):] if parent.startswith("/run/") and "/" not in parent[len("/run/"):] else None
+        units["gsrun-daemon-ctld.service"] = render("gsrun-daemon.service.j2", gsrun_node=gsrun_node,
+                                                    config_path=cfgp, socket_path=sock, runtime_dir=runtime,
+                                                    user=user)
     return units
 
 
@@ -615,11 +646,16 @@ def run(opts: InstallOptions, out: Callable[[str], None] = print, environ=None) 
     if via is None:
         rc = 1
         via = (os.path.join(hd, daemon_client.CLIENT_NAME), daemon_socket)
+    ctld_user, ctld_socket = ctld_daemon(conf, daemon_socket)
+    if ctld_user:
+        out(f"# EpilogSlurmctld runs as SlurmUser={ctld_user}: its hook goes to a daemon of that user on "
+            f"{ctld_socket} (gsrun-daemon-ctld.service, step 6)")
     for name, (_, fname) in HOOKS.items():
         p = os.path.join(hd, fname)
         hooks[name] = p
         body = render_hook(inst.gsrun_node, name, cfg_env, opts.log_file, slurm_conf_env,
-                           hook_argv(name) if _same_install(inst.gsrun_node) else None, via, state_env)
+                           hook_argv(name) if _same_install(inst.gsrun_node) else None,
+                           (via[0], ctld_socket) if name == "epilog-ctld" else via, state_env)
         if opts.print_only:
             out(f"would write {p} (0755):\n{body}")
         else:
@@ -662,9 +698,11 @@ def run(opts: InstallOptions, out: Callable[[str], None] = print, environ=None) 
     # 6. node daemon, mail timer
     out("\n## 6. node daemon (on every node and the slurmctld host); mail delivery and spool pruning "
         "timers (on the slurmctld host)")
-    units = render_units(inst.gsrun_node, cfg_env, daemon_socket)
+    units = render_units(inst.gsrun_node, cfg_env, daemon_socket,
+                         (ctld_user, ctld_socket) if ctld_user else None)
     enable = ("systemctl enable --now gsrun-daemon.service  # everywhere; then on the slurmctld host: "
-              "systemctl enable --now gsrun-mail.timer gsrun-prune.timer")
+              "systemctl enable --now " + ("gsrun-daemon-ctld.service " if ctld_user else "")
+              + "gsrun-mail.timer gsrun-prune.timer")
     if opts.units_dir and not opts.print_only:
         for name, body in units.items():
             p = os.path.join(opts.units_dir, name)

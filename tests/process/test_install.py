@@ -434,3 +434,26 @@ def test_run_without_units_dir_names_the_units_in_one_line(tmp_path):
     assert line.endswith("; --units-dir /etc/systemd/system writes them, --print shows them")
     assert "[Unit]" not in text and "[Timer]" not in text
     assert len(text.splitlines()) < 120, len(text.splitlines())
+
+
+def test_epilog_slurmctld_goes_to_a_daemon_of_slurmuser(tmp_path):
+    """slurmctld runs EpilogSlurmctld as SlurmUser and a daemon serves only its own user:
+    with SlurmUser=slurm, install writes a second daemon unit running as slurm on its own
+    socket and points the EpilogSlurmctld hook there; with root (the default), the node's."""
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("ClusterName=t\nSlurmUser=slurm\n")
+    out = []
+    assert install.run(_opts(tmp_path, units_dir=str(tmp_path / "units")), out=out.append,
+                       environ={"SLURM_CONF": str(conf)}) == 0
+    ctld = (tmp_path / "hooks" / "gsrun-epilog-ctld").read_text()
+    assert f"exec {tmp_path}/hooks/gsrun-hook /run/gsrun-ctld/daemon.sock " in ctld
+    assert f"{tmp_path}/state/daemon.sock " in (tmp_path / "hooks" / "gsrun-prolog").read_text()
+    unit = (tmp_path / "units" / "gsrun-daemon-ctld.service").read_text().splitlines()
+    assert "User=slurm" in unit and "RuntimeDirectory=gsrun-ctld" in unit
+    assert any(l.endswith("daemon run --socket /run/gsrun-ctld/daemon.sock") for l in unit)
+    assert "User=slurm" not in (tmp_path / "units" / "gsrun-daemon.service").read_text()
+    assert any("gsrun-daemon-ctld.service gsrun-mail.timer" in l for l in out), out
+    assert install.ctld_daemon({}, "/run/gsrun/daemon.sock") == (None, "/run/gsrun/daemon.sock")
+    assert install.ctld_daemon({"slurmuser": "root"}, "/x.sock") == (None, "/x.sock")
+    with pytest.raises(InputError):
+        install.ctld_daemon({"slurmuser": "slurm;reboot"}, "/x.sock")
