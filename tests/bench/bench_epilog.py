@@ -125,15 +125,18 @@ def main() -> int:
                          "case changes and restores real settings), not the recorded H200 VM")
     a = ap.parse_args()
     python = os.path.join(a.venv, "bin", "python3")
-    probe = subprocess.run([python, "-P", "-c", "import json\nfrom gsrun.admin.node_entry import hook_argv\n"
-                            "print(json.dumps(hook_argv('prolog')))"], capture_output=True, text=True, cwd="/")
-    argv = json.loads(probe.stdout) if probe.returncode == 0 and probe.stdout.strip() else None
-    if not argv:
-        print(f"bench_epilog: {a.venv} holds no regular gsrun install ({probe.stderr.strip()[-200:] or 'editable'})"
+    probe = subprocess.run([python, "-P", "-c", "import json, os, gsrun\nfrom gsrun.admin.node_entry import hook_argv\n"
+                            "print(json.dumps([hook_argv('prolog'), os.path.dirname(os.path.dirname(gsrun.__file__))]))"],
+                           capture_output=True, text=True, cwd="/")
+    got = json.loads(probe.stdout) if probe.returncode == 0 and probe.stdout.strip() else None
+    if not got:
+        print(f"bench_epilog: no gsrun in {a.venv} ({probe.stderr.strip()[-200:]})"
               "\nhint: tests/cluster/up installs this checkout there; or: python3 -m venv V && V/bin/pip install .",
               file=sys.stderr)
         return 2
-    site_dir = argv[-2]
+    # what `gsrun-node install` writes: the interpreter -I -S with the bootstrap, or (a venv that
+    # needs its site module, e.g. one that sees another Python's packages) its gsrun-node
+    argv, site_dir = got[0] or [os.path.join(a.venv, "bin", "gsrun-node"), "prolog"], got[1]
     hooks = {"prolog": argv, "epilog": [*argv[:-1], "epilog"]}
     # byte-compile that install as pip does for a wheel (--no-compile installs exist)
     subprocess.run([python, "-m", "compileall", "-q", os.path.join(site_dir, "gsrun")], check=True,
