@@ -258,7 +258,11 @@ def daemon_run(socket_path, state_dir):
 @click.option("--json", "as_json", is_flag=True, help="The daemon's answer as JSON.")
 def daemon_status(socket_path, state_dir, as_json):
     """Ask the daemon whether it runs and answers (exit 1 when not)."""
-    st = server.ping(socket_path or server.default_socket(state_dir))
+    try:
+        st = server.ping(socket_path or server.default_socket(state_dir))
+    except GsrunError as e:
+        click.echo(str(e), err=True)
+        sys.exit(1)
     if as_json:
         click.echo(json.dumps(st, sort_keys=True))
     else:

@@ -193,6 +193,9 @@ def test_a_job_through_the_daemon_prolog_sampler_handed_over_epilog(client, runn
                                         "--socket", running.sock], capture_output=True, text=True, check=True,
                                        timeout=30, cwd="/").stdout)
         assert (st["pid"], st["served"], st["version"]) == (running.proc.pid, 4, gsrun.__version__)
+        cp = subprocess.run([sys.executable, "-P", "-c", LAUNCH, "daemon", "status", "--socket",
+                             str(site.base / "none.sock")], capture_output=True, text=True, timeout=30, cwd="/")
+        assert cp.returncode == 1 and cp.stderr.startswith("gsrun: daemon: not running: "), cp.stderr
         log = running.stop()
         assert "stopped (4 hooks served)" in log, log
     finally:
