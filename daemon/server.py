@@ -318,12 +318,13 @@ BIND_PLAN_S = 10             # wall seconds from the step's request to its answe
 
 
 def _bind_child(conn, stepd_env: dict[str, str]) -> None:
-    """In a child forked for the SPANK plugin of one ``slurmstepd`` (a bound
-    step without ``--gs-*`` options): wait for the step's request, sent from
-    its ``user_init`` once the step's cpuset applies (``["@step", CPUS,
-    MEMS, JOB_ID]`` and the step's job environment; CPUS/MEMS slurmstepd's
-    affinity and ``Mems_allowed_list`` then, JOB_ID its job record's, not the
-    job environment's), and answer the plan for every local rank
+    """In a child forked for the SPANK plugin of one ``slurmstepd``: wait for
+    the step's request, sent from its ``user_init`` once the step's cpuset
+    applies (``["@step", CPUS, MEMS, JOB_ID, STEP_ID, MPS, BIND, PLUGSTACK_BIND]``
+    and the step's job environment; CPUS/MEMS slurmstepd's affinity and
+    ``Mems_allowed_list`` then, JOB_ID/STEP_ID its own, not the job
+    environment's; MPS/BIND the step's ``--gs-mps``/``--gs-bind``: ``-`` not
+    given, ``=VALUE`` given), and answer the plan for every local rank
     (:func:`gsrun.spank_py.hooks.step_actions`, text of
     :func:`~gsrun.spank_py.hooks.format_actions`), or ``error WHY`` (the plugin
     then runs the step unbound and says why). ``stepd_env``: slurmstepd's own
@@ -342,16 +343,20 @@ def _bind_child(conn, stepd_env: dict[str, str]) -> None:
         try:
             argv, job_env, _um, _fds = _read_request(conn, nfds=0, timeout_s=BIND_WAIT_S)
             signal.alarm(BIND_PLAN_S)       # SIG_DFL: the process ends
-            if len(argv) != 4 or argv[0] != "@step" or not argv[3].isdigit():
+            if (len(argv) != 8 or argv[0] != "@step" or not argv[3].isdigit() or not argv[4].isdigit()
+                    or len(argv[3]) > 10 or len(argv[4]) > 10 or any(a != "-" and not a.startswith("=")
+                                                                     for a in argv[5:7])):
                 raise BadRequest("not a step request")
             from gsrun.base.cpulist import parse_cpulist
             from gsrun.spank_py.hooks import format_actions, step_actions
 
             cpus = parse_cpulist(argv[1]) if argv[1] else None
             mems = parse_cpulist(argv[2]) if argv[2] else None
-            actions, notes = step_actions(job_env, stepd_env.get("GSRUN_HOST_ROOT"), cpus, mems,
-                                          stepd_env.get("GSRUN_CONFIG"), job_id=argv[3])
-            text = format_actions(actions, notes)
+            actions, notes, others = step_actions(
+                job_env, stepd_env.get("GSRUN_HOST_ROOT"), cpus, mems, stepd_env.get("GSRUN_CONFIG"),
+                job_id=argv[3], step_id=int(argv[4]), mps_opt=None if argv[5] == "-" else argv[5][1:],
+                bind_opt=None if argv[6] == "-" else argv[6][1:], plugstack_bind=argv[7])
+            text = format_actions(actions, notes, others)
         except Exception as e:  # noqa: BLE001 - the plugin runs the step unbound and says why
             text = "error " + f"{type(e).__name__}: {e}".replace("\n", " ") + "\n"
         conn.settimeout(5.0)

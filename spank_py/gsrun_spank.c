@@ -1224,6 +1224,7 @@ static int dispatch(spank_t sp, const char *name)
  * as without daemon=.
  */
 static int daemon_fd = -1;
+static int option_field(spank_t sp, const char *name, char *buf, size_t len);
 
 static int daemon_hello(void)
 {
@@ -1307,8 +1308,18 @@ static int daemon_plan(spank_t sp)
 		fclose(f);
 	if (spank_get_item(sp, S_JOB_ENV, &env) != ESPANK_SUCCESS || env == NULL)
 		return -1;
-	if (gs_msg_begin(&m, 022, 4) || gs_msg_add(&m, "@step") || gs_msg_add(&m, cpus) || gs_msg_add(&m, mems) ||
-	    gs_msg_add(&m, job))
+	/* the step id and the remote options (gsrun.spank_py.hooks.REMOTE_OPTIONS): "-" not given,
+	 * "=VALUE" given (an empty VALUE: --gs-mps without a percentage); plugstack bind= */
+	uint32_t step_id = SPECIAL_STEP_MIN;
+	char step[16], mps[64], bindopt[64];
+	if (spank_get_item(sp, S_JOB_STEPID, &step_id) != ESPANK_SUCCESS)
+		step_id = SPECIAL_STEP_MIN;
+	snprintf(step, sizeof(step), "%u", step_id);
+	if (option_field(sp, "gs-mps", mps, sizeof(mps)) < 0 || option_field(sp, "gs-bind", bindopt, sizeof(bindopt)) < 0)
+		goto out;
+	if (gs_msg_begin(&m, 022, 8) || gs_msg_add(&m, "@step") || gs_msg_add(&m, cpus) || gs_msg_add(&m, mems) ||
+	    gs_msg_add(&m, job) || gs_msg_add(&m, step) || gs_msg_add(&m, mps) || gs_msg_add(&m, bindopt) ||
+	    gs_msg_add(&m, cfg.bind))
 		goto out;
 	for (char **e = env; *e; e++)
 		if (gs_msg_add(&m, *e))
@@ -1335,7 +1346,7 @@ static int daemon_plan(spank_t sp)
 	rc = plan_parse(text, why, sizeof(why)); /* owns text from here */
 	text = NULL;
 	if (rc < 0)
-		slurm_verbose("gsrun: spank: bind: the node daemon's plan: %s", why);
+		slurm_error("gsrun: spank: the node daemon's plan: %s", why);
 out:
 	free(text);
 	gs_msg_free(&m);
@@ -1394,6 +1405,24 @@ static int option_given(spank_t sp, int i)
 	if (opt_seen[i])
 		return 1;
 	return spank_option_getopt(sp, &opts[i], &optarg) == ESPANK_SUCCESS;
+}
+
+/* The option ``name`` as the daemon's step request carries it: "-" when not given, else "="
+ * and its value (empty for an option given without one). 0, or -1 when the value is longer
+ * than len allows (the step then runs without the daemon's plan, said by the caller). */
+static int option_field(spank_t sp, const char *name, char *buf, size_t len)
+{
+	for (int i = 0; i < n_opts; i++) {
+		char *optarg = NULL;
+		if (strcmp(opts[i].name, name) != 0)
+			continue;
+		if (spank_option_getopt(sp, &opts[i], &optarg) != ESPANK_SUCCESS && !opt_seen[i])
+			break;
+		int w = snprintf(buf, len, "=%s", optarg ? optarg : "");
+		return (w < 0 || (size_t)w >= len) ? -1 : 0;
+	}
+	snprintf(buf, len, "-");
+	return 0;
 }
 
 /* Writes "--gs-a, --gs-b" (the options given) into buf; returns their count. */
@@ -1468,8 +1497,16 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 	int n_step = ctx == S_CTX_REMOTE ? remote_options_given(sp) : n_given;
 	if (n_step == 0 && !bind)
 		return 0; /* as if the plugin were absent */
-	if (n_step == 0 && bind && cfg.daemon && daemon_hello() == 0)
-		return 0; /* the step's plan comes from the node daemon, in user_init: no Python here */
+	if (ctx == S_CTX_REMOTE && cfg.daemon) {
+		/* the step's plan (binding, MIG devices, MPS environment) comes from the node daemon,
+		 * in user_init: slurmstepd never starts Python */
+		if (daemon_hello() == 0)
+			return 0;
+		slurm_error("gsrun: spank: node daemon not running: %s: %s", cfg.daemon, strerror(errno));
+		slurm_error("hint: systemctl start gsrun-daemon on this node; this step runs with Slurm's own "
+			    "binding%s", n_step ? " and without its --gs-mps/--gs-bind" : "");
+		return error_rc();
+	}
 	if (py_start() < 0) {
 		if (n_given > 0 && (ctx == S_CTX_ALLOCATOR || ctx == S_CTX_LOCAL)) {
 			slurm_error("gsrun: spank: options: %s given, but gsrun's Python side cannot be loaded "
@@ -1506,17 +1543,10 @@ int slurm_spank_user_init(spank_t sp, int ac, char **av)
 {
 	(void)ac; (void)av;
 	if (daemon_fd >= 0 && daemon_plan(sp) < 0) {
-		/* no plan from the daemon: Python plans, as without daemon= (here, as the job's user) */
-		slurm_verbose("gsrun: spank: bind: no plan from the node daemon (%s): planning in Python", cfg.daemon);
-		if (py_start() < 0) {
-			slurm_error("gsrun: spank: bind: the tasks of this step run with Slurm's own binding");
-			return error_rc();
-		}
-		int rc = dispatch(sp, "slurm_spank_init");
-		if (rc == 0)
-			rc = dispatch(sp, "slurm_spank_init_post_opt");
-		if (rc != 0)
-			return rc;
+		slurm_error("gsrun: spank: no plan from the node daemon (%s): the tasks of this step run with "
+			    "Slurm's own binding", cfg.daemon);
+		slurm_error("hint: the daemon's log says why (journalctl -u gsrun-daemon)");
+		return error_rc();
 	}
 	return dispatch(sp, "slurm_spank_user_init");
 }

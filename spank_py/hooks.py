@@ -71,8 +71,8 @@ PHASE = "spank"
 #: module defines them at build time (each one costs a slurmstepd per node per job), so defining one
 #: takes effect after ``gsrun-node spank build`` / ``install`` and a restart of slurmd.
 # The options slurmstepd's hooks read (slurm_spank_user_init): only these change what a step's
-# tasks get; the others are for the prolog (SPANK_GS_*, set by sbatch/srun). A step given none of
-# these is planned as a step without options (through the node daemon when plugstack has daemon=);
+# tasks get; the others are for the prolog (SPANK_GS_*, set by sbatch/srun). With plugstack daemon=
+# every step is planned by the node daemon (step_actions), which is sent these options' values;
 # spank_py/build.py puts the list into the plugin (a test keeps it equal to what the hooks read).
 REMOTE_OPTIONS = ("gs-mps", "gs-bind")
 
@@ -328,32 +328,54 @@ ACTIONS_MAGIC = "GSA1"
 
 def step_actions(job_env: Mapping[str, str], host_root: str | None, allowed_cpus: list[int] | None,
                  allowed_mems: list[int] | None, config_path: str | None,
-                 job_id: str | None = None) -> tuple[list[tuple[int, TaskActions]], tuple[str, ...]]:
-    """What ``slurm_spank_user_init`` decides for every local rank of a bound
-    step without ``--gs-mps``/``--gs-bind`` (the site's
-    binding, mode ``auto``), from values the plugin sent: the step's job
+                 job_id: str | None = None, step_id: int | None = None, mps_opt: str | None = None,
+                 bind_opt: str | None = None, plugstack_bind: str = "auto"
+                 ) -> tuple[list[tuple[int, TaskActions]], tuple[str, ...], TaskActions | None]:
+    """What a step's tasks get -- every local rank's binding, MIG devices and
+    MPS environment -- from values the plugin sent: the step's job
     environment, slurmstepd's ``GSRUN_HOST_ROOT``, its CPU affinity and
     ``Mems_allowed_list`` after the step's cpuset applied (used on the live
     host; a host root answers from its own files, as in slurmstepd), the
-    plugstack ``config=``, slurmstepd's own job id (``S_JOB_ID``; the MIG
-    devices are the job's, read by root). -> ``([(local_rank, TaskActions)], plan warnings)``.
-    Run by the node daemon (:mod:`gsrun.daemon.server`) so that slurmstepd
-    starts no Python for it.
+    plugstack ``config=`` and ``bind=``, slurmstepd's own job and step ids
+    (``S_JOB_ID``, ``S_JOB_STEPID``; the MIG devices and the MPS pipe are the
+    job's, read by root), and the step's ``--gs-mps`` / ``--gs-bind`` values
+    (None: not given). Run by the node daemon (:mod:`gsrun.daemon.server`), so
+    slurmstepd starts no Python.
 
-    Raises:
-        InputError / TopologyError: as :func:`gsrun.bind.plan.plan_from_env`.
-    """
-    hostfs = HostFS.from_env(host_root or None, environ={})
-    plan = plan_from_env(job_env, hostfs, sorted(allowed_cpus) if hostfs.is_real and allowed_cpus else None,
-                         gpu_isolation=False)
-    mems = allowed_mems if hostfs.is_real else read_allowed_mems(hostfs)
+    -> ``([(local_rank, TaskActions)], notes, others)``: ``others`` is what a
+    task without a block of its own gets (the MPS environment), or None. A
+    binding that cannot be planned is a note (the tasks keep Slurm's binding
+    and still get the MPS environment)."""
     cfg = _load_config({"config": config_path} if config_path else None)
-    # job_id: slurmstepd's own (S_JOB_ID), not the job environment's, which a job can set: the daemon
-    # reads the job's MIG devices as root
-    mig = read_job_mig_devices(cfg["paths.spool_dir"], job_id or job_env.get("SLURM_JOB_ID"),
-                               job_env.get("SLURMD_NODENAME"))
-    return ([(r.local_rank, task_actions(plan, r.local_rank, None, mems, mig, False)) for r in plan.ranks],
-            tuple(plan.warnings))
+    notes: list[str] = []
+    mps_env = None
+    if mps_opt is not None and job_id and step_id != EXTERN_STEP:
+        try:
+            from gsrun.node.mps import task_env
+
+            mps_env = task_env(str(job_id), cfg["paths.mps_dir"])
+        except Exception as e:  # noqa: BLE001 - GsrunError: bad job id/dir; said in the plan
+            notes.append(f"mps: {e}")
+    mode = bind_mode(plugstack_bind, bind_opt)
+    actions: list[tuple[int, TaskActions]] = []
+    if mode != "none" and is_bound_step(step_id):
+        hostfs = HostFS.from_env(host_root or None, environ={})
+        try:
+            plan = plan_from_env(job_env, hostfs, sorted(allowed_cpus) if hostfs.is_real and allowed_cpus else None,
+                                 gpu_isolation=mode == "isolate")
+        except Exception as e:  # noqa: BLE001 - GsrunError with a message; the tasks keep Slurm's binding
+            notes.append(f"bind: {e}; the tasks of this step run with Slurm's binding")
+        else:
+            mems = allowed_mems if hostfs.is_real else read_allowed_mems(hostfs)
+            # job_id: slurmstepd's own (S_JOB_ID), not the job environment's, which a job can set:
+            # the daemon reads the job's MIG devices as root
+            mig = read_job_mig_devices(cfg["paths.spool_dir"], job_id or job_env.get("SLURM_JOB_ID"),
+                                       job_env.get("SLURMD_NODENAME"))
+            actions = [(r.local_rank, task_actions(plan, r.local_rank, mps_env, mems, mig, mode == "isolate"))
+                       for r in plan.ranks]
+            notes += plan.warnings
+    others = task_actions(None, None, mps_env) if mps_env else None
+    return actions, tuple(notes), others
 
 
 def format_actions(actions: list[tuple[int, TaskActions]], notes: tuple[str, ...] = (),

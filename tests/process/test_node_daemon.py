@@ -636,7 +636,8 @@ def test_a_child_whose_code_fails_never_runs_the_daemons_loop(client, tmp_path):
 # ------------------------------------------------------------ the SPANK plugin's step plans (@bind)
 
 def ask_plan(sock: str, stepd_env: dict[str, str], job_env: dict[str, str], cpus: str = "", mems: str = "",
-             job_id: str = "4242") -> str:
+             job_id: str = "4242", step_id: str = "0", mps: str = "-", bind: str = "-",
+             plugstack_bind: str = "auto") -> str:
     """What the plugin does (spank_py/gsrun_spank.c, daemon_hello/daemon_plan): ``@bind`` with
     slurmstepd's own variables and fds 0-2, then ``@step`` with the job's environment -> the answer."""
     import socket
@@ -646,7 +647,8 @@ def ask_plan(sock: str, stepd_env: dict[str, str], job_env: dict[str, str], cpus
         s.connect(sock)
         s.sendmsg([server.encode_request([server.BIND_REQUEST], stepd_env, 0o022)],
                   [(socket.SOL_SOCKET, socket.SCM_RIGHTS, bytes(memoryview(__import__("array").array("i", [0, 1, 2]))))])
-        s.sendall(server.encode_request(["@step", cpus, mems, job_id], job_env, 0o022))
+        s.sendall(server.encode_request(["@step", cpus, mems, job_id, step_id, mps, bind, plugstack_bind],
+                                        job_env, 0o022))
         out = b""
         while chunk := s.recv(65536):
             out += chunk
@@ -684,6 +686,43 @@ def test_a_step_plan_reads_the_config_beside_slurm_conf_as_slurmstepd_does(runni
     assert answer.startswith("GSA1") and "MIG-0123456789abcdef" not in answer, answer
     # an answer for a request without the job id: an error (said by the plugin)
     assert ask_plan(running.sock, {}, {}, job_id="x").startswith("error "), answer
+
+
+def test_the_daemon_plans_gs_mps_and_gs_bind_steps_as_slurmstepds_python_did(running, tmp_path):
+    """--gs-mps and --gs-bind steps are planned by the daemon too (slurmstepd starts no
+    Python): the MPS client environment for every task (a batch step's too, never the
+    extern step's), --gs-bind none and plugstack bind=none keep Slurm's binding."""
+    from pathlib import Path
+
+    host = Path(__file__).resolve().parents[1] / "data" / "hosts" / "h200-vm"
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    (etc / "gsrun.toml").write_text(f'[paths]\nspool_dir = "{tmp_path}/spool"\nmps_dir = "{tmp_path}/mps"\n')
+    stepd = {"GSRUN_HOST_ROOT": str(host), "GSRUN_CONFIG": str(etc / "gsrun.toml")}
+    job = {"SLURM_JOB_ID": "4242", "SLURMD_NODENAME": "n1", "SLURM_STEP_TASKS_PER_NODE": "2",
+           "SLURM_STEP_GPUS": "0,1"}
+    pipe = f"set CUDA_MPS_PIPE_DIRECTORY={tmp_path}/mps/4242/pipe"
+
+    def plan(**kw) -> list[str]:
+        answer = ask_plan(running.sock, stepd, job, **kw)
+        assert answer.startswith("GSA1\n") and answer.endswith("end\n"), answer
+        return answer.splitlines()
+
+    lines = plan(mps="=50")
+    assert lines.count(pipe) == 3 and "rank 0" in lines and "rank 1" in lines and "rank *" in lines
+    assert any(l.startswith("cpus ") for l in lines)
+    lines = plan(mps="=", bind="=none")                         # --gs-mps --gs-bind none
+    assert lines[:2] == ["GSA1", "rank *"] and pipe in lines and not any(l.startswith("cpus") for l in lines)
+    lines = plan(plugstack_bind="none")                         # the admin turned binding off
+    assert lines == ["GSA1", "end"]
+    lines = plan(mps="=", step_id=str(0xFFFFFFFB))              # the batch step: MPS, no binding
+    assert lines[:2] == ["GSA1", "rank *"] and pipe in lines
+    assert plan(mps="=", step_id=str(0xFFFFFFFC)) == ["GSA1", "end"]      # the extern step: nothing
+    vis = [l.split("=", 1)[1] for l in plan(bind="=isolate") if l.startswith("set CUDA_VISIBLE_DEVICES=")]
+    assert len(vis) == 2 and all("," not in v for v in vis) and vis[0] != vis[1], vis    # each its own GPU
+    vis = [l.split("=", 1)[1] for l in plan() if l.startswith("set CUDA_VISIBLE_DEVICES=")]
+    assert len(vis) == 2 and all(v.count(",") == 1 for v in vis), vis                 # auto: both, own first
+    assert ask_plan(running.sock, stepd, job, mps="50").startswith("error "), "an option field without ="
 
 
 def test_a_hostile_step_environment_leaves_no_root_process_busy(running, tmp_path):

@@ -625,20 +625,22 @@ def test_a_bound_step_planned_by_the_node_daemon_binds_as_python_does_without_py
                                                                                       node_daemon):
     """plugstack daemon=SOCKET: slurmstepd asks the node daemon for the step's plan (gsrun.spank_py.hooks.
     step_actions) and applies it in C -- the same environment and affinity per task as the Python
-    side gives, and libpython never mapped; with no daemon listening, Python plans as before."""
+    side gives, and libpython never mapped; with no daemon listening, the step says so and runs
+    with Slurm's binding (no Python either)."""
     rc, out, err = run_harness(harness, built, "remote", real_site)
     assert rc == 0, (out, err)
     python_way = _binding(out)
     assert len([l for l in python_way if l.startswith("SETENV GSRUN_BIND_CPUS=")]) == 2
     rc, out, err = run_harness(harness, built, "remote", real_site, f"daemon={node_daemon}")
     assert rc == 0, (out, err)
-    assert _binding(out) == python_way
+    assert _binding(out) == python_way, (out, err)
     assert "LIBPYTHON mapped=0" in out
     assert not [l for l in out if l.startswith("ERROR")]
-    # the daemon gone: the step plans in Python, same result
+    # the daemon gone: said, and the tasks keep Slurm's binding; still no Python in slurmstepd
     rc, out, err = run_harness(harness, built, "remote", real_site, f"daemon={node_daemon}.gone")
     assert rc == 0, (out, err)
-    assert _binding(out) == python_way and "LIBPYTHON mapped=1" in out
+    assert not [l for l in _binding(out) if not l.startswith("TASK ")] and "LIBPYTHON mapped=0" in out
+    assert any(f"gsrun: spank: node daemon not running: {node_daemon}.gone" in l for l in out), out
 
 
 def fake_daemon(tmp_path, serve, connections: int):
@@ -673,10 +675,12 @@ def fake_daemon(tmp_path, serve, connections: int):
                                     b"GSA1\nrank 99999999999\nend\n", b"GSA1\nrank 4096\nend\n",
                                     b"GSA1\nrank 0\nrank 0\nend\n", b"GSA1\nrank 0\ncpus 0,5000\nend\n",
                                     b"GSA1\nrank 0\nunset A-B\nend\n", b"GSA1\nrank 0\n"])
-def test_a_daemon_that_gives_no_plan_leaves_the_step_to_python(built, harness, real_site, tmp_path, answer):
+def test_a_daemon_that_gives_no_plan_leaves_the_step_unbound_and_says_so(built, harness, real_site, tmp_path,
+                                                                        answer):
     """A listener that closes without a plan, answers an error or a plan the plugin must not
-    apply (a name that is no environment name, a rank or CPU out of range, no "end"): Python
-    plans in user_init."""
+    apply (a name that is no environment name, a rank or CPU out of range, no "end"): the
+    error is logged, the tasks keep Slurm's binding, nothing of the bad plan is applied and
+    no Python starts in slurmstepd."""
     def serve(c):
         c.settimeout(5)
         try:
@@ -687,12 +691,11 @@ def test_a_daemon_that_gives_no_plan_leaves_the_step_to_python(built, harness, r
             pass
 
     srv, path, _t = fake_daemon(tmp_path, serve, connections=2)
-    rc, out, err = run_harness(harness, built, "remote", real_site)
-    python_way = _binding(out)
     rc, out, err = run_harness(harness, built, "remote", real_site, f"daemon={path}")
     srv.close()
     assert rc == 0, (out, err)
-    assert _binding(out) == python_way and "LIBPYTHON mapped=1" in out
+    assert not [l for l in _binding(out) if not l.startswith("TASK ")] and "LIBPYTHON mapped=0" in out, out
+    assert any("no plan from the node daemon" in l for l in out if l.startswith("ERROR")), out
 
 
 def test_daemon_argument_must_be_absolute(built, harness, real_site):
@@ -745,8 +748,9 @@ def test_remote_options_are_the_ones_slurmstepds_hooks_read():
 
 def test_a_step_with_only_prolog_options_is_planned_by_the_daemon(built, harness, real_site, node_daemon):
     """--gs-report, --gs-tune...: the prolog's, forwarded to every step of the job; slurmstepd's
-    hooks do nothing with them, so the step is planned by the daemon without Python. --gs-mps
-    changes the tasks' environment: Python plans that step."""
+    hooks do nothing with them, so the step is planned as one without options. --gs-mps changes
+    the tasks' environment: the daemon plans that step too (the MPS client environment for every
+    task), still without Python in slurmstepd."""
     rc, out, err = run_harness(harness, built, "remote", real_site, env_extra={"FAKE_GETOPT": "gs-report=none"})
     python_way = _binding(out)
     assert rc == 0 and "LIBPYTHON mapped=1" in out, (out, err)
@@ -757,7 +761,13 @@ def test_a_step_with_only_prolog_options_is_planned_by_the_daemon(built, harness
                                env_extra={"FAKE_GETOPT": "gs-report=none"})
     assert rc == 0 and "LIBPYTHON mapped=0" in out, (out, err)      # nothing to do: no Python
     assert not [l for l in out if l.startswith(("SETENV ", "UNSETENV "))], out
+    rc, out, err = run_harness(harness, built, "remote", real_site, env_extra={"FAKE_GETOPT": "gs-mps=50"})
+    python_mps = _binding(out)
+    assert rc == 0 and "LIBPYTHON mapped=1" in out, (out, err)
     rc, out, err = run_harness(harness, built, "remote", real_site, f"daemon={node_daemon}",
                                env_extra={"FAKE_GETOPT": "gs-mps=50"})
-    assert rc == 0 and "LIBPYTHON mapped=1" in out, (out, err)
+    assert rc == 0 and "LIBPYTHON mapped=0" in out, (out, err)
     assert out.count("SETENV CUDA_MPS_PIPE_DIRECTORY=/run/gsrun/mps/4242/pipe") == 2
+    assert _binding(out) == python_mps, (out, python_mps)
+
+
