@@ -1,6 +1,6 @@
 """``gsrun-node prolog``: run by slurmd as root before the job starts on a node.
 
-The steps are the table :data:`STEPS` (records, nvml, request, tuning, mig,
+The steps are the table :data:`STEPS` (records, sweep, nvml, request, tuning, mig,
 mps, sampler), run by :func:`gsrun.node.steps.run_steps` after the env and
 config are read; the record is written last, whatever happened.
 Exit status is non-zero only when the node truly cannot run GPU jobs (NVML
@@ -55,6 +55,7 @@ from gsrun.node import mig, mps, tuning
 from gsrun.node.mem_baseline import format_mem_baseline, read_mem_baseline
 from gsrun.node.mig_nvml import RealMig
 from gsrun.node.steps import NodeUnusable, SETUP, Step, drain_node, run_steps
+from gsrun.node.sweep import sweep
 from gsrun.node.tuning import JobScope
 from gsrun.request.config import load_config_or_defaults
 from gsrun.request.job import (JobRequest, comment_from_env, comment_from_slurm, exclusive_from_record,
@@ -110,6 +111,17 @@ def clear_earlier_run(job_dir, node: str) -> list[str]:
                                   "summary.json", "user-summary.json", "accounting.json", "idle-cancel.json"))
 
 
+def _sweep(c: Ctx):
+    """Files of jobs gone from the node (:mod:`gsrun.node.sweep`): decided
+    from the state dir's job directories and sampler records only."""
+    out = sweep(c.paths.state_dir, c.paths.spool_dir, c.job.node, c.cfg["metrics.textfile_dir"] or None,
+                c.job.job_id)
+    if out["prom"] or out["live"]:
+        c.log(f"sweep: removed {len(out['prom'])} textfile(s) {' '.join(out['prom'])} and the live files of "
+              f"job(s) {' '.join(out['live']) or '-'}: their jobs are gone from the node")
+    return out if out["prom"] or out["live"] else None
+
+
 def _nvml(c: Ctx):
     """Only a driver/library mismatch makes the node unusable (field case 15,
     docs/field-cases.md)."""
@@ -163,6 +175,8 @@ def _request(c: Ctx):
 # step cut off by it ends the prolog: the job goes on with what was done.
 STEPS = (
     Step("records", "make the job's state and spool directories (planted ones moved aside)", 0, _records),
+    Step("sweep", "remove the Prometheus textfiles and live files of jobs gone from the node", 0, _sweep,
+         when=lambda c: not c.dry_run),
     Step("nvml", "check that NVML answers; a driver/library mismatch means the node cannot run GPU jobs", 0,
          _nvml, quiet=True, catch=()),
     Step("request", "read the job's requests and whether it holds the node (slurmctld's record)", 0,

@@ -562,9 +562,12 @@ class Sampler:
         self.idle_cfg = idle if idle is not None else IdleConfig()
         w = self.state.get("watch")
         if not (isinstance(w, list) and len(w) == len(self.refs)):
-            self.state["watch"] = [GpuWatch(str(r.gres_index), self.idle_cfg, None, GAP_FACTOR * interval_s)
+            self.state["watch"] = [GpuWatch(str(r.gres_index), self.idle_cfg, None, GAP_FACTOR * interval_s,
+                                            r.power_limit_w)
                                    for r in self.refs]
             self.state["waste_findings"] = []
+        for watch, r in zip(self.state["watch"], self.refs):
+            watch.power_limit_w = r.power_limit_w      # not in the watch's state: the ref holds it
         self.state.setdefault("waste_findings", [])
         self.procs = JobProcs(job_id, uid, node)
         self._cg = None

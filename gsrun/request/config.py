@@ -299,8 +299,8 @@ SETTINGS: tuple[Setting, ...] = (
             _idle("cancel"), "off|report|on"),
     Setting("idle.stuck_after_min", (int, float), 15.0,
             "Utilization high while SM and tensor activity stay ~0 at near-idle power for this many minutes "
-            "(a hung collective, or kernels too small to matter) is a gpu_stuck_collective finding. Needs GPM "
-            "(Hopper and later).", _idle("stuck_after_min"), "0.05-100000"),
+            "(a hung collective, or kernels too small to matter) is a gpu_stuck_collective finding. Without GPM "
+            "(SM activity unknown): see stuck_power_max_pct and stuck_link_max_kbs.", _idle("stuck_after_min"), "0.05-100000"),
     Setting("idle.util_idle_pct", (int, float), 1.0,
             "Utilization at or below this (per poll) counts as idle.", _idle("util_idle_pct"), "0-100"),
     Setting("idle.sm_idle_pct", (int, float), 1.0,
@@ -313,6 +313,15 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("idle.util_stuck_pct", (int, float), 90.0,
             "Utilization at or above this (with SM activity ~0 at near-idle power) counts towards a stuck "
             "collective.", _idle("util_stuck_pct"), "0-100"),
+    Setting("idle.stuck_power_max_pct", (int, float), 35.0,
+            "Without GPM (older GPUs, VMs, MIG): utilization at or above util_stuck_pct with power at or below "
+            "this share of the GPU's enforced power limit (nvmlDeviceGetEnforcedPowerLimit) and link traffic at "
+            "or below stuck_link_max_kbs counts towards a stuck collective. H200: 127-136 W of 700 W (18-19 %) "
+            "hung or spinning, 690 W training.", _idle("stuck_power_max_pct"), "0-100"),
+    Setting("idle.stuck_link_max_kbs", (int, float), 8192.0,
+            "Without GPM: PCIe tx + rx (nvmlDeviceGetPcieThroughput) plus NVLink throughput where read, KB/s, at "
+            "or below which a GPU moves no data (H200 with tiny kernels: ~3,900 KB/s; training: ~23,000 KB/s).",
+            _idle("stuck_link_max_kbs"), "0-1000000000"),
     Setting("idle.exempt_partitions", list, [], "Partitions whose jobs are never cancelled for idling.",
             _idle("exempt_partitions"), "partition names"),
     Setting("idle.exempt_qos", list, [], "QOS whose jobs are never cancelled for idling.", _idle("exempt_qos"),

@@ -15,6 +15,9 @@ folded into its aggregates (the ``values`` dict that
   (``nvmlDeviceGetComputeRunningProcesses`` x the job's cgroup PIDs); None
   when either list is unknown. Under MPS the GPU lists the MPS server, not
   the job's clients, so an empty list alone never makes a busy GPU idle.
+- ``pcie_tx_bytes_s``, ``pcie_rx_bytes_s``: PCIe throughput
+  (``nvmlDeviceGetPcieThroughput``, KB/s x 1024), ``nvlink_bytes_s``: NVLink
+  data throughput, both directions, all links (None or missing: not read).
 
 Each poll is classified (:func:`classify`) as ``idle``, ``stuck``, ``busy`` or
 ``unknown``:
@@ -29,9 +32,17 @@ Each poll is classified (:func:`classify`) as ``idle``, ``stuck``, ``busy`` or
   tensor activity are at or below ``sm_idle_pct`` and power is near the idle
   level: a kernel "runs" but does no work -- a collective (NCCL) waiting for
   a rank that hangs, or a loop of kernels so small the GPU might as well be
-  idle. Needs GPM: without SM activity the two cannot be told apart from a
-  light load, so no ``stuck`` is ever decided there (:attr:`GpuWatch.limits`
-  says so);
+  idle. With GPM (SM activity read) that is the test. Without GPM (older
+  GPUs, VMs, MIG) a hang is told by NVML's counters alone: utilization at or
+  above ``util_stuck_pct``, power at or below ``stuck_power_max_pct`` of the
+  GPU's enforced power limit (``nvmlDeviceGetEnforcedPowerLimit``; the
+  watch's ``power_limit_w``) and the link traffic read (PCIe tx + rx, plus
+  NVLink where the reading has it) at or below ``stuck_link_max_kbs``: a
+  collective moving data draws power and fills the links. Without the power
+  limit or any link figure no ``stuck`` is decided. A loop of tiny kernels
+  (no data moved, near-idle power) looks the same there and is called stuck
+  too: the evidence's ``basis`` names the signals used and ``limits`` says
+  what they cannot tell;
 - ``unknown``: utilization unknown and the process list unknown. An unknown
   poll is a gap, never a 0: a stretch carries over gaps up to ``max_gap_s``
   and ends at a longer one.
@@ -85,6 +96,8 @@ class IdleConfig:
     sm_idle_pct: float = 1.0
     power_idle_margin_w: float = 60.0
     util_stuck_pct: float = 90.0
+    stuck_power_max_pct: float = 35.0
+    stuck_link_max_kbs: float = 8192.0
     exempt_partitions: tuple[str, ...] = ()
     exempt_qos: tuple[str, ...] = ()
     exempt_users: tuple[str, ...] = ()
@@ -139,8 +152,10 @@ def check_idle_value(key: str, v) -> str | None:
         if key == "cancel_after_min" and v is None:
             return None
         return None if _num(v) and 0 <= v <= 100000 else "must be a number of minutes between 0 and 100000"
-    if key in ("util_idle_pct", "sm_idle_pct", "util_stuck_pct"):
+    if key in ("util_idle_pct", "sm_idle_pct", "util_stuck_pct", "stuck_power_max_pct"):
         return None if _num(v) and 0 <= v <= 100 else "must be a percentage between 0 and 100"
+    if key == "stuck_link_max_kbs":
+        return None if _num(v) and 0 <= v <= 1e9 else "must be KB/s between 0 and 1000000000"
     if key == "power_idle_margin_w":
         return None if _num(v) and 0 <= v <= 2000 else "must be watts between 0 and 2000"
     if key == "cancel":
@@ -165,16 +180,39 @@ def _f(v) -> float | None:
     return float(v) if _num(v) else None
 
 
-def classify(reading: dict, idle_power_w: float | None, cfg: IdleConfig) -> str:
+def link_kbs(reading: dict) -> tuple[float | None, list[str]]:
+    """The link traffic of one poll, KB/s (PCIe tx + rx, plus NVLink where
+    read), and which links it covers (``["pcie", "nvlink"]``); (None, [])
+    when no link figure was read."""
+    total, used = 0.0, []
+    tx, rx = _f(reading.get("pcie_tx_bytes_s")), _f(reading.get("pcie_rx_bytes_s"))
+    if tx is not None or rx is not None:
+        total += ((tx or 0.0) + (rx or 0.0)) / 1024.0
+        used.append("pcie")
+    nv = _f(reading.get("nvlink_bytes_s"))
+    if nv is not None:
+        total += nv / 1024.0
+        used.append("nvlink")
+    return (total if used else None), used
+
+
+def classify(reading: dict, idle_power_w: float | None, cfg: IdleConfig, power_limit_w: float | None = None) -> str:
     """One poll of one GPU -> ``"idle"``, ``"stuck"``, ``"busy"`` or
     ``"unknown"`` (module doc). ``reading``: the keys the module doc names
-    (missing = unknown)."""
+    (missing = unknown); ``power_limit_w``: the enforced limit, W (None:
+    unknown, no stuck decided without GPM)."""
     return _classify(_f(reading.get("util_pct")), _f(reading.get("sm_active_pct")),
                      _f(reading.get("tensor_active_pct")), _f(reading.get("power_w")), reading.get("job_gpu_pids"),
-                     idle_power_w, cfg)
+                     idle_power_w, cfg, power_limit_w, link_kbs(reading)[0])
 
 
-def _classify(util, sm, tensor, power, pids, idle_power_w, cfg: IdleConfig) -> str:
+def _stuck_without_gpm(util, power, power_limit_w, link, cfg: IdleConfig) -> bool:
+    return (util >= cfg.util_stuck_pct and power is not None and power_limit_w is not None and power_limit_w > 0
+            and power <= power_limit_w * cfg.stuck_power_max_pct / 100.0
+            and link is not None and link <= cfg.stuck_link_max_kbs)
+
+
+def _classify(util, sm, tensor, power, pids, idle_power_w, cfg: IdleConfig, power_limit_w=None, link=None) -> str:
     near_idle = None if power is None or idle_power_w is None else power <= idle_power_w + cfg.power_idle_margin_w
     sm_low = sm is None or sm <= cfg.sm_idle_pct
     if util is not None:
@@ -182,6 +220,8 @@ def _classify(util, sm, tensor, power, pids, idle_power_w, cfg: IdleConfig) -> s
             return "idle"
         if util >= cfg.util_stuck_pct and sm is not None and sm_low \
                 and (tensor is None or tensor <= cfg.sm_idle_pct) and near_idle is True:
+            return "stuck"
+        if sm is None and _stuck_without_gpm(util, power, power_limit_w, link, cfg):
             return "stuck"
     elif sm is not None:
         # no utilization this poll (the driver's buffer had no new sample): SM activity decides
@@ -201,7 +241,7 @@ class _Stretch:
     """A run of polls of one kind: start, last poll, figures over it."""
 
     __slots__ = ("kind", "since_s", "last_s", "n", "util_max", "util_sum", "util_n", "sm_max", "tensor_max",
-                 "power_sum", "power_n", "power_max", "reported")
+                 "power_sum", "power_n", "power_max", "reported", "link_max_kbs", "links")
 
     def __init__(self, kind: str, since_s: float):
         self.kind, self.since_s, self.last_s = kind, since_s, since_s
@@ -209,6 +249,8 @@ class _Stretch:
         self.util_max = self.sm_max = self.tensor_max = self.power_max = None
         self.util_sum = self.power_sum = 0.0
         self.reported = False
+        self.link_max_kbs = None
+        self.links: list[str] = []
 
     def add(self, t_s: float, r: dict) -> None:
         self.last_s = t_s
@@ -226,6 +268,10 @@ class _Stretch:
             self.power_max = p if self.power_max is None else max(self.power_max, p)
             self.power_sum += p
             self.power_n += 1
+        lk, used = link_kbs(r)
+        if lk is not None:
+            self.link_max_kbs = lk if self.link_max_kbs is None else max(self.link_max_kbs, lk)
+            self.links = sorted(set(self.links) | set(used))
 
     def to_json(self) -> dict:
         return {k: getattr(self, k) for k in self.__slots__}
@@ -250,15 +296,18 @@ class GpuWatch:
     (the sampler: the gres index as text); ``idle_power_w``: a known idle
     level (W) or None (learned: the lowest power read). ``max_gap_s``: the
     longest run of unknown polls (or pause between polls) a stretch carries
-    over (the sampler: twice its interval)."""
+    over (the sampler: twice its interval). ``power_limit_w``: the GPU's
+    enforced power limit, W (``nvmlDeviceGetEnforcedPowerLimit``; None:
+    unknown), for the stuck test without GPM."""
 
     def __init__(self, gpu: str, cfg: IdleConfig, idle_power_w: float | None = None,
-                 max_gap_s: float = DEFAULT_MAX_GAP_S):
+                 max_gap_s: float = DEFAULT_MAX_GAP_S, power_limit_w: float | None = None):
         self.gpu = str(gpu)
         self.cfg = cfg
         self.idle_power_w = _f(idle_power_w)
         self.idle_power_source = "given" if self.idle_power_w is not None else None
         self.max_gap_s = float(max_gap_s)
+        self.power_limit_w = _f(power_limit_w)
         self.first_s: float | None = None
         self.last_s: float | None = None         # last poll
         self.last_known_s: float | None = None   # last poll that was not unknown
@@ -296,7 +345,10 @@ class GpuWatch:
         out = []
         if self.polls >= 3 and not self.gpm_seen:
             out.append("SM activity unknown (no GPM on this GPU): idle is judged on utilization, power and "
-                       "the job's processes; a stuck collective cannot be told from a light load")
+                       "the job's processes; a stuck collective on utilization, power against the limit and "
+                       "link traffic, which cannot tell it from a loop of tiny kernels")
+            if self.power_limit_w is None:
+                out.append("power limit unknown: no stuck-collective detection without GPM")
         if self.idle_power_w is None and self.polls >= 1:
             out.append("power unknown: idle is judged without it; no stuck-collective detection")
         return out
@@ -327,7 +379,8 @@ class GpuWatch:
         if not self._ever_used and (bool(pids) or (util is not None and util > cfg.util_idle_pct)
                                     or (sm is not None and sm > cfg.sm_idle_pct)):
             self._ever_used = True      # a process of the job, or activity, on the GPU
-        kind = _classify(util, sm, _f(reading.get("tensor_active_pct")), power, pids, self.idle_power_w, cfg)
+        kind = _classify(util, sm, _f(reading.get("tensor_active_pct")), power, pids, self.idle_power_w, cfg,
+                         self.power_limit_w, link_kbs(reading)[0])
         st = self.stretch
         if kind == "unknown":
             if st is not None and t_s - st.last_s > self.max_gap_s:
@@ -374,6 +427,8 @@ class GpuWatch:
             basis.append("power")
         if isinstance(pids, (list, tuple)):
             basis.append("processes")
+        if st.kind == "stuck" and st.sm_max is None:
+            basis += ["power_vs_limit"] + [f"{x}_traffic" for x in st.links]
         ev = {"minutes": round((st.last_s - st.since_s) / 60.0, 1),
               "polls": st.n,
               "util_max_pct": _r1(st.util_max),
@@ -387,6 +442,12 @@ class GpuWatch:
               "job_processes": len(pids) if isinstance(pids, (list, tuple)) else None,
               "ever_used": self._ever_used,
               "basis": basis}
+        if st.kind == "stuck" and st.sm_max is None:
+            ev["signals"] = "nvml_counters"     # no GPM: utilization, power vs limit, link throughput
+            ev["power_limit_w"] = _r1(self.power_limit_w)
+            ev["link_max_kbs"] = _r1(st.link_max_kbs)
+        elif st.kind == "stuck":
+            ev["signals"] = "gpm"
         if self.limits:
             ev["limits"] = self.limits
         return ev
@@ -404,7 +465,8 @@ class GpuWatch:
     @classmethod
     def from_json(cls, d: dict, cfg: IdleConfig) -> "GpuWatch":
         """Inverse of :meth:`to_json` with the site's current ``cfg`` (a
-        restarted sampler continues its stretches). Unknown keys are ignored.
+        restarted sampler continues its stretches; the power limit is not
+        kept: the caller sets ``power_limit_w`` from its GPU reference). Unknown keys are ignored.
 
         Raises:
             ValueError: not a watch object or a newer version.

@@ -41,7 +41,7 @@ def replay(trace: dict, cfg: IdleConfig) -> tuple[list[dict], GpuWatch, list[dic
     gpu = trace.get("gpu") or {}
     ref = GpuRef(0, 0, gpu.get("uuid"), None, gpu.get("name"), None, bool(gpu.get("mig")), bool(gpu.get("gpm")))
     g = new_gpu_state(ref, 100)
-    w = GpuWatch("0", cfg, None, GAP_FACTOR * float(trace["interval_s"]))
+    w = GpuWatch("0", cfg, None, GAP_FACTOR * float(trace["interval_s"]), gpu.get("power_limit_w"))
     found, figures = [], []
     prev = None
     for p in trace["polls"]:

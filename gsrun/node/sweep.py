@@ -1,0 +1,142 @@
+"""Files of jobs gone from the node: the Prometheus textfiles and live files they left.
+
+A job's sampler writes ``<metrics.textfile_dir>/gsrun_job_<id>.prom``
+(:mod:`gsrun.node.metrics_textfile`) and ``<spool>/jobs/<id>/user-live-<node>.json``
+(:mod:`gsrun.node.live`); the epilog removes both. A node that crashed, a
+sampler that was killed, an epilog cut off by its budget leave them behind,
+and node_exporter would serve a dead job's GPUs for ever. The prolog of the
+next job on the node (step ``sweep``) removes them.
+
+Whether a job still exists on this node is decided from root-owned state
+only -- never from the files being swept, which the job's group can read and
+whose names anybody who can write the directory can plant:
+
+- ``<state_dir>/jobs/<id>/`` (root, 0700; made by the prolog, removed by the
+  epilog; ``/run`` is empty after a reboot), and in it
+- ``sampler.pid.json`` (root, 0600): the sampler's PID and start time
+  (:func:`gsrun.base.pids.start_time`, epoch s).
+
+Three parts: :func:`read_state_jobs` (facts), :func:`gone_jobs` (the pure
+decision), :func:`sweep` (the thin effect: names only, through
+:func:`gsrun.base.fsutil.unlink_names`, never following a link).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from gsrun.base import pids
+from gsrun.base.fsutil import read_json, unlink_names
+from gsrun.base.ids import is_job_id, is_node_name
+from gsrun.facts.live import LIVE_PREFIX
+from gsrun.node.metrics_textfile import _OUR_FILE, _OUR_TEMP
+
+
+@dataclass(frozen=True, slots=True)
+class StateJob:
+    """One job directory of the node's state dir. ``sampler_alive``: None when
+    no sampler is recorded yet (the prolog runs, or it has no sampler), else
+    whether the recorded PID is still that process (same start time)."""
+
+    job_id: str
+    sampler_alive: bool | None
+
+
+def read_state_jobs(state_dir, alive=pids.is_same) -> dict[str, StateJob]:
+    """job id -> :class:`StateJob` for every job directory in
+    ``<state_dir>/jobs/`` (root-owned; a directory not owned by root, or a
+    name that is not a job id, is not a job of ours and is left out).
+    ``alive(pid, create_time) -> bool``: injectable for tests. A missing
+    state dir is no job at all (a node after a reboot)."""
+    base = Path(state_dir) / "jobs"
+    out: dict[str, StateJob] = {}
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return out
+    for name in names:
+        if not is_job_id(name, array=True):
+            continue
+        try:
+            st = os.lstat(base / name)
+        except OSError:
+            continue
+        if st.st_uid != 0 and os.geteuid() == 0:
+            continue
+        if not (st.st_mode & 0o170000 == 0o040000):
+            continue
+        info = read_json(base / name / "sampler.pid.json")
+        state = None
+        if isinstance(info, dict) and isinstance(info.get("pid"), int) and info["pid"] > 1 \
+                and isinstance(info.get("create_time"), (int, float)):
+            state = bool(alive(info["pid"], info["create_time"]))
+        out[name] = StateJob(name, state)
+    return out
+
+
+def gone_jobs(candidates, state_jobs: dict[str, StateJob], current_job_id: str | None) -> list[str]:
+    """The job ids among ``candidates`` whose files must go, sorted. Pure.
+
+    A job is gone from the node when it has no state directory (its epilog
+    ran, or the node rebooted), or when its recorded sampler is no longer
+    running (nothing will ever update or remove its files). A job directory
+    with no sampler recorded yet is a prolog in progress: kept. The job whose
+    prolog is sweeping (``current_job_id``) is kept: a requeued job's own
+    earlier files are the prolog's ``records`` step's business."""
+    out = set()
+    for j in candidates:
+        if j == current_job_id:
+            continue
+        sj = state_jobs.get(j)
+        if sj is None or sj.sampler_alive is False:
+            out.add(j)
+    return sorted(out)
+
+
+def _prom_job(name: str) -> str | None:
+    m = _OUR_FILE.fullmatch(name) or _OUR_TEMP.fullmatch(name)
+    return m.group(1) if m else None
+
+
+def sweep(state_dir, spool_dir, node: str, textfile_dir: str | None, current_job_id: str | None,
+          alive=pids.is_same) -> dict[str, list[str]]:
+    """Remove the textfiles (``gsrun_job_<id>.prom`` and their temp files) and
+    this node's live files (``<spool>/jobs/<id>/user-live-<node>.json``) of
+    jobs :func:`gone_jobs` names. Other nodes' live files in a shared spool
+    are theirs. Returns ``{"prom": [names removed], "live": [job ids]}``.
+
+    Raises:
+        OSError: a directory cannot be listed or a file removed (permissions,
+            read-only file system); what was removed before stays removed.
+    """
+    state = read_state_jobs(state_dir, alive)
+    removed: dict[str, list[str]] = {"prom": [], "live": []}
+    if textfile_dir:
+        try:
+            names = os.listdir(textfile_dir)
+        except FileNotFoundError:
+            names = []
+        by_job: dict[str, list[str]] = {}
+        for n in names:
+            j = _prom_job(n)
+            if j is not None:
+                by_job.setdefault(j, []).append(n)
+        gone = set(gone_jobs(by_job, state, current_job_id))
+        removed["prom"] = sorted(unlink_names(textfile_dir, lambda n: _prom_job(n) in gone))
+    if is_node_name(node):
+        live_name = f"{LIVE_PREFIX}{node}.json"
+        jobs_dir = Path(spool_dir) / "jobs"
+        try:
+            ids = [j for j in os.listdir(jobs_dir) if is_job_id(j, array=True)]
+        except OSError:
+            ids = []
+        with_live = [j for j in ids if os.path.lexists(jobs_dir / j / live_name)]
+        for j in gone_jobs(with_live, state, current_job_id):
+            if unlink_names(jobs_dir / j, (live_name,)):
+                removed["live"].append(j)
+    return removed
+
+
+__all__ = ["StateJob", "read_state_jobs", "gone_jobs", "sweep"]

@@ -1,0 +1,90 @@
+"""The real prolog removes the Prometheus textfiles and live files of jobs gone from the node,
+deciding from the state dir only (tests/helpers/node_site: fake host root, fake tools)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from gsrun.base import pids
+from helpers.node_site import kill_fakes, make_site, run_node, samplers_of
+
+root_only = pytest.mark.skipif(os.geteuid() != 0, reason="the hooks run as root")
+
+
+@pytest.fixture
+def site(tmp_path):
+    prom = tmp_path / "textfiles"
+    prom.mkdir()
+    s = make_site(config_extra=f'[metrics]\ntextfile_dir = "{prom}"\n')
+    s.prom = prom
+    yield s
+    for pid in samplers_of("4242", s.state):
+        os.kill(pid, signal.SIGKILL)
+    kill_fakes(s)
+    shutil.rmtree(s.base, ignore_errors=True)
+
+
+def _job_state(site, job_id: str, pid_info: dict | None) -> None:
+    d = site.state / "jobs" / job_id
+    d.mkdir(parents=True, mode=0o700, exist_ok=True)
+    if pid_info is not None:
+        (d / "sampler.pid.json").write_text(json.dumps(pid_info))
+
+
+def _live(site, job_id: str, node: str) -> None:
+    d = site.spool / "jobs" / job_id
+    d.mkdir(parents=True, exist_ok=True)
+    (d / f"user-live-{node}.json").write_text("{}")
+
+
+@root_only
+def test_prolog_removes_files_of_gone_jobs_only(site):
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        alive = {"pid": sleeper.pid, "create_time": pids.start_time(sleeper.pid)}
+        _job_state(site, "100", alive)                                    # running job: kept
+        _job_state(site, "101", {"pid": 2 ** 22 - 7, "create_time": 1.0})   # sampler gone: removed
+        _job_state(site, "102", None)                                     # prolog in progress: kept
+        # 103: no state dir (its epilog ran, or the node rebooted): removed
+        for j in ("100", "101", "102", "103"):
+            (site.prom / f"gsrun_job_{j}.prom").write_text("gsrun_gpu_idle 1\n")
+            _live(site, j, "gpu-node01")
+        (site.prom / ".gsrun_job_103.prom.77.0123abcd").write_text("")
+        (site.prom / "node_other.prom").write_text("x 1\n")
+        _live(site, "103", "gpu-node02")                  # another node's live file in a shared spool
+        cp = run_node(["prolog"], site.env())
+        assert cp.returncode == 0, cp.stderr
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert sorted(os.listdir(site.prom)) == ["gsrun_job_100.prom", "gsrun_job_102.prom", "node_other.prom"]
+    assert (site.spool / "jobs/100/user-live-gpu-node01.json").exists()
+    assert (site.spool / "jobs/102/user-live-gpu-node01.json").exists()
+    assert not (site.spool / "jobs/101/user-live-gpu-node01.json").exists()
+    assert not (site.spool / "jobs/103/user-live-gpu-node01.json").exists()
+    assert (site.spool / "jobs/103/user-live-gpu-node02.json").exists()
+    rec = json.loads((site.spool / "jobs/4242/prolog-gpu-node01.json").read_text())
+    swept = rec["steps"]["sweep"]
+    assert swept["prom"] == [".gsrun_job_103.prom.77.0123abcd", "gsrun_job_101.prom", "gsrun_job_103.prom"]
+    assert swept["live"] == ["101", "103"]
+
+
+@root_only
+def test_user_planted_live_file_decides_nothing(site):
+    """A live file (group-readable, in a directory the job's group lists) says the job runs:
+    ignored; only the state dir counts."""
+    d = site.spool / "jobs" / "105"
+    d.mkdir(parents=True)
+    (d / "user-live-gpu-node01.json").write_text(json.dumps({"kind": "live", "written": 9e9}))
+    (site.prom / "gsrun_job_105.prom").write_text("gsrun_gpu_idle 0\n")
+    cp = run_node(["prolog"], site.env())
+    assert cp.returncode == 0, cp.stderr
+    assert not (site.prom / "gsrun_job_105.prom").exists()
+    assert not (d / "user-live-gpu-node01.json").exists()
