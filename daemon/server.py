@@ -34,7 +34,8 @@ and options that the hooks take (:func:`gsrun.admin.node_entry.parse_hook_args`)
 Anything else is refused with its reason (``E``). Requests are bounded: at
 most :data:`MAX_REQUEST_BYTES`, :data:`MAX_ARGS` arguments, read within
 :data:`REQUEST_TIMEOUT_S`. The environment is passed as given: it is the one
-slurmd gives the hook, which the hook validates as it always does.
+slurmd gives the hook (less the job's ``SPANK_`` variables that no hook reads,
+which the client leaves out: ``client.c``), which the hook validates as it always does.
 
 EpilogSlurmctld only starts the merge detached and exits 0
 (:mod:`gsrun.epilog.ctld_start`), while slurmctld holds the job COMPLETING:

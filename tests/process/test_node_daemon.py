@@ -771,3 +771,80 @@ def _readable(s) -> bool:
     import select
 
     return bool(select.select([s], [], [], 0)[0])
+
+
+# ------------------------------------------------------------------ the job's SPANK environment
+
+def _recording_daemon(sock: str, got: dict):
+    """A stand-in daemon in a thread: reads one hook request as the daemon does
+    (server._read_request, its size limit included), records it, answers "the
+    hook exited 0"."""
+    import socket
+    import threading
+
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(sock)
+    s.listen(1)
+    s.settimeout(30)
+
+    def serve():
+        try:
+            c, _ = s.accept()
+            try:
+                argv, env, _um, fds = server._read_request(c, nfds=3)
+                for fd in fds:
+                    os.close(fd)
+                got.update(argv=argv, env=env)
+                c.sendall(server.READY)
+                if c.recv(1) == server.GO:
+                    c.sendall(server.STARTED + server.EXITED + bytes(4))
+            finally:
+                c.close()
+        except Exception as e:  # noqa: BLE001 - the test reads what happened
+            got["error"] = repr(e)
+        finally:
+            s.close()
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    return t
+
+
+def test_a_jobs_oversized_spank_environment_neither_fails_the_hook_nor_reaches_it(client, tmp_path):
+    """slurmd and slurmctld give the hooks the job's SPANK job-control environment
+    (``SPANK_<NAME>``), which any user sets freely (a SPANK plugin of their own in
+    a private SLURM_CONF, or any client of the submit RPC): over 1 MiB of it made
+    the client fail ("environment over 1 MiB"), slurmd drained the node and held
+    the job. The client hands the daemon only the SPANK_ variables the hooks read
+    (gsrun.facts.jobenv.SPANK_KEYS), each bounded, and the hook runs."""
+    from gsrun.facts.jobenv import SPANK_KEYS, is_spank_value
+
+    sock = str(tmp_path / "d.sock")
+    got: dict = {}
+    t = _recording_daemon(sock, got)
+    env = {"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "77", "SPANK_GS_TUNE": "swappiness=10",
+           "SPANK_GS_MIG": "x" * 120_000, "SPANK_OTHER_PLUGIN": "kept-out"}
+    env.update({f"SPANK_BIG{i}": "A" * 100_000 for i in range(12)})       # 1.2 MB
+    env.update({f"SPANK_GS_X{i}": "1" for i in range(5000)})                # many names gsrun never reads
+    cp = via(client, sock, hook("epilog"), env, timeout_s=60)
+    t.join(30)
+    assert cp.returncode == 0, cp.stderr
+    assert "error" not in got, got
+    sent = got["env"]
+    assert sent["SLURM_JOB_ID"] == "77" and sent["SPANK_GS_TUNE"] == "swappiness=10"
+    assert {k for k in sent if k.startswith("SPANK_")} <= set(SPANK_KEYS)
+    # an oversized value of one of them still reaches the hook as a value it refuses (bounded)
+    assert 512 < len(sent["SPANK_GS_MIG"]) <= 4096 and not is_spank_value(sent["SPANK_GS_MIG"])
+
+
+def test_the_clients_spank_names_are_the_ones_the_hooks_read():
+    """client.c carries its own copy of gsrun.facts.jobenv.SPANK_KEYS."""
+    import re
+
+    from gsrun.facts.jobenv import SPANK_KEYS
+    from gsrun.daemon.build import C_SOURCE
+
+    text = C_SOURCE.read_text()
+    block = re.search(r"gs_spank_keys\[\] = \{([^}]*)\}", text)
+    assert block, "gs_spank_keys missing from client.c"
+    assert tuple(re.findall(r'"([A-Z_]+)"', block.group(1))) == SPANK_KEYS
