@@ -403,6 +403,10 @@ def probe(args):                    # the hook itself, in the daemon's real hook
     os._exit(0)
 def broken(*args, **kwargs):       # the child's code fails before it runs anything
     raise TypeError("child() takes 5 positional arguments but 6 were given")
+if mode == "merge":                 # every epilog-ctld starts a merge that takes 1 s and says when it ran
+    prog = ("import os, sys, time; m = sys.argv[1]; open(m, 'a').write(f'+ {time.time()}\\\\n'); "
+            "time.sleep(1.0); open(m, 'a').write(f'- {time.time()}\\\\n')")
+    server._merge_of = lambda args, env: ([sys.executable, "-I", "-c", prog, marker], {})
 if mode == "probe":
     import gsrun.admin.node_entry
     gsrun.admin.node_entry.main = probe
@@ -848,3 +852,32 @@ def test_the_clients_spank_names_are_the_ones_the_hooks_read():
     block = re.search(r"gs_spank_keys\[\] = \{([^}]*)\}", text)
     assert block, "gs_spank_keys missing from client.c"
     assert tuple(re.findall(r'"([A-Z_]+)"', block.group(1))) == SPANK_KEYS
+
+
+def test_job_ends_in_a_burst_run_a_bounded_number_of_merges_at_once_and_every_one_runs(client, tmp_path):
+    """Every EpilogSlurmctld starts a merge (a root Python of ~25 MB) in the daemon's
+    cgroup. 300 tiny array jobs of one user ended on the local cluster with 9-14 merges
+    running at once (~250 MB); a burst on a large cluster started hundreds -- past the
+    unit's MemoryMax, where the OOM killer ends merges (other users' reports) or the
+    daemon itself. At most MAX_MERGES run at once; the others wait their turn."""
+    p, sock, marker, log = patched_daemon(tmp_path, "merge")
+    n = server.MAX_MERGES * 3
+    try:
+        procs = [subprocess.Popen([client, sock, *hook("epilog-ctld")], env={"SLURM_JOB_ID": str(100 + i)},
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/") for i in range(n)]
+        for q in procs:
+            assert q.wait(timeout=30) == 0, q.stderr.read()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and (not marker.exists() or marker.read_text().count("-") < n):
+            time.sleep(0.2)
+        events = sorted((float(t), +1 if k == "+" else -1) for k, t in
+                        (ln.split() for ln in marker.read_text().splitlines()))
+        assert sum(1 for _t, d in events if d > 0) == n, log.read_text()
+        most = now = 0
+        for _t, d in events:
+            now += d
+            most = max(most, now)
+        assert most <= server.MAX_MERGES, most
+    finally:
+        p.kill()
+        p.wait()
