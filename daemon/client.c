@@ -4,7 +4,7 @@
  *     gsrun-hook SOCKET PROGRAM [ARG...]
  *
  * Hands PROGRAM's command line (a hook of this installation), this process's
- * environment, umask and stdin/stdout/stderr to the daemon listening on
+ * environment (of the job's SPANK_ variables only those the hooks read: forwarded()), umask and stdin/stdout/stderr to the daemon listening on
  * SOCKET, which runs the hook in a child it forks, and exits with that child's
  * status (or dies of the same signal). The daemon is the one way a hook runs:
  * when it is not there, or refuses, the client says why on stderr
@@ -47,6 +47,36 @@ static const char *hook_name(int argc, char **argv)
 	return "hook";
 }
 
+/* The job's SPANK job-control environment (SPANK_<NAME>, from sbatch/srun/salloc) is the one part
+ * of a hook's environment that a user sets freely, in size and in number of names (a SPANK plugin
+ * of their own, any client of the submit RPC): the daemon is handed only the SPANK_ variables the
+ * hooks read (gsrun.facts.jobenv.SPANK_KEYS; a test keeps the two equal), each cut to
+ * GS_SPANK_ENTRY_MAX bytes -- still a value the hooks refuse (they take at most 512 characters) --
+ * so a job's environment can neither push the request over its limit (the hook failing, slurmd
+ * draining the node) nor reach root's hooks in bulk. */
+static const char *const gs_spank_keys[] = { "SPANK_GS_MPS", "SPANK_GS_MIG", "SPANK_GS_TUNE", "SPANK_GS_BIND",
+					      "SPANK_GS_REPORT", "SPANK_GS_EXCLUSIVE" };
+#define GS_SPANK_ENTRY_MAX 1024
+
+/* The entry to hand over for the environment entry e: e itself, a bounded copy in buf
+ * (GS_SPANK_ENTRY_MAX + 1 bytes), or NULL to leave it out. */
+static const char *forwarded(const char *e, char *buf)
+{
+	size_t n = strcspn(e, "=");
+
+	if (strncmp(e, "SPANK_", 6) != 0)
+		return e;
+	for (size_t i = 0; i < sizeof(gs_spank_keys) / sizeof(gs_spank_keys[0]); i++)
+		if (strlen(gs_spank_keys[i]) == n && strncmp(e, gs_spank_keys[i], n) == 0) {
+			if (strlen(e) <= GS_SPANK_ENTRY_MAX)
+				return e;
+			memcpy(buf, e, GS_SPANK_ENTRY_MAX);
+			buf[GS_SPANK_ENTRY_MAX] = '\0';
+			return buf;
+		}
+	return NULL;
+}
+
 static int fail(const char *hook, const char *what, const char *why, const char *hint)
 {
 	fprintf(stderr, "gsrun: %s: %s: %s\nhint: %s\n", hook, what, why, hint);
@@ -60,7 +90,8 @@ int main(int argc, char **argv)
 {
 	struct timeval tv = { 0 };
 	struct gs_msg m = { 0 };
-	char reply, st[4], why[512];
+	char reply, st[4], why[512], spank_buf[GS_SPANK_ENTRY_MAX + 1];
+	const char *fwd;
 	const char *hook;
 	mode_t um;
 	int fd = -1, i, status, tries, other_user = 0;
@@ -84,7 +115,7 @@ int main(int argc, char **argv)
 		if (gs_msg_add(&m, argv[i]))
 			return fail(hook, "node daemon client", "command line over 1 MiB", "shorten the hook's line");
 	for (char **e = environ; e && *e; e++)
-		if (gs_msg_add(&m, *e))
+		if ((fwd = forwarded(*e, spank_buf)) != NULL && gs_msg_add(&m, fwd))
 			return fail(hook, "node daemon client", "environment over 1 MiB",
 				    "the hook's environment comes from slurmd: see slurm.conf's Prolog/Epilog lines");
 	/* bounded until the daemon says it started the hook; only a daemon of our own user

@@ -34,13 +34,18 @@ and options that the hooks take (:func:`gsrun.admin.node_entry.parse_hook_args`)
 Anything else is refused with its reason (``E``). Requests are bounded: at
 most :data:`MAX_REQUEST_BYTES`, :data:`MAX_ARGS` arguments, read within
 :data:`REQUEST_TIMEOUT_S`. The environment is passed as given: it is the one
-slurmd gives the hook, which the hook validates as it always does.
+slurmd gives the hook (less the job's ``SPANK_`` variables that no hook reads,
+which the client leaves out: ``client.c``), which the hook validates as it always does.
 
 EpilogSlurmctld only starts the merge detached and exits 0
 (:mod:`gsrun.epilog.ctld_start`), while slurmctld holds the job COMPLETING:
 for a good job id the daemon answers it itself, at once, and then starts the
 merge (:func:`gsrun.epilog.ctld_start.merge_command`, the same command and
-environment); only a bad job id goes to a hook process.
+environment); only a bad job id goes to a hook process. At most
+:data:`MAX_MERGES` merges run at once (each a root Python of ~25 MB, in the
+daemon's cgroup); the others wait in order (at most :data:`MAX_PENDING_MERGES`,
+then one is dropped and logged), so a burst of job ends neither pushes the
+daemon past its unit's memory limit nor fills the controller's memory.
 
 Upgrades: the daemon keeps the (inode, mtime, size) of every gsrun module it
 loaded; a request that finds one changed is answered ``F`` (try again), and
@@ -73,6 +78,7 @@ Protocol (a Unix stream socket; all integers big-endian):
 from __future__ import annotations
 
 import array
+from collections import deque
 import gc
 import importlib
 import json
@@ -97,6 +103,8 @@ MAGIC = "GSH1"
 MAX_REQUEST_BYTES = 1 << 20     # an environment of ~1 MiB: far above slurmd's (a few KiB)
 MAX_ARGS = 32
 REQUEST_TIMEOUT_S = 2.0         # a client sends its request in one message, at once
+MAX_MERGES = 12                 # EpilogSlurmctld merges running at once (~25 MB each; the unit's MemoryMax=512M)
+MAX_PENDING_MERGES = 2048       # merges waiting for a slot (a few KiB each: argv and the hook's environment)
 READY, GO, STARTED, AGAIN, REFUSED, EXITED = b"R", b"G", b"S", b"F", b"E", b"X"
 SOCKET_NAME = "daemon.sock"
 PING_REQUEST = "@ping"
@@ -466,6 +474,8 @@ class NodeDaemon:
         self.gsrun_node = node if os.path.isfile(node) else None
         self.sel = selectors.DefaultSelector()
         self.running: dict[int, tuple[object, int]] = {}   # pidfd -> (conn, pid)
+        self.merges: set[int] = set()       # the pidfds of self.running that are merges
+        self.pending: deque = deque()       # merges waiting for a slot: (argv, env, umask)
         self.stopping = False
         self.reexec = False
         self.files: dict[str, tuple[int, int, int]] = {}
@@ -572,7 +582,7 @@ class NodeDaemon:
                     self.reexec = True
                 self._stop_listening()
             caught.clear()
-            if (self.stopping or self.reexec) and not self.running:
+            if (self.stopping or self.reexec) and not self.running and not self.pending:
                 break
             for key, _ev in self.sel.select(timeout=None if not self.stopping else 1.0):
                 if key.data == "signal":
@@ -602,7 +612,7 @@ class NodeDaemon:
         hooks and merges running now; ``stale``: a module changed since the
         start, the daemon re-executes)."""
         return {"pid": os.getpid(), "version": gsrun.__version__, "started": self.started,
-                "served": self.served, "running": len(self.running), "socket": self.socket_path,
+                "served": self.served, "running": len(self.running) + len(self.pending), "socket": self.socket_path,
                 "stale": stale}
 
     def _stop_listening(self) -> None:
@@ -763,7 +773,16 @@ class NodeDaemon:
     def _start_detached(self, argv: list[str], env: dict[str, str], umask: int) -> None:
         """Start ``argv`` (the merge: ``root_python("-m", "gsrun.epilog.ctld", ...)``)
         detached (:func:`gsrun.base.proc.spawn_detached`: own session, ``/``, no
-        descriptor but 0-2 on ``/dev/null``) with the hook's umask; reaped by the loop."""
+        descriptor but 0-2 on ``/dev/null``) with the hook's umask; reaped by the loop.
+        With :data:`MAX_MERGES` running it waits in :attr:`pending` (started as
+        one ends: :meth:`_reap`); past :data:`MAX_PENDING_MERGES` waiting it is
+        dropped with a log line."""
+        if len(self.merges) >= MAX_MERGES:
+            if len(self.pending) >= MAX_PENDING_MERGES:
+                self.log(f"{MAX_PENDING_MERGES} merges waiting already: not starting {' '.join(argv[4:6])}")
+                return
+            self.pending.append((argv, env, umask))
+            return
         old = os.umask(umask)
         try:
             pid = spawn_detached(argv, env)
@@ -774,6 +793,7 @@ class NodeDaemon:
             os.umask(old)
         pidfd = os.pidfd_open(pid)
         self.running[pidfd] = (None, pid)
+        self.merges.add(pidfd)
         self.sel.register(pidfd, 1, "child")
 
     def _client_readable(self, conn, pidfd: int) -> None:
@@ -808,6 +828,10 @@ class NodeDaemon:
             _, status = os.waitpid(pid, 0)
         except ChildProcessError:
             status = 0
+        if pidfd in self.merges:
+            self.merges.discard(pidfd)
+            while self.pending and len(self.merges) < MAX_MERGES:
+                self._start_detached(*self.pending.popleft())
         if conn is None:
             return
         self.sel.unregister(conn)

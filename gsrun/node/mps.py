@@ -5,11 +5,18 @@ epilog.
 Layout (field case 19, docs/field-cases.md)::
 
     <mps_dir>                 root:root  0711  (traversable, not listable)
-    <mps_dir>/<jobid>/        uid:gid    0700
+    <mps_dir>/<jobid>/        uid:gid    0700  a tmpfs of its own (JOB_DIR_BYTES, JOB_DIR_INODES)
     <mps_dir>/<jobid>/pipe/   uid:gid    0700  CUDA_MPS_PIPE_DIRECTORY
     <mps_dir>/<jobid>/log/    uid:gid    0700  CUDA_MPS_LOG_DIRECTORY
     <state_dir>/mps-<jobid>.json          root 0600  journal (pids, compute modes;
                                                  gsrun.node.journal, kind "mps")
+
+The job directory is the one place of root's node files the job's user
+writes (its control daemon's pipes and logs), so it is a filesystem of its
+own, capped in bytes and inodes (:func:`_mount_job_dir`): on the node's
+``/run`` (the default ``mps_dir``) a job could otherwise fill root's runtime
+filesystem -- gsrun's state directory, the node daemon's socket -- and other
+jobs' prologs would fail there. :func:`stop` unmounts it.
 
 Every ancestor of the job directory must be traversable by the job's user
 (the control daemon forks ``nvidia-cuda-mps-server`` as that user; a 0700
@@ -372,9 +379,19 @@ def start(job_id: str, uid: int, gid: int, gpus: list[str], mps_dir: str, state_
     os.makedirs(root_dir.parent, mode=0o755, exist_ok=True)
     ensure_dir(root_dir, 0o711, 0, 0)
     _check_ancestors(root_dir, uid, groups)
-    job_dir = ensure_dir(root_dir / job_id, 0o700, uid, gid)
-    pipe_dir = ensure_dir(job_dir / "pipe", 0o700, uid, gid)
-    log_dir = ensure_dir(job_dir / "log", 0o700, uid, gid)
+    job_dir = root_dir / job_id
+    mounted = os.geteuid() == 0     # as the job's own uid (tests): nothing of root's to protect
+    if mounted:
+        ensure_dir(job_dir, 0o700, 0, 0)        # the mount point: root's, empty
+        _mount_job_dir(job_dir, uid, gid)
+    try:
+        job_dir = ensure_dir(job_dir, 0o700, uid, gid)
+        pipe_dir = ensure_dir(job_dir / "pipe", 0o700, uid, gid)
+        log_dir = ensure_dir(job_dir / "log", 0o700, uid, gid)
+    except BaseException:
+        if mounted:
+            _unmount_job_dir(job_dir)
+        raise
 
     j = {"schema": JOURNAL_SCHEMA, "job_id": job_id, "uid": uid, "gid": gid, "gpus": list(gpus),
          "job_dir": str(job_dir), "pipe_dir": str(pipe_dir), "log_dir": str(log_dir),
@@ -404,6 +421,51 @@ def start(job_id: str, uid: int, gid: int, gpus: list[str], mps_dir: str, state_
     return {"job_id": job_id, "pipe_dir": str(pipe_dir), "log_dir": str(log_dir),
             "job_dir": str(job_dir), "pids": [p.pid for p in pids],
             "env": task_env(job_id, mps_dir), "compute_mode_prior": dict(j["compute_mode"])}
+
+
+#: Size and inode caps of the job's MPS directory (a tmpfs): the real daemon leaves five
+#: pipe files and two logs of a few KiB (probe.log on the H200).
+JOB_DIR_BYTES = 64 << 20
+JOB_DIR_INODES = 1024
+_MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 2, 4, 8
+_MNT_DETACH, _UMOUNT_NOFOLLOW = 2, 8
+
+
+def _libc():
+    import ctypes
+
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _mount_job_dir(path: Path, uid: int, gid: int) -> None:
+    """Mount a tmpfs of :data:`JOB_DIR_BYTES` and :data:`JOB_DIR_INODES` on
+    ``path`` (root's empty directory), owned by ``uid:gid`` 0700, nosuid,
+    nodev, noexec.
+
+    Raises:
+        NodeError: the mount failed (no CAP_SYS_ADMIN: a container).
+    """
+    import ctypes
+
+    opts = f"size={JOB_DIR_BYTES},nr_inodes={JOB_DIR_INODES},mode=0700,uid={int(uid)},gid={int(gid)}"
+    if _libc().mount(b"gsrun-mps", os.fsencode(path), b"tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC,
+                     opts.encode()) != 0:
+        err = ctypes.get_errno()
+        raise NodeError("mps", "job directory", f"mount tmpfs on {path}: {os.strerror(err)}",
+                        hint="the prolog needs CAP_SYS_ADMIN to give the job's MPS directory its own "
+                             "capped filesystem; or set mps.enabled = false")
+
+
+def _unmount_job_dir(path: Path) -> str | None:
+    """Detach the job directory's tmpfs when ``path`` is a mount point (not followed
+    when a symlink); -> why it could not be, or None."""
+    import ctypes
+
+    if not os.path.ismount(path) or os.path.islink(path):
+        return None
+    if _libc().umount2(os.fsencode(path), _MNT_DETACH | _UMOUNT_NOFOLLOW) != 0:
+        return f"umount {path}: {os.strerror(ctypes.get_errno())}"
+    return None
 
 
 def _plain_dir_of(path: str, owners: tuple[int, ...]) -> bool:
@@ -624,6 +686,9 @@ def stop(job_id: str, mps_dir: str, state_dir: str, control_bin: str, timeout_s:
         except Exception as e:  # an NVML error must not stop the cleanup
             res["errors"].append(f"compute mode of GPU {g} not restored to {target}: {e}")
 
+    why = _unmount_job_dir(job_dir)
+    if why:
+        res["errors"].append(why)
     remove_tree(job_dir)
     res["dir_removed"] = not os.path.lexists(job_dir)
     if not res["dir_removed"]:

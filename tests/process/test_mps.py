@@ -168,6 +168,9 @@ class Site:
                 p.kill()
             except psutil.Error:
                 pass
+        for d in Path(self.mps_dir).glob("*"):     # a job directory a failed test left mounted
+            if os.path.ismount(d):
+                subprocess.run(["umount", "-l", str(d)], check=False)
         shutil.rmtree(self.base, ignore_errors=True)
 
 
@@ -604,3 +607,43 @@ def test_requeued_job_restarts_cleanly(site):
     assert not alive(first["pids"][0]) and alive(second["pids"][0])
     assert any("stale MPS state" in m for m in site.logs)
     assert site.stop()["ended"] == second["pids"]
+
+
+@root_only
+def test_the_jobs_writable_directory_is_a_capped_filesystem_of_its_own(site):
+    """The job's user owns the MPS pipe and log directories (its control daemon
+    writes there). On the node's /run (mps_dir's default) they were as large as
+    /run: a job filled root's runtime filesystem -- gsrun's state directory, the
+    node daemon's socket, systemd's files -- and other jobs' prologs failed there
+    (slurmd drains the node). The job directory is a tmpfs of its own, capped in
+    bytes and inodes; the epilog unmounts and removes it."""
+    r = site.start()
+    job_dir = Path(site.mps_dir) / "4242"
+    assert os.path.ismount(job_dir)
+    assert owner_mode(job_dir) == (USER, USER, 0o700)
+    fill = ("import os, sys\n"
+            "d = sys.argv[1]\n"
+            "try:\n"
+            "    with open(os.path.join(d, 'fill'), 'wb') as f:\n"
+            "        for _ in range(256):\n"
+            "            f.write(bytes(1 << 20))\n"
+            "            f.flush()\n"
+            "    print('wrote 256 MiB')\n"
+            "except OSError as e:\n"
+            "    print('bytes', e.errno)\n"
+            "os.unlink(os.path.join(d, 'fill'))\n"
+            "try:\n"
+            "    for i in range(100000):\n"
+            "        open(os.path.join(d, f'n{i}'), 'w').close()\n"
+            "    print('made 100000 files')\n"
+            "except OSError as e:\n"
+            "    print('inodes', e.errno)\n")
+    cp = subprocess.run(["/usr/bin/python3", "-I", "-c", fill, r["log_dir"]], user=USER, group=USER,
+                        extra_groups=[], capture_output=True, text=True, timeout=60, cwd="/")
+    import errno
+
+    assert cp.stdout.split("\n")[:2] == [f"bytes {errno.ENOSPC}", f"inodes {errno.ENOSPC}"], cp
+    assert shutil.disk_usage(job_dir).total <= mps.JOB_DIR_BYTES
+    res = site.stop()
+    assert res["status"] == "stopped" and res["dir_removed"], res
+    assert not os.path.lexists(job_dir) and not os.path.ismount(job_dir)

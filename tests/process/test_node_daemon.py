@@ -406,6 +406,10 @@ def probe(args):                    # the hook itself, in the daemon's real hook
     os._exit(0)
 def broken(*args, **kwargs):       # the child's code fails before it runs anything
     raise TypeError("child() takes 5 positional arguments but 6 were given")
+if mode == "merge":                 # every epilog-ctld starts a merge that takes 1 s and says when it ran
+    prog = ("import os, sys, time; m = sys.argv[1]; open(m, 'a').write(f'+ {time.time()}\\\\n'); "
+            "time.sleep(1.0); open(m, 'a').write(f'- {time.time()}\\\\n')")
+    server._merge_of = lambda args, env: ([sys.executable, "-I", "-c", prog, marker], {})
 if mode == "probe":
     import gsrun.admin.node_entry
     gsrun.admin.node_entry.main = probe
@@ -890,3 +894,109 @@ def test_a_daemon_killed_mid_job_loses_no_setting_and_no_figure(client, tmp_path
             pids.stop(rec["pid"], rec.get("create_time"))
         kill_fakes(site)
         shutil.rmtree(site.base, ignore_errors=True)
+
+
+# ------------------------------------------------------------------ the job's SPANK environment
+
+def _recording_daemon(sock: str, got: dict):
+    """A stand-in daemon in a thread: reads one hook request as the daemon does
+    (server._read_request, its size limit included), records it, answers "the
+    hook exited 0"."""
+    import socket
+    import threading
+
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(sock)
+    s.listen(1)
+    s.settimeout(30)
+
+    def serve():
+        try:
+            c, _ = s.accept()
+            try:
+                argv, env, _um, fds = server._read_request(c, nfds=3)
+                for fd in fds:
+                    os.close(fd)
+                got.update(argv=argv, env=env)
+                c.sendall(server.READY)
+                if c.recv(1) == server.GO:
+                    c.sendall(server.STARTED + server.EXITED + bytes(4))
+            finally:
+                c.close()
+        except Exception as e:  # noqa: BLE001 - the test reads what happened
+            got["error"] = repr(e)
+        finally:
+            s.close()
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    return t
+
+
+def test_a_jobs_oversized_spank_environment_neither_fails_the_hook_nor_reaches_it(client, tmp_path):
+    """slurmd and slurmctld give the hooks the job's SPANK job-control environment
+    (``SPANK_<NAME>``), which any user sets freely (a SPANK plugin of their own in
+    a private SLURM_CONF, or any client of the submit RPC): over 1 MiB of it made
+    the client fail ("environment over 1 MiB"), slurmd drained the node and held
+    the job. The client hands the daemon only the SPANK_ variables the hooks read
+    (gsrun.facts.jobenv.SPANK_KEYS), each bounded, and the hook runs."""
+    from gsrun.facts.jobenv import SPANK_KEYS, is_spank_value
+
+    sock = str(tmp_path / "d.sock")
+    got: dict = {}
+    t = _recording_daemon(sock, got)
+    env = {"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "77", "SPANK_GS_TUNE": "swappiness=10",
+           "SPANK_GS_MIG": "x" * 120_000, "SPANK_OTHER_PLUGIN": "kept-out"}
+    env.update({f"SPANK_BIG{i}": "A" * 100_000 for i in range(12)})       # 1.2 MB
+    env.update({f"SPANK_GS_X{i}": "1" for i in range(5000)})                # many names gsrun never reads
+    cp = via(client, sock, hook("epilog"), env, timeout_s=60)
+    t.join(30)
+    assert cp.returncode == 0, cp.stderr
+    assert "error" not in got, got
+    sent = got["env"]
+    assert sent["SLURM_JOB_ID"] == "77" and sent["SPANK_GS_TUNE"] == "swappiness=10"
+    assert {k for k in sent if k.startswith("SPANK_")} <= set(SPANK_KEYS)
+    # an oversized value of one of them still reaches the hook as a value it refuses (bounded)
+    assert 512 < len(sent["SPANK_GS_MIG"]) <= 4096 and not is_spank_value(sent["SPANK_GS_MIG"])
+
+
+def test_the_clients_spank_names_are_the_ones_the_hooks_read():
+    """client.c carries its own copy of gsrun.facts.jobenv.SPANK_KEYS."""
+    import re
+
+    from gsrun.facts.jobenv import SPANK_KEYS
+    from gsrun.daemon.build import C_SOURCE
+
+    text = C_SOURCE.read_text()
+    block = re.search(r"gs_spank_keys\[\] = \{([^}]*)\}", text)
+    assert block, "gs_spank_keys missing from client.c"
+    assert tuple(re.findall(r'"([A-Z_]+)"', block.group(1))) == SPANK_KEYS
+
+
+def test_job_ends_in_a_burst_run_a_bounded_number_of_merges_at_once_and_every_one_runs(client, tmp_path):
+    """Every EpilogSlurmctld starts a merge (a root Python of ~25 MB) in the daemon's
+    cgroup. 300 tiny array jobs of one user ended on the local cluster with 9-14 merges
+    running at once (~250 MB); a burst on a large cluster started hundreds -- past the
+    unit's MemoryMax, where the OOM killer ends merges (other users' reports) or the
+    daemon itself. At most MAX_MERGES run at once; the others wait their turn."""
+    p, sock, marker, log = patched_daemon(tmp_path, "merge")
+    n = server.MAX_MERGES * 3
+    try:
+        procs = [subprocess.Popen([client, sock, *hook("epilog-ctld")], env={"SLURM_JOB_ID": str(100 + i)},
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/") for i in range(n)]
+        for q in procs:
+            assert q.wait(timeout=30) == 0, q.stderr.read()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and (not marker.exists() or marker.read_text().count("-") < n):
+            time.sleep(0.2)
+        events = sorted((float(t), +1 if k == "+" else -1) for k, t in
+                        (ln.split() for ln in marker.read_text().splitlines()))
+        assert sum(1 for _t, d in events if d > 0) == n, log.read_text()
+        most = now = 0
+        for _t, d in events:
+            now += d
+            most = max(most, now)
+        assert most <= server.MAX_MERGES, most
+    finally:
+        p.kill()
+        p.wait()
