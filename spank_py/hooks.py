@@ -88,6 +88,10 @@ OPTIONS: tuple[tuple[str, str | None, str, int], ...] = (
 EXPORT_NAMES = {"gs-mps": "GS_MPS", "gs-mig": "GS_MIG", "gs-tune": "GS_TUNE",
                 "gs-bind": "GS_BIND", "gs-report": "GS_REPORT"}
 
+#: what Slurm hands an ``srun`` inside the job for an optional-argument option the job was
+#: given without a value (``sbatch --gs-mps``): the C library's rendering of a NULL ``optarg``
+NULL_OPTARG = "(null)"
+
 BIND_MODES = ("auto", "none", "isolate")
 REPORT_MODES = ("mail", "none")
 
@@ -238,6 +242,8 @@ def validate_options(raw: Mapping[str, str | None], mig_layouts: Mapping[str, st
         value = raw.get(name)
         if value is None:
             continue
+        if has_arg == 2 and value == NULL_OPTARG:
+            value = ""      # given without a value in sbatch, forwarded by Slurm to each srun as "(null)"
         if has_arg == 1 and value.strip() == "":
             errors.append(OptionError(name, value, "needs a value"))
             continue

@@ -75,3 +75,14 @@ def test_gsrun_mps_flag_uses_the_same_rule(tmp_path, monkeypatch, capsys):
     for bad in ("--mps=４２", "--mps=0100", "--mps=yes"):
         with pytest.raises(InputError, match="gsrun: submit: --mps-share: --mps="):
             _gsrun_dry_run(bad, tmp_path, monkeypatch, capsys)
+
+
+def test_an_srun_inside_a_job_given_gs_mps_without_a_value_is_not_refused():
+    """sbatch --gs-mps (no percentage) reaches every srun of the job as "(null)" (Slurm
+    forwards the NULL optarg so): that is the option given without a value, never a bad one."""
+    from gsrun.spank_py.hooks import validate_options
+
+    assert validate_options({"gs-mps": "(null)"}) == validate_options({"gs-mps": ""})
+    assert validate_options({"gs-mps": "(null)"})[1] == []
+    exports, errors = validate_options({"gs-tune": "(null)"})          # a required value: still refused
+    assert exports == {} and len(errors) == 1
