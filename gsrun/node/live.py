@@ -11,11 +11,16 @@ each a thin writer around a decision made elsewhere:
   ``live.flush_s`` (default 30 s, the first at the sampler's first flush),
   plus once when an alert or a cancel happens. The full timelines stay in
   the node's state dir until the epilog.
-- **Alert** (first detection of the detector :mod:`gsrun.request.waste` on
-  this node): the line goes into the live file (``gsrun --wait`` prints it)
-  and, with ``idle.alert_mail``, a request
-  ``<spool>/alerts/new/<job>.idle.json`` is published once per job (the first
-  node to publish wins: a hard link, which fails when the name exists), then
+- **Alert** (a detection of the detector :mod:`gsrun.request.waste`): the
+  line goes into the live file (``gsrun --wait`` prints it) and, with
+  ``idle.alert_mail``, one request per condition (``idle``, ``stuck``,
+  ``never_used``: :func:`gsrun.request.waste.alert_plan`) and job: the first
+  node to claim ``<spool>/jobs/<id>/alert-<condition>.json`` (a hard link,
+  which fails when the name exists) publishes
+  ``<spool>/alerts/new/<job>.<condition>.json`` (``-<n>`` for the n-th).
+  The claim is given back (re-armed) when the condition has cleared on the
+  claiming node; a node that saw the condition while another held the
+  claim waits for it to clear on itself before it alerts. Then
   ``gsrun-node mail flush`` is started detached: it turns requests into mail
   through the mail spool (:mod:`gsrun.report.alerts`), so an alert that
   cannot be mailed now (server down, per-user hour budget used up) stays
@@ -46,9 +51,9 @@ from gsrun.base.fsutil import publish_once, read_json, read_spool_json, write_us
 from gsrun.base.ids import check_job_id, is_node_name
 from gsrun.base.log import JobLog
 from gsrun.base.proc import ROOT_CWD, root_child_env, root_python
-from gsrun.facts.live import LIVE_PREFIX, LIVE_VERSION, MAX_LIVE_BYTES, queue_alert
+from gsrun.facts.live import LIVE_PREFIX, LIVE_VERSION, MAX_LIVE_BYTES, alert_count, queue_alert
 from gsrun.facts.slurm import exemption_argv, parse_exemption_record, parse_job_record, run_slurm
-from gsrun.request.waste import all_idle_since, cancel_decision
+from gsrun.request.waste import CONDITIONS, alert_plan, all_idle_since, cancel_decision
 
 MAX_ALERT_LINES = 16             # alert lines kept in the live file (one per GPU and kind at most)
 STALE_FACTOR = 3.0               # another node's live file older than this x live.flush_s: its GPUs count unknown
@@ -332,6 +337,14 @@ class LiveActions:
                         json.dumps(doc, separators=(",", ":"), sort_keys=True) + "\n", gid)
         self.last_write = now
 
+    def _active_conditions(self, state: dict, new: list[dict]) -> set[str]:
+        """The alert conditions that hold on this node now: a GPU's detection
+        still true (:attr:`GpuWatch.active <gsrun.request.waste.GpuWatch.active>`)
+        or one new this flush."""
+        codes = {d.get("code") for w in _watches(state) if hasattr(w, "active") for d in w.active}
+        codes |= {f.get("code") for f in new}
+        return {CONDITIONS[c] for c in codes if c in CONDITIONS}
+
     def _alerts(self, state: dict, now: float) -> bool:
         acts = self._acts(state)
         seen = acts.setdefault("seen_keys", [])
@@ -342,23 +355,61 @@ class LiveActions:
                 seen.append(key)
                 new.append(f)
         del seen[:-256]       # bounded (the detector keeps at most 64 findings)
+        fired = acts.setdefault("fired", {})
+        raise_, rearm = alert_plan(fired, self._active_conditions(state, new))
+        if not _watches(state):
+            rearm = []        # no detector state: whether a condition cleared is unknown, so it stays fired
+        for cond in rearm:
+            fired[cond] = False
+            self._release_marker(cond)
         if not new:
             return False
-        lines = [alert_line(f, self.node, float(state["start_time"])) for f in new]
+        t0 = float(state["start_time"])
+        lines = [alert_line(f, self.node, t0) for f in new]
         acts["alerts"] = (acts["alerts"] + lines)[-MAX_ALERT_LINES:]
         for ln in lines:
             self.log(f"alert: {ln}")
         cfg = self.idle_cfg
-        if cfg is not None and getattr(cfg, "alert_mail", True):
+        mail_on = cfg is not None and getattr(cfg, "alert_mail", True)
+        for cond in raise_:
+            fired[cond] = True
+            mine = [f for f in new if CONDITIONS.get(f.get("code")) == cond]
+            if not mail_on or not mine or not self._take_marker(cond, now):
+                continue      # no mail, or another node's alert for this condition still stands
             user = (self._prolog() or {}).get("job", {}).get("user")
-            req = {"job_id": self.job_id, "kind": "idle", "node": self.node, "uid": self.uid, "user": user,
-                   "lines": lines, "findings": new[:16], "time": round(now, 3)}
+            req = {"job_id": self.job_id, "kind": cond, "node": self.node, "uid": self.uid, "user": user,
+                   "lines": [alert_line(f, self.node, t0) for f in mine], "findings": mine[:16],
+                   "time": round(now, 3)}
             try:
-                if queue_alert(self.spool_dir, self.job_id, "idle", req):
+                n = alert_count(self.spool_dir, self.job_id, cond) + 1
+                if queue_alert(self.spool_dir, self.job_id, cond, req, n):
                     self._want_kick = True
             except Exception as e:  # noqa: BLE001 - kept in the live file; the mail is lost only with the spool
                 self.log.warn(f"alert not queued: {e}")
         return True
+
+    def _marker(self, cond: str) -> Path:
+        return self.spool_dir / "jobs" / self.job_id / f"alert-{cond}.json"
+
+    def _take_marker(self, cond: str, now: float) -> bool:
+        """Claim the job's alert for ``cond`` (``<spool>/jobs/<id>/alert-<cond>.json``,
+        one per job until the claiming node re-arms it). False: another node holds it."""
+        rec = {"node": self.node, "time": round(now, 3)}
+        try:
+            return publish_once(self._marker(cond), (json.dumps(rec, sort_keys=True) + "\n").encode())
+        except OSError as e:
+            self.log.warn(f"alert marker for {cond} not written: {e}")
+            return False
+
+    def _release_marker(self, cond: str) -> None:
+        """Re-arm the job's alert for ``cond`` when this node holds it."""
+        p = self._marker(cond)
+        held = read_json(p)
+        if isinstance(held, dict) and held.get("node") == self.node:
+            try:
+                p.unlink()
+            except OSError:
+                pass
 
     def _is_lead(self) -> bool | None:
         job = (self._prolog() or {}).get("job") or {}

@@ -77,6 +77,8 @@ STUCK = "gpu_stuck_collective"
 NEVER_USED = "gpu_never_used"
 CODES = (IDLE, STUCK, NEVER_USED)
 CANCEL_MODES = ("off", "report", "on")
+#: finding code -> the alert condition it belongs to (one alert per condition and job, re-armed when it clears)
+CONDITIONS = {IDLE: "idle", STUCK: "stuck", NEVER_USED: "never_used"}
 WATCH_VERSION = 1
 DEFAULT_MAX_GAP_S = 60.0
 _NAME_RE = PARTITION_RE          # Slurm partition, QOS and account names: same allowed characters
@@ -496,6 +498,23 @@ def all_idle_since(watches) -> float | None:
     return max(since)
 
 
+# ----------------------------------------------------------------------------- alerts
+
+def alert_plan(fired: dict, active: set) -> tuple[list[str], list[str]]:
+    """Which alert conditions to raise and which to re-arm on one node.
+
+    ``fired``: condition (:data:`CONDITIONS` values: ``idle``, ``stuck``,
+    ``never_used``) -> True when its alert was raised (by this node or
+    another) and the condition has not cleared here since. ``active``: the
+    conditions that hold on this node now (a GPU's detection still true, or
+    new this flush). Returns ``(raise_, rearm)``, each sorted: conditions
+    active and not fired; conditions fired and no longer active (their next
+    detection alerts again). Pure."""
+    raise_ = sorted(c for c in active if c in CONDITIONS.values() and not fired.get(c))
+    rearm = sorted(c for c, f in fired.items() if f and c not in active)
+    return raise_, rearm
+
+
 # ----------------------------------------------------------------------------- cancel
 
 def cancel_decision(cfg: IdleConfig, job: dict, all_idle_since_s: float | None, now_s: float) -> tuple[str, str]:
@@ -537,5 +556,5 @@ def _fmt_min(m: float) -> str:
     return f"{m:.0f}" if abs(m - round(m)) < 0.05 else f"{m:.1f}"
 
 
-__all__ = ["IdleConfig", "GpuWatch", "classify", "all_idle_since", "cancel_decision", "check_idle_value",
-           "IDLE", "STUCK", "NEVER_USED", "CODES", "CANCEL_MODES"]
+__all__ = ["IdleConfig", "GpuWatch", "classify", "all_idle_since", "alert_plan", "cancel_decision",
+           "check_idle_value", "CONDITIONS", "IDLE", "STUCK", "NEVER_USED", "CODES", "CANCEL_MODES"]

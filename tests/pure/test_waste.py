@@ -237,3 +237,12 @@ def test_codes_are_finding_codes():
     from gsrun.report.records import FindingCode
 
     assert {IDLE, STUCK, NEVER_USED} <= {c.value for c in FindingCode}
+
+
+def test_alert_plan_one_per_condition_rearmed_when_cleared():
+    from gsrun.request.waste import alert_plan
+    assert alert_plan({}, {"idle", "stuck"}) == (["idle", "stuck"], [])
+    assert alert_plan({"idle": True, "stuck": True}, {"idle", "stuck"}) == ([], [])      # still true: silent
+    assert alert_plan({"idle": True, "stuck": True}, {"stuck"}) == ([], ["idle"])        # idle cleared: re-armed
+    assert alert_plan({"idle": False, "stuck": True}, {"idle", "stuck"}) == (["idle"], [])
+    assert alert_plan({}, {"busy"}) == ([], [])

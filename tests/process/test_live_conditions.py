@@ -1,0 +1,140 @@
+"""Alerts per condition (idle, stuck, never used) on simulated jobs made of the
+GPU traces in tests/data/traces (the real H200 recordings and the synthetic
+hang), driven through the detector and the sampler's live effects
+(LiveActions) with the spool of a real job, then mailed by alerts.process."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from email import policy as email_policy
+from email.parser import BytesParser
+
+import pytest
+
+from gsrun.node.live import LiveActions
+from gsrun.report import alerts
+from gsrun.request.config import parse_config
+from gsrun.request.waste import GpuWatch, IdleConfig
+
+from helpers.traces import TRACES, job_polls, load
+
+pytestmark = pytest.mark.process
+
+JOB = "4242"
+T0 = 1_760_000_000.0
+FLUSH_S = 5.0
+# expect.json's replay config: thresholds scaled to the traces' length
+CFG = dataclasses.replace(IdleConfig(), warn_after_min=0.75, stuck_after_min=0.5, alert_mail=True)
+MAIL = parse_config('[mail]\ndefault_domain = "example.org"\nfrom_addr = "gsrun@example.org"\n')
+
+
+class _Log:
+    def __init__(self):
+        self.lines = []
+
+    def __call__(self, m):
+        self.lines.append(m)
+
+    warn = error = __call__
+
+
+def _spool(tmp_path, gpus):
+    spool = tmp_path / "spool"
+    d = spool / "jobs" / JOB
+    d.mkdir(parents=True)
+    rec = {"job": {"job_id": JOB, "node": "n1", "nodelist": ["n1"], "user": "alice", "uid": os.getuid(),
+                   "gid": os.getgid(), "partition": "gpu", "cpus_on_node": 8, "gpus": list(range(gpus))},
+           "prolog_time": T0}
+    (d / "prolog-n1.json").write_text(json.dumps(rec))
+    return spool
+
+
+def run_job(tmp_path, gpus: dict, until_s: float, cfg=CFG):
+    """The job's polls through one GpuWatch per GPU and LiveActions every FLUSH_S;
+    returns (spool, state, kicks)."""
+    spool = _spool(tmp_path, len(gpus))
+    watches = {g: GpuWatch(g, cfg, None, 2 * max(t["interval_s"] for t, _ in segs)) for g, segs in gpus.items()}
+    for g, segs in gpus.items():
+        watches[g].power_limit_w = segs[0][0]["gpu"]["power_limit_w"]
+    state = {"job_id": JOB, "node": "n1", "start_time": T0, "last_time": T0, "samples": 0, "gpus": [],
+             "notes": [], "watch": list(watches.values()), "waste_findings": []}
+    now = {"t": 0.0}
+    kicks = []
+    live = LiveActions(spool, JOB, "n1", os.getuid(), cfg, live_flush_s=30.0, clock=lambda: T0 + now["t"],
+                       kick=lambda: kicks.append(now["t"]), log=_Log())
+    next_flush = 0.0
+    for t, g, vals in job_polls(gpus):
+        if t > until_s:
+            break
+        while t >= next_flush:
+            now["t"] = next_flush
+            live.after_flush(state, lambda: dict(state))
+            next_flush += FLUSH_S
+        state["waste_findings"] += watches[g].update(t, vals)
+    now["t"] = next_flush
+    live.after_flush(state, lambda: dict(state))
+    return spool, state, kicks
+
+
+def _requests(spool):
+    return {p.name: json.loads(p.read_text()) for p in sorted((spool / "alerts" / "new").iterdir())}
+
+
+def _mails(spool):
+    return {p.name: BytesParser(policy=email_policy.default).parsebytes(p.read_bytes())
+            for p in sorted((spool / "mail" / "new").iterdir())}
+
+
+STUCK, IDLE, TRAIN = (TRACES / "stuck_collective_synthetic.json", TRACES / "idle_after_busy.json",
+                      TRACES / "train.json")
+
+
+def _need(*paths):
+    for p in paths:
+        if not p.exists():
+            pytest.skip(f"trace {p.name} not recorded (tests/data/traces/README.md)")
+    return [load(p) for p in paths]
+
+
+def test_stuck_on_four_and_idle_on_four_gets_both_said(tmp_path):
+    stuck, idle = _need(STUCK, IDLE)
+    gpus = {str(i): [(stuck, 0.0)] for i in range(4)} | {str(i): [(idle, 0.0)] for i in range(4, 8)}
+    spool, state, kicks = run_job(tmp_path, gpus, until_s=199.0)
+    got = [(f["code"], f["gpu"], f["since_s"], f["detected_s"]) for f in state["waste_findings"]]
+    assert got == [("gpu_stuck_collective", str(i), 120.0, 150.0) for i in range(4)] + \
+        [("gpu_idle", str(i), 126.0, 171.0) for i in range(4, 8)]
+    reqs = _requests(spool)
+    assert sorted(reqs) == [f"{JOB}.idle.json", f"{JOB}.stuck.json"]      # one each, though flushed 40 times
+    assert [ln.split(" since ")[0] for ln in reqs[f"{JOB}.stuck.json"]["lines"]] == \
+        [f"GPU {i} on n1 looks stuck in a collective (busy at idle power)" for i in range(4)]
+    assert [ln.split(" since ")[0] for ln in reqs[f"{JOB}.idle.json"]["lines"]] == \
+        [f"GPU {i} on n1 idle" for i in range(4, 8)]
+    assert kicks == [155.0, 175.0]          # the first flush after the detecting poll
+    assert alerts.process(spool, MAIL, CFG, now=T0 + 200) == {"queued": 2, "deferred": 0, "failed": 0}
+    mails = _mails(spool)
+    assert sorted(mails) == [f"{JOB}.idle.eml", f"{JOB}.stuck.eml"]
+    assert str(mails[f"{JOB}.stuck.eml"]["Subject"]).startswith(
+        f"[gsrun] job {JOB} running: GPU 0 on n1 looks stuck in a collective")
+    assert str(mails[f"{JOB}.idle.eml"]["Subject"]).startswith(f"[gsrun] job {JOB} running: GPU 4 on n1 idle")
+
+
+def test_idle_alert_rearmed_only_after_the_gpu_worked_again(tmp_path):
+    idle, train = _need(IDLE, TRAIN)
+    # one GPU: busy then idle (recorded), trains again at 200 s (recorded), then busy and idle again
+    spool, state, kicks = run_job(tmp_path, {"0": [(idle, 0.0), (train, 200.0), (idle, 260.0)]}, until_s=459.0)
+    got = [(f["code"], f["since_s"], f["detected_s"]) for f in state["waste_findings"]]
+    assert got == [("gpu_idle", 126.0, 171.0), ("gpu_idle", 386.0, 431.0)]
+    assert sorted(_requests(spool)) == [f"{JOB}.idle-2.json", f"{JOB}.idle.json"]
+    assert kicks == [175.0, 435.0]
+    assert state["live_actions"]["fired"] == {"idle": True}
+    assert alerts.process(spool, MAIL, CFG, now=T0 + 460) == {"queued": 2, "deferred": 0, "failed": 0}
+    assert sorted(_mails(spool)) == [f"{JOB}.idle-2.eml", f"{JOB}.idle.eml"]
+
+
+def test_still_idle_is_never_alerted_twice(tmp_path):
+    idle, = _need(IDLE)
+    spool, state, kicks = run_job(tmp_path, {"0": [(idle, 0.0)], "1": [(idle, 0.0)]}, until_s=199.0)
+    assert len(state["waste_findings"]) == 2 and sorted(_requests(spool)) == [f"{JOB}.idle.json"]
+    assert kicks == [175.0]
