@@ -378,7 +378,8 @@ class LiveActions:
                 continue      # no mail, or another node's alert for this condition still stands
             user = (self._prolog() or {}).get("job", {}).get("user")
             req = {"job_id": self.job_id, "kind": cond, "node": self.node, "uid": self.uid, "user": user,
-                   "lines": [alert_line(f, self.node, t0) for f in mine], "findings": mine[:16],
+                   "lines": [alert_line(f, self.node, t0) for f in mine],
+                   "findings": [dict(f, node=self.node) for f in mine[:16]],
                    "time": round(now, 3)}
             try:
                 n = alert_count(self.spool_dir, self.job_id, cond) + 1

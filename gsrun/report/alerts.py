@@ -38,6 +38,7 @@ from gsrun.facts.live import alerts_dir, read_live_docs, split_alert_key
 from gsrun.report import mail
 from gsrun.report.live import live_summary
 from gsrun.report.render import render_text
+from gsrun.report.units import fmt_bytes
 
 MAX_REQUESTS_PER_RUN = 200
 
@@ -59,6 +60,32 @@ def hour_key(now: float) -> str:
     return time.strftime("%Y%m%d%H", time.localtime(now))
 
 
+def held_memory(findings) -> tuple[int, list[tuple[str, int]]] | None:
+    """GPU memory the idle GPUs of an alert still hold: ``(total_bytes,
+    [(gpu label, bytes), ...])`` from the findings' evidence
+    (``mem_used_bytes``: ``nvmlDeviceGetMemoryInfo`` at the last poll of the
+    stretch), idle and never-used findings only; None when none was read. Pure."""
+    per = []
+    for f in findings or ():
+        if not isinstance(f, dict) or f.get("code") not in ("gpu_idle", "gpu_never_used"):
+            continue
+        m = (f.get("evidence") or {}).get("mem_used_bytes")
+        if isinstance(m, int) and not isinstance(m, bool) and m >= 0:
+            per.append((f"GPU {f.get('gpu')}" + (f" on {f['node']}" if f.get("node") else ""), m))
+    return (sum(m for _, m in per), per) if per else None
+
+
+def held_line(findings) -> str:
+    """``The idle GPUs still hold 5.3 GiB of GPU memory (GPU 4: 1.3 GiB, ...)``,
+    or "" (:func:`held_memory`; bytes through :func:`gsrun.report.units.fmt_bytes`). Pure."""
+    held = held_memory(findings)
+    if held is None:
+        return ""
+    total, per = held
+    parts = ", ".join(f"{g}: {fmt_bytes(m)}" for g, m in per[:8]) + (", ..." if len(per) > 8 else "")
+    return f"The idle GPUs still hold {fmt_bytes(total)} of GPU memory ({parts})."
+
+
 def build_alert(req: dict, to_addr: str, from_addr: str, report_text: str | None, cancel_after_min,
                 date: float | None = None, key: str | None = None) -> EmailMessage:
     """The alert (kind ``idle``, ``stuck``, ``never_used``) or cancel notice
@@ -73,7 +100,8 @@ def build_alert(req: dict, to_addr: str, from_addr: str, report_text: str | None
     kind = req["kind"]
     lines = [mail.clean_line(x, 300) for x in req.get("lines") or ()][:16]
     after = f"{cancel_after_min:g} min" if isinstance(cancel_after_min, (int, float)) else ""
-    body = render("alert.txt.j2", kind=kind, job_id=job_id, lines=lines,
+    held = mail.clean_line(held_line(req.get("findings")), 400)
+    body = render("alert.txt.j2", kind=kind, job_id=job_id, lines=lines, held=held,
                   reason=mail.clean_line(req.get("reason") or "", 400), cancel_after=after,
                   report=mail.clean_block(report_text) if report_text else "")
     msg = EmailMessage(policy=email_policy.default)
@@ -174,4 +202,4 @@ def _report_text(spool_dir, job_id: str, cfg) -> str | None:
     return render_text(s, color=False, cfg=cfg) if s else None
 
 
-__all__ = ["process", "build_alert", "recipient"]
+__all__ = ["process", "build_alert", "recipient", "held_memory", "held_line"]

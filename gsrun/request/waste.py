@@ -15,6 +15,9 @@ folded into its aggregates (the ``values`` dict that
   (``nvmlDeviceGetComputeRunningProcesses`` x the job's cgroup PIDs); None
   when either list is unknown. Under MPS the GPU lists the MPS server, not
   the job's clients, so an empty list alone never makes a busy GPU idle.
+- ``mem_used_bytes``: GPU memory in use, bytes (``nvmlDeviceGetMemoryInfo``;
+  the finding's evidence carries the last reading of the stretch: what an
+  idle GPU still holds),
 - ``pcie_tx_bytes_s``, ``pcie_rx_bytes_s``: PCIe throughput
   (``nvmlDeviceGetPcieThroughput``, KB/s x 1024), ``nvlink_bytes_s``: NVLink
   data throughput, both directions, all links (None or missing: not read).
@@ -243,7 +246,7 @@ class _Stretch:
     """A run of polls of one kind: start, last poll, figures over it."""
 
     __slots__ = ("kind", "since_s", "last_s", "n", "util_max", "util_sum", "util_n", "sm_max", "tensor_max",
-                 "power_sum", "power_n", "power_max", "reported", "link_max_kbs", "links")
+                 "power_sum", "power_n", "power_max", "reported", "link_max_kbs", "links", "mem_used_bytes")
 
     def __init__(self, kind: str, since_s: float):
         self.kind, self.since_s, self.last_s = kind, since_s, since_s
@@ -253,6 +256,7 @@ class _Stretch:
         self.reported = False
         self.link_max_kbs = None
         self.links: list[str] = []
+        self.mem_used_bytes = None
 
     def add(self, t_s: float, r: dict) -> None:
         self.last_s = t_s
@@ -270,6 +274,9 @@ class _Stretch:
             self.power_max = p if self.power_max is None else max(self.power_max, p)
             self.power_sum += p
             self.power_n += 1
+        m = _f(r.get("mem_used_bytes"))
+        if m is not None:
+            self.mem_used_bytes = int(m)
         lk, used = link_kbs(r)
         if lk is not None:
             self.link_max_kbs = lk if self.link_max_kbs is None else max(self.link_max_kbs, lk)
@@ -442,6 +449,7 @@ class GpuWatch:
               "power_idle_w": _r1(self.idle_power_w),
               "power_idle_source": self.idle_power_source,
               "job_processes": len(pids) if isinstance(pids, (list, tuple)) else None,
+              "mem_used_bytes": st.mem_used_bytes,
               "ever_used": self._ever_used,
               "basis": basis}
         if st.kind == "stuck" and st.sm_max is None:

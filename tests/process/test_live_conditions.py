@@ -120,6 +120,20 @@ def test_stuck_on_four_and_idle_on_four_gets_both_said(tmp_path):
     assert str(mails[f"{JOB}.idle.eml"]["Subject"]).startswith(f"[gsrun] job {JOB} running: GPU 4 on n1 idle")
 
 
+def test_idle_alert_says_the_memory_the_idle_gpus_hold(tmp_path):
+    stuck, idle = _need(STUCK, IDLE)
+    gpus = {str(i): [(stuck, 0.0)] for i in range(4)} | {str(i): [(idle, 0.0)] for i in range(4, 8)}
+    spool, state, _ = run_job(tmp_path, gpus, until_s=199.0)
+    # the recording: the idle process keeps its CUDA context, 1,422,721,024 B used (v2 used)
+    assert [f["evidence"]["mem_used_bytes"] for f in state["waste_findings"]] == [64961380352] * 4 + [1422721024] * 4
+    alerts.process(spool, MAIL, CFG, now=T0 + 200)
+    mails = _mails(spool)
+    idle_text = mails[f"{JOB}.idle.eml"].get_content()
+    assert ("The idle GPUs still hold 5.3 GiB of GPU memory (GPU 4 on n1: 1.3 GiB, GPU 5 on n1: 1.3 GiB, "
+            "GPU 6 on n1: 1.3 GiB, GPU 7 on n1: 1.3 GiB).") in " ".join(idle_text.split())
+    assert "still hold" not in mails[f"{JOB}.stuck.eml"].get_content()     # stuck GPUs are not idle
+
+
 def test_idle_alert_rearmed_only_after_the_gpu_worked_again(tmp_path):
     idle, train = _need(IDLE, TRAIN)
     # one GPU: busy then idle (recorded), trains again at 200 s (recorded), then busy and idle again

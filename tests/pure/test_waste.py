@@ -246,3 +246,14 @@ def test_alert_plan_one_per_condition_rearmed_when_cleared():
     assert alert_plan({"idle": True, "stuck": True}, {"stuck"}) == ([], ["idle"])        # idle cleared: re-armed
     assert alert_plan({"idle": False, "stuck": True}, {"idle", "stuck"}) == (["idle"], [])
     assert alert_plan({}, {"busy"}) == ([], [])
+
+
+def test_held_memory_counts_idle_and_never_used_only():
+    from gsrun.report.alerts import held_line, held_memory
+    fs = [{"code": "gpu_idle", "gpu": "0", "node": "n1", "evidence": {"mem_used_bytes": 1422721024}},
+          {"code": "gpu_never_used", "gpu": "1", "node": "n1", "evidence": {"mem_used_bytes": 0}},
+          {"code": "gpu_stuck_collective", "gpu": "2", "evidence": {"mem_used_bytes": 64961380352}},
+          {"code": "gpu_idle", "gpu": "3", "evidence": {"mem_used_bytes": None}}]
+    assert held_memory(fs) == (1422721024, [("GPU 0 on n1", 1422721024), ("GPU 1 on n1", 0)])
+    assert held_line(fs) == "The idle GPUs still hold 1.3 GiB of GPU memory (GPU 0 on n1: 1.3 GiB, GPU 1 on n1: 0 B)."
+    assert held_line(fs[2:]) == ""
