@@ -56,6 +56,7 @@ from gsrun.facts.slurm import exemption_argv, parse_exemption_record, parse_job_
 from gsrun.request.waste import CONDITIONS, alert_plan, all_idle_since, cancel_decision
 
 MAX_ALERT_LINES = 16             # alert lines kept in the live file (one per GPU and kind at most)
+MAX_ACTIONS = 32                 # actions kept in the sampler state (alert mails, cancel steps), newest
 STALE_FACTOR = 3.0               # another node's live file older than this x live.flush_s: its GPUs count unknown
 FINDING_WORDS = {"gpu_idle": "idle", "gpu_stuck_collective": "looks stuck in a collective (busy at idle power)",
                  "gpu_never_used": "not used by the job"}
@@ -385,9 +386,19 @@ class LiveActions:
                 n = alert_count(self.spool_dir, self.job_id, cond) + 1
                 if queue_alert(self.spool_dir, self.job_id, cond, req, n):
                     self._want_kick = True
+                    self._record(state, now, "alert_mailed", "; ".join(req["lines"]), kind=cond)
             except Exception as e:  # noqa: BLE001 - kept in the live file; the mail is lost only with the spool
                 self.log.warn(f"alert not queued: {e}")
         return True
+
+    def _record(self, state: dict, now: float, action: str, detail: str, kind: str | None = None) -> None:
+        """One action in the sampler state's ``actions`` (the newest
+        :data:`MAX_ACTIONS`; shape :class:`gsrun.facts.sampler_state.WasteAction`):
+        the node summary, the job summary and ``gseff`` show them."""
+        acts = state.setdefault("actions", [])
+        acts.append({"time": round(now, 3), "node": self.node, "action": action, "kind": kind,
+                     "detail": detail[:600]})
+        del acts[:-MAX_ACTIONS]
 
     def _marker(self, cond: str) -> Path:
         return self.spool_dir / "jobs" / self.job_id / f"alert-{cond}.json"
@@ -456,6 +467,7 @@ class LiveActions:
                 return False
             acts["report_noted"] = True
             note = f"idle cancel (report mode): would cancel job {self.job_id}: {reason}"
+            self._record(state, now, "cancel_report", reason)
             self.log.warn(note)
             state.setdefault("notes", []).append(note)
             acts["cancel"] = {"action": "report", "reason": reason, "time": round(now, 3)}
@@ -468,7 +480,9 @@ class LiveActions:
         if not publish_once(marker, (json.dumps(rec, sort_keys=True) + "\n").encode()):
             acts["cancel"] = {"action": "cancel", "reason": reason, "time": round(now, 3), "detail": "already done"}
             return False
+        self._record(state, now, "cancel_requested", f"scancel {self.job_id}: {reason}")
         ok, detail = self._scancel(self.job_id)
+        self._record(state, self.clock(), "cancel_done" if ok else "cancel_failed", detail)
         note = f"cancelled by gsrun (idle GPUs): {reason}" if ok else \
             f"idle cancel failed: scancel {self.job_id}: {detail} (reason: {reason})"
         (self.log.warn if ok else self.log.error)(note)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import time
 from email import policy as email_policy
 from email.parser import BytesParser
 
@@ -112,6 +113,9 @@ def test_stuck_on_four_and_idle_on_four_gets_both_said(tmp_path):
     assert [ln.split(" since ")[0] for ln in reqs[f"{JOB}.idle.json"]["lines"]] == \
         [f"GPU {i} on n1 idle" for i in range(4, 8)]
     assert kicks == [155.0, 175.0]          # the first flush after the detecting poll
+    assert [(a["time"] - T0, a["action"], a["kind"]) for a in state["actions"]] == \
+        [(155.0, "alert_mailed", "stuck"), (175.0, "alert_mailed", "idle")]
+    assert state["actions"][1]["detail"].startswith("GPU 4 on n1 idle since ")
     assert alerts.process(spool, MAIL, CFG, now=T0 + 200) == {"queued": 2, "deferred": 0, "failed": 0}
     mails = _mails(spool)
     assert sorted(mails) == [f"{JOB}.idle.eml", f"{JOB}.stuck.eml"]
@@ -152,3 +156,61 @@ def test_still_idle_is_never_alerted_twice(tmp_path):
     spool, state, kicks = run_job(tmp_path, {"0": [(idle, 0.0)], "1": [(idle, 0.0)]}, until_s=199.0)
     assert len(state["waste_findings"]) == 2 and sorted(_requests(spool)) == [f"{JOB}.idle.json"]
     assert kicks == [175.0]
+
+
+def test_actions_in_node_and_job_summary_and_gseff(tmp_path):
+    """The real Sampler (the H200 recording, busy 10 s then idle), cancel on: the alert mail,
+    the cancel request and its answer land in the state, the node and job summaries, and the
+    report gseff prints (running: from the live file; ended: from the summaries)."""
+    from gsrun.facts.hostfs import HostFS
+    from gsrun.facts.live import read_live_docs
+    from gsrun.facts.nvml import FakeNvml
+    from gsrun.node.sampler import Sampler
+    from gsrun.report.live import live_summary
+    from gsrun.report.render import render_text
+    from gsrun.wrapper import gseff
+    from helpers.fake_nvml import work_then_idle
+    from helpers.sampler_sim import SimClock, job_of, node_of
+
+    spool = _spool(tmp_path, 1)
+    clock = SimClock(T0)
+    idle = IdleConfig.from_table({"warn_after_min": 0.1, "cancel": "on", "cancel_after_min": 0.5})
+    root = tmp_path / "root"
+    root.mkdir()
+    s = Sampler(HostFS(str(root)), JOB, 1000, "n1", [0], str(tmp_path / "sampler.json"), 5.0, 5.0, 100,
+                clock=clock, sleep=clock.sleep, nvml=FakeNvml(work_then_idle(1, 10.0), clock=clock),
+                usage=lambda: (None, None, None, "test"), idle=idle)
+    calls = []
+    s.live = LiveActions(spool, JOB, "n1", os.getuid(), idle, 30.0, clock=clock,
+                         job_record=lambda j: {"partition": "gpu", "qos": "normal", "user": "alice",
+                                               "account": "lab", "interactive": False, "mail_user": None,
+                                               "unparsable": False},
+                         scancel=lambda j: (calls.append(j), (True, "scancel accepted"))[1], kick=lambda: None,
+                         log=_Log())
+    final = s.run(max_samples=20)
+    assert calls == [JOB]
+    reason = ("all allocated GPUs idle since 5 s into the job, for 0.5 min (limit 0.5 min, "
+              "idle.cancel_after_min)")
+    assert [(a["time"] - T0, a["action"], a["kind"], a["detail"]) for a in final["actions"]] == [
+        (15.0, "alert_mailed", "idle", final["actions"][0]["detail"]),
+        (35.0, "cancel_requested", None, f"scancel {JOB}: {reason}"),
+        (35.0, "cancel_done", None, "scancel accepted")]
+    assert final["actions"][0]["detail"].startswith("GPU 0 on n1 idle since ")
+    # running: gseff reads the live file
+    running = live_summary(JOB, read_live_docs(spool / "jobs" / JOB), None, None)
+    assert [a["action"] for a in running["actions"]] == ["alert_mailed", "cancel_requested", "cancel_done"]
+    text = gseff.report_text(running, None, now=T0 + 40)
+    block = text.split("Actions while the job ran\n", 1)[1].split("\n\n", 1)[0]
+    items = [" ".join(x.split()) for x in block.split("  - ")[1:]]
+    stamp = time.strftime("%Y-%m-%d %H:%M", time.localtime(T0 + 15))      # fmt_time: the node's local clock
+    assert [x.split(" on n1: ", 1) for x in items] == [
+        [stamp, "alert mailed (idle): GPU 0 on n1 idle since "
+         + time.strftime("%H:%M:%S", time.localtime(T0 + 5)) + " (0.2 min)"],
+        [stamp, f"idle cancel requested: scancel {JOB}: {reason}"],
+        [stamp, "cancelled by gsrun: scancel accepted"]]
+    # ended: node summary -> job summary -> the report
+    node = node_of(final, 100.0)
+    assert [a["action"] for a in node["actions"]] == ["alert_mailed", "cancel_requested", "cancel_done"]
+    job = job_of([node], 100.0)
+    assert job["actions"] == node["actions"]
+    assert "cancelled by gsrun: scancel accepted" in render_text(job)
