@@ -7,7 +7,7 @@ the tiny writers both sides share.
   (:func:`gsrun.base.fsutil.write_user_copy`).
 - ``<spool>/alerts/{new,done,failed,state}/`` (root 0700): alert requests
   ``<job>.<kind>.json`` (kind: an alert condition ``idle``, ``stuck``,
-  ``never_used``, or ``cancel``; a condition's n-th alert of the job, n >= 2,
+  ``never_used``; ``warning`` before an idle cancel; ``cancel``; a condition's n-th alert of the job, n >= 2,
   is ``<job>.<kind>-<n>.json``) published once per name by a sampler
   (:func:`queue_alert`), turned into mail by
   :mod:`gsrun.report.alerts` (run by ``gsrun-node mail flush``); ``state/``
@@ -26,7 +26,7 @@ LIVE_VERSION = 1
 LIVE_PREFIX = "user-live-"
 ALERTS_DIR = "alerts"
 ALERT_SUBDIRS = ("new", "done", "failed", "state")
-ALERT_KINDS = ("idle", "stuck", "never_used", "cancel")
+ALERT_KINDS = ("idle", "stuck", "never_used", "warning", "cancel")
 MAX_LIVE_BYTES = 1 << 20        # a live file bigger than this is not ours (a few KiB per node)
 
 

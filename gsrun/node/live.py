@@ -33,7 +33,10 @@ each a thin writer around a decision made elsewhere:
   record (partition, QOS, account, user, batch flag): ``scontrol -o show
   job`` is read once per job, only when the job's GPUs have been idle long
   enough to matter. ``report`` logs what would have been cancelled (syslog,
-  the job's report notes); ``on`` runs ``scancel <id>`` once (no shell, the
+  the job's report notes); ``on`` first warns (live file, syslog, a mail
+  request ``<job>.warning``) and, when the job is still due
+  ``idle.cancel_grace_min`` later (:func:`gsrun.request.waste.cancel_step`;
+  a GPU working in between withdraws the warning), runs ``scancel <id>`` once (no shell, the
   id checked by :func:`gsrun.base.ids.check_job_id`, bounded by
   ``timeouts.command_s``), with the reason in syslog, the report notes, the
   live file and a mail (request ``<job>.cancel``).
@@ -53,7 +56,7 @@ from gsrun.base.log import JobLog
 from gsrun.base.proc import ROOT_CWD, root_child_env, root_python
 from gsrun.facts.live import LIVE_PREFIX, LIVE_VERSION, MAX_LIVE_BYTES, alert_count, queue_alert
 from gsrun.facts.slurm import exemption_argv, parse_exemption_record, parse_job_record, run_slurm
-from gsrun.request.waste import CONDITIONS, alert_plan, all_idle_since, cancel_decision
+from gsrun.request.waste import CONDITIONS, alert_plan, all_idle_since, cancel_decision, cancel_step
 
 MAX_ALERT_LINES = 16             # alert lines kept in the live file (one per GPU and kind at most)
 MAX_ACTIONS = 32                 # actions kept in the sampler state (alert mails, cancel steps), newest
@@ -439,30 +442,23 @@ class LiveActions:
         after = getattr(cfg, "cancel_after_min", None)
         if mode not in ("report", "on") or after is None or not self._is_lead():
             return False
-        mine = self.node_idle_since(state)
-        if mine is None:
-            return False
-        nodes = [n for n in (self._prolog() or {}).get("job", {}).get("nodelist") or () if n != self.node]
-        others = [self._other_live(n) for n in nodes]
-        since = job_idle_since(mine, others, now, STALE_FACTOR * max(self.live_flush_s, 1.0))
-        if since is None:
-            return False
-        if now - since < 60.0 * after:      # not due for any job yet (an interactive one has more grace)
-            return False
-        if self.job is None:
-            self.job = self._job_record(self.job_id)
-            self.job_looked = True
-        if self.job is None:
-            return False     # Slurm not reachable: asked again at the next flush
-        if self.job.get("unparsable") and not acts.get("unparsable_noted"):
-            acts["unparsable_noted"] = True
-            self.log.warn("idle cancel: the job's exemption fields do not parse as one record (a '|' or newline "
-                          "in its account?): no exemption applies")
+        decided = self._decide(state, acts, now, after)
+        if decided is None:
+            return False     # Slurm not reachable: asked again at the next flush, a warning stands
+        action, reason = decided
         t0 = float(state["start_time"])     # the detector's frame: seconds since the sampler started
-        action, reason = cancel_decision(cfg, self.job, since - t0, now - t0)
-        if action == "none":
-            return False
-        if action == "report":
+        warned = acts.get("warned_at")
+        step = cancel_step(action, None if warned is None else warned - t0, now - t0,
+                           getattr(cfg, "cancel_grace_min", 15.0))
+        if step == "none":
+            if warned is None:
+                return False
+            acts["warned_at"] = None       # the GPUs work again (or the job is exempt): the warning is void
+            line = f"job {self.job_id}: idle-cancel warning withdrawn (its GPUs are no longer all idle)"
+            acts["alerts"] = (acts["alerts"] + [line])[-MAX_ALERT_LINES:]
+            self.log(line)
+            return True
+        if step == "report":
             if acts.get("report_noted"):
                 return False
             acts["report_noted"] = True
@@ -472,7 +468,62 @@ class LiveActions:
             state.setdefault("notes", []).append(note)
             acts["cancel"] = {"action": "report", "reason": reason, "time": round(now, 3)}
             return True
+        if step == "warn":
+            return self._warn(state, acts, reason, now)
+        if step == "wait":
+            return False
+        reason += (f"; warned {round((now - warned) / 60.0, 2):g} min before, at "
+                   f"{time.strftime('%H:%M:%S', time.localtime(warned))} (idle.cancel_grace_min)")
         return self._do_cancel(state, acts, reason, now)
+
+    def _decide(self, state: dict, acts: dict, now: float, after: float) -> tuple[str, str] | None:
+        """:func:`cancel_decision` on this node's and the other nodes' facts;
+        ``("none", why)`` when not due, None when the job record is unknown now."""
+        mine = self.node_idle_since(state)
+        if mine is None:
+            return "none", "not all GPUs of this node idle"
+        nodes = [n for n in (self._prolog() or {}).get("job", {}).get("nodelist") or () if n != self.node]
+        others = [self._other_live(n) for n in nodes]
+        since = job_idle_since(mine, others, now, STALE_FACTOR * max(self.live_flush_s, 1.0))
+        if since is None:
+            return "none", "not every node's GPUs known idle"
+        if now - since < 60.0 * after:      # not due for any job yet (an interactive one has more grace)
+            return "none", "not idle long enough"
+        if self.job is None:
+            self.job = self._job_record(self.job_id)
+            self.job_looked = True
+        if self.job is None:
+            return None
+        if self.job.get("unparsable") and not acts.get("unparsable_noted"):
+            acts["unparsable_noted"] = True
+            self.log.warn("idle cancel: the job's exemption fields do not parse as one record (a '|' or newline "
+                          "in its account?): no exemption applies")
+        t0 = float(state["start_time"])
+        return cancel_decision(self.idle_cfg, self.job, since - t0, now - t0)
+
+    def _warn(self, state: dict, acts: dict, reason: str, now: float) -> bool:
+        """The warning before the cancel: live file, syslog, the action record
+        and (``idle.alert_mail``) a mail request of kind ``warning``."""
+        grace = float(getattr(self.idle_cfg, "cancel_grace_min", 15.0))
+        at = now + 60.0 * grace
+        line = (f"job {self.job_id} will be cancelled at {time.strftime('%H:%M', time.localtime(at))} "
+                f"(in {grace:g} min) unless its GPUs work again: {reason}")
+        acts["warned_at"] = round(now, 3)
+        acts["alerts"] = (acts["alerts"] + [line])[-MAX_ALERT_LINES:]
+        self.log.warn(line)
+        self._record(state, now, "cancel_warned", line)
+        if getattr(self.idle_cfg, "alert_mail", True):
+            req = {"job_id": self.job_id, "kind": "warning", "node": self.node, "uid": self.uid,
+                   "user": (self.job or {}).get("user"), "mail_user": (self.job or {}).get("mail_user"),
+                   "lines": [line], "reason": reason, "cancel_at": round(at, 3), "grace_min": grace,
+                   "time": round(now, 3)}
+            try:
+                n = alert_count(self.spool_dir, self.job_id, "warning") + 1
+                if queue_alert(self.spool_dir, self.job_id, "warning", req, n):
+                    self._want_kick = True
+            except Exception as e:  # noqa: BLE001 - the warning stands in the live file and the summary
+                self.log.warn(f"cancel warning mail not queued: {e}")
+        return True
 
     def _do_cancel(self, state: dict, acts: dict, reason: str, now: float) -> bool:
         marker = self.spool_dir / "jobs" / self.job_id / "idle-cancel.json"

@@ -13,8 +13,8 @@ Rate limits: one mail per alert condition (``idle``, ``stuck``,
 ``idle.mail_per_user_per_hour`` alert mails per user per clock hour
 (counts in ``<spool>/alerts/state/<user>.<YYYYmmddHH>.json``): a request over
 the budget stays in ``new/`` and goes out in a later hour (the live file and
-``gsrun --wait`` show the alert meanwhile). A ``cancel`` notice is never held
-back (it says what happened to the job). A request with no address to mail
+``gsrun --wait`` show the alert meanwhile). A ``cancel`` notice and the ``warning`` before it are never
+held back (they say what happens to the job). A request with no address to mail
 (no ``MailUser`` with a domain and no ``mail.default_domain``) moves to
 ``failed/`` with the reason in ``state/``.
 
@@ -109,6 +109,7 @@ def build_alert(req: dict, to_addr: str, from_addr: str, report_text: str | None
     msg["From"] = f"gsrun <{from_spec}>"
     msg["To"] = to_spec
     subject = f"[gsrun] job {job_id} cancelled: GPUs idle" if kind == "cancel" else \
+        f"[gsrun] job {job_id} will be cancelled: GPUs idle" if kind == "warning" else \
         f"[gsrun] job {job_id} running: {lines[0] if lines else 'GPU time unused'}"
     mail.set_text_header(msg, "Subject", subject, 250)
     msg["Date"] = email.utils.formatdate(date if date is not None else time.time(), localtime=True)
@@ -163,7 +164,7 @@ def process(spool_dir, cfg, idle_cfg=None, now: float | None = None, job_record=
         user_key = to_addr.lower()
         count_path = base / "state" / f"{_safe(user_key)}.{hour_key(now)}.json"
         count = (read_json(count_path) or {}).get("sent", 0)
-        if kind != "cancel" and count >= per_hour:
+        if kind not in ("cancel", "warning") and count >= per_hour:
             out["deferred"] += 1
             continue
         report = None

@@ -203,7 +203,7 @@ def _short_label(text: str, keep: int) -> str:
 
 
 MAX_ACTIONS_SHOWN = 10
-ACTION_WORDS = {"alert_mailed": "alert mailed", "cancel_warned": "idle-cancel warning mailed",
+ACTION_WORDS = {"alert_mailed": "alert mailed", "cancel_warned": "idle-cancel warning",
                 "cancel_requested": "idle cancel requested", "cancel_done": "cancelled by gsrun",
                 "cancel_failed": "idle cancel failed", "cancel_report": "would cancel (idle.cancel = report)"}
 

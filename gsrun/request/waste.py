@@ -108,6 +108,7 @@ class IdleConfig:
     exempt_users: tuple[str, ...] = ()
     exempt_accounts: tuple[str, ...] = ()
     interactive_grace_min: float = 60.0
+    cancel_grace_min: float = 15.0
     alert_mail: bool = True
     mail_per_user_per_hour: int = 3
     touch_comment: bool = False
@@ -153,7 +154,7 @@ def check_idle_value(key: str, v) -> str | None:
     if key in ("warn_after_min", "stuck_after_min"):
         return None if _num(v) and 0.05 <= v <= 100000 \
             else "must be a number of minutes between 0.05 (3 s, test sites) and 100000"
-    if key in ("cancel_after_min", "interactive_grace_min"):
+    if key in ("cancel_after_min", "interactive_grace_min", "cancel_grace_min"):
         if key == "cancel_after_min" and v is None:
             return None
         return None if _num(v) and 0 <= v <= 100000 else "must be a number of minutes between 0 and 100000"
@@ -560,9 +561,28 @@ def cancel_decision(cfg: IdleConfig, job: dict, all_idle_since_s: float | None, 
     return ("cancel" if cfg.cancel == "on" else "report"), reason
 
 
+def cancel_step(action: str, warned_s: float | None, now_s: float, grace_min: float) -> str:
+    """The idle cancel's next step, after a warning and a grace period.
+
+    ``action``: :func:`cancel_decision`'s (``none``, ``report``, ``cancel``);
+    ``warned_s``: when the job's user was warned (s, same frame as
+    ``now_s``; None: not warned, or the warning was withdrawn);
+    ``grace_min``: ``idle.cancel_grace_min``.
+
+    Returns ``"none"`` (not due: a standing warning is withdrawn),
+    ``"report"`` (report mode), ``"warn"`` (due and not warned yet: warn
+    now), ``"wait"`` (warned less than ``grace_min`` ago) or ``"cancel"``
+    (still due ``grace_min`` after the warning). Pure."""
+    if action != "cancel":
+        return action if action in ("none", "report") else "none"
+    if warned_s is None:
+        return "warn"
+    return "cancel" if now_s - warned_s + 1e-9 >= 60.0 * grace_min else "wait"
+
+
 def _fmt_min(m: float) -> str:
     return f"{m:.0f}" if abs(m - round(m)) < 0.05 else f"{m:.1f}"
 
 
-__all__ = ["IdleConfig", "GpuWatch", "classify", "all_idle_since", "alert_plan", "cancel_decision",
+__all__ = ["IdleConfig", "GpuWatch", "classify", "all_idle_since", "alert_plan", "cancel_decision", "cancel_step",
            "check_idle_value", "CONDITIONS", "IDLE", "STUCK", "NEVER_USED", "CODES", "CANCEL_MODES"]

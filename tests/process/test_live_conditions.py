@@ -52,8 +52,9 @@ def _spool(tmp_path, gpus):
     return spool
 
 
-def run_job(tmp_path, gpus: dict, until_s: float, cfg=CFG):
-    """The job's polls through one GpuWatch per GPU and LiveActions every FLUSH_S;
+def run_job(tmp_path, gpus: dict, until_s: float, cfg=CFG, scancel=None):
+    """The job's polls through one GpuWatch per GPU and LiveActions every FLUSH_S
+    (``scancel``: the injected scancel; the job record is a plain batch job);
     returns (spool, state, kicks)."""
     spool = _spool(tmp_path, len(gpus))
     watches = {g: GpuWatch(g, cfg, None, 2 * max(t["interval_s"] for t, _ in segs)) for g, segs in gpus.items()}
@@ -64,7 +65,9 @@ def run_job(tmp_path, gpus: dict, until_s: float, cfg=CFG):
     now = {"t": 0.0}
     kicks = []
     live = LiveActions(spool, JOB, "n1", os.getuid(), cfg, live_flush_s=30.0, clock=lambda: T0 + now["t"],
-                       kick=lambda: kicks.append(now["t"]), log=_Log())
+                       kick=lambda: kicks.append(now["t"]), log=_Log(), scancel=scancel,
+                       job_record=lambda j: {"partition": "gpu", "qos": "normal", "user": "alice", "account": "lab",
+                                             "interactive": False, "mail_user": None, "unparsable": False})
     next_flush = 0.0
     for t, g, vals in job_polls(gpus):
         if t > until_s:
@@ -174,7 +177,8 @@ def test_actions_in_node_and_job_summary_and_gseff(tmp_path):
 
     spool = _spool(tmp_path, 1)
     clock = SimClock(T0)
-    idle = IdleConfig.from_table({"warn_after_min": 0.1, "cancel": "on", "cancel_after_min": 0.5})
+    idle = IdleConfig.from_table({"warn_after_min": 0.1, "cancel": "on", "cancel_after_min": 0.5,
+                                  "cancel_grace_min": 0.25})
     root = tmp_path / "root"
     root.mkdir()
     s = Sampler(HostFS(str(root)), JOB, 1000, "n1", [0], str(tmp_path / "sampler.json"), 5.0, 5.0, 100,
@@ -189,28 +193,76 @@ def test_actions_in_node_and_job_summary_and_gseff(tmp_path):
                          log=_Log())
     final = s.run(max_samples=20)
     assert calls == [JOB]
-    reason = ("all allocated GPUs idle since 5 s into the job, for 0.5 min (limit 0.5 min, "
+    warned = ("all allocated GPUs idle since 5 s into the job, for 0.5 min (limit 0.5 min, "
               "idle.cancel_after_min)")
+    reason = ("all allocated GPUs idle since 5 s into the job, for 0.8 min (limit 0.5 min, "
+              "idle.cancel_after_min); warned 0.25 min before, at "
+              + time.strftime("%H:%M:%S", time.localtime(T0 + 35)) + " (idle.cancel_grace_min)")
+    warning = (f"job {JOB} will be cancelled at {time.strftime('%H:%M', time.localtime(T0 + 50))} (in 0.25 min) "
+               f"unless its GPUs work again: {warned}")
     assert [(a["time"] - T0, a["action"], a["kind"], a["detail"]) for a in final["actions"]] == [
         (15.0, "alert_mailed", "idle", final["actions"][0]["detail"]),
-        (35.0, "cancel_requested", None, f"scancel {JOB}: {reason}"),
-        (35.0, "cancel_done", None, "scancel accepted")]
+        (35.0, "cancel_warned", None, warning),
+        (50.0, "cancel_requested", None, f"scancel {JOB}: {reason}"),
+        (50.0, "cancel_done", None, "scancel accepted")]
     assert final["actions"][0]["detail"].startswith("GPU 0 on n1 idle since ")
     # running: gseff reads the live file
     running = live_summary(JOB, read_live_docs(spool / "jobs" / JOB), None, None)
-    assert [a["action"] for a in running["actions"]] == ["alert_mailed", "cancel_requested", "cancel_done"]
+    assert [a["action"] for a in running["actions"]] == ["alert_mailed", "cancel_warned", "cancel_requested",
+                                                         "cancel_done"]
     text = gseff.report_text(running, None, now=T0 + 40)
     block = text.split("Actions while the job ran\n", 1)[1].split("\n\n", 1)[0]
     items = [" ".join(x.split()) for x in block.split("  - ")[1:]]
-    stamp = time.strftime("%Y-%m-%d %H:%M", time.localtime(T0 + 15))      # fmt_time: the node's local clock
+    def stamp(t):       # fmt_time: the node's local clock
+        return time.strftime("%Y-%m-%d %H:%M", time.localtime(T0 + t))
     assert [x.split(" on n1: ", 1) for x in items] == [
-        [stamp, "alert mailed (idle): GPU 0 on n1 idle since "
+        [stamp(15), "alert mailed (idle): GPU 0 on n1 idle since "
          + time.strftime("%H:%M:%S", time.localtime(T0 + 5)) + " (0.2 min)"],
-        [stamp, f"idle cancel requested: scancel {JOB}: {reason}"],
-        [stamp, "cancelled by gsrun: scancel accepted"]]
+        [stamp(35), f"idle-cancel warning: {warning}"],
+        [stamp(50), f"idle cancel requested: scancel {JOB}: {reason}"],
+        [stamp(50), "cancelled by gsrun: scancel accepted"]]
     # ended: node summary -> job summary -> the report
     node = node_of(final, 100.0)
-    assert [a["action"] for a in node["actions"]] == ["alert_mailed", "cancel_requested", "cancel_done"]
+    assert [a["action"] for a in node["actions"]] == ["alert_mailed", "cancel_warned", "cancel_requested",
+                                                      "cancel_done"]
     job = job_of([node], 100.0)
     assert job["actions"] == node["actions"]
     assert "cancelled by gsrun: scancel accepted" in render_text(job)
+
+
+CANCEL = dataclasses.replace(CFG, cancel="on", cancel_after_min=1.0, cancel_grace_min=0.5)
+
+
+def test_cancel_comes_only_after_the_warning_and_the_grace(tmp_path):
+    idle, = _need(IDLE)
+    calls = []
+    # the recording: idle (context kept) since 126 s -> due at 186 s: warned at the flush at 190 s,
+    # still idle at the end of the recording (199 s); the grace ends at 220 s
+    spool, state, _ = run_job(tmp_path, {"0": [(idle, 0.0)]}, until_s=199.0,
+                              cfg=dataclasses.replace(CANCEL, cancel_grace_min=0.1),
+                              scancel=lambda j: (calls.append(j), (True, "scancel accepted"))[1])
+    assert [(a["action"], a["time"] - T0) for a in state["actions"]] == [
+        ("alert_mailed", 175.0), ("cancel_warned", 190.0), ("cancel_requested", 200.0), ("cancel_done", 200.0)]
+    assert calls == [JOB]
+    assert sorted(_requests(spool)) == [f"{JOB}.cancel.json", f"{JOB}.idle.json", f"{JOB}.warning.json"]
+    assert alerts.process(spool, MAIL, CANCEL, now=T0 + 200) == {"queued": 3, "deferred": 0, "failed": 0}
+    warn = _mails(spool)[f"{JOB}.warning.eml"]
+    assert str(warn["Subject"]) == f"[gsrun] job {JOB} will be cancelled: GPUs idle"
+    body = " ".join(warn.get_content().split())
+    assert (f"job {JOB} will be cancelled at " in body and "(in 0.1 min) unless its GPUs work again: "
+            "all allocated GPUs idle since 126 s into the job, for 1.1 min (limit 1 min, idle.cancel_after_min)"
+            in body)
+
+
+def test_gpu_working_again_in_the_grace_withdraws_the_warning(tmp_path):
+    idle, train = _need(IDLE, TRAIN)
+    calls = []
+    # warned at 190 s; the recorded training starts at 200 s, before the grace (30 s) ends
+    spool, state, _ = run_job(tmp_path, {"0": [(idle, 0.0), (train, 200.0)]}, until_s=254.0, cfg=CANCEL,
+                              scancel=lambda j: (calls.append(j), (True, "scancel accepted"))[1])
+    assert calls == []
+    assert [(a["action"], a["time"] - T0) for a in state["actions"]] == [
+        ("alert_mailed", 175.0), ("cancel_warned", 190.0)]
+    assert state["live_actions"]["warned_at"] is None
+    assert state["live_actions"]["alerts"][-1] == \
+        f"job {JOB}: idle-cancel warning withdrawn (its GPUs are no longer all idle)"

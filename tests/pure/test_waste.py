@@ -257,3 +257,21 @@ def test_held_memory_counts_idle_and_never_used_only():
     assert held_memory(fs) == (1422721024, [("GPU 0 on n1", 1422721024), ("GPU 1 on n1", 0)])
     assert held_line(fs) == "The idle GPUs still hold 1.3 GiB of GPU memory (GPU 0 on n1: 1.3 GiB, GPU 1 on n1: 0 B)."
     assert held_line(fs[2:]) == ""
+
+
+def test_cancel_step_warns_then_waits_the_grace():
+    from gsrun.request.waste import cancel_step
+    assert cancel_step("cancel", None, 1000.0, 15.0) == "warn"
+    assert cancel_step("cancel", 1000.0, 1000.0 + 899.0, 15.0) == "wait"
+    assert cancel_step("cancel", 1000.0, 1000.0 + 900.0, 15.0) == "cancel"
+    assert cancel_step("cancel", 1000.0, 1005.0, 0.0) == "cancel"       # no grace: still one flush after the warning
+    assert cancel_step("none", 1000.0, 2000.0, 15.0) == "none"           # not due: the warning is withdrawn
+    assert cancel_step("report", None, 2000.0, 15.0) == "report"
+
+
+def test_cancel_grace_min_is_a_setting():
+    from gsrun.request.waste import IdleConfig
+    assert IdleConfig().cancel_grace_min == 15.0
+    assert IdleConfig.from_table({"cancel_grace_min": 5}).cancel_grace_min == 5.0
+    with pytest.raises(Exception, match="idle.cancel_grace_min"):
+        IdleConfig.from_table({"cancel_grace_min": -1})
