@@ -185,9 +185,9 @@ class WasteAction(Record):
     node: str = field("the node whose sampler took it")
     action: str = field("alert_mailed (the alert's mail request queued in the mail spool; gsrun-node mail "
                         "flush delivers it, with retries), cancel_warned (the warning before an idle cancel: "
-                        "live file, and a mail request with idle.alert_mail), cancel_requested (scancel about to run), cancel_done (scancel accepted), "
-                        "cancel_failed (scancel refused or timed out), cancel_report (report mode: what "
-                        "would have been cancelled)")
+                        "live file, and a mail request with idle.alert_mail), cancel_requested (scancel about "
+                        "to run), cancel_done (scancel accepted), cancel_failed (scancel refused or timed "
+                        "out), cancel_report (report mode: what would have been cancelled)")
     kind: str | None = field("the alert condition (idle, stuck, never_used); null for a cancel action", None)
     detail: str = field("plain language: the alert's lines, the cancel's reason, scancel's answer", "")
     extra: dict = extra_field()
