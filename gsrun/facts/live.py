@@ -6,8 +6,10 @@ the tiny writers both sides share.
   ``gsrun --wait`` (:func:`read_live_docs`); root's, the job's group, 0440
   (:func:`gsrun.base.fsutil.write_user_copy`).
 - ``<spool>/alerts/{new,done,failed,state}/`` (root 0700): alert requests
-  ``<job>.<kind>.json`` (kind ``idle`` or ``cancel``) published once per job
-  and kind by a sampler (:func:`queue_alert`), turned into mail by
+  ``<job>.<kind>.json`` (kind: an alert condition ``idle``, ``stuck``,
+  ``never_used``; ``warning`` before an idle cancel; ``cancel``; a condition's n-th alert of the job, n >= 2,
+  is ``<job>.<kind>-<n>.json``) published once per name by a sampler
+  (:func:`queue_alert`), turned into mail by
   :mod:`gsrun.report.alerts` (run by ``gsrun-node mail flush``); ``state/``
   holds the per-user hourly counts.
 """
@@ -24,7 +26,7 @@ LIVE_VERSION = 1
 LIVE_PREFIX = "user-live-"
 ALERTS_DIR = "alerts"
 ALERT_SUBDIRS = ("new", "done", "failed", "state")
-ALERT_KINDS = ("idle", "cancel")
+ALERT_KINDS = ("idle", "stuck", "never_used", "warning", "cancel")
 MAX_LIVE_BYTES = 1 << 20        # a live file bigger than this is not ours (a few KiB per node)
 
 
@@ -63,15 +65,43 @@ def alerts_dir(spool_dir) -> Path:
     return base
 
 
-def queue_alert(spool_dir, job_id: str, kind: str, request: dict) -> bool:
-    """Publish the alert request ``<spool>/alerts/new/<job>.<kind>.json`` once
-    per job and kind (``idle``, ``cancel``); False when it exists already
-    (another node, or a restarted sampler, was first) or was handled."""
+def alert_key(kind: str, n: int = 1) -> str:
+    """The request's name part after the job id: ``kind`` for the first
+    alert of that kind, ``kind-<n>`` for the n-th (a condition re-armed)."""
+    return kind if n <= 1 else f"{kind}-{n}"
+
+
+def split_alert_key(key: str) -> tuple[str, int] | None:
+    """Inverse of :func:`alert_key`: ``(kind, n)``, None when it is not one."""
+    kind, _, n = key.partition("-")
+    if kind not in ALERT_KINDS or (n and not (n.isdigit() and int(n) >= 2)):
+        return None
+    return kind, int(n) if n else 1
+
+
+def alert_count(spool_dir, job_id: str, kind: str) -> int:
+    """How many alert requests of ``kind`` the job has had (new, done, failed)."""
     check_job_id(job_id, array=True)
-    if kind not in ("idle", "cancel"):
+    base = alerts_dir(spool_dir)
+    names = set()
+    for sub in ("new", "done", "failed"):
+        for p in (base / sub).glob(f"{job_id}.{kind}*.json"):
+            k = split_alert_key(p.name[len(job_id) + 1:-len(".json")])
+            if k is not None and k[0] == kind:
+                names.add(k[1])
+    return len(names)
+
+
+def queue_alert(spool_dir, job_id: str, kind: str, request: dict, n: int = 1) -> bool:
+    """Publish the alert request ``<spool>/alerts/new/<job>.<key>.json``
+    (:func:`alert_key` of ``kind`` and ``n``: the n-th alert of that kind)
+    once; False when it exists already (another node, or a restarted
+    sampler, was first) or was handled."""
+    check_job_id(job_id, array=True)
+    if kind not in ALERT_KINDS:
         raise ValueError(f"alert kind {kind!r}")
     base = alerts_dir(spool_dir)
-    name = f"{job_id}.{kind}.json"
+    name = f"{job_id}.{alert_key(kind, n)}.json"
     if any((base / sub / name).exists() for sub in ("done", "failed")):
         return False
     return publish_once(base / "new" / name, (json.dumps(request, sort_keys=True) + "\n").encode())

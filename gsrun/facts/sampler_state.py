@@ -171,6 +171,28 @@ class WasteFinding(Record):
     extra: dict = extra_field()
 
 
+#: what :class:`WasteAction` ``action`` may say
+WASTE_ACTIONS = ("alert_mailed", "cancel_warned", "cancel_requested", "cancel_done", "cancel_failed",
+                 "cancel_report")
+
+
+@dataclass(frozen=True)
+class WasteAction(Record):
+    """An action the job's sampler took on a waste detection while the job
+    ran (:mod:`gsrun.node.live`)."""
+
+    time: float = field("when, epoch seconds (the sampler's clock)")
+    node: str = field("the node whose sampler took it")
+    action: str = field("alert_mailed (the alert's mail request queued in the mail spool; gsrun-node mail "
+                        "flush delivers it, with retries), cancel_warned (the warning before an idle cancel: "
+                        "live file, and a mail request with idle.alert_mail), cancel_requested (scancel about "
+                        "to run), cancel_done (scancel accepted), cancel_failed (scancel refused or timed "
+                        "out), cancel_report (report mode: what would have been cancelled)")
+    kind: str | None = field("the alert condition (idle, stuck, never_used); null for a cancel action", None)
+    detail: str = field("plain language: the alert's lines, the cancel's reason, scancel's answer", "")
+    extra: dict = extra_field()
+
+
 @dataclass(frozen=True)
 class SamplerState(Record):
     """The sampler's state file (``sampler.json``), version :data:`STATE_VERSION`."""
@@ -195,6 +217,8 @@ class SamplerState(Record):
     waste_findings: tuple[WasteFinding, ...] = field("waste detections so far, oldest first (the newest 64)",
                                                      optional_key=True)
     waste_findings_dropped: int = field("older waste detections left out of waste_findings", optional_key=True)
+    actions: tuple[WasteAction, ...] = field("actions taken on waste detections (alert mails, idle cancel), "
+                                             "oldest first (the newest 32)", optional_key=True)
     extra: dict = extra_field()
 
     @classmethod
@@ -212,4 +236,4 @@ class SamplerState(Record):
 
 
 __all__ = ["STATE_VERSION", "GpuRef", "MetricState", "TimelineState", "CounterState", "GpuState", "CpuState",
-           "MemState", "WasteFinding", "SamplerState"]
+           "MemState", "WasteFinding", "WasteAction", "WASTE_ACTIONS", "SamplerState"]

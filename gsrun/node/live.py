@@ -11,11 +11,16 @@ each a thin writer around a decision made elsewhere:
   ``live.flush_s`` (default 30 s, the first at the sampler's first flush),
   plus once when an alert or a cancel happens. The full timelines stay in
   the node's state dir until the epilog.
-- **Alert** (first detection of the detector :mod:`gsrun.request.waste` on
-  this node): the line goes into the live file (``gsrun --wait`` prints it)
-  and, with ``idle.alert_mail``, a request
-  ``<spool>/alerts/new/<job>.idle.json`` is published once per job (the first
-  node to publish wins: a hard link, which fails when the name exists), then
+- **Alert** (a detection of the detector :mod:`gsrun.request.waste`): the
+  line goes into the live file (``gsrun --wait`` prints it) and, with
+  ``idle.alert_mail``, one request per condition (``idle``, ``stuck``,
+  ``never_used``: :func:`gsrun.request.waste.alert_plan`) and job: the first
+  node to claim ``<spool>/jobs/<id>/alert-<condition>.json`` (a hard link,
+  which fails when the name exists) publishes
+  ``<spool>/alerts/new/<job>.<condition>.json`` (``-<n>`` for the n-th).
+  The claim is given back (re-armed) when the condition has cleared on the
+  claiming node; a node that saw the condition while another held the
+  claim waits for it to clear on itself before it alerts. Then
   ``gsrun-node mail flush`` is started detached: it turns requests into mail
   through the mail spool (:mod:`gsrun.report.alerts`), so an alert that
   cannot be mailed now (server down, per-user hour budget used up) stays
@@ -28,7 +33,10 @@ each a thin writer around a decision made elsewhere:
   record (partition, QOS, account, user, batch flag): ``scontrol -o show
   job`` is read once per job, only when the job's GPUs have been idle long
   enough to matter. ``report`` logs what would have been cancelled (syslog,
-  the job's report notes); ``on`` runs ``scancel <id>`` once (no shell, the
+  the job's report notes); ``on`` first warns (live file, syslog, a mail
+  request ``<job>.warning``) and, when the job is still due
+  ``idle.cancel_grace_min`` later (:func:`gsrun.request.waste.cancel_step`;
+  a GPU working in between withdraws the warning), runs ``scancel <id>`` once (no shell, the
   id checked by :func:`gsrun.base.ids.check_job_id`, bounded by
   ``timeouts.command_s``), with the reason in syslog, the report notes, the
   live file and a mail (request ``<job>.cancel``).
@@ -46,11 +54,12 @@ from gsrun.base.fsutil import publish_once, read_json, read_spool_json, write_us
 from gsrun.base.ids import check_job_id, is_node_name
 from gsrun.base.log import JobLog
 from gsrun.base.proc import ROOT_CWD, root_child_env, root_python
-from gsrun.facts.live import LIVE_PREFIX, LIVE_VERSION, MAX_LIVE_BYTES, queue_alert
+from gsrun.facts.live import LIVE_PREFIX, LIVE_VERSION, MAX_LIVE_BYTES, alert_count, queue_alert
 from gsrun.facts.slurm import exemption_argv, parse_exemption_record, parse_job_record, run_slurm
-from gsrun.request.waste import all_idle_since, cancel_decision
+from gsrun.request.waste import CONDITIONS, alert_plan, all_idle_since, cancel_decision, cancel_step
 
 MAX_ALERT_LINES = 16             # alert lines kept in the live file (one per GPU and kind at most)
+MAX_ACTIONS = 32                 # actions kept in the sampler state (alert mails, cancel steps), newest
 STALE_FACTOR = 3.0               # another node's live file older than this x live.flush_s: its GPUs count unknown
 FINDING_WORDS = {"gpu_idle": "idle", "gpu_stuck_collective": "looks stuck in a collective (busy at idle power)",
                  "gpu_never_used": "not used by the job"}
@@ -332,6 +341,14 @@ class LiveActions:
                         json.dumps(doc, separators=(",", ":"), sort_keys=True) + "\n", gid)
         self.last_write = now
 
+    def _active_conditions(self, state: dict, new: list[dict]) -> set[str]:
+        """The alert conditions that hold on this node now: a GPU's detection
+        still true (:attr:`GpuWatch.active <gsrun.request.waste.GpuWatch.active>`)
+        or one new this flush."""
+        codes = {d.get("code") for w in _watches(state) if hasattr(w, "active") for d in w.active}
+        codes |= {f.get("code") for f in new}
+        return {CONDITIONS[c] for c in codes if c in CONDITIONS}
+
     def _alerts(self, state: dict, now: float) -> bool:
         acts = self._acts(state)
         seen = acts.setdefault("seen_keys", [])
@@ -342,23 +359,72 @@ class LiveActions:
                 seen.append(key)
                 new.append(f)
         del seen[:-256]       # bounded (the detector keeps at most 64 findings)
+        fired = acts.setdefault("fired", {})
+        raise_, rearm = alert_plan(fired, self._active_conditions(state, new))
+        if not _watches(state):
+            rearm = []        # no detector state: whether a condition cleared is unknown, so it stays fired
+        for cond in rearm:
+            fired[cond] = False
+            self._release_marker(cond)
         if not new:
             return False
-        lines = [alert_line(f, self.node, float(state["start_time"])) for f in new]
+        t0 = float(state["start_time"])
+        lines = [alert_line(f, self.node, t0) for f in new]
         acts["alerts"] = (acts["alerts"] + lines)[-MAX_ALERT_LINES:]
         for ln in lines:
             self.log(f"alert: {ln}")
         cfg = self.idle_cfg
-        if cfg is not None and getattr(cfg, "alert_mail", True):
+        mail_on = cfg is not None and getattr(cfg, "alert_mail", True)
+        for cond in raise_:
+            fired[cond] = True
+            mine = [f for f in new if CONDITIONS.get(f.get("code")) == cond]
+            if not mail_on or not mine or not self._take_marker(cond, now):
+                continue      # no mail, or another node's alert for this condition still stands
             user = (self._prolog() or {}).get("job", {}).get("user")
-            req = {"job_id": self.job_id, "kind": "idle", "node": self.node, "uid": self.uid, "user": user,
-                   "lines": lines, "findings": new[:16], "time": round(now, 3)}
+            req = {"job_id": self.job_id, "kind": cond, "node": self.node, "uid": self.uid, "user": user,
+                   "lines": [alert_line(f, self.node, t0) for f in mine],
+                   "findings": [dict(f, node=self.node) for f in mine[:16]],
+                   "time": round(now, 3)}
             try:
-                if queue_alert(self.spool_dir, self.job_id, "idle", req):
+                n = alert_count(self.spool_dir, self.job_id, cond) + 1
+                if queue_alert(self.spool_dir, self.job_id, cond, req, n):
                     self._want_kick = True
+                    self._record(state, now, "alert_mailed", "; ".join(req["lines"]), kind=cond)
             except Exception as e:  # noqa: BLE001 - kept in the live file; the mail is lost only with the spool
                 self.log.warn(f"alert not queued: {e}")
         return True
+
+    def _record(self, state: dict, now: float, action: str, detail: str, kind: str | None = None) -> None:
+        """One action in the sampler state's ``actions`` (the newest
+        :data:`MAX_ACTIONS`; shape :class:`gsrun.facts.sampler_state.WasteAction`):
+        the node summary, the job summary and ``gseff`` show them."""
+        acts = state.setdefault("actions", [])
+        acts.append({"time": round(now, 3), "node": self.node, "action": action, "kind": kind,
+                     "detail": detail[:600]})
+        del acts[:-MAX_ACTIONS]
+
+    def _marker(self, cond: str) -> Path:
+        return self.spool_dir / "jobs" / self.job_id / f"alert-{cond}.json"
+
+    def _take_marker(self, cond: str, now: float) -> bool:
+        """Claim the job's alert for ``cond`` (``<spool>/jobs/<id>/alert-<cond>.json``,
+        one per job until the claiming node re-arms it). False: another node holds it."""
+        rec = {"node": self.node, "time": round(now, 3)}
+        try:
+            return publish_once(self._marker(cond), (json.dumps(rec, sort_keys=True) + "\n").encode())
+        except OSError as e:
+            self.log.warn(f"alert marker for {cond} not written: {e}")
+            return False
+
+    def _release_marker(self, cond: str) -> None:
+        """Re-arm the job's alert for ``cond`` when this node holds it."""
+        p = self._marker(cond)
+        held = read_json(p)
+        if isinstance(held, dict) and held.get("node") == self.node:
+            try:
+                p.unlink()
+            except OSError:
+                pass
 
     def _is_lead(self) -> bool | None:
         job = (self._prolog() or {}).get("job") or {}
@@ -376,39 +442,88 @@ class LiveActions:
         after = getattr(cfg, "cancel_after_min", None)
         if mode not in ("report", "on") or after is None or not self._is_lead():
             return False
-        mine = self.node_idle_since(state)
-        if mine is None:
-            return False
-        nodes = [n for n in (self._prolog() or {}).get("job", {}).get("nodelist") or () if n != self.node]
-        others = [self._other_live(n) for n in nodes]
-        since = job_idle_since(mine, others, now, STALE_FACTOR * max(self.live_flush_s, 1.0))
-        if since is None:
-            return False
-        if now - since < 60.0 * after:      # not due for any job yet (an interactive one has more grace)
-            return False
-        if self.job is None:
-            self.job = self._job_record(self.job_id)
-            self.job_looked = True
-        if self.job is None:
-            return False     # Slurm not reachable: asked again at the next flush
-        if self.job.get("unparsable") and not acts.get("unparsable_noted"):
-            acts["unparsable_noted"] = True
-            self.log.warn("idle cancel: the job's exemption fields do not parse as one record (a '|' or newline "
-                          "in its account?): no exemption applies")
+        decided = self._decide(state, acts, now, after)
+        if decided is None:
+            return False     # Slurm not reachable: asked again at the next flush, a warning stands
+        action, reason = decided
         t0 = float(state["start_time"])     # the detector's frame: seconds since the sampler started
-        action, reason = cancel_decision(cfg, self.job, since - t0, now - t0)
-        if action == "none":
-            return False
-        if action == "report":
+        warned = acts.get("warned_at")
+        step = cancel_step(action, None if warned is None else warned - t0, now - t0,
+                           getattr(cfg, "cancel_grace_min", 15.0))
+        if step == "none":
+            if warned is None:
+                return False
+            acts["warned_at"] = None       # the GPUs work again (or the job is exempt): the warning is void
+            line = f"job {self.job_id}: idle-cancel warning withdrawn (its GPUs are no longer all idle)"
+            acts["alerts"] = (acts["alerts"] + [line])[-MAX_ALERT_LINES:]
+            self.log(line)
+            return True
+        if step == "report":
             if acts.get("report_noted"):
                 return False
             acts["report_noted"] = True
             note = f"idle cancel (report mode): would cancel job {self.job_id}: {reason}"
+            self._record(state, now, "cancel_report", reason)
             self.log.warn(note)
             state.setdefault("notes", []).append(note)
             acts["cancel"] = {"action": "report", "reason": reason, "time": round(now, 3)}
             return True
+        if step == "warn":
+            return self._warn(state, acts, reason, now)
+        if step == "wait":
+            return False
+        reason += (f"; warned {round((now - warned) / 60.0, 2):g} min before, at "
+                   f"{time.strftime('%H:%M:%S', time.localtime(warned))} (idle.cancel_grace_min)")
         return self._do_cancel(state, acts, reason, now)
+
+    def _decide(self, state: dict, acts: dict, now: float, after: float) -> tuple[str, str] | None:
+        """:func:`cancel_decision` on this node's and the other nodes' facts;
+        ``("none", why)`` when not due, None when the job record is unknown now."""
+        mine = self.node_idle_since(state)
+        if mine is None:
+            return "none", "not all GPUs of this node idle"
+        nodes = [n for n in (self._prolog() or {}).get("job", {}).get("nodelist") or () if n != self.node]
+        others = [self._other_live(n) for n in nodes]
+        since = job_idle_since(mine, others, now, STALE_FACTOR * max(self.live_flush_s, 1.0))
+        if since is None:
+            return "none", "not every node's GPUs known idle"
+        if now - since < 60.0 * after:      # not due for any job yet (an interactive one has more grace)
+            return "none", "not idle long enough"
+        if self.job is None:
+            self.job = self._job_record(self.job_id)
+            self.job_looked = True
+        if self.job is None:
+            return None
+        if self.job.get("unparsable") and not acts.get("unparsable_noted"):
+            acts["unparsable_noted"] = True
+            self.log.warn("idle cancel: the job's exemption fields do not parse as one record (a '|' or newline "
+                          "in its account?): no exemption applies")
+        t0 = float(state["start_time"])
+        return cancel_decision(self.idle_cfg, self.job, since - t0, now - t0)
+
+    def _warn(self, state: dict, acts: dict, reason: str, now: float) -> bool:
+        """The warning before the cancel: live file, syslog, the action record
+        and (``idle.alert_mail``) a mail request of kind ``warning``."""
+        grace = float(getattr(self.idle_cfg, "cancel_grace_min", 15.0))
+        at = now + 60.0 * grace
+        line = (f"job {self.job_id} will be cancelled at {time.strftime('%H:%M', time.localtime(at))} "
+                f"(in {grace:g} min) unless its GPUs work again: {reason}")
+        acts["warned_at"] = round(now, 3)
+        acts["alerts"] = (acts["alerts"] + [line])[-MAX_ALERT_LINES:]
+        self.log.warn(line)
+        self._record(state, now, "cancel_warned", line)
+        if getattr(self.idle_cfg, "alert_mail", True):
+            req = {"job_id": self.job_id, "kind": "warning", "node": self.node, "uid": self.uid,
+                   "user": (self.job or {}).get("user"), "mail_user": (self.job or {}).get("mail_user"),
+                   "lines": [line], "reason": reason, "cancel_at": round(at, 3), "grace_min": grace,
+                   "time": round(now, 3)}
+            try:
+                n = alert_count(self.spool_dir, self.job_id, "warning") + 1
+                if queue_alert(self.spool_dir, self.job_id, "warning", req, n):
+                    self._want_kick = True
+            except Exception as e:  # noqa: BLE001 - the warning stands in the live file and the summary
+                self.log.warn(f"cancel warning mail not queued: {e}")
+        return True
 
     def _do_cancel(self, state: dict, acts: dict, reason: str, now: float) -> bool:
         marker = self.spool_dir / "jobs" / self.job_id / "idle-cancel.json"
@@ -416,7 +531,9 @@ class LiveActions:
         if not publish_once(marker, (json.dumps(rec, sort_keys=True) + "\n").encode()):
             acts["cancel"] = {"action": "cancel", "reason": reason, "time": round(now, 3), "detail": "already done"}
             return False
+        self._record(state, now, "cancel_requested", f"scancel {self.job_id}: {reason}")
         ok, detail = self._scancel(self.job_id)
+        self._record(state, self.clock(), "cancel_done" if ok else "cancel_failed", detail)
         note = f"cancelled by gsrun (idle GPUs): {reason}" if ok else \
             f"idle cancel failed: scancel {self.job_id}: {detail} (reason: {reason})"
         (self.log.warn if ok else self.log.error)(note)

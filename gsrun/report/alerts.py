@@ -7,13 +7,14 @@ spool as the end-of-job report (``<spool>/mail/new/<job>.<kind>.eml``,
 :func:`gsrun.report.mail.enqueue`: idempotent per id) and delivered with the
 same retry and backoff: never lost.
 
-Rate limits: one ``idle`` mail per job (the request name is per job; a
-second node or a restarted sampler finds it taken), and at most
-``idle.mail_per_user_per_hour`` ``idle`` mails per user per clock hour
+Rate limits: one mail per alert condition (``idle``, ``stuck``,
+``never_used``) and job until the condition clears (the sampler's claim,
+:mod:`gsrun.node.live`; a condition's n-th alert is ``<job>.<kind>-<n>``), and at most
+``idle.mail_per_user_per_hour`` alert mails per user per clock hour
 (counts in ``<spool>/alerts/state/<user>.<YYYYmmddHH>.json``): a request over
 the budget stays in ``new/`` and goes out in a later hour (the live file and
-``gsrun --wait`` show the alert meanwhile). A ``cancel`` notice is never held
-back (it says what happened to the job). A request with no address to mail
+``gsrun --wait`` show the alert meanwhile). A ``cancel`` notice and the ``warning`` before it are never
+held back (they say what happens to the job). A request with no address to mail
 (no ``MailUser`` with a domain and no ``mail.default_domain``) moves to
 ``failed/`` with the reason in ``state/``.
 
@@ -33,10 +34,11 @@ from pathlib import Path
 from gsrun.base.fsutil import atomic_write_json, read_json
 from gsrun.base.ids import is_job_id, is_user_name
 from gsrun.base.templating import render
-from gsrun.facts.live import ALERT_KINDS, alerts_dir, read_live_docs
+from gsrun.facts.live import alerts_dir, read_live_docs, split_alert_key
 from gsrun.report import mail
 from gsrun.report.live import live_summary
 from gsrun.report.render import render_text
+from gsrun.report.units import fmt_bytes
 
 MAX_REQUESTS_PER_RUN = 200
 
@@ -58,9 +60,37 @@ def hour_key(now: float) -> str:
     return time.strftime("%Y%m%d%H", time.localtime(now))
 
 
+def held_memory(findings) -> tuple[int, list[tuple[str, int]]] | None:
+    """GPU memory the idle GPUs of an alert still hold: ``(total_bytes,
+    [(gpu label, bytes), ...])`` from the findings' evidence
+    (``mem_used_bytes``: ``nvmlDeviceGetMemoryInfo`` at the last poll of the
+    stretch), idle and never-used findings only; None when none was read. Pure."""
+    per = []
+    for f in findings or ():
+        if not isinstance(f, dict) or f.get("code") not in ("gpu_idle", "gpu_never_used"):
+            continue
+        m = (f.get("evidence") or {}).get("mem_used_bytes")
+        if isinstance(m, int) and not isinstance(m, bool) and m >= 0:
+            per.append((f"GPU {f.get('gpu')}" + (f" on {f['node']}" if f.get("node") else ""), m))
+    return (sum(m for _, m in per), per) if per else None
+
+
+def held_line(findings) -> str:
+    """``The idle GPUs still hold 5.3 GiB of GPU memory (GPU 4: 1.3 GiB, ...)``,
+    or "" (:func:`held_memory`; bytes through :func:`gsrun.report.units.fmt_bytes`). Pure."""
+    held = held_memory(findings)
+    if held is None:
+        return ""
+    total, per = held
+    parts = ", ".join(f"{g}: {fmt_bytes(m)}" for g, m in per[:8]) + (", ..." if len(per) > 8 else "")
+    return f"The idle GPUs still hold {fmt_bytes(total)} of GPU memory ({parts})."
+
+
 def build_alert(req: dict, to_addr: str, from_addr: str, report_text: str | None, cancel_after_min,
-                date: float | None = None) -> EmailMessage:
-    """The alert (kind ``idle``) or cancel notice (kind ``cancel``) mail:
+                date: float | None = None, key: str | None = None) -> EmailMessage:
+    """The alert (kind ``idle``, ``stuck``, ``never_used``) or cancel notice
+    (kind ``cancel``) mail; ``key``: the request's name part (the kind, or
+    ``kind-<n>`` for its n-th alert; the Message-ID's):
     text/plain (``templates/alert.txt.j2``), headers as the report mail's
     (:func:`gsrun.report.mail.set_text_header`, ``Auto-Submitted``,
     ``X-Gsrun-Job``). Raises :class:`~gsrun.base.errors.InputError` on a bad address."""
@@ -70,7 +100,8 @@ def build_alert(req: dict, to_addr: str, from_addr: str, report_text: str | None
     kind = req["kind"]
     lines = [mail.clean_line(x, 300) for x in req.get("lines") or ()][:16]
     after = f"{cancel_after_min:g} min" if isinstance(cancel_after_min, (int, float)) else ""
-    body = render("alert.txt.j2", kind=kind, job_id=job_id, lines=lines,
+    held = mail.clean_line(held_line(req.get("findings")), 400)
+    body = render("alert.txt.j2", kind=kind, job_id=job_id, lines=lines, held=held,
                   reason=mail.clean_line(req.get("reason") or "", 400), cancel_after=after,
                   report=mail.clean_block(report_text) if report_text else "")
     msg = EmailMessage(policy=email_policy.default)
@@ -78,10 +109,11 @@ def build_alert(req: dict, to_addr: str, from_addr: str, report_text: str | None
     msg["From"] = f"gsrun <{from_spec}>"
     msg["To"] = to_spec
     subject = f"[gsrun] job {job_id} cancelled: GPUs idle" if kind == "cancel" else \
+        f"[gsrun] job {job_id} will be cancelled: GPUs idle" if kind == "warning" else \
         f"[gsrun] job {job_id} running: {lines[0] if lines else 'GPU time unused'}"
     mail.set_text_header(msg, "Subject", subject, 250)
     msg["Date"] = email.utils.formatdate(date if date is not None else time.time(), localtime=True)
-    msg["Message-ID"] = f"<gsrun.job-{job_id}.{kind}@{domain}>"
+    msg["Message-ID"] = f"<gsrun.job-{job_id}.{mail.clean_line(key or kind, 40)}@{domain}>"
     msg["Auto-Submitted"] = "auto-generated"
     mail.set_text_header(msg, "X-Gsrun-Job", job_id, 40)
     mail.set_text_header(msg, "X-Gsrun-Alert", kind, 20)
@@ -108,12 +140,13 @@ def process(spool_dir, cfg, idle_cfg=None, now: float | None = None, job_record=
         p = base / "new" / name
         req = read_json(p)
         parts = name[:-len(".json")].rsplit(".", 1)
-        if not req or len(parts) != 2 or not is_job_id(parts[0], array=True) or parts[1] not in ALERT_KINDS \
-                or req.get("job_id") != parts[0] or req.get("kind") != parts[1]:
+        key = split_alert_key(parts[1]) if len(parts) == 2 else None
+        if not req or key is None or not is_job_id(parts[0], array=True) \
+                or req.get("job_id") != parts[0] or req.get("kind") != key[0]:
             _finish(base, name, "failed", {"error": "malformed request"})
             out["failed"] += 1
             continue
-        job_id, kind = parts
+        job_id, kind = parts[0], key[0]
         job = None
         if job_record is not None:
             try:
@@ -131,7 +164,7 @@ def process(spool_dir, cfg, idle_cfg=None, now: float | None = None, job_record=
         user_key = to_addr.lower()
         count_path = base / "state" / f"{_safe(user_key)}.{hour_key(now)}.json"
         count = (read_json(count_path) or {}).get("sent", 0)
-        if kind == "idle" and count >= per_hour:
+        if kind not in ("cancel", "warning") and count >= per_hour:
             out["deferred"] += 1
             continue
         report = None
@@ -140,8 +173,8 @@ def process(spool_dir, cfg, idle_cfg=None, now: float | None = None, job_record=
         except Exception:  # noqa: BLE001 - an alert without the report is still an alert
             report = None
         try:
-            msg = build_alert(req, to_addr, cfg["mail.from_addr"], report, cancel_after, date=now)
-            mail.enqueue(spool_dir, f"{job_id}.{kind}", msg)
+            msg = build_alert(req, to_addr, cfg["mail.from_addr"], report, cancel_after, date=now, key=parts[1])
+            mail.enqueue(spool_dir, f"{job_id}.{parts[1]}", msg)
         except Exception as e:  # noqa: BLE001 - bad address etc.: recorded, not retried for ever
             _finish(base, name, "failed", {"error": str(e)[:300]})
             out["failed"] += 1
@@ -170,4 +203,4 @@ def _report_text(spool_dir, job_id: str, cfg) -> str | None:
     return render_text(s, color=False, cfg=cfg) if s else None
 
 
-__all__ = ["process", "build_alert", "recipient"]
+__all__ = ["process", "build_alert", "recipient", "held_memory", "held_line"]

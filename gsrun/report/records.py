@@ -230,6 +230,8 @@ class NodeSummary(Record):
                                         optional_key=True)
     waste: tuple[WasteDetection, ...] = field("waste detections of the node's sampler while the job ran; absent: "
                                               "none", optional_key=True)
+    actions: tuple[ss.WasteAction, ...] = field("actions the node's sampler took on them (alert mails, idle "
+                                                "cancel), oldest first; absent: none", optional_key=True)
     request: dict[str, Any] | None = field("the job's gsrun request from the prolog record (added by the "
                                            "epilog)", optional_key=True)
     settings: tuple[NodeSetting, ...] | None = field(
@@ -375,6 +377,8 @@ class JobSummary(Record):
         optional_key=True)
     waste: tuple[WasteDetection, ...] = field("waste detections made while the job ran, all nodes (node, then "
                                               "time); absent: none", optional_key=True)
+    actions: tuple[ss.WasteAction, ...] = field("actions taken on them while the job ran (alert mails, idle "
+                                                "cancel), all nodes, by time; absent: none", optional_key=True)
     extra: dict = extra_field()
 
     @classmethod

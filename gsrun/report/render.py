@@ -202,6 +202,23 @@ def _short_label(text: str, keep: int) -> str:
     return f"{', '.join(items[:keep])} and GPUs on {len(items) - keep} more nodes (gseff --all lists them)" + text[i:]
 
 
+MAX_ACTIONS_SHOWN = 10
+ACTION_WORDS = {"alert_mailed": "alert mailed", "cancel_warned": "idle-cancel warning",
+                "cancel_requested": "idle cancel requested", "cancel_done": "cancelled by gsrun",
+                "cancel_failed": "idle cancel failed", "cancel_report": "would cancel (idle.cancel = report)"}
+
+
+def action_text(a: dict) -> str:
+    """One action of the job's samplers (``summary["actions"]``,
+    :class:`gsrun.facts.sampler_state.WasteAction`) as a line:
+    ``2025-10-09 10:02 on n1: alert mailed (idle): GPU 4 on n1 idle since ...``. Pure."""
+    what = ACTION_WORDS.get(a.get("action"), str(a.get("action")).replace("_", " "))
+    if a.get("kind"):
+        what += f" ({str(a['kind']).replace('_', ' ')})"
+    text = f"{fmt_time(a.get('time'))} on {a.get('node') or 'N/A'}: {what}"
+    return text + (f": {a['detail']}" if a.get("detail") else "")
+
+
 def render_text(summary: dict, color: bool = False, cfg=None, all_gpus: bool = False) -> str:
     """The report as plain text, every line at most :data:`WRAP_COLS` wide
     (ANSI colour when ``color``; the colour codes do not count).
@@ -210,6 +227,8 @@ def render_text(summary: dict, color: bool = False, cfg=None, all_gpus: bool = F
     the verdict (:func:`gsrun.report.findings.verdicts`, one row per
     resource), the findings (grouped across GPUs, most important first,
     each with ``More: <report.doc_url>#<code>`` when the site set a URL),
+    the actions taken while the job ran (alert mails, idle cancel: at most
+    :data:`MAX_ACTIONS_SHOWN`, all with ``all_gpus``),
     the job (times, queue wait, time limit, allocation), the GPUs (a block
     each, or a table from 5 GPUs on). ``cfg``: the site config for the
     verdict targets and the URL (None: defaults, no URL)."""
@@ -253,6 +272,15 @@ def render_text(summary: dict, color: bool = False, cfg=None, all_gpus: bool = F
             link = doc_link(cfg, f.get("code"))
             if link and f["severity"] != "info" or link and f.get("action"):
                 lines.append(f"     More: {link}")
+
+    acts = [a for a in summary.get("actions") or () if isinstance(a, dict)]
+    if acts:
+        lines += ["", c("1", "Actions while the job ran")]
+        shown_a = acts if all_gpus else acts[:MAX_ACTIONS_SHOWN]
+        for a in shown_a:
+            lines += _wrap(action_text(a), "  - ", "    ")
+        if len(shown_a) < len(acts):
+            lines.append(f"  ... {len(acts) - len(shown_a)} more (gseff --all lists them)")
 
     lines += ["", c("1", "Job")]
     who = ", ".join(x for x in (f"user {job.get('user') or 'N/A'}", f"partition {job.get('partition') or 'N/A'}",

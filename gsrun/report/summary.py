@@ -119,7 +119,7 @@ from gsrun import SUMMARY_SCHEMA
 from gsrun.base.record import ABSENT
 from gsrun.facts.aggregate import Counter, Metric
 from gsrun.facts.sacct import parse_time_s, parse_tres, tres_gpus
-from gsrun.facts.sampler_state import GpuState, SamplerState
+from gsrun.facts.sampler_state import GpuState, SamplerState, WasteAction
 from gsrun.facts.slurm import state_word
 from gsrun.report import node_end
 from gsrun.report.findings import finding_records
@@ -289,7 +289,15 @@ def node_record(state: SamplerState | dict | None, job_env: dict, end_time: floa
         **({"waste": [WasteDetection(node=node, code=w.code, gpu=w.gpu, since_s=w.since_s, detected_s=w.detected_s,
                                      evidence=w.evidence, until_s=w.until_s) for w in st.waste_findings]}
            if st.waste_findings is not ABSENT and st.waste_findings else {}),
+        **({"actions": list(st.actions)} if st.actions is not ABSENT and st.actions else {}),
     )
+
+
+def job_actions(nodes: list[dict]) -> list[WasteAction]:
+    """Every node summary's ``actions`` (alert mails, idle cancel), by time
+    then node. Pure."""
+    out = [WasteAction.from_json(a) for n in nodes for a in n.get("actions") or () if isinstance(a, dict)]
+    return sorted(out, key=lambda a: (a.time, a.node))
 
 
 def settings_groups(nodes: list[dict]) -> list[SettingsGroup]:
@@ -514,6 +522,7 @@ def _job_merge(job: dict, nodes: list, cfg, partition: str | None, timeline: Job
         settings=groups if (groups := settings_groups(nodes)) else ABSENT,
         **({"waste": waste} if (waste := [WasteDetection.from_json(w) for n in nodes for w in n.get("waste") or ()
                                           if isinstance(w, dict)]) else {}),
+        **({"actions": actions} if (actions := job_actions(nodes)) else {}),
     )
     d = summary.to_json()
     d["gpu"]["devices"] = devices = [GpuSummary.json_form(g) for g in gpus]

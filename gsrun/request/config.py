@@ -297,6 +297,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("idle.cancel", str, "off",
             "off: never cancel; report: tell the admins what would have been cancelled (dry run); on: cancel.",
             _idle("cancel"), "off|report|on"),
+    Setting("idle.cancel_grace_min", (int, float), 15.0,
+            "Minutes between the warning and the cancel: when a job reaches its idle limit, gsrun first "
+            "warns its user (mail, live report) and cancels only if its GPUs are still all idle this many "
+            "minutes later; a GPU that works again in between withdraws the warning.",
+            _idle("cancel_grace_min"), "0-100000"),
     Setting("idle.stuck_after_min", (int, float), 15.0,
             "Utilization high while SM and tensor activity stay ~0 at near-idle power for this many minutes "
             "(a hung collective, or kernels too small to matter) is a gpu_stuck_collective finding. Without GPM "
@@ -334,7 +339,8 @@ SETTINGS: tuple[Setting, ...] = (
             "Extra idle minutes before an interactive job (salloc, srun --pty) is cancelled: its limit is "
             "cancel_after_min + this.", _idle("interactive_grace_min"), "0-100000"),
     Setting("idle.alert_mail", bool, True,
-            "Mail the job's user once when an idle / stuck / never-used GPU is first detected.", None,
+            "Mail the job's user when an idle / stuck / never-used GPU is detected: once per kind, again "
+            "only after that kind cleared.", None,
             "true/false"),
     Setting("idle.mail_per_user_per_hour", int, 3, "Most idle alert mails per user per hour.",
             _idle("mail_per_user_per_hour"), "0-1000"),

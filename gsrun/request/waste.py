@@ -15,6 +15,9 @@ folded into its aggregates (the ``values`` dict that
   (``nvmlDeviceGetComputeRunningProcesses`` x the job's cgroup PIDs); None
   when either list is unknown. Under MPS the GPU lists the MPS server, not
   the job's clients, so an empty list alone never makes a busy GPU idle.
+- ``mem_used_bytes``: GPU memory in use, bytes (``nvmlDeviceGetMemoryInfo``;
+  the finding's evidence carries the last reading of the stretch: what an
+  idle GPU still holds),
 - ``pcie_tx_bytes_s``, ``pcie_rx_bytes_s``: PCIe throughput
   (``nvmlDeviceGetPcieThroughput``, KB/s x 1024), ``nvlink_bytes_s``: NVLink
   data throughput, both directions, all links (None or missing: not read).
@@ -77,6 +80,8 @@ STUCK = "gpu_stuck_collective"
 NEVER_USED = "gpu_never_used"
 CODES = (IDLE, STUCK, NEVER_USED)
 CANCEL_MODES = ("off", "report", "on")
+#: finding code -> the alert condition it belongs to (one alert per condition and job, re-armed when it clears)
+CONDITIONS = {IDLE: "idle", STUCK: "stuck", NEVER_USED: "never_used"}
 WATCH_VERSION = 1
 DEFAULT_MAX_GAP_S = 60.0
 _NAME_RE = PARTITION_RE          # Slurm partition, QOS and account names: same allowed characters
@@ -103,6 +108,7 @@ class IdleConfig:
     exempt_users: tuple[str, ...] = ()
     exempt_accounts: tuple[str, ...] = ()
     interactive_grace_min: float = 60.0
+    cancel_grace_min: float = 15.0
     alert_mail: bool = True
     mail_per_user_per_hour: int = 3
     touch_comment: bool = False
@@ -148,7 +154,7 @@ def check_idle_value(key: str, v) -> str | None:
     if key in ("warn_after_min", "stuck_after_min"):
         return None if _num(v) and 0.05 <= v <= 100000 \
             else "must be a number of minutes between 0.05 (3 s, test sites) and 100000"
-    if key in ("cancel_after_min", "interactive_grace_min"):
+    if key in ("cancel_after_min", "interactive_grace_min", "cancel_grace_min"):
         if key == "cancel_after_min" and v is None:
             return None
         return None if _num(v) and 0 <= v <= 100000 else "must be a number of minutes between 0 and 100000"
@@ -241,7 +247,7 @@ class _Stretch:
     """A run of polls of one kind: start, last poll, figures over it."""
 
     __slots__ = ("kind", "since_s", "last_s", "n", "util_max", "util_sum", "util_n", "sm_max", "tensor_max",
-                 "power_sum", "power_n", "power_max", "reported", "link_max_kbs", "links")
+                 "power_sum", "power_n", "power_max", "reported", "link_max_kbs", "links", "mem_used_bytes")
 
     def __init__(self, kind: str, since_s: float):
         self.kind, self.since_s, self.last_s = kind, since_s, since_s
@@ -251,6 +257,7 @@ class _Stretch:
         self.reported = False
         self.link_max_kbs = None
         self.links: list[str] = []
+        self.mem_used_bytes = None
 
     def add(self, t_s: float, r: dict) -> None:
         self.last_s = t_s
@@ -268,6 +275,9 @@ class _Stretch:
             self.power_max = p if self.power_max is None else max(self.power_max, p)
             self.power_sum += p
             self.power_n += 1
+        m = _f(r.get("mem_used_bytes"))
+        if m is not None:
+            self.mem_used_bytes = int(m)
         lk, used = link_kbs(r)
         if lk is not None:
             self.link_max_kbs = lk if self.link_max_kbs is None else max(self.link_max_kbs, lk)
@@ -440,6 +450,7 @@ class GpuWatch:
               "power_idle_w": _r1(self.idle_power_w),
               "power_idle_source": self.idle_power_source,
               "job_processes": len(pids) if isinstance(pids, (list, tuple)) else None,
+              "mem_used_bytes": st.mem_used_bytes,
               "ever_used": self._ever_used,
               "basis": basis}
         if st.kind == "stuck" and st.sm_max is None:
@@ -496,6 +507,23 @@ def all_idle_since(watches) -> float | None:
     return max(since)
 
 
+# ----------------------------------------------------------------------------- alerts
+
+def alert_plan(fired: dict, active: set) -> tuple[list[str], list[str]]:
+    """Which alert conditions to raise and which to re-arm on one node.
+
+    ``fired``: condition (:data:`CONDITIONS` values: ``idle``, ``stuck``,
+    ``never_used``) -> True when its alert was raised (by this node or
+    another) and the condition has not cleared here since. ``active``: the
+    conditions that hold on this node now (a GPU's detection still true, or
+    new this flush). Returns ``(raise_, rearm)``, each sorted: conditions
+    active and not fired; conditions fired and no longer active (their next
+    detection alerts again). Pure."""
+    raise_ = sorted(c for c in active if c in CONDITIONS.values() and not fired.get(c))
+    rearm = sorted(c for c, f in fired.items() if f and c not in active)
+    return raise_, rearm
+
+
 # ----------------------------------------------------------------------------- cancel
 
 def cancel_decision(cfg: IdleConfig, job: dict, all_idle_since_s: float | None, now_s: float) -> tuple[str, str]:
@@ -533,9 +561,28 @@ def cancel_decision(cfg: IdleConfig, job: dict, all_idle_since_s: float | None, 
     return ("cancel" if cfg.cancel == "on" else "report"), reason
 
 
+def cancel_step(action: str, warned_s: float | None, now_s: float, grace_min: float) -> str:
+    """The idle cancel's next step, after a warning and a grace period.
+
+    ``action``: :func:`cancel_decision`'s (``none``, ``report``, ``cancel``);
+    ``warned_s``: when the job's user was warned (s, same frame as
+    ``now_s``; None: not warned, or the warning was withdrawn);
+    ``grace_min``: ``idle.cancel_grace_min``.
+
+    Returns ``"none"`` (not due: a standing warning is withdrawn),
+    ``"report"`` (report mode), ``"warn"`` (due and not warned yet: warn
+    now), ``"wait"`` (warned less than ``grace_min`` ago) or ``"cancel"``
+    (still due ``grace_min`` after the warning). Pure."""
+    if action != "cancel":
+        return action if action in ("none", "report") else "none"
+    if warned_s is None:
+        return "warn"
+    return "cancel" if now_s - warned_s + 1e-9 >= 60.0 * grace_min else "wait"
+
+
 def _fmt_min(m: float) -> str:
     return f"{m:.0f}" if abs(m - round(m)) < 0.05 else f"{m:.1f}"
 
 
-__all__ = ["IdleConfig", "GpuWatch", "classify", "all_idle_since", "cancel_decision", "check_idle_value",
-           "IDLE", "STUCK", "NEVER_USED", "CODES", "CANCEL_MODES"]
+__all__ = ["IdleConfig", "GpuWatch", "classify", "all_idle_since", "alert_plan", "cancel_decision", "cancel_step",
+           "check_idle_value", "CONDITIONS", "IDLE", "STUCK", "NEVER_USED", "CODES", "CANCEL_MODES"]

@@ -63,3 +63,31 @@ def phase_start(trace: dict, name: str) -> float:
         if ph["name"] == name:
             return float(ph["start_s"])
     raise KeyError(f"trace {trace.get('name')}: no phase {name!r}")
+
+
+def figures(trace: dict) -> list[tuple[float, dict]]:
+    """``(t_s, values)`` per poll of ``trace``: what :func:`update_gpu` gives the
+    detector (a fresh GPU state for the trace)."""
+    gpu = trace.get("gpu") or {}
+    ref = GpuRef(0, 0, gpu.get("uuid"), None, gpu.get("name"), None, bool(gpu.get("mig")), bool(gpu.get("gpm")))
+    g = new_gpu_state(ref, 100)
+    out, prev = [], None
+    for p in trace["polls"]:
+        t = float(p["t_s"])
+        r = {k: decode(v) for k, v in p["r"].items()}
+        pids = p.get("job_pids")
+        vals = update_gpu(g, r, t, 0.0 if prev is None else t - prev, 0.0, None if pids is None else set(pids))
+        out.append((t, vals or {}))
+        prev = t
+    return out
+
+
+def job_polls(gpus: dict[str, list[tuple[dict, float]]]) -> list[tuple[float, str, dict]]:
+    """A simulated job's polls, in time order: GPU name -> its segments
+    ``[(trace, offset_s), ...]`` (a GPU that went idle, then trained, then
+    idled again is three segments); each poll ``(t_s + offset_s, gpu, values)``."""
+    out = []
+    for name, segments in gpus.items():
+        for trace, offset in segments:
+            out += [(t + offset, name, vals) for t, vals in figures(trace)]
+    return sorted(out, key=lambda x: (x[0], x[1]))

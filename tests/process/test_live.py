@@ -256,19 +256,30 @@ def _cancel_run(tmp_path, table: dict, record: dict | None, nodes=("n1",), polls
 
 REC = {"Partition": "gpu", "QOS": "normal", "UserId": "alice(1000)", "Account": "lab", "BatchFlag": "1",
        "MailUser": "alice@example.org"}
-ON = {"warn_after_min": 0.1, "cancel": "on", "cancel_after_min": 0.5, "exempt_partitions": ["gpu-exempt"]}
+ON = {"warn_after_min": 0.1, "cancel": "on", "cancel_after_min": 0.5, "cancel_grace_min": 0.25,
+      "exempt_partitions": ["gpu-exempt"]}
 
 
 def test_idle_job_cancelled_once_after_the_limit_with_reason(tmp_path):
     calls, final, spool = _cancel_run(tmp_path, ON, REC)
     # the poll at t = 10 s is the first idle one; it stands for (5 s, 10 s], so the GPU is idle
-    # since 5 s; the limit is 30 s: the flush at t = 35 s cancels, once
-    assert calls == [(JOB, 35.0)]
+    # since 5 s; the limit is 30 s: the flush at t = 35 s warns, the one at 50 s (15 s grace) cancels, once
+    assert calls == [(JOB, 50.0)]
     notes = [n for n in final["notes"] if "cancel" in n]
+    warned = time.strftime("%H:%M:%S", time.localtime(1_760_000_035.0))
     assert notes == ["cancelled by gsrun (idle GPUs): all allocated GPUs idle since 5 s into the job, "
-                     "for 0.5 min (limit 0.5 min, idle.cancel_after_min)"]
+                     "for 0.8 min (limit 0.5 min, idle.cancel_after_min); warned 0.25 min before, at "
+                     f"{warned} (idle.cancel_grace_min)"]
+    # the warning came first, at the limit, with the time of the cancel
+    assert [(a["action"], a["time"] - 1_760_000_000.0) for a in final["actions"]] == [
+        ("alert_mailed", 15.0), ("cancel_warned", 35.0), ("cancel_requested", 50.0), ("cancel_done", 50.0)]
+    assert final["actions"][1]["detail"] == (
+        f"job {JOB} will be cancelled at {time.strftime('%H:%M', time.localtime(1_760_000_050.0))} (in 0.25 min) "
+        "unless its GPUs work again: all allocated GPUs idle since 5 s into the job, for 0.5 min "
+        "(limit 0.5 min, idle.cancel_after_min)")
     assert json.loads((spool / "jobs" / JOB / "idle-cancel.json").read_text())["reason"] == notes[0].split(": ", 1)[1]
-    assert sorted(p.name for p in (spool / "alerts" / "new").iterdir()) == [f"{JOB}.cancel.json", f"{JOB}.idle.json"]
+    assert sorted(p.name for p in (spool / "alerts" / "new").iterdir()) == [
+        f"{JOB}.cancel.json", f"{JOB}.idle.json", f"{JOB}.warning.json"]
     doc = read_live_docs(spool / "jobs" / JOB)["n1"]
     assert doc["cancel"]["action"] == "cancel" and doc["alerts"][-1].startswith(f"job {JOB} cancelled: ")
     assert doc["alerts"][0].startswith("GPU 0 on n1 idle since ")
@@ -287,7 +298,7 @@ def test_exempt_partition_and_report_mode_never_scancel(tmp_path):
 
 def test_interactive_job_gets_its_grace_and_unknown_record_never_cancels(tmp_path):
     calls, _, _ = _cancel_run(tmp_path / "a", dict(ON, interactive_grace_min=0.25), dict(REC, BatchFlag="0"))
-    assert calls == [(JOB, 50.0)]           # idle since 5 s + 0.5 + 0.25 min
+    assert calls == [(JOB, 65.0)]           # idle since 5 s + 0.5 + 0.25 min, then 0.25 min grace
     calls, _, _ = _cancel_run(tmp_path / "b", ON, None)
     assert calls == []
 
@@ -301,9 +312,9 @@ def test_multi_node_cancel_waits_for_every_node(tmp_path):
         doc = {"kind": "live", "version": 1, "node": "n2", "job_id": JOB, "written": 1_760_000_090.0,
                "state": {}, "all_idle_since": since}
         (spool / "jobs" / JOB / "user-live-n2.json").write_text(json.dumps(doc))
-    # n2 idle since 20 s (later than n1's 5 s): due at 50 s
+    # n2 idle since 20 s (later than n1's 5 s): due (warned) at 50 s, cancelled after the grace
     calls, _, _ = _cancel_run(tmp_path / "b", ON, REC, nodes=("n1", "n2"), other_live=n2_idle)
-    assert calls == [(JOB, 50.0)]
+    assert calls == [(JOB, 65.0)]
     # only the first node of the job decides
     calls, _, _ = _cancel_run(tmp_path / "c", ON, REC, nodes=("n0", "n1"))
     assert calls == []
@@ -328,9 +339,9 @@ def test_lead_node_decides_only_from_live_files_root_wrote(tmp_path):
     group/other-writable) or that is oversized is not read: that node's GPUs
     count as unknown, and a user cannot move ``all_idle_since`` to evade (or
     force) the cancel, nor make root read 300 MB."""
-    # a sane root file: idle since 20 s -> cancelled at 50 s
+    # a sane root file: idle since 20 s -> warned at 50 s, cancelled at 65 s
     calls, _, _ = _cancel_run(tmp_path / "ok", ON, REC, nodes=("n1", "n2"), other_live=_n2_live(1_760_000_020.0))
-    assert calls == [(JOB, 50.0)]
+    assert calls == [(JOB, 65.0)]
     # group-writable: the job's group could rewrite it -> not read -> unknown
     calls, _, _ = _cancel_run(tmp_path / "gw", ON, REC, nodes=("n1", "n2"),
                               other_live=_n2_live(1_760_000_020.0, mode=0o460))
@@ -352,7 +363,7 @@ def test_unparsable_exemption_record_exempts_nothing(tmp_path):
     """A record a user broke (a newline or separator in a field) is no way
     out of the site's cancel: exemptions are allow-lists."""
     calls, final, _ = _cancel_run(tmp_path / "a", ON, dict(NOT_EXEMPT))
-    assert calls == [(JOB, 35.0)]
+    assert calls == [(JOB, 50.0)]
     # the same job with a readable record in an exempt partition stays
     calls, _, _ = _cancel_run(tmp_path / "b", ON, dict(REC, Partition="gpu-exempt"))
     assert calls == []

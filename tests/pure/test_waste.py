@@ -237,3 +237,41 @@ def test_codes_are_finding_codes():
     from gsrun.report.records import FindingCode
 
     assert {IDLE, STUCK, NEVER_USED} <= {c.value for c in FindingCode}
+
+
+def test_alert_plan_one_per_condition_rearmed_when_cleared():
+    from gsrun.request.waste import alert_plan
+    assert alert_plan({}, {"idle", "stuck"}) == (["idle", "stuck"], [])
+    assert alert_plan({"idle": True, "stuck": True}, {"idle", "stuck"}) == ([], [])      # still true: silent
+    assert alert_plan({"idle": True, "stuck": True}, {"stuck"}) == ([], ["idle"])        # idle cleared: re-armed
+    assert alert_plan({"idle": False, "stuck": True}, {"idle", "stuck"}) == (["idle"], [])
+    assert alert_plan({}, {"busy"}) == ([], [])
+
+
+def test_held_memory_counts_idle_and_never_used_only():
+    from gsrun.report.alerts import held_line, held_memory
+    fs = [{"code": "gpu_idle", "gpu": "0", "node": "n1", "evidence": {"mem_used_bytes": 1422721024}},
+          {"code": "gpu_never_used", "gpu": "1", "node": "n1", "evidence": {"mem_used_bytes": 0}},
+          {"code": "gpu_stuck_collective", "gpu": "2", "evidence": {"mem_used_bytes": 64961380352}},
+          {"code": "gpu_idle", "gpu": "3", "evidence": {"mem_used_bytes": None}}]
+    assert held_memory(fs) == (1422721024, [("GPU 0 on n1", 1422721024), ("GPU 1 on n1", 0)])
+    assert held_line(fs) == "The idle GPUs still hold 1.3 GiB of GPU memory (GPU 0 on n1: 1.3 GiB, GPU 1 on n1: 0 B)."
+    assert held_line(fs[2:]) == ""
+
+
+def test_cancel_step_warns_then_waits_the_grace():
+    from gsrun.request.waste import cancel_step
+    assert cancel_step("cancel", None, 1000.0, 15.0) == "warn"
+    assert cancel_step("cancel", 1000.0, 1000.0 + 899.0, 15.0) == "wait"
+    assert cancel_step("cancel", 1000.0, 1000.0 + 900.0, 15.0) == "cancel"
+    assert cancel_step("cancel", 1000.0, 1005.0, 0.0) == "cancel"       # no grace: still one flush after the warning
+    assert cancel_step("none", 1000.0, 2000.0, 15.0) == "none"           # not due: the warning is withdrawn
+    assert cancel_step("report", None, 2000.0, 15.0) == "report"
+
+
+def test_cancel_grace_min_is_a_setting():
+    from gsrun.request.waste import IdleConfig
+    assert IdleConfig().cancel_grace_min == 15.0
+    assert IdleConfig.from_table({"cancel_grace_min": 5}).cancel_grace_min == 5.0
+    with pytest.raises(Exception, match="idle.cancel_grace_min"):
+        IdleConfig.from_table({"cancel_grace_min": -1})
