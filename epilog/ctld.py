@@ -449,7 +449,7 @@ def admin_comment_step(job_id: str, spool_dir: str | None = None, deadline_s: fl
         if not summary or summary.get("kind") != "job":
             log.warn("no job summary: AdminComment not stored")
             return 1
-        blob = js1_comment(summary, cfg["report.js1_max_chars"])
+        blob = js1_comment(summary, cfg["report.js1_max_chars"], cfg["report.js1_short_s"])
         target = accounting_job_id(job_id, summary.get("job") or {})
         how = accounting.store_admin_comment_retry(
             target, blob, sconf.get("ClusterName", ""), os.environ.get("SLURM_CONF"), timeout_s,

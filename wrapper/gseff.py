@@ -140,7 +140,8 @@ def load_accounting(job_id: str, timeout_s: float = 15.0) -> dict:
     js1, err = None, None
     if comment in JS1_MARKERS:
         err = ("AdminComment is jobstats' short-job marker (JS1:Short): the job ran under "
-               f"{JS1_SHORT_S} s, no GPU figures were stored") if comment == JS1_SHORT else \
+               "report.js1_short_s (jobstats' default: " f"{JS1_SHORT_S} s), no GPU figures were stored") \
+            if comment == JS1_SHORT else \
               "AdminComment is jobstats' marker JS1:None: no node figures were stored for the job"
     elif comment and comment.startswith("JS1:"):
         try:

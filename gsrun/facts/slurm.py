@@ -293,8 +293,9 @@ def gpus_per_node(partition: str | None, timeout_s: float = 15.0) -> int:
 
 
 #: ``sinfo`` for what each partition offers: one line per node and partition,
-#: ``PARTITION|NODE|GRES`` (the default partition marked ``*``, sinfo's ``%P``)
-NODE_GRES_ARGV = ("sinfo", "-h", "-N", "-o", "%P|%n|%G")
+#: ``PARTITION|NODE|GRES`` (the default partition marked ``*``, sinfo's ``%P``; ``%N`` the
+#: node's NodeName: ``%n`` is its hostname, which nodes may share)
+NODE_GRES_ARGV = ("sinfo", "-h", "-N", "-o", "%P|%N|%G")
 #: ``scontrol`` for every partition's limits, one line each (``PartitionName=gpu ... MaxNodes=UNLIMITED ...``)
 PARTITIONS_ARGV = ("scontrol", "-o", "show", "partition")
 

@@ -707,15 +707,16 @@ def js1_blob(summary: dict, max_chars: int = JS1_MAX_CHARS) -> str | None:
     return text     # one pooled node always fits: 4 numbers, 3 GPU keys
 
 
-def js1_comment(summary: dict, max_chars: int = JS1_MAX_CHARS) -> str:
+def js1_comment(summary: dict, max_chars: int = JS1_MAX_CHARS, short_s: float = JS1_SHORT_S) -> str:
     """What goes into the job's ``AdminComment``, decided as jobstats decides
     it (``Jobstats.report_job_json``, in this order): :data:`JS1_SHORT` when
-    the job ran less than :data:`JS1_SHORT_S` seconds (``job.elapsed_s``),
-    :data:`JS1_NONE` when its elapsed time is unknown or it has no node
+    the job ran less than ``short_s`` seconds (``job.elapsed_s``; site
+    setting ``report.js1_short_s``, default :data:`JS1_SHORT_S`, jobstats'
+    own), :data:`JS1_NONE` when its elapsed time is unknown or it has no node
     figures (:func:`js1_blob` returns None), else the blob of at most
     ``max_chars`` characters."""
     elapsed = (summary.get("job") or {}).get("elapsed_s")
-    if isinstance(elapsed, (int, float)) and elapsed < JS1_SHORT_S:
+    if isinstance(elapsed, (int, float)) and elapsed < short_s:
         return JS1_SHORT
     return js1_blob(summary, max_chars) or JS1_NONE
 

@@ -351,6 +351,10 @@ SETTINGS: tuple[Setting, ...] = (
             "Longest JS1 blob stored in a job's AdminComment (jobstats' layout); a larger job's per-GPU, then "
             "per-node figures are pooled (min/median/max, node groups) so it fits. The default keeps a 64-node "
             "job of 8 GPUs each unreduced (about 14 k characters).", _range(2048, 49152), "2048-49152"),
+    Setting("report.js1_short_s", (int, float), 60,
+            "Jobs that ran less than this many seconds get jobstats' marker JS1:Short in AdminComment instead of "
+            "a blob. The default is jobstats' own rule (2 x its 30 s sampling period); 0 stores a blob for every "
+            "job with figures (gsrun samples every sampler.interval_s).", _range(0, 3600), "0-3600"),
     Setting("report.doc_url", str, "",
             "Site documentation page linked from every finding (the finding code as #anchor); empty = no link.",
             _url, "http(s) URL or empty"),

@@ -37,6 +37,21 @@ def test_the_recorded_outputs_parse(cluster):
     assert partition_offer("debug", offer["debug"], parts["debug"]) == (0, 0, 0)
 
 
+def test_nodes_are_told_apart_by_node_name_not_hostname():
+    """The local test cluster's real outputs (Slurm 22.05): both emulated nodes have the
+    hostname localhost (``%n``), so only the NodeName (``%N``) counts them as two; with the
+    hostname, --gpus 8 on 2 x 4 GPUs was refused as needing more than "1 node"."""
+    from gsrun.facts.slurm import NODE_GRES_ARGV
+
+    assert NODE_GRES_ARGV[-1] == "%P|%N|%G"
+    offer, default = parse_node_gres((REC / "local-cluster.sinfo.txt").read_text())
+    parts = parse_partitions((REC / "local-cluster.scontrol.txt").read_text())
+    assert (default, offer["gpu"]) == ("gpu", {"gpu01": 4, "gpu02": 4})
+    assert partition_offer("gpu", offer["gpu"], parts["gpu"]) == (8, 2, 4)
+    refuse_unrunnable(8, 2, 4, None, offer, default, parts)
+    refuse_unrunnable(2, 2, 1, None, offer, default, parts)     # --gpus 2 --nodes 2
+
+
 def test_sixteen_gpus_on_a_cluster_of_eight_are_refused_with_what_exists(cluster):
     nodes, per = plan_nodes(16, None, None, 4)
     assert (nodes, per) == (4, 4)

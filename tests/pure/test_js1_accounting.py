@@ -209,3 +209,16 @@ def test_admin_comment_step_stores_the_tasks_own_comment(tmp_path, monkeypatch, 
     assert blob == JS1_SHORT if want == JS1_SHORT else jobstats_read(blob)["nodes"] == 2
     mark = json.loads((d / "accounting.json").read_text())
     assert mark["admin_comment"] == ("no figures" if want == JS1_SHORT else "stored")
+
+
+def test_the_short_job_threshold_is_a_site_setting():
+    """report.js1_short_s: jobstats' 60 s by default; a site that samples often (0) stores
+    a blob for a job of seconds."""
+    from gsrun.report.summary import JS1_SHORT, js1_comment
+    from gsrun.request.config import parse_config
+
+    summ = {"job": {"elapsed_s": 12.0}, "nodes_detail": []}
+    assert js1_comment(summ) == JS1_SHORT
+    assert parse_config("")["report.js1_short_s"] == 60
+    assert parse_config("[report]\njs1_short_s = 0\n")["report.js1_short_s"] == 0
+    assert js1_comment(summ, short_s=0) != JS1_SHORT
