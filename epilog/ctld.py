@@ -74,9 +74,12 @@ def job_from_record(job_id: str, rec: dict[str, str] | None, env) -> dict:
     mail_type = rec.get("MailType") or None
     if mail_type in ("(null)", "NONE", "None"):
         mail_type = None
-    array = None
-    if rec.get("ArrayJobId") and rec.get("ArrayTaskId"):
-        array = f"{rec['ArrayJobId']}_{rec['ArrayTaskId']}"
+    # an array task's id in accounting, from slurmctld's environment for EpilogSlurmctld (what
+    # jobstats' slurmctldepilog.sh reads too), never from the record: a non-array job's record has
+    # no ArrayJobId key, so one written into its JobName would be taken as the job's own, and the
+    # job's blob stored on another job's record
+    aj, at = env.get("SLURM_ARRAY_JOB_ID", ""), env.get("SLURM_ARRAY_TASK_ID", "")
+    array = f"{aj}_{at}" if aj.isdigit() and at.isdigit() and len(aj) <= 10 and len(at) <= 10 else None
     cpus = tres.get("cpu")
     return {
         "id": job_id, "array": array, "user": env.get("SLURM_JOB_USER") or rec.get("UserId", "").split("(")[0] or None,
@@ -302,8 +305,11 @@ def run(environ, spool_dir: str | None = None, wait_s: float = 30.0, background:
         if cp.returncode == 0 and cp.stdout.strip():
             rec = parse_job_record(cp.stdout, job_id)   # forged (duplicated) fields dropped
             if rec is None:
+                # decided: a record a newline split cannot be trusted for any field a user could
+                # forge (the mail address among them): the report is written, gseff shows it,
+                # and no mail goes out; the job's owner made their own record unreadable
                 log.warn("job record is not one line of this job (newline in a user field?): using the "
-                         "EpilogSlurmctld environment only")
+                         "EpilogSlurmctld environment only; no report mail (its address is in the record)")
     except GsrunError as e:
         log.warn(f"job record unavailable: {e}")
     job = job_from_record(job_id, rec, environ)

@@ -125,14 +125,28 @@ def test_short_and_none_markers_follow_jobstats(elapsed, nodes, want):
 def test_array_task_is_addressed_as_arrayjob_task(case, raw, want):
     path = DATA / "slurm-records" / "24.11" / "shared.txt" if case == "shared" else RECORDS / f"24.11-{case}.txt"
     rec = parse_job_record(path.read_text(), raw)
-    job = job_from_record(raw, rec, {})
-    assert accounting_job_id(raw, job) == want
     env = {"SLURM_JOB_ID": raw}
-    if rec.get("ArrayJobId"):
+    if rec.get("ArrayJobId"):      # slurmctld sets these for an array task's EpilogSlurmctld
         env.update(SLURM_ARRAY_JOB_ID=rec["ArrayJobId"], SLURM_ARRAY_TASK_ID=rec["ArrayTaskId"])
+    job = job_from_record(raw, rec, env)
+    assert accounting_job_id(raw, job) == want
     # jobstats addresses the first task (raw id = array id) the same way; later tasks it
     # addresses by raw id, which names the same single record: gsrun uses A_T for all
     assert jobstats_epilog_jobid(env) in (want, raw)
+
+
+def test_an_array_id_written_into_a_job_name_never_addresses_another_job():
+    """A non-array job's record has no ArrayJobId: one in its JobName is not the job's. The
+    task id comes from slurmctld's EpilogSlurmctld environment only."""
+    text = ("JobId=4250 JobName=x ArrayJobId=99 ArrayTaskId=1 UserId=u(1001) GroupId=g(1001) "
+            "JobState=COMPLETED ExitCode=0:0\n")
+    rec = parse_job_record(text, "4250")
+    assert rec.get("ArrayJobId") == "99"                       # the record alone cannot tell
+    job = job_from_record("4250", rec, {"SLURM_JOB_ID": "4250"})
+    assert job["array"] is None and accounting_job_id("4250", job) == "4250"
+    job = job_from_record("4250", rec, {"SLURM_JOB_ID": "4250", "SLURM_ARRAY_JOB_ID": "4249",
+                                        "SLURM_ARRAY_TASK_ID": "3"})
+    assert accounting_job_id("4250", job) == "4249_3"
 
 
 def test_sacctmgr_and_sql_address_the_task(monkeypatch):
@@ -194,7 +208,8 @@ def test_admin_comment_step_stores_the_tasks_own_comment(tmp_path, monkeypatch, 
     monkeypatch.setenv("GSRUN_LOG_FILE", str(tmp_path / "log"))
     rec = parse_job_record((RECORDS / "24.11-array-task-7.txt").read_text(), "4249")
     summary = big_job(2)
-    summary["job"].update(job_from_record("4249", rec, {}), elapsed_s=elapsed)
+    summary["job"].update(job_from_record("4249", rec, {"SLURM_ARRAY_JOB_ID": "4242", "SLURM_ARRAY_TASK_ID": "7"}),
+                          elapsed_s=elapsed)
     d = tmp_path / "spool/jobs/4249"
     d.mkdir(parents=True)
     (d / "summary.json").write_text(json.dumps(summary))
