@@ -51,7 +51,7 @@ def hook_argv(command: str, python: str | None = None) -> list[str] | None:
     site_dir = os.path.dirname(os.path.dirname(os.path.abspath(gsrun.__file__)))
     prefix = os.path.abspath(sys.prefix)
     if not (os.path.isfile(os.path.join(site_dir, "gsrun", "prolog", "main.py"))
-            and os.path.isfile(os.path.join(site_dir, "gsrun", "wrapper", "node_entry.py"))
+            and os.path.isfile(os.path.join(site_dir, "gsrun", "admin", "node_entry.py"))
             and os.path.isfile(os.path.join(prefix, "pyvenv.cfg"))
             and site_dir.startswith(prefix + os.sep)):
         return None

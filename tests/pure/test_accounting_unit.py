@@ -180,7 +180,7 @@ def test_config_cached_asks_slurmctld_once_per_slurm_conf_and_ttl(tmp_path, monk
     assert len(calls) == 9 and not cache.exists()
 
 
-@pytest.mark.parametrize("comment, said", [("JS1:Short", "short-job marker (JS1:Short): the job ran under 60 s"),
+@pytest.mark.parametrize("comment, said", [("JS1:Short", "short-job marker (JS1:Short): the job ran under report.js1_short_s (jobstats' default: 60 s)"),
                                             ("JS1:None", "marker JS1:None: no node figures")])
 def test_load_accounting_jobstats_markers(monkeypatch, comment, said):
     monkeypatch.setattr(accounting, "sacct_text", lambda j, t=15.0, fmt=None: SACCT_OUT)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -84,13 +85,17 @@ def test_wait_propagates_failing_exit_code(cluster):
     assert cluster.wait_file(cluster.spool / "jobs" / job / "user-summary.json", 60)
     js = json.loads(cluster.as_user(["gseff", "--json", job], check=True).stdout)
     assert js["job"]["state"] == "FAILED" and js["job"]["exit_code"] == 3
-    # one rank fails: srun kills the others (--kill-on-bad-exit); Slurm records
-    # srun's exit code, 143 (the others' SIGTERM), and gsrun exits with it
+    # one rank fails: srun kills the others (--kill-on-bad-exit) and Slurm records srun's
+    # exit code, 143 (the others' SIGTERM); gsrun names the rank that failed first and
+    # exits with its code, from srun's own lines
     cp = cluster.as_user(["gsrun", "--gpus", "2", "--gpus-per-node", "1", "--wait", "--output", "fail-%j.out",
                           script, "--fail-rank", "1"])
-    assert cp.returncode == 143, cp.stdout + cp.stderr
+    assert cp.returncode == 3, cp.stdout + cp.stderr
     assert "task 1: Exited with exit code 3" in cp.stdout + cp.stderr
-    cluster.assert_job_end(cluster.job_id_from(cp.stderr), "FAILED", "143:0")
+    job = cluster.job_id_from(cp.stderr)
+    assert re.search(rf"gsrun: job {job}: FAILED after \S+; rank 1 on gpu0[12] failed first: exit code 3; "
+                     rf"output: \S+/fail-{job}.out; report: gseff {job}", cp.stderr), cp.stderr
+    cluster.assert_job_end(job, "FAILED", "143:0")
 
 
 def test_gseff_refuses_unknown_and_bad_ids(cluster):

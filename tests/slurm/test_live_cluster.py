@@ -23,11 +23,13 @@ from helpers.fake_nvml import work_then_idle
 
 WARN_MIN = 0.1          # 6 s
 CANCEL_MIN = 0.5        # 30 s
+GRACE_MIN = 0.1         # 6 s between the warning and the cancel
 IDLE_TABLE = f"""
 [idle]
 warn_after_min = {WARN_MIN}
 cancel = "on"
 cancel_after_min = {CANCEL_MIN}
+cancel_grace_min = {GRACE_MIN}
 exempt_partitions = ["gpu-exempt"]
 mail_per_user_per_hour = 20
 """
@@ -63,10 +65,13 @@ def _script(cluster, name: str, seconds: int) -> str:
 
 
 def _alerts_for(received, job: str, kind: str) -> list:
+    """The job's alert mails of ``kind``; ``idle`` also counts ``never_used`` (the fake
+    GPUs here are never used, so the unused-GPU alert is the idle one)."""
+    kinds = ("idle", "never_used") if kind == "idle" else (kind,)
     out = []
     for e in received:
         msg = BytesParser(policy=email_policy.default).parsebytes(e.content)
-        if msg["X-Gsrun-Job"] == job and msg["X-Gsrun-Alert"] == kind:
+        if msg["X-Gsrun-Job"] == job and msg["X-Gsrun-Alert"] in kinds:
             out.append(msg)
     return out
 
@@ -115,11 +120,11 @@ def test_idle_job_alerted_once_live_report_then_cancelled_with_reason(idle_site,
         time.sleep(0.5)
     assert len(_alerts_for(smtp_server, job, "idle")) == 1
     assert _state(cluster, job) == "RUNNING"
-    # cancelled after cancel_after_min of all-idle GPUs (+ the 2 s flush and scancel): scancel's
-    # SIGTERM ends the batch script, Slurm records signal 15
+    # warned at cancel_after_min of all-idle GPUs, cancelled cancel_grace_min later (+ the 2 s
+    # flush and scancel): scancel's SIGTERM ends the batch script, Slurm records signal 15
     cluster.assert_job_end(job, "CANCELLED", "0:15", timeout_s=120, output=cluster.work / f"idle-{job}.out")
     took = time.monotonic() - t0
-    assert CANCEL_MIN * 60 - 5 < took < 100, took
+    assert (CANCEL_MIN + GRACE_MIN) * 60 - 5 < took < 100, took
     marker = json.loads((jd / "idle-cancel.json").read_text())
     assert "idle" in marker["reason"]
     assert cluster.wait_file(jd / "user-summary.json", 60)
@@ -141,6 +146,7 @@ def test_idle_job_alerted_once_live_report_then_cancelled_with_reason(idle_site,
     assert len(_alerts_for(smtp_server, job, "idle")) == 1
     cancel = _alerts_for(smtp_server, job, "cancel")
     assert len(cancel) == 1 and marker["reason"][:60] in cancel[0].get_content()
+    assert len(_alerts_for(smtp_server, job, "warning")) == 1       # the warning before the cancel
     log = (cluster.dir / "log" / "gsrun.log").read_text()
     assert "cancelled by gsrun (idle GPUs)" in log
 

@@ -9,6 +9,7 @@ credential's fields, ``SLURM_JOB_COMMENT`` among them when the job has one.
 from __future__ import annotations
 
 import json
+import time
 
 PARTITION = "gpu"
 
@@ -46,8 +47,21 @@ def test_comment_reaches_the_prolog_environment(cluster):
         ("job comment", "prolog environment", "50")
 
 
+def _node_of(cluster, job: str) -> str:
+    """The one node the job ran on (its spool holds one prolog record per node)."""
+    d = cluster.spool / "jobs" / job
+    assert cluster.wait_file(d, 60), f"no spool directory {d}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        names = sorted(p.name for p in d.glob("prolog-*.json"))
+        if names:
+            return names[0][len("prolog-"):-len(".json")]
+        time.sleep(0.5)
+    raise AssertionError(f"no prolog record in {d}")
+
+
 def test_tuning_request_asks_slurmctld_once_per_node_for_exclusivity(cluster):
     job = _sbatch(cluster, "--exclusive", "--comment=gsrun:tune=swappiness=10")
-    rec = _record(cluster, job, "gpu01")
+    rec = _record(cluster, job, _node_of(cluster, job))     # whichever node was free
     assert rec["slurm_calls"] == ["scontrol show job"]
     assert rec["request"]["comment_from"] == "prolog environment" and rec["exclusive"] is True
