@@ -114,8 +114,11 @@ def test_maps_match_by_inode_or_path():
     assert not maps_has(line, (os.makedev(0xfd, 2), 1234567), "/x/libjemalloc.so.2")
 
 
-TASK = ("import os, json; m = open('/proc/self/maps').read(); "
-        "print(json.dumps({'preload': os.environ.get('LD_PRELOAD'), 'mapped': 'libjemalloc.so.2' in m}))")
+# the task lives a second after it printed: the watcher reads its maps while it runs (a task that
+# ends before the watcher looks is reported "not verified: the task ended", honestly)
+TASK = ("import os, json, time; m = open('/proc/self/maps').read(); "
+        "print(json.dumps({'preload': os.environ.get('LD_PRELOAD'), 'mapped': 'libjemalloc.so.2' in m}), "
+        "flush=True); time.sleep(1.0)")
 
 
 def bind_env(tmp_path, dirs, **extra):
