@@ -24,18 +24,8 @@ from gsrun.report.render import WRAP_COLS, render_png, render_text
 from helpers.paths import DATA
 from helpers.screenshot import chromium, layout, layout_differences, shoot
 
-pytestmark = pytest.mark.process
+pytestmark = [pytest.mark.process, pytest.mark.usefixtures("utc_tz")]   # the goldens print UTC
 GOLDEN = DATA / "screenshots" / "after"
-
-
-@pytest.fixture(autouse=True)
-def utc(monkeypatch):
-    import time
-    monkeypatch.setenv("TZ", "UTC")
-    time.tzset()
-    yield
-    monkeypatch.undo()
-    time.tzset()
 
 
 def _message(job: str):

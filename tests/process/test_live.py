@@ -23,6 +23,7 @@ from gsrun.report import alerts
 from gsrun.request.config import parse_config
 from gsrun.wrapper import gseff
 from gsrun.wrapper.submit import JobState, follow
+from helpers.line_log import LineLog
 from helpers.sampler_sim import SimClock, h200_data, job_of, make_sampler, node_of
 
 JOB = "4242"
@@ -43,17 +44,7 @@ def _spool(tmp_path, nodes=("n1",), user="alice"):
 def _live(spool, node, clock, idle_cfg=None, kicks=None):
     return LiveActions(spool, JOB, node, os.getuid(), idle_cfg, live_flush_s=30.0, clock=clock,
                        kick=(lambda: kicks.append(node)) if kicks is not None else (lambda: None),
-                       log=SimpleNamespace(warn=lambda m: None, error=lambda m: None, __call__=None) and _Log())
-
-
-class _Log:
-    def __init__(self):
-        self.lines = []
-
-    def __call__(self, m):
-        self.lines.append(m)
-
-    warn = error = __call__
+                       log=LineLog())
 
 
 def test_live_file_bounded_and_gseff_running_figures_match_the_final_code(tmp_path):
@@ -249,7 +240,7 @@ def _cancel_run(tmp_path, table: dict, record: dict | None, nodes=("n1",), polls
     s.live = LiveActions(spool, JOB, "n1", os.getuid(), idle, 30.0, clock=clock,
                          job_record=lambda j: fields, scancel=lambda j: (calls.append((j, clock() - clock.t0)),
                                                                           (True, "scancel accepted"))[1],
-                         kick=lambda: kicks.append(1), log=_Log())
+                         kick=lambda: kicks.append(1), log=LineLog())
     final = s.run(max_samples=polls)
     return calls, final, spool
 

@@ -19,6 +19,7 @@ from gsrun.report import alerts
 from gsrun.request.config import parse_config
 from gsrun.request.waste import GpuWatch, IdleConfig
 
+from helpers.line_log import LineLog
 from helpers.traces import TRACES, job_polls, load
 
 pytestmark = pytest.mark.process
@@ -29,16 +30,6 @@ FLUSH_S = 5.0
 # expect.json's replay config: thresholds scaled to the traces' length
 CFG = dataclasses.replace(IdleConfig(), warn_after_min=0.75, stuck_after_min=0.5, alert_mail=True)
 MAIL = parse_config('[mail]\ndefault_domain = "example.org"\nfrom_addr = "gsrun@example.org"\n')
-
-
-class _Log:
-    def __init__(self):
-        self.lines = []
-
-    def __call__(self, m):
-        self.lines.append(m)
-
-    warn = error = __call__
 
 
 def _spool(tmp_path, gpus):
@@ -65,7 +56,7 @@ def run_job(tmp_path, gpus: dict, until_s: float, cfg=CFG, scancel=None):
     now = {"t": 0.0}
     kicks = []
     live = LiveActions(spool, JOB, "n1", os.getuid(), cfg, live_flush_s=30.0, clock=lambda: T0 + now["t"],
-                       kick=lambda: kicks.append(now["t"]), log=_Log(), scancel=scancel,
+                       kick=lambda: kicks.append(now["t"]), log=LineLog(), scancel=scancel,
                        job_record=lambda j: {"partition": "gpu", "qos": "normal", "user": "alice", "account": "lab",
                                              "interactive": False, "mail_user": None, "unparsable": False})
     next_flush = 0.0
@@ -190,7 +181,7 @@ def test_actions_in_node_and_job_summary_and_gseff(tmp_path):
                                                "account": "lab", "interactive": False, "mail_user": None,
                                                "unparsable": False},
                          scancel=lambda j: (calls.append(j), (True, "scancel accepted"))[1], kick=lambda: None,
-                         log=_Log())
+                         log=LineLog())
     final = s.run(max_samples=20)
     assert calls == [JOB]
     warned = ("all allocated GPUs idle since 5 s into the job, for 0.5 min (limit 0.5 min, "

@@ -6,7 +6,6 @@ The controller's record is a recorded ``scontrol -o show job`` line."""
 
 from __future__ import annotations
 
-import time
 
 import pytest
 from click.testing import CliRunner
@@ -30,13 +29,7 @@ RECORD = ("JobId=66 JobName=train.py UserId=alice(1001) GroupId=alice(1001) MCS_
           "StdOut=/home/alice/slurm-66.out Power= TresPerNode=gres/gpu:4")
 
 
-@pytest.fixture(autouse=True)
-def utc(monkeypatch):
-    monkeypatch.setenv("TZ", "UTC")
-    time.tzset()
-    yield
-    monkeypatch.undo()
-    time.tzset()
+pytestmark = pytest.mark.usefixtures("utc_tz")      # the records' times read as UTC
 
 
 def _rec(reason="Resources", start="2025-06-02T11:00:00"):
