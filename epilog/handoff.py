@@ -1,4 +1,4 @@
-"""The epilog handed to the job's sampler (issue 24, item 1).
+"""The epilog handed to the job's sampler.
 
 slurmd starts ``gsrun-node epilog`` in a fresh interpreter on every node after
 every job, and the node stays COMPLETING until it exits. The job's sampler

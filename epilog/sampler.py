@@ -5,8 +5,8 @@ after its final flush the node summary, so the epilog does not compute it.
 
 The epilog runs on every node after every job, in a fresh interpreter: the
 typed records of the summary (:mod:`gsrun.report.records`,
-:mod:`gsrun.facts.sampler_state`) cost it more than the rest of its work
-(issue 24, item 1). This process has them loaded from its start, off the
+:mod:`gsrun.facts.sampler_state`) cost it more than the rest of its work.
+This process has them loaded from its start, off the
 job's critical path; at SIGTERM it takes its last sample, writes
 ``sampler.json`` (``done``), then :data:`~gsrun.report.node_end.SAMPLER_SUMMARY_NAME` in the job's state
 directory: ``{"pid", "start_time", "nvml_error", "summary"}`` where

@@ -180,7 +180,7 @@ def state_to_json(state: dict, timelines: bool = True) -> dict:
         d["throttle_s"] = dict(g["throttle_s"])
         d["unsupported"] = dict(g["unsupported"])
         d["xid"] = list(g["xid"])
-        # keys added by issue 18 are written only when they say something, so a
+        # the memory-baseline keys are written only when they say something, so a
         # state without them is byte-identical to what older samplers wrote
         for k in ("not_polled", "mem_baseline_bytes", "mem_source"):
             if not d.get(k):
@@ -345,7 +345,7 @@ def update_gpu(g: dict, r: dict, t_rel_s: float, dt_s: float, gap_s: float = 0.0
         elif base is not None:
             mem_used = max(0.0, mem_used - float(base))
             g["mem_source"] = MEM_V1_BASELINE
-        # v1 alone (no baseline): "used" as read, as before issue 18 (no key written)
+        # v1 alone (no baseline): "used" as read, as samplers before the baseline wrote it (no key written)
     procs = r.get("compute_processes")
     mem_procs = None
     gpu_pids = None
