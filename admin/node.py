@@ -16,7 +16,7 @@ import sys
 import click
 
 from gsrun.base.errors import GsrunError
-from gsrun.base.fsutil import read_json
+
 from gsrun.base.log import JobLog
 from gsrun.base.paths import Paths
 from gsrun.bind import plan as binding
@@ -28,7 +28,7 @@ from gsrun.facts.hwloc_xml import read_topology_xml
 from gsrun.node import mig as migmod, mps, tuning
 from gsrun.node.live import job_fields_from_record, read_job_record
 from gsrun.node.mig_nvml import RealMig
-from gsrun.node.sampler import run_sampler, sampler_pid_alive
+from gsrun.node import monitor
 from gsrun.prolog.main import run
 from gsrun.report import alerts, mail, retention
 from gsrun.request.config import idle_config, load_config
@@ -87,21 +87,6 @@ def epilog_ctld(spool_dir, wait_s, foreground):
     return detach(os.environ, spool_dir, wait_s)
 
 
-@cli.command(hidden=True)
-@click.option("--job-id", required=True)
-@click.option("--uid", type=int, required=True)
-@click.option("--node", required=True)
-@click.option("--gpus", default="")
-@HOST_ROOT
-@STATE_DIR
-@SPOOL_DIR
-@click.option("--interval-s", type=float, default=None)
-@click.option("--max-samples", type=int, default=None)
-def sampler(job_id, uid, node, gpus, host_root, state_dir, spool_dir, interval_s, max_samples):
-    """The per-job sampler (started by the prolog as ``python -m gsrun.node.sampler``)."""
-    return run_sampler(job_id, uid, node, gpus, host_root, state_dir, spool_dir, interval_s, max_samples)
-
-
 @cli.command()
 @HOST_ROOT
 @STATE_DIR
@@ -144,24 +129,30 @@ def restore(host_root, state_dir, job_id, all_jobs):
 @STATE_DIR
 @click.option("--json", "as_json", is_flag=True, help="Print JSON ({tuning, samplers}) instead of text.")
 def status(host_root, state_dir, as_json):
-    """What is changed on this node and by which job, and the job samplers.
-    Text by default; ``--json`` prints ``{"tuning": tuning.status(...),
-    "samplers": {job: {"pid", "running"}}}``."""
+    """What is changed on this node and by which job, and the jobs the node
+    monitor samples. Text by default; ``--json`` prints ``{"tuning":
+    tuning.status(...), "samplers": {job: {"pid", "running"}}}`` (``pid``: the
+    monitor's; ``running`` false: a job begun but not sampled now)."""
     cfg = load_config()
     paths = Paths.from_config(cfg, state_dir)
     out = {"tuning": tuning.status(HostFS.from_env(host_root), str(paths.state_dir)), "samplers": {}}
+    try:
+        mon = monitor.ask(paths.state_dir, {"op": "status"}, timeout_s=5.0, wait_s=0)
+    except GsrunError as e:
+        click.echo(f"{e}", err=True)
+        mon = {}
+    for j in mon.get("jobs") or []:
+        out["samplers"][j] = {"pid": mon.get("pid"), "running": True}
     jobs = paths.state_dir / "jobs"
     if jobs.is_dir():
         for d in sorted(jobs.iterdir()):
-            info = read_json(d / "sampler.pid.json")
-            if info:
-                out["samplers"][d.name] = {"pid": info["pid"],
-                                           "running": sampler_pid_alive(info["pid"], info.get("create_time"))}
+            if d.name not in out["samplers"] and (d / monitor.JOB_FILE).exists():
+                out["samplers"][d.name] = {"pid": None, "running": False}   # begun, not sampled now
     if as_json:
         click.echo(json.dumps(out, indent=1, default=str))
         return 0
     text = tuning.format_status(out["tuning"])
-    text += "samplers: " + (", ".join(f"job {j} pid {v['pid']} ({'running' if v['running'] else 'gone'})"
+    text += "sampled jobs: " + (", ".join(f"job {j} ({'sampled by monitor ' + str(v['pid']) if v['running'] else 'not sampled now'})"
                                       for j, v in out["samplers"].items()) or "none") + "\n"
     click.echo(text, nl=False)
     return 0
@@ -245,9 +236,14 @@ def daemon():
               help="Unix socket to listen on (default: <state dir>/daemon.sock).")
 @click.option("--state-dir", default=None, envvar="GSRUN_STATE_DIR", type=click.Path(file_okay=False),
               help="The node's state directory (default /run/gsrun).")
-def daemon_run(socket_path, state_dir):
+@click.option("--host-root", default=None, envvar="GSRUN_HOST_ROOT", type=click.Path(file_okay=False),
+              help="A fake host root for the monitor's NVML and /proc, /sys (tests).")
+@click.option("--monitor/--no-monitor", default=True, show_default=True,
+              help="Run the node monitor (NVML, sampling, Prometheus); --no-monitor for the controller's "
+                   "daemon, which serves EpilogSlurmctld only.")
+def daemon_run(socket_path, state_dir, host_root, monitor):
     """Serve hooks until SIGTERM (SIGHUP: re-execute, e.g. after an upgrade)."""
-    sys.exit(server.run(socket_path, state_dir))
+    sys.exit(server.run(socket_path, state_dir, host_root=host_root, monitor=monitor))
 
 
 @daemon.command("status")

@@ -160,11 +160,9 @@ def main(argv: list[str] | None = None) -> None:
 
             rc = detach(os.environ, a["spool_dir"])
         else:
-            # the job's sampler runs the steps when it listens (gsrun.epilog.handoff): then
-            # this process imports nothing else
-            from gsrun.epilog.handoff import run_epilog
+            from gsrun.epilog.main import run
 
-            rc = run_epilog(os.environ, a["host_root"], a["state_dir"], a["spool_dir"])
+            rc = run(os.environ, a["host_root"], a["state_dir"], a["spool_dir"])
     except GsrunError as e:
         print(str(e), file=sys.stderr)
         sys.exit(2)

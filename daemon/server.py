@@ -84,6 +84,7 @@ import importlib
 import json
 import os
 import resource
+import select
 import selectors
 import signal
 import socket
@@ -107,14 +108,16 @@ MAX_MERGES = 12                 # EpilogSlurmctld merges running at once (~25 MB
 MAX_PENDING_MERGES = 2048       # merges waiting for a slot (a few KiB each: argv and the hook's environment)
 READY, GO, STARTED, AGAIN, REFUSED, EXITED = b"R", b"G", b"S", b"F", b"E", b"X"
 SOCKET_NAME = "daemon.sock"
+MONITOR_BACKOFF_S = 10.0        # a node monitor that lived less than this is started again after it
+MONITOR_STOP_S = 10.0           # a stopping monitor's final flush of every job
 PING_REQUEST = "@ping"
 # What a hook imports, loaded once by the daemon (imported again by no child: a test
 # runs a plain and a tuned prolog and epilog in a child and checks that none is new).
-PRELOAD = ("gsrun.admin.node_entry", "gsrun.prolog.main", "gsrun.epilog.handoff", "gsrun.epilog.main",
+PRELOAD = ("gsrun.admin.node_entry", "gsrun.prolog.main", "gsrun.epilog.main",
            "gsrun.epilog.ctld_start", "gsrun.node.tuning", "gsrun.node.journal", "gsrun.node.mem_baseline",
            "gsrun.node.steps", "gsrun.node.mps", "gsrun.node.residual", "gsrun.node.mig",
            "gsrun.request.config", "gsrun.request.job", "gsrun.base.pids",
-           "gsrun.report.node_end", "gsrun.report.summary", "gsrun.facts.nvml", "json", "pathlib",
+           "gsrun.report.node_end", "gsrun.report.summary", "gsrun.facts.nvml", "gsrun.node.monitor", "json", "pathlib",
            "subprocess", "shutil", "tomllib", "datetime", "traceback", "fcntl", "select", "socket",
            # the SPANK plugin's step plans (_bind_child)
            "gsrun.spank_py.hooks", "gsrun.bind.plan", "gsrun.facts.topology", "gsrun.base.cpulist")
@@ -463,8 +466,12 @@ class NodeDaemon:
     """One node's daemon: :meth:`serve` until SIGTERM/SIGINT (then the hooks it
     started are waited for); SIGHUP re-executes it (as a changed module does)."""
 
-    def __init__(self, socket_path: str, log=None):
+    def __init__(self, socket_path: str, log=None, monitor: dict | None = None):
         self.socket_path = socket_path
+        # the node monitor's arguments (gsrun.node.monitor.run: host_root, state_dir), None: no monitor
+        self.monitor_args = monitor
+        self.monitor: tuple[int, int, float] | None = None     # (pidfd, pid, start monotonic)
+        self.monitor_due: float | None = None                  # when to start it again (monotonic)
         self.log = log or (lambda msg: print(f"gsrun: daemon: {msg}", file=sys.stderr, flush=True))
         self.python = sys.executable
 
@@ -576,6 +583,8 @@ class NodeDaemon:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, lambda n, _f: caught.append(n))
         self.log(f"serving {self.socket_path} (pid {os.getpid()}, {len(self.files)} gsrun modules loaded)")
+        if self.monitor_args is not None:
+            self._start_monitor()
         while True:
             for sig in caught:
                 if sig == signal.SIGHUP:
@@ -584,7 +593,12 @@ class NodeDaemon:
             caught.clear()
             if (self.stopping or self.reexec) and not self.running and not self.pending:
                 break
-            for key, _ev in self.sel.select(timeout=None if not self.stopping else 1.0):
+            if self.monitor_due is not None and time.monotonic() >= self.monitor_due and not self.stopping:
+                self._start_monitor()
+            timeout = None if not self.stopping else 1.0
+            if self.monitor_due is not None:
+                timeout = max(0.0, min(timeout or 60.0, self.monitor_due - time.monotonic()))
+            for key, _ev in self.sel.select(timeout=timeout):
                 if key.data == "signal":
                     try:
                         while wake_r.recv(64):
@@ -595,9 +609,12 @@ class NodeDaemon:
                     self._accept()
                 elif key.data == "child":
                     self._reap(key.fileobj)
+                elif key.data == "monitor":
+                    self._monitor_ended()
                 else:
                     self._client_readable(key.fileobj, key.data)
         signal.set_wakeup_fd(-1)
+        self._stop_monitor()
         if self.reexec:
             self.log(f"re-executing ({self.served} hooks served)")
             sys.stdout.flush()
@@ -608,12 +625,85 @@ class NodeDaemon:
 
     def status(self, stale: str | None = None) -> dict:
         """What ``@ping`` answers: ``{"pid", "version", "started", "served",
-        "running", "socket", "stale"}`` (``started``: Unix seconds; ``running``:
+        "running", "socket", "stale", "monitor_pid"}`` (``started``: Unix seconds; ``running``:
         hooks and merges running now; ``stale``: a module changed since the
-        start, the daemon re-executes)."""
+        start, the daemon re-executes; ``monitor_pid``: the node monitor's, None
+        while it is not running)."""
         return {"pid": os.getpid(), "version": gsrun.__version__, "started": self.started,
                 "served": self.served, "running": len(self.running) + len(self.pending), "socket": self.socket_path,
-                "stale": stale}
+                "stale": stale, "monitor_pid": self.monitor[1] if self.monitor else None}
+
+    # -- the node monitor (gsrun.node.monitor) -------------------------------------------
+    def _start_monitor(self) -> None:
+        """Fork the node monitor: the one process that opens NVML (never this
+        one, whose hook children are forked from it). Started again when it
+        ends: at once, or :data:`MONITOR_BACKOFF_S` later when it lived less
+        than that (a monitor that cannot start is not restarted in a loop)."""
+        self.monitor_due = None
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            pid = os.fork()
+        except OSError as e:
+            self.log(f"cannot start the node monitor: {e}; trying again in {MONITOR_BACKOFF_S:g} s")
+            self.monitor_due = time.monotonic() + MONITOR_BACKOFF_S
+            return
+        if pid == 0:
+            rc = 70
+            try:
+                signal.set_wakeup_fd(-1)
+                _fresh_signals()
+                if getattr(self, "listener", None) is not None:
+                    self.listener.close()
+                self.sel.close()
+                from gsrun.node import monitor
+
+                rc = monitor.run(**self.monitor_args)
+            except BaseException as e:  # noqa: BLE001 - the daemon logs the exit and starts another
+                print(f"gsrun: monitor: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+            finally:
+                os._exit(rc)
+        pidfd = os.pidfd_open(pid)
+        self.sel.register(pidfd, 1, "monitor")
+        self.monitor = (pidfd, pid, time.monotonic())
+
+    def _monitor_ended(self) -> None:
+        pidfd, pid, started = self.monitor
+        self.sel.unregister(pidfd)
+        os.close(pidfd)
+        self.monitor = None
+        try:
+            _, status = os.waitpid(pid, 0)
+        except ChildProcessError:
+            status = 0
+        if self.stopping or self.reexec:
+            return
+        lived = time.monotonic() - started
+        delay = 0.0 if lived >= MONITOR_BACKOFF_S else MONITOR_BACKOFF_S
+        self.log(f"node monitor {pid} ended (wait status {status}) after {lived:.1f} s: "
+                 f"starting another{f' in {delay:g} s' if delay else ''}")
+        self.monitor_due = time.monotonic() + delay
+
+    def _stop_monitor(self) -> None:
+        """SIGTERM the monitor (it flushes every job's state) and wait for it,
+        up to :data:`MONITOR_STOP_S`, then SIGKILL: the next daemon's monitor
+        takes the jobs up from their state."""
+        if self.monitor is None:
+            return
+        pidfd, pid, _ = self.monitor
+        try:
+            os.kill(pid, signal.SIGTERM)
+            if not select.select([pidfd], [], [], MONITOR_STOP_S)[0]:
+                os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except (OSError, ChildProcessError):
+            pass
+        try:
+            self.sel.unregister(pidfd)
+        except (KeyError, ValueError):
+            pass
+        os.close(pidfd)
+        self.monitor = None
 
     def _stop_listening(self) -> None:
         if getattr(self, "listener", None) is None:
@@ -860,7 +950,8 @@ def _send_exit(conn, status: int) -> None:
     conn.close()
 
 
-def run(socket_path: str | None = None, state_dir: str | None = None) -> int:
+def run(socket_path: str | None = None, state_dir: str | None = None, host_root: str | None = None,
+        monitor: bool = True) -> int:
     """``gsrun-node daemon run``: preload, listen, serve until SIGTERM. -> exit status.
 
     Raises:
@@ -879,7 +970,8 @@ def run(socket_path: str | None = None, state_dir: str | None = None) -> int:
             os.fstat(fd)
         except OSError:
             os.open("/dev/null", os.O_RDWR)
-    daemon = NodeDaemon(socket_path or default_socket(state_dir))
+    daemon = NodeDaemon(socket_path or default_socket(state_dir),
+                        monitor={"host_root": host_root, "state_dir": state_dir} if monitor else None)
     bad = daemon.preload()
     if bad:
         daemon.log("not preloaded (children import them): " + ", ".join(bad))

@@ -1,7 +1,7 @@
 """``gsrun-node epilog``: run by slurmd as root after the job on a node.
 
-The steps are the table :data:`STEPS`: stop the sampler (its final flush)
-and write the node summary (atomic, versioned) -> remove the job's
+The steps are the table :data:`STEPS`: end the job's sampling in the node
+monitor (its final sample and flush) and write the node summary (atomic, versioned) -> remove the job's
 Prometheus textfile (when ``[metrics] textfile_dir`` is set) -> MPS stop -> residual GPU
 processes (field case 17, docs/field-cases.md) -> MIG restore -> tuning
 restore (journal, reverse order), run by :func:`gsrun.node.steps.run_steps` (rule ``CLEANUP``).
@@ -27,22 +27,20 @@ import os
 import time
 from dataclasses import dataclass
 
-from gsrun.base import pids
 from gsrun.base.errors import GsrunError
 from gsrun.base.fsutil import atomic_write, atomic_write_json, json_text, read_json, remove_tree, write_user_copy
 from gsrun.base.ids import is_job_id
 from gsrun.base.log import JobLog, safe_text
 from gsrun.base.paths import Paths
-from gsrun.epilog.handoff import run_epilog
 from gsrun.facts.hostfs import HostFS
 from gsrun.facts.jobenv import job_from_env
 from gsrun.facts.task_notes import read_task_notes
 from gsrun.facts.nvml import NvmlUnavailable, open_nvml
-from gsrun.node import mig, mps, residual, tuning
+from gsrun.node import mig, monitor, mps, residual, tuning
 from gsrun.node.metrics_textfile import remove_job_file
 from gsrun.node.mig_nvml import RealMig
 from gsrun.node.steps import CLEANUP, Step, drain_node, run_steps
-from gsrun.report.node_end import SAMPLER_SUMMARY_NAME, finish, node_settings
+from gsrun.report.node_end import node_settings
 from gsrun.report.summary import node_summary
 from gsrun.request.config import load_config_or_defaults
 
@@ -59,15 +57,14 @@ class Ctx:
     paths: Paths
     sdir: object
     log: JobLog
-    pre: dict | None = None     # the node summary of the sampler running this epilog (gsrun.epilog.handoff)
 
 
 # The epilog, in order. Every step runs, even after an earlier one failed or
 # ran out of time; each keeps STEP_RESERVE_S seconds of the epilog's budget
 # (``timeouts.epilog_budget_s``) from the steps before it.
 STEPS = (
-    Step("sampler+summary", "stop the sampler (final flush) and write the node summary", STEP_RESERVE_S,
-         lambda c: _summary(c.job, c.paths, c.sdir, c.hostfs, c.log, c.pre)),
+    Step("sampler+summary", "end the job's sampling (final sample and flush) and write the node summary",
+         STEP_RESERVE_S, lambda c: _summary(c.job, c.paths, c.sdir, c.hostfs, c.log)),
     Step("metrics", "remove the job's Prometheus textfile ([metrics] textfile_dir)", 1.0,
          lambda c: _metrics_remove(c.job, c.cfg), when=lambda c: bool(c.cfg["metrics.textfile_dir"])),
     Step("mps", "stop the job's MPS daemon, put compute modes back", STEP_RESERVE_S,
@@ -82,28 +79,12 @@ STEPS = (
 
 
 def run(environ, host_root: str | None = None, state_dir: str | None = None,
-        spool_dir: str | None = None) -> int:
-    """Run the epilog for the job in ``environ`` (slurmd's): handed to the
-    job's sampler when it listens (:mod:`gsrun.epilog.handoff`), else
-    :func:`run_here`. Returns the exit status: 1 when the node needs an admin
-    (slurmd drains it)."""
-    return run_epilog(environ, host_root, state_dir, spool_dir)
-
-
-def run_here(environ, host_root: str | None = None, state_dir: str | None = None,
-             spool_dir: str | None = None, *, stream=None, pre: dict | None = None,
-             note: str | None = None, on_config=None, in_sampler: str | None = None) -> int:
-    """Run :data:`STEPS` in this process for the job in ``environ``.
-    ``stream``: where the log lines go besides syslog (default stderr);
-    ``pre``: the node summary of the sampler this runs in (its final flush,
-    :func:`gsrun.epilog.sampler.write_summary`'s dict); ``note``: why the
-    handoff did not happen (logged); ``on_config(budget_s)``: called once the
-    config is read, before the steps; ``in_sampler``: running in the job's
-    sampler, after what it says (final sample, flush, summary: for the log)."""
+        spool_dir: str | None = None, *, stream=None) -> int:
+    """Run :data:`STEPS` for the job in ``environ`` (slurmd's). ``stream``:
+    where the log lines go besides syslog (default stderr). Returns the exit
+    status: 1 when the node needs an admin (slurmd drains it)."""
     t0 = time.monotonic()
     log = JobLog(environ.get("SLURM_JOB_ID"), "epilog", **({"stream": stream} if stream is not None else {}))
-    if note:
-        log.warn(note)
     try:
         job = job_from_env(environ)
     except GsrunError as e:
@@ -111,19 +92,16 @@ def run_here(environ, host_root: str | None = None, state_dir: str | None = None
         return 0
     cfg = load_config_or_defaults(log)
     budget_s = float(cfg["timeouts.epilog_budget_s"])
-    if on_config is not None:
-        on_config(budget_s)
     hostfs = HostFS.from_env(host_root)
     paths = Paths.from_config(cfg, state_dir, spool_dir)
     sdir = paths.state_job(job.job_id)
-    ctx = Ctx(job, cfg, hostfs, paths, sdir, log, pre)
+    ctx = Ctx(job, cfg, hostfs, paths, sdir, log)
     out = run_steps("epilog", STEPS, ctx, log, rule=CLEANUP, budget_s=budget_s,
                     verdict=lambda results: _verdict(results, log),
                     timeout_hint=f"run 'gsrun-node restore --job {job.job_id}'")
     if not out.rc:
         _forget_job(sdir, log)
-    log(f"done in {time.monotonic() - t0:.3f} s" + (f" (in the job's sampler, after {in_sampler})"
-                                                       if in_sampler else ""))
+    log(f"done in {time.monotonic() - t0:.3f} s")
     return out.rc
 
 
@@ -174,76 +152,24 @@ def _nvml_reason(hostfs, prolog: dict) -> str | None:
     return None
 
 
-def sampler_recorded(prolog: dict, pid_info: dict | None) -> bool:
-    """Whether the prolog's record (``prolog-<node>.json``, written last, after
-    every step) names the same sampler (PID and start time) as
-    ``sampler.pid.json``: then no sampler of the job can be unrecorded, and the
-    ``/proc`` scan of :func:`find_samplers` (one open per process on the node,
-    on every epilog's critical path) is not needed. Pure."""
-    rec = (prolog.get("steps") or {}).get("sampler") if isinstance(prolog, dict) else None
-    return (isinstance(rec, dict) and isinstance(pid_info, dict) and isinstance(rec.get("pid"), int)
-            and isinstance(pid_info.get("create_time"), (int, float))
-            and rec.get("pid") == pid_info.get("pid") and rec.get("create_time") == pid_info.get("create_time"))
-
-
-def find_samplers(job_id: str, state_dir: str) -> list[tuple[int, float | None]]:
-    """Samplers of ``job_id`` by command line (``-m gsrun.epilog.sampler
-    --job-id ID ... --state-dir DIR``, ``-m gsrun.node.sampler ...`` of older
-    prologs, or ``-m gsrun.node sampler ...`` of releases before the layered
-    tree, DIR = this node's state dir), owned by
-    our uid (root): for a prolog killed between starting the sampler and
-    recording its PID. A ``/proc`` scan (:func:`gsrun.base.pids.scan`), no
-    psutil. -> [(pid, start time, epoch s)]."""
-    def match(cmd: list[str]) -> bool:
-        return ("gsrun.epilog.sampler" in cmd or "gsrun.node.sampler" in cmd
-                or ("gsrun.node" in cmd and "sampler" in cmd)) \
-            and _arg(cmd, "--job-id") == job_id and _arg(cmd, "--state-dir") == state_dir
-
-    return pids.scan(match, os.geteuid())
-
-
-def _arg(cmd: list[str], flag: str) -> str | None:
-    k = cmd.index(flag) if flag in cmd else -1
-    return cmd[k + 1] if 0 <= k < len(cmd) - 1 else None
-
-
-def _summary(job, paths, sdir, hostfs, log, pre: dict | None = None) -> dict:
-    pid_info = read_json(sdir / "sampler.pid.json")
-    stopped = "no sampler record"
-    if pid_info and pid_info.get("pid") == os.getpid() \
-            and (pre is not None or pids.is_same(os.getpid(), pid_info.get("create_time"))):
-        # this is the recorded sampler running the handed-over epilog, past its final sample;
-        # never signalled, even without a summary of its own (write_summary failed): SIGTERM
-        # only sets its loop's flag, so stop() would wait 5 s and SIGKILL it mid-epilog
-        stopped = "stopped"
-    elif pid_info and not isinstance(pid_info.get("create_time"), (int, float)):
-        # without its start time the PID may be anyone's by now: never signalled (the /proc scan
-        # below finds the sampler by its command line)
-        stopped = "bad sampler record: no start time"
-    elif pid_info:
-        try:
-            stopped = pids.stop(int(pid_info["pid"]), pid_info.get("create_time"))
-        except (KeyError, TypeError, ValueError, ProcessLookupError) as e:
-            stopped = f"bad sampler record: {e}"
+def _summary(job, paths, sdir, hostfs, log) -> dict:
+    """End the job's sampling in the node monitor (its last sample and final
+    flush) and write the node summary from ``sampler.json``. A monitor that
+    does not answer costs at most the figures since its last flush
+    (``sampler.flush_s``)."""
+    try:
+        out = monitor.ask(paths.state_dir, {"op": "end", "job_id": job.job_id})
+        stopped = str(out.get("stopped")) if out.get("ok") else f"refused: {out.get('error')}"
+    except GsrunError as e:
+        stopped = f"monitor not answering: {safe_text(e)}"
+        log.warn(f"{stopped}: the summary has the figures of the last flush")
     prolog = read_json(paths.spool_job(job.job_id) / f"prolog-{job.node}.json") or {}
-    # unrecorded or second samplers, by a /proc scan -- only when the prolog did not finish
-    # recording the sampler it started (the prolog stops an earlier one of the job before
-    # starting its own, so a finished record leaves none unrecorded)
-    others = [] if sampler_recorded(prolog, pid_info) else find_samplers(job.job_id, str(paths.state_dir))
-    for pid, ct in others:
-        stopped += f"; unrecorded sampler {pid}: {pids.stop(pid, ct)}"
     env = job.to_dict()
     env["prolog_time"] = prolog.get("prolog_time")
     end_time = time.time()
-    pre = _sampler_summary(sdir, pid_info, stopped if not others else "", pre)
-    if pre is not None:
-        summ, nvml_error, from_state = finish(pre["summary"], env, end_time), pre.get("nvml_error"), True
-        log("node summary: written by the sampler at its final flush")
-    else:
-        state = read_json(sdir / "sampler.json")
-        summ, nvml_error, from_state = node_summary(state, env, end_time), (state or {}).get("nvml_error"), \
-            state is not None
-        log(f"node summary: computed from sampler.json (sampler: {stopped})")
+    state = read_json(sdir / "sampler.json")
+    summ, nvml_error, from_state = node_summary(state, env, end_time), (state or {}).get("nvml_error"), \
+        state is not None
     if not summ.get("gpu_available") and (not from_state or nvml_error):
         why = nvml_error or _nvml_reason(hostfs, prolog)
         if why:
@@ -275,26 +201,6 @@ def _summary(job, paths, sdir, hostfs, log, pre: dict | None = None) -> dict:
         return {"sampler": stopped, "summary": None, "error": safe_text(e), "samples": summ["samples"],
                 "lost_gpus": lost}
     return {"sampler": stopped, "summary": str(out), "samples": summ["samples"], "lost_gpus": lost}
-
-
-def _sampler_summary(sdir, pid_info: dict | None, stopped: str, pre: dict | None = None) -> dict | None:
-    """The node summary the job's sampler wrote at its final flush
-    (:mod:`gsrun.epilog.sampler`: ``{"pid", "start_time", "nvml_error",
-    "summary"}``), when it is the last act of the recorded sampler this
-    epilog just stopped (``stopped == "stopped"``, same PID and start time);
-    else None and the epilog computes the summary from ``sampler.json``.
-    ``pre``: that file's content, when this epilog runs in the sampler that
-    wrote it (not read again)."""
-    if stopped != "stopped" or not pid_info:
-        return None
-    if pre is None:
-        pre = read_json(sdir / SAMPLER_SUMMARY_NAME)
-    if not pre or not isinstance(pre.get("summary"), dict) or pre.get("pid") != pid_info.get("pid"):
-        return None
-    ct, st = pid_info.get("create_time"), pre.get("start_time")
-    if isinstance(ct, (int, float)) and not (isinstance(st, (int, float)) and abs(ct - st) < 0.5):
-        return None
-    return pre
 
 
 def _metrics_remove(job, cfg) -> dict:

@@ -38,12 +38,10 @@ import os
 import sys
 import time
 
-from gsrun.base import pids
-from gsrun.base.errors import GsrunError
-from gsrun.base.fsutil import atomic_write_json, ensure_dir, json_text, read_json, unlink_names, write_user_copy
+from gsrun.base.errors import GsrunError, NodeError
+from gsrun.base.fsutil import atomic_write_json, ensure_dir, json_text, unlink_names, write_user_copy
 from gsrun.base.log import JobLog, safe_text
 from gsrun.base.paths import Paths
-from gsrun.base.proc import root_child_env, root_python, spawn_detached
 from gsrun.bind.plan import plan_from_env
 from gsrun.facts.cgroup import find_job_cgroup, read_cpuset
 from gsrun.facts.hostfs import HostFS
@@ -51,8 +49,7 @@ from gsrun.facts.jobenv import job_from_env
 from gsrun.facts.nvml import NvmlUnavailable, index_by_minor, open_nvml
 from gsrun.facts.task_notes import NOTES_NAME, task_dir
 from gsrun.facts.topology import read_topology
-from gsrun.node import mig, mps, tuning
-from gsrun.node.mem_baseline import format_mem_baseline, read_mem_baseline
+from gsrun.node import mig, mps, monitor, tuning
 from gsrun.node.mig_nvml import RealMig
 from gsrun.node.steps import NodeUnusable, SETUP, Step, drain_node, run_steps
 from gsrun.node.sweep import sweep
@@ -61,7 +58,6 @@ from gsrun.request.config import load_config_or_defaults
 from gsrun.request.job import (JobRequest, comment_from_env, comment_from_slurm, exclusive_from_record,
                                malloc_from_comment, request_from_comment, request_from_job_record, request_from_spank)
 
-SAMPLER_MODULE = "gsrun.epilog.sampler"   # the job's sampler: python -m SAMPLER_MODULE ARGS
 
 NVML_MISMATCH_MSG = "NVML/driver mismatch: reboot required"
 SCONTROL_TIMEOUT_S = 5.0
@@ -73,7 +69,7 @@ class Ctx:
     steps set ``records_ok``, ``req`` (a :class:`JobRequest`) and ``exclusive``."""
 
     __slots__ = ("environ", "job", "cfg", "hostfs", "paths", "log", "dry_run", "start_sampler", "record",
-                 "records_ok", "req", "exclusive", "nv")
+                 "records_ok", "req", "exclusive")
 
     def __init__(self, environ, job, cfg, hostfs: HostFS, paths: Paths, log: JobLog, dry_run: bool,
                  start_sampler: bool, record: dict, records_ok: bool = False, req: JobRequest | None = None,
@@ -81,7 +77,6 @@ class Ctx:
         self.environ, self.job, self.cfg, self.hostfs, self.paths, self.log = environ, job, cfg, hostfs, paths, log
         self.dry_run, self.start_sampler, self.record = dry_run, start_sampler, record
         self.records_ok, self.req, self.exclusive = records_ok, req, exclusive
-        self.nv = None      # NVML, opened once by the nvml step for every step after it; closed by run()
 
 
 def _records(c: Ctx):
@@ -123,19 +118,25 @@ def _sweep(c: Ctx):
 
 
 def _nvml(c: Ctx):
-    """Only a driver/library mismatch makes the node unusable (field case 15,
-    docs/field-cases.md)."""
+    """Whether NVML answers, as the node monitor found at its start (it holds
+    NVML; the prolog never opens it for this). Only a driver/library mismatch
+    makes the node unusable (field case 15, docs/field-cases.md)."""
     try:
-        c.nv = open_nvml(c.hostfs)
-    except NvmlUnavailable as e:
-        if e.code_name == "LIB_RM_VERSION_MISMATCH":
-            c.record["steps"]["nvml"] = str(e)
-            c.log.error(f"{NVML_MISMATCH_MSG} (GPU jobs cannot start on this node): {e}")
-            print(f"gsrun: prolog: {NVML_MISMATCH_MSG}", file=sys.stderr)
-            raise NodeUnusable(NVML_MISMATCH_MSG) from None
-        c.record["nvml_ok"] = False
-        c.log(f"nvml: {e} (GPU figures will be unavailable)")
+        out = monitor.ask(c.paths.state_dir, {"op": "nvml"})
+    except GsrunError as e:
+        c.record["nvml_ok"] = None
+        c.log.error(f"{e} (no GPU figures for this job)")
         return str(e)
+    code, err = out.get("nvml_code"), out.get("nvml_error")
+    if code == "LIB_RM_VERSION_MISMATCH":
+        c.record["steps"]["nvml"] = str(err)
+        c.log.error(f"{NVML_MISMATCH_MSG} (GPU jobs cannot start on this node): {err}")
+        print(f"gsrun: prolog: {NVML_MISMATCH_MSG}", file=sys.stderr)
+        raise NodeUnusable(NVML_MISMATCH_MSG)
+    if err:
+        c.record["nvml_ok"] = False
+        c.log(f"nvml: {err} (GPU figures will be unavailable)")
+        return str(err)
     c.record["nvml_ok"] = True
     return None
 
@@ -184,13 +185,13 @@ STEPS = (
     Step("tuning", "tune the node for the job (journal first)", 0,
          lambda c: _tuning(c.hostfs, c.paths, c.job, c.req, c.cfg, c.exclusive, c.dry_run, c.log)),
     Step("mig", "cut the job's GPUs into its MIG layout (journal first)", 0,
-         lambda c: _mig(c.hostfs, c.paths, c.job, c.req, c.cfg, c.exclusive, c.log, c.nv),
+         lambda c: _mig(c.hostfs, c.paths, c.job, c.req, c.cfg, c.exclusive, c.log),
          when=lambda c: bool(c.req.mig) and not c.dry_run),
     Step("mps", "start the job's MPS control daemon as the job's user", 0,
          lambda c: _mps(c.environ, c.paths, c.job, c.req, c.cfg, c.log),
          when=lambda c: c.req.mps is not None and not c.dry_run),
-    Step("sampler", "start the job's GPU/CPU sampler, detached", 0,
-         lambda c: start_sampler_process(c.job, c.paths, c.cfg, c.hostfs, _dma_hold(c), c.nv),
+    Step("sampler", "have the node monitor sample the job's GPUs and CPUs", 0,
+         lambda c: begin_sampling(c.job, c.paths, _dma_hold(c)),
          when=lambda c: c.start_sampler and not c.dry_run and c.records_ok),
 )
 
@@ -225,11 +226,6 @@ def run(environ, host_root: str | None = None, state_dir: str | None = None, spo
         log.error(str(e))
         record["steps"]["error"] = safe_text(e)
     finally:
-        if ctx.nv is not None:
-            try:
-                ctx.nv.close()
-            except Exception:  # noqa: BLE001 - the record is written whatever NVML does
-                pass
         record["duration_s"] = round(time.time() - t0, 3)
         if not dry_run and ctx.records_ok:
             try:
@@ -299,7 +295,7 @@ def _job_scope(hostfs, job, log):
     return JobScope(devices, cpus, {n.id: list(n.cpus) for n in topo.nodes}, source)
 
 
-def _mig(hostfs, paths, job, req, cfg, exclusive, log, nv=None):
+def _mig(hostfs, paths, job, req, cfg, exclusive, log):
     """Cut the job's GPUs into the requested MIG layout (real NVML only; the
     journal lets the epilog or ``gsrun-node restore`` undo it). The MIG
     devices' UUIDs go to ``user-mig-<node>.json`` (the job's user, 0400) for
@@ -308,17 +304,14 @@ def _mig(hostfs, paths, job, req, cfg, exclusive, log, nv=None):
         return {"skipped": "mig.enabled = false"}
     if not hostfs.is_real:
         return {"skipped": "MIG changes need the real NVML (fake host root)"}
-    own = nv is None
-    if own:
-        try:
-            nv = open_nvml(hostfs)
-        except NvmlUnavailable as e:
-            return {"error": f"MIG needs NVML: {e}"}
+    try:
+        nv = open_nvml(hostfs)
+    except NvmlUnavailable as e:
+        return {"error": f"MIG needs NVML: {e}"}
     try:
         by_minor, _lost = index_by_minor(nv)
     finally:
-        if own:
-            nv.close()
+        nv.close()
     indices = [by_minor[g] for g in (job.gpus or []) if g in by_minor]
     if not indices:
         return {"error": "no NVIDIA device matches the job's gres"}
@@ -354,75 +347,21 @@ def _dma_hold(c: Ctx) -> int | None:
     return us if isinstance(us, int) else None
 
 
-def start_sampler_process(job, paths, cfg, hostfs, dma_latency_us: int | None = None, nv=None) -> dict:
-    """Start the sampler detached (own session, outside the job's processes),
-    record its PID and start time so the epilog never signals a reused PID.
-    ``dma_latency_us``: the sampler holds ``/dev/cpu_dma_latency`` at it
-    (``--tune cstate``, :mod:`gsrun.node.cpu_latency`)."""
-    d = paths.make_state_job(job.job_id)
-    args = ["--job-id", job.job_id, "--uid", str(job.uid),
-            "--node", job.node, "--gpus", ",".join(str(g) for g in (job.gpus or [])),
-            "--state-dir", str(paths.state_dir), "--spool-dir", str(paths.spool_dir)]
-    if not hostfs.is_real:
-        args += ["--host-root", hostfs.root_dir]
-    if dma_latency_us is not None:
-        args += ["--dma-latency-us", str(int(dma_latency_us))]
-    baseline = _mem_baseline(hostfs, job.gpus or [], nv)
-    if baseline:
-        args += ["--mem-baseline", baseline]
-    _stop_earlier_sampler(d)
-    logfd = os.open(d / "sampler.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-                    0o600)
-    try:
-        pid = spawn_detached(root_python("-m", SAMPLER_MODULE, *args), _sampler_env(), logfd)
-    finally:
-        os.close(logfd)
-    info = {"pid": pid, "create_time": pids.start_time(pid), "argv": args}
-    atomic_write_json(d / "sampler.pid.json", info, mode=0o600, durable=False)   # the sampler dies with the node
-    return info
+def begin_sampling(job, paths, dma_latency_us: int | None = None) -> dict:
+    """Have the node monitor (:mod:`gsrun.node.monitor`) sample the job from
+    now on; it also holds ``/dev/cpu_dma_latency`` at ``dma_latency_us`` for
+    the job (``--tune cstate``, :mod:`gsrun.node.cpu_latency`).
+
+    Raises:
+        NodeError: the monitor is not running or refused (why, with a hint).
+    """
+    out = monitor.ask(paths.state_dir, {"op": "begin", "job_id": job.job_id, "uid": job.uid, "node": job.node,
+                                        "gpus": [int(g) for g in (job.gpus or [])],
+                                        "dma_latency_us": dma_latency_us})
+    if not out.get("ok"):
+        raise NodeError("prolog", "monitor", str(out.get("error")),
+                        hint="journalctl -u gsrun-daemon says why the node monitor refused")
+    return {"monitor": "sampling", "resumed": bool(out.get("resumed")), "gpus": out.get("gpus"),
+            **({"notes": out["notes"]} if out.get("notes") else {})}
 
 
-def _stop_earlier_sampler(d) -> None:
-    """One sampler per job per node: a prolog that runs again for a job whose
-    sampler is still recorded and running (no epilog in between) stops that one
-    first, so the epilog, which trusts a finished prolog record
-    (:func:`gsrun.epilog.main.sampler_recorded`), never leaves one running. One
-    failed open on the usual path."""
-    old = read_json(d / "sampler.pid.json")
-    # only a record that proves the process is that sampler (its start time): without one the
-    # PID may be anyone's by now (a sampler gone before it was recorded, the PID reused)
-    if (isinstance(old, dict) and isinstance(old.get("pid"), int) and old["pid"] > 1
-            and isinstance(old.get("create_time"), (int, float))):
-        try:
-            pids.stop(old["pid"], old.get("create_time"))
-        except OSError:
-            pass        # not ours to stop (then not a sampler of ours): the new one starts anyway
-
-
-def _mem_baseline(hostfs, gpus: list[int], nv=None) -> str:
-    """The job's GPUs' memory "used" before its processes start, for GPUs
-    with only the v1 memory call (:func:`gsrun.node.mem_baseline.read_mem_baseline`);
-    "" when none or NVML does not answer. ``nv``: the prolog's open NVML (else
-    opened and closed here: a second nvmlInit costs tens of ms on a real node)."""
-    if not gpus:
-        return ""
-
-    own = nv is None
-    if own:
-        try:
-            nv = open_nvml(hostfs)
-        except NvmlUnavailable:
-            return ""
-    try:
-        return format_mem_baseline(read_mem_baseline(nv, list(gpus)))
-    except Exception:  # noqa: BLE001 - no baseline is better than no sampler
-        return ""
-    finally:
-        if own:
-            nv.close()
-
-
-def _sampler_env() -> dict:
-    # GSRUN_LOG_FILE: the sampler logs alerts and idle cancels; on hosts without a syslog
-    # daemon the site's log file is where admins find them
-    return root_child_env(("GSRUN_HOST_ROOT", "GSRUN_LOG_FILE"))

@@ -101,3 +101,12 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(getattr(pytest.mark, tier))
         if tier == "slurm" and not have_cluster:
             item.add_marker(skip)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Stop the node daemons the process tests started for their sites (tests/helpers/node_site.py)."""
+    try:
+        from helpers.node_site import stop_daemons
+    except ImportError:
+        return
+    stop_daemons()

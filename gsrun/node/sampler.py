@@ -1,4 +1,4 @@
-"""The per-job GPU/CPU sampler: started detached by the prolog, stopped by the epilog.
+"""A job's GPU/CPU sampler on one node: the node monitor (:mod:`gsrun.node.monitor`) keeps one per job.
 
 Facts per interval (``sampler.interval_s``), for each of the job's GPUs
 through the NVML choke point (:mod:`gsrun.facts.nvml`):
@@ -34,30 +34,17 @@ per job (the summary then integrates the power samples, marked estimated).
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import select
-import signal
 import sys
 import time
 
 import psutil
 
-from gsrun.base import pids
 from gsrun.base.fsutil import atomic_write, read_json
-from gsrun.base.paths import Paths
 from gsrun.facts import cgroup
 from gsrun.facts.aggregate import Counter, HIST_EDGES_PCT, Metric, Timeline
-from gsrun.facts.hostfs import HostFS
-from gsrun.facts.jobenv import parse_gpu_indices
 from gsrun.facts.nvml import GPU_IS_LOST, NA, NOT_SUPPORTED, NvmlUnavailable, index_by_minor, is_na, open_nvml
 from gsrun.facts.sampler_state import GpuRef, STATE_VERSION
-from gsrun.node import cpu_latency
-from gsrun.node.live import LiveActions
-from gsrun.node.mem_baseline import parse_mem_baseline
-from gsrun.node.metrics_textfile import exporter_from_config
-from gsrun.request.config import idle_config, load_config_or_defaults
 from gsrun.request.waste import GpuWatch, IdleConfig
 
 # NVML clock event (throttle) reason bits -> cause (nvmlClocksEventReason*)
@@ -499,12 +486,11 @@ def update_job(state: dict, cpu_time_s, mem_current, mem_peak, source: str, t_re
 
 
 class Sampler:
-    """The sampler loop. ``run()`` until SIGTERM/SIGINT or ``max_samples``.
+    """One job's sampling on this node: :meth:`poll` at each ``interval_s``,
+    :meth:`finish` at its end (the node monitor calls them).
 
     ``clock`` (epoch seconds) and ``sleep`` are injectable: tests drive a
-    simulated job of any length without sleeping. Polls run on a fixed
-    schedule (``start + n * interval_s``; missed slots are skipped, not
-    bunched). ``nvml`` replaces :func:`gsrun.facts.nvml.open_nvml` (a backend, or a
+    simulated job of any length without sleeping (:meth:`run`). ``nvml`` replaces :func:`gsrun.facts.nvml.open_nvml` (a backend, or a
     callable returning one or raising :class:`NvmlUnavailable`); ``usage``
     replaces the job cgroup / psutil reader: a callable returning
     ``(cpu_time_s, mem_current_bytes, mem_peak_bytes, source)``;
@@ -514,12 +500,6 @@ class Sampler:
     or None."""
 
     export = None
-    listen_fd: int | None = None     # a socket polled with the wakeup pipe (gsrun.epilog.handoff)
-    on_listen = None                 # called when it is readable; True: stop now
-    final_ms: dict | None = None     # what the last sample and the final flush took (ms), for the log
-    handed_over = False              # stopped by on_listen: NVML stays initialised for the epilog's
-                                     # steps in this process (nvmlInit again costs tens of ms on a
-                                     # real node; NVML counts inits), closed by run_sampler after
 
     def __init__(self, hostfs, job_id: str, uid: int | None, node: str, gres_indices: list[int],
                  state_path: str, interval_s: float, flush_s: float, timeline_points: int = 1000,
@@ -533,7 +513,7 @@ class Sampler:
         self.flush_s = flush_s
         self.clock = clock
         self.sleep = sleep
-        self.stop = False
+        self._last_flush: float | None = None
         t0 = clock()
         try:
             if nvml is None:
@@ -575,7 +555,7 @@ class Sampler:
         self._usage = usage
         self._tl_cache: dict[str, str] | None = None
         self._flushes = 0
-        self.live = None          # gsrun.node.live.LiveActions (run_sampler sets it)
+        self.live = None          # gsrun.node.live.LiveActions (the monitor sets it)
 
     def _job_usage(self, final: bool = False):
         if self._usage is not None:
@@ -717,205 +697,38 @@ class Sampler:
 
     def after_flush(self) -> None:
         """While the job runs (:mod:`gsrun.node.live`, set as ``self.live`` by
-        :func:`run_sampler`): the live node file in the spool, alerts, the
+        the monitor): the live node file in the spool, alerts, the
         opt-in idle cancel. Nothing when ``self.live`` is None."""
         if self.live is not None:
             self.live.after_flush(self.state, lambda: state_to_json(self.state, timelines=False))
 
-    def run(self, max_samples: int | None = None) -> dict:
-        """Sample until SIGTERM/SIGINT (or ``max_samples`` polls), then take a
-        last sample, write the final state (``done``) and return it (JSON form).
+    def poll(self) -> None:
+        """One poll, and a flush with the live effects when ``flush_s`` has
+        passed since the last one (the first poll flushes at once): what the
+        node monitor (:mod:`gsrun.node.monitor`) does for each job at each
+        ``interval_s``."""
+        self.sample_once()
+        now = self.clock()
+        if self._last_flush is None or now - self._last_flush >= self.flush_s:
+            self.flush()
+            self.after_flush()
+            self._last_flush = now
 
-        The wait between polls is cut short by the signal (a self-pipe given
-        to :func:`signal.set_wakeup_fd`, waited on with ``select``): the
-        sampler starts its final sample within milliseconds of SIGTERM,
-        whatever ``interval_s`` is. An injected ``sleep`` (tests) is used as
-        given instead."""
-        wake = self._wake_pipe()
-        try:
-            last_flush = None
-            n = 0
-            next_t = self.clock()
-            while not self.stop:
-                self.sample_once()
-                n += 1
-                if last_flush is None or self.clock() - last_flush >= self.flush_s:
-                    self.flush()
-                    self.after_flush()
-                    last_flush = self.clock()
-                if max_samples is not None and n >= max_samples:
-                    break
-                next_t += self.interval_s
-                now = self.clock()
-                if next_t <= now:   # overran: skip the missed slots
-                    next_t = now + self.interval_s - ((now - next_t) % self.interval_s)
-                while not self.stop and self.clock() < next_t:
-                    left = max(0.0, next_t - self.clock())
-                    if wake is None:
-                        self.sleep(min(1.0, left))
-                    elif _wait_fd(wake[0], left, self.listen_fd) and self.on_listen():
-                        self.stop = self.handed_over = True
-            t_stop = time.perf_counter()
-            self.sample_once(final=True)
-            t_sampled = time.perf_counter()
-            self.final_ms = {"final_sample": (t_sampled - t_stop) * 1000}
-            if not self.handed_over:
-                # handed over, the epilog's steps in this process write the node summary
-                # from this state next; should they never get there, the epilog falls back to
-                # the last periodic flush, as for a SIGKILLed sampler (at most flush_s of
-                # samples lost) -- and the final flush, which re-encodes every timeline,
-                # stays off the epilog's critical path
-                self.flush(done=True)
-                self.final_ms["final_flush"] = (time.perf_counter() - t_sampled) * 1000
-        finally:
-            if wake is not None:
-                signal.set_wakeup_fd(-1)
-                for fd in wake:
-                    os.close(fd)
-        if self.nv is not None and not self.handed_over:
-            self.nv.close()
+    def finish(self) -> dict:
+        """The last sample and the final flush (``done``) -> the state (JSON form)."""
+        self.sample_once(final=True)
+        self.flush(done=True)
         return self.snapshot()
 
-    def _wake_pipe(self) -> tuple[int, int] | None:
-        """Install the SIGTERM/SIGINT handlers; with the real ``sleep``, also a
-        non-blocking self-pipe as the signal wakeup fd. None: no pipe (an
-        injected ``sleep``, or not the main thread: tests stop via ``max_samples``)."""
-        try:
-            signal.signal(signal.SIGTERM, self._on_signal)
-            signal.signal(signal.SIGINT, self._on_signal)
-        except ValueError:
-            return None
-        if self.sleep is not time.sleep:
-            return None
-        r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        signal.set_wakeup_fd(w, warn_on_full_buffer=False)
-        return r, w
-
-    def _on_signal(self, signum, frame):
-        self.stop = True
-
-
-def _wait_fd(fd: int, timeout_s: float, listen_fd: int | None = None) -> bool:
-    """Wait up to ``timeout_s`` for ``fd`` (the signal wakeup pipe) or
-    ``listen_fd`` to turn readable; drain ``fd``. True when ``listen_fd`` is
-    readable."""
-    ready = select.select([fd] if listen_fd is None else [fd, listen_fd], [], [], timeout_s)[0]
-    if fd in ready:
-        try:
-            while os.read(fd, 512):
-                pass
-        except BlockingIOError:
-            pass
-    return listen_fd is not None and listen_fd in ready
-
-
-def sampler_pid_alive(pid: int, create_time: float | None) -> bool:
-    """True when ``pid`` is still our sampler (same start time: PIDs are
-    reused) and has not exited (a zombie is not alive)."""
-    return pids.is_same(pid, create_time)
-
-
-def stop_sampler(pid: int, create_time: float | None, timeout_s: float = 5.0) -> str:
-    """SIGTERM the sampler and wait for it to exit -- its final sample and
-    flush come first (:meth:`Sampler.run`) --, up to ``timeout_s``, then
-    SIGKILL. The wait ends when the process exits (a pidfd, see
-    :func:`gsrun.base.pids.stop`), not when PID 1 reaps it. Returns what
-    happened (``stopped``, ``killed``, ``not running``)."""
-    return pids.stop(pid, create_time, timeout_s)
-
-
-def run_sampler(job_id: str, uid: int, node: str, gpus: str, host_root: str | None, state_dir: str | None,
-                spool_dir: str | None, interval_s: float | None = None, max_samples: int | None = None,
-                dma_latency_us: int | None = None, mem_baseline: str | None = None, on_done=None,
-                listener=None) -> int:
-    """The sampler process's body (``python -m gsrun.node.sampler``, started
-    detached by the prolog; ``gsrun-node sampler`` runs the same). A broken
-    site config must not cost the job its figures: built-in defaults then.
-    ``dma_latency_us``: hold ``/dev/cpu_dma_latency`` at that latency until
-    the sampler ends (``--tune cstate``, :mod:`gsrun.node.cpu_latency`).
-    ``on_done(state, state_dir, final_ms, release)``: called with the final state (JSON form, as
-    written), the job's state directory (a :class:`pathlib.Path`), what the
-    last sample and flush took (``{"final_sample": ms, "final_flush": ms}``) and
-    ``release()`` (lets go of NVML and the C-state hold at once) after the
-    last flush, before the process exits (:mod:`gsrun.epilog.sampler` writes
-    the node summary there). ``listener``: ``open(state_job_dir) -> fd | None``
-    and ``accept() -> bool`` (:class:`gsrun.epilog.handoff.Listener`): the
-    loop also stops when ``accept`` takes a connection."""
-    class _Err:
-        @staticmethod
-        def error(msg: str) -> None:
-            print(msg, file=sys.stderr)
-
-    cfg = load_config_or_defaults(_Err)
-    paths = Paths.from_config(cfg, state_dir, spool_dir)
-    d = paths.make_state_job(job_id)
-    s = Sampler(HostFS.from_env(host_root), job_id, uid, node, parse_gpu_indices(gpus) or [],
-                str(d / "sampler.json"), interval_s or cfg["sampler.interval_s"], cfg["sampler.flush_s"],
-                cfg["sampler.timeline_points"], mem_baseline=parse_mem_baseline(mem_baseline),
-                idle=idle_config(cfg))
-    if cfg["metrics.textfile_dir"]:
-        s.export = exporter_from_config(cfg, job_id, uid)
-    s.live = _live_actions(cfg, paths, job_id, node, uid, s.idle_cfg)
-    held_fd = None
-    if listener is not None:
-        s.listen_fd = listener.open(d)
-        s.on_listen = listener.accept
-    if dma_latency_us is not None:
-        held_fd, note = cpu_latency.hold(s.hostfs, dma_latency_us)   # closed by release() or at exit
-        s.state["notes"].append(note)
-        print(f"gsrun: sampler: {note}", file=sys.stderr)
-    final = s.run(max_samples)
-
-    def release(nvml: bool = True) -> None:
-        """Let go of what this process holds on the node (the C-state hold; NVML unless
-        ``nvml`` is False), before a handed-over epilog reports back. Idempotent."""
-        nonlocal held_fd
-        if nvml and s.nv is not None:
-            nv, s.nv = s.nv, None
-            nv.close()
-        if held_fd is not None:
-            fd, held_fd = held_fd, None
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-
-    try:
-        if on_done is not None:
-            on_done(final, d, s.final_ms, release)
-    finally:
-        release()
-    return 0
-
-
-def _live_actions(cfg, paths, job_id: str, node: str, uid: int, idle_cfg):
-    """The sampler's live effects (:class:`gsrun.node.live.LiveActions`) with
-    the site's ``[idle]`` policy (``idle_cfg``, the detector's)."""
-    return LiveActions(paths.spool_dir, job_id, node, uid, idle_cfg, cfg["live.flush_s"],
-                       cfg["timeouts.command_s"])
-
-
-def main(argv: list[str] | None = None, on_done=None, listener=None) -> int:
-    """``python -m gsrun.node.sampler --job-id ID --uid N --node NAME [--gpus LIST]
-    [--host-root DIR] [--state-dir DIR] [--spool-dir DIR] [--interval-s S] [--max-samples N]
-    [--dma-latency-us US]``. ``on_done``, ``listener``: see :func:`run_sampler`."""
-    ap = argparse.ArgumentParser(prog="gsrun-sampler")
-    ap.add_argument("--job-id", required=True)
-    ap.add_argument("--uid", type=int, required=True)
-    ap.add_argument("--node", required=True)
-    ap.add_argument("--gpus", default="")
-    ap.add_argument("--host-root", default=os.environ.get("GSRUN_HOST_ROOT"))
-    ap.add_argument("--state-dir", default=os.environ.get("GSRUN_STATE_DIR"))
-    ap.add_argument("--spool-dir", default=os.environ.get("GSRUN_SPOOL_DIR"))
-    ap.add_argument("--interval-s", type=float, default=None)
-    ap.add_argument("--max-samples", type=int, default=None)
-    ap.add_argument("--dma-latency-us", type=int, default=None)
-    ap.add_argument("--mem-baseline", default=None, help="GRES=BYTES,... v1 memory used before the job")
-    a = ap.parse_args(argv)
-    return run_sampler(a.job_id, a.uid, a.node, a.gpus, a.host_root, a.state_dir, a.spool_dir,
-                       a.interval_s, a.max_samples, dma_latency_us=a.dma_latency_us, mem_baseline=a.mem_baseline,
-                       on_done=on_done, listener=listener)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    def run(self, max_samples: int) -> dict:
+        """Poll ``max_samples`` times on the schedule ``start + n * interval_s``
+        (``sleep`` between), then :meth:`finish` at once: a simulated job of any length
+        with an injected ``clock`` and ``sleep`` (tests)."""
+        next_t = self.clock()
+        for n in range(max_samples):
+            if n:
+                next_t += self.interval_s
+                if self.clock() < next_t:
+                    self.sleep(next_t - self.clock())
+            self.poll()
+        return self.finish()

@@ -13,8 +13,9 @@ whose names anybody who can write the directory can plant:
 
 - ``<state_dir>/jobs/<id>/`` (root, 0700; made by the prolog, removed by the
   epilog; ``/run`` is empty after a reboot), and in it
-- ``sampler.pid.json`` (root, 0600): the sampler's PID and start time
-  (:func:`gsrun.base.pids.start_time`, epoch s).
+- ``monitor.json`` (root, 0600): written when the node monitor begins
+  sampling the job, removed when the epilog ends it; ``sampler.json``: the
+  job's sampled state, there from the first flush.
 
 Three parts: :func:`read_state_jobs` (facts), :func:`gone_jobs` (the pure
 decision), :func:`sweep` (the thin effect: names only, through
@@ -27,28 +28,27 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from gsrun.base import pids
-from gsrun.base.fsutil import read_json, unlink_names
+from gsrun.base.fsutil import unlink_names
 from gsrun.base.ids import is_job_id, is_node_name
 from gsrun.facts.live import LIVE_PREFIX
 from gsrun.node.metrics_textfile import _OUR_FILE, _OUR_TEMP
+from gsrun.node.monitor import JOB_FILE as MONITOR_JOB_FILE
 
 
 @dataclass(frozen=True, slots=True)
 class StateJob:
     """One job directory of the node's state dir. ``sampler_alive``: None when
-    no sampler is recorded yet (the prolog runs, or it has no sampler), else
-    whether the recorded PID is still that process (same start time)."""
+    the job was never sampled yet (its prolog runs), else whether the node
+    monitor still samples it."""
 
     job_id: str
     sampler_alive: bool | None
 
 
-def read_state_jobs(state_dir, alive=pids.is_same) -> dict[str, StateJob]:
+def read_state_jobs(state_dir) -> dict[str, StateJob]:
     """job id -> :class:`StateJob` for every job directory in
     ``<state_dir>/jobs/`` (root-owned; a directory not owned by root, or a
-    name that is not a job id, is not a job of ours and is left out).
-    ``alive(pid, create_time) -> bool``: injectable for tests. A missing
+    name that is not a job id, is not a job of ours and is left out). A missing
     state dir is no job at all (a node after a reboot)."""
     base = Path(state_dir) / "jobs"
     out: dict[str, StateJob] = {}
@@ -67,11 +67,12 @@ def read_state_jobs(state_dir, alive=pids.is_same) -> dict[str, StateJob]:
             continue
         if not (st.st_mode & 0o170000 == 0o040000):
             continue
-        info = read_json(base / name / "sampler.pid.json")
-        state = None
-        if isinstance(info, dict) and isinstance(info.get("pid"), int) and info["pid"] > 1 \
-                and isinstance(info.get("create_time"), (int, float)):
-            state = bool(alive(info["pid"], info["create_time"]))
+        if os.path.lexists(base / name / MONITOR_JOB_FILE):
+            state = True        # the node monitor samples it (its epilog has not ended it)
+        elif os.path.lexists(base / name / "sampler.json"):
+            state = False       # sampled, and its sampling ended (or was never taken up again)
+        else:
+            state = None        # a prolog in progress
         out[name] = StateJob(name, state)
     return out
 
@@ -80,9 +81,9 @@ def gone_jobs(candidates, state_jobs: dict[str, StateJob], current_job_id: str |
     """The job ids among ``candidates`` whose files must go, sorted. Pure.
 
     A job is gone from the node when it has no state directory (its epilog
-    ran, or the node rebooted), or when its recorded sampler is no longer
-    running (nothing will ever update or remove its files). A job directory
-    with no sampler recorded yet is a prolog in progress: kept. The job whose
+    ran, or the node rebooted), or when the monitor no longer samples it
+    (nothing will ever update or remove its files). A job directory never
+    sampled yet is a prolog in progress: kept. The job whose
     prolog is sweeping (``current_job_id``) is kept: a requeued job's own
     earlier files are the prolog's ``records`` step's business."""
     out = set()
@@ -100,8 +101,8 @@ def _prom_job(name: str) -> str | None:
     return m.group(1) if m else None
 
 
-def sweep(state_dir, spool_dir, node: str, textfile_dir: str | None, current_job_id: str | None,
-          alive=pids.is_same) -> dict[str, list[str]]:
+def sweep(state_dir, spool_dir, node: str, textfile_dir: str | None, current_job_id: str | None
+          ) -> dict[str, list[str]]:
     """Remove the textfiles (``gsrun_job_<id>.prom`` and their temp files) and
     this node's live files (``<spool>/jobs/<id>/user-live-<node>.json``) of
     jobs :func:`gone_jobs` names. Other nodes' live files in a shared spool
@@ -111,7 +112,7 @@ def sweep(state_dir, spool_dir, node: str, textfile_dir: str | None, current_job
         OSError: a directory cannot be listed or a file removed (permissions,
             read-only file system); what was removed before stays removed.
     """
-    state = read_state_jobs(state_dir, alive)
+    state = read_state_jobs(state_dir)
     removed: dict[str, list[str]] = {"prom": [], "live": []}
     if textfile_dir:
         try:

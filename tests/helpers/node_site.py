@@ -111,9 +111,52 @@ epilog_budget_s = {budget_epilog_s}
     return Site(base, host, base / "state", base / "spool", base / "run" / "mps", cfg, base / "calls.log")
 
 
+_DAEMONS: dict[str, subprocess.Popen] = {}
+
+
+def node_daemon(env: dict) -> subprocess.Popen:
+    """The node daemon (and so the node monitor) of the site whose
+    ``GSRUN_STATE_DIR`` and ``GSRUN_HOST_ROOT`` are in ``env``, started on
+    first use and kept for the session (:func:`stop_daemons`): the hooks
+    reach the monitor through ``<state dir>/monitor.sock``."""
+    state = env["GSRUN_STATE_DIR"]
+    p = _DAEMONS.get(state)
+    if p is not None and p.poll() is None:
+        return p
+    os.makedirs(state, mode=0o755, exist_ok=True)
+    sock = os.path.join(state, "monitor.sock")
+    denv = {k: v for k, v in env.items() if not k.startswith("SLURM")}
+    log = open(os.path.join(os.path.dirname(state), "daemon.log"), "ab")
+    p = subprocess.Popen([sys.executable, "-P", "-c", LAUNCH, "daemon", "run", "--socket",
+                          os.path.join(state, "daemon.sock"), "--state-dir", state,
+                          "--host-root", env["GSRUN_HOST_ROOT"]], env=denv, stdin=subprocess.DEVNULL,
+                         stdout=log, stderr=subprocess.STDOUT, cwd="/", start_new_session=True)
+    log.close()
+    deadline = time.monotonic() + 20
+    while not os.path.exists(sock) and time.monotonic() < deadline and p.poll() is None:
+        time.sleep(0.02)
+    _DAEMONS[state] = p
+    return p
+
+
+def stop_daemons() -> None:
+    for p in _DAEMONS.values():
+        if p.poll() is None:
+            p.terminate()
+    for p in _DAEMONS.values():
+        try:
+            p.wait(15)
+        except subprocess.TimeoutExpired:
+            p.kill()
+    _DAEMONS.clear()
+
+
 def run_node(args: list[str], env: dict, timeout_s: float = 120, cwd: str = "/") -> subprocess.CompletedProcess:
     """``gsrun-node ARGS`` as slurmd runs a hook: ``cwd`` is the hook's working
-    directory (slurmctld's may be world-writable: tests/process/test_root_cwd_imports.py)."""
+    directory (slurmctld's may be world-writable: tests/process/test_root_cwd_imports.py).
+    A prolog or epilog of a site finds the site's node daemon running (:func:`node_daemon`)."""
+    if args and args[0] in ("prolog", "epilog") and "GSRUN_STATE_DIR" in env and "GSRUN_HOST_ROOT" in env:
+        node_daemon(env)
     return subprocess.run([sys.executable, "-P", "-c", LAUNCH, *args], env=env, capture_output=True, text=True,
                           errors="replace", timeout=timeout_s, cwd=cwd)
 
@@ -124,19 +167,20 @@ def timed(args, env, timeout_s=120) -> tuple[subprocess.CompletedProcess, float]
     return cp, time.monotonic() - t0
 
 
-def samplers_of(job_id: str, state_dir) -> list[int]:
-    """PIDs of live gsrun samplers for ``job_id`` writing under ``state_dir``
-    (other tests may run samplers of a job with the same id elsewhere)."""
-    import psutil
+def sampled_jobs(state_dir) -> list[str]:
+    """The jobs the node monitor of ``state_dir`` samples now ([] when none runs)."""
+    from gsrun.base.errors import GsrunError
+    from gsrun.node import monitor
 
-    out = []
-    for p in psutil.process_iter(["pid", "cmdline", "status"]):
-        cmd = p.info["cmdline"] or []
-        if ("gsrun.epilog.sampler" in cmd or "gsrun.node.sampler" in cmd) and "--job-id" in cmd and job_id in cmd \
-                and str(state_dir) in cmd \
-                and p.info["status"] != psutil.STATUS_ZOMBIE:
-            out.append(p.info["pid"])
-    return out
+    try:
+        return list(monitor.ask(state_dir, {"op": "status"}, timeout_s=5, wait_s=0).get("jobs") or [])
+    except GsrunError:
+        return []
+
+
+def samplers_of(job_id: str, state_dir) -> list[str]:
+    """``[job_id]`` when the node monitor of ``state_dir`` samples the job, else []."""
+    return [job_id] if job_id in sampled_jobs(state_dir) else []
 
 
 def procs_with_arg(marker: str) -> list[int]:

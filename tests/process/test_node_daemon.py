@@ -18,6 +18,7 @@ import pytest
 
 import gsrun
 from gsrun.daemon import server
+from gsrun.node import monitor
 from gsrun.admin.node_entry import HOOK_BOOTSTRAP
 from helpers.node_site import LAUNCH, make_site, samplers_of
 
@@ -40,24 +41,44 @@ def client(tmp_path_factory):
 
 
 class Running:
-    def __init__(self, tmp_path):
+    """A node daemon on ``tmp_path/run/daemon.sock``; with ``site``, its node
+    monitor is the site's (state dir, host root, config), else it runs none."""
+
+    def __init__(self, tmp_path, site=None):
         d = tmp_path / "run"
         d.mkdir(mode=0o700, exist_ok=True)
         self.sock = str(d / "daemon.sock")
         self.log = tmp_path / "server.log"
-        with open(self.log, "w") as out:
-            self.proc = subprocess.Popen([sys.executable, "-P", "-c", LAUNCH, "daemon", "run", "--socket", self.sock],
-                                         stdout=out, stderr=subprocess.STDOUT, cwd="/")
+        args = ["--no-monitor"]
+        env = dict(os.environ)
+        if site is not None:
+            site.state.mkdir(mode=0o755, parents=True, exist_ok=True)
+            args = ["--state-dir", str(site.state), "--host-root", str(site.host)]
+            env["GSRUN_CONFIG"] = str(site.config)
+        with open(self.log, "a") as out:
+            self.proc = subprocess.Popen([sys.executable, "-P", "-c", LAUNCH, "daemon", "run", "--socket", self.sock,
+                                          *args], stdout=out, stderr=subprocess.STDOUT, cwd="/", env=env)
+        if site is not None:
+            deadline = time.monotonic() + 30
+            while not (site.state / "monitor.sock").exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
         deadline = time.monotonic() + 30
         while not os.path.exists(self.sock) and time.monotonic() < deadline and self.proc.poll() is None:
             time.sleep(0.05)
         assert os.path.exists(self.sock), self.log.read_text()
 
     def children(self) -> list[int]:
+        """The daemon's hook children now (its node monitor left out)."""
         import psutil
 
+        try:
+            mon = server.ping(self.sock)["monitor_pid"]
+        except Exception:  # noqa: BLE001 - a daemon killed by the test answers nothing
+            mon = None
         out = []
         for c in psutil.Process(self.proc.pid).children():
+            if c.pid == mon:
+                continue
             try:
                 if c.status() != psutil.STATUS_ZOMBIE:
                     out.append(c.pid)
@@ -144,33 +165,29 @@ def test_a_changed_module_is_seen(tmp_path):
 
 # ------------------------------------------------------------------ through the daemon
 
-def test_a_job_through_the_daemon_prolog_sampler_handed_over_epilog(client, running):
+def test_a_job_through_the_daemon_prolog_monitor_epilog(client, tmp_path):
+    """Prolog and epilog through the daemon: the node monitor (the daemon's child, the
+    one process with NVML) samples the job from the prolog to the epilog, which writes
+    the node summary from its final state; EpilogSlurmctld is answered at once."""
     site = make_site()
-    rec = None
+    running = Running(tmp_path, site)
     try:
         env = site.env(job_id="5101")
         cp = via(client, running.sock, hook("prolog"), env)
         assert cp.returncode == 0, cp.stderr
         sdir = site.state / "jobs" / "5101"
-        rec = json.loads((sdir / "sampler.pid.json").read_text())
-        # the prolog's own record names the sampler: the epilog needs no /proc scan
-        with open(f"/proc/{rec['pid']}/cmdline", "rb") as f:
-            assert b"gsrun.epilog.sampler" in f.read()
         prolog = json.loads((site.spool / "jobs" / "5101" / "prolog-gpu-node01.json").read_text())
-        assert prolog["steps"]["sampler"]["pid"] == rec["pid"]
-        deadline = time.monotonic() + 20
-        while not (sdir / "epilog.sock").exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        assert prolog["steps"]["sampler"] == {"monitor": "sampling", "resumed": False, "gpus": 1}
+        st = server.ping(running.sock)
+        mon = monitor.ask(site.state, {"op": "status"})
+        assert mon["pid"] == st["monitor_pid"] and mon["jobs"] == ["5101"] and mon["nvml_inits"] == 1
+        assert (sdir / "monitor.json").exists()
+        time.sleep(1.0)                     # 0.2 s polls
         cp = via(client, running.sock, hook("epilog"), env)
         assert cp.returncode == 0, cp.stderr
-        assert "in the job's sampler" in cp.stderr
-        assert (site.spool / "jobs" / "5101" / "node-gpu-node01.json").exists()
-        deadline = time.monotonic() + 10
-        while os.path.exists(f"/proc/{rec['pid']}") and time.monotonic() < deadline:
-            time.sleep(0.05)
-        with open(f"/proc/{rec['pid']}/stat") if os.path.exists(f"/proc/{rec['pid']}") else open(os.devnull) as f:
-            assert f.read().split(") ")[-1][:1] in ("", "Z")     # gone (or a zombie of init)
-        assert "5101" not in " ".join(map(str, samplers_of("5101", site.state)))
+        node = json.loads((site.spool / "jobs" / "5101" / "node-gpu-node01.json").read_text())
+        assert node["sampler_stop"] == "stopped" and node["samples"] >= 5 and node["gpu_available"]
+        assert monitor.ask(site.state, {"op": "status"})["jobs"] == []
         assert running.children() == []
         # EpilogSlurmctld: answered by the daemon itself (no hook process on slurmctld's path),
         # the merge started detached writes the job summary
@@ -189,20 +206,16 @@ def test_a_job_through_the_daemon_prolog_sampler_handed_over_epilog(client, runn
         # a bad job id goes to a hook process, which says why (in the log)
         cp = via(client, running.sock, hook("epilog-ctld"), dict(cenv, SLURM_JOB_ID="5101x"))
         assert cp.returncode == 0, cp.stderr
-        st = json.loads(subprocess.run([sys.executable, "-P", "-c", LAUNCH, "daemon", "status", "--json",
-                                        "--socket", running.sock], capture_output=True, text=True, check=True,
-                                       timeout=30, cwd="/").stdout)
+        st = server.ping(running.sock)
         assert (st["pid"], st["served"], st["version"]) == (running.proc.pid, 4, gsrun.__version__)
         cp = subprocess.run([sys.executable, "-P", "-c", LAUNCH, "daemon", "status", "--socket",
                              str(site.base / "none.sock")], capture_output=True, text=True, timeout=30, cwd="/")
         assert cp.returncode == 1 and cp.stderr.startswith("gsrun: daemon: not running: "), cp.stderr
         log = running.stop()
-        assert "stopped (4 hooks served)" in log, log
+        assert "stopped (4 hooks served)" in log and "gsrun: monitor: stopped" in log, log
     finally:
-        if rec is not None:     # a test that failed half-way must not leave the job's sampler polling
-            from gsrun.base import pids
-
-            pids.stop(rec["pid"], rec.get("create_time"))
+        if running.proc.poll() is None:
+            running.proc.kill()
         shutil.rmtree(site.base, ignore_errors=True)
 
 
@@ -838,62 +851,84 @@ def _readable(s) -> bool:
 def test_a_daemon_killed_mid_job_loses_no_setting_and_no_figure(client, tmp_path):
     """SIGKILL the daemon while a tuned job's prolog runs, and again while the job runs:
     the prolog finishes on its own (its child is in its own session; the client says the
-    status is unknown and exits 0), the job's sampler keeps sampling, an epilog while no
-    daemon runs fails without running anything (the node drains), and the epilog through
-    the restarted daemon restores every setting and writes the job's figures."""
+    status is unknown and exits 0); the node monitor ends with its daemon; an epilog while
+    no daemon runs fails without running anything (the node drains); the restarted
+    daemon's monitor takes the job up from its state (the time without a monitor counted
+    as gap, the samples before it kept), and the epilog through it restores every setting
+    and writes the job's figures."""
     from helpers.node_site import TUNE, host_only, kill_fakes, snapshot
     from helpers.tuning_tree import diff
 
     site = make_site()
-    rec = None
+    a = b = None
     try:
         base = host_only(snapshot(site.host))
         env = site.env(job_id="5201", spank={"SPANK_GS_TUNE": TUNE}, FAKE_SLURM="record",
                        FAKE_SCONTROL_RECORD="JobId=5201 JobName=t UserId=nobody(65534) OverSubscribe=NO "
                                             "Comment=(null)")
-        a = Running(tmp_path)
-        p = subprocess.Popen([client, a.sock, *hook("prolog")], env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, cwd="/")
+        a = Running(tmp_path, site)
+        mon_pid = server.ping(a.sock)["monitor_pid"]
+        err_file = open(tmp_path / "prolog.err", "w+")     # the hook child keeps the client's stderr open
+        p = subprocess.Popen([client, a.sock, *hook("prolog")], env=env, stdout=subprocess.DEVNULL,
+                             stderr=err_file, text=True, cwd="/")
         deadline = time.monotonic() + 10
         while not a.children() and time.monotonic() < deadline:
             time.sleep(0.005)
         assert a.children(), "the prolog never started"
         a.proc.kill()                       # mid-prolog
         a.proc.wait()
-        out, err = p.communicate(timeout=60)
-        assert p.returncode == 0, err
-        assert "the node daemon went away while the hook ran" in err
+        assert p.wait(timeout=60) == 0
+        err = (tmp_path / "prolog.err").read_text()
+        assert "the node daemon went away while the hook ran" in err, err
+        deadline = time.monotonic() + 30
+        while _alive(mon_pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(mon_pid), "the monitor outlived its daemon"
+        b = Running(tmp_path, site)         # systemd's Restart=always
         sdir = site.state / "jobs" / "5201"
         deadline = time.monotonic() + 60    # the prolog's own process goes on to its end
-        while not (sdir / "sampler.pid.json").exists() and time.monotonic() < deadline:
+        while not (sdir / "monitor.json").exists() and time.monotonic() < deadline:
             time.sleep(0.05)
-        rec = json.loads((sdir / "sampler.pid.json").read_text())
+        assert (sdir / "monitor.json").exists(), ((tmp_path / "prolog.err").read_text()
+                                                  + (tmp_path / "server.log").read_text())[-2000:]
         deadline = time.monotonic() + 30
         while len(diff(base, host_only(snapshot(site.host)))) < 6 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert len(diff(base, host_only(snapshot(site.host)))) >= 6      # governor x4, swappiness, thp...
-        time.sleep(1.0)                     # the job runs; the sampler samples without any daemon
-        cp = via(client, a.sock, hook("epilog"), env)
+        time.sleep(1.0)                     # the job runs, sampled every 0.2 s
+        before = json.loads((sdir / "sampler.json").read_text())["samples"]
+        assert before >= 3
+        b.proc.kill()                       # mid-job
+        b.proc.wait()
+        time.sleep(1.0)                     # no monitor: a gap in the figures
+        cp = via(client, b.sock, hook("epilog"), env)
         assert cp.returncode == 1 and "node daemon not running" in cp.stderr
         assert len(diff(base, host_only(snapshot(site.host)))) >= 6      # nothing ran
-        b = Running(tmp_path)               # restarted (systemd's Restart=always): the stale socket replaced
-        try:
-            cp = via(client, b.sock, hook("epilog"), env)
-            assert cp.returncode == 0, cp.stderr
-            assert diff(base, host_only(snapshot(site.host))) == []
-            node = json.loads((site.spool / "jobs" / "5201" / "node-gpu-node01.json").read_text())
-            assert node["gpu_available"] and node["samples"] >= 2, {k: node.get(k) for k in ("samples",
-                                                                                          "gpu_reason")}
-        finally:
-            b.proc.kill()
-            b.proc.wait()
+        b = Running(tmp_path, site)
+        assert monitor.ask(site.state, {"op": "status"})["jobs"] == ["5201"]     # taken up
+        time.sleep(0.6)
+        cp = via(client, b.sock, hook("epilog"), env)
+        assert cp.returncode == 0, cp.stderr
+        assert diff(base, host_only(snapshot(site.host))) == []
+        node = json.loads((site.spool / "jobs" / "5201" / "node-gpu-node01.json").read_text())
+        assert node["gpu_available"] and node["samples"] > before, node["samples"]
+        assert node["gpus"][0]["util_gap_s"] >= 0.8, node["gpus"][0]["util_gap_s"]
     finally:
-        if rec is not None:
-            from gsrun.base import pids
-
-            pids.stop(rec["pid"], rec.get("create_time"))
+        for d in (a, b):
+            if d is not None and d.proc.poll() is None:
+                d.proc.kill()
+                d.proc.wait()
         kill_fakes(site)
         shutil.rmtree(site.base, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    """``pid`` runs (a zombie waiting for its new parent to reap it does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(") ", 1)[1][:1] not in ("Z", "X")
+    except OSError:
+        return False
 
 
 # ------------------------------------------------------------------ the job's SPANK environment

@@ -7,8 +7,6 @@ from __future__ import annotations
 import errno
 import os
 import subprocess
-import sys
-import time
 
 import pytest
 
@@ -190,26 +188,36 @@ def test_sampler_holds_dma_latency_under_host_root_without_writing(root, tmp_pat
     assert fd is None and "absent" in note
 
 
-def test_sampler_process_keeps_the_fd_for_its_lifetime(root, tmp_path):
-    env = {**os.environ, "GSRUN_HOST_ROOT": str(root)}
-    p = subprocess.Popen([sys.executable, "-P", "-m", "gsrun.node.sampler", "--job-id", "77", "--uid", str(os.getuid()),
-                          "--node", "n1", "--host-root", str(root), "--state-dir", str(tmp_path / "st"),
-                          "--spool-dir", str(tmp_path / "sp"), "--interval-s", "0.2", "--dma-latency-us", "1"],
-                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        want = str(root / "dev/cpu_dma_latency")
-        deadline, held = time.monotonic() + 20, False
-        while time.monotonic() < deadline and not held:
-            try:
-                held = any(os.readlink(f"/proc/{p.pid}/fd/{f}") == want for f in os.listdir(f"/proc/{p.pid}/fd"))
-            except OSError:
-                pass
-            time.sleep(0.1)
-        assert held, p.stderr.read1().decode() if p.poll() is not None else "not held"
-    finally:
-        p.terminate()
-        p.wait(20)
+def test_the_node_monitor_holds_the_fd_from_job_begin_to_job_end(root, tmp_path):
+    from gsrun.base.paths import Paths
+    from gsrun.node.monitor import Monitor
+    from gsrun.request.config import load_config_or_defaults
+
+    class _Err:
+        error = staticmethod(print)
+
+    paths = Paths(str(tmp_path / "st"), str(tmp_path / "sp"), str(tmp_path / "mps"))
+    mon = Monitor(HostFS(root), paths, load_config_or_defaults(_Err))
+    want = str(root / "dev/cpu_dma_latency")
+
+    def held() -> int:
+        return sum(1 for f in os.listdir("/proc/self/fd") if _link(f"/proc/self/fd/{f}") == want)
+
+    before = held()
+    out = mon.begin({"job_id": "77", "uid": os.getuid(), "node": "n1", "gpus": [], "dma_latency_us": 1})
+    assert out["ok"] and out["notes"][0].startswith("cpu_dma_latency held at 1 us")
+    assert held() == before + 1
+    assert mon.end("77")["stopped"] == "stopped"
+    assert held() == before
+    mon.close()
     assert (root / "dev/cpu_dma_latency").read_bytes() == b""
+
+
+def _link(path: str) -> str | None:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return None
 
 
 # ---------------------------------------------------------------- irqbalance with gsrun's policy script

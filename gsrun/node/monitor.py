@@ -1,0 +1,534 @@
+"""The node monitor: the one process of the node daemon that holds NVML.
+
+The node daemon (:mod:`gsrun.daemon.server`) forks it at its start, before
+anything opened NVML, and again whenever it ends. It opens NVML once, and
+every ``sampler.interval_s`` it samples the GPUs of every job running on the
+node (:class:`gsrun.node.sampler.Sampler`: one per job, sharing the one NVML
+handle) and reads the GPUs no job holds; it keeps each job's aggregates,
+timelines, live file, waste detection, alerts and idle cancel
+(:class:`gsrun.node.live.LiveActions`), and feeds the node's Prometheus
+endpoint. The prolog tells it a job began, the epilog that it ended; the
+epilog then writes the node summary from the job's final state.
+
+Restart-safe: each job's state is ``<state_dir>/jobs/<id>/sampler.json``
+(rewritten every ``sampler.flush_s``) and what it was started with is
+``monitor.json`` beside it. A monitor that starts (after a crash, a SIGKILL,
+an upgrade) takes up every job with a ``monitor.json``: its figures go on
+from the last flush, and the time it was not sampled is counted as gap
+(:data:`gsrun.node.sampler.GAP_FACTOR`), never as zero.
+
+Protocol: ``<state_dir>/monitor.sock`` (``AF_UNIX`` stream, mode 0600 in the
+root-owned state dir; the peer must have the monitor's uid). One request
+line of JSON (at most :data:`MAX_REQUEST_BYTES`, read within
+:data:`REQUEST_TIMEOUT_S`), one reply line of JSON::
+
+    {"op": "nvml"}                 -> {"ok": true, "nvml_error": null | "NVML init failed: CODE (...)",
+                                       "nvml_code": null | "CODE"}
+    {"op": "begin", "job_id": "42", "uid": 1000, "node": "gpu01", "gpus": [0, 1],
+     "dma_latency_us": null | 0..2000000000}
+                                   -> {"ok": true, "resumed": false, "gpus": 2, "notes": [...]}
+    {"op": "end", "job_id": "42"}  -> {"ok": true, "samples": 120, "stopped": "stopped"}
+    {"op": "status"}               -> {"ok": true, "pid", "started", "jobs": [ids], "gpus", "nvml_error", ...}
+
+and ``{"ok": false, "error": "..."}`` for a request refused. Bounds: at most
+:data:`MAX_JOBS` jobs, :data:`MAX_GPUS` GPU indices per job, every field
+checked against an allow-list (:func:`check_begin`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import json
+import os
+import selectors
+import signal
+import socket
+import stat
+import sys
+import time
+from dataclasses import dataclass, field
+
+import psutil
+
+from gsrun.base.errors import NodeError
+from gsrun.base.fsutil import atomic_write_json, read_json
+from gsrun.base.ids import is_job_id, is_node_name
+from gsrun.base.paths import Paths
+from gsrun.facts.hostfs import HostFS
+from gsrun.facts.nvml import NvmlUnavailable, open_nvml
+from gsrun.node import cpu_latency
+from gsrun.node.live import LiveActions
+from gsrun.node.mem_baseline import read_mem_baseline
+from gsrun.node.metrics_textfile import exporter_from_config
+from gsrun.node.sampler import Sampler
+from gsrun.request.config import idle_config, load_config_or_defaults
+
+SOCKET_NAME = "monitor.sock"
+JOB_FILE = "monitor.json"
+MAX_REQUEST_BYTES = 64 * 1024
+REQUEST_TIMEOUT_S = 2.0
+CONNECT_WAIT_S = 15.0      # a daemon restarting: RestartSec=1 and its start (the modules, NVML)
+MAX_JOBS = 256              # jobs on one node at once (Slurm's MaxJobCount per node is far lower in practice)
+MAX_GPUS = 64               # gres indices per job and node
+MAX_DMA_US = 2_000_000_000
+IDLE_KEYS = ("memory", "power_mw", "temperature_c", "utilization", "energy_mj")
+_PR_SET_PDEATHSIG = 1
+
+
+def socket_path(state_dir) -> str:
+    return os.path.join(str(state_dir), SOCKET_NAME)
+
+
+# ----------------------------------------------------------------------------- requests (pure)
+
+def check_begin(req: dict) -> dict:
+    """A ``begin`` request's fields, checked. -> ``{"job_id", "uid", "node",
+    "gpus", "dma_latency_us"}``.
+
+    Raises:
+        ValueError: a field missing or outside its allow-list (the text says which).
+    """
+    job_id, uid, node = req.get("job_id"), req.get("uid"), req.get("node")
+    gpus, dma = req.get("gpus", []), req.get("dma_latency_us")
+    if not is_job_id(job_id, array=True):
+        raise ValueError(f"job_id {job_id!r} is not a job id")
+    if not (isinstance(uid, int) and not isinstance(uid, bool) and 0 <= uid < 2 ** 32):
+        raise ValueError(f"uid {uid!r} is not a uid")
+    if not is_node_name(node):
+        raise ValueError(f"node {node!r} is not a node name")
+    if not (isinstance(gpus, list) and len(gpus) <= MAX_GPUS
+            and all(isinstance(g, int) and not isinstance(g, bool) and 0 <= g < 4096 for g in gpus)):
+        raise ValueError(f"gpus: a list of at most {MAX_GPUS} gres indices 0-4095")
+    if dma is not None and not (isinstance(dma, int) and not isinstance(dma, bool) and 0 <= dma <= MAX_DMA_US):
+        raise ValueError(f"dma_latency_us {dma!r}: 0-{MAX_DMA_US} or null")
+    return {"job_id": job_id, "uid": uid, "node": node, "gpus": sorted(set(gpus)), "dma_latency_us": dma}
+
+
+def parse_request(line: bytes) -> dict:
+    """One request line -> its dict. Raises ValueError (not JSON, not an object, no known op)."""
+    req = json.loads(line)
+    if not isinstance(req, dict) or req.get("op") not in ("nvml", "begin", "end", "status"):
+        raise ValueError("not a monitor request")
+    return req
+
+
+# ----------------------------------------------------------------------------- client
+
+def ask(state_dir, request: dict, timeout_s: float = 10.0, wait_s: float = CONNECT_WAIT_S) -> dict:
+    """Send ``request`` to the monitor of ``state_dir`` and return its answer.
+    A monitor that is not listening yet (its daemon restarting: systemd's
+    ``RestartSec`` plus the start) is waited for up to ``wait_s``.
+
+    Raises:
+        NodeError: no monitor listens within ``wait_s`` (the node daemon is not
+            running), the listener is not of this uid, no answer within
+            ``timeout_s``, or an answer that is not one JSON line.
+    """
+    path = socket_path(state_dir)
+    s = _connect(path, wait_s)
+    try:
+        s.settimeout(timeout_s)
+        if _peer_uid(s) != os.geteuid():
+            raise NodeError("monitor", "socket", f"{path}: served by another user",
+                            hint="only root's node daemon serves it; remove the socket, restart gsrun-daemon")
+        deadline = time.monotonic() + timeout_s
+        s.sendall(json.dumps(request, separators=(",", ":")).encode() + b"\n")
+        buf = b""
+        while not buf.endswith(b"\n") and len(buf) <= MAX_REQUEST_BYTES:
+            s.settimeout(max(0.01, deadline - time.monotonic()))
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            buf += chunk
+    except OSError as e:
+        if isinstance(e, NodeError):
+            raise
+        raise NodeError("monitor", "no answer", f"{path}: {e}",
+                        hint="journalctl -u gsrun-daemon says what the monitor is doing") from e
+    finally:
+        s.close()
+    try:
+        out = json.loads(buf)
+    except ValueError as e:
+        raise NodeError("monitor", "no answer", f"{path}: {buf[:80]!r}",
+                        hint="the monitor restarted while answering: the hook may run again") from e
+    if not isinstance(out, dict):
+        raise NodeError("monitor", "no answer", f"{path}: not an object")
+    return out
+
+
+def _connect(path: str, wait_s: float):
+    deadline = time.monotonic() + wait_s
+    while True:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            s.settimeout(REQUEST_TIMEOUT_S)
+            s.connect(path)
+            return s
+        except OSError as e:
+            s.close()
+            if e.errno not in (errno.ENOENT, errno.ECONNREFUSED) or time.monotonic() >= deadline:
+                raise NodeError("monitor", "not running", f"{path}: {e.strerror or e}",
+                                hint="the node daemon runs it: systemctl status gsrun-daemon") from e
+            time.sleep(0.1)
+
+
+def _peer_uid(s) -> int:
+    import struct
+
+    cred = s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", cred)[1]
+
+
+# ----------------------------------------------------------------------------- the monitor
+
+@dataclass
+class Job:
+    """A job the monitor samples: its sampler, its C-state hold (an open
+    ``/dev/cpu_dma_latency``: the kernel keeps the lowest request of all
+    holders), its polls that failed in a row."""
+
+    sampler: Sampler
+    dma_fd: int | None = None
+    errors: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+class Monitor:
+    """The NVML holder and every job's sampler; :meth:`serve` until SIGTERM.
+
+    ``nvml``: a backend to use instead of :func:`gsrun.facts.nvml.open_nvml`
+    (tests). ``clock``: epoch seconds, injectable."""
+
+    def __init__(self, hostfs: HostFS, paths: Paths, cfg, nvml=None, clock=time.time, log=None):
+        self.hostfs, self.paths, self.cfg, self.clock = hostfs, paths, cfg, clock
+        self.log = log or (lambda msg: print(f"gsrun: monitor: {msg}", file=sys.stderr, flush=True))
+        self.interval_s = float(cfg["sampler.interval_s"])
+        self.flush_s = float(cfg["sampler.flush_s"])
+        self.idle_cfg = idle_config(cfg)
+        self.jobs: dict[str, Job] = {}
+        self.started = time.time()
+        self.nvml_inits = 0
+        self.nvml_error: str | None = None
+        self.nvml_code: str | None = None
+        self.nv = None
+        self.idle_values: dict[int, dict] = {}       # NVML index -> last reading of a GPU no job holds
+        try:
+            self.nv = nvml if nvml is not None else open_nvml(hostfs)
+            self.nvml_inits = 1
+        except NvmlUnavailable as e:
+            self.nvml_error, self.nvml_code = str(e), e.code_name
+            self.log(f"{e}: GPU figures unavailable until the daemon restarts")
+
+    # -- requests --------------------------------------------------------------
+    def handle(self, req: dict) -> dict:
+        op = req["op"]
+        if op == "nvml":
+            return {"ok": True, "nvml_error": self.nvml_error, "nvml_code": self.nvml_code}
+        if op == "status":
+            return {"ok": True, **self.status()}
+        if op == "begin":
+            return self.begin(check_begin(req))
+        job_id = req.get("job_id")
+        if not is_job_id(job_id, array=True):
+            raise ValueError(f"job_id {job_id!r} is not a job id")
+        return self.end(job_id)
+
+    def _nvml(self):
+        if self.nv is not None:
+            return self.nv
+
+        def unavailable():
+            raise NvmlUnavailable(self.nvml_code or "UNINITIALIZED", "the monitor could not open NVML")
+        return unavailable
+
+    def begin(self, job: dict, resumed: bool = False) -> dict:
+        """Start sampling ``job`` (:func:`check_begin`'s dict): its sampler
+        continues a state it finds (a prolog run again, a monitor restarted),
+        else starts one; the first sample and flush follow at once."""
+        job_id = job["job_id"]
+        if job_id in self.jobs:
+            return {"ok": True, "resumed": True, "gpus": len(self.jobs[job_id].sampler.refs), "notes": []}
+        if len(self.jobs) >= MAX_JOBS:
+            raise ValueError(f"{MAX_JOBS} jobs sampled already")
+        d = self.paths.make_state_job(job_id)
+        if not resumed:
+            baseline = {}
+            if self.nv is not None and job["gpus"]:
+                try:
+                    baseline = read_mem_baseline(self.nv, job["gpus"])
+                except Exception:  # noqa: BLE001 - no baseline: v1 memory as read
+                    baseline = {}
+            job = dict(job, mem_baseline={str(k): v for k, v in baseline.items()}, begun=time.time())
+            atomic_write_json(d / JOB_FILE, job, mode=0o600)
+        s = Sampler(self.hostfs, job_id, job["uid"], job["node"], job["gpus"], str(d / "sampler.json"),
+                    self.interval_s, self.flush_s, int(self.cfg["sampler.timeline_points"]), clock=self.clock,
+                    nvml=self._nvml(), mem_baseline={int(k): v for k, v in (job.get("mem_baseline") or {}).items()},
+                    idle=self.idle_cfg)
+        if self.cfg["metrics.textfile_dir"]:
+            s.export = exporter_from_config(self.cfg, job_id, job["uid"])
+        s.live = LiveActions(self.paths.spool_dir, job_id, job["node"], job["uid"], self.idle_cfg,
+                             self.cfg["live.flush_s"], self.cfg["timeouts.command_s"])
+        entry = Job(s)
+        if job.get("dma_latency_us") is not None:
+            entry.dma_fd, note = cpu_latency.hold(self.hostfs, job["dma_latency_us"])
+            s.state["notes"].append(note)
+            entry.notes.append(note)
+        self.jobs[job_id] = entry
+        self._sample(job_id, entry)
+        return {"ok": True, "resumed": resumed, "gpus": len(s.refs), "notes": entry.notes}
+
+    def end(self, job_id: str) -> dict:
+        """The job's last sample and final flush (``done``); it is sampled no more."""
+        entry = self.jobs.pop(job_id, None)
+        if entry is None:
+            return {"ok": True, "samples": None, "stopped": "not running"}
+        s = entry.sampler
+        t0 = time.perf_counter()
+        try:
+            s.finish()
+            stopped = "stopped"
+        except Exception as e:  # noqa: BLE001 - the epilog falls back to the last flush
+            stopped = f"final sample failed: {type(e).__name__}: {e}"
+            self.log(f"job {job_id}: {stopped}")
+        finally:
+            self._release(entry)
+            try:
+                os.unlink(self.paths.state_job(job_id) / JOB_FILE)
+            except OSError:
+                pass
+        return {"ok": True, "samples": s.state["samples"], "stopped": stopped,
+                "final_ms": round((time.perf_counter() - t0) * 1000, 2)}
+
+    def _release(self, entry: Job) -> None:
+        if entry.dma_fd is not None:
+            try:
+                os.close(entry.dma_fd)
+            except OSError:
+                pass
+            entry.dma_fd = None
+
+    def status(self) -> dict:
+        return {"pid": os.getpid(), "started": int(self.started), "jobs": sorted(self.jobs),
+                "gpus": self._count(), "nvml_error": self.nvml_error, "nvml_inits": self.nvml_inits,
+                "rss_bytes": psutil.Process().memory_info().rss}
+
+    def _count(self) -> int:
+        try:
+            return self.nv.count() if self.nv is not None else 0
+        except Exception:  # noqa: BLE001
+            return 0
+
+    # -- sampling --------------------------------------------------------------
+    def readopt(self) -> list[str]:
+        """Take up the jobs whose ``monitor.json`` is in the state dir (root's,
+        checked again as a request would be). -> their ids."""
+        base = self.paths.state_dir / "jobs"
+        out = []
+        try:
+            names = sorted(os.listdir(base))
+        except OSError:
+            return out
+        for name in names:
+            if not is_job_id(name, array=True):
+                continue
+            path = base / name / JOB_FILE
+            try:
+                st = os.lstat(path)
+                if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+                    continue
+                rec = read_json(path)
+                job = check_begin(rec if isinstance(rec, dict) else {})
+                if job["job_id"] != name:
+                    continue
+                job["mem_baseline"] = rec.get("mem_baseline") if isinstance(rec.get("mem_baseline"), dict) else {}
+                self.begin(job, resumed=True)
+                out.append(name)
+            except (OSError, ValueError, TypeError) as e:
+                self.log(f"job {name}: not taken up: {e}")
+        return out
+
+    def tick(self) -> None:
+        """One poll of every job's GPUs and of the GPUs no job holds. A job
+        whose poll fails is logged and stays (its figures have a gap); it
+        never touches another job."""
+        for job_id, entry in list(self.jobs.items()):
+            self._sample(job_id, entry)
+        self._sample_idle()
+
+    def _sample(self, job_id: str, entry: Job) -> None:
+        s = entry.sampler
+        try:
+            s.poll()
+            entry.errors = 0
+        except Exception as e:  # noqa: BLE001 - one job's failure is that job's only
+            entry.errors += 1
+            if entry.errors in (1, 10, 100):
+                self.log(f"job {job_id}: sample failed ({entry.errors}x): {type(e).__name__}: {e}")
+
+    def held_indices(self) -> set[int]:
+        return {r.nvml_index for e in self.jobs.values() for r in e.sampler.refs if r.nvml_index is not None}
+
+    def _sample_idle(self) -> None:
+        if self.nv is None:
+            return
+        held = self.held_indices()
+        for i in range(self._count()):
+            if i in held:
+                self.idle_values.pop(i, None)
+                continue
+            try:
+                self.idle_values[i] = {k: self.nv.get(i, k) for k in IDLE_KEYS}
+            except Exception:  # noqa: BLE001 - a GPU that cannot be read is unknown
+                self.idle_values.pop(i, None)
+
+    def flush_all(self) -> None:
+        """Every job's state to disk (not done): a stopping monitor's last act."""
+        for job_id, entry in self.jobs.items():
+            try:
+                entry.sampler.flush()
+            except Exception as e:  # noqa: BLE001
+                self.log(f"job {job_id}: flush failed: {e}")
+
+    def close(self) -> None:
+        for entry in self.jobs.values():
+            self._release(entry)
+        if self.nv is not None:
+            self.nv.close()
+            self.nv = None
+
+    # -- loop ----------------------------------------------------------------------
+    def serve(self, listener) -> int:
+        """Poll on schedule and answer requests until SIGTERM/SIGINT (or the
+        parent daemon ended); then flush every job and exit 0."""
+        stop: list[int] = []
+        r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda n, _f: stop.append(n))
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        sel = selectors.DefaultSelector()
+        sel.register(listener, selectors.EVENT_READ, "accept")
+        sel.register(r, selectors.EVENT_READ, "signal")
+        parent = os.getppid()
+        next_t = time.monotonic()
+        try:
+            while not stop and os.getppid() == parent:
+                now = time.monotonic()
+                if now >= next_t:
+                    self.tick()
+                    next_t += self.interval_s
+                    now = time.monotonic()
+                    if next_t <= now:       # overran: skip the missed slots
+                        next_t = now + self.interval_s - ((now - next_t) % self.interval_s)
+                for key, _ev in sel.select(timeout=max(0.0, min(next_t - now, 1.0))):
+                    if key.data == "accept":
+                        self._accept(listener)
+                    else:
+                        try:
+                            while os.read(r, 512):
+                                pass
+                        except BlockingIOError:
+                            pass
+        finally:
+            signal.set_wakeup_fd(-1)
+            self.flush_all()
+            self.close()
+        self.log(f"stopped ({len(self.jobs)} job(s) left to the next monitor)")
+        return 0
+
+    def _accept(self, listener) -> None:
+        try:
+            conn, _ = listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        with conn:
+            try:
+                if _peer_uid(conn) != os.geteuid():
+                    return
+                conn.settimeout(REQUEST_TIMEOUT_S)
+                deadline = time.monotonic() + REQUEST_TIMEOUT_S
+                buf = b""
+                while b"\n" not in buf:
+                    if len(buf) > MAX_REQUEST_BYTES or time.monotonic() > deadline:
+                        raise ValueError("request too long or too slow")
+                    conn.settimeout(max(0.01, deadline - time.monotonic()))
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        raise ValueError("request cut short")
+                    buf += chunk
+                try:
+                    out = self.handle(parse_request(buf.split(b"\n", 1)[0]))
+                except (ValueError, TypeError, OSError, NodeError) as e:
+                    out = {"ok": False, "error": " ".join(str(e).split())[:400]}
+                conn.settimeout(REQUEST_TIMEOUT_S)
+                conn.sendall(json.dumps(out, separators=(",", ":")).encode() + b"\n")
+            except (OSError, ValueError) as e:
+                self.log(f"request dropped: {e}")
+
+
+def listen(path: str):
+    """A listening socket at ``path`` (mode 0600, made under a temporary name
+    and renamed over the path). The directory must be this uid's and closed
+    to others.
+
+    Raises:
+        NodeError: the directory is missing or open to others.
+    """
+    d = os.path.dirname(os.path.abspath(path))
+    try:
+        st = os.lstat(d)
+    except OSError as e:
+        raise NodeError("monitor", "socket directory", f"{d}: {e.strerror}",
+                        hint="the node's state directory must exist (gsrun-node install makes it)") from e
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise NodeError("monitor", "socket directory", f"{d}: not a directory of uid {os.geteuid()} closed to others",
+                        hint="chown root and chmod go-w it")
+    tmp = f"{path}.{os.getpid()}.new"
+    try:
+        os.unlink(tmp)
+    except FileNotFoundError:
+        pass
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    old = os.umask(0o177)
+    try:
+        s.bind(tmp)
+    finally:
+        os.umask(old)
+    s.listen(64)
+    os.rename(tmp, path)
+    s.setblocking(False)
+    return s
+
+
+def die_with_parent() -> None:
+    """SIGTERM this process when the daemon that forked it ends (Linux's
+    ``PR_SET_PDEATHSIG``), so a daemon killed with SIGKILL leaves no monitor
+    serving beside the next one."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def run(host_root: str | None = None, state_dir: str | None = None, spool_dir: str | None = None,
+        nvml=None) -> int:
+    """The monitor process's body (forked by the node daemon). -> exit status."""
+    die_with_parent()
+
+    class _Err:
+        @staticmethod
+        def error(msg: str) -> None:
+            print(f"gsrun: monitor: {msg}", file=sys.stderr, flush=True)
+
+    cfg = load_config_or_defaults(_Err)
+    paths = Paths.from_config(cfg, state_dir, spool_dir)
+    os.makedirs(paths.state_dir, mode=0o755, exist_ok=True)
+    listener = listen(socket_path(paths.state_dir))
+    mon = Monitor(HostFS.from_env(host_root), paths, cfg, nvml=nvml)
+    taken = mon.readopt()
+    mon.log(f"serving {socket_path(paths.state_dir)} (pid {os.getpid()}, {mon._count()} GPU(s), "
+            f"{len(taken)} job(s) taken up{': ' + ' '.join(taken) if taken else ''})")
+    return mon.serve(listener)
+
