@@ -691,8 +691,8 @@ def run(opts: InstallOptions, out: Callable[[str], None] = print, environ=None) 
     if cfg_env:
         out("# config=: slurmstepd's environment has no GSRUN_CONFIG; without it the steps read "
             f"{DEFAULT_CONFIG_PATH}")
-    out("# daemon=: every step gets its plan (binding, MIG devices, --gs-mps) from the node daemon "
-        "(step 6), so slurmstepd starts no Python")
+    out("# daemon=: the node daemon's socket (step 6), where slurmstepd gets every step's plan "
+        "(binding, MIG devices, --gs-mps)")
     out("# and make sure /etc/slurm/plugstack.conf has:  include /etc/slurm/plugstack.conf.d/*.conf")
 
     # 6. node daemon, mail timer

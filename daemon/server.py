@@ -95,7 +95,7 @@ import time
 
 import gsrun
 from gsrun.base.errors import NodeError
-from gsrun.base.paths import DEFAULT_STATE_DIR
+from gsrun.base.paths import DAEMON_SOCKET_NAME, DEFAULT_STATE_DIR
 from gsrun.base.proc import spawn_detached
 from gsrun.epilog.ctld_start import merge_command
 from gsrun.admin.node_entry import HOOK_BOOTSTRAP, parse_hook_args
@@ -107,7 +107,7 @@ REQUEST_TIMEOUT_S = 2.0         # a client sends its request in one message, at 
 MAX_MERGES = 12                 # EpilogSlurmctld merges running at once (~25 MB each; the unit's MemoryMax=512M)
 MAX_PENDING_MERGES = 2048       # merges waiting for a slot (a few KiB each: argv and the hook's environment)
 READY, GO, STARTED, AGAIN, REFUSED, EXITED = b"R", b"G", b"S", b"F", b"E", b"X"
-SOCKET_NAME = "daemon.sock"
+SOCKET_NAME = DAEMON_SOCKET_NAME
 MONITOR_BACKOFF_S = 10.0        # a node monitor that lived less than this is started again after it
 MONITOR_STOP_S = 10.0           # a stopping monitor's final flush of every job
 PING_REQUEST = "@ping"

@@ -1,33 +1,34 @@
 /*
- * gsrun_spank.c -- a SPANK plugin whose logic is Python.
+ * gsrun_spank.c -- the gsrun SPANK plugin: option handling in Python, step plans from the node daemon.
  *
  * Small and boring on purpose: this file parses the plugstack arguments,
  * checks the Slurm version, registers the --gs-* options from the table
  * spank_py/build.py generated from gsrun.spank_py.hooks.OPTIONS (the one
- * definition, compiled in: gsrun_spank_options.h), and forwards every SPANK
- * callback to the Python function of the same name in gsrun.spank_py.hooks --
- * but for slurm_spank_job_prolog/_epilog, exported only when that module
- * defines them (the same header says), since slurmd starts a slurmstepd on
- * every node of every job for each one a plugin exports.
- * Python sees Slurm through a tiny built-in module, _spank.
+ * definition, compiled in: gsrun_spank_options.h), and, in sbatch/salloc/srun
+ * (allocator, local), forwards init, init_post_opt, local_user_init and exit
+ * to the Python function of the same name in gsrun.spank_py.hooks. Python
+ * sees Slurm through a tiny built-in module, _spank. The plugin exports no
+ * slurm_spank_job_prolog/_epilog: with either one in the stack, slurmd starts
+ * a "slurmstepd spank prolog|epilog" on every node of every job.
  *
- * Python runs only in the process that started it. slurmstepd calls
- * task_init_privileged and task_init in each task it forks (after fork, before
- * exec) and the plugin does not do that fork, so no PyOS_BeforeFork() ran:
- * the Python hooks are never called there. What the tasks get is decided in
- * slurmstepd's user_init, before the fork, as one plan for every local rank
- * (from the node daemon, or from the Python side through
- * _spank.set_task_plan), and task_init applies the task's part in C.
+ * slurmstepd (remote) never starts Python. Every step's plan -- what each task
+ * gets: binding, the job's MIG devices, the MPS client environment -- comes
+ * from the node daemon (gsrun.daemon.server, gsrun.spank_py.hooks.step_actions)
+ * on its socket (plugstack daemon=, else the default built in): asked in
+ * init_post_opt and user_init, before slurmstepd forks the tasks, as one plan
+ * for every local rank, which task_init applies in C in each task. A daemon
+ * that is not there or gives no plan is logged (with a hint) and the step runs
+ * with Slurm's own binding; every wait on it has a deadline.
  *
  * An unused plugin costs nothing: CPython is started (once per process, in
- * slurm_spank_init_post_opt, when every option is known) only when
- *  - a --gs-* option was given (command line, #SBATCH line, environment, or
- *    forwarded to slurmstepd), or
- *  - in slurmstepd (remote) for a normal step (not batch/extern/interactive)
- *    while the site binds tasks (plugstack bind=auto, the default).
- * sbatch/salloc/srun without --gs-* options never load Python, so a broken
- * Python side cannot block them; a job that asked for --gs-* options is
- * refused then (its options could not be honoured), with the reason.
+ * slurm_spank_init_post_opt, when every option is known) only in sbatch,
+ * salloc or srun given a --gs-* option (command line, #SBATCH line,
+ * environment). Without one they never load Python, so a broken Python side
+ * cannot block them; a job that asked for --gs-* options is refused then (its
+ * options could not be honoured), with the reason. slurmstepd asks the daemon
+ * only for a normal step (not batch/extern/interactive) while the site binds
+ * tasks (plugstack bind=auto, the default), or for a step given --gs-mps or
+ * --gs-bind.
  *
  * Two objects are built from this file (spank_py/build.py):
  *  - gsrun_spank.so (the plugin Slurm loads): the code outside GSRUN_PY_PART,
@@ -44,7 +45,7 @@
  *    variables of the calling environment (isolated config), never exits the
  *    process (no PyErr_Print: SystemExit is reported like any exception) and
  *    is never finalized;
- *  - slurmd itself (S_CTX_SLURMD) never starts Python: nothing runs there.
+ *  - slurmd (S_CTX_SLURMD) and slurmstepd (remote, job_script) never start Python.
  *  - every message has the shape of gsrun.base.errors: "gsrun: spank:
  *    <what>: <detail>", and a fix the admin can make on its own line
  *    "hint: ...".
@@ -55,6 +56,8 @@
  *  GSRUN_PYTHON_HOME        sys.base_prefix of the Python built against
  *  GSRUN_PYTHON_EXE         that Python's executable (sys.executable)
  *  GSRUN_DEFAULT_PYTHONPATH its site-packages, used when no pythonpath= is given
+ * and in gsrun_spank_options.h: GSRUN_DAEMON_SOCKET_NAME and GSRUN_DEFAULT_DAEMON_SOCKET,
+ * the node daemon's socket (gsrun.daemon.server.default_socket).
  */
 #define _GNU_SOURCE /* dladdr */
 #define PY_SSIZE_T_CLEAN
@@ -131,7 +134,7 @@ struct gs_config {
 	enum on_error on_error;
 	const char *bind; /* "auto" (default) or "none" */
 	const char *config; /* site config path (absolute) or NULL: $GSRUN_CONFIG / default */
-	const char *daemon; /* the node daemon's socket (absolute) or NULL: bound steps plan in Python */
+	const char *daemon; /* the node daemon's socket (absolute) or NULL: daemon_socket() */
 };
 
 /* What the plugin hands the Python part (gsrun_py_attach). */
@@ -141,8 +144,6 @@ struct gs_shared {
 	int *n_opts;
 	char **opt_value;
 	int *opt_seen;
-	/* the plugin's plan_set: the step's plan (GSA1 text) that task_init applies; 0, or -1 with why */
-	int (*set_task_plan)(const char *text, char *why, size_t why_len);
 };
 
 #ifdef GSRUN_PY_PART
@@ -348,56 +349,6 @@ static PyObject *py_log(PyObject *self, PyObject *args)
 	Py_RETURN_NONE;
 }
 
-static PyObject *py_getenv(PyObject *self, PyObject *args)
-{
-	const char *name;
-	(void)self;
-	if (!PyArg_ParseTuple(args, "s:getenv", &name) || need_handle() < 0)
-		return NULL;
-	for (int len = 4096; len <= (1 << 20); len *= 4) {
-		char *buf = malloc((size_t)len);
-		if (!buf)
-			return PyErr_NoMemory();
-		spank_err_t rc = spank_getenv(cur_sp, name, buf, len);
-		if (rc == ESPANK_SUCCESS) {
-			PyObject *r = PyUnicode_DecodeFSDefault(buf);
-			free(buf);
-			return r;
-		}
-		free(buf);
-		if (rc == ESPANK_ENV_NOEXIST)
-			Py_RETURN_NONE;
-		if (rc != ESPANK_NOSPACE)
-			return spank_fail("getenv", rc);
-	}
-	return spank_fail("getenv", ESPANK_NOSPACE);
-}
-
-static PyObject *py_setenv(PyObject *self, PyObject *args)
-{
-	const char *name, *value;
-	int overwrite = 1;
-	(void)self;
-	if (!PyArg_ParseTuple(args, "ss|p:setenv", &name, &value, &overwrite) || need_handle() < 0)
-		return NULL;
-	spank_err_t rc = spank_setenv(cur_sp, name, value, overwrite);
-	if (rc != ESPANK_SUCCESS)
-		return spank_fail("setenv", rc);
-	Py_RETURN_NONE;
-}
-
-static PyObject *py_unsetenv(PyObject *self, PyObject *args)
-{
-	const char *name;
-	(void)self;
-	if (!PyArg_ParseTuple(args, "s:unsetenv", &name) || need_handle() < 0)
-		return NULL;
-	spank_err_t rc = spank_unsetenv(cur_sp, name);
-	if (rc != ESPANK_SUCCESS)
-		return spank_fail("unsetenv", rc);
-	Py_RETURN_NONE;
-}
-
 static PyObject *py_job_control_setenv(PyObject *self, PyObject *args)
 {
 	const char *name, *value;
@@ -409,131 +360,6 @@ static PyObject *py_job_control_setenv(PyObject *self, PyObject *args)
 	if (rc != ESPANK_SUCCESS)
 		return spank_fail("job_control_setenv", rc);
 	Py_RETURN_NONE;
-}
-
-enum item_kind { K_U32, K_U16, K_INT, K_UID, K_GID, K_PID, K_U64, K_STR, K_GIDS, K_ENV, K_ARGV };
-
-static const struct { const char *name; spank_item_t item; enum item_kind kind; } items[] = {
-	{ "S_JOB_UID", S_JOB_UID, K_UID },
-	{ "S_JOB_GID", S_JOB_GID, K_GID },
-	{ "S_JOB_ID", S_JOB_ID, K_U32 },
-	{ "S_JOB_STEPID", S_JOB_STEPID, K_U32 },
-	{ "S_JOB_NNODES", S_JOB_NNODES, K_U32 },
-	{ "S_JOB_NODEID", S_JOB_NODEID, K_U32 },
-	{ "S_JOB_LOCAL_TASK_COUNT", S_JOB_LOCAL_TASK_COUNT, K_U32 },
-	{ "S_JOB_TOTAL_TASK_COUNT", S_JOB_TOTAL_TASK_COUNT, K_U32 },
-	{ "S_JOB_NCPUS", S_JOB_NCPUS, K_U16 },
-	{ "S_JOB_ARGV", S_JOB_ARGV, K_ARGV },
-	{ "S_JOB_ENV", S_JOB_ENV, K_ENV },
-	{ "S_TASK_ID", S_TASK_ID, K_INT },
-	{ "S_TASK_GLOBAL_ID", S_TASK_GLOBAL_ID, K_U32 },
-	{ "S_TASK_EXIT_STATUS", S_TASK_EXIT_STATUS, K_INT },
-	{ "S_TASK_PID", S_TASK_PID, K_PID },
-	{ "S_JOB_SUPPLEMENTARY_GIDS", S_JOB_SUPPLEMENTARY_GIDS, K_GIDS },
-	{ "S_SLURM_VERSION", S_SLURM_VERSION, K_STR },
-	{ "S_SLURM_VERSION_MAJOR", S_SLURM_VERSION_MAJOR, K_STR },
-	{ "S_SLURM_VERSION_MINOR", S_SLURM_VERSION_MINOR, K_STR },
-	{ "S_SLURM_VERSION_MICRO", S_SLURM_VERSION_MICRO, K_STR },
-	{ "S_STEP_CPUS_PER_TASK", S_STEP_CPUS_PER_TASK, K_U32 },
-	{ "S_JOB_ALLOC_CORES", S_JOB_ALLOC_CORES, K_STR },
-	{ "S_JOB_ALLOC_MEM", S_JOB_ALLOC_MEM, K_U64 },
-	{ "S_STEP_ALLOC_CORES", S_STEP_ALLOC_CORES, K_STR },
-	{ "S_STEP_ALLOC_MEM", S_STEP_ALLOC_MEM, K_U64 },
-};
-
-/* get_item(name) -> int | str | list | dict, or None when Slurm says the item
- * is not available here (wrong context, no task, ...). */
-static PyObject *py_get_item(PyObject *self, PyObject *args)
-{
-	const char *name;
-	(void)self;
-	if (!PyArg_ParseTuple(args, "s:get_item", &name) || need_handle() < 0)
-		return NULL;
-	size_t i, n = sizeof(items) / sizeof(items[0]);
-	for (i = 0; i < n; i++)
-		if (strcmp(items[i].name, name) == 0)
-			break;
-	if (i == n) {
-		PyErr_Format(PyExc_ValueError, "get_item: unknown item %s", name);
-		return NULL;
-	}
-	spank_err_t rc;
-	/* Zeroed and larger than any scalar the header declares. */
-	union { uint16_t u16; uint32_t u32; uint64_t u64; int i; uid_t uid; gid_t gid; pid_t pid;
-		char *s; char **env; unsigned char pad[16]; } v;
-	memset(&v, 0, sizeof(v));
-	switch (items[i].kind) {
-	case K_GIDS: {
-		gid_t *gids = NULL;
-		int ngids = 0;
-		rc = spank_get_item(cur_sp, items[i].item, &gids, &ngids);
-		if (rc != ESPANK_SUCCESS)
-			Py_RETURN_NONE;
-		PyObject *l = PyList_New(0);
-		for (int k = 0; l && k < ngids; k++) {
-			PyObject *x = PyLong_FromUnsignedLong(gids[k]);
-			if (!x || PyList_Append(l, x) < 0) {
-				Py_XDECREF(x);
-				Py_CLEAR(l);
-				break;
-			}
-			Py_DECREF(x);
-		}
-		return l;
-	}
-	case K_ARGV: {
-		int argc = 0;
-		char **argv = NULL;
-		rc = spank_get_item(cur_sp, items[i].item, &argc, &argv);
-		if (rc != ESPANK_SUCCESS)
-			Py_RETURN_NONE;
-		PyObject *l = PyList_New(0);
-		for (int k = 0; l && k < argc && argv && argv[k]; k++) {
-			PyObject *x = PyUnicode_DecodeFSDefault(argv[k]);
-			if (!x || PyList_Append(l, x) < 0) {
-				Py_XDECREF(x);
-				Py_CLEAR(l);
-				break;
-			}
-			Py_DECREF(x);
-		}
-		return l;
-	}
-	default:
-		rc = spank_get_item(cur_sp, items[i].item, &v);
-	}
-	if (rc != ESPANK_SUCCESS)
-		Py_RETURN_NONE;
-	switch (items[i].kind) {
-	case K_U32: return PyLong_FromUnsignedLong(v.u32);
-	case K_U16: return PyLong_FromUnsignedLong(v.u16);
-	case K_INT: return PyLong_FromLong(v.i);
-	case K_UID: return PyLong_FromUnsignedLong(v.uid);
-	case K_GID: return PyLong_FromUnsignedLong(v.gid);
-	case K_PID: return PyLong_FromLong(v.pid);
-	case K_U64: return PyLong_FromUnsignedLongLong(v.u64);
-	case K_STR:
-		if (v.s == NULL)
-			Py_RETURN_NONE;
-		return PyUnicode_DecodeFSDefault(v.s);
-	case K_ENV: {
-		PyObject *d = PyDict_New();
-		for (char **e = v.env; d && e && *e; e++) {
-			const char *eq = strchr(*e, '=');
-			if (!eq)
-				continue;
-			PyObject *k = PyUnicode_DecodeFSDefaultAndSize(*e, eq - *e);
-			PyObject *x = PyUnicode_DecodeFSDefault(eq + 1);
-			if (!k || !x || PyDict_SetItem(d, k, x) < 0)
-				Py_CLEAR(d);
-			Py_XDECREF(k);
-			Py_XDECREF(x);
-		}
-		return d;
-	}
-	default:
-		Py_RETURN_NONE;
-	}
 }
 
 /* option_getopt(name) -> str ("" for a flag or an omitted optional value) or
@@ -561,35 +387,12 @@ static PyObject *py_option_getopt(PyObject *self, PyObject *args)
 	return NULL;
 }
 
-/* set_task_plan(text): the step's plan (GSA1, gsrun.spank_py.hooks.format_actions) that the
- * plugin's task_init applies in every task (Python never runs in the tasks slurmstepd forks).
- * Raises ValueError for a plan the plugin refuses (the tasks then keep Slurm's binding). */
-static PyObject *py_set_task_plan(PyObject *self, PyObject *args)
-{
-	const char *text;
-	char why[160];
-	(void)self;
-	if (!PyArg_ParseTuple(args, "s:set_task_plan", &text))
-		return NULL;
-	if (sh.set_task_plan(text, why, sizeof(why)) < 0) {
-		PyErr_Format(PyExc_ValueError, "set_task_plan: %s", why);
-		return NULL;
-	}
-	Py_RETURN_NONE;
-}
-
 static PyMethodDef spank_methods[] = {
 	{ "context", py_context, METH_NOARGS, "context() -> 'local'|'remote'|'allocator'|'slurmd'|'job_script'" },
 	{ "log", py_log, METH_VARARGS, "log(level, msg): level error|info|verbose|debug|debug2|user" },
-	{ "getenv", py_getenv, METH_VARARGS, "getenv(name) -> str | None (job env, remote only)" },
-	{ "setenv", py_setenv, METH_VARARGS, "setenv(name, value, overwrite=True) (job/task env, remote only)" },
-	{ "unsetenv", py_unsetenv, METH_VARARGS, "unsetenv(name) (remote only)" },
 	{ "job_control_setenv", py_job_control_setenv, METH_VARARGS,
 	  "job_control_setenv(name, value, overwrite=True): prolog/epilog see SPANK_<name> (allocator/local only)" },
-	{ "get_item", py_get_item, METH_VARARGS, "get_item('S_JOB_ID') -> value or None" },
 	{ "option_getopt", py_option_getopt, METH_VARARGS, "option_getopt(name) -> str | None" },
-	{ "set_task_plan", py_set_task_plan, METH_VARARGS,
-	  "set_task_plan(text): the GSA1 plan task_init applies (remote, user_init); ValueError if refused" },
 	{ NULL, NULL, 0, NULL }
 };
 
@@ -618,13 +421,7 @@ static PyObject *PyInit__spank(void)
 /* ------------------------------------------------------------ interpreter */
 
 static int py_state;     /* 0 not tried, 1 running, -1 failed (not retried) */
-static pid_t py_pid;     /* the process that started the interpreter: the only one that enters it */
 static PyObject *hooks;  /* gsrun.spank_py.hooks */
-/* The hooks slurmstepd calls in a task it forked (after fork, before exec): Python is not entered
- * there (no PyOS_BeforeFork ran: CPython 3.13+ aborts in PyOS_AfterFork_Child), so a task's part
- * of the step is the plan the plugin applies in C. Whether the hooks module defines them: */
-static const char *const task_hooks[] = { "slurm_spank_task_init_privileged", "slurm_spank_task_init" };
-static int task_hook_defined[sizeof(task_hooks) / sizeof(task_hooks[0])];
 static PyObject *py_args; /* dict handed to every hook */
 
 /* Report the pending Python exception as slurm_error lines. GIL held. */
@@ -699,7 +496,6 @@ static PyObject *build_args_dict(void)
 	}
 	const char *oe = cfg.on_error == ON_ERROR_FAIL ? "fail" : cfg.on_error == ON_ERROR_IGNORE ? "ignore" : NULL;
 	PyObject *oev = oe ? PyUnicode_FromString(oe) : Py_NewRef(Py_None);
-	PyObject *bv = PyUnicode_FromString(cfg.bind);
 	PyObject *cv = cfg.config ? PyUnicode_DecodeFSDefault(cfg.config) : Py_NewRef(Py_None);
 	PyObject *ov = PyList_New(0); /* the options compiled into this .so */
 	for (int i = 0; ov && i < n_opts; i++) {
@@ -708,12 +504,11 @@ static PyObject *build_args_dict(void)
 			Py_CLEAR(ov);
 		Py_XDECREF(s);
 	}
-	int bad = !oev || !bv || !cv || !ov || PyDict_SetItemString(d, "pythonpath", l) < 0 ||
-		  PyDict_SetItemString(d, "on_error", oev) < 0 || PyDict_SetItemString(d, "bind", bv) < 0 ||
-		  PyDict_SetItemString(d, "config", cv) < 0 || PyDict_SetItemString(d, "options", ov) < 0;
+	int bad = !oev || !cv || !ov || PyDict_SetItemString(d, "pythonpath", l) < 0 ||
+		  PyDict_SetItemString(d, "on_error", oev) < 0 || PyDict_SetItemString(d, "config", cv) < 0 ||
+		  PyDict_SetItemString(d, "options", ov) < 0;
 	Py_XDECREF(ov);
 	Py_XDECREF(oev);
-	Py_XDECREF(bv);
 	Py_XDECREF(cv);
 	Py_DECREF(l);
 	if (bad) {
@@ -792,7 +587,6 @@ static int py_start(void)
 			    "gsrun-node spank build && gsrun-node spank install");
 		return -1;
 	}
-	py_pid = getpid();
 
 	/* sys.path = pythonpath= + the standard library: `site` is not imported
 	 * (~2-3 ms: site, os, the .pth files' own imports). Only when the hooks
@@ -831,8 +625,6 @@ static int py_start(void)
 		}
 		ok = hooks != NULL;
 	}
-	for (size_t k = 0; ok && k < sizeof(task_hooks) / sizeof(task_hooks[0]); k++)
-		task_hook_defined[k] = PyObject_HasAttrString(hooks, task_hooks[k]);
 	if (!ok) {
 		slurm_error("gsrun: spank: python: cannot import " HOOKS_MODULE
 			    " (pythonpath=%s%s)", cfg.n_pythonpath ? cfg.pythonpath[0] : "<none>",
@@ -889,20 +681,10 @@ static int call_py(spank_t sp, const char *name)
 static int dispatch(spank_t sp, const char *name)
 {
 	spank_context_t ctx = spank_context();
-	if (ctx == S_CTX_SLURMD || ctx == S_CTX_ERROR)
-		return 0;
+	if (ctx != S_CTX_ALLOCATOR && ctx != S_CTX_LOCAL)
+		return 0; /* slurmd, slurmstepd: Python never runs there */
 	if (py_state <= 0)
 		return 0; /* Python not needed here, or its failure already decided in init_post_opt */
-	if (getpid() != py_pid) {
-		/* a task slurmstepd forked: its interpreter state is a copy no PyOS_BeforeFork prepared */
-		size_t k, n = sizeof(task_hooks) / sizeof(task_hooks[0]);
-		for (k = 0; k < n && strcmp(task_hooks[k], name) != 0; k++)
-			;
-		if (k == n || task_hook_defined[k])
-			slurm_verbose("gsrun: spank: %s: not called in a forked task: Python runs only in the "
-				      "process that started it (slurmstepd)", name);
-		return 0;
-	}
 	PyGILState_STATE g = PyGILState_Ensure();
 	int rc = call_py(sp, name);
 	PyGILState_Release(g);
@@ -927,13 +709,9 @@ __attribute__((visibility("default"))) int gsrun_py_dispatch(spank_t sp, const c
 
 /*
  * What every task of a step gets (environment, CPU affinity, memory policy) is decided once per
- * step in slurmstepd, before it forks the tasks, and applied by task_init in C: Python never runs
- * in a forked task (no PyOS_BeforeFork() ran before slurmstepd's fork; CPython 3.13+ aborts in
- * PyOS_AfterFork_Child() then). The plan comes from one of two places, as the same text
- * (gsrun.spank_py.hooks.format_actions, "GSA1"), parsed by plan_parse and applied by
- * apply_task_plan:
- *  - the node daemon (plugstack daemon=, a bound step without --gs-mps/--gs-bind), in user_init;
- *  - the Python side's slurm_spank_user_init, through _spank.set_task_plan (plan_set).
+ * step by the node daemon, asked in slurmstepd's user_init before it forks the tasks, and applied
+ * by task_init in C. The daemon's answer is the text of gsrun.spank_py.hooks.format_actions
+ * ("GSA1"), parsed by plan_parse and applied by apply_task_plan.
  *
  * The text: "GSA1", then blocks "rank N" (N a local rank, 0 to GS_MAX_LOCAL_TASKS-1, each at most
  * once) or "rank *" (a task whose rank has no block of its own), each followed by "unset NAME",
@@ -1104,17 +882,6 @@ bad:
 	return -1;
 }
 
-/* _spank.set_task_plan (the Python side's user_init): a copy of text becomes the step's plan. */
-static int plan_set(const char *text, char *why, size_t why_len)
-{
-	char *copy = strdup(text);
-	if (!copy) {
-		snprintf(why, why_len, "out of memory");
-		return -1;
-	}
-	return plan_parse(copy, why, why_len);
-}
-
 /* task_init, in the task slurmstepd forked (before exec, as the job's user): this task's part
  * of the step's plan. Failures are logged; the task runs. */
 static void apply_task_plan(spank_t sp)
@@ -1197,7 +964,7 @@ static int py_start(void)
 			    "gsrun-node spank build && gsrun-node spank install");
 		return -1;
 	}
-	struct gs_shared s = { &cfg, opts, &n_opts, opt_value, opt_seen, plan_set };
+	struct gs_shared s = { &cfg, opts, &n_opts, opt_value, opt_seen };
 	if (attach(&s) < 0)
 		return -1;
 	py_state = 1;
@@ -1214,24 +981,40 @@ static int dispatch(spank_t sp, const char *name)
 /* ------------------------------------------- the step's plan from the node daemon */
 
 /*
- * A bound step without --gs-mps/--gs-bind, with plugstack daemon=SOCKET: the node
- * daemon (gsrun.daemon.server) plans the step and this process starts no
- * Python. init_post_opt (root) connects and says "@bind"; user_init (after
- * the step's cpuset applied, as the job's user) sends the step's job
- * environment, this process's CPU affinity and Mems_allowed_list, and reads
- * the plan (gsrun.spank_py.hooks.format_actions); task_init applies the
- * task's part (apply_task_plan). Anything that fails on the way: Python plans,
- * as without daemon=.
+ * Every step slurmstepd plans (a bound step, or one given --gs-mps/--gs-bind) is planned by the
+ * node daemon (gsrun.daemon.server) and this process starts no Python. init_post_opt (root)
+ * connects and says "@bind"; user_init (after the step's cpuset applied, as the job's user) sends
+ * the step's job environment, this process's CPU affinity and Mems_allowed_list, and reads the
+ * plan (gsrun.spank_py.hooks.format_actions); task_init applies the task's part
+ * (apply_task_plan). Anything that fails on the way is logged and the step runs with Slurm's own
+ * binding: there is no second way to plan a step.
  */
 static int daemon_fd = -1;
+static char daemon_path[MAX_ARG_LEN + sizeof(GSRUN_DAEMON_SOCKET_NAME) + 1];
 static int option_field(spank_t sp, const char *name, char *buf, size_t len);
+
+/* The node daemon's socket, as gsrun.daemon.server.default_socket() names it for slurmstepd:
+ * plugstack daemon=, else $GSRUN_STATE_DIR/daemon.sock (slurmstepd's own environment, absolute
+ * only), else the default built in (GSRUN_DEFAULT_DAEMON_SOCKET). */
+static const char *daemon_socket(void)
+{
+	const char *dir = getenv("GSRUN_STATE_DIR");
+
+	if (cfg.daemon)
+		return cfg.daemon;
+	if (dir && dir[0] == '/' && strlen(dir) < MAX_ARG_LEN) {
+		snprintf(daemon_path, sizeof(daemon_path), "%s/" GSRUN_DAEMON_SOCKET_NAME, dir);
+		return daemon_path;
+	}
+	return GSRUN_DEFAULT_DAEMON_SOCKET;
+}
 
 static int daemon_hello(void)
 {
 	struct gs_msg m = { 0 };
 	const char *v;
 	char kv[MAX_ARG_LEN + 64];
-	int fd = gs_daemon_connect(cfg.daemon, 2);
+	int fd = gs_daemon_connect(daemon_socket(), 2);
 
 	if (fd < 0)
 		return -1;
@@ -1272,7 +1055,7 @@ static int daemon_plan(spank_t sp)
 	char **env = NULL;
 	cpu_set_t set;
 	size_t used = 0, cap = 1 << 16, got = 0;
-	struct timeval tv = { .tv_sec = 3 }; /* a slow daemon: Python plans (it takes ~10 ms) */
+	struct timeval tv = { .tv_sec = 3 }; /* a plan takes ~10 ms: a slower daemon leaves the step unbound */
 	int rc = -1;
 	char *text = NULL, why[160];
 
@@ -1280,7 +1063,7 @@ static int daemon_plan(spank_t sp)
 	char job[16];
 
 	CPU_ZERO(&set);
-	/* unknown affinity (more CPUs than a cpu_set_t holds...): Python plans, as it would */
+	/* unknown affinity (more CPUs than a cpu_set_t holds...): the step runs unbound */
 	if (sched_getaffinity(0, sizeof(set), &set) != 0)
 		return -1;
 	/* the job id from slurmstepd's own record, never the (user-settable) job environment: the
@@ -1416,7 +1199,9 @@ static int option_field(spank_t sp, const char *name, char *buf, size_t len)
 		char *optarg = NULL;
 		if (strcmp(opts[i].name, name) != 0)
 			continue;
-		if (spank_option_getopt(sp, &opts[i], &optarg) != ESPANK_SUCCESS && !opt_seen[i])
+		if (opt_seen[i])
+			optarg = opt_value[i];
+		else if (spank_option_getopt(sp, &opts[i], &optarg) != ESPANK_SUCCESS)
 			break;
 		int w = snprintf(buf, len, "=%s", optarg ? optarg : "");
 		return (w < 0 || (size_t)w >= len) ? -1 : 0;
@@ -1481,7 +1266,8 @@ int slurm_spank_init(spank_t sp, int ac, char **av)
 }
 
 /*
- * Every option is known here: start Python only when this process needs it,
+ * Every option is known here. slurmstepd: say "@bind" to the node daemon when this step is to be
+ * planned (never Python). sbatch/salloc/srun: start Python only when a --gs-* option was given,
  * then run the Python side's slurm_spank_init and slurm_spank_init_post_opt.
  */
 int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
@@ -1489,35 +1275,31 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 	(void)ac; (void)av;
 	spank_context_t ctx = spank_context();
 	char given[256];
-	if (ctx != S_CTX_ALLOCATOR && ctx != S_CTX_LOCAL && ctx != S_CTX_REMOTE)
-		return 0; /* slurmd, job_script (SPANK prolog/epilog): nothing of ours runs there */
-	int n_given = options_given(sp, given, sizeof(given));
-	int bind = ctx == S_CTX_REMOTE && strcmp(cfg.bind, "auto") == 0 && normal_step(sp);
-	/* slurmstepd: only the options its hooks read count (the prolog took the others) */
-	int n_step = ctx == S_CTX_REMOTE ? remote_options_given(sp) : n_given;
-	if (n_step == 0 && !bind)
-		return 0; /* as if the plugin were absent */
-	if (ctx == S_CTX_REMOTE && cfg.daemon) {
+	if (ctx == S_CTX_REMOTE) {
+		/* only the options the step's plan reads count (the prolog took the others) */
+		int n_step = remote_options_given(sp);
+		if (n_step == 0 && (strcmp(cfg.bind, "auto") != 0 || !normal_step(sp)))
+			return 0; /* as if the plugin were absent */
 		/* the step's plan (binding, MIG devices, MPS environment) comes from the node daemon,
-		 * in user_init: slurmstepd never starts Python */
+		 * in user_init */
 		if (daemon_hello() == 0)
 			return 0;
-		slurm_error("gsrun: spank: node daemon not running: %s: %s", cfg.daemon, strerror(errno));
+		slurm_error("gsrun: spank: node daemon not running: %s: %s", daemon_socket(), strerror(errno));
 		slurm_error("hint: systemctl start gsrun-daemon on this node; this step runs with Slurm's own "
 			    "binding%s", n_step ? " and without its --gs-mps/--gs-bind" : "");
 		return error_rc();
 	}
+	if (ctx != S_CTX_ALLOCATOR && ctx != S_CTX_LOCAL)
+		return 0; /* slurmd, job_script (SPANK prolog/epilog): nothing of ours runs there */
+	int n_given = options_given(sp, given, sizeof(given));
+	if (n_given == 0)
+		return 0; /* as if the plugin were absent */
 	if (py_start() < 0) {
-		if (n_given > 0 && (ctx == S_CTX_ALLOCATOR || ctx == S_CTX_LOCAL)) {
-			slurm_error("gsrun: spank: options: %s given, but gsrun's Python side cannot be loaded "
-				    "on this host: job refused (its options could not be honoured)", given);
-			slurm_error("hint: submit without --gs-* options, or ask the admin to repair gsrun "
-				    "(gsrun-node doctor names the cause)");
-			return -1;
-		}
-		if (bind && n_given == 0)
-			slurm_error("gsrun: spank: bind: the tasks of this step run with Slurm's own binding");
-		return error_rc();
+		slurm_error("gsrun: spank: options: %s given, but gsrun's Python side cannot be loaded "
+			    "on this host: job refused (its options could not be honoured)", given);
+		slurm_error("hint: submit without --gs-* options, or ask the admin to repair gsrun "
+			    "(gsrun-node doctor names the cause)");
+		return -1;
 	}
 	int rc = dispatch(sp, "slurm_spank_init");
 	if (rc != 0)
@@ -1534,43 +1316,30 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 
 /* srun (local), before it launches the step */
 FORWARD(slurm_spank_local_user_init)
-/* slurmstepd, in the forked task as root: no Python there (dispatch), nothing of ours to do */
-FORWARD(slurm_spank_task_init_privileged)
 
-/* slurmstepd, once per step before it forks the tasks (as the job's user): the step's plan, from
- * the node daemon or the Python side's slurm_spank_user_init (_spank.set_task_plan). */
+/* slurmstepd, once per step before it forks the tasks (as the job's user): the step's plan from
+ * the node daemon, on the connection init_post_opt opened. */
 int slurm_spank_user_init(spank_t sp, int ac, char **av)
 {
 	(void)ac; (void)av;
 	if (daemon_fd >= 0 && daemon_plan(sp) < 0) {
 		slurm_error("gsrun: spank: no plan from the node daemon (%s): the tasks of this step run with "
-			    "Slurm's own binding", cfg.daemon);
+			    "Slurm's own binding", daemon_socket());
 		slurm_error("hint: the daemon's log says why (journalctl -u gsrun-daemon)");
 		return error_rc();
 	}
-	return dispatch(sp, "slurm_spank_user_init");
+	return 0;
 }
 
-/* In the task slurmstepd forked: the task's part of the step's plan, in C (dispatch never enters
- * Python in a forked task). */
+/* In the task slurmstepd forked: the task's part of the step's plan, in C. */
 int slurm_spank_task_init(spank_t sp, int ac, char **av)
 {
 	(void)ac; (void)av;
 	apply_task_plan(sp);
-	return dispatch(sp, "slurm_spank_task_init");
+	return 0;
 }
-/* slurmstepd itself, after each fork and as each task ends */
-FORWARD(slurm_spank_task_post_fork)
-FORWARD(slurm_spank_task_exit)
-/* Exported only when gsrun.spank_py.hooks defines them (spank_py/build.py): with either one in
- * the stack, slurmd starts a "slurmstepd spank prolog|epilog" on every node of every job. */
-#ifdef GSRUN_FORWARD_SLURM_SPANK_JOB_PROLOG
-FORWARD(slurm_spank_job_prolog)
-#endif
-#ifdef GSRUN_FORWARD_SLURM_SPANK_JOB_EPILOG
-FORWARD(slurm_spank_job_epilog)
-#endif
-/* every process that loaded the plugin, at its end (slurmstepd: itself, not a task) */
+
+/* every process that loaded the plugin, at its end: Python's own in sbatch/salloc/srun */
 FORWARD(slurm_spank_exit)
 
 #endif /* the plugin (not GSRUN_PY_PART) */

@@ -1,29 +1,26 @@
-"""The Python side of the gsrun SPANK plugin (``gsrun_spank.so`` calls these).
+"""The Python side of the gsrun SPANK plugin: option handling in sbatch/salloc/srun,
+and the step plans the node daemon answers slurmstepd with.
 
 The C shim (``gsrun_spank.c``) registers the options of :data:`OPTIONS` itself
 (``spank_py/build.py`` compiles this table into it: one definition) and starts
-Python only when a process needs it: a ``--gs-*`` option was given, or
-slurmstepd runs a normal step while the site binds tasks (plugstack
-``bind=auto``, the default). Then it calls ``slurm_spank_init`` and
-``slurm_spank_init_post_opt`` here (both from C's ``init_post_opt``, when every
-option is known) and, for every later SPANK callback, the function of the same
-name here when it exists, as ``hook(context, args)``. sbatch/salloc/srun
-without ``--gs-*`` options never load this module; when it cannot be imported,
-a job with ``--gs-*`` options is refused at submission (C says why).
+Python only in sbatch, salloc or srun given a ``--gs-*`` option. Then it calls
+``slurm_spank_init_post_opt`` here (from C's ``init_post_opt``, when every
+option is known) and, for ``local_user_init`` and ``exit``, the function of the
+same name here when it exists, as ``hook(context, args)``. Without ``--gs-*``
+options they never load this module; when it cannot be imported, a job with
+``--gs-*`` options is refused at submission (C says why).
 
-* ``context``: ``"allocator"`` (sbatch/salloc), ``"local"`` (srun),
-  ``"remote"`` (slurmstepd), ``"job_script"`` (SPANK prolog/epilog);
-  slurmd itself never runs Python.
+* ``context``: ``"allocator"`` (sbatch/salloc) or ``"local"`` (srun);
+  slurmd and slurmstepd never run Python.
 * ``args``: the plugstack arguments, parsed strictly by C:
-  ``{"pythonpath": [...], "on_error": "fail"|"ignore"|None, "bind": "auto"|"none",
+  ``{"pythonpath": [...], "on_error": "fail"|"ignore"|None,
   "config": str|None, "options": [the option names compiled into the .so]}``.
 
 A hook returns 0/None (success) or non-zero (failure: in sbatch/srun the
 submission stops). An exception is logged by C with its traceback and turned
-into the ``on_error`` return code (default: fail in allocator/local, ignore in
-a running job); it never crashes slurmstepd.
+into the ``on_error`` return code (default: fail); it never crashes the process.
 
-What the hooks do:
+What runs here:
 
 * **allocator/local** (``slurm_spank_init_post_opt``): validate ``--gs-mps``,
   ``--gs-mig``, ``--gs-tune``, ``--gs-bind``, ``--gs-report`` (a bad value
@@ -34,18 +31,15 @@ What the hooks do:
   access to the job description (``--exclusive``, ``#SBATCH`` lines), so the
   prolog reads exclusivity from ``scontrol show job`` (``Exclusive=NODE``, or
   ``OverSubscribe=NO`` where Slurm prints no ``Exclusive=``).
-* **remote**: ``slurm_spank_user_init`` runs once per node and step in
-  slurmstepd, before it forks the tasks, and decides what every local rank
-  gets: its binding (:func:`gsrun.bind.plan.plan_from_env`: CPU affinity,
-  memory policy, environment, the job's MIG devices) and the MPS client
-  environment when the job asked for MPS (:func:`gsrun.node.mps.task_env`).
-  It hands that to the plugin as one plan (:func:`format_actions`,
-  ``_spank.set_task_plan``), and the plugin's ``task_init`` applies each
-  task's part in C: Python never runs in a task slurmstepd forked (no
-  ``PyOS_BeforeFork()`` ran there; CPython 3.13+ aborts), so this module
-  defines no ``slurm_spank_task_init``. The batch, extern and interactive steps
-  are not bound (a batch script that starts its own ranks must keep all CPUs)
-  but do get the MPS environment.
+* **a step's plan** (:func:`step_actions`, :func:`format_actions`), run by the
+  node daemon (:mod:`gsrun.daemon.server`) when slurmstepd asks for it, once
+  per node and step before it forks the tasks: what every local rank gets --
+  its binding (:func:`gsrun.bind.plan.plan_from_env`: CPU affinity, memory
+  policy, environment, the job's MIG devices) and the MPS client environment
+  when the job asked for MPS (:func:`gsrun.node.mps.task_env`). The plugin's
+  ``task_init`` applies each task's part in C. The batch, extern and
+  interactive steps are not bound (a batch script that starts its own ranks
+  must keep all CPUs) but do get the MPS environment.
 
 Everything Slurm-facing goes through the built-in ``_spank`` module, imported
 lazily so that tests can put a fake one in ``sys.modules``.
@@ -67,13 +61,10 @@ PHASE = "spank"
 
 #: (name, arginfo, usage, has_arg) -- has_arg: 0 none, 1 required, 2 optional.
 #: Compiled into the C shim by spank_py/build.py (rebuild the plugin after a change).
-#: The same holds for ``slurm_spank_job_prolog``/``_epilog``: the shim exports them only when this
-#: module defines them at build time (each one costs a slurmstepd per node per job), so defining one
-#: takes effect after ``gsrun-node spank build`` / ``install`` and a restart of slurmd.
-# The options slurmstepd's hooks read (slurm_spank_user_init): only these change what a step's
-# tasks get; the others are for the prolog (SPANK_GS_*, set by sbatch/srun). With plugstack daemon=
-# every step is planned by the node daemon (step_actions), which is sent these options' values;
-# spank_py/build.py puts the list into the plugin (a test keeps it equal to what the hooks read).
+# The options a step's plan reads (step_actions' mps_opt, bind_opt): only these change what a
+# step's tasks get; the others are for the prolog (SPANK_GS_*, set by sbatch/srun). slurmstepd sends
+# their values with every step's request to the node daemon; spank_py/build.py puts the list into
+# the plugin (a test keeps it equal to the fields the plugin sends).
 REMOTE_OPTIONS = ("gs-mps", "gs-bind")
 
 OPTIONS: tuple[tuple[str, str | None, str, int], ...] = (
@@ -388,7 +379,7 @@ def format_actions(actions: list[tuple[int, TaskActions]], notes: tuple[str, ...
                    others: TaskActions | None = None) -> str:
     """The step's plan as the plugin's C side parses and applies it in each
     task (``spank_py/gsrun_spank.c``: ``plan_parse``, ``apply_task_plan``),
-    from the node daemon or from :func:`slurm_spank_user_init`: ``GSA1``, then
+    as the node daemon answers it: ``GSA1``, then
     per local rank ``rank N`` (0-4095, each once) followed by its
     ``unset NAME``, ``set NAME=VALUE``, ``cpus 0,1``, ``mems 0`` lines; then,
     when ``others`` is given, the same lines after ``rank *``: what a task
@@ -401,7 +392,7 @@ def format_actions(actions: list[tuple[int, TaskActions]], notes: tuple[str, ...
     Raises:
         ValueError: a name or value the line format cannot carry (a newline or
             NUL, a name that is not an environment name): the daemon's answer is
-            an error then (Python plans), the Python side logs it.
+            an error then, and the plugin runs the step with Slurm's binding.
     """
     def name_ok(n: str) -> bool:
         return bool(n) and not n[0].isdigit() and is_chars(n, ALNUM | {"_"}, None)
@@ -429,26 +420,7 @@ def format_actions(actions: list[tuple[int, TaskActions]], notes: tuple[str, ...
     return "\n".join(out) + "\n"
 
 
-# ---------------------------------------------------------------- state
-
-class _State:
-    """Per-process state of slurmstepd: the site config (init) and what
-    user_init decided for the step (read by tests and diagnostics)."""
-
-    def __init__(self) -> None:
-        self.reset()
-
-    def reset(self) -> None:
-        self.config = None
-        self.plan = None
-        self.mode = "none"
-        self.mps_env: dict[str, str] | None = None
-        self.step_id: int | None = None
-        self.task_plan: str | None = None    # the GSA1 text handed to the plugin, None: none
-
-
-STATE = _State()
-
+# ---------------------------------------------------------------- Slurm
 
 def _spank():
     import _spank  # the plugin's built-in module (a fake one in tests)
@@ -461,8 +433,8 @@ def _log(level: str, msg: str) -> None:
 
 
 def _load_config(args: Mapping | None = None):
-    """The site config: plugstack ``config=PATH`` when given (slurmstepd's
-    environment has no GSRUN_CONFIG), else $GSRUN_CONFIG / the default."""
+    """The site config: plugstack ``config=PATH`` when given, else
+    $GSRUN_CONFIG / the default."""
     return load_config((args or {}).get("config"), environ=os.environ)
 
 
@@ -501,105 +473,3 @@ def slurm_spank_init_post_opt(ctx: str, args: dict) -> int:
                 raise
             _log("verbose", f"gsrun: {PHASE}: job_control_setenv {name}: {e}")
     return 0
-
-
-def slurm_spank_init(ctx: str, args: dict) -> int:
-    """remote: forget any previous step's state and read the site config.
-    What the step needs is imported by ``slurm_spank_user_init``, and only
-    what it uses."""
-    if ctx != "remote":
-        return 0
-    STATE.reset()
-    try:
-        STATE.config = _load_config(args)
-    except Exception as e:  # noqa: BLE001
-        _log("error", f"gsrun: {PHASE}: config: {e}")
-    return 0
-
-
-def slurm_spank_user_init(ctx: str, args: dict) -> int:
-    """remote, once per node and step, in slurmstepd before it forks the
-    tasks: decide what every local rank gets (binding, MIG devices, MPS
-    environment) and hand it to the plugin as the step's plan, which task_init
-    applies in C in each task. A binding that cannot be planned is logged and
-    the tasks keep Slurm's binding; they still get the MPS environment."""
-    if ctx != "remote":
-        return 0
-    sp = _spank()
-    STATE.step_id = sp.get_item("S_JOB_STEPID")
-    job_id = sp.get_item("S_JOB_ID")
-    mps_opt = sp.option_getopt("gs-mps")
-    if mps_opt is not None and job_id is not None and STATE.step_id != EXTERN_STEP:
-        try:
-            from gsrun.node.mps import task_env
-            mps_dir = STATE.config["paths.mps_dir"] if STATE.config is not None else "/run/gsrun/mps"
-            STATE.mps_env = task_env(str(job_id), mps_dir)
-        except ImportError as e:
-            _log("error", f"gsrun: {PHASE}: mps: gsrun.node.mps not available: {e}")
-        except Exception as e:  # noqa: BLE001 - GsrunError: bad job id/dir
-            _log("error", f"gsrun: {PHASE}: mps: {e}")
-
-    STATE.mode = bind_mode(args.get("bind", "auto"), sp.option_getopt("gs-bind"))
-    actions: list[tuple[int, TaskActions]] = []
-    notes: tuple[str, ...] = ()
-    if STATE.mode != "none" and is_bound_step(STATE.step_id):
-        actions, notes = _bind_actions(sp)
-    others = task_actions(None, None, STATE.mps_env) if STATE.mps_env else None
-    _hand_task_plan(sp, actions, notes, others)
-    return 0
-
-
-def _bind_actions(sp) -> tuple[list[tuple[int, TaskActions]], tuple[str, ...]]:
-    """Every local rank's binding for this step (mode ``STATE.mode``) with the
-    MPS environment -> ``([(local_rank, TaskActions)], plan warnings)``;
-    ``([], ())`` after logging why when it cannot be planned."""
-    try:
-        from gsrun.bind.plan import plan_from_env
-        from gsrun.facts.hostfs import HostFS
-        from gsrun.facts.topology import read_allowed_mems
-    except ImportError as e:
-        _log("error", f"gsrun: {PHASE}: bind: gsrun.bind.plan not available: {e}")
-        return [], ()
-    environ = sp.get_item("S_JOB_ENV") or {}
-    try:
-        hostfs = HostFS.from_env(environ=os.environ)  # the admin's root, never the job's
-        allowed = sorted(os.sched_getaffinity(0)) if hostfs.is_real else None
-        STATE.plan = plan_from_env(environ, hostfs, allowed, gpu_isolation=STATE.mode == "isolate")
-        mems = read_allowed_mems(hostfs)
-        mig = None
-        if STATE.config is not None:
-            from gsrun.bind.plan import read_job_mig_devices
-
-            mig = read_job_mig_devices(STATE.config["paths.spool_dir"], environ.get("SLURM_JOB_ID"),
-                                       environ.get("SLURMD_NODENAME"))
-        actions = [(r.local_rank, task_actions(STATE.plan, r.local_rank, STATE.mps_env, mems, mig,
-                                               STATE.mode == "isolate")) for r in STATE.plan.ranks]
-    except Exception as e:  # noqa: BLE001 - GsrunError with a message; the job runs unbound
-        STATE.plan = None
-        _log("error", f"gsrun: {PHASE}: bind: {e}")
-        _log("error", f"gsrun: {PHASE}: bind: tasks of this step run with Slurm's binding")
-        return [], ()
-    return actions, tuple(STATE.plan.warnings)
-
-
-def _hand_task_plan(sp, actions: list[tuple[int, TaskActions]], notes: tuple[str, ...],
-                    others: TaskActions | None) -> None:
-    """Give the plugin the step's plan (:func:`format_actions`): the ranks'
-    ``actions`` and, for a task without a block of its own, ``others`` (the
-    MPS environment, or None). A plan the line format or the plugin refuses
-    (``ValueError``): logged, and the tasks get ``others`` only."""
-    tries = [(actions, notes), ([], ())] if actions else [([], ())]
-    for acts, nts in tries:
-        if not acts and others is None:
-            return
-        try:
-            text = format_actions(acts, nts, others)
-            sp.set_task_plan(text)
-        except ValueError as e:
-            what = "bind" if acts else "mps"
-            _log("error", f"gsrun: {PHASE}: {what}: the step's plan: {e}")
-            if acts:
-                _log("error", f"gsrun: {PHASE}: bind: tasks of this step run with Slurm's binding")
-            continue
-        STATE.task_plan = text
-        return

@@ -31,6 +31,9 @@ from gsrun.base.ids import check_job_id
 DEFAULT_STATE_DIR = "/run/gsrun"
 DEFAULT_SPOOL_DIR = "/var/spool/gsrun"
 DEFAULT_MPS_DIR = "/run/gsrun/mps"
+#: the node daemon's socket in the state directory (:func:`gsrun.daemon.server.default_socket`;
+#: the SPANK plugin has ``<DEFAULT_STATE_DIR>/<this>`` built in)
+DAEMON_SOCKET_NAME = "daemon.sock"
 
 
 class Paths:

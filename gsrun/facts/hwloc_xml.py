@@ -9,7 +9,7 @@ input like a recorded ``--host-root`` tree.
 Why a strict parser with the stdlib ``xml.etree`` and not the hwloc library
 (``libhwloc`` + a Python binding):
 
-- gsrun runs on every node, inside slurmstepd's embedded interpreter too
+- gsrun runs on every node, in the node daemon that plans every step too
   (spank_py); a native hwloc dependency there would add a C library and a
   young binding for a file that only needs reading;
 - the format is documented and versioned (``hwloc.dtd`` for v1,

@@ -43,7 +43,7 @@ NOT_SUPPORTED on x86 and not a CPU target on Grace (field case 4).
 Why hand parsing and not hwloc (Debian ``hwloc``, PyPI ``pyhwloc``): the
 facts needed here are a dozen one-line sysfs files that the kernel already
 publishes in final form; hwloc would add a C library and binding to every
-node and to slurmstepd's embedded interpreter (spank_py), its Python binding
+node and to the node daemon that plans every step (spank_py), its Python binding
 is young, and a recorded test tree would then have to satisfy hwloc's own
 discovery (or be an XML export) instead of being the same ``sys/``/``proc/``
 subset our one :class:`HostFS` root already serves. hwloc's extra knowledge

@@ -137,17 +137,20 @@ spank_err_t spank_job_control_getenv(spank_t s, const char *n, char *b, int l) {
 spank_err_t spank_job_control_unsetenv(spank_t s, const char *n) { (void)s; (void)n; return ESPANK_SUCCESS; }
 
 /*
- * Python's fork repair, interposed: the Python half of the plugin is linked to libpython, which
+ * The interpreter's start, interposed: the Python half of the plugin is linked to libpython, which
  * the plugin dlopen()s RTLD_GLOBAL, and symbols resolve to this executable's (-rdynamic) first.
- * slurmstepd forks the tasks itself, so no PyOS_BeforeFork() ever ran: on Python 3.13+ the real
- * PyOS_AfterFork_Child() then aborts ("PyMutex_Unlock: unlocking mutex that is not locked").
- * The plugin must never enter Python in a forked task: if it tries, the task dies here on every
- * Python version (CHILD n ... signaled=6).
+ * The plugin asks Py_IsInitialized() before it starts Python. slurmstepd (remote, job_script) and
+ * slurmd must never start it: there the host dies here (PY_INIT ..., then SIGABRT); elsewhere the
+ * call goes on to libpython's own.
  */
-void PyOS_AfterFork_Child(void)
+int Py_IsInitialized(void)
 {
-	printf("AFTERFORK_CHILD without before-fork (pid %d, task %d)\n", (int)getpid(), task_id);
-	abort();
+	if (ctx != S_CTX_ALLOCATOR && ctx != S_CTX_LOCAL) {
+		printf("PY_INIT in context %d (pid %d, task %d)\n", (int)ctx, (int)getpid(), task_id);
+		abort();
+	}
+	int (*real)(void) = (int (*)(void))dlsym(RTLD_NEXT, "Py_IsInitialized");
+	return real ? real() : 0;
 }
 
 #define LOGFN(fn, tag) \
@@ -229,6 +232,8 @@ int main(int argc, char **argv)
 	give_options(ctx == S_CTX_REMOTE);
 	if (call(so, "slurm_spank_init_post_opt", ac, av) != 0)
 		return 11;
+	if (ctx == S_CTX_LOCAL)
+		call(so, "slurm_spank_local_user_init", ac, av);
 	if (ctx == S_CTX_REMOTE) {
 		call(so, "slurm_spank_user_init", ac, av);
 		for (int t = 0; t < 2; t++) {
@@ -254,15 +259,19 @@ int main(int argc, char **argv)
 	if (ctx == S_CTX_JOB_SCRIPT)
 		call(so, "slurm_spank_job_prolog", ac, av);
 	call(so, "slurm_spank_exit", ac, av);
-	/* is libpython in this process? (a job without --gs-* options must not pay for mapping it) */
+	/* is libpython in this process? (a job without --gs-* options, and slurmstepd, must not pay
+	 * for mapping it) and the plugin's Python half? */
 	FILE *maps = fopen("/proc/self/maps", "r");
 	char line[4096];
-	int mapped = 0;
-	while (maps && fgets(line, sizeof(line), maps))
+	int mapped = 0, py_part = 0;
+	while (maps && fgets(line, sizeof(line), maps)) {
 		mapped |= strstr(line, "libpython") != NULL;
+		py_part |= strstr(line, "gsrun_spank_py.so") != NULL;
+	}
 	if (maps)
 		fclose(maps);
 	printf("LIBPYTHON mapped=%d\n", mapped);
+	printf("PYPART mapped=%d\n", py_part);
 	printf("DONE\n");
 	return 0;
 }

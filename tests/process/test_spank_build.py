@@ -106,9 +106,10 @@ def test_exports_only_spank_and_plugin_symbols(built):
     assert {"plugin_name", "plugin_type", "plugin_version", "slurm_spank_init",
             "slurm_spank_init_post_opt", "slurm_spank_task_init", "slurm_spank_user_init",
             "slurm_spank_exit"} <= names
-    # the Python side defines no job prolog/epilog: exporting them would make slurmd start a
-    # "slurmstepd spank prolog|epilog" on every node of every job for nothing
-    assert not {"slurm_spank_job_prolog", "slurm_spank_job_epilog"} & names, names
+    # no job prolog/epilog: exporting them would make slurmd start a "slurmstepd spank
+    # prolog|epilog" on every node of every job for nothing; no task hook but task_init
+    assert not {"slurm_spank_job_prolog", "slurm_spank_job_epilog", "slurm_spank_task_init_privileged",
+                "slurm_spank_task_post_fork", "slurm_spank_task_exit"} & names, names
 
 
 def test_plugin_build_is_reproducible(built, tmp_path):
@@ -121,17 +122,16 @@ def test_plugin_build_is_reproducible(built, tmp_path):
     assert "Library soname: [gsrun_spank.so]" in dyn, dyn
 
 
-def test_job_script_hooks_compiled_in_only_when_the_python_side_has_them():
-    assert spank_build._job_script_hooks() == ()
-    plain = spank_build.options_header()
-    assert "GSRUN_FORWARD_" not in plain
-    both = spank_build.options_header(job_script_hooks=spank_build.JOB_SCRIPT_HOOKS)
-    assert "#define GSRUN_FORWARD_SLURM_SPANK_JOB_PROLOG 1\n" in both
-    assert "#define GSRUN_FORWARD_SLURM_SPANK_JOB_EPILOG 1\n" in both
-    one = spank_build.options_header(job_script_hooks=["slurm_spank_job_epilog"])
-    assert "JOB_EPILOG" in one and "JOB_PROLOG" not in one
-    with pytest.raises(spank_build.NodeError, match="job script hooks"):
-        spank_build.options_header(job_script_hooks=["slurm_spank_task_exit"])
+def test_the_header_names_the_node_daemons_default_socket():
+    """Without plugstack daemon= slurmstepd asks the socket gsrun.daemon.server.default_socket()
+    names without GSRUN_STATE_DIR: built into the plugin."""
+    from gsrun.base.paths import DEFAULT_STATE_DIR
+    from gsrun.daemon import server
+
+    text = spank_build.options_header()
+    assert f'#define GSRUN_DEFAULT_DAEMON_SOCKET "{server.default_socket(DEFAULT_STATE_DIR)}"\n' in text
+    assert f'#define GSRUN_DAEMON_SOCKET_NAME "{server.SOCKET_NAME}"\n' in text
+    assert "GSRUN_FORWARD_" not in text
 
 
 @pytest.mark.parametrize("half", ["plugin", "python"])
@@ -217,10 +217,11 @@ def test_allocator_bad_value_fails_submission(built, harness, real_site):
     assert not [l for l in out if l.startswith("JOBCONTROL")]
 
 
-def test_remote_binds_in_forked_tasks(built, harness, real_site):
-    """user_init in the parent plans every rank (Python), task_init in each forked child applies
-    its rank's part in C (no Python there), MPS env for the job, no crash."""
-    rc, out, err = run_harness(harness, built, "remote", real_site, opts="gs-mps=50")
+def test_remote_binds_in_forked_tasks(built, harness, real_site, node_daemon):
+    """slurmstepd asks the node daemon for the step's plan (gsrun.spank_py.hooks.step_actions) in
+    user_init, task_init in each forked child applies its rank's part in C: the binding, the MPS
+    env for the job, no crash, and no Python in slurmstepd."""
+    rc, out, err = run_harness(harness, built, "remote", real_site, f"daemon={node_daemon}", opts="gs-mps=50")
     assert rc == 0, (out, err)
     for t in (0, 1):
         assert f"CHILD {t} exit=0 signaled=0" in out, (out, err)
@@ -232,6 +233,8 @@ def test_remote_binds_in_forked_tasks(built, harness, real_site):
     planned = [l.split("=", 1)[1] for l in out if l.startswith("SETENV GSRUN_BIND_CPUS=")]
     counts = [int(l.rsplit("cpus=", 1)[1]) for l in out if l.startswith("TASK ")]
     assert len(planned) == 2 and counts == [len(parse_cpulist(p)) for p in planned], out
+    assert "LIBPYTHON mapped=0" in out and "PYPART mapped=0" in out
+    assert not [l for l in out if l.startswith("ERROR")], out
     assert out[-1] == "DONE"
 
 
@@ -276,7 +279,7 @@ def test_no_gs_option_never_starts_python(built, harness, tmp_path, ctx, args, e
     assert [l for l in out if l.startswith("REGISTER")] == COMPILED_TABLE
     assert "RC slurm_spank_init_post_opt 0" in out and out[-1] == "DONE"
     assert not [l for l in out if l.startswith("ERROR")], out
-    assert "LIBPYTHON mapped=0" in out          # the process never mapped libpython
+    assert "LIBPYTHON mapped=0" in out and "PYPART mapped=0" in out     # the process never mapped libpython
 
 
 def test_gs_option_maps_libpython_and_runs_the_hooks(built, harness, real_site):
@@ -317,19 +320,38 @@ def test_broken_python_side_refuses_gs_options_with_the_reason(built, harness, t
     assert not [l for l in out if l.startswith("JOBCONTROL")]
 
 
-def test_broken_python_side_in_a_bound_step_runs_it_unbound(built, harness, tmp_path):
+@pytest.mark.parametrize("args,env_extra", [
+    ((), {}),                                                           # a bound step, no option
+    ((), {"FAKE_GETOPT": "gs-mps=50"}),                                 # bound, MPS
+    ((), {"FAKE_GETOPT": "gs-bind=isolate"}),
+    ((), {"FAKE_GETOPT": "gs-report=none"}),                            # an option for the prolog only
+    (("bind=none",), {"FAKE_GETOPT": "gs-mps"}),                        # MPS only
+    ((), {"FAKE_GETOPT": "gs-mps=50", "FAKE_STEPID": "0xfffffffb"}),   # batch step: MPS only
+])
+def test_slurmstepd_never_starts_python(built, harness, tmp_path, node_daemon, args, env_extra):
+    """Whatever the step: slurmstepd's plan comes from the node daemon, and the plugin never
+    starts Python there -- the Python side here cannot even be imported, libpython and the
+    plugin's Python half are never mapped, and the harness's own Py_IsInitialized aborts the
+    host (PY_INIT ..., SIGABRT) if the plugin asks for the interpreter in slurmstepd."""
     site = double_site(tmp_path, BROKEN)
-    rc, out, err = run_harness(harness, built, "remote", site)
-    assert rc == 0 and "RC slurm_spank_init_post_opt 0" in out, (out, err)
-    assert "ERROR: gsrun: spank: bind: the tasks of this step run with Slurm's own binding" in out
-    assert "CHILD 0 exit=0 signaled=0" in out and "CHILD 1 exit=0 signaled=0" in out
-    assert not [l for l in out if l.startswith("SETENV")]
+    rc, out, err = run_harness(harness, built, "remote", site, f"daemon={node_daemon}", *args, env_extra=env_extra)
+    assert rc == 0, (out, err)
+    assert "CHILD 0 exit=0 signaled=0" in out and "CHILD 1 exit=0 signaled=0" in out, out
+    assert not [l for l in out if l.startswith(("PY_INIT", "ERROR"))], out
+    assert "LIBPYTHON mapped=0" in out and "PYPART mapped=0" in out, out
+    assert [l for l in out if l.startswith("SETENV ")], out
+    # the daemon gone: said, the step unbound; never Python instead
+    rc, out, err = run_harness(harness, built, "remote", site, f"daemon={node_daemon}.gone", *args,
+                               env_extra=env_extra)
+    assert rc == 0 and "LIBPYTHON mapped=0" in out and "PYPART mapped=0" in out, (out, err)
+    assert not [l for l in out if l.startswith(("PY_INIT", "SETENV ", "UNSETENV "))], out
+    assert any(f"gsrun: spank: node daemon not running: {node_daemon}.gone" in l for l in out), out
 
 
-def test_option_forwarded_to_slurmstepd_starts_python(built, harness, real_site):
-    """bind=none: only the job's own --gs-mps (Slurm forwards it; the shim
-    asks spank_option_getopt) makes slurmstepd start Python, for the MPS env."""
-    rc, out, err = run_harness(harness, built, "remote", real_site, "bind=none",
+def test_option_forwarded_to_slurmstepd_gets_the_mps_env_from_the_daemon(built, harness, real_site, node_daemon):
+    """bind=none: only the job's own --gs-mps (Slurm forwards it; the shim asks
+    spank_option_getopt) makes slurmstepd ask the daemon, for the MPS env."""
+    rc, out, err = run_harness(harness, built, "remote", real_site, "bind=none", f"daemon={node_daemon}",
                                env_extra={"FAKE_GETOPT": "gs-mps=50", "FAKE_STEPID": "0xfffffffb"})
     assert rc == 0, (out, err)
     assert "GETOPT gs-mps" in out
@@ -338,82 +360,48 @@ def test_option_forwarded_to_slurmstepd_starts_python(built, harness, real_site)
     assert not [l for l in out if l.startswith("ERROR")], out                 # every task: "rank *"
 
 
-@pytest.mark.parametrize("args,env_extra", [
-    ((), {}),                                                           # a bound step, no option
-    ((), {"FAKE_GETOPT": "gs-mps=50"}),                                 # bound, MPS
-    ((), {"FAKE_GETOPT": "gs-bind=isolate"}),
-    (("bind=none",), {"FAKE_GETOPT": "gs-mps"}),                        # MPS only
-    ((), {"FAKE_GETOPT": "gs-mps=50", "FAKE_STEPID": "0xfffffffb"}),   # batch step: MPS only
-])
-def test_python_is_never_entered_in_a_forked_task(built, harness, real_site, args, env_extra):
-    """slurmstepd forks the tasks itself (no PyOS_BeforeFork ran): the harness's own
-    PyOS_AfterFork_Child aborts the task if the plugin enters Python there, as CPython 3.13+ does.
-    Python runs in the parent (user_init), the tasks get their part of its plan in C."""
-    rc, out, err = run_harness(harness, built, "remote", real_site, *args, env_extra=env_extra)
-    assert rc == 0, (out, err)
-    assert "CHILD 0 exit=0 signaled=0" in out and "CHILD 1 exit=0 signaled=0" in out, out
-    assert not [l for l in out if l.startswith(("AFTERFORK", "ERROR"))], out
-    assert "LIBPYTHON mapped=1" in out and [l for l in out if l.startswith("SETENV ")], out
-
-
-PLAN_DOUBLE = r"""
-import _spank
-def slurm_spank_user_init(ctx, args):
-    for bad in ("GSA1\nrank 4096\nend\n", "GSA1\nrank 0\nrank 0\nend\n", "GSA1\nrank -1\nend\n",
-                "GSA1\nrank 0\nset A=1\n", "nope\n", "GSA1\nset A=1\nend\n"):
-        try:
-            _spank.set_task_plan(bad)
-        except ValueError as e:
-            _spank.log("info", "refused: %s" % e)
-        else:
-            raise AssertionError(bad)
-    _spank.set_task_plan("GSA1\nrank 0\nunset DROP_ME\nset ZERO=0\ncpus 1023\nmems 1000\n"
-                         "rank *\nset OTHER=1\nnote planned by a double\nend\n")
-"""
-
-
-def test_a_plan_from_python_is_applied_in_c_per_rank(built, harness, tmp_path):
-    """_spank.set_task_plan: the plugin's one parser refuses a malformed plan (ValueError: the line);
-    task_init applies the task's block; a rank without one is an error and gets the "rank *" block.
-    Failing affinity or memory policy is logged, the task runs."""
+def test_a_plan_is_applied_in_c_per_rank(built, harness, real_site, tmp_path):
+    """task_init applies the task's block of the daemon's plan; a rank without one is an error and
+    gets the "rank *" block. Failing affinity or memory policy is logged, the task runs."""
     assert os.cpu_count() < 1024
-    site = double_site(tmp_path, PLAN_DOUBLE)
-    rc, out, err = run_harness(harness, built, "remote", site)
+    plan = (b"GSA1\nrank 0\nunset DROP_ME\nset ZERO=0\ncpus 1023\nmems 1000\n"
+            b"rank *\nset OTHER=1\nnote planned by a double\nend\n")
+
+    def serve(c):
+        c.settimeout(5)
+        c.recv(1 << 20)     # @bind
+        c.recv(1 << 20)     # @step
+        c.sendall(plan)
+
+    srv, path, t = fake_daemon(tmp_path, serve, connections=1)
+    rc, out, err = run_harness(harness, built, "remote", real_site, f"daemon={path}")
+    t.join(30)
+    srv.close()
     assert rc == 0, (out, err)
-    assert [l for l in out if l.startswith("INFO: refused: ")] == [
-        "INFO: refused: set_task_plan: line 2: rank 4096", "INFO: refused: set_task_plan: line 3: rank 0",
-        "INFO: refused: set_task_plan: line 2: rank -1", 'INFO: refused: set_task_plan: no "end" line',
-        "INFO: refused: set_task_plan: not a GSA1 plan: nope", "INFO: refused: set_task_plan: line 2: set A=1"]
     assert "VERBOSE: gsrun: spank: bind: planned by a double" in out
     t0 = out[out.index("RC slurm_spank_user_init 0") + 1:out.index("CHILD 0 exit=0 signaled=0")]
     assert t0[:3] == ["UNSETENV DROP_ME", "SETENV ZERO=0",
                       "ERROR: gsrun: spank: bind: task 0: sched_setaffinity 1023: Invalid argument"], t0
     assert t0[3].startswith("VERBOSE: gsrun: spank: bind: task 0: set_mempolicy: "), t0
     t1 = out[out.index("CHILD 0 exit=0 signaled=0") + 1:out.index("CHILD 1 exit=0 signaled=0")]
-    assert t1[:2] == ["RC slurm_spank_task_exit 0", "ERROR: gsrun: spank: bind: task 1: no such local rank in "
+    assert t1[:2] == ["MISSING slurm_spank_task_exit", "ERROR: gsrun: spank: bind: task 1: no such local rank in "
                       "the plan (1 ranks): it runs with Slurm's binding"], t1
     assert t1[2] == "SETENV OTHER=1", t1
     cpus = len(os.sched_getaffinity(0))
     assert [l for l in out if l.startswith("TASK ")] == [f"TASK 0 pid-ok cpus={cpus}", f"TASK 1 pid-ok cpus={cpus}"]
 
 
-def test_a_step_that_cannot_be_bound_still_gets_the_mps_env(built, harness, real_site, tmp_path):
+def test_a_step_that_cannot_be_bound_still_gets_the_mps_env(built, harness, real_site, tmp_path, node_daemon):
     empty = tmp_path / "no-host"
     empty.mkdir()
-    rc, out, err = run_harness(harness, built, "remote", real_site,
+    rc, out, err = run_harness(harness, built, "remote", real_site, f"daemon={node_daemon}",
                                env_extra={"FAKE_GETOPT": "gs-mps=50", "GSRUN_HOST_ROOT": str(empty)})
     assert rc == 0, (out, err)
-    assert "ERROR: gsrun: spank: bind: tasks of this step run with Slurm's binding" in out
+    assert any(l.startswith("VERBOSE: gsrun: spank: bind: bind: ") and "run with Slurm's binding" in l
+               for l in out), out
     assert "CHILD 0 exit=0 signaled=0" in out and "CHILD 1 exit=0 signaled=0" in out, out
     assert out.count("SETENV CUDA_MPS_PIPE_DIRECTORY=/run/gsrun/mps/4242/pipe") == 2
     assert not [l for l in out if l.startswith("SETENV GSRUN_BIND_CPUS=")]
-
-
-def test_bound_step_without_options_starts_python_and_binds(built, harness, real_site):
-    rc, out, err = run_harness(harness, built, "remote", real_site)
-    assert rc == 0, (out, err)
-    assert len([l for l in out if l.startswith("SETENV GSRUN_BIND_CPUS=")]) == 2
-    assert not [l for l in out if l.startswith("ERROR")]
 
 
 def test_option_table_header_is_generated_from_hooks():
@@ -478,53 +466,39 @@ def slurm_spank_init(ctx, args):
     return 0
 def slurm_spank_init_post_opt(ctx, args):
     raise ValueError("boom in post_opt\\nhint: try again")
-def slurm_spank_user_init(ctx, args):
-    sys.exit(3)                       # must not end slurmstepd
-def slurm_spank_task_init(ctx, args):
-    raise KeyboardInterrupt()         # never called: Python is not entered in a forked task
-def slurm_spank_task_exit(ctx, args):
-    return "not an int"
+def slurm_spank_local_user_init(ctx, args):
+    sys.exit(3)                       # must not end srun
 def slurm_spank_exit(ctx, args):
     import _json, _spank               # a lib-dynload C extension: libpython symbols are global
-    assert _spank.get_item("S_JOB_ID") == 4242
-    assert _spank.get_item("S_JOB_SUPPLEMENTARY_GIDS") == [27, 100]
-    assert _spank.get_item("S_JOB_ENV")["SLURM_STEP_TASKS_PER_NODE"] == "2"
-    assert _spank.get_item("S_TASK_EXIT_STATUS") is None
-    assert _spank.getenv("HOME") == "/home/u" and _spank.getenv("NOPE") is None
     assert _spank.option_getopt("gs-report") == "mail"
-    try:
-        _spank.job_control_setenv("GS_X", "1")
-    except _spank.SpankError as e:
-        assert e.args[0] == 8 or e.what == "job_control_setenv", e
-    else:
-        raise AssertionError("remote job_control_setenv must fail")
     _spank.log("info", "exit ok %s" + _spank.context())
-    return 0
+    return "not an int"
 """
 
 
 def test_python_errors_never_crash_the_host(built, harness, tmp_path):
     site = double_site(tmp_path, RAISING)
-    rc, out, err = run_harness(harness, built, "remote", site, opts="gs-report=mail")
+    rc, out, err = run_harness(harness, built, "local", site, "on_error=ignore", opts="gs-report=mail")
     assert rc == 0, (out, err)
-    # remote default on_error=ignore: every failing hook logged, rc 0, nothing crashed
+    # on_error=ignore: every failing hook logged, rc 0, nothing crashed
     assert "ERROR: gsrun: spank: slurm_spank_init_post_opt: ValueError: boom in post_opt" in out
     assert "ERROR: hint: try again" in out            # a GsrunError's hint: its own line, as Python prints it
     assert any(l.startswith("ERROR: gsrun: spank: slurm_spank_init_post_opt: Traceback") for l in out)
     assert any("hooks.py" in l and "line 6" in l for l in out if "post_opt" in l)
-    assert "ERROR: gsrun: spank: slurm_spank_user_init: SystemExit: 3" in out
-    assert out.count("VERBOSE: gsrun: spank: slurm_spank_task_init: not called in a forked task: Python runs "
-                     "only in the process that started it (slurmstepd)") == 2
-    assert not [l for l in out if "KeyboardInterrupt" in l or l.startswith("AFTERFORK")], out
-    assert "ERROR: gsrun: spank: slurm_spank_task_exit: returned str, expected int or None" in out
-    assert "CHILD 0 exit=0 signaled=0" in out and "CHILD 1 exit=0 signaled=0" in out
-    assert "INFO: exit ok %sremote" in out            # user text is never a format string
+    assert "ERROR: gsrun: spank: slurm_spank_local_user_init: SystemExit: 3" in out
+    assert "RC slurm_spank_local_user_init 0" in out
+    assert "ERROR: gsrun: spank: slurm_spank_exit: returned str, expected int or None" in out
+    assert "INFO: exit ok %slocal" in out             # user text is never a format string
     assert "RC slurm_spank_exit 0" in out and out[-1] == "DONE"
 
 
-def test_on_error_fail_makes_remote_hook_fail(built, harness, tmp_path):
-    site = double_site(tmp_path, RAISING)
-    rc, out, err = run_harness(harness, built, "remote", site, "on_error=fail", opts="gs-report=mail")
+def test_on_error_fail_makes_remote_hook_fail(built, harness, real_site, tmp_path):
+    """slurmstepd with no daemon to plan its step: logged and the step runs unbound (remote default
+    on_error=ignore), or the step fails with on_error=fail."""
+    gone = f"daemon={tmp_path}/no-daemon.sock"
+    rc, out, err = run_harness(harness, built, "remote", real_site, gone)
+    assert rc == 0 and "RC slurm_spank_init_post_opt 0" in out, (out, err)
+    rc, out, err = run_harness(harness, built, "remote", real_site, gone, "on_error=fail")
     assert rc == 11 and "RC slurm_spank_init_post_opt -1" in out, (out, err)
 
 
@@ -538,13 +512,11 @@ def test_exception_in_allocator_fails_by_default_and_ignore_overrides(built, har
 
 def test_import_failure_is_reported_with_hint(built, harness, tmp_path):
     site = double_site(tmp_path, "import gsrun_no_such_module\n")
-    rc, out, err = run_harness(harness, built, "remote", site)
-    assert rc == 0, (out, err)                      # a running job is not killed by it
+    rc, out, err = run_harness(harness, built, "allocator", site, opts="gs-bind=none")
+    assert rc == 11, (out, err)                      # sbatch with --gs-*: fail loudly
     assert any(l.startswith("ERROR: gsrun: spank: python: cannot import gsrun.spank_py.hooks") for l in out)
     assert any("ModuleNotFoundError: No module named 'gsrun_no_such_module'" in l for l in out)
     assert any("hint: install gsrun" in l for l in out)
-    rc, out, _ = run_harness(harness, built, "allocator", site, opts="gs-bind=none")
-    assert rc == 11                                  # sbatch with --gs-*: fail loudly
     rc, out, _ = run_harness(harness, built, "allocator", site)
     assert rc == 0 and not [l for l in out if l.startswith("ERROR")]   # plain sbatch: as if no plugin
 
@@ -621,26 +593,29 @@ def _binding(out: list[str]) -> list[str]:
     return [l for l in out if l.startswith(("SETENV ", "UNSETENV ", "TASK "))]
 
 
-def test_a_bound_step_planned_by_the_node_daemon_binds_as_python_does_without_python(built, harness, real_site,
-                                                                                      node_daemon):
-    """plugstack daemon=SOCKET: slurmstepd asks the node daemon for the step's plan (gsrun.spank_py.hooks.
-    step_actions) and applies it in C -- the same environment and affinity per task as the Python
-    side gives, and libpython never mapped; with no daemon listening, the step says so and runs
-    with Slurm's binding (no Python either)."""
-    rc, out, err = run_harness(harness, built, "remote", real_site)
-    assert rc == 0, (out, err)
-    python_way = _binding(out)
-    assert len([l for l in python_way if l.startswith("SETENV GSRUN_BIND_CPUS=")]) == 2
+def test_without_daemon_argument_slurmstepd_asks_the_default_socket(built, harness, real_site, node_daemon):
+    """No plugstack daemon=: the socket gsrun.daemon.server.default_socket() names in slurmstepd --
+    <$GSRUN_STATE_DIR>/daemon.sock, else the default built in -- gives the same plan."""
     rc, out, err = run_harness(harness, built, "remote", real_site, f"daemon={node_daemon}")
-    assert rc == 0, (out, err)
-    assert _binding(out) == python_way, (out, err)
-    assert "LIBPYTHON mapped=0" in out
-    assert not [l for l in out if l.startswith("ERROR")]
-    # the daemon gone: said, and the tasks keep Slurm's binding; still no Python in slurmstepd
-    rc, out, err = run_harness(harness, built, "remote", real_site, f"daemon={node_daemon}.gone")
-    assert rc == 0, (out, err)
-    assert not [l for l in _binding(out) if not l.startswith("TASK ")] and "LIBPYTHON mapped=0" in out
-    assert any(f"gsrun: spank: node daemon not running: {node_daemon}.gone" in l for l in out), out
+    assert rc == 0 and "LIBPYTHON mapped=0" in out, (out, err)
+    named = _binding(out)
+    assert len([l for l in named if l.startswith("SETENV GSRUN_BIND_CPUS=")]) == 2, out
+    rc, out, err = run_harness(harness, built, "remote", real_site,
+                               env_extra={"GSRUN_STATE_DIR": str(node_daemon.parent)})
+    assert rc == 0 and _binding(out) == named and "LIBPYTHON mapped=0" in out, (out, err)
+    assert not [l for l in out if l.startswith("ERROR")], out
+    from gsrun.base.paths import DEFAULT_STATE_DIR
+    from gsrun.daemon import server
+
+    default = server.default_socket(DEFAULT_STATE_DIR)
+    if os.path.exists(default):
+        pytest.skip(f"{default} exists on this host: a node daemon may serve it")
+    rc, out, err = run_harness(harness, built, "remote", real_site)
+    assert rc == 0 and "LIBPYTHON mapped=0" in out, (out, err)
+    assert not [l for l in _binding(out) if not l.startswith("TASK ")], out
+    errors = [l[len("ERROR: "):] for l in out if l.startswith("ERROR: ")]
+    assert errors[0].startswith(f"gsrun: spank: node daemon not running: {default}: "), errors
+    assert errors[1] == "hint: systemctl start gsrun-daemon on this node; this step runs with Slurm's own binding"
 
 
 def fake_daemon(tmp_path, serve, connections: int):
@@ -664,6 +639,8 @@ def fake_daemon(tmp_path, serve, connections: int):
                 return
             try:
                 serve(c)
+            except OSError:
+                pass
             finally:
                 c.close()
     t = threading.Thread(target=loop, daemon=True)
@@ -673,22 +650,20 @@ def fake_daemon(tmp_path, serve, connections: int):
 
 @pytest.mark.parametrize("answer", [b"", b"error InputError: boom\n", b"GSA1\nrank 0\nset 1X=y\nend\n",
                                     b"GSA1\nrank 99999999999\nend\n", b"GSA1\nrank 4096\nend\n",
-                                    b"GSA1\nrank 0\nrank 0\nend\n", b"GSA1\nrank 0\ncpus 0,5000\nend\n",
-                                    b"GSA1\nrank 0\nunset A-B\nend\n", b"GSA1\nrank 0\n"])
+                                    b"GSA1\nrank -1\nend\n", b"GSA1\nrank 0\nrank 0\nend\n",
+                                    b"GSA1\nrank 0\ncpus 0,5000\nend\n", b"GSA1\nrank 0\nunset A-B\nend\n",
+                                    b"GSA1\nrank 0\n", b"GSA1\nset A=1\nend\n", b"nope\n"])
 def test_a_daemon_that_gives_no_plan_leaves_the_step_unbound_and_says_so(built, harness, real_site, tmp_path,
                                                                         answer):
     """A listener that closes without a plan, answers an error or a plan the plugin must not
-    apply (a name that is no environment name, a rank or CPU out of range, no "end"): the
-    error is logged, the tasks keep Slurm's binding, nothing of the bad plan is applied and
-    no Python starts in slurmstepd."""
+    apply (a name that is no environment name, a rank or CPU out of range, a repeated rank, a line
+    outside a rank block, no "end", no "GSA1"): the error is logged, the tasks keep Slurm's binding,
+    nothing of the bad plan is applied and no Python starts in slurmstepd."""
     def serve(c):
         c.settimeout(5)
-        try:
-            c.recv(1 << 20)     # @bind
-            c.recv(1 << 20)     # @step
-            c.sendall(answer)
-        except OSError:
-            pass
+        c.recv(1 << 20)     # @bind
+        c.recv(1 << 20)     # @step
+        c.sendall(answer)
 
     srv, path, _t = fake_daemon(tmp_path, serve, connections=2)
     rc, out, err = run_harness(harness, built, "remote", real_site, f"daemon={path}")
@@ -728,46 +703,38 @@ def test_the_hello_carries_slurmstepds_own_config_variables(built, harness, real
     assert set(env) == set(server.STEPD_ENV)
 
 
-def test_remote_options_are_the_ones_slurmstepds_hooks_read():
-    """gsrun.spank_py.hooks.REMOTE_OPTIONS (compiled into the plugin) is every option the remote
-    hooks read: a step given only the others (for the prolog) is planned as one without options."""
-    import ast
-    import inspect
+def test_remote_options_are_the_fields_the_plugin_sends():
+    """gsrun.spank_py.hooks.REMOTE_OPTIONS (compiled into the plugin) is every option whose value
+    the plugin sends with a step's request (option_field): a step given only the others (for the
+    prolog) is planned as one without options."""
+    import re
 
     from gsrun.spank_py import hooks
 
-    read = set()
-    for fn in (hooks.slurm_spank_init, hooks.slurm_spank_user_init, hooks._bind_actions):
-        for node in ast.walk(ast.parse(inspect.getsource(fn))):
-            if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "option_getopt":
-                read.add(node.args[0].value)
-    assert read == set(hooks.REMOTE_OPTIONS)
+    source = (REPO / "spank_py" / "gsrun_spank.c").read_text()
+    sent = set(re.findall(r'option_field\(sp, "([a-z0-9-]+)"', source))
+    assert sent == set(hooks.REMOTE_OPTIONS)
     assert set(hooks.REMOTE_OPTIONS) <= {row[0] for row in hooks.OPTIONS}
     assert '#define GSRUN_REMOTE_OPTIONS "gs-mps", "gs-bind", ' in spank_build.options_header()
 
 
-def test_a_step_with_only_prolog_options_is_planned_by_the_daemon(built, harness, real_site, node_daemon):
-    """--gs-report, --gs-tune...: the prolog's, forwarded to every step of the job; slurmstepd's
-    hooks do nothing with them, so the step is planned as one without options. --gs-mps changes
-    the tasks' environment: the daemon plans that step too (the MPS client environment for every
-    task), still without Python in slurmstepd."""
-    rc, out, err = run_harness(harness, built, "remote", real_site, env_extra={"FAKE_GETOPT": "gs-report=none"})
-    python_way = _binding(out)
-    assert rc == 0 and "LIBPYTHON mapped=1" in out, (out, err)
+def test_a_step_with_only_prolog_options_is_planned_as_one_without(built, harness, real_site, node_daemon):
+    """--gs-report, --gs-tune...: the prolog's, forwarded to every step of the job; they change
+    nothing for the tasks, so the step is planned as one without options, and with bind=none
+    slurmstepd does not even ask the daemon. --gs-mps changes the tasks' environment: the
+    daemon plans that step with the MPS client environment for every task."""
+    rc, out, err = run_harness(harness, built, "remote", real_site, f"daemon={node_daemon}")
+    plain = _binding(out)
+    assert rc == 0 and plain, (out, err)
     rc, out, err = run_harness(harness, built, "remote", real_site, f"daemon={node_daemon}",
                                env_extra={"FAKE_GETOPT": "gs-report=none"})
-    assert rc == 0 and _binding(out) == python_way and "LIBPYTHON mapped=0" in out, (out, err)
-    rc, out, err = run_harness(harness, built, "remote", real_site, "bind=none",
+    assert rc == 0 and _binding(out) == plain and "LIBPYTHON mapped=0" in out, (out, err)
+    rc, out, err = run_harness(harness, built, "remote", real_site, "bind=none", f"daemon={node_daemon}.gone",
                                env_extra={"FAKE_GETOPT": "gs-report=none"})
-    assert rc == 0 and "LIBPYTHON mapped=0" in out, (out, err)      # nothing to do: no Python
-    assert not [l for l in out if l.startswith(("SETENV ", "UNSETENV "))], out
-    rc, out, err = run_harness(harness, built, "remote", real_site, env_extra={"FAKE_GETOPT": "gs-mps=50"})
-    python_mps = _binding(out)
-    assert rc == 0 and "LIBPYTHON mapped=1" in out, (out, err)
+    assert rc == 0 and "LIBPYTHON mapped=0" in out, (out, err)      # nothing to do: not asked
+    assert not [l for l in out if l.startswith(("SETENV ", "UNSETENV ", "ERROR"))], out
     rc, out, err = run_harness(harness, built, "remote", real_site, f"daemon={node_daemon}",
                                env_extra={"FAKE_GETOPT": "gs-mps=50"})
     assert rc == 0 and "LIBPYTHON mapped=0" in out, (out, err)
     assert out.count("SETENV CUDA_MPS_PIPE_DIRECTORY=/run/gsrun/mps/4242/pipe") == 2
-    assert _binding(out) == python_mps, (out, python_mps)
-
-
+    assert [l for l in _binding(out) if "CUDA_MPS" not in l] == plain, out

@@ -1,9 +1,10 @@
 """spank_py/hooks.py against a fake ``_spank`` module (pure tier).
 
-The fake records what the hooks ask of Slurm (job control env, the step's
-plan handed to the plugin, log lines), so each test checks the values that
-would reach the prolog or the tasks (the plugin applies the plan in C:
-tests/process/test_spank_build.py).
+The fake records what the hooks ask of Slurm (job control env, log lines), so
+each test checks the values that would reach the prolog. A step's plan
+(:func:`step_actions`, :func:`format_actions`: what the node daemon answers
+slurmstepd with) is checked as text; the plugin applies it in C
+(tests/process/test_spank_build.py).
 """
 
 import os
@@ -21,18 +22,13 @@ class FakeSpank(types.ModuleType):
     class SpankError(OSError):
         pass
 
-    def __init__(self, ctx="allocator", options=None, items=None, job_control_fails=False):
+    def __init__(self, ctx="allocator", options=None, job_control_fails=False):
         super().__init__("_spank")
         self.ctx = ctx
         self.options = dict(options or {})
-        self.items = dict(items or {})
         self.job_control = {}
-        self.env = {}
-        self.unset = []
         self.logs = []
-        self.plans = []
         self.job_control_fails = job_control_fails
-        self.plan_refused = None
 
     def context(self):
         return self.ctx
@@ -46,21 +42,6 @@ class FakeSpank(types.ModuleType):
             raise self.SpankError(8, "Not in local context")
         self.job_control[name] = value
 
-    def get_item(self, name):
-        return self.items.get(name)
-
-    def setenv(self, name, value, overwrite=True):
-        self.env[name] = value
-
-    def unsetenv(self, name):
-        self.unset.append(name)
-
-    def set_task_plan(self, text):
-        assert text.startswith("GSA1\n") and text.endswith("\nend\n"), text
-        if self.plan_refused:
-            raise ValueError(f"set_task_plan: {self.plan_refused}")
-        self.plans.append(text)
-
     def log(self, level, msg):
         self.logs.append((level, msg))
 
@@ -71,12 +52,10 @@ def fake(monkeypatch):
         m = FakeSpank(**kw)
         monkeypatch.setitem(sys.modules, "_spank", m)
         return m
-    hooks.STATE.reset()
     yield make
-    hooks.STATE.reset()
 
 
-ARGS = {"pythonpath": [], "on_error": None, "bind": "auto"}
+ARGS = {"pythonpath": [], "on_error": None}
 
 
 # ------------------------------------------------------------ option table
@@ -317,21 +296,15 @@ def h200_root(tmp_path):
     return root
 
 
-def test_user_init_plans_every_rank_on_recorded_h200(fake, h200_root, monkeypatch):
-    """user_init plans from the job env on the recorded H200 host (16 CPUs,
-    one NUMA node, GPU 0) and hands the plugin one plan: each rank its half of
-    the cores, the GPU and the MPS env; any other task the MPS env."""
-    monkeypatch.setenv("GSRUN_HOST_ROOT", str(h200_root))
+def test_a_step_plan_gives_every_rank_its_part_on_recorded_h200(h200_root):
+    """step_actions plans from the job env on the recorded H200 host (16 CPUs,
+    one NUMA node, GPU 0) as one plan: each rank its half of the cores, the
+    GPU and the MPS env; any other task the MPS env."""
     job_env = {"SLURM_STEP_TASKS_PER_NODE": "2", "SLURM_STEP_GPUS": "0", "CUDA_VISIBLE_DEVICES": "0"}
-    sp = fake(ctx="remote", options={"gs-mps": "50"},
-              items={"S_JOB_STEPID": 0, "S_JOB_ID": 77, "S_JOB_ENV": job_env})
-    hooks.slurm_spank_init("remote", ARGS)
-    assert hooks.slurm_spank_user_init("remote", ARGS) == 0
-    assert [lvl for lvl, _ in sp.logs if lvl == "error"] == []
+    actions, notes, others = hooks.step_actions(job_env, str(h200_root), None, None, None, job_id="77",
+                                                step_id=0, mps_opt="50")
     mps = {"CUDA_MPS_PIPE_DIRECTORY": "/run/gsrun/mps/77/pipe", "CUDA_MPS_LOG_DIRECTORY": "/run/gsrun/mps/77/log"}
-    assert hooks.STATE.mps_env == mps
-    assert len(sp.plans) == 1 and hooks.STATE.task_plan == sp.plans[0]
-    blocks = plan_blocks(sp.plans[0])
+    blocks = plan_blocks(hooks.format_actions(actions, notes, others))
     assert sorted(blocks) == ["*", "0", "1"]
     for rank, cpus in ((0, range(0, 8)), (1, range(8, 16))):
         b = blocks[str(rank)]
@@ -342,106 +315,53 @@ def test_user_init_plans_every_rank_on_recorded_h200(fake, h200_root, monkeypatc
     assert blocks["*"] == {"set": mps, "unset": [], "cpus": None, "mems": None}
 
 
-def test_user_init_bind_error_is_logged_and_tasks_still_get_the_mps_env(fake, tmp_path, monkeypatch):
-    monkeypatch.setenv("GSRUN_HOST_ROOT", str(tmp_path))      # a host root with no topology
-    sp = fake(ctx="remote", options={"gs-mps": ""}, items={"S_JOB_STEPID": 0, "S_JOB_ID": 77,
-                                                           "S_JOB_ENV": {"SLURM_STEP_TASKS_PER_NODE": "2"}})
-    assert hooks.slurm_spank_user_init("remote", ARGS) == 0
-    assert hooks.STATE.plan is None
-    errors = [m for lvl, m in sp.logs if lvl == "error"]
-    assert errors[0].startswith("gsrun: spank: bind: ")
-    assert errors[-1] == "gsrun: spank: bind: tasks of this step run with Slurm's binding"
-    assert [sorted(plan_blocks(t)) for t in sp.plans] == [["*"]]
-    assert plan_blocks(sp.plans[0])["*"]["set"]["CUDA_MPS_PIPE_DIRECTORY"] == "/run/gsrun/mps/77/pipe"
+def test_a_step_that_cannot_be_bound_is_a_note_and_its_tasks_still_get_the_mps_env(tmp_path):
+    actions, notes, others = hooks.step_actions({"SLURM_STEP_TASKS_PER_NODE": "2"}, str(tmp_path), None, None,
+                                                None, job_id="77", step_id=0, mps_opt="")
+    assert actions == [] and len(notes) == 1
+    assert notes[0].startswith("bind: ") and notes[0].endswith("; the tasks of this step run with Slurm's binding")
+    text = hooks.format_actions(actions, notes, others)
+    assert sorted(plan_blocks(text)) == ["*"]
+    assert plan_blocks(text)["*"]["set"]["CUDA_MPS_PIPE_DIRECTORY"] == "/run/gsrun/mps/77/pipe"
 
 
-def test_a_plan_the_line_format_cannot_carry_leaves_the_mps_env(fake, h200_root, monkeypatch):
-    """A rank's environment value with a newline: logged, the tasks keep Slurm's binding and get the
-    MPS env; without MPS no plan at all."""
-    monkeypatch.setenv("GSRUN_HOST_ROOT", str(h200_root))
-    real = hooks.task_actions
-
-    def bad(plan, *a, **kw):
-        act = real(plan, *a, **kw)
-        if plan is not None:     # a rank's, not the MPS env of the others
-            act.setenv["NCCL_SOCKET_IFNAME"] = "eth0\nset LD_PRELOAD=/x.so"
-        return act
-    monkeypatch.setattr(hooks, "task_actions", bad)
-    items = {"S_JOB_STEPID": 0, "S_JOB_ID": 77, "S_JOB_ENV": {"SLURM_STEP_TASKS_PER_NODE": "2"}}
-    sp = fake(ctx="remote", options={"gs-mps": "50"}, items=items)
-    assert hooks.slurm_spank_user_init("remote", ARGS) == 0
-    errors = [m for lvl, m in sp.logs if lvl == "error"]
-    assert errors == ["gsrun: spank: bind: the step's plan: environment entry 'NCCL_SOCKET_IFNAME'",
-                      "gsrun: spank: bind: tasks of this step run with Slurm's binding"]
-    assert [sorted(plan_blocks(t)) for t in sp.plans] == [["*"]]
-    hooks.STATE.reset()
-    sp = fake(ctx="remote", items=items)
-    assert hooks.slurm_spank_user_init("remote", ARGS) == 0
-    assert sp.plans == [] and hooks.STATE.task_plan is None
+def test_a_batch_step_gets_mps_but_no_binding():
+    actions, notes, others = hooks.step_actions({}, None, None, None, None, job_id="5", step_id=0xFFFFFFFB,
+                                                mps_opt="")
+    assert hooks.format_actions(actions, notes, others) == (
+        "GSA1\nrank *\nset CUDA_MPS_PIPE_DIRECTORY=/run/gsrun/mps/5/pipe\n"
+        "set CUDA_MPS_LOG_DIRECTORY=/run/gsrun/mps/5/log\nend\n")
 
 
-def test_a_plan_the_plugin_refuses_is_logged(fake):
-    sp = fake(ctx="remote", options={"gs-mps": ""}, items={"S_JOB_STEPID": 0xFFFFFFFB, "S_JOB_ID": 5})
-    sp.plan_refused = "line 2: rank 4096"
-    assert hooks.slurm_spank_user_init("remote", ARGS) == 0
-    assert [m for lvl, m in sp.logs if lvl == "error"] == [
-        "gsrun: spank: mps: the step's plan: set_task_plan: line 2: rank 4096"]
-    assert hooks.STATE.task_plan is None
+def test_bind_none_in_plugstack_plans_nothing():
+    assert hooks.step_actions({}, None, None, None, None, job_id="5", step_id=0, bind_opt="isolate",
+                              plugstack_bind="none") == ([], (), None)
 
 
-def test_user_init_batch_step_gets_mps_but_no_binding(fake):
-    sp = fake(ctx="remote", options={"gs-mps": ""},
-              items={"S_JOB_STEPID": 0xFFFFFFFB, "S_JOB_ID": 5, "S_JOB_ENV": {}})
-    assert hooks.slurm_spank_user_init("remote", ARGS) == 0
-    assert hooks.STATE.plan is None and hooks.STATE.mps_env["CUDA_MPS_PIPE_DIRECTORY"].endswith("/5/pipe")
-    assert sp.logs == []
-    assert sp.plans == ["GSA1\nrank *\nset CUDA_MPS_PIPE_DIRECTORY=/run/gsrun/mps/5/pipe\n"
-                        "set CUDA_MPS_LOG_DIRECTORY=/run/gsrun/mps/5/log\nend\n"]
+def test_no_hook_runs_in_slurmstepd():
+    """slurmstepd never runs Python: the module defines none of the hooks it calls (the node
+    daemon plans every step, the plugin applies the plan in C)."""
+    for name in ("slurm_spank_init", "slurm_spank_user_init", "slurm_spank_task_init",
+                 "slurm_spank_task_init_privileged", "slurm_spank_task_exit", "slurm_spank_job_prolog",
+                 "slurm_spank_job_epilog"):
+        assert not hasattr(hooks, name), name
 
 
-def test_user_init_bind_none_in_plugstack(fake):
-    sp = fake(ctx="remote", options={"gs-bind": "isolate"}, items={"S_JOB_STEPID": 0, "S_JOB_ID": 5})
-    assert hooks.slurm_spank_user_init("remote", {**ARGS, "bind": "none"}) == 0
-    assert hooks.STATE.mode == "none" and hooks.STATE.plan is None and hooks.STATE.mps_env is None
-    assert sp.plans == [] and sp.logs == []          # nothing for the tasks: no plan, Slurm's binding
-
-
-def test_no_python_hook_runs_in_the_forked_tasks():
-    """slurmstepd calls task_init(_privileged) in the task it forked, where the plugin never enters
-    Python: the module defines neither (the plugin applies the plan user_init handed it)."""
-    assert not hasattr(hooks, "slurm_spank_task_init")
-    assert not hasattr(hooks, "slurm_spank_task_init_privileged")
-
-
-REMOTE_STEP = r"""
-import json, os, sys, types
-sp = types.ModuleType("_spank")
-sp.get_item = {"S_JOB_STEPID": 0, "S_JOB_ID": 12, "S_TASK_ID": 1,
-               "S_JOB_ENV": {"SLURM_STEP_TASKS_PER_NODE": "2(x3)", "SLURM_STEP_GPUS": "0",
-                             "CUDA_VISIBLE_DEVICES": "0"}}.get
-sp.option_getopt = lambda name: None
-sp.log = lambda level, msg: print(level, msg, file=sys.stderr)
-sp.setenv = sp.unsetenv = sp.set_task_plan = lambda *a: None
-sys.modules["_spank"] = sp
-from gsrun.spank_py import hooks
-args = {"pythonpath": [], "on_error": None, "bind": "auto", "config": sys.argv[1], "options": None}
-hooks.slurm_spank_init("remote", args)
-hooks.slurm_spank_user_init("remote", args)
-print(json.dumps({"cpus": list(hooks.STATE.plan.rank(1).cpus),
-                  "spool": hooks.STATE.config["paths.spool_dir"]}))
-"""
-
-
-def test_remote_step_plans_with_the_site_config(tmp_path):
-    """slurmstepd of a bound step in a fresh interpreter: the plan on the
-    recorded H200 VM (a multi-node step's ``N(xR)`` task count) and the site
-    config read from the plugstack's ``config=`` file."""
+def test_a_step_plans_with_the_site_config(tmp_path):
+    """A bound step on the recorded H200 VM (a multi-node step's ``N(xR)`` task count) with the
+    site config of the plugstack's ``config=`` file: its spool_dir is where the job's MIG
+    devices are read from."""
     import json
-    import subprocess
 
     cfg = tmp_path / "gsrun.toml"
     cfg.write_text(f'[paths]\nspool_dir = "{tmp_path}/spool"\n[mail]\nfrom_addr = "hpc@example.org"\n')
-    env = {**os.environ, "GSRUN_HOST_ROOT": str(DATA / "hosts" / "h200-vm")}
-    got = json.loads(subprocess.run([sys.executable, "-P", "-c", REMOTE_STEP, str(cfg)], env=env, check=True,
-                                    capture_output=True, text=True, timeout=60).stdout)
-    assert got["cpus"] == list(range(8, 16)) and got["spool"] == f"{tmp_path}/spool"
+    job = tmp_path / "spool" / "jobs" / "12"
+    job.mkdir(parents=True)
+    (job / "user-mig-n1.json").write_text(json.dumps({"devices": ["MIG-0123456789abcdef"]}))
+    job_env = {"SLURM_STEP_TASKS_PER_NODE": "2(x3)", "SLURM_STEP_GPUS": "0", "CUDA_VISIBLE_DEVICES": "0",
+               "SLURMD_NODENAME": "n1"}
+    actions, _notes, _others = hooks.step_actions(job_env, str(DATA / "hosts" / "h200-vm"), None, None, str(cfg),
+                                                  job_id="12", step_id=0)
+    by_rank = dict(actions)
+    assert by_rank[1].cpus == tuple(range(8, 16))
+    assert by_rank[1].setenv["CUDA_VISIBLE_DEVICES"] == "MIG-0123456789abcdef"

@@ -85,7 +85,7 @@ def test_broken_python_side_does_not_block_plain_sbatch_and_refuses_gs_options(c
     assert ("gsrun: spank: options: --gs-mps given, but gsrun's Python side cannot be loaded on this host: "
             "job refused") in refused.stderr
     assert "hint: submit without --gs-* options" in refused.stderr
-    assert step.returncode == 0, step.stderr                          # a bound step runs, unbound
+    assert step.returncode == 0, step.stderr                          # a bound step runs (the daemon plans it)
     assert step.stdout.strip().isdigit(), step.stdout
     cluster.assert_srun_ok(step, step.stdout.strip())
     assert "--gs-mps" in helps.stdout                                 # options come from the compiled table
@@ -96,7 +96,7 @@ def test_broken_python_side_does_not_block_plain_sbatch_and_refuses_gs_options(c
 def test_options_still_reach_the_prolog_and_the_tasks(cluster):
     """With the working plugin: sbatch's and srun's --gs-* options reach the
     prolog as SPANK_GS_*, and srun's --gs-mps gives the task the MPS env
-    (slurmstepd started Python for the forwarded option)."""
+    (the node daemon planned the step for the forwarded option)."""
     _plugin_line(cluster)
     sb = cluster.as_user(["sbatch", "--parsable", "-p", PARTITION, "-o", "/dev/null", "--gs-mps=50",
                           "--gs-report=none", "--gs-tune=swappiness=10", "--wrap", "true"])
@@ -109,7 +109,7 @@ def test_options_still_reach_the_prolog_and_the_tasks(cluster):
                           'echo "$SLURM_JOB_ID $CUDA_MPS_PIPE_DIRECTORY"'])
     assert sr.returncode == 0, sr.stderr
     words = sr.stdout.split()
-    assert len(words) == 2, sr.stdout                                 # no MPS env: Python never ran there
+    assert len(words) == 2, sr.stdout                                 # no MPS env: no plan from the daemon
     job2, pipe = words
     assert pipe.endswith(f"/{job2}/pipe"), sr.stdout
     cluster.assert_srun_ok(sr, job2)
@@ -117,8 +117,8 @@ def test_options_still_reach_the_prolog_and_the_tasks(cluster):
 
 
 def test_bind_none_and_no_option_leaves_tasks_alone(cluster):
-    """bind=none and no --gs-* option: slurmstepd never starts Python, so the
-    task carries none of the binding's variables (with bind=auto it does:
+    """bind=none and no --gs-* option: slurmstepd asks the node daemon for no plan, so
+    the task carries none of the binding's variables (with bind=auto it does:
     tests/slurm/test_spank_cluster.py)."""
     line = _plugin_line(cluster)
     with _plugstack(cluster, _replace_arg(line, "bind", "none")):
