@@ -15,6 +15,7 @@ of that partition.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import re
@@ -140,6 +141,17 @@ def _host(v):
     return None if v == "" or is_host_name(v) else "must be a host name"
 
 
+def _listen_address(v):
+    """"", a literal IPv4/IPv6 address or a host name: where an endpoint listens."""
+    if v == "" or is_host_name(v):
+        return None
+    try:
+        ipaddress.ip_address(v)
+        return None
+    except ValueError:
+        return "must be empty (every address), an IPv4 or IPv6 address, or a host name"
+
+
 def _url(v):
     return None if v == "" or re.fullmatch(r"https?://[A-Za-z0-9._~:/?#\[\]@!$&'()*+,;=%-]{1,500}", v) \
         else "must be an http:// or https:// URL without spaces or quotes"
@@ -198,6 +210,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("metrics.textfile_group", str, "",
             "Privacy: group of the .prom files, the group node_exporter reads them with (e.g. prometheus); "
             "empty = the group of metrics.textfile_dir.", None, "group name or empty"),
+    Setting("metrics.http_port", int, 9400,
+            "TCP port of the node daemon's Prometheus endpoint (/metrics): every GPU of the node, with the "
+            "labels of the job holding it (job_id=\"\" for a GPU no job holds); 0 = off. 9400 is also "
+            "dcgm-exporter's port: a node running both needs one of them moved.", _range(0, 65535), "0-65535"),
+    Setting("metrics.http_address", str, "",
+            "Address the Prometheus endpoint listens on: empty = every address (IPv6 and IPv4), or one of "
+            "the node's addresses (e.g. 127.0.0.1 or a management network's) or a host name resolving to one.",
+            _listen_address, "IP address, host name or empty"),
     Setting("metrics.user_label", bool, True,
             "Privacy: put the job's user name in the user label of every series; false = leave the label out "
             "(the job id still ties a series to a job for those who may read Slurm's records).", None,

@@ -1,0 +1,324 @@
+"""The Prometheus series gsrun exports for GPUs, one table for both outputs:
+the per-job textfile (:mod:`gsrun.node.metrics_textfile`, through
+node_exporter) and the node daemon's HTTP endpoint
+(:mod:`gsrun.node.metrics_http`). Pure.
+
+Both outputs are built from :class:`GpuReading` values: one reading per GPU
+per job holding it, plus, at the endpoint only, one per GPU no job holds.
+:func:`job_readings` makes them from a sampler's live state (window means
+between two calls); :func:`job_samples` turns readings into the series of
+:data:`JOB_SERIES`; :func:`gpu_samples` into those of :data:`GPU_SERIES`;
+:func:`families` into ``prometheus_client`` metric families.
+
+Labels of a job series (:func:`gpu_labels`): ``job_id`` (``""`` for a GPU no
+job holds, as dcgm-exporter leaves its ``hpc_job`` label empty), ``user``
+(the job user's name, ``""`` without a job; the label is left out with
+``metrics.user_label = false``), ``node`` (the Slurm node name), ``gpu`` (the
+Slurm gres index = the ``/dev/nvidiaN`` minor number; ``""`` when unknown),
+``uuid`` (NVML's; left out when unknown) and ``mig_instance`` (the MIG device
+UUID, only for a MIG instance). A GPU series (:data:`GPU_SERIES`: properties
+of the device, not of a job) has ``node``, ``gpu``, ``uuid``, ``mig_instance``.
+
+A value that is unknown (None: N/A, not supported, MIG utilization, a lost
+GPU) is left out, never written as 0.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable, NamedTuple
+
+# The textfile's gauges are window means between two flushes; the endpoint's
+# cover the monitor's last poll interval. Each output appends its window.
+WINDOW_TEXTFILE = ", mean over the last sampler flush window"
+WINDOW_HTTP = ", over the last sampler interval (sampler.interval_s)"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuReading:
+    """One GPU's figures, for one job holding it (``job_id`` set) or for no
+    job (``job_id`` None: the GPU is not allocated). Every figure may be None
+    = unknown (its series is left out, never 0).
+
+    ``gres_index``: Slurm's gres index = ``/dev/nvidiaN`` minor number.
+    ``uuid``: ``nvmlDeviceGetUUID`` (``MIG-...`` for a MIG device).
+    ``name``: ``nvmlDeviceGetName``. ``mig_instance``: the MIG device UUID
+    when the reading is of a MIG instance, else None. ``user``: the job
+    user's name (None without a job, or when the site leaves it out).
+
+    Gauges, in the reading's units (a series may divide: % -> ratio):
+    ``util_pct`` (NVML utilization, busy share 0-100), ``sm_active_pct`` and
+    ``tensor_active_pct`` (GPM, 0-100), ``mem_used_bytes`` and
+    ``mem_total_bytes`` (``nvmlDeviceGetMemoryInfo``), ``power_w``
+    (``nvmlDeviceGetPowerUsage`` / 1000), ``temperature_c``
+    (``nvmlDeviceGetTemperature``, degrees C).
+    ``energy_j``: a counter, J: for a job, the energy since the job started
+    on the GPU (the sampler's :class:`~gsrun.facts.aggregate.Counter` of
+    ``nvmlDeviceGetTotalEnergyConsumption``, mJ / 1000); for a GPU no job
+    holds, the device's counter since the driver loaded.
+    ``idle``: the job's idle detector holds the GPU idle (True), working
+    (False), no detector state (None; always None without a job)."""
+
+    gres_index: int | None
+    uuid: str | None = None
+    name: str | None = None
+    mig_instance: str | None = None
+    job_id: str | None = None
+    user: str | None = None
+    util_pct: float | None = None
+    sm_active_pct: float | None = None
+    tensor_active_pct: float | None = None
+    mem_used_bytes: float | None = None
+    mem_total_bytes: float | None = None
+    power_w: float | None = None
+    temperature_c: float | None = None
+    energy_j: float | None = None
+    idle: bool | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Series:
+    """One exported family. ``name`` as exposed (a counter's ends in
+    ``_total``); ``kind`` ``"gauge"`` or ``"counter"``; ``field`` the
+    :class:`GpuReading` attribute; ``per`` the divisor from the reading's unit
+    to the series' (100 for % -> ratio); ``help`` what it is and its source;
+    ``windowed``: a gauge whose value covers a window (each output appends
+    which); ``http_note``: added to the help at the HTTP endpoint only;
+    ``doc``: the value column of the docs' table."""
+
+    name: str
+    kind: str
+    field: str
+    per: float
+    help: str
+    windowed: bool
+    doc: str
+    http_note: str = ""
+
+    @property
+    def family(self) -> str:
+        """The name ``prometheus_client``'s metric family takes (no ``_total``)."""
+        return self.name[:-len("_total")] if self.kind == "counter" else self.name
+
+
+# Per GPU per job (the textfile writes these, in this order).
+JOB_SERIES: tuple[Series, ...] = (
+    Series("gsrun_gpu_utilization_ratio", "gauge", "util_pct", 100.0,
+           "GPU busy share 0-1 (NVML utilization)", True,
+           "busy share 0-1 (`nvmlDeviceGetSamples` / `UtilizationRates`)"),
+    Series("gsrun_gpu_sm_active_ratio", "gauge", "sm_active_pct", 100.0,
+           "GPM SM activity 0-1", True, "GPM SM activity 0-1 (Hopper and later)"),
+    Series("gsrun_gpu_tensor_active_ratio", "gauge", "tensor_active_pct", 100.0,
+           "GPM tensor-core activity 0-1", True, "GPM tensor-core activity 0-1"),
+    Series("gsrun_gpu_memory_used_bytes", "gauge", "mem_used_bytes", 1.0,
+           "GPU memory used in bytes (NVML)", True, "GPU memory used, bytes (`nvmlDeviceGetMemoryInfo`)"),
+    Series("gsrun_gpu_power_watts", "gauge", "power_w", 1.0,
+           "GPU power draw in watts (NVML)", True, "board power, W (`nvmlDeviceGetPowerUsage`)"),
+    Series("gsrun_gpu_energy_joules_total", "counter", "energy_j", 1.0,
+           "GPU energy in joules since the job started on this node (NVML energy counter)", False,
+           "energy since the job started on the node, J (`nvmlDeviceGetTotalEnergyConsumption`); "
+           "endpoint, GPU without a job: since the driver loaded",
+           "; a GPU without a job: since the driver loaded"),
+    Series("gsrun_gpu_idle", "gauge", "idle", 1.0,
+           "1 while gsrun's idle detector holds the GPU idle, else 0", False,
+           "1 while the idle detector (`[idle]`) holds the GPU idle, else 0"),
+)
+# Per GPU, whoever holds it (the HTTP endpoint only).
+GPU_SERIES: tuple[Series, ...] = (
+    Series("gsrun_gpu_memory_total_bytes", "gauge", "mem_total_bytes", 1.0,
+           "GPU memory in bytes (NVML)", False, "endpoint only: GPU memory, bytes (`nvmlDeviceGetMemoryInfo`)"),
+    Series("gsrun_gpu_temperature_celsius", "gauge", "temperature_c", 1.0,
+           "GPU temperature in degrees Celsius (NVML)", True,
+           "endpoint only: GPU temperature, degrees C (`nvmlDeviceGetTemperature`)"),
+)
+SERIES_PER_GPU = len(JOB_SERIES)     # job series per GPU per job: 7
+
+
+class Sample(NamedTuple):
+    """One series: family name (as exposed, ``_total`` included for counters), labels, value."""
+
+    family: str
+    labels: dict
+    value: float
+
+
+def _marks(metric) -> tuple[int, float, float, float]:
+    return (metric.n, metric.weight_s, metric.wsum, metric.vsum)
+
+
+def window_mean(now: tuple, before: tuple | None) -> float | None:
+    """Mean of a :class:`~gsrun.facts.aggregate.Metric` between two marks
+    ``(n, weight_s, wsum, vsum)``: time-weighted when the window carried
+    time, the plain mean of its values otherwise (a first poll), None when no
+    value came in the window."""
+    n0, w0, ws0, vs0 = before or (0, 0.0, 0.0, 0.0)
+    n, w, ws, vs = now
+    if n < n0:            # a state that went back (sampler restarted from an older file)
+        n0, w0, ws0, vs0 = 0, 0.0, 0.0, 0.0
+    if n - n0 <= 0:
+        return None
+    if w - w0 > 1e-9:
+        return (ws - ws0) / (w - w0)
+    return (vs - vs0) / (n - n0)
+
+
+def tidy(v: float) -> float:
+    """``v`` to 12 significant digits: the float noise of a time-weighted mean
+    (123.45599999999999 W) goes, every byte count below 1 TB stays exact."""
+    return float(f"{v:.12g}")
+
+
+def _watch_of(state: dict, gres_index: int, i: int):
+    """The idle detector's watch for a GPU: ``state["watch"]`` keyed by the
+    gres index (as text or int) or a list parallel to ``state["gpus"]``; a
+    :class:`GpuWatch` or its JSON form. None when absent."""
+    watch = state.get("watch")
+    if isinstance(watch, dict):
+        return watch.get(str(gres_index), watch.get(gres_index))
+    if isinstance(watch, (list, tuple)) and i < len(watch):
+        return watch[i]
+    return None
+
+
+def idle_flag(state: dict, gres_index: int, i: int) -> float | None:
+    """1.0 while the detector has an idle stretch open (``idle_since_s`` not
+    None), 0.0 when not, None when there is no detector state for the GPU."""
+    w = _watch_of(state, gres_index, i)
+    if w is None:
+        return None
+    if isinstance(w, dict):
+        if "idle_since_s" not in w:
+            return None
+        since = w["idle_since_s"]
+    else:
+        since = getattr(w, "idle_since_s", None)
+        if since is None and not hasattr(w, "idle_since_s"):
+            return None
+    return 1.0 if since is not None else 0.0
+
+
+# sampler metric keys a reading takes as window means
+_WINDOW_KEYS = ("util_pct", "sm_active_pct", "tensor_active_pct", "mem_used_bytes", "power_w", "temperature_c")
+
+
+def job_readings(state: dict, user: str | None, marks: dict | None = None) -> tuple[list[GpuReading], dict]:
+    """One :class:`GpuReading` per GPU of a sampler's live ``state`` (objects
+    inside, as :class:`gsrun.node.sampler.Sampler` holds it; GPUs in state
+    order). Pure.
+
+    Gauges are the means over the window since the previous call (``marks``:
+    what that call returned, ``{gres_index: {metric key: (n, weight_s, wsum,
+    vsum)}}``; None or ``{}``: the whole job so far); a metric with no value
+    in the window is None. ``energy_j``: the job's energy on the GPU (None
+    before the counter's first reading). ``idle``: from the detector's
+    ``state["watch"]``; None for a lost GPU or without detector state.
+    ``mem_total_bytes``: the GPU's ``ref``. Returns the readings and the
+    marks for the next call."""
+    job_id = str(state["job_id"])
+    marks = marks or {}
+    new_marks: dict = {}
+    out = []
+    for i, g in enumerate(state["gpus"]):
+        ref = g["ref"]
+        gi = ref.get("gres_index")
+        before = marks.get(gi, {})
+        cur: dict = {}
+        values: dict = {}
+        for key in _WINDOW_KEYS:
+            m = g["metrics"].get(key)
+            if m is None:
+                continue
+            cur[key] = _marks(m)
+            values[key] = window_mean(cur[key], before.get(key))
+        new_marks[gi] = cur
+        energy = g.get("energy")
+        if energy is not None and energy.first is not None:
+            values["energy_j"] = energy.total / 1000.0
+        flag = idle_flag(state, gi, i) if g.get("lost_at_s") is None else None
+        uuid = str(ref["uuid"]) if ref.get("uuid") else None
+        mig = uuid if ref.get("mig") and uuid and uuid.startswith("MIG-") else None
+        out.append(GpuReading(gi, uuid, ref.get("name"), mig, job_id, user,
+                              mem_total_bytes=ref.get("mem_total_bytes"),
+                              idle=None if flag is None else flag == 1.0, **values))
+    return out, new_marks
+
+
+def gpu_labels(r: GpuReading, node: str, user_label: bool) -> dict:
+    """The labels of a job series for reading ``r`` (module docstring)."""
+    labels = {"job_id": r.job_id or "", "node": node, "gpu": "" if r.gres_index is None else str(r.gres_index)}
+    if user_label:
+        labels["user"] = r.user or ""
+    if r.uuid:
+        labels["uuid"] = r.uuid
+    if r.mig_instance:
+        labels["mig_instance"] = r.mig_instance
+    return labels
+
+
+def device_labels(r: GpuReading, node: str) -> dict:
+    """The labels of a GPU series: ``node``, ``gpu``, ``uuid``, ``mig_instance``."""
+    labels = {"node": node, "gpu": "" if r.gres_index is None else str(r.gres_index)}
+    if r.uuid:
+        labels["uuid"] = r.uuid
+    if r.mig_instance:
+        labels["mig_instance"] = r.mig_instance
+    return labels
+
+
+def device_key(r: GpuReading) -> tuple:
+    """What tells GPUs apart: (gres index, uuid, MIG instance)."""
+    return (r.gres_index, r.uuid, r.mig_instance)
+
+
+def _value(r: GpuReading, s: Series) -> float | None:
+    v = getattr(r, s.field)
+    if v is None or isinstance(v, str):
+        return None
+    v = float(v)
+    return tidy(v / s.per) if math.isfinite(v) else None
+
+
+def _by_series(rows: Iterable[tuple[GpuReading, dict]], series: tuple[Series, ...]) -> list[Sample]:
+    rows = list(rows)
+    return [Sample(s.name, labels, v) for s in series for r, labels in rows
+            if (v := _value(r, s)) is not None]
+
+
+def job_samples(readings: Iterable[GpuReading], node: str, user_label: bool) -> list[Sample]:
+    """The :data:`JOB_SERIES` samples of ``readings``: families in table
+    order, readings in the order given; unknown values left out. Pure."""
+    return _by_series(((r, gpu_labels(r, node, user_label)) for r in readings), JOB_SERIES)
+
+
+def gpu_samples(readings: Iterable[GpuReading], node: str) -> list[Sample]:
+    """The :data:`GPU_SERIES` samples, one per GPU (:func:`device_key`; the
+    first reading of a GPU that has several). Pure."""
+    seen: dict = {}
+    for r in readings:
+        seen.setdefault(device_key(r), r)
+    return _by_series(((r, device_labels(r, node)) for r in seen.values()), GPU_SERIES)
+
+
+def families(samples: list[Sample], series: tuple[Series, ...], window: str, http: bool = False) -> list:
+    """``prometheus_client`` metric families of ``samples`` (each of one of
+    ``series``), in table order, families with no sample left out. Help:
+    the series' help, plus ``window`` for a windowed gauge, plus its
+    ``http_note`` when ``http``."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    out = {}
+    for s in series:
+        help_text = s.help + (window if s.windowed else "") + (s.http_note if http else "")
+        cls = CounterMetricFamily if s.kind == "counter" else GaugeMetricFamily
+        out[s.name] = cls(s.family, help_text)
+    for smp in samples:
+        out[smp.family].add_sample(smp.family, dict(smp.labels), smp.value)
+    return [f for f in out.values() if f.samples]
+
+
+def series_table() -> str:
+    """The docs' table of every series (docs/ADMIN.md), Markdown."""
+    rows = ["| series | type | value |", "| --- | --- | --- |"]
+    rows += [f"| `{s.name}` | {s.kind} | {s.doc} |" for s in JOB_SERIES + GPU_SERIES]
+    return "\n".join(rows)

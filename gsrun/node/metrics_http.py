@@ -1,0 +1,307 @@
+"""The node daemon's Prometheus endpoint: every GPU of the node, with job labels.
+
+The daemon's monitor samples every GPU and hands this module a callable,
+``readings() -> list[GpuReading]`` (:class:`gsrun.node.metrics.GpuReading`):
+one reading per GPU per job holding it and one per GPU no job holds
+(``job_id`` None: its series get ``job_id=""``, as dcgm-exporter leaves
+``hpc_job`` empty). :class:`GpuCollector` turns them, at each scrape, into
+the series of :data:`gsrun.node.metrics.JOB_SERIES` (the same names and
+labels as the per-job textfile) and :data:`~gsrun.node.metrics.GPU_SERIES`,
+plus:
+
+==================================  =======  ====================================================
+``gsrun_gpu_info``                  gauge    1 per GPU; labels ``node``, ``gpu``, ``uuid``,
+                                             ``mig_instance``, ``name`` (the model)
+``gsrun_exporter_info``             gauge    1; label ``version`` (gsrun's)
+``gsrun_exporter_scrape_success``   gauge    1 when ``readings()`` answered at this scrape, else 0
+``gsrun_exporter_errors_total``     counter  ``readings()`` calls that raised, since the start
+``gsrun_exporter_readings_dropped`` gauge    readings left out at this scrape; label ``cause``:
+                                             ``over_cap`` or ``bad`` (:func:`admit`)
+==================================  =======  ====================================================
+
+Cardinality is bounded: at most :data:`MAX_GPUS` (64) GPUs and
+:data:`MAX_JOBS_PER_GPU` (16) readings per GPU, so at most
+64 x (16 x 7 job series + 3 GPU series) + 5 series; no per-process or
+per-step label. :func:`start_http` serves the collector with its own
+``CollectorRegistry``: only these series, not ``prometheus_client``'s
+Python process and GC series (the daemon's CPU and memory are systemd's
+and node_exporter's to report, and a series list that is exactly the
+documented one is what sites alert on).
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+import sys
+import threading
+from dataclasses import dataclass
+from socketserver import ThreadingMixIn
+from typing import Callable, Sequence
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
+
+from gsrun.base.errors import NodeError
+from gsrun.base.ids import JOB_ID_RE
+from gsrun.node.metrics import (GPU_SERIES, JOB_SERIES, WINDOW_HTTP, GpuReading, device_key, device_labels,
+                                families, gpu_samples, job_samples)
+
+MAX_GPUS = 64                 # GPUs (device_key) accepted per scrape
+MAX_JOBS_PER_GPU = 16         # readings accepted per GPU per scrape
+MAX_LABEL_CHARS = 256         # a longer uuid, name, user or MIG instance makes the reading "bad"
+MAX_CONNECTIONS = 16          # scrapes served at once; more are closed unanswered
+CONNECTION_TIMEOUT_S = 10.0   # a client silent this long is dropped
+_READING_FIELDS = GpuReading.__slots__
+
+
+def admit(readings: Sequence) -> tuple[list[GpuReading], int, int]:
+    """The readings the endpoint exports, in the order given. Pure.
+
+    Left out: ``bad`` ones (not a :class:`GpuReading`; a ``job_id`` that is
+    not a Slurm job id, ``[0-9]{1,10}``; a ``gres_index`` that is not an int
+    0-65535 or None; a text field over :data:`MAX_LABEL_CHARS` or with a NUL)
+    and ``over_cap`` ones (a GPU beyond the first :data:`MAX_GPUS`, a reading
+    beyond the first :data:`MAX_JOBS_PER_GPU` of its GPU). Returns (kept,
+    over_cap count, bad count)."""
+    kept: list[GpuReading] = []
+    per_gpu: dict[tuple, int] = {}
+    over = bad = 0
+    for r in readings:
+        if not _good(r):
+            bad += 1
+            continue
+        key = device_key(r)
+        n = per_gpu.get(key)
+        if (n is None and len(per_gpu) >= MAX_GPUS) or (n is not None and n >= MAX_JOBS_PER_GPU):
+            over += 1
+            continue
+        per_gpu[key] = (n or 0) + 1
+        kept.append(r)
+    return kept, over, bad
+
+
+def _good(r) -> bool:
+    if not isinstance(r, GpuReading):
+        return False
+    if r.job_id is not None and not (isinstance(r.job_id, str) and JOB_ID_RE.fullmatch(r.job_id)):
+        return False
+    if r.gres_index is not None and not (type(r.gres_index) is int and 0 <= r.gres_index <= 65535):
+        return False
+    for text in (r.uuid, r.name, r.mig_instance, r.user):
+        if text is not None and not (isinstance(text, str) and len(text) <= MAX_LABEL_CHARS and "\0" not in text):
+            return False
+    return True
+
+
+class GpuCollector:
+    """A ``prometheus_client`` custom collector: ``collect()`` calls
+    ``readings()`` (the monitor's; called at each scrape, from the HTTP
+    server's threads, so it must be cheap and thread-safe: return the last
+    poll's list, do not poll) and yields the families of the module
+    docstring. ``node``: the ``node`` label (the Slurm node name, as the
+    textfile's). ``user_label``: ``metrics.user_label``.
+
+    It never raises into ``prometheus_client``: a ``readings()`` that raises
+    (or returns something that is not a list or tuple) gives no GPU series,
+    ``gsrun_exporter_scrape_success 0``, one more
+    ``gsrun_exporter_errors_total`` and one line on stderr per cause."""
+
+    def __init__(self, readings: Callable[[], Sequence[GpuReading]], node: str, user_label: bool = True):
+        from gsrun import __version__
+
+        self.readings = readings
+        self.node = node
+        self.user_label = user_label
+        self.version = __version__
+        self.errors = 0
+        self._lock = threading.Lock()
+        self._warned: set[str] = set()
+
+    def describe(self):
+        """Nothing to describe ahead of a scrape (the GPU set changes), so
+        registering never calls ``readings()``."""
+        return []
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+
+        fams: list = []
+        over = bad = 0
+        ok = 1
+        try:
+            got = self.readings()
+            if not isinstance(got, (list, tuple)):
+                raise TypeError(f"readings() returned {type(got).__name__}, not a list")
+            kept, over, bad = admit(got)
+            fams = self._gpu_families(kept, InfoMetricFamily)
+        except Exception as e:  # noqa: BLE001 - a scrape answers with the exporter's own series
+            ok, fams = 0, []
+            with self._lock:
+                self.errors += 1
+                first = type(e).__name__ not in self._warned
+                self._warned.add(type(e).__name__)
+            if first:
+                print(f"gsrun: daemon: metrics endpoint: readings failed: {type(e).__name__}: {e}\n"
+                      "hint: the GPU series are left out of every scrape while this lasts; "
+                      "gsrun_exporter_errors_total counts them", file=sys.stderr, flush=True)
+        yield from fams
+        info = InfoMetricFamily("gsrun_exporter", "gsrun's exporter: its version")
+        info.add_metric([], {"version": str(self.version)})
+        yield info
+        yield GaugeMetricFamily("gsrun_exporter_scrape_success",
+                                "1 when the monitor's readings answered at this scrape, else 0", value=ok)
+        yield CounterMetricFamily("gsrun_exporter_errors_total",
+                                  "Scrapes whose readings from the monitor failed, since the daemon started",
+                                  value=self.errors)
+        dropped = GaugeMetricFamily("gsrun_exporter_readings_dropped",
+                                    "Readings left out at this scrape: over_cap (more than 64 GPUs or 16 jobs "
+                                    "per GPU) or bad (a malformed job id, index or label)", labels=["cause"])
+        dropped.add_metric(["over_cap"], over)
+        dropped.add_metric(["bad"], bad)
+        yield dropped
+
+    def _gpu_families(self, kept: list[GpuReading], info_cls) -> list:
+        fams = families(job_samples(kept, self.node, self.user_label), JOB_SERIES, WINDOW_HTTP, http=True)
+        fams += families(gpu_samples(kept, self.node), GPU_SERIES, WINDOW_HTTP, http=True)
+        info = info_cls("gsrun_gpu", "1 per GPU of the node: its model name")
+        seen = set()
+        for r in kept:
+            if device_key(r) not in seen:
+                seen.add(device_key(r))
+                info.add_sample("gsrun_gpu_info", {**device_labels(r, self.node), "name": r.name or ""}, 1.0)
+        if info.samples:
+            fams.append(info)
+        return fams
+
+
+@dataclass
+class Endpoint:
+    """A running endpoint: ``address`` and ``port`` as bound (port 0 asked:
+    the one the kernel gave); :meth:`close` stops it."""
+
+    address: str
+    port: int
+    httpd: WSGIServer
+    thread: threading.Thread
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop serving and close the socket (idempotent)."""
+        if self.thread.is_alive():
+            self.httpd.shutdown()
+            self.thread.join(timeout_s)
+        self.httpd.server_close()
+
+
+class _Handler(WSGIRequestHandler):
+    """No access log (a scrape every 15 s is not news); a silent client is
+    dropped after :data:`CONNECTION_TIMEOUT_S`."""
+
+    timeout = CONNECTION_TIMEOUT_S
+
+    def log_message(self, format, *args):  # noqa: A002 - the base class's name
+        pass
+
+
+class _Server(ThreadingMixIn, WSGIServer):
+    """A thread per scrape, at most :data:`MAX_CONNECTIONS` at once (the
+    rest are closed unanswered: a scraper retries, a flood costs no threads)."""
+
+    daemon_threads = True
+    dual_stack = False
+    request_queue_size = 64      # listen backlog (socketserver's 5 drops a burst's SYNs: 1-s retries)
+
+    def __init__(self, *args, **kw):
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        super().__init__(*args, **kw)
+
+    def server_bind(self):
+        if self.dual_stack:
+            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        super().server_bind()
+
+    def process_request(self, request, client_address):
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
+def _server_class(family: int, dual_stack: bool) -> type:
+    return type("_Server", (_Server,), {"address_family": family, "dual_stack": dual_stack})
+
+
+def _bind(address: str, port: int, app) -> WSGIServer:
+    """A server bound to ``address``:``port``. ``""``: every address, IPv6
+    and IPv4 (``::`` with IPV6_V6ONLY off), or every IPv4 address (``0.0.0.0``)
+    where the host has no IPv6. Raises OSError (socket.gaierror for a name
+    that does not resolve)."""
+    from wsgiref.simple_server import make_server
+
+    if address == "":
+        try:
+            return make_server("::", port, app, _server_class(socket.AF_INET6, True), handler_class=_Handler)
+        except OSError as e:
+            if e.errno not in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL, errno.EPROTONOSUPPORT):
+                raise
+        return make_server("0.0.0.0", port, app, _server_class(socket.AF_INET, False), handler_class=_Handler)
+    family, _, _, _, sockaddr = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM,
+                                                   flags=socket.AI_PASSIVE)[0]
+    return make_server(sockaddr[0], port, app, _server_class(family, False), handler_class=_Handler)
+
+
+def start_http(address: str, port: int, collector) -> Endpoint:
+    """Serve ``collector`` (a :class:`GpuCollector`) on ``address``:``port``
+    from a daemon thread, every path (``/metrics`` as Prometheus asks) in the
+    text format (``prometheus_client.make_wsgi_app`` on its own
+    ``CollectorRegistry``: gzip when asked, ``?name[]=`` filters).
+    ``address``: ``""`` = every address (IPv6 and IPv4), else a literal IPv4
+    or IPv6 address or a host name (resolved once, now). ``port`` 0 = any
+    free port (tests): :attr:`Endpoint.port` says which.
+
+    Built from ``make_wsgi_app`` and the standard library's WSGI server,
+    which is what ``prometheus_client.start_http_server`` does, because that
+    returns nothing before prometheus_client 0.20 (no bound port, no way to
+    stop it) and sets no connection limit or timeout.
+
+    Raises:
+        NodeError: the address cannot be bound: the port is in use (dcgm-exporter
+            also listens on 9400), the address is not one of this host's, the
+            name does not resolve, or a port below 1024 without root."""
+    from prometheus_client import CollectorRegistry, make_wsgi_app
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    shown = f"[{address}]:{port}" if ":" in address else f"{address or '*'}:{port}"
+    try:
+        httpd = _bind(address, port, make_wsgi_app(registry))
+    except (OSError, UnicodeError) as e:
+        detail = getattr(e, "strerror", None) or str(e)
+        raise NodeError("daemon", "metrics endpoint", f"cannot listen on {shown}: {detail}",
+                        hint="set [metrics] http_port to a free port (dcgm-exporter also uses 9400) and "
+                             "http_address to one of this node's addresses, or http_port = 0 to turn the "
+                             "endpoint off") from e
+    bound = httpd.socket.getsockname()
+    thread = threading.Thread(target=httpd.serve_forever, name="gsrun-metrics-http", daemon=True)
+    thread.start()
+    return Endpoint(str(bound[0]), int(bound[1]), httpd, thread)
+
+
+def endpoint_from_config(cfg, readings: Callable[[], Sequence[GpuReading]], node: str) -> Endpoint | None:
+    """Start the endpoint as the site configures it (``metrics.http_port``,
+    0 = off: None; ``metrics.http_address``; ``metrics.user_label``).
+    Raises NodeError as :func:`start_http`."""
+    port = int(cfg["metrics.http_port"])
+    if port == 0:
+        return None
+    return start_http(cfg["metrics.http_address"], port,
+                      GpuCollector(readings, node, user_label=bool(cfg["metrics.user_label"])))
+
