@@ -41,6 +41,7 @@ import ctypes
 import errno
 import json
 import os
+import pwd
 import selectors
 import signal
 import socket
@@ -56,10 +57,12 @@ from gsrun.base.fsutil import atomic_write_json, read_json
 from gsrun.base.ids import is_job_id, is_node_name
 from gsrun.base.paths import Paths
 from gsrun.facts.hostfs import HostFS
-from gsrun.facts.nvml import NvmlUnavailable, open_nvml
+from gsrun.facts.nvml import NvmlUnavailable, is_na, open_nvml
 from gsrun.node import cpu_latency
 from gsrun.node.live import LiveActions
 from gsrun.node.mem_baseline import read_mem_baseline
+from gsrun.node.metrics import GpuReading, job_readings
+from gsrun.node.metrics_http import GpuCollector, start_http
 from gsrun.node.metrics_textfile import exporter_from_config
 from gsrun.node.sampler import Sampler
 from gsrun.request.config import idle_config, load_config_or_defaults
@@ -190,9 +193,11 @@ class Job:
     holders), its polls that failed in a row."""
 
     sampler: Sampler
+    user: str | None = None
     dma_fd: int | None = None
     errors: int = 0
     notes: list[str] = field(default_factory=list)
+    marks: dict = field(default_factory=dict)    # gsrun.node.metrics.job_readings' window marks
 
 
 class Monitor:
@@ -214,6 +219,8 @@ class Monitor:
         self.nvml_code: str | None = None
         self.nv = None
         self.idle_values: dict[int, dict] = {}       # NVML index -> last reading of a GPU no job holds
+        self.devices: dict[int, tuple] = {}          # NVML index -> (minor, uuid, name): read once
+        self.latest: list[GpuReading] = []           # the Prometheus endpoint's figures, swapped whole per tick
         try:
             self.nv = nvml if nvml is not None else open_nvml(hostfs)
             self.nvml_inits = 1
@@ -270,7 +277,7 @@ class Monitor:
             s.export = exporter_from_config(self.cfg, job_id, job["uid"])
         s.live = LiveActions(self.paths.spool_dir, job_id, job["node"], job["uid"], self.idle_cfg,
                              self.cfg["live.flush_s"], self.cfg["timeouts.command_s"])
-        entry = Job(s)
+        entry = Job(s, user=_user_name(job["uid"]))
         if job.get("dma_latency_us") is not None:
             entry.dma_fd, note = cpu_latency.hold(self.hostfs, job["dma_latency_us"])
             s.state["notes"].append(note)
@@ -356,6 +363,30 @@ class Monitor:
         for job_id, entry in list(self.jobs.items()):
             self._sample(job_id, entry)
         self._sample_idle()
+        self.latest = self.readings()
+
+    def readings(self) -> list[GpuReading]:
+        """The figures of this tick for the Prometheus endpoint
+        (:mod:`gsrun.node.metrics_http`): each job's GPUs (means since the
+        last tick), then every GPU no job holds (the last poll)."""
+        out: list[GpuReading] = []
+        for entry in self.jobs.values():
+            try:
+                rs, entry.marks = job_readings(entry.sampler.state, entry.user, entry.marks)
+                out += rs
+            except Exception:  # noqa: BLE001 - a job's figures left out of one scrape
+                pass
+        for i, r in sorted(self.idle_values.items()):
+            minor, uuid, name = self.devices.get(i, (None, None, None))
+            mem, util = r.get("memory"), r.get("utilization")
+            out.append(GpuReading(minor, uuid, name,
+                                  util_pct=_num(util.get("gpu")) if isinstance(util, dict) else None,
+                                  mem_used_bytes=_num(mem.get("used")) if isinstance(mem, dict) else None,
+                                  mem_total_bytes=_num(mem.get("total")) if isinstance(mem, dict) else None,
+                                  power_w=_scaled(r.get("power_mw"), 1e-3),
+                                  temperature_c=_scaled(r.get("temperature_c"), 1.0),
+                                  energy_j=_scaled(r.get("energy_mj"), 1e-3)))
+        return out
 
     def _sample(self, job_id: str, entry: Job) -> None:
         s = entry.sampler
@@ -379,6 +410,8 @@ class Monitor:
                 self.idle_values.pop(i, None)
                 continue
             try:
+                if i not in self.devices:
+                    self.devices[i] = tuple(_plain(self.nv.get(i, k)) for k in ("minor", "uuid", "name"))
                 self.idle_values[i] = {k: self.nv.get(i, k) for k in IDLE_KEYS}
             except Exception:  # noqa: BLE001 - a GPU that cannot be read is unknown
                 self.idle_values.pop(i, None)
@@ -468,6 +501,26 @@ class Monitor:
                 self.log(f"request dropped: {e}")
 
 
+def _user_name(uid: int) -> str | None:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return None
+
+
+def _plain(v):
+    return None if is_na(v) else v
+
+
+def _num(v) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _scaled(v, k: float) -> float | None:
+    x = _num(None if is_na(v) else v)
+    return None if x is None else x * k
+
+
 def listen(path: str):
     """A listening socket at ``path`` (mode 0600, made under a temporary name
     and renamed over the path). The directory must be this uid's and closed
@@ -513,8 +566,11 @@ def die_with_parent() -> None:
 
 
 def run(host_root: str | None = None, state_dir: str | None = None, spool_dir: str | None = None,
-        nvml=None) -> int:
-    """The monitor process's body (forked by the node daemon). -> exit status."""
+        nvml=None, node_name: str | None = None, metrics_port: int | None = None) -> int:
+    """The monitor process's body (forked by the node daemon). ``node_name``:
+    the ``node`` label of the Prometheus series (default the short host name,
+    slurmd's default NodeName); ``metrics_port``: instead of ``[metrics]
+    http_port`` (hosts with several slurmd). -> exit status."""
     die_with_parent()
 
     class _Err:
@@ -528,7 +584,27 @@ def run(host_root: str | None = None, state_dir: str | None = None, spool_dir: s
     listener = listen(socket_path(paths.state_dir))
     mon = Monitor(HostFS.from_env(host_root), paths, cfg, nvml=nvml)
     taken = mon.readopt()
+    endpoint = None
+    try:
+        endpoint = _endpoint(cfg, mon, node_name or socket.gethostname().split(".")[0], metrics_port)
+    except NodeError as e:
+        mon.log(f"{e} (the node's figures are not served; sampling goes on)")
     mon.log(f"serving {socket_path(paths.state_dir)} (pid {os.getpid()}, {mon._count()} GPU(s), "
-            f"{len(taken)} job(s) taken up{': ' + ' '.join(taken) if taken else ''})")
-    return mon.serve(listener)
+            f"{len(taken)} job(s) taken up{': ' + ' '.join(taken) if taken else ''}"
+            f"{f'; Prometheus on {endpoint.address}:{endpoint.port}' if endpoint else ''})")
+    try:
+        return mon.serve(listener)
+    finally:
+        if endpoint is not None:
+            endpoint.close()
+
+
+def _endpoint(cfg, mon: Monitor, node: str, port: int | None):
+    """The Prometheus endpoint (``[metrics] http_port``, or ``port`` when given;
+    0 = off) serving :attr:`Monitor.latest`."""
+    port = int(cfg["metrics.http_port"]) if port is None else port
+    if port == 0:
+        return None
+    return start_http(cfg["metrics.http_address"], port,
+                      GpuCollector(lambda: mon.latest, node, user_label=bool(cfg["metrics.user_label"])))
 
