@@ -62,6 +62,8 @@ def job_from_record(job_id: str, rec: dict[str, str] | None, env) -> dict:
         int(env.get("SLURM_JOB_EXIT_CODE2", "0:0").split(":")[0] or 0), 0)
     state = state_word(rec.get("JobState")) or None
     state_source = "slurm" if state else None
+    # EndTime is the expected end while the job runs, its end once it completes (EpilogSlurmctld sees COMPLETING)
+    ended = state is not None and (state == "COMPLETING" or state not in ACTIVE_STATES)
     if state == "COMPLETING":
         # EpilogSlurmctld runs while the job completes, and scontrol then shows the
         # COMPLETING flag instead of the final state (CANCELLED, TIMEOUT, OUT_OF_MEMORY,
@@ -87,7 +89,10 @@ def job_from_record(job_id: str, rec: dict[str, str] | None, env) -> dict:
         "state": state, "exit_code": ec if not sig else 128 + sig,
         "nodes": nodes, "cpus_alloc": int(cpus) if cpus and cpus.isdigit() else None,
         "mem_req_bytes": mem, "gpus_alloc": gpus, "mail_user": mail_user, "mail_type": mail_type,
-        "start_time": _epoch(rec.get("StartTime")), "end_time": None, "elapsed_s": _elapsed(rec.get("RunTime")),
+        # Slurm's own elapsed time (StartTime to EndTime less any time suspended; = squeue TimeUsed and
+        # sacct Elapsed): what every report, mail and gsrun --wait show (job.elapsed_s)
+        "start_time": _epoch(rec.get("StartTime")), "end_time": _epoch(rec.get("EndTime")) if ended else None,
+        "elapsed_s": _elapsed(rec.get("RunTime")),
         "submit_time": _epoch(rec.get("SubmitTime")), "time_limit_s": _elapsed(rec.get("TimeLimit")),
         **({"state_source": state_source} if state_source else {}),
     }
@@ -116,6 +121,8 @@ def _epoch(text: str | None) -> float | None:
 
 
 def _elapsed(text: str | None) -> float | None:
+    """scontrol's ``[D-][HH:]MM:SS`` (RunTime, TimeLimit) -> seconds;
+    ``UNLIMITED``, empty or anything else -> None."""
     try:
         return parse_time_s(text)
     except ValueError:

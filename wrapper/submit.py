@@ -49,9 +49,11 @@ def submit(script: str, timeout_s: float = 30.0, cwd: str | None = None, args=()
 @dataclass
 class JobState:
     """One look at a job: ``state`` the base state word (``RUNNING``,
-    ``COMPLETED``...), ``elapsed`` Slurm's ``[D-][H:]M:S`` (squeue TimeUsed or
-    sacct Elapsed), ``exit_code``/``signal`` of the batch script (0 while it
-    runs), ``stdout_path`` the job's output file (None when not known: sacct),
+    ``COMPLETED``...), ``elapsed`` Slurm's elapsed time as ``[D-][H:]M:S``
+    (squeue TimeUsed while slurmctld holds the job, else sacct Elapsed: both
+    StartTime to EndTime, or to now while it runs, less any time suspended:
+    the figure of the job summary's ``elapsed_s``), ``exit_code``/``signal``
+    of the batch script (0 while it runs), ``stdout_path`` the job's output file (None when not known: sacct),
     ``node_list`` a Slurm hostlist, ``reason`` why it pends ("" for none)."""
 
     state: str
@@ -252,7 +254,20 @@ def status_line(job_id: str, st: JobState, waited_s: float) -> str:
     if st.state == "PENDING":
         why = f" ({st.reason})" if st.reason else ""
         return f"gsrun: job {job_id}: pending{why}, waited {waited_s:.0f} s"
-    return f"gsrun: job {job_id}: {state} {st.elapsed}".rstrip()
+    secs = elapsed_s(st.elapsed)
+    shown = fmt_duration_s(secs, "clock") if secs is not None else st.elapsed
+    return f"gsrun: job {job_id}: {state} {shown}".rstrip()
+
+
+def elapsed_s(text: str) -> float | None:
+    """Slurm's ``[D-][H:]M:S`` (squeue TimeUsed prints ``0:51``, sacct
+    Elapsed ``00:00:51``) -> seconds; None when empty or not a duration.
+    Shown through :func:`gsrun.report.units.fmt_duration_s` (``clock``), as
+    ``gseff`` and the mail show the job summary's ``elapsed_s``."""
+    try:
+        return parse_time_s(text)
+    except ValueError:
+        return None
 
 
 #: a second Ctrl-C within this many seconds of the first cancels the job (as srun does)
@@ -357,16 +372,12 @@ class _SrunLines:
 
 
 def exit_line(job_id: str, ended: Ended) -> str:
-    """The last line of ``gsrun --wait``: the final state and elapsed time
-    (``[D-]HH:MM:SS``, the format of ``gseff``), the first rank that failed
-    with its node and exit code (from srun's own line), the output file and
-    the report command. Record text escaped."""
+    """The last line of ``gsrun --wait``: the final state and Slurm's elapsed
+    time (``[D-]HH:MM:SS``: the figure and format of ``gseff`` and the mail),
+    the first rank that failed with its node and exit code (from srun's own
+    line), the output file and the report command. Record text escaped."""
     state = safe_text(ended.state or "CANCELLED")
-    secs = None
-    try:
-        secs = parse_time_s(ended.elapsed)
-    except ValueError:
-        pass
+    secs = elapsed_s(ended.elapsed)
     line = f"gsrun: job {job_id}: {state}" + (f" after {fmt_duration_s(secs, 'clock')}" if secs is not None else "")
     if ended.failed:
         node, rank, code, what = (safe_text(x) if isinstance(x, str) else x for x in ended.failed)

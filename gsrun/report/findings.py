@@ -37,6 +37,28 @@ XID_MEANING = {79: "GPU has fallen off the bus", 48: "double-bit ECC error", 63:
                31: "GPU memory page fault", 43: "GPU stopped processing"}
 
 
+def run_time_s(job: dict) -> float | None:
+    """The time a job's figures are taken over, seconds: Slurm's elapsed time
+    (``job.elapsed_s``: StartTime to EndTime less any time suspended, what
+    ``squeue`` TimeUsed, ``sacct`` Elapsed and ``gsrun --wait`` show), else the
+    span the samplers covered (``job.sampled_s``: no job record, or a running
+    job's report so far); None when neither is known."""
+    for key in ("elapsed_s", "sampled_s"):
+        v = as_number(job.get(key))
+        if v is not None:
+            return v
+    return None
+
+
+def fmt_run_time(job: dict) -> str:
+    """:func:`run_time_s` as ``[D-]HH:MM:SS``, followed by `` (sampled)`` when
+    it is the samplers' span and not Slurm's elapsed time; ``N/A`` when
+    neither is known. The one text of a job's duration in the report and the
+    mail."""
+    text = fmt_duration_s(run_time_s(job), "clock")
+    return text + " (sampled)" if as_number(job.get("elapsed_s")) is None and text != "N/A" else text
+
+
 def _t(cfg: Config | None, key: str, partition: str | None):
     return cfg.get(key, partition) if cfg is not None else _DEFAULTS[key]
 
@@ -131,7 +153,7 @@ def finding_records(summary: dict, cfg: Config | None = None, partition: str | N
 def _findings(summary: dict, cfg: Config | None, partition: str | None) -> list[dict]:
     out: list[dict] = []
     job, gpu, cpu, mem = summary["job"], summary["gpu"], summary["cpu"], summary["memory"]
-    elapsed = job.get("elapsed_s") or 0.0
+    elapsed = run_time_s(job) or 0.0
     state = (job.get("state") or "").upper()
     if state.startswith("CANCELLED") and elapsed <= 0:
         return [{"code": FindingCode.NEVER_STARTED, "severity": "info", "value": 0,
@@ -149,8 +171,9 @@ def _findings(summary: dict, cfg: Config | None, partition: str | None) -> list[
                     "text": f"No summary from node(s) {', '.join(summary['nodes_missing'])}: figures are partial."})
     short_s = _t(cfg, "findings.short_job_s", partition)
     if elapsed < short_s:
+        ran = "ran" if as_number(job.get("elapsed_s")) is not None else "was sampled for"
         out.append({"code": FindingCode.SHORT_JOB, "severity": "info", "value": round(elapsed, 1),
-                    "text": f"The job ran {elapsed:.0f} s (less than {short_s:.0f} s): too short for the "
+                    "text": f"The job {ran} {elapsed:.0f} s (less than {short_s:.0f} s): too short for the "
                             "figures below to be meaningful, so there is no advice."})
         return out
     real = [g for g in gpu["devices"] if g.get("status", "emulated" if g["emulated"] else "ok") in ("ok", "lost")]
@@ -377,7 +400,7 @@ def _suggest_time_s(elapsed_s: float) -> float:
 
 
 def _time_limit(job: dict, cfg, partition) -> list[dict]:
-    limit, elapsed = job.get("time_limit_s"), job.get("elapsed_s")
+    limit, elapsed = job.get("time_limit_s"), as_number(job.get("elapsed_s"))   # Slurm's, as the limit is
     if not limit or not elapsed or limit <= 0:
         return []
     pct = 100.0 * elapsed / limit
@@ -418,16 +441,18 @@ def verdicts(summary: dict, cfg: Config | None = None, partition: str | None = N
     known; ``findings.low_sm_activity_pct`` / half of it), ``gpu_mem`` (the
     highest GPU memory high water of the total; below 10 %: could be
     better), ``cpu`` (``findings.cpu_good_pct`` / 10 %), ``host_mem``
-    (``findings.mem_good_pct`` / ``mem_overrequest_pct``), ``time`` (elapsed
-    of the time limit; below 2 x ``findings.time_limit_used_pct``: could be
-    better, never wasteful). Empty for a job that did not run."""
+    (``findings.mem_good_pct`` / ``mem_overrequest_pct``), ``time`` (Slurm's
+    elapsed time of the time limit, only where it is known; below 2 x
+    ``findings.time_limit_used_pct``: could be better, never wasteful). Empty
+    for a job that did not run."""
     job, gpu, cpu, mem = summary["job"], summary["gpu"], summary["cpu"], summary["memory"]
-    if not job.get("elapsed_s") or any(f.get("code") in (FindingCode.NEVER_STARTED, FindingCode.DEFERRED)
-                                       for f in summary.get("findings") or []):
+    ran = run_time_s(job)
+    if not ran or any(f.get("code") in (FindingCode.NEVER_STARTED, FindingCode.DEFERRED)
+                      for f in summary.get("findings") or []):
         return []
     rows = []
     # too short to judge (the SHORT_JOB finding says so): the figures stand, without a level
-    judge = job["elapsed_s"] >= _t(cfg, "findings.short_job_s", partition)
+    judge = ran >= _t(cfg, "findings.short_job_s", partition)
     real = [g for g in gpu.get("devices") or []
             if g.get("status", "emulated" if g.get("emulated") else "ok") in ("ok", "lost")]
     util = [g for g in real if g.get("util_mean_pct") is not None]
@@ -469,7 +494,7 @@ def verdicts(summary: dict, cfg: Config | None = None, partition: str | None = N
                      "level": _level(mem["efficiency_pct"], _t(cfg, "findings.mem_good_pct", partition),
                                      _t(cfg, "findings.mem_overrequest_pct", partition))})
     limit = job.get("time_limit_s")
-    if limit:
+    if limit and as_number(job.get("elapsed_s")):     # Slurm's elapsed time only, as Slurm counts the limit
         pct = 100.0 * job["elapsed_s"] / limit
         good = 2 * _t(cfg, "findings.time_limit_used_pct", partition)
         rows.append({"key": "time", "label": "Time limit", "pct": pct,

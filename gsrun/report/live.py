@@ -8,8 +8,10 @@ last sample) and :func:`gsrun.report.summary.job_summary` for the job. A node
 whose epilog already wrote its final summary uses that instead.
 
 The result is a ``gsrun.summary/1`` job summary with ``job.state`` =
-``RUNNING`` and ``elapsed_s`` = from the earliest sampler start to the latest
-poll, plus a ``live`` section::
+``RUNNING``, ``elapsed_s`` null (Slurm's elapsed time is known once the job
+ends; ``squeue`` TimeUsed has it meanwhile) and ``sampled_s`` = from the
+earliest sampler start to the latest poll, the time the figures are taken
+over, plus a ``live`` section::
 
     {"as_of": epoch s of the newest live file, "nodes_live": [node, ...],
      "alerts": ["GPU 0 on gpu01 idle since 10:02:03 (12.5 min)", ...],
@@ -43,13 +45,11 @@ def live_summary(job_id: str, live: dict[str, dict], finished: list[dict] | None
     if len(nodes) == len(finished):
         return None
     starts = [n["start_time"] for n in nodes if n.get("start_time")]
-    ends = [n["end_time"] for n in nodes if n.get("end_time")]
     start = min(starts) if starts else None
     env0 = docs[0].get("job_env") or {}
     expected = sorted(set(env0.get("nodelist") or []) | {n["node"] for n in nodes})
     base = {"id": job_id, "user": env0.get("user"), "partition": env0.get("partition"), "state": "RUNNING",
-            "nodes": expected, "start_time": start, "end_time": None,
-            "elapsed_s": (max(ends) - start) if start is not None and ends else None}
+            "nodes": expected, "start_time": start, "end_time": None, "elapsed_s": None}
     summary = job_summary(base, nodes, cfg, env0.get("partition"))
     alerts, findings, cancel = [], [], None
     for d in docs:

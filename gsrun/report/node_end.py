@@ -9,7 +9,8 @@ from __future__ import annotations
 
 def elapsed_s(start_time: float, end_time: float) -> float:
     """Seconds from ``start_time`` to ``end_time`` (epoch s), never negative,
-    rounded to ms: the node summary's ``elapsed_s``."""
+    rounded to ms: the node summary's ``elapsed_s`` (the node's sampled
+    span; the job's elapsed time is Slurm's, ``job.elapsed_s``)."""
     return round(float(max(0.0, end_time - start_time)), 3)
 
 

@@ -208,7 +208,8 @@ class NodeSummary(Record):
     node: str = field("node name")
     start_time: float | None = field("sampler start (else the prolog's time), epoch seconds", ABSENT)
     end_time: float | None = field("epilog time, epoch seconds", ABSENT)
-    elapsed_s: float | None = field("end_time - start_time, seconds", ABSENT)
+    elapsed_s: float | None = field("the node's sampled span, end_time - start_time, seconds (not the job's "
+                                    "elapsed time: that is the job summary's job.elapsed_s)", ABSENT)
     cpus_alloc: int | None = field("cores allocated to the job on this node (SLURM_CPUS_ON_NODE)", ABSENT)
     gres_gpus: tuple[int, ...] = field("gres GPU indices (minor numbers) of the job on this node", ABSENT)
     cpu_time_s: float | None = field("CPU seconds used by the job on this node (cgroup cpu.stat usage_usec / "
@@ -264,9 +265,16 @@ class JobInfo(Record):
     state: str | None = field("job state word (COMPLETED, FAILED, CANCELLED ...)", ABSENT)
     exit_code: int | None = field("exit code (128 + signal when killed by one)", ABSENT)
     nodes: tuple[str, ...] = field("node names of the allocation", ABSENT)
-    start_time: float | None = field("epoch seconds", ABSENT)
-    end_time: float | None = field("epoch seconds", ABSENT)
-    elapsed_s: float | None = field("run time, seconds (RunTime)", ABSENT)
+    start_time: float | None = field("epoch seconds (StartTime)", ABSENT)
+    end_time: float | None = field("epoch seconds (EndTime; else the last node epilog's time)", ABSENT)
+    elapsed_s: float | None = field(
+        "Slurm's elapsed time of the job, seconds: StartTime to EndTime less any time suspended, as slurmctld "
+        "records it (RunTime at EpilogSlurmctld; the figure squeue TimeUsed, sacct Elapsed and the last line of "
+        "gsrun --wait show); null: no job record (see sampled_s)", ABSENT)
+    sampled_s: float | None = field(
+        "only when elapsed_s is null (no job record; a running job's report so far): the span the node "
+        "samplers covered, seconds (the earliest sampler start to the last node epilog or poll), the time the "
+        "figures are taken over, shown as 'sampled', never as the elapsed time", optional_key=True)
     submit_time: float | None = field("epoch seconds the job was submitted (SubmitTime); absent in "
                                       "summaries written before it was recorded", optional_key=True)
     time_limit_s: float | None = field("time limit, seconds (TimeLimit); null: UNLIMITED or unknown; absent "
@@ -289,7 +297,8 @@ class CpuFigures(Record):
     """CPU efficiency of the job."""
 
     time_s: float | None = field("CPU seconds of all nodes", ABSENT)
-    efficiency_pct: float | None = field("time_s / (cpus_alloc x elapsed_s) x 100, clamped to 100", ABSENT)
+    efficiency_pct: float | None = field("time_s / (cpus_alloc x job.elapsed_s, else job.sampled_s) x 100, "
+                                         "clamped to 100", ABSENT)
     anomaly: bool = field("the raw efficiency exceeded 105 % (accounting anomaly)", ABSENT)
     source: str | None = field("where the CPU times came from ('; '-joined per node)", ABSENT)
     extra: dict = extra_field()
@@ -314,7 +323,8 @@ class GpuFigures(Record):
     reason: str | None = field("why not ('; '-joined node reasons)", ABSENT)
     count: int = field("GPUs with a summary", ABSENT)
     devices: tuple[GpuSummary, ...] = field("every GPU of every node", ABSENT)
-    gpu_hours_alloc: float | None = field("GPUs allocated x elapsed / 3600, hours", ABSENT)
+    gpu_hours_alloc: float | None = field("GPUs allocated x job.elapsed_s (else job.sampled_s) / 3600, hours",
+                                          ABSENT)
     gpu_hours_used: float | None = field("sum of util_busy_s / 3600 (duty-cycle hours)", ABSENT)
     energy_j: float | None = field("sum of the GPUs' energy_j, J", ABSENT)
     energy_kwh: float | None = field("energy_j / 3.6e6, kWh", ABSENT)
@@ -349,7 +359,7 @@ class NodeDetail(Record):
     cpus_alloc: int | None = field("cores allocated on the node", ABSENT)
     cpu_time_s: float | None = field("CPU seconds on the node", ABSENT)
     mem_peak_bytes: int | None = field("host memory high water on the node, bytes", ABSENT)
-    elapsed_s: float | None = field("the node summary's elapsed_s, seconds", ABSENT)
+    elapsed_s: float | None = field("the node summary's elapsed_s (the node's sampled span), seconds", ABSENT)
     gpu_available: bool | None = field("the node's gpu_available", ABSENT)
     gpu_reason: str | None = field("the node's gpu_reason", ABSENT)
     mem_total_bytes: int | None = field("the node's memory, bytes (MemTotal); absent in older summaries",

@@ -16,7 +16,7 @@ import re
 import textwrap
 
 from gsrun.facts.slurm import compress_hostlist
-from gsrun.report.findings import headline, shown_findings, verdicts
+from gsrun.report.findings import fmt_run_time, headline, run_time_s, shown_findings, verdicts
 from gsrun.report.records import is_mig
 from gsrun.report.units import (NA, fmt_bytes, fmt_bytes_of, fmt_duration_s, fmt_energy_j, fmt_hours_h, fmt_pct,
                                 fmt_power_w, fmt_share_pct, fmt_time)
@@ -54,8 +54,13 @@ FIGURES = (
     ("Host memory", "the job's host memory high water (cgroup memory.peak, or sacct MaxRSS) over "
      "the memory it asked for (--mem, or Slurm's default for the partition), as seff computes it."),
     ("Time limit", "elapsed time over the time limit (Slurm Elapsed and TimeLimit)."),
-    ("Elapsed", "from the job's start to its end as Slurm records them (StartTime to EndTime; "
-     "squeue TimeUsed while it runs), shown as [D-]HH:MM:SS everywhere."),
+    ("Elapsed", "Slurm's elapsed time of the job: from its start to its end as slurmctld records them "
+     "(StartTime to EndTime, less any time it was suspended; to now while it runs), the figure of sacct "
+     "Elapsed, squeue TimeUsed and scontrol RunTime, and of seff, reportseff and jobstats. gseff, the mail "
+     "and gsrun --wait show the same number, as [D-]HH:MM:SS. Where gsrun has no job record from Slurm "
+     "(EpilogSlurmctld did not run or could not read it; a running job's report so far) it shows the span "
+     "its samplers covered instead, marked '(sampled)'; a node's elapsed_s in gseff --json is that node's "
+     "sampled span."),
     ("Energy", "the GPUs' energy counters over the job (nvmlDeviceGetTotalEnergyConsumption), in Wh; "
      "'(estimated)' where a GPU has no counter and its power readings were integrated."),
 )
@@ -242,8 +247,8 @@ def render_text(summary: dict, color: bool = False, cfg=None, all_gpus: bool = F
     head = headline(summary, rows)
     title = f"gsrun report: job {jid}" + (f" ({job['name']})" if job.get("name") else "") \
         + f" {job.get('state') or 'N/A'}"
-    if job.get("elapsed_s"):
-        title += f" after {fmt_duration_s(job['elapsed_s'], 'clock')}"
+    if run_time_s(job):
+        title += f" after {fmt_run_time(job)}"
     if nodes:
         title += f" on {nodes[0]}" + (f" and {len(nodes) - 1} more" if len(nodes) > 1 else "")
     lines = [c("1", ln) for ln in _wrap(title, "", "  ")]
@@ -316,8 +321,8 @@ def render_text(summary: dict, color: bool = False, cfg=None, all_gpus: bool = F
         pass                    # not started: no figures to show
     elif cpu.get("time_s") is not None:
         cpu_line = f"CPU time {fmt_duration_s(cpu['time_s'], 'clock')}"
-        if job.get("cpus_alloc") and job.get("elapsed_s"):
-            cpu_line += f" of {job['cpus_alloc']} cores x {fmt_duration_s(job['elapsed_s'], 'clock')}"
+        if job.get("cpus_alloc") and run_time_s(job):
+            cpu_line += f" of {job['cpus_alloc']} cores x {fmt_run_time(job)}"
         cpu_line += f"; host memory peak {fmt_bytes(mem.get('peak_bytes'))}"
         if cpu.get("anomaly"):
             cpu_line += " [accounting anomaly]"

@@ -50,10 +50,15 @@ Where the numbers come from (per GPU, from :mod:`gsrun.node.sampler`):
   ``emulated`` (a gres index without an NVIDIA device).
 - ``covered_s``: seconds between the GPU's first and last good poll.
 
-Job level: ``cpu.efficiency_pct`` = CPU seconds of all nodes / (allocated
-cores x elapsed) x 100 (clamped to 100, ``anomaly`` set when the raw value
-exceeded 105 %); ``memory.efficiency_pct`` = sum of node high waters /
-requested memory; ``gpu.gpu_hours_alloc`` = GPUs allocated x elapsed;
+Job level: ``job.elapsed_s`` = Slurm's elapsed time (RunTime: StartTime to
+EndTime less any time suspended, the figure of ``squeue`` TimeUsed, ``sacct``
+Elapsed and ``gsrun --wait``); without a job record it is null and
+``job.sampled_s`` holds the span the samplers covered instead (the run time
+below: :func:`gsrun.report.findings.run_time_s`). ``cpu.efficiency_pct`` =
+CPU seconds of all nodes / (allocated cores x run time) x 100 (clamped to
+100, ``anomaly`` set when the raw value exceeded 105 %);
+``memory.efficiency_pct`` = sum of node high waters / requested memory;
+``gpu.gpu_hours_alloc`` = GPUs allocated x run time;
 ``gpu.gpu_hours_used`` = sum of ``util_busy_s`` / 3600 over GPUs with a
 utilization figure (duty-cycle hours); ``gpu.energy_kwh`` = sum of
 ``energy_j`` / 3.6e6.
@@ -63,7 +68,7 @@ JS1 blob (``AdminComment``; the layout Princeton jobstats writes in
 ``parse_stats``, and reportseff reads in ``Job._parse_admin_comment``)::
 
     {"gpus": <int: GPUs allocated>,
-     "total_time": <int: job elapsed seconds>,
+     "total_time": <int: job elapsed seconds (Slurm's; the sampled span without a job record)>,
      "nodes": {"<node>": {
          "cpus": <int: cores allocated on the node>,
          "total_time": <float: CPU seconds used on the node>,
@@ -122,7 +127,7 @@ from gsrun.facts.sacct import parse_time_s, parse_tres, tres_gpus
 from gsrun.facts.sampler_state import GpuState, SamplerState, WasteAction
 from gsrun.facts.slurm import state_word
 from gsrun.report import node_end
-from gsrun.report.findings import finding_records
+from gsrun.report.findings import finding_records, run_time_s
 from gsrun.report.records import (CpuFigures, GpuFigures, GpuSummary, JobInfo, JobSummary, MemoryFigures, NodeDetail,
                                   NodeSetting, NodeSummary, SettingsGroup, WasteDetection)
 
@@ -449,9 +454,13 @@ def _job_merge(job: dict, nodes: list, cfg, partition: str | None, timeline: Job
     missing = [n for n in expected if n not in seen]
     start = job.get("start_time") or min((n["start_time"] for n in nodes), default=None)
     end = job.get("end_time") or max((n["end_time"] for n in nodes), default=None)
-    elapsed = job.get("elapsed_s")
+    elapsed = job.get("elapsed_s")          # Slurm's (RunTime), None without a job record
+    sampled = None                          # else the span the samplers covered, labelled as such
     if elapsed is None:
-        elapsed = max((n["elapsed_s"] or 0 for n in nodes), default=None)
+        starts = [n["start_time"] for n in nodes if n.get("start_time") is not None]
+        ends = [n["end_time"] for n in nodes if n.get("end_time") is not None]
+        sampled = max(0.0, max(ends) - min(starts)) if starts and ends else None
+    run_s = elapsed if elapsed is not None else sampled
     cpu_times = [n["cpu_time_s"] for n in nodes if n["cpu_time_s"] is not None]
     cpu_time = sum(cpu_times) if cpu_times else None
     cpus_alloc = job.get("cpus_alloc")
@@ -459,8 +468,8 @@ def _job_merge(job: dict, nodes: list, cfg, partition: str | None, timeline: Job
         per = [n["cpus_alloc"] for n in nodes if n.get("cpus_alloc")]
         cpus_alloc = sum(per) if per else None
     cpu_eff = cpu_raw = None
-    if cpu_time is not None and cpus_alloc and elapsed:
-        cpu_raw = 100.0 * cpu_time / (cpus_alloc * elapsed)
+    if cpu_time is not None and cpus_alloc and run_s:
+        cpu_raw = 100.0 * cpu_time / (cpus_alloc * run_s)
         cpu_eff = min(100.0, cpu_raw)
     mem_peaks = [n["mem_peak_bytes"] for n in nodes if n["mem_peak_bytes"] is not None]
     mem_peak = sum(mem_peaks) if mem_peaks else None
@@ -482,7 +491,7 @@ def _job_merge(job: dict, nodes: list, cfg, partition: str | None, timeline: Job
     real = [g for g in gpus if g.get("status", "emulated" if g["emulated"] else "ok") in ("ok", "lost")]
     reasons = sorted({n["gpu_reason"] for n in nodes if n.get("gpu_reason")})
     gpus_alloc = job.get("gpus_alloc") or len(gpus)
-    gpu_hours_alloc = gpus_alloc * elapsed / 3600.0 if elapsed is not None else None
+    gpu_hours_alloc = gpus_alloc * run_s / 3600.0 if run_s is not None else None
     busy = [g["util_busy_s"] for g in real if g.get("util_busy_s") is not None]
     gpu_hours_used = sum(busy) / 3600.0 if busy else None
     energies = [g["energy_j"] for g in real if g["energy_j"] is not None]
@@ -499,6 +508,7 @@ def _job_merge(job: dict, nodes: list, cfg, partition: str | None, timeline: Job
             id=job["id"], array=job.get("array"), user=job.get("user"), name=job.get("name"),
             partition=job.get("partition"), state=job.get("state"), exit_code=job.get("exit_code"),
             nodes=expected, start_time=start, end_time=end, elapsed_s=_r(elapsed, 3),
+            **({"sampled_s": _r(sampled, 3)} if sampled is not None else {}),
             cpus_alloc=cpus_alloc, gpus_alloc=gpus_alloc, mem_req_bytes=mem_req,
             mail_user=job.get("mail_user"), mail_type=job.get("mail_type"),
             **{k: job[k] for k in ("submit_time", "time_limit_s", "state_source") if k in job},
@@ -661,7 +671,7 @@ def js1_blob(summary: dict, max_chars: int = JS1_MAX_CHARS) -> str | None:
     instead of a blob.
     """
     job = summary["job"]
-    elapsed = job.get("elapsed_s")
+    elapsed = run_time_s(job)
     if not elapsed or elapsed <= 0 or not summary.get("nodes_detail"):
         return None
     nodes, unknown = _js1_nodes(summary)
@@ -710,13 +720,14 @@ def js1_blob(summary: dict, max_chars: int = JS1_MAX_CHARS) -> str | None:
 def js1_comment(summary: dict, max_chars: int = JS1_MAX_CHARS, short_s: float = JS1_SHORT_S) -> str:
     """What goes into the job's ``AdminComment``, decided as jobstats decides
     it (``Jobstats.report_job_json``, in this order): :data:`JS1_SHORT` when
-    the job ran less than ``short_s`` seconds (``job.elapsed_s``; site
+    the job ran less than ``short_s`` seconds (``job.elapsed_s``, else
+    ``job.sampled_s``: :func:`gsrun.report.findings.run_time_s`; site
     setting ``report.js1_short_s``, default :data:`JS1_SHORT_S`, jobstats'
     own), :data:`JS1_NONE` when its elapsed time is unknown or it has no node
     figures (:func:`js1_blob` returns None), else the blob of at most
     ``max_chars`` characters."""
-    elapsed = (summary.get("job") or {}).get("elapsed_s")
-    if isinstance(elapsed, (int, float)) and elapsed < short_s:
+    elapsed = run_time_s(summary.get("job") or {})
+    if elapsed is not None and elapsed < short_s:
         return JS1_SHORT
     return js1_blob(summary, max_chars) or JS1_NONE
 

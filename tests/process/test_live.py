@@ -74,7 +74,9 @@ def test_live_file_bounded_and_gseff_running_figures_match_the_final_code(tmp_pa
     # the last live write was after the last poll: its figures are the final code's figures
     s.live.write_live(s.state, state_to_json(s.state), clock())
     summary = gseff.load_summary(Paths("/nonexistent", str(spool), "/nonexistent"), JOB)
-    assert summary["job"]["state"] == "RUNNING" and summary["job"]["elapsed_s"] == 120.0
+    # Slurm's elapsed time is squeue's while the job runs: the report so far says it was sampled 120 s
+    assert summary["job"]["state"] == "RUNNING" and summary["job"]["elapsed_s"] is None
+    assert summary["job"]["sampled_s"] == 120.0
     assert summary["live"]["nodes_live"] == ["n1"] and summary["live"]["alerts"] == []
     want = job_of([node_of(final, 120.0, cpus=8, gpus=list(range(8)))], 120.0)
     keys = ("util_mean_pct", "sm_active_mean_pct", "mem_peak_bytes", "energy_j", "power_mean_w", "covered_s")
@@ -84,6 +86,7 @@ def test_live_file_bounded_and_gseff_running_figures_match_the_final_code(tmp_pa
     assert all(v is not None for (i, k), v in got_d.items() if k in ("util_mean_pct", "energy_j"))
     text = gseff.report_text(summary, None, now=clock() + 12)
     assert text.startswith("RUNNING: figures as of 12 s ago (live files of 1 node(s)")
+    assert "gsrun report: job 4242 RUNNING after 00:02:00 (sampled) on n1\n" in text
 
 
 def _finding(gpu, since, det, code="gpu_idle"):

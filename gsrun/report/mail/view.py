@@ -19,7 +19,7 @@ from gsrun.report.records import is_mig as _is_mig
 from gsrun.report.units import NA, as_number, fmt_bytes, fmt_bytes_of, fmt_duration_s, fmt_energy_j, fmt_hours_h, \
     fmt_share_pct, fmt_power_w, fmt_time
 from gsrun.report.findings import _t, _level, LEVEL_WORDS
-from gsrun.report.findings import headline, shown_findings, verdicts
+from gsrun.report.findings import fmt_run_time, headline, run_time_s, shown_findings, verdicts
 from gsrun.report.render import doc_link, settings_lines
 
 
@@ -128,8 +128,8 @@ def mail_kind(summary: Mapping) -> str:
     """
     job = summary.get("job") or {}
     word = state_word(str(job.get("state") or ""))
-    elapsed = job.get("elapsed_s")
-    zero = elapsed is None or as_number(elapsed) is None or float(elapsed) <= 0.0
+    elapsed = run_time_s(job)
+    zero = elapsed is None or elapsed <= 0.0
     if word in NOT_FINAL_STATES:
         return "requeued"
     if word == "CANCELLED" and zero:
@@ -294,7 +294,7 @@ def mail_view(summary: Mapping, report_text: str, has_image: bool, image_cid: st
         "state": clean_line(job.get("state") or "UNKNOWN", 64),
         "exit_code": clean_line("N/A" if job.get("exit_code") is None else job.get("exit_code"), 16),
         "nodes": clean_line(", ".join(str(n) for n in (job.get("nodes") or [])) or "none", 500),
-        "elapsed": fmt_duration_s(job.get("elapsed_s"), "clock"),
+        "elapsed": fmt_run_time(job),
         "cpus_alloc": clean_line("N/A" if job.get("cpus_alloc") is None else job.get("cpus_alloc"), 16),
         "gpus_alloc": clean_line("N/A" if job.get("gpus_alloc") is None else job.get("gpus_alloc"), 16),
         "cpu_time": fmt_duration_s(cpu.get("time_s"), "clock"),
