@@ -136,7 +136,8 @@ def test_real_backend_reads_both_counters_in_one_call_over_all_links():
 
 
 def test_real_backend_field_not_supported_is_na():
-    """A GPU without NVLink: the call succeeds, each field carries NOT_SUPPORTED."""
+    """A GPU without NVLink: the call succeeds, each field carries NOT_SUPPORTED (seen on the
+    H200 VM, driver 580.159.04, nvidia-ml-py's binding: return 3, value type 3 for both)."""
     nv, _ = _real([_field(NOT_SUPPORTED, 0), _field(NOT_SUPPORTED, 0)])
     v = nv.get(0, "nvlink_kib")
     assert v == NA("Not Supported", NOT_SUPPORTED)
