@@ -59,6 +59,8 @@ KEYS = {
     "util_samples": "nvmlDeviceGetSamples(GPU_UTILIZATION_SAMPLES, since) -> [[ts_us, pct], ...]",
     "pcie_tx_kbs": "nvmlDeviceGetPcieThroughput(TX) (KB/s)",
     "pcie_rx_kbs": "nvmlDeviceGetPcieThroughput(RX) (KB/s)",
+    "nvlink_kib": "nvmlDeviceGetFieldValues(NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/RX, scopeId UINT_MAX: all "
+                  "links) -> {tx, rx}: KiB of data since the driver loaded (cumulative counters)",
     "ecc_uncorrected": "nvmlDeviceGetTotalEccErrors(UNCORRECTED, VOLATILE)",
     "gpm_supported": "nvmlGpmQueryDeviceSupport",
     "gpm": "nvmlGpmSampleGet x2 + nvmlGpmMetricsGet -> {sm_active_pct, sm_occupancy_pct, tensor_active_pct, dram_bw_pct}",
@@ -84,6 +86,7 @@ class NA:
 
 
 NOT_SUPPORTED = 3
+FUNCTION_NOT_FOUND = 13
 GPU_IS_LOST = 15
 LIB_RM_VERSION_MISMATCH = 18
 ERROR_NAMES = {1: "UNINITIALIZED", 2: "INVALID_ARGUMENT", 3: "NOT_SUPPORTED", 4: "NO_PERMISSION",
@@ -385,6 +388,8 @@ class RealNvml(Backend):
             return c(nv.nvmlDeviceGetPcieThroughput, h, nv.NVML_PCIE_UTIL_TX_BYTES)
         if key == "pcie_rx_kbs":
             return c(nv.nvmlDeviceGetPcieThroughput, h, nv.NVML_PCIE_UTIL_RX_BYTES)
+        if key == "nvlink_kib":
+            return self._nvlink_kib(h)
         if key == "ecc_uncorrected":
             return c(nv.nvmlDeviceGetTotalEccErrors, h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
                      nv.NVML_VOLATILE_ECC)
@@ -450,6 +455,29 @@ class RealNvml(Backend):
                 pass
         return out
 
+    def _nvlink_kib(self, h):
+        """NVLink data throughput counters of all the GPU's links, one
+        ``nvmlDeviceGetFieldValues`` call (fields 138/139 with scopeId
+        ``UINT_MAX``: the sum over links). ``{"tx": KiB, "rx": KiB}``, or the
+        NA of the first field that failed: NOT_SUPPORTED on a GPU without
+        NVLink (PCIe H100, L40S) or a driver without the fields."""
+        nv = self.nv
+        fn = getattr(nv, "nvmlDeviceGetFieldValues", None)
+        ids = [getattr(nv, "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX", None),
+               getattr(nv, "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX", None)]
+        if fn is None or None in ids:
+            return NA("Function Not Found (nvidia-ml-py without NVLink throughput fields)", FUNCTION_NOT_FOUND)
+        got = self._call(fn, h, [(i, ALL_LINKS) for i in ids])
+        if is_na(got):
+            return got
+        out = {}
+        for name, v in zip(("tx", "rx"), got):
+            x = field_value(v)
+            if is_na(x):
+                return x
+            out[name] = x
+        return out
+
     def _xids(self, index, h):
         nv = self.nv
         es = self._eventsets.get(index)
@@ -495,6 +523,22 @@ class RealNvml(Backend):
                 entry["possible_placements"] = {"error": str(e), "code": getattr(e, "value", None)}
             out[str(p)] = entry
         return out
+
+
+ALL_LINKS = 0xFFFFFFFF       # nvmlFieldValue_t.scopeId for an NVLink counter: the sum over every link
+# nvmlValueType_t -> the member of nvmlValue_t that holds the value
+_VALUE_MEMBER = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+
+
+def field_value(v) -> Any:
+    """One ``c_nvmlFieldValue_t`` of ``nvmlDeviceGetFieldValues`` -> its
+    number, or NA from its own ``nvmlReturn`` (the call as a whole succeeds
+    when single fields fail: NOT_SUPPORTED for a field the GPU lacks)."""
+    code = int(getattr(v, "nvmlReturn", 999))
+    if code != 0:
+        return NA("Not Supported" if code == NOT_SUPPORTED else ERROR_NAMES.get(code, f"NVML error {code}"), code)
+    member = _VALUE_MEMBER.get(int(getattr(v, "valueType", 3)), "ullVal")
+    return getattr(v.value, member)
 
 
 def _profile_name(info) -> str:

@@ -98,7 +98,9 @@ class GpuState(Record):
     """One GPU's aggregates. ``metrics`` keys: util_pct (nvmlDeviceGetSamples /
     nvmlDeviceGetUtilizationRates), mem_used_bytes (nvmlDeviceGetMemoryInfo),
     power_w (nvmlDeviceGetPowerUsage / 1000), sm_clock_mhz, temperature_c,
-    pcie_tx_bytes_s, pcie_rx_bytes_s, the GPM metrics sm_active_pct,
+    pcie_tx_bytes_s, pcie_rx_bytes_s, nvlink_tx_bytes_s, nvlink_rx_bytes_s
+    (nvmlDeviceGetFieldValues NVLink data counters of all links, per second
+    between polls), the GPM metrics sm_active_pct,
     sm_occupancy_pct, tensor_active_pct, dram_bw_pct (nvmlGpmMetricsGet), and
     mem_procs_bytes (sum of used_gpu_memory of nvmlDeviceGetComputeRunningProcesses
     over the job's PIDs)."""
@@ -128,6 +130,9 @@ class GpuState(Record):
                                            "the prolog), subtracted from mem_used_bytes; null: v2 or none", optional_key=True)
     mem_source: str | None = field("how mem_used_bytes was read: nvmlDeviceGetMemoryInfo_v2, v1 minus the "
                                    "prolog's baseline, or v1 alone", optional_key=True)
+    nvlink_prev: dict | None = field("the last NVLink data counter reading {t_s, tx_kib, rx_kib} (KiB of all "
+                                     "links, nvmlDeviceGetFieldValues), the baseline of the next poll's rate",
+                                     optional_key=True)
     extra: dict = extra_field()
 
 
@@ -167,7 +172,9 @@ class WasteFinding(Record):
     evidence: dict = field("figures over the stretch: minutes, polls, util_max_pct, util_mean_pct, "
                            "sm_active_max_pct, tensor_active_max_pct, power_mean_w, power_max_w, power_idle_w, "
                            "power_idle_source (given | min_seen), job_processes, ever_used, basis (signals "
-                           "used), limits (what the GPU cannot tell)", factory=dict)
+                           "used), limits (what the GPU cannot tell); a stuck detection also signals (gpm | "
+                           "nvml_counters) and, without GPM, power_limit_w, link_max_kbs, pcie_max_kbs, "
+                           "nvlink_max_kbs (null: not read) and text (the signals in one line)", factory=dict)
     extra: dict = extra_field()
 
 

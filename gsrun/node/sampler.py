@@ -15,8 +15,10 @@ through the NVML choke point (:mod:`gsrun.facts.nvml`):
   ``SLURM_JOB_ID``), power (``nvmlDeviceGetPowerUsage``),
   the energy counter (``nvmlDeviceGetTotalEnergyConsumption``), SM clock,
   temperature, throttle reasons (clock event reasons bitmask), PCIe throughput,
-  uncorrected ECC count, Xid events, and GPM metrics where supported (SM
-  activity, SM occupancy, tensor activity, DRAM bandwidth; Hopper has GPM);
+  NVLink throughput (the data counters of all links, ``nvmlDeviceGetFieldValues``,
+  turned into bytes/s over the poll interval), uncorrected ECC count, Xid
+  events, and GPM metrics where supported (SM activity, SM occupancy, tensor
+  activity, DRAM bandwidth; Hopper has GPM);
 - the job's CPU time and memory from its cgroup (:mod:`gsrun.facts.cgroup`), else
   from its processes found by ``SLURM_JOB_ID`` in their environment (psutil).
 
@@ -53,20 +55,23 @@ THROTTLE_CAUSES = {"power": 0x4 | 0x80,        # SwPowerCap | HwPowerBrakeSlowdo
                    "hw_slowdown": 0x8,         # HwSlowdown
                    "sync_boost": 0x10}         # SyncBoost
 GPU_METRICS = ("util_pct", "mem_used_bytes", "power_w", "sm_clock_mhz", "temperature_c",
-               "pcie_tx_bytes_s", "pcie_rx_bytes_s", "sm_active_pct", "sm_occupancy_pct",
-               "tensor_active_pct", "dram_bw_pct", "mem_procs_bytes")
+               "pcie_tx_bytes_s", "pcie_rx_bytes_s", "nvlink_tx_bytes_s", "nvlink_rx_bytes_s", "sm_active_pct",
+               "sm_occupancy_pct", "tensor_active_pct", "dram_bw_pct", "mem_procs_bytes")
+OPTIONAL_METRICS = ("mem_procs_bytes", "nvlink_tx_bytes_s", "nvlink_rx_bytes_s")   # in the state file once read
 TIMELINE_METRICS = ("util_pct", "sm_active_pct", "mem_used_bytes", "power_w")
 UTIL_THRESHOLDS_PCT = (5.0, 50.0)   # util_pct: time at or above these (idle = below 5 %)
 WASTE_FINDINGS_MAX = 64            # detections kept in the state (older ones counted in waste_findings_dropped)
 TIMELINE_FLUSH_EVERY = 10          # timelines re-encoded every 10th flush (see Sampler.flush)
 GAP_FACTOR = 2.0                    # a poll later than this x interval_s: the excess is gap time
 GPU_READ_KEYS = ("memory", "power_mw", "energy_mj", "sm_clock_mhz", "temperature_c",
-                 "throttle_reasons", "pcie_tx_kbs", "pcie_rx_kbs", "ecc_uncorrected", "xid_events",
+                 "throttle_reasons", "pcie_tx_kbs", "pcie_rx_kbs", "nvlink_kib", "ecc_uncorrected", "xid_events",
                  "compute_processes")
 # Left out of the final sample, which is on the epilog's critical path: NVML
 # measures PCIe throughput over a 20 ms window per call (nvmlDeviceGetPcieThroughput,
 # TX and RX: ~40 ms per GPU on the H200, most of a poll). The PCIe figures then
-# have a gap of one poll at the end, never a 0.
+# have a gap of one poll at the end, never a 0. The NVLink counters stay in: one
+# nvmlDeviceGetFieldValues call that reads counters, no measuring window (0.2 ms
+# on the H200 VM, driver 580.159, which answers NOT_SUPPORTED in both fields).
 FINAL_LEAVE_OUT = ("pcie_tx_kbs", "pcie_rx_kbs")
 MEM_V2 = "nvmlDeviceGetMemoryInfo_v2"
 MEM_V1_BASELINE = "nvmlDeviceGetMemoryInfo v1 minus the prolog's baseline"
@@ -132,6 +137,7 @@ def new_gpu_state(ref: GpuRef, timeline_points: int, mem_baseline_bytes: int | N
         "not_polled": [],         # readings that answered NOT_SUPPORTED: not polled again this job
         "mem_baseline_bytes": mem_baseline_bytes,
         "mem_source": None,       # MEM_V2 / MEM_V1_BASELINE (None: v1 alone, as read)
+        "nvlink_prev": None,      # last NVLink counter reading {t_s, tx_kib, rx_kib} (None: no baseline)
     }
 
 
@@ -169,13 +175,14 @@ def state_to_json(state: dict, timelines: bool = True) -> dict:
         d["xid"] = list(g["xid"])
         # the memory-baseline keys are written only when they say something, so a
         # state without them is byte-identical to what older samplers wrote
-        for k in ("not_polled", "mem_baseline_bytes", "mem_source"):
+        for k in ("not_polled", "mem_baseline_bytes", "mem_source", "nvlink_prev"):
             if not d.get(k):
                 d.pop(k, None)
         if "not_polled" in d:
             d["not_polled"] = list(d["not_polled"])
-        if not g["metrics"].get("mem_procs_bytes", Metric()).n:
-            d["metrics"].pop("mem_procs_bytes", None)
+        for k in OPTIONAL_METRICS:      # never read (no NVLink, PIDs unknown): left out, as before they existed
+            if not g["metrics"].get(k, Metric()).n:
+                d["metrics"].pop(k, None)
         out["gpus"].append(d)
     out["mem"] = dict(state["mem"], sampled=state["mem"]["sampled"].to_dict())
     out["cpu"] = dict(state["cpu"])
@@ -201,6 +208,7 @@ def state_from_json(d: dict, idle_cfg=None) -> dict:
         x.setdefault("not_polled", [])
         x.setdefault("mem_baseline_bytes", None)
         x.setdefault("mem_source", None)
+        x.setdefault("nvlink_prev", None)
         st["gpus"].append(x)
     st["mem"] = dict(d["mem"], sampled=Metric.from_dict(d["mem"]["sampled"]))
     st["cpu_timeline"] = Timeline.from_dict(d["cpu_timeline"])
@@ -255,7 +263,8 @@ def update_gpu(g: dict, r: dict, t_rel_s: float, dt_s: float, gap_s: float = 0.0
     (a sampler that was not running), counted as gap time, never as 0.
     Units: utilization/activity in %, memory in bytes (``memory.used``),
     power W (``power_mw`` / 1000), energy mJ (counter), PCIe bytes/s
-    (``pcie_*_kbs`` x 1024), clock MHz, temperature degrees C.
+    (``pcie_*_kbs`` x 1024), NVLink bytes/s (:func:`nvlink_rates`), clock
+    MHz, temperature degrees C.
     ``mem_used_bytes`` is v2's ``used`` (the memory dict has ``reserved``),
     else v1's ``used`` minus ``g["mem_baseline_bytes"]`` (clamped at 0);
     ``mem_procs_bytes`` the sum of ``used_bytes`` of the compute processes
@@ -343,6 +352,7 @@ def update_gpu(g: dict, r: dict, t_rel_s: float, dt_s: float, gap_s: float = 0.0
                               if isinstance(p, dict) and p.get("pid") in job_pids
                               and isinstance(p.get("used_bytes"), int)))
         gpu_pids = sorted({p["pid"] for p in procs if isinstance(p, dict) and p.get("pid") in job_pids})
+    nvl_tx, nvl_rx = nvlink_rates(g, r.get("nvlink_kib"), t_rel_s)
     gpm = r.get("gpm")
     gpm_ok = gpm if isinstance(gpm, dict) else {}
     if is_na(gpm) and gpm.reason != "first GPM sample":
@@ -355,6 +365,8 @@ def update_gpu(g: dict, r: dict, t_rel_s: float, dt_s: float, gap_s: float = 0.0
         "temperature_c": num("temperature_c"),
         "pcie_tx_bytes_s": num("pcie_tx_kbs", 1024.0),
         "pcie_rx_bytes_s": num("pcie_rx_kbs", 1024.0),
+        "nvlink_tx_bytes_s": nvl_tx,
+        "nvlink_rx_bytes_s": nvl_rx,
         "sm_active_pct": gpm_ok.get("sm_active_pct"),
         "sm_occupancy_pct": gpm_ok.get("sm_occupancy_pct"),
         "tensor_active_pct": gpm_ok.get("tensor_active_pct"),
@@ -391,6 +403,45 @@ def update_gpu(g: dict, r: dict, t_rel_s: float, dt_s: float, gap_s: float = 0.0
         g["xid"] = (g["xid"] + [int(x) for x in xids])[-32:]
     values["job_gpu_pids"] = gpu_pids
     return values
+
+
+def nvlink_rates(g: dict, reading, t_rel_s: float) -> tuple[float | None, float | None]:
+    """NVLink ``(tx, rx)`` bytes/s since the previous reading, from the
+    cumulative data counters (``reading``: the ``nvlink_kib`` answer,
+    ``{"tx": KiB, "rx": KiB}`` over all links). Pure but for ``g``: the
+    reading becomes ``g["nvlink_prev"]``, the baseline of the next poll.
+
+    Unknown (None), never 0, for: no reading this poll (key not read: the
+    baseline is kept), an NA (the baseline is dropped; NOT_SUPPORTED also
+    lands in ``g["not_polled"]`` through :func:`update_gpu`), the first
+    reading (no baseline), no time since the baseline, and a direction whose
+    counter went backwards (a driver reload or GPU reset zeroes it; the
+    64-bit counter wraps in practice never): a reset is no negative rate."""
+    if reading is None:
+        return None, None
+    if is_na(reading):
+        g["unsupported"]["nvlink_kib"] = reading.reason
+        g["nvlink_prev"] = None
+        return None, None
+    try:
+        tx, rx = int(reading["tx"]), int(reading["rx"])
+    except (KeyError, TypeError, ValueError):
+        g["unsupported"]["nvlink_kib"] = f"unexpected value {reading!r}"[:200]
+        g["nvlink_prev"] = None
+        return None, None
+    prev = g.get("nvlink_prev")
+    g["nvlink_prev"] = {"t_s": t_rel_s, "tx_kib": tx, "rx_kib": rx}
+    if not isinstance(prev, dict):
+        return None, None
+    try:
+        span = t_rel_s - float(prev["t_s"])
+        deltas = (tx - int(prev["tx_kib"]), rx - int(prev["rx_kib"]))
+    except (KeyError, TypeError, ValueError):
+        return None, None
+    if span <= 0:
+        return None, None
+    tx_s, rx_s = (None if d < 0 else d * 1024.0 / span for d in deltas)
+    return tx_s, rx_s
 
 
 class JobProcs:

@@ -82,6 +82,9 @@ WASTE_TEXT = {
                                        "check for a hung rank (NCCL_DEBUG=INFO, py-spy dump) and set a timeout "
                                        "on collectives"),
 }
+# a stuck detection without GPM (no SM activity figure) says what it was decided on instead
+STUCK_WHY_NO_GPM = ("utilization stayed high at low power with no link traffic ({text}): a collective (NCCL) "
+                    "waiting for a rank that hangs, or kernels too small to use the GPU")
 
 
 def _lasted_min(w: dict) -> float:
@@ -108,6 +111,11 @@ def _waste(waste: list[dict]) -> list[dict]:
         longest = max(_lasted_min(w) for w in hits)
         first = min(w.get("since_s") or 0.0 for w in hits)
         it = "it" if len(devs) == 1 else "them"
+        if code is FindingCode.GPU_STUCK_COLLECTIVE:
+            texts = [(w.get("evidence") or {}).get("text") for w in hits]
+            if all(isinstance(t, str) and t for t in texts):    # every GPU decided without GPM
+                text = max(hits, key=_lasted_min)["evidence"]["text"][:300]
+                why = STUCK_WHY_NO_GPM.replace("{text}", text.replace("{", "{{").replace("}", "}}"))
         out.append({"code": code, "severity": "warn", "value": round(float(longest), 1), "action": action,
                     "text": f"{gpus_label(devs)} {_were(devs)} {what} (detected while the job ran, from "
                             f"{fmt_duration_s(first, 'clock')} into the job, for at least {longest:.0f} min): "

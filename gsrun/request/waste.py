@@ -19,8 +19,10 @@ folded into its aggregates (the ``values`` dict that
   the finding's evidence carries the last reading of the stretch: what an
   idle GPU still holds),
 - ``pcie_tx_bytes_s``, ``pcie_rx_bytes_s``: PCIe throughput
-  (``nvmlDeviceGetPcieThroughput``, KB/s x 1024), ``nvlink_bytes_s``: NVLink
-  data throughput, both directions, all links (None or missing: not read).
+  (``nvmlDeviceGetPcieThroughput``, KB/s x 1024), ``nvlink_tx_bytes_s``,
+  ``nvlink_rx_bytes_s``: NVLink data throughput of all links (the
+  ``nvmlDeviceGetFieldValues`` counters per second between polls; None or
+  missing: not read -- a GPU without NVLink, or the first poll).
 
 Each poll is classified (:func:`classify`) as ``idle``, ``stuck``, ``busy`` or
 ``unknown``:
@@ -39,13 +41,14 @@ Each poll is classified (:func:`classify`) as ``idle``, ``stuck``, ``busy`` or
   GPUs, VMs, MIG) a hang is told by NVML's counters alone: utilization at or
   above ``util_stuck_pct``, power at or below ``stuck_power_max_pct`` of the
   GPU's enforced power limit (``nvmlDeviceGetEnforcedPowerLimit``; the
-  watch's ``power_limit_w``) and the link traffic read (PCIe tx + rx, plus
-  NVLink where the reading has it) at or below ``stuck_link_max_kbs``: a
+  watch's ``power_limit_w``) and the link traffic read at or below
+  ``stuck_link_max_kbs``: no NVLink *and* no PCIe traffic (their sum, tx +
+  rx) where the poll has an NVLink figure, PCIe alone where it has none. A
   collective moving data draws power and fills the links. Without the power
   limit or any link figure no ``stuck`` is decided. A loop of tiny kernels
   (no data moved, near-idle power) looks the same there and is called stuck
-  too: the evidence's ``basis`` names the signals used and ``limits`` says
-  what they cannot tell;
+  too: the evidence's ``basis`` names the signals used, its ``text`` gives
+  their figures in one line and ``limits`` says what they cannot tell;
 - ``unknown``: utilization unknown and the process list unknown. An unknown
   poll is a gap, never a 0: a stretch carries over gaps up to ``max_gap_s``
   and ends at a longer one.
@@ -186,20 +189,27 @@ def _f(v) -> float | None:
     return float(v) if _num(v) else None
 
 
+LINKS = ("pcie", "nvlink")      # the links whose traffic the stuck test without GPM reads
+
+
+def links_kbs(reading: dict) -> dict[str, float]:
+    """The traffic of one poll per link read, KB/s, tx + rx: ``{"pcie": ...,
+    "nvlink": ...}`` (``<link>_tx_bytes_s`` + ``<link>_rx_bytes_s`` / 1024; a
+    link with neither direction read is left out)."""
+    out = {}
+    for link in LINKS:
+        tx, rx = _f(reading.get(f"{link}_tx_bytes_s")), _f(reading.get(f"{link}_rx_bytes_s"))
+        if tx is not None or rx is not None:
+            out[link] = ((tx or 0.0) + (rx or 0.0)) / 1024.0
+    return out
+
+
 def link_kbs(reading: dict) -> tuple[float | None, list[str]]:
     """The link traffic of one poll, KB/s (PCIe tx + rx, plus NVLink where
     read), and which links it covers (``["pcie", "nvlink"]``); (None, [])
     when no link figure was read."""
-    total, used = 0.0, []
-    tx, rx = _f(reading.get("pcie_tx_bytes_s")), _f(reading.get("pcie_rx_bytes_s"))
-    if tx is not None or rx is not None:
-        total += ((tx or 0.0) + (rx or 0.0)) / 1024.0
-        used.append("pcie")
-    nv = _f(reading.get("nvlink_bytes_s"))
-    if nv is not None:
-        total += nv / 1024.0
-        used.append("nvlink")
-    return (total if used else None), used
+    per = links_kbs(reading)
+    return (sum(per.values()) if per else None), list(per)
 
 
 def classify(reading: dict, idle_power_w: float | None, cfg: IdleConfig, power_limit_w: float | None = None) -> str:
@@ -247,7 +257,8 @@ class _Stretch:
     """A run of polls of one kind: start, last poll, figures over it."""
 
     __slots__ = ("kind", "since_s", "last_s", "n", "util_max", "util_sum", "util_n", "sm_max", "tensor_max",
-                 "power_sum", "power_n", "power_max", "reported", "link_max_kbs", "links", "mem_used_bytes")
+                 "power_sum", "power_n", "power_max", "reported", "link_max_kbs", "links", "mem_used_bytes",
+                 "link_max_kbs_by")
 
     def __init__(self, kind: str, since_s: float):
         self.kind, self.since_s, self.last_s = kind, since_s, since_s
@@ -258,6 +269,7 @@ class _Stretch:
         self.link_max_kbs = None
         self.links: list[str] = []
         self.mem_used_bytes = None
+        self.link_max_kbs_by: dict[str, float] = {}     # link -> highest KB/s read over the stretch
 
     def add(self, t_s: float, r: dict) -> None:
         self.last_s = t_s
@@ -278,10 +290,15 @@ class _Stretch:
         m = _f(r.get("mem_used_bytes"))
         if m is not None:
             self.mem_used_bytes = int(m)
-        lk, used = link_kbs(r)
-        if lk is not None:
+        per = links_kbs(r)
+        if per:
+            lk = sum(per.values())
             self.link_max_kbs = lk if self.link_max_kbs is None else max(self.link_max_kbs, lk)
-            self.links = sorted(set(self.links) | set(used))
+            self.links = sorted(set(self.links) | set(per))
+            by = dict(self.link_max_kbs_by or {})
+            for link, v in per.items():
+                by[link] = max(by.get(link, v), v)
+            self.link_max_kbs_by = by
 
     def to_json(self) -> dict:
         return {k: getattr(self, k) for k in self.__slots__}
@@ -297,6 +314,33 @@ class _Stretch:
 
 def _r1(v):
     return None if v is None else round(float(v), 1)
+
+
+def fmt_rate_bytes_s(bytes_s: float | None) -> str:
+    """A link throughput in decimal units, as NVML and nvidia-smi give them:
+    ``0 B/s``, ``950 B/s``, ``3.9 MB/s``, ``1.2 GB/s``; ``n/a`` for None."""
+    if bytes_s is None:
+        return "n/a"
+    v = float(bytes_s)
+    for unit in ("B/s", "kB/s", "MB/s", "GB/s"):
+        if abs(v) < 1000 or unit == "GB/s":
+            return f"{v:.0f} {unit}" if unit == "B/s" else f"{v:.1f} {unit}"
+        v /= 1000
+    raise AssertionError("unreachable")
+
+
+def stuck_text(ev: dict, span_s: float) -> str:
+    """The signals of a stuck detection without GPM, in one line: ``util 99 %,
+    power 127 W of 700 W limit, NVLink max 0 B/s, PCIe max 3.9 MB/s over
+    300 s; no GPM`` (means over the stretch for utilization and power, the
+    highest poll for the links; a link not read says so: ``NVLink not read``)."""
+    parts = [f"util {ev['util_mean_pct']:.0f} %" if ev.get("util_mean_pct") is not None else "util n/a"]
+    if ev.get("power_mean_w") is not None and ev.get("power_limit_w"):
+        parts.append(f"power {ev['power_mean_w']:.0f} W of {ev['power_limit_w']:.0f} W limit")
+    for link, label in (("nvlink", "NVLink"), ("pcie", "PCIe")):
+        kbs = ev.get(f"{link}_max_kbs")
+        parts.append(f"{label} not read" if kbs is None else f"{label} max {fmt_rate_bytes_s(kbs * 1024.0)}")
+    return ", ".join(parts) + f" over {max(0.0, span_s):.0f} s; no GPM"
 
 
 class GpuWatch:
@@ -457,6 +501,10 @@ class GpuWatch:
             ev["signals"] = "nvml_counters"     # no GPM: utilization, power vs limit, link throughput
             ev["power_limit_w"] = _r1(self.power_limit_w)
             ev["link_max_kbs"] = _r1(st.link_max_kbs)
+            by = st.link_max_kbs_by or {}
+            ev["pcie_max_kbs"] = _r1(by.get("pcie"))
+            ev["nvlink_max_kbs"] = _r1(by.get("nvlink"))
+            ev["text"] = stuck_text(ev, st.last_s - st.since_s)
         elif st.kind == "stuck":
             ev["signals"] = "gpm"
         if self.limits:

@@ -74,7 +74,7 @@ def test_nvlink_traffic_counts_when_read():
         w = GpuWatch("0", CFG, None, 10.0, 700.0)
         found = []
         for f in figs:
-            f = dict(f, nvlink_bytes_s=nvlink)
+            f = dict(f, nvlink_tx_bytes_s=nvlink / 2, nvlink_rx_bytes_s=nvlink / 2)
             found += w.update(f.pop("t_s"), f)
         assert [x["code"] for x in found] == want
         if want:

@@ -65,7 +65,8 @@ Layout (one module per area of the machine, one protocol, one journal):
   (:data:`KNOBS`), the facts they read, the pure decision;
 - :mod:`~gsrun.node.tuning.state`: the journal files (the one storage of
   every area's prior values, :mod:`gsrun.node.journal` files) and their lock;
-- :mod:`~gsrun.node.tuning.lifecycle`: prolog apply, epilog restore,
+- :mod:`~gsrun.node.tuning.lifecycle`: prolog apply, the one retry of IRQs the
+  kernel refused (while the job runs), epilog restore,
   manual restore, status.
 
 Every name is re-exported here: ``from gsrun.node.tuning import X`` works
@@ -89,14 +90,14 @@ from gsrun.node.tuning.irq import (BAN_ABSENT, BAN_PRESENT, IRQ, IRQ_BAN_DIR, ir
                                    irqbalance_check, irqbalance_pids, IRQBALANCE_POLICY_SCRIPT,
                                    irqbalance_policy_script, irqbalance_rescan, IrqKnob, PCI, pids_by_comm,
                                    _remove_ban, _write_ban, MASK_PREFIX, IRQ_SKIP_ERRNOS, effective_cpus,
-                                   irq_cpus_text)
+                                   irq_cpus_text, retry_text, skip_text)
 from gsrun.node.tuning.hugepages import (_HP_DIR, ALLOC_RETRIES, HugepagesKnob, NODE, hugetlbfs_mounts, in_use,
                                          job_hugetlbfs_files, pool_counts, remove_job_hugetlbfs_files)
 from gsrun.node.tuning.plan import (KNOBS, _decide, Facts, format_plan, plan_tuning, PlanItem, Policy, read_facts,
                                     _short)
 from gsrun.node.tuning.lifecycle import (_ban_dir_from_journal, _boot_id, _drop_if_rebooted, epilog_restore,
                                          _errtext, format_status, irq_paths, _leave, prolog_tune, _report,
-                                         restore, _restore_entries, status)
+                                         restore, _restore_entries, retry_skipped_irqs, status)
 
 __all__ = ["KNOBS", "replaceable", "JOURNAL_VERSION", "LOCK_TIMEOUT_S", "SWAP_TIMEOUT_S",
            "SWAP_FALLBACK_SWAPPINESS", "VM", "THP",
@@ -108,4 +109,5 @@ __all__ = ["KNOBS", "replaceable", "JOURNAL_VERSION", "LOCK_TIMEOUT_S", "SWAP_TI
            "IRQBALANCE_POLICY_SCRIPT", "IRQ_BAN_DIR", "BAN_PREFIX", "BAN_PRESENT", "BAN_ABSENT",
            "irqbalance_policy_script", "irqbalance_ban_dir_of", "irqbalance_check", "irqbalance_rescan",
            "IrqKnob", "HugepagesKnob", "Facts", "Policy", "PlanItem", "plan_tuning", "format_plan",
-           "read_facts", "prolog_tune", "irq_paths", "epilog_restore", "restore", "status", "format_status"]
+           "read_facts", "prolog_tune", "irq_paths", "epilog_restore", "restore", "status", "format_status",
+           "retry_skipped_irqs"]

@@ -35,6 +35,26 @@ IRQ_SKIP_ERRNOS = {errno.EIO: "kernel-managed or not movable", errno.ENOSPC: "no
 EFFECTIVE_SHOWN = 16     # IRQs whose effective CPUs the note lists one by one
 
 
+def skip_text(e: OSError) -> str:
+    """Why the kernel refused an affinity write: ``ENOSPC (no free vector on those CPUs)``."""
+    why = IRQ_SKIP_ERRNOS.get(e.errno, e.strerror or "")
+    return f"{errno.errorcode.get(e.errno, e.errno)}" + (f" ({why})" if why else "")
+
+
+def retry_text(outcomes: list[dict], after_s: float | None) -> str:
+    """What a retry of skipped IRQs did, for the ``irq`` item's reason:
+    ``retried once 60 s into the job: IRQ 42 now on 4-11; IRQ 43 still skipped:
+    ENOSPC (no free vector on those CPUs)``. ``""`` for no outcome."""
+    if not outcomes:
+        return ""
+    words = {"applied": "now on {cpus}", "skipped": "still skipped: {reason}", "failed": "failed: {reason}",
+             "gone": "gone"}
+    parts = [f"IRQ {o.get('irq')} " + words.get(o.get("result"), "{reason}").format(
+        cpus=o.get("cpus"), reason=o.get("reason") or "") for o in outcomes]
+    when = f" {after_s:.0f} s into the job" if isinstance(after_s, (int, float)) and after_s >= 0 else ""
+    return f"retried once{when}: " + "; ".join(parts)
+
+
 def irq_cpus_text(text: str | None, mask: bool) -> str | None:
     """A ``/proc/irq/N`` affinity file's text as a CPU list (``smp_affinity``
     and ``effective_affinity`` are hex masks); None when absent or unreadable."""
@@ -325,9 +345,12 @@ class IrqKnob(ScopedKnob):
 
     def apply(self, h, target, swap):
         """Write the ban files, ask irqbalance to rescan, then the masks. Returns
-        ``{"target": the parts written, "note": ...}`` when the kernel refused some
-        IRQs (never all: then the first error is raised) or irqbalance was signalled."""
+        ``{"target": the parts written, "note": ..., "skipped": {part: CPU list}}``
+        when the kernel refused some IRQs (never all: then the first error is
+        raised; ``skipped``: the refused parts with the CPUs they were to get, for
+        :meth:`retry`) or irqbalance was signalled."""
         done, skipped, first, notes = {}, [], None, []
+        refused: dict[str, str] = {}
         bans = [k for k in target if k.startswith(BAN_PREFIX)]
         for k in bans:
             replaceable("_write_ban")(h, self._rel(k), "gsrun irq=local\n")
@@ -346,9 +369,8 @@ class IrqKnob(ScopedKnob):
                 if e.errno not in IRQ_SKIP_ERRNOS:
                     raise
                 first = first or e
-                why = IRQ_SKIP_ERRNOS[e.errno]
-                skipped.append(f"IRQ {k.removeprefix(MASK_PREFIX)}: {errno.errorcode.get(e.errno, e.errno)}"
-                               + (f" ({why})" if why else ""))
+                refused[k] = v
+                skipped.append(f"IRQ {k.removeprefix(MASK_PREFIX)}: {skip_text(e)}")
         if not any(not k.startswith(BAN_PREFIX) for k in done) and first is not None:
             raise first
         if skipped:
@@ -356,7 +378,42 @@ class IrqKnob(ScopedKnob):
         eff = self.effective_note(h, [k for k in done if not k.startswith(BAN_PREFIX)])
         if eff:
             notes.append(eff)
-        return {"target": done, "note": "; ".join(notes)} if notes else None
+        if not notes:
+            return None
+        return {"target": done, "note": "; ".join(notes), **({"skipped": refused} if refused else {})}
+
+    def retry(self, h, skipped: dict[str, str]) -> list[dict]:
+        """Write each IRQ part of ``skipped`` (part -> CPU list, what
+        :meth:`apply` could not write) once more and read it back. The caller
+        journals first (:func:`gsrun.node.tuning.lifecycle.retry_skipped_irqs`).
+
+        Returns one outcome per part, in order: ``{"key": part, "irq": "42",
+        "cpus": "4-11", "result": ..., "reason": ...}`` with ``result``
+        ``applied`` (reads back as written; ``reason`` says where the kernel
+        delivers it, when it says), ``skipped`` (refused again:
+        :data:`IRQ_SKIP_ERRNOS`, or another write error), ``failed`` (written
+        but reads back otherwise) or ``gone`` (the IRQ's file no longer
+        exists: the device was removed or its driver reloaded)."""
+        out = []
+        for k, cpus in skipped.items():
+            n = k.removeprefix(MASK_PREFIX)
+            o = {"key": k, "irq": n, "cpus": cpus, "result": "applied", "reason": ""}
+            out.append(o)
+            if not h.exists(self._rel(k)):
+                o["result"], o["reason"] = "gone", "no such IRQ any more"
+                continue
+            try:
+                self._write(h, k, cpus)
+            except OSError as e:
+                o["result"], o["reason"] = "skipped", skip_text(e)
+                continue
+            got = irq_cpus_text(h.read(self._rel(k)), k.startswith(MASK_PREFIX))
+            if got != irq_cpus_text(cpus, False):
+                o["result"], o["reason"] = "failed", f"reads {got} after writing {cpus}"
+                continue
+            eff = effective_cpus(h, n)
+            o["reason"] = f"effective on {eff}" if eff is not None else ""
+        return out
 
     def effective_note(self, h, keys) -> str:
         """``effective: IRQ 42 on 4, IRQ 43 on 5, ...``: where the kernel really

@@ -19,10 +19,12 @@ import os
 import time
 
 from gsrun.base.errors import GsrunError, InputError, NodeError
+from gsrun.base.fsutil import atomic_write_json, read_json
 from gsrun.base.ids import check_job_id
 from gsrun.node.journal import boot_id as journal_boot_id
 from gsrun.node.tuning.cstate import DMA_LATENCY, cstate_hold_us
 from gsrun.node.tuning.hugepages import remove_job_hugetlbfs_files
+from gsrun.node.tuning.irq import retry_text
 from gsrun.node.tuning.knob import BAN_PREFIX, JobScope, _is_scoped, replaceable
 from gsrun.node.tuning.plan import KNOBS, Policy, _short, plan_tuning, read_facts
 from gsrun.node.tuning.state import JOURNAL_VERSION, _State, _unlink
@@ -170,6 +172,8 @@ def prolog_tune(hostfs, state_dir: str, job_id: str, request: str | None, cfg, p
                 if note:        # some files refused by the kernel (IRQs): skipped with the reason
                     target = it.target = e["target"] = note["target"]
                     it.reason = "; ".join(x for x in (it.reason, note["note"]) if x)
+                    if note.get("skipped"):     # tried once more while the job runs: retry_skipped_irqs
+                        e["skipped"] = note["skipped"]
                 after = knob.read(hostfs)
                 if not knob.matches(after, target):
                     got = knob.shortfall(after, target) if _is_scoped(knob) else _short(after)
@@ -345,6 +349,97 @@ def _leave(hostfs, state_dir, job_ids, all_jobs, log, swap_effect, uid: int | No
         report["left"] = [e["key"] for e in left]
         report["ok"] = not left
     return report
+
+
+def retry_skipped_irqs(hostfs, state_dir: str, job_id: str, prolog_record=None, log=print,
+                       clock=time.time) -> list[dict]:
+    """Try once more, while the job runs, the IRQs of the job's ``irq=local``
+    that the kernel refused in the prolog (ENOSPC, EIO, EINVAL...:
+    :meth:`IrqKnob.apply`, kept in the baseline entry as ``skipped``).
+
+    Under the tuning lock, like the prolog: each IRQ's prior value is in the
+    journal before its write (the prolog journaled the whole target; an entry
+    without it gets it first), then the write and its read-back
+    (:meth:`IrqKnob.retry`); an IRQ that takes its CPUs now joins the entry's
+    ``target`` (the epilog's restore puts its prior back, as for the others),
+    one refused again stays skipped. The outcome is kept in the job's journal
+    (``irq_retry``) and, when ``prolog_record`` (the path of the prolog
+    record, ``<spool>/jobs/<id>/prolog-<node>.json``) is given, appended to
+    the ``irq`` item's reason there, which the job's report shows
+    (:func:`gsrun.report.node_end.node_settings`).
+
+    Once per job: a second call, a job without skipped IRQs, without
+    ``irq=local`` of its own, whose prolog has not finished or that has left
+    the node (no job journal: the epilog ran) does nothing and returns ``[]``.
+    Returns the outcomes (:meth:`IrqKnob.retry`), in the entry's order.
+
+    Raises:
+        InputError: ``job_id`` is not a plain job id.
+        NodeError: journal unreadable or not writable, tuning lock held for
+            more than 30 s.
+    """
+    check_job_id(job_id, phase="tune")
+    st = _State(state_dir, hostfs)
+    if not st.dir.is_dir():
+        return []
+    tag = f"job {job_id}"
+    with st.lock():
+        if job_id not in st.live_jobs():
+            return []
+        job = st.journal(st.job_path(job_id)).read()
+        if not isinstance(job, dict) or job.get("state") != "applied" or "irq_retry" in job:
+            return []
+        data = st.load_baseline()
+        e = next((x for x in data["entries"] if x.get("key") == "irq" and x.get("owner") == job_id
+                  and job_id in (x.get("holders") or [])), None)
+        skipped = dict((e or {}).get("skipped") or {})
+        if not skipped:
+            return []
+        knob = KNOBS["irq"]
+        prior = e.setdefault("prior", {})
+        if any(k not in prior for k in skipped):        # journal before the change
+            current = knob.read(hostfs) or {}
+            for k in skipped:
+                prior.setdefault(k, current.get(k))
+            st.save_baseline(data)
+        outcomes = knob.retry(hostfs, skipped)
+        for o in outcomes:
+            if o["result"] == "applied":
+                e.setdefault("target", {})[o["key"]] = skipped.pop(o["key"])
+        if skipped:
+            e["skipped"] = skipped
+        else:
+            e.pop("skipped", None)
+        st.save_baseline(data)
+        started = job.get("started_unix")
+        after_s = clock() - started if isinstance(started, (int, float)) else None
+        job["irq_retry"] = {"time": round(clock(), 3), "outcomes": outcomes}
+        replaceable("_write_json")(st.job_path(job_id), job, hostfs)
+    text = retry_text(outcomes, after_s)
+    log(f"gsrun: tune: {tag}: irq: {text}")
+    if prolog_record is not None:
+        _record_irq_retry(prolog_record, text, outcomes, log, tag)
+    return outcomes
+
+
+def _record_irq_retry(path, text: str, outcomes: list[dict], log, tag: str) -> None:
+    """Append a retry's outcome to the ``irq`` item of the prolog record at
+    ``path`` (its reason, and ``retry``: the outcomes), where the job's
+    report reads the IRQ outcomes. A record that is missing or has no such
+    item is left alone (logged)."""
+    rec = read_json(path)
+    items = ((rec or {}).get("steps") or {}).get("tuning", {}) if isinstance(rec, dict) else None
+    items = items.get("items") if isinstance(items, dict) else None
+    it = next((x for x in items or () if isinstance(x, dict) and x.get("key") == "irq"), None)
+    if it is None:
+        log(f"gsrun: tune: {tag}: irq retry not recorded: no irq item in {path}")
+        return
+    it["reason"] = "; ".join(x for x in (str(it.get("reason") or ""), text) if x)
+    it["retry"] = outcomes
+    try:
+        atomic_write_json(path, rec, mode=0o600, durable=False)
+    except OSError as err:
+        log(f"gsrun: tune: {tag}: irq retry not recorded in {path}: {_errtext(err)}")
 
 
 def status(hostfs, state_dir: str) -> dict:
