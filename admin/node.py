@@ -241,9 +241,15 @@ def daemon():
 @click.option("--monitor/--no-monitor", default=True, show_default=True,
               help="Run the node monitor (NVML, sampling, Prometheus); --no-monitor for the controller's "
                    "daemon, which serves EpilogSlurmctld only.")
-def daemon_run(socket_path, state_dir, host_root, monitor):
+@click.option("--node-name", default=None,
+              help="The node label of the Prometheus series (default: the short host name).")
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
+              help="Serve Prometheus on this port instead of [metrics] http_port (0 = off; hosts running "
+                   "several slurmd).")
+def daemon_run(socket_path, state_dir, host_root, monitor, node_name, metrics_port):
     """Serve hooks until SIGTERM (SIGHUP: re-execute, e.g. after an upgrade)."""
-    sys.exit(server.run(socket_path, state_dir, host_root=host_root, monitor=monitor))
+    sys.exit(server.run(socket_path, state_dir, host_root=host_root, monitor=monitor, node_name=node_name,
+                        metrics_port=metrics_port))
 
 
 @daemon.command("status")

@@ -951,7 +951,7 @@ def _send_exit(conn, status: int) -> None:
 
 
 def run(socket_path: str | None = None, state_dir: str | None = None, host_root: str | None = None,
-        monitor: bool = True) -> int:
+        monitor: bool = True, node_name: str | None = None, metrics_port: int | None = None) -> int:
     """``gsrun-node daemon run``: preload, listen, serve until SIGTERM. -> exit status.
 
     Raises:
@@ -971,7 +971,8 @@ def run(socket_path: str | None = None, state_dir: str | None = None, host_root:
         except OSError:
             os.open("/dev/null", os.O_RDWR)
     daemon = NodeDaemon(socket_path or default_socket(state_dir),
-                        monitor={"host_root": host_root, "state_dir": state_dir} if monitor else None)
+                        monitor={"host_root": host_root, "state_dir": state_dir, "node_name": node_name,
+                                 "metrics_port": metrics_port} if monitor else None)
     bad = daemon.preload()
     if bad:
         daemon.log("not preloaded (children import them): " + ", ".join(bad))

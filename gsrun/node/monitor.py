@@ -47,6 +47,7 @@ import signal
 import socket
 import stat
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -58,7 +59,7 @@ from gsrun.base.ids import is_job_id, is_node_name
 from gsrun.base.paths import Paths
 from gsrun.facts.hostfs import HostFS
 from gsrun.facts.nvml import NvmlUnavailable, is_na, open_nvml
-from gsrun.node import cpu_latency
+from gsrun.node import cpu_latency, tuning
 from gsrun.node.live import LiveActions
 from gsrun.node.mem_baseline import read_mem_baseline
 from gsrun.node.metrics import GpuReading, job_readings
@@ -75,6 +76,7 @@ CONNECT_WAIT_S = 15.0      # a daemon restarting: RestartSec=1 and its start (th
 MAX_JOBS = 256              # jobs on one node at once (Slurm's MaxJobCount per node is far lower in practice)
 MAX_GPUS = 64               # gres indices per job and node
 MAX_DMA_US = 2_000_000_000
+IRQ_RETRY_AFTER_S = 60.0    # the IRQs refused at the prolog are tried again once, this long into the job
 IDLE_KEYS = ("memory", "power_mw", "temperature_c", "utilization", "energy_mj")
 _PR_SET_PDEATHSIG = 1
 
@@ -198,6 +200,7 @@ class Job:
     errors: int = 0
     notes: list[str] = field(default_factory=list)
     marks: dict = field(default_factory=dict)    # gsrun.node.metrics.job_readings' window marks
+    irq_retried: bool = False
 
 
 class Monitor:
@@ -393,10 +396,28 @@ class Monitor:
         try:
             s.poll()
             entry.errors = 0
+            if not entry.irq_retried and self.clock() - s.state["start_time"] >= IRQ_RETRY_AFTER_S:
+                entry.irq_retried = True
+                threading.Thread(target=self._retry_irqs, args=(job_id, s.state["node"]), daemon=True,
+                                 name=f"irq-retry-{job_id}").start()
         except Exception as e:  # noqa: BLE001 - one job's failure is that job's only
             entry.errors += 1
             if entry.errors in (1, 10, 100):
                 self.log(f"job {job_id}: sample failed ({entry.errors}x): {type(e).__name__}: {e}")
+
+    def _retry_irqs(self, job_id: str, node: str) -> None:
+        """Once per job, :data:`IRQ_RETRY_AFTER_S` into it: the IRQs the kernel
+        refused at the prolog (``irq=local``) are written again
+        (:func:`gsrun.node.tuning.retry_skipped_irqs`, journaled; it may wait
+        for the tuning lock, so it runs in a thread of its own, never in the loop)."""
+        try:
+            out = tuning.retry_skipped_irqs(self.hostfs, str(self.paths.state_dir), job_id,
+                                            prolog_record=self.paths.spool_job(job_id) / f"prolog-{node}.json",
+                                            log=lambda m: self.log(f"job {job_id}: {m}"))
+            if out:
+                self.log(f"job {job_id}: IRQ retry: {out}")
+        except Exception as e:  # noqa: BLE001 - the job keeps the affinity it has
+            self.log(f"job {job_id}: IRQ retry failed: {e}")
 
     def held_indices(self) -> set[int]:
         return {r.nvml_index for e in self.jobs.values() for r in e.sampler.refs if r.nvml_index is not None}

@@ -102,6 +102,8 @@ mps_dir = "{base}/run/mps"
 [sampler]
 interval_s = 0.2
 flush_s = 0.2
+[metrics]
+http_port = 0
 [timeouts]
 command_s = {command_s}
 prolog_budget_s = {budget_prolog_s}
