@@ -219,10 +219,11 @@ def test_a_job_through_the_daemon_prolog_monitor_epilog(client, tmp_path):
         shutil.rmtree(site.base, ignore_errors=True)
 
 
-def test_the_exit_status_and_stderr_are_the_hooks_own(client, running):
-    """NVML/driver mismatch: the prolog exits 1 (slurmd drains the node) with its
-    reason, through the daemon."""
+def test_the_exit_status_and_stderr_are_the_hooks_own(client, tmp_path):
+    """NVML/driver mismatch, as the node monitor found it: the prolog exits 1 (slurmd
+    drains the node) with its reason, through the daemon."""
     site = make_site(nvml=MISMATCH)
+    running = Running(tmp_path, site)
     try:
         env = site.env(job_id="5102", FAKE_NVSMI="mismatch")
         cp = via(client, running.sock, hook("prolog"), env)
@@ -230,6 +231,8 @@ def test_the_exit_status_and_stderr_are_the_hooks_own(client, running):
         assert "gsrun: prolog: NVML/driver mismatch: reboot required" in cp.stderr
         assert not samplers_of("5102", site.state)
     finally:
+        running.proc.kill()
+        running.proc.wait()
         shutil.rmtree(site.base, ignore_errors=True)
 
 
@@ -435,7 +438,7 @@ if mode == "no-pidfd":
     def no_pidfd(pid, flags=0):
         raise OSError(24, "Too many open files")
     os.pidfd_open = no_pidfd
-sys.exit(server.run(sock))
+sys.exit(server.run(sock, monitor=False))
 """
 
 
