@@ -76,6 +76,7 @@ CONNECT_WAIT_S = 15.0      # a daemon restarting: RestartSec=1 and its start (th
 MAX_JOBS = 256              # jobs on one node at once (Slurm's MaxJobCount per node is far lower in practice)
 MAX_GPUS = 64               # gres indices per job and node
 MAX_DMA_US = 2_000_000_000
+NVML_RETRY_S = 2.0          # NVML that could not be opened is tried again at a job's begin, at most this often
 IRQ_RETRY_AFTER_S = 60.0    # the IRQs refused at the prolog are tried again once, this long into the job
 IDLE_KEYS = ("memory", "power_mw", "temperature_c", "utilization", "energy_mj")
 _PR_SET_PDEATHSIG = 1
@@ -207,9 +208,11 @@ class Monitor:
     """The NVML holder and every job's sampler; :meth:`serve` until SIGTERM.
 
     ``nvml``: a backend to use instead of :func:`gsrun.facts.nvml.open_nvml`
-    (tests). ``clock``: epoch seconds, injectable."""
+    (tests). ``clock``: epoch seconds, injectable. ``config_loader()``: the
+    site config, read again at each job's begin (None: ``cfg`` for good)."""
 
-    def __init__(self, hostfs: HostFS, paths: Paths, cfg, nvml=None, clock=time.time, log=None):
+    def __init__(self, hostfs: HostFS, paths: Paths, cfg, nvml=None, clock=time.time, log=None,
+                 config_loader=None):
         self.hostfs, self.paths, self.cfg, self.clock = hostfs, paths, cfg, clock
         self.log = log or (lambda msg: print(f"gsrun: monitor: {msg}", file=sys.stderr, flush=True))
         self.interval_s = float(cfg["sampler.interval_s"])
@@ -221,20 +224,19 @@ class Monitor:
         self.nvml_error: str | None = None
         self.nvml_code: str | None = None
         self.nv = None
+        self.nvml_tried = 0.0
+        self.config_loader = config_loader
         self.idle_values: dict[int, dict] = {}       # NVML index -> last reading of a GPU no job holds
         self.devices: dict[int, tuple] = {}          # NVML index -> (minor, uuid, name): read once
         self.latest: list[GpuReading] = []           # the Prometheus endpoint's figures, swapped whole per tick
-        try:
-            self.nv = nvml if nvml is not None else open_nvml(hostfs)
-            self.nvml_inits = 1
-        except NvmlUnavailable as e:
-            self.nvml_error, self.nvml_code = str(e), e.code_name
-            self.log(f"{e}: GPU figures unavailable until the daemon restarts")
+        self._open_nvml(nvml)
 
     # -- requests --------------------------------------------------------------
     def handle(self, req: dict) -> dict:
         op = req["op"]
         if op == "nvml":
+            if self.nv is None and time.monotonic() - self.nvml_tried >= NVML_RETRY_S:
+                self._open_nvml()
             return {"ok": True, "nvml_error": self.nvml_error, "nvml_code": self.nvml_code}
         if op == "status":
             return {"ok": True, **self.status()}
@@ -262,6 +264,7 @@ class Monitor:
             return {"ok": True, "resumed": True, "gpus": len(self.jobs[job_id].sampler.refs), "notes": []}
         if len(self.jobs) >= MAX_JOBS:
             raise ValueError(f"{MAX_JOBS} jobs sampled already")
+        self._reload()
         d = self.paths.make_state_job(job_id)
         if not resumed:
             baseline = {}
@@ -288,6 +291,32 @@ class Monitor:
         self.jobs[job_id] = entry
         self._sample(job_id, entry)
         return {"ok": True, "resumed": resumed, "gpus": len(s.refs), "notes": entry.notes}
+
+    def _reload(self) -> None:
+        """At each job's begin, as a prolog reads it: the site config (a broken
+        one: the built-in defaults, said in the log), and NVML when it could not be opened yet
+        (a driver loaded after the daemon started; at most every
+        :data:`NVML_RETRY_S`)."""
+        if self.config_loader is not None:
+            try:
+                cfg = self.config_loader()
+                self.cfg, self.interval_s, self.flush_s = cfg, float(cfg["sampler.interval_s"]), \
+                    float(cfg["sampler.flush_s"])
+                self.idle_cfg = idle_config(cfg)
+            except Exception as e:  # noqa: BLE001 - the last good config stays in force
+                self.log(f"config not reloaded: {e}")
+        if self.nv is None and time.monotonic() - self.nvml_tried >= NVML_RETRY_S:
+            self._open_nvml()
+
+    def _open_nvml(self, nvml=None) -> None:
+        self.nvml_tried = time.monotonic()
+        try:
+            self.nv = nvml if nvml is not None else open_nvml(self.hostfs)
+            self.nvml_inits += 1
+            self.nvml_error = self.nvml_code = None
+        except NvmlUnavailable as e:
+            self.nvml_error, self.nvml_code = str(e), e.code_name
+            self.log(f"{e}: GPU figures unavailable (tried again at the next job's begin)")
 
     def end(self, job_id: str) -> dict:
         """The job's last sample and final flush (``done``); it is sampled no more."""
@@ -603,7 +632,8 @@ def run(host_root: str | None = None, state_dir: str | None = None, spool_dir: s
     paths = Paths.from_config(cfg, state_dir, spool_dir)
     os.makedirs(paths.state_dir, mode=0o755, exist_ok=True)
     listener = listen(socket_path(paths.state_dir))
-    mon = Monitor(HostFS.from_env(host_root), paths, cfg, nvml=nvml)
+    mon = Monitor(HostFS.from_env(host_root), paths, cfg, nvml=nvml,
+                  config_loader=lambda: load_config_or_defaults(_Err))
     taken = mon.readopt()
     endpoint = None
     try:
