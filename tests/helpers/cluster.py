@@ -4,9 +4,12 @@ slurmd itself ran (no tests here)."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -184,6 +187,45 @@ class Cluster:
         except OSError as e:
             return f"(output {p}: {e.strerror})"
         return f"last {len(tail)} lines of {p}:\n" + "\n".join(tail)
+
+    def restart_monitors(self, timeout_s: float = 60.0) -> None:
+        """Make both nodes' daemons start a fresh node monitor (SIGHUP: the daemon
+        re-executes), which opens NVML again: what a test that changes a node's
+        fake ``nvml.json`` needs (the monitor opens NVML once, at its start)."""
+        from gsrun.daemon import server
+
+        for n in ("gpu01", "gpu02"):
+            sock = str(self.state / n / "daemon.sock")
+            old = server.ping(sock)["monitor_pid"]
+            os.kill(int((self.dir / "run" / f"daemon-{n}.pid").read_text()), signal.SIGHUP)
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline:
+                try:
+                    new = server.ping(sock)["monitor_pid"]
+                    if new not in (None, old) and os.path.exists(self.state / n / "monitor.sock"):
+                        break
+                except Exception:  # noqa: BLE001 - re-executing: no answer for a moment
+                    pass
+                time.sleep(0.1)
+            else:
+                raise AssertionError(f"the daemon of {n} did not start a new monitor within {timeout_s} s")
+
+    @contextlib.contextmanager
+    def fake_nvml(self, record: dict):
+        """``record`` as both nodes' ``nvml.json`` for the ``with`` block, the node
+        monitors restarted on entry and exit (they read NVML at their start)."""
+        nvs = [self.hostroot / n / "nvml.json" for n in ("gpu01", "gpu02")]
+        assert not any(nv.exists() for nv in nvs), "a fake nvml.json is already in the host tree"
+        for nv in nvs:
+            nv.write_text(json.dumps(record))
+            nv.chmod(0o644)
+        try:
+            self.restart_monitors()
+            yield nvs
+        finally:
+            for nv in nvs:
+                nv.unlink(missing_ok=True)
+            self.restart_monitors()
 
     def hostroot_changes(self) -> list[str]:
         """Files of the fake host tree whose bytes differ from the baseline taken at bring-up

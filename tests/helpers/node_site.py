@@ -131,7 +131,7 @@ def node_daemon(env: dict) -> subprocess.Popen:
     log = open(os.path.join(os.path.dirname(state), "daemon.log"), "ab")
     p = subprocess.Popen([sys.executable, "-P", "-c", LAUNCH, "daemon", "run", "--socket",
                           os.path.join(state, "daemon.sock"), "--state-dir", state,
-                          "--host-root", env["GSRUN_HOST_ROOT"]], env=denv, stdin=subprocess.DEVNULL,
+                          "--host-root", env["GSRUN_HOST_ROOT"], "--metrics-port", "0"], env=denv, stdin=subprocess.DEVNULL,
                          stdout=log, stderr=subprocess.STDOUT, cwd="/", start_new_session=True)
     log.close()
     deadline = time.monotonic() + 20

@@ -53,7 +53,7 @@ class Running:
         env = dict(os.environ)
         if site is not None:
             site.state.mkdir(mode=0o755, parents=True, exist_ok=True)
-            args = ["--state-dir", str(site.state), "--host-root", str(site.host)]
+            args = ["--state-dir", str(site.state), "--host-root", str(site.host), "--metrics-port", "0"]
             env["GSRUN_CONFIG"] = str(site.config)
         with open(self.log, "a") as out:
             self.proc = subprocess.Popen([sys.executable, "-P", "-c", LAUNCH, "daemon", "run", "--socket", self.sock,

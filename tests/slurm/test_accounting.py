@@ -66,12 +66,7 @@ def _sacct(cluster, *args) -> str:
 @pytest.fixture(scope="module")
 def acct_job(cluster):
     """One 8-GPU job on both nodes, with fake NVML figures; its id."""
-    roots = [cluster.hostroot / n for n in ("gpu01", "gpu02") if (cluster.hostroot / n).is_dir()]
-    nvs = [r / "nvml.json" for r in (roots or [cluster.hostroot])]   # per-node trees, or one
-    assert not any(nv.exists() for nv in nvs), "a fake nvml.json is already in the host tree"
-    for nv in nvs:
-        nv.write_text(json.dumps(_fake_nvml()))
-    try:
+    with cluster.fake_nvml(_fake_nvml()):
         dst = cluster.work / "train.py"
         shutil.copy(REPO / "examples" / "train.py", dst)
         shutil.chown(dst, "gsrun-test")
@@ -81,9 +76,6 @@ def acct_job(cluster):
         job = cluster.job_id_from(cp.stderr)
         cluster.assert_job_end(job, "COMPLETED", "0:0")
         assert cluster.wait_file(cluster.spool / "jobs" / job / "summary.json", 60)
-    finally:
-        for nv in nvs:
-            nv.unlink()
     # the background step stores AdminComment once slurmdbd has the final record
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:

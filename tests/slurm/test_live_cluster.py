@@ -5,8 +5,8 @@ runs, gseff shows RUNNING figures, and with ``idle.cancel = "on"`` it is cancell
 ``gsrun --wait`` prints the alert line.
 
 The fixture puts the fake NVML into both fake host roots and an ``[idle]`` table with thresholds of
-seconds into the cluster's gsrun.toml (read by each job's prolog and sampler), and puts both back after
-(``tests/cluster/up --fake-nvml`` does the NVML part for a whole session)."""
+seconds into the cluster's gsrun.toml (read by each job's prolog and at its begin by the node monitor),
+and puts both back after (``tests/cluster/up --fake-nvml`` does the NVML part for a whole session)."""
 
 from __future__ import annotations
 
@@ -39,21 +39,16 @@ mail_per_user_per_hour = 20
 def idle_site(cluster):
     conf = cluster.gsrun_config
     before = conf.read_text()
-    added = []
-    for n in ("gpu01", "gpu02"):
-        p = cluster.hostroot / n / "nvml.json"
-        if not p.exists():
-            p.write_text(json.dumps(work_then_idle(4, 0.0)))
-            p.chmod(0o644)
-            added.append(p)
     text = before if "default_domain" in before else before.replace("[mail]\n", '[mail]\ndefault_domain = "localhost"\n', 1)
     conf.write_text(text + IDLE_TABLE)
     try:
-        yield cluster
+        if (cluster.hostroot / "gpu01" / "nvml.json").exists():     # tests/cluster/up --fake-nvml
+            yield cluster
+        else:
+            with cluster.fake_nvml(work_then_idle(4, 0.0)):
+                yield cluster
     finally:
         conf.write_text(before)
-        for p in added:
-            p.unlink(missing_ok=True)
 
 
 def _script(cluster, name: str, seconds: int) -> str:

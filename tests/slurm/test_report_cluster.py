@@ -101,19 +101,10 @@ def jobs(cluster):
                      "organization=gsrun"])
     cluster.as_root(["sacctmgr", "-i", "add", "user", USER, f"account={ACCOUNT}", "cluster=gsrun"])
     script = _script(cluster, "report-sleep.sh", 8)
-    roots = [cluster.hostroot / n for n in ("gpu01", "gpu02") if (cluster.hostroot / n).is_dir()]
-    nvs = [r / "nvml.json" for r in (roots or [cluster.hostroot])]
-    assert not any(nv.exists() for nv in nvs), "a fake nvml.json is already in the host tree"
     out = {}
-    for nv in nvs:
-        nv.write_text(json.dumps(_fake_nvml()))
-        nv.chmod(0o644)
-    try:
+    with cluster.fake_nvml(_fake_nvml()):
         out["busy"] = _run_job(cluster, script, "--gpus", "2", "--nodes", "1")
         out["spread"] = _run_job(cluster, script, "--gpus", "2", "--nodes", "2", "--gpus-per-node", "1")
-    finally:
-        for nv in nvs:
-            nv.unlink(missing_ok=True)
     out["bare"] = _run_job(cluster, _script(cluster, "report-short.sh", 5), "--gpus", "1")
     for job in out.values():
         _wait_blob(cluster, job)
