@@ -209,11 +209,13 @@ class Monitor:
 
     ``nvml``: a backend to use instead of :func:`gsrun.facts.nvml.open_nvml`
     (tests). ``clock``: epoch seconds, injectable. ``config_loader()``: the
-    site config, read again at each job's begin (None: ``cfg`` for good)."""
+    site config, read again at each job's begin (None: ``cfg`` for good).
+    ``usage``: every job's CPU/memory reader instead of its cgroup or
+    processes (:class:`gsrun.node.sampler.Sampler`'s; benchmarks)."""
 
     def __init__(self, hostfs: HostFS, paths: Paths, cfg, nvml=None, clock=time.time, log=None,
-                 config_loader=None):
-        self.hostfs, self.paths, self.cfg, self.clock = hostfs, paths, cfg, clock
+                 config_loader=None, usage=None):
+        self.hostfs, self.paths, self.cfg, self.clock, self.usage = hostfs, paths, cfg, clock, usage
         self.log = log or (lambda msg: print(f"gsrun: monitor: {msg}", file=sys.stderr, flush=True))
         self.interval_s = float(cfg["sampler.interval_s"])
         self.flush_s = float(cfg["sampler.flush_s"])
@@ -277,6 +279,7 @@ class Monitor:
             atomic_write_json(d / JOB_FILE, job, mode=0o600)
         s = Sampler(self.hostfs, job_id, job["uid"], job["node"], job["gpus"], str(d / "sampler.json"),
                     self.interval_s, self.flush_s, int(self.cfg["sampler.timeline_points"]), clock=self.clock,
+                    usage=self.usage,
                     nvml=self._nvml(), mem_baseline={int(k): v for k, v in (job.get("mem_baseline") or {}).items()},
                     idle=self.idle_cfg)
         if self.cfg["metrics.textfile_dir"]:
