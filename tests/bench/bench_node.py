@@ -10,8 +10,9 @@ NVML. Medians of ``--runs`` wall times (ms):
 * ``python3 -c pass`` (the floor any Python hook pays);
 * ``gsrun-node prolog`` in slurmd's environment (node ``h200``, GPU 0,
   ``SPANK_GS_TUNE=swappiness=10,dirty_ratio=40,thp=never``,
-  ``SPANK_GS_EXCLUSIVE=1``; tuning journal, sampler start) and the matching
-  ``gsrun-node epilog`` (sampler stop + node summary + restore); the same two
+  ``SPANK_GS_EXCLUSIVE=1``; tuning journal, the node monitor begins sampling) and the
+  matching ``gsrun-node epilog`` (the monitor's final sample + node summary + restore),
+  with one node daemon running for the whole bench; the same two
   with ``SPANK_GS_MPS=`` (MPS daemon start/quit) for ``--mps-runs`` runs;
 * ``gsrun --dry-run --gpus 1 --gpus-per-node 1 train.py`` (no Slurm needed);
 * sampler cost: process CPU time per ``Sampler.sample_once()`` per GPU (real
@@ -139,6 +140,7 @@ def main() -> int:
              "FAKE_COMMENT": "gsrun:tune=swappiness=10,dirty_ratio=40,thp=never"}
     cpus = os.cpu_count() or 1
     out: dict = {"runs": args.runs, "errors": []}
+    daemon = slurm_env.start_node_daemon(node, base / "state", extra)   # the node monitor the hooks ask
     before = snapshot()
     t_pass = [wall_ms([sys.executable, "-c", "pass"], {"PATH": slurm_env.SAFE_PATH})[0] for _ in range(args.runs + 1)][1:]
     times = {"prolog": [], "epilog": [], "prolog_mps": [], "epilog_mps": []}
@@ -163,6 +165,8 @@ def main() -> int:
                 out["errors"].append(f"epilog rc {rc}: {err}")
             if snapshot() != before:
                 restored = False
+    daemon.terminate()
+    daemon.wait(30)
     script = base / "train.py"
     script.write_text("print('hi')\n")
     dry = []

@@ -10,6 +10,8 @@ Run as root on the H200 device machine, with gsrun installed (``gsrun-node``,
 Steps, each with the environment slurmd gives it (:mod:`slurm_env`, recorded
 from Slurm 22.05, with this node's values: node ``h200``, ``SLURM_JOB_GPUS=0``):
 
+0. the node daemon with its monitor (the one process that opens NVML; Prometheus
+   on 127.0.0.1:9410, scraped during the task);
 1. snapshot every ``/proc/sys/vm/*`` value and THP ``enabled``/``defrag``;
 2. ``gsrun-node prolog`` with ``SPANK_GS_TUNE=swappiness=10,dirty_ratio=40,thp=never``,
    ``SPANK_GS_EXCLUSIVE=1``, ``SPANK_GS_MPS=`` (MPS, default share) and
@@ -130,6 +132,20 @@ class Poller(threading.Thread):
             self.stop.wait(self.interval_s)
 
 
+METRICS_PORT = 9410
+
+
+def scrape_gsrun(port: int) -> list[str]:
+    """The ``gsrun_`` lines of one scrape of the node monitor's endpoint ([] when it does not answer)."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            return [ln for ln in r.read().decode().splitlines() if ln.startswith("gsrun_")][:200]
+    except OSError as e:
+        return [f"# scrape failed: {e}"]
+
+
 def run_cmd(argv, env, timeout=120, user=None, keep_chars=4000) -> dict:
     t0 = time.perf_counter()
     kw = {}
@@ -179,6 +195,17 @@ def main() -> int:
     out: dict = {"job_id": JOB_ID, "node": NODE, "user": user, "uid": uid, "tune": TUNE, "checks": {}}
     checks = out["checks"]
 
+    # the node daemon with its monitor (the one process that opens NVML), as a site's unit runs it
+    (base / "state").mkdir(mode=0o755)
+    dlog = open(base / "daemon.log", "wb")
+    daemon = subprocess.Popen([tools["gsrun-node"], "daemon", "run", "--socket", str(base / "state" / "daemon.sock"),
+                               "--state-dir", str(base / "state"), "--metrics-port", str(METRICS_PORT)],
+                              env={**os.environ, **extra}, stdout=dlog, stderr=subprocess.STDOUT, cwd="/")
+    deadline = time.time() + 60
+    while not (base / "state" / "monitor.sock").exists() and time.time() < deadline:
+        time.sleep(0.05)
+    checks["monitor_listening"] = (base / "state" / "monitor.sock").exists()
+
     before = snapshot()
     mps_before = mps_procs()
     out["vm_before"] = {k: before.get(k) for k in ("vm/swappiness", "vm/dirty_ratio", "thp/enabled")}
@@ -198,7 +225,7 @@ def main() -> int:
     mps_step = (rec.get("steps") or {}).get("mps") or {}
     mps_env = mps_step.get("env") or {}
     checks["prolog_started_mps"] = bool(mps_env.get("CUDA_MPS_PIPE_DIRECTORY"))
-    checks["prolog_started_sampler"] = bool(((rec.get("steps") or {}).get("sampler") or {}).get("pid"))
+    checks["prolog_started_sampler"] = ((rec.get("steps") or {}).get("sampler") or {}).get("monitor") == "sampling"
     e_after_prolog = energy_mj()
 
     # 3. the task, as the user, through gsrun-bind
@@ -225,6 +252,11 @@ def main() -> int:
             st = run_cmd([tools["gsrun-node"], "status", "--json"], penv,
                          timeout=30)
             gsrun_status = st["stdout"][:3000]
+            out["prometheus_during"] = scrape_gsrun(METRICS_PORT)
+            mon = run_cmd([sys.executable, "-c", "import json, sys\nfrom gsrun.node import monitor\n"
+                           "print(json.dumps(monitor.ask(sys.argv[1], {'op': 'status'})))", str(base / "state")],
+                          {**os.environ, **extra}, timeout=30)
+            out["monitor_status_during"] = mon["stdout"][:2000]
         time.sleep(0.5)
         if time.time() - t_task0 > args.seconds + 240:
             task.kill()
@@ -311,13 +343,25 @@ def main() -> int:
     except OSError as e:
         checks["user_summary_owner_mode"] = False
         out["spool_error"] = str(e)
-    sampler_pid = ((rec.get("steps") or {}).get("sampler") or {}).get("pid")
-    def _ended(pid: int) -> bool:    # exited: gone, or a zombie its new parent has not reaped yet
-        try:
-            return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-        except psutil.NoSuchProcess:
-            return True
-    checks["sampler_stopped"] = sampler_pid is not None and _ended(int(sampler_pid))
+    try:
+        node_summary = json.loads((sp / f"node-{NODE}.json").read_text())
+    except (OSError, ValueError):
+        node_summary = {}
+    checks["sampler_stopped"] = node_summary.get("sampler_stop") == "stopped"
+    prom = out.get("prometheus_during") or []
+    checks["prometheus_job_gpu_served"] = any(ln.startswith("gsrun_gpu_power_watts{") and f'job_id="{JOB_ID}"' in ln
+                                              for ln in prom)
+    try:
+        checks["one_nvml_init"] = json.loads(out.get("monitor_status_during") or "{}").get("nvml_inits") == 1
+    except ValueError:
+        checks["one_nvml_init"] = False
+    daemon.terminate()
+    try:
+        daemon.wait(30)
+    except subprocess.TimeoutExpired:
+        daemon.kill()
+    dlog.close()
+    out["daemon_log"] = (base / "daemon.log").read_text(errors="replace")[-3000:]
 
     # plausibility of the figures against nvidia-smi and the energy counter
     readings = [r for r in poller.readings if t_task0 <= r["t"] <= t_task1]

@@ -114,3 +114,26 @@ def write_fake_scontrol(bindir) -> str:
     os.chmod(p, 0o755)
     os.chmod(d, 0o755)
     return str(d)
+
+
+def start_node_daemon(gsrun_node: str, state_dir, env: dict, metrics_port: int = 0, log_path=None):
+    """``gsrun-node daemon run`` on ``<state_dir>/daemon.sock`` with its node monitor (the one
+    process that opens NVML; the hooks run directly still reach it through
+    ``<state_dir>/monitor.sock``), as a site's unit runs it -> the Popen, once the monitor
+    listens (stop it with ``terminate()``)."""
+    import os
+    import subprocess
+    import time
+    from pathlib import Path
+
+    state = Path(state_dir)
+    state.mkdir(mode=0o755, parents=True, exist_ok=True)
+    log = open(log_path or os.devnull, "ab")
+    p = subprocess.Popen([gsrun_node, "daemon", "run", "--socket", str(state / "daemon.sock"), "--state-dir",
+                          str(state), "--metrics-port", str(metrics_port)], env={**os.environ, **env},
+                         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd="/")
+    log.close()
+    deadline = time.time() + 60
+    while not (state / "monitor.sock").exists() and time.time() < deadline and p.poll() is None:
+        time.sleep(0.05)
+    return p

@@ -151,6 +151,8 @@ def main() -> int:
     work = base / "job"
     work.mkdir()
     node_cmd = [sys.executable, "-P", "-m", "gsrun.admin.node"]
+    daemon = slurm_env.start_node_daemon(shutil.which("gsrun-node") or "gsrun-node", base / "state", extra,
+                                         log_path=base / "daemon.log")   # the node monitor the hooks ask
 
     if je:   # what gsrun --malloc jemalloc writes in the job comment (the report shows it)
         extra["SLURM_JOB_COMMENT"] = f"gsrun:tune={tune};malloc=jemalloc"
@@ -283,6 +285,8 @@ def main() -> int:
     except (OSError, ValueError, KeyError) as e:
         out["report_settings_error"] = str(e)
         checks["report_names_the_settings"] = False
+    daemon.terminate()
+    daemon.wait(30)
     out["wall_s"] = round(time.time() - t0, 1)
     out["ok"] = all(checks.values())
     text = json.dumps(out, indent=1, default=str)
