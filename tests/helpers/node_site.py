@@ -141,6 +141,52 @@ def node_daemon(env: dict) -> subprocess.Popen:
     return p
 
 
+def monitor_pid(state_dir) -> int | None:
+    """The PID of the node monitor of ``state_dir`` (its ``status`` answer), None when none answers."""
+    from gsrun.base.errors import GsrunError
+    from gsrun.node import monitor
+
+    try:
+        return monitor.ask(state_dir, {"op": "status"}, timeout_s=5, wait_s=0).get("pid")
+    except GsrunError:
+        return None
+
+
+def stop_daemon(state_dir, kill: bool = False) -> None:
+    """Stop the node daemon of the site whose state dir is ``state_dir`` (its
+    monitor flushes every job and ends with it; ``kill``: SIGKILL, a crash,
+    the monitor gets SIGTERM from the kernel): the next hook starts another,
+    whose monitor takes the jobs with a ``monitor.json`` up again."""
+    p = _DAEMONS.pop(str(state_dir), None)
+    if p is None or p.poll() is not None:
+        return
+    (p.kill if kill else p.terminate)()
+    try:
+        p.wait(15)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+    deadline = time.monotonic() + 15        # the monitor (a child, PR_SET_PDEATHSIG) ends with it
+    while monitor_pid(state_dir) is not None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    try:
+        os.unlink(os.path.join(str(state_dir), "monitor.sock"))     # the next daemon's start is awaited
+    except OSError:
+        pass
+
+
+def daemon_pids(state_dir) -> set[int]:
+    """The node daemon of ``state_dir`` and its monitor (empty when not running)."""
+    p = _DAEMONS.get(str(state_dir))
+    if p is None or p.poll() is not None:
+        return set()
+    out = {p.pid}
+    mon = monitor_pid(state_dir)
+    if mon is not None:
+        out.add(mon)
+    return out
+
+
 def stop_daemons() -> None:
     for p in _DAEMONS.values():
         if p.poll() is None:
@@ -201,11 +247,13 @@ def host_only(snap: dict) -> dict:
 
 
 def kill_fakes(site) -> None:
-    """End the fake tools' leftovers of this site (a hung fake whose parent
-    was killed at a timeout leaves its ``sleep`` behind): PIDs whose
-    environment has this site's FAKE_CALL_LOG."""
+    """Stop the site's node daemon (:func:`stop_daemon`), then end the fake
+    tools' leftovers of this site (a hung fake whose parent was killed at a
+    timeout leaves its ``sleep`` behind): PIDs whose environment has this
+    site's FAKE_CALL_LOG. For a test's teardown."""
     import psutil
 
+    stop_daemon(site.state)
     for p in psutil.process_iter(["pid"]):
         try:
             if p.environ().get("FAKE_CALL_LOG") == str(site.calls):
@@ -218,9 +266,11 @@ def leftover_fakes(site) -> list[str]:
     import psutil
 
     out = []
+    mine = daemon_pids(site.state)      # the site's node daemon and monitor run for the session
     for p in psutil.process_iter(["pid", "cmdline", "status"]):
         try:
-            if p.environ().get("FAKE_CALL_LOG") == str(site.calls) and p.info["status"] != psutil.STATUS_ZOMBIE:
+            if p.environ().get("FAKE_CALL_LOG") == str(site.calls) and p.info["status"] != psutil.STATUS_ZOMBIE \
+                    and p.info["pid"] not in mine:
                 out.append(" ".join(p.info["cmdline"] or []))
         except psutil.Error:
             pass

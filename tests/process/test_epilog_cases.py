@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import stat
 import subprocess
 import sys
@@ -42,10 +41,7 @@ def site(request):
             p.wait(5)
         except OSError:
             pass
-    for job in ("4242", "4243"):
-        for pid in samplers_of(job, s.state):
-            os.kill(pid, signal.SIGKILL)
-    kill_fakes(s)
+    kill_fakes(s)       # and the site's node daemon
     shutil.rmtree(s.base, ignore_errors=True)
 
 

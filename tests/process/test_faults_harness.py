@@ -2,8 +2,8 @@
 processes of ``gsrun-node``, fake host root) are SIGKILLed at every step
 boundary (``GSRUN_FAULT_AT=<phase>:<step>[:end]``, see gsrun.node.steps); then a
 second epilog or ``gsrun-node restore --all`` must leave the fake node tree
-exactly at its baseline (every file's bytes under sys/ and proc/), no
-sampler process may be left, and the data already collected (sampler state,
+exactly at its baseline (every file's bytes under sys/ and proc/), the node
+monitor must sample the job no more, and the data already collected (sampler state,
 node summary) must survive.
 
 Tuning is requested the way the SPANK plugin passes it (``SPANK_GS_TUNE``,
@@ -24,7 +24,8 @@ import time
 import psutil
 import pytest
 
-from helpers.node_site import kill_fakes, leftover_fakes, TUNE, host_only, make_site, run_node, samplers_of, snapshot
+from helpers.node_site import kill_fakes, TUNE, host_only, make_site, monitor_pid, node_daemon, run_node, \
+    sampled_jobs, samplers_of, snapshot, stop_daemon
 from helpers.tuning_tree import diff
 
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="the hooks run as root (chown of user files)")
@@ -43,12 +44,7 @@ def job_env(site, job="4242", **kw):
 def site():
     s = make_site()
     yield s
-    for pid in samplers_of("4242", s.state) + samplers_of("4243", s.state):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-    kill_fakes(s)
+    kill_fakes(s)       # and the site's node daemon
     shutil.rmtree(s.base, ignore_errors=True)
 
 
@@ -134,103 +130,54 @@ def test_epilog_killed_at_step_boundary_then_rerun(site, point):
 
 
 @root_only
-def test_sampler_sigkilled_mid_job_loses_at_most_one_flush(site):
+def test_monitor_sigkilled_mid_job_loses_at_most_the_gap(site):
+    """The node monitor SIGKILLed mid-job (then its daemon restarted): the next
+    monitor takes the job up from its monitor.json and sampler.json; the figures
+    go on from the last flush and the time nobody sampled is gap, never zero."""
     env = job_env(site)
     assert run_node(["prolog"], env).returncode == 0
     time.sleep(1.0)
-    [pid] = samplers_of("4242", site.state)
+    pid = monitor_pid(site.state)
+    assert pid is not None and samplers_of("4242", site.state)
     state_before = json.loads((site.state / "jobs/4242/sampler.json").read_text())
     os.kill(pid, signal.SIGKILL)
     while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
         time.sleep(0.02)
+    t_down = time.monotonic()
+    stop_daemon(site.state)
+    time.sleep(0.5)
+    node_daemon(env)
+    assert monitor_pid(site.state) not in (None, pid)
+    assert samplers_of("4242", site.state), "the new monitor took the job up"
+    down_s = time.monotonic() - t_down
+    time.sleep(0.6)
     e = run_node(["epilog"], env)
     assert e.returncode == 0, e.stderr
     summ = json.loads((site.spool / "jobs/4242/node-gpu-node01.json").read_text())
-    assert summ["sampler_stop"].split(";")[0] in ("not running", "stopped")   # a zombie until init reaps it
-    assert summ["samples"] >= state_before["samples"] >= 1
+    assert summ["sampler_stop"] == "stopped"
+    assert summ["samples"] > state_before["samples"] >= 1
+    gap_s = summ["gpus"][0]["util_gap_s"]
+    assert 0.5 <= gap_s <= down_s + 2.0, (gap_s, down_s)
+    assert any("counted as gap" in n for n in summ.get("notes", [])), summ.get("notes")
     assert not tuned(site)
 
 
 @root_only
-def test_unrecorded_sampler_is_found_and_stopped(site):
-    """Prolog killed between starting the sampler and recording its PID:
-    the epilog finds it by its command line (root-owned, this job id)."""
+def test_a_second_prolog_of_a_job_resumes_its_sampling_once(site):
+    """Whatever runs the prolog twice (no epilog between), the job is sampled once:
+    the second prolog's begin resumes the sampling the first began (its figures go on)."""
     env = job_env(site)
     assert run_node(["prolog"], env).returncode == 0
-    [pid] = samplers_of("4242", site.state)
-    os.unlink(site.state / "jobs/4242/sampler.pid.json")
-    e = run_node(["epilog"], env)
-    assert e.returncode == 0, e.stderr
-    assert no_sampler_within(site, "4242")
-    summ = json.loads((site.spool / "jobs/4242/node-gpu-node01.json").read_text())
-    assert f"unrecorded sampler {pid}: stopped" in summ["sampler_stop"]
-
-
-@root_only
-def test_a_finished_prolog_record_spares_the_epilog_its_proc_scan(site):
-    """The prolog's record names the sampler it started, as sampler.pid.json does: no
-    sampler of the job can be unrecorded, so the epilog does not scan /proc (one open
-    per process on the node, on every epilog's critical path). A process whose command
-    line looks like an unrecorded sampler of this job is left alone (it is found, and
-    stopped, when the records disagree: test_unrecorded_sampler_is_found_and_stopped)."""
-    import subprocess
-    import sys
-
-    env = job_env(site)
+    rec = json.loads((site.spool / "jobs/4242/prolog-gpu-node01.json").read_text())
+    assert rec["steps"]["sampler"] == {"monitor": "sampling", "resumed": False, "gpus": 1}
+    time.sleep(0.6)
+    first = json.loads((site.state / "jobs/4242/sampler.json").read_text())
     assert run_node(["prolog"], env).returncode == 0
-    decoy = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "gsrun.epilog.sampler",
-                              "--job-id", "4242", "--state-dir", str(site.state)])
-    try:
-        e = run_node(["epilog"], env)
-        assert e.returncode == 0, e.stderr
-        summ = json.loads((site.spool / "jobs/4242/node-gpu-node01.json").read_text())
-        assert "unrecorded" not in summ["sampler_stop"]
-        assert decoy.poll() is None
-    finally:
-        decoy.kill()
-        decoy.wait()
-
-
-@root_only
-def test_a_second_prolog_of_a_job_stops_the_first_ones_sampler(site):
-    """One sampler per job per node, whatever runs the prolog twice (no epilog between)."""
-    env = job_env(site)
-    assert run_node(["prolog"], env).returncode == 0
-    [first] = samplers_of("4242", site.state)
-    assert run_node(["prolog"], env).returncode == 0
-    # the second sampler starts detached: on a loaded machine it may show after the first is gone
-    deadline = time.monotonic() + 20
-    alive = samplers_of("4242", site.state)
-    while (first in alive or len(alive) != 1) and time.monotonic() < deadline:
-        time.sleep(0.05)
-        alive = samplers_of("4242", site.state)
-    assert first not in alive and len(alive) == 1
-    assert json.loads((site.state / "jobs/4242/sampler.pid.json").read_text())["pid"] == alive[0]
+    rec = json.loads((site.spool / "jobs/4242/prolog-gpu-node01.json").read_text())
+    assert rec["steps"]["sampler"] == {"monitor": "sampling", "resumed": True, "gpus": 1}
+    assert sampled_jobs(site.state) == ["4242"]
+    time.sleep(0.6)
+    again = json.loads((site.state / "jobs/4242/sampler.json").read_text())
+    assert again["start_time"] == first["start_time"] and again["samples"] > first["samples"]
     assert run_node(["epilog"], env).returncode == 0
     assert no_sampler_within(site, "4242")
-
-
-@root_only
-def test_a_sampler_record_without_a_start_time_never_signals_its_pid(site):
-    """A PID recorded without its start time may be anyone's by now: the epilog signals
-    nothing by it and finds the sampler by its command line instead."""
-    import subprocess
-    import sys
-
-    env = job_env(site)
-    assert run_node(["prolog"], env).returncode == 0
-    [pid] = samplers_of("4242", site.state)
-    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    try:
-        rec = site.state / "jobs/4242/sampler.pid.json"
-        rec.write_text(json.dumps({"pid": bystander.pid, "create_time": None, "argv": []}))
-        e = run_node(["epilog"], env)
-        assert e.returncode == 0, e.stderr
-        assert bystander.poll() is None
-        summ = json.loads((site.spool / "jobs/4242/node-gpu-node01.json").read_text())
-        assert summ["sampler_stop"].startswith("bad sampler record: no start time")
-        assert f"unrecorded sampler {pid}: stopped" in summ["sampler_stop"]
-        assert no_sampler_within(site, "4242")
-    finally:
-        bystander.kill()
-        bystander.wait()

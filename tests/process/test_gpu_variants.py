@@ -1,5 +1,5 @@
-"""Variants 3 and 4 of the recorded hosts, through the real ``gsrun-node prolog`` (which
-starts the detached sampler), ``gsrun-node epilog`` and ``gseff --json`` on
+"""Variants 3 and 4 of the recorded hosts, through the real ``gsrun-node prolog`` (whose
+node monitor samples the job), ``gsrun-node epilog`` and ``gseff --json`` on
 a fake host whose NVML recording is built for them:
 
 - variant 3: ``nvmlDeviceGetTotalEnergyConsumption`` answers NOT_SUPPORTED
@@ -10,7 +10,7 @@ a fake host whose NVML recording is built for them:
   once per job; the counter is not polled again;
 - variant 4: only the v1 memory call (no ``reserved``): an idle GPU shows
   1 GiB "used" (the driver's reservation). Before: the job's high water was
-  1 GiB on an idle GPU. After: the prolog's baseline is subtracted (0), and
+  1 GiB on an idle GPU. After: the baseline the monitor read at the job's begin is subtracted (0), and
   the job's own processes' GPU memory (compute-process list over the job's
   PIDs; another user's process on the GPU is not counted) is reported beside.
 """
@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -30,7 +29,7 @@ import pytest
 from gsrun.report.mail import mail_view
 from gsrun.report.render import render_text
 from gsrun.report.summary import decode_js1, js1_blob
-from helpers.node_site import kill_fakes, make_site, nvml_devices, run_node, samplers_of
+from helpers.node_site import kill_fakes, make_site, nvml_devices, run_node
 
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="the hooks run as root; a process of the job's uid")
 GIB = 1 << 30
@@ -46,9 +45,7 @@ def site():
     for p in s.procs:
         p.kill()
         p.wait(5)
-    for pid in samplers_of("4242", s.state):
-        os.kill(pid, signal.SIGKILL)
-    kill_fakes(s)
+    kill_fakes(s)       # and the site's node daemon
     shutil.rmtree(s.base, ignore_errors=True)
 
 
@@ -76,8 +73,8 @@ def test_energy_unsupported_estimated_and_v1_memory_baseline_and_job_processes(s
     env = site.env(gpus="0")
     cp = run_node(["prolog"], env)
     assert cp.returncode == 0, cp.stderr
-    pidinfo = json.loads((site.state / "jobs/4242/sampler.pid.json").read_text())
-    assert "--mem-baseline" in pidinfo["argv"] and f"0={GIB}" in pidinfo["argv"]
+    begun = json.loads((site.state / "jobs/4242/monitor.json").read_text())      # the monitor's, at begin
+    assert begun["mem_baseline"] == {"0": GIB}
     time.sleep(2.5)                                  # ~12 polls at interval_s 0.2
     for p in (mine, other):                          # the job ended; the other user's process too
         p.kill()

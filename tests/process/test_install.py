@@ -450,7 +450,9 @@ def test_epilog_slurmctld_goes_to_a_daemon_of_slurmuser(tmp_path):
     assert f"{tmp_path}/state/daemon.sock " in (tmp_path / "hooks" / "gsrun-prolog").read_text()
     unit = (tmp_path / "units" / "gsrun-daemon-ctld.service").read_text().splitlines()
     assert "User=slurm" in unit and "RuntimeDirectory=gsrun-ctld" in unit
-    assert any(l.endswith("daemon run --socket /run/gsrun-ctld/daemon.sock") for l in unit)
+    # the controller's daemon runs no node monitor (no GPUs there); the node's does
+    assert any(l.endswith("daemon run --socket /run/gsrun-ctld/daemon.sock --no-monitor") for l in unit)
+    assert "--no-monitor" not in (tmp_path / "units" / "gsrun-daemon.service").read_text()
     assert "User=slurm" not in (tmp_path / "units" / "gsrun-daemon.service").read_text()
     assert any("gsrun-daemon-ctld.service gsrun-mail.timer" in l for l in out), out
     assert install.ctld_daemon({}, "/run/gsrun/daemon.sock") == (None, "/run/gsrun/daemon.sock")

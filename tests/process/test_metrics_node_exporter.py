@@ -1,7 +1,7 @@
 """The per-job textfile through the real node_exporter (Debian's
-``prometheus-node-exporter``): the real prolog starts the real sampler on a
-fake-NVML host with ``[metrics] textfile_dir`` set, node_exporter's textfile
-collector serves what the sampler wrote, and after the real epilog the job's
+``prometheus-node-exporter``): the real prolog has the real node monitor
+sample the job on a fake-NVML host with ``[metrics] textfile_dir`` set,
+node_exporter's textfile collector serves what the monitor wrote, and after the real epilog the job's
 series are gone from the next scrape."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import urllib.request
 
 import pytest
 
-from helpers.node_site import kill_fakes, make_site, nvml_devices, run_node, samplers_of
+from helpers.node_site import kill_fakes, make_site, nvml_devices, run_node
 
 NODE_EXPORTER = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
 pytestmark = [pytest.mark.process,
@@ -27,12 +27,14 @@ pytestmark = [pytest.mark.process,
 JOB = "4861"
 GIB = 1 << 30
 MIG_UUID = "MIG-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee"
+ENERGY_RISES_S = 4.0
 
 
 def two_gpus() -> dict:
     """GPU 0: a full H200 at 50 % (nvmlDeviceGetUtilizationRates: no sample
     buffer), 123.456 W, 3 GiB used (v2: the answer has "reserved"), energy
-    counter 1.0e6 -> 2.5e6 -> 3.5e6 mJ then steady (2500 J over the job).
+    counter 1.0e6 until ENERGY_RISES_S after the monitor's start (the job begins
+    before), then 2.5e6 -> 3.5e6 mJ and steady (2500 J over the job).
     GPU 1: a MIG device (MIG- UUID) with no utilization (field case 12), no
     power reading and no energy counter, 5 GiB used. Neither lists a
     compute process."""
@@ -40,7 +42,10 @@ def two_gpus() -> dict:
     g0, g1 = d["devices"]
     g0["memory"] = {"ok": {"total": 141 * GIB, "used": 3 * GIB, "free": 138 * GIB, "reserved": 0}}
     g0["power_mw"] = {"ok": 123456}
-    g0["energy_mj"] = {"seq": [{"ok": 1_000_000}, {"ok": 2_500_000}, {"ok": 3_500_000}]}
+    # a time script (seconds since the monitor opened NVML), not a per-call sequence: the monitor
+    # also reads the GPUs no job holds, before the prolog's begin
+    g0["energy_mj"] = {"script": [[0, {"ok": 1_000_000}], [ENERGY_RISES_S, {"ok": 2_500_000}],
+                                  [ENERGY_RISES_S + 0.5, {"ok": 3_500_000}]]}
     g1["uuid"] = {"ok": MIG_UUID}
     g1["name"] = {"ok": "NVIDIA H200 MIG 1g.18gb"}
     g1["mig_mode"] = {"ok": [1, 1]}
@@ -93,12 +98,12 @@ def start_exporter(textfile_dir) -> tuple[subprocess.Popen, int]:
     pytest.fail(f"node_exporter did not start: {p.stderr.read().decode()[-500:]}")
 
 
-def test_node_exporter_serves_the_samplers_file_and_drops_it_after_the_epilog():
+def test_node_exporter_serves_the_monitors_file_and_drops_it_after_the_epilog():
     site = make_site(nvml=two_gpus())
     tdir = site.base / "textfile"
     tdir.mkdir()
     (tdir / "other.prom").write_text("site_other_metric 1\n")      # a file of someone else: left alone
-    site.config.write_text(site.config.read_text() + f'[metrics]\ntextfile_dir = "{tdir}"\n')
+    site.config.write_text(site.config.read_text().replace("[metrics]\n", f'[metrics]\ntextfile_dir = "{tdir}"\n'))
     env = site.env(job_id=JOB, gpus="0,1")
     exporter = None
     try:
@@ -106,10 +111,11 @@ def test_node_exporter_serves_the_samplers_file_and_drops_it_after_the_epilog():
         assert cp.returncode == 0, cp.stderr
         prom = tdir / f"gsrun_job_{JOB}.prom"
         deadline = time.monotonic() + 30
-        # the energy counter reaches its last value at the 3rd poll; a flush after it has 2500 J
+        # the energy counter reaches its last value ENERGY_RISES_S + 0.5 s into the monitor; a flush after it
+        # has 2500 J
         while time.monotonic() < deadline and not (prom.exists() and " 2500.0\n" in prom.read_text()):
             time.sleep(0.1)
-        assert prom.exists(), (site.state / "jobs" / JOB / "sampler.log").read_text()
+        assert prom.exists(), (site.base / "daemon.log").read_text()      # the node daemon's and its monitor's
         # not world-readable: root's, the textfile directory's group (node_exporter's), 0640
         assert stat.S_IMODE(os.stat(prom).st_mode) == 0o640 and os.stat(prom).st_uid == os.geteuid()
         assert os.stat(prom).st_gid == os.stat(tdir).st_gid
@@ -144,6 +150,4 @@ def test_node_exporter_serves_the_samplers_file_and_drops_it_after_the_epilog():
         if exporter is not None:
             exporter.kill()
             exporter.wait()
-        for pid in samplers_of(JOB, site.state):
-            os.kill(pid, 9)
-        kill_fakes(site)
+        kill_fakes(site)        # and the site's node daemon

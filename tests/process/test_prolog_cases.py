@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import stat
 
 import pytest
@@ -27,9 +26,7 @@ RECORD = "JobId={job} JobName={name} UserId=nobody(65534) OverSubscribe={ovs} Co
 def site(request):
     s = make_site(**getattr(request, "param", {}))
     yield s
-    for pid in samplers_of("4242", s.state):
-        os.kill(pid, signal.SIGKILL)
-    kill_fakes(s)
+    kill_fakes(s)       # and the site's node daemon
     shutil.rmtree(s.base, ignore_errors=True)
 
 
@@ -165,7 +162,8 @@ def test_planted_job_dir_is_moved_aside_nothing_written_through(site, where, kin
         planted.mkdir()
         os.chown(planted, 65534, 65534)
         (planted / "prolog-gpu-node01.json").symlink_to(etc / "shadow")
-        (planted / "sampler.log").symlink_to(etc / "shadow")
+        (planted / "monitor.json").symlink_to(etc / "shadow")     # what the node monitor writes there
+        (planted / "sampler.json").symlink_to(etc / "shadow")
     cp = run_node(["prolog"], site.env())
     assert cp.returncode == 0, cp.stderr
     assert tree_bytes(etc) == before                          # nothing written through
@@ -174,7 +172,7 @@ def test_planted_job_dir_is_moved_aside_nothing_written_through(site, where, kin
     assert stat.S_ISDIR(st.st_mode) and st.st_uid == 0        # a fresh root directory
     aside = [p for p in parent.iterdir() if p.name.startswith(".planted-4242-")]
     assert len(aside) == 1
-    assert samplers_of("4242", site.state)                    # the job still gets its sampler
+    assert samplers_of("4242", site.state)                    # the node monitor still samples the job
     run_node(["epilog"], site.env())
     assert tree_bytes(etc) == before
 
@@ -276,8 +274,11 @@ def test_prolog_clears_what_an_earlier_run_with_this_job_id_left(site):
     (d / "summary.json").symlink_to(site.base / "elsewhere.json")   # a link is removed, not followed
     cp = run_node(["prolog"], site.env(**CREDENTIAL))
     assert cp.returncode == 0, cp.stderr
-    assert sorted(x.name for x in d.iterdir()) == ["node-gpu-node02.json", "prolog-gpu-node01.json",
-                                                   "task-gpu-node01"]
+    # the node monitor samples the job from its begin on: a live file there is this run's
+    live = d / "user-live-gpu-node01.json"
+    assert not live.exists() or json.loads(live.read_text()).get("job_id") == "4242"
+    assert sorted(x.name for x in d.iterdir() if x != live) == ["node-gpu-node02.json", "prolog-gpu-node01.json",
+                                                                "task-gpu-node01"]
     task = d / "task-gpu-node01"     # made for the job's user, empty: gsrun-bind's notes go there
     assert list(task.iterdir()) == [] and task.stat().st_uid == int(site.env(**CREDENTIAL)["SLURM_JOB_UID"])
     assert (site.base / "elsewhere.json").exists()

@@ -1,9 +1,8 @@
 """slurmd runs ``gsrun-node prolog`` for every job on every node, launched as
 ``python3 -I -S -c <bootstrap>`` (no ``site``). Here the prolog of a job that
 asks nothing (the job credential's fields in the environment) runs that way:
-it makes no Slurm call and starts the job's sampler (``os.posix_spawn``) in
-its own session, cwd ``/``, stdin ``/dev/null``, stdout/stderr to
-``sampler.log``, and with no descriptor of the prolog's caller beyond 0-2 (an
+it makes no Slurm call, has the node daemon's monitor sample the job, and
+leaves no process holding a descriptor of the prolog's caller beyond 0-2 (an
 inheritable one left open by slurmd)."""
 
 from __future__ import annotations
@@ -11,18 +10,18 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import sysconfig
 
+import psutil
 import pytest
 
 import gsrun
 import gsrun.epilog
 import gsrun.prolog
 import gsrun.wrapper
-from helpers.node_site import make_site, run_node, samplers_of
+from helpers.node_site import make_site, node_daemon, run_node, samplers_of, stop_daemon
 
 pytestmark = pytest.mark.process
 
@@ -45,9 +44,7 @@ def _launch() -> str:
 def site():
     s = make_site()
     yield s
-    for job in ("4301", "4302", "4303"):
-        for pid in samplers_of(job, s.state):
-            os.kill(pid, signal.SIGKILL)
+    stop_daemon(s.state)
     shutil.rmtree(s.base, ignore_errors=True)
 
 
@@ -57,18 +54,24 @@ def _hook(site, phase: str, job: str, **kw) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120, cwd="/", **kw)
 
 
-def test_plain_prolog_makes_no_slurm_call_and_starts_the_sampler(site):
+def test_plain_prolog_makes_no_slurm_call_and_has_the_monitor_sample_the_job(site):
+    node_daemon(site.env())
     for job in ("4301", "4302"):
         cp = _hook(site, "prolog", job)
         assert cp.returncode == 0, cp.stderr
         rec = json.loads((site.spool / "jobs" / job / "prolog-gpu-node01.json").read_text())
         assert rec["slurm_calls"] == [] and rec["request"]["source"] == "none"
-        assert rec["steps"]["sampler"]["pid"] > 0
+        assert rec["steps"]["sampler"] == {"monitor": "sampling", "resumed": False, "gpus": 1}
+        assert samplers_of(job, site.state)
         assert _hook(site, "epilog", job).returncode == 0
         assert not samplers_of(job, site.state)
 
 
-def test_sampler_is_detached_in_root_cwd_without_inherited_fds(site):
+def test_prolog_leaves_no_process_holding_its_callers_descriptors(site):
+    """slurmd waits for the end of what it gave the prolog: nothing the prolog leaves
+    running (it starts none; the node monitor is the daemon's) keeps an inheritable
+    descriptor of its caller."""
+    node_daemon(site.env())
     marker = site.base / "inherited-fd"
     fd = os.open(marker, os.O_WRONLY | os.O_CREAT, 0o600)
     try:
@@ -77,21 +80,16 @@ def test_sampler_is_detached_in_root_cwd_without_inherited_fds(site):
     finally:
         os.close(fd)
     assert cp.returncode == 0, cp.stderr
-    info = json.loads((site.state / "jobs/4303/sampler.pid.json").read_text())
-    pid = info["pid"]
     try:
-        assert samplers_of("4303", site.state) == [pid]
-        assert os.getsid(pid) == pid                      # its own session
-        assert os.readlink(f"/proc/{pid}/cwd") == "/"
-        fds = {}
-        for n in os.listdir(f"/proc/{pid}/fd"):
+        assert samplers_of("4303", site.state)
+        holders = []
+        for p in psutil.process_iter(["pid"]):
             try:
-                fds[int(n)] = os.readlink(f"/proc/{pid}/fd/{n}")
-            except FileNotFoundError:
-                pass                                      # closed meanwhile by the sampler
-        assert fds[0] == "/dev/null"
-        assert fds[1] == fds[2] == str(site.state / "jobs/4303/sampler.log")
-        assert str(marker) not in fds.values()
+                if any(f.path == str(marker) for f in p.open_files()):
+                    holders.append(p.pid)
+            except psutil.Error:
+                pass
+        assert holders == []
     finally:
         assert run_node(["epilog"], site.env(job_id="4303", **CREDENTIAL)).returncode == 0
     assert not samplers_of("4303", site.state)

@@ -6,14 +6,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import subprocess
-import sys
 
 import pytest
 
-from gsrun.base import pids
-from helpers.node_site import kill_fakes, make_site, run_node, samplers_of
+from helpers.node_site import kill_fakes, make_site, run_node, sampled_jobs
 
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="the hooks run as root")
 
@@ -22,20 +18,23 @@ root_only = pytest.mark.skipif(os.geteuid() != 0, reason="the hooks run as root"
 def site(tmp_path):
     prom = tmp_path / "textfiles"
     prom.mkdir()
-    s = make_site(config_extra=f'[metrics]\ntextfile_dir = "{prom}"\n')
+    s = make_site()
+    s.config.write_text(s.config.read_text().replace("[metrics]\n", f'[metrics]\ntextfile_dir = "{prom}"\n'))
     s.prom = prom
     yield s
-    for pid in samplers_of("4242", s.state):
-        os.kill(pid, signal.SIGKILL)
-    kill_fakes(s)
+    kill_fakes(s)       # and the site's node daemon
     shutil.rmtree(s.base, ignore_errors=True)
 
 
-def _job_state(site, job_id: str, pid_info: dict | None) -> None:
+def _job_state(site, job_id: str, files: tuple[str, ...]) -> None:
+    """A job's state dir with ``files``: ``monitor.json`` (the node monitor samples
+    it), ``sampler.json`` (its sampler's state)."""
     d = site.state / "jobs" / job_id
     d.mkdir(parents=True, mode=0o700, exist_ok=True)
-    if pid_info is not None:
-        (d / "sampler.pid.json").write_text(json.dumps(pid_info))
+    for name in files:
+        rec = {"job_id": job_id, "uid": 65534, "node": "gpu-node01", "gpus": [], "dma_latency_us": None} \
+            if name == "monitor.json" else {}
+        (d / name).write_text(json.dumps(rec))
 
 
 def _live(site, job_id: str, node: str) -> None:
@@ -46,25 +45,21 @@ def _live(site, job_id: str, node: str) -> None:
 
 @root_only
 def test_prolog_removes_files_of_gone_jobs_only(site):
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    try:
-        alive = {"pid": sleeper.pid, "create_time": pids.start_time(sleeper.pid)}
-        _job_state(site, "100", alive)                                    # running job: kept
-        _job_state(site, "101", {"pid": 2 ** 22 - 7, "create_time": 1.0})   # sampler gone: removed
-        _job_state(site, "102", None)                                     # prolog in progress: kept
-        # 103: no state dir (its epilog ran, or the node rebooted): removed
-        for j in ("100", "101", "102", "103"):
-            (site.prom / f"gsrun_job_{j}.prom").write_text("gsrun_gpu_idle 1\n")
-            _live(site, j, "gpu-node01")
-        (site.prom / ".gsrun_job_103.prom.77.0123abcd").write_text("")
-        (site.prom / "node_other.prom").write_text("x 1\n")
-        _live(site, "103", "gpu-node02")                  # another node's live file in a shared spool
-        cp = run_node(["prolog"], site.env())
-        assert cp.returncode == 0, cp.stderr
-    finally:
-        sleeper.kill()
-        sleeper.wait()
-    assert sorted(os.listdir(site.prom)) == ["gsrun_job_100.prom", "gsrun_job_102.prom", "node_other.prom"]
+    _job_state(site, "100", ("monitor.json", "sampler.json"))    # running job (the monitor samples it): kept
+    _job_state(site, "101", ("sampler.json",))                   # sampled, its sampling ended: removed
+    _job_state(site, "102", ())                                  # prolog in progress: kept
+    # 103: no state dir (its epilog ran, or the node rebooted): removed
+    for j in ("100", "101", "102", "103"):
+        (site.prom / f"gsrun_job_{j}.prom").write_text("gsrun_gpu_idle 1\n")
+        _live(site, j, "gpu-node01")
+    (site.prom / ".gsrun_job_103.prom.77.0123abcd").write_text("")
+    (site.prom / "node_other.prom").write_text("x 1\n")
+    _live(site, "103", "gpu-node02")                  # another node's live file in a shared spool
+    cp = run_node(["prolog"], site.env())
+    assert cp.returncode == 0, cp.stderr
+    assert sampled_jobs(site.state) == ["100", "4242"]     # the monitor took 100 up at its start
+    files = sorted(os.listdir(site.prom))
+    assert files == ["gsrun_job_100.prom", "gsrun_job_102.prom", "gsrun_job_4242.prom", "node_other.prom"]
     assert (site.spool / "jobs/100/user-live-gpu-node01.json").exists()
     assert (site.spool / "jobs/102/user-live-gpu-node01.json").exists()
     assert not (site.spool / "jobs/101/user-live-gpu-node01.json").exists()

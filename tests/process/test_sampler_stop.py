@@ -1,21 +1,25 @@
-"""The epilog's wait for the sampler: the sampler leaves
-its wait at SIGTERM, writes its final state, and the epilog counts an exited
-process as gone even before anyone reaps it (a zombie)."""
+"""The end of a job's sampling: the epilog asks the node monitor to end the job
+(its final sample and flush, at once whatever the interval) and writes the node
+summary from the final state, or from the last flush when the monitor does not
+answer; :mod:`gsrun.base.pids` (start times, stop, scan) and the sampler's
+final poll of the job's processes."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 
 import psutil
 
 from gsrun.base import pids
 from gsrun.admin.node_entry import parse_hook_args
-from helpers.node_site import make_site, run_node
+from helpers.node_site import LAUNCH, kill_fakes, make_site, monitor_pid, run_node, samplers_of, stop_daemon
 
 
 def test_start_time_is_psutils_create_time():
@@ -68,30 +72,29 @@ def test_scan_finds_by_command_line():
         p.wait()
 
 
-def test_sampler_leaves_a_long_wait_at_sigterm_with_its_final_state():
-    """interval 60 s: the sampler sleeps right after its first poll; SIGTERM must cut
-    that wait (the old 1 s sleep chunks took up to a second) and the final state is
-    written (done) before it exits."""
+def test_end_takes_the_final_sample_at_once_in_a_long_interval():
+    """interval 60 s: the monitor waits in its loop right after the job's first poll; the
+    epilog's end is answered at once, with the final sample, and the final state is flushed
+    (done) before the summary is written from it."""
     site = make_site()
     site.config.write_text(site.config.read_text().replace("interval_s = 0.2", "interval_s = 60")
                            .replace("flush_s = 0.2", "flush_s = 600"))
     env = site.env(job_id="4801")
-    cp = run_node(["prolog"], env)
-    assert cp.returncode == 0, cp.stderr
-    sdir = site.state / "jobs" / "4801"
-    info = json.loads((sdir / "sampler.pid.json").read_text())
-    deadline = time.monotonic() + 20
-    while not (sdir / "sampler.json").exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    state = json.loads((sdir / "sampler.json").read_text())
-    assert state["done"] is False and state["samples"] == 1
-    assert pids.stop(info["pid"], info["create_time"], timeout_s=0.5) == "stopped"
-    state = json.loads((sdir / "sampler.json").read_text())
-    assert state["done"] is True and state["samples"] == 2      # the final sample
-    cp = run_node(["epilog"], env)
-    assert cp.returncode == 0, cp.stderr
-    node = json.loads((site.spool / "jobs" / "4801" / "node-gpu-node01.json").read_text())
-    assert node["sampler_stop"] == "not running" and node["samples"] == 2
+    try:
+        cp = run_node(["prolog"], env)
+        assert cp.returncode == 0, cp.stderr
+        sdir = site.state / "jobs" / "4801"
+        state = json.loads((sdir / "sampler.json").read_text())      # begin: first sample and flush at once
+        assert state["done"] is False and state["samples"] == 1
+        t0 = time.monotonic()
+        cp = run_node(["epilog"], env)
+        assert cp.returncode == 0, cp.stderr
+        assert time.monotonic() - t0 < 10
+        node = json.loads((site.spool / "jobs" / "4801" / "node-gpu-node01.json").read_text())
+        assert node["sampler_stop"] == "stopped" and node["samples"] == 2      # the final sample
+        assert not sdir.exists()
+    finally:
+        kill_fakes(site)
 
 
 def test_hook_fast_path_arguments(monkeypatch):
@@ -111,88 +114,70 @@ def test_hook_fast_path_arguments(monkeypatch):
         assert parse_hook_args(argv) is None, argv
 
 
-def _started(site, job_id: str, interval_s: float = 0.2) -> tuple[dict, dict, object]:
-    """A prolog's sampler of ``job_id`` running and past its first flush -> (env, pid record, state dir)."""
-    site.config.write_text(site.config.read_text().replace("interval_s = 0.2", f"interval_s = {interval_s}"))
+def _started(site, job_id: str) -> tuple[dict, object]:
+    """A job the node monitor samples, past its first flush -> (env, state dir)."""
     env = site.env(job_id=job_id)
     cp = run_node(["prolog"], env)
     assert cp.returncode == 0, cp.stderr
     sdir = site.state / "jobs" / job_id
-    deadline = time.monotonic() + 20
-    while not (sdir / "sampler.json").exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return env, json.loads((sdir / "sampler.pid.json").read_text()), sdir
+    assert (sdir / "sampler.json").exists() and (sdir / "monitor.json").exists()
+    return env, sdir
 
 
-def test_epilog_takes_the_summary_the_sampler_wrote_at_sigterm():
-    """The prolog starts ``python -m gsrun.epilog.sampler``; at the epilog's SIGTERM it
-    writes the node summary after its final flush, and the epilog only completes it."""
+def test_epilog_ends_the_sampling_and_writes_the_summary_from_the_final_state():
     site = make_site()
-    env, info, sdir = _started(site, "4811")
-    assert info["argv"][:2] == ["--job-id", "4811"]
-    assert "gsrun.epilog.sampler" in psutil.Process(info["pid"]).cmdline()
-    cp = run_node(["epilog"], env)
-    assert cp.returncode == 0, cp.stderr
-    assert "node summary: written by the sampler at its final flush" in cp.stderr
-    node = json.loads((site.spool / "jobs" / "4811" / "node-gpu-node01.json").read_text())
-    assert node["sampler_stop"] == "stopped" and node["samples"] >= 2
-    assert node["gres_gpus"] == [0] and node["elapsed_s"] == round(node["end_time"] - node["start_time"], 3)
-    assert node["end_time"] >= node["start_time"] and node["gpu_available"] is True
-    assert not sdir.exists()     # state dir forgotten after a clean epilog
-
-
-def test_epilog_computes_the_summary_when_the_sampler_was_killed():
-    """A sampler killed (SIGKILL, OOM) writes no summary: the epilog falls back to its last flushed state."""
-    site = make_site()
-    env, info, sdir = _started(site, "4812")
-    os.kill(info["pid"], signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while pids.is_same(info["pid"], info["create_time"]) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    flushed = json.loads((sdir / "sampler.json").read_text())
-    cp = run_node(["epilog"], env)
-    assert cp.returncode == 0, cp.stderr
-    assert "node summary: computed from sampler.json (sampler: not running)" in cp.stderr
-    node = json.loads((site.spool / "jobs" / "4812" / "node-gpu-node01.json").read_text())
-    assert node["sampler_stop"] == "not running" and node["samples"] == flushed["samples"] >= 1
-    assert node["start_time"] == flushed["start_time"]
-
-
-def test_epilog_stops_an_older_prologs_sampler_and_computes_the_summary():
-    """A sampler started by an older prolog (``python -m gsrun.node.sampler``: no summary at its
-    end) is stopped and its final state summarised by the epilog; the summary an earlier sampler
-    of the job left is not taken for it (another PID and start time)."""
-    site = make_site()
-    env, info, sdir = _started(site, "4813")
-    assert pids.stop(info["pid"], info["create_time"], timeout_s=5) == "stopped"
-    stale = json.loads((sdir / "node-summary.json").read_text())
-    assert stale["pid"] == info["pid"]
-    from gsrun.base.proc import ROOT_CWD, root_python
-
-    p = subprocess.Popen(root_python("-m", "gsrun.node.sampler", *info["argv"]), cwd=ROOT_CWD,
-                         env={k: v for k, v in env.items() if k in ("PATH", "GSRUN_HOST_ROOT", "GSRUN_CONFIG",
-                                                                    "GSRUN_STATE_DIR", "GSRUN_SPOOL_DIR")},
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            st = json.loads((sdir / "sampler.json").read_text())
-            if st["done"] is False:
-                break
-            time.sleep(0.05)
-        assert st["done"] is False and st["start_time"] > stale["summary"]["start_time"]
-        (sdir / "sampler.pid.json").write_text(json.dumps({"pid": p.pid, "create_time": pids.start_time(p.pid),
-                                                            "argv": info["argv"]}))
+        env, sdir = _started(site, "4811")
+        time.sleep(0.5)
         cp = run_node(["epilog"], env)
         assert cp.returncode == 0, cp.stderr
-        assert "node summary: computed from sampler.json (sampler: stopped)" in cp.stderr
-        node = json.loads((site.spool / "jobs" / "4813" / "node-gpu-node01.json").read_text())
-        assert node["sampler_stop"] == "stopped" and node["start_time"] == st["start_time"]
-        assert p.wait(5) == 0
+        assert not samplers_of("4811", site.state)
+        node = json.loads((site.spool / "jobs" / "4811" / "node-gpu-node01.json").read_text())
+        assert node["sampler_stop"] == "stopped" and node["samples"] >= 2
+        assert node["gres_gpus"] == [0] and node["end_time"] >= node["start_time"] and node["gpu_available"]
+        assert not sdir.exists()     # state dir forgotten after a clean epilog
+        cp = run_node(["epilog"], env)          # again (slurmd retried it): nothing to end
+        assert cp.returncode == 0, cp.stderr
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        kill_fakes(site)
+
+
+def test_epilog_writes_the_summary_from_the_last_flush_when_the_monitor_does_not_answer():
+    """The monitor SIGKILLed and its daemon gone; what listens on monitor.sock closes
+    every connection unanswered (a monitor dying while it answers): the epilog says so
+    and summarises the last flushed state."""
+    site = make_site()
+    listener = None
+    try:
+        env, sdir = _started(site, "4812")
+        time.sleep(0.5)
+        pid = monitor_pid(site.state)
+        os.kill(pid, signal.SIGKILL)
+        stop_daemon(site.state, kill=True)
+        flushed = json.loads((sdir / "sampler.json").read_text())
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(str(site.state / "monitor.sock"))
+        listener.listen(8)
+
+        def hang_up():
+            while True:
+                try:
+                    conn, _ = listener.accept()
+                except OSError:
+                    return
+                conn.close()
+        threading.Thread(target=hang_up, daemon=True).start()
+        cp = subprocess.run([sys.executable, "-P", "-c", LAUNCH, "epilog"], env=env, capture_output=True,
+                            text=True, timeout=120, cwd="/")      # not run_node: it would start a daemon
+        assert cp.returncode == 0, cp.stderr
+        assert "the summary has the figures of the last flush" in cp.stderr
+        node = json.loads((site.spool / "jobs" / "4812" / "node-gpu-node01.json").read_text())
+        assert node["sampler_stop"].startswith("monitor not answering: ")
+        assert node["samples"] == flushed["samples"] >= 1 and node["start_time"] == flushed["start_time"]
+    finally:
+        if listener is not None:
+            listener.close()
+        kill_fakes(site)
 
 
 def _busy(job_id: str, node: str = "gpu-node01"):
@@ -236,25 +221,3 @@ def test_job_procs_final_poll_rereads_known_processes_only():
             if p is not None and p.poll() is None:
                 p.kill()
                 p.wait()
-
-
-def test_a_prolog_stops_the_earlier_sampler_of_its_job_and_nothing_else(tmp_path):
-    """The prolog stops the sampler a record of its job names, before starting its own
-    -- only when the record proves that process is it (its start time): a record
-    without one (a sampler gone before it was recorded: start_time None) names a PID
-    that may belong to anything by now, and root must not SIGTERM/SIGKILL that."""
-    from gsrun.prolog.main import _stop_earlier_sampler
-
-    procs = [subprocess.Popen(["sleep", "60"]) for _ in range(3)]
-    try:
-        earlier, reused, other = procs
-        for p, ct in ((earlier, pids.start_time(earlier.pid)), (reused, None),
-                      (other, pids.start_time(other.pid) - 100)):
-            (tmp_path / "sampler.pid.json").write_text(json.dumps({"pid": p.pid, "create_time": ct}))
-            _stop_earlier_sampler(tmp_path)
-        assert earlier.wait(timeout=10) == -signal.SIGTERM
-        assert reused.poll() is None and other.poll() is None
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()

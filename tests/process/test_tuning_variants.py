@@ -17,11 +17,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 
 import pytest
 
-from helpers.node_site import TUNE, host_only, kill_fakes, make_site, nvml_devices, run_node, samplers_of, snapshot
+from helpers.node_site import TUNE, host_only, kill_fakes, make_site, nvml_devices, run_node, snapshot
 from helpers.tuning_tree import diff
 
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="the hooks run as root")
@@ -33,9 +32,7 @@ GOV = "sys/devices/system/cpu/cpu{}/cpufreq/scaling_governor"
 def site():
     s = make_site(nvml=nvml_devices(1))
     yield s
-    for pid in samplers_of("4242", s.state):
-        os.kill(pid, signal.SIGKILL)
-    kill_fakes(s)
+    kill_fakes(s)       # and the site's node daemon
     shutil.rmtree(s.base, ignore_errors=True)
 
 
