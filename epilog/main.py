@@ -233,7 +233,7 @@ def _live_jobs(paths, job_id: str) -> set[str]:
 def _residual(job, hostfs, paths, cfg, log):
     rep = residual.cleanup(job.job_id, job.uid, job.gpus, hostfs,
                            smi_timeout_s=min(10.0, cfg["timeouts.command_s"]), log=log,
-                           live_jobs=_live_jobs(paths, job.job_id))
+                           live_jobs=_live_jobs(paths, job.job_id), nv=monitor.RemoteNvml(paths.state_dir))
     if rep.get("reason"):
         log.error(rep["reason"])
     return rep

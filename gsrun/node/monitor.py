@@ -29,6 +29,12 @@ line of JSON (at most :data:`MAX_REQUEST_BYTES`, read within
                                    -> {"ok": true, "resumed": false, "gpus": 2, "notes": [...]}
     {"op": "end", "job_id": "42"}  -> {"ok": true, "samples": 120, "stopped": "stopped"}
     {"op": "status"}               -> {"ok": true, "pid", "started", "jobs": [ids], "gpus", "nvml_error", ...}
+    {"op": "get", "index": 0, "key": "minor"}   (``index`` absent: the device count)
+                                   -> {"ok": true, "value": ...} | {"ok": true, "na": "Not Supported", "code": 3}
+
+``get`` serves the hooks the NVML facts they read (:data:`REMOTE_KEYS`:
+read-only; :class:`RemoteNvml` is the hooks' backend), so no hook process
+opens NVML for them.
 
 and ``{"ok": false, "error": "..."}`` for a request refused. Bounds: at most
 :data:`MAX_JOBS` jobs, :data:`MAX_GPUS` GPU indices per job, every field
@@ -58,7 +64,7 @@ from gsrun.base.fsutil import atomic_write_json, read_json
 from gsrun.base.ids import is_job_id, is_node_name
 from gsrun.base.paths import Paths
 from gsrun.facts.hostfs import HostFS
-from gsrun.facts.nvml import NvmlUnavailable, is_na, open_nvml
+from gsrun.facts.nvml import NA, NvmlUnavailable, is_na, open_nvml
 from gsrun.node import cpu_latency, tuning
 from gsrun.node.live import LiveActions
 from gsrun.node.mem_baseline import read_mem_baseline
@@ -79,6 +85,8 @@ MAX_DMA_US = 2_000_000_000
 NVML_RETRY_S = 2.0          # NVML that could not be opened is tried again at a job's begin, at most this often
 IRQ_RETRY_AFTER_S = 60.0    # the IRQs refused at the prolog are tried again once, this long into the job
 IDLE_KEYS = ("memory", "power_mw", "temperature_c", "utilization", "energy_mj")
+# the NVML facts the hooks ask the monitor for (read-only: residual GPU processes, the GPU map)
+REMOTE_KEYS = frozenset({"minor", "pci_bus_id", "uuid", "name", "compute_processes", "memory", "mig_mode"})
 _PR_SET_PDEATHSIG = 1
 
 
@@ -114,7 +122,7 @@ def check_begin(req: dict) -> dict:
 def parse_request(line: bytes) -> dict:
     """One request line -> its dict. Raises ValueError (not JSON, not an object, no known op)."""
     req = json.loads(line)
-    if not isinstance(req, dict) or req.get("op") not in ("nvml", "begin", "end", "status"):
+    if not isinstance(req, dict) or req.get("op") not in ("nvml", "begin", "end", "status", "get"):
         raise ValueError("not a monitor request")
     return req
 
@@ -187,6 +195,44 @@ def _peer_uid(s) -> int:
     return struct.unpack("3i", cred)[1]
 
 
+class RemoteNvml:
+    """The NVML backend of a hook process (:class:`gsrun.facts.nvml.Backend`'s
+    ``count``/``get``/``close``): each read asks the node monitor of
+    ``state_dir`` (``get``), which holds NVML. A key outside
+    :data:`REMOTE_KEYS` or a monitor that does not answer reads as
+    :class:`~gsrun.facts.nvml.NA` (the caller's fallback then applies: procfs,
+    ``nvidia-smi``)."""
+
+    def __init__(self, state_dir, timeout_s: float = 5.0):
+        self.state_dir, self.timeout_s = state_dir, timeout_s
+
+    def _ask(self, req: dict):
+        try:
+            out = ask(self.state_dir, {"op": "get", **req}, timeout_s=self.timeout_s, wait_s=self.timeout_s)
+        except NodeError as e:
+            return NA(f"node monitor: {e}".splitlines()[0][:200], None)
+        if not out.get("ok"):
+            return NA(str(out.get("error"))[:200], None)
+        if "na" in out:
+            return NA(str(out["na"])[:200], out.get("code") if isinstance(out.get("code"), int) else None)
+        return out.get("value")
+
+    def driver_version(self):
+        return NA("not served by the node monitor", None)
+
+    def count(self) -> int:
+        n = self._ask({"key": "count"})
+        return n if isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= MAX_GPUS else 0
+
+    def get(self, index: int, key: str, **kw):
+        if key not in REMOTE_KEYS or kw:
+            return NA(f"{key} is not served by the node monitor", None)
+        return self._ask({"index": index, "key": key})
+
+    def close(self) -> None:
+        pass
+
+
 # ----------------------------------------------------------------------------- the monitor
 
 @dataclass
@@ -231,6 +277,7 @@ class Monitor:
         self.idle_values: dict[int, dict] = {}       # NVML index -> last reading of a GPU no job holds
         self.devices: dict[int, tuple] = {}          # NVML index -> (minor, uuid, name): read once
         self.latest: list[GpuReading] = []           # the Prometheus endpoint's figures, swapped whole per tick
+        self.first_polls: list[str] = []             # jobs begun since the last poll: polled after the answer
         self._open_nvml(nvml)
 
     # -- requests --------------------------------------------------------------
@@ -244,6 +291,8 @@ class Monitor:
             return {"ok": True, **self.status()}
         if op == "begin":
             return self.begin(check_begin(req))
+        if op == "get":
+            return self.get(req.get("index"), req.get("key"))
         job_id = req.get("job_id")
         if not is_job_id(job_id, array=True):
             raise ValueError(f"job_id {job_id!r} is not a job id")
@@ -260,7 +309,9 @@ class Monitor:
     def begin(self, job: dict, resumed: bool = False) -> dict:
         """Start sampling ``job`` (:func:`check_begin`'s dict): its sampler
         continues a state it finds (a prolog run again, a monitor restarted),
-        else starts one; the first sample and flush follow at once."""
+        else starts one; its first poll and flush come right after the answer
+        (:meth:`poll_begun`: a poll reads PCIe throughput over 20 ms windows,
+        never on the prolog's path)."""
         job_id = job["job_id"]
         if job_id in self.jobs:
             return {"ok": True, "resumed": True, "gpus": len(self.jobs[job_id].sampler.refs), "notes": []}
@@ -292,8 +343,23 @@ class Monitor:
             s.state["notes"].append(note)
             entry.notes.append(note)
         self.jobs[job_id] = entry
-        self._sample(job_id, entry)
+        self.first_polls.append(job_id)     # after the answer: the prolog does not wait for it
         return {"ok": True, "resumed": resumed, "gpus": len(s.refs), "notes": entry.notes}
+
+    def get(self, index, key) -> dict:
+        """One read-only NVML fact for a hook (:data:`REMOTE_KEYS`); ``index``
+        None: the device count."""
+        if self.nv is None:
+            return {"ok": True, "na": self.nvml_error or "NVML not opened", "code": None}
+        if index is None and key == "count":
+            return {"ok": True, "value": self._count()}
+        if key not in REMOTE_KEYS or not (isinstance(index, int) and not isinstance(index, bool)
+                                          and 0 <= index < MAX_GPUS):
+            raise ValueError(f"get: {key!r} of device {index!r} is not served")
+        v = self.nv.get(index, key)
+        if is_na(v):
+            return {"ok": True, "na": v.reason, "code": v.code}
+        return {"ok": True, "value": v}
 
     def _reload(self) -> None:
         """At each job's begin, as a prolog reads it: the site config (a broken
@@ -451,6 +517,14 @@ class Monitor:
         except Exception as e:  # noqa: BLE001 - the job keeps the affinity it has
             self.log(f"job {job_id}: IRQ retry failed: {e}")
 
+    def poll_begun(self) -> None:
+        """The first poll of the jobs begun since the last call (each job's
+        state exists from its first flush on)."""
+        while self.first_polls:
+            job_id = self.first_polls.pop(0)
+            if job_id in self.jobs and self.jobs[job_id].sampler.state["samples"] == 0:
+                self._sample(job_id, self.jobs[job_id])
+
     def held_indices(self) -> set[int]:
         return {r.nvml_index for e in self.jobs.values() for r in e.sampler.refs if r.nvml_index is not None}
 
@@ -511,6 +585,7 @@ class Monitor:
                 for key, _ev in sel.select(timeout=max(0.0, min(next_t - now, 1.0))):
                     if key.data == "accept":
                         self._accept(listener)
+                        self.poll_begun()
                     else:
                         try:
                             while os.read(r, 512):

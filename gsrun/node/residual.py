@@ -317,8 +317,10 @@ def cleanup(job_id: str, uid: int, gres_indices: list[int] | None, hostfs=None,
             smi_timeout_s: float = SMI_TIMEOUT_S, term_wait_s: float = TERM_WAIT_S,
             kill_wait_s: float = KILL_WAIT_S, recheck_s: float = RECHECK_S,
             log: Callable[[str], None] = print, smi_exe: str | None = None,
-            live_jobs: set[str] | None = None) -> dict:
-    """The epilog step: list, decide, end, re-check.
+            live_jobs: set[str] | None = None, nv=None) -> dict:
+    """The epilog step: list, decide, end, re-check. ``nv``: the NVML backend
+    to read (the node monitor's, :class:`gsrun.node.monitor.RemoteNvml`);
+    None: NVML opened here and closed after.
 
     Returns ``{"gpus": {gres: bus}, "source", "found": [GpuProc dicts],
     "ended": {pid: result}, "skipped": [...], "remaining": [GpuProc dicts],
@@ -332,11 +334,12 @@ def cleanup(job_id: str, uid: int, gres_indices: list[int] | None, hostfs=None,
     if not gres_indices:
         rep["notes"].append("job has no GPUs on this node (or they are unknown): nothing to check")
         return rep
-    nv = None
-    try:
-        nv = open_nvml(hostfs)
-    except NvmlUnavailable as e:
-        rep["notes"].append(str(e))
+    own = nv is None
+    if own:
+        try:
+            nv = open_nvml(hostfs)
+        except NvmlUnavailable as e:
+            rep["notes"].append(str(e))
     try:
         gmap, notes = job_bus_ids(gres_indices, nv, hostfs)
         rep["gpus"], rep["notes"] = {str(k): v for k, v in gmap.items()}, rep["notes"] + notes
@@ -387,7 +390,7 @@ def cleanup(job_id: str, uid: int, gres_indices: list[int] | None, hostfs=None,
             rep["ok"], rep["reason"] = False, f"Residual GPU processes: {desc}"
         return rep
     finally:
-        if nv is not None:
+        if own and nv is not None:
             try:
                 nv.close()
             except Exception:  # noqa: BLE001

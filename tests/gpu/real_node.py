@@ -368,7 +368,7 @@ def main() -> int:
     fig: dict = {"smi_readings": len(readings)}
     if summary and summary.get("gpu", {}).get("devices"):
         g = summary["gpu"]["devices"][0]
-        node_elapsed = summary["job"]["elapsed_s"]
+        node_elapsed = summary["job"]["elapsed_s"] or summary["job"].get("sampled_s")   # no record here: the sampled span
         smi_util = statistics.mean(r["util_pct"] for r in readings) if readings else None
         # the sampler covers prolog->epilog; nvidia-smi covered the task only:
         # scale the task's mean to the sampler's window (idle outside the task)

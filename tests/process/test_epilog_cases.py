@@ -325,11 +325,11 @@ def test_case20_wedged_nvidia_smi_dcgmi_sacct_epilog_within_budget(site):
     base = host_only(snapshot(site.host))
     env = site.env(gpus="0,1", spank={"SPANK_GS_TUNE": TUNE}, FAKE_SLURM="record",
                    FAKE_SCONTROL_RECORD=RECORD.format(job="4242"))
-    assert run_node(["prolog"], env).returncode == 0
     data = json.loads((site.host / "nvml.json").read_text())
     for d in data["devices"]:
         d["compute_processes"] = {"error": "Not Supported", "code": 3}     # forces the nvidia-smi path
-    (site.host / "nvml.json").write_text(json.dumps(data))
+    (site.host / "nvml.json").write_text(json.dumps(data))      # before the node monitor opens it
+    assert run_node(["prolog"], env).returncode == 0
     site.calls.unlink()
     env.update(FAKE_NVSMI="hang", FAKE_SLURM="hang")
     cp, took = timed(["epilog"], env, timeout_s=300)     # the harness limit (PrologEpilogTimeout stand-in)
@@ -350,11 +350,11 @@ def test_epilog_steps_have_their_own_deadlines(site):
     base = host_only(snapshot(site.host))
     env = site.env(gpus="0", spank={"SPANK_GS_TUNE": TUNE}, FAKE_SLURM="record",
                    FAKE_SCONTROL_RECORD=RECORD.format(job="4242"))
-    assert run_node(["prolog"], env).returncode == 0
     data = json.loads((site.host / "nvml.json").read_text())
     for d in data["devices"]:
         d["compute_processes"] = {"error": "Not Supported", "code": 3}
-    (site.host / "nvml.json").write_text(json.dumps(data))
+    (site.host / "nvml.json").write_text(json.dumps(data))      # before the node monitor opens it
+    assert run_node(["prolog"], env).returncode == 0
     cp, took = timed(["epilog"], {**env, "FAKE_NVSMI": "hang"})
     assert took < 14, took
     assert cp.returncode == 1 and "residual step timed out" in cp.stderr

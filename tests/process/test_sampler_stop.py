@@ -84,7 +84,8 @@ def test_end_takes_the_final_sample_at_once_in_a_long_interval():
         cp = run_node(["prolog"], env)
         assert cp.returncode == 0, cp.stderr
         sdir = site.state / "jobs" / "4801"
-        state = json.loads((sdir / "sampler.json").read_text())      # begin: first sample and flush at once
+        assert _first_flush(sdir)                   # right after the answer to the prolog
+        state = json.loads((sdir / "sampler.json").read_text())
         assert state["done"] is False and state["samples"] == 1
         t0 = time.monotonic()
         cp = run_node(["epilog"], env)
@@ -120,8 +121,17 @@ def _started(site, job_id: str) -> tuple[dict, object]:
     cp = run_node(["prolog"], env)
     assert cp.returncode == 0, cp.stderr
     sdir = site.state / "jobs" / job_id
-    assert (sdir / "sampler.json").exists() and (sdir / "monitor.json").exists()
+    assert (sdir / "monitor.json").exists()
+    assert _first_flush(sdir)
     return env, sdir
+
+
+def _first_flush(sdir, timeout_s: float = 10.0) -> bool:
+    """The job's first poll and flush come right after the monitor answered the prolog."""
+    deadline = time.monotonic() + timeout_s
+    while not (sdir / "sampler.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return (sdir / "sampler.json").exists()
 
 
 def test_epilog_ends_the_sampling_and_writes_the_summary_from_the_final_state():
