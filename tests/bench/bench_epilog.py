@@ -59,7 +59,7 @@ def wall_ms(argv, env=None, cwd="/") -> tuple[float, subprocess.CompletedProcess
 
 
 def _parts(stderr: str) -> dict[str, float]:
-    """The epilog's log lines ``<step>: end (S s)`` and ``done in S s`` -> {step: ms, "steps": ms}."""
+    """A hook's log lines ``<step>: end (S s)`` and ``done in S s`` -> {step: ms, "steps": ms}."""
     import re
 
     out = {m.group(1): float(m.group(2)) * 1000 for m in re.finditer(r": ([a-z+_]+): end \(([0-9.]+) s\)", stderr)}
@@ -175,6 +175,7 @@ def main() -> int:
                 env.pop("GSRUN_HOST_ROOT", None)
             sfx = ("_tuned" if tuned else "") + ("_daemon" if via else "")
             ms, cp = hook_ms(hooks["prolog"], env, via)
+            parts.setdefault("prolog" + sfx, []).append(_parts(cp.stderr))
             res["prolog" + sfx].append(ms)
             if cp.returncode:
                 errors.append(f"prolog rc {cp.returncode}: {cp.stderr[-300:]}")
@@ -208,7 +209,7 @@ def main() -> int:
     out = {"runs": a.runs, "interval_s": a.interval_s, "real_host": a.real_host, "python": python, "gsrun": where[0], "hooks": hooks,
            "load_avg": [round(x, 2) for x in os.getloadavg()], "median_ms": med, "ratio_to_floor": ratio,
            "targets": {k: {"max_ratio": t, "ratio": ratio[k], "met": ratio[k] <= t} for k, t in targets.items()},
-           "epilog_steps_median_ms": {k: {p: round(statistics.median([d[p] for d in v if p in d]), 1)
+           "steps_median_ms": {k: {p: round(statistics.median([d[p] for d in v if p in d]), 1)
                                                for p in sorted({p for d in v for p in d})}
                                            for k, v in parts.items()},
            "errors": errors[:5]}
