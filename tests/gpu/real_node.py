@@ -337,7 +337,8 @@ def main() -> int:
     sp = base / "spool" / "jobs" / JOB_ID
     try:
         us = (sp / "user-summary.json").stat()
-        checks["user_summary_owner_mode"] = us.st_uid == uid and (us.st_mode & 0o777) == 0o400
+        # root's, 0440, the job's group (gsrun.base.fsutil.write_user_copy): the user reads it, cannot replace it
+        checks["user_summary_owner_mode"] = us.st_uid == 0 and us.st_gid == gid and (us.st_mode & 0o777) == 0o440
         ns = (sp / f"node-{NODE}.json").stat()
         checks["node_summary_root_0600"] = ns.st_uid == 0 and (ns.st_mode & 0o777) == 0o600
     except OSError as e:
