@@ -1,0 +1,99 @@
+"""The node monitor's protocol (gsrun.node.monitor): what a request may carry, what the hooks may read
+through it, and that a bad request fails alone (the monitor answers the next one)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+
+import pytest
+
+from gsrun.base.paths import Paths
+from gsrun.facts.hostfs import HostFS
+from gsrun.facts.nvml import FakeNvml, is_na
+from gsrun.node import monitor
+from gsrun.request.config import load_config_or_defaults
+from helpers.node_site import kill_fakes, make_site, nvml_devices, node_daemon
+
+GOOD = {"job_id": "42", "uid": 1000, "node": "gpu01", "gpus": [0, 1], "dma_latency_us": None}
+
+
+@pytest.mark.parametrize("field,value", [
+    ("job_id", "42;rm"), ("job_id", 42), ("uid", True), ("uid", -1), ("uid", 2 ** 32), ("node", "a b"),
+    ("gpus", list(range(65))), ("gpus", [0, "1"]), ("gpus", [4096]), ("dma_latency_us", -1),
+    ("dma_latency_us", 2 ** 31), ("dma_latency_us", False),
+])
+def test_a_begin_field_outside_its_allow_list_is_refused_with_its_name(field, value):
+    with pytest.raises(ValueError, match=field):
+        monitor.check_begin(dict(GOOD, **{field: value}))
+
+
+def test_a_good_begin_is_kept_sorted_and_deduplicated():
+    assert monitor.check_begin(dict(GOOD, gpus=[3, 1, 3])) == dict(GOOD, gpus=[1, 3])
+
+
+@pytest.mark.parametrize("line", [b"[]", b'{"op": "exec"}', b"not json", b'"begin"'])
+def test_a_line_that_is_no_request_is_refused(line):
+    with pytest.raises(ValueError):
+        monitor.parse_request(line)
+
+
+def _monitor(tmp_path) -> monitor.Monitor:
+    class _Err:
+        error = staticmethod(print)
+
+    paths = Paths(str(tmp_path / "st"), str(tmp_path / "sp"), str(tmp_path / "mps"))
+    return monitor.Monitor(HostFS(str(tmp_path)), paths, load_config_or_defaults(_Err),
+                           nvml=FakeNvml(nvml_devices(2)), log=lambda m: None)
+
+
+def test_hooks_read_only_the_served_facts(tmp_path):
+    mon = _monitor(tmp_path)
+    assert mon.get(None, "count") == {"ok": True, "value": 2}
+    assert mon.get(1, "minor") == {"ok": True, "value": 1}
+    assert mon.get(0, "compute_processes") == {"ok": True, "value": []}
+    for index, key in ((0, "power_limit_mw"), (0, "gpm"), (-1, "minor"), (True, "minor"), (999, "minor")):
+        with pytest.raises(ValueError, match="not served"):
+            mon.get(index, key)
+    na = mon.get(0, "mig_mode")     # not in the recording: NVML's "not available", never a value
+    assert na["ok"] and "na" in na
+
+
+def _raw(sock: str, data: bytes) -> bytes:
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(10)
+    s.connect(sock)
+    try:
+        s.sendall(data)
+        s.shutdown(socket.SHUT_WR)
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+        return out
+    except OSError:
+        return b""
+    finally:
+        s.close()
+
+
+def test_bad_requests_fail_alone_and_the_hooks_backend_reads_through_the_monitor():
+    site = make_site()
+    try:
+        node_daemon(site.env())
+        sock = str(site.state / "monitor.sock")
+        assert os.stat(sock).st_mode & 0o777 == 0o600
+        assert json.loads(_raw(sock, b'{"op": "exec"}\n'))["ok"] is False
+        assert json.loads(_raw(sock, b'{"op": "begin", "job_id": "1;x"}\n'))["error"].startswith("job_id")
+        t0 = time.monotonic()
+        assert _raw(sock, b"x" * (monitor.MAX_REQUEST_BYTES + 2)) == b""      # too long: dropped unanswered
+        assert _raw(sock, b'{"op": "status"') == b""                          # cut short: dropped
+        assert time.monotonic() - t0 < 2 * monitor.REQUEST_TIMEOUT_S + 1
+        st = monitor.ask(site.state, {"op": "status"})
+        assert st["ok"] and st["jobs"] == [] and st["nvml_inits"] == 1
+        nv = monitor.RemoteNvml(site.state)
+        assert nv.count() >= 1 and nv.get(0, "minor") == 0
+        assert is_na(nv.get(0, "power_mw"))          # not served to hooks
+    finally:
+        kill_fakes(site)
