@@ -67,20 +67,21 @@ def test_energy_unsupported_estimated_and_v1_memory_baseline_and_job_processes(s
     dev = data["devices"][0]
     dev.pop("energy_mj", None)                      # absent key = NOT_SUPPORTED (code 3)
     dev["memory"] = {"ok": {"total": 150754820096, "used": GIB, "free": 149 * GIB}}   # v1: no "reserved"
-    dev["compute_processes"] = {"ok": [{"pid": mine.pid, "used_bytes": 3 * GIB},
-                                       {"pid": other.pid, "used_bytes": 5 * GIB}]}
+    # listed for the first 4 s of the node monitor's NVML (it opens the recording once, at its start,
+    # which the prolog's run makes), then gone: as the driver lists them after the job ends
+    dev["compute_processes"] = {"script": [[0, {"ok": [{"pid": mine.pid, "used_bytes": 3 * GIB},
+                                                       {"pid": other.pid, "used_bytes": 5 * GIB}]}],
+                                           [4.0, {"ok": []}]]}
     (site.host / "nvml.json").write_text(json.dumps(data))
     env = site.env(gpus="0")
     cp = run_node(["prolog"], env)
     assert cp.returncode == 0, cp.stderr
     begun = json.loads((site.state / "jobs/4242/monitor.json").read_text())      # the monitor's, at begin
     assert begun["mem_baseline"] == {"0": GIB}
-    time.sleep(2.5)                                  # ~12 polls at interval_s 0.2
+    time.sleep(4.5)                                  # polls every 0.2 s; the listing ends at 4 s
     for p in (mine, other):                          # the job ended; the other user's process too
         p.kill()
         p.wait(5)
-    dev["compute_processes"] = {"ok": []}            # as the driver lists them now
-    (site.host / "nvml.json").write_text(json.dumps(data))
     ep = run_node(["epilog"], dict(env, SLURM_SCRIPT_CONTEXT="epilog_slurmd"))
     assert ep.returncode == 0, ep.stderr
     node = json.loads((site.spool / "jobs/4242/node-gpu-node01.json").read_text())
