@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import threading
 import time
 
 import pytest
@@ -97,3 +98,27 @@ def test_bad_requests_fail_alone_and_the_hooks_backend_reads_through_the_monitor
         assert is_na(nv.get(0, "power_mw"))          # not served to hooks
     finally:
         kill_fakes(site)
+
+
+def test_the_irqs_refused_at_the_prolog_are_tried_again_once_a_minute_into_the_job(tmp_path, monkeypatch):
+    calls = []
+
+    def retry(hostfs, state_dir, job_id, prolog_record=None, log=print):
+        calls.append((job_id, str(prolog_record)))
+        return [{"irq": "45", "outcome": "applied"}]
+    monkeypatch.setattr(monitor.tuning, "retry_skipped_irqs", retry)
+    now = [1_800_000_000.0]
+    mon = _monitor(tmp_path)
+    mon.clock = lambda: now[0]
+    mon.begin(dict(GOOD, gpus=[0]))
+    mon.tick()
+    now[0] += monitor.IRQ_RETRY_AFTER_S - 1
+    mon.tick()
+    assert calls == []
+    for _ in range(3):                 # once, however many polls follow
+        now[0] += 5
+        mon.tick()
+        for t in threading.enumerate():
+            if t.name.startswith("irq-retry-"):
+                t.join(10)
+    assert calls == [("42", str(tmp_path / "sp" / "jobs" / "42" / "prolog-gpu01.json"))]
