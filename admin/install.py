@@ -40,7 +40,7 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Callable
@@ -78,11 +78,6 @@ class SlurmVersion:
 
     version: str
     command: str
-
-    @property
-    def major_minor(self) -> tuple[int, int]:
-        a, b, _ = self.version.split(".", 2)
-        return int(a), int(b)
 
 
 def parse_slurm_version(text: str) -> str | None:
