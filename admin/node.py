@@ -111,15 +111,17 @@ def restore(host_root, state_dir, job_id, all_jobs):
                                            for p in paths.state_dir.glob("mps-*.json"))
     out["mps"] = {j: mps.stop(j, str(paths.mps_dir), str(paths.state_dir), cfg["mps.control_bin"],
                               cfg["mps.quit_timeout_s"], log=log) for j in jobs}
-    mig_jobs = [d.name for d in (paths.state_dir / "jobs").glob("*") if (d / "mig.json").exists()] \
-        if (paths.state_dir / "jobs").is_dir() else []
-    if job_id:
-        mig_jobs = [j for j in mig_jobs if j == job_id]
-    if mig_jobs and hostfs.is_real:
+    if hostfs.is_real:
         from gsrun.node import mig
 
-        out["mig"] = {j: mig.epilog_restore(RealMig(), str(paths.state_dir / "jobs"), j, log=log)
-                      for j in mig_jobs}
+        jobs_dir = paths.state_dir / "jobs"
+        if job_id:
+            done = {job_id: mig.epilog_restore(RealMig(), str(jobs_dir), job_id, log=log)} \
+                if (jobs_dir / job_id / mig.JOURNAL_NAME).exists() else {}
+        else:
+            done = mig.restore_crashed(RealMig(), jobs_dir, log=log)
+        if done:
+            out["mig"] = done
     click.echo(json.dumps(out, indent=1, default=str))
     return 0
 
