@@ -1,8 +1,7 @@
 """``gsrun-node``: the node side (run as root by slurmd/slurmctld or an admin).
 
 Subcommands: ``prolog``, ``epilog``, ``epilog-ctld`` (Slurm hooks; the job
-context comes from the environment Slurm sets), ``sampler`` (started by the
-prolog), ``restore``, ``status``, ``topology``, ``mig plan``, ``spank
+context comes from the environment Slurm sets), ``restore``, ``status``, ``topology``, ``mig plan``, ``spank
 build|install``, ``mail flush``, ``prune``, ``config check|reference``, ``install``,
 ``doctor``.
 """
@@ -59,7 +58,7 @@ SYSTEMD_UNITS_DIR = "/etc/systemd/system"
 @SPOOL_DIR
 @click.option("--dry-run", is_flag=True, help="Print the plan; change nothing.")
 def prolog(host_root, state_dir, spool_dir, dry_run):
-    """Slurm Prolog: tune, MPS/MIG, start the sampler."""
+    """Slurm Prolog: tune, MPS/MIG, begin the job's sampling."""
     return run(os.environ, host_root, state_dir, spool_dir, dry_run=dry_run)
 
 
@@ -68,7 +67,7 @@ def prolog(host_root, state_dir, spool_dir, dry_run):
 @STATE_DIR
 @SPOOL_DIR
 def epilog(host_root, state_dir, spool_dir):
-    """Slurm Epilog: stop the sampler, node summary, restore the node."""
+    """Slurm Epilog: end the job's sampling, node summary, restore the node."""
     from gsrun.epilog.main import run
     return run(os.environ, host_root, state_dir, spool_dir)
 
