@@ -18,7 +18,6 @@ from __future__ import annotations
 import glob
 import json
 import os
-import re
 import shutil
 import socket
 import stat
@@ -39,7 +38,7 @@ from gsrun.facts.hostfs import HostFS
 from gsrun.facts.nvml import NvmlUnavailable, is_na, open_nvml
 from gsrun.facts.slurm import expand_hostlist, parse_gres_count, parse_oneliner
 from gsrun.facts.topology import read_topology
-from gsrun.facts.memlock import MEMLOCK_LIMIT_RE, memlock_propagated, parse_memlock, rdma_devices, rdma_text  # noqa: F401
+from gsrun.facts.memlock import memlock_propagated, parse_memlock, rdma_devices, rdma_text
 from gsrun.node.tuning import (DMA_LATENCY, HugepagesKnob, IRQ, NODE, PCI, bracket_word, governor_cpus, idle_states,
                                irqbalance_check, irqbalance_policy_script, pids_by_comm, read_meminfo_kb, read_swaps,
                                thp_dir)

@@ -40,7 +40,7 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Callable
@@ -78,11 +78,6 @@ class SlurmVersion:
 
     version: str
     command: str
-
-    @property
-    def major_minor(self) -> tuple[int, int]:
-        a, b, _ = self.version.split(".", 2)
-        return int(a), int(b)
 
 
 def parse_slurm_version(text: str) -> str | None:
@@ -415,9 +410,8 @@ def render_hook(gsrun_node: str, command: str, config_path: str | None, log_file
     ``GSRUN_LOG_FILE`` when given (hosts without syslog) and ``SLURM_CONF``
     when given (slurmctld does not pass it to EpilogSlurmctld, whose
     ``scontrol`` calls then fail on a cluster with a non-default slurm.conf),
-    ``GSRUN_STATE_DIR`` for a non-default ``state_dir`` (the epilog finds the
-    job's sampler socket there before the config is read: without it it looks
-    in the built-in directory).
+    ``GSRUN_STATE_DIR`` for a non-default ``state_dir`` (the hooks' state
+    directory, given to them as ``--state-dir``).
     ``via_daemon``: ``(client, socket)``: the command goes through the node
     daemon's client ``gsrun-hook`` (:mod:`gsrun.daemon.build`), which fails
     when no daemon listens on ``socket`` (every installed hook does; None

@@ -1,8 +1,7 @@
 """``gsrun-node``: the node side (run as root by slurmd/slurmctld or an admin).
 
 Subcommands: ``prolog``, ``epilog``, ``epilog-ctld`` (Slurm hooks; the job
-context comes from the environment Slurm sets), ``sampler`` (started by the
-prolog), ``restore``, ``status``, ``topology``, ``mig plan``, ``spank
+context comes from the environment Slurm sets), ``restore``, ``status``, ``topology``, ``mig plan``, ``spank
 build|install``, ``mail flush``, ``prune``, ``config check|reference``, ``install``,
 ``doctor``.
 """
@@ -59,7 +58,7 @@ SYSTEMD_UNITS_DIR = "/etc/systemd/system"
 @SPOOL_DIR
 @click.option("--dry-run", is_flag=True, help="Print the plan; change nothing.")
 def prolog(host_root, state_dir, spool_dir, dry_run):
-    """Slurm Prolog: tune, MPS/MIG, start the sampler."""
+    """Slurm Prolog: tune, MPS/MIG, begin the job's sampling."""
     return run(os.environ, host_root, state_dir, spool_dir, dry_run=dry_run)
 
 
@@ -68,7 +67,7 @@ def prolog(host_root, state_dir, spool_dir, dry_run):
 @STATE_DIR
 @SPOOL_DIR
 def epilog(host_root, state_dir, spool_dir):
-    """Slurm Epilog: stop the sampler, node summary, restore the node."""
+    """Slurm Epilog: end the job's sampling, node summary, restore the node."""
     from gsrun.epilog.main import run
     return run(os.environ, host_root, state_dir, spool_dir)
 
@@ -111,15 +110,17 @@ def restore(host_root, state_dir, job_id, all_jobs):
                                            for p in paths.state_dir.glob("mps-*.json"))
     out["mps"] = {j: mps.stop(j, str(paths.mps_dir), str(paths.state_dir), cfg["mps.control_bin"],
                               cfg["mps.quit_timeout_s"], log=log) for j in jobs}
-    mig_jobs = [d.name for d in (paths.state_dir / "jobs").glob("*") if (d / "mig.json").exists()] \
-        if (paths.state_dir / "jobs").is_dir() else []
-    if job_id:
-        mig_jobs = [j for j in mig_jobs if j == job_id]
-    if mig_jobs and hostfs.is_real:
+    if hostfs.is_real:
         from gsrun.node import mig
 
-        out["mig"] = {j: mig.epilog_restore(RealMig(), str(paths.state_dir / "jobs"), j, log=log)
-                      for j in mig_jobs}
+        jobs_dir = paths.state_dir / "jobs"
+        if job_id:
+            done = {job_id: mig.epilog_restore(RealMig(), str(jobs_dir), job_id, log=log)} \
+                if (jobs_dir / job_id / mig.JOURNAL_NAME).exists() else {}
+        else:
+            done = mig.restore_crashed(RealMig(), jobs_dir, log=log)
+        if done:
+            out["mig"] = done
     click.echo(json.dumps(out, indent=1, default=str))
     return 0
 

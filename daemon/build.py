@@ -14,7 +14,6 @@ serves the socket.
 from __future__ import annotations
 
 import os
-import shlex
 from pathlib import Path
 
 from gsrun.spank_py.build import LINK_HARDENING, _run
@@ -50,8 +49,3 @@ def build(out_dir: str | os.PathLike, cc: str | None = None) -> Path:
             tmp.unlink()
     return out / CLIENT_NAME
 
-
-def client_command(client: str, socket_path: str, command: list[str]) -> str:
-    """The shell words of a hook that goes through the daemon:
-    ``client socket_path command...``, quoted. Pure."""
-    return shlex.join([client, socket_path, *command])

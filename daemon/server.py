@@ -116,7 +116,7 @@ PING_REQUEST = "@ping"
 PRELOAD = ("gsrun.admin.node_entry", "gsrun.prolog.main", "gsrun.epilog.main",
            "gsrun.epilog.ctld_start", "gsrun.node.tuning", "gsrun.node.journal", "gsrun.node.mem_baseline",
            "gsrun.node.steps", "gsrun.node.mps", "gsrun.node.residual", "gsrun.node.mig",
-           "gsrun.request.config", "gsrun.request.job", "gsrun.base.pids",
+           "gsrun.request.config", "gsrun.request.job",
            "gsrun.report.node_end", "gsrun.report.summary", "gsrun.facts.nvml", "gsrun.node.monitor", "json", "pathlib",
            "subprocess", "shutil", "tomllib", "datetime", "traceback", "fcntl", "select", "socket",
            # the SPANK plugin's step plans (_bind_child)

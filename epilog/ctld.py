@@ -215,9 +215,6 @@ def _stale(node: dict, job: dict) -> bool:
     return isinstance(ns, (int, float)) and isinstance(js, (int, float)) and ns < js - STALE_SLACK_S
 
 
-_TIMELINE_KEYS = ('"timeline":{', '"cpu_timeline":[')
-
-
 def _node_without_timelines(path) -> dict | None:
     """A node summary file parsed without its timelines (``gpus[].timeline``
     and ``cpu_timeline`` left out), or None if absent/corrupt (as

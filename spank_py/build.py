@@ -372,9 +372,9 @@ def render_plugstack(so_path: str, args: list[tuple[str, str]], slurm_version: s
                       python_version=python_version, begin_marker=BEGIN_MARKER, end_marker=END_MARKER)
 
 
-def merge_plugstack(existing: str, block: str | None) -> str:
-    """Replace the managed block in ``existing`` plugstack text (or append it);
-    ``block=None`` removes it. Other plugins' lines are kept as they are.
+def merge_plugstack(existing: str, block: str) -> str:
+    """Replace the managed block in ``existing`` plugstack text (or append it).
+    Other plugins' lines are kept as they are.
     Raises ConfigError when a BEGIN marker has no END (hand-edited file)."""
     lines = existing.splitlines(keepends=True)
     out: list[str] = []
@@ -388,14 +388,14 @@ def merge_plugstack(existing: str, block: str | None) -> str:
             if j == len(lines):
                 raise ConfigError("spank install", "plugstack", "managed block has no end marker",
                                   hint=f"remove the lines from '{BEGIN_MARKER}' by hand")
-            if block is not None and not placed:
+            if not placed:
                 out.append(block)
                 placed = True
             i = j + 1
             continue
         out.append(lines[i])
         i += 1
-    if block is not None and not placed:
+    if not placed:
         if out and not out[-1].endswith("\n"):
             out[-1] += "\n"
         out.append(block)
@@ -466,24 +466,3 @@ def _copy_root(src: Path, target: Path, root: bool) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise NodeError("spank install", "plugin", f"cannot install {target}: {e.strerror}") from e
-
-
-def uninstall(plugstack_path: str | os.PathLike, so_path: str | os.PathLike | None = None) -> bool:
-    """Remove gsrun's block from ``plugstack_path`` (and the .so when given).
-    Returns True when a block was removed. Jobs started afterwards run without
-    the plugin (gsrun-bind still binds)."""
-    ps = Path(plugstack_path)
-    removed = False
-    if ps.exists():
-        text = ps.read_text()
-        new = merge_plugstack(text, None)
-        if new != text:
-            atomic_write(ps, new, 0o644)
-            removed = True
-    if so_path is not None:
-        for p in (Path(so_path), Path(so_path).with_name(PY_PART_NAME)):
-            try:
-                os.unlink(p)
-            except FileNotFoundError:
-                pass
-    return removed

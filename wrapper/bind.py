@@ -450,6 +450,3 @@ def _record_notes(notes: dict, environ: Mapping[str, str]) -> None:
     else:
         write_notes(path, notes)
 
-
-def _entry(argv: Sequence[str] | None = None) -> None:  # pragma: no cover
-    main(args=argv)

@@ -24,8 +24,7 @@ from gsrun.request.malloc import malloc_env, parse_malloc
 from gsrun.request.mig_layout import parse_layout
 from gsrun.request.mps_share import HINT as MPS_HINT, parse_mps_share
 from gsrun.request.tune import parse_tune_request
-from gsrun.wrapper.command import (Python, build_command, choose_python, refuse_launcher,
-                                   torch_warning)
+from gsrun.wrapper.command import build_command, choose_python, refuse_launcher, torch_warning
 from gsrun.wrapper.render import render_script
 from gsrun.wrapper.spec import (JobSpec, check_comment, parse_sbatch_option, plan_nodes, refuse_unrunnable,
                                 validate_fields, validate_site)
@@ -42,13 +41,6 @@ def _bind_exe() -> str:
         return here
     found = which("gsrun-bind")
     return found or "gsrun-bind"
-
-
-def _command(script: str, args: tuple[str, ...], python: str | None) -> tuple[str, ...]:
-    """The argv for ``SCRIPT ARGS`` (a ``.py`` script with ``python``, else the
-    interpreter :func:`~gsrun.wrapper.command.choose_python` picks)."""
-    py = Python(python, "given") if python else choose_python(None, os.environ)
-    return build_command("script", (script, *args), py)
 
 
 def _checked(option: str, parse, value: str, *args, hint_prefix: str = ""):

@@ -19,9 +19,9 @@ component, a log tag and a command argument.
   starts with ``-`` or ``.``).
 - partition name: ``[A-Za-z0-9_.-]{1,64}``.
 
-``check_*`` return the value unchanged or raise :class:`InputError` in the
-usual shape ``gsrun: <phase>: bad <what>: <repr of the value>`` plus a hint;
-``is_*`` are the same tests as booleans for callers that skip bad values.
+``check_job_id`` returns the value unchanged or raises :class:`InputError` in
+the usual shape ``gsrun: <phase>: bad <what>: <repr of the value>`` plus a
+hint; ``is_*`` are the tests as booleans for callers that skip bad values.
 """
 
 from __future__ import annotations
@@ -102,17 +102,6 @@ def is_user_name(value) -> bool:
     return _ok("USER_NAME_RE", value)
 
 
-def check_user_name(value, *, phase: str = "input", what: str = "user name") -> str:
-    """``value`` if it is a user name (see :func:`is_user_name`).
-
-    Raises:
-        InputError: ``gsrun: <phase>: bad <what>: <repr>``.
-    """
-    if not is_user_name(value):
-        raise _bad(phase, what, value, "letters, digits and _.- (at most 32), not starting with a digit")
-    return value
-
-
 UPPER = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZ")
 DIGITS = frozenset("0123456789")
 ALNUM = UPPER | frozenset("abcdefghijklmnopqrstuvwxyz") | DIGITS
@@ -133,29 +122,7 @@ def is_node_name(value) -> bool:
     return isinstance(value, str) and is_chars(value, _NODE_CHARS, 64) and value[0] in ALNUM
 
 
-def check_node_name(value, *, phase: str = "input", what: str = "node name") -> str:
-    """``value`` if it is a node name (see :func:`is_node_name`).
-
-    Raises:
-        InputError: ``gsrun: <phase>: bad <what>: <repr>``.
-    """
-    if not is_node_name(value):
-        raise _bad(phase, what, value, "a Slurm NodeName: letters, digits and ._- (at most 64), "
-                                       "starting with a letter or digit")
-    return value
-
-
 def is_partition(value) -> bool:
     """True when ``value`` is a str Slurm partition name (``gpu``, ``h200_long``)."""
     return _ok("PARTITION_RE", value)
 
-
-def check_partition(value, *, phase: str = "input", what: str = "partition") -> str:
-    """``value`` if it is a partition name (see :func:`is_partition`).
-
-    Raises:
-        InputError: ``gsrun: <phase>: bad <what>: <repr>``.
-    """
-    if not is_partition(value):
-        raise _bad(phase, what, value, "letters, digits and _.- only, at most 64 characters")
-    return value

@@ -1,7 +1,7 @@
 """Where gsrun keeps things (from the site config ``paths.*``), and the
 directories created with the right owner and mode.
 
-- ``<state_dir>/jobs/<id>/`` root 0700: sampler state and pid, journals.
+- ``<state_dir>/jobs/<id>/`` root 0700: the monitor's job file and sampler state, journals.
 - ``<spool_dir>/jobs/`` root 0711 (no listing); ``<spool_dir>/jobs/<id>/``
   root 0755; inside, root-only (0600) node/prolog records and the job summary,
   plus ``user-*.json`` copies owned by the job's user (0400): only that user

@@ -2,8 +2,8 @@
 session, a timeout, and on timeout the whole process group killed -- a
 wrapper script's ``sleep`` child too, so a wedged tool (field case 20,
 docs/field-cases.md) never outlives the hook that called it
-(:func:`run_bounded`); a child left running on its own (the prolog's sampler)
-is started by :func:`spawn_detached`."""
+(:func:`run_bounded`); a child left running on its own (EpilogSlurmctld's
+merge) is started by :func:`spawn_detached`."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def root_python(*args: str, python: str | None = None) -> list[str]:
     :data:`sys.executable`). ``-P`` (Python >= 3.11) keeps the working
     directory / script directory off ``sys.path`` for ``-m`` and ``-c``; ``-s``
     leaves out the user site-packages. Use with :func:`root_child_env` and
-    ``cwd=ROOT_CWD``. E.g. ``root_python("-m", "gsrun.node.sampler", "--job-id", "42")``.
+    ``cwd=ROOT_CWD``. E.g. ``root_python("-m", "gsrun.epilog.ctld", "finish", "42")``.
     """
     return [python or sys.executable, "-P", "-s", *args]
 

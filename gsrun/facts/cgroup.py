@@ -1,4 +1,4 @@
-"""Facts from the job's cgroup: CPU time, memory, cpuset, PIDs, GPU devices.
+"""Facts from the job's cgroup: CPU time, memory, cpuset, PIDs.
 
 Every read goes through :class:`gsrun.facts.hostfs.HostFS`, so tests run against
 fake trees (``tests/data/cgroup/<layout>/``). Nothing here writes.
@@ -18,7 +18,6 @@ memory peak  ``memory.peak`` (newer kernels  ``memory.max_usage_in_bytes``
              only; absent -> None)
 cpuset       ``cpuset.cpus.effective``       ``cpuset.effective_cpus`` /
                                              ``cpuset.cpus``
-GPUs         eBPF device filter: unknown     ``devices.list`` ``c 195:N``
 ===========  ==============================  ============================
 
 Slurm's job directories: v2 ``<mount>/system.slice/slurmstepd.scope/job_J``
@@ -32,8 +31,6 @@ import re
 from collections import deque
 from dataclasses import dataclass, field
 
-import psutil
-
 from gsrun.base.cpulist import parse_cpulist
 from gsrun.base.errors import InputError
 from gsrun.base.ids import check_job_id
@@ -43,9 +40,6 @@ V1_CONTROLLERS = frozenset({
     "cpu", "cpuacct", "cpuset", "memory", "devices", "freezer", "pids", "blkio",
     "net_cls", "net_prio", "perf_event", "hugetlb", "rdma", "misc",
 })
-NVIDIA_MAJOR = 195
-# /dev/nvidiactl (255) and /dev/nvidia-modeset (254) share major 195; not GPUs
-_NVIDIA_NON_GPU_MINORS = {254, 255}
 
 SEARCH_MAX_DEPTH = 4
 SEARCH_MAX_DIRS = 4000
@@ -361,73 +355,3 @@ def read_pids(hostfs: HostFS, jcg: JobCgroup, max_pids: int = PIDS_MAX,
                 queue.append(sub)
     return sorted(pids)
 
-
-def parse_devices_list(text: str | None) -> list[int] | None:
-    """Pure: v1 ``devices.list`` -> sorted NVIDIA GPU minor numbers allowed
-    (``c 195:N`` lines, without nvidiactl 255 / nvidia-modeset 254).
-
-    None when the list allows everything (``a *:* rwm`` -- no device
-    constraint, so the visible GPUs are unknown) or the text is None.
-    """
-    if text is None:
-        return None
-    minors: set[int] = set()
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) < 2:
-            continue
-        kind, majmin = parts[0], parts[1]
-        if kind == "a" or (kind == "c" and majmin.startswith("*:")):
-            return None
-        if kind != "c" or ":" not in majmin:
-            continue
-        maj, _, mnr = majmin.partition(":")
-        if maj == str(NVIDIA_MAJOR):
-            if mnr == "*":
-                return None
-            if mnr.isdigit() and int(mnr) not in _NVIDIA_NON_GPU_MINORS:
-                minors.add(int(mnr))
-    return sorted(minors)
-
-
-def read_gpu_minors(hostfs: HostFS, jcg: JobCgroup) -> list[int] | None:
-    """GPU minor numbers (``/dev/nvidiaN``) the job may open: v1 from
-    ``devices.list``. None = unknown: v2 (the filter is an eBPF program, not
-    readable as a file), no devices hierarchy, or no device constraint. The
-    minor is not the NVML index (field case 8, docs/field-cases.md)."""
-    if jcg.version != 1 or not jcg.devices_dir:
-        return None
-    return parse_devices_list(hostfs.read(_join(jcg.devices_dir, "devices.list")))
-
-
-# --------------------------------------------------------------------------- fallback
-
-def usage_from_pids(pids) -> CgroupUsage:
-    """psutil fallback when no job cgroup exists: sum over ``pids`` of
-    ``cpu_times()`` user+system plus children_user+children_system (reaped
-    children), and of ``memory_info().rss``. PIDs that are gone or not
-    readable are skipped (and counted in notes). mem_peak_bytes is None:
-    sample mem_current_bytes. Processes that exited before this call and were
-    not reaped by a listed process are not counted, so CPU time is a lower
-    bound; RSS double-counts shared pages.
-    """
-    cpu = 0.0
-    rss = 0
-    seen = gone = 0
-    for pid in pids:
-        try:
-            p = psutil.Process(int(pid))
-            with p.oneshot():
-                t = p.cpu_times()
-                mi = p.memory_info()
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, ValueError):
-            gone += 1
-            continue
-        cpu += t.user + t.system + getattr(t, "children_user", 0.0) + getattr(t, "children_system", 0.0)
-        rss += mi.rss
-        seen += 1
-    notes = ["psutil: no job cgroup; CPU time of processes that already exited is "
-             "missing (lower bound), RSS sums shared pages"]
-    if gone:
-        notes.append(f"{gone} of {gone + seen} PIDs gone or unreadable")
-    return CgroupUsage(cpu if seen else None, rss if seen else None, None, "psutil", notes)

@@ -161,7 +161,3 @@ def parse_device_list(value: str | None, allow_ranges: bool = False) -> list[Dev
                 out.append(tok)
     return out
 
-
-def format_device_list(tokens: list[DeviceToken]) -> str:
-    """Tokens -> ``"0,1"`` (the ``text`` of each, comma-joined)."""
-    return ",".join(t.text for t in tokens)

@@ -588,11 +588,6 @@ def _mem_part(j: SacctJob, e: JobEfficiency, head: SacctRow) -> None:
         notes.append("memory efficiency " + e.mem_eff_na)
 
 
-def efficiencies_from_sacct(text: str, fmt=SACCT_FORMAT) -> list[JobEfficiency]:
-    """Every job in a sacct output, in order (see :func:`parse_sacct` for errors)."""
-    return [job_efficiency(j) for j in group_jobs(parse_sacct(text, fmt))]
-
-
 def efficiency_from_sacct(text: str, fmt=SACCT_FORMAT, jobid: str | None = None) -> JobEfficiency:
     """Efficiency of one job from ``sacct -P -n --format=<fmt> -j <jobid>`` output.
 

@@ -6,19 +6,19 @@ latency in microseconds, no CPU enters an idle state whose exit latency is
 longer. Closing the file -- or the holder dying, for any reason -- drops the
 request: there is nothing to journal or restore.
 
-**Who holds it**: the job's sampler (:mod:`gsrun.node.sampler`), the one
-process gsrun already keeps for the job's lifetime; the prolog passes
-``--dma-latency-us N`` when the tuning report has ``holds.cpu_dma_latency_us``
-(:func:`gsrun.node.tuning.cstate_hold_us`). The epilog stops the sampler,
-which releases it. **On a crash** of the sampler the request ends with it:
-CPUs may enter deep idle states again for the rest of the job (slower, never
-wrong); the epilog has nothing to undo, and the sampler's state note says
-when it was taken.
+**Who holds it**: the node monitor (:mod:`gsrun.node.monitor`), the one
+process gsrun keeps for every job's lifetime; the prolog's ``begin`` request
+carries ``dma_latency_us`` when the tuning report has
+``holds.cpu_dma_latency_us`` (:func:`gsrun.node.tuning.cstate_hold_us`). The
+epilog's ``end`` closes the job's descriptor, which releases it. **On a
+crash** of the monitor the request ends with it: CPUs may enter deep idle
+states again until a new monitor takes the job up (slower, never wrong); the
+epilog has nothing to undo, and the job's state note says when it was taken.
 
 Under a fake host root (``--host-root``) the file is ``<root>/dev/
 cpu_dma_latency`` (a plain file the tests create): it is opened read-only and
 nothing is written, so neither the real ``/dev`` nor the fake tree changes;
-the open descriptor is still visible in ``/proc/<sampler>/fd``.
+the open descriptor is still visible in ``/proc/<monitor>/fd``.
 """
 
 from __future__ import annotations

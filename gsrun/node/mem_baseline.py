@@ -1,9 +1,9 @@
 """The GPU memory "used" before a job's processes start, for GPUs whose
 NVML binding has only the v1 memory call (which counts the driver's
-reservation as used): read by the prolog, handed to the sampler as
-``--mem-baseline GRES=BYTES,...``, subtracted by the sampler
-(:mod:`gsrun.node.sampler`). Apart from the sampler so that the prolog does not
-import the sampler's state types."""
+reservation as used): read by the node monitor when the prolog tells it the
+job began (kept in the job's ``monitor.json``), subtracted by the sampler
+(:mod:`gsrun.node.sampler`). Apart from the sampler so that the hooks, which
+the daemon preloads, do not import the sampler's state types."""
 
 from __future__ import annotations
 
@@ -24,20 +24,4 @@ def read_mem_baseline(nv, gres_indices: list[int]) -> dict[int, int]:
         m = nv.get(idx, "memory")
         if isinstance(m, dict) and "reserved" not in m and isinstance(m.get("used"), int):
             out[g] = int(m["used"])
-    return out
-
-
-def format_mem_baseline(b: dict[int, int]) -> str:
-    """``{0: 650000000}`` -> ``"0=650000000"`` (the ``--mem-baseline`` form)."""
-    return ",".join(f"{k}={v}" for k, v in sorted(b.items()))
-
-
-def parse_mem_baseline(text: str | None) -> dict[int, int]:
-    """Inverse of :func:`format_mem_baseline`; malformed entries are dropped
-    (no baseline is better than a wrong one)."""
-    out = {}
-    for part in (text or "").split(","):
-        k, _, v = part.partition("=")
-        if k.isdigit() and v.isdigit():
-            out[int(k)] = int(v)
     return out

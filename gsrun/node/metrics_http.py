@@ -50,7 +50,6 @@ MAX_JOBS_PER_GPU = 16         # readings accepted per GPU per scrape
 MAX_LABEL_CHARS = 256         # a longer uuid, name, user or MIG instance makes the reading "bad"
 MAX_CONNECTIONS = 16          # scrapes served at once; more are closed unanswered
 CONNECTION_TIMEOUT_S = 10.0   # a client silent this long is dropped
-_READING_FIELDS = GpuReading.__slots__
 
 
 def admit(readings: Sequence) -> tuple[list[GpuReading], int, int]:
@@ -293,15 +292,4 @@ def start_http(address: str, port: int, collector) -> Endpoint:
     thread = threading.Thread(target=httpd.serve_forever, name="gsrun-metrics-http", daemon=True)
     thread.start()
     return Endpoint(str(bound[0]), int(bound[1]), httpd, thread)
-
-
-def endpoint_from_config(cfg, readings: Callable[[], Sequence[GpuReading]], node: str) -> Endpoint | None:
-    """Start the endpoint as the site configures it (``metrics.http_port``,
-    0 = off: None; ``metrics.http_address``; ``metrics.user_label``).
-    Raises NodeError as :func:`start_http`."""
-    port = int(cfg["metrics.http_port"])
-    if port == 0:
-        return None
-    return start_http(cfg["metrics.http_address"], port,
-                      GpuCollector(readings, node, user_label=bool(cfg["metrics.user_label"])))
 

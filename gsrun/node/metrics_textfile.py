@@ -37,9 +37,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from gsrun.base.fsutil import atomic_write, unlink_names
 from gsrun.base.ids import JOB_ID_RE, check_job_id
-# SERIES_PER_GPU, idle_flag, tidy and window_mean live in gsrun.node.metrics; named here too for this module's callers
-from gsrun.node.metrics import (JOB_SERIES, SERIES_PER_GPU, WINDOW_TEXTFILE, Sample, families, idle_flag,  # noqa: F401
-                                job_readings, job_samples, tidy, window_mean)
+from gsrun.node.metrics import JOB_SERIES, WINDOW_TEXTFILE, Sample, families, job_readings, job_samples
 
 FILE_PREFIX = "gsrun_job_"
 FILE_SUFFIX = ".prom"
@@ -47,11 +45,6 @@ FILE_MODE = 0o640     # metrics.textfile_mode's default
 _OUR_FILE = re.compile(rf"{FILE_PREFIX}({JOB_ID_RE.pattern}){re.escape(FILE_SUFFIX)}")
 # atomic_write's temp name: ".<name>.<pid>.<8 hex>"
 _OUR_TEMP = re.compile(rf"\.{FILE_PREFIX}({JOB_ID_RE.pattern}){re.escape(FILE_SUFFIX)}\.[0-9]+\.[0-9a-f]{{8}}")
-
-# The table's rows in the textfile's words: (family name, help, reading field, divisor)
-GAUGES = tuple((s.name, s.help + WINDOW_TEXTFILE, s.field, s.per) for s in JOB_SERIES if s.windowed)
-ENERGY = next((s.family, s.help) for s in JOB_SERIES if s.kind == "counter")
-IDLE = next((s.name, s.help) for s in JOB_SERIES if s.field == "idle")
 _WARNED: set[str] = set()
 
 

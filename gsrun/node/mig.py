@@ -71,12 +71,6 @@ class ProfileTable:
                 return p
         return None
 
-    def by_id(self, profile_id: int) -> Profile | None:
-        for p in self.profiles:
-            if p.id == profile_id:
-                return p
-        return None
-
     @property
     def memory_slices(self) -> int:
         """Memory slices of the GPU: the end of the furthest placement (8 on H200)."""

@@ -115,16 +115,6 @@ def requested_pct(environ: Mapping[str, str], option_value: str | None) -> int |
     return min(vals) if vals else None
 
 
-def requested(environ: Mapping[str, str], option_value: str | None) -> bool:
-    """True when the job asked for MPS: ``--gs-mps[=PCT]`` given (``option_value``
-    not None, or ``SPANK_GS_MPS`` present in ``environ``) or Slurm's
-    ``gres/mps`` (``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` in ``environ``).
-    Validates like :func:`requested_pct` (raises InputError on a bad value)."""
-    requested_pct(environ, option_value)
-    return (option_value is not None or "SPANK_GS_MPS" in environ
-            or bool(environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")))
-
-
 def task_env(job_id: str, mps_dir: str) -> dict[str, str]:
     """Environment the job's tasks need to reach the job's daemon:
     ``{"CUDA_MPS_PIPE_DIRECTORY": <mps_dir>/<jobid>/pipe,

@@ -8,8 +8,8 @@ through the NVML choke point (:mod:`gsrun.facts.nvml`):
   are seen; ``nvmlDeviceGetUtilizationRates`` when the buffer is unsupported;
 - memory used (``nvmlDeviceGetMemoryInfo``, v2 where the binding has it;
   with only v1, whose "used" counts the driver's reservation, minus the
-  per-GPU baseline the prolog read before the job's processes started:
-  ``--mem-baseline``), the job's own processes' GPU memory (sum of
+  per-GPU baseline read at the job's begin, before its processes started:
+  :mod:`gsrun.node.mem_baseline`), the job's own processes' GPU memory (sum of
   ``used_gpu_memory`` of ``nvmlDeviceGetComputeRunningProcesses`` over the
   job's PIDs: its cgroup's ``cgroup.procs``, else processes with its
   ``SLURM_JOB_ID``), power (``nvmlDeviceGetPowerUsage``),

@@ -32,7 +32,6 @@ from gsrun.report.fleet_render import Scope, digest_text
 from gsrun.report.mail import enqueue, flush, set_text_header, validate_addr
 
 STATE_NAME = "digests.json"
-PHASE = "report"
 
 
 @dataclass(frozen=True)

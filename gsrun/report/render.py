@@ -96,10 +96,6 @@ def _wrap(text: str, first: str, rest: str) -> list[str]:
                          break_on_hyphens=False, break_long_words=True) or [first.rstrip()]
 
 
-def _cfg_partition(summary: dict, cfg):
-    return cfg, (summary.get("job") or {}).get("partition")
-
-
 def doc_link(cfg, code) -> str:
     """``<report.doc_url>#<code>`` or "" when the site set no URL."""
     base = ""

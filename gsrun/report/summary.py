@@ -143,14 +143,9 @@ def _r(x, nd=1):
     return None if x is None else round(float(x), nd)
 
 
-def gpu_summary(g: GpuState | dict, node: str, elapsed_s: float, nvml_error: str | None = None) -> dict:
-    """One GPU's figures (a :class:`~gsrun.report.records.GpuSummary` in its
-    JSON form) from its sampler state (see module doc)."""
-    return gpu_record(g if isinstance(g, GpuState) else GpuState.from_json(g), node, nvml_error).to_json()
-
-
 def gpu_record(g: GpuState, node: str, nvml_error: str | None = None) -> GpuSummary:
-    """:func:`gpu_summary` as a record."""
+    """One GPU's figures, as a :class:`~gsrun.report.records.GpuSummary`,
+    from its sampler state (see module doc)."""
     ref = g.ref
     util = _metric(g, "util_pct")
     sm = _metric(g, "sm_active_pct")
@@ -396,8 +391,26 @@ def _sig(x: float) -> float:
 
 def job_summary(job: dict, nodes: list[dict | NodeSummary], cfg=None, partition: str | None = None,
                 timeline: JobTimeline | None = None) -> dict:
-    """Merge node summaries into the job summary: :func:`job_record`'s JSON
-    form (``summary.json``, ``gseff --json``)."""
+    """Merge node summaries into the job summary, in its JSON form
+    (``summary.json``, ``gseff --json``; the fields of a
+    :class:`~gsrun.report.records.JobSummary`).
+
+    ``job``: fields from the job record (``id``, ``user``, ``name``,
+    ``partition``, ``state``, ``exit_code``, ``nodes`` (expected node names),
+    ``cpus_alloc``, ``mem_req_bytes``, ``gpus_alloc``, ``mail_user``,
+    ``mail_type``, ``start_time``, ``end_time``, ``elapsed_s``; optional:
+    ``submit_time``, ``time_limit_s``) -- any may
+    be None except ``id``. ``nodes``: :func:`node_summary` results (JSON
+    form, as read from the spool, or records). ``cfg`` / ``partition``: the
+    site's finding thresholds (:func:`gsrun.report.findings.findings`).
+
+    Timelines: with at most :data:`KEEP_GPU_TIMELINES` GPUs each device keeps
+    its node summary's ``timeline``; with more, the devices carry none and
+    ``gpu.timeline`` holds the job-level :class:`JobTimeline` (``timeline``:
+    one the caller filled while reading the nodes, as ``epilog/ctld.py``
+    does with :func:`strip_timelines`; else built here). Per-GPU timelines
+    then stay in the node files (``gseff --plot``).
+    """
     rec, d = _job_merge(job, nodes, cfg, partition, timeline)
     d["findings"] = [f.to_json() for f in rec.findings]   # the last field: to_json's key order
     return d
@@ -416,38 +429,14 @@ def strip_timelines(node: dict, acc: JobTimeline, t0: float | None) -> None:
     node.pop("cpu_timeline", None)
 
 
-def job_record(job: dict, nodes: list[dict | NodeSummary], cfg=None, partition: str | None = None,
-               timeline: JobTimeline | None = None) -> JobSummary:
-    """Merge node summaries into the job summary, as a :class:`~gsrun.report.records.JobSummary`.
-
-    ``job``: fields from the job record (``id``, ``user``, ``name``,
-    ``partition``, ``state``, ``exit_code``, ``nodes`` (expected node names),
-    ``cpus_alloc``, ``mem_req_bytes``, ``gpus_alloc``, ``mail_user``,
-    ``mail_type``, ``start_time``, ``end_time``, ``elapsed_s``; optional:
-    ``submit_time``, ``time_limit_s``) -- any may
-    be None except ``id``. ``nodes``: :func:`node_summary` results (JSON
-    form, as read from the spool, or records). ``cfg`` / ``partition``: the
-    site's finding thresholds (:func:`gsrun.report.findings.findings`).
-
-    Timelines: with at most :data:`KEEP_GPU_TIMELINES` GPUs each device keeps
-    its node summary's ``timeline``; with more, the devices carry none and
-    ``gpu.timeline`` holds the job-level :class:`JobTimeline` (``timeline``:
-    one the caller filled while reading the nodes, as ``epilog/ctld.py``
-    does with :func:`strip_timelines`; else built here). Per-GPU timelines
-    then stay in the node files (``gseff --plot``).
-    """
-    return _job_merge(job, nodes, cfg, partition, timeline, records=True)[0]
-
-
-def _job_merge(job: dict, nodes: list, cfg, partition: str | None, timeline: JobTimeline | None,
-               records: bool = False) -> tuple[JobSummary, dict]:
-    """:func:`job_record` and the JSON form of the record without its
-    ``findings`` (what the findings are computed from). The GPUs are
-    checked and put in their JSON form by :meth:`GpuSummary.json_form
-    <gsrun.base.record.Record.json_form>`; only with ``records`` does the
-    returned record hold them as :class:`GpuSummary` records (else
-    ``gpu.devices`` is empty there): :func:`job_summary` of a 4,000-node job
-    builds and serialises no 32,000 records."""
+def _job_merge(job: dict, nodes: list, cfg, partition: str | None,
+               timeline: JobTimeline | None) -> tuple[JobSummary, dict]:
+    """The job summary as a :class:`~gsrun.report.records.JobSummary` and the
+    JSON form of the record without its ``findings`` (what the findings are
+    computed from). The GPUs are checked and put in their JSON form by
+    :meth:`GpuSummary.json_form <gsrun.base.record.Record.json_form>`; the
+    returned record's ``gpu.devices`` is empty: :func:`job_summary` of a
+    4,000-node job builds and serialises no 32,000 records."""
     nodes = sorted((n.to_json() if isinstance(n, NodeSummary) else n for n in nodes), key=lambda n: n["node"])
     seen = {n["node"] for n in nodes}
     expected = job.get("nodes") or sorted(seen)
@@ -521,7 +510,7 @@ def _job_merge(job: dict, nodes: list, cfg, partition: str | None, timeline: Job
                                                       if n.get("mem_source")})) or None),
         gpu=GpuFigures(available=bool(real) and any(n["gpu_available"] for n in nodes),
                        reason="; ".join(reasons) or None, count=len(gpus),
-                       devices=(),        # set below: records only when asked for
+                       devices=(),        # set below, in the JSON form only
                        gpu_hours_alloc=_r(gpu_hours_alloc, 4), gpu_hours_used=_r(gpu_hours_used, 4),
                        energy_j=_r(energy_j), energy_kwh=_r(None if energy_j is None else energy_j / 3.6e6, 6),
                        energy_estimated=True if estimated else ABSENT,
@@ -535,11 +524,8 @@ def _job_merge(job: dict, nodes: list, cfg, partition: str | None, timeline: Job
         **({"actions": actions} if (actions := job_actions(nodes)) else {}),
     )
     d = summary.to_json()
-    d["gpu"]["devices"] = devices = [GpuSummary.json_form(g) for g in gpus]
+    d["gpu"]["devices"] = [GpuSummary.json_form(g) for g in gpus]
     found = finding_records(d, cfg, partition)
-    if records:
-        return dataclasses.replace(summary, findings=found, gpu=dataclasses.replace(
-            summary.gpu, devices=tuple(GpuSummary.from_json(g) for g in devices))), d
     return dataclasses.replace(summary, findings=found), d
 
 

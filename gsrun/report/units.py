@@ -133,13 +133,6 @@ def fmt_duration_s(seconds, style: Literal["clock", "short"]) -> str:
     return (f"{d}-" if d else "") + f"{h:02d}:{m:02d}:{s:02d}"
 
 
-def fmt_seconds(seconds) -> str:
-    """Seconds as a whole number with the unit: ``1800 s`` (when a GPU was
-    lost, how long a reading was missing)."""
-    f = as_number(seconds)
-    return NA if f is None else f"{f:.0f} s"
-
-
 def fmt_energy_j(joules, style: Literal["auto", "kwh_j", "wh"]) -> str:
     """Energy given in joules (the summaries' ``energy_j``: NVML's energy
     counter delta, ``nvmlDeviceGetTotalEnergyConsumption`` mJ / 1000).
@@ -170,13 +163,6 @@ def fmt_energy_j(joules, style: Literal["auto", "kwh_j", "wh"]) -> str:
     return f"{wh / 1000:.2f} kWh"
 
 
-def fmt_energy_kwh(kwh) -> str:
-    """Energy given in kWh (the job summary's ``gpu.energy_kwh``) with three
-    decimals: ``1.025 kWh``."""
-    f = as_number(kwh)
-    return NA if f is None else f"{f:.3f} kWh"
-
-
 def fmt_power_w(watts) -> str:
     """Power in whole watts: ``350 W`` (mean power: energy over the sampled
     span, else the mean of ``nvmlDeviceGetPowerUsage``)."""
@@ -191,5 +177,5 @@ def fmt_hours_h(hours) -> str:
     return NA if f is None else f"{f:.2f}"
 
 
-__all__ = ["NA", "as_number", "fmt_pct", "fmt_share_pct", "fmt_bytes", "fmt_bytes_of", "fmt_time", "fmt_gib", "fmt_duration_s", "fmt_seconds",
-           "fmt_energy_j", "fmt_energy_kwh", "fmt_power_w", "fmt_hours_h"]
+__all__ = ["NA", "as_number", "fmt_pct", "fmt_share_pct", "fmt_bytes", "fmt_bytes_of", "fmt_time", "fmt_gib", "fmt_duration_s",
+           "fmt_energy_j", "fmt_power_w", "fmt_hours_h"]

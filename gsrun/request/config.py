@@ -180,7 +180,7 @@ def _idle(key):
 
 SETTINGS: tuple[Setting, ...] = (
     Setting("paths.state_dir", str, DEFAULT_STATE_DIR,
-            "Journals of node changes, sampler pid files, locks (tmpfs: gone at reboot, which is right).",
+            "Journals of node changes, sampler state, sockets, locks (tmpfs: gone at reboot, which is right).",
             _abs_path, "absolute path"),
     Setting("paths.spool_dir", str, DEFAULT_SPOOL_DIR,
             "Node summaries, job summaries and the mail queue (persistent).", _abs_path, "absolute path"),

@@ -81,7 +81,6 @@ from gsrun.base.ids import PARTITION_RE, USER_NAME_RE
 IDLE = "gpu_idle"
 STUCK = "gpu_stuck_collective"
 NEVER_USED = "gpu_never_used"
-CODES = (IDLE, STUCK, NEVER_USED)
 CANCEL_MODES = ("off", "report", "on")
 #: finding code -> the alert condition it belongs to (one alert per condition and job, re-armed when it clears)
 CONDITIONS = {IDLE: "idle", STUCK: "stuck", NEVER_USED: "never_used"}
@@ -633,4 +632,4 @@ def _fmt_min(m: float) -> str:
 
 
 __all__ = ["IdleConfig", "GpuWatch", "classify", "all_idle_since", "alert_plan", "cancel_decision", "cancel_step",
-           "check_idle_value", "CONDITIONS", "IDLE", "STUCK", "NEVER_USED", "CODES", "CANCEL_MODES"]
+           "check_idle_value", "CONDITIONS", "IDLE", "STUCK", "NEVER_USED", "CANCEL_MODES"]

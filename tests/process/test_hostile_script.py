@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from gsrun.base.errors import InputError
-from gsrun.wrapper.cli import _command
+from gsrun.wrapper.command import Python, build_command
 from gsrun.wrapper.render import render_script
 from gsrun.wrapper.spec import JobSpec
 
@@ -85,7 +85,7 @@ def test_hostile_working_directory_and_script_name(tmp_path, dirname):
     old = os.getcwd()
     os.chdir(d)
     try:
-        command = _command("./prog $(touch MARK).py", ("arg;touch MARK",), sys.executable)
+        command = build_command("script", ("./prog $(touch MARK).py", "arg;touch MARK"), Python(sys.executable, "given"))
     finally:
         os.chdir(old)
     assert command[1] == str(prog)

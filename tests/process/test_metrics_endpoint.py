@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import gzip
 import socket
+import types
 import urllib.request
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gsrun.base.errors import NodeError
+from gsrun.node import monitor
 from gsrun.node.metrics import GpuReading
-from gsrun.node.metrics_http import GpuCollector, endpoint_from_config, start_http
+from gsrun.node.metrics_http import GpuCollector, start_http
 
 pytestmark = pytest.mark.process
 
@@ -92,12 +94,13 @@ def test_port_in_use_and_bad_address_are_node_errors(endpoint):
 
 def test_every_address_and_config_switch():
     cfg = {"metrics.http_port": 0, "metrics.http_address": "", "metrics.user_label": True}
-    assert endpoint_from_config(cfg, list, "n") is None                 # 0 = off
+    mon = types.SimpleNamespace(latest=[GpuReading(0, UUID0, util_pct=12.5)])
+    assert monitor._endpoint(cfg, mon, "n", None) is None               # 0 = off
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         free = s.getsockname()[1]
     cfg["metrics.http_port"] = free
-    ep = endpoint_from_config(cfg, lambda: [GpuReading(0, UUID0, util_pct=12.5)], "n")
+    ep = monitor._endpoint(cfg, mon, "n", None)
     try:
         assert ep.port == free and ep.address in ("::", "0.0.0.0")
         got = values(get(f"http://127.0.0.1:{free}/")[2].decode())      # IPv4 reaches "every address"

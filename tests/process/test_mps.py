@@ -66,14 +66,6 @@ def test_requested_pct_rejects(environ, opt):
     assert "hint:" in str(e.value)
 
 
-def test_requested():
-    assert mps.requested({}, None) is False
-    assert mps.requested({}, "") is True
-    assert mps.requested({"SPANK_GS_MPS": ""}, None) is True
-    assert mps.requested({"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "40"}, None) is True
-    assert mps.requested({"SLURM_JOB_ID": "1"}, None) is False
-
-
 def test_task_env_and_job_id_validation():
     assert mps.task_env("4242", "/run/gsrun/mps") == {
         "CUDA_MPS_PIPE_DIRECTORY": "/run/gsrun/mps/4242/pipe",

@@ -1,8 +1,7 @@
 """The end of a job's sampling: the epilog asks the node monitor to end the job
 (its final sample and flush, at once whatever the interval) and writes the node
 summary from the final state, or from the last flush when the monitor does not
-answer; :mod:`gsrun.base.pids` (start times, stop, scan) and the sampler's
-final poll of the job's processes."""
+answer; the sampler's final poll of the job's processes."""
 
 from __future__ import annotations
 
@@ -17,59 +16,8 @@ import time
 
 import psutil
 
-from gsrun.base import pids
 from gsrun.admin.node_entry import parse_hook_args
 from helpers.node_site import LAUNCH, kill_fakes, make_site, monitor_pid, run_node, samplers_of, stop_daemon
-
-
-def test_start_time_is_psutils_create_time():
-    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
-    try:
-        assert abs(pids.start_time(p.pid) - psutil.Process(p.pid).create_time()) < 0.05
-        assert pids.is_same(p.pid, psutil.Process(p.pid).create_time())
-        assert not pids.is_same(p.pid, psutil.Process(p.pid).create_time() - 100)   # a reused PID
-    finally:
-        p.kill()
-        p.wait()
-
-
-def test_stop_counts_an_unreaped_exit_as_stopped():
-    # our own child: once it exits it stays a zombie until we wait() -- as a detached
-    # sampler does until slurmd's PID 1 reaps it
-    p = subprocess.Popen(["sleep", "30"])
-    ct = pids.start_time(p.pid)
-    try:
-        assert pids.stop(p.pid, ct, timeout_s=5.0) == "stopped"
-        assert psutil.Process(p.pid).status() == psutil.STATUS_ZOMBIE   # never reaped by stop()
-        assert pids.stop(p.pid, ct, timeout_s=5.0) == "not running"
-    finally:
-        p.wait()
-    assert p.returncode == -signal.SIGTERM
-
-
-def test_stop_kills_what_ignores_sigterm():
-    p = subprocess.Popen([sys.executable, "-c", "import signal, time\nsignal.signal(signal.SIGTERM, "
-                          "signal.SIG_IGN)\nprint('ready', flush=True)\ntime.sleep(30)"], stdout=subprocess.PIPE)
-    try:
-        assert p.stdout.readline() == b"ready\n"
-        assert pids.stop(p.pid, pids.start_time(p.pid), timeout_s=0.3) == "killed"
-    finally:
-        p.wait()
-    assert p.returncode == -signal.SIGKILL
-
-
-def test_scan_finds_by_command_line():
-    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "--job-id", "4711x"])
-    try:
-        time.sleep(0.2)
-        import os
-
-        found = pids.scan(lambda argv: "4711x" in argv, os.geteuid())
-        assert [pid for pid, _ in found] == [p.pid]
-        assert pids.scan(lambda argv: "4711x" in argv, os.geteuid() + 1) == []
-    finally:
-        p.kill()
-        p.wait()
 
 
 def test_end_takes_the_final_sample_at_once_in_a_long_interval():

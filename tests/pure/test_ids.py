@@ -3,8 +3,7 @@
 import pytest
 
 from gsrun.base.errors import InputError
-from gsrun.base.ids import (check_job_id, check_node_name, check_partition, check_user_name, is_job_id,
-                            is_node_name, is_partition, is_user_name)
+from gsrun.base.ids import check_job_id, is_job_id, is_node_name, is_partition, is_user_name
 
 BAD_ANY = ["", "4242\n", "\n4242", " 4242", "4242 ", "42\x0042", "４２", "4²", "٤٢", "-1", "+1", "4242/..",
            "../4242", "1" * 11, "42.0", "0x2a", "4242+1", "4242_", "_4242", "4242_1_2", "4242_1\n"]
@@ -54,37 +53,31 @@ def test_job_id_message_shape():
 
 @pytest.mark.parametrize("good", ["alice", "j.doe", "_svc", "Bob", "a" * 32, "host$", "a-b_c.d"])
 def test_user_names(good):
-    assert is_user_name(good) and check_user_name(good) == good
+    assert is_user_name(good)
 
 
 @pytest.mark.parametrize("bad", ["", "1alice", "-x", ".x", "a" * 33, "alice\n", "al ice", "a/b", "al\x00",
                                  "\u212aelvin", "\u017fam", "élodie", "a$b", "a$$", None])
 def test_bad_user_names(bad):
     assert not is_user_name(bad)
-    with pytest.raises(InputError, match="bad user name"):
-        check_user_name(bad)
 
 
 @pytest.mark.parametrize("good", ["gpu01", "gpu-node01", "n1.ib", "A", "9n", "a" * 64, "x_y"])
 def test_node_names(good):
-    assert is_node_name(good) and check_node_name(good) == good
+    assert is_node_name(good)
 
 
 @pytest.mark.parametrize("bad", ["", "-n", ".hidden", "_x", "a" * 65, "gpu01\n", "gpu[01-02]", "a/b", "n\x00",
                                  "gpü", "a b", None])
 def test_bad_node_names(bad):
     assert not is_node_name(bad)
-    with pytest.raises(InputError, match="bad node name"):
-        check_node_name(bad)
 
 
 @pytest.mark.parametrize("good", ["gpu", "h200_long", "a.b-c", "0", "_", "p" * 64])
 def test_partitions(good):
-    assert is_partition(good) and check_partition(good) == good
+    assert is_partition(good)
 
 
 @pytest.mark.parametrize("bad", ["", "g p u", "gpu\n", "gpu,cpu", "p" * 65, "gpü", "a/b", None])
 def test_bad_partitions(bad):
     assert not is_partition(bad)
-    with pytest.raises(InputError, match="bad partition"):
-        check_partition(bad, phase="submit")

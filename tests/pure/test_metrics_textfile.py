@@ -13,8 +13,9 @@ import pytest
 from gsrun.base.errors import InputError
 from gsrun.facts.nvml import NA, FakeNvml, Seq
 from gsrun.facts.sampler_state import GpuRef
-from gsrun.node.metrics_textfile import (SERIES_PER_GPU, TextfileExporter, build_samples, file_name, idle_flag,
-                                         is_our_file, remove_job_file, render, window_mean)
+from gsrun.node.metrics import SERIES_PER_GPU, idle_flag, window_mean
+from gsrun.node.metrics_textfile import (TextfileExporter, build_samples, file_name, is_our_file, remove_job_file,
+                                         render)
 from gsrun.node.sampler import new_state, update_gpu
 
 from helpers.sampler_sim import SimClock, h200_data, make_sampler
@@ -249,13 +250,13 @@ def test_grafana_dashboard_uses_only_series_we_write():
     import json
     import re
 
-    from gsrun.node.metrics_textfile import ENERGY, GAUGES, IDLE
+    from gsrun.node.metrics import JOB_SERIES
     from helpers.paths import REPO
 
     dash = json.loads((REPO / "docs" / "grafana-gsrun-jobs.json").read_text())
     text = json.dumps(dash)
     used = set(re.findall(r"gsrun_[a-z_]+", text)) - {"gsrun_job_"}
-    ours = {f[0] for f in GAUGES} | {ENERGY[0] + "_total", IDLE[0]}
+    ours = {s.name for s in JOB_SERIES}
     assert used == ours
     assert {v["name"] for v in dash["templating"]["list"]} >= {"job_id", "datasource"}
 

@@ -42,7 +42,7 @@ def test_same_text_as_the_formatter_it_replaced(old):
 @pytest.mark.parametrize("bad", [None, True, False, "12", [1], {}, math.nan, math.inf, -math.inf])
 def test_not_a_finite_number_is_na(bad):
     assert U.as_number(bad) is None
-    for fn in (U.fmt_bytes, U.fmt_gib, U.fmt_seconds, U.fmt_energy_kwh, U.fmt_power_w, U.fmt_hours_h,
+    for fn in (U.fmt_bytes, U.fmt_gib, U.fmt_power_w, U.fmt_hours_h,
                lambda v: U.fmt_pct(v, 1), lambda v: U.fmt_duration_s(v, "clock"),
                lambda v: U.fmt_duration_s(v, "short"), lambda v: U.fmt_energy_j(v, "auto"),
                lambda v: U.fmt_energy_j(v, "kwh_j")):
@@ -63,8 +63,7 @@ def test_known_answers():
     assert U.fmt_share_pct(0.2) == "0.2%" and U.fmt_share_pct(0.04) == "<0.1%" and U.fmt_share_pct(0.0) == "0%"
     assert U.fmt_share_pct(0.5) == "0.5%" and U.fmt_share_pct(0.6) == "1%" and U.fmt_share_pct(42.4) == "42%"
     assert U.fmt_share_pct(None) == "N/A" and U.fmt_share_pct(None, na="N/A (MIG)") == "N/A (MIG)"
-    assert U.fmt_seconds(1800.2) == "1800 s" and U.fmt_power_w(349.6) == "350 W" and U.fmt_hours_h(1.386) == "1.39"
-    assert U.fmt_energy_kwh(1.025) == "1.025 kWh"
+    assert U.fmt_power_w(349.6) == "350 W" and U.fmt_hours_h(1.386) == "1.39"
 
 
 def test_unknown_style_is_refused():

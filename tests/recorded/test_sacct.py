@@ -10,8 +10,7 @@ import pytest
 
 from gsrun.base.errors import SlurmError
 from gsrun.facts.sacct import (
-    SACCT_FORMAT, cpu_efficiency, efficiencies_from_sacct, efficiency_from_sacct,
-    group_jobs, parse_mem, parse_sacct, parse_time_s, parse_tres, tres_gpus,
+    SACCT_FORMAT, cpu_efficiency, efficiency_from_sacct, group_jobs, job_efficiency, parse_mem, parse_sacct, parse_time_s, parse_tres, tres_gpus,
 )
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "sacct"
@@ -28,6 +27,11 @@ def load(name):
             lines.append(line)
     assert fmt, name
     return "\n".join(lines) + "\n", fmt
+
+
+def effs(text, fmt):
+    """Every job of a sacct output, in order."""
+    return [job_efficiency(j) for j in group_jobs(parse_sacct(text, fmt))]
 
 
 def eff(name, jobid=None):
@@ -204,15 +208,15 @@ def test_case23_reqmem_zero_and_alloctres_mem_0K():
 
 def test_case23_all_lines_no_exception():
     text, fmt = load("case23_zero_divisors.txt")
-    effs = efficiencies_from_sacct(text, fmt)
-    assert [x.job_id for x in effs] == ["15053872_1491", "13421658", "41305312", "20"]
-    assert [x.cpu_eff_pct is None for x in effs] == [True, True, True, False]
-    assert all(x.mem_eff_pct is None for x in effs)
+    jobs = effs(text, fmt)
+    assert [x.job_id for x in jobs] == ["15053872_1491", "13421658", "41305312", "20"]
+    assert [x.cpu_eff_pct is None for x in jobs] == [True, True, True, False]
+    assert all(x.mem_eff_pct is None for x in jobs)
 
 
 def test_case23_pending_and_requeued_are_deferred():
     text, fmt = load("case23_pending.txt")
-    p, r = efficiencies_from_sacct(text, fmt)
+    p, r = effs(text, fmt)
     assert (p.outcome, p.deferred) == ("pending", True)
     assert (r.outcome, r.deferred) == ("requeued", True)
     assert any("deferred" in n for n in r.notes)
@@ -231,7 +235,7 @@ def test_case24_2108_total_not_divided_by_cpus():
 
 def test_case24_per_cpu_and_unknown_suffix():
     text, fmt = load("case24_percpu_old.txt")
-    a, b = efficiencies_from_sacct(text, fmt)
+    a, b = effs(text, fmt)
     assert a.mem_req_bytes == 4 * MiB and a.mem_eff_pct == pytest.approx(50.0)
     assert b.mem_req_bytes == MiB and b.mem_eff_pct == pytest.approx(50.0)
     assert any("unknown memory suffix 'e'" in n for n in b.notes)
