@@ -107,7 +107,7 @@ class TextfileExporter:
     ``<directory>/gsrun_job_<jobid>.prom`` (atomic, ``mode``, group ``gid``
     when root and not None). ``user`` None: no ``user`` label. It never raises:
     a write that fails (directory missing, disk full, read-only) is one
-    warning on the sampler's stderr (``sampler.log``) per cause, and the
+    warning on the node monitor's stderr (the daemon's journal) per cause, and the
     sampler carries on."""
 
     def __init__(self, directory: str, job_id: str, user: str | None, mode: int = FILE_MODE,

@@ -701,7 +701,7 @@ class Sampler:
     def _warn_energy(self, ref: GpuRef, g: dict) -> None:
         """Once per job and GPU: the energy counter gave no reading (NOT_SUPPORTED,
         or another error for 3 polls), so the summary integrates the power
-        samples (a note in the state, a line in sampler.log)."""
+        samples (a note in the state, a line in the daemon's journal)."""
         why = g["unsupported"].get("energy_mj")
         if why is None or g["energy"].first is not None:
             return
