@@ -105,7 +105,7 @@ def check_begin(req: dict) -> dict:
     """
     job_id, uid, node = req.get("job_id"), req.get("uid"), req.get("node")
     gpus, dma = req.get("gpus", []), req.get("dma_latency_us")
-    if not is_job_id(job_id, array=True):
+    if not is_job_id(job_id):
         raise ValueError(f"job_id {job_id!r} is not a job id")
     if not (isinstance(uid, int) and not isinstance(uid, bool) and 0 <= uid < 2 ** 32):
         raise ValueError(f"uid {uid!r} is not a uid")
@@ -117,6 +117,16 @@ def check_begin(req: dict) -> dict:
     if dma is not None and not (isinstance(dma, int) and not isinstance(dma, bool) and 0 <= dma <= MAX_DMA_US):
         raise ValueError(f"dma_latency_us {dma!r}: 0-{MAX_DMA_US} or null")
     return {"job_id": job_id, "uid": uid, "node": node, "gpus": sorted(set(gpus)), "dma_latency_us": dma}
+
+
+def check_mem_baseline(value) -> dict[str, int]:
+    """A ``monitor.json``'s ``mem_baseline`` (gres index as text -> bytes),
+    checked; anything else is no baseline ({}): the job is sampled without one."""
+    if not isinstance(value, dict) or len(value) > MAX_GPUS:
+        return {}
+    ok = {k: v for k, v in value.items() if isinstance(k, str) and k.isdigit() and len(k) <= 4
+          and isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2 ** 50}
+    return ok if len(ok) == len(value) else {}
 
 
 def parse_request(line: bytes) -> dict:
@@ -294,7 +304,7 @@ class Monitor:
         if op == "get":
             return self.get(req.get("index"), req.get("key"))
         job_id = req.get("job_id")
-        if not is_job_id(job_id, array=True):
+        if not is_job_id(job_id):
             raise ValueError(f"job_id {job_id!r} is not a job id")
         return self.end(job_id)
 
@@ -439,10 +449,13 @@ class Monitor:
         except OSError:
             return out
         for name in names:
-            if not is_job_id(name, array=True):
+            if not is_job_id(name):
                 continue
             path = base / name / JOB_FILE
             try:
+                dst = os.lstat(base / name)
+                if not stat.S_ISDIR(dst.st_mode) or dst.st_uid != os.geteuid() or dst.st_mode & 0o077:
+                    continue        # not a job directory the prolog made (root, 0700): not read
                 st = os.lstat(path)
                 if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
                     continue
@@ -450,9 +463,11 @@ class Monitor:
                 job = check_begin(rec if isinstance(rec, dict) else {})
                 if job["job_id"] != name:
                     continue
-                job["mem_baseline"] = rec.get("mem_baseline") if isinstance(rec.get("mem_baseline"), dict) else {}
+                job["mem_baseline"] = check_mem_baseline(rec.get("mem_baseline"))
                 self.begin(job, resumed=True)
                 out.append(name)
+            except FileNotFoundError:
+                continue            # a job dir without monitor.json: never begun, or ended
             except (OSError, ValueError, TypeError) as e:
                 self.log(f"job {name}: not taken up: {e}")
         return out

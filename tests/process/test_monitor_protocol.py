@@ -22,7 +22,7 @@ GOOD = {"job_id": "42", "uid": 1000, "node": "gpu01", "gpus": [0, 1], "dma_laten
 
 
 @pytest.mark.parametrize("field,value", [
-    ("job_id", "42;rm"), ("job_id", 42), ("uid", True), ("uid", -1), ("uid", 2 ** 32), ("node", "a b"),
+    ("job_id", "42;rm"), ("job_id", 42), ("job_id", "4243_7"), ("uid", True), ("uid", -1), ("uid", 2 ** 32), ("node", "a b"),
     ("gpus", list(range(65))), ("gpus", [0, "1"]), ("gpus", [4096]), ("dma_latency_us", -1),
     ("dma_latency_us", 2 ** 31), ("dma_latency_us", False),
 ])
@@ -122,3 +122,18 @@ def test_the_irqs_refused_at_the_prolog_are_tried_again_once_a_minute_into_the_j
             if t.name.startswith("irq-retry-"):
                 t.join(10)
     assert calls == [("42", str(tmp_path / "sp" / "jobs" / "42" / "prolog-gpu01.json"))]
+
+
+def test_a_job_is_taken_up_only_from_a_root_job_directory_and_a_checked_baseline(tmp_path):
+    mon = _monitor(tmp_path)
+    jobs = tmp_path / "st" / "jobs"
+    for job, base, mode in (("51", {"0": 1024}, 0o700), ("52", {"0": "zz"}, 0o700), ("53", {"0": 1}, 0o755)):
+        d = jobs / job
+        d.mkdir(parents=True, mode=mode)
+        d.chmod(mode)
+        (d / monitor.JOB_FILE).write_text(json.dumps(dict(GOOD, job_id=job, gpus=[0], mem_baseline=base)))
+    (jobs / "54").mkdir(mode=0o700)         # never begun: no monitor.json, nothing said
+    assert mon.readopt() == ["51", "52"]
+    assert mon.jobs["51"].sampler.state["gpus"][0]["mem_baseline_bytes"] == 1024
+    assert mon.jobs["52"].sampler.state["gpus"][0]["mem_baseline_bytes"] is None     # "zz": no baseline
+    assert monitor.check_mem_baseline({"0": True}) == {} and monitor.check_mem_baseline([1]) == {}
