@@ -261,7 +261,8 @@ def start_http(address: str, port: int, collector) -> Endpoint:
     """Serve ``collector`` (a :class:`GpuCollector`) on ``address``:``port``
     from a daemon thread, every path (``/metrics`` as Prometheus asks) in the
     text format (``prometheus_client.make_wsgi_app`` on its own
-    ``CollectorRegistry``: gzip when asked, ``?name[]=`` filters).
+    ``CollectorRegistry``: gzip when asked; the collector describes nothing ahead of a
+    scrape, so ``?name[]=`` filters give an empty page).
     ``address``: ``""`` = every address (IPv6 and IPv4), else a literal IPv4
     or IPv6 address or a host name (resolved once, now). ``port`` 0 = any
     free port (tests): :attr:`Endpoint.port` says which.
