@@ -49,7 +49,9 @@ MAX_GPUS = 64                 # GPUs (device_key) accepted per scrape
 MAX_JOBS_PER_GPU = 16         # readings accepted per GPU per scrape
 MAX_LABEL_CHARS = 256         # a longer uuid, name, user or MIG instance makes the reading "bad"
 MAX_CONNECTIONS = 16          # scrapes served at once; more are closed unanswered
+MAX_PER_ADDRESS = 4           # ... of them from one client address (a Prometheus server scrapes one at a time)
 CONNECTION_TIMEOUT_S = 10.0   # a client silent this long is dropped
+REQUEST_DEADLINE_S = 5.0      # a connection's whole life: a client trickling its headers is cut off
 
 
 def admit(readings: Sequence) -> tuple[list[GpuReading], int, int]:
@@ -201,8 +203,12 @@ class _Handler(WSGIRequestHandler):
 
 
 class _Server(ThreadingMixIn, WSGIServer):
-    """A thread per scrape, at most :data:`MAX_CONNECTIONS` at once (the
-    rest are closed unanswered: a scraper retries, a flood costs no threads)."""
+    """A thread per scrape, at most :data:`MAX_CONNECTIONS` at once and
+    :data:`MAX_PER_ADDRESS` from one client address (the rest are closed
+    unanswered: a scraper retries, a flood costs no threads); each connection
+    is shut down :data:`REQUEST_DEADLINE_S` after it was accepted, however
+    slowly its client sends (one header line every few seconds cannot hold a
+    slot)."""
 
     daemon_threads = True
     dual_stack = False
@@ -210,7 +216,24 @@ class _Server(ThreadingMixIn, WSGIServer):
 
     def __init__(self, *args, **kw):
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self._per_address: dict[str, int] = {}
+        self._lock = threading.Lock()
         super().__init__(*args, **kw)
+
+    def _take(self, who: str) -> bool:
+        with self._lock:
+            if self._per_address.get(who, 0) >= MAX_PER_ADDRESS:
+                return False
+            self._per_address[who] = self._per_address.get(who, 0) + 1
+            return True
+
+    def _give(self, who: str) -> None:
+        with self._lock:
+            n = self._per_address.get(who, 1) - 1
+            if n > 0:
+                self._per_address[who] = n
+            else:
+                self._per_address.pop(who, None)
 
     def server_bind(self):
         if self.dual_stack:
@@ -218,20 +241,39 @@ class _Server(ThreadingMixIn, WSGIServer):
         super().server_bind()
 
     def process_request(self, request, client_address):
+        who = str(client_address[0]) if client_address else ""
+        if not self._take(who):
+            self.shutdown_request(request)
+            return
         if not self._slots.acquire(blocking=False):
+            self._give(who)
             self.shutdown_request(request)
             return
         try:
             super().process_request(request, client_address)
         except BaseException:
             self._slots.release()
+            self._give(who)
             raise
 
     def process_request_thread(self, request, client_address):
+        cut = threading.Timer(REQUEST_DEADLINE_S, _cut, (request,))
+        cut.daemon = True
+        cut.start()
         try:
             super().process_request_thread(request, client_address)
         finally:
+            cut.cancel()
             self._slots.release()
+            self._give(str(client_address[0]) if client_address else "")
+
+
+def _cut(sock) -> None:
+    """End a connection past its deadline (its thread's next read or write fails)."""
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
 
 
 def _server_class(family: int, dual_stack: bool) -> type:

@@ -112,19 +112,24 @@ def test_every_address_and_config_switch():
 
 
 def test_connections_beyond_the_cap_are_closed_unanswered(endpoint):
-    """MAX_CONNECTIONS clients that connect and say nothing hold every slot:
-    the next scrape is closed unanswered, and once they go a scrape works."""
+    """MAX_PER_ADDRESS clients of one address that connect and say nothing hold
+    that address's slots: its next scrape is closed unanswered, another
+    address's is served, and once they go a scrape works."""
     import http.client
     import time
 
-    from gsrun.node.metrics_http import MAX_CONNECTIONS
+    from gsrun.node.metrics_http import MAX_PER_ADDRESS
 
     ep, _ = endpoint
-    idle = [socket.create_connection(("127.0.0.1", ep.port), timeout=5) for _ in range(MAX_CONNECTIONS)]
+    idle = [socket.create_connection(("127.0.0.1", ep.port), timeout=5) for _ in range(MAX_PER_ADDRESS)]
     try:
         time.sleep(0.2)                        # the server has accepted them all
         with pytest.raises((http.client.RemoteDisconnected, ConnectionResetError)):
             get(f"http://127.0.0.1:{ep.port}/metrics")
+        other = http.client.HTTPConnection("127.0.0.1", ep.port, timeout=5, source_address=("127.0.0.2", 0))
+        other.request("GET", "/metrics")                                  # from another address: served
+        assert other.getresponse().status == 200
+        other.close()
     finally:
         for s in idle:
             s.close()
@@ -136,3 +141,32 @@ def test_connections_beyond_the_cap_are_closed_unanswered(endpoint):
         except (http.client.RemoteDisconnected, ConnectionResetError):
             assert time.monotonic() < deadline, "slots not released after the idle clients left"
             time.sleep(0.05)
+
+
+def test_a_client_trickling_its_headers_is_cut_off_at_the_request_deadline(endpoint):
+    """One header line every second keeps a per-read timeout happy; the
+    connection still ends REQUEST_DEADLINE_S after it was accepted."""
+    import time
+
+    from gsrun.node.metrics_http import REQUEST_DEADLINE_S
+
+    ep, _ = endpoint
+    s = socket.create_connection(("127.0.0.1", ep.port), timeout=REQUEST_DEADLINE_S + 5)
+    t0 = time.monotonic()
+    try:
+        s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+        while time.monotonic() - t0 < REQUEST_DEADLINE_S + 4:
+            try:
+                s.sendall(b"X-a: b\r\n")
+            except OSError:
+                break
+            s.settimeout(1.0)
+            try:
+                if s.recv(1024) == b"":
+                    break
+            except socket.timeout:
+                pass
+        took = time.monotonic() - t0
+    finally:
+        s.close()
+    assert REQUEST_DEADLINE_S - 0.5 <= took < REQUEST_DEADLINE_S + 3, took
