@@ -86,8 +86,8 @@ def test_port_in_use_and_bad_address_are_node_errors(endpoint):
     msg = str(e.value)
     assert msg.startswith(f"gsrun: daemon: metrics endpoint: cannot listen on 127.0.0.1:{ep.port}: ")
     assert "hint: set [metrics] http_port" in msg and "dcgm-exporter" in msg
-    with pytest.raises(NodeError, match="cannot listen on 192.0.2.1:0"):     # TEST-NET-1: not this host's
-        start_http("192.0.2.1", 0, GpuCollector(list, "n"))
+    with pytest.raises(NodeError, match="cannot listen on 198.51.100.1:0"):   # TEST-NET-2 (release roots own 192.0.2.1)
+        start_http("198.51.100.1", 0, GpuCollector(list, "n"))
     with pytest.raises(NodeError, match="cannot listen on no-such-host.invalid:0"):
         start_http("no-such-host.invalid", 0, GpuCollector(list, "n"))
 
