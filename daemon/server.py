@@ -89,11 +89,11 @@ import selectors
 import signal
 import socket
 import stat
-import struct
 import sys
 import time
 
 import gsrun
+from gsrun.base import unixsock
 from gsrun.base.errors import NodeError
 from gsrun.base.paths import DAEMON_SOCKET_NAME, DEFAULT_STATE_DIR
 from gsrun.base.proc import spawn_detached
@@ -221,13 +221,6 @@ def changed(files: dict[str, tuple[int, int, int]]) -> str | None:
         if (st.st_ino, st.st_mtime_ns, st.st_size) != key:
             return f
     return None
-
-
-def _peer(conn) -> tuple[int, int]:
-    """``(pid, uid)`` of the client (``SO_PEERCRED``: the kernel's, at connect)."""
-    pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
-                                                         struct.calcsize("3i")))
-    return pid, uid
 
 
 def join_client(pid: int, proc: str = "/proc", cgroup_fs: str = "/sys/fs/cgroup") -> list[str]:
@@ -519,16 +512,10 @@ class NodeDaemon:
             NodeError: the directory is missing, not a directory, or writable by
                 another user; or the path holds something that is not a socket.
         """
-        d = os.path.dirname(os.path.abspath(self.socket_path))
-        try:
-            st = os.lstat(d)
-        except OSError as e:
-            raise NodeError("daemon", "socket directory", f"{d}: {e.strerror}",
-                            hint="create the node's state directory first (the prolog does; or "
-                                 "--socket in an existing root-owned directory)") from e
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
-            raise NodeError("daemon", "socket directory", f"{d}: not a directory of uid {os.geteuid()} "
-                            "closed to others", hint="chown root and chmod go-w it, or choose another --socket")
+        unixsock.check_dir(self.socket_path, "daemon",
+                           "create the node's state directory first (the prolog does; or "
+                           "--socket in an existing root-owned directory)",
+                           "chown root and chmod go-w it, or choose another --socket")
         try:
             old = os.lstat(self.socket_path)
             if not stat.S_ISSOCK(old.st_mode):
@@ -551,23 +538,7 @@ class NodeDaemon:
                                      "--socket")
             finally:
                 probe.close()
-        tmp = f"{self.socket_path}.{os.getpid()}.new"
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        old_umask = os.umask(0o177)
-        try:
-            s.bind(tmp)
-        finally:
-            os.umask(old_umask)
-        os.chmod(tmp, 0o600)
-        st_sock = os.lstat(tmp)
-        self.socket_id = (st_sock.st_dev, st_sock.st_ino)   # the file's: fstat of the fd names the socket's
-        s.listen(128)
-        os.rename(tmp, self.socket_path)
-        s.setblocking(False)
+        s, self.socket_id = unixsock.bind_private(self.socket_path, 128)
         self.listener = s
         self.sel.register(s, 1, "accept")
         return s
@@ -737,7 +708,7 @@ class NodeDaemon:
             _refuse(conn, f"bad request: {e}")
 
     def _handle(self, conn) -> None:
-        client_pid, uid = _peer(conn)
+        client_pid, uid = unixsock.peer(conn)
         if uid != os.geteuid():
             self.log(f"refused a client of uid {uid}")
             conn.close()
@@ -995,7 +966,7 @@ def ping(socket_path: str, timeout_s: float = 2.0) -> dict:
         except OSError as e:
             raise NodeError("daemon", "not running", f"{socket_path}: {e.strerror or e}",
                             hint="systemctl start gsrun-daemon (journalctl -u gsrun-daemon says why it stopped)") from e
-        if _peer(s)[1] != os.geteuid():
+        if unixsock.peer(s)[1] != os.geteuid():
             raise NodeError("daemon", "socket", f"{socket_path}: served by another user",
                             hint="only root's daemon serves the hooks; remove the socket and restart gsrun-daemon")
         s.sendall(encode_request([PING_REQUEST], {}, 0o022))

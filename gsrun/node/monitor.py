@@ -59,6 +59,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
+from gsrun.base import unixsock
 from gsrun.base.errors import NodeError
 from gsrun.base.fsutil import atomic_write_json, read_json
 from gsrun.base.ids import is_job_id, is_node_name
@@ -153,7 +154,7 @@ def ask(state_dir, request: dict, timeout_s: float = 10.0, wait_s: float = CONNE
     s = _connect(path, wait_s)
     try:
         s.settimeout(timeout_s)
-        if _peer_uid(s) != os.geteuid():
+        if unixsock.peer(s)[1] != os.geteuid():
             raise NodeError("monitor", "socket", f"{path}: served by another user",
                             hint="only root's node daemon serves it; remove the socket, restart gsrun-daemon")
         deadline = time.monotonic() + timeout_s
@@ -196,13 +197,6 @@ def _connect(path: str, wait_s: float):
                 raise NodeError("monitor", "not running", f"{path}: {e.strerror or e}",
                                 hint="the node daemon runs it: systemctl status gsrun-daemon") from e
             time.sleep(0.1)
-
-
-def _peer_uid(s) -> int:
-    import struct
-
-    cred = s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return struct.unpack("3i", cred)[1]
 
 
 class RemoteNvml:
@@ -621,7 +615,7 @@ class Monitor:
             return
         with conn:
             try:
-                if _peer_uid(conn) != os.geteuid():
+                if unixsock.peer(conn)[1] != os.geteuid():
                     return
                 conn.settimeout(REQUEST_TIMEOUT_S)
                 deadline = time.monotonic() + REQUEST_TIMEOUT_S
@@ -668,37 +662,16 @@ def _scaled(v, k: float) -> float | None:
 
 
 def listen(path: str):
-    """A listening socket at ``path`` (mode 0600, made under a temporary name
-    and renamed over the path). The directory must be this uid's and closed
-    to others.
+    """A listening socket at ``path`` (:func:`gsrun.base.unixsock.bind_private`:
+    mode 0600, renamed over the path). The directory must be this uid's and
+    closed to others.
 
     Raises:
         NodeError: the directory is missing or open to others.
     """
-    d = os.path.dirname(os.path.abspath(path))
-    try:
-        st = os.lstat(d)
-    except OSError as e:
-        raise NodeError("monitor", "socket directory", f"{d}: {e.strerror}",
-                        hint="the node's state directory must exist (gsrun-node install makes it)") from e
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
-        raise NodeError("monitor", "socket directory", f"{d}: not a directory of uid {os.geteuid()} closed to others",
-                        hint="chown root and chmod go-w it")
-    tmp = f"{path}.{os.getpid()}.new"
-    try:
-        os.unlink(tmp)
-    except FileNotFoundError:
-        pass
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    old = os.umask(0o177)
-    try:
-        s.bind(tmp)
-    finally:
-        os.umask(old)
-    s.listen(64)
-    os.rename(tmp, path)
-    s.setblocking(False)
-    return s
+    unixsock.check_dir(path, "monitor", "the node's state directory must exist (gsrun-node install makes it)",
+                       "chown root and chmod go-w it")
+    return unixsock.bind_private(path, 64)[0]
 
 
 def die_with_parent() -> None:
