@@ -267,9 +267,7 @@ class Monitor:
                  config_loader=None, usage=None):
         self.hostfs, self.paths, self.cfg, self.clock, self.usage = hostfs, paths, cfg, clock, usage
         self.log = log or (lambda msg: print(f"gsrun: monitor: {msg}", file=sys.stderr, flush=True))
-        self.interval_s = float(cfg["sampler.interval_s"])
-        self.flush_s = float(cfg["sampler.flush_s"])
-        self.idle_cfg = idle_config(cfg)
+        self._use_config(cfg)
         self.jobs: dict[str, Job] = {}
         self.started = time.time()
         self.nvml_inits = 0
@@ -365,6 +363,13 @@ class Monitor:
             return {"ok": True, "na": v.reason, "code": v.code}
         return {"ok": True, "value": v}
 
+    def _use_config(self, cfg) -> None:
+        """``cfg`` and what the monitor reads from it: the poll and flush
+        intervals (s), the waste detector's settings."""
+        interval_s, flush_s, idle_cfg = float(cfg["sampler.interval_s"]), float(cfg["sampler.flush_s"]), \
+            idle_config(cfg)
+        self.cfg, self.interval_s, self.flush_s, self.idle_cfg = cfg, interval_s, flush_s, idle_cfg
+
     def _reload(self) -> None:
         """At each job's begin, as a prolog reads it: the site config (a broken
         one: the built-in defaults, said in the log), and NVML when it could not be opened yet
@@ -372,10 +377,7 @@ class Monitor:
         :data:`NVML_RETRY_S`)."""
         if self.config_loader is not None:
             try:
-                cfg = self.config_loader()
-                self.cfg, self.interval_s, self.flush_s = cfg, float(cfg["sampler.interval_s"]), \
-                    float(cfg["sampler.flush_s"])
-                self.idle_cfg = idle_config(cfg)
+                self._use_config(self.config_loader())
             except Exception as e:  # noqa: BLE001 - the last good config stays in force
                 self.log(f"config not reloaded: {e}")
         if self.nv is None and time.monotonic() - self.nvml_tried >= NVML_RETRY_S:

@@ -31,13 +31,9 @@ import tempfile
 import time
 from pathlib import Path
 
-BUSY = ("import sys, time, torch\n"
-        "a = torch.randn(8192, 8192, device='cuda', dtype=torch.bfloat16)\n"
-        "end = time.time() + float(sys.argv[1])\n"
-        "while time.time() < end:\n"
-        "    for _ in range(20):\n"
-        "        a = (a @ a).clamp_(-1, 1)\n"
-        "    torch.cuda.synchronize()\n")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from restart_real import TASK as BUSY  # noqa: E402  (bf16 matmuls for argv[1] seconds)
+
 SPIN = ("import sys, time, torch\n"
         "torch.cuda.init()\n"
         "end = time.time() + float(sys.argv[1])\n"

@@ -98,12 +98,7 @@ def main() -> int:
     d1.wait()
     t_kill = time.time()
     deadline = time.time() + 10
-    while mon_pid and os.path.exists(f"/proc/{mon_pid}") and time.time() < deadline:
-        try:
-            if open(f"/proc/{mon_pid}/stat").read().rsplit(") ", 1)[1][:1] in "ZX":
-                break
-        except OSError:
-            break
+    while psutil_running(mon_pid) and time.time() < deadline:
         time.sleep(0.05)
     checks["monitor_ended_with_its_daemon"] = not psutil_running(mon_pid)
     time.sleep(max(0.0, 3.0 - (time.time() - t_kill)))
