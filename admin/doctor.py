@@ -769,7 +769,8 @@ def hook_wiring(conf: dict[str, str], sock: str) -> dict[str, str]:
 
 def check_daemon(ctx: Context) -> Check:
     """The node daemon answers on ``<state dir>/daemon.sock`` (``@ping``), is
-    this release, and slurm.conf's Prolog=/Epilog= run its client."""
+    this release, slurm.conf's Prolog=/Epilog= run its client, and, when
+    SlurmUser is not root, it answers on ``ctld.sock`` for EpilogSlurmctld."""
     state, _ = ctx.paths()
     sock = os.path.join(state, server.SOCKET_NAME)
     try:
@@ -786,6 +787,16 @@ def check_daemon(ctx: Context) -> Check:
     if st.get("version") != gsrun.__version__:
         return _c("daemon", "warn", f"{detail}; it runs gsrun {st.get('version')}, this is {gsrun.__version__}",
                   "systemctl reload gsrun-daemon (it also re-executes at the next hook)", **data)
+    user = (conf.get("slurmuser") or "root").strip()
+    if conf.get("epilogslurmctld") and user not in ("root", "0"):
+        csock = os.path.join(os.path.dirname(sock), server.CTLD_SOCKET_NAME)
+        try:
+            server.ping(csock)
+        except GsrunError as e:
+            return _c("daemon", "fail", f"{detail}; EpilogSlurmctld runs as SlurmUser={user[:40]} and finds no "
+                      f"daemon on {csock}: {e.detail.removeprefix(csock + ': ')}",
+                      "run gsrun-node install again (it starts the daemon with --ctld-user), then systemctl "
+                      "restart gsrun-daemon; until then no job gets its report", **data)
     bad = [k for k, v in wiring.items() if v != "daemon"]
     if bad:
         why = {"direct": "runs gsrun without the daemon's client", "other": "does not run gsrun",

@@ -312,6 +312,12 @@ def recommend_timeout_s(cost: HookCost, cfg: Config, current: str | None = None)
     return t, "; ".join(parts)
 
 
+def _slurm_user(user: str | None) -> str | None:
+    if user and not _USER_NAME.match(user):
+        raise InputError(PHASE, "SlurmUser", repr(user[:40]), hint="fix slurm.conf's SlurmUser=")
+    return user
+
+
 def _check_plain(path: str, what: str) -> str:
     if not _PLAIN_PATH.match(path) or ".." in path.split("/"):
         raise InputError(PHASE, what, f"{path!r} must be an absolute path of [A-Za-z0-9_./+@-]",
@@ -339,16 +345,15 @@ def render_slurm_lines(slurm_version: str, hooks: dict[str, str], flags: str, fl
         epilog_d=epilog_d.rstrip("/"), link_name=link_name)
 
 
-CTLD_SOCKET = "/run/gsrun-ctld/daemon.sock"    # the EpilogSlurmctld daemon's, when SlurmUser is not root
 _USER_NAME = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 
 
 def ctld_daemon(conf: dict[str, str], node_socket: str) -> tuple[str | None, str]:
-    """Who serves EpilogSlurmctld: ``(user, socket)``. slurmctld runs it as
-    ``SlurmUser`` (slurm.conf; default root), and a daemon serves only its own
-    user: for another user, a second daemon as that user on
-    :data:`CTLD_SOCKET`; for root, the node daemon on ``node_socket``
-    (``(None, node_socket)``). Pure.
+    """Where EpilogSlurmctld reaches the daemon: ``(user, socket)``. slurmctld
+    runs it as ``SlurmUser`` (slurm.conf; default root): for root the
+    daemon's own socket ``node_socket`` (``(None, node_socket)``); for another
+    user the root daemon's controller door, ``ctld.sock`` beside it, which the
+    daemon opens to that user with ``--ctld-user`` (:mod:`gsrun.daemon.server`). Pure.
 
     Raises:
         InputError: SlurmUser is not a plain user name.
@@ -356,21 +361,19 @@ def ctld_daemon(conf: dict[str, str], node_socket: str) -> tuple[str | None, str
     user = (conf.get("slurmuser") or "root").strip()
     if user in ("root", "0"):
         return None, node_socket
-    if not _USER_NAME.match(user):
-        raise InputError(PHASE, "SlurmUser", repr(user[:40]), hint="fix slurm.conf's SlurmUser=")
-    return user, CTLD_SOCKET
+    return _slurm_user(user), os.path.join(os.path.dirname(node_socket), server.CTLD_SOCKET_NAME)
 
 
 def render_units(gsrun_node: str, config_path: str | None,
-                 daemon_socket: str | None = None, ctld: tuple[str, str] | None = None) -> dict[str, str]:
+                 daemon_socket: str | None = None, ctld_user: str | None = None) -> dict[str, str]:
     """``{"gsrun-mail.service": text, "gsrun-mail.timer": text,
     "gsrun-prune.service": text, "gsrun-prune.timer": text}`` (mail delivery
     every minute, spool pruning daily: both where the spool is written), the weekly
     ``gsrun-report.service`` / ``.timer`` (written, off until enabled) and, with
     ``daemon_socket``, ``"gsrun-daemon.service"`` (the node daemon on that
     socket; systemd makes the socket's directory when it is ``/run/NAME``),
-    and with ``ctld`` = ``(user, socket)`` ``"gsrun-daemon-ctld.service"``
-    (EpilogSlurmctld's daemon as slurm.conf's SlurmUser, :func:`ctld_daemon`);
+    with ``--ctld-user`` for a ``ctld_user`` (slurm.conf's SlurmUser when not
+    root, :func:`ctld_daemon`);
     the services set ``GSRUN_CONFIG`` only for a non-default config path."""
     _check_plain(gsrun_node, "gsrun-node path")
     cfgp = None
@@ -389,14 +392,8 @@ def render_units(gsrun_node: str, config_path: str | None,
         parent = os.path.dirname(sock)
         runtime = parent[len("/run/"):] if parent.startswith("/run/") and "/" not in parent[len("/run/"):] else None
         units["gsrun-daemon.service"] = render("gsrun-daemon.service.j2", gsrun_node=gsrun_node, config_path=cfgp,
-                                               socket_path=sock, runtime_dir=runtime, user=None)
-    if ctld:
-        user, sock = ctld[0], _check_plain(ctld[1], "daemon socket path")
-        parent = os.path.dirname(sock)
-        runtime = parent[len("/run/"):] if parent.startswith("/run/") and "/" not in parent[len("/run/"):] else None
-        units["gsrun-daemon-ctld.service"] = render("gsrun-daemon.service.j2", gsrun_node=gsrun_node,
-                                                    config_path=cfgp, socket_path=sock, runtime_dir=runtime,
-                                                    user=user)
+                                               socket_path=sock, runtime_dir=runtime,
+                                               ctld_user=_slurm_user(ctld_user))
     return units
 
 
@@ -642,8 +639,8 @@ def run(opts: InstallOptions, out: Callable[[str], None] = print, environ=None) 
         via = (os.path.join(hd, daemon_client.CLIENT_NAME), daemon_socket)
     ctld_user, ctld_socket = ctld_daemon(conf, daemon_socket)
     if ctld_user:
-        out(f"# EpilogSlurmctld runs as SlurmUser={ctld_user}: its hook goes to a daemon of that user on "
-            f"{ctld_socket} (gsrun-daemon-ctld.service, step 6)")
+        out(f"# EpilogSlurmctld runs as SlurmUser={ctld_user}: its hook goes to the root daemon's "
+            f"{ctld_socket}, open to that user (--ctld-user in gsrun-daemon.service, step 6)")
     for name, (_, fname) in HOOKS.items():
         p = os.path.join(hd, fname)
         hooks[name] = p
@@ -692,16 +689,18 @@ def run(opts: InstallOptions, out: Callable[[str], None] = print, environ=None) 
     # 6. node daemon, mail timer
     out("\n## 6. node daemon (on every node and the slurmctld host); mail delivery and spool pruning "
         "timers (on the slurmctld host)")
-    units = render_units(inst.gsrun_node, cfg_env, daemon_socket,
-                         (ctld_user, ctld_socket) if ctld_user else None)
+    units = render_units(inst.gsrun_node, cfg_env, daemon_socket, ctld_user)
     enable = ("systemctl enable --now gsrun-daemon.service  # everywhere; then on the slurmctld host: "
-              "systemctl enable --now " + ("gsrun-daemon-ctld.service " if ctld_user else "")
-              + "gsrun-mail.timer gsrun-prune.timer")
+              "systemctl enable --now gsrun-mail.timer gsrun-prune.timer")
     if opts.units_dir and not opts.print_only:
         for name, body in units.items():
             p = os.path.join(opts.units_dir, name)
             out(f"{'wrote' if write_new_file(p, body, 0o644) else 'exists, left as it is:'} {p}")
         out("systemctl daemon-reload && " + enable)
+        if not os.path.isdir("/run/systemd/system"):
+            out("# PID 1 here is not systemd: start what the units start yourself (docs/ADMIN.md, "
+                "\"Hosts without systemd\"): " + units["gsrun-daemon.service"].split("ExecStart=", 1)[1]
+                .split("\n", 1)[0])
     elif opts.print_only:
         for name, body in units.items():
             out(f"# /etc/systemd/system/{name}\n{body}")

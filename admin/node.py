@@ -240,17 +240,20 @@ def daemon():
 @click.option("--host-root", default=None, envvar="GSRUN_HOST_ROOT", type=click.Path(file_okay=False),
               help="A fake host root for the monitor's NVML and /proc, /sys (tests).")
 @click.option("--monitor/--no-monitor", default=True, show_default=True,
-              help="Run the node monitor (NVML, sampling, Prometheus); --no-monitor for the controller's "
-                   "daemon, which serves EpilogSlurmctld only.")
+              help="Run the node monitor (NVML, sampling, Prometheus); --no-monitor on a slurmctld host "
+                   "that runs no jobs.")
 @click.option("--node-name", default=None,
               help="The node label of the Prometheus series (default: the short host name).")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
               help="Serve Prometheus on this port instead of [metrics] http_port (0 = off; hosts running "
                    "several slurmd).")
-def daemon_run(socket_path, state_dir, host_root, monitor, node_name, metrics_port):
+@click.option("--ctld-user", default=None, metavar="USER",
+              help="slurm.conf's SlurmUser when it is not root: EpilogSlurmctld runs as that user and "
+                   "reaches this daemon on ctld.sock beside --socket (gsrun-node install sets it).")
+def daemon_run(socket_path, state_dir, host_root, monitor, node_name, metrics_port, ctld_user):
     """Serve hooks until SIGTERM (SIGHUP: re-execute, e.g. after an upgrade)."""
     sys.exit(server.run(socket_path, state_dir, host_root=host_root, monitor=monitor, node_name=node_name,
-                        metrics_port=metrics_port))
+                        metrics_port=metrics_port, ctld_user=ctld_user))
 
 
 @daemon.command("status")

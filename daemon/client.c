@@ -118,7 +118,7 @@ int main(int argc, char **argv)
 		if ((fwd = forwarded(*e, spank_buf)) != NULL && gs_msg_add(&m, fwd))
 			return fail(hook, "node daemon client", "environment over 1 MiB",
 				    "the hook's environment comes from slurmd: see slurm.conf's Prolog/Epilog lines");
-	/* bounded until the daemon says it started the hook; only a daemon of our own user
+	/* bounded until the daemon says it started the hook; only a daemon of our own user (or root's)
 	 * gets the environment and the descriptors, and is believed about the hook's status */
 	for (tries = 0; ; tries++) {
 		if (tries)

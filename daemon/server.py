@@ -37,6 +37,15 @@ most :data:`MAX_REQUEST_BYTES`, :data:`MAX_ARGS` arguments, read within
 slurmd gives the hook (less the job's ``SPANK_`` variables that no hook reads,
 which the client leaves out: ``client.c``), which the hook validates as it always does.
 
+The controller's door (``--ctld-user``, where slurm.conf's ``SlurmUser`` is not
+root): slurmctld runs EpilogSlurmctld as that user, whose merge must still read
+and write the root-owned spool. The root daemon listens on a second socket,
+``ctld.sock`` beside its own, mode 0660 with that user's group, and takes from
+that user (or root) there only ``epilog-ctld`` and ``@ping``; the request's
+``--spool-dir`` and every variable but slurmctld's ``SLURM_*`` job facts
+(:func:`ctld_env`) are dropped, so the merge's files and config are the
+daemon's own, never ones that user chose.
+
 EpilogSlurmctld only starts the merge detached and exits 0
 (:mod:`gsrun.epilog.ctld_start`), while slurmctld holds the job COMPLETING:
 for a good job id the daemon answers it itself, at once, and then starts the
@@ -83,6 +92,7 @@ import gc
 import importlib
 import json
 import os
+import pwd
 import resource
 import select
 import selectors
@@ -443,6 +453,20 @@ def _child(args: list[str], env: dict[str, str], umask: int, fds: list[int], con
         exit_now(rc)        # flush stdout/stderr, then _exit: never back into the caller
 
 
+CTLD_SOCKET_NAME = "ctld.sock"     # the controller's door, beside the daemon's own socket
+_CTLD_DROP = ("SLURM_CONF",)
+
+
+def ctld_env(env: dict[str, str], own: dict[str, str]) -> dict[str, str]:
+    """The environment of a request through the controller's door: the
+    ``SLURM_*`` job facts slurmctld sets (less ``SLURM_CONF``) from ``env``,
+    everything else (``PATH``, ``GSRUN_CONFIG``, ``SLURM_CONF``, ...) from the
+    daemon's own environment ``own``. Pure."""
+    out = {k: v for k, v in own.items() if not k.startswith("SLURM_") or k in _CTLD_DROP}
+    out.update((k, v) for k, v in env.items() if k.startswith("SLURM_") and k not in _CTLD_DROP)
+    return out
+
+
 def _merge_of(args: list[str], env: dict[str, str]) -> tuple[list[str], dict[str, str]] | None:
     """For ``epilog-ctld`` with a good job id: the merge it would start
     (:func:`gsrun.epilog.ctld_start.merge_command`, the hook's options and the
@@ -459,8 +483,13 @@ class NodeDaemon:
     """One node's daemon: :meth:`serve` until SIGTERM/SIGINT (then the hooks it
     started are waited for); SIGHUP re-executes it (as a changed module does)."""
 
-    def __init__(self, socket_path: str, log=None, monitor: dict | None = None):
+    def __init__(self, socket_path: str, log=None, monitor: dict | None = None, ctld_user: str | None = None):
         self.socket_path = socket_path
+        # the controller's door (module docstring): (user name, socket path), its listener and file id
+        self.ctld = (ctld_user, os.path.join(os.path.dirname(socket_path), CTLD_SOCKET_NAME)) if ctld_user else None
+        self.ctld_uid: int | None = None
+        self.ctld_listener = None
+        self.ctld_socket_id: tuple[int, int] | None = None
         # the node monitor's arguments (gsrun.node.monitor.run: host_root, state_dir), None: no monitor
         self.monitor_args = monitor
         self.monitor: tuple[int, int, float] | None = None     # (pidfd, pid, start monotonic)
@@ -541,7 +570,30 @@ class NodeDaemon:
         s, self.socket_id = unixsock.bind_private(self.socket_path, 128)
         self.listener = s
         self.sel.register(s, 1, "accept")
+        if self.ctld:
+            self._bind_ctld()
         return s
+
+    def _bind_ctld(self) -> None:
+        """The controller's door: ``ctld.sock`` beside the daemon's socket,
+        root's, mode 0660, group of ``--ctld-user`` (its primary group).
+
+        Raises:
+            NodeError: no such user (slurm.conf's SlurmUser and the unit disagree).
+        """
+        user, path = self.ctld
+        try:
+            pw = pwd.getpwnam(user)
+        except KeyError:
+            raise NodeError("daemon", "--ctld-user", f"{user}: no such user",
+                            hint="it is slurm.conf's SlurmUser: run gsrun-node install again after changing it")
+        self.ctld_uid = pw.pw_uid
+        s, self.ctld_socket_id = unixsock.bind_private(path, 128)
+        os.chown(path, 0, pw.pw_gid)
+        os.chmod(path, 0o660)
+        self.ctld_listener = s
+        self.sel.register(s, 1, "accept-ctld")
+        self.log(f"EpilogSlurmctld of {user} (uid {pw.pw_uid}) on {path}")
 
     # -- loop ----------------------------------------------------------------------
     def serve(self) -> int:
@@ -576,8 +628,8 @@ class NodeDaemon:
                             pass
                     except BlockingIOError:
                         pass
-                elif key.data == "accept":
-                    self._accept()
+                elif key.data in ("accept", "accept-ctld"):
+                    self._accept(key.fileobj, key.data == "accept-ctld")
                 elif key.data == "child":
                     self._reap(key.fileobj)
                 elif key.data == "monitor":
@@ -680,40 +732,54 @@ class NodeDaemon:
         if getattr(self, "listener", None) is None:
             return
         self.stopping = True
-        self.sel.unregister(self.listener)
-        try:
-            # ours only: a newer daemon may have renamed its socket over the path already
-            st = os.lstat(self.socket_path)
-            if (st.st_dev, st.st_ino) == self.socket_id:
-                os.unlink(self.socket_path)
-        except OSError:
-            pass
-        self.listener.close()
-        self.listener = None
+        doors = [(self.listener, self.socket_path, self.socket_id)]
+        if self.ctld_listener is not None:
+            doors.append((self.ctld_listener, self.ctld[1], self.ctld_socket_id))
+        for listener, path, file_id in doors:
+            self.sel.unregister(listener)
+            try:
+                # ours only: a newer daemon may have renamed its socket over the path already
+                st = os.lstat(path)
+                if (st.st_dev, st.st_ino) == file_id:
+                    os.unlink(path)
+            except OSError:
+                pass
+            listener.close()
+        self.listener = self.ctld_listener = None
 
-    def _accept(self) -> None:
+    def _accept(self, listener, ctld: bool = False) -> None:
         try:
-            conn, _ = self.listener.accept()
+            conn, _ = listener.accept()
         except (BlockingIOError, InterruptedError):
             return
         except OSError as e:
             self.log(f"accept: {e}")
             return
         try:
-            self._handle(conn)
+            self._handle(conn, ctld)
         except NoRequest:
             conn.close()
         except Exception as e:  # noqa: BLE001 - one bad client never stops the daemon
             self.log(f"request refused: {e}")
             _refuse(conn, f"bad request: {e}")
 
-    def _handle(self, conn) -> None:
+    def _handle(self, conn, ctld: bool = False) -> None:
         client_pid, uid = unixsock.peer(conn)
-        if uid != os.geteuid():
+        if uid != os.geteuid() and not (ctld and uid == self.ctld_uid):
             self.log(f"refused a client of uid {uid}")
             conn.close()
             return
         argv, env, umask, fds = _read_request(conn, nfds=None)
+        if ctld and argv != [PING_REQUEST]:
+            hook = hook_args(argv, self.python, self.site_dir, self.gsrun_node) if argv != [BIND_REQUEST] else None
+            if hook is None or hook[0] != "epilog-ctld":
+                for fd in fds:
+                    os.close(fd)
+                self.log(f"refused on the controller's door (uid {uid}): {argv[:1] + argv[5:7]}")
+                _refuse(conn, "only EpilogSlurmctld is served on this socket")
+                return
+            argv = argv[:argv.index(hook[0]) + 1]    # the hook, without the client's --spool-dir
+            env = ctld_env(env, dict(os.environ))
         if argv in ([BIND_REQUEST], [PING_REQUEST]):
             for fd in fds:
                 os.close(fd)
@@ -922,8 +988,10 @@ def _send_exit(conn, status: int) -> None:
 
 
 def run(socket_path: str | None = None, state_dir: str | None = None, host_root: str | None = None,
-        monitor: bool = True, node_name: str | None = None, metrics_port: int | None = None) -> int:
+        monitor: bool = True, node_name: str | None = None, metrics_port: int | None = None,
+        ctld_user: str | None = None) -> int:
     """``gsrun-node daemon run``: preload, listen, serve until SIGTERM. -> exit status.
+    ``ctld_user``: open the controller's door to that user (module docstring).
 
     Raises:
         NodeError: the socket cannot be made (:meth:`NodeDaemon.bind`), or this
@@ -943,7 +1011,7 @@ def run(socket_path: str | None = None, state_dir: str | None = None, host_root:
             os.open("/dev/null", os.O_RDWR)
     daemon = NodeDaemon(socket_path or default_socket(state_dir),
                         monitor={"host_root": host_root, "state_dir": state_dir, "node_name": node_name,
-                                 "metrics_port": metrics_port} if monitor else None)
+                                 "metrics_port": metrics_port} if monitor else None, ctld_user=ctld_user)
     bad = daemon.preload()
     if bad:
         daemon.log("not preloaded (children import them): " + ", ".join(bad))

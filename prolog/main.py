@@ -120,9 +120,11 @@ def _sweep(c: Ctx):
 def _nvml(c: Ctx):
     """Whether NVML answers, as the node monitor found at its start (it holds
     NVML; the prolog never opens it for this). Only a driver/library mismatch
-    makes the node unusable (field case 15, docs/field-cases.md)."""
+    makes the node unusable (field case 15, docs/field-cases.md). A dry run
+    (``gsrun-node install`` times one before the daemon runs) does not wait for
+    a monitor to come up."""
     try:
-        out = monitor.ask(c.paths.state_dir, {"op": "nvml"})
+        out = monitor.ask(c.paths.state_dir, {"op": "nvml"}, wait_s=0 if c.dry_run else monitor.CONNECT_WAIT_S)
     except GsrunError as e:
         c.record["nvml_ok"] = None
         c.log.error(f"{e} (no GPU figures for this job)")

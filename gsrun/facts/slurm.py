@@ -288,7 +288,8 @@ def gpus_per_node(partition: str | None, timeout_s: float = 15.0) -> int:
     best = max(counts, default=0)
     if best <= 0:
         raise SlurmError("submit", "no GPUs in partition", partition or "(default)",
-                         hint="pass --gpus-per-node, or check gres.conf / Gres= in slurm.conf")
+                         hint="gsrun runs GPU jobs: choose a partition with GPUs (-p; sinfo -o '%P %G' lists them); "
+                              "for a CPU-only job use sbatch or srun. An admin: check gres.conf / Gres= in slurm.conf")
     return best
 
 

@@ -435,26 +435,42 @@ def test_run_without_units_dir_names_the_units_in_one_line(tmp_path):
     assert len(text.splitlines()) < 120, len(text.splitlines())
 
 
-def test_epilog_slurmctld_goes_to_a_daemon_of_slurmuser(tmp_path):
-    """slurmctld runs EpilogSlurmctld as SlurmUser and a daemon serves only its own user:
-    with SlurmUser=slurm, install writes a second daemon unit running as slurm on its own
-    socket and points the EpilogSlurmctld hook there; with root (the default), the node's."""
+def test_epilog_slurmctld_of_a_slurmuser_goes_to_the_root_daemons_controller_door(tmp_path):
+    """slurmctld runs EpilogSlurmctld as SlurmUser, whose merge must read and write the
+    root-owned spool: with SlurmUser=slurm, the one root daemon opens ctld.sock to slurm
+    (--ctld-user) and the EpilogSlurmctld hook goes there; with root (the default), to
+    the daemon's own socket."""
     conf = tmp_path / "slurm.conf"
     conf.write_text("ClusterName=t\nSlurmUser=slurm\n")
     out = []
     assert install.run(_opts(tmp_path, units_dir=str(tmp_path / "units")), out=out.append,
                        environ={"SLURM_CONF": str(conf)}) == 0
     ctld = (tmp_path / "hooks" / "gsrun-epilog-ctld").read_text()
-    assert f"exec {tmp_path}/hooks/gsrun-hook /run/gsrun-ctld/daemon.sock " in ctld
+    assert f"exec {tmp_path}/hooks/gsrun-hook {tmp_path}/state/ctld.sock " in ctld
     assert f"{tmp_path}/state/daemon.sock " in (tmp_path / "hooks" / "gsrun-prolog").read_text()
-    unit = (tmp_path / "units" / "gsrun-daemon-ctld.service").read_text().splitlines()
-    assert "User=slurm" in unit and "RuntimeDirectory=gsrun-ctld" in unit
-    # the controller's daemon runs no node monitor (no GPUs there); the node's does
-    assert any(l.endswith("daemon run --socket /run/gsrun-ctld/daemon.sock --no-monitor") for l in unit)
-    assert "--no-monitor" not in (tmp_path / "units" / "gsrun-daemon.service").read_text()
-    assert "User=slurm" not in (tmp_path / "units" / "gsrun-daemon.service").read_text()
-    assert any("gsrun-daemon-ctld.service gsrun-mail.timer" in l for l in out), out
+    assert sorted(p.name for p in (tmp_path / "units").glob("gsrun-daemon*")) == ["gsrun-daemon.service"]
+    unit = (tmp_path / "units" / "gsrun-daemon.service").read_text().splitlines()
+    assert not any(l.startswith("User=") for l in unit)
+    assert any(l.endswith(f"daemon run --socket {tmp_path}/state/daemon.sock --ctld-user slurm") for l in unit)
+    assert any("systemctl enable --now gsrun-mail.timer gsrun-prune.timer" in l for l in out), out
+    assert install.ctld_daemon({"slurmuser": "slurm"}, "/run/gsrun/daemon.sock") == ("slurm", "/run/gsrun/ctld.sock")
     assert install.ctld_daemon({}, "/run/gsrun/daemon.sock") == (None, "/run/gsrun/daemon.sock")
     assert install.ctld_daemon({"slurmuser": "root"}, "/x.sock") == (None, "/x.sock")
     with pytest.raises(InputError):
         install.ctld_daemon({"slurmuser": "slurm;reboot"}, "/x.sock")
+
+
+def test_the_measured_prolog_dry_run_does_not_wait_for_a_node_monitor(tmp_path):
+    """install times its prolog dry runs before the node daemon runs (step 4): the dry
+    run does not wait the 15 s a hook gives a restarting monitor, so neither install's
+    time nor the PrologEpilogTimeout it derives carries that wait."""
+    from helpers.node_site import make_site
+
+    site = make_site()
+    try:
+        cost = install.measure_hook_cost(str(site.config), runs=1, timeout_s=60)
+        assert cost.error is None, cost.error
+        assert cost.prolog_s < 5.0, cost
+        assert not (site.state / "monitor.sock").exists()
+    finally:
+        shutil.rmtree(site.base, ignore_errors=True)

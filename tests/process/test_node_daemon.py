@@ -44,20 +44,21 @@ class Running:
     """A node daemon on ``tmp_path/run/daemon.sock``; with ``site``, its node
     monitor is the site's (state dir, host root, config), else it runs none."""
 
-    def __init__(self, tmp_path, site=None):
-        d = tmp_path / "run"
+    def __init__(self, tmp_path, site=None, run_dir=None, extra_args=(), extra_env=None):
+        d = run_dir or tmp_path / "run"
         d.mkdir(mode=0o700, exist_ok=True)
         self.sock = str(d / "daemon.sock")
         self.log = tmp_path / "server.log"
         args = ["--no-monitor"]
-        env = dict(os.environ)
+        env = dict(os.environ, **(extra_env or {}))
         if site is not None:
             site.state.mkdir(mode=0o755, parents=True, exist_ok=True)
             args = ["--state-dir", str(site.state), "--host-root", str(site.host), "--metrics-port", "0"]
             env["GSRUN_CONFIG"] = str(site.config)
         with open(self.log, "a") as out:
             self.proc = subprocess.Popen([sys.executable, "-P", "-c", LAUNCH, "daemon", "run", "--socket", self.sock,
-                                          *args], stdout=out, stderr=subprocess.STDOUT, cwd="/", env=env)
+                                          *args, *extra_args], stdout=out, stderr=subprocess.STDOUT, cwd="/",
+                                         env=env)
         if site is not None:
             deadline = time.monotonic() + 30
             while not (site.state / "monitor.sock").exists() and time.monotonic() < deadline:
@@ -217,6 +218,80 @@ def test_a_job_through_the_daemon_prolog_monitor_epilog(client, tmp_path):
         if running.proc.poll() is None:
             running.proc.kill()
         shutil.rmtree(site.base, ignore_errors=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="runs the client as another user")
+def test_a_slurmuser_gets_the_merge_through_the_controller_door_and_nothing_else(client, tmp_path):
+    """slurm.conf's SlurmUser (here nobody) runs EpilogSlurmctld: through ctld.sock the
+    root daemon starts the merge, which writes the root-owned spool with the daemon's own
+    config and spool (the client's GSRUN_*, SLURM_CONF and --spool-dir are dropped); that
+    user gets nothing else there (no prolog, no step plan), and root's socket stays closed
+    to it."""
+    site = make_site()
+    record = ("JobId=5111 JobName=t UserId=nobody(65534) GroupId=nogroup(65534) JobState=COMPLETED "
+              "ExitCode=0:0 RunTime=00:01:00 NodeList=gpu-node01 NumNodes=1 Partition=gpu "
+              "OverSubscribe=NO Comment=(null)")
+    env = site.env(job_id="5111")
+    own = {k: v for k, v in env.items() if not k.startswith("SLURM_")}
+    run_dir = site.base / "run"
+    run_dir.mkdir(mode=0o755)
+    running = Running(tmp_path, site, run_dir=run_dir, extra_args=["--ctld-user", "nobody"],
+                      extra_env=dict(own, FAKE_SLURM="record", FAKE_SCONTROL_RECORD=record))
+    bindir = site.base / "bin"
+    bindir.mkdir(mode=0o755)
+    shutil.copy(client, bindir / "gsrun-hook")
+    ctld_sock = str(run_dir / "ctld.sock")
+    try:
+        st = os.stat(ctld_sock)
+        assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (0, 65534, 0o660)
+        for phase in ("prolog", "epilog"):
+            cp = via(client, running.sock, hook(phase), env)
+            assert cp.returncode == 0, cp.stderr
+
+        def as_slurmuser(sock, argv, env):
+            return subprocess.run([str(bindir / "gsrun-hook"), sock, *argv], env=env, capture_output=True,
+                                  text=True, timeout=60, cwd="/", user=65534, group=65534, extra_groups=[])
+
+        forged = dict(env, SLURM_SCRIPT_CONTEXT="epilog_slurmctld", GSRUN_CONFIG="/nonexistent/gsrun.toml",
+                      GSRUN_SPOOL_DIR="/nonexistent", SLURM_CONF="/nonexistent/slurm.conf")
+        cp = as_slurmuser(ctld_sock, hook("epilog-ctld") + ["--spool-dir", "/nonexistent"], forged)
+        assert (cp.returncode, cp.stderr) == (0, "")
+        summary = site.spool / "jobs" / "5111" / "summary.json"
+        deadline = time.monotonic() + 30
+        while not summary.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        got = json.loads(summary.read_text())
+        assert (got["kind"], got["job"]["id"], got["nodes_missing"]) == ("job", "5111", [])
+        assert summary.stat().st_uid == 0
+        cp = as_slurmuser(ctld_sock, hook("prolog"), dict(env, SLURM_JOB_ID="5112"))
+        assert cp.returncode == 1 and "only EpilogSlurmctld is served on this socket" in cp.stderr, cp.stderr
+        assert not (site.spool / "jobs" / "5112").exists()
+        cp = as_slurmuser(running.sock, hook("epilog-ctld"), forged)
+        assert cp.returncode == 1 and "node daemon not running" in cp.stderr, cp.stderr
+        from gsrun.facts.hostfs import HostFS
+        from gsrun.admin import doctor
+
+        conf = site.base / "slurm.conf"
+        conf.write_text("SlurmUser=nobody\nEpilogSlurmctld=/x\n")
+        got = doctor.check_daemon(doctor.Context(HostFS(), state_dir=str(run_dir), slurm_conf=str(conf)))
+        assert got.status != "fail", got
+        log = running.stop()
+        assert "EpilogSlurmctld of nobody (uid 65534)" in log and "refused on the controller's door" in log, log
+        assert not os.path.exists(ctld_sock)
+    finally:
+        if running.proc.poll() is None:
+            running.proc.kill()
+        shutil.rmtree(site.base, ignore_errors=True)
+
+
+def test_ctld_env_keeps_slurmctlds_job_facts_and_nothing_else_of_the_request():
+    own = {"PATH": "/usr/bin", "GSRUN_CONFIG": "/etc/gsrun/gsrun.toml", "SLURM_CONF": "/etc/slurm/slurm.conf",
+           "SLURM_JOB_ID": "stale"}
+    req = {"PATH": "/tmp/evil", "GSRUN_CONFIG": "/tmp/x.toml", "SLURM_CONF": "/tmp/slurm.conf",
+           "SLURM_JOB_ID": "7", "SLURM_JOB_UID": "1000", "LD_PRELOAD": "/tmp/x.so"}
+    assert server.ctld_env(req, own) == {"PATH": "/usr/bin", "GSRUN_CONFIG": "/etc/gsrun/gsrun.toml",
+                                         "SLURM_CONF": "/etc/slurm/slurm.conf", "SLURM_JOB_ID": "7",
+                                         "SLURM_JOB_UID": "1000"}
 
 
 def test_the_exit_status_and_stderr_are_the_hooks_own(client, tmp_path):
@@ -791,7 +866,7 @@ def test_doctor_says_whether_the_daemon_answers_and_the_hooks_go_through_it(clie
     conf = tmp_path / "slurm.conf"
     hooks = tmp_path / "prolog.d"
     hooks.mkdir()
-    (hooks / "50-gsrun").write_text(f"#!/bin/sh\nexec /opt/gsrun/venv/bin/gsrun-node prolog\n")
+    (hooks / "50-gsrun").write_text("#!/bin/sh\nexec /opt/gsrun/venv/bin/gsrun-node prolog\n")
     (tmp_path / "epilog").write_text(f"#!/bin/sh\nexec {client} {running.sock} /opt/gsrun/venv/bin/gsrun-node epilog\n")
     conf.write_text(f"Prolog={hooks}/*\nEpilog={tmp_path}/epilog\n")
     ctx = doctor.Context(HostFS(), state_dir=state, slurm_conf=str(conf))
@@ -802,6 +877,12 @@ def test_doctor_says_whether_the_daemon_answers_and_the_hooks_go_through_it(clie
     got = doctor.check_daemon(ctx)
     assert got.status == "ok" and got.data["pid"] == running.proc.pid, got
     assert got.detail.endswith("; Prolog= and Epilog= go through it")
+    # SlurmUser not root: EpilogSlurmctld needs the controller's door (--ctld-user), not open here
+    conf.write_text(f"Prolog={hooks}/*\nEpilog={tmp_path}/epilog\nSlurmUser=slurm\nEpilogSlurmctld=/x\n")
+    got = doctor.check_daemon(ctx)
+    assert got.status == "fail", got
+    assert f"EpilogSlurmctld runs as SlurmUser=slurm and finds no daemon on {state}/ctld.sock" in got.detail
+    assert "--ctld-user" in got.hint
     running.stop()
     got = doctor.check_daemon(ctx)
     assert got.status == "fail" and got.detail.startswith(f"not answering on {running.sock}: "), got
