@@ -491,9 +491,13 @@ def probe(args):                    # the hook itself, in the daemon's real hook
 def broken(*args, **kwargs):       # the child's code fails before it runs anything
     raise TypeError("child() takes 5 positional arguments but 6 were given")
 if mode == "merge":                 # every epilog-ctld starts a merge that takes 1 s and says when it ran
-    prog = ("import os, sys, time; m = sys.argv[1]; open(m, 'a').write(f'+ {time.time()}\\\\n'); "
-            "time.sleep(1.0); open(m, 'a').write(f'- {time.time()}\\\\n')")
-    server._merge_of = lambda args, env: ([sys.executable, "-I", "-c", prog, marker], {})
+    def merge(argv, env, umask):
+        open(marker, "a").write(f"+ {time.time()}\\n")
+        time.sleep(1.0)
+        open(marker, "a").write(f"- {time.time()}\\n")
+        os._exit(0)
+    server._merge_of = lambda args, env: (["python", "-m", "gsrun.epilog.ctld"], {})
+    server._merge_child = merge
 if mode == "probe":
     import gsrun.admin.node_entry
     gsrun.admin.node_entry.main = probe
@@ -1086,7 +1090,7 @@ def test_the_clients_spank_names_are_the_ones_the_hooks_read():
 
 
 def test_job_ends_in_a_burst_run_a_bounded_number_of_merges_at_once_and_every_one_runs(client, tmp_path):
-    """Every EpilogSlurmctld starts a merge (a root Python of ~25 MB) in the daemon's
+    """Every EpilogSlurmctld starts a merge (a forked child of the daemon) in the daemon's
     cgroup. 300 tiny array jobs of one user ended on the local cluster with 9-14 merges
     running at once (~250 MB); a burst on a large cluster started hundreds -- past the
     unit's MemoryMax, where the OOM killer ends merges (other users' reports) or the
