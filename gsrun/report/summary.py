@@ -1,67 +1,26 @@
 """Node and job efficiency summaries (schema ``gsrun.summary/1``). Pure.
 
 - :func:`node_summary`: the epilog turns the sampler's state into one node's
-  summary (per GPU: utilization mean, SM/tensor activity means, memory high
-  water vs total, energy and mean power, seconds throttled per cause, Xid and
-  ECC events, lost-at time; the job's CPU time and memory high water there).
+  summary.
 - :func:`job_summary`: EpilogSlurmctld (or ``gseff``) merges node summaries
-  and the job record into one summary with CPU efficiency
-  (CPU time / (allocated cores x elapsed)), memory high water vs request,
-  GPU-hours used vs allocated, energy, and plain-language findings.
-- :func:`js1_blob`: the compact ``JS1:`` + base64(gzip(json)) form that
-  Princeton jobstats and reportseff read from ``AdminComment``.
+  and the job record into the job's summary with its findings.
+- :func:`js1_comment`: the ``JS1:`` + base64(gzip(json)) form that Princeton
+  jobstats and reportseff read from ``AdminComment``.
 
-Units are in the names. ``None`` means "not available" and is shown as N/A,
-never as 0.
+Units are in the names; ``None`` means "not available" (N/A), never 0.
+Each GPU figure's NVML source is its field doc in
+:class:`~gsrun.report.records.GpuSummary` (sampled by
+:mod:`gsrun.node.sampler`); a GPU's figures stop at ``lost_at_s``.
 
-Where the numbers come from (per GPU, from :mod:`gsrun.node.sampler`):
-
-- ``util_mean_pct``: time-weighted mean of the driver's utilization samples
-  (``nvmlDeviceGetSamples``; ``nvmlDeviceGetUtilizationRates`` where the
-  buffer is unsupported): percent of time a kernel ran ("duty cycle").
-  None with ``util_na_reason`` ``"MIG"`` on MIG devices (NVML has no
-  utilization there: field case 12, docs/field-cases.md) or NVML's reason
-  otherwise.
-  ``util_gap_s``: seconds with no utilization reading (not counted as 0);
-  ``util_busy_s``: the integral of utilization over time (seconds the GPU
-  was busy); ``util_idle_frac``: share of the sampled time below 5 %.
-- ``sm_active_mean_pct`` etc.: GPM metrics (``nvmlGpmMetricsGet``: SM
-  activity, SM occupancy, any-tensor activity, DRAM bandwidth), None where
-  GPM is unsupported.
-- ``mem_peak_bytes`` vs ``mem_total_bytes``: ``nvmlDeviceGetMemoryInfo``
-  used (highest sample) and total.
-- ``energy_j``: delta of ``nvmlDeviceGetTotalEnergyConsumption`` (mJ / 1000)
-  between the first and last valid readings, summed across counter resets
-  (``energy_counter_resets``); ``power_mean_w`` = energy_j / that span
-  (else the mean of ``nvmlDeviceGetPowerUsage``). Where the counter gave
-  fewer than two valid readings (NOT_SUPPORTED on pre-Volta GPUs and some
-  vGPU profiles, or failing), ``energy_j`` is the integral of the power
-  samples over the covered time and ``energy_estimated`` is true; with
-  neither it is None, never 0.
-- ``mem_procs_peak_bytes``: high water of the job's own processes' GPU
-  memory (compute-process list over the job's PIDs), beside the device
-  figure; ``mem_source`` / ``mem_baseline_bytes`` when the device figure
-  is v1 minus the prolog's baseline (or v1 alone).
-- ``throttle_s``: seconds during which the clock event reasons
-  (``nvmlDeviceGetCurrentClocksEventReasons``) showed each cause.
-- ``lost_at_s``: seconds after the sampler start when NVML first answered
-  GPU_IS_LOST (code 15); the GPU's figures cover only the time before.
-- ``status``: ``ok``, ``lost``, ``unavailable`` (NVML could not start) or
-  ``emulated`` (a gres index without an NVIDIA device).
-- ``covered_s``: seconds between the GPU's first and last good poll.
-
-Job level: ``job.elapsed_s`` = Slurm's elapsed time (RunTime: StartTime to
-EndTime less any time suspended, the figure of ``squeue`` TimeUsed, ``sacct``
-Elapsed and ``gsrun --wait``); without a job record it is null and
-``job.sampled_s`` holds the span the samplers covered instead (the run time
-below: :func:`gsrun.report.findings.run_time_s`). ``cpu.efficiency_pct`` =
-CPU seconds of all nodes / (allocated cores x run time) x 100 (clamped to
-100, ``anomaly`` set when the raw value exceeded 105 %);
+Job level: ``job.elapsed_s`` is Slurm's elapsed time (RunTime); without a
+job record it is null and ``job.sampled_s`` holds the samplers' span
+(:func:`gsrun.report.findings.run_time_s`: the run time below).
+``cpu.efficiency_pct`` = CPU seconds of all nodes / (allocated cores x run
+time) x 100 (clamped to 100, ``anomaly`` when the raw value exceeded 105 %);
 ``memory.efficiency_pct`` = sum of node high waters / requested memory;
-``gpu.gpu_hours_alloc`` = GPUs allocated x run time;
-``gpu.gpu_hours_used`` = sum of ``util_busy_s`` / 3600 over GPUs with a
-utilization figure (duty-cycle hours); ``gpu.energy_kwh`` = sum of
-``energy_j`` / 3.6e6.
+``gpu.gpu_hours_alloc`` = GPUs allocated x run time; ``gpu.gpu_hours_used``
+= sum of ``util_busy_s`` / 3600; ``gpu.energy_kwh`` = sum of ``energy_j`` /
+3.6e6.
 
 JS1 blob (``AdminComment``; the layout Princeton jobstats writes in
 ``Jobstats.report_job_json`` and reads in ``Jobstats.__init__`` /
@@ -82,27 +41,9 @@ JS1 blob (``AdminComment``; the layout Princeton jobstats writes in
                "energy_estimated": true (only when some energy_j is estimated from power samples),
                "alerts": <int: waste detections of the live detector, only when there were some>}}
 
-GPU keys are the ``/dev/nvidiaN`` minor numbers as strings (what jobstats'
-exporter labels ``minor_number``). Every node carries ``cpus``,
-``total_time``, ``used_memory`` and ``total_memory`` (jobstats' formatter
-fails on a node without its memory keys; reportseff divides by them): one
-that is unknown is written as 0 and named in ``gsrun.unknown``. A job with
-GPUs but no utilization figure on a node stores ``gpu_utilization: {}``
-(jobstats: "GPU utilization is unknown", no error). The GPU memory keys come
-as a pair keyed alike (jobstats indexes one by the other's keys), on every
-node as soon as one node has figures (``{}`` on a node without: jobstats
-reads GPU memory only when every node has the pair); a job with no GPU
-memory figure at all (NVML down, GPUs emulated) has no pair anywhere.
-jobstats then prints "(JSON is malformed)" on its GPU memory line and "could
-not be determined" in its notes: with the pair empty it divides by a zero
-total and fails, and a 0 would be an invented figure, so that is the only
-way it shows the memory as unknown. A CPU-only job (``gpus`` 0) has no GPU
-keys, as jobstats writes it. ``total_memory`` per node is the job's memory request split
-over its nodes in proportion to their cores (Slurm's AllocTRES ``mem`` is
-the job total), else the node's memory (``MemTotal``). The blob is at most ``max_chars``
-characters (site setting ``report.js1_max_chars``, default
-:data:`JS1_MAX_CHARS`): see :func:`js1_blob` for how per-GPU and per-node
-detail is reduced (``gsrun.reduced``) when it would not fit.
+GPU keys are the ``/dev/nvidiaN`` minor numbers as strings (jobstats'
+``minor_number``). How unknown figures, the GPU memory pair and
+``max_chars`` are handled: :func:`js1_blob`.
 
 What is stored in ``AdminComment`` (:func:`js1_comment`) follows jobstats'
 ``report_job_json`` and its ``slurmctldepilog.sh``: ``JS1:Short``
@@ -115,7 +56,6 @@ characters, so it never tries to decode a marker.
 from __future__ import annotations
 
 import base64
-import dataclasses
 import datetime
 import gzip
 import json
@@ -395,48 +335,23 @@ def job_summary(job: dict, nodes: list[dict | NodeSummary], cfg=None, partition:
     (``summary.json``, ``gseff --json``; the fields of a
     :class:`~gsrun.report.records.JobSummary`).
 
-    ``job``: fields from the job record (``id``, ``user``, ``name``,
+    ``job``: the job record's fields (``id``, ``user``, ``name``,
     ``partition``, ``state``, ``exit_code``, ``nodes`` (expected node names),
     ``cpus_alloc``, ``mem_req_bytes``, ``gpus_alloc``, ``mail_user``,
     ``mail_type``, ``start_time``, ``end_time``, ``elapsed_s``; optional:
-    ``submit_time``, ``time_limit_s``) -- any may
-    be None except ``id``. ``nodes``: :func:`node_summary` results (JSON
-    form, as read from the spool, or records). ``cfg`` / ``partition``: the
-    site's finding thresholds (:func:`gsrun.report.findings.findings`).
+    ``submit_time``, ``time_limit_s``, ``state_source``), any None but
+    ``id``. ``nodes``: :func:`node_summary` results (JSON or records).
+    ``cfg`` / ``partition``: the site's finding thresholds.
 
     Timelines: with at most :data:`KEEP_GPU_TIMELINES` GPUs each device keeps
-    its node summary's ``timeline``; with more, the devices carry none and
-    ``gpu.timeline`` holds the job-level :class:`JobTimeline` (``timeline``:
-    one the caller filled while reading the nodes, as ``epilog/ctld.py``
-    does with :func:`strip_timelines`; else built here). Per-GPU timelines
-    then stay in the node files (``gseff --plot``).
+    its ``timeline``; with more, ``gpu.timeline`` holds the job-level
+    :class:`JobTimeline` (``timeline``: one the caller filled with
+    :func:`strip_timelines` while reading the nodes; else built here) and the
+    per-GPU timelines stay in the node files (``gseff --plot``). The devices
+    are checked and serialised by :meth:`GpuSummary.json_form
+    <gsrun.base.record.Record.json_form>`, so a 4,000-node job builds no
+    32,000 records.
     """
-    rec, d = _job_merge(job, nodes, cfg, partition, timeline)
-    d["findings"] = [f.to_json() for f in rec.findings]   # the last field: to_json's key order
-    return d
-
-
-def strip_timelines(node: dict, acc: JobTimeline, t0: float | None) -> None:
-    """Move a node summary's GPU timelines into ``acc`` (offset by the node's
-    start relative to ``t0``, epoch seconds) and drop them and its
-    ``cpu_timeline`` from ``node`` (in place): what the merge of a job with
-    more than :data:`KEEP_GPU_TIMELINES` GPUs keeps of them."""
-    off = (node.get("start_time") or 0.0) - t0 if t0 is not None and node.get("start_time") else 0.0
-    for g in node.get("gpus") or ():
-        tl = g.pop("timeline", None)
-        if tl:
-            acc.add_gpu(tl, off)
-    node.pop("cpu_timeline", None)
-
-
-def _job_merge(job: dict, nodes: list, cfg, partition: str | None,
-               timeline: JobTimeline | None) -> tuple[JobSummary, dict]:
-    """The job summary as a :class:`~gsrun.report.records.JobSummary` and the
-    JSON form of the record without its ``findings`` (what the findings are
-    computed from). The GPUs are checked and put in their JSON form by
-    :meth:`GpuSummary.json_form <gsrun.base.record.Record.json_form>`; the
-    returned record's ``gpu.devices`` is empty: :func:`job_summary` of a
-    4,000-node job builds and serialises no 32,000 records."""
     nodes = sorted((n.to_json() if isinstance(n, NodeSummary) else n for n in nodes), key=lambda n: n["node"])
     seen = {n["node"] for n in nodes}
     expected = job.get("nodes") or sorted(seen)
@@ -525,8 +440,20 @@ def _job_merge(job: dict, nodes: list, cfg, partition: str | None,
     )
     d = summary.to_json()
     d["gpu"]["devices"] = [GpuSummary.json_form(g) for g in gpus]
-    found = finding_records(d, cfg, partition)
-    return dataclasses.replace(summary, findings=found), d
+    d["findings"] = [f.to_json() for f in finding_records(d, cfg, partition)]   # the last key, as to_json orders
+    return d
+
+
+def strip_timelines(node: dict, acc: JobTimeline, t0: float | None) -> None:
+    """Move a node summary's GPU timelines into ``acc`` (offset by the node's
+    start relative to ``t0``, epoch seconds) and drop them and its
+    ``cpu_timeline`` from ``node`` (in place)."""
+    off = (node.get("start_time") or 0.0) - t0 if t0 is not None and node.get("start_time") else 0.0
+    for g in node.get("gpus") or ():
+        tl = g.pop("timeline", None)
+        if tl:
+            acc.add_gpu(tl, off)
+    node.pop("cpu_timeline", None)
 
 
 # the default of report.js1_max_chars: a 64-node job of 8 GPUs each, every GPU with its own
