@@ -45,12 +45,6 @@ GPU keys are the ``/dev/nvidiaN`` minor numbers as strings (jobstats'
 ``minor_number``). How unknown figures, the GPU memory pair and
 ``max_chars`` are handled: :func:`js1_blob`.
 
-What is stored in ``AdminComment`` (:func:`js1_comment`) follows jobstats'
-``report_job_json`` and its ``slurmctldepilog.sh``: ``JS1:Short``
-(:data:`JS1_SHORT`) for a job that ran less than :data:`JS1_SHORT_S`
-seconds, ``JS1:None`` (:data:`JS1_NONE`) for one without node figures,
-else the blob. jobstats' reader only decodes a comment longer than 10
-characters, so it never tries to decode a marker.
 """
 
 from __future__ import annotations
@@ -84,8 +78,7 @@ def _r(x, nd=1):
 
 
 def gpu_record(g: GpuState, node: str, nvml_error: str | None = None) -> GpuSummary:
-    """One GPU's figures, as a :class:`~gsrun.report.records.GpuSummary`,
-    from its sampler state (see module doc)."""
+    """One GPU's :class:`~gsrun.report.records.GpuSummary` from its sampler state."""
     ref = g.ref
     util = _metric(g, "util_pct")
     sm = _metric(g, "sm_active_pct")
@@ -174,19 +167,15 @@ def gpu_record(g: GpuState, node: str, nvml_error: str | None = None) -> GpuSumm
 
 
 def node_summary(state: SamplerState | dict | None, job_env: dict, end_time: float) -> dict:
-    """The epilog's summary of one node: :func:`node_record`'s JSON form
-    (``node-<node>.json``)."""
+    """:func:`node_record`'s JSON form (``node-<node>.json``)."""
     return node_record(state, job_env, end_time).to_json()
 
 
 def node_record(state: SamplerState | dict | None, job_env: dict, end_time: float) -> NodeSummary:
-    """The epilog's summary of one node, as a :class:`~gsrun.report.records.NodeSummary`.
-
-    ``state`` is the sampler state (``sampler.json``: a
-    :class:`~gsrun.facts.sampler_state.SamplerState` or its JSON form), or
-    None when no sampler ran (the reason goes in ``notes``); ``job_env`` is
-    the validated job context from the prolog record
-    (:mod:`gsrun.facts.jobenv`). ``end_time`` is epoch seconds.
+    """The epilog's summary of one node. ``state``: the sampler state
+    (``sampler.json``, record or JSON form), None when no sampler ran;
+    ``job_env``: the prolog record's job context (:mod:`gsrun.facts.jobenv`);
+    ``end_time``: epoch seconds.
 
     Raises:
         ValueError: ``state`` is not a sampler state (see
@@ -234,18 +223,15 @@ def node_record(state: SamplerState | dict | None, job_env: dict, end_time: floa
 
 
 def job_actions(nodes: list[dict]) -> list[WasteAction]:
-    """Every node summary's ``actions`` (alert mails, idle cancel), by time
-    then node. Pure."""
+    """Every node summary's ``actions``, by time then node."""
     out = [WasteAction.from_json(a) for n in nodes for a in n.get("actions") or () if isinstance(a, dict)]
     return sorted(out, key=lambda a: (a.time, a.node))
 
 
 def settings_groups(nodes: list[dict]) -> list[SettingsGroup]:
-    """Nodes (node summaries, JSON form) with the same ``settings`` in one
-    :class:`~gsrun.report.records.SettingsGroup`, the largest group first (then
-    by first node name): a 1,000-node job with one configuration is one group.
-    Nodes whose settings are unknown (older summaries, no prolog record) are
-    in no group. Pure; O(nodes) apart from sorting the names."""
+    """Nodes (JSON form) with the same ``settings`` in one
+    :class:`~gsrun.report.records.SettingsGroup`, largest first, then by
+    first node; nodes with unknown settings are in none."""
     by: dict[str, tuple[list, list[str]]] = {}
     for n in nodes:
         st = n.get("settings")
@@ -264,17 +250,13 @@ JOB_TIMELINE_METRICS = ("util_pct", "sm_active_pct", "mem_used_bytes", "power_w"
 
 
 class JobTimeline:
-    """The job-level GPU timeline: every GPU's downsampled points pooled into
-    at most :data:`JOB_TIMELINE_POINTS` buckets of equal width per metric.
-
-    Fed one GPU timeline at a time (:meth:`add_gpu`, the node summary's
-    ``timeline``: points ``[t_s since the node's sampler start, mean, max,
-    n]``), so memory is O(metrics x buckets) whatever the job size. A point
-    lands in bucket ``int((offset_s + t_s) / width_s)``; when a bucket index
-    reaches the bound, the width doubles and neighbours merge (exactly: the
-    buckets hold sums). :meth:`to_json`: metric -> points ``[t_s since the
-    job start, mean over the GPUs' sample means weighted by their sample
-    counts, highest max, samples, lowest GPU mean]``.
+    """The job-level GPU timeline: every GPU's points (``[t_s, mean, max,
+    n]``, fed one GPU at a time by :meth:`add_gpu`) pooled into at most
+    :data:`JOB_TIMELINE_POINTS` equal buckets per metric; when one more is
+    needed the width doubles and neighbours merge (the buckets hold sums), so
+    memory is O(metrics x buckets). :meth:`to_json`: metric -> ``[t_s since
+    the job start, sample-weighted mean, highest max, samples, lowest GPU
+    mean]``.
     """
 
     def __init__(self, width_s: float = 60.0, max_points: int = JOB_TIMELINE_POINTS) -> None:
@@ -478,8 +460,8 @@ def _median(xs: list[float]) -> float:
 
 
 def _js1_nodes(summary: dict) -> tuple[list[tuple[str, dict, list[dict]]], dict[str, list[str]]]:
-    """Per node, in name order: (name, the four CPU/memory keys, its GPUs with
-    figures), and node -> keys written as 0 because they are unknown."""
+    """Per node by name: (name, the four CPU/memory keys, its GPUs with
+    figures); and node -> keys written as 0 because unknown."""
     job = summary["job"]
     detail = summary.get("nodes_detail") or []
     total_cpus = sum(n["cpus_alloc"] or 0 for n in detail)
@@ -518,14 +500,13 @@ def _gpu_mem(gpus: list[dict]) -> dict[str, tuple[int, int]]:
 def _gpu_keys(gpus: list[dict], has_gpus: bool, mem_pair: bool, reduce: bool) -> dict:
     """jobstats' per-node GPU keys. ``gpu_utilization`` is ``{}`` when the job
     has GPUs but none has a figure here (jobstats: "GPU utilization is
-    unknown", no error). ``mem_pair``: some node of the job has GPU memory
-    figures, so every node carries ``gpu_used_memory`` / ``gpu_total_memory``
-    (keyed alike; ``{}`` on a node without figures): jobstats reads GPU
-    memory only when every node has the pair, and divides by the job's total.
-    Without any figure the pair is left out (jobstats then prints "JSON is
-    malformed" for GPU memory: its only rendering of that case that neither
-    fails nor shows an invented number). ``reduce``: the keys ``min``,
-    ``median``, ``max`` across the GPUs instead of one per GPU minor number."""
+    unknown"). ``mem_pair``: some node has GPU memory figures, so every node
+    carries ``gpu_used_memory`` / ``gpu_total_memory`` keyed alike (``{}``
+    without figures: jobstats reads GPU memory only when every node has the
+    pair); with no figure anywhere the pair is left out (jobstats then
+    prints "JSON is malformed": its only output for this case that neither
+    fails nor invents a number). ``reduce``: ``min``/``median``/``max``
+    across the GPUs instead of one key per minor number."""
     d: dict = {}
     util = {str(g["index"]): g["util_mean_pct"] for g in gpus if g.get("util_mean_pct") is not None}
     mem = _gpu_mem(gpus)
@@ -544,8 +525,7 @@ def _gpu_keys(gpus: list[dict], has_gpus: bool, mem_pair: bool, reduce: bool) ->
 
 
 def _group(members: list[tuple[str, dict, list[dict]]]) -> tuple[str, dict, list[dict]]:
-    """Several nodes as one jobstats node: CPU/memory keys summed (jobstats'
-    job totals stay exact), GPUs pooled (reduced to min/median/max)."""
+    """Several nodes as one jobstats node: CPU/memory keys summed, GPUs pooled."""
     first, last = members[0][0], members[-1][0]
     name = first if len(members) == 1 else f"{first}..{last} ({len(members)} nodes)"
     d = {k: sum(m[1][k] for m in members) for k in ("cpus", "used_memory", "total_memory")}
@@ -559,29 +539,23 @@ def _encode(blob: dict) -> str:
 
 
 def js1_blob(summary: dict, max_chars: int = JS1_MAX_CHARS) -> str | None:
-    """``JS1:`` + base64(gzip(json)) in the layout jobstats writes to and
-    reads from ``AdminComment`` (schema in the module doc), plus gsrun's own
-    ``gsrun`` section, which jobstats and reportseff ignore. At most
-    ``max_chars`` characters whatever the job size.
+    """``JS1:`` + base64(gzip(json)) in jobstats' layout (module doc), of at
+    most ``max_chars`` characters whatever the job size.
 
     Every node carries ``cpus``, ``total_time``, ``used_memory`` and
-    ``total_memory`` (jobstats' formatter fails on a node without its memory
-    keys); one that is unknown is written as 0 and named in
-    ``gsrun.unknown`` (node -> keys). GPU keys as in the module doc: an
-    empty ``gpu_utilization`` where the job has GPUs but no figure, the
-    memory pair on every node or none. ``total_memory`` is the job's memory
-    limit on the node (the request split by cores), else the node's memory.
-    When per-GPU detail does not fit, each node's GPUs are reduced to the
-    keys ``min``/``median``/``max``; when per-node detail does not fit
-    either, consecutive nodes (by name) are pooled into groups named
-    ``first..last (N nodes)`` with their CPU and memory figures summed, so
-    jobstats' job totals stay exact. ``gsrun.reduced`` then says how
-    (``"gpus"`` or ``"nodes:<groups>"``) and the per-GPU ``gsrun`` maps are
-    left out.
+    ``total_memory`` (jobstats' formatter fails without them; reportseff
+    divides by them): an unknown one is 0 and named in ``gsrun.unknown``
+    (node -> keys). ``total_memory`` is the job's memory request split over
+    its nodes by cores (AllocTRES ``mem`` is the job total), else the node's
+    ``MemTotal``. GPU keys: :func:`_gpu_keys`; none for a CPU-only job.
+    When per-GPU detail does not fit, each node's GPUs are reduced to
+    ``min``/``median``/``max``; when per-node detail does not fit either,
+    consecutive nodes are pooled into ``first..last (N nodes)`` with their
+    figures summed (jobstats' job totals stay exact); ``gsrun.reduced`` then
+    says ``"gpus"`` or ``"nodes:<groups>"`` and the per-GPU maps are left out.
 
-    Returns None when there is nothing jobstats could use (no elapsed time
-    or no node figures): jobstats itself then stores ``Short`` / ``None``
-    instead of a blob.
+    Returns None when jobstats could use nothing (no elapsed time or no node
+    figures).
     """
     job = summary["job"]
     elapsed = run_time_s(job)
@@ -631,14 +605,11 @@ def js1_blob(summary: dict, max_chars: int = JS1_MAX_CHARS) -> str | None:
 
 
 def js1_comment(summary: dict, max_chars: int = JS1_MAX_CHARS, short_s: float = JS1_SHORT_S) -> str:
-    """What goes into the job's ``AdminComment``, decided as jobstats decides
-    it (``Jobstats.report_job_json``, in this order): :data:`JS1_SHORT` when
-    the job ran less than ``short_s`` seconds (``job.elapsed_s``, else
-    ``job.sampled_s``: :func:`gsrun.report.findings.run_time_s`; site
-    setting ``report.js1_short_s``, default :data:`JS1_SHORT_S`, jobstats'
-    own), :data:`JS1_NONE` when its elapsed time is unknown or it has no node
-    figures (:func:`js1_blob` returns None), else the blob of at most
-    ``max_chars`` characters."""
+    """What goes into ``AdminComment``, decided in the order of jobstats'
+    ``report_job_json``: :data:`JS1_SHORT` for a run shorter than
+    ``short_s`` (``report.js1_short_s``), :data:`JS1_NONE` when
+    :func:`js1_blob` gives None, else the blob. jobstats only decodes a
+    comment longer than 10 characters, so never a marker."""
     elapsed = run_time_s(summary.get("job") or {})
     if elapsed is not None and elapsed < short_s:
         return JS1_SHORT
@@ -646,7 +617,7 @@ def js1_comment(summary: dict, max_chars: int = JS1_MAX_CHARS, short_s: float = 
 
 
 def decode_js1(text: str) -> dict:
-    """Inverse of :func:`js1_blob` (what jobstats does with ``AdminComment``).
+    """Inverse of :func:`js1_blob`.
 
     Raises:
         ValueError: not a ``JS1:`` blob, a marker (:data:`JS1_MARKERS`), or
@@ -663,14 +634,12 @@ def decode_js1(text: str) -> dict:
 
 
 def pending_summary(rec: dict[str, str], cfg=None) -> dict:
-    """The report of a job that has not started, from its controller record
-    (``scontrol -o show job``, :func:`gsrun.facts.slurm.parse_job_record`):
-    the job summary's shape with no figures, what it asked for (``NumCPUs``,
-    ``gres/gpu`` of ``ReqTRES``/``TRES``, ``TimeLimit``), its pending reason and
-    Slurm's expected start (``StartTime`` while pending; absent when
-    ``Unknown``), and the one finding that says why it waits and when a
-    report will exist (:func:`gsrun.report.findings.findings`). For the text
-    report (:func:`gsrun.report.render.render_text`); never stored."""
+    """The report of a job that has not started, from its ``scontrol -o show
+    job`` record: the job summary's shape with no figures, what it asked for
+    (``NumCPUs``, ``gres/gpu`` of ``ReqTRES``/``TRES``, ``TimeLimit``), its
+    pending ``Reason``, Slurm's expected ``StartTime``, and the one finding
+    saying why it waits. For :func:`gsrun.report.render.render_text`; never
+    stored."""
     def val(k):
         v = rec.get(k)
         return None if v in (None, "", "(null)", "None", "N/A", "Unknown") else v
