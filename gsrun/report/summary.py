@@ -60,7 +60,6 @@ from gsrun.facts.aggregate import Counter, Metric
 from gsrun.facts.sacct import parse_time_s, parse_tres, tres_gpus
 from gsrun.facts.sampler_state import GpuState, SamplerState, WasteAction
 from gsrun.facts.slurm import state_word
-from gsrun.report import node_end
 from gsrun.report.findings import finding_records, run_time_s
 from gsrun.report.records import (CpuFigures, GpuFigures, GpuSummary, JobInfo, JobSummary, MemoryFigures, NodeDetail,
                                   NodeSetting, NodeSummary, SettingsGroup, WasteDetection)
@@ -207,7 +206,7 @@ def node_record(state: SamplerState | dict | None, job_env: dict, end_time: floa
         reason = "job has no GPUs on this node"
     return NodeSummary(
         schema=SUMMARY_SCHEMA, kind="node", job_id=st.job_id, node=node,
-        start_time=st.start_time, end_time=end_time, elapsed_s=node_end.elapsed_s(st.start_time, end_time),
+        start_time=st.start_time, end_time=end_time, elapsed_s=round(float(max(0.0, end_time - st.start_time)), 3),
         cpus_alloc=job_env.get("cpus_on_node"), gres_gpus=job_env.get("gpus") or [],
         cpu_time_s=_r(st.cpu.time_s, 3), cpu_source=st.cpu.source,
         mem_peak_bytes=None if st.mem.peak_bytes is None else int(st.mem.peak_bytes),
