@@ -28,18 +28,11 @@ _ADDR_RE = re.compile(r"^[A-Za-z0-9!#$%&'*+/=?^_`{|}~.-]{1,64}@[A-Za-z0-9](?:[A-
 
 
 def set_text_header(msg: EmailMessage, name: str, text: Any, max_len: int = 250) -> str:
-    """Set header ``name`` of ``msg`` to display text built from job data, so
-    that a mail reader shows exactly :func:`clean_line` ``(text)``: the
-    characters as typed, no control, CR/LF or bidi characters.
-
-    RFC 2047 encoded words (``=?utf-8?q?=E2=80=AE...?=``, which a reader
-    would decode into a right-to-left override or a line break) are never
-    decoded for display: when the text holds an ``=?`` marker, the header is
-    written as *our own* encoded words of the literal text (``=3D=3F``
-    inside), folded to 76 columns, so a reader decodes exactly once and shows
-    the marker as plain characters. (Assigning the text the usual way would
-    let ``email.headerregistry`` decode the user's encoded words at once.)
-    Returns the text set."""
+    """Set header ``name`` of ``msg`` so that a mail reader shows exactly
+    :func:`clean_line` ``(text)``; returns that text. Text holding an RFC 2047
+    ``=?`` marker is written as our own encoded words of the literal text,
+    so a reader never decodes the user's (which could carry a bidi override
+    or a line break)."""
     value = clean_line(text, max_len)
     del msg[name]
     if "=?" in value:
@@ -50,13 +43,9 @@ def set_text_header(msg: EmailMessage, name: str, text: Any, max_len: int = 250)
 
 
 def validate_addr(addr: str, what: str = "address") -> str:
-    """Return the bare ``local@domain`` of ``addr`` or raise.
-
-    Accepts ``a@b.example`` or ``Name <a@b.example>`` (the display name is
-    dropped). Refuses control characters, several addresses, a missing
-    domain (Slurm's default ``MailUser`` is the bare user name: append the
-    site's mail domain before calling), and anything ``email.headerregistry``
-    cannot parse.
+    """The bare ``local@domain`` of ``a@b.example`` or ``Name <a@b.example>``.
+    Slurm's default ``MailUser`` is a bare user name: append the site's
+    domain before calling.
 
     Raises:
         InputError: the address is empty, has CR/LF or other control
@@ -115,18 +104,12 @@ def build_message(summary: dict, report_text: str, png: bytes | None, to_addr: s
             text/html; charset=utf-8                      templates/mail.html.j2, <img src="cid:...">
             image/png (base64, inline, Content-ID)       ``png``
 
-    Headers: From, To, Subject (:func:`subject_line`, set by :func:`set_text_header`:
-    an encoded word in a job name is shown literally, never decoded), Date, Message-ID
-    (:func:`message_id`, from the job id), ``Auto-Submitted: auto-generated``
-    (RFC 3834: no vacation replies), ``X-Gsrun-Job``. Every header value is
-    stripped of CR/LF and control characters; the whole message is 7-bit.
-
-    ``png`` that is not a PNG (bad magic) or is over 5 MiB is left out and
-    the text says "timeline unavailable" (a broken plot never stops the mail).
-    ``date``: epoch seconds for the Date header (default now). ``cfg``: the
-    site config (verdict targets, ``report.doc_url``; None: defaults). The
-    picture is shown at half its pixel size when wider than 900 px (drawn
-    at 2x), with explicit ``width`` / ``height``.
+    Headers: From, To, Subject (:func:`set_text_header`), Date (``date``,
+    epoch s), Message-ID (:func:`message_id`), ``Auto-Submitted:
+    auto-generated`` (RFC 3834), ``X-Gsrun-Job``; the message is 7-bit.
+    A ``png`` that is not a PNG or is over 5 MiB is left out ("timeline
+    unavailable"). ``cfg``: verdict targets, ``report.doc_url`` (None:
+    defaults).
 
     Raises:
         InputError: ``to_addr`` or ``from_addr`` is not one valid
