@@ -1,24 +1,13 @@
 """Jobs of a time window from Slurm accounting, one at a time (facts).
 
-:func:`sacct_argv` builds one bulk ``sacct -P -n -X`` query per window
-chunk (:func:`chunks`, a day by default) with the fields of
-:data:`REPORT_FORMAT`; :func:`stream_sacct` runs it (argv list, no shell,
-a timeout for the whole chunk) and yields its stdout line by line, so a week
-of 200,000 jobs never sits in memory; :func:`parse_line` turns one line into
-a :class:`JobRow` with the scalar parsers of :mod:`gsrun.facts.sacct` and
-:func:`blob_figures` turns the job's ``AdminComment`` (gsrun's or jobstats'
-``JS1:`` blob, decoded by :func:`gsrun.report.summary.decode_js1`) into
-:class:`JobFigures`.
-
-``-X`` (allocation lines only) on purpose: the report's CPU time, host
-memory high water and GPU figures come from the blob, which holds them per
-node; steps would quadruple the rows for figures the blob already has. A
-job without a blob (not a GPU job of gsrun or jobstats, a ``JS1:Short``
-stub, a lowercased or foreign comment) is counted under "no figures".
-
-A job is reported in the chunk its ``End`` falls in (``start <= End <
-end``): sacct lists a job in every chunk it overlaps, and this keeps each
-job exactly once without remembering job ids across chunks.
+:func:`stream_sacct` runs one ``sacct -P -n -X`` query per window chunk
+(:func:`sacct_argv`, :func:`chunks`) and yields its lines, so a week of
+200,000 jobs never sits in memory; :func:`parse_line` makes a
+:class:`JobRow` of one, :func:`blob_figures` the :class:`JobFigures` of its
+``AdminComment`` (gsrun's or jobstats' ``JS1:`` blob). ``-X``: the blob
+holds the per-node figures steps would repeat; a job without a blob counts
+under "no figures". A job belongs to the chunk its ``End`` falls in, so each
+is reported once.
 """
 
 from __future__ import annotations
@@ -77,18 +66,10 @@ class JobRow:
 
 @dataclass(slots=True)
 class JobFigures:
-    """What a ``JS1:`` blob says about a job (jobstats layout, gsrun's
-    ``gsrun`` section where present).
-
-    gpu_util_pct / gpu_mem_used_bytes / gpu_mem_total_bytes: one entry per
-    GPU with a figure (duty-cycle mean %, memory high water and total).
-    sm_active_pct: mean SM activity over the GPUs that have it (gsrun
-    only, GPM), None otherwise. cpu_time_s, host_mem_used_bytes,
-    host_mem_req_bytes: sums over the blob's nodes. energy_j: gsrun's GPU
-    energy (None for jobstats' blobs). alerts: waste detections the live
-    detector made while the job ran (gsrun). source: ``"gsrun"`` or
-    ``"jobstats"``.
-    """
+    """What a ``JS1:`` blob says about a job. The GPU lists hold one entry
+    per GPU with a figure; the host figures are sums over the blob's nodes;
+    ``sm_active_pct``, ``energy_j`` and ``alerts`` come from gsrun's section
+    only; ``source``: ``"gsrun"`` or ``"jobstats"``."""
 
     source: str
     gpu_util_pct: list[float] = field(default_factory=list)
