@@ -17,10 +17,8 @@ name gets ``@mail.default_domain``); a request with no address moves to
 
 from __future__ import annotations
 
-import email.utils
 import os
 import time
-from email import policy as email_policy
 from email.message import EmailMessage
 from pathlib import Path
 
@@ -85,8 +83,6 @@ def build_alert(req: dict, to_addr: str, from_addr: str, report_text: str | None
     mail (``templates/alert.txt.j2``); ``key``: the request's name part
     (``kind`` or ``kind-<n>``, in the Message-ID). Raises
     :class:`~gsrun.base.errors.InputError` on a bad address."""
-    to_spec = mail.validate_addr(to_addr, "recipient address")
-    from_spec = mail.validate_addr(from_addr, "sender address (mail.from_addr)")
     job_id = mail.clean_line(req["job_id"], 40)
     kind = req["kind"]
     lines = [mail.clean_line(x, 300) for x in req.get("lines") or ()][:16]
@@ -95,17 +91,11 @@ def build_alert(req: dict, to_addr: str, from_addr: str, report_text: str | None
     body = render("alert.txt.j2", kind=kind, job_id=job_id, lines=lines, held=held,
                   reason=mail.clean_line(req.get("reason") or "", 400), cancel_after=after,
                   report=mail.clean_block(report_text) if report_text else "")
-    msg = EmailMessage(policy=email_policy.default)
-    domain = from_spec.rsplit("@", 1)[1]
-    msg["From"] = f"gsrun <{from_spec}>"
-    msg["To"] = to_spec
     subject = f"[gsrun] job {job_id} cancelled: GPUs idle" if kind == "cancel" else \
         f"[gsrun] job {job_id} will be cancelled: GPUs idle" if kind == "warning" else \
         f"[gsrun] job {job_id} running: {lines[0] if lines else 'GPU time unused'}"
-    mail.set_text_header(msg, "Subject", subject, 250)
-    msg["Date"] = email.utils.formatdate(date if date is not None else time.time(), localtime=True)
-    msg["Message-ID"] = f"<gsrun.job-{job_id}.{mail.clean_line(key or kind, 40)}@{domain}>"
-    msg["Auto-Submitted"] = "auto-generated"
+    msg = mail.new_message(to_addr, from_addr, subject,
+                           lambda d: f"<gsrun.job-{job_id}.{mail.clean_line(key or kind, 40)}@{d}>", date)
     mail.set_text_header(msg, "X-Gsrun-Job", job_id, 40)
     mail.set_text_header(msg, "X-Gsrun-Alert", kind, 20)
     msg.set_content(body, subtype="plain", charset="utf-8", cte="quoted-printable")

@@ -29,8 +29,8 @@ from __future__ import annotations
 from gsrun.base.fsutil import read_json   # the queue's state files; callers read them through here
 from gsrun.report.mail.view import (clean_block, clean_line, mail_kind, mail_view, mail_wanted, render_html,
                                     render_text, subject_line)
-from gsrun.report.mail.message import (build_message, message_id, set_text_header, SpooledMessage, validate_addr,
-                                       wire_bytes)
+from gsrun.report.mail.message import (build_message, message_id, new_message, set_text_header, SpooledMessage,
+                                       validate_addr, wire_bytes)
 from gsrun.report.mail.send import deliver, MailError, send_mailprog, send_smtp
 from gsrun.report.mail.queue import backoff_s, enqueue, flush, _move, prune, queue_status, retry_failed
 
@@ -38,5 +38,5 @@ __all__ = [
     "MailError", "build_message", "mail_wanted", "mail_kind", "mail_view", "subject_line", "message_id",
     "validate_addr", "clean_line", "clean_block", "set_text_header", "enqueue", "flush", "deliver", "send_smtp",
     "send_mailprog", "queue_status", "backoff_s", "prune", "retry_failed", "render_text", "render_html",
-    "SpooledMessage", "wire_bytes", "read_json", "_move",
+    "SpooledMessage", "wire_bytes", "new_message", "read_json", "_move",
 ]

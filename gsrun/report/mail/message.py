@@ -92,6 +92,29 @@ def message_id(summary: Mapping, domain: str) -> str:
     return f"<gsrun.job-{safe}.{digest}@{domain}>"
 
 
+def new_message(to_addr: str, from_addr: str, subject: str, msgid, date: float | None = None,
+                to_what: str = "recipient address") -> EmailMessage:
+    """A message with the headers every gsrun mail has: From ``gsrun
+    <from>``, To, Subject (:func:`set_text_header`), Date (``date``, epoch s;
+    default now), Message-ID ``msgid(domain of from_addr)``,
+    ``Auto-Submitted: auto-generated`` (RFC 3834).
+
+    Raises:
+        InputError: ``to_addr`` or ``from_addr`` is not one valid
+            ``local@domain`` address (see :func:`validate_addr`).
+    """
+    to_spec = validate_addr(to_addr, to_what)
+    from_spec = validate_addr(from_addr, "sender address (mail.from_addr)")
+    msg = EmailMessage(policy=email_policy.default)
+    msg["From"] = f"gsrun <{from_spec}>"
+    msg["To"] = to_spec
+    set_text_header(msg, "Subject", subject, 250)
+    msg["Date"] = email.utils.formatdate(date if date is not None else time.time(), localtime=True)
+    msg["Message-ID"] = msgid(from_spec.rsplit("@", 1)[1])
+    msg["Auto-Submitted"] = "auto-generated"
+    return msg
+
+
 def build_message(summary: dict, report_text: str, png: bytes | None, to_addr: str, from_addr: str,
                   *, date: float | None = None, cfg=None) -> EmailMessage:
     """The efficiency mail for one job summary (``gsrun.summary/1``).
@@ -104,20 +127,16 @@ def build_message(summary: dict, report_text: str, png: bytes | None, to_addr: s
             text/html; charset=utf-8                      templates/mail.html.j2, <img src="cid:...">
             image/png (base64, inline, Content-ID)       ``png``
 
-    Headers: From, To, Subject (:func:`set_text_header`), Date (``date``,
-    epoch s), Message-ID (:func:`message_id`), ``Auto-Submitted:
-    auto-generated`` (RFC 3834), ``X-Gsrun-Job``; the message is 7-bit.
-    A ``png`` that is not a PNG or is over 5 MiB is left out ("timeline
+    Headers: :func:`new_message`'s (Message-ID: :func:`message_id`) and
+    ``X-Gsrun-Job``; the message is 7-bit. A ``png`` that is not a PNG or is over 5 MiB is left out ("timeline
     unavailable"). ``cfg``: verdict targets, ``report.doc_url`` (None:
     defaults).
 
     Raises:
-        InputError: ``to_addr`` or ``from_addr`` is not one valid
-            ``local@domain`` address (see :func:`validate_addr`).
+        InputError: as :func:`new_message`.
     """
-    to_spec = validate_addr(to_addr, "recipient address (MailUser)")
-    from_spec = validate_addr(from_addr, "sender address (mail.from_addr)")
-    domain = from_spec.rsplit("@", 1)[1]
+    validate_addr(to_addr, "recipient address (MailUser)")
+    domain = validate_addr(from_addr, "sender address (mail.from_addr)").rsplit("@", 1)[1]
     job = summary.get("job") or {}
     jid = clean_line(job.get("array") or job.get("id") or "unknown", 40)
     safe = re.sub(r"[^A-Za-z0-9_.+-]", "_", jid)[:40]
@@ -131,13 +150,8 @@ def build_message(summary: dict, report_text: str, png: bytes | None, to_addr: s
     view = mail_view(summary, report_text, has_image, cid, image_dropped=png is not None, cfg=cfg,
                      image_size=size)
 
-    msg = EmailMessage(policy=email_policy.default)
-    msg["From"] = str(Address(username=from_spec.rsplit("@", 1)[0], domain=domain, display_name="gsrun"))
-    msg["To"] = to_spec
-    set_text_header(msg, "Subject", view["subject"], 250)   # encoded words in a job name stay literal
-    msg["Date"] = email.utils.formatdate(date if date is not None else time.time(), localtime=True)
-    msg["Message-ID"] = message_id(summary, domain)
-    msg["Auto-Submitted"] = "auto-generated"
+    msg = new_message(to_addr, from_addr, view["subject"], lambda d: message_id(summary, d), date,
+                      "recipient address (MailUser)")
     set_text_header(msg, "X-Gsrun-Job", jid, 40)
     msg.set_content(render_text(view), subtype="plain", charset="utf-8", cte="quoted-printable")
     msg.add_alternative(render_html(view), subtype="html", charset="utf-8", cte="quoted-printable")
