@@ -12,7 +12,6 @@ is reported once.
 
 from __future__ import annotations
 
-import math
 import os
 import shutil
 import subprocess
@@ -26,6 +25,7 @@ from gsrun.base.errors import SlurmError
 from gsrun.facts.sacct import parse_mem, parse_time_s, parse_tres, tres_gpus
 from gsrun.facts.slurm import DEFAULT_PATH, TERMINAL_STATES, state_word
 from gsrun.report.summary import JS1_MARKERS, decode_js1
+from gsrun.report.units import as_number
 
 #: ``--format=`` of the report's query. AdminComment is last: a ``|`` inside
 #: another tool's comment only ever spills into the last column.
@@ -35,7 +35,7 @@ REPORT_FORMAT: tuple[str, ...] = (
 )
 #: states a report covers (``sacct -s``): jobs that ended
 REPORT_STATES = ("CA", "CD", "DL", "F", "NF", "OOM", "PR", "TO")
-_N = len(REPORT_FORMAT)
+_NAMES = tuple(f.lower() for f in REPORT_FORMAT)
 _END = REPORT_FORMAT.index("End")
 
 
@@ -107,19 +107,11 @@ def parse_line(line: str, fmt: tuple[str, ...] = REPORT_FORMAT) -> JobRow | None
     None for a step line, a ``CLUSTER:`` header (``-M``), a blank line, or a
     line with too few columns. ``fmt`` may be another order of the same
     names (recorded outputs of other Slurm versions name them the same)."""
-    if fmt is REPORT_FORMAT:
-        parts = line.rstrip("\n").split("|", _N - 1)
-        if len(parts) != _N:
-            return None
-        v = dict(zip(("jobid", "jobidraw", "cluster", "partition", "account", "user", "state", "submit",
-                      "start", "end", "elapsed", "timelimit", "alloccpus", "alloctres", "reqmem", "nnodes",
-                      "nodelist", "admincomment"), parts))
-    else:
-        names = [f.lower() for f in fmt]
-        parts = line.rstrip("\n").split("|", len(names) - 1)
-        if len(parts) != len(names):
-            return None
-        v = dict(zip(names, parts))
+    names = _NAMES if fmt is REPORT_FORMAT else [f.lower() for f in fmt]
+    parts = line.rstrip("\n").split("|", len(names) - 1)
+    if len(parts) != len(names):
+        return None
+    v = dict(zip(names, parts))
     jid = v.get("jobid", "").strip()
     if not jid or "." in jid:
         return None
@@ -141,13 +133,6 @@ def parse_line(line: str, fmt: tuple[str, ...] = REPORT_FORMAT) -> JobRow | None
         cpus=int(cpus) if cpus.isdigit() else 0, gpus=gpus, gpu_type=gtype, mem_req_bytes=mem,
         nnodes=int(nn) if nn.isdigit() else 1, nodes=v.get("nodelist", "").strip(),
         comment=v.get("admincomment", "").strip())
-
-
-def _num(x) -> float | None:
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        return None
-    f = float(x)
-    return f if math.isfinite(f) else None
 
 
 def blob_figures(comment: str) -> tuple[JobFigures | None, str | None]:
@@ -173,21 +158,21 @@ def blob_figures(comment: str) -> tuple[JobFigures | None, str | None]:
     for nd in blob["nodes"].values():
         if not isinstance(nd, dict):
             continue
-        if (t := _num(nd.get("total_time"))) is not None:
+        if (t := as_number(nd.get("total_time"))) is not None:
             cpu += t
             have_cpu = True
-        u, r = _num(nd.get("used_memory")), _num(nd.get("total_memory"))
+        u, r = as_number(nd.get("used_memory")), as_number(nd.get("total_memory"))
         if u is not None and r:
             used += u
             req += r
             have_mem = True
         util = nd.get("gpu_utilization")
         if isinstance(util, dict):
-            f.gpu_util_pct.extend(x for x in map(_num, util.values()) if x is not None)
+            f.gpu_util_pct.extend(x for x in map(as_number, util.values()) if x is not None)
         gu, gt = nd.get("gpu_used_memory"), nd.get("gpu_total_memory")
         if isinstance(gu, dict) and isinstance(gt, dict):
             for k, u in gu.items():
-                u, t = _num(u), _num(gt.get(k))
+                u, t = as_number(u), as_number(gt.get(k))
                 if u is not None and t:
                     f.gpu_mem_used_bytes.append(int(u))
                     f.gpu_mem_total_bytes.append(int(t))
@@ -196,12 +181,12 @@ def blob_figures(comment: str) -> tuple[JobFigures | None, str | None]:
     if have_mem:
         f.host_mem_used_bytes, f.host_mem_req_bytes = int(used), int(req)
     if gs is not None:
-        f.energy_j = _num(gs.get("energy_j"))
+        f.energy_j = as_number(gs.get("energy_j"))
         sm = gs.get("sm_active_pct")
         if isinstance(sm, dict):
-            vals = [x for x in map(_num, sm.values()) if x is not None]
+            vals = [x for x in map(as_number, sm.values()) if x is not None]
             f.sm_active_pct = sum(vals) / len(vals) if vals else None
-        a = _num(gs.get("alerts"))
+        a = as_number(gs.get("alerts"))
         f.alerts = int(a) if a else 0
     return f, None
 
