@@ -276,34 +276,32 @@ class JobTimeline:
         while idx >= self.max_points:
             self._coarsen()
             idx = int(t_s // self.width_s)
-        b = self.series.setdefault(key, {}).get(idx)
-        if b is None:
-            self.series[key][idx] = [mean * n, n, top, mean]
-        else:
-            b[0] += mean * n
-            b[1] += n
-            b[2] = max(b[2], top)
-            b[3] = min(b[3], mean)
+        _merge(self.series.setdefault(key, {}), idx, [mean * n, n, top, mean])
 
     def _coarsen(self) -> None:
         self.width_s *= 2
         for key, buckets in self.series.items():
             merged: dict[int, list[float]] = {}
             for i, b in buckets.items():
-                m = merged.get(i // 2)
-                if m is None:
-                    merged[i // 2] = list(b)
-                else:
-                    m[0] += b[0]
-                    m[1] += b[1]
-                    m[2] = max(m[2], b[2])
-                    m[3] = min(m[3], b[3])
+                _merge(merged, i // 2, b)
             self.series[key] = merged
 
     def to_json(self) -> dict:
         return {key: [[round(i * self.width_s, 1), _sig(b[0] / b[1]), _sig(b[2]), int(b[1]), _sig(b[3])]
                       for i, b in sorted(buckets.items())]
                 for key, buckets in self.series.items() if buckets}
+
+
+def _merge(buckets: dict[int, list[float]], idx: int, b: list[float]) -> None:
+    """Add bucket ``b`` ([sum of means x n, n, highest max, lowest mean]) into ``buckets[idx]``."""
+    m = buckets.get(idx)
+    if m is None:
+        buckets[idx] = list(b)
+    else:
+        m[0] += b[0]
+        m[1] += b[1]
+        m[2] = max(m[2], b[2])
+        m[3] = min(m[3], b[3])
 
 
 def _sig(x: float) -> float:

@@ -38,20 +38,21 @@ DEVICE_COLUMNS = (("util", "Busy"), ("sm_active", "SM active"), ("mem", "Memory 
                   ("energy", "Energy"), ("throttle", "Slowed by"), ("xid", "Xid"))
 
 
+def _shown(ch: str) -> bool:
+    return ch not in _BIDI and unicodedata.category(ch) not in ("Cc", "Zl", "Zp", "Cs")
+
+
 def clean_line(value: Any, max_len: int = 200) -> str:
     """One line of display text from anything: ANSI escapes, control
     characters (NUL, ESC, DEL ...) and bidi overrides removed; line breaks
     (CR, LF, U+2028 ...) and tabs become one space; cut to ``max_len``
     characters. Safe for a header value."""
-    s = _ANSI_RE.sub("", str(value))
     out = []
-    for ch in s:
+    for ch in _ANSI_RE.sub("", str(value)):
         if ch in "\t\r\n\u2028\u2029\x0b\x0c\x85":
             if out and out[-1] != " ":
                 out.append(" ")
-        elif ch in _BIDI or unicodedata.category(ch) in ("Cc", "Zl", "Zp", "Cs"):
-            continue
-        else:
+        elif _shown(ch):
             out.append(ch)
     s = "".join(out).strip()
     return s if len(s) <= max_len else s[: max_len - 1] + "\u2026"
@@ -61,17 +62,7 @@ def clean_block(value: Any, max_len: int = 200_000) -> str:
     """Multi-line display text: like :func:`clean_line` per line, but keeps
     ``\\n`` (CRLF/CR normalised) and leading indentation."""
     s = _ANSI_RE.sub("", str(value)).replace("\r\n", "\n").replace("\r", "\n")
-    out = []
-    for ch in s:
-        if ch == "\n":
-            out.append(ch)
-        elif ch == "\t":
-            out.append("    ")
-        elif ch in _BIDI or unicodedata.category(ch) in ("Cc", "Zl", "Zp", "Cs"):
-            continue
-        else:
-            out.append(ch)
-    s = "".join(out)
+    s = "".join(ch if ch == "\n" or _shown(ch) else "    " if ch == "\t" else "" for ch in s)
     return s if len(s) <= max_len else s[:max_len] + "\n[... cut]"
 
 
