@@ -1,15 +1,10 @@
 """``gseff JOBID``: the job's GPU efficiency report (seff for GPUs).
 
-Reads ``<spool>/jobs/<id>/summary.json`` (as root) or ``user-summary.json``
-(the job's user); when the job summary is missing or older than a node
-summary, merges the node summaries here. A running job shows what the
-sampler has so far.
-
-When the spool has no record (old job, other host) and Slurm accounting is
-configured, the job is read from slurmdbd instead: CPU and memory efficiency
-from ``sacct`` (computed as seff does, :mod:`gsrun.facts.sacct`) and the GPU
-figures from the ``JS1:`` blob that EpilogSlurmctld stored in the job's
-``AdminComment``. ``--sacct`` shows that view for any job.
+Reads ``<spool>/jobs/<id>/summary.json`` (root) or ``user-summary.json``,
+merging the node summaries here when it is missing or behind them; a running
+job shows the report so far. Without a spool record (old job, other host)
+the job comes from slurmdbd: ``sacct`` for CPU and memory (as seff) and the
+``JS1:`` blob in ``AdminComment`` for the GPUs (``--sacct``: for any job).
 """
 
 from __future__ import annotations
@@ -88,9 +83,8 @@ NO_REPORT_HINT = ("the job may belong to another user, or have run on a cluster 
 
 def not_started(job_id: str, cfg, timeout_s: float | None = None) -> dict | None:
     """The report of a job the controller holds that has not started
-    (pending, requeued: :func:`gsrun.report.summary.pending_summary`), or
-    None (running or ended, unknown to the controller, or no controller
-    here: the spool and accounting answer then). One ``scontrol show job``."""
+    (:func:`gsrun.report.summary.pending_summary`), else None. One
+    ``scontrol show job``."""
     try:
         rec = show_job(job_id, timeout_s or cfg["timeouts.command_s"])
     except GsrunError:
@@ -212,28 +206,27 @@ def cli(job_id, explain, as_json, plot, all_gpus, from_sacct, watch, spool_dir):
             return 0
     if not job_id:
         raise InputError("gseff", "no job id", "JOB_ID is missing", hint="gseff JOBID, or gseff --explain")
-    check_job_id(job_id.strip(), array=True)
+    jid = job_id.strip()
+    check_job_id(jid, array=True)
     cfg = load_config()
     paths = Paths.from_config(cfg, None, spool_dir)
     if watch:
-        return watch_job(paths, job_id.strip(), cfg, all_gpus)
+        return watch_job(paths, jid, cfg, all_gpus)
     summary = None
     if not from_sacct:
         try:
-            summary = load_summary(paths, job_id.strip(), cfg)
+            summary = load_summary(paths, jid, cfg)
         except InputError:
-            summary = not_started(job_id.strip(), cfg)
-        if summary is None and not from_sacct:
-            try:
-                rec = load_accounting(job_id.strip(), cfg["timeouts.command_s"])
-            except InputError:
-                raise
-            except GsrunError as e:   # no accounting here: the spool's message is the useful one
-                raise InputError("gseff", "no report for job", job_id,
-                                 hint=f"{NO_REPORT_HINT}; Slurm accounting unavailable: {e.what}") from None
+            summary = not_started(jid, cfg)
     if summary is None:
-        if from_sacct:
-            rec = load_accounting(job_id.strip(), cfg["timeouts.command_s"])
+        try:
+            rec = load_accounting(jid, cfg["timeouts.command_s"])
+        except GsrunError as e:
+            if from_sacct or isinstance(e, InputError):
+                raise
+            # no accounting here: the spool's message is the useful one
+            raise InputError("gseff", "no report for job", job_id,
+                             hint=f"{NO_REPORT_HINT}; Slurm accounting unavailable: {e.what}") from None
         if plot:
             raise InputError("gseff", "no plot", "Slurm accounting keeps no GPU timeline")
         click.echo(json.dumps(rec, indent=1, sort_keys=True) + "\n" if as_json else render_accounting(rec), nl=False)
@@ -254,11 +247,10 @@ def cli(job_id, explain, as_json, plot, all_gpus, from_sacct, watch, spool_dir):
 
 
 def report_text(summary: dict, cfg, all_gpus: bool = False, color: bool = False, now: float | None = None) -> str:
-    """The text report; a running job's starts with its live lines (how old
-    the figures are, alerts, the idle-cancel decision). Every string from
-    the job's records (name, nodes, notes, alert lines...) is escaped first
-    (:func:`gsrun.base.log.escape_strings`): control and bidi characters
-    reach the terminal as ``\\x1b``/``\\u202e``, never as themselves."""
+    """The text report, a running job's preceded by its live lines. Every
+    string from the job's records is escaped first
+    (:func:`gsrun.base.log.escape_strings`), so control and bidi characters
+    never reach the terminal as themselves."""
     summary = escape_strings(summary)
     head = ""
     if summary.get("live"):
@@ -268,12 +260,9 @@ def report_text(summary: dict, cfg, all_gpus: bool = False, color: bool = False,
 
 def watch_job(paths: Paths, job_id: str, cfg, all_gpus: bool = False, out=None, sleep=None,
               max_rounds: int | None = None) -> int:
-    """``gseff --watch``: redraw the running job's report in place (a TTY:
-    cursor home + clear; otherwise one report per round) every
-    ``live.flush_s``, until the report is no longer a live one (the job
-    ended: its node summaries or job summary are there), then print that
-    final report. A job with no report yet (pending, prolog running) is
-    waited for. Reads only the spool: no Slurm RPC."""
+    """``gseff --watch``: redraw the running job's report (in place on a
+    TTY) every ``live.flush_s`` until it is no longer a live one, then print
+    the final report. Reads only the spool: no Slurm RPC."""
     out = out or sys.stdout
     sleep = sleep or time.sleep
     tty = out.isatty()

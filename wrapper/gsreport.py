@@ -2,11 +2,8 @@
 Slurm accounting (``sacct``, one bulk query per chunk) and the ``JS1:``
 blobs in ``AdminComment`` (gsrun's and jobstats'); ranked fixed-width tables,
 ``--json`` or ``--csv``; ``--email`` per-user digests and ``--report-to``
-the admins' tables through gsrun's mail spool.
-
-Modules: :mod:`gsrun.report.fleet_source` (the sacct stream and the
-blobs), :mod:`gsrun.report.fleet` (the tables), :mod:`gsrun.report.fleet_render`
-(text/CSV/JSON), :mod:`gsrun.report.fleet_mail` (the mails).
+the admins' tables through gsrun's mail spool (:mod:`gsrun.report.fleet_source`,
+``fleet``, ``fleet_render``, ``fleet_mail``).
 """
 
 from __future__ import annotations

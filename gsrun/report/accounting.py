@@ -1,23 +1,17 @@
 """Slurm accounting (slurmdbd) through its commands: read a finished job with
 ``sacct`` and store the job summary's ``JS1:`` blob in its ``AdminComment``.
 
-Effects only (every call has a timeout, list arguments, no shell); the sacct
-text is parsed by :mod:`gsrun.facts.sacct`, and the small pure helpers here
-(:func:`parse_show_config`, :func:`parse_kv_conf`, :func:`valid_js1`) are
-tested with recorded text.
+Every call has a timeout and list arguments (no shell); sacct text is parsed
+by :mod:`gsrun.facts.sacct`.
 
-Storing ``AdminComment`` (as Princeton jobstats does):
-``sacctmgr -i modify job where jobid=N set AdminComment=JS1:...``;
-``scontrol update`` is refused once the job has finished. The job's record
-reaches slurmdbd asynchronously, so the caller retries (see
-:func:`store_admin_comment_retry`). Slurm 22.05's sacctmgr lowercases every
-value it sends (its database "is maintained in lower case"), which breaks the
-base64 blob; the value is therefore read back with sacct and, when it came
-back mangled, written straight into slurmdbd's MariaDB/MySQL table with the
-credentials of the ``slurmdbd.conf`` next to ``slurm.conf`` (the controller
-usually runs slurmdbd; jobstats' ``ingest_jobstats`` writes the same column
-the same way). Without a readable slurmdbd.conf that fallback is skipped and
-the error says so.
+``AdminComment`` is stored as jobstats does (``sacctmgr -i modify job where
+jobid=N set AdminComment=JS1:...``; ``scontrol update`` is refused once the
+job ended), retried because the job's record reaches slurmdbd
+asynchronously. Slurm 22.05's sacctmgr lowercases every value, which breaks
+the base64 blob: the value is read back with sacct and, when mangled,
+written straight into slurmdbd's MariaDB/MySQL table with the credentials of
+the ``slurmdbd.conf`` next to ``slurm.conf`` (as jobstats'
+``ingest_jobstats`` does); without a readable slurmdbd.conf the error says so.
 """
 
 from __future__ import annotations
@@ -91,16 +85,12 @@ CONFIG_CACHE_KEYS = ("AccountingStorageType", "ClusterName")
 def config_cached(cache_dir: str, timeout_s: float = 15.0, ttl_s: float = CONFIG_CACHE_TTL_S,
                   slurm_conf: str | None = None, now=time.time) -> dict[str, str]:
     """:data:`CONFIG_CACHE_KEYS` of slurmctld's running configuration, from
-    ``<cache_dir>/slurm-config.json`` when that was fetched less than
-    ``ttl_s`` seconds ago for the same ``slurm.conf`` (``slurm_conf``, else
-    ``$SLURM_CONF``, else ``/etc/slurm/slurm.conf``: path, inode, mtime, ctime
-    and size), else from :func:`config` (and written there, root 0600, only
-    when every key was in the answer). Before,
-    every job's background step sent slurmctld a ``scontrol show config``; an
-    edited ``slurm.conf`` fetches again at once, a change that leaves the file
-    as it was (an ``Include``d file) within ``ttl_s``. No ``slurm.conf`` to
-    key on: no cache. A cache that is not ours (owner, mode), too big or
-    unreadable is ignored.
+    ``<cache_dir>/slurm-config.json`` when fetched less than ``ttl_s`` ago
+    for the same ``slurm.conf`` (``slurm_conf``, ``$SLURM_CONF`` or
+    ``/etc/slurm/slurm.conf``; keyed on path, inode, mtime, ctime, size),
+    else from :func:`config` (cached, root 0600, only when complete). An
+    ``Include``d file's change is seen within ``ttl_s``. A cache that is not
+    ours, too big or unreadable is ignored.
 
     Raises:
         SlurmError: as :func:`config`, when the cache cannot answer.
@@ -216,10 +206,8 @@ def _dbd_conf_path(slurm_conf: str | None) -> Path:
 
 def sql_job_where(job_id: str) -> str:
     """The ``WHERE`` condition of slurmdbd's ``<cluster>_job_table`` row of
-    ``job_id``: ``id_job=N`` for a raw id, ``id_array_job=A AND
-    id_array_task=T`` for an array task ``A_T`` (the columns slurmdbd keeps
-    per task; ``id_job`` of a task is its raw id, which EpilogSlurmctld's
-    caller addresses as ``A_T``). Pure.
+    ``job_id``: ``id_job=N``, or ``id_array_job=A AND id_array_task=T`` for
+    an array task ``A_T``.
 
     Raises:
         InputError: not a job id or array task id.
@@ -286,9 +274,8 @@ def _sql_set(job_id: str, blob: str, cluster: str, slurm_conf: str | None,
 
 def store_admin_comment(job_id: str, blob: str, cluster: str, slurm_conf: str | None = None,
                         timeout_s: float = 15.0) -> str:
-    """Store ``blob`` as the job's AdminComment once; verify by reading it back.
-
-    Returns a short description of how it was stored.
+    """Store ``blob`` as the job's AdminComment once, verified by reading it
+    back; returns how it was stored.
 
     Raises:
         SlurmError: the job is not in the database yet ("Nothing modified":

@@ -1,33 +1,24 @@
 """Alert requests -> mail: the idle alert and the cancel notice, through the report mail's spool and sender.
 
-A sampler publishes ``<spool>/alerts/new/<job>.<kind>.json`` once per job and
-kind (:func:`gsrun.facts.live.queue_alert`); ``gsrun-node mail flush`` calls
-:func:`process` before it delivers, so the alert is queued in the same mail
-spool as the end-of-job report (``<spool>/mail/new/<job>.<kind>.eml``,
-:func:`gsrun.report.mail.enqueue`: idempotent per id) and delivered with the
-same retry and backoff: never lost.
+A sampler publishes ``<spool>/alerts/new/<job>.<kind>.json``
+(:func:`gsrun.facts.live.queue_alert`); ``gsrun-node mail flush`` runs
+:func:`process` first, so the alert is queued in the report mail's spool
+(:func:`gsrun.report.mail.enqueue`) and shares its retry and backoff.
 
-Rate limits: one mail per alert condition (``idle``, ``stuck``,
-``never_used``) and job until the condition clears (the sampler's claim,
-:mod:`gsrun.node.live`; a condition's n-th alert is ``<job>.<kind>-<n>``), and at most
-``idle.mail_per_user_per_hour`` alert mails per user per clock hour
-(counts in ``<spool>/alerts/state/<user>.<YYYYmmddHH>.json``): a request over
-the budget stays in ``new/`` and goes out in a later hour (the live file and
-``gsrun --wait`` show the alert meanwhile). A ``cancel`` notice and the ``warning`` before it are never
-held back (they say what happens to the job). A request with no address to mail
-(no ``MailUser`` with a domain and no ``mail.default_domain``) moves to
+Rate limits: one mail per condition (``idle``, ``stuck``, ``never_used``) and
+job until it clears (a condition's n-th alert is ``<job>.<kind>-<n>``), and
+at most ``idle.mail_per_user_per_hour`` per user per clock hour (counts in
+``<spool>/alerts/state/<user>.<YYYYmmddHH>.json``; a request over budget
+waits in ``new/``). A ``cancel`` notice and its ``warning`` are never held
+back. The recipient is the job's ``MailUser``, else the user name (a bare
+name gets ``@mail.default_domain``); a request with no address moves to
 ``failed/`` with the reason in ``state/``.
-
-The recipient: the job's ``MailUser`` (``scontrol -o show job``, read once
-per request), else the user name; a bare name gets ``@mail.default_domain``.
 """
 
 from __future__ import annotations
 
-import email.utils
 import os
 import time
-from email import policy as email_policy
 from email.message import EmailMessage
 from pathlib import Path
 
@@ -89,13 +80,9 @@ def held_line(findings) -> str:
 def build_alert(req: dict, to_addr: str, from_addr: str, report_text: str | None, cancel_after_min,
                 date: float | None = None, key: str | None = None) -> EmailMessage:
     """The alert (kind ``idle``, ``stuck``, ``never_used``) or cancel notice
-    (kind ``cancel``) mail; ``key``: the request's name part (the kind, or
-    ``kind-<n>`` for its n-th alert; the Message-ID's):
-    text/plain (``templates/alert.txt.j2``), headers as the report mail's
-    (:func:`gsrun.report.mail.set_text_header`, ``Auto-Submitted``,
-    ``X-Gsrun-Job``). Raises :class:`~gsrun.base.errors.InputError` on a bad address."""
-    to_spec = mail.validate_addr(to_addr, "recipient address")
-    from_spec = mail.validate_addr(from_addr, "sender address (mail.from_addr)")
+    mail (``templates/alert.txt.j2``); ``key``: the request's name part
+    (``kind`` or ``kind-<n>``, in the Message-ID). Raises
+    :class:`~gsrun.base.errors.InputError` on a bad address."""
     job_id = mail.clean_line(req["job_id"], 40)
     kind = req["kind"]
     lines = [mail.clean_line(x, 300) for x in req.get("lines") or ()][:16]
@@ -104,17 +91,11 @@ def build_alert(req: dict, to_addr: str, from_addr: str, report_text: str | None
     body = render("alert.txt.j2", kind=kind, job_id=job_id, lines=lines, held=held,
                   reason=mail.clean_line(req.get("reason") or "", 400), cancel_after=after,
                   report=mail.clean_block(report_text) if report_text else "")
-    msg = EmailMessage(policy=email_policy.default)
-    domain = from_spec.rsplit("@", 1)[1]
-    msg["From"] = f"gsrun <{from_spec}>"
-    msg["To"] = to_spec
     subject = f"[gsrun] job {job_id} cancelled: GPUs idle" if kind == "cancel" else \
         f"[gsrun] job {job_id} will be cancelled: GPUs idle" if kind == "warning" else \
         f"[gsrun] job {job_id} running: {lines[0] if lines else 'GPU time unused'}"
-    mail.set_text_header(msg, "Subject", subject, 250)
-    msg["Date"] = email.utils.formatdate(date if date is not None else time.time(), localtime=True)
-    msg["Message-ID"] = f"<gsrun.job-{job_id}.{mail.clean_line(key or kind, 40)}@{domain}>"
-    msg["Auto-Submitted"] = "auto-generated"
+    msg = mail.new_message(to_addr, from_addr, subject,
+                           lambda d: f"<gsrun.job-{job_id}.{mail.clean_line(key or kind, 40)}@{d}>", date)
     mail.set_text_header(msg, "X-Gsrun-Job", job_id, 40)
     mail.set_text_header(msg, "X-Gsrun-Alert", kind, 20)
     msg.set_content(body, subtype="plain", charset="utf-8", cte="quoted-printable")
@@ -122,11 +103,10 @@ def build_alert(req: dict, to_addr: str, from_addr: str, report_text: str | None
 
 
 def process(spool_dir, cfg, idle_cfg=None, now: float | None = None, job_record=None, log=None) -> dict:
-    """Turn the alert requests in ``<spool>/alerts/new/`` into queued mails
-    (see module doc). ``job_record(job_id) -> dict | None``: the job fields of
-    :func:`gsrun.node.live.job_fields_from_record`-shape (``mail_user``,
-    ``user``) -- default: none (the request's user name). Returns
-    ``{"queued": n, "deferred": n, "failed": n}``."""
+    """Queue the alert requests of ``<spool>/alerts/new/`` as mails.
+    ``job_record(job_id) -> dict | None``: ``mail_user``, ``user`` of the
+    job (default: the request's user). Returns ``{"queued", "deferred",
+    "failed"}`` counts."""
     now = time.time() if now is None else now
     base = alerts_dir(spool_dir)
     per_hour = getattr(idle_cfg, "mail_per_user_per_hour", 3) if idle_cfg is not None else 3

@@ -10,12 +10,7 @@ then, for jobs long enough for the figures to mean something
 GPU memory, a CPU-bound input pipeline, host memory over-request, idle CPUs.
 A short job gets the ``short_job`` line and no advice. A GPU without a
 utilization figure (MIG, field case 12 in docs/field-cases.md) is never called
-idle or unused.
-
-Codes: :class:`gsrun.report.records.FindingCode` (never_started, deferred,
-short_job, gpu_lost, xid, ecc, gpu_unavailable, idle_gpu, low_sm_activity,
-util_na, throttle_thermal, throttle_power, throttle_hw_slowdown, gpu_mem_low,
-cpu_bound, mem_overrequest, cpu_idle, cpu_anomaly, nodes_missing).
+idle or unused. Codes: :class:`gsrun.report.records.FindingCode`.
 """
 
 from __future__ import annotations
@@ -38,11 +33,8 @@ XID_MEANING = {79: "GPU has fallen off the bus", 48: "double-bit ECC error", 63:
 
 
 def run_time_s(job: dict) -> float | None:
-    """The time a job's figures are taken over, seconds: Slurm's elapsed time
-    (``job.elapsed_s``: StartTime to EndTime less any time suspended, what
-    ``squeue`` TimeUsed, ``sacct`` Elapsed and ``gsrun --wait`` show), else the
-    span the samplers covered (``job.sampled_s``: no job record, or a running
-    job's report so far); None when neither is known."""
+    """The time a job's figures are taken over, seconds: ``job.elapsed_s``
+    (Slurm's), else ``job.sampled_s`` (the samplers' span); None when neither."""
     for key in ("elapsed_s", "sampled_s"):
         v = as_number(job.get(key))
         if v is not None:
@@ -51,10 +43,8 @@ def run_time_s(job: dict) -> float | None:
 
 
 def fmt_run_time(job: dict) -> str:
-    """:func:`run_time_s` as ``[D-]HH:MM:SS``, followed by `` (sampled)`` when
-    it is the samplers' span and not Slurm's elapsed time; ``N/A`` when
-    neither is known. The one text of a job's duration in the report and the
-    mail."""
+    """:func:`run_time_s` as ``[D-]HH:MM:SS``, `` (sampled)`` added for the
+    samplers' span; ``N/A`` when unknown."""
     text = fmt_duration_s(run_time_s(job), "clock")
     return text + " (sampled)" if as_number(job.get("elapsed_s")) is None and text != "N/A" else text
 
@@ -97,9 +87,8 @@ def _lasted_min(w: dict) -> float:
 
 
 def _waste(waste: list[dict]) -> list[dict]:
-    """One finding per kind of waste detected while the job ran (the nodes'
-    samplers, :mod:`gsrun.request.waste`), its GPUs grouped, the longest
-    stretch in minutes as the value."""
+    """One finding per kind of waste the samplers detected, GPUs grouped,
+    the longest stretch (minutes) as the value."""
     out = []
     for code, (what, why, action) in WASTE_TEXT.items():
         hits = [w for w in waste if isinstance(w, dict) and w.get("code") == code.value]
@@ -147,14 +136,12 @@ def _hardware(gpu: dict) -> list[dict]:
 
 
 def findings(summary: dict, cfg: Config | None = None, partition: str | None = None) -> list[dict]:
-    """The findings of a job summary (see :func:`gsrun.report.summary.job_summary`),
-    JSON form: ``[{"code", "severity", "text", "value"}]``."""
+    """:func:`finding_records` in JSON form."""
     return [f.to_json() for f in finding_records(summary, cfg, partition)]
 
 
 def finding_records(summary: dict, cfg: Config | None = None, partition: str | None = None) -> list[Finding]:
-    """The findings of a job summary (JSON form) as :class:`~gsrun.report.records.Finding`
-    records, most important first (see the module doc)."""
+    """The findings of a job summary (JSON form), most important first."""
     return [Finding(**f) for f in _findings(summary, cfg, partition)]
 
 
@@ -217,11 +204,9 @@ def _findings(summary: dict, cfg: Config | None, partition: str | None) -> list[
 
 
 def _deferred(job: dict, state: str) -> dict:
-    """The one finding of a job that has not run yet: why it waits (Slurm's
-    pending reason, ``job["pending_reason"]``, with what it means when it will
-    not change by itself: :data:`gsrun.facts.slurm.PENDING_FOR_GOOD`), when
-    Slurm expects it to start (``job["expected_start"]``, epoch s) and when a
-    report will exist."""
+    """The one finding of a job that has not run yet: its ``pending_reason``
+    (what it means when it will not change by itself), the
+    ``expected_start`` (epoch s) and when a report will exist."""
     reason = job.get("pending_reason") or ""
     why = f" ({reason})" if reason else ""
     stuck = pending_for_good(reason)
@@ -241,9 +226,8 @@ def _deferred(job: dict, state: str) -> dict:
 
 
 def _cpus_can_shrink(job: dict, gpu: dict) -> bool:
-    """Whether asking for fewer CPUs per task is possible: more than one CPU
-    per GPU task (gsrun runs one task per GPU), or a job without GPUs with
-    more than one CPU. Unknown counts: True (the advice stands)."""
+    """Whether fewer CPUs per task is possible: more than one CPU per GPU
+    task (or per job without GPUs); True when the counts are unknown."""
     cpus = job.get("cpus_alloc")
     gpus = job.get("gpus_alloc") or (gpu or {}).get("count") or 0
     if not isinstance(cpus, (int, float)):
@@ -255,10 +239,9 @@ IDLE_CODES = frozenset({FindingCode.IDLE_GPU.value, FindingCode.LOW_GPU_UTIL.val
 
 
 def shown_findings(summary: dict) -> list[dict]:
-    """The stored findings a report or mail shows (well-formed entries only).
-    Field case 12 (docs/field-cases.md): a "GPU (nearly) unused" finding
-    (:data:`IDLE_CODES`) is dropped when no GPU has a utilization figure
-    (MIG), whatever engine stored it."""
+    """The stored findings a report or mail shows (well-formed entries only),
+    without :data:`IDLE_CODES` when no GPU has a utilization figure (MIG,
+    field case 12), whatever engine stored them."""
     devs = (summary.get("gpu") or {}).get("devices") or []
     any_util = any(isinstance(d, dict) and as_number(d.get("util_mean_pct")) is not None for d in devs)
     return [f for f in summary.get("findings") or []
@@ -276,8 +259,7 @@ def _mem_action(summary: dict) -> str:
 
 
 def _ranges(idx: list) -> str:
-    """[0, 1, 2, 3, 6, 7] -> ``0-3, 6, 7``: a run of three or more as a range,
-    a pair as two numbers (non-integer indices as they are)."""
+    """[0, 1, 2, 3, 6, 7] -> ``0-3, 6, 7`` (non-integer indices as they are)."""
     nums = sorted(i for i in idx if isinstance(i, int))
     out, run = [], []
 
@@ -306,9 +288,7 @@ def gpus_label(devs: list[dict]) -> str:
 
 
 def _span(vals: list[float]) -> str:
-    """Integer percent of one value or the range of several: ``98%``, ``33-100%``
-    (:func:`gsrun.report.units.fmt_share_pct`: ``0.2%`` for a share above 0 that
-    would round to 0)."""
+    """``98%`` or ``33-100%`` (:func:`gsrun.report.units.fmt_share_pct`)."""
     lo, hi = fmt_share_pct(min(vals)), fmt_share_pct(max(vals))
     return lo if lo == hi else f"{lo[:-1]}-{hi}"
 
@@ -318,8 +298,7 @@ def _were(devs: list) -> str:
 
 
 def _gpu_advice(real: list[dict], cfg, partition) -> list[dict]:
-    """GPU advice, one finding per kind of problem with the GPUs it concerns
-    grouped (:func:`gpus_label`), each with the change to make (``action``)."""
+    """GPU advice: one finding per kind of problem, its GPUs grouped."""
     out = []
     idle_thr = _t(cfg, "findings.idle_util_pct", partition)
     low_sm = _t(cfg, "findings.low_sm_activity_pct", partition)
@@ -363,8 +342,11 @@ def _gpu_advice(real: list[dict], cfg, partition) -> list[dict]:
                             "kernels ran most of the time but kept few of the GPU's compute units (SMs) busy "
                             "(tiny kernels or small batches). Try a larger batch, CUDA graphs or torch.compile."})
     na = [g for g in real if g["util_mean_pct"] is None and g.get("status") != "lost"]
-    for why, group in _by(na, lambda g: "MIG" if g.get("mig") or g.get("util_na_reason") == "MIG"
-                          else (g.get("util_na_reason") or "not reported")).items():
+    by_why: dict = {}
+    for g in na:
+        by_why.setdefault("MIG" if g.get("mig") or g.get("util_na_reason") == "MIG"
+                          else (g.get("util_na_reason") or "not reported"), []).append(g)
+    for why, group in by_why.items():
         peaks = [g["mem_peak_pct"] for g in group if g.get("mem_peak_pct") is not None]
         out.append({"code": FindingCode.UTIL_NA, "severity": "info", "value": None,
                     "text": f"{gpus_label(group)}: utilization N/A ({why}): NVML gives no utilization figure "
@@ -393,16 +375,8 @@ def _gpu_advice(real: list[dict], cfg, partition) -> list[dict]:
     return out
 
 
-def _by(items, key) -> dict:
-    out: dict = {}
-    for x in items:
-        out.setdefault(key(x), []).append(x)
-    return out
-
-
 def _suggest_time_s(elapsed_s: float) -> float:
-    """A time limit for next time: 1.5 x the elapsed time, at least 30 min more,
-    rounded up to 15 minutes."""
+    """1.5 x the elapsed time, at least 30 min more, rounded up to 15 min."""
     want = max(1.5 * elapsed_s, elapsed_s + 1800.0)
     return float(-(-int(want) // 900) * 900)
 
@@ -436,9 +410,7 @@ def _level(v: float | None, good: float, better: float) -> str | None:
 
 
 def verdicts(summary: dict, cfg: Config | None = None, partition: str | None = None) -> list[dict]:
-    """The verdict: one row per resource, most important first, for the
-    report, the mail and ``gseff``. Pure; reads the job summary's existing
-    fields only.
+    """The verdict: one row per resource, most important first.
 
     Each row: ``{"key", "label", "pct" (float or None), "level" (good |
     better | wasteful | None = no judgement), "word" (the level in words),
@@ -523,14 +495,11 @@ def _short_label(g: dict, devs: list[dict]) -> str:
 
 
 def headline(summary: dict, rows: list[dict]) -> dict:
-    """What the first lines say: ``{"alert": text or "" (the first hardware
-    event), "next": the change for next time}``. ``next`` is the ``action``
-    of the most important finding that has one; else "" when nothing was
-    judged (no verdict row has a level: a job too short to judge);
-    "nothing to change" when every verdict is good (or the GPUs are, naming
-    what is not); else the resources that could be better, by name (never a
-    pointer to findings that hold no advice). Both start in lower case after their
-    label (``Next time: ``)."""
+    """``{"alert": the first hardware event or "", "next": the change for
+    next time}``: the ``action`` of the most important finding that has one;
+    else "" when nothing was judged, "nothing to change" when every verdict
+    is good (or the GPUs are, naming what is not), else the resources that
+    could be better. Both start in lower case (after ``Next time: ``)."""
     fs = shown_findings(summary)
     alert = next((f["text"].removeprefix("Hardware event: ") for f in fs if f.get("severity") == "alert"), "")
     act = next((f for f in fs if f.get("action") and f.get("severity") in ("warn", "alert")), None) \

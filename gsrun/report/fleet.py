@@ -1,13 +1,8 @@
-"""The cluster's view over a time window (pure): jobs from accounting
-(:class:`~gsrun.report.fleet_source.JobRow`) and their blob figures
-(:class:`~gsrun.report.fleet_source.JobFigures`) folded into ranked tables
-for admins and per-user digests.
-
-:class:`FleetReport` takes one job at a time (:meth:`FleetReport.add`) and
-keeps per-user / per-account / per-partition sums and bounded top-N heaps
-only, so its memory grows with the number of users and accounts, never
-with the number of jobs. :meth:`FleetReport.tables` gives the tables
-(:class:`Table`), :meth:`FleetReport.digests` the per-user findings.
+"""The cluster's view over a time window (pure): accounting rows and their
+blob figures (:mod:`gsrun.report.fleet_source`) folded, one job at a time
+(:meth:`FleetReport.add`), into per-user / account / partition sums and
+bounded top-N heaps (memory grows with users, never with jobs), then ranked
+tables (:meth:`FleetReport.tables`) and per-user digests.
 
 Figures and where they come from:
 
@@ -314,14 +309,10 @@ class _ModelFit:
 
 
 class FleetReport:
-    """Folds jobs into the tables (see the module doc for every figure).
-
-    ``shares``: partition -> :class:`NodeShare` (sinfo), used where the
-    thresholds' ``cores_per_gpu`` / ``mem_per_gpu_gib`` are 0.
-    ``models``: the GPU models sinfo names (gres types), listed in the
-    smaller-model table's note; a model's memory comes from the blobs.
-    ``digest_after``: user -> epoch second; a user's job enters the digest
-    only when it ended after it (the end of the user's last digest)."""
+    """Folds jobs into the tables. ``shares``: partition -> :class:`NodeShare`,
+    where the thresholds' ``cores_per_gpu`` / ``mem_per_gpu_gib`` are 0;
+    ``models``: the gres types sinfo names (the smaller-model table's note);
+    ``digest_after``: user -> epoch s after which a job enters the digest."""
 
     def __init__(self, th: Thresholds, shares: dict[str, NodeShare] | None = None,
                  digest_after: dict[str, float] | None = None, digests: bool = False,
@@ -330,7 +321,6 @@ class FleetReport:
         self.sinfo_models = list(models or [])
         self.model_mem: dict[tuple[str, str], int] = {}      # (cluster, model) -> GPU memory total, bytes
         self.model_fit: dict[tuple[str, str, str, int], _ModelFit] = {}   # (cluster, model, user, GiB needed)
-        self.model_jobs = 0
         self.model_no_figures = 0
         self.shares = shares or {}
         self.digest_after = digest_after or {}
@@ -508,7 +498,6 @@ class FleetReport:
         if not (job.gpu_type and util and used and len(used) == len(total)):
             self.model_no_figures += 1
             return
-        self.model_jobs += 1
         key = (job.cluster, job.gpu_type)
         if max(total) > self.model_mem.get(key, 0):
             self.model_mem[key] = max(total)

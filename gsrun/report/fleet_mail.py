@@ -17,11 +17,9 @@ through gsrun's mail spool (:func:`gsrun.report.mail.enqueue`, then
 
 from __future__ import annotations
 
-import email.utils
 import os
 import time
 from dataclasses import dataclass
-from email import policy as email_policy
 from email.message import EmailMessage
 from pathlib import Path
 
@@ -29,7 +27,7 @@ from gsrun.base.errors import InputError
 from gsrun.base.fsutil import atomic_write_json, ensure_dir, read_json
 from gsrun.report.fleet import UserDigest
 from gsrun.report.fleet_render import Scope, digest_text
-from gsrun.report.mail import enqueue, flush, set_text_header, validate_addr
+from gsrun.report.mail import enqueue, flush, new_message
 
 STATE_NAME = "digests.json"
 
@@ -109,16 +107,7 @@ def build(o: Outgoing, from_addr: str, now: float) -> EmailMessage:
 
     Raises:
         InputError: a bad recipient or sender address."""
-    to_spec = validate_addr(o.to_addr, "recipient address")
-    from_spec = validate_addr(from_addr, "sender address (mail.from_addr)")
-    domain = from_spec.rsplit("@", 1)[1]
-    msg = EmailMessage(policy=email_policy.default)
-    msg["From"] = f"gsrun <{from_spec}>"
-    msg["To"] = to_spec
-    set_text_header(msg, "Subject", o.subject, 250)
-    msg["Date"] = email.utils.formatdate(now, localtime=True)
-    msg["Message-ID"] = f"<gsrun.{o.qid}@{domain}>"
-    msg["Auto-Submitted"] = "auto-generated"
+    msg = new_message(o.to_addr, from_addr, o.subject, lambda d: f"<gsrun.{o.qid}@{d}>", now)
     msg.set_content(o.body, subtype="plain", charset="utf-8", cte="quoted-printable")
     return msg
 

@@ -1,29 +1,17 @@
 """Jobs of a time window from Slurm accounting, one at a time (facts).
 
-:func:`sacct_argv` builds one bulk ``sacct -P -n -X`` query per window
-chunk (:func:`chunks`, a day by default) with the fields of
-:data:`REPORT_FORMAT`; :func:`stream_sacct` runs it (argv list, no shell,
-a timeout for the whole chunk) and yields its stdout line by line, so a week
-of 200,000 jobs never sits in memory; :func:`parse_line` turns one line into
-a :class:`JobRow` with the scalar parsers of :mod:`gsrun.facts.sacct` and
-:func:`blob_figures` turns the job's ``AdminComment`` (gsrun's or jobstats'
-``JS1:`` blob, decoded by :func:`gsrun.report.summary.decode_js1`) into
-:class:`JobFigures`.
-
-``-X`` (allocation lines only) on purpose: the report's CPU time, host
-memory high water and GPU figures come from the blob, which holds them per
-node; steps would quadruple the rows for figures the blob already has. A
-job without a blob (not a GPU job of gsrun or jobstats, a ``JS1:Short``
-stub, a lowercased or foreign comment) is counted under "no figures".
-
-A job is reported in the chunk its ``End`` falls in (``start <= End <
-end``): sacct lists a job in every chunk it overlaps, and this keeps each
-job exactly once without remembering job ids across chunks.
+:func:`stream_sacct` runs one ``sacct -P -n -X`` query per window chunk
+(:func:`sacct_argv`, :func:`chunks`) and yields its lines, so a week of
+200,000 jobs never sits in memory; :func:`parse_line` makes a
+:class:`JobRow` of one, :func:`blob_figures` the :class:`JobFigures` of its
+``AdminComment`` (gsrun's or jobstats' ``JS1:`` blob). ``-X``: the blob
+holds the per-node figures steps would repeat; a job without a blob counts
+under "no figures". A job belongs to the chunk its ``End`` falls in, so each
+is reported once.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import shutil
 import subprocess
@@ -37,6 +25,7 @@ from gsrun.base.errors import SlurmError
 from gsrun.facts.sacct import parse_mem, parse_time_s, parse_tres, tres_gpus
 from gsrun.facts.slurm import DEFAULT_PATH, TERMINAL_STATES, state_word
 from gsrun.report.summary import JS1_MARKERS, decode_js1
+from gsrun.report.units import as_number
 
 #: ``--format=`` of the report's query. AdminComment is last: a ``|`` inside
 #: another tool's comment only ever spills into the last column.
@@ -46,7 +35,7 @@ REPORT_FORMAT: tuple[str, ...] = (
 )
 #: states a report covers (``sacct -s``): jobs that ended
 REPORT_STATES = ("CA", "CD", "DL", "F", "NF", "OOM", "PR", "TO")
-_N = len(REPORT_FORMAT)
+_NAMES = tuple(f.lower() for f in REPORT_FORMAT)
 _END = REPORT_FORMAT.index("End")
 
 
@@ -77,18 +66,10 @@ class JobRow:
 
 @dataclass(slots=True)
 class JobFigures:
-    """What a ``JS1:`` blob says about a job (jobstats layout, gsrun's
-    ``gsrun`` section where present).
-
-    gpu_util_pct / gpu_mem_used_bytes / gpu_mem_total_bytes: one entry per
-    GPU with a figure (duty-cycle mean %, memory high water and total).
-    sm_active_pct: mean SM activity over the GPUs that have it (gsrun
-    only, GPM), None otherwise. cpu_time_s, host_mem_used_bytes,
-    host_mem_req_bytes: sums over the blob's nodes. energy_j: gsrun's GPU
-    energy (None for jobstats' blobs). alerts: waste detections the live
-    detector made while the job ran (gsrun). source: ``"gsrun"`` or
-    ``"jobstats"``.
-    """
+    """What a ``JS1:`` blob says about a job. The GPU lists hold one entry
+    per GPU with a figure; the host figures are sums over the blob's nodes;
+    ``sm_active_pct``, ``energy_j`` and ``alerts`` come from gsrun's section
+    only; ``source``: ``"gsrun"`` or ``"jobstats"``."""
 
     source: str
     gpu_util_pct: list[float] = field(default_factory=list)
@@ -126,19 +107,11 @@ def parse_line(line: str, fmt: tuple[str, ...] = REPORT_FORMAT) -> JobRow | None
     None for a step line, a ``CLUSTER:`` header (``-M``), a blank line, or a
     line with too few columns. ``fmt`` may be another order of the same
     names (recorded outputs of other Slurm versions name them the same)."""
-    if fmt is REPORT_FORMAT:
-        parts = line.rstrip("\n").split("|", _N - 1)
-        if len(parts) != _N:
-            return None
-        v = dict(zip(("jobid", "jobidraw", "cluster", "partition", "account", "user", "state", "submit",
-                      "start", "end", "elapsed", "timelimit", "alloccpus", "alloctres", "reqmem", "nnodes",
-                      "nodelist", "admincomment"), parts))
-    else:
-        names = [f.lower() for f in fmt]
-        parts = line.rstrip("\n").split("|", len(names) - 1)
-        if len(parts) != len(names):
-            return None
-        v = dict(zip(names, parts))
+    names = _NAMES if fmt is REPORT_FORMAT else [f.lower() for f in fmt]
+    parts = line.rstrip("\n").split("|", len(names) - 1)
+    if len(parts) != len(names):
+        return None
+    v = dict(zip(names, parts))
     jid = v.get("jobid", "").strip()
     if not jid or "." in jid:
         return None
@@ -160,13 +133,6 @@ def parse_line(line: str, fmt: tuple[str, ...] = REPORT_FORMAT) -> JobRow | None
         cpus=int(cpus) if cpus.isdigit() else 0, gpus=gpus, gpu_type=gtype, mem_req_bytes=mem,
         nnodes=int(nn) if nn.isdigit() else 1, nodes=v.get("nodelist", "").strip(),
         comment=v.get("admincomment", "").strip())
-
-
-def _num(x) -> float | None:
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        return None
-    f = float(x)
-    return f if math.isfinite(f) else None
 
 
 def blob_figures(comment: str) -> tuple[JobFigures | None, str | None]:
@@ -192,21 +158,21 @@ def blob_figures(comment: str) -> tuple[JobFigures | None, str | None]:
     for nd in blob["nodes"].values():
         if not isinstance(nd, dict):
             continue
-        if (t := _num(nd.get("total_time"))) is not None:
+        if (t := as_number(nd.get("total_time"))) is not None:
             cpu += t
             have_cpu = True
-        u, r = _num(nd.get("used_memory")), _num(nd.get("total_memory"))
+        u, r = as_number(nd.get("used_memory")), as_number(nd.get("total_memory"))
         if u is not None and r:
             used += u
             req += r
             have_mem = True
         util = nd.get("gpu_utilization")
         if isinstance(util, dict):
-            f.gpu_util_pct.extend(x for x in map(_num, util.values()) if x is not None)
+            f.gpu_util_pct.extend(x for x in map(as_number, util.values()) if x is not None)
         gu, gt = nd.get("gpu_used_memory"), nd.get("gpu_total_memory")
         if isinstance(gu, dict) and isinstance(gt, dict):
             for k, u in gu.items():
-                u, t = _num(u), _num(gt.get(k))
+                u, t = as_number(u), as_number(gt.get(k))
                 if u is not None and t:
                     f.gpu_mem_used_bytes.append(int(u))
                     f.gpu_mem_total_bytes.append(int(t))
@@ -215,12 +181,12 @@ def blob_figures(comment: str) -> tuple[JobFigures | None, str | None]:
     if have_mem:
         f.host_mem_used_bytes, f.host_mem_req_bytes = int(used), int(req)
     if gs is not None:
-        f.energy_j = _num(gs.get("energy_j"))
+        f.energy_j = as_number(gs.get("energy_j"))
         sm = gs.get("sm_active_pct")
         if isinstance(sm, dict):
-            vals = [x for x in map(_num, sm.values()) if x is not None]
+            vals = [x for x in map(as_number, sm.values()) if x is not None]
             f.sm_active_pct = sum(vals) / len(vals) if vals else None
-        a = _num(gs.get("alerts"))
+        a = as_number(gs.get("alerts"))
         f.alerts = int(a) if a else 0
     return f, None
 

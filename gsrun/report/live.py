@@ -1,17 +1,11 @@
 """The report of a running job, from the live node files (``gseff`` on a RUNNING job, the alert mail). Pure.
 
-Each node's live file (:mod:`gsrun.facts.live`, written by the sampler every
-``live.flush_s``) holds the sampler's aggregates so far; they go through the
-same code as a finished job: :func:`gsrun.report.summary.node_summary` per
-node (``end_time`` = the node's last poll, so per-GPU figures run up to the
-last sample) and :func:`gsrun.report.summary.job_summary` for the job. A node
-whose epilog already wrote its final summary uses that instead.
-
-The result is a ``gsrun.summary/1`` job summary with ``job.state`` =
-``RUNNING``, ``elapsed_s`` null (Slurm's elapsed time is known once the job
-ends; ``squeue`` TimeUsed has it meanwhile) and ``sampled_s`` = from the
-earliest sampler start to the latest poll, the time the figures are taken
-over, plus a ``live`` section::
+Each node's live file (:mod:`gsrun.facts.live`) goes through the finished
+job's code: :func:`gsrun.report.summary.node_summary` up to the node's last
+poll (or the node's final summary, when its epilog wrote one), then
+:func:`gsrun.report.summary.job_summary`. The result has ``job.state``
+``RUNNING``, ``elapsed_s`` null, ``sampled_s`` from the earliest sampler
+start to the latest poll, and a ``live`` section::
 
     {"as_of": epoch s of the newest live file, "nodes_live": [node, ...],
      "alerts": ["GPU 0 on gpu01 idle since 10:02:03 (12.5 min)", ...],

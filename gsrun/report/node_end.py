@@ -1,23 +1,12 @@
-"""What the epilog adds to a node summary: when the job ended on the node
-and the node settings in force during it. Kept apart from
-:mod:`gsrun.report.summary` so that the epilog's own part imports no typed
-record.
-"""
+"""The node settings in force during the job, which the epilog adds to a node summary."""
 
 from __future__ import annotations
 
-
-def elapsed_s(start_time: float, end_time: float) -> float:
-    """Seconds from ``start_time`` to ``end_time`` (epoch s), never negative,
-    rounded to ms: the node summary's ``elapsed_s`` (the node's sampled
-    span; the job's elapsed time is Slurm's, ``job.elapsed_s``)."""
-    return round(float(max(0.0, end_time - start_time)), 3)
+from gsrun.report.records import NodeSetting
 
 
-def _setting(key: str, value: str | None, state: str, reason: str = "", source: str = "") -> dict:
-    """A :class:`~gsrun.report.records.NodeSetting` in its JSON form (same keys,
-    same order: tests/pure/test_node_settings.py checks the equality)."""
-    return {"key": key, "value": value, "state": state, "reason": reason, "source": source}
+def _setting(**kw) -> dict:
+    return NodeSetting(**kw).to_json()
 
 
 # the prolog's tuning actions (gsrun.node.tuning.PlanItem) -> NodeSetting.state; "apply" left
@@ -28,20 +17,17 @@ _ACTION_STATE = {"applied": "applied", "unchanged": "unchanged", "reuse": "reuse
 
 
 def node_settings(prolog: dict | None, notes: dict | None = None) -> list[dict] | None:
-    """The node settings in force during the job, from the prolog record
-    (``prolog-<node>.json``): one :class:`~gsrun.report.records.NodeSetting`
-    (its JSON form, built here as a plain dict so that the epilog imports no typed
-    record) per tuning item of ``steps.tuning`` (the report of
-    :func:`gsrun.node.tuning.prolog_tune`), ``cpu_dma_latency`` when the
-    sampler held ``/dev/cpu_dma_latency`` (``holds``), and ``malloc`` when the
-    job's request names an allocator (``--malloc``: gsrun-bind preloads it).
-    ``notes``: the task notes of the node (:func:`gsrun.facts.task_notes.read_task_notes`):
-    ``malloc`` then says what the task got (``applied`` = verified in its
-    ``/proc/<pid>/maps``, ``requested`` = preloaded but not verified, with why,
-    ``unsupported`` = not found, with where gsrun-bind looked), and a hard
-    ``RLIMIT_MEMLOCK`` too low for pinned memory adds ``memlock`` (state
-    ``warning``, once per node, naming the node's RDMA devices).
-    ``[]``: nothing asked or tuning off; None: no prolog record (unknown). Pure."""
+    """The node settings in force during the job (JSON form of
+    :class:`~gsrun.report.records.NodeSetting`), from the prolog record
+    (``prolog-<node>.json``): its tuning items (``steps.tuning``), the
+    ``cpu_dma_latency`` hold, and ``malloc`` when the request names an
+    allocator. ``notes``: the node's task notes
+    (:func:`gsrun.facts.task_notes.read_task_notes`): ``malloc`` then says
+    what the task got (``applied`` = verified in ``/proc/<pid>/maps``,
+    ``requested`` = not verified, ``unsupported`` = not found), and a hard
+    ``RLIMIT_MEMLOCK`` too low for pinned memory adds ``memlock``
+    (``warning``). ``[]``: nothing asked or tuning off; None: no prolog
+    record (unknown)."""
     if not isinstance(prolog, dict) or not prolog:
         return None
     out: list[dict] = []

@@ -1,27 +1,15 @@
 """The summaries and findings as typed, versioned records. Pure.
 
-- :class:`NodeSummary` (``<spool>/jobs/<id>/node-<node>.json``, written by
-  the node epilog) with one :class:`GpuSummary` per GPU;
-- :class:`JobSummary` (``<spool>/jobs/<id>/summary.json``, written by
-  EpilogSlurmctld; ``gseff --json`` prints it), made of :class:`JobInfo`,
-  :class:`CpuFigures`, :class:`MemoryFigures`, :class:`GpuFigures`,
-  :class:`NodeDetail` and :class:`Finding` (code: :class:`FindingCode`).
-
-Both carry ``schema`` = :data:`gsrun.SUMMARY_SCHEMA` (``gsrun.summary/1``);
-``from_json`` reads every ``gsrun.summary/1`` file written so far and
-refuses another schema: a key an older writer left out stays out (the
-attribute is :data:`gsrun.base.record.ABSENT`, falsy), unknown keys are kept
-in ``extra``, so ``from_json(d).to_json() == d``. The builders in
-:mod:`gsrun.report.summary` always set every field; the schemas require every
-key except the few marked optional (``cpu_timeline``, ``sampler_stop``,
-``request`` of a node summary). The JSON on disk is ``to_json()``: the same keys as before
-these classes existed (``tests/data/summaries``). JSON Schemas:
-``schemas/node-summary.schema.json``, ``schemas/job-summary.schema.json``,
-``schemas/finding.schema.json`` (generated from these classes by
-``python -m gsrun.report.records``; ``tests/pure/test_schemas.py`` checks
-they are current). How each number is computed: :mod:`gsrun.report.summary`.
-
-``None`` (JSON null) always means "not available", never 0.
+:class:`NodeSummary` (``<spool>/jobs/<id>/node-<node>.json``, the node
+epilog) and :class:`JobSummary` (``summary.json``, EpilogSlurmctld; ``gseff
+--json``). Both carry ``schema`` = :data:`gsrun.SUMMARY_SCHEMA`;
+``from_json`` reads every ``gsrun.summary/1`` file written so far and refuses
+another schema: a key an older writer left out is
+:data:`gsrun.base.record.ABSENT`, unknown keys are kept in ``extra``, so
+``from_json(d).to_json() == d``. ``schemas/*.schema.json`` are generated
+from these classes (``python -m gsrun.report.records``;
+``tests/pure/test_schemas.py`` checks they are current). How each number is
+computed: :mod:`gsrun.report.summary`. ``None`` means "not available", never 0.
 """
 
 from __future__ import annotations
@@ -40,8 +28,7 @@ SCHEMA_BASE = "https://gsrun.invalid/schemas/"
 
 
 class FindingCode(str, enum.Enum):
-    """Every finding code :mod:`gsrun.report.findings` emits (the ``code``
-    key of a finding). The mail and the report may only test for these."""
+    """Every finding ``code`` :mod:`gsrun.report.findings` emits; the only ones the mail and report test for."""
 
     NEVER_STARTED = "never_started"
     DEFERRED = "deferred"
@@ -76,12 +63,15 @@ class FindingCode(str, enum.Enum):
 Severity = Literal["info", "warn", "alert"]
 
 
-def _check_schema(d, what: str) -> None:
+def _checked(cls, d, kind: str):
+    what = f"{kind} summary"
     if not isinstance(d, dict):
         raise ValueError(f"{what}: expected an object, got {type(d).__name__}")
-    s = d.get("schema")
-    if s != SUMMARY_SCHEMA:
-        raise ValueError(f"{what}: schema {s!r} is not {SUMMARY_SCHEMA!r}")
+    if d.get("schema") != SUMMARY_SCHEMA:
+        raise ValueError(f"{what}: schema {d.get('schema')!r} is not {SUMMARY_SCHEMA!r}")
+    if d.get("kind") != kind:
+        raise ValueError(f"{what}: kind {d.get('kind')!r}")
+    return super(cls, cls).from_json(d)
 
 
 @dataclass(frozen=True)
@@ -242,15 +232,10 @@ class NodeSummary(Record):
 
     @classmethod
     def from_json(cls, d):
-        """Read a node summary (any ``gsrun.summary/1`` file).
-
-        Raises:
+        """Raises:
             ValueError: another schema, not kind ``node``, or a wrong shape.
         """
-        _check_schema(d, "node summary")
-        if d.get("kind") != "node":
-            raise ValueError(f"node summary: kind {d.get('kind')!r}")
-        return super().from_json(d)
+        return _checked(cls, d, "node")
 
 
 @dataclass(frozen=True)
@@ -393,15 +378,10 @@ class JobSummary(Record):
 
     @classmethod
     def from_json(cls, d):
-        """Read a job summary (any ``gsrun.summary/1`` file).
-
-        Raises:
+        """Raises:
             ValueError: another schema, not kind ``job``, or a wrong shape.
         """
-        _check_schema(d, "job summary")
-        if d.get("kind") != "job":
-            raise ValueError(f"job summary: kind {d.get('kind')!r}")
-        return super().from_json(d)
+        return _checked(cls, d, "job")
 
 
 SCHEMAS = {

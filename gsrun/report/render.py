@@ -1,11 +1,8 @@
-"""The efficiency report users read: text (``gseff``, the mail's text part)
-and a per-GPU timeline picture (PNG, ``gseff --plot`` and the mail).
-
-Both take a job summary (:func:`gsrun.report.summary.job_summary`). Missing
-figures print as ``N/A`` (``N/A (MIG)`` for a MIG device's utilization),
-never as 0. Every number goes through :mod:`gsrun.report.units` (the report's
-styles: percent with 1 decimal, durations as ``[D-]HH:MM:SS``, energy in
-J / Wh / kWh).
+"""The efficiency report users read, from a job summary (JSON form): text
+(``gseff``, the mail's text part) and a GPU timeline PNG (``gseff --plot``,
+the mail). Missing figures print as ``N/A`` (``N/A (MIG)`` for a MIG
+device's utilization), never as 0; every number goes through
+:mod:`gsrun.report.units`.
 """
 
 from __future__ import annotations
@@ -98,12 +95,10 @@ def _wrap(text: str, first: str, rest: str) -> list[str]:
 
 def doc_link(cfg, code) -> str:
     """``<report.doc_url>#<code>`` or "" when the site set no URL."""
-    base = ""
-    if cfg is not None:
-        try:
-            base = cfg["report.doc_url"]
-        except KeyError:
-            base = ""
+    try:
+        base = cfg["report.doc_url"] if cfg is not None else ""
+    except KeyError:
+        base = ""
     return f"{base}#{code}" if base else ""
 
 
@@ -131,10 +126,8 @@ def _gpu_notes(g, c) -> list[str]:
 
 
 def fmt_setting(st: dict) -> str:
-    """One node setting of a summary (:class:`gsrun.report.records.NodeSetting`, JSON
-    form) as the report shows it: ``governor=performance applied``, ``irq=local refused
-    (irqbalance runs ...)``, ``cpu_dma_latency=1us held``, ``malloc=jemalloc (preloaded by
-    gsrun-bind)``."""
+    """One :class:`~gsrun.report.records.NodeSetting` (JSON form) as the report
+    shows it: ``governor=performance applied``, ``irq=local refused (...)``."""
     key, value, state, why = st.get("key"), st.get("value"), st.get("state"), st.get("reason") or ""
     if key == "cpu_dma_latency":
         return f"cpu_dma_latency={value}us held by the sampler"
@@ -152,12 +145,10 @@ def fmt_setting(st: dict) -> str:
 
 
 def settings_lines(summary: dict) -> list[str]:
-    """The "node settings during the job" lines (unwrapped) from the job summary's
-    ``settings`` groups: one line when every node had the same settings (a
-    1,000-node job prints one line), else one per group (largest first, at most
-    :data:`SETTINGS_GROUPS_SHOWN`, the rest counted), and the nodes whose settings
-    are unknown. ``[]`` when no node changed or asked for anything (and for
-    summaries written before settings were recorded)."""
+    """The "node settings during the job" lines (unwrapped): one line when
+    every node had the same settings, else one per group (at most
+    :data:`SETTINGS_GROUPS_SHOWN`, the rest counted), then the nodes whose
+    settings are unknown. ``[]`` when no node changed or asked for anything."""
     groups = [g for g in summary.get("settings") or () if isinstance(g, dict)]
     if not any(g.get("settings") for g in groups):
         return []
@@ -183,11 +174,8 @@ def settings_lines(summary: dict) -> list[str]:
 
 def _short_label(text: str, keep: int) -> str:
     """A finding's text with the GPUs it begins with
-    (:func:`gsrun.report.findings.gpus_label`: ``GPUs 0-3 on a, GPU 1 on b,
-    ...``) cut to those of its first ``keep`` nodes and ``and GPUs on N more
-    nodes (gseff --all lists them)``; the rest of the sentence (what to do)
-    kept. A 1,000-node job's idle-GPU finding is then two lines, not 300.
-    Text that does not begin that way is returned as it is."""
+    (:func:`gsrun.report.findings.gpus_label`) cut to those of its first
+    ``keep`` nodes and ``and GPUs on N more nodes (...)``; the rest kept."""
     items, i = [], 0
     while True:
         m = _LABEL_ITEM.match(text, i)
@@ -210,9 +198,8 @@ ACTION_WORDS = {"alert_mailed": "alert mailed", "cancel_warned": "idle-cancel wa
 
 
 def action_text(a: dict) -> str:
-    """One action of the job's samplers (``summary["actions"]``,
-    :class:`gsrun.facts.sampler_state.WasteAction`) as a line:
-    ``2025-10-09 10:02 on n1: alert mailed (idle): GPU 4 on n1 idle since ...``. Pure."""
+    """One ``summary["actions"]`` entry as a line:
+    ``2025-10-09 10:02 on n1: alert mailed (idle): GPU 4 on n1 idle since ...``."""
     what = ACTION_WORDS.get(a.get("action"), str(a.get("action")).replace("_", " "))
     if a.get("kind"):
         what += f" ({str(a['kind']).replace('_', ' ')})"
@@ -222,17 +209,11 @@ def action_text(a: dict) -> str:
 
 def render_text(summary: dict, color: bool = False, cfg=None, all_gpus: bool = False) -> str:
     """The report as plain text, every line at most :data:`WRAP_COLS` wide
-    (ANSI colour when ``color``; the colour codes do not count).
-
-    Order: the title line, the change for next time (and a hardware event),
-    the verdict (:func:`gsrun.report.findings.verdicts`, one row per
-    resource), the findings (grouped across GPUs, most important first,
-    each with ``More: <report.doc_url>#<code>`` when the site set a URL),
-    the actions taken while the job ran (alert mails, idle cancel: at most
-    :data:`MAX_ACTIONS_SHOWN`, all with ``all_gpus``),
-    the job (times, queue wait, time limit, allocation), the GPUs (a block
-    each, or a table from 5 GPUs on). ``cfg``: the site config for the
-    verdict targets and the URL (None: defaults, no URL)."""
+    (ANSI colour when ``color``, not counted). Order: title, hardware alert
+    and next time, verdict, findings (with ``More: <report.doc_url>#<code>``),
+    actions while the job ran, the job, the GPUs (a block each, or a table
+    from :data:`TABLE_FROM_GPUS`). ``all_gpus`` lifts every list's limit.
+    ``cfg``: verdict targets and the URL (None: defaults, no URL)."""
     def c(code, s):
         return f"\033[{code}m{s}\033[0m" if color else s
 
@@ -394,9 +375,7 @@ def render_text(summary: dict, color: bool = False, cfg=None, all_gpus: bool = F
 
 
 def _distribution(gpus: list[dict]) -> list[str]:
-    """Lines summarising many GPUs: the spread of busy (min, 10th percentile,
-    median, 90th percentile, max over the GPUs with a figure) and what the
-    table below lists."""
+    """Lines summarising many GPUs: the spread of busy and what the table lists."""
     vals = sorted(g["util_mean_pct"] for g in gpus if g.get("util_mean_pct") is not None)
     out = []
     if vals:
@@ -422,8 +401,7 @@ def _time_axis(max_t: float) -> tuple[float, str]:
 
 
 def _segments(pts: list, scale: float, tdiv: float):
-    """x/y lists with NaN breaks where the sampling stopped for a while (a
-    gap or a lost GPU), so the plot does not draw across missing data."""
+    """x/y lists with NaN breaks where the sampling stopped a while."""
     if not pts:
         return [], []
     steps = sorted(b[0] - a[0] for a, b in zip(pts, pts[1:]) if b[0] > a[0])
@@ -443,16 +421,11 @@ MANY_GPUS = 5                          # from this many GPUs: mean with a min-ma
 
 
 def render_png(summary: dict) -> bytes | None:
-    """The GPU timeline as PNG bytes, 1440 px wide (2x of the 720 px it is
-    shown at), fonts 11 pt or more: four panels (busy %, SM activity %, GPU
-    memory in GiB scaled to the job's peak with the total as a note, power
-    in W with the power limit line when known), each with the job's mean as
-    a labelled dashed line; stretches where every GPU was idle (below
-    ``findings.idle_util_pct``'s default) shaded. One line per GPU up to 4
-    GPUs (a legend only with more than one); from 5 GPUs the mean with a
-    min-max band and the two lowest GPUs by mean busy named. Time as
-    minutes/hours since start, or clock time for jobs longer than an hour.
-    None when matplotlib is missing or there is nothing to draw."""
+    """The GPU timeline as PNG bytes, 1440 px wide: panels busy %, SM active
+    %, GPU memory (GiB) and power (W, with the power limit), each with its
+    mean dashed and all-idle stretches shaded; one line per GPU below
+    :data:`MANY_GPUS`, else the mean with a min-max band and the two least
+    busy GPUs named. None when matplotlib is missing or nothing to draw."""
     alldev = summary["gpu"]["devices"]
     devices = [g for g in alldev if any(g.get("timeline", {}).get(k) for k in g.get("timeline", {}))]
     # a job of many GPUs keeps one pooled timeline (gpu.timeline: [t_s, mean, max, n, lowest GPU mean])

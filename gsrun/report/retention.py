@@ -1,28 +1,17 @@
 """Retention of the shared spool's job directories (``gsrun-node prune``).
 
-Each job leaves ``<spool_dir>/jobs/<id>/`` (prolog and node records, the job
-summary, the users' copies). Once the summary is stored in accounting (the
-``AdminComment`` step of :mod:`gsrun.epilog.ctld` wrote
-``<spool_dir>/jobs/<id>/accounting.json`` with ``"admin_comment": "stored"``),
-the directory may go; others are kept unless forced (their summary exists
-nowhere else).
+A job directory ``<spool_dir>/jobs/<id>/`` may go once its summary is in
+accounting (``accounting.json`` says ``"admin_comment": "stored"``, written
+by :mod:`gsrun.epilog.ctld`); others are kept unless forced.
+:func:`plan_prune` decides (pure) over :func:`scan_job_dirs`' facts
+(``lstat`` only); :func:`prune_job_dirs` applies.
 
-- **Decision (pure):** :func:`plan_prune` over :class:`JobDir` facts.
-- **Facts:** :func:`scan_job_dirs` (``lstat`` only, never follows a link).
-- **Effect:** :func:`prune_job_dirs` (rename aside, check again, remove).
-
-Concurrency with epilogs: the writers (prolog, epilog, EpilogSlurmctld, on
-several hosts of a shared -- often NFS -- spool) take no lock, and ``flock``
-is not reliable across NFS clients, so prune uses a *quiet period* instead:
-a directory whose newest entry (or itself) changed within :data:`QUIET_S`
-(1 hour, far longer than any hook's budget) is never touched, whatever
-``--older-than`` says. A directory to drop is first renamed to
-``jobs/.prune.<id>.<random>`` (atomic: a hook starting afterwards creates a
-fresh ``jobs/<id>/``), its age is checked again under the new name, and only
-then removed; a write that landed in between puts it back. Only entries
-whose name is a plain job id (``[0-9]{1,10}(_[0-9]{1,10})?``) and that are
-real directories (not links) are considered; everything else is reported
-and left alone.
+The hooks writing a shared (often NFS) spool take no lock and ``flock`` is
+unreliable over NFS, so a directory changed within :data:`QUIET_S` is never
+touched. One to drop is renamed to ``jobs/.prune.<id>.<random>`` (a hook
+starting afterwards creates a fresh ``jobs/<id>/``), checked again, and only
+then removed; a write that landed in between puts it back. Only real
+directories named by a job id are considered.
 """
 
 from __future__ import annotations
@@ -73,10 +62,9 @@ class Decision:
 
 def plan_prune(entries: list[JobDir], now: float, older_than_days: float, force: bool = False,
                quiet_s: float = QUIET_S) -> list[Decision]:
-    """What to do with each entry (sorted by name). Removed only when: the
-    name is a job id, it is a real directory, it is older than
-    ``older_than_days`` (days, >= 0) AND than ``quiet_s`` seconds, and its
-    summary is stored in accounting (or ``force``). Pure.
+    """What to do with each entry (by name): remove a real directory named
+    by a job id, older than ``older_than_days`` and ``quiet_s``, whose
+    summary is in accounting (or ``force``).
 
     Raises:
         ValueError: ``older_than_days`` negative.
@@ -235,8 +223,7 @@ def record_run(spool_dir, rows: list[dict], mails_removed: int, older_than_days:
                now: float | None = None) -> None:
     """Write ``<spool>/prune-last.json`` (root 0644, atomic): ``{"time": epoch
     s, "older_than_days", "removed", "kept", "errors", "mails_removed"}``,
-    what ``gsrun-node doctor`` reports as the last prune (a prune timer that
-    never fires shows as a missing or old file).
+    for ``gsrun-node doctor``.
 
     Raises:
         OSError: the spool is not writable."""

@@ -1,67 +1,26 @@
 """Node and job efficiency summaries (schema ``gsrun.summary/1``). Pure.
 
 - :func:`node_summary`: the epilog turns the sampler's state into one node's
-  summary (per GPU: utilization mean, SM/tensor activity means, memory high
-  water vs total, energy and mean power, seconds throttled per cause, Xid and
-  ECC events, lost-at time; the job's CPU time and memory high water there).
+  summary.
 - :func:`job_summary`: EpilogSlurmctld (or ``gseff``) merges node summaries
-  and the job record into one summary with CPU efficiency
-  (CPU time / (allocated cores x elapsed)), memory high water vs request,
-  GPU-hours used vs allocated, energy, and plain-language findings.
-- :func:`js1_blob`: the compact ``JS1:`` + base64(gzip(json)) form that
-  Princeton jobstats and reportseff read from ``AdminComment``.
+  and the job record into the job's summary with its findings.
+- :func:`js1_comment`: the ``JS1:`` + base64(gzip(json)) form that Princeton
+  jobstats and reportseff read from ``AdminComment``.
 
-Units are in the names. ``None`` means "not available" and is shown as N/A,
-never as 0.
+Units are in the names; ``None`` means "not available" (N/A), never 0.
+Each GPU figure's NVML source is its field doc in
+:class:`~gsrun.report.records.GpuSummary` (sampled by
+:mod:`gsrun.node.sampler`); a GPU's figures stop at ``lost_at_s``.
 
-Where the numbers come from (per GPU, from :mod:`gsrun.node.sampler`):
-
-- ``util_mean_pct``: time-weighted mean of the driver's utilization samples
-  (``nvmlDeviceGetSamples``; ``nvmlDeviceGetUtilizationRates`` where the
-  buffer is unsupported): percent of time a kernel ran ("duty cycle").
-  None with ``util_na_reason`` ``"MIG"`` on MIG devices (NVML has no
-  utilization there: field case 12, docs/field-cases.md) or NVML's reason
-  otherwise.
-  ``util_gap_s``: seconds with no utilization reading (not counted as 0);
-  ``util_busy_s``: the integral of utilization over time (seconds the GPU
-  was busy); ``util_idle_frac``: share of the sampled time below 5 %.
-- ``sm_active_mean_pct`` etc.: GPM metrics (``nvmlGpmMetricsGet``: SM
-  activity, SM occupancy, any-tensor activity, DRAM bandwidth), None where
-  GPM is unsupported.
-- ``mem_peak_bytes`` vs ``mem_total_bytes``: ``nvmlDeviceGetMemoryInfo``
-  used (highest sample) and total.
-- ``energy_j``: delta of ``nvmlDeviceGetTotalEnergyConsumption`` (mJ / 1000)
-  between the first and last valid readings, summed across counter resets
-  (``energy_counter_resets``); ``power_mean_w`` = energy_j / that span
-  (else the mean of ``nvmlDeviceGetPowerUsage``). Where the counter gave
-  fewer than two valid readings (NOT_SUPPORTED on pre-Volta GPUs and some
-  vGPU profiles, or failing), ``energy_j`` is the integral of the power
-  samples over the covered time and ``energy_estimated`` is true; with
-  neither it is None, never 0.
-- ``mem_procs_peak_bytes``: high water of the job's own processes' GPU
-  memory (compute-process list over the job's PIDs), beside the device
-  figure; ``mem_source`` / ``mem_baseline_bytes`` when the device figure
-  is v1 minus the prolog's baseline (or v1 alone).
-- ``throttle_s``: seconds during which the clock event reasons
-  (``nvmlDeviceGetCurrentClocksEventReasons``) showed each cause.
-- ``lost_at_s``: seconds after the sampler start when NVML first answered
-  GPU_IS_LOST (code 15); the GPU's figures cover only the time before.
-- ``status``: ``ok``, ``lost``, ``unavailable`` (NVML could not start) or
-  ``emulated`` (a gres index without an NVIDIA device).
-- ``covered_s``: seconds between the GPU's first and last good poll.
-
-Job level: ``job.elapsed_s`` = Slurm's elapsed time (RunTime: StartTime to
-EndTime less any time suspended, the figure of ``squeue`` TimeUsed, ``sacct``
-Elapsed and ``gsrun --wait``); without a job record it is null and
-``job.sampled_s`` holds the span the samplers covered instead (the run time
-below: :func:`gsrun.report.findings.run_time_s`). ``cpu.efficiency_pct`` =
-CPU seconds of all nodes / (allocated cores x run time) x 100 (clamped to
-100, ``anomaly`` set when the raw value exceeded 105 %);
+Job level: ``job.elapsed_s`` is Slurm's elapsed time (RunTime); without a
+job record it is null and ``job.sampled_s`` holds the samplers' span
+(:func:`gsrun.report.findings.run_time_s`: the run time below).
+``cpu.efficiency_pct`` = CPU seconds of all nodes / (allocated cores x run
+time) x 100 (clamped to 100, ``anomaly`` when the raw value exceeded 105 %);
 ``memory.efficiency_pct`` = sum of node high waters / requested memory;
-``gpu.gpu_hours_alloc`` = GPUs allocated x run time;
-``gpu.gpu_hours_used`` = sum of ``util_busy_s`` / 3600 over GPUs with a
-utilization figure (duty-cycle hours); ``gpu.energy_kwh`` = sum of
-``energy_j`` / 3.6e6.
+``gpu.gpu_hours_alloc`` = GPUs allocated x run time; ``gpu.gpu_hours_used``
+= sum of ``util_busy_s`` / 3600; ``gpu.energy_kwh`` = sum of ``energy_j`` /
+3.6e6.
 
 JS1 blob (``AdminComment``; the layout Princeton jobstats writes in
 ``Jobstats.report_job_json`` and reads in ``Jobstats.__init__`` /
@@ -82,40 +41,15 @@ JS1 blob (``AdminComment``; the layout Princeton jobstats writes in
                "energy_estimated": true (only when some energy_j is estimated from power samples),
                "alerts": <int: waste detections of the live detector, only when there were some>}}
 
-GPU keys are the ``/dev/nvidiaN`` minor numbers as strings (what jobstats'
-exporter labels ``minor_number``). Every node carries ``cpus``,
-``total_time``, ``used_memory`` and ``total_memory`` (jobstats' formatter
-fails on a node without its memory keys; reportseff divides by them): one
-that is unknown is written as 0 and named in ``gsrun.unknown``. A job with
-GPUs but no utilization figure on a node stores ``gpu_utilization: {}``
-(jobstats: "GPU utilization is unknown", no error). The GPU memory keys come
-as a pair keyed alike (jobstats indexes one by the other's keys), on every
-node as soon as one node has figures (``{}`` on a node without: jobstats
-reads GPU memory only when every node has the pair); a job with no GPU
-memory figure at all (NVML down, GPUs emulated) has no pair anywhere.
-jobstats then prints "(JSON is malformed)" on its GPU memory line and "could
-not be determined" in its notes: with the pair empty it divides by a zero
-total and fails, and a 0 would be an invented figure, so that is the only
-way it shows the memory as unknown. A CPU-only job (``gpus`` 0) has no GPU
-keys, as jobstats writes it. ``total_memory`` per node is the job's memory request split
-over its nodes in proportion to their cores (Slurm's AllocTRES ``mem`` is
-the job total), else the node's memory (``MemTotal``). The blob is at most ``max_chars``
-characters (site setting ``report.js1_max_chars``, default
-:data:`JS1_MAX_CHARS`): see :func:`js1_blob` for how per-GPU and per-node
-detail is reduced (``gsrun.reduced``) when it would not fit.
+GPU keys are the ``/dev/nvidiaN`` minor numbers as strings (jobstats'
+``minor_number``). How unknown figures, the GPU memory pair and
+``max_chars`` are handled: :func:`js1_blob`.
 
-What is stored in ``AdminComment`` (:func:`js1_comment`) follows jobstats'
-``report_job_json`` and its ``slurmctldepilog.sh``: ``JS1:Short``
-(:data:`JS1_SHORT`) for a job that ran less than :data:`JS1_SHORT_S`
-seconds, ``JS1:None`` (:data:`JS1_NONE`) for one without node figures,
-else the blob. jobstats' reader only decodes a comment longer than 10
-characters, so it never tries to decode a marker.
 """
 
 from __future__ import annotations
 
 import base64
-import dataclasses
 import datetime
 import gzip
 import json
@@ -126,7 +60,6 @@ from gsrun.facts.aggregate import Counter, Metric
 from gsrun.facts.sacct import parse_time_s, parse_tres, tres_gpus
 from gsrun.facts.sampler_state import GpuState, SamplerState, WasteAction
 from gsrun.facts.slurm import state_word
-from gsrun.report import node_end
 from gsrun.report.findings import finding_records, run_time_s
 from gsrun.report.records import (CpuFigures, GpuFigures, GpuSummary, JobInfo, JobSummary, MemoryFigures, NodeDetail,
                                   NodeSetting, NodeSummary, SettingsGroup, WasteDetection)
@@ -144,8 +77,7 @@ def _r(x, nd=1):
 
 
 def gpu_record(g: GpuState, node: str, nvml_error: str | None = None) -> GpuSummary:
-    """One GPU's figures, as a :class:`~gsrun.report.records.GpuSummary`,
-    from its sampler state (see module doc)."""
+    """One GPU's :class:`~gsrun.report.records.GpuSummary` from its sampler state."""
     ref = g.ref
     util = _metric(g, "util_pct")
     sm = _metric(g, "sm_active_pct")
@@ -234,19 +166,15 @@ def gpu_record(g: GpuState, node: str, nvml_error: str | None = None) -> GpuSumm
 
 
 def node_summary(state: SamplerState | dict | None, job_env: dict, end_time: float) -> dict:
-    """The epilog's summary of one node: :func:`node_record`'s JSON form
-    (``node-<node>.json``)."""
+    """:func:`node_record`'s JSON form (``node-<node>.json``)."""
     return node_record(state, job_env, end_time).to_json()
 
 
 def node_record(state: SamplerState | dict | None, job_env: dict, end_time: float) -> NodeSummary:
-    """The epilog's summary of one node, as a :class:`~gsrun.report.records.NodeSummary`.
-
-    ``state`` is the sampler state (``sampler.json``: a
-    :class:`~gsrun.facts.sampler_state.SamplerState` or its JSON form), or
-    None when no sampler ran (the reason goes in ``notes``); ``job_env`` is
-    the validated job context from the prolog record
-    (:mod:`gsrun.facts.jobenv`). ``end_time`` is epoch seconds.
+    """The epilog's summary of one node. ``state``: the sampler state
+    (``sampler.json``, record or JSON form), None when no sampler ran;
+    ``job_env``: the prolog record's job context (:mod:`gsrun.facts.jobenv`);
+    ``end_time``: epoch seconds.
 
     Raises:
         ValueError: ``state`` is not a sampler state (see
@@ -278,7 +206,7 @@ def node_record(state: SamplerState | dict | None, job_env: dict, end_time: floa
         reason = "job has no GPUs on this node"
     return NodeSummary(
         schema=SUMMARY_SCHEMA, kind="node", job_id=st.job_id, node=node,
-        start_time=st.start_time, end_time=end_time, elapsed_s=node_end.elapsed_s(st.start_time, end_time),
+        start_time=st.start_time, end_time=end_time, elapsed_s=round(float(max(0.0, end_time - st.start_time)), 3),
         cpus_alloc=job_env.get("cpus_on_node"), gres_gpus=job_env.get("gpus") or [],
         cpu_time_s=_r(st.cpu.time_s, 3), cpu_source=st.cpu.source,
         mem_peak_bytes=None if st.mem.peak_bytes is None else int(st.mem.peak_bytes),
@@ -294,18 +222,15 @@ def node_record(state: SamplerState | dict | None, job_env: dict, end_time: floa
 
 
 def job_actions(nodes: list[dict]) -> list[WasteAction]:
-    """Every node summary's ``actions`` (alert mails, idle cancel), by time
-    then node. Pure."""
+    """Every node summary's ``actions``, by time then node."""
     out = [WasteAction.from_json(a) for n in nodes for a in n.get("actions") or () if isinstance(a, dict)]
     return sorted(out, key=lambda a: (a.time, a.node))
 
 
 def settings_groups(nodes: list[dict]) -> list[SettingsGroup]:
-    """Nodes (node summaries, JSON form) with the same ``settings`` in one
-    :class:`~gsrun.report.records.SettingsGroup`, the largest group first (then
-    by first node name): a 1,000-node job with one configuration is one group.
-    Nodes whose settings are unknown (older summaries, no prolog record) are
-    in no group. Pure; O(nodes) apart from sorting the names."""
+    """Nodes (JSON form) with the same ``settings`` in one
+    :class:`~gsrun.report.records.SettingsGroup`, largest first, then by
+    first node; nodes with unknown settings are in none."""
     by: dict[str, tuple[list, list[str]]] = {}
     for n in nodes:
         st = n.get("settings")
@@ -324,17 +249,13 @@ JOB_TIMELINE_METRICS = ("util_pct", "sm_active_pct", "mem_used_bytes", "power_w"
 
 
 class JobTimeline:
-    """The job-level GPU timeline: every GPU's downsampled points pooled into
-    at most :data:`JOB_TIMELINE_POINTS` buckets of equal width per metric.
-
-    Fed one GPU timeline at a time (:meth:`add_gpu`, the node summary's
-    ``timeline``: points ``[t_s since the node's sampler start, mean, max,
-    n]``), so memory is O(metrics x buckets) whatever the job size. A point
-    lands in bucket ``int((offset_s + t_s) / width_s)``; when a bucket index
-    reaches the bound, the width doubles and neighbours merge (exactly: the
-    buckets hold sums). :meth:`to_json`: metric -> points ``[t_s since the
-    job start, mean over the GPUs' sample means weighted by their sample
-    counts, highest max, samples, lowest GPU mean]``.
+    """The job-level GPU timeline: every GPU's points (``[t_s, mean, max,
+    n]``, fed one GPU at a time by :meth:`add_gpu`) pooled into at most
+    :data:`JOB_TIMELINE_POINTS` equal buckets per metric; when one more is
+    needed the width doubles and neighbours merge (the buckets hold sums), so
+    memory is O(metrics x buckets). :meth:`to_json`: metric -> ``[t_s since
+    the job start, sample-weighted mean, highest max, samples, lowest GPU
+    mean]``.
     """
 
     def __init__(self, width_s: float = 60.0, max_points: int = JOB_TIMELINE_POINTS) -> None:
@@ -355,34 +276,32 @@ class JobTimeline:
         while idx >= self.max_points:
             self._coarsen()
             idx = int(t_s // self.width_s)
-        b = self.series.setdefault(key, {}).get(idx)
-        if b is None:
-            self.series[key][idx] = [mean * n, n, top, mean]
-        else:
-            b[0] += mean * n
-            b[1] += n
-            b[2] = max(b[2], top)
-            b[3] = min(b[3], mean)
+        _merge(self.series.setdefault(key, {}), idx, [mean * n, n, top, mean])
 
     def _coarsen(self) -> None:
         self.width_s *= 2
         for key, buckets in self.series.items():
             merged: dict[int, list[float]] = {}
             for i, b in buckets.items():
-                m = merged.get(i // 2)
-                if m is None:
-                    merged[i // 2] = list(b)
-                else:
-                    m[0] += b[0]
-                    m[1] += b[1]
-                    m[2] = max(m[2], b[2])
-                    m[3] = min(m[3], b[3])
+                _merge(merged, i // 2, b)
             self.series[key] = merged
 
     def to_json(self) -> dict:
         return {key: [[round(i * self.width_s, 1), _sig(b[0] / b[1]), _sig(b[2]), int(b[1]), _sig(b[3])]
                       for i, b in sorted(buckets.items())]
                 for key, buckets in self.series.items() if buckets}
+
+
+def _merge(buckets: dict[int, list[float]], idx: int, b: list[float]) -> None:
+    """Add bucket ``b`` ([sum of means x n, n, highest max, lowest mean]) into ``buckets[idx]``."""
+    m = buckets.get(idx)
+    if m is None:
+        buckets[idx] = list(b)
+    else:
+        m[0] += b[0]
+        m[1] += b[1]
+        m[2] = max(m[2], b[2])
+        m[3] = min(m[3], b[3])
 
 
 def _sig(x: float) -> float:
@@ -395,48 +314,23 @@ def job_summary(job: dict, nodes: list[dict | NodeSummary], cfg=None, partition:
     (``summary.json``, ``gseff --json``; the fields of a
     :class:`~gsrun.report.records.JobSummary`).
 
-    ``job``: fields from the job record (``id``, ``user``, ``name``,
+    ``job``: the job record's fields (``id``, ``user``, ``name``,
     ``partition``, ``state``, ``exit_code``, ``nodes`` (expected node names),
     ``cpus_alloc``, ``mem_req_bytes``, ``gpus_alloc``, ``mail_user``,
     ``mail_type``, ``start_time``, ``end_time``, ``elapsed_s``; optional:
-    ``submit_time``, ``time_limit_s``) -- any may
-    be None except ``id``. ``nodes``: :func:`node_summary` results (JSON
-    form, as read from the spool, or records). ``cfg`` / ``partition``: the
-    site's finding thresholds (:func:`gsrun.report.findings.findings`).
+    ``submit_time``, ``time_limit_s``, ``state_source``), any None but
+    ``id``. ``nodes``: :func:`node_summary` results (JSON or records).
+    ``cfg`` / ``partition``: the site's finding thresholds.
 
     Timelines: with at most :data:`KEEP_GPU_TIMELINES` GPUs each device keeps
-    its node summary's ``timeline``; with more, the devices carry none and
-    ``gpu.timeline`` holds the job-level :class:`JobTimeline` (``timeline``:
-    one the caller filled while reading the nodes, as ``epilog/ctld.py``
-    does with :func:`strip_timelines`; else built here). Per-GPU timelines
-    then stay in the node files (``gseff --plot``).
+    its ``timeline``; with more, ``gpu.timeline`` holds the job-level
+    :class:`JobTimeline` (``timeline``: one the caller filled with
+    :func:`strip_timelines` while reading the nodes; else built here) and the
+    per-GPU timelines stay in the node files (``gseff --plot``). The devices
+    are checked and serialised by :meth:`GpuSummary.json_form
+    <gsrun.base.record.Record.json_form>`, so a 4,000-node job builds no
+    32,000 records.
     """
-    rec, d = _job_merge(job, nodes, cfg, partition, timeline)
-    d["findings"] = [f.to_json() for f in rec.findings]   # the last field: to_json's key order
-    return d
-
-
-def strip_timelines(node: dict, acc: JobTimeline, t0: float | None) -> None:
-    """Move a node summary's GPU timelines into ``acc`` (offset by the node's
-    start relative to ``t0``, epoch seconds) and drop them and its
-    ``cpu_timeline`` from ``node`` (in place): what the merge of a job with
-    more than :data:`KEEP_GPU_TIMELINES` GPUs keeps of them."""
-    off = (node.get("start_time") or 0.0) - t0 if t0 is not None and node.get("start_time") else 0.0
-    for g in node.get("gpus") or ():
-        tl = g.pop("timeline", None)
-        if tl:
-            acc.add_gpu(tl, off)
-    node.pop("cpu_timeline", None)
-
-
-def _job_merge(job: dict, nodes: list, cfg, partition: str | None,
-               timeline: JobTimeline | None) -> tuple[JobSummary, dict]:
-    """The job summary as a :class:`~gsrun.report.records.JobSummary` and the
-    JSON form of the record without its ``findings`` (what the findings are
-    computed from). The GPUs are checked and put in their JSON form by
-    :meth:`GpuSummary.json_form <gsrun.base.record.Record.json_form>`; the
-    returned record's ``gpu.devices`` is empty: :func:`job_summary` of a
-    4,000-node job builds and serialises no 32,000 records."""
     nodes = sorted((n.to_json() if isinstance(n, NodeSummary) else n for n in nodes), key=lambda n: n["node"])
     seen = {n["node"] for n in nodes}
     expected = job.get("nodes") or sorted(seen)
@@ -525,8 +419,20 @@ def _job_merge(job: dict, nodes: list, cfg, partition: str | None,
     )
     d = summary.to_json()
     d["gpu"]["devices"] = [GpuSummary.json_form(g) for g in gpus]
-    found = finding_records(d, cfg, partition)
-    return dataclasses.replace(summary, findings=found), d
+    d["findings"] = [f.to_json() for f in finding_records(d, cfg, partition)]   # the last key, as to_json orders
+    return d
+
+
+def strip_timelines(node: dict, acc: JobTimeline, t0: float | None) -> None:
+    """Move a node summary's GPU timelines into ``acc`` (offset by the node's
+    start relative to ``t0``, epoch seconds) and drop them and its
+    ``cpu_timeline`` from ``node`` (in place)."""
+    off = (node.get("start_time") or 0.0) - t0 if t0 is not None and node.get("start_time") else 0.0
+    for g in node.get("gpus") or ():
+        tl = g.pop("timeline", None)
+        if tl:
+            acc.add_gpu(tl, off)
+    node.pop("cpu_timeline", None)
 
 
 # the default of report.js1_max_chars: a 64-node job of 8 GPUs each, every GPU with its own
@@ -551,8 +457,8 @@ def _median(xs: list[float]) -> float:
 
 
 def _js1_nodes(summary: dict) -> tuple[list[tuple[str, dict, list[dict]]], dict[str, list[str]]]:
-    """Per node, in name order: (name, the four CPU/memory keys, its GPUs with
-    figures), and node -> keys written as 0 because they are unknown."""
+    """Per node by name: (name, the four CPU/memory keys, its GPUs with
+    figures); and node -> keys written as 0 because unknown."""
     job = summary["job"]
     detail = summary.get("nodes_detail") or []
     total_cpus = sum(n["cpus_alloc"] or 0 for n in detail)
@@ -591,14 +497,13 @@ def _gpu_mem(gpus: list[dict]) -> dict[str, tuple[int, int]]:
 def _gpu_keys(gpus: list[dict], has_gpus: bool, mem_pair: bool, reduce: bool) -> dict:
     """jobstats' per-node GPU keys. ``gpu_utilization`` is ``{}`` when the job
     has GPUs but none has a figure here (jobstats: "GPU utilization is
-    unknown", no error). ``mem_pair``: some node of the job has GPU memory
-    figures, so every node carries ``gpu_used_memory`` / ``gpu_total_memory``
-    (keyed alike; ``{}`` on a node without figures): jobstats reads GPU
-    memory only when every node has the pair, and divides by the job's total.
-    Without any figure the pair is left out (jobstats then prints "JSON is
-    malformed" for GPU memory: its only rendering of that case that neither
-    fails nor shows an invented number). ``reduce``: the keys ``min``,
-    ``median``, ``max`` across the GPUs instead of one per GPU minor number."""
+    unknown"). ``mem_pair``: some node has GPU memory figures, so every node
+    carries ``gpu_used_memory`` / ``gpu_total_memory`` keyed alike (``{}``
+    without figures: jobstats reads GPU memory only when every node has the
+    pair); with no figure anywhere the pair is left out (jobstats then
+    prints "JSON is malformed": its only output for this case that neither
+    fails nor invents a number). ``reduce``: ``min``/``median``/``max``
+    across the GPUs instead of one key per minor number."""
     d: dict = {}
     util = {str(g["index"]): g["util_mean_pct"] for g in gpus if g.get("util_mean_pct") is not None}
     mem = _gpu_mem(gpus)
@@ -617,8 +522,7 @@ def _gpu_keys(gpus: list[dict], has_gpus: bool, mem_pair: bool, reduce: bool) ->
 
 
 def _group(members: list[tuple[str, dict, list[dict]]]) -> tuple[str, dict, list[dict]]:
-    """Several nodes as one jobstats node: CPU/memory keys summed (jobstats'
-    job totals stay exact), GPUs pooled (reduced to min/median/max)."""
+    """Several nodes as one jobstats node: CPU/memory keys summed, GPUs pooled."""
     first, last = members[0][0], members[-1][0]
     name = first if len(members) == 1 else f"{first}..{last} ({len(members)} nodes)"
     d = {k: sum(m[1][k] for m in members) for k in ("cpus", "used_memory", "total_memory")}
@@ -632,29 +536,23 @@ def _encode(blob: dict) -> str:
 
 
 def js1_blob(summary: dict, max_chars: int = JS1_MAX_CHARS) -> str | None:
-    """``JS1:`` + base64(gzip(json)) in the layout jobstats writes to and
-    reads from ``AdminComment`` (schema in the module doc), plus gsrun's own
-    ``gsrun`` section, which jobstats and reportseff ignore. At most
-    ``max_chars`` characters whatever the job size.
+    """``JS1:`` + base64(gzip(json)) in jobstats' layout (module doc), of at
+    most ``max_chars`` characters whatever the job size.
 
     Every node carries ``cpus``, ``total_time``, ``used_memory`` and
-    ``total_memory`` (jobstats' formatter fails on a node without its memory
-    keys); one that is unknown is written as 0 and named in
-    ``gsrun.unknown`` (node -> keys). GPU keys as in the module doc: an
-    empty ``gpu_utilization`` where the job has GPUs but no figure, the
-    memory pair on every node or none. ``total_memory`` is the job's memory
-    limit on the node (the request split by cores), else the node's memory.
-    When per-GPU detail does not fit, each node's GPUs are reduced to the
-    keys ``min``/``median``/``max``; when per-node detail does not fit
-    either, consecutive nodes (by name) are pooled into groups named
-    ``first..last (N nodes)`` with their CPU and memory figures summed, so
-    jobstats' job totals stay exact. ``gsrun.reduced`` then says how
-    (``"gpus"`` or ``"nodes:<groups>"``) and the per-GPU ``gsrun`` maps are
-    left out.
+    ``total_memory`` (jobstats' formatter fails without them; reportseff
+    divides by them): an unknown one is 0 and named in ``gsrun.unknown``
+    (node -> keys). ``total_memory`` is the job's memory request split over
+    its nodes by cores (AllocTRES ``mem`` is the job total), else the node's
+    ``MemTotal``. GPU keys: :func:`_gpu_keys`; none for a CPU-only job.
+    When per-GPU detail does not fit, each node's GPUs are reduced to
+    ``min``/``median``/``max``; when per-node detail does not fit either,
+    consecutive nodes are pooled into ``first..last (N nodes)`` with their
+    figures summed (jobstats' job totals stay exact); ``gsrun.reduced`` then
+    says ``"gpus"`` or ``"nodes:<groups>"`` and the per-GPU maps are left out.
 
-    Returns None when there is nothing jobstats could use (no elapsed time
-    or no node figures): jobstats itself then stores ``Short`` / ``None``
-    instead of a blob.
+    Returns None when jobstats could use nothing (no elapsed time or no node
+    figures).
     """
     job = summary["job"]
     elapsed = run_time_s(job)
@@ -704,14 +602,11 @@ def js1_blob(summary: dict, max_chars: int = JS1_MAX_CHARS) -> str | None:
 
 
 def js1_comment(summary: dict, max_chars: int = JS1_MAX_CHARS, short_s: float = JS1_SHORT_S) -> str:
-    """What goes into the job's ``AdminComment``, decided as jobstats decides
-    it (``Jobstats.report_job_json``, in this order): :data:`JS1_SHORT` when
-    the job ran less than ``short_s`` seconds (``job.elapsed_s``, else
-    ``job.sampled_s``: :func:`gsrun.report.findings.run_time_s`; site
-    setting ``report.js1_short_s``, default :data:`JS1_SHORT_S`, jobstats'
-    own), :data:`JS1_NONE` when its elapsed time is unknown or it has no node
-    figures (:func:`js1_blob` returns None), else the blob of at most
-    ``max_chars`` characters."""
+    """What goes into ``AdminComment``, decided in the order of jobstats'
+    ``report_job_json``: :data:`JS1_SHORT` for a run shorter than
+    ``short_s`` (``report.js1_short_s``), :data:`JS1_NONE` when
+    :func:`js1_blob` gives None, else the blob. jobstats only decodes a
+    comment longer than 10 characters, so never a marker."""
     elapsed = run_time_s(summary.get("job") or {})
     if elapsed is not None and elapsed < short_s:
         return JS1_SHORT
@@ -719,7 +614,7 @@ def js1_comment(summary: dict, max_chars: int = JS1_MAX_CHARS, short_s: float = 
 
 
 def decode_js1(text: str) -> dict:
-    """Inverse of :func:`js1_blob` (what jobstats does with ``AdminComment``).
+    """Inverse of :func:`js1_blob`.
 
     Raises:
         ValueError: not a ``JS1:`` blob, a marker (:data:`JS1_MARKERS`), or
@@ -736,14 +631,12 @@ def decode_js1(text: str) -> dict:
 
 
 def pending_summary(rec: dict[str, str], cfg=None) -> dict:
-    """The report of a job that has not started, from its controller record
-    (``scontrol -o show job``, :func:`gsrun.facts.slurm.parse_job_record`):
-    the job summary's shape with no figures, what it asked for (``NumCPUs``,
-    ``gres/gpu`` of ``ReqTRES``/``TRES``, ``TimeLimit``), its pending reason and
-    Slurm's expected start (``StartTime`` while pending; absent when
-    ``Unknown``), and the one finding that says why it waits and when a
-    report will exist (:func:`gsrun.report.findings.findings`). For the text
-    report (:func:`gsrun.report.render.render_text`); never stored."""
+    """The report of a job that has not started, from its ``scontrol -o show
+    job`` record: the job summary's shape with no figures, what it asked for
+    (``NumCPUs``, ``gres/gpu`` of ``ReqTRES``/``TRES``, ``TimeLimit``), its
+    pending ``Reason``, Slurm's expected ``StartTime``, and the one finding
+    saying why it waits. For :func:`gsrun.report.render.render_text`; never
+    stored."""
     def val(k):
         v = rec.get(k)
         return None if v in (None, "", "(null)", "None", "N/A", "Unknown") else v

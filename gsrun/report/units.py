@@ -2,19 +2,10 @@
 (:mod:`gsrun.report.render`, ``gseff``), the mail (:mod:`gsrun.report.mail`)
 and ``gseff --sacct``. Pure.
 
-Every function takes the number in the unit its name says (``_s`` seconds,
-``_j`` joules, ``_kwh`` kilowatt-hours, ``_bytes`` bytes, ``_pct`` percent,
-``_w`` watts, ``_h`` hours) and returns text. A value that is not a finite
-number (``None``, NaN, infinity, a bool, a string: "not available") prints
-as :data:`NA`, never as 0.
-
-Where the report and the mail print the same quantity differently today
-(percent digits, durations under a minute, energy), the difference is an
-explicit ``digits`` / ``style`` argument, so each caller states which form
-it prints. One form per quantity for everything a user
-reads (report, ``gseff``, mail): percent as integers (``fmt_pct(x, 0)``),
-durations ``clock``, energy ``wh`` (Wh / kWh), memory in the unit of its
-total (:func:`fmt_bytes_of`), clock times :func:`fmt_time`.
+Every function takes the number in the unit its name says and returns
+text; a value that is not a finite number (``None``, NaN, a bool, a string)
+prints as :data:`NA`, never as 0. Where callers print a quantity
+differently, a ``digits`` / ``style`` argument says which form.
 """
 
 from __future__ import annotations
@@ -30,10 +21,8 @@ J_PER_KWH = 3.6e6
 
 
 def as_number(v) -> float | None:
-    """``v`` as a float when it is a finite int or float (not a bool), else None.
-
-    The summary is read as untrusted JSON: anything else there (a string, a
-    list, NaN) is "not available"."""
+    """``v`` as a float when it is a finite int or float (not a bool), else
+    None ("not available": summaries are untrusted JSON)."""
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return None
     f = float(v)
@@ -43,9 +32,7 @@ def as_number(v) -> float | None:
 def fmt_pct(pct, digits: int, na: str = NA) -> str:
     """A percentage (0..100 scale, not a fraction) with ``digits`` decimals:
     ``42.0%`` (report: 1 digit) or ``42%`` (mail, subject: 0 digits).
-    ``na`` is what a missing value prints as (``N/A (MIG)`` for a MIG
-    device's utilization). Same text as the formatters it replaced
-    (tests/pure/test_units.py); the report's figures use :func:`fmt_share_pct`."""
+    ``na``: what a missing value prints as."""
     f = as_number(pct)
     return na if f is None else f"{f:.{digits}f}%"
 
@@ -134,8 +121,7 @@ def fmt_duration_s(seconds, style: Literal["clock", "short"]) -> str:
 
 
 def fmt_energy_j(joules, style: Literal["auto", "kwh_j", "wh"]) -> str:
-    """Energy given in joules (the summaries' ``energy_j``: NVML's energy
-    counter delta, ``nvmlDeviceGetTotalEnergyConsumption`` mJ / 1000).
+    """Energy given in joules.
 
     - ``auto`` (report GPU table): whichever reads best of ``540 J``,
       ``2.5 Wh`` (below 10 Wh), ``150 Wh``, ``1.02 kWh``.

@@ -1,22 +1,9 @@
 """The efficiency email: build the message, spool it, deliver it exactly once.
 
-Four modules, in the project's facts / decisions / effects split:
-
-- **What it says** (:mod:`~gsrun.report.mail.view`, pure): :func:`mail_wanted` (Slurm ``MailType`` + site
-  ``mail.policy``), :func:`mail_kind` (report, cancelled before start,
-  no run, requeued), :func:`mail_view` (every number the templates print,
-  already formatted), :func:`subject_line`;
-- **The message** (:mod:`~gsrun.report.mail.message`, pure):
-  :func:`build_message` (a
-  ``multipart/alternative`` text + HTML message, the timeline PNG inline in a
-  ``multipart/related`` part referenced by ``cid:``).
-- **Spool** (:mod:`~gsrun.report.mail.queue`, effects): :func:`enqueue` writes the message atomically
-  (mode 0600) into ``<spool_dir>/mail/new/<jobid>.eml``, once per job id.
-  :func:`flush` delivers queued messages through
-- **the sender** (:mod:`~gsrun.report.mail.send`, effects: SMTP or the site's
-  sendmail-compatible MailProg), with retry and capped exponential
-  backoff, moving each to ``mail/sent/`` (delivered) or ``mail/failed/``
-  (permanent refusal, or ``mail.max_attempts`` used up).
+:mod:`~gsrun.report.mail.view` (pure) decides what it says,
+:mod:`~gsrun.report.mail.message` (pure) builds the MIME message,
+:mod:`~gsrun.report.mail.queue` spools it and :mod:`~gsrun.report.mail.send`
+delivers it (SMTP or a sendmail-compatible MailProg).
 
 Spool layout (all directories 0700, files 0600)::
 
@@ -29,35 +16,27 @@ Spool layout (all directories 0700, files 0600)::
     <spool_dir>/mail/.flush.lock       held by a flush for its whole run
     <spool_dir>/mail/.queue.lock       held for each (short) move between folders
 
-Exactly once: a message moves only by ``rename`` (atomic), every move and
-enqueue's "is it already anywhere?" check happen under ``.queue.lock`` (held
-for microseconds, never while talking to a server), and flushes are
-serialized by ``.flush.lock``; a second concurrent flush waits at most
-``timeouts.command_s`` for the first and then returns ``busy``. The one
-window left is a crash (power loss, SIGKILL) after the server accepted a
-message and before its rename to ``sent/``: the next flush puts it back in
-``new/`` and sends it again (at-least-once in that case only; the resend has
-the same ``Message-ID``, so it is identifiable).
+Exactly once: a message moves only by ``rename``; every move and enqueue's
+"already anywhere?" check happen under ``.queue.lock`` (never held while
+talking to a server); flushes are serialized by ``.flush.lock`` (a second one
+waits ``timeouts.command_s``, then returns ``busy``). Only a crash after the
+server accepted a message and before its rename to ``sent/`` sends it again,
+with the same ``Message-ID``.
 """
 
 from __future__ import annotations
 
 from gsrun.base.fsutil import read_json   # the queue's state files; callers read them through here
-from gsrun.report.mail.view import (_ANSI_RE, _BIDI, clean_block, clean_line, DEVICE_COLUMNS, _gpu_headline,
-                                    LEVEL_COLOR, mail_kind, MAIL_TYPES, mail_view, mail_wanted, PHASE,
-                                    render_html, render_text, SEVERITY_COLOR, subject_line)
-from gsrun.report.mail.message import (_ADDR_RE, build_message, MAX_PNG_BYTES, message_id, PNG_MAGIC,
-                                       set_text_header, SpooledMessage, _STRICT, validate_addr, _WIDE_HEADERS,
-                                       wire_bytes)
-from gsrun.report.mail.send import (_cfg, _crlf, deliver, _envelope, MailError, _MAILPROG_PERMANENT,
-                                    _read_password, send_mailprog, send_smtp)
-from gsrun.report.mail.queue import (BACKOFF_BASE_S, BACKOFF_CAP_S, backoff_s, enqueue, _find, flush, _Lock,
-                                     _mail_dir, _move, prune, _qid, QID_RE, _queue_lock, queue_status,
-                                     _read_msg, retry_failed, SUBDIRS)
+from gsrun.report.mail.view import (clean_block, clean_line, mail_kind, mail_view, mail_wanted, render_html,
+                                    render_text, subject_line)
+from gsrun.report.mail.message import (build_message, message_id, new_message, set_text_header, SpooledMessage,
+                                       validate_addr, wire_bytes)
+from gsrun.report.mail.send import deliver, MailError, send_mailprog, send_smtp
+from gsrun.report.mail.queue import backoff_s, enqueue, flush, _move, prune, queue_status, retry_failed
 
 __all__ = [
     "MailError", "build_message", "mail_wanted", "mail_kind", "mail_view", "subject_line", "message_id",
     "validate_addr", "clean_line", "clean_block", "set_text_header", "enqueue", "flush", "deliver", "send_smtp",
     "send_mailprog", "queue_status", "backoff_s", "prune", "retry_failed", "render_text", "render_html",
-    "SpooledMessage", "wire_bytes",
+    "SpooledMessage", "wire_bytes", "new_message", "read_json", "_move",
 ]

@@ -28,18 +28,11 @@ _ADDR_RE = re.compile(r"^[A-Za-z0-9!#$%&'*+/=?^_`{|}~.-]{1,64}@[A-Za-z0-9](?:[A-
 
 
 def set_text_header(msg: EmailMessage, name: str, text: Any, max_len: int = 250) -> str:
-    """Set header ``name`` of ``msg`` to display text built from job data, so
-    that a mail reader shows exactly :func:`clean_line` ``(text)``: the
-    characters as typed, no control, CR/LF or bidi characters.
-
-    RFC 2047 encoded words (``=?utf-8?q?=E2=80=AE...?=``, which a reader
-    would decode into a right-to-left override or a line break) are never
-    decoded for display: when the text holds an ``=?`` marker, the header is
-    written as *our own* encoded words of the literal text (``=3D=3F``
-    inside), folded to 76 columns, so a reader decodes exactly once and shows
-    the marker as plain characters. (Assigning the text the usual way would
-    let ``email.headerregistry`` decode the user's encoded words at once.)
-    Returns the text set."""
+    """Set header ``name`` of ``msg`` so that a mail reader shows exactly
+    :func:`clean_line` ``(text)``; returns that text. Text holding an RFC 2047
+    ``=?`` marker is written as our own encoded words of the literal text,
+    so a reader never decodes the user's (which could carry a bidi override
+    or a line break)."""
     value = clean_line(text, max_len)
     del msg[name]
     if "=?" in value:
@@ -50,13 +43,9 @@ def set_text_header(msg: EmailMessage, name: str, text: Any, max_len: int = 250)
 
 
 def validate_addr(addr: str, what: str = "address") -> str:
-    """Return the bare ``local@domain`` of ``addr`` or raise.
-
-    Accepts ``a@b.example`` or ``Name <a@b.example>`` (the display name is
-    dropped). Refuses control characters, several addresses, a missing
-    domain (Slurm's default ``MailUser`` is the bare user name: append the
-    site's mail domain before calling), and anything ``email.headerregistry``
-    cannot parse.
+    """The bare ``local@domain`` of ``a@b.example`` or ``Name <a@b.example>``.
+    Slurm's default ``MailUser`` is a bare user name: append the site's
+    domain before calling.
 
     Raises:
         InputError: the address is empty, has CR/LF or other control
@@ -103,6 +92,29 @@ def message_id(summary: Mapping, domain: str) -> str:
     return f"<gsrun.job-{safe}.{digest}@{domain}>"
 
 
+def new_message(to_addr: str, from_addr: str, subject: str, msgid, date: float | None = None,
+                to_what: str = "recipient address") -> EmailMessage:
+    """A message with the headers every gsrun mail has: From ``gsrun
+    <from>``, To, Subject (:func:`set_text_header`), Date (``date``, epoch s;
+    default now), Message-ID ``msgid(domain of from_addr)``,
+    ``Auto-Submitted: auto-generated`` (RFC 3834).
+
+    Raises:
+        InputError: ``to_addr`` or ``from_addr`` is not one valid
+            ``local@domain`` address (see :func:`validate_addr`).
+    """
+    to_spec = validate_addr(to_addr, to_what)
+    from_spec = validate_addr(from_addr, "sender address (mail.from_addr)")
+    msg = EmailMessage(policy=email_policy.default)
+    msg["From"] = f"gsrun <{from_spec}>"
+    msg["To"] = to_spec
+    set_text_header(msg, "Subject", subject, 250)
+    msg["Date"] = email.utils.formatdate(date if date is not None else time.time(), localtime=True)
+    msg["Message-ID"] = msgid(from_spec.rsplit("@", 1)[1])
+    msg["Auto-Submitted"] = "auto-generated"
+    return msg
+
+
 def build_message(summary: dict, report_text: str, png: bytes | None, to_addr: str, from_addr: str,
                   *, date: float | None = None, cfg=None) -> EmailMessage:
     """The efficiency mail for one job summary (``gsrun.summary/1``).
@@ -115,26 +127,16 @@ def build_message(summary: dict, report_text: str, png: bytes | None, to_addr: s
             text/html; charset=utf-8                      templates/mail.html.j2, <img src="cid:...">
             image/png (base64, inline, Content-ID)       ``png``
 
-    Headers: From, To, Subject (:func:`subject_line`, set by :func:`set_text_header`:
-    an encoded word in a job name is shown literally, never decoded), Date, Message-ID
-    (:func:`message_id`, from the job id), ``Auto-Submitted: auto-generated``
-    (RFC 3834: no vacation replies), ``X-Gsrun-Job``. Every header value is
-    stripped of CR/LF and control characters; the whole message is 7-bit.
-
-    ``png`` that is not a PNG (bad magic) or is over 5 MiB is left out and
-    the text says "timeline unavailable" (a broken plot never stops the mail).
-    ``date``: epoch seconds for the Date header (default now). ``cfg``: the
-    site config (verdict targets, ``report.doc_url``; None: defaults). The
-    picture is shown at half its pixel size when wider than 900 px (drawn
-    at 2x), with explicit ``width`` / ``height``.
+    Headers: :func:`new_message`'s (Message-ID: :func:`message_id`) and
+    ``X-Gsrun-Job``; the message is 7-bit. A ``png`` that is not a PNG or is over 5 MiB is left out ("timeline
+    unavailable"). ``cfg``: verdict targets, ``report.doc_url`` (None:
+    defaults).
 
     Raises:
-        InputError: ``to_addr`` or ``from_addr`` is not one valid
-            ``local@domain`` address (see :func:`validate_addr`).
+        InputError: as :func:`new_message`.
     """
-    to_spec = validate_addr(to_addr, "recipient address (MailUser)")
-    from_spec = validate_addr(from_addr, "sender address (mail.from_addr)")
-    domain = from_spec.rsplit("@", 1)[1]
+    validate_addr(to_addr, "recipient address (MailUser)")
+    domain = validate_addr(from_addr, "sender address (mail.from_addr)").rsplit("@", 1)[1]
     job = summary.get("job") or {}
     jid = clean_line(job.get("array") or job.get("id") or "unknown", 40)
     safe = re.sub(r"[^A-Za-z0-9_.+-]", "_", jid)[:40]
@@ -148,13 +150,8 @@ def build_message(summary: dict, report_text: str, png: bytes | None, to_addr: s
     view = mail_view(summary, report_text, has_image, cid, image_dropped=png is not None, cfg=cfg,
                      image_size=size)
 
-    msg = EmailMessage(policy=email_policy.default)
-    msg["From"] = str(Address(username=from_spec.rsplit("@", 1)[0], domain=domain, display_name="gsrun"))
-    msg["To"] = to_spec
-    set_text_header(msg, "Subject", view["subject"], 250)   # encoded words in a job name stay literal
-    msg["Date"] = email.utils.formatdate(date if date is not None else time.time(), localtime=True)
-    msg["Message-ID"] = message_id(summary, domain)
-    msg["Auto-Submitted"] = "auto-generated"
+    msg = new_message(to_addr, from_addr, view["subject"], lambda d: message_id(summary, d), date,
+                      "recipient address (MailUser)")
     set_text_header(msg, "X-Gsrun-Job", jid, 40)
     msg.set_content(render_text(view), subtype="plain", charset="utf-8", cte="quoted-printable")
     msg.add_alternative(render_html(view), subtype="html", charset="utf-8", cte="quoted-printable")

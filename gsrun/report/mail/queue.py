@@ -1,9 +1,5 @@
-"""The spool queue (effects): :func:`enqueue` writes a message atomically
-(mode 0600) into ``<spool_dir>/mail/new/<jobid>.eml``, once per job id;
-:func:`flush` delivers the queued messages that are due, with retry and
-capped exponential backoff (:func:`backoff_s`), moving each to ``mail/sent/``
-(delivered) or ``mail/failed/`` (permanent refusal, or ``mail.max_attempts``
-used up). Layout and the exactly-once argument: :mod:`gsrun.report.mail`.
+"""The mail spool queue (effects); layout and the exactly-once argument:
+:mod:`gsrun.report.mail`.
 """
 
 from __future__ import annotations
@@ -92,10 +88,8 @@ def enqueue(spool_dir, job_id, msg: EmailMessage) -> Path:
     """Queue ``msg`` for job ``job_id``: ``<spool_dir>/mail/new/<job_id>.eml``
     (mode 0600, written with :func:`gsrun.base.fsutil.atomic_write`).
 
-    Idempotent per job id: when a message for this job is already queued,
-    being sent, sent or failed, nothing is written and that file's path is
-    returned (a rerun epilog does not mail twice). Never talks to a server;
-    waits only for the queue lock, which is held for single renames.
+    Idempotent per job id: when a message for this job is anywhere in the
+    spool, nothing is written and that file's path is returned.
 
     Raises:
         InputError: ``job_id`` is not a plain Slurm job id (``42``, ``15053872_1491``).
@@ -164,19 +158,15 @@ def flush(spool_dir, cfg, now: float | None = None,
           send: Callable[[EmailMessage, Any], None] | None = None) -> dict:
     """Deliver the queued messages that are due; ``gsrun-node mail flush``.
 
-    ``cfg``: a :class:`gsrun.request.config.Config` (or a dict with the same keys;
-    missing keys take the defaults). ``now``: epoch seconds used for the
-    backoff schedule (default: the clock). ``send(msg, cfg)``: the transport,
-    default :func:`deliver` (SMTP or MailProg); it raises :class:`MailError`
-    (any other exception counts as a temporary failure).
+    ``cfg``: a Config or a dict (missing keys: defaults); ``now``: epoch s
+    for the backoff; ``send(msg, cfg)``: the transport (default
+    :func:`deliver`; any exception but :class:`MailError` is temporary).
 
-    Per message: claimed by renaming ``new/`` -> ``tmp/``; on success moved to
-    ``sent/``; on a temporary failure put back in ``new/`` with attempts+1 and
-    ``next_try = now + backoff_s(attempts)``, or moved to ``failed/`` once
-    ``mail.max_attempts`` tries are used; on a permanent refusal moved to
-    ``failed/`` at once. When the server is unreachable (``outage``) the other
-    due messages are not tried in this run (each would wait its own timeout)
-    but their attempt counts rise too.
+    Per message: claimed by renaming ``new/`` -> ``tmp/``, then moved to
+    ``sent/``, back to ``new/`` with ``next_try = now + backoff_s(attempts)``
+    on a temporary failure, or to ``failed/`` (permanent refusal or
+    ``mail.max_attempts`` used). After an ``outage`` the other due messages
+    are not tried this run, but their attempt counts rise too.
 
     Returns ``{"sent": n, "failed": n, "deferred": n, "busy": bool}``:
     ``deferred`` = still queued after this run (failed this time, or not due
@@ -254,9 +244,8 @@ def flush(spool_dir, cfg, now: float | None = None,
 
 def retry_failed(spool_dir, job_id: str | None = None) -> list[str]:
     """Move ``failed/`` messages (one job, or all) back to ``new/`` with their
-    attempt count reset, e.g. after the admin fixed the relay settings.
-    Returns the job ids requeued. The flush lock is taken so no flush runs
-    meanwhile (waits without limit: an admin command, not the epilog)."""
+    attempt count reset; returns the job ids requeued. Waits for the flush
+    lock without limit (an admin command)."""
     base = _mail_dir(spool_dir)
     qids = [_qid(job_id)] if job_id is not None else queue_status(spool_dir)["failed"]
     done = []

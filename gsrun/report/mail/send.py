@@ -133,12 +133,9 @@ _MAILPROG_PERMANENT = {65, 67}
 
 def send_mailprog(msg: EmailMessage, cfg) -> None:
     """Deliver through the site's sendmail-compatible MailProg
-    (``mail.mailprog``): ``[mailprog, "-i", "-f", FROM, "--", TO...]`` with
-    the message on stdin, no shell, timeout ``timeouts.command_s``.
-
-    (Slurm's own ``MailProg`` is often ``/bin/mail``-style, which takes a
-    subject flag and would mangle a MIME message: point ``mail.mailprog`` at
-    ``/usr/sbin/sendmail``.)
+    (``mail.mailprog``; not a ``/bin/mail``-style one, which mangles MIME):
+    ``[mailprog, "-i", "-f", FROM, "--", TO...]``, message on stdin, timeout
+    ``timeouts.command_s``.
 
     Raises:
         MailError: not executable / timed out / non-zero exit (permanent for

@@ -38,20 +38,21 @@ DEVICE_COLUMNS = (("util", "Busy"), ("sm_active", "SM active"), ("mem", "Memory 
                   ("energy", "Energy"), ("throttle", "Slowed by"), ("xid", "Xid"))
 
 
+def _shown(ch: str) -> bool:
+    return ch not in _BIDI and unicodedata.category(ch) not in ("Cc", "Zl", "Zp", "Cs")
+
+
 def clean_line(value: Any, max_len: int = 200) -> str:
     """One line of display text from anything: ANSI escapes, control
     characters (NUL, ESC, DEL ...) and bidi overrides removed; line breaks
     (CR, LF, U+2028 ...) and tabs become one space; cut to ``max_len``
     characters. Safe for a header value."""
-    s = _ANSI_RE.sub("", str(value))
     out = []
-    for ch in s:
+    for ch in _ANSI_RE.sub("", str(value)):
         if ch in "\t\r\n\u2028\u2029\x0b\x0c\x85":
             if out and out[-1] != " ":
                 out.append(" ")
-        elif ch in _BIDI or unicodedata.category(ch) in ("Cc", "Zl", "Zp", "Cs"):
-            continue
-        else:
+        elif _shown(ch):
             out.append(ch)
     s = "".join(out).strip()
     return s if len(s) <= max_len else s[: max_len - 1] + "\u2026"
@@ -61,17 +62,7 @@ def clean_block(value: Any, max_len: int = 200_000) -> str:
     """Multi-line display text: like :func:`clean_line` per line, but keeps
     ``\\n`` (CRLF/CR normalised) and leading indentation."""
     s = _ANSI_RE.sub("", str(value)).replace("\r\n", "\n").replace("\r", "\n")
-    out = []
-    for ch in s:
-        if ch == "\n":
-            out.append(ch)
-        elif ch == "\t":
-            out.append("    ")
-        elif ch in _BIDI or unicodedata.category(ch) in ("Cc", "Zl", "Zp", "Cs"):
-            continue
-        else:
-            out.append(ch)
-    s = "".join(out)
+    s = "".join(ch if ch == "\n" or _shown(ch) else "    " if ch == "\t" else "" for ch in s)
     return s if len(s) <= max_len else s[:max_len] + "\n[... cut]"
 
 
@@ -79,10 +70,8 @@ def mail_wanted(mail_type: str | None, policy: str, *, state: str | None = None,
                 enabled: bool = True) -> bool:
     """Whether the job gets the efficiency mail.
 
-    ``mail_type`` is Slurm's ``MailType`` from the job record
-    (``scontrol show job``: ``END``, ``ALL``, ``END,FAIL``, ``NONE``,
-    ``INVALID_DEPEND,BEGIN,END,FAIL,REQUEUE,STAGE_OUT``, ``(null)``...),
-    ``policy`` the site's ``mail.policy``:
+    ``mail_type``: Slurm's ``MailType`` (``END,FAIL``, ``NONE``, ``(null)``
+    ...); ``policy``: the site's ``mail.policy``:
 
     - ``never``: no mail.
     - ``always``: every job (the caller still needs a MailUser).
@@ -91,9 +80,8 @@ def mail_wanted(mail_type: str | None, policy: str, *, state: str | None = None,
       (FAILED, TIMEOUT, OUT_OF_MEMORY, NODE_FAIL, ...). BEGIN, REQUEUE,
       TIME_LIMIT_* and ARRAY_TASKS alone do not ask for a report.
 
-    ``state`` (optional, Slurm job state): a job that is not finished
-    (PENDING, REQUEUED, RUNNING ...) never gets the report now; it comes when
-    the job really ends. ``enabled`` is ``mail.enabled``.
+    A job whose ``state`` is not final never gets it (it comes when the job
+    ends). ``enabled``: ``mail.enabled``.
 
     Raises:
         ConfigError: ``policy`` is not job, always or never.
@@ -140,10 +128,8 @@ def mail_kind(summary: Mapping) -> str:
 
 
 def _gpu_headline(summary: Mapping) -> str | None:
-    """``GPU busy 50% (good)`` / ``GPU busy N/A (MIG)`` / ``GPU data unavailable`` /
-    None for a job without GPUs. Mean over the devices that have a figure;
-    the judgement uses the default targets (the subject is the same for
-    every site)."""
+    """``GPU busy 50% (good)`` / ``GPU busy N/A (MIG)`` / ``GPU data
+    unavailable`` / None without GPUs; judged by the default targets."""
     gpu = summary.get("gpu") or {}
     job = summary.get("job") or {}
     devices = [d for d in (gpu.get("devices") or []) if isinstance(d, Mapping)]
@@ -164,12 +150,8 @@ def _gpu_headline(summary: Mapping) -> str | None:
 
 
 def subject_line(summary: Mapping) -> str:
-    """``[gsrun] job 42 (train) COMPLETED: GPU busy 50% (good), CPU eff 42%``.
-
-    Job id = the array form (``15053872_1491``) when present. Every piece
-    goes through :func:`clean_line`, so the result holds no CR/LF or control
-    characters whatever the job name is.
-    """
+    """``[gsrun] job 42 (train) COMPLETED: GPU busy 50% (good), CPU eff 42%``
+    (the array form of the id when present); every piece through :func:`clean_line`."""
     job = summary.get("job") or {}
     jid = clean_line(job.get("array") or job.get("id") or "?", 40)
     name = clean_line(job.get("name") or "", 60)
@@ -194,19 +176,11 @@ def mail_view(summary: Mapping, report_text: str, has_image: bool, image_cid: st
               image_dropped: bool = False, cfg=None, image_size: tuple[int, int] | None = None) -> dict:
     """Everything the templates print, formatted and cleaned (pure).
 
-    Numbers come from the ``gsrun.summary/1`` job summary; ``None`` becomes
-    ``N/A`` (MIG utilization: ``N/A (MIG)``, field case 12; unavailable GPU
-    section: its reason, field case 15; both in docs/field-cases.md). Every
-    key is always present, so the templates run under ``StrictUndefined``.
-
-    ``verdict`` (rows of :func:`gsrun.report.findings.verdicts`
-    with the value formatted and a colour per level), ``next_time`` /
-    ``alert`` (:func:`gsrun.report.findings.headline`), findings with a
-    colour per severity and the site's ``report.doc_url`` link (``cfg``),
-    per-GPU columns that are not "none" everywhere (``columns``), clock
-    times and queue wait. ``report_text`` is the text part itself (the
-    report at 76 columns); the HTML part does not repeat it. ``image_size``:
-    the chart's (width, height) as displayed, CSS px.
+    ``None`` becomes ``N/A`` (``N/A (MIG)``, field case 12; an unavailable
+    GPU section shows its reason, field case 15). Every key is always
+    present (the templates run under ``StrictUndefined``). ``report_text``:
+    the text part; ``image_size``: the chart's displayed (width, height), CSS
+    px.
     """
     job = summary.get("job") or {}
     cpu = summary.get("cpu") or {}
