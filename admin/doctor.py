@@ -16,6 +16,7 @@ spool) is reported as ``fail: timed out`` and the others still run.
 from __future__ import annotations
 
 import glob
+import re
 import json
 import os
 import shutil
@@ -807,6 +808,35 @@ def check_daemon(ctx: Context) -> Check:
     return _c("daemon", "ok", detail + ("; Prolog= and Epilog= go through it" if wiring else ""), **data)
 
 
+_LOG_FILE_IN_HOOK = re.compile(r"GSRUN_LOG_FILE=([^\s;'\"]+)")
+
+
+def check_log(ctx: Context) -> Check:
+    """Where the hooks' log lines go: syslog (``/dev/log``, a socket) and/or the
+    ``GSRUN_LOG_FILE`` that a script of slurm.conf's Prolog=/Epilog= sets
+    (``gsrun-node install --log-file``). Neither: warn, the lines are lost
+    (a host without a syslog daemon)."""
+    try:
+        syslog = stat.S_ISSOCK(os.stat(ctx.hostfs.path("/dev/log")).st_mode)
+    except OSError:
+        syslog = False
+    conf_path, conf = read_slurm_conf({"SLURM_CONF": ctx.slurm_conf} if ctx.slurm_conf else ctx.environ)
+    files = set()
+    for key in ("prolog", "epilog"):
+        for path in sorted(glob.glob(conf.get(key) or ""))[:HOOKS_PER_LINE_MAX]:
+            try:
+                with open(path, "rb") as f:
+                    files.update(_LOG_FILE_IN_HOOK.findall(f.read(HOOK_MAX_BYTES).decode("utf-8", "replace")))
+            except OSError:
+                continue
+    where = (["syslog (/dev/log)"] if syslog else []) + sorted(files)
+    if not where:
+        return _c("log", "warn", "no syslog daemon (/dev/log is not a socket) and the hooks set no GSRUN_LOG_FILE: "
+                  "their log lines are lost", "run a syslog daemon, or gsrun-node install --log-file "
+                  "/var/log/gsrun.log (the hooks it writes set it)", syslog=False, files=[])
+    return _c("log", "ok", "the hooks log to " + " and ".join(where), syslog=syslog, files=sorted(files))
+
+
 def check_mail(ctx: Context) -> Check:
     cfg = ctx.cfg
     if not cfg["mail.enabled"] or cfg["mail.policy"] == "never":
@@ -879,7 +909,7 @@ CHECKS: tuple[tuple[str, Callable[[Context], Check]], ...] = (
     ("cstate", check_cstate), ("irq", check_irq), ("hugepages", check_hugepages), ("memlock", check_memlock),
     ("cgroup", check_cgroup), ("mps", check_mps), ("numactl", check_numactl), ("spank", check_spank),
     ("spool", check_spool), ("retention", check_retention), ("state dir", check_state), ("daemon", check_daemon),
-    ("mail", check_mail),
+    ("log", check_log), ("mail", check_mail),
 )
 
 

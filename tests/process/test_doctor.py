@@ -365,3 +365,22 @@ def _install_readable(base, tmp_path):
         assert r.status == "fail" and "/usr/bin/python3 -m venv" in r.hint
     finally:
         home.chmod(0o755)
+
+
+def test_log_check_warns_when_the_hooks_log_lines_would_be_lost(tmp_path):
+    """No syslog daemon (no /dev/log socket under the host root) and no GSRUN_LOG_FILE in
+    the hooks: warn; a Prolog= script that sets one (install --log-file): ok, named."""
+    from gsrun.admin import doctor
+    from gsrun.facts.hostfs import HostFS
+
+    (tmp_path / "host").mkdir()
+    hook = tmp_path / "gsrun-prolog"
+    hook.write_text("#!/bin/sh\nexec /opt/gsrun/venv/bin/gsrun-node prolog\n")
+    conf = tmp_path / "slurm.conf"
+    conf.write_text(f"Prolog={hook}\n")
+    ctx = doctor.Context(HostFS(str(tmp_path / "host")), slurm_conf=str(conf))
+    got = doctor.check_log(ctx)
+    assert got.status == "warn" and "their log lines are lost" in got.detail and "--log-file" in got.hint
+    hook.write_text("#!/bin/sh\nGSRUN_LOG_FILE=/var/log/gsrun.log exec /opt/gsrun/venv/bin/gsrun-node prolog\n")
+    got = doctor.check_log(ctx)
+    assert (got.status, got.detail) == ("ok", "the hooks log to /var/log/gsrun.log"), got
