@@ -130,7 +130,7 @@ def fmt_setting(st: dict) -> str:
     shows it: ``governor=performance applied``, ``irq=local refused (...)``."""
     key, value, state, why = st.get("key"), st.get("value"), st.get("state"), st.get("reason") or ""
     if key == "cpu_dma_latency":
-        return f"cpu_dma_latency={value}us held by the sampler"
+        return f"cpu_dma_latency={value}us held by the node monitor"
     if key == "malloc" and why.startswith(("LD_PRELOAD=", "not found")) or key == "malloc" and state == "unsupported":
         return f"{key}={value} ({why})"       # what the task got (gsrun-bind's notes)
     if state == "requested":

@@ -47,7 +47,7 @@ class CstateKnob(ScopedKnob):
     with ``latency`` (exit latency, us) <= ``CSTATE_SHALLOW_US`` stay. States
     already disabled stay disabled (the target only ever adds ``1``s).
     The other half of ``cstate``, holding ``/dev/cpu_dma_latency`` open, is
-    :func:`cstate_hold_us` (the sampler holds the file).
+    :func:`cstate_hold_us` (the node monitor holds the file for the job).
     """
 
     key = "cstate"
