@@ -32,42 +32,21 @@ A setting missing on the host (no cpufreq in a VM, no swap) is "unsupported",
 never an error. A setting whose prior value cannot be read is never written:
 no path through prolog and epilog ends with a setting different from before.
 
-State (``<state_dir>/tuning/``, ``state_dir`` from ``--state-dir`` or
-``$GSRUN_STATE_DIR``, default ``/run/gsrun``; every file a journal of
-:mod:`gsrun.node.journal`: header with format, kind and boot id):
+State: :mod:`~gsrun.node.tuning.state` (the journal files and their lock).
+The baseline is an ordered list of entries ``{key, prior, value, owner,
+holders}``, each written (fsync'd) *before* its setting changes, so a crash at
+any point leaves a journal that restores the node. The first job changing a
+setting records its prior value; later jobs asking the same value join
+``holders``, a different value is refused (first job wins). The last job out
+restores the entries in reverse order. A baseline from before the last reboot
+(another boot id) is dropped, never written back.
 
-- ``lock``: ``fcntl.flock`` taken by every prolog/epilog/restore; a crashed
-  holder's lock is released by the kernel.
-- ``jobs/<job_id>.json``: one journal per job that ran the prolog here. The
-  set of these files *is* the reference count (no counter that can drift).
-- ``baseline.json``: the node baseline, an ordered list of entries
-  ``{key, prior, value, owner, holders}``. An entry is written (fsync'd)
-  *before* its setting is changed, so a crash at any point leaves a journal
-  that restores the node. The first job changing a setting records its
-  prior value; later jobs asking the same value reuse it (join ``holders``),
-  a different value is refused (first job wins). The last job out restores
-  the entries in reverse order and removes the file. A baseline written
-  before the last reboot (its boot id is not this boot's) describes settings
-  the reboot already reset: it is dropped, never written back.
-
-Layout (one module per area of the machine, one protocol, one journal):
-
-- :mod:`~gsrun.node.tuning.knob`: the get/set protocol (:class:`Knob`,
-  :class:`ScopedKnob`, :class:`JobScope`) and the one write path
-  (:func:`kernel_write`);
-- areas: :mod:`~gsrun.node.tuning.governor` (CPU frequency governor),
-  :mod:`~gsrun.node.tuning.vm` (swap, swappiness, dirty ratios, zone
-  reclaim), :mod:`~gsrun.node.tuning.thp` (transparent hugepages),
-  :mod:`~gsrun.node.tuning.cstate` (CPU idle states / latency),
-  :mod:`~gsrun.node.tuning.irq` (IRQ affinity, irqbalance),
-  :mod:`~gsrun.node.tuning.hugepages` (explicit hugepages per NUMA node);
-- :mod:`~gsrun.node.tuning.plan`: the knobs in application order
-  (:data:`KNOBS`), the facts they read, the pure decision;
-- :mod:`~gsrun.node.tuning.state`: the journal files (the one storage of
-  every area's prior values, :mod:`gsrun.node.journal` files) and their lock;
-- :mod:`~gsrun.node.tuning.lifecycle`: prolog apply, the one retry of IRQs the
-  kernel refused (while the job runs), epilog restore,
-  manual restore, status.
+Modules: :mod:`~gsrun.node.tuning.knob` (the get/set protocol and the one write
+path :func:`kernel_write`), one per area (``governor``, ``vm``, ``thp``,
+``cstate``, ``irq``, ``hugepages``), :mod:`~gsrun.node.tuning.plan` (:data:`KNOBS`
+in application order, facts, the pure decision), ``state``, and
+:mod:`~gsrun.node.tuning.lifecycle` (prolog apply, the one IRQ retry while the
+job runs, epilog restore, manual restore, status).
 
 Every name is re-exported here: ``from gsrun.node.tuning import X`` works
 for all of them.
