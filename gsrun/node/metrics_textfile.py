@@ -1,29 +1,14 @@
-"""Per-job GPU metrics for the site's Prometheus, through node_exporter's
-textfile collector (``--collector.textfile.directory``).
+"""Per-job GPU metrics through node_exporter's textfile collector.
 
-When the site sets ``[metrics] textfile_dir``, the sampler writes
-``<textfile_dir>/gsrun_job_<jobid>.prom`` at each state flush
-(``sampler.flush_s``) and the epilog removes it. The file is the Prometheus
-text format, built by ``prometheus_client`` and written atomically (a temp
-file in the same directory, then ``rename``; mode ``metrics.textfile_mode``,
-default 0640, group ``metrics.textfile_group``, default the directory's group:
-node_exporter reads it through the group, other local users do not): node_exporter never
-reads half a file (no ``fsync``: the file is rewritten every flush and
-worth nothing after a crash). The temp file's name (``.gsrun_job_<jobid>.prom.<pid>.<hex>``)
-does not end in ``.prom``, so the collector never reads it either.
-
-Series: :data:`gsrun.node.metrics.JOB_SERIES` (the one table of names,
-types and labels, shared with the node daemon's HTTP endpoint,
-:mod:`gsrun.node.metrics_http`), per GPU of the job on this node; at most
-:data:`SERIES_PER_GPU` (7) of them, no per-process or per-step label.
-
-Gauges are the time-weighted mean over the window since the previous write
-(one flush interval; the sampler's own aggregates, :class:`gsrun.facts.aggregate.Metric`,
-differenced), so a scrape every 15-60 s sees every poll folded in, not one
-point reading. A value that is unknown in the window (N/A, not supported,
-MIG utilization: field case 12, a lost GPU) is left out, never written as 0.
-The idle flag comes from the sampler's idle detector (``state["watch"]``);
-it is left out when there is no detector state for the GPU.
+With ``[metrics] textfile_dir`` set, the sampler writes
+``<textfile_dir>/gsrun_job_<jobid>.prom`` at each state flush and the epilog
+removes it: :data:`gsrun.node.metrics.JOB_SERIES` per GPU of the job (at most
+:data:`~gsrun.node.metrics.SERIES_PER_GPU`), gauges the mean over the window
+since the previous write, unknown values left out. Written atomically, mode
+``metrics.textfile_mode`` (0640) and group ``metrics.textfile_group`` (default
+the directory's: node_exporter reads through the group), not fsync'd (worth
+nothing after a crash); the temp name ``.gsrun_job_<jobid>.prom.<pid>.<hex>``
+does not end in ``.prom``, so the collector never reads half a file.
 """
 
 from __future__ import annotations
