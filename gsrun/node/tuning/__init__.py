@@ -74,7 +74,7 @@ from gsrun.node.tuning.hugepages import (_HP_DIR, ALLOC_RETRIES, HugepagesKnob, 
                                          job_hugetlbfs_files, pool_counts, remove_job_hugetlbfs_files)
 from gsrun.node.tuning.plan import (KNOBS, _decide, Facts, format_plan, plan_tuning, PlanItem, Policy, read_facts,
                                     _short)
-from gsrun.node.tuning.lifecycle import (_ban_dir_from_journal, _boot_id, _drop_if_rebooted, epilog_restore,
+from gsrun.node.tuning.lifecycle import (_ban_dir_from_journal, _drop_if_rebooted, epilog_restore,
                                          _errtext, format_status, irq_paths, _leave, prolog_tune, _report,
                                          restore, _restore_entries, retry_skipped_irqs, status)
 
