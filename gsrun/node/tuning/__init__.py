@@ -6,31 +6,10 @@ Every setting is a get/set pair (:class:`Knob`): ``read`` (fact), ``apply`` and
     read facts -> plan (pure, :func:`plan_tuning`) -> journal prior value
     (atomic write + fsync) -> write -> read back and verify
 
-Settings (all node-wide; the files are read/written through
-:class:`gsrun.facts.hostfs.HostFS`, so ``--host-root DIR`` keeps every access under DIR):
-
-- ``governor``: ``/sys/devices/system/cpu/cpuN/cpufreq/scaling_governor`` for
-  each CPU that has it, allowed = ``scaling_available_governors`` (all CPUs).
-  A CPU whose governor cannot be read (EINVAL on some intel_pstate boxes) has
-  an unknown prior: it is never written, it is skipped and reported, and the
-  other CPUs proceed.
-- ``swappiness``: ``/proc/sys/vm/swappiness`` (0-200).
-- ``swap`` (``off``): ``swapoff`` of each device in ``/proc/swaps``, only when
-  ``MemAvailable`` covers ``SwapTotal - SwapFree`` (``/proc/meminfo``); else
-  swap stays on and ``swappiness`` is lowered instead (reason reported).
-- ``dirty_ratio`` / ``dirty_background_ratio``: ``/proc/sys/vm/dirty_*``. The
-  kernel keeps either the ratio or the ``_bytes`` form (writing one zeroes
-  the other), so the journal records which form was in use and restore writes
-  that one.
-- ``thp`` / ``thp_defrag``: ``/sys/kernel/mm/transparent_hugepage/{enabled,defrag}``,
-  or RHEL 6's ``/sys/kernel/mm/redhat_transparent_hugepage/`` where only that
-  exists (:func:`thp_dir`); the current value is the bracketed word, allowed =
-  the words in the file.
-- ``zone_reclaim_mode``: ``/proc/sys/vm/zone_reclaim_mode`` (0-7).
-
-A setting missing on the host (no cpufreq in a VM, no swap) is "unsupported",
-never an error. A setting whose prior value cannot be read is never written:
-no path through prolog and epilog ends with a setting different from before.
+Settings are node-wide, each documented in its area's module; every file is
+read and written through :class:`gsrun.facts.hostfs.HostFS` (``--host-root``).
+A setting missing on the host is "unsupported", never an error; one whose
+prior value cannot be read is never written.
 
 State: :mod:`~gsrun.node.tuning.state` (the journal files and their lock).
 The baseline is an ordered list of entries ``{key, prior, value, owner,
