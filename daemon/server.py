@@ -246,46 +246,35 @@ def _read_request(conn, nfds: int | None = 3, timeout_s: float = REQUEST_TIMEOUT
     fds = array.array("i")
     buf = bytearray()
     need = None
-    while need is None or len(buf) < need:
-        want = 65536 if need is None else min(65536, need - len(buf))
-        left = deadline - time.monotonic()
-        if left <= 0:
-            for fd in fds:
-                os.close(fd)
-            raise TimeoutError(f"request not complete within {timeout_s:g} s")
-        conn.settimeout(left)
-        try:
-            data, anc, _flags, _addr = conn.recvmsg(want, socket.CMSG_SPACE(3 * fds.itemsize))
-        except OSError:
-            for fd in fds:
-                os.close(fd)
-            raise
-        for level, kind, payload in anc:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
-        if not data:
-            break
-        buf += data
-        if need is None and len(buf) >= 4:
-            need = 4 + int.from_bytes(buf[:4], "big")
-            if need > MAX_REQUEST_BYTES:
-                break
-    got = list(fds)
-    if need is None or len(buf) != need or len(got) not in ((0, 3) if nfds is None else (nfds,)):
-        for fd in got:
-            os.close(fd)
-        if not buf and not got:
-            raise NoRequest("no request")
-        raise BadRequest("short request" if need is None or len(buf) < need else
-                         f"request over {MAX_REQUEST_BYTES} bytes" if need > MAX_REQUEST_BYTES else
-                         f"{len(got)} descriptors, not {nfds if nfds is not None else '0 or 3'}")
     try:
-        argv, env, umask = parse_request(bytes(buf[4:]))
-    except BadRequest:
-        for fd in got:
+        while need is None or len(buf) < need:
+            want = 65536 if need is None else min(65536, need - len(buf))
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"request not complete within {timeout_s:g} s")
+            conn.settimeout(left)
+            data, anc, _flags, _addr = conn.recvmsg(want, socket.CMSG_SPACE(3 * fds.itemsize))
+            for level, kind, payload in anc:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
+            if not data:
+                break
+            buf += data
+            if need is None and len(buf) >= 4:
+                need = 4 + int.from_bytes(buf[:4], "big")
+                if need > MAX_REQUEST_BYTES:
+                    break
+        if need is None or len(buf) != need or len(fds) not in ((0, 3) if nfds is None else (nfds,)):
+            if not buf and not fds:
+                raise NoRequest("no request")
+            raise BadRequest("short request" if need is None or len(buf) < need else
+                             f"request over {MAX_REQUEST_BYTES} bytes" if need > MAX_REQUEST_BYTES else
+                             f"{len(fds)} descriptors, not {nfds if nfds is not None else '0 or 3'}")
+        return (*parse_request(bytes(buf[4:])), list(fds))
+    except BaseException:
+        for fd in fds:
             os.close(fd)
         raise
-    return argv, env, umask, got
 
 
 BIND_REQUEST = "@bind"       # the SPANK plugin's request for a step's plan (see _bind_child)
