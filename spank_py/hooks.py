@@ -113,16 +113,22 @@ def _detail(e: Exception) -> tuple[str, str | None]:
     return str(getattr(e, "detail", e)), getattr(e, "hint", None)
 
 
+def _parser(parse, module: str, name: str):
+    """``parse``, else ``module.name``, else None (the module cannot be imported: a regex fallback)."""
+    if parse is not None:
+        return parse
+    try:
+        return getattr(__import__(module, fromlist=[name]), name)
+    except ImportError:
+        return None
+
+
 def check_mps(value: str, parse: Callable[[str], int | None] | None = None) -> str:
     """``""`` (flag alone: site default percentage) or an integer 1-100 as
     text (``"050"`` -> ``"50"``). ``parse``: the MPS share parser (default
     :func:`gsrun.request.mps_share.parse_mps_share`, the same rule as a
     regex when that module is missing)."""
-    if parse is None:
-        try:
-            from gsrun.request.mps_share import parse_mps_share as parse
-        except ImportError:
-            parse = None
+    parse = _parser(parse, "gsrun.request.mps_share", "parse_mps_share")
     if parse is None:
         v = value.strip()
         if v == "":
@@ -142,11 +148,7 @@ def check_tune(value: str, parse: Callable[[str], dict] | None = None) -> str:
     """Normalized ``key=value,...`` (no blanks). ``parse``: the tuning request
     parser (default :func:`gsrun.request.tune.parse_tune_request`, a strict
     regex when that module is missing)."""
-    if parse is None:
-        try:
-            from gsrun.request.tune import parse_tune_request as parse
-        except ImportError:
-            parse = None
+    parse = _parser(parse, "gsrun.request.tune", "parse_tune_request")
     if parse is None:
         v = value.replace(" ", "")
         if not _fullmatch(_TUNE_FALLBACK, v):
@@ -170,11 +172,7 @@ def check_mig(value: str, named: Mapping[str, str] | None = None,
     v = value.strip()
     if named and v in named:
         v = named[v]
-    if parse is None:
-        try:
-            from gsrun.request.mig_layout import parse_layout as parse
-        except ImportError:
-            parse = None
+    parse = _parser(parse, "gsrun.request.mig_layout", "parse_layout")
     if parse is None:
         if not _fullmatch(_MIG_FALLBACK, v.lower()):
             raise OptionError("gs-mig", value, "must be a layout like 7x1g.18gb or 3g.71gb+3g.71gb")
