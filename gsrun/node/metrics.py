@@ -213,15 +213,8 @@ def job_readings(state: dict, user: str | None, marks: dict | None = None) -> tu
 
 
 def gpu_labels(r: GpuReading, node: str, user_label: bool) -> dict:
-    """The labels of a job series for reading ``r`` (module docstring)."""
-    labels = {"job_id": r.job_id or "", "node": node, "gpu": "" if r.gres_index is None else str(r.gres_index)}
-    if user_label:
-        labels["user"] = r.user or ""
-    if r.uuid:
-        labels["uuid"] = r.uuid
-    if r.mig_instance:
-        labels["mig_instance"] = r.mig_instance
-    return labels
+    """The labels of a job series for reading ``r`` (module docstring; the output sorts them)."""
+    return {"job_id": r.job_id or "", **device_labels(r, node), **({"user": r.user or ""} if user_label else {})}
 
 
 def device_labels(r: GpuReading, node: str) -> dict:

@@ -525,33 +525,30 @@ def _remove(path: Path) -> None:
 def _restore_path(mig_backend, path: Path, job_id: str, drain, log) -> dict:
     if not path.parent.is_dir() or path.parent.is_symlink():
         return {"restored": False, "reason": "no MIG journal"}
+    drain = drain or (lambda reason: None)
     with _journal(path).lock():
-        return _restore_locked(mig_backend, path, job_id, drain or (lambda reason: None), log)
-
-
-def _restore_locked(mig_backend, path: Path, job_id: str, drain, log) -> dict:
-    got = _journal(path).load()
-    journal = got.data if got else None
-    if got is not None and got.earlier_boot:
-        log(f"gsrun: mig: job {job_id}: journal {path} is from an earlier boot (boot {got.boot_id}): "
-            "its instances are gone, the MIG mode may persist; restoring")
-    if journal is None:
-        if path.exists():
-            reason = _sanitize_reason(f"gsrun mig job {job_id}: journal {path} unreadable")
+        got = _journal(path).load()
+        journal = got.data if got else None
+        if got is not None and got.earlier_boot:
+            log(f"gsrun: mig: job {job_id}: journal {path} is from an earlier boot (boot {got.boot_id}): "
+                "its instances are gone, the MIG mode may persist; restoring")
+        if journal is None:
+            if path.exists():
+                reason = _sanitize_reason(f"gsrun mig job {job_id}: journal {path} unreadable")
+                drain(reason)
+                return {"restored": False, "drained": True, "reason": reason}
+            return {"restored": False, "reason": "no MIG journal"}
+        failures = _restore_journal(mig_backend, journal, path, log)
+        if failures:
+            reason = _sanitize_reason(f"gsrun mig job {job_id}: restore failed: {'; '.join(failures)}")
+            journal["status"] = "restore_failed"
+            journal["failures"] = failures
+            _journal(path).write(journal)
+            log(f"gsrun: mig: job {job_id}: {reason}; draining")
             drain(reason)
-            return {"restored": False, "drained": True, "reason": reason}
-        return {"restored": False, "reason": "no MIG journal"}
-    failures = _restore_journal(mig_backend, journal, path, log)
-    if failures:
-        reason = _sanitize_reason(f"gsrun mig job {job_id}: restore failed: {'; '.join(failures)}")
-        journal["status"] = "restore_failed"
-        journal["failures"] = failures
-        _journal(path).write(journal)
-        log(f"gsrun: mig: job {job_id}: {reason}; draining")
-        drain(reason)
-        return {"restored": False, "drained": True, "reason": reason, "failures": failures}
-    _remove(path)
-    return {"restored": True, "gpus": sorted(int(g) for g in journal.get("gpus", {}))}
+            return {"restored": False, "drained": True, "reason": reason, "failures": failures}
+        _remove(path)
+        return {"restored": True, "gpus": sorted(int(g) for g in journal.get("gpus", {}))}
 
 
 def epilog_restore(mig_backend: MigBackend, state_dir, job_id, drain: Callable[[str], None] | None = None,
