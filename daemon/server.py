@@ -96,7 +96,7 @@ PING_REQUEST = "@ping"
 # What a hook imports, loaded once by the daemon (imported again by no child: a test
 # runs a plain and a tuned prolog and epilog in a child and checks that none is new).
 PRELOAD = ("gsrun.admin.node_entry", "gsrun.prolog.main", "gsrun.epilog.main",
-           "gsrun.epilog.ctld_start", "gsrun.node.tuning", "gsrun.node.journal", "gsrun.node.mem_baseline",
+           "gsrun.epilog.ctld_start", "gsrun.node.tuning", "gsrun.node.journal",
            "gsrun.node.steps", "gsrun.node.mps", "gsrun.node.residual", "gsrun.node.mig",
            "gsrun.request.config", "gsrun.request.job",
            "gsrun.report.node_end", "gsrun.report.summary", "gsrun.facts.nvml", "gsrun.node.monitor", "json", "pathlib",

@@ -57,10 +57,9 @@ from gsrun.base.fsutil import atomic_write_json, read_json
 from gsrun.base.ids import is_job_id, is_node_name
 from gsrun.base.paths import Paths
 from gsrun.facts.hostfs import HostFS
-from gsrun.facts.nvml import NA, NvmlUnavailable, is_na, open_nvml
+from gsrun.facts.nvml import NA, NvmlUnavailable, index_by_minor, is_na, open_nvml
 from gsrun.node import cpu_latency, tuning
 from gsrun.node.live import LiveActions
-from gsrun.node.mem_baseline import read_mem_baseline
 from gsrun.node.metrics import GpuReading, job_readings
 from gsrun.node.metrics_http import GpuCollector, start_http
 from gsrun.node.metrics_textfile import exporter_from_config
@@ -88,6 +87,20 @@ def socket_path(state_dir) -> str:
 
 
 # ----------------------------------------------------------------------------- requests (pure)
+
+def read_mem_baseline(nv, gres_indices: list[int]) -> dict[int, int]:
+    """gres index -> GPU memory "used" before the job's processes start, for
+    GPUs whose binding has only the v1 memory call (no ``reserved``: v1 counts
+    the driver's reservation as used; the sampler subtracts it)."""
+    by_minor, _lost = index_by_minor(nv)
+    out = {}
+    for g in gres_indices:
+        idx = by_minor.get(g)
+        m = nv.get(idx, "memory") if idx is not None else None
+        if isinstance(m, dict) and "reserved" not in m and isinstance(m.get("used"), int):
+            out[g] = int(m["used"])
+    return out
+
 
 def check_begin(req: dict) -> dict:
     """A ``begin`` request's fields, checked. -> ``{"job_id", "uid", "node",

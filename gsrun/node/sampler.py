@@ -4,7 +4,7 @@ Each ``sampler.interval_s``, for each of the job's GPUs through
 :mod:`gsrun.facts.nvml`: utilization from the driver's sample buffer since the
 previous poll (``nvmlDeviceGetSamples``; ``nvmlDeviceGetUtilizationRates``
 where unsupported), memory used (``nvmlDeviceGetMemoryInfo`` v2; v1 minus the
-per-GPU baseline read before the job: :mod:`gsrun.node.mem_baseline`), the
+per-GPU baseline read before the job: :func:`gsrun.node.monitor.read_mem_baseline`), the
 job's processes' GPU memory (``nvmlDeviceGetComputeRunningProcesses`` over the
 job's PIDs), power, the energy counter, SM clock, temperature, throttle
 reasons, PCIe and NVLink throughput, uncorrected ECC, Xid events and GPM

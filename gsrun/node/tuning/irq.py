@@ -149,7 +149,6 @@ def irqbalance_check(h, policy_script: str, ban_dir: str) -> tuple[list[int], st
 
 def _write_ban(h, rel: str, job_note: str) -> None:
     """Create one ban file (atomic: temp file, fsync, rename; directory made 0755)."""
-
     p = h.path(rel)
     os.makedirs(p.parent.parent, mode=0o755, exist_ok=True)     # /run/gsrun: the state dir, normally there
     ensure_dir(p.parent, 0o755, uid=os.geteuid(), gid=os.getegid())
@@ -173,7 +172,6 @@ def irqbalance_rescan(h) -> str:
     """``SIGHUP`` every running irqbalance (live host only), so ban files take
     effect at its rescan (ignored until its first balancing pass: then at a
     later one). -> what was done, for the item's reason."""
-
     pids = irqbalance_pids(h)
     if not pids:
         return ""

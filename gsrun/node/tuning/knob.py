@@ -40,7 +40,6 @@ BAN_PREFIX = "ban:"      # an irq part that is a ban file: "ban:/run/gsrun/irqba
 
 def bracket_word(text: str | None) -> str | None:
     """``"always [madvise] never"`` -> ``"madvise"``; None if no bracketed word."""
-
     if text is None:
         return None
     m = re.search(r"\[([^\]\s]+)\]", text)

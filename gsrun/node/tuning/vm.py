@@ -33,13 +33,11 @@ SWAP_FALLBACK_SWAPPINESS = "1"
 def read_meminfo_kb(hostfs) -> dict[str, int]:
     """``/proc/meminfo`` as ``{"MemAvailable": kB, ...}`` (``{}`` if absent;
     :func:`gsrun.facts.hostfs.meminfo_kb`)."""
-
     return meminfo_kb(hostfs.read("proc/meminfo") or "")
 
 
 def _unescape_swaps(name: str) -> str:
     # /proc/swaps escapes space, tab, newline, backslash as \ooo
-
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), name)
 
 
