@@ -592,11 +592,19 @@ class NodeDaemon:
         self.sel.register(pidfd, 1, "monitor")
         self.monitor = (pidfd, pid, time.monotonic())
 
-    def _monitor_ended(self) -> None:
+    def _drop_monitor(self) -> tuple[int, int, float]:
+        """Stop watching the monitor's pidfd -> (pidfd closed, pid, start monotonic)."""
         pidfd, pid, started = self.monitor
-        self.sel.unregister(pidfd)
+        try:
+            self.sel.unregister(pidfd)
+        except (KeyError, ValueError):
+            pass
         os.close(pidfd)
         self.monitor = None
+        return pidfd, pid, started
+
+    def _monitor_ended(self) -> None:
+        _, pid, started = self._drop_monitor()
         status = _wait(pid)
         if self.stopping or self.reexec:
             return
@@ -620,12 +628,7 @@ class NodeDaemon:
             os.waitpid(pid, 0)
         except (OSError, ChildProcessError):
             pass
-        try:
-            self.sel.unregister(pidfd)
-        except (KeyError, ValueError):
-            pass
-        os.close(pidfd)
-        self.monitor = None
+        self._drop_monitor()
 
     def _stop_listening(self) -> None:
         if getattr(self, "listener", None) is None:

@@ -40,13 +40,12 @@ from gsrun.request.config import load_config
 
 PHASE = "spank"
 
-#: (name, arginfo, usage, has_arg) -- has_arg: 0 none, 1 required, 2 optional.
-#: Compiled into the C shim by spank_py/build.py (rebuild the plugin after a change).
-# The options a step's plan reads (step_actions' mps_opt, bind_opt): only these change what a
-# step's tasks get; the others are for the prolog (SPANK_GS_*, set by sbatch/srun). slurmstepd sends
-# their values with every step's request to the node daemon; spank_py/build.py puts the list into
-# the plugin (a test keeps it equal to the fields the plugin sends).
+# The options a step's plan reads (step_actions' mps_opt, bind_opt); the others are the prolog's.
+# slurmstepd sends their values with every step's request (build.py compiles the list in).
 REMOTE_OPTIONS = ("gs-mps", "gs-bind")
+
+#: (name, arginfo, usage, has_arg) -- has_arg: 0 none, 1 required, 2 optional; compiled into
+#: the C shim by spank_py/build.py (rebuild the plugin after a change).
 
 OPTIONS: tuple[tuple[str, str | None, str, int], ...] = (
     ("gs-mps", "PCT", "gsrun: run a per-job CUDA MPS daemon; PCT (1-100) = default active thread percentage", 2),

@@ -581,7 +581,7 @@ def stop(job_id: str, mps_dir: str, state_dir: str, control_bin: str, timeout_s:
     t0 = time.monotonic()
     seen = {p.pid for p in procs}
     sock = os.path.join(pipe_dir, CONTROL_SOCKET)
-    if uid is not None and (procs or _exists_nofollow(sock)):
+    if uid is not None and (procs or os.path.lexists(sock)):
         res["quit"] = _send_quit(control_bin or (j or {}).get("control_bin") or "", pipe_dir,
                                  uid, gid if gid is not None else uid, timeout_s)
         if res["quit"] != "ok":
@@ -651,14 +651,6 @@ def _merge(a: list[psutil.Process], b: list[psutil.Process]) -> list[psutil.Proc
     for p in b:
         seen.setdefault(p.pid, p)
     return [p for p in seen.values() if not _gone(p)]
-
-
-def _exists_nofollow(path: str) -> bool:
-    try:
-        os.lstat(path)
-        return True
-    except OSError:
-        return False
 
 
 def _send_quit(control_bin: str, pipe_dir: str, uid: int, gid: int, timeout_s: float) -> str:

@@ -52,12 +52,9 @@ GAP_FACTOR = 2.0                    # a poll later than this x interval_s: the e
 GPU_READ_KEYS = ("memory", "power_mw", "energy_mj", "sm_clock_mhz", "temperature_c",
                  "throttle_reasons", "pcie_tx_kbs", "pcie_rx_kbs", "nvlink_kib", "ecc_uncorrected", "xid_events",
                  "compute_processes")
-# Left out of the final sample, which is on the epilog's critical path: NVML
-# measures PCIe throughput over a 20 ms window per call (nvmlDeviceGetPcieThroughput,
-# TX and RX: ~40 ms per GPU on the H200, most of a poll). The PCIe figures then
-# have a gap of one poll at the end, never a 0. The NVLink counters stay in: one
-# nvmlDeviceGetFieldValues call that reads counters, no measuring window (0.2 ms
-# on the H200 VM, driver 580.159, which answers NOT_SUPPORTED in both fields).
+# Left out of the final sample (the epilog's critical path): nvmlDeviceGetPcieThroughput
+# measures over 20 ms per call (TX and RX: ~40 ms per GPU on the H200); the PCIe figures get
+# a one-poll gap, never a 0. NVLink's counters are one field read (0.2 ms on the H200 VM).
 FINAL_LEAVE_OUT = ("pcie_tx_kbs", "pcie_rx_kbs")
 MEM_V2 = "nvmlDeviceGetMemoryInfo_v2"
 MEM_V1_BASELINE = "nvmlDeviceGetMemoryInfo v1 minus the prolog's baseline"

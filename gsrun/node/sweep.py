@@ -20,7 +20,7 @@ from pathlib import Path
 from gsrun.base.fsutil import unlink_names
 from gsrun.base.ids import is_job_id, is_node_name
 from gsrun.facts.live import LIVE_PREFIX
-from gsrun.node.metrics_textfile import _OUR_FILE, _OUR_TEMP
+from gsrun.node.metrics_textfile import file_job
 from gsrun.node.monitor import JOB_FILE as MONITOR_JOB_FILE
 
 
@@ -76,11 +76,6 @@ def gone_jobs(candidates, state_jobs: dict[str, StateJob], current_job_id: str |
     return sorted(out)
 
 
-def _prom_job(name: str) -> str | None:
-    m = _OUR_FILE.fullmatch(name) or _OUR_TEMP.fullmatch(name)
-    return m.group(1) if m else None
-
-
 def sweep(state_dir, spool_dir, node: str, textfile_dir: str | None, current_job_id: str | None
           ) -> dict[str, list[str]]:
     """Remove the textfiles (and temp files) and this node's live files of the
@@ -99,11 +94,11 @@ def sweep(state_dir, spool_dir, node: str, textfile_dir: str | None, current_job
             names = []
         by_job: dict[str, list[str]] = {}
         for n in names:
-            j = _prom_job(n)
+            j = file_job(n)
             if j is not None:
                 by_job.setdefault(j, []).append(n)
         gone = set(gone_jobs(by_job, state, current_job_id))
-        removed["prom"] = sorted(unlink_names(textfile_dir, lambda n: _prom_job(n) in gone))
+        removed["prom"] = sorted(unlink_names(textfile_dir, lambda n: file_job(n) in gone))
     if is_node_name(node):
         live_name = f"{LIVE_PREFIX}{node}.json"
         jobs_dir = Path(spool_dir) / "jobs"
