@@ -276,10 +276,3 @@ def families(samples: list[Sample], series: tuple[Series, ...], window: str, htt
     for smp in samples:
         out[smp.family].add_sample(smp.family, dict(smp.labels), smp.value)
     return [f for f in out.values() if f.samples]
-
-
-def series_table() -> str:
-    """The docs' table of every series (docs/ADMIN.md), Markdown."""
-    rows = ["| series | type | value |", "| --- | --- | --- |"]
-    rows += [f"| `{s.name}` | {s.kind} | {s.doc} |" for s in JOB_SERIES + GPU_SERIES]
-    return "\n".join(rows)

@@ -104,12 +104,9 @@ class SwapEffect:
 
 
 class FakeSwapEffect:
-    """Swap effect for a fake host root: edits ``<root>/proc/swaps`` (lines
-    removed on ``off``, the journaled lines put back in their order on ``on``)
-    and never runs ``swapoff``. Not a test double: it is what ``--host-root``
-    (the local test cluster's emulated nodes, ``gsrun-node prolog --host-root``)
-    does for ``swap=off``, as the fake NVML backend is for GPUs, so it stays in
-    the package (:func:`default_swap_effect` picks it)."""
+    """Swap effect under a fake host root (``--host-root``, the test cluster's
+    emulated nodes): edits ``<root>/proc/swaps`` (lines removed on ``off``, the
+    journaled lines put back on ``on``), never runs ``swapoff``."""
 
     def off(self, hostfs, devices: list[dict]) -> None:
         names = {d["name"] for d in devices}
