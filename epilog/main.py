@@ -53,17 +53,17 @@ class Ctx:
 
 STEPS = (
     Step("sampler+summary", "end the job's sampling (final sample and flush) and write the node summary",
-         STEP_RESERVE_S, lambda c: _summary(c.job, c.paths, c.sdir, c.hostfs, c.log)),
+         STEP_RESERVE_S, lambda c: _summary(c)),
     Step("metrics", "remove the job's Prometheus textfile ([metrics] textfile_dir)", 1.0,
-         lambda c: _metrics_remove(c.job, c.cfg), when=lambda c: bool(c.cfg["metrics.textfile_dir"])),
-    Step("mps", "stop the job's MPS daemon, put compute modes back", STEP_RESERVE_S,
-         lambda c: _mps_stop(c.job, c.paths, c.cfg, c.log)),
+         lambda c: {"removed": remove_job_file(c.cfg["metrics.textfile_dir"], c.job.job_id)},
+         when=lambda c: bool(c.cfg["metrics.textfile_dir"])),
+    Step("mps", "stop the job's MPS daemon, put compute modes back", STEP_RESERVE_S, lambda c: _mps_stop(c)),
     Step("residual", "end the job's processes still holding GPU memory, check again", STEP_RESERVE_S,
-         lambda c: _residual(c.job, c.hostfs, c.paths, c.cfg, c.log)),
+         lambda c: _residual(c)),
     Step("mig", "put the job's GPUs back to their MIG layout before the job", STEP_RESERVE_S,
-         lambda c: _mig_restore(c.job, c.paths, c.log)),
+         lambda c: _mig_restore(c)),
     Step("tuning", "restore the node settings from the journal (last job out, reverse order)", STEP_RESERVE_S,
-         lambda c: _tuning_restore(c.hostfs, c.paths, c.job, c.log)),
+         lambda c: tuning.epilog_restore(c.hostfs, str(c.paths.state_dir), c.job.job_id, log=c.log, uid=c.job.uid)),
 )
 
 
@@ -134,9 +134,10 @@ def _nvml_reason(hostfs, prolog: dict) -> str | None:
     return None
 
 
-def _summary(job, paths, sdir, hostfs, log) -> dict:
+def _summary(c: Ctx) -> dict:
     """End the job's sampling in the monitor and write the node summary from
     ``sampler.json`` (a silent monitor costs the figures since its last flush)."""
+    job, paths, sdir, hostfs, log = c.job, c.paths, c.sdir, c.hostfs, c.log
     try:
         out = monitor.ask(paths.state_dir, {"op": "end", "job_id": job.job_id})
         stopped = str(out.get("stopped")) if out.get("ok") else f"refused: {out.get('error')}"
@@ -183,19 +184,15 @@ def _summary(job, paths, sdir, hostfs, log) -> dict:
     return {"sampler": stopped, "summary": str(out), "samples": summ["samples"], "lost_gpus": lost}
 
 
-def _metrics_remove(job, cfg) -> dict:
-    """Remove the job's ``.prom`` file (and a left temp file) after the last flush."""
-    return {"removed": remove_job_file(cfg["metrics.textfile_dir"], job.job_id)}
-
-
-def _mps_stop(job, paths, cfg, log):
+def _mps_stop(c: Ctx):
+    job, paths, cfg = c.job, c.paths, c.cfg
     # the prolog journals before it starts a daemon: with neither the journal nor the
     # job's MPS directory there is nothing to stop (and no process scan to pay)
     if not mps.journal_path(job.job_id, str(paths.state_dir)).exists() \
             and not os.path.lexists(paths.mps_dir / job.job_id):
         return {"skipped": "no MPS journal or directory"}
     return mps.stop(job.job_id, str(paths.mps_dir), str(paths.state_dir), cfg["mps.control_bin"],
-                    cfg["mps.quit_timeout_s"], log=log)
+                    cfg["mps.quit_timeout_s"], log=c.log)
 
 
 def _live_jobs(paths, job_id: str) -> set[str]:
@@ -207,22 +204,19 @@ def _live_jobs(paths, job_id: str) -> set[str]:
         return set()
 
 
-def _residual(job, hostfs, paths, cfg, log):
-    rep = residual.cleanup(job.job_id, job.uid, job.gpus, hostfs,
-                           smi_timeout_s=min(10.0, cfg["timeouts.command_s"]), log=log,
+def _residual(c: Ctx):
+    job, paths = c.job, c.paths
+    rep = residual.cleanup(job.job_id, job.uid, job.gpus, c.hostfs,
+                           smi_timeout_s=min(10.0, c.cfg["timeouts.command_s"]), log=c.log,
                            live_jobs=_live_jobs(paths, job.job_id), nv=monitor.RemoteNvml(paths.state_dir))
     if rep.get("reason"):
-        log.error(rep["reason"])
+        c.log.error(rep["reason"])
     return rep
 
 
-def _mig_restore(job, paths, log):
-    if not (paths.state_job(job.job_id) / mig.JOURNAL_NAME).exists():
+def _mig_restore(c: Ctx):
+    job, log = c.job, c.log
+    if not (c.paths.state_job(job.job_id) / mig.JOURNAL_NAME).exists():
         return {"skipped": "no MIG journal"}
-
-    return mig.epilog_restore(RealMig(), str(paths.state_dir / "jobs"), job.job_id,
+    return mig.epilog_restore(RealMig(), str(c.paths.state_dir / "jobs"), job.job_id,
                               drain=lambda reason: drain_node(job.node, reason, log), log=log)
-
-
-def _tuning_restore(hostfs, paths, job, log):
-    return tuning.epilog_restore(hostfs, str(paths.state_dir), job.job_id, log=log, uid=job.uid)
