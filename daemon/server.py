@@ -1,41 +1,33 @@
 """The node daemon: one root process per node that runs every Slurm hook.
 
-``gsrun-node daemon run`` (a systemd unit, ``gsrun-daemon.service``,
-docs/ADMIN.md) imports the hooks' modules once and listens on a Unix socket
-(``<state dir>/daemon.sock``). The Prolog, Epilog and EpilogSlurmctld that
-slurmd and slurmctld run are the small C client ``gsrun-hook``
-(``client.c`` beside this module): it hands the daemon its command line, its
-environment, its umask and its stdin/stdout/stderr; the daemon forks a child
-that runs exactly that hook (:func:`gsrun.admin.node_entry.main`) with
-exactly that environment, in its own session, in the client's cgroup and CPU
-affinity, and sends back the child's wait status, which the client exits
-with (or dies of the same signal). The SPANK plugin's remote side asks the
-same socket for a bound step's plan (:data:`BIND_REQUEST`).
+``gsrun-node daemon run`` (systemd unit ``gsrun-daemon.service``,
+docs/ADMIN.md) imports the hooks' modules once and listens on
+``<state dir>/daemon.sock``. slurmd's and slurmctld's Prolog, Epilog and
+EpilogSlurmctld are the C client ``gsrun-hook`` (``client.c``): it hands the
+daemon its command line, environment, umask and stdin/stdout/stderr; the daemon
+forks a child that runs that hook (:func:`gsrun.admin.node_entry.main`) with
+that environment, in its own session, in the client's cgroup and CPU affinity,
+and sends back the child's wait status, which the client exits with. The
+SPANK plugin's remote side asks the same socket for a step's plan
+(:data:`BIND_REQUEST`).
 
-There is one way a hook runs: through the daemon. When it is not there the
-client fails with ``gsrun: <hook>: node daemon not running: <why>`` and a
-``hint:``, so slurmd drains the node as it does when munged is down; it never
-runs the hook itself. A hook never runs twice: the client gives up only
-before the daemon said it started the hook.
+A hook runs only through the daemon: without it the client fails with
+``gsrun: <hook>: node daemon not running: <why>`` and a ``hint:`` (slurmd
+drains the node), and a hook never runs twice (the client gives up only
+before the daemon said it started the hook). Each hook runs in its own forked
+child with its own budget (:mod:`gsrun.node.steps`), signals, session and
+descriptors; a step plan runs in a grandchild limited to :data:`BIND_CPU_S`
+of CPU and :data:`BIND_PLAN_S` of wall time.
 
-Isolation: each hook runs in its own forked child, with its own budget
-(``SIGALRM``, :mod:`gsrun.node.steps`), signals, session and descriptors; a
-child that fails or is killed ends only its own hook, never the daemon or
-another job's hook. A step plan runs in a grandchild with a CPU-time limit
-(:data:`BIND_CPU_S`) and a wall-clock limit (:data:`BIND_PLAN_S`).
-
-What the daemon accepts (trust): a peer with the daemon's own user id
-(``SO_PEERCRED``; root on a node) on a socket only that user can open, and
-only the command a hook would run with this installation --
+Trust: a peer with the daemon's own uid (``SO_PEERCRED``) on a socket only
+that user can open, and only the command a hook of this installation runs --
 ``[python, "-I", "-S", "-c", HOOK_BOOTSTRAP, site_dir, hook, options...]``
-with the daemon's own interpreter (by real path) and site directory, or this
-installation's ``gsrun-node``, a hook of :data:`gsrun.admin.node_entry.HOOKS`
-and options that the hooks take (:func:`gsrun.admin.node_entry.parse_hook_args`).
-Anything else is refused with its reason (``E``). Requests are bounded: at
-most :data:`MAX_REQUEST_BYTES`, :data:`MAX_ARGS` arguments, read within
-:data:`REQUEST_TIMEOUT_S`. The environment is passed as given: it is the one
-slurmd gives the hook (less the job's ``SPANK_`` variables that no hook reads,
-which the client leaves out: ``client.c``), which the hook validates as it always does.
+with the daemon's own interpreter and site directory (real paths), or this
+installation's ``gsrun-node`` -- with a hook and options the hooks take
+(:func:`gsrun.admin.node_entry.parse_hook_args`); anything else is refused
+(``E``). Requests are bounded: :data:`MAX_REQUEST_BYTES`, :data:`MAX_ARGS`,
+read within :data:`REQUEST_TIMEOUT_S`. The environment is slurmd's (less the
+job's ``SPANK_`` variables no hook reads: ``client.c``); the hook validates it.
 
 The controller's door (``--ctld-user``, where slurm.conf's ``SlurmUser`` is not
 root): slurmctld runs EpilogSlurmctld as that user, whose merge must still read
@@ -46,42 +38,33 @@ that user (or root) there only ``epilog-ctld`` and ``@ping``; the request's
 (:func:`ctld_env`) are dropped, so the merge's files and config are the
 daemon's own, never ones that user chose.
 
-EpilogSlurmctld only starts the merge detached and exits 0
-(:mod:`gsrun.epilog.ctld_start`), while slurmctld holds the job COMPLETING:
-for a good job id the daemon answers it itself, at once, and then starts the
-merge (:func:`gsrun.epilog.ctld_start.merge_command`, the same command and
-environment) in a forked child, as a hook; only a bad job id goes to a hook
-process. At most :data:`MAX_MERGES` merges run at once (each a child of the
-daemon, in its cgroup); the others wait in order (at most :data:`MAX_PENDING_MERGES`,
-then one is dropped and logged), so a burst of job ends neither pushes the
-daemon past its unit's memory limit nor fills the controller's memory.
+EpilogSlurmctld (:mod:`gsrun.epilog.ctld_start`) only starts the merge
+detached while slurmctld holds the job COMPLETING: for a good job id the
+daemon answers at once and then forks the merge
+(:func:`gsrun.epilog.ctld_start.merge_command`, run in the child:
+:func:`_merge_child`). At most :data:`MAX_MERGES` run at once (children of the
+daemon, in its cgroup); the others wait in order (at most
+:data:`MAX_PENDING_MERGES`, then one is dropped and logged).
 
-Upgrades: the daemon keeps the (inode, mtime, size) of every gsrun module it
-loaded; a request that finds one changed is answered ``F`` (try again), and
-the daemon re-executes itself once no hook it started is running, so it never
-runs old code against a new state layout; the client retries for
-``GS_RETRY_S`` (client.h) meanwhile.
+Upgrades: a request that finds a loaded gsrun module changed (inode, mtime,
+size) is answered ``F`` (try again) and the daemon re-executes once no hook it
+started runs; the client retries for ``GS_RETRY_S`` (client.h).
 
-Protocol (a Unix stream socket; all integers big-endian):
+Protocol (Unix stream socket, integers big-endian):
 
 * client -> daemon, one message with ``SCM_RIGHTS`` carrying fds 0, 1, 2:
-  ``u32 length`` then ``length`` bytes of NUL-terminated fields:
-  ``"GSH1"``, the umask in octal, ``argc``, the ``argc`` arguments, then
-  ``NAME=VALUE`` environment entries to the end (:func:`encode_request`,
-  :func:`parse_request`);
-* daemon -> client: ``b"F"`` (busy re-executing: try again), ``b"E"`` and a
-  line of text (refused: why), or ``b"R"`` (ready); the client answers
-  ``b"G"`` (go) within 2 s, else the daemon starts nothing. After ``G``:
-  ``b"S"``, sent by the forked child before it does anything else (a
-  connection that closes before ``S`` means nothing ran), then ``b"X"`` and
-  the ``i32`` wait status once the hook ended. A client that goes away while
-  its hook runs (slurmd killing a hook past ``PrologEpilogTimeout``) has the
-  hook's process group killed with it.
-* ``["@ping"]`` (no descriptors): the daemon answers one JSON line
-  (:meth:`NodeDaemon.status`) -- ``gsrun-node daemon status`` and ``doctor``.
+  ``u32 length`` then NUL-terminated fields ``"GSH1"``, the umask in octal,
+  ``argc``, the arguments, then ``NAME=VALUE`` entries (:func:`encode_request`);
+* daemon -> client: ``F`` (re-executing: try again), ``E`` and a line (refused:
+  why) or ``R`` (ready); the client answers ``G`` within 2 s, else nothing
+  starts. Then ``S`` from the forked child before anything else (a close
+  before ``S``: nothing ran), and ``X`` with the ``i32`` wait status. A client
+  that goes away (slurmd past ``PrologEpilogTimeout``) has the hook's process
+  group killed.
+* ``["@ping"]`` (no descriptors): one JSON line (:meth:`NodeDaemon.status`).
 * ``["@bind"]`` (no descriptors) with slurmstepd's :data:`STEPD_ENV`, then
-  ``["@step", CPUS, MEMS, JOB_ID]`` with the job's environment: the step's
-  plan text (:func:`_bind_child`).
+  ``["@step", ...]`` with the job's environment: the step's plan
+  (:func:`_bind_child`).
 """
 
 from __future__ import annotations
@@ -123,7 +106,7 @@ PING_REQUEST = "@ping"
 # What a hook imports, loaded once by the daemon (imported again by no child: a test
 # runs a plain and a tuned prolog and epilog in a child and checks that none is new).
 PRELOAD = ("gsrun.admin.node_entry", "gsrun.prolog.main", "gsrun.epilog.main",
-           "gsrun.epilog.ctld_start", "gsrun.epilog.ctld", "gsrun.node.tuning", "gsrun.node.journal", "gsrun.node.mem_baseline",
+           "gsrun.epilog.ctld_start", "gsrun.epilog.ctld", "gsrun.node.tuning", "gsrun.node.journal",
            "gsrun.node.steps", "gsrun.node.mps", "gsrun.node.residual", "gsrun.node.mig",
            "gsrun.request.config", "gsrun.request.job",
            "gsrun.report.node_end", "gsrun.report.summary", "gsrun.facts.nvml", "gsrun.node.monitor", "json", "pathlib",
@@ -186,11 +169,8 @@ def parse_request(body: bytes) -> tuple[list[str], dict[str, str], int]:
 
 def hook_args(argv: list[str], python: str, site_dir: str, gsrun_node: str | None = None) -> list[str] | None:
     """The hook's own arguments (``["prolog", "--state-dir", "/x"]``) when
-    ``argv`` is the command a hook of this installation runs -- ``python``
-    (compared by real path), ``-I -S -c HOOK_BOOTSTRAP``, ``site_dir`` (real
-    path), or this installation's ``gsrun-node`` script (``gsrun_node``, real
-    path) -- then a hook and options the fast path takes; else None (the
-    client runs ``argv`` itself). Pure apart from resolving the paths."""
+    ``argv`` is a hook command of this installation (module doc: Trust), else
+    None. Pure apart from resolving the paths."""
     if not argv:
         return None
     if gsrun_node and len(argv) >= 2 and os.path.realpath(argv[0]) == os.path.realpath(gsrun_node):
@@ -233,13 +213,10 @@ def changed(files: dict[str, tuple[int, int, int]]) -> str | None:
 
 
 def join_client(pid: int, proc: str = "/proc", cgroup_fs: str = "/sys/fs/cgroup") -> list[str]:
-    """Put the calling process where the client ``pid`` runs, as the hook it
-    replaces would be: its cgroup (v2: the ``0::PATH`` line of
-    ``/proc/PID/cgroup``; slurmd's, so the job's sampler lives where it
-    lived and a site's CPU or memory limits for slurmd and its children
-    hold) and its CPU affinity (a site that keeps slurmd off the job cores,
-    CoreSpec). Best effort: -> what could not be done (logged by the hook's
-    log, never fatal: the hook still runs)."""
+    """Move the calling process into the cgroup (v2: the ``0::PATH`` line of
+    ``/proc/PID/cgroup``) and CPU affinity of the client ``pid`` (slurmd's: a
+    site's limits for slurmd and CoreSpec hold). Best effort: -> what could not
+    be done (the hook logs it and still runs)."""
     notes = []
 
     def v2_path(who: str) -> str | None:
@@ -279,46 +256,35 @@ def _read_request(conn, nfds: int | None = 3, timeout_s: float = REQUEST_TIMEOUT
     fds = array.array("i")
     buf = bytearray()
     need = None
-    while need is None or len(buf) < need:
-        want = 65536 if need is None else min(65536, need - len(buf))
-        left = deadline - time.monotonic()
-        if left <= 0:
-            for fd in fds:
-                os.close(fd)
-            raise TimeoutError(f"request not complete within {timeout_s:g} s")
-        conn.settimeout(left)
-        try:
-            data, anc, _flags, _addr = conn.recvmsg(want, socket.CMSG_SPACE(3 * fds.itemsize))
-        except OSError:
-            for fd in fds:
-                os.close(fd)
-            raise
-        for level, kind, payload in anc:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
-        if not data:
-            break
-        buf += data
-        if need is None and len(buf) >= 4:
-            need = 4 + int.from_bytes(buf[:4], "big")
-            if need > MAX_REQUEST_BYTES:
-                break
-    got = list(fds)
-    if need is None or len(buf) != need or len(got) not in ((0, 3) if nfds is None else (nfds,)):
-        for fd in got:
-            os.close(fd)
-        if not buf and not got:
-            raise NoRequest("no request")
-        raise BadRequest("short request" if need is None or len(buf) < need else
-                         f"request over {MAX_REQUEST_BYTES} bytes" if need > MAX_REQUEST_BYTES else
-                         f"{len(got)} descriptors, not {nfds if nfds is not None else '0 or 3'}")
     try:
-        argv, env, umask = parse_request(bytes(buf[4:]))
-    except BadRequest:
-        for fd in got:
+        while need is None or len(buf) < need:
+            want = 65536 if need is None else min(65536, need - len(buf))
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"request not complete within {timeout_s:g} s")
+            conn.settimeout(left)
+            data, anc, _flags, _addr = conn.recvmsg(want, socket.CMSG_SPACE(3 * fds.itemsize))
+            for level, kind, payload in anc:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
+            if not data:
+                break
+            buf += data
+            if need is None and len(buf) >= 4:
+                need = 4 + int.from_bytes(buf[:4], "big")
+                if need > MAX_REQUEST_BYTES:
+                    break
+        if need is None or len(buf) != need or len(fds) not in ((0, 3) if nfds is None else (nfds,)):
+            if not buf and not fds:
+                raise NoRequest("no request")
+            raise BadRequest("short request" if need is None or len(buf) < need else
+                             f"request over {MAX_REQUEST_BYTES} bytes" if need > MAX_REQUEST_BYTES else
+                             f"{len(fds)} descriptors, not {nfds if nfds is not None else '0 or 3'}")
+        return (*parse_request(bytes(buf[4:])), list(fds))
+    except BaseException:
+        for fd in fds:
             os.close(fd)
         raise
-    return argv, env, umask, got
 
 
 BIND_REQUEST = "@bind"       # the SPANK plugin's request for a step's plan (see _bind_child)
@@ -331,20 +297,14 @@ BIND_PLAN_S = 10             # wall seconds from the step's request to its answe
 
 
 def _bind_child(conn, stepd_env: dict[str, str]) -> None:
-    """In a child forked for the SPANK plugin of one ``slurmstepd``: wait for
-    the step's request, sent from its ``user_init`` once the step's cpuset
-    applies (``["@step", CPUS, MEMS, JOB_ID, STEP_ID, MPS, BIND, PLUGSTACK_BIND]``
-    and the step's job environment; CPUS/MEMS slurmstepd's affinity and
-    ``Mems_allowed_list`` then, JOB_ID/STEP_ID its own, not the job
-    environment's; MPS/BIND the step's ``--gs-mps``/``--gs-bind``: ``-`` not
-    given, ``=VALUE`` given), and answer the plan for every local rank
-    (:func:`gsrun.spank_py.hooks.step_actions`, text of
-    :func:`~gsrun.spank_py.hooks.format_actions`), or ``error WHY`` (the plugin
-    then runs the step unbound and says why). ``stepd_env``: slurmstepd's own
-    :data:`STEPD_ENV`. Bounded: :data:`BIND_CPU_S` of CPU and
-    :data:`BIND_PLAN_S` of wall time once the request came (the process is
-    killed past either), whatever the job's environment asks for. Never
-    returns."""
+    """In a child forked for one ``slurmstepd``'s plugin: wait for the step's
+    request from its ``user_init`` (``["@step", CPUS, MEMS, JOB_ID, STEP_ID,
+    MPS, BIND, PLUGSTACK_BIND]`` and the job environment; CPUS/MEMS
+    slurmstepd's affinity and ``Mems_allowed_list``; MPS/BIND ``-`` not given,
+    ``=VALUE`` given) and answer the text of
+    :func:`~gsrun.spank_py.hooks.format_actions`, or ``error WHY`` (the step
+    runs unbound). Killed past :data:`BIND_CPU_S` of CPU or :data:`BIND_PLAN_S`
+    of wall time. Never returns."""
     try:
         _fresh_signals()
         resource.setrlimit(resource.RLIMIT_CPU, (BIND_CPU_S, BIND_CPU_S))
@@ -408,10 +368,8 @@ def _close_from(low: int, keep: int = -1) -> None:
 
 def _child(args: list[str], env: dict[str, str], umask: int, fds: list[int], conn,
            client_pid: int | None = None) -> None:
-    """In the forked child: tell the client the hook started (from here: if this
-    process dies before, the client sees the connection close without it and runs
-    the hook itself), become what slurmd's own hook process would be (its
-    cgroup and CPU affinity: :func:`join_client`), run the hook, exit."""
+    """In the forked child: send ``S``, become what slurmd's hook process would
+    be (:func:`join_client`, session, descriptors, umask, env), run the hook, exit."""
     rc = 70
     try:
         conn.setblocking(True)
@@ -498,10 +456,8 @@ def ctld_env(env: dict[str, str], own: dict[str, str]) -> dict[str, str]:
 
 
 def _merge_of(args: list[str], env: dict[str, str]) -> tuple[list[str], dict[str, str]] | None:
-    """For ``epilog-ctld`` with a good job id: the merge it would start
-    (:func:`gsrun.epilog.ctld_start.merge_command`, the hook's options and the
-    request's environment); else None (the hook runs in a child as any other,
-    e.g. to log a bad job id)."""
+    """For ``epilog-ctld`` with a good job id: the merge to start
+    (:func:`gsrun.epilog.ctld_start.merge_command`); else None (a child runs the hook)."""
     if args[0] != "epilog-ctld":
         return None
 
@@ -688,10 +644,9 @@ class NodeDaemon:
 
     # -- the node monitor (gsrun.node.monitor) -------------------------------------------
     def _start_monitor(self) -> None:
-        """Fork the node monitor: the one process that opens NVML (never this
-        one, whose hook children are forked from it). Started again when it
-        ends: at once, or :data:`MONITOR_BACKOFF_S` later when it lived less
-        than that (a monitor that cannot start is not restarted in a loop)."""
+        """Fork the node monitor, the one process that opens NVML (never this
+        one: hooks fork from it). Restarted when it ends, :data:`MONITOR_BACKOFF_S`
+        later when it lived less than that."""
         self.monitor_due = None
         sys.stdout.flush()
         sys.stderr.flush()
@@ -720,15 +675,20 @@ class NodeDaemon:
         self.sel.register(pidfd, 1, "monitor")
         self.monitor = (pidfd, pid, time.monotonic())
 
-    def _monitor_ended(self) -> None:
+    def _drop_monitor(self) -> tuple[int, int, float]:
+        """Stop watching the monitor's pidfd -> (pidfd closed, pid, start monotonic)."""
         pidfd, pid, started = self.monitor
-        self.sel.unregister(pidfd)
+        try:
+            self.sel.unregister(pidfd)
+        except (KeyError, ValueError):
+            pass
         os.close(pidfd)
         self.monitor = None
-        try:
-            _, status = os.waitpid(pid, 0)
-        except ChildProcessError:
-            status = 0
+        return pidfd, pid, started
+
+    def _monitor_ended(self) -> None:
+        _, pid, started = self._drop_monitor()
+        status = _wait(pid)
         if self.stopping or self.reexec:
             return
         lived = time.monotonic() - started
@@ -751,12 +711,7 @@ class NodeDaemon:
             os.waitpid(pid, 0)
         except (OSError, ChildProcessError):
             pass
-        try:
-            self.sel.unregister(pidfd)
-        except (KeyError, ValueError):
-            pass
-        os.close(pidfd)
-        self.monitor = None
+        self._drop_monitor()
 
     def _stop_listening(self) -> None:
         if getattr(self, "listener", None) is None:
@@ -813,11 +768,7 @@ class NodeDaemon:
         if argv in ([BIND_REQUEST], [PING_REQUEST]):
             for fd in fds:
                 os.close(fd)
-            stale = changed(self.files)
-            if stale and not self.reexec:
-                self.log(f"{stale} changed since the daemon started: re-executing")
-                self.reexec = True
-                self._stop_listening()
+            stale = self._stale()
             if argv == [PING_REQUEST]:
                 conn.settimeout(0.5)
                 conn.sendall((json.dumps(self.status(stale)) + "\n").encode())
@@ -835,12 +786,7 @@ class NodeDaemon:
                 self.log(f"refused a command that is not a hook of this installation: {argv[:3]}")
                 _refuse(conn, "not a hook of this installation (" + " ".join(argv[:1] + argv[5:7])[:200] + ")")
                 return
-            stale = changed(self.files)
-            if stale or self.stopping:
-                if stale and not self.reexec:
-                    self.log(f"{stale} changed since the daemon started: re-executing")
-                    self.reexec = True
-                    self._stop_listening()
+            if self._stale() or self.stopping:
                 conn.settimeout(0.5)
                 conn.sendall(AGAIN)
                 conn.close()
@@ -880,11 +826,17 @@ class NodeDaemon:
             self._watch(conn, pid)
         except Exception as e:  # noqa: BLE001 - out of descriptors (EMFILE), epoll watches (ENOSPC)
             self.log(f"hook {pid} started but cannot be watched ({e!r}): waiting for it before the next")
-            try:
-                _, status = os.waitpid(pid, 0)
-            except ChildProcessError:
-                status = 0
-            _send_exit(conn, status)
+            _send_exit(conn, _wait(pid))
+
+    def _stale(self) -> str | None:
+        """The first loaded module changed since the start (then stop listening
+        and re-execute once idle), or None."""
+        stale = changed(self.files)
+        if stale and not self.reexec:
+            self.log(f"{stale} changed since the daemon started: re-executing")
+            self.reexec = True
+            self._stop_listening()
+        return stale
 
     def _watch(self, conn, pid: int) -> None:
         """Track the running hook ``pid`` (its pidfd) and its client ``conn`` in the loop."""
@@ -922,19 +874,13 @@ class NodeDaemon:
                 os._exit(0)
         conn.close()
         self.served += 1
-        try:
-            os.waitpid(pid, 0)
-        except ChildProcessError:
-            pass
+        _wait(pid)
 
     def _start_detached(self, argv: list[str], env: dict[str, str], umask: int) -> None:
-        """Start the merge ``argv`` (``root_python("-m", "gsrun.epilog.ctld", ...)``)
-        in a forked child (:func:`_merge_child`), as a hook runs: the modules are
-        the daemon's, not imported again by a new interpreter (~0.25 s of CPU per
-        job on the controller); reaped by the loop.
-        With :data:`MAX_MERGES` running it waits in :attr:`pending` (started as
-        one ends: :meth:`_reap`); past :data:`MAX_PENDING_MERGES` waiting it is
-        dropped with a log line."""
+        """Start the merge ``argv`` in a forked child (:func:`_merge_child`: the
+        daemon's modules, no new interpreter, ~0.25 s less CPU per job), or queue it
+        in :attr:`pending` while :data:`MAX_MERGES` run (dropped, logged, past
+        :data:`MAX_PENDING_MERGES`)."""
         if len(self.merges) >= MAX_MERGES:
             if len(self.pending) >= MAX_PENDING_MERGES:
                 self.log(f"{MAX_PENDING_MERGES} merges waiting already: not starting {' '.join(argv[4:6])}")
@@ -981,10 +927,7 @@ class NodeDaemon:
         conn, pid = self.running.pop(pidfd)
         self.sel.unregister(pidfd)
         os.close(pidfd)
-        try:
-            _, status = os.waitpid(pid, 0)
-        except ChildProcessError:
-            status = 0
+        status = _wait(pid)
         if pidfd in self.merges:
             self.merges.discard(pidfd)
             while self.pending and len(self.merges) < MAX_MERGES:
@@ -993,6 +936,14 @@ class NodeDaemon:
             return
         self.sel.unregister(conn)
         _send_exit(conn, status)
+
+
+def _wait(pid: int) -> int:
+    """``waitpid(pid)`` -> its wait status (0 when it was reaped already)."""
+    try:
+        return os.waitpid(pid, 0)[1]
+    except ChildProcessError:
+        return 0
 
 
 def _refuse(conn, why: str) -> None:

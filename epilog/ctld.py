@@ -1,19 +1,13 @@
 """``gsrun-node epilog-ctld``: EpilogSlurmctld, on the controller after the job.
 
-Merges the node summaries (``<spool>/jobs/<id>/node-*.json``; the spool must
-be shared between nodes and controller for multi-node jobs) with the job
-record into one job summary, writes it (root copy + a copy owned by the job's
-user), renders the report and queues the mail when the job asked for it.
-The job record (``MailUser``, ``MailType``, ``TRES``...) comes from
-``scontrol show job``: the EpilogSlurmctld environment lacks mail fields.
-Mail is only *queued* here; ``gsrun-node mail flush`` delivers it.
-
-With Slurm accounting (slurmdbd), the summary's ``JS1:`` blob is stored in
-the job's ``AdminComment`` (what jobstats and reportseff read) by a detached
-background step, ``python -m gsrun.epilog.ctld admin-comment JOBID``: the
-job's record reaches slurmdbd asynchronously, so it retries with backoff for
-up to 3 minutes (see :func:`gsrun.report.accounting.store_admin_comment_retry`)
-without holding up slurmctld.
+Merges the node summaries (``<spool>/jobs/<id>/node-*.json``; the spool is
+shared for multi-node jobs) with the job record (``scontrol show job``: the
+EpilogSlurmctld environment lacks the mail fields) into the job summary,
+writes it (root's copy and the user's), and queues the report mail when the
+job asked for it (``gsrun-node mail flush`` delivers it). With slurmdbd, a
+detached background step (``python -m gsrun.epilog.ctld admin-comment JOBID``)
+stores the summary's ``JS1:`` blob in the job's ``AdminComment``, retrying
+for up to 3 minutes (:func:`gsrun.report.accounting.store_admin_comment_retry`).
 """
 
 from __future__ import annotations
@@ -133,23 +127,16 @@ POOL_MAX_NODES = 64     # up to this many nodes the merge pools the GPUs' timeli
 
 
 def merge(paths: Paths, job: dict, cfg, wait_s: float = 0.0, sleep=time.sleep) -> dict:
-    """Read the node summaries and merge them. Each file is parsed once; a
-    node still missing is waited for by looking for its file only, with
-    backoff (0.1 s doubling to 2 s) for at most ``wait_s`` in all, then
+    """Merge the node summaries, each file parsed once; a missing node's file
+    is waited for (backoff 0.1 s doubling to 2 s, ``wait_s`` in all), then
     reported missing (``nodes_missing``).
 
-    Per-GPU timelines (most of a node file's bytes) are kept in the job
-    summary only for jobs of at most ``KEEP_GPU_TIMELINES`` GPUs; up to
-    :data:`POOL_MAX_NODES` nodes they are pooled into the job-level timeline
-    (:class:`gsrun.report.summary.JobTimeline`) as each file is read; past
-    that they are cut from the file's text before it is parsed
-    (:func:`_node_without_timelines`), so the merge is O(nodes x GPUs) in
-    small constants, and the job summary carries no timeline (``gseff
-    --plot`` reads the node files).
-
-    The cyclic garbage collector is off meanwhile: the merge makes about a
-    million containers and no cycles, and the collector's repeated passes
-    over them cost a third of a 4,000-node merge."""
+    Per-GPU timelines stay in the job summary only up to ``KEEP_GPU_TIMELINES``
+    GPUs; up to :data:`POOL_MAX_NODES` nodes they are pooled into the job's
+    timeline as each file is read, past that cut from the text before parsing
+    (:func:`_node_without_timelines`): O(nodes x GPUs) in small constants.
+    The garbage collector is off meanwhile (about a million containers, no
+    cycles: its passes cost a third of a 4,000-node merge)."""
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -207,26 +194,18 @@ STALE_SLACK_S = 300.0   # a node summary starting this long before the job's Sta
 
 
 def _stale(node: dict, job: dict) -> bool:
-    """A node summary left by an earlier job with the same id (job ids wrap,
-    a requeued job runs again under its id): it started more than
-    :data:`STALE_SLACK_S` before this job's ``start_time`` (slurmctld's
-    StartTime; the node's clock may differ a little). Unknown times: not stale."""
+    """A node summary of an earlier run with this id (ids wrap, requeues):
+    started over :data:`STALE_SLACK_S` before the job's StartTime."""
     ns, js = node.get("start_time"), job.get("start_time")
     return isinstance(ns, (int, float)) and isinstance(js, (int, float)) and ns < js - STALE_SLACK_S
 
 
 def _node_without_timelines(path) -> dict | None:
-    """A node summary file parsed without its timelines (``gpus[].timeline``
-    and ``cpu_timeline`` left out), or None if absent/corrupt (as
-    :func:`~gsrun.base.fsutil.read_json`).
-
-    The node epilog writes the file as compact sorted JSON (root's
-    :func:`~gsrun.base.fsutil.atomic_write_json`), where a GPU's
-    ``"timeline":{...}`` holds only lists of numbers (so it ends at the next
-    ``}``) and ``"cpu_timeline":[...]`` ends at the next ``]]``; the text of
-    each is cut before ``json.loads`` (what makes parsing a 24 h node file
-    cheap). A file of another layout (a key not found where expected) is
-    parsed whole and its timelines dropped after."""
+    """A node summary parsed without ``gpus[].timeline`` and ``cpu_timeline``,
+    or None if absent/corrupt. In the epilog's compact sorted JSON a GPU's
+    ``"timeline":{...}`` holds only number lists (it ends at the next ``}``)
+    and ``"cpu_timeline":[...]`` ends at ``]]``: both are cut from the text
+    before ``json.loads``. Another layout is parsed whole, timelines dropped after."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
         with os.fdopen(fd, "rb") as f:
@@ -272,8 +251,7 @@ def _node_without_timelines(path) -> dict | None:
 
 def write_summary(paths: Paths, summary: dict, uid: int | None, gid: int | None) -> None:
     """``summary.json`` (root, 0600) and, with ``uid``, ``user-summary.json``
-    (root's, group ``gid``, 0440: :func:`gsrun.base.fsutil.write_user_copy`):
-    serialized once, the same bytes written to both."""
+    (group ``gid``, 0440), the same bytes."""
     d = paths.make_spool_job(summary["job"]["id"], gid=gid)
     data = (json.dumps(summary, separators=(",", ":"), sort_keys=True) + "\n").encode()
     atomic_write(d / "summary.json", data, mode=0o600)
@@ -295,9 +273,8 @@ def _job_and_log(environ) -> tuple[str | None, JobLog]:
 
 def run(environ, spool_dir: str | None = None, wait_s: float = 30.0, background: bool = False) -> int:
     """The merge, the job report, the mail (deferred while the state is a
-    guess) and then the background step: started as its own process
-    (``background=False``: EpilogSlurmctld with ``--foreground``) or run
-    here (``background=True``: already the detached process of :func:`gsrun.epilog.ctld_start.detach`)."""
+    guess), then the background step: started detached, or run here when
+    ``background`` (already the detached process)."""
     job_id, log = _job_and_log(environ)
     if job_id is None:
         return 0
@@ -362,9 +339,7 @@ def _child_env() -> dict[str, str]:
 
 
 def _kick_admin_comment(job_id: str, spool_dir: str) -> bool:
-    """Start the detached background step (:func:`admin_comment_step`: the
-    final state, the deferred mail, the AdminComment). False when it could
-    not be started."""
+    """Start :func:`admin_comment_step` detached; False when it could not be."""
     try:
         spawn_detached(root_python("-m", "gsrun.epilog.ctld", "admin-comment", job_id, "--spool-dir", spool_dir),
                        _child_env())
@@ -378,20 +353,12 @@ SETTLE_DELAYS_S = (1.0, 2.0, 4.0, 8.0, 15.0, 30.0)   # scontrol polls after Epil
 
 def settle_state(paths: Paths, job_id: str, cfg, log, show_job=None, sleep=time.sleep,
                  delays_s=SETTLE_DELAYS_S, summary: dict | None = None, environ=None) -> dict | None:
-    """When the job summary's state is a guess (``job.state_source ==
-    "exit_code"``: slurmctld showed the job COMPLETING to EpilogSlurmctld),
-    wait with backoff (``delays_s``, one ``scontrol --local show job`` RPC
-    each) until slurmctld has the final state, then rewrite the summary (and
-    the user's copy) with it, its findings recomputed. Returns the summary
-    (JSON form) when it was a guess (settled or not: after the last poll the
-    guess stays, ``state_source`` still ``exit_code``), None when there was
-    nothing to settle or no summary. ``summary``: the job summary already
-    read by the caller (else read from the spool). ``environ`` (default
-    :data:`os.environ`): where the job's uid and gid come from
-    (``SLURM_JOB_UID``/``SLURM_JOB_GID``, passed on by EpilogSlurmctld), the
-    owner of the user's copy; the record only gives the state and exit code,
-    parsed with forged keys dropped (:func:`gsrun.facts.slurm.show_job`).
-    Never raises for Slurm errors: logged."""
+    """When the summary's state is a guess (``state_source == "exit_code"``:
+    EpilogSlurmctld saw COMPLETING), poll ``scontrol show job`` at
+    ``delays_s`` until slurmctld has the final state, then rewrite the summary
+    and the user's copy (owner from ``environ``'s ``SLURM_JOB_UID``/``GID``,
+    never the record) with its findings recomputed. -> the summary when it was
+    a guess (settled or not), else None. Slurm errors are logged, never raised."""
     show_job = show_job or _show_job
     if summary is None:
         summary = read_json(paths.spool_job(job_id) / "summary.json")
@@ -485,10 +452,9 @@ def admin_comment_step(job_id: str, spool_dir: str | None = None, deadline_s: fl
 
 
 def _mark_accounting(paths: Paths, job_id: str, state: str, log, detail: str = "") -> None:
-    """``<spool>/jobs/<id>/accounting.json`` (root 0600, atomic):
-    ``{"admin_comment": "stored"|"no slurmdbd"|"no figures"|"failed", "detail", "time"}``.
-    ``gsrun-node prune`` drops a job directory without ``--force`` only when
-    it says ``stored``. Never raises (the job directory may be gone)."""
+    """``<spool>/jobs/<id>/accounting.json`` (root 0600): ``{"admin_comment":
+    "stored"|"no slurmdbd"|"no figures"|"failed", "detail", "time"}``, which
+    ``gsrun-node prune`` reads. Never raises."""
     try:
         atomic_write_json(paths.spool_job(job_id) / ACCOUNTING_MARK,
                           {"admin_comment": state, "detail": detail, "time": round(time.time(), 3)}, mode=0o600)

@@ -1,16 +1,12 @@
 """EpilogSlurmctld's own process: check the job id, start the merge
 (``python -m gsrun.epilog.ctld finish JOBID``) detached, exit.
 
-slurmctld keeps the job COMPLETING until EpilogSlurmctld exits, and when that
-is after the nodes' epilogs the next job on those nodes is scheduled only at a
-later scheduler pass (measured on the local cluster: back-to-back ``srun -N2
--n8 true`` took 1.7-2.0 s each with the merge in EpilogSlurmctld, 0.66 s with
-EpilogSlurmctld=/bin/true, ``tests/bench/bench_srun_b2b.py``), so this path
-imports no more than the
-job id check and :func:`gsrun.base.proc.spawn_detached`; the merge, the
-report, the mail and the accounting step are :mod:`gsrun.epilog.ctld`'s,
-in the detached process. If that process cannot be started the merge runs
-here, as before.
+slurmctld keeps the job COMPLETING until EpilogSlurmctld exits, which delays
+the next job on its nodes to a later scheduler pass (back-to-back ``srun -N2
+-n8 true``: 1.7-2.0 s each with the merge here, 0.66 s with
+EpilogSlurmctld=/bin/true; ``tests/bench/bench_srun_b2b.py``), so this path
+imports only the job id check and :func:`gsrun.base.proc.spawn_detached`. If
+the detached process cannot be started the merge runs here.
 """
 
 from __future__ import annotations
@@ -22,12 +18,10 @@ from gsrun.epilog.ctld import _job_and_log
 
 def merge_command(environ, spool_dir: str | None = None,
                   wait_s: float = 30.0) -> tuple[list[str], dict[str, str]] | None:
-    """``(argv, env)`` of the detached merge for the job in ``environ``
-    (slurmctld's EpilogSlurmctld environment, passed on whole but for the
-    ``PYTHON*`` variables root children never get:
-    :func:`gsrun.base.proc.root_child_env`): ``python -m gsrun.epilog.ctld
-    finish JOBID --wait-s S [--spool-dir DIR]``; None for a bad job id. Pure
-    (the node daemon starts the same command without a hook process)."""
+    """``(argv, env)`` of the detached merge: ``python -m gsrun.epilog.ctld
+    finish JOBID --wait-s S [--spool-dir DIR]`` with ``environ`` less
+    ``PYTHON*`` (:func:`gsrun.base.proc.root_child_env`); None for a bad job
+    id. Pure (the node daemon starts the same command)."""
     job_id = environ.get("SLURM_JOB_ID", "")
     if not is_job_id(job_id, array=True):
         return None
@@ -38,9 +32,7 @@ def merge_command(environ, spool_dir: str | None = None,
 
 
 def detach(environ, spool_dir: str | None = None, wait_s: float = 30.0) -> int:
-    """Start the merge for the job in ``environ`` (:func:`merge_command`)
-    and return 0 at once. A bad job id is logged (nothing started); a merge
-    failure never fails the job."""
+    """Start :func:`merge_command` and return 0 at once (a bad job id is logged)."""
     cmd = merge_command(environ, spool_dir, wait_s)
     if cmd is None:
         _job_and_log(environ)          # logs why, the usual way

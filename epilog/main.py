@@ -1,24 +1,16 @@
 """``gsrun-node epilog``: run by slurmd as root after the job on a node.
 
-The steps are the table :data:`STEPS`: end the job's sampling in the node
-monitor (its final sample and flush) and write the node summary (atomic, versioned) -> remove the job's
-Prometheus textfile (when ``[metrics] textfile_dir`` is set) -> MPS stop -> residual GPU
-processes (field case 17, docs/field-cases.md) -> MIG restore -> tuning
-restore (journal, reverse order), run by :func:`gsrun.node.steps.run_steps` (rule ``CLEANUP``).
+:data:`STEPS`, run by :func:`gsrun.node.steps.run_steps` (rule ``CLEANUP``):
+end the job's sampling and write the node summary, remove its Prometheus
+textfile, stop MPS, end residual GPU processes (field case 17), restore MIG,
+restore tuning. Each step runs even when an earlier one failed or timed out,
+keeping :data:`STEP_RESERVE_S` of the budget (``timeouts.epilog_budget_s``)
+for every later step. The exit status is 0 unless the node needs an admin (a
+GPU lost, GPU memory still held, a step out of time): slurmd then drains it.
 
-Each step runs even when an earlier one failed or timed out. The whole
-epilog has a hard budget (``timeouts.epilog_budget_s``); each step gets its
-own SIGALRM deadline out of what is left, keeping :data:`STEP_RESERVE_S`
-seconds for every later step, so one wedged step cannot starve the restores
-after it. Exit status is 0 unless the node needs an admin -- a GPU was lost,
-GPU memory is still held by residual processes, a step ran out of time --:
-slurmd then drains the node with our reason.
-
-No Slurm command is on the critical path (field case 20): the node-wide
-restore decision is the local tuning reference count (one journal per job,
-under a lock: field case 18), never ``squeue``; only MIG's failure path
-calls ``scontrol`` to drain. ``GSRUN_FAULT_AT`` (tests only) kills the
-epilog at a step boundary: see :mod:`gsrun.node.steps`.
+No Slurm command is on the critical path (field case 20): the restore decision
+is the local tuning reference count (field case 18), never ``squeue``; only
+MIG's failure path calls ``scontrol`` to drain.
 """
 
 from __future__ import annotations
@@ -59,22 +51,19 @@ class Ctx:
     log: JobLog
 
 
-# The epilog, in order. Every step runs, even after an earlier one failed or
-# ran out of time; each keeps STEP_RESERVE_S seconds of the epilog's budget
-# (``timeouts.epilog_budget_s``) from the steps before it.
 STEPS = (
     Step("sampler+summary", "end the job's sampling (final sample and flush) and write the node summary",
-         STEP_RESERVE_S, lambda c: _summary(c.job, c.paths, c.sdir, c.hostfs, c.log)),
+         STEP_RESERVE_S, lambda c: _summary(c)),
     Step("metrics", "remove the job's Prometheus textfile ([metrics] textfile_dir)", 1.0,
-         lambda c: _metrics_remove(c.job, c.cfg), when=lambda c: bool(c.cfg["metrics.textfile_dir"])),
-    Step("mps", "stop the job's MPS daemon, put compute modes back", STEP_RESERVE_S,
-         lambda c: _mps_stop(c.job, c.paths, c.cfg, c.log)),
+         lambda c: {"removed": remove_job_file(c.cfg["metrics.textfile_dir"], c.job.job_id)},
+         when=lambda c: bool(c.cfg["metrics.textfile_dir"])),
+    Step("mps", "stop the job's MPS daemon, put compute modes back", STEP_RESERVE_S, lambda c: _mps_stop(c)),
     Step("residual", "end the job's processes still holding GPU memory, check again", STEP_RESERVE_S,
-         lambda c: _residual(c.job, c.hostfs, c.paths, c.cfg, c.log)),
+         lambda c: _residual(c)),
     Step("mig", "put the job's GPUs back to their MIG layout before the job", STEP_RESERVE_S,
-         lambda c: _mig_restore(c.job, c.paths, c.log)),
+         lambda c: _mig_restore(c)),
     Step("tuning", "restore the node settings from the journal (last job out, reverse order)", STEP_RESERVE_S,
-         lambda c: _tuning_restore(c.hostfs, c.paths, c.job, c.log)),
+         lambda c: tuning.epilog_restore(c.hostfs, str(c.paths.state_dir), c.job.job_id, log=c.log, uid=c.job.uid)),
 )
 
 
@@ -106,28 +95,23 @@ def run(environ, host_root: str | None = None, state_dir: str | None = None,
 
 
 def _verdict(results: dict, log) -> list[str]:
-    """The epilog's own reasons to drain, after every step ran: a GPU lost
-    during the job, GPU memory still held by residual processes (field case 17,
-    docs/field-cases.md)."""
+    """The epilog's own reasons to drain: a GPU lost, GPU memory still held."""
     reasons = []
     summ = results.get("sampler+summary") or {}
     if isinstance(summ, dict) and summ.get("lost_gpus"):
         reasons.append(f"GPU(s) lost during the job: {summ['lost_gpus']}")
     res = results.get("residual") or {}
     if isinstance(res, dict) and str(res.get("reason") or "").startswith("Residual GPU processes"):
-        reasons.append(res["reason"])     # GPU memory still held: the next job would OOM
-                                          # (field case 17, docs/field-cases.md)
+        reasons.append(res["reason"])     # the next job would OOM (field case 17)
     elif isinstance(res, dict) and res.get("reason"):
         log.warn(f"GPU process check incomplete: {res['reason']}")   # a wedged nvidia-smi is not a drain
     return reasons
 
 
 def _forget_job(sdir, log) -> None:
-    """Remove the job's state directory (sampler state and pid, logs) once
-    the node is clean, so /run does not grow with every job and the set of
-    state dirs is the set of jobs live on this node. A journal that still has
-    work (``mig.json`` after a failed restore, a ``.pending`` summary the
-    full spool could not take) keeps the directory."""
+    """Remove the job's state directory once the node is clean (the state dirs
+    are the jobs live here), unless a journal still has work (``mig.json``, a
+    ``.pending`` summary)."""
     try:
         if (sdir / "mig.json").exists() or any(sdir.glob("*.pending")):
             return
@@ -137,9 +121,7 @@ def _forget_job(sdir, log) -> None:
 
 
 def _nvml_reason(hostfs, prolog: dict) -> str | None:
-    """Why there are no GPU figures, when NVML cannot start (field case 15,
-    docs/field-cases.md):
-    the prolog's finding, else a fresh probe."""
+    """Why NVML cannot start (field case 15): the prolog's finding, else a fresh probe."""
     nv_err = (prolog.get("steps") or {}).get("nvml")
     if isinstance(nv_err, str) and nv_err.startswith("NVML init failed"):
         return nv_err
@@ -152,11 +134,10 @@ def _nvml_reason(hostfs, prolog: dict) -> str | None:
     return None
 
 
-def _summary(job, paths, sdir, hostfs, log) -> dict:
-    """End the job's sampling in the node monitor (its last sample and final
-    flush) and write the node summary from ``sampler.json``. A monitor that
-    does not answer costs at most the figures since its last flush
-    (``sampler.flush_s``)."""
+def _summary(c: Ctx) -> dict:
+    """End the job's sampling in the monitor and write the node summary from
+    ``sampler.json`` (a silent monitor costs the figures since its last flush)."""
+    job, paths, sdir, hostfs, log = c.job, c.paths, c.sdir, c.hostfs, c.log
     try:
         out = monitor.ask(paths.state_dir, {"op": "end", "job_id": job.job_id})
         stopped = str(out.get("stopped")) if out.get("ok") else f"refused: {out.get('error')}"
@@ -203,26 +184,19 @@ def _summary(job, paths, sdir, hostfs, log) -> dict:
     return {"sampler": stopped, "summary": str(out), "samples": summ["samples"], "lost_gpus": lost}
 
 
-def _metrics_remove(job, cfg) -> dict:
-    """After the sampler's last flush: remove ``gsrun_job_<jobid>.prom`` (and
-    a temp file of it a killed sampler left) from the textfile directory, so
-    the job's series leave node_exporter's next scrape. Only our exact names."""
-    return {"removed": remove_job_file(cfg["metrics.textfile_dir"], job.job_id)}
-
-
-def _mps_stop(job, paths, cfg, log):
+def _mps_stop(c: Ctx):
+    job, paths, cfg = c.job, c.paths, c.cfg
     # the prolog journals before it starts a daemon: with neither the journal nor the
     # job's MPS directory there is nothing to stop (and no process scan to pay)
     if not mps.journal_path(job.job_id, str(paths.state_dir)).exists() \
             and not os.path.lexists(paths.mps_dir / job.job_id):
         return {"skipped": "no MPS journal or directory"}
     return mps.stop(job.job_id, str(paths.mps_dir), str(paths.state_dir), cfg["mps.control_bin"],
-                    cfg["mps.quit_timeout_s"], log=log)
+                    cfg["mps.quit_timeout_s"], log=c.log)
 
 
 def _live_jobs(paths, job_id: str) -> set[str]:
-    """Jobs whose prolog state is on this node (their epilog has not run):
-    only those may protect a GPU process by the SLURM_JOB_ID it claims."""
+    """Jobs with prolog state on this node: only those may protect a GPU process by its SLURM_JOB_ID."""
     d = paths.state_dir / "jobs"
     try:
         return {p.name for p in d.iterdir() if is_job_id(p.name) and p.name != job_id}
@@ -230,22 +204,19 @@ def _live_jobs(paths, job_id: str) -> set[str]:
         return set()
 
 
-def _residual(job, hostfs, paths, cfg, log):
-    rep = residual.cleanup(job.job_id, job.uid, job.gpus, hostfs,
-                           smi_timeout_s=min(10.0, cfg["timeouts.command_s"]), log=log,
+def _residual(c: Ctx):
+    job, paths = c.job, c.paths
+    rep = residual.cleanup(job.job_id, job.uid, job.gpus, c.hostfs,
+                           smi_timeout_s=min(10.0, c.cfg["timeouts.command_s"]), log=c.log,
                            live_jobs=_live_jobs(paths, job.job_id), nv=monitor.RemoteNvml(paths.state_dir))
     if rep.get("reason"):
-        log.error(rep["reason"])
+        c.log.error(rep["reason"])
     return rep
 
 
-def _mig_restore(job, paths, log):
-    if not (paths.state_job(job.job_id) / mig.JOURNAL_NAME).exists():
+def _mig_restore(c: Ctx):
+    job, log = c.job, c.log
+    if not (c.paths.state_job(job.job_id) / mig.JOURNAL_NAME).exists():
         return {"skipped": "no MIG journal"}
-
-    return mig.epilog_restore(RealMig(), str(paths.state_dir / "jobs"), job.job_id,
+    return mig.epilog_restore(RealMig(), str(c.paths.state_dir / "jobs"), job.job_id,
                               drain=lambda reason: drain_node(job.node, reason, log), log=log)
-
-
-def _tuning_restore(hostfs, paths, job, log):
-    return tuning.epilog_restore(hostfs, str(paths.state_dir), job.job_id, log=log, uid=job.uid)

@@ -1,34 +1,19 @@
 """``gsrun-node prolog``: run by slurmd as root before the job starts on a node.
 
-The steps are the table :data:`STEPS` (records, sweep, nvml, request, tuning, mig,
-mps, sampler), run by :func:`gsrun.node.steps.run_steps` after the env and
-config are read; the record is written last, whatever happened.
-Exit status is non-zero only when the node truly cannot run GPU jobs (NVML
-driver/library mismatch): Slurm then drains the node with our message as the
-reason. Every other failure is logged and the job runs with defaults.
+The steps are :data:`STEPS`, run by :func:`gsrun.node.steps.run_steps`; the
+record (``<spool>/jobs/<id>/prolog-<node>.json``) is written last, whatever
+happened. The exit status is non-zero only when the node cannot run GPU jobs
+(NVML driver/library mismatch): slurmd drains it with our message. Every other
+failure is logged and the job runs with defaults.
 
-Trust: every value of the environment is validated (:mod:`gsrun.facts.jobenv`);
-``SPANK_GS_*`` values and the job comment are user requests; whether the
-job holds the node exclusively comes from slurmctld's job record
-(``Exclusive=NODE``, or ``OverSubscribe=NO`` on a Slurm without
-``Exclusive=``: :func:`gsrun.request.job.exclusive_from_record`), read once
-with a bounded ``scontrol`` only when the job asked for something that needs
-it (tuning, MIG, or site tuning defaults). slurmctld not answering means "not exclusive" (node-wide
-settings are refused), never a hang: the call has its own timeout and the
-whole prolog a hard budget (``timeouts.prolog_budget_s``, SIGALRM).
-
-No Slurm command runs for a job that asked for nothing (no ``SPANK_GS_*``,
-no gsrun request in its comment) on a partition without tuning defaults: the
-comment comes from slurmd's environment (``SLURM_JOB_COMMENT``, see
-:func:`gsrun.request.job.comment_from_env`); ``scontrol`` is asked for it
-only on a Slurm whose prolog environment lacks the job credential's fields.
-The record lists the Slurm commands run under ``"slurm_calls"``.
-
-A directory planted at ``<spool>/jobs/<id>`` or ``<state>/jobs/<id>`` is
-moved aside and replaced (logged); if the shared parents are planted, the
-records step fails, nothing is written there, and the rest of the prolog
-(tuning, MPS) still runs. ``GSRUN_FAULT_AT`` (tests only) kills the prolog
-at a step boundary: see :mod:`gsrun.node.steps`.
+Trust: every environment value is validated (:mod:`gsrun.facts.jobenv`);
+``SPANK_GS_*`` and the job comment are user requests; exclusivity comes from
+slurmctld's job record (:func:`gsrun.request.job.exclusive_from_record`), read
+with a bounded ``scontrol`` only when a request needs it. No answer means "not
+exclusive", never a hang (the prolog has a hard budget,
+``timeouts.prolog_budget_s``). A job that asked for nothing, on a partition
+without tuning defaults, runs no Slurm command; the record lists those run
+(``"slurm_calls"``). Planted job directories are moved aside (logged).
 """
 
 from __future__ import annotations
@@ -37,6 +22,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import dataclass
 
 from gsrun.base.errors import GsrunError, NodeError
 from gsrun.base.fsutil import atomic_write_json, ensure_dir, json_text, unlink_names, write_user_copy
@@ -63,20 +49,22 @@ NVML_MISMATCH_MSG = "NVML/driver mismatch: reboot required"
 SCONTROL_TIMEOUT_S = 5.0
 
 
+@dataclass(slots=True)
 class Ctx:
-    """What the prolog's steps share: the job, where things go, and the
-    record (``<spool>/jobs/<id>/prolog-<node>.json``) they fill in. The
-    steps set ``records_ok``, ``req`` (a :class:`JobRequest`) and ``exclusive``."""
+    """What the prolog's steps share; they set ``records_ok``, ``req`` and ``exclusive``."""
 
-    __slots__ = ("environ", "job", "cfg", "hostfs", "paths", "log", "dry_run", "start_sampler", "record",
-                 "records_ok", "req", "exclusive")
-
-    def __init__(self, environ, job, cfg, hostfs: HostFS, paths: Paths, log: JobLog, dry_run: bool,
-                 start_sampler: bool, record: dict, records_ok: bool = False, req: JobRequest | None = None,
-                 exclusive: bool = False):
-        self.environ, self.job, self.cfg, self.hostfs, self.paths, self.log = environ, job, cfg, hostfs, paths, log
-        self.dry_run, self.start_sampler, self.record = dry_run, start_sampler, record
-        self.records_ok, self.req, self.exclusive = records_ok, req, exclusive
+    environ: dict
+    job: object
+    cfg: object
+    hostfs: HostFS
+    paths: Paths
+    log: JobLog
+    dry_run: bool
+    start_sampler: bool
+    record: dict
+    records_ok: bool = False
+    req: JobRequest | None = None
+    exclusive: bool = False
 
 
 def _records(c: Ctx):
@@ -94,21 +82,16 @@ def _records(c: Ctx):
 
 
 def clear_earlier_run(job_dir, node: str) -> list[str]:
-    """Remove from the job's spool directory what an earlier run with the same
-    job id left (a requeued job; ids a restarted slurmctld issued again): this
-    node's summaries and live file, and the job's report and markers. At the
-    prolog nothing of this run exists yet (every node's prolog runs before the
-    job), so what is there is stale: left, EpilogSlurmctld would merge it and
-    ``gseff`` would show the old report while this run goes on. Names only,
-    unlinked by :func:`gsrun.base.fsutil.unlink_names` (a link is removed,
-    never followed). Returns the names removed."""
+    """Remove what an earlier run with the same job id (requeued, or ids
+    reissued) left in the job's spool directory: this node's summaries and
+    live file, the job's report and markers (EpilogSlurmctld would merge
+    them). Links are removed, never followed. -> the names removed."""
     return unlink_names(job_dir, (f"node-{node}.json", f"user-node-{node}.json", f"user-live-{node}.json",
                                   "summary.json", "user-summary.json", "accounting.json", "idle-cancel.json"))
 
 
 def _sweep(c: Ctx):
-    """Files of jobs gone from the node (:mod:`gsrun.node.sweep`): decided
-    from the state dir's job directories and sampler records only."""
+    """Remove the files of jobs gone from the node (:mod:`gsrun.node.sweep`)."""
     out = sweep(c.paths.state_dir, c.paths.spool_dir, c.job.node, c.cfg["metrics.textfile_dir"] or None,
                 c.job.job_id)
     if out["prom"] or out["live"]:
@@ -118,11 +101,9 @@ def _sweep(c: Ctx):
 
 
 def _nvml(c: Ctx):
-    """Whether NVML answers, as the node monitor found at its start (it holds
-    NVML; the prolog never opens it for this). Only a driver/library mismatch
-    makes the node unusable (field case 15, docs/field-cases.md). A dry run
-    (``gsrun-node install`` times one before the daemon runs) does not wait for
-    a monitor to come up."""
+    """Whether NVML answers, as the node monitor found; only a driver/library
+    mismatch makes the node unusable (field case 15). A dry run (install times
+    one before the daemon runs) does not wait for a monitor to come up."""
     try:
         out = monitor.ask(c.paths.state_dir, {"op": "nvml"}, wait_s=0 if c.dry_run else monitor.CONNECT_WAIT_S)
     except GsrunError as e:
@@ -144,9 +125,8 @@ def _nvml(c: Ctx):
 
 
 def _request(c: Ctx):
-    """The job's requests (SPANK options, else the job comment from slurmd's
-    environment, else from the job record) and whether it holds the node
-    (slurmctld's job record, asked only when the answer matters)."""
+    """The job's requests (SPANK options, else the comment from the environment,
+    else from the job record) and whether it holds the node."""
     job, cfg = c.job, c.cfg
     req = request_from_spank(job)
     comment = comment_from_env(c.environ)
@@ -184,13 +164,10 @@ STEPS = (
          _nvml, quiet=True, catch=()),
     Step("request", "read the job's requests and whether it holds the node (slurmctld's record)", 0,
          _request, quiet=True, catch=()),
-    Step("tuning", "tune the node for the job (journal first)", 0,
-         lambda c: _tuning(c.hostfs, c.paths, c.job, c.req, c.cfg, c.exclusive, c.dry_run, c.log)),
-    Step("mig", "cut the job's GPUs into its MIG layout (journal first)", 0,
-         lambda c: _mig(c.hostfs, c.paths, c.job, c.req, c.cfg, c.exclusive, c.log),
+    Step("tuning", "tune the node for the job (journal first)", 0, lambda c: _tuning(c)),
+    Step("mig", "cut the job's GPUs into its MIG layout (journal first)", 0, lambda c: _mig(c),
          when=lambda c: bool(c.req.mig) and not c.dry_run),
-    Step("mps", "start the job's MPS control daemon as the job's user", 0,
-         lambda c: _mps(c.environ, c.paths, c.job, c.req, c.cfg, c.log),
+    Step("mps", "start the job's MPS control daemon as the job's user", 0, lambda c: _mps(c),
          when=lambda c: c.req.mps is not None and not c.dry_run),
     Step("sampler", "have the node monitor sample the job's GPUs and CPUs", 0,
          lambda c: begin_sampling(c.job, c.paths, _dma_hold(c)),
@@ -250,15 +227,16 @@ def _has_tuning_defaults(cfg, partition) -> bool:
         return False
 
 
-def _tuning(hostfs, paths, job, req, cfg, exclusive, dry_run, log):
+def _tuning(c: Ctx):
+    job, cfg = c.job, c.cfg
     if not cfg.get("tuning.enabled", job.partition):
         return {"skipped": "tuning.enabled = false"}
     try:
-        scope = _job_scope(hostfs, job, log) if _needs_scope(req.tune, cfg, job.partition) else None
-        return tuning.prolog_tune(hostfs, str(paths.state_dir), job.job_id, req.tune, cfg, job.partition,
-                                  exclusive, dry_run=dry_run, log=log, scope=scope)
+        scope = _job_scope(c.hostfs, job, c.log) if _needs_scope(c.req.tune, cfg, job.partition) else None
+        return tuning.prolog_tune(c.hostfs, str(c.paths.state_dir), job.job_id, c.req.tune, cfg, job.partition,
+                                  c.exclusive, dry_run=c.dry_run, log=c.log, scope=scope)
     except GsrunError as e:
-        log.error(f"tuning: {e}")
+        c.log.error(f"tuning: {e}")
         return {"error": str(e)}
 
 
@@ -268,10 +246,9 @@ def _needs_scope(tune: str | None, cfg, partition) -> bool:
 
 
 def _job_scope(hostfs, job, log):
-    """The job's GPUs, the NICs gsrun-bind picks for them (one rank per
-    GPU, :func:`gsrun.bind.plan.make_plan`) and its CPUs (job cgroup cpuset,
-    else every online CPU: node-wide settings are for jobs holding the node),
-    for ``irq``/``hugepages`` (:class:`gsrun.node.tuning.JobScope`)."""
+    """The :class:`gsrun.node.tuning.JobScope` of ``irq``/``hugepages``: the
+    job's GPUs, the NICs gsrun-bind picks for them (one rank per GPU) and its
+    CPUs (job cgroup cpuset, else every online CPU)."""
     topo = read_topology(hostfs, nvml=False)
     env = {"SLURM_JOB_GPUS": ",".join(str(g) for g in (job.gpus or []))}
     if job.gpus:
@@ -297,11 +274,10 @@ def _job_scope(hostfs, job, log):
     return JobScope(devices, cpus, {n.id: list(n.cpus) for n in topo.nodes}, source)
 
 
-def _mig(hostfs, paths, job, req, cfg, exclusive, log):
-    """Cut the job's GPUs into the requested MIG layout (real NVML only; the
-    journal lets the epilog or ``gsrun-node restore`` undo it). The MIG
-    devices' UUIDs go to ``user-mig-<node>.json`` (the job's user, 0400) for
-    the job's tasks (the SPANK plugin exports them as CUDA_VISIBLE_DEVICES)."""
+def _mig(c: Ctx):
+    """Cut the job's GPUs into its MIG layout (real NVML only); the MIG devices'
+    UUIDs go to ``user-mig-<node>.json`` (the user's, 0400) for the SPANK plugin."""
+    hostfs, paths, job, req, cfg, log = c.hostfs, c.paths, c.job, c.req, c.cfg, c.log
     if not cfg.get("mig.enabled", job.partition):
         return {"skipped": "mig.enabled = false"}
     if not hostfs.is_real:
@@ -320,18 +296,19 @@ def _mig(hostfs, paths, job, req, cfg, exclusive, log):
 
     res = mig.prolog_apply(RealMig(), str(paths.state_dir / "jobs"), job.job_id, indices, req.mig,
                            drain=lambda reason: drain_node(job.node, reason, log), log=log,
-                           exclusive=exclusive, named=cfg["mig.layouts"])
+                           exclusive=c.exclusive, named=cfg["mig.layouts"])
     devices = list(res.get("devices", []))
     write_user_copy(paths.spool_job(job.job_id) / f"user-mig-{job.node}.json",
                     json_text({"devices": devices, "layout": req.mig}), job.gid)
     return {"devices": devices, "journal": res.get("journal")}
 
 
-def _mps(environ, paths, job, req, cfg, log):
+def _mps(c: Ctx):
+    paths, job, cfg, log = c.paths, c.job, c.cfg, c.log
     if not cfg.get("mps.enabled", job.partition):
         return {"skipped": "mps.enabled = false"}
     try:
-        pct = mps.requested_pct(environ, req.mps)
+        pct = mps.requested_pct(c.environ, c.req.mps)
         if pct is None and cfg.get("mps.default_active_thread_percentage", job.partition):
             pct = cfg.get("mps.default_active_thread_percentage", job.partition)
         gpus = [str(g) for g in (job.gpus or [])]
@@ -350,9 +327,8 @@ def _dma_hold(c: Ctx) -> int | None:
 
 
 def begin_sampling(job, paths, dma_latency_us: int | None = None) -> dict:
-    """Have the node monitor (:mod:`gsrun.node.monitor`) sample the job from
-    now on; it also holds ``/dev/cpu_dma_latency`` at ``dma_latency_us`` for
-    the job (``--tune cstate``, :mod:`gsrun.node.cpu_latency`).
+    """Have the node monitor sample the job from now on, holding
+    ``/dev/cpu_dma_latency`` at ``dma_latency_us`` (``--tune cstate``).
 
     Raises:
         NodeError: the monitor is not running or refused (why, with a hint).

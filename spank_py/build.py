@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -156,10 +155,6 @@ def _c_string(value: str, what: str) -> str:
     return f'"{value}"'
 
 
-def _options():
-    return OPTIONS
-
-
 def _c_text(value: str, what: str) -> str:
     """``value`` as a C string literal: printable ASCII only, ``\\`` and ``"`` escaped."""
     if not all(" " <= ch <= "~" for ch in value):
@@ -168,20 +163,17 @@ def _c_text(value: str, what: str) -> str:
 
 
 def options_header(options=None) -> str:
-    """The C header the shim includes (``gsrun_spank_options.h``): the ``--gs-*``
-    option table, rendered from ``options`` (default
-    :data:`gsrun.spank_py.hooks.OPTIONS`: rows ``(name, arginfo | None, usage,
-    has_arg)``, has_arg 0 none / 1 required / 2 optional), the options a step's
-    plan reads (:data:`gsrun.spank_py.hooks.REMOTE_OPTIONS`), and the node
-    daemon's socket name and default path (``<DEFAULT_STATE_DIR>/daemon.sock``,
-    :func:`gsrun.daemon.server.default_socket` without ``GSRUN_STATE_DIR``),
-    which slurmstepd asks for every step's plan without plugstack ``daemon=``. Pure.
+    """The C header the shim includes (``gsrun_spank_options.h``): the option
+    table ``options`` (default :data:`gsrun.spank_py.hooks.OPTIONS`, rows
+    ``(name, arginfo | None, usage, has_arg)``, has_arg 0 none / 1 required /
+    2 optional), :data:`~gsrun.spank_py.hooks.REMOTE_OPTIONS`, and the node
+    daemon's socket name and default path (used without plugstack ``daemon=``). Pure.
 
     Raises NodeError naming the row when a name is not ``[a-z0-9-]`` of at most
     75 characters (``SPANK_OPTION_MAXLEN``), has_arg is not 0-2, a text is not
     printable ASCII, a name repeats, or the table is empty or over 32 rows.
     """
-    rows = list(_options() if options is None else options)
+    rows = list(OPTIONS if options is None else options)
     if not 1 <= len(rows) <= MAX_OPTIONS:
         raise NodeError("spank build", "option table", f"{len(rows)} options; 1 to {MAX_OPTIONS} allowed")
     lines = []
@@ -219,12 +211,10 @@ def options_header(options=None) -> str:
 
 def compile_command(out_so: Path, python: str, info: dict, include_dir: Path,
                     cc: str = "cc", gen_dir: Path | None = None, part: str = "plugin") -> list[str]:
-    """The compiler argv (pure apart from ``python_flags``); the SONAME is the
-    installed name, not the temporary output's, so that the same sources give
-    the same plugin (``tests/cluster/up`` restarts slurmd when it changes). ``gen_dir``: the
-    folder holding the generated ``gsrun_spank_options.h``. ``part``:
-    ``"plugin"`` (``gsrun_spank.so``, not linked to libpython: it dlopen()s
-    libpython and the Python half only when Python is needed) or ``"python"``
+    """The compiler argv (pure apart from ``python_flags``), with the installed
+    SONAME so the same sources give the same plugin. ``gen_dir``: holds the
+    generated header. ``part``: ``"plugin"`` (``gsrun_spank.so``, dlopen()s
+    libpython and the Python half only when needed) or ``"python"``
     (``gsrun_spank_py.so``, linked to libpython)."""
     libdir = os.path.normpath(info["libdir"] or "")
     defines = [
@@ -255,18 +245,13 @@ def compile_command(out_so: Path, python: str, info: dict, include_dir: Path,
 
 def build(out_dir: str, python: str = sys.executable, cc: str | None = None,
           slurm_include: str | os.PathLike | None = None) -> Path:
-    """Compile ``gsrun_spank.so`` and its Python half ``gsrun_spank_py.so``
-    into ``out_dir`` and return the plugin's path.
-
-    ``python``: the interpreter to embed (its libpython is linked, its
-    ``sys.base_prefix`` becomes the plugin's Python home, its site-packages the
-    default ``pythonpath=``). ``cc``: compiler (``$CC`` or ``cc``).
-    ``slurm_include``: the include dir holding ``slurm/spank.h`` (e.g. a
-    libslurm-dev unpacked into a private prefix); default: the first of
-    :data:`SLURM_INCLUDE_DIRS` that has it.
-    Also writes ``gsrun_spank.json`` next to it (Slurm and Python versions).
-    Raises NodeError with the compiler output when something is missing.
-    """
+    """Compile ``gsrun_spank.so`` and ``gsrun_spank_py.so`` into ``out_dir``,
+    with ``gsrun_spank.json`` (Slurm and Python versions) -> the plugin's path.
+    ``python``: the interpreter to embed (its ``sys.base_prefix`` is the
+    plugin's Python home, its site-packages the default ``pythonpath=``);
+    ``cc``: default ``$CC`` or ``cc``; ``slurm_include``: the dir holding
+    ``slurm/spank.h`` (default: the first of :data:`SLURM_INCLUDE_DIRS`).
+    Raises NodeError with the compiler output when something is missing."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     include_dir = find_slurm_include((str(slurm_include),) if slurm_include else SLURM_INCLUDE_DIRS)
@@ -292,7 +277,7 @@ def build(out_dir: str, python: str = sys.executable, cc: str | None = None,
             "python": info["executable"], "python_version": info["py_version"],
             "libpython": info["instsoname"], "python_home": info["base_prefix"],
             "default_pythonpath": info["purelib"],
-            "options": [row[0] for row in _options()]}
+            "options": [row[0] for row in OPTIONS]}
     atomic_write(out / "gsrun_spank.json", json.dumps(meta, indent=1, sort_keys=True) + "\n")
     return so
 
@@ -319,15 +304,10 @@ def read_build_info(so_path: str | os.PathLike) -> dict:
 
 
 def plugstack_args(args: dict | None) -> list[tuple[str, str]]:
-    """Validate install ``args`` into ordered ``(key, value)`` pairs.
-
-    ``args``: ``{"pythonpath": str | [str, ...], "on_error": "fail"|"ignore",
-    "bind": "auto"|"none", "config": "/etc/gsrun/gsrun.toml", "daemon":
-    "/run/gsrun/daemon.sock"}`` (all optional; without ``daemon=`` slurmstepd asks the
-    socket built into the plugin). Same rules as the plugin's own
-    parser, checked here so a bad value fails at install time, not at every
-    job. Raises InputError (unknown key, relative path, bad value).
-    """
+    """Install ``args`` (all optional: ``pythonpath`` str or list, ``on_error``
+    fail|ignore, ``bind`` auto|none, ``config`` and ``daemon`` paths) -> ordered
+    ``(key, value)`` pairs, by the plugin's own rules, so a bad value fails at
+    install time. Raises InputError (unknown key, relative path, bad value)."""
     args = dict(args or {})
     unknown = sorted(set(args) - set(ARG_KEYS))
     if unknown:
@@ -339,15 +319,8 @@ def plugstack_args(args: dict | None) -> list[tuple[str, str]]:
         paths = [paths]
     if len(paths) > 8:
         raise InputError("spank install", "pythonpath", f"{len(paths)} entries; at most 8")
-    for p in paths:
-        if not isinstance(p, str) or not p.startswith("/") or not _SAFE_ARG.match(p):
-            raise InputError("spank install", "pythonpath", f"{p!r} must be an absolute path of "
-                             "[A-Za-z0-9_./+@-] (plugstack.conf has no quoting)")
-        pairs.append(("pythonpath", p))
-    for key in ("config", "daemon"):
-        v = args.get(key)
-        if v is None:
-            continue
+    for key, v in [("pythonpath", p) for p in paths] + [(k, args[k]) for k in ("config", "daemon")
+                                                          if args.get(k) is not None]:
         if not isinstance(v, str) or not v.startswith("/") or not _SAFE_ARG.match(v):
             raise InputError("spank install", key, f"{v!r} must be an absolute path of "
                              "[A-Za-z0-9_./+@-] (plugstack.conf has no quoting)")
@@ -404,14 +377,10 @@ def merge_plugstack(existing: str, block: str) -> str:
 
 def install(so_path: str | os.PathLike, dest_dir: str | os.PathLike, plugstack_path: str | os.PathLike,
             args: dict | None = None) -> Path:
-    """Copy the plugin to ``<dest_dir>/gsrun_spank.so`` (mode 0755, owner root
-    when run as root) and write its ``required`` line into ``plugstack_path``.
-
-    Both writes are atomic (temp file + rename). Other lines of an existing
-    plugstack file are kept; a previous gsrun block is replaced. ``args`` as in
-    :func:`plugstack_args`. Returns the installed .so path.
-    Raises InputError (bad args), NodeError (cannot copy/write).
-    """
+    """Copy the plugin (and its Python half) to ``dest_dir`` (0755, root's when
+    root) and write its block into ``plugstack_path``, both atomically (other
+    lines kept, an old gsrun block replaced). -> the installed .so path.
+    Raises InputError (bad ``args``), NodeError (cannot copy/write)."""
     src = Path(so_path)
     pairs = plugstack_args(args)
     if not src.is_file():
@@ -432,7 +401,10 @@ def install(so_path: str | os.PathLike, dest_dir: str | os.PathLike, plugstack_p
                         hint="run gsrun-node spank build first")
     # the Python half first: the plugin loads it from its own folder
     for s_path, t_path in ((py_src, target.with_name(PY_PART_NAME)), (src, target)):
-        _copy_root(s_path, t_path, root)
+        try:
+            atomic_write(t_path, s_path.read_bytes(), 0o755, 0 if root else None, 0 if root else None)
+        except OSError as e:
+            raise NodeError("spank install", "plugin", f"cannot install {t_path}: {e.strerror}") from e
     meta = src.with_name("gsrun_spank.json")
     if meta.is_file() and meta.resolve() != target.with_name("gsrun_spank.json").resolve():
         atomic_write(target.with_name("gsrun_spank.json"), meta.read_text(), 0o644,
@@ -449,20 +421,3 @@ def install(so_path: str | os.PathLike, dest_dir: str | os.PathLike, plugstack_p
         raise NodeError("spank install", "plugstack", f"cannot write {ps}: {e.strerror}") from e
     return target
 
-
-def _copy_root(src: Path, target: Path, root: bool) -> None:
-    """Copy ``src`` to ``target`` atomically, mode 0755 (owner root when ``root``)."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as f, open(src, "rb") as s:
-            shutil.copyfileobj(s, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o755)
-        if root:
-            os.chown(tmp, 0, 0)
-        os.replace(tmp, target)
-    except OSError as e:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise NodeError("spank install", "plugin", f"cannot install {target}: {e.strerror}") from e

@@ -1,48 +1,29 @@
 """The Python side of the gsrun SPANK plugin: option handling in sbatch/salloc/srun,
 and the step plans the node daemon answers slurmstepd with.
 
-The C shim (``gsrun_spank.c``) registers the options of :data:`OPTIONS` itself
-(``spank_py/build.py`` compiles this table into it: one definition) and starts
-Python only in sbatch, salloc or srun given a ``--gs-*`` option. Then it calls
-``slurm_spank_init_post_opt`` here (from C's ``init_post_opt``, when every
-option is known) and, for ``local_user_init`` and ``exit``, the function of the
-same name here when it exists, as ``hook(context, args)``. Without ``--gs-*``
-options they never load this module; when it cannot be imported, a job with
-``--gs-*`` options is refused at submission (C says why).
+The C shim (``gsrun_spank.c``) registers :data:`OPTIONS` itself (compiled in
+by ``spank_py/build.py``) and starts Python only in sbatch, salloc or srun
+given a ``--gs-*`` option; then it calls ``slurm_spank_init_post_opt`` here as
+``hook(context, args)``. ``context``: ``"allocator"`` (sbatch/salloc) or
+``"local"`` (srun); ``args``: the plugstack arguments as C parsed them
+(``pythonpath``, ``on_error``, ``config``, ``options``: the names compiled
+into the .so). A hook returns 0/None or non-zero (the submission stops); an
+exception is logged by C and turned into the ``on_error`` code. When this
+module cannot be imported, a job with ``--gs-*`` options is refused.
 
-* ``context``: ``"allocator"`` (sbatch/salloc) or ``"local"`` (srun);
-  slurmd and slurmstepd never run Python.
-* ``args``: the plugstack arguments, parsed strictly by C:
-  ``{"pythonpath": [...], "on_error": "fail"|"ignore"|None,
-  "config": str|None, "options": [the option names compiled into the .so]}``.
+* **allocator/local**: validate the options (a bad value fails the submission
+  before the job queues) and export them with ``job_control_setenv`` as
+  ``GS_*``, which the prolog reads as ``SPANK_GS_*`` (:mod:`gsrun.request.job`).
+  Exclusivity is not exported (SPANK gives the allocator no job description):
+  the prolog reads it from ``scontrol show job``.
+* **a step's plan** (:func:`step_actions`, :func:`format_actions`), computed by
+  the node daemon when slurmstepd asks, once per node and step: every local
+  rank's binding (:func:`gsrun.bind.plan.plan_from_env`) and MIG devices, and
+  the MPS client environment; the plugin's ``task_init`` applies it in C.
+  Batch, extern and interactive steps are not bound but get the MPS environment.
 
-A hook returns 0/None (success) or non-zero (failure: in sbatch/srun the
-submission stops). An exception is logged by C with its traceback and turned
-into the ``on_error`` return code (default: fail); it never crashes the process.
-
-What runs here:
-
-* **allocator/local** (``slurm_spank_init_post_opt``): validate ``--gs-mps``,
-  ``--gs-mig``, ``--gs-tune``, ``--gs-bind``, ``--gs-report`` (a bad value
-  fails the submission before the job queues) and export them with
-  ``job_control_setenv`` as ``GS_*``; Slurm prefixes ``SPANK_``, so the
-  prolog/epilog read ``SPANK_GS_MPS`` etc. (:mod:`gsrun.request.job`).
-  ``SPANK_GS_EXCLUSIVE`` is *not* exported: SPANK gives the allocator no
-  access to the job description (``--exclusive``, ``#SBATCH`` lines), so the
-  prolog reads exclusivity from ``scontrol show job`` (``Exclusive=NODE``, or
-  ``OverSubscribe=NO`` where Slurm prints no ``Exclusive=``).
-* **a step's plan** (:func:`step_actions`, :func:`format_actions`), run by the
-  node daemon (:mod:`gsrun.daemon.server`) when slurmstepd asks for it, once
-  per node and step before it forks the tasks: what every local rank gets --
-  its binding (:func:`gsrun.bind.plan.plan_from_env`: CPU affinity, memory
-  policy, environment, the job's MIG devices) and the MPS client environment
-  when the job asked for MPS (:func:`gsrun.node.mps.task_env`). The plugin's
-  ``task_init`` applies each task's part in C. The batch, extern and
-  interactive steps are not bound (a batch script that starts its own ranks
-  must keep all CPUs) but do get the MPS environment.
-
-Everything Slurm-facing goes through the built-in ``_spank`` module, imported
-lazily so that tests can put a fake one in ``sys.modules``.
+Slurm is reached through the built-in ``_spank`` module, imported lazily (tests
+put a fake one in ``sys.modules``).
 """
 
 from __future__ import annotations
@@ -59,13 +40,12 @@ from gsrun.request.config import load_config
 
 PHASE = "spank"
 
-#: (name, arginfo, usage, has_arg) -- has_arg: 0 none, 1 required, 2 optional.
-#: Compiled into the C shim by spank_py/build.py (rebuild the plugin after a change).
-# The options a step's plan reads (step_actions' mps_opt, bind_opt): only these change what a
-# step's tasks get; the others are for the prolog (SPANK_GS_*, set by sbatch/srun). slurmstepd sends
-# their values with every step's request to the node daemon; spank_py/build.py puts the list into
-# the plugin (a test keeps it equal to the fields the plugin sends).
+# The options a step's plan reads (step_actions' mps_opt, bind_opt); the others are the prolog's.
+# slurmstepd sends their values with every step's request (build.py compiles the list in).
 REMOTE_OPTIONS = ("gs-mps", "gs-bind")
+
+#: (name, arginfo, usage, has_arg) -- has_arg: 0 none, 1 required, 2 optional; compiled into
+#: the C shim by spank_py/build.py (rebuild the plugin after a change).
 
 OPTIONS: tuple[tuple[str, str | None, str, int], ...] = (
     ("gs-mps", "PCT", "gsrun: run a per-job CUDA MPS daemon; PCT (1-100) = default active thread percentage", 2),
@@ -132,16 +112,22 @@ def _detail(e: Exception) -> tuple[str, str | None]:
     return str(getattr(e, "detail", e)), getattr(e, "hint", None)
 
 
+def _parser(parse, module: str, name: str):
+    """``parse``, else ``module.name``, else None (the module cannot be imported: a regex fallback)."""
+    if parse is not None:
+        return parse
+    try:
+        return getattr(__import__(module, fromlist=[name]), name)
+    except ImportError:
+        return None
+
+
 def check_mps(value: str, parse: Callable[[str], int | None] | None = None) -> str:
     """``""`` (flag alone: site default percentage) or an integer 1-100 as
     text (``"050"`` -> ``"50"``). ``parse``: the MPS share parser (default
     :func:`gsrun.request.mps_share.parse_mps_share`, the same rule as a
     regex when that module is missing)."""
-    if parse is None:
-        try:
-            from gsrun.request.mps_share import parse_mps_share as parse
-        except ImportError:
-            parse = None
+    parse = _parser(parse, "gsrun.request.mps_share", "parse_mps_share")
     if parse is None:
         v = value.strip()
         if v == "":
@@ -161,11 +147,7 @@ def check_tune(value: str, parse: Callable[[str], dict] | None = None) -> str:
     """Normalized ``key=value,...`` (no blanks). ``parse``: the tuning request
     parser (default :func:`gsrun.request.tune.parse_tune_request`, a strict
     regex when that module is missing)."""
-    if parse is None:
-        try:
-            from gsrun.request.tune import parse_tune_request as parse
-        except ImportError:
-            parse = None
+    parse = _parser(parse, "gsrun.request.tune", "parse_tune_request")
     if parse is None:
         v = value.replace(" ", "")
         if not _fullmatch(_TUNE_FALLBACK, v):
@@ -189,11 +171,7 @@ def check_mig(value: str, named: Mapping[str, str] | None = None,
     v = value.strip()
     if named and v in named:
         v = named[v]
-    if parse is None:
-        try:
-            from gsrun.request.mig_layout import parse_layout as parse
-        except ImportError:
-            parse = None
+    parse = _parser(parse, "gsrun.request.mig_layout", "parse_layout")
     if parse is None:
         if not _fullmatch(_MIG_FALLBACK, v.lower()):
             raise OptionError("gs-mig", value, "must be a layout like 7x1g.18gb or 3g.71gb+3g.71gb")
@@ -269,9 +247,8 @@ def bind_mode(plugstack_bind: str, option: str | None) -> str:
 
 
 class TaskActions:
-    """What task_init does for one task (decided, not yet applied). A plain
-    class: the hooks do not import ``dataclasses`` (~7 ms in every srun and
-    sbatch with a ``--gs-*`` option)."""
+    """What task_init does for one task. Not a dataclass: importing
+    ``dataclasses`` costs ~7 ms in every srun and sbatch with ``--gs-*``."""
 
     __slots__ = ("setenv", "unsetenv", "cpus", "mem_nodes", "notes")
 
@@ -328,21 +305,13 @@ def step_actions(job_env: Mapping[str, str], host_root: str | None, allowed_cpus
                  job_id: str | None = None, step_id: int | None = None, mps_opt: str | None = None,
                  bind_opt: str | None = None, plugstack_bind: str = "auto"
                  ) -> tuple[list[tuple[int, TaskActions]], tuple[str, ...], TaskActions | None]:
-    """What a step's tasks get -- every local rank's binding, MIG devices and
-    MPS environment -- from values the plugin sent: the step's job
-    environment, slurmstepd's ``GSRUN_HOST_ROOT``, its CPU affinity and
-    ``Mems_allowed_list`` after the step's cpuset applied (used on the live
-    host; a host root answers from its own files, as in slurmstepd), the
-    plugstack ``config=`` and ``bind=``, slurmstepd's own job and step ids
-    (``S_JOB_ID``, ``S_JOB_STEPID``; the MIG devices and the MPS pipe are the
-    job's, read by root), and the step's ``--gs-mps`` / ``--gs-bind`` values
-    (None: not given). Run by the node daemon (:mod:`gsrun.daemon.server`), so
-    slurmstepd starts no Python.
-
-    -> ``([(local_rank, TaskActions)], notes, others)``: ``others`` is what a
-    task without a block of its own gets (the MPS environment), or None. A
-    binding that cannot be planned is a note (the tasks keep Slurm's binding
-    and still get the MPS environment)."""
+    """What a step's tasks get, from what the plugin sent: the job environment,
+    slurmstepd's host root, CPU affinity and ``Mems_allowed_list`` (live host
+    only), plugstack ``config=`` / ``bind=``, slurmstepd's own job and step ids
+    (not the job environment's, which the job can set), and ``--gs-mps`` /
+    ``--gs-bind`` (None: not given). -> ``([(local_rank, TaskActions)], notes,
+    others)``; ``others``: what a task without a block gets (the MPS
+    environment) or None. A binding that cannot be planned is a note."""
     cfg = _load_config({"config": config_path} if config_path else None)
     notes: list[str] = []
     mps_env = None
@@ -377,17 +346,11 @@ def step_actions(job_env: Mapping[str, str], host_root: str | None, allowed_cpus
 
 def format_actions(actions: list[tuple[int, TaskActions]], notes: tuple[str, ...] = (),
                    others: TaskActions | None = None) -> str:
-    """The step's plan as the plugin's C side parses and applies it in each
-    task (``spank_py/gsrun_spank.c``: ``plan_parse``, ``apply_task_plan``),
-    as the node daemon answers it: ``GSA1``, then
-    per local rank ``rank N`` (0-4095, each once) followed by its
-    ``unset NAME``, ``set NAME=VALUE``, ``cpus 0,1``, ``mems 0`` lines; then,
-    when ``others`` is given, the same lines after ``rank *``: what a task
-    whose rank has no block of its own gets (the MPS environment of a step
-    without binding, or of a rank outside the binding plan, which the plugin
-    also logs as an error when the plan has rank blocks); ``note TEXT`` lines
-    (logged at verbose); ``end``. The ``cpus``/``mems`` of ``others`` are
-    written like a rank's but nothing here sets them. Pure.
+    """The step's plan as ``gsrun_spank.c`` (``plan_parse``) reads it: ``GSA1``;
+    per local rank ``rank N`` (0-4095, once) and its ``unset NAME``, ``set
+    NAME=VALUE``, ``cpus 0,1``, ``mems 0`` lines; with ``others``, the same
+    after ``rank *`` (what a rank without a block gets); ``note TEXT`` lines
+    (logged at verbose); ``end``. Pure.
 
     Raises:
         ValueError: a name or value the line format cannot carry (a newline or

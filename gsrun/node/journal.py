@@ -2,37 +2,19 @@
 values here before they change anything, and restore from it.
 
 A journal is one JSON object in one file, root ``0600``, replaced atomically
-(temp file, ``fsync``, ``rename``, ``fsync`` of the directory:
-:func:`gsrun.base.fsutil.atomic_write`), never written through a symlink.
-The owner's fields stay at the top level of the object (``entries``,
-``status``, ``compute_mode``...); the journal adds one key of its own::
+(:func:`gsrun.base.fsutil.atomic_write`), never written through a symlink.
+The owner's fields are at the top level; the journal adds one key::
 
     "journal": {"format": 2, "kind": "tuning"|"tuning-job"|"mps"|"mig",
                 "boot_id": "<uuid from /proc/sys/kernel/random/boot_id>"|null,
                 "written_unix": <float, seconds>, "pid": <int, the writer>}
 
-**Boot-aware**: every write records the boot id (read through
-:class:`gsrun.facts.hostfs.HostFS`, so ``--host-root`` trees have their own);
 :meth:`Journal.load` says whether a journal was written before the last
-reboot (:attr:`Loaded.earlier_boot`), and each owner decides what that means
-(tuning: the reboot already reset the settings, drop it; MIG: instances are
-gone but the MIG mode persists, restore anyway; MPS: its processes are gone).
-
-**Format 1** (releases before this module; no ``"journal"`` key: tuning's
-``{"version": 1, "boot_id", ...}``, MPS's ``{"schema": "gsrun.mps/1",
-...}``, MIG's ``{"version": 1, ...}``) is still read -- a node upgraded with
-journals on it restores them -- and the next write is format 2. A tuning
-baseline of format 1 keeps its top-level ``boot_id`` as the boot it was
-written in.
-
-**Locked**: :meth:`Journal.lock` takes an exclusive ``flock`` (released by
-the kernel when the holder dies) on ``lock_path`` -- a lock file, or by
-default the journal's directory itself, so no file is added next to the
-journals -- bounded by a timeout.
-
-File names and places are the owners' (unchanged): ``<state>/tuning/
-baseline.json`` and ``tuning/jobs/<id>.json`` (lock ``tuning/lock``),
-``<state>/mps-<id>.json``, ``<state>/jobs/<id>/mig.json``.
+reboot (:attr:`Loaded.earlier_boot`); each owner decides what that means
+(tuning drops it, MIG restores anyway: the MIG mode persists, MPS cleans up).
+Format 1 (no ``"journal"`` key; tuning's top-level ``boot_id``) is still
+read; the next write is format 2. :meth:`Journal.lock` takes a bounded
+exclusive ``flock`` on ``lock_path`` (default: the journal's directory).
 """
 
 from __future__ import annotations

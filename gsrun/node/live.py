@@ -1,45 +1,29 @@
 """While the job runs: the live node file, idle alerts and the opt-in cancel (the sampler's effects).
 
-The sampler (:mod:`gsrun.node.sampler`, root, one per job per node) calls
-:meth:`LiveActions.after_flush` after each of its state flushes. Three effects,
-each a thin writer around a decision made elsewhere:
+The sampler calls :meth:`LiveActions.after_flush` after each state flush.
+Three effects, each a thin writer around a decision made elsewhere:
 
 - **Live node file** ``<spool>/jobs/<id>/user-live-<node>.json``: the
-  sampler's aggregates so far (:func:`live_doc`: no timelines, no histograms:
-  about 1 KiB per GPU), written atomically, owned by root, the job's group, mode
-  0440 (read by ``gseff`` like ``user-node-*.json``), at most every
-  ``live.flush_s`` (default 30 s, the first at the sampler's first flush),
-  plus once when an alert or a cancel happens. The full timelines stay in
-  the node's state dir until the epilog.
-- **Alert** (a detection of the detector :mod:`gsrun.request.waste`): the
-  line goes into the live file (``gsrun --wait`` prints it) and, with
-  ``idle.alert_mail``, one request per condition (``idle``, ``stuck``,
-  ``never_used``: :func:`gsrun.request.waste.alert_plan`) and job: the first
-  node to claim ``<spool>/jobs/<id>/alert-<condition>.json`` (a hard link,
-  which fails when the name exists) publishes
-  ``<spool>/alerts/new/<job>.<condition>.json`` (``-<n>`` for the n-th).
-  The claim is given back (re-armed) when the condition has cleared on the
-  claiming node; a node that saw the condition while another held the
-  claim waits for it to clear on itself before it alerts. Then
-  ``gsrun-node mail flush`` is started detached: it turns requests into mail
-  through the mail spool (:mod:`gsrun.report.alerts`), so an alert that
-  cannot be mailed now (server down, per-user hour budget used up) stays
-  queued: never lost.
-- **Cancel** (``idle.cancel`` = ``report`` or ``on`` with
-  ``idle.cancel_after_min``): only the job's first node (its prolog record's
-  node list) decides, from its own GPUs and the other nodes' live files
-  (each must be fresh: written within 3 x ``live.flush_s``), with
-  :func:`gsrun.request.waste.cancel_decision`. Exemptions need the job
-  record (partition, QOS, account, user, batch flag): ``scontrol -o show
-  job`` is read once per job, only when the job's GPUs have been idle long
-  enough to matter. ``report`` logs what would have been cancelled (syslog,
-  the job's report notes); ``on`` first warns (live file, syslog, a mail
-  request ``<job>.warning``) and, when the job is still due
-  ``idle.cancel_grace_min`` later (:func:`gsrun.request.waste.cancel_step`;
-  a GPU working in between withdraws the warning), runs ``scancel <id>`` once (no shell, the
-  id checked by :func:`gsrun.base.ids.check_job_id`, bounded by
-  ``timeouts.command_s``), with the reason in syslog, the report notes, the
-  live file and a mail (request ``<job>.cancel``).
+  aggregates so far (:func:`live_doc`, about 1 KiB per GPU), root's, the job's
+  group, 0440 (``gseff`` reads it), at most every ``live.flush_s`` and once
+  more at an alert or a cancel.
+- **Alert** (a detection of :mod:`gsrun.request.waste`): a line in the live
+  file (``gsrun --wait`` prints it) and, with ``idle.alert_mail``, one mail
+  request per condition (:func:`gsrun.request.waste.alert_plan`) and job: the
+  first node to claim ``<spool>/jobs/<id>/alert-<condition>.json`` (a hard
+  link) publishes ``<spool>/alerts/new/<job>.<condition>.json`` (``-<n>`` for
+  the n-th) and starts ``gsrun-node mail flush``; the claim is re-armed when
+  the condition cleared on the claiming node. Queued mail is never lost
+  (:mod:`gsrun.report.alerts`).
+- **Cancel** (``idle.cancel`` = ``report`` or ``on``, after
+  ``idle.cancel_after_min``): only the job's first node decides, from its GPUs
+  and the other nodes' fresh live files (within 3 x ``live.flush_s``), with
+  :func:`gsrun.request.waste.cancel_decision`; exemptions come from Slurm,
+  asked once per job when it matters. ``report`` logs what would be
+  cancelled; ``on`` warns (live file, syslog, mail ``<job>.warning``) and,
+  still due ``idle.cancel_grace_min`` later (a GPU working in between
+  withdraws the warning), runs ``scancel <id>`` once (no shell, checked id,
+  ``timeouts.command_s``), with syslog, notes, live file and mail ``<job>.cancel``.
 """
 
 from __future__ import annotations
@@ -133,11 +117,9 @@ def alert_line(finding: dict, node: str, start_time: float) -> str:
 
 
 def job_fields_from_record(rec: dict | None) -> dict | None:
-    """The job as :func:`gsrun.request.waste.cancel_decision` wants it, from
-    ``scontrol -o show job`` (:func:`gsrun.facts.slurm.parse_job_record`):
-    ``partition``, ``qos``, ``user``, ``account``, ``interactive`` (Slurm's
-    ``BatchFlag=0``: ``salloc``, ``srun`` without ``sbatch``), plus
-    ``mail_user``. None without a record. Pure."""
+    """``partition``, ``qos``, ``user``, ``account``, ``interactive``
+    (``BatchFlag=0``) and ``mail_user`` of a parsed ``scontrol -o show job``
+    record, or None. Pure."""
     if not rec:
         return None
 
@@ -202,14 +184,12 @@ NOT_EXEMPT = {"partition": None, "qos": None, "user": None, "account": None, "in
 
 
 def read_cancel_fields(job_id: str, timeout_s: float) -> dict | None:
-    """The job as :func:`gsrun.request.waste.cancel_decision` wants it:
-    ``partition``, ``qos``, ``user``, ``account``, ``interactive`` from
-    ``squeue`` (:func:`gsrun.facts.slurm.exemption_argv`: fields no user text
-    can break), plus ``mail_user`` from the job record (None when it does not
-    parse: the cancel mail then goes to the user's name). A squeue answer
-    that does not parse is :data:`NOT_EXEMPT` (never a way out of the
-    cancel); None when Slurm could not be asked (timeout, unknown job): the
-    decision waits for the next flush."""
+    """The job for :func:`gsrun.request.waste.cancel_decision`: ``partition``,
+    ``qos``, ``user``, ``account``, ``interactive`` from ``squeue``
+    (:func:`gsrun.facts.slurm.exemption_argv`: fields no user text can break)
+    and ``mail_user`` from the job record. An answer that does not parse is
+    :data:`NOT_EXEMPT`; None when Slurm could not be asked (asked again at the
+    next flush)."""
     try:
         cp = run_slurm(exemption_argv(job_id), timeout_s, check=False)
     except SlurmError:
@@ -243,17 +223,11 @@ def _watches(state: dict) -> list:
 
 
 class LiveActions:
-    """The sampler's while-the-job-runs effects (see module doc).
-
-    ``idle_cfg``: :class:`gsrun.request.waste.IdleConfig` (None: no alerts,
-    no cancel; the live file is still written). ``live_flush_s``: the
-    ``live.flush_s`` setting. Injectable for tests: ``clock`` (epoch s),
-    ``job_record`` (``job_id -> record dict | None``), ``scancel``
-    (``job_id -> (ok, detail)``), ``kick`` (start the mail flush), ``log``
-    (a :class:`gsrun.base.log.JobLog`-like callable with ``warn``).
-    ``job_record`` gives :func:`read_cancel_fields`' shape: a dict (exempt
-    fields; ``unparsable`` when Slurm's answer did not parse: nothing is
-    exempt) or None (Slurm not reachable now: asked again at the next flush)."""
+    """The sampler's while-the-job-runs effects (module doc). ``idle_cfg``:
+    :class:`gsrun.request.waste.IdleConfig` (None: only the live file).
+    Injectable: ``clock``, ``job_record`` (:func:`read_cancel_fields`' shape),
+    ``scancel`` (``job_id -> (ok, detail)``), ``kick`` (start the mail
+    flush), ``log`` (a :class:`gsrun.base.log.JobLog`-like callable)."""
 
     def __init__(self, spool_dir, job_id: str, node: str, uid: int, idle_cfg=None, live_flush_s: float = 30.0,
                  command_timeout_s: float = 15.0, clock=time.time, job_record=None, scancel=None, kick=None,
@@ -275,7 +249,6 @@ class LiveActions:
         self.last_write: float | None = None
         self.prolog: dict | None = None
         self.job: dict | None = None          # job fields from the job record, read once
-        self.job_looked = False
         self._want_kick = False
 
     # -- facts this node has
@@ -300,13 +273,26 @@ class LiveActions:
     def _acts(self, state: dict) -> dict:
         return state.setdefault("live_actions", {"seen_keys": [], "alerts": [], "cancel": None, "report_noted": False})
 
+    @staticmethod
+    def _line(acts: dict, *lines: str) -> None:
+        acts["alerts"] = (acts["alerts"] + list(lines))[-MAX_ALERT_LINES:]
+
+    def _queue(self, kind: str, req: dict, what: str, count: bool = True) -> bool:
+        """Queue the mail request ``req`` (the n-th of ``kind`` when ``count``);
+        a failure is logged as ``<what> not queued``. -> queued now."""
+        try:
+            n = alert_count(self.spool_dir, self.job_id, kind) + 1 if count else 1
+            if queue_alert(self.spool_dir, self.job_id, kind, req, n):
+                self._want_kick = True
+                return True
+        except Exception as e:  # noqa: BLE001 - kept in the live file; the mail is lost only with the spool
+            self.log.warn(f"{what} not queued: {e}")
+        return False
+
     # -- the hook
     def after_flush(self, state: dict, state_json_fn) -> None:
-        """Run after a sampler flush: alerts for new findings, the cancel
-        decision, the live file when due. ``state_json_fn()`` gives the
-        state's JSON form (only called when the live file is written).
-        Never raises: a broken spool costs the live view, not the job's
-        figures."""
+        """After a sampler flush: alerts, the cancel decision, the live file when
+        due (``state_json_fn()``: the state's JSON form). Never raises."""
         try:
             now = self.clock()
             event = self._alerts(state, now)
@@ -370,7 +356,7 @@ class LiveActions:
             return False
         t0 = float(state["start_time"])
         lines = [alert_line(f, self.node, t0) for f in new]
-        acts["alerts"] = (acts["alerts"] + lines)[-MAX_ALERT_LINES:]
+        self._line(acts, *lines)
         for ln in lines:
             self.log(f"alert: {ln}")
         cfg = self.idle_cfg
@@ -385,13 +371,8 @@ class LiveActions:
                    "lines": [alert_line(f, self.node, t0) for f in mine],
                    "findings": [dict(f, node=self.node) for f in mine[:16]],
                    "time": round(now, 3)}
-            try:
-                n = alert_count(self.spool_dir, self.job_id, cond) + 1
-                if queue_alert(self.spool_dir, self.job_id, cond, req, n):
-                    self._want_kick = True
-                    self._record(state, now, "alert_mailed", "; ".join(req["lines"]), kind=cond)
-            except Exception as e:  # noqa: BLE001 - kept in the live file; the mail is lost only with the spool
-                self.log.warn(f"alert not queued: {e}")
+            if self._queue(cond, req, "alert"):
+                self._record(state, now, "alert_mailed", "; ".join(req["lines"]), kind=cond)
         return True
 
     def _record(self, state: dict, now: float, action: str, detail: str, kind: str | None = None) -> None:
@@ -455,7 +436,7 @@ class LiveActions:
                 return False
             acts["warned_at"] = None       # the GPUs work again (or the job is exempt): the warning is void
             line = f"job {self.job_id}: idle-cancel warning withdrawn (its GPUs are no longer all idle)"
-            acts["alerts"] = (acts["alerts"] + [line])[-MAX_ALERT_LINES:]
+            self._line(acts, line)
             self.log(line)
             return True
         if step == "report":
@@ -491,7 +472,6 @@ class LiveActions:
             return "none", "not idle long enough"
         if self.job is None:
             self.job = self._job_record(self.job_id)
-            self.job_looked = True
         if self.job is None:
             return None
         if self.job.get("unparsable") and not acts.get("unparsable_noted"):
@@ -502,14 +482,13 @@ class LiveActions:
         return cancel_decision(self.idle_cfg, self.job, since - t0, now - t0)
 
     def _warn(self, state: dict, acts: dict, reason: str, now: float) -> bool:
-        """The warning before the cancel: live file, syslog, the action record
-        and (``idle.alert_mail``) a mail request of kind ``warning``."""
+        """The warning before the cancel: live file, syslog, action, mail."""
         grace = float(getattr(self.idle_cfg, "cancel_grace_min", 15.0))
         at = now + 60.0 * grace
         line = (f"job {self.job_id} will be cancelled at {time.strftime('%H:%M', time.localtime(at))} "
                 f"(in {grace:g} min) unless its GPUs work again: {reason}")
         acts["warned_at"] = round(now, 3)
-        acts["alerts"] = (acts["alerts"] + [line])[-MAX_ALERT_LINES:]
+        self._line(acts, line)
         self.log.warn(line)
         self._record(state, now, "cancel_warned", line)
         if getattr(self.idle_cfg, "alert_mail", True):
@@ -517,12 +496,7 @@ class LiveActions:
                    "user": (self.job or {}).get("user"), "mail_user": (self.job or {}).get("mail_user"),
                    "lines": [line], "reason": reason, "cancel_at": round(at, 3), "grace_min": grace,
                    "time": round(now, 3)}
-            try:
-                n = alert_count(self.spool_dir, self.job_id, "warning") + 1
-                if queue_alert(self.spool_dir, self.job_id, "warning", req, n):
-                    self._want_kick = True
-            except Exception as e:  # noqa: BLE001 - the warning stands in the live file and the summary
-                self.log.warn(f"cancel warning mail not queued: {e}")
+            self._queue("warning", req, "cancel warning mail")
         return True
 
     def _do_cancel(self, state: dict, acts: dict, reason: str, now: float) -> bool:
@@ -540,16 +514,12 @@ class LiveActions:
         state.setdefault("notes", []).append(note)
         acts["cancel"] = {"action": "cancel" if ok else "cancel_failed", "reason": reason, "time": round(now, 3),
                           "detail": detail}
-        acts["alerts"] = (acts["alerts"] + [f"job {self.job_id} cancelled: {reason}"])[-MAX_ALERT_LINES:]
+        self._line(acts, f"job {self.job_id} cancelled: {reason}")
         if ok and getattr(self.idle_cfg, "alert_mail", True):
             req = {"job_id": self.job_id, "kind": "cancel", "node": self.node, "uid": self.uid,
                    "user": (self.job or {}).get("user"), "mail_user": (self.job or {}).get("mail_user"),
                    "lines": [f"job {self.job_id} cancelled: {reason}"], "reason": reason, "time": round(now, 3)}
-            try:
-                if queue_alert(self.spool_dir, self.job_id, "cancel", req):
-                    self._want_kick = True
-            except Exception as e:  # noqa: BLE001
-                self.log.warn(f"cancel mail not queued: {e}")
+            self._queue("cancel", req, "cancel mail", count=False)
         return True
 
     def _other_live(self, node: str) -> dict | None:

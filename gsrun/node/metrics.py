@@ -1,26 +1,20 @@
 """The Prometheus series gsrun exports for GPUs, one table for both outputs:
-the per-job textfile (:mod:`gsrun.node.metrics_textfile`, through
-node_exporter) and the node daemon's HTTP endpoint
-(:mod:`gsrun.node.metrics_http`). Pure.
+the per-job textfile (:mod:`gsrun.node.metrics_textfile`) and the node
+daemon's HTTP endpoint (:mod:`gsrun.node.metrics_http`). Pure.
 
-Both outputs are built from :class:`GpuReading` values: one reading per GPU
-per job holding it, plus, at the endpoint only, one per GPU no job holds.
-:func:`job_readings` makes them from a sampler's live state (window means
-between two calls); :func:`job_samples` turns readings into the series of
-:data:`JOB_SERIES`; :func:`gpu_samples` into those of :data:`GPU_SERIES`;
-:func:`families` into ``prometheus_client`` metric families.
+Both are built from :class:`GpuReading` values (one per GPU per job holding
+it; at the endpoint also one per GPU no job holds): :func:`job_readings` makes
+them from a sampler's state (window means between two calls),
+:func:`job_samples` / :func:`gpu_samples` turn them into the series of
+:data:`JOB_SERIES` / :data:`GPU_SERIES`, :func:`families` into
+``prometheus_client`` families.
 
-Labels of a job series (:func:`gpu_labels`): ``job_id`` (``""`` for a GPU no
-job holds, as dcgm-exporter leaves its ``hpc_job`` label empty), ``user``
-(the job user's name, ``""`` without a job; the label is left out with
-``metrics.user_label = false``), ``node`` (the Slurm node name), ``gpu`` (the
-Slurm gres index = the ``/dev/nvidiaN`` minor number; ``""`` when unknown),
-``uuid`` (NVML's; left out when unknown) and ``mig_instance`` (the MIG device
-UUID, only for a MIG instance). A GPU series (:data:`GPU_SERIES`: properties
-of the device, not of a job) has ``node``, ``gpu``, ``uuid``, ``mig_instance``.
-
-A value that is unknown (None: N/A, not supported, MIG utilization, a lost
-GPU) is left out, never written as 0.
+Job series labels (:func:`gpu_labels`): ``job_id`` (``""`` without a job, as
+dcgm-exporter's ``hpc_job``), ``user`` (left out with ``metrics.user_label =
+false``), ``node`` (Slurm's), ``gpu`` (gres index = ``/dev/nvidiaN`` minor;
+``""`` when unknown), ``uuid`` (when known), ``mig_instance`` (a MIG
+device's UUID). GPU series have ``node``, ``gpu``, ``uuid``, ``mig_instance``.
+An unknown value is left out, never written as 0.
 """
 
 from __future__ import annotations
@@ -37,28 +31,15 @@ WINDOW_HTTP = ", over the last sampler interval (sampler.interval_s)"
 
 @dataclass(frozen=True, slots=True)
 class GpuReading:
-    """One GPU's figures, for one job holding it (``job_id`` set) or for no
-    job (``job_id`` None: the GPU is not allocated). Every figure may be None
-    = unknown (its series is left out, never 0).
-
-    ``gres_index``: Slurm's gres index = ``/dev/nvidiaN`` minor number.
-    ``uuid``: ``nvmlDeviceGetUUID`` (``MIG-...`` for a MIG device).
-    ``name``: ``nvmlDeviceGetName``. ``mig_instance``: the MIG device UUID
-    when the reading is of a MIG instance, else None. ``user``: the job
-    user's name (None without a job, or when the site leaves it out).
-
-    Gauges, in the reading's units (a series may divide: % -> ratio):
-    ``util_pct`` (NVML utilization, busy share 0-100), ``sm_active_pct`` and
-    ``tensor_active_pct`` (GPM, 0-100), ``mem_used_bytes`` and
-    ``mem_total_bytes`` (``nvmlDeviceGetMemoryInfo``), ``power_w``
-    (``nvmlDeviceGetPowerUsage`` / 1000), ``temperature_c``
-    (``nvmlDeviceGetTemperature``, degrees C).
-    ``energy_j``: a counter, J: for a job, the energy since the job started
-    on the GPU (the sampler's :class:`~gsrun.facts.aggregate.Counter` of
-    ``nvmlDeviceGetTotalEnergyConsumption``, mJ / 1000); for a GPU no job
-    holds, the device's counter since the driver loaded.
-    ``idle``: the job's idle detector holds the GPU idle (True), working
-    (False), no detector state (None; always None without a job)."""
+    """One GPU's figures for the job holding it (``job_id`` None: no job).
+    Every figure may be None = unknown. ``gres_index``: ``/dev/nvidiaN`` minor;
+    ``uuid`` (``MIG-...`` for a MIG device), ``name``: NVML's;
+    ``mig_instance``: the MIG device UUID; ``user``: the job user's name.
+    Gauges: ``util_pct``, ``sm_active_pct``, ``tensor_active_pct`` (0-100),
+    ``mem_used_bytes``, ``mem_total_bytes``, ``power_w``, ``temperature_c``.
+    ``energy_j`` (counter, J): since the job started on the GPU, or for no
+    job since the driver loaded. ``idle``: the job's idle detector's verdict
+    (None: no detector state)."""
 
     gres_index: int | None
     uuid: str | None = None
@@ -79,13 +60,10 @@ class GpuReading:
 
 @dataclass(frozen=True, slots=True)
 class Series:
-    """One exported family. ``name`` as exposed (a counter's ends in
-    ``_total``); ``kind`` ``"gauge"`` or ``"counter"``; ``field`` the
-    :class:`GpuReading` attribute; ``per`` the divisor from the reading's unit
-    to the series' (100 for % -> ratio); ``help`` what it is and its source;
-    ``windowed``: a gauge whose value covers a window (each output appends
-    which); ``http_note``: added to the help at the HTTP endpoint only;
-    ``doc``: the value column of the docs' table."""
+    """One exported family: ``name`` as exposed, ``kind``, the
+    :class:`GpuReading` ``field``, ``per`` (divisor: 100 for % -> ratio),
+    ``help``, ``windowed`` (each output appends its window), ``doc`` (the
+    docs' table) and ``http_note`` (the endpoint's help only)."""
 
     name: str
     kind: str
@@ -149,9 +127,8 @@ def _marks(metric) -> tuple[int, float, float, float]:
 
 def window_mean(now: tuple, before: tuple | None) -> float | None:
     """Mean of a :class:`~gsrun.facts.aggregate.Metric` between two marks
-    ``(n, weight_s, wsum, vsum)``: time-weighted when the window carried
-    time, the plain mean of its values otherwise (a first poll), None when no
-    value came in the window."""
+    ``(n, weight_s, wsum, vsum)``: time-weighted, else plain (a first poll),
+    None when no value came."""
     n0, w0, ws0, vs0 = before or (0, 0.0, 0.0, 0.0)
     n, w, ws, vs = now
     if n < n0:            # a state that went back (sampler restarted from an older file)
@@ -170,9 +147,8 @@ def tidy(v: float) -> float:
 
 
 def _watch_of(state: dict, gres_index: int, i: int):
-    """The idle detector's watch for a GPU: ``state["watch"]`` keyed by the
-    gres index (as text or int) or a list parallel to ``state["gpus"]``; a
-    :class:`GpuWatch` or its JSON form. None when absent."""
+    """A GPU's idle watch (or its JSON form) from ``state["watch"]`` (by gres
+    index, or a list parallel to ``state["gpus"]``), or None."""
     watch = state.get("watch")
     if isinstance(watch, dict):
         return watch.get(str(gres_index), watch.get(gres_index))
@@ -203,18 +179,10 @@ _WINDOW_KEYS = ("util_pct", "sm_active_pct", "tensor_active_pct", "mem_used_byte
 
 
 def job_readings(state: dict, user: str | None, marks: dict | None = None) -> tuple[list[GpuReading], dict]:
-    """One :class:`GpuReading` per GPU of a sampler's live ``state`` (objects
-    inside, as :class:`gsrun.node.sampler.Sampler` holds it; GPUs in state
-    order). Pure.
-
-    Gauges are the means over the window since the previous call (``marks``:
-    what that call returned, ``{gres_index: {metric key: (n, weight_s, wsum,
-    vsum)}}``; None or ``{}``: the whole job so far); a metric with no value
-    in the window is None. ``energy_j``: the job's energy on the GPU (None
-    before the counter's first reading). ``idle``: from the detector's
-    ``state["watch"]``; None for a lost GPU or without detector state.
-    ``mem_total_bytes``: the GPU's ``ref``. Returns the readings and the
-    marks for the next call."""
+    """One :class:`GpuReading` per GPU of a sampler's live ``state``. Pure.
+    Gauges are means since the call that returned ``marks`` (``{gres_index:
+    {key: (n, weight_s, wsum, vsum)}}``; empty: the whole job). -> (readings,
+    the marks for the next call)."""
     job_id = str(state["job_id"])
     marks = marks or {}
     new_marks: dict = {}
@@ -245,15 +213,8 @@ def job_readings(state: dict, user: str | None, marks: dict | None = None) -> tu
 
 
 def gpu_labels(r: GpuReading, node: str, user_label: bool) -> dict:
-    """The labels of a job series for reading ``r`` (module docstring)."""
-    labels = {"job_id": r.job_id or "", "node": node, "gpu": "" if r.gres_index is None else str(r.gres_index)}
-    if user_label:
-        labels["user"] = r.user or ""
-    if r.uuid:
-        labels["uuid"] = r.uuid
-    if r.mig_instance:
-        labels["mig_instance"] = r.mig_instance
-    return labels
+    """The labels of a job series for reading ``r`` (module docstring; the output sorts them)."""
+    return {"job_id": r.job_id or "", **device_labels(r, node), **({"user": r.user or ""} if user_label else {})}
 
 
 def device_labels(r: GpuReading, node: str) -> dict:
@@ -315,10 +276,3 @@ def families(samples: list[Sample], series: tuple[Series, ...], window: str, htt
     for smp in samples:
         out[smp.family].add_sample(smp.family, dict(smp.labels), smp.value)
     return [f for f in out.values() if f.samples]
-
-
-def series_table() -> str:
-    """The docs' table of every series (docs/ADMIN.md), Markdown."""
-    rows = ["| series | type | value |", "| --- | --- | --- |"]
-    rows += [f"| `{s.name}` | {s.kind} | {s.doc} |" for s in JOB_SERIES + GPU_SERIES]
-    return "\n".join(rows)

@@ -1,13 +1,10 @@
 """The node daemon's Prometheus endpoint: every GPU of the node, with job labels.
 
-The daemon's monitor samples every GPU and hands this module a callable,
-``readings() -> list[GpuReading]`` (:class:`gsrun.node.metrics.GpuReading`):
-one reading per GPU per job holding it and one per GPU no job holds
-(``job_id`` None: its series get ``job_id=""``, as dcgm-exporter leaves
-``hpc_job`` empty). :class:`GpuCollector` turns them, at each scrape, into
-the series of :data:`gsrun.node.metrics.JOB_SERIES` (the same names and
-labels as the per-job textfile) and :data:`~gsrun.node.metrics.GPU_SERIES`,
-plus:
+The monitor hands :class:`GpuCollector` a callable ``readings() ->
+list[GpuReading]``: one reading per GPU per job holding it and one per GPU no
+job holds (``job_id=""``, as dcgm-exporter leaves ``hpc_job`` empty). At each
+scrape it yields :data:`gsrun.node.metrics.JOB_SERIES` (the textfile's names
+and labels) and :data:`~gsrun.node.metrics.GPU_SERIES`, plus:
 
 ==================================  =======  ====================================================
 ``gsrun_gpu_info``                  gauge    1 per GPU; labels ``node``, ``gpu``, ``uuid``,
@@ -19,14 +16,10 @@ plus:
                                              ``over_cap`` or ``bad`` (:func:`admit`)
 ==================================  =======  ====================================================
 
-Cardinality is bounded: at most :data:`MAX_GPUS` (64) GPUs and
-:data:`MAX_JOBS_PER_GPU` (16) readings per GPU, so at most
-64 x (16 x 7 job series + 3 GPU series) + 5 series; no per-process or
-per-step label. :func:`start_http` serves the collector with its own
-``CollectorRegistry``: only these series, not ``prometheus_client``'s
-Python process and GC series (the daemon's CPU and memory are systemd's
-and node_exporter's to report, and a series list that is exactly the
-documented one is what sites alert on).
+Cardinality is bounded: at most 64 x (16 x 7 job series + 3 GPU series) + 5
+series (:data:`MAX_GPUS`, :data:`MAX_JOBS_PER_GPU`). The registry is its own:
+no Python process or GC series (systemd and node_exporter report the daemon),
+so the series list is exactly the documented one.
 """
 
 from __future__ import annotations
@@ -55,14 +48,10 @@ REQUEST_DEADLINE_S = 5.0      # a connection's whole life: a client trickling it
 
 
 def admit(readings: Sequence) -> tuple[list[GpuReading], int, int]:
-    """The readings the endpoint exports, in the order given. Pure.
-
-    Left out: ``bad`` ones (not a :class:`GpuReading`; a ``job_id`` that is
-    not a Slurm job id, ``[0-9]{1,10}``; a ``gres_index`` that is not an int
-    0-65535 or None; a text field over :data:`MAX_LABEL_CHARS` or with a NUL)
-    and ``over_cap`` ones (a GPU beyond the first :data:`MAX_GPUS`, a reading
-    beyond the first :data:`MAX_JOBS_PER_GPU` of its GPU). Returns (kept,
-    over_cap count, bad count)."""
+    """``readings`` -> (kept in order, over_cap count, bad count). Pure. Bad:
+    not a :class:`GpuReading`, a job id not ``[0-9]{1,10}``, a gres index not
+    0-65535 or None, a text over :data:`MAX_LABEL_CHARS` or with a NUL.
+    Over cap: past :data:`MAX_GPUS` GPUs or :data:`MAX_JOBS_PER_GPU` per GPU."""
     kept: list[GpuReading] = []
     per_gpu: dict[tuple, int] = {}
     over = bad = 0
@@ -94,17 +83,12 @@ def _good(r) -> bool:
 
 
 class GpuCollector:
-    """A ``prometheus_client`` custom collector: ``collect()`` calls
-    ``readings()`` (the monitor's; called at each scrape, from the HTTP
-    server's threads, so it must be cheap and thread-safe: return the last
-    poll's list, do not poll) and yields the families of the module
-    docstring. ``node``: the ``node`` label (the Slurm node name, as the
-    textfile's). ``user_label``: ``metrics.user_label``.
-
-    It never raises into ``prometheus_client``: a ``readings()`` that raises
-    (or returns something that is not a list or tuple) gives no GPU series,
-    ``gsrun_exporter_scrape_success 0``, one more
-    ``gsrun_exporter_errors_total`` and one line on stderr per cause."""
+    """A ``prometheus_client`` collector of the module doc's families.
+    ``readings()`` runs in the HTTP threads at each scrape: cheap and
+    thread-safe (the last poll's list). ``node``: the Slurm node name;
+    ``user_label``: ``metrics.user_label``. Never raises: a failing
+    ``readings()`` gives no GPU series, ``scrape_success 0``, one more
+    ``errors_total`` and one stderr line per cause."""
 
     def __init__(self, readings: Callable[[], Sequence[GpuReading]], node: str, user_label: bool = True):
         from gsrun import __version__
@@ -118,8 +102,7 @@ class GpuCollector:
         self._warned: set[str] = set()
 
     def describe(self):
-        """Nothing to describe ahead of a scrape (the GPU set changes), so
-        registering never calls ``readings()``."""
+        """Nothing ahead of a scrape: registering never calls ``readings()``."""
         return []
 
     def collect(self):
@@ -176,8 +159,7 @@ class GpuCollector:
 
 @dataclass
 class Endpoint:
-    """A running endpoint: ``address`` and ``port`` as bound (port 0 asked:
-    the one the kernel gave); :meth:`close` stops it."""
+    """A running endpoint, ``address`` and ``port`` as bound."""
 
     address: str
     port: int
@@ -204,11 +186,9 @@ class _Handler(WSGIRequestHandler):
 
 class _Server(ThreadingMixIn, WSGIServer):
     """A thread per scrape, at most :data:`MAX_CONNECTIONS` at once and
-    :data:`MAX_PER_ADDRESS` from one client address (the rest are closed
-    unanswered: a scraper retries, a flood costs no threads); each connection
-    is shut down :data:`REQUEST_DEADLINE_S` after it was accepted, however
-    slowly its client sends (one header line every few seconds cannot hold a
-    slot)."""
+    :data:`MAX_PER_ADDRESS` per client address (the rest closed unanswered);
+    each connection is cut :data:`REQUEST_DEADLINE_S` after its accept,
+    however slowly its client sends."""
 
     daemon_threads = True
     dual_stack = False
@@ -300,19 +280,12 @@ def _bind(address: str, port: int, app) -> WSGIServer:
 
 
 def start_http(address: str, port: int, collector) -> Endpoint:
-    """Serve ``collector`` (a :class:`GpuCollector`) on ``address``:``port``
-    from a daemon thread, every path (``/metrics`` as Prometheus asks) in the
-    text format (``prometheus_client.make_wsgi_app`` on its own
-    ``CollectorRegistry``: gzip when asked; the collector describes nothing ahead of a
-    scrape, so ``?name[]=`` filters give an empty page).
-    ``address``: ``""`` = every address (IPv6 and IPv4), else a literal IPv4
-    or IPv6 address or a host name (resolved once, now). ``port`` 0 = any
-    free port (tests): :attr:`Endpoint.port` says which.
-
-    Built from ``make_wsgi_app`` and the standard library's WSGI server,
-    which is what ``prometheus_client.start_http_server`` does, because that
-    returns nothing before prometheus_client 0.20 (no bound port, no way to
-    stop it) and sets no connection limit or timeout.
+    """Serve ``collector`` on ``address``:``port`` from a daemon thread, every
+    path, in the text format (``make_wsgi_app`` on its own registry; gzip when
+    asked). ``address``: ``""`` = every address (IPv6 and IPv4), else an
+    address or a host name (resolved now); ``port`` 0: any (tests). Not
+    ``start_http_server``: before prometheus_client 0.20 it returns no port and
+    no way to stop, and it has no connection limit or timeout.
 
     Raises:
         NodeError: the address cannot be bound: the port is in use (dcgm-exporter

@@ -1,29 +1,14 @@
-"""Per-job GPU metrics for the site's Prometheus, through node_exporter's
-textfile collector (``--collector.textfile.directory``).
+"""Per-job GPU metrics through node_exporter's textfile collector.
 
-When the site sets ``[metrics] textfile_dir``, the sampler writes
-``<textfile_dir>/gsrun_job_<jobid>.prom`` at each state flush
-(``sampler.flush_s``) and the epilog removes it. The file is the Prometheus
-text format, built by ``prometheus_client`` and written atomically (a temp
-file in the same directory, then ``rename``; mode ``metrics.textfile_mode``,
-default 0640, group ``metrics.textfile_group``, default the directory's group:
-node_exporter reads it through the group, other local users do not): node_exporter never
-reads half a file (no ``fsync``: the file is rewritten every flush and
-worth nothing after a crash). The temp file's name (``.gsrun_job_<jobid>.prom.<pid>.<hex>``)
-does not end in ``.prom``, so the collector never reads it either.
-
-Series: :data:`gsrun.node.metrics.JOB_SERIES` (the one table of names,
-types and labels, shared with the node daemon's HTTP endpoint,
-:mod:`gsrun.node.metrics_http`), per GPU of the job on this node; at most
-:data:`SERIES_PER_GPU` (7) of them, no per-process or per-step label.
-
-Gauges are the time-weighted mean over the window since the previous write
-(one flush interval; the sampler's own aggregates, :class:`gsrun.facts.aggregate.Metric`,
-differenced), so a scrape every 15-60 s sees every poll folded in, not one
-point reading. A value that is unknown in the window (N/A, not supported,
-MIG utilization: field case 12, a lost GPU) is left out, never written as 0.
-The idle flag comes from the sampler's idle detector (``state["watch"]``);
-it is left out when there is no detector state for the GPU.
+With ``[metrics] textfile_dir`` set, the sampler writes
+``<textfile_dir>/gsrun_job_<jobid>.prom`` at each state flush and the epilog
+removes it: :data:`gsrun.node.metrics.JOB_SERIES` per GPU of the job (at most
+:data:`~gsrun.node.metrics.SERIES_PER_GPU`), gauges the mean over the window
+since the previous write, unknown values left out. Written atomically, mode
+``metrics.textfile_mode`` (0640) and group ``metrics.textfile_group`` (default
+the directory's: node_exporter reads through the group), not fsync'd (worth
+nothing after a crash); the temp name ``.gsrun_job_<jobid>.prom.<pid>.<hex>``
+does not end in ``.prom``, so the collector never reads half a file.
 """
 
 from __future__ import annotations
@@ -54,23 +39,23 @@ def file_name(job_id: str) -> str:
     return f"{FILE_PREFIX}{check_job_id(job_id, phase='metrics')}{FILE_SUFFIX}"
 
 
-def is_our_file(name: str, job_id: str | None = None) -> bool:
-    """True for exactly ``gsrun_job_<digits>.prom`` or atomic_write's temp file
-    of one (``.gsrun_job_<digits>.prom.<pid>.<hex>``), of ``job_id`` when given."""
+def file_job(name: str) -> str | None:
+    """The job id of exactly ``gsrun_job_<digits>.prom`` or atomic_write's temp
+    file of one (``.gsrun_job_<digits>.prom.<pid>.<hex>``), else None."""
     m = _OUR_FILE.fullmatch(name) or _OUR_TEMP.fullmatch(name)
-    return m is not None and (job_id is None or m.group(1) == job_id)
+    return m.group(1) if m else None
+
+
+def is_our_file(name: str, job_id: str | None = None) -> bool:
+    """True for a name :func:`file_job` knows, of ``job_id`` when given."""
+    j = file_job(name)
+    return j is not None and (job_id is None or j == job_id)
 
 
 def build_samples(state: dict, user: str | None, marks: dict | None = None) -> tuple[list[Sample], dict]:
-    """The series for the sampler's live ``state`` (objects inside, as
-    :class:`gsrun.node.sampler.Sampler` holds it). Pure. ``user`` None: no
-    ``user`` label.
-
-    ``marks``: what the previous call returned (``{gres_index: {metric key:
-    (n, weight_s, wsum, vsum)}}``; None or ``{}`` on the first call: the
-    window is the whole job so far). Returns the samples (families in the
-    order of :data:`gsrun.node.metrics.JOB_SERIES`; GPUs in state order) and
-    the marks for the next call (:func:`gsrun.node.metrics.job_readings`)."""
+    """The series of a sampler's live ``state`` since ``marks`` -> (samples,
+    the next marks) (:func:`gsrun.node.metrics.job_readings`). Pure. ``user``
+    None: no ``user`` label."""
     readings, new_marks = job_readings(state, user, marks)
     return job_samples(readings, str(state["node"]), user_label=user is not None), new_marks
 
@@ -140,10 +125,7 @@ def _warn_once(key: str, msg: str) -> None:
 
 
 def exporter_from_config(cfg, job_id: str, uid: int | None) -> TextfileExporter | None:
-    """The exporter for this job when ``metrics.textfile_dir`` is set, else
-    None: mode ``metrics.textfile_mode``, group ``metrics.textfile_group``
-    (else the directory's group: :func:`textfile_gid`), the ``user`` label
-    unless ``metrics.user_label`` is false."""
+    """The job's exporter per the ``metrics.*`` settings, or None without ``textfile_dir``."""
     d = cfg["metrics.textfile_dir"]
     if not d:
         return None
@@ -153,10 +135,8 @@ def exporter_from_config(cfg, job_id: str, uid: int | None) -> TextfileExporter 
 
 
 def textfile_gid(directory: str, group: str) -> int | None:
-    """The gid the ``.prom`` files get: ``group``'s (a name or digits), else
-    the group of ``directory`` (node_exporter's textfile directory); None
-    when neither is known (the file keeps root's group: a warning at write
-    time is not needed, node_exporter as root still reads it)."""
+    """The gid of the ``.prom`` files: ``group``'s (a name or digits), else
+    ``directory``'s, else None (root's group)."""
     if group:
         if group.isdigit():
             return int(group)
@@ -175,11 +155,8 @@ def textfile_gid(directory: str, group: str) -> int | None:
 
 
 def remove_job_file(directory: str, job_id: str) -> list[str]:
-    """Remove this job's ``.prom`` file and any temp file of it left by a
-    killed sampler from ``directory``: only names matching our exact pattern
-    for ``job_id`` (:func:`is_our_file`), never following a symlinked
-    directory (``O_NOFOLLOW``, then names relative to it). Idempotent: no
-    file, or no directory, is no error. Returns the names removed.
+    """Remove the job's ``.prom`` file and left temp files of it (exact names
+    only, :func:`is_our_file`; no link followed). Idempotent. -> names removed.
 
     Raises:
         OSError: the directory cannot be listed or a file cannot be removed

@@ -1,24 +1,15 @@
 """Per-job MIG layouts: plan (pure), apply in the prolog, undo in the epilog.
 
-Facts: the GPU's GPU-instance profile table as NVML reports it
-(``nvmlDeviceGetGpuInstanceProfileInfo`` for each profile index: ``id``,
-``sliceCount``, ``instanceCount``, ``memorySizeMB``, ``name``; and
-``nvmlDeviceGetGpuInstancePossiblePlacements``: ``(start, size)`` in memory
-slices), read through :mod:`gsrun.node.mig_nvml` or ``gsrun.facts.nvml`` key
-``"gpu_instance_profiles"``.
-
-Decision: :func:`plan_layout` picks non-overlapping placements for every
-instance of a layout (a search over placements, largest first) or raises
-:class:`~gsrun.base.errors.InputError` saying why the layout cannot fit.
-
-Effects: :func:`prolog_apply` journals the GPU's prior MIG mode and
-instances (``<state_dir>/<job_id>/mig.json``, a :mod:`gsrun.node.journal`
-of kind ``mig``, locked by its job directory), enables MIG mode where
-needed, replaces the instances with the plan's, and returns the MIG devices'
-UUIDs for ``CUDA_VISIBLE_DEVICES``; any failure rolls back to the journal.
-:func:`epilog_restore` and :func:`restore_crashed` bring the journaled state
-back; a GPU that cannot be brought back gets its node drained (injected
-``drain(reason)``) -- never left half-configured in silence.
+Facts: the GPU-instance profile table (``nvmlDeviceGetGpuInstanceProfileInfo``
+per profile index: ``id``, ``sliceCount``, ``instanceCount``,
+``memorySizeMB``, ``name``; ``nvmlDeviceGetGpuInstancePossiblePlacements``:
+``(start, size)`` in memory slices), through :mod:`gsrun.node.mig_nvml` or the
+``gsrun.facts.nvml`` key ``"gpu_instance_profiles"``. Decision:
+:func:`plan_layout`. Effects: :func:`prolog_apply` journals each GPU's prior
+MIG state (``<state_dir>/<job_id>/mig.json``, a :mod:`gsrun.node.journal` of
+kind ``mig``, locked) before changing it and rolls back on any failure;
+:func:`epilog_restore` and :func:`restore_crashed` bring it back. A GPU that
+cannot be brought back gets its node drained (injected ``drain(reason)``).
 """
 
 from __future__ import annotations
@@ -170,20 +161,16 @@ def _refuse(layout: str, detail: str, table: ProfileTable) -> InputError:
 
 
 def plan_layout(table: ProfileTable | dict, layout: str | list[tuple[int, str]]) -> Plan:
-    """Choose a placement for every instance of ``layout`` on a GPU with
-    profile table ``table`` (a :class:`ProfileTable` or the raw NVML form).
-
-    Pure. The search places the largest instances first (placement size, then
-    compute slices) and tries each profile's possible placements in NVML's
-    order, so ``4g.71gb+3g.71gb`` gets ``[0,4)`` and ``[4,8)``.
+    """Non-overlapping placements for every instance of ``layout`` on a GPU
+    with profile table ``table`` (or its raw NVML form). Pure: largest
+    instances first, each profile's placements in NVML's order, so
+    ``4g.71gb+3g.71gb`` gets ``[0,4)`` and ``[4,8)``.
 
     Raises:
-        InputError: a bad layout text; a profile this GPU does not have (the
-            hint lists the ones it has); more instances of a profile than its
-            ``instanceCount``; more compute or memory slices than the GPU has;
-            or no combination of placements that do not overlap (the detail
-            names the instance that found no free placement, where it could
-            go, and what took those slices).
+        InputError: a bad layout; a profile the GPU lacks (the hint lists its
+            profiles); over ``instanceCount``, compute or memory slices; or no
+            arrangement fits (the detail names the instance, where it could go
+            and what took those slices).
     """
     if isinstance(table, dict):
         table = profile_table(table)
@@ -298,14 +285,9 @@ def _journal_path(state_dir, job_id: str) -> Path:
 
 
 def _journal(path: Path) -> Journal:
-    """The job's MIG journal (:mod:`gsrun.node.journal`, kind ``mig``), locked
-    by its job directory: a ``gsrun-node restore`` and the epilog never
-    restore the same GPUs at once."""
+    """The job's MIG journal (kind ``mig``), locked: a ``gsrun-node restore``
+    and the epilog never restore the same GPUs at once."""
     return Journal(path, "mig")
-
-
-def _write(path: Path, journal: dict) -> None:
-    _journal(path).write(journal)
 
 
 def _read_state(backend: MigBackend, gpu: int) -> dict:
@@ -405,22 +387,15 @@ def prolog_apply(mig_backend: MigBackend, state_dir, job_id, gpu_indices: list[i
                  drain: Callable[[str], None] | None = None, log: Callable[[str], None] = print,
                  exclusive: bool = True, holders: Callable[[int], list] | None = None,
                  named: dict[str, str] | None = None) -> dict:
-    """Cut each of the job's GPUs (NVML indices ``gpu_indices``) into
-    ``layout`` (text or a site-named layout from ``named``).
-
-    Steps: check exclusivity and that no GPU has compute processes
-    (``nvmlDeviceGetComputeRunningProcesses``); plan every GPU (pure); journal
-    prior MIG mode and instances to ``<state_dir>/<job_id>/mig.json``; per GPU
-    enable MIG mode (``nvmlDeviceSetMigMode``) if off, destroy prior
-    instances, create the plan's GPU instances at their placements and one
-    full compute instance in each, journaling each step; read the MIG
-    devices' UUIDs. Any failure rolls every touched GPU back to the journal;
-    if that fails too, ``drain(reason)`` is called.
+    """Cut each of the job's GPUs (NVML indices) into ``layout`` (or a
+    site-named layout of ``named``): check exclusivity and idle GPUs, plan
+    each, journal the prior state, enable MIG mode, replace the instances with
+    the plan's (one full compute instance each), journaling every step. Any
+    failure rolls back to the journal; a failed rollback calls ``drain``.
 
     Returns:
-        ``{"devices": ["MIG-...", ...] (plan order, GPUs in the given order:
-        the value for CUDA_VISIBLE_DEVICES), "gpus": {index: [uuid, ...]},
-        "plans": {index: Plan}, "journal": path}``.
+        ``{"devices": [MIG UUIDs for CUDA_VISIBLE_DEVICES, GPUs in the given
+        order], "gpus": {index: [uuid, ...]}, "plans": {index: Plan}, "journal": path}``.
 
     Raises:
         InputError: a bad layout, a layout this GPU cannot hold, a bad job id.
@@ -473,7 +448,7 @@ def prolog_apply(mig_backend: MigBackend, state_dir, job_id, gpu_indices: list[i
                    "status": "applying", "pid": os.getpid(),
                    "gpus": {str(g): {"prior": priors[g], "mode_set": False, "prior_cleared": False,
                                      "created": [], "devices": []} for g in gpus}}
-        _write(path, journal)
+        _journal(path).write(journal)
         log(f"gsrun: mig: job {job_id}: applying {plans[gpus[0]].layout} on GPU(s) "
             f"{','.join(map(str, gpus))}; journal {path}")
         try:
@@ -482,7 +457,7 @@ def prolog_apply(mig_backend: MigBackend, state_dir, job_id, gpu_indices: list[i
                 cur, pend = mig_backend.mig_mode(g)
                 if cur != 1:
                     ent["mode_set"] = True
-                    _write(path, journal)
+                    _journal(path).write(journal)
                     status = mig_backend.set_mig_mode(g, 1)
                     mode = mig_backend.mig_mode(g)
                     if mode[0] != 1:
@@ -490,16 +465,16 @@ def prolog_apply(mig_backend: MigBackend, state_dir, job_id, gpu_indices: list[i
                                         hint="stop the holders (or reset the GPU) and retry")
                 if ent["prior"]["gis"]:
                     ent["prior_cleared"] = True
-                    _write(path, journal)
+                    _journal(path).write(journal)
                     _clear(mig_backend, g)
                 for p in plans[g].instances:
                     gi = mig_backend.create_gpu_instance(g, p.profile_id, p.start, p.size)
                     ent["created"].append({"gi_id": gi, "profile_id": p.profile_id, "start": p.start,
                                            "size": p.size, "ci_ids": []})
-                    _write(path, journal)
+                    _journal(path).write(journal)
                     ci = mig_backend.create_compute_instance(g, gi)
                     ent["created"][-1]["ci_ids"].append(ci)
-                    _write(path, journal)
+                    _journal(path).write(journal)
                 devs = {(d["gi_id"], d["ci_id"]): d["uuid"] for d in mig_backend.mig_devices(g)}
                 uuids = []
                 for c in ent["created"]:
@@ -510,19 +485,19 @@ def prolog_apply(mig_backend: MigBackend, state_dir, job_id, gpu_indices: list[i
                                         f"compute instance {c['ci_ids'][0]}")
                     uuids.append(u)
                 ent["devices"] = uuids
-                _write(path, journal)
+                _journal(path).write(journal)
         except (MigNvmlError, NodeError) as e:
             cause = str(e) if isinstance(e, MigNvmlError) else e.detail
             journal["status"] = "rolling_back"
             journal["error"] = cause
-            _write(path, journal)
+            _journal(path).write(journal)
             log(f"gsrun: mig: job {job_id}: {cause}; rolling back")
             failures = _restore_journal(mig_backend, journal, path, log)
             if failures:
                 reason = _sanitize_reason(f"gsrun mig job {job_id}: rollback failed: {'; '.join(failures)}")
                 journal["status"] = "rollback_failed"
                 journal["failures"] = failures
-                _write(path, journal)
+                _journal(path).write(journal)
                 drain(reason)
                 raise NodeError("prolog", "MIG layout failed and node drained",
                                 f"{cause}; rollback failed: {'; '.join(failures)}",
@@ -532,7 +507,7 @@ def prolog_apply(mig_backend: MigBackend, state_dir, job_id, gpu_indices: list[i
                 raise
             raise NodeError("prolog", "MIG layout not applied", f"{cause} (rolled back)") from None
         journal["status"] = "applied"
-        _write(path, journal)
+        _journal(path).write(journal)
         devices = [u for g in gpus for u in journal["gpus"][str(g)]["devices"]]
         log(f"gsrun: mig: job {job_id}: {len(devices)} MIG devices")
         return {"devices": devices, "gpus": {g: journal["gpus"][str(g)]["devices"] for g in gpus},
@@ -550,63 +525,51 @@ def _remove(path: Path) -> None:
 def _restore_path(mig_backend, path: Path, job_id: str, drain, log) -> dict:
     if not path.parent.is_dir() or path.parent.is_symlink():
         return {"restored": False, "reason": "no MIG journal"}
+    drain = drain or (lambda reason: None)
     with _journal(path).lock():
-        return _restore_locked(mig_backend, path, job_id, drain, log)
-
-
-def _restore_locked(mig_backend, path: Path, job_id: str, drain, log) -> dict:
-    got = _journal(path).load()
-    journal = got.data if got else None
-    if got is not None and got.earlier_boot:
-        log(f"gsrun: mig: job {job_id}: journal {path} is from an earlier boot (boot {got.boot_id}): "
-            "its instances are gone, the MIG mode may persist; restoring")
-    if journal is None:
-        if path.exists():
-            reason = _sanitize_reason(f"gsrun mig job {job_id}: journal {path} unreadable")
+        got = _journal(path).load()
+        journal = got.data if got else None
+        if got is not None and got.earlier_boot:
+            log(f"gsrun: mig: job {job_id}: journal {path} is from an earlier boot (boot {got.boot_id}): "
+                "its instances are gone, the MIG mode may persist; restoring")
+        if journal is None:
+            if path.exists():
+                reason = _sanitize_reason(f"gsrun mig job {job_id}: journal {path} unreadable")
+                drain(reason)
+                return {"restored": False, "drained": True, "reason": reason}
+            return {"restored": False, "reason": "no MIG journal"}
+        failures = _restore_journal(mig_backend, journal, path, log)
+        if failures:
+            reason = _sanitize_reason(f"gsrun mig job {job_id}: restore failed: {'; '.join(failures)}")
+            journal["status"] = "restore_failed"
+            journal["failures"] = failures
+            _journal(path).write(journal)
+            log(f"gsrun: mig: job {job_id}: {reason}; draining")
             drain(reason)
-            return {"restored": False, "drained": True, "reason": reason}
-        return {"restored": False, "reason": "no MIG journal"}
-    failures = _restore_journal(mig_backend, journal, path, log)
-    if failures:
-        reason = _sanitize_reason(f"gsrun mig job {job_id}: restore failed: {'; '.join(failures)}")
-        journal["status"] = "restore_failed"
-        journal["failures"] = failures
-        _write(path, journal)
-        log(f"gsrun: mig: job {job_id}: {reason}; draining")
-        drain(reason)
-        return {"restored": False, "drained": True, "reason": reason, "failures": failures}
-    _remove(path)
-    return {"restored": True, "gpus": sorted(int(g) for g in journal.get("gpus", {}))}
+            return {"restored": False, "drained": True, "reason": reason, "failures": failures}
+        _remove(path)
+        return {"restored": True, "gpus": sorted(int(g) for g in journal.get("gpus", {}))}
 
 
 def epilog_restore(mig_backend: MigBackend, state_dir, job_id, drain: Callable[[str], None] | None = None,
                    log: Callable[[str], None] = print) -> dict:
-    """Undo the job's MIG layout: destroy the instances on its GPUs, recreate
-    the journaled prior instances, restore the prior MIG mode, check the GPU
-    reads back as before, and remove the journal. Idempotent. Never raises
-    for a GPU problem: a GPU that cannot be restored gets ``drain(reason)``
-    and the journal stays for ``gsrun-node restore``.
+    """Bring the job's GPUs back to the journaled MIG state, check it reads
+    back, remove the journal. Idempotent. Never raises for a GPU problem: it
+    gets ``drain(reason)`` and the journal stays for ``gsrun-node restore``.
 
     Returns:
         ``{"restored": True, "gpus": [...]}``; ``{"restored": False, "reason":
         "no MIG journal"}`` when the job had no layout; or ``{"restored":
         False, "drained": True, "reason": ..., "failures": [...]}``.
     """
-    drain = drain or (lambda reason: None)
     return _restore_path(mig_backend, _journal_path(state_dir, job_id), str(job_id), drain, log)
 
 
 def restore_crashed(mig_backend: MigBackend, state_dir, log: Callable[[str], None] = print,
                     drain: Callable[[str], None] | None = None, keep_jobs=()) -> dict:
-    """Restore after a crash: every ``<state_dir>/<job>/mig.json`` left behind
-    (prolog died mid-way, epilog never ran, node rebooted with the GPUs still
-    partitioned) is restored like :func:`epilog_restore`; jobs in
-    ``keep_jobs`` (still running) are skipped.
-
-    Returns:
-        ``{job_id: result of epilog_restore}``.
-    """
-    drain = drain or (lambda reason: None)
+    """:func:`epilog_restore` for every ``<state_dir>/<job>/mig.json`` left
+    behind (a prolog died, an epilog never ran, a reboot), but ``keep_jobs``
+    (still running). -> ``{job_id: result}``."""
     out = {}
     base = Path(state_dir)
     if not base.is_dir():
@@ -629,11 +592,8 @@ def restore_crashed(mig_backend: MigBackend, state_dir, log: Callable[[str], Non
 
 def cli_plan(gpu_index: int, layout: str, hostfs=None, named: dict[str, str] | None = None,
              mig_backend: MigBackend | None = None) -> str:
-    """Text for ``gsrun-node mig plan --gpu N LAYOUT``: the plan on GPU ``N``
-    with read-only NVML calls (profile info and possible placements, MIG
-    mode). On a fake host root (``hostfs`` not real) the table comes from its
-    ``nvml.json`` through ``gsrun.facts.nvml``; on the live host from
-    :class:`~gsrun.node.mig_nvml.RealMig` (no set call is made).
+    """Text for ``gsrun-node mig plan --gpu N LAYOUT``, from read-only NVML
+    calls (a fake host root: its ``nvml.json``; live: :class:`RealMig`).
 
     Raises:
         InputError: bad layout or a layout the GPU cannot hold (the reason).

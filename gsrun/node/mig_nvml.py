@@ -5,13 +5,9 @@ read the MIG mode, the GPU-instance profile table, the instances that exist,
 the MIG devices' UUIDs and the GPU's compute processes; set the MIG mode;
 create and destroy GPU instances (GI) and compute instances (CI).
 
-- :class:`RealMig` calls ``pynvml`` (package ``nvidia-ml-py``). Its read
-  methods are safe anywhere; its set/create/destroy methods change the GPU
-  and are only called by the prolog/epilog on an exclusive node.
-- The tests' in-memory backend (``tests/helpers/fake_mig.py``) keeps the same
-  state, seeded from a recording. No fake lives here: under a fake host root
-  the prolog makes no MIG change and ``gsrun-node mig plan --host-root`` reads
-  the tree's ``nvml.json`` through ``gsrun.facts.nvml``.
+:class:`RealMig` calls ``pynvml`` (``nvidia-ml-py``); the tests' backend is
+``tests/helpers/fake_mig.py``. Under a fake host root the prolog makes no MIG
+change and ``gsrun-node mig plan`` reads the tree's ``nvml.json``.
 
 Every failure is a :class:`MigNvmlError` with the NVML return code. Shapes:
 
@@ -89,12 +85,8 @@ def parse_placement(p: Any) -> tuple[int, int]:
 
 
 class RealMig(MigBackend):
-    """``pynvml`` on the live host, initialised on first use.
-
-    Read methods (``mig_mode``, ``profiles``, ``gpu_instances``,
-    ``compute_instances``, ``mig_devices``, ``compute_processes``) make no
-    change. ``set_mig_mode`` / ``create_*`` / ``destroy_*`` change the GPU:
-    root only, and only on a node the job holds exclusively.
+    """``pynvml`` on the live host, initialised on first use; ``set_mig_mode``
+    / ``create_*`` / ``destroy_*`` change the GPU (root, exclusive node only).
 
     Raises:
         MigNvmlError: from any method, with NVML's code (``NO_PERMISSION`` when

@@ -1,21 +1,16 @@
 """The node monitor: the one process of the node daemon that holds NVML.
 
-The node daemon (:mod:`gsrun.daemon.server`) forks it at its start, before
-anything opened NVML, and again whenever it ends. It opens NVML once, and
-every ``sampler.interval_s`` it samples the GPUs of every job running on the
-node (:class:`gsrun.node.sampler.Sampler`: one per job, sharing the one NVML
-handle) and reads the GPUs no job holds; it keeps each job's aggregates,
-timelines, live file, waste detection, alerts and idle cancel
-(:class:`gsrun.node.live.LiveActions`), and feeds the node's Prometheus
-endpoint. The prolog tells it a job began, the epilog that it ended; the
-epilog then writes the node summary from the job's final state.
+The node daemon (:mod:`gsrun.daemon.server`) forks it before anything opened
+NVML, and again whenever it ends. Every ``sampler.interval_s`` it polls every
+job's GPUs (one :class:`gsrun.node.sampler.Sampler` per job, one NVML handle)
+and the GPUs no job holds, runs each job's live effects
+(:class:`gsrun.node.live.LiveActions`) and feeds the Prometheus endpoint. The
+prolog says a job began, the epilog that it ended.
 
-Restart-safe: each job's state is ``<state_dir>/jobs/<id>/sampler.json``
-(rewritten every ``sampler.flush_s``) and what it was started with is
-``monitor.json`` beside it. A monitor that starts (after a crash, a SIGKILL,
-an upgrade) takes up every job with a ``monitor.json``: its figures go on
-from the last flush, and the time it was not sampled is counted as gap
-(:data:`gsrun.node.sampler.GAP_FACTOR`), never as zero.
+Restart-safe: a job's state is ``<state_dir>/jobs/<id>/sampler.json`` and what
+it was begun with ``monitor.json`` beside it; a monitor that starts takes up
+every job with a ``monitor.json`` from its last flush, the time between
+counted as gap, never as zero.
 
 Protocol: ``<state_dir>/monitor.sock`` (``AF_UNIX`` stream, mode 0600 in the
 root-owned state dir; the peer must have the monitor's uid). One request
@@ -32,13 +27,10 @@ line of JSON (at most :data:`MAX_REQUEST_BYTES`, read within
     {"op": "get", "index": 0, "key": "minor"}   (``index`` absent: the device count)
                                    -> {"ok": true, "value": ...} | {"ok": true, "na": "Not Supported", "code": 3}
 
-``get`` serves the hooks the NVML facts they read (:data:`REMOTE_KEYS`:
-read-only; :class:`RemoteNvml` is the hooks' backend), so no hook process
-opens NVML for them.
-
-and ``{"ok": false, "error": "..."}`` for a request refused. Bounds: at most
-:data:`MAX_JOBS` jobs, :data:`MAX_GPUS` GPU indices per job, every field
-checked against an allow-list (:func:`check_begin`).
+A refused request answers ``{"ok": false, "error": "..."}``. ``get`` serves
+the hooks' read-only NVML facts (:data:`REMOTE_KEYS`, :class:`RemoteNvml`), so
+no hook opens NVML. Bounds: :data:`MAX_JOBS` jobs, :data:`MAX_GPUS` GPUs per
+job, every field checked against an allow-list (:func:`check_begin`).
 """
 
 from __future__ import annotations
@@ -65,10 +57,9 @@ from gsrun.base.fsutil import atomic_write_json, read_json
 from gsrun.base.ids import is_job_id, is_node_name
 from gsrun.base.paths import Paths
 from gsrun.facts.hostfs import HostFS
-from gsrun.facts.nvml import NA, NvmlUnavailable, is_na, open_nvml
+from gsrun.facts.nvml import NA, NvmlUnavailable, index_by_minor, is_na, open_nvml
 from gsrun.node import cpu_latency, tuning
 from gsrun.node.live import LiveActions
-from gsrun.node.mem_baseline import read_mem_baseline
 from gsrun.node.metrics import GpuReading, job_readings
 from gsrun.node.metrics_http import GpuCollector, start_http
 from gsrun.node.metrics_textfile import exporter_from_config
@@ -96,6 +87,20 @@ def socket_path(state_dir) -> str:
 
 
 # ----------------------------------------------------------------------------- requests (pure)
+
+def read_mem_baseline(nv, gres_indices: list[int]) -> dict[int, int]:
+    """gres index -> GPU memory "used" before the job's processes start, for
+    GPUs whose binding has only the v1 memory call (no ``reserved``: v1 counts
+    the driver's reservation as used; the sampler subtracts it)."""
+    by_minor, _lost = index_by_minor(nv)
+    out = {}
+    for g in gres_indices:
+        idx = by_minor.get(g)
+        m = nv.get(idx, "memory") if idx is not None else None
+        if isinstance(m, dict) and "reserved" not in m and isinstance(m.get("used"), int):
+            out[g] = int(m["used"])
+    return out
+
 
 def check_begin(req: dict) -> dict:
     """A ``begin`` request's fields, checked. -> ``{"job_id", "uid", "node",
@@ -141,9 +146,8 @@ def parse_request(line: bytes) -> dict:
 # ----------------------------------------------------------------------------- client
 
 def ask(state_dir, request: dict, timeout_s: float = 10.0, wait_s: float = CONNECT_WAIT_S) -> dict:
-    """Send ``request`` to the monitor of ``state_dir`` and return its answer.
-    A monitor that is not listening yet (its daemon restarting: systemd's
-    ``RestartSec`` plus the start) is waited for up to ``wait_s``.
+    """Send ``request`` to the monitor of ``state_dir`` -> its answer; one not
+    listening yet (its daemon restarting) is waited for up to ``wait_s``.
 
     Raises:
         NodeError: no monitor listens within ``wait_s`` (the node daemon is not
@@ -200,12 +204,9 @@ def _connect(path: str, wait_s: float):
 
 
 class RemoteNvml:
-    """The NVML backend of a hook process (:class:`gsrun.facts.nvml.Backend`'s
-    ``count``/``get``/``close``): each read asks the node monitor of
-    ``state_dir`` (``get``), which holds NVML. A key outside
-    :data:`REMOTE_KEYS` or a monitor that does not answer reads as
-    :class:`~gsrun.facts.nvml.NA` (the caller's fallback then applies: procfs,
-    ``nvidia-smi``)."""
+    """A hook's NVML backend (``count``/``get``/``close``): each read is a
+    ``get`` to the monitor. A key outside :data:`REMOTE_KEYS` or no answer
+    reads as :class:`~gsrun.facts.nvml.NA` (the caller's fallback applies)."""
 
     def __init__(self, state_dir, timeout_s: float = 5.0):
         self.state_dir, self.timeout_s = state_dir, timeout_s
@@ -241,9 +242,8 @@ class RemoteNvml:
 
 @dataclass
 class Job:
-    """A job the monitor samples: its sampler, its C-state hold (an open
-    ``/dev/cpu_dma_latency``: the kernel keeps the lowest request of all
-    holders), its polls that failed in a row."""
+    """A sampled job: its sampler, its C-state hold (an open
+    ``/dev/cpu_dma_latency``), its polls failed in a row."""
 
     sampler: Sampler
     user: str | None = None
@@ -256,12 +256,8 @@ class Job:
 
 class Monitor:
     """The NVML holder and every job's sampler; :meth:`serve` until SIGTERM.
-
-    ``nvml``: a backend to use instead of :func:`gsrun.facts.nvml.open_nvml`
-    (tests). ``clock``: epoch seconds, injectable. ``config_loader()``: the
-    site config, read again at each job's begin (None: ``cfg`` for good).
-    ``usage``: every job's CPU/memory reader instead of its cgroup or
-    processes (:class:`gsrun.node.sampler.Sampler`'s; benchmarks)."""
+    Injectable: ``nvml`` (a backend), ``clock``, ``usage`` (the samplers'),
+    ``config_loader()`` (the site config, read again at each begin)."""
 
     def __init__(self, hostfs: HostFS, paths: Paths, cfg, nvml=None, clock=time.time, log=None,
                  config_loader=None, usage=None):
@@ -286,8 +282,7 @@ class Monitor:
     def handle(self, req: dict) -> dict:
         op = req["op"]
         if op == "nvml":
-            if self.nv is None and time.monotonic() - self.nvml_tried >= NVML_RETRY_S:
-                self._open_nvml()
+            self._retry_nvml()
             return {"ok": True, "nvml_error": self.nvml_error, "nvml_code": self.nvml_code}
         if op == "status":
             return {"ok": True, **self.status()}
@@ -309,11 +304,9 @@ class Monitor:
         return unavailable
 
     def begin(self, job: dict, resumed: bool = False) -> dict:
-        """Start sampling ``job`` (:func:`check_begin`'s dict): its sampler
-        continues a state it finds (a prolog run again, a monitor restarted),
-        else starts one; its first poll and flush come right after the answer
-        (:meth:`poll_begun`: a poll reads PCIe throughput over 20 ms windows,
-        never on the prolog's path)."""
+        """Start sampling ``job`` (:func:`check_begin`'s dict), continuing a
+        state found; the first poll comes after the answer (:meth:`poll_begun`:
+        PCIe reads take 20 ms windows, never on the prolog's path)."""
         job_id = job["job_id"]
         if job_id in self.jobs:
             return {"ok": True, "resumed": True, "gpus": len(self.jobs[job_id].sampler.refs), "notes": []}
@@ -364,22 +357,22 @@ class Monitor:
         return {"ok": True, "value": v}
 
     def _use_config(self, cfg) -> None:
-        """``cfg`` and what the monitor reads from it: the poll and flush
-        intervals (s), the waste detector's settings."""
+        """``cfg``, its poll and flush intervals (s) and idle detector settings."""
         interval_s, flush_s, idle_cfg = float(cfg["sampler.interval_s"]), float(cfg["sampler.flush_s"]), \
             idle_config(cfg)
         self.cfg, self.interval_s, self.flush_s, self.idle_cfg = cfg, interval_s, flush_s, idle_cfg
 
     def _reload(self) -> None:
-        """At each job's begin, as a prolog reads it: the site config (a broken
-        one: the built-in defaults, said in the log), and NVML when it could not be opened yet
-        (a driver loaded after the daemon started; at most every
-        :data:`NVML_RETRY_S`)."""
+        """At each begin: the site config again, and NVML if not open yet."""
         if self.config_loader is not None:
             try:
                 self._use_config(self.config_loader())
             except Exception as e:  # noqa: BLE001 - the last good config stays in force
                 self.log(f"config not reloaded: {e}")
+        self._retry_nvml()
+
+    def _retry_nvml(self) -> None:
+        """Open NVML if it could not be yet (a driver loaded later), at most every :data:`NVML_RETRY_S`."""
         if self.nv is None and time.monotonic() - self.nvml_tried >= NVML_RETRY_S:
             self._open_nvml()
 
@@ -436,8 +429,7 @@ class Monitor:
 
     # -- sampling --------------------------------------------------------------
     def readopt(self) -> list[str]:
-        """Take up the jobs whose ``monitor.json`` is in the state dir (root's,
-        checked again as a request would be). -> their ids."""
+        """Take up the jobs with a ``monitor.json`` (root's, checked as a request) -> their ids."""
         base = self.paths.state_dir / "jobs"
         out = []
         try:
@@ -469,18 +461,16 @@ class Monitor:
         return out
 
     def tick(self) -> None:
-        """One poll of every job's GPUs and of the GPUs no job holds. A job
-        whose poll fails is logged and stays (its figures have a gap); it
-        never touches another job."""
+        """One poll of every job's GPUs and of the GPUs no job holds; a failed
+        poll is logged and costs only that job a gap."""
         for job_id, entry in list(self.jobs.items()):
             self._sample(job_id, entry)
         self._sample_idle()
         self.latest = self.readings()
 
     def readings(self) -> list[GpuReading]:
-        """The figures of this tick for the Prometheus endpoint
-        (:mod:`gsrun.node.metrics_http`): each job's GPUs (means since the
-        last tick), then every GPU no job holds (the last poll)."""
+        """This tick's endpoint figures: each job's GPUs (means since the last
+        tick), then every GPU no job holds."""
         out: list[GpuReading] = []
         for entry in self.jobs.values():
             try:
@@ -515,10 +505,8 @@ class Monitor:
                 self.log(f"job {job_id}: sample failed ({entry.errors}x): {type(e).__name__}: {e}")
 
     def _retry_irqs(self, job_id: str, node: str) -> None:
-        """Once per job, :data:`IRQ_RETRY_AFTER_S` into it: the IRQs the kernel
-        refused at the prolog (``irq=local``) are written again
-        (:func:`gsrun.node.tuning.retry_skipped_irqs`, journaled; it may wait
-        for the tuning lock, so it runs in a thread of its own, never in the loop)."""
+        """Once per job, :data:`IRQ_RETRY_AFTER_S` in: write again the IRQs the
+        kernel refused at the prolog (in a thread: it may wait for the tuning lock)."""
         try:
             out = tuning.retry_skipped_irqs(self.hostfs, str(self.paths.state_dir), job_id,
                                             prolog_record=self.paths.spool_job(job_id) / f"prolog-{node}.json",
@@ -664,9 +652,7 @@ def _scaled(v, k: float) -> float | None:
 
 
 def listen(path: str):
-    """A listening socket at ``path`` (:func:`gsrun.base.unixsock.bind_private`:
-    mode 0600, renamed over the path). The directory must be this uid's and
-    closed to others.
+    """A listening socket at ``path`` (mode 0600) in a directory of this uid closed to others.
 
     Raises:
         NodeError: the directory is missing or open to others.
@@ -677,9 +663,7 @@ def listen(path: str):
 
 
 def die_with_parent() -> None:
-    """SIGTERM this process when the daemon that forked it ends (Linux's
-    ``PR_SET_PDEATHSIG``), so a daemon killed with SIGKILL leaves no monitor
-    serving beside the next one."""
+    """SIGTERM this process when its daemon ends (``PR_SET_PDEATHSIG``), even by SIGKILL."""
     try:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
     except (OSError, AttributeError):
@@ -688,9 +672,8 @@ def die_with_parent() -> None:
 
 def run(host_root: str | None = None, state_dir: str | None = None, spool_dir: str | None = None,
         nvml=None, node_name: str | None = None, metrics_port: int | None = None) -> int:
-    """The monitor process's body (forked by the node daemon). ``node_name``:
-    the ``node`` label of the Prometheus series (default the short host name,
-    slurmd's default NodeName); ``metrics_port``: instead of ``[metrics]
+    """The monitor process's body. ``node_name``: the series' ``node`` label
+    (default the short host name); ``metrics_port``: instead of ``[metrics]
     http_port`` (hosts with several slurmd). -> exit status."""
     die_with_parent()
 

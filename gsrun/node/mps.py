@@ -8,39 +8,26 @@ Layout (field case 19, docs/field-cases.md)::
     <mps_dir>/<jobid>/        uid:gid    0700  a tmpfs of its own (JOB_DIR_BYTES, JOB_DIR_INODES)
     <mps_dir>/<jobid>/pipe/   uid:gid    0700  CUDA_MPS_PIPE_DIRECTORY
     <mps_dir>/<jobid>/log/    uid:gid    0700  CUDA_MPS_LOG_DIRECTORY
-    <state_dir>/mps-<jobid>.json          root 0600  journal (pids, compute modes;
-                                                 gsrun.node.journal, kind "mps")
+    <state_dir>/mps-<jobid>.json          root 0600  journal (gsrun.node.journal, kind "mps")
 
-The job directory is the one place of root's node files the job's user
-writes (its control daemon's pipes and logs), so it is a filesystem of its
-own, capped in bytes and inodes (:func:`_mount_job_dir`): on the node's
-``/run`` (the default ``mps_dir``) a job could otherwise fill root's runtime
-filesystem -- gsrun's state directory, the node daemon's socket -- and other
-jobs' prologs would fail there. :func:`stop` unmounts it.
+The job directory is the one place of root's node files the user writes, so
+it is a capped tmpfs (:func:`_mount_job_dir`): on ``/run`` a job could
+otherwise fill root's runtime filesystem and fail other jobs' prologs. Every
+ancestor must be traversable by the user (``nvidia-cuda-mps-server`` runs as
+the user; a 0700 parent made it crash-loop in bottlerocket #4673).
 
-Every ancestor of the job directory must be traversable by the job's user
-(the control daemon forks ``nvidia-cuda-mps-server`` as that user; a 0700
-parent made it crash-loop in bottlerocket #4673); :func:`start` checks it.
+The daemon runs as the user with an allow-listed environment,
+``CUDA_VISIBLE_DEVICES`` = the job's GPUs and ``CUDA_DEVICE_ORDER=PCI_BUS_ID``
+(an index means the NVML index, field case 10). :func:`stop` asks it to
+``quit`` (bounded: attached clients make ``quit`` block), then signals only
+the recorded PIDs (checked by creation time and uid) and ``nvidia-cuda-mps-*``
+processes of the job's uid whose ``CUDA_MPS_PIPE_DIRECTORY`` is the job's:
+never by name alone (field cases 17-19). A zombie counts as gone.
 
-The daemon runs as the job's user with ``CUDA_VISIBLE_DEVICES`` set to the
-job's GPUs and ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (so an index means the NVML
-index, field case 10). Its environment is an allow-list; nothing of root's
-environment leaks into it. Clients of other users cannot reach the control
-socket (0700 directory), and the control daemon refuses other users anyway.
-
-:func:`stop` asks the daemon to ``quit`` (as the user, bounded by a timeout:
-clients still attached make ``quit`` block), then ends what is left by
-*targeted* signals: the PIDs it recorded (checked by creation time and uid,
-so a recycled PID is never hit) and any ``nvidia-cuda-mps-*`` process whose
-``CUDA_MPS_PIPE_DIRECTORY`` is this job's pipe directory and whose uid is the
-job's. Never by name alone, never a node-wide ``killall`` (field cases 17-19).
-A zombie (an exited daemon not yet reaped by its reaper, as seen on the H200
-probe: ``457 [nvidia-cuda-mps] <defunct>``) counts as gone.
-
-What the real daemon leaves (probe.log on the H200, driver 580, CUDA 13.0):
+What the real daemon leaves (H200, driver 580, CUDA 13.0):
 ``pipe/{control, control_lock, control_privileged, log,
-nvidia-cuda-mps-control.pid}`` and ``log/{control.log, server.log}``; the
-comm name of both control and server is ``nvidia-cuda-mps`` (15 chars).
+nvidia-cuda-mps-control.pid}`` and ``log/{control.log, server.log}``; the comm
+name of control and server is ``nvidia-cuda-mps``.
 """
 
 from __future__ import annotations
@@ -90,18 +77,10 @@ _POLL_S = 0.05
 # ---------------------------------------------------------------- decisions
 
 def requested_pct(environ: Mapping[str, str], option_value: str | None) -> int | None:
-    """The default active thread percentage a job asked for, 1-100, or None.
-
-    Sources:
-      * ``option_value``: the ``--gs-mps[=PCT]`` / ``gsrun --mps[=PCT]`` value
-        (None = option not given, ``""`` = given without PCT); when None,
-        ``environ["SPANK_GS_MPS"]`` (what the SPANK plugin passes to the
-        prolog) is used instead.
-      * ``environ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"]``: set by Slurm in the
-        job environment for a ``gres/mps`` request (Slurm's share of the GPU).
-
-    When both give a number, the smaller wins: Slurm's value is the share the
-    scheduler allocated, a user option may only narrow it.
+    """The active thread percentage a job asked for, 1-100, or None: the
+    smaller of ``option_value`` (``--gs-mps[=PCT]``; None: not given, then
+    ``SPANK_GS_MPS``; ``""``: no PCT) and Slurm's ``gres/mps`` share
+    ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` (a user option may only narrow it).
 
     Raises:
         InputError: a value that is not an integer 1-100 (``--gs-mps=150``,
@@ -116,9 +95,8 @@ def requested_pct(environ: Mapping[str, str], option_value: str | None) -> int |
 
 
 def task_env(job_id: str, mps_dir: str) -> dict[str, str]:
-    """Environment the job's tasks need to reach the job's daemon:
-    ``{"CUDA_MPS_PIPE_DIRECTORY": <mps_dir>/<jobid>/pipe,
-    "CUDA_MPS_LOG_DIRECTORY": <mps_dir>/<jobid>/log}``.
+    """``CUDA_MPS_PIPE_DIRECTORY`` / ``CUDA_MPS_LOG_DIRECTORY`` of the job's
+    daemon (``<mps_dir>/<jobid>/{pipe,log}``), for its tasks.
 
     Raises:
         InputError: ``job_id`` is not a Slurm job id (digits).
@@ -245,15 +223,11 @@ def _recorded(entries: Iterable[dict], uid: int | None) -> list[psutil.Process]:
 
 def find_job_processes(pipe_dir: str, uid: int | None,
                        recorded: Iterable[dict] = ()) -> list[psutil.Process]:
-    """Live (not zombie) processes belonging to one job's MPS daemon.
-
-    A process belongs when it is a recorded PID (same creation time, same uid)
-    or a descendant of one, or when its name (``/proc/PID/comm``, or the first
-    two ``cmdline`` words) starts with ``nvidia-cuda-mps`` AND its
-    ``/proc/PID/environ`` has ``CUDA_MPS_PIPE_DIRECTORY`` equal to
-    ``pipe_dir`` AND (when ``uid`` is given) its real uid is ``uid``.
-    Never by name alone. Reading another user's environ needs root.
-    """
+    """Live (not zombie) processes of one job's MPS daemon: recorded PIDs
+    (same creation time and uid) and their descendants, and processes named
+    ``nvidia-cuda-mps*`` (comm or the first two ``cmdline`` words) whose
+    ``CUDA_MPS_PIPE_DIRECTORY`` is ``pipe_dir`` and (``uid`` given) whose real
+    uid is ``uid``. Never by name alone; another user's environ needs root."""
     want = os.path.normpath(pipe_dir)
     found: dict[int, psutil.Process] = {p.pid: p for p in _recorded(recorded, uid)}
     for p in psutil.process_iter():
@@ -273,9 +247,7 @@ def find_job_processes(pipe_dir: str, uid: int | None,
 
 
 def _read_pid_file(pipe_dir: str) -> int | None:
-    """PID from ``<pipe>/nvidia-cuda-mps-control.pid`` (written by the control
-    daemon; the directory is the user's, so the value is only a hint that
-    :func:`find_job_processes`-style checks must confirm)."""
+    """PID from the user's ``<pipe>/nvidia-cuda-mps-control.pid``: only a hint to confirm."""
     try:
         fd = os.open(os.path.join(pipe_dir, PID_FILE), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
@@ -305,40 +277,25 @@ def _as_user_kwargs(uid: int, gid: int, groups: list[int]) -> dict:
 
 
 def _journal(path: Path) -> Journal:
-    """The job's MPS journal (:mod:`gsrun.node.journal`, kind ``mps``): root
-    0600. Not locked: only the job's own prolog and epilog (serialised by
-    slurmd) and an admin's ``gsrun-node restore`` write it, and :func:`stop`
-    is idempotent; a node-wide lock would queue every job's stop behind
-    another's quit timeout."""
+    """The job's MPS journal (kind ``mps``, root 0600). Unlocked: only the job's
+    prolog and epilog (serialised by slurmd) and ``gsrun-node restore`` write
+    it, :func:`stop` is idempotent, and a node-wide lock would queue every
+    job's stop behind another's quit timeout."""
     return Journal(path, "mps", uid=0 if os.geteuid() == 0 else None)
-
-
-def _write_journal(path: Path, j: dict) -> None:
-    _journal(path).write(j)
 
 
 def start(job_id: str, uid: int, gid: int, gpus: list[str], mps_dir: str, state_dir: str,
           active_thread_pct: int | None, pinned_mem_limit: str | None, control_bin: str,
           timeout_s: float, set_compute_mode: Callable[[str, int], int] | None = None,
           log: Callable[[str], None] = print) -> dict:
-    """Start the job's MPS control daemon (prolog, as root).
-
-    Steps: validate; create ``<mps_dir>`` (root 0711) and the job's
-    ``<jobid>/``, ``pipe/``, ``log/`` (uid:gid 0700) with
-    :func:`gsrun.base.fsutil.ensure_dir` (a planted symlink or a directory owned by
-    another user is refused, nothing is written through it); journal; when
-    ``set_compute_mode`` is given (site ``mps.exclusive_process``), set each GPU
-    to EXCLUSIVE_PROCESS (NVML mode 3) journaling the prior mode it returns;
-    run ``<control_bin> -d`` as uid/gid with the allow-listed environment of
-    :func:`daemon_env`; wait (``timeout_s``) for the control socket and the pid
-    file; record the daemon's PID (confirmed: uid and ``environ``) with its
-    creation time in ``<state_dir>/mps-<jobid>.json``.
-
-    Args:
-        gpus: the job's GPUs as NVML-visible identifiers (indices in PCI order
-            or GPU-/MIG- UUIDs), from ``SLURM_JOB_GPUS`` / the job's devices.
-        set_compute_mode: ``callable(gpu, mode) -> prior mode`` (NVML ints:
-            0 DEFAULT, 2 PROHIBITED, 3 EXCLUSIVE_PROCESS).
+    """Start the job's MPS control daemon (prolog, as root): make the
+    directories with :func:`gsrun.base.fsutil.ensure_dir` (a planted symlink
+    or foreign directory is refused), journal, set each GPU EXCLUSIVE_PROCESS
+    when ``set_compute_mode(gpu, mode) -> prior`` is given (site
+    ``mps.exclusive_process``; prior journaled first), run ``<control_bin> -d``
+    as uid/gid with :func:`daemon_env`, wait ``timeout_s`` for the control
+    socket, and journal the daemon's PID and creation time. ``gpus``: NVML
+    indices (PCI order) or GPU-/MIG- UUIDs.
 
     Returns:
         ``{"job_id", "pipe_dir", "log_dir", "job_dir", "pids": [int],
@@ -387,21 +344,21 @@ def start(job_id: str, uid: int, gid: int, gpus: list[str], mps_dir: str, state_
          "job_dir": str(job_dir), "pipe_dir": str(pipe_dir), "log_dir": str(log_dir),
          "control_bin": binary, "pids": [], "compute_mode": {}, "state": "starting",
          "started_at": time.time()}
-    _write_journal(jpath, j)
+    _journal(jpath).write(j)
     try:
         if set_compute_mode is not None:
             for g in gpus:
                 j["compute_mode"][g] = None  # pending: set is about to happen
-                _write_journal(jpath, j)
+                _journal(jpath).write(j)
                 j["compute_mode"][g] = set_compute_mode(g, COMPUTE_MODE_EXCLUSIVE_PROCESS)
-                _write_journal(jpath, j)
+                _journal(jpath).write(j)
             log(f"gsrun: mps: job {job_id}: compute mode EXCLUSIVE_PROCESS on {','.join(gpus)}")
         env = daemon_env(user_env, list(gpus), str(pipe_dir), str(log_dir), active_thread_pct,
                          pinned_mem_limit, os.environ)
         pids = _launch(binary, env, as_user, str(pipe_dir), uid, timeout_s)
         j["pids"] = [_proc_key(p) for p in pids]
         j["state"] = "running"
-        _write_journal(jpath, j)
+        _journal(jpath).write(j)
     except BaseException as e:
         log(f"gsrun: mps: job {job_id}: start failed, undoing: {e}")
         stop(job_id, mps_dir, state_dir, binary, min(timeout_s, 5.0), set_compute_mode, log)
@@ -428,9 +385,7 @@ def _libc():
 
 
 def _mount_job_dir(path: Path, uid: int, gid: int) -> None:
-    """Mount a tmpfs of :data:`JOB_DIR_BYTES` and :data:`JOB_DIR_INODES` on
-    ``path`` (root's empty directory), owned by ``uid:gid`` 0700, nosuid,
-    nodev, noexec.
+    """Mount the capped tmpfs (uid:gid 0700, nosuid, nodev, noexec) on ``path``.
 
     Raises:
         NodeError: the mount failed (no CAP_SYS_ADMIN: a container).
@@ -569,21 +524,11 @@ def stop(job_id: str, mps_dir: str, state_dir: str, control_bin: str, timeout_s:
          restore_compute_mode: Callable[[str, int], object] | None = None,
          log: Callable[[str], None] = print) -> dict:
     """Stop the job's MPS daemon and remove its directories (epilog, as root;
-    also ``gsrun-node restore``). Idempotent.
-
-    Steps: read the journal (``<state_dir>/mps-<jobid>.json``); find the job's
-    MPS processes (:func:`find_job_processes`); if any is alive or the control
-    socket exists, run ``echo quit | <control_bin>`` as the job's user with
-    ``CUDA_MPS_PIPE_DIRECTORY`` (``timeout_s``); wait for the processes to go
-    (same ``timeout_s`` budget for quit + wait); TERM the survivors, wait
-    3 s, KILL, wait 3 s, look once more; restore each GPU's compute mode from
-    the journal with ``restore_compute_mode(gpu, prior)`` (a set that never
-    recorded its prior restores DEFAULT); remove ``<mps_dir>/<jobid>``. The
-    journal is deleted only when all of that succeeded, so a later run
-    retries what is left.
-
-    Nothing found (node rebooted between prolog and epilog: /run is tmpfs, or
-    MPS never started): returns ``status="nothing"`` and says so.
+    ``gsrun-node restore``). Idempotent: ``quit`` as the user (``timeout_s``
+    for quit and wait), TERM, KILL (3 s each), restore each GPU's compute
+    mode (DEFAULT where the prior was never recorded), remove the job
+    directory; the journal is deleted only when all succeeded, so a later run
+    retries. Nothing found (MPS never started, or a reboot): ``"nothing"``.
 
     Returns:
         ``{"job_id", "status": "stopped"|"nothing"|"incomplete", "quit":
@@ -636,7 +581,7 @@ def stop(job_id: str, mps_dir: str, state_dir: str, control_bin: str, timeout_s:
     t0 = time.monotonic()
     seen = {p.pid for p in procs}
     sock = os.path.join(pipe_dir, CONTROL_SOCKET)
-    if uid is not None and (procs or _exists_nofollow(sock)):
+    if uid is not None and (procs or os.path.lexists(sock)):
         res["quit"] = _send_quit(control_bin or (j or {}).get("control_bin") or "", pipe_dir,
                                  uid, gid if gid is not None else uid, timeout_s)
         if res["quit"] != "ok":
@@ -692,7 +637,7 @@ def stop(job_id: str, mps_dir: str, state_dir: str, control_bin: str, timeout_s:
             j["state"] = "incomplete"
             j["compute_mode"] = {g: m for g, m in modes.items()
                                  if g not in res["compute_mode_restored"]}
-            _write_journal(jpath, j)
+            _journal(jpath).write(j)
             res["journal_kept"] = True
     else:
         jr.remove()
@@ -708,17 +653,8 @@ def _merge(a: list[psutil.Process], b: list[psutil.Process]) -> list[psutil.Proc
     return [p for p in seen.values() if not _gone(p)]
 
 
-def _exists_nofollow(path: str) -> bool:
-    try:
-        os.lstat(path)
-        return True
-    except OSError:
-        return False
-
-
 def _send_quit(control_bin: str, pipe_dir: str, uid: int, gid: int, timeout_s: float) -> str:
-    """``echo quit | CUDA_MPS_PIPE_DIRECTORY=<pipe> <control_bin>`` as the
-    job's user, bounded by ``timeout_s`` (the client is killed on expiry)."""
+    """``echo quit | CUDA_MPS_PIPE_DIRECTORY=<pipe> <control_bin>`` as the user, within ``timeout_s``."""
     try:
         binary = _resolve_bin(control_bin)
         user_env, groups = _user_facts(uid, gid)

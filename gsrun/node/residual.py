@@ -1,39 +1,25 @@
-"""Leftover GPU processes after a job (field case 17, docs/field-cases.md), found and
-ended by the epilog.
+"""Leftover GPU processes after a job (field case 17, docs/field-cases.md), ended by the epilog.
 
-After ``scancel``, workers reparented to init (``proctrack/linuxproc`` does
-not follow them) can keep ~100 GB on each GPU and make the next job OOM
-(sglang #23627). The epilog therefore lists the compute processes on *this
-job's* GPUs, ends the ones that belong to the job, checks again, and reports
-``Residual GPU processes`` (the epilog exits non-zero, so slurmd drains the
-node) when GPU memory is still held.
+Workers reparented to init after ``scancel`` (``proctrack/linuxproc`` does not
+follow them) can keep ~100 GB per GPU and make the next job OOM (sglang
+#23627). The epilog lists the compute processes on *this job's* GPUs, ends the
+job's, checks again, and reports ``Residual GPU processes`` (exit non-zero:
+slurmd drains the node) while GPU memory is still held.
 
-Facts:
+Facts: the job's GPUs by minor number (``SLURM_JOB_GPUS``) -> PCI bus id through
+NVML or ``/proc/driver/nvidia/gpus/<bdf>/information``, never by position
+(field cases 7, 8); the processes from NVML
+(``nvmlDeviceGetComputeRunningProcesses``), else ``nvidia-smi
+--query-compute-apps=gpu_bus_id,pid,used_memory --format=csv,noheader,nounits``
+(MiB; bounded, own process group); never ``pmon`` or columns by position
+(deepops #1315 made an epilog run ``kill -9 Idx``): a line that is not exactly
+``<bus id>, <pid>, <MiB>`` is ignored; the owner from psutil (uid, parent,
+``SLURM_JOB_ID``, ``job_<id>`` in ``/proc/<pid>/cgroup``).
 
-- the job's GPUs: Slurm's gres indices (``SLURM_JOB_GPUS`` = ``/dev/nvidiaN``
-  minor numbers) mapped to PCI bus ids through NVML
-  (``nvmlDeviceGetMinorNumber`` + ``nvmlDeviceGetPciInfo``) or procfs
-  (``/proc/driver/nvidia/gpus/<bdf>/information``, ``Device Minor:``), never
-  by position (field cases 7, 8);
-- the processes: NVML ``nvmlDeviceGetComputeRunningProcesses`` (key
-  ``compute_processes``), else ``nvidia-smi
-  --query-compute-apps=gpu_bus_id,pid,used_memory --format=csv,noheader,nounits``
-  (MiB) run with a timeout in its own process group (a wedged nvidia-smi is
-  killed with all its children). Never ``pmon`` or table output by column
-  position (deepops #1315: one more header line made an epilog run
-  ``kill -9 Idx``): a line that is not exactly ``<bus id>, <pid>, <MiB>`` is
-  ignored;
-- who owns a process: psutil (real uid, parent, ``SLURM_JOB_ID`` in its
-  environment, ``job_<id>`` in ``/proc/<pid>/cgroup``).
-
-Decision (:func:`select_targets`, pure): a process is ended only when it is
-on one of the job's GPUs, runs as the job's user, and shows no sign of
-belonging to another job (``SLURM_JOB_ID`` or cgroup of another job: field
-case 18, two jobs of one user on a node). Everything else on the job's GPUs
-is reported, never signalled.
-
-Effect (:func:`end_processes`): ``SIGTERM``, wait, ``SIGKILL``, wait -- by
-psutil handles, so a recycled PID is never hit.
+Decision (:func:`select_targets`, pure): end only a process on the job's GPUs,
+of the job's user, with no sign of another job (field case 18); report the
+rest. Effect (:func:`end_processes`): SIGTERM, wait, SIGKILL, wait, by psutil
+handles (a recycled PID is never hit).
 """
 
 from __future__ import annotations
@@ -94,10 +80,8 @@ class Decision:
 # ---------------------------------------------------------------- parsing (pure)
 
 def parse_compute_apps_csv(text: str) -> tuple[list[GpuProc], int]:
-    """``nvidia-smi --query-compute-apps=gpu_bus_id,pid,used_memory
-    --format=csv,noheader,nounits`` output -> (processes, number of lines
-    ignored). ``used_memory`` is MiB. Header lines, ``pmon`` output, "No
-    running processes found" and error text match nothing and are ignored."""
+    """:data:`SMI_ARGS` output (``used_memory`` in MiB) -> (processes, lines
+    ignored: headers, ``pmon`` output, messages)."""
     out, ignored = [], 0
     for ln in (text or "").splitlines():
         if not ln.strip():
@@ -217,11 +201,10 @@ def proc_facts(pid: int) -> ProcFacts:
 def select_targets(procs: list[GpuProc], bus_ids: set[str], job_id: str, uid: int,
                    facts: dict[int, ProcFacts], protect: set[int] = frozenset(),
                    live_jobs: set[str] | None = None) -> Decision:
-    """Which listed processes to end. Only on ``bus_ids``, only the job's
-    user, never one in another job's cgroup, never PID 1 or a ``protect``-ed
-    PID (ourselves, our parents). A ``SLURM_JOB_ID`` in the environment is the
-    user's own text: it protects a process only when that job is live on this
-    node (``live_jobs``: jobs whose prolog state is here); ``None`` trusts it."""
+    """Which listed processes to end: on ``bus_ids``, of ``uid``, not in
+    another job's cgroup, not PID 1 or ``protect``-ed. A ``SLURM_JOB_ID`` in
+    the environment (the user's own text) protects only when that job is in
+    ``live_jobs`` (None: always)."""
     d = Decision()
     for p in procs:
         f = facts.get(p.pid)
@@ -252,10 +235,8 @@ def select_targets(procs: list[GpuProc], bus_ids: set[str], job_id: str, uid: in
 
 def end_processes(pids: list[int], uid: int, term_wait_s: float = TERM_WAIT_S,
                   kill_wait_s: float = KILL_WAIT_S) -> dict[int, str]:
-    """SIGTERM, wait ``term_wait_s``, SIGKILL, wait ``kill_wait_s``. Each
-    PID is re-checked (still ``uid``) right before it is signalled, through a
-    psutil handle (which refuses a PID reused by a new process). Returns
-    pid -> ``terminated`` | ``killed`` | ``gone`` | ``survived`` | ``skipped``."""
+    """SIGTERM, wait, SIGKILL, wait, each PID checked to be ``uid``'s through a
+    psutil handle. -> pid -> terminated | killed | gone | survived | skipped."""
     procs, res = [], {}
     for pid in pids:
         try:
@@ -304,8 +285,6 @@ def _still_held(p: GpuProc, job_id: str, live_jobs: set[str] | None = None) -> b
 def _protected() -> set[int]:
     out, pid = set(), os.getpid()
     try:
-        import psutil
-
         for p in [psutil.Process(pid), *psutil.Process(pid).parents()]:
             out.add(p.pid)
     except Exception:  # noqa: BLE001
@@ -319,15 +298,12 @@ def cleanup(job_id: str, uid: int, gres_indices: list[int] | None, hostfs=None,
             log: Callable[[str], None] = print, smi_exe: str | None = None,
             live_jobs: set[str] | None = None, nv=None) -> dict:
     """The epilog step: list, decide, end, re-check. ``nv``: the NVML backend
-    to read (the node monitor's, :class:`gsrun.node.monitor.RemoteNvml`);
-    None: NVML opened here and closed after.
+    (the monitor's :class:`gsrun.node.monitor.RemoteNvml`; None: opened here).
 
-    Returns ``{"gpus": {gres: bus}, "source", "found": [GpuProc dicts],
-    "ended": {pid: result}, "skipped": [...], "remaining": [GpuProc dicts],
-    "ok": bool, "reason": str | None, "notes": [...]}``. ``ok`` is False
-    (``reason`` starts with ``Residual GPU processes``) when a process is
-    still on the job's GPUs after the kill, or the processes could not be
-    listed at all (``reason``: ``cannot list GPU processes``).
+    Returns ``{"gpus": {gres: bus}, "source", "found", "ended": {pid: result},
+    "skipped", "remaining", "ok", "reason", "notes"}``; ``ok`` False when a
+    process still holds a GPU (``Residual GPU processes: ...``) or none could
+    be listed (``cannot list GPU processes: ...``).
     """
     rep: dict = {"gpus": {}, "source": None, "found": [], "ended": {}, "skipped": [], "remaining": [],
                  "ok": True, "reason": None, "notes": []}

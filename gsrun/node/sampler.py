@@ -1,37 +1,23 @@
 """A job's GPU/CPU sampler on one node: the node monitor (:mod:`gsrun.node.monitor`) keeps one per job.
 
-Facts per interval (``sampler.interval_s``), for each of the job's GPUs
-through the NVML choke point (:mod:`gsrun.facts.nvml`):
+Each ``sampler.interval_s``, for each of the job's GPUs through
+:mod:`gsrun.facts.nvml`: utilization from the driver's sample buffer since the
+previous poll (``nvmlDeviceGetSamples``; ``nvmlDeviceGetUtilizationRates``
+where unsupported), memory used (``nvmlDeviceGetMemoryInfo`` v2; v1 minus the
+per-GPU baseline read before the job: :func:`gsrun.node.monitor.read_mem_baseline`), the
+job's processes' GPU memory (``nvmlDeviceGetComputeRunningProcesses`` over the
+job's PIDs), power, the energy counter, SM clock, temperature, throttle
+reasons, PCIe and NVLink throughput, uncorrected ECC, Xid events and GPM
+metrics (Hopper); and the job's CPU time and memory from its cgroup
+(:mod:`gsrun.facts.cgroup`), else from its processes (psutil).
 
-- utilization: the driver's own sample buffer (``nvmlDeviceGetSamples``,
-  key ``util_samples``) read since the previous poll, so bursts between polls
-  are seen; ``nvmlDeviceGetUtilizationRates`` when the buffer is unsupported;
-- memory used (``nvmlDeviceGetMemoryInfo``, v2 where the binding has it;
-  with only v1, whose "used" counts the driver's reservation, minus the
-  per-GPU baseline read at the job's begin, before its processes started:
-  :mod:`gsrun.node.mem_baseline`), the job's own processes' GPU memory (sum of
-  ``used_gpu_memory`` of ``nvmlDeviceGetComputeRunningProcesses`` over the
-  job's PIDs: its cgroup's ``cgroup.procs``, else processes with its
-  ``SLURM_JOB_ID``), power (``nvmlDeviceGetPowerUsage``),
-  the energy counter (``nvmlDeviceGetTotalEnergyConsumption``), SM clock,
-  temperature, throttle reasons (clock event reasons bitmask), PCIe throughput,
-  NVLink throughput (the data counters of all links, ``nvmlDeviceGetFieldValues``,
-  turned into bytes/s over the poll interval), uncorrected ECC count, Xid
-  events, and GPM metrics where supported (SM activity, SM occupancy, tensor
-  activity, DRAM bandwidth; Hopper has GPM);
-- the job's CPU time and memory from its cgroup (:mod:`gsrun.facts.cgroup`), else
-  from its processes found by ``SLURM_JOB_ID`` in their environment (psutil).
-
-State is O(1) in job length (:mod:`gsrun.facts.aggregate`); its file form
-(``sampler.json``, version ``STATE_VERSION``) is typed in
-:mod:`gsrun.facts.sampler_state` (:class:`~gsrun.facts.sampler_state.SamplerState`,
-``schemas/sampler-state.schema.json``). It is rewritten
-atomically every ``sampler.flush_s`` and on SIGTERM, so a killed sampler
-loses at most one flush interval. A lost GPU (NVML ``GPU_IS_LOST``), a
-missing driver or an unsupported metric is recorded, never a crash. A reading
-that answered NOT_SUPPORTED is not polled again for the job
-(``GpuState.not_polled``); an energy counter that gives nothing is noted once
-per job (the summary then integrates the power samples, marked estimated).
+State is O(1) in job length (:mod:`gsrun.facts.aggregate`); its file form,
+``sampler.json``, is typed in :mod:`gsrun.facts.sampler_state`
+(``schemas/sampler-state.schema.json``) and rewritten atomically every
+``sampler.flush_s`` and at the end. A lost GPU, a missing driver or an
+unsupported metric is recorded, never a crash; a reading that answered
+NOT_SUPPORTED is not polled again for the job; a silent energy counter is
+noted once (the summary then integrates power, marked estimated).
 """
 
 from __future__ import annotations
@@ -66,21 +52,17 @@ GAP_FACTOR = 2.0                    # a poll later than this x interval_s: the e
 GPU_READ_KEYS = ("memory", "power_mw", "energy_mj", "sm_clock_mhz", "temperature_c",
                  "throttle_reasons", "pcie_tx_kbs", "pcie_rx_kbs", "nvlink_kib", "ecc_uncorrected", "xid_events",
                  "compute_processes")
-# Left out of the final sample, which is on the epilog's critical path: NVML
-# measures PCIe throughput over a 20 ms window per call (nvmlDeviceGetPcieThroughput,
-# TX and RX: ~40 ms per GPU on the H200, most of a poll). The PCIe figures then
-# have a gap of one poll at the end, never a 0. The NVLink counters stay in: one
-# nvmlDeviceGetFieldValues call that reads counters, no measuring window (0.2 ms
-# on the H200 VM, driver 580.159, which answers NOT_SUPPORTED in both fields).
+# Left out of the final sample (the epilog's critical path): nvmlDeviceGetPcieThroughput
+# measures over 20 ms per call (TX and RX: ~40 ms per GPU on the H200); the PCIe figures get
+# a one-poll gap, never a 0. NVLink's counters are one field read (0.2 ms on the H200 VM).
 FINAL_LEAVE_OUT = ("pcie_tx_kbs", "pcie_rx_kbs")
 MEM_V2 = "nvmlDeviceGetMemoryInfo_v2"
 MEM_V1_BASELINE = "nvmlDeviceGetMemoryInfo v1 minus the prolog's baseline"
 
 
 def resolve_gpus(nv, gres_indices: list[int]) -> tuple[list[GpuRef], list[str]]:
-    """Map Slurm gres indices (minor numbers) to NVML devices. Returns the refs
-    and notes for indices with no matching device (emulated gres, or a GPU
-    hidden from NVML)."""
+    """Slurm gres indices (minor numbers) -> (NVML refs, notes for indices with
+    no device: emulated gres, a GPU hidden from NVML)."""
     by_minor, lost = index_by_minor(nv)
     refs, notes = [], []
     unmatched = [g for g in gres_indices if g not in by_minor]
@@ -159,10 +141,8 @@ def new_state(job_id: str, node: str, refs: list[GpuRef], nvml_error: str | None
 
 
 def state_to_json(state: dict, timelines: bool = True) -> dict:
-    """The live state as plain JSON-able dicts (the ``sampler.json`` format
-    that :func:`gsrun.report.summary.node_summary` reads). ``timelines=False``
-    leaves placeholders (``"@@TL<i>@@"``, ``"@@TLcpu@@"``) for
-    :meth:`Sampler.flush` to splice cached encodings into."""
+    """The live state as JSON-able dicts (``sampler.json``). ``timelines=False``
+    leaves placeholders (``"@@TL<i>@@"``, ``"@@TLcpu@@"``) for :meth:`Sampler.flush`."""
     out = dict(state)
     out["gpus"] = []
     for i, g in enumerate(state["gpus"]):
@@ -195,9 +175,8 @@ def state_to_json(state: dict, timelines: bool = True) -> dict:
 
 
 def state_from_json(d: dict, idle_cfg=None) -> dict:
-    """Inverse of :func:`state_to_json` (a restarted sampler continues).
-    ``idle_cfg``: the :class:`gsrun.request.waste.IdleConfig` the restored
-    GPU watches run with (default: the built-in defaults)."""
+    """Inverse of :func:`state_to_json` (a restarted sampler continues); the
+    GPU watches run with ``idle_cfg`` (default :class:`IdleConfig`)."""
     st = dict(d)
     st["gpus"] = []
     for g in d["gpus"]:
@@ -225,14 +204,9 @@ def state_from_json(d: dict, idle_cfg=None) -> dict:
 
 def read_gpu(nv, ref: GpuRef, since_us: int | None, skip=(), leave_out=()) -> dict:
     """One poll of one GPU -> raw readings (values or NA). I/O only.
-
-    ``util_samples`` is the driver's utilization sample buffer
-    (``nvmlDeviceGetSamples``) since ``since_us`` (0 on the first poll);
-    ``utilization`` (``nvmlDeviceGetUtilizationRates``) is read only when the
-    buffer answers N/A. ``gpm`` is read only where GPM is supported. Keys in
-    ``skip`` (readings that answered NOT_SUPPORTED earlier in the job) are
-    not read: they come back as NA("Not Supported", 3) without an NVML call.
-    Keys in ``leave_out`` are neither read nor returned (a gap in this poll)."""
+    ``util_samples`` since ``since_us``; ``utilization`` only when the buffer
+    answers N/A; ``gpm`` only where supported. ``skip`` keys answer
+    NA("Not Supported") without a call; ``leave_out`` keys are not returned."""
     i = ref.nvml_index
     gone = NA("Not Supported", NOT_SUPPORTED)
 
@@ -256,25 +230,19 @@ def _lost(r: dict) -> NA | None:
 
 def update_gpu(g: dict, r: dict, t_rel_s: float, dt_s: float, gap_s: float = 0.0,
                job_pids: set[int] | None = None) -> dict | None:
-    """Fold one poll's readings into a GPU's live state. Pure (no I/O).
+    """Fold one poll's readings into a GPU's live state. Pure.
 
-    ``dt_s``: seconds since the previous poll that the readings stand for
-    (0 on the first poll); ``gap_s``: seconds before that with no poll at all
-    (a sampler that was not running), counted as gap time, never as 0.
-    Units: utilization/activity in %, memory in bytes (``memory.used``),
-    power W (``power_mw`` / 1000), energy mJ (counter), PCIe bytes/s
-    (``pcie_*_kbs`` x 1024), NVLink bytes/s (:func:`nvlink_rates`), clock
-    MHz, temperature degrees C.
-    ``mem_used_bytes`` is v2's ``used`` (the memory dict has ``reserved``),
-    else v1's ``used`` minus ``g["mem_baseline_bytes"]`` (clamped at 0);
-    ``mem_procs_bytes`` the sum of ``used_bytes`` of the compute processes
-    whose PID is in ``job_pids`` (None: PIDs unknown, a gap). A reading that
-    answered NOT_SUPPORTED goes to ``g["not_polled"]``.
+    ``dt_s``: seconds the readings stand for (0 on the first poll);
+    ``gap_s``: seconds before that with no poll (gap time, never 0). Units: %,
+    bytes, W (``power_mw`` / 1000), mJ, bytes/s (``pcie_*_kbs`` x 1024), MHz,
+    degrees C. ``mem_used_bytes``: v2's ``used`` (the dict has ``reserved``),
+    else v1's minus ``g["mem_baseline_bytes"]`` (at least 0);
+    ``mem_procs_bytes``: ``used_bytes`` of the compute processes in
+    ``job_pids`` (None: a gap).
 
-    Returns this poll's figures (the :data:`GPU_METRICS` keys, None where
-    unknown, plus ``job_gpu_pids``: the job's PIDs among the GPU's compute
-    processes, sorted, None when either list is unknown) for the waste
-    detector (:class:`gsrun.request.waste.GpuWatch`); None for a lost GPU.
+    Returns the :data:`GPU_METRICS` figures (None where unknown) and
+    ``job_gpu_pids`` (the job's PIDs on the GPU, sorted, or None) for the waste
+    detector; None for a lost GPU.
     """
     if g["lost_at_s"] is not None:
         return None
@@ -406,17 +374,11 @@ def update_gpu(g: dict, r: dict, t_rel_s: float, dt_s: float, gap_s: float = 0.0
 
 
 def nvlink_rates(g: dict, reading, t_rel_s: float) -> tuple[float | None, float | None]:
-    """NVLink ``(tx, rx)`` bytes/s since the previous reading, from the
-    cumulative data counters (``reading``: the ``nvlink_kib`` answer,
-    ``{"tx": KiB, "rx": KiB}`` over all links). Pure but for ``g``: the
-    reading becomes ``g["nvlink_prev"]``, the baseline of the next poll.
-
-    Unknown (None), never 0, for: no reading this poll (key not read: the
-    baseline is kept), an NA (the baseline is dropped; NOT_SUPPORTED also
-    lands in ``g["not_polled"]`` through :func:`update_gpu`), the first
-    reading (no baseline), no time since the baseline, and a direction whose
-    counter went backwards (a driver reload or GPU reset zeroes it; the
-    64-bit counter wraps in practice never): a reset is no negative rate."""
+    """NVLink ``(tx, rx)`` bytes/s since ``g["nvlink_prev"]``, from the
+    ``nvlink_kib`` counters ``{"tx": KiB, "rx": KiB}`` (all links); the
+    reading becomes the next baseline. None, never 0, without a reading, for
+    an NA (baseline dropped), without a baseline or time since it, and for a
+    counter that went backwards (a driver reload or GPU reset)."""
     if reading is None:
         return None, None
     if is_na(reading):
@@ -445,11 +407,10 @@ def nvlink_rates(g: dict, reading, t_rel_s: float) -> tuple[float | None, float 
 
 
 class JobProcs:
-    """CPU time and memory of the job's processes when no job cgroup exists
-    (e.g. ``proctrack/linuxproc``): processes whose environment holds
-    ``SLURM_JOB_ID=<id>`` and this node's ``SLURMD_NODENAME`` (psutil; root
-    reads any environ). CPU time of
-    processes that exit between polls is kept (last seen value)."""
+    """CPU time and memory of the job's processes without a job cgroup
+    (``proctrack/linuxproc``): those whose environment holds
+    ``SLURM_JOB_ID=<id>`` and this ``SLURMD_NODENAME``. The CPU time of a
+    process that exited is kept."""
 
     def __init__(self, job_id: str, uid: int | None, node: str | None = None):
         self.job_id = job_id
@@ -462,11 +423,8 @@ class JobProcs:
 
     def poll(self, known_only: bool = False) -> tuple[float, int]:
         """``(cumulative CPU seconds, current RSS bytes)`` of the job's processes.
-        ``known_only``: re-read only the processes found at the last poll, without
-        scanning every process for new ones -- the final sample, taken when
-        slurmd runs the epilog, after the job's tasks ended (the scan is ~8 ms
-        of it on an H200 node; a process started in the last interval and
-        never seen is missed)."""
+        ``known_only``: no scan for new ones (the final sample, in the epilog's
+        path: the scan is ~8 ms on an H200 node)."""
         rss = 0
         current: set[int] = set()
         for key, p in (self._known(psutil) if known_only else self._scan(psutil)):
@@ -518,11 +476,8 @@ class JobProcs:
 
 
 def update_job(state: dict, cpu_time_s, mem_current, mem_peak, source: str, t_rel_s: float, dt_s: float):
-    """Fold the job's CPU/memory reading into the live state. Pure (no I/O).
-
-    ``cpu_time_s``: cumulative CPU seconds of the job on this node;
-    ``mem_current`` / ``mem_peak``: bytes (peak None when the kernel has no
-    peak file: the peak is then the highest sampled current, labelled so)."""
+    """Fold the job's cumulative CPU seconds and memory bytes into the state.
+    Pure. ``mem_peak`` None (no kernel peak file): the highest sampled current."""
     prev = state["cpu"]["time_s"]
     state["cpu"] = {"time_s": cpu_time_s, "source": source}
     sampled = state["mem"]["sampled"]
@@ -538,17 +493,11 @@ def update_job(state: dict, cpu_time_s, mem_current, mem_peak, source: str, t_re
 
 class Sampler:
     """One job's sampling on this node: :meth:`poll` at each ``interval_s``,
-    :meth:`finish` at its end (the node monitor calls them).
-
-    ``clock`` (epoch seconds) and ``sleep`` are injectable: tests drive a
-    simulated job of any length without sleeping (:meth:`run`). ``nvml`` replaces :func:`gsrun.facts.nvml.open_nvml` (a backend, or a
-    callable returning one or raising :class:`NvmlUnavailable`); ``usage``
-    replaces the job cgroup / psutil reader: a callable returning
-    ``(cpu_time_s, mem_current_bytes, mem_peak_bytes, source)``;
-    ``mem_baseline``: gres index -> v1 memory used before the job, read by
-    the prolog (:func:`gsrun.node.mem_baseline.read_mem_baseline`). ``export``: called with the live
-    state after each flush (:class:`gsrun.node.metrics_textfile.TextfileExporter`),
-    or None."""
+    :meth:`finish` at its end. Injectable: ``clock`` and ``sleep`` (tests run a
+    job of any length at once: :meth:`run`), ``nvml`` (a backend, or a callable
+    returning one), ``usage`` (``() -> (cpu_time_s, mem_current_bytes,
+    mem_peak_bytes, source)``). ``mem_baseline``: gres index -> v1 memory used
+    before the job. ``export(state)``: called after each flush, or None."""
 
     export = None
 
@@ -623,9 +572,7 @@ class Sampler:
         return cpu, rss, None, "processes with SLURM_JOB_ID (psutil)"
 
     def _job_pids(self) -> set[int] | None:
-        """The job's PIDs on this node: its cgroup's ``cgroup.procs`` (and
-        sub-cgroups), else the processes :class:`JobProcs` found at the last
-        poll; None when usage is injected (no PIDs known)."""
+        """The job's PIDs: its cgroup's, else :class:`JobProcs`'s; None when usage is injected."""
         if self._usage is not None:
             return None
         if self._cg is not None:
@@ -674,8 +621,7 @@ class Sampler:
         st["last_time"] = now
 
     def _watch(self, watch, t_rel: float, vals: dict | None) -> None:
-        """Feed one GPU's poll to its waste detector; new detections go to
-        ``state["waste_findings"]`` (the newest :data:`WASTE_FINDINGS_MAX`)."""
+        """Feed one GPU's poll to its waste detector (findings: the newest :data:`WASTE_FINDINGS_MAX`)."""
         try:
             new = watch.update(t_rel, vals or {})
         except Exception as e:  # noqa: BLE001 - the detector must never cost the job its figures
@@ -699,9 +645,8 @@ class Sampler:
                 self.state["waste_findings_dropped"] = self.state.get("waste_findings_dropped", 0) + drop
 
     def _warn_energy(self, ref: GpuRef, g: dict) -> None:
-        """Once per job and GPU: the energy counter gave no reading (NOT_SUPPORTED,
-        or another error for 3 polls), so the summary integrates the power
-        samples (a note in the state, a line in the daemon's journal)."""
+        """Note once per job and GPU that the energy counter gave nothing
+        (NOT_SUPPORTED, or another error for 3 polls): power is integrated."""
         why = g["unsupported"].get("energy_mj")
         if why is None or g["energy"].first is not None:
             return
@@ -723,14 +668,9 @@ class Sampler:
         return state_to_json(self.state)
 
     def flush(self, done: bool = False) -> None:
-        """Rewrite the state file atomically, in compact JSON (the C encoder:
-        about 3x faster and 2.5x smaller than the indented form).
-
-        The aggregates are written fresh every time; the timelines (most of
-        the bytes) are re-encoded every :data:`TIMELINE_FLUSH_EVERY` flushes
-        and on the final one, and spliced in from a cache otherwise: a
-        killed sampler loses at most ``flush_s`` of aggregates and
-        ``TIMELINE_FLUSH_EVERY x flush_s`` of timeline points."""
+        """Rewrite the state file atomically, compact JSON. The timelines (most
+        of the bytes) are re-encoded every :data:`TIMELINE_FLUSH_EVERY` flushes
+        and on the final one, spliced from a cache otherwise."""
         self.state["done"] = done
         if done or self._tl_cache is None or self._flushes % TIMELINE_FLUSH_EVERY == 0:
             enc = {f"@@TL{i}@@": json.dumps({k: t.to_dict() for k, t in g["timeline"].items()},
@@ -747,17 +687,12 @@ class Sampler:
             self.export(self.state)
 
     def after_flush(self) -> None:
-        """While the job runs (:mod:`gsrun.node.live`, set as ``self.live`` by
-        the monitor): the live node file in the spool, alerts, the
-        opt-in idle cancel. Nothing when ``self.live`` is None."""
+        """The live effects (:mod:`gsrun.node.live`), when the monitor set ``self.live``."""
         if self.live is not None:
             self.live.after_flush(self.state, lambda: state_to_json(self.state, timelines=False))
 
     def poll(self) -> None:
-        """One poll, and a flush with the live effects when ``flush_s`` has
-        passed since the last one (the first poll flushes at once): what the
-        node monitor (:mod:`gsrun.node.monitor`) does for each job at each
-        ``interval_s``."""
+        """One poll; a flush and the live effects when ``flush_s`` has passed (at once on the first)."""
         self.sample_once()
         now = self.clock()
         if self._last_flush is None or now - self._last_flush >= self.flush_s:
@@ -772,9 +707,7 @@ class Sampler:
         return self.snapshot()
 
     def run(self, max_samples: int) -> dict:
-        """Poll ``max_samples`` times on the schedule ``start + n * interval_s``
-        (``sleep`` between), then :meth:`finish` at once: a simulated job of any length
-        with an injected ``clock`` and ``sleep`` (tests)."""
+        """Poll ``max_samples`` times at ``start + n * interval_s``, then :meth:`finish` (tests)."""
         next_t = self.clock()
         for n in range(max_samples):
             if n:

@@ -1,44 +1,26 @@
 """The one step runner of the Slurm hooks (prolog, epilog, EpilogSlurmctld).
 
-A hook is an ordered table of :class:`Step` rows -- name, what it does in one
-line, the seconds it keeps out of the hook's budget, the function -- that
-:func:`run_steps` runs in order. The runner owns what every hook shares:
+A hook is an ordered table of :class:`Step` rows that :func:`run_steps` runs
+in order, owning what every hook shares:
 
-- **the budget**: a hard deadline by ``SIGALRM`` raising
-  :class:`BudgetExceeded` (a ``BaseException``, so no library's ``except
-  Exception`` swallows it). Each step may run until the hook's budget minus
-  the ``reserve_s`` of every later row (at least :data:`MIN_STEP_S`), so one
-  wedged step cannot starve the steps after it;
+- **the budget**: a hard ``SIGALRM`` deadline raising :class:`BudgetExceeded`.
+  Each step may run until the hook's budget minus the ``reserve_s`` of every
+  later row (at least :data:`MIN_STEP_S`), so one wedged step cannot starve
+  the steps after it;
 - **the log lines**: ``<step>: begin`` / ``<step>: end (<s> s)`` /
-  ``<step>: failed after <s> s: <error>`` (none for a ``quiet`` row: a check
-  that changes nothing);
-- **the fault boundary** (tests only, below);
-- **the drain decision** (:attr:`Outcome.rc`), by the hook's rules
-  (:data:`SETUP` or :data:`CLEANUP`).
+  ``<step>: failed after <s> s: <error>`` (none for a ``quiet`` row);
+- **the drain decision** (:attr:`Outcome.rc`). :data:`SETUP` (prolog): exit
+  non-zero only when a step raised :class:`NodeUnusable`; running out of
+  budget stops the hook without a drain. :data:`CLEANUP` (epilog): every step
+  runs; a step out of time (it may have left the node changed) and every
+  reason ``verdict(results)`` returns (a lost GPU, GPU memory still held) make
+  the hook exit 1, and slurmd drains the node.
 
-Two rules, one per kind of hook:
-
-- :data:`SETUP` (prolog, before the job): the hook exits non-zero only when
-  the node truly cannot run the job -- a step raised :class:`NodeUnusable`;
-  the runner stops there. Running out of budget ends the hook too, but the
-  job goes on with what was done: no drain.
-- :data:`CLEANUP` (epilog, after the job): every step runs, even when an
-  earlier one failed or ran out of time. A step out of time may have left the
-  node changed, so it is a reason to drain (``"<step> step timed out"``), and
-  so is every reason ``verdict(results)`` returns (a lost GPU, GPU memory
-  still held); any reason makes the hook exit 1 and slurmd drains the node.
-
-Fault injection (tests only) -- the one hook point left in production code:
-with ``GSRUN_FAULT_AT=<phase>:<step>`` the runner SIGKILLs its own process
-just before that step, with ``<phase>:<step>:end`` just after it succeeded,
-so tests can kill the real prolog/epilog at every step boundary. It is a
-kill of the process itself and nothing else (no code is loaded from the
-environment); slurmd never sets the variable and users cannot: the hook
-environment comes from slurmd, and SPANK values reach it only with a
-``SPANK_`` prefix.
-
-:func:`drain_node` is the drain itself (``scontrol update ... state=drain``),
-for the steps that must drain at once (a MIG GPU that cannot be put back).
+Fault injection (tests only, the one hook point left in production code):
+``GSRUN_FAULT_AT=<phase>:<step>`` SIGKILLs the hook just before that step,
+``<phase>:<step>:end`` just after it succeeded. Nothing is loaded from the
+environment; slurmd never sets the variable and users cannot (SPANK values
+reach the hook only with a ``SPANK_`` prefix).
 """
 
 from __future__ import annotations
@@ -59,31 +41,23 @@ CLEANUP = "cleanup"
 
 
 class BudgetExceeded(BaseException):
-    """Raised by SIGALRM when a step's deadline passes. A BaseException, so
-    that no ``except Exception`` of a library (``comment_from_slurm``...) can
-    swallow the deadline."""
+    """A step's deadline passed (SIGALRM); a BaseException, so that no library's
+    ``except Exception`` swallows it."""
 
 
 class NodeUnusable(Exception):
-    """Raised by a :data:`SETUP` step when the node truly cannot run the job
-    (NVML driver/library mismatch): the runner stops and :attr:`Outcome.rc`
-    is 1, so slurmd drains the node. ``str()`` is the reason."""
+    """A :data:`SETUP` step found that the node cannot run the job (NVML
+    driver/library mismatch): the hook stops and exits 1. ``str()`` is the reason."""
 
 
 @dataclass(frozen=True, slots=True)
 class Step:
-    """One row of a hook's table.
-
-    ``name``: log and fault-point name (``GSRUN_FAULT_AT=<phase>:<name>``),
-    also the key of its result. ``does``: what it does, one line (docs,
-    ``--help``). ``reserve_s``: seconds kept for this step out of the hook's
-    budget (earlier steps are cut off that much sooner; 0: the step gets only
-    what is left). ``fn(ctx)``: the step; it returns a JSON-able result
-    (``None``: nothing recorded). ``when(ctx)``: run the step only if true
-    (decided when its turn comes). ``quiet``: no begin/end lines (a check
-    that changes nothing). ``catch``: exceptions recorded as ``{"error":
-    text}`` instead of ending the hook (``None``: the hook's).
-    """
+    """One row of a hook's table. ``name``: log, fault-point and result key.
+    ``does``: one line for docs and ``--help``. ``reserve_s``: seconds kept for
+    this step out of the hook's budget. ``fn(ctx)`` returns a JSON-able result
+    (None: nothing recorded); ``when(ctx)``: run only if true. ``quiet``: no
+    begin/end lines. ``catch``: exceptions recorded as ``{"error": text}``
+    (None: the hook's)."""
 
     name: str
     does: str
@@ -96,11 +70,9 @@ class Step:
 
 @dataclass(slots=True)
 class Outcome:
-    """What :func:`run_steps` did. ``results``: step name -> result (or
-    ``{"error": text}``); ``reasons``: why the node needs an admin (drain);
-    ``budget_exceeded``: a :data:`SETUP` hook ran out of budget and skipped
-    the rest; ``unusable``: the :class:`NodeUnusable` reason, if any; ``rc``:
-    the hook's exit status (0, or 1: drain)."""
+    """What :func:`run_steps` did: ``results`` (step name -> result or
+    ``{"error": text}``), ``reasons`` to drain, ``budget_exceeded`` (a SETUP
+    hook skipped the rest), the :class:`NodeUnusable` reason; ``rc`` 1: drain."""
 
     results: dict = field(default_factory=dict)
     reasons: list[str] = field(default_factory=list)
@@ -116,22 +88,15 @@ def run_steps(phase: str, steps, ctx, log, *, rule: str, budget_s: float | None,
               catch: tuple[type[BaseException], ...] = (Exception,),
               results: dict | None = None, verdict: Callable[[dict], list[str]] | None = None,
               timeout_hint: str = "") -> Outcome:
-    """Run ``steps`` (a sequence of :class:`Step`) in order with ``ctx``.
+    """Run ``steps`` in order with ``ctx`` under ``rule`` (module doc).
 
-    ``phase``: the hook (``prolog``, ``epilog``, ``epilog-ctld``): fault
-    points are ``<phase>:<step>``. ``log``: a :class:`gsrun.base.log.JobLog`.
-    ``rule``: :data:`SETUP` or :data:`CLEANUP` (module doc). ``budget_s``:
-    the hook's hard budget in seconds (``None``: no alarm). ``catch``: the
-    exceptions a step's failure is recorded for (the hook goes on); others
-    end the hook (they propagate, the alarm is off). ``results``: the dict
-    results are written into (e.g. the prolog record's ``steps``).
-    ``verdict(results) -> [reason]``: a :data:`CLEANUP` hook's own reasons
-    to drain, asked after every step ran. ``timeout_hint``: said after a
-    CLEANUP step ran out of time (what the admin can do).
-
-    Returns an :class:`Outcome`; when it says to drain (``rc`` 1) the reasons
-    are logged as ``node needs an admin: ...``.
-    """
+    ``phase``: ``prolog``, ``epilog`` or ``epilog-ctld`` (fault points
+    ``<phase>:<step>``); ``log``: a :class:`gsrun.base.log.JobLog`;
+    ``budget_s``: the hook's budget (None: no alarm); ``catch``: a step's
+    exceptions that are recorded (others propagate); ``results``: the dict to
+    fill; ``verdict(results) -> [reason]``: a CLEANUP hook's own reasons to
+    drain; ``timeout_hint``: logged after a CLEANUP step ran out of time.
+    Drain reasons are logged as ``node needs an admin: ...``."""
     out = Outcome(results if results is not None else {})
     t0 = time.monotonic()
     steps = list(steps)
@@ -204,8 +169,7 @@ def _one(phase: str, step: Step, ctx, log):
 
 
 def fault_point(phase: str, point: str) -> None:
-    """Tests only: SIGKILL this process when ``$GSRUN_FAULT_AT`` is
-    ``<phase>:<point>`` (module doc). Does nothing otherwise."""
+    """Tests only: SIGKILL this process when ``$GSRUN_FAULT_AT`` is ``<phase>:<point>``."""
     if os.environ.get(FAULT_ENV) == f"{phase}:{point}":
         os.kill(os.getpid(), signal.SIGKILL)
 
@@ -215,10 +179,9 @@ def _alarm(signum, frame):
 
 
 def drain_node(node: str, reason: str, log) -> None:
-    """``scontrol update nodename=NODE state=drain reason="gsrun: ..."``
-    (bounded, 10 s; the reason on one line, at most 200 characters). Never
-    raises: a failed scontrol is logged (the epilog also exits non-zero,
-    which drains the node even if this fails)."""
+    """``scontrol update nodename=NODE state=drain reason="gsrun: ..."`` (10 s,
+    one line of at most 200 characters), for a step that must drain at once.
+    Never raises: a failed scontrol is logged (the epilog's exit 1 drains too)."""
     reason = "gsrun: " + " ".join(safe_text(reason).split())[:200]
     log.error(f"draining {node}: {reason}")
     try:

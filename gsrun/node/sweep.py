@@ -1,25 +1,14 @@
 """Files of jobs gone from the node: the Prometheus textfiles and live files they left.
 
-A job's sampler writes ``<metrics.textfile_dir>/gsrun_job_<id>.prom``
-(:mod:`gsrun.node.metrics_textfile`) and ``<spool>/jobs/<id>/user-live-<node>.json``
-(:mod:`gsrun.node.live`); the epilog removes both. A node that crashed, a
-sampler that was killed, an epilog cut off by its budget leave them behind,
-and node_exporter would serve a dead job's GPUs for ever. The prolog of the
-next job on the node (step ``sweep``) removes them.
-
-Whether a job still exists on this node is decided from root-owned state
-only -- never from the files being swept, which the job's group can read and
-whose names anybody who can write the directory can plant:
-
-- ``<state_dir>/jobs/<id>/`` (root, 0700; made by the prolog, removed by the
-  epilog; ``/run`` is empty after a reboot), and in it
-- ``monitor.json`` (root, 0600): written when the node monitor begins
-  sampling the job, removed when the epilog ends it; ``sampler.json``: the
-  job's sampled state, there from the first flush.
-
-Three parts: :func:`read_state_jobs` (facts), :func:`gone_jobs` (the pure
-decision), :func:`sweep` (the thin effect: names only, through
-:func:`gsrun.base.fsutil.unlink_names`, never following a link).
+The epilog removes a job's ``<metrics.textfile_dir>/gsrun_job_<id>.prom`` and
+``<spool>/jobs/<id>/user-live-<node>.json``; a crash, a killed sampler or an
+epilog out of budget leaves them (node_exporter would serve a dead job's GPUs
+for ever), so the next prolog's ``sweep`` step removes them. Whether a job
+still exists here is decided from root-owned state only, never from the swept
+files (their names can be planted): ``<state_dir>/jobs/<id>/`` (root 0700;
+empty after a reboot) with its ``monitor.json`` (sampled now) and
+``sampler.json`` (sampled once). :func:`read_state_jobs` (facts),
+:func:`gone_jobs` (pure), :func:`sweep` (names only, never following a link).
 """
 
 from __future__ import annotations
@@ -31,25 +20,21 @@ from pathlib import Path
 from gsrun.base.fsutil import unlink_names
 from gsrun.base.ids import is_job_id, is_node_name
 from gsrun.facts.live import LIVE_PREFIX
-from gsrun.node.metrics_textfile import _OUR_FILE, _OUR_TEMP
+from gsrun.node.metrics_textfile import file_job
 from gsrun.node.monitor import JOB_FILE as MONITOR_JOB_FILE
 
 
 @dataclass(frozen=True, slots=True)
 class StateJob:
-    """One job directory of the node's state dir. ``sampler_alive``: None when
-    the job was never sampled yet (its prolog runs), else whether the node
-    monitor still samples it."""
+    """One job directory of the state dir; ``sampler_alive`` None: never sampled yet."""
 
     job_id: str
     sampler_alive: bool | None
 
 
 def read_state_jobs(state_dir) -> dict[str, StateJob]:
-    """job id -> :class:`StateJob` for every job directory in
-    ``<state_dir>/jobs/`` (root-owned; a directory not owned by root, or a
-    name that is not a job id, is not a job of ours and is left out). A missing
-    state dir is no job at all (a node after a reboot)."""
+    """job id -> :class:`StateJob` for every root-owned job directory in
+    ``<state_dir>/jobs/`` (none when it is missing)."""
     base = Path(state_dir) / "jobs"
     out: dict[str, StateJob] = {}
     try:
@@ -78,14 +63,9 @@ def read_state_jobs(state_dir) -> dict[str, StateJob]:
 
 
 def gone_jobs(candidates, state_jobs: dict[str, StateJob], current_job_id: str | None) -> list[str]:
-    """The job ids among ``candidates`` whose files must go, sorted. Pure.
-
-    A job is gone from the node when it has no state directory (its epilog
-    ran, or the node rebooted), or when the monitor no longer samples it
-    (nothing will ever update or remove its files). A job directory never
-    sampled yet is a prolog in progress: kept. The job whose
-    prolog is sweeping (``current_job_id``) is kept: a requeued job's own
-    earlier files are the prolog's ``records`` step's business."""
+    """The ids among ``candidates`` gone from the node, sorted. Pure: no state
+    directory, or no longer sampled; a prolog in progress and
+    ``current_job_id`` (the sweeping job) are kept."""
     out = set()
     for j in candidates:
         if j == current_job_id:
@@ -96,17 +76,10 @@ def gone_jobs(candidates, state_jobs: dict[str, StateJob], current_job_id: str |
     return sorted(out)
 
 
-def _prom_job(name: str) -> str | None:
-    m = _OUR_FILE.fullmatch(name) or _OUR_TEMP.fullmatch(name)
-    return m.group(1) if m else None
-
-
 def sweep(state_dir, spool_dir, node: str, textfile_dir: str | None, current_job_id: str | None
           ) -> dict[str, list[str]]:
-    """Remove the textfiles (``gsrun_job_<id>.prom`` and their temp files) and
-    this node's live files (``<spool>/jobs/<id>/user-live-<node>.json``) of
-    jobs :func:`gone_jobs` names. Other nodes' live files in a shared spool
-    are theirs. Returns ``{"prom": [names removed], "live": [job ids]}``.
+    """Remove the textfiles (and temp files) and this node's live files of the
+    jobs :func:`gone_jobs` names. -> ``{"prom": [names], "live": [job ids]}``.
 
     Raises:
         OSError: a directory cannot be listed or a file removed (permissions,
@@ -121,11 +94,11 @@ def sweep(state_dir, spool_dir, node: str, textfile_dir: str | None, current_job
             names = []
         by_job: dict[str, list[str]] = {}
         for n in names:
-            j = _prom_job(n)
+            j = file_job(n)
             if j is not None:
                 by_job.setdefault(j, []).append(n)
         gone = set(gone_jobs(by_job, state, current_job_id))
-        removed["prom"] = sorted(unlink_names(textfile_dir, lambda n: _prom_job(n) in gone))
+        removed["prom"] = sorted(unlink_names(textfile_dir, lambda n: file_job(n) in gone))
     if is_node_name(node):
         live_name = f"{LIVE_PREFIX}{node}.json"
         jobs_dir = Path(spool_dir) / "jobs"

@@ -58,7 +58,7 @@ def _smi_used_mib(pid: int) -> float | None:
 
 def _sample(nv, minor: int, window_s: float, usage) -> dict:
     from gsrun.facts.hostfs import HostFS
-    from gsrun.node.mem_baseline import read_mem_baseline
+    from gsrun.node.monitor import read_mem_baseline
     from gsrun.node.sampler import Sampler
     from gsrun.report.summary import node_summary
 

@@ -6,68 +6,26 @@ Every setting is a get/set pair (:class:`Knob`): ``read`` (fact), ``apply`` and
     read facts -> plan (pure, :func:`plan_tuning`) -> journal prior value
     (atomic write + fsync) -> write -> read back and verify
 
-Settings (all node-wide; the files are read/written through
-:class:`gsrun.facts.hostfs.HostFS`, so ``--host-root DIR`` keeps every access under DIR):
+Settings are node-wide, each documented in its area's module; every file is
+read and written through :class:`gsrun.facts.hostfs.HostFS` (``--host-root``).
+A setting missing on the host is "unsupported", never an error; one whose
+prior value cannot be read is never written.
 
-- ``governor``: ``/sys/devices/system/cpu/cpuN/cpufreq/scaling_governor`` for
-  each CPU that has it, allowed = ``scaling_available_governors`` (all CPUs).
-  A CPU whose governor cannot be read (EINVAL on some intel_pstate boxes) has
-  an unknown prior: it is never written, it is skipped and reported, and the
-  other CPUs proceed.
-- ``swappiness``: ``/proc/sys/vm/swappiness`` (0-200).
-- ``swap`` (``off``): ``swapoff`` of each device in ``/proc/swaps``, only when
-  ``MemAvailable`` covers ``SwapTotal - SwapFree`` (``/proc/meminfo``); else
-  swap stays on and ``swappiness`` is lowered instead (reason reported).
-- ``dirty_ratio`` / ``dirty_background_ratio``: ``/proc/sys/vm/dirty_*``. The
-  kernel keeps either the ratio or the ``_bytes`` form (writing one zeroes
-  the other), so the journal records which form was in use and restore writes
-  that one.
-- ``thp`` / ``thp_defrag``: ``/sys/kernel/mm/transparent_hugepage/{enabled,defrag}``,
-  or RHEL 6's ``/sys/kernel/mm/redhat_transparent_hugepage/`` where only that
-  exists (:func:`thp_dir`); the current value is the bracketed word, allowed =
-  the words in the file.
-- ``zone_reclaim_mode``: ``/proc/sys/vm/zone_reclaim_mode`` (0-7).
+State: :mod:`~gsrun.node.tuning.state` (the journal files and their lock).
+The baseline is an ordered list of entries ``{key, prior, value, owner,
+holders}``, each written (fsync'd) *before* its setting changes, so a crash at
+any point leaves a journal that restores the node. The first job changing a
+setting records its prior value; later jobs asking the same value join
+``holders``, a different value is refused (first job wins). The last job out
+restores the entries in reverse order. A baseline from before the last reboot
+(another boot id) is dropped, never written back.
 
-A setting missing on the host (no cpufreq in a VM, no swap) is "unsupported",
-never an error. A setting whose prior value cannot be read is never written:
-no path through prolog and epilog ends with a setting different from before.
-
-State (``<state_dir>/tuning/``, ``state_dir`` from ``--state-dir`` or
-``$GSRUN_STATE_DIR``, default ``/run/gsrun``; every file a journal of
-:mod:`gsrun.node.journal`: header with format, kind and boot id):
-
-- ``lock``: ``fcntl.flock`` taken by every prolog/epilog/restore; a crashed
-  holder's lock is released by the kernel.
-- ``jobs/<job_id>.json``: one journal per job that ran the prolog here. The
-  set of these files *is* the reference count (no counter that can drift).
-- ``baseline.json``: the node baseline, an ordered list of entries
-  ``{key, prior, value, owner, holders}``. An entry is written (fsync'd)
-  *before* its setting is changed, so a crash at any point leaves a journal
-  that restores the node. The first job changing a setting records its
-  prior value; later jobs asking the same value reuse it (join ``holders``),
-  a different value is refused (first job wins). The last job out restores
-  the entries in reverse order and removes the file. A baseline written
-  before the last reboot (its boot id is not this boot's) describes settings
-  the reboot already reset: it is dropped, never written back.
-
-Layout (one module per area of the machine, one protocol, one journal):
-
-- :mod:`~gsrun.node.tuning.knob`: the get/set protocol (:class:`Knob`,
-  :class:`ScopedKnob`, :class:`JobScope`) and the one write path
-  (:func:`kernel_write`);
-- areas: :mod:`~gsrun.node.tuning.governor` (CPU frequency governor),
-  :mod:`~gsrun.node.tuning.vm` (swap, swappiness, dirty ratios, zone
-  reclaim), :mod:`~gsrun.node.tuning.thp` (transparent hugepages),
-  :mod:`~gsrun.node.tuning.cstate` (CPU idle states / latency),
-  :mod:`~gsrun.node.tuning.irq` (IRQ affinity, irqbalance),
-  :mod:`~gsrun.node.tuning.hugepages` (explicit hugepages per NUMA node);
-- :mod:`~gsrun.node.tuning.plan`: the knobs in application order
-  (:data:`KNOBS`), the facts they read, the pure decision;
-- :mod:`~gsrun.node.tuning.state`: the journal files (the one storage of
-  every area's prior values, :mod:`gsrun.node.journal` files) and their lock;
-- :mod:`~gsrun.node.tuning.lifecycle`: prolog apply, the one retry of IRQs the
-  kernel refused (while the job runs), epilog restore,
-  manual restore, status.
+Modules: :mod:`~gsrun.node.tuning.knob` (the get/set protocol and the one write
+path :func:`kernel_write`), one per area (``governor``, ``vm``, ``thp``,
+``cstate``, ``irq``, ``hugepages``), :mod:`~gsrun.node.tuning.plan` (:data:`KNOBS`
+in application order, facts, the pure decision), ``state``, and
+:mod:`~gsrun.node.tuning.lifecycle` (prolog apply, the one IRQ retry while the
+job runs, epilog restore, manual restore, status).
 
 Every name is re-exported here: ``from gsrun.node.tuning import X`` works
 for all of them.
@@ -95,7 +53,7 @@ from gsrun.node.tuning.hugepages import (_HP_DIR, ALLOC_RETRIES, HugepagesKnob, 
                                          job_hugetlbfs_files, pool_counts, remove_job_hugetlbfs_files)
 from gsrun.node.tuning.plan import (KNOBS, _decide, Facts, format_plan, plan_tuning, PlanItem, Policy, read_facts,
                                     _short)
-from gsrun.node.tuning.lifecycle import (_ban_dir_from_journal, _boot_id, _drop_if_rebooted, epilog_restore,
+from gsrun.node.tuning.lifecycle import (_ban_dir_from_journal, _drop_if_rebooted, epilog_restore,
                                          _errtext, format_status, irq_paths, _leave, prolog_tune, _report,
                                          restore, _restore_entries, retry_skipped_irqs, status)
 

@@ -24,7 +24,6 @@ def idle_states(h) -> dict[str, list[tuple[str, int | None, str]]]:
     """``{"cpu0": [("state0", exit latency us or None, "POLL"), ...]}`` for every CPU
     with switchable idle states (``cpuN/cpuidle/stateK/disable`` present; ``latency``
     and ``name`` beside it). Empty with the cpuidle driver ``none`` (most VMs)."""
-
     out = {}
     for c in _cpu_dirs(h):
         names = sorted((s for s in h.listdir(f"{CPU}/{c}/cpuidle") if re.match(_STATE, s)), key=lambda s: int(s[5:]))
@@ -103,5 +102,4 @@ def cstate_hold_us(value: str) -> int:
     ``cstate=value``: ``off`` 0, ``c1`` 1, ``shallow`` ``CSTATE_SHALLOW_US``.
     The kernel keeps CPUs out of idle states with a longer exit latency
     while the file is open (Documentation/power/pm_qos_interface.rst)."""
-
     return {"off": 0, "c1": 1}.get(value, CSTATE_SHALLOW_US)

@@ -199,11 +199,9 @@ class HugepagesKnob(ScopedKnob):
         return "ok", target, f"{count} x {kb} kB on NUMA " + ", ".join(notes)
 
     def apply(self, h, target, swap):
-        """Write each pool's target; a pool that reads back fewer pages gets one
-        compaction (the node's ``compact``, else ``compact_memory``) and up to
-        :data:`ALLOC_RETRIES` more writes. Returns ``{"target": the pool sizes
-        reached, "note": "got X of N ..."}`` when some pool stayed short (the
-        pages the job can use are stated), else None."""
+        """Write each pool's target; a short pool gets one compaction and up to
+        :data:`ALLOC_RETRIES` more writes. -> ``{"target": sizes reached,
+        "note": "short: ..."}`` when some pool stayed short, else None."""
         got, short = {}, []
         for k, v in target.items():
             want = int(v)

@@ -126,10 +126,9 @@ def irqbalance_ban_dir_of(h, pid: int) -> str | None:
 
 
 def irqbalance_check(h, policy_script: str, ban_dir: str) -> tuple[list[int], str | None]:
-    """``(pids, problem)``: the running irqbalance daemons and, when one of them would
-    undo ``irq=local``, why (None: none runs, or each was started with gsrun's
-    ``policy_script`` -- which must exist under the host root -- and its ban directory
-    is ``ban_dir``). The problem text ends with the fix."""
+    """``(pids, problem)``: the running irqbalance daemons and why one would
+    undo ``irq=local`` (with the fix), or None when each runs the existing
+    ``policy_script`` with ``ban_dir``."""
     pids = irqbalance_pids(h)
     for pid in pids:
         script = irqbalance_policy_script(h, pid)
@@ -150,7 +149,6 @@ def irqbalance_check(h, policy_script: str, ban_dir: str) -> tuple[list[int], st
 
 def _write_ban(h, rel: str, job_note: str) -> None:
     """Create one ban file (atomic: temp file, fsync, rename; directory made 0755)."""
-
     p = h.path(rel)
     os.makedirs(p.parent.parent, mode=0o755, exist_ok=True)     # /run/gsrun: the state dir, normally there
     ensure_dir(p.parent, 0o755, uid=os.geteuid(), gid=os.getegid())
@@ -171,13 +169,9 @@ def _remove_ban(h, rel: str) -> None:
 
 
 def irqbalance_rescan(h) -> str:
-    """Ask every running irqbalance to rescan (``SIGHUP``): it runs the policy script
-    for every IRQ again, so ban files written or removed since take effect. Only on
-    the live host (under a host root no real process is signalled). irqbalance ignores
-    a ``SIGHUP`` until it has finished one balancing pass since its start or its last
-    rescan (``force_rescan`` tests ``cycle_count``): a ban then takes effect at a later
-    rescan (docs/ADMIN.md, irqbalance). Returns what was done, for the item's reason."""
-
+    """``SIGHUP`` every running irqbalance (live host only), so ban files take
+    effect at its rescan (ignored until its first balancing pass: then at a
+    later one). -> what was done, for the item's reason."""
     pids = irqbalance_pids(h)
     if not pids:
         return ""
@@ -196,32 +190,21 @@ def irqbalance_rescan(h) -> str:
 
 
 class IrqKnob(ScopedKnob):
-    """IRQ affinity: value ``{"42": "0-15", ...}`` from
-    ``/proc/irq/N/smp_affinity_list`` for every IRQ that has one,
-    ``{"mask:42": "0-15"}`` (the hex mask of ``smp_affinity`` read as a CPU
-    list, written back as a mask) for an IRQ with only that file, and
-    ``{"ban:<ban dir>/42": "present"}`` for every ban file in :attr:`ban_dir`.
+    """IRQ affinity: ``{"42": "0-15"}`` (``smp_affinity_list``), ``{"mask:42":
+    "0-15"}`` (only ``smp_affinity``, a hex mask) and ``{"ban:<ban dir>/42":
+    "present"}`` per ban file in :attr:`ban_dir`.
 
-    ``local``: each MSI/MSI-X IRQ of the job's devices (``sys/bus/pci/devices/
-    <bdf>/msi_irqs/N``) goes to the job's CPUs on the device's NUMA node.
-    Skipped with a reason: a device without MSI IRQs, with its NUMA node
-    unknown on a multi-node host or without job CPUs there, an IRQ without
-    ``smp_affinity_list`` or ``smp_affinity``, and at write time each IRQ the
-    kernel refuses (:data:`IRQ_SKIP_ERRNOS`: EIO for a kernel-managed IRQ,
-    ENOSPC when the CPUs' vector space is full, EINVAL, EACCES/EPERM/EROFS):
-    that IRQ is named in the reason and the others keep their new affinity
-    (only when every IRQ is refused does the setting fail). The reason also
-    says where the kernel really delivers each pinned IRQ
-    (:meth:`effective_note`).
+    ``local``: each MSI/MSI-X IRQ of the job's devices goes to the job's CPUs
+    on the device's NUMA node. A device or IRQ that cannot be pinned is
+    skipped with a reason, and so is each IRQ the kernel refuses at write
+    time (:data:`IRQ_SKIP_ERRNOS`; the setting fails only when all are); the
+    reason says where the kernel delivers each pinned IRQ.
 
-    irqbalance rewrites affinities every 10 s. While it runs, ``irq=local`` is
-    applied only when every irqbalance was started with gsrun's policy script
-    (:attr:`policy_script`, ``-l``/``--policyscript=``; :func:`irqbalance_check`):
-    then the target also holds one ban file per pinned IRQ
-    (``<ban dir>/<N>``, prior ``absent``), written before the masks and journaled
-    with them, and irqbalance is asked to rescan (:func:`irqbalance_rescan`);
-    restore removes the files, puts the masks back and asks again. Otherwise
-    it is refused with the reason and the fix (docs/ADMIN.md, irqbalance).
+    irqbalance rewrites affinities every 10 s: while it runs, ``irq=local``
+    applies only when every irqbalance runs gsrun's policy script
+    (:func:`irqbalance_check`), with one journaled ban file per pinned IRQ
+    written first and a rescan asked (:func:`irqbalance_rescan`); else it is
+    refused with the fix (docs/ADMIN.md, irqbalance).
     """
 
     key = "irq"
@@ -232,9 +215,8 @@ class IrqKnob(ScopedKnob):
         self.configure()
 
     def configure(self, policy_script: str | None = None, ban_dir: str | None = None) -> None:
-        """Set the policy script and ban directory (absolute paths on the node,
-        ``tuning.irqbalance_*``; None: the defaults). Called by every entry point,
-        so no value outlives one prolog, epilog or restore.
+        """Set ``tuning.irqbalance_*`` (None: the defaults); every entry point
+        calls it, so no value outlives one hook.
 
         Raises:
             InputError: a path that is not absolute or has ``..`` parts.
@@ -299,8 +281,6 @@ class IrqKnob(ScopedKnob):
         return True
 
     def resolve(self, h, value, scope):
-
-
         if not h.listdir(IRQ):
             return "unsupported", None, self.unsupported_reason
         if scope is None or not scope.devices:
@@ -344,11 +324,10 @@ class IrqKnob(ScopedKnob):
         return "ok", target, msg + (f"; skipped {note}" if note else "")
 
     def apply(self, h, target, swap):
-        """Write the ban files, ask irqbalance to rescan, then the masks. Returns
-        ``{"target": the parts written, "note": ..., "skipped": {part: CPU list}}``
-        when the kernel refused some IRQs (never all: then the first error is
-        raised; ``skipped``: the refused parts with the CPUs they were to get, for
-        :meth:`retry`) or irqbalance was signalled."""
+        """Write the ban files, ask irqbalance to rescan, then the masks. ->
+        ``{"target": parts written, "note", "skipped": {part: CPU list}}`` when
+        some IRQs were refused (all refused: the first error is raised) or
+        irqbalance was signalled; else None."""
         done, skipped, first, notes = {}, [], None, []
         refused: dict[str, str] = {}
         bans = [k for k in target if k.startswith(BAN_PREFIX)]
@@ -383,17 +362,9 @@ class IrqKnob(ScopedKnob):
         return {"target": done, "note": "; ".join(notes), **({"skipped": refused} if refused else {})}
 
     def retry(self, h, skipped: dict[str, str]) -> list[dict]:
-        """Write each IRQ part of ``skipped`` (part -> CPU list, what
-        :meth:`apply` could not write) once more and read it back. The caller
-        journals first (:func:`gsrun.node.tuning.lifecycle.retry_skipped_irqs`).
-
-        Returns one outcome per part, in order: ``{"key": part, "irq": "42",
-        "cpus": "4-11", "result": ..., "reason": ...}`` with ``result``
-        ``applied`` (reads back as written; ``reason`` says where the kernel
-        delivers it, when it says), ``skipped`` (refused again:
-        :data:`IRQ_SKIP_ERRNOS`, or another write error), ``failed`` (written
-        but reads back otherwise) or ``gone`` (the IRQ's file no longer
-        exists: the device was removed or its driver reloaded)."""
+        """Write each part of ``skipped`` (part -> CPU list) once more and read
+        it back (the caller journaled first). -> per part ``{"key", "irq",
+        "cpus", "result": applied|skipped|failed|gone, "reason"}``."""
         out = []
         for k, cpus in skipped.items():
             n = k.removeprefix(MASK_PREFIX)
@@ -416,11 +387,7 @@ class IrqKnob(ScopedKnob):
         return out
 
     def effective_note(self, h, keys) -> str:
-        """``effective: IRQ 42 on 4, IRQ 43 on 5, ...``: where the kernel really
-        delivers each IRQ written (:func:`effective_cpus`; the first
-        :data:`EFFECTIVE_SHOWN`, the rest counted). ``""`` when the kernel
-        says for none of them. x86 picks one CPU of the mask per IRQ; a
-        chip that moves the IRQ at its next interrupt may still show the old one."""
+        """``effective: IRQ 42 on 4, ...`` (the first :data:`EFFECTIVE_SHOWN`), or ``""``."""
         got = []
         for k in keys:
             n = k.removeprefix(MASK_PREFIX)

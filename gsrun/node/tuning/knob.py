@@ -1,24 +1,13 @@
 """The get/set protocol every tuning area implements, and the one write path.
 
-A setting is a :class:`Knob` (a get/set pair, as in tuned's plugins):
-``read`` (fact), ``apply`` and ``restore`` (effects), ``matches`` /
-``is_prior`` (pure). The prior values of every area live in one storage,
-the tuning journal (:mod:`gsrun.node.tuning.state`); the areas
-(:mod:`~gsrun.node.tuning.governor`, :mod:`~gsrun.node.tuning.vm`,
-:mod:`~gsrun.node.tuning.thp`, :mod:`~gsrun.node.tuning.cstate`,
-:mod:`~gsrun.node.tuning.irq`, :mod:`~gsrun.node.tuning.hugepages`) only
-say how to read and write their files.
-
-:class:`ScopedKnob` is the protocol of the job-scoped settings (cstate, irq,
-hugepages): they depend on the job (its GPUs, the NICs gsrun picked for
-them, its CPUs); ``resolve(h, value, scope)`` turns the request word into a
-concrete target (the files to write and their values), called once by
-:func:`gsrun.node.tuning.plan.read_facts`; the journal entry keeps that
-``target`` beside ``value``, and its ``prior`` holds only the files the
-target touches.
-
-Every write goes through :func:`kernel_write`, which under a fake host root
-also answers as the kernel would (THP bracket files, dirty ratio/bytes pairs).
+A setting is a :class:`Knob`; the areas only say how to read and write their
+files, and their prior values live in the one tuning journal. A
+:class:`ScopedKnob` (cstate, irq, hugepages) depends on the job (its GPUs,
+their NICs, its CPUs): ``resolve(h, value, scope)`` turns the request word
+into a target (files and values), kept in the journal entry beside ``value``;
+its ``prior`` holds only those files. Every write goes through
+:func:`kernel_write`, which under a fake host root also answers as the kernel
+would (THP bracket files, dirty ratio/bytes pairs).
 """
 
 from __future__ import annotations
@@ -51,7 +40,6 @@ BAN_PREFIX = "ban:"      # an irq part that is a ban file: "ban:/run/gsrun/irqba
 
 def bracket_word(text: str | None) -> str | None:
     """``"always [madvise] never"`` -> ``"madvise"``; None if no bracketed word."""
-
     if text is None:
         return None
     m = re.search(r"\[([^\]\s]+)\]", text)
@@ -64,12 +52,9 @@ def bracket_choices(text: str | None) -> list[str]:
 
 
 def kernel_write(hostfs, rel: str, value: str) -> None:
-    """Write ``value`` to a /proc or /sys file like ``echo value > file``.
-
-    On the live host this is :meth:`HostFS.write`. Under a fake root it also
-    shows back what the kernel would: THP files keep all choices with the new
-    one bracketed (an unknown word is ``EINVAL``), and writing a dirty ratio
-    zeroes its ``_bytes`` sibling (and vice versa) when the value changed.
+    """Write ``value`` to a /proc or /sys file like ``echo value > file``;
+    under a fake root also as the kernel answers (THP brackets the new word,
+    EINVAL for an unknown one; a dirty ratio zeroes its ``_bytes`` sibling).
 
     Raises:
         OSError: EINVAL (value refused), EROFS/EACCES (read-only, not root).
@@ -151,16 +136,9 @@ class BracketKnob(FileKnob):
 @dataclass(frozen=True, slots=True)
 class JobScope:
     """The job's devices and CPUs on this node, for ``cstate``/``irq``/``hugepages``.
-
-    devices: ``[{"bdf": "0000:00:06.0", "kind": "gpu"|"nic", "name": str,
-    "numa_node": int | None}]`` (the job's GPUs from ``SLURM_JOB_GPUS``, the
-    NICs :func:`gsrun.bind.plan.make_plan` picks for them; sysfs
-    ``numa_node``, None when the kernel says -1).
-    cpus: the job's CPUs here (its cgroup cpuset; all online CPUs when the
-    cgroup is not there yet -- these settings are for jobs holding the node).
-    node_cpus: NUMA node -> its CPUs (``sys/devices/system/node/nodeN/cpulist``).
-    cpus_source: where ``cpus`` came from (shown in reasons).
-    """
+    ``devices``: ``[{"bdf", "kind": "gpu"|"nic", "name", "numa_node": int |
+    None}]``; ``cpus``: its cgroup cpuset, else all online CPUs;
+    ``node_cpus``: NUMA node -> CPUs; ``cpus_source``: shown in reasons."""
     devices: list = field(default_factory=list)
     cpus: list = field(default_factory=list)
     node_cpus: dict = field(default_factory=dict)
@@ -271,8 +249,6 @@ def _is_scoped(knob) -> bool:
 
 
 def replaceable(name: str):
-    """``gsrun.node.tuning.<name>``, looked up at call time. The journal write
-    (``_write_json``) and the irqbalance ban-file write (``_write_ban``) are the
-    boundaries a fault-injection test replaces on the package (a crash before
-    each write); the areas call them through here so the replacement counts."""
+    """``gsrun.node.tuning.<name>`` at call time: ``_write_json`` and
+    ``_write_ban`` are the boundaries a crash test replaces on the package."""
     return getattr(sys.modules["gsrun.node.tuning"], name)

@@ -1,16 +1,5 @@
 """A job's tuning from prolog to epilog: apply, verify, restore; status.
-
-    read facts -> plan (pure) -> journal prior value (atomic write + fsync)
-    -> write -> read back and verify
-
-An entry is written (fsync'd) *before* its setting is changed, so a crash at
-any point leaves a journal that restores the node. The first job changing a
-setting records its prior value; later jobs asking the same value reuse it
-(join ``holders``), a different value is refused (first job wins). The last
-job out restores the entries in reverse order and removes the file. A
-baseline written before the last reboot (its boot id is not this boot's)
-describes settings the reboot already reset: it is dropped, never written back.
-"""
+The journal rules are :mod:`gsrun.node.tuning`'s (module doc)."""
 
 from __future__ import annotations
 
@@ -71,21 +60,16 @@ def prolog_tune(hostfs, state_dir: str, job_id: str, request: str | None, cfg, p
                 scope: JobScope | None = None) -> dict:
     """Tune the node for ``job_id``: plan, journal, apply, verify.
 
-    ``request`` is the job's ``key=value,...`` (``SPANK_GS_TUNE``); ``cfg`` a
-    :class:`gsrun.request.config.Config` (None = built-in defaults: every key allowed
-    for exclusive jobs, no defaults). ``swap_effect`` replaces the
-    swapoff/swapon runner (default: real commands on ``/``, a ``/proc/swaps``
-    editor under a fake root).
+    ``request``: ``SPANK_GS_TUNE`` (``key=value,...``); ``cfg``: the site
+    config (None: every key allowed for exclusive jobs, no defaults);
+    ``swap_effect``: the swapoff/swapon runner; ``scope``: the job's GPUs,
+    NICs and CPUs (None: ``irq`` and ``hugepages`` unsupported).
 
-    ``scope`` (:class:`JobScope`): the job's GPUs, NICs and CPUs, needed by
-    ``irq`` and ``hugepages`` (None: those are unsupported for the job).
-
-    Returns a JSON-able report ``{"job_id", "dry_run", "ok", "items": [PlanItem
-    dicts], "applied", "reused", "refused", "unsupported", "failed", "holds"}``
-    (lists of keys; ``holds``: ``{"cpu_dma_latency_us": N}`` when ``cstate``
-    was asked and not refused and ``/dev/cpu_dma_latency`` exists: the
-    sampler holds it, see :func:`cstate_hold_us`). A refused or failed setting is reported, not raised; on a failed
-    write or verify every change this job made is rolled back from the journal.
+    Returns ``{"job_id", "dry_run", "ok", "items": [PlanItem dicts], "applied",
+    "reused", "refused", "unsupported", "failed", ..., "holds"}`` (key lists;
+    ``holds``: ``{"cpu_dma_latency_us": N}`` for the monitor to hold). A refused
+    or failed setting is reported, not raised; a failed write or verify rolls
+    back every change of this job.
 
     Raises:
         NodeError: the state dir cannot be created/written or its journal is
@@ -220,17 +204,10 @@ def _report(job_id, dry_run, items, hostfs=None) -> dict:
             "holds": holds}
 
 
-def _boot_id(hostfs) -> str | None:
-    return journal_boot_id(hostfs)
-
-
 def _drop_if_rebooted(hostfs, st: _State, data: dict, log) -> dict:
-    """A journal from an earlier boot describes settings the reboot already
-    reset: drop it and its job journals instead of writing stale values. A job
-    journal of an earlier boot is dropped on its own too (a job whose epilog
-    never ran before the reboot, on a disk-backed state dir): it would count
-    as a job on the node forever and keep every later job's settings."""
-    old, now = data.get("boot_id"), _boot_id(hostfs)
+    """Drop a baseline and job journals from an earlier boot (the reboot reset
+    those settings; a stale job journal would count as a job forever)."""
+    old, now = data.get("boot_id"), journal_boot_id(hostfs)
     if data["entries"] and old and now and old != now:
         log(f"gsrun: tune: journal is from boot {old}, node booted as {now}: dropping it")
         for j in st.live_jobs():
@@ -257,9 +234,7 @@ def irq_paths(cfg) -> tuple[str | None, str | None]:
 
 
 def _ban_dir_from_journal(entries) -> None:
-    """Point the irq knob at the ban directory the journal's ban files are in (the
-    prolog's ``tuning.irqbalance_ban_dir``), so a restore removes them whatever the
-    config says now."""
+    """Point the irq knob at the journal's ban directory, whatever the config says now."""
     for e in entries:
         for k in (e.get("prior") or {}) if e.get("key") == "irq" else ():
             if k.startswith(BAN_PREFIX):
@@ -269,12 +244,9 @@ def _ban_dir_from_journal(entries) -> None:
 
 def epilog_restore(hostfs, state_dir: str, job_id: str, log=print, *, swap_effect=None,
                    irq_ban_dir: str | None = None, uid: int | None = None) -> dict:
-    """The job leaves the node: drop its journal; if no other job with a
-    journal remains, restore the node baseline (reverse order, idempotent).
-    When the baseline has a hugepages pool to put back, the files of the
-    job's user ``uid`` in hugetlbfs mounts are removed first
-    (:func:`gsrun.node.tuning.hugepages.remove_job_hugetlbfs_files`: no other
-    job is on the node then), so their pages can return to the system.
+    """The job leaves the node: drop its journal; the last job out restores
+    the baseline (reverse order, idempotent), first removing ``uid``'s
+    hugetlbfs files when a hugepages pool is to be put back.
 
     Returns ``{"job_id", "last_job": bool, "remaining_jobs": [...], "restored":
     [{key, result, ...}], "left": [keys not restored], "ok": bool}``.
@@ -353,25 +325,12 @@ def _leave(hostfs, state_dir, job_ids, all_jobs, log, swap_effect, uid: int | No
 
 def retry_skipped_irqs(hostfs, state_dir: str, job_id: str, prolog_record=None, log=print,
                        clock=time.time) -> list[dict]:
-    """Try once more, while the job runs, the IRQs of the job's ``irq=local``
-    that the kernel refused in the prolog (ENOSPC, EIO, EINVAL...:
-    :meth:`IrqKnob.apply`, kept in the baseline entry as ``skipped``).
-
-    Under the tuning lock, like the prolog: each IRQ's prior value is in the
-    journal before its write (the prolog journaled the whole target; an entry
-    without it gets it first), then the write and its read-back
-    (:meth:`IrqKnob.retry`); an IRQ that takes its CPUs now joins the entry's
-    ``target`` (the epilog's restore puts its prior back, as for the others),
-    one refused again stays skipped. The outcome is kept in the job's journal
-    (``irq_retry``) and, when ``prolog_record`` (the path of the prolog
-    record, ``<spool>/jobs/<id>/prolog-<node>.json``) is given, appended to
-    the ``irq`` item's reason there, which the job's report shows
-    (:func:`gsrun.report.node_end.node_settings`).
-
-    Once per job: a second call, a job without skipped IRQs, without
-    ``irq=local`` of its own, whose prolog has not finished or that has left
-    the node (no job journal: the epilog ran) does nothing and returns ``[]``.
-    Returns the outcomes (:meth:`IrqKnob.retry`), in the entry's order.
+    """Once per job while it runs, write again the IRQs of its ``irq=local``
+    that the kernel refused in the prolog (the entry's ``skipped``), under the
+    tuning lock with each prior journaled first; an IRQ that takes joins the
+    entry's ``target``. The outcome goes to the job's journal (``irq_retry``)
+    and to the ``irq`` item of ``prolog_record`` (the report shows it).
+    -> the outcomes; ``[]`` when there is nothing (more) to do.
 
     Raises:
         InputError: ``job_id`` is not a plain job id.
@@ -423,10 +382,7 @@ def retry_skipped_irqs(hostfs, state_dir: str, job_id: str, prolog_record=None, 
 
 
 def _record_irq_retry(path, text: str, outcomes: list[dict], log, tag: str) -> None:
-    """Append a retry's outcome to the ``irq`` item of the prolog record at
-    ``path`` (its reason, and ``retry``: the outcomes), where the job's
-    report reads the IRQ outcomes. A record that is missing or has no such
-    item is left alone (logged)."""
+    """Append a retry's outcome to the ``irq`` item of the prolog record at ``path``."""
     rec = read_json(path)
     items = ((rec or {}).get("steps") or {}).get("tuning", {}) if isinstance(rec, dict) else None
     items = items.get("items") if isinstance(items, dict) else None

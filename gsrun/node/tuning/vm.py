@@ -33,13 +33,11 @@ SWAP_FALLBACK_SWAPPINESS = "1"
 def read_meminfo_kb(hostfs) -> dict[str, int]:
     """``/proc/meminfo`` as ``{"MemAvailable": kB, ...}`` (``{}`` if absent;
     :func:`gsrun.facts.hostfs.meminfo_kb`)."""
-
     return meminfo_kb(hostfs.read("proc/meminfo") or "")
 
 
 def _unescape_swaps(name: str) -> str:
     # /proc/swaps escapes space, tab, newline, backslash as \ooo
-
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), name)
 
 
@@ -106,12 +104,9 @@ class SwapEffect:
 
 
 class FakeSwapEffect:
-    """Swap effect for a fake host root: edits ``<root>/proc/swaps`` (lines
-    removed on ``off``, the journaled lines put back in their order on ``on``)
-    and never runs ``swapoff``. Not a test double: it is what ``--host-root``
-    (the local test cluster's emulated nodes, ``gsrun-node prolog --host-root``)
-    does for ``swap=off``, as the fake NVML backend is for GPUs, so it stays in
-    the package (:func:`default_swap_effect` picks it)."""
+    """Swap effect under a fake host root (``--host-root``, the test cluster's
+    emulated nodes): edits ``<root>/proc/swaps`` (lines removed on ``off``, the
+    journaled lines put back on ``on``), never runs ``swapoff``."""
 
     def off(self, hostfs, devices: list[dict]) -> None:
         names = {d["name"] for d in devices}
