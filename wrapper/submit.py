@@ -232,7 +232,7 @@ def poll_interval(since_change_s: float) -> float:
     """Seconds until the next poll: :data:`POLL_FIRST_S` (3 s) for the first
     15 s after the job's state changed, then growing by half every 15 s
     (``3 s x 1.5^k``) to at most :data:`POLL_CAP_S` (60 s). The waiter adds
-    +-20 % jitter (:func:`follow`), and the waiters of one user share one
+    +-20 % jitter (:func:`follow_to_end`), and the waiters of one user share one
     ``squeue`` (:class:`Watcher`)."""
     if since_change_s < 15:
         return POLL_FIRST_S
@@ -241,7 +241,7 @@ def poll_interval(since_change_s: float) -> float:
 
 def retry_interval(failures: int) -> float:
     """Seconds before asking again after ``failures`` failed queries in a row:
-    2, 4, 8 ... capped at :data:`POLL_CAP_S` (jitter added by :func:`follow`)."""
+    2, 4, 8 ... capped at :data:`POLL_CAP_S` (jitter added by :func:`follow_to_end`)."""
     return min(POLL_CAP_S, 2.0 ** max(1, failures))
 
 
@@ -390,15 +390,6 @@ def exit_line(job_id: str, ended: Ended) -> str:
     return line + f"; report: gseff {job_id}"
 
 
-def follow(job_id: str, out=sys.stdout, err=sys.stderr, poll_s: float = 1.0,
-           max_unknown_s: float = 600.0, poller=None, clock=time.monotonic, sleep=time.sleep,
-           alerts=None, cluster: str | None = None, give_up_s: float = GIVE_UP_S, jitter=None,
-           cancel=cancel_job) -> int:
-    """:func:`follow_to_end`'s exit status (same arguments)."""
-    return follow_to_end(job_id, out, err, poll_s, max_unknown_s, poller, clock, sleep, alerts, cluster,
-                         give_up_s, jitter, cancel).rc
-
-
 def follow_to_end(job_id: str, out=sys.stdout, err=sys.stderr, poll_s: float = 1.0,
                   max_unknown_s: float = 600.0, poller=None, clock=time.monotonic, sleep=time.sleep,
                   alerts=None, cluster: str | None = None, give_up_s: float = GIVE_UP_S, jitter=None,
@@ -456,7 +447,7 @@ def follow_to_end(job_id: str, out=sys.stdout, err=sys.stderr, poll_s: float = 1
 
 def _follow(job_id, out, err, poll_s, max_unknown_s, poller, clock, sleep, alerts, cluster, give_up_s, jitter,
             cancel, presses: list[float]) -> int:
-    """:func:`follow`'s loop; ``presses``: Ctrl-C times (monotonic), appended by its handler."""
+    """:func:`follow_to_end`'s loop; ``presses``: Ctrl-C times (monotonic), appended by its handler."""
     if poller is None:
         watcher = Watcher(job_id, cluster)
         poller = lambda _job: watcher.poll()      # noqa: E731

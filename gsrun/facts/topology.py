@@ -40,17 +40,9 @@ and ``Gpu.numa_source`` says which one gave it:
 ``nvmlDeviceGetNumaNodeId`` is never used: it is the GPU's own memory node,
 NOT_SUPPORTED on x86 and not a CPU target on Grace (field case 4).
 
-Why hand parsing and not hwloc (Debian ``hwloc``, PyPI ``pyhwloc``): the
-facts needed here are a dozen one-line sysfs files that the kernel already
-publishes in final form; hwloc would add a C library and binding to every
-node and to the node daemon that plans every step (spank_py), its Python binding
-is young, and a recorded test tree would then have to satisfy hwloc's own
-discovery (or be an XML export) instead of being the same ``sys/``/``proc/``
-subset our one :class:`HostFS` root already serves. hwloc's extra knowledge
-(caches, PCI bridges, OS devices) is not used by the plan except PCI
-closeness, which the sysfs device path gives directly. An hwloc XML export
-of another machine is read by :mod:`gsrun.facts.hwloc_xml` into the same
-:class:`Topology` (``--topology-xml``).
+The facts are a dozen one-line sysfs files, read by hand (no hwloc on the
+nodes) so a recorded ``sys/``/``proc/`` subset is a test input; an hwloc XML
+export is read by :mod:`gsrun.facts.hwloc_xml` into the same :class:`Topology`.
 
 Memory-less nodes (``MemTotal: 0 kB``: POWER LPARs, some VM firmware) and
 CPU-less nodes (GPU or HBM memory as a NUMA node) are kept as read:
