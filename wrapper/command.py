@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from gsrun.base.errors import InputError
-from gsrun.base.exe import which
+from shutil import which
 
 # control characters -> "?" (a newline would end the script's comment line)
 _CONTROL_TO_QMARK = {**{c: "?" for c in range(0x20)}, 0x7f: "?"}

@@ -167,20 +167,13 @@ def parse_tasks_per_node(text: str) -> list[int]:
         tok = tok.strip()
         if not tok:
             continue
-        if is_digits(tok):      # N alone: one node
-            if len(out) + 1 > MAX_HOSTS:
-                raise InputError("slurm", "tasks-per-node value too large", repr(text)[:80])
-            out.append(int(tok))
-            continue
-        # N(xR) without re: this runs in every bound step's slurmstepd, where importing re
-        # (and enum) is ~4 ms of CPU
-        count, sep, rest = tok.partition("(x")
-        if not (is_digits(count) and sep and rest.endswith(")") and is_digits(rest[:-1])):
+        m = re.fullmatch(r"([0-9]{1,10})(?:\(x([0-9]{1,10})\))?", tok)       # N, or N(xR): R nodes
+        if not m:
             raise InputError("slurm", "bad tasks-per-node value", repr(text))
-        reps = int(rest[:-1])
+        reps = int(m[2] or 1)
         if len(out) + reps > MAX_HOSTS:
             raise InputError("slurm", "tasks-per-node value too large", repr(text)[:80])
-        out += [int(count)] * reps
+        out += [int(m[1])] * reps
     return out
 
 

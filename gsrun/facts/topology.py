@@ -53,34 +53,27 @@ nodes can hold a memory policy and which can hold ranks.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 
 from gsrun.base.cpulist import parse_cpulist, words_to_cpus
 from gsrun.base.errors import InputError
-from gsrun.base.ids import is_digits
 from gsrun.facts.hostfs import HostFS, meminfo_kb
 from gsrun.facts.nvml import Backend, NvmlUnavailable, is_na, normalize_bus_id, open_nvml
 from gsrun.facts.topo_smi import parse_topo_matrix, run_topo_matrix
 
-# gsrun.facts.nvml (and through it dataclasses, pynvml) is imported where NVML
-# is read, and `re`/`pathlib` not at all on the usual path (string checks
-# below): the SPANK plugin imports this module in every bound step.
-
 NVIDIA_VENDOR = "0x10de"
 GPU_CLASSES = ("0x0300", "0x0302")  # VGA-compatible controller, 3D controller
-_HEX_LOWER = frozenset("0123456789abcdef")
 
 
 def is_bdf(text: str) -> bool:
-    """``text`` is a PCI address in sysfs form, ``0000:3b:00.0``
-    (``[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}.[0-7]``)."""
-    return (len(text) == 12 and text[4] == ":" and text[7] == ":" and text[10] == "."
-            and _HEX_LOWER.issuperset(text[0:4] + text[5:7] + text[8:10]) and text[11] in "01234567")
+    """``text`` is a PCI address in sysfs form, ``0000:3b:00.0``."""
+    return re.fullmatch(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]", text) is not None
 
 
 def _numbered(name: str, prefix: str) -> bool:
     """``name`` is ``prefix`` followed by decimal digits (``cpu12``, ``node3``)."""
-    return name.startswith(prefix) and is_digits(name[len(prefix):], None)
+    return re.fullmatch(prefix + "[0-9]+", name) is not None
 
 
 NODE_DIR = "sys/devices/system/node"
