@@ -299,15 +299,6 @@ def _read_proc_gpu(fs: HostFS, bdf: str) -> dict[str, str]:
     return out
 
 
-def _bus_id(text: str) -> str:
-    """:func:`gsrun.facts.nvml.normalize_bus_id`, without importing that
-    module for a name already in sysfs form."""
-    if is_bdf(text):
-        return text
-
-    return normalize_bus_id(text)
-
-
 def _sysfs_gpu_bdfs(fs: HostFS) -> list[str]:
     out = []
     for bdf in fs.listdir("sys/bus/pci/devices"):
@@ -317,10 +308,10 @@ def _sysfs_gpu_bdfs(fs: HostFS) -> list[str]:
             continue
         cls = (fs.read(f"{base}/class") or "").strip().lower()
         if cls.startswith(GPU_CLASSES):
-            out.append(_bus_id(bdf))
+            out.append(normalize_bus_id(bdf))
     # procfs may list GPUs whose PCI entry is not in a recorded subset
     for bdf in fs.listdir("proc/driver/nvidia/gpus"):
-        b = _bus_id(bdf)
+        b = normalize_bus_id(bdf)
         if is_bdf(b) and b not in out:
             out.append(b)
     return sorted(out)
@@ -430,14 +421,11 @@ def read_nics(fs: HostFS) -> list[Nic]:
 def _device_bdf(fs: HostFS, base: str) -> str | None:
     target = fs.readlink(base)
     if target is not None:
-        name = [x for x in target.split("/") if x not in ("", ".")][-1:] or [""]   # Path(target).name
-        if is_bdf(name[0]):
-            return name[0]
-    ue = fs.read(f"{base}/uevent") or ""
-    for part in ue.split("PCI_SLOT_NAME=")[1:]:   # PCI_SLOT_NAME=(\S+), without `re`
-        if part[:1] and not part[:1].isspace():
-            return _bus_id(part.split()[0])
-    return None
+        name = os.path.basename(os.path.normpath(target))
+        if is_bdf(name):
+            return name
+    m = re.search(r"PCI_SLOT_NAME=(\S+)", fs.read(f"{base}/uevent") or "")
+    return normalize_bus_id(m[1]) if m else None
 
 
 #: ``read_topology(fs, nvml=NVML_IF_NEEDED)``: sysfs/procfs first, NVML only
