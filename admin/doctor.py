@@ -32,6 +32,7 @@ from typing import Any, Callable
 
 import gsrun
 from gsrun.base.errors import GsrunError
+from gsrun.base.proc import SAFE_PATH
 from gsrun.daemon import server
 from gsrun.facts.cgroup import read_mounts
 from gsrun.facts.hostfs import HostFS
@@ -48,7 +49,6 @@ from gsrun.spank_py.build import read_build_info
 from gsrun.admin.install import detect_slurm_version, parse_slurm_conf, read_slurm_conf
 
 STATUSES = ("ok", "warn", "fail", "n/a")
-SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 NVIDIA_MAJOR = 195
 SPOOL_MIN_FREE_BYTES = 1 << 30
 SPOOL_MIN_FREE_PCT = 5.0

@@ -48,7 +48,7 @@ from typing import Callable
 from gsrun.base.errors import InputError, NodeError
 from gsrun.base.fsutil import atomic_write, ensure_dir
 from gsrun.base.paths import DEFAULT_STATE_DIR
-from gsrun.base.proc import ROOT_CWD, root_python
+from gsrun.base.proc import ROOT_CWD, SAFE_PATH, root_python
 from gsrun.base.templating import render
 from gsrun.node.tuning import IRQ_BAN_DIR
 from gsrun.request.config import (Config, DEFAULT_CONFIG_PATH, SETTINGS, _toml_value, load_config,
@@ -58,7 +58,6 @@ from gsrun.admin.node_entry import hook_argv
 
 PHASE = "install"
 VERSION_COMMANDS = (("slurmctld", "-V"), ("slurmd", "-V"), ("scontrol", "-V"), ("sinfo", "-V"))
-SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 HOOKS = {"prolog": ("prolog", "gsrun-prolog"), "epilog": ("epilog", "gsrun-epilog"),
          "epilog-ctld": ("epilog", "gsrun-epilog-ctld")}
 LAYOUTS = ("single", "prolog.d")
@@ -254,13 +253,10 @@ def plan_dirs(cfg: Config, state_dir: str | None = None, spool_dir: str | None =
            DirSpec(os.path.join(spool, "jobs"), 0o711, "per-job summaries (traversable, not listable)"),
            DirSpec(os.path.join(spool, "mail"), 0o700, "mail queue (root only)"),
            DirSpec(mps, 0o711, "parent of per-job MPS pipe/log directories")]
-    seen: set[str] = set()
-    uniq = []
+    uniq: dict[str, DirSpec] = {}
     for d in out:
-        if d.path not in seen:
-            seen.add(d.path)
-            uniq.append(d)
-    return uniq
+        uniq.setdefault(d.path, d)
+    return list(uniq.values())
 
 
 def prolog_flags(existing: str | None, proctrack: str | None) -> tuple[str, str]:
@@ -384,19 +380,14 @@ def render_units(gsrun_node: str, config_path: str | None,
              "gsrun-report.service": render("gsrun-report.service.j2", config_path=cfgp,
                                             gsrun_report=os.path.join(os.path.dirname(gsrun_node), "gsrun-report")),
              "gsrun-report.timer": render("gsrun-report.timer.j2")}
-    if daemon_socket:
-        sock = _check_plain(daemon_socket, "daemon socket path")
-        parent = os.path.dirname(sock)
-        runtime = parent[len("/run/"):] if parent.startswith("/run/") and "/" not in parent[len("/run/"):] else None
-        units["gsrun-daemon.service"] = render("gsrun-daemon.service.j2", gsrun_node=gsrun_node, config_path=cfgp,
-                                               socket_path=sock, runtime_dir=runtime, user=None)
-    if ctld:
-        user, sock = ctld[0], _check_plain(ctld[1], "daemon socket path")
-        parent = os.path.dirname(sock)
-        runtime = parent[len("/run/"):] if parent.startswith("/run/") and "/" not in parent[len("/run/"):] else None
-        units["gsrun-daemon-ctld.service"] = render("gsrun-daemon.service.j2", gsrun_node=gsrun_node,
-                                                    config_path=cfgp, socket_path=sock, runtime_dir=runtime,
-                                                    user=user)
+    for name, user, sock in (("gsrun-daemon.service", None, daemon_socket),
+                             ("gsrun-daemon-ctld.service", *(ctld or (None, None)))):
+        if sock:
+            sock = _check_plain(sock, "daemon socket path")
+            parent = os.path.dirname(sock)
+            runtime = parent[len("/run/"):] if parent.startswith("/run/") and "/" not in parent[len("/run/"):] else None
+            units[name] = render("gsrun-daemon.service.j2", gsrun_node=gsrun_node, config_path=cfgp,
+                                 socket_path=sock, runtime_dir=runtime, user=user)
     return units
 
 

@@ -15,11 +15,10 @@ from collections.abc import Mapping, Sequence
 
 from gsrun.base.errors import InputError, SlurmError
 from gsrun.base.ids import check_job_id, is_digits
-from gsrun.base.proc import run_bounded
+from gsrun.base.proc import SAFE_PATH, run_bounded
 
-# slurmd/slurmctld run hooks with an almost empty environment (no PATH)
 MAX_HOSTS = 100000
-DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+DEFAULT_PATH = SAFE_PATH        # slurmd/slurmctld run hooks with an almost empty environment (no PATH)
 
 # Job states as squeue/sacct/scontrol print them (squeue(1) "JOB STATE CODES").
 #: Final: the base states after which a job never runs again (slurm.h
