@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
+import stat
 import sys
 import time
-from dataclasses import dataclass
-from typing import TextIO
+import zlib
+from dataclasses import astuple, dataclass
 from functools import partial
 from pathlib import Path
+from typing import TextIO
 
 from gsrun.base.errors import SlurmError
 from gsrun.base.ids import check_job_id
@@ -21,12 +24,7 @@ from gsrun.facts.slurm import (ENDED_HELD_STATES, PENDING_STATES, TERMINAL_STATE
                                run_slurm, state_word)
 from gsrun.facts.sacct import parse_time_s
 from gsrun.report.units import fmt_duration_s
-import stat
-from dataclasses import astuple
-import random
-import zlib
-from gsrun.base.fsutil import read_own_file
-from gsrun.base.fsutil import atomic_write, flock_within
+from gsrun.base.fsutil import atomic_write, flock_within, read_own_file
 
 
 def submit(script: str, timeout_s: float = 30.0, cwd: str | None = None, args=(),
@@ -132,25 +130,22 @@ class Watcher:
         Raises:
             SlurmError: squeue failed."""
         path = self._cache_path()
+        ask = lambda: (self.wall(), self.run(queue_argv(self.cluster)))       # noqa: E731
         if path is None:
-            taken = self.wall()
-            return taken, self.run(queue_argv(self.cluster))
+            return ask()
         body = self._cached(path, after)
         if body is not None:
             return body
-
         try:
             lock = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         except OSError:
-            taken = self.wall()
-            return taken, self.run(queue_argv(self.cluster))
+            return ask()
         try:
             flock_within(lock, 35.0, 0.05)
             body = self._cached(path, after)   # another waiter asked while this one waited for the lock
             if body is not None:
                 return body
-            taken = self.wall()
-            body = self.run(queue_argv(self.cluster))
+            taken, body = ask()
             try:
                 atomic_write(path, f"gsrun-queue {taken:.3f}\n{body}", 0o600, durable=False)
             except OSError:
@@ -221,11 +216,6 @@ def _cache_dir() -> str | None:
         if stat.S_ISDIR(st.st_mode) and st.st_uid == uid and not st.st_mode & 0o077:
             return d
     return None
-
-
-def poll(job_id: str, cluster: str | None = None) -> JobState | None:
-    """One look at ``job_id`` through a :class:`Watcher` (no shared state kept)."""
-    return Watcher(job_id, cluster, since=0.0).poll()
 
 
 def poll_interval(since_change_s: float) -> float:

@@ -1,27 +1,13 @@
 """Slurm identifiers, checked in one place: job ids, user, node and
 partition names. Pure.
 
-Every check is a ``fullmatch`` against an ASCII allow-list, so a trailing
-newline (``"4242\\n"``, which ``re.match(r"^[0-9]+$")`` accepts), a NUL, a
-``/`` or ``..``, and non-ASCII digits (``"４２"`` and ``"²"``, which
-``str.isdigit`` accepts) are refused. A checked value is safe as a path
-component, a log tag and a command argument.
-
-- job id: ``[0-9]{1,10}`` (Slurm job ids are 32-bit; leading zeros are
-  accepted as Slurm's own parsers accept them). With ``array=True`` also an
-  array task ``<array job id>_<task id>`` (``15053872_1491``), the form
-  ``sacct``/``squeue`` print and users type; the node side (prolog, epilog,
-  cgroups, MPS) only ever sees the raw numeric id. Heterogeneous job
-  components (``123+1``) are not accepted by any caller.
-- user name: ``[A-Za-z_][A-Za-z0-9_.-]{0,31}`` with an optional trailing
-  ``$`` (POSIX portable names as useradd/sssd produce them).
-- node name: ``[A-Za-z0-9][A-Za-z0-9._-]{0,63}`` (a Slurm NodeName; never
-  starts with ``-`` or ``.``).
-- partition name: ``[A-Za-z0-9_.-]{1,64}``.
-
-``check_job_id`` returns the value unchanged or raises :class:`InputError` in
-the usual shape ``gsrun: <phase>: bad <what>: <repr of the value>`` plus a
-hint; ``is_*`` are the tests as booleans for callers that skip bad values.
+Every check is a ``fullmatch`` against an ASCII allow-list (the patterns
+below), so a trailing newline, a NUL, ``/``, ``..`` and non-ASCII digits
+(``"４２"``, ``"²"``) are refused: a checked value is safe as a path
+component, a log tag and a command argument. Job ids are 32-bit (leading
+zeros accepted, as Slurm does); with ``array=True`` also an array task
+``<job>_<task>`` (``15053872_1491``, as sacct/squeue print it); the node side
+only ever sees raw numeric ids. User names may end in ``$`` (sssd).
 """
 
 from __future__ import annotations
