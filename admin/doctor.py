@@ -44,7 +44,7 @@ from gsrun.node.tuning import (DMA_LATENCY, HugepagesKnob, IRQ, NODE, PCI, brack
                                irqbalance_check, irqbalance_policy_script, pids_by_comm, read_meminfo_kb, read_swaps,
                                thp_dir)
 from gsrun.report.retention import last_run, oldest_age_days
-from gsrun.request.config import Config, SETTINGS, load_config
+from gsrun.request.config import Config, load_config
 from gsrun.spank_py.build import read_build_info
 from gsrun.admin.install import detect_slurm_version, parse_slurm_conf, read_slurm_conf
 
@@ -103,7 +103,7 @@ class Context:
                 self._cfg = load_config(self.config_path)
             except GsrunError as e:
                 self._cfg_error = str(e).replace("\n", " ")
-        return self._cfg or Config({s.key: s.default for s in SETTINGS})
+        return self._cfg or Config()
 
     def nvml(self):
         """The backend, or raises NvmlUnavailable (cached; opened once)."""

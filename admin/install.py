@@ -571,7 +571,7 @@ def run(opts: InstallOptions, out: Callable[[str], None] = print, environ=None) 
     _check_plain(config_path, "config path")
     rc = 0
     have_config = Path(config_path).exists()
-    cfg = load_config(config_path) if have_config else Config({s.key: s.default for s in SETTINGS})
+    cfg = load_config(config_path) if have_config else Config()
     inst = find_installation()
     out(f"# gsrun-node install{' --print (nothing is changed)' if opts.print_only else ''}")
     out(f"# installation: {inst.gsrun_node} (python {inst.python})")

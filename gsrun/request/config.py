@@ -426,11 +426,12 @@ SECTIONS = sorted({s.key.split(".")[0] for s in SETTINGS})
 
 class Config:
     """Effective settings. ``cfg["sampler.interval_s"]`` or
-    ``cfg.get("tuning.defaults", partition="gpu")`` (partition overrides)."""
+    ``cfg.get("tuning.defaults", partition="gpu")`` (partition overrides);
+    ``Config()``: the built-in defaults."""
 
-    def __init__(self, values: dict[str, Any], partitions: dict[str, dict[str, Any]] | None = None,
+    def __init__(self, values: dict[str, Any] | None = None, partitions: dict[str, dict[str, Any]] | None = None,
                  source: str = "<defaults>"):
-        self._values = values
+        self._values = {s.key: s.default for s in SETTINGS} if values is None else values
         self.partitions = partitions or {}
         self.source = source
 
@@ -449,11 +450,7 @@ class Config:
 def _check_value(key: str, value: Any, where: str) -> Any:
     s = _BY_KEY[key]
     types = s.type if isinstance(s.type, tuple) else (s.type,)
-    if isinstance(value, bool) and bool not in types:
-        ok = False
-    else:
-        ok = isinstance(value, types)
-    if not ok:
+    if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
         names = "/".join(t.__name__ for t in types)
         raise ConfigError("config", f"bad value for {key}", f"{value!r} in {where} is not {names}",
                           hint=f"allowed: {s.allowed}")
@@ -553,7 +550,7 @@ def load_config(path: str | None = None, environ=None) -> Config:
         if explicit:
             raise ConfigError("config", "file not found", p,
                               hint=f"unset {ENV_CONFIG} or create the file (gsrun-node install)") from None
-        return Config({s.key: s.default for s in SETTINGS})
+        return Config()
     except OSError as e:
         raise ConfigError("config", "cannot read", f"{p}: {e.strerror}") from None
     return parse_config(text, p)
@@ -567,7 +564,7 @@ def load_config_or_defaults(log=None, path: str | None = None) -> Config:
     except ConfigError as e:
         if log is not None:
             log.error(f"{e}; using built-in defaults".replace("\n", " "))
-        return Config({s.key: s.default for s in SETTINGS})
+        return Config()
 
 
 def render_commented_config() -> str:
