@@ -299,7 +299,8 @@ def _read_proc_gpu(fs: HostFS, bdf: str) -> dict[str, str]:
     return out
 
 
-def _sysfs_gpu_bdfs(fs: HostFS) -> list[str]:
+def sysfs_gpu_bdfs(fs: HostFS) -> list[str]:
+    """PCI addresses of the NVIDIA GPUs in ``sys/bus/pci/devices`` (vendor and class)."""
     out = []
     for bdf in fs.listdir("sys/bus/pci/devices"):
         base = f"sys/bus/pci/devices/{bdf}"
@@ -339,7 +340,7 @@ def read_gpus(fs: HostFS, nodes: list[NumaNode], cpus: list[int], nvml: Backend 
     """GPUs sorted by PCI bus id, plus notes. See the module doc for sources."""
     notes: list[str] = []
     nv = _nvml_gpus(nvml) if nvml is not None else {}
-    bdfs = sorted(set(_sysfs_gpu_bdfs(fs)) | set(nv))
+    bdfs = sorted(set(sysfs_gpu_bdfs(fs)) | set(nv))
     online = set(cpus)
     smi_rows = {}
     if smi_text:
