@@ -33,23 +33,23 @@ from typing import Any, Callable
 
 import gsrun
 from gsrun.base.errors import GsrunError
+from gsrun.base.proc import SAFE_PATH
 from gsrun.daemon import server
 from gsrun.facts.cgroup import read_mounts
 from gsrun.facts.hostfs import HostFS
 from gsrun.facts.nvml import NvmlUnavailable, is_na, open_nvml
 from gsrun.facts.slurm import expand_hostlist, parse_gres_count, parse_oneliner
-from gsrun.facts.topology import read_topology
+from gsrun.facts.topology import read_topology, sysfs_gpu_bdfs
 from gsrun.facts.memlock import memlock_propagated, parse_memlock, rdma_devices, rdma_text
 from gsrun.node.tuning import (DMA_LATENCY, HugepagesKnob, IRQ, NODE, PCI, bracket_word, governor_cpus, idle_states,
                                irqbalance_check, irqbalance_policy_script, pids_by_comm, read_meminfo_kb, read_swaps,
                                thp_dir)
 from gsrun.report.retention import last_run, oldest_age_days
-from gsrun.request.config import Config, SETTINGS, load_config
+from gsrun.request.config import Config, load_config
 from gsrun.spank_py.build import read_build_info
 from gsrun.admin.install import detect_slurm_version, parse_slurm_conf, read_slurm_conf
 
 STATUSES = ("ok", "warn", "fail", "n/a")
-SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 NVIDIA_MAJOR = 195
 SPOOL_MIN_FREE_BYTES = 1 << 30
 SPOOL_MIN_FREE_PCT = 5.0
@@ -104,7 +104,7 @@ class Context:
                 self._cfg = load_config(self.config_path)
             except GsrunError as e:
                 self._cfg_error = str(e).replace("\n", " ")
-        return self._cfg or Config({s.key: s.default for s in SETTINGS})
+        return self._cfg or Config()
 
     def nvml(self):
         """The backend, or raises NvmlUnavailable (cached; opened once)."""
@@ -144,6 +144,9 @@ class Context:
                             stdin=subprocess.DEVNULL, cwd="/")
         except (OSError, subprocess.TimeoutExpired):
             return None
+
+    def slurm_conf_path(self) -> Path:
+        return Path(self.slurm_conf or self.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf")
 
     def paths(self) -> tuple[str, str]:
         cfg = self.cfg
@@ -220,20 +223,11 @@ def _nvml_extra(nv) -> dict[str, Any]:
     return out
 
 
-def _sysfs_nvidia_gpus(fs: HostFS) -> list[str]:
-    out = []
-    for bdf in fs.listdir("sys/bus/pci/devices"):
-        if fs.read(f"sys/bus/pci/devices/{bdf}/vendor") == "0x10de" and \
-                (fs.read(f"sys/bus/pci/devices/{bdf}/class") or "").startswith(("0x0300", "0x0302")):
-            out.append(bdf)
-    return out
-
-
 def check_nvml(ctx: Context) -> Check:
     try:
         nv = ctx.nvml()
     except NvmlUnavailable as e:
-        pci = _sysfs_nvidia_gpus(ctx.hostfs)
+        pci = sysfs_gpu_bdfs(ctx.hostfs)
         if e.code_name == "LIB_RM_VERSION_MISMATCH":
             return _c("nvml", "fail", f"NVML library and kernel driver differ: {e.detail or e.code_name}",
                       "the driver was upgraded without a reboot: drain the node and reboot "
@@ -337,7 +331,7 @@ def check_slurm_gres(ctx: Context) -> Check:
     rec = parse_oneliner(cp.stdout.splitlines()[0])
     gres = rec.get("Gres", "")
     n = parse_gres_count(gres) if gres and gres != "(null)" else 0
-    conf = Path(ctx.slurm_conf or ctx.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf").with_name("gres.conf")
+    conf = ctx.slurm_conf_path().with_name("gres.conf")
     try:
         files = parse_gres_conf(conf.read_text(), node)
     except OSError:
@@ -355,7 +349,7 @@ def check_slurm_gres(ctx: Context) -> Check:
     try:
         found = ctx.nvml().count()
     except NvmlUnavailable:
-        found = len(_sysfs_nvidia_gpus(ctx.hostfs))
+        found = len(sysfs_gpu_bdfs(ctx.hostfs))
     detail = f"node {node}: Gres={gres or '(none)'}, gres.conf {len(files)} file(s), {found} GPU(s) visible"
     data = {"node": node, "gres": gres, "gres_gpus": n, "gres_files": files, "visible_gpus": found,
             "not_nvidia_devices": fake}
@@ -444,7 +438,7 @@ def check_irq(ctx: Context) -> Check:
     cfg = ctx.cfg
     pids, problem = irqbalance_check(h, cfg["tuning.irqbalance_policy_script"], cfg["tuning.irqbalance_ban_dir"])
     gpus, parts, unwritable = [], [], 0
-    for bdf in sorted(_sysfs_nvidia_gpus(h)):
+    for bdf in sorted(sysfs_gpu_bdfs(h)):
         msi = sorted((n for n in h.listdir(f"{PCI}/{bdf}/msi_irqs") if n.isdigit()), key=int)
         # smp_affinity_list, else smp_affinity (a hex mask: what irq=local writes where the list is absent)
         files = {}
@@ -508,7 +502,7 @@ def check_memlock(ctx: Context) -> Check:
     h = ctx.hostfs
     pids = pids_by_comm(h, "slurmd")
     lim = parse_memlock(h.read(f"proc/{pids[0]}/limits")) if pids else None
-    conf_path = Path(ctx.slurm_conf or ctx.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf")
+    conf_path = ctx.slurm_conf_path()
     try:
         conf = parse_slurm_conf(conf_path.read_text())
     except OSError:
@@ -649,7 +643,7 @@ def find_spank_so(ctx: Context) -> str | None:
     slurm.conf) or a file it ``include``s."""
     if ctx.spank_so:
         return ctx.spank_so
-    conf = Path(ctx.slurm_conf or ctx.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf")
+    conf = ctx.slurm_conf_path()
 
     try:
         ps = parse_slurm_conf(conf.read_text()).get("plugstackconfig")

@@ -48,7 +48,7 @@ from typing import Callable
 from gsrun.base.errors import InputError, NodeError
 from gsrun.base.fsutil import atomic_write, ensure_dir
 from gsrun.base.paths import DEFAULT_STATE_DIR
-from gsrun.base.proc import ROOT_CWD, root_python
+from gsrun.base.proc import ROOT_CWD, SAFE_PATH, root_python
 from gsrun.base.templating import render
 from gsrun.node.tuning import IRQ_BAN_DIR
 from gsrun.request.config import (Config, DEFAULT_CONFIG_PATH, SETTINGS, _toml_value, load_config,
@@ -58,7 +58,6 @@ from gsrun.admin.node_entry import hook_argv
 
 PHASE = "install"
 VERSION_COMMANDS = (("slurmctld", "-V"), ("slurmd", "-V"), ("scontrol", "-V"), ("sinfo", "-V"))
-SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 HOOKS = {"prolog": ("prolog", "gsrun-prolog"), "epilog": ("epilog", "gsrun-epilog"),
          "epilog-ctld": ("epilog", "gsrun-epilog-ctld")}
 LAYOUTS = ("single", "prolog.d")
@@ -254,13 +253,10 @@ def plan_dirs(cfg: Config, state_dir: str | None = None, spool_dir: str | None =
            DirSpec(os.path.join(spool, "jobs"), 0o711, "per-job summaries (traversable, not listable)"),
            DirSpec(os.path.join(spool, "mail"), 0o700, "mail queue (root only)"),
            DirSpec(mps, 0o711, "parent of per-job MPS pipe/log directories")]
-    seen: set[str] = set()
-    uniq = []
+    uniq: dict[str, DirSpec] = {}
     for d in out:
-        if d.path not in seen:
-            seen.add(d.path)
-            uniq.append(d)
-    return uniq
+        uniq.setdefault(d.path, d)
+    return list(uniq.values())
 
 
 def prolog_flags(existing: str | None, proctrack: str | None) -> tuple[str, str]:
@@ -577,7 +573,7 @@ def run(opts: InstallOptions, out: Callable[[str], None] = print, environ=None) 
     _check_plain(config_path, "config path")
     rc = 0
     have_config = Path(config_path).exists()
-    cfg = load_config(config_path) if have_config else Config({s.key: s.default for s in SETTINGS})
+    cfg = load_config(config_path) if have_config else Config()
     inst = find_installation()
     out(f"# gsrun-node install{' --print (nothing is changed)' if opts.print_only else ''}")
     out(f"# installation: {inst.gsrun_node} (python {inst.python})")

@@ -404,18 +404,15 @@ def config_reference():
                    "(not with --print), else they are only named.")
 @click.option("--prolog-d", default="/etc/slurm/prolog.d", show_default=True)
 @click.option("--epilog-d", default="/etc/slurm/epilog.d", show_default=True)
-@click.option("--no-measure", is_flag=True, help="Do not time a prolog dry run.")
+@click.option("--no-measure", "measure", is_flag=True, flag_value=False, default=True,
+              help="Do not time a prolog dry run.")
 @click.option("--irqbalance-script", default=None, metavar="PATH",
               help="Install gsrun's irqbalance policy script here (default: tuning.irqbalance_policy_script).")
-def install(print_only, config_path, state_dir, spool_dir, layout, hooks_dir, log_file, units_dir, prolog_d,
-            epilog_d, no_measure, irqbalance_script):
+def install(**options):
     """Create gsrun's directories and site config; print the slurm.conf lines."""
-    if units_dir is None and not print_only and os.geteuid() == 0 and os.path.isdir(SYSTEMD_UNITS_DIR):
-        units_dir = SYSTEMD_UNITS_DIR
-    opts = inst.InstallOptions(print_only=print_only, config_path=config_path, state_dir=state_dir,
-                               spool_dir=spool_dir, layout=layout, hooks_dir=hooks_dir, log_file=log_file, units_dir=units_dir,
-                               prolog_d=prolog_d, epilog_d=epilog_d, measure=not no_measure,
-                               irqbalance_script=irqbalance_script)
+    opts = inst.InstallOptions(**options)
+    if opts.units_dir is None and not opts.print_only and os.geteuid() == 0 and os.path.isdir(SYSTEMD_UNITS_DIR):
+        opts.units_dir = SYSTEMD_UNITS_DIR
     return inst.run(opts, out=click.echo)
 
 

@@ -1,31 +1,16 @@
 """``gsrun-bind``: bind one task to its GPU's CPUs and memory, then exec.
 
-Two modes::
-
-    gsrun-bind --plan [--json] [--host-root DIR | --topology-xml FILE] [--gpus LIST]
-               [--ntasks-per-node N] [--local-rank R] [--allowed-cpus LIST] [--gpu-isolation]
-    gsrun-bind [--gpu-isolation] [--host-root DIR] -- CMD ARGS...
-
-The plan is computed by :mod:`gsrun.bind.plan` (pure) from the Slurm task
-environment; this module only parses flags, applies the rank's plan
-(``os.sched_setaffinity``, environment, ``numactl --membind`` exec prefix)
-and ``os.execvp``'s the command -- no shell. A problem with the plan never
-stops the task: it runs on the allowed CPUs with a warning. The node's
-warnings go to syslog from local rank 0 of each node; the job's stderr gets
-at most one line of them, from global rank 0 (:func:`node_notes`). A worker of a per-node launcher (``gsrun --launcher torchrun``) is
-planned by ``LOCAL_RANK`` / ``LOCAL_WORLD_SIZE``
-(:func:`gsrun.bind.plan.worker_environ`), keeps its launcher's
-``RANK`` / ``WORLD_SIZE``, and sees Slurm's task variables set to them
-(:func:`gsrun.bind.plan.worker_task_env`).
-Usage errors and a command that cannot be executed exit 2 with a
-``gsrun: bind: ...`` message.
-
-``--topology-xml FILE`` (env ``GSRUN_TOPOLOGY_XML``, read with ``--plan``
-only) plans on an hwloc XML export of a machine
-(:mod:`gsrun.facts.hwloc_xml`) instead of a host tree; the allowed CPUs are
-then all of its CPUs unless ``--allowed-cpus`` says otherwise.
-
-``GSRUN_BIND_VERBOSE=1`` prints ``gsrun-bind: rank L gpu G cpus X mem M (reason)``.
+``gsrun-bind --plan [--json] ...`` prints the plan; ``gsrun-bind [...] -- CMD
+ARGS...`` applies the rank's part of the pure plan (:mod:`gsrun.bind.plan`)
+-- ``os.sched_setaffinity``, environment, ``numactl --membind`` prefix -- and
+``os.execvp``'s the command, no shell. A plan problem never stops the task:
+it runs on the allowed CPUs with a warning (syslog from local rank 0; the
+job's stderr gets at most one line, from global rank 0: :func:`node_notes`).
+A per-node launcher's worker is planned by ``LOCAL_RANK`` /
+``LOCAL_WORLD_SIZE`` (:func:`gsrun.bind.plan.worker_environ`). Usage errors
+and a command that cannot be executed exit 2 with a ``gsrun: bind: ...``
+message. ``GSRUN_BIND_VERBOSE=1`` prints ``gsrun-bind: rank L gpu G cpus X
+mem M (reason)``.
 """
 
 from __future__ import annotations

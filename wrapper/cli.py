@@ -14,7 +14,7 @@ import sys
 import click
 
 from gsrun.base.errors import InputError, run_cli
-from gsrun.base.exe import which
+from shutil import which
 from gsrun.base.paths import Paths
 from gsrun.base.errors import SlurmError
 from gsrun.facts.slurm import (NODE_GRES_ARGV, PARTITIONS_ARGV, gpus_per_node, parse_node_gres, parse_partitions,

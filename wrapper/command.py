@@ -14,8 +14,9 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from shutil import which
+
 from gsrun.base.errors import InputError
-from gsrun.base.exe import which
 
 # control characters -> "?" (a newline would end the script's comment line)
 _CONTROL_TO_QMARK = {**{c: "?" for c in range(0x20)}, 0x7f: "?"}
@@ -48,19 +49,10 @@ class Python:
         return f"{self.path}: {self.why}".translate(_CONTROL_TO_QMARK)
 
 
-def _abs_exe(name: str, environ: Mapping[str, str]) -> str | None:
-    if os.sep in name:
-        p = os.path.abspath(name)
-        return p if os.path.isfile(p) and os.access(p, os.X_OK) else None
-    return which(name, path=environ.get("PATH", os.defpath))
-
-
-def _env_python(prefix: str) -> str | None:
-    for name in ("python3", "python"):
-        p = os.path.join(prefix, "bin", name)
-        if os.path.isfile(p) and os.access(p, os.X_OK):
-            return os.path.abspath(p)
-    return None
+def _abs_exe(name: str, path: str) -> str | None:
+    """``name`` (a path, or a name looked up on ``path``) made absolute, when it is an executable file."""
+    p = which(name, path=path)
+    return os.path.abspath(p) if p else None
 
 
 def choose_python(flag: str | None, environ: Mapping[str, str]) -> Python:
@@ -79,7 +71,7 @@ def choose_python(flag: str | None, environ: Mapping[str, str]) -> Python:
     """
     for value, source in ((flag, "--python"), (environ.get("GSRUN_PYTHON"), "GSRUN_PYTHON")):
         if value:
-            p = _abs_exe(value, environ)
+            p = _abs_exe(value, environ.get("PATH", os.defpath))
             if p is None:
                 raise InputError("submit", f"bad {source}", f"{value!r}: no such executable"[:120],
                                  hint="an interpreter path or a name on PATH, e.g. --python ~/venv/bin/python3")
@@ -89,17 +81,18 @@ def choose_python(flag: str | None, environ: Mapping[str, str]) -> Python:
                            ("CONDA_PREFIX", "the active conda env", "conda")):
         prefix = environ.get(var)
         if prefix:
-            p = _env_python(prefix)
+            bindir = os.path.join(prefix, "bin")
+            p = _abs_exe("python3", bindir) or _abs_exe("python", bindir)
             if p:
                 conda = environ.get("CONDA_EXE") if env == "conda" else None
                 if conda and not (os.path.isabs(conda) and os.access(conda, os.X_OK)):
                     conda = None
                 return Python(p, f"{what} (${var})", env, os.path.abspath(prefix), conda)
             skipped.append(f"${var} has no bin/python3")
-    p = which("python3", path=environ.get("PATH", os.defpath))
+    p = _abs_exe("python3", environ.get("PATH", os.defpath))
     if p:
         why = "the first python3 on PATH at submit"
-        return Python(os.path.abspath(p), why + (f" ({'; '.join(skipped)})" if skipped else ""))
+        return Python(p, why + (f" ({'; '.join(skipped)})" if skipped else ""))
     return Python(sys.executable, "gsrun's own Python (no python3 on PATH at submit)")
 
 

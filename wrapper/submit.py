@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
+import stat
 import sys
 import time
-from dataclasses import dataclass
-from typing import TextIO
+import zlib
+from dataclasses import astuple, dataclass
 from functools import partial
 from pathlib import Path
+from typing import TextIO
 
 from gsrun.base.errors import SlurmError
 from gsrun.base.ids import check_job_id
@@ -21,12 +24,7 @@ from gsrun.facts.slurm import (ENDED_HELD_STATES, PENDING_STATES, TERMINAL_STATE
                                run_slurm, state_word)
 from gsrun.facts.sacct import parse_time_s
 from gsrun.report.units import fmt_duration_s
-import stat
-from dataclasses import astuple
-import random
-import zlib
-from gsrun.base.fsutil import read_own_file
-from gsrun.base.fsutil import atomic_write, flock_within
+from gsrun.base.fsutil import atomic_write, flock_within, read_own_file
 
 
 def submit(script: str, timeout_s: float = 30.0, cwd: str | None = None, args=(),
@@ -132,25 +130,22 @@ class Watcher:
         Raises:
             SlurmError: squeue failed."""
         path = self._cache_path()
+        ask = lambda: (self.wall(), self.run(queue_argv(self.cluster)))       # noqa: E731
         if path is None:
-            taken = self.wall()
-            return taken, self.run(queue_argv(self.cluster))
+            return ask()
         body = self._cached(path, after)
         if body is not None:
             return body
-
         try:
             lock = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         except OSError:
-            taken = self.wall()
-            return taken, self.run(queue_argv(self.cluster))
+            return ask()
         try:
             flock_within(lock, 35.0, 0.05)
             body = self._cached(path, after)   # another waiter asked while this one waited for the lock
             if body is not None:
                 return body
-            taken = self.wall()
-            body = self.run(queue_argv(self.cluster))
+            taken, body = ask()
             try:
                 atomic_write(path, f"gsrun-queue {taken:.3f}\n{body}", 0o600, durable=False)
             except OSError:
@@ -223,16 +218,11 @@ def _cache_dir() -> str | None:
     return None
 
 
-def poll(job_id: str, cluster: str | None = None) -> JobState | None:
-    """One look at ``job_id`` through a :class:`Watcher` (no shared state kept)."""
-    return Watcher(job_id, cluster, since=0.0).poll()
-
-
 def poll_interval(since_change_s: float) -> float:
     """Seconds until the next poll: :data:`POLL_FIRST_S` (3 s) for the first
     15 s after the job's state changed, then growing by half every 15 s
     (``3 s x 1.5^k``) to at most :data:`POLL_CAP_S` (60 s). The waiter adds
-    +-20 % jitter (:func:`follow`), and the waiters of one user share one
+    +-20 % jitter (:func:`follow_to_end`), and the waiters of one user share one
     ``squeue`` (:class:`Watcher`)."""
     if since_change_s < 15:
         return POLL_FIRST_S
@@ -241,7 +231,7 @@ def poll_interval(since_change_s: float) -> float:
 
 def retry_interval(failures: int) -> float:
     """Seconds before asking again after ``failures`` failed queries in a row:
-    2, 4, 8 ... capped at :data:`POLL_CAP_S` (jitter added by :func:`follow`)."""
+    2, 4, 8 ... capped at :data:`POLL_CAP_S` (jitter added by :func:`follow_to_end`)."""
     return min(POLL_CAP_S, 2.0 ** max(1, failures))
 
 
@@ -390,15 +380,6 @@ def exit_line(job_id: str, ended: Ended) -> str:
     return line + f"; report: gseff {job_id}"
 
 
-def follow(job_id: str, out=sys.stdout, err=sys.stderr, poll_s: float = 1.0,
-           max_unknown_s: float = 600.0, poller=None, clock=time.monotonic, sleep=time.sleep,
-           alerts=None, cluster: str | None = None, give_up_s: float = GIVE_UP_S, jitter=None,
-           cancel=cancel_job) -> int:
-    """:func:`follow_to_end`'s exit status (same arguments)."""
-    return follow_to_end(job_id, out, err, poll_s, max_unknown_s, poller, clock, sleep, alerts, cluster,
-                         give_up_s, jitter, cancel).rc
-
-
 def follow_to_end(job_id: str, out=sys.stdout, err=sys.stderr, poll_s: float = 1.0,
                   max_unknown_s: float = 600.0, poller=None, clock=time.monotonic, sleep=time.sleep,
                   alerts=None, cluster: str | None = None, give_up_s: float = GIVE_UP_S, jitter=None,
@@ -456,7 +437,7 @@ def follow_to_end(job_id: str, out=sys.stdout, err=sys.stderr, poll_s: float = 1
 
 def _follow(job_id, out, err, poll_s, max_unknown_s, poller, clock, sleep, alerts, cluster, give_up_s, jitter,
             cancel, presses: list[float]) -> int:
-    """:func:`follow`'s loop; ``presses``: Ctrl-C times (monotonic), appended by its handler."""
+    """:func:`follow_to_end`'s loop; ``presses``: Ctrl-C times (monotonic), appended by its handler."""
     if poller is None:
         watcher = Watcher(job_id, cluster)
         poller = lambda _job: watcher.poll()      # noqa: E731

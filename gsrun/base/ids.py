@@ -1,27 +1,13 @@
 """Slurm identifiers, checked in one place: job ids, user, node and
 partition names. Pure.
 
-Every check is a ``fullmatch`` against an ASCII allow-list, so a trailing
-newline (``"4242\\n"``, which ``re.match(r"^[0-9]+$")`` accepts), a NUL, a
-``/`` or ``..``, and non-ASCII digits (``"４２"`` and ``"²"``, which
-``str.isdigit`` accepts) are refused. A checked value is safe as a path
-component, a log tag and a command argument.
-
-- job id: ``[0-9]{1,10}`` (Slurm job ids are 32-bit; leading zeros are
-  accepted as Slurm's own parsers accept them). With ``array=True`` also an
-  array task ``<array job id>_<task id>`` (``15053872_1491``), the form
-  ``sacct``/``squeue`` print and users type; the node side (prolog, epilog,
-  cgroups, MPS) only ever sees the raw numeric id. Heterogeneous job
-  components (``123+1``) are not accepted by any caller.
-- user name: ``[A-Za-z_][A-Za-z0-9_.-]{0,31}`` with an optional trailing
-  ``$`` (POSIX portable names as useradd/sssd produce them).
-- node name: ``[A-Za-z0-9][A-Za-z0-9._-]{0,63}`` (a Slurm NodeName; never
-  starts with ``-`` or ``.``).
-- partition name: ``[A-Za-z0-9_.-]{1,64}``.
-
-``check_job_id`` returns the value unchanged or raises :class:`InputError` in
-the usual shape ``gsrun: <phase>: bad <what>: <repr of the value>`` plus a
-hint; ``is_*`` are the tests as booleans for callers that skip bad values.
+Every check is a ``fullmatch`` against an ASCII allow-list (the patterns
+below), so a trailing newline, a NUL, ``/``, ``..`` and non-ASCII digits
+(``"４２"``, ``"²"``) are refused: a checked value is safe as a path
+component, a log tag and a command argument. Job ids are 32-bit (leading
+zeros accepted, as Slurm does); with ``array=True`` also an array task
+``<job>_<task>`` (``15053872_1491``, as sacct/squeue print it); the node side
+only ever sees raw numeric ids. User names may end in ``$`` (sssd).
 """
 
 from __future__ import annotations
@@ -30,31 +16,17 @@ import re
 
 from gsrun.base.errors import InputError
 
-# Compiled on first use (module ``__getattr__``): the Slurm hooks check job ids
-# on every job and import nothing they do not use.
-_PATTERNS = {
-    "JOB_ID_RE": r"[0-9]{1,10}",
-    "ARRAY_JOB_ID_RE": r"[0-9]{1,10}(?:_[0-9]{1,10})?",
-    "USER_NAME_RE": r"[A-Za-z_][A-Za-z0-9_.-]{0,31}\$?",
-    "NODE_NAME_RE": r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}",
-    "PARTITION_RE": r"[A-Za-z0-9_.-]{1,64}",
-}
-
-
-def __getattr__(name: str):
-    """``JOB_ID_RE``, ``ARRAY_JOB_ID_RE``, ``USER_NAME_RE``, ``NODE_NAME_RE``,
-    ``PARTITION_RE``: the compiled patterns (``re.Pattern``), compiled once."""
-    if name not in _PATTERNS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-    pat = globals()[name] = re.compile(_PATTERNS[name])
-    return pat
+JOB_ID_RE = re.compile(r"[0-9]{1,10}")
+ARRAY_JOB_ID_RE = re.compile(r"[0-9]{1,10}(?:_[0-9]{1,10})?")
+USER_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}\$?")
+NODE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+PARTITION_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
 def is_digits(value: str, most: int | None = 10) -> bool:
-    """``value`` is ``[0-9]{1,most}`` whole (``most`` None: any length), without
-    a regex: ASCII digits only (``str.isdigit`` alone takes ``"²"``, ``"٤"``
-    and ``"４２"``, which ``int`` refuses or reads as another number)."""
+    """``value`` is ``[0-9]{1,most}`` whole (``most`` None: any length): ASCII
+    digits only (``str.isdigit`` alone takes ``"²"``, ``"٤"`` and ``"４２"``,
+    which ``int`` refuses or reads as another number)."""
     return 0 < len(value) and (most is None or len(value) <= most) and value.isascii() and value.isdigit()
 
 
@@ -64,8 +36,8 @@ _RAW_HINT = ("a Slurm job id is digits, e.g. 4242; for an array task use the raw
              "($SLURM_JOB_ID or sacct JobIDRaw), not ARRAYID_TASK")
 
 
-def _ok(name: str, value) -> bool:
-    return isinstance(value, str) and (globals().get(name) or __getattr__(name)).fullmatch(value) is not None
+def _ok(pattern: re.Pattern, value) -> bool:
+    return isinstance(value, str) and pattern.fullmatch(value) is not None
 
 
 def _bad(phase: str, what: str, value, hint: str | None = None) -> InputError:
@@ -99,30 +71,26 @@ def check_job_id(value, *, array: bool = False, phase: str = "input", what: str 
 
 def is_user_name(value) -> bool:
     """True when ``value`` is a str user name (``alice``, ``j.doe``, ``host$``)."""
-    return _ok("USER_NAME_RE", value)
+    return _ok(USER_NAME_RE, value)
 
 
 UPPER = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZ")
 DIGITS = frozenset("0123456789")
 ALNUM = UPPER | frozenset("abcdefghijklmnopqrstuvwxyz") | DIGITS
-_NODE_CHARS = ALNUM | frozenset("._-")
 
 
 def is_chars(value: str, chars: frozenset, most: int | None = None) -> bool:
     """``value`` is 1 to ``most`` (None: any number of) characters, each in
-    ``chars``: a ``[...]{1,most}`` character class without a regex (the hooks
-    and every bound step's slurmstepd check names; ``re`` with ``enum`` is ~4 ms
-    in a fresh interpreter)."""
+    ``chars``: a ``[...]{1,most}`` character class."""
     return 0 < len(value) and (most is None or len(value) <= most) and chars.issuperset(value)
 
 
 def is_node_name(value) -> bool:
-    """True when ``value`` is a str Slurm node name (``gpu01``, ``gpu-node01.ib``):
-    ``NODE_NAME_RE`` checked with sets (every bound step checks one; no `re`)."""
-    return isinstance(value, str) and is_chars(value, _NODE_CHARS, 64) and value[0] in ALNUM
+    """True when ``value`` is a str Slurm node name (``gpu01``, ``gpu-node01.ib``)."""
+    return _ok(NODE_NAME_RE, value)
 
 
 def is_partition(value) -> bool:
     """True when ``value`` is a str Slurm partition name (``gpu``, ``h200_long``)."""
-    return _ok("PARTITION_RE", value)
+    return _ok(PARTITION_RE, value)
 

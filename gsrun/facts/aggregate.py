@@ -13,7 +13,7 @@ memory and serialises only when it flushes.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 HIST_EDGES_PCT = (0, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100.0001)
 
@@ -82,17 +82,13 @@ class Metric:
         return self.above_s.get(str(threshold), 0.0) / self.weight_s
 
     def to_dict(self) -> dict:
-        return {"thresholds": list(self.thresholds), "hist_edges": list(self.hist_edges), "n": self.n,
-                "weight_s": self.weight_s, "wsum": self.wsum, "min": self.min, "max": self.max,
-                "gap_s": self.gap_s, "vsum": self.vsum, "above_s": dict(self.above_s), "hist_s": list(self.hist_s)}
+        return dict(asdict(self), thresholds=list(self.thresholds), hist_edges=list(self.hist_edges))
 
     @classmethod
     def from_dict(cls, d: dict) -> "Metric":
-        m = cls(tuple(d.get("thresholds", ())), tuple(d.get("hist_edges", ())))
-        for k in ("n", "weight_s", "wsum", "min", "max", "gap_s", "vsum"):
-            setattr(m, k, d.get(k, getattr(m, k)))
-        m.above_s = dict(d.get("above_s", {}))
-        m.hist_s = list(d.get("hist_s", []))
+        m = _from_dict(cls, d)
+        m.thresholds, m.hist_edges = tuple(m.thresholds), tuple(m.hist_edges)
+        m.above_s, m.hist_s = dict(m.above_s), list(m.hist_s)
         return m
 
 
@@ -141,7 +137,9 @@ class Timeline:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Timeline":
-        return cls(d.get("max_points", 1000), [list(p) for p in d.get("points", [])], d.get("bucket_n", 1))
+        t = _from_dict(cls, d)
+        t.points = [list(p) for p in t.points]
+        return t
 
 
 @dataclass
@@ -189,13 +187,16 @@ class Counter:
         return self.t_last_s - self.t_first_s
 
     def to_dict(self) -> dict:
-        return {"first": self.first, "last": self.last, "total": self.total, "resets": self.resets,
-                "t_first_s": self.t_first_s, "t_last_s": self.t_last_s}
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> "Counter":
-        return cls(d.get("first"), d.get("last"), d.get("total", 0.0), d.get("resets", 0),
-                   d.get("t_first_s"), d.get("t_last_s"))
+        return _from_dict(cls, d)
+
+
+def _from_dict(cls, d: dict):
+    """``cls`` from the keys of ``d`` it has fields for (a missing key takes the default)."""
+    return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
 
 
 def _sig(x: float) -> float:

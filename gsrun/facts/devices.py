@@ -38,9 +38,7 @@ from gsrun.base.ids import is_digits
 TokenKind = Literal["index", "gpu-uuid", "gpu-uuid-prefix", "mig-uuid", "mig-legacy"]
 
 _HEX_UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
-# matched with re.fullmatch(..., re.I); `re` (~4.5 ms with enum) is imported only for
-# a token that is not an index or a range (Slurm writes those): the SPANK plugin
-# parses SLURM_STEP_GPUS in every bound step
+# matched with re.fullmatch(..., re.I)
 _RE_GPU_UUID = rf"GPU-{_HEX_UUID}"
 _RE_GPU_PREFIX = r"GPU-[0-9a-f][0-9a-f-]{0,35}"
 _RE_MIG_UUID = rf"MIG-{_HEX_UUID}"

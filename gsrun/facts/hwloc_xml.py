@@ -6,27 +6,16 @@ and ``gsrun-node topology --topology-xml FILE``: a real machine's topology
 (LLNL mpibind's 19 recorded machines, or any site's ``lstopo`` output) is an
 input like a recorded ``--host-root`` tree.
 
-Why a strict parser with the stdlib ``xml.etree`` and not the hwloc library
-(``libhwloc`` + a Python binding):
-
-- gsrun runs on every node, in the node daemon that plans every step too
-  (spank_py); a native hwloc dependency there would add a C library and a
-  young binding for a file that only needs reading;
-- the format is documented and versioned (``hwloc.dtd`` for v1,
-  ``hwloc2.dtd`` for v2; the root ``<topology version="2.0">`` names v2),
-  and the parts used here are few: ``object`` elements (``type``,
-  ``os_index``, ``cpuset``, ``local_memory``, ``pci_busid``, ``pci_type``,
-  ``name``, ``osdev_type``), ``info`` pairs and the NUMA distance matrix;
-- v1 and v2 differ in the ways handled below, as found in the mpibind files:
-  v1 nests ``NUMANode`` objects *above* the CPUs they hold and gives
-  distances as ``<distances nbobjs relative_depth latency_base>`` with
-  ``<latency value>`` children (relative values, times ``latency_base``,
-  objects in document order); v2 attaches ``NUMANode`` objects as memory
-  children of a CPU-side object and gives ``<distances2 type="NUMANode"
-  indexing="os">`` with ``<indexes>`` and ``<u64values>`` (a long matrix in
-  several ``<u64values>`` chunks, as in eas-tioga). Both name
-  CPU-less memory nodes (POWER9 GPU memory, KNL flat MCDRAM) with
-  ``cpuset="0x0"`` and write ``local_memory`` only when it is not 0.
+Parsed with the stdlib ``xml.etree`` (no native hwloc on the nodes). The
+format is versioned (``hwloc.dtd`` v1, ``hwloc2.dtd`` v2: root ``<topology
+version="2.0">``). v1 nests ``NUMANode`` objects *above* their CPUs and gives
+``<distances nbobjs relative_depth latency_base>`` with ``<latency value>``
+children (relative, times ``latency_base``, objects in document order); v2
+attaches ``NUMANode`` objects as memory children of a CPU-side object and
+gives ``<distances2 type="NUMANode" indexing="os">`` with ``<indexes>`` and
+``<u64values>`` (possibly in several chunks, as in eas-tioga). Both write
+CPU-less memory nodes (POWER9 GPU memory, KNL MCDRAM) as ``cpuset="0x0"`` and
+omit a zero ``local_memory``.
 
 "Strict": a file that is not hwloc XML (another root element, an unknown
 ``version``, a DTD internal subset or entity declaration, no ``PU``, a

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from gsrun.base.errors import InputError
 from gsrun.base.ids import check_job_id, is_digits, is_node_name, is_partition, is_user_name
@@ -64,8 +64,7 @@ class JobEnv:
 
     def to_dict(self) -> dict:
         """The fields as a dict (lists and the ``spank`` dict copied), in field order."""
-        return {n: (list(v) if isinstance(v, list) else dict(v) if isinstance(v, dict) else v)
-                for n in self.__slots__ for v in (getattr(self, n),)}
+        return asdict(self)
 
 
 def is_spank_value(value: str) -> bool:

@@ -189,19 +189,11 @@ class FakeNvml(Backend):
         return _unwrap(entry)
 
 
+@dataclass
 class Seq:
     """Answers given one per call, the last one repeating (see :class:`FakeNvml`)."""
 
-    def __init__(self, items: list):
-        self.items = items
-
-    def __eq__(self, other):
-        return other.__class__ is self.__class__ and self.items == other.items
-
-    __hash__ = None   # mutable, as the dataclass it was
-
-    def __repr__(self) -> str:
-        return f"Seq(items={self.items!r})"
+    items: list
 
 
 def _scripted(script: list, elapsed_s: float) -> Any:
@@ -254,6 +246,24 @@ def normalize_bus_id(bus_id: str) -> str:
     if b.count(":") == 1:
         return "0000:" + b
     return b
+
+
+#: keys answered by one pynvml call on the handle: key -> (function, pynvml constants passed after it)
+_SIMPLE_CALLS = {
+    "name": ("nvmlDeviceGetName",),
+    "uuid": ("nvmlDeviceGetUUID",),
+    "minor": ("nvmlDeviceGetMinorNumber",),
+    "compute_mode": ("nvmlDeviceGetComputeMode",),
+    "power_mw": ("nvmlDeviceGetPowerUsage",),
+    "power_limit_mw": ("nvmlDeviceGetEnforcedPowerLimit",),
+    "energy_mj": ("nvmlDeviceGetTotalEnergyConsumption",),
+    "temperature_c": ("nvmlDeviceGetTemperature", "NVML_TEMPERATURE_GPU"),
+    "sm_clock_mhz": ("nvmlDeviceGetClockInfo", "NVML_CLOCK_SM"),
+    "max_sm_clock_mhz": ("nvmlDeviceGetMaxClockInfo", "NVML_CLOCK_SM"),
+    "pcie_tx_kbs": ("nvmlDeviceGetPcieThroughput", "NVML_PCIE_UTIL_TX_BYTES"),
+    "pcie_rx_kbs": ("nvmlDeviceGetPcieThroughput", "NVML_PCIE_UTIL_RX_BYTES"),
+    "ecc_uncorrected": ("nvmlDeviceGetTotalEccErrors", "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", "NVML_VOLATILE_ECC"),
+}
 
 
 class RealNvml(Backend):
@@ -322,10 +332,9 @@ class RealNvml(Backend):
             return h
         nv = self.nv
         c = self._call
-        if key == "name":
-            return c(nv.nvmlDeviceGetName, h)
-        if key == "uuid":
-            return c(nv.nvmlDeviceGetUUID, h)
+        if key in _SIMPLE_CALLS:
+            fn, *consts = _SIMPLE_CALLS[key]
+            return c(getattr(nv, fn), h, *(getattr(nv, x) for x in consts))
         if key in ("pci", "pci_bus_id"):
             p = c(nv.nvmlDeviceGetPciInfo, h)
             if is_na(p):
@@ -334,8 +343,6 @@ class RealNvml(Backend):
             if key == "pci_bus_id":
                 return normalize_bus_id(bus)
             return {"busId": bus}
-        if key == "minor":
-            return c(nv.nvmlDeviceGetMinorNumber, h)
         if key == "numa_node":
             fn = getattr(nv, "nvmlDeviceGetNumaNodeId", None)
             return c(fn, h) if fn else NA("Function Not Found", 13)
@@ -356,20 +363,6 @@ class RealNvml(Backend):
         if key == "mig_mode":
             v = c(nv.nvmlDeviceGetMigMode, h)
             return v if is_na(v) else list(v)
-        if key == "compute_mode":
-            return c(nv.nvmlDeviceGetComputeMode, h)
-        if key == "power_mw":
-            return c(nv.nvmlDeviceGetPowerUsage, h)
-        if key == "power_limit_mw":
-            return c(nv.nvmlDeviceGetEnforcedPowerLimit, h)
-        if key == "energy_mj":
-            return c(nv.nvmlDeviceGetTotalEnergyConsumption, h)
-        if key == "temperature_c":
-            return c(nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU)
-        if key == "sm_clock_mhz":
-            return c(nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_SM)
-        if key == "max_sm_clock_mhz":
-            return c(nv.nvmlDeviceGetMaxClockInfo, h, nv.NVML_CLOCK_SM)
         if key == "throttle_reasons":
             fn = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
                 nv.nvmlDeviceGetCurrentClocksThrottleReasons
@@ -384,15 +377,8 @@ class RealNvml(Backend):
                 return r
             _vtype, samples = r
             return [[int(s.timeStamp), int(s.sampleValue.uiVal)] for s in samples]
-        if key == "pcie_tx_kbs":
-            return c(nv.nvmlDeviceGetPcieThroughput, h, nv.NVML_PCIE_UTIL_TX_BYTES)
-        if key == "pcie_rx_kbs":
-            return c(nv.nvmlDeviceGetPcieThroughput, h, nv.NVML_PCIE_UTIL_RX_BYTES)
         if key == "nvlink_kib":
             return self._nvlink_kib(h)
-        if key == "ecc_uncorrected":
-            return c(nv.nvmlDeviceGetTotalEccErrors, h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
-                     nv.NVML_VOLATILE_ECC)
         if key == "gpm_supported":
             fn = getattr(nv, "nvmlGpmQueryDeviceSupport", None)
             if fn is None:

@@ -15,11 +15,10 @@ from collections.abc import Mapping, Sequence
 
 from gsrun.base.errors import InputError, SlurmError
 from gsrun.base.ids import check_job_id, is_digits
-from gsrun.base.proc import run_bounded
+from gsrun.base.proc import SAFE_PATH, run_bounded
 
-# slurmd/slurmctld run hooks with an almost empty environment (no PATH)
 MAX_HOSTS = 100000
-DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+DEFAULT_PATH = SAFE_PATH        # slurmd/slurmctld run hooks with an almost empty environment (no PATH)
 
 # Job states as squeue/sacct/scontrol print them (squeue(1) "JOB STATE CODES").
 #: Final: the base states after which a job never runs again (slurm.h
@@ -167,20 +166,13 @@ def parse_tasks_per_node(text: str) -> list[int]:
         tok = tok.strip()
         if not tok:
             continue
-        if is_digits(tok):      # N alone: one node
-            if len(out) + 1 > MAX_HOSTS:
-                raise InputError("slurm", "tasks-per-node value too large", repr(text)[:80])
-            out.append(int(tok))
-            continue
-        # N(xR) without re: this runs in every bound step's slurmstepd, where importing re
-        # (and enum) is ~4 ms of CPU
-        count, sep, rest = tok.partition("(x")
-        if not (is_digits(count) and sep and rest.endswith(")") and is_digits(rest[:-1])):
+        m = re.fullmatch(r"([0-9]{1,10})(?:\(x([0-9]{1,10})\))?", tok)       # N, or N(xR): R nodes
+        if not m:
             raise InputError("slurm", "bad tasks-per-node value", repr(text))
-        reps = int(rest[:-1])
+        reps = int(m[2] or 1)
         if len(out) + reps > MAX_HOSTS:
             raise InputError("slurm", "tasks-per-node value too large", repr(text)[:80])
-        out += [int(count)] * reps
+        out += [int(m[1])] * reps
     return out
 
 

@@ -40,17 +40,9 @@ and ``Gpu.numa_source`` says which one gave it:
 ``nvmlDeviceGetNumaNodeId`` is never used: it is the GPU's own memory node,
 NOT_SUPPORTED on x86 and not a CPU target on Grace (field case 4).
 
-Why hand parsing and not hwloc (Debian ``hwloc``, PyPI ``pyhwloc``): the
-facts needed here are a dozen one-line sysfs files that the kernel already
-publishes in final form; hwloc would add a C library and binding to every
-node and to the node daemon that plans every step (spank_py), its Python binding
-is young, and a recorded test tree would then have to satisfy hwloc's own
-discovery (or be an XML export) instead of being the same ``sys/``/``proc/``
-subset our one :class:`HostFS` root already serves. hwloc's extra knowledge
-(caches, PCI bridges, OS devices) is not used by the plan except PCI
-closeness, which the sysfs device path gives directly. An hwloc XML export
-of another machine is read by :mod:`gsrun.facts.hwloc_xml` into the same
-:class:`Topology` (``--topology-xml``).
+The facts are a dozen one-line sysfs files, read by hand (no hwloc on the
+nodes) so a recorded ``sys/``/``proc/`` subset is a test input; an hwloc XML
+export is read by :mod:`gsrun.facts.hwloc_xml` into the same :class:`Topology`.
 
 Memory-less nodes (``MemTotal: 0 kB``: POWER LPARs, some VM firmware) and
 CPU-less nodes (GPU or HBM memory as a NUMA node) are kept as read:
@@ -61,34 +53,27 @@ nodes can hold a memory policy and which can hold ranks.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 
 from gsrun.base.cpulist import parse_cpulist, words_to_cpus
 from gsrun.base.errors import InputError
-from gsrun.base.ids import is_digits
 from gsrun.facts.hostfs import HostFS, meminfo_kb
 from gsrun.facts.nvml import Backend, NvmlUnavailable, is_na, normalize_bus_id, open_nvml
 from gsrun.facts.topo_smi import parse_topo_matrix, run_topo_matrix
 
-# gsrun.facts.nvml (and through it dataclasses, pynvml) is imported where NVML
-# is read, and `re`/`pathlib` not at all on the usual path (string checks
-# below): the SPANK plugin imports this module in every bound step.
-
 NVIDIA_VENDOR = "0x10de"
 GPU_CLASSES = ("0x0300", "0x0302")  # VGA-compatible controller, 3D controller
-_HEX_LOWER = frozenset("0123456789abcdef")
 
 
 def is_bdf(text: str) -> bool:
-    """``text`` is a PCI address in sysfs form, ``0000:3b:00.0``
-    (``[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}.[0-7]``)."""
-    return (len(text) == 12 and text[4] == ":" and text[7] == ":" and text[10] == "."
-            and _HEX_LOWER.issuperset(text[0:4] + text[5:7] + text[8:10]) and text[11] in "01234567")
+    """``text`` is a PCI address in sysfs form, ``0000:3b:00.0``."""
+    return re.fullmatch(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]", text) is not None
 
 
 def _numbered(name: str, prefix: str) -> bool:
     """``name`` is ``prefix`` followed by decimal digits (``cpu12``, ``node3``)."""
-    return name.startswith(prefix) and is_digits(name[len(prefix):], None)
+    return re.fullmatch(prefix + "[0-9]+", name) is not None
 
 
 NODE_DIR = "sys/devices/system/node"
@@ -314,16 +299,8 @@ def _read_proc_gpu(fs: HostFS, bdf: str) -> dict[str, str]:
     return out
 
 
-def _bus_id(text: str) -> str:
-    """:func:`gsrun.facts.nvml.normalize_bus_id`, without importing that
-    module for a name already in sysfs form."""
-    if is_bdf(text):
-        return text
-
-    return normalize_bus_id(text)
-
-
-def _sysfs_gpu_bdfs(fs: HostFS) -> list[str]:
+def sysfs_gpu_bdfs(fs: HostFS) -> list[str]:
+    """PCI addresses of the NVIDIA GPUs in ``sys/bus/pci/devices`` (vendor and class)."""
     out = []
     for bdf in fs.listdir("sys/bus/pci/devices"):
         base = f"sys/bus/pci/devices/{bdf}"
@@ -332,10 +309,10 @@ def _sysfs_gpu_bdfs(fs: HostFS) -> list[str]:
             continue
         cls = (fs.read(f"{base}/class") or "").strip().lower()
         if cls.startswith(GPU_CLASSES):
-            out.append(_bus_id(bdf))
+            out.append(normalize_bus_id(bdf))
     # procfs may list GPUs whose PCI entry is not in a recorded subset
     for bdf in fs.listdir("proc/driver/nvidia/gpus"):
-        b = _bus_id(bdf)
+        b = normalize_bus_id(bdf)
         if is_bdf(b) and b not in out:
             out.append(b)
     return sorted(out)
@@ -363,7 +340,7 @@ def read_gpus(fs: HostFS, nodes: list[NumaNode], cpus: list[int], nvml: Backend 
     """GPUs sorted by PCI bus id, plus notes. See the module doc for sources."""
     notes: list[str] = []
     nv = _nvml_gpus(nvml) if nvml is not None else {}
-    bdfs = sorted(set(_sysfs_gpu_bdfs(fs)) | set(nv))
+    bdfs = sorted(set(sysfs_gpu_bdfs(fs)) | set(nv))
     online = set(cpus)
     smi_rows = {}
     if smi_text:
@@ -445,14 +422,11 @@ def read_nics(fs: HostFS) -> list[Nic]:
 def _device_bdf(fs: HostFS, base: str) -> str | None:
     target = fs.readlink(base)
     if target is not None:
-        name = [x for x in target.split("/") if x not in ("", ".")][-1:] or [""]   # Path(target).name
-        if is_bdf(name[0]):
-            return name[0]
-    ue = fs.read(f"{base}/uevent") or ""
-    for part in ue.split("PCI_SLOT_NAME=")[1:]:   # PCI_SLOT_NAME=(\S+), without `re`
-        if part[:1] and not part[:1].isspace():
-            return _bus_id(part.split()[0])
-    return None
+        name = os.path.basename(os.path.normpath(target))
+        if is_bdf(name):
+            return name
+    m = re.search(r"PCI_SLOT_NAME=(\S+)", fs.read(f"{base}/uevent") or "")
+    return normalize_bus_id(m[1]) if m else None
 
 
 #: ``read_topology(fs, nvml=NVML_IF_NEEDED)``: sysfs/procfs first, NVML only

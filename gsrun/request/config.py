@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from gsrun.base.errors import ConfigError
-from gsrun.base.ids import ALNUM, DIGITS, UPPER, is_chars, is_partition
+from gsrun.base.ids import is_partition
 from gsrun.base.paths import DEFAULT_MPS_DIR, DEFAULT_SPOOL_DIR, DEFAULT_STATE_DIR
 from gsrun.request.malloc import (ALLOCATORS, JEMALLOC_CONF, LIB_DIRS as MALLOC_LIB_DIRS, TCMALLOC_ENV, check_conf_list,
                                   check_lib_dirs, check_tcmalloc_env)
@@ -35,34 +35,24 @@ from gsrun.request.waste import IdleConfig, check_idle_value
 ENV_CONFIG = "GSRUN_CONFIG"
 DEFAULT_CONFIG_PATH = "/etc/gsrun/gsrun.toml"
 
-# patterns, compiled (and cached by `re`) when a check first runs
 _PINNED = r"[0-9]+=[0-9]+[MG](,[0-9]+=[0-9]+[MG])*"
-# The checks most sites' configs hit ([nccl.env], [mail] smtp_host/from_addr, tool names) are
-# character classes. Same sets as the patterns they stand for (tests/pure/test_config_validation.py compares them):
-#   env name   ^[A-Z_][A-Z0-9_]*\Z          host  ^[A-Za-z0-9.-]{1,253}\Z
-#   command    [A-Za-z0-9_.+-]{1,255}        email ^[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\Z
-_ENV_CHARS = UPPER | DIGITS | frozenset("_")
-_HOST_CHARS = ALNUM | frozenset(".-")
-_CMD_CHARS = ALNUM | frozenset("_.+-")
-_EMAIL_LOCAL_CHARS = ALNUM | frozenset("._%+-")
 
 
 def is_env_name(name: str) -> bool:
     """``[A-Z_][A-Z0-9_]*`` (an environment variable name gsrun sets)."""
-    return is_chars(name, _ENV_CHARS) and name[0] not in DIGITS
+    return re.fullmatch(r"[A-Z_][A-Z0-9_]*", name) is not None
 
 
 def is_host_name(value: str) -> bool:
     """``[A-Za-z0-9.-]{1,253}``."""
-    return is_chars(value, _HOST_CHARS, 253)
+    return re.fullmatch(r"[A-Za-z0-9.-]{1,253}", value) is not None
 
 
 def is_email(value: str) -> bool:
     """``local@domain``: local ``[A-Za-z0-9._%+-]+``, domain ``[A-Za-z0-9.-]+`` -- what
     ``[mail] from_addr`` may be. A recipient (a job's MailUser) is checked by
     :mod:`gsrun.report.mail`, which also takes a display name."""
-    local, at, domain = value.partition("@")
-    return bool(at) and is_chars(local, _EMAIL_LOCAL_CHARS) and is_chars(domain, _HOST_CHARS)
+    return re.fullmatch(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+", value) is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +120,7 @@ def _line(v):
 def _bin(v):
     if v.startswith("/"):
         return _abs_path(v)
-    return None if is_chars(v, _CMD_CHARS, 255) else "must be an absolute path or a plain command name"
+    return None if re.fullmatch(r"[A-Za-z0-9_.+-]{1,255}", v) else "must be an absolute path or a plain command name"
 
 
 def _pinned(v):
@@ -436,11 +426,12 @@ SECTIONS = sorted({s.key.split(".")[0] for s in SETTINGS})
 
 class Config:
     """Effective settings. ``cfg["sampler.interval_s"]`` or
-    ``cfg.get("tuning.defaults", partition="gpu")`` (partition overrides)."""
+    ``cfg.get("tuning.defaults", partition="gpu")`` (partition overrides);
+    ``Config()``: the built-in defaults."""
 
-    def __init__(self, values: dict[str, Any], partitions: dict[str, dict[str, Any]] | None = None,
+    def __init__(self, values: dict[str, Any] | None = None, partitions: dict[str, dict[str, Any]] | None = None,
                  source: str = "<defaults>"):
-        self._values = values
+        self._values = {s.key: s.default for s in SETTINGS} if values is None else values
         self.partitions = partitions or {}
         self.source = source
 
@@ -459,11 +450,7 @@ class Config:
 def _check_value(key: str, value: Any, where: str) -> Any:
     s = _BY_KEY[key]
     types = s.type if isinstance(s.type, tuple) else (s.type,)
-    if isinstance(value, bool) and bool not in types:
-        ok = False
-    else:
-        ok = isinstance(value, types)
-    if not ok:
+    if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
         names = "/".join(t.__name__ for t in types)
         raise ConfigError("config", f"bad value for {key}", f"{value!r} in {where} is not {names}",
                           hint=f"allowed: {s.allowed}")
@@ -563,7 +550,7 @@ def load_config(path: str | None = None, environ=None) -> Config:
         if explicit:
             raise ConfigError("config", "file not found", p,
                               hint=f"unset {ENV_CONFIG} or create the file (gsrun-node install)") from None
-        return Config({s.key: s.default for s in SETTINGS})
+        return Config()
     except OSError as e:
         raise ConfigError("config", "cannot read", f"{p}: {e.strerror}") from None
     return parse_config(text, p)
@@ -577,7 +564,7 @@ def load_config_or_defaults(log=None, path: str | None = None) -> Config:
     except ConfigError as e:
         if log is not None:
             log.error(f"{e}; using built-in defaults".replace("\n", " "))
-        return Config({s.key: s.default for s in SETTINGS})
+        return Config()
 
 
 def render_commented_config() -> str:

@@ -39,7 +39,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from gsrun.base.proc import run_bounded
 from gsrun.facts.jobenv import JobEnv
@@ -71,7 +71,7 @@ class JobRequest:
 
     def to_dict(self) -> dict:
         """The fields as a dict, in field order; ``malloc`` only when set (records before it had none)."""
-        d = {n: getattr(self, n) for n in self.__slots__}
+        d = asdict(self)
         if d["malloc"] is None:
             del d["malloc"]
         return d

@@ -54,14 +54,12 @@ JEMALLOC_CONF = "background_thread:true,metadata_thp:auto,dirty_decay_ms:10000,m
 TCMALLOC_ENV = {"TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD": "68719476736",
                 "TCMALLOC_MAX_TOTAL_THREAD_CACHE_BYTES": "268435456"}
 
-# allow-lists: pattern text, compiled (and cached by `re`) on first use -- every gsrun and
-# every config read imports this module, most never check an allocator value
+# allow-lists
 _CONF_LIST = (r"[A-Za-z_][A-Za-z0-9_]{0,63}:[A-Za-z0-9_.+-]{1,64}"
               r"(,[A-Za-z_][A-Za-z0-9_]{0,63}:[A-Za-z0-9_.+-]{1,64}){0,31}")
 _TCMALLOC_NAME = r"TCMALLOC_[A-Z0-9_]{1,64}"
 _WORD = r"[A-Za-z0-9_.+-]{1,64}"
-# a library directory, /[A-Za-z0-9_.+/-]{0,254} (checked on every gsrun: a set, no regex)
-_LIB_DIR_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.+/-")
+_LIB_DIR = r"/[A-Za-z0-9_.+/-]{0,254}"
 
 
 def parse_malloc(value: str, phase: str = "submit") -> str | None:
@@ -97,8 +95,7 @@ def check_lib_dirs(dirs) -> str | None:
     if not dirs or len(dirs) > 32:
         return "must list 1 to 32 directories"
     for d in dirs:
-        plain = isinstance(d, str) and d.startswith("/") and len(d) <= 255 and _LIB_DIR_CHARS.issuperset(d)
-        if not plain or "/../" in d + "/":
+        if not isinstance(d, str) or not re.fullmatch(_LIB_DIR, d) or "/../" in d + "/":
             return f"{d!r} must be an absolute path of letters, digits and _ . + - /"
     return None
 

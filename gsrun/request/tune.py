@@ -46,8 +46,7 @@ TUNE_KEYS = ("governor", "swappiness", "swap", "dirty_ratio",
 CSTATE_SHALLOW_US = 10
 # hugepages=SIZE:N: SIZE word -> (page size in kB, most pages per NUMA node)
 HUGEPAGE_SIZES: dict[str, tuple[int, int]] = {"2M": (2048, 1048576), "1G": (1048576, 4096)}
-# allow-lists: pattern text, compiled (and cached by `re`) on first use -- the config
-# imports this module on every gsrun and hook, a tuning request is checked far more rarely
+# allow-lists
 _HUGEPAGES = r"^(2M|1G):([1-9][0-9]{0,6})$"
 
 _INT = r"^(0|[1-9][0-9]{0,3})$"

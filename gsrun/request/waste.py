@@ -33,22 +33,16 @@ Each poll is classified (:func:`classify`) as ``idle``, ``stuck``, ``busy`` or
   reads); with no utilization figure for the poll, SM and tensor activity at
   or below ``sm_idle_pct`` and power not above the idle band -- or none of the job's processes is on the GPU and utilization is
   low or unknown (a MIG slice has no utilization figure);
-- ``stuck``: utilization at or above ``util_stuck_pct`` while SM activity and
-  tensor activity are at or below ``sm_idle_pct`` and power is near the idle
-  level: a kernel "runs" but does no work -- a collective (NCCL) waiting for
-  a rank that hangs, or a loop of kernels so small the GPU might as well be
-  idle. With GPM (SM activity read) that is the test. Without GPM (older
-  GPUs, VMs, MIG) a hang is told by NVML's counters alone: utilization at or
-  above ``util_stuck_pct``, power at or below ``stuck_power_max_pct`` of the
-  GPU's enforced power limit (``nvmlDeviceGetEnforcedPowerLimit``; the
-  watch's ``power_limit_w``) and the link traffic read at or below
-  ``stuck_link_max_kbs``: no NVLink *and* no PCIe traffic (their sum, tx +
-  rx) where the poll has an NVLink figure, PCIe alone where it has none. A
-  collective moving data draws power and fills the links. Without the power
-  limit or any link figure no ``stuck`` is decided. A loop of tiny kernels
-  (no data moved, near-idle power) looks the same there and is called stuck
-  too: the evidence's ``basis`` names the signals used, its ``text`` gives
-  their figures in one line and ``limits`` says what they cannot tell;
+- ``stuck``: utilization at or above ``util_stuck_pct`` at near-idle power
+  while no work is done -- a collective (NCCL) waiting for a hung rank, or
+  kernels too small to matter. With GPM: SM and tensor activity at or below
+  ``sm_idle_pct``. Without GPM (older GPUs, VMs, MIG): power at or below
+  ``stuck_power_max_pct`` of the enforced limit (``power_limit_w``,
+  ``nvmlDeviceGetEnforcedPowerLimit``) and link traffic (tx + rx) at or
+  below ``stuck_link_max_kbs``: NVLink + PCIe where the poll has an NVLink
+  figure, else PCIe alone; without the limit or any link figure no
+  ``stuck`` is decided. The evidence's ``basis`` names the signals used,
+  ``text`` their figures, ``limits`` what they cannot tell;
 - ``unknown``: utilization unknown and the process list unknown. An unknown
   poll is a gap, never a 0: a stretch carries over gaps up to ``max_gap_s``
   and ends at a longer one.

@@ -10,7 +10,7 @@ until the job ends, and the user's RPC count is read back:
 
 * ``naive``: what ``gsrun --wait`` did before the backoff: ``scontrol show
   job`` every second (scontrol asks for the federation first: 2 RPCs a poll);
-* ``gsrun``: the installed ``gsrun.wrapper.submit.follow`` (backoff, one
+* ``gsrun``: the installed ``gsrun.wrapper.submit.follow_to_end`` (backoff, one
   ``scontrol --local`` RPC a poll).
 
 Prints JSON: per mode the RPC count by message type, the user's total, and
@@ -79,8 +79,8 @@ while True:
 
 GSRUN = r"""
 import sys
-from gsrun.wrapper.submit import follow
-sys.exit(follow(sys.argv[1], err=open("/dev/null", "w")))
+from gsrun.wrapper.submit import follow_to_end
+sys.exit(follow_to_end(sys.argv[1], err=open("/dev/null", "w")).rc)
 """
 
 

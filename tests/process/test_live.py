@@ -22,7 +22,7 @@ from gsrun.node.sampler import new_state, state_to_json
 from gsrun.report import alerts
 from gsrun.request.config import parse_config
 from gsrun.wrapper import gseff
-from gsrun.wrapper.submit import JobState, follow
+from gsrun.wrapper.submit import JobState, follow_to_end
 from helpers.line_log import LineLog
 from helpers.sampler_sim import SimClock, h200_data, job_of, make_sampler, node_of
 
@@ -175,8 +175,8 @@ def test_follow_prints_each_alert_line_once():
         return lines[min(len(calls) - 1, 2)]
     t = [0.0]
     err = io.StringIO()
-    rc = follow(JOB, out=io.StringIO(), err=err, poller=lambda j: next(states), clock=lambda: t[0],
-                sleep=lambda s: t.__setitem__(0, t[0] + 1.0), alerts=alerts_fn)
+    rc = follow_to_end(JOB, out=io.StringIO(), err=err, poller=lambda j: next(states), clock=lambda: t[0],
+                       sleep=lambda s: t.__setitem__(0, t[0] + 1.0), alerts=alerts_fn).rc
     assert rc == 0
     got = [ln for ln in err.getvalue().splitlines() if "ALERT:" in ln]
     assert got == [f"gsrun: job {JOB}: ALERT: GPU 0 on n1 idle since 10:00:00 (6.0 min)",

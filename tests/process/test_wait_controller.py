@@ -17,7 +17,7 @@ import time
 import pytest
 
 from gsrun.base.errors import SlurmError
-from gsrun.wrapper.submit import Watcher, follow, submit
+from gsrun.wrapper.submit import Watcher, follow_to_end, submit
 from helpers.fake_slurm import FakeSlurm
 
 
@@ -33,8 +33,8 @@ def _follow(job, cluster=None, cache_dir=None, **kw):
     err = io.StringIO()
     w = Watcher(job, cluster, cache_dir=cache_dir or "", since=0.0)
     w.timeout_s = 5.0
-    rc = follow(job, out=io.StringIO(), err=err, poller=lambda j: w.poll(), clock=lambda: t[0],
-                sleep=lambda s: t.__setitem__(0, t[0] + s), jitter=lambda: 1.0, **kw)
+    rc = follow_to_end(job, out=io.StringIO(), err=err, poller=lambda j: w.poll(), clock=lambda: t[0],
+                sleep=lambda s: t.__setitem__(0, t[0] + s), jitter=lambda: 1.0, **kw).rc
     return rc, err.getvalue(), t[0]
 
 
@@ -76,8 +76,8 @@ def test_aged_out_job_is_read_from_sacct_and_empty_sacct_is_not_yet(fake):
         if len(polls) == 3:           # slurmdbd caught up
             fake.set_plan({"jobs": {"101": {"in_queue": False, "exit": "0:0"}}})
         return w.poll()
-    rc = follow("101", out=io.StringIO(), err=io.StringIO(), poller=poller, clock=lambda: t[0],
-                sleep=lambda s: t.__setitem__(0, t[0] + s), jitter=lambda: 1.0)
+    rc = follow_to_end("101", out=io.StringIO(), err=io.StringIO(), poller=poller, clock=lambda: t[0],
+                sleep=lambda s: t.__setitem__(0, t[0] + s), jitter=lambda: 1.0).rc
     assert rc == 0
     assert len(fake.calls("squeue")) == 1          # out of the controller: never asked again
     sacct = fake.calls("sacct")
@@ -98,12 +98,12 @@ def test_clusters_submission_followed_on_that_cluster(fake):
 
 def test_forty_waiters_share_one_squeue(fake, tmp_path):
     """40 waiter processes of one user on one host, each following its own job
-    for ~12 s through the real follow(): the fake controller counts the calls."""
+    for ~12 s through the real follow_to_end(): the fake controller counts the calls."""
     now = time.time()
     jobs = {str(200 + i): {"run_s": 12, "exit": "0:0"} for i in range(40)}
     fake.set_plan({"jobs": jobs, "submitted": {j: now for j in jobs}})
-    code = ("import sys, io\nfrom gsrun.wrapper.submit import follow\n"
-            "sys.exit(follow(sys.argv[1], out=io.StringIO(), err=io.StringIO()))")
+    code = ("import sys, io\nfrom gsrun.wrapper.submit import follow_to_end\n"
+            "sys.exit(follow_to_end(sys.argv[1], out=io.StringIO(), err=io.StringIO()).rc)")
     env = dict(os.environ, XDG_RUNTIME_DIR=str(tmp_path))
     t0 = time.time()
     procs = [subprocess.Popen([sys.executable, "-P", "-c", code, j], env=env) for j in jobs]
@@ -118,10 +118,10 @@ def test_forty_waiters_share_one_squeue(fake, tmp_path):
 
 
 def _waiter(fake, tmp_path, job="101"):
-    """A real ``follow()`` in its own process (the main thread: SIGINT is its
+    """A real ``follow_to_end()`` in its own process (the main thread: SIGINT is its
     own), stderr on a pipe; waits for its first status line."""
-    code = ("import sys, io\nfrom gsrun.wrapper.submit import follow\n"
-            "sys.exit(follow(sys.argv[1], out=io.StringIO()))")
+    code = ("import sys, io\nfrom gsrun.wrapper.submit import follow_to_end\n"
+            "sys.exit(follow_to_end(sys.argv[1], out=io.StringIO()).rc)")
     env = dict(os.environ, XDG_RUNTIME_DIR=str(tmp_path))
     p = subprocess.Popen([sys.executable, "-P", "-c", code, job], env=env, stderr=subprocess.PIPE, text=True)
     first = p.stderr.readline()

@@ -12,7 +12,7 @@ import pytest
 from gsrun.base.errors import InputError
 from gsrun.facts.slurm import PENDING_FOR_GOOD, parse_node_gres, parse_partitions, pending_for_good
 from gsrun.wrapper.spec import partition_offer, plan_nodes, refuse_unrunnable
-from gsrun.wrapper.submit import JobState, follow
+from gsrun.wrapper.submit import JobState, follow_to_end
 from helpers.paths import DATA
 
 REC = DATA / "slurm-partitions"
@@ -93,8 +93,8 @@ def test_wait_names_a_reason_for_good_once_with_the_hint(tmp_path):
         return answers.pop(0)
 
     err = io.StringIO()
-    rc = follow("9", out=io.StringIO(), err=err, poller=poller, clock=lambda: t[0],
-                sleep=lambda s: t.__setitem__(0, t[0] + s), jitter=lambda: 1.0)
+    rc = follow_to_end("9", out=io.StringIO(), err=err, poller=poller, clock=lambda: t[0],
+                sleep=lambda s: t.__setitem__(0, t[0] + s), jitter=lambda: 1.0).rc
     assert rc == 128 + 15
     said = [ln for ln in err.getvalue().splitlines() if "for good" in ln]
     assert said == [f"gsrun: wait: job 9: pending (PartitionConfig) for good: {PENDING_FOR_GOOD['PartitionConfig']}; "

@@ -10,7 +10,7 @@ import os
 import pty
 import tty
 
-from gsrun.wrapper.submit import JobState, follow
+from gsrun.wrapper.submit import JobState, follow_to_end
 
 JOB = "7"
 
@@ -84,8 +84,8 @@ def _run(out, err, tmp_path) -> int:
     def alerts():
         return ["GPU 0 on gpu01 idle since 10:02:03 (6.0 min)"] if calls[0] >= 3 else []
 
-    return follow(JOB, out=out, err=err, poller=poller, clock=lambda: t[0],
-                  sleep=lambda s: t.__setitem__(0, t[0] + s), jitter=lambda: 1.0, alerts=alerts)
+    return follow_to_end(JOB, out=out, err=err, poller=poller, clock=lambda: t[0],
+                  sleep=lambda s: t.__setitem__(0, t[0] + s), jitter=lambda: 1.0, alerts=alerts).rc
 
 
 def test_tty_status_line_is_cleared_before_any_other_output(tmp_path):

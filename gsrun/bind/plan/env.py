@@ -12,19 +12,16 @@ reads the MIG devices the prolog made for the job.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 
 from gsrun.base.errors import InputError
+from gsrun.base.fsutil import read_json
 from gsrun.base.ids import is_job_id, is_node_name
-from gsrun.facts.devices import parse_device_list
+from gsrun.facts.devices import DeviceToken, parse_device_list
 from gsrun.facts.hostfs import HostFS
 from gsrun.facts.slurm import parse_tasks_per_node
 from gsrun.facts.topology import NVML_IF_NEEDED, Topology, read_allowed_cpus, read_topology
 from gsrun.bind.plan.rules import MAX_LOCAL_RANKS, Plan, make_plan, max_local_ranks, resolve_step_gpus
-from collections.abc import Mapping
-from gsrun.facts.devices import DeviceToken
-import json
-
-
 
 #: Most GPUs a step's device list may name on one node, ranges expanded: a
 #: node has at most 16 GPUs today (HGX-2), 112 gres entries when each holds 7
@@ -218,16 +215,6 @@ def read_job_mig_devices(spool_dir: str, job_id: str | None, node: str | None) -
     or None when the job has no MIG layout here."""
     if not is_job_id(job_id) or not is_node_name(node):
         return None
-    path = os.path.join(spool_dir, "jobs", job_id, f"user-mig-{node}.json")
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError:
-        return None   # the usual case: no MIG layout, and no `json` import (~8 ms with re) in the step
-
-    try:
-        with os.fdopen(fd) as f:
-            data = json.load(f)
-    except (OSError, ValueError):
-        return None
+    data = read_json(os.path.join(spool_dir, "jobs", job_id, f"user-mig-{node}.json"))
     devs = data.get("devices") if isinstance(data, dict) else None
     return [d for d in devs if isinstance(d, str)] if isinstance(devs, list) else None

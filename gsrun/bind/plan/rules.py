@@ -63,9 +63,6 @@ from gsrun.facts.devices import DeviceToken
 from gsrun.facts.topology import Gpu, Nic, Topology
 import re
 
-# `re` is imported only where a MIG UUID is checked: the SPANK plugin imports
-# this module in every bound step (tests/bench/bench_spank_host.py).
-
 
 #: Most local ranks one node's plan has, unless the node has more online CPUs
 #: (then one rank per online CPU). Slurm's ``MaxTasksPerNode`` defaults to 512;
