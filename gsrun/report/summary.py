@@ -43,6 +43,11 @@ def _metric(g: GpuState, key: str) -> Metric:
     return Metric.from_dict(m.to_json() if m is not None else {})
 
 
+def _sum(xs) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return sum(xs) if xs else None
+
+
 def _r(x, nd=1):
     return None if x is None else round(float(x), nd)
 
@@ -276,28 +281,24 @@ def job_summary(job: dict, nodes: list[dict | NodeSummary], cfg=None, partition:
         ends = [n["end_time"] for n in nodes if n.get("end_time") is not None]
         sampled = max(0.0, max(ends) - min(starts)) if starts and ends else None
     run_s = elapsed if elapsed is not None else sampled
-    cpu_times = [n["cpu_time_s"] for n in nodes if n["cpu_time_s"] is not None]
-    cpu_time = sum(cpu_times) if cpu_times else None
+    cpu_time = _sum(n["cpu_time_s"] for n in nodes)
     cpus_alloc = job.get("cpus_alloc")
     if cpus_alloc is None:
-        per = [n["cpus_alloc"] for n in nodes if n.get("cpus_alloc")]
-        cpus_alloc = sum(per) if per else None
+        cpus_alloc = _sum(n.get("cpus_alloc") or None for n in nodes)
     cpu_eff = cpu_raw = None
     if cpu_time is not None and cpus_alloc and run_s:
         cpu_raw = 100.0 * cpu_time / (cpus_alloc * run_s)
         cpu_eff = min(100.0, cpu_raw)
-    mem_peaks = [n["mem_peak_bytes"] for n in nodes if n["mem_peak_bytes"] is not None]
-    mem_peak = sum(mem_peaks) if mem_peaks else None
+    mem_peak = _sum(n["mem_peak_bytes"] for n in nodes)
     mem_req = job.get("mem_req_bytes")
     mem_eff = 100.0 * mem_peak / mem_req if mem_peak is not None and mem_req else None
     gpus = [g for n in nodes for g in n["gpus"]]
     if len(gpus) > KEEP_GPU_TIMELINES or timeline is not None:
         if timeline is None:
             timeline = JobTimeline()
-        t0 = start if start is not None else None
         gpus = []
         for n in nodes:
-            off = (n["start_time"] - t0) if t0 is not None and n.get("start_time") else 0.0
+            off = (n["start_time"] - start) if start is not None and n.get("start_time") else 0.0
             for g in n["gpus"]:
                 if g.get("timeline"):
                     timeline.add_gpu(g["timeline"], off)
@@ -309,8 +310,7 @@ def job_summary(job: dict, nodes: list[dict | NodeSummary], cfg=None, partition:
     gpu_hours_alloc = gpus_alloc * run_s / 3600.0 if run_s is not None else None
     busy = [g["util_busy_s"] for g in real if g.get("util_busy_s") is not None]
     gpu_hours_used = sum(busy) / 3600.0 if busy else None
-    energies = [g["energy_j"] for g in real if g["energy_j"] is not None]
-    energy_j = sum(energies) if energies else None
+    energy_j = _sum(g["energy_j"] for g in real)
     estimated = any(g.get("energy_estimated") for g in real if g["energy_j"] is not None)
     per_node = [NodeDetail(node=n["node"], cpus_alloc=n.get("cpus_alloc"), cpu_time_s=n["cpu_time_s"],
                            mem_peak_bytes=n["mem_peak_bytes"], elapsed_s=n.get("elapsed_s"),
