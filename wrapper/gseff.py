@@ -246,24 +246,17 @@ def watch_job(paths: Paths, job_id: str, cfg, all_gpus: bool = False, out=None, 
         except InputError:
             summary = None
         unmerged = summary is not None and (summary.get("job") or {}).get("state") == "RUNNING or unmerged"
-        if summary is not None and not summary.get("live") and (not unmerged or waits_unmerged >= 3):
-            if tty:
-                out.write("\033[H\033[2J")
-            out.write(report_text(summary, cfg, all_gpus, tty and not os.environ.get("NO_COLOR")))
-            out.flush()
-            return 0
-        if unmerged:     # the nodes are done; the controller's merge comes within seconds
+        final = summary is not None and not summary.get("live") and (not unmerged or waits_unmerged >= 3)
+        if unmerged and not final:     # the nodes are done; the controller's merge comes within seconds
             waits_unmerged += 1
             sleep(min(5.0, float(cfg["live.flush_s"])))
             continue
         if tty:
             out.write("\033[H\033[2J")
-        if summary is None:
-            out.write(f"gseff: job {job_id}: no report yet (pending, or its prolog is running); waiting\n")
-        else:
-            out.write(report_text(summary, cfg, all_gpus, tty and not os.environ.get("NO_COLOR")))
+        out.write(f"gseff: job {job_id}: no report yet (pending, or its prolog is running); waiting\n"
+                  if summary is None else report_text(summary, cfg, all_gpus, tty and not os.environ.get("NO_COLOR")))
         out.flush()
-        if max_rounds is not None and rounds >= max_rounds:
+        if final or max_rounds is not None and rounds >= max_rounds:
             return 0
         sleep(float(cfg["live.flush_s"]))
 

@@ -372,8 +372,6 @@ def _time_limit(job: dict, cfg, partition) -> list[dict]:
                      "(backfill)."}]
 
 
-# ----------------------------------------------------------------------------- verdict
-
 LEVEL_WORDS = {"good": "good", "better": "could be better", "wasteful": "wasteful", None: ""}
 GPU_MEM_LOW_PCT = 10.0      # GPU memory high water below this share of the total: could be better
 CPU_WASTE_PCT = CPU_IDLE_PCT

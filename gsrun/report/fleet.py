@@ -301,8 +301,6 @@ class FleetReport:
         self.tl_considered = 0
         self.digest: dict[str, UserDigest] = {}
 
-    # ----------------------------------------------------------------- fold
-
     def _share(self, partition: str) -> tuple[float | None, float | None, int | None]:
         s = self.shares.get(partition)
         cpg = self.th.cores_per_gpu or (s.cores_per_gpu if s else None)
@@ -489,8 +487,6 @@ class FleetReport:
         if unseen:
             notes.append("models sinfo names without a job with figures (memory unknown): " + ", ".join(unseen))
         return notes
-
-    # ----------------------------------------------------------------- tables
 
     def _ids(self, ids: list, n: int) -> str:
         return ",".join(ids) + (f" +{n - len(ids)}" if n > len(ids) else "")

@@ -104,17 +104,13 @@ def new_message(to_addr: str, from_addr: str, subject: str, msgid, date: float |
 
 def build_message(summary: dict, report_text: str, png: bytes | None, to_addr: str, from_addr: str,
                   *, date: float | None = None, cfg=None) -> EmailMessage:
-    """The efficiency mail for one job summary (``gsrun.summary/1``).
-
-    Structure::
+    """The efficiency mail of a job summary; 7-bit; a ``png`` that is not one or is over 5 MiB is left out::
 
         multipart/alternative
           text/plain; charset=utf-8 (quoted-printable)   templates/mail.txt.j2 + report_text
           multipart/related                               (text/html alone when png is None)
             text/html; charset=utf-8                      templates/mail.html.j2, <img src="cid:...">
             image/png (base64, inline, Content-ID)       ``png``
-
-    7-bit; a ``png`` that is not one or is over 5 MiB is left out.
 
     Raises:
         InputError: as :func:`new_message`.

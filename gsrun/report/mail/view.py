@@ -216,8 +216,6 @@ def mail_view(summary: Mapping, report_text: str, has_image: bool, image_cid: st
     limit = as_number(job.get("time_limit_s"))
 
     req = as_number(mem.get("req_bytes"))
-    mem_eff = as_number(mem.get("efficiency_pct"))
-    cpu_eff = as_number(cpu.get("efficiency_pct"))
     gpu_avail = gpu.get("available") is not False
     gpus_alloc = as_number(job.get("gpus_alloc")) or 0
     return {
@@ -235,11 +233,11 @@ def mail_view(summary: Mapping, report_text: str, has_image: bool, image_cid: st
         "cpus_alloc": clean_line("N/A" if job.get("cpus_alloc") is None else job.get("cpus_alloc"), 16),
         "gpus_alloc": clean_line("N/A" if job.get("gpus_alloc") is None else job.get("gpus_alloc"), 16),
         "cpu_time": fmt_duration_s(cpu.get("time_s"), "clock"),
-        "cpu_eff": fmt_share_pct(cpu_eff),
+        "cpu_eff": fmt_share_pct(as_number(cpu.get("efficiency_pct"))),
         "cpu_source": clean_line(cpu.get("source") or "", 80),
         "mem_peak": fmt_bytes(mem.get("peak_bytes")),
         "mem_req": "" if req is None or req <= 0 else fmt_bytes(req),
-        "mem_eff": fmt_share_pct(mem_eff),
+        "mem_eff": fmt_share_pct(as_number(mem.get("efficiency_pct"))),
         "gpu_section": bool(devices) or not gpu_avail or gpus_alloc > 0,
         "gpu_available": gpu_avail,
         "gpu_reason": clean_line(gpu.get("reason") or ("no GPU data recorded" if not devices else ""), 300),
