@@ -1,13 +1,9 @@
 """``gsrun-node epilog-ctld``: EpilogSlurmctld, on the controller after the job.
 
-Merges the node summaries (``<spool>/jobs/<id>/node-*.json``; the spool is
-shared for multi-node jobs) with the job record (``scontrol show job``: the
-EpilogSlurmctld environment lacks the mail fields) into the job summary,
-writes it (root's copy and the user's), and queues the report mail when the
-job asked for it (``gsrun-node mail flush`` delivers it). With slurmdbd, a
-detached background step (``python -m gsrun.epilog.ctld admin-comment JOBID``)
-stores the summary's ``JS1:`` blob in the job's ``AdminComment``, retrying
-for up to 3 minutes (:func:`gsrun.report.accounting.store_admin_comment_retry`).
+Merges ``<spool>/jobs/<id>/node-*.json`` with the job record (``scontrol
+show job``) into the job summary, writes root's and the user's copy, queues
+the report mail, and stores the ``JS1:`` blob in ``AdminComment`` from a
+detached background step (``python -m gsrun.epilog.ctld admin-comment JOBID``).
 """
 
 from __future__ import annotations
@@ -39,8 +35,7 @@ from gsrun.report.summary import (JS1_MARKERS, JS1_SHORT, JobTimeline, KEEP_GPU_
 from gsrun.request.config import load_config_or_defaults
 
 def job_from_record(job_id: str, rec: dict[str, str] | None, env) -> dict:
-    """Job fields for :func:`gsrun.report.summary.job_summary` from ``scontrol -o show
-    job`` (``rec``) and the EpilogSlurmctld environment. Pure."""
+    """:func:`~gsrun.report.summary.job_summary`'s ``job`` from ``scontrol -o show job`` and the env. Pure."""
     rec = rec or {}
     tres = parse_tres(rec.get("AllocTRES") or rec.get("TRES", ""))
     gpus = tres_gpus(tres)
@@ -56,24 +51,15 @@ def job_from_record(job_id: str, rec: dict[str, str] | None, env) -> dict:
         int(env.get("SLURM_JOB_EXIT_CODE2", "0:0").split(":")[0] or 0), 0)
     state = state_word(rec.get("JobState")) or None
     state_source = "slurm" if state else None
-    # EndTime is the expected end while the job runs, its end once it completes (EpilogSlurmctld sees COMPLETING)
+    # EndTime is the expected end until the job completes
     ended = state is not None and (state == "COMPLETING" or state not in ACTIVE_STATES)
-    if state == "COMPLETING":
-        # EpilogSlurmctld runs while the job completes, and scontrol then shows the
-        # COMPLETING flag instead of the final state (CANCELLED, TIMEOUT, OUT_OF_MEMORY,
-        # NODE_FAIL...): a guess from the exit code, settled later (settle_state)
+    if state == "COMPLETING":      # not the final state yet: a guess, settled later (settle_state)
         state = "COMPLETED" if (ec, sig) == (0, 0) else "FAILED"
         state_source = "exit_code"
-    mail_user = rec.get("MailUser") or None
-    if mail_user in ("(null)", "None"):
-        mail_user = None
-    mail_type = rec.get("MailType") or None
-    if mail_type in ("(null)", "NONE", "None"):
-        mail_type = None
-    # an array task's id in accounting, from slurmctld's environment for EpilogSlurmctld (what
-    # jobstats' slurmctldepilog.sh reads too), never from the record: a non-array job's record has
-    # no ArrayJobId key, so one written into its JobName would be taken as the job's own, and the
-    # job's blob stored on another job's record
+    mail_user = None if rec.get("MailUser") in ("(null)", "None") else rec.get("MailUser") or None
+    mail_type = None if rec.get("MailType") in ("(null)", "NONE", "None") else rec.get("MailType") or None
+    # the array task from slurmctld's env, never the record (an ArrayJobId= forged in JobName would
+    # store the blob on another job)
     aj, at = env.get("SLURM_ARRAY_JOB_ID", ""), env.get("SLURM_ARRAY_TASK_ID", "")
     array = f"{aj}_{at}" if aj.isdigit() and at.isdigit() and len(aj) <= 10 and len(at) <= 10 else None
     cpus = tres.get("cpu")
@@ -83,8 +69,7 @@ def job_from_record(job_id: str, rec: dict[str, str] | None, env) -> dict:
         "state": state, "exit_code": ec if not sig else 128 + sig,
         "nodes": nodes, "cpus_alloc": int(cpus) if cpus and cpus.isdigit() else None,
         "mem_req_bytes": mem, "gpus_alloc": gpus, "mail_user": mail_user, "mail_type": mail_type,
-        # Slurm's own elapsed time (StartTime to EndTime less any time suspended; = squeue TimeUsed and
-        # sacct Elapsed): what every report, mail and gsrun --wait show (job.elapsed_s)
+        # Slurm's elapsed time (= sacct Elapsed): what every report, mail and gsrun --wait show
         "start_time": _epoch(rec.get("StartTime")), "end_time": _epoch(rec.get("EndTime")) if ended else None,
         "elapsed_s": _elapsed(rec.get("RunTime")),
         "submit_time": _epoch(rec.get("SubmitTime")), "time_limit_s": _elapsed(rec.get("TimeLimit")),
@@ -93,12 +78,8 @@ def job_from_record(job_id: str, rec: dict[str, str] | None, env) -> dict:
 
 
 def accounting_job_id(job_id: str, job: dict) -> str:
-    """The id the job's record has in accounting for ``sacctmgr ... where jobid=``:
-    an array task is ``<ArrayJobId>_<ArrayTaskId>`` (``job["array"]``, from
-    ``scontrol show job``). Its raw ``SLURM_JOB_ID`` is not used: the first
-    task's raw id is the array's own id, and ``jobid=<ArrayJobId>`` names every
-    task of the array (jobstats' ``slurmctldepilog.sh`` addresses tasks the same
-    way), so each task would overwrite the others' blob. Pure."""
+    """The id for ``sacctmgr ... where jobid=``: ``A_T`` for an array task (``jobid=A`` names every task,
+    as jobstats addresses them), else ``job_id``. Pure."""
     array = job.get("array")
     if isinstance(array, str) and "_" in array and is_job_id(array, array=True):
         return array
@@ -106,8 +87,7 @@ def accounting_job_id(job_id: str, job: dict) -> str:
 
 
 def _epoch(text: str | None) -> float | None:
-    """scontrol's ``2025-10-09T10:00:00`` (the controller's local time) -> epoch
-    seconds; ``Unknown``, ``None``, empty or anything else -> None."""
+    """scontrol's ``2025-10-09T10:00:00`` (local time) -> epoch s; anything else -> None."""
     try:
         return float(time.mktime(time.strptime((text or "").strip(), "%Y-%m-%dT%H:%M:%S")))
     except (ValueError, OverflowError):
@@ -115,8 +95,7 @@ def _epoch(text: str | None) -> float | None:
 
 
 def _elapsed(text: str | None) -> float | None:
-    """scontrol's ``[D-][HH:]MM:SS`` (RunTime, TimeLimit) -> seconds;
-    ``UNLIMITED``, empty or anything else -> None."""
+    """scontrol's ``[D-][HH:]MM:SS`` -> seconds; ``UNLIMITED`` or anything else -> None."""
     try:
         return parse_time_s(text)
     except ValueError:
@@ -127,16 +106,10 @@ POOL_MAX_NODES = 64     # up to this many nodes the merge pools the GPUs' timeli
 
 
 def merge(paths: Paths, job: dict, cfg, wait_s: float = 0.0, sleep=time.sleep) -> dict:
-    """Merge the node summaries, each file parsed once; a missing node's file
-    is waited for (backoff 0.1 s doubling to 2 s, ``wait_s`` in all), then
-    reported missing (``nodes_missing``).
-
-    Per-GPU timelines stay in the job summary only up to ``KEEP_GPU_TIMELINES``
-    GPUs; up to :data:`POOL_MAX_NODES` nodes they are pooled into the job's
-    timeline as each file is read, past that cut from the text before parsing
-    (:func:`_node_without_timelines`): O(nodes x GPUs) in small constants.
-    The garbage collector is off meanwhile (about a million containers, no
-    cycles: its passes cost a third of a 4,000-node merge)."""
+    """Merge the node summaries, each file parsed once, waiting up to ``wait_s``
+    (backoff 0.1 s to 2 s) for missing ones. Timelines: pooled as read up to
+    :data:`POOL_MAX_NODES` nodes, else cut before parsing. GC is off meanwhile
+    (no cycles; its passes cost a third of a 4,000-node merge)."""
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -194,25 +167,21 @@ STALE_SLACK_S = 300.0   # a node summary starting this long before the job's Sta
 
 
 def _stale(node: dict, job: dict) -> bool:
-    """A node summary of an earlier run with this id (ids wrap, requeues):
-    started over :data:`STALE_SLACK_S` before the job's StartTime."""
+    """``node`` is an earlier run's (ids wrap, requeues)."""
     ns, js = node.get("start_time"), job.get("start_time")
     return isinstance(ns, (int, float)) and isinstance(js, (int, float)) and ns < js - STALE_SLACK_S
 
 
 def _node_without_timelines(path) -> dict | None:
-    """A node summary parsed without ``gpus[].timeline`` and ``cpu_timeline``,
-    or None if absent/corrupt. In the epilog's compact sorted JSON a GPU's
-    ``"timeline":{...}`` holds only number lists (it ends at the next ``}``)
-    and ``"cpu_timeline":[...]`` ends at ``]]``: both are cut from the text
-    before ``json.loads``. Another layout is parsed whole, timelines dropped after."""
+    """A node summary without its timelines (None if absent/corrupt): in the epilog's compact JSON a
+    ``"timeline":{...}`` ends at the next ``}`` and ``"cpu_timeline":[...]`` at ``]]``, so both are cut
+    (as bytes: memchr-fast) before ``json.loads``; another layout is parsed whole."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
         with os.fdopen(fd, "rb") as f:
             data = f.read()
     except OSError:
         return None
-    # bytes, not str: bytes.find is memchr-fast and only the kept ~1 % is decoded (by json.loads)
     parts, i = [], 0
     while True:
         j = data.find(b'"timeline":{', i)
@@ -250,8 +219,7 @@ def _node_without_timelines(path) -> dict | None:
 
 
 def write_summary(paths: Paths, summary: dict, uid: int | None, gid: int | None) -> None:
-    """``summary.json`` (root, 0600) and, with ``uid``, ``user-summary.json``
-    (group ``gid``, 0440), the same bytes."""
+    """``summary.json`` (root 0600) and, with ``uid``, ``user-summary.json`` (group ``gid``, 0440)."""
     d = paths.make_spool_job(summary["job"]["id"], gid=gid)
     data = (json.dumps(summary, separators=(",", ":"), sort_keys=True) + "\n").encode()
     atomic_write(d / "summary.json", data, mode=0o600)
@@ -272,9 +240,8 @@ def _job_and_log(environ) -> tuple[str | None, JobLog]:
 
 
 def run(environ, spool_dir: str | None = None, wait_s: float = 30.0, background: bool = False) -> int:
-    """The merge, the job report, the mail (deferred while the state is a
-    guess), then the background step: started detached, or run here when
-    ``background`` (already the detached process)."""
+    """Merge, report, mail (deferred while the state is a guess), then the background step (here when
+    ``background``)."""
     job_id, log = _job_and_log(environ)
     if job_id is None:
         return 0
@@ -285,10 +252,7 @@ def run(environ, spool_dir: str | None = None, wait_s: float = 30.0, background:
         cp = run_slurm(job_record_argv(job_id), cfg["timeouts.command_s"], check=False)
         if cp.returncode == 0 and cp.stdout.strip():
             rec = parse_job_record(cp.stdout, job_id)   # forged (duplicated) fields dropped
-            if rec is None:
-                # decided: a record a newline split cannot be trusted for any field a user could
-                # forge (the mail address among them): the report is written, gseff shows it,
-                # and no mail goes out; the job's owner made their own record unreadable
+            if rec is None:      # a split record may have forged fields, the mail address among them
                 log.warn("job record is not one line of this job (newline in a user field?): using the "
                          "EpilogSlurmctld environment only; no report mail (its address is in the record)")
     except GsrunError as e:
@@ -315,16 +279,13 @@ def _merge_step(c: dict) -> None:
 
 
 def _mail_step(c: dict) -> dict | None:
-    if (c["summary"].get("job") or {}).get("state_source") == "exit_code":
-        # the state is a guess while slurmctld shows COMPLETING: the background step
-        # (settle_state) queues the mail once Slurm has the final state
+    if (c["summary"].get("job") or {}).get("state_source") == "exit_code":      # settle_state mails it
         return {"deferred": "until Slurm has the job's final state"}
     queue_mail(c["paths"], c["summary"], c["cfg"], c["log"])
     return None
 
 
-# EpilogSlurmctld, in order; no budget of its own (slurmctld's
-# EpilogSlurmctld timeout applies). A failed merge ends it; mail never fails it.
+# no budget of its own (slurmctld's timeout applies); a failed merge ends it, mail never fails it
 STEPS = (
     Step("merge", "merge the node summaries with the job record, write the job summary", 0, _merge_step,
          catch=()),
@@ -332,17 +293,11 @@ STEPS = (
 )
 
 
-def _child_env() -> dict[str, str]:
-    # the job's uid and gid travel in slurmctld's variables: the background step
-    # settles the state and rewrites the user's copy, owned by them
-    return root_child_env(("GSRUN_SPOOL_DIR", "GSRUN_LOG_FILE", "SLURM_JOB_UID", "SLURM_JOB_GID"))
-
-
 def _kick_admin_comment(job_id: str, spool_dir: str) -> bool:
-    """Start :func:`admin_comment_step` detached; False when it could not be."""
+    """Start :func:`admin_comment_step` detached (with the job's uid/gid for the user's copy); False if not."""
     try:
         spawn_detached(root_python("-m", "gsrun.epilog.ctld", "admin-comment", job_id, "--spool-dir", spool_dir),
-                       _child_env())
+                       root_child_env(("GSRUN_SPOOL_DIR", "GSRUN_LOG_FILE", "SLURM_JOB_UID", "SLURM_JOB_GID")))
         return True
     except OSError:
         return False
@@ -353,12 +308,9 @@ SETTLE_DELAYS_S = (1.0, 2.0, 4.0, 8.0, 15.0, 30.0)   # scontrol polls after Epil
 
 def settle_state(paths: Paths, job_id: str, cfg, log, show_job=None, sleep=time.sleep,
                  delays_s=SETTLE_DELAYS_S, summary: dict | None = None, environ=None) -> dict | None:
-    """When the summary's state is a guess (``state_source == "exit_code"``:
-    EpilogSlurmctld saw COMPLETING), poll ``scontrol show job`` at
-    ``delays_s`` until slurmctld has the final state, then rewrite the summary
-    and the user's copy (owner from ``environ``'s ``SLURM_JOB_UID``/``GID``,
-    never the record) with its findings recomputed. -> the summary when it was
-    a guess (settled or not), else None. Slurm errors are logged, never raised."""
+    """A guessed state (``state_source == "exit_code"``) polled at ``delays_s`` until slurmctld has the
+    final one, then the summary and the user's copy rewritten with new findings. -> the summary when it
+    was a guess (settled or not), else None. Slurm errors are logged, never raised."""
     show_job = show_job or _show_job
     if summary is None:
         summary = read_json(paths.spool_job(job_id) / "summary.json")
@@ -395,9 +347,8 @@ def settle_state(paths: Paths, job_id: str, cfg, log, show_job=None, sleep=time.
 
 
 def admin_comment_step(job_id: str, spool_dir: str | None = None, deadline_s: float = 180.0) -> int:
-    """The background step: when accounting is slurmdbd, store the JS1 blob of
-    ``<spool>/jobs/<id>/summary.json`` in the job's AdminComment (bounded
-    retry). Returns 0 when stored or not applicable, 1 when it gave up."""
+    """The background step: settle a guessed state and send the deferred mail, then with slurmdbd store
+    the JS1 blob in AdminComment. -> 0 stored or not applicable, 1 gave up."""
     log = JobLog(job_id, "admin-comment")
     paths = None
     try:
@@ -412,8 +363,7 @@ def admin_comment_step(job_id: str, spool_dir: str | None = None, deadline_s: fl
             if deferred:
                 settled = settle_state(paths, job_id, cfg, log, summary=first)
         finally:
-            if deferred:
-                # the mail EpilogSlurmctld deferred: queued even when settling failed (never lost)
+            if deferred:        # queued even when settling failed
                 try:
                     queue_mail(paths, settled or first, cfg, log)
                 except Exception as e:  # noqa: BLE001 - logged with the job id, never silent
@@ -439,22 +389,17 @@ def admin_comment_step(job_id: str, spool_dir: str | None = None, deadline_s: fl
         log(f"AdminComment of {target} stored ({len(blob)} chars, {how})")
         _mark_accounting(paths, job_id, "stored", log, how)
         return 0
-    except GsrunError as e:
-        log.error(f"AdminComment not stored: {e}".replace("\n", " "))
+    except Exception as e:  # noqa: BLE001 - a bug or a broken summary too: logged with the job id, never silent
+        why = str(e) if isinstance(e, GsrunError) else f"internal error: {e!r}"
+        log.error(f"AdminComment not stored: {why}".replace("\n", " "))
         if paths is not None:
-            _mark_accounting(paths, job_id, "failed", log, str(e)[:300])
-        return 1
-    except Exception as e:  # noqa: BLE001 - a bug or a broken summary: logged with the job id, never silent
-        log.error(f"AdminComment not stored: internal error: {e!r}".replace("\n", " "))
-        if paths is not None:
-            _mark_accounting(paths, job_id, "failed", log, f"internal error: {e!r}"[:300])
+            _mark_accounting(paths, job_id, "failed", log, why[:300])
         return 1
 
 
 def _mark_accounting(paths: Paths, job_id: str, state: str, log, detail: str = "") -> None:
-    """``<spool>/jobs/<id>/accounting.json`` (root 0600): ``{"admin_comment":
-    "stored"|"no slurmdbd"|"no figures"|"failed", "detail", "time"}``, which
-    ``gsrun-node prune`` reads. Never raises."""
+    """``accounting.json`` (root 0600, read by ``gsrun-node prune``): ``{"admin_comment": "stored"|"no
+    slurmdbd"|"no figures"|"failed", "detail", "time"}``. Never raises."""
     try:
         atomic_write_json(paths.spool_job(job_id) / ACCOUNTING_MARK,
                           {"admin_comment": state, "detail": detail, "time": round(time.time(), 3)}, mode=0o600)
@@ -466,8 +411,7 @@ def _main(argv: list[str]) -> int:
     spool = argv[argv.index("--spool-dir") + 1] if "--spool-dir" in argv[:-1] else None
     if len(argv) >= 2 and argv[0] == "admin-comment":
         return admin_comment_step(argv[1], spool)
-    if len(argv) >= 2 and argv[0] == "finish":
-        # the detached part of EpilogSlurmctld (detach): the job id must be the one it was given
+    if len(argv) >= 2 and argv[0] == "finish":      # ctld_start's detached merge
         if os.environ.get("SLURM_JOB_ID") != argv[1]:
             print("gsrun: epilog-ctld: finish: job id differs from SLURM_JOB_ID", file=sys.stderr)
             return 2
@@ -483,32 +427,27 @@ def _main(argv: list[str]) -> int:
     return 2
 
 
-def _gid_of(uid: int | None) -> int | None:
-    """The primary group of ``uid`` (passwd), ``uid`` itself when it has no
-    entry, None for None: the owner of the user's copy of the summary."""
+def _id(environ, key: str) -> int | None:
+    v = environ.get(key, "")
+    return int(v) if v.isdigit() and len(v) <= 10 else None
+
+
+def _uid(environ) -> int | None:
+    """The job's uid from slurmctld's ``SLURM_JOB_UID``, never the record (a user can forge ``UserId=``)."""
+    return _id(environ, "SLURM_JOB_UID")
+
+
+def _gid(environ, uid: int | None) -> int | None:
+    """``SLURM_JOB_GID``, else ``uid``'s primary group (``uid`` without a passwd entry); None without uid."""
     if uid is None:
         return None
-
+    gid = _id(environ, "SLURM_JOB_GID")
+    if gid is not None:
+        return gid
     try:
         return pwd.getpwuid(uid).pw_gid
     except KeyError:
         return uid
-
-
-def _uid(environ) -> int | None:
-    """The job's uid from slurmctld's environment (``SLURM_JOB_UID``), None
-    without it. Never from a job record: user text in it can forge ``UserId=``."""
-    v = environ.get("SLURM_JOB_UID", "")
-    return int(v) if v.isdigit() and len(v) <= 10 else None
-
-
-def _gid(environ, uid: int | None) -> int | None:
-    """The job's gid from slurmctld's environment (``SLURM_JOB_GID``), else
-    :func:`_gid_of` ``uid``; None without a uid."""
-    if uid is None:
-        return None
-    v = environ.get("SLURM_JOB_GID", "")
-    return int(v) if v.isdigit() and len(v) <= 10 else _gid_of(uid)
 
 
 def queue_mail(paths: Paths, summary: dict, cfg, log) -> str:
@@ -518,8 +457,7 @@ def queue_mail(paths: Paths, summary: dict, cfg, log) -> str:
         return "not requested"
     if not mail.mail_wanted(job.get("mail_type"), cfg["mail.policy"], state=job.get("state")):
         return "not requested"
-    if "@" not in to_addr:
-        # Slurm's default MailUser is the bare user name
+    if "@" not in to_addr:      # Slurm's default MailUser is the bare user name
         if not cfg["mail.default_domain"]:
             log.warn(f"mail: MailUser {to_addr!r} has no domain and mail.default_domain is empty: not mailed")
             return "no domain"

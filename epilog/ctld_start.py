@@ -1,12 +1,7 @@
 """EpilogSlurmctld's own process: check the job id, start the merge
-(``python -m gsrun.epilog.ctld finish JOBID``) detached, exit.
-
-slurmctld keeps the job COMPLETING until EpilogSlurmctld exits, which delays
-the next job on its nodes to a later scheduler pass (back-to-back ``srun -N2
--n8 true``: 1.7-2.0 s each with the merge here, 0.66 s with
-EpilogSlurmctld=/bin/true; ``tests/bench/bench_srun_b2b.py``), so this path
-imports only the job id check and :func:`gsrun.base.proc.spawn_detached`. If
-the detached process cannot be started the merge runs here.
+(``python -m gsrun.epilog.ctld finish JOBID``) detached, exit; the merge runs
+here only when that cannot start. slurmctld holds the job's nodes COMPLETING
+until this exits (``tests/bench/bench_srun_b2b.py``), so it imports little.
 """
 
 from __future__ import annotations
@@ -18,10 +13,8 @@ from gsrun.epilog.ctld import _job_and_log
 
 def merge_command(environ, spool_dir: str | None = None,
                   wait_s: float = 30.0) -> tuple[list[str], dict[str, str]] | None:
-    """``(argv, env)`` of the detached merge: ``python -m gsrun.epilog.ctld
-    finish JOBID --wait-s S [--spool-dir DIR]`` with ``environ`` less
-    ``PYTHON*`` (:func:`gsrun.base.proc.root_child_env`); None for a bad job
-    id. Pure (the node daemon starts the same command)."""
+    """``(argv, env)`` of the detached merge (``environ`` less ``PYTHON*``); None for a bad job id. Pure
+    (the node daemon starts the same command)."""
     job_id = environ.get("SLURM_JOB_ID", "")
     if not is_job_id(job_id, array=True):
         return None

@@ -1,10 +1,6 @@
-"""``gseff JOBID``: the job's GPU efficiency report (seff for GPUs).
-
-Reads ``<spool>/jobs/<id>/summary.json`` (root) or ``user-summary.json``,
-merging the node summaries here when it is missing or behind them; a running
-job shows the report so far. Without a spool record (old job, other host)
-the job comes from slurmdbd: ``sacct`` for CPU and memory (as seff) and the
-``JS1:`` blob in ``AdminComment`` for the GPUs (``--sacct``: for any job).
+"""``gseff JOBID``: the job's GPU efficiency report (seff for GPUs), from the
+spool (merged here when missing or behind the node files; a running job's so
+far), else from slurmdbd: ``sacct`` and the ``AdminComment`` blob (``--sacct``).
 """
 
 from __future__ import annotations
@@ -33,28 +29,17 @@ from gsrun.request.config import load_config
 
 
 def load_summary(paths: Paths, job_id: str, cfg=None) -> dict:
-    """The job summary for ``job_id``: the final one, else (a running job)
-    the report so far from the live node files (``job.state`` RUNNING and a
-    ``live`` section: :mod:`gsrun.report.live`).
+    """The final job summary, else a running job's so far (:mod:`gsrun.report.live`).
 
     Raises:
-        InputError: no record of the job here (unknown id, another user's job,
-            or a spool that is not shared with this host).
+        InputError: no record here (unknown id, another user's job, a spool not shared with this host).
     """
     d = paths.spool_job(job_id)
-    names = ("summary.json", "user-summary.json")
-    summary = None
-    for n in names:
-        summary = read_spool_json(d / n)
-        if summary:
-            break
+    summary = read_spool_json(d / "summary.json") or read_spool_json(d / "user-summary.json") or None
     files: dict[str, object] = {}     # node -> its file; names only: a node file is parsed only when merging here
     for p in sorted(d.glob("node-*.json")) + sorted(d.glob("user-node-*.json")):
         files.setdefault(p.name[len("user-node-") if p.name.startswith("user-") else len("node-"):-len(".json")], p)
     if summary is None:
-        # a running job: the samplers' live files (gsrun.facts.live), merged with the
-        # node summaries already final, through the finished job's code (gsrun.report.live)
-
         live = read_live_docs(d)
         if live:
             finished = [s for s in (read_spool_json(p) for p in files.values()) if s and s.get("kind") == "node"]
@@ -82,9 +67,7 @@ NO_REPORT_HINT = ("the job may belong to another user, or have run on a cluster 
 
 
 def not_started(job_id: str, cfg, timeout_s: float | None = None) -> dict | None:
-    """The report of a job the controller holds that has not started
-    (:func:`gsrun.report.summary.pending_summary`), else None. One
-    ``scontrol show job``."""
+    """A job not started yet: :func:`~gsrun.report.summary.pending_summary`, else None."""
     try:
         rec = show_job(job_id, timeout_s or cfg["timeouts.command_s"])
     except GsrunError:
@@ -95,10 +78,8 @@ def not_started(job_id: str, cfg, timeout_s: float | None = None) -> dict | None
 
 
 def gpu_from_js1(blob: dict) -> dict:
-    """Per-GPU figures from a decoded JS1 blob (jobstats layout): utilization
-    mean (%), memory peak and total (bytes), as reportseff reads them.
-    Returns ``{"gpus": [{node, index, util_pct, mem_used_bytes, mem_total_bytes}],
-    "util_mean_pct", "mem_mean_pct"}`` (means over GPUs with a value, None if none)."""
+    """A decoded JS1 blob as reportseff reads it: ``{"gpus": [{node, index, util_pct, mem_used_bytes,
+    mem_total_bytes}], "util_mean_pct", "mem_mean_pct"}`` (means over GPUs with a value, else None)."""
     rows = []
     for node, nd in sorted((blob.get("nodes") or {}).items()):
         idx = set(nd.get("gpu_utilization", {})) | set(nd.get("gpu_total_memory", {}))
@@ -114,9 +95,7 @@ def gpu_from_js1(blob: dict) -> dict:
 
 
 def load_accounting(job_id: str, timeout_s: float = 15.0) -> dict:
-    """The job from slurmdbd: ``{"job_id", "source": "sacct", "efficiency":
-    JobEfficiency fields, "js1": decoded blob or None, "js1_error", "gpu":
-    :func:`gpu_from_js1`}``.
+    """``{"job_id", "source": "sacct", "efficiency", "js1": decoded or None, "js1_error", "gpu"}``.
 
     Raises:
         InputError: the job is not in the accounting database.
@@ -152,8 +131,7 @@ def load_accounting(job_id: str, timeout_s: float = 15.0) -> dict:
 
 
 def render_accounting(rec: dict) -> str:
-    """Plain-text report of :func:`load_accounting`'s record; every string
-    from the record escaped (:func:`gsrun.base.log.escape_strings`)."""
+    """:func:`load_accounting`'s record as text, its strings escaped."""
     rec = escape_strings(rec)
     e = rec["efficiency"]
     out = [f"gsrun efficiency report (from Slurm accounting): job {rec['job_id']}",
@@ -224,7 +202,6 @@ def cli(job_id, explain, as_json, plot, all_gpus, from_sacct, watch, spool_dir):
         except GsrunError as e:
             if from_sacct or isinstance(e, InputError):
                 raise
-            # no accounting here: the spool's message is the useful one
             raise InputError("gseff", "no report for job", job_id,
                              hint=f"{NO_REPORT_HINT}; Slurm accounting unavailable: {e.what}") from None
         if plot:
@@ -247,10 +224,7 @@ def cli(job_id, explain, as_json, plot, all_gpus, from_sacct, watch, spool_dir):
 
 
 def report_text(summary: dict, cfg, all_gpus: bool = False, color: bool = False, now: float | None = None) -> str:
-    """The text report, a running job's preceded by its live lines. Every
-    string from the job's records is escaped first
-    (:func:`gsrun.base.log.escape_strings`), so control and bidi characters
-    never reach the terminal as themselves."""
+    """The text report (a running job's after its live lines), control and bidi characters escaped."""
     summary = escape_strings(summary)
     head = ""
     if summary.get("live"):
@@ -260,9 +234,7 @@ def report_text(summary: dict, cfg, all_gpus: bool = False, color: bool = False,
 
 def watch_job(paths: Paths, job_id: str, cfg, all_gpus: bool = False, out=None, sleep=None,
               max_rounds: int | None = None) -> int:
-    """``gseff --watch``: redraw the running job's report (in place on a
-    TTY) every ``live.flush_s`` until it is no longer a live one, then print
-    the final report. Reads only the spool: no Slurm RPC."""
+    """``gseff --watch``: redraw every ``live.flush_s`` until the final report (spool only, no Slurm RPC)."""
     out = out or sys.stdout
     sleep = sleep or time.sleep
     tty = out.isatty()
@@ -274,24 +246,17 @@ def watch_job(paths: Paths, job_id: str, cfg, all_gpus: bool = False, out=None, 
         except InputError:
             summary = None
         unmerged = summary is not None and (summary.get("job") or {}).get("state") == "RUNNING or unmerged"
-        if summary is not None and not summary.get("live") and (not unmerged or waits_unmerged >= 3):
-            if tty:
-                out.write("\033[H\033[2J")
-            out.write(report_text(summary, cfg, all_gpus, tty and not os.environ.get("NO_COLOR")))
-            out.flush()
-            return 0
-        if unmerged:     # the nodes are done; the controller's merge comes within seconds
+        final = summary is not None and not summary.get("live") and (not unmerged or waits_unmerged >= 3)
+        if unmerged and not final:     # the nodes are done; the controller's merge comes within seconds
             waits_unmerged += 1
             sleep(min(5.0, float(cfg["live.flush_s"])))
             continue
         if tty:
             out.write("\033[H\033[2J")
-        if summary is None:
-            out.write(f"gseff: job {job_id}: no report yet (pending, or its prolog is running); waiting\n")
-        else:
-            out.write(report_text(summary, cfg, all_gpus, tty and not os.environ.get("NO_COLOR")))
+        out.write(f"gseff: job {job_id}: no report yet (pending, or its prolog is running); waiting\n"
+                  if summary is None else report_text(summary, cfg, all_gpus, tty and not os.environ.get("NO_COLOR")))
         out.flush()
-        if max_rounds is not None and rounds >= max_rounds:
+        if final or max_rounds is not None and rounds >= max_rounds:
             return 0
         sleep(float(cfg["live.flush_s"]))
 

@@ -1,9 +1,6 @@
-"""``gsrun-report``: the cluster's GPU-waste report over a time window, from
-Slurm accounting (``sacct``, one bulk query per chunk) and the ``JS1:``
-blobs in ``AdminComment`` (gsrun's and jobstats'); ranked fixed-width tables,
-``--json`` or ``--csv``; ``--email`` per-user digests and ``--report-to``
-the admins' tables through gsrun's mail spool (:mod:`gsrun.report.fleet_source`,
-``fleet``, ``fleet_render``, ``fleet_mail``).
+"""``gsrun-report``: the cluster's GPU-waste report over a time window from
+``sacct`` and the ``AdminComment`` blobs; tables as text, ``--json`` or
+``--csv``; ``--email`` digests and ``--report-to`` through the mail spool.
 """
 
 from __future__ import annotations
@@ -24,9 +21,7 @@ from gsrun.request.config import load_config
 
 
 def node_shares(clusters, timeout_s: float) -> tuple[dict, list[str]]:
-    """partition -> NodeShare and the GPU models (gres types) from one ``sinfo``
-    (``({}, [])`` when sinfo cannot answer: the over-allocation and
-    fragmentation tables then say so)."""
+    """partition -> NodeShare and the gres GPU types from one ``sinfo`` (``({}, [])`` if it fails)."""
     argv = ["sinfo", "-h", "-N", "-o", "%P|%c|%m|%G"] + (["-M", ",".join(clusters)] if clusters else [])
     try:
         text = run_slurm(argv, timeout_s).stdout
@@ -38,19 +33,12 @@ def node_shares(clusters, timeout_s: float) -> tuple[dict, list[str]]:
 
 def run_report(scope: Scope, cfg, lines_of=None, shares=None, digests: bool = False, digest_after=None,
                models=None):
-    """Stream the window's jobs into a :class:`FleetReport`; ``lines_of`` as
-    in :func:`gsrun.report.fleet_source.window_jobs`; ``shares`` and
-    ``models`` as :func:`node_shares` gives them."""
+    """Stream the window's jobs into a :class:`FleetReport` (``lines_of``: as ``window_jobs``)."""
     rep = FleetReport(thresholds_from_config(cfg), shares, digest_after, digests, models)
-    add = rep.add
     for job in window_jobs(scope.start_s, scope.end_s, float(cfg["cluster_report.chunk_h"]) * 3600.0,
                            float(cfg["cluster_report.sacct_timeout_s"]), scope.clusters, scope.partitions,
                            scope.accounts, lines_of):
-        if job.gpus > 0:
-            figs, why = blob_figures(job.comment)
-            add(job, figs, why)
-        else:
-            add(job, None, "no GPUs")
+        rep.add(job, *(blob_figures(job.comment) if job.gpus > 0 else (None, "no GPUs")))
     return rep
 
 

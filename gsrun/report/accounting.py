@@ -1,17 +1,9 @@
-"""Slurm accounting (slurmdbd) through its commands: read a finished job with
-``sacct`` and store the job summary's ``JS1:`` blob in its ``AdminComment``.
-
-Every call has a timeout and list arguments (no shell); sacct text is parsed
-by :mod:`gsrun.facts.sacct`.
-
-``AdminComment`` is stored as jobstats does (``sacctmgr -i modify job where
-jobid=N set AdminComment=JS1:...``; ``scontrol update`` is refused once the
-job ended), retried because the job's record reaches slurmdbd
-asynchronously. Slurm 22.05's sacctmgr lowercases every value, which breaks
-the base64 blob: the value is read back with sacct and, when mangled,
-written straight into slurmdbd's MariaDB/MySQL table with the credentials of
-the ``slurmdbd.conf`` next to ``slurm.conf`` (as jobstats'
-``ingest_jobstats`` does); without a readable slurmdbd.conf the error says so.
+"""Slurm accounting (slurmdbd): read a job with ``sacct``, store the ``JS1:``
+blob in its ``AdminComment`` as jobstats does (``sacctmgr -i modify job``,
+retried while the record reaches slurmdbd). Slurm 22.05's sacctmgr
+lowercases values: a mangled read-back is rewritten in slurmdbd's MySQL
+table with the credentials of the ``slurmdbd.conf`` next to ``slurm.conf``
+(as jobstats' ``ingest_jobstats``). Every call: list argv, a timeout.
 """
 
 from __future__ import annotations
@@ -35,8 +27,6 @@ JS1_RE = re.compile(r"^JS1:[A-Za-z0-9+/]+={0,2}$")
 CLUSTER_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
-# --------------------------------------------------------------------------- pure
-
 def parse_show_config(text: str) -> dict[str, str]:
     """``scontrol show config`` (``Key   = value`` lines) -> ``{Key: value}``."""
     out: dict[str, str] = {}
@@ -48,8 +38,7 @@ def parse_show_config(text: str) -> dict[str, str]:
 
 
 def parse_kv_conf(text: str) -> dict[str, str]:
-    """slurm.conf / slurmdbd.conf ``Key=value`` lines -> ``{key_lower: value}``
-    (comments and blank lines skipped; the last assignment wins)."""
+    """slurm.conf / slurmdbd.conf ``Key=value`` lines -> ``{key_lower: value}``, the last one winning."""
     out: dict[str, str] = {}
     for line in text.splitlines():
         line = line.split("#", 1)[0].strip()
@@ -60,12 +49,9 @@ def parse_kv_conf(text: str) -> dict[str, str]:
 
 
 def valid_js1(blob: str) -> bool:
-    """True for ``JS1:`` + base64 text only (what may go into AdminComment,
-    sacctmgr's argv and, in the fallback, an SQL string literal)."""
+    """``JS1:`` + base64 only (it goes into argv and, in the fallback, an SQL literal)."""
     return isinstance(blob, str) and len(blob) < 60000 and bool(JS1_RE.match(blob))
 
-
-# --------------------------------------------------------------------------- facts
 
 def config(timeout_s: float = 15.0) -> dict[str, str]:
     """slurmctld's running configuration (``scontrol show config``).
@@ -76,7 +62,6 @@ def config(timeout_s: float = 15.0) -> dict[str, str]:
     return parse_show_config(run_slurm(["scontrol", "show", "config"], timeout_s).stdout)
 
 
-# what the controller's background step needs of ``scontrol show config``, kept between jobs
 CONFIG_CACHE_NAME = "slurm-config.json"
 CONFIG_CACHE_TTL_S = 600.0
 CONFIG_CACHE_KEYS = ("AccountingStorageType", "ClusterName")
@@ -84,13 +69,9 @@ CONFIG_CACHE_KEYS = ("AccountingStorageType", "ClusterName")
 
 def config_cached(cache_dir: str, timeout_s: float = 15.0, ttl_s: float = CONFIG_CACHE_TTL_S,
                   slurm_conf: str | None = None, now=time.time) -> dict[str, str]:
-    """:data:`CONFIG_CACHE_KEYS` of slurmctld's running configuration, from
-    ``<cache_dir>/slurm-config.json`` when fetched less than ``ttl_s`` ago
-    for the same ``slurm.conf`` (``slurm_conf``, ``$SLURM_CONF`` or
-    ``/etc/slurm/slurm.conf``; keyed on path, inode, mtime, ctime, size),
-    else from :func:`config` (cached, root 0600, only when complete). An
-    ``Include``d file's change is seen within ``ttl_s``. A cache that is not
-    ours, too big or unreadable is ignored.
+    """:data:`CONFIG_CACHE_KEYS` of :func:`config`, cached in ``<cache_dir>/slurm-config.json`` (root
+    0600, complete answers only) for ``ttl_s`` and the same ``slurm.conf`` (path, inode, mtime, ctime,
+    size: ctime as ``cp -p`` keeps mtime). A cache not ours, too big or unreadable is ignored.
 
     Raises:
         SlurmError: as :func:`config`, when the cache cannot answer.
@@ -98,8 +79,6 @@ def config_cached(cache_dir: str, timeout_s: float = 15.0, ttl_s: float = CONFIG
     conf = slurm_conf or os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf"
     try:
         st = os.stat(conf)
-        # ctime too: every write sets it and utime cannot (cp -p / rsync -t of a same-size file keep
-        # mtime and size; an old kernel's coarse mtime misses a rewrite within a tick)
         key = [conf, st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size]
     except OSError:
         key = None
@@ -114,8 +93,8 @@ def config_cached(cache_dir: str, timeout_s: float = 15.0, ttl_s: float = CONFIG
                 return values
     full = config(timeout_s)
     values = {k: full[k] for k in CONFIG_CACHE_KEYS if k in full}
-    if key is not None and len(values) == len(CONFIG_CACHE_KEYS):   # never keep a partial answer
-        try:        # a lost cache only costs the next job one scontrol: no fsync
+    if key is not None and len(values) == len(CONFIG_CACHE_KEYS):
+        try:        # no fsync: a lost cache costs one scontrol
             atomic_write_json(path, {"key": key, "time": now(), "values": values}, mode=0o600, durable=False)
         except OSError:
             pass
@@ -132,18 +111,15 @@ def _read_config_cache(path: str) -> dict | None:
 
 
 def uses_slurmdbd(cfg: dict[str, str]) -> bool:
-    """AccountingStorageType is slurmdbd (sacct/sacctmgr have a database)."""
     return cfg.get("AccountingStorageType", "").endswith("slurmdbd")
 
 
 def sacct_text(job_id: str, timeout_s: float = 15.0, fmt=SACCT_FORMAT) -> str:
-    """``sacct -P -n --format=<fmt> -j JOB`` stdout: the job line and its steps
-    (never ``-X``: MaxRSS / TRESUsageInTot live on steps).
+    """``sacct -P -n --format=<fmt> -j JOB`` stdout, steps included (MaxRSS lives on steps).
 
     Raises:
         InputError: a malformed job id.
-        SlurmError: sacct missing, failed (no slurmdbd: "Slurm accounting
-            storage is disabled") or timed out.
+        SlurmError: sacct missing, failed (no slurmdbd) or timed out.
     """
     check_job_id(job_id, array=True)
     return run_slurm(["sacct", "-P", "-n", "--format=" + ",".join(fmt), "-j", job_id],
@@ -151,14 +127,12 @@ def sacct_text(job_id: str, timeout_s: float = 15.0, fmt=SACCT_FORMAT) -> str:
 
 
 def sacct_efficiency(job_id: str, timeout_s: float = 15.0) -> JobEfficiency:
-    """seff-style CPU / memory efficiency of a job from sacct (see
-    :func:`gsrun.facts.sacct.efficiency_from_sacct` for the figures and errors)."""
+    """seff's CPU / memory efficiency (:func:`gsrun.facts.sacct.efficiency_from_sacct`)."""
     return efficiency_from_sacct(sacct_text(job_id, timeout_s), SACCT_FORMAT, job_id)
 
 
 def admin_comment(job_id: str, timeout_s: float = 15.0) -> str | None:
-    """The job's AdminComment from sacct (job line), None when empty or the
-    job is unknown. Raises SlurmError as :func:`sacct_text`."""
+    """The job's AdminComment (None: empty or unknown job). Raises SlurmError as :func:`sacct_text`."""
     out = sacct_text(job_id, timeout_s, ("JobID", "AdminComment"))
     for line in out.splitlines():
         jid, _, text = line.partition("|")
@@ -178,10 +152,7 @@ def job_state(job_id: str, timeout_s: float = 15.0) -> str | None:
     return None
 
 
-# --------------------------------------------------------------------------- effects
-
-# The kernel refuses one argv string longer than MAX_ARG_STRLEN (32 pages = 128 KiB): E2BIG.
-# A blob is at most report.js1_max_chars (at most gsrun.report.summary.JS1_CAP_MAX); this is the last guard.
+# the last guard under the kernel's MAX_ARG_STRLEN (128 KiB: E2BIG); blobs stay under JS1_CAP_MAX
 MAX_ARG_BYTES = 64 * 1024
 
 
@@ -199,18 +170,11 @@ def _sacctmgr_set(job_id: str, blob: str, timeout_s: float) -> tuple[bool, str]:
     return cp.returncode == 0 and "Modified" in cp.stdout, text
 
 
-def _dbd_conf_path(slurm_conf: str | None) -> Path:
-    conf = slurm_conf or os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf"
-    return Path(conf).parent / "slurmdbd.conf"
-
-
 def sql_job_where(job_id: str) -> str:
-    """The ``WHERE`` condition of slurmdbd's ``<cluster>_job_table`` row of
-    ``job_id``: ``id_job=N``, or ``id_array_job=A AND id_array_task=T`` for
-    an array task ``A_T``.
+    """``id_job=N``, or ``id_array_job=A AND id_array_task=T`` for ``A_T``.
 
     Raises:
-        InputError: not a job id or array task id.
+        InputError: not a job id.
     """
     check_job_id(job_id, array=True)
     if "_" in job_id:
@@ -221,9 +185,12 @@ def sql_job_where(job_id: str) -> str:
 
 def _sql_set(job_id: str, blob: str, cluster: str, slurm_conf: str | None,
              timeout_s: float) -> str:
-    """Write the blob into ``<cluster>_job_table.admin_comment`` of the newest
-    row of the job. Returns what was done; raises SlurmError when it cannot."""
-    p = _dbd_conf_path(slurm_conf)
+    """Write the blob into the job's newest ``<cluster>_job_table`` row. -> what was done.
+
+    Raises:
+        SlurmError: no private slurmdbd.conf, no MySQL storage or client, a bad name, the update failed.
+    """
+    p = Path(slurm_conf or os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf").parent / "slurmdbd.conf"
     try:
         st = p.stat()
         text = p.read_text()
@@ -252,13 +219,9 @@ def _sql_set(job_id: str, blob: str, cluster: str, slurm_conf: str | None,
            f"WHERE {sql_job_where(job_id)} ORDER BY time_submit DESC LIMIT 1;")
     with tempfile.NamedTemporaryFile("w", prefix="gsrun-dbd-", suffix=".cnf", delete=True) as f:
         os.chmod(f.name, 0o600)
-        f.write("[client]\n")
-        f.write(f"user={c.get('storageuser', 'slurm')}\n")
-        if c.get("storagepass"):
-            f.write(f"password={c['storagepass']}\n")
-        f.write(f"host={c.get('storagehost', 'localhost')}\n")
-        if c.get("storageport"):
-            f.write(f"port={c['storageport']}\n")
+        f.write("[client]\n" + "".join(f"{k}={v}\n" for k, v in (
+            ("user", c.get("storageuser", "slurm")), ("password", c.get("storagepass") or None),
+            ("host", c.get("storagehost", "localhost")), ("port", c.get("storageport") or None)) if v is not None))
         f.flush()
         try:
             cp = subprocess.run([client, f"--defaults-file={f.name}", "--protocol=TCP", db, "-e", sql],
@@ -274,13 +237,11 @@ def _sql_set(job_id: str, blob: str, cluster: str, slurm_conf: str | None,
 
 def store_admin_comment(job_id: str, blob: str, cluster: str, slurm_conf: str | None = None,
                         timeout_s: float = 15.0) -> str:
-    """Store ``blob`` as the job's AdminComment once, verified by reading it
-    back; returns how it was stored.
+    """Store ``blob`` as the job's AdminComment once, read back. -> how it was stored.
 
     Raises:
-        SlurmError: the job is not in the database yet ("Nothing modified":
-            retry later), sacctmgr failed, or the value came back changed and
-            the database fallback is unavailable.
+        SlurmError: the job not in the database yet (retry), sacctmgr failed, or the value came back
+            changed and the database fallback is unavailable.
     """
     check_job_id(job_id, array=True)
     if not valid_js1(blob):
@@ -303,8 +264,8 @@ def store_admin_comment(job_id: str, blob: str, cluster: str, slurm_conf: str | 
 def store_admin_comment_retry(job_id: str, blob: str, cluster: str, slurm_conf: str | None = None,
                               timeout_s: float = 15.0, deadline_s: float = 180.0,
                               first_wait_s: float = 2.0, log=None, sleep=time.sleep) -> str:
-    """:func:`store_admin_comment` after the job's final record is in
-    slurmdbd, retrying with backoff (2, 4, 8, ... 30 s) until ``deadline_s``.
+    """:func:`store_admin_comment` once the job is final in slurmdbd, retried (2, 4, ... 30 s) until
+    ``deadline_s``.
 
     Raises:
         SlurmError: the last error when the deadline passed.

@@ -1,18 +1,9 @@
-"""Alert requests -> mail: the idle alert and the cancel notice, through the report mail's spool and sender.
-
-A sampler publishes ``<spool>/alerts/new/<job>.<kind>.json``
-(:func:`gsrun.facts.live.queue_alert`); ``gsrun-node mail flush`` runs
-:func:`process` first, so the alert is queued in the report mail's spool
-(:func:`gsrun.report.mail.enqueue`) and shares its retry and backoff.
-
-Rate limits: one mail per condition (``idle``, ``stuck``, ``never_used``) and
-job until it clears (a condition's n-th alert is ``<job>.<kind>-<n>``), and
-at most ``idle.mail_per_user_per_hour`` per user per clock hour (counts in
-``<spool>/alerts/state/<user>.<YYYYmmddHH>.json``; a request over budget
-waits in ``new/``). A ``cancel`` notice and its ``warning`` are never held
-back. The recipient is the job's ``MailUser``, else the user name (a bare
-name gets ``@mail.default_domain``); a request with no address moves to
-``failed/`` with the reason in ``state/``.
+"""Alert requests (``<spool>/alerts/new/<job>.<kind>[-<n>].json``, from
+:func:`gsrun.facts.live.queue_alert`) -> mails in the report mail's spool,
+run first by ``gsrun-node mail flush``. One mail per condition and job until
+it clears; at most ``idle.mail_per_user_per_hour`` per user per clock hour
+(``alerts/state/<user>.<YYYYmmddHH>.json``; over budget waits), never
+holding back a ``cancel`` or its ``warning``. No address: ``failed/``.
 """
 
 from __future__ import annotations
@@ -35,8 +26,7 @@ MAX_REQUESTS_PER_RUN = 200
 
 
 def recipient(req: dict, job: dict | None, default_domain: str) -> str | None:
-    """The address for an alert: the job's MailUser, else the request's user
-    name; a bare name gets ``@default_domain`` (none: None). Pure."""
+    """The job's MailUser, else the user name; a bare name gets ``@default_domain`` (none: None). Pure."""
     who = (job or {}).get("mail_user") or req.get("mail_user") or (job or {}).get("user") or req.get("user")
     if not isinstance(who, str) or not who:
         return None
@@ -52,10 +42,8 @@ def hour_key(now: float) -> str:
 
 
 def held_memory(findings) -> tuple[int, list[tuple[str, int]]] | None:
-    """GPU memory the idle GPUs of an alert still hold: ``(total_bytes,
-    [(gpu label, bytes), ...])`` from the findings' evidence
-    (``mem_used_bytes``: ``nvmlDeviceGetMemoryInfo`` at the last poll of the
-    stretch), idle and never-used findings only; None when none was read. Pure."""
+    """``(total_bytes, [(gpu label, bytes)])`` the idle / never-used GPUs still hold (evidence
+    ``mem_used_bytes``: nvmlDeviceGetMemoryInfo at the last poll); None if unread. Pure."""
     per = []
     for f in findings or ():
         if not isinstance(f, dict) or f.get("code") not in ("gpu_idle", "gpu_never_used"):
@@ -67,8 +55,7 @@ def held_memory(findings) -> tuple[int, list[tuple[str, int]]] | None:
 
 
 def held_line(findings) -> str:
-    """``The idle GPUs still hold 5.3 GiB of GPU memory (GPU 4: 1.3 GiB, ...)``,
-    or "" (:func:`held_memory`; bytes through :func:`gsrun.report.units.fmt_bytes`). Pure."""
+    """``The idle GPUs still hold 5.3 GiB of GPU memory (GPU 4: 1.3 GiB, ...)``, or "". Pure."""
     held = held_memory(findings)
     if held is None:
         return ""
@@ -79,10 +66,8 @@ def held_line(findings) -> str:
 
 def build_alert(req: dict, to_addr: str, from_addr: str, report_text: str | None, cancel_after_min,
                 date: float | None = None, key: str | None = None) -> EmailMessage:
-    """The alert (kind ``idle``, ``stuck``, ``never_used``) or cancel notice
-    mail (``templates/alert.txt.j2``); ``key``: the request's name part
-    (``kind`` or ``kind-<n>``, in the Message-ID). Raises
-    :class:`~gsrun.base.errors.InputError` on a bad address."""
+    """The alert or cancel notice mail (``templates/alert.txt.j2``); ``key``: ``kind[-<n>]`` for the
+    Message-ID. Raises :class:`~gsrun.base.errors.InputError` on a bad address."""
     job_id = mail.clean_line(req["job_id"], 40)
     kind = req["kind"]
     lines = [mail.clean_line(x, 300) for x in req.get("lines") or ()][:16]
@@ -103,10 +88,8 @@ def build_alert(req: dict, to_addr: str, from_addr: str, report_text: str | None
 
 
 def process(spool_dir, cfg, idle_cfg=None, now: float | None = None, job_record=None, log=None) -> dict:
-    """Queue the alert requests of ``<spool>/alerts/new/`` as mails.
-    ``job_record(job_id) -> dict | None``: ``mail_user``, ``user`` of the
-    job (default: the request's user). Returns ``{"queued", "deferred",
-    "failed"}`` counts."""
+    """Queue ``alerts/new/``'s requests as mails. ``job_record(job_id)``: the job's ``mail_user`` and
+    ``user`` (None: the request's). -> ``{"queued", "deferred", "failed"}``."""
     now = time.time() if now is None else now
     base = alerts_dir(spool_dir)
     per_hour = getattr(idle_cfg, "mail_per_user_per_hour", 3) if idle_cfg is not None else 3
@@ -127,12 +110,7 @@ def process(spool_dir, cfg, idle_cfg=None, now: float | None = None, job_record=
             out["failed"] += 1
             continue
         job_id, kind = parts[0], key[0]
-        job = None
-        if job_record is not None:
-            try:
-                job = job_record(job_id)
-            except Exception:  # noqa: BLE001 - no record: the request's own user name
-                job = None
+        job = _quiet(job_record, job_id) if job_record is not None else None    # None: the request's user
         to_addr = recipient(req, job, str(cfg["mail.default_domain"] or ""))
         if to_addr is None:
             _finish(base, name, "failed", {"error": "no address: no MailUser with a domain and "
@@ -147,11 +125,7 @@ def process(spool_dir, cfg, idle_cfg=None, now: float | None = None, job_record=
         if kind not in ("cancel", "warning") and count >= per_hour:
             out["deferred"] += 1
             continue
-        report = None
-        try:
-            report = _report_text(spool_dir, job_id, cfg)
-        except Exception:  # noqa: BLE001 - an alert without the report is still an alert
-            report = None
+        report = _quiet(_report_text, spool_dir, job_id, cfg)      # an alert without it is still one
         try:
             msg = build_alert(req, to_addr, cfg["mail.from_addr"], report, cancel_after, date=now, key=parts[1])
             mail.enqueue(spool_dir, f"{job_id}.{parts[1]}", msg)
@@ -163,6 +137,13 @@ def process(spool_dir, cfg, idle_cfg=None, now: float | None = None, job_record=
         _finish(base, name, "done", {"to": to_addr, "time": round(now, 3)})
         out["queued"] += 1
     return out
+
+
+def _quiet(fn, *args):
+    try:
+        return fn(*args)
+    except Exception:  # noqa: BLE001 - an optional part: the alert goes without it
+        return None
 
 
 def _safe(text: str) -> str:

@@ -1,16 +1,10 @@
-"""Plain-language findings with the number behind each. Pure.
+"""Plain-language findings with the number behind each, and the verdict rows. Pure.
 
-Thresholds come from the site config (``findings.*``, per partition).
-Each finding: ``{"code", "severity" (info|warn|alert), "text", "value"}``;
-``value`` is the number the text is about (percent, seconds, a list).
-
-Order: hardware events first (lost GPU, Xid, ECC: whatever the job length),
-then, for jobs long enough for the figures to mean something
-(``findings.short_job_s``), advice: idle GPUs, low SM activity, throttling,
-GPU memory, a CPU-bound input pipeline, host memory over-request, idle CPUs.
-A short job gets the ``short_job`` line and no advice. A GPU without a
-utilization figure (MIG, field case 12 in docs/field-cases.md) is never called
-idle or unused. Codes: :class:`gsrun.report.records.FindingCode`.
+Thresholds: the site's ``findings.*`` (per partition). Hardware events
+(lost GPU, Xid, ECC) come first whatever the job length; advice only for
+jobs of at least ``findings.short_job_s``. A GPU without a utilization
+figure (MIG, field case 12) is never called idle. Codes:
+:class:`gsrun.report.records.FindingCode`.
 """
 
 from __future__ import annotations
@@ -33,8 +27,7 @@ XID_MEANING = {79: "GPU has fallen off the bus", 48: "double-bit ECC error", 63:
 
 
 def run_time_s(job: dict) -> float | None:
-    """The time a job's figures are taken over, seconds: ``job.elapsed_s``
-    (Slurm's), else ``job.sampled_s`` (the samplers' span); None when neither."""
+    """Seconds the figures cover: ``job.elapsed_s`` (Slurm's), else ``job.sampled_s``; None if neither."""
     for key in ("elapsed_s", "sampled_s"):
         v = as_number(job.get(key))
         if v is not None:
@@ -43,8 +36,7 @@ def run_time_s(job: dict) -> float | None:
 
 
 def fmt_run_time(job: dict) -> str:
-    """:func:`run_time_s` as ``[D-]HH:MM:SS``, `` (sampled)`` added for the
-    samplers' span; ``N/A`` when unknown."""
+    """:func:`run_time_s` as ``[D-]HH:MM:SS``, marked `` (sampled)`` for the samplers' span."""
     text = fmt_duration_s(run_time_s(job), "clock")
     return text + " (sampled)" if as_number(job.get("elapsed_s")) is None and text != "N/A" else text
 
@@ -72,13 +64,13 @@ WASTE_TEXT = {
                                        "check for a hung rank (NCCL_DEBUG=INFO, py-spy dump) and set a timeout "
                                        "on collectives"),
 }
-# a stuck detection without GPM (no SM activity figure) says what it was decided on instead
+# a stuck detection without GPM says what it was decided on instead
 STUCK_WHY_NO_GPM = ("utilization stayed high at low power with no link traffic ({text}): a collective (NCCL) "
                     "waiting for a rank that hangs, or kernels too small to use the GPU")
 
 
 def _lasted_min(w: dict) -> float:
-    """How long a detection held, minutes: to its last poll (``until_s``), else to its detection."""
+    """Minutes a detection held: to ``until_s``, else to its detection."""
     end = w.get("until_s") if isinstance(w.get("until_s"), (int, float)) else w.get("detected_s")
     try:
         return max(0.0, (float(end) - float(w["since_s"])) / 60.0)
@@ -87,8 +79,7 @@ def _lasted_min(w: dict) -> float:
 
 
 def _waste(waste: list[dict]) -> list[dict]:
-    """One finding per kind of waste the samplers detected, GPUs grouped,
-    the longest stretch (minutes) as the value."""
+    """One finding per kind of waste detected, GPUs grouped; value: the longest stretch, minutes."""
     out = []
     for code, (what, why, action) in WASTE_TEXT.items():
         hits = [w for w in waste if isinstance(w, dict) and w.get("code") == code.value]
@@ -136,7 +127,6 @@ def _hardware(gpu: dict) -> list[dict]:
 
 
 def findings(summary: dict, cfg: Config | None = None, partition: str | None = None) -> list[dict]:
-    """:func:`finding_records` in JSON form."""
     return [f.to_json() for f in finding_records(summary, cfg, partition)]
 
 
@@ -204,9 +194,7 @@ def _findings(summary: dict, cfg: Config | None, partition: str | None) -> list[
 
 
 def _deferred(job: dict, state: str) -> dict:
-    """The one finding of a job that has not run yet: its ``pending_reason``
-    (what it means when it will not change by itself), the
-    ``expected_start`` (epoch s) and when a report will exist."""
+    """The one finding of a job not run yet: why it waits, when it may start, when a report exists."""
     reason = job.get("pending_reason") or ""
     why = f" ({reason})" if reason else ""
     stuck = pending_for_good(reason)
@@ -226,8 +214,7 @@ def _deferred(job: dict, state: str) -> dict:
 
 
 def _cpus_can_shrink(job: dict, gpu: dict) -> bool:
-    """Whether fewer CPUs per task is possible: more than one CPU per GPU
-    task (or per job without GPUs); True when the counts are unknown."""
+    """More than one CPU per GPU (or per job without GPUs); True when unknown."""
     cpus = job.get("cpus_alloc")
     gpus = job.get("gpus_alloc") or (gpu or {}).get("count") or 0
     if not isinstance(cpus, (int, float)):
@@ -239,9 +226,8 @@ IDLE_CODES = frozenset({FindingCode.IDLE_GPU.value, FindingCode.LOW_GPU_UTIL.val
 
 
 def shown_findings(summary: dict) -> list[dict]:
-    """The stored findings a report or mail shows (well-formed entries only),
-    without :data:`IDLE_CODES` when no GPU has a utilization figure (MIG,
-    field case 12), whatever engine stored them."""
+    """The stored findings to show: well-formed ones, without :data:`IDLE_CODES` when no GPU has a
+    utilization figure (MIG, field case 12)."""
     devs = (summary.get("gpu") or {}).get("devices") or []
     any_util = any(isinstance(d, dict) and as_number(d.get("util_mean_pct")) is not None for d in devs)
     return [f for f in summary.get("findings") or []
@@ -249,8 +235,7 @@ def shown_findings(summary: dict) -> list[dict]:
 
 
 def _mem_action(summary: dict) -> str:
-    """``ask for less memory (--mem 40G)``: the largest node high water x 1.25,
-    rounded up to whole GiB (``--mem`` is per node)."""
+    """``ask for less memory (--mem 40G)``: the largest node high water x 1.25 in whole GiB (per node)."""
     peaks = [n.get("mem_peak_bytes") for n in summary.get("nodes_detail") or [] if n.get("mem_peak_bytes")]
     if not peaks:
         return "ask for less memory"
@@ -260,27 +245,18 @@ def _mem_action(summary: dict) -> str:
 
 def _ranges(idx: list) -> str:
     """[0, 1, 2, 3, 6, 7] -> ``0-3, 6, 7`` (non-integer indices as they are)."""
-    nums = sorted(i for i in idx if isinstance(i, int))
-    out, run = [], []
-
-    def close():
-        out.extend([f"{run[0]}-{run[-1]}"] if len(run) > 2 else [str(i) for i in run])
-
-    for i in nums:
-        if run and i == run[-1] + 1:
-            run.append(i)
-            continue
-        if run:
-            close()
-        run = [i]
-    if run:
-        close()
+    runs: list[list[int]] = []
+    for i in sorted(i for i in idx if isinstance(i, int)):
+        if runs and i == runs[-1][-1] + 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    out = [x for r in runs for x in ([f"{r[0]}-{r[-1]}"] if len(r) > 2 else map(str, r))]
     return ", ".join(out + [str(i) for i in idx if not isinstance(i, int)])
 
 
 def gpus_label(devs: list[dict]) -> str:
-    """The GPUs of a group in one phrase: ``GPU 3 on n1``, ``GPUs 4-7 on node01``,
-    ``GPUs 0-3 on a, GPU 1 on b`` (nodes in order of first appearance)."""
+    """``GPU 3 on n1``, ``GPUs 4-7 on node01, GPU 1 on b`` (nodes in order of first appearance)."""
     by_node: dict = {}
     for g in devs:
         by_node.setdefault(g["node"], []).append(g["index"])
@@ -288,7 +264,7 @@ def gpus_label(devs: list[dict]) -> str:
 
 
 def _span(vals: list[float]) -> str:
-    """``98%`` or ``33-100%`` (:func:`gsrun.report.units.fmt_share_pct`)."""
+    """``98%`` or ``33-100%``."""
     lo, hi = fmt_share_pct(min(vals)), fmt_share_pct(max(vals))
     return lo if lo == hi else f"{lo[:-1]}-{hi}"
 
@@ -396,8 +372,6 @@ def _time_limit(job: dict, cfg, partition) -> list[dict]:
                      "(backfill)."}]
 
 
-# ----------------------------------------------------------------------------- verdict
-
 LEVEL_WORDS = {"good": "good", "better": "could be better", "wasteful": "wasteful", None: ""}
 GPU_MEM_LOW_PCT = 10.0      # GPU memory high water below this share of the total: could be better
 CPU_WASTE_PCT = CPU_IDLE_PCT
@@ -410,21 +384,15 @@ def _level(v: float | None, good: float, better: float) -> str | None:
 
 
 def verdicts(summary: dict, cfg: Config | None = None, partition: str | None = None) -> list[dict]:
-    """The verdict: one row per resource, most important first.
+    """One row per resource, most important first; empty for a job that did not run.
 
-    Each row: ``{"key", "label", "pct" (float or None), "level" (good |
-    better | wasteful | None = no judgement), "word" (the level in words),
-    "detail" (text, units through gsrun.report.units), "bar_pct" (0..100,
-    what an HTML bar shows)}``. Rows: ``gpu_busy`` (mean utilization over
-    the GPUs with a figure; targets ``findings.low_util_note_pct`` /
-    ``low_util_warn_pct``), ``gpu_sm`` (mean SM activity, GPM; only where
-    known; ``findings.low_sm_activity_pct`` / half of it), ``gpu_mem`` (the
-    highest GPU memory high water of the total; below 10 %: could be
-    better), ``cpu`` (``findings.cpu_good_pct`` / 10 %), ``host_mem``
-    (``findings.mem_good_pct`` / ``mem_overrequest_pct``), ``time`` (Slurm's
-    elapsed time of the time limit, only where it is known; below 2 x
-    ``findings.time_limit_used_pct``: could be better, never wasteful). Empty
-    for a job that did not run."""
+    Row: ``{"key", "label", "pct" (or None), "level" (good | better |
+    wasteful | None: not judged), "word", "detail", "bar_pct" (0..100)}``.
+    Keys and targets (good / better): ``gpu_busy`` (low_util_note_pct /
+    low_util_warn_pct), ``gpu_sm`` (low_sm_activity_pct / half), ``gpu_mem``
+    (fullest GPU, 10 %), ``cpu`` (cpu_good_pct / 10 %), ``host_mem``
+    (mem_good_pct / mem_overrequest_pct), ``time`` (2 x
+    time_limit_used_pct, never wasteful)."""
     job, gpu, cpu, mem = summary["job"], summary["gpu"], summary["cpu"], summary["memory"]
     ran = run_time_s(job)
     if not ran or any(f.get("code") in (FindingCode.NEVER_STARTED, FindingCode.DEFERRED)
@@ -495,11 +463,8 @@ def _short_label(g: dict, devs: list[dict]) -> str:
 
 
 def headline(summary: dict, rows: list[dict]) -> dict:
-    """``{"alert": the first hardware event or "", "next": the change for
-    next time}``: the ``action`` of the most important finding that has one;
-    else "" when nothing was judged, "nothing to change" when every verdict
-    is good (or the GPUs are, naming what is not), else the resources that
-    could be better. Both start in lower case (after ``Next time: ``)."""
+    """``{"alert": the first hardware event or "", "next": the most important finding's action, else
+    what the verdict says could be better}``, both in lower case (after ``Next time: ``)."""
     fs = shown_findings(summary)
     alert = next((f["text"].removeprefix("Hardware event: ") for f in fs if f.get("severity") == "alert"), "")
     act = next((f for f in fs if f.get("action") and f.get("severity") in ("warn", "alert")), None) \

@@ -1,43 +1,20 @@
-"""The cluster's view over a time window (pure): accounting rows and their
-blob figures (:mod:`gsrun.report.fleet_source`) folded, one job at a time
-(:meth:`FleetReport.add`), into per-user / account / partition sums and
-bounded top-N heaps (memory grows with users, never with jobs), then ranked
-tables (:meth:`FleetReport.tables`) and per-user digests.
-
-Figures and where they come from:
-
-- GPU-hours = AllocTRES ``gres/gpu`` x Elapsed / 3600 (sacct).
-- GPU-hours at 0 % = the job's GPU-hours x the share of its GPUs whose
-  mean utilization in the blob is at most ``zero_util_pct``.
-- utilization / SM activity of a user = GPU-hours-weighted mean over the
-  user's jobs with a figure (blob ``gpu_utilization``; gsrun's
-  ``sm_active_pct``).
-- cores per GPU = AllocCPUS / GPUs; memory per GPU = AllocTRES ``mem`` /
-  GPUs, each against the node's share (the partition's smallest cores /
-  memory per GPU from ``sinfo``, or the site's config).
-- host memory used = blob ``used_memory`` / ``total_memory`` summed over
-  nodes (high water vs the request on the node).
-- MIG fit: the smallest profile of the job's GPU (by its memory total,
-  :data:`MIG_PROFILES`) whose memory holds the job's GPU memory high water
-  and whose compute share (slices / 7) holds its SM activity (else
-  utilization), both with ``mig_headroom_pct`` to spare.
-- smaller model: on a cluster with several GPU models (gres types in
-  AllocTRES ``gres/gpu:<type>``; the models' memory from the blobs'
-  ``gpu_total_memory`` of the window's jobs on them), a job whose SM
-  activity (else peak utilization) is below ``low_sm_pct`` and whose GPU
-  memory high water, with ``mig_headroom_pct`` to spare, fits the smallest
-  model of the same cluster with less memory than its own.
-- fragmentation: a multi-node job on more nodes than ceil(GPUs / GPUs per
-  node of the partition).
-- time limit used = Elapsed / Timelimit of completed GPU jobs.
-- energy = gsrun's ``energy_j`` (NVML energy counter) / 3.6e6 kWh.
+"""The cluster's view over a time window (pure): accounting rows and blob
+figures (:mod:`gsrun.report.fleet_source`) folded one job at a time into
+per-user / account / partition sums and bounded top-N heaps, then ranked
+:class:`Table` s and per-user digests. Sources: GPU-hours = AllocTRES
+``gres/gpu`` x Elapsed; utilization, GPU memory and host memory from the
+blob (gsrun's ``sm_active_pct``, ``energy_j``); cores / memory per GPU
+against the partition's node share (``sinfo``, or the site's config); MIG
+fit and smaller model: :func:`mig_fit`, :meth:`FleetReport._model_rows`;
+fragmentation: more nodes than ceil(GPUs / GPUs per node); time limit used
+= Elapsed / Timelimit of completed jobs. docs/ADMIN.md explains each table.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 from gsrun.report.fleet_source import JobFigures, JobRow
 from gsrun.request.mig_layout import parse_layout
@@ -45,11 +22,8 @@ from gsrun.request.mig_layout import parse_layout
 GIB = 1 << 30
 MIB = 1 << 20
 
-#: MIG profiles per GPU memory class: (lowest total memory in GiB, profiles as
-#: ``[(name, compute slices, memory MiB)]``), largest class first. The H200 row is
-#: NVML's own table of the H200 (tests/data/nvml/h200-mig.json, read by
-#: :func:`gsrun.node.mig.profile_table`); the 80 GB and 40 GB rows are NVIDIA's MIG
-#: user guide's for H100/A100 80GB and A100 40GB.
+#: (lowest GPU memory GiB, [(profile, compute slices, memory MiB)]), largest first: the H200's from NVML
+#: (tests/data/nvml/h200-mig.json), H100/A100 80GB and A100 40GB from NVIDIA's MIG user guide.
 MIG_PROFILES: tuple[tuple[float, tuple[tuple[str, int, int], ...]], ...] = (
     (120.0, (("1g.18gb", 1, 16384), ("1g.35gb", 1, 33280), ("2g.35gb", 2, 33280), ("3g.71gb", 3, 71424),
              ("4g.71gb", 4, 71424), ("7g.141gb", 7, 143360))),
@@ -65,10 +39,8 @@ for _lo, _profiles in MIG_PROFILES:       # every name is a valid layout term (g
 
 def mig_fit(mem_peak_bytes: float, mem_total_bytes: float, compute_pct: float,
             headroom_pct: float) -> str | None:
-    """The smallest MIG profile of a GPU with ``mem_total_bytes`` that holds
-    ``mem_peak_bytes`` and ``compute_pct`` (of the whole GPU) with
-    ``headroom_pct`` to spare; None when only the whole GPU does, or the
-    GPU's memory matches no class of :data:`MIG_PROFILES`."""
+    """The smallest MIG profile of that GPU holding the memory peak and compute share with
+    ``headroom_pct`` to spare; None when only the whole GPU does or no class matches."""
     total_gib = mem_total_bytes / GIB
     table = next((p for lo, p in MIG_PROFILES if total_gib >= lo), None)
     if table is None or total_gib > 200:
@@ -84,8 +56,7 @@ def mig_fit(mem_peak_bytes: float, mem_total_bytes: float, compute_pct: float,
 
 @dataclass(frozen=True)
 class NodeShare:
-    """A partition's node: CPU cores, memory (bytes) and GPUs per node, as
-    ``sinfo`` says (the smallest GPU node of the partition)."""
+    """A partition's smallest GPU node as ``sinfo`` says: cores, memory bytes, GPUs."""
 
     cores: int
     mem_bytes: int
@@ -101,9 +72,7 @@ class NodeShare:
 
 
 def parse_sinfo_models(text: str) -> list[str]:
-    """``sinfo -h -N -o %P|%c|%m|%G`` (as :func:`parse_sinfo_nodes`) -> the GPU
-    models named as gres types (``gpu:a100:4`` -> ``a100``), sorted; untyped
-    ``gpu:4`` gres name none."""
+    """``sinfo -h -N -o %P|%c|%m|%G`` -> the gres GPU types (``gpu:a100:4`` -> ``a100``), sorted."""
     out = set()
     for line in text.splitlines():
         parts = line.strip().split("|")
@@ -117,11 +86,8 @@ def parse_sinfo_models(text: str) -> list[str]:
 
 
 def parse_sinfo_nodes(text: str) -> dict[str, NodeShare]:
-    """``sinfo -h -N -o %P|%c|%m|%G`` -> partition -> :class:`NodeShare` of
-    its GPU node with the fewest cores per GPU (memory ``%m`` is MiB; ``%G``
-    is ``gpu:h200:8`` or ``gpu:8``, with ``(S:0-1)`` tails and several gres
-    comma-joined). Nodes without GPUs and ``CLUSTER:`` header lines (``-M``)
-    are skipped; the partition's default marker ``*`` is dropped."""
+    """``sinfo -h -N -o %P|%c|%m|%G`` (``%m`` MiB; ``%G`` like ``gpu:h200:8(S:0-1),...``) -> partition ->
+    :class:`NodeShare` of its GPU node with the fewest cores per GPU."""
     out: dict[str, NodeShare] = {}
     for line in text.splitlines():
         parts = line.strip().split("|")
@@ -161,27 +127,18 @@ class Thresholds:
 
 
 def thresholds_from_config(cfg) -> Thresholds:
-    """:class:`Thresholds` from the site config: ``cluster_report.*`` and the
-    per-job ``findings.*`` thresholds of the same meaning."""
-    return Thresholds(
-        zero_util_pct=float(cfg["cluster_report.zero_util_pct"]),
-        low_util_pct=float(cfg["findings.low_util_warn_pct"]),
-        low_sm_pct=float(cfg["findings.low_sm_activity_pct"]),
-        min_gpu_hours=float(cfg["cluster_report.min_gpu_hours"]),
-        mem_overrequest_pct=float(cfg["findings.mem_overrequest_pct"]),
-        time_limit_used_pct=float(cfg["findings.time_limit_used_pct"]),
-        mig_headroom_pct=float(cfg["cluster_report.mig_headroom_pct"]),
-        cores_per_gpu=float(cfg["cluster_report.cores_per_gpu"]),
-        mem_per_gpu_gib=float(cfg["cluster_report.mem_per_gpu_gib"]),
-        top=int(cfg["cluster_report.top"]))
+    """From ``cluster_report.*`` and the ``findings.*`` thresholds of the same meaning."""
+    keys = {"low_util_pct": "findings.low_util_warn_pct", "low_sm_pct": "findings.low_sm_activity_pct",
+            "mem_overrequest_pct": "findings.mem_overrequest_pct",
+            "time_limit_used_pct": "findings.time_limit_used_pct"}
+    return Thresholds(**{f.name: (int if f.name == "top" else float)(cfg[keys.get(f.name, "cluster_report." + f.name)])
+                         for f in fields(Thresholds)})
 
 
 @dataclass
 class Table:
-    """One ranked table: ``columns`` names (units in them), ``rows`` of
-    plain values (numbers unrounded; the renderers format), ``thresholds``
-    that decided what is listed, ``jobs`` considered and ``no_figures``
-    of those without the figures the table needs."""
+    """One ranked table: ``rows`` of unrounded values under ``columns``; ``jobs`` considered, ``no_figures``
+    of them without the figures it needs."""
 
     key: str
     title: str
@@ -283,11 +240,11 @@ class UserDigest:
     energy_kwh: float = 0.0
 
     def findings(self) -> int:
-        return (len(self.zero) + self.zero_more + len(self.low) + self.low_more + len(self.over) + self.over_more
-                + len(self.mig) + self.mig_more + len(self.time_limit) + self.time_limit_more)
+        return sum(len(getattr(self, k)) + getattr(self, k + "_more") for k in DIGEST_LISTS)
 
 
 DIGEST_JOBS_KEPT = 10
+DIGEST_LISTS = ("zero", "low", "over", "mig", "time_limit")
 
 
 def _dkeep(d: UserDigest, name: str, item: list) -> None:
@@ -300,8 +257,7 @@ def _dkeep(d: UserDigest, name: str, item: list) -> None:
 
 @dataclass
 class _ModelFit:
-    """Jobs of one user on one GPU model whose GPU memory need (high water
-    plus headroom) rounds up to the same whole GiB: how many, GPU-hours, ids."""
+    """Jobs of one user and GPU model whose memory need rounds up to the same GiB."""
 
     jobs: int = 0
     gpu_h: float = 0.0
@@ -309,10 +265,8 @@ class _ModelFit:
 
 
 class FleetReport:
-    """Folds jobs into the tables. ``shares``: partition -> :class:`NodeShare`,
-    where the thresholds' ``cores_per_gpu`` / ``mem_per_gpu_gib`` are 0;
-    ``models``: the gres types sinfo names (the smaller-model table's note);
-    ``digest_after``: user -> epoch s after which a job enters the digest."""
+    """Folds jobs into the tables. ``shares``: partition -> :class:`NodeShare`; ``models``: sinfo's gres
+    types; ``digest_after``: user -> epoch s after which a job enters the digest."""
 
     def __init__(self, th: Thresholds, shares: dict[str, NodeShare] | None = None,
                  digest_after: dict[str, float] | None = None, digests: bool = False,
@@ -347,8 +301,6 @@ class FleetReport:
         self.tl_considered = 0
         self.digest: dict[str, UserDigest] = {}
 
-    # ----------------------------------------------------------------- fold
-
     def _share(self, partition: str) -> tuple[float | None, float | None, int | None]:
         s = self.shares.get(partition)
         cpg = self.th.cores_per_gpu or (s.cores_per_gpu if s else None)
@@ -363,9 +315,8 @@ class FleetReport:
         el_h = job.elapsed_s / 3600.0
         gpu_h = job.gpus * el_h
         cpu_h = job.cpus * el_h
-        u = self.users.get(job.user) or self.users.setdefault(job.user, _Who())
-        a = self.accounts.get(job.account) or self.accounts.setdefault(job.account, _Who())
-        p = self.partitions.get(job.partition) or self.partitions.setdefault(job.partition, _Who())
+        u, a, p = (d.get(k) or d.setdefault(k, _Who()) for d, k in ((self.users, job.user),
+                   (self.accounts, job.account), (self.partitions, job.partition)))
         for w in (u, a, p):
             w.jobs += 1
             w.gpu_h += gpu_h
@@ -492,8 +443,7 @@ class FleetReport:
         self._model(job, figs, gpu_h)
 
     def _model(self, job: JobRow, figs: JobFigures, gpu_h: float) -> None:
-        """The smaller-model fold: the model's memory, and the job's need in whole GiB when its
-        compute is low enough (the models compared once all jobs are in: :meth:`_model_rows`)."""
+        """Record the model's memory and, for low compute, the job's need in whole GiB."""
         util, used, total = figs.gpu_util_pct, figs.gpu_mem_used_bytes, figs.gpu_mem_total_bytes
         if not (job.gpu_type and util and used and len(used) == len(total)):
             self.model_no_figures += 1
@@ -505,17 +455,14 @@ class FleetReport:
         if compute >= self.th.low_sm_pct:
             return
         need = math.ceil(max(used) * (1.0 + self.th.mig_headroom_pct / 100.0) / GIB)
-        f = self.model_fit.get((job.cluster, job.gpu_type, job.user, need))
-        if f is None:
-            f = self.model_fit.setdefault((job.cluster, job.gpu_type, job.user, need), _ModelFit())
+        f = self.model_fit.setdefault((job.cluster, job.gpu_type, job.user, need), _ModelFit())
         f.jobs += 1
         f.gpu_h += gpu_h
         _keep(f.ids, job.job_id)
 
     def _model_rows(self) -> list[list]:
-        """Per user, model and smaller model: ``[user, model, smaller model, jobs, GPU-h, job ids]``,
-        by GPU-hours. The smaller model is the one with the least memory (of the same cluster)
-        that holds the need; none when only the job's own model does."""
+        """``[user, model, smaller model, jobs, GPU-h, job ids]`` by GPU-hours: the smaller model is the
+        cluster's model with the least memory that holds the need."""
         rows: dict[tuple[str, str, str], _ModelFit] = {}
         for (cluster, model, user, need), f in self.model_fit.items():
             own = self.model_mem[(cluster, model)]
@@ -540,8 +487,6 @@ class FleetReport:
         if unseen:
             notes.append("models sinfo names without a job with figures (memory unknown): " + ", ".join(unseen))
         return notes
-
-    # ----------------------------------------------------------------- tables
 
     def _ids(self, ids: list, n: int) -> str:
         return ",".join(ids) + (f" +{n - len(ids)}" if n > len(ids) else "")

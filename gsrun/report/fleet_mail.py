@@ -1,18 +1,8 @@
-"""The cluster report's mails: per-user digests and the admins' tables,
-through gsrun's mail spool (:func:`gsrun.report.mail.enqueue`, then
-:func:`gsrun.report.mail.flush`), so an SMTP outage only delays them (the
-``gsrun-mail`` timer delivers what is left).
-
-- One mail per user per window: the spool's queue id is
-  ``digest.<user>.<start>-<end>`` and :func:`~gsrun.report.mail.enqueue` writes
-  a queue id once.
-- Never the same job twice: ``<spool_dir>/report/digests.json`` keeps, per
-  user, the End of the last job a digest covered (``last_end_s``); the
-  next report only takes that user's jobs that ended later
-  (:class:`gsrun.report.fleet.FleetReport` ``digest_after``).
-- Rate limit: no digest to a user who got one less than
-  ``cluster_report.digest_min_interval_h`` ago, and at most
-  ``cluster_report.digests_per_run`` digests per run.
+"""The cluster report's mails (per-user digests, the admins' tables) through
+gsrun's mail spool, so an SMTP outage only delays them. One mail per user
+and window (queue id ``digest.<user>.<start>-<end>``); never a job twice
+(``<spool>/report/digests.json`` keeps each user's last covered End);
+``cluster_report.digest_min_interval_h`` and ``digests_per_run`` limit them.
 """
 
 from __future__ import annotations
@@ -34,8 +24,7 @@ STATE_NAME = "digests.json"
 
 @dataclass(frozen=True)
 class Outgoing:
-    """A mail the run would send: queue id, recipient, subject, body text;
-    ``user`` None for the admins' tables."""
+    """A mail to send; ``user`` None for the admins' tables."""
 
     qid: str
     to_addr: str
@@ -54,20 +43,18 @@ def state_path(spool_dir) -> Path:
 
 
 def read_state(spool_dir) -> dict[str, dict]:
-    """user -> ``{"last_end_s", "sent_at"}`` ({} when none yet)."""
+    """user -> ``{"last_end_s", "sent_at"}``."""
     got = read_json(state_path(spool_dir))
     return {k: v for k, v in got.items() if isinstance(v, dict)} if isinstance(got, dict) else {}
 
 
 def digest_after(state: dict[str, dict]) -> dict[str, float]:
-    """user -> End of the last job a digest of theirs covered."""
     return {u: float(v.get("last_end_s") or 0) for u, v in state.items()}
 
 
 def plan_digests(digests: list[UserDigest], scope: Scope, cfg, state: dict[str, dict],
                  now: float) -> tuple[list[Outgoing], list[str]]:
-    """The digests to send and, for each user skipped, why (rate limit, no
-    address, a user name not fit for a mail address)."""
+    """The digests to send, and why each other user is skipped."""
     domain = str(cfg["mail.default_domain"])
     min_gap_s = float(cfg["cluster_report.digest_min_interval_h"]) * 3600.0
     cap = int(cfg["cluster_report.digests_per_run"])
@@ -103,9 +90,7 @@ def admin_mail(to_addr: str, text: str, scope: Scope) -> Outgoing:
 
 
 def build(o: Outgoing, from_addr: str, now: float) -> EmailMessage:
-    """The plain-text message (7-bit, quoted-printable, RFC 3834 auto-generated).
-
-    Raises:
+    """Raises:
         InputError: a bad recipient or sender address."""
     msg = new_message(o.to_addr, from_addr, o.subject, lambda d: f"<gsrun.{o.qid}@{d}>", now)
     msg.set_content(o.body, subtype="plain", charset="utf-8", cte="quoted-printable")
@@ -113,9 +98,8 @@ def build(o: Outgoing, from_addr: str, now: float) -> EmailMessage:
 
 
 def send(outgoing: list[Outgoing], cfg, spool_dir, now: float | None = None, deliver=None) -> dict:
-    """Queue every mail in the spool, record the digests in the state file,
-    then flush the queue once. Returns :func:`gsrun.report.mail.flush`'s
-    counts plus ``queued``.
+    """Queue every mail, record the digests, flush once. -> :func:`~gsrun.report.mail.flush`'s counts
+    and ``queued``.
 
     Raises:
         InputError: a bad address (nothing of that mail is queued).
@@ -140,7 +124,7 @@ def send(outgoing: list[Outgoing], cfg, spool_dir, now: float | None = None, del
 
 
 def dry_run_text(outgoing: list[Outgoing], skipped: list[str]) -> str:
-    """What :func:`send` would queue (recipient, subject, body) and whom it skips."""
+    """What :func:`send` would queue, and whom it skips."""
     out = []
     for o in outgoing:
         out += [f"--- would send {o.qid} to {o.to_addr}", f"Subject: {o.subject}", "", o.body.rstrip("\n"), ""]

@@ -1,8 +1,5 @@
-"""The cluster report's tables as fixed-width text (a terminal or a mail),
-CSV and JSON, and one user's digest as text (pure). Every number goes
-through :mod:`gsrun.report.units`: GPU-hours ``fmt_hours_h``, shares
-``fmt_share_pct``, durations ``fmt_duration_s`` (clock), energy in kWh
-with three decimals, times ``fmt_time``.
+"""The cluster report's tables as fixed-width text, CSV and JSON, and a
+user's digest as text (pure); numbers through :mod:`gsrun.report.units`.
 """
 
 from __future__ import annotations
@@ -15,7 +12,6 @@ from dataclasses import asdict, dataclass
 from gsrun.report.fleet import Table, UserDigest
 from gsrun.report.units import NA, as_number, fmt_duration_s, fmt_hours_h, fmt_share_pct, fmt_time
 
-# column -> kind ("h" GPU/CPU-hours, "pct", "dur" seconds, "kwh", "num" one decimal, "int", text otherwise)
 _KIND = {
     "GPU-h at 0%": "h", "GPU-h": "h", "CPU-h": "h", "GPU-h over": "h", "GPU-h unused": "h",
     "share": "pct", "util": "pct", "SM active": "pct", "host mem used": "pct", "limit used": "pct",
@@ -26,8 +22,7 @@ _KIND = {
 
 @dataclass(frozen=True)
 class Scope:
-    """What a report covers: ``start_s``/``end_s`` epoch seconds, the
-    clusters and partitions asked for (empty: all) and the accounts."""
+    """What a report covers (epoch s; empty name tuples: all)."""
 
     start_s: float
     end_s: float
@@ -47,22 +42,16 @@ def cell(column: str, v) -> str:
     kind = _KIND.get(column)
     if v is None:
         return NA
-    if kind == "h":
-        return fmt_hours_h(v)
-    if kind == "pct":
-        return fmt_share_pct(v)
-    if kind == "dur":
-        return fmt_duration_s(v, "clock")
-    if kind == "kwh":
+    if kind in _FMT:
+        return _FMT[kind](v)
+    if kind in _DIGITS:
         f = as_number(v)
-        return NA if f is None else f"{f:.3f}"
-    if kind == "num":
-        f = as_number(v)
-        return NA if f is None else f"{f:.1f}"
-    if kind == "int":
-        f = as_number(v)
-        return NA if f is None else f"{f:.0f}"
+        return NA if f is None else f"{f:.{_DIGITS[kind]}f}"
     return str(v)
+
+
+_FMT = {"h": fmt_hours_h, "pct": fmt_share_pct, "dur": lambda v: fmt_duration_s(v, "clock")}
+_DIGITS = {"kwh": 3, "num": 1, "int": 0}
 
 
 def _thresholds(t: Table) -> str:
@@ -70,8 +59,7 @@ def _thresholds(t: Table) -> str:
 
 
 def table_text(t: Table, scope: Scope, seen_clusters=()) -> str:
-    """One table: title, scope, thresholds, how many jobs had no figures,
-    then the rows in fixed-width columns (text left, numbers right)."""
+    """One table: title, scope, thresholds, counts, then the rows (text left, numbers right)."""
     lines = [f"== {t.title} ==", scope.line(seen_clusters),
              f"thresholds: {_thresholds(t)}   jobs: {t.jobs}   without figures: {t.no_figures}"]
     lines += [f"note: {n}" for n in t.notes]
@@ -98,8 +86,7 @@ def report_text(tables: list[Table], scope: Scope, seen_clusters=(), head: str =
 
 
 def report_csv(tables: list[Table], scope: Scope) -> str:
-    """One CSV for all tables: ``table,<columns...>`` header per table, raw
-    numbers (unrounded, empty for N/A)."""
+    """One CSV: a ``table,<columns...>`` header per table, raw numbers (N/A empty)."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     for t in tables:
@@ -116,8 +103,7 @@ def report_json(tables: list[Table], scope: Scope, extra: dict) -> str:
 
 
 def digest_text(d: UserDigest, scope: Scope, doc_url: str = "") -> str:
-    """One user's digest: their GPU jobs that ended in the window (since
-    their last digest), what each finding means, the site's help link."""
+    """One user's digest of their GPU jobs since their last one."""
     out = [f"gsrun: your GPU jobs {fmt_time(scope.start_s)} .. {fmt_time(scope.end_s)}",
            f"{d.jobs} GPU jobs, {fmt_hours_h(d.gpu_h)} GPU-hours, GPU energy {d.energy_kwh:.3f} kWh", ""]
 

@@ -1,13 +1,7 @@
-"""Jobs of a time window from Slurm accounting, one at a time (facts).
-
-:func:`stream_sacct` runs one ``sacct -P -n -X`` query per window chunk
-(:func:`sacct_argv`, :func:`chunks`) and yields its lines, so a week of
-200,000 jobs never sits in memory; :func:`parse_line` makes a
-:class:`JobRow` of one, :func:`blob_figures` the :class:`JobFigures` of its
-``AdminComment`` (gsrun's or jobstats' ``JS1:`` blob). ``-X``: the blob
-holds the per-node figures steps would repeat; a job without a blob counts
-under "no figures". A job belongs to the chunk its ``End`` falls in, so each
-is reported once.
+"""Jobs of a time window from Slurm accounting, one at a time (facts): one
+``sacct -P -n -X`` per chunk, streamed (:func:`window_jobs`), each line a
+:class:`JobRow` and its ``AdminComment`` blob :class:`JobFigures`. A job
+belongs to the chunk its ``End`` falls in, so it is reported once.
 """
 
 from __future__ import annotations
@@ -27,13 +21,11 @@ from gsrun.facts.slurm import DEFAULT_PATH, TERMINAL_STATES, state_word
 from gsrun.report.summary import JS1_MARKERS, decode_js1
 from gsrun.report.units import as_number
 
-#: ``--format=`` of the report's query. AdminComment is last: a ``|`` inside
-#: another tool's comment only ever spills into the last column.
+#: AdminComment last: a ``|`` in another tool's comment only spills into the last column.
 REPORT_FORMAT: tuple[str, ...] = (
     "JobID", "JobIDRaw", "Cluster", "Partition", "Account", "User", "State", "Submit", "Start", "End",
     "Elapsed", "Timelimit", "AllocCPUS", "AllocTRES", "ReqMem", "NNodes", "NodeList", "AdminComment",
 )
-#: states a report covers (``sacct -s``): jobs that ended
 REPORT_STATES = ("CA", "CD", "DL", "F", "NF", "OOM", "PR", "TO")
 _NAMES = tuple(f.lower() for f in REPORT_FORMAT)
 _END = REPORT_FORMAT.index("End")
@@ -41,8 +33,7 @@ _END = REPORT_FORMAT.index("End")
 
 @dataclass(slots=True)
 class JobRow:
-    """One job's allocation line. Times are epoch seconds (local time as
-    sacct prints it), durations seconds, memory bytes; None = not given."""
+    """One job's allocation line (epoch s, s, bytes; None = not given)."""
 
     job_id: str
     cluster: str
@@ -66,10 +57,8 @@ class JobRow:
 
 @dataclass(slots=True)
 class JobFigures:
-    """What a ``JS1:`` blob says about a job. The GPU lists hold one entry
-    per GPU with a figure; the host figures are sums over the blob's nodes;
-    ``sm_active_pct``, ``energy_j`` and ``alerts`` come from gsrun's section
-    only; ``source``: ``"gsrun"`` or ``"jobstats"``."""
+    """A ``JS1:`` blob's figures: one GPU list entry per GPU with a figure, host sums over nodes;
+    ``sm_active_pct``, ``energy_j``, ``alerts`` from gsrun's section only."""
 
     source: str
     gpu_util_pct: list[float] = field(default_factory=list)
@@ -82,8 +71,6 @@ class JobFigures:
     energy_j: float | None = None
     alerts: int = 0
 
-
-# --------------------------------------------------------------------------- pure
 
 def _epoch(text: str) -> float | None:
     t = text.strip()
@@ -103,10 +90,7 @@ def _time(text: str) -> float | None:
 
 
 def parse_line(line: str, fmt: tuple[str, ...] = REPORT_FORMAT) -> JobRow | None:
-    """One ``sacct -P -n -X --format=<REPORT_FORMAT>`` line -> :class:`JobRow`;
-    None for a step line, a ``CLUSTER:`` header (``-M``), a blank line, or a
-    line with too few columns. ``fmt`` may be another order of the same
-    names (recorded outputs of other Slurm versions name them the same)."""
+    """One ``sacct`` line of ``fmt``'s columns -> :class:`JobRow`; None for a step, header or short line."""
     names = _NAMES if fmt is REPORT_FORMAT else [f.lower() for f in fmt]
     parts = line.rstrip("\n").split("|", len(names) - 1)
     if len(parts) != len(names):
@@ -136,11 +120,8 @@ def parse_line(line: str, fmt: tuple[str, ...] = REPORT_FORMAT) -> JobRow | None
 
 
 def blob_figures(comment: str) -> tuple[JobFigures | None, str | None]:
-    """``(figures, None)`` from a ``JS1:`` AdminComment, else ``(None,
-    why)``: ``"no blob"``, ``"jobstats stub"`` (``JS1:Short`` / ``JS1:None``:
-    jobstats had too little to store), ``"lowercased"`` (sacctmgr of Slurm
-    22.05), ``"corrupt"``. Per-GPU figures keyed ``min``/``median``/``max``
-    (a reduced gsrun blob) count as three GPUs."""
+    """``(figures, None)``, else ``(None, why)``: ``no blob``, ``jobstats stub`` (a marker),
+    ``lowercased`` (Slurm 22.05), ``corrupt``. A reduced blob's min/median/max count as three GPUs."""
     if not comment.startswith("JS1:"):
         return None, ("lowercased" if comment.startswith("js1:") else "no blob")
     if comment in JS1_MARKERS:
@@ -192,7 +173,6 @@ def blob_figures(comment: str) -> tuple[JobFigures | None, str | None]:
 
 
 def chunks(start_s: float, end_s: float, chunk_s: float) -> list[tuple[float, float]]:
-    """``[start_s, end_s)`` cut into consecutive pieces of ``chunk_s`` (the last shorter)."""
     out, t = [], start_s
     while t < end_s:
         out.append((t, min(t + chunk_s, end_s)))
@@ -206,9 +186,7 @@ def _slurm_time(epoch_s: float) -> str:
 
 def sacct_argv(start_s: float, end_s: float, clusters: Iterable[str] = (), partitions: Iterable[str] = (),
                accounts: Iterable[str] = ()) -> list[str]:
-    """The argv of one chunk's query (every user: ``-a``; jobs that ended:
-    ``-s``; allocations only: ``-X``). Filters are comma-joined lists whose
-    names were checked by the caller (:func:`check_names`)."""
+    """One chunk's sacct argv; names checked by :func:`check_names`."""
     argv = ["sacct", "-P", "-n", "-X", "-a", "--format=" + ",".join(REPORT_FORMAT),
             "-S", _slurm_time(start_s), "-E", _slurm_time(end_s), "-s", ",".join(REPORT_STATES)]
     for flag, names in (("-M", clusters), ("-r", partitions), ("-A", accounts)):
@@ -232,11 +210,8 @@ def check_names(what: str, names: Iterable[str]) -> list[str]:
     return out
 
 
-# --------------------------------------------------------------------------- effects
-
 def stream_sacct(argv: list[str], timeout_s: float) -> Iterator[str]:
-    """Run ``argv`` (sacct) and yield its stdout lines as they come; the
-    whole run is bounded by ``timeout_s`` (killed after it).
+    """``argv``'s stdout lines as they come, killed after ``timeout_s`` in all.
 
     Raises:
         SlurmError: sacct missing, failed (no slurmdbd) or timed out.
@@ -281,9 +256,8 @@ def stream_sacct(argv: list[str], timeout_s: float) -> Iterator[str]:
 
 def window_jobs(start_s: float, end_s: float, chunk_s: float, timeout_s: float, clusters=(), partitions=(),
                 accounts=(), lines_of=None) -> Iterator[JobRow]:
-    """Every job that ended in ``[start_s, end_s)``, chunk by chunk, once.
-    ``lines_of(argv)``: the line source (default :func:`stream_sacct`;
-    tests and the benchmark pass recorded text)."""
+    """Every job that ended in ``[start_s, end_s)``, once. ``lines_of(argv)``: the line source
+    (default :func:`stream_sacct`)."""
     lines_of = lines_of or (lambda argv: stream_sacct(argv, timeout_s))
     for a, b in chunks(start_s, end_s, chunk_s):
         for line in lines_of(sacct_argv(a, b, clusters, partitions, accounts)):
@@ -293,11 +267,8 @@ def window_jobs(start_s: float, end_s: float, chunk_s: float, timeout_s: float, 
                 if end is None or not (a <= end < b):
                     continue
             row = parse_line(line)
-            if row is None or row.end_s is None or not (a <= row.end_s < b):
-                continue
-            if row.state not in TERMINAL_STATES:
-                continue
-            yield row
+            if row is not None and row.end_s is not None and a <= row.end_s < b and row.state in TERMINAL_STATES:
+                yield row
 
 
 def parse_since(text: str, now: float | None = None) -> float:

@@ -1,16 +1,11 @@
-"""The report of a running job, from the live node files (``gseff`` on a RUNNING job, the alert mail). Pure.
+"""A running job's report from the live node files (``gseff``, the alert mail). Pure.
 
-Each node's live file (:mod:`gsrun.facts.live`) goes through the finished
-job's code: :func:`gsrun.report.summary.node_summary` up to the node's last
-poll (or the node's final summary, when its epilog wrote one), then
-:func:`gsrun.report.summary.job_summary`. The result has ``job.state``
-``RUNNING``, ``elapsed_s`` null, ``sampled_s`` from the earliest sampler
-start to the latest poll, and a ``live`` section::
+Each node's live file goes through the finished job's code up to its last
+poll; the result has ``job.state`` RUNNING, ``sampled_s`` and a ``live``
+section::
 
-    {"as_of": epoch s of the newest live file, "nodes_live": [node, ...],
-     "alerts": ["GPU 0 on gpu01 idle since 10:02:03 (12.5 min)", ...],
-     "cancel": {"action", "reason", "time"} | null,
-     "findings": [detector finding dicts, each with "node"]}
+    {"as_of": epoch s, "nodes_live": [node], "alerts": [text],
+     "cancel": {"action", "reason", "time"} | null, "findings": [detector findings with "node"]}
 """
 
 from __future__ import annotations
@@ -20,9 +15,8 @@ from gsrun.report.summary import job_summary, node_summary
 
 def live_summary(job_id: str, live: dict[str, dict], finished: list[dict] | None = None,
                  cfg=None) -> dict | None:
-    """The running job's summary (see module doc) from ``live`` (node -> live
-    doc, :func:`gsrun.facts.live.read_live_docs`) and the node summaries
-    already final (``finished``). None when there is no live doc."""
+    """From ``live`` (node -> :func:`gsrun.facts.live.read_live_docs` doc) and the final node summaries;
+    None without a live doc."""
     finished = [n for n in (finished or []) if isinstance(n, dict) and n.get("kind") == "node"]
     done = {n["node"] for n in finished}
     docs = [d for node, d in sorted(live.items()) if node not in done]
@@ -58,8 +52,7 @@ def live_summary(job_id: str, live: dict[str, dict], finished: list[dict] | None
 
 
 def live_text(summary: dict, now: float) -> str:
-    """The lines ``gseff`` prints above a running job's report: how fresh
-    the figures are, then each alert and the cancel decision. Pure."""
+    """The lines above a running job's report: freshness, alerts, the cancel decision."""
     live = summary.get("live") or {}
     out = []
     as_of = live.get("as_of")

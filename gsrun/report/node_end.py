@@ -9,25 +9,16 @@ def _setting(**kw) -> dict:
     return NodeSetting(**kw).to_json()
 
 
-# the prolog's tuning actions (gsrun.node.tuning.PlanItem) -> NodeSetting.state; "apply" left
-# in a record means the prolog stopped before the write: not attempted
+# PlanItem action -> NodeSetting.state ("apply" left: the prolog stopped before the write)
 _ACTION_STATE = {"applied": "applied", "unchanged": "unchanged", "reuse": "reused", "refused": "refused",
                  "unsupported": "unsupported", "failed": "failed", "rolled_back": "rolled_back",
                  "skipped": "skipped", "apply": "skipped"}
 
 
 def node_settings(prolog: dict | None, notes: dict | None = None) -> list[dict] | None:
-    """The node settings in force during the job (JSON form of
-    :class:`~gsrun.report.records.NodeSetting`), from the prolog record
-    (``prolog-<node>.json``): its tuning items (``steps.tuning``), the
-    ``cpu_dma_latency`` hold, and ``malloc`` when the request names an
-    allocator. ``notes``: the node's task notes
-    (:func:`gsrun.facts.task_notes.read_task_notes`): ``malloc`` then says
-    what the task got (``applied`` = verified in ``/proc/<pid>/maps``,
-    ``requested`` = not verified, ``unsupported`` = not found), and a hard
-    ``RLIMIT_MEMLOCK`` too low for pinned memory adds ``memlock``
-    (``warning``). ``[]``: nothing asked or tuning off; None: no prolog
-    record (unknown)."""
+    """NodeSettings (JSON) from the prolog record: tuning items, the ``cpu_dma_latency`` hold, ``malloc``;
+    with the task notes (:func:`gsrun.facts.task_notes.read_task_notes`) what malloc the task got and a
+    too-low ``memlock``. ``[]``: nothing asked; None: no prolog record."""
     if not isinstance(prolog, dict) or not prolog:
         return None
     out: list[dict] = []

@@ -1,15 +1,9 @@
-"""The summaries and findings as typed, versioned records. Pure.
+"""The summaries and findings as typed records (``gsrun.summary/1``). Pure.
 
-:class:`NodeSummary` (``<spool>/jobs/<id>/node-<node>.json``, the node
-epilog) and :class:`JobSummary` (``summary.json``, EpilogSlurmctld; ``gseff
---json``). Both carry ``schema`` = :data:`gsrun.SUMMARY_SCHEMA`;
-``from_json`` reads every ``gsrun.summary/1`` file written so far and refuses
-another schema: a key an older writer left out is
-:data:`gsrun.base.record.ABSENT`, unknown keys are kept in ``extra``, so
-``from_json(d).to_json() == d``. ``schemas/*.schema.json`` are generated
-from these classes (``python -m gsrun.report.records``;
-``tests/pure/test_schemas.py`` checks they are current). How each number is
-computed: :mod:`gsrun.report.summary`. ``None`` means "not available", never 0.
+``from_json`` reads every file written so far (a key left out is ABSENT,
+unknown keys go to ``extra``: ``from_json(d).to_json() == d``) and refuses
+another schema. ``schemas/*.schema.json`` are generated from these classes
+(``python -m gsrun.report.records``); field and class docs are their text.
 """
 
 from __future__ import annotations
@@ -392,17 +386,13 @@ SCHEMAS = {
 
 
 def is_mig(dev) -> bool:
-    """Whether a GPU entry of a summary (``gpu.devices[i]``, a mapping) is a
-    MIG instance: the sampler's ``mig`` / ``util_na_reason`` mark, or NVML's
-    name ("... MIG 1g.10gb") or UUID ("MIG-..."), as older summaries only
-    have those. Its utilization is then N/A (MIG), never 0."""
+    """A summary's GPU entry is a MIG instance: marked so, or by NVML name or ``MIG-`` UUID (older files)."""
     return bool(dev.get("mig")) or dev.get("util_na_reason") == "MIG" \
         or "MIG" in str(dev.get("name") or "").upper().split() or str(dev.get("uuid") or "").startswith("MIG-")
 
 
 def all_schemas() -> dict[str, dict]:
-    """file stem -> JSON Schema, for ``schemas/<stem>.schema.json`` (with the
-    sampler state's, :mod:`gsrun.facts.sampler_state`)."""
+    """file stem -> JSON Schema for ``schemas/<stem>.schema.json``, the sampler state's too."""
     out = {stem: json_schema(cls, f"{SCHEMA_BASE}{stem}.schema.json", title)
            for stem, (cls, title) in SCHEMAS.items()}
     out["sampler-state"] = json_schema(ss.SamplerState, ss.SCHEMA_ID,

@@ -1,8 +1,5 @@
-"""The efficiency report users read, from a job summary (JSON form): text
-(``gseff``, the mail's text part) and a GPU timeline PNG (``gseff --plot``,
-the mail). Missing figures print as ``N/A`` (``N/A (MIG)`` for a MIG
-device's utilization), never as 0; every number goes through
-:mod:`gsrun.report.units`.
+"""The report users read, from a job summary's JSON form: text (``gseff``,
+the mail) and a GPU timeline PNG; missing figures print as ``N/A``, never 0.
 """
 
 from __future__ import annotations
@@ -31,10 +28,7 @@ SETTINGS_GROUPS_SHOWN = 4       # node-settings lines in the report; the other g
 _SETTING_WHY = ("refused", "unsupported", "failed", "rolled_back", "skipped")
 
 
-#: What each figure of the report means: its label, its definition and source,
-#: and how it compares with the same label in jobstats and reportseff. The one
-#: home of these texts: ``gseff --explain`` prints them, docs/USER.md ("What the
-#: figures mean") holds the same text (tests/pure/test_figure_definitions.py).
+#: What each figure means (``gseff --explain``; docs/USER.md holds the same text: test_figure_definitions.py).
 FIGURES = (
     ("GPU busy", "mean over the job's GPUs of the share of time a kernel ran on each (NVML "
      "utilization.gpu, sampled; a GPU with no reading is left out). jobstats' and reportseff's "
@@ -64,7 +58,7 @@ FIGURES = (
 
 
 def explain_text() -> str:
-    """:data:`FIGURES` as plain text, every line at most :data:`WRAP_COLS` wide."""
+    """:data:`FIGURES` as plain text."""
     lines = ["What the figures of a gsrun report mean", ""]
     for label, text in FIGURES:
         lines += _wrap(f"{label}: {text}", "", "  ")
@@ -94,7 +88,7 @@ def _wrap(text: str, first: str, rest: str) -> list[str]:
 
 
 def doc_link(cfg, code) -> str:
-    """``<report.doc_url>#<code>`` or "" when the site set no URL."""
+    """``<report.doc_url>#<code>``, or ""."""
     try:
         base = cfg["report.doc_url"] if cfg is not None else ""
     except KeyError:
@@ -126,8 +120,7 @@ def _gpu_notes(g, c) -> list[str]:
 
 
 def fmt_setting(st: dict) -> str:
-    """One :class:`~gsrun.report.records.NodeSetting` (JSON form) as the report
-    shows it: ``governor=performance applied``, ``irq=local refused (...)``."""
+    """A NodeSetting as ``governor=performance applied``, ``irq=local refused (...)``."""
     key, value, state, why = st.get("key"), st.get("value"), st.get("state"), st.get("reason") or ""
     if key == "cpu_dma_latency":
         return f"cpu_dma_latency={value}us held by the node monitor"
@@ -145,10 +138,8 @@ def fmt_setting(st: dict) -> str:
 
 
 def settings_lines(summary: dict) -> list[str]:
-    """The "node settings during the job" lines (unwrapped): one line when
-    every node had the same settings, else one per group (at most
-    :data:`SETTINGS_GROUPS_SHOWN`, the rest counted), then the nodes whose
-    settings are unknown. ``[]`` when no node changed or asked for anything."""
+    """"Node settings during the job" lines (unwrapped): one per group (the first
+    :data:`SETTINGS_GROUPS_SHOWN`), then the unknown nodes; ``[]`` when nothing was changed or asked."""
     groups = [g for g in summary.get("settings") or () if isinstance(g, dict)]
     if not any(g.get("settings") for g in groups):
         return []
@@ -173,9 +164,7 @@ def settings_lines(summary: dict) -> list[str]:
 
 
 def _short_label(text: str, keep: int) -> str:
-    """A finding's text with the GPUs it begins with
-    (:func:`gsrun.report.findings.gpus_label`) cut to those of its first
-    ``keep`` nodes and ``and GPUs on N more nodes (...)``; the rest kept."""
+    """A finding's leading GPU list (:func:`~gsrun.report.findings.gpus_label`) cut to ``keep`` nodes."""
     items, i = [], 0
     while True:
         m = _LABEL_ITEM.match(text, i)
@@ -198,8 +187,7 @@ ACTION_WORDS = {"alert_mailed": "alert mailed", "cancel_warned": "idle-cancel wa
 
 
 def action_text(a: dict) -> str:
-    """One ``summary["actions"]`` entry as a line:
-    ``2025-10-09 10:02 on n1: alert mailed (idle): GPU 4 on n1 idle since ...``."""
+    """``2025-10-09 10:02 on n1: alert mailed (idle): GPU 4 on n1 idle since ...``."""
     what = ACTION_WORDS.get(a.get("action"), str(a.get("action")).replace("_", " "))
     if a.get("kind"):
         what += f" ({str(a['kind']).replace('_', ' ')})"
@@ -208,12 +196,8 @@ def action_text(a: dict) -> str:
 
 
 def render_text(summary: dict, color: bool = False, cfg=None, all_gpus: bool = False) -> str:
-    """The report as plain text, every line at most :data:`WRAP_COLS` wide
-    (ANSI colour when ``color``, not counted). Order: title, hardware alert
-    and next time, verdict, findings (with ``More: <report.doc_url>#<code>``),
-    actions while the job ran, the job, the GPUs (a block each, or a table
-    from :data:`TABLE_FROM_GPUS`). ``all_gpus`` lifts every list's limit.
-    ``cfg``: verdict targets and the URL (None: defaults, no URL)."""
+    """The text report, lines at most :data:`WRAP_COLS` wide (ANSI colour not counted). ``all_gpus``
+    lifts every list's limit; ``cfg``: targets and doc URL (None: defaults)."""
     def c(code, s):
         return f"\033[{code}m{s}\033[0m" if color else s
 
@@ -375,7 +359,7 @@ def render_text(summary: dict, color: bool = False, cfg=None, all_gpus: bool = F
 
 
 def _distribution(gpus: list[dict]) -> list[str]:
-    """Lines summarising many GPUs: the spread of busy and what the table lists."""
+    """Many GPUs: the spread of busy, then what the table lists."""
     vals = sorted(g["util_mean_pct"] for g in gpus if g.get("util_mean_pct") is not None)
     out = []
     if vals:
@@ -421,15 +405,11 @@ MANY_GPUS = 5                          # from this many GPUs: mean with a min-ma
 
 
 def render_png(summary: dict) -> bytes | None:
-    """The GPU timeline as PNG bytes, 1440 px wide: panels busy %, SM active
-    %, GPU memory (GiB) and power (W, with the power limit), each with its
-    mean dashed and all-idle stretches shaded; one line per GPU below
-    :data:`MANY_GPUS`, else the mean with a min-max band and the two least
-    busy GPUs named. None when matplotlib is missing or nothing to draw."""
+    """The GPU timeline PNG (busy %, SM active %, memory GiB, power W), one line per GPU below
+    :data:`MANY_GPUS`, else mean and band. None without matplotlib or anything to draw."""
     alldev = summary["gpu"]["devices"]
     devices = [g for g in alldev if any(g.get("timeline", {}).get(k) for k in g.get("timeline", {}))]
-    # a job of many GPUs keeps one pooled timeline (gpu.timeline: [t_s, mean, max, n, lowest GPU mean])
-    # instead of one per device: drawn as the mean with a band from the lowest GPU mean to the highest sample
+    # a many-GPU job's pooled gpu.timeline: [t_s, mean, max, n, lowest GPU mean]
     pooled = {k: v for k, v in (summary["gpu"].get("timeline") or {}).items() if v} if not devices else {}
     if not devices and not pooled:
         return None

@@ -1,17 +1,8 @@
-"""Retention of the shared spool's job directories (``gsrun-node prune``).
-
-A job directory ``<spool_dir>/jobs/<id>/`` may go once its summary is in
-accounting (``accounting.json`` says ``"admin_comment": "stored"``, written
-by :mod:`gsrun.epilog.ctld`); others are kept unless forced.
-:func:`plan_prune` decides (pure) over :func:`scan_job_dirs`' facts
-(``lstat`` only); :func:`prune_job_dirs` applies.
-
-The hooks writing a shared (often NFS) spool take no lock and ``flock`` is
-unreliable over NFS, so a directory changed within :data:`QUIET_S` is never
-touched. One to drop is renamed to ``jobs/.prune.<id>.<random>`` (a hook
-starting afterwards creates a fresh ``jobs/<id>/``), checked again, and only
-then removed; a write that landed in between puts it back. Only real
-directories named by a job id are considered.
+"""Retention of the spool's job directories (``gsrun-node prune``): one goes
+once ``accounting.json`` says its summary is ``"stored"`` (or ``--force``).
+No lock (the spool may be NFS): a directory changed within :data:`QUIET_S`
+is kept; one to drop is renamed to ``jobs/.prune.<id>.<random>``, checked
+again, then removed (a write in between puts it back).
 """
 
 from __future__ import annotations
@@ -25,24 +16,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gsrun.base.errors import NodeError
-from gsrun.base.fsutil import read_json
+from gsrun.base.fsutil import atomic_write_json, read_json, read_spool_json
 from gsrun.base.ids import is_job_id
-from gsrun.base.fsutil import atomic_write_json
-from gsrun.base.fsutil import read_spool_json
 
 PHASE = "prune"
 QUIET_S = 3600.0
-ACCOUNTING_MARK = "accounting.json"   # written by the AdminComment step (gsrun.epilog.ctld)
+ACCOUNTING_MARK = "accounting.json"   # written by gsrun.epilog.ctld
 DAY_S = 86400.0
 _ASIDE = ".prune."
 
 
 @dataclass(frozen=True)
 class JobDir:
-    """Facts about one entry of ``<spool_dir>/jobs/``: ``name``; ``kind``
-    ``"dir"`` / ``"link"`` / ``"other"``; ``newest_mtime`` epoch seconds of
-    the directory or its newest direct entry (``lstat``); ``stored``: the
-    accounting marker says the summary is in ``AdminComment``."""
+    """An entry of ``jobs/``: ``kind`` dir/link/other; ``newest_mtime`` of it or its newest entry (epoch s);
+    ``stored``: the summary is in ``AdminComment``."""
 
     name: str
     kind: str
@@ -52,7 +39,6 @@ class JobDir:
 
 @dataclass(frozen=True)
 class Decision:
-    """``action`` ``"remove"`` or ``"keep"``; ``reason`` one line for the admin."""
 
     name: str
     action: str
@@ -62,9 +48,8 @@ class Decision:
 
 def plan_prune(entries: list[JobDir], now: float, older_than_days: float, force: bool = False,
                quiet_s: float = QUIET_S) -> list[Decision]:
-    """What to do with each entry (by name): remove a real directory named
-    by a job id, older than ``older_than_days`` and ``quiet_s``, whose
-    summary is in accounting (or ``force``).
+    """Per entry by name: remove a real job-id directory older than ``older_than_days`` and ``quiet_s``
+    whose summary is stored (or ``force``), else keep.
 
     Raises:
         ValueError: ``older_than_days`` negative.
@@ -130,8 +115,7 @@ def _jobs_dir(spool_dir) -> Path:
 
 
 def scan_job_dirs(spool_dir) -> list[JobDir]:
-    """Facts about every entry of ``<spool_dir>/jobs/`` except prune's own
-    ``.prune.*`` leftovers (no link followed).
+    """Every entry of ``<spool_dir>/jobs/`` but ``.prune.*`` (no link followed).
 
     Raises:
         NodeError: ``jobs/`` missing, not a directory or not owned by us.
@@ -157,8 +141,7 @@ def scan_job_dirs(spool_dir) -> list[JobDir]:
 
 
 def oldest_age_days(spool_dir, now: float | None = None) -> tuple[int, float | None]:
-    """(number of job directories, age in days of the oldest one or None);
-    for ``gsrun-node doctor``.
+    """(job directories, the oldest one's age in days or None), for ``gsrun-node doctor``.
 
     Raises:
         NodeError: as :func:`scan_job_dirs`.
@@ -178,8 +161,7 @@ def _remove_one(jobs: Path, name: str, now: float, quiet_s: float) -> str:
     except FileNotFoundError:
         return "gone"
     st = os.lstat(aside)
-    if not stat.S_ISDIR(st.st_mode) or now - _newest_mtime(aside, st) < quiet_s:
-        # a hook wrote in the meantime (or the entry was swapped): put it back when the name is free
+    if not stat.S_ISDIR(st.st_mode) or now - _newest_mtime(aside, st) < quiet_s:   # written meanwhile
         if not os.path.lexists(jobs / name):
             try:
                 os.rename(aside, jobs / name)
@@ -192,13 +174,11 @@ def _remove_one(jobs: Path, name: str, now: float, quiet_s: float) -> str:
 
 def prune_job_dirs(spool_dir, older_than_days: float, *, dry_run: bool = False, force: bool = False,
                    now: float | None = None, quiet_s: float = QUIET_S) -> list[dict]:
-    """Apply :func:`plan_prune` to ``<spool_dir>/jobs/``. Returns one dict per
-    entry: ``{"job": name, "action": "remove"|"keep", "reason", "age_days",
-    "result"}`` (``result`` only for removals: ``"dry run"``, ``"removed"``,
-    ``"changed: kept"``, ``"gone"`` or ``"error: ..."``).
+    """Apply :func:`plan_prune`. -> per entry ``{"job", "action", "reason", "age_days"}``, removals with
+    ``"result"``: ``dry run``, ``removed``, ``changed: kept``, ``gone`` or ``error: ...``.
 
     Raises:
-        NodeError: ``jobs/`` missing or planted (see :func:`scan_job_dirs`).
+        NodeError: ``jobs/`` missing or planted.
         ValueError: ``older_than_days`` negative.
     """
     t = time.time() if now is None else now
@@ -216,18 +196,16 @@ def prune_job_dirs(spool_dir, older_than_days: float, *, dry_run: bool = False, 
     return out
 
 
-LAST_RUN = "prune-last.json"     # <spool>/prune-last.json: when gsrun-node prune last ran, and what it did
+LAST_RUN = "prune-last.json"
 
 
 def record_run(spool_dir, rows: list[dict], mails_removed: int, older_than_days: float,
                now: float | None = None) -> None:
-    """Write ``<spool>/prune-last.json`` (root 0644, atomic): ``{"time": epoch
-    s, "older_than_days", "removed", "kept", "errors", "mails_removed"}``,
-    for ``gsrun-node doctor``.
+    """``<spool>/prune-last.json`` (0644) for ``gsrun-node doctor``: ``{"time": epoch s,
+    "older_than_days", "removed", "kept", "errors", "mails_removed"}``.
 
     Raises:
         OSError: the spool is not writable."""
-
     removed = sum(1 for r in rows if r.get("result") == "removed")
     errors = sum(1 for r in rows if str(r.get("result", "")).startswith("error"))
     atomic_write_json(Path(spool_dir) / LAST_RUN,
@@ -237,9 +215,7 @@ def record_run(spool_dir, rows: list[dict], mails_removed: int, older_than_days:
 
 
 def last_run(spool_dir) -> dict | None:
-    """The record :func:`record_run` wrote (read bounded, root's file only),
-    or None when prune never ran (or the file is not gsrun's)."""
-
+    """:func:`record_run`'s record (root's file, bounded read), or None."""
     d = read_spool_json(Path(spool_dir) / LAST_RUN, 1 << 16)
     return d if d is not None and isinstance(d.get("time"), (int, float)) else None
 

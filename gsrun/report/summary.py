@@ -1,50 +1,21 @@
-"""Node and job efficiency summaries (schema ``gsrun.summary/1``). Pure.
+"""Node and job efficiency summaries (schema ``gsrun.summary/1``) and the JS1 blob. Pure.
 
-- :func:`node_summary`: the epilog turns the sampler's state into one node's
-  summary.
-- :func:`job_summary`: EpilogSlurmctld (or ``gseff``) merges node summaries
-  and the job record into the job's summary with its findings.
-- :func:`js1_comment`: the ``JS1:`` + base64(gzip(json)) form that Princeton
-  jobstats and reportseff read from ``AdminComment``.
+Units are in the names; None means N/A, never 0; each GPU figure's NVML
+source is its field doc in :class:`~gsrun.report.records.GpuSummary`.
+Job level, over :func:`~gsrun.report.findings.run_time_s` (Slurm's elapsed,
+else the samplers' span): CPU efficiency = CPU s / (cores x run time), clamped
+to 100 (``anomaly`` above 105 %); memory = sum of node high waters / request;
+GPU-hours allocated = GPUs x run time; used = sum of ``util_busy_s`` / 3600.
 
-Units are in the names; ``None`` means "not available" (N/A), never 0.
-Each GPU figure's NVML source is its field doc in
-:class:`~gsrun.report.records.GpuSummary` (sampled by
-:mod:`gsrun.node.sampler`); a GPU's figures stop at ``lost_at_s``.
+JS1 blob (``AdminComment``; Princeton jobstats' ``report_job_json`` layout,
+read by jobstats and reportseff; GPU keys are ``/dev/nvidiaN`` minors)::
 
-Job level: ``job.elapsed_s`` is Slurm's elapsed time (RunTime); without a
-job record it is null and ``job.sampled_s`` holds the samplers' span
-(:func:`gsrun.report.findings.run_time_s`: the run time below).
-``cpu.efficiency_pct`` = CPU seconds of all nodes / (allocated cores x run
-time) x 100 (clamped to 100, ``anomaly`` when the raw value exceeded 105 %);
-``memory.efficiency_pct`` = sum of node high waters / requested memory;
-``gpu.gpu_hours_alloc`` = GPUs allocated x run time; ``gpu.gpu_hours_used``
-= sum of ``util_busy_s`` / 3600; ``gpu.energy_kwh`` = sum of ``energy_j`` /
-3.6e6.
-
-JS1 blob (``AdminComment``; the layout Princeton jobstats writes in
-``Jobstats.report_job_json`` and reads in ``Jobstats.__init__`` /
-``parse_stats``, and reportseff reads in ``Job._parse_admin_comment``)::
-
-    {"gpus": <int: GPUs allocated>,
-     "total_time": <int: job elapsed seconds (Slurm's; the sampled span without a job record)>,
-     "nodes": {"<node>": {
-         "cpus": <int: cores allocated on the node>,
-         "total_time": <float: CPU seconds used on the node>,
-         "used_memory": <int: host memory high water, bytes>,
-         "total_memory": <int: host memory allocated on the node, bytes>,
-         "gpu_utilization": {"<minor>": <float: mean duty-cycle %>},
-         "gpu_used_memory": {"<minor>": <int: GPU memory high water, bytes>},
-         "gpu_total_memory": {"<minor>": <int: GPU memory total, bytes>}}},
-     "gsrun": {"schema", "cpu_eff_pct", "energy_j", "sm_active_pct": {"node:minor": pct},
-               "tensor_active_pct": {...}, "lost": {"node:minor": lost_at_s},
-               "energy_estimated": true (only when some energy_j is estimated from power samples),
-               "alerts": <int: waste detections of the live detector, only when there were some>}}
-
-GPU keys are the ``/dev/nvidiaN`` minor numbers as strings (jobstats'
-``minor_number``). How unknown figures, the GPU memory pair and
-``max_chars`` are handled: :func:`js1_blob`.
-
+    {"gpus": <GPUs allocated>, "total_time": <int: run time, s>,
+     "nodes": {"<node>": {"cpus", "total_time": <CPU s>, "used_memory", "total_memory": <bytes>,
+               "gpu_utilization": {"<minor>": <mean %>},
+               "gpu_used_memory" / "gpu_total_memory": {"<minor>": <bytes>}}},
+     "gsrun": {"schema", "cpu_eff_pct", "energy_j", "sm_active_pct" / "tensor_active_pct": {"node:minor": pct},
+               "lost": {"node:minor": lost_at_s}, "energy_estimated": true (if any), "alerts": <int, if any>}}
 """
 
 from __future__ import annotations
@@ -72,6 +43,11 @@ def _metric(g: GpuState, key: str) -> Metric:
     return Metric.from_dict(m.to_json() if m is not None else {})
 
 
+def _sum(xs) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return sum(xs) if xs else None
+
+
 def _r(x, nd=1):
     return None if x is None else round(float(x), nd)
 
@@ -96,14 +72,9 @@ def gpu_record(g: GpuState, node: str, nvml_error: str | None = None) -> GpuSumm
     first, last_ok = g.first_s, g.last_ok_s
     covered_s = (last_ok - first) if first is not None and last_ok is not None else None
     span = energy.span_s
-    power_mean = None
-    if energy_j is not None and not energy_estimated and span and span > 0:
-        power_mean = energy_j / span
-    elif power.mean is not None:
-        power_mean = power.mean
-    ecc = None
-    if g.ecc_uncorrected_last is not None:
-        ecc = int(g.ecc_uncorrected_last - (g.ecc_uncorrected_first or 0))
+    power_mean = energy_j / span if energy_j is not None and not energy_estimated and span and span > 0 \
+        else power.mean
+    ecc = None if g.ecc_uncorrected_last is None else int(g.ecc_uncorrected_last - (g.ecc_uncorrected_first or 0))
     unsupported = dict(g.unsupported)
     if g.lost_at_s is not None:
         status = "lost"
@@ -166,19 +137,15 @@ def gpu_record(g: GpuState, node: str, nvml_error: str | None = None) -> GpuSumm
 
 
 def node_summary(state: SamplerState | dict | None, job_env: dict, end_time: float) -> dict:
-    """:func:`node_record`'s JSON form (``node-<node>.json``)."""
     return node_record(state, job_env, end_time).to_json()
 
 
 def node_record(state: SamplerState | dict | None, job_env: dict, end_time: float) -> NodeSummary:
-    """The epilog's summary of one node. ``state``: the sampler state
-    (``sampler.json``, record or JSON form), None when no sampler ran;
-    ``job_env``: the prolog record's job context (:mod:`gsrun.facts.jobenv`);
-    ``end_time``: epoch seconds.
+    """The epilog's summary of one node. ``state``: ``sampler.json`` (None:
+    no sampler ran); ``job_env``: :mod:`gsrun.facts.jobenv`; ``end_time``: epoch s.
 
     Raises:
-        ValueError: ``state`` is not a sampler state (see
-            :meth:`SamplerState.from_json <gsrun.facts.sampler_state.SamplerState.from_json>`).
+        ValueError: ``state`` is not a sampler state.
     """
     node = job_env["node"]
     if state is None:
@@ -221,16 +188,8 @@ def node_record(state: SamplerState | dict | None, job_env: dict, end_time: floa
     )
 
 
-def job_actions(nodes: list[dict]) -> list[WasteAction]:
-    """Every node summary's ``actions``, by time then node."""
-    out = [WasteAction.from_json(a) for n in nodes for a in n.get("actions") or () if isinstance(a, dict)]
-    return sorted(out, key=lambda a: (a.time, a.node))
-
-
 def settings_groups(nodes: list[dict]) -> list[SettingsGroup]:
-    """Nodes (JSON form) with the same ``settings`` in one
-    :class:`~gsrun.report.records.SettingsGroup`, largest first, then by
-    first node; nodes with unknown settings are in none."""
+    """Nodes with the same ``settings`` grouped, largest group first; nodes with unknown settings in none."""
     by: dict[str, tuple[list, list[str]]] = {}
     for n in nodes:
         st = n.get("settings")
@@ -249,14 +208,10 @@ JOB_TIMELINE_METRICS = ("util_pct", "sm_active_pct", "mem_used_bytes", "power_w"
 
 
 class JobTimeline:
-    """The job-level GPU timeline: every GPU's points (``[t_s, mean, max,
-    n]``, fed one GPU at a time by :meth:`add_gpu`) pooled into at most
-    :data:`JOB_TIMELINE_POINTS` equal buckets per metric; when one more is
-    needed the width doubles and neighbours merge (the buckets hold sums), so
-    memory is O(metrics x buckets). :meth:`to_json`: metric -> ``[t_s since
-    the job start, sample-weighted mean, highest max, samples, lowest GPU
-    mean]``.
-    """
+    """Every GPU's points (``[t_s, mean, max, n]``) pooled into at most
+    ``max_points`` buckets per metric, the width doubling when more are
+    needed. :meth:`to_json`: metric -> ``[t_s since the job start, weighted
+    mean, highest max, samples, lowest GPU mean]``."""
 
     def __init__(self, width_s: float = 60.0, max_points: int = JOB_TIMELINE_POINTS) -> None:
         self.width_s = float(width_s)
@@ -293,15 +248,9 @@ class JobTimeline:
 
 
 def _merge(buckets: dict[int, list[float]], idx: int, b: list[float]) -> None:
-    """Add bucket ``b`` ([sum of means x n, n, highest max, lowest mean]) into ``buckets[idx]``."""
+    """Add ``b`` ([sum of means x n, n, highest max, lowest mean]) into ``buckets[idx]``."""
     m = buckets.get(idx)
-    if m is None:
-        buckets[idx] = list(b)
-    else:
-        m[0] += b[0]
-        m[1] += b[1]
-        m[2] = max(m[2], b[2])
-        m[3] = min(m[3], b[3])
+    buckets[idx] = list(b) if m is None else [m[0] + b[0], m[1] + b[1], max(m[2], b[2]), min(m[3], b[3])]
 
 
 def _sig(x: float) -> float:
@@ -310,26 +259,14 @@ def _sig(x: float) -> float:
 
 def job_summary(job: dict, nodes: list[dict | NodeSummary], cfg=None, partition: str | None = None,
                 timeline: JobTimeline | None = None) -> dict:
-    """Merge node summaries into the job summary, in its JSON form
-    (``summary.json``, ``gseff --json``; the fields of a
-    :class:`~gsrun.report.records.JobSummary`).
+    """The job summary's JSON form (:class:`~gsrun.report.records.JobSummary`).
 
-    ``job``: the job record's fields (``id``, ``user``, ``name``,
-    ``partition``, ``state``, ``exit_code``, ``nodes`` (expected node names),
-    ``cpus_alloc``, ``mem_req_bytes``, ``gpus_alloc``, ``mail_user``,
-    ``mail_type``, ``start_time``, ``end_time``, ``elapsed_s``; optional:
-    ``submit_time``, ``time_limit_s``, ``state_source``), any None but
-    ``id``. ``nodes``: :func:`node_summary` results (JSON or records).
-    ``cfg`` / ``partition``: the site's finding thresholds.
-
-    Timelines: with at most :data:`KEEP_GPU_TIMELINES` GPUs each device keeps
-    its ``timeline``; with more, ``gpu.timeline`` holds the job-level
-    :class:`JobTimeline` (``timeline``: one the caller filled with
-    :func:`strip_timelines` while reading the nodes; else built here) and the
-    per-GPU timelines stay in the node files (``gseff --plot``). The devices
-    are checked and serialised by :meth:`GpuSummary.json_form
-    <gsrun.base.record.Record.json_form>`, so a 4,000-node job builds no
-    32,000 records.
+    ``job``: :class:`~gsrun.report.records.JobInfo`'s fields, any None but
+    ``id``; ``nodes``: :func:`node_summary` results. Above
+    :data:`KEEP_GPU_TIMELINES` GPUs (or with ``timeline``, filled by
+    :func:`strip_timelines`) the devices lose their timelines to
+    ``gpu.timeline``; devices are serialised by ``GpuSummary.json_form``, no
+    record each.
     """
     nodes = sorted((n.to_json() if isinstance(n, NodeSummary) else n for n in nodes), key=lambda n: n["node"])
     seen = {n["node"] for n in nodes}
@@ -338,34 +275,30 @@ def job_summary(job: dict, nodes: list[dict | NodeSummary], cfg=None, partition:
     start = job.get("start_time") or min((n["start_time"] for n in nodes), default=None)
     end = job.get("end_time") or max((n["end_time"] for n in nodes), default=None)
     elapsed = job.get("elapsed_s")          # Slurm's (RunTime), None without a job record
-    sampled = None                          # else the span the samplers covered, labelled as such
+    sampled = None
     if elapsed is None:
         starts = [n["start_time"] for n in nodes if n.get("start_time") is not None]
         ends = [n["end_time"] for n in nodes if n.get("end_time") is not None]
         sampled = max(0.0, max(ends) - min(starts)) if starts and ends else None
     run_s = elapsed if elapsed is not None else sampled
-    cpu_times = [n["cpu_time_s"] for n in nodes if n["cpu_time_s"] is not None]
-    cpu_time = sum(cpu_times) if cpu_times else None
+    cpu_time = _sum(n["cpu_time_s"] for n in nodes)
     cpus_alloc = job.get("cpus_alloc")
     if cpus_alloc is None:
-        per = [n["cpus_alloc"] for n in nodes if n.get("cpus_alloc")]
-        cpus_alloc = sum(per) if per else None
+        cpus_alloc = _sum(n.get("cpus_alloc") or None for n in nodes)
     cpu_eff = cpu_raw = None
     if cpu_time is not None and cpus_alloc and run_s:
         cpu_raw = 100.0 * cpu_time / (cpus_alloc * run_s)
         cpu_eff = min(100.0, cpu_raw)
-    mem_peaks = [n["mem_peak_bytes"] for n in nodes if n["mem_peak_bytes"] is not None]
-    mem_peak = sum(mem_peaks) if mem_peaks else None
+    mem_peak = _sum(n["mem_peak_bytes"] for n in nodes)
     mem_req = job.get("mem_req_bytes")
     mem_eff = 100.0 * mem_peak / mem_req if mem_peak is not None and mem_req else None
     gpus = [g for n in nodes for g in n["gpus"]]
     if len(gpus) > KEEP_GPU_TIMELINES or timeline is not None:
         if timeline is None:
             timeline = JobTimeline()
-        t0 = start if start is not None else None
         gpus = []
         for n in nodes:
-            off = (n["start_time"] - t0) if t0 is not None and n.get("start_time") else 0.0
+            off = (n["start_time"] - start) if start is not None and n.get("start_time") else 0.0
             for g in n["gpus"]:
                 if g.get("timeline"):
                     timeline.add_gpu(g["timeline"], off)
@@ -377,8 +310,7 @@ def job_summary(job: dict, nodes: list[dict | NodeSummary], cfg=None, partition:
     gpu_hours_alloc = gpus_alloc * run_s / 3600.0 if run_s is not None else None
     busy = [g["util_busy_s"] for g in real if g.get("util_busy_s") is not None]
     gpu_hours_used = sum(busy) / 3600.0 if busy else None
-    energies = [g["energy_j"] for g in real if g["energy_j"] is not None]
-    energy_j = sum(energies) if energies else None
+    energy_j = _sum(g["energy_j"] for g in real)
     estimated = any(g.get("energy_estimated") for g in real if g["energy_j"] is not None)
     per_node = [NodeDetail(node=n["node"], cpus_alloc=n.get("cpus_alloc"), cpu_time_s=n["cpu_time_s"],
                            mem_peak_bytes=n["mem_peak_bytes"], elapsed_s=n.get("elapsed_s"),
@@ -415,7 +347,9 @@ def job_summary(job: dict, nodes: list[dict | NodeSummary], cfg=None, partition:
         settings=groups if (groups := settings_groups(nodes)) else ABSENT,
         **({"waste": waste} if (waste := [WasteDetection.from_json(w) for n in nodes for w in n.get("waste") or ()
                                           if isinstance(w, dict)]) else {}),
-        **({"actions": actions} if (actions := job_actions(nodes)) else {}),
+        **({"actions": actions} if (actions := sorted(
+            (WasteAction.from_json(a) for n in nodes for a in n.get("actions") or () if isinstance(a, dict)),
+            key=lambda a: (a.time, a.node))) else {}),
     )
     d = summary.to_json()
     d["gpu"]["devices"] = [GpuSummary.json_form(g) for g in gpus]
@@ -424,9 +358,8 @@ def job_summary(job: dict, nodes: list[dict | NodeSummary], cfg=None, partition:
 
 
 def strip_timelines(node: dict, acc: JobTimeline, t0: float | None) -> None:
-    """Move a node summary's GPU timelines into ``acc`` (offset by the node's
-    start relative to ``t0``, epoch seconds) and drop them and its
-    ``cpu_timeline`` from ``node`` (in place)."""
+    """Move ``node``'s GPU timelines into ``acc`` (offset by its start after ``t0``, epoch s); drop its
+    ``cpu_timeline``."""
     off = (node.get("start_time") or 0.0) - t0 if t0 is not None and node.get("start_time") else 0.0
     for g in node.get("gpus") or ():
         tl = g.pop("timeline", None)
@@ -435,15 +368,9 @@ def strip_timelines(node: dict, acc: JobTimeline, t0: float | None) -> None:
     node.pop("cpu_timeline", None)
 
 
-# the default of report.js1_max_chars: a 64-node job of 8 GPUs each, every GPU with its own
-# figures, is about 13.6 k characters (tests/pure/test_js1_accounting.py), so it stays unreduced
-JS1_MAX_CHARS = 32768
-# the most report.js1_max_chars may be: under accounting.valid_js1's 60000 and MAX_ARG_BYTES
-# (one sacctmgr argument), and MySQL's TEXT column (65535 bytes) for admin_comment
-JS1_CAP_MAX = 49152
-# jobstats' markers (jobstats.py Jobstats.report_job_json, stored by slurm/slurmctldepilog.sh
-# as "JS1:" + the word): a run shorter than 2 x SAMPLING_PERIOD (30 s in jobstats' config.py)
-# is "Short"; a job with no node figures is "None"
+JS1_MAX_CHARS = 32768     # a 64-node 8-GPU job's full blob is ~13.6 k (tests/pure/test_js1_accounting.py)
+JS1_CAP_MAX = 49152       # under valid_js1's 60000, MAX_ARG_BYTES and MySQL TEXT (65535 bytes)
+# jobstats' markers (Jobstats.report_job_json): a run under 2 x SAMPLING_PERIOD (30 s), no node figures
 JS1_SHORT, JS1_NONE = "JS1:Short", "JS1:None"
 JS1_MARKERS = (JS1_SHORT, JS1_NONE)
 JS1_SHORT_S = 2 * 30
@@ -457,8 +384,7 @@ def _median(xs: list[float]) -> float:
 
 
 def _js1_nodes(summary: dict) -> tuple[list[tuple[str, dict, list[dict]]], dict[str, list[str]]]:
-    """Per node by name: (name, the four CPU/memory keys, its GPUs with
-    figures); and node -> keys written as 0 because unknown."""
+    """Per node by name: (name, CPU/memory keys, its GPUs); node -> keys written as 0 because unknown."""
     job = summary["job"]
     detail = summary.get("nodes_detail") or []
     total_cpus = sum(n["cpus_alloc"] or 0 for n in detail)
@@ -470,7 +396,6 @@ def _js1_nodes(summary: dict) -> tuple[list[tuple[str, dict, list[dict]]], dict[
     out, unknown = [], {}
     for n in sorted(detail, key=lambda n: str(n["node"])):   # the same blob whatever order the merge saw
         cpus = n.get("cpus_alloc")
-        miss = []
         if mem_req:      # the job's memory limit on the node (Slurm's mem is the job total)
             share = (cpus / total_cpus) if cpus and total_cpus else 1.0 / len(detail)
             total = int(mem_req * share)
@@ -478,10 +403,8 @@ def _js1_nodes(summary: dict) -> tuple[list[tuple[str, dict, list[dict]]], dict[
             total = n.get("mem_total_bytes") or 0
         d = {"cpus": int(cpus) if cpus else 1, "total_time": round(float(n.get("cpu_time_s") or 0.0), 1),
              "used_memory": int(n.get("mem_peak_bytes") or 0), "total_memory": int(total)}
-        for key, v in (("cpus", cpus), ("total_time", n.get("cpu_time_s")), ("used_memory", n.get("mem_peak_bytes")),
-                       ("total_memory", total or None)):
-            if v is None:
-                miss.append(key)
+        miss = [k for k, v in (("cpus", cpus), ("total_time", n.get("cpu_time_s")),
+                               ("used_memory", n.get("mem_peak_bytes")), ("total_memory", total or None)) if v is None]
         if miss:
             unknown[n["node"]] = miss
         out.append((n["node"], d, sorted(gpus_of.get(n["node"], []), key=lambda g: int(g["index"]))))
@@ -495,15 +418,11 @@ def _gpu_mem(gpus: list[dict]) -> dict[str, tuple[int, int]]:
 
 
 def _gpu_keys(gpus: list[dict], has_gpus: bool, mem_pair: bool, reduce: bool) -> dict:
-    """jobstats' per-node GPU keys. ``gpu_utilization`` is ``{}`` when the job
-    has GPUs but none has a figure here (jobstats: "GPU utilization is
-    unknown"). ``mem_pair``: some node has GPU memory figures, so every node
-    carries ``gpu_used_memory`` / ``gpu_total_memory`` keyed alike (``{}``
-    without figures: jobstats reads GPU memory only when every node has the
-    pair); with no figure anywhere the pair is left out (jobstats then
-    prints "JSON is malformed": its only output for this case that neither
-    fails nor invents a number). ``reduce``: ``min``/``median``/``max``
-    across the GPUs instead of one key per minor number."""
+    """jobstats' per-node GPU keys: ``gpu_utilization`` ``{}`` for a GPU job
+    without figures ("unknown" to jobstats); the memory pair on every node
+    when any node has it (jobstats needs it everywhere), else left out
+    (jobstats says "JSON is malformed" rather than invent a number).
+    ``reduce``: ``min``/``median``/``max`` instead of one key per minor."""
     d: dict = {}
     util = {str(g["index"]): g["util_mean_pct"] for g in gpus if g.get("util_mean_pct") is not None}
     mem = _gpu_mem(gpus)
@@ -536,23 +455,14 @@ def _encode(blob: dict) -> str:
 
 
 def js1_blob(summary: dict, max_chars: int = JS1_MAX_CHARS) -> str | None:
-    """``JS1:`` + base64(gzip(json)) in jobstats' layout (module doc), of at
-    most ``max_chars`` characters whatever the job size.
+    """The blob (module doc), at most ``max_chars`` long; None without run time or node figures.
 
-    Every node carries ``cpus``, ``total_time``, ``used_memory`` and
-    ``total_memory`` (jobstats' formatter fails without them; reportseff
-    divides by them): an unknown one is 0 and named in ``gsrun.unknown``
-    (node -> keys). ``total_memory`` is the job's memory request split over
-    its nodes by cores (AllocTRES ``mem`` is the job total), else the node's
-    ``MemTotal``. GPU keys: :func:`_gpu_keys`; none for a CPU-only job.
-    When per-GPU detail does not fit, each node's GPUs are reduced to
-    ``min``/``median``/``max``; when per-node detail does not fit either,
-    consecutive nodes are pooled into ``first..last (N nodes)`` with their
-    figures summed (jobstats' job totals stay exact); ``gsrun.reduced`` then
-    says ``"gpus"`` or ``"nodes:<groups>"`` and the per-GPU maps are left out.
-
-    Returns None when jobstats could use nothing (no elapsed time or no node
-    figures).
+    Every node has the four CPU/memory keys (jobstats needs them): unknown
+    ones are 0 and listed in ``gsrun.unknown``. ``total_memory``: the job's
+    request split by cores (AllocTRES ``mem`` is the job total), else
+    MemTotal. Too long: GPUs reduced to min/median/max, then consecutive
+    nodes pooled as ``first..last (N nodes)`` (sums stay exact), said in
+    ``gsrun.reduced`` (``"gpus"`` / ``"nodes:<groups>"``).
     """
     job = summary["job"]
     elapsed = run_time_s(job)
@@ -565,11 +475,9 @@ def js1_blob(summary: dict, max_chars: int = JS1_MAX_CHARS) -> str | None:
              "energy_j": summary["gpu"]["energy_j"],
              **({"energy_estimated": True} if summary["gpu"].get("energy_estimated") else {}),
              **({"alerts": len(summary["waste"])} if summary.get("waste") else {})}
-    per_gpu = {"sm_active_pct": {f'{g["node"]}:{g["index"]}': g["sm_active_mean_pct"] for g in devs
-                                 if g.get("sm_active_mean_pct") is not None},
-               "tensor_active_pct": {f'{g["node"]}:{g["index"]}': g["tensor_active_mean_pct"] for g in devs
-                                     if g.get("tensor_active_mean_pct") is not None},
-               "lost": {f'{g["node"]}:{g["index"]}': g["lost_at_s"] for g in devs if g.get("lost_at_s") is not None}}
+    per_gpu = {out: {f'{g["node"]}:{g["index"]}': g[key] for g in devs if g.get(key) is not None}
+               for out, key in (("sm_active_pct", "sm_active_mean_pct"), ("tensor_active_pct", "tensor_active_mean_pct"),
+                                ("lost", "lost_at_s"))}
     if unknown:
         gsrun["unknown"] = unknown
 
@@ -602,11 +510,8 @@ def js1_blob(summary: dict, max_chars: int = JS1_MAX_CHARS) -> str | None:
 
 
 def js1_comment(summary: dict, max_chars: int = JS1_MAX_CHARS, short_s: float = JS1_SHORT_S) -> str:
-    """What goes into ``AdminComment``, decided in the order of jobstats'
-    ``report_job_json``: :data:`JS1_SHORT` for a run shorter than
-    ``short_s`` (``report.js1_short_s``), :data:`JS1_NONE` when
-    :func:`js1_blob` gives None, else the blob. jobstats only decodes a
-    comment longer than 10 characters, so never a marker."""
+    """``AdminComment``, as jobstats' ``report_job_json`` decides: :data:`JS1_SHORT` under ``short_s``,
+    :data:`JS1_NONE` without a blob, else the blob."""
     elapsed = run_time_s(summary.get("job") or {})
     if elapsed is not None and elapsed < short_s:
         return JS1_SHORT
@@ -617,8 +522,7 @@ def decode_js1(text: str) -> dict:
     """Inverse of :func:`js1_blob`.
 
     Raises:
-        ValueError: not a ``JS1:`` blob, a marker (:data:`JS1_MARKERS`), or
-            a corrupt one (truncated field, another tool's comment).
+        ValueError: not a ``JS1:`` blob, a marker, or corrupt (truncated, another tool's).
     """
     if not text.startswith("JS1:"):
         raise ValueError("not a JS1 blob")
@@ -631,12 +535,8 @@ def decode_js1(text: str) -> dict:
 
 
 def pending_summary(rec: dict[str, str], cfg=None) -> dict:
-    """The report of a job that has not started, from its ``scontrol -o show
-    job`` record: the job summary's shape with no figures, what it asked for
-    (``NumCPUs``, ``gres/gpu`` of ``ReqTRES``/``TRES``, ``TimeLimit``), its
-    pending ``Reason``, Slurm's expected ``StartTime``, and the one finding
-    saying why it waits. For :func:`gsrun.report.render.render_text`; never
-    stored."""
+    """A not-started job's report (never stored) from ``scontrol show job``: the summary's shape without
+    figures, what it asked for, ``Reason``, the expected ``StartTime`` and the finding why it waits."""
     def val(k):
         v = rec.get(k)
         return None if v in (None, "", "(null)", "None", "N/A", "Unknown") else v

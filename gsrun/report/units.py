@@ -1,11 +1,7 @@
-"""One formatter per unit, for everything a person reads: the text report
-(:mod:`gsrun.report.render`, ``gseff``), the mail (:mod:`gsrun.report.mail`)
-and ``gseff --sacct``. Pure.
+"""One formatter per unit for everything a person reads. Pure.
 
-Every function takes the number in the unit its name says and returns
-text; a value that is not a finite number (``None``, NaN, a bool, a string)
-prints as :data:`NA`, never as 0. Where callers print a quantity
-differently, a ``digits`` / ``style`` argument says which form.
+Each takes the unit its name says; anything not a finite number (None, NaN,
+a bool, a string) prints as :data:`NA`, never 0.
 """
 
 from __future__ import annotations
@@ -21,8 +17,7 @@ J_PER_KWH = 3.6e6
 
 
 def as_number(v) -> float | None:
-    """``v`` as a float when it is a finite int or float (not a bool), else
-    None ("not available": summaries are untrusted JSON)."""
+    """``v`` as a float when a finite int or float (not a bool), else None."""
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return None
     f = float(v)
@@ -30,18 +25,13 @@ def as_number(v) -> float | None:
 
 
 def fmt_pct(pct, digits: int, na: str = NA) -> str:
-    """A percentage (0..100 scale, not a fraction) with ``digits`` decimals:
-    ``42.0%`` (report: 1 digit) or ``42%`` (mail, subject: 0 digits).
-    ``na``: what a missing value prints as."""
+    """A 0..100 percentage with ``digits`` decimals: ``42.0%``, ``42%``."""
     f = as_number(pct)
     return na if f is None else f"{f:.{digits}f}%"
 
 
 def fmt_share_pct(pct, na: str = NA) -> str:
-    """A percentage as an integer (the verdict, the per-GPU
-    figures, the findings), except a share above 0 that would print as
-    ``0%``: one decimal (``0.2%``, ``0.5%``) or ``<0.1%``, so a small
-    share is never shown as none. ``na`` as in :func:`fmt_pct`."""
+    """A percentage as an integer, but a share above 0 never as ``0%``: ``0.2%`` or ``<0.1%``."""
     f = as_number(pct)
     if f is not None and f > 0 and f"{f:.0f}" == "0":
         return "<0.1%" if f < 0.05 else f"{f:.1f}%"
@@ -49,8 +39,7 @@ def fmt_share_pct(pct, na: str = NA) -> str:
 
 
 def fmt_bytes(n_bytes) -> str:
-    """Bytes in binary units, one decimal: ``512 B``, ``1.5 GiB``, up to TiB
-    (``2048.0 TiB`` beyond). The same in the report and the mail."""
+    """``512 B``, ``1.5 GiB``, up to TiB (``2048.0 TiB`` beyond)."""
     f = as_number(n_bytes)
     if f is None:
         return NA
@@ -62,9 +51,7 @@ def fmt_bytes(n_bytes) -> str:
 
 
 def fmt_bytes_of(used_bytes, total_bytes) -> str:
-    """A part of a total in the total's binary unit, one decimal:
-    ``61.0 of 140.4 GiB``, ``512.0 MiB of 2.0 GiB`` when the part is under a
-    tenth of a unit of the total; the part alone when there is no total."""
+    """``61.0 of 140.4 GiB``; ``512.0 MiB of 2.0 GiB`` for a part under 0.1 unit; no total: the part."""
     u, t = as_number(used_bytes), as_number(total_bytes)
     if t is None or t <= 0:
         return fmt_bytes(used_bytes)
@@ -82,9 +69,7 @@ def fmt_bytes_of(used_bytes, total_bytes) -> str:
 
 
 def fmt_time(epoch_s, with_date: bool = True) -> str:
-    """An epoch time as this host's local clock time: ``2025-10-09 10:00``
-    (``10:00`` without the date). Slurm's StartTime / EndTime / SubmitTime
-    are in the controller's local time too."""
+    """Epoch seconds as local time: ``2025-10-09 10:00`` (``10:00`` without the date)."""
     f = as_number(epoch_s)
     if f is None or f <= 0:
         return NA
@@ -92,20 +77,13 @@ def fmt_time(epoch_s, with_date: bool = True) -> str:
 
 
 def fmt_gib(n_bytes) -> str:
-    """Bytes always in GiB with two decimals (``13.00 GiB``): the
-    ``gseff --sacct`` table, where the column compares like with like."""
+    """``13.00 GiB`` (``gseff --sacct``'s columns)."""
     f = as_number(n_bytes)
     return NA if f is None else f"{f / 2**30:.2f} GiB"
 
 
 def fmt_duration_s(seconds, style: Literal["clock", "short"]) -> str:
-    """A duration in seconds, rounded to whole seconds.
-
-    - ``clock`` (report, ``gseff``): always ``[D-]HH:MM:SS`` (``00:00:30``,
-      ``1-01:01:01``), as Slurm prints elapsed time.
-    - ``short`` (mail): under a minute as seconds (``30 s``; one decimal
-      below 10 s when not whole: ``2.5 s``), else ``[D-]HH:MM:SS``.
-    """
+    """Seconds as ``[D-]HH:MM:SS`` (Slurm's form); ``short``: under a minute ``30 s`` / ``2.5 s``."""
     f = as_number(seconds)
     if f is None:
         return NA
@@ -121,28 +99,17 @@ def fmt_duration_s(seconds, style: Literal["clock", "short"]) -> str:
 
 
 def fmt_energy_j(joules, style: Literal["auto", "kwh_j", "wh"]) -> str:
-    """Energy given in joules.
-
-    - ``auto`` (report GPU table): whichever reads best of ``540 J``,
-      ``2.5 Wh`` (below 10 Wh), ``150 Wh``, ``1.02 kWh``.
-    - ``kwh_j`` (old mail): ``0.150 kWh (540000 J)``.
-    - ``wh`` (report, mail, ``gseff``): ``0.2 Wh``, ``2.5 Wh`` (below 10 Wh),
-      ``150 Wh``, ``1.02 kWh`` (from 1000 Wh).
-    """
+    """Joules as ``wh``: ``0.2 Wh``, ``2.5 Wh``, ``150 Wh``, ``1.02 kWh``; ``auto``: the same but
+    ``540 J`` under 1 Wh; ``kwh_j``: ``0.150 kWh (540000 J)``."""
     f = as_number(joules)
     if f is None:
         return NA
     if style == "kwh_j":
         return f"{f / J_PER_KWH:.3f} kWh ({f:.0f} J)"
-    if style == "wh":
-        wh = f / J_PER_WH
-        if wh >= 1000:
-            return f"{wh / 1000:.2f} kWh"
-        return f"{wh:.0f} Wh" if wh >= 10 else f"{wh:.1f} Wh"
-    if style != "auto":
+    if style not in ("auto", "wh"):
         raise ValueError(f"energy style {style!r}")
     wh = f / J_PER_WH
-    if wh < 1:
+    if wh < 1 and style == "auto":
         return f"{f:.0f} J"
     if wh < 1000:
         return f"{wh:.0f} Wh" if wh >= 10 else f"{wh:.1f} Wh"
@@ -150,15 +117,13 @@ def fmt_energy_j(joules, style: Literal["auto", "kwh_j", "wh"]) -> str:
 
 
 def fmt_power_w(watts) -> str:
-    """Power in whole watts: ``350 W`` (mean power: energy over the sampled
-    span, else the mean of ``nvmlDeviceGetPowerUsage``)."""
+    """``350 W``."""
     f = as_number(watts)
     return NA if f is None else f"{f:.0f} W"
 
 
 def fmt_hours_h(hours) -> str:
-    """Hours (GPU-hours) with two decimals and no unit word: ``1.39`` (the
-    text around it says "GPU-hours")."""
+    """``1.39`` (the text around it names the unit)."""
     f = as_number(hours)
     return NA if f is None else f"{f:.2f}"
 

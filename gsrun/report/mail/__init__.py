@@ -1,9 +1,5 @@
-"""The efficiency email: build the message, spool it, deliver it exactly once.
-
-:mod:`~gsrun.report.mail.view` (pure) decides what it says,
-:mod:`~gsrun.report.mail.message` (pure) builds the MIME message,
-:mod:`~gsrun.report.mail.queue` spools it and :mod:`~gsrun.report.mail.send`
-delivers it (SMTP or a sendmail-compatible MailProg).
+"""The efficiency email: ``view`` decides what it says, ``message`` builds
+it, ``queue`` spools it, ``send`` delivers it (SMTP or MailProg) exactly once.
 
 Spool layout (all directories 0700, files 0600)::
 
@@ -16,12 +12,9 @@ Spool layout (all directories 0700, files 0600)::
     <spool_dir>/mail/.flush.lock       held by a flush for its whole run
     <spool_dir>/mail/.queue.lock       held for each (short) move between folders
 
-Exactly once: a message moves only by ``rename``; every move and enqueue's
-"already anywhere?" check happen under ``.queue.lock`` (never held while
-talking to a server); flushes are serialized by ``.flush.lock`` (a second one
-waits ``timeouts.command_s``, then returns ``busy``). Only a crash after the
-server accepted a message and before its rename to ``sent/`` sends it again,
-with the same ``Message-ID``.
+Exactly once: messages move only by ``rename``, under ``.queue.lock`` (never
+held while talking to a server); only a crash between the server's accept and
+the rename to ``sent/`` sends one again, with the same ``Message-ID``.
 """
 
 from __future__ import annotations

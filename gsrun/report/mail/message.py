@@ -1,7 +1,5 @@
-"""The MIME message (pure): a ``multipart/alternative`` text + HTML message,
-the timeline PNG inline in a ``multipart/related`` part referenced by
-``cid:`` (:func:`build_message`); safe header values (:func:`set_text_header`,
-:func:`validate_addr`); the bytes that go on the wire (:func:`wire_bytes`).
+"""The MIME message (pure): text + HTML with the timeline PNG inline, safe
+header values, the bytes that go on the wire.
 """
 
 from __future__ import annotations
@@ -28,11 +26,8 @@ _ADDR_RE = re.compile(r"^[A-Za-z0-9!#$%&'*+/=?^_`{|}~.-]{1,64}@[A-Za-z0-9](?:[A-
 
 
 def set_text_header(msg: EmailMessage, name: str, text: Any, max_len: int = 250) -> str:
-    """Set header ``name`` of ``msg`` so that a mail reader shows exactly
-    :func:`clean_line` ``(text)``; returns that text. Text holding an RFC 2047
-    ``=?`` marker is written as our own encoded words of the literal text,
-    so a reader never decodes the user's (which could carry a bidi override
-    or a line break)."""
+    """Set header ``name`` so readers show exactly ``clean_line(text)`` (returned): text with ``=?`` goes
+    as our own encoded words, so a reader never decodes the user's."""
     value = clean_line(text, max_len)
     del msg[name]
     if "=?" in value:
@@ -44,12 +39,10 @@ def set_text_header(msg: EmailMessage, name: str, text: Any, max_len: int = 250)
 
 def validate_addr(addr: str, what: str = "address") -> str:
     """The bare ``local@domain`` of ``a@b.example`` or ``Name <a@b.example>``.
-    Slurm's default ``MailUser`` is a bare user name: append the site's
-    domain before calling.
 
     Raises:
-        InputError: the address is empty, has CR/LF or other control
-            characters, a list of addresses, or is not ``local@domain``.
+        InputError: empty, control characters, an encoded word, several addresses, or not
+            ``local@domain`` (Slurm's default MailUser is a bare user name: add the site domain).
     """
     if not isinstance(addr, str) or not addr.strip():
         raise InputError(PHASE, f"bad {what}", "empty", hint="the job has no MailUser, or mail.from_addr is empty")
@@ -80,9 +73,7 @@ except TypeError:
 
 
 def message_id(summary: Mapping, domain: str) -> str:
-    """``<gsrun.job-42.1a2b3c4d5e6f@domain>``: the same job summary always
-    gives the same id (a resend is recognisable); the hash of id, user, name
-    and first node tells apart jobs once Slurm's job ids wrap around."""
+    """``<gsrun.job-42.1a2b3c4d5e6f@domain>``, stable per summary; the hash tells wrapped ids apart."""
     job = summary.get("job") or {}
     jid = str(job.get("array") or job.get("id") or "unknown")
     safe = re.sub(r"[^A-Za-z0-9_.+-]", "_", jid)[:40]
@@ -94,14 +85,10 @@ def message_id(summary: Mapping, domain: str) -> str:
 
 def new_message(to_addr: str, from_addr: str, subject: str, msgid, date: float | None = None,
                 to_what: str = "recipient address") -> EmailMessage:
-    """A message with the headers every gsrun mail has: From ``gsrun
-    <from>``, To, Subject (:func:`set_text_header`), Date (``date``, epoch s;
-    default now), Message-ID ``msgid(domain of from_addr)``,
-    ``Auto-Submitted: auto-generated`` (RFC 3834).
+    """A message with every gsrun mail's headers (``msgid(domain)``; RFC 3834 Auto-Submitted).
 
     Raises:
-        InputError: ``to_addr`` or ``from_addr`` is not one valid
-            ``local@domain`` address (see :func:`validate_addr`).
+        InputError: as :func:`validate_addr`, for either address.
     """
     to_spec = validate_addr(to_addr, to_what)
     from_spec = validate_addr(from_addr, "sender address (mail.from_addr)")
@@ -117,20 +104,13 @@ def new_message(to_addr: str, from_addr: str, subject: str, msgid, date: float |
 
 def build_message(summary: dict, report_text: str, png: bytes | None, to_addr: str, from_addr: str,
                   *, date: float | None = None, cfg=None) -> EmailMessage:
-    """The efficiency mail for one job summary (``gsrun.summary/1``).
-
-    Structure::
+    """The efficiency mail of a job summary; 7-bit; a ``png`` that is not one or is over 5 MiB is left out::
 
         multipart/alternative
           text/plain; charset=utf-8 (quoted-printable)   templates/mail.txt.j2 + report_text
           multipart/related                               (text/html alone when png is None)
             text/html; charset=utf-8                      templates/mail.html.j2, <img src="cid:...">
             image/png (base64, inline, Content-ID)       ``png``
-
-    Headers: :func:`new_message`'s (Message-ID: :func:`message_id`) and
-    ``X-Gsrun-Job``; the message is 7-bit. A ``png`` that is not a PNG or is over 5 MiB is left out ("timeline
-    unavailable"). ``cfg``: verdict targets, ``report.doc_url`` (None:
-    defaults).
 
     Raises:
         InputError: as :func:`new_message`.
@@ -159,25 +139,20 @@ def build_message(summary: dict, report_text: str, png: bytes | None, to_addr: s
         html_part = msg.get_payload()[1]
         html_part.add_related(bytes(png), maintype="image", subtype="png", cid=f"<{cid}>",
                               disposition="inline", filename="timeline.png")
-    # Headers: do not fold ASCII values (lines up to RFC 5322's 998): Python's folder
-    # otherwise moves a whole Subject to a continuation line, which readers then show with
-    # a leading space. Bodies were encoded above with the default 76-column lines.
+    # unfolded ASCII headers (up to 998): Python's folder would move a Subject to a continuation line
     if all(str(v).isascii() for v in msg.values()):
         msg.policy = _WIDE_HEADERS
     return msg
 
 
 class SpooledMessage(EmailMessage):
-    """A message read back from the spool; ``raw`` holds its exact bytes,
-    which is what the transports send (no re-serialisation, so what was
-    queued is what arrives)."""
+    """A spooled message; ``raw``: its exact bytes, what the transports send."""
 
     raw: bytes = b""
 
 
 def wire_bytes(msg: EmailMessage) -> bytes:
-    """The bytes to send (LF line ends): the spooled bytes as they are, or
-    ``msg`` serialised with its own policy."""
+    """The bytes to send (LF line ends)."""
     if isinstance(msg, SpooledMessage) and msg.raw:
         return msg.raw
     return msg.as_bytes()

@@ -85,16 +85,12 @@ def _find(base: Path, qid: str) -> Path | None:
 
 
 def enqueue(spool_dir, job_id, msg: EmailMessage) -> Path:
-    """Queue ``msg`` for job ``job_id``: ``<spool_dir>/mail/new/<job_id>.eml``
-    (mode 0600, written with :func:`gsrun.base.fsutil.atomic_write`).
-
-    Idempotent per job id: when a message for this job is anywhere in the
-    spool, nothing is written and that file's path is returned.
+    """Queue ``msg`` as ``mail/new/<job_id>.eml`` (0600), once per id: an id already anywhere in the
+    spool writes nothing and returns that file's path.
 
     Raises:
-        InputError: ``job_id`` is not a plain Slurm job id (``42``, ``15053872_1491``).
-        NodeError: the spool directory is missing, or ``mail/`` there is a
-            symlink or owned by someone else (planted).
+        InputError: ``job_id`` is not a queue id (``42``, ``15053872_1491``).
+        NodeError: the spool is missing, or ``mail/`` is a symlink or not ours (planted).
     """
     qid = _qid(job_id)
     base = _mail_dir(spool_dir)
@@ -120,8 +116,7 @@ def enqueue(spool_dir, job_id, msg: EmailMessage) -> Path:
 
 
 def queue_status(spool_dir) -> dict:
-    """``{"new": [...], "tmp": [...], "sent": [...], "failed": [...]}``: job
-    ids per folder, sorted (for ``gsrun-node mail status``)."""
+    """Folder -> sorted queue ids (``gsrun-node mail status``)."""
     base = _mail_dir(spool_dir)
     return {sub: sorted(p.name[:-4] for p in (base / sub).iterdir()
                         if p.name.endswith(".eml") and not p.name.startswith("."))
@@ -129,8 +124,7 @@ def queue_status(spool_dir) -> dict:
 
 
 def backoff_s(attempts: int) -> float:
-    """Seconds to wait after the ``attempts``-th failed try: 60, 120, 240 ...
-    capped at 3600 (so 48 attempts span about two days)."""
+    """Seconds after the ``attempts``-th failure: 60, 120, 240 ... up to 3600."""
     return min(BACKOFF_BASE_S * (2 ** max(0, attempts - 1)), BACKOFF_CAP_S)
 
 
@@ -144,8 +138,7 @@ def _read_msg(path: Path) -> SpooledMessage:
 
 
 def _move(base: Path, qid: str, src: str, dst: str) -> bool:
-    """rename mail/<src>/<qid>.eml -> mail/<dst>/ under the queue lock;
-    False when it is no longer in ``src`` (someone else moved it)."""
+    """Rename ``<src>/<qid>.eml`` to ``<dst>/`` under the queue lock; False if no longer in ``src``."""
     with _queue_lock(base):
         try:
             os.rename(base / src / f"{qid}.eml", base / dst / f"{qid}.eml")
@@ -156,25 +149,14 @@ def _move(base: Path, qid: str, src: str, dst: str) -> bool:
 
 def flush(spool_dir, cfg, now: float | None = None,
           send: Callable[[EmailMessage, Any], None] | None = None) -> dict:
-    """Deliver the queued messages that are due; ``gsrun-node mail flush``.
-
-    ``cfg``: a Config or a dict (missing keys: defaults); ``now``: epoch s
-    for the backoff; ``send(msg, cfg)``: the transport (default
-    :func:`deliver`; any exception but :class:`MailError` is temporary).
-
-    Per message: claimed by renaming ``new/`` -> ``tmp/``, then moved to
-    ``sent/``, back to ``new/`` with ``next_try = now + backoff_s(attempts)``
-    on a temporary failure, or to ``failed/`` (permanent refusal or
-    ``mail.max_attempts`` used). After an ``outage`` the other due messages
-    are not tried this run, but their attempt counts rise too.
-
-    Returns ``{"sent": n, "failed": n, "deferred": n, "busy": bool}``:
-    ``deferred`` = still queued after this run (failed this time, or not due
-    yet); ``busy`` = another flush held the spool for longer than
-    ``timeouts.command_s`` and nothing was done.
+    """Deliver the due messages (``gsrun-node mail flush``) through ``send(msg, cfg)`` (default
+    :func:`deliver`). Each is claimed into ``tmp/``, then moved to ``sent/``, back to ``new/`` with a
+    backoff, or to ``failed/`` (permanent or ``mail.max_attempts``); after an ``outage`` the rest count
+    an attempt untried. -> ``{"sent", "failed", "deferred" (still queued), "busy" (another flush held
+    the lock past timeouts.command_s)}``.
 
     Raises:
-        NodeError: the spool directory is missing or planted (see :func:`enqueue`).
+        NodeError: the spool is missing or planted.
     """
     base = _mail_dir(spool_dir)
     send = send or deliver
@@ -186,7 +168,7 @@ def flush(spool_dir, cfg, now: float | None = None,
         if not lock.acquire(timeout_s):
             result["busy"] = True
             return result
-        # we hold the flush lock: anything claimed in tmp/ belongs to a flush that died
+        # under the flush lock, anything in tmp/ is a dead flush's
         for p in sorted((base / "tmp").iterdir()):
             if p.name.endswith(".eml") and not p.name.startswith("."):
                 _move(base, p.name[:-4], "tmp", "new")
@@ -220,32 +202,26 @@ def flush(spool_dir, cfg, now: float | None = None,
             state.update({"job_id": qid, "attempts": attempts, "last_try": t})
             if err is None:
                 state.update({"sent_at": t, "last_error": None, "next_try": None})
-                atomic_write_json(state_path, state, mode=0o600)
-                _move(base, qid, "tmp", "sent")
-                result["sent"] += 1
-                continue
-            if err.outage:
-                outage = err
-            state["last_error"] = str(err).split("\n")[0]
-            if err.permanent or attempts >= max_attempts:
-                state.update({"failed_at": t, "next_try": None})
-                atomic_write_json(state_path, state, mode=0o600)
-                _move(base, qid, "tmp", "failed")
-                result["failed"] += 1
+                dst, count = "sent", "sent"
             else:
-                state["next_try"] = t + backoff_s(attempts)
-                atomic_write_json(state_path, state, mode=0o600)
-                _move(base, qid, "tmp", "new")
-                result["deferred"] += 1
+                outage = err if err.outage else outage
+                state["last_error"] = str(err).split("\n")[0]
+                if err.permanent or attempts >= max_attempts:
+                    state.update({"failed_at": t, "next_try": None})
+                    dst, count = "failed", "failed"
+                else:
+                    state["next_try"] = t + backoff_s(attempts)
+                    dst, count = "new", "deferred"
+            atomic_write_json(state_path, state, mode=0o600)
+            _move(base, qid, "tmp", dst)
+            result[count] += 1
     finally:
         lock.close()
     return result
 
 
 def retry_failed(spool_dir, job_id: str | None = None) -> list[str]:
-    """Move ``failed/`` messages (one job, or all) back to ``new/`` with their
-    attempt count reset; returns the job ids requeued. Waits for the flush
-    lock without limit (an admin command)."""
+    """Requeue ``failed/`` messages (one, or all) with no attempts; -> their ids. Waits for the flush lock."""
     base = _mail_dir(spool_dir)
     qids = [_qid(job_id)] if job_id is not None else queue_status(spool_dir)["failed"]
     done = []
@@ -265,9 +241,8 @@ def retry_failed(spool_dir, job_id: str | None = None) -> list[str]:
 
 
 def prune(spool_dir, max_age_s: float = 30 * 86400, now: float | None = None) -> int:
-    """Remove ``sent/`` and ``failed/`` messages (and their state) older than
-    ``max_age_s``, and enqueue staging files older than a day. Returns the
-    number of messages removed. A pruned job id can be queued again."""
+    """Remove ``sent/`` and ``failed/`` messages older than ``max_age_s`` (their ids can queue again) and
+    staging files older than a day. -> messages removed."""
     base = _mail_dir(spool_dir)
     t = time.time() if now is None else now
     removed = 0

@@ -21,11 +21,8 @@ from gsrun.request.config import SETTINGS
 
 
 class MailError(GsrunError):
-    """Delivery of one message failed. ``permanent``: the server (5xx) or
-    MailProg refused it for good (unknown recipient, bad data), retrying is
-    useless. ``outage``: the server could not be reached at all (connection
-    refused or timed out), so the other queued messages are not tried in the
-    same run."""
+    """Delivery failed. ``permanent``: refused for good (5xx, unknown recipient); ``outage``: server
+    unreachable, so this run tries no other message."""
 
     def __init__(self, what: str, detail: str, hint: str | None = None, *,
                  permanent: bool = False, outage: bool = False):
@@ -72,16 +69,11 @@ def _envelope(msg: EmailMessage) -> tuple[str, list[str]]:
 
 
 def send_smtp(msg: EmailMessage, cfg) -> None:
-    """Deliver by SMTP: ``mail.smtp_host``:``mail.smtp_port``, every socket
-    operation bounded by ``timeouts.command_s``; STARTTLS (certificate
-    checked) when ``mail.starttls``; AUTH LOGIN/PLAIN when ``mail.username``
-    with the password from ``mail.password_file``.
+    """Deliver by SMTP (``mail.smtp_*``, STARTTLS, AUTH), each socket call bounded by ``timeouts.command_s``.
 
     Raises:
-        MailError: ``permanent`` for a 5xx refusal of sender, recipients or
-            data; ``outage`` when the server cannot be reached or times out
-            (down, firewalled, wrong host/port); otherwise temporary (4xx,
-            authentication or TLS failure: likely a config problem).
+        MailError: ``permanent`` for a 5xx refusal; ``outage`` when unreachable or timed out (down,
+            firewalled, wrong host/port); else temporary (4xx, auth or TLS: likely the config).
     """
     host, port = _cfg(cfg, "mail.smtp_host"), int(_cfg(cfg, "mail.smtp_port"))
     timeout_s = float(_cfg(cfg, "timeouts.command_s"))
@@ -132,14 +124,10 @@ _MAILPROG_PERMANENT = {65, 67}
 
 
 def send_mailprog(msg: EmailMessage, cfg) -> None:
-    """Deliver through the site's sendmail-compatible MailProg
-    (``mail.mailprog``; not a ``/bin/mail``-style one, which mangles MIME):
-    ``[mailprog, "-i", "-f", FROM, "--", TO...]``, message on stdin, timeout
-    ``timeouts.command_s``.
+    """Deliver through a sendmail-compatible ``mail.mailprog`` (``-i -f FROM -- TO...``, message on stdin).
 
     Raises:
-        MailError: not executable / timed out / non-zero exit (permanent for
-            EX_DATAERR 65 and EX_NOUSER 67, temporary otherwise).
+        MailError: not executable, timed out, or a non-zero exit (permanent for 65 and 67).
     """
     prog = _cfg(cfg, "mail.mailprog")
     timeout_s = float(_cfg(cfg, "timeouts.command_s"))

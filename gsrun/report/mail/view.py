@@ -1,9 +1,5 @@
-"""What the efficiency mail says (decisions, pure): whether a job gets one
-(:func:`mail_wanted`, Slurm ``MailType`` + site ``mail.policy``), which kind
-(:func:`mail_kind`: report, cancelled before start, no run, requeued), its
-subject (:func:`subject_line`) and every value the templates print, already
-formatted and cleaned of control characters (:func:`mail_view`), rendered by
-:func:`render_text` / :func:`render_html`.
+"""What the efficiency mail says (pure): whether a job gets one, which kind,
+its subject and every value the templates print, formatted and cleaned.
 """
 
 from __future__ import annotations
@@ -43,10 +39,8 @@ def _shown(ch: str) -> bool:
 
 
 def clean_line(value: Any, max_len: int = 200) -> str:
-    """One line of display text from anything: ANSI escapes, control
-    characters (NUL, ESC, DEL ...) and bidi overrides removed; line breaks
-    (CR, LF, U+2028 ...) and tabs become one space; cut to ``max_len``
-    characters. Safe for a header value."""
+    """One line safe for a header: ANSI escapes, controls and bidi overrides removed, line breaks and
+    tabs one space, cut to ``max_len``."""
     out = []
     for ch in _ANSI_RE.sub("", str(value)):
         if ch in "\t\r\n\u2028\u2029\x0b\x0c\x85":
@@ -59,8 +53,7 @@ def clean_line(value: Any, max_len: int = 200) -> str:
 
 
 def clean_block(value: Any, max_len: int = 200_000) -> str:
-    """Multi-line display text: like :func:`clean_line` per line, but keeps
-    ``\\n`` (CRLF/CR normalised) and leading indentation."""
+    """:func:`clean_line` per line, keeping line ends and indentation."""
     s = _ANSI_RE.sub("", str(value)).replace("\r\n", "\n").replace("\r", "\n")
     s = "".join(ch if ch == "\n" or _shown(ch) else "    " if ch == "\t" else "" for ch in s)
     return s if len(s) <= max_len else s[:max_len] + "\n[... cut]"
@@ -68,20 +61,8 @@ def clean_block(value: Any, max_len: int = 200_000) -> str:
 
 def mail_wanted(mail_type: str | None, policy: str, *, state: str | None = None,
                 enabled: bool = True) -> bool:
-    """Whether the job gets the efficiency mail.
-
-    ``mail_type``: Slurm's ``MailType`` (``END,FAIL``, ``NONE``, ``(null)``
-    ...); ``policy``: the site's ``mail.policy``:
-
-    - ``never``: no mail.
-    - ``always``: every job (the caller still needs a MailUser).
-    - ``job``: only when the user asked for end-of-job mail (``END`` or
-      ``ALL``); ``FAIL`` alone gets the mail only when ``state`` is a failure
-      (FAILED, TIMEOUT, OUT_OF_MEMORY, NODE_FAIL, ...). BEGIN, REQUEUE,
-      TIME_LIMIT_* and ARRAY_TASKS alone do not ask for a report.
-
-    A job whose ``state`` is not final never gets it (it comes when the job
-    ends). ``enabled``: ``mail.enabled``.
+    """Whether the job gets the mail: never before a final ``state``; ``policy`` (``mail.policy``)
+    ``always``, ``never``, or ``job``: Slurm's ``MailType`` has END or ALL, or FAIL and a failed state.
 
     Raises:
         ConfigError: ``policy`` is not job, always or never.
@@ -104,16 +85,8 @@ def mail_wanted(mail_type: str | None, policy: str, *, state: str | None = None,
 
 
 def mail_kind(summary: Mapping) -> str:
-    """What kind of mail a job summary gets:
-
-    - ``requeued``: state PENDING/REQUEUED/... (not final; the caller should
-      not mail, see :func:`mail_wanted`; the text says a report follows).
-    - ``cancelled_before_start``: CANCELLED with elapsed 0 (or none): no
-      efficiency figures at all (field case 23, docs/field-cases.md).
-    - ``no_run``: any other final state after 0 s (instant failure): the
-      figures are not meaningful.
-    - ``report``: the efficiency report.
-    """
+    """``requeued`` (not final), ``cancelled_before_start`` (field case 23), ``no_run`` (ended after
+    0 s) or ``report``."""
     job = summary.get("job") or {}
     word = state_word(str(job.get("state") or ""))
     elapsed = run_time_s(job)
@@ -128,8 +101,7 @@ def mail_kind(summary: Mapping) -> str:
 
 
 def _gpu_headline(summary: Mapping) -> str | None:
-    """``GPU busy 50% (good)`` / ``GPU busy N/A (MIG)`` / ``GPU data
-    unavailable`` / None without GPUs; judged by the default targets."""
+    """``GPU busy 50% (good)``, ``GPU busy N/A (MIG)``, ``GPU data unavailable``, None without GPUs."""
     gpu = summary.get("gpu") or {}
     job = summary.get("job") or {}
     devices = [d for d in (gpu.get("devices") or []) if isinstance(d, Mapping)]
@@ -150,8 +122,7 @@ def _gpu_headline(summary: Mapping) -> str | None:
 
 
 def subject_line(summary: Mapping) -> str:
-    """``[gsrun] job 42 (train) COMPLETED: GPU busy 50% (good), CPU eff 42%``
-    (the array form of the id when present); every piece through :func:`clean_line`."""
+    """``[gsrun] job 42 (train) COMPLETED: GPU busy 50% (good), CPU eff 42%``, cleaned."""
     job = summary.get("job") or {}
     jid = clean_line(job.get("array") or job.get("id") or "?", 40)
     name = clean_line(job.get("name") or "", 60)
@@ -174,14 +145,8 @@ def subject_line(summary: Mapping) -> str:
 
 def mail_view(summary: Mapping, report_text: str, has_image: bool, image_cid: str,
               image_dropped: bool = False, cfg=None, image_size: tuple[int, int] | None = None) -> dict:
-    """Everything the templates print, formatted and cleaned (pure).
-
-    ``None`` becomes ``N/A`` (``N/A (MIG)``, field case 12; an unavailable
-    GPU section shows its reason, field case 15). Every key is always
-    present (the templates run under ``StrictUndefined``). ``report_text``:
-    the text part; ``image_size``: the chart's displayed (width, height), CSS
-    px.
-    """
+    """Everything the templates print, every key present (``StrictUndefined``); None prints ``N/A``.
+    ``image_size``: the chart's displayed (width, height), CSS px."""
     job = summary.get("job") or {}
     cpu = summary.get("cpu") or {}
     mem = summary.get("memory") or {}
@@ -227,8 +192,6 @@ def mail_view(summary: Mapping, report_text: str, has_image: bool, image_cid: st
         })
 
     findings = []
-    # field case 12 (docs/field-cases.md): no "did not use the GPU" when there is
-    # no utilization figure to base it on (the same rule as the text report)
     for f in shown_findings(summary):
         sev = str(f.get("severity") or "info").lower()
         sev = {"alert": "crit"}.get(sev, sev)   # gsrun.report.findings' hardware events
@@ -253,8 +216,6 @@ def mail_view(summary: Mapping, report_text: str, has_image: bool, image_cid: st
     limit = as_number(job.get("time_limit_s"))
 
     req = as_number(mem.get("req_bytes"))
-    mem_eff = as_number(mem.get("efficiency_pct"))
-    cpu_eff = as_number(cpu.get("efficiency_pct"))
     gpu_avail = gpu.get("available") is not False
     gpus_alloc = as_number(job.get("gpus_alloc")) or 0
     return {
@@ -272,11 +233,11 @@ def mail_view(summary: Mapping, report_text: str, has_image: bool, image_cid: st
         "cpus_alloc": clean_line("N/A" if job.get("cpus_alloc") is None else job.get("cpus_alloc"), 16),
         "gpus_alloc": clean_line("N/A" if job.get("gpus_alloc") is None else job.get("gpus_alloc"), 16),
         "cpu_time": fmt_duration_s(cpu.get("time_s"), "clock"),
-        "cpu_eff": fmt_share_pct(cpu_eff),
+        "cpu_eff": fmt_share_pct(as_number(cpu.get("efficiency_pct"))),
         "cpu_source": clean_line(cpu.get("source") or "", 80),
         "mem_peak": fmt_bytes(mem.get("peak_bytes")),
         "mem_req": "" if req is None or req <= 0 else fmt_bytes(req),
-        "mem_eff": fmt_share_pct(mem_eff),
+        "mem_eff": fmt_share_pct(as_number(mem.get("efficiency_pct"))),
         "gpu_section": bool(devices) or not gpu_avail or gpus_alloc > 0,
         "gpu_available": gpu_avail,
         "gpu_reason": clean_line(gpu.get("reason") or ("no GPU data recorded" if not devices else ""), 300),
@@ -308,10 +269,8 @@ def mail_view(summary: Mapping, report_text: str, has_image: bool, image_cid: st
 
 
 def render_text(view: Mapping) -> str:
-    """The plain-text part (templates/mail.txt.j2)."""
     return render("mail.txt.j2", **view)
 
 
 def render_html(view: Mapping) -> str:
-    """The HTML part (templates/mail.html.j2, autoescaped)."""
     return render("mail.html.j2", **view)
