@@ -1,16 +1,10 @@
 """The node monitor: the one process of the node daemon that holds NVML.
 
-The node daemon (:mod:`gsrun.daemon.server`) forks it before anything opened
-NVML, and again whenever it ends. Every ``sampler.interval_s`` it polls every
-job's GPUs (one :class:`gsrun.node.sampler.Sampler` per job, one NVML handle)
-and the GPUs no job holds, runs each job's live effects
-(:class:`gsrun.node.live.LiveActions`) and feeds the Prometheus endpoint. The
-prolog says a job began, the epilog that it ended.
-
-Restart-safe: a job's state is ``<state_dir>/jobs/<id>/sampler.json`` and what
-it was begun with ``monitor.json`` beside it; a monitor that starts takes up
-every job with a ``monitor.json`` from its last flush, the time between
-counted as gap, never as zero.
+Every ``sampler.interval_s`` it polls every job's GPUs (a
+:class:`~gsrun.node.sampler.Sampler` per job) and the idle ones, runs the live
+effects and feeds the Prometheus endpoint. A job's begin request is kept in
+``<state_dir>/jobs/<id>/monitor.json``; a new monitor takes up every such job
+from its ``sampler.json`` (the time between counted as gap).
 
 Protocol: ``<state_dir>/monitor.sock`` (``AF_UNIX`` stream, mode 0600 in the
 root-owned state dir; the peer must have the monitor's uid). One request
@@ -89,9 +83,8 @@ def socket_path(state_dir) -> str:
 # ----------------------------------------------------------------------------- requests (pure)
 
 def read_mem_baseline(nv, gres_indices: list[int]) -> dict[int, int]:
-    """gres index -> GPU memory "used" before the job's processes start, for
-    GPUs whose binding has only the v1 memory call (no ``reserved``: v1 counts
-    the driver's reservation as used; the sampler subtracts it)."""
+    """gres index -> v1 memory "used" (bytes) before the job starts, for GPUs
+    without ``reserved`` (v1 counts the driver's reservation; the sampler subtracts it)."""
     by_minor, _lost = index_by_minor(nv)
     out = {}
     for g in gres_indices:
@@ -103,8 +96,7 @@ def read_mem_baseline(nv, gres_indices: list[int]) -> dict[int, int]:
 
 
 def check_begin(req: dict) -> dict:
-    """A ``begin`` request's fields, checked. -> ``{"job_id", "uid", "node",
-    "gpus", "dma_latency_us"}``.
+    """A ``begin`` request's fields, checked (``gpus`` sorted, unique).
 
     Raises:
         ValueError: a field missing or outside its allow-list (the text says which).
@@ -113,16 +105,21 @@ def check_begin(req: dict) -> dict:
     gpus, dma = req.get("gpus", []), req.get("dma_latency_us")
     if not is_job_id(job_id):
         raise ValueError(f"job_id {job_id!r} is not a job id")
-    if not (isinstance(uid, int) and not isinstance(uid, bool) and 0 <= uid < 2 ** 32):
+    if not _int_in(uid, 0, 2 ** 32):
         raise ValueError(f"uid {uid!r} is not a uid")
     if not is_node_name(node):
         raise ValueError(f"node {node!r} is not a node name")
     if not (isinstance(gpus, list) and len(gpus) <= MAX_GPUS
-            and all(isinstance(g, int) and not isinstance(g, bool) and 0 <= g < 4096 for g in gpus)):
+            and all(_int_in(g, 0, 4096) for g in gpus)):
         raise ValueError(f"gpus: a list of at most {MAX_GPUS} gres indices 0-4095")
-    if dma is not None and not (isinstance(dma, int) and not isinstance(dma, bool) and 0 <= dma <= MAX_DMA_US):
+    if dma is not None and not _int_in(dma, 0, MAX_DMA_US + 1):
         raise ValueError(f"dma_latency_us {dma!r}: 0-{MAX_DMA_US} or null")
     return {"job_id": job_id, "uid": uid, "node": node, "gpus": sorted(set(gpus)), "dma_latency_us": dma}
+
+
+def _int_in(v, low: int, high: int) -> bool:
+    """``v`` is an int (not a bool) in ``[low, high)``."""
+    return isinstance(v, int) and not isinstance(v, bool) and low <= v < high
 
 
 def check_mem_baseline(value) -> dict[str, int]:
@@ -131,7 +128,7 @@ def check_mem_baseline(value) -> dict[str, int]:
     if not isinstance(value, dict) or len(value) > MAX_GPUS:
         return {}
     ok = {k: v for k, v in value.items() if isinstance(k, str) and k.isdigit() and len(k) <= 4
-          and isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2 ** 50}
+          and _int_in(v, 0, 2 ** 50)}
     return ok if len(ok) == len(value) else {}
 
 
@@ -146,8 +143,8 @@ def parse_request(line: bytes) -> dict:
 # ----------------------------------------------------------------------------- client
 
 def ask(state_dir, request: dict, timeout_s: float = 10.0, wait_s: float = CONNECT_WAIT_S) -> dict:
-    """Send ``request`` to the monitor of ``state_dir`` -> its answer; one not
-    listening yet (its daemon restarting) is waited for up to ``wait_s``.
+    """Send ``request`` to the monitor of ``state_dir`` -> its answer, waiting
+    up to ``wait_s`` for one not listening yet (its daemon restarting).
 
     Raises:
         NodeError: no monitor listens within ``wait_s`` (the node daemon is not
@@ -227,7 +224,7 @@ class RemoteNvml:
 
     def count(self) -> int:
         n = self._ask({"key": "count"})
-        return n if isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= MAX_GPUS else 0
+        return n if _int_in(n, 0, MAX_GPUS + 1) else 0
 
     def get(self, index: int, key: str, **kw):
         if key not in REMOTE_KEYS or kw:
@@ -242,8 +239,7 @@ class RemoteNvml:
 
 @dataclass
 class Job:
-    """A sampled job: its sampler, its C-state hold (an open
-    ``/dev/cpu_dma_latency``), its polls failed in a row."""
+    """A sampled job: its sampler, its C-state hold (open ``/dev/cpu_dma_latency``)."""
 
     sampler: Sampler
     user: str | None = None
@@ -305,8 +301,7 @@ class Monitor:
 
     def begin(self, job: dict, resumed: bool = False) -> dict:
         """Start sampling ``job`` (:func:`check_begin`'s dict), continuing a
-        state found; the first poll comes after the answer (:meth:`poll_begun`:
-        PCIe reads take 20 ms windows, never on the prolog's path)."""
+        state found; the first poll comes after the answer (:meth:`poll_begun`)."""
         job_id = job["job_id"]
         if job_id in self.jobs:
             return {"ok": True, "resumed": True, "gpus": len(self.jobs[job_id].sampler.refs), "notes": []}
@@ -348,8 +343,7 @@ class Monitor:
             return {"ok": True, "na": self.nvml_error or "NVML not opened", "code": None}
         if index is None and key == "count":
             return {"ok": True, "value": self._count()}
-        if key not in REMOTE_KEYS or not (isinstance(index, int) and not isinstance(index, bool)
-                                          and 0 <= index < MAX_GPUS):
+        if key not in REMOTE_KEYS or not _int_in(index, 0, MAX_GPUS):
             raise ValueError(f"get: {key!r} of device {index!r} is not served")
         v = self.nv.get(index, key)
         if is_na(v):
@@ -469,8 +463,7 @@ class Monitor:
         self.latest = self.readings()
 
     def readings(self) -> list[GpuReading]:
-        """This tick's endpoint figures: each job's GPUs (means since the last
-        tick), then every GPU no job holds."""
+        """This tick's endpoint figures: each job's GPUs (means since the last tick), then the idle GPUs."""
         out: list[GpuReading] = []
         for entry in self.jobs.values():
             try:
@@ -517,8 +510,7 @@ class Monitor:
             self.log(f"job {job_id}: IRQ retry failed: {e}")
 
     def poll_begun(self) -> None:
-        """The first poll of the jobs begun since the last call (each job's
-        state exists from its first flush on)."""
+        """The first poll of the jobs begun since the last call."""
         while self.first_polls:
             job_id = self.first_polls.pop(0)
             if job_id in self.jobs and self.jobs[job_id].sampler.state["samples"] == 0:
@@ -672,9 +664,9 @@ def die_with_parent() -> None:
 
 def run(host_root: str | None = None, state_dir: str | None = None, spool_dir: str | None = None,
         nvml=None, node_name: str | None = None, metrics_port: int | None = None) -> int:
-    """The monitor process's body. ``node_name``: the series' ``node`` label
-    (default the short host name); ``metrics_port``: instead of ``[metrics]
-    http_port`` (hosts with several slurmd). -> exit status."""
+    """The monitor process's body -> exit status. ``node_name``: the series'
+    ``node`` label (default the short host name); ``metrics_port`` overrides
+    ``[metrics] http_port`` (hosts with several slurmd)."""
     die_with_parent()
 
     class _Err:
