@@ -9,12 +9,8 @@ The owner's fields are at the top level; the journal adds one key::
                 "boot_id": "<uuid from /proc/sys/kernel/random/boot_id>"|null,
                 "written_unix": <float, seconds>, "pid": <int, the writer>}
 
-:meth:`Journal.load` says whether a journal was written before the last
-reboot (:attr:`Loaded.earlier_boot`); each owner decides what that means
-(tuning drops it, MIG restores anyway: the MIG mode persists, MPS cleans up).
-Format 1 (no ``"journal"`` key; tuning's top-level ``boot_id``) is still
-read; the next write is format 2. :meth:`Journal.lock` takes a bounded
-exclusive ``flock`` on ``lock_path`` (default: the journal's directory).
+Each owner decides what a journal of an earlier boot
+(:attr:`Loaded.earlier_boot`) means. Format 1 (no ``"journal"`` key) is still read.
 """
 
 from __future__ import annotations
@@ -50,10 +46,8 @@ def boot_id(hostfs=None) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class Loaded:
-    """A journal as read: ``data`` (the owner's fields, without the header),
-    ``format`` (2, or 1 for a journal of an older release), ``boot_id`` it
-    was written in (``None``: unknown), ``earlier_boot`` (True when that boot
-    is known and is not this one)."""
+    """A journal as read: ``data`` (without the header), ``format``, the
+    ``boot_id`` it was written in (None: unknown), ``earlier_boot``."""
 
     data: dict
     format: int
@@ -62,12 +56,9 @@ class Loaded:
 
 
 class Journal:
-    """One journal file (module doc).
-
-    ``path``: the file; ``kind``: what it journals (header ``kind``);
-    ``hostfs``: where the boot id is read (``None``: the live host); ``uid``:
-    owner to give the file (``None``: the writer's); ``lock_path``: what
-    :meth:`lock` flocks (default: the journal's directory).
+    """One journal file of ``kind``; ``hostfs``: where the boot id is read
+    (None: live host); ``uid``: the file's owner (None: the writer's);
+    ``lock_path``: what :meth:`lock` flocks (default: the journal's directory).
     """
 
     def __init__(self, path, kind: str, hostfs=None, uid: int | None = None, lock_path=None):

@@ -1,15 +1,10 @@
 """Explicit hugepages per NUMA node: ``hugepages`` (``SIZE:N``).
 
 ``/sys/devices/system/node/nodeN/hugepages/hugepages-<kB>kB/nr_hugepages``
-on the NUMA nodes near the job's GPUs (:class:`HugepagesKnob`), with the
-pool's ``free_hugepages`` and ``surplus_hugepages`` beside it, and the
-job's own files in hugetlbfs mounts (:func:`remove_job_hugetlbfs_files`).
-Semantics from the kernel's Documentation/admin-guide/mm/hugetlbpage.rst:
-a write to ``nr_hugepages`` allocates what it can and the file then reads
-the pool size reached (fragmented memory gives fewer); lowering it below
-the pages in use turns the in-use excess into surplus pages, freed only
-when their holders let go; ``/proc/sys/vm/compact_memory`` (or a node's
-``compact``) defragments memory so that a retry may get more.
+on the NUMA nodes near the job's GPUs, and the job's own files in hugetlbfs
+mounts (:func:`remove_job_hugetlbfs_files`). Per the kernel's hugetlbpage.rst,
+a write allocates what it can (the file then reads the pool reached), and
+lowering below the pages in use leaves the excess as surplus until freed.
 """
 
 from __future__ import annotations
