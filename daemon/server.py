@@ -242,8 +242,7 @@ def _read_request(conn, nfds: int | None = 3, timeout_s: float = REQUEST_TIMEOUT
                              f"{len(fds)} descriptors, not {nfds if nfds is not None else '0 or 3'}")
         return (*parse_request(bytes(buf[4:])), list(fds))
     except BaseException:
-        for fd in fds:
-            os.close(fd)
+        _close(fds)
         raise
 
 
@@ -590,10 +589,8 @@ class NodeDaemon:
         """Fork the node monitor, the one process that opens NVML (never the
         daemon: hooks fork from it)."""
         self.monitor_due = None
-        sys.stdout.flush()
-        sys.stderr.flush()
         try:
-            pid = os.fork()
+            pid = _fork()
         except OSError as e:
             self.log(f"cannot start the node monitor: {e}; trying again in {MONITOR_BACKOFF_S:g} s")
             self.monitor_due = time.monotonic() + MONITOR_BACKOFF_S
@@ -698,16 +695,14 @@ class NodeDaemon:
         if ctld and argv != [PING_REQUEST]:
             hook = hook_args(argv, self.python, self.site_dir, self.gsrun_node) if argv != [BIND_REQUEST] else None
             if hook is None or hook[0] != "epilog-ctld":
-                for fd in fds:
-                    os.close(fd)
+                _close(fds)
                 self.log(f"refused on the controller's door (uid {uid}): {argv[:1] + argv[5:7]}")
                 _refuse(conn, "only EpilogSlurmctld is served on this socket")
                 return
             argv = argv[:argv.index(hook[0]) + 1]    # the hook, without the client's --spool-dir
             env = ctld_env(env, dict(os.environ))
         if argv in ([BIND_REQUEST], [PING_REQUEST]):
-            for fd in fds:
-                os.close(fd)
+            _close(fds)
             stale = self._stale()
             if argv == [PING_REQUEST]:
                 conn.settimeout(0.5)
@@ -737,8 +732,6 @@ class NodeDaemon:
             if conn.recv(1) != GO:
                 conn.close()
                 return
-            sys.stdout.flush()
-            sys.stderr.flush()
             merge = _merge_of(args, env)
             if merge is not None:
                 # answered at once (slurmctld holds the job COMPLETING until then), merge forked after
@@ -747,15 +740,14 @@ class NodeDaemon:
                 self.served += 1
                 self._start_detached(*merge, umask)
                 return
-            pid = os.fork()
+            pid = _fork()
             if pid == 0:
                 try:
                     _child(args, env, umask, fds, conn, client_pid)     # never returns
                 finally:
                     os._exit(70)    # whatever happens, the child never runs the daemon's loop
         finally:
-            for fd in fds:
-                os.close(fd)
+            _close(fds)
         self.served += 1
         # the hook runs: no answer from here (the client would read it before the child's "S")
         try:
@@ -792,10 +784,8 @@ class NodeDaemon:
 
     def _start_bind(self, conn, stepd_env: dict[str, str]) -> None:
         """Fork :func:`_bind_child` for one slurmstepd's plugin and let it have the connection."""
-        sys.stdout.flush()
-        sys.stderr.flush()
         try:
-            pid = os.fork()
+            pid = _fork()
         except OSError as e:
             self.log(f"cannot serve a step's plan: {e}")
             conn.close()        # the plugin plans in Python
@@ -820,7 +810,7 @@ class NodeDaemon:
             self.pending.append((argv, env, umask))
             return
         try:
-            pid = os.fork()
+            pid = _fork()
         except OSError as e:
             self.log(f"cannot start {' '.join(argv[4:6])}: {e}")
             return
@@ -844,14 +834,12 @@ class NodeDaemon:
         entry = self.running.get(pidfd)
         self.sel.unregister(conn)
         if entry:
-            try:
-                os.killpg(entry[1], signal.SIGKILL)
-            except OSError:
-                pass
-            try:    # a child not yet past its setsid() has no group of its own: it alone
-                os.kill(entry[1], signal.SIGKILL)   # (unreaped until _reap: the PID is still ours)
-            except OSError:
-                pass
+            # the group, and the child alone when not yet past its setsid() (unreaped: still ours)
+            for kill in (os.killpg, os.kill):
+                try:
+                    kill(entry[1], signal.SIGKILL)
+                except OSError:
+                    pass
             self.running[pidfd] = (None, entry[1])
         conn.close()
 
@@ -868,6 +856,18 @@ class NodeDaemon:
             return
         self.sel.unregister(conn)
         _send_exit(conn, status)
+
+
+def _fork() -> int:
+    """``os.fork()`` after flushing stdout and stderr (no buffered line printed twice)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return os.fork()
+
+
+def _close(fds: list[int]) -> None:
+    for fd in fds:
+        os.close(fd)
 
 
 def _wait(pid: int) -> int:

@@ -97,9 +97,7 @@ def alert_line(finding: dict, node: str, start_time: float) -> str:
 
 
 def job_fields_from_record(rec: dict | None) -> dict | None:
-    """``partition``, ``qos``, ``user``, ``account``, ``interactive``
-    (``BatchFlag=0``) and ``mail_user`` of a parsed ``scontrol -o show job``
-    record, or None. Pure."""
+    """The cancel's fields of a parsed ``scontrol -o show job`` record, or None. Pure."""
     if not rec:
         return None
 
@@ -112,10 +110,8 @@ def job_fields_from_record(rec: dict | None) -> dict | None:
 
 
 def job_idle_since(mine: float | None, others: list[dict | None], now: float, stale_s: float) -> float | None:
-    """Epoch seconds since which every GPU of the job has been idle: the
-    latest of this node's and the other nodes' ``all_idle_since``; None when
-    any node is busy, has no live file, or its file is older than
-    ``stale_s`` (unknown is never idle). Pure."""
+    """Epoch seconds since which every GPU of the job is idle (the latest of
+    the nodes'); None when a node is busy, silent or older than ``stale_s``. Pure."""
     if mine is None:
         return None
     latest = mine
@@ -156,20 +152,15 @@ def run_scancel(job_id: str, timeout_s: float) -> tuple[bool, str]:
     return True, "scancel accepted"
 
 
-#: What the idle cancel decides with when the exemption fields cannot be read
-#: as one record (:func:`gsrun.facts.slurm.parse_exemption_record` None):
-#: exemptions are allow-lists, so a record that does not parse exempts nothing.
+#: The exemption fields of a record that does not parse: exempt from nothing (allow-lists)
 NOT_EXEMPT = {"partition": None, "qos": None, "user": None, "account": None, "interactive": False,
               "unparsable": True}
 
 
 def read_cancel_fields(job_id: str, timeout_s: float) -> dict | None:
-    """The job for :func:`gsrun.request.waste.cancel_decision`: ``partition``,
-    ``qos``, ``user``, ``account``, ``interactive`` from ``squeue``
-    (:func:`gsrun.facts.slurm.exemption_argv`: fields no user text can break)
-    and ``mail_user`` from the job record. An answer that does not parse is
-    :data:`NOT_EXEMPT`; None when Slurm could not be asked (asked again at the
-    next flush)."""
+    """The job for :func:`gsrun.request.waste.cancel_decision`: its exemption
+    fields from ``squeue`` (:data:`NOT_EXEMPT` when they do not parse) and
+    ``mail_user`` from the job record; None when Slurm could not be asked."""
     try:
         cp = run_slurm(exemption_argv(job_id), timeout_s, check=False)
     except SlurmError:
@@ -203,11 +194,8 @@ def _watches(state: dict) -> list:
 
 
 class LiveActions:
-    """The sampler's while-the-job-runs effects (module doc). ``idle_cfg``:
-    :class:`gsrun.request.waste.IdleConfig` (None: only the live file).
-    Injectable: ``clock``, ``job_record`` (:func:`read_cancel_fields`' shape),
-    ``scancel`` (``job_id -> (ok, detail)``), ``kick`` (start the mail
-    flush), ``log`` (a :class:`gsrun.base.log.JobLog`-like callable)."""
+    """The sampler's while-the-job-runs effects (module doc); ``idle_cfg``
+    None: only the live file. ``scancel``: ``job_id -> (ok, detail)``."""
 
     def __init__(self, spool_dir, job_id: str, node: str, uid: int, idle_cfg=None, live_flush_s: float = 30.0,
                  command_timeout_s: float = 15.0, clock=time.time, job_record=None, scancel=None, kick=None,
@@ -233,8 +221,7 @@ class LiveActions:
 
     # -- facts this node has
     def _prolog(self) -> dict | None:
-        """The prolog record of this node (written when the prolog ends, so
-        maybe not yet at the first flush): job env, prolog time."""
+        """This node's prolog record (maybe not yet written at the first flush)."""
         if self.prolog is None:
             rec = read_json(self.spool_dir / "jobs" / self.job_id / f"prolog-{self.node}.json")
             if rec and isinstance(rec.get("job"), dict):
@@ -286,8 +273,7 @@ class LiveActions:
             self.log.warn(f"live: {type(e).__name__}: {e}")
 
     def node_idle_since(self, state: dict) -> float | None:
-        """Epoch seconds since which all of this node's job GPUs are idle (the
-        detector's :func:`gsrun.request.waste.all_idle_since`), None if not."""
+        """Epoch seconds since which all of this node's job GPUs are idle, or None."""
         ws = _watches(state)
         if not ws or self.idle_cfg is None:
             return None
@@ -308,9 +294,7 @@ class LiveActions:
         self.last_write = now
 
     def _active_conditions(self, state: dict, new: list[dict]) -> set[str]:
-        """The alert conditions that hold on this node now: a GPU's detection
-        still true (:attr:`GpuWatch.active <gsrun.request.waste.GpuWatch.active>`)
-        or one new this flush."""
+        """The alert conditions that hold on this node now (still active, or new this flush)."""
         codes = {d.get("code") for w in _watches(state) if hasattr(w, "active") for d in w.active}
         codes |= {f.get("code") for f in new}
         return {CONDITIONS[c] for c in codes if c in CONDITIONS}

@@ -201,9 +201,8 @@ def _connect(path: str, wait_s: float):
 
 
 class RemoteNvml:
-    """A hook's NVML backend (``count``/``get``/``close``): each read is a
-    ``get`` to the monitor. A key outside :data:`REMOTE_KEYS` or no answer
-    reads as :class:`~gsrun.facts.nvml.NA` (the caller's fallback applies)."""
+    """A hook's NVML backend: each read a ``get`` to the monitor; a key outside
+    :data:`REMOTE_KEYS` or no answer reads as :class:`~gsrun.facts.nvml.NA`."""
 
     def __init__(self, state_dir, timeout_s: float = 5.0):
         self.state_dir, self.timeout_s = state_dir, timeout_s
@@ -252,8 +251,7 @@ class Job:
 
 class Monitor:
     """The NVML holder and every job's sampler; :meth:`serve` until SIGTERM.
-    Injectable: ``nvml`` (a backend), ``clock``, ``usage`` (the samplers'),
-    ``config_loader()`` (the site config, read again at each begin)."""
+    ``config_loader()``: the site config, read again at each begin."""
 
     def __init__(self, hostfs: HostFS, paths: Paths, cfg, nvml=None, clock=time.time, log=None,
                  config_loader=None, usage=None):
@@ -337,8 +335,7 @@ class Monitor:
         return {"ok": True, "resumed": resumed, "gpus": len(s.refs), "notes": entry.notes}
 
     def get(self, index, key) -> dict:
-        """One read-only NVML fact for a hook (:data:`REMOTE_KEYS`); ``index``
-        None: the device count."""
+        """One read-only NVML fact for a hook; ``index`` None: the device count."""
         if self.nv is None:
             return {"ok": True, "na": self.nvml_error or "NVML not opened", "code": None}
         if index is None and key == "count":
@@ -423,7 +420,7 @@ class Monitor:
 
     # -- sampling --------------------------------------------------------------
     def readopt(self) -> list[str]:
-        """Take up the jobs with a ``monitor.json`` (root's, checked as a request) -> their ids."""
+        """Take up the jobs with a root-owned ``monitor.json``, checked as a request -> their ids."""
         base = self.paths.state_dir / "jobs"
         out = []
         try:
@@ -455,8 +452,7 @@ class Monitor:
         return out
 
     def tick(self) -> None:
-        """One poll of every job's GPUs and of the GPUs no job holds; a failed
-        poll is logged and costs only that job a gap."""
+        """One poll of every job's GPUs and of the idle ones (a failure costs that job a gap)."""
         for job_id, entry in list(self.jobs.items()):
             self._sample(job_id, entry)
         self._sample_idle()
@@ -498,8 +494,7 @@ class Monitor:
                 self.log(f"job {job_id}: sample failed ({entry.errors}x): {type(e).__name__}: {e}")
 
     def _retry_irqs(self, job_id: str, node: str) -> None:
-        """Once per job, :data:`IRQ_RETRY_AFTER_S` in: write again the IRQs the
-        kernel refused at the prolog (in a thread: it may wait for the tuning lock)."""
+        """Write again the IRQs the kernel refused at the prolog (a thread: it may wait for the lock)."""
         try:
             out = tuning.retry_skipped_irqs(self.hostfs, str(self.paths.state_dir), job_id,
                                             prolog_record=self.paths.spool_job(job_id) / f"prolog-{node}.json",
@@ -551,8 +546,7 @@ class Monitor:
 
     # -- loop ----------------------------------------------------------------------
     def serve(self, listener) -> int:
-        """Poll on schedule and answer requests until SIGTERM/SIGINT (or the
-        parent daemon ended); then flush every job and exit 0."""
+        """Poll and answer until SIGTERM/SIGINT or the daemon's end; then flush every job."""
         stop: list[int] = []
         r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(w, warn_on_full_buffer=False)
@@ -644,11 +638,7 @@ def _scaled(v, k: float) -> float | None:
 
 
 def listen(path: str):
-    """A listening socket at ``path`` (mode 0600) in a directory of this uid closed to others.
-
-    Raises:
-        NodeError: the directory is missing or open to others.
-    """
+    """A listening socket at ``path`` (0600). Raises NodeError: the directory is missing or open to others."""
     unixsock.check_dir(path, "monitor", "the node's state directory must exist (gsrun-node install makes it)",
                        "chown root and chmod go-w it")
     return unixsock.bind_private(path, 64)[0]
@@ -697,8 +687,7 @@ def run(host_root: str | None = None, state_dir: str | None = None, spool_dir: s
 
 
 def _endpoint(cfg, mon: Monitor, node: str, port: int | None):
-    """The Prometheus endpoint (``[metrics] http_port``, or ``port`` when given;
-    0 = off) serving :attr:`Monitor.latest`."""
+    """The Prometheus endpoint serving :attr:`Monitor.latest` (port 0: off)."""
     port = int(cfg["metrics.http_port"]) if port is None else port
     if port == 0:
         return None

@@ -51,8 +51,7 @@ MEM_V1_BASELINE = "nvmlDeviceGetMemoryInfo v1 minus the prolog's baseline"
 
 
 def resolve_gpus(nv, gres_indices: list[int]) -> tuple[list[GpuRef], list[str]]:
-    """Slurm gres indices (minor numbers) -> (NVML refs, notes for indices with
-    no device: emulated gres, a GPU hidden from NVML)."""
+    """Slurm gres indices (minor numbers) -> (NVML refs, notes for those with no device)."""
     by_minor, lost = index_by_minor(nv)
     refs, notes = [], []
     unmatched = [g for g in gres_indices if g not in by_minor]
@@ -85,8 +84,7 @@ def _v(x):
 
 
 def new_gpu_state(ref: GpuRef, timeline_points: int, mem_baseline_bytes: int | None = None) -> dict:
-    """A GPU's live state: aggregates as objects (see :func:`state_to_json`).
-    ``mem_baseline_bytes``: v1 memory "used" before the job (prolog), or None."""
+    """A GPU's live state, aggregates as objects (:func:`state_to_json`)."""
     return {
         "ref": ref.to_json(),     # a key not known (power_limit_w) is left out
         "metrics": {k: Metric(UTIL_THRESHOLDS_PCT if k == "util_pct" else (),
@@ -114,8 +112,7 @@ def new_gpu_state(ref: GpuRef, timeline_points: int, mem_baseline_bytes: int | N
 def new_state(job_id: str, node: str, refs: list[GpuRef], nvml_error: str | None, notes: list[str],
               t0: float, interval_s: float, timeline_points: int,
               mem_baseline: dict[int, int] | None = None) -> dict:
-    """The sampler's live state (objects inside; :func:`state_to_json` for disk).
-    ``mem_baseline``: gres index -> v1 memory used before the job (prolog)."""
+    """The sampler's live state (objects inside; :func:`state_to_json` for disk)."""
     mem_baseline = mem_baseline or {}
     return {
         "version": STATE_VERSION, "job_id": job_id, "node": node, "start_time": t0, "last_time": t0,
@@ -162,8 +159,7 @@ def state_to_json(state: dict, timelines: bool = True) -> dict:
 
 
 def state_from_json(d: dict, idle_cfg=None) -> dict:
-    """Inverse of :func:`state_to_json` (a restarted sampler continues); the
-    GPU watches run with ``idle_cfg`` (default :class:`IdleConfig`)."""
+    """Inverse of :func:`state_to_json`; the GPU watches run with ``idle_cfg``."""
     st = dict(d)
     st["gpus"] = []
     for g in d["gpus"]:
@@ -189,10 +185,8 @@ def state_from_json(d: dict, idle_cfg=None) -> dict:
 
 
 def read_gpu(nv, ref: GpuRef, since_us: int | None, skip=(), leave_out=()) -> dict:
-    """One poll of one GPU -> raw readings (values or NA). I/O only.
-    ``util_samples`` since ``since_us``; ``utilization`` only when the buffer
-    answers N/A; ``gpm`` only where supported. ``skip`` keys answer
-    NA("Not Supported") without a call; ``leave_out`` keys are not returned."""
+    """One poll of one GPU -> raw readings (values or NA); ``skip`` keys answer
+    NA("Not Supported") without a call, ``leave_out`` keys are not read."""
     i = ref.nvml_index
     gone = NA("Not Supported", NOT_SUPPORTED)
 
@@ -451,8 +445,7 @@ class JobProcs:
 
 
 def update_job(state: dict, cpu_time_s, mem_current, mem_peak, source: str, t_rel_s: float, dt_s: float):
-    """Fold the job's cumulative CPU seconds and memory bytes into the state.
-    Pure. ``mem_peak`` None (no kernel peak file): the highest sampled current."""
+    """Fold the job's CPU seconds and memory bytes in. Pure. ``mem_peak`` None: the highest sampled."""
     prev = state["cpu"]["time_s"]
     state["cpu"] = {"time_s": cpu_time_s, "source": source}
     sampled = state["mem"]["sampled"]
@@ -553,9 +546,8 @@ class Sampler:
         return set(self.procs.current)
 
     def sample_once(self, final: bool = False) -> None:
-        """One poll of every GPU and of the job's CPU/memory; the ``final``
-        one leaves out :data:`FINAL_LEAVE_OUT` and, without a job cgroup, the
-        scan for new job processes (:meth:`JobProcs.poll` ``known_only``)."""
+        """One poll of every GPU and of the job's CPU/memory; the ``final`` one
+        leaves out :data:`FINAL_LEAVE_OUT` and the scan for new processes."""
         now = self.clock()
         st = self.state
         dt = max(0.0, now - st["last_time"]) if st["samples"] else 0.0
@@ -617,8 +609,7 @@ class Sampler:
                 self.state["waste_findings_dropped"] = self.state.get("waste_findings_dropped", 0) + drop
 
     def _warn_energy(self, ref: GpuRef, g: dict) -> None:
-        """Note once per job and GPU that the energy counter gave nothing
-        (NOT_SUPPORTED, or another error for 3 polls): power is integrated."""
+        """Note once per GPU that the energy counter gave nothing: power is integrated."""
         why = g["unsupported"].get("energy_mj")
         if why is None or g["energy"].first is not None:
             return

@@ -1,13 +1,9 @@
 """The get/set protocol every tuning area implements, and the one write path.
 
-A setting is a :class:`Knob`; the areas only say how to read and write their
-files, and their prior values live in the one tuning journal. A
-:class:`ScopedKnob` (cstate, irq, hugepages) depends on the job (its GPUs,
-their NICs, its CPUs): ``resolve(h, value, scope)`` turns the request word
-into a target (files and values), kept in the journal entry beside ``value``;
-its ``prior`` holds only those files. Every write goes through
-:func:`kernel_write`, which under a fake host root also answers as the kernel
-would (THP bracket files, dirty ratio/bytes pairs).
+A :class:`ScopedKnob` (cstate, irq, hugepages) depends on the job:
+``resolve(h, value, scope)`` turns the request word into a target (files and
+values) kept in the journal entry; its ``prior`` holds only those files. Every
+write goes through :func:`kernel_write`.
 """
 
 from __future__ import annotations

@@ -87,14 +87,12 @@ class Policy:
 
 @dataclass(slots=True, eq=True)
 class PlanItem:
-    """One decision. action: ``apply`` (write), ``unchanged`` (already the
-    value; journaled so later jobs see who holds it), ``reuse`` (another job
-    set this value), ``refused``, ``unsupported``; after the run also
-    ``applied``, ``failed``, ``rolled_back``, ``skipped`` (not attempted after a failure).
-    ``source``: ``"request"`` | ``"default"`` | ``"fallback"``; ``holder``: the
-    job that set the value (reuse/refused conflict); ``target``: job-scoped
-    knobs: the files and values ``value`` resolved to. Mutable (the run
-    updates ``action``, ``reason``, ``target``)."""
+    """One decision (mutable: the run updates it). action: ``apply``,
+    ``unchanged`` (journaled so later jobs see who holds it), ``reuse``,
+    ``refused``, ``unsupported``; after the run ``applied``, ``failed``,
+    ``rolled_back``, ``skipped``. ``source``: ``request`` | ``default`` |
+    ``fallback``; ``holder``: the job that set the value; ``target``: a
+    job-scoped knob's files and values."""
 
     key: str
     action: str
@@ -112,11 +110,8 @@ class PlanItem:
 
 def plan_tuning(job_id: str, request: dict[str, str], request_error: str | None, policy: Policy,
                 exclusive: bool, facts: Facts) -> list[PlanItem]:
-    """Decide what to do for each key. Pure: no I/O.
-
-    Per key the job's request is tried first, then the site default; a
-    request value that is not allowed is refused (with the reason) and the
-    default is used instead. Items come in application order (:data:`KNOBS`).
+    """Decide what to do for each key, in :data:`KNOBS` order. Pure. The
+    request first, then the site default (a refused request falls back to it).
     """
     items: list[PlanItem] = []
     if request_error:

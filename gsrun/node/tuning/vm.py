@@ -5,10 +5,8 @@
 - ``swap`` (``off``): ``swapoff`` of each device in ``/proc/swaps``, only when
   ``MemAvailable`` covers ``SwapTotal - SwapFree`` (``/proc/meminfo``); else
   swap stays on and ``swappiness`` is lowered instead (reason reported).
-- ``dirty_ratio`` / ``dirty_background_ratio``: ``/proc/sys/vm/dirty_*``. The
-  kernel keeps either the ratio or the ``_bytes`` form (writing one zeroes
-  the other), so the journal records which form was in use and restore writes
-  that one.
+- ``dirty_ratio`` / ``dirty_background_ratio``: the kernel keeps the ratio or
+  the ``_bytes`` form (writing one zeroes the other); restore writes the one in use.
 - ``zone_reclaim_mode``: ``/proc/sys/vm/zone_reclaim_mode`` (0-7).
 """
 
