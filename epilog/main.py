@@ -103,9 +103,8 @@ def _verdict(results: dict, log) -> list[str]:
 
 
 def _forget_job(sdir, log) -> None:
-    """Remove the job's state directory once the node is clean (the state dirs
-    are the jobs live here), unless a journal still has work (``mig.json``, a
-    ``.pending`` summary)."""
+    """Remove the job's state directory unless a journal still has work
+    (``mig.json``, a ``.pending`` summary)."""
     try:
         if (sdir / "mig.json").exists() or any(sdir.glob("*.pending")):
             return

@@ -78,9 +78,8 @@ class Journal:
         return os.path.lexists(self.path)
 
     def load(self) -> Loaded | None:
-        """The journal, or ``None`` when there is none or it is not a JSON
-        object (a corrupt file: see :meth:`exists` to tell the two apart).
-        No symlink is followed."""
+        """The journal, or ``None`` when absent or not a JSON object (:meth:`exists`
+        tells the two apart). No symlink is followed."""
         raw = read_json(self.path)
         if not isinstance(raw, dict):
             return None
@@ -111,8 +110,7 @@ class Journal:
         atomic_write_json(self.path, doc, mode=MODE, uid=self.uid)
 
     def remove(self) -> None:
-        """Delete the journal (absent is fine) and fsync its directory, so
-        the removal survives a crash (no fsync when there was nothing to delete)."""
+        """Delete the journal (absent is fine), fsync'ing its directory."""
         try:
             os.unlink(self.path)
         except FileNotFoundError:
@@ -127,13 +125,11 @@ class Journal:
             pass
 
     def lock(self, timeout_s: float = LOCK_TIMEOUT_S) -> "_Flock":
-        """A context manager: hold an exclusive ``flock`` on :attr:`lock_path`
-        for the ``with`` block.
+        """Hold an exclusive ``flock`` on :attr:`lock_path` for the ``with`` block.
 
-        Raises (on entering the block):
-            NodeError: the lock is held by another process for more than
-                ``timeout_s`` seconds, or the lock path is unusable (a
-                symlink, missing).
+        Raises (on entering):
+            NodeError: held by another process over ``timeout_s``, or the path
+                is unusable (a symlink, missing).
         """
         return _Flock(self, timeout_s)
 

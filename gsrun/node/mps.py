@@ -180,8 +180,7 @@ def _proc_key(p: psutil.Process) -> dict:
 
 
 def _recorded(entries: Iterable[dict], uid: int | None) -> list[psutil.Process]:
-    """Journal PIDs that are still the same process (creation time equal) and,
-    when known, of the job's uid; their descendants too (MPS servers)."""
+    """Journal PIDs still the same process (creation time) of ``uid``, with their descendants."""
     out = []
     for e in entries or ():
         try:
@@ -366,8 +365,7 @@ def _mount_job_dir(path: Path, uid: int, gid: int) -> None:
 
 
 def _unmount_job_dir(path: Path) -> str | None:
-    """Detach the job directory's tmpfs when ``path`` is a mount point (not followed
-    when a symlink); -> why it could not be, or None."""
+    """Detach the job directory's tmpfs if mounted (no symlink) -> why it failed, or None."""
     import ctypes
 
     if not os.path.ismount(path) or os.path.islink(path):

@@ -59,9 +59,7 @@ class Step:
 
 @dataclass(slots=True)
 class Outcome:
-    """What :func:`run_steps` did: ``results`` (step name -> result or
-    ``{"error": text}``), ``reasons`` to drain, ``budget_exceeded`` (a SETUP
-    hook skipped the rest), the :class:`NodeUnusable` reason; ``rc`` 1: drain."""
+    """What :func:`run_steps` did; ``rc`` 1: drain."""
 
     results: dict = field(default_factory=dict)
     reasons: list[str] = field(default_factory=list)
@@ -78,14 +76,9 @@ def run_steps(phase: str, steps, ctx, log, *, rule: str, budget_s: float | None,
               results: dict | None = None, verdict: Callable[[dict], list[str]] | None = None,
               timeout_hint: str = "") -> Outcome:
     """Run ``steps`` in order with ``ctx`` under ``rule`` (module doc).
-
-    ``phase``: ``prolog``, ``epilog`` or ``epilog-ctld`` (fault points
-    ``<phase>:<step>``); ``log``: a :class:`gsrun.base.log.JobLog`;
-    ``budget_s``: the hook's budget (None: no alarm); ``catch``: a step's
-    exceptions that are recorded (others propagate); ``results``: the dict to
-    fill; ``verdict(results) -> [reason]``: a CLEANUP hook's own reasons to
-    drain; ``timeout_hint``: logged after a CLEANUP step ran out of time.
-    Drain reasons are logged as ``node needs an admin: ...``."""
+    ``budget_s`` None: no alarm; ``catch``: exceptions recorded (others
+    propagate); ``verdict(results) -> [reason]``: a CLEANUP hook's reasons to
+    drain; ``timeout_hint``: logged after a CLEANUP step ran out of time."""
     out = Outcome(results if results is not None else {})
     t0 = time.monotonic()
     steps = list(steps)

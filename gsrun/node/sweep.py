@@ -58,9 +58,8 @@ def read_state_jobs(state_dir) -> dict[str, StateJob]:
 
 
 def gone_jobs(candidates, state_jobs: dict[str, StateJob], current_job_id: str | None) -> list[str]:
-    """The ids among ``candidates`` gone from the node, sorted. Pure: no state
-    directory, or no longer sampled; a prolog in progress and
-    ``current_job_id`` (the sweeping job) are kept."""
+    """The ids among ``candidates`` gone from the node, sorted. Pure; a prolog
+    in progress and ``current_job_id`` are kept."""
     out = set()
     for j in candidates:
         if j == current_job_id:

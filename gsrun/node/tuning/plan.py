@@ -41,14 +41,10 @@ assert set(KNOBS) == set(TUNE_KEYS)
 
 @dataclass(frozen=True, slots=True)
 class Facts:
-    """What :func:`plan_tuning` needs from the node (all JSON-able).
-
-    current: key -> value as the knob reads it (None = unsupported).
-    choices: key -> words the kernel offers (governors, THP words) or None.
-    swap_used_kb / mem_available_kb: ``/proc/meminfo`` SwapTotal-SwapFree / MemAvailable.
-    entries: baseline journal entries; live_jobs: job ids with a journal.
-    skipped: key -> parts of the setting whose value cannot be read (CPUs
-    whose governor read fails): never written, named in the item's reason.
+    """What :func:`plan_tuning` needs from the node (JSON-able): ``current``
+    (None = unsupported), ``choices`` the kernel offers, ``/proc/meminfo``
+    figures, baseline ``entries``, ``live_jobs``, and ``skipped`` parts whose
+    value cannot be read (never written).
     """
     # targets: job-scoped knobs: key -> value -> [verdict, target, note] (ScopedKnob.resolve)
     current: dict
@@ -225,10 +221,8 @@ def _short(v) -> str:
 
 
 def read_facts(hostfs, keys, entries=(), live_jobs=(), wanted=None, scope=None) -> Facts:
-    """Read current values and kernel choices for ``keys`` (plus meminfo);
-    for the job-scoped knobs, resolve each value in ``wanted`` (key -> values)
-    against ``scope`` (:class:`JobScope`); name the parts of a setting whose
-    value cannot be read (``skipped``: never written)."""
+    """Read current values and choices for ``keys`` (plus meminfo), resolving
+    the job-scoped knobs' ``wanted`` values against ``scope``."""
     current, choices, targets, skipped = {}, {}, {}, {}
     for k in keys:
         knob = KNOBS[k]

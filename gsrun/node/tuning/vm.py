@@ -102,9 +102,7 @@ class SwapEffect:
 
 
 class FakeSwapEffect:
-    """Swap effect under a fake host root (``--host-root``, the test cluster's
-    emulated nodes): edits ``<root>/proc/swaps`` (lines removed on ``off``, the
-    journaled lines put back on ``on``), never runs ``swapoff``."""
+    """Swap effect under a fake host root: edits ``<root>/proc/swaps``, never runs ``swapoff``."""
 
     def off(self, hostfs, devices: list[dict]) -> None:
         names = {d["name"] for d in devices}
