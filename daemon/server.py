@@ -83,19 +83,16 @@ class BadRequest(ValueError):
 
 
 class NoRequest(BadRequest):
-    """A connection closed before its first byte (another daemon checking
-    whether this one serves the socket): nothing to log."""
+    """A connection closed before its first byte (a daemon probing the socket): nothing to log."""
 
 
 def default_socket(state_dir: str | None = None) -> str:
-    """``<state dir>/daemon.sock``: the node's state directory (``--state-dir``,
-    else ``GSRUN_STATE_DIR``, else :data:`gsrun.base.paths.DEFAULT_STATE_DIR`)."""
+    """``<state dir>/daemon.sock`` (``--state-dir``, else ``GSRUN_STATE_DIR``, else the default)."""
     return os.path.join(state_dir or os.environ.get("GSRUN_STATE_DIR") or DEFAULT_STATE_DIR, SOCKET_NAME)
 
 
 def encode_request(argv: list[str], env: dict[str, str], umask: int) -> bytes:
-    """The request bytes (length prefix included) the C client sends; for tests
-    and a Python client. Pure."""
+    """The request bytes (length prefix included) the C client sends. Pure."""
     fields = [MAGIC, format(umask, "o"), str(len(argv)), *argv, *(f"{k}={v}" for k, v in env.items())]
     body = b"".join(os.fsencode(f) + b"\0" for f in fields)
     return len(body).to_bytes(4, "big") + body
@@ -105,9 +102,8 @@ def parse_request(body: bytes) -> tuple[list[str], dict[str, str], int]:
     """The request body (after the length) -> ``(argv, env, umask)``. Pure.
 
     Raises:
-        BadRequest: not a request of this protocol version (a client of another
-            gsrun release), a field count or umask out of range, an environment
-            entry without ``=``.
+        BadRequest: another protocol version (another gsrun release's client),
+            a field count or umask out of range, an environment entry without ``=``.
     """
     if not body.endswith(b"\0"):
         raise BadRequest("unterminated field")
@@ -295,8 +291,7 @@ def _bind_child(conn, stepd_env: dict[str, str]) -> None:
 
 
 def _fresh_signals(sigint=None) -> None:
-    """In a child forked from the daemon: the signals the daemon handles back at their defaults
-    (SIGINT at ``sigint`` when given), no wakeup fd, nothing blocked."""
+    """The daemon's signals back at their defaults (SIGINT at ``sigint``), no wakeup fd, none blocked."""
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD, signal.SIGALRM):
         signal.signal(sig, signal.SIG_DFL)
     if sigint is not None:
@@ -306,8 +301,7 @@ def _fresh_signals(sigint=None) -> None:
 
 
 def _close_from(low: int, keep: int = -1) -> None:
-    """Close every descriptor >= ``low`` but ``keep`` (listed in /proc/self/fd: no loop
-    over a large RLIMIT_NOFILE on a kernel without close_range)."""
+    """Close every descriptor >= ``low`` but ``keep`` (those listed in /proc/self/fd)."""
     try:
         fds = [int(n) for n in os.listdir("/proc/self/fd")]
     except OSError:
@@ -402,8 +396,7 @@ def ctld_env(env: dict[str, str], own: dict[str, str]) -> dict[str, str]:
 
 
 def _merge_of(args: list[str], env: dict[str, str]) -> tuple[list[str], dict[str, str]] | None:
-    """For ``epilog-ctld`` with a good job id: the merge to start
-    (:func:`gsrun.epilog.ctld_start.merge_command`); else None (a child runs the hook)."""
+    """The merge to start for ``epilog-ctld`` with a good job id, else None (a child runs the hook)."""
     if args[0] != "epilog-ctld":
         return None
 
@@ -412,8 +405,8 @@ def _merge_of(args: list[str], env: dict[str, str]) -> tuple[list[str], dict[str
 
 
 class NodeDaemon:
-    """One node's daemon: :meth:`serve` until SIGTERM/SIGINT (then the hooks it
-    started are waited for); SIGHUP re-executes it (as a changed module does)."""
+    """One node's daemon: :meth:`serve` until SIGTERM/SIGINT (waiting for its
+    hooks); SIGHUP re-executes it, as a changed module does."""
 
     def __init__(self, socket_path: str, log=None, monitor: dict | None = None, ctld_user: str | None = None):
         self.socket_path = socket_path
@@ -505,8 +498,7 @@ class NodeDaemon:
         return s
 
     def _bind_ctld(self) -> None:
-        """``ctld.sock`` beside the daemon's socket, root's, mode 0660, group of
-        ``--ctld-user``'s primary group.
+        """``ctld.sock`` beside the daemon's socket, 0660, ``--ctld-user``'s primary group.
 
         Raises:
             NodeError: no such user (slurm.conf's SlurmUser and the unit disagree).
@@ -615,7 +607,7 @@ class NodeDaemon:
         self.monitor = (pidfd, pid, time.monotonic())
 
     def _drop_monitor(self) -> tuple[int, int, float]:
-        """Stop watching the monitor's pidfd -> (pidfd closed, pid, start monotonic)."""
+        """Stop watching the monitor -> (pidfd, now closed, pid, start monotonic)."""
         pidfd, pid, started = self.monitor
         try:
             self.sel.unregister(pidfd)
@@ -879,8 +871,7 @@ def _wait(pid: int) -> int:
 
 
 def _refuse(conn, why: str) -> None:
-    """Answer ``E`` and ``why`` (one line), then close ``conn``: the client prints
-    it and fails."""
+    """Answer ``E`` and ``why`` (one line; the client prints it and fails), then close ``conn``."""
     try:
         conn.settimeout(0.5)
         conn.sendall(REFUSED + " ".join(why.split())[:400].encode("utf-8", "replace") + b"\n")

@@ -91,8 +91,7 @@ def python_info(python: str) -> dict:
 
 
 def python_flags(python: str, info: dict) -> tuple[list[str], list[str]]:
-    """(cflags, ldflags) to embed ``python``: from ``python3.X-config --embed``
-    next to the real interpreter when it exists, else derived from sysconfig."""
+    """(cflags, ldflags) to embed ``python``: ``python3.X-config --embed``, else sysconfig's."""
     real = Path(os.path.realpath(python))
     config = real.parent / f"python{info['version']}{info['abiflags']}-config"
     if config.is_file() and os.access(config, os.X_OK):
@@ -109,8 +108,8 @@ def python_flags(python: str, info: dict) -> tuple[list[str], list[str]]:
 
 
 def slurm_version_number(include_dir: str | os.PathLike) -> int:
-    """``SLURM_VERSION_NUMBER`` from ``<include_dir>/slurm/slurm_version.h``
-    (e.g. 0x160508 for 22.05.8). Raises NodeError when absent (no libslurm-dev)."""
+    """``SLURM_VERSION_NUMBER`` of ``<include_dir>/slurm/slurm_version.h`` (0x160508: 22.05.8).
+    Raises NodeError when absent (no libslurm-dev)."""
     p = Path(include_dir) / "slurm" / "slurm_version.h"
     try:
         text = p.read_text()

@@ -205,8 +205,7 @@ def validate_options(raw: Mapping[str, str | None], mig_layouts: Mapping[str, st
 
 
 def is_bound_step(step_id: int | None) -> bool:
-    """True for a normal step (``srun``); False for batch/extern/interactive
-    (Slurm's special ids >= 0xfffffff0) and unknown."""
+    """True for a normal step; False for Slurm's special ids (>= 0xfffffff0) and unknown."""
     return step_id is not None and step_id < SPECIAL_STEP_MIN
 
 
@@ -222,8 +221,7 @@ def bind_mode(plugstack_bind: str, option: str | None) -> str:
 
 
 class TaskActions:
-    """What task_init does for one task. Not a dataclass: importing
-    ``dataclasses`` costs ~7 ms in every srun and sbatch with ``--gs-*``."""
+    """What task_init does for one task (no dataclass: ~7 ms more in every srun with ``--gs-*``)."""
 
     __slots__ = ("setenv", "unsetenv", "cpus", "mem_nodes", "notes")
 

@@ -1,23 +1,10 @@
 """The node daemon's Prometheus endpoint: every GPU of the node, with job labels.
 
-The monitor hands :class:`GpuCollector` a callable ``readings() ->
-list[GpuReading]``: one reading per GPU per job holding it and one per GPU no
-job holds (``job_id=""``, as dcgm-exporter leaves ``hpc_job`` empty). At each
-scrape it yields :data:`gsrun.node.metrics.JOB_SERIES` (the textfile's names
-and labels) and :data:`~gsrun.node.metrics.GPU_SERIES`, plus:
-
-==================================  =======  ====================================================
-``gsrun_gpu_info``                  gauge    1 per GPU; labels ``node``, ``gpu``, ``uuid``,
-                                             ``mig_instance``, ``name`` (the model)
-``gsrun_exporter_info``             gauge    1; label ``version`` (gsrun's)
-``gsrun_exporter_scrape_success``   gauge    1 when ``readings()`` answered at this scrape, else 0
-``gsrun_exporter_errors_total``     counter  ``readings()`` calls that raised, since the start
-``gsrun_exporter_readings_dropped`` gauge    readings left out at this scrape; label ``cause``:
-                                             ``over_cap`` or ``bad`` (:func:`admit`)
-==================================  =======  ====================================================
-
-At most 64 x (16 x 7 job series + 3 GPU series) + 5 series
-(:data:`MAX_GPUS`, :data:`MAX_JOBS_PER_GPU`); its own registry, no process or GC series.
+At each scrape :class:`GpuCollector` yields :data:`gsrun.node.metrics.JOB_SERIES`
+and :data:`~gsrun.node.metrics.GPU_SERIES` of the monitor's ``readings()`` (a
+GPU no job holds has ``job_id=""``), ``gsrun_gpu_info{name}`` and the
+``gsrun_exporter_*`` series (docs/ADMIN.md). At most 64 x (16 x 7 + 3) + 5
+series (:data:`MAX_GPUS`, :data:`MAX_JOBS_PER_GPU`); its own registry.
 """
 
 from __future__ import annotations

@@ -272,8 +272,7 @@ def _journal(path: Path) -> Journal:
 
 
 def _read_state(backend: MigBackend, gpu: int) -> dict:
-    """Prior state of one GPU: ``{"mode": [cur, pend], "gis": [{"profile_id",
-    "start", "size", "cis": [{"profile_id", "start", "size"}]}]}``."""
+    """``{"mode": [cur, pend], "gis": [{"profile_id", "start", "size", "cis": [{...}]}]}``."""
     cur, pend = backend.mig_mode(gpu)
     gis = []
     if cur == 1:
@@ -538,8 +537,7 @@ def epilog_restore(mig_backend: MigBackend, state_dir, job_id, drain: Callable[[
 
 def restore_crashed(mig_backend: MigBackend, state_dir, log: Callable[[str], None] = print,
                     drain: Callable[[str], None] | None = None, keep_jobs=()) -> dict:
-    """:func:`epilog_restore` for every ``<state_dir>/<job>/mig.json`` left
-    behind but ``keep_jobs`` (running). -> ``{job_id: result}``."""
+    """:func:`epilog_restore` for every ``mig.json`` left but ``keep_jobs`` -> ``{job_id: result}``."""
     out = {}
     base = Path(state_dir)
     if not base.is_dir():

@@ -260,11 +260,10 @@ def start(job_id: str, uid: int, gid: int, gpus: list[str], mps_dir: str, state_
           timeout_s: float, set_compute_mode: Callable[[str, int], int] | None = None,
           log: Callable[[str], None] = print) -> dict:
     """Start the job's MPS control daemon (prolog, as root): directories,
-    journal, each GPU EXCLUSIVE_PROCESS when ``set_compute_mode(gpu, mode) ->
-    prior`` is given (prior journaled first), ``<control_bin> -d`` as uid/gid,
-    then wait ``timeout_s`` for the control socket. ``gpus``: NVML indices or
-    GPU-/MIG- UUIDs. -> ``{"job_id", "pipe_dir", "log_dir", "job_dir", "pids",
-    "env", "compute_mode_prior"}``.
+    journal, each GPU EXCLUSIVE_PROCESS via ``set_compute_mode(gpu, mode) ->
+    prior`` (journaled first), ``<control_bin> -d`` as uid/gid, then wait
+    ``timeout_s`` for the control socket. -> ``{"job_id", "pipe_dir",
+    "log_dir", "job_dir", "pids", "env", "compute_mode_prior"}``.
 
     Raises:
         InputError: bad job id, GPU identifier, percentage, pinned limit.
@@ -349,10 +348,7 @@ def _libc():
 
 def _mount_job_dir(path: Path, uid: int, gid: int) -> None:
     """Mount the capped tmpfs (uid:gid 0700, nosuid, nodev, noexec) on ``path``.
-
-    Raises:
-        NodeError: the mount failed (no CAP_SYS_ADMIN: a container).
-    """
+    Raises NodeError: the mount failed (no CAP_SYS_ADMIN: a container)."""
     import ctypes
 
     opts = f"size={JOB_DIR_BYTES},nr_inodes={JOB_DIR_INODES},mode=0700,uid={int(uid)},gid={int(gid)}"
@@ -444,8 +440,7 @@ def _launch(binary: str, env: dict, as_user: dict, pipe_dir: str, uid: int,
 
 
 def _daemon_processes(pipe_dir: str, uid: int) -> list[psutil.Process]:
-    """The control daemon named by the pid file if it checks out (uid, name,
-    environ), else whatever :func:`find_job_processes` finds."""
+    """The pid file's control daemon if it checks out, else :func:`find_job_processes`'s."""
     pid = _read_pid_file(pipe_dir)
     if pid is not None:
         try:
