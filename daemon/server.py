@@ -462,8 +462,8 @@ class NodeDaemon:
         """Listen on :attr:`socket_path` (mode 0600, renamed into place).
 
         Raises:
-            NodeError: the directory is missing, not a directory, or writable by
-                another user; or the path holds something that is not a socket.
+            NodeError: the directory is missing or writable by another user, a
+                non-socket at the path, or another daemon serving it.
         """
         unixsock.check_dir(self.socket_path, "daemon",
                            "create the node's state directory first (the prolog does; or "
@@ -925,8 +925,7 @@ def ping(socket_path: str, timeout_s: float = 2.0) -> dict:
     """Ask the daemon on ``socket_path`` for :meth:`NodeDaemon.status`.
 
     Raises:
-        NodeError: nothing listens there, the listener is not of this user, or
-            it does not answer within ``timeout_s`` (why, with a hint).
+        NodeError: nothing listens, another user's listener, or no answer in ``timeout_s``.
     """
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     try:

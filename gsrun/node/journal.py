@@ -33,8 +33,7 @@ MODE = 0o600
 
 
 def boot_id(hostfs=None) -> str | None:
-    """This boot's id (``/proc/sys/kernel/random/boot_id`` under ``hostfs``'s
-    root; the live host when ``None``), or ``None`` when it cannot be read."""
+    """This boot's id under ``hostfs`` (None: the live host), or ``None`` when unreadable."""
     if hostfs is None:
         hostfs = HostFS("/")
     try:

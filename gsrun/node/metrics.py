@@ -16,8 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, NamedTuple
 
-# The textfile's gauges are window means between two flushes; the endpoint's
-# cover the monitor's last poll interval. Each output appends its window.
+# The window each output's gauges cover, appended to their help
 WINDOW_TEXTFILE = ", mean over the last sampler flush window"
 WINDOW_HTTP = ", over the last sampler interval (sampler.interval_s)"
 
@@ -47,10 +46,8 @@ class GpuReading:
 
 @dataclass(frozen=True, slots=True)
 class Series:
-    """One exported family: ``name`` as exposed, ``kind``, the
-    :class:`GpuReading` ``field``, ``per`` (divisor: 100 for % -> ratio),
-    ``help``, ``windowed`` (each output appends its window), ``doc`` (the
-    docs' table) and ``http_note`` (the endpoint's help only)."""
+    """One exported family: ``per`` divides the :class:`GpuReading` ``field``
+    (100: % -> ratio); ``doc`` is the docs' table text, ``http_note`` the endpoint's."""
 
     name: str
     kind: str
@@ -249,10 +246,8 @@ def gpu_samples(readings: Iterable[GpuReading], node: str) -> list[Sample]:
 
 
 def families(samples: list[Sample], series: tuple[Series, ...], window: str, http: bool = False) -> list:
-    """``prometheus_client`` metric families of ``samples`` (each of one of
-    ``series``), in table order, families with no sample left out. Help:
-    the series' help, plus ``window`` for a windowed gauge, plus its
-    ``http_note`` when ``http``."""
+    """``prometheus_client`` families of ``samples`` in ``series`` order (empty
+    ones left out); help with ``window`` for a windowed gauge."""
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
     out = {}

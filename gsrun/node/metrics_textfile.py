@@ -148,11 +148,10 @@ def textfile_gid(directory: str, group: str) -> int | None:
 
 
 def remove_job_file(directory: str, job_id: str) -> list[str]:
-    """Remove the job's ``.prom`` file and left temp files of it (exact names
-    only, :func:`is_our_file`; no link followed). Idempotent. -> names removed.
+    """Remove the job's ``.prom`` file and its temp files (:func:`is_our_file`;
+    no link followed). Idempotent. -> names removed.
 
     Raises:
-        OSError: the directory cannot be listed or a file cannot be removed
-            (permissions, read-only file system)."""
+        OSError: the directory cannot be listed or a file removed (permissions, read-only)."""
     check_job_id(job_id, phase="metrics")
     return sorted(unlink_names(directory, lambda name: is_our_file(name, job_id)))

@@ -42,6 +42,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import psutil
 
@@ -658,18 +659,13 @@ def run(host_root: str | None = None, state_dir: str | None = None, spool_dir: s
     ``node`` label (default the short host name); ``metrics_port`` overrides
     ``[metrics] http_port`` (hosts with several slurmd)."""
     die_with_parent()
-
-    class _Err:
-        @staticmethod
-        def error(msg: str) -> None:
-            print(f"gsrun: monitor: {msg}", file=sys.stderr, flush=True)
-
-    cfg = load_config_or_defaults(_Err)
+    errors = SimpleNamespace(error=lambda msg: print(f"gsrun: monitor: {msg}", file=sys.stderr, flush=True))
+    cfg = load_config_or_defaults(errors)
     paths = Paths.from_config(cfg, state_dir, spool_dir)
     os.makedirs(paths.state_dir, mode=0o755, exist_ok=True)
     listener = listen(socket_path(paths.state_dir))
     mon = Monitor(HostFS.from_env(host_root), paths, cfg, nvml=nvml,
-                  config_loader=lambda: load_config_or_defaults(_Err))
+                  config_loader=lambda: load_config_or_defaults(errors))
     taken = mon.readopt()
     endpoint = None
     try:

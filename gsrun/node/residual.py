@@ -185,10 +185,9 @@ def proc_facts(pid: int) -> ProcFacts:
 def select_targets(procs: list[GpuProc], bus_ids: set[str], job_id: str, uid: int,
                    facts: dict[int, ProcFacts], protect: set[int] = frozenset(),
                    live_jobs: set[str] | None = None) -> Decision:
-    """Which listed processes to end: on ``bus_ids``, of ``uid``, not in
-    another job's cgroup, not PID 1 or ``protect``-ed. A ``SLURM_JOB_ID`` in
-    the environment (the user's own text) protects only when that job is in
-    ``live_jobs`` (None: always)."""
+    """Which listed processes to end: on ``bus_ids``, of ``uid``, not in another
+    job's cgroup, not PID 1 or ``protect``-ed; another ``SLURM_JOB_ID`` (user
+    text) protects only a job in ``live_jobs`` (None: always)."""
     d = Decision()
     for p in procs:
         f = facts.get(p.pid)
@@ -219,8 +218,8 @@ def select_targets(procs: list[GpuProc], bus_ids: set[str], job_id: str, uid: in
 
 def end_processes(pids: list[int], uid: int, term_wait_s: float = TERM_WAIT_S,
                   kill_wait_s: float = KILL_WAIT_S) -> dict[int, str]:
-    """SIGTERM, wait, SIGKILL, wait, each PID checked to be ``uid``'s through a
-    psutil handle. -> pid -> terminated | killed | gone | survived | skipped."""
+    """SIGTERM, wait, SIGKILL, wait, ``uid``'s PIDs only, by psutil handles.
+    -> pid -> terminated | killed | gone | survived | skipped."""
     procs, res = [], {}
     for pid in pids:
         try:

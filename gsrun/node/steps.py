@@ -31,13 +31,11 @@ CLEANUP = "cleanup"
 
 
 class BudgetExceeded(BaseException):
-    """A step's deadline passed (SIGALRM); a BaseException, so that no library's
-    ``except Exception`` swallows it."""
+    """A step's deadline passed (SIGALRM); a BaseException: no ``except Exception`` swallows it."""
 
 
 class NodeUnusable(Exception):
-    """A :data:`SETUP` step found that the node cannot run the job (NVML
-    driver/library mismatch): the hook stops and exits 1. ``str()`` is the reason."""
+    """A :data:`SETUP` step found the node cannot run the job (NVML mismatch): exit 1."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,9 +159,8 @@ def _alarm(signum, frame):
 
 
 def drain_node(node: str, reason: str, log) -> None:
-    """``scontrol update nodename=NODE state=drain reason="gsrun: ..."`` (10 s,
-    one line of at most 200 characters), for a step that must drain at once.
-    Never raises: a failed scontrol is logged (the epilog's exit 1 drains too)."""
+    """``scontrol update nodename=NODE state=drain reason="gsrun: ..."`` (10 s, one
+    line of at most 200 characters). Never raises: a failure is logged."""
     reason = "gsrun: " + " ".join(safe_text(reason).split())[:200]
     log.error(f"draining {node}: {reason}")
     try:

@@ -76,8 +76,7 @@ def sweep(state_dir, spool_dir, node: str, textfile_dir: str | None, current_job
     jobs :func:`gone_jobs` names. -> ``{"prom": [names], "live": [job ids]}``.
 
     Raises:
-        OSError: a directory cannot be listed or a file removed (permissions,
-            read-only file system); what was removed before stays removed.
+        OSError: a directory cannot be listed or a file removed (permissions, read-only).
     """
     state = read_state_jobs(state_dir)
     removed: dict[str, list[str]] = {"prom": [], "live": []}

@@ -73,8 +73,7 @@ def kernel_write(hostfs, rel: str, value: str) -> None:
 
 
 class Knob(ABC):
-    """One setting: a get/set pair. Values are JSON-able; ``read`` returns
-    None when the setting does not exist on this host."""
+    """One setting: a get/set pair of JSON-able values (``read`` None: not on this host)."""
 
     key = ""
     unsupported_reason = "not supported here"
@@ -141,8 +140,7 @@ class JobScope:
     cpus_source: str = ""
 
     def device_node(self, dev: dict) -> int | None:
-        """The device's NUMA node; with one node on the host, that node
-        (a VM's ``numa_node`` -1 then means "the only one")."""
+        """The device's NUMA node; the only one on a one-node host (a VM's -1)."""
         n = dev.get("numa_node")
         if isinstance(n, int) and n in self.node_cpus:
             return n
@@ -158,8 +156,7 @@ class JobScope:
 
 
 def _plain(v):
-    """``v`` with its dicts, lists and tuples copied all the way down (what
-    ``dataclasses.asdict`` did to the fields)."""
+    """``v`` with its dicts, lists and tuples copied all the way down."""
     if isinstance(v, dict):
         return {k: _plain(x) for k, x in v.items()}
     if isinstance(v, (list, tuple)):
@@ -245,6 +242,5 @@ def _is_scoped(knob) -> bool:
 
 
 def replaceable(name: str):
-    """``gsrun.node.tuning.<name>`` at call time: ``_write_json`` and
-    ``_write_ban`` are the boundaries a crash test replaces on the package."""
+    """``gsrun.node.tuning.<name>`` at call time (a crash test replaces it on the package)."""
     return getattr(sys.modules["gsrun.node.tuning"], name)

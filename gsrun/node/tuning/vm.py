@@ -23,14 +23,12 @@ from gsrun.base.proc import run_bounded
 
 
 SWAP_TIMEOUT_S = 60.0
-# When swap=off is unsafe (swapped pages would not fit in MemAvailable) the
-# job gets this swappiness instead, unless it asked for one itself.
+# swappiness instead of an unsafe swap=off (swapped pages over MemAvailable), unless one was asked
 SWAP_FALLBACK_SWAPPINESS = "1"
 
 
 def read_meminfo_kb(hostfs) -> dict[str, int]:
-    """``/proc/meminfo`` as ``{"MemAvailable": kB, ...}`` (``{}`` if absent;
-    :func:`gsrun.facts.hostfs.meminfo_kb`)."""
+    """``/proc/meminfo`` as ``{"MemAvailable": kB, ...}`` (``{}`` if absent)."""
     return meminfo_kb(hostfs.read("proc/meminfo") or "")
 
 
@@ -68,12 +66,7 @@ class SwapEffect:
 
     @staticmethod
     def _bin(name: str) -> str:
-        for d in ("/usr/sbin", "/sbin", "/usr/bin", "/bin"):
-            p = os.path.join(d, name)
-            if os.access(p, os.X_OK):
-                return p
-
-        found = shutil.which(name)
+        found = shutil.which(name, path="/usr/sbin:/sbin:/usr/bin:/bin") or shutil.which(name)
         if not found:
             raise NodeError("tune", f"{name} not found", "looked in /usr/sbin, /sbin and PATH",
                             hint="install util-linux")
