@@ -1,5 +1,5 @@
 """A per-job NVIDIA MPS control daemon, started by the prolog as the job's
-user and gone after the epilog. Layout (field case 19)::
+user and gone after the epilog. Layout (field case 19, docs/field-cases.md)::
 
     <mps_dir>                 root:root  0711  (traversable, not listable)
     <mps_dir>/<jobid>/        uid:gid    0700  a tmpfs of its own (JOB_DIR_BYTES, JOB_DIR_INODES)

@@ -1,4 +1,4 @@
-"""Leftover GPU processes after a job (field case 17), ended by the epilog.
+"""Leftover GPU processes after a job (field case 17, docs/field-cases.md), ended by the epilog.
 
 Workers reparented to init after ``scancel`` can keep ~100 GB per GPU (sglang
 #23627). The epilog lists the compute processes on *this job's* GPUs (minor

@@ -58,7 +58,8 @@ def resolve_gpus(nv, gres_indices: list[int]) -> tuple[list[GpuRef], list[str]]:
     for g in gres_indices:
         idx = by_minor.get(g)
         if idx is None:
-            # a GPU_IS_LOST device has no minor number: unmatched GPUs count as lost (field case 16)
+            # a GPU_IS_LOST device has no minor number: unmatched GPUs count as lost
+            # (field case 16, docs/field-cases.md)
             is_lost = 0 < len(unmatched) <= lost
             refs.append(GpuRef(g, None, lost=is_lost))
             notes.append(f"gres index {g}: " + ("its GPU answers GPU_IS_LOST (fallen off the bus?)" if is_lost
@@ -228,7 +229,7 @@ def update_gpu(g: dict, r: dict, t_rel_s: float, dt_s: float, gap_s: float = 0.0
         return None
     lost = _lost(r)
     if lost is not None:
-        # field case 16: the statistics cover only the time before
+        # field case 16 (docs/field-cases.md): the statistics cover only the time before
         g["lost_at_s"] = t_rel_s
         g["lost_reason"] = lost.reason
         return None
@@ -492,7 +493,7 @@ class Sampler:
             refs, notes = resolve_gpus(self.nv, gres_indices)
             err = None
         except NvmlUnavailable as e:
-            # field case 15: the job runs on; the GPU section says why it is empty
+            # field case 15 (docs/field-cases.md): the job runs on; the GPU section says why
             self.nv = None
             refs = [GpuRef(g, None) for g in gres_indices]
             notes, err = [f"NVML: {e}"], f"NVML init failed: {e.code_name}"
