@@ -1,54 +1,17 @@
-"""The node daemon: one root process per node that runs every Slurm hook.
+"""The node daemon: one root process per node that runs every Slurm hook
+(docs/DEVELOPING.md draws the processes and sockets).
 
-``gsrun-node daemon run`` (systemd unit ``gsrun-daemon.service``,
-docs/ADMIN.md) imports the hooks' modules once and listens on
-``<state dir>/daemon.sock``. slurmd's and slurmctld's Prolog, Epilog and
-EpilogSlurmctld are the C client ``gsrun-hook`` (``client.c``): it hands the
-daemon its command line, environment, umask and stdin/stdout/stderr; the daemon
-forks a child that runs that hook (:func:`gsrun.admin.node_entry.main`) with
-that environment, in its own session, in the client's cgroup and CPU affinity,
-and sends back the child's wait status, which the client exits with. The
-SPANK plugin's remote side asks the same socket for a step's plan
-(:data:`BIND_REQUEST`).
-
-A hook runs only through the daemon: without it the client fails with
-``gsrun: <hook>: node daemon not running: <why>`` and a ``hint:`` (slurmd
-drains the node), and a hook never runs twice (the client gives up only
-before the daemon said it started the hook). Each hook runs in its own forked
-child with its own budget (:mod:`gsrun.node.steps`), signals, session and
-descriptors; a step plan runs in a grandchild limited to :data:`BIND_CPU_S`
-of CPU and :data:`BIND_PLAN_S` of wall time.
-
-Trust: a peer with the daemon's own uid (``SO_PEERCRED``) on a socket only
-that user can open, and only the command a hook of this installation runs --
-``[python, "-I", "-S", "-c", HOOK_BOOTSTRAP, site_dir, hook, options...]``
-with the daemon's own interpreter and site directory (real paths), or this
-installation's ``gsrun-node`` -- with a hook and options the hooks take
-(:func:`gsrun.admin.node_entry.parse_hook_args`); anything else is refused
-(``E``). Requests are bounded: :data:`MAX_REQUEST_BYTES`, :data:`MAX_ARGS`,
-read within :data:`REQUEST_TIMEOUT_S`. The environment is slurmd's (less the
-job's ``SPANK_`` variables no hook reads: ``client.c``); the hook validates it.
-
-The controller's door (``--ctld-user``, where slurm.conf's ``SlurmUser`` is not
-root): slurmctld runs EpilogSlurmctld as that user, whose merge must still read
-and write the root-owned spool. The root daemon listens on a second socket,
-``ctld.sock`` beside its own, mode 0660 with that user's group, and takes from
-that user (or root) there only ``epilog-ctld`` and ``@ping``; the request's
-``--spool-dir`` and every variable but slurmctld's ``SLURM_*`` job facts
-(:func:`ctld_env`) are dropped, so the merge's files and config are the
-daemon's own, never ones that user chose.
-
-EpilogSlurmctld (:mod:`gsrun.epilog.ctld_start`) only starts the merge
-detached while slurmctld holds the job COMPLETING: for a good job id the
-daemon answers at once and then forks the merge
-(:func:`gsrun.epilog.ctld_start.merge_command`, run in the child:
-:func:`_merge_child`). At most :data:`MAX_MERGES` run at once (children of the
-daemon, in its cgroup); the others wait in order (at most
-:data:`MAX_PENDING_MERGES`, then one is dropped and logged).
-
-Upgrades: a request that finds a loaded gsrun module changed (inode, mtime,
-size) is answered ``F`` (try again) and the daemon re-executes once no hook it
-started runs; the client retries for ``GS_RETRY_S`` (client.h).
+Trust: a peer of the daemon's own uid (``SO_PEERCRED``) on a socket only that
+user can open, running only a hook command of this installation
+(:func:`hook_args`); anything else is refused (``E``). Requests are bounded by
+:data:`MAX_REQUEST_BYTES`, :data:`MAX_ARGS` and :data:`REQUEST_TIMEOUT_S`.
+With ``--ctld-user`` the controller's door ``ctld.sock`` (0660, that user's
+group) takes from that user or root only ``epilog-ctld`` and ``@ping``; the
+request's ``--spool-dir`` and all but its ``SLURM_*`` facts are dropped
+(:func:`ctld_env`). ``epilog-ctld`` is answered at once and its merge forked
+(:func:`_merge_child`), at most :data:`MAX_MERGES` at once, then queued (up to
+:data:`MAX_PENDING_MERGES`). A changed gsrun module (inode, mtime, size) gets
+``F`` (try again) and the daemon re-executes once idle.
 
 Protocol (Unix stream socket, integers big-endian):
 
@@ -64,7 +27,8 @@ Protocol (Unix stream socket, integers big-endian):
 * ``["@ping"]`` (no descriptors): one JSON line (:meth:`NodeDaemon.status`).
 * ``["@bind"]`` (no descriptors) with slurmstepd's :data:`STEPD_ENV`, then
   ``["@step", ...]`` with the job's environment: the step's plan
-  (:func:`_bind_child`).
+  (:func:`_bind_child`), limited to :data:`BIND_CPU_S` CPU and
+  :data:`BIND_PLAN_S` wall seconds.
 """
 
 from __future__ import annotations
@@ -103,8 +67,7 @@ SOCKET_NAME = DAEMON_SOCKET_NAME
 MONITOR_BACKOFF_S = 10.0        # a node monitor that lived less than this is started again after it
 MONITOR_STOP_S = 10.0           # a stopping monitor's final flush of every job
 PING_REQUEST = "@ping"
-# What a hook imports, loaded once by the daemon (imported again by no child: a test
-# runs a plain and a tuned prolog and epilog in a child and checks that none is new).
+# What a hook imports, loaded once by the daemon (a test checks no child imports more).
 PRELOAD = ("gsrun.admin.node_entry", "gsrun.prolog.main", "gsrun.epilog.main",
            "gsrun.epilog.ctld_start", "gsrun.epilog.ctld", "gsrun.node.tuning", "gsrun.node.journal",
            "gsrun.node.steps", "gsrun.node.mps", "gsrun.node.residual", "gsrun.node.mig",
@@ -120,19 +83,16 @@ class BadRequest(ValueError):
 
 
 class NoRequest(BadRequest):
-    """A connection closed before its first byte (another daemon checking
-    whether this one serves the socket): nothing to log."""
+    """A connection closed before its first byte (a daemon probing the socket): nothing to log."""
 
 
 def default_socket(state_dir: str | None = None) -> str:
-    """``<state dir>/daemon.sock``: the node's state directory (``--state-dir``,
-    else ``GSRUN_STATE_DIR``, else :data:`gsrun.base.paths.DEFAULT_STATE_DIR`)."""
+    """``<state dir>/daemon.sock`` (``--state-dir``, else ``GSRUN_STATE_DIR``, else the default)."""
     return os.path.join(state_dir or os.environ.get("GSRUN_STATE_DIR") or DEFAULT_STATE_DIR, SOCKET_NAME)
 
 
 def encode_request(argv: list[str], env: dict[str, str], umask: int) -> bytes:
-    """The request bytes (length prefix included) the C client sends; for tests
-    and a Python client. Pure."""
+    """The request bytes (length prefix included) the C client sends. Pure."""
     fields = [MAGIC, format(umask, "o"), str(len(argv)), *argv, *(f"{k}={v}" for k, v in env.items())]
     body = b"".join(os.fsencode(f) + b"\0" for f in fields)
     return len(body).to_bytes(4, "big") + body
@@ -142,9 +102,8 @@ def parse_request(body: bytes) -> tuple[list[str], dict[str, str], int]:
     """The request body (after the length) -> ``(argv, env, umask)``. Pure.
 
     Raises:
-        BadRequest: not a request of this protocol version (a client of another
-            gsrun release), a field count or umask out of range, an environment
-            entry without ``=``.
+        BadRequest: another protocol version (another gsrun release's client),
+            a field count or umask out of range, an environment entry without ``=``.
     """
     if not body.endswith(b"\0"):
         raise BadRequest("unterminated field")
@@ -169,8 +128,10 @@ def parse_request(body: bytes) -> tuple[list[str], dict[str, str], int]:
 
 def hook_args(argv: list[str], python: str, site_dir: str, gsrun_node: str | None = None) -> list[str] | None:
     """The hook's own arguments (``["prolog", "--state-dir", "/x"]``) when
-    ``argv`` is a hook command of this installation (module doc: Trust), else
-    None. Pure apart from resolving the paths."""
+    ``argv`` is ``[python, "-I", "-S", "-c", HOOK_BOOTSTRAP, site_dir, hook,
+    options...]`` with the daemon's interpreter and site (real paths) or this
+    installation's ``gsrun-node hook options...``, with options
+    :func:`~gsrun.admin.node_entry.parse_hook_args` takes; else None."""
     if not argv:
         return None
     if gsrun_node and len(argv) >= 2 and os.path.realpath(argv[0]) == os.path.realpath(gsrun_node):
@@ -181,8 +142,6 @@ def hook_args(argv: list[str], python: str, site_dir: str, gsrun_node: str | Non
         return None
     else:
         rest = argv[6:]
-    # the fast path's options only; their defaults come from the request's environment,
-    # which parse_hook_args reads from os.environ: only the shape is checked here
     return rest if parse_hook_args(rest) is not None else None
 
 
@@ -213,10 +172,9 @@ def changed(files: dict[str, tuple[int, int, int]]) -> str | None:
 
 
 def join_client(pid: int, proc: str = "/proc", cgroup_fs: str = "/sys/fs/cgroup") -> list[str]:
-    """Move the calling process into the cgroup (v2: the ``0::PATH`` line of
-    ``/proc/PID/cgroup``) and CPU affinity of the client ``pid`` (slurmd's: a
-    site's limits for slurmd and CoreSpec hold). Best effort: -> what could not
-    be done (the hook logs it and still runs)."""
+    """Move the calling process into the cgroup (v2: ``0::PATH`` of
+    ``/proc/PID/cgroup``) and CPU affinity of the client ``pid`` (slurmd), so
+    slurmd's limits and CoreSpec hold. Best effort: -> what failed."""
     notes = []
 
     def v2_path(who: str) -> str | None:
@@ -224,7 +182,6 @@ def join_client(pid: int, proc: str = "/proc", cgroup_fs: str = "/sys/fs/cgroup"
             return next((ln[3:] for ln in f.read(65536).splitlines() if ln.startswith("0::")), None)
 
     try:
-        # cgroup v2 mounted as the hierarchy (not a v1 or hybrid host: there only the affinity)
         if os.path.exists(os.path.join(cgroup_fs, "cgroup.controllers")):
             path = v2_path(str(int(pid)))
             if path and path.startswith("/") and "/.." not in path and path != v2_path("self"):
@@ -242,9 +199,8 @@ def join_client(pid: int, proc: str = "/proc", cgroup_fs: str = "/sys/fs/cgroup"
 def _read_request(conn, nfds: int | None = 3, timeout_s: float = REQUEST_TIMEOUT_S
                   ) -> tuple[list[str], dict[str, str], int, list[int]]:
     """Read one request carrying ``nfds`` descriptors (None: 0 or 3) ->
-    (argv, env, umask, fds), all of it within ``timeout_s`` (one deadline for
-    the whole request, not per read: a client that trickles a byte at a time
-    holds the loop no longer than a silent one).
+    (argv, env, umask, fds), all of it within ``timeout_s`` (one deadline, not
+    one per read).
 
     Raises:
         NoRequest: the peer closed before its first byte.
@@ -282,36 +238,30 @@ def _read_request(conn, nfds: int | None = 3, timeout_s: float = REQUEST_TIMEOUT
                              f"{len(fds)} descriptors, not {nfds if nfds is not None else '0 or 3'}")
         return (*parse_request(bytes(buf[4:])), list(fds))
     except BaseException:
-        for fd in fds:
-            os.close(fd)
+        _close(fds)
         raise
 
 
 BIND_REQUEST = "@bind"       # the SPANK plugin's request for a step's plan (see _bind_child)
 BIND_WAIT_S = 120.0          # from slurmstepd's init_post_opt to its user_init (the request's second part)
-# slurmstepd's own variables the plugin sends with @bind (daemon_hello): its host root, state dir,
-# the site config ($GSRUN_CONFIG or plugstack config=) and $SLURM_CONF (gsrun.toml beside it)
+# slurmstepd's variables the plugin sends with @bind (GSRUN_CONFIG: $GSRUN_CONFIG or plugstack config=)
 STEPD_ENV = ("GSRUN_HOST_ROOT", "GSRUN_STATE_DIR", "GSRUN_CONFIG", "SLURM_CONF")
 BIND_CPU_S = 5               # CPU seconds a plan may use (RLIMIT_CPU; a plan takes ~10 ms)
 BIND_PLAN_S = 10             # wall seconds from the step's request to its answer (SIGALRM ends it)
 
 
 def _bind_child(conn, stepd_env: dict[str, str]) -> None:
-    """In a child forked for one ``slurmstepd``'s plugin: wait for the step's
-    request from its ``user_init`` (``["@step", CPUS, MEMS, JOB_ID, STEP_ID,
-    MPS, BIND, PLUGSTACK_BIND]`` and the job environment; CPUS/MEMS
-    slurmstepd's affinity and ``Mems_allowed_list``; MPS/BIND ``-`` not given,
-    ``=VALUE`` given) and answer the text of
-    :func:`~gsrun.spank_py.hooks.format_actions`, or ``error WHY`` (the step
-    runs unbound). Killed past :data:`BIND_CPU_S` of CPU or :data:`BIND_PLAN_S`
-    of wall time. Never returns."""
+    """In a child forked for one slurmstepd: wait for ``["@step", CPUS, MEMS,
+    JOB_ID, STEP_ID, MPS, BIND, PLUGSTACK_BIND]`` and the job environment
+    (CPUS/MEMS: slurmstepd's affinity and ``Mems_allowed_list``; MPS/BIND ``-``
+    or ``=VALUE``), answer :func:`~gsrun.spank_py.hooks.format_actions`'s text
+    or ``error WHY`` (the step runs unbound). Never returns."""
     try:
         _fresh_signals()
         resource.setrlimit(resource.RLIMIT_CPU, (BIND_CPU_S, BIND_CPU_S))
         _close_from(3, keep=conn.fileno())
         os.chdir("/")
         os.environ.clear()
-        # what gsrun.request.config.config_path reads in slurmstepd's Python
         os.environ.update({k: v for k, v in stepd_env.items() if k in STEPD_ENV and k != "GSRUN_CONFIG"})
         try:
             argv, job_env, _um, _fds = _read_request(conn, nfds=0, timeout_s=BIND_WAIT_S)
@@ -341,8 +291,7 @@ def _bind_child(conn, stepd_env: dict[str, str]) -> None:
 
 
 def _fresh_signals(sigint=None) -> None:
-    """In a child forked from the daemon: the signals the daemon handles back at their defaults
-    (SIGINT at ``sigint`` when given), no wakeup fd, nothing blocked."""
+    """The daemon's signals back at their defaults (SIGINT at ``sigint``), no wakeup fd, none blocked."""
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD, signal.SIGALRM):
         signal.signal(sig, signal.SIG_DFL)
     if sigint is not None:
@@ -352,8 +301,7 @@ def _fresh_signals(sigint=None) -> None:
 
 
 def _close_from(low: int, keep: int = -1) -> None:
-    """Close every descriptor >= ``low`` but ``keep`` (listed in /proc/self/fd: no loop
-    over a large RLIMIT_NOFILE on a kernel without close_range)."""
+    """Close every descriptor >= ``low`` but ``keep`` (those listed in /proc/self/fd)."""
     try:
         fds = [int(n) for n in os.listdir("/proc/self/fd")]
     except OSError:
@@ -369,27 +317,13 @@ def _close_from(low: int, keep: int = -1) -> None:
 def _child(args: list[str], env: dict[str, str], umask: int, fds: list[int], conn,
            client_pid: int | None = None) -> None:
     """In the forked child: send ``S``, become what slurmd's hook process would
-    be (:func:`join_client`, session, descriptors, umask, env), run the hook, exit."""
+    be (:func:`join_client`, :func:`_become`), run the hook, exit."""
     rc = 70
     try:
         conn.setblocking(True)
         conn.sendall(STARTED)
         notes = join_client(client_pid) if client_pid else []
-        os.setsid()
-        _fresh_signals(signal.default_int_handler)     # SIGINT as a fresh interpreter has it
-        import fcntl
-
-        high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 3) for fd in fds]  # none of them is 0-2 while moved
-        for i, fd in enumerate(high):
-            os.dup2(fd, i)
-        _close_from(3)
-        os.umask(umask)
-        os.chdir("/")
-        os.environ.clear()
-        os.environ.update(env)
-        import time
-
-        time.tzset()
+        _become(fds, umask, env)
         for note in notes:
             os.write(2, f"gsrun: daemon: {note}\n".encode())
         from gsrun.admin.node_entry import main
@@ -410,24 +344,32 @@ def _child(args: list[str], env: dict[str, str], umask: int, fds: list[int], con
         exit_now(rc)        # flush stdout/stderr, then _exit: never back into the caller
 
 
+def _become(fds: list[int], umask: int, env: dict[str, str]) -> None:
+    """Make this forked child what a fresh process would be: its own session,
+    signals as a fresh interpreter's, ``fds`` as 0-2 and no other descriptor,
+    ``umask``, cwd ``/``, exactly ``env``."""
+    import fcntl
+
+    os.setsid()
+    _fresh_signals(signal.default_int_handler)
+    high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 3) for fd in fds]  # none of them is 0-2 while moved
+    for i, fd in enumerate(high):
+        os.dup2(fd, i)
+    _close_from(3)
+    os.umask(umask)
+    os.chdir("/")
+    os.environ.clear()
+    os.environ.update(env)
+    time.tzset()
+
+
 def _merge_child(argv: list[str], env: dict[str, str], umask: int) -> None:
     """In the forked child: the merge command line ``argv`` (``python -P -s -m
-    gsrun.epilog.ctld finish JOBID ...``) run here, as that process would run
-    it: its own session, ``/``, descriptors 0-2 on ``/dev/null`` and no other,
-    exactly ``env``, the hook's ``umask``, signals as a fresh interpreter's."""
+    gsrun.epilog.ctld finish JOBID ...``) run as that process would run it
+    (:func:`_become`, 0-2 on ``/dev/null``)."""
     rc = 70
     try:
-        os.setsid()
-        _fresh_signals(signal.default_int_handler)
-        null = os.open("/dev/null", os.O_RDWR)
-        for fd in (0, 1, 2):
-            os.dup2(null, fd)
-        _close_from(3)
-        os.umask(umask)
-        os.chdir("/")
-        os.environ.clear()
-        os.environ.update(env)
-        time.tzset()
+        _become([os.open("/dev/null", os.O_RDWR)] * 3, umask, env)
         from gsrun.epilog import ctld
 
         rc = ctld._main(argv[argv.index("-m") + 2:])
@@ -446,18 +388,15 @@ _CTLD_DROP = ("SLURM_CONF",)
 
 
 def ctld_env(env: dict[str, str], own: dict[str, str]) -> dict[str, str]:
-    """The environment of a request through the controller's door: the
-    ``SLURM_*`` job facts slurmctld sets (less ``SLURM_CONF``) from ``env``,
-    everything else (``PATH``, ``GSRUN_CONFIG``, ``SLURM_CONF``, ...) from the
-    daemon's own environment ``own``. Pure."""
+    """A request's environment through the controller's door: ``env``'s
+    ``SLURM_*`` job facts (less ``SLURM_CONF``), all else from the daemon's ``own``."""
     out = {k: v for k, v in own.items() if not k.startswith("SLURM_") or k in _CTLD_DROP}
     out.update((k, v) for k, v in env.items() if k.startswith("SLURM_") and k not in _CTLD_DROP)
     return out
 
 
 def _merge_of(args: list[str], env: dict[str, str]) -> tuple[list[str], dict[str, str]] | None:
-    """For ``epilog-ctld`` with a good job id: the merge to start
-    (:func:`gsrun.epilog.ctld_start.merge_command`); else None (a child runs the hook)."""
+    """The merge to start for ``epilog-ctld`` with a good job id, else None (a child runs the hook)."""
     if args[0] != "epilog-ctld":
         return None
 
@@ -466,17 +405,17 @@ def _merge_of(args: list[str], env: dict[str, str]) -> tuple[list[str], dict[str
 
 
 class NodeDaemon:
-    """One node's daemon: :meth:`serve` until SIGTERM/SIGINT (then the hooks it
-    started are waited for); SIGHUP re-executes it (as a changed module does)."""
+    """One node's daemon: :meth:`serve` until SIGTERM/SIGINT (waiting for its
+    hooks); SIGHUP re-executes it, as a changed module does."""
 
     def __init__(self, socket_path: str, log=None, monitor: dict | None = None, ctld_user: str | None = None):
         self.socket_path = socket_path
-        # the controller's door (module docstring): (user name, socket path), its listener and file id
+        # the controller's door: (user name, socket path), its listener and file id
         self.ctld = (ctld_user, os.path.join(os.path.dirname(socket_path), CTLD_SOCKET_NAME)) if ctld_user else None
         self.ctld_uid: int | None = None
         self.ctld_listener = None
         self.ctld_socket_id: tuple[int, int] | None = None
-        # the node monitor's arguments (gsrun.node.monitor.run: host_root, state_dir), None: no monitor
+        # gsrun.node.monitor.run's arguments, None: no monitor
         self.monitor_args = monitor
         self.monitor: tuple[int, int, float] | None = None     # (pidfd, pid, start monotonic)
         self.monitor_due: float | None = None                  # when to start it again (monotonic)
@@ -520,12 +459,11 @@ class NodeDaemon:
         return bad
 
     def bind(self):
-        """Listen on :attr:`socket_path` (mode 0600, made under a temporary name
-        and renamed over the path, so a client never meets a half-made socket).
+        """Listen on :attr:`socket_path` (mode 0600, renamed into place).
 
         Raises:
-            NodeError: the directory is missing, not a directory, or writable by
-                another user; or the path holds something that is not a socket.
+            NodeError: the directory is missing or writable by another user, a
+                non-socket at the path, or another daemon serving it.
         """
         unixsock.check_dir(self.socket_path, "daemon",
                            "create the node's state directory first (the prolog does; or "
@@ -539,8 +477,7 @@ class NodeDaemon:
         except FileNotFoundError:
             pass
         else:
-            # a live daemon there keeps it: renaming over its socket would leave it serving
-            # nobody, and the hooks failing once this one stops (a stale socket is replaced)
+            # a live daemon there keeps it (a stale socket is replaced)
             probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
             try:
                 probe.settimeout(1.0)
@@ -561,8 +498,7 @@ class NodeDaemon:
         return s
 
     def _bind_ctld(self) -> None:
-        """The controller's door: ``ctld.sock`` beside the daemon's socket,
-        root's, mode 0660, group of ``--ctld-user`` (its primary group).
+        """``ctld.sock`` beside the daemon's socket, 0660, ``--ctld-user``'s primary group.
 
         Raises:
             NodeError: no such user (slurm.conf's SlurmUser and the unit disagree).
@@ -633,25 +569,20 @@ class NodeDaemon:
         return 0
 
     def status(self, stale: str | None = None) -> dict:
-        """What ``@ping`` answers: ``{"pid", "version", "started", "served",
-        "running", "socket", "stale", "monitor_pid"}`` (``started``: Unix seconds; ``running``:
-        hooks and merges running now; ``stale``: a module changed since the
-        start, the daemon re-executes; ``monitor_pid``: the node monitor's, None
-        while it is not running)."""
+        """What ``@ping`` answers: ``started`` in Unix seconds, ``running`` hooks
+        and merges now, ``stale`` a changed module (re-executing), ``monitor_pid``
+        None while no monitor runs."""
         return {"pid": os.getpid(), "version": gsrun.__version__, "started": self.started,
                 "served": self.served, "running": len(self.running) + len(self.pending), "socket": self.socket_path,
                 "stale": stale, "monitor_pid": self.monitor[1] if self.monitor else None}
 
     # -- the node monitor (gsrun.node.monitor) -------------------------------------------
     def _start_monitor(self) -> None:
-        """Fork the node monitor, the one process that opens NVML (never this
-        one: hooks fork from it). Restarted when it ends, :data:`MONITOR_BACKOFF_S`
-        later when it lived less than that."""
+        """Fork the node monitor, the one process that opens NVML (never the
+        daemon: hooks fork from it)."""
         self.monitor_due = None
-        sys.stdout.flush()
-        sys.stderr.flush()
         try:
-            pid = os.fork()
+            pid = _fork()
         except OSError as e:
             self.log(f"cannot start the node monitor: {e}; trying again in {MONITOR_BACKOFF_S:g} s")
             self.monitor_due = time.monotonic() + MONITOR_BACKOFF_S
@@ -676,7 +607,7 @@ class NodeDaemon:
         self.monitor = (pidfd, pid, time.monotonic())
 
     def _drop_monitor(self) -> tuple[int, int, float]:
-        """Stop watching the monitor's pidfd -> (pidfd closed, pid, start monotonic)."""
+        """Stop watching the monitor -> (pidfd, now closed, pid, start monotonic)."""
         pidfd, pid, started = self.monitor
         try:
             self.sel.unregister(pidfd)
@@ -698,9 +629,7 @@ class NodeDaemon:
         self.monitor_due = time.monotonic() + delay
 
     def _stop_monitor(self) -> None:
-        """SIGTERM the monitor (it flushes every job's state) and wait for it,
-        up to :data:`MONITOR_STOP_S`, then SIGKILL: the next daemon's monitor
-        takes the jobs up from their state."""
+        """SIGTERM the monitor (it flushes every job), SIGKILL past :data:`MONITOR_STOP_S`."""
         if self.monitor is None:
             return
         pidfd, pid, _ = self.monitor
@@ -758,16 +687,14 @@ class NodeDaemon:
         if ctld and argv != [PING_REQUEST]:
             hook = hook_args(argv, self.python, self.site_dir, self.gsrun_node) if argv != [BIND_REQUEST] else None
             if hook is None or hook[0] != "epilog-ctld":
-                for fd in fds:
-                    os.close(fd)
+                _close(fds)
                 self.log(f"refused on the controller's door (uid {uid}): {argv[:1] + argv[5:7]}")
                 _refuse(conn, "only EpilogSlurmctld is served on this socket")
                 return
             argv = argv[:argv.index(hook[0]) + 1]    # the hook, without the client's --spool-dir
             env = ctld_env(env, dict(os.environ))
         if argv in ([BIND_REQUEST], [PING_REQUEST]):
-            for fd in fds:
-                os.close(fd)
+            _close(fds)
             stale = self._stale()
             if argv == [PING_REQUEST]:
                 conn.settimeout(0.5)
@@ -791,37 +718,30 @@ class NodeDaemon:
                 conn.sendall(AGAIN)
                 conn.close()
                 return
-            # "ready": the client answers "go" within REQUEST_TIMEOUT_S, else it has given up
-            # waiting (and failed): then nothing is started here
+            # a client that does not answer "go" in time has given up: nothing starts
             conn.settimeout(REQUEST_TIMEOUT_S)
             conn.sendall(READY)
             if conn.recv(1) != GO:
                 conn.close()
                 return
-            sys.stdout.flush()
-            sys.stderr.flush()
             merge = _merge_of(args, env)
             if merge is not None:
-                # EpilogSlurmctld only starts the merge detached and exits 0 (gsrun.epilog.ctld_start):
-                # answered here at once, the merge forked after the answer -- no hook process
-                # on slurmctld's path (it holds the job COMPLETING until this hook exits)
+                # answered at once (slurmctld holds the job COMPLETING until then), merge forked after
                 conn.sendall(STARTED + EXITED + (0).to_bytes(4, "big", signed=True))
                 conn.close()
                 self.served += 1
                 self._start_detached(*merge, umask)
                 return
-            pid = os.fork()
+            pid = _fork()
             if pid == 0:
                 try:
                     _child(args, env, umask, fds, conn, client_pid)     # never returns
                 finally:
                     os._exit(70)    # whatever happens, the child never runs the daemon's loop
         finally:
-            for fd in fds:
-                os.close(fd)
+            _close(fds)
         self.served += 1
-        # the hook runs from here: nothing below may answer (_accept's answer to an
-        # exception), or the client would read it before the child's "S"
+        # the hook runs: no answer from here (the client would read it before the child's "S")
         try:
             self._watch(conn, pid)
         except Exception as e:  # noqa: BLE001 - out of descriptors (EMFILE), epoll watches (ENOSPC)
@@ -856,17 +776,14 @@ class NodeDaemon:
 
     def _start_bind(self, conn, stepd_env: dict[str, str]) -> None:
         """Fork :func:`_bind_child` for one slurmstepd's plugin and let it have the connection."""
-        sys.stdout.flush()
-        sys.stderr.flush()
         try:
-            pid = os.fork()
+            pid = _fork()
         except OSError as e:
             self.log(f"cannot serve a step's plan: {e}")
             conn.close()        # the plugin plans in Python
             return
         if pid == 0:
-            # through a child that exits at once: the plan's process is init's, so the daemon
-            # neither waits for it at a stop or re-exec nor leaves it a zombie of a new image
+            # double fork: the plan's process is init's, never waited for nor a zombie of a re-exec
             try:
                 if os.fork() == 0:
                     _bind_child(conn, stepd_env)
@@ -877,10 +794,7 @@ class NodeDaemon:
         _wait(pid)
 
     def _start_detached(self, argv: list[str], env: dict[str, str], umask: int) -> None:
-        """Start the merge ``argv`` in a forked child (:func:`_merge_child`: the
-        daemon's modules, no new interpreter, ~0.25 s less CPU per job), or queue it
-        in :attr:`pending` while :data:`MAX_MERGES` run (dropped, logged, past
-        :data:`MAX_PENDING_MERGES`)."""
+        """Fork :func:`_merge_child` for ``argv``, or queue it while :data:`MAX_MERGES` run."""
         if len(self.merges) >= MAX_MERGES:
             if len(self.pending) >= MAX_PENDING_MERGES:
                 self.log(f"{MAX_PENDING_MERGES} merges waiting already: not starting {' '.join(argv[4:6])}")
@@ -888,7 +802,7 @@ class NodeDaemon:
             self.pending.append((argv, env, umask))
             return
         try:
-            pid = os.fork()
+            pid = _fork()
         except OSError as e:
             self.log(f"cannot start {' '.join(argv[4:6])}: {e}")
             return
@@ -912,14 +826,12 @@ class NodeDaemon:
         entry = self.running.get(pidfd)
         self.sel.unregister(conn)
         if entry:
-            try:
-                os.killpg(entry[1], signal.SIGKILL)
-            except OSError:
-                pass
-            try:    # a child not yet past its setsid() has no group of its own: it alone
-                os.kill(entry[1], signal.SIGKILL)   # (unreaped until _reap: the PID is still ours)
-            except OSError:
-                pass
+            # the group, and the child alone when not yet past its setsid() (unreaped: still ours)
+            for kill in (os.killpg, os.kill):
+                try:
+                    kill(entry[1], signal.SIGKILL)
+                except OSError:
+                    pass
             self.running[pidfd] = (None, entry[1])
         conn.close()
 
@@ -938,6 +850,18 @@ class NodeDaemon:
         _send_exit(conn, status)
 
 
+def _fork() -> int:
+    """``os.fork()`` after flushing stdout and stderr (no buffered line printed twice)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return os.fork()
+
+
+def _close(fds: list[int]) -> None:
+    for fd in fds:
+        os.close(fd)
+
+
 def _wait(pid: int) -> int:
     """``waitpid(pid)`` -> its wait status (0 when it was reaped already)."""
     try:
@@ -947,8 +871,7 @@ def _wait(pid: int) -> int:
 
 
 def _refuse(conn, why: str) -> None:
-    """Answer ``E`` and ``why`` (one line), then close ``conn``: the client prints
-    it and fails."""
+    """Answer ``E`` and ``why`` (one line; the client prints it and fails), then close ``conn``."""
     try:
         conn.settimeout(0.5)
         conn.sendall(REFUSED + " ".join(why.split())[:400].encode("utf-8", "replace") + b"\n")
@@ -972,7 +895,6 @@ def run(socket_path: str | None = None, state_dir: str | None = None, host_root:
         monitor: bool = True, node_name: str | None = None, metrics_port: int | None = None,
         ctld_user: str | None = None) -> int:
     """``gsrun-node daemon run``: preload, listen, serve until SIGTERM. -> exit status.
-    ``ctld_user``: open the controller's door to that user (module docstring).
 
     Raises:
         NodeError: the socket cannot be made (:meth:`NodeDaemon.bind`), or this
@@ -982,8 +904,7 @@ def run(socket_path: str | None = None, state_dir: str | None = None, host_root:
         raise NodeError("daemon", "kernel", "os.pidfd_open is missing (Linux >= 5.3, Python >= 3.9)",
                         hint="gsrun's node side needs Linux 5.3 or later")
 
-    # a reload (SIGHUP) that comes while the modules load, e.g. right after a re-exec, must not
-    # end the daemon: ignored until serve() installs its handler
+    # a SIGHUP while the modules load (right after a re-exec) must not end the daemon
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     for fd in (0, 1, 2):    # started with one closed: a received descriptor must not take its number
         try:
@@ -1004,8 +925,7 @@ def ping(socket_path: str, timeout_s: float = 2.0) -> dict:
     """Ask the daemon on ``socket_path`` for :meth:`NodeDaemon.status`.
 
     Raises:
-        NodeError: nothing listens there, the listener is not of this user, or
-            it does not answer within ``timeout_s`` (why, with a hint).
+        NodeError: nothing listens, another user's listener, or no answer in ``timeout_s``.
     """
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     try:

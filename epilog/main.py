@@ -1,16 +1,10 @@
 """``gsrun-node epilog``: run by slurmd as root after the job on a node.
 
-:data:`STEPS`, run by :func:`gsrun.node.steps.run_steps` (rule ``CLEANUP``):
-end the job's sampling and write the node summary, remove its Prometheus
-textfile, stop MPS, end residual GPU processes (field case 17), restore MIG,
-restore tuning. Each step runs even when an earlier one failed or timed out,
-keeping :data:`STEP_RESERVE_S` of the budget (``timeouts.epilog_budget_s``)
-for every later step. The exit status is 0 unless the node needs an admin (a
-GPU lost, GPU memory still held, a step out of time): slurmd then drains it.
-
-No Slurm command is on the critical path (field case 20): the restore decision
-is the local tuning reference count (field case 18), never ``squeue``; only
-MIG's failure path calls ``scontrol`` to drain.
+Runs :data:`STEPS` (rule ``CLEANUP``: each runs even after an earlier one
+failed, keeping :data:`STEP_RESERVE_S` of ``timeouts.epilog_budget_s`` for
+every later one). Non-zero only when the node needs an admin (a GPU lost, GPU
+memory still held, a step out of time): slurmd drains it. No Slurm command is
+on the critical path (field case 20); only MIG's failure path drains.
 """
 
 from __future__ import annotations
@@ -109,9 +103,8 @@ def _verdict(results: dict, log) -> list[str]:
 
 
 def _forget_job(sdir, log) -> None:
-    """Remove the job's state directory once the node is clean (the state dirs
-    are the jobs live here), unless a journal still has work (``mig.json``, a
-    ``.pending`` summary)."""
+    """Remove the job's state directory unless a journal still has work
+    (``mig.json``, a ``.pending`` summary)."""
     try:
         if (sdir / "mig.json").exists() or any(sdir.glob("*.pending")):
             return

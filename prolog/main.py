@@ -1,19 +1,11 @@
 """``gsrun-node prolog``: run by slurmd as root before the job starts on a node.
 
-The steps are :data:`STEPS`, run by :func:`gsrun.node.steps.run_steps`; the
-record (``<spool>/jobs/<id>/prolog-<node>.json``) is written last, whatever
-happened. The exit status is non-zero only when the node cannot run GPU jobs
-(NVML driver/library mismatch): slurmd drains it with our message. Every other
-failure is logged and the job runs with defaults.
-
-Trust: every environment value is validated (:mod:`gsrun.facts.jobenv`);
-``SPANK_GS_*`` and the job comment are user requests; exclusivity comes from
-slurmctld's job record (:func:`gsrun.request.job.exclusive_from_record`), read
-with a bounded ``scontrol`` only when a request needs it. No answer means "not
-exclusive", never a hang (the prolog has a hard budget,
-``timeouts.prolog_budget_s``). A job that asked for nothing, on a partition
-without tuning defaults, runs no Slurm command; the record lists those run
-(``"slurm_calls"``). Planted job directories are moved aside (logged).
+Runs :data:`STEPS`, then writes ``<spool>/jobs/<id>/prolog-<node>.json``
+whatever happened. Non-zero only when the node cannot run GPU jobs (NVML
+driver/library mismatch: slurmd drains it); any other failure is logged.
+Every environment value is validated (:mod:`gsrun.facts.jobenv`);
+exclusivity comes from slurmctld's job record, read with a bounded
+``scontrol`` only when needed (no answer: not exclusive).
 """
 
 from __future__ import annotations
@@ -82,10 +74,8 @@ def _records(c: Ctx):
 
 
 def clear_earlier_run(job_dir, node: str) -> list[str]:
-    """Remove what an earlier run with the same job id (requeued, or ids
-    reissued) left in the job's spool directory: this node's summaries and
-    live file, the job's report and markers (EpilogSlurmctld would merge
-    them). Links are removed, never followed. -> the names removed."""
+    """Remove what an earlier run with the same job id (requeued) left in the
+    job's spool directory (links not followed). -> the names removed."""
     return unlink_names(job_dir, (f"node-{node}.json", f"user-node-{node}.json", f"user-live-{node}.json",
                                   "summary.json", "user-summary.json", "accounting.json", "idle-cancel.json"))
 
@@ -102,8 +92,7 @@ def _sweep(c: Ctx):
 
 def _nvml(c: Ctx):
     """Whether NVML answers, as the node monitor found; only a driver/library
-    mismatch makes the node unusable (field case 15). A dry run (install times
-    one before the daemon runs) does not wait for a monitor to come up."""
+    mismatch makes the node unusable (field case 15). A dry run does not wait."""
     try:
         out = monitor.ask(c.paths.state_dir, {"op": "nvml"}, wait_s=0 if c.dry_run else monitor.CONNECT_WAIT_S)
     except GsrunError as e:
@@ -153,9 +142,7 @@ def _request(c: Ctx):
     c.record["exclusive"] = c.exclusive
 
 
-# The prolog, in order. Budget: the whole prolog has one hard budget
-# (``timeouts.prolog_budget_s``); no step keeps time back (reserve 0), and a
-# step cut off by it ends the prolog: the job goes on with what was done.
+# The prolog, in order, within ``timeouts.prolog_budget_s`` (no step keeps time back).
 STEPS = (
     Step("records", "make the job's state and spool directories (planted ones moved aside)", 0, _records),
     Step("sweep", "remove the Prometheus textfiles and live files of jobs gone from the node", 0, _sweep,
@@ -208,8 +195,7 @@ def run(environ, host_root: str | None = None, state_dir: str | None = None, spo
         record["duration_s"] = round(time.time() - t0, 3)
         if not dry_run and ctx.records_ok:
             try:
-                # not fsync'd: after a crash of the node the job is gone and nothing reads it; every
-                # process still sees the old file or the new one (the journal is the durable record)
+                # not fsync'd: after a node crash the job is gone and nothing reads it
                 atomic_write_json(paths.spool_job(job.job_id) / f"prolog-{job.node}.json", record, mode=0o600,
                                   durable=False)
             except OSError as e:
@@ -246,9 +232,8 @@ def _needs_scope(tune: str | None, cfg, partition) -> bool:
 
 
 def _job_scope(hostfs, job, log):
-    """The :class:`gsrun.node.tuning.JobScope` of ``irq``/``hugepages``: the
-    job's GPUs, the NICs gsrun-bind picks for them (one rank per GPU) and its
-    CPUs (job cgroup cpuset, else every online CPU)."""
+    """The ``JobScope`` of ``irq``/``hugepages``: the job's GPUs, the NICs
+    gsrun-bind picks for them, its CPUs (cgroup cpuset, else all online)."""
     topo = read_topology(hostfs, nvml=False)
     env = {"SLURM_JOB_GPUS": ",".join(str(g) for g in (job.gpus or []))}
     if job.gpus:

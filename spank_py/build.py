@@ -1,18 +1,10 @@
-"""Build and install the gsrun SPANK plugin (``gsrun_spank.so``).
+"""Build and install the gsrun SPANK plugin (``gsrun-node spank build|install``).
 
-Plain functions only; ``gsrun-node spank build`` / ``gsrun-node spank install``
-call :func:`build` and :func:`install`.
-
-The plugin embeds the CPython it was built against (the ``python`` argument,
-by default this interpreter) and the Slurm headers found in
-``/usr/include/slurm``; it must be rebuilt for another Slurm major release
-(the ``.so`` records ``SLURM_VERSION_NUMBER`` in its ``plugin_version`` symbol
-and refuses to load on a different major.minor).
-
-The ``--gs-*`` option table is compiled in: :func:`options_header` renders
-:data:`gsrun.spank_py.hooks.OPTIONS` (the one definition) as a C header, so the
-shim registers the options without starting Python; the same header names the
-node daemon's default socket, which slurmstepd asks for every step's plan.
+The plugin embeds the CPython it was built against and records the Slurm
+headers' ``SLURM_VERSION_NUMBER`` (it refuses another major.minor: rebuild).
+:func:`options_header` compiles :data:`gsrun.spank_py.hooks.OPTIONS` and the
+node daemon's default socket into a C header, so the shim registers the
+options without starting Python.
 """
 
 from __future__ import annotations
@@ -44,7 +36,7 @@ _OPTION_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,74}")
 SLURM_INCLUDE_DIRS = ("/usr/include", "/usr/local/include")
 BEGIN_MARKER = "# BEGIN gsrun spank (managed by gsrun-node spank install)"
 END_MARKER = "# END gsrun spank"
-# daemon/ beside this folder (the package's gsrun/daemon once installed): client.h
+# daemon/ beside this folder: client.h
 DAEMON_CLIENT_DIR = Path(__file__).resolve().parent.parent / "daemon"
 HARDENING = ["-shared", "-fPIC", "-O2", "-fstack-protector-strong", "-D_FORTIFY_SOURCE=2",
              "-Wall", "-Werror=implicit-function-declaration", "-Werror=format-security"]
@@ -84,14 +76,10 @@ def _run(argv: list[str], what: str, timeout_s: float = _TIMEOUT_S, phase: str =
 
 
 def python_info(python: str) -> dict:
-    """Facts about the Python to embed, read by running it (``sysconfig``).
-
-    Returns a dict: ``version`` ("3.11"), ``py_version`` ("3.11.2"), ``include``,
-    ``libdir``, ``instsoname`` ("libpython3.11.so.1.0"), ``shared`` (1/0),
-    ``base_prefix`` (the home the plugin gives Py_Initialize), ``executable``,
-    ``purelib`` (its site-packages: the default ``pythonpath=``).
-    Raises NodeError when it cannot be run or was built without ``--enable-shared``
-    (a static libpython cannot be linked into a plugin).
+    """Facts about the Python to embed (:data:`_PROBE`'s keys: ``version``
+    "3.11", ``instsoname`` "libpython3.11.so.1.0", ``base_prefix`` the plugin's
+    Python home, ``purelib`` the default ``pythonpath=``, ...).
+    Raises NodeError when it cannot be run or has no shared libpython.
     """
     out = _run([python, "-I", "-c", _PROBE], "python")
     info = json.loads(out)
@@ -103,8 +91,7 @@ def python_info(python: str) -> dict:
 
 
 def python_flags(python: str, info: dict) -> tuple[list[str], list[str]]:
-    """(cflags, ldflags) to embed ``python``: from ``python3.X-config --embed``
-    next to the real interpreter when it exists, else derived from sysconfig."""
+    """(cflags, ldflags) to embed ``python``: ``python3.X-config --embed``, else sysconfig's."""
     real = Path(os.path.realpath(python))
     config = real.parent / f"python{info['version']}{info['abiflags']}-config"
     if config.is_file() and os.access(config, os.X_OK):
@@ -121,8 +108,8 @@ def python_flags(python: str, info: dict) -> tuple[list[str], list[str]]:
 
 
 def slurm_version_number(include_dir: str | os.PathLike) -> int:
-    """``SLURM_VERSION_NUMBER`` from ``<include_dir>/slurm/slurm_version.h``
-    (e.g. 0x160508 for 22.05.8). Raises NodeError when absent (no libslurm-dev)."""
+    """``SLURM_VERSION_NUMBER`` of ``<include_dir>/slurm/slurm_version.h`` (0x160508: 22.05.8).
+    Raises NodeError when absent (no libslurm-dev)."""
     p = Path(include_dir) / "slurm" / "slurm_version.h"
     try:
         text = p.read_text()
@@ -163,15 +150,12 @@ def _c_text(value: str, what: str) -> str:
 
 
 def options_header(options=None) -> str:
-    """The C header the shim includes (``gsrun_spank_options.h``): the option
-    table ``options`` (default :data:`gsrun.spank_py.hooks.OPTIONS`, rows
-    ``(name, arginfo | None, usage, has_arg)``, has_arg 0 none / 1 required /
-    2 optional), :data:`~gsrun.spank_py.hooks.REMOTE_OPTIONS`, and the node
-    daemon's socket name and default path (used without plugstack ``daemon=``). Pure.
+    """``gsrun_spank_options.h``: the option table (default
+    :data:`gsrun.spank_py.hooks.OPTIONS`), the remote options and the node
+    daemon's socket name and default path. Pure.
 
-    Raises NodeError naming the row when a name is not ``[a-z0-9-]`` of at most
-    75 characters (``SPANK_OPTION_MAXLEN``), has_arg is not 0-2, a text is not
-    printable ASCII, a name repeats, or the table is empty or over 32 rows.
+    Raises NodeError naming the row: a name not ``[a-z0-9-]{1,75}`` or
+    repeated, has_arg not 0-2, text not printable ASCII, 0 or over 32 rows.
     """
     rows = list(OPTIONS if options is None else options)
     if not 1 <= len(rows) <= MAX_OPTIONS:
@@ -211,11 +195,9 @@ def options_header(options=None) -> str:
 
 def compile_command(out_so: Path, python: str, info: dict, include_dir: Path,
                     cc: str = "cc", gen_dir: Path | None = None, part: str = "plugin") -> list[str]:
-    """The compiler argv (pure apart from ``python_flags``), with the installed
-    SONAME so the same sources give the same plugin. ``gen_dir``: holds the
-    generated header. ``part``: ``"plugin"`` (``gsrun_spank.so``, dlopen()s
-    libpython and the Python half only when needed) or ``"python"``
-    (``gsrun_spank_py.so``, linked to libpython)."""
+    """The compiler argv; ``gen_dir`` holds the generated header; ``part``:
+    ``"plugin"`` (``gsrun_spank.so``, dlopen()s the Python half when needed) or
+    ``"python"`` (``gsrun_spank_py.so``, linked to libpython)."""
     libdir = os.path.normpath(info["libdir"] or "")
     defines = [
         f"-DGSRUN_LIBPYTHON={_c_string(info['instsoname'], 'libpython soname')}",
@@ -228,7 +210,6 @@ def compile_command(out_so: Path, python: str, info: dict, include_dir: Path,
     gen = [f"-I{gen_dir}"] if gen_dir is not None else []
     slurm_inc = [] if str(include_dir) == "/usr/include" else [f"-I{include_dir}"]
     if part == "plugin":
-        # the node daemon's client side (client.h), shared with gsrun-hook
         daemon_inc = [f"-I{DAEMON_CLIENT_DIR}"]
         return ([cc] + HARDENING + gen + daemon_inc + slurm_inc + defines + [str(C_SOURCE), "-o", str(out_so)]
                 + LINK_HARDENING + [f"-Wl,-soname,{SO_NAME}", f"-Wl,--version-script={VERSION_SCRIPT}", "-ldl"])
@@ -245,12 +226,10 @@ def compile_command(out_so: Path, python: str, info: dict, include_dir: Path,
 
 def build(out_dir: str, python: str = sys.executable, cc: str | None = None,
           slurm_include: str | os.PathLike | None = None) -> Path:
-    """Compile ``gsrun_spank.so`` and ``gsrun_spank_py.so`` into ``out_dir``,
-    with ``gsrun_spank.json`` (Slurm and Python versions) -> the plugin's path.
-    ``python``: the interpreter to embed (its ``sys.base_prefix`` is the
-    plugin's Python home, its site-packages the default ``pythonpath=``);
-    ``cc``: default ``$CC`` or ``cc``; ``slurm_include``: the dir holding
-    ``slurm/spank.h`` (default: the first of :data:`SLURM_INCLUDE_DIRS`).
+    """Compile ``gsrun_spank.so`` and ``gsrun_spank_py.so`` into ``out_dir``
+    with ``gsrun_spank.json`` (versions) -> the plugin's path. ``cc``: default
+    ``$CC`` or ``cc``; ``slurm_include``: default the first of
+    :data:`SLURM_INCLUDE_DIRS` with ``slurm/spank.h``.
     Raises NodeError with the compiler output when something is missing."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -283,8 +262,8 @@ def build(out_dir: str, python: str = sys.executable, cc: str | None = None,
 
 
 def read_build_info(so_path: str | os.PathLike) -> dict:
-    """What the build recorded: ``gsrun_spank.json`` next to the .so, else the
-    ``built-for`` string inside it. Keys: slurm_version, python_version ({} if unknown)."""
+    """What the build recorded: ``gsrun_spank.json`` next to the .so, else its
+    ``built-for`` string ({} if unknown)."""
     so = Path(so_path)
     meta = so.with_name("gsrun_spank.json")
     try:
@@ -304,10 +283,9 @@ def read_build_info(so_path: str | os.PathLike) -> dict:
 
 
 def plugstack_args(args: dict | None) -> list[tuple[str, str]]:
-    """Install ``args`` (all optional: ``pythonpath`` str or list, ``on_error``
-    fail|ignore, ``bind`` auto|none, ``config`` and ``daemon`` paths) -> ordered
-    ``(key, value)`` pairs, by the plugin's own rules, so a bad value fails at
-    install time. Raises InputError (unknown key, relative path, bad value)."""
+    """Install ``args`` (``pythonpath`` str or list, ``on_error`` fail|ignore,
+    ``bind`` auto|none, ``config`` and ``daemon`` paths) -> ``(key, value)``
+    pairs. Raises InputError (unknown key, relative path, bad value)."""
     args = dict(args or {})
     unknown = sorted(set(args) - set(ARG_KEYS))
     if unknown:
@@ -347,7 +325,6 @@ def render_plugstack(so_path: str, args: list[tuple[str, str]], slurm_version: s
 
 def merge_plugstack(existing: str, block: str) -> str:
     """Replace the managed block in ``existing`` plugstack text (or append it).
-    Other plugins' lines are kept as they are.
     Raises ConfigError when a BEGIN marker has no END (hand-edited file)."""
     lines = existing.splitlines(keepends=True)
     out: list[str] = []
@@ -377,9 +354,8 @@ def merge_plugstack(existing: str, block: str) -> str:
 
 def install(so_path: str | os.PathLike, dest_dir: str | os.PathLike, plugstack_path: str | os.PathLike,
             args: dict | None = None) -> Path:
-    """Copy the plugin (and its Python half) to ``dest_dir`` (0755, root's when
-    root) and write its block into ``plugstack_path``, both atomically (other
-    lines kept, an old gsrun block replaced). -> the installed .so path.
+    """Copy the plugin and its Python half to ``dest_dir`` (0755) and write its
+    block into ``plugstack_path``, atomically. -> the installed .so path.
     Raises InputError (bad ``args``), NodeError (cannot copy/write)."""
     src = Path(so_path)
     pairs = plugstack_args(args)
@@ -387,14 +363,13 @@ def install(so_path: str | os.PathLike, dest_dir: str | os.PathLike, plugstack_p
         raise NodeError("spank install", "plugin", f"{src} does not exist", hint="run gsrun-node spank build first")
     dest = Path(dest_dir)
     dest.mkdir(parents=True, exist_ok=True)
-    # plugstack.conf.d may not exist yet (Debian ships it, others do not): create
-    # it before anything is copied, so a failure leaves no half install
+    # plugstack.conf.d first: a failure leaves no half install
     Path(plugstack_path).parent.mkdir(mode=0o755, parents=True, exist_ok=True)
     target = dest / SO_NAME
     info = read_build_info(src)
     block = render_plugstack(str(target.resolve()), pairs, info.get("slurm_version", "?"),
                              info.get("python_version", "?"))
-    root = os.geteuid() == 0
+    owner = (0, 0) if os.geteuid() == 0 else (None, None)
     py_src = src.with_name(PY_PART_NAME)
     if not py_src.is_file():
         raise NodeError("spank install", "plugin", f"{py_src} does not exist (the plugin's Python half)",
@@ -402,21 +377,19 @@ def install(so_path: str | os.PathLike, dest_dir: str | os.PathLike, plugstack_p
     # the Python half first: the plugin loads it from its own folder
     for s_path, t_path in ((py_src, target.with_name(PY_PART_NAME)), (src, target)):
         try:
-            atomic_write(t_path, s_path.read_bytes(), 0o755, 0 if root else None, 0 if root else None)
+            atomic_write(t_path, s_path.read_bytes(), 0o755, *owner)
         except OSError as e:
             raise NodeError("spank install", "plugin", f"cannot install {t_path}: {e.strerror}") from e
     meta = src.with_name("gsrun_spank.json")
     if meta.is_file() and meta.resolve() != target.with_name("gsrun_spank.json").resolve():
-        atomic_write(target.with_name("gsrun_spank.json"), meta.read_text(), 0o644,
-                     0 if root else None, 0 if root else None)
+        atomic_write(target.with_name("gsrun_spank.json"), meta.read_text(), 0o644, *owner)
     ps = Path(plugstack_path)
     try:
         existing = ps.read_text() if ps.exists() else ""
     except OSError as e:
         raise NodeError("spank install", "plugstack", f"cannot read {ps}: {e.strerror}") from e
     try:
-        atomic_write(ps, merge_plugstack(existing, block), 0o644,
-                     0 if root else None, 0 if root else None)
+        atomic_write(ps, merge_plugstack(existing, block), 0o644, *owner)
     except OSError as e:
         raise NodeError("spank install", "plugstack", f"cannot write {ps}: {e.strerror}") from e
     return target

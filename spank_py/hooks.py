@@ -1,29 +1,15 @@
 """The Python side of the gsrun SPANK plugin: option handling in sbatch/salloc/srun,
 and the step plans the node daemon answers slurmstepd with.
 
-The C shim (``gsrun_spank.c``) registers :data:`OPTIONS` itself (compiled in
-by ``spank_py/build.py``) and starts Python only in sbatch, salloc or srun
-given a ``--gs-*`` option; then it calls ``slurm_spank_init_post_opt`` here as
-``hook(context, args)``. ``context``: ``"allocator"`` (sbatch/salloc) or
-``"local"`` (srun); ``args``: the plugstack arguments as C parsed them
-(``pythonpath``, ``on_error``, ``config``, ``options``: the names compiled
-into the .so). A hook returns 0/None or non-zero (the submission stops); an
-exception is logged by C and turned into the ``on_error`` code. When this
-module cannot be imported, a job with ``--gs-*`` options is refused.
-
-* **allocator/local**: validate the options (a bad value fails the submission
-  before the job queues) and export them with ``job_control_setenv`` as
-  ``GS_*``, which the prolog reads as ``SPANK_GS_*`` (:mod:`gsrun.request.job`).
-  Exclusivity is not exported (SPANK gives the allocator no job description):
-  the prolog reads it from ``scontrol show job``.
-* **a step's plan** (:func:`step_actions`, :func:`format_actions`), computed by
-  the node daemon when slurmstepd asks, once per node and step: every local
-  rank's binding (:func:`gsrun.bind.plan.plan_from_env`) and MIG devices, and
-  the MPS client environment; the plugin's ``task_init`` applies it in C.
-  Batch, extern and interactive steps are not bound but get the MPS environment.
-
-Slurm is reached through the built-in ``_spank`` module, imported lazily (tests
-put a fake one in ``sys.modules``).
+The C shim (``gsrun_spank.c``) registers :data:`OPTIONS` (compiled in by
+``spank_py/build.py``) and starts Python only in sbatch, salloc or srun given a
+``--gs-*`` option, calling ``slurm_spank_init_post_opt(context, args)``
+(``"allocator"`` or ``"local"``; the plugstack arguments as C parsed them). It
+validates the options and exports them as ``GS_*`` (the prolog's
+``SPANK_GS_*``). A step's plan (:func:`step_actions`, :func:`format_actions`)
+is computed in the node daemon once per node and step and applied by the
+plugin's ``task_init`` in C. Slurm is reached through the built-in ``_spank``
+module (tests put a fake one in ``sys.modules``).
 """
 
 from __future__ import annotations
@@ -40,13 +26,10 @@ from gsrun.request.config import load_config
 
 PHASE = "spank"
 
-# The options a step's plan reads (step_actions' mps_opt, bind_opt); the others are the prolog's.
-# slurmstepd sends their values with every step's request (build.py compiles the list in).
+# The options a step's plan reads; slurmstepd sends them with every step's request.
 REMOTE_OPTIONS = ("gs-mps", "gs-bind")
 
-#: (name, arginfo, usage, has_arg) -- has_arg: 0 none, 1 required, 2 optional; compiled into
-#: the C shim by spank_py/build.py (rebuild the plugin after a change).
-
+#: (name, arginfo, usage, has_arg: 0 none, 1 required, 2 optional), compiled into the C shim
 OPTIONS: tuple[tuple[str, str | None, str, int], ...] = (
     ("gs-mps", "PCT", "gsrun: run a per-job CUDA MPS daemon; PCT (1-100) = default active thread percentage", 2),
     ("gs-mig", "LAYOUT", "gsrun: MIG layout per GPU (e.g. 7x1g.18gb, or a site layout name); exclusive nodes only", 1),
@@ -59,8 +42,7 @@ OPTIONS: tuple[tuple[str, str | None, str, int], ...] = (
 EXPORT_NAMES = {"gs-mps": "GS_MPS", "gs-mig": "GS_MIG", "gs-tune": "GS_TUNE",
                 "gs-bind": "GS_BIND", "gs-report": "GS_REPORT"}
 
-#: what Slurm hands an ``srun`` inside the job for an optional-argument option the job was
-#: given without a value (``sbatch --gs-mps``): the C library's rendering of a NULL ``optarg``
+#: what an ``srun`` in the job gets for an optional-argument option given without a value (NULL optarg)
 NULL_OPTARG = "(null)"
 
 BIND_MODES = ("auto", "none", "isolate")
@@ -70,14 +52,12 @@ REPORT_MODES = ("mail", "none")
 SPECIAL_STEP_MIN = 0xFFFFFFF0
 EXTERN_STEP = 0xFFFFFFFC
 
-# Fallback syntax when gsrun.request.tune / mig_layout / mps_share cannot be
-# imported (all matched with fullmatch: ``$`` would let a trailing newline in).
+# Fallback syntax when gsrun.request.tune / mig_layout / mps_share cannot be imported (fullmatch)
 _TUNE_FALLBACK = r"[a-z_]{1,32}=[A-Za-z0-9_.+-]{1,32}(,[a-z_]{1,32}=[A-Za-z0-9_.+-]{1,32}){0,15}"
 _MIG_FALLBACK = r"[0-9a-z.+x]{1,200}"
 _MPS_FALLBACK = r"[0-9]{1,3}"
 _MIG_NAME = r"[A-Za-z0-9_-]{1,64}"
-#: what gsrun.facts.jobenv accepts for SPANK_GS_* in the prolog: [A-Za-z0-9_.,=+:-]{0,512}
-#: (a set, not a regex: no `re` import for --gs-mps/--gs-bind/--gs-report)
+#: what gsrun.facts.jobenv accepts for SPANK_GS_* in the prolog (a set: no `re` import)
 _EXPORT_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.,=+:-")
 _EXPORT_MAX = 512
 
@@ -123,10 +103,9 @@ def _parser(parse, module: str, name: str):
 
 
 def check_mps(value: str, parse: Callable[[str], int | None] | None = None) -> str:
-    """``""`` (flag alone: site default percentage) or an integer 1-100 as
-    text (``"050"`` -> ``"50"``). ``parse``: the MPS share parser (default
-    :func:`gsrun.request.mps_share.parse_mps_share`, the same rule as a
-    regex when that module is missing)."""
+    """``""`` (flag alone: the site default) or an integer 1-100 as text
+    (``"050"`` -> ``"50"``); ``parse`` defaults to
+    :func:`gsrun.request.mps_share.parse_mps_share`."""
     parse = _parser(parse, "gsrun.request.mps_share", "parse_mps_share")
     if parse is None:
         v = value.strip()
@@ -144,9 +123,8 @@ def check_mps(value: str, parse: Callable[[str], int | None] | None = None) -> s
 
 
 def check_tune(value: str, parse: Callable[[str], dict] | None = None) -> str:
-    """Normalized ``key=value,...`` (no blanks). ``parse``: the tuning request
-    parser (default :func:`gsrun.request.tune.parse_tune_request`, a strict
-    regex when that module is missing)."""
+    """Normalized ``key=value,...``; ``parse`` defaults to
+    :func:`gsrun.request.tune.parse_tune_request`."""
     parse = _parser(parse, "gsrun.request.tune", "parse_tune_request")
     if parse is None:
         v = value.replace(" ", "")
@@ -165,9 +143,8 @@ def check_tune(value: str, parse: Callable[[str], dict] | None = None) -> str:
 
 def check_mig(value: str, named: Mapping[str, str] | None = None,
               parse: Callable[[str], object] | None = None) -> str:
-    """The layout text to export: a site name (config ``mig.layouts``) is
-    resolved to its layout; the result must parse
-    (:func:`gsrun.request.mig_layout.parse_layout`, a strict regex when missing)."""
+    """The layout text to export, a site name (``mig.layouts``) resolved; it
+    must parse (:func:`gsrun.request.mig_layout.parse_layout`)."""
     v = value.strip()
     if named and v in named:
         v = named[v]
@@ -195,9 +172,8 @@ def check_word(option: str, value: str, allowed: tuple[str, ...]) -> str:
 
 def validate_options(raw: Mapping[str, str | None], mig_layouts: Mapping[str, str] | None = None
                      ) -> tuple[dict[str, str], list[OptionError]]:
-    """Options as given (``None`` = not given, ``""`` = given without value)
-    -> (``{GS_NAME: value}`` to export, errors). Pure apart from importing
-    the parsers. Every value exported matches what the prolog accepts."""
+    """Options as given (``None`` = not given, ``""`` = without value) ->
+    (``{GS_NAME: value}`` to export, errors), every value one the prolog accepts."""
     exports: dict[str, str] = {}
     errors: list[OptionError] = []
     checks: dict[str, Callable[[str], str]] = {
@@ -229,15 +205,13 @@ def validate_options(raw: Mapping[str, str | None], mig_layouts: Mapping[str, st
 
 
 def is_bound_step(step_id: int | None) -> bool:
-    """True for a normal step (``srun``); False for batch/extern/interactive
-    (Slurm's special ids >= 0xfffffff0) and unknown."""
+    """True for a normal step; False for Slurm's special ids (>= 0xfffffff0) and unknown."""
     return step_id is not None and step_id < SPECIAL_STEP_MIN
 
 
 def bind_mode(plugstack_bind: str, option: str | None) -> str:
-    """Effective mode: ``none`` when the admin set ``bind=none`` in
-    plugstack.conf, else the job's ``--gs-bind`` (default ``auto``); an
-    invalid option value (only possible by bypassing sbatch) means ``none``."""
+    """``none`` when plugstack.conf says ``bind=none``, else ``--gs-bind``
+    (default ``auto``; an invalid value, which bypassed sbatch, is ``none``)."""
     if plugstack_bind == "none":
         return "none"
     if option is None or option.strip() == "":
@@ -247,8 +221,7 @@ def bind_mode(plugstack_bind: str, option: str | None) -> str:
 
 
 class TaskActions:
-    """What task_init does for one task. Not a dataclass: importing
-    ``dataclasses`` costs ~7 ms in every srun and sbatch with ``--gs-*``."""
+    """What task_init does for one task (no dataclass: ~7 ms more in every srun with ``--gs-*``)."""
 
     __slots__ = ("setenv", "unsetenv", "cpus", "mem_nodes", "notes")
 
@@ -271,9 +244,9 @@ class TaskActions:
 def task_actions(plan, local_rank: int | None, mps_env: Mapping[str, str] | None,
                  allowed_mems: list[int] | None = None, mig_devices: list[str] | None = None,
                  gpu_isolation: bool = False) -> TaskActions:
-    """Decide one task's changes from the node plan (None: no binding) and
-    the MPS client env (None: no MPS). Memory binding only when the rank's
-    NUMA node is known, the host has > 1 node and the nodes are allowed."""
+    """One task's changes from the node plan (None: no binding) and the MPS
+    client env (None: no MPS); memory binding only for a known NUMA node of a
+    multi-node host, within ``allowed_mems``."""
     act = TaskActions()
     if plan is not None and local_rank is not None:
         rp = plan.rank(local_rank)
@@ -305,13 +278,10 @@ def step_actions(job_env: Mapping[str, str], host_root: str | None, allowed_cpus
                  job_id: str | None = None, step_id: int | None = None, mps_opt: str | None = None,
                  bind_opt: str | None = None, plugstack_bind: str = "auto"
                  ) -> tuple[list[tuple[int, TaskActions]], tuple[str, ...], TaskActions | None]:
-    """What a step's tasks get, from what the plugin sent: the job environment,
-    slurmstepd's host root, CPU affinity and ``Mems_allowed_list`` (live host
-    only), plugstack ``config=`` / ``bind=``, slurmstepd's own job and step ids
-    (not the job environment's, which the job can set), and ``--gs-mps`` /
-    ``--gs-bind`` (None: not given). -> ``([(local_rank, TaskActions)], notes,
-    others)``; ``others``: what a task without a block gets (the MPS
-    environment) or None. A binding that cannot be planned is a note."""
+    """What a step's tasks get, from what the plugin sent (``job_id`` and
+    ``step_id`` are slurmstepd's own, not the job environment's, which the job
+    can set) -> ``([(local_rank, TaskActions)], notes, others)``; ``others``:
+    what a task without a block gets, or None. A failed plan is a note."""
     cfg = _load_config({"config": config_path} if config_path else None)
     notes: list[str] = []
     mps_env = None
@@ -333,8 +303,7 @@ def step_actions(job_env: Mapping[str, str], host_root: str | None, allowed_cpus
             notes.append(f"bind: {e}; the tasks of this step run with Slurm's binding")
         else:
             mems = allowed_mems if hostfs.is_real else read_allowed_mems(hostfs)
-            # job_id: slurmstepd's own (S_JOB_ID), not the job environment's, which a job can set:
-            # the daemon reads the job's MIG devices as root
+            # slurmstepd's job id first: the daemon reads the job's MIG devices as root
             mig = read_job_mig_devices(cfg["paths.spool_dir"], job_id or job_env.get("SLURM_JOB_ID"),
                                        job_env.get("SLURMD_NODENAME"))
             actions = [(r.local_rank, task_actions(plan, r.local_rank, mps_env, mems, mig, mode == "isolate"))
@@ -347,15 +316,12 @@ def step_actions(job_env: Mapping[str, str], host_root: str | None, allowed_cpus
 def format_actions(actions: list[tuple[int, TaskActions]], notes: tuple[str, ...] = (),
                    others: TaskActions | None = None) -> str:
     """The step's plan as ``gsrun_spank.c`` (``plan_parse``) reads it: ``GSA1``;
-    per local rank ``rank N`` (0-4095, once) and its ``unset NAME``, ``set
-    NAME=VALUE``, ``cpus 0,1``, ``mems 0`` lines; with ``others``, the same
-    after ``rank *`` (what a rank without a block gets); ``note TEXT`` lines
-    (logged at verbose); ``end``. Pure.
+    per local rank ``rank N`` (0-4095) then ``unset NAME``, ``set NAME=VALUE``,
+    ``cpus 0,1``, ``mems 0`` lines; ``rank *`` for ``others``; ``note TEXT``
+    lines; ``end``. Pure.
 
     Raises:
-        ValueError: a name or value the line format cannot carry (a newline or
-            NUL, a name that is not an environment name): the daemon's answer is
-            an error then, and the plugin runs the step with Slurm's binding.
+        ValueError: a name or value with a newline or NUL, or a bad name.
     """
     def name_ok(n: str) -> bool:
         return bool(n) and not n[0].isdigit() and is_chars(n, ALNUM | {"_"}, None)
@@ -396,8 +362,7 @@ def _log(level: str, msg: str) -> None:
 
 
 def _load_config(args: Mapping | None = None):
-    """The site config: plugstack ``config=PATH`` when given, else
-    $GSRUN_CONFIG / the default."""
+    """The site config: plugstack ``config=PATH``, else $GSRUN_CONFIG / the default."""
     return load_config((args or {}).get("config"), environ=os.environ)
 
 

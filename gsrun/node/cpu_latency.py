@@ -1,13 +1,10 @@
 """Hold ``/dev/cpu_dma_latency`` open for a job (``--tune cstate=...``).
 
-PM QoS (Documentation/power/pm_qos_interface.rst): while a process keeps
-``/dev/cpu_dma_latency`` open after writing a 32-bit latency in microseconds,
-no CPU enters an idle state with a longer exit latency; closing it (or the
-holder dying) drops the request, so there is nothing to journal. The node
-monitor holds it for the job (``begin``'s ``dma_latency_us``) and closes it
-at ``end``; a crashed monitor's request ends with it (slower, never wrong)
-until a new one takes the job up. Under a fake host root the file is opened
-read-only and nothing is written.
+PM QoS (Documentation/power/pm_qos_interface.rst): while the file is open
+after a 32-bit latency (us) was written, no CPU enters an idle state with a
+longer exit latency; closing it drops the request (nothing to journal). The
+node monitor holds it from ``begin`` to ``end``. Under a fake host root the
+file is opened read-only and nothing is written.
 """
 
 from __future__ import annotations

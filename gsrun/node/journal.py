@@ -9,12 +9,8 @@ The owner's fields are at the top level; the journal adds one key::
                 "boot_id": "<uuid from /proc/sys/kernel/random/boot_id>"|null,
                 "written_unix": <float, seconds>, "pid": <int, the writer>}
 
-:meth:`Journal.load` says whether a journal was written before the last
-reboot (:attr:`Loaded.earlier_boot`); each owner decides what that means
-(tuning drops it, MIG restores anyway: the MIG mode persists, MPS cleans up).
-Format 1 (no ``"journal"`` key; tuning's top-level ``boot_id``) is still
-read; the next write is format 2. :meth:`Journal.lock` takes a bounded
-exclusive ``flock`` on ``lock_path`` (default: the journal's directory).
+Each owner decides what a journal of an earlier boot
+(:attr:`Loaded.earlier_boot`) means. Format 1 (no ``"journal"`` key) is still read.
 """
 
 from __future__ import annotations
@@ -37,8 +33,7 @@ MODE = 0o600
 
 
 def boot_id(hostfs=None) -> str | None:
-    """This boot's id (``/proc/sys/kernel/random/boot_id`` under ``hostfs``'s
-    root; the live host when ``None``), or ``None`` when it cannot be read."""
+    """This boot's id under ``hostfs`` (None: the live host), or ``None`` when unreadable."""
     if hostfs is None:
         hostfs = HostFS("/")
     try:
@@ -50,10 +45,8 @@ def boot_id(hostfs=None) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class Loaded:
-    """A journal as read: ``data`` (the owner's fields, without the header),
-    ``format`` (2, or 1 for a journal of an older release), ``boot_id`` it
-    was written in (``None``: unknown), ``earlier_boot`` (True when that boot
-    is known and is not this one)."""
+    """A journal as read: ``data`` (without the header), ``format``, the
+    ``boot_id`` it was written in (None: unknown), ``earlier_boot``."""
 
     data: dict
     format: int
@@ -62,12 +55,9 @@ class Loaded:
 
 
 class Journal:
-    """One journal file (module doc).
-
-    ``path``: the file; ``kind``: what it journals (header ``kind``);
-    ``hostfs``: where the boot id is read (``None``: the live host); ``uid``:
-    owner to give the file (``None``: the writer's); ``lock_path``: what
-    :meth:`lock` flocks (default: the journal's directory).
+    """One journal file of ``kind``; ``hostfs``: where the boot id is read
+    (None: live host); ``uid``: the file's owner (None: the writer's);
+    ``lock_path``: what :meth:`lock` flocks (default: the journal's directory).
     """
 
     def __init__(self, path, kind: str, hostfs=None, uid: int | None = None, lock_path=None):
@@ -87,9 +77,8 @@ class Journal:
         return os.path.lexists(self.path)
 
     def load(self) -> Loaded | None:
-        """The journal, or ``None`` when there is none or it is not a JSON
-        object (a corrupt file: see :meth:`exists` to tell the two apart).
-        No symlink is followed."""
+        """The journal, or ``None`` when absent or not a JSON object (:meth:`exists`
+        tells the two apart). No symlink is followed."""
         raw = read_json(self.path)
         if not isinstance(raw, dict):
             return None
@@ -120,8 +109,7 @@ class Journal:
         atomic_write_json(self.path, doc, mode=MODE, uid=self.uid)
 
     def remove(self) -> None:
-        """Delete the journal (absent is fine) and fsync its directory, so
-        the removal survives a crash (no fsync when there was nothing to delete)."""
+        """Delete the journal (absent is fine), fsync'ing its directory."""
         try:
             os.unlink(self.path)
         except FileNotFoundError:
@@ -136,13 +124,11 @@ class Journal:
             pass
 
     def lock(self, timeout_s: float = LOCK_TIMEOUT_S) -> "_Flock":
-        """A context manager: hold an exclusive ``flock`` on :attr:`lock_path`
-        for the ``with`` block.
+        """Hold an exclusive ``flock`` on :attr:`lock_path` for the ``with`` block.
 
-        Raises (on entering the block):
-            NodeError: the lock is held by another process for more than
-                ``timeout_s`` seconds, or the lock path is unusable (a
-                symlink, missing).
+        Raises (on entering):
+            NodeError: held by another process over ``timeout_s``, or the path
+                is unusable (a symlink, missing).
         """
         return _Flock(self, timeout_s)
 

@@ -1,29 +1,15 @@
-"""While the job runs: the live node file, idle alerts and the opt-in cancel (the sampler's effects).
+"""While the job runs: the live node file, idle alerts and the opt-in cancel
+(docs/ADMIN.md), after each sampler flush (:meth:`LiveActions.after_flush`).
 
-The sampler calls :meth:`LiveActions.after_flush` after each state flush.
-Three effects, each a thin writer around a decision made elsewhere:
-
-- **Live node file** ``<spool>/jobs/<id>/user-live-<node>.json``: the
-  aggregates so far (:func:`live_doc`, about 1 KiB per GPU), root's, the job's
-  group, 0440 (``gseff`` reads it), at most every ``live.flush_s`` and once
-  more at an alert or a cancel.
-- **Alert** (a detection of :mod:`gsrun.request.waste`): a line in the live
-  file (``gsrun --wait`` prints it) and, with ``idle.alert_mail``, one mail
-  request per condition (:func:`gsrun.request.waste.alert_plan`) and job: the
-  first node to claim ``<spool>/jobs/<id>/alert-<condition>.json`` (a hard
-  link) publishes ``<spool>/alerts/new/<job>.<condition>.json`` (``-<n>`` for
-  the n-th) and starts ``gsrun-node mail flush``; the claim is re-armed when
-  the condition cleared on the claiming node. Queued mail is never lost
-  (:mod:`gsrun.report.alerts`).
-- **Cancel** (``idle.cancel`` = ``report`` or ``on``, after
-  ``idle.cancel_after_min``): only the job's first node decides, from its GPUs
-  and the other nodes' fresh live files (within 3 x ``live.flush_s``), with
-  :func:`gsrun.request.waste.cancel_decision`; exemptions come from Slurm,
-  asked once per job when it matters. ``report`` logs what would be
-  cancelled; ``on`` warns (live file, syslog, mail ``<job>.warning``) and,
-  still due ``idle.cancel_grace_min`` later (a GPU working in between
-  withdraws the warning), runs ``scancel <id>`` once (no shell, checked id,
-  ``timeouts.command_s``), with syslog, notes, live file and mail ``<job>.cancel``.
+- Live file ``<spool>/jobs/<id>/user-live-<node>.json`` (:func:`live_doc`,
+  ~1 KiB per GPU, root's, the job's group, 0440), at most every ``live.flush_s``.
+- Alert: a line in the live file and, with ``idle.alert_mail``, one mail per
+  condition and job: the first node to claim ``alert-<condition>.json`` (a hard
+  link) publishes ``<spool>/alerts/new/<job>.<condition>[-<n>].json``.
+- Cancel (``idle.cancel``): only the first node decides
+  (:func:`gsrun.request.waste.cancel_decision`), from its GPUs and the other
+  nodes' fresh live files; ``on`` warns, then after ``idle.cancel_grace_min``
+  runs ``scancel <id>`` once.
 """
 
 from __future__ import annotations
@@ -53,9 +39,8 @@ _METRIC_KEEP = ("n", "weight_s", "wsum", "min", "max", "gap_s", "vsum")
 # ----------------------------------------------------------------------------- the live file (pure parts)
 
 def compact_metric(m: dict) -> dict:
-    """A metric aggregate (``Metric.to_dict``) without its histogram and with
-    only the keys :func:`gsrun.report.summary.gpu_record` reads (thresholds
-    and time above them are kept where there are any)."""
+    """A ``Metric.to_dict`` with only the keys
+    :func:`gsrun.report.summary.gpu_record` reads (no histogram)."""
     out = {k: m[k] for k in _METRIC_KEEP if k in m and m[k] not in (0, 0.0, None)}
     if m.get("thresholds"):
         out["thresholds"] = list(m["thresholds"])
@@ -65,12 +50,10 @@ def compact_metric(m: dict) -> dict:
 
 def live_doc(state_json: dict, job_env: dict, now: float, all_idle_since: float | None,
              findings: list[dict], alerts: list[str], cancel: dict | None) -> dict:
-    """The live node file's content. ``state_json``: the sampler state as
-    :func:`gsrun.node.sampler.state_to_json` gives it (timelines are dropped
-    here). ``job_env``: ``node``, ``job_id``, ``cpus_on_node``, ``gpus``,
-    ``prolog_time`` (what :func:`gsrun.report.summary.node_summary` needs).
-    ``all_idle_since``: epoch seconds since which every GPU of the job on this
-    node has been idle, None when one is busy or unknown. Pure. Shape::
+    """The live node file's content. Pure. ``state_json``: the sampler state
+    (timelines dropped here); ``job_env``: what
+    :func:`gsrun.report.summary.node_summary` needs; ``all_idle_since``: epoch
+    s since every GPU here is idle, or None. Shape::
 
         {"kind": "live", "version": 1, "job_id", "node", "written": epoch s,
          "job_env": {...}, "state": <sampler state, aggregates only>,
@@ -78,10 +61,8 @@ def live_doc(state_json: dict, job_env: dict, now: float, all_idle_since: float 
          "alerts": ["line", ...], "cancel": {"action", "reason", "time"} | null}
     """
     st = dict(state_json)
-    st.pop("cpu_timeline", None)
-    st.pop("watch", None)
-    st.pop("waste_findings", None)
-    st.pop("live_actions", None)
+    for k in ("cpu_timeline", "watch", "waste_findings", "live_actions"):
+        st.pop(k, None)
     gpus = []
     for g in state_json.get("gpus") or ():
         d = {k: v for k, v in g.items() if k not in ("timeline", "metrics")}
@@ -100,9 +81,8 @@ def live_doc(state_json: dict, job_env: dict, now: float, all_idle_since: float 
 
 
 def alert_line(finding: dict, node: str, start_time: float) -> str:
-    """``GPU 0 on gpu01 idle since 10:02:03 (12.5 min)``: one line for a
-    detector finding (``since_s`` / ``detected_s``: seconds since the sampler
-    started at ``start_time``, epoch). Pure (local time of the node)."""
+    """``GPU 0 on gpu01 idle since 10:02:03 (12.5 min)`` for a finding
+    (``since_s``/``detected_s`` after ``start_time``, epoch). Pure."""
     code = str(finding.get("code") or "")
     what = FINDING_WORDS.get(code, code.replace("_", " "))
     since = finding.get("since_s")
@@ -117,9 +97,7 @@ def alert_line(finding: dict, node: str, start_time: float) -> str:
 
 
 def job_fields_from_record(rec: dict | None) -> dict | None:
-    """``partition``, ``qos``, ``user``, ``account``, ``interactive``
-    (``BatchFlag=0``) and ``mail_user`` of a parsed ``scontrol -o show job``
-    record, or None. Pure."""
+    """The cancel's fields of a parsed ``scontrol -o show job`` record, or None. Pure."""
     if not rec:
         return None
 
@@ -132,10 +110,8 @@ def job_fields_from_record(rec: dict | None) -> dict | None:
 
 
 def job_idle_since(mine: float | None, others: list[dict | None], now: float, stale_s: float) -> float | None:
-    """Epoch seconds since which every GPU of the job has been idle: the
-    latest of this node's and the other nodes' ``all_idle_since``; None when
-    any node is busy, has no live file, or its file is older than
-    ``stale_s`` (unknown is never idle). Pure."""
+    """Epoch seconds since which every GPU of the job is idle (the latest of
+    the nodes'); None when a node is busy, silent or older than ``stale_s``. Pure."""
     if mine is None:
         return None
     latest = mine
@@ -176,20 +152,15 @@ def run_scancel(job_id: str, timeout_s: float) -> tuple[bool, str]:
     return True, "scancel accepted"
 
 
-#: What the idle cancel decides with when the exemption fields cannot be read
-#: as one record (:func:`gsrun.facts.slurm.parse_exemption_record` None):
-#: exemptions are allow-lists, so a record that does not parse exempts nothing.
+#: The exemption fields of a record that does not parse: exempt from nothing (allow-lists)
 NOT_EXEMPT = {"partition": None, "qos": None, "user": None, "account": None, "interactive": False,
               "unparsable": True}
 
 
 def read_cancel_fields(job_id: str, timeout_s: float) -> dict | None:
-    """The job for :func:`gsrun.request.waste.cancel_decision`: ``partition``,
-    ``qos``, ``user``, ``account``, ``interactive`` from ``squeue``
-    (:func:`gsrun.facts.slurm.exemption_argv`: fields no user text can break)
-    and ``mail_user`` from the job record. An answer that does not parse is
-    :data:`NOT_EXEMPT`; None when Slurm could not be asked (asked again at the
-    next flush)."""
+    """The job for :func:`gsrun.request.waste.cancel_decision`: its exemption
+    fields from ``squeue`` (:data:`NOT_EXEMPT` when they do not parse) and
+    ``mail_user`` from the job record; None when Slurm could not be asked."""
     try:
         cp = run_slurm(exemption_argv(job_id), timeout_s, check=False)
     except SlurmError:
@@ -223,11 +194,8 @@ def _watches(state: dict) -> list:
 
 
 class LiveActions:
-    """The sampler's while-the-job-runs effects (module doc). ``idle_cfg``:
-    :class:`gsrun.request.waste.IdleConfig` (None: only the live file).
-    Injectable: ``clock``, ``job_record`` (:func:`read_cancel_fields`' shape),
-    ``scancel`` (``job_id -> (ok, detail)``), ``kick`` (start the mail
-    flush), ``log`` (a :class:`gsrun.base.log.JobLog`-like callable)."""
+    """The sampler's while-the-job-runs effects (module doc); ``idle_cfg``
+    None: only the live file. ``scancel``: ``job_id -> (ok, detail)``."""
 
     def __init__(self, spool_dir, job_id: str, node: str, uid: int, idle_cfg=None, live_flush_s: float = 30.0,
                  command_timeout_s: float = 15.0, clock=time.time, job_record=None, scancel=None, kick=None,
@@ -253,8 +221,7 @@ class LiveActions:
 
     # -- facts this node has
     def _prolog(self) -> dict | None:
-        """The prolog record of this node (written when the prolog ends, so
-        maybe not yet at the first flush): job env, prolog time."""
+        """This node's prolog record (maybe not yet written at the first flush)."""
         if self.prolog is None:
             rec = read_json(self.spool_dir / "jobs" / self.job_id / f"prolog-{self.node}.json")
             if rec and isinstance(rec.get("job"), dict):
@@ -306,8 +273,7 @@ class LiveActions:
             self.log.warn(f"live: {type(e).__name__}: {e}")
 
     def node_idle_since(self, state: dict) -> float | None:
-        """Epoch seconds since which all of this node's job GPUs are idle (the
-        detector's :func:`gsrun.request.waste.all_idle_since`), None if not."""
+        """Epoch seconds since which all of this node's job GPUs are idle, or None."""
         ws = _watches(state)
         if not ws or self.idle_cfg is None:
             return None
@@ -328,9 +294,7 @@ class LiveActions:
         self.last_write = now
 
     def _active_conditions(self, state: dict, new: list[dict]) -> set[str]:
-        """The alert conditions that hold on this node now: a GPU's detection
-        still true (:attr:`GpuWatch.active <gsrun.request.waste.GpuWatch.active>`)
-        or one new this flush."""
+        """The alert conditions that hold on this node now (still active, or new this flush)."""
         codes = {d.get("code") for w in _watches(state) if hasattr(w, "active") for d in w.active}
         codes |= {f.get("code") for f in new}
         return {CONDITIONS[c] for c in codes if c in CONDITIONS}

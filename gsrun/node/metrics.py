@@ -2,19 +2,12 @@
 the per-job textfile (:mod:`gsrun.node.metrics_textfile`) and the node
 daemon's HTTP endpoint (:mod:`gsrun.node.metrics_http`). Pure.
 
-Both are built from :class:`GpuReading` values (one per GPU per job holding
-it; at the endpoint also one per GPU no job holds): :func:`job_readings` makes
-them from a sampler's state (window means between two calls),
-:func:`job_samples` / :func:`gpu_samples` turn them into the series of
-:data:`JOB_SERIES` / :data:`GPU_SERIES`, :func:`families` into
-``prometheus_client`` families.
-
-Job series labels (:func:`gpu_labels`): ``job_id`` (``""`` without a job, as
-dcgm-exporter's ``hpc_job``), ``user`` (left out with ``metrics.user_label =
-false``), ``node`` (Slurm's), ``gpu`` (gres index = ``/dev/nvidiaN`` minor;
-``""`` when unknown), ``uuid`` (when known), ``mig_instance`` (a MIG
-device's UUID). GPU series have ``node``, ``gpu``, ``uuid``, ``mig_instance``.
-An unknown value is left out, never written as 0.
+:func:`job_readings` makes :class:`GpuReading` values from a sampler's state;
+:func:`job_samples` / :func:`gpu_samples` turn them into :data:`JOB_SERIES` /
+:data:`GPU_SERIES`. Labels (:func:`gpu_labels`): ``job_id`` (``""`` without a
+job, as dcgm-exporter's ``hpc_job``), ``user`` (unless ``metrics.user_label =
+false``), ``node``, ``gpu`` (the ``/dev/nvidiaN`` minor), ``uuid``,
+``mig_instance``. An unknown value is left out, never written as 0.
 """
 
 from __future__ import annotations
@@ -23,23 +16,16 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, NamedTuple
 
-# The textfile's gauges are window means between two flushes; the endpoint's
-# cover the monitor's last poll interval. Each output appends its window.
+# The window each output's gauges cover, appended to their help
 WINDOW_TEXTFILE = ", mean over the last sampler flush window"
 WINDOW_HTTP = ", over the last sampler interval (sampler.interval_s)"
 
 
 @dataclass(frozen=True, slots=True)
 class GpuReading:
-    """One GPU's figures for the job holding it (``job_id`` None: no job).
-    Every figure may be None = unknown. ``gres_index``: ``/dev/nvidiaN`` minor;
-    ``uuid`` (``MIG-...`` for a MIG device), ``name``: NVML's;
-    ``mig_instance``: the MIG device UUID; ``user``: the job user's name.
-    Gauges: ``util_pct``, ``sm_active_pct``, ``tensor_active_pct`` (0-100),
-    ``mem_used_bytes``, ``mem_total_bytes``, ``power_w``, ``temperature_c``.
-    ``energy_j`` (counter, J): since the job started on the GPU, or for no
-    job since the driver loaded. ``idle``: the job's idle detector's verdict
-    (None: no detector state)."""
+    """One GPU's figures for the job holding it (``job_id`` None: no job);
+    None = unknown. ``energy_j``: since the job started on the GPU (no job:
+    since the driver loaded); ``idle``: the idle detector's verdict."""
 
     gres_index: int | None
     uuid: str | None = None
@@ -60,10 +46,8 @@ class GpuReading:
 
 @dataclass(frozen=True, slots=True)
 class Series:
-    """One exported family: ``name`` as exposed, ``kind``, the
-    :class:`GpuReading` ``field``, ``per`` (divisor: 100 for % -> ratio),
-    ``help``, ``windowed`` (each output appends its window), ``doc`` (the
-    docs' table) and ``http_note`` (the endpoint's help only)."""
+    """One exported family: ``per`` divides the :class:`GpuReading` ``field``
+    (100: % -> ratio); ``doc`` is the docs' table text, ``http_note`` the endpoint's."""
 
     name: str
     kind: str
@@ -262,10 +246,8 @@ def gpu_samples(readings: Iterable[GpuReading], node: str) -> list[Sample]:
 
 
 def families(samples: list[Sample], series: tuple[Series, ...], window: str, http: bool = False) -> list:
-    """``prometheus_client`` metric families of ``samples`` (each of one of
-    ``series``), in table order, families with no sample left out. Help:
-    the series' help, plus ``window`` for a windowed gauge, plus its
-    ``http_note`` when ``http``."""
+    """``prometheus_client`` families of ``samples`` in ``series`` order (empty
+    ones left out); help with ``window`` for a windowed gauge."""
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
     out = {}

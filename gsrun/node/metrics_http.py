@@ -1,25 +1,10 @@
 """The node daemon's Prometheus endpoint: every GPU of the node, with job labels.
 
-The monitor hands :class:`GpuCollector` a callable ``readings() ->
-list[GpuReading]``: one reading per GPU per job holding it and one per GPU no
-job holds (``job_id=""``, as dcgm-exporter leaves ``hpc_job`` empty). At each
-scrape it yields :data:`gsrun.node.metrics.JOB_SERIES` (the textfile's names
-and labels) and :data:`~gsrun.node.metrics.GPU_SERIES`, plus:
-
-==================================  =======  ====================================================
-``gsrun_gpu_info``                  gauge    1 per GPU; labels ``node``, ``gpu``, ``uuid``,
-                                             ``mig_instance``, ``name`` (the model)
-``gsrun_exporter_info``             gauge    1; label ``version`` (gsrun's)
-``gsrun_exporter_scrape_success``   gauge    1 when ``readings()`` answered at this scrape, else 0
-``gsrun_exporter_errors_total``     counter  ``readings()`` calls that raised, since the start
-``gsrun_exporter_readings_dropped`` gauge    readings left out at this scrape; label ``cause``:
-                                             ``over_cap`` or ``bad`` (:func:`admit`)
-==================================  =======  ====================================================
-
-Cardinality is bounded: at most 64 x (16 x 7 job series + 3 GPU series) + 5
-series (:data:`MAX_GPUS`, :data:`MAX_JOBS_PER_GPU`). The registry is its own:
-no Python process or GC series (systemd and node_exporter report the daemon),
-so the series list is exactly the documented one.
+At each scrape :class:`GpuCollector` yields :data:`gsrun.node.metrics.JOB_SERIES`
+and :data:`~gsrun.node.metrics.GPU_SERIES` of the monitor's ``readings()`` (a
+GPU no job holds has ``job_id=""``), ``gsrun_gpu_info{name}`` and the
+``gsrun_exporter_*`` series (docs/ADMIN.md). At most 64 x (16 x 7 + 3) + 5
+series (:data:`MAX_GPUS`, :data:`MAX_JOBS_PER_GPU`); its own registry.
 """
 
 from __future__ import annotations
@@ -83,12 +68,9 @@ def _good(r) -> bool:
 
 
 class GpuCollector:
-    """A ``prometheus_client`` collector of the module doc's families.
-    ``readings()`` runs in the HTTP threads at each scrape: cheap and
-    thread-safe (the last poll's list). ``node``: the Slurm node name;
-    ``user_label``: ``metrics.user_label``. Never raises: a failing
-    ``readings()`` gives no GPU series, ``scrape_success 0``, one more
-    ``errors_total`` and one stderr line per cause."""
+    """A ``prometheus_client`` collector of the module doc's families;
+    ``readings()`` runs in the HTTP threads at each scrape. Never raises: a
+    failing ``readings()`` gives ``scrape_success 0`` and one stderr line per cause."""
 
     def __init__(self, readings: Callable[[], Sequence[GpuReading]], node: str, user_label: bool = True):
         from gsrun import __version__
@@ -281,11 +263,9 @@ def _bind(address: str, port: int, app) -> WSGIServer:
 
 def start_http(address: str, port: int, collector) -> Endpoint:
     """Serve ``collector`` on ``address``:``port`` from a daemon thread, every
-    path, in the text format (``make_wsgi_app`` on its own registry; gzip when
-    asked). ``address``: ``""`` = every address (IPv6 and IPv4), else an
-    address or a host name (resolved now); ``port`` 0: any (tests). Not
-    ``start_http_server``: before prometheus_client 0.20 it returns no port and
-    no way to stop, and it has no connection limit or timeout.
+    path (``make_wsgi_app``, with a connection limit and timeout).
+    ``address``: ``""`` = every address, else an address or host name;
+    ``port`` 0: any (tests).
 
     Raises:
         NodeError: the address cannot be bound: the port is in use (dcgm-exporter

@@ -1,14 +1,10 @@
 """Per-job GPU metrics through node_exporter's textfile collector.
 
 With ``[metrics] textfile_dir`` set, the sampler writes
-``<textfile_dir>/gsrun_job_<jobid>.prom`` at each state flush and the epilog
-removes it: :data:`gsrun.node.metrics.JOB_SERIES` per GPU of the job (at most
-:data:`~gsrun.node.metrics.SERIES_PER_GPU`), gauges the mean over the window
-since the previous write, unknown values left out. Written atomically, mode
-``metrics.textfile_mode`` (0640) and group ``metrics.textfile_group`` (default
-the directory's: node_exporter reads through the group), not fsync'd (worth
-nothing after a crash); the temp name ``.gsrun_job_<jobid>.prom.<pid>.<hex>``
-does not end in ``.prom``, so the collector never reads half a file.
+``<textfile_dir>/gsrun_job_<jobid>.prom`` (:data:`gsrun.node.metrics.JOB_SERIES`
+per GPU, gauges the mean since the previous write) at each flush and the
+epilog removes it. Atomic (the temp name does not end in ``.prom``), mode
+``metrics.textfile_mode``, group ``metrics.textfile_group``, not fsync'd.
 """
 
 from __future__ import annotations
@@ -88,12 +84,9 @@ def user_label(uid: int | None) -> str:
 
 
 class TextfileExporter:
-    """The sampler's export hook: ``exporter(state)`` at each flush writes
-    ``<directory>/gsrun_job_<jobid>.prom`` (atomic, ``mode``, group ``gid``
-    when root and not None). ``user`` None: no ``user`` label. It never raises:
-    a write that fails (directory missing, disk full, read-only) is one
-    warning on the node monitor's stderr (the daemon's journal) per cause, and the
-    sampler carries on."""
+    """The sampler's export hook: ``exporter(state)`` writes the job's
+    ``.prom`` file (group ``gid`` when root). ``user`` None: no ``user`` label.
+    Never raises: a failed write is one stderr warning per cause."""
 
     def __init__(self, directory: str, job_id: str, user: str | None, mode: int = FILE_MODE,
                  gid: int | None = None):
@@ -155,11 +148,10 @@ def textfile_gid(directory: str, group: str) -> int | None:
 
 
 def remove_job_file(directory: str, job_id: str) -> list[str]:
-    """Remove the job's ``.prom`` file and left temp files of it (exact names
-    only, :func:`is_our_file`; no link followed). Idempotent. -> names removed.
+    """Remove the job's ``.prom`` file and its temp files (:func:`is_our_file`;
+    no link followed). Idempotent. -> names removed.
 
     Raises:
-        OSError: the directory cannot be listed or a file cannot be removed
-            (permissions, read-only file system)."""
+        OSError: the directory cannot be listed or a file removed (permissions, read-only)."""
     check_job_id(job_id, phase="metrics")
     return sorted(unlink_names(directory, lambda name: is_our_file(name, job_id)))

@@ -1,15 +1,11 @@
 """Per-job MIG layouts: plan (pure), apply in the prolog, undo in the epilog.
 
-Facts: the GPU-instance profile table (``nvmlDeviceGetGpuInstanceProfileInfo``
-per profile index: ``id``, ``sliceCount``, ``instanceCount``,
-``memorySizeMB``, ``name``; ``nvmlDeviceGetGpuInstancePossiblePlacements``:
-``(start, size)`` in memory slices), through :mod:`gsrun.node.mig_nvml` or the
-``gsrun.facts.nvml`` key ``"gpu_instance_profiles"``. Decision:
-:func:`plan_layout`. Effects: :func:`prolog_apply` journals each GPU's prior
-MIG state (``<state_dir>/<job_id>/mig.json``, a :mod:`gsrun.node.journal` of
-kind ``mig``, locked) before changing it and rolls back on any failure;
-:func:`epilog_restore` and :func:`restore_crashed` bring it back. A GPU that
-cannot be brought back gets its node drained (injected ``drain(reason)``).
+Facts: the profile table (``nvmlDeviceGetGpuInstanceProfileInfo``,
+``nvmlDeviceGetGpuInstancePossiblePlacements``) through
+:mod:`gsrun.node.mig_nvml` or the nvml key ``"gpu_instance_profiles"``.
+:func:`prolog_apply` journals each GPU's prior state
+(``<state_dir>/<job_id>/mig.json``, locked) before changing it and rolls back
+on failure; a GPU that cannot be brought back drains the node.
 """
 
 from __future__ import annotations
@@ -32,16 +28,13 @@ JOURNAL_NAME = "mig.json"
 JOURNAL_VERSION = 1
 
 
-# --------------------------------------------------------------------------
-# facts -> plain data
-# --------------------------------------------------------------------------
+# -------------------- facts -> plain data
 
 @dataclass(frozen=True)
 class Profile:
-    """One GPU-instance profile. ``index``: the NVML profile enum passed to
-    ``nvmlDeviceGetGpuInstanceProfileInfo``; ``id``: the profile id NVML wants
-    for placements/creation; ``placements``: ``((start, size), ...)`` in memory
-    slices; ``memory_mb``: ``memorySizeMB``."""
+    """One GPU-instance profile: ``index`` the NVML profile enum, ``id`` the
+    profile id for placements and creation, ``placements`` ``((start, size),
+    ...)`` in memory slices, ``memory_mb`` NVML's ``memorySizeMB``."""
 
     index: int
     id: int
@@ -86,13 +79,11 @@ def short_name(nvml_name: str) -> str:
 
 def profile_table(raw: dict) -> ProfileTable:
     """Profile table from the recorded/NVML form ``{"<index>": {"info": {...},
-    "possible_placements": {"ok": ["[0, 1]", ...]}} | {"error", "code"}}``.
-    Profiles NVML answered with an error (Not Supported) are left out, and so
-    are profiles whose placements could not be read.
+    "possible_placements": {"ok": ["[0, 1]", ...]}} | {"error", "code"}}``;
+    profiles with an error or no placements are left out.
 
     Raises:
-        InputError: ``raw`` is not a mapping (no MIG support: NVML answered
-            Not Supported for the whole table).
+        InputError: ``raw`` is not a mapping (no MIG support).
     """
     if not isinstance(raw, dict):
         raise InputError("mig", "no MIG profile table", f"NVML answered {raw}",
@@ -112,14 +103,11 @@ def profile_table(raw: dict) -> ProfileTable:
     return ProfileTable(tuple(sorted(out, key=lambda p: p.index)))
 
 
-# --------------------------------------------------------------------------
-# decision: the planner
-# --------------------------------------------------------------------------
+# -------------------- decision: the planner
 
 @dataclass(frozen=True)
 class Placed:
-    """One GPU instance of a plan: profile, placement ``[start, start+size)``
-    in memory slices."""
+    """One GPU instance of a plan, at memory slices ``[start, start+size)``."""
 
     name: str
     profile_id: int
@@ -151,8 +139,8 @@ def _where(placements) -> str:
 
 
 def _ordinal(n: int) -> str:
-    return {1: "first", 2: "second", 3: "third", 4: "fourth", 5: "fifth", 6: "sixth",
-            7: "seventh", 8: "eighth"}.get(n, f"#{n}")
+    words = ("first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth")
+    return words[n - 1] if 1 <= n <= len(words) else f"#{n}"
 
 
 def _refuse(layout: str, detail: str, table: ProfileTable) -> InputError:
@@ -162,15 +150,13 @@ def _refuse(layout: str, detail: str, table: ProfileTable) -> InputError:
 
 def plan_layout(table: ProfileTable | dict, layout: str | list[tuple[int, str]]) -> Plan:
     """Non-overlapping placements for every instance of ``layout`` on a GPU
-    with profile table ``table`` (or its raw NVML form). Pure: largest
-    instances first, each profile's placements in NVML's order, so
-    ``4g.71gb+3g.71gb`` gets ``[0,4)`` and ``[4,8)``.
+    with profile table ``table`` (or its raw form). Pure: largest first, each
+    in NVML's order (``4g.71gb+3g.71gb`` gets ``[0,4)`` and ``[4,8)``).
 
     Raises:
-        InputError: a bad layout; a profile the GPU lacks (the hint lists its
-            profiles); over ``instanceCount``, compute or memory slices; or no
-            arrangement fits (the detail names the instance, where it could go
-            and what took those slices).
+        InputError: a bad layout; a profile the GPU lacks; over
+            ``instanceCount``, compute or memory slices; or no arrangement fits
+            (the detail names the instance and what took its slices).
     """
     if isinstance(table, dict):
         table = profile_table(table)
@@ -245,8 +231,7 @@ def plan_layout(table: ProfileTable | dict, layout: str | list[tuple[int, str]])
 
 
 def format_plan(plan: Plan, gpu: int | None = None, gpu_name: str | None = None) -> str:
-    """The plan as text: one line per instance with its memory slices, profile
-    id, compute slices and memory, and a slice map (``AAAABBCC``)."""
+    """The plan as text: a line per instance and a slice map (``AAAABBCC``)."""
     head = f"MIG plan for {plan.layout}"
     if gpu is not None:
         head += f" on GPU {gpu}" + (f" ({gpu_name})" if gpu_name else "")
@@ -268,16 +253,13 @@ def format_plan(plan: Plan, gpu: int | None = None, gpu_name: str | None = None)
 
 
 def resolve_layout(text: str, named: dict[str, str] | None = None) -> str:
-    """A site-named layout (config ``mig.layouts``) -> its text; anything else
-    is returned unchanged (and parsed later)."""
+    """A site-named layout (config ``mig.layouts``) -> its text; else ``text``."""
     if named and text in named:
         return named[text]
     return text
 
 
-# --------------------------------------------------------------------------
-# effects: apply / restore with a journal
-# --------------------------------------------------------------------------
+# -------------------- effects: apply / restore with a journal
 
 def _journal_path(state_dir, job_id: str) -> Path:
     job_id = check_job_id(str(job_id), array=True, phase="mig")
@@ -285,14 +267,12 @@ def _journal_path(state_dir, job_id: str) -> Path:
 
 
 def _journal(path: Path) -> Journal:
-    """The job's MIG journal (kind ``mig``), locked: a ``gsrun-node restore``
-    and the epilog never restore the same GPUs at once."""
+    """The job's MIG journal, locked (restore and epilog never race)."""
     return Journal(path, "mig")
 
 
 def _read_state(backend: MigBackend, gpu: int) -> dict:
-    """Prior state of one GPU: ``{"mode": [cur, pend], "gis": [{"profile_id",
-    "start", "size", "cis": [{"profile_id", "start", "size"}]}]}``."""
+    """``{"mode": [cur, pend], "gis": [{"profile_id", "start", "size", "cis": [{...}]}]}``."""
     cur, pend = backend.mig_mode(gpu)
     gis = []
     if cur == 1:
@@ -329,8 +309,7 @@ def _restore_gpu(backend: MigBackend, gpu: int, prior: dict, log) -> None:
     """Bring ``gpu`` back to ``prior`` (see :func:`_read_state`). Idempotent.
 
     Raises:
-        NodeError: the GPU does not read back as ``prior`` afterwards (for
-            example MIG mode stays pending until a GPU reset).
+        NodeError: it does not read back as ``prior`` (a mode pending a reset).
         MigNvmlError: an NVML call failed.
     """
     now = _read_state(backend, gpu)
@@ -387,18 +366,13 @@ def prolog_apply(mig_backend: MigBackend, state_dir, job_id, gpu_indices: list[i
                  drain: Callable[[str], None] | None = None, log: Callable[[str], None] = print,
                  exclusive: bool = True, holders: Callable[[int], list] | None = None,
                  named: dict[str, str] | None = None) -> dict:
-    """Cut each of the job's GPUs (NVML indices) into ``layout`` (or a
-    site-named layout of ``named``): check exclusivity and idle GPUs, plan
-    each, journal the prior state, enable MIG mode, replace the instances with
-    the plan's (one full compute instance each), journaling every step. Any
-    failure rolls back to the journal; a failed rollback calls ``drain``.
-
-    Returns:
-        ``{"devices": [MIG UUIDs for CUDA_VISIBLE_DEVICES, GPUs in the given
-        order], "gpus": {index: [uuid, ...]}, "plans": {index: Plan}, "journal": path}``.
+    """Cut each of the job's GPUs (NVML indices) into ``layout`` (or its
+    name in ``named``), journaling every step; a failure rolls back, a failed
+    rollback calls ``drain``. -> ``{"devices": [MIG UUIDs in GPU order],
+    "gpus": {index: [uuid]}, "plans": {index: Plan}, "journal": path}``.
 
     Raises:
-        InputError: a bad layout, a layout this GPU cannot hold, a bad job id.
+        InputError: a bad layout, one this GPU cannot hold, a bad job id.
         NodeError: node not exclusive, processes on a GPU, MIG mode blocked
             (pending reset, a client holding the GPU), or an NVML failure
             (rolled back; ``drained`` in the detail if the rollback failed).
@@ -553,23 +527,17 @@ def _restore_path(mig_backend, path: Path, job_id: str, drain, log) -> dict:
 
 def epilog_restore(mig_backend: MigBackend, state_dir, job_id, drain: Callable[[str], None] | None = None,
                    log: Callable[[str], None] = print) -> dict:
-    """Bring the job's GPUs back to the journaled MIG state, check it reads
-    back, remove the journal. Idempotent. Never raises for a GPU problem: it
-    gets ``drain(reason)`` and the journal stays for ``gsrun-node restore``.
-
-    Returns:
-        ``{"restored": True, "gpus": [...]}``; ``{"restored": False, "reason":
-        "no MIG journal"}`` when the job had no layout; or ``{"restored":
-        False, "drained": True, "reason": ..., "failures": [...]}``.
+    """Bring the job's GPUs back to the journaled MIG state and remove the
+    journal. Idempotent; a GPU problem drains (the journal stays) instead of raising.
+    -> ``{"restored": True, "gpus"}``, ``{"restored": False, "reason": "no MIG
+    journal"}`` or ``{"restored": False, "drained": True, "reason", "failures"}``.
     """
     return _restore_path(mig_backend, _journal_path(state_dir, job_id), str(job_id), drain, log)
 
 
 def restore_crashed(mig_backend: MigBackend, state_dir, log: Callable[[str], None] = print,
                     drain: Callable[[str], None] | None = None, keep_jobs=()) -> dict:
-    """:func:`epilog_restore` for every ``<state_dir>/<job>/mig.json`` left
-    behind (a prolog died, an epilog never ran, a reboot), but ``keep_jobs``
-    (still running). -> ``{job_id: result}``."""
+    """:func:`epilog_restore` for every ``mig.json`` left but ``keep_jobs`` -> ``{job_id: result}``."""
     out = {}
     base = Path(state_dir)
     if not base.is_dir():
@@ -586,17 +554,14 @@ def restore_crashed(mig_backend: MigBackend, state_dir, log: Callable[[str], Non
     return out
 
 
-# --------------------------------------------------------------------------
-# gsrun-node mig plan (read-only)
-# --------------------------------------------------------------------------
+# -------------------- gsrun-node mig plan (read-only)
 
 def cli_plan(gpu_index: int, layout: str, hostfs=None, named: dict[str, str] | None = None,
              mig_backend: MigBackend | None = None) -> str:
-    """Text for ``gsrun-node mig plan --gpu N LAYOUT``, from read-only NVML
-    calls (a fake host root: its ``nvml.json``; live: :class:`RealMig`).
+    """Text for ``gsrun-node mig plan --gpu N LAYOUT`` (read-only NVML).
 
     Raises:
-        InputError: bad layout or a layout the GPU cannot hold (the reason).
+        InputError: a bad layout or one the GPU cannot hold.
         NodeError: NVML could not be read (no driver, no such GPU, no MIG).
     """
     text = resolve_layout(layout, named)

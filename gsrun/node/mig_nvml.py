@@ -1,14 +1,7 @@
 """MIG operations through NVML, behind one small interface.
 
-:class:`MigBackend` is everything :mod:`gsrun.node.mig` needs from the driver:
-read the MIG mode, the GPU-instance profile table, the instances that exist,
-the MIG devices' UUIDs and the GPU's compute processes; set the MIG mode;
-create and destroy GPU instances (GI) and compute instances (CI).
-
-:class:`RealMig` calls ``pynvml`` (``nvidia-ml-py``); the tests' backend is
-``tests/helpers/fake_mig.py``. Under a fake host root the prolog makes no MIG
-change and ``gsrun-node mig plan`` reads the tree's ``nvml.json``.
-
+:class:`MigBackend` is what :mod:`gsrun.node.mig` needs from the driver;
+:class:`RealMig` calls ``pynvml``, the tests use ``tests/helpers/fake_mig.py``.
 Every failure is a :class:`MigNvmlError` with the NVML return code. Shapes:
 
 - profile table: ``{"<profile index>": {"info": {"id", "sliceCount",

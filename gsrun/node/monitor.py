@@ -1,16 +1,10 @@
 """The node monitor: the one process of the node daemon that holds NVML.
 
-The node daemon (:mod:`gsrun.daemon.server`) forks it before anything opened
-NVML, and again whenever it ends. Every ``sampler.interval_s`` it polls every
-job's GPUs (one :class:`gsrun.node.sampler.Sampler` per job, one NVML handle)
-and the GPUs no job holds, runs each job's live effects
-(:class:`gsrun.node.live.LiveActions`) and feeds the Prometheus endpoint. The
-prolog says a job began, the epilog that it ended.
-
-Restart-safe: a job's state is ``<state_dir>/jobs/<id>/sampler.json`` and what
-it was begun with ``monitor.json`` beside it; a monitor that starts takes up
-every job with a ``monitor.json`` from its last flush, the time between
-counted as gap, never as zero.
+Every ``sampler.interval_s`` it polls every job's GPUs (a
+:class:`~gsrun.node.sampler.Sampler` per job) and the idle ones, runs the live
+effects and feeds the Prometheus endpoint. A job's begin request is kept in
+``<state_dir>/jobs/<id>/monitor.json``; a new monitor takes up every such job
+from its ``sampler.json`` (the time between counted as gap).
 
 Protocol: ``<state_dir>/monitor.sock`` (``AF_UNIX`` stream, mode 0600 in the
 root-owned state dir; the peer must have the monitor's uid). One request
@@ -48,6 +42,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import psutil
 
@@ -89,9 +84,8 @@ def socket_path(state_dir) -> str:
 # ----------------------------------------------------------------------------- requests (pure)
 
 def read_mem_baseline(nv, gres_indices: list[int]) -> dict[int, int]:
-    """gres index -> GPU memory "used" before the job's processes start, for
-    GPUs whose binding has only the v1 memory call (no ``reserved``: v1 counts
-    the driver's reservation as used; the sampler subtracts it)."""
+    """gres index -> v1 memory "used" (bytes) before the job starts, for GPUs
+    without ``reserved`` (v1 counts the driver's reservation; the sampler subtracts it)."""
     by_minor, _lost = index_by_minor(nv)
     out = {}
     for g in gres_indices:
@@ -103,8 +97,7 @@ def read_mem_baseline(nv, gres_indices: list[int]) -> dict[int, int]:
 
 
 def check_begin(req: dict) -> dict:
-    """A ``begin`` request's fields, checked. -> ``{"job_id", "uid", "node",
-    "gpus", "dma_latency_us"}``.
+    """A ``begin`` request's fields, checked (``gpus`` sorted, unique).
 
     Raises:
         ValueError: a field missing or outside its allow-list (the text says which).
@@ -113,16 +106,21 @@ def check_begin(req: dict) -> dict:
     gpus, dma = req.get("gpus", []), req.get("dma_latency_us")
     if not is_job_id(job_id):
         raise ValueError(f"job_id {job_id!r} is not a job id")
-    if not (isinstance(uid, int) and not isinstance(uid, bool) and 0 <= uid < 2 ** 32):
+    if not _int_in(uid, 0, 2 ** 32):
         raise ValueError(f"uid {uid!r} is not a uid")
     if not is_node_name(node):
         raise ValueError(f"node {node!r} is not a node name")
     if not (isinstance(gpus, list) and len(gpus) <= MAX_GPUS
-            and all(isinstance(g, int) and not isinstance(g, bool) and 0 <= g < 4096 for g in gpus)):
+            and all(_int_in(g, 0, 4096) for g in gpus)):
         raise ValueError(f"gpus: a list of at most {MAX_GPUS} gres indices 0-4095")
-    if dma is not None and not (isinstance(dma, int) and not isinstance(dma, bool) and 0 <= dma <= MAX_DMA_US):
+    if dma is not None and not _int_in(dma, 0, MAX_DMA_US + 1):
         raise ValueError(f"dma_latency_us {dma!r}: 0-{MAX_DMA_US} or null")
     return {"job_id": job_id, "uid": uid, "node": node, "gpus": sorted(set(gpus)), "dma_latency_us": dma}
+
+
+def _int_in(v, low: int, high: int) -> bool:
+    """``v`` is an int (not a bool) in ``[low, high)``."""
+    return isinstance(v, int) and not isinstance(v, bool) and low <= v < high
 
 
 def check_mem_baseline(value) -> dict[str, int]:
@@ -131,7 +129,7 @@ def check_mem_baseline(value) -> dict[str, int]:
     if not isinstance(value, dict) or len(value) > MAX_GPUS:
         return {}
     ok = {k: v for k, v in value.items() if isinstance(k, str) and k.isdigit() and len(k) <= 4
-          and isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2 ** 50}
+          and _int_in(v, 0, 2 ** 50)}
     return ok if len(ok) == len(value) else {}
 
 
@@ -146,8 +144,8 @@ def parse_request(line: bytes) -> dict:
 # ----------------------------------------------------------------------------- client
 
 def ask(state_dir, request: dict, timeout_s: float = 10.0, wait_s: float = CONNECT_WAIT_S) -> dict:
-    """Send ``request`` to the monitor of ``state_dir`` -> its answer; one not
-    listening yet (its daemon restarting) is waited for up to ``wait_s``.
+    """Send ``request`` to the monitor of ``state_dir`` -> its answer, waiting
+    up to ``wait_s`` for one not listening yet (its daemon restarting).
 
     Raises:
         NodeError: no monitor listens within ``wait_s`` (the node daemon is not
@@ -204,9 +202,8 @@ def _connect(path: str, wait_s: float):
 
 
 class RemoteNvml:
-    """A hook's NVML backend (``count``/``get``/``close``): each read is a
-    ``get`` to the monitor. A key outside :data:`REMOTE_KEYS` or no answer
-    reads as :class:`~gsrun.facts.nvml.NA` (the caller's fallback applies)."""
+    """A hook's NVML backend: each read a ``get`` to the monitor; a key outside
+    :data:`REMOTE_KEYS` or no answer reads as :class:`~gsrun.facts.nvml.NA`."""
 
     def __init__(self, state_dir, timeout_s: float = 5.0):
         self.state_dir, self.timeout_s = state_dir, timeout_s
@@ -227,7 +224,7 @@ class RemoteNvml:
 
     def count(self) -> int:
         n = self._ask({"key": "count"})
-        return n if isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= MAX_GPUS else 0
+        return n if _int_in(n, 0, MAX_GPUS + 1) else 0
 
     def get(self, index: int, key: str, **kw):
         if key not in REMOTE_KEYS or kw:
@@ -242,8 +239,7 @@ class RemoteNvml:
 
 @dataclass
 class Job:
-    """A sampled job: its sampler, its C-state hold (an open
-    ``/dev/cpu_dma_latency``), its polls failed in a row."""
+    """A sampled job: its sampler, its C-state hold (open ``/dev/cpu_dma_latency``)."""
 
     sampler: Sampler
     user: str | None = None
@@ -256,8 +252,7 @@ class Job:
 
 class Monitor:
     """The NVML holder and every job's sampler; :meth:`serve` until SIGTERM.
-    Injectable: ``nvml`` (a backend), ``clock``, ``usage`` (the samplers'),
-    ``config_loader()`` (the site config, read again at each begin)."""
+    ``config_loader()``: the site config, read again at each begin."""
 
     def __init__(self, hostfs: HostFS, paths: Paths, cfg, nvml=None, clock=time.time, log=None,
                  config_loader=None, usage=None):
@@ -305,8 +300,7 @@ class Monitor:
 
     def begin(self, job: dict, resumed: bool = False) -> dict:
         """Start sampling ``job`` (:func:`check_begin`'s dict), continuing a
-        state found; the first poll comes after the answer (:meth:`poll_begun`:
-        PCIe reads take 20 ms windows, never on the prolog's path)."""
+        state found; the first poll comes after the answer (:meth:`poll_begun`)."""
         job_id = job["job_id"]
         if job_id in self.jobs:
             return {"ok": True, "resumed": True, "gpus": len(self.jobs[job_id].sampler.refs), "notes": []}
@@ -342,14 +336,12 @@ class Monitor:
         return {"ok": True, "resumed": resumed, "gpus": len(s.refs), "notes": entry.notes}
 
     def get(self, index, key) -> dict:
-        """One read-only NVML fact for a hook (:data:`REMOTE_KEYS`); ``index``
-        None: the device count."""
+        """One read-only NVML fact for a hook; ``index`` None: the device count."""
         if self.nv is None:
             return {"ok": True, "na": self.nvml_error or "NVML not opened", "code": None}
         if index is None and key == "count":
             return {"ok": True, "value": self._count()}
-        if key not in REMOTE_KEYS or not (isinstance(index, int) and not isinstance(index, bool)
-                                          and 0 <= index < MAX_GPUS):
+        if key not in REMOTE_KEYS or not _int_in(index, 0, MAX_GPUS):
             raise ValueError(f"get: {key!r} of device {index!r} is not served")
         v = self.nv.get(index, key)
         if is_na(v):
@@ -429,7 +421,7 @@ class Monitor:
 
     # -- sampling --------------------------------------------------------------
     def readopt(self) -> list[str]:
-        """Take up the jobs with a ``monitor.json`` (root's, checked as a request) -> their ids."""
+        """Take up the jobs with a root-owned ``monitor.json``, checked as a request -> their ids."""
         base = self.paths.state_dir / "jobs"
         out = []
         try:
@@ -461,16 +453,14 @@ class Monitor:
         return out
 
     def tick(self) -> None:
-        """One poll of every job's GPUs and of the GPUs no job holds; a failed
-        poll is logged and costs only that job a gap."""
+        """One poll of every job's GPUs and of the idle ones (a failure costs that job a gap)."""
         for job_id, entry in list(self.jobs.items()):
             self._sample(job_id, entry)
         self._sample_idle()
         self.latest = self.readings()
 
     def readings(self) -> list[GpuReading]:
-        """This tick's endpoint figures: each job's GPUs (means since the last
-        tick), then every GPU no job holds."""
+        """This tick's endpoint figures: each job's GPUs (means since the last tick), then the idle GPUs."""
         out: list[GpuReading] = []
         for entry in self.jobs.values():
             try:
@@ -505,8 +495,7 @@ class Monitor:
                 self.log(f"job {job_id}: sample failed ({entry.errors}x): {type(e).__name__}: {e}")
 
     def _retry_irqs(self, job_id: str, node: str) -> None:
-        """Once per job, :data:`IRQ_RETRY_AFTER_S` in: write again the IRQs the
-        kernel refused at the prolog (in a thread: it may wait for the tuning lock)."""
+        """Write again the IRQs the kernel refused at the prolog (a thread: it may wait for the lock)."""
         try:
             out = tuning.retry_skipped_irqs(self.hostfs, str(self.paths.state_dir), job_id,
                                             prolog_record=self.paths.spool_job(job_id) / f"prolog-{node}.json",
@@ -517,8 +506,7 @@ class Monitor:
             self.log(f"job {job_id}: IRQ retry failed: {e}")
 
     def poll_begun(self) -> None:
-        """The first poll of the jobs begun since the last call (each job's
-        state exists from its first flush on)."""
+        """The first poll of the jobs begun since the last call."""
         while self.first_polls:
             job_id = self.first_polls.pop(0)
             if job_id in self.jobs and self.jobs[job_id].sampler.state["samples"] == 0:
@@ -559,8 +547,7 @@ class Monitor:
 
     # -- loop ----------------------------------------------------------------------
     def serve(self, listener) -> int:
-        """Poll on schedule and answer requests until SIGTERM/SIGINT (or the
-        parent daemon ended); then flush every job and exit 0."""
+        """Poll and answer until SIGTERM/SIGINT or the daemon's end; then flush every job."""
         stop: list[int] = []
         r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(w, warn_on_full_buffer=False)
@@ -652,11 +639,7 @@ def _scaled(v, k: float) -> float | None:
 
 
 def listen(path: str):
-    """A listening socket at ``path`` (mode 0600) in a directory of this uid closed to others.
-
-    Raises:
-        NodeError: the directory is missing or open to others.
-    """
+    """A listening socket at ``path`` (0600). Raises NodeError: the directory is missing or open to others."""
     unixsock.check_dir(path, "monitor", "the node's state directory must exist (gsrun-node install makes it)",
                        "chown root and chmod go-w it")
     return unixsock.bind_private(path, 64)[0]
@@ -672,22 +655,17 @@ def die_with_parent() -> None:
 
 def run(host_root: str | None = None, state_dir: str | None = None, spool_dir: str | None = None,
         nvml=None, node_name: str | None = None, metrics_port: int | None = None) -> int:
-    """The monitor process's body. ``node_name``: the series' ``node`` label
-    (default the short host name); ``metrics_port``: instead of ``[metrics]
-    http_port`` (hosts with several slurmd). -> exit status."""
+    """The monitor process's body -> exit status. ``node_name``: the series'
+    ``node`` label (default the short host name); ``metrics_port`` overrides
+    ``[metrics] http_port`` (hosts with several slurmd)."""
     die_with_parent()
-
-    class _Err:
-        @staticmethod
-        def error(msg: str) -> None:
-            print(f"gsrun: monitor: {msg}", file=sys.stderr, flush=True)
-
-    cfg = load_config_or_defaults(_Err)
+    errors = SimpleNamespace(error=lambda msg: print(f"gsrun: monitor: {msg}", file=sys.stderr, flush=True))
+    cfg = load_config_or_defaults(errors)
     paths = Paths.from_config(cfg, state_dir, spool_dir)
     os.makedirs(paths.state_dir, mode=0o755, exist_ok=True)
     listener = listen(socket_path(paths.state_dir))
     mon = Monitor(HostFS.from_env(host_root), paths, cfg, nvml=nvml,
-                  config_loader=lambda: load_config_or_defaults(_Err))
+                  config_loader=lambda: load_config_or_defaults(errors))
     taken = mon.readopt()
     endpoint = None
     try:
@@ -705,8 +683,7 @@ def run(host_root: str | None = None, state_dir: str | None = None, spool_dir: s
 
 
 def _endpoint(cfg, mon: Monitor, node: str, port: int | None):
-    """The Prometheus endpoint (``[metrics] http_port``, or ``port`` when given;
-    0 = off) serving :attr:`Monitor.latest`."""
+    """The Prometheus endpoint serving :attr:`Monitor.latest` (port 0: off)."""
     port = int(cfg["metrics.http_port"]) if port is None else port
     if port == 0:
         return None

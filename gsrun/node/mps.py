@@ -1,8 +1,5 @@
-"""A per-job NVIDIA MPS control daemon: started by the prolog as the job's
-user, private pipe/log directories, used by the job's tasks, gone after the
-epilog.
-
-Layout (field case 19, docs/field-cases.md)::
+"""A per-job NVIDIA MPS control daemon, started by the prolog as the job's
+user and gone after the epilog. Layout (field case 19, docs/field-cases.md)::
 
     <mps_dir>                 root:root  0711  (traversable, not listable)
     <mps_dir>/<jobid>/        uid:gid    0700  a tmpfs of its own (JOB_DIR_BYTES, JOB_DIR_INODES)
@@ -10,24 +7,14 @@ Layout (field case 19, docs/field-cases.md)::
     <mps_dir>/<jobid>/log/    uid:gid    0700  CUDA_MPS_LOG_DIRECTORY
     <state_dir>/mps-<jobid>.json          root 0600  journal (gsrun.node.journal, kind "mps")
 
-The job directory is the one place of root's node files the user writes, so
-it is a capped tmpfs (:func:`_mount_job_dir`): on ``/run`` a job could
-otherwise fill root's runtime filesystem and fail other jobs' prologs. Every
-ancestor must be traversable by the user (``nvidia-cuda-mps-server`` runs as
-the user; a 0700 parent made it crash-loop in bottlerocket #4673).
-
-The daemon runs as the user with an allow-listed environment,
-``CUDA_VISIBLE_DEVICES`` = the job's GPUs and ``CUDA_DEVICE_ORDER=PCI_BUS_ID``
-(an index means the NVML index, field case 10). :func:`stop` asks it to
-``quit`` (bounded: attached clients make ``quit`` block), then signals only
-the recorded PIDs (checked by creation time and uid) and ``nvidia-cuda-mps-*``
-processes of the job's uid whose ``CUDA_MPS_PIPE_DIRECTORY`` is the job's:
-never by name alone (field cases 17-19). A zombie counts as gone.
-
-What the real daemon leaves (H200, driver 580, CUDA 13.0):
-``pipe/{control, control_lock, control_privileged, log,
-nvidia-cuda-mps-control.pid}`` and ``log/{control.log, server.log}``; the comm
-name of control and server is ``nvidia-cuda-mps``.
+The job directory, the one place of root's files the user writes, is a
+capped tmpfs so a job cannot fill ``/run``; every ancestor must be traversable
+by the user (a 0700 parent crash-loops the server: bottlerocket #4673). The
+daemon gets an allow-listed environment with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``
+(field case 10). :func:`stop` never signals by name alone (field cases 17-19).
+The real daemon (H200, driver 580, CUDA 13.0) leaves ``pipe/{control,
+control_lock, control_privileged, log, nvidia-cuda-mps-control.pid}`` and
+``log/{control.log, server.log}``; its comm name is ``nvidia-cuda-mps``.
 """
 
 from __future__ import annotations
@@ -78,13 +65,11 @@ _POLL_S = 0.05
 
 def requested_pct(environ: Mapping[str, str], option_value: str | None) -> int | None:
     """The active thread percentage a job asked for, 1-100, or None: the
-    smaller of ``option_value`` (``--gs-mps[=PCT]``; None: not given, then
-    ``SPANK_GS_MPS``; ``""``: no PCT) and Slurm's ``gres/mps`` share
-    ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` (a user option may only narrow it).
+    smaller of ``option_value`` (``--gs-mps[=PCT]``; None: ``SPANK_GS_MPS``;
+    ``""``: no PCT) and Slurm's ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``.
 
     Raises:
-        InputError: a value that is not an integer 1-100 (``--gs-mps=150``,
-            ``--gs-mps=abc``; likely a typo): :func:`gsrun.request.mps_share.parse_mps_share`.
+        InputError: not an integer 1-100 (``--gs-mps=150``; likely a typo).
     """
     opt = option_value if option_value is not None else environ.get("SPANK_GS_MPS")
     pct_opt = parse_mps_share(opt, "--gs-mps") if opt is not None else None
@@ -95,8 +80,7 @@ def requested_pct(environ: Mapping[str, str], option_value: str | None) -> int |
 
 
 def task_env(job_id: str, mps_dir: str) -> dict[str, str]:
-    """``CUDA_MPS_PIPE_DIRECTORY`` / ``CUDA_MPS_LOG_DIRECTORY`` of the job's
-    daemon (``<mps_dir>/<jobid>/{pipe,log}``), for its tasks.
+    """The tasks' ``CUDA_MPS_PIPE_DIRECTORY`` / ``CUDA_MPS_LOG_DIRECTORY``.
 
     Raises:
         InputError: ``job_id`` is not a Slurm job id (digits).
@@ -115,17 +99,11 @@ def daemon_env(user_env: Mapping[str, str], gpus: list[str], pipe_dir: str, log_
                active_thread_pct: int | None, pinned_mem_limit: str | None,
                caller_env: Mapping[str, str]) -> dict[str, str]:
     """The daemon's whole environment (pure): fixed PATH, the user's HOME/USER/
-    LOGNAME, LANG/LC_ALL/TZ from ``caller_env`` when harmless, and the MPS
-    variables. Nothing else of the caller's environment."""
+    LOGNAME, harmless LANG/LC_ALL/TZ from ``caller_env``, the MPS variables."""
     env = {"PATH": SAFE_PATH, **user_env}
-    for k in ENV_PASS:
-        v = caller_env.get(k)
-        if v is not None and _ENV_VALUE_RE.fullmatch(v):
-            env[k] = v
-    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-    env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
-    env["CUDA_MPS_PIPE_DIRECTORY"] = pipe_dir
-    env["CUDA_MPS_LOG_DIRECTORY"] = log_dir
+    env.update((k, v) for k in ENV_PASS if (v := caller_env.get(k)) is not None and _ENV_VALUE_RE.fullmatch(v))
+    env.update(CUDA_DEVICE_ORDER="PCI_BUS_ID", CUDA_VISIBLE_DEVICES=",".join(gpus),
+               CUDA_MPS_PIPE_DIRECTORY=pipe_dir, CUDA_MPS_LOG_DIRECTORY=log_dir)
     if active_thread_pct is not None:
         env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(active_thread_pct)
     if pinned_mem_limit:
@@ -156,8 +134,7 @@ def _check_inputs(gpus, active_thread_pct, pinned_mem_limit, timeout_s) -> None:
 # ---------------------------------------------------------------- facts
 
 def _user_facts(uid: int, gid: int) -> tuple[dict[str, str], list[int]]:
-    """HOME/USER/LOGNAME and the supplementary groups of ``uid`` (from the
-    passwd/group databases); a uid without an entry gets HOME=/ and only gid."""
+    """HOME/USER/LOGNAME and the groups of ``uid``; without a passwd entry HOME=/ and ``gid``."""
     try:
         pw = pwd.getpwuid(uid)
     except KeyError:
@@ -203,8 +180,7 @@ def _proc_key(p: psutil.Process) -> dict:
 
 
 def _recorded(entries: Iterable[dict], uid: int | None) -> list[psutil.Process]:
-    """Journal PIDs that are still the same process (creation time equal) and,
-    when known, of the job's uid; their descendants too (MPS servers)."""
+    """Journal PIDs still the same process (creation time) of ``uid``, with their descendants."""
     out = []
     for e in entries or ():
         try:
@@ -224,10 +200,8 @@ def _recorded(entries: Iterable[dict], uid: int | None) -> list[psutil.Process]:
 def find_job_processes(pipe_dir: str, uid: int | None,
                        recorded: Iterable[dict] = ()) -> list[psutil.Process]:
     """Live (not zombie) processes of one job's MPS daemon: recorded PIDs
-    (same creation time and uid) and their descendants, and processes named
-    ``nvidia-cuda-mps*`` (comm or the first two ``cmdline`` words) whose
-    ``CUDA_MPS_PIPE_DIRECTORY`` is ``pipe_dir`` and (``uid`` given) whose real
-    uid is ``uid``. Never by name alone; another user's environ needs root."""
+    (same creation time and uid) with their descendants, and ``nvidia-cuda-mps*``
+    processes of ``uid`` whose ``CUDA_MPS_PIPE_DIRECTORY`` is ``pipe_dir``."""
     want = os.path.normpath(pipe_dir)
     found: dict[int, psutil.Process] = {p.pid: p for p in _recorded(recorded, uid)}
     for p in psutil.process_iter():
@@ -265,8 +239,7 @@ def _read_pid_file(pipe_dir: str) -> int | None:
 # ---------------------------------------------------------------- effects
 
 def _as_user_kwargs(uid: int, gid: int, groups: list[int]) -> dict:
-    """subprocess kwargs that drop to uid/gid/groups in the child (setgroups,
-    setregid, setreuid done by CPython before exec; no shell, no preexec)."""
+    """subprocess kwargs that drop to uid/gid/groups in the child before exec."""
     if os.geteuid() == 0:
         return {"user": uid, "group": gid, "extra_groups": groups}
     if uid != os.geteuid():
@@ -277,10 +250,8 @@ def _as_user_kwargs(uid: int, gid: int, groups: list[int]) -> dict:
 
 
 def _journal(path: Path) -> Journal:
-    """The job's MPS journal (kind ``mps``, root 0600). Unlocked: only the job's
-    prolog and epilog (serialised by slurmd) and ``gsrun-node restore`` write
-    it, :func:`stop` is idempotent, and a node-wide lock would queue every
-    job's stop behind another's quit timeout."""
+    """The job's MPS journal (root 0600); unlocked: only the job's own hooks
+    (serialised by slurmd) and ``gsrun-node restore`` write it."""
     return Journal(path, "mps", uid=0 if os.geteuid() == 0 else None)
 
 
@@ -288,32 +259,24 @@ def start(job_id: str, uid: int, gid: int, gpus: list[str], mps_dir: str, state_
           active_thread_pct: int | None, pinned_mem_limit: str | None, control_bin: str,
           timeout_s: float, set_compute_mode: Callable[[str, int], int] | None = None,
           log: Callable[[str], None] = print) -> dict:
-    """Start the job's MPS control daemon (prolog, as root): make the
-    directories with :func:`gsrun.base.fsutil.ensure_dir` (a planted symlink
-    or foreign directory is refused), journal, set each GPU EXCLUSIVE_PROCESS
-    when ``set_compute_mode(gpu, mode) -> prior`` is given (site
-    ``mps.exclusive_process``; prior journaled first), run ``<control_bin> -d``
-    as uid/gid with :func:`daemon_env`, wait ``timeout_s`` for the control
-    socket, and journal the daemon's PID and creation time. ``gpus``: NVML
-    indices (PCI order) or GPU-/MIG- UUIDs.
-
-    Returns:
-        ``{"job_id", "pipe_dir", "log_dir", "job_dir", "pids": [int],
-        "env": task_env(...), "compute_mode_prior": {gpu: mode}}``.
+    """Start the job's MPS control daemon (prolog, as root): directories,
+    journal, each GPU EXCLUSIVE_PROCESS via ``set_compute_mode(gpu, mode) ->
+    prior`` (journaled first), ``<control_bin> -d`` as uid/gid, then wait
+    ``timeout_s`` for the control socket. -> ``{"job_id", "pipe_dir",
+    "log_dir", "job_dir", "pids", "env", "compute_mode_prior"}``.
 
     Raises:
         InputError: bad job id, GPU identifier, percentage, pinned limit.
         NodeError: planted/foreign directory, an ancestor the user cannot
-            traverse, control binary missing, daemon did not come up within
-            ``timeout_s`` (driver not loaded, GPU in PROHIBITED mode, a
-            wedged driver). On failure everything done so far is undone.
+            traverse, control binary missing, daemon not up within
+            ``timeout_s`` (driver not loaded, GPU PROHIBITED, wedged driver);
+            everything done so far is undone.
     """
     check_job_id(job_id, phase="mps")
     _check_inputs(gpus, active_thread_pct, pinned_mem_limit, timeout_s)
     jpath = journal_path(job_id, state_dir)
     if _journal(jpath).load() is not None or _plain_dir_of(os.path.join(mps_dir, job_id), (0, uid)):
-        # A requeued job or a prolog run twice; a symlink or a foreign
-        # directory is not cleaned here: ensure_dir below refuses it.
+        # a requeued job or a prolog run twice (a symlink or foreign dir: ensure_dir refuses it)
         log(f"gsrun: mps: job {job_id}: stale MPS state found: cleaning it before starting")
         stop(job_id, mps_dir, state_dir, control_bin, timeout_s, set_compute_mode, log)
 
@@ -370,8 +333,7 @@ def start(job_id: str, uid: int, gid: int, gpus: list[str], mps_dir: str, state_
             "env": task_env(job_id, mps_dir), "compute_mode_prior": dict(j["compute_mode"])}
 
 
-#: Size and inode caps of the job's MPS directory (a tmpfs): the real daemon leaves five
-#: pipe files and two logs of a few KiB (probe.log on the H200).
+#: Size and inode caps of the job's MPS tmpfs (the daemon leaves 7 files of a few KiB)
 JOB_DIR_BYTES = 64 << 20
 JOB_DIR_INODES = 1024
 _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 2, 4, 8
@@ -386,10 +348,7 @@ def _libc():
 
 def _mount_job_dir(path: Path, uid: int, gid: int) -> None:
     """Mount the capped tmpfs (uid:gid 0700, nosuid, nodev, noexec) on ``path``.
-
-    Raises:
-        NodeError: the mount failed (no CAP_SYS_ADMIN: a container).
-    """
+    Raises NodeError: the mount failed (no CAP_SYS_ADMIN: a container)."""
     import ctypes
 
     opts = f"size={JOB_DIR_BYTES},nr_inodes={JOB_DIR_INODES},mode=0700,uid={int(uid)},gid={int(gid)}"
@@ -402,8 +361,7 @@ def _mount_job_dir(path: Path, uid: int, gid: int) -> None:
 
 
 def _unmount_job_dir(path: Path) -> str | None:
-    """Detach the job directory's tmpfs when ``path`` is a mount point (not followed
-    when a symlink); -> why it could not be, or None."""
+    """Detach the job directory's tmpfs if mounted (no symlink) -> why it failed, or None."""
     import ctypes
 
     if not os.path.ismount(path) or os.path.islink(path):
@@ -439,8 +397,7 @@ def _resolve_bin(control_bin: str) -> str:
 
 
 def _check_ancestors(root_dir: Path, uid: int, groups: list[int]) -> None:
-    """Every directory from / down to ``root_dir`` must be traversable by uid
-    (field case 19, docs/field-cases.md)."""
+    """Every directory from / down to ``root_dir`` must be traversable by uid (field case 19)."""
     p = root_dir.resolve()
     for d in [p, *p.parents]:
         st = os.stat(d)
@@ -483,8 +440,7 @@ def _launch(binary: str, env: dict, as_user: dict, pipe_dir: str, uid: int,
 
 
 def _daemon_processes(pipe_dir: str, uid: int) -> list[psutil.Process]:
-    """The control daemon named by the pid file if it checks out (uid, name,
-    environ), else whatever :func:`find_job_processes` finds."""
+    """The pid file's control daemon if it checks out, else :func:`find_job_processes`'s."""
     pid = _read_pid_file(pipe_dir)
     if pid is not None:
         try:
@@ -499,8 +455,7 @@ def _daemon_processes(pipe_dir: str, uid: int) -> list[psutil.Process]:
 
 
 def _wait_gone(procs: list[psutil.Process], timeout_s: float) -> list[psutil.Process]:
-    """Poll until all are gone (exited or zombie) or ``timeout_s`` passes;
-    return the survivors."""
+    """Wait up to ``timeout_s`` for all to be gone -> the survivors."""
     deadline = time.monotonic() + max(0.0, timeout_s)
     alive = [p for p in procs if not _gone(p)]
     while alive and time.monotonic() < deadline:
@@ -523,20 +478,16 @@ def _signal(procs: list[psutil.Process], sig: int) -> list[int]:
 def stop(job_id: str, mps_dir: str, state_dir: str, control_bin: str, timeout_s: float,
          restore_compute_mode: Callable[[str, int], object] | None = None,
          log: Callable[[str], None] = print) -> dict:
-    """Stop the job's MPS daemon and remove its directories (epilog, as root;
-    ``gsrun-node restore``). Idempotent: ``quit`` as the user (``timeout_s``
-    for quit and wait), TERM, KILL (3 s each), restore each GPU's compute
-    mode (DEFAULT where the prior was never recorded), remove the job
-    directory; the journal is deleted only when all succeeded, so a later run
-    retries. Nothing found (MPS never started, or a reboot): ``"nothing"``.
+    """Stop the job's MPS daemon and remove its directories (epilog,
+    ``gsrun-node restore``). Idempotent: ``quit`` as the user, TERM, KILL,
+    restore each GPU's compute mode (DEFAULT where the prior is unknown),
+    remove the job directory; the journal goes only when all succeeded.
 
     Returns:
         ``{"job_id", "status": "stopped"|"nothing"|"incomplete", "quit":
-        "ok"|"timeout"|"skipped"|"rc N: ..."|"failed: ...", "ended": [pid],
-        "terminated": [pid], "killed": [pid], "leftover": [pid],
-        "compute_mode_restored": {gpu: mode}, "errors": [str],
-        "dir_removed": bool, "journal_kept": bool}``. Never raises for a
-    daemon that misbehaves; only for a bad ``job_id`` (InputError).
+        "ok"|"timeout"|"skipped"|"rc N: ..."|"failed: ...", "ended",
+        "terminated", "killed", "leftover" (pids), "compute_mode_restored",
+        "errors", "dir_removed", "journal_kept"}``. Raises only InputError (job id).
     """
     check_job_id(job_id, phase="mps")
     jpath = journal_path(job_id, state_dir)
@@ -588,21 +539,15 @@ def stop(job_id: str, mps_dir: str, state_dir: str, control_bin: str, timeout_s:
             log(f"gsrun: mps: job {job_id}: quit: {res['quit']}")
     elif procs:
         res["quit"] = "skipped: owner unknown"
-    # Processes may have appeared (servers) since the first look.
     procs = _merge(procs, find_job_processes(pipe_dir, uid, recorded))
     seen |= {p.pid for p in procs}
     left = _wait_gone(procs, timeout_s - (time.monotonic() - t0))
-    if left:
-        log(f"gsrun: mps: job {job_id}: still running after quit: pids "
-            f"{sorted(p.pid for p in left)}; sending TERM")
-        res["terminated"] = _signal(left, signal.SIGTERM)
-        left = _wait_gone(left, _TERM_WAIT_S)
-    left = _merge(left, find_job_processes(pipe_dir, uid, recorded))
-    if left:
-        res["killed"] = _signal(left, signal.SIGKILL)
-        log(f"gsrun: mps: job {job_id}: KILL pids {res['killed']}")
-        left = _wait_gone(left, _KILL_WAIT_S)
-    left = _merge(left, find_job_processes(pipe_dir, uid, recorded))
+    for sig, key, wait_s in ((signal.SIGTERM, "terminated", _TERM_WAIT_S), (signal.SIGKILL, "killed", _KILL_WAIT_S)):
+        if left:
+            res[key] = _signal(left, sig)
+            log(f"gsrun: mps: job {job_id}: {sig.name} pids {res[key]}")
+            left = _wait_gone(left, wait_s)
+        left = _merge(left, find_job_processes(pipe_dir, uid, recorded))
     res["leftover"] = sorted(p.pid for p in left)
     seen |= set(res["terminated"]) | set(res["killed"])
     res["ended"] = sorted(seen - set(res["leftover"]))

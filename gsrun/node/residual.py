@@ -1,25 +1,13 @@
 """Leftover GPU processes after a job (field case 17, docs/field-cases.md), ended by the epilog.
 
-Workers reparented to init after ``scancel`` (``proctrack/linuxproc`` does not
-follow them) can keep ~100 GB per GPU and make the next job OOM (sglang
-#23627). The epilog lists the compute processes on *this job's* GPUs, ends the
-job's, checks again, and reports ``Residual GPU processes`` (exit non-zero:
-slurmd drains the node) while GPU memory is still held.
-
-Facts: the job's GPUs by minor number (``SLURM_JOB_GPUS``) -> PCI bus id through
-NVML or ``/proc/driver/nvidia/gpus/<bdf>/information``, never by position
-(field cases 7, 8); the processes from NVML
-(``nvmlDeviceGetComputeRunningProcesses``), else ``nvidia-smi
---query-compute-apps=gpu_bus_id,pid,used_memory --format=csv,noheader,nounits``
-(MiB; bounded, own process group); never ``pmon`` or columns by position
-(deepops #1315 made an epilog run ``kill -9 Idx``): a line that is not exactly
-``<bus id>, <pid>, <MiB>`` is ignored; the owner from psutil (uid, parent,
-``SLURM_JOB_ID``, ``job_<id>`` in ``/proc/<pid>/cgroup``).
-
-Decision (:func:`select_targets`, pure): end only a process on the job's GPUs,
-of the job's user, with no sign of another job (field case 18); report the
-rest. Effect (:func:`end_processes`): SIGTERM, wait, SIGKILL, wait, by psutil
-handles (a recycled PID is never hit).
+Workers reparented to init after ``scancel`` can keep ~100 GB per GPU (sglang
+#23627). The epilog lists the compute processes on *this job's* GPUs (minor
+number -> PCI bus id through NVML or ``/proc/driver/nvidia/gpus``, never by
+position: field cases 7, 8), from ``nvmlDeviceGetComputeRunningProcesses``
+else :data:`SMI_ARGS` (never ``pmon`` or columns by position: deepops #1315),
+ends only the job user's with no sign of another job (field case 18) by
+psutil handles, checks again, and reports ``Residual GPU processes`` (the
+node drains) while GPU memory is still held.
 """
 
 from __future__ import annotations
@@ -50,8 +38,7 @@ _JOB_CGROUP = re.compile(r"/job_([0-9]{1,10})(?:/|$)")
 
 @dataclass
 class GpuProc:
-    """One compute process on a GPU: ``bus_id`` in sysfs form
-    (``0000:41:00.0``), ``used_bytes`` None when the driver does not say."""
+    """One compute process on a GPU (``bus_id`` ``0000:41:00.0``; ``used_bytes`` None: unknown)."""
 
     bus_id: str
     pid: int
@@ -108,8 +95,7 @@ def parse_proc_cgroup_job(text: str | None) -> str | None:
 # ---------------------------------------------------------------- facts
 
 def job_bus_ids(gres_indices: list[int] | None, nv, hostfs) -> tuple[dict[int, str], list[str]]:
-    """gres index (minor number) -> PCI bus id, from NVML then procfs.
-    Returns the map and notes for indices not found."""
+    """gres index (minor number) -> PCI bus id, from NVML then procfs; notes for those not found."""
     by_minor: dict[int, str] = {}
     if nv is not None:
         for minor, i in index_by_minor(nv)[0].items():
@@ -132,8 +118,7 @@ def job_bus_ids(gres_indices: list[int] | None, nv, hostfs) -> tuple[dict[int, s
 
 
 def list_nvml(nv, bus_ids: set[str]) -> list[GpuProc] | None:
-    """Compute processes on ``bus_ids`` via NVML; None if NVML cannot say
-    for one of them (then the caller asks nvidia-smi)."""
+    """Compute processes on ``bus_ids`` via NVML; None if NVML cannot say for one."""
     out = []
     seen = set()
     for i in range(nv.count()):
@@ -155,8 +140,7 @@ def list_nvml(nv, bus_ids: set[str]) -> list[GpuProc] | None:
 
 def list_smi(bus_ids: set[str], timeout_s: float = SMI_TIMEOUT_S, exe: str | None = None
              ) -> tuple[list[GpuProc] | None, str | None]:
-    """Compute processes on ``bus_ids`` via the nvidia-smi CSV query.
-    Returns (processes or None, why not)."""
+    """Compute processes on ``bus_ids`` via nvidia-smi -> (processes or None, why not)."""
     exe = exe or shutil.which("nvidia-smi")
     if exe is None:
         return None, "nvidia-smi not found"
@@ -201,10 +185,9 @@ def proc_facts(pid: int) -> ProcFacts:
 def select_targets(procs: list[GpuProc], bus_ids: set[str], job_id: str, uid: int,
                    facts: dict[int, ProcFacts], protect: set[int] = frozenset(),
                    live_jobs: set[str] | None = None) -> Decision:
-    """Which listed processes to end: on ``bus_ids``, of ``uid``, not in
-    another job's cgroup, not PID 1 or ``protect``-ed. A ``SLURM_JOB_ID`` in
-    the environment (the user's own text) protects only when that job is in
-    ``live_jobs`` (None: always)."""
+    """Which listed processes to end: on ``bus_ids``, of ``uid``, not in another
+    job's cgroup, not PID 1 or ``protect``-ed; another ``SLURM_JOB_ID`` (user
+    text) protects only a job in ``live_jobs`` (None: always)."""
     d = Decision()
     for p in procs:
         f = facts.get(p.pid)
@@ -235,8 +218,8 @@ def select_targets(procs: list[GpuProc], bus_ids: set[str], job_id: str, uid: in
 
 def end_processes(pids: list[int], uid: int, term_wait_s: float = TERM_WAIT_S,
                   kill_wait_s: float = KILL_WAIT_S) -> dict[int, str]:
-    """SIGTERM, wait, SIGKILL, wait, each PID checked to be ``uid``'s through a
-    psutil handle. -> pid -> terminated | killed | gone | survived | skipped."""
+    """SIGTERM, wait, SIGKILL, wait, ``uid``'s PIDs only, by psutil handles.
+    -> pid -> terminated | killed | gone | survived | skipped."""
     procs, res = [], {}
     for pid in pids:
         try:
@@ -271,8 +254,8 @@ def end_processes(pids: list[int], uid: int, term_wait_s: float = TERM_WAIT_S,
 
 
 def _still_held(p: GpuProc, job_id: str, live_jobs: set[str] | None = None) -> bool:
-    """After the kill: a listed process holds the GPU unless it is gone with
-    no memory, or it belongs to another running job (GPU sharing/shards)."""
+    """After the kill: a listed process holds the GPU unless gone with no
+    memory, or of another running job (GPU sharing)."""
     f = proc_facts(p.pid)
     if f.exists:
         other = [j for j in (f.cgroup_job_id,) if j is not None and j != job_id]
@@ -298,12 +281,9 @@ def cleanup(job_id: str, uid: int, gres_indices: list[int] | None, hostfs=None,
             log: Callable[[str], None] = print, smi_exe: str | None = None,
             live_jobs: set[str] | None = None, nv=None) -> dict:
     """The epilog step: list, decide, end, re-check. ``nv``: the NVML backend
-    (the monitor's :class:`gsrun.node.monitor.RemoteNvml`; None: opened here).
-
-    Returns ``{"gpus": {gres: bus}, "source", "found", "ended": {pid: result},
-    "skipped", "remaining", "ok", "reason", "notes"}``; ``ok`` False when a
-    process still holds a GPU (``Residual GPU processes: ...``) or none could
-    be listed (``cannot list GPU processes: ...``).
+    (None: opened here). -> ``{"gpus": {gres: bus}, "source", "found",
+    "ended": {pid: result}, "skipped", "remaining", "ok", "reason", "notes"}``;
+    ``ok`` False when a process still holds a GPU or none could be listed.
     """
     rep: dict = {"gpus": {}, "source": None, "found": [], "ended": {}, "skipped": [], "remaining": [],
                  "ok": True, "reason": None, "notes": []}

@@ -1,23 +1,15 @@
-"""A job's GPU/CPU sampler on one node: the node monitor (:mod:`gsrun.node.monitor`) keeps one per job.
+"""A job's GPU/CPU sampler on one node: the node monitor keeps one per job.
 
-Each ``sampler.interval_s``, for each of the job's GPUs through
-:mod:`gsrun.facts.nvml`: utilization from the driver's sample buffer since the
-previous poll (``nvmlDeviceGetSamples``; ``nvmlDeviceGetUtilizationRates``
-where unsupported), memory used (``nvmlDeviceGetMemoryInfo`` v2; v1 minus the
-per-GPU baseline read before the job: :func:`gsrun.node.monitor.read_mem_baseline`), the
-job's processes' GPU memory (``nvmlDeviceGetComputeRunningProcesses`` over the
-job's PIDs), power, the energy counter, SM clock, temperature, throttle
-reasons, PCIe and NVLink throughput, uncorrected ECC, Xid events and GPM
-metrics (Hopper); and the job's CPU time and memory from its cgroup
-(:mod:`gsrun.facts.cgroup`), else from its processes (psutil).
-
-State is O(1) in job length (:mod:`gsrun.facts.aggregate`); its file form,
-``sampler.json``, is typed in :mod:`gsrun.facts.sampler_state`
-(``schemas/sampler-state.schema.json``) and rewritten atomically every
-``sampler.flush_s`` and at the end. A lost GPU, a missing driver or an
-unsupported metric is recorded, never a crash; a reading that answered
-NOT_SUPPORTED is not polled again for the job; a silent energy counter is
-noted once (the summary then integrates power, marked estimated).
+Each ``sampler.interval_s``, per GPU through :mod:`gsrun.facts.nvml`:
+utilization (``nvmlDeviceGetSamples`` since the last poll, else
+``nvmlDeviceGetUtilizationRates``), memory used (``nvmlDeviceGetMemoryInfo``
+v2; v1 minus the baseline before the job), the job's processes' GPU memory
+(``nvmlDeviceGetComputeRunningProcesses``), power, energy, SM clock,
+temperature, throttle reasons, PCIe and NVLink throughput, uncorrected ECC,
+Xids and GPM (Hopper); the job's CPU and memory from its cgroup, else psutil.
+State is O(1) in job length; ``sampler.json`` (:mod:`gsrun.facts.sampler_state`)
+is rewritten every ``sampler.flush_s``. A lost GPU, missing driver or
+unsupported metric is recorded, never a crash; NOT_SUPPORTED is not polled again.
 """
 
 from __future__ import annotations
@@ -52,26 +44,22 @@ GAP_FACTOR = 2.0                    # a poll later than this x interval_s: the e
 GPU_READ_KEYS = ("memory", "power_mw", "energy_mj", "sm_clock_mhz", "temperature_c",
                  "throttle_reasons", "pcie_tx_kbs", "pcie_rx_kbs", "nvlink_kib", "ecc_uncorrected", "xid_events",
                  "compute_processes")
-# Left out of the final sample (the epilog's critical path): nvmlDeviceGetPcieThroughput
-# measures over 20 ms per call (TX and RX: ~40 ms per GPU on the H200); the PCIe figures get
-# a one-poll gap, never a 0. NVLink's counters are one field read (0.2 ms on the H200 VM).
+# Left out of the final sample (epilog's path): nvmlDeviceGetPcieThroughput takes 20 ms per call
 FINAL_LEAVE_OUT = ("pcie_tx_kbs", "pcie_rx_kbs")
 MEM_V2 = "nvmlDeviceGetMemoryInfo_v2"
 MEM_V1_BASELINE = "nvmlDeviceGetMemoryInfo v1 minus the prolog's baseline"
 
 
 def resolve_gpus(nv, gres_indices: list[int]) -> tuple[list[GpuRef], list[str]]:
-    """Slurm gres indices (minor numbers) -> (NVML refs, notes for indices with
-    no device: emulated gres, a GPU hidden from NVML)."""
+    """Slurm gres indices (minor numbers) -> (NVML refs, notes for those with no device)."""
     by_minor, lost = index_by_minor(nv)
     refs, notes = [], []
     unmatched = [g for g in gres_indices if g not in by_minor]
     for g in gres_indices:
         idx = by_minor.get(g)
         if idx is None:
-            # a device that answers GPU_IS_LOST cannot tell its minor number; when
-            # there are lost devices, the job's unmatched GPUs are counted lost
-            # (field case 16, docs/field-cases.md) rather than "no such device"
+            # a GPU_IS_LOST device has no minor number: unmatched GPUs count as lost
+            # (field case 16, docs/field-cases.md)
             is_lost = 0 < len(unmatched) <= lost
             refs.append(GpuRef(g, None, lost=is_lost))
             notes.append(f"gres index {g}: " + ("its GPU answers GPU_IS_LOST (fallen off the bus?)" if is_lost
@@ -97,8 +85,7 @@ def _v(x):
 
 
 def new_gpu_state(ref: GpuRef, timeline_points: int, mem_baseline_bytes: int | None = None) -> dict:
-    """A GPU's live state: aggregates as objects (see :func:`state_to_json`).
-    ``mem_baseline_bytes``: v1 memory "used" before the job (prolog), or None."""
+    """A GPU's live state, aggregates as objects (:func:`state_to_json`)."""
     return {
         "ref": ref.to_json(),     # a key not known (power_limit_w) is left out
         "metrics": {k: Metric(UTIL_THRESHOLDS_PCT if k == "util_pct" else (),
@@ -126,8 +113,7 @@ def new_gpu_state(ref: GpuRef, timeline_points: int, mem_baseline_bytes: int | N
 def new_state(job_id: str, node: str, refs: list[GpuRef], nvml_error: str | None, notes: list[str],
               t0: float, interval_s: float, timeline_points: int,
               mem_baseline: dict[int, int] | None = None) -> dict:
-    """The sampler's live state (objects inside; :func:`state_to_json` for disk).
-    ``mem_baseline``: gres index -> v1 memory used before the job (prolog)."""
+    """The sampler's live state (objects inside; :func:`state_to_json` for disk)."""
     mem_baseline = mem_baseline or {}
     return {
         "version": STATE_VERSION, "job_id": job_id, "node": node, "start_time": t0, "last_time": t0,
@@ -153,8 +139,7 @@ def state_to_json(state: dict, timelines: bool = True) -> dict:
         d["throttle_s"] = dict(g["throttle_s"])
         d["unsupported"] = dict(g["unsupported"])
         d["xid"] = list(g["xid"])
-        # the memory-baseline keys are written only when they say something, so a
-        # state without them is byte-identical to what older samplers wrote
+        # written only when they say something (a state without them is as older samplers wrote)
         for k in ("not_polled", "mem_baseline_bytes", "mem_source", "nvlink_prev"):
             if not d.get(k):
                 d.pop(k, None)
@@ -175,8 +160,7 @@ def state_to_json(state: dict, timelines: bool = True) -> dict:
 
 
 def state_from_json(d: dict, idle_cfg=None) -> dict:
-    """Inverse of :func:`state_to_json` (a restarted sampler continues); the
-    GPU watches run with ``idle_cfg`` (default :class:`IdleConfig`)."""
+    """Inverse of :func:`state_to_json`; the GPU watches run with ``idle_cfg``."""
     st = dict(d)
     st["gpus"] = []
     for g in d["gpus"]:
@@ -185,9 +169,8 @@ def state_from_json(d: dict, idle_cfg=None) -> dict:
         x["timeline"] = {k: Timeline.from_dict(v) for k, v in g["timeline"].items()}
         x["energy"] = Counter.from_dict(g["energy"])
         x.setdefault("not_polled", [])
-        x.setdefault("mem_baseline_bytes", None)
-        x.setdefault("mem_source", None)
-        x.setdefault("nvlink_prev", None)
+        for k in ("mem_baseline_bytes", "mem_source", "nvlink_prev"):
+            x.setdefault(k, None)
         st["gpus"].append(x)
     st["mem"] = dict(d["mem"], sampled=Metric.from_dict(d["mem"]["sampled"]))
     st["cpu_timeline"] = Timeline.from_dict(d["cpu_timeline"])
@@ -203,10 +186,8 @@ def state_from_json(d: dict, idle_cfg=None) -> dict:
 
 
 def read_gpu(nv, ref: GpuRef, since_us: int | None, skip=(), leave_out=()) -> dict:
-    """One poll of one GPU -> raw readings (values or NA). I/O only.
-    ``util_samples`` since ``since_us``; ``utilization`` only when the buffer
-    answers N/A; ``gpm`` only where supported. ``skip`` keys answer
-    NA("Not Supported") without a call; ``leave_out`` keys are not returned."""
+    """One poll of one GPU -> raw readings (values or NA); ``skip`` keys answer
+    NA("Not Supported") without a call, ``leave_out`` keys are not read."""
     i = ref.nvml_index
     gone = NA("Not Supported", NOT_SUPPORTED)
 
@@ -248,8 +229,7 @@ def update_gpu(g: dict, r: dict, t_rel_s: float, dt_s: float, gap_s: float = 0.0
         return None
     lost = _lost(r)
     if lost is not None:
-        # field case 16 (docs/field-cases.md): statistics cover only the time before;
-        # never a crash
+        # field case 16 (docs/field-cases.md): the statistics cover only the time before
         g["lost_at_s"] = t_rel_s
         g["lost_reason"] = lost.reason
         return None
@@ -269,11 +249,8 @@ def update_gpu(g: dict, r: dict, t_rel_s: float, dt_s: float, gap_s: float = 0.0
             unsupported[key] = f"unexpected value {v!r}"
             return None
 
-    # utilization: the driver's samples since the last poll (deduplicated by
-    # timestamp: the buffer returns anything newer than since_us, and a driver
-    # may repeat the boundary sample), averaged over the window. The first
-    # poll only sets the baseline: the buffer then holds samples from before
-    # the job started.
+    # utilization: the mean of the driver's samples since the last poll, one per timestamp;
+    # the first poll only sets the baseline (the buffer holds samples from before the job)
     util = None
     samples = r.get("util_samples")
     if isinstance(samples, list):
@@ -283,7 +260,6 @@ def update_gpu(g: dict, r: dict, t_rel_s: float, dt_s: float, gap_s: float = 0.0
         if fresh:
             g["last_sample_us"] = max(int(s[0]) for s in fresh)
             if baseline is not None:
-                # one value per timestamp (a repeated timestamp is one sample)
                 by_ts = {int(s[0]): float(s[1]) for s in fresh}
                 util = sum(by_ts.values()) / len(by_ts)
         elif baseline is None:
@@ -309,7 +285,6 @@ def update_gpu(g: dict, r: dict, t_rel_s: float, dt_s: float, gap_s: float = 0.0
         elif base is not None:
             mem_used = max(0.0, mem_used - float(base))
             g["mem_source"] = MEM_V1_BASELINE
-        # v1 alone (no baseline): "used" as read, as samplers before the baseline wrote it (no key written)
     procs = r.get("compute_processes")
     mem_procs = None
     gpu_pids = None
@@ -335,10 +310,7 @@ def update_gpu(g: dict, r: dict, t_rel_s: float, dt_s: float, gap_s: float = 0.0
         "pcie_rx_bytes_s": num("pcie_rx_kbs", 1024.0),
         "nvlink_tx_bytes_s": nvl_tx,
         "nvlink_rx_bytes_s": nvl_rx,
-        "sm_active_pct": gpm_ok.get("sm_active_pct"),
-        "sm_occupancy_pct": gpm_ok.get("sm_occupancy_pct"),
-        "tensor_active_pct": gpm_ok.get("tensor_active_pct"),
-        "dram_bw_pct": gpm_ok.get("dram_bw_pct"),
+        **{k: gpm_ok.get(k) for k in ("sm_active_pct", "sm_occupancy_pct", "tensor_active_pct", "dram_bw_pct")},
         "mem_procs_bytes": mem_procs,
     }
     for k, v in values.items():
@@ -374,11 +346,9 @@ def update_gpu(g: dict, r: dict, t_rel_s: float, dt_s: float, gap_s: float = 0.0
 
 
 def nvlink_rates(g: dict, reading, t_rel_s: float) -> tuple[float | None, float | None]:
-    """NVLink ``(tx, rx)`` bytes/s since ``g["nvlink_prev"]``, from the
-    ``nvlink_kib`` counters ``{"tx": KiB, "rx": KiB}`` (all links); the
-    reading becomes the next baseline. None, never 0, without a reading, for
-    an NA (baseline dropped), without a baseline or time since it, and for a
-    counter that went backwards (a driver reload or GPU reset)."""
+    """NVLink ``(tx, rx)`` bytes/s since ``g["nvlink_prev"]`` from the
+    ``nvlink_kib`` counters ``{"tx": KiB, "rx": KiB}`` (all links), which become
+    the next baseline. None, never 0, where unknown or a counter went back (reset)."""
     if reading is None:
         return None, None
     if is_na(reading):
@@ -406,11 +376,13 @@ def nvlink_rates(g: dict, reading, t_rel_s: float) -> tuple[float | None, float 
     return tx_s, rx_s
 
 
+_GONE = (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError)
+
+
 class JobProcs:
-    """CPU time and memory of the job's processes without a job cgroup
-    (``proctrack/linuxproc``): those whose environment holds
-    ``SLURM_JOB_ID=<id>`` and this ``SLURMD_NODENAME``. The CPU time of a
-    process that exited is kept."""
+    """CPU time and memory of the job's processes without a job cgroup: those
+    with ``SLURM_JOB_ID=<id>`` and this ``SLURMD_NODENAME`` in their environment
+    (an exited process's CPU time is kept)."""
 
     def __init__(self, job_id: str, uid: int | None, node: str | None = None):
         self.job_id = job_id
@@ -422,9 +394,8 @@ class JobProcs:
         self.current: set[int] = set()                # the job's PIDs at the last poll
 
     def poll(self, known_only: bool = False) -> tuple[float, int]:
-        """``(cumulative CPU seconds, current RSS bytes)`` of the job's processes.
-        ``known_only``: no scan for new ones (the final sample, in the epilog's
-        path: the scan is ~8 ms on an H200 node)."""
+        """``(cumulative CPU seconds, current RSS bytes)`` of the job's processes;
+        ``known_only``: no scan for new ones (~8 ms on an H200 node)."""
         rss = 0
         current: set[int] = set()
         for key, p in (self._known(psutil) if known_only else self._scan(psutil)):
@@ -433,7 +404,7 @@ class JobProcs:
                 self.seen[key] = ct.user + ct.system
                 rss += p.memory_info().rss
                 current.add(key[0])
-            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+            except _GONE:
                 continue
         self.rss_peak = max(self.rss_peak, rss)
         self.current = current
@@ -454,12 +425,11 @@ class JobProcs:
                         if time.time() - key[1] > 5.0:   # settled: not between fork and exec
                             self.other.add(key)
                         continue
-                    # several slurmd on one host (test clusters, multiple-slurmd):
-                    # only this node's tasks
+                    # several slurmd on one host: only this node's tasks
                     if self.node and env.get("SLURMD_NODENAME", self.node) != self.node:
                         self.other.add(key)
                         continue
-            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+            except _GONE:
                 continue
             yield key, p
 
@@ -470,14 +440,13 @@ class JobProcs:
                 p = psutil.Process(key[0])
                 if p.create_time() != key[1]:
                     continue
-            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+            except _GONE:
                 continue
             yield key, p
 
 
 def update_job(state: dict, cpu_time_s, mem_current, mem_peak, source: str, t_rel_s: float, dt_s: float):
-    """Fold the job's cumulative CPU seconds and memory bytes into the state.
-    Pure. ``mem_peak`` None (no kernel peak file): the highest sampled current."""
+    """Fold the job's CPU seconds and memory bytes in. Pure. ``mem_peak`` None: the highest sampled."""
     prev = state["cpu"]["time_s"]
     state["cpu"] = {"time_s": cpu_time_s, "source": source}
     sampled = state["mem"]["sampled"]
@@ -492,12 +461,11 @@ def update_job(state: dict, cpu_time_s, mem_current, mem_peak, source: str, t_re
 
 
 class Sampler:
-    """One job's sampling on this node: :meth:`poll` at each ``interval_s``,
-    :meth:`finish` at its end. Injectable: ``clock`` and ``sleep`` (tests run a
-    job of any length at once: :meth:`run`), ``nvml`` (a backend, or a callable
-    returning one), ``usage`` (``() -> (cpu_time_s, mem_current_bytes,
-    mem_peak_bytes, source)``). ``mem_baseline``: gres index -> v1 memory used
-    before the job. ``export(state)``: called after each flush, or None."""
+    """One job's sampling on this node: :meth:`poll` each ``interval_s``,
+    :meth:`finish` at its end. Injectable ``clock``, ``sleep``, ``nvml`` (a
+    backend or a callable returning one) and ``usage`` (``() -> (cpu_time_s,
+    mem_current_bytes, mem_peak_bytes, source)``). ``mem_baseline``: gres index
+    -> v1 memory used before the job. ``export(state)``: called after each flush."""
 
     export = None
 
@@ -525,8 +493,7 @@ class Sampler:
             refs, notes = resolve_gpus(self.nv, gres_indices)
             err = None
         except NvmlUnavailable as e:
-            # field case 15 (docs/field-cases.md): the job runs on; the GPU section says
-            # why it is empty
+            # field case 15 (docs/field-cases.md): the job runs on; the GPU section says why
             self.nv = None
             refs = [GpuRef(g, None) for g in gres_indices]
             notes, err = [f"NVML: {e}"], f"NVML init failed: {e.code_name}"
@@ -580,16 +547,14 @@ class Sampler:
         return set(self.procs.current)
 
     def sample_once(self, final: bool = False) -> None:
-        """One poll of every GPU and of the job's CPU/memory; the ``final``
-        one leaves out :data:`FINAL_LEAVE_OUT` and, without a job cgroup, the
-        scan for new job processes (:meth:`JobProcs.poll` ``known_only``)."""
+        """One poll of every GPU and of the job's CPU/memory; the ``final`` one
+        leaves out :data:`FINAL_LEAVE_OUT` and the scan for new processes."""
         now = self.clock()
         st = self.state
         dt = max(0.0, now - st["last_time"]) if st["samples"] else 0.0
         gap = 0.0
         if dt > GAP_FACTOR * self.interval_s:
-            # the sampler was not running (restart, stopped VM): the readings
-            # stand for one interval, the rest is gap time
+            # not running (restart, stopped VM): one interval of readings, the rest gap
             gap, dt = dt - self.interval_s, self.interval_s
             st["gap_s"] = st.get("gap_s", 0.0) + gap
         t_rel = now - st["start_time"]
@@ -645,13 +610,11 @@ class Sampler:
                 self.state["waste_findings_dropped"] = self.state.get("waste_findings_dropped", 0) + drop
 
     def _warn_energy(self, ref: GpuRef, g: dict) -> None:
-        """Note once per job and GPU that the energy counter gave nothing
-        (NOT_SUPPORTED, or another error for 3 polls): power is integrated."""
+        """Note once per GPU that the energy counter gave nothing: power is integrated."""
         why = g["unsupported"].get("energy_mj")
         if why is None or g["energy"].first is not None:
             return
-        # NOT_SUPPORTED is final; another error counts after 3 polls without a
-        # valid reading (an error on the first read that goes away is no news)
+        # NOT_SUPPORTED is final; another error only after 3 polls without a reading
         if "energy_mj" not in g.get("not_polled", ()) and g["metrics"]["power_w"].n + \
                 g["metrics"]["power_w"].gap_s / max(self.interval_s, 1e-9) < 3:
             return
@@ -668,9 +631,8 @@ class Sampler:
         return state_to_json(self.state)
 
     def flush(self, done: bool = False) -> None:
-        """Rewrite the state file atomically, compact JSON. The timelines (most
-        of the bytes) are re-encoded every :data:`TIMELINE_FLUSH_EVERY` flushes
-        and on the final one, spliced from a cache otherwise."""
+        """Rewrite the state file atomically; the timelines (most of the bytes)
+        are re-encoded every :data:`TIMELINE_FLUSH_EVERY` flushes and at the end."""
         self.state["done"] = done
         if done or self._tl_cache is None or self._flushes % TIMELINE_FLUSH_EVERY == 0:
             enc = {f"@@TL{i}@@": json.dumps({k: t.to_dict() for k, t in g["timeline"].items()},

@@ -1,26 +1,16 @@
 """The one step runner of the Slurm hooks (prolog, epilog, EpilogSlurmctld).
 
-A hook is an ordered table of :class:`Step` rows that :func:`run_steps` runs
-in order, owning what every hook shares:
+:func:`run_steps` runs a hook's table of :class:`Step` rows in order and owns:
 
-- **the budget**: a hard ``SIGALRM`` deadline raising :class:`BudgetExceeded`.
-  Each step may run until the hook's budget minus the ``reserve_s`` of every
-  later row (at least :data:`MIN_STEP_S`), so one wedged step cannot starve
-  the steps after it;
-- **the log lines**: ``<step>: begin`` / ``<step>: end (<s> s)`` /
-  ``<step>: failed after <s> s: <error>`` (none for a ``quiet`` row);
-- **the drain decision** (:attr:`Outcome.rc`). :data:`SETUP` (prolog): exit
-  non-zero only when a step raised :class:`NodeUnusable`; running out of
-  budget stops the hook without a drain. :data:`CLEANUP` (epilog): every step
-  runs; a step out of time (it may have left the node changed) and every
-  reason ``verdict(results)`` returns (a lost GPU, GPU memory still held) make
-  the hook exit 1, and slurmd drains the node.
+- the budget: a ``SIGALRM`` deadline per step, the hook's budget less the
+  ``reserve_s`` of every later row (at least :data:`MIN_STEP_S`);
+- the log lines ``<step>: begin`` / ``end (<s> s)`` / ``failed after <s> s: <error>``;
+- the drain decision (:attr:`Outcome.rc`): :data:`SETUP` (prolog) exits 1
+  only on :class:`NodeUnusable`; :data:`CLEANUP` (epilog) runs every step and
+  exits 1 for a step out of time or a ``verdict(results)`` reason.
 
-Fault injection (tests only, the one hook point left in production code):
-``GSRUN_FAULT_AT=<phase>:<step>`` SIGKILLs the hook just before that step,
-``<phase>:<step>:end`` just after it succeeded. Nothing is loaded from the
-environment; slurmd never sets the variable and users cannot (SPANK values
-reach the hook only with a ``SPANK_`` prefix).
+Fault injection (tests): ``GSRUN_FAULT_AT=<phase>:<step>[:end]`` SIGKILLs the
+hook before (after) that step; users cannot set it (SPANK values are prefixed).
 """
 
 from __future__ import annotations
@@ -41,23 +31,20 @@ CLEANUP = "cleanup"
 
 
 class BudgetExceeded(BaseException):
-    """A step's deadline passed (SIGALRM); a BaseException, so that no library's
-    ``except Exception`` swallows it."""
+    """A step's deadline passed (SIGALRM); a BaseException: no ``except Exception`` swallows it."""
 
 
 class NodeUnusable(Exception):
-    """A :data:`SETUP` step found that the node cannot run the job (NVML
-    driver/library mismatch): the hook stops and exits 1. ``str()`` is the reason."""
+    """A :data:`SETUP` step found the node cannot run the job (NVML mismatch): exit 1."""
 
 
 @dataclass(frozen=True, slots=True)
 class Step:
-    """One row of a hook's table. ``name``: log, fault-point and result key.
-    ``does``: one line for docs and ``--help``. ``reserve_s``: seconds kept for
-    this step out of the hook's budget. ``fn(ctx)`` returns a JSON-able result
-    (None: nothing recorded); ``when(ctx)``: run only if true. ``quiet``: no
-    begin/end lines. ``catch``: exceptions recorded as ``{"error": text}``
-    (None: the hook's)."""
+    """One row of a hook's table: ``name`` (log, fault-point and result key),
+    ``does`` (one line for docs), ``reserve_s`` (kept out of the hook's
+    budget), ``fn(ctx)`` -> JSON-able result or None, ``when(ctx)``,
+    ``quiet`` (no begin/end lines), ``catch`` (recorded as ``{"error": text}``;
+    None: the hook's)."""
 
     name: str
     does: str
@@ -70,9 +57,7 @@ class Step:
 
 @dataclass(slots=True)
 class Outcome:
-    """What :func:`run_steps` did: ``results`` (step name -> result or
-    ``{"error": text}``), ``reasons`` to drain, ``budget_exceeded`` (a SETUP
-    hook skipped the rest), the :class:`NodeUnusable` reason; ``rc`` 1: drain."""
+    """What :func:`run_steps` did; ``rc`` 1: drain."""
 
     results: dict = field(default_factory=dict)
     reasons: list[str] = field(default_factory=list)
@@ -89,14 +74,9 @@ def run_steps(phase: str, steps, ctx, log, *, rule: str, budget_s: float | None,
               results: dict | None = None, verdict: Callable[[dict], list[str]] | None = None,
               timeout_hint: str = "") -> Outcome:
     """Run ``steps`` in order with ``ctx`` under ``rule`` (module doc).
-
-    ``phase``: ``prolog``, ``epilog`` or ``epilog-ctld`` (fault points
-    ``<phase>:<step>``); ``log``: a :class:`gsrun.base.log.JobLog`;
-    ``budget_s``: the hook's budget (None: no alarm); ``catch``: a step's
-    exceptions that are recorded (others propagate); ``results``: the dict to
-    fill; ``verdict(results) -> [reason]``: a CLEANUP hook's own reasons to
-    drain; ``timeout_hint``: logged after a CLEANUP step ran out of time.
-    Drain reasons are logged as ``node needs an admin: ...``."""
+    ``budget_s`` None: no alarm; ``catch``: exceptions recorded (others
+    propagate); ``verdict(results) -> [reason]``: a CLEANUP hook's reasons to
+    drain; ``timeout_hint``: logged after a CLEANUP step ran out of time."""
     out = Outcome(results if results is not None else {})
     t0 = time.monotonic()
     steps = list(steps)
@@ -179,9 +159,8 @@ def _alarm(signum, frame):
 
 
 def drain_node(node: str, reason: str, log) -> None:
-    """``scontrol update nodename=NODE state=drain reason="gsrun: ..."`` (10 s,
-    one line of at most 200 characters), for a step that must drain at once.
-    Never raises: a failed scontrol is logged (the epilog's exit 1 drains too)."""
+    """``scontrol update nodename=NODE state=drain reason="gsrun: ..."`` (10 s, one
+    line of at most 200 characters). Never raises: a failure is logged."""
     reason = "gsrun: " + " ".join(safe_text(reason).split())[:200]
     log.error(f"draining {node}: {reason}")
     try:

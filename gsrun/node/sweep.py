@@ -1,14 +1,9 @@
 """Files of jobs gone from the node: the Prometheus textfiles and live files they left.
 
-The epilog removes a job's ``<metrics.textfile_dir>/gsrun_job_<id>.prom`` and
-``<spool>/jobs/<id>/user-live-<node>.json``; a crash, a killed sampler or an
-epilog out of budget leaves them (node_exporter would serve a dead job's GPUs
-for ever), so the next prolog's ``sweep`` step removes them. Whether a job
-still exists here is decided from root-owned state only, never from the swept
-files (their names can be planted): ``<state_dir>/jobs/<id>/`` (root 0700;
-empty after a reboot) with its ``monitor.json`` (sampled now) and
-``sampler.json`` (sampled once). :func:`read_state_jobs` (facts),
-:func:`gone_jobs` (pure), :func:`sweep` (names only, never following a link).
+What an epilog that never ran left, removed by the next prolog. Whether a job
+still exists here is decided from root-owned state only
+(``<state_dir>/jobs/<id>/`` with ``monitor.json`` or ``sampler.json``), never
+from the swept files, whose names can be planted; no link is followed.
 """
 
 from __future__ import annotations
@@ -63,9 +58,8 @@ def read_state_jobs(state_dir) -> dict[str, StateJob]:
 
 
 def gone_jobs(candidates, state_jobs: dict[str, StateJob], current_job_id: str | None) -> list[str]:
-    """The ids among ``candidates`` gone from the node, sorted. Pure: no state
-    directory, or no longer sampled; a prolog in progress and
-    ``current_job_id`` (the sweeping job) are kept."""
+    """The ids among ``candidates`` gone from the node, sorted. Pure; a prolog
+    in progress and ``current_job_id`` are kept."""
     out = set()
     for j in candidates:
         if j == current_job_id:
@@ -82,8 +76,7 @@ def sweep(state_dir, spool_dir, node: str, textfile_dir: str | None, current_job
     jobs :func:`gone_jobs` names. -> ``{"prom": [names], "live": [job ids]}``.
 
     Raises:
-        OSError: a directory cannot be listed or a file removed (permissions,
-            read-only file system); what was removed before stays removed.
+        OSError: a directory cannot be listed or a file removed (permissions, read-only).
     """
     state = read_state_jobs(state_dir)
     removed: dict[str, list[str]] = {"prom": [], "live": []}

@@ -11,24 +11,13 @@ read and written through :class:`gsrun.facts.hostfs.HostFS` (``--host-root``).
 A setting missing on the host is "unsupported", never an error; one whose
 prior value cannot be read is never written.
 
-State: :mod:`~gsrun.node.tuning.state` (the journal files and their lock).
-The baseline is an ordered list of entries ``{key, prior, value, owner,
-holders}``, each written (fsync'd) *before* its setting changes, so a crash at
-any point leaves a journal that restores the node. The first job changing a
-setting records its prior value; later jobs asking the same value join
-``holders``, a different value is refused (first job wins). The last job out
-restores the entries in reverse order. A baseline from before the last reboot
-(another boot id) is dropped, never written back.
-
-Modules: :mod:`~gsrun.node.tuning.knob` (the get/set protocol and the one write
-path :func:`kernel_write`), one per area (``governor``, ``vm``, ``thp``,
-``cstate``, ``irq``, ``hugepages``), :mod:`~gsrun.node.tuning.plan` (:data:`KNOBS`
-in application order, facts, the pure decision), ``state``, and
-:mod:`~gsrun.node.tuning.lifecycle` (prolog apply, the one IRQ retry while the
-job runs, epilog restore, manual restore, status).
-
-Every name is re-exported here: ``from gsrun.node.tuning import X`` works
-for all of them.
+The baseline (:mod:`~gsrun.node.tuning.state`) is an ordered list of entries
+``{key, prior, value, owner, holders}``, each fsync'd *before* its setting
+changes, so a crash at any point leaves a journal that restores the node. The
+first job changing a setting records its prior value; later jobs asking the
+same value join ``holders``, a different value is refused. The last job out
+restores the entries in reverse order. A baseline from another boot is dropped.
+Every name of the package's modules is re-exported here.
 """
 
 from __future__ import annotations

@@ -44,9 +44,7 @@ class CstateKnob(ScopedKnob):
     ``off``: every state with exit latency > 0 us is disabled (POLL stays);
     ``c1``: only POLL and the first state above it stay; ``shallow``: states
     with ``latency`` (exit latency, us) <= ``CSTATE_SHALLOW_US`` stay. States
-    already disabled stay disabled (the target only ever adds ``1``s).
-    The other half of ``cstate``, holding ``/dev/cpu_dma_latency`` open, is
-    :func:`cstate_hold_us` (the node monitor holds the file for the job).
+    already disabled stay disabled (the other half: :func:`cstate_hold_us`).
     """
 
     key = "cstate"
@@ -98,8 +96,6 @@ class CstateKnob(ScopedKnob):
 
 
 def cstate_hold_us(value: str) -> int:
-    """Latency (us) the sampler writes to ``/dev/cpu_dma_latency`` for
-    ``cstate=value``: ``off`` 0, ``c1`` 1, ``shallow`` ``CSTATE_SHALLOW_US``.
-    The kernel keeps CPUs out of idle states with a longer exit latency
-    while the file is open (Documentation/power/pm_qos_interface.rst)."""
+    """Latency (us) the monitor holds on ``/dev/cpu_dma_latency`` for
+    ``cstate=value``: ``off`` 0, ``c1`` 1, ``shallow`` ``CSTATE_SHALLOW_US``."""
     return {"off": 0, "c1": 1}.get(value, CSTATE_SHALLOW_US)

@@ -27,9 +27,8 @@ class GovernorKnob(Knob):
     unsupported_reason = "not supported here (no cpufreq/scaling_governor, e.g. a VM)"
 
     def read(self, h):
-        """``{cpu: governor}`` of the CPUs whose governor reads back (a CPU
-        whose read fails or is empty is left out: its prior is unknown, so
-        it is never written); None when no CPU has a readable governor."""
+        """``{cpu: governor}`` of the CPUs whose governor reads back (others are
+        never written); None when none does."""
         out = {}
         for c in governor_cpus(h):
             v = (h.read(f"{CPU}/{c}/cpufreq/scaling_governor") or "").strip()

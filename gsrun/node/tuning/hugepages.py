@@ -1,15 +1,10 @@
 """Explicit hugepages per NUMA node: ``hugepages`` (``SIZE:N``).
 
 ``/sys/devices/system/node/nodeN/hugepages/hugepages-<kB>kB/nr_hugepages``
-on the NUMA nodes near the job's GPUs (:class:`HugepagesKnob`), with the
-pool's ``free_hugepages`` and ``surplus_hugepages`` beside it, and the
-job's own files in hugetlbfs mounts (:func:`remove_job_hugetlbfs_files`).
-Semantics from the kernel's Documentation/admin-guide/mm/hugetlbpage.rst:
-a write to ``nr_hugepages`` allocates what it can and the file then reads
-the pool size reached (fragmented memory gives fewer); lowering it below
-the pages in use turns the in-use excess into surplus pages, freed only
-when their holders let go; ``/proc/sys/vm/compact_memory`` (or a node's
-``compact``) defragments memory so that a retry may get more.
+on the NUMA nodes near the job's GPUs, and the job's own files in hugetlbfs
+mounts (:func:`remove_job_hugetlbfs_files`). Per the kernel's hugetlbpage.rst,
+a write allocates what it can (the file then reads the pool reached), and
+lowering below the pages in use leaves the excess as surplus until freed.
 """
 
 from __future__ import annotations
@@ -44,18 +39,14 @@ def _int(text: str | None) -> int | None:
 
 
 def pool_counts(h, k: str) -> dict[str, int | None]:
-    """``{"nr", "free", "surplus"}`` pages of pool ``k`` (``"node0/2048"``)
-    from its ``nr_hugepages``, ``free_hugepages``, ``surplus_hugepages``;
-    None where a file is absent or not a number."""
+    """``{"nr", "free", "surplus"}`` pages of pool ``k`` (``"node0/2048"``), None where unreadable."""
     d = _pool_dir(k)
     return {n: _int(h.read(f"{d}/{f}")) for n, f in (("nr", "nr_hugepages"), ("free", "free_hugepages"),
                                                       ("surplus", "surplus_hugepages"))}
 
 
 def in_use(counts: dict) -> int:
-    """Pages of a pool held by someone now: ``nr - free`` (0 when unknown).
-    Reserved pages (global ``resv_hugepages``; no per-node figure) are
-    counted as free, as the node files count them."""
+    """Pages of a pool held now: ``nr - free`` (0 when unknown; reserved pages count as free)."""
     nr, free = counts.get("nr"), counts.get("free")
     return max(0, nr - free) if nr is not None and free is not None else 0
 
@@ -74,10 +65,8 @@ def hugetlbfs_mounts(h) -> list[str]:
 
 
 def job_hugetlbfs_files(h, uid: int) -> list[str]:
-    """Regular files owned by ``uid`` in hugetlbfs mounts (host-root relative,
-    sorted), found without following links, at most
-    :data:`HUGETLBFS_MAX_FILES` looked at and :data:`HUGETLBFS_MAX_DEPTH`
-    levels deep."""
+    """Regular files of ``uid`` in hugetlbfs mounts (host-root relative, sorted;
+    no link followed; bounded by :data:`HUGETLBFS_MAX_FILES`, :data:`HUGETLBFS_MAX_DEPTH`)."""
     found, seen = [], 0
     for mount in hugetlbfs_mounts(h):
         stack = [(mount, 0)]
@@ -100,10 +89,8 @@ def job_hugetlbfs_files(h, uid: int) -> list[str]:
 
 
 def remove_job_hugetlbfs_files(h, uid: int, log=print) -> list[str]:
-    """Remove the job user's files in hugetlbfs mounts (:func:`job_hugetlbfs_files`),
-    which keep their hugepages out of the pool after the job: called by the
-    last job's epilog before the pool is restored. Never root's (uid 0).
-    Returns the paths removed (host-root relative)."""
+    """Remove the job user's (never root's) files in hugetlbfs mounts, which keep
+    their pages out of the pool, before the pool is restored. -> the paths removed."""
     if uid <= 0:
         return []
     gone = []
@@ -120,9 +107,8 @@ def remove_job_hugetlbfs_files(h, uid: int, log=print) -> list[str]:
 
 
 def holders_text(h, k: str, left: int) -> str:
-    """Who still holds ``left`` pages of pool ``k``: the files in hugetlbfs
-    mounts (any owner, with their uid), else that they are in use by
-    processes (anonymous MAP_HUGETLB or shared memory: no file to name)."""
+    """Who still holds ``left`` pages of pool ``k``: hugetlbfs files (with their
+    uid), else processes (MAP_HUGETLB or shared memory: no file to name)."""
     files = []
     for mount in hugetlbfs_mounts(h):
         for name in sorted(h.listdir(mount))[:HUGETLBFS_MAX_FILES]:
@@ -142,15 +128,11 @@ class HugepagesKnob(ScopedKnob):
     """Explicit hugepages per NUMA node: value ``{"node0/2048": "0", ...}``
     (node, page size in kB) from ``nodeN/hugepages/hugepages-<kB>kB/nr_hugepages``.
 
-    ``SIZE:N`` gives the job N pages of SIZE for itself on every NUMA node
-    near its GPUs: the target is the pages in use now (``nr_hugepages -
-    free_hugepages``) plus N, never below the pool (a pool of 512 all in use
-    and a request of 4096 is 4608). Only the per-node files are written,
-    never the global ``nr_hugepages``. Refused when the pages missing exceed
-    the node's ``MemFree`` (``nodeN/meminfo``). When the kernel gives fewer
-    pages (fragmented memory), memory is compacted once and the write
-    retried up to :data:`ALLOC_RETRIES` times; what is still missing is
-    stated (``got X of N``) and the job starts with what it got.
+    ``SIZE:N``: N pages for the job on every NUMA node near its GPUs, the
+    target the pages in use now plus N, never below the pool (512 in use and
+    4096 asked: 4608); per-node files only. Refused when the pages missing
+    exceed the node's ``MemFree``. A short pool gets one compaction and
+    :data:`ALLOC_RETRIES` more writes, then the job starts with what it got.
     """
 
     key = "hugepages"
@@ -232,9 +214,8 @@ class HugepagesKnob(ScopedKnob):
         return {"target": got, "note": "short: " + "; ".join(short)}
 
     def restore(self, h, prior, swap):
-        """Write the prior pool sizes back. Raises NodeError when a pool reads
-        its prior size but keeps surplus pages (in use: the kernel frees them
-        only when their holders let go), naming the holders."""
+        """Write the prior pool sizes back. Raises NodeError naming the holders
+        when a pool keeps surplus pages (in use: freed when they let go)."""
         super().restore(h, prior, swap)
         held = []
         for k, v in prior.items():

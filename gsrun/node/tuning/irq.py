@@ -1,30 +1,24 @@
 """IRQ affinity of the job's devices: ``irq`` (``local``), and irqbalance.
 
-``/proc/irq/N/smp_affinity_list`` (or, on kernels and IRQs without it,
-``smp_affinity``, a hex mask) of each MSI/MSI-X IRQ of the job's GPUs and
-NICs, read back through ``effective_affinity_list`` / ``effective_affinity``
-where the kernel has them, and the ban files that keep a running irqbalance
-(started with gsrun's policy script) off those IRQs (:class:`IrqKnob`).
-Files and errors as in the kernel's Documentation/core-api/irq/irq-affinity.rst
-and ``kernel/irq/proc.c`` (``write_irq_affinity``: EIO for a managed or
-non-movable IRQ, EINVAL for a mask without an online CPU; ENOSPC from the
-x86 vector allocator when no CPU of the mask has a free vector).
+``/proc/irq/N/smp_affinity_list`` (else ``smp_affinity``, a hex mask) of each
+MSI/MSI-X IRQ of the job's GPUs and NICs, read back through
+``effective_affinity[_list]``, and the ban files that keep irqbalance (with
+gsrun's policy script) off them. Errors as in ``kernel/irq/proc.c``
+(``write_irq_affinity``: EIO managed or not movable, EINVAL no online CPU;
+ENOSPC from the x86 vector allocator).
 """
 
 from __future__ import annotations
 
 import errno
 import os
-
-from gsrun.base.errors import InputError
-from gsrun.base.fsutil import ensure_dir
-from gsrun.node.tuning.knob import BAN_PREFIX, ScopedKnob, kernel_write, replaceable
-from gsrun.base.fsutil import atomic_write
-import signal
 import re
-from gsrun.base.cpulist import format_cpulist, format_cpumask, parse_cpulist, parse_cpumask
-from gsrun.base.errors import GsrunError
+import signal
 
+from gsrun.base.cpulist import format_cpulist, format_cpumask, parse_cpulist, parse_cpumask
+from gsrun.base.errors import GsrunError, InputError
+from gsrun.base.fsutil import atomic_write, ensure_dir
+from gsrun.node.tuning.knob import BAN_PREFIX, ScopedKnob, kernel_write, replaceable
 
 IRQ = "proc/irq"
 PCI = "sys/bus/pci/devices"
@@ -42,9 +36,8 @@ def skip_text(e: OSError) -> str:
 
 
 def retry_text(outcomes: list[dict], after_s: float | None) -> str:
-    """What a retry of skipped IRQs did, for the ``irq`` item's reason:
-    ``retried once 60 s into the job: IRQ 42 now on 4-11; IRQ 43 still skipped:
-    ENOSPC (no free vector on those CPUs)``. ``""`` for no outcome."""
+    """``retried once 60 s into the job: IRQ 42 now on 4-11; IRQ 43 still
+    skipped: ENOSPC (...)``, or ``""`` for no outcome."""
     if not outcomes:
         return ""
     words = {"applied": "now on {cpus}", "skipped": "still skipped: {reason}", "failed": "failed: {reason}",
@@ -67,9 +60,8 @@ def irq_cpus_text(text: str | None, mask: bool) -> str | None:
 
 
 def effective_cpus(h, n: str) -> str | None:
-    """Where IRQ ``n`` really is delivered now: ``effective_affinity_list``,
-    else ``effective_affinity`` (hex mask), as a CPU list; None when the
-    kernel has neither (before 4.15, or an IRQ chip that does not say)."""
+    """Where IRQ ``n`` is delivered now (``effective_affinity[_list]``), as a
+    CPU list; None when the kernel does not say (before 4.15)."""
     v = irq_cpus_text(h.read(f"{IRQ}/{n}/effective_affinity_list"), False)
     if v is None:
         v = irq_cpus_text(h.read(f"{IRQ}/{n}/effective_affinity"), True)
@@ -86,7 +78,6 @@ def pids_by_comm(h, comm: str) -> list[int]:
 
 
 def irqbalance_pids(h) -> list[int]:
-    """PIDs whose ``/proc/<pid>/comm`` is ``irqbalance`` (under the host root)."""
     return pids_by_comm(h, "irqbalance")
 
 
@@ -96,10 +87,8 @@ BAN_PRESENT, BAN_ABSENT = "present", "absent"
 
 
 def irqbalance_policy_script(h, pid: int) -> str | None:
-    """The policy script irqbalance ``pid`` was started with: the argument of
-    ``-l X``, ``-lX``, ``--policyscript=X`` or ``--policyscript X`` in
-    ``/proc/<pid>/cmdline`` (NUL-separated; under the host root). None
-    without one, or when the command line cannot be read."""
+    """The policy script irqbalance ``pid`` was started with (``-l X``,
+    ``-lX``, ``--policyscript[=]X`` in its cmdline), or None."""
     raw = h.read(f"proc/{int(pid)}/cmdline")
     if not raw:
         return None
@@ -116,8 +105,7 @@ def irqbalance_policy_script(h, pid: int) -> str | None:
 
 
 def irqbalance_ban_dir_of(h, pid: int) -> str | None:
-    """``GSRUN_IRQ_BAN_DIR`` in irqbalance's environment (``/proc/<pid>/environ``), the
-    policy script's ban directory when set; None when unset or unreadable."""
+    """``GSRUN_IRQ_BAN_DIR`` in irqbalance's environment, or None."""
     raw = h.read(f"proc/{int(pid)}/environ")
     for kv in (raw or "").split("\0"):
         if kv.startswith("GSRUN_IRQ_BAN_DIR="):
@@ -127,8 +115,7 @@ def irqbalance_ban_dir_of(h, pid: int) -> str | None:
 
 def irqbalance_check(h, policy_script: str, ban_dir: str) -> tuple[list[int], str | None]:
     """``(pids, problem)``: the running irqbalance daemons and why one would
-    undo ``irq=local`` (with the fix), or None when each runs the existing
-    ``policy_script`` with ``ban_dir``."""
+    undo ``irq=local`` (with the fix), or None."""
     pids = irqbalance_pids(h)
     for pid in pids:
         script = irqbalance_policy_script(h, pid)
@@ -148,7 +135,7 @@ def irqbalance_check(h, policy_script: str, ban_dir: str) -> tuple[list[int], st
 
 
 def _write_ban(h, rel: str, job_note: str) -> None:
-    """Create one ban file (atomic: temp file, fsync, rename; directory made 0755)."""
+    """Create one ban file atomically (its directory 0755)."""
     p = h.path(rel)
     os.makedirs(p.parent.parent, mode=0o755, exist_ok=True)     # /run/gsrun: the state dir, normally there
     ensure_dir(p.parent, 0o755, uid=os.geteuid(), gid=os.getegid())
@@ -169,9 +156,8 @@ def _remove_ban(h, rel: str) -> None:
 
 
 def irqbalance_rescan(h) -> str:
-    """``SIGHUP`` every running irqbalance (live host only), so ban files take
-    effect at its rescan (ignored until its first balancing pass: then at a
-    later one). -> what was done, for the item's reason."""
+    """``SIGHUP`` every running irqbalance (live host only) so it rescans the
+    ban files. -> what was done, for the item's reason."""
     pids = irqbalance_pids(h)
     if not pids:
         return ""
@@ -191,20 +177,13 @@ def irqbalance_rescan(h) -> str:
 
 class IrqKnob(ScopedKnob):
     """IRQ affinity: ``{"42": "0-15"}`` (``smp_affinity_list``), ``{"mask:42":
-    "0-15"}`` (only ``smp_affinity``, a hex mask) and ``{"ban:<ban dir>/42":
-    "present"}`` per ban file in :attr:`ban_dir`.
+    "0-15"}`` (``smp_affinity``) and ``{"ban:<ban dir>/42": "present"}``.
 
     ``local``: each MSI/MSI-X IRQ of the job's devices goes to the job's CPUs
-    on the device's NUMA node. A device or IRQ that cannot be pinned is
-    skipped with a reason, and so is each IRQ the kernel refuses at write
-    time (:data:`IRQ_SKIP_ERRNOS`; the setting fails only when all are); the
-    reason says where the kernel delivers each pinned IRQ.
-
-    irqbalance rewrites affinities every 10 s: while it runs, ``irq=local``
-    applies only when every irqbalance runs gsrun's policy script
-    (:func:`irqbalance_check`), with one journaled ban file per pinned IRQ
-    written first and a rescan asked (:func:`irqbalance_rescan`); else it is
-    refused with the fix (docs/ADMIN.md, irqbalance).
+    on the device's NUMA node; what cannot be pinned, or the kernel refuses
+    (:data:`IRQ_SKIP_ERRNOS`), is skipped with a reason (all refused: fails).
+    With irqbalance running, only when every one runs gsrun's policy script,
+    ban files first (docs/ADMIN.md, irqbalance).
     """
 
     key = "irq"
@@ -215,8 +194,7 @@ class IrqKnob(ScopedKnob):
         self.configure()
 
     def configure(self, policy_script: str | None = None, ban_dir: str | None = None) -> None:
-        """Set ``tuning.irqbalance_*`` (None: the defaults); every entry point
-        calls it, so no value outlives one hook.
+        """Set ``tuning.irqbalance_*`` (None: the defaults), at every entry point.
 
         Raises:
             InputError: a path that is not absolute or has ``..`` parts.
@@ -235,8 +213,7 @@ class IrqKnob(ScopedKnob):
         return f"{IRQ}/{k}/smp_affinity_list"
 
     def _key(self, h, n: str) -> str | None:
-        """The part key of IRQ ``n``: ``n`` (its ``smp_affinity_list``), ``mask:n``
-        (only ``smp_affinity``), None (neither)."""
+        """``n``, ``mask:n`` (only ``smp_affinity``) or None (neither file)."""
         if h.exists(self._rel(n)):
             return n
         if h.exists(self._rel(MASK_PREFIX + n)):
@@ -325,9 +302,9 @@ class IrqKnob(ScopedKnob):
 
     def apply(self, h, target, swap):
         """Write the ban files, ask irqbalance to rescan, then the masks. ->
-        ``{"target": parts written, "note", "skipped": {part: CPU list}}`` when
-        some IRQs were refused (all refused: the first error is raised) or
-        irqbalance was signalled; else None."""
+        ``{"target": parts written, "note", "skipped": {part: CPU list}}``
+        when some were refused (all: the first error raised) or irqbalance was
+        signalled; else None."""
         done, skipped, first, notes = {}, [], None, []
         refused: dict[str, str] = {}
         bans = [k for k in target if k.startswith(BAN_PREFIX)]
@@ -363,8 +340,8 @@ class IrqKnob(ScopedKnob):
 
     def retry(self, h, skipped: dict[str, str]) -> list[dict]:
         """Write each part of ``skipped`` (part -> CPU list) once more and read
-        it back (the caller journaled first). -> per part ``{"key", "irq",
-        "cpus", "result": applied|skipped|failed|gone, "reason"}``."""
+        it back. -> per part ``{"key", "irq", "cpus", "result":
+        applied|skipped|failed|gone, "reason"}``."""
         out = []
         for k, cpus in skipped.items():
             n = k.removeprefix(MASK_PREFIX)

@@ -1,13 +1,9 @@
 """The get/set protocol every tuning area implements, and the one write path.
 
-A setting is a :class:`Knob`; the areas only say how to read and write their
-files, and their prior values live in the one tuning journal. A
-:class:`ScopedKnob` (cstate, irq, hugepages) depends on the job (its GPUs,
-their NICs, its CPUs): ``resolve(h, value, scope)`` turns the request word
-into a target (files and values), kept in the journal entry beside ``value``;
-its ``prior`` holds only those files. Every write goes through
-:func:`kernel_write`, which under a fake host root also answers as the kernel
-would (THP bracket files, dirty ratio/bytes pairs).
+A :class:`ScopedKnob` (cstate, irq, hugepages) depends on the job:
+``resolve(h, value, scope)`` turns the request word into a target (files and
+values) kept in the journal entry; its ``prior`` holds only those files. Every
+write goes through :func:`kernel_write`.
 """
 
 from __future__ import annotations
@@ -77,8 +73,7 @@ def kernel_write(hostfs, rel: str, value: str) -> None:
 
 
 class Knob(ABC):
-    """One setting: a get/set pair. Values are JSON-able; ``read`` returns
-    None when the setting does not exist on this host."""
+    """One setting: a get/set pair of JSON-able values (``read`` None: not on this host)."""
 
     key = ""
     unsupported_reason = "not supported here"
@@ -145,8 +140,7 @@ class JobScope:
     cpus_source: str = ""
 
     def device_node(self, dev: dict) -> int | None:
-        """The device's NUMA node; with one node on the host, that node
-        (a VM's ``numa_node`` -1 then means "the only one")."""
+        """The device's NUMA node; the only one on a one-node host (a VM's -1)."""
         n = dev.get("numa_node")
         if isinstance(n, int) and n in self.node_cpus:
             return n
@@ -162,8 +156,7 @@ class JobScope:
 
 
 def _plain(v):
-    """``v`` with its dicts, lists and tuples copied all the way down (what
-    ``dataclasses.asdict`` did to the fields)."""
+    """``v`` with its dicts, lists and tuples copied all the way down."""
     if isinstance(v, dict):
         return {k: _plain(x) for k, x in v.items()}
     if isinstance(v, (list, tuple)):
@@ -249,6 +242,5 @@ def _is_scoped(knob) -> bool:
 
 
 def replaceable(name: str):
-    """``gsrun.node.tuning.<name>`` at call time: ``_write_json`` and
-    ``_write_ban`` are the boundaries a crash test replaces on the package."""
+    """``gsrun.node.tuning.<name>`` at call time (a crash test replaces it on the package)."""
     return getattr(sys.modules["gsrun.node.tuning"], name)

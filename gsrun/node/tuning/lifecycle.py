@@ -60,21 +60,16 @@ def prolog_tune(hostfs, state_dir: str, job_id: str, request: str | None, cfg, p
                 scope: JobScope | None = None) -> dict:
     """Tune the node for ``job_id``: plan, journal, apply, verify.
 
-    ``request``: ``SPANK_GS_TUNE`` (``key=value,...``); ``cfg``: the site
-    config (None: every key allowed for exclusive jobs, no defaults);
-    ``swap_effect``: the swapoff/swapon runner; ``scope``: the job's GPUs,
-    NICs and CPUs (None: ``irq`` and ``hugepages`` unsupported).
-
-    Returns ``{"job_id", "dry_run", "ok", "items": [PlanItem dicts], "applied",
-    "reused", "refused", "unsupported", "failed", ..., "holds"}`` (key lists;
-    ``holds``: ``{"cpu_dma_latency_us": N}`` for the monitor to hold). A refused
-    or failed setting is reported, not raised; a failed write or verify rolls
-    back every change of this job.
+    ``request``: ``SPANK_GS_TUNE``; ``cfg``: the site config (None: every key
+    allowed for exclusive jobs); ``scope``: the job's GPUs, NICs and CPUs
+    (None: ``irq`` and ``hugepages`` unsupported). -> ``{"job_id", "dry_run",
+    "ok", "items", "applied", "reused", "refused", "unsupported", "failed",
+    ..., "holds"}`` (``holds``: ``{"cpu_dma_latency_us": N}`` for the monitor).
+    A refused or failed setting is reported; a failed write or verify rolls back.
 
     Raises:
-        NodeError: the state dir cannot be created/written or its journal is
-            unreadable (the node cannot guarantee a restore: drain it), or the
-            tuning lock is held for more than 30 s.
+        NodeError: the state dir or journal unusable (drain: no restore is
+            guaranteed), or the tuning lock held over 30 s.
         InputError: ``job_id`` is not a plain job id.
     """
     check_job_id(job_id, phase="tune")
@@ -244,13 +239,10 @@ def _ban_dir_from_journal(entries) -> None:
 
 def epilog_restore(hostfs, state_dir: str, job_id: str, log=print, *, swap_effect=None,
                    irq_ban_dir: str | None = None, uid: int | None = None) -> dict:
-    """The job leaves the node: drop its journal; the last job out restores
-    the baseline (reverse order, idempotent), first removing ``uid``'s
-    hugetlbfs files when a hugepages pool is to be put back.
-
-    Returns ``{"job_id", "last_job": bool, "remaining_jobs": [...], "restored":
-    [{key, result, ...}], "left": [keys not restored], "ok": bool}``.
-    Concurrent epilogs serialise on the lock: exactly one sees itself last.
+    """The job leaves the node: drop its journal; the last job out (under the
+    lock) restores the baseline, first removing ``uid``'s hugetlbfs files when
+    a hugepages pool goes back. -> ``{"job_id", "last_job", "remaining_jobs",
+    "restored": [{key, result, ...}], "left": [keys], "ok"}``.
 
     Raises:
         NodeError: state dir unusable, journal unreadable, lock timeout.
@@ -262,9 +254,8 @@ def epilog_restore(hostfs, state_dir: str, job_id: str, log=print, *, swap_effec
 
 def restore(hostfs, state_dir: str, job_id: str | None = None, all_jobs: bool = False, log=print,
             *, swap_effect=None, irq_ban_dir: str | None = None) -> dict:
-    """``gsrun-node restore --job ID`` (as the epilog of ID) or ``--all``
-    (drop every job journal, stale ones of crashed jobs included, and restore
-    the baseline). Same report as :func:`epilog_restore`.
+    """``gsrun-node restore --job ID`` (as its epilog) or ``--all`` (every job
+    journal dropped, the baseline restored); reports as :func:`epilog_restore`.
 
     Raises:
         InputError: neither or both of ``job_id`` and ``all_jobs``.
@@ -325,17 +316,14 @@ def _leave(hostfs, state_dir, job_ids, all_jobs, log, swap_effect, uid: int | No
 
 def retry_skipped_irqs(hostfs, state_dir: str, job_id: str, prolog_record=None, log=print,
                        clock=time.time) -> list[dict]:
-    """Once per job while it runs, write again the IRQs of its ``irq=local``
-    that the kernel refused in the prolog (the entry's ``skipped``), under the
-    tuning lock with each prior journaled first; an IRQ that takes joins the
-    entry's ``target``. The outcome goes to the job's journal (``irq_retry``)
-    and to the ``irq`` item of ``prolog_record`` (the report shows it).
-    -> the outcomes; ``[]`` when there is nothing (more) to do.
+    """Once per job, write again the IRQs of its ``irq=local`` the kernel
+    refused in the prolog, under the lock, priors journaled first. The
+    outcome goes to the job's journal (``irq_retry``) and the ``irq`` item of
+    ``prolog_record``. -> the outcomes (``[]``: nothing to do).
 
     Raises:
         InputError: ``job_id`` is not a plain job id.
-        NodeError: journal unreadable or not writable, tuning lock held for
-            more than 30 s.
+        NodeError: journal unusable, tuning lock held over 30 s.
     """
     check_job_id(job_id, phase="tune")
     st = _State(state_dir, hostfs)

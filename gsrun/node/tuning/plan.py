@@ -41,14 +41,10 @@ assert set(KNOBS) == set(TUNE_KEYS)
 
 @dataclass(frozen=True, slots=True)
 class Facts:
-    """What :func:`plan_tuning` needs from the node (all JSON-able).
-
-    current: key -> value as the knob reads it (None = unsupported).
-    choices: key -> words the kernel offers (governors, THP words) or None.
-    swap_used_kb / mem_available_kb: ``/proc/meminfo`` SwapTotal-SwapFree / MemAvailable.
-    entries: baseline journal entries; live_jobs: job ids with a journal.
-    skipped: key -> parts of the setting whose value cannot be read (CPUs
-    whose governor read fails): never written, named in the item's reason.
+    """What :func:`plan_tuning` needs from the node (JSON-able): ``current``
+    (None = unsupported), ``choices`` the kernel offers, ``/proc/meminfo``
+    figures, baseline ``entries``, ``live_jobs``, and ``skipped`` parts whose
+    value cannot be read (never written).
     """
     # targets: job-scoped knobs: key -> value -> [verdict, target, note] (ScopedKnob.resolve)
     current: dict
@@ -87,14 +83,12 @@ class Policy:
 
 @dataclass(slots=True, eq=True)
 class PlanItem:
-    """One decision. action: ``apply`` (write), ``unchanged`` (already the
-    value; journaled so later jobs see who holds it), ``reuse`` (another job
-    set this value), ``refused``, ``unsupported``; after the run also
-    ``applied``, ``failed``, ``rolled_back``, ``skipped`` (not attempted after a failure).
-    ``source``: ``"request"`` | ``"default"`` | ``"fallback"``; ``holder``: the
-    job that set the value (reuse/refused conflict); ``target``: job-scoped
-    knobs: the files and values ``value`` resolved to. Mutable (the run
-    updates ``action``, ``reason``, ``target``)."""
+    """One decision (mutable: the run updates it). action: ``apply``,
+    ``unchanged`` (journaled so later jobs see who holds it), ``reuse``,
+    ``refused``, ``unsupported``; after the run ``applied``, ``failed``,
+    ``rolled_back``, ``skipped``. ``source``: ``request`` | ``default`` |
+    ``fallback``; ``holder``: the job that set the value; ``target``: a
+    job-scoped knob's files and values."""
 
     key: str
     action: str
@@ -112,11 +106,8 @@ class PlanItem:
 
 def plan_tuning(job_id: str, request: dict[str, str], request_error: str | None, policy: Policy,
                 exclusive: bool, facts: Facts) -> list[PlanItem]:
-    """Decide what to do for each key. Pure: no I/O.
-
-    Per key the job's request is tried first, then the site default; a
-    request value that is not allowed is refused (with the reason) and the
-    default is used instead. Items come in application order (:data:`KNOBS`).
+    """Decide what to do for each key, in :data:`KNOBS` order. Pure. The
+    request first, then the site default (a refused request falls back to it).
     """
     items: list[PlanItem] = []
     if request_error:
@@ -230,10 +221,8 @@ def _short(v) -> str:
 
 
 def read_facts(hostfs, keys, entries=(), live_jobs=(), wanted=None, scope=None) -> Facts:
-    """Read current values and kernel choices for ``keys`` (plus meminfo);
-    for the job-scoped knobs, resolve each value in ``wanted`` (key -> values)
-    against ``scope`` (:class:`JobScope`); name the parts of a setting whose
-    value cannot be read (``skipped``: never written)."""
+    """Read current values and choices for ``keys`` (plus meminfo), resolving
+    the job-scoped knobs' ``wanted`` values against ``scope``."""
     current, choices, targets, skipped = {}, {}, {}, {}
     for k in keys:
         knob = KNOBS[k]

@@ -1,16 +1,9 @@
 """Where the tuning journal lives, and its one lock.
 
-The tuning journals are :mod:`gsrun.node.journal` files (header with format,
-kind and boot id) under ``<state_dir>/tuning/`` (``state_dir`` from
-``--state-dir`` or ``$GSRUN_STATE_DIR``, default ``/run/gsrun``):
-
-- ``lock``: ``fcntl.flock`` taken by every prolog/epilog/restore; a crashed
-  holder's lock is released by the kernel.
-- ``jobs/<job_id>.json``: one journal per job that ran the prolog here. The
-  set of these files *is* the reference count (no counter that can drift).
-- ``baseline.json``: the node baseline, the one storage of every area's
-  prior values: an ordered list of entries ``{key, prior, value, owner,
-  holders}``.
+:mod:`gsrun.node.journal` files under ``<state_dir>/tuning/``: ``lock`` (the
+``flock`` of every prolog/epilog/restore), ``jobs/<job_id>.json`` (one per job
+here: the set *is* the reference count) and ``baseline.json`` (every area's
+prior values, entries ``{key, prior, value, owner, holders}``).
 """
 
 from __future__ import annotations

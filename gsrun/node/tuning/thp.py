@@ -12,9 +12,7 @@ from gsrun.node.tuning.knob import THP, THP_DIRS, BracketKnob, bracket_choices, 
 
 
 def thp_dir(hostfs) -> str:
-    """The THP sysfs directory of this host: ``sys/kernel/mm/transparent_hugepage``,
-    else RHEL 6's ``sys/kernel/mm/redhat_transparent_hugepage`` where only
-    that exists (the mainline path when neither does)."""
+    """The first of :data:`THP_DIRS` that exists here (the mainline path when neither does)."""
     for d in THP_DIRS:
         if hostfs.exists(f"{d}/enabled"):
             return d

@@ -5,10 +5,8 @@
 - ``swap`` (``off``): ``swapoff`` of each device in ``/proc/swaps``, only when
   ``MemAvailable`` covers ``SwapTotal - SwapFree`` (``/proc/meminfo``); else
   swap stays on and ``swappiness`` is lowered instead (reason reported).
-- ``dirty_ratio`` / ``dirty_background_ratio``: ``/proc/sys/vm/dirty_*``. The
-  kernel keeps either the ratio or the ``_bytes`` form (writing one zeroes
-  the other), so the journal records which form was in use and restore writes
-  that one.
+- ``dirty_ratio`` / ``dirty_background_ratio``: the kernel keeps the ratio or
+  the ``_bytes`` form (writing one zeroes the other); restore writes the one in use.
 - ``zone_reclaim_mode``: ``/proc/sys/vm/zone_reclaim_mode`` (0-7).
 """
 
@@ -25,14 +23,12 @@ from gsrun.base.proc import run_bounded
 
 
 SWAP_TIMEOUT_S = 60.0
-# When swap=off is unsafe (swapped pages would not fit in MemAvailable) the
-# job gets this swappiness instead, unless it asked for one itself.
+# swappiness instead of an unsafe swap=off (swapped pages over MemAvailable), unless one was asked
 SWAP_FALLBACK_SWAPPINESS = "1"
 
 
 def read_meminfo_kb(hostfs) -> dict[str, int]:
-    """``/proc/meminfo`` as ``{"MemAvailable": kB, ...}`` (``{}`` if absent;
-    :func:`gsrun.facts.hostfs.meminfo_kb`)."""
+    """``/proc/meminfo`` as ``{"MemAvailable": kB, ...}`` (``{}`` if absent)."""
     return meminfo_kb(hostfs.read("proc/meminfo") or "")
 
 
@@ -70,12 +66,7 @@ class SwapEffect:
 
     @staticmethod
     def _bin(name: str) -> str:
-        for d in ("/usr/sbin", "/sbin", "/usr/bin", "/bin"):
-            p = os.path.join(d, name)
-            if os.access(p, os.X_OK):
-                return p
-
-        found = shutil.which(name)
+        found = shutil.which(name, path="/usr/sbin:/sbin:/usr/bin:/bin") or shutil.which(name)
         if not found:
             raise NodeError("tune", f"{name} not found", "looked in /usr/sbin, /sbin and PATH",
                             hint="install util-linux")
@@ -104,9 +95,7 @@ class SwapEffect:
 
 
 class FakeSwapEffect:
-    """Swap effect under a fake host root (``--host-root``, the test cluster's
-    emulated nodes): edits ``<root>/proc/swaps`` (lines removed on ``off``, the
-    journaled lines put back on ``on``), never runs ``swapoff``."""
+    """Swap effect under a fake host root: edits ``<root>/proc/swaps``, never runs ``swapoff``."""
 
     def off(self, hostfs, devices: list[dict]) -> None:
         names = {d["name"] for d in devices}
