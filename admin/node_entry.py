@@ -1,30 +1,15 @@
 """``gsrun-node``'s entry point: the Slurm hooks start without click.
 
-slurmd runs ``gsrun-node prolog`` / ``gsrun-node epilog`` for every job on
-every node and slurmctld ``gsrun-node epilog-ctld`` for every job, so their
-start-up is paid per job. ``gsrun-node prolog|epilog|epilog-ctld`` with only the
-options below is dispatched here straight to the hook; everything
-else (``--help``, every other subcommand, any other option) goes to the
-click CLI of :mod:`gsrun.admin.node`, which accepts the same hook options
-and behaves the same.
+``gsrun-node prolog|epilog|epilog-ctld`` with only the hook options
+(``--host-root``, ``--state-dir``, ``--spool-dir``, ``--dry-run`` for the
+prolog) is dispatched straight to the hook; anything else goes to the click
+CLI of :mod:`gsrun.admin.node`, which behaves the same.
 
-How the hooks start it (:data:`HOOK_BOOTSTRAP`, :func:`hook_argv`): the
-installation's interpreter with ``-I -S`` -- isolated (no ``PYTHON*``
-environment, no user site, no working directory on ``sys.path``) and without
-the ``site`` module (no ``.pth`` files: ~3 ms of every hook on a plain venv,
-~9 ms with an editable install's finder) -- and gsrun's ``site-packages``
-directory put on ``sys.path`` by the bootstrap, after the standard library as
-``site`` puts it (a module there named like a standard one -- enum34's
-``enum``, the old ``pathlib`` backport -- must not replace it). Only for a regular
-install (the ``gsrun`` package with its ``prolog``/``epilog`` folders in one
-directory, as ``pip install`` lays it out; gsrun's dependencies in the same
-directory); an editable install runs the ``gsrun-node`` command instead.
-
-Hook options (as in :mod:`gsrun.admin.node`): ``--host-root DIR``,
-``--state-dir DIR``, ``--spool-dir DIR`` (also ``--opt=DIR``; defaults from
-``GSRUN_HOST_ROOT``, ``GSRUN_STATE_DIR``, ``GSRUN_SPOOL_DIR``) and, for the
-prolog, ``--dry-run``; ``epilog-ctld`` takes ``--spool-dir`` only (its
-``--wait-s`` and ``--foreground`` go to click).
+The hooks start the interpreter ``-I -S`` (:func:`hook_argv`): isolated and
+without ``site`` (no ``.pth`` files: ~3 ms per hook, ~9 ms with an editable
+finder); :data:`HOOK_BOOTSTRAP` puts gsrun's ``site-packages`` after the
+standard library, as ``site`` would. Regular installs only; an editable
+install runs the ``gsrun-node`` command.
 """
 
 from __future__ import annotations

@@ -1,22 +1,7 @@
-"""The per-rank binding plan: GPU, CPUs, memory node and NIC for each local
-rank of a step on one node.
-
-Layout (mpibind's "the library computes, the adapter applies"):
-
-- :mod:`~gsrun.bind.plan.rules` (decisions, pure, no I/O): the plan's rules,
-  :func:`resolve_step_gpus`, :func:`make_plan`, :func:`rank_env`,
-  :func:`fallback_rank`, :func:`mig_visible_devices`;
-- :mod:`~gsrun.bind.plan.env` (adapter: reads facts, still no effects): the
-  Slurm step environment -> inputs, bounded by what a node can have
-  (:data:`MAX_LOCAL_RANKS`, :data:`MAX_STEP_GPUS`), then :func:`make_plan`
-  (:func:`plan_from_env`, :func:`ntasks_from_env`, :func:`worker_environ`,
-  :func:`read_job_mig_devices`);
-- :mod:`~gsrun.bind.plan.apply` (effects, thin): :func:`apply_affinity`,
-  :func:`exec_argv`;
-- :mod:`~gsrun.bind.plan.table` (pure): :func:`render_table`.
-
-Every name is re-exported here: ``from gsrun.bind.plan import X`` works for
-all of them.
+"""The per-rank binding plan ("the library computes, the adapter applies"):
+:mod:`~gsrun.bind.plan.rules` decides (pure), :mod:`~gsrun.bind.plan.env`
+turns the step environment into bounded inputs, :mod:`~gsrun.bind.plan.apply`
+applies, :mod:`~gsrun.bind.plan.table` renders. Every name is re-exported here.
 """
 
 from __future__ import annotations
