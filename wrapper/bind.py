@@ -1,16 +1,10 @@
 """``gsrun-bind``: bind one task to its GPU's CPUs and memory, then exec.
 
-``gsrun-bind --plan [--json] ...`` prints the plan; ``gsrun-bind [...] -- CMD
-ARGS...`` applies the rank's part of the pure plan (:mod:`gsrun.bind.plan`)
--- ``os.sched_setaffinity``, environment, ``numactl --membind`` prefix -- and
-``os.execvp``'s the command, no shell. A plan problem never stops the task:
-it runs on the allowed CPUs with a warning (syslog from local rank 0; the
-job's stderr gets at most one line, from global rank 0: :func:`node_notes`).
-A per-node launcher's worker is planned by ``LOCAL_RANK`` /
-``LOCAL_WORLD_SIZE`` (:func:`gsrun.bind.plan.worker_environ`). Usage errors
-and a command that cannot be executed exit 2 with a ``gsrun: bind: ...``
-message. ``GSRUN_BIND_VERBOSE=1`` prints ``gsrun-bind: rank L gpu G cpus X
-mem M (reason)``.
+``--plan [--json]`` prints the plan; ``-- CMD ARGS...`` applies the rank's
+part (affinity, environment, ``numactl --membind`` prefix) and execs the
+command, no shell. A plan problem never stops the task: it runs on the
+allowed CPUs with a warning (:func:`node_notes`). Usage errors and a command
+that cannot run exit 2. ``GSRUN_BIND_VERBOSE=1`` prints each rank's binding.
 """
 
 from __future__ import annotations

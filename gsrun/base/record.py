@@ -1,24 +1,13 @@
 """Frozen dataclasses that are also a JSON contract. Pure.
 
-A record class is a ``@dataclass(frozen=True)`` subclass of :class:`Record`
-whose field names are the JSON keys. It gets:
-
-- :meth:`Record.to_json`: the plain dict written to disk (``json.dumps`` of
-  it is the file); fields set to :data:`ABSENT` are left out (a key that
-  today's writers do not always write), ``extra`` keys are written back.
-- :meth:`Record.from_json`: the inverse, tolerant of older forms: a missing
-  key takes the field's default (a field without default is required);
-  unknown keys are kept in ``extra`` and written back unchanged, so a
-  record read and written again loses nothing. Values are not converted
-  (an int stays an int, a float a float), only nested records, tuples and
-  enums are built.
-- :func:`json_schema`: a JSON Schema (draft 2020-12) of the class from its
-  type hints and the ``doc`` of each field (:func:`field`).
-
-Type hints understood: ``int``, ``float`` (a JSON number: an int is
-accepted), ``str``, ``bool``, ``None``, ``Any``, unions, ``tuple[X, ...]``
-(a JSON array), ``dict[str, X]`` (a JSON object), ``Literal[...]``, a
-``str`` :class:`enum.Enum`, and other records.
+A :class:`Record` subclass's field names are the JSON keys.
+:meth:`Record.to_json` leaves out :data:`ABSENT` fields and writes ``extra``
+keys back; :meth:`Record.from_json` is its tolerant inverse (a missing key
+takes its default, unknown keys go to ``extra``; values are not converted,
+only nested records, tuples and enums built). :func:`json_schema` gives a
+draft 2020-12 schema from the type hints (``int``, ``float``, ``str``,
+``bool``, ``None``, ``Any``, unions, ``tuple[X, ...]``, ``dict[str, X]``,
+``Literal``, ``str`` enums, records) and each :func:`field`'s ``doc``.
 """
 
 from __future__ import annotations

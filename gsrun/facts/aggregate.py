@@ -1,13 +1,9 @@
 """Streaming aggregates with O(1) memory in job length. Pure.
 
-:class:`Metric` keeps time-weighted mean, min, max, time above/below
-thresholds, gap time (no value) and a fixed histogram; :class:`Timeline`
-keeps at most ``max_points`` (time, mean, max, count) buckets, merging
-neighbours when full, so a 7-day job costs what a 10-minute one does;
-:class:`Counter` integrates a cumulative hardware counter (NVML energy, mJ)
-across resets. All serialise to plain dicts (``to_dict`` / ``from_dict``)
-for the sampler's atomic state file; the sampler keeps the live objects in
-memory and serialises only when it flushes.
+:class:`Metric`: time-weighted mean, min, max, time above/below thresholds,
+gap time and a histogram; :class:`Timeline`: at most ``max_points`` buckets,
+merging neighbours; :class:`Counter`: a cumulative hardware counter (NVML
+energy, mJ) across resets. ``to_dict`` / ``from_dict`` for the state file.
 """
 
 from __future__ import annotations

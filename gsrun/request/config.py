@@ -1,16 +1,10 @@
-"""Site configuration: ``/etc/gsrun/gsrun.toml`` (or ``$GSRUN_CONFIG``, or
-``gsrun.toml`` beside ``$SLURM_CONF``; :func:`config_path` decides).
+"""Site configuration: ``/etc/gsrun/gsrun.toml`` (:func:`config_path`).
 
-One table, :data:`SETTINGS`, names every key with its type, default, allowed
-values and meaning; the parser, ``gsrun-node config check``, the commented
-file ``gsrun-node install`` writes and the admin guide's reference are all
-generated from it, so they cannot drift.
-
-The file is parsed strictly with ``tomllib``: an unknown section or key, or
-a value of the wrong type or outside its range, is a :class:`ConfigError`
-naming the key, the value and what is allowed. ``[partition.<name>]`` tables
-override ``tuning.*``, ``mps.*``, ``mig.*`` and ``findings.*`` keys for jobs
-of that partition.
+:data:`SETTINGS` names every key's type, default, allowed values and meaning;
+the parser, ``config check``, the commented file and docs/CONFIG.md come
+from it. Parsed strictly (``tomllib``): an unknown key or a bad value is a
+:class:`ConfigError` naming it. ``[partition.<name>]`` overrides
+``tuning.*``, ``mps.*``, ``mig.*`` and ``findings.*`` for that partition.
 """
 
 from __future__ import annotations

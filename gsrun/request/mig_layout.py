@@ -1,19 +1,10 @@
-"""MIG layout requests: the text a user gives to ``--mig`` / ``--gs-mig``.
+"""MIG layout requests (``--mig`` / ``--gs-mig``): ``+``-separated terms
+``[<n>x]<slices>g.<mem>gb[+me|+gfx]`` for one GPU::
 
-A layout is what one GPU is cut into, as ``+``-separated terms, each an
-optional count ``<n>x`` and an NVIDIA profile name ``<slices>g.<mem>gb``
-(``<slices>`` one of :data:`SLICES`)
-with optional attribute suffixes (``+me``, ``+gfx``)::
-
-    7g.141gb
     3g.71gb+3g.71gb          -> [(2, "3g.71gb")]
-    7x1g.18gb                -> [(7, "1g.18gb")]
-    2x2g.35gb+1g.18gb        -> [(2, "2g.35gb"), (1, "1g.18gb")]
     1g.18gb+me+3x1g.18gb     -> [(1, "1g.18gb+me"), (3, "1g.18gb")]
 
-This module only checks syntax (allow-listed characters, bounded length and
-count); whether a GPU can hold the layout is decided by
-:func:`gsrun.node.mig.plan_layout` against the GPU's own profile table.
+Syntax only (bounded); :func:`gsrun.node.mig.plan_layout` decides what a GPU holds.
 """
 
 from __future__ import annotations

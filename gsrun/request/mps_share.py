@@ -1,12 +1,6 @@
-"""The MPS share a job asks for: the default active thread percentage of its
-per-job MPS daemon (``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``). Pure.
-
-One rule for every way it arrives: ``gsrun --mps[=PCT]``, ``--gs-mps[=PCT]``
-(SPANK plugin, exported to the prolog as ``SPANK_GS_MPS``), ``mps=PCT`` in
-the job comment, and Slurm's own ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` for a
-``gres/mps`` job. The site default (config
-``mps.default_active_thread_percentage``) is a TOML integer checked by the
-config loader.
+"""The MPS share a job asks for (``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` of its
+MPS daemon), one rule for ``--mps[=PCT]``, ``--gs-mps`` (``SPANK_GS_MPS``),
+``mps=PCT`` in the comment and a ``gres/mps`` job's own variable. Pure.
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
-"""The Slurm step environment -> the plan's inputs (reads facts, no effects).
-
-:func:`plan_from_env` reads the topology through a
-:class:`~gsrun.facts.hostfs.HostFS` and the task environment
-(``SLURM_STEP_GPUS`` / ``SLURM_JOB_GPUS``, ``CUDA_VISIBLE_DEVICES``,
-``CUDA_DEVICE_ORDER``, ``SLURM_LOCALID``, the tasks per node), then calls
-:func:`gsrun.bind.plan.rules.make_plan`. :func:`worker_environ` maps a
-per-node launcher's worker onto that environment; :func:`read_job_mig_devices`
-reads the MIG devices the prolog made for the job.
+"""The Slurm step environment -> the plan's inputs (reads facts, no effects):
+:func:`plan_from_env`, :func:`worker_environ` (a launcher's worker),
+:func:`read_job_mig_devices` (the prolog's MIG devices).
 """
 
 from __future__ import annotations
