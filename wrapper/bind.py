@@ -171,16 +171,9 @@ def memlock_warning(hard: int | None, floor_text: str | None, rdma: list[str] | 
 
 def node_notes(warnings: Sequence[str], node: str | None, environ: Mapping[str, str],
                log=None) -> list[str]:
-    """What the task of local rank 0 on ``node`` prints of the node's
-    ``warnings`` (plan, rank and limit problems, each once) -> lines for
-    stderr, without the ``gsrun: bind: warning:`` prefix.
-
-    Every warning goes to syslog (``gsrun[<job>]: bind: <node>: ...``, the
-    admin's copy: ``log``, default a :class:`gsrun.base.log.JobLog` of
-    ``SLURM_JOB_ID``). The job's terminal gets at most one line per job: from
-    the task of global rank 0 (``SLURM_PROCID`` 0 or unset), the first
-    warning and how many more there are. ``GSRUN_BIND_VERBOSE=1`` prints
-    every warning of every node, as the admin sees them."""
+    """Local rank 0's stderr lines for the node's ``warnings``: every warning
+    goes to ``log`` (syslog); the terminal gets one line per job, from global
+    rank 0 (the first and how many more), or all with ``GSRUN_BIND_VERBOSE=1``."""
     if not warnings:
         return []
     where = f"{node}: " if node else ""
@@ -200,11 +193,9 @@ def node_notes(warnings: Sequence[str], node: str | None, environ: Mapping[str, 
 
 def run_exec(p: BindParams, environ: Mapping[str, str], notes_out: dict | None = None
              ) -> tuple[list[str], dict[str, str]]:
-    """Apply the current task's plan and return (argv, environment) to exec.
-    Raises the soft ``RLIMIT_MEMLOCK`` to the hard one; with ``GSRUN_MALLOC``
-    set, puts the allocator first in ``LD_PRELOAD`` (:mod:`gsrun.bind.malloc`).
-    Local rank 0 fills ``notes_out`` (when given) with the task notes
-    (:mod:`gsrun.facts.task_notes`).
+    """Apply the task's plan (and raise the soft ``RLIMIT_MEMLOCK``, preload
+    ``GSRUN_MALLOC``) -> (argv, environment) to exec; local rank 0 fills
+    ``notes_out`` with the task notes.
 
     Raises:
         GsrunError: a bad flag or host root (usage errors only).

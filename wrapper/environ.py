@@ -58,11 +58,9 @@ def script_options(script: str) -> dict[str, str | None]:
 
 
 def sbatch_env_args(script: str, environ: Mapping[str, str]) -> tuple[list[str], list[str]]:
-    """The sbatch command-line options that keep the script's choices against
-    the ``SBATCH_*`` variables of ``environ`` -> ``(args, overridden variable
-    names)``. A memory variable meets any memory option of the script (the
-    command line's memory option resets the others: ``_validate_memory_options``
-    in ``src/common/slurm_opt.c``).
+    """sbatch options keeping the script's choices against ``SBATCH_*`` ->
+    ``(args, overridden names)``; a memory variable meets any memory option
+    (``_validate_memory_options``, ``src/common/slurm_opt.c``).
 
     Raises:
         InputError: a variable of :data:`NO_UNDO`, or ``SBATCH_EXCLUSIVE``

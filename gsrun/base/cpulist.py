@@ -20,15 +20,12 @@ MAX_LIST_IDS = 4 * MAX_CPUS
 
 
 def parse_cpulist(text: str | None) -> list[int]:
-    """``"0-3,8"`` -> ``[0, 1, 2, 3, 8]`` (sorted, unique). Empty/None -> ``[]``.
-
-    Accepts the kernel's stride form ``0-15:2`` too.
+    """``"0-3,8"`` (or the stride form ``0-15:2``) -> ``[0, 1, 2, 3, 8]``, sorted, unique.
 
     Raises:
-        InputError: a token that is not ``N``, ``N-M`` or ``N-M:S`` (likely a
-            mask given where a list was expected), a CPU id >= 65536 (checked
-            before a range is expanded: ``0-4294967295`` allocates nothing), or
-            ranges naming more than :data:`MAX_LIST_IDS` ids in all.
+        InputError: a token not ``N``, ``N-M`` or ``N-M:S`` (a mask given for a
+            list?), a CPU id >= 65536 (checked before expanding), or more than
+            :data:`MAX_LIST_IDS` ids.
     """
     if text is None:
         return []
@@ -103,11 +100,8 @@ def words_to_cpus(words: Iterable[int], bits: int = 64) -> list[int]:
 
 
 def parse_cpumask(text: str | None) -> list[int]:
-    """A kernel hex CPU mask -> CPU ids, ascending. The form of
-    ``/proc/irq/N/smp_affinity``, ``effective_affinity`` and ``local_cpus``
-    (``bitmap_print_to_pagebuf``): comma-separated 32-bit words of hex
-    digits, most significant word first, e.g. ``00000000,0000ff00`` ->
-    ``[8..15]`` (any width: a 256-CPU host prints 8 words).
+    """A kernel hex CPU mask (``/proc/irq/N/smp_affinity``: 32-bit words, most
+    significant first, ``00000000,0000ff00`` -> ``[8..15]``) -> CPU ids.
 
     Raises:
         InputError: not such a mask, or more than :data:`MAX_CPUS` bits.

@@ -56,13 +56,10 @@ def root_child_env(keep: Iterable[str] = (), base: Mapping[str, str] | None = No
 
 
 def spawn_detached(argv: list[str], env: dict, log_fd: int | None = None) -> int:
-    """Start ``argv`` (``argv[0]`` a path) with exactly ``env``, stdin
-    ``/dev/null``, stdout and stderr to ``log_fd`` (None: ``/dev/null``), in a new session, in
-    :data:`ROOT_CWD`, with no descriptor but 0-2 (every other one is marked
-    close-on-exec first) and SIGPIPE/SIGXFSZ at their defaults -- what ``subprocess.Popen(...,
-    start_new_session=True, close_fds=True, cwd=ROOT_CWD)`` did, with
-    ``os.posix_spawn`` (``subprocess`` costs the prolog ~8 ms of imports).
-    Returns the PID; the child is not waited for.
+    """Start ``argv`` detached (``os.posix_spawn``: ``subprocess`` costs the
+    prolog ~8 ms of imports): exactly ``env``, stdin ``/dev/null``, output to
+    ``log_fd`` (None: ``/dev/null``), a new session, :data:`ROOT_CWD`, no
+    other descriptor, default SIGPIPE/SIGXFSZ. Returns the PID, not waited for.
 
     Raises:
         OSError: the program cannot be started (not found, not executable).
@@ -114,11 +111,8 @@ def _no_inherit_from(low: int) -> None:
 
 def run_bounded(argv: Sequence[str], timeout_s: float, input_text: str | None = None,
                 env: Mapping[str, str] | None = None, cwd: str = ROOT_CWD) -> tuple[int | None, str, str]:
-    """Run ``argv`` with ``timeout_s`` in ``cwd`` (default ``/``: a tool that
-    is a script never sees the caller's directory). Returns (exit status, or
-    None on timeout; stdout; stderr). Text is decoded with ``errors="replace"`` and
-    ``input_text`` encoded with ``surrogateescape`` (non-UTF-8 arguments from
-    ``os.fsdecode`` survive).
+    """Run ``argv`` with ``timeout_s`` in ``cwd`` (default ``/``) -> (exit
+    status or None on timeout, stdout, stderr), decoded with ``replace``.
 
     Raises:
         OSError: the program cannot be started (not found, not executable).

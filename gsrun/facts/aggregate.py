@@ -140,16 +140,10 @@ class Timeline:
 
 @dataclass
 class Counter:
-    """A monotonically increasing hardware counter (NVML
-    ``nvmlDeviceGetTotalEnergyConsumption``, mJ since driver load) that may
-    reset (driver reload, GPU reset) or wrap: ``total`` sums the deltas
-    between readings. A reading below the previous one is a reset (or a
-    wrap): the counter restarted from 0, so the new reading itself is what
-    accrued since the reset (the energy between the last reading before it
-    and the reset is lost: at most one interval). ``None`` readings (N/A)
-    are skipped: the next delta covers the gap, so gaps lose nothing.
-    ``t_first_s`` / ``t_last_s`` are the times of the first and last
-    readings (the span ``total`` covers)."""
+    """A cumulative hardware counter (``nvmlDeviceGetTotalEnergyConsumption``,
+    mJ) whose ``total`` sums the deltas between readings; a lower reading is a
+    reset, counted from 0 (at most one interval lost); None readings skipped.
+    ``t_first_s`` / ``t_last_s``: the span ``total`` covers."""
 
     first: float | None = None
     last: float | None = None

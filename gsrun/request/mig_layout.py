@@ -36,16 +36,11 @@ def _bad(detail: str) -> InputError:
 
 
 def parse_layout(text: str) -> list[tuple[int, str]]:
-    """Parse a layout into ``[(count, profile_name), ...]``.
-
-    Profile names are returned lower case, in first-seen order; repeated
-    names are merged (``3g.71gb+3g.71gb`` -> ``[(2, "3g.71gb")]``).
+    """A layout -> ``[(count, profile_name), ...]``, lower case, repeats merged.
 
     Raises:
-        InputError: empty text, a character outside ``[0-9a-z.+x]`` (case is
-            folded), more than :data:`MAX_LAYOUT_CHARS` characters, a term that
-            is not ``[<n>x]<s>g.<m>gb``, slices outside :data:`SLICES`, an unknown ``+suffix``, a count of 0,
-            or more than :data:`MAX_INSTANCES` instances in total.
+        InputError: empty, a character outside ``[0-9a-z.+x]``, too long, a bad
+            term, slices or suffix, a count of 0, more than :data:`MAX_INSTANCES`.
     """
     if not isinstance(text, str):
         raise _bad(f"expected text, got {type(text).__name__}")

@@ -12,10 +12,8 @@ HINT = "use an integer from 1 to 100 (e.g. --gs-mps=50 or --mps=50), or the opti
 
 
 def parse_mps_share(text: str, source: str = "--gs-mps", phase: str = "mps") -> int | None:
-    """``text`` -> the percentage 1-100, or None for the option given
-    without a value (``""``, surrounding blanks ignored: ``--mps`` alone,
-    ``SPANK_GS_MPS=``, ``mps=`` in the comment). ASCII digits only, at most
-    three (``"050"`` is 50, ``"0100"`` is refused).
+    """``text`` -> the percentage 1-100 (at most three ASCII digits), or None
+    for a blank value (``--mps`` alone).
 
     Raises:
         InputError: ``gsrun: <phase>: bad active thread percentage:

@@ -105,16 +105,11 @@ def parse_hugepages(value: str) -> tuple[int, int]:
 
 def parse_tune_request(text: str) -> dict[str, str]:
     """``"governor=performance, swappiness=10"`` -> ``{"governor": "performance",
-    "swappiness": "10"}`` (insertion order = order given).
-
-    Whitespace around tokens is ignored; an empty or blank text is ``{}``.
-    Integers are kept as their decimal text (no sign, no leading zeros).
+    "swappiness": "10"}`` in the order given; blank text is ``{}``.
 
     Raises:
-        InputError: an empty token (``a=1,,b=2`` or a trailing comma), a token
-            without ``=``, an unknown key, a key given twice, or a value outside
-            its syntax/range (table above). The detail names the bad token.
-            Likely cause: a typo in ``--tune``/``--gs-tune`` or ``tuning.defaults``.
+        InputError: an empty token, no ``=``, an unknown or repeated key, a
+            value outside the table above (a typo in ``--tune`` or ``tuning.defaults``).
     """
     if not isinstance(text, str):
         raise InputError("tune", "bad tuning request", f"expected text, got {type(text).__name__}", hint=HINT)
