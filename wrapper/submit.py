@@ -9,6 +9,7 @@ import stat
 import sys
 import time
 import zlib
+from contextlib import suppress
 from dataclasses import astuple, dataclass
 from functools import partial
 from pathlib import Path
@@ -129,10 +130,8 @@ class Watcher:
             if body is not None:
                 return body
             taken, body = ask()
-            try:
+            with suppress(OSError):
                 atomic_write(path, f"gsrun-queue {taken:.3f}\n{body}", 0o600, durable=False)
-            except OSError:
-                pass
             return taken, body
         finally:
             os.close(lock)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+from contextlib import suppress
 
 import click
 
@@ -86,8 +87,6 @@ def exit_now(rc: int) -> None:
     for f in (sys.stdout, sys.stderr):
         if f is None:       # started with that fd closed (cron, `>&-`): nothing to flush
             continue
-        try:
+        with suppress(OSError, ValueError):
             f.flush()
-        except (OSError, ValueError):
-            pass
     os._exit(rc)

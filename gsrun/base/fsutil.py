@@ -13,6 +13,7 @@ import os
 import shutil
 import stat
 import time
+from contextlib import suppress
 from pathlib import Path
 
 from gsrun.base.errors import NodeError
@@ -62,16 +63,12 @@ def atomic_write(path: str | os.PathLike, data: str | bytes, mode: int = 0o644,
         except BaseException:
             if fd is not None:
                 os.close(fd)
-            try:
+            with suppress(OSError):
                 os.unlink(tmp, dir_fd=dfd)
-            except OSError:
-                pass
             raise
         if durable:
-            try:
+            with suppress(OSError):
                 os.fsync(dfd)
-            except OSError:
-                pass
     finally:
         os.close(dfd)
 
@@ -214,10 +211,8 @@ def ensure_dir(path: str | os.PathLike, mode: int, uid: int = 0, gid: int = 0,
     """
     path = Path(path)
     for attempt in range(2):
-        try:
+        with suppress(FileExistsError):
             os.mkdir(path, mode)
-        except FileExistsError:
-            pass
         problem = None
         fd = None
         try:
@@ -267,11 +262,9 @@ def unlink_names(directory: str | os.PathLike, names) -> list[str]:
     try:
         wanted = [n for n in os.listdir(dfd) if names(n)] if callable(names) else list(names)
         for name in wanted:
-            try:
+            with suppress(FileNotFoundError):
                 os.unlink(name, dir_fd=dfd)
                 gone.append(name)
-            except FileNotFoundError:
-                pass
     finally:
         os.close(dfd)
     return gone
@@ -302,7 +295,5 @@ def publish_once(path: str | os.PathLike, data: bytes, mode: int = 0o600) -> boo
     except FileExistsError:
         return False
     finally:
-        try:
+        with suppress(FileNotFoundError):
             os.unlink(stage)
-        except FileNotFoundError:
-            pass

@@ -14,6 +14,7 @@ import re
 import sys
 import syslog
 import time
+from contextlib import suppress
 
 from gsrun.base.ids import is_job_id
 
@@ -87,25 +88,19 @@ class JobLog:
     def __call__(self, msg: str, level: int = syslog.LOG_INFO) -> None:
         line = safe_text(f"{self.phase}: {self.tidy(msg)}")
         if self.use_syslog:
-            try:
+            with suppress(Exception):
                 syslog.syslog(level, line)
-            except Exception:  # noqa: BLE001
-                pass
         tag = f"gsrun[{self.job_id}]" if self.job_id else "gsrun"
-        try:
+        with suppress(Exception):
             if self.stream is not None:
                 self.stream.write(f"{tag}: {line}\n")
                 self.stream.flush()
-        except Exception:  # noqa: BLE001
-            pass
         path = os.environ.get("GSRUN_LOG_FILE")
         if path:
-            try:
+            with suppress(OSError, ValueError):
                 fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640)
                 with os.fdopen(fd, "a", errors="backslashreplace") as f:
                     f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {tag}: {line}\n")
-            except (OSError, ValueError):
-                pass
 
     def warn(self, msg: str) -> None:
         self(msg, syslog.LOG_WARNING)

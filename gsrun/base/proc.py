@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterable, Mapping, Sequence
+from contextlib import suppress
 
 # The working directory of every child that root code starts: never the caller's
 # (slurmctld's may be /var/tmp, an admin's /tmp or a shared checkout).
@@ -125,10 +126,8 @@ def run_bounded(argv: Sequence[str], timeout_s: float, input_text: str | None = 
         out, err = p.communicate(input=data, timeout=timeout_s)
         return p.returncode, out.decode(errors="replace"), err.decode(errors="replace")
     except BaseException as e:
-        try:
+        with suppress(OSError):
             os.killpg(p.pid, signal.SIGKILL)
-        except OSError:
-            pass
         if not isinstance(e, subprocess.TimeoutExpired):   # the caller's own alarm: never leave it running
             p.wait()
             raise

@@ -17,6 +17,7 @@ import os
 import select
 import subprocess
 import time
+from contextlib import suppress
 
 from gsrun.facts.elf import library_problem
 from gsrun.request.malloc import ALLOCATORS, check_lib_dirs
@@ -128,10 +129,8 @@ def write_notes(path: str, notes: dict) -> None:
             json.dump(notes, f, separators=(",", ":"))
         os.replace(tmp, path)
     except OSError:
-        try:
+        with suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
 
 
 def verify_mapped(pid: int, lib: str, wait_s: float = MAPS_WAIT_S, sleep=time.sleep) -> tuple[str, str]:
