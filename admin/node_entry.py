@@ -27,12 +27,8 @@ HOOK_BOOTSTRAP = "import sys; sys.path.append(sys.argv.pop(1)); from gsrun.admin
 
 
 def hook_argv(command: str, python: str | None = None) -> list[str] | None:
-    """``[python, "-I", "-S", "-c", HOOK_BOOTSTRAP, site_dir, command]`` for
-    this installation (``python`` defaults to :data:`sys.executable`); None
-    when gsrun is not laid out as a regular install (an editable checkout):
-    the hook then runs ``gsrun-node``. Only for a venv (``pyvenv.cfg``) that
-    holds gsrun: a system-wide install may have its dependencies in another
-    site directory."""
+    """``[python, "-I", "-S", "-c", HOOK_BOOTSTRAP, site_dir, command]``; None
+    unless gsrun is a regular install in a venv (the hook then runs ``gsrun-node``)."""
     site_dir = os.path.dirname(os.path.dirname(os.path.abspath(gsrun.__file__)))
     prefix = os.path.abspath(sys.prefix)
     if not (os.path.isfile(os.path.join(site_dir, "gsrun", "prolog", "main.py"))
@@ -86,13 +82,9 @@ def hook_command(command: str, gsrun_node: str) -> str:
 
 
 def _site_when_needed() -> None:
-    """Started ``-S`` (:data:`HOOK_BOOTSTRAP`): gsrun's dependencies are in its
-    own site directory (the one holding this package) unless the venv was made with
-    ``--system-site-packages`` (then ``site`` runs after all) or that
-    directory has ``.pth`` files that add paths (then they are processed:
-    ``site.addsitedir``), e.g. a venv that sees another Python's packages
-    through a ``.pth`` (tests/gpu/install-venv). setuptools'
-    ``distutils-precedence.pth`` changes nothing gsrun imports and is left out."""
+    """Started ``-S``: run ``site`` after all for a ``--system-site-packages``
+    venv, or ``site.addsitedir`` when the site directory has path-adding
+    ``.pth`` files (tests/gpu/install-venv; not setuptools' distutils one)."""
     if not sys.flags.no_site:
         return
     try:

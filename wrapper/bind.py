@@ -154,13 +154,9 @@ MEMLOCK_ENV = "GSRUN_MEMLOCK_MIN_BYTES"
 
 
 def memlock_warning(hard: int | None, floor_text: str | None, rdma: list[str] | None = None) -> str | None:
-    """The admin's warning for a task whose hard ``RLIMIT_MEMLOCK`` (bytes,
-    ``resource.RLIM_INFINITY`` = unlimited; None = unreadable) is below the
-    floor in ``$GSRUN_MEMLOCK_MIN_BYTES`` (bytes, or ``unlimited``, the
-    default; :func:`gsrun.facts.memlock.memlock_problem`), naming the node's
-    RDMA devices (``rdma``); None when fine. A soft limit below the hard one
-    is no problem: gsrun-bind raises it. The text goes to the task notes
-    (the report's node settings), never to the user's terminal."""
+    """The task notes' warning for a hard ``RLIMIT_MEMLOCK`` (bytes; None:
+    unreadable) below ``$GSRUN_MEMLOCK_MIN_BYTES`` (default unlimited), naming
+    the ``rdma`` devices; None when fine."""
     problem = memlock_problem(hard, floor_text)
     if problem is None:
         return None
@@ -327,9 +323,7 @@ def _hostfs(host_root: str | None, environ: Mapping[str, str]) -> HostFS:
 
 
 def first_job_host(environ: Mapping[str, str]) -> str:
-    """The first host of the job's ``SLURM_JOB_NODELIST`` (the batch host,
-    torch.distributed's rendezvous), expanded by
-    :func:`gsrun.facts.slurm.expand_hostlist`: no ``scontrol`` needed.
+    """The first host of ``SLURM_JOB_NODELIST`` (torch.distributed's rendezvous).
 
     Raises:
         InputError: the variable is missing, empty or not a hostlist.

@@ -31,12 +31,9 @@ _LAUNCHER_MODULES = {"torch.distributed.run": "torchrun", "torch.distributed.lau
 
 @dataclass(frozen=True, slots=True)
 class Python:
-    """The interpreter a ``.py`` SCRIPT or ``-m MODULE`` runs with, and why.
-
-    ``env``: ``"venv"`` or ``"conda"`` when it is the active environment's
-    (``prefix`` is then ``$VIRTUAL_ENV`` / ``$CONDA_PREFIX``, made absolute;
-    ``conda`` is ``$CONDA_EXE``, the conda that activates it in the job, or
-    None), else None."""
+    """The interpreter of a ``.py`` SCRIPT or ``-m MODULE``, and why; ``env``
+    ``"venv"``/``"conda"`` for the active environment's (``prefix``, and
+    ``conda`` = ``$CONDA_EXE`` to activate it in the job)."""
 
     path: str
     why: str

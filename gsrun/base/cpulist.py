@@ -115,10 +115,8 @@ def parse_cpumask(text: str | None) -> list[int]:
 
 
 def format_cpumask(cpus: Iterable[int]) -> str:
-    """CPU ids -> the kernel's hex mask form (see :func:`parse_cpumask`): as
-    many 32-bit words as the highest CPU needs, each 8 digits, most
-    significant first. ``[8..15]`` -> ``0000ff00``; ``[0, 64]`` ->
-    ``00000001,00000000,00000001``; ``[]`` -> ``00000000``.
+    """CPU ids -> the kernel's hex mask (:func:`parse_cpumask`): ``[0, 64]`` ->
+    ``00000001,00000000,00000001``, ``[]`` -> ``00000000``.
 
     Raises:
         InputError: a CPU id below 0 or at least :data:`MAX_CPUS`.

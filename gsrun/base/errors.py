@@ -59,12 +59,8 @@ class NodeError(GsrunError):
 
 def run_cli(command, prog_name: str, argv=None, *, fast_exit: bool = False) -> None:
     """Run a click ``command`` as a console script: a :class:`GsrunError`
-    prints its ``gsrun: ...`` message and exits 2, click usage errors exit as
-    click says, Ctrl-C exits 130; otherwise the command's return value.
-
-    ``fast_exit``: a command that returned ends by :func:`exit_now` (no
-    interpreter teardown): only for a command that leaves no thread, no
-    ``atexit`` handler and no file open for writing behind it."""
+    exits 2 with its message, Ctrl-C 130, else the command's return value;
+    ``fast_exit``: end by :func:`exit_now` (a command leaving no thread or open file)."""
     try:
         rc = command.main(args=argv, prog_name=prog_name, standalone_mode=False)
     except GsrunError as e:

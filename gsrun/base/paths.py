@@ -56,10 +56,8 @@ class Paths:
         return ensure_dir(self.state_job(job_id), 0o700, replace_planted=True, log=log)
 
     def make_spool_job(self, job_id: str, log=None, gid: int | None = None) -> Path:
-        """Create (or check) ``<spool_dir>/jobs/<id>/``: root, group ``gid``
-        (the job's group), 0750 -- the job's user lists it and reads its
-        ``user-*.json`` copies through the group, other users can neither
-        list nor enter it; without ``gid`` root:root 0711 (nobody but root lists it).
+        """Create (or check) ``<spool_dir>/jobs/<id>/``: root, the job's group
+        ``gid``, 0750; without ``gid`` root:root 0711.
 
         Raises:
             NodeError: ``<spool_dir>`` or ``<spool_dir>/jobs`` is planted or foreign.

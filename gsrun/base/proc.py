@@ -28,26 +28,17 @@ _PY_ENV_OK = frozenset({"PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED", "PYTHONIO
 
 
 def root_python(*args: str, python: str | None = None) -> list[str]:
-    """The argv of a child Python that root code starts:
-    ``[python, "-P", "-s", *args]`` (``python`` defaults to
-    :data:`sys.executable`). ``-P`` (Python >= 3.11) keeps the working
-    directory / script directory off ``sys.path`` for ``-m`` and ``-c``; ``-s``
-    leaves out the user site-packages. Use with :func:`root_child_env` and
-    ``cwd=ROOT_CWD``. E.g. ``root_python("-m", "gsrun.epilog.ctld", "finish", "42")``.
-    """
+    """``[python, "-P", "-s", *args]`` for a child Python of root code: no
+    working directory on ``sys.path``, no user site (with
+    :func:`root_child_env` and ``cwd=ROOT_CWD``)."""
     return [python or sys.executable, "-P", "-s", *args]
 
 
 def root_child_env(keep: Iterable[str] = (), base: Mapping[str, str] | None = None,
                    extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The explicit, minimal environment of a child of root code: the
-    variables of :data:`CHILD_ENV_BASE` plus the names in ``keep`` taken from
-    ``base`` (default :data:`os.environ`), then ``extra``; ``PATH`` defaults
-    to :data:`SAFE_PATH`. A ``PYTHON*`` variable survives only when it is
-    harmless (``PYTHONDONTWRITEBYTECODE``, ``PYTHONUNBUFFERED``,
-    ``PYTHONIOENCODING``): ``PYTHONPATH``, ``PYTHONHOME``, ``PYTHONSTARTUP``,
-    ``PYTHONUSERBASE``, ``PYTHONWARNINGS``... never reach a root child, even
-    from ``keep`` or ``extra``. Pure. -> {name: value}."""
+    """The minimal environment of a child of root code: :data:`CHILD_ENV_BASE`
+    and ``keep`` from ``base``, then ``extra``; ``PATH`` defaults to
+    :data:`SAFE_PATH`; no ``PYTHON*`` but the harmless ones, even from ``extra``."""
     src = os.environ if base is None else base
     env = {k: src[k] for k in (*CHILD_ENV_BASE, *keep, *_PY_ENV_OK) if k in src}
     env.update(extra or {})

@@ -49,13 +49,9 @@ node summary made without sampler state). Falsy."""
 
 
 def field(doc: str, default: Any = dataclasses.MISSING, *, factory=dataclasses.MISSING, optional_key: bool = False):
-    """A record field with its documentation (the schema's ``description``:
-    shape, unit and where the number comes from).
-
-    ``optional_key``: the key may be absent from today's JSON: the default
-    is :data:`ABSENT` and the schema does not require the key. Other fields
-    are required by the schema even when they have a default (the default
-    is there to read older files)."""
+    """A record field with its doc (the schema's ``description``: shape, unit,
+    source). ``optional_key``: default :data:`ABSENT`, not required by the
+    schema; other fields are required even with a default (for older files)."""
     if optional_key:
         default = ABSENT
     md = {"doc": doc, "optional_key": optional_key}

@@ -55,12 +55,9 @@ def run_ldconfig() -> str:
 
 def find_allocator(name: str, dirs, ldconfig=run_ldconfig, machine: str | None = None
                    ) -> tuple[str | None, list[str], list[str]]:
-    """``(path, looked, rejected)``: the first usable library of allocator
-    ``name`` (its sonames in order, :data:`gsrun.request.malloc.ALLOCATORS`)
-    in ``dirs``, then in ``ldconfig -p`` (``ldconfig``: a callable giving its
-    text, called only when the directories have none); ``looked`` says where
-    it looked, ``rejected`` why candidates found were not used. ``path`` None:
-    none usable."""
+    """``(path or None, looked, rejected)``: the first usable library of
+    allocator ``name`` in ``dirs``, then ``ldconfig()``'s text; where it
+    looked, and why candidates were refused."""
     alloc = ALLOCATORS[name]
     looked, rejected = list(dirs), []
     for d in dirs:

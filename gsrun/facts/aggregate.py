@@ -90,12 +90,8 @@ class Metric:
 
 @dataclass
 class Timeline:
-    """Bounded downsampled series of ``[t_s, mean, max]`` buckets.
-
-    Each new point is its own bucket; when there are ``max_points`` buckets
-    every pair of neighbours is merged (time-weighted by the count they hold),
-    halving the resolution. Memory is O(max_points) for any job length.
-    """
+    """At most ``max_points`` ``[t_s, mean, max]`` buckets; when full, neighbours
+    merge (weighted by their counts), halving the resolution."""
 
     max_points: int = 1000
     points: list = field(default_factory=list)   # [t_start_s, mean, max, count]

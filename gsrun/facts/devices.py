@@ -42,15 +42,9 @@ NO_DEVICE_VALUES = ("NoDevFiles", "-1")
 
 @dataclass(frozen=True, slots=True)
 class DeviceToken:
-    """One entry of a device list.
-
-    ``text`` is the entry as written (stripped). ``index`` is set for
-    ``index``; ``uuid`` holds the GPU UUID (``gpu-uuid``), the prefix
-    (``gpu-uuid-prefix``), the MIG UUID (``mig-uuid``) or the *parent* GPU
-    UUID (``mig-legacy``, with ``gi``/``ci`` the GPU/compute instance ids).
-    UUIDs keep NVIDIA's spelling but compare case-insensitively (see
-    :meth:`matches_uuid`).
-    """
+    """One entry of a device list (``text`` stripped): ``index``, or ``uuid``
+    (the GPU UUID, its prefix, the MIG UUID, or for ``mig-legacy`` the parent
+    GPU's, with ``gi``/``ci``), compared case-insensitively."""
 
     kind: TokenKind
     text: str
@@ -118,11 +112,8 @@ def parse_device_token(text: str, allow_ranges: bool = False) -> list[DeviceToke
 
 
 def parse_device_list(value: str | None, allow_ranges: bool = False) -> list[DeviceToken] | None:
-    """``"0,1"`` / ``"GPU-...,GPU-..."`` / ``"MIG-..."`` -> tokens in order.
-
-    ``None`` (variable unset) -> ``None``: nothing known. ``""`` (set but
-    empty), ``NoDevFiles`` or ``-1`` -> ``[]``: no GPU is visible. Duplicate
-    entries are kept once (first wins), as CUDA does.
+    """``"0,1"`` / ``"GPU-...,MIG-..."`` -> tokens in order, duplicates once;
+    None -> None; ``""``, ``NoDevFiles``, ``-1`` -> ``[]`` (no GPU).
 
     Raises:
         InputError: an entry that is no device name (see :func:`parse_device_token`).

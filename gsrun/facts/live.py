@@ -26,12 +26,8 @@ MAX_LIVE_BYTES = 1 << 20        # a live file bigger than this is not ours (a fe
 
 
 def read_live_docs(job_dir) -> dict[str, dict]:
-    """node -> live doc for every ``user-live-<node>.json`` in ``job_dir``
-    that parses as one (kind ``live``, this version or older). Files that do
-    not parse, are too big, are not root's (or, not root, this user's), are
-    writable by group or others, or name a bad node are skipped
-    (:func:`gsrun.base.fsutil.read_spool_json`: one bounded read, no
-    check-then-read race)."""
+    """node -> live doc of each ``user-live-<node>.json`` in ``job_dir`` that
+    :func:`gsrun.base.fsutil.read_spool_json` accepts and parses as one."""
     out: dict[str, dict] = {}
     try:
         names = sorted(p.name for p in Path(job_dir).iterdir() if p.name.startswith(LIVE_PREFIX))

@@ -507,14 +507,8 @@ def parse_config(text: str, source: str = "<string>") -> Config:
 
 
 def config_path(path: str | None = None, environ=None) -> tuple[str, bool]:
-    """Which config file every gsrun command reads, and whether it was named
-    explicitly (a named file must exist).
-
-    ``path`` (``--config``), else ``$GSRUN_CONFIG``, else ``gsrun.toml`` in the
-    directory of ``$SLURM_CONF`` when that file exists (Slurm's own convention
-    for ``plugstack.conf``, ``gres.conf``, ``cgroup.conf``), else
-    ``/etc/gsrun/gsrun.toml``.
-    """
+    """(config file, named explicitly): ``path``, else ``$GSRUN_CONFIG``, else
+    an existing ``gsrun.toml`` beside ``$SLURM_CONF``, else ``/etc/gsrun/gsrun.toml``."""
     environ = os.environ if environ is None else environ
     explicit = path or environ.get(ENV_CONFIG)
     if explicit:
@@ -528,9 +522,7 @@ def config_path(path: str | None = None, environ=None) -> tuple[str, bool]:
 
 
 def load_config(path: str | None = None, environ=None) -> Config:
-    """Load the file :func:`config_path` names (``path``, ``$GSRUN_CONFIG``,
-    ``gsrun.toml`` beside ``$SLURM_CONF``, ``/etc/gsrun/gsrun.toml``); built-in
-    defaults when that file does not exist.
+    """Load the file :func:`config_path` names; built-in defaults when absent.
 
     Raises:
         ConfigError: as :func:`parse_config`, or an explicitly named file is missing.
