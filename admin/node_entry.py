@@ -21,8 +21,7 @@ import sys
 import gsrun
 
 HOOKS = ("prolog", "epilog", "epilog-ctld")
-# ``python3 -I -S -c HOOK_BOOTSTRAP <site-packages> <command>``: the command a hook hands the node
-# daemon (gsrun.daemon.server.hook_args), which runs it in a child as this module's main()
+# ``python3 -I -S -c HOOK_BOOTSTRAP <site-packages> <command>``, run by the daemon (server.hook_args)
 HOOK_BOOTSTRAP = "import sys; sys.path.append(sys.argv.pop(1)); from gsrun.admin.node_entry import main; main()"
 
 

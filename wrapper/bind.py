@@ -91,8 +91,7 @@ def run_plan(p: BindParams, environ: Mapping[str, str]) -> str:
         topo = read_topology_xml(xml)
         allowed = allowed or list(topo.cpus_online)
     else:
-        # the JSON plan: sysfs/procfs first, NVML only for what they leave unknown (the
-        # same plan); the table also shows NVML's own view of each GPU (CPU affinity)
+        # the JSON plan needs NVML only where sysfs leaves a gap; the table shows NVML's view too
         topo = read_topology(fs, nvml=NVML_IF_NEEDED if p.as_json else True)
     env = plan_environ(environ, p.gpus, p.ntasks_per_node, p.local_rank)
     if p.local_rank is None:
@@ -235,8 +234,7 @@ def run_exec(p: BindParams, environ: Mapping[str, str], notes_out: dict | None =
         env.pop(k, None)
     env.update(rp.env)
     env["GSRUN_BIND_CPUS"] = format_cpulist(applied)
-    # torch.distributed's contract per task: RANK/WORLD_SIZE from srun's task ids
-    # (a launcher's worker keeps the ones its launcher set)
+    # torch.distributed's RANK/WORLD_SIZE from srun's task ids (a launcher's worker keeps its own)
     if not worker and environ.get("SLURM_PROCID", "").isdigit():
         env["RANK"] = environ["SLURM_PROCID"]
     if not worker and environ.get("SLURM_NTASKS", "").isdigit():

@@ -13,9 +13,7 @@ from collections.abc import Iterable
 from gsrun.base.errors import InputError
 
 MAX_CPUS = 1 << 16  # bound on CPU ids we accept from any input
-#: Most CPU ids one list may name, its ranges counted before they are expanded
-#: (a kernel list names each CPU once: at most MAX_CPUS; the slack is for
-#: hand-written overlapping lists).
+#: Most CPU ids one list may name, counted before expanding (slack for overlapping hand-written lists)
 MAX_LIST_IDS = 4 * MAX_CPUS
 
 

@@ -16,9 +16,7 @@ from pathlib import Path
 from gsrun.base.fsutil import ensure_dir
 from gsrun.base.ids import check_job_id
 
-# The built-in defaults of ``paths.state_dir``, ``paths.spool_dir``, ``paths.mps_dir``
-# (:mod:`gsrun.request.config`'s settings table). Here because the node daemon
-# finds its socket before it reads any config.
+# the defaults of paths.* in the config's settings: the daemon finds its socket before any config
 DEFAULT_STATE_DIR = "/run/gsrun"
 DEFAULT_SPOOL_DIR = "/var/spool/gsrun"
 DEFAULT_MPS_DIR = "/run/gsrun/mps"

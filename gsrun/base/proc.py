@@ -15,15 +15,12 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import suppress
 
-# The working directory of every child that root code starts: never the caller's
-# (slurmctld's may be /var/tmp, an admin's /tmp or a shared checkout).
+# the working directory of every child root code starts: never the caller's (/tmp, a checkout)
 ROOT_CWD = "/"
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # Always passed on when set: locale and where gsrun finds its config, dirs and Slurm.
 CHILD_ENV_BASE = ("PATH", "LANG", "LC_ALL", "GSRUN_CONFIG", "SLURM_CONF")
-# PYTHON* variables a child may inherit; every other one (PYTHONPATH, PYTHONHOME,
-# PYTHONSTARTUP, PYTHONUSERBASE, PYTHONWARNINGS -- which imports the module it names --,
-# PYTHONINSPECT, PYTHONBREAKPOINT ...) is dropped even when a caller asks to keep it.
+# the PYTHON* variables a child may inherit; every other one (PYTHONPATH, PYTHONWARNINGS...) is dropped
 _PY_ENV_OK = frozenset({"PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED", "PYTHONIOENCODING"})
 
 

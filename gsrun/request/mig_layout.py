@@ -14,9 +14,7 @@ import re
 from gsrun.base.errors import InputError
 
 MAX_LAYOUT_CHARS = 200
-#: Upper bound on instances in one layout. Real GPUs allow at most 7 (A100,
-#: H100, H200, B200); the bound sits above that so that ``8x1g.18gb`` reaches
-#: the planner, which says why 8 is too many for *this* GPU.
+#: Most instances in one layout: GPUs allow 7, so ``8x1g.18gb`` reaches the planner, which says why
 MAX_INSTANCES = 16
 MAX_TERM_COUNT = 16
 

@@ -17,15 +17,10 @@ from gsrun.facts.slurm import parse_tasks_per_node
 from gsrun.facts.topology import NVML_IF_NEEDED, Topology, read_allowed_cpus, read_topology
 from gsrun.bind.plan.rules import MAX_LOCAL_RANKS, Plan, make_plan, max_local_ranks, resolve_step_gpus
 
-#: Most GPUs a step's device list may name on one node, ranges expanded: a
-#: node has at most 16 GPUs today (HGX-2), 112 gres entries when each holds 7
-#: MIG instances. Each entry costs a token and a lookup, as root, so a longer
-#: list (``SLURM_STEP_GPUS``, ``SLURM_JOB_GPUS``, ``CUDA_VISIBLE_DEVICES``) is
-#: refused before it is expanded.
+#: Most GPUs a step's device list may name on one node, counted before expanding
+#: (16 GPUs x 7 MIG instances = 112 today; the list is parsed as root).
 MAX_STEP_GPUS = 256
-#: Most digits of a task number (``SLURM_LOCALID``, ``SLURM_NODEID``,
-#: ``SLURM_NTASKS_PER_NODE``): far above :data:`MAX_LOCAL_RANKS`, far below
-#: Python's 4300-digit ``int()`` limit.
+#: Most digits of a task number: above :data:`MAX_LOCAL_RANKS`, below ``int()``'s 4300-digit limit
 MAX_DIGITS = 9
 
 
