@@ -1,16 +1,9 @@
 """``gsrun-node doctor``: what this node can do for gsrun, in one table.
 
-Each check is a small function ``check_*(ctx) -> Check`` that reads facts
-through the node's :class:`~gsrun.facts.hostfs.HostFS` (``--host-root`` selects a
-recorded tree), the one NVML choke point (:func:`gsrun.facts.nvml.open_nvml`) and
-bounded subprocesses, and returns a :class:`Check`: ``status`` one of
-``ok`` / ``warn`` / ``fail`` / ``n/a``, a one-line ``detail``, a ``hint``
-(what to do) and ``data`` (machine-readable facts for ``--json``).
-
-Every check runs in its own daemon thread with its own timeout
-(:data:`TIMEOUTS_S`): a check that hangs (NVML on a wedged GPU, a dead NFS
-spool) is reported as ``fail: timed out`` and the others still run.
-``doctor`` exits 0 unless a check failed.
+Each ``check_*(ctx) -> Check`` reads through the node's HostFS (``--host-root``),
+NVML and bounded subprocesses, and says ``ok``/``warn``/``fail``/``n/a`` with a
+detail, a hint and ``data`` for ``--json``. Each runs in its own thread with
+its own timeout (:data:`TIMEOUTS_S`): a hang is ``fail: timed out``.
 """
 
 from __future__ import annotations
@@ -77,9 +70,7 @@ def _c(name, status, detail, hint="", **data) -> Check:
 
 @dataclass
 class Context:
-    """What the checks read from. ``run`` replaces :func:`subprocess.run`
-    (tests); ``which(name)`` finds an executable (under a fake root: in its
-    ``usr/bin``, ``usr/sbin``, ``bin``, ``sbin``, ``usr/local/bin``)."""
+    """What the checks read from; ``run`` replaces :func:`subprocess.run` (tests)."""
 
     hostfs: HostFS
     config_path: str | None = None
@@ -107,7 +98,6 @@ class Context:
         return self._cfg or Config()
 
     def nvml(self):
-        """The backend, or raises NvmlUnavailable (cached; opened once)."""
         if not self._nvml_lock.acquire(timeout=TIMEOUTS_S["nvml"]):
             raise NvmlUnavailable("TIMEOUT", "NVML initialisation did not return")
         try:
@@ -157,8 +147,7 @@ class Context:
 # ----------------------------------------------------------------------------- checks
 
 def world_usable(path: str) -> str | None:
-    """None when every user can run ``path`` (the file o+rx through symlinks,
-    every directory above it o+x), else the first component that blocks."""
+    """None when every user can run ``path``, else the first component that blocks."""
     p = os.path.realpath(path)
     try:
         if os.stat(p).st_mode & 0o005 != 0o005:
@@ -178,8 +167,7 @@ def world_usable(path: str) -> str | None:
 
 
 def check_install(ctx: Context) -> Check:
-    """gsrun's Python must be usable by every job user (tasks run gsrun-bind,
-    users run gsrun/gseff): a venv made from root's pyenv under /root is not."""
+    """gsrun's Python must be usable by every job user (not a venv of root's pyenv)."""
     py = ctx.environ.get("GSRUN_DOCTOR_PYTHON") or sys.executable
     pkg = os.path.join(os.path.dirname(gsrun.__file__), "__init__.py")
     blocked = world_usable(py) or (None if os.stat(pkg).st_mode & 0o004 else pkg)
@@ -204,8 +192,7 @@ def check_config(ctx: Context) -> Check:
 
 
 def _nvml_extra(nv) -> dict[str, Any]:
-    """Library (NVML) and CUDA driver versions; the backend API has only the
-    driver version, so these come from the recording / pynvml directly."""
+    """NVML library and CUDA driver versions, from the recording or pynvml."""
     out: dict[str, Any] = {}
     data = getattr(nv, "data", None)
     if isinstance(data, dict):
@@ -289,12 +276,8 @@ def check_gpus(ctx: Context) -> Check:
 
 
 def parse_gres_conf(text: str, node: str | None) -> list[str]:
-    """Device files of ``Name=gpu`` lines in gres.conf that apply to ``node``
-    (lines without ``NodeName``, or whose NodeName list names it); brackets
-    like ``nvidia[0-3]`` and lists ``/dev/nvidia0,/dev/nvidia1`` are expanded
-    as Slurm does (hostlist syntax: :func:`gsrun.facts.slurm.expand_hostlist`);
-    a File= that does not expand is kept as written, so the device check
-    reports it. Pure."""
+    """Device files (hostlist-expanded; kept as written when they do not
+    expand) of gres.conf's ``Name=gpu`` lines that apply to ``node``."""
     files: list[str] = []
     for line in (text or "").splitlines():
         line = line.split("#", 1)[0].strip()
@@ -318,9 +301,7 @@ def parse_gres_conf(text: str, node: str | None) -> list[str]:
 
 
 def check_slurm_gres(ctx: Context) -> Check:
-    """Slurm's view of this node's GPUs: ``scontrol -o show node <node>``
-    (``Gres=gpu:N``) and the gres.conf device files (``/dev/nvidiaN`` must be
-    NVIDIA character devices, major 195)."""
+    """``Gres=`` of ``scontrol -o show node`` and gres.conf's files (NVIDIA char devices, major 195)."""
     node = ctx.node or ctx.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
     cp = ctx.cmd(["scontrol", "-o", "show", "node", node])
     if cp is None or cp.returncode != 0 or not cp.stdout.strip():
@@ -403,8 +384,7 @@ def check_thp(ctx: Context) -> Check:
 
 
 def check_cstate(ctx: Context) -> Check:
-    """``cstate=``: switchable idle states (``cpuN/cpuidle/stateK/disable``, their
-    ``name`` and exit ``latency`` in us, cpu0's shown) and ``/dev/cpu_dma_latency``."""
+    """``cstate=``: cpu0's idle states (exit latency, us) and ``/dev/cpu_dma_latency``."""
     h = ctx.hostfs
     st = idle_states(h)
     hold = h.exists(DMA_LATENCY)
@@ -425,12 +405,9 @@ def check_cstate(ctx: Context) -> Check:
 
 
 def check_irq(ctx: Context) -> Check:
-    """``irq=local``: the GPUs' MSI IRQs (``sys/bus/pci/devices/<bdf>/msi_irqs``),
-    whether their ``/proc/irq/N/smp_affinity_list`` (else ``smp_affinity``) may be written by this user (file
-    mode: an IRQ the kernel manages itself refuses the write with EIO only at apply),
-    and irqbalance: started with gsrun's policy script (``tuning.irqbalance_policy_script``,
-    its ``-l``/``--policyscript=``), ``irq=local`` bans and pins the IRQs; otherwise the
-    prolog refuses ``irq=local`` while it runs."""
+    """``irq=local``: the GPUs' MSI IRQs, whether their affinity files are
+    writable (a kernel-managed IRQ says EIO only at apply), and whether
+    irqbalance runs with gsrun's policy script (else ``irq=local`` is refused)."""
     h = ctx.hostfs
     irqs = [n for n in h.listdir(IRQ) if n.isdigit()]
     if not irqs:
@@ -440,7 +417,6 @@ def check_irq(ctx: Context) -> Check:
     gpus, parts, unwritable = [], [], 0
     for bdf in sorted(sysfs_gpu_bdfs(h)):
         msi = sorted((n for n in h.listdir(f"{PCI}/{bdf}/msi_irqs") if n.isdigit()), key=int)
-        # smp_affinity_list, else smp_affinity (a hex mask: what irq=local writes where the list is absent)
         files = {}
         for n in msi:
             f = next((f for f in (f"{IRQ}/{n}/smp_affinity_list", f"{IRQ}/{n}/smp_affinity") if h.exists(f)), None)
@@ -472,8 +448,7 @@ def check_irq(ctx: Context) -> Check:
 
 
 def check_hugepages(ctx: Context) -> Check:
-    """``hugepages=``: page sizes per NUMA node with their pool and free counts
-    (``nodeN/hugepages/hugepages-<kB>kB/{nr,free}_hugepages``)."""
+    """``hugepages=``: pool and free counts per page size and NUMA node."""
     h = ctx.hostfs
     pools = HugepagesKnob().read(h)
     if not pools:
@@ -492,13 +467,9 @@ def check_hugepages(ctx: Context) -> Check:
 
 
 def check_memlock(ctx: Context) -> Check:
-    """Pinned memory for jobs: slurmd's own ``RLIMIT_MEMLOCK`` (``/proc/<pid>/limits``
-    of the process named ``slurmd``: what its jobs inherit unless Slurm propagates the
-    submitting shell's), slurm.conf's ``PropagateResourceLimits[Except]`` and the
-    node's RDMA devices (:func:`gsrun.facts.memlock.rdma_devices`: where the limit
-    matters most). A soft limit below an unlimited hard one is fine: gsrun-bind
-    raises each task's soft limit to its hard one; a limited hard limit is the
-    warning, said here once per node instead of on every job's terminal."""
+    """Pinned memory for jobs: slurmd's ``RLIMIT_MEMLOCK`` (what jobs inherit),
+    ``PropagateResourceLimits[Except]`` and the RDMA devices; a limited hard
+    limit warns (gsrun-bind raises soft limits to the hard one)."""
     h = ctx.hostfs
     pids = pids_by_comm(h, "slurmd")
     lim = parse_memlock(h.read(f"proc/{pids[0]}/limits")) if pids else None
@@ -543,7 +514,6 @@ def check_memlock(ctx: Context) -> Check:
 
 
 def _slurm_cgroup_dirs(fs: HostFS, base: str, max_depth: int = 3) -> list[str]:
-    """Directories named ``slurm*`` / ``slurmstepd.scope`` below ``base`` (bounded walk)."""
     found: list[str] = []
     frontier = [base.strip("/")]
     for _ in range(max_depth):
@@ -638,13 +608,10 @@ def check_mig(ctx: Context) -> Check:
 
 
 def find_spank_so(ctx: Context) -> str | None:
-    """The installed gsrun_spank.so: ``--spank-so``, else the first
-    ``gsrun_spank.so`` named in PlugStackConfig (default plugstack.conf next to
-    slurm.conf) or a file it ``include``s."""
+    """``--spank-so``, else the first ``gsrun_spank.so`` in PlugStackConfig or its ``include``s."""
     if ctx.spank_so:
         return ctx.spank_so
     conf = ctx.slurm_conf_path()
-
     try:
         ps = parse_slurm_conf(conf.read_text()).get("plugstackconfig")
     except OSError:
@@ -734,25 +701,16 @@ HOOKS_PER_LINE_MAX = 64     # files a Prolog=/Epilog= glob may name
 
 
 def hook_wiring(conf: dict[str, str], sock: str) -> dict[str, str]:
-    """For ``prolog`` and ``epilog`` of slurm.conf (``conf``: lowercased keys,
-    :func:`gsrun.admin.install.parse_slurm_conf`): ``"daemon"`` when a script
-    it names (a path or a glob: prolog.d) runs ``gsrun-hook`` on ``sock``,
-    ``"direct"`` when one runs gsrun without the daemon's client, ``"other"``
-    when none runs gsrun (``"unset"``: no such line). Reads at most
-    :data:`HOOKS_PER_LINE_MAX` files of :data:`HOOK_MAX_BYTES` each."""
+    """For slurm.conf's ``prolog`` and ``epilog``: ``"daemon"`` when a script
+    it names runs ``gsrun-hook`` on ``sock``, ``"direct"`` when one runs gsrun
+    otherwise, ``"other"``, or ``"unset"``."""
     out = {}
     for key in ("prolog", "epilog"):
-        val = conf.get(key)
-        if not val:
+        if not conf.get(key):
             out[key] = "unset"
             continue
         found = "other"
-        for path in sorted(glob.glob(val))[:HOOKS_PER_LINE_MAX]:
-            try:
-                with open(path, "rb") as f:
-                    text = f.read(HOOK_MAX_BYTES).decode("utf-8", "replace")
-            except OSError:
-                continue
+        for text in _hook_texts(conf, key):
             if "gsrun-hook" in text and sock in text:
                 found = "daemon"
                 break
@@ -763,9 +721,8 @@ def hook_wiring(conf: dict[str, str], sock: str) -> dict[str, str]:
 
 
 def check_daemon(ctx: Context) -> Check:
-    """The node daemon answers on ``<state dir>/daemon.sock`` (``@ping``), is
-    this release, slurm.conf's Prolog=/Epilog= run its client, and, when
-    SlurmUser is not root, it answers on ``ctld.sock`` for EpilogSlurmctld."""
+    """The node daemon answers (and on ``ctld.sock`` for a non-root SlurmUser),
+    is this release, and slurm.conf's hooks run its client."""
     state, _ = ctx.paths()
     sock = os.path.join(state, server.SOCKET_NAME)
     try:
@@ -805,11 +762,19 @@ def check_daemon(ctx: Context) -> Check:
 _LOG_FILE_IN_HOOK = re.compile(r"GSRUN_LOG_FILE=([^\s;'\"]+)")
 
 
+def _hook_texts(conf: dict[str, str], key: str):
+    """The (bounded) texts of the scripts slurm.conf's ``key`` names (a path or a glob)."""
+    for path in sorted(glob.glob(conf.get(key) or ""))[:HOOKS_PER_LINE_MAX]:
+        try:
+            with open(path, "rb") as f:
+                yield f.read(HOOK_MAX_BYTES).decode("utf-8", "replace")
+        except OSError:
+            continue
+
+
 def check_log(ctx: Context) -> Check:
-    """Where the hooks' log lines go: syslog (``/dev/log``, a socket) and/or the
-    ``GSRUN_LOG_FILE`` that a script of slurm.conf's Prolog=/Epilog= sets
-    (``gsrun-node install --log-file``). Neither: warn, the lines are lost
-    (a host without a syslog daemon)."""
+    """Where the hooks' log lines go: syslog (``/dev/log``) and/or the hooks'
+    ``GSRUN_LOG_FILE``; neither warns."""
     try:
         syslog = stat.S_ISSOCK(os.stat(ctx.hostfs.path("/dev/log")).st_mode)
     except OSError:
@@ -817,12 +782,8 @@ def check_log(ctx: Context) -> Check:
     conf_path, conf = read_slurm_conf({"SLURM_CONF": ctx.slurm_conf} if ctx.slurm_conf else ctx.environ)
     files = set()
     for key in ("prolog", "epilog"):
-        for path in sorted(glob.glob(conf.get(key) or ""))[:HOOKS_PER_LINE_MAX]:
-            try:
-                with open(path, "rb") as f:
-                    files.update(_LOG_FILE_IN_HOOK.findall(f.read(HOOK_MAX_BYTES).decode("utf-8", "replace")))
-            except OSError:
-                continue
+        for text in _hook_texts(conf, key):
+            files.update(_LOG_FILE_IN_HOOK.findall(text))
     where = (["syslog (/dev/log)"] if syslog else []) + sorted(files)
     if not where:
         return _c("log", "warn", "no syslog daemon (/dev/log is not a socket) and the hooks set no GSRUN_LOG_FILE: "
@@ -861,10 +822,8 @@ def _ago(hours: float) -> str:
 
 
 def check_retention(ctx: Context) -> Check:
-    """``warn`` when ``<spool>/jobs/`` holds job directories older than
-    ``spool.retention_days`` (gsrun-node prune is not running) or the spool's
-    filesystem is over :data:`SPOOL_MAX_USED_PCT` % full; ``n/a`` without a
-    spool or ``jobs/`` yet."""
+    """``warn`` when job directories outlive ``spool.retention_days``, prune
+    has not run for 2 days or the spool is over :data:`SPOOL_MAX_USED_PCT` % full."""
     _, spool = ctx.paths()
     days = ctx.cfg["spool.retention_days"]
     if not Path(spool, "jobs").is_dir():
@@ -908,7 +867,6 @@ CHECKS: tuple[tuple[str, Callable[[Context], Check]], ...] = (
 
 
 def run_check(name: str, fn: Callable[[Context], Check], ctx: Context, timeout_s: float | None = None) -> Check:
-    """Run one check in a daemon thread; a timeout or an exception becomes a ``fail``."""
     timeout_s = TIMEOUTS_S.get(name, DEFAULT_TIMEOUT_S) if timeout_s is None else timeout_s
     box: dict[str, Any] = {}
 
@@ -943,7 +901,6 @@ def run_all(ctx: Context, only: list[str] | None = None) -> list[Check]:
 
 
 def render_table(checks: list[Check]) -> str:
-    """Fixed-width table: check, status, detail; a ``hint:`` line under each non-ok row."""
     w = max(len(c.name) for c in checks) if checks else 5
     lines = [f"{'check':<{w}}  {'status':<6}  detail", f"{'-' * w}  ------  {'-' * 40}"]
     for c in checks:
@@ -964,5 +921,4 @@ def to_json(checks: list[Check], ctx: Context) -> str:
 
 
 def exit_status(checks: list[Check]) -> int:
-    """0 unless a check failed (then 1)."""
     return 1 if any(c.status == "fail" for c in checks) else 0

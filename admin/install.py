@@ -1,32 +1,11 @@
-"""``gsrun-node install``: put gsrun on a node in minutes.
-
-What it does (``--print`` shows all of it and changes nothing):
-
-1. creates the directories with the owners and modes the rest of gsrun
-   expects (:func:`plan_dirs`): ``<state_dir>`` root 0755 with ``jobs/``
-   0700, ``<spool_dir>`` root 0755 with ``jobs/`` 0711 and ``mail/`` 0700,
-   ``<mps_dir>`` root 0711 (:mod:`gsrun.base.paths`, :mod:`gsrun.node.mps`);
-2. writes the commented site config (:func:`gsrun.request.config.render_commented_config`)
-   unless a file is already there (an admin's file is never overwritten);
-3. optionally writes hook executables into ``--hooks-dir`` (the absolute
-   ``gsrun-node`` of this installation baked in) and gsrun's systemd units
-   (:func:`render_units`: mail and prune timers, the weekly report timer)
-   into ``--units-dir`` (``gsrun-node install`` as root: /etc/systemd/system);
-   without it they are named, and ``--print`` shows their text;
-4. prints the ``slurm.conf`` lines for the Slurm version found on this host
-   (``slurmctld -V``/``slurmd -V``/``scontrol -V``/``sinfo -V``, each with a
-   timeout), ``PrologFlags`` and why, a ``PrologEpilogTimeout`` computed from
-   the measured cost of a prolog dry run, the ``plugstack.conf`` step and the
-   systemd timer for ``gsrun-node mail flush``;
-5. installs gsrun's irqbalance policy script (root 0755, at
-   ``tuning.irqbalance_policy_script`` or ``--irqbalance-script``) and prints the
-   irqbalance option that uses it (:func:`render_irqbalance_lines`).
+"""``gsrun-node install``: directories, site config, hooks, systemd units,
+the slurm.conf lines (PrologFlags, a PrologEpilogTimeout from a measured
+prolog dry run), the plugstack step and the irqbalance policy script
+(docs/ADMIN.md). ``--print`` shows all of it and changes nothing.
 
 Facts (:func:`detect_slurm_version`, :func:`read_slurm_conf`,
-:func:`measure_hook_cost`, :func:`find_installation`), decisions (pure:
-:func:`plan_dirs`, :func:`prolog_flags`, :func:`recommend_timeout_s`, the
-renderers) and effects (:func:`apply_dirs`, :func:`write_new_file`) are kept
-apart; :func:`run` ties them together for the CLI.
+:func:`measure_hook_cost`), pure decisions and renderers, and effects
+(:func:`apply_dirs`, :func:`write_new_file`) are kept apart; :func:`run` ties them.
 """
 
 from __future__ import annotations
@@ -86,10 +65,8 @@ def parse_slurm_version(text: str) -> str | None:
 
 
 def detect_slurm_version(timeout_s: float = 5.0, run: Callable = subprocess.run) -> SlurmVersion | None:
-    """The installed Slurm version from the first of :data:`VERSION_COMMANDS`
-    that answers within ``timeout_s`` each. ``slurmctld -V`` and ``slurmd -V``
-    come first because they need no configuration (``sinfo -V`` on 22.05
-    fails without a reachable slurm.conf). None when no command answers."""
+    """The version from the first of :data:`VERSION_COMMANDS` answering within
+    ``timeout_s`` (daemons first: ``sinfo -V`` on 22.05 needs a slurm.conf)."""
     for argv in VERSION_COMMANDS:
         try:
             p = run(list(argv), capture_output=True, text=True, timeout=timeout_s, check=False,
@@ -103,8 +80,7 @@ def detect_slurm_version(timeout_s: float = 5.0, run: Callable = subprocess.run)
 
 
 def parse_slurm_conf(text: str) -> dict[str, str]:
-    """``Key=Value`` lines of slurm.conf -> ``{key.lower(): value}`` (first
-    occurrence wins, comments and ``NodeName``/``PartitionName`` lines skipped). Pure."""
+    """slurm.conf -> ``{key.lower(): value}``, first wins, node/partition lines skipped."""
     out: dict[str, str] = {}
     for line in (text or "").splitlines():
         line = line.split("#", 1)[0].strip()
@@ -133,10 +109,9 @@ def read_slurm_conf(environ=None) -> tuple[str | None, dict[str, str]]:
 
 @dataclass(frozen=True)
 class HookCost:
-    """Measured seconds: ``prolog_s`` the slowest of ``runs`` ``gsrun-node prolog
-    --dry-run`` processes (interpreter start, imports, config, NVML open, the
-    tuning plan); ``epilog_import_s`` importing the epilog's modules in a fresh
-    interpreter. ``error`` when a run failed (the numbers are then None)."""
+    """Seconds: ``prolog_s`` the slowest of ``runs`` ``gsrun-node prolog
+    --dry-run`` processes; ``epilog_import_s`` importing the epilog's modules;
+    ``error`` when a run failed (the numbers are then None)."""
 
     prolog_s: float | None
     epilog_import_s: float | None
@@ -150,9 +125,7 @@ class HookCost:
 
 
 def dry_run_env(config_path: str | None, base=None) -> dict[str, str]:
-    """The environment of a measurement dry run: a fake job 0 as root on node
-    ``gsrun-install`` with a SPANK request (so the prolog does not ask
-    slurmctld), no log file. Pure."""
+    """A fake job 0 as root with a SPANK request (the prolog asks no slurmctld)."""
     base = os.environ if base is None else base
     env = {"PATH": SAFE_PATH, "LANG": "C", "SLURM_JOB_ID": "0", "SLURM_JOB_UID": "0",
            "SLURM_JOB_GID": "0", "SLURM_JOB_USER": "root", "SLURMD_NODENAME": "gsrun-install",
@@ -168,11 +141,8 @@ def dry_run_env(config_path: str | None, base=None) -> dict[str, str]:
 def measure_hook_cost(config_path: str | None, runs: int = 3, timeout_s: float = 60.0,
                       python: str = sys.executable, run: Callable = subprocess.run,
                       clock: Callable[[], float] = time.monotonic) -> HookCost:
-    """Time ``runs`` prolog dry runs and one epilog import (see :class:`HookCost`).
-    Each process has ``timeout_s`` and runs as a root child must
-    (:func:`gsrun.base.proc.root_python`, ``cwd="/"``, :func:`dry_run_env`):
-    an admin running ``gsrun-node install`` from ``/tmp`` or a shared
-    checkout never imports a ``gsrun/`` or ``json.py`` lying there."""
+    """Time ``runs`` prolog dry runs and one epilog import, each within
+    ``timeout_s``, as root children (:func:`gsrun.base.proc.root_python`, cwd /)."""
     env = dry_run_env(config_path)
     worst = 0.0
     try:
@@ -203,14 +173,12 @@ def measure_hook_cost(config_path: str | None, runs: int = 3, timeout_s: float =
 
 @dataclass(frozen=True)
 class Installation:
-    """This gsrun: ``gsrun_node`` the console script next to ``python``."""
-
     python: str
     gsrun_node: str
 
 
 def find_installation(python: str = sys.executable) -> Installation:
-    """Where this gsrun lives: ``<dir of python>/gsrun-node`` (else the one on PATH)."""
+    """``<dir of python>/gsrun-node`` (else the one on PATH)."""
     bindir = Path(python).parent
     node = bindir / "gsrun-node"
     if not node.exists():
@@ -220,8 +188,7 @@ def find_installation(python: str = sys.executable) -> Installation:
 
 
 def _same_install(gsrun_node: str) -> bool:
-    """True when ``gsrun_node`` is this interpreter's (the hooks may then
-    start the interpreter directly, :func:`gsrun.admin.node_entry.hook_argv`)."""
+    """``gsrun_node``'s shebang is in this interpreter's bin directory."""
     try:
         with open(gsrun_node, "rb") as f:
             first = f.readline(4096)
@@ -260,9 +227,8 @@ def plan_dirs(cfg: Config, state_dir: str | None = None, spool_dir: str | None =
 
 
 def prolog_flags(existing: str | None, proctrack: str | None) -> tuple[str, str]:
-    """The ``PrologFlags`` value to use and why. Keeps the site's flags
-    (``X11``, ``Serial``...), adds ``Alloc``, and ``Contain`` when
-    ``ProctrackType=proctrack/cgroup`` (Contain implies Alloc). Pure."""
+    """The ``PrologFlags`` value and why: the site's flags plus ``Alloc``, and
+    ``Contain`` under ``proctrack/cgroup``."""
     flags = [f for f in (existing or "").split(",") if f and f.lower() != "none"]
     low = {f.lower() for f in flags}
     why = ("Alloc runs the prolog on every allocated node when the job is allocated, not at its "
@@ -280,11 +246,9 @@ def prolog_flags(existing: str | None, proctrack: str | None) -> tuple[str, str]
 
 
 def recommend_timeout_s(cost: HookCost, cfg: Config, current: str | None = None) -> tuple[int, str]:
-    """``PrologEpilogTimeout`` in whole seconds and why: the largest of
-    :data:`MIN_TIMEOUT_S`, :data:`TIMEOUT_FACTOR` x the measured cost, and each
-    hook budget (``timeouts.prolog_budget_s``/``epilog_budget_s``) plus
-    :data:`BUDGET_MARGIN_S` (gsrun stops itself at its budget; Slurm must not
-    kill it first, a killed prolog drains the node), rounded up to 10 s. Pure."""
+    """``PrologEpilogTimeout`` (s) and why: the largest of the minimum, the
+    factor x the measured cost and each hook budget + margin (a prolog Slurm
+    kills drains the node), rounded up to 10 s."""
     prolog_b = float(cfg["timeouts.prolog_budget_s"])
     epilog_b = float(cfg["timeouts.epilog_budget_s"])
     cands = {"minimum": MIN_TIMEOUT_S,
@@ -325,9 +289,8 @@ def render_slurm_lines(slurm_version: str, hooks: dict[str, str], flags: str, fl
                        timeout_s: int, timeout_why: str, layout: str = "single",
                        prolog_d: str = "/etc/slurm/prolog.d", epilog_d: str = "/etc/slurm/epilog.d",
                        link_name: str = "50-gsrun") -> str:
-    """The slurm.conf block (``templates/slurm.conf.j2``). ``hooks``:
-    ``{"prolog": path, "epilog": path, "epilog-ctld": path}``. Raises InputError
-    for a layout not in :data:`LAYOUTS` or a path slurm.conf cannot hold."""
+    """The slurm.conf block; ``hooks``: :data:`HOOKS` key -> path. Raises
+    InputError for an unknown layout or a path slurm.conf cannot hold."""
     if layout not in LAYOUTS:
         raise InputError(PHASE, "layout", repr(layout), hint=f"one of {', '.join(LAYOUTS)}")
     for k, v in hooks.items():
@@ -345,11 +308,8 @@ _USER_NAME = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 
 
 def ctld_daemon(conf: dict[str, str], node_socket: str) -> tuple[str | None, str]:
-    """Where EpilogSlurmctld reaches the daemon: ``(user, socket)``. slurmctld
-    runs it as ``SlurmUser`` (slurm.conf; default root): for root the
-    daemon's own socket ``node_socket`` (``(None, node_socket)``); for another
-    user the root daemon's controller door, ``ctld.sock`` beside it, which the
-    daemon opens to that user with ``--ctld-user`` (:mod:`gsrun.daemon.server`). Pure.
+    """Where EpilogSlurmctld (run as ``SlurmUser``) reaches the daemon:
+    ``(None, node_socket)`` for root, else ``(user, <dir>/ctld.sock)``.
 
     Raises:
         InputError: SlurmUser is not a plain user name.
@@ -362,15 +322,9 @@ def ctld_daemon(conf: dict[str, str], node_socket: str) -> tuple[str | None, str
 
 def render_units(gsrun_node: str, config_path: str | None,
                  daemon_socket: str | None = None, ctld_user: str | None = None) -> dict[str, str]:
-    """``{"gsrun-mail.service": text, "gsrun-mail.timer": text,
-    "gsrun-prune.service": text, "gsrun-prune.timer": text}`` (mail delivery
-    every minute, spool pruning daily: both where the spool is written), the weekly
-    ``gsrun-report.service`` / ``.timer`` (written, off until enabled) and, with
-    ``daemon_socket``, ``"gsrun-daemon.service"`` (the node daemon on that
-    socket; systemd makes the socket's directory when it is ``/run/NAME``),
-    with ``--ctld-user`` for a ``ctld_user`` (slurm.conf's SlurmUser when not
-    root, :func:`ctld_daemon`);
-    the services set ``GSRUN_CONFIG`` only for a non-default config path."""
+    """unit name -> text: mail, prune and weekly report services and timers,
+    and with ``daemon_socket`` ``gsrun-daemon.service`` (``--ctld-user`` for
+    ``ctld_user``); ``GSRUN_CONFIG`` only for a non-default config path."""
     _check_plain(gsrun_node, "gsrun-node path")
     cfgp = None
     if config_path and config_path != DEFAULT_CONFIG_PATH:
@@ -379,7 +333,6 @@ def render_units(gsrun_node: str, config_path: str | None,
              "gsrun-mail.timer": render("gsrun-mail.timer.j2"),
              "gsrun-prune.service": render("gsrun-prune.service.j2", gsrun_node=gsrun_node, config_path=cfgp),
              "gsrun-prune.timer": render("gsrun-prune.timer.j2"),
-             # written, never enabled by install: the weekly report is the site's choice
              "gsrun-report.service": render("gsrun-report.service.j2", config_path=cfgp,
                                             gsrun_report=os.path.join(os.path.dirname(gsrun_node), "gsrun-report")),
              "gsrun-report.timer": render("gsrun-report.timer.j2")}
@@ -396,19 +349,11 @@ def render_units(gsrun_node: str, config_path: str | None,
 def render_hook(gsrun_node: str, command: str, config_path: str | None, log_file: str | None = None,
                 slurm_conf: str | None = None, argv: list[str] | None = None,
                 via_daemon: tuple[str, str] | None = None, state_dir: str | None = None) -> str:
-    """A hook with this installation's absolute ``gsrun-node`` baked in (for
-    ``--hooks-dir``), or ``argv`` when given: the installation's interpreter
-    started ``-I -S`` (:func:`gsrun.admin.node_entry.hook_argv`, ~3 ms less
-    per hook than the ``gsrun-node`` script); sets ``GSRUN_CONFIG`` for a non-default config and
-    ``GSRUN_LOG_FILE`` when given (hosts without syslog) and ``SLURM_CONF``
-    when given (slurmctld does not pass it to EpilogSlurmctld, whose
-    ``scontrol`` calls then fail on a cluster with a non-default slurm.conf),
-    ``GSRUN_STATE_DIR`` for a non-default ``state_dir`` (the hooks' state
-    directory, given to them as ``--state-dir``).
-    ``via_daemon``: ``(client, socket)``: the command goes through the node
-    daemon's client ``gsrun-hook`` (:mod:`gsrun.daemon.build`), which fails
-    when no daemon listens on ``socket`` (every installed hook does; None
-    only for tests of the command line itself)."""
+    """A hook script running this installation's ``gsrun-node`` (or ``argv``,
+    :func:`gsrun.admin.node_entry.hook_argv`, ~3 ms faster) with the
+    non-default ``GSRUN_CONFIG``, ``GSRUN_LOG_FILE``, ``SLURM_CONF`` (not
+    passed to EpilogSlurmctld by slurmctld) and ``GSRUN_STATE_DIR`` set;
+    ``via_daemon``: ``(client, socket)`` of ``gsrun-hook`` to go through."""
     if command not in HOOKS:
         raise InputError(PHASE, "hook", repr(command))
     env = ""
@@ -436,9 +381,7 @@ def render_hook(gsrun_node: str, command: str, config_path: str | None, log_file
 
 
 def render_config_reference() -> str:
-    """docs/CONFIG.md: every key of :data:`gsrun.request.config.SETTINGS` with its type,
-    default, allowed values, whether ``[partition.<name>]`` may override it,
-    and its meaning. Pure; ``gsrun-node config reference`` prints it."""
+    """docs/CONFIG.md from :data:`gsrun.request.config.SETTINGS`."""
     def typename(t) -> str:
         ts = t if isinstance(t, tuple) else (t,)
         names = {int: "integer", float: "number", bool: "boolean", str: "string", list: "list", dict: "table"}
@@ -474,8 +417,7 @@ def render_config_reference() -> str:
 
 
 def config_text(state_dir: str | None = None, spool_dir: str | None = None) -> str:
-    """The commented config; ``state_dir``/``spool_dir`` given on the command
-    line are written as active settings (``mps_dir`` follows ``state_dir``). Pure."""
+    """The commented config with ``state_dir``/``spool_dir`` given set (``mps_dir`` follows)."""
     text = render_commented_config()
     set_ = {}
     if state_dir:
@@ -492,9 +434,8 @@ def config_text(state_dir: str | None = None, spool_dir: str | None = None) -> s
 # ----------------------------------------------------------------------------- effects
 
 def apply_dirs(dirs: list[DirSpec]) -> list[str]:
-    """Create/fix each directory (root-owned when run as root) through
-    :func:`gsrun.base.fsutil.ensure_dir`, which refuses planted symlinks and
-    foreign owners. Missing parents are created 0755. Returns one line each."""
+    """Create/fix each directory with :func:`gsrun.base.fsutil.ensure_dir`
+    (parents 0755); one line each."""
     out = []
     for d in dirs:
         p = Path(d.path)
@@ -507,9 +448,8 @@ def apply_dirs(dirs: list[DirSpec]) -> list[str]:
 
 
 def write_new_file(path: str, text: str, mode: int) -> bool:
-    """Write ``path`` only when nothing is there (``O_EXCL``, no symlink
-    followed); True when written, False when a file already existed.
-    Parents are created 0755."""
+    """Write ``path`` only when nothing is there (``O_EXCL|O_NOFOLLOW``,
+    parents 0755); False when something was."""
     p = Path(path)
     p.parent.mkdir(parents=True, mode=0o755, exist_ok=True)
     try:
@@ -543,9 +483,8 @@ class InstallOptions:
 
 
 def render_irqbalance_lines(script: str, ban_dir: str, default_ban_dir: str) -> str:
-    """The irqbalance option that makes it run gsrun's policy script (systemd drop-in,
-    Debian's /etc/default/irqbalance), and ``GSRUN_IRQ_BAN_DIR`` when the ban
-    directory is not the script's default. Pure."""
+    """The irqbalance option that runs gsrun's policy script (and
+    ``GSRUN_IRQ_BAN_DIR`` when not the default)."""
     env = "" if ban_dir == default_ban_dir else f" GSRUN_IRQ_BAN_DIR={ban_dir}"
     return "\n".join([
         "# irq=local is applied while irqbalance runs only when irqbalance was started with this script:",
@@ -559,8 +498,7 @@ def render_irqbalance_lines(script: str, ban_dir: str, default_ban_dir: str) -> 
 
 
 def run(opts: InstallOptions, out: Callable[[str], None] = print, environ=None) -> int:
-    """``gsrun-node install``. Returns the exit status (0 ok, 1 something
-    could not be done: the printed lines say what).
+    """``gsrun-node install``: 0, or 1 when something could not be done (said).
 
     Raises:
         ConfigError: an existing config file does not parse (fix it first).
@@ -712,9 +650,7 @@ def run(opts: InstallOptions, out: Callable[[str], None] = print, environ=None) 
 
 def _install_hook_client(hooks_dir: str, daemon_socket: str, print_only: bool,
                          out: Callable[[str], None]) -> tuple[str, str] | None:
-    """Build ``gsrun-hook`` into ``hooks_dir`` (step 3) -> ``(client, socket)``
-    for :func:`render_hook`, or None when it cannot be built (said, with the
-    hint: the hooks cannot run without it)."""
+    """Build ``gsrun-hook`` into ``hooks_dir`` -> ``(client, socket)``; None: failed (said)."""
     client = os.path.join(hooks_dir, daemon_client.CLIENT_NAME)
     if print_only:
         out(f"would build {client} (the node daemon's client; needs cc)")

@@ -1,30 +1,15 @@
 """``gsrun-node``'s entry point: the Slurm hooks start without click.
 
-slurmd runs ``gsrun-node prolog`` / ``gsrun-node epilog`` for every job on
-every node and slurmctld ``gsrun-node epilog-ctld`` for every job, so their
-start-up is paid per job. ``gsrun-node prolog|epilog|epilog-ctld`` with only the
-options below is dispatched here straight to the hook; everything
-else (``--help``, every other subcommand, any other option) goes to the
-click CLI of :mod:`gsrun.admin.node`, which accepts the same hook options
-and behaves the same.
+``gsrun-node prolog|epilog|epilog-ctld`` with only the hook options
+(``--host-root``, ``--state-dir``, ``--spool-dir``, ``--dry-run`` for the
+prolog) is dispatched straight to the hook; anything else goes to the click
+CLI of :mod:`gsrun.admin.node`, which behaves the same.
 
-How the hooks start it (:data:`HOOK_BOOTSTRAP`, :func:`hook_argv`): the
-installation's interpreter with ``-I -S`` -- isolated (no ``PYTHON*``
-environment, no user site, no working directory on ``sys.path``) and without
-the ``site`` module (no ``.pth`` files: ~3 ms of every hook on a plain venv,
-~9 ms with an editable install's finder) -- and gsrun's ``site-packages``
-directory put on ``sys.path`` by the bootstrap, after the standard library as
-``site`` puts it (a module there named like a standard one -- enum34's
-``enum``, the old ``pathlib`` backport -- must not replace it). Only for a regular
-install (the ``gsrun`` package with its ``prolog``/``epilog`` folders in one
-directory, as ``pip install`` lays it out; gsrun's dependencies in the same
-directory); an editable install runs the ``gsrun-node`` command instead.
-
-Hook options (as in :mod:`gsrun.admin.node`): ``--host-root DIR``,
-``--state-dir DIR``, ``--spool-dir DIR`` (also ``--opt=DIR``; defaults from
-``GSRUN_HOST_ROOT``, ``GSRUN_STATE_DIR``, ``GSRUN_SPOOL_DIR``) and, for the
-prolog, ``--dry-run``; ``epilog-ctld`` takes ``--spool-dir`` only (its
-``--wait-s`` and ``--foreground`` go to click).
+The hooks start the interpreter ``-I -S`` (:func:`hook_argv`): isolated and
+without ``site`` (no ``.pth`` files: ~3 ms per hook, ~9 ms with an editable
+finder); :data:`HOOK_BOOTSTRAP` puts gsrun's ``site-packages`` after the
+standard library, as ``site`` would. Regular installs only; an editable
+install runs the ``gsrun-node`` command.
 """
 
 from __future__ import annotations
@@ -36,18 +21,13 @@ import sys
 import gsrun
 
 HOOKS = ("prolog", "epilog", "epilog-ctld")
-# ``python3 -I -S -c HOOK_BOOTSTRAP <site-packages> <command>``: the command a hook hands the node
-# daemon (gsrun.daemon.server.hook_args), which runs it in a child as this module's main()
+# ``python3 -I -S -c HOOK_BOOTSTRAP <site-packages> <command>``, run by the daemon (server.hook_args)
 HOOK_BOOTSTRAP = "import sys; sys.path.append(sys.argv.pop(1)); from gsrun.admin.node_entry import main; main()"
 
 
 def hook_argv(command: str, python: str | None = None) -> list[str] | None:
-    """``[python, "-I", "-S", "-c", HOOK_BOOTSTRAP, site_dir, command]`` for
-    this installation (``python`` defaults to :data:`sys.executable`); None
-    when gsrun is not laid out as a regular install (an editable checkout):
-    the hook then runs ``gsrun-node``. Only for a venv (``pyvenv.cfg``) that
-    holds gsrun: a system-wide install may have its dependencies in another
-    site directory."""
+    """``[python, "-I", "-S", "-c", HOOK_BOOTSTRAP, site_dir, command]``; None
+    unless gsrun is a regular install in a venv (the hook then runs ``gsrun-node``)."""
     site_dir = os.path.dirname(os.path.dirname(os.path.abspath(gsrun.__file__)))
     prefix = os.path.abspath(sys.prefix)
     if not (os.path.isfile(os.path.join(site_dir, "gsrun", "prolog", "main.py"))
@@ -101,13 +81,9 @@ def hook_command(command: str, gsrun_node: str) -> str:
 
 
 def _site_when_needed() -> None:
-    """Started ``-S`` (:data:`HOOK_BOOTSTRAP`): gsrun's dependencies are in its
-    own site directory (the one holding this package) unless the venv was made with
-    ``--system-site-packages`` (then ``site`` runs after all) or that
-    directory has ``.pth`` files that add paths (then they are processed:
-    ``site.addsitedir``), e.g. a venv that sees another Python's packages
-    through a ``.pth`` (tests/gpu/install-venv). setuptools'
-    ``distutils-precedence.pth`` changes nothing gsrun imports and is left out."""
+    """Started ``-S``: run ``site`` after all for a ``--system-site-packages``
+    venv, or ``site.addsitedir`` when the site directory has path-adding
+    ``.pth`` files (tests/gpu/install-venv; not setuptools' distutils one)."""
     if not sys.flags.no_site:
         return
     try:

@@ -1,16 +1,10 @@
 """``gsrun-bind``: bind one task to its GPU's CPUs and memory, then exec.
 
-``gsrun-bind --plan [--json] ...`` prints the plan; ``gsrun-bind [...] -- CMD
-ARGS...`` applies the rank's part of the pure plan (:mod:`gsrun.bind.plan`)
--- ``os.sched_setaffinity``, environment, ``numactl --membind`` prefix -- and
-``os.execvp``'s the command, no shell. A plan problem never stops the task:
-it runs on the allowed CPUs with a warning (syslog from local rank 0; the
-job's stderr gets at most one line, from global rank 0: :func:`node_notes`).
-A per-node launcher's worker is planned by ``LOCAL_RANK`` /
-``LOCAL_WORLD_SIZE`` (:func:`gsrun.bind.plan.worker_environ`). Usage errors
-and a command that cannot be executed exit 2 with a ``gsrun: bind: ...``
-message. ``GSRUN_BIND_VERBOSE=1`` prints ``gsrun-bind: rank L gpu G cpus X
-mem M (reason)``.
+``--plan [--json]`` prints the plan; ``-- CMD ARGS...`` applies the rank's
+part (affinity, environment, ``numactl --membind`` prefix) and execs the
+command, no shell. A plan problem never stops the task: it runs on the
+allowed CPUs with a warning (:func:`node_notes`). Usage errors and a command
+that cannot run exit 2. ``GSRUN_BIND_VERBOSE=1`` prints each rank's binding.
 """
 
 from __future__ import annotations
@@ -97,8 +91,7 @@ def run_plan(p: BindParams, environ: Mapping[str, str]) -> str:
         topo = read_topology_xml(xml)
         allowed = allowed or list(topo.cpus_online)
     else:
-        # the JSON plan: sysfs/procfs first, NVML only for what they leave unknown (the
-        # same plan); the table also shows NVML's own view of each GPU (CPU affinity)
+        # the JSON plan needs NVML only where sysfs leaves a gap; the table shows NVML's view too
         topo = read_topology(fs, nvml=NVML_IF_NEEDED if p.as_json else True)
     env = plan_environ(environ, p.gpus, p.ntasks_per_node, p.local_rank)
     if p.local_rank is None:
@@ -160,13 +153,9 @@ MEMLOCK_ENV = "GSRUN_MEMLOCK_MIN_BYTES"
 
 
 def memlock_warning(hard: int | None, floor_text: str | None, rdma: list[str] | None = None) -> str | None:
-    """The admin's warning for a task whose hard ``RLIMIT_MEMLOCK`` (bytes,
-    ``resource.RLIM_INFINITY`` = unlimited; None = unreadable) is below the
-    floor in ``$GSRUN_MEMLOCK_MIN_BYTES`` (bytes, or ``unlimited``, the
-    default; :func:`gsrun.facts.memlock.memlock_problem`), naming the node's
-    RDMA devices (``rdma``); None when fine. A soft limit below the hard one
-    is no problem: gsrun-bind raises it. The text goes to the task notes
-    (the report's node settings), never to the user's terminal."""
+    """The task notes' warning for a hard ``RLIMIT_MEMLOCK`` (bytes; None:
+    unreadable) below ``$GSRUN_MEMLOCK_MIN_BYTES`` (default unlimited), naming
+    the ``rdma`` devices; None when fine."""
     problem = memlock_problem(hard, floor_text)
     if problem is None:
         return None
@@ -177,16 +166,9 @@ def memlock_warning(hard: int | None, floor_text: str | None, rdma: list[str] | 
 
 def node_notes(warnings: Sequence[str], node: str | None, environ: Mapping[str, str],
                log=None) -> list[str]:
-    """What the task of local rank 0 on ``node`` prints of the node's
-    ``warnings`` (plan, rank and limit problems, each once) -> lines for
-    stderr, without the ``gsrun: bind: warning:`` prefix.
-
-    Every warning goes to syslog (``gsrun[<job>]: bind: <node>: ...``, the
-    admin's copy: ``log``, default a :class:`gsrun.base.log.JobLog` of
-    ``SLURM_JOB_ID``). The job's terminal gets at most one line per job: from
-    the task of global rank 0 (``SLURM_PROCID`` 0 or unset), the first
-    warning and how many more there are. ``GSRUN_BIND_VERBOSE=1`` prints
-    every warning of every node, as the admin sees them."""
+    """Local rank 0's stderr lines for the node's ``warnings``: every warning
+    goes to ``log`` (syslog); the terminal gets one line per job, from global
+    rank 0 (the first and how many more), or all with ``GSRUN_BIND_VERBOSE=1``."""
     if not warnings:
         return []
     where = f"{node}: " if node else ""
@@ -206,11 +188,9 @@ def node_notes(warnings: Sequence[str], node: str | None, environ: Mapping[str, 
 
 def run_exec(p: BindParams, environ: Mapping[str, str], notes_out: dict | None = None
              ) -> tuple[list[str], dict[str, str]]:
-    """Apply the current task's plan and return (argv, environment) to exec.
-    Raises the soft ``RLIMIT_MEMLOCK`` to the hard one; with ``GSRUN_MALLOC``
-    set, puts the allocator first in ``LD_PRELOAD`` (:mod:`gsrun.bind.malloc`).
-    Local rank 0 fills ``notes_out`` (when given) with the task notes
-    (:mod:`gsrun.facts.task_notes`).
+    """Apply the task's plan (and raise the soft ``RLIMIT_MEMLOCK``, preload
+    ``GSRUN_MALLOC``) -> (argv, environment) to exec; local rank 0 fills
+    ``notes_out`` with the task notes.
 
     Raises:
         GsrunError: a bad flag or host root (usage errors only).
@@ -254,8 +234,7 @@ def run_exec(p: BindParams, environ: Mapping[str, str], notes_out: dict | None =
         env.pop(k, None)
     env.update(rp.env)
     env["GSRUN_BIND_CPUS"] = format_cpulist(applied)
-    # torch.distributed's contract per task: RANK/WORLD_SIZE from srun's task ids
-    # (a launcher's worker keeps the ones its launcher set)
+    # torch.distributed's RANK/WORLD_SIZE from srun's task ids (a launcher's worker keeps its own)
     if not worker and environ.get("SLURM_PROCID", "").isdigit():
         env["RANK"] = environ["SLURM_PROCID"]
     if not worker and environ.get("SLURM_NTASKS", "").isdigit():
@@ -342,9 +321,7 @@ def _hostfs(host_root: str | None, environ: Mapping[str, str]) -> HostFS:
 
 
 def first_job_host(environ: Mapping[str, str]) -> str:
-    """The first host of the job's ``SLURM_JOB_NODELIST`` (the batch host,
-    torch.distributed's rendezvous), expanded by
-    :func:`gsrun.facts.slurm.expand_hostlist`: no ``scontrol`` needed.
+    """The first host of ``SLURM_JOB_NODELIST`` (torch.distributed's rendezvous).
 
     Raises:
         InputError: the variable is missing, empty or not a hostlist.

@@ -13,10 +13,10 @@ import sys
 
 import click
 
-from gsrun.base.errors import InputError, run_cli
 from shutil import which
+
+from gsrun.base.errors import InputError, SlurmError, run_cli
 from gsrun.base.paths import Paths
-from gsrun.base.errors import SlurmError
 from gsrun.facts.slurm import (NODE_GRES_ARGV, PARTITIONS_ARGV, gpus_per_node, parse_node_gres, parse_partitions,
                                run_slurm)
 from gsrun.request.config import load_config
@@ -29,24 +29,19 @@ from gsrun.wrapper.render import render_script
 from gsrun.wrapper.spec import (JobSpec, check_comment, parse_sbatch_option, plan_nodes, refuse_unrunnable,
                                 validate_fields, validate_site)
 from gsrun.wrapper.submit import exit_line, follow_to_end, live_alerts, submit
-from gsrun.wrapper.environ import memory_options
-from gsrun.wrapper.environ import sbatch_env_args, scrub_note, submit_environ
+from gsrun.wrapper.environ import memory_options, sbatch_env_args, scrub_note, submit_environ
 
 
 def _bind_exe() -> str:
-    """Absolute path of the gsrun-bind beside this gsrun (the job's tasks
-    must find the same installation), else the name on PATH."""
+    """The gsrun-bind beside this gsrun (the tasks need the same installation), else on PATH."""
     here = os.path.join(os.path.dirname(os.path.realpath(sys.argv[0])), "gsrun-bind")
     if os.path.isfile(here) and os.access(here, os.X_OK):
         return here
-    found = which("gsrun-bind")
-    return found or "gsrun-bind"
+    return which("gsrun-bind") or "gsrun-bind"
 
 
 def _checked(option: str, parse, value: str, *args, hint_prefix: str = ""):
-    """``parse(value, *args)`` (the parser the node and the SPANK plugin use
-    for the same value); its refusal becomes ``gsrun: submit: OPTION: <the
-    parser's detail>`` with the parser's hint (allowed values or keys)."""
+    """``parse(value, *args)`` (the node's parser), refusing as ``gsrun: submit: OPTION: <detail>``."""
     try:
         return parse(value, *args)
     except InputError as e:

@@ -31,12 +31,9 @@ _LAUNCHER_MODULES = {"torch.distributed.run": "torchrun", "torch.distributed.lau
 
 @dataclass(frozen=True, slots=True)
 class Python:
-    """The interpreter a ``.py`` SCRIPT or ``-m MODULE`` runs with, and why.
-
-    ``env``: ``"venv"`` or ``"conda"`` when it is the active environment's
-    (``prefix`` is then ``$VIRTUAL_ENV`` / ``$CONDA_PREFIX``, made absolute;
-    ``conda`` is ``$CONDA_EXE``, the conda that activates it in the job, or
-    None), else None."""
+    """The interpreter of a ``.py`` SCRIPT or ``-m MODULE``, and why; ``env``
+    ``"venv"``/``"conda"`` for the active environment's (``prefix``, and
+    ``conda`` = ``$CONDA_EXE`` to activate it in the job)."""
 
     path: str
     why: str
@@ -56,15 +53,9 @@ def _abs_exe(name: str, path: str) -> str | None:
 
 
 def choose_python(flag: str | None, environ: Mapping[str, str]) -> Python:
-    """The interpreter the user would get by typing ``python3`` here.
-
-    ``--python``, else ``$GSRUN_PYTHON``, else the active virtualenv
-    (``$VIRTUAL_ENV/bin/python3``), else the active conda env
-    (``$CONDA_PREFIX/bin/python3``, activated in the job by ``$CONDA_EXE``),
-    else the first ``python3`` on ``PATH``,
-    else gsrun's own. The path is made absolute but symlinks are kept (a
-    venv's ``python3`` is a link to the base interpreter; resolving it would
-    lose the venv).
+    """The interpreter ``python3`` would be here: ``--python``, else
+    ``$GSRUN_PYTHON``, the active venv, the active conda env, ``PATH``,
+    gsrun's own. Made absolute, symlinks kept (resolving loses the venv).
 
     Raises:
         InputError: ``--python`` / ``GSRUN_PYTHON`` names no executable.
@@ -171,12 +162,8 @@ def check_script(path: str) -> str:
 
 
 def build_command(mode: str, words: Sequence[str], python: Python | None, module: str | None = None) -> tuple[str, ...]:
-    """The argv each worker runs (after ``gsrun-bind --``).
-
-    ``mode``: ``script`` (``.py`` with the interpreter, another path as an
-    executable, a bare name as a command on the node's PATH), ``module``
-    (``<python> -m MODULE ARGS``) or ``cmd`` (after ``--``: as given, a
-    relative path made absolute).
+    """The argv each worker runs (after ``gsrun-bind --``) for ``mode``
+    ``script``, ``module`` (``python -m``) or ``cmd`` (as given).
 
     Raises:
         InputError: a missing or unreadable script, nothing to run.

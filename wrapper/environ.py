@@ -1,19 +1,11 @@
-"""The environment a user submits from, as sbatch would read it.
+"""The environment a user submits from, as sbatch would read it. Pure.
 
-sbatch reads ``SBATCH_*`` input variables after the script's ``#SBATCH``
-lines and before its command line (``src/sbatch/opt.c``: script, then
-``_opt_env``, then the command line), so a shell module's
-``SBATCH_PARTITION`` silently replaces the ``--partition`` gsrun wrote into
-the script. :func:`sbatch_env_args` puts each such option on the command
-line instead, and refuses a variable sbatch has no option to undo.
-
-Inside an allocation or step, the parent job's ``SLURM_*`` / ``SRUN_*``
-variables would reach the new job's tasks (``--export=ALL``), where srun
-reads some of them as its input (``SLURM_MEM_PER_CPU``,
-``SRUN_CPUS_PER_TASK``, ``SLURM_CPUS_PER_TASK`` on 23.11+, ...):
-:func:`submit_environ` leaves them out of sbatch's environment.
-
-Pure: environments are passed in, nothing is read here.
+sbatch reads ``SBATCH_*`` after the script's ``#SBATCH`` lines
+(``src/sbatch/opt.c``), so a module's ``SBATCH_PARTITION`` would replace
+gsrun's ``--partition``: :func:`sbatch_env_args` moves each onto the command
+line, or refuses one sbatch cannot undo. A parent allocation's ``SLURM_*`` /
+``SRUN_*`` input variables (``SLURM_MEM_PER_CPU``, ``SRUN_CPUS_PER_TASK``...)
+are left out of sbatch's environment (:func:`submit_environ`).
 """
 
 from __future__ import annotations
@@ -66,11 +58,9 @@ def script_options(script: str) -> dict[str, str | None]:
 
 
 def sbatch_env_args(script: str, environ: Mapping[str, str]) -> tuple[list[str], list[str]]:
-    """The sbatch command-line options that keep the script's choices against
-    the ``SBATCH_*`` variables of ``environ`` -> ``(args, overridden variable
-    names)``. A memory variable meets any memory option of the script (the
-    command line's memory option resets the others: ``_validate_memory_options``
-    in ``src/common/slurm_opt.c``).
+    """sbatch options keeping the script's choices against ``SBATCH_*`` ->
+    ``(args, overridden names)``; a memory variable meets any memory option
+    (``_validate_memory_options``, ``src/common/slurm_opt.c``).
 
     Raises:
         InputError: a variable of :data:`NO_UNDO`, or ``SBATCH_EXCLUSIVE``

@@ -1,16 +1,9 @@
 """JobSpec -> sbatch script text. Pure: no I/O but reading the template.
 
-The template (``templates/sbatch.sh.j2``) is rendered with ``StrictUndefined``
-(a missing variable is an error) and every user value passes through the
-``sh`` filter (:func:`shlex.quote`), so arguments like ``'$(touch x)'; echo``
-reach the program literally. ``#SBATCH`` values are allow-listed by
-:func:`gsrun.wrapper.spec.validate_fields` before rendering (the job name and
-``--sbatch`` values, which may hold spaces and punctuation, are one line
-without control characters and escaped for sbatch's script parser by
-:func:`gsrun.wrapper.spec.sbatch_word`), and again here
-(:func:`check_spec`: ``--output`` must be one line without control
-characters, environment names must be ``[A-Za-z_][A-Za-z0-9_]*``), because a
-newline in any value written unquoted would start a new script line.
+Every user value passes through the ``sh`` filter (:func:`shlex.quote`);
+``#SBATCH`` values are allow-listed by :func:`gsrun.wrapper.spec.validate_fields`
+and again by :func:`check_spec`, since a newline in an unquoted value would
+start a new script line.
 """
 
 from __future__ import annotations

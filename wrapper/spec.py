@@ -1,12 +1,6 @@
-"""The job spec: everything ``gsrun`` was asked, validated, as an immutable
-frozen dataclass.
-
-click only parses flags into a :class:`JobSpec`; :func:`gsrun.wrapper.render.render_script`
-turns a spec into sbatch text (pure) and :mod:`gsrun.wrapper.submit` submits it.
-
-The allow-lists below are pattern text, compiled and cached by ``re`` on
-their first check.
-"""
+"""The job spec: everything ``gsrun`` was asked, validated, frozen. click
+parses flags into a :class:`JobSpec`, :func:`gsrun.wrapper.render.render_script`
+renders it, :mod:`gsrun.wrapper.submit` submits it."""
 
 from __future__ import annotations
 
@@ -18,7 +12,6 @@ from gsrun.base.ids import is_partition
 from gsrun.request.malloc import ALLOCATORS, Allocator, LIB_DIRS
 
 JOB_NAME_MAX = 256
-# allow-lists (pattern text, used with re.match / re.search)
 TIME_RE = r"^(?:(\d+-)?\d{1,4}(:\d{1,2}){0,2}|UNLIMITED|INFINITE)\Z"
 MAIL_TYPE_RE = (r"^(NONE|BEGIN|END|FAIL|REQUEUE|ALL|INVALID_DEPEND|STAGE_OUT|"
                 r"TIME_LIMIT(_50|_80|_90)?|ARRAY_TASKS)(,(BEGIN|END|FAIL|REQUEUE|ALL|"
@@ -28,9 +21,7 @@ CONTROL_RE = r"[\x00-\x1f\x7f]"
 
 
 def has_control(text: str) -> bool:
-    """``text`` holds a control character (:data:`CONTROL_RE`: C0 or DEL; a
-    newline would start a new script line). Printable ASCII, what nearly
-    every value is, is answered without a regex."""
+    """``text`` holds a C0 or DEL character (a newline starts a script line)."""
     return not (text.isascii() and text.isprintable()) and re.search(CONTROL_RE, text) is not None
 
 
@@ -75,11 +66,7 @@ SBATCH_OPT_RE = r"(?s)^--([a-z][a-z0-9-]{0,63})(?:=(.*))?\Z"
 
 @dataclass(frozen=True, slots=True)
 class JobSpec:
-    """What to submit. ``command`` is the argv each task runs (after
-    ``gsrun-bind --``); every element reaches the task literally. Fields as
-    annotated below, in constructor order (keyword or positional); the first
-    five have no default.
-    """
+    """What to submit; ``command``: the argv each task runs literally (after ``gsrun-bind --``)."""
 
     gpus: int
     nodes: int
@@ -124,7 +111,6 @@ class JobSpec:
 
     @property
     def allocator(self) -> Allocator | None:
-        """The :class:`~gsrun.request.malloc.Allocator` of ``malloc`` (None without one)."""
         return ALLOCATORS[self.malloc] if self.malloc else None
 
     @property
@@ -133,16 +119,13 @@ class JobSpec:
 
     @property
     def task_cpus(self) -> int | None:
-        """``--cpus-per-task`` of the job: per GPU task, or for a launcher's
-        one task per node, the CPUs of all its workers (one each by default)."""
+        """``--cpus-per-task``: per GPU task, or for a launcher all its workers' (one each by default)."""
         if self.launcher:
             return (self.cpus_per_task or 1) * self.gpus_per_node
         return self.cpus_per_task
 
     def site_lines(self) -> list[tuple[str, str | None]]:
-        """(option, value) of the site sbatch options, in a fixed order; value
-        None for a flag. Values are allow-listed (:func:`validate_site`) or
-        escaped for sbatch's script parser (:func:`sbatch_word`) by the template."""
+        """(option, value or None for a flag) of the site sbatch options, in a fixed order."""
         out: list[tuple[str, str | None]] = []
         for key in ("account", "qos", "constraint", "mem", "reservation", "dependency", "signal"):
             v = getattr(self, key)
@@ -154,8 +137,7 @@ class JobSpec:
         return out
 
     def comment(self) -> str | None:
-        """Requests for the prolog when the SPANK plugin is absent
-        (``gsrun:tune=...;mps=...``), read by :func:`gsrun.facts.slurm.parse_comment_request`."""
+        """``gsrun:tune=...;mps=...`` for the prolog without the SPANK plugin."""
         parts = []
         if self.tune:
             parts.append(f"tune={self.tune}")
@@ -166,13 +148,11 @@ class JobSpec:
         if self.exclusive:
             parts.append("exclusive=1")
         if self.malloc:
-            parts.append(f"malloc={self.malloc}")      # for the report's node settings line
+            parts.append(f"malloc={self.malloc}")
         return "gsrun:" + ";".join(parts) if parts else None
 
     def job_comment(self) -> str | None:
-        """The job's ``Comment``: gsrun's requests (:meth:`comment`) first, then
-        a blank and the user's ``--comment`` text (which may not hold ``gsrun:``:
-        :func:`check_comment`)."""
+        """The job's ``Comment``: :meth:`comment`, then the user's ``--comment``."""
         return " ".join(c for c in (self.comment(), self.user_comment) if c) or None
 
 
@@ -196,14 +176,9 @@ def _fits_hint(gpus: int, gpn: int) -> str:
 
 def plan_nodes(gpus: int, nodes: int | None, gpus_per_node: int | None,
                cluster_gpus_per_node: int | None) -> tuple[int, int]:
-    """Decide (nodes, gpus_per_node) for ``gpus`` GPUs.
-
-    - ``--nodes`` given: GPUs are split evenly (must divide).
-    - ``--gpus-per-node`` given: the node count is ``gpus / gpus-per-node`` (must divide).
-    - else the cluster's GPUs per node: whole nodes when they fill; otherwise
-      the even spread over as many nodes as whole nodes would take
-      (``--gpus 6`` on 4-GPU nodes: 2 nodes x 3), or a refusal naming the
-      options that work (``--gpus 7``: no even spread on 2 nodes).
+    """(nodes, gpus_per_node) for ``gpus`` GPUs: an even split over
+    ``nodes``, or by ``gpus_per_node``, else whole cluster nodes or the even
+    spread over as many (``--gpus 6`` on 4-GPU nodes: 2 x 3).
 
     Raises:
         InputError: numbers that do not fit, with the exact options that would as the hint.
@@ -250,9 +225,7 @@ def _max_nodes(rec: dict[str, str] | None) -> int | None:
 
 
 def partition_offer(name: str, node_gpus: dict[str, int], rec: dict[str, str] | None) -> tuple[int, int, int]:
-    """The largest job one partition can hold -> ``(GPUs, nodes, GPUs per
-    node)``: over each GPU count a node of it has, that count times the
-    nodes having at least as many (at most ``MaxNodes``)."""
+    """The largest job one partition can hold -> ``(GPUs, nodes, GPUs per node)``."""
     best = (0, 0, 0)
     cap = _max_nodes(rec)
     for per in sorted({g for g in node_gpus.values() if g > 0}):
@@ -265,15 +238,10 @@ def partition_offer(name: str, node_gpus: dict[str, int], rec: dict[str, str] | 
 def refuse_unrunnable(gpus: int, nodes: int, gpus_per_node: int, wanted: list[str] | None,
                       offer: dict[str, dict[str, int]], default: str | None,
                       partitions: dict[str, dict[str, str]]) -> None:
-    """Refuse ``nodes x gpus_per_node`` GPUs when none of the partitions the
-    job may run in (``wanted``; None: the default partition) could ever hold
-    it: too few nodes with that many GPUs (sinfo, ``offer``: ``{partition:
-    {node: GPUs}}``), or more nodes than its ``MaxNodes`` / fewer than its
-    ``MinNodes`` (``scontrol show partition``, ``partitions``). A necessary
-    condition only (features, reservations and QOS limits are Slurm's to
-    judge): a request it lets through may still wait, one it refuses would
-    wait for ever (``PartitionConfig``). Partitions not in ``offer``, or no
-    ``offer`` at all: nothing is refused. Pure.
+    """Refuse ``nodes x gpus_per_node`` GPUs when no partition of ``wanted``
+    (None: the default) could ever hold it (``offer``: sinfo's ``{partition:
+    {node: GPUs}}``; ``partitions``: their Min/MaxNodes). A necessary
+    condition only: a refused job would pend for ever (``PartitionConfig``).
 
     Raises:
         InputError: the request cannot run; the detail says what each
@@ -306,15 +274,11 @@ def refuse_unrunnable(gpus: int, nodes: int, gpus_per_node: int, wanted: list[st
 
 
 def sbatch_word(value: str) -> str:
-    """``value`` as one word of an ``#SBATCH`` line. sbatch's script parser
-    splits at blanks outside quotes (a backslash does not protect a blank:
-    ``bert\\ base`` is two words on Slurm 22.05), takes ``"`` quotes, and
-    inside them a backslash escapes ``"`` and ``\\``; an unquoted ``#`` ends
-    the line. A plain value stays as it is; any other is double-quoted with
-    ``"`` and ``\\`` escaped (checked against sbatch 22.05: ``bert base``,
-    ``a "q" b``, ``x #1; a&b $(id) `id```, ``it's``, ``back\\slash`` all come
-    back as typed in ``scontrol show job``). Control characters are refused
-    before (:func:`check_text`); to bash the whole line is a comment."""
+    """``value`` as one word of an ``#SBATCH`` line: plain, or double-quoted
+    with ``"`` and ``\\`` escaped (sbatch's parser splits at blanks outside
+    quotes, a backslash protects no blank; checked against sbatch 22.05 with
+    ``a "q" b``, ``x #1; a&b $(id)``, ``it's``). Control characters are
+    refused before (:func:`check_text`)."""
     if value and _PLAIN_WORD.issuperset(value):
         return value
     return '"' + re.sub(r'([\\"])', r"\\\1", value) + '"'
@@ -328,8 +292,7 @@ def unquote_sbatch_word(word: str) -> str:
 
 
 def check_comment(text: str) -> str:
-    """The user's ``--comment`` text (one line, at most 1024 characters, no
-    ``gsrun:``: the prolog reads gsrun's requests from the comment).
+    """The user's ``--comment`` text (one line, at most 1024 characters, no ``gsrun:``).
 
     Raises:
         InputError: a newline or control character, too long, ``gsrun:`` in it.
@@ -342,7 +305,7 @@ def check_comment(text: str) -> str:
 
 
 def check_text(flag: str, value: str, max_len: int = 1024) -> None:
-    """One line of printable text (``#SBATCH`` values that may hold spaces or punctuation).
+    """One line of printable text.
 
     Raises:
         InputError: empty, too long, a control character or newline, a lone surrogate.
@@ -354,8 +317,7 @@ def check_text(flag: str, value: str, max_len: int = 1024) -> None:
 
 
 def validate_site(spec_values: dict) -> None:
-    """The site sbatch options (``-A``, ``-q``, ``-C``, ``--mem``, ``--reservation``,
-    ``-d``, ``--signal``) against their allow-lists.
+    """The site sbatch options against :data:`SITE_OPTIONS`.
 
     Raises:
         InputError: naming the flag, the value and what is allowed.
@@ -408,7 +370,6 @@ def validate_fields(job_name: str, partition: str | None, time: str | None, mail
     """
     check_text("--job-name", job_name, JOB_NAME_MAX)
     if "hetjob" in job_name.lower() or "packjob" in job_name.lower():
-        # sbatch's script parser treats these words specially on any #SBATCH line
         raise InputError("submit", "bad --job-name", repr(job_name)[:80],
                          hint="a name without the words 'hetjob' or 'packjob' (sbatch's job separators)")
     if partition is not None and not is_partition(partition):

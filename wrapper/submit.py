@@ -9,6 +9,7 @@ import stat
 import sys
 import time
 import zlib
+from contextlib import suppress
 from dataclasses import astuple, dataclass
 from functools import partial
 from pathlib import Path
@@ -30,9 +31,7 @@ from gsrun.base.fsutil import atomic_write, flock_within, read_own_file
 def submit(script: str, timeout_s: float = 30.0, cwd: str | None = None, args=(),
            env=None) -> tuple[str, str | None]:
     """``sbatch --parsable [ARGS]`` with the script on stdin -> ``(job id,
-    cluster or None)`` (``id;cluster`` with ``-M``). ``args`` go on the command
-    line (they win over the environment and the script's ``#SBATCH`` lines);
-    ``env`` is sbatch's environment (None: this process's).
+    cluster or None)``; ``env`` None: this process's.
 
     Raises:
         SlurmError: sbatch refused the job (its message is the detail).
@@ -46,13 +45,9 @@ def submit(script: str, timeout_s: float = 30.0, cwd: str | None = None, args=()
 
 @dataclass
 class JobState:
-    """One look at a job: ``state`` the base state word (``RUNNING``,
-    ``COMPLETED``...), ``elapsed`` Slurm's elapsed time as ``[D-][H:]M:S``
-    (squeue TimeUsed while slurmctld holds the job, else sacct Elapsed: both
-    StartTime to EndTime, or to now while it runs, less any time suspended:
-    the figure of the job summary's ``elapsed_s``), ``exit_code``/``signal``
-    of the batch script (0 while it runs), ``stdout_path`` the job's output file (None when not known: sacct),
-    ``node_list`` a Slurm hostlist, ``reason`` why it pends ("" for none)."""
+    """One look at a job: ``state`` the base state word, ``elapsed`` ``[D-][H:]M:S``
+    (squeue TimeUsed, else sacct Elapsed), ``exit_code``/``signal`` of the
+    batch script, ``stdout_path`` None when unknown (sacct), ``reason`` why it pends."""
 
     state: str
     elapsed: str
@@ -73,16 +68,10 @@ GIVE_UP_S = 1800.0
 
 
 class Watcher:
-    """One job as ``gsrun --wait`` sees it: :meth:`poll` asks the shared
-    ``squeue --me`` (:func:`gsrun.facts.slurm.queue_argv`) while the
-    controller holds the job, ``sacct`` once it has aged out.
-
-    The waiters of one user on one host share the ``squeue``: its answer is
-    kept in ``<cache_dir>/queue-<key>.txt`` (a directory of the user's own,
-    mode 0700) with the wall time it was taken; a waiter uses an answer at
-    most :data:`SHARED_FRESH_S` old (one without its job only when taken after
-    ``since``, the job's submission), else it takes the lock file beside it
-    and asks once for all. Every Slurm
+    """One job as ``gsrun --wait`` sees it: the shared ``squeue --me`` while
+    the controller holds it, ``sacct`` once aged out. One user's waiters on a
+    host share the squeue answer (``<cache_dir>/queue-<key>.txt``, 0700 dir,
+    at most :data:`SHARED_FRESH_S` old, one asks under a lock). Every Slurm
     command goes through :meth:`run` (tests replace it)."""
 
     def __init__(self, job_id: str, cluster: str | None = None, cache_dir: str | None = None,
@@ -97,16 +86,12 @@ class Watcher:
         self.stdout_path: str | None = None     # from the job record, when squeue's has patterns
 
     def run(self, argv: list[str]) -> str:
-        """stdout of one Slurm command.
-
-        Raises:
-            SlurmError: it failed or timed out (its last stderr line is the detail)."""
+        """stdout of one Slurm command. Raises SlurmError: failed or timed out."""
         return run_slurm(argv, self.timeout_s).stdout
 
     def _cache_path(self) -> str | None:
         if not self.cache_dir:
             return None
-
         key = zlib.crc32(f"{self.cluster or ''}|{os.environ.get('SLURM_CONF', '')}".encode())
         return os.path.join(self.cache_dir, f"queue-{key:08x}.txt")
 
@@ -123,9 +108,8 @@ class Watcher:
         return (taken, body) if after <= taken <= now and now - taken < SHARED_FRESH_S else None
 
     def queue(self, after: float = 0.0) -> tuple[float, str]:
-        """The user's ``squeue`` answer: the shared one when at most
-        :data:`SHARED_FRESH_S` old and taken at or after wall time ``after``,
-        else asked now (and shared) -> ``(wall time taken, squeue's stdout)``.
+        """``(wall time taken, squeue's stdout)``: the shared answer when fresh
+        and taken at or after ``after``, else asked now (and shared).
 
         Raises:
             SlurmError: squeue failed."""
@@ -146,19 +130,15 @@ class Watcher:
             if body is not None:
                 return body
             taken, body = ask()
-            try:
+            with suppress(OSError):
                 atomic_write(path, f"gsrun-queue {taken:.3f}\n{body}", 0o600, durable=False)
-            except OSError:
-                pass
             return taken, body
         finally:
             os.close(lock)
 
     def _stdout(self, path: str, state: str) -> str | None:
-        """The job's output file. squeue prints ``%j``-style patterns as given
-        (22.05; 24.11 without ``--expand-patterns``, an option 22.05 lacks):
-        such a path is read once from the job record, which has them expanded
-        (one ``scontrol --local -o show job`` per job, once it has started)."""
+        """The job's output file; a ``%j``-style pattern (squeue does not expand
+        them on 22.05) is read once from the job record after it started."""
         if "%" not in path:
             return path or None
         if self.stdout_path is None and state != "PENDING":
@@ -170,8 +150,7 @@ class Watcher:
         return self.stdout_path or None
 
     def poll(self) -> JobState | None:
-        """The job's state; None while Slurm does not know it yet (``sacct``
-        empty: slurmdbd is behind).
+        """The job's state; None while Slurm does not know it yet (slurmdbd behind).
 
         Raises:
             SlurmError: a query failed (the caller retries)."""
@@ -196,9 +175,8 @@ class Watcher:
 
 
 def _cache_dir() -> str | None:
-    """A directory of this user's own (0700, not a link) for the shared
-    ``squeue`` answer: ``$XDG_RUNTIME_DIR/gsrun``, else ``/tmp/gsrun-<uid>``;
-    None when neither can be made safe (then every waiter asks itself)."""
+    """``$XDG_RUNTIME_DIR/gsrun``, else ``/tmp/gsrun-<uid>``, when this user's
+    own (0700, not a link); None when neither can be made safe."""
 
     uid = os.geteuid()
     run = os.environ.get("XDG_RUNTIME_DIR")
@@ -219,25 +197,20 @@ def _cache_dir() -> str | None:
 
 
 def poll_interval(since_change_s: float) -> float:
-    """Seconds until the next poll: :data:`POLL_FIRST_S` (3 s) for the first
-    15 s after the job's state changed, then growing by half every 15 s
-    (``3 s x 1.5^k``) to at most :data:`POLL_CAP_S` (60 s). The waiter adds
-    +-20 % jitter (:func:`follow_to_end`), and the waiters of one user share one
-    ``squeue`` (:class:`Watcher`)."""
+    """Seconds until the next poll: 3 s for 15 s after the state changed, then
+    x1.5 every 15 s, at most :data:`POLL_CAP_S`."""
     if since_change_s < 15:
         return POLL_FIRST_S
     return min(POLL_CAP_S, POLL_FIRST_S * 1.5 ** ((since_change_s - 15) / 15 + 1))
 
 
 def retry_interval(failures: int) -> float:
-    """Seconds before asking again after ``failures`` failed queries in a row:
-    2, 4, 8 ... capped at :data:`POLL_CAP_S` (jitter added by :func:`follow_to_end`)."""
+    """Seconds before asking again after ``failures`` in a row: 2, 4, 8 ... at most :data:`POLL_CAP_S`."""
     return min(POLL_CAP_S, 2.0 ** max(1, failures))
 
 
 def status_line(job_id: str, st: JobState, waited_s: float) -> str:
-    """``gsrun: job 12: pending (Resources) 35 s`` / ``gsrun: job 12: running 00:01:02``
-    (record text escaped: :func:`gsrun.base.log.safe_text`)."""
+    """``gsrun: job 12: pending (Resources) 35 s`` / ``gsrun: job 12: running 00:01:02``."""
 
     st = JobState(*(safe_text(v) if isinstance(v, str) else v for v in astuple(st)))
     state = st.state.lower()
@@ -250,10 +223,7 @@ def status_line(job_id: str, st: JobState, waited_s: float) -> str:
 
 
 def elapsed_s(text: str) -> float | None:
-    """Slurm's ``[D-][H:]M:S`` (squeue TimeUsed prints ``0:51``, sacct
-    Elapsed ``00:00:51``) -> seconds; None when empty or not a duration.
-    Shown through :func:`gsrun.report.units.fmt_duration_s` (``clock``), as
-    ``gseff`` and the mail show the job summary's ``elapsed_s``."""
+    """Slurm's ``[D-][H:]M:S`` -> seconds; None when empty or not a duration."""
     try:
         return parse_time_s(text)
     except ValueError:
@@ -268,17 +238,14 @@ INTERRUPTED_RC = 130
 
 @dataclass
 class StatusLine:
-    """The status of ``--wait`` on ``err``: on a terminal (``tty``) one line
-    drawn in place (``\\r`` + clear to end of line ``\\x1b[K``) and cleared
-    before any other output; otherwise one line per change, no carriage
-    return. ``drawn``: the line is on screen now."""
+    """The status of ``--wait`` on ``err``: on a terminal one line drawn in
+    place and cleared before other output; otherwise one line per change."""
 
     err: TextIO
     tty: bool
     drawn: bool = False
 
     def show(self, label: str, changed: bool) -> None:
-        """Draw ``label`` (a tty), or write it as a line when ``changed``."""
         if self.tty:
             self.err.write("\r\033[K" + label)
             self.drawn = True
@@ -287,14 +254,12 @@ class StatusLine:
         self.err.flush()
 
     def clear(self) -> None:
-        """Take the drawn line off the screen (before other output)."""
         if self.drawn:
             self.err.write("\r\033[K")
             self.err.flush()
             self.drawn = False
 
     def say(self, text: str) -> None:
-        """``text`` as a line of its own (the status line cleared first)."""
         self.clear()
         self.err.write(text + "\n")
         self.err.flush()
@@ -312,9 +277,7 @@ def cancel_job(job_id: str, cluster: str | None = None, timeout_s: float = 15.0)
 
 def live_alerts(spool_dir, job_id: str) -> list[str]:
     """The alert lines of a running job from its live node files in the
-    spool (``<spool>/jobs/<id>/user-live-<node>.json``, readable by the
-    job's user: :mod:`gsrun.facts.live`); [] when the spool is not visible
-    from here. File reads only: no Slurm RPC."""
+    spool (:mod:`gsrun.facts.live`); [] when the spool is not visible here."""
     lines: list[str] = []
     try:
         docs = read_live_docs(Path(spool_dir) / "jobs" / check_job_id(job_id, array=True))
@@ -327,12 +290,9 @@ def live_alerts(spool_dir, job_id: str) -> list[str]:
 
 @dataclass
 class Ended:
-    """How a followed job ended: ``rc`` the exit status ``gsrun --wait``
-    returns; ``state`` the last state seen (None after a Ctrl-C cancel);
-    ``elapsed`` Slurm's ``[D-][H:]M:S`` of it; ``stdout_path`` the job's
-    output file (None: not known); ``failed``: the first task srun reported
-    ending badly, ``(node, rank, exit code or None for a signal, srun's
-    words)`` (:func:`gsrun.facts.slurm.parse_srun_task_end`), None if none."""
+    """How a followed job ended: ``rc`` of ``gsrun --wait``; ``state`` None
+    after a Ctrl-C cancel; ``failed``: the first task srun reported ending
+    badly (:func:`gsrun.facts.slurm.parse_srun_task_end`), None if none."""
 
     rc: int
     state: str | None = None
@@ -342,8 +302,7 @@ class Ended:
 
 
 class _SrunLines:
-    """Watches the job's output as it is streamed for srun's first report of
-    a task that ended badly (a line may arrive in pieces)."""
+    """Finds srun's first report of a task that ended badly in streamed output."""
 
     def __init__(self):
         self.carry = ""
@@ -362,10 +321,8 @@ class _SrunLines:
 
 
 def exit_line(job_id: str, ended: Ended) -> str:
-    """The last line of ``gsrun --wait``: the final state and Slurm's elapsed
-    time (``[D-]HH:MM:SS``: the figure and format of ``gseff`` and the mail),
-    the first rank that failed with its node and exit code (from srun's own
-    line), the output file and the report command. Record text escaped."""
+    """The last line of ``gsrun --wait``: final state, elapsed, the first rank
+    that failed, the output file and the report command."""
     state = safe_text(ended.state or "CANCELLED")
     secs = elapsed_s(ended.elapsed)
     line = f"gsrun: job {job_id}: {state}" + (f" after {fmt_duration_s(secs, 'clock')}" if secs is not None else "")
@@ -384,38 +341,17 @@ def follow_to_end(job_id: str, out=sys.stdout, err=sys.stderr, poll_s: float = 1
                   max_unknown_s: float = 600.0, poller=None, clock=time.monotonic, sleep=time.sleep,
                   alerts=None, cluster: str | None = None, give_up_s: float = GIVE_UP_S, jitter=None,
                   cancel=cancel_job) -> Ended:
-    """Follow ``job_id`` to the end: status on stderr (:class:`StatusLine`:
-    one line updated in place on a TTY, cleared before anything else is
-    written; a line per state or pending reason otherwise), the job's stdout
-    streamed to ``out`` every ``poll_s``. Slurm is asked through
-    ``poller(job_id)`` (default: a :class:`Watcher` on ``cluster``) with the
-    backoff of :func:`poll_interval` times ``jitter()`` (default: uniform
-    0.8-1.2); the output file is read between. Returns :class:`Ended`: its
-    ``rc`` is the exit code of the first task srun reported failing (srun
-    ends the others with SIGTERM: the batch script's own code is then 143),
-    else the job's (128+signal when killed by a signal, 1 for
-    FAILED/CANCELLED without one).
-
-    A failed query (a timeout, ``Socket timed out``, ``Unable to contact
-    slurm controller``, a rate-limit answer, a killed command) is retried
-    after :func:`retry_interval`; the first of a run of failures is said once
-    on stderr, and the recovery too. The job may still run meanwhile, so
-    following goes on until Slurm has not answered for ``give_up_s``.
-
-    ``alerts()``: the job's alert lines so far (:func:`live_alerts`), read
-    only when Slurm is asked (the same backoff); each new one is printed once
-    on stderr as ``gsrun: job 12: ALERT: ...``.
-
-    A pending reason that will not change by itself
-    (:data:`gsrun.facts.slurm.PENDING_FOR_GOOD`: ``PartitionConfig``...) is
-    named once, with what it means and a hint; following goes on (an admin
-    may change the configuration).
-
-    Ctrl-C (SIGINT, when called from the main thread): the first says the job
-    still runs and how to stop it, and following goes on; a second within
-    :data:`CANCEL_WINDOW_S` (wall clock) runs ``cancel(job_id, cluster)``
-    (default :func:`cancel_job`: ``scancel``), says so and returns
-    :data:`INTERRUPTED_RC` as ``rc``.
+    """Follow ``job_id`` to the end: status on stderr (:class:`StatusLine`),
+    its stdout streamed to ``out`` every ``poll_s``; Slurm asked through
+    ``poller(job_id)`` (default a :class:`Watcher`) at :func:`poll_interval`
+    x ``jitter()``, a failed query retried after :func:`retry_interval`
+    (said once, and the recovery). New ``alerts()`` lines and pending reasons
+    that will not change by themselves are said once. ``rc`` is the exit code
+    of the first task srun reported failing (srun ends the others with
+    SIGTERM: the script's own is then 143), else the job's (128+signal; 1 for
+    FAILED/CANCELLED without one). A second Ctrl-C within
+    :data:`CANCEL_WINDOW_S` runs ``cancel(job_id, cluster)`` and returns
+    :data:`INTERRUPTED_RC`.
 
     Raises:
         SlurmError: no answer from Slurm for ``give_up_s`` (the job may still
@@ -464,7 +400,6 @@ def _follow(job_id, out, err, poll_s, max_unknown_s, poller, clock, sleep, alert
     first_press: float | None = None
 
     def interrupted() -> bool:
-        """Handle new Ctrl-C presses; True when the job was cancelled."""
         nonlocal seen, first_press
         while seen < len(presses):
             t = presses[seen]
@@ -561,10 +496,8 @@ def _follow(job_id, out, err, poll_s, max_unknown_s, poller, clock, sleep, alert
 
 
 def _stream(path: str, offset: int, out, before_output, at_line_start: bool, watch=None) -> tuple[int, bool]:
-    """Copy what the job's output file ``path`` got past ``offset`` to
-    ``out``, calling ``before_output()`` first when there is any, and
-    ``watch(text)`` with it -> (new offset, whether the output so far ends a
-    line)."""
+    """Copy ``path`` past ``offset`` to ``out`` (``before_output()`` first,
+    ``watch(text)`` too) -> (new offset, whether the output ends a line)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:

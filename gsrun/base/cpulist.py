@@ -13,22 +13,17 @@ from collections.abc import Iterable
 from gsrun.base.errors import InputError
 
 MAX_CPUS = 1 << 16  # bound on CPU ids we accept from any input
-#: Most CPU ids one list may name, its ranges counted before they are expanded
-#: (a kernel list names each CPU once: at most MAX_CPUS; the slack is for
-#: hand-written overlapping lists).
+#: Most CPU ids one list may name, counted before expanding (slack for overlapping hand-written lists)
 MAX_LIST_IDS = 4 * MAX_CPUS
 
 
 def parse_cpulist(text: str | None) -> list[int]:
-    """``"0-3,8"`` -> ``[0, 1, 2, 3, 8]`` (sorted, unique). Empty/None -> ``[]``.
-
-    Accepts the kernel's stride form ``0-15:2`` too.
+    """``"0-3,8"`` (or the stride form ``0-15:2``) -> ``[0, 1, 2, 3, 8]``, sorted, unique.
 
     Raises:
-        InputError: a token that is not ``N``, ``N-M`` or ``N-M:S`` (likely a
-            mask given where a list was expected), a CPU id >= 65536 (checked
-            before a range is expanded: ``0-4294967295`` allocates nothing), or
-            ranges naming more than :data:`MAX_LIST_IDS` ids in all.
+        InputError: a token not ``N``, ``N-M`` or ``N-M:S`` (a mask given for a
+            list?), a CPU id >= 65536 (checked before expanding), or more than
+            :data:`MAX_LIST_IDS` ids.
     """
     if text is None:
         return []
@@ -103,11 +98,8 @@ def words_to_cpus(words: Iterable[int], bits: int = 64) -> list[int]:
 
 
 def parse_cpumask(text: str | None) -> list[int]:
-    """A kernel hex CPU mask -> CPU ids, ascending. The form of
-    ``/proc/irq/N/smp_affinity``, ``effective_affinity`` and ``local_cpus``
-    (``bitmap_print_to_pagebuf``): comma-separated 32-bit words of hex
-    digits, most significant word first, e.g. ``00000000,0000ff00`` ->
-    ``[8..15]`` (any width: a 256-CPU host prints 8 words).
+    """A kernel hex CPU mask (``/proc/irq/N/smp_affinity``: 32-bit words, most
+    significant first, ``00000000,0000ff00`` -> ``[8..15]``) -> CPU ids.
 
     Raises:
         InputError: not such a mask, or more than :data:`MAX_CPUS` bits.
@@ -121,10 +113,8 @@ def parse_cpumask(text: str | None) -> list[int]:
 
 
 def format_cpumask(cpus: Iterable[int]) -> str:
-    """CPU ids -> the kernel's hex mask form (see :func:`parse_cpumask`): as
-    many 32-bit words as the highest CPU needs, each 8 digits, most
-    significant first. ``[8..15]`` -> ``0000ff00``; ``[0, 64]`` ->
-    ``00000001,00000000,00000001``; ``[]`` -> ``00000000``.
+    """CPU ids -> the kernel's hex mask (:func:`parse_cpumask`): ``[0, 64]`` ->
+    ``00000001,00000000,00000001``, ``[]`` -> ``00000000``.
 
     Raises:
         InputError: a CPU id below 0 or at least :data:`MAX_CPUS`.

@@ -13,6 +13,7 @@ import os
 import shutil
 import stat
 import time
+from contextlib import suppress
 from pathlib import Path
 
 from gsrun.base.errors import NodeError
@@ -20,19 +21,12 @@ from gsrun.base.errors import NodeError
 
 def atomic_write(path: str | os.PathLike, data: str | bytes, mode: int = 0o644,
                  uid: int | None = None, gid: int | None = None, durable: bool = True) -> None:
-    """Write ``data`` to ``path`` via a temp file in the same directory,
-    ``fsync`` it, ``rename`` over the target, ``fsync`` the directory.
-    ``durable=False`` leaves out both ``fsync`` calls: readers still see the
-    old file or the new one, never half of one, but a crash may lose the
-    last write (for a file rewritten every few seconds that nobody needs
-    after a crash: the Prometheus textfile).
-
-    A crash, a full disk (``ENOSPC``) or a signal leaves either the old file or
-    the new one, never half of one, and no temp file. A symlink at ``path`` is
-    replaced, never followed; the directory itself is opened with
-    ``O_NOFOLLOW`` and every operation is relative to that descriptor, so a
-    directory swapped for a symlink (``<spool>/jobs/<id> -> /etc``) is never
-    written through.
+    """Write ``data`` to ``path`` through a temp file, ``fsync``, ``rename``,
+    ``fsync`` of the directory (``durable=False``: no fsyncs; a crash may lose
+    the write). A crash, ``ENOSPC`` or signal leaves the old or the new file,
+    never half, no temp file. Everything is relative to the directory opened
+    ``O_NOFOLLOW``: a symlink at ``path`` is replaced, a directory swapped
+    for a link is never written through.
 
     Raises:
         OSError: the directory is missing or is a symlink (``ELOOP``/``ENOTDIR``),
@@ -59,7 +53,7 @@ def atomic_write(path: str | os.PathLike, data: str | bytes, mode: int = 0o644,
             if uid is not None or gid is not None:
                 os.fchown(fd, -1 if uid is None else uid, -1 if gid is None else gid)
             view = memoryview(raw)
-            while view:                     # os.write, no file object: this runs at every sampler flush
+            while view:
                 view = view[os.write(fd, view):]
             if durable:
                 os.fsync(fd)
@@ -69,16 +63,12 @@ def atomic_write(path: str | os.PathLike, data: str | bytes, mode: int = 0o644,
         except BaseException:
             if fd is not None:
                 os.close(fd)
-            try:
+            with suppress(OSError):
                 os.unlink(tmp, dir_fd=dfd)
-            except OSError:
-                pass
             raise
         if durable:
-            try:
+            with suppress(OSError):
                 os.fsync(dfd)
-            except OSError:
-                pass
     finally:
         os.close(dfd)
 
@@ -89,8 +79,7 @@ def json_text(obj) -> str:
 
 
 def _split(path) -> tuple[str, str]:
-    """``path`` -> (its directory, its name), as ``Path(path).parent`` and
-    ``.name`` give them (``"f"`` -> ``(".", "f")``), without :mod:`pathlib`."""
+    """``path`` -> (its directory, its name); ``"f"`` -> ``(".", "f")``."""
     p = os.fspath(path)
     p = p.rstrip("/") or p
     head, name = os.path.split(p)
@@ -98,15 +87,12 @@ def _split(path) -> tuple[str, str]:
 
 
 def atomic_write_json(path, obj, mode: int = 0o644, uid=None, gid=None, durable: bool = True) -> None:
-    """:func:`json_text` of ``obj`` written by :func:`atomic_write` (``durable``: see there)."""
     atomic_write(path, json_text(obj), mode, uid, gid, durable)
 
 
 def flock_within(fd: int, timeout_s: float, poll_s: float = 0.005) -> bool:
-    """Take an exclusive ``flock`` on ``fd``, trying every ``poll_s`` seconds
-    for up to ``timeout_s`` (``LOCK_NB``: never a blocking call). True when
-    held (released when ``fd`` is closed), False when another holder kept it
-    that long.
+    """Take an exclusive ``flock`` on ``fd``, polling (never blocking) for up
+    to ``timeout_s``; False when another holder kept it that long.
 
     Raises:
         OSError: ``flock`` refused for another reason (``ENOLCK``: a file
@@ -123,16 +109,10 @@ def flock_within(fd: int, timeout_s: float, poll_s: float = 0.005) -> bool:
 
 
 def read_bounded(path, max_bytes: int, owners=None, dir_fd: int | None = None) -> bytes | None:
-    """The bytes of ``path`` when it is a regular file owned by one of
-    ``owners`` (uids; default: this process's user), not writable by group or
-    others, at most ``max_bytes`` long; else None (absent, a link -- never
-    followed --, a FIFO -- never blocked on --, another owner, too big,
-    unreadable). Opened once with ``O_NOFOLLOW`` and checked with ``fstat`` on
-    that descriptor (no check-then-read race); reads stop after
-    ``max_bytes + 1`` bytes, so a file grown after the ``fstat`` is refused
-    too. ``dir_fd``: ``path`` relative to that directory. The one reader of
-    files root decides from: what another user could have written is never
-    read."""
+    """The bytes of ``path`` when a regular file owned by one of ``owners``
+    (default: this user), not group/other-writable, at most ``max_bytes``;
+    else None. Opened once ``O_NOFOLLOW|O_NONBLOCK``, checked by ``fstat``,
+    read at most ``max_bytes + 1``: the one reader of files root decides from."""
     allowed = (os.geteuid(),) if owners is None else tuple(owners)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dir_fd)
@@ -159,28 +139,22 @@ def read_bounded(path, max_bytes: int, owners=None, dir_fd: int | None = None) -
 
 
 def read_own_file(path: str, max_bytes: int) -> bytes | None:
-    """:func:`read_bounded` of a file owned by this process's user: for the
-    caches gsrun keeps for itself (the parsed config, slurmctld's config)."""
+    """:func:`read_bounded` of a file owned by this process's user (its caches)."""
     return read_bounded(path, max_bytes)
 
 
-#: Largest spool JSON file gsrun reads (summaries, node and live files); a
-#: 64-GPU, 30-day job's summary is a few MiB.
+#: Largest spool JSON file gsrun reads (a 64-GPU, 30-day job's summary is a few MiB)
 MAX_SPOOL_JSON_BYTES = 64 << 20
 
 
 def spool_owners() -> tuple[int, ...]:
-    """The owners a spool file may have for this process to trust it: root
-    (every spool file is root's), plus this process's user when it is not
-    root (its own test spool, or a file only it could have hurt)."""
+    """Trusted spool file owners: root, plus this user when not root."""
     return (0,) if os.geteuid() == 0 else (0, os.geteuid())
 
 
 def read_spool_json(path, max_bytes: int = MAX_SPOOL_JSON_BYTES) -> dict | None:
-    """The JSON object in the spool file ``path`` read by :func:`read_bounded`
-    (owner root -- or this user when not root --, not group- or
-    other-writable, at most ``max_bytes``), None when absent, refused or not
-    a JSON object."""
+    """The JSON object in ``path`` read by :func:`read_bounded` from
+    :func:`spool_owners`; None when absent, refused or not an object."""
 
     raw = read_bounded(path, max_bytes, spool_owners())
     if raw is None:
@@ -205,20 +179,15 @@ def read_json(path) -> dict | None:
         return None
 
 
-#: The mode of a user's copy in the spool (``user-*.json``): root's file,
-#: readable by the job's group, writable by nobody but root.
+#: The mode of a user's copy in the spool (``user-*.json``): root's, group-readable
 USER_COPY_MODE = 0o440
 
 
 def write_user_copy(path, data: str | bytes, gid: int | None, durable: bool = True) -> None:
-    """Write a user's copy of a spool file (``user-summary.json``,
-    ``user-node-<node>.json``, ``user-live-<node>.json``,
-    ``user-mig-<node>.json``) with :func:`atomic_write`: owned by root, group
-    ``gid`` (the job's group), mode :data:`USER_COPY_MODE`. The user reads it
-    through the group and can neither write, grow, replace (the job
-    directory is root's) nor ``chmod`` it, so root may read it back with
-    :func:`read_spool_json`. Plain owner and group bits, no ACL: the same on
-    local disks and NFS. Not root (tests): the caller's own file, group unchanged.
+    """Write a user's copy (``user-*.json``) with :func:`atomic_write`: root's,
+    group ``gid``, :data:`USER_COPY_MODE`. The user can neither write, grow,
+    replace nor ``chmod`` it, so root may read it back; no ACL (works on NFS).
+    Not root (tests): the caller's own file.
 
     Raises:
         OSError: as :func:`atomic_write`."""
@@ -229,17 +198,11 @@ def write_user_copy(path, data: str | bytes, gid: int | None, durable: bool = Tr
 
 def ensure_dir(path: str | os.PathLike, mode: int, uid: int = 0, gid: int = 0,
                replace_planted: bool = False, log=None) -> Path:
-    """Create ``path`` (parents must exist) owned by ``uid:gid`` with ``mode``,
-    or fix an existing one that we own.
-
-    The directory is opened with ``O_NOFOLLOW | O_DIRECTORY`` and checked and
-    changed through that descriptor (``fstat``/``fchown``/``fchmod``), so a
-    symlink swapped in after the check is never followed.
-
-    ``replace_planted``: a symlink, a non-directory or a directory owned by
-    another user found at ``path`` is moved aside (renamed, not followed, to
-    ``.planted-<name>-<unix time>`` in the same parent, for the admin to look
-    at) and a fresh directory is made; ``log(msg)`` says so.
+    """Create ``path`` (parents must exist) as ``uid:gid`` ``mode``, or fix
+    an existing one we own, through one ``O_NOFOLLOW|O_DIRECTORY`` descriptor.
+    ``replace_planted``: something else found there is renamed to
+    ``.planted-<name>-<unix time>`` (``log(msg)`` says so) and a fresh
+    directory made.
 
     Raises:
         NodeError: ``path`` is a symlink or not a directory (something was
@@ -248,10 +211,8 @@ def ensure_dir(path: str | os.PathLike, mode: int, uid: int = 0, gid: int = 0,
     """
     path = Path(path)
     for attempt in range(2):
-        try:
+        with suppress(FileExistsError):
             os.mkdir(path, mode)
-        except FileExistsError:
-            pass
         problem = None
         fd = None
         try:
@@ -285,12 +246,9 @@ def ensure_dir(path: str | os.PathLike, mode: int, uid: int = 0, gid: int = 0,
 
 
 def unlink_names(directory: str | os.PathLike, names) -> list[str]:
-    """Unlink the entries of ``directory`` named by ``names`` (an iterable of
-    names, or a predicate ``name -> bool`` over the directory's listing),
-    relative to the directory opened with ``O_NOFOLLOW``: a symlinked
-    directory is never entered, a link among the names is removed, never
-    followed. A missing directory or name is no error. Returns the names
-    removed, in the order tried.
+    """Unlink ``names`` (or the entries a predicate picks) relative to
+    ``directory`` opened ``O_NOFOLLOW``; missing ones are no error. Returns
+    the names removed.
 
     Raises:
         OSError: the directory is a symlink (``ELOOP``) or cannot be listed,
@@ -304,19 +262,16 @@ def unlink_names(directory: str | os.PathLike, names) -> list[str]:
     try:
         wanted = [n for n in os.listdir(dfd) if names(n)] if callable(names) else list(names)
         for name in wanted:
-            try:
+            with suppress(FileNotFoundError):
                 os.unlink(name, dir_fd=dfd)
                 gone.append(name)
-            except FileNotFoundError:
-                pass
     finally:
         os.close(dfd)
     return gone
 
 
 def remove_tree(path: str | os.PathLike) -> None:
-    """``rm -rf`` without following symlinks (a link inside is unlinked, its
-    target is left alone)."""
+    """``rm -rf`` without following symlinks."""
     p = os.fspath(path)
     try:
         st = os.lstat(p)
@@ -329,9 +284,8 @@ def remove_tree(path: str | os.PathLike) -> None:
 
 
 def publish_once(path: str | os.PathLike, data: bytes, mode: int = 0o600) -> bool:
-    """Write ``path`` atomically unless it exists: a staged file is hard-linked
-    to the name (``link`` fails when the name exists, on every node of a
-    shared spool). Returns True when this call published it."""
+    """Write ``path`` atomically unless it exists (``link`` of a staged file:
+    exclusive on every node of a shared spool); True when this call did."""
     path = Path(path)
     stage = path.with_name(f".stage.{path.name}.{os.getpid()}.{os.urandom(4).hex()}")
     atomic_write(stage, data, mode)
@@ -341,7 +295,5 @@ def publish_once(path: str | os.PathLike, data: bytes, mode: int = 0o600) -> boo
     except FileExistsError:
         return False
     finally:
-        try:
+        with suppress(FileNotFoundError):
             os.unlink(stage)
-        except FileNotFoundError:
-            pass

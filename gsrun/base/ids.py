@@ -1,13 +1,8 @@
 """Slurm identifiers, checked in one place: job ids, user, node and
-partition names. Pure.
-
-Every check is a ``fullmatch`` against an ASCII allow-list (the patterns
-below), so a trailing newline, a NUL, ``/``, ``..`` and non-ASCII digits
-(``"４２"``, ``"²"``) are refused: a checked value is safe as a path
-component, a log tag and a command argument. Job ids are 32-bit (leading
-zeros accepted, as Slurm does); with ``array=True`` also an array task
-``<job>_<task>`` (``15053872_1491``, as sacct/squeue print it); the node side
-only ever sees raw numeric ids. User names may end in ``$`` (sssd).
+partition names. Pure. Every check is an ASCII ``fullmatch`` (no newline,
+NUL, ``/``, ``..``, ``"²"``), so a checked value is a safe path component,
+log tag and argument. Job ids are 32-bit; ``array=True`` also takes
+``<job>_<task>``. User names may end in ``$`` (sssd).
 """
 
 from __future__ import annotations

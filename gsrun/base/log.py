@@ -1,20 +1,10 @@
 """Logs admins can use: ``gsrun[<jobid>]: <phase>: ...`` to syslog and stderr
-(and to ``$GSRUN_LOG_FILE`` when set, for hosts without a syslog daemon),
-with begin/end and durations.
+(and ``$GSRUN_LOG_FILE`` when set), with begin/end and durations.
 
-Every line is made safe before it is written: the job id in the tag must be a
-plain Slurm job id (else ``?``), control characters (a newline in a hostile
-value would forge a second log line) and undecodable bytes are escaped, and a
-line is cut at :data:`MAX_LINE` characters.
-
-No repeated prefix: the tag already says ``gsrun[<jobid>]: <phase>:``, so a
-message that carries a :class:`~gsrun.base.errors.GsrunError` header
-(``gsrun: <what>: ...``, at its start or after ``: ``) loses the ``gsrun: ``
-and, when ``<what>`` is this log's phase, the phase too: a hook logs
-``gsrun[42]: prolog: tune: ...``, not ``gsrun[42]: prolog: gsrun: tune: ...``.
-
-Steps (begin/end lines, budgets, fault injection) are run by
-:mod:`gsrun.node.steps`.
+Every line is made safe: a job id that is not plain becomes ``?``, control
+characters (a forged second line) and bad bytes are escaped, lines are cut at
+:data:`MAX_LINE`. A message's ``gsrun: <what>:`` header loses ``gsrun: `` (and
+``<what>`` when it is the log's phase): ``gsrun[42]: prolog: tune: ...``.
 """
 
 from __future__ import annotations
@@ -24,6 +14,7 @@ import re
 import sys
 import syslog
 import time
+from contextlib import suppress
 
 from gsrun.base.ids import is_job_id
 
@@ -97,25 +88,19 @@ class JobLog:
     def __call__(self, msg: str, level: int = syslog.LOG_INFO) -> None:
         line = safe_text(f"{self.phase}: {self.tidy(msg)}")
         if self.use_syslog:
-            try:
+            with suppress(Exception):
                 syslog.syslog(level, line)
-            except Exception:  # noqa: BLE001
-                pass
         tag = f"gsrun[{self.job_id}]" if self.job_id else "gsrun"
-        try:
+        with suppress(Exception):
             if self.stream is not None:
                 self.stream.write(f"{tag}: {line}\n")
                 self.stream.flush()
-        except Exception:  # noqa: BLE001
-            pass
         path = os.environ.get("GSRUN_LOG_FILE")
         if path:
-            try:
+            with suppress(OSError, ValueError):
                 fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640)
                 with os.fdopen(fd, "a", errors="backslashreplace") as f:
                     f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {tag}: {line}\n")
-            except (OSError, ValueError):
-                pass
 
     def warn(self, msg: str) -> None:
         self(msg, syslog.LOG_WARNING)

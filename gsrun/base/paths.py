@@ -1,20 +1,11 @@
-"""Where gsrun keeps things (from the site config ``paths.*``), and the
-directories created with the right owner and mode.
+"""Where gsrun keeps things (site config ``paths.*``), created with the right
+owner and mode: ``<state_dir>/jobs/<id>/`` root 0700; ``<spool_dir>/jobs/``
+root 0711 (no listing), ``<spool_dir>/jobs/<id>/`` root 0755 with root-only
+records and the user's group-readable ``user-*.json`` copies.
 
-- ``<state_dir>/jobs/<id>/`` root 0700: the monitor's job file and sampler state, journals.
-- ``<spool_dir>/jobs/`` root 0711 (no listing); ``<spool_dir>/jobs/<id>/``
-  root 0755; inside, root-only (0600) node/prolog records and the job summary,
-  plus ``user-*.json`` copies owned by the job's user (0400): only that user
-  and root can read a job's figures.
-
-A job id becomes a path component only after
-:func:`gsrun.base.ids.check_job_id` (``[0-9]{1,10}(_[0-9]{1,10})?``, fullmatch:
-no ``/``, ``..``, newline). Something planted
-at ``<state_dir>/jobs/<id>`` or ``<spool_dir>/jobs/<id>`` ahead of the prolog
-(a symlink, a file, a directory owned by a user) is moved aside and replaced
-by a fresh root-owned directory (:func:`gsrun.base.fsutil.ensure_dir` with
-``replace_planted``), and the log says so; the shared parents
-(``<state_dir>``, ``jobs/``) are refused, not replaced, when planted.
+A job id is a path component only after :func:`gsrun.base.ids.check_job_id`.
+Something planted at ``.../jobs/<id>`` is moved aside for a fresh root-owned
+directory (logged); planted shared parents are refused.
 """
 
 from __future__ import annotations
@@ -25,9 +16,7 @@ from pathlib import Path
 from gsrun.base.fsutil import ensure_dir
 from gsrun.base.ids import check_job_id
 
-# The built-in defaults of ``paths.state_dir``, ``paths.spool_dir``, ``paths.mps_dir``
-# (:mod:`gsrun.request.config`'s settings table). Here because the node daemon
-# finds its socket before it reads any config.
+# the defaults of paths.* in the config's settings: the daemon finds its socket before any config
 DEFAULT_STATE_DIR = "/run/gsrun"
 DEFAULT_SPOOL_DIR = "/var/spool/gsrun"
 DEFAULT_MPS_DIR = "/run/gsrun/mps"
@@ -65,10 +54,8 @@ class Paths:
         return ensure_dir(self.state_job(job_id), 0o700, replace_planted=True, log=log)
 
     def make_spool_job(self, job_id: str, log=None, gid: int | None = None) -> Path:
-        """Create (or check) ``<spool_dir>/jobs/<id>/``: root, group ``gid``
-        (the job's group), 0750 -- the job's user lists it and reads its
-        ``user-*.json`` copies through the group, other users can neither
-        list nor enter it; without ``gid`` root:root 0711 (nobody but root lists it).
+        """Create (or check) ``<spool_dir>/jobs/<id>/``: root, the job's group
+        ``gid``, 0750; without ``gid`` root:root 0711.
 
         Raises:
             NodeError: ``<spool_dir>`` or ``<spool_dir>/jobs`` is planted or foreign.

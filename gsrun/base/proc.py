@@ -13,40 +13,29 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterable, Mapping, Sequence
+from contextlib import suppress
 
-# The working directory of every child that root code starts: never the caller's
-# (slurmctld's may be /var/tmp, an admin's /tmp or a shared checkout).
+# the working directory of every child root code starts: never the caller's (/tmp, a checkout)
 ROOT_CWD = "/"
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # Always passed on when set: locale and where gsrun finds its config, dirs and Slurm.
 CHILD_ENV_BASE = ("PATH", "LANG", "LC_ALL", "GSRUN_CONFIG", "SLURM_CONF")
-# PYTHON* variables a child may inherit; every other one (PYTHONPATH, PYTHONHOME,
-# PYTHONSTARTUP, PYTHONUSERBASE, PYTHONWARNINGS -- which imports the module it names --,
-# PYTHONINSPECT, PYTHONBREAKPOINT ...) is dropped even when a caller asks to keep it.
+# the PYTHON* variables a child may inherit; every other one (PYTHONPATH, PYTHONWARNINGS...) is dropped
 _PY_ENV_OK = frozenset({"PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED", "PYTHONIOENCODING"})
 
 
 def root_python(*args: str, python: str | None = None) -> list[str]:
-    """The argv of a child Python that root code starts:
-    ``[python, "-P", "-s", *args]`` (``python`` defaults to
-    :data:`sys.executable`). ``-P`` (Python >= 3.11) keeps the working
-    directory / script directory off ``sys.path`` for ``-m`` and ``-c``; ``-s``
-    leaves out the user site-packages. Use with :func:`root_child_env` and
-    ``cwd=ROOT_CWD``. E.g. ``root_python("-m", "gsrun.epilog.ctld", "finish", "42")``.
-    """
+    """``[python, "-P", "-s", *args]`` for a child Python of root code: no
+    working directory on ``sys.path``, no user site (with
+    :func:`root_child_env` and ``cwd=ROOT_CWD``)."""
     return [python or sys.executable, "-P", "-s", *args]
 
 
 def root_child_env(keep: Iterable[str] = (), base: Mapping[str, str] | None = None,
                    extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The explicit, minimal environment of a child of root code: the
-    variables of :data:`CHILD_ENV_BASE` plus the names in ``keep`` taken from
-    ``base`` (default :data:`os.environ`), then ``extra``; ``PATH`` defaults
-    to :data:`SAFE_PATH`. A ``PYTHON*`` variable survives only when it is
-    harmless (``PYTHONDONTWRITEBYTECODE``, ``PYTHONUNBUFFERED``,
-    ``PYTHONIOENCODING``): ``PYTHONPATH``, ``PYTHONHOME``, ``PYTHONSTARTUP``,
-    ``PYTHONUSERBASE``, ``PYTHONWARNINGS``... never reach a root child, even
-    from ``keep`` or ``extra``. Pure. -> {name: value}."""
+    """The minimal environment of a child of root code: :data:`CHILD_ENV_BASE`
+    and ``keep`` from ``base``, then ``extra``; ``PATH`` defaults to
+    :data:`SAFE_PATH`; no ``PYTHON*`` but the harmless ones, even from ``extra``."""
     src = os.environ if base is None else base
     env = {k: src[k] for k in (*CHILD_ENV_BASE, *keep, *_PY_ENV_OK) if k in src}
     env.update(extra or {})
@@ -56,13 +45,10 @@ def root_child_env(keep: Iterable[str] = (), base: Mapping[str, str] | None = No
 
 
 def spawn_detached(argv: list[str], env: dict, log_fd: int | None = None) -> int:
-    """Start ``argv`` (``argv[0]`` a path) with exactly ``env``, stdin
-    ``/dev/null``, stdout and stderr to ``log_fd`` (None: ``/dev/null``), in a new session, in
-    :data:`ROOT_CWD`, with no descriptor but 0-2 (every other one is marked
-    close-on-exec first) and SIGPIPE/SIGXFSZ at their defaults -- what ``subprocess.Popen(...,
-    start_new_session=True, close_fds=True, cwd=ROOT_CWD)`` did, with
-    ``os.posix_spawn`` (``subprocess`` costs the prolog ~8 ms of imports).
-    Returns the PID; the child is not waited for.
+    """Start ``argv`` detached (``os.posix_spawn``: ``subprocess`` costs the
+    prolog ~8 ms of imports): exactly ``env``, stdin ``/dev/null``, output to
+    ``log_fd`` (None: ``/dev/null``), a new session, :data:`ROOT_CWD`, no
+    other descriptor, default SIGPIPE/SIGXFSZ. Returns the PID, not waited for.
 
     Raises:
         OSError: the program cannot be started (not found, not executable).
@@ -114,11 +100,8 @@ def _no_inherit_from(low: int) -> None:
 
 def run_bounded(argv: Sequence[str], timeout_s: float, input_text: str | None = None,
                 env: Mapping[str, str] | None = None, cwd: str = ROOT_CWD) -> tuple[int | None, str, str]:
-    """Run ``argv`` with ``timeout_s`` in ``cwd`` (default ``/``: a tool that
-    is a script never sees the caller's directory). Returns (exit status, or
-    None on timeout; stdout; stderr). Text is decoded with ``errors="replace"`` and
-    ``input_text`` encoded with ``surrogateescape`` (non-UTF-8 arguments from
-    ``os.fsdecode`` survive).
+    """Run ``argv`` with ``timeout_s`` in ``cwd`` (default ``/``) -> (exit
+    status or None on timeout, stdout, stderr), decoded with ``replace``.
 
     Raises:
         OSError: the program cannot be started (not found, not executable).
@@ -131,10 +114,8 @@ def run_bounded(argv: Sequence[str], timeout_s: float, input_text: str | None = 
         out, err = p.communicate(input=data, timeout=timeout_s)
         return p.returncode, out.decode(errors="replace"), err.decode(errors="replace")
     except BaseException as e:
-        try:
+        with suppress(OSError):
             os.killpg(p.pid, signal.SIGKILL)
-        except OSError:
-            pass
         if not isinstance(e, subprocess.TimeoutExpired):   # the caller's own alarm: never leave it running
             p.wait()
             raise

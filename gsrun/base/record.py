@@ -1,24 +1,13 @@
 """Frozen dataclasses that are also a JSON contract. Pure.
 
-A record class is a ``@dataclass(frozen=True)`` subclass of :class:`Record`
-whose field names are the JSON keys. It gets:
-
-- :meth:`Record.to_json`: the plain dict written to disk (``json.dumps`` of
-  it is the file); fields set to :data:`ABSENT` are left out (a key that
-  today's writers do not always write), ``extra`` keys are written back.
-- :meth:`Record.from_json`: the inverse, tolerant of older forms: a missing
-  key takes the field's default (a field without default is required);
-  unknown keys are kept in ``extra`` and written back unchanged, so a
-  record read and written again loses nothing. Values are not converted
-  (an int stays an int, a float a float), only nested records, tuples and
-  enums are built.
-- :func:`json_schema`: a JSON Schema (draft 2020-12) of the class from its
-  type hints and the ``doc`` of each field (:func:`field`).
-
-Type hints understood: ``int``, ``float`` (a JSON number: an int is
-accepted), ``str``, ``bool``, ``None``, ``Any``, unions, ``tuple[X, ...]``
-(a JSON array), ``dict[str, X]`` (a JSON object), ``Literal[...]``, a
-``str`` :class:`enum.Enum`, and other records.
+A :class:`Record` subclass's field names are the JSON keys.
+:meth:`Record.to_json` leaves out :data:`ABSENT` fields and writes ``extra``
+keys back; :meth:`Record.from_json` is its tolerant inverse (a missing key
+takes its default, unknown keys go to ``extra``; values are not converted,
+only nested records, tuples and enums built). :func:`json_schema` gives a
+draft 2020-12 schema from the type hints (``int``, ``float``, ``str``,
+``bool``, ``None``, ``Any``, unions, ``tuple[X, ...]``, ``dict[str, X]``,
+``Literal``, ``str`` enums, records) and each :func:`field`'s ``doc``.
 """
 
 from __future__ import annotations
@@ -26,6 +15,7 @@ from __future__ import annotations
 import collections.abc
 import dataclasses
 import enum
+import functools
 import types
 import typing
 from typing import Any, Mapping
@@ -59,13 +49,9 @@ node summary made without sampler state). Falsy."""
 
 
 def field(doc: str, default: Any = dataclasses.MISSING, *, factory=dataclasses.MISSING, optional_key: bool = False):
-    """A record field with its documentation (the schema's ``description``:
-    shape, unit and where the number comes from).
-
-    ``optional_key``: the key may be absent from today's JSON: the default
-    is :data:`ABSENT` and the schema does not require the key. Other fields
-    are required by the schema even when they have a default (the default
-    is there to read older files)."""
+    """A record field with its doc (the schema's ``description``: shape, unit,
+    source). ``optional_key``: default :data:`ABSENT`, not required by the
+    schema; other fields are required even with a default (for older files)."""
     if optional_key:
         default = ABSENT
     md = {"doc": doc, "optional_key": optional_key}
@@ -81,10 +67,9 @@ class Record:
 
     def to_json(self) -> dict:
         """The record as plain JSON-able dicts/lists (the on-disk form)."""
-        names = _NAMES.get(type(self)) or _names(type(self))
         dd = self.__dict__
         out: dict = {}
-        for name in names:
+        for name in _names(type(self)):
             v = dd[name]
             if v is ABSENT:
                 continue
@@ -106,10 +91,8 @@ class Record:
 
     @classmethod
     def json_form(cls, d: Mapping) -> dict:
-        """``cls.from_json(d).to_json()`` without building the record: ``d``
-        checked the same way (the same errors) and returned in the on-disk
-        form (keys in field order, then the unknown ones; arrays as lists).
-        What the merge of a 4,000-node job uses for its 32,000 GPUs.
+        """``cls.from_json(d).to_json()`` without building the record (the
+        merge of a 4,000-node job's 32,000 GPUs).
 
         Raises:
             ValueError: as :meth:`from_json`.
@@ -118,9 +101,7 @@ class Record:
 
 
 def extra_field():
-    """The ``extra`` field of a record: keys this version does not know, kept
-    from :meth:`Record.from_json` and written back by :meth:`Record.to_json`.
-    Not compared, not in the schema's properties."""
+    """The ``extra`` field: unknown keys, written back; not compared, not in the schema."""
     return dataclasses.field(default_factory=dict, compare=False, repr=False,
                              metadata={"doc": "unknown keys, written back unchanged", "optional_key": True})
 
@@ -128,13 +109,12 @@ def extra_field():
 # ----------------------------------------------------------------------------- dump / load
 
 _PLAIN = frozenset((str, int, float, bool, type(None)))   # JSON scalars: dumped and loaded as they are
-_NAMES: dict[type, tuple[str, ...]] = {}
 
 
+@functools.cache
 def _names(cls) -> tuple[str, ...]:
-    """The field names of record class ``cls`` that :meth:`Record.to_json` writes, in order (cached)."""
-    n = _NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls) if f.name != "extra")
-    return n
+    """The field names :meth:`Record.to_json` writes, in order."""
+    return tuple(f.name for f in dataclasses.fields(cls) if f.name != "extra")
 
 
 def _dump(v):
@@ -152,45 +132,33 @@ def _dump(v):
     return v
 
 
-_HINTS: dict[type, dict] = {}
-
-
-def _hints(cls) -> dict:
-    h = _HINTS.get(cls)
-    if h is None:
-        h = _HINTS[cls] = typing.get_type_hints(cls)
-    return h
+_hints = functools.cache(typing.get_type_hints)
 
 
 def _is_record(tp) -> bool:
     return isinstance(tp, type) and issubclass(tp, Record)
 
 
-_PLANS: dict[type, tuple] = {}
-
-
+@functools.cache
 def _plan(cls) -> tuple:
-    """How :func:`_load_record` reads ``cls`` (cached): per field (name,
-    loader or None when the value is kept as it is, required), whether it
-    keeps ``extra``, the known names, and name -> a function giving the
-    default of each field whose default is written (not :data:`ABSENT`)."""
-    p = _PLANS.get(cls)
-    if p is None:
-        hints = _hints(cls)
-        fields, known, has_extra, defaults = [], set(), False, {}
-        for f in dataclasses.fields(cls):
-            if f.name == "extra":
-                has_extra = True
-                continue
-            known.add(f.name)
-            required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-            fields.append((f.name, _loader(hints[f.name]), required))
-            if f.default_factory is not dataclasses.MISSING:
-                defaults[f.name] = f.default_factory
-            elif not required and f.default is not ABSENT:
-                defaults[f.name] = (lambda v: lambda: v)(f.default)
-        p = _PLANS[cls] = (tuple(fields), has_extra, frozenset(known), defaults)
-    return p
+    """How :func:`_load_record` reads ``cls``: per field (name, loader or
+    None when the value is kept as it is, required), whether it keeps
+    ``extra``, the known names, and name -> a function giving the default of
+    each field whose default is written (not :data:`ABSENT`)."""
+    hints = _hints(cls)
+    fields, known, has_extra, defaults = [], set(), False, {}
+    for f in dataclasses.fields(cls):
+        if f.name == "extra":
+            has_extra = True
+            continue
+        known.add(f.name)
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        fields.append((f.name, _loader(hints[f.name]), required))
+        if f.default_factory is not dataclasses.MISSING:
+            defaults[f.name] = f.default_factory
+        elif not required and f.default is not ABSENT:
+            defaults[f.name] = (lambda v: lambda: v)(f.default)
+    return tuple(fields), has_extra, frozenset(known), defaults
 
 
 _MISSING = object()
@@ -199,7 +167,7 @@ _MISSING = object()
 def _load_record(cls, d, where: str):
     if type(d) is not dict and not isinstance(d, collections.abc.Mapping):
         raise ValueError(f"{where}: expected an object, got {type(d).__name__}")
-    fields, has_extra, known, _defaults = _PLANS.get(cls) or _plan(cls)
+    fields, has_extra, known, _defaults = _plan(cls)
     kw: dict = {}
     for name, load, required in fields:
         v = d.get(name, _MISSING)
@@ -216,7 +184,7 @@ def _json_form(cls, d, where: str) -> dict:
     """:meth:`Record.json_form`: :func:`_load_record` then :meth:`Record.to_json`, fused."""
     if type(d) is not dict and not isinstance(d, collections.abc.Mapping):
         raise ValueError(f"{where}: expected an object, got {type(d).__name__}")
-    fields, has_extra, known, defaults = _PLANS.get(cls) or _plan(cls)
+    fields, has_extra, known, defaults = _plan(cls)
     out: dict = {}
     found = 0
     for name, load, required in fields:
@@ -239,10 +207,8 @@ def _json_form(cls, d, where: str) -> dict:
 
 
 def _loader(tp):
-    """A function ``(value, where) -> value`` reading type ``tp``, or None
-    where the value is kept as it is (scalars, ``Any``, lists, unions of
-    those): built once per field, so reading 8,000 GPU records does not
-    inspect type hints 8,000 times."""
+    """A function ``(value, where) -> value`` reading type ``tp`` (built once
+    per field), or None where the value is kept as it is."""
     origin = typing.get_origin(tp)
     if tp is Any or tp is object:
         return None
@@ -345,8 +311,7 @@ def _record_schema(cls, defs: dict) -> dict:
         props[f.name] = s
         if not f.metadata.get("optional_key"):
             required.append(f.name)
-    out = {"description": _doc(cls), "type": "object", "properties": props, "required": required}
-    return out
+    return {"description": _doc(cls), "type": "object", "properties": props, "required": required}
 
 
 def _type_schema(tp, defs: dict) -> dict:

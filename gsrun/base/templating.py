@@ -1,14 +1,7 @@
-"""The one jinja2 environment: every file gsrun renders comes from here.
-
-Templates live in the ``gsrun.templates`` package (``templates/`` in a
-checkout). The environment is strict and the same for every template:
-
-- ``StrictUndefined``: a variable the caller forgot is an error, never an
-  empty string in a script, a mail or slurm.conf;
-- ``trim_blocks`` / ``lstrip_blocks`` / ``keep_trailing_newline``: block tags
-  take no lines of their own (``+%}`` keeps the newline where one is wanted);
-- autoescape only for ``*.html.j2`` (HTML mail); scripts and config files are
-  rendered as text and quote with the ``sh`` filter (:func:`shlex.quote`).
+"""The one jinja2 environment (templates in ``gsrun.templates``):
+``StrictUndefined`` (a forgotten variable is an error), block tags take no
+lines (``+%}`` keeps one), autoescape only for ``*.html.j2``; scripts quote
+with the ``sh`` filter (:func:`shlex.quote`).
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ import os
 import socket
 import stat
 import struct
+from contextlib import suppress
 
 from gsrun.base.errors import NodeError
 
@@ -50,10 +51,8 @@ def bind_private(path: str, backlog: int) -> tuple[socket.socket, tuple[int, int
     not its file: the id to check before removing the path later).
     Raises OSError."""
     tmp = f"{path}.{os.getpid()}.new"
-    try:
+    with suppress(FileNotFoundError):
         os.unlink(tmp)
-    except FileNotFoundError:
-        pass
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     old_umask = os.umask(0o177)
     try:

@@ -1,23 +1,13 @@
-"""``--malloc``: the allocator each task's command preloads, applied by
-``gsrun-bind`` right before it execs the command (so ``LD_PRELOAD`` never
-reaches the batch script, ``srun`` or ``torchrun``), and the proof that it is
-mapped into the task.
+"""``--malloc``: the allocator each task's command preloads, set by
+``gsrun-bind`` right before the exec (``LD_PRELOAD`` never reaches the batch
+script, ``srun`` or ``torchrun``), and the proof that it is mapped.
 
-The job script exports ``GSRUN_MALLOC`` (allocator name) and
-``GSRUN_MALLOC_LIB_DIRS`` (``:``-separated directories,
-:func:`gsrun.request.malloc.check_lib_dirs`). The library is looked for in
-those directories, then in ``ldconfig -p``'s lines, and every candidate is
-checked (:func:`gsrun.facts.elf.library_problem`: it exists and is a shared
-object of this node's ELF class and machine), so a stale cache line or an
-aarch64 library on x86-64 is never exported. ld.so(8) loads the
-``LD_PRELOAD`` entries in order before the program's own libraries; the
-library goes first and an existing ``LD_PRELOAD`` is kept after it.
-
-Proof: a watcher process (:func:`watch_preload`) waits for the exec (a
-close-on-exec pipe reaches EOF), then reads the task's ``/proc/<pid>/maps``
-for the library (by device and inode, so a symlinked path counts) and
-writes the task notes (:mod:`gsrun.facts.task_notes`) with ``verified`` or
-why not.
+The library named by ``GSRUN_MALLOC`` is looked for in
+``GSRUN_MALLOC_LIB_DIRS``, then ``ldconfig -p``, each candidate checked
+(:func:`gsrun.facts.elf.library_problem`: this node's ELF class and machine);
+it goes first in ``LD_PRELOAD``. :func:`watch_preload` waits for the exec (a
+close-on-exec pipe's EOF), finds the library in ``/proc/<pid>/maps`` by
+device and inode, and writes ``verified`` or why not to the task notes.
 """
 
 from __future__ import annotations
@@ -27,6 +17,7 @@ import os
 import select
 import subprocess
 import time
+from contextlib import suppress
 
 from gsrun.facts.elf import library_problem
 from gsrun.request.malloc import ALLOCATORS, check_lib_dirs
@@ -64,12 +55,9 @@ def run_ldconfig() -> str:
 
 def find_allocator(name: str, dirs, ldconfig=run_ldconfig, machine: str | None = None
                    ) -> tuple[str | None, list[str], list[str]]:
-    """``(path, looked, rejected)``: the first usable library of allocator
-    ``name`` (its sonames in order, :data:`gsrun.request.malloc.ALLOCATORS`)
-    in ``dirs``, then in ``ldconfig -p`` (``ldconfig``: a callable giving its
-    text, called only when the directories have none); ``looked`` says where
-    it looked, ``rejected`` why candidates found were not used. ``path`` None:
-    none usable."""
+    """``(path or None, looked, rejected)``: the first usable library of
+    allocator ``name`` in ``dirs``, then ``ldconfig()``'s text; where it
+    looked, and why candidates were refused."""
     alloc = ALLOCATORS[name]
     looked, rejected = list(dirs), []
     for d in dirs:
@@ -138,10 +126,8 @@ def write_notes(path: str, notes: dict) -> None:
             json.dump(notes, f, separators=(",", ":"))
         os.replace(tmp, path)
     except OSError:
-        try:
+        with suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
 
 
 def verify_mapped(pid: int, lib: str, wait_s: float = MAPS_WAIT_S, sleep=time.sleep) -> tuple[str, str]:

@@ -1,13 +1,9 @@
 """Streaming aggregates with O(1) memory in job length. Pure.
 
-:class:`Metric` keeps time-weighted mean, min, max, time above/below
-thresholds, gap time (no value) and a fixed histogram; :class:`Timeline`
-keeps at most ``max_points`` (time, mean, max, count) buckets, merging
-neighbours when full, so a 7-day job costs what a 10-minute one does;
-:class:`Counter` integrates a cumulative hardware counter (NVML energy, mJ)
-across resets. All serialise to plain dicts (``to_dict`` / ``from_dict``)
-for the sampler's atomic state file; the sampler keeps the live objects in
-memory and serialises only when it flushes.
+:class:`Metric`: time-weighted mean, min, max, time above/below thresholds,
+gap time and a histogram; :class:`Timeline`: at most ``max_points`` buckets,
+merging neighbours; :class:`Counter`: a cumulative hardware counter (NVML
+energy, mJ) across resets. ``to_dict`` / ``from_dict`` for the state file.
 """
 
 from __future__ import annotations
@@ -94,12 +90,8 @@ class Metric:
 
 @dataclass
 class Timeline:
-    """Bounded downsampled series of ``[t_s, mean, max]`` buckets.
-
-    Each new point is its own bucket; when there are ``max_points`` buckets
-    every pair of neighbours is merged (time-weighted by the count they hold),
-    halving the resolution. Memory is O(max_points) for any job length.
-    """
+    """At most ``max_points`` ``[t_s, mean, max]`` buckets; when full, neighbours
+    merge (weighted by their counts), halving the resolution."""
 
     max_points: int = 1000
     points: list = field(default_factory=list)   # [t_start_s, mean, max, count]
@@ -144,16 +136,10 @@ class Timeline:
 
 @dataclass
 class Counter:
-    """A monotonically increasing hardware counter (NVML
-    ``nvmlDeviceGetTotalEnergyConsumption``, mJ since driver load) that may
-    reset (driver reload, GPU reset) or wrap: ``total`` sums the deltas
-    between readings. A reading below the previous one is a reset (or a
-    wrap): the counter restarted from 0, so the new reading itself is what
-    accrued since the reset (the energy between the last reading before it
-    and the reset is lost: at most one interval). ``None`` readings (N/A)
-    are skipped: the next delta covers the gap, so gaps lose nothing.
-    ``t_first_s`` / ``t_last_s`` are the times of the first and last
-    readings (the span ``total`` covers)."""
+    """A cumulative hardware counter (``nvmlDeviceGetTotalEnergyConsumption``,
+    mJ) whose ``total`` sums the deltas between readings; a lower reading is a
+    reset, counted from 0 (at most one interval lost); None readings skipped.
+    ``t_first_s`` / ``t_last_s``: the span ``total`` covers."""
 
     first: float | None = None
     last: float | None = None

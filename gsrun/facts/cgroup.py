@@ -1,28 +1,13 @@
-"""Facts from the job's cgroup: CPU time, memory, cpuset, PIDs.
+"""Facts from the job's cgroup: CPU time, memory, cpuset, PIDs; read-only,
+through :class:`gsrun.facts.hostfs.HostFS` (fakes: ``tests/data/cgroup/``).
 
-Every read goes through :class:`gsrun.facts.hostfs.HostFS`, so tests run against
-fake trees (``tests/data/cgroup/<layout>/``). Nothing here writes.
-
-Field case 22 (docs/field-cases.md): the hierarchy is detected from
-``/proc/self/mountinfo`` (``cgroup2`` vs ``cgroup`` mounts), never hard-coded.
-Units differ:
-
-===========  ==============================  ============================
-             cgroup v2                       cgroup v1
-===========  ==============================  ============================
-CPU time     ``cpu.stat`` usage_usec (µs)    ``cpuacct.usage`` (ns), under
-                                             the *cpuacct* mount (it may be
-                                             separate from ``cpu``)
-memory now   ``memory.current``              ``memory.usage_in_bytes``
-memory peak  ``memory.peak`` (newer kernels  ``memory.max_usage_in_bytes``
-             only; absent -> None)
-cpuset       ``cpuset.cpus.effective``       ``cpuset.effective_cpus`` /
-                                             ``cpuset.cpus``
-===========  ==============================  ============================
-
-Slurm's job directories: v2 ``<mount>/system.slice/slurmstepd.scope/job_J``
-(``<node>_slurmstepd.scope`` with multiple slurmd; found by a bounded search),
-v1 ``<controller mount>/slurm/uid_U/job_J``.
+Field case 22: the hierarchy comes from ``/proc/self/mountinfo``. Files:
+v2 ``cpu.stat`` usage_usec (µs), ``memory.current``, ``memory.peak`` (newer
+kernels), ``cpuset.cpus.effective``; v1 ``cpuacct.usage`` (ns, *cpuacct*
+mount), ``memory.usage_in_bytes``, ``memory.max_usage_in_bytes``,
+``cpuset.effective_cpus``. Job directories: v2
+``<mount>/system.slice/slurmstepd.scope/job_J`` (else a bounded search), v1
+``<controller mount>/slurm/uid_U/job_J``.
 """
 
 from __future__ import annotations
@@ -51,16 +36,9 @@ PIDS_MAX_DIRS = 10_000
 
 @dataclass(frozen=True)
 class CgroupMounts:
-    """Where the cgroup file systems are mounted (host paths, ``/``-absolute).
-
-    version: 2 when only cgroup2 carries controllers (unified), 1 when any
-        controller is on a v1 ``cgroup`` mount (legacy or systemd hybrid),
-        None when no cgroup mount is visible.
-    v2: the cgroup2 mount point (also set in hybrid mode, e.g.
-        ``/sys/fs/cgroup/unified``), with its mount root.
-    v1: controller -> (mount point, mount root); ``cpu`` and ``cpuacct`` map
-        to the same point when mounted together as ``cpu,cpuacct``.
-    """
+    """The cgroup mounts: ``version`` 1 when any controller is on a v1 mount
+    (hybrid too), 2 for unified, None for none; ``v2`` (mount point, root),
+    also in hybrid mode; ``v1`` controller -> (mount point, root)."""
 
     version: int | None
     v2: tuple[str, str] | None = None
@@ -68,16 +46,11 @@ class CgroupMounts:
 
 
 def _unescape(s: str) -> str:
-    """mountinfo octal escapes (``\\040`` = space)."""
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), s)
 
 
 def parse_mountinfo(text: str | None) -> CgroupMounts:
-    """Pure: ``/proc/self/mountinfo`` text -> :class:`CgroupMounts`.
-
-    Line shape: ``id parent maj:min root mountpoint opts [optional...] - fstype source superopts``.
-    Lines that do not have that shape are skipped.
-    """
+    """``/proc/self/mountinfo`` text -> :class:`CgroupMounts`; odd lines skipped."""
     v2 = None
     v1: dict[str, tuple[str, str]] = {}
     for line in (text or "").splitlines():
@@ -101,7 +74,6 @@ def parse_mountinfo(text: str | None) -> CgroupMounts:
 
 
 def read_mounts(hostfs: HostFS) -> CgroupMounts:
-    """Facts from ``/proc/self/mountinfo`` under the host root."""
     return parse_mountinfo(hostfs.read("proc/self/mountinfo"))
 
 
@@ -109,14 +81,8 @@ def read_mounts(hostfs: HostFS) -> CgroupMounts:
 
 @dataclass(frozen=True)
 class JobCgroup:
-    """The job's cgroup directories (HostFS-relative paths, no leading ``/``).
-
-    version 2: every ``*_dir`` is the one job directory.
-    version 1: one directory per controller; None where Slurm did not create
-    the job in that hierarchy (e.g. no ``ConstrainDevices``).
-    pids_dir is where ``cgroup.procs`` are collected (v1: freezer, else cpuacct,
-    memory, cpuset, devices).
-    """
+    """The job's cgroup directories (HostFS-relative): v2 one for all; v1 one
+    per controller, None where Slurm made none; ``pids_dir`` for ``cgroup.procs``."""
 
     version: int
     job_id: str
@@ -152,9 +118,8 @@ def _check_ids(job_id, uid) -> str:
 
 def _search(hostfs: HostFS, start: str, name: str, max_depth: int = SEARCH_MAX_DEPTH,
             max_dirs: int = SEARCH_MAX_DIRS) -> str | None:
-    """Breadth-first search for a directory called ``name`` under ``start``
-    (HostFS-relative), at most ``max_depth`` levels and ``max_dirs`` directories
-    looked at. Does not descend into other jobs' ``job_*`` / ``step_*`` dirs."""
+    """Bounded breadth-first search for a directory ``name`` under ``start``,
+    not into other jobs' ``job_*`` / ``step_*`` dirs."""
     queue = deque([(start, 0)])
     seen = 0
     while queue:
@@ -192,16 +157,8 @@ def _v1_job_dir(hostfs: HostFS, mount: str, job: str, uid: int | None) -> str | 
 
 def find_job_cgroup(hostfs: HostFS, job_id: str, uid: int | None = None,
                     mounts: CgroupMounts | None = None) -> JobCgroup | None:
-    """Locate the job's cgroup the way Slurm names it (field case 22,
-    docs/field-cases.md).
-
-    v2: ``<mount>/system.slice/slurmstepd.scope/job_J``, else any ``job_J``
-    directory found by a bounded search under the mount (``<node>_slurmstepd.scope``,
-    a container whose cgroup namespace starts lower). v1: per controller
-    ``<mount>/slurm/uid_U/job_J`` (any ``uid_*`` when ``uid`` is None).
-
-    Returns None when no job directory exists (job not running on this node,
-    ``proctrack/linuxproc`` without cgroups, a wrong host root).
+    """The job's cgroup (module doc; any ``uid_*`` when ``uid`` is None);
+    None when there is none (job not here, no cgroups, a wrong host root).
 
     Raises:
         InputError: ``job_id`` not a plain number (an array id ``123_4`` --
@@ -242,19 +199,10 @@ def find_job_cgroup(hostfs: HostFS, job_id: str, uid: int | None = None,
 
 @dataclass
 class CgroupUsage:
-    """A job's resource use right now.
-
-    cpu_time_s: CPU seconds used by every process ever in the cgroup
-        (v2 ``cpu.stat`` usage_usec / 1e6; v1 ``cpuacct.usage`` / 1e9;
-        psutil: user+system of live processes and their reaped children).
-    mem_current_bytes: ``memory.current`` / ``memory.usage_in_bytes`` (page
-        cache included) or, from psutil, the sum of RSS.
-    mem_peak_bytes: ``memory.peak`` / ``memory.max_usage_in_bytes``; None
-        when the kernel has no peak file -- the caller must sample
-        mem_current_bytes (or use sacct) and label the number so.
-    source: ``"cgroup2:<dir>"``, ``"cgroup1:<cpuacct dir>"`` or ``"psutil"``.
-    notes: why a value is None, how it was obtained.
-    """
+    """A job's resource use now: CPU seconds of every process ever in the
+    cgroup, memory with page cache, the peak (None without a peak file: sample
+    or use sacct); ``source`` ``"cgroup2:<dir>"``/``"cgroup1:<dir>"``; ``notes``
+    why a value is None."""
 
     cpu_time_s: float | None
     mem_current_bytes: int | None
@@ -272,10 +220,7 @@ def _cpu_stat_usage_usec(text: str | None) -> int | None:
 
 
 def read_usage(hostfs: HostFS, jcg: JobCgroup) -> CgroupUsage:
-    """Read CPU time and memory of the job cgroup ``jcg`` (see the module table).
-
-    Never raises for absent files: each missing value is None with a note.
-    """
+    """CPU time and memory of ``jcg``; a missing value is None with a note."""
     notes: list[str] = []
     cpu_s = cur = peak = None
     if jcg.version == 2:
@@ -311,8 +256,7 @@ def read_usage(hostfs: HostFS, jcg: JobCgroup) -> CgroupUsage:
 
 
 def read_cpuset(hostfs: HostFS, jcg: JobCgroup) -> list[int] | None:
-    """The job's CPUs from ``cpuset.cpus.effective`` (v2) or
-    ``cpuset.effective_cpus`` / ``cpuset.cpus`` (v1); None when unreadable.
+    """The job's effective CPUs (else ``cpuset.cpus``); None when unreadable.
 
     Raises:
         InputError: a cpuset file that is not a CPU list (a corrupt fake tree).
@@ -330,9 +274,7 @@ def read_cpuset(hostfs: HostFS, jcg: JobCgroup) -> list[int] | None:
 
 def read_pids(hostfs: HostFS, jcg: JobCgroup, max_pids: int = PIDS_MAX,
               max_dirs: int = PIDS_MAX_DIRS) -> list[int]:
-    """Every PID in ``cgroup.procs`` of the job dir and its sub-cgroups
-    (steps, tasks), sorted and unique, at most ``max_pids`` PIDs from at most
-    ``max_dirs`` directories. ``[]`` when none."""
+    """The PIDs of the job dir's and its sub-cgroups' ``cgroup.procs``, sorted, bounded."""
     if not jcg.pids_dir:
         return []
     pids: set[int] = set()

@@ -1,29 +1,14 @@
-"""Parse GPU device lists: ``CUDA_VISIBLE_DEVICES``, ``SLURM_STEP_GPUS``,
-``SLURM_JOB_GPUS``, ``gsrun-bind --gpus``.
+"""Parse GPU device lists (``CUDA_VISIBLE_DEVICES``, ``SLURM_STEP_GPUS``,
+``SLURM_JOB_GPUS``, ``gsrun-bind --gpus``) into typed :class:`DeviceToken`;
+nothing is ``int()``-ed blindly (field case 11: ``int('MIG-377e...')``
+crashed vLLM). Kinds: ``index`` (``3``), ``gpu-uuid``, ``gpu-uuid-prefix``
+(``GPU-11111111``), ``mig-uuid`` (driver >= R470), ``mig-legacy``
+(``MIG-GPU-<uuid>/<gi>/<ci>``, older drivers).
 
-Pure functions, no I/O. Every entry becomes a typed :class:`DeviceToken`;
-nothing is ``int()``-ed blindly (field case 11 in docs/field-cases.md:
-``int('MIG-377e...')`` crashed vLLM). The forms NVIDIA and Slurm use:
-
-==================  ==============================================  =====================
-kind                example                                         source
-==================  ==============================================  =====================
-``index``           ``3``                                           Slurm gres index, CUDA ordinal
-``gpu-uuid``        ``GPU-11111111-2222-3333-4444-555555555555``    ``nvidia-smi -L``, Slurm
-``gpu-uuid-prefix`` ``GPU-11111111``                                CUDA docs (abbreviated UUID)
-``mig-uuid``        ``MIG-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee``    driver >= R470
-``mig-legacy``      ``MIG-GPU-<gpu uuid>/<gi>/<ci>``                driver < R470
-==================  ==============================================  =====================
-
-What an ``index`` means depends on where it came from (the *namespace*):
-``SLURM_*_GPUS`` hold gres indices, i.e. ``/dev/nvidiaN`` minor numbers
-(field case 8); ``CUDA_VISIBLE_DEVICES`` holds CUDA ordinals that Slurm
-renumbers from 0 inside a device-constrained step (field case 9). This
-module only parses; :mod:`gsrun.bind.plan` resolves tokens against the host.
-
-Empty is not "all": ``CUDA_VISIBLE_DEVICES=`` (set but empty) means CUDA sees
-no GPU, so :func:`parse_device_list` returns ``[]`` for it and ``None`` only
-when the variable is unset.
+An ``index`` in ``SLURM_*_GPUS`` is a gres index = minor number (case 8), in
+``CUDA_VISIBLE_DEVICES`` a CUDA ordinal renumbered from 0 in a constrained
+step (case 9); :mod:`gsrun.bind.plan` resolves them. Set but empty is ``[]``
+(CUDA sees no GPU); None only when unset.
 """
 
 from __future__ import annotations
@@ -57,15 +42,9 @@ NO_DEVICE_VALUES = ("NoDevFiles", "-1")
 
 @dataclass(frozen=True, slots=True)
 class DeviceToken:
-    """One entry of a device list.
-
-    ``text`` is the entry as written (stripped). ``index`` is set for
-    ``index``; ``uuid`` holds the GPU UUID (``gpu-uuid``), the prefix
-    (``gpu-uuid-prefix``), the MIG UUID (``mig-uuid``) or the *parent* GPU
-    UUID (``mig-legacy``, with ``gi``/``ci`` the GPU/compute instance ids).
-    UUIDs keep NVIDIA's spelling but compare case-insensitively (see
-    :meth:`matches_uuid`).
-    """
+    """One entry of a device list (``text`` stripped): ``index``, or ``uuid``
+    (the GPU UUID, its prefix, the MIG UUID, or for ``mig-legacy`` the parent
+    GPU's, with ``gi``/``ci``), compared case-insensitively."""
 
     kind: TokenKind
     text: str
@@ -133,11 +112,8 @@ def parse_device_token(text: str, allow_ranges: bool = False) -> list[DeviceToke
 
 
 def parse_device_list(value: str | None, allow_ranges: bool = False) -> list[DeviceToken] | None:
-    """``"0,1"`` / ``"GPU-...,GPU-..."`` / ``"MIG-..."`` -> tokens in order.
-
-    ``None`` (variable unset) -> ``None``: nothing known. ``""`` (set but
-    empty), ``NoDevFiles`` or ``-1`` -> ``[]``: no GPU is visible. Duplicate
-    entries are kept once (first wins), as CUDA does.
+    """``"0,1"`` / ``"GPU-...,MIG-..."`` -> tokens in order, duplicates once;
+    None -> None; ``""``, ``NoDevFiles``, ``-1`` -> ``[]`` (no GPU).
 
     Raises:
         InputError: an entry that is no device name (see :func:`parse_device_token`).

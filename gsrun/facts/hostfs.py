@@ -30,13 +30,9 @@ def meminfo_kb(text: str) -> dict[str, int]:
 
 
 class HostFS:
-    """Paths like ``"sys/bus/pci/devices"`` or ``"/proc/self/status"`` are
-    resolved under :attr:`root`.
-
-    Reads return ``None`` when the file does not exist or cannot be read
-    (a VM without cpufreq, a kernel without ``memory.peak``): absence is a
-    fact, not an error. Writes raise ``OSError`` for the caller to journal.
-    """
+    """Paths (``"sys/bus/pci/devices"``) resolved under :attr:`root`. Reads
+    give None for an absent or unreadable file (absence is a fact); writes
+    raise ``OSError`` for the caller to journal."""
 
     def __init__(self, root: str | os.PathLike = "/"):
         self._root = str(Path(root))

@@ -1,44 +1,18 @@
-"""A host topology from an hwloc XML export (``lstopo --of xml``), as a
-:class:`~gsrun.facts.topology.Topology` the binding plan takes unchanged.
+"""A host topology from an hwloc XML export (``lstopo --of xml``), as the
+:class:`~gsrun.facts.topology.Topology` the plan takes (``--topology-xml``,
+``GSRUN_TOPOLOGY_XML``; e.g. LLNL mpibind's recorded machines), with
+``xml.etree``. Both formats: v1 nests ``NUMANode`` above its CPUs with
+``<distances>``/``<latency>`` (times ``latency_base``); v2 (``version="2.0"``)
+attaches them as memory children, with ``<distances2>`` (``<indexes>``,
+chunked ``<u64values>``). CPU-less nodes are ``cpuset="0x0"``; a zero
+``local_memory`` is omitted. Anything not hwloc XML (another root, unknown
+version, a DTD subset or entity, no ``PU``, a bad bitmap) is an InputError.
 
-Used by ``gsrun-bind --plan --topology-xml FILE`` (env ``GSRUN_TOPOLOGY_XML``)
-and ``gsrun-node topology --topology-xml FILE``: a real machine's topology
-(LLNL mpibind's 19 recorded machines, or any site's ``lstopo`` output) is an
-input like a recorded ``--host-root`` tree.
-
-Parsed with the stdlib ``xml.etree`` (no native hwloc on the nodes). The
-format is versioned (``hwloc.dtd`` v1, ``hwloc2.dtd`` v2: root ``<topology
-version="2.0">``). v1 nests ``NUMANode`` objects *above* their CPUs and gives
-``<distances nbobjs relative_depth latency_base>`` with ``<latency value>``
-children (relative, times ``latency_base``, objects in document order); v2
-attaches ``NUMANode`` objects as memory children of a CPU-side object and
-gives ``<distances2 type="NUMANode" indexing="os">`` with ``<indexes>`` and
-``<u64values>`` (possibly in several chunks, as in eas-tioga). Both write
-CPU-less memory nodes (POWER9 GPU memory, KNL MCDRAM) as ``cpuset="0x0"`` and
-omit a zero ``local_memory``.
-
-"Strict": a file that is not hwloc XML (another root element, an unknown
-``version``, a DTD internal subset or entity declaration, no ``PU``, a
-malformed bitmap or index) is an :class:`~gsrun.base.errors.InputError`
-naming the problem, never a partial topology.
-
-Sources of each fact (hwloc attribute names):
-
-- online CPUs: ``PU`` objects' ``os_index`` within the ``Machine`` object's
-  ``cpuset`` (the CPUs the export was allowed to use);
-- cores: the ``PU`` descendants of each ``Core``;
-- NUMA nodes: ``NUMANode`` ``os_index``, ``cpuset``, ``local_memory``
-  (bytes; absent = 0, hwloc omits a zero), distances as above;
-- GPUs: ``PCIDev`` with ``pci_type`` class ``03xx`` and vendor ``10de``;
-  name from the ``GPUModel`` info of an OS device (else ``PCIDevice``),
-  UUID from ``NVIDIAUUID`` when hwloc's NVML backend ran; locality = the
-  ``cpuset`` of the nearest non-I/O ancestor (``numa_node`` when that lies
-  in exactly one node with CPUs, else None: "no NUMA locality"); minor
-  number = position in PCI bus order among NVIDIA GPUs (the driver's
-  default numbering; an export does not record ``/dev/nvidiaN``);
-- NICs: ``PCIDev`` with an ``OpenFabrics`` OS device (``osdev_type`` 3,
-  kind ``ib``) or a network one (``osdev_type`` 2, class ``02xx``, kind
-  ``eth``).
+GPUs are ``PCIDev`` of class ``03xx``, vendor ``10de`` (name from
+``GPUModel``, UUID from ``NVIDIAUUID``); locality is the nearest non-I/O
+ancestor's cpuset; the minor number is the position in PCI order (an export
+has no ``/dev/nvidiaN``). NICs: ``OpenFabrics`` (``ib``) or network (``eth``)
+OS devices.
 """
 
 from __future__ import annotations

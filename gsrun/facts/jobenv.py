@@ -1,23 +1,12 @@
 """The job context as slurmd hands it to the prolog/epilog, validated. Pure.
 
-Source: the environment Slurm gives ``Prolog``/``Epilog`` (recorded in
-``shared/data/slurm-22.05/prolog_slurmd.env``): ``SLURM_JOB_ID``,
-``SLURM_JOB_UID``, ``SLURM_JOB_GID``, ``SLURM_JOB_USER``, ``SLURMD_NODENAME``,
-``SLURM_JOB_PARTITION``, ``SLURM_JOB_GPUS`` (node-local gres indices = device
-minor numbers), ``SLURM_JOB_NODELIST``/``SLURM_NODELIST``,
-``SLURM_JOB_CPUS_PER_NODE``, and ``SPANK_GS_*`` from the SPANK plugin. Every
-value is checked against an allow-list; a bad one is an :class:`InputError`
-naming the variable (``repr`` of the value, cut at 80 characters, so a
-newline or a non-UTF-8 byte shows as an escape).
-
-Every allow-list is matched whole (``re.match(r"^...$")`` accepts a
-trailing newline: ``SLURM_JOB_ID="4242\\n"`` would become a path component;
-the job id, user, node and partition checks are :mod:`gsrun.base.ids`);
-character classes are checked with ``str`` methods, the patterns in the
-comments beside them, so a plain job's prolog needs no ``re``. Digits are
-ASCII ``[0-9]`` (``str.isdigit`` alone accepts ``"²"``, which ``int`` then
-refuses), and lists that expand (hostlists, ``4(x999999999)``) are bounded
-before they are expanded.
+Source: the hooks' environment (``shared/data/slurm-22.05/prolog_slurmd.env``):
+``SLURM_JOB_ID``/``UID``/``GID``/``USER``, ``SLURMD_NODENAME``,
+``SLURM_JOB_PARTITION``, ``SLURM_JOB_GPUS`` (gres indices = minor numbers),
+the node list, ``SLURM_JOB_CPUS_PER_NODE`` and ``SPANK_GS_*``. Each value is
+matched whole against an allow-list (ASCII digits only; expanding lists
+bounded first); a bad one is an InputError naming the variable with the
+value's ``repr`` cut at 80 characters.
 """
 
 from __future__ import annotations

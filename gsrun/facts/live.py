@@ -1,17 +1,12 @@
-"""The running job's files in the shared spool: live node files and alert requests (their one home). Readers +
-the tiny writers both sides share.
+"""The running job's files in the shared spool (their one home):
 
-- ``<spool>/jobs/<id>/user-live-<node>.json``: written by the sampler
-  (:mod:`gsrun.node.live`) while the job runs, read by ``gseff`` and
-  ``gsrun --wait`` (:func:`read_live_docs`); root's, the job's group, 0440
-  (:func:`gsrun.base.fsutil.write_user_copy`).
+- ``<spool>/jobs/<id>/user-live-<node>.json``: the sampler's live file, read
+  by ``gseff`` and ``gsrun --wait`` (:func:`read_live_docs`); root's, the
+  job's group, 0440.
 - ``<spool>/alerts/{new,done,failed,state}/`` (root 0700): alert requests
-  ``<job>.<kind>.json`` (kind: an alert condition ``idle``, ``stuck``,
-  ``never_used``; ``warning`` before an idle cancel; ``cancel``; a condition's n-th alert of the job, n >= 2,
-  is ``<job>.<kind>-<n>.json``) published once per name by a sampler
-  (:func:`queue_alert`), turned into mail by
-  :mod:`gsrun.report.alerts` (run by ``gsrun-node mail flush``); ``state/``
-  holds the per-user hourly counts.
+  ``<job>.<kind>[-<n>].json`` (a condition, ``warning`` or ``cancel``)
+  published once by a sampler (:func:`queue_alert`), mailed by
+  :mod:`gsrun.report.alerts`; ``state/`` holds per-user hourly counts.
 """
 
 from __future__ import annotations
@@ -31,12 +26,8 @@ MAX_LIVE_BYTES = 1 << 20        # a live file bigger than this is not ours (a fe
 
 
 def read_live_docs(job_dir) -> dict[str, dict]:
-    """node -> live doc for every ``user-live-<node>.json`` in ``job_dir``
-    that parses as one (kind ``live``, this version or older). Files that do
-    not parse, are too big, are not root's (or, not root, this user's), are
-    writable by group or others, or name a bad node are skipped
-    (:func:`gsrun.base.fsutil.read_spool_json`: one bounded read, no
-    check-then-read race)."""
+    """node -> live doc of each ``user-live-<node>.json`` in ``job_dir`` that
+    :func:`gsrun.base.fsutil.read_spool_json` accepts and parses as one."""
     out: dict[str, dict] = {}
     try:
         names = sorted(p.name for p in Path(job_dir).iterdir() if p.name.startswith(LIVE_PREFIX))

@@ -1,29 +1,12 @@
 """The one NVML choke point, with a fake backend loaded from JSON.
 
-Everything gsrun knows about NVIDIA GPUs comes through :func:`open_nvml`,
-which returns a backend with one method, :meth:`Backend.get`. A query is a
-device index plus a *key* (``"power_mw"``, ``"energy_mj"``, ``"uuid"``...);
-each key is one NVML call, named in :data:`KEYS`. The answer is the value, or
-an :class:`NA` that says why there is none (``Not Supported``, ``GPU is
-lost``...): "not available" is a value, never an exception.
-
-Backends:
-
-- :class:`RealNvml` wraps ``pynvml`` (package ``nvidia-ml-py``), initialised
-  lazily once per process.
-- :class:`FakeNvml` answers from a JSON recording in the format the probe of
-  the real H200 wrote (``tests/data/hosts/h200-vm/nvml.json``): per call
-  ``{"ok": value}`` or ``{"error": text, "code": n}``. Tests may change answers
-  with :meth:`FakeNvml.set`, including per-call sequences. An answer may also
-  follow a time script, ``{"script": [[t_s, answer], ...]}`` (``t_s``: seconds
-  since the backend was opened, i.e. since the sampler started; the answer of
-  the last entry whose ``t_s`` has passed), which is how the local test
-  cluster replays a job that works and then idles (``tests/cluster/up
-  --fake-nvml``).
-
-Device indices are NVML's enumeration order; callers map Slurm's gres
-indices (``/dev/nvidiaN`` minor numbers) through ``"minor"`` and
-``"pci_bus_id"`` (see :mod:`gsrun.facts.topology`), never by position.
+:func:`open_nvml` returns a :class:`Backend`; ``get(index, key)`` is one NVML
+call (:data:`KEYS`) and answers the value or an :class:`NA` saying why not
+(``Not Supported``, ``GPU is lost``): "not available" is a value, never an
+exception. :class:`RealNvml` wraps ``pynvml`` (``nvidia-ml-py``);
+:class:`FakeNvml` answers from a recording of the real H200
+(``tests/data/hosts/h200-vm/nvml.json``). Indices are NVML's order; callers
+map gres indices through ``"minor"`` and ``"pci_bus_id"``, never by position.
 """
 
 from __future__ import annotations
@@ -33,11 +16,12 @@ import ctypes
 import json
 import os
 import time
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
 
-# key -> NVML call it stands for (docs and the real backend's dispatch)
+# key -> the NVML call it stands for
 KEYS = {
     "name": "nvmlDeviceGetName",
     "uuid": "nvmlDeviceGetUUID",
@@ -117,19 +101,15 @@ class Backend:
 
 
 class FakeNvml(Backend):
-    """Answers from a recording (see module doc). ``set(index, key, value)``
-    changes an answer; ``value`` may be ``NA(...)``, a plain value, or
-    ``Seq([...])`` whose items are returned one per call (last one repeats).
-
-    A recorded answer ``{"script": [[t_s, answer], ...]}`` (entries sorted by
-    ``t_s``) answers by time: the ``answer`` (``{"ok": v}`` / ``{"error": text,
-    "code": n}``) of the last entry with ``t_s`` <= seconds since this backend
-    was made (``clock``, default :func:`time.monotonic`); before the first
-    entry, the first. A scripted ``util_samples`` answer that is a number is
-    one driver sample stamped now (``[[now_us, pct]]``)."""
+    """Answers from a recording: per call ``{"ok": value}`` or ``{"error":
+    text, "code": n}``; ``set(index, key, value)`` changes one (``NA``, a
+    value, or a :class:`Seq`). ``{"script": [[t_s, answer], ...]}`` answers
+    by seconds since the backend was made (``tests/cluster/up --fake-nvml``
+    replays a job that works, then idles); a scripted ``util_samples`` number
+    is one sample stamped now."""
 
     def __init__(self, data: dict, clock=time.monotonic, _own: bool = False):
-        if not _own:        # the caller's dict is never changed by set()
+        if not _own:
             data = copy.deepcopy(data)
         self.data = data
         self.clock = clock
@@ -143,7 +123,7 @@ class FakeNvml(Backend):
     @classmethod
     def from_file(cls, path: str | os.PathLike, clock=time.monotonic) -> "FakeNvml":
         with open(path, "rb") as f:
-            return cls(json.loads(f.read()), clock, _own=True)     # a fresh dict: no copy needed
+            return cls(json.loads(f.read()), clock, _own=True)
 
     def driver_version(self):
         return _unwrap(self.data.get("driver", {"error": "Not Found", "code": 6}))
@@ -197,8 +177,7 @@ class Seq:
 
 
 def _scripted(script: list, elapsed_s: float) -> Any:
-    """The answer of a time script (see :class:`FakeNvml`) ``elapsed_s``
-    seconds after the start; NA("Not Supported") for an empty script."""
+    """The answer of a time script ``elapsed_s`` in; Not Supported for an empty one."""
     answer: Any = {"error": "Not Supported", "code": NOT_SUPPORTED}
     for i, step in enumerate(script):
         if not (isinstance(step, (list, tuple)) and len(step) == 2):
@@ -220,10 +199,8 @@ def _unwrap(entry: Any) -> Any:
 
 
 def index_by_minor(nv: "Backend") -> tuple[dict[int, int], int]:
-    """``{minor number: NVML index}`` for every device that answers
-    ``nvmlDeviceGetMinorNumber`` (Slurm's gres index is the minor number, not
-    the NVML index: field cases 7 and 8, docs/field-cases.md), and how many devices answered
-    ``GPU_IS_LOST`` instead."""
+    """``{minor number (= gres index, field cases 7-8): NVML index}``, and how
+    many devices answered ``GPU_IS_LOST``."""
     out: dict[int, int] = {}
     lost = 0
     for i in range(nv.count()):
@@ -236,8 +213,7 @@ def index_by_minor(nv: "Backend") -> tuple[dict[int, int], int]:
 
 
 def normalize_bus_id(bus_id: str) -> str:
-    """``"00000000:00:06.0"`` (NVML) or ``"0000:00:06.0"`` (sysfs) ->
-    ``"0000:00:06.0"`` lower case, the sysfs form used as the key everywhere."""
+    """NVML's ``"00000000:00:06.0"`` or sysfs form -> lower-case ``"0000:00:06.0"``."""
     b = bus_id.strip().lower()
     if b.count(":") == 2:
         dom, rest = b.split(":", 1)
@@ -267,12 +243,7 @@ _SIMPLE_CALLS = {
 
 
 class RealNvml(Backend):
-    """``pynvml`` on the live host.
-
-    Raises:
-        NvmlUnavailable: from the constructor when ``nvmlInit`` fails (no
-            driver, library missing, driver/library version mismatch).
-    """
+    """``pynvml`` on the live host. Raises NvmlUnavailable when ``nvmlInit`` fails."""
 
     def __init__(self):
         try:
@@ -291,14 +262,10 @@ class RealNvml(Backend):
 
     def close(self) -> None:
         for h in self._gpm_prev.values():
-            try:
+            with suppress(Exception):
                 self.nv.nvmlGpmSampleFree(h[1])
-            except Exception:  # noqa: BLE001
-                pass
-        try:
+        with suppress(Exception):
             self.nv.nvmlShutdown()
-        except Exception:  # noqa: BLE001
-            pass
 
     def driver_version(self):
         return self._call(self.nv.nvmlSystemGetDriverVersion)
@@ -350,9 +317,7 @@ class RealNvml(Backend):
             v = c(nv.nvmlDeviceGetCpuAffinity, h, 16)
             return v if is_na(v) else [int(x) for x in v]
         if key == "memory":
-            # v2 first: v1's "used" counts the driver's reservation (615 MiB on an
-            # idle H200, read on the device machine), so a job's high water came out
-            # that much above nvidia-smi's; v2 reports it apart as "reserved"
+            # v2 first: v1's "used" counts the driver's reservation (615 MiB on an idle H200)
             v2 = getattr(nv, "nvmlMemory_v2", None)
             if v2 is not None:
                 m = c(nv.nvmlDeviceGetMemoryInfo, h, v2)
@@ -399,8 +364,7 @@ class RealNvml(Backend):
         return NA("Not Supported", NOT_SUPPORTED)
 
     def _gpm(self, index, h):
-        """GPM metrics over the interval since the previous call (None on the
-        first call: a GPM metric needs two samples)."""
+        """GPM metrics since the previous call (NA on the first: it needs two samples)."""
         nv = self.nv
         try:
             cur = nv.nvmlGpmSampleAlloc()
@@ -409,10 +373,8 @@ class RealNvml(Backend):
         try:
             nv.nvmlGpmSampleGet(h, cur)
         except Exception as e:  # noqa: BLE001 - free what we allocated, never leak per poll
-            try:
+            with suppress(Exception):
                 nv.nvmlGpmSampleFree(cur)
-            except Exception:  # noqa: BLE001
-                pass
             return NA(str(e), getattr(e, "value", None))
         prev = self._gpm_prev.get(index)
         self._gpm_prev[index] = (time.monotonic(), cur)
@@ -435,18 +397,14 @@ class RealNvml(Backend):
         except Exception as e:  # noqa: BLE001
             out = NA(str(e), getattr(e, "value", None))
         finally:
-            try:
+            with suppress(Exception):
                 nv.nvmlGpmSampleFree(prev[1])
-            except Exception:  # noqa: BLE001
-                pass
         return out
 
     def _nvlink_kib(self, h):
-        """NVLink data throughput counters of all the GPU's links, one
-        ``nvmlDeviceGetFieldValues`` call (fields 138/139 with scopeId
-        ``UINT_MAX``: the sum over links). ``{"tx": KiB, "rx": KiB}``, or the
-        NA of the first field that failed: NOT_SUPPORTED on a GPU without
-        NVLink (PCIe H100, L40S) or a driver without the fields."""
+        """``{"tx": KiB, "rx": KiB}`` over all links (``nvmlDeviceGetFieldValues``
+        fields 138/139, scopeId ``UINT_MAX``), or the first field's NA
+        (NOT_SUPPORTED without NVLink: PCIe H100, L40S)."""
         nv = self.nv
         fn = getattr(nv, "nvmlDeviceGetFieldValues", None)
         ids = [getattr(nv, "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX", None),
@@ -487,8 +445,7 @@ class RealNvml(Backend):
         return xids
 
     def _gi_profiles(self, h):
-        """All GPU-instance profiles with their possible placements, in the
-        recording's format (read-only; works with MIG disabled)."""
+        """All GPU-instance profiles and placements, in the recording's format."""
         nv = self.nv
         out = {}
         for p in range(getattr(nv, "NVML_GPU_INSTANCE_PROFILE_COUNT", 15)):
@@ -517,9 +474,7 @@ _VALUE_MEMBER = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5:
 
 
 def field_value(v) -> Any:
-    """One ``c_nvmlFieldValue_t`` of ``nvmlDeviceGetFieldValues`` -> its
-    number, or NA from its own ``nvmlReturn`` (the call as a whole succeeds
-    when single fields fail: NOT_SUPPORTED for a field the GPU lacks)."""
+    """One ``c_nvmlFieldValue_t`` -> its number, or NA from its own ``nvmlReturn``."""
     code = int(getattr(v, "nvmlReturn", 999))
     if code != 0:
         return NA("Not Supported" if code == NOT_SUPPORTED else ERROR_NAMES.get(code, f"NVML error {code}"), code)
@@ -535,8 +490,7 @@ def _profile_name(info) -> str:
 
 
 def open_nvml(hostfs=None) -> Backend:
-    """The backend for ``hostfs``: :class:`FakeNvml` when its root holds
-    ``nvml.json``, :class:`RealNvml` on the live host.
+    """:class:`FakeNvml` from a fake root's ``nvml.json``, else :class:`RealNvml`.
 
     Raises:
         NvmlUnavailable: no driver/library, driver/library mismatch, or a fake

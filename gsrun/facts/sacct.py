@@ -1,22 +1,11 @@
-"""Pure parsers for Slurm accounting (``sacct -P -n --format=...``) and the
-job CPU/memory efficiency math that seff does, made safe for every sacct
-format seen in the field (field cases 23-26, docs/field-cases.md).
+"""Pure parsers for ``sacct -P -n --format=...`` and seff's CPU/memory
+efficiency math, safe for every sacct format seen (field cases 23-26).
 
-No I/O here: :mod:`gsrun.facts.slurm` runs ``sacct`` and passes its stdout in.
-Ask sacct for :data:`SACCT_FORMAT` (``--format=`` joined with commas), never
-with ``-X``: ``-X`` drops the steps, and MaxRSS / TRESUsageInTot live only on
-steps (field case 25).
-
-Units (field case 24): memory suffixes are binary (``K`` = 1024 bytes). On Slurm
-< 21.08 a trailing ``c``/``n`` on ReqMem says per-CPU / per-node; from 21.08
-ReqMem has no qualifier and is the job total, and ``AllocTRES mem=`` is read
-first anyway. A bare number is MiB for ReqMem/AllocTRES (Slurm's request unit)
-and bytes for MaxRSS/TRESUsageInTot (Slurm's usage unit).
-
-Time strings (field case 26) are ``[D-][HH:]MM:SS[.fff]``.
-
-Zero divisors (field case 23) never raise: the percentage is ``None`` and a label
-says why (``cpu_eff_na``/``mem_eff_na``), seff-style ``0.0`` is not invented.
+Ask sacct for :data:`SACCT_FORMAT`, never with ``-X``: MaxRSS and
+TRESUsageInTot live only on steps (case 25). Memory suffixes are binary; a
+bare number is MiB for ReqMem/AllocTRES and bytes for MaxRSS/TRESUsageInTot;
+ReqMem's ``c``/``n`` (Slurm < 21.08) means per CPU / per node (case 24). A
+zero divisor gives ``None`` and a label (``cpu_eff_na``), never seff's 0.0.
 """
 
 from __future__ import annotations
@@ -27,8 +16,7 @@ from dataclasses import dataclass, field
 from gsrun.base.errors import SlurmError
 from gsrun.facts.slurm import PENDING_STATES, REQUEUE_STATES, RUNNING_STATES, parse_state
 
-#: Fields to pass as ``sacct -P -n --format=`` (joined with ``,``). JobName is
-#: last so that a ``|`` inside a job name only ever spills into the last column.
+#: ``sacct -P -n --format=`` fields; JobName last, so a ``|`` in it spills only there.
 SACCT_FORMAT: tuple[str, ...] = (
     "JobID", "JobIDRaw", "State", "ExitCode", "Start", "End", "Elapsed",
     "AllocCPUS", "AllocTRES", "ReqMem", "NNodes", "NTasks",
@@ -40,24 +28,15 @@ _FREE_TEXT_FIELDS = ("jobname", "comment", "admincomment", "constraints", "workd
 
 _UNIT_POW = {"": None, "K": 1, "M": 2, "G": 3, "T": 4, "P": 5, "E": 6}
 
-# Job states (which ones make the summary wait: field case 23, docs/field-cases.md)
-# are gsrun.facts.slurm's.
-
 
 # --------------------------------------------------------------------------- scalars
 
 def parse_time_s(text: str | None) -> float | None:
-    """Slurm duration ``[D-][HH:]MM:SS[.fff]`` -> seconds (float).
-
-    ``"00:00.001"`` -> 0.001, ``"06:57.815"`` -> 417.815, ``"00:26:34"`` -> 1594,
-    ``"1-16:59:47"`` -> 147587, ``"451-06:00:24"`` -> 38988024.
-    ``""``, ``None``, ``"INVALID"``, ``"UNLIMITED"``, ``"Unknown"`` -> None (missing).
-
-    Source: sacct Elapsed, TotalCPU, UserCPU, SystemCPU, TRESUsageInTot ``cpu=``.
+    """Slurm duration ``[D-][HH:]MM:SS[.fff]`` (also ``D-HH[:MM]``) -> seconds;
+    ``""``, None, ``INVALID``, ``UNLIMITED``, ``Unknown`` -> None.
 
     Raises:
-        ValueError: text in none of those forms (likely a column mismatch
-            between ``--format`` and the text).
+        ValueError: no such form (likely a ``--format`` column mismatch).
     """
     if text is None:
         return None
@@ -66,7 +45,6 @@ def parse_time_s(text: str | None) -> float | None:
         return None
     m = re.fullmatch(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)(?:\.(\d{1,6}))?", t)
     if not m:
-        # D-HH and D-HH:MM (Slurm's input forms), rarely printed
         m2 = re.fullmatch(r"(\d+)-(\d+)(?::(\d+))?", t)
         if not m2:
             raise ValueError(f"not a Slurm time [D-][HH:]MM:SS[.fff]: {text!r}")
@@ -86,13 +64,8 @@ def parse_time_s(text: str | None) -> float | None:
 
 @dataclass(frozen=True)
 class MemValue:
-    """A parsed sacct memory string.
-
-    bytes: the number in bytes (None = missing, e.g. MaxRSS ``""``).
-    per: ``"cpu"`` (trailing ``c``), ``"node"`` (trailing ``n``) or None
-        (no qualifier: the job total on Slurm >= 21.08, or a usage value).
-    warning: set when an unknown suffix was stripped (``"1Me"``).
-    """
+    """A sacct memory string: ``bytes`` (None: missing), ``per`` ``"cpu"``,
+    ``"node"`` or None (a total), ``warning`` for a stripped unknown suffix."""
 
     bytes: int | None
     per: str | None = None
@@ -100,18 +73,9 @@ class MemValue:
 
 
 def parse_mem(text: str | None, bare_unit: str = "M") -> MemValue:
-    """``"1.50Gn"`` -> 1.5 GiB per node; ``"0c"`` -> 0 per CPU; ``"1Mc"`` -> 1 MiB
-    per CPU; ``"1Me"`` -> 1 MiB with a warning; ``"1947276K"`` -> 1947276 KiB;
-    ``"1.50T"`` -> 1.5 TiB; ``"0n"`` -> 0; ``""`` -> missing (bytes None, not 0).
-
-    Args:
-        bare_unit: unit of a number with no suffix: ``"M"`` for ReqMem and
-            AllocTRES ``mem=`` (Slurm requests are in MiB), ``""`` (bytes) for
-            MaxRSS and TRESUsageInTot ``mem=``.
-
-    Never raises: text that is no memory value at all gives ``bytes=None``
-    with a warning (an unknown unit is a warning, not a crash or a silent 0).
-    """
+    """``"1.50Gn"`` -> 1.5 GiB per node, ``"1Me"`` -> 1 MiB with a warning,
+    ``""`` -> missing; ``bare_unit``: a suffix-less number's unit (``"M"``
+    requests, ``""`` usage). Never raises: garbage is ``bytes=None`` + warning."""
     if text is None:
         return MemValue(None)
     t = text.strip()
@@ -131,21 +95,13 @@ def parse_mem(text: str | None, bare_unit: str = "M") -> MemValue:
         warning = f"unknown memory suffix {qual!r} in {text!r} stripped"
     pow_ = _UNIT_POW[unit] if unit else _UNIT_POW[bare_unit]
     mult = 1 if pow_ is None else 1024 ** pow_
-    # exact for integers; decimals like 1.50 go through float once
-    if "." in num:
-        value = round(float(num) * mult)
-    else:
-        value = int(num) * mult
+    value = round(float(num) * mult) if "." in num else int(num) * mult
     return MemValue(value, per, warning)
 
 
 def parse_tres(text: str | None) -> dict[str, str]:
-    """``"cpu=8,mem=32G,gres/gpu=4,node=1"`` -> ``{"cpu": "8", "mem": "32G", ...}``.
-
-    Values stay strings: in AllocTRES ``cpu=`` is a count, in TRESUsageInTot it
-    is a time (``cpu=05:00:00``). Empty/None -> ``{}``. Tokens without ``=``
-    are skipped. Source: sacct AllocTRES, ReqTRES, TRESUsageInTot.
-    """
+    """``"cpu=8,mem=32G,gres/gpu=4"`` -> ``{"cpu": "8", ...}``; values stay
+    strings (TRESUsageInTot ``cpu=`` is a time)."""
     out: dict[str, str] = {}
     if not text:
         return out
@@ -160,8 +116,7 @@ def parse_tres(text: str | None) -> dict[str, str]:
 
 
 def tres_gpus(tres: dict[str, str]) -> int | None:
-    """GPU count from a parsed AllocTRES: ``gres/gpu=4``, or the sum of typed
-    ``gres/gpu:h100=4`` entries when the untyped one is absent. None if none."""
+    """``gres/gpu=4``, else the sum of typed ``gres/gpu:h100=4``; None if none."""
     if "gres/gpu" in tres:
         return _int_or_none(tres["gres/gpu"])
     typed = [_int_or_none(v) for k, v in tres.items() if k.startswith("gres/gpu:")]
@@ -170,9 +125,7 @@ def tres_gpus(tres: dict[str, str]) -> int | None:
 
 
 def _int_or_none(text: str | None) -> int | None:
-    if text is None:
-        return None
-    t = text.strip()
+    t = (text or "").strip()
     if not t:
         return None
     try:
@@ -188,13 +141,8 @@ def _int_or_none(text: str | None) -> int | None:
 
 @dataclass
 class SacctRow:
-    """One sacct line (the job line, or a step).
-
-    job_id: JobID as printed, without the step (``"15053872_1491"``).
-    step: ``""`` for the job/allocation line, else ``"batch"``, ``"extern"``,
-        ``"0"``, ``"1"``, ``"interactive"`` ...
-    Times are seconds, memory is bytes, None = field absent or empty.
-    """
+    """One sacct line: ``job_id`` without the step, ``step`` ``""`` for the job
+    line. Seconds and bytes; None = absent or empty."""
 
     job_id: str
     step: str
@@ -235,18 +183,12 @@ def _norm_fmt(fmt) -> list[str]:
 
 
 def parse_sacct(text: str, fmt=SACCT_FORMAT) -> list[SacctRow]:
-    """Parse ``sacct -P -n --format=<fmt>`` output into rows, in order.
-
-    Args:
-        text: sacct stdout (``|``-separated, no header). ``-p`` output (a
-            trailing ``|``) is accepted too.
-        fmt: the field list given to ``--format`` (sequence or comma string,
-            case-insensitive, ``%width`` ignored). Must contain JobID.
+    """``sacct -P -n`` (or ``-p``) output -> rows; ``fmt``: the ``--format``
+    list given (``%width`` ignored), with JobID.
 
     Raises:
-        SlurmError: a line with more or fewer columns than ``fmt`` (likely
-            sacct was run with another ``--format`` than the one passed here),
-            or ``fmt`` without JobID.
+        SlurmError: a line with another column count (sacct ran with another
+            ``--format``), or ``fmt`` without JobID.
     """
     names = _norm_fmt(fmt)
     if "jobid" not in names:
@@ -311,11 +253,8 @@ def _row(v: dict[str, str]) -> SacctRow:
     r.req_mem = parse_mem(v.get("reqmem"), bare_unit="M")
     if r.req_mem.warning:
         w.append(f"ReqMem: {r.req_mem.warning}")
-    r.nnodes = int_field("nnodes")
-    r.ntasks = int_field("ntasks")
-    r.total_cpu_s = time_field("totalcpu")
-    r.user_cpu_s = time_field("usercpu")
-    r.system_cpu_s = time_field("systemcpu")
+    r.nnodes, r.ntasks = int_field("nnodes"), int_field("ntasks")
+    r.total_cpu_s, r.user_cpu_s, r.system_cpu_s = map(time_field, ("totalcpu", "usercpu", "systemcpu"))
     rss = parse_mem(v.get("maxrss"), bare_unit="")
     if rss.warning:
         w.append(f"MaxRSS: {rss.warning}")
@@ -395,13 +334,9 @@ class JobEfficiency:
 
 def cpu_efficiency(cpu_time_s: float | None, alloc_cpus: int | None,
                    elapsed_s: float | None) -> tuple[float | None, str | None, bool]:
-    """``cpu_time_s / (alloc_cpus x elapsed_s) x 100`` -> (pct, na_label, anomaly).
-
-    Every missing or zero divisor gives ``(None, label, False)``; above 100 %
-    gives ``(100.0, label, True)`` (an accounting anomaly, field case 26, docs/field-cases.md).
-    Used for sacct and cgroup numbers alike (field case 22: 7200 s, 4 CPUs, 3600 s
-    -> 50.0).
-    """
+    """``cpu_time_s / (alloc_cpus x elapsed_s) x 100`` -> (pct, na_label, anomaly):
+    ``(None, label, False)`` for a missing or zero divisor, ``(100.0, label,
+    True)`` above 100 % (field case 26)."""
     if cpu_time_s is None:
         return None, "N/A: no CPU time in accounting", False
     if not alloc_cpus:
@@ -459,8 +394,7 @@ def _started(job: SacctRow) -> bool:
 
 
 def job_efficiency(j: SacctJob) -> JobEfficiency:
-    """CPU and memory efficiency of one grouped job (pure). Never raises for
-    zero or missing values; see :class:`JobEfficiency` for every field."""
+    """CPU and memory efficiency of one grouped job; never raises."""
     head = j.job or (j.steps[0] if j.steps else None)
     e = JobEfficiency(job_id=j.job_id)
     notes = e.notes
@@ -589,11 +523,7 @@ def _mem_part(j: SacctJob, e: JobEfficiency, head: SacctRow) -> None:
 
 
 def efficiency_from_sacct(text: str, fmt=SACCT_FORMAT, jobid: str | None = None) -> JobEfficiency:
-    """Efficiency of one job from ``sacct -P -n --format=<fmt> -j <jobid>`` output.
-
-    Args:
-        jobid: JobID (``"15053872_1491"``) or JobIDRaw (``"15055386"``); None
-            when the text holds exactly one job.
+    """Efficiency of one job (JobID or JobIDRaw ``jobid``; None: the only one) from sacct output.
 
     Raises:
         SlurmError: empty output (job too old for the accounting database, a

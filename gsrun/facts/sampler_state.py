@@ -1,17 +1,8 @@
-"""The sampler's state file (``<state_dir>/<job>/sampler.json``) as typed records. Pure.
-
-Written by :mod:`gsrun.node.sampler` (every ``sampler.flush_s`` and at the
-end), read back by a restarted sampler and by the epilog's
-:func:`gsrun.report.summary.node_summary`. It lives in ``facts`` because
-both the sampler (``node``) and the summary (``report``) use it.
-
-Versioned by :data:`STATE_VERSION` (the file's ``version`` key). JSON Schema:
-``schemas/sampler-state.schema.json`` (generated from these classes,
-``tests/pure/test_schemas.py`` checks it is current).
-
-Times ending in ``_s`` inside a GPU are seconds since the sampler started
-(``start_time``, epoch seconds). The aggregates are the JSON forms of
-:class:`gsrun.facts.aggregate.Metric`, ``Timeline`` and ``Counter``.
+"""The sampler's state file (``<state_dir>/<job>/sampler.json``) as typed
+records (pure), written by :mod:`gsrun.node.sampler` and read by a restarted
+sampler and the epilog. Versioned by :data:`STATE_VERSION`; schema
+``schemas/sampler-state.schema.json`` is generated from these classes. A
+GPU's ``*_s`` times are seconds since ``start_time`` (epoch seconds).
 """
 
 from __future__ import annotations

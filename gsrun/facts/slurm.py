@@ -1,9 +1,5 @@
-"""Slurm through its commands: one subprocess boundary, pure parsing.
-
-Only :func:`run_slurm` starts processes (with a timeout, list arguments, no
-shell); everything else parses text and is tested with recorded output.
-pyslurm is not used: it cannot be built against Debian's Slurm here.
-"""
+"""Slurm through its commands: only :func:`run_slurm` starts processes (a
+timeout, list arguments, no shell); the rest parses recorded-testable text."""
 
 from __future__ import annotations
 
@@ -20,9 +16,7 @@ from gsrun.base.proc import SAFE_PATH, run_bounded
 MAX_HOSTS = 100000
 DEFAULT_PATH = SAFE_PATH        # slurmd/slurmctld run hooks with an almost empty environment (no PATH)
 
-# Job states as squeue/sacct/scontrol print them (squeue(1) "JOB STATE CODES").
-#: Final: the base states after which a job never runs again (slurm.h
-#: JOB_COMPLETE .. JOB_OOM; slurmdbd's record is complete).
+#: Final base states (squeue(1) "JOB STATE CODES"; slurm.h JOB_COMPLETE .. JOB_OOM).
 TERMINAL_STATES = frozenset({"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
                              "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY"})
 #: Final states that mean the job failed (what ``--mail-type=FAIL`` is for).
@@ -34,15 +28,13 @@ REQUEUE_STATES = frozenset({"REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD"})
 RUNNING_STATES = frozenset({"RUNNING", "SUSPENDED", "STOPPED", "COMPLETING", "CONFIGURING", "RESIZING",
                             "STAGE_OUT", "SIGNALING", "REQUEUE_CRON"})
 ACTIVE_STATES = PENDING_STATES | REQUEUE_STATES | RUNNING_STATES
-#: Shown after the job's run ended but not final: the job is held until an
-#: admin releases it (SPECIAL_EXIT, set by an EpilogSlurmctld) or it runs on
-#: another cluster of the federation (REVOKED). Nothing more happens here.
+#: Ended here but not final: held for an admin (SPECIAL_EXIT) or run on another cluster (REVOKED).
 ENDED_HELD_STATES = frozenset({"SPECIAL_EXIT", "REVOKED"})
 
 
 def run_slurm(argv: Sequence[str], timeout_s: float = 15.0, env: Mapping[str, str] | None = None,
               input_text: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
-    """Run a Slurm command (``sbatch``, ``scontrol``, ``sinfo``, ``sacct``...).
+    """Run a Slurm command.
 
     Raises:
         SlurmError: the command is not installed, timed out (slurmctld
@@ -65,8 +57,7 @@ def run_slurm(argv: Sequence[str], timeout_s: float = 15.0, env: Mapping[str, st
 
 
 def expand_hostlist(expr: str) -> list[str]:
-    """Expand a Slurm hostlist (``gpu[01-03,07],login1``) without calling
-    ``scontrol show hostnames``. Zero padding is kept.
+    """Expand a Slurm hostlist (``gpu[01-03,07],login1``), zero padding kept.
 
     Raises:
         InputError: unbalanced brackets or a bad range.
@@ -82,10 +73,7 @@ def expand_hostlist(expr: str) -> list[str]:
 
 
 def compress_hostlist(names) -> str:
-    """The Slurm hostlist of ``names`` (the inverse of :func:`expand_hostlist`):
-    ``["gpu01", "gpu02", "gpu03", "gpu07", "login1"]`` -> ``"gpu[01-03,07],login1"``.
-    Names ending in digits are grouped by prefix and digit count (zero padding
-    kept); others stay as they are. Sorted, duplicates dropped."""
+    """The inverse of :func:`expand_hostlist`, sorted, duplicates dropped."""
     groups: dict[tuple[str, int], list[int]] = {}
     plain: list[str] = []
     for n in sorted(set(names)):
@@ -132,7 +120,6 @@ def _split_top(expr: str) -> list[str]:
 def _expand_one(item: str) -> list[str]:
     if "[" not in item:
         return [item]
-
     m = re.match(r"^([^\[]*)\[([^\]]+)\](.*)\Z", item)
     if not m:
         return [item]
@@ -177,11 +164,8 @@ def parse_tasks_per_node(text: str) -> list[int]:
 
 
 def parse_oneliner(text: str) -> dict[str, str]:
-    """``scontrol -o show job``/``node`` line -> ``{Key: value}``.
-
-    Values may contain spaces (``Reason=Not responding [slurm@...]``,
-    ``Comment=a b``): a key starts at a space followed by ``Name=``.
-    """
+    """``scontrol -o show job``/``node`` line -> ``{Key: value}``; values may
+    hold spaces: a key starts at a space followed by ``Name=``."""
     text = text.strip()
     out: dict[str, str] = {}
     pos = [m.start() for m in re.finditer(r"(?:^| )([A-Za-z][A-Za-z0-9_:/]*)=", text)]
@@ -194,15 +178,9 @@ def parse_oneliner(text: str) -> dict[str, str]:
 
 
 def parse_job_record(text: str, job_id: str) -> dict[str, str] | None:
-    """``scontrol -o show job ID`` output -> fields that can be trusted.
-
-    User text sits inside the record (``JobName``, ``Comment``, paths), so a
-    job named ``x OverSubscribe=NO`` or one with a newline in its name could
-    forge fields. Defences: the record must be ONE line starting with
-    ``JobId=<job_id> ``; a key that occurs more than once is dropped (its
-    value is ambiguous). Returns None when the output is not a single record
-    of this job. Pure.
-    """
+    """``scontrol -o show job ID`` output -> the fields a user's text (a job
+    named ``x OverSubscribe=NO``) cannot forge: ONE line starting
+    ``JobId=<job_id> `` (else None), keys seen twice dropped."""
     lines = [ln for ln in (text or "").splitlines() if ln.strip()]
     if len(lines) != 1 or not lines[0].startswith(f"JobId={job_id} "):
         return None
@@ -212,28 +190,21 @@ def parse_job_record(text: str, job_id: str) -> dict[str, str] | None:
     return {k: v for k, v in parse_oneliner(line).items() if k not in dup}
 
 
-#: ``squeue -O`` fields of the idle-cancel exemptions, in this order, each
-#: printed unpadded (``:0``) and followed by ``|``: none of them holds the job's
-#: name, comment, paths or mail address, so no free text a user gives a job can
-#: split or forge the record. Partition, QOS and user name are the admin's
-#: names; an account a site does not enforce (AccountingStorageEnforce) could
-#: hold a ``|`` or a newline, which makes the record unparsable.
+#: ``squeue -O`` fields of the idle-cancel exemptions, each unpadded and ``|``-ended:
+#: none holds user free text (an unenforced account's ``|`` makes it unparsable).
 EXEMPTION_FIELDS = ("JobID", "Partition", "QOS", "UserName", "Account", "BatchFlag")
 
 
 def exemption_argv(job_id: str) -> list[str]:
-    """``squeue -h -j ID -O JobID:0|,Partition:0|,...``: the one read of the
-    fields the idle cancel's exemptions test (:data:`EXEMPTION_FIELDS`)."""
+    """``squeue -h -j ID -O JobID:0|,Partition:0|,...`` (:data:`EXEMPTION_FIELDS`)."""
     return ["squeue", "-h", "-j", check_job_id(job_id, array=True), "-O",
             ",".join(f"{f}:0|" for f in EXEMPTION_FIELDS)]
 
 
 def parse_exemption_record(text: str, job_id: str) -> dict | None:
     """:func:`exemption_argv`'s output -> ``{"partition", "qos", "user",
-    "account", "interactive"}`` (names or None; ``interactive``: Slurm's
-    batch flag 0, an ``salloc``/``srun`` allocation), or None when the output
-    is not exactly one line of exactly these fields for ``job_id`` (a ``|``
-    or newline in an unenforced account name). Pure."""
+    "account", "interactive"}`` (batch flag 0); None unless exactly one
+    record of ``job_id``."""
     lines = (text or "").splitlines()
     if len(lines) != 1:
         return None
@@ -249,8 +220,7 @@ def parse_exemption_record(text: str, job_id: str) -> dict | None:
 
 
 def parse_gres_count(gres: str, name: str = "gpu") -> int:
-    """Largest count of ``name`` in a node's gres string (``gpu:4``,
-    ``gpu:h200:8(S:0-1)``, ``gpu:a100:2,gpu:v100:1``, ``(null)``) -> total."""
+    """Total count of ``name`` in a node's gres (``gpu:h200:8(S:0-1)``, ``gpu:a100:2,gpu:v100:1``)."""
     total = 0
     for item in _split_top(gres or ""):
         item = re.sub(r"\(.*?\)", "", item.strip())
@@ -266,8 +236,7 @@ def parse_gres_count(gres: str, name: str = "gpu") -> int:
 
 
 def gpus_per_node(partition: str | None, timeout_s: float = 15.0) -> int:
-    """GPUs per node of ``partition`` (or the default partition), from
-    ``sinfo -h -o %G``: the most any node offers.
+    """The most GPUs any node of ``partition`` (None: default) has (``sinfo -h -o %G``).
 
     Raises:
         SlurmError: sinfo failed, or no node in the partition has gres/gpu.
@@ -285,17 +254,13 @@ def gpus_per_node(partition: str | None, timeout_s: float = 15.0) -> int:
     return best
 
 
-#: ``sinfo`` for what each partition offers: one line per node and partition,
-#: ``PARTITION|NODE|GRES`` (the default partition marked ``*``, sinfo's ``%P``; ``%N`` the
-#: node's NodeName: ``%n`` is its hostname, which nodes may share)
+#: ``PARTITION|NODE|GRES`` per node and partition (default marked ``*``; ``%N``: NodeName)
 NODE_GRES_ARGV = ("sinfo", "-h", "-N", "-o", "%P|%N|%G")
-#: ``scontrol`` for every partition's limits, one line each (``PartitionName=gpu ... MaxNodes=UNLIMITED ...``)
 PARTITIONS_ARGV = ("scontrol", "-o", "show", "partition")
 
 
 def parse_node_gres(text: str) -> tuple[dict[str, dict[str, int]], str | None]:
-    """:data:`NODE_GRES_ARGV`'s output -> ``({partition: {node: GPUs}},
-    default partition or None)``. Lines that are not ``P|N|G`` are skipped."""
+    """:data:`NODE_GRES_ARGV`'s output -> ``({partition: {node: GPUs}}, default or None)``."""
     parts: dict[str, dict[str, int]] = {}
     default = None
     for line in (text or "").splitlines():
@@ -311,8 +276,7 @@ def parse_node_gres(text: str) -> tuple[dict[str, dict[str, int]], str | None]:
 
 
 def parse_partitions(text: str) -> dict[str, dict[str, str]]:
-    """:data:`PARTITIONS_ARGV`'s output -> ``{name: {Key: value}}`` (one
-    ``PartitionName=...`` line per partition; other lines skipped)."""
+    """:data:`PARTITIONS_ARGV`'s output -> ``{name: {Key: value}}``."""
     out: dict[str, dict[str, str]] = {}
     for line in (text or "").splitlines():
         if line.startswith("PartitionName="):
@@ -321,9 +285,7 @@ def parse_partitions(text: str) -> dict[str, dict[str, str]]:
     return out
 
 
-#: Pending reasons (squeue ``%r`` / ``Reason=``) that do not change while the
-#: job and the cluster's configuration stay as they are -> what they mean.
-#: ``--wait`` and ``gseff`` name them once, with how to ask for what exists.
+#: Pending reasons that do not change while the job and the configuration stay -> meaning.
 PENDING_FOR_GOOD = {
     "PartitionConfig": "it asks for more than the partition has (nodes, GPUs per node or CPUs)",
     "PartitionNodeLimit": "its node count is outside the partition's MinNodes..MaxNodes",
@@ -346,29 +308,23 @@ PENDING_FOR_GOOD = {
 
 
 def pending_for_good(reason: str | None) -> str | None:
-    """What a pending ``reason`` means when it will not change by itself
-    (:data:`PENDING_FOR_GOOD`), else None."""
     return PENDING_FOR_GOOD.get((reason or "").strip())
 
 
 def pending_hint(job_id: str, cluster: str | None = None) -> str:
-    """How to stop a job that will not start and see what the cluster offers."""
     m = f"-M {cluster} " if cluster else ""
     return (f"scancel {m}{job_id}, then ask for what exists: sinfo {m}-o '%P %D %G %l' lists each "
             f"partition's nodes, GPUs per node and time limit; scontrol {m}show partition its limits")
 
 
 def job_record_argv(job_id: str, scontrol: str = "scontrol") -> list[str]:
-    """The one command gsrun reads a job record with: ``scontrol --local -o
-    show job ID``. ``--local`` makes it one RPC (``REQUEST_JOB_INFO_SINGLE``);
-    without it scontrol first asks for the federation (``REQUEST_FED_INFO``),
-    two RPCs per call (measured with ``sdiag``, BENCHMARKS.md)."""
+    """``scontrol --local -o show job ID``: ``--local`` saves the federation
+    RPC (two RPCs per call without it, ``sdiag``, BENCHMARKS.md)."""
     return [scontrol, "--local", "-o", "show", "job", job_id]
 
 
 def show_job(job_id: str, timeout_s: float = 15.0) -> dict[str, str] | None:
-    """:func:`job_record_argv`'s record through :func:`parse_job_record`
-    (a key a user field forged is dropped), or None for an unknown job.
+    """:func:`job_record_argv`'s record through :func:`parse_job_record`; None: unknown job.
 
     Raises:
         SlurmError: scontrol failed or timed out, or its output is not one
@@ -390,9 +346,7 @@ def show_job(job_id: str, timeout_s: float = 15.0) -> dict[str, str] | None:
 
 
 def parse_state(text: str | None) -> tuple[str, int | None]:
-    """A job state as Slurm prints it -> ``(STATE, uid)``:
-    ``"CANCELLED by 1000"`` -> ``("CANCELLED", 1000)``, ``"completed"`` ->
-    ``("COMPLETED", None)``, ``""``/None -> ``("", None)``. The word is
+    """``"CANCELLED by 1000"`` -> ``("CANCELLED", 1000)``, ``""`` -> ``("", None)``;
     upper-cased, not checked against the known states."""
     words = (text or "").split()
     if not words:
@@ -403,7 +357,6 @@ def parse_state(text: str | None) -> tuple[str, int | None]:
 
 
 def state_word(text: str | None) -> str:
-    """The state without its ``by <uid>`` tail, upper-cased (see :func:`parse_state`)."""
     return parse_state(text)[0]
 
 
@@ -414,17 +367,10 @@ def parse_exit_code(text: str) -> tuple[int, int]:
 
 
 def parse_comment_request(comment: str) -> dict[str, str]:
-    """The requests ``gsrun`` records in the job comment when the SPANK plugin
-    is not installed: ``gsrun:tune=swappiness=10;mps=50;mig=...``.
-
-    Only the fields gsrun writes are returned (``tune``, ``mps``, ``mig``,
-    ``bind``, ``report``, ``exclusive``, ``malloc``); values are validated by their
-    consumers. Anything else in the comment is ignored.
-    """
+    """The requests ``gsrun`` records in the job comment without the SPANK
+    plugin (``gsrun:tune=swappiness=10;mps=50``): only gsrun's keys, values
+    unchecked (their consumers validate)."""
     out: dict[str, str] = {}
-    if "gsrun:" not in (comment or ""):
-        return out
-
     m = re.search(r"(?:^|\s)gsrun:(\S+)", comment or "")
     if not m:
         return out
@@ -435,27 +381,22 @@ def parse_comment_request(comment: str) -> dict[str, str]:
     return out
 
 
-#: ``squeue -O`` fields gsrun follows jobs with: one ``|`` after each (``:|`` is width 0 -- no
-#: padding, no cut -- and ``|`` as the suffix, squeue's ``_parse_long_token``), StdOut last
-#: (a path may hold ``|``). The same names on Slurm 22.05, 24.11 and 26.05 (``src/squeue/opts.c``).
+#: ``squeue -O`` fields gsrun follows jobs with, ``:|`` each (width 0, ``|`` suffix), StdOut
+#: last (a path may hold ``|``); the same on Slurm 22.05 to 26.05 (``src/squeue/opts.c``).
 QUEUE_FIELDS = ("JobID", "State", "Reason", "TimeUsed", "NodeList", "exit_code", "StdOut")
 
 
 def queue_argv(cluster: str | None = None) -> list[str]:
-    """The one ``squeue`` that answers every waiter of this user: all of the
-    user's jobs (``--me``) in every state the controller still holds
-    (``-t all``: finished ones until ``MinJobAge``), one RPC
-    (``REQUEST_JOB_USER_INFO``). ``--local`` skips the federation query;
-    with ``cluster`` it is ``-M cluster`` instead."""
+    """The one ``squeue`` of all this user's waiters: ``--me -t all``, one RPC
+    (``--local``, or ``-M cluster``)."""
     fmt = ",".join(f"{f}:|" for f in QUEUE_FIELDS)
     where = ["-M", cluster] if cluster else ["--local"]
     return ["squeue", *where, "--me", "-h", "-t", "all", "-O", fmt]
 
 
 def parse_queue(text: str) -> dict[str, dict[str, str]]:
-    """:func:`queue_argv`'s output -> ``{job id: {field: value}}`` (fields of
-    :data:`QUEUE_FIELDS`). Lines that are not a full record (``-M``'s
-    ``CLUSTER: name`` header, blank lines) are skipped; StdOut keeps any ``|``."""
+    """:func:`queue_argv`'s output -> ``{job id: {field: value}}``; partial
+    lines (``-M``'s header) skipped."""
     out: dict[str, dict[str, str]] = {}
     n = len(QUEUE_FIELDS)
     for line in (text or "").splitlines():
@@ -470,8 +411,7 @@ def parse_queue(text: str) -> dict[str, dict[str, str]]:
 
 def parse_queue_exit(text: str) -> tuple[int, int]:
     """squeue's ``exit_code`` -> ``(exit status, signal)``: ``"3:0"`` on Slurm
-    >= 23.02 (``WEXITSTATUS:WTERMSIG``), the raw wait status on 22.05
-    (``768`` = exit 3, ``9`` = SIGKILL); ``""`` (not ended) -> ``(0, 0)``."""
+    >= 23.02, the raw wait status on 22.05 (``768`` = exit 3); ``""`` -> ``(0, 0)``."""
     text = (text or "").strip()
     if ":" in text:
         return parse_exit_code(text)
@@ -485,18 +425,15 @@ def parse_queue_exit(text: str) -> tuple[int, int]:
 
 
 def accounting_argv(job_id: str, cluster: str | None = None) -> list[str]:
-    """``sacct`` for a job the controller no longer holds: the allocation's
-    line only (``-X``), ``|``-separated, no header."""
+    """``sacct -X`` for a job the controller no longer holds."""
     check_job_id(job_id, array=True)
     where = ["-M", cluster] if cluster else []
     return ["sacct", *where, "-X", "-n", "-P", "-j", job_id, "-o", "JobID,State,ExitCode,Elapsed,NodeList"]
 
 
 def parse_accounting(text: str, job_id: str) -> dict[str, str] | None:
-    """:func:`accounting_argv`'s output -> the job's ``{JobID, State,
-    ExitCode, Elapsed, NodeList}``; None when sacct has no line for it yet
-    (slurmdbd is behind the controller: not a sign that the job is gone).
-    The last line wins (a requeued job has one per run)."""
+    """:func:`accounting_argv`'s output -> the job's last line (one per run) as
+    a dict; None when slurmdbd has none yet."""
     found = None
     for line in (text or "").splitlines():
         parts = line.split("|")
@@ -512,9 +449,8 @@ _SRUN_TASK_END = re.compile(r"^srun: error: (\S+): tasks? ([0-9][0-9,-]*): (.+?)
 
 
 def parse_srun_task_end(line: str) -> tuple[str, int, int | None, str] | None:
-    """One line of a job's output -> ``(node, first rank, exit code or None
-    for a signal, what srun said)`` when it is srun's report of tasks that
-    ended badly, else None. Pure."""
+    """srun's report of tasks that ended badly -> ``(node, first rank, exit
+    code or None for a signal, what srun said)``; else None."""
     m = _SRUN_TASK_END.match(line)
     if not m:
         return None
@@ -525,8 +461,7 @@ def parse_srun_task_end(line: str) -> tuple[str, int, int | None, str] | None:
 
 
 def parse_parsable(text: str) -> tuple[str, str | None]:
-    """``sbatch --parsable`` output -> ``(job id, cluster or None)``:
-    ``"42"`` or ``"42;gpu"`` (with ``-M`` / a federation).
+    """``sbatch --parsable`` output (``42`` or ``42;gpu``) -> ``(job id, cluster or None)``.
 
     Raises:
         InputError: no job id in it.

@@ -1,18 +1,14 @@
-"""What the job's task saw on one node, for the node summary: the task
-notes file ``<spool>/jobs/<id>/task-<node>/bind.json``, written by local
-rank 0's ``gsrun-bind`` (as the job's user, in a directory the prolog makes
-for that user) and read by the epilog as untrusted input.
-
-Shape (every key optional)::
+"""What the job's task saw on one node: ``<spool>/jobs/<id>/task-<node>/bind.json``,
+written by local rank 0's ``gsrun-bind`` as the job's user, read by the
+epilog as untrusted input (every key optional)::
 
     {"memlock": {"soft": int, "hard": int | null (null: unlimited),
                  "problem": str | null, "rdma": [str]},
      "malloc": {"name": "jemalloc"|"tcmalloc", "state": "verified"|"not verified"|"not found",
                 "path": str | null, "detail": str}}
 
-The reader keeps only these keys, allow-listed values, and strings cut to
-:data:`MAX_TEXT` characters, from a file of at most :data:`MAX_BYTES` bytes
-owned by the job's user (:func:`gsrun.base.fsutil.read_bounded`).
+The reader keeps only these keys and allow-listed values, strings cut to
+:data:`MAX_TEXT`, from at most :data:`MAX_BYTES` owned by the job's user.
 """
 
 from __future__ import annotations

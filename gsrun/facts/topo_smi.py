@@ -1,24 +1,11 @@
-"""Fallback parser of ``nvidia-smi topo -m`` (field case 2, docs/field-cases.md).
-
-Used only when NVML and sysfs leave a GPU's CPU locality unknown; NVML and
-sysfs are preferred (:mod:`gsrun.facts.topology`). The table's layout varies with
-the driver, so the parser:
-
-- splits rows on *single* TABs: an empty field is data (a blank
-  ``CPU Affinity`` inside a cpuset-restricted job, field case 3), not padding;
-- counts the link columns (``GPU0``, ``NIC0``...) from the header and names
-  the remaining columns from both ends: the first field after the links is
-  ``CPU Affinity``, the last one is the last header column (``GPU NUMA ID``
-  on recent drivers), and the non-empty fields between are assigned to the
-  middle columns from the right (drivers pad with extra TABs there);
-- strips ANSI underline escapes (the header is underlined on a terminal);
-- stops at the ``Legend:`` block, reading ``NIC Legend`` names if present.
-
-``N/A`` and blanks become ``None``. The ``GPU NUMA ID`` column is the GPU's
-*own* memory node (meaningful on Grace), never a CPU binding target (field case 4).
-
-Pure: :func:`parse_topo_matrix` takes the text; :func:`run_topo_matrix` is
-the one subprocess call (with a timeout).
+"""Fallback parser of ``nvidia-smi topo -m`` (field case 2), used only when
+NVML and sysfs leave a GPU's locality unknown. The layout varies with the
+driver: rows split on *single* TABs (a blank ``CPU Affinity`` is data, case
+3); link columns counted from the header, the rest named from both ends;
+ANSI underlines stripped; the ``Legend:`` block ends the table (``NIC
+Legend`` read). ``N/A`` and blanks are None. ``GPU NUMA ID`` is the GPU's own
+memory node, never a CPU target (case 4). :func:`run_topo_matrix` is the one
+subprocess call.
 """
 
 from __future__ import annotations

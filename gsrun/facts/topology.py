@@ -1,53 +1,24 @@
-"""Topology facts: CPUs, cores, NUMA nodes, GPUs, NICs of one host.
+"""Topology facts: CPUs, cores, NUMA nodes, GPUs, NICs of one host, as a
+frozen :class:`Topology` read through one :class:`~gsrun.facts.hostfs.HostFS`
+and :func:`gsrun.facts.nvml.open_nvml`; the plan never reads the host itself.
 
-Read through one :class:`~gsrun.facts.hostfs.HostFS` (a real host or a recorded
-tree) and the one NVML choke point (:func:`gsrun.facts.nvml.open_nvml`). The result
-is a frozen :class:`Topology`; decisions (:mod:`gsrun.bind.plan`) never read
-the host themselves.
+Sources (under ``sys/devices/system``): ``cpu/online`` (else ``present``, else
+``cpuN`` dirs); cores from ``cpuN/topology/thread_siblings_list`` (else
+``core_cpus_list``); nodes from ``node/nodeN/cpulist``, ``meminfo``,
+``distance`` (none: one node 0). GPUs: NVML (UUID, PCI info, minor, CPU
+affinity) merged by PCI bus id with ``sys/bus/pci/devices/<bdf>`` (vendor
+0x10de, class 0x0300/0x0302: ``numa_node``, ``local_cpulist``) and
+``proc/driver/nvidia/gpus/<bdf>/information``; GPUs NVML cannot see (a
+device cgroup renumbers them from 0: field case 7, docs/field-cases.md) still
+come from sysfs. NICs: ``sys/class/infiniband/<hca>/device`` and
+``sys/class/net/<if>/device``.
 
-Sources of each fact:
-
-- online CPUs: ``sys/devices/system/cpu/online`` (else ``present``, else the
-  ``cpuN`` directories);
-- cores: ``sys/devices/system/cpu/cpuN/topology/thread_siblings_list``
-  (else ``core_cpus_list``); a CPU without the file is its own core;
-- NUMA nodes: ``sys/devices/system/node/nodeN/cpulist``, ``meminfo``
-  (``MemTotal`` in kB), ``distance``; a kernel without NUMA gets one node 0;
-- GPUs: NVML (``nvmlDeviceGetUUID``, ``GetPciInfo``, ``GetMinorNumber``,
-  ``GetCpuAffinity``) merged by PCI bus id with sysfs/procfs:
-  ``sys/bus/pci/devices/<bdf>`` with vendor ``0x10de`` and class ``0x0300xx``
-  / ``0x0302xx`` (``numa_node``, ``local_cpulist``) and
-  ``proc/driver/nvidia/gpus/<bdf>/information`` (``Device Minor``, ``GPU
-  UUID``, ``Model``). GPUs NVML cannot see (a device-constrained cgroup shows
-  NVML only the job's GPUs, renumbered from 0: field case 7; field cases are described in
-  docs/field-cases.md) still come from
-  sysfs, and NVML indices are never used to name a GPU across processes;
-- NICs: ``sys/class/infiniband/<hca>/device`` (``numa_node``, ``net/``) and
-  ``sys/class/net/<if>/device`` for physical Ethernet.
-
-A GPU's CPU-side NUMA node (``Gpu.numa_node``) is decided in this order,
-and ``Gpu.numa_source`` says which one gave it:
-
-1. sysfs ``numa_node`` >= 0;
-2. the NVML CPU-affinity mask, when it lies within exactly one node (field
-   case 1: ``numa_node`` -1 on a VM, the mask equals node 0's cpulist);
-3. sysfs ``local_cpulist`` the same way (it is all CPUs when the firmware
-   gives no locality, which then decides nothing);
-4. ``nvidia-smi topo -m`` "NUMA Affinity" (live host only, last resort);
-5. a host with one node: node 0 (binding to it is harmless);
-6. else ``None`` (unknown: no memory binding, a warning).
-
-``nvmlDeviceGetNumaNodeId`` is never used: it is the GPU's own memory node,
-NOT_SUPPORTED on x86 and not a CPU target on Grace (field case 4).
-
-The facts are a dozen one-line sysfs files, read by hand (no hwloc on the
-nodes) so a recorded ``sys/``/``proc/`` subset is a test input; an hwloc XML
-export is read by :mod:`gsrun.facts.hwloc_xml` into the same :class:`Topology`.
-
-Memory-less nodes (``MemTotal: 0 kB``: POWER LPARs, some VM firmware) and
-CPU-less nodes (GPU or HBM memory as a NUMA node) are kept as read:
-:attr:`NumaNode.has_memory` and an empty ``cpus`` tell the plan which
-nodes can hold a memory policy and which can hold ranks.
+A GPU's CPU-side node (``Gpu.numa_source`` says which): sysfs ``numa_node``
+>= 0; else the NVML affinity mask or ``local_cpulist`` when within one node
+(field case 1: -1 on a VM); else ``nvidia-smi topo -m`` (live host); else the
+only node; else None. ``nvmlDeviceGetNumaNodeId`` is the GPU's own memory
+node (NOT_SUPPORTED on x86, not a CPU target on Grace: field case 4), never used.
+Memory-less and CPU-less nodes are kept as read (:attr:`NumaNode.has_memory`).
 """
 
 from __future__ import annotations
@@ -72,7 +43,6 @@ def is_bdf(text: str) -> bool:
 
 
 def _numbered(name: str, prefix: str) -> bool:
-    """``name`` is ``prefix`` followed by decimal digits (``cpu12``, ``node3``)."""
     return re.fullmatch(prefix + "[0-9]+", name) is not None
 
 
@@ -82,9 +52,8 @@ CPU_DIR = "sys/devices/system/cpu"
 
 @dataclass(frozen=True, slots=True)
 class NumaNode:
-    """``id``; ``cpus`` its online CPUs (``nodeN/cpulist``); ``mem_total_bytes``
-    from ``nodeN/meminfo`` (None if absent); ``distances`` node id -> SLIT
-    distance (``nodeN/distance``, 10 = local)."""
+    """``cpus``: online; ``mem_total_bytes`` None: no ``meminfo``;
+    ``distances``: node id -> SLIT distance (10 = local)."""
 
     id: int
     cpus: tuple[int, ...]
@@ -93,26 +62,17 @@ class NumaNode:
 
     @property
     def has_memory(self) -> bool:
-        """False only for a node whose ``meminfo`` says ``MemTotal: 0 kB``
-        (a CPU-only node of a POWER LPAR or VM firmware); an absent
-        ``meminfo`` (unknown) counts as having memory, as the kernel's own
-        default policy would use it."""
+        """False only for ``MemTotal: 0 kB`` (POWER LPARs, some VM firmware)."""
         return self.mem_total_bytes != 0
 
 
 @dataclass(frozen=True, slots=True)
 class Gpu:
-    """One physical NVIDIA GPU.
-
-    ``pci_bus_id`` is the sysfs form (``0000:3b:00.0``), the key that joins
-    NVML, sysfs and procfs. ``minor`` is N of ``/dev/nvidiaN`` = Slurm's gres
-    index (NVML ``GetMinorNumber`` or procfs ``Device Minor``). ``nvml_index``
-    is NVML's enumeration index in *this* process (None when NVML did not see
-    it). ``local_cpus`` are the CPUs near the GPU (NVML affinity, else
-    ``local_cpulist``; empty when unknown). ``pci_path`` the chain of PCI
-    addresses from the root port down to the device (from the sysfs link),
-    used for NIC closeness.
-    """
+    """One physical NVIDIA GPU. ``pci_bus_id``: sysfs form (``0000:3b:00.0``),
+    the join key; ``minor``: N of ``/dev/nvidiaN`` = Slurm's gres index;
+    ``nvml_index``: NVML's index in *this* process (None: not seen);
+    ``local_cpus``: near CPUs (empty: unknown); ``pci_path``: PCI addresses
+    from the root port down (for NIC closeness)."""
 
     pci_bus_id: str
     minor: int | None
@@ -127,9 +87,8 @@ class Gpu:
 
 @dataclass(frozen=True, slots=True)
 class Nic:
-    """A network device for NCCL. ``kind`` ``"ib"`` (``sys/class/infiniband``,
-    RoCE included) or ``"eth"``; ``name`` the HCA (``mlx5_0``) or interface;
-    ``netdevs`` its interface names; ``numa_node`` None when unknown (-1)."""
+    """A network device for NCCL: ``kind`` ``"ib"`` (RoCE included) or
+    ``"eth"``; ``name`` the HCA (``mlx5_0``) or interface."""
 
     name: str
     kind: str
@@ -141,8 +100,7 @@ class Nic:
 
 @dataclass(frozen=True, slots=True)
 class Topology:
-    """Everything the binding plan needs. ``notes`` explain how facts were
-    found (``"NVML unavailable: LIBRARY_NOT_FOUND"``...)."""
+    """Everything the binding plan needs; ``notes``: how facts were found."""
 
     cpus_online: tuple[int, ...]
     cores: tuple[tuple[int, ...], ...]
@@ -152,20 +110,13 @@ class Topology:
     notes: tuple[str, ...] = ()
 
     def node(self, node_id: int) -> NumaNode | None:
-        for n in self.nodes:
-            if n.id == node_id:
-                return n
-        return None
+        return next((n for n in self.nodes if n.id == node_id), None)
 
     def node_of_cpu(self, cpu: int) -> int | None:
-        for n in self.nodes:
-            if cpu in n.cpus:
-                return n.id
-        return None
+        return next((n.id for n in self.nodes if cpu in n.cpus), None)
 
     def distance(self, a: int, b: int) -> int:
-        """SLIT distance, else 10 for a == b and 20 + |a - b| (a guess that
-        keeps nearby ids near) when the kernel gave none."""
+        """SLIT distance; without one 10 for a == b, else 20 + |a - b|."""
         if a == b:
             return 10
         n = self.node(a)
@@ -174,10 +125,8 @@ class Topology:
         return 20 + abs(a - b)
 
     def memory_node_near(self, node_id: int) -> int | None:
-        """``node_id`` when it has memory, else the nearest node (SLIT
-        distance, then lowest id) that has; None when no node has memory.
-        A memory policy names only nodes this returns (numactl
-        ``--membind`` on a memory-less node fails or OOMs)."""
+        """``node_id`` when it has memory, else the nearest node that has
+        (``--membind`` on a memory-less node fails or OOMs); None: none has."""
         n = self.node(node_id)
         if n is not None and n.has_memory:
             return node_id
@@ -187,16 +136,12 @@ class Topology:
         return min(cands, key=lambda m: (self.distance(node_id, m), m))
 
     def gpu_by_minor(self, minor: int) -> Gpu | None:
-        for g in self.gpus:
-            if g.minor == minor:
-                return g
-        return None
+        return next((g for g in self.gpus if g.minor == minor), None)
 
 
 # ---------------------------------------------------------------- readers
 
 def read_cpus_online(fs: HostFS) -> list[int]:
-    """Online CPU ids: ``cpu/online``, else ``cpu/present``, else ``cpuN`` dirs."""
     for f in ("online", "present"):
         text = fs.read(f"{CPU_DIR}/{f}")
         if text:
@@ -209,8 +154,7 @@ def read_cpus_online(fs: HostFS) -> list[int]:
 
 
 def read_cores(fs: HostFS, cpus: list[int]) -> list[tuple[int, ...]]:
-    """Physical cores as sorted tuples of online SMT siblings, ordered by
-    their first CPU (``thread_siblings_list``, else ``core_cpus_list``)."""
+    """Physical cores as sorted tuples of online SMT siblings, by first CPU."""
     online = set(cpus)
     cores: dict[tuple[int, ...], None] = {}
     for c in cpus:
@@ -239,8 +183,6 @@ def read_cores(fs: HostFS, cpus: list[int]) -> list[tuple[int, ...]]:
 
 
 def read_nodes(fs: HostFS, cpus: list[int]) -> list[NumaNode]:
-    """NUMA nodes with their online CPUs; one node 0 holding all CPUs when
-    the kernel has no NUMA directory."""
     online = set(cpus)
     nodes = []
     names = [d for d in fs.listdir(NODE_DIR) if _numbered(d, "node")]
@@ -266,9 +208,8 @@ def read_nodes(fs: HostFS, cpus: list[int]) -> list[NumaNode]:
 
 
 def _pci_path(fs: HostFS, bdf: str) -> tuple[str, ...]:
-    """PCI addresses from the root port down to ``bdf``, from the sysfs link
-    ``bus/pci/devices/<bdf> -> ../../../devices/pci0000:17/0000:17:00.0/...``.
-    ``(bdf,)`` when the tree holds a plain directory (a recorded subset)."""
+    """PCI addresses from the root port down to ``bdf`` (the sysfs link);
+    ``(bdf,)`` for a plain directory (a recorded subset)."""
     target = fs.readlink(f"sys/bus/pci/devices/{bdf}")
     if target is not None:
         parts = [x for x in target.split("/") if is_bdf(x)]
@@ -278,8 +219,7 @@ def _pci_path(fs: HostFS, bdf: str) -> tuple[str, ...]:
 
 
 def _node_from_cpus(cpus: list[int], nodes: list[NumaNode]) -> int | None:
-    """The one node whose CPUs the set touches; None for an empty set or a
-    set spanning nodes (e.g. ``local_cpulist`` = all CPUs)."""
+    """The one node whose CPUs the set touches; None: empty or several."""
     s = set(cpus)
     if not s:
         return None
@@ -288,8 +228,6 @@ def _node_from_cpus(cpus: list[int], nodes: list[NumaNode]) -> int | None:
 
 
 def _read_proc_gpu(fs: HostFS, bdf: str) -> dict[str, str]:
-    """``proc/driver/nvidia/gpus/<bdf>/information`` as a dict
-    (``Device Minor``, ``GPU UUID``, ``Model``...)."""
     text = fs.read(f"proc/driver/nvidia/gpus/{bdf}/information") or ""
     out = {}
     for ln in text.splitlines():
@@ -300,17 +238,16 @@ def _read_proc_gpu(fs: HostFS, bdf: str) -> dict[str, str]:
 
 
 def sysfs_gpu_bdfs(fs: HostFS) -> list[str]:
-    """PCI addresses of the NVIDIA GPUs in ``sys/bus/pci/devices`` (vendor and class)."""
+    """PCI addresses of the NVIDIA GPUs in sysfs (vendor and class) and procfs."""
     out = []
     for bdf in fs.listdir("sys/bus/pci/devices"):
         base = f"sys/bus/pci/devices/{bdf}"
         vendor = (fs.read(f"{base}/vendor") or "").strip().lower()
-        if vendor != NVIDIA_VENDOR:   # most of a node's PCI functions: one read, not two
+        if vendor != NVIDIA_VENDOR:
             continue
         cls = (fs.read(f"{base}/class") or "").strip().lower()
         if cls.startswith(GPU_CLASSES):
             out.append(normalize_bus_id(bdf))
-    # procfs may list GPUs whose PCI entry is not in a recorded subset
     for bdf in fs.listdir("proc/driver/nvidia/gpus"):
         b = normalize_bus_id(bdf)
         if is_bdf(b) and b not in out:
@@ -337,7 +274,7 @@ def _nvml_gpus(nv: Backend) -> dict[str, dict]:
 
 def read_gpus(fs: HostFS, nodes: list[NumaNode], cpus: list[int], nvml: Backend | None,
               smi_text: str | None = None) -> tuple[list[Gpu], list[str]]:
-    """GPUs sorted by PCI bus id, plus notes. See the module doc for sources."""
+    """GPUs sorted by PCI bus id, plus notes (module doc)."""
     notes: list[str] = []
     nv = _nvml_gpus(nvml) if nvml is not None else {}
     bdfs = sorted(set(sysfs_gpu_bdfs(fs)) | set(nv))
@@ -392,10 +329,8 @@ def read_gpus(fs: HostFS, nodes: list[NumaNode], cpus: list[int], nvml: Backend 
 
 
 def read_nics(fs: HostFS) -> list[Nic]:
-    """InfiniBand/RoCE HCAs and physical Ethernet interfaces with a PCI
-    device (virtual ones such as ``lo``, bridges, ``ifb*`` have no
-    ``device`` and are skipped). Interfaces that belong to an HCA are listed
-    under the HCA only."""
+    """InfiniBand/RoCE HCAs and Ethernet interfaces with a PCI device (an
+    HCA's interfaces listed under the HCA only)."""
     nics: list[Nic] = []
     owned: set[str] = set()
     for hca in fs.listdir("sys/class/infiniband"):
@@ -433,34 +368,19 @@ def _device_bdf(fs: HostFS, base: str) -> str | None:
 #: for what they leave unknown (see :func:`sysfs_decides`).
 NVML_IF_NEEDED = "if-needed"
 
-_HEX = frozenset("0123456789abcdefABCDEF")
-
-
-def _is_gpu_uuid(text: str | None) -> bool:
-    """``GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`` (what NVML and procfs
-    print for a GPU that has one; ``??`` or a truncated value is not)."""
-    if not text or not text.startswith("GPU-"):
-        return False
-    parts = text[4:].split("-")
-    return [len(x) for x in parts] == [8, 4, 4, 4, 12] and all(set(x) <= _HEX for x in parts)
+_GPU_UUID_RE = re.compile(r"GPU-[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}")
 
 
 def sysfs_decides(fs: HostFS, gpus: list[Gpu]) -> str | None:
     """Why NVML is still needed after reading ``gpus`` from sysfs/procfs
-    alone (:func:`read_gpus` without a backend), or None when it is not:
-    the PCI device list is readable and every GPU has its minor number and
-    UUID (procfs ``information``) and its NUMA node from sysfs ``numa_node``.
-    NVML would then change nothing the binding plan uses (it adds its own
-    enumeration index, the name, and its CPU-affinity mask, which
-    :func:`read_gpus` consults only when ``numa_node`` does not decide).
-    A host whose PCI list cannot be read (a fake tree without
-    ``sys/bus/pci/devices``) leaves the GPU list itself to NVML."""
+    alone, or None: every GPU has its minor, UUID and sysfs ``numa_node``,
+    all NVML would change for the plan."""
     if not fs.listdir("sys/bus/pci/devices"):
         return "no PCI device list"
     for g in gpus:
         if g.minor is None:
             return f"GPU {g.pci_bus_id}: minor number unknown"
-        if not _is_gpu_uuid(g.uuid):
+        if not _GPU_UUID_RE.fullmatch(g.uuid or ""):
             return f"GPU {g.pci_bus_id}: UUID unknown"
         if g.numa_source != "sysfs numa_node":
             return f"GPU {g.pci_bus_id}: sysfs numa_node does not decide"
@@ -471,18 +391,14 @@ def read_topology(fs: HostFS, nvml: Backend | None | bool | str = True,
                   smi_text: str | None = None) -> Topology:
     """All facts of the host behind ``fs``.
 
-    ``nvml``: ``True`` opens the backend for ``fs`` (FakeNvml from
-    ``<root>/nvml.json``, RealNvml on ``/``); ``False``/``None`` skips NVML
-    (sysfs/procfs only); a :class:`Backend` is used as given;
-    :data:`NVML_IF_NEEDED` reads sysfs/procfs first and opens NVML (as
-    ``True``) only when :func:`sysfs_decides` says they leave something
-    unknown -- otherwise every GPU's ``nvml_index`` is None (NVML not
-    asked) and a note says so (nvmlInit + nvmlShutdown cost ~28 ms on an
-    H200 node, in every bound step). NVML init failing is a note, not an
-    error. ``smi_text`` is ``nvidia-smi topo -m`` output for the
-    last-resort fallback; on the live host it is run (10 s timeout) only
-    when a GPU's node is still unknown on a multi-node host; under a fake
-    root ``<root>/nvidia-smi-topo.txt`` is read if present.
+    ``nvml``: ``True`` opens the backend for ``fs`` (``<root>/nvml.json`` or
+    the real library); ``False``/``None`` skips NVML; a :class:`Backend` is
+    used as given; :data:`NVML_IF_NEEDED` opens it only when
+    :func:`sysfs_decides` says so (nvmlInit + nvmlShutdown cost ~28 ms on an
+    H200 node, in every bound step). NVML failing is a note, not an error.
+    ``smi_text``: ``nvidia-smi topo -m`` output (live host: run only when a
+    GPU's node is unknown on a multi-node host; fake root:
+    ``<root>/nvidia-smi-topo.txt``).
     """
     notes: list[str] = []
     cpus = read_cpus_online(fs)
@@ -521,17 +437,14 @@ def read_topology(fs: HostFS, nvml: Backend | None | bool | str = True,
 
 
 def read_allowed_cpus(fs: HostFS, cpus_online: list[int] | tuple[int, ...]) -> list[int]:
-    """CPUs this process may run on: ``os.sched_getaffinity(0)`` on the live
-    host (the task's cgroup cpuset and Slurm's binding are already in it);
-    all online CPUs under a fake root."""
+    """``os.sched_getaffinity(0)`` on the live host; all online CPUs under a fake root."""
     if fs.is_real:
         return sorted(os.sched_getaffinity(0))
     return sorted(cpus_online)
 
 
 def read_allowed_mems(fs: HostFS) -> list[int] | None:
-    """``Mems_allowed_list`` of ``proc/self/status`` (the cpuset's memory
-    nodes), None when unreadable. ``numactl --membind`` outside it fails."""
+    """``Mems_allowed_list`` of ``proc/self/status``, None when unreadable."""
     for line in (fs.read("proc/self/status") or "").splitlines():
         if line.startswith("Mems_allowed_list:"):
             value = line[len("Mems_allowed_list:"):].split()

@@ -1,16 +1,10 @@
-"""Site configuration: ``/etc/gsrun/gsrun.toml`` (or ``$GSRUN_CONFIG``, or
-``gsrun.toml`` beside ``$SLURM_CONF``; :func:`config_path` decides).
+"""Site configuration: ``/etc/gsrun/gsrun.toml`` (:func:`config_path`).
 
-One table, :data:`SETTINGS`, names every key with its type, default, allowed
-values and meaning; the parser, ``gsrun-node config check``, the commented
-file ``gsrun-node install`` writes and the admin guide's reference are all
-generated from it, so they cannot drift.
-
-The file is parsed strictly with ``tomllib``: an unknown section or key, or
-a value of the wrong type or outside its range, is a :class:`ConfigError`
-naming the key, the value and what is allowed. ``[partition.<name>]`` tables
-override ``tuning.*``, ``mps.*``, ``mig.*`` and ``findings.*`` keys for jobs
-of that partition.
+:data:`SETTINGS` names every key's type, default, allowed values and meaning;
+the parser, ``config check``, the commented file and docs/CONFIG.md come
+from it. Parsed strictly (``tomllib``): an unknown key or a bad value is a
+:class:`ConfigError` naming it. ``[partition.<name>]`` overrides
+``tuning.*``, ``mps.*``, ``mig.*`` and ``findings.*`` for that partition.
 """
 
 from __future__ import annotations
@@ -513,14 +507,8 @@ def parse_config(text: str, source: str = "<string>") -> Config:
 
 
 def config_path(path: str | None = None, environ=None) -> tuple[str, bool]:
-    """Which config file every gsrun command reads, and whether it was named
-    explicitly (a named file must exist).
-
-    ``path`` (``--config``), else ``$GSRUN_CONFIG``, else ``gsrun.toml`` in the
-    directory of ``$SLURM_CONF`` when that file exists (Slurm's own convention
-    for ``plugstack.conf``, ``gres.conf``, ``cgroup.conf``), else
-    ``/etc/gsrun/gsrun.toml``.
-    """
+    """(config file, named explicitly): ``path``, else ``$GSRUN_CONFIG``, else
+    an existing ``gsrun.toml`` beside ``$SLURM_CONF``, else ``/etc/gsrun/gsrun.toml``."""
     environ = os.environ if environ is None else environ
     explicit = path or environ.get(ENV_CONFIG)
     if explicit:
@@ -534,9 +522,7 @@ def config_path(path: str | None = None, environ=None) -> tuple[str, bool]:
 
 
 def load_config(path: str | None = None, environ=None) -> Config:
-    """Load the file :func:`config_path` names (``path``, ``$GSRUN_CONFIG``,
-    ``gsrun.toml`` beside ``$SLURM_CONF``, ``/etc/gsrun/gsrun.toml``); built-in
-    defaults when that file does not exist.
+    """Load the file :func:`config_path` names; built-in defaults when absent.
 
     Raises:
         ConfigError: as :func:`parse_config`, or an explicitly named file is missing.

@@ -1,17 +1,8 @@
-"""``gsrun --malloc jemalloc|tcmalloc``: the allocator a job preloads, and its environment.
-
-Parsed once here, for the command line and the site config (``malloc.*`` in
-:mod:`gsrun.request.config`). Nothing is looked up on the submit host: the job
-script finds the library on the node at run time (``templates/sbatch.sh.j2``),
-in the library directories of :data:`LIB_DIRS` (site: ``malloc.lib_dirs``), then
-in ``ldconfig -p``; absent, the batch step prints which package provides it and
-exits 1 before ``srun``.
-
-Every value that reaches the script is allow-listed here (no user text
-reaches a shell): the allocator is one of :data:`ALLOCATORS`, ``MALLOC_CONF``
-and ``PYTORCH_CUDA_ALLOC_CONF`` are ``key:value`` lists of plain words,
-``TCMALLOC_*`` values are plain words, library directories are absolute paths
-of plain characters.
+"""``gsrun --malloc jemalloc|tcmalloc``: the allocator a job preloads, and its
+environment, for the command line and ``malloc.*`` in the site config. The
+job script finds the library on the node (:data:`LIB_DIRS`, then ``ldconfig
+-p``; absent, the batch step exits 1 before ``srun``). Every value reaching
+the script is allow-listed here: no user text reaches a shell.
 """
 
 from __future__ import annotations

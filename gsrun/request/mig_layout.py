@@ -1,19 +1,10 @@
-"""MIG layout requests: the text a user gives to ``--mig`` / ``--gs-mig``.
+"""MIG layout requests (``--mig`` / ``--gs-mig``): ``+``-separated terms
+``[<n>x]<slices>g.<mem>gb[+me|+gfx]`` for one GPU::
 
-A layout is what one GPU is cut into, as ``+``-separated terms, each an
-optional count ``<n>x`` and an NVIDIA profile name ``<slices>g.<mem>gb``
-(``<slices>`` one of :data:`SLICES`)
-with optional attribute suffixes (``+me``, ``+gfx``)::
-
-    7g.141gb
     3g.71gb+3g.71gb          -> [(2, "3g.71gb")]
-    7x1g.18gb                -> [(7, "1g.18gb")]
-    2x2g.35gb+1g.18gb        -> [(2, "2g.35gb"), (1, "1g.18gb")]
     1g.18gb+me+3x1g.18gb     -> [(1, "1g.18gb+me"), (3, "1g.18gb")]
 
-This module only checks syntax (allow-listed characters, bounded length and
-count); whether a GPU can hold the layout is decided by
-:func:`gsrun.node.mig.plan_layout` against the GPU's own profile table.
+Syntax only (bounded); :func:`gsrun.node.mig.plan_layout` decides what a GPU holds.
 """
 
 from __future__ import annotations
@@ -23,9 +14,7 @@ import re
 from gsrun.base.errors import InputError
 
 MAX_LAYOUT_CHARS = 200
-#: Upper bound on instances in one layout. Real GPUs allow at most 7 (A100,
-#: H100, H200, B200); the bound sits above that so that ``8x1g.18gb`` reaches
-#: the planner, which says why 8 is too many for *this* GPU.
+#: Most instances in one layout: GPUs allow 7, so ``8x1g.18gb`` reaches the planner, which says why
 MAX_INSTANCES = 16
 MAX_TERM_COUNT = 16
 
@@ -45,16 +34,11 @@ def _bad(detail: str) -> InputError:
 
 
 def parse_layout(text: str) -> list[tuple[int, str]]:
-    """Parse a layout into ``[(count, profile_name), ...]``.
-
-    Profile names are returned lower case, in first-seen order; repeated
-    names are merged (``3g.71gb+3g.71gb`` -> ``[(2, "3g.71gb")]``).
+    """A layout -> ``[(count, profile_name), ...]``, lower case, repeats merged.
 
     Raises:
-        InputError: empty text, a character outside ``[0-9a-z.+x]`` (case is
-            folded), more than :data:`MAX_LAYOUT_CHARS` characters, a term that
-            is not ``[<n>x]<s>g.<m>gb``, slices outside :data:`SLICES`, an unknown ``+suffix``, a count of 0,
-            or more than :data:`MAX_INSTANCES` instances in total.
+        InputError: empty, a character outside ``[0-9a-z.+x]``, too long, a bad
+            term, slices or suffix, a count of 0, more than :data:`MAX_INSTANCES`.
     """
     if not isinstance(text, str):
         raise _bad(f"expected text, got {type(text).__name__}")

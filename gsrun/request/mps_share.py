@@ -1,12 +1,6 @@
-"""The MPS share a job asks for: the default active thread percentage of its
-per-job MPS daemon (``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``). Pure.
-
-One rule for every way it arrives: ``gsrun --mps[=PCT]``, ``--gs-mps[=PCT]``
-(SPANK plugin, exported to the prolog as ``SPANK_GS_MPS``), ``mps=PCT`` in
-the job comment, and Slurm's own ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` for a
-``gres/mps`` job. The site default (config
-``mps.default_active_thread_percentage``) is a TOML integer checked by the
-config loader.
+"""The MPS share a job asks for (``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` of its
+MPS daemon), one rule for ``--mps[=PCT]``, ``--gs-mps`` (``SPANK_GS_MPS``),
+``mps=PCT`` in the comment and a ``gres/mps`` job's own variable. Pure.
 """
 
 from __future__ import annotations
@@ -18,10 +12,8 @@ HINT = "use an integer from 1 to 100 (e.g. --gs-mps=50 or --mps=50), or the opti
 
 
 def parse_mps_share(text: str, source: str = "--gs-mps", phase: str = "mps") -> int | None:
-    """``text`` -> the percentage 1-100, or None for the option given
-    without a value (``""``, surrounding blanks ignored: ``--mps`` alone,
-    ``SPANK_GS_MPS=``, ``mps=`` in the comment). ASCII digits only, at most
-    three (``"050"`` is 50, ``"0100"`` is refused).
+    """``text`` -> the percentage 1-100 (at most three ASCII digits), or None
+    for a blank value (``--mps`` alone).
 
     Raises:
         InputError: ``gsrun: <phase>: bad active thread percentage:

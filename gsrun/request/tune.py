@@ -1,13 +1,6 @@
-"""Parse a job's tuning request: ``key=value,key=value``.
-
-The same form arrives from three places: ``SPANK_GS_TUNE`` (the SPANK
-plugin's ``--gs-tune``), ``gsrun --tune`` (recorded for the prolog), and the
-site config's ``tuning.defaults``. This module checks *syntax* and the fixed
-kernel ranges only; whether a value is allowed on this node (the governors in
-``scaling_available_governors``, the words THP offers, the site policy) is
-decided by :mod:`gsrun.node.tuning` against the node's facts.
-
-Keys and values (the value's source is the kernel file it ends up in):
+"""Parse a job's tuning request ``key=value,...`` (``SPANK_GS_TUNE``,
+``gsrun --tune``, ``tuning.defaults``): syntax and fixed kernel ranges only;
+:mod:`gsrun.node.tuning` decides against the node's facts.
 
 ==========================  ==============================================  =====================
 key                         kernel file                                     syntax
@@ -25,10 +18,8 @@ irq                         /proc/irq/N/smp_affinity_list (job's GPUs/NICs)  loc
 hugepages                   node*/hugepages/hugepages-<kB>/nr_hugepages      2M:N (1-1048576) | 1G:N (1-4096)
 ==========================  ==============================================  =====================
 
-``cstate``: ``off`` keeps CPUs out of every idle state but polling (latency
-0 us), ``c1`` allows C1 only, ``shallow`` allows the states whose exit
-latency is at most :data:`CSTATE_SHALLOW_US`. ``hugepages=SIZE:N`` asks N
-pages of SIZE on each NUMA node near the job's GPUs.
+``cstate=shallow`` allows states with exit latency <= :data:`CSTATE_SHALLOW_US`;
+``hugepages=SIZE:N`` asks N pages on each NUMA node near the job's GPUs.
 """
 
 from __future__ import annotations
@@ -114,16 +105,11 @@ def parse_hugepages(value: str) -> tuple[int, int]:
 
 def parse_tune_request(text: str) -> dict[str, str]:
     """``"governor=performance, swappiness=10"`` -> ``{"governor": "performance",
-    "swappiness": "10"}`` (insertion order = order given).
-
-    Whitespace around tokens is ignored; an empty or blank text is ``{}``.
-    Integers are kept as their decimal text (no sign, no leading zeros).
+    "swappiness": "10"}`` in the order given; blank text is ``{}``.
 
     Raises:
-        InputError: an empty token (``a=1,,b=2`` or a trailing comma), a token
-            without ``=``, an unknown key, a key given twice, or a value outside
-            its syntax/range (table above). The detail names the bad token.
-            Likely cause: a typo in ``--tune``/``--gs-tune`` or ``tuning.defaults``.
+        InputError: an empty token, no ``=``, an unknown or repeated key, a
+            value outside the table above (a typo in ``--tune`` or ``tuning.defaults``).
     """
     if not isinstance(text, str):
         raise InputError("tune", "bad tuning request", f"expected text, got {type(text).__name__}", hint=HINT)

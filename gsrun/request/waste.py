@@ -1,68 +1,25 @@
 """Waste detection while a job runs: idle GPUs, stuck collectives, GPUs held
 but never used, and the (opt-in) idle-cancel decision. Pure: no I/O, no NVML.
 
-The sampler (:mod:`gsrun.node.sampler`) keeps one :class:`GpuWatch` per GPU
-of the job on the node and feeds it, every poll, the figures it has just
-folded into its aggregates (the ``values`` dict that
-:func:`gsrun.node.sampler.update_gpu` returns):
+The sampler keeps one :class:`GpuWatch` per GPU and feeds it each poll's
+``values`` (:func:`gsrun.node.sampler.update_gpu`; missing or None = unknown):
+``util_pct``, ``sm_active_pct`` / ``tensor_active_pct`` (GPM, Hopper+; None on
+older GPUs, VMs, MIG), ``power_w``, ``mem_used_bytes`` (``nvmlDeviceGetMemoryInfo``),
+``job_gpu_pids`` (``nvmlDeviceGetComputeRunningProcesses`` x the job's cgroup;
+under MPS the server, so an empty list alone never makes a busy GPU idle),
+``pcie_*_bytes_s`` (``nvmlDeviceGetPcieThroughput`` KB/s x 1024) and
+``nvlink_*_bytes_s`` (field-value counters per second between polls).
 
-- ``util_pct``: utilization over the poll window (the driver's sample buffer;
-  None on the first poll and when NVML gave nothing),
-- ``sm_active_pct``, ``tensor_active_pct``: GPM (Hopper and later; None where
-  GPM is unsupported: older GPUs, most VMs, MIG),
-- ``power_w``: board power,
-- ``job_gpu_pids``: the job's processes among the GPU's compute processes
-  (``nvmlDeviceGetComputeRunningProcesses`` x the job's cgroup PIDs); None
-  when either list is unknown. Under MPS the GPU lists the MPS server, not
-  the job's clients, so an empty list alone never makes a busy GPU idle.
-- ``mem_used_bytes``: GPU memory in use, bytes (``nvmlDeviceGetMemoryInfo``;
-  the finding's evidence carries the last reading of the stretch: what an
-  idle GPU still holds),
-- ``pcie_tx_bytes_s``, ``pcie_rx_bytes_s``: PCIe throughput
-  (``nvmlDeviceGetPcieThroughput``, KB/s x 1024), ``nvlink_tx_bytes_s``,
-  ``nvlink_rx_bytes_s``: NVLink data throughput of all links (the
-  ``nvmlDeviceGetFieldValues`` counters per second between polls; None or
-  missing: not read -- a GPU without NVLink, or the first poll).
-
-Each poll is classified (:func:`classify`) as ``idle``, ``stuck``, ``busy`` or
-``unknown``:
-
-- ``idle``: utilization at or below ``util_idle_pct`` and every other known
-  signal agrees (SM activity at or below ``sm_idle_pct`` where GPM reads it;
-  power within ``power_idle_margin_w`` of the GPU's idle level where power
-  reads); with no utilization figure for the poll, SM and tensor activity at
-  or below ``sm_idle_pct`` and power not above the idle band -- or none of the job's processes is on the GPU and utilization is
-  low or unknown (a MIG slice has no utilization figure);
-- ``stuck``: utilization at or above ``util_stuck_pct`` at near-idle power
-  while no work is done -- a collective (NCCL) waiting for a hung rank, or
-  kernels too small to matter. With GPM: SM and tensor activity at or below
-  ``sm_idle_pct``. Without GPM (older GPUs, VMs, MIG): power at or below
-  ``stuck_power_max_pct`` of the enforced limit (``power_limit_w``,
-  ``nvmlDeviceGetEnforcedPowerLimit``) and link traffic (tx + rx) at or
-  below ``stuck_link_max_kbs``: NVLink + PCIe where the poll has an NVLink
-  figure, else PCIe alone; without the limit or any link figure no
-  ``stuck`` is decided. The evidence's ``basis`` names the signals used,
-  ``text`` their figures, ``limits`` what they cannot tell;
-- ``unknown``: utilization unknown and the process list unknown. An unknown
-  poll is a gap, never a 0: a stretch carries over gaps up to ``max_gap_s``
-  and ends at a longer one.
-
-A stretch of ``idle`` polls lasting ``warn_after_min`` is a ``gpu_idle``
-detection (``gpu_never_used`` instead when no process of the job, and no
-activity, was ever seen on the GPU since the first poll); a stretch of
-``stuck`` polls lasting ``stuck_after_min`` is a ``gpu_stuck_collective``.
-Each is reported once per stretch, with its evidence.
-
-The idle power level (``idle_power_w``) of a GPU is the lowest board power
-read on it during the job, starting from the value given at construction
-(the sampler passes none: its first poll, taken by the prolog before the
-job's processes start, is the first reading). A GPU that holds a CUDA context
-and runs nothing draws more than that floor (real H200: 83 W bare, 120-128 W
-with a context; ``tests/data/hosts/h200-real/results/real_node-final.json``),
-which the default margin (60 W) covers.
-
-Times (``t_s``, ``since_s``, ``detected_s``) are seconds in the caller's
-frame (the sampler: since its start).
+A poll is ``idle``, ``stuck`` (high utilization at near-idle power doing no
+work: with GPM, SM/tensor activity low; without, power <= ``stuck_power_max_pct``
+of the enforced limit and link traffic <= ``stuck_link_max_kbs``), ``busy`` or
+``unknown`` (a gap, carried over up to ``max_gap_s``). An idle stretch of
+``warn_after_min`` is ``gpu_idle`` (``gpu_never_used`` when nothing of the job
+ran on the GPU since the first poll), a stuck one of ``stuck_after_min`` is
+``gpu_stuck_collective``; each reported once per stretch. The idle power level
+is the lowest power read during the job (real H200: 83 W bare, 120-128 W with
+a context, ``tests/data/hosts/h200-real/results/real_node-final.json``; the
+default 60 W margin covers it). Times are seconds in the caller's frame.
 """
 
 from __future__ import annotations
@@ -85,8 +42,7 @@ _NAME_RE = PARTITION_RE          # Slurm partition, QOS and account names: same 
 
 @dataclass(frozen=True)
 class IdleConfig:
-    """The ``[idle]`` table of the site config (see :data:`gsrun.request.config.SETTINGS`
-    for meanings and defaults; docs/CONFIG.md). Minutes and percent as named;
+    """The ``[idle]`` table of the site config (meanings: docs/CONFIG.md);
     ``cancel_after_min`` None = never cancel (the config's 0)."""
 
     warn_after_min: float = 60.0
@@ -111,13 +67,11 @@ class IdleConfig:
 
     @classmethod
     def from_table(cls, table: dict | None) -> "IdleConfig":
-        """From the ``[idle]`` table (keys without the ``idle.`` prefix) or
-        from a full config's effective dict (``{"idle.warn_after_min": ...}``);
-        a missing key takes its default.
+        """From the ``[idle]`` table or a full config's effective dict
+        (``idle.``-prefixed keys); a missing key takes its default.
 
         Raises:
-            ConfigError: an unknown key, a wrong type or a value out of range
-                (the message names ``idle.<key>``): a typo in gsrun.toml.
+            ConfigError: an unknown key, wrong type or out-of-range value (a typo in gsrun.toml).
         """
         table = dict(table or {})
         if any(k.startswith("idle.") for k in table):
@@ -145,8 +99,7 @@ def _num(v) -> bool:
 
 
 def check_idle_value(key: str, v) -> str | None:
-    """The problem with ``idle.<key> = v``, or None. Shared by
-    :func:`IdleConfig.from_table` and the config's ``SETTINGS`` checks."""
+    """The problem with ``idle.<key> = v``, or None."""
     if key in ("warn_after_min", "stuck_after_min"):
         return None if _num(v) and 0.05 <= v <= 100000 \
             else "must be a number of minutes between 0.05 (3 s, test sites) and 100000"
@@ -186,9 +139,8 @@ LINKS = ("pcie", "nvlink")      # the links whose traffic the stuck test without
 
 
 def links_kbs(reading: dict) -> dict[str, float]:
-    """The traffic of one poll per link read, KB/s, tx + rx: ``{"pcie": ...,
-    "nvlink": ...}`` (``<link>_tx_bytes_s`` + ``<link>_rx_bytes_s`` / 1024; a
-    link with neither direction read is left out)."""
+    """``{"pcie": KB/s, "nvlink": KB/s}`` of one poll, tx + rx; a link with
+    neither direction read is left out."""
     out = {}
     for link in LINKS:
         tx, rx = _f(reading.get(f"{link}_tx_bytes_s")), _f(reading.get(f"{link}_rx_bytes_s"))
@@ -198,18 +150,14 @@ def links_kbs(reading: dict) -> dict[str, float]:
 
 
 def link_kbs(reading: dict) -> tuple[float | None, list[str]]:
-    """The link traffic of one poll, KB/s (PCIe tx + rx, plus NVLink where
-    read), and which links it covers (``["pcie", "nvlink"]``); (None, [])
-    when no link figure was read."""
+    """(total KB/s of the links read, their names); (None, []) when none."""
     per = links_kbs(reading)
     return (sum(per.values()) if per else None), list(per)
 
 
 def classify(reading: dict, idle_power_w: float | None, cfg: IdleConfig, power_limit_w: float | None = None) -> str:
     """One poll of one GPU -> ``"idle"``, ``"stuck"``, ``"busy"`` or
-    ``"unknown"`` (module doc). ``reading``: the keys the module doc names
-    (missing = unknown); ``power_limit_w``: the enforced limit, W (None:
-    unknown, no stuck decided without GPM)."""
+    ``"unknown"`` (module doc); ``power_limit_w`` None: no stuck without GPM."""
     return _classify(_f(reading.get("util_pct")), _f(reading.get("sm_active_pct")),
                      _f(reading.get("tensor_active_pct")), _f(reading.get("power_w")), reading.get("job_gpu_pids"),
                      idle_power_w, cfg, power_limit_w, link_kbs(reading)[0])
@@ -233,7 +181,6 @@ def _classify(util, sm, tensor, power, pids, idle_power_w, cfg: IdleConfig, powe
         if sm is None and _stuck_without_gpm(util, power, power_limit_w, link, cfg):
             return "stuck"
     elif sm is not None:
-        # no utilization this poll (the driver's buffer had no new sample): SM activity decides
         if sm_low and (tensor is None or tensor <= cfg.sm_idle_pct) and near_idle is not False:
             return "idle"
         return "busy"
@@ -337,15 +284,10 @@ def stuck_text(ev: dict, span_s: float) -> str:
 
 
 class GpuWatch:
-    """The waste detector of one GPU of the job (module doc).
-
-    ``GpuWatch(gpu, cfg, idle_power_w)``: ``gpu`` names the GPU in findings
-    (the sampler: the gres index as text); ``idle_power_w``: a known idle
-    level (W) or None (learned: the lowest power read). ``max_gap_s``: the
-    longest run of unknown polls (or pause between polls) a stretch carries
-    over (the sampler: twice its interval). ``power_limit_w``: the GPU's
-    enforced power limit, W (``nvmlDeviceGetEnforcedPowerLimit``; None:
-    unknown), for the stuck test without GPM."""
+    """The waste detector of one GPU of the job (module doc). ``gpu``: its
+    name in findings; ``idle_power_w`` None: learned; ``max_gap_s``: the
+    longest pause a stretch carries over; ``power_limit_w``:
+    ``nvmlDeviceGetEnforcedPowerLimit``, W."""
 
     def __init__(self, gpu: str, cfg: IdleConfig, idle_power_w: float | None = None,
                  max_gap_s: float = DEFAULT_MAX_GAP_S, power_limit_w: float | None = None):
@@ -365,7 +307,6 @@ class GpuWatch:
         self.gpm_seen = False                     # any SM activity figure read
         self.detections: list[dict] = []          # the detections of the current stretch (0 or 1)
 
-    # -- properties the sampler, alerts and exporter read
     @property
     def idle_since_s(self) -> float | None:
         """Start of the current idle stretch (s), None when not idle now."""
@@ -379,8 +320,7 @@ class GpuWatch:
 
     @property
     def active(self) -> list[dict]:
-        """The detections still true now (the current stretch's), each with
-        ``until_s`` = the last poll it held at."""
+        """The current stretch's detections, each with ``until_s`` = its last poll."""
         st = self.stretch
         if st is None or not st.reported:
             return []
@@ -400,12 +340,9 @@ class GpuWatch:
             out.append("power unknown: idle is judged without it; no stuck-collective detection")
         return out
 
-    # -- the poll
     def update(self, t_s: float, reading: dict) -> list[dict]:
-        """Fold one poll (``reading``: the module doc's keys; ``{}`` for a poll
-        with no figures, e.g. a lost GPU) in; returns the detections new at
-        this poll (finding dicts: ``code``, ``gpu``, ``since_s``,
-        ``detected_s``, ``evidence``)."""
+        """Fold one poll in (``{}``: no figures, e.g. a lost GPU); returns the
+        new detections (``code``, ``gpu``, ``since_s``, ``detected_s``, ``evidence``)."""
         cfg = self.cfg
         t_s = float(t_s)
         reading = reading or {}
@@ -425,7 +362,7 @@ class GpuWatch:
         self.polls += 1
         if not self._ever_used and (bool(pids) or (util is not None and util > cfg.util_idle_pct)
                                     or (sm is not None and sm > cfg.sm_idle_pct)):
-            self._ever_used = True      # a process of the job, or activity, on the GPU
+            self._ever_used = True
         kind = _classify(util, sm, _f(reading.get("tensor_active_pct")), power, pids, self.idle_power_w, cfg,
                          self.power_limit_w, link_kbs(reading)[0])
         st = self.stretch
@@ -441,8 +378,7 @@ class GpuWatch:
         if kind == "busy":
             return []
         if st is None:
-            # a stretch starts where the window of its first reading starts: the
-            # previous poll (unless that is more than a gap before), else now
+            # a stretch starts at the window of its first reading: the previous poll
             since = prev_s if prev_s is not None and t_s - prev_s <= self.max_gap_s else t_s
             st = self.stretch = _Stretch(kind, since)
         st.add(t_s, reading)
@@ -504,7 +440,6 @@ class GpuWatch:
             ev["limits"] = self.limits
         return ev
 
-    # -- the state file
     def to_json(self) -> dict:
         """The watch as plain JSON (the sampler's state file, key ``watch``)."""
         return {"v": WATCH_VERSION, "gpu": self.gpu, "idle_power_w": self.idle_power_w,
@@ -516,9 +451,8 @@ class GpuWatch:
 
     @classmethod
     def from_json(cls, d: dict, cfg: IdleConfig) -> "GpuWatch":
-        """Inverse of :meth:`to_json` with the site's current ``cfg`` (a
-        restarted sampler continues its stretches; the power limit is not
-        kept: the caller sets ``power_limit_w`` from its GPU reference). Unknown keys are ignored.
+        """Inverse of :meth:`to_json` with the site's current ``cfg``; the
+        caller sets ``power_limit_w``. Unknown keys are ignored.
 
         Raises:
             ValueError: not a watch object or a newer version.
@@ -539,9 +473,7 @@ class GpuWatch:
 
 
 def all_idle_since(watches) -> float | None:
-    """When every GPU of ``watches`` was idle from: the latest of their
-    :attr:`GpuWatch.idle_since_s`; None when any GPU is not idle now (or
-    there is none)."""
+    """The latest ``idle_since_s`` of ``watches``; None when any (or none) is not idle."""
     since = [w.idle_since_s for w in watches]
     if not since or any(s is None for s in since):
         return None
@@ -551,15 +483,9 @@ def all_idle_since(watches) -> float | None:
 # ----------------------------------------------------------------------------- alerts
 
 def alert_plan(fired: dict, active: set) -> tuple[list[str], list[str]]:
-    """Which alert conditions to raise and which to re-arm on one node.
-
-    ``fired``: condition (:data:`CONDITIONS` values: ``idle``, ``stuck``,
-    ``never_used``) -> True when its alert was raised (by this node or
-    another) and the condition has not cleared here since. ``active``: the
-    conditions that hold on this node now (a GPU's detection still true, or
-    new this flush). Returns ``(raise_, rearm)``, each sorted: conditions
-    active and not fired; conditions fired and no longer active (their next
-    detection alerts again). Pure."""
+    """``(raise_, rearm)``, sorted: the conditions of ``active`` (those holding
+    on this node now) not ``fired`` (condition -> alert raised and not cleared
+    since), and the fired ones no longer active."""
     raise_ = sorted(c for c in active if c in CONDITIONS.values() and not fired.get(c))
     rearm = sorted(c for c, f in fired.items() if f and c not in active)
     return raise_, rearm
@@ -568,17 +494,10 @@ def alert_plan(fired: dict, active: set) -> tuple[list[str], list[str]]:
 # ----------------------------------------------------------------------------- cancel
 
 def cancel_decision(cfg: IdleConfig, job: dict, all_idle_since_s: float | None, now_s: float) -> tuple[str, str]:
-    """Whether to cancel a job whose GPUs are all idle since ``all_idle_since_s``
-    (seconds, same frame as ``now_s``; None: not all idle).
-
-    ``job``: ``partition``, ``qos``, ``user``, ``account`` (names or None),
-    ``interactive`` (bool: ``salloc`` / ``srun --pty``; its limit is
-    ``cancel_after_min + interactive_grace_min``).
-
-    Returns ``(action, reason)``: ``"none"`` (off, not idle long enough,
-    exempt: the reason says which), ``"report"`` (``cancel = "report"``:
-    what would have been cancelled) or ``"cancel"`` (``cancel = "on"``).
-    The reason names the figures (idle since, minutes idle, the limit)."""
+    """``(action, reason)`` for a job whose GPUs are all idle since
+    ``all_idle_since_s`` (s, None: not all idle): ``"none"``, ``"report"`` or
+    ``"cancel"``. ``job``: ``partition``, ``qos``, ``user``, ``account``,
+    ``interactive`` (adds ``interactive_grace_min`` to the limit)."""
     if cfg.cancel == "off" or cfg.cancel_after_min is None:
         return "none", "idle cancel is off (idle.cancel = \"off\" or idle.cancel_after_min unset)"
     if all_idle_since_s is None:
@@ -603,17 +522,9 @@ def cancel_decision(cfg: IdleConfig, job: dict, all_idle_since_s: float | None, 
 
 
 def cancel_step(action: str, warned_s: float | None, now_s: float, grace_min: float) -> str:
-    """The idle cancel's next step, after a warning and a grace period.
-
-    ``action``: :func:`cancel_decision`'s (``none``, ``report``, ``cancel``);
-    ``warned_s``: when the job's user was warned (s, same frame as
-    ``now_s``; None: not warned, or the warning was withdrawn);
-    ``grace_min``: ``idle.cancel_grace_min``.
-
-    Returns ``"none"`` (not due: a standing warning is withdrawn),
-    ``"report"`` (report mode), ``"warn"`` (due and not warned yet: warn
-    now), ``"wait"`` (warned less than ``grace_min`` ago) or ``"cancel"``
-    (still due ``grace_min`` after the warning). Pure."""
+    """The idle cancel's next step for :func:`cancel_decision`'s ``action``
+    and the warning time ``warned_s`` (None: not warned): ``"none"``,
+    ``"report"``, ``"warn"``, ``"wait"`` (within ``grace_min``) or ``"cancel"``."""
     if action != "cancel":
         return action if action in ("none", "report") else "none"
     if warned_s is None:

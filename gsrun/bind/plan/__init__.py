@@ -1,38 +1,21 @@
-"""The per-rank binding plan: GPU, CPUs, memory node and NIC for each local
-rank of a step on one node.
-
-Layout (mpibind's "the library computes, the adapter applies"):
-
-- :mod:`~gsrun.bind.plan.rules` (decisions, pure, no I/O): the plan's rules,
-  :func:`resolve_step_gpus`, :func:`make_plan`, :func:`rank_env`,
-  :func:`fallback_rank`, :func:`mig_visible_devices`;
-- :mod:`~gsrun.bind.plan.env` (adapter: reads facts, still no effects): the
-  Slurm step environment -> inputs, bounded by what a node can have
-  (:data:`MAX_LOCAL_RANKS`, :data:`MAX_STEP_GPUS`), then :func:`make_plan`
-  (:func:`plan_from_env`, :func:`ntasks_from_env`, :func:`worker_environ`,
-  :func:`read_job_mig_devices`);
-- :mod:`~gsrun.bind.plan.apply` (effects, thin): :func:`apply_affinity`,
-  :func:`exec_argv`;
-- :mod:`~gsrun.bind.plan.table` (pure): :func:`render_table`.
-
-Every name is re-exported here: ``from gsrun.bind.plan import X`` works for
-all of them.
+"""The per-rank binding plan ("the library computes, the adapter applies"):
+:mod:`~gsrun.bind.plan.rules` decides (pure), :mod:`~gsrun.bind.plan.env`
+turns the step environment into bounded inputs, :mod:`~gsrun.bind.plan.apply`
+applies, :mod:`~gsrun.bind.plan.table` renders. Every name is re-exported here.
 """
 
 from __future__ import annotations
 
 from gsrun.base.errors import GsrunError
-from gsrun.bind.plan.rules import (_MIG_UUID, FOREIGN_GPU_VARS, MAX_LOCAL_RANKS, GpuRef, Plan, RankPlan,
-                                   _memory_nodes, _nearest, _ordinal_ok, _pick_nic, _pool_cores, _resolve_token,
-                                   _split, fallback_rank, make_plan, max_local_ranks, mig_visible_devices, rank_env,
-                                   resolve_step_gpus)
-from gsrun.bind.plan.env import (MAX_DIGITS, MAX_STEP_GPUS, _device_list, _int_env, _tasks_per_node,
-                                 ntasks_from_env, plan_from_env, read_job_mig_devices, worker_environ,
-                                 WORKER_TASK_VARS, worker_task_env)
+from gsrun.bind.plan.rules import (FOREIGN_GPU_VARS, MAX_LOCAL_RANKS, GpuRef, Plan, RankPlan, fallback_rank, make_plan,
+                                   max_local_ranks, mig_visible_devices, rank_env, resolve_step_gpus)
+from gsrun.bind.plan.env import (MAX_STEP_GPUS, WORKER_TASK_VARS, ntasks_from_env, plan_from_env,
+                                 read_job_mig_devices, worker_environ, worker_task_env)
 from gsrun.bind.plan.apply import apply_affinity, exec_argv
-from gsrun.bind.plan.table import _link, render_table
+from gsrun.bind.plan.table import render_table
 
 __all__ = ["GpuRef", "RankPlan", "Plan", "FOREIGN_GPU_VARS", "resolve_step_gpus", "make_plan",
            "fallback_rank", "rank_env", "ntasks_from_env", "plan_from_env", "apply_affinity",
            "exec_argv", "render_table", "GsrunError", "MAX_LOCAL_RANKS", "MAX_STEP_GPUS", "max_local_ranks",
-           "worker_environ", "worker_task_env", "WORKER_TASK_VARS"]
+           "worker_environ", "worker_task_env", "WORKER_TASK_VARS", "mig_visible_devices",
+           "read_job_mig_devices"]

@@ -1,12 +1,6 @@
-"""The Slurm step environment -> the plan's inputs (reads facts, no effects).
-
-:func:`plan_from_env` reads the topology through a
-:class:`~gsrun.facts.hostfs.HostFS` and the task environment
-(``SLURM_STEP_GPUS`` / ``SLURM_JOB_GPUS``, ``CUDA_VISIBLE_DEVICES``,
-``CUDA_DEVICE_ORDER``, ``SLURM_LOCALID``, the tasks per node), then calls
-:func:`gsrun.bind.plan.rules.make_plan`. :func:`worker_environ` maps a
-per-node launcher's worker onto that environment; :func:`read_job_mig_devices`
-reads the MIG devices the prolog made for the job.
+"""The Slurm step environment -> the plan's inputs (reads facts, no effects):
+:func:`plan_from_env`, :func:`worker_environ` (a launcher's worker),
+:func:`read_job_mig_devices` (the prolog's MIG devices).
 """
 
 from __future__ import annotations
@@ -23,15 +17,10 @@ from gsrun.facts.slurm import parse_tasks_per_node
 from gsrun.facts.topology import NVML_IF_NEEDED, Topology, read_allowed_cpus, read_topology
 from gsrun.bind.plan.rules import MAX_LOCAL_RANKS, Plan, make_plan, max_local_ranks, resolve_step_gpus
 
-#: Most GPUs a step's device list may name on one node, ranges expanded: a
-#: node has at most 16 GPUs today (HGX-2), 112 gres entries when each holds 7
-#: MIG instances. Each entry costs a token and a lookup, as root, so a longer
-#: list (``SLURM_STEP_GPUS``, ``SLURM_JOB_GPUS``, ``CUDA_VISIBLE_DEVICES``) is
-#: refused before it is expanded.
+#: Most GPUs a step's device list may name on one node, counted before expanding
+#: (16 GPUs x 7 MIG instances = 112 today; the list is parsed as root).
 MAX_STEP_GPUS = 256
-#: Most digits of a task number (``SLURM_LOCALID``, ``SLURM_NODEID``,
-#: ``SLURM_NTASKS_PER_NODE``): far above :data:`MAX_LOCAL_RANKS`, far below
-#: Python's 4300-digit ``int()`` limit.
+#: Most digits of a task number: above :data:`MAX_LOCAL_RANKS`, below ``int()``'s 4300-digit limit
 MAX_DIGITS = 9
 
 
@@ -107,17 +96,10 @@ def ntasks_from_env(environ: Mapping[str, str]) -> int | None:
 
 
 def worker_environ(environ: Mapping[str, str]) -> tuple[dict[str, str], bool]:
-    """The environment of a worker a per-node launcher started (torchrun
-    under ``gsrun --launcher torchrun``): Slurm's ``SLURM_LOCALID`` and task
-    counts describe the one launcher task, not the worker, so ``LOCAL_RANK``
-    and ``LOCAL_WORLD_SIZE`` take their place. Returns (environment, True)
-    for such a worker; the environment unchanged and False otherwise.
-
-    A worker is a process with ``LOCAL_RANK`` < ``LOCAL_WORLD_SIZE`` (both
-    numbers) where ``GSRUN_LAUNCHER`` is set or Slurm's local task count is
-    not ``LOCAL_WORLD_SIZE`` (one task per GPU with the same counts is
-    described by Slurm already).
-    """
+    """(environment, True) for a per-node launcher's worker (``LOCAL_RANK`` <
+    ``LOCAL_WORLD_SIZE``, with ``GSRUN_LAUNCHER`` set or Slurm's local task
+    count different): its ``LOCAL_*`` replace Slurm's, which describe the
+    launcher task; else (environment, False)."""
     env = dict(environ)
     lr = (environ.get("LOCAL_RANK") or "").strip()
     lws = (environ.get("LOCAL_WORLD_SIZE") or "").strip()
@@ -142,16 +124,10 @@ WORKER_TASK_VARS = ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "SLURM_NPRO
 
 
 def worker_task_env(environ: Mapping[str, str]) -> dict[str, str | None]:
-    """For a launcher's worker (:func:`worker_environ`): the Slurm task
-    variables that would contradict torchrun's ``RANK`` / ``LOCAL_RANK`` /
-    ``WORLD_SIZE`` / ``LOCAL_WORLD_SIZE`` -> their values in the worker's
-    environment, None to unset. ``SLURM_PROCID`` = ``RANK``, ``SLURM_LOCALID``
-    = ``LOCAL_RANK``, ``SLURM_NTASKS`` = ``SLURM_NPROCS`` =
-    ``SLURM_STEP_NUM_TASKS`` = ``WORLD_SIZE``, ``SLURM_NTASKS_PER_NODE`` =
-    ``LOCAL_WORLD_SIZE``; the per-node task lists are unset. A torchrun
-    variable that is not a number of at most 9 digits unsets its Slurm
-    counterparts, so a framework that reads Slurm's (Lightning, Accelerate)
-    sees one world."""
+    """For a launcher's worker: Slurm task variables set from torchrun's
+    (``SLURM_PROCID`` = ``RANK`` ... :data:`WORKER_TASK_VARS`; None: unset, also
+    for a torchrun value that is not a number), so Lightning or Accelerate
+    see one world."""
     def num(name: str) -> str | None:
         v = (environ.get(name) or "").strip()
         return str(int(v)) if v.isdigit() and len(v) <= 9 else None
@@ -164,24 +140,15 @@ def worker_task_env(environ: Mapping[str, str]) -> dict[str, str | None]:
 def plan_from_env(environ: Mapping[str, str], hostfs: HostFS,
                   allowed_cpus: list[int] | None = None, gpu_isolation: bool = False,
                   topology: Topology | None = None) -> Plan:
-    """Plan all local ranks of this node from a Slurm task environment.
-
-    Reads ``SLURM_STEP_GPUS`` (else ``SLURM_JOB_GPUS``), ``CUDA_VISIBLE_DEVICES``,
-    ``CUDA_DEVICE_ORDER``, the task counts (:func:`ntasks_from_env`, else one
-    per GPU, else 1) and ``SLURM_LOCALID`` (the count is raised to cover it).
-    ``allowed_cpus`` None: the process's affinity on the live host, all
-    online CPUs under a host root. ``topology`` skips reading the host;
-    without it the host is read sysfs/procfs first, NVML only for what they
-    leave unknown (:data:`gsrun.facts.topology.NVML_IF_NEEDED`: the plan is
-    the same either way).
+    """Plan all local ranks of this node from a Slurm task environment (task
+    count: :func:`ntasks_from_env`, else one per GPU, raised to cover
+    ``SLURM_LOCALID``). ``allowed_cpus`` None: the affinity (live host) or
+    all online CPUs; ``topology`` None: read the host, NVML only if needed.
 
     Raises:
-        InputError: a malformed Slurm/CUDA variable (see
-            :func:`gsrun.facts.devices.parse_device_list`), no allowed CPU
-            online; a device list naming more than :data:`MAX_STEP_GPUS` GPUs,
-            a task count or ``SLURM_LOCALID`` at or above what the node plans
-            (:func:`gsrun.bind.plan.rules.max_local_ranks`): values a user can
-            set, bounded because the plan is made as root.
+        InputError: a malformed Slurm/CUDA variable, no allowed CPU online,
+            more than :data:`MAX_STEP_GPUS` GPUs or more ranks than the node
+            plans (user values, bounded because the plan is made as root).
         TopologyError: an ambiguous GPU UUID prefix.
     """
     topo = topology if topology is not None else read_topology(hostfs, nvml=NVML_IF_NEEDED)

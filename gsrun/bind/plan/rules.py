@@ -1,55 +1,31 @@
 """The per-rank binding plan: GPU, CPUs, memory node and NIC for each local
-rank of a step on one node.
+rank of a step on one node. Pure; inputs from :mod:`gsrun.bind.plan.env`,
+effects in :mod:`gsrun.bind.plan.apply`. Field cases: docs/field-cases.md.
 
-Pure, no I/O: :func:`resolve_step_gpus`, :func:`make_plan`, :func:`rank_env`,
-:func:`fallback_rank`, :func:`mig_visible_devices`. The inputs come from
-:mod:`gsrun.bind.plan.env`; the effects are in :mod:`gsrun.bind.plan.apply`.
+1. **GPUs.** ``SLURM_STEP_GPUS`` (else ``SLURM_JOB_GPUS``) are gres indices =
+   ``/dev/nvidiaN`` minors (case 8), matched by minor, then UUID;
+   ``CUDA_VISIBLE_DEVICES`` gives the task's names (cgroup-local ordinals,
+   case 9; UUIDs; MIG UUIDs, case 11). A GPU the host does not show stays
+   with its index only ("unknown/emulated").
+2. **Ranks to GPUs.** ``n`` ranks, ``g`` GPUs: rank ``r`` owns GPU ``r % g``
+   when ``n >= g``, else GPUs ``{i : i % n == r}``.
+3. **CPUs.** A rank's pool is its GPU's NUMA node ∩ the allowed CPUs. A node
+   with no allowed CPU (case 3) sends its ranks to the nearest node that has
+   some; extra ranks spill to the nearest node with spare CPUs; a CPU-less
+   node is never a pool. A GPU with no NUMA locality (affinity spanning
+   nodes) shares the free CPUs of its affinity among its ranks, with no
+   memory binding; other unknown-node ranks take the node with the most
+   allowed CPUs per rank. A pool is split into contiguous, disjoint,
+   near-equal slices by whole cores, else by threads, else round-robin; a
+   rank never gets an empty set or a CPU outside the allowed set.
+4. **Memory.** The nodes of the rank's CPUs (``[]`` when unknown); a
+   memory-less node is replaced by the nearest node with memory.
+5. **NIC.** InfiniBand/RoCE first, then NUMA distance, PCI closeness to the
+   GPU, fewest ranks; ``None`` when no NIC has a known node.
 
-The plan's rules:
-
-1. **GPUs.** The step's GPUs come from ``SLURM_STEP_GPUS`` (else
-   ``SLURM_JOB_GPUS``), which are gres indices = ``/dev/nvidiaN`` minor
-   numbers (field case 8; field cases are described in
-   docs/field-cases.md), matched to host GPUs by minor number, then by
-   UUID; ``CUDA_VISIBLE_DEVICES`` gives the names CUDA will use in the task
-   (cgroup-local ordinals under ``ConstrainDevices``, field case 9; UUIDs;
-   MIG UUIDs resolved to the parent GPU, field case 11). A GPU the host does not
-   show (an emulated gres, a driver-less node) stays in the plan with its
-   index only ("unknown/emulated").
-2. **Ranks to GPUs.** ``n`` ranks, ``g`` GPUs: rank ``r`` owns GPU
-   ``r % g`` when ``n >= g`` (so ``LOCAL_RANK % device_count`` selects it),
-   and GPUs ``{i : i % n == r}`` when ``g > n``.
-3. **CPUs.** Each rank draws from a *pool*: its GPU's NUMA node ∩ the
-   allowed CPUs. A node with no allowed CPU (a cpuset that excludes the
-   GPU's socket, field case 3) sends its ranks to the nearest node (SLIT
-   distance) that has some; a node with fewer allowed CPUs than ranks spills
-   its extra ranks to the nearest node with spare CPUs; a node without CPUs
-   (GPU or HBM memory exposed as a NUMA node) is never a CPU pool. A GPU
-   with no NUMA locality (node unknown, its CPU affinity spanning several
-   nodes: a VM whose vNUMA does not follow the host) gives its ranks the
-   allowed CPUs of its affinity not taken by ranks of known nodes, split
-   among the ranks sharing that affinity (when none is left, the node of
-   the affinity with the most allowed CPUs per rank), no memory binding,
-   reason "no NUMA locality". Other ranks whose GPU node is unknown (field
-   case 1 with no NVML, emulated GPUs on a multi-node host) take the node
-   with the most allowed CPUs per rank and get no memory binding. Inside a pool the CPUs are split into
-   contiguous, disjoint, near-equal slices: by whole cores while there are at
-   least as many cores as ranks, else by hardware threads in core order;
-   with more ranks than CPUs, ranks share CPUs round-robin (each >= 1). A
-   rank never gets a CPU outside the allowed set, never an empty set.
-4. **Memory.** ``mem_nodes`` = the NUMA nodes of the rank's CPUs when its
-   node is known, else ``[]``; a memory-less node (``MemTotal: 0 kB``:
-   POWER LPARs, some VM firmware) is replaced by the nearest node with
-   memory (SLIT distance), so a memory policy never names a node without
-   memory.
-5. **NIC.** Nearest by NUMA distance to the rank's CPUs, then PCI closeness
-   to its GPU (longest common sysfs path), then fewest ranks already on it;
-   InfiniBand/RoCE before Ethernet. ``None`` when no NIC has a known node.
-
-NCCL note (field case 3, nccl-tests#57): NCCL intersects a GPU's ideal mask
-with the process's mask; since each rank's mask is its GPU's node ∩ the
-cpuset, NCCL's helper threads land on the same CPUs, which is what we want.
-``NCCL_IGNORE_CPU_AFFINITY`` is therefore not set.
+NCCL intersects a GPU's ideal mask with the process's (case 3,
+nccl-tests#57); each rank's mask is already its GPU's node ∩ the cpuset, so
+``NCCL_IGNORE_CPU_AFFINITY`` is not set.
 """
 
 from __future__ import annotations
@@ -64,25 +40,19 @@ from gsrun.facts.topology import Gpu, Nic, Topology
 import re
 
 
-#: Most local ranks one node's plan has, unless the node has more online CPUs
-#: (then one rank per online CPU). Slurm's ``MaxTasksPerNode`` defaults to 512;
-#: 4096 leaves room for oversubscribed CPUs. The plan is computed as root (SPANK
-#: plugin, prolog) from values a user sets, so its size is bounded here, not by
-#: ``SLURM_LOCALID``.
+#: Most local ranks of one node's plan (or one per online CPU if more): the plan
+#: is computed as root from user values. Slurm's ``MaxTasksPerNode`` defaults to 512.
 MAX_LOCAL_RANKS = 4096
 
-#: variables of other vendors' runtimes that Slurm may set on an NVIDIA node
-#: (field case 11, docs/field-cases.md); unset in NVIDIA steps.
+#: other vendors' variables Slurm may set on an NVIDIA node (field case 11); unset
 FOREIGN_GPU_VARS = ("ROCR_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL", "ZE_AFFINITY_MASK")
 
 
 @dataclass(frozen=True, slots=True)
 class GpuRef:
-    """A step GPU: ``index`` Slurm's gres index (= minor number; the token's
-    index for an unknown/emulated GPU; None when given only by UUID and not
-    found), ``uuid`` and ``pci_bus_id`` (None when unknown), ``cuda_name``
-    the ``CUDA_VISIBLE_DEVICES`` entry that selects it in the task, ``gpu``
-    the host fact (None = unknown/emulated)."""
+    """A step GPU: ``index`` the gres index (None: given by UUID, not found),
+    ``cuda_name`` its ``CUDA_VISIBLE_DEVICES`` entry in the task, ``gpu`` the
+    host fact (None = unknown/emulated)."""
 
     index: int | None
     uuid: str | None
@@ -101,10 +71,8 @@ class GpuRef:
 
 @dataclass(frozen=True, slots=True)
 class RankPlan:
-    """One local rank's binding. ``cpus`` sorted, never empty when the host
-    has an online CPU; ``numa_node`` None = unknown; ``env`` variables to
-    set, ``unset`` variables to remove; ``warnings`` also folded into
-    ``reason``."""
+    """One local rank's binding: ``cpus`` sorted, never empty; ``numa_node``
+    None = unknown; ``env`` to set, ``unset`` to remove; ``warnings`` also in ``reason``."""
 
     local_rank: int
     gpu: GpuRef | None
@@ -131,10 +99,7 @@ class RankPlan:
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """All local ranks of one node. ``host_nodes`` = number of NUMA nodes
-    of the host (memory binding only matters when > 1). :meth:`rank` is a
-    dict lookup (O(1)): ``_by_rank`` is built from ``ranks`` and is not a
-    compared or printed field."""
+    """All local ranks of one node; ``host_nodes``: NUMA nodes of the host."""
 
     ranks: tuple[RankPlan, ...]
     allowed_cpus: tuple[int, ...]
@@ -150,11 +115,7 @@ class Plan:
         object.__setattr__(self, "_by_rank", by_rank)
 
     def rank(self, local_rank: int) -> RankPlan:
-        """The plan of ``local_rank``.
-
-        Raises:
-            InputError: no such local rank in the plan.
-        """
+        """The plan of ``local_rank``. Raises InputError: no such rank."""
         r = self._by_rank.get(local_rank)
         if r is not None:
             return r
@@ -162,14 +123,13 @@ class Plan:
                          hint=f"the plan has local ranks 0-{len(self.ranks) - 1}")
 
     def to_json(self) -> dict:
-        """The ``gsrun-bind --plan --json`` document: ``{"ranks": [...]}``."""
         return {"ranks": [r.to_json() for r in self.ranks]}
 
 
 def _resolve_token(tok: DeviceToken, topo: Topology, namespace: str,
                    warnings: list[str]) -> Gpu | None:
-    """Host GPU for one token; None = unknown. ``namespace`` ``"gres"``
-    (index = minor number) or ``"cuda"`` (index = CUDA ordinal in PCI order).
+    """Host GPU for one token (None: unknown); ``namespace`` ``"gres"`` (minor)
+    or ``"cuda"`` (ordinal in PCI order).
 
     Raises:
         TopologyError: a UUID prefix that matches several GPUs.
@@ -178,7 +138,6 @@ def _resolve_token(tok: DeviceToken, topo: Topology, namespace: str,
         if namespace == "gres":
             g = topo.gpu_by_minor(tok.index)
             if g is None and topo.gpus and all(x.minor is None for x in topo.gpus):
-                # no minor number known at all: NVML index is the best guess
                 g = next((x for x in topo.gpus if x.nvml_index == tok.index), None)
                 if g is not None:
                     warnings.append(f"GPU {tok.index}: minor numbers unknown, matched by NVML index")
@@ -198,11 +157,9 @@ def _resolve_token(tok: DeviceToken, topo: Topology, namespace: str,
 
 def _ordinal_ok(k: int, pos: int, gres: int | None, bus: str,
                 step_pci: list[str], host_pci: list[str]) -> bool:
-    """Will CUDA (PCI order) read ordinal ``k`` as the GPU at ``bus``?
-    Slurm writes ``pos`` (the position in the step) in a device-constrained
-    step, where the task sees only the step's GPUs, and the gres index in an
-    unconstrained one, where it sees all host GPUs; when both are possible
-    both readings must agree."""
+    """Will CUDA (PCI order) read ordinal ``k`` as the GPU at ``bus``? Slurm
+    writes the step position ``pos`` under device constraint, else the gres
+    index; when both are possible both readings must agree."""
     constrained = k < len(step_pci) and step_pci[k] == bus
     unconstrained = k < len(host_pci) and host_pci[k] == bus
     if k == pos and k != gres:
@@ -217,17 +174,10 @@ def _ordinal_ok(k: int, pos: int, gres: int | None, bus: str,
 def resolve_step_gpus(topo: Topology, step: Sequence[DeviceToken] | None,
                       cuda: Sequence[DeviceToken] | None, device_order: str | None,
                       warnings: list[str]) -> list[GpuRef]:
-    """The step's GPUs, in Slurm's order, each with its CUDA name.
-
-    ``step``: tokens of ``SLURM_STEP_GPUS``/``SLURM_JOB_GPUS``/``--gpus``
-    (gres namespace) or None; ``cuda``: tokens of ``CUDA_VISIBLE_DEVICES`` or
-    None. With both of equal length, entry i of one is entry i of the other
-    (Slurm writes them that way). The CUDA name keeps Slurm's ordinal when
-    CUDA will read it as the same GPU (``CUDA_DEVICE_ORDER=PCI_BUS_ID``,
-    ordinal = position in PCI order among the GPUs the task sees), else the
-    GPU's UUID (never a bare physical index that CUDA would misread, field
-    cases 8-10, docs/field-cases.md).
-    """
+    """The step's GPUs in Slurm's order from the gres tokens ``step`` and the
+    ``CUDA_VISIBLE_DEVICES`` tokens ``cuda`` (entry i of one is entry i of the
+    other). The CUDA name keeps Slurm's ordinal when CUDA reads it as the same
+    GPU, else the UUID (field cases 8-10)."""
     pci_order = device_order in (None, "PCI_BUS_ID")
     refs: list[GpuRef] = []
     if step is not None:
@@ -271,8 +221,7 @@ def resolve_step_gpus(topo: Topology, step: Sequence[DeviceToken] | None,
 
 
 def _split(cores: list[list[int]], k: int) -> tuple[list[list[int]], str]:
-    """Split a pool (cores = allowed sibling lists, in order) among ``k``
-    ranks: contiguous, disjoint, near-equal. Returns slices and how."""
+    """Split a pool's cores among ``k`` ranks -> (slices, how)."""
     if k <= 0:
         return [], ""
     ncores = len(cores)
@@ -357,16 +306,12 @@ def make_plan(topo: Topology, step_gpus: Sequence[GpuRef], nranks: int,
               allowed_cpus: Sequence[int], gpu_isolation: bool = False,
               environ: Mapping[str, str] | None = None,
               warnings: Sequence[str] = ()) -> Plan:
-    """The plan for ``nranks`` local ranks (see the module doc for rules).
-
-    ``allowed_cpus``: the task's CPUs (affinity / cpuset); offline CPUs in it
-    are dropped. ``environ``: the task environment, read only for
-    ``CUDA_DEVICE_ORDER`` (a user's value is kept, with a warning).
+    """The plan for ``nranks`` local ranks (module doc). ``environ`` is read
+    for a user's ``CUDA_DEVICE_ORDER`` (kept, with a warning).
 
     Raises:
-        InputError: ``nranks`` < 1 or above :data:`MAX_LOCAL_RANKS` (and above
-            the node's online CPUs), or no allowed CPU is online (a wrong
-            ``--allowed-cpus`` or host root).
+        InputError: ``nranks`` < 1 or above :func:`max_local_ranks`, or no
+            allowed CPU is online (a wrong ``--allowed-cpus`` or host root).
     """
     environ = environ or {}
     if nranks < 1:
@@ -428,8 +373,6 @@ def make_plan(topo: Topology, step_gpus: Sequence[GpuRef], nranks: int,
         pool_of.append(home)
 
     # spill ranks from overfull nodes to the nearest node with spare CPUs
-    # ranks per pool, updated as ranks move (O(1) per lookup: the spill and
-    # the "most allowed CPUs per rank" choices ask it once per rank and node)
     load: dict[object, int] = {}
     for p in pool_of:
         load[p] = load.get(p, 0) + 1
@@ -454,11 +397,7 @@ def make_plan(topo: Topology, step_gpus: Sequence[GpuRef], nranks: int,
             rank_warn[r].append(f"node {node} has {cap} allowed CPUs for more ranks; "
                                 f"spilled to nearest node {near}")
 
-    # ranks whose GPU has no NUMA locality (node unknown, its CPU affinity
-    # spans several nodes: a VM whose vNUMA does not follow the host): the
-    # CPUs of the GPU's own affinity, split among the ranks sharing that
-    # affinity, minus the nodes already taken by ranks with a known node;
-    # when nothing is left, they join the least loaded node of the affinity
+    # ranks whose GPU affinity spans nodes: its free CPUs, else the least loaded node of it
     known = [p is not None for p in pool_of]
     pool_cpus: dict[object, set[int]] = {n: set(cs) for n, cs in node_cpus.items()}
     taken = {c for n in set(pool_of) if n is not None for c in node_cpus[n]}
@@ -486,8 +425,7 @@ def make_plan(topo: Topology, step_gpus: Sequence[GpuRef], nranks: int,
                                f"{format_cpulist(sorted(spanned))}; CPUs from node {best} "
                                "(most allowed CPUs per rank), no memory binding")
 
-    # ranks whose GPU node is unknown: the node with the most allowed CPUs
-    # per rank (no overlap while CPUs suffice), but no memory binding
+    # ranks whose GPU node is unknown: the node with the most allowed CPUs per rank
     for r in range(nranks):
         if pool_of[r] is None:
             cands = [n for n, cs in node_cpus.items() if cs]
@@ -518,7 +456,7 @@ def make_plan(topo: Topology, step_gpus: Sequence[GpuRef], nranks: int,
     ranks = []
     for r in range(nranks):
         cpus = sorted(cpus_of[r])
-        if not cpus:  # cannot happen with a non-empty allowed set; never bind to []
+        if not cpus:  # a pool of CPUs outside every node: never bind to []
             cpus = list(allowed)
             rank_warn[r].append("empty CPU slice; using all allowed CPUs")
         node = pool_of[r] if known[r] else None
@@ -558,8 +496,7 @@ def make_plan(topo: Topology, step_gpus: Sequence[GpuRef], nranks: int,
 
 
 def fallback_rank(local_rank: int, nranks: int, allowed_cpus: Sequence[int], why: str) -> RankPlan:
-    """A rank bound to all allowed CPUs, no GPU change: what a task gets when
-    its plan cannot be made. ``allowed_cpus`` must be non-empty."""
+    """A rank bound to all (non-empty) allowed CPUs, no GPU change: when no plan can be made."""
     cpus = tuple(sorted(set(allowed_cpus)))
     env = {"LOCAL_RANK": str(local_rank), "LOCAL_WORLD_SIZE": str(nranks),
            "OMP_NUM_THREADS": str(len(cpus)), "GSRUN_BIND_CPUS": format_cpulist(cpus)}
@@ -568,14 +505,8 @@ def fallback_rank(local_rank: int, nranks: int, allowed_cpus: Sequence[int], why
 
 
 def rank_env(plan: Plan, local_rank: int) -> dict[str, str]:
-    """Variables to set for ``local_rank`` (LOCAL_RANK, LOCAL_WORLD_SIZE,
-    OMP_NUM_THREADS, GSRUN_BIND_CPUS, CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER,
-    NCCL_IB_HCA / NCCL_SOCKET_IFNAME). Variables to *remove* are in
-    ``plan.rank(local_rank).unset``.
-
-    Raises:
-        InputError: no such local rank in the plan.
-    """
+    """Variables to set for ``local_rank`` (those to remove: ``.unset``).
+    Raises InputError: no such rank."""
     return dict(plan.rank(local_rank).env)
 
 
@@ -583,11 +514,9 @@ _MIG_UUID = r"MIG-[0-9A-Za-z-]{8,64}(/[0-9]{1,3}/[0-9]{1,3})?"
 
 
 def mig_visible_devices(devices: list[str], local_rank: int, gpu_isolation: bool = False) -> str | None:
-    """``CUDA_VISIBLE_DEVICES`` for a rank of a job whose prolog cut its GPUs
-    into MIG devices (their UUIDs, in the prolog's order). Same convention as
-    for whole GPUs: every device visible, ordered so that entry
-    ``LOCAL_RANK`` is the rank's own (``devices[local_rank % n]``); with
-    ``gpu_isolation`` only its own. None when there is no valid device. Pure."""
+    """``CUDA_VISIBLE_DEVICES`` for a rank over the prolog's MIG device UUIDs:
+    all, entry ``LOCAL_RANK`` its own (``devices[local_rank % n]``); with
+    ``gpu_isolation`` only its own; None: no valid device."""
 
     devs = [d for d in devices if isinstance(d, str) and re.fullmatch(_MIG_UUID, d)]
     if not devs:
