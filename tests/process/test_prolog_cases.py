@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import stat
 
@@ -274,16 +275,20 @@ def test_prolog_clears_what_an_earlier_run_with_this_job_id_left(site):
     (d / "summary.json").symlink_to(site.base / "elsewhere.json")   # a link is removed, not followed
     cp = run_node(["prolog"], site.env(**CREDENTIAL))
     assert cp.returncode == 0, cp.stderr
-    # the node monitor samples the job from its begin on: a live file there is this run's
+    # the node monitor samples the job from its begin on: a live file there is this run's, and
+    # so is the temp file of a live write caught between its write and its rename
     live = d / "user-live-gpu-node01.json"
     assert not live.exists() or json.loads(live.read_text()).get("job_id") == "4242"
-    assert sorted(x.name for x in d.iterdir() if x != live) == ["node-gpu-node02.json", "prolog-gpu-node01.json",
-                                                                "task-gpu-node01"]
+    in_flight = re.compile(r"\.user-live-gpu-node01\.json\.[0-9]+\.[0-9a-f]{8}")
+    assert sorted(x.name for x in d.iterdir() if x != live and not in_flight.fullmatch(x.name)) == \
+        ["node-gpu-node02.json", "prolog-gpu-node01.json", "task-gpu-node01"]
     task = d / "task-gpu-node01"     # made for the job's user, empty: gsrun-bind's notes go there
     assert list(task.iterdir()) == [] and task.stat().st_uid == int(site.env(**CREDENTIAL)["SLURM_JOB_UID"])
     assert (site.base / "elsewhere.json").exists()
     assert "removed an earlier run's node-gpu-node01.json" in cp.stderr and "task-gpu-node01/bind.json" in cp.stderr
-    run_node(["epilog"], site.env(**CREDENTIAL))
+    cp = run_node(["epilog"], site.env(**CREDENTIAL))
+    assert cp.returncode == 0, cp.stderr
+    assert [x.name for x in d.iterdir() if x.name.startswith(".")] == []    # the job ended: no write in flight
 
 
 @root_only
