@@ -18,12 +18,14 @@ line of JSON (at most :data:`MAX_REQUEST_BYTES`, read within
                                    -> {"ok": true, "resumed": false, "gpus": 2, "notes": [...]}
     {"op": "end", "job_id": "42"}  -> {"ok": true, "samples": 120, "stopped": "stopped"}
     {"op": "status"}               -> {"ok": true, "pid", "started", "jobs": [ids], "gpus", "nvml_error", ...}
-    {"op": "get", "index": 0, "key": "minor"}   (``index`` absent: the device count)
-                                   -> {"ok": true, "value": ...} | {"ok": true, "na": "Not Supported", "code": 3}
+    {"op": "get"}                  -> {"ok": true, "devices": [{"minor": {"value": 0},
+                                       "compute_processes": {"na": "Not Supported", "code": 3}, ...}, ...]}
+                                      | {"ok": true, "na": "NVML not opened", "code": null}
 
 A refused request answers ``{"ok": false, "error": "..."}``. ``get`` serves
-the hooks' read-only NVML facts (:data:`REMOTE_KEYS`, :class:`RemoteNvml`), so
-no hook opens NVML. Bounds: :data:`MAX_JOBS` jobs, :data:`MAX_GPUS` GPUs per
+the hooks' read-only NVML facts of every device in one answer (at most
+:data:`MAX_REPLY_BYTES`; :data:`REMOTE_KEYS`, :class:`RemoteNvml`), so no hook
+opens NVML. Bounds: :data:`MAX_JOBS` jobs, :data:`MAX_GPUS` GPUs per
 job, every field checked against an allow-list (:func:`check_begin`).
 """
 
@@ -64,6 +66,7 @@ from gsrun.request.config import idle_config, load_config_or_defaults
 SOCKET_NAME = "monitor.sock"
 JOB_FILE = "monitor.json"
 MAX_REQUEST_BYTES = 64 * 1024
+MAX_REPLY_BYTES = 1 << 20  # a get of 64 GPUs with their compute processes fits
 REQUEST_TIMEOUT_S = 2.0
 CONNECT_WAIT_S = 15.0      # a daemon restarting: RestartSec=1 and its start (the modules, NVML)
 MAX_JOBS = 256              # jobs on one node at once (Slurm's MaxJobCount per node is far lower in practice)
@@ -72,8 +75,8 @@ MAX_DMA_US = 2_000_000_000
 NVML_RETRY_S = 2.0          # NVML that could not be opened is tried again at a job's begin, at most this often
 IRQ_RETRY_AFTER_S = 60.0    # the IRQs refused at the prolog are tried again once, this long into the job
 IDLE_KEYS = ("memory", "power_mw", "temperature_c", "utilization", "energy_mj")
-# the NVML facts the hooks ask the monitor for (read-only: residual GPU processes, the GPU map)
-REMOTE_KEYS = frozenset({"minor", "pci_bus_id", "uuid", "name", "compute_processes", "memory", "mig_mode"})
+# the NVML facts the hooks ask the monitor for (read-only: the GPU map and the residual GPU processes)
+REMOTE_KEYS = ("minor", "pci_bus_id", "compute_processes")
 _PR_SET_PDEATHSIG = 1
 
 
@@ -162,7 +165,7 @@ def ask(state_dir, request: dict, timeout_s: float = 10.0, wait_s: float = CONNE
         deadline = time.monotonic() + timeout_s
         s.sendall(json.dumps(request, separators=(",", ":")).encode() + b"\n")
         buf = b""
-        while not buf.endswith(b"\n") and len(buf) <= MAX_REQUEST_BYTES:
+        while not buf.endswith(b"\n") and len(buf) <= MAX_REPLY_BYTES:
             s.settimeout(max(0.01, deadline - time.monotonic()))
             chunk = s.recv(65536)
             if not chunk:
@@ -202,37 +205,56 @@ def _connect(path: str, wait_s: float):
 
 
 class RemoteNvml:
-    """A hook's NVML backend: each read a ``get`` to the monitor; a key outside
-    :data:`REMOTE_KEYS` or no answer reads as :class:`~gsrun.facts.nvml.NA`."""
+    """A hook's NVML backend: the monitor's :data:`REMOTE_KEYS` of every
+    device, asked in one ``get`` at the first read and answered from it after;
+    another key, or no answer, reads as :class:`~gsrun.facts.nvml.NA`."""
 
     def __init__(self, state_dir, timeout_s: float = 5.0):
         self.state_dir, self.timeout_s = state_dir, timeout_s
+        self._devices: list[dict] | None = None
+        self._na: NA | None = None      # why there are no devices: the monitor's NVML or its answer
 
-    def _ask(self, req: dict):
-        try:
-            out = ask(self.state_dir, {"op": "get", **req}, timeout_s=self.timeout_s, wait_s=self.timeout_s)
-        except NodeError as e:
-            return NA(f"node monitor: {e}".splitlines()[0][:200], None)
-        if not out.get("ok"):
-            return NA(str(out.get("error"))[:200], None)
-        if "na" in out:
-            return NA(str(out["na"])[:200], out.get("code") if isinstance(out.get("code"), int) else None)
-        return out.get("value")
+    def _read(self) -> list[dict]:
+        if self._devices is None:
+            try:
+                out = ask(self.state_dir, {"op": "get"}, timeout_s=self.timeout_s, wait_s=self.timeout_s)
+            except NodeError as e:
+                out = {"ok": True, "na": f"node monitor: {e}".splitlines()[0]}
+            devices = out.get("devices")
+            if not out.get("ok"):
+                self._na = NA(str(out.get("error"))[:200], None)
+            elif "na" in out:
+                self._na = _na_of(out)
+            elif not (isinstance(devices, list) and len(devices) <= MAX_GPUS):
+                self._na = NA("node monitor: no device list", None)
+            self._devices = [d if isinstance(d, dict) else {} for d in devices] if self._na is None else []
+        return self._devices
 
     def driver_version(self):
         return NA("not served by the node monitor", None)
 
     def count(self) -> int:
-        n = self._ask({"key": "count"})
-        return n if _int_in(n, 0, MAX_GPUS + 1) else 0
+        return len(self._read())
 
     def get(self, index: int, key: str, **kw):
         if key not in REMOTE_KEYS or kw:
             return NA(f"{key} is not served by the node monitor", None)
-        return self._ask({"index": index, "key": key})
+        devices = self._read()
+        if self._na is not None:
+            return self._na
+        r = devices[index].get(key) if _int_in(index, 0, len(devices)) else None
+        if not isinstance(r, dict):
+            return NA(f"node monitor: no {key} of device {index}", None)
+        return _na_of(r) if "na" in r else r.get("value")
 
     def close(self) -> None:
         pass
+
+
+def _na_of(answer: dict) -> NA:
+    """``{"na": reason, "code": int | null}`` -> its NA."""
+    code = answer.get("code")
+    return NA(str(answer["na"])[:200], code if _int_in(code, -2 ** 31, 2 ** 31) else None)
 
 
 # ----------------------------------------------------------------------------- the monitor
@@ -284,7 +306,7 @@ class Monitor:
         if op == "begin":
             return self.begin(check_begin(req))
         if op == "get":
-            return self.get(req.get("index"), req.get("key"))
+            return self.get()
         job_id = req.get("job_id")
         if not is_job_id(job_id):
             raise ValueError(f"job_id {job_id!r} is not a job id")
@@ -316,7 +338,7 @@ class Monitor:
                 except Exception:  # noqa: BLE001 - no baseline: v1 memory as read
                     baseline = {}
             job = dict(job, mem_baseline={str(k): v for k, v in baseline.items()}, begun=time.time())
-            atomic_write_json(d / JOB_FILE, job, mode=0o600)
+            atomic_write_json(d / JOB_FILE, job, mode=0o600, durable=False)   # as sampler.json
         s = Sampler(self.hostfs, job_id, job["uid"], job["node"], job["gpus"], str(d / "sampler.json"),
                     self.interval_s, self.flush_s, int(self.cfg["sampler.timeline_points"]), clock=self.clock,
                     usage=self.usage,
@@ -335,18 +357,17 @@ class Monitor:
         self.first_polls.append(job_id)     # after the answer: the prolog does not wait for it
         return {"ok": True, "resumed": resumed, "gpus": len(s.refs), "notes": entry.notes}
 
-    def get(self, index, key) -> dict:
-        """One read-only NVML fact for a hook; ``index`` None: the device count."""
+    def get(self) -> dict:
+        """The hooks' read-only NVML facts (:data:`REMOTE_KEYS`) of every device
+        (at most :data:`MAX_GPUS`)."""
         if self.nv is None:
             return {"ok": True, "na": self.nvml_error or "NVML not opened", "code": None}
-        if index is None and key == "count":
-            return {"ok": True, "value": self._count()}
-        if key not in REMOTE_KEYS or not _int_in(index, 0, MAX_GPUS):
-            raise ValueError(f"get: {key!r} of device {index!r} is not served")
-        v = self.nv.get(index, key)
-        if is_na(v):
-            return {"ok": True, "na": v.reason, "code": v.code}
-        return {"ok": True, "value": v}
+        devices = []
+        for i in range(min(self._count(), MAX_GPUS)):
+            values = {k: self.nv.get(i, k) for k in REMOTE_KEYS}
+            devices.append({k: {"na": v.reason, "code": v.code} if is_na(v) else {"value": v}
+                            for k, v in values.items()})
+        return {"ok": True, "devices": devices}
 
     def _use_config(self, cfg) -> None:
         """``cfg``, its poll and flush intervals (s) and idle detector settings."""

@@ -632,7 +632,9 @@ class Sampler:
 
     def flush(self, done: bool = False) -> None:
         """Rewrite the state file atomically; the timelines (most of the bytes)
-        are re-encoded every :data:`TIMELINE_FLUSH_EVERY` flushes and at the end."""
+        are re-encoded every :data:`TIMELINE_FLUSH_EVERY` flushes and at the end.
+        No fsync: a killed daemon leaves the file in the page cache, and a node
+        that crashes ends its jobs."""
         self.state["done"] = done
         if done or self._tl_cache is None or self._flushes % TIMELINE_FLUSH_EVERY == 0:
             enc = {f"@@TL{i}@@": json.dumps({k: t.to_dict() for k, t in g["timeline"].items()},
@@ -644,7 +646,7 @@ class Sampler:
         text = json.dumps(state_to_json(self.state, timelines=False), separators=(",", ":"))
         for token, js in self._tl_cache.items():
             text = text.replace(f'"{token}"', js, 1)
-        atomic_write(self.state_path, text + "\n", 0o600)
+        atomic_write(self.state_path, text + "\n", 0o600, durable=False)
         if self.export is not None:    # [metrics] textfile_dir: gsrun.node.metrics_textfile
             self.export(self.state)
 
@@ -662,14 +664,14 @@ class Sampler:
             self.after_flush()
             self._last_flush = now
 
-    def finish(self) -> dict:
-        """The last sample and the final flush (``done``) -> the state (JSON form)."""
+    def finish(self) -> None:
+        """The last sample and the final flush (``done``)."""
         self.sample_once(final=True)
         self.flush(done=True)
-        return self.snapshot()
 
     def run(self, max_samples: int) -> dict:
-        """Poll ``max_samples`` times at ``start + n * interval_s``, then :meth:`finish` (tests)."""
+        """Poll ``max_samples`` times at ``start + n * interval_s``, then
+        :meth:`finish` -> the state (JSON form) (tests)."""
         next_t = self.clock()
         for n in range(max_samples):
             if n:
@@ -677,4 +679,5 @@ class Sampler:
                 if self.clock() < next_t:
                     self.sleep(next_t - self.clock())
             self.poll()
-        return self.finish()
+        self.finish()
+        return self.snapshot()

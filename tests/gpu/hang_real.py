@@ -78,7 +78,8 @@ def main() -> int:
                  "checks": {}}
     busy = phase(s, BUSY, a.busy_s)
     spin = phase(s, SPIN, a.spin_s)
-    final = s.finish()
+    s.finish()
+    final = s.snapshot()
     g = final["gpus"][0]
     out["busy"], out["spin"] = busy, spin
     out["unsupported"] = g.get("unsupported")

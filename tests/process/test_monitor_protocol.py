@@ -13,7 +13,7 @@ import pytest
 
 from gsrun.base.paths import Paths
 from gsrun.facts.hostfs import HostFS
-from gsrun.facts.nvml import FakeNvml, is_na
+from gsrun.facts.nvml import NA, FakeNvml, is_na
 from gsrun.node import monitor
 from gsrun.request.config import load_config_or_defaults
 from helpers.node_site import kill_fakes, make_site, nvml_devices, node_daemon
@@ -52,14 +52,15 @@ def _monitor(tmp_path) -> monitor.Monitor:
 
 def test_hooks_read_only_the_served_facts(tmp_path):
     mon = _monitor(tmp_path)
-    assert mon.get(None, "count") == {"ok": True, "value": 2}
-    assert mon.get(1, "minor") == {"ok": True, "value": 1}
-    assert mon.get(0, "compute_processes") == {"ok": True, "value": []}
-    for index, key in ((0, "power_limit_mw"), (0, "gpm"), (-1, "minor"), (True, "minor"), (999, "minor")):
-        with pytest.raises(ValueError, match="not served"):
-            mon.get(index, key)
-    na = mon.get(0, "mig_mode")     # not in the recording: NVML's "not available", never a value
-    assert na["ok"] and "na" in na
+    mon.nv.set(1, "compute_processes", NA("Not Supported", 3))
+    out = mon.get()
+    assert out["ok"] and len(out["devices"]) == 2
+    assert all(sorted(d) == sorted(monitor.REMOTE_KEYS) for d in out["devices"])   # nothing else is read
+    assert out["devices"][1]["minor"] == {"value": 1}
+    assert out["devices"][0]["compute_processes"] == {"value": []}
+    assert out["devices"][1]["compute_processes"] == {"na": "Not Supported", "code": 3}   # never a value
+    mon.nv = None
+    assert mon.get()["na"]
 
 
 def _raw(sock: str, data: bytes) -> bytes:
@@ -79,7 +80,8 @@ def _raw(sock: str, data: bytes) -> bytes:
         s.close()
 
 
-def test_bad_requests_fail_alone_and_the_hooks_backend_reads_through_the_monitor():
+def test_bad_requests_fail_alone_and_the_hooks_backend_reads_through_the_monitor(monkeypatch):
+    ask = monitor.ask
     site = make_site()
     try:
         node_daemon(site.env())
@@ -93,9 +95,14 @@ def test_bad_requests_fail_alone_and_the_hooks_backend_reads_through_the_monitor
         assert time.monotonic() - t0 < 2 * monitor.REQUEST_TIMEOUT_S + 1
         st = monitor.ask(site.state, {"op": "status"})
         assert st["ok"] and st["jobs"] == [] and st["nvml_inits"] == 1
+        asked = []
+        monkeypatch.setattr(monitor, "ask", lambda *a, **kw: asked.append(a[1]) or ask(*a, **kw))
         nv = monitor.RemoteNvml(site.state)
         assert nv.count() >= 1 and nv.get(0, "minor") == 0
         assert is_na(nv.get(0, "power_mw"))          # not served to hooks
+        assert is_na(nv.get(nv.count(), "minor"))    # no such device
+        assert nv.get(0, "pci_bus_id") == ask(site.state, {"op": "get"})["devices"][0]["pci_bus_id"]["value"]
+        assert asked == [{"op": "get"}]              # every read answered from one request
     finally:
         kill_fakes(site)
 
