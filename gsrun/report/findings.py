@@ -49,7 +49,8 @@ def _gpu(g: dict) -> str:
     return f"GPU {g['index']} on {g['node']}"
 
 
-def _n(k: int, word: str) -> str:
+def plural(k: int, word: str) -> str:
+    """``1 GPU``, ``2 GPUs``."""
     return f"{k} {word}" + ("" if k == 1 else "s")
 
 
@@ -287,7 +288,7 @@ def _gpu_advice(real: list[dict], cfg, partition) -> list[dict]:
         pcts = [100.0 * g["util_idle_frac"] if g.get("util_idle_frac") is not None else 100.0 - g["util_mean_pct"]
                 for g in idle]
         if keep > 0:
-            action = f"ask for {_n(keep, 'GPU')} (--gpus {keep})"
+            action = f"ask for {plural(keep, 'GPU')} (--gpus {keep})"
         else:
             action = "check that the code runs on the GPU at all (model and data moved to 'cuda')"
         out.append({"code": FindingCode.IDLE_GPU, "severity": "warn", "value": round(max(pcts), 1),

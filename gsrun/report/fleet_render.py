@@ -102,35 +102,34 @@ def report_json(tables: list[Table], scope: Scope, extra: dict) -> str:
                       indent=1, sort_keys=True, default=str) + "\n"
 
 
+#: The digest's sections: (UserDigest list, title, column heads, one row's text).
+_DIGEST_SECTIONS = (
+    ("zero", "GPUs left idle (0 % utilization): cancel jobs whose GPUs stopped working, or ask for fewer GPUs",
+     f"{'job':<16} {'GPU-h at 0%':>11}", lambda r: f"{r[0]:<16} {fmt_hours_h(r[1]):>11}"),
+    ("low", "Low GPU utilization: profile the job (larger batches, more data-loader workers)",
+     f"{'job':<16} {'util':>5} {'SM':>5} {'GPU-h':>7}",
+     lambda r: f"{r[0]:<16} {fmt_share_pct(r[1]):>5} {fmt_share_pct(r[2]):>5} {fmt_hours_h(r[3]):>7}"),
+    ("over", "More CPU cores or memory per GPU than the node's share: others' GPUs on the node go unused",
+     f"{'job':<16} {'cores/GPU':>9} {'share':>6} {'GiB/GPU':>8} {'share':>6}",
+     lambda r: f"{r[0]:<16} {r[1]:>9.1f} {r[2]:>6.1f} {r[3]:>8.1f} {r[4]:>6.1f}"),
+    ("mig", "A MIG slice would have served these jobs: ask for it (gsrun --mig) and wait less",
+     f"{'job':<16} {'profile':<10} {'GPU mem GiB':>11} {'compute':>7}",
+     lambda r: f"{r[0]:<16} {r[1]:<10} {r[2]:>11.1f} {fmt_share_pct(r[3]):>7}"),
+    ("time_limit", "Time limits far beyond the run time: a shorter limit starts sooner (backfill)",
+     f"{'job':<16} {'ran':>10} {'limit':>10}",
+     lambda r: f"{r[0]:<16} {fmt_duration_s(r[1], 'clock'):>10} {fmt_duration_s(r[2], 'clock'):>10}"),
+)
+
+
 def digest_text(d: UserDigest, scope: Scope, doc_url: str = "") -> str:
     """One user's digest of their GPU jobs since their last one."""
     out = [f"gsrun: your GPU jobs {fmt_time(scope.start_s)} .. {fmt_time(scope.end_s)}",
            f"{d.jobs} GPU jobs, {fmt_hours_h(d.gpu_h)} GPU-hours, GPU energy {d.energy_kwh:.3f} kWh", ""]
-
-    def section(title, rows, more, head, fmt):
-        if not rows:
-            return
-        out.append(title)
-        out.append("  " + head)
-        out.extend("  " + fmt(r) for r in rows)
-        if more:
-            out.append(f"  ... and {more} more")
-        out.append("")
-
-    section("GPUs left idle (0 % utilization): cancel jobs whose GPUs stopped working, or ask for fewer GPUs",
-            d.zero, d.zero_more, f"{'job':<16} {'GPU-h at 0%':>11}", lambda r: f"{r[0]:<16} {fmt_hours_h(r[1]):>11}")
-    section("Low GPU utilization: profile the job (larger batches, more data-loader workers)",
-            d.low, d.low_more, f"{'job':<16} {'util':>5} {'SM':>5} {'GPU-h':>7}",
-            lambda r: f"{r[0]:<16} {fmt_share_pct(r[1]):>5} {fmt_share_pct(r[2]):>5} {fmt_hours_h(r[3]):>7}")
-    section("More CPU cores or memory per GPU than the node's share: others' GPUs on the node go unused",
-            d.over, d.over_more, f"{'job':<16} {'cores/GPU':>9} {'share':>6} {'GiB/GPU':>8} {'share':>6}",
-            lambda r: f"{r[0]:<16} {r[1]:>9.1f} {r[2]:>6.1f} {r[3]:>8.1f} {r[4]:>6.1f}")
-    section("A MIG slice would have served these jobs: ask for it (gsrun --mig) and wait less",
-            d.mig, d.mig_more, f"{'job':<16} {'profile':<10} {'GPU mem GiB':>11} {'compute':>7}",
-            lambda r: f"{r[0]:<16} {r[1]:<10} {r[2]:>11.1f} {fmt_share_pct(r[3]):>7}")
-    section("Time limits far beyond the run time: a shorter limit starts sooner (backfill)",
-            d.time_limit, d.time_limit_more, f"{'job':<16} {'ran':>10} {'limit':>10}",
-            lambda r: f"{r[0]:<16} {fmt_duration_s(r[1], 'clock'):>10} {fmt_duration_s(r[2], 'clock'):>10}")
+    for name, title, head, fmt in _DIGEST_SECTIONS:
+        rows, more = getattr(d, name), getattr(d, name + "_more")
+        if rows:
+            out += [title, "  " + head, *("  " + fmt(r) for r in rows)]
+            out += [f"  ... and {more} more", ""] if more else [""]
     out.append("Each job's own report: gseff JOBID")
     if doc_url:
         out.append(f"Help: {doc_url}")

@@ -57,15 +57,22 @@ class FindingCode(str, enum.Enum):
 Severity = Literal["info", "warn", "alert"]
 
 
-def _checked(cls, d, kind: str):
-    what = f"{kind} summary"
-    if not isinstance(d, dict):
-        raise ValueError(f"{what}: expected an object, got {type(d).__name__}")
-    if d.get("schema") != SUMMARY_SCHEMA:
-        raise ValueError(f"{what}: schema {d.get('schema')!r} is not {SUMMARY_SCHEMA!r}")
-    if d.get("kind") != kind:
-        raise ValueError(f"{what}: kind {d.get('kind')!r}")
-    return super(cls, cls).from_json(d)
+def _kind_checked(kind: str) -> classmethod:
+    """A summary's ``from_json``: :meth:`Record.from_json` after the schema and kind checks.
+
+    Raises:
+        ValueError: another schema, not kind ``kind``, or a wrong shape.
+    """
+    def from_json(cls, d):
+        what = f"{kind} summary"
+        if not isinstance(d, dict):
+            raise ValueError(f"{what}: expected an object, got {type(d).__name__}")
+        if d.get("schema") != SUMMARY_SCHEMA:
+            raise ValueError(f"{what}: schema {d.get('schema')!r} is not {SUMMARY_SCHEMA!r}")
+        if d.get("kind") != kind:
+            raise ValueError(f"{what}: kind {d.get('kind')!r}")
+        return super(cls, cls).from_json(d)
+    return classmethod(from_json)
 
 
 @dataclass(frozen=True)
@@ -223,13 +230,7 @@ class NodeSummary(Record):
         "node settings during the job, from the prolog record's tuning report (added by the epilog; null: no "
         "prolog record, so unknown; absent in summaries written before it was recorded)", optional_key=True)
     extra: dict = extra_field()
-
-    @classmethod
-    def from_json(cls, d):
-        """Raises:
-            ValueError: another schema, not kind ``node``, or a wrong shape.
-        """
-        return _checked(cls, d, "node")
+    from_json = _kind_checked("node")
 
 
 @dataclass(frozen=True)
@@ -369,13 +370,7 @@ class JobSummary(Record):
     actions: tuple[ss.WasteAction, ...] = field("actions taken on them while the job ran (alert mails, idle "
                                                 "cancel), all nodes, by time; absent: none", optional_key=True)
     extra: dict = extra_field()
-
-    @classmethod
-    def from_json(cls, d):
-        """Raises:
-            ValueError: another schema, not kind ``job``, or a wrong shape.
-        """
-        return _checked(cls, d, "job")
+    from_json = _kind_checked("job")
 
 
 SCHEMAS = {

@@ -10,7 +10,7 @@ import re
 import textwrap
 
 from gsrun.facts.slurm import compress_hostlist
-from gsrun.report.findings import fmt_run_time, headline, run_time_s, shown_findings, verdicts
+from gsrun.report.findings import fmt_run_time, headline, plural, run_time_s, shown_findings, verdicts
 from gsrun.report.records import is_mig
 from gsrun.report.units import (NA, fmt_bytes, fmt_bytes_of, fmt_duration_s, fmt_energy_j, fmt_hours_h, fmt_pct,
                                 fmt_power_w, fmt_share_pct, fmt_time)
@@ -78,11 +78,7 @@ def _throttle(g) -> str:
     return f"slowed by {cause.replace('hw_slowdown', 'hardware').replace('_', ' ')} {fmt_share_pct(100 * s / cov)}"
 
 
-def _plural(n, word: str) -> str:
-    return f"{n} {word}" + ("" if n == 1 else "s")
-
-
-def _wrap(text: str, first: str, rest: str) -> list[str]:
+def _wrap(text: str, first: str = "  ", rest: str = "    ") -> list[str]:
     return textwrap.wrap(text, width=WRAP_COLS, initial_indent=first, subsequent_indent=rest,
                          break_on_hyphens=False, break_long_words=True) or [first.rstrip()]
 
@@ -156,7 +152,7 @@ def settings_lines(summary: dict) -> list[str]:
     rest = groups[SETTINGS_GROUPS_SHOWN:]
     if rest:
         n = sum(len(g.get("nodes") or ()) for g in rest)
-        lines.append(f"Node settings differ on {n} more node{'s' if n != 1 else ''} in {len(rest)} groups "
+        lines.append(f"Node settings differ on {plural(n, 'more node')} in {len(rest)} groups "
                      "(gseff --json: settings)")
     if unknown:
         lines.append(f"Node settings unknown on {compress_hostlist(unknown)} (no prolog record)")
@@ -252,11 +248,11 @@ def render_text(summary: dict, color: bool = False, cfg=None, all_gpus: bool = F
     who = ", ".join(x for x in (f"user {job.get('user') or 'N/A'}", f"partition {job.get('partition') or 'N/A'}",
                                 "exit code " + ("N/A" if job.get("exit_code") is None else str(job["exit_code"])))
                     if x)
-    lines += _wrap(who[0].upper() + who[1:], "  ", "    ")
+    lines += _wrap(who[0].upper() + who[1:])
     start, end, submit = job.get("start_time"), job.get("end_time"), job.get("submit_time")
     if submit and start and start >= submit:
         lines += _wrap(f"Submitted {fmt_time(submit)}, waited {fmt_duration_s(start - submit, 'clock')} "
-                       "in the queue", "  ", "    ")
+                       "in the queue")
     if start:
         same_day = end and fmt_time(start)[:10] == fmt_time(end)[:10]
         ran = f"Ran {fmt_time(start)} to {fmt_time(end, with_date=not same_day) if end else 'N/A'}"
@@ -264,20 +260,20 @@ def render_text(summary: dict, color: bool = False, cfg=None, all_gpus: bool = F
             ran += f", time limit {fmt_duration_s(job['time_limit_s'], 'clock')}"
         elif "time_limit_s" in job:
             ran += ", no time limit"
-        lines += _wrap(ran, "  ", "    ")
+        lines += _wrap(ran)
     if not nodes and not start and submit:       # not started: what it asked for, how long it waited
         lines += _wrap(f"Submitted {fmt_time(submit)}"
                        + (f", time limit {fmt_duration_s(job['time_limit_s'], 'clock')}"
-                          if job.get("time_limit_s") else ""), "  ", "    ")
+                          if job.get("time_limit_s") else ""))
     named = nodes if all_gpus or len(nodes) <= LIST_UP_TO_NODES else \
         nodes[:FINDING_UP_TO_NODES] + [f"... {nodes[-1]}; gseff --all lists them"]
-    alloc = f"{len(nodes)} node{'s' if len(nodes) != 1 else ''} ({', '.join(named) or 'N/A'}), " \
-            f"{job.get('cpus_alloc') or 'N/A'} CPUs, {_plural(job.get('gpus_alloc') or gpu['count'] or 0, 'GPU')}, " \
+    alloc = f"{plural(len(nodes), 'node')} ({', '.join(named) or 'N/A'}), " \
+            f"{job.get('cpus_alloc') or 'N/A'} CPUs, {plural(job.get('gpus_alloc') or gpu['count'] or 0, 'GPU')}, " \
             f"{fmt_bytes(mem.get('req_bytes')) if mem.get('req_bytes') else 'no'} memory requested"
     if not nodes and not start:
         alloc = f"Asked for {job.get('cpus_alloc') or 'N/A'} CPUs, " \
-                f"{_plural(job.get('gpus_alloc') or gpu['count'] or 0, 'GPU')}"
-    lines += _wrap(alloc, "  ", "    ")
+                f"{plural(job.get('gpus_alloc') or gpu['count'] or 0, 'GPU')}"
+    lines += _wrap(alloc)
     if not nodes and not start:
         pass                    # not started: no figures to show
     elif cpu.get("time_s") is not None:
@@ -287,26 +283,26 @@ def render_text(summary: dict, color: bool = False, cfg=None, all_gpus: bool = F
         cpu_line += f"; host memory peak {fmt_bytes(mem.get('peak_bytes'))}"
         if cpu.get("anomaly"):
             cpu_line += " [accounting anomaly]"
-        lines += _wrap(cpu_line, "  ", "    ")
+        lines += _wrap(cpu_line)
     elif not rows:
         lines += _wrap(f"CPU efficiency {fmt_share_pct(cpu.get('efficiency_pct'))}, host memory peak "
-                       f"{fmt_bytes(mem.get('peak_bytes'))}", "  ", "    ")
+                       f"{fmt_bytes(mem.get('peak_bytes'))}")
     for ln in settings_lines(summary):
-        lines += _wrap(ln, "  ", "    ")
+        lines += _wrap(ln)
 
     lines += ["", c("1", "GPUs")]
     shown = [g for g in gpu["devices"] if g.get("status", "ok") != "unavailable"]
     if not gpu["available"]:
-        lines += _wrap(f"unavailable ({gpu.get('reason') or 'unknown reason'})", "  ", "    ")
+        lines += _wrap(f"unavailable ({gpu.get('reason') or 'unknown reason'})")
     elif not shown and not nodes and (job.get("gpus_alloc") or gpu.get("count")):
-        lines.append(f"  {_plural(job.get('gpus_alloc') or gpu.get('count'), 'GPU')} asked for; "
+        lines.append(f"  {plural(job.get('gpus_alloc') or gpu.get('count'), 'GPU')} asked for; "
                      "figures once the job runs")
     elif not shown:
         lines.append("  none")
     has_sm = any(g.get("sm_active_mean_pct") is not None for g in shown)
     if shown and len(shown) < TABLE_FROM_GPUS:
         for g in shown:
-            lines += _wrap(f"{g['node']} GPU {g['index']}" + (f", {g['name']}" if g.get("name") else ""), "  ", "    ")
+            lines += _wrap(f"{g['node']} GPU {g['index']}" + (f", {g['name']}" if g.get("name") else ""))
             busy = [f"busy {_util(g)}"]
             if has_sm:
                 busy += [f"SM active {fmt_share_pct(g.get('sm_active_mean_pct'))}",
@@ -340,8 +336,7 @@ def render_text(summary: dict, color: bool = False, cfg=None, all_gpus: bool = F
         for g in shown:
             notes = _gpu_notes(g, c)
             if notes:
-                lines += _wrap(f"GPU {g['index']}" + (f" on {g['node']}" if multi else "") + ": " + "; ".join(notes),
-                               "  ", "    ")
+                lines += _wrap(f"GPU {g['index']}" + (f" on {g['node']}" if multi else "") + ": " + "; ".join(notes))
     if shown and gpu.get("available"):
         tot = []
         if gpu.get("gpu_hours_alloc") is not None:
@@ -352,9 +347,9 @@ def render_text(summary: dict, color: bool = False, cfg=None, all_gpus: bool = F
                        + (" (estimated)" if gpu.get("energy_estimated") else ""))
         if tot:
             t = "; ".join(tot)
-            lines += _wrap(t[0].upper() + t[1:], "  ", "    ")
+            lines += _wrap(t[0].upper() + t[1:])
         lines += _wrap("busy = share of time a kernel ran" + ("; SM active = share of the GPU's compute units in "
-                       "use (GPM)" if has_sm else "") + "; N/A = not reported.", "  ", "    ")
+                       "use (GPM)" if has_sm else "") + "; N/A = not reported.")
     return "\n".join(lines) + "\n"
 
 
@@ -367,10 +362,10 @@ def _distribution(gpus: list[dict]) -> list[str]:
             return vals[min(len(vals) - 1, int(f * (len(vals) - 1) + 0.5))]
         out += _wrap(f"{len(gpus)} GPUs; busy over {len(vals)} with a figure: min {fmt_pct(vals[0], 0)}, "
                      f"10th percentile {fmt_pct(q(0.1), 0)}, median {fmt_pct(q(0.5), 0)}, 90th percentile "
-                     f"{fmt_pct(q(0.9), 0)}, max {fmt_pct(vals[-1], 0)}", "  ", "    ")
+                     f"{fmt_pct(q(0.9), 0)}, max {fmt_pct(vals[-1], 0)}")
     else:
-        out += _wrap(f"{len(gpus)} GPUs; none with a busy figure", "  ", "    ")
-    out += _wrap(f"the {LIST_ENDS} least and {LIST_ENDS} most busy (gseff --all lists every GPU):", "  ", "    ")
+        out += _wrap(f"{len(gpus)} GPUs; none with a busy figure")
+    out += _wrap(f"the {LIST_ENDS} least and {LIST_ENDS} most busy (gseff --all lists every GPU):")
     return out
 
 
