@@ -14,8 +14,7 @@ import sys
 
 import click
 
-from gsrun.base.errors import GsrunError
-
+from gsrun.base.errors import GsrunError, run_cli
 from gsrun.base.log import JobLog
 from gsrun.base.paths import Paths
 from gsrun.bind import plan as binding
@@ -436,15 +435,7 @@ def doctor(host_root, state_dir, spool_dir, as_json, config_path, node, spank_so
 
 def main(argv=None) -> None:
     try:
-        rc = cli.main(args=argv, prog_name="gsrun-node", standalone_mode=False)
-    except GsrunError as e:
-        click.echo(str(e), err=True)
-        sys.exit(2)
-    except click.ClickException as e:
-        e.show()
-        sys.exit(e.exit_code)
-    except click.exceptions.Abort:
-        sys.exit(130)
+        run_cli(cli, "gsrun-node", argv)
     except Exception as e:  # noqa: BLE001 - a hook must never die with a traceback
         import traceback
 
@@ -453,8 +444,6 @@ def main(argv=None) -> None:
         traceback.print_exc(file=sys.stderr)
         # a bug of ours must not drain the node: hooks exit 0
         sys.exit(0 if phase in ("prolog", "epilog", "epilog-ctld") else 1)
-    sys.exit(rc or 0)
-
 
 if __name__ == "__main__":
     main()

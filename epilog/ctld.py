@@ -22,7 +22,7 @@ from gsrun.base.ids import check_job_id, is_job_id
 from gsrun.base.log import JobLog
 from gsrun.base.paths import Paths
 from gsrun.base.proc import root_child_env, root_python, spawn_detached
-from gsrun.facts.sacct import parse_mem, parse_time_s, parse_tres, tres_gpus
+from gsrun.facts.sacct import parse_mem, parse_tres, time_s_or_none, tres_gpus
 from gsrun.facts.slurm import (ACTIVE_STATES, expand_hostlist, job_record_argv, parse_exit_code, parse_job_record,
                                run_slurm, show_job as _show_job, state_word)
 from gsrun.node.steps import CLEANUP, Step, run_steps
@@ -71,8 +71,8 @@ def job_from_record(job_id: str, rec: dict[str, str] | None, env) -> dict:
         "mem_req_bytes": mem, "gpus_alloc": gpus, "mail_user": mail_user, "mail_type": mail_type,
         # Slurm's elapsed time (= sacct Elapsed): what every report, mail and gsrun --wait show
         "start_time": _epoch(rec.get("StartTime")), "end_time": _epoch(rec.get("EndTime")) if ended else None,
-        "elapsed_s": _elapsed(rec.get("RunTime")),
-        "submit_time": _epoch(rec.get("SubmitTime")), "time_limit_s": _elapsed(rec.get("TimeLimit")),
+        "elapsed_s": time_s_or_none(rec.get("RunTime")),
+        "submit_time": _epoch(rec.get("SubmitTime")), "time_limit_s": time_s_or_none(rec.get("TimeLimit")),
         **({"state_source": state_source} if state_source else {}),
     }
 
@@ -91,14 +91,6 @@ def _epoch(text: str | None) -> float | None:
     try:
         return float(time.mktime(time.strptime((text or "").strip(), "%Y-%m-%dT%H:%M:%S")))
     except (ValueError, OverflowError):
-        return None
-
-
-def _elapsed(text: str | None) -> float | None:
-    """scontrol's ``[D-][HH:]MM:SS`` -> seconds; ``UNLIMITED`` or anything else -> None."""
-    try:
-        return parse_time_s(text)
-    except ValueError:
         return None
 
 

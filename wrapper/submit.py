@@ -23,7 +23,7 @@ from gsrun.facts.slurm import (ENDED_HELD_STATES, PENDING_STATES, TERMINAL_STATE
                                parse_accounting, parse_exit_code, parse_job_record, parse_parsable, parse_queue,
                                parse_queue_exit, parse_srun_task_end, pending_for_good, pending_hint, queue_argv,
                                run_slurm, state_word)
-from gsrun.facts.sacct import parse_time_s
+from gsrun.facts.sacct import time_s_or_none
 from gsrun.report.units import fmt_duration_s
 from gsrun.base.fsutil import atomic_write, flock_within, read_own_file
 
@@ -217,17 +217,9 @@ def status_line(job_id: str, st: JobState, waited_s: float) -> str:
     if st.state == "PENDING":
         why = f" ({st.reason})" if st.reason else ""
         return f"gsrun: job {job_id}: pending{why}, waited {waited_s:.0f} s"
-    secs = elapsed_s(st.elapsed)
+    secs = time_s_or_none(st.elapsed)
     shown = fmt_duration_s(secs, "clock") if secs is not None else st.elapsed
     return f"gsrun: job {job_id}: {state} {shown}".rstrip()
-
-
-def elapsed_s(text: str) -> float | None:
-    """Slurm's ``[D-][H:]M:S`` -> seconds; None when empty or not a duration."""
-    try:
-        return parse_time_s(text)
-    except ValueError:
-        return None
 
 
 #: a second Ctrl-C within this many seconds of the first cancels the job (as srun does)
@@ -324,7 +316,7 @@ def exit_line(job_id: str, ended: Ended) -> str:
     """The last line of ``gsrun --wait``: final state, elapsed, the first rank
     that failed, the output file and the report command."""
     state = safe_text(ended.state or "CANCELLED")
-    secs = elapsed_s(ended.elapsed)
+    secs = time_s_or_none(ended.elapsed)
     line = f"gsrun: job {job_id}: {state}" + (f" after {fmt_duration_s(secs, 'clock')}" if secs is not None else "")
     if ended.failed:
         node, rank, code, what = (safe_text(x) if isinstance(x, str) else x for x in ended.failed)

@@ -12,7 +12,6 @@ import re
 from gsrun.base.errors import InputError
 
 JOB_ID_RE = re.compile(r"[0-9]{1,10}")
-ARRAY_JOB_ID_RE = re.compile(r"[0-9]{1,10}(?:_[0-9]{1,10})?")
 USER_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}\$?")
 NODE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 PARTITION_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
