@@ -21,8 +21,8 @@ from gsrun.base.ids import is_job_id
 MAX_LINE = 4000
 # C0, DEL, C1 (\x9b is CSI on a VT220), line and paragraph separators, the bidi
 # marks, overrides and isolates (the set the mail's clean_line drops), lone surrogates
-_UNSAFE = r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
-_ERR_HEADER = r"(^|: )gsrun: ([A-Za-z][\w+.-]*): "
+_UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+_ERR_HEADER = re.compile(r"(^|: )gsrun: ([A-Za-z][\w+.-]*): ")
 
 
 def safe_text(text, limit: int = MAX_LINE) -> str:

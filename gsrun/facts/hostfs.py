@@ -17,6 +17,7 @@ from pathlib import Path
 from gsrun.base.errors import InputError
 
 ENV_HOST_ROOT = "GSRUN_HOST_ROOT"
+_MEMINFO_KB = re.compile(r"(?m)^(?:Node [0-9]+ )?(\S+):[ \t]+([0-9]+)[ \t]*kB")
 
 
 def meminfo_kb(text: str) -> dict[str, int]:
@@ -24,7 +25,7 @@ def meminfo_kb(text: str) -> dict[str, int]:
     before each key) -> ``{"MemTotal": kB, "MemFree": kB, ...}``, the first
     of each key; counts without a unit (``HugePages_Total``) are left out. Pure."""
     out: dict[str, int] = {}
-    for m in re.finditer(r"(?m)^(?:Node [0-9]+ )?(\S+):[ \t]+([0-9]+)[ \t]*kB", text):
+    for m in _MEMINFO_KB.finditer(text):
         out.setdefault(m[1], int(m[2]))
     return out
 

@@ -13,7 +13,7 @@ from gsrun.request.tune import CSTATE_SHALLOW_US
 
 
 DMA_LATENCY = "dev/cpu_dma_latency"
-_STATE = r"^state[0-9]+$"
+_STATE = re.compile(r"^state[0-9]+$")
 
 
 def _cpu_dirs(h) -> list[str]:

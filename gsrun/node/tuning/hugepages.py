@@ -20,7 +20,7 @@ from gsrun.request.tune import parse_hugepages
 
 
 NODE = "sys/devices/system/node"
-_HP_DIR = r"^hugepages-([0-9]+)kB$"
+_HP_DIR = re.compile(r"^hugepages-([0-9]+)kB$")
 COMPACT_ALL = "proc/sys/vm/compact_memory"
 ALLOC_RETRIES = 3            # writes of nr_hugepages after one compaction, when the first got fewer pages
 HUGETLBFS_MAX_FILES = 4096   # files looked at per epilog in hugetlbfs mounts (bounded work)

@@ -20,7 +20,7 @@ import re
 from gsrun.base.cpulist import parse_cpulist
 
 
-_CPU = r"^cpu[0-9]+$"
+_CPU = re.compile(r"^cpu[0-9]+$")
 VM = "proc/sys/vm"
 THP = "sys/kernel/mm/transparent_hugepage"
 #: THP directories in the order tried: mainline, then RHEL 6's backport
