@@ -684,14 +684,14 @@ class NodeDaemon:
             conn.close()
             return
         argv, env, umask, fds = _read_request(conn, nfds=None)
+        args = hook_args(argv, self.python, self.site_dir, self.gsrun_node)     # None for bind and ping
         if ctld and argv != [PING_REQUEST]:
-            hook = hook_args(argv, self.python, self.site_dir, self.gsrun_node) if argv != [BIND_REQUEST] else None
-            if hook is None or hook[0] != "epilog-ctld":
+            if args is None or args[0] != "epilog-ctld":
                 _close(fds)
                 self.log(f"refused on the controller's door (uid {uid}): {argv[:1] + argv[5:7]}")
                 _refuse(conn, "only EpilogSlurmctld is served on this socket")
                 return
-            argv = argv[:argv.index(hook[0]) + 1]    # the hook, without the client's --spool-dir
+            args = args[:1]     # the hook, without the client's --spool-dir
             env = ctld_env(env, dict(os.environ))
         if argv in ([BIND_REQUEST], [PING_REQUEST]):
             _close(fds)
@@ -708,7 +708,6 @@ class NodeDaemon:
         try:
             if len(fds) != 3:
                 raise BadRequest(f"{len(fds)} descriptors, not 3")
-            args = hook_args(argv, self.python, self.site_dir, self.gsrun_node)
             if args is None:
                 self.log(f"refused a command that is not a hook of this installation: {argv[:3]}")
                 _refuse(conn, "not a hook of this installation (" + " ".join(argv[:1] + argv[5:7])[:200] + ")")

@@ -500,18 +500,14 @@ def _mem_part(j: SacctJob, e: JobEfficiency, head: SacctRow) -> None:
         e.mem_req_bytes = mv.bytes
     if e.mem_req_bytes is None and head.req_mem.bytes is not None:
         rm = head.req_mem
-        if rm.per == "cpu":
-            if e.alloc_cpus is not None:
-                e.mem_req_bytes = rm.bytes * e.alloc_cpus
-            else:
-                notes.append("ReqMem is per CPU but AllocCPUS is unknown")
-        elif rm.per == "node":
-            if e.nodes is not None:
-                e.mem_req_bytes = rm.bytes * e.nodes
-            else:
-                notes.append("ReqMem is per node but NNodes is unknown")
-        else:
+        # ReqMem per CPU or per node: times the count, which must be known
+        per = {"cpu": (e.alloc_cpus, "CPU", "AllocCPUS"), "node": (e.nodes, "node", "NNodes")}.get(rm.per)
+        if per is None:
             e.mem_req_bytes = rm.bytes
+        elif per[0] is not None:
+            e.mem_req_bytes = rm.bytes * per[0]
+        else:
+            notes.append(f"ReqMem is per {per[1]} but {per[2]} is unknown")
     if e.mem_peak_bytes is None:
         e.mem_eff_na = "N/A: no memory peak in accounting (MaxRSS empty)"
     elif not e.mem_req_bytes:

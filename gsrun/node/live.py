@@ -161,13 +161,10 @@ def read_cancel_fields(job_id: str, timeout_s: float) -> dict | None:
     """The job for :func:`gsrun.request.waste.cancel_decision`: its exemption
     fields from ``squeue`` (:data:`NOT_EXEMPT` when they do not parse) and
     ``mail_user`` from the job record; None when Slurm could not be asked."""
-    try:
-        cp = run_slurm(exemption_argv(job_id), timeout_s, check=False)
-    except SlurmError:
+    out = _slurm_stdout(exemption_argv(job_id), timeout_s)
+    if out is None:
         return None
-    if cp.returncode != 0 or not cp.stdout.strip():
-        return None
-    fields = parse_exemption_record(cp.stdout, job_id)
+    fields = parse_exemption_record(out, job_id)
     job = dict(NOT_EXEMPT) if fields is None else {**fields, "unparsable": False}
     rec = job_fields_from_record(read_job_record(job_id, timeout_s))
     job["mail_user"] = (rec or {}).get("mail_user")
@@ -176,14 +173,17 @@ def read_cancel_fields(job_id: str, timeout_s: float) -> dict | None:
 
 def read_job_record(job_id: str, timeout_s: float) -> dict | None:
     """``scontrol -o show job <id>`` parsed (forged duplicate fields dropped), or None."""
+    out = _slurm_stdout(["scontrol", "-o", "show", "job", check_job_id(job_id, array=True)], timeout_s)
+    return None if out is None else parse_job_record(out, job_id)
+
+
+def _slurm_stdout(argv: list[str], timeout_s: float) -> str | None:
+    """The output of a Slurm command that succeeded with some, else None."""
     try:
-        cp = run_slurm(["scontrol", "-o", "show", "job", check_job_id(job_id, array=True)], timeout_s,
-                       check=False)
+        cp = run_slurm(argv, timeout_s, check=False)
     except SlurmError:
         return None
-    if cp.returncode != 0 or not cp.stdout.strip():
-        return None
-    return parse_job_record(cp.stdout, job_id)
+    return cp.stdout if cp.returncode == 0 and cp.stdout.strip() else None
 
 
 def _watches(state: dict) -> list:

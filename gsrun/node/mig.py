@@ -468,11 +468,7 @@ def prolog_apply(mig_backend: MigBackend, state_dir, job_id, gpu_indices: list[i
             log(f"gsrun: mig: job {job_id}: {cause}; rolling back")
             failures = _restore_journal(mig_backend, journal, path, log)
             if failures:
-                reason = _sanitize_reason(f"gsrun mig job {job_id}: rollback failed: {'; '.join(failures)}")
-                journal["status"] = "rollback_failed"
-                journal["failures"] = failures
-                _journal(path).write(journal)
-                drain(reason)
+                _record_failure(path, journal, job_id, "rollback", failures, drain)
                 raise NodeError("prolog", "MIG layout failed and node drained",
                                 f"{cause}; rollback failed: {'; '.join(failures)}",
                                 hint="the journal stays in place; `gsrun-node restore` retries") from None
@@ -486,6 +482,19 @@ def prolog_apply(mig_backend: MigBackend, state_dir, job_id, gpu_indices: list[i
         log(f"gsrun: mig: job {job_id}: {len(devices)} MIG devices")
         return {"devices": devices, "gpus": {g: journal["gpus"][str(g)]["devices"] for g in gpus},
                 "plans": plans, "journal": str(path)}
+
+
+def _record_failure(path: Path, journal: dict, job_id: str, what: str, failures: list[str], drain,
+                    log: Callable[[str], None] | None = None) -> str:
+    """Journal ``{what}_failed`` and its ``failures``, log if ``log``, drain -> the drain reason."""
+    reason = _sanitize_reason(f"gsrun mig job {job_id}: {what} failed: {'; '.join(failures)}")
+    journal["status"] = f"{what}_failed"
+    journal["failures"] = failures
+    _journal(path).write(journal)
+    if log is not None:
+        log(f"gsrun: mig: job {job_id}: {reason}; draining")
+    drain(reason)
+    return reason
 
 
 def _remove(path: Path) -> None:
@@ -514,12 +523,7 @@ def _restore_path(mig_backend, path: Path, job_id: str, drain, log) -> dict:
             return {"restored": False, "reason": "no MIG journal"}
         failures = _restore_journal(mig_backend, journal, path, log)
         if failures:
-            reason = _sanitize_reason(f"gsrun mig job {job_id}: restore failed: {'; '.join(failures)}")
-            journal["status"] = "restore_failed"
-            journal["failures"] = failures
-            _journal(path).write(journal)
-            log(f"gsrun: mig: job {job_id}: {reason}; draining")
-            drain(reason)
+            reason = _record_failure(path, journal, job_id, "restore", failures, drain, log)
             return {"restored": False, "drained": True, "reason": reason, "failures": failures}
         _remove(path)
         return {"restored": True, "gpus": sorted(int(g) for g in journal.get("gpus", {}))}

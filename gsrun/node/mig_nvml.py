@@ -23,14 +23,10 @@ import ctypes
 import json
 from typing import Any
 
-NVML_SUCCESS = 0
-INVALID_ARGUMENT = 2
-NOT_SUPPORTED = 3
-NOT_FOUND = 6
-RESET_REQUIRED = 16
-IN_USE = 19
-INSUFFICIENT_RESOURCES = 23
-UNKNOWN = 999
+from gsrun.facts.nvml import (IN_USE, INSUFFICIENT_RESOURCES, INVALID_ARGUMENT, NOT_FOUND,  # noqa: F401
+                              NOT_SUPPORTED, NVML_SUCCESS, UNKNOWN)
+
+#: ``nvmlErrorString`` of the codes MIG calls answer
 CODE_TEXT = {0: "Success", 2: "Invalid Argument", 3: "Not Supported", 4: "Insufficient Permissions",
              6: "Not Found", 16: "GPU requires restart", 19: "In use by another client",
              23: "Insufficient Resources", 999: "Unknown Error"}
