@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+from contextlib import suppress
 from pathlib import Path
 
 from gsrun.base.errors import SlurmError
@@ -131,13 +132,11 @@ def job_idle_since(mine: float | None, others: list[dict | None], now: float, st
 def kick_mail_flush() -> None:
     """Start ``gsrun-node mail flush`` detached (it handles alert requests
     first); never blocks the sampler."""
-    try:
+    with suppress(OSError):
         subprocess.Popen(root_python("-m", "gsrun.admin.node", "mail", "flush"), stdin=subprocess.DEVNULL,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
                          close_fds=True, cwd=ROOT_CWD,
                          env=root_child_env(("GSRUN_SPOOL_DIR", "GSRUN_LOG_FILE")))
-    except OSError:
-        pass
 
 
 def run_scancel(job_id: str, timeout_s: float) -> tuple[bool, str]:
@@ -366,10 +365,8 @@ class LiveActions:
         p = self._marker(cond)
         held = read_json(p)
         if isinstance(held, dict) and held.get("node") == self.node:
-            try:
+            with suppress(OSError):
                 p.unlink()
-            except OSError:
-                pass
 
     def _is_lead(self) -> bool | None:
         job = (self._prolog() or {}).get("job") or {}

@@ -13,6 +13,7 @@ import errno
 import socket
 import sys
 import threading
+from contextlib import suppress
 from dataclasses import dataclass
 from socketserver import ThreadingMixIn
 from typing import Callable, Sequence
@@ -232,10 +233,8 @@ class _Server(ThreadingMixIn, WSGIServer):
 
 def _cut(sock) -> None:
     """End a connection past its deadline (its thread's next read or write fails)."""
-    try:
+    with suppress(OSError):
         sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
 
 
 def _server_class(family: int, dual_stack: bool) -> type:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -499,10 +500,8 @@ def _record_failure(path: Path, journal: dict, job_id: str, what: str, failures:
 
 def _remove(path: Path) -> None:
     _journal(path).remove()
-    try:
+    with suppress(OSError):
         path.parent.rmdir()  # only if empty: other modules may share the job dir
-    except OSError:
-        pass
 
 
 def _restore_path(mig_backend, path: Path, job_id: str, drain, log) -> dict:

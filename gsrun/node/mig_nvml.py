@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+from contextlib import suppress
 from typing import Any
 
 from gsrun.facts.nvml import (IN_USE, INSUFFICIENT_RESOURCES, INVALID_ARGUMENT, NOT_FOUND,  # noqa: F401
@@ -119,10 +120,8 @@ class RealMig(MigBackend):
 
     def close(self) -> None:
         if self._nv is not None:
-            try:
+            with suppress(Exception):
                 self._nv.nvmlShutdown()
-            except Exception:  # noqa: BLE001
-                pass
 
     def count(self) -> int:
         return int(self._call("count", -1, self.nv.nvmlDeviceGetCount))

@@ -14,6 +14,7 @@ import errno
 import os
 import re
 import signal
+from contextlib import suppress
 
 from gsrun.base.cpulist import format_cpulist, format_cpumask, parse_cpulist, parse_cpumask
 from gsrun.base.errors import GsrunError, InputError
@@ -145,14 +146,10 @@ def _write_ban(h, rel: str, job_note: str) -> None:
 def _remove_ban(h, rel: str) -> None:
     """Remove one ban file, and its directory once empty (it lives in /run: nothing to keep)."""
     p = h.path(rel)
-    try:
+    with suppress(FileNotFoundError):
         os.unlink(p)
-    except FileNotFoundError:
-        pass
-    try:
+    with suppress(OSError):  # other ban files (an admin's), or gone
         os.rmdir(p.parent)
-    except OSError:     # other ban files (an admin's), or gone
-        pass
 
 
 def irqbalance_rescan(h) -> str:
