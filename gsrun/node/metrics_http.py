@@ -62,10 +62,8 @@ def _good(r) -> bool:
         return False
     if r.gres_index is not None and not (type(r.gres_index) is int and 0 <= r.gres_index <= 65535):
         return False
-    for text in (r.uuid, r.name, r.mig_instance, r.user):
-        if text is not None and not (isinstance(text, str) and len(text) <= MAX_LABEL_CHARS and "\0" not in text):
-            return False
-    return True
+    return all(text is None or (isinstance(text, str) and len(text) <= MAX_LABEL_CHARS and "\0" not in text)
+               for text in (r.uuid, r.name, r.mig_instance, r.user))
 
 
 class GpuCollector:

@@ -51,10 +51,7 @@ class ProfileTable:
     profiles: tuple[Profile, ...]
 
     def by_name(self, name: str) -> Profile | None:
-        for p in self.profiles:
-            if p.name == name:
-                return p
-        return None
+        return next((p for p in self.profiles if p.name == name), None)
 
     @property
     def memory_slices(self) -> int:

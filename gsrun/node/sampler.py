@@ -203,10 +203,7 @@ def read_gpu(nv, ref: GpuRef, since_us: int | None, skip=(), leave_out=()) -> di
 
 
 def _lost(r: dict) -> NA | None:
-    for v in r.values():
-        if is_na(v) and v.code == GPU_IS_LOST:
-            return v
-    return None
+    return next((v for v in r.values() if is_na(v) and v.code == GPU_IS_LOST), None)
 
 
 def update_gpu(g: dict, r: dict, t_rel_s: float, dt_s: float, gap_s: float = 0.0,
