@@ -204,11 +204,9 @@ class RealMig(MigBackend):
         nv = self.nv
         out = []
         for p in range(int(getattr(nv, "NVML_COMPUTE_INSTANCE_PROFILE_COUNT", 8))):
-            try:
+            with suppress(nv.NVMLError):
                 out.append(nv.nvmlGpuInstanceGetComputeInstanceProfileInfo(
                     gi, p, nv.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED))
-            except nv.NVMLError:
-                continue
         return out
 
     def compute_instances(self, gpu: int, gi_id: int) -> list[dict]:

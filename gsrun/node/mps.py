@@ -184,7 +184,7 @@ def _recorded(entries: Iterable[dict], uid: int | None) -> list[psutil.Process]:
     """Journal PIDs still the same process (creation time) of ``uid``, with their descendants."""
     out = []
     for e in entries or ():
-        try:
+        with suppress(psutil.Error, KeyError, TypeError, ValueError):
             p = psutil.Process(int(e["pid"]))
             if abs(p.create_time() - float(e["create_time"])) > 0.01:
                 continue  # PID reused by an unrelated process
@@ -193,8 +193,6 @@ def _recorded(entries: Iterable[dict], uid: int | None) -> list[psutil.Process]:
             out.append(p)
             out.extend(c for c in p.children(recursive=True)
                        if uid is None or c.uids().real == uid)
-        except (psutil.Error, KeyError, TypeError, ValueError):
-            continue
     return out
 
 

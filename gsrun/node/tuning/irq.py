@@ -164,11 +164,9 @@ def irqbalance_rescan(h) -> str:
     for pid in pids:
         if (h.read(f"proc/{pid}/comm") or "").strip() != "irqbalance":   # gone or reused since listed
             continue
-        try:
+        with suppress(OSError):
             os.kill(pid, signal.SIGHUP)
             sent.append(str(pid))
-        except OSError:
-            continue
     return "irqbalance asked to rescan (SIGHUP)" if sent else ""
 
 
