@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import array
 from collections import deque
+from contextlib import suppress
 import gc
 import importlib
 import json
@@ -308,10 +309,8 @@ def _close_from(low: int, keep: int = -1) -> None:
         fds = list(range(low, 1024))
     for fd in fds:
         if fd >= low and fd != keep:
-            try:
+            with suppress(OSError):  # the listing's own descriptor, closed already
                 os.close(fd)
-            except OSError:
-                pass        # the listing's own descriptor, closed already
 
 
 def _child(args: list[str], env: dict[str, str], umask: int, fds: list[int], conn,
@@ -333,10 +332,8 @@ def _child(args: list[str], env: dict[str, str], umask: int, fds: list[int], con
     except SystemExit as e:
         rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except BaseException as e:  # noqa: BLE001 - never back into the daemon's loop
-        try:
+        with suppress(OSError):
             os.write(2, f"gsrun: daemon: hook failed in the daemon's child: {e!r}\n".encode())
-        except OSError:
-            pass
         rc = 0          # a bug of ours must not drain the node (as node_entry.main)
     finally:
         from gsrun.base.errors import exit_now
@@ -545,11 +542,9 @@ class NodeDaemon:
                 timeout = max(0.0, min(timeout or 60.0, self.monitor_due - time.monotonic()))
             for key, _ev in self.sel.select(timeout=timeout):
                 if key.data == "signal":
-                    try:
+                    with suppress(BlockingIOError):
                         while wake_r.recv(64):
                             pass
-                    except BlockingIOError:
-                        pass
                 elif key.data in ("accept", "accept-ctld"):
                     self._accept(key.fileobj, key.data == "accept-ctld")
                 elif key.data == "child":
@@ -609,10 +604,8 @@ class NodeDaemon:
     def _drop_monitor(self) -> tuple[int, int, float]:
         """Stop watching the monitor -> (pidfd, now closed, pid, start monotonic)."""
         pidfd, pid, started = self.monitor
-        try:
+        with suppress(KeyError, ValueError):
             self.sel.unregister(pidfd)
-        except (KeyError, ValueError):
-            pass
         os.close(pidfd)
         self.monitor = None
         return pidfd, pid, started
@@ -633,13 +626,11 @@ class NodeDaemon:
         if self.monitor is None:
             return
         pidfd, pid, _ = self.monitor
-        try:
+        with suppress(OSError, ChildProcessError):
             os.kill(pid, signal.SIGTERM)
             if not select.select([pidfd], [], [], MONITOR_STOP_S)[0]:
                 os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
-        except (OSError, ChildProcessError):
-            pass
         self._drop_monitor()
 
     def _stop_listening(self) -> None:
@@ -651,13 +642,11 @@ class NodeDaemon:
             doors.append((self.ctld_listener, self.ctld[1], self.ctld_socket_id))
         for listener, path, file_id in doors:
             self.sel.unregister(listener)
-            try:
+            with suppress(OSError):
                 # ours only: a newer daemon may have renamed its socket over the path already
                 st = os.lstat(path)
                 if (st.st_dev, st.st_ino) == file_id:
                     os.unlink(path)
-            except OSError:
-                pass
             listener.close()
         self.listener = self.ctld_listener = None
 
@@ -684,14 +673,14 @@ class NodeDaemon:
             conn.close()
             return
         argv, env, umask, fds = _read_request(conn, nfds=None)
+        args = hook_args(argv, self.python, self.site_dir, self.gsrun_node)     # None for bind and ping
         if ctld and argv != [PING_REQUEST]:
-            hook = hook_args(argv, self.python, self.site_dir, self.gsrun_node) if argv != [BIND_REQUEST] else None
-            if hook is None or hook[0] != "epilog-ctld":
+            if args is None or args[0] != "epilog-ctld":
                 _close(fds)
                 self.log(f"refused on the controller's door (uid {uid}): {argv[:1] + argv[5:7]}")
                 _refuse(conn, "only EpilogSlurmctld is served on this socket")
                 return
-            argv = argv[:argv.index(hook[0]) + 1]    # the hook, without the client's --spool-dir
+            args = args[:1]     # the hook, without the client's --spool-dir
             env = ctld_env(env, dict(os.environ))
         if argv in ([BIND_REQUEST], [PING_REQUEST]):
             _close(fds)
@@ -708,7 +697,6 @@ class NodeDaemon:
         try:
             if len(fds) != 3:
                 raise BadRequest(f"{len(fds)} descriptors, not 3")
-            args = hook_args(argv, self.python, self.site_dir, self.gsrun_node)
             if args is None:
                 self.log(f"refused a command that is not a hook of this installation: {argv[:3]}")
                 _refuse(conn, "not a hook of this installation (" + " ".join(argv[:1] + argv[5:7])[:200] + ")")
@@ -828,10 +816,8 @@ class NodeDaemon:
         if entry:
             # the group, and the child alone when not yet past its setsid() (unreaped: still ours)
             for kill in (os.killpg, os.kill):
-                try:
+                with suppress(OSError):
                     kill(entry[1], signal.SIGKILL)
-                except OSError:
-                    pass
             self.running[pidfd] = (None, entry[1])
         conn.close()
 
@@ -872,22 +858,18 @@ def _wait(pid: int) -> int:
 
 def _refuse(conn, why: str) -> None:
     """Answer ``E`` and ``why`` (one line; the client prints it and fails), then close ``conn``."""
-    try:
+    with suppress(OSError):
         conn.settimeout(0.5)
         conn.sendall(REFUSED + " ".join(why.split())[:400].encode("utf-8", "replace") + b"\n")
-    except OSError:
-        pass
     conn.close()
 
 
 def _send_exit(conn, status: int) -> None:
     """Send the client ``X`` and the hook's wait status, then close ``conn``."""
-    try:
+    with suppress(OSError):
         conn.setblocking(True)
         conn.settimeout(0.5)
         conn.sendall(EXITED + status.to_bytes(4, "big", signed=True))
-    except OSError:
-        pass
     conn.close()
 
 

@@ -71,10 +71,7 @@ def _int_attr(el: ET.Element, name: str) -> int | None:
 
 
 def _info(el: ET.Element, name: str) -> str | None:
-    for i in el.findall("info"):
-        if i.get("name") == name:
-            return i.get("value")
-    return None
+    return next((i.get("value") for i in el.findall("info") if i.get("name") == name), None)
 
 
 def _load(source: str | Path) -> tuple[ET.Element, str]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import resource
+from contextlib import suppress
 
 MEMLOCK_LIMIT_RE = r"^Max locked memory\s+(\S+)\s+(\S+)\s+bytes"
 RDMA_SHOWN = 8
@@ -64,11 +65,9 @@ def raise_memlock_soft(getrlimit=resource.getrlimit, setrlimit=resource.setrlimi
     except (OSError, ValueError):
         return None
     if soft != hard and (hard == resource.RLIM_INFINITY or soft < hard):
-        try:
+        with suppress(OSError, ValueError):
             setrlimit(resource.RLIMIT_MEMLOCK, (hard, hard))
             soft = hard
-        except (OSError, ValueError):
-            pass
     return soft, hard
 
 

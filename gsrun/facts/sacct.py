@@ -508,6 +508,7 @@ def _mem_part(j: SacctJob, e: JobEfficiency, head: SacctRow) -> None:
         e.mem_req_bytes = mv.bytes
     if e.mem_req_bytes is None and head.req_mem.bytes is not None:
         rm = head.req_mem
+        # ReqMem per CPU or per node: times the count, which must be known
         per = {"cpu": (e.alloc_cpus, "CPU", "AllocCPUS"), "node": (e.nodes, "node", "NNodes")}.get(rm.per)
         if per is None:
             e.mem_req_bytes = rm.bytes

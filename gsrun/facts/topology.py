@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import re
+from contextlib import suppress
 from dataclasses import dataclass, field
 
 from gsrun.base.cpulist import parse_cpulist, words_to_cpus
@@ -145,10 +146,8 @@ def read_cpus_online(fs: HostFS) -> list[int]:
     for f in ("online", "present"):
         text = fs.read(f"{CPU_DIR}/{f}")
         if text:
-            try:
+            with suppress(InputError):
                 return parse_cpulist(text)
-            except InputError:
-                pass
     ids = [int(d[3:]) for d in fs.listdir(CPU_DIR) if _numbered(d, "cpu")]
     return sorted(ids)
 
@@ -162,11 +161,9 @@ def read_cores(fs: HostFS, cpus: list[int]) -> list[tuple[int, ...]]:
         for f in ("thread_siblings_list", "core_cpus_list"):
             text = fs.read(f"{CPU_DIR}/cpu{c}/topology/{f}")
             if text:
-                try:
+                with suppress(InputError):
                     sib = parse_cpulist(text)
                     break
-                except InputError:
-                    pass
         group = tuple(x for x in (sib or [c]) if x in online) or (c,)
         if c not in group:
             group = (c,)

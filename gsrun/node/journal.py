@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import stat
 import time
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -114,14 +115,12 @@ class Journal:
             os.unlink(self.path)
         except FileNotFoundError:
             return          # nothing removed: nothing to make durable
-        try:
+        with suppress(OSError):
             dfd = os.open(self.path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
             try:
                 os.fsync(dfd)
             finally:
                 os.close(dfd)
-        except OSError:
-            pass
 
     def lock(self, timeout_s: float = LOCK_TIMEOUT_S) -> "_Flock":
         """Hold an exclusive ``flock`` on :attr:`lock_path` for the ``with`` block.

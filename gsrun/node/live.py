@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+from contextlib import suppress
 from pathlib import Path
 
 from gsrun.base.errors import SlurmError
@@ -131,13 +132,11 @@ def job_idle_since(mine: float | None, others: list[dict | None], now: float, st
 def kick_mail_flush() -> None:
     """Start ``gsrun-node mail flush`` detached (it handles alert requests
     first); never blocks the sampler."""
-    try:
+    with suppress(OSError):
         subprocess.Popen(root_python("-m", "gsrun.admin.node", "mail", "flush"), stdin=subprocess.DEVNULL,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
                          close_fds=True, cwd=ROOT_CWD,
                          env=root_child_env(("GSRUN_SPOOL_DIR", "GSRUN_LOG_FILE")))
-    except OSError:
-        pass
 
 
 def run_scancel(job_id: str, timeout_s: float) -> tuple[bool, str]:
@@ -161,13 +160,10 @@ def read_cancel_fields(job_id: str, timeout_s: float) -> dict | None:
     """The job for :func:`gsrun.request.waste.cancel_decision`: its exemption
     fields from ``squeue`` (:data:`NOT_EXEMPT` when they do not parse) and
     ``mail_user`` from the job record; None when Slurm could not be asked."""
-    try:
-        cp = run_slurm(exemption_argv(job_id), timeout_s, check=False)
-    except SlurmError:
+    out = _slurm_stdout(exemption_argv(job_id), timeout_s)
+    if out is None:
         return None
-    if cp.returncode != 0 or not cp.stdout.strip():
-        return None
-    fields = parse_exemption_record(cp.stdout, job_id)
+    fields = parse_exemption_record(out, job_id)
     job = dict(NOT_EXEMPT) if fields is None else {**fields, "unparsable": False}
     rec = job_fields_from_record(read_job_record(job_id, timeout_s))
     job["mail_user"] = (rec or {}).get("mail_user")
@@ -176,14 +172,17 @@ def read_cancel_fields(job_id: str, timeout_s: float) -> dict | None:
 
 def read_job_record(job_id: str, timeout_s: float) -> dict | None:
     """``scontrol -o show job <id>`` parsed (forged duplicate fields dropped), or None."""
+    out = _slurm_stdout(["scontrol", "-o", "show", "job", check_job_id(job_id, array=True)], timeout_s)
+    return None if out is None else parse_job_record(out, job_id)
+
+
+def _slurm_stdout(argv: list[str], timeout_s: float) -> str | None:
+    """The output of a Slurm command that succeeded with some, else None."""
     try:
-        cp = run_slurm(["scontrol", "-o", "show", "job", check_job_id(job_id, array=True)], timeout_s,
-                       check=False)
+        cp = run_slurm(argv, timeout_s, check=False)
     except SlurmError:
         return None
-    if cp.returncode != 0 or not cp.stdout.strip():
-        return None
-    return parse_job_record(cp.stdout, job_id)
+    return cp.stdout if cp.returncode == 0 and cp.stdout.strip() else None
 
 
 def _watches(state: dict) -> list:
@@ -366,10 +365,8 @@ class LiveActions:
         p = self._marker(cond)
         held = read_json(p)
         if isinstance(held, dict) and held.get("node") == self.node:
-            try:
+            with suppress(OSError):
                 p.unlink()
-            except OSError:
-                pass
 
     def _is_lead(self) -> bool | None:
         job = (self._prolog() or {}).get("job") or {}

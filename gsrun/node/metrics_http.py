@@ -13,6 +13,7 @@ import errno
 import socket
 import sys
 import threading
+from contextlib import suppress
 from dataclasses import dataclass
 from socketserver import ThreadingMixIn
 from typing import Callable, Sequence
@@ -61,10 +62,8 @@ def _good(r) -> bool:
         return False
     if r.gres_index is not None and not (type(r.gres_index) is int and 0 <= r.gres_index <= 65535):
         return False
-    for text in (r.uuid, r.name, r.mig_instance, r.user):
-        if text is not None and not (isinstance(text, str) and len(text) <= MAX_LABEL_CHARS and "\0" not in text):
-            return False
-    return True
+    return all(text is None or (isinstance(text, str) and len(text) <= MAX_LABEL_CHARS and "\0" not in text)
+               for text in (r.uuid, r.name, r.mig_instance, r.user))
 
 
 class GpuCollector:
@@ -232,10 +231,8 @@ class _Server(ThreadingMixIn, WSGIServer):
 
 def _cut(sock) -> None:
     """End a connection past its deadline (its thread's next read or write fails)."""
-    try:
+    with suppress(OSError):
         sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
 
 
 def _server_class(family: int, dual_stack: bool) -> type:

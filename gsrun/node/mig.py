@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -50,10 +51,7 @@ class ProfileTable:
     profiles: tuple[Profile, ...]
 
     def by_name(self, name: str) -> Profile | None:
-        for p in self.profiles:
-            if p.name == name:
-                return p
-        return None
+        return next((p for p in self.profiles if p.name == name), None)
 
     @property
     def memory_slices(self) -> int:
@@ -468,11 +466,7 @@ def prolog_apply(mig_backend: MigBackend, state_dir, job_id, gpu_indices: list[i
             log(f"gsrun: mig: job {job_id}: {cause}; rolling back")
             failures = _restore_journal(mig_backend, journal, path, log)
             if failures:
-                reason = _sanitize_reason(f"gsrun mig job {job_id}: rollback failed: {'; '.join(failures)}")
-                journal["status"] = "rollback_failed"
-                journal["failures"] = failures
-                _journal(path).write(journal)
-                drain(reason)
+                _record_failure(path, journal, job_id, "rollback", failures, drain)
                 raise NodeError("prolog", "MIG layout failed and node drained",
                                 f"{cause}; rollback failed: {'; '.join(failures)}",
                                 hint="the journal stays in place; `gsrun-node restore` retries") from None
@@ -488,12 +482,23 @@ def prolog_apply(mig_backend: MigBackend, state_dir, job_id, gpu_indices: list[i
                 "plans": plans, "journal": str(path)}
 
 
+def _record_failure(path: Path, journal: dict, job_id: str, what: str, failures: list[str], drain,
+                    log: Callable[[str], None] | None = None) -> str:
+    """Journal ``{what}_failed`` and its ``failures``, log if ``log``, drain -> the drain reason."""
+    reason = _sanitize_reason(f"gsrun mig job {job_id}: {what} failed: {'; '.join(failures)}")
+    journal["status"] = f"{what}_failed"
+    journal["failures"] = failures
+    _journal(path).write(journal)
+    if log is not None:
+        log(f"gsrun: mig: job {job_id}: {reason}; draining")
+    drain(reason)
+    return reason
+
+
 def _remove(path: Path) -> None:
     _journal(path).remove()
-    try:
+    with suppress(OSError):
         path.parent.rmdir()  # only if empty: other modules may share the job dir
-    except OSError:
-        pass
 
 
 def _restore_path(mig_backend, path: Path, job_id: str, drain, log) -> dict:
@@ -514,12 +519,7 @@ def _restore_path(mig_backend, path: Path, job_id: str, drain, log) -> dict:
             return {"restored": False, "reason": "no MIG journal"}
         failures = _restore_journal(mig_backend, journal, path, log)
         if failures:
-            reason = _sanitize_reason(f"gsrun mig job {job_id}: restore failed: {'; '.join(failures)}")
-            journal["status"] = "restore_failed"
-            journal["failures"] = failures
-            _journal(path).write(journal)
-            log(f"gsrun: mig: job {job_id}: {reason}; draining")
-            drain(reason)
+            reason = _record_failure(path, journal, job_id, "restore", failures, drain, log)
             return {"restored": False, "drained": True, "reason": reason, "failures": failures}
         _remove(path)
         return {"restored": True, "gpus": sorted(int(g) for g in journal.get("gpus", {}))}

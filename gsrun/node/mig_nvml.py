@@ -21,16 +21,13 @@ from __future__ import annotations
 
 import ctypes
 import json
+from contextlib import suppress
 from typing import Any
 
-NVML_SUCCESS = 0
-INVALID_ARGUMENT = 2
-NOT_SUPPORTED = 3
-NOT_FOUND = 6
-RESET_REQUIRED = 16
-IN_USE = 19
-INSUFFICIENT_RESOURCES = 23
-UNKNOWN = 999
+from gsrun.facts.nvml import (IN_USE, INSUFFICIENT_RESOURCES, INVALID_ARGUMENT, NOT_FOUND,  # noqa: F401
+                              NOT_SUPPORTED, NVML_SUCCESS, UNKNOWN)
+
+#: ``nvmlErrorString`` of the codes MIG calls answer
 CODE_TEXT = {0: "Success", 2: "Invalid Argument", 3: "Not Supported", 4: "Insufficient Permissions",
              6: "Not Found", 16: "GPU requires restart", 19: "In use by another client",
              23: "Insufficient Resources", 999: "Unknown Error"}
@@ -123,10 +120,8 @@ class RealMig(MigBackend):
 
     def close(self) -> None:
         if self._nv is not None:
-            try:
+            with suppress(Exception):
                 self._nv.nvmlShutdown()
-            except Exception:  # noqa: BLE001
-                pass
 
     def count(self) -> int:
         return int(self._call("count", -1, self.nv.nvmlDeviceGetCount))
@@ -209,11 +204,9 @@ class RealMig(MigBackend):
         nv = self.nv
         out = []
         for p in range(int(getattr(nv, "NVML_COMPUTE_INSTANCE_PROFILE_COUNT", 8))):
-            try:
+            with suppress(nv.NVMLError):
                 out.append(nv.nvmlGpuInstanceGetComputeInstanceProfileInfo(
                     gi, p, nv.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED))
-            except nv.NVMLError:
-                continue
         return out
 
     def compute_instances(self, gpu: int, gi_id: int) -> list[dict]:

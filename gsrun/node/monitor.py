@@ -43,6 +43,7 @@ import stat
 import sys
 import threading
 import time
+from contextlib import suppress
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
@@ -414,19 +415,15 @@ class Monitor:
             self.log(f"job {job_id}: {stopped}")
         finally:
             self._release(entry)
-            try:
+            with suppress(OSError):
                 os.unlink(self.paths.state_job(job_id) / JOB_FILE)
-            except OSError:
-                pass
         return {"ok": True, "samples": s.state["samples"], "stopped": stopped,
                 "final_ms": round((time.perf_counter() - t0) * 1000, 2)}
 
     def _release(self, entry: Job) -> None:
         if entry.dma_fd is not None:
-            try:
+            with suppress(OSError):
                 os.close(entry.dma_fd)
-            except OSError:
-                pass
             entry.dma_fd = None
 
     def status(self) -> dict:
@@ -484,11 +481,9 @@ class Monitor:
         """This tick's endpoint figures: each job's GPUs (means since the last tick), then the idle GPUs."""
         out: list[GpuReading] = []
         for entry in self.jobs.values():
-            try:
+            with suppress(Exception):  # a job's figures left out of one scrape
                 rs, entry.marks = job_readings(entry.sampler.state, entry.user, entry.marks)
                 out += rs
-            except Exception:  # noqa: BLE001 - a job's figures left out of one scrape
-                pass
         for i, r in sorted(self.idle_values.items()):
             minor, uuid, name = self.devices.get(i, (None, None, None))
             mem, util = r.get("memory"), r.get("utilization")
@@ -594,11 +589,9 @@ class Monitor:
                         self._accept(listener)
                         self.poll_begun()
                     else:
-                        try:
+                        with suppress(BlockingIOError):
                             while os.read(r, 512):
                                 pass
-                        except BlockingIOError:
-                            pass
         finally:
             signal.set_wakeup_fd(-1)
             self.flush_all()
@@ -668,10 +661,8 @@ def listen(path: str):
 
 def die_with_parent() -> None:
     """SIGTERM this process when its daemon ends (``PR_SET_PDEATHSIG``), even by SIGKILL."""
-    try:
+    with suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
 
 
 def run(host_root: str | None = None, state_dir: str | None = None, spool_dir: str | None = None,

@@ -28,6 +28,7 @@ import stat
 import subprocess
 import tempfile
 import time
+from contextlib import suppress
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
@@ -183,7 +184,7 @@ def _recorded(entries: Iterable[dict], uid: int | None) -> list[psutil.Process]:
     """Journal PIDs still the same process (creation time) of ``uid``, with their descendants."""
     out = []
     for e in entries or ():
-        try:
+        with suppress(psutil.Error, KeyError, TypeError, ValueError):
             p = psutil.Process(int(e["pid"]))
             if abs(p.create_time() - float(e["create_time"])) > 0.01:
                 continue  # PID reused by an unrelated process
@@ -192,8 +193,6 @@ def _recorded(entries: Iterable[dict], uid: int | None) -> list[psutil.Process]:
             out.append(p)
             out.extend(c for c in p.children(recursive=True)
                        if uid is None or c.uids().real == uid)
-        except (psutil.Error, KeyError, TypeError, ValueError):
-            continue
     return out
 
 
@@ -443,14 +442,12 @@ def _daemon_processes(pipe_dir: str, uid: int) -> list[psutil.Process]:
     """The pid file's control daemon if it checks out, else :func:`find_job_processes`'s."""
     pid = _read_pid_file(pipe_dir)
     if pid is not None:
-        try:
+        with suppress(psutil.Error, OSError):
             p = psutil.Process(pid)
             if (p.uids().real == uid and _is_mps_process(p) and not _gone(p)
                     and os.path.normpath(p.environ().get("CUDA_MPS_PIPE_DIRECTORY", ""))
                     == os.path.normpath(pipe_dir)):
                 return [p]
-        except (psutil.Error, OSError):
-            pass
     return find_job_processes(pipe_dir, uid)
 
 
@@ -467,11 +464,9 @@ def _wait_gone(procs: list[psutil.Process], timeout_s: float) -> list[psutil.Pro
 def _signal(procs: list[psutil.Process], sig: int) -> list[int]:
     sent = []
     for p in procs:
-        try:
+        with suppress(psutil.Error):
             p.send_signal(sig)  # psutil checks the PID still is this process
             sent.append(p.pid)
-        except psutil.Error:
-            pass
     return sent
 
 
@@ -508,12 +503,10 @@ def stop(job_id: str, mps_dir: str, state_dir: str, control_bin: str, timeout_s:
         job_dir = Path(j.get("job_dir") or job_dir)
         uid, gid = j.get("uid"), j.get("gid")
     else:
-        try:
+        with suppress(OSError):
             st = os.lstat(job_dir)
             if stat.S_ISDIR(st.st_mode):
                 uid, gid = st.st_uid, st.st_gid
-        except OSError:
-            pass
     res = {"job_id": job_id, "status": "stopped", "quit": "skipped", "ended": [],
            "terminated": [], "killed": [], "leftover": [], "compute_mode_restored": {},
            "errors": [], "dir_removed": False, "journal_kept": False}

@@ -17,6 +17,7 @@ import re
 import shutil
 import signal
 import time
+from contextlib import suppress
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
@@ -164,10 +165,8 @@ def proc_facts(pid: int) -> ProcFacts:
         with p.oneshot():
             uid, ppid, name = p.uids().real, p.ppid(), p.name()
         env_job = None
-        try:
+        with suppress(psutil.AccessDenied, psutil.ZombieProcess, OSError):
             env_job = p.environ().get("SLURM_JOB_ID")
-        except (psutil.AccessDenied, psutil.ZombieProcess, OSError):
-            pass
         try:
             with open(f"/proc/{pid}/cgroup", errors="replace") as f:
                 cg_job = parse_proc_cgroup_job(f.read())
@@ -233,19 +232,15 @@ def end_processes(pids: list[int], uid: int, term_wait_s: float = TERM_WAIT_S,
         except psutil.AccessDenied:
             res[pid] = "skipped"
     for p in procs:
-        try:
+        with suppress(psutil.NoSuchProcess, psutil.ZombieProcess):
             p.send_signal(signal.SIGTERM)
-        except (psutil.NoSuchProcess, psutil.ZombieProcess):
-            pass
     _gone, alive = psutil.wait_procs(procs, timeout=term_wait_s)
     for p in procs:
         res[p.pid] = "terminated"
     for p in alive:
-        try:
+        with suppress(psutil.NoSuchProcess, psutil.ZombieProcess):
             p.send_signal(signal.SIGKILL)
             res[p.pid] = "killed"
-        except (psutil.NoSuchProcess, psutil.ZombieProcess):
-            pass
     _gone, still = psutil.wait_procs(alive, timeout=kill_wait_s)
     for p in still:
         if p.status() != psutil.STATUS_ZOMBIE:
@@ -347,7 +342,5 @@ def cleanup(job_id: str, uid: int, gres_indices: list[int] | None, hostfs=None,
         return rep
     finally:
         if own and nv is not None:
-            try:
+            with suppress(Exception):
                 nv.close()
-            except Exception:  # noqa: BLE001
-                pass

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from contextlib import suppress
 
 import psutil
 
@@ -203,10 +204,7 @@ def read_gpu(nv, ref: GpuRef, since_us: int | None, skip=(), leave_out=()) -> di
 
 
 def _lost(r: dict) -> NA | None:
-    for v in r.values():
-        if is_na(v) and v.code == GPU_IS_LOST:
-            return v
-    return None
+    return next((v for v in r.values() if is_na(v) and v.code == GPU_IS_LOST), None)
 
 
 def update_gpu(g: dict, r: dict, t_rel_s: float, dt_s: float, gap_s: float = 0.0,
@@ -399,13 +397,11 @@ class JobProcs:
         rss = 0
         current: set[int] = set()
         for key, p in (self._known(psutil) if known_only else self._scan(psutil)):
-            try:
+            with suppress(*_GONE):
                 ct = p.cpu_times()
                 self.seen[key] = ct.user + ct.system
                 rss += p.memory_info().rss
                 current.add(key[0])
-            except _GONE:
-                continue
         self.rss_peak = max(self.rss_peak, rss)
         self.current = current
         return sum(self.seen.values()), rss

@@ -50,8 +50,7 @@ class GovernorKnob(Knob):
                 sets.append(t.split())
         if not sets:
             return []
-        common = [g for g in sets[0] if all(g in s for s in sets[1:])]
-        return common
+        return [g for g in sets[0] if all(g in s for s in sets[1:])]
 
     def matches(self, current, target):
         return bool(current) and all(v == target for v in current.values())

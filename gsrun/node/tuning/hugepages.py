@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import stat
+from contextlib import suppress
 
 from gsrun.base.errors import NodeError
 from gsrun.facts.hostfs import meminfo_kb
@@ -194,10 +195,8 @@ class HugepagesKnob(ScopedKnob):
                 node = k.split("/")[0]
                 compact = f"{NODE}/{node}/compact" if h.exists(f"{NODE}/{node}/compact") else COMPACT_ALL
                 if h.exists(compact):
-                    try:
+                    with suppress(OSError):
                         kernel_write(h, compact, "1")
-                    except OSError:
-                        pass
                 while have < want and tries < ALLOC_RETRIES:
                     tries += 1
                     kernel_write(h, self._rel(k), v)

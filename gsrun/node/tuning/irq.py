@@ -14,6 +14,7 @@ import errno
 import os
 import re
 import signal
+from contextlib import suppress
 
 from gsrun.base.cpulist import format_cpulist, format_cpumask, parse_cpulist, parse_cpumask
 from gsrun.base.errors import GsrunError, InputError
@@ -145,14 +146,10 @@ def _write_ban(h, rel: str, job_note: str) -> None:
 def _remove_ban(h, rel: str) -> None:
     """Remove one ban file, and its directory once empty (it lives in /run: nothing to keep)."""
     p = h.path(rel)
-    try:
+    with suppress(FileNotFoundError):
         os.unlink(p)
-    except FileNotFoundError:
-        pass
-    try:
+    with suppress(OSError):  # other ban files (an admin's), or gone
         os.rmdir(p.parent)
-    except OSError:     # other ban files (an admin's), or gone
-        pass
 
 
 def irqbalance_rescan(h) -> str:
@@ -167,11 +164,9 @@ def irqbalance_rescan(h) -> str:
     for pid in pids:
         if (h.read(f"proc/{pid}/comm") or "").strip() != "irqbalance":   # gone or reused since listed
             continue
-        try:
+        with suppress(OSError):
             os.kill(pid, signal.SIGHUP)
             sent.append(str(pid))
-        except OSError:
-            continue
     return "irqbalance asked to rescan (SIGHUP)" if sent else ""
 
 

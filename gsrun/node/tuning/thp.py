@@ -13,10 +13,7 @@ from gsrun.node.tuning.knob import THP, THP_DIRS, BracketKnob, bracket_choices, 
 
 def thp_dir(hostfs) -> str:
     """The first of :data:`THP_DIRS` that exists here (the mainline path when neither does)."""
-    for d in THP_DIRS:
-        if hostfs.exists(f"{d}/enabled"):
-            return d
-    return THP
+    return next((d for d in THP_DIRS if hostfs.exists(f"{d}/enabled")), THP)
 
 
 class ThpKnob(BracketKnob):

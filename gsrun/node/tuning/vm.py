@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import os
+from contextlib import suppress
 
 from gsrun.base.errors import NodeError
 from gsrun.node.tuning.knob import VM, Knob, kernel_write
@@ -49,11 +50,9 @@ def read_swaps(hostfs) -> list[dict] | None:
         parts = line.split()
         if len(parts) < 5:
             continue
-        try:
+        with suppress(ValueError):
             out.append({"name": _unescape_swaps(parts[0]), "type": parts[1], "size_kb": int(parts[2]),
                         "used_kb": int(parts[3]), "priority": int(parts[4]), "line": line})
-        except ValueError:
-            continue
     return out
 
 
