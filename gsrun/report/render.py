@@ -69,6 +69,12 @@ def _util(g) -> str:
     return fmt_share_pct(g["util_mean_pct"], na="N/A (MIG)" if is_mig(g) else NA)
 
 
+def _mem_power_energy(g) -> tuple[str, str, str]:
+    """A GPU's memory peak of its total, mean power (W) and energy (Wh), formatted."""
+    return (fmt_bytes_of(g["mem_peak_bytes"], g["mem_total_bytes"]), fmt_power_w(g["power_mean_w"]),
+            fmt_energy_j(g["energy_j"], "wh"))
+
+
 def _throttle(g) -> str:
     ts = {k: v for k, v in (g.get("throttle_s") or {}).items() if v and k != "sync_boost"}
     cov = g.get("covered_s")
@@ -245,10 +251,8 @@ def render_text(summary: dict, color: bool = False, cfg=None, all_gpus: bool = F
             lines.append(f"  ... {len(acts) - len(shown_a)} more (gseff --all lists them)")
 
     lines += ["", c("1", "Job")]
-    who = ", ".join(x for x in (f"user {job.get('user') or 'N/A'}", f"partition {job.get('partition') or 'N/A'}",
-                                "exit code " + ("N/A" if job.get("exit_code") is None else str(job["exit_code"])))
-                    if x)
-    lines += _wrap(who[0].upper() + who[1:])
+    lines += _wrap(f"User {job.get('user') or 'N/A'}, partition {job.get('partition') or 'N/A'}, exit code "
+                   + ("N/A" if job.get("exit_code") is None else str(job["exit_code"])))
     start, end, submit = job.get("start_time"), job.get("end_time"), job.get("submit_time")
     if submit and start and start >= submit:
         lines += _wrap(f"Submitted {fmt_time(submit)}, waited {fmt_duration_s(start - submit, 'clock')} "
@@ -261,32 +265,30 @@ def render_text(summary: dict, color: bool = False, cfg=None, all_gpus: bool = F
         elif "time_limit_s" in job:
             ran += ", no time limit"
         lines += _wrap(ran)
-    if not nodes and not start and submit:       # not started: what it asked for, how long it waited
-        lines += _wrap(f"Submitted {fmt_time(submit)}"
-                       + (f", time limit {fmt_duration_s(job['time_limit_s'], 'clock')}"
-                          if job.get("time_limit_s") else ""))
-    named = nodes if all_gpus or len(nodes) <= LIST_UP_TO_NODES else \
-        nodes[:FINDING_UP_TO_NODES] + [f"... {nodes[-1]}; gseff --all lists them"]
-    alloc = f"{plural(len(nodes), 'node')} ({', '.join(named) or 'N/A'}), " \
-            f"{job.get('cpus_alloc') or 'N/A'} CPUs, {plural(job.get('gpus_alloc') or gpu['count'] or 0, 'GPU')}, " \
-            f"{fmt_bytes(mem.get('req_bytes')) if mem.get('req_bytes') else 'no'} memory requested"
-    if not nodes and not start:
-        alloc = f"Asked for {job.get('cpus_alloc') or 'N/A'} CPUs, " \
-                f"{plural(job.get('gpus_alloc') or gpu['count'] or 0, 'GPU')}"
-    lines += _wrap(alloc)
-    if not nodes and not start:
-        pass                    # not started: no figures to show
-    elif cpu.get("time_s") is not None:
-        cpu_line = f"CPU time {fmt_duration_s(cpu['time_s'], 'clock')}"
-        if job.get("cpus_alloc") and run_time_s(job):
-            cpu_line += f" of {job['cpus_alloc']} cores x {fmt_run_time(job)}"
-        cpu_line += f"; host memory peak {fmt_bytes(mem.get('peak_bytes'))}"
-        if cpu.get("anomaly"):
-            cpu_line += " [accounting anomaly]"
-        lines += _wrap(cpu_line)
-    elif not rows:
-        lines += _wrap(f"CPU efficiency {fmt_share_pct(cpu.get('efficiency_pct'))}, host memory peak "
-                       f"{fmt_bytes(mem.get('peak_bytes'))}")
+    gpus_asked = plural(job.get("gpus_alloc") or gpu["count"] or 0, "GPU")
+    if not nodes and not start:     # not started: what it asked for, no figures
+        if submit:
+            lines += _wrap(f"Submitted {fmt_time(submit)}"
+                           + (f", time limit {fmt_duration_s(job['time_limit_s'], 'clock')}"
+                              if job.get("time_limit_s") else ""))
+        lines += _wrap(f"Asked for {job.get('cpus_alloc') or 'N/A'} CPUs, {gpus_asked}")
+    else:
+        named = nodes if all_gpus or len(nodes) <= LIST_UP_TO_NODES else \
+            nodes[:FINDING_UP_TO_NODES] + [f"... {nodes[-1]}; gseff --all lists them"]
+        lines += _wrap(f"{plural(len(nodes), 'node')} ({', '.join(named) or 'N/A'}), "
+                       f"{job.get('cpus_alloc') or 'N/A'} CPUs, {gpus_asked}, "
+                       f"{fmt_bytes(mem.get('req_bytes')) if mem.get('req_bytes') else 'no'} memory requested")
+        if cpu.get("time_s") is not None:
+            cpu_line = f"CPU time {fmt_duration_s(cpu['time_s'], 'clock')}"
+            if job.get("cpus_alloc") and run_time_s(job):
+                cpu_line += f" of {job['cpus_alloc']} cores x {fmt_run_time(job)}"
+            cpu_line += f"; host memory peak {fmt_bytes(mem.get('peak_bytes'))}"
+            if cpu.get("anomaly"):
+                cpu_line += " [accounting anomaly]"
+            lines += _wrap(cpu_line)
+        elif not rows:
+            lines += _wrap(f"CPU efficiency {fmt_share_pct(cpu.get('efficiency_pct'))}, host memory peak "
+                           f"{fmt_bytes(mem.get('peak_bytes'))}")
     for ln in settings_lines(summary):
         lines += _wrap(ln)
 
@@ -308,9 +310,7 @@ def render_text(summary: dict, color: bool = False, cfg=None, all_gpus: bool = F
                 busy += [f"SM active {fmt_share_pct(g.get('sm_active_mean_pct'))}",
                          f"tensor active {fmt_share_pct(g.get('tensor_active_mean_pct'))}"]
             lines += _wrap(", ".join(busy), "    ", "      ")
-            lines += _wrap(f"memory peak {fmt_bytes_of(g['mem_peak_bytes'], g['mem_total_bytes'])}, "
-                           f"power {fmt_power_w(g['power_mean_w'])}, energy {fmt_energy_j(g['energy_j'], 'wh')}",
-                           "    ", "      ")
+            lines += _wrap("memory peak {}, power {}, energy {}".format(*_mem_power_energy(g)), "    ", "      ")
             notes = _gpu_notes(g, c)
             if notes:
                 lines += _wrap("; ".join(notes), "    ", "      ")
@@ -330,8 +330,7 @@ def render_text(summary: dict, color: bool = False, cfg=None, all_gpus: bool = F
         for g in shown:
             row = (f"{g['node']:<{nw}} " if multi else "") + f"{g['index']:>3} {_util(g):>5}" \
                 + (f" {fmt_share_pct(g.get('sm_active_mean_pct')):>4}" if has_sm else "") \
-                + f"  {fmt_bytes_of(g['mem_peak_bytes'], g['mem_total_bytes']):<19} " \
-                f"{fmt_power_w(g['power_mean_w']):>5} {fmt_energy_j(g['energy_j'], 'wh'):>8}"
+                + "  {:<19} {:>5} {:>8}".format(*_mem_power_energy(g))
             lines.append("  " + row.rstrip())
         for g in shown:
             notes = _gpu_notes(g, c)

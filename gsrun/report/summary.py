@@ -21,17 +21,16 @@ read by jobstats and reportseff; GPU keys are ``/dev/nvidiaN`` minors)::
 from __future__ import annotations
 
 import base64
-import datetime
 import gzip
 import json
 
 from gsrun import SUMMARY_SCHEMA
 from gsrun.base.record import ABSENT
 from gsrun.facts.aggregate import Counter, Metric
-from gsrun.facts.sacct import parse_time_s, parse_tres, tres_gpus
+from gsrun.facts.sacct import epoch_or_none, parse_tres, time_s_or_none, tres_gpus
 from gsrun.facts.sampler_state import GpuState, SamplerState, WasteAction
 from gsrun.facts.slurm import state_word
-from gsrun.report.findings import finding_records, run_time_s
+from gsrun.report.findings import finding_records, real_gpus, run_time_s
 from gsrun.report.records import (CpuFigures, GpuFigures, GpuSummary, JobInfo, JobSummary, MemoryFigures, NodeDetail,
                                   NodeSetting, NodeSummary, SettingsGroup, WasteDetection)
 
@@ -304,7 +303,7 @@ def job_summary(job: dict, nodes: list[dict | NodeSummary], cfg=None, partition:
                     timeline.add_gpu(g["timeline"], off)
                     g = {k: v for k, v in g.items() if k != "timeline"}
                 gpus.append(g)
-    real = [g for g in gpus if g.get("status", "emulated" if g["emulated"] else "ok") in ("ok", "lost")]
+    real = real_gpus(gpus)
     reasons = sorted({n["gpu_reason"] for n in nodes if n.get("gpu_reason")})
     gpus_alloc = job.get("gpus_alloc") or len(gpus)
     gpu_hours_alloc = gpus_alloc * run_s / 3600.0 if run_s is not None else None
@@ -541,23 +540,14 @@ def pending_summary(rec: dict[str, str], cfg=None) -> dict:
         v = rec.get(k)
         return None if v in (None, "", "(null)", "None", "N/A", "Unknown") else v
 
-    def epoch(k):
-        try:
-            return datetime.datetime.fromisoformat(val(k)).timestamp() if val(k) else None
-        except ValueError:
-            return None
     tres = parse_tres(val("ReqTRES") or val("TRES") or "")
     gpus = tres_gpus(tres) or 0
     cpus = val("NumCPUs")
-    try:
-        limit = parse_time_s(val("TimeLimit"))
-    except ValueError:
-        limit = None
     job = {"id": rec.get("JobId"), "name": val("JobName"), "user": (val("UserId") or "").split("(")[0] or None,
            "partition": val("Partition"), "state": state_word(rec.get("JobState")) or "PENDING", "nodes": [],
            "cpus_alloc": int(cpus) if cpus and cpus.isdigit() else None, "gpus_alloc": gpus,
-           "submit_time": epoch("SubmitTime"), "time_limit_s": limit, "elapsed_s": 0.0,
-           "pending_reason": val("Reason"), "expected_start": epoch("StartTime")}
+           "submit_time": epoch_or_none(val("SubmitTime")), "time_limit_s": time_s_or_none(val("TimeLimit")), "elapsed_s": 0.0,
+           "pending_reason": val("Reason"), "expected_start": epoch_or_none(val("StartTime"))}
     summary = {"job": job, "cpu": {"efficiency_pct": None, "time_s": None, "anomaly": False},
                "memory": {"efficiency_pct": None, "peak_bytes": None, "req_bytes": None},
                "gpu": {"available": True, "count": gpus, "devices": [], "reason": None}}

@@ -23,9 +23,6 @@ PHASE = "mail"
 _ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
 # bidi overrides/isolates: would let a job name reorder what the reader sees
 _BIDI = {chr(c) for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A), 0x200E, 0x200F, 0x061C)}
-# Slurm MailType tokens (sbatch --mail-type); ALL = BEGIN,END,FAIL,INVALID_DEPEND,REQUEUE,STAGE_OUT
-MAIL_TYPES = {"NONE", "BEGIN", "END", "FAIL", "REQUEUE", "ALL", "INVALID_DEPEND", "STAGE_OUT",
-              "TIME_LIMIT", "TIME_LIMIT_90", "TIME_LIMIT_80", "TIME_LIMIT_50", "ARRAY_TASKS"}
 # colours (readable on white and on a dark background): severity of a finding, level of a verdict
 SEVERITY_COLOR = {"crit": "#c62828", "error": "#c62828", "warn": "#d46b08", "info": "#5c6b7a"}
 LEVEL_COLOR = {"good": "#2e7d32", "better": "#d46b08", "wasteful": "#c62828"}
@@ -77,11 +74,7 @@ def mail_wanted(mail_type: str | None, policy: str, *, state: str | None = None,
     tokens = {t.strip().upper() for t in re.split(r"[,\s]+", mail_type or "") if t.strip()}
     if "NONE" in tokens and len(tokens) == 1:
         return False
-    if "END" in tokens or "ALL" in tokens:
-        return True
-    if "FAIL" in tokens and word in FAIL_STATES:
-        return True
-    return False
+    return "END" in tokens or "ALL" in tokens or "FAIL" in tokens and word in FAIL_STATES
 
 
 def mail_kind(summary: Mapping) -> str:
@@ -227,11 +220,10 @@ def mail_view(summary: Mapping, report_text: str, has_image: bool, image_cid: st
         "user": clean_line(job.get("user") or "?", 64),
         "partition": clean_line(job.get("partition") or "?", 64),
         "state": clean_line(job.get("state") or "UNKNOWN", 64),
-        "exit_code": clean_line("N/A" if job.get("exit_code") is None else job.get("exit_code"), 16),
+        **{k: clean_line("N/A" if job.get(k) is None else job[k], 16)
+           for k in ("exit_code", "cpus_alloc", "gpus_alloc")},
         "nodes": clean_line(", ".join(str(n) for n in (job.get("nodes") or [])) or "none", 500),
         "elapsed": fmt_run_time(job),
-        "cpus_alloc": clean_line("N/A" if job.get("cpus_alloc") is None else job.get("cpus_alloc"), 16),
-        "gpus_alloc": clean_line("N/A" if job.get("gpus_alloc") is None else job.get("gpus_alloc"), 16),
         "cpu_time": fmt_duration_s(cpu.get("time_s"), "clock"),
         "cpu_eff": fmt_share_pct(as_number(cpu.get("efficiency_pct"))),
         "cpu_source": clean_line(cpu.get("source") or "", 80),
