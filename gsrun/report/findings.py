@@ -172,9 +172,9 @@ def _findings(summary: dict, cfg: Config | None, partition: str | None) -> list[
         out += _gpu_advice(real, cfg, partition)
     cpu_sat = _t(cfg, "findings.cpu_saturated_pct", partition)
     busy = [g["util_mean_pct"] for g in real if g["util_mean_pct"] is not None]
+    gmean = sum(busy) / len(busy) if busy else None
     if gpu["available"] and cpu["efficiency_pct"] is not None and cpu["efficiency_pct"] >= cpu_sat and busy \
-            and sum(busy) / len(busy) < CPU_BOUND_GPU_PCT:
-        gmean = sum(busy) / len(busy)
+            and gmean < CPU_BOUND_GPU_PCT:
         out.append({"code": FindingCode.CPU_BOUND, "severity": "warn", "value": cpu["efficiency_pct"],
                     "text": f"The allocated CPUs were {cpu['efficiency_pct']:.0f}% busy while the GPUs were "
                             f"busy only {gmean:.0f}% of the time: the input pipeline is likely CPU-bound. "

@@ -339,8 +339,8 @@ def render_text(summary: dict, color: bool = False, cfg=None, all_gpus: bool = F
     if shown and gpu.get("available"):
         tot = []
         if gpu.get("gpu_hours_alloc") is not None:
-            used = gpu.get("gpu_hours_used")
-            tot.append(f"GPU-hours busy {fmt_hours_h(used)} of {fmt_hours_h(gpu['gpu_hours_alloc'])} allocated")
+            tot.append(f"GPU-hours busy {fmt_hours_h(gpu.get('gpu_hours_used'))} of "
+                       f"{fmt_hours_h(gpu['gpu_hours_alloc'])} allocated")
         if gpu.get("energy_j") is not None:
             tot.append(f"energy {fmt_energy_j(gpu['energy_j'], 'wh')}"
                        + (" (estimated)" if gpu.get("energy_estimated") else ""))
@@ -428,7 +428,8 @@ def render_png(summary: dict) -> bytes | None:
                              squeeze=False)
     axes = axes[:, 0]
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    multi_node = len({d["node"] for d in devices}) > 1
+    shown = devices or alldev
+    multi_node = len({d["node"] for d in shown}) > 1
 
     def xs_of(ts):
         if clock:
@@ -477,20 +478,20 @@ def render_png(summary: dict) -> bytes | None:
         elif key == "mem_used_bytes":
             peak = max(allv, default=0.0)
             ax.set_ylim(0, max(peak * 1.15, 0.5))
-            totals = {g["mem_total_bytes"] for g in (devices or alldev) if g.get("mem_total_bytes")}
+            totals = {g["mem_total_bytes"] for g in shown if g.get("mem_total_bytes")}
             if totals:
                 ax.annotate(f"of {max(totals) * scale:.0f} GiB per GPU", (0.0, 1.0), xycoords="axes fraction",
                             ha="left", va="top", fontsize=11, color="#666666", xytext=(4, -3),
                             textcoords="offset points")
         else:
-            lim = max((g.get("power_limit_w") or 0 for g in (devices or alldev)), default=0)
+            lim = max((g.get("power_limit_w") or 0 for g in shown), default=0)
             top = max(max(allv, default=1.0), lim)
             if lim:
                 ax.axhline(lim, color="#c62828", lw=1)
                 ax.annotate(f"power limit {lim:.0f} W", (0.0, lim), xycoords=("axes fraction", "data"),
                             fontsize=11, color="#c62828", xytext=(4, -13), textcoords="offset points")
             ax.set_ylim(0, top * 1.15)
-        for g in (devices or alldev):
+        for g in shown:
             if g.get("lost_at_s") is not None:
                 lx = xs_of([g["lost_at_s"]])[0]
                 ax.axvline(lx, color="#c62828", ls=":", lw=1.5)
@@ -520,9 +521,7 @@ def render_png(summary: dict) -> bytes | None:
     job = summary["job"]
     title = f"job {job.get('array') or job['id']}" + (f" ({job['name']})" if job.get("name") else "")
     if many:
-        shown = devices or alldev
         ranked = sorted((g for g in shown if g.get("util_mean_pct") is not None), key=lambda g: g["util_mean_pct"])
-        multi_node = len({g["node"] for g in shown}) > 1
         worst = ", ".join(f"GPU {g['index']}" + (f" on {g['node']}" if multi_node else "")
                           + f" {g['util_mean_pct']:.0f}%" for g in ranked[:2])
         title += f": {len(shown)} GPUs" + (f", lowest busy: {worst}" if worst else "")

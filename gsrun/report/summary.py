@@ -160,11 +160,7 @@ def node_record(state: SamplerState | dict | None, job_env: dict, end_time: floa
     nvml_error = st.nvml_error
     gpus = [gpu_record(g, node, nvml_error) for g in st.gpus]
     real = [g for g in gpus if g.status in ("ok", "lost")]
-    reason = None
-    if nvml_error:
-        reason = nvml_error
-    elif gpus and not real:
-        reason = "no NVIDIA device matches the job's gres (emulated GPUs)"
+    reason = nvml_error or ("no NVIDIA device matches the job's gres (emulated GPUs)" if gpus and not real else None)
     notes = list(st.notes)
     if st.gap_s:
         notes.append(f"sampler not running for {st.gap_s:.0f} s (counted as gap, not as 0)")
@@ -258,15 +254,9 @@ def _sig(x: float) -> float:
 
 def job_summary(job: dict, nodes: list[dict | NodeSummary], cfg=None, partition: str | None = None,
                 timeline: JobTimeline | None = None) -> dict:
-    """The job summary's JSON form (:class:`~gsrun.report.records.JobSummary`).
-
-    ``job``: :class:`~gsrun.report.records.JobInfo`'s fields, any None but
-    ``id``; ``nodes``: :func:`node_summary` results. Above
-    :data:`KEEP_GPU_TIMELINES` GPUs (or with ``timeline``, filled by
-    :func:`strip_timelines`) the devices lose their timelines to
-    ``gpu.timeline``; devices are serialised by ``GpuSummary.json_form``, no
-    record each.
-    """
+    """The job summary's JSON form (:class:`~gsrun.report.records.JobSummary`). ``job``: JobInfo's fields,
+    any None but ``id``; ``nodes``: :func:`node_summary` results. Above :data:`KEEP_GPU_TIMELINES` GPUs (or
+    with ``timeline``, filled by :func:`strip_timelines`) the devices' timelines go to ``gpu.timeline``."""
     nodes = sorted((n.to_json() if isinstance(n, NodeSummary) else n for n in nodes), key=lambda n: n["node"])
     seen = {n["node"] for n in nodes}
     expected = job.get("nodes") or sorted(seen)
@@ -491,12 +481,10 @@ def js1_blob(summary: dict, max_chars: int = JS1_MAX_CHARS) -> str | None:
             extra["unknown"] = {"nodes": len(unknown)}
         return {"gpus": gpus_alloc, "nodes": out, "total_time": int(round(elapsed)), "gsrun": extra}
 
-    text = _encode(blob(nodes, False, None))
-    if len(text) <= max_chars:
-        return text
-    text = _encode(blob(nodes, True, "gpus"))
-    if len(text) <= max_chars:
-        return text
+    for reduce, reduced in ((False, None), (True, "gpus")):
+        text = _encode(blob(nodes, reduce, reduced))
+        if len(text) <= max_chars:
+            return text
     for g in JS1_GROUPS:
         if g >= len(nodes):
             continue
@@ -546,8 +534,8 @@ def pending_summary(rec: dict[str, str], cfg=None) -> dict:
     job = {"id": rec.get("JobId"), "name": val("JobName"), "user": (val("UserId") or "").split("(")[0] or None,
            "partition": val("Partition"), "state": state_word(rec.get("JobState")) or "PENDING", "nodes": [],
            "cpus_alloc": int(cpus) if cpus and cpus.isdigit() else None, "gpus_alloc": gpus,
-           "submit_time": epoch_or_none(val("SubmitTime")), "time_limit_s": time_s_or_none(val("TimeLimit")), "elapsed_s": 0.0,
-           "pending_reason": val("Reason"), "expected_start": epoch_or_none(val("StartTime"))}
+           "submit_time": epoch_or_none(val("SubmitTime")), "time_limit_s": time_s_or_none(val("TimeLimit")),
+           "elapsed_s": 0.0, "pending_reason": val("Reason"), "expected_start": epoch_or_none(val("StartTime"))}
     summary = {"job": job, "cpu": {"efficiency_pct": None, "time_s": None, "anomaly": False},
                "memory": {"efficiency_pct": None, "peak_bytes": None, "req_bytes": None},
                "gpu": {"available": True, "count": gpus, "devices": [], "reason": None}}

@@ -9,6 +9,7 @@ import os
 import re
 import secrets
 import time
+from contextlib import suppress
 from email import policy as email_policy
 from email.message import EmailMessage
 from email.parser import BytesParser
@@ -182,10 +183,8 @@ def flush(spool_dir, cfg, now: float | None = None,
                 continue
             if not _move(base, qid, "new", "tmp"):
                 continue
-            err: MailError | None = None
-            if outage is not None:
-                err = outage
-            else:
+            err: MailError | None = outage
+            if err is None:
                 try:
                     send(_read_msg(base / "tmp" / f"{qid}.eml"), cfg)
                 except MailError as e:
@@ -242,17 +241,13 @@ def prune(spool_dir, max_age_s: float = 30 * 86400, now: float | None = None) ->
     with _queue_lock(base):
         for sub in ("sent", "failed"):
             for p in (base / sub).iterdir():
-                try:
+                with suppress(FileNotFoundError):
                     if p.name.endswith(".eml") and t - os.lstat(p).st_mtime > max_age_s:
                         os.unlink(p)
                         removed += 1
                         (base / "state" / (p.name[:-4] + ".json")).unlink(missing_ok=True)
-                except FileNotFoundError:
-                    continue
         for p in (base / "tmp").iterdir():
-            try:
+            with suppress(FileNotFoundError):
                 if p.name.startswith(".stage.") and t - os.lstat(p).st_mtime > 86400:
                     os.unlink(p)
-            except FileNotFoundError:
-                continue
     return removed

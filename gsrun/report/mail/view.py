@@ -102,8 +102,7 @@ def _gpu_headline(summary: Mapping) -> str | None:
         return "GPU data unavailable"
     if not devices:
         return "GPU data unavailable" if (as_number(job.get("gpus_alloc")) or 0) > 0 else None
-    utils = [as_number(d.get("util_mean_pct")) for d in devices]
-    vals = [u for u in utils if u is not None]
+    vals = [u for u in (as_number(d.get("util_mean_pct")) for d in devices) if u is not None]
     if vals:
         mean = sum(vals) / len(vals)
         word = LEVEL_WORDS[_level(mean, _t(None, "findings.low_util_note_pct", None),
@@ -128,27 +127,20 @@ def subject_line(summary: Mapping) -> str:
         return f"{head} {state}: report follows when the job ends"
     if kind == "no_run":
         return f"{head} {state} after 0 s: no efficiency figures"
-    parts = []
     g = _gpu_headline(summary)
-    if g:
-        parts.append(g)
-    parts.append(f"CPU eff {fmt_share_pct((summary.get('cpu') or {}).get('efficiency_pct'))}")
-    return clean_line(f"{head} {state}: {', '.join(parts)}", 250)
+    cpu = f"CPU eff {fmt_share_pct((summary.get('cpu') or {}).get('efficiency_pct'))}"
+    return clean_line(f"{head} {state}: " + (f"{g}, {cpu}" if g else cpu), 250)
 
 
 def mail_view(summary: Mapping, report_text: str, has_image: bool, image_cid: str,
               image_dropped: bool = False, cfg=None, image_size: tuple[int, int] | None = None) -> dict:
     """Everything the templates print, every key present (``StrictUndefined``); None prints ``N/A``.
     ``image_size``: the chart's displayed (width, height), CSS px."""
-    job = summary.get("job") or {}
-    cpu = summary.get("cpu") or {}
-    mem = summary.get("memory") or {}
-    gpu = summary.get("gpu") or {}
+    job, cpu, mem, gpu = (summary.get(k) or {} for k in ("job", "cpu", "memory", "gpu"))
     kind = mail_kind(summary)
     devices_in = [d for d in (gpu.get("devices") or []) if isinstance(d, Mapping)]
 
-    devices = []
-    events = []
+    devices, events = [], []
     for d in devices_in:
         mig = _is_mig(d)
         util = as_number(d.get("util_mean_pct"))
@@ -160,15 +152,16 @@ def mail_view(summary: Mapping, report_text: str, has_image: bool, image_cid: st
                         if (as_number(v) or 0) > 0 and k != "sync_boost") if isinstance(throttle, Mapping) else ""
         xids = [x for x in (d.get("xid") or []) if as_number(x) is not None]
         lost = as_number(d.get("lost_at_s"))
-        label = f"{clean_line(d.get('node') or '?', 64)} GPU {clean_line(d.get('index', '?'), 8)}"
+        node, index = clean_line(d.get("node") or "?", 64), clean_line(d.get("index", "?"), 8)
+        label = f"{node} GPU {index}"
         if xids:
             events.append(f"{label}: Xid {', '.join(str(int(x)) for x in xids)}")
         if lost is not None:
             events.append(f"{label}: lost {fmt_duration_s(lost, 'clock')} into the job "
                           "(figures cover the time before)")
         devices.append({
-            "node": clean_line(d.get("node") or "?", 64),
-            "index": clean_line(d.get("index", "?"), 8),
+            "node": node,
+            "index": index,
             "name": clean_line(d.get("name") or "?", 80),
             "mig": mig,
             "util": fmt_share_pct(util, na="N/A (MIG)" if mig else NA),
