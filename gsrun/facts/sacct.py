@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from gsrun.base.errors import SlurmError
 from gsrun.facts.slurm import PENDING_STATES, REQUEUE_STATES, RUNNING_STATES, parse_state
@@ -76,6 +77,15 @@ def time_s_or_none(text: str | None) -> float | None:
     """:func:`parse_time_s`, with None also for text of no such form."""
     try:
         return parse_time_s(text)
+    except ValueError:
+        return None
+
+
+def epoch_or_none(text: str | None) -> float | None:
+    """A Slurm timestamp (``2024-05-01T12:00:00``, local time) -> epoch s; None for
+    ``Unknown``, ``None``, ``(null)``, empty or any other text."""
+    try:
+        return datetime.fromisoformat(text.strip()).timestamp() if text else None
     except ValueError:
         return None
 

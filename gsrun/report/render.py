@@ -69,6 +69,12 @@ def _util(g) -> str:
     return fmt_share_pct(g["util_mean_pct"], na="N/A (MIG)" if is_mig(g) else NA)
 
 
+def _mem_power_energy(g) -> tuple[str, str, str]:
+    """A GPU's memory peak of its total, mean power (W) and energy (Wh), formatted."""
+    return (fmt_bytes_of(g["mem_peak_bytes"], g["mem_total_bytes"]), fmt_power_w(g["power_mean_w"]),
+            fmt_energy_j(g["energy_j"], "wh"))
+
+
 def _throttle(g) -> str:
     ts = {k: v for k, v in (g.get("throttle_s") or {}).items() if v and k != "sync_boost"}
     cov = g.get("covered_s")
@@ -245,10 +251,8 @@ def render_text(summary: dict, color: bool = False, cfg=None, all_gpus: bool = F
             lines.append(f"  ... {len(acts) - len(shown_a)} more (gseff --all lists them)")
 
     lines += ["", c("1", "Job")]
-    who = ", ".join(x for x in (f"user {job.get('user') or 'N/A'}", f"partition {job.get('partition') or 'N/A'}",
-                                "exit code " + ("N/A" if job.get("exit_code") is None else str(job["exit_code"])))
-                    if x)
-    lines += _wrap(who[0].upper() + who[1:])
+    lines += _wrap(f"User {job.get('user') or 'N/A'}, partition {job.get('partition') or 'N/A'}, exit code "
+                   + ("N/A" if job.get("exit_code") is None else str(job["exit_code"])))
     start, end, submit = job.get("start_time"), job.get("end_time"), job.get("submit_time")
     if submit and start and start >= submit:
         lines += _wrap(f"Submitted {fmt_time(submit)}, waited {fmt_duration_s(start - submit, 'clock')} "
@@ -261,32 +265,30 @@ def render_text(summary: dict, color: bool = False, cfg=None, all_gpus: bool = F
         elif "time_limit_s" in job:
             ran += ", no time limit"
         lines += _wrap(ran)
-    if not nodes and not start and submit:       # not started: what it asked for, how long it waited
-        lines += _wrap(f"Submitted {fmt_time(submit)}"
-                       + (f", time limit {fmt_duration_s(job['time_limit_s'], 'clock')}"
-                          if job.get("time_limit_s") else ""))
-    named = nodes if all_gpus or len(nodes) <= LIST_UP_TO_NODES else \
-        nodes[:FINDING_UP_TO_NODES] + [f"... {nodes[-1]}; gseff --all lists them"]
-    alloc = f"{plural(len(nodes), 'node')} ({', '.join(named) or 'N/A'}), " \
-            f"{job.get('cpus_alloc') or 'N/A'} CPUs, {plural(job.get('gpus_alloc') or gpu['count'] or 0, 'GPU')}, " \
-            f"{fmt_bytes(mem.get('req_bytes')) if mem.get('req_bytes') else 'no'} memory requested"
-    if not nodes and not start:
-        alloc = f"Asked for {job.get('cpus_alloc') or 'N/A'} CPUs, " \
-                f"{plural(job.get('gpus_alloc') or gpu['count'] or 0, 'GPU')}"
-    lines += _wrap(alloc)
-    if not nodes and not start:
-        pass                    # not started: no figures to show
-    elif cpu.get("time_s") is not None:
-        cpu_line = f"CPU time {fmt_duration_s(cpu['time_s'], 'clock')}"
-        if job.get("cpus_alloc") and run_time_s(job):
-            cpu_line += f" of {job['cpus_alloc']} cores x {fmt_run_time(job)}"
-        cpu_line += f"; host memory peak {fmt_bytes(mem.get('peak_bytes'))}"
-        if cpu.get("anomaly"):
-            cpu_line += " [accounting anomaly]"
-        lines += _wrap(cpu_line)
-    elif not rows:
-        lines += _wrap(f"CPU efficiency {fmt_share_pct(cpu.get('efficiency_pct'))}, host memory peak "
-                       f"{fmt_bytes(mem.get('peak_bytes'))}")
+    gpus_asked = plural(job.get("gpus_alloc") or gpu["count"] or 0, "GPU")
+    if not nodes and not start:     # not started: what it asked for, no figures
+        if submit:
+            lines += _wrap(f"Submitted {fmt_time(submit)}"
+                           + (f", time limit {fmt_duration_s(job['time_limit_s'], 'clock')}"
+                              if job.get("time_limit_s") else ""))
+        lines += _wrap(f"Asked for {job.get('cpus_alloc') or 'N/A'} CPUs, {gpus_asked}")
+    else:
+        named = nodes if all_gpus or len(nodes) <= LIST_UP_TO_NODES else \
+            nodes[:FINDING_UP_TO_NODES] + [f"... {nodes[-1]}; gseff --all lists them"]
+        lines += _wrap(f"{plural(len(nodes), 'node')} ({', '.join(named) or 'N/A'}), "
+                       f"{job.get('cpus_alloc') or 'N/A'} CPUs, {gpus_asked}, "
+                       f"{fmt_bytes(mem.get('req_bytes')) if mem.get('req_bytes') else 'no'} memory requested")
+        if cpu.get("time_s") is not None:
+            cpu_line = f"CPU time {fmt_duration_s(cpu['time_s'], 'clock')}"
+            if job.get("cpus_alloc") and run_time_s(job):
+                cpu_line += f" of {job['cpus_alloc']} cores x {fmt_run_time(job)}"
+            cpu_line += f"; host memory peak {fmt_bytes(mem.get('peak_bytes'))}"
+            if cpu.get("anomaly"):
+                cpu_line += " [accounting anomaly]"
+            lines += _wrap(cpu_line)
+        elif not rows:
+            lines += _wrap(f"CPU efficiency {fmt_share_pct(cpu.get('efficiency_pct'))}, host memory peak "
+                           f"{fmt_bytes(mem.get('peak_bytes'))}")
     for ln in settings_lines(summary):
         lines += _wrap(ln)
 
@@ -308,9 +310,7 @@ def render_text(summary: dict, color: bool = False, cfg=None, all_gpus: bool = F
                 busy += [f"SM active {fmt_share_pct(g.get('sm_active_mean_pct'))}",
                          f"tensor active {fmt_share_pct(g.get('tensor_active_mean_pct'))}"]
             lines += _wrap(", ".join(busy), "    ", "      ")
-            lines += _wrap(f"memory peak {fmt_bytes_of(g['mem_peak_bytes'], g['mem_total_bytes'])}, "
-                           f"power {fmt_power_w(g['power_mean_w'])}, energy {fmt_energy_j(g['energy_j'], 'wh')}",
-                           "    ", "      ")
+            lines += _wrap("memory peak {}, power {}, energy {}".format(*_mem_power_energy(g)), "    ", "      ")
             notes = _gpu_notes(g, c)
             if notes:
                 lines += _wrap("; ".join(notes), "    ", "      ")
@@ -330,8 +330,7 @@ def render_text(summary: dict, color: bool = False, cfg=None, all_gpus: bool = F
         for g in shown:
             row = (f"{g['node']:<{nw}} " if multi else "") + f"{g['index']:>3} {_util(g):>5}" \
                 + (f" {fmt_share_pct(g.get('sm_active_mean_pct')):>4}" if has_sm else "") \
-                + f"  {fmt_bytes_of(g['mem_peak_bytes'], g['mem_total_bytes']):<19} " \
-                f"{fmt_power_w(g['power_mean_w']):>5} {fmt_energy_j(g['energy_j'], 'wh'):>8}"
+                + "  {:<19} {:>5} {:>8}".format(*_mem_power_energy(g))
             lines.append("  " + row.rstrip())
         for g in shown:
             notes = _gpu_notes(g, c)
@@ -340,8 +339,8 @@ def render_text(summary: dict, color: bool = False, cfg=None, all_gpus: bool = F
     if shown and gpu.get("available"):
         tot = []
         if gpu.get("gpu_hours_alloc") is not None:
-            used = gpu.get("gpu_hours_used")
-            tot.append(f"GPU-hours busy {fmt_hours_h(used)} of {fmt_hours_h(gpu['gpu_hours_alloc'])} allocated")
+            tot.append(f"GPU-hours busy {fmt_hours_h(gpu.get('gpu_hours_used'))} of "
+                       f"{fmt_hours_h(gpu['gpu_hours_alloc'])} allocated")
         if gpu.get("energy_j") is not None:
             tot.append(f"energy {fmt_energy_j(gpu['energy_j'], 'wh')}"
                        + (" (estimated)" if gpu.get("energy_estimated") else ""))
@@ -429,7 +428,8 @@ def render_png(summary: dict) -> bytes | None:
                              squeeze=False)
     axes = axes[:, 0]
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    multi_node = len({d["node"] for d in devices}) > 1
+    shown = devices or alldev
+    multi_node = len({d["node"] for d in shown}) > 1
 
     def xs_of(ts):
         if clock:
@@ -478,20 +478,20 @@ def render_png(summary: dict) -> bytes | None:
         elif key == "mem_used_bytes":
             peak = max(allv, default=0.0)
             ax.set_ylim(0, max(peak * 1.15, 0.5))
-            totals = {g["mem_total_bytes"] for g in (devices or alldev) if g.get("mem_total_bytes")}
+            totals = {g["mem_total_bytes"] for g in shown if g.get("mem_total_bytes")}
             if totals:
                 ax.annotate(f"of {max(totals) * scale:.0f} GiB per GPU", (0.0, 1.0), xycoords="axes fraction",
                             ha="left", va="top", fontsize=11, color="#666666", xytext=(4, -3),
                             textcoords="offset points")
         else:
-            lim = max((g.get("power_limit_w") or 0 for g in (devices or alldev)), default=0)
+            lim = max((g.get("power_limit_w") or 0 for g in shown), default=0)
             top = max(max(allv, default=1.0), lim)
             if lim:
                 ax.axhline(lim, color="#c62828", lw=1)
                 ax.annotate(f"power limit {lim:.0f} W", (0.0, lim), xycoords=("axes fraction", "data"),
                             fontsize=11, color="#c62828", xytext=(4, -13), textcoords="offset points")
             ax.set_ylim(0, top * 1.15)
-        for g in (devices or alldev):
+        for g in shown:
             if g.get("lost_at_s") is not None:
                 lx = xs_of([g["lost_at_s"]])[0]
                 ax.axvline(lx, color="#c62828", ls=":", lw=1.5)
@@ -521,9 +521,7 @@ def render_png(summary: dict) -> bytes | None:
     job = summary["job"]
     title = f"job {job.get('array') or job['id']}" + (f" ({job['name']})" if job.get("name") else "")
     if many:
-        shown = devices or alldev
         ranked = sorted((g for g in shown if g.get("util_mean_pct") is not None), key=lambda g: g["util_mean_pct"])
-        multi_node = len({g["node"] for g in shown}) > 1
         worst = ", ".join(f"GPU {g['index']}" + (f" on {g['node']}" if multi_node else "")
                           + f" {g['util_mean_pct']:.0f}%" for g in ranked[:2])
         title += f": {len(shown)} GPUs" + (f", lowest busy: {worst}" if worst else "")

@@ -12,6 +12,7 @@ import secrets
 import shutil
 import stat
 import time
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,38 +61,31 @@ def plan_prune(entries: list[JobDir], now: float, older_than_days: float, force:
     for e in sorted(entries, key=lambda e: e.name):
         age_s = now - e.newest_mtime
         days = round(age_s / DAY_S, 2)
-
-        def keep(why: str) -> Decision:
-            return Decision(e.name, "keep", why, days)
-
+        action = "keep"
         if not is_job_id(e.name, array=True):
-            out.append(keep("not a job id"))
+            why = "not a job id"
         elif e.kind != "dir":
-            out.append(keep(f"not a directory ({e.kind}): left alone"))
+            why = f"not a directory ({e.kind}): left alone"
         elif age_s < quiet_s:
-            out.append(keep(f"changed {max(age_s, 0) / 60:.0f} min ago (quiet period {quiet_s / 60:.0f} min)"))
+            why = f"changed {max(age_s, 0) / 60:.0f} min ago (quiet period {quiet_s / 60:.0f} min)"
         elif age_s < older_than_days * DAY_S:
-            out.append(keep(f"{days:g} days old, younger than {older_than_days:g}"))
+            why = f"{days:g} days old, younger than {older_than_days:g}"
         elif e.stored:
-            out.append(Decision(e.name, "remove", "summary stored in accounting", days))
+            action, why = "remove", "summary stored in accounting"
         elif force:
-            out.append(Decision(e.name, "remove", "not in accounting, removed by --force", days))
+            action, why = "remove", "not in accounting, removed by --force"
         else:
-            out.append(keep("summary not stored in accounting (use --force)"))
+            why = "summary not stored in accounting (use --force)"
+        out.append(Decision(e.name, action, why, days))
     return out
 
 
 def _newest_mtime(path: Path, st: os.stat_result) -> float:
     newest = st.st_mtime
-    try:
-        with os.scandir(path) as it:
-            for ent in it:
-                try:
-                    newest = max(newest, ent.stat(follow_symlinks=False).st_mtime)
-                except FileNotFoundError:
-                    continue
-    except OSError:
-        pass
+    with suppress(OSError), os.scandir(path) as it:
+        for ent in it:
+            with suppress(FileNotFoundError):
+                newest = max(newest, ent.stat(follow_symlinks=False).st_mtime)
     return newest
 
 
@@ -163,10 +157,8 @@ def _remove_one(jobs: Path, name: str, now: float, quiet_s: float) -> str:
     st = os.lstat(aside)
     if not stat.S_ISDIR(st.st_mode) or now - _newest_mtime(aside, st) < quiet_s:   # written meanwhile
         if not os.path.lexists(jobs / name):
-            try:
+            with suppress(OSError):
                 os.rename(aside, jobs / name)
-            except OSError:
-                pass
         return "changed: kept" + ("" if not os.path.lexists(aside) else f" as {aside.name}")
     shutil.rmtree(aside)          # never follows links (fd-based on Linux)
     return "removed"

@@ -21,17 +21,16 @@ read by jobstats and reportseff; GPU keys are ``/dev/nvidiaN`` minors)::
 from __future__ import annotations
 
 import base64
-import datetime
 import gzip
 import json
 
 from gsrun import SUMMARY_SCHEMA
 from gsrun.base.record import ABSENT
 from gsrun.facts.aggregate import Counter, Metric
-from gsrun.facts.sacct import parse_time_s, parse_tres, tres_gpus
+from gsrun.facts.sacct import epoch_or_none, parse_tres, time_s_or_none, tres_gpus
 from gsrun.facts.sampler_state import GpuState, SamplerState, WasteAction
 from gsrun.facts.slurm import state_word
-from gsrun.report.findings import finding_records, run_time_s
+from gsrun.report.findings import finding_records, real_gpus, run_time_s
 from gsrun.report.records import (CpuFigures, GpuFigures, GpuSummary, JobInfo, JobSummary, MemoryFigures, NodeDetail,
                                   NodeSetting, NodeSummary, SettingsGroup, WasteDetection)
 
@@ -161,11 +160,7 @@ def node_record(state: SamplerState | dict | None, job_env: dict, end_time: floa
     nvml_error = st.nvml_error
     gpus = [gpu_record(g, node, nvml_error) for g in st.gpus]
     real = [g for g in gpus if g.status in ("ok", "lost")]
-    reason = None
-    if nvml_error:
-        reason = nvml_error
-    elif gpus and not real:
-        reason = "no NVIDIA device matches the job's gres (emulated GPUs)"
+    reason = nvml_error or ("no NVIDIA device matches the job's gres (emulated GPUs)" if gpus and not real else None)
     notes = list(st.notes)
     if st.gap_s:
         notes.append(f"sampler not running for {st.gap_s:.0f} s (counted as gap, not as 0)")
@@ -259,15 +254,9 @@ def _sig(x: float) -> float:
 
 def job_summary(job: dict, nodes: list[dict | NodeSummary], cfg=None, partition: str | None = None,
                 timeline: JobTimeline | None = None) -> dict:
-    """The job summary's JSON form (:class:`~gsrun.report.records.JobSummary`).
-
-    ``job``: :class:`~gsrun.report.records.JobInfo`'s fields, any None but
-    ``id``; ``nodes``: :func:`node_summary` results. Above
-    :data:`KEEP_GPU_TIMELINES` GPUs (or with ``timeline``, filled by
-    :func:`strip_timelines`) the devices lose their timelines to
-    ``gpu.timeline``; devices are serialised by ``GpuSummary.json_form``, no
-    record each.
-    """
+    """The job summary's JSON form (:class:`~gsrun.report.records.JobSummary`). ``job``: JobInfo's fields,
+    any None but ``id``; ``nodes``: :func:`node_summary` results. Above :data:`KEEP_GPU_TIMELINES` GPUs (or
+    with ``timeline``, filled by :func:`strip_timelines`) the devices' timelines go to ``gpu.timeline``."""
     nodes = sorted((n.to_json() if isinstance(n, NodeSummary) else n for n in nodes), key=lambda n: n["node"])
     seen = {n["node"] for n in nodes}
     expected = job.get("nodes") or sorted(seen)
@@ -304,7 +293,7 @@ def job_summary(job: dict, nodes: list[dict | NodeSummary], cfg=None, partition:
                     timeline.add_gpu(g["timeline"], off)
                     g = {k: v for k, v in g.items() if k != "timeline"}
                 gpus.append(g)
-    real = [g for g in gpus if g.get("status", "emulated" if g["emulated"] else "ok") in ("ok", "lost")]
+    real = real_gpus(gpus)
     reasons = sorted({n["gpu_reason"] for n in nodes if n.get("gpu_reason")})
     gpus_alloc = job.get("gpus_alloc") or len(gpus)
     gpu_hours_alloc = gpus_alloc * run_s / 3600.0 if run_s is not None else None
@@ -492,12 +481,10 @@ def js1_blob(summary: dict, max_chars: int = JS1_MAX_CHARS) -> str | None:
             extra["unknown"] = {"nodes": len(unknown)}
         return {"gpus": gpus_alloc, "nodes": out, "total_time": int(round(elapsed)), "gsrun": extra}
 
-    text = _encode(blob(nodes, False, None))
-    if len(text) <= max_chars:
-        return text
-    text = _encode(blob(nodes, True, "gpus"))
-    if len(text) <= max_chars:
-        return text
+    for reduce, reduced in ((False, None), (True, "gpus")):
+        text = _encode(blob(nodes, reduce, reduced))
+        if len(text) <= max_chars:
+            return text
     for g in JS1_GROUPS:
         if g >= len(nodes):
             continue
@@ -541,23 +528,14 @@ def pending_summary(rec: dict[str, str], cfg=None) -> dict:
         v = rec.get(k)
         return None if v in (None, "", "(null)", "None", "N/A", "Unknown") else v
 
-    def epoch(k):
-        try:
-            return datetime.datetime.fromisoformat(val(k)).timestamp() if val(k) else None
-        except ValueError:
-            return None
     tres = parse_tres(val("ReqTRES") or val("TRES") or "")
     gpus = tres_gpus(tres) or 0
     cpus = val("NumCPUs")
-    try:
-        limit = parse_time_s(val("TimeLimit"))
-    except ValueError:
-        limit = None
     job = {"id": rec.get("JobId"), "name": val("JobName"), "user": (val("UserId") or "").split("(")[0] or None,
            "partition": val("Partition"), "state": state_word(rec.get("JobState")) or "PENDING", "nodes": [],
            "cpus_alloc": int(cpus) if cpus and cpus.isdigit() else None, "gpus_alloc": gpus,
-           "submit_time": epoch("SubmitTime"), "time_limit_s": limit, "elapsed_s": 0.0,
-           "pending_reason": val("Reason"), "expected_start": epoch("StartTime")}
+           "submit_time": epoch_or_none(val("SubmitTime")), "time_limit_s": time_s_or_none(val("TimeLimit")),
+           "elapsed_s": 0.0, "pending_reason": val("Reason"), "expected_start": epoch_or_none(val("StartTime"))}
     summary = {"job": job, "cpu": {"efficiency_pct": None, "time_s": None, "anomaly": False},
                "memory": {"efficiency_pct": None, "peak_bytes": None, "req_bytes": None},
                "gpu": {"available": True, "count": gpus, "devices": [], "reason": None}}

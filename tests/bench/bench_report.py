@@ -73,7 +73,8 @@ print(time.perf_counter() - t, ru.ru_maxrss * 1024, rep.jobs, len(out), ru.ru_ut
 def split_chunks(path: Path, start_s: float, end_s: float) -> None:
     """``<path>.<chunk start>``: per day chunk, the jobs sacct -S/-E lists for it (those that ran
     in it: ended in it, or started in it and ended later), as the report asks sacct."""
-    from gsrun.report.fleet_source import REPORT_FORMAT, _epoch, _slurm_time, chunks
+    from gsrun.facts.sacct import epoch_or_none
+    from gsrun.report.fleet_source import REPORT_FORMAT, _slurm_time, chunks
 
     cs = chunks(start_s, end_s, 86400.0)
     outs = [open(f"{path}.{_slurm_time(a)}", "w") for a, _ in cs]
@@ -81,7 +82,7 @@ def split_chunks(path: Path, start_s: float, end_s: float) -> None:
     with open(path) as f:
         for line in f:
             p = line.split("|", i_end + 1)
-            st, en = _epoch(p[i_start]), _epoch(p[i_end])
+            st, en = epoch_or_none(p[i_start]), epoch_or_none(p[i_end])
             for (a, b), out in zip(cs, outs):
                 if st < b and en >= a:
                     out.write(line)

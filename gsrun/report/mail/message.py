@@ -115,7 +115,6 @@ def build_message(summary: dict, report_text: str, png: bytes | None, to_addr: s
     Raises:
         InputError: as :func:`new_message`.
     """
-    validate_addr(to_addr, "recipient address (MailUser)")
     domain = validate_addr(from_addr, "sender address (mail.from_addr)").rsplit("@", 1)[1]
     job = summary.get("job") or {}
     jid = clean_line(job.get("array") or job.get("id") or "unknown", 40)

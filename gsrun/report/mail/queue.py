@@ -9,6 +9,7 @@ import os
 import re
 import secrets
 import time
+from contextlib import suppress
 from email import policy as email_policy
 from email.message import EmailMessage
 from email.parser import BytesParser
@@ -109,18 +110,18 @@ def enqueue(spool_dir, job_id, msg: EmailMessage) -> Path:
             os.rename(stage, target)
             return target
     finally:
-        try:
-            os.unlink(stage)
-        except FileNotFoundError:
-            pass
+        stage.unlink(missing_ok=True)
 
 
 def queue_status(spool_dir) -> dict:
     """Folder -> sorted queue ids (``gsrun-node mail status``)."""
     base = _mail_dir(spool_dir)
-    return {sub: sorted(p.name[:-4] for p in (base / sub).iterdir()
-                        if p.name.endswith(".eml") and not p.name.startswith("."))
-            for sub in ("new", "tmp", "sent", "failed")}
+    return {sub: sorted(_qids(base / sub)) for sub in ("new", "tmp", "sent", "failed")}
+
+
+def _qids(folder: Path) -> list[str]:
+    """The queue ids of ``folder``'s messages, in file name order (staging files left out)."""
+    return [p.name[:-4] for p in sorted(folder.iterdir()) if p.name.endswith(".eml") and not p.name.startswith(".")]
 
 
 def backoff_s(attempts: int) -> float:
@@ -169,14 +170,10 @@ def flush(spool_dir, cfg, now: float | None = None,
             result["busy"] = True
             return result
         # under the flush lock, anything in tmp/ is a dead flush's
-        for p in sorted((base / "tmp").iterdir()):
-            if p.name.endswith(".eml") and not p.name.startswith("."):
-                _move(base, p.name[:-4], "tmp", "new")
+        for qid in _qids(base / "tmp"):
+            _move(base, qid, "tmp", "new")
         outage: MailError | None = None
-        for p in sorted((base / "new").iterdir()):
-            if not p.name.endswith(".eml") or p.name.startswith("."):
-                continue
-            qid = p.name[:-4]
+        for qid in _qids(base / "new"):
             t = time.time() if now is None else now
             state_path = base / "state" / f"{qid}.json"
             state = read_json(state_path) or {}
@@ -186,10 +183,8 @@ def flush(spool_dir, cfg, now: float | None = None,
                 continue
             if not _move(base, qid, "new", "tmp"):
                 continue
-            err: MailError | None = None
-            if outage is not None:
-                err = outage
-            else:
+            err: MailError | None = outage
+            if err is None:
                 try:
                     send(_read_msg(base / "tmp" / f"{qid}.eml"), cfg)
                 except MailError as e:
@@ -229,10 +224,7 @@ def retry_failed(spool_dir, job_id: str | None = None) -> list[str]:
     try:
         lock.acquire(None)
         for qid in qids:
-            try:
-                os.unlink(base / "state" / f"{qid}.json")
-            except FileNotFoundError:
-                pass
+            (base / "state" / f"{qid}.json").unlink(missing_ok=True)
             if _move(base, qid, "failed", "new"):
                 done.append(qid)
     finally:
@@ -249,20 +241,13 @@ def prune(spool_dir, max_age_s: float = 30 * 86400, now: float | None = None) ->
     with _queue_lock(base):
         for sub in ("sent", "failed"):
             for p in (base / sub).iterdir():
-                try:
+                with suppress(FileNotFoundError):
                     if p.name.endswith(".eml") and t - os.lstat(p).st_mtime > max_age_s:
                         os.unlink(p)
                         removed += 1
-                        try:
-                            os.unlink(base / "state" / (p.name[:-4] + ".json"))
-                        except FileNotFoundError:
-                            pass
-                except FileNotFoundError:
-                    continue
+                        (base / "state" / (p.name[:-4] + ".json")).unlink(missing_ok=True)
         for p in (base / "tmp").iterdir():
-            try:
+            with suppress(FileNotFoundError):
                 if p.name.startswith(".stage.") and t - os.lstat(p).st_mtime > 86400:
                     os.unlink(p)
-            except FileNotFoundError:
-                continue
     return removed

@@ -35,10 +35,7 @@ def _cfg(cfg, key: str):
     try:
         return cfg[key]
     except KeyError:
-        for s in SETTINGS:
-            if s.key == key:
-                return s.default
-        raise
+        return {s.key: s.default for s in SETTINGS}[key]
 
 
 def _read_password(path: str) -> str:

@@ -23,9 +23,6 @@ PHASE = "mail"
 _ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
 # bidi overrides/isolates: would let a job name reorder what the reader sees
 _BIDI = {chr(c) for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A), 0x200E, 0x200F, 0x061C)}
-# Slurm MailType tokens (sbatch --mail-type); ALL = BEGIN,END,FAIL,INVALID_DEPEND,REQUEUE,STAGE_OUT
-MAIL_TYPES = {"NONE", "BEGIN", "END", "FAIL", "REQUEUE", "ALL", "INVALID_DEPEND", "STAGE_OUT",
-              "TIME_LIMIT", "TIME_LIMIT_90", "TIME_LIMIT_80", "TIME_LIMIT_50", "ARRAY_TASKS"}
 # colours (readable on white and on a dark background): severity of a finding, level of a verdict
 SEVERITY_COLOR = {"crit": "#c62828", "error": "#c62828", "warn": "#d46b08", "info": "#5c6b7a"}
 LEVEL_COLOR = {"good": "#2e7d32", "better": "#d46b08", "wasteful": "#c62828"}
@@ -77,11 +74,7 @@ def mail_wanted(mail_type: str | None, policy: str, *, state: str | None = None,
     tokens = {t.strip().upper() for t in re.split(r"[,\s]+", mail_type or "") if t.strip()}
     if "NONE" in tokens and len(tokens) == 1:
         return False
-    if "END" in tokens or "ALL" in tokens:
-        return True
-    if "FAIL" in tokens and word in FAIL_STATES:
-        return True
-    return False
+    return "END" in tokens or "ALL" in tokens or "FAIL" in tokens and word in FAIL_STATES
 
 
 def mail_kind(summary: Mapping) -> str:
@@ -109,8 +102,7 @@ def _gpu_headline(summary: Mapping) -> str | None:
         return "GPU data unavailable"
     if not devices:
         return "GPU data unavailable" if (as_number(job.get("gpus_alloc")) or 0) > 0 else None
-    utils = [as_number(d.get("util_mean_pct")) for d in devices]
-    vals = [u for u in utils if u is not None]
+    vals = [u for u in (as_number(d.get("util_mean_pct")) for d in devices) if u is not None]
     if vals:
         mean = sum(vals) / len(vals)
         word = LEVEL_WORDS[_level(mean, _t(None, "findings.low_util_note_pct", None),
@@ -135,27 +127,20 @@ def subject_line(summary: Mapping) -> str:
         return f"{head} {state}: report follows when the job ends"
     if kind == "no_run":
         return f"{head} {state} after 0 s: no efficiency figures"
-    parts = []
     g = _gpu_headline(summary)
-    if g:
-        parts.append(g)
-    parts.append(f"CPU eff {fmt_share_pct((summary.get('cpu') or {}).get('efficiency_pct'))}")
-    return clean_line(f"{head} {state}: {', '.join(parts)}", 250)
+    cpu = f"CPU eff {fmt_share_pct((summary.get('cpu') or {}).get('efficiency_pct'))}"
+    return clean_line(f"{head} {state}: " + (f"{g}, {cpu}" if g else cpu), 250)
 
 
 def mail_view(summary: Mapping, report_text: str, has_image: bool, image_cid: str,
               image_dropped: bool = False, cfg=None, image_size: tuple[int, int] | None = None) -> dict:
     """Everything the templates print, every key present (``StrictUndefined``); None prints ``N/A``.
     ``image_size``: the chart's displayed (width, height), CSS px."""
-    job = summary.get("job") or {}
-    cpu = summary.get("cpu") or {}
-    mem = summary.get("memory") or {}
-    gpu = summary.get("gpu") or {}
+    job, cpu, mem, gpu = (summary.get(k) or {} for k in ("job", "cpu", "memory", "gpu"))
     kind = mail_kind(summary)
     devices_in = [d for d in (gpu.get("devices") or []) if isinstance(d, Mapping)]
 
-    devices = []
-    events = []
+    devices, events = [], []
     for d in devices_in:
         mig = _is_mig(d)
         util = as_number(d.get("util_mean_pct"))
@@ -167,15 +152,16 @@ def mail_view(summary: Mapping, report_text: str, has_image: bool, image_cid: st
                         if (as_number(v) or 0) > 0 and k != "sync_boost") if isinstance(throttle, Mapping) else ""
         xids = [x for x in (d.get("xid") or []) if as_number(x) is not None]
         lost = as_number(d.get("lost_at_s"))
-        label = f"{clean_line(d.get('node') or '?', 64)} GPU {clean_line(d.get('index', '?'), 8)}"
+        node, index = clean_line(d.get("node") or "?", 64), clean_line(d.get("index", "?"), 8)
+        label = f"{node} GPU {index}"
         if xids:
             events.append(f"{label}: Xid {', '.join(str(int(x)) for x in xids)}")
         if lost is not None:
             events.append(f"{label}: lost {fmt_duration_s(lost, 'clock')} into the job "
                           "(figures cover the time before)")
         devices.append({
-            "node": clean_line(d.get("node") or "?", 64),
-            "index": clean_line(d.get("index", "?"), 8),
+            "node": node,
+            "index": index,
             "name": clean_line(d.get("name") or "?", 80),
             "mig": mig,
             "util": fmt_share_pct(util, na="N/A (MIG)" if mig else NA),
@@ -227,11 +213,10 @@ def mail_view(summary: Mapping, report_text: str, has_image: bool, image_cid: st
         "user": clean_line(job.get("user") or "?", 64),
         "partition": clean_line(job.get("partition") or "?", 64),
         "state": clean_line(job.get("state") or "UNKNOWN", 64),
-        "exit_code": clean_line("N/A" if job.get("exit_code") is None else job.get("exit_code"), 16),
+        **{k: clean_line("N/A" if job.get(k) is None else job[k], 16)
+           for k in ("exit_code", "cpus_alloc", "gpus_alloc")},
         "nodes": clean_line(", ".join(str(n) for n in (job.get("nodes") or [])) or "none", 500),
         "elapsed": fmt_run_time(job),
-        "cpus_alloc": clean_line("N/A" if job.get("cpus_alloc") is None else job.get("cpus_alloc"), 16),
-        "gpus_alloc": clean_line("N/A" if job.get("gpus_alloc") is None else job.get("gpus_alloc"), 16),
         "cpu_time": fmt_duration_s(cpu.get("time_s"), "clock"),
         "cpu_eff": fmt_share_pct(as_number(cpu.get("efficiency_pct"))),
         "cpu_source": clean_line(cpu.get("source") or "", 80),
