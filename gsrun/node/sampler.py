@@ -40,7 +40,6 @@ OPTIONAL_METRICS = ("mem_procs_bytes", "nvlink_tx_bytes_s", "nvlink_rx_bytes_s")
 TIMELINE_METRICS = ("util_pct", "sm_active_pct", "mem_used_bytes", "power_w")
 UTIL_THRESHOLDS_PCT = (5.0, 50.0)   # util_pct: time at or above these (idle = below 5 %)
 WASTE_FINDINGS_MAX = 64            # detections kept in the state (older ones counted in waste_findings_dropped)
-TIMELINE_FLUSH_EVERY = 10          # timelines re-encoded every 10th flush (see Sampler.flush)
 GAP_FACTOR = 2.0                    # a poll later than this x interval_s: the excess is gap time
 GPU_READ_KEYS = ("memory", "power_mw", "energy_mj", "sm_clock_mhz", "temperature_c",
                  "throttle_reasons", "pcie_tx_kbs", "pcie_rx_kbs", "nvlink_kib", "ecc_uncorrected", "xid_events",
@@ -129,7 +128,7 @@ def new_state(job_id: str, node: str, refs: list[GpuRef], nvml_error: str | None
 
 def state_to_json(state: dict, timelines: bool = True) -> dict:
     """The live state as JSON-able dicts (``sampler.json``). ``timelines=False``
-    leaves placeholders (``"@@TL<i>@@"``, ``"@@TLcpu@@"``) for :meth:`Sampler.flush`."""
+    leaves placeholders (``"@@TL<i>@@"``, ``"@@TLcpu@@"``): for readers that drop them."""
     out = dict(state)
     out["gpus"] = []
     for i, g in enumerate(state["gpus"]):
@@ -516,8 +515,6 @@ class Sampler:
         self._cg = None
         self._cg_looked = False
         self._usage = usage
-        self._tl_cache: dict[str, str] | None = None
-        self._flushes = 0
         self.live = None          # gsrun.node.live.LiveActions (the monitor sets it)
 
     def _job_usage(self, final: bool = False):
@@ -627,21 +624,10 @@ class Sampler:
         return state_to_json(self.state)
 
     def flush(self, done: bool = False) -> None:
-        """Rewrite the state file atomically; the timelines (most of the bytes)
-        are re-encoded every :data:`TIMELINE_FLUSH_EVERY` flushes and at the end.
-        No fsync: a killed daemon leaves the file in the page cache, and a node
-        that crashes ends its jobs."""
+        """Rewrite the state file atomically. No fsync: a killed daemon leaves
+        the file in the page cache, and a node that crashes ends its jobs."""
         self.state["done"] = done
-        if done or self._tl_cache is None or self._flushes % TIMELINE_FLUSH_EVERY == 0:
-            enc = {f"@@TL{i}@@": json.dumps({k: t.to_dict() for k, t in g["timeline"].items()},
-                                            separators=(",", ":"))
-                   for i, g in enumerate(self.state["gpus"])}
-            enc["@@TLcpu@@"] = json.dumps(self.state["cpu_timeline"].to_dict(), separators=(",", ":"))
-            self._tl_cache = enc
-        self._flushes += 1
-        text = json.dumps(state_to_json(self.state, timelines=False), separators=(",", ":"))
-        for token, js in self._tl_cache.items():
-            text = text.replace(f'"{token}"', js, 1)
+        text = json.dumps(state_to_json(self.state), separators=(",", ":"))
         atomic_write(self.state_path, text + "\n", 0o600, durable=False)
         if self.export is not None:    # [metrics] textfile_dir: gsrun.node.metrics_textfile
             self.export(self.state)
