@@ -24,7 +24,7 @@ default 60 W margin covers it). Times are seconds in the caller's frame.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 from gsrun.base.errors import ConfigError
 from gsrun.base.ids import PARTITION_RE, USER_NAME_RE
@@ -193,23 +193,27 @@ def _classify(util, sm, tensor, power, pids, idle_power_w, cfg: IdleConfig, powe
 
 # ----------------------------------------------------------------------------- the watch
 
+@dataclass(slots=True)
 class _Stretch:
-    """A run of polls of one kind: start, last poll, figures over it."""
+    """A run of polls of one kind: start, last poll (s into the job), figures over it."""
 
-    __slots__ = ("kind", "since_s", "last_s", "n", "util_max", "util_sum", "util_n", "sm_max", "tensor_max",
-                 "power_sum", "power_n", "power_max", "reported", "link_max_kbs", "links", "mem_used_bytes",
-                 "link_max_kbs_by")
-
-    def __init__(self, kind: str, since_s: float):
-        self.kind, self.since_s, self.last_s = kind, since_s, since_s
-        self.n = self.util_n = self.power_n = 0
-        self.util_max = self.sm_max = self.tensor_max = self.power_max = None
-        self.util_sum = self.power_sum = 0.0
-        self.reported = False
-        self.link_max_kbs = None
-        self.links: list[str] = []
-        self.mem_used_bytes = None
-        self.link_max_kbs_by: dict[str, float] = {}     # link -> highest KB/s read over the stretch
+    kind: str
+    since_s: float
+    last_s: float
+    n: int = 0
+    util_max: float | None = None
+    util_sum: float = 0.0
+    util_n: int = 0
+    sm_max: float | None = None
+    tensor_max: float | None = None
+    power_sum: float = 0.0
+    power_n: int = 0
+    power_max: float | None = None
+    reported: bool = False
+    link_max_kbs: float | None = None
+    links: list[str] = field(default_factory=list)
+    mem_used_bytes: int | None = None
+    link_max_kbs_by: dict[str, float] = field(default_factory=dict)   # link -> highest KB/s over the stretch
 
     def add(self, t_s: float, r: dict) -> None:
         self.last_s = t_s
@@ -241,15 +245,13 @@ class _Stretch:
             self.link_max_kbs_by = by
 
     def to_json(self) -> dict:
-        return {k: getattr(self, k) for k in self.__slots__}
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
     @classmethod
     def from_json(cls, d: dict) -> "_Stretch":
-        s = cls(str(d["kind"]), float(d["since_s"]))
-        for k in cls.__slots__:
-            if k in d:
-                setattr(s, k, d[k])
-        return s
+        since = float(d["since_s"])
+        return cls(**{"last_s": since, **{f.name: d[f.name] for f in fields(cls) if f.name in d},
+                      "kind": str(d["kind"]), "since_s": since})
 
 
 def _r1(v):
@@ -380,7 +382,7 @@ class GpuWatch:
         if st is None:
             # a stretch starts at the window of its first reading: the previous poll
             since = prev_s if prev_s is not None and t_s - prev_s <= self.max_gap_s else t_s
-            st = self.stretch = _Stretch(kind, since)
+            st = self.stretch = _Stretch(kind, since, since)
         st.add(t_s, reading)
         if st.reported:
             return []
