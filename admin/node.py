@@ -1,13 +1,10 @@
-"""``gsrun-node``: the node side (run as root by slurmd/slurmctld or an admin).
-
-Subcommands: ``prolog``, ``epilog``, ``epilog-ctld`` (Slurm hooks; the job
-context comes from the environment Slurm sets), ``restore``, ``status``, ``topology``, ``mig plan``, ``spank
-build|install``, ``mail flush``, ``prune``, ``config check|reference``, ``install``,
-``doctor``.
+"""``gsrun-node``'s click CLI: the node side, run as root by slurmd/slurmctld
+(the hooks; their job context comes from the environment Slurm sets) or an admin.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -81,7 +78,6 @@ def epilog_ctld(spool_dir, wait_s, foreground):
     """EpilogSlurmctld: merge node summaries, job report, queue mail."""
     if foreground:
         return ctld.run(os.environ, spool_dir, wait_s)
-
     return detach(os.environ, spool_dir, wait_s)
 
 
@@ -98,10 +94,7 @@ def restore(host_root, state_dir, job_id, all_jobs):
     cfg = load_config()
     paths = Paths.from_config(cfg, state_dir)
     hostfs = HostFS.from_env(host_root)
-
-    def log(msg):
-        click.echo(msg, err=True)
-
+    log = functools.partial(click.echo, err=True)
     log(f"gsrun-node restore: state dir {paths.state_dir} (config {cfg.source})")
     out = {"state_dir": str(paths.state_dir), "config": cfg.source,
            "tuning": tuning.restore(hostfs, str(paths.state_dir), job_id=job_id, all_jobs=all_jobs, log=log)}
