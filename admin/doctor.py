@@ -177,10 +177,9 @@ def check_install(ctx: Context) -> Check:
 
 
 def check_config(ctx: Context) -> Check:
-    ctx.cfg
+    src = ctx.cfg.source
     if ctx._cfg_error:
         return _c("config", "fail", ctx._cfg_error, "fix the file; gsrun-node config check shows the key")
-    src = ctx._cfg.source if ctx._cfg else "<defaults>"
     if src == "<defaults>":
         return _c("config", "ok", "no site config file: built-in defaults",
                   "gsrun-node install writes a commented /etc/gsrun/gsrun.toml", source=src)
@@ -226,8 +225,7 @@ def check_nvml(ctx: Context) -> Check:
     drv = nv.driver_version()
     extra = _nvml_extra(nv)
     drv_s = None if is_na(drv) else str(drv)
-    lib = extra.get("nvml")
-    cuda = extra.get("cuda")
+    lib, cuda = extra.get("nvml"), extra.get("cuda")
     cuda_s = f"{cuda // 1000}.{(cuda % 1000) // 10}" if isinstance(cuda, int) else None
     detail = f"driver {drv_s or '?'}, NVML {lib or '?'}" + (f", CUDA {cuda_s}" if cuda_s else "") + \
         f", {nv.count()} GPU(s)"
@@ -273,8 +271,7 @@ def parse_gres_conf(text: str, node: str | None) -> list[str]:
         line = line.split("#", 1)[0].strip()
         if not line:
             continue
-        kv = dict(t.split("=", 1) for t in line.split() if "=" in t)
-        kv = {k.lower(): v for k, v in kv.items()}
+        kv = {k.lower(): v for k, v in (t.split("=", 1) for t in line.split() if "=" in t)}
         if kv.get("name") != "gpu" or "file" not in kv:
             continue
         if "nodename" in kv and node is not None:
@@ -299,8 +296,7 @@ def check_slurm_gres(ctx: Context) -> Check:
             ((cp.stderr or cp.stdout).strip().splitlines() or ["no answer"])[-1][:120]
         return _c("slurm gres", "n/a", f"node {node} unknown to Slurm here ({why})",
                   "give --node NAME (the NodeName in slurm.conf) and SLURM_CONF", node=node)
-    rec = parse_oneliner(cp.stdout.splitlines()[0])
-    gres = rec.get("Gres", "")
+    gres = parse_oneliner(cp.stdout.splitlines()[0]).get("Gres", "")
     n = parse_gres_count(gres) if gres and gres != "(null)" else 0
     conf = ctx.slurm_conf_path().with_name("gres.conf")
     files = parse_gres_conf(read_text(conf), node)
@@ -556,8 +552,7 @@ def check_numactl(ctx: Context) -> Check:
     p = ctx.which("numactl")
     if p:
         return _c("numactl", "ok", p, path=p)
-    return _c("numactl", "warn", "numactl not found", "install numactl: gsrun-bind uses it to bind memory",
-              path=None)
+    return _c("numactl", "warn", "numactl not found", "install numactl: gsrun-bind uses it to bind memory", path=p)
 
 
 def check_mig(ctx: Context) -> Check:
@@ -565,8 +560,7 @@ def check_mig(ctx: Context) -> Check:
         nv = ctx.nvml()
     except NvmlUnavailable as e:
         return _c("mig", "n/a", f"no NVML ({e.code_name})")
-    per = []
-    parts = []
+    per, parts = [], []
     for i in range(nv.count()):
         mode = nv.get(i, "mig_mode")
         profs = nv.get(i, "gpu_instance_profiles")
@@ -681,10 +675,7 @@ def hook_wiring(conf: dict[str, str], sock: str) -> dict[str, str]:
     otherwise, ``"other"``, or ``"unset"``."""
     out = {}
     for key in ("prolog", "epilog"):
-        if not conf.get(key):
-            out[key] = "unset"
-            continue
-        found = "other"
+        found = "other" if conf.get(key) else "unset"     # an unset key names no script
         for text in _hook_texts(conf, key):
             if "gsrun-hook" in text and sock in text:
                 found = "daemon"
@@ -779,8 +770,7 @@ def check_mail(ctx: Context) -> Check:
     host, port = cfg["mail.smtp_host"], cfg["mail.smtp_port"]
     t0 = time.monotonic()
     try:
-        with socket.create_connection((host, port), timeout=MAIL_CONNECT_TIMEOUT_S):
-            pass
+        socket.create_connection((host, port), timeout=MAIL_CONNECT_TIMEOUT_S).close()
     except OSError as e:
         return _c("mail", "warn", f"SMTP {host}:{port} not reachable: {e.strerror or e}",
                   "mails stay queued and are retried (gsrun-node mail flush); set mail.smtp_host or "

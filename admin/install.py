@@ -31,12 +31,10 @@ from gsrun.node.tuning import IRQ_BAN_DIR
 from gsrun.request.config import (Config, DEFAULT_CONFIG_PATH, SETTINGS, _toml_value, load_config,
                                   render_commented_config)
 from gsrun.daemon import build as daemon_client, server
-from gsrun.admin.node_entry import hook_argv
+from gsrun.admin.node_entry import HOOKS, hook_argv
 
 PHASE = "install"
 VERSION_COMMANDS = (("slurmctld", "-V"), ("slurmd", "-V"), ("scontrol", "-V"), ("sinfo", "-V"))
-HOOKS = {"prolog": ("prolog", "gsrun-prolog"), "epilog": ("epilog", "gsrun-epilog"),
-         "epilog-ctld": ("epilog", "gsrun-epilog-ctld")}
 LAYOUTS = ("single", "prolog.d")
 DEFAULT_SLURM_CONF = "/etc/slurm/slurm.conf"
 _VERSION_RE = re.compile(r"\bslurm(?:-wlm)?\s+v?([0-9]{2}\.[0-9]{2}\.[0-9]+)", re.I)
@@ -95,9 +93,7 @@ def parse_slurm_conf(text: str) -> dict[str, str]:
 def read_slurm_conf(environ=None) -> tuple[str | None, dict[str, str]]:
     """(path, settings) of ``$SLURM_CONF`` or ``/etc/slurm/slurm.conf``; ``(None, {})`` if unreadable."""
     environ = os.environ if environ is None else environ
-    for p in (environ.get("SLURM_CONF"), "/etc/slurm/slurm.conf", "/etc/slurm-llnl/slurm.conf"):
-        if not p:
-            continue
+    for p in filter(None, (environ.get("SLURM_CONF"), DEFAULT_SLURM_CONF, "/etc/slurm-llnl/slurm.conf")):
         try:
             return p, parse_slurm_conf(Path(p).read_text(errors="replace"))
         except OSError:
@@ -118,8 +114,7 @@ class HookCost:
 
     @property
     def worst_s(self) -> float | None:
-        vals = [v for v in (self.prolog_s, self.epilog_import_s) if v is not None]
-        return max(vals) if vals else None
+        return max((v for v in (self.prolog_s, self.epilog_import_s) if v is not None), default=None)
 
 
 def dry_run_env(config_path: str | None, base=None) -> dict[str, str]:
@@ -128,9 +123,7 @@ def dry_run_env(config_path: str | None, base=None) -> dict[str, str]:
     env = {"PATH": SAFE_PATH, "LANG": "C", "SLURM_JOB_ID": "0", "SLURM_JOB_UID": "0",
            "SLURM_JOB_GID": "0", "SLURM_JOB_USER": "root", "SLURMD_NODENAME": "gsrun-install",
            "SPANK_GS_REPORT": "1"}
-    for k in ("GSRUN_HOST_ROOT", "SLURM_CONF"):
-        if base.get(k):
-            env[k] = base[k]
+    env.update({k: base[k] for k in ("GSRUN_HOST_ROOT", "SLURM_CONF") if base.get(k)})
     if config_path:
         env["GSRUN_CONFIG"] = config_path
     return env
@@ -174,8 +167,7 @@ class Installation:
 
 def find_installation(python: str = sys.executable) -> Installation:
     """``<dir of python>/gsrun-node`` (else the one on PATH)."""
-    bindir = Path(python).parent
-    node = bindir / "gsrun-node"
+    node = Path(python).parent / "gsrun-node"
     if not node.exists():
         found = shutil.which("gsrun-node")
         node = Path(found) if found else node
@@ -281,7 +273,7 @@ def render_slurm_lines(slurm_version: str, hooks: dict[str, str], flags: str, fl
                        timeout_s: int, timeout_why: str, layout: str = "single",
                        prolog_d: str = "/etc/slurm/prolog.d", epilog_d: str = "/etc/slurm/epilog.d",
                        link_name: str = "50-gsrun") -> str:
-    """The slurm.conf block; ``hooks``: :data:`HOOKS` key -> path. Raises
+    """The slurm.conf block; ``hooks``: hook (:data:`HOOKS`) -> path. Raises
     InputError for an unknown layout or a path slurm.conf cannot hold."""
     if layout not in LAYOUTS:
         raise InputError(PHASE, "layout", repr(layout), hint=f"one of {', '.join(LAYOUTS)}")
@@ -318,9 +310,7 @@ def render_units(gsrun_node: str, config_path: str | None,
     and with ``daemon_socket`` ``gsrun-daemon.service`` (``--ctld-user`` for
     ``ctld_user``); ``GSRUN_CONFIG`` only for a non-default config path."""
     _check_plain(gsrun_node, "gsrun-node path")
-    cfgp = None
-    if config_path and config_path != DEFAULT_CONFIG_PATH:
-        cfgp = _check_plain(config_path, "config path")
+    cfgp = _check_plain(config_path, "config path") if config_path and config_path != DEFAULT_CONFIG_PATH else None
     report = os.path.join(os.path.dirname(gsrun_node), "gsrun-report")
     units = {}
     for name in ("mail", "prune", "report"):
@@ -409,7 +399,6 @@ def config_text(state_dir: str | None = None, spool_dir: str | None = None) -> s
         set_["mps_dir"] = os.path.join(state_dir, "mps")
     if spool_dir:
         set_["spool_dir"] = _check_plain(spool_dir, "spool dir")
-
     for key, value in set_.items():
         text = re.sub(rf"^# {key} = .*$", f"{key} = {json.dumps(value)}", text, count=1, flags=re.M)
     return text
@@ -570,7 +559,7 @@ def run(opts: InstallOptions, out: Callable[[str], None] = print, environ=None) 
     if ctld_user:
         out(f"# EpilogSlurmctld runs as SlurmUser={ctld_user}: its hook goes to the root daemon's "
             f"{ctld_socket}, open to that user (--ctld-user in gsrun-daemon.service, step 6)")
-    hooks = {name: os.path.join(hd, fname) for name, (_, fname) in HOOKS.items()}
+    hooks = {name: os.path.join(hd, f"gsrun-{name}") for name in HOOKS}
     for name, p in hooks.items():
         body = render_hook(inst.gsrun_node, name, cfg_env, opts.log_file, slurm_conf_env,
                            hook_argv(name) if _same_install(inst.gsrun_node) else None,

@@ -103,14 +103,12 @@ def restore(host_root, state_dir, job_id, all_jobs):
     out["mps"] = {j: mps.stop(j, str(paths.mps_dir), str(paths.state_dir), cfg["mps.control_bin"],
                               cfg["mps.quit_timeout_s"], log=log) for j in jobs}
     if hostfs.is_real:
-        from gsrun.node import mig
-
         jobs_dir = paths.state_dir / "jobs"
         if job_id:
-            done = {job_id: mig.epilog_restore(RealMig(), str(jobs_dir), job_id, log=log)} \
-                if (jobs_dir / job_id / mig.JOURNAL_NAME).exists() else {}
+            done = {job_id: migmod.epilog_restore(RealMig(), str(jobs_dir), job_id, log=log)} \
+                if (jobs_dir / job_id / migmod.JOURNAL_NAME).exists() else {}
         else:
-            done = mig.restore_crashed(RealMig(), jobs_dir, log=log)
+            done = migmod.restore_crashed(RealMig(), jobs_dir, log=log)
         if done:
             out["mig"] = done
     click.echo(json.dumps(out, indent=1, default=str))
