@@ -51,6 +51,7 @@ TIMEOUTS_S = {"nvml": 20.0, "gpus": 20.0, "mig": 20.0, "slurm gres": 10.0, "span
               "mail": 8.0, "spool": 5.0, "state dir": 5.0}
 MAIL_CONNECT_TIMEOUT_S = 3.0
 CPU = "sys/devices/system/cpu"
+BIN_DIRS = ("usr/local/sbin", "usr/local/bin", "usr/sbin", "usr/bin", "sbin", "bin")   # `which` under --host-root
 
 
 @dataclass
@@ -85,7 +86,6 @@ class Context:
     _cfg_error: str | None = None
     _nvml: Any = None
     _nvml_error: NvmlUnavailable | None = None
-    _nvml_opened: bool = False
     _nvml_lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -101,8 +101,7 @@ class Context:
         if not self._nvml_lock.acquire(timeout=TIMEOUTS_S["nvml"]):
             raise NvmlUnavailable("TIMEOUT", "NVML initialisation did not return")
         try:
-            if not self._nvml_opened:
-                self._nvml_opened = True
+            if self._nvml is None and self._nvml_error is None:
                 try:
                     self._nvml = open_nvml(self.hostfs)
                 except NvmlUnavailable as e:
@@ -114,16 +113,13 @@ class Context:
         return self._nvml
 
     def which(self, name: str) -> str | None:
-        if name.startswith("/"):
-            p = self.hostfs.path(name) if not self.hostfs.is_real else Path(name)
-            return name if p.is_file() and os.access(p, os.X_OK) else None
-        if not self.hostfs.is_real:
-            for d in ("usr/local/sbin", "usr/local/bin", "usr/sbin", "usr/bin", "sbin", "bin"):
-                p = self.hostfs.path(f"{d}/{name}")
-                if p.is_file() and os.access(p, os.X_OK):
-                    return "/" + f"{d}/{name}"
-            return None
-        return shutil.which(name, path=f"{self.environ.get('PATH', '')}:{SAFE_PATH}")
+        if not name.startswith("/") and self.hostfs.is_real:
+            return shutil.which(name, path=f"{self.environ.get('PATH', '')}:{SAFE_PATH}")
+        for c in [name] if name.startswith("/") else [f"/{d}/{name}" for d in BIN_DIRS]:
+            p = Path(c) if self.hostfs.is_real else self.hostfs.path(c)
+            if p.is_file() and os.access(p, os.X_OK):
+                return c
+        return None
 
     def cmd(self, argv: list[str], timeout_s: float = 5.0) -> subprocess.CompletedProcess | None:
         env = {"PATH": SAFE_PATH, "LANG": "C"}
@@ -146,24 +142,24 @@ class Context:
 
 # ----------------------------------------------------------------------------- checks
 
+def read_text(path: str | Path) -> str | None:
+    """The text of the (non-host-root) file ``path``; None when it cannot be read."""
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return None
+
+
 def world_usable(path: str) -> str | None:
     """None when every user can run ``path``, else the first component that blocks."""
     p = os.path.realpath(path)
-    try:
-        if os.stat(p).st_mode & 0o005 != 0o005:
-            return p
-    except OSError:
-        return p
-    d = os.path.dirname(p)
-    while True:
+    for d, bits in [(p, 0o005)] + [(str(a), 0o001) for a in Path(p).parents]:
         try:
-            if not os.stat(d).st_mode & 0o001:
+            if os.stat(d).st_mode & bits != bits:
                 return d
         except OSError:
             return d
-        if d == "/":
-            return None
-        d = os.path.dirname(d)
+    return None
 
 
 def check_install(ctx: Context) -> Check:
@@ -181,10 +177,9 @@ def check_install(ctx: Context) -> Check:
 
 
 def check_config(ctx: Context) -> Check:
-    ctx.cfg
+    src = ctx.cfg.source
     if ctx._cfg_error:
         return _c("config", "fail", ctx._cfg_error, "fix the file; gsrun-node config check shows the key")
-    src = ctx._cfg.source if ctx._cfg else "<defaults>"
     if src == "<defaults>":
         return _c("config", "ok", "no site config file: built-in defaults",
                   "gsrun-node install writes a commented /etc/gsrun/gsrun.toml", source=src)
@@ -230,8 +225,7 @@ def check_nvml(ctx: Context) -> Check:
     drv = nv.driver_version()
     extra = _nvml_extra(nv)
     drv_s = None if is_na(drv) else str(drv)
-    lib = extra.get("nvml")
-    cuda = extra.get("cuda")
+    lib, cuda = extra.get("nvml"), extra.get("cuda")
     cuda_s = f"{cuda // 1000}.{(cuda % 1000) // 10}" if isinstance(cuda, int) else None
     detail = f"driver {drv_s or '?'}, NVML {lib or '?'}" + (f", CUDA {cuda_s}" if cuda_s else "") + \
         f", {nv.count()} GPU(s)"
@@ -251,9 +245,7 @@ def check_gpus(ctx: Context) -> Check:
     if not topo.gpus:
         return _c("gpus", "n/a", "no NVIDIA GPU found (NVML, sysfs, /proc/driver/nvidia)",
                   notes=list(topo.notes), numa_nodes=len(topo.nodes))
-    gpus = []
-    parts = []
-    unknown = []
+    gpus, parts = [], []
     for g in topo.gpus:
         raw = ctx.hostfs.read_int(f"sys/bus/pci/devices/{g.pci_bus_id}/numa_node")
         gpus.append({"pci_bus_id": g.pci_bus_id, "minor": g.minor, "nvml_index": g.nvml_index,
@@ -263,16 +255,12 @@ def check_gpus(ctx: Context) -> Check:
         if raw is not None and raw < 0 and g.numa_node is not None:
             where += f" (sysfs -1, from {g.numa_source})"
         parts.append(f"nvidia{g.minor if g.minor is not None else '?'} {g.pci_bus_id} {where}")
-        if g.numa_node is None:
-            unknown.append(g.pci_bus_id)
     detail = f"{len(topo.gpus)} x {topo.gpus[0].name or 'GPU'}: " + "; ".join(parts)
-    if unknown:
-        return _c("gpus", "warn", detail, "NUMA node unknown: tasks get cores but no memory binding "
-                  "(check BIOS/ACPI SRAT; nvidia-smi topo -m)", gpus=gpus, numa_nodes=len(topo.nodes))
-    if any(g["minor"] is None for g in gpus):
-        return _c("gpus", "warn", detail, "minor number unknown: Slurm gres indices cannot be mapped",
-                  gpus=gpus, numa_nodes=len(topo.nodes))
-    return _c("gpus", "ok", detail, gpus=gpus, numa_nodes=len(topo.nodes))
+    hint = ("NUMA node unknown: tasks get cores but no memory binding (check BIOS/ACPI SRAT; nvidia-smi topo -m)"
+            if any(g["numa_node"] is None for g in gpus) else
+            "minor number unknown: Slurm gres indices cannot be mapped" if any(g["minor"] is None for g in gpus)
+            else "")
+    return _c("gpus", "warn" if hint else "ok", detail, hint, gpus=gpus, numa_nodes=len(topo.nodes))
 
 
 def parse_gres_conf(text: str, node: str | None) -> list[str]:
@@ -283,8 +271,7 @@ def parse_gres_conf(text: str, node: str | None) -> list[str]:
         line = line.split("#", 1)[0].strip()
         if not line:
             continue
-        kv = dict(t.split("=", 1) for t in line.split() if "=" in t)
-        kv = {k.lower(): v for k, v in kv.items()}
+        kv = {k.lower(): v for k, v in (t.split("=", 1) for t in line.split() if "=" in t)}
         if kv.get("name") != "gpu" or "file" not in kv:
             continue
         if "nodename" in kv and node is not None:
@@ -309,14 +296,10 @@ def check_slurm_gres(ctx: Context) -> Check:
             ((cp.stderr or cp.stdout).strip().splitlines() or ["no answer"])[-1][:120]
         return _c("slurm gres", "n/a", f"node {node} unknown to Slurm here ({why})",
                   "give --node NAME (the NodeName in slurm.conf) and SLURM_CONF", node=node)
-    rec = parse_oneliner(cp.stdout.splitlines()[0])
-    gres = rec.get("Gres", "")
+    gres = parse_oneliner(cp.stdout.splitlines()[0]).get("Gres", "")
     n = parse_gres_count(gres) if gres and gres != "(null)" else 0
     conf = ctx.slurm_conf_path().with_name("gres.conf")
-    try:
-        files = parse_gres_conf(conf.read_text(), node)
-    except OSError:
-        files = []
+    files = parse_gres_conf(read_text(conf), node)
     fake = []
     for f in files:
         try:
@@ -474,10 +457,8 @@ def check_memlock(ctx: Context) -> Check:
     pids = pids_by_comm(h, "slurmd")
     lim = parse_memlock(h.read(f"proc/{pids[0]}/limits")) if pids else None
     conf_path = ctx.slurm_conf_path()
-    try:
-        conf = parse_slurm_conf(conf_path.read_text())
-    except OSError:
-        conf = None
+    text = read_text(conf_path)
+    conf = None if text is None else parse_slurm_conf(text)
     rdma = rdma_devices(h)
     data = {"slurmd_pid": pids[0] if pids else None, "slurmd_memlock": list(lim) if lim else None,
             "slurm_conf": str(conf_path), "propagated": None if conf is None else memlock_propagated(conf),
@@ -523,11 +504,10 @@ def _slurm_cgroup_dirs(fs: HostFS, base: str, max_depth: int = 3) -> list[str]:
                 rel = f"{d}/{name}" if d else name
                 if not fs.path(rel).is_dir() or name.endswith((".mount", ".socket", ".swap")):
                     continue
-                if name == "slurmstepd.scope" or name.startswith(("slurm", "system.slice")):
-                    if name.startswith("slurm"):
-                        found.append("/" + rel)
-                    else:
-                        nxt.append(rel)
+                if name.startswith("slurm"):
+                    found.append("/" + rel)
+                elif name.startswith("system.slice"):
+                    nxt.append(rel)
         frontier = nxt[:50]
     return sorted(found)
 
@@ -572,8 +552,7 @@ def check_numactl(ctx: Context) -> Check:
     p = ctx.which("numactl")
     if p:
         return _c("numactl", "ok", p, path=p)
-    return _c("numactl", "warn", "numactl not found", "install numactl: gsrun-bind uses it to bind memory",
-              path=None)
+    return _c("numactl", "warn", "numactl not found", "install numactl: gsrun-bind uses it to bind memory", path=p)
 
 
 def check_mig(ctx: Context) -> Check:
@@ -581,8 +560,7 @@ def check_mig(ctx: Context) -> Check:
         nv = ctx.nvml()
     except NvmlUnavailable as e:
         return _c("mig", "n/a", f"no NVML ({e.code_name})")
-    per = []
-    parts = []
+    per, parts = [], []
     for i in range(nv.count()):
         mode = nv.get(i, "mig_mode")
         profs = nv.get(i, "gpu_instance_profiles")
@@ -612,20 +590,13 @@ def find_spank_so(ctx: Context) -> str | None:
     if ctx.spank_so:
         return ctx.spank_so
     conf = ctx.slurm_conf_path()
-    try:
-        ps = parse_slurm_conf(conf.read_text()).get("plugstackconfig")
-    except OSError:
-        ps = None
+    ps = parse_slurm_conf(read_text(conf)).get("plugstackconfig")
     todo = [Path(ps) if ps else conf.with_name("plugstack.conf")]
     seen = 0
     while todo and seen < 32:
         p = todo.pop(0)
         seen += 1
-        try:
-            text = p.read_text()
-        except OSError:
-            continue
-        for line in text.splitlines():
+        for line in (read_text(p) or "").splitlines():
             w = line.split("#", 1)[0].split()
             if len(w) >= 2 and w[0] in ("required", "optional") and w[1].endswith("gsrun_spank.so"):
                 return w[1]
@@ -687,9 +658,7 @@ def check_state(ctx: Context) -> Check:
         return _c("state dir", "fail", f"{state} is a symlink or not owned by root (uid {st.st_uid})",
                   "remove it; gsrun-node install recreates it", path=state)
     try:
-        fd, tmp = tempfile.mkstemp(prefix=".doctor-", dir=p)
-        os.close(fd)
-        os.unlink(tmp)
+        tempfile.TemporaryFile(prefix=".doctor-", dir=p).close()
     except OSError as e:
         return _c("state dir", "fail", f"{state} not writable: {e.strerror}",
                   "read-only /run? the prolog cannot journal changes", path=state)
@@ -706,10 +675,7 @@ def hook_wiring(conf: dict[str, str], sock: str) -> dict[str, str]:
     otherwise, ``"other"``, or ``"unset"``."""
     out = {}
     for key in ("prolog", "epilog"):
-        if not conf.get(key):
-            out[key] = "unset"
-            continue
-        found = "other"
+        found = "other" if conf.get(key) else "unset"     # an unset key names no script
         for text in _hook_texts(conf, key):
             if "gsrun-hook" in text and sock in text:
                 found = "daemon"
@@ -804,8 +770,7 @@ def check_mail(ctx: Context) -> Check:
     host, port = cfg["mail.smtp_host"], cfg["mail.smtp_port"]
     t0 = time.monotonic()
     try:
-        with socket.create_connection((host, port), timeout=MAIL_CONNECT_TIMEOUT_S):
-            pass
+        socket.create_connection((host, port), timeout=MAIL_CONNECT_TIMEOUT_S).close()
     except OSError as e:
         return _c("mail", "warn", f"SMTP {host}:{port} not reachable: {e.strerror or e}",
                   "mails stay queued and are retried (gsrun-node mail flush); set mail.smtp_host or "

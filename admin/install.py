@@ -2,14 +2,11 @@
 the slurm.conf lines (PrologFlags, a PrologEpilogTimeout from a measured
 prolog dry run), the plugstack step and the irqbalance policy script
 (docs/ADMIN.md). ``--print`` shows all of it and changes nothing.
-
-Facts (:func:`detect_slurm_version`, :func:`read_slurm_conf`,
-:func:`measure_hook_cost`), pure decisions and renderers, and effects
-(:func:`apply_dirs`, :func:`write_new_file`) are kept apart; :func:`run` ties them.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -19,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import time
+from contextlib import suppress
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -33,12 +31,10 @@ from gsrun.node.tuning import IRQ_BAN_DIR
 from gsrun.request.config import (Config, DEFAULT_CONFIG_PATH, SETTINGS, _toml_value, load_config,
                                   render_commented_config)
 from gsrun.daemon import build as daemon_client, server
-from gsrun.admin.node_entry import hook_argv
+from gsrun.admin.node_entry import HOOKS, hook_argv
 
 PHASE = "install"
 VERSION_COMMANDS = (("slurmctld", "-V"), ("slurmd", "-V"), ("scontrol", "-V"), ("sinfo", "-V"))
-HOOKS = {"prolog": ("prolog", "gsrun-prolog"), "epilog": ("epilog", "gsrun-epilog"),
-         "epilog-ctld": ("epilog", "gsrun-epilog-ctld")}
 LAYOUTS = ("single", "prolog.d")
 DEFAULT_SLURM_CONF = "/etc/slurm/slurm.conf"
 _VERSION_RE = re.compile(r"\bslurm(?:-wlm)?\s+v?([0-9]{2}\.[0-9]{2}\.[0-9]+)", re.I)
@@ -97,9 +93,7 @@ def parse_slurm_conf(text: str) -> dict[str, str]:
 def read_slurm_conf(environ=None) -> tuple[str | None, dict[str, str]]:
     """(path, settings) of ``$SLURM_CONF`` or ``/etc/slurm/slurm.conf``; ``(None, {})`` if unreadable."""
     environ = os.environ if environ is None else environ
-    for p in (environ.get("SLURM_CONF"), "/etc/slurm/slurm.conf", "/etc/slurm-llnl/slurm.conf"):
-        if not p:
-            continue
+    for p in filter(None, (environ.get("SLURM_CONF"), DEFAULT_SLURM_CONF, "/etc/slurm-llnl/slurm.conf")):
         try:
             return p, parse_slurm_conf(Path(p).read_text(errors="replace"))
         except OSError:
@@ -120,8 +114,7 @@ class HookCost:
 
     @property
     def worst_s(self) -> float | None:
-        vals = [v for v in (self.prolog_s, self.epilog_import_s) if v is not None]
-        return max(vals) if vals else None
+        return max((v for v in (self.prolog_s, self.epilog_import_s) if v is not None), default=None)
 
 
 def dry_run_env(config_path: str | None, base=None) -> dict[str, str]:
@@ -130,9 +123,7 @@ def dry_run_env(config_path: str | None, base=None) -> dict[str, str]:
     env = {"PATH": SAFE_PATH, "LANG": "C", "SLURM_JOB_ID": "0", "SLURM_JOB_UID": "0",
            "SLURM_JOB_GID": "0", "SLURM_JOB_USER": "root", "SLURMD_NODENAME": "gsrun-install",
            "SPANK_GS_REPORT": "1"}
-    for k in ("GSRUN_HOST_ROOT", "SLURM_CONF"):
-        if base.get(k):
-            env[k] = base[k]
+    env.update({k: base[k] for k in ("GSRUN_HOST_ROOT", "SLURM_CONF") if base.get(k)})
     if config_path:
         env["GSRUN_CONFIG"] = config_path
     return env
@@ -143,14 +134,13 @@ def measure_hook_cost(config_path: str | None, runs: int = 3, timeout_s: float =
                       clock: Callable[[], float] = time.monotonic) -> HookCost:
     """Time ``runs`` prolog dry runs and one epilog import, each within
     ``timeout_s``, as root children (:func:`gsrun.base.proc.root_python`, cwd /)."""
-    env = dry_run_env(config_path)
+    kw = {"capture_output": True, "text": True, "timeout": timeout_s, "env": dry_run_env(config_path), "check": False,
+          "stdin": subprocess.DEVNULL, "cwd": ROOT_CWD}
     worst = 0.0
     try:
         for _ in range(runs):
             t0 = clock()
-            p = run(root_python("-m", "gsrun.admin.node", "prolog", "--dry-run", python=python),
-                    capture_output=True, text=True, timeout=timeout_s, env=env, check=False,
-                    stdin=subprocess.DEVNULL, cwd=ROOT_CWD)
+            p = run(root_python("-m", "gsrun.admin.node", "prolog", "--dry-run", python=python), **kw)
             dt = clock() - t0
             if p.returncode != 0:
                 tail = (p.stderr or p.stdout or "").strip().splitlines()[-1:] or [""]
@@ -158,9 +148,7 @@ def measure_hook_cost(config_path: str | None, runs: int = 3, timeout_s: float =
             worst = max(worst, dt)
         t0 = clock()
         p = run(root_python("-c", "import gsrun.epilog.main, gsrun.epilog.ctld, gsrun.report.summary, "
-                                  "gsrun.report.render", python=python),
-                capture_output=True, text=True, timeout=timeout_s, env=env, check=False,
-                stdin=subprocess.DEVNULL, cwd=ROOT_CWD)
+                                  "gsrun.report.render", python=python), **kw)
         imp = clock() - t0
         if p.returncode != 0:
             return HookCost(worst, None, runs, f"epilog import failed: {(p.stderr or '').strip()[-200:]}")
@@ -179,8 +167,7 @@ class Installation:
 
 def find_installation(python: str = sys.executable) -> Installation:
     """``<dir of python>/gsrun-node`` (else the one on PATH)."""
-    bindir = Path(python).parent
-    node = bindir / "gsrun-node"
+    node = Path(python).parent / "gsrun-node"
     if not node.exists():
         found = shutil.which("gsrun-node")
         node = Path(found) if found else node
@@ -263,12 +250,9 @@ def recommend_timeout_s(cost: HookCost, cfg: Config, current: str | None = None)
              if worst is not None else f"not measured ({cost.error})",
              f"budgets {prolog_b:g}/{epilog_b:g} s (timeouts.prolog_budget_s/epilog_budget_s)",
              f"{t} s = max(60, {TIMEOUT_FACTOR} x measured, budget + {BUDGET_MARGIN_S} s), from {name}"]
-    if current:
-        try:
-            if int(current) < t:
-                parts.append(f"your current {current} s is too short")
-        except ValueError:
-            pass
+    with suppress(ValueError):
+        if current and int(current) < t:
+            parts.append(f"your current {current} s is too short")
     return t, "; ".join(parts)
 
 
@@ -289,7 +273,7 @@ def render_slurm_lines(slurm_version: str, hooks: dict[str, str], flags: str, fl
                        timeout_s: int, timeout_why: str, layout: str = "single",
                        prolog_d: str = "/etc/slurm/prolog.d", epilog_d: str = "/etc/slurm/epilog.d",
                        link_name: str = "50-gsrun") -> str:
-    """The slurm.conf block; ``hooks``: :data:`HOOKS` key -> path. Raises
+    """The slurm.conf block; ``hooks``: hook (:data:`HOOKS`) -> path. Raises
     InputError for an unknown layout or a path slurm.conf cannot hold."""
     if layout not in LAYOUTS:
         raise InputError(PHASE, "layout", repr(layout), hint=f"one of {', '.join(LAYOUTS)}")
@@ -326,16 +310,13 @@ def render_units(gsrun_node: str, config_path: str | None,
     and with ``daemon_socket`` ``gsrun-daemon.service`` (``--ctld-user`` for
     ``ctld_user``); ``GSRUN_CONFIG`` only for a non-default config path."""
     _check_plain(gsrun_node, "gsrun-node path")
-    cfgp = None
-    if config_path and config_path != DEFAULT_CONFIG_PATH:
-        cfgp = _check_plain(config_path, "config path")
-    units = {"gsrun-mail.service": render("gsrun-mail.service.j2", gsrun_node=gsrun_node, config_path=cfgp),
-             "gsrun-mail.timer": render("gsrun-mail.timer.j2"),
-             "gsrun-prune.service": render("gsrun-prune.service.j2", gsrun_node=gsrun_node, config_path=cfgp),
-             "gsrun-prune.timer": render("gsrun-prune.timer.j2"),
-             "gsrun-report.service": render("gsrun-report.service.j2", config_path=cfgp,
-                                            gsrun_report=os.path.join(os.path.dirname(gsrun_node), "gsrun-report")),
-             "gsrun-report.timer": render("gsrun-report.timer.j2")}
+    cfgp = _check_plain(config_path, "config path") if config_path and config_path != DEFAULT_CONFIG_PATH else None
+    report = os.path.join(os.path.dirname(gsrun_node), "gsrun-report")
+    units = {}
+    for name in ("mail", "prune", "report"):
+        units[f"gsrun-{name}.service"] = render(f"gsrun-{name}.service.j2", gsrun_node=gsrun_node,
+                                                gsrun_report=report, config_path=cfgp)
+        units[f"gsrun-{name}.timer"] = render(f"gsrun-{name}.timer.j2")
     if daemon_socket:
         sock = _check_plain(daemon_socket, "daemon socket path")
         parent = os.path.dirname(sock)
@@ -357,14 +338,12 @@ def render_hook(gsrun_node: str, command: str, config_path: str | None, log_file
     if command not in HOOKS:
         raise InputError(PHASE, "hook", repr(command))
     env = ""
-    if config_path and config_path != DEFAULT_CONFIG_PATH:
-        env = f"GSRUN_CONFIG={shlex.quote(config_path)} "
-    if log_file:
-        env += f"GSRUN_LOG_FILE={shlex.quote(_check_plain(log_file, 'log file'))} "
-    if slurm_conf and slurm_conf != DEFAULT_SLURM_CONF:
-        env += f"SLURM_CONF={shlex.quote(_check_plain(slurm_conf, 'slurm.conf path'))} "
-    if state_dir and state_dir != DEFAULT_STATE_DIR:
-        env += f"GSRUN_STATE_DIR={shlex.quote(_check_plain(state_dir, 'state dir'))} "
+    for name, value, default, what in (("GSRUN_CONFIG", config_path, DEFAULT_CONFIG_PATH, None),
+                                       ("GSRUN_LOG_FILE", log_file, None, "log file"),
+                                       ("SLURM_CONF", slurm_conf, DEFAULT_SLURM_CONF, "slurm.conf path"),
+                                       ("GSRUN_STATE_DIR", state_dir, DEFAULT_STATE_DIR, "state dir")):
+        if value and value != default:
+            env += f"{name}={shlex.quote(_check_plain(value, what) if what else value)} "
     run = f"{shlex.quote(gsrun_node)} {command}"
     if argv:
         if argv[-1] != command:
@@ -401,18 +380,13 @@ def render_config_reference() -> str:
              "commented file with every key at its default.", "",
              "Keys marked *per partition* may be overridden for the jobs of one partition:", "",
              "```toml", "[partition.gpu.tuning]", "defaults = \"governor=performance,swappiness=10\"", "```", ""]
-    current = None
-    for s in SETTINGS:
-        sec, name = s.key.split(".", 1)
-        if sec != current:
-            lines += [f"## [{sec}]", "", "| key | type | default | allowed | per partition | meaning |",
-                      "| --- | --- | --- | --- | --- | --- |"]
-            current = sec
-        lines.append(f"| `{name}` | {typename(s.type)} | `{cell(_toml_value(s.default))}` | {cell(s.allowed)} | "
-                     f"{'yes' if s.per_partition else ''} | {cell(s.meaning)} |")
-        nxt = SETTINGS.index(s) + 1
-        if nxt == len(SETTINGS) or SETTINGS[nxt].key.split(".", 1)[0] != sec:
-            lines.append("")
+    for sec, group in itertools.groupby(SETTINGS, key=lambda s: s.key.split(".", 1)[0]):
+        lines += [f"## [{sec}]", "", "| key | type | default | allowed | per partition | meaning |",
+                  "| --- | --- | --- | --- | --- | --- |"]
+        for s in group:
+            lines.append(f"| `{s.key.split('.', 1)[1]}` | {typename(s.type)} | `{cell(_toml_value(s.default))}` | "
+                         f"{cell(s.allowed)} | {'yes' if s.per_partition else ''} | {cell(s.meaning)} |")
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -425,7 +399,6 @@ def config_text(state_dir: str | None = None, spool_dir: str | None = None) -> s
         set_["mps_dir"] = os.path.join(state_dir, "mps")
     if spool_dir:
         set_["spool_dir"] = _check_plain(spool_dir, "spool dir")
-
     for key, value in set_.items():
         text = re.sub(rf"^# {key} = .*$", f"{key} = {json.dumps(value)}", text, count=1, flags=re.M)
     return text
@@ -462,6 +435,28 @@ def write_new_file(path: str, text: str, mode: int) -> bool:
         os.fsync(f.fileno())
     os.chmod(p, mode)
     return True
+
+
+def write_and_say(path: str, text: str, mode: int, out: Callable[[str], None], said: str = "",
+                  new_only: bool = False, print_only: bool = False) -> int:
+    """Write ``path`` (parents 0755; root-owned as root; ``new_only``:
+    :func:`write_new_file`) and say ``wrote PATH<said>``, or with ``print_only``
+    only show it; 1 when writing failed (said)."""
+    if print_only:
+        out(f"would write {path} ({mode:04o}):\n{text}")
+        return 0
+    root = os.geteuid() == 0
+    try:
+        if new_only:
+            write_new_file(path, text, mode)
+        else:
+            Path(path).parent.mkdir(parents=True, mode=0o755, exist_ok=True)
+            atomic_write(path, text, mode, 0 if root else None, 0 if root else None)
+    except OSError as e:
+        out(f"FAILED: cannot write {path}: {e.strerror}")
+        return 1
+    out(f"wrote {path}{said}")
+    return 0
 
 
 # ----------------------------------------------------------------------------- the command
@@ -543,16 +538,9 @@ def run(opts: InstallOptions, out: Callable[[str], None] = print, environ=None) 
             if given and os.path.normpath(given) != os.path.normpath(cfg[key]):
                 out(f"WARNING: {flag} {given} differs from {key} = {cfg[key]} in {config_path}; "
                     "the hooks use the file: edit it")
-    elif opts.print_only:
-        out(f"would write {config_path} (0644):")
-        out(text)
     else:
-        try:
-            write_new_file(config_path, text, 0o644)
-            out(f"wrote {config_path}: every setting at its default, commented out")
-        except OSError as e:
-            out(f"FAILED: cannot write {config_path}: {e.strerror}")
-            rc = 1
+        rc = max(rc, write_and_say(config_path, text, 0o644, out, ": every setting at its default, commented out",
+                                   new_only=True, print_only=opts.print_only))
     cfg_env = config_path if config_path != DEFAULT_CONFIG_PATH else None
 
     conf_path, conf = read_slurm_conf(environ)
@@ -562,35 +550,21 @@ def run(opts: InstallOptions, out: Callable[[str], None] = print, environ=None) 
 
     # 3. hooks
     out("\n## 3. hooks")
-    hooks: dict[str, str] = {}
     hd = _check_plain(os.path.abspath(opts.hooks_dir or str(Path(inst.gsrun_node).parent.parent / "libexec" / "gsrun")),
                       "hooks dir")
     daemon_socket = os.path.join(state_dir, server.SOCKET_NAME)
-    root = os.geteuid() == 0
-    via = _install_hook_client(hd, daemon_socket, opts.print_only, out)
-    if via is None:
-        rc = 1
-        via = (os.path.join(hd, daemon_client.CLIENT_NAME), daemon_socket)
+    rc = max(rc, _install_hook_client(hd, daemon_socket, opts.print_only, out))
+    via = (os.path.join(hd, daemon_client.CLIENT_NAME), daemon_socket)
     ctld_user, ctld_socket = ctld_daemon(conf, daemon_socket)
     if ctld_user:
         out(f"# EpilogSlurmctld runs as SlurmUser={ctld_user}: its hook goes to the root daemon's "
             f"{ctld_socket}, open to that user (--ctld-user in gsrun-daemon.service, step 6)")
-    for name, (_, fname) in HOOKS.items():
-        p = os.path.join(hd, fname)
-        hooks[name] = p
+    hooks = {name: os.path.join(hd, f"gsrun-{name}") for name in HOOKS}
+    for name, p in hooks.items():
         body = render_hook(inst.gsrun_node, name, cfg_env, opts.log_file, slurm_conf_env,
                            hook_argv(name) if _same_install(inst.gsrun_node) else None,
                            (via[0], ctld_socket) if name == "epilog-ctld" else via, state_env)
-        if opts.print_only:
-            out(f"would write {p} (0755):\n{body}")
-        else:
-            try:
-                Path(hd).mkdir(parents=True, mode=0o755, exist_ok=True)
-                atomic_write(p, body, 0o755, 0 if root else None, 0 if root else None)
-                out(f"wrote {p}")
-            except OSError as e:
-                out(f"FAILED: cannot write {p}: {e.strerror}")
-                rc = 1
+        rc = max(rc, write_and_say(p, body, 0o755, out, print_only=opts.print_only))
 
     # 4. slurm.conf
     sv = detect_slurm_version()
@@ -648,21 +622,20 @@ def run(opts: InstallOptions, out: Callable[[str], None] = print, environ=None) 
     return rc
 
 
-def _install_hook_client(hooks_dir: str, daemon_socket: str, print_only: bool,
-                         out: Callable[[str], None]) -> tuple[str, str] | None:
-    """Build ``gsrun-hook`` into ``hooks_dir`` -> ``(client, socket)``; None: failed (said)."""
+def _install_hook_client(hooks_dir: str, daemon_socket: str, print_only: bool, out: Callable[[str], None]) -> int:
+    """Build ``gsrun-hook`` into ``hooks_dir``; 1 when that failed (said)."""
     client = os.path.join(hooks_dir, daemon_client.CLIENT_NAME)
     if print_only:
         out(f"would build {client} (the node daemon's client; needs cc)")
-        return client, daemon_socket
+        return 0
     try:
         daemon_client.build(hooks_dir)
     except (OSError, NodeError) as e:
         out(f"FAILED: cannot build {client}: {str(e).splitlines()[0]}\n"
             "hint: install a C compiler (apt install gcc) and run install again; the hooks need it")
-        return None
+        return 1
     out(f"built {client}: the hooks go through the node daemon on {daemon_socket} (step 6)")
-    return client, daemon_socket
+    return 0
 
 
 def _install_irqbalance_script(opts: InstallOptions, cfg: Config, out: Callable[[str], None]) -> int:
@@ -672,19 +645,12 @@ def _install_irqbalance_script(opts: InstallOptions, cfg: Config, out: Callable[
     out("\n## 7. irqbalance policy script (optional: irq=local while irqbalance runs)")
     body = (resources.files("gsrun.templates") / "irqbalance-policy.sh").read_text()
     rc = 0
-    root = os.geteuid() == 0
     if opts.print_only:
         out(f"would write {script} (root 0755): gsrun's irqbalance policy script")
-    elif not root and not opts.irqbalance_script:
+    elif os.geteuid() != 0 and not opts.irqbalance_script:
         out(f"# not root: {script} not written (run gsrun-node install as root)")
     else:
-        try:
-            Path(script).parent.mkdir(parents=True, mode=0o755, exist_ok=True)
-            atomic_write(script, body, 0o755, 0 if root else None, 0 if root else None)
-            out(f"wrote {script} (0755)")
-        except OSError as e:
-            out(f"FAILED: cannot write {script}: {e.strerror}")
-            rc = 1
+        rc = write_and_say(script, body, 0o755, out, " (0755)")
     if script != cfg["tuning.irqbalance_policy_script"]:
         out(f"# set tuning.irqbalance_policy_script = \"{script}\" in the site config (the prolog looks for it there)")
     out(render_irqbalance_lines(script, cfg["tuning.irqbalance_ban_dir"], IRQ_BAN_DIR).rstrip("\n"))

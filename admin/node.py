@@ -1,13 +1,10 @@
-"""``gsrun-node``: the node side (run as root by slurmd/slurmctld or an admin).
-
-Subcommands: ``prolog``, ``epilog``, ``epilog-ctld`` (Slurm hooks; the job
-context comes from the environment Slurm sets), ``restore``, ``status``, ``topology``, ``mig plan``, ``spank
-build|install``, ``mail flush``, ``prune``, ``config check|reference``, ``install``,
-``doctor``.
+"""``gsrun-node``'s click CLI: the node side, run as root by slurmd/slurmctld
+(the hooks; their job context comes from the environment Slurm sets) or an admin.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -81,7 +78,6 @@ def epilog_ctld(spool_dir, wait_s, foreground):
     """EpilogSlurmctld: merge node summaries, job report, queue mail."""
     if foreground:
         return ctld.run(os.environ, spool_dir, wait_s)
-
     return detach(os.environ, spool_dir, wait_s)
 
 
@@ -98,10 +94,7 @@ def restore(host_root, state_dir, job_id, all_jobs):
     cfg = load_config()
     paths = Paths.from_config(cfg, state_dir)
     hostfs = HostFS.from_env(host_root)
-
-    def log(msg):
-        click.echo(msg, err=True)
-
+    log = functools.partial(click.echo, err=True)
     log(f"gsrun-node restore: state dir {paths.state_dir} (config {cfg.source})")
     out = {"state_dir": str(paths.state_dir), "config": cfg.source,
            "tuning": tuning.restore(hostfs, str(paths.state_dir), job_id=job_id, all_jobs=all_jobs, log=log)}
@@ -110,14 +103,12 @@ def restore(host_root, state_dir, job_id, all_jobs):
     out["mps"] = {j: mps.stop(j, str(paths.mps_dir), str(paths.state_dir), cfg["mps.control_bin"],
                               cfg["mps.quit_timeout_s"], log=log) for j in jobs}
     if hostfs.is_real:
-        from gsrun.node import mig
-
         jobs_dir = paths.state_dir / "jobs"
         if job_id:
-            done = {job_id: mig.epilog_restore(RealMig(), str(jobs_dir), job_id, log=log)} \
-                if (jobs_dir / job_id / mig.JOURNAL_NAME).exists() else {}
+            done = {job_id: migmod.epilog_restore(RealMig(), str(jobs_dir), job_id, log=log)} \
+                if (jobs_dir / job_id / migmod.JOURNAL_NAME).exists() else {}
         else:
-            done = mig.restore_crashed(RealMig(), jobs_dir, log=log)
+            done = migmod.restore_crashed(RealMig(), jobs_dir, log=log)
         if done:
             out["mig"] = done
     click.echo(json.dumps(out, indent=1, default=str))

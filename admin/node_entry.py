@@ -1,15 +1,11 @@
-"""``gsrun-node``'s entry point: the Slurm hooks start without click.
-
-``gsrun-node prolog|epilog|epilog-ctld`` with only the hook options
-(``--host-root``, ``--state-dir``, ``--spool-dir``, ``--dry-run`` for the
-prolog) is dispatched straight to the hook; anything else goes to the click
-CLI of :mod:`gsrun.admin.node`, which behaves the same.
+"""``gsrun-node``'s entry point: ``prolog|epilog|epilog-ctld`` with only the
+hook options (:func:`parse_hook_args`) go straight to the hook, without click;
+anything else to the click CLI of :mod:`gsrun.admin.node`, which behaves the same.
 
 The hooks start the interpreter ``-I -S`` (:func:`hook_argv`): isolated and
 without ``site`` (no ``.pth`` files: ~3 ms per hook, ~9 ms with an editable
 finder); :data:`HOOK_BOOTSTRAP` puts gsrun's ``site-packages`` after the
-standard library, as ``site`` would. Regular installs only; an editable
-install runs the ``gsrun-node`` command.
+standard library, as ``site`` would.
 """
 
 from __future__ import annotations
