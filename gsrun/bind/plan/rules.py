@@ -193,20 +193,15 @@ def resolve_step_gpus(topo: Topology, step: Sequence[DeviceToken] | None,
                 warnings.append(f"GPU {tok.text} not found on this host (unknown/emulated)")
             index = g.minor if g is not None else tok.index
             uuid = g.uuid if g is not None else tok.parent_uuid
-            name = None
-            if cuda is not None:
-                c = cuda[i]
-                if c.kind != "index" or g is None:
-                    name = c.text
-                elif pci_order and _ordinal_ok(c.index, i, tok.index, g.pci_bus_id, step_pci, host_pci):
-                    name = c.text
-            if name is None:
-                if g is not None and g.uuid:
-                    name = g.uuid
-                elif cuda is not None:
-                    name = cuda[i].text
-                else:
-                    name = tok.text
+            c = cuda[i] if cuda is not None else None
+            if c is not None and (c.kind != "index" or g is None
+                                  or (pci_order and _ordinal_ok(c.index, i, tok.index, g.pci_bus_id, step_pci,
+                                                                host_pci))):
+                name = c.text
+            elif g is not None and g.uuid:
+                name = g.uuid
+            else:
+                name = c.text if c is not None else tok.text
             refs.append(GpuRef(index, uuid, g.pci_bus_id if g else None, name, g))
         return refs
     if cuda is not None:
@@ -330,14 +325,8 @@ def make_plan(topo: Topology, step_gpus: Sequence[GpuRef], nranks: int,
     plan_warn = list(warnings)
     gpus = list(step_gpus)
     g = len(gpus)
-    owned: list[list[int]] = []
-    for r in range(nranks):
-        if g == 0:
-            owned.append([])
-        elif nranks >= g:
-            owned.append([r % g])
-        else:
-            owned.append([i for i in range(g) if i % nranks == r])
+    # rank r owns GPU r % g, or with fewer ranks than GPUs the GPUs r, r + nranks, ...
+    owned = [([r % g] if nranks >= g else list(range(r, g, nranks))) if g else [] for r in range(nranks)]
     rank_warn: list[list[str]] = [[] for _ in range(nranks)]
     rank_why: list[list[str]] = [[] for _ in range(nranks)]
 
@@ -346,14 +335,11 @@ def make_plan(topo: Topology, step_gpus: Sequence[GpuRef], nranks: int,
     pool_of: list[object] = []
     for r in range(nranks):
         ref = gpus[owned[r][0]] if owned[r] else None
-        home = ref.gpu.numa_node if ref is not None and ref.gpu is not None else None
-        if ref is not None and ref.gpu is None:
+        if ref is None or ref.gpu is None:
             home = topo.nodes[0].id if len(topo.nodes) == 1 else None
-            rank_why[r].append(f"GPU {ref.label()} unknown/emulated")
-        if ref is None:
-            home = topo.nodes[0].id if len(topo.nodes) == 1 else None
-            rank_why[r].append("no GPU")
-        elif ref.gpu is not None:
+            rank_why[r].append("no GPU" if ref is None else f"GPU {ref.label()} unknown/emulated")
+        else:
+            home = ref.gpu.numa_node
             src = ref.gpu.numa_source
             spans = len({topo.node_of_cpu(c) for c in ref.gpu.local_cpus} - {None}) > 1
             if home is not None:
