@@ -126,9 +126,7 @@ class JobSpec:
 
     def site_lines(self) -> list[tuple[str, str | None]]:
         """(option, value or None for a flag) of the site sbatch options, in a fixed order."""
-        out: list[tuple[str, str | None]] = [
-            (key, getattr(self, key)) for key in ("account", "qos", "constraint", "mem", "reservation", "dependency",
-                                                  "signal") if getattr(self, key) is not None]
+        out = [(key, getattr(self, key)) for key in SITE_OPTIONS if getattr(self, key) is not None]
         if self.requeue:
             out.append(("requeue", None))
         out.extend(self.sbatch_options)
