@@ -30,6 +30,8 @@ nccl-tests#57); each rank's mask is already its GPU's node ∩ the cpuset, so
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -37,7 +39,6 @@ from gsrun.base.cpulist import format_cpulist
 from gsrun.base.errors import InputError, TopologyError
 from gsrun.facts.devices import DeviceToken
 from gsrun.facts.topology import Gpu, Nic, Topology
-import re
 
 
 #: Most local ranks of one node's plan (or one per online CPU if more): the plan
@@ -258,17 +259,9 @@ def _pick_nic(topo: Topology, node: int | None, gpu: Gpu | None, load: dict[str,
     if not nics or node is None:
         return None
 
-    def common(a: tuple[str, ...], b: tuple[str, ...]) -> int:
-        k = 0
-        for x, y in zip(a, b):
-            if x != y:
-                break
-            k += 1
-        return k
-
-    def key(n: Nic):
+    def key(n: Nic):   # PCI closeness: the length of the PCI paths' common start
         return (0 if n.kind == "ib" else 1, topo.distance(node, n.numa_node),
-                -common(gpu.pci_path, n.pci_path) if gpu and n.pci_path else 0,
+                -len(os.path.commonprefix([gpu.pci_path, n.pci_path])) if gpu and n.pci_path else 0,
                 load.get(n.name, 0), n.name)
     best = min(nics, key=key)
     load[best.name] = load.get(best.name, 0) + 1
