@@ -151,10 +151,8 @@ def _spreads(gpus: int, max_gpn: int) -> list[tuple[int, int]]:
 
 def _fits_hint(gpus: int, gpn: int) -> str:
     """The exact options that would work for ``gpus`` on nodes of ``gpn`` GPUs."""
-    opts = []
     lo, hi = (gpus // gpn) * gpn, -(-gpus // gpn) * gpn
-    for g in sorted({lo, hi} - {0}):
-        opts.append(f"--gpus {g} ({g // gpn} node(s) x {gpn})")
+    opts = [f"--gpus {g} ({g // gpn} node(s) x {gpn})" for g in sorted({lo, hi} - {0})]
     sp = _spreads(gpus, gpn)
     if sp:
         n, per = sp[0]

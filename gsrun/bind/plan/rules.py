@@ -237,11 +237,7 @@ def _split(cores: list[list[int]], k: int) -> tuple[list[list[int]], str]:
 
 
 def _pool_cores(topo: Topology, cpus: set[int]) -> list[list[int]]:
-    out = []
-    for core in topo.cores:
-        c = [x for x in core if x in cpus]
-        if c:
-            out.append(c)
+    out = [c for c in ([x for x in core if x in cpus] for core in topo.cores) if c]
     covered = {x for c in out for x in c}
     out += [[x] for x in sorted(cpus - covered)]
     out.sort(key=lambda c: c[0])
@@ -249,9 +245,7 @@ def _pool_cores(topo: Topology, cpus: set[int]) -> list[list[int]]:
 
 
 def _nearest(topo: Topology, src: int, candidates: list[int]) -> int | None:
-    if not candidates:
-        return None
-    return min(candidates, key=lambda n: (topo.distance(src, n), n))
+    return min(candidates, key=lambda n: (topo.distance(src, n), n), default=None)
 
 
 def _pick_nic(topo: Topology, node: int | None, gpu: Gpu | None, load: dict[str, int]) -> Nic | None:
