@@ -15,6 +15,7 @@ import pwd
 import re
 import sys
 import time
+from contextlib import suppress
 
 from gsrun.base.errors import GsrunError
 from gsrun.base.fsutil import atomic_write, atomic_write_json, read_json, write_user_copy
@@ -468,10 +469,8 @@ def queue_mail(paths: Paths, summary: dict, cfg, log) -> str:
 
 def _kick_flush() -> None:
     """Start ``gsrun-node mail flush`` detached so delivery never blocks us."""
-    try:
+    with suppress(OSError):
         spawn_detached(root_python("-m", "gsrun.admin.node", "mail", "flush"), root_child_env(("GSRUN_SPOOL_DIR",)))
-    except OSError:
-        pass
 
 
 if __name__ == "__main__":

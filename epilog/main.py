@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import time
+from contextlib import suppress
 from dataclasses import dataclass
 
 from gsrun.base.errors import GsrunError
@@ -161,10 +162,8 @@ def _summary(c: Ctx) -> dict:
         text = json_text(summ)        # one serialization, two copies (root's and the user's)
         atomic_write(out, text, mode=0o600)
         write_user_copy(paths.spool_job(job.job_id) / f"user-node-{job.node}.json", text, job.gid)
-        try:    # the final node summary replaces the running job's live file (gsrun.node.live)
+        with suppress(FileNotFoundError):   # the final node summary replaces the running job's live file
             os.unlink(paths.spool_job(job.job_id) / f"user-live-{job.node}.json")
-        except FileNotFoundError:
-            pass
     except (OSError, GsrunError) as e:
         # spool full or broken: keep the summary on the node (state dir), nothing is lost
         log.error(f"cannot write the node summary to the spool: {safe_text(e)}; kept in {sdir}")

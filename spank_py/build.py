@@ -303,14 +303,12 @@ def plugstack_args(args: dict | None) -> list[tuple[str, str]]:
             raise InputError("spank install", key, f"{v!r} must be an absolute path of "
                              "[A-Za-z0-9_./+@-] (plugstack.conf has no quoting)")
         pairs.append((key, v))
-    allowed = {"on_error": ("fail", "ignore"), "bind": ("auto", "none")}
-    for key in ("on_error", "bind"):
+    for key, allowed in (("on_error", ("fail", "ignore")), ("bind", ("auto", "none"))):
         v = args.get(key)
-        if v is None:
-            continue
-        if v not in allowed[key]:
-            raise InputError("spank install", key, f"{v!r} must be one of {', '.join(allowed[key])}")
-        pairs.append((key, v))
+        if v is not None and v not in allowed:
+            raise InputError("spank install", key, f"{v!r} must be one of {', '.join(allowed)}")
+        if v is not None:
+            pairs.append((key, v))
     return pairs
 
 

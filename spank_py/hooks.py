@@ -63,14 +63,6 @@ _EXPORT_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0
 _EXPORT_MAX = 512
 
 
-def _fullmatch(pattern: str, text: str) -> bool:
-    return re.fullmatch(pattern, text) is not None
-
-
-def _search(pattern: str, text: str) -> bool:
-    return re.search(pattern, text) is not None
-
-
 def is_export_value(text: str) -> bool:
     """True when ``text`` may be exported as ``SPANK_GS_*`` (what the prolog accepts)."""
     return len(text) <= _EXPORT_MAX and set(text) <= _EXPORT_CHARS
@@ -112,7 +104,7 @@ def check_mps(value: str, parse: Callable[[str], int | None] | None = None) -> s
         v = value.strip()
         if v == "":
             return ""
-        if not _fullmatch(_MPS_FALLBACK, v) or not 1 <= int(v) <= 100:
+        if not re.fullmatch(_MPS_FALLBACK, v) or not 1 <= int(v) <= 100:
             raise OptionError("gs-mps", value, "must be a percentage 1-100",
                               "--gs-mps=50, or --gs-mps alone for the site default")
         return str(int(v))
@@ -129,7 +121,7 @@ def check_tune(value: str, parse: Callable[[str], dict] | None = None) -> str:
     parse = _parser(parse, "gsrun.request.tune", "parse_tune_request")
     if parse is None:
         v = value.replace(" ", "")
-        if not _fullmatch(_TUNE_FALLBACK, v):
+        if not re.fullmatch(_TUNE_FALLBACK, v):
             raise OptionError("gs-tune", value, "must be key=value[,key=value...]",
                               "e.g. --gs-tune=swappiness=10,thp=never")
         return v
@@ -151,14 +143,14 @@ def check_mig(value: str, named: Mapping[str, str] | None = None,
         v = named[v]
     parse = _parser(parse, "gsrun.request.mig_layout", "parse_layout")
     if parse is None:
-        if not _fullmatch(_MIG_FALLBACK, v.lower()):
+        if not re.fullmatch(_MIG_FALLBACK, v.lower()):
             raise OptionError("gs-mig", value, "must be a layout like 7x1g.18gb or 3g.71gb+3g.71gb")
         return v.lower()
     try:
         parse(v)
     except Exception as e:  # noqa: BLE001
         detail, hint = _detail(e)
-        if named is not None and _fullmatch(_MIG_NAME, value.strip()) and not _search(r"\d+g\.", value):
+        if named is not None and re.fullmatch(_MIG_NAME, value.strip()) and not re.search(r"\d+g\.", value):
             hint = (f"site layouts: {', '.join(sorted(named)) or 'none configured'}; " + (hint or ""))
         raise OptionError("gs-mig", value, detail, hint) from e
     return v.lower()

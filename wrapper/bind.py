@@ -235,10 +235,9 @@ def run_exec(p: BindParams, environ: Mapping[str, str], notes_out: dict | None =
     env.update(rp.env)
     env["GSRUN_BIND_CPUS"] = format_cpulist(applied)
     # torch.distributed's RANK/WORLD_SIZE from srun's task ids (a launcher's worker keeps its own)
-    if not worker and environ.get("SLURM_PROCID", "").isdigit():
-        env["RANK"] = environ["SLURM_PROCID"]
-    if not worker and environ.get("SLURM_NTASKS", "").isdigit():
-        env["WORLD_SIZE"] = environ["SLURM_NTASKS"]
+    for name, slurm_name in (("RANK", "SLURM_PROCID"), ("WORLD_SIZE", "SLURM_NTASKS")):
+        if not worker and environ.get(slurm_name, "").isdigit():
+            env[name] = environ[slurm_name]
     if rp.gpu is not None:
         env["GSRUN_GPU"] = rp.gpu.label()
     mig = _job_mig_devices(environ)

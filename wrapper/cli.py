@@ -17,8 +17,8 @@ from shutil import which
 
 from gsrun.base.errors import InputError, SlurmError, run_cli
 from gsrun.base.paths import Paths
-from gsrun.facts.slurm import (NODE_GRES_ARGV, PARTITIONS_ARGV, gpus_per_node, parse_node_gres, parse_partitions,
-                               run_slurm)
+from gsrun.facts.slurm import (NODE_GRES_ARGV, PARTITIONS_ARGV, gpus_per_node as cluster_gpus_per_node,
+                               parse_node_gres, parse_partitions, run_slurm)
 from gsrun.request.config import load_config
 from gsrun.request.malloc import malloc_env, parse_malloc
 from gsrun.request.mig_layout import parse_layout
@@ -208,7 +208,7 @@ def cli(ctx, gpus, nodes, gpus_per_node, time_, partition, job_name, output, cpu
             click.echo(f"gsrun: submit: warning: {warn}", err=True)
     cluster_gpn = None
     if nodes is None and gpus_per_node is None:
-        cluster_gpn = gpus_per_node_from_cluster(partition)
+        cluster_gpn = cluster_gpus_per_node(partition)   # the option shadows the name
     n_nodes, gpn = plan_nodes(gpus, nodes, gpus_per_node, cluster_gpn)
     offer = cluster_offer()
     if offer is not None:
@@ -252,10 +252,6 @@ def cli(ctx, gpus, nodes, gpus_per_node, time_, partition, job_name, output, cpu
     ended = follow_to_end(job_id, alerts=lambda: live_alerts(spool, job_id), cluster=cluster)
     click.echo(exit_line(job_id, ended), err=True)
     return ended.rc
-
-
-def gpus_per_node_from_cluster(partition):
-    return gpus_per_node(partition)
 
 
 def cluster_offer(timeout_s: float = 15.0):

@@ -97,10 +97,7 @@ def is_gsrun_own(python: str) -> bool:
 
 def torch_warning(python: str) -> str | None:
     """A warning when ``python`` is gsrun's own installation and cannot import torch."""
-    if not is_gsrun_own(python):
-        return None
-
-    if importlib.util.find_spec("torch") is not None:
+    if not is_gsrun_own(python) or importlib.util.find_spec("torch") is not None:
         return None
     return (f"{python} is gsrun's own Python ({sys.prefix}) and cannot import torch; "
             "activate your environment before gsrun, or pass --python")
@@ -176,9 +173,7 @@ def build_command(mode: str, words: Sequence[str], python: Python | None, module
                          hint="gsrun --gpus N SCRIPT [ARGS], gsrun --gpus N -m MODULE, gsrun --gpus N -- CMD")
     first, args = words[0], tuple(words[1:])
     if mode == "cmd":
-        if os.sep in first:
-            return (os.path.abspath(first), *args)
-        return (first, *args)
+        return (os.path.abspath(first) if os.sep in first else first, *args)
     if first.endswith(".py"):
         assert python is not None
         return (python.path, check_script(first), *args)

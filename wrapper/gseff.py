@@ -226,9 +226,7 @@ def cli(job_id, explain, as_json, plot, all_gpus, from_sacct, watch, spool_dir):
 def report_text(summary: dict, cfg, all_gpus: bool = False, color: bool = False, now: float | None = None) -> str:
     """The text report (a running job's after its live lines), control and bidi characters escaped."""
     summary = escape_strings(summary)
-    head = ""
-    if summary.get("live"):
-        head = live_text(summary, time.time() if now is None else now)
+    head = live_text(summary, time.time() if now is None else now) if summary.get("live") else ""
     return head + render_text(summary, color=color, cfg=cfg, all_gpus=all_gpus)
 
 

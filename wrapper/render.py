@@ -14,8 +14,8 @@ import shlex
 from gsrun.base.errors import InputError
 from gsrun.base.templating import render
 from gsrun.request.malloc import ALLOCATORS, check_conf_list, check_lib_dirs, check_tcmalloc_env
-from gsrun.wrapper.spec import (SBATCH_OPT_RE, JobSpec, check_comment, check_text, has_control, parse_sbatch_option,
-                                sbatch_word, validate_fields, validate_site)
+from gsrun.wrapper.spec import (SBATCH_OPT_RE, SITE_OPTIONS, JobSpec, check_comment, check_text, has_control,
+                                parse_sbatch_option, sbatch_word, validate_fields, validate_site)
 
 
 def _env_name(name: str) -> bool:
@@ -45,8 +45,7 @@ def check_spec(spec: JobSpec) -> None:
         raise InputError("submit", "bad request value", repr(c)[:80])
     if spec.user_comment is not None:
         check_comment(spec.user_comment)
-    validate_site({k: getattr(spec, k) for k in ("account", "qos", "constraint", "mem", "reservation",
-                                                 "dependency", "signal")})
+    validate_site({k: getattr(spec, k) for k in SITE_OPTIONS})
     for name, value in spec.sbatch_options:
         parse_sbatch_option(f"--{name}" if value is None else f"--{name}={value}")
         if not re.match(SBATCH_OPT_RE, f"--{name}"):

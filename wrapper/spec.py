@@ -126,11 +126,7 @@ class JobSpec:
 
     def site_lines(self) -> list[tuple[str, str | None]]:
         """(option, value or None for a flag) of the site sbatch options, in a fixed order."""
-        out: list[tuple[str, str | None]] = []
-        for key in ("account", "qos", "constraint", "mem", "reservation", "dependency", "signal"):
-            v = getattr(self, key)
-            if v is not None:
-                out.append((key, v))
+        out = [(key, getattr(self, key)) for key in SITE_OPTIONS if getattr(self, key) is not None]
         if self.requeue:
             out.append(("requeue", None))
         out.extend(self.sbatch_options)
@@ -138,17 +134,9 @@ class JobSpec:
 
     def comment(self) -> str | None:
         """``gsrun:tune=...;mps=...`` for the prolog without the SPANK plugin."""
-        parts = []
-        if self.tune:
-            parts.append(f"tune={self.tune}")
-        if self.mps is not None:
-            parts.append(f"mps={self.mps}")
-        if self.mig:
-            parts.append(f"mig={self.mig}")
-        if self.exclusive:
-            parts.append("exclusive=1")
-        if self.malloc:
-            parts.append(f"malloc={self.malloc}")
+        asked = (("tune", self.tune), ("mps", self.mps), ("mig", self.mig),
+                 ("exclusive", "1" if self.exclusive else None), ("malloc", self.malloc))
+        parts = [f"{k}={v}" for k, v in asked if v or (k == "mps" and v is not None)]   # mps="": the default
         return "gsrun:" + ";".join(parts) if parts else None
 
     def job_comment(self) -> str | None:
@@ -163,10 +151,8 @@ def _spreads(gpus: int, max_gpn: int) -> list[tuple[int, int]]:
 
 def _fits_hint(gpus: int, gpn: int) -> str:
     """The exact options that would work for ``gpus`` on nodes of ``gpn`` GPUs."""
-    opts = []
     lo, hi = (gpus // gpn) * gpn, -(-gpus // gpn) * gpn
-    for g in sorted({lo, hi} - {0}):
-        opts.append(f"--gpus {g} ({g // gpn} node(s) x {gpn})")
+    opts = [f"--gpus {g} ({g // gpn} node(s) x {gpn})" for g in sorted({lo, hi} - {0})]
     sp = _spreads(gpus, gpn)
     if sp:
         n, per = sp[0]

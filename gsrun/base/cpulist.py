@@ -25,9 +25,7 @@ def parse_cpulist(text: str | None) -> list[int]:
             list?), a CPU id >= 65536 (checked before expanding), or more than
             :data:`MAX_LIST_IDS` ids.
     """
-    if text is None:
-        return []
-    text = text.strip()
+    text = (text or "").strip()
     if not text:
         return []
     out: set[int] = set()
@@ -89,12 +87,7 @@ def format_cpulist(cpus: Iterable[int]) -> str:
 def words_to_cpus(words: Iterable[int], bits: int = 64) -> list[int]:
     """NVML affinity words (``nvmlDeviceGetCpuAffinity``), lowest word first ->
     CPU ids. ``[0xFFFF, 0]`` -> ``[0..15]``."""
-    out = []
-    for w, word in enumerate(words):
-        for b in range(bits):
-            if int(word) >> b & 1:
-                out.append(w * bits + b)
-    return out
+    return [w * bits + b for w, word in enumerate(words) for b in range(bits) if int(word) >> b & 1]
 
 
 def parse_cpumask(text: str | None) -> list[int]:

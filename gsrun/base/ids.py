@@ -34,10 +34,6 @@ def _ok(pattern: re.Pattern, value) -> bool:
     return isinstance(value, str) and pattern.fullmatch(value) is not None
 
 
-def _bad(phase: str, what: str, value, hint: str | None = None) -> InputError:
-    return InputError(phase, f"bad {what}", repr(value)[:80], hint=hint)
-
-
 def is_job_id(value, *, array: bool = False) -> bool:
     """True when ``value`` is a str job id (``"4242"``; with ``array`` also
     ``"4242_7"``)."""
@@ -59,7 +55,7 @@ def check_job_id(value, *, array: bool = False, phase: str = "input", what: str 
     """
     if not is_job_id(value, array=array):
         hint = _ARRAY_HINT if array else (_RAW_HINT if is_job_id(value, array=True) else _JOB_HINT)
-        raise _bad(phase, what, value, hint)
+        raise InputError(phase, f"bad {what}", repr(value)[:80], hint=hint)
     return value
 
 

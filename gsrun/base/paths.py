@@ -62,9 +62,8 @@ class Paths:
         """
         _makedirs_root(self.spool_dir, 0o755)
         ensure_dir(self.spool_dir / "jobs", 0o711)
-        if gid is None:
-            return ensure_dir(self.spool_job(job_id), 0o711, replace_planted=True, log=log)
-        return ensure_dir(self.spool_job(job_id), 0o750, 0, gid, replace_planted=True, log=log)
+        return ensure_dir(self.spool_job(job_id), 0o711 if gid is None else 0o750, 0, gid or 0,
+                          replace_planted=True, log=log)
 
 
 def _makedirs_root(path: Path, mode: int) -> None:

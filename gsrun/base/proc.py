@@ -91,11 +91,9 @@ def _no_inherit_from(low: int) -> None:
         fds = range(low, 1024)
     for fd in fds:
         if fd >= low:
-            try:
+            with suppress(OSError):         # closed meanwhile (the listing's own descriptor)
                 if os.get_inheritable(fd):
                     os.set_inheritable(fd, False)
-            except OSError:
-                pass        # closed meanwhile (the listing's own descriptor)
 
 
 def run_bounded(argv: Sequence[str], timeout_s: float, input_text: str | None = None,

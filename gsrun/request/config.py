@@ -445,14 +445,13 @@ def _check_value(key: str, value: Any, where: str) -> Any:
     s = _BY_KEY[key]
     types = s.type if isinstance(s.type, tuple) else (s.type,)
     if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
-        names = "/".join(t.__name__ for t in types)
-        raise ConfigError("config", f"bad value for {key}", f"{value!r} in {where} is not {names}",
+        problem = " is not " + "/".join(t.__name__ for t in types)
+    else:
+        problem = s.check(value) if s.check else None
+        problem = problem and f": {problem}"
+    if problem:
+        raise ConfigError("config", f"bad value for {key}", f"{value!r} in {where}{problem}",
                           hint=f"allowed: {s.allowed}")
-    if s.check:
-        problem = s.check(value)
-        if problem:
-            raise ConfigError("config", f"bad value for {key}", f"{value!r} in {where}: {problem}",
-                              hint=f"allowed: {s.allowed}")
     if float in types and isinstance(value, int):
         value = float(value)
     return value

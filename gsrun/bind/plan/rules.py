@@ -30,6 +30,8 @@ nccl-tests#57); each rank's mask is already its GPU's node ∩ the cpuset, so
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -37,7 +39,6 @@ from gsrun.base.cpulist import format_cpulist
 from gsrun.base.errors import InputError, TopologyError
 from gsrun.facts.devices import DeviceToken
 from gsrun.facts.topology import Gpu, Nic, Topology
-import re
 
 
 #: Most local ranks of one node's plan (or one per online CPU if more): the plan
@@ -193,20 +194,15 @@ def resolve_step_gpus(topo: Topology, step: Sequence[DeviceToken] | None,
                 warnings.append(f"GPU {tok.text} not found on this host (unknown/emulated)")
             index = g.minor if g is not None else tok.index
             uuid = g.uuid if g is not None else tok.parent_uuid
-            name = None
-            if cuda is not None:
-                c = cuda[i]
-                if c.kind != "index" or g is None:
-                    name = c.text
-                elif pci_order and _ordinal_ok(c.index, i, tok.index, g.pci_bus_id, step_pci, host_pci):
-                    name = c.text
-            if name is None:
-                if g is not None and g.uuid:
-                    name = g.uuid
-                elif cuda is not None:
-                    name = cuda[i].text
-                else:
-                    name = tok.text
+            c = cuda[i] if cuda is not None else None
+            if c is not None and (c.kind != "index" or g is None
+                                  or (pci_order and _ordinal_ok(c.index, i, tok.index, g.pci_bus_id, step_pci,
+                                                                host_pci))):
+                name = c.text
+            elif g is not None and g.uuid:
+                name = g.uuid
+            else:
+                name = c.text if c is not None else tok.text
             refs.append(GpuRef(index, uuid, g.pci_bus_id if g else None, name, g))
         return refs
     if cuda is not None:
@@ -241,11 +237,7 @@ def _split(cores: list[list[int]], k: int) -> tuple[list[list[int]], str]:
 
 
 def _pool_cores(topo: Topology, cpus: set[int]) -> list[list[int]]:
-    out = []
-    for core in topo.cores:
-        c = [x for x in core if x in cpus]
-        if c:
-            out.append(c)
+    out = [c for c in ([x for x in core if x in cpus] for core in topo.cores) if c]
     covered = {x for c in out for x in c}
     out += [[x] for x in sorted(cpus - covered)]
     out.sort(key=lambda c: c[0])
@@ -253,9 +245,7 @@ def _pool_cores(topo: Topology, cpus: set[int]) -> list[list[int]]:
 
 
 def _nearest(topo: Topology, src: int, candidates: list[int]) -> int | None:
-    if not candidates:
-        return None
-    return min(candidates, key=lambda n: (topo.distance(src, n), n))
+    return min(candidates, key=lambda n: (topo.distance(src, n), n), default=None)
 
 
 def _pick_nic(topo: Topology, node: int | None, gpu: Gpu | None, load: dict[str, int]) -> Nic | None:
@@ -263,17 +253,9 @@ def _pick_nic(topo: Topology, node: int | None, gpu: Gpu | None, load: dict[str,
     if not nics or node is None:
         return None
 
-    def common(a: tuple[str, ...], b: tuple[str, ...]) -> int:
-        k = 0
-        for x, y in zip(a, b):
-            if x != y:
-                break
-            k += 1
-        return k
-
-    def key(n: Nic):
+    def key(n: Nic):   # PCI closeness: the length of the PCI paths' common start
         return (0 if n.kind == "ib" else 1, topo.distance(node, n.numa_node),
-                -common(gpu.pci_path, n.pci_path) if gpu and n.pci_path else 0,
+                -len(os.path.commonprefix([gpu.pci_path, n.pci_path])) if gpu and n.pci_path else 0,
                 load.get(n.name, 0), n.name)
     best = min(nics, key=key)
     load[best.name] = load.get(best.name, 0) + 1
@@ -330,14 +312,8 @@ def make_plan(topo: Topology, step_gpus: Sequence[GpuRef], nranks: int,
     plan_warn = list(warnings)
     gpus = list(step_gpus)
     g = len(gpus)
-    owned: list[list[int]] = []
-    for r in range(nranks):
-        if g == 0:
-            owned.append([])
-        elif nranks >= g:
-            owned.append([r % g])
-        else:
-            owned.append([i for i in range(g) if i % nranks == r])
+    # rank r owns GPU r % g, or with fewer ranks than GPUs the GPUs r, r + nranks, ...
+    owned = [([r % g] if nranks >= g else list(range(r, g, nranks))) if g else [] for r in range(nranks)]
     rank_warn: list[list[str]] = [[] for _ in range(nranks)]
     rank_why: list[list[str]] = [[] for _ in range(nranks)]
 
@@ -346,14 +322,11 @@ def make_plan(topo: Topology, step_gpus: Sequence[GpuRef], nranks: int,
     pool_of: list[object] = []
     for r in range(nranks):
         ref = gpus[owned[r][0]] if owned[r] else None
-        home = ref.gpu.numa_node if ref is not None and ref.gpu is not None else None
-        if ref is not None and ref.gpu is None:
+        if ref is None or ref.gpu is None:
             home = topo.nodes[0].id if len(topo.nodes) == 1 else None
-            rank_why[r].append(f"GPU {ref.label()} unknown/emulated")
-        if ref is None:
-            home = topo.nodes[0].id if len(topo.nodes) == 1 else None
-            rank_why[r].append("no GPU")
-        elif ref.gpu is not None:
+            rank_why[r].append("no GPU" if ref is None else f"GPU {ref.label()} unknown/emulated")
+        else:
+            home = ref.gpu.numa_node
             src = ref.gpu.numa_source
             spans = len({topo.node_of_cpu(c) for c in ref.gpu.local_cpus} - {None}) > 1
             if home is not None:
