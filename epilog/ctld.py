@@ -23,7 +23,7 @@ from gsrun.base.ids import check_job_id, is_job_id
 from gsrun.base.log import JobLog
 from gsrun.base.paths import Paths
 from gsrun.base.proc import root_child_env, root_python, spawn_detached
-from gsrun.facts.sacct import parse_mem, parse_tres, time_s_or_none, tres_gpus
+from gsrun.facts.sacct import epoch_or_none, parse_mem, parse_tres, time_s_or_none, tres_gpus
 from gsrun.facts.slurm import (ACTIVE_STATES, expand_hostlist, job_record_argv, parse_exit_code, parse_job_record,
                                run_slurm, show_job as _show_job, state_word)
 from gsrun.node.steps import CLEANUP, Step, run_steps
@@ -71,9 +71,10 @@ def job_from_record(job_id: str, rec: dict[str, str] | None, env) -> dict:
         "nodes": nodes, "cpus_alloc": int(cpus) if cpus and cpus.isdigit() else None,
         "mem_req_bytes": mem, "gpus_alloc": gpus, "mail_user": mail_user, "mail_type": mail_type,
         # Slurm's elapsed time (= sacct Elapsed): what every report, mail and gsrun --wait show
-        "start_time": _epoch(rec.get("StartTime")), "end_time": _epoch(rec.get("EndTime")) if ended else None,
+        "start_time": epoch_or_none(rec.get("StartTime")),
+        "end_time": epoch_or_none(rec.get("EndTime")) if ended else None,
         "elapsed_s": time_s_or_none(rec.get("RunTime")),
-        "submit_time": _epoch(rec.get("SubmitTime")), "time_limit_s": time_s_or_none(rec.get("TimeLimit")),
+        "submit_time": epoch_or_none(rec.get("SubmitTime")), "time_limit_s": time_s_or_none(rec.get("TimeLimit")),
         **({"state_source": state_source} if state_source else {}),
     }
 
@@ -85,14 +86,6 @@ def accounting_job_id(job_id: str, job: dict) -> str:
     if isinstance(array, str) and "_" in array and is_job_id(array, array=True):
         return array
     return job_id
-
-
-def _epoch(text: str | None) -> float | None:
-    """scontrol's ``2025-10-09T10:00:00`` (local time) -> epoch s; anything else -> None."""
-    try:
-        return float(time.mktime(time.strptime((text or "").strip(), "%Y-%m-%dT%H:%M:%S")))
-    except (ValueError, OverflowError):
-        return None
 
 
 POOL_MAX_NODES = 64     # up to this many nodes the merge pools the GPUs' timelines into the job's

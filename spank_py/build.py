@@ -305,10 +305,11 @@ def plugstack_args(args: dict | None) -> list[tuple[str, str]]:
         pairs.append((key, v))
     for key, allowed in (("on_error", ("fail", "ignore")), ("bind", ("auto", "none"))):
         v = args.get(key)
-        if v is not None and v not in allowed:
+        if v is None:
+            continue
+        if v not in allowed:
             raise InputError("spank install", key, f"{v!r} must be one of {', '.join(allowed)}")
-        if v is not None:
-            pairs.append((key, v))
+        pairs.append((key, v))
     return pairs
 
 

@@ -86,7 +86,7 @@ def epoch_or_none(text: str | None) -> float | None:
     ``Unknown``, ``None``, ``(null)``, empty or any other text."""
     try:
         return datetime.fromisoformat(text.strip()).timestamp() if text else None
-    except ValueError:
+    except (ValueError, OverflowError, OSError):      # not a timestamp, or outside the platform's range
         return None
 
 
