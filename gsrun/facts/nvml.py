@@ -47,7 +47,8 @@ KEYS = {
                   "links) -> {tx, rx}: KiB of data since the driver loaded (cumulative counters)",
     "ecc_uncorrected": "nvmlDeviceGetTotalEccErrors(UNCORRECTED, VOLATILE)",
     "gpm_supported": "nvmlGpmQueryDeviceSupport",
-    "gpm": "nvmlGpmSampleGet x2 + nvmlGpmMetricsGet -> {sm_active_pct, sm_occupancy_pct, tensor_active_pct, dram_bw_pct}",
+    "gpm": "nvmlGpmSampleGet x2 + nvmlGpmMetricsGet -> {sm_active_pct, sm_occupancy_pct, tensor_active_pct, "
+           "dram_bw_pct, pcie_tx_kbs, pcie_rx_kbs (PCIE_TX/RX_PER_SEC MiB/s x 1024)}; a metric NVML refuses is left out",
     "compute_processes": "nvmlDeviceGetComputeRunningProcesses -> [{pid, used_bytes}]",
     "xid_events": "nvmlEventSetWait (XID critical errors since last call) -> [xid, ...]",
     "gpu_instance_profiles": "nvmlDeviceGetGpuInstanceProfileInfo + PossiblePlacements (all profiles)",
@@ -390,7 +391,8 @@ class RealNvml(Backend):
         ids = {"sm_active_pct": nv.NVML_GPM_METRIC_SM_UTIL,
                "sm_occupancy_pct": nv.NVML_GPM_METRIC_SM_OCCUPANCY,
                "tensor_active_pct": nv.NVML_GPM_METRIC_ANY_TENSOR_UTIL,
-               "dram_bw_pct": nv.NVML_GPM_METRIC_DRAM_BW_UTIL}
+               "dram_bw_pct": nv.NVML_GPM_METRIC_DRAM_BW_UTIL,
+               "pcie_tx_kbs": nv.NVML_GPM_METRIC_PCIE_TX_PER_SEC, "pcie_rx_kbs": nv.NVML_GPM_METRIC_PCIE_RX_PER_SEC}
         try:
             mg = nv.c_nvmlGpmMetricsGet_t()
             mg.version = nv.NVML_GPM_METRICS_GET_VERSION
@@ -400,7 +402,8 @@ class RealNvml(Backend):
             for i, mid in enumerate(ids.values()):
                 mg.metrics[i].metricId = mid
             nv.nvmlGpmMetricsGet(mg)
-            out = {k: float(mg.metrics[i].value) for i, k in enumerate(ids)}
+            out = {k: float(mg.metrics[i].value) * (1024.0 if k.startswith("pcie") else 1.0)
+                   for i, k in enumerate(ids) if mg.metrics[i].nvmlReturn == nv.NVML_SUCCESS}
         except Exception as e:  # noqa: BLE001
             out = NA(str(e), getattr(e, "value", None))
         finally:

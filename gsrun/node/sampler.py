@@ -44,8 +44,9 @@ GAP_FACTOR = 2.0                    # a poll later than this x interval_s: the e
 GPU_READ_KEYS = ("memory", "power_mw", "energy_mj", "sm_clock_mhz", "temperature_c",
                  "throttle_reasons", "pcie_tx_kbs", "pcie_rx_kbs", "nvlink_kib", "ecc_uncorrected", "xid_events",
                  "compute_processes")
-# Left out of the final sample (epilog's path): nvmlDeviceGetPcieThroughput takes 20 ms per call
-FINAL_LEAVE_OUT = ("pcie_tx_kbs", "pcie_rx_kbs")
+# Left out of the final sample (epilog's path): nvmlDeviceGetPcieThroughput takes 20 ms per call;
+# read from GPM's metrics where the GPU has them (Hopper and later)
+FINAL_LEAVE_OUT = PCIE_KEYS = ("pcie_tx_kbs", "pcie_rx_kbs")
 MEM_V2 = "nvmlDeviceGetMemoryInfo_v2"
 MEM_V1_BASELINE = "nvmlDeviceGetMemoryInfo v1 minus the prolog's baseline"
 
@@ -187,15 +188,19 @@ def state_from_json(d: dict, idle_cfg=None) -> dict:
 
 def read_gpu(nv, ref: GpuRef, since_us: int | None, skip=(), leave_out=()) -> dict:
     """One poll of one GPU -> raw readings (values or NA); ``skip`` keys answer
-    NA("Not Supported") without a call, ``leave_out`` keys are not read."""
+    NA("Not Supported") without a call, ``leave_out`` keys are not read. With
+    GPM, :data:`PCIE_KEYS` come from its metrics (the interval's mean), else
+    from ``nvmlDeviceGetPcieThroughput`` (blocks ~20 ms per call)."""
     i = ref.nvml_index
     gone = NA("Not Supported", NOT_SUPPORTED)
 
     def get(k, **kw):
         return gone if k in skip else nv.get(i, k, **kw)
-    r = {k: get(k) for k in GPU_READ_KEYS if k not in leave_out}
+    gpm = get("gpm") if ref.gpm else None
+    r = {k: gpm[k] if k in PCIE_KEYS and isinstance(gpm, dict) and k in gpm else get(k)
+         for k in GPU_READ_KEYS if k not in leave_out}
     if ref.gpm:
-        r["gpm"] = get("gpm")
+        r["gpm"] = gpm
     r["util_samples"] = get("util_samples", since_us=since_us or 0)
     if is_na(r["util_samples"]):
         r["utilization"] = get("utilization")

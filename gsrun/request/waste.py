@@ -7,7 +7,7 @@ The sampler keeps one :class:`GpuWatch` per GPU and feeds it each poll's
 older GPUs, VMs, MIG), ``power_w``, ``mem_used_bytes`` (``nvmlDeviceGetMemoryInfo``),
 ``job_gpu_pids`` (``nvmlDeviceGetComputeRunningProcesses`` x the job's cgroup;
 under MPS the server, so an empty list alone never makes a busy GPU idle),
-``pcie_*_bytes_s`` (``nvmlDeviceGetPcieThroughput`` KB/s x 1024) and
+``pcie_*_bytes_s`` (GPM's PCIe metrics, else ``nvmlDeviceGetPcieThroughput``; KB/s x 1024) and
 ``nvlink_*_bytes_s`` (field-value counters per second between polls).
 
 A poll is ``idle``, ``stuck`` (high utilization at near-idle power doing no

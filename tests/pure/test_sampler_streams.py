@@ -370,6 +370,20 @@ def test_gpm_first_sample_and_unsupported(tmp_path):
     assert (1, "gpm") not in fake.calls and b["sm_active_mean_pct"] is None
 
 
+def test_pcie_from_gpm_without_the_blocking_call(tmp_path):
+    """With GPM, PCIe throughput is the interval's GPM metric (KB/s as NVML
+    gives it, x 1024 to bytes/s): nvmlDeviceGetPcieThroughput, which blocks
+    ~20 ms per call, is asked only while GPM has no interval yet (first poll)."""
+    fake = FakeNvml(h200_data(1))
+    fake.set(0, "gpm", Seq([{"error": "first GPM sample", "code": None}]
+                           + [{"ok": {"sm_active_pct": 50.0, "pcie_tx_kbs": 2048.0, "pcie_rx_kbs": 1024.0}}]))
+    st = run_job(make_sampler(tmp_path, fake, [0], SimClock()), 5)
+    m = st["gpus"][0]["metrics"]
+    assert [c for c in fake.calls if c[1] in ("pcie_tx_kbs", "pcie_rx_kbs")] == [(0, "pcie_tx_kbs"), (0, "pcie_rx_kbs")]
+    assert m["pcie_tx_bytes_s"]["max"] == m["pcie_tx_bytes_s"]["min"] == 2048 * 1024
+    assert m["pcie_rx_bytes_s"]["max"] == 1024 * 1024
+
+
 # ----------------------------------------------------------------- sampler restart
 
 def test_restarted_sampler_continues_and_counts_downtime_as_gap(tmp_path):
