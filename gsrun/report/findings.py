@@ -54,6 +54,11 @@ def real_gpus(devices: list[dict] | None) -> list[dict]:
     return [g for g in devices or () if g.get("status", "emulated" if g.get("emulated") else "ok") in ("ok", "lost")]
 
 
+def gpus_asked(job: dict, gpu: dict | None) -> int:
+    """GPUs the job had: Slurm's ``gpus_alloc``, else the GPUs with a summary; 0 for a CPU-only job."""
+    return int(as_number(job.get("gpus_alloc")) or as_number((gpu or {}).get("count")) or 0)
+
+
 def plural(k: int, word: str) -> str:
     """``1 GPU``, ``2 GPUs``."""
     return f"{k} {word}" + ("" if k == 1 else "s")
@@ -153,7 +158,7 @@ def _findings(summary: dict, cfg: Config | None, partition: str | None) -> list[
         return [_deferred(job, state)]
     out += _hardware(gpu)
     out += _waste(summary.get("waste") or [])
-    if not gpu["available"] and gpu.get("reason"):
+    if not gpu["available"] and gpu.get("reason") and gpus_asked(job, gpu):
         out.append({"code": FindingCode.GPU_UNAVAILABLE, "severity": "info", "value": None,
                     "text": "No GPU figures: the node could not read this job's GPUs (the cause is under GPUs "
                             "below and in the node's log, for the admin). This is not a problem of the job."})
@@ -222,10 +227,9 @@ def _deferred(job: dict, state: str) -> dict:
 def _cpus_can_shrink(job: dict, gpu: dict) -> bool:
     """More than one CPU per GPU (or per job without GPUs); True when unknown."""
     cpus = job.get("cpus_alloc")
-    gpus = job.get("gpus_alloc") or (gpu or {}).get("count") or 0
     if not isinstance(cpus, (int, float)):
         return True
-    return cpus > max(1, gpus)
+    return cpus > max(1, gpus_asked(job, gpu))
 
 
 IDLE_CODES = frozenset({FindingCode.IDLE_GPU.value, FindingCode.LOW_GPU_UTIL.value})

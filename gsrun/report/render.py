@@ -10,7 +10,7 @@ import re
 import textwrap
 
 from gsrun.facts.slurm import compress_hostlist
-from gsrun.report.findings import fmt_run_time, headline, plural, run_time_s, shown_findings, verdicts
+from gsrun.report.findings import fmt_run_time, gpus_asked, headline, plural, run_time_s, shown_findings, verdicts
 from gsrun.report.records import is_mig
 from gsrun.report.units import (NA, fmt_bytes, fmt_bytes_of, fmt_duration_s, fmt_energy_j, fmt_hours_h, fmt_pct,
                                 fmt_power_w, fmt_share_pct, fmt_time)
@@ -265,18 +265,18 @@ def render_text(summary: dict, color: bool = False, cfg=None, all_gpus: bool = F
         elif "time_limit_s" in job:
             ran += ", no time limit"
         lines += _wrap(ran)
-    gpus_asked = plural(job.get("gpus_alloc") or gpu["count"] or 0, "GPU")
+    gpus_text = plural(gpus_asked(job, gpu), "GPU")
     if not nodes and not start:     # not started: what it asked for, no figures
         if submit:
             lines += _wrap(f"Submitted {fmt_time(submit)}"
                            + (f", time limit {fmt_duration_s(job['time_limit_s'], 'clock')}"
                               if job.get("time_limit_s") else ""))
-        lines += _wrap(f"Asked for {job.get('cpus_alloc') or 'N/A'} CPUs, {gpus_asked}")
+        lines += _wrap(f"Asked for {job.get('cpus_alloc') or 'N/A'} CPUs, {gpus_text}")
     else:
         named = nodes if all_gpus or len(nodes) <= LIST_UP_TO_NODES else \
             nodes[:FINDING_UP_TO_NODES] + [f"... {nodes[-1]}; gseff --all lists them"]
         lines += _wrap(f"{plural(len(nodes), 'node')} ({', '.join(named) or 'N/A'}), "
-                       f"{job.get('cpus_alloc') or 'N/A'} CPUs, {gpus_asked}, "
+                       f"{job.get('cpus_alloc') or 'N/A'} CPUs, {gpus_text}, "
                        f"{fmt_bytes(mem.get('req_bytes')) if mem.get('req_bytes') else 'no'} memory requested")
         if cpu.get("time_s") is not None:
             cpu_line = f"CPU time {fmt_duration_s(cpu['time_s'], 'clock')}"
@@ -294,11 +294,12 @@ def render_text(summary: dict, color: bool = False, cfg=None, all_gpus: bool = F
 
     lines += ["", c("1", "GPUs")]
     shown = [g for g in gpu["devices"] if g.get("status", "ok") != "unavailable"]
-    if not gpu["available"]:
+    if not gpus_asked(job, gpu) and not shown:
+        lines.append("  none: the job asked for no GPUs")
+    elif not gpu["available"]:
         lines += _wrap(f"unavailable ({gpu.get('reason') or 'unknown reason'})")
-    elif not shown and not nodes and (job.get("gpus_alloc") or gpu.get("count")):
-        lines.append(f"  {plural(job.get('gpus_alloc') or gpu.get('count'), 'GPU')} asked for; "
-                     "figures once the job runs")
+    elif not shown and not nodes:
+        lines.append(f"  {plural(gpus_asked(job, gpu), 'GPU')} asked for; figures once the job runs")
     elif not shown:
         lines.append("  none")
     has_sm = any(g.get("sm_active_mean_pct") is not None for g in shown)

@@ -249,6 +249,30 @@ def test_nvml_unavailable_exception_from_factory(tmp_path):
     assert any("Driver/library version mismatch" in n for n in st["notes"])
 
 
+@pytest.mark.parametrize("nvml_works", [True, False])
+def test_cpu_only_job_has_no_gpu_finding_and_says_none(tmp_path, nvml_works):
+    """A job without GPUs, on a GPU node or on one without NVIDIA's library:
+    no "No GPU figures" finding, the report says it asked for none, the mail
+    has no GPU headline or section. A GPU job whose node cannot open NVML
+    still gets the finding."""
+    from gsrun.report.mail.view import mail_view
+
+    def boom():
+        raise NvmlUnavailable("LIBRARY_NOT_FOUND", "libnvidia-ml.so.1: cannot open shared object file")
+    fake = FakeNvml(h200_data(1)) if nvml_works else None
+    st = run_job(make_sampler(tmp_path, fake, [], SimClock(), **({} if nvml_works else {"nvml": boom})), 5)
+    job = job_of([node_of(st, 3600, gpus=[])], 3600, gpus_alloc=0, cpus_alloc=8)
+    assert "gpu_unavailable" not in [f["code"] for f in job["findings"]]
+    text = render_text(job, color=False)
+    assert "none: the job asked for no GPUs" in text and "unavailable" not in text
+    view = mail_view(job, text, False, "cid")
+    assert view["gpu_section"] is False and view["gpu_headline"] == ""
+    (tmp_path / "g").mkdir()
+    st = run_job(make_sampler(tmp_path / "g", None, [0], SimClock(), nvml=boom), 5)
+    job = job_of([node_of(st, 3600, gpus=[0])], 3600, gpus_alloc=1, cpus_alloc=8)
+    assert "gpu_unavailable" in [f["code"] for f in job["findings"]]
+
+
 # ----------------------------------------------------------------- MIG (field case 12)
 
 def test_mig_utilization_is_na_mig_never_zero(tmp_path):

@@ -15,7 +15,7 @@ from gsrun.report.records import is_mig as _is_mig
 from gsrun.report.units import NA, as_number, fmt_bytes, fmt_bytes_of, fmt_duration_s, fmt_energy_j, fmt_hours_h, \
     fmt_share_pct, fmt_power_w, fmt_time
 from gsrun.report.findings import _t, _level, LEVEL_WORDS
-from gsrun.report.findings import fmt_run_time, headline, run_time_s, shown_findings, verdicts
+from gsrun.report.findings import fmt_run_time, gpus_asked, headline, run_time_s, shown_findings, verdicts
 from gsrun.report.render import doc_link, settings_lines
 
 
@@ -98,10 +98,10 @@ def _gpu_headline(summary: Mapping) -> str | None:
     gpu = summary.get("gpu") or {}
     job = summary.get("job") or {}
     devices = [d for d in (gpu.get("devices") or []) if isinstance(d, Mapping)]
-    if gpu.get("available") is False:
+    if not devices and not gpus_asked(job, gpu):
+        return None
+    if gpu.get("available") is False or not devices:
         return "GPU data unavailable"
-    if not devices:
-        return "GPU data unavailable" if (as_number(job.get("gpus_alloc")) or 0) > 0 else None
     vals = [u for u in (as_number(d.get("util_mean_pct")) for d in devices) if u is not None]
     if vals:
         mean = sum(vals) / len(vals)
@@ -203,7 +203,6 @@ def mail_view(summary: Mapping, report_text: str, has_image: bool, image_cid: st
 
     req = as_number(mem.get("req_bytes"))
     gpu_avail = gpu.get("available") is not False
-    gpus_alloc = as_number(job.get("gpus_alloc")) or 0
     return {
         "kind": kind,
         "subject": subject_line(summary),
@@ -223,7 +222,7 @@ def mail_view(summary: Mapping, report_text: str, has_image: bool, image_cid: st
         "mem_peak": fmt_bytes(mem.get("peak_bytes")),
         "mem_req": "" if req is None or req <= 0 else fmt_bytes(req),
         "mem_eff": fmt_share_pct(as_number(mem.get("efficiency_pct"))),
-        "gpu_section": bool(devices) or not gpu_avail or gpus_alloc > 0,
+        "gpu_section": bool(devices) or gpus_asked(job, gpu) > 0,
         "gpu_available": gpu_avail,
         "gpu_reason": clean_line(gpu.get("reason") or ("no GPU data recorded" if not devices else ""), 300),
         "gpu_any_mig": any(d["mig"] for d in devices),
