@@ -471,7 +471,8 @@ def check_memlock(ctx: Context) -> Check:
     else:
         parts.append(f"slurmd pid {pids[0]}: RLIMIT_MEMLOCK soft {lim[0]}, hard {lim[1]}")
         if lim[1] != "unlimited":
-            hints.append("LimitMEMLOCK=infinity in slurmd's systemd unit (systemctl edit slurmd), restart slurmd")
+            hints.append("LimitMEMLOCK=infinity in slurmd's unit (systemctl edit slurmd; no systemd: ulimit -l unlimited "
+                         "where slurmd starts), restart slurmd")
         elif lim[0] != "unlimited":
             parts[-1] += " (gsrun-bind raises each task's soft limit to the hard one)"
     if conf is None:
@@ -695,8 +696,8 @@ def check_daemon(ctx: Context) -> Check:
         st = server.ping(sock)
     except GsrunError as e:
         return _c("daemon", "fail", f"not answering on {sock}: {e.detail.removeprefix(sock + ': ')}",
-                  "systemctl enable --now gsrun-daemon (written by gsrun-node install); until it runs, every "
-                  "prolog fails and Slurm drains the node", socket=sock)
+                  "systemctl enable --now gsrun-daemon (no systemd: docs/ADMIN.md, 'Hosts without systemd'); until "
+                  "it runs, every prolog fails and Slurm drains the node", socket=sock)
     data = {"socket": sock, "pid": st.get("pid"), "version": st.get("version"), "served": st.get("served")}
     conf_path, conf = read_slurm_conf({"SLURM_CONF": ctx.slurm_conf} if ctx.slurm_conf else ctx.environ)
     wiring = hook_wiring(conf, sock) if conf_path else {}
@@ -704,7 +705,7 @@ def check_daemon(ctx: Context) -> Check:
     detail = f"pid {st.get('pid')} answers on {sock} ({st.get('served')} requests served)"
     if st.get("version") != gsrun.__version__:
         return _c("daemon", "warn", f"{detail}; it runs gsrun {st.get('version')}, this is {gsrun.__version__}",
-                  "systemctl reload gsrun-daemon (it also re-executes at the next hook)", **data)
+                  "systemctl reload gsrun-daemon, or SIGHUP to it (it also re-executes at the next hook)", **data)
     user = (conf.get("slurmuser") or "root").strip()
     if conf.get("epilogslurmctld") and user not in ("root", "0"):
         csock = os.path.join(os.path.dirname(sock), server.CTLD_SOCKET_NAME)
@@ -713,8 +714,8 @@ def check_daemon(ctx: Context) -> Check:
         except GsrunError as e:
             return _c("daemon", "fail", f"{detail}; EpilogSlurmctld runs as SlurmUser={user[:40]} and finds no "
                       f"daemon on {csock}: {e.detail.removeprefix(csock + ': ')}",
-                      "run gsrun-node install again (it starts the daemon with --ctld-user), then systemctl "
-                      "restart gsrun-daemon; until then no job gets its report", **data)
+                      "run gsrun-node install again (it starts the daemon with --ctld-user), then restart "
+                      "the daemon; until then no job gets its report", **data)
     bad = [k for k, v in wiring.items() if v != "daemon"]
     if bad:
         why = {"direct": "runs gsrun without the daemon's client", "other": "does not run gsrun",
@@ -812,8 +813,8 @@ def check_retention(ctx: Context) -> Check:
         return _c("retention", "warn", detail, "run gsrun-node prune (see docs/ADMIN.md, the prune timer)", **data)
     if days and last_h is not None and last_h > 48 and n:
         return _c("retention", "warn", detail,
-                  "gsrun-node prune has not run for 2 days: is gsrun-prune.timer enabled? "
-                  "(systemctl list-timers gsrun-prune.timer)", **data)
+                  "gsrun-node prune has not run for 2 days: is gsrun-prune.timer enabled (systemctl list-timers "
+                  "gsrun-prune.timer), or its cron line in place without systemd?", **data)
     if days and oldest is not None and oldest > days + 1:
         return _c("retention", "warn", detail,
                   "job directories outlive spool.retention_days: enable the gsrun-prune timer "
