@@ -295,7 +295,7 @@ def job_summary(job: dict, nodes: list[dict | NodeSummary], cfg=None, partition:
                 gpus.append(g)
     real = real_gpus(gpus)
     reasons = sorted({n["gpu_reason"] for n in nodes if n.get("gpu_reason")})
-    gpus_alloc = job.get("gpus_alloc") or len(gpus)
+    gpus_alloc = job.get("gpus_alloc") or len(gpus) or sum(len(n.get("gres_gpus") or ()) for n in nodes)
     gpu_hours_alloc = gpus_alloc * run_s / 3600.0 if run_s is not None else None
     busy = [g["util_busy_s"] for g in real if g.get("util_busy_s") is not None]
     gpu_hours_used = sum(busy) / 3600.0 if busy else None
