@@ -696,8 +696,8 @@ def check_daemon(ctx: Context) -> Check:
         st = server.ping(sock)
     except GsrunError as e:
         return _c("daemon", "fail", f"not answering on {sock}: {e.detail.removeprefix(sock + ': ')}",
-                  "systemctl enable --now gsrun-daemon (no systemd: docs/ADMIN.md, 'Hosts without systemd'); until "
-                  "it runs, every prolog fails and Slurm drains the node", socket=sock)
+                  "systemctl enable --now gsrun-daemon (the unit gsrun-node install writes; no systemd: docs/ADMIN.md, "
+                  "'Hosts without systemd'); until it runs, every prolog fails and Slurm drains the node", socket=sock)
     data = {"socket": sock, "pid": st.get("pid"), "version": st.get("version"), "served": st.get("served")}
     conf_path, conf = read_slurm_conf({"SLURM_CONF": ctx.slurm_conf} if ctx.slurm_conf else ctx.environ)
     wiring = hook_wiring(conf, sock) if conf_path else {}
@@ -705,7 +705,7 @@ def check_daemon(ctx: Context) -> Check:
     detail = f"pid {st.get('pid')} answers on {sock} ({st.get('served')} requests served)"
     if st.get("version") != gsrun.__version__:
         return _c("daemon", "warn", f"{detail}; it runs gsrun {st.get('version')}, this is {gsrun.__version__}",
-                  "systemctl reload gsrun-daemon, or SIGHUP to it (it also re-executes at the next hook)", **data)
+                  f"systemctl reload gsrun-daemon, or kill -HUP {st.get('pid')} (it also re-executes at the next hook)", **data)
     user = (conf.get("slurmuser") or "root").strip()
     if conf.get("epilogslurmctld") and user not in ("root", "0"):
         csock = os.path.join(os.path.dirname(sock), server.CTLD_SOCKET_NAME)
@@ -817,8 +817,8 @@ def check_retention(ctx: Context) -> Check:
                   "gsrun-prune.timer), or its cron line in place without systemd?", **data)
     if days and oldest is not None and oldest > days + 1:
         return _c("retention", "warn", detail,
-                  "job directories outlive spool.retention_days: enable the gsrun-prune timer "
-                  "(docs/ADMIN.md) or run gsrun-node prune --dry-run", **data)
+                  "job directories outlive spool.retention_days: enable the gsrun-prune timer or its cron line "
+                  "(docs/ADMIN.md), or run gsrun-node prune --dry-run", **data)
     return _c("retention", "ok", detail, **data)
 
 
