@@ -83,8 +83,6 @@ def sampler_cost(samples: int, tmp: Path) -> dict:
         pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM)
         pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU)
         pynvml.nvmlDeviceGetCurrentClocksEventReasons(h)
-        pynvml.nvmlDeviceGetPcieThroughput(h, pynvml.NVML_PCIE_UTIL_TX_BYTES)
-        pynvml.nvmlDeviceGetPcieThroughput(h, pynvml.NVML_PCIE_UTIL_RX_BYTES)
         try:
             pynvml.nvmlDeviceGetTotalEccErrors(h, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC)
         except pynvml.NVMLError:
@@ -99,9 +97,14 @@ def sampler_cost(samples: int, tmp: Path) -> dict:
         pynvml.nvmlGpmSampleGet(h, cur)
         mg = pynvml.c_nvmlGpmMetricsGet_t()
         mg.version = pynvml.NVML_GPM_METRICS_GET_VERSION
-        mg.numMetrics = 1
         mg.sample1, mg.sample2 = prev, cur
-        mg.metrics[0].metricId = pynvml.NVML_GPM_METRIC_SM_UTIL
+        # the sampler's GPM metrics; PCIe comes from GPM (no nvmlDeviceGetPcieThroughput on a GPM GPU)
+        ids = (pynvml.NVML_GPM_METRIC_SM_UTIL, pynvml.NVML_GPM_METRIC_SM_OCCUPANCY,
+               pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL, pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL,
+               pynvml.NVML_GPM_METRIC_PCIE_TX_PER_SEC, pynvml.NVML_GPM_METRIC_PCIE_RX_PER_SEC)
+        mg.numMetrics = len(ids)
+        for i, mid in enumerate(ids):
+            mg.metrics[i].metricId = mid
         pynvml.nvmlGpmMetricsGet(mg)
         pynvml.nvmlGpmSampleFree(prev)
         prev = cur
