@@ -372,7 +372,7 @@ class RealNvml(Backend):
         return NA("Not Supported", NOT_SUPPORTED)
 
     def _gpm(self, index, h):
-        """GPM metrics since the previous call (NA on the first: it needs two samples)."""
+        """GPM metrics since the previous call (NA on the first: it needs two samples; a refused metric: its NA)."""
         nv = self.nv
         try:
             cur = nv.nvmlGpmSampleAlloc()
@@ -402,8 +402,8 @@ class RealNvml(Backend):
             for i, mid in enumerate(ids.values()):
                 mg.metrics[i].metricId = mid
             nv.nvmlGpmMetricsGet(mg)
-            out = {k: float(mg.metrics[i].value) * (1024.0 if k.startswith("pcie") else 1.0)
-                   for i, k in enumerate(ids) if mg.metrics[i].nvmlReturn == nv.NVML_SUCCESS}
+            out = {k: return_na(m.nvmlReturn) if m.nvmlReturn else m.value * (1024.0 if k[:4] == "pcie" else 1.0)
+                   for k, m in zip(ids, mg.metrics)}
         except Exception as e:  # noqa: BLE001
             out = NA(str(e), getattr(e, "value", None))
         finally:
@@ -483,11 +483,16 @@ ALL_LINKS = 0xFFFFFFFF       # nvmlFieldValue_t.scopeId for an NVLink counter: t
 _VALUE_MEMBER = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
 
 
+def return_na(code: int) -> NA:
+    """A per-item ``nvmlReturn_t`` (field values, GPM metrics) that is not NVML_SUCCESS -> its NA."""
+    return NA("Not Supported" if code == NOT_SUPPORTED else ERROR_NAMES.get(code, f"NVML error {code}"), code)
+
+
 def field_value(v) -> Any:
     """One ``c_nvmlFieldValue_t`` -> its number, or NA from its own ``nvmlReturn``."""
     code = int(getattr(v, "nvmlReturn", 999))
     if code != 0:
-        return NA("Not Supported" if code == NOT_SUPPORTED else ERROR_NAMES.get(code, f"NVML error {code}"), code)
+        return return_na(code)
     member = _VALUE_MEMBER.get(int(getattr(v, "valueType", 3)), "ullVal")
     return getattr(v.value, member)
 

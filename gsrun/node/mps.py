@@ -48,7 +48,6 @@ SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 # NVML compute modes (nvmlDeviceGetComputeMode / nvmlDeviceSetComputeMode).
 COMPUTE_MODE_DEFAULT = 0
-COMPUTE_MODE_PROHIBITED = 2
 COMPUTE_MODE_EXCLUSIVE_PROCESS = 3
 
 # Variables copied from the caller's environment into the daemon's (when valid).

@@ -33,9 +33,9 @@ THROTTLE_CAUSES = {"power": 0x4 | 0x80,        # SwPowerCap | HwPowerBrakeSlowdo
                    "thermal": 0x20 | 0x40,     # SwThermalSlowdown | HwThermalSlowdown
                    "hw_slowdown": 0x8,         # HwSlowdown
                    "sync_boost": 0x10}         # SyncBoost
-GPU_METRICS = ("util_pct", "mem_used_bytes", "power_w", "sm_clock_mhz", "temperature_c",
-               "pcie_tx_bytes_s", "pcie_rx_bytes_s", "nvlink_tx_bytes_s", "nvlink_rx_bytes_s", "sm_active_pct",
-               "sm_occupancy_pct", "tensor_active_pct", "dram_bw_pct", "mem_procs_bytes")
+GPM_KEYS = ("sm_active_pct", "sm_occupancy_pct", "tensor_active_pct", "dram_bw_pct")   # GPM's, as they are
+GPU_METRICS = ("util_pct", "mem_used_bytes", "power_w", "sm_clock_mhz", "temperature_c", "pcie_tx_bytes_s",
+               "pcie_rx_bytes_s", "nvlink_tx_bytes_s", "nvlink_rx_bytes_s", *GPM_KEYS, "mem_procs_bytes")
 OPTIONAL_METRICS = ("mem_procs_bytes", "nvlink_tx_bytes_s", "nvlink_rx_bytes_s")   # in the state file once read
 TIMELINE_METRICS = ("util_pct", "sm_active_pct", "mem_used_bytes", "power_w")
 UTIL_THRESHOLDS_PCT = (5.0, 50.0)   # util_pct: time at or above these (idle = below 5 %)
@@ -186,18 +186,21 @@ def state_from_json(d: dict, idle_cfg=None) -> dict:
     return st
 
 
-def read_gpu(nv, ref: GpuRef, since_us: int | None, skip=(), leave_out=()) -> dict:
+def read_gpu(nv, ref: GpuRef, since_us: int | None, skip=(), leave_out=(), first: bool = False) -> dict:
     """One poll of one GPU -> raw readings (values or NA); ``skip`` keys answer
     NA("Not Supported") without a call, ``leave_out`` keys are not read. With
     GPM, :data:`PCIE_KEYS` come from its metrics (the interval's mean), else
-    from ``nvmlDeviceGetPcieThroughput`` (blocks ~20 ms per call)."""
+    from ``nvmlDeviceGetPcieThroughput`` (blocks ~20 ms per call). A job's
+    ``first`` poll only sets GPM's baseline: its interval began before the job."""
     i = ref.nvml_index
     gone = NA("Not Supported", NOT_SUPPORTED)
 
     def get(k, **kw):
         return gone if k in skip else nv.get(i, k, **kw)
     gpm = get("gpm") if ref.gpm else None
-    r = {k: gpm[k] if k in PCIE_KEYS and isinstance(gpm, dict) and k in gpm else get(k)
+    if first and ref.gpm:
+        gpm, leave_out = NA("first GPM sample", None), (*leave_out, *PCIE_KEYS)
+    r = {k: gpm[k] if k in PCIE_KEYS and isinstance(gpm, dict) and not is_na(gpm.get(k, gone)) else get(k)
          for k in GPU_READ_KEYS if k not in leave_out}
     if ref.gpm:
         r["gpm"] = gpm
@@ -299,9 +302,10 @@ def update_gpu(g: dict, r: dict, t_rel_s: float, dt_s: float, gap_s: float = 0.0
         gpu_pids = sorted({p["pid"] for p in procs if isinstance(p, dict) and p.get("pid") in job_pids})
     nvl_tx, nvl_rx = nvlink_rates(g, r.get("nvlink_kib"), t_rel_s)
     gpm = r.get("gpm")
-    gpm_ok = gpm if isinstance(gpm, dict) else {}
     if is_na(gpm) and gpm.reason != "first GPM sample":
         unsupported["gpm"] = gpm.reason
+    gpm = gpm if isinstance(gpm, dict) else {}      # a refused PCIe metric: read_gpu asked the blocking call
+    unsupported.update((k, v.reason) for k, v in gpm.items() if is_na(v) and k not in PCIE_KEYS)
     values = {
         "util_pct": util,
         "mem_used_bytes": mem_used,
@@ -312,7 +316,7 @@ def update_gpu(g: dict, r: dict, t_rel_s: float, dt_s: float, gap_s: float = 0.0
         "pcie_rx_bytes_s": num("pcie_rx_kbs", 1024.0),
         "nvlink_tx_bytes_s": nvl_tx,
         "nvlink_rx_bytes_s": nvl_rx,
-        **{k: gpm_ok.get(k) for k in ("sm_active_pct", "sm_occupancy_pct", "tensor_active_pct", "dram_bw_pct")},
+        **{k: None if is_na(gpm.get(k)) else gpm.get(k) for k in GPM_KEYS},
         "mem_procs_bytes": mem_procs,
     }
     for k, v in values.items():
@@ -573,7 +577,7 @@ class Sampler:
                 # (a lost GPU is not polled again: calls on it may hang)
                 try:
                     r = read_gpu(self.nv, ref, g["last_sample_us"], set(g.get("not_polled", ())),
-                                 FINAL_LEAVE_OUT if final else ())
+                                 FINAL_LEAVE_OUT if final else (), first=not st["samples"])
                 except Exception as e:  # noqa: BLE001 - a broken binding must not kill the sampler
                     r = {"memory": NA(f"read failed: {e}", None)}
                 vals = update_gpu(g, r, t_rel, dt, gap, pids)

@@ -226,3 +226,44 @@ def test_report_finding_says_what_a_stuck_gpu_without_gpm_was_decided_on():
     assert "SM and tensor activity were ~0" in _waste([with_gpm])[0]["text"]
     odd = dict(hit, evidence=dict(hit["evidence"], text="{0} {it}"))      # a node's file is data, not a template
     assert "({0} {it})" in _waste([odd])[0]["text"]
+
+
+class _GpmPynvml:
+    """The pynvml names RealNvml's GPM read uses; metric 2 (tensor) refused, as a GPU may."""
+
+    NVML_GPM_METRIC_SM_UTIL, NVML_GPM_METRIC_SM_OCCUPANCY, NVML_GPM_METRIC_ANY_TENSOR_UTIL = 2, 3, 5
+    NVML_GPM_METRIC_DRAM_BW_UTIL, NVML_GPM_METRIC_PCIE_TX_PER_SEC, NVML_GPM_METRIC_PCIE_RX_PER_SEC = 10, 20, 21
+    NVML_GPM_METRICS_GET_VERSION, NVML_SUCCESS = 1, 0
+
+    def __init__(self):
+        self.live = set()
+
+    def c_nvmlGpmMetricsGet_t(self):
+        return SimpleNamespace(metrics=[SimpleNamespace(metricId=0, nvmlReturn=0, value=0.0) for _ in range(8)])
+
+    def nvmlGpmSampleAlloc(self):
+        s = object()
+        self.live.add(s)
+        return s
+
+    def nvmlGpmSampleGet(self, handle, sample):
+        pass
+
+    def nvmlGpmSampleFree(self, sample):
+        self.live.discard(sample)
+
+    def nvmlGpmMetricsGet(self, mg):
+        for m in mg.metrics[:mg.numMetrics]:
+            m.nvmlReturn, m.value = (3, 0.0) if m.metricId == 5 else (0, float(m.metricId))
+
+
+def test_real_backend_gpm_interval_refused_metric_and_no_leak():
+    """The first GPM call has no interval; later ones give each metric (PCIe's
+    MiB/s x 1024 to KB/s), a metric NVML refuses as its NA; one sample stays allocated."""
+    nv = RealNvml.__new__(RealNvml)
+    nv.nv, nv._handles, nv._gpm_prev = _GpmPynvml(), {0: object()}, {}
+    assert nv.get(0, "gpm").reason == "first GPM sample"
+    got = nv.get(0, "gpm")
+    assert got == {"sm_active_pct": 2.0, "sm_occupancy_pct": 3.0, "tensor_active_pct": NA("Not Supported", 3),
+                   "dram_bw_pct": 10.0, "pcie_tx_kbs": 20.0 * 1024, "pcie_rx_kbs": 21.0 * 1024}
+    assert len(nv.nv.live) == 1

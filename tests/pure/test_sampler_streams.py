@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from gsrun.facts.nvml import GPU_IS_LOST, NA, FakeNvml, NvmlUnavailable, Seq
+from gsrun.facts.nvml import GPU_IS_LOST, NA, FakeNvml, NvmlUnavailable, Seq, return_na
 from gsrun.report.render import render_text
 from gsrun.node.sampler import THROTTLE_CAUSES
 
@@ -403,15 +403,45 @@ def test_gpm_first_sample_and_unsupported(tmp_path):
 def test_pcie_from_gpm_without_the_blocking_call(tmp_path):
     """With GPM, PCIe throughput is the interval's GPM metric (KB/s as NVML
     gives it, x 1024 to bytes/s): nvmlDeviceGetPcieThroughput, which blocks
-    ~20 ms per call, is asked only while GPM has no interval yet (first poll)."""
+    ~20 ms per call, is never asked (the job's first poll only sets GPM's baseline)."""
     fake = FakeNvml(h200_data(1))
     fake.set(0, "gpm", Seq([{"error": "first GPM sample", "code": None}]
                            + [{"ok": {"sm_active_pct": 50.0, "pcie_tx_kbs": 2048.0, "pcie_rx_kbs": 1024.0}}]))
     st = run_job(make_sampler(tmp_path, fake, [0], SimClock()), 5)
     m = st["gpus"][0]["metrics"]
-    assert [c for c in fake.calls if c[1] in ("pcie_tx_kbs", "pcie_rx_kbs")] == [(0, "pcie_tx_kbs"), (0, "pcie_rx_kbs")]
+    assert [c for c in fake.calls if c[1] in ("pcie_tx_kbs", "pcie_rx_kbs")] == []
     assert m["pcie_tx_bytes_s"]["max"] == m["pcie_tx_bytes_s"]["min"] == 2048 * 1024
     assert m["pcie_rx_bytes_s"]["max"] == 1024 * 1024
+
+
+def test_first_poll_of_a_job_keeps_no_gpm_span_from_before_it(tmp_path):
+    """The monitor keeps a GPU's last GPM sample between jobs: a later job's
+    first GPM interval began before the job (an earlier job's 99 % here), so
+    that poll is a baseline only: no SM or PCIe figure, min/max or point."""
+    fake = FakeNvml(h200_data(1))
+    fake.set(0, "gpm", Seq([{"ok": {"sm_active_pct": 99.0, "pcie_tx_kbs": 9e6, "pcie_rx_kbs": 9e6}}]
+                           + [{"ok": {"sm_active_pct": 50.0, "pcie_tx_kbs": 2048.0, "pcie_rx_kbs": 1024.0}}]))
+    st = run_job(make_sampler(tmp_path, fake, [0], SimClock()), 5)
+    g = st["gpus"][0]
+    assert g["metrics"]["sm_active_pct"]["max"] == 50.0 and g["metrics"]["pcie_tx_bytes_s"]["max"] == 2048 * 1024
+    assert g["timeline"]["sm_active_pct"]["points"][0][1] == 50.0
+    assert "gpm" not in g["unsupported"] and not [c for c in fake.calls if c[1] == "pcie_tx_kbs"]
+
+
+def test_gpm_metric_refused_is_unsupported_and_pcie_falls_back(tmp_path):
+    """A GPM metric NVML refuses (its own nvmlReturn) has no figure and its
+    reason in ``unsupported``; a refused PCIe metric is read the blocking way."""
+    fake = FakeNvml(h200_data(1))
+    fake.set(0, "gpm", Seq([{"error": "first GPM sample", "code": None}]
+                           + [{"ok": {"sm_active_pct": 50.0, "tensor_active_pct": return_na(3),
+                                      "pcie_tx_kbs": return_na(3), "pcie_rx_kbs": 1024.0}}]))
+    fake.set(0, "pcie_tx_kbs", 512)
+    st = run_job(make_sampler(tmp_path, fake, [0], SimClock()), 5)
+    g = st["gpus"][0]
+    assert g["unsupported"]["tensor_active_pct"] == "Not Supported" and "pcie_tx_kbs" not in g["unsupported"]
+    assert g["metrics"]["pcie_tx_bytes_s"]["max"] == 512 * 1024
+    assert g["metrics"]["tensor_active_pct"]["max"] is None and g["metrics"]["sm_active_pct"]["max"] == 50.0
+    assert [c for c in fake.calls if c[1] in ("pcie_tx_kbs", "pcie_rx_kbs")] == [(0, "pcie_tx_kbs")] * 4
 
 
 # ----------------------------------------------------------------- sampler restart

@@ -164,14 +164,6 @@ def _plain(v):
     return v
 
 
-def scope_from_dict(d: dict | None) -> JobScope | None:
-    if not isinstance(d, dict):
-        return None
-    return JobScope([dict(x) for x in d.get("devices") or []], [int(c) for c in d.get("cpus") or []],
-                    {int(k): [int(c) for c in v] for k, v in (d.get("node_cpus") or {}).items()},
-                    str(d.get("cpus_source") or ""))
-
-
 def _dict_shortfall(after, target, what) -> str:
     bad = [f"{k}={(after or {}).get(k, '-')}" for k in target if not _dict_value_ok(after, k, target[k], what)]
     return ", ".join(bad[:6]) + (f" (+{len(bad) - 6})" if len(bad) > 6 else "")
