@@ -159,9 +159,9 @@ def memlock_warning(hard: int | None, floor_text: str | None, rdma: list[str] | 
     problem = memlock_problem(hard, floor_text)
     if problem is None:
         return None
-    return (f"memlock: {problem}: pinned host memory (DataLoader pin_memory, NCCL, cudaHostAlloc) fails or falls "
-            f"back to pageable copies; {rdma_text(rdma or [])}; hint: LimitMEMLOCK=infinity in slurmd's systemd "
-            "unit (and slurm.conf PropagateResourceLimitsExcept=MEMLOCK), then restart slurmd")
+    return (f"memlock: {problem}: pinned host memory (DataLoader pin_memory, NCCL, cudaHostAlloc) fails or falls back "
+            f"to pageable copies; {rdma_text(rdma or [])}; hint: LimitMEMLOCK=infinity in slurmd's systemd unit (else "
+            "ulimit -l unlimited before slurmd), slurm.conf PropagateResourceLimitsExcept=MEMLOCK, then restart slurmd")
 
 
 def node_notes(warnings: Sequence[str], node: str | None, environ: Mapping[str, str],
