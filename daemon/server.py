@@ -564,8 +564,8 @@ class NodeDaemon:
         return 0
 
     def status(self, stale: str | None = None) -> dict:
-        """What ``@ping`` answers: ``started`` in Unix seconds, ``running`` hooks
-        and merges now, ``stale`` a changed module (re-executing), ``monitor_pid``
+        """What ``@ping`` answers: ``started`` in Unix seconds, ``running`` hooks,
+        plans and merges now, ``stale`` a changed module (re-executing), ``monitor_pid``
         None while no monitor runs."""
         return {"pid": os.getpid(), "version": gsrun.__version__, "started": self.started,
                 "served": self.served, "running": len(self.running) + len(self.pending), "socket": self.socket_path,
@@ -747,39 +747,39 @@ class NodeDaemon:
         return stale
 
     def _watch(self, conn, pid: int) -> None:
-        """Track the running hook ``pid`` (its pidfd) and its client ``conn`` in the loop."""
+        """Track the running child ``pid`` (its pidfd) and its client ``conn`` (None: a plan answers itself)."""
         pidfd = os.pidfd_open(pid)
         try:
             self.sel.register(pidfd, 1, "child")
             try:
-                self.sel.register(conn, 1, pidfd)
+                if conn is not None:
+                    self.sel.register(conn, 1, pidfd)
+                    conn.setblocking(False)
             except BaseException:
                 self.sel.unregister(pidfd)
                 raise
         except BaseException:
             os.close(pidfd)
             raise
-        conn.setblocking(False)
         self.running[pidfd] = (conn, pid)
 
     def _start_bind(self, conn, stepd_env: dict[str, str]) -> None:
-        """Fork :func:`_bind_child` for one slurmstepd's plugin and let it have the connection."""
+        """Fork :func:`_bind_child` for one slurmstepd's plugin (it answers on ``conn``); the loop reaps it."""
         try:
             pid = _fork()
         except OSError as e:
             self.log(f"cannot serve a step's plan: {e}")
-            conn.close()        # the plugin plans in Python
+            conn.close()        # the plugin logs it; the tasks keep Slurm's binding
             return
         if pid == 0:
-            # double fork: the plan's process is init's, never waited for nor a zombie of a re-exec
-            try:
-                if os.fork() == 0:
-                    _bind_child(conn, stepd_env)
-            finally:
-                os._exit(0)
+            _bind_child(conn, stepd_env)    # never returns
         conn.close()
         self.served += 1
-        _wait(pid)
+        try:
+            self._watch(None, pid)
+        except Exception as e:  # noqa: BLE001 - as for a hook; the plan ends within BIND_PLAN_S
+            self.log(f"plan {pid} cannot be watched ({e!r}): waiting for it before the next")
+            _wait(pid)
 
     def _start_detached(self, argv: list[str], env: dict[str, str], umask: int) -> None:
         """Fork :func:`_merge_child` for ``argv``, or queue it while :data:`MAX_MERGES` run."""
