@@ -426,6 +426,7 @@ class NodeDaemon:
         self.sel = selectors.DefaultSelector()
         self.running: dict[int, tuple[object, int]] = {}   # pidfd -> (conn, pid)
         self.merges: set[int] = set()       # the pidfds of self.running that are merges
+        self.plans: set[int] = set()        # the pidfds of self.running that are step plans
         self.pending: deque = deque()       # merges waiting for a slot: (argv, env, umask)
         self.stopping = False
         self.reexec = False
@@ -637,6 +638,8 @@ class NodeDaemon:
         if getattr(self, "listener", None) is None:
             return
         self.stopping = True
+        for pidfd in self.plans:    # a plan may wait BIND_WAIT_S for its step: that step keeps Slurm's binding
+            os.kill(self.running[pidfd][1], signal.SIGKILL)
         doors = [(self.listener, self.socket_path, self.socket_id)]
         if self.ctld_listener is not None:
             doors.append((self.ctld_listener, self.ctld[1], self.ctld_socket_id))
@@ -746,7 +749,7 @@ class NodeDaemon:
             self._stop_listening()
         return stale
 
-    def _watch(self, conn, pid: int) -> None:
+    def _watch(self, conn, pid: int) -> int:
         """Track the running child ``pid`` (its pidfd) and its client ``conn`` (None: a plan answers itself)."""
         pidfd = os.pidfd_open(pid)
         try:
@@ -762,6 +765,7 @@ class NodeDaemon:
             os.close(pidfd)
             raise
         self.running[pidfd] = (conn, pid)
+        return pidfd
 
     def _start_bind(self, conn, stepd_env: dict[str, str]) -> None:
         """Fork :func:`_bind_child` for one slurmstepd's plugin (it answers on ``conn``); the loop reaps it."""
@@ -776,9 +780,10 @@ class NodeDaemon:
         conn.close()
         self.served += 1
         try:
-            self._watch(None, pid)
-        except Exception as e:  # noqa: BLE001 - as for a hook; the plan ends within BIND_PLAN_S
-            self.log(f"plan {pid} cannot be watched ({e!r}): waiting for it before the next")
+            self.plans.add(self._watch(None, pid))
+        except Exception as e:  # noqa: BLE001 - as for a hook, but a plan may wait BIND_WAIT_S for its step
+            self.log(f"plan {pid} cannot be watched ({e!r}): ended, the step keeps Slurm's binding")
+            os.kill(pid, signal.SIGKILL)
             _wait(pid)
 
     def _start_detached(self, argv: list[str], env: dict[str, str], umask: int) -> None:
@@ -826,6 +831,7 @@ class NodeDaemon:
         self.sel.unregister(pidfd)
         os.close(pidfd)
         status = _wait(pid)
+        self.plans.discard(pidfd)
         if pidfd in self.merges:
             self.merges.discard(pidfd)
             while self.pending and len(self.merges) < MAX_MERGES:

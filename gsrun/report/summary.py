@@ -23,6 +23,7 @@ from __future__ import annotations
 import base64
 import gzip
 import json
+import statistics
 
 from gsrun import SUMMARY_SCHEMA
 from gsrun.base.record import ABSENT
@@ -366,12 +367,6 @@ JS1_SHORT_S = 2 * 30
 JS1_GROUPS = (512, 256, 128, 64, 32, 16, 8, 4, 2, 1)   # node groups tried, in order, when per-node does not fit
 
 
-def _median(xs: list[float]) -> float:
-    xs = sorted(xs)
-    m = len(xs) // 2
-    return xs[m] if len(xs) % 2 else (xs[m - 1] + xs[m]) / 2
-
-
 def _js1_nodes(summary: dict) -> tuple[list[tuple[str, dict, list[dict]]], dict[str, list[str]]]:
     """Per node by name: (name, CPU/memory keys, its GPUs); node -> keys written as 0 because unknown."""
     job = summary["job"]
@@ -417,7 +412,7 @@ def _gpu_keys(gpus: list[dict], has_gpus: bool, mem_pair: bool, reduce: bool) ->
     mem = _gpu_mem(gpus)
     if reduce and len(util) > 3:
         vals = list(util.values())
-        util = {"min": min(vals), "median": round(_median(vals), 1), "max": max(vals)}
+        util = {"min": min(vals), "median": round(statistics.median(vals), 1), "max": max(vals)}
     if reduce and len(mem) > 3:
         by_frac = sorted(mem.values(), key=lambda um: (um[0] / um[1], um))
         mem = {"min": by_frac[0], "median": by_frac[len(by_frac) // 2], "max": by_frac[-1]}

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import suppress
 
 import pytest
 
@@ -857,7 +858,41 @@ def test_a_hostile_step_environment_leaves_no_root_process_busy(running, tmp_pat
             pass
     assert busy == []
     assert running.children() == []
+    # every plan was reaped by the daemon: no zombie of a root plan is left
+    assert [c.pid for c in psutil.Process(running.proc.pid).children() if c.status() == psutil.STATUS_ZOMBIE] == []
     assert running.proc.poll() is None
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_plan_waiting_for_its_step_does_not_hold_up_a_stop_or_a_reload(running, sig):
+    """slurmstepd sends ``@bind`` at its start and ``@step`` later (a plan may wait
+    BIND_WAIT_S for it): a stop or a reload (re-exec) kills such a plan at once
+    (that step keeps Slurm's binding) instead of waiting for it with no socket."""
+    import array
+    import socket
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(10)
+        s.connect(running.sock)
+        s.sendmsg([server.encode_request([server.BIND_REQUEST], {}, 0o022)],
+                  [(socket.SOL_SOCKET, socket.SCM_RIGHTS, bytes(memoryview(array.array("i", [0, 1, 2]))))])
+        deadline = time.monotonic() + 10
+        while server.ping(running.sock)["running"] != 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert server.ping(running.sock)["running"] == 1
+        t0 = time.monotonic()
+        running.proc.send_signal(sig)
+        if sig == signal.SIGTERM:
+            running.proc.wait(timeout=5)
+        else:       # re-executed: serving again, the plan gone
+            while time.monotonic() - t0 < 5:
+                with suppress(Exception):       # no socket while it re-executes
+                    if server.ping(running.sock)["running"] == 0:
+                        break
+                time.sleep(0.02)
+            assert server.ping(running.sock)["running"] == 0 and running.proc.poll() is None
+        assert time.monotonic() - t0 < 3, time.monotonic() - t0
+        assert s.recv(100) == b""       # no plan: the plugin logs why and the step keeps Slurm's binding
 
 
 def test_doctor_says_whether_the_daemon_answers_and_the_hooks_go_through_it(client, running, tmp_path):
