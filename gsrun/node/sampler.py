@@ -44,8 +44,7 @@ GAP_FACTOR = 2.0                    # a poll later than this x interval_s: the e
 GPU_READ_KEYS = ("memory", "power_mw", "energy_mj", "sm_clock_mhz", "temperature_c",
                  "throttle_reasons", "pcie_tx_kbs", "pcie_rx_kbs", "nvlink_kib", "ecc_uncorrected", "xid_events",
                  "compute_processes")
-# Left out of the final sample (epilog's path): nvmlDeviceGetPcieThroughput takes 20 ms per call;
-# read from GPM's metrics where the GPU has them (Hopper and later)
+# nvmlDeviceGetPcieThroughput (20 ms a call): not in the final sample (epilog's path) unless GPM gives them
 FINAL_LEAVE_OUT = PCIE_KEYS = ("pcie_tx_kbs", "pcie_rx_kbs")
 MEM_V2 = "nvmlDeviceGetMemoryInfo_v2"
 MEM_V1_BASELINE = "nvmlDeviceGetMemoryInfo v1 minus the prolog's baseline"
@@ -190,18 +189,18 @@ def read_gpu(nv, ref: GpuRef, since_us: int | None, skip=(), leave_out=(), first
     """One poll of one GPU -> raw readings (values or NA); ``skip`` keys answer
     NA("Not Supported") without a call, ``leave_out`` keys are not read. With
     GPM, :data:`PCIE_KEYS` come from its metrics (the interval's mean), else
-    from ``nvmlDeviceGetPcieThroughput`` (blocks ~20 ms per call). A job's
-    ``first`` poll only sets GPM's baseline: its interval began before the job."""
+    from ``nvmlDeviceGetPcieThroughput`` (blocks ~20 ms per call; a ``leave_out``
+    key then). A job's ``first`` poll only sets GPM's baseline: its interval began before the job."""
     i = ref.nvml_index
     gone = NA("Not Supported", NOT_SUPPORTED)
 
     def get(k, **kw):
         return gone if k in skip else nv.get(i, k, **kw)
     gpm = get("gpm") if ref.gpm else None
-    if first and ref.gpm:
+    if first and isinstance(gpm, dict):
         gpm, leave_out = NA("first GPM sample", None), (*leave_out, *PCIE_KEYS)
-    r = {k: gpm[k] if k in PCIE_KEYS and isinstance(gpm, dict) and not is_na(gpm.get(k, gone)) else get(k)
-         for k in GPU_READ_KEYS if k not in leave_out}
+    pcie = {k: gpm[k] for k in PCIE_KEYS if isinstance(gpm, dict) and not is_na(gpm.get(k, gone))}
+    r = {k: pcie[k] if k in pcie else get(k) for k in GPU_READ_KEYS if k in pcie or k not in leave_out}
     if ref.gpm:
         r["gpm"] = gpm
     r["util_samples"] = get("util_samples", since_us=since_us or 0)
@@ -316,7 +315,7 @@ def update_gpu(g: dict, r: dict, t_rel_s: float, dt_s: float, gap_s: float = 0.0
         "pcie_rx_bytes_s": num("pcie_rx_kbs", 1024.0),
         "nvlink_tx_bytes_s": nvl_tx,
         "nvlink_rx_bytes_s": nvl_rx,
-        **{k: None if is_na(gpm.get(k)) else gpm.get(k) for k in GPM_KEYS},
+        **{k: v if isinstance(v := gpm.get(k), (int, float)) else None for k in GPM_KEYS},
         "mem_procs_bytes": mem_procs,
     }
     for k, v in values.items():

@@ -403,14 +403,16 @@ def test_gpm_first_sample_and_unsupported(tmp_path):
 def test_pcie_from_gpm_without_the_blocking_call(tmp_path):
     """With GPM, PCIe throughput is the interval's GPM metric (KB/s as NVML
     gives it, x 1024 to bytes/s): nvmlDeviceGetPcieThroughput, which blocks
-    ~20 ms per call, is never asked (the job's first poll only sets GPM's baseline)."""
+    ~20 ms per call, is asked only while GPM has no interval yet (the monitor's
+    first poll of the GPU); the final sample takes PCIe from GPM too."""
     fake = FakeNvml(h200_data(1))
     fake.set(0, "gpm", Seq([{"error": "first GPM sample", "code": None}]
                            + [{"ok": {"sm_active_pct": 50.0, "pcie_tx_kbs": 2048.0, "pcie_rx_kbs": 1024.0}}]))
     st = run_job(make_sampler(tmp_path, fake, [0], SimClock()), 5)
     m = st["gpus"][0]["metrics"]
-    assert [c for c in fake.calls if c[1] in ("pcie_tx_kbs", "pcie_rx_kbs")] == []
+    assert [c for c in fake.calls if c[1] in ("pcie_tx_kbs", "pcie_rx_kbs")] == [(0, "pcie_tx_kbs"), (0, "pcie_rx_kbs")]
     assert m["pcie_tx_bytes_s"]["max"] == m["pcie_tx_bytes_s"]["min"] == 2048 * 1024
+    assert m["pcie_tx_bytes_s"]["n"] == 5       # polls 2 to 5 and the final sample
     assert m["pcie_rx_bytes_s"]["max"] == 1024 * 1024
 
 
@@ -441,7 +443,9 @@ def test_gpm_metric_refused_is_unsupported_and_pcie_falls_back(tmp_path):
     assert g["unsupported"]["tensor_active_pct"] == "Not Supported" and "pcie_tx_kbs" not in g["unsupported"]
     assert g["metrics"]["pcie_tx_bytes_s"]["max"] == 512 * 1024
     assert g["metrics"]["tensor_active_pct"]["max"] is None and g["metrics"]["sm_active_pct"]["max"] == 50.0
-    assert [c for c in fake.calls if c[1] in ("pcie_tx_kbs", "pcie_rx_kbs")] == [(0, "pcie_tx_kbs")] * 4
+    # the first poll (GPM has no interval yet) asks both; later polls only the refused one, not the final
+    assert [c for c in fake.calls if c[1] in ("pcie_tx_kbs", "pcie_rx_kbs")] == [(0, "pcie_tx_kbs"), (0, "pcie_rx_kbs")] \
+        + [(0, "pcie_tx_kbs")] * 4
 
 
 # ----------------------------------------------------------------- sampler restart
