@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from gsrun.facts.nvml import GPU_IS_LOST, NA, FakeNvml, NvmlUnavailable, Seq, return_na
+from gsrun.facts.nvml import NA, FakeNvml, NvmlUnavailable, Seq, return_na
 from gsrun.report.render import render_text
 from gsrun.node.sampler import THROTTLE_CAUSES
 
