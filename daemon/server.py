@@ -750,7 +750,7 @@ class NodeDaemon:
         return stale
 
     def _watch(self, conn, pid: int) -> int:
-        """Track the running child ``pid`` (its pidfd) and its client ``conn`` (None: a plan answers itself)."""
+        """Track the running child ``pid`` (its pidfd) and its client ``conn`` (None: a plan or merge, no client)."""
         pidfd = os.pidfd_open(pid)
         try:
             self.sel.register(pidfd, 1, "child")
@@ -801,10 +801,7 @@ class NodeDaemon:
             return
         if pid == 0:
             _merge_child(argv, env, umask)     # never returns
-        pidfd = os.pidfd_open(pid)
-        self.running[pidfd] = (None, pid)
-        self.merges.add(pidfd)
-        self.sel.register(pidfd, 1, "child")
+        self.merges.add(self._watch(None, pid))
 
     def _client_readable(self, conn, pidfd: int) -> None:
         try:
