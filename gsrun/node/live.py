@@ -186,10 +186,7 @@ def _slurm_stdout(argv: list[str], timeout_s: float) -> str | None:
 
 
 def _watches(state: dict) -> list:
-    w = state.get("watch")
-    if isinstance(w, dict):
-        return list(w.values())
-    return list(w or ())
+    return list(state.get("watch") or ())
 
 
 class LiveActions:
@@ -288,8 +285,9 @@ class LiveActions:
         if not d.is_dir():
             return      # the prolog makes it; nothing to publish into yet
         gid = (self._prolog() or {}).get("job", {}).get("gid", self.uid)
+        # not fsync'd: rewritten at the next flush, and an fsync (a commit on an NFS spool) stalls every job's polls
         write_user_copy(d / f"{LIVE_PREFIX}{self.node}.json",
-                        json.dumps(doc, separators=(",", ":"), sort_keys=True) + "\n", gid)
+                        json.dumps(doc, separators=(",", ":"), sort_keys=True) + "\n", gid, durable=False)
         self.last_write = now
 
     def _active_conditions(self, state: dict, new: list[dict]) -> set[str]:

@@ -130,32 +130,14 @@ def tidy(v: float) -> float:
     return float(f"{v:.12g}")
 
 
-def _watch_of(state: dict, gres_index: int, i: int):
-    """A GPU's idle watch (or its JSON form) from ``state["watch"]`` (by gres
-    index, or a list parallel to ``state["gpus"]``), or None."""
-    watch = state.get("watch")
-    if isinstance(watch, dict):
-        return watch.get(str(gres_index), watch.get(gres_index))
-    if isinstance(watch, (list, tuple)) and i < len(watch):
-        return watch[i]
-    return None
-
-
-def idle_flag(state: dict, gres_index: int, i: int) -> float | None:
-    """1.0 while the detector has an idle stretch open (``idle_since_s`` not
-    None), 0.0 when not, None when there is no detector state for the GPU."""
-    w = _watch_of(state, gres_index, i)
-    if w is None:
+def idle_flag(state: dict, i: int) -> float | None:
+    """1.0 while the detector of GPU ``i`` (``state["watch"][i]``) has an idle
+    stretch open, 0.0 when not, None when the GPU has no detector."""
+    watch = state.get("watch") or ()
+    w = watch[i] if i < len(watch) else None
+    if not hasattr(w, "idle_since_s"):
         return None
-    if isinstance(w, dict):
-        if "idle_since_s" not in w:
-            return None
-        since = w["idle_since_s"]
-    else:
-        since = getattr(w, "idle_since_s", None)
-        if since is None and not hasattr(w, "idle_since_s"):
-            return None
-    return 1.0 if since is not None else 0.0
+    return 0.0 if w.idle_since_s is None else 1.0
 
 
 # sampler metric keys a reading takes as window means
@@ -187,7 +169,7 @@ def job_readings(state: dict, user: str | None, marks: dict | None = None) -> tu
         energy = g.get("energy")
         if energy is not None and energy.first is not None:
             values["energy_j"] = energy.total / 1000.0
-        flag = idle_flag(state, gi, i) if g.get("lost_at_s") is None else None
+        flag = idle_flag(state, i) if g.get("lost_at_s") is None else None
         uuid = str(ref["uuid"]) if ref.get("uuid") else None
         mig = uuid if ref.get("mig") and uuid and uuid.startswith("MIG-") else None
         out.append(GpuReading(gi, uuid, ref.get("name"), mig, job_id, user,

@@ -41,6 +41,7 @@ TIMELINE_METRICS = ("util_pct", "sm_active_pct", "mem_used_bytes", "power_w")
 UTIL_THRESHOLDS_PCT = (5.0, 50.0)   # util_pct: time at or above these (idle = below 5 %)
 WASTE_FINDINGS_MAX = 64            # detections kept in the state (older ones counted in waste_findings_dropped)
 GAP_FACTOR = 2.0                    # a poll later than this x interval_s: the excess is gap time
+STRETCH_CARRY_S = 30.0              # a waste stretch rides over a pause this long at least (restart, stall, clock step)
 GPU_READ_KEYS = ("memory", "power_mw", "energy_mj", "sm_clock_mhz", "temperature_c",
                  "throttle_reasons", "pcie_tx_kbs", "pcie_rx_kbs", "nvlink_kib", "ecc_uncorrected", "xid_events",
                  "compute_processes")
@@ -211,6 +212,11 @@ def read_gpu(nv, ref: GpuRef, since_us: int | None, skip=(), leave_out=(), first
 
 def _lost(r: dict) -> NA | None:
     return next((v for v in r.values() if is_na(v) and v.code == GPU_IS_LOST), None)
+
+
+def stretch_gap_s(interval_s: float) -> float:
+    """The longest pause (s) the waste detector's stretches ride over: 2 polls, :data:`STRETCH_CARRY_S` at least."""
+    return max(GAP_FACTOR * interval_s, STRETCH_CARRY_S)
 
 
 def update_gpu(g: dict, r: dict, t_rel_s: float, dt_s: float, gap_s: float = 0.0,
@@ -512,7 +518,7 @@ class Sampler:
         self.idle_cfg = idle if idle is not None else IdleConfig()
         w = self.state.get("watch")
         if not (isinstance(w, list) and len(w) == len(self.refs)):
-            self.state["watch"] = [GpuWatch(str(r.gres_index), self.idle_cfg, None, GAP_FACTOR * interval_s,
+            self.state["watch"] = [GpuWatch(str(r.gres_index), self.idle_cfg, None, stretch_gap_s(interval_s),
                                             r.power_limit_w)
                                    for r in self.refs]
             self.state["waste_findings"] = []

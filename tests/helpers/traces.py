@@ -10,7 +10,7 @@ from pathlib import Path
 
 from gsrun.facts.nvml import NA
 from gsrun.facts.sampler_state import GpuRef
-from gsrun.node.sampler import GAP_FACTOR, new_gpu_state, update_gpu
+from gsrun.node.sampler import new_gpu_state, stretch_gap_s, update_gpu
 from gsrun.request.waste import GpuWatch, IdleConfig
 
 TRACES = Path(__file__).resolve().parents[1] / "data" / "traces"
@@ -41,7 +41,7 @@ def replay(trace: dict, cfg: IdleConfig) -> tuple[list[dict], GpuWatch, list[dic
     gpu = trace.get("gpu") or {}
     ref = GpuRef(0, 0, gpu.get("uuid"), None, gpu.get("name"), None, bool(gpu.get("mig")), bool(gpu.get("gpm")))
     g = new_gpu_state(ref, 100)
-    w = GpuWatch("0", cfg, None, GAP_FACTOR * float(trace["interval_s"]), gpu.get("power_limit_w"))
+    w = GpuWatch("0", cfg, None, stretch_gap_s(float(trace["interval_s"])), gpu.get("power_limit_w"))
     found, figures = [], []
     prev = None
     for p in trace["polls"]:

@@ -62,7 +62,7 @@ def test_exact_exposition_for_a_known_state():
              reading(1, 60, 350.0, 2 * GIB, 2_750_000, {"sm_active_pct": 40.0, "tensor_active_pct": 10.0}),
              reading(2, 80, 350.0, 4 * GIB, 4_500_000, {"sm_active_pct": 40.0, "tensor_active_pct": 10.0})]
     st = one_gpu_state(ref0(), polls)
-    st["watch"] = {"0": {"idle_since_s": 12.0}}
+    st["watch"] = [_Watch(12.0)]
     samples, _ = build_samples(st, "alice")
     labels = f'gpu="0",job_id="4242",node="gpu-node01",user="alice",uuid="{UUID0}"'
     assert render(samples).decode() == f"""\
@@ -159,18 +159,17 @@ class _Watch:
         self.idle_since_s = since
 
 
-def test_idle_flag_from_the_detector_state_in_any_of_its_forms():
-    st = {"watch": {"0": _Watch(120.0), "1": _Watch(None), "2": {"idle_since_s": None}, "3": {"other": 1}}}
-    assert [idle_flag(st, g, g) for g in range(5)] == [1.0, 0.0, 0.0, None, None]
-    assert idle_flag({"watch": [_Watch(None), _Watch(3.0)]}, 7, 1) == 1.0
-    assert idle_flag({}, 0, 0) is None
+def test_idle_flag_from_the_detector_state():
+    st = {"watch": [_Watch(120.0), _Watch(None), {"other": 1}]}
+    assert [idle_flag(st, i) for i in range(4)] == [1.0, 0.0, None, None]
+    assert idle_flag({}, 0) is None
 
 
 def test_lost_gpu_keeps_its_energy_but_no_gauges_or_idle_flag():
     st = one_gpu_state(ref0(gpm=False), [reading(0, 0, 300.0, GIB, 10_000), reading(1, 50, 300.0, GIB, 1_510_000)])
     s1, marks = build_samples(st, "u")
     st["gpus"][0]["lost_at_s"] = 7.0
-    st["watch"] = {"0": {"idle_since_s": None}}
+    st["watch"] = [_Watch(None)]
     s2, _ = build_samples(st, "u", marks)
     assert [(s.family, s.value) for s in s2] == [("gsrun_gpu_energy_joules_total", 1500.0)]
 

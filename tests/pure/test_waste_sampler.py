@@ -119,3 +119,23 @@ def test_detections_reach_the_final_report(tmp_path):
     assert by["gpu_idle"]["text"].startswith("GPU 0 on n1 was idle while the job ran (detected while the job "
                                              "ran, from 00:02:00 into the job, for at least 3 min)")
     assert by["gpu_idle"]["value"] == 3.0 and by["gpu_never_used"]["value"] == 5.0 and by["gpu_never_used"]["severity"] == "warn"
+
+
+@pytest.mark.parametrize("pause_s, found", [
+    (20.0, [("gpu_never_used", 0.0)]),                           # a daemon restart, a stalled node: one alert
+    (40.0, [("gpu_never_used", 0.0), ("gpu_idle", 48.0)]),      # longer than STRETCH_CARRY_S: a new stretch
+])
+def test_a_pause_in_the_polls_is_carried_over_up_to_stretch_carry_s(tmp_path, pause_s, found):
+    # interval 1 s (as the test cluster's): two missed polls must not start a second idle stretch
+    fake = FakeNvml(h200_data(1))
+    fake.set(0, "util_samples", NA("Not Supported", 3))
+    fake.set(0, "utilization", {"gpu": 0, "memory": 0})
+    fake.set(0, "power_mw", 70000)
+    clock = SimClock()
+    s = Sampler(HostFS(str(tmp_path)), "4242", 1000, "n1", [0], str(tmp_path / "sampler.json"), 1.0, 1e9, 100,
+                clock=clock, sleep=clock.sleep, nvml=fake, usage=lambda: (None, None, None, "test"),
+                idle=IdleConfig(warn_after_min=0.1))
+    for k in range(80):
+        s.sample_once()
+        clock.sleep(pause_s if k == 8 else 1.0)
+    assert [(f["code"], f["since_s"]) for f in s.state["waste_findings"]] == found
