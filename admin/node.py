@@ -34,7 +34,8 @@ from gsrun.admin.install import render_config_reference
 
 HOST_ROOT = click.option("--host-root", default=None, envvar="GSRUN_HOST_ROOT",
                          help="Read/write /proc and /sys under DIR (a recorded or fake tree).")
-STATE_DIR = click.option("--state-dir", default=None, envvar="GSRUN_STATE_DIR", help="State directory.")
+STATE_DIR = click.option("--state-dir", default=None, envvar="GSRUN_STATE_DIR",
+                         help="The node's state directory (default: paths.state_dir, /run/gsrun).")
 SPOOL_DIR = click.option("--spool-dir", default=None, envvar="GSRUN_SPOOL_DIR", help="Spool directory.")
 
 
@@ -225,10 +226,8 @@ def daemon():
 @daemon.command("run")
 @click.option("--socket", "socket_path", default=None, type=click.Path(dir_okay=False),
               help="Unix socket to listen on (default: <state dir>/daemon.sock).")
-@click.option("--state-dir", default=None, envvar="GSRUN_STATE_DIR", type=click.Path(file_okay=False),
-              help="The node's state directory (default /run/gsrun).")
-@click.option("--host-root", default=None, envvar="GSRUN_HOST_ROOT", type=click.Path(file_okay=False),
-              help="A fake host root for the monitor's NVML and /proc, /sys (tests).")
+@STATE_DIR
+@HOST_ROOT
 @click.option("--monitor/--no-monitor", default=True, show_default=True,
               help="Run the node monitor (NVML, sampling, Prometheus); --no-monitor on a slurmctld host "
                    "that runs no jobs.")
@@ -249,8 +248,7 @@ def daemon_run(socket_path, state_dir, host_root, monitor, node_name, metrics_po
 @daemon.command("status")
 @click.option("--socket", "socket_path", default=None, type=click.Path(dir_okay=False),
               help="The daemon's socket (default: <state dir>/daemon.sock).")
-@click.option("--state-dir", default=None, envvar="GSRUN_STATE_DIR", type=click.Path(file_okay=False),
-              help="The node's state directory (default /run/gsrun).")
+@STATE_DIR
 @click.option("--json", "as_json", is_flag=True, help="The daemon's answer as JSON.")
 def daemon_status(socket_path, state_dir, as_json):
     """Ask the daemon whether it runs and answers (exit 1 when not)."""

@@ -10,6 +10,10 @@
   (:func:`gsrun.request.waste.cancel_decision`), from its GPUs and the other
   nodes' fresh live files; ``on`` warns, then after ``idle.cancel_grace_min``
   runs ``scancel <id>`` once.
+
+The job record is read in :data:`SLURM_POOL`, waited for once up to
+:data:`SLURM_WAIT_S`: a slow or absent slurmctld never stalls the node's polls
+and hooks at every flush (``scancel``, once per job, runs in the loop).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+from concurrent import futures
 from contextlib import suppress
 from pathlib import Path
 
@@ -35,6 +40,8 @@ STALE_FACTOR = 3.0               # another node's live file older than this x li
 FINDING_WORDS = {"gpu_idle": "idle", "gpu_stuck_collective": "looks stuck in a collective (busy at idle power)",
                  "gpu_never_used": "not used by the job"}
 _METRIC_KEEP = ("n", "weight_s", "wsum", "min", "max", "gap_s", "vsum")
+SLURM_POOL = futures.ThreadPoolExecutor(4, "slurm")     # no thread before the first command (fork-safe)
+SLURM_WAIT_S = 1.0               # a job record that takes longer is taken at a later flush
 
 
 # ----------------------------------------------------------------------------- the live file (pure parts)
@@ -185,10 +192,6 @@ def _slurm_stdout(argv: list[str], timeout_s: float) -> str | None:
     return cp.stdout if cp.returncode == 0 and cp.stdout.strip() else None
 
 
-def _watches(state: dict) -> list:
-    return list(state.get("watch") or ())
-
-
 class LiveActions:
     """The sampler's while-the-job-runs effects (module doc); ``idle_cfg``
     None: only the live file. ``scancel``: ``job_id -> (ok, detail)``."""
@@ -214,6 +217,21 @@ class LiveActions:
         self.prolog: dict | None = None
         self.job: dict | None = None          # job fields from the job record, read once
         self._want_kick = False
+        self._record_call: futures.Future | None = None
+        self._record_waited = False
+
+    def _job_fields(self) -> dict | None:
+        """``job_record`` in :data:`SLURM_POOL` -> its answer, or None while it
+        runs (a later flush takes it) or when Slurm could not be asked (asked again)."""
+        if self._record_call is None:
+            self._record_call = SLURM_POOL.submit(self._job_record, self.job_id)
+            if not self._record_waited:       # only the first ask waits: a Slurm that stays down costs none
+                self._record_waited = True
+                futures.wait([self._record_call], SLURM_WAIT_S)
+        if not self._record_call.done():
+            return None
+        call, self._record_call = self._record_call, None
+        return call.result()
 
     # -- facts this node has
     def _prolog(self) -> dict | None:
@@ -270,10 +288,9 @@ class LiveActions:
 
     def node_idle_since(self, state: dict) -> float | None:
         """Epoch seconds since which all of this node's job GPUs are idle, or None."""
-        ws = _watches(state)
+        ws = state.get("watch")
         if not ws or self.idle_cfg is None:
             return None
-
         since = all_idle_since(ws)
         return None if since is None else float(state["start_time"]) + float(since)
 
@@ -292,7 +309,7 @@ class LiveActions:
 
     def _active_conditions(self, state: dict, new: list[dict]) -> set[str]:
         """The alert conditions that hold on this node now (still active, or new this flush)."""
-        codes = {d.get("code") for w in _watches(state) if hasattr(w, "active") for d in w.active}
+        codes = {d.get("code") for w in state.get("watch") or () if hasattr(w, "active") for d in w.active}
         codes |= {f.get("code") for f in new}
         return {CONDITIONS[c] for c in codes if c in CONDITIONS}
 
@@ -308,7 +325,7 @@ class LiveActions:
         del seen[:-256]       # bounded (the detector keeps at most 64 findings)
         fired = acts.setdefault("fired", {})
         raise_, rearm = alert_plan(fired, self._active_conditions(state, new))
-        if not _watches(state):
+        if not state.get("watch"):
             rearm = []        # no detector state: whether a condition cleared is unknown, so it stays fired
         for cond in rearm:
             fired[cond] = False
@@ -367,16 +384,13 @@ class LiveActions:
                 p.unlink()
 
     def _is_lead(self) -> bool | None:
-        job = (self._prolog() or {}).get("job") or {}
-        nodes = job.get("nodelist") or []
-        if not nodes:
-            return None
-        return nodes[0] == self.node
+        nodes = ((self._prolog() or {}).get("job") or {}).get("nodelist") or []
+        return nodes[0] == self.node if nodes else None
 
     def _cancel(self, state: dict, now: float) -> bool:
         cfg = self.idle_cfg
         acts = self._acts(state)
-        if cfg is None or acts["cancel"] is not None and acts["cancel"].get("action") == "cancel":
+        if cfg is None or acts["cancel"] is not None and acts["cancel"].get("action") in ("cancel", "cancel_failed"):
             return False
         mode = getattr(cfg, "cancel", "off")
         after = getattr(cfg, "cancel_after_min", None)
@@ -430,9 +444,9 @@ class LiveActions:
         if now - since < 60.0 * after:      # not due for any job yet (an interactive one has more grace)
             return "none", "not idle long enough"
         if self.job is None:
-            self.job = self._job_record(self.job_id)
+            self.job = self._job_fields()
         if self.job is None:
-            return None
+            return None     # Slurm not reachable, or not answered yet
         if self.job.get("unparsable") and not acts.get("unparsable_noted"):
             acts["unparsable_noted"] = True
             self.log.warn("idle cancel: the job's exemption fields do not parse as one record (a '|' or newline "

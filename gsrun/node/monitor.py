@@ -488,11 +488,11 @@ class Monitor:
             minor, uuid, name = self.devices.get(i, (None, None, None))
             mem, util = r.get("memory"), r.get("utilization")
             out.append(GpuReading(minor, uuid, name,
-                                  util_pct=_num(util.get("gpu")) if isinstance(util, dict) else None,
-                                  mem_used_bytes=_num(mem.get("used")) if isinstance(mem, dict) else None,
-                                  mem_total_bytes=_num(mem.get("total")) if isinstance(mem, dict) else None,
+                                  util_pct=_scaled(util.get("gpu")) if isinstance(util, dict) else None,
+                                  mem_used_bytes=_scaled(mem.get("used")) if isinstance(mem, dict) else None,
+                                  mem_total_bytes=_scaled(mem.get("total")) if isinstance(mem, dict) else None,
                                   power_w=_scaled(r.get("power_mw"), 1e-3),
-                                  temperature_c=_scaled(r.get("temperature_c"), 1.0),
+                                  temperature_c=_scaled(r.get("temperature_c")),
                                   energy_j=_scaled(r.get("energy_mj"), 1e-3)))
         return out
 
@@ -643,13 +643,9 @@ def _plain(v):
     return None if is_na(v) else v
 
 
-def _num(v) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-
-
-def _scaled(v, k: float) -> float | None:
-    x = _num(None if is_na(v) else v)
-    return None if x is None else x * k
+def _scaled(v, k: float = 1.0) -> float | None:
+    """``v`` x ``k`` when ``v`` is a number (not an NA, not a bool), else None."""
+    return float(v) * k if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
 def listen(path: str):

@@ -8,7 +8,9 @@ from __future__ import annotations
 import io
 import json
 import os
+import threading
 import time
+from concurrent import futures
 from types import SimpleNamespace
 
 import pytest
@@ -217,9 +219,11 @@ def test_live_reader_skips_foreign_names(tmp_path, bad):
 
 # ----------------------------------------------------------------------------- the opt-in cancel, real detector
 
-def _cancel_run(tmp_path, table: dict, record: dict | None, nodes=("n1",), polls=20, other_live=None):
+def _cancel_run(tmp_path, table: dict, record: dict | None, nodes=("n1",), polls=20, other_live=None,
+                record_at=None):
     """A job on a scripted GPU (busy 10 s, then idle) through the real Sampler + detector + LiveActions;
-    returns (scancel calls, final state, spool)."""
+    returns (scancel calls, final state, spool). ``record_at``: the simulated second at which Slurm
+    answers the job record (a busy controller); None: at once."""
     from gsrun.request.waste import IdleConfig
     from gsrun.node.sampler import Sampler
     from gsrun.facts.hostfs import HostFS
@@ -240,9 +244,20 @@ def _cancel_run(tmp_path, table: dict, record: dict | None, nodes=("n1",), polls
         fields = {**job_fields_from_record(record), "unparsable": False}
     else:                            # None: Slurm not reachable; NOT_EXEMPT: squeue's answer did not parse
         fields = record
-    s.live = LiveActions(spool, JOB, "n1", os.getuid(), idle, 30.0, clock=clock,
-                         job_record=lambda j: fields, scancel=lambda j: (calls.append((j, clock() - clock.t0)),
-                                                                          (True, "scancel accepted"))[1],
+    answered = threading.Event()
+
+    def job_record(j):     # (a loop that waits for it stops the clock: after 5 real s it answers)
+        answered.wait(None if record_at is None else 0 if clock() - clock.t0 >= record_at else 5.0)
+        return fields
+
+    def answer():          # at record_at: the answer is in before the next poll
+        answered.set()
+        call = s.live._record_call
+        futures.wait([call] if call else [], 5.0)
+
+    answered.set() if record_at is None else clock.at(record_at, answer)
+    s.live = LiveActions(spool, JOB, "n1", os.getuid(), idle, 30.0, clock=clock, job_record=job_record,
+                         scancel=lambda j: (calls.append((j, clock() - clock.t0)), (True, "scancel accepted"))[1],
                          kick=lambda: kicks.append(1), log=LineLog())
     final = s.run(max_samples=polls)
     return calls, final, spool
@@ -277,6 +292,21 @@ def test_idle_job_cancelled_once_after_the_limit_with_reason(tmp_path):
     doc = read_live_docs(spool / "jobs" / JOB)["n1"]
     assert doc["cancel"]["action"] == "cancel" and doc["alerts"][-1].startswith(f"job {JOB} cancelled: ")
     assert doc["alerts"][0].startswith("GPU 0 on n1 idle since ")
+
+
+def test_a_busy_controller_never_stalls_the_polls(tmp_path, monkeypatch):
+    # the job record, asked at the flush of t = 35 s (due), answers at t = 47 s: the polls go on
+    # meanwhile, the flush at 50 s takes the answer and warns, the cancel follows the grace after it
+    from gsrun.node import live
+    monkeypatch.setattr(live, "SLURM_WAIT_S", 0.05)
+    calls, final, spool = _cancel_run(tmp_path, ON, REC, polls=30, record_at=47.0)
+    assert [(a["action"], a["time"] - 1_760_000_000.0) for a in final["actions"]] == [
+        ("alert_mailed", 15.0), ("cancel_warned", 50.0), ("cancel_requested", 65.0), ("cancel_done", 65.0)]
+    assert calls == [(JOB, 65.0)] and final["samples"] > 20
+    assert sorted(p.name for p in (spool / "alerts" / "new").iterdir()) == [
+        f"{JOB}.cancel.json", f"{JOB}.idle.json", f"{JOB}.warning.json"]
+    assert sorted(p.name for p in (spool / "alerts" / "new").iterdir()) == [
+        f"{JOB}.cancel.json", f"{JOB}.idle.json", f"{JOB}.warning.json"]
 
 
 def test_exempt_partition_and_report_mode_never_scancel(tmp_path):

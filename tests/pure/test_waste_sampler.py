@@ -73,8 +73,11 @@ def test_restart_continues_the_stretch(tmp_path):
     s.flush()
     assert s.state["waste_findings"][0]["code"] == "gpu_never_used"
     assert len(s.state["waste_findings"]) == 1
+    saved = json.loads((tmp_path / "sampler.json").read_text())
+    saved["watch"][0]["max_gap_s"] = 10.0         # an older gsrun's state: this gsrun's carry applies
+    (tmp_path / "sampler.json").write_text(json.dumps(saved))
     s2 = _sampler(tmp_path, fake, clock)          # a restarted sampler reads the state file
-    assert s2.state["watch"][0].idle_since_s == 120.0
+    assert s2.state["watch"][0].idle_since_s == 120.0 and s2.state["watch"][0].max_gap_s == 30.0
     st = s2.run(max_samples=N - 31)
     assert [(f["code"], f["since_s"], f["detected_s"]) for f in st["waste_findings"]] == \
         [("gpu_never_used", 0.0, 60.0), ("gpu_idle", 120.0, 180.0)]
