@@ -93,7 +93,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
 
     from gsrun.facts.hostfs import HostFS
-    from gsrun.node.metrics_textfile import TextfileExporter, file_name, remove_job_file, user_label
+    from gsrun.node.metrics_textfile import FILE_MODE, TextfileExporter, file_name, remove_job_file, user_label
     from gsrun.node.sampler import Sampler
     from gsrun.node.live import LiveActions
     from gsrun.facts.live import read_live_docs
@@ -156,7 +156,7 @@ def main() -> int:
         c["idle_flag_1"] = idle.get("gsrun_gpu_idle") == 1.0
         c["energy_rises"] = idle.get("gsrun_gpu_energy_joules_total", 0) > \
             busy.get("gsrun_gpu_energy_joules_total", float("inf")) > 0
-        c["mode_0644"] = res["mode_octal"] == "0o644"
+        c["mode_default"] = res["mode_octal"] == oct(FILE_MODE)     # metrics.textfile_mode's default, 0640
         c["removed_nothing_left"] = res["removed"] == [file_name(JOB)] and res["left"] == []
         lb, li = res["live_busy"], res["live_idle"]
         c["live_running_busy"] = lb["state"] == "RUNNING" and (lb["util_pct"] or 0) >= 80 and not lb["alerts"]
