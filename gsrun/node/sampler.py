@@ -518,13 +518,11 @@ class Sampler:
         self.idle_cfg = idle if idle is not None else IdleConfig()
         w = self.state.get("watch")
         if not (isinstance(w, list) and len(w) == len(self.refs)):
-            self.state["watch"] = [GpuWatch(str(r.gres_index), self.idle_cfg, None, stretch_gap_s(interval_s),
-                                            r.power_limit_w)
-                                   for r in self.refs]
+            self.state["watch"] = [GpuWatch(str(r.gres_index), self.idle_cfg) for r in self.refs]
             self.state["waste_findings"] = []
-        for watch, r in zip(self.state["watch"], self.refs):
+        for watch, r in zip(self.state["watch"], self.refs):     # a new watch's, or a restored one's
             watch.power_limit_w = r.power_limit_w      # not in the watch's state: the ref holds it
-            watch.max_gap_s = stretch_gap_s(interval_s)    # this interval's, not a restored state's
+            watch.max_gap_s = stretch_gap_s(interval_s)    # this interval's, not the restored state's
         self.state.setdefault("waste_findings", [])
         self.procs = JobProcs(job_id, uid, node)
         self._cg = None
