@@ -21,9 +21,12 @@ Protocol (Unix stream socket, integers big-endian):
 * daemon -> client: ``F`` (re-executing: try again), ``E`` and a line (refused:
   why) or ``R`` (ready); the client answers ``G`` within 2 s, else nothing
   starts. Then ``S`` from the forked child before anything else (a close
-  before ``S``: nothing ran), and ``X`` with the ``i32`` wait status. A client
-  that goes away (slurmd past ``PrologEpilogTimeout``) has the hook's process
-  group killed.
+  before ``S``: nothing ran), and ``X`` with the ``i32`` wait status: sent by
+  the child as it exits (its exit status), then by the daemon when it reaps
+  the child (the one a client reads when the child died first). A client
+  that goes away (slurmd past ``PrologEpilogTimeout``, or done after ``X``)
+  has the hook's process group killed, as slurmd kills a hook's process
+  group when it ends.
 * ``["@ping"]`` (no descriptors): one JSON line (:meth:`NodeDaemon.status`).
 * ``["@bind"]`` (no descriptors) with slurmstepd's :data:`STEPD_ENV`, then
   ``["@step", ...]`` with the job's environment: the step's plan
@@ -55,7 +58,7 @@ from gsrun.base import unixsock
 from gsrun.base.errors import NodeError
 from gsrun.base.paths import DAEMON_SOCKET_NAME, DEFAULT_STATE_DIR
 from gsrun.epilog.ctld_start import merge_command
-from gsrun.admin.node_entry import HOOK_BOOTSTRAP, parse_hook_args
+from gsrun.admin.node_entry import HOOK_BOOTSTRAP, parse_hook_args, run_hook
 
 MAGIC = "GSH1"
 MAX_REQUEST_BYTES = 1 << 20     # an environment of ~1 MiB: far above slurmd's (a few KiB)
@@ -316,35 +319,47 @@ def _close_from(low: int, keep: int = -1) -> None:
 def _child(args: list[str], env: dict[str, str], umask: int, fds: list[int], conn,
            client_pid: int | None = None) -> None:
     """In the forked child: send ``S``, become what slurmd's hook process would
-    be (:func:`join_client`, :func:`_become`), run the hook, exit."""
+    be (:func:`join_client`, :func:`_become`), run the hook, answer ``X`` and exit
+    (:func:`_answer_and_exit`)."""
     rc = 70
     try:
         conn.setblocking(True)
         conn.sendall(STARTED)
         notes = join_client(client_pid) if client_pid else []
-        _become(fds, umask, env)
+        _become(fds, umask, env, keep=conn.fileno())   # the client's connection: X at the end
         for note in notes:
             os.write(2, f"gsrun: daemon: {note}\n".encode())
-        from gsrun.admin.node_entry import main
-
-        main(args)      # ends the process itself (exit_now / sys.exit)
-        rc = 0
+        rc = run_hook(parse_hook_args(args))
     except SystemExit as e:
         rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except BaseException as e:  # noqa: BLE001 - never back into the daemon's loop
         with suppress(OSError):
             os.write(2, f"gsrun: daemon: hook failed in the daemon's child: {e!r}\n".encode())
-        rc = 0          # a bug of ours must not drain the node (as node_entry.main)
+        rc = 0          # a bug of ours must not drain the node (as node_entry.run_hook)
     finally:
-        from gsrun.base.errors import exit_now
-
-        exit_now(rc)        # flush stdout/stderr, then _exit: never back into the caller
+        _answer_and_exit(conn, rc)      # never back into the caller
 
 
-def _become(fds: list[int], umask: int, env: dict[str, str]) -> None:
+def _answer_and_exit(conn, rc: int) -> None:
+    """End the hook's process: flush stdout/stderr, put ``/dev/null`` on 0-2
+    (slurmd's pipe then ends with the client, not with this process's
+    teardown), send the client ``X`` and ``rc`` as a wait status, ``_exit``."""
+    for f in (sys.stdout, sys.stderr):
+        with suppress(OSError, ValueError, AttributeError):
+            f.flush()
+    with suppress(OSError):
+        null = os.open("/dev/null", os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+    with suppress(OSError):
+        conn.sendall(EXITED + ((rc & 0xFF) << 8).to_bytes(4, "big", signed=True))
+    os._exit(rc & 0xFF)
+
+
+def _become(fds: list[int], umask: int, env: dict[str, str], keep: int = -1) -> None:
     """Make this forked child what a fresh process would be: its own session,
-    signals as a fresh interpreter's, ``fds`` as 0-2 and no other descriptor,
-    ``umask``, cwd ``/``, exactly ``env``."""
+    signals as a fresh interpreter's, ``fds`` as 0-2 and no other descriptor
+    but ``keep`` (close-on-exec), ``umask``, cwd ``/``, exactly ``env``."""
     import fcntl
 
     os.setsid()
@@ -352,7 +367,7 @@ def _become(fds: list[int], umask: int, env: dict[str, str]) -> None:
     high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 3) for fd in fds]  # none of them is 0-2 while moved
     for i, fd in enumerate(high):
         os.dup2(fd, i)
-    _close_from(3)
+    _close_from(3, keep=keep)
     os.umask(umask)
     os.chdir("/")
     os.environ.clear()
@@ -804,6 +819,9 @@ class NodeDaemon:
         self.merges.add(self._watch(None, pid))
 
     def _client_readable(self, conn, pidfd: int) -> None:
+        entry = self.running.get(pidfd)
+        if entry is None or entry[0] is not conn:
+            return      # the hook was reaped earlier in this round (its X sent, conn closed)
         try:
             data = conn.recv(64)
         except BlockingIOError:
@@ -812,15 +830,14 @@ class NodeDaemon:
             data = b""
         if data:
             return      # nothing is expected from a client now; ignore
-        # the client is gone (slurmd killed it: PrologEpilogTimeout): the hook goes too
-        entry = self.running.get(pidfd)
+        # the client is gone (done after the hook's X, or killed by slurmd: PrologEpilogTimeout):
+        # the hook's process group goes too
         self.sel.unregister(conn)
-        if entry:
-            # the group, and the child alone when not yet past its setsid() (unreaped: still ours)
-            for kill in (os.killpg, os.kill):
-                with suppress(OSError):
-                    kill(entry[1], signal.SIGKILL)
-            self.running[pidfd] = (None, entry[1])
+        # the group, and the child alone when not yet past its setsid() (unreaped: still ours)
+        for kill in (os.killpg, os.kill):
+            with suppress(OSError):
+                kill(entry[1], signal.SIGKILL)
+        self.running[pidfd] = (None, entry[1])
         conn.close()
 
     def _reap(self, pidfd: int) -> None:
@@ -868,7 +885,8 @@ def _refuse(conn, why: str) -> None:
 
 
 def _send_exit(conn, status: int) -> None:
-    """Send the client ``X`` and the hook's wait status, then close ``conn``."""
+    """Send the client ``X`` and the hook's wait status, then close ``conn`` (a
+    client that read the hook's own ``X`` has returned already: unread)."""
     with suppress(OSError):
         conn.setblocking(True)
         conn.settimeout(0.5)

@@ -161,7 +161,9 @@ def _summary(c: Ctx) -> dict:
         paths.make_spool_job(job.job_id, log=log.warn, gid=job.gid)
         text = json_text(summ)        # one serialization, two copies (root's and the user's)
         atomic_write(out, text, mode=0o600)
-        write_user_copy(paths.spool_job(job.job_id) / f"user-node-{job.node}.json", text, job.gid)
+        # root's copy is the durable record; the user's is not fsync'd (a crash may lose it)
+        write_user_copy(paths.spool_job(job.job_id) / f"user-node-{job.node}.json", text, job.gid,
+                        durable=False)
         with suppress(FileNotFoundError):   # the final node summary replaces the running job's live file
             os.unlink(paths.spool_job(job.job_id) / f"user-live-{job.node}.json")
     except (OSError, GsrunError) as e:

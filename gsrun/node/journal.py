@@ -109,12 +109,16 @@ class Journal:
                        "written_unix": round(time.time(), 3), "pid": os.getpid()}
         atomic_write_json(self.path, doc, mode=MODE, uid=self.uid)
 
-    def remove(self) -> None:
-        """Delete the journal (absent is fine), fsync'ing its directory."""
+    def remove(self, durable: bool = True) -> None:
+        """Delete the journal (absent is fine), fsync'ing its directory
+        (``durable=False``: not; a crash of the machine may bring it back,
+        as a journal of an earlier boot)."""
         try:
             os.unlink(self.path)
         except FileNotFoundError:
             return          # nothing removed: nothing to make durable
+        if not durable:
+            return
         with suppress(OSError):
             dfd = os.open(self.path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
             try:

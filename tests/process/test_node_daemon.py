@@ -500,8 +500,9 @@ if mode == "merge":                 # every epilog-ctld starts a merge that take
     server._merge_of = lambda args, env: (["python", "-m", "gsrun.epilog.ctld"], {})
     server._merge_child = merge
 if mode == "probe":
-    import gsrun.admin.node_entry
-    gsrun.admin.node_entry.main = probe
+    server.run_hook = probe
+elif mode == "status":              # the hook runs 0.5 s and ends with 3
+    server.run_hook = lambda a: (time.sleep(0.5), 3)[1]
 elif mode == "broken":
     server._child = broken
 else:
@@ -527,6 +528,27 @@ def patched_daemon(tmp_path, mode: str):
         time.sleep(0.05)
     assert os.path.exists(sock), log.read_text()
     return p, sock, marker, log
+
+
+def test_the_hooks_own_process_answers_its_status(client, tmp_path):
+    """The hook's process sends X itself as it ends: its status reaches the client while
+    the daemon cannot answer (stopped here) and before the daemon has reaped it."""
+    import psutil
+
+    p, sock, marker, log = patched_daemon(tmp_path, "status")
+    c = subprocess.Popen([client, sock, "epilog"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd="/")
+    try:
+        deadline = time.monotonic() + 10
+        while not psutil.Process(p.pid).children() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert psutil.Process(p.pid).children(), log.read_text()
+        os.kill(p.pid, signal.SIGSTOP)
+        assert c.wait(timeout=10) == 3, (c.stderr.read(), log.read_text())
+    finally:
+        os.kill(p.pid, signal.SIGCONT)
+        c.kill()
+        p.kill()
+        p.wait()
 
 
 def test_a_hook_the_daemon_cannot_watch_still_runs_once_and_its_status_comes_back(client, tmp_path):
@@ -966,8 +988,8 @@ def _readable(s) -> bool:
 @pytest.mark.skipif(os.geteuid() != 0, reason="the tuned prolog reads the job record as root does")
 def test_a_daemon_killed_mid_job_loses_no_setting_and_no_figure(client, tmp_path):
     """SIGKILL the daemon while a tuned job's prolog runs, and again while the job runs:
-    the prolog finishes on its own (its child is in its own session; the client says the
-    status is unknown and exits 0); the node monitor ends with its daemon; an epilog while
+    the prolog finishes on its own (its child is in its own session and holds the client's
+    connection: the client gets the prolog's own status); the node monitor ends with its daemon; an epilog while
     no daemon runs fails without running anything (the node drains); the restarted
     daemon's monitor takes the job up from its state (the time without a monitor counted
     as gap, the samples before it kept), and the epilog through it restores every setting
@@ -993,14 +1015,14 @@ def test_a_daemon_killed_mid_job_loses_no_setting_and_no_figure(client, tmp_path
         assert a.children(), "the prolog never started"
         a.proc.kill()                       # mid-prolog
         a.proc.wait()
-        assert p.wait(timeout=60) == 0
-        err = (tmp_path / "prolog.err").read_text()
-        assert "the node daemon went away while the hook ran" in err, err
         deadline = time.monotonic() + 30
         while _alive(mon_pid) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not _alive(mon_pid), "the monitor outlived its daemon"
         b = Running(tmp_path, site)         # systemd's Restart=always
+        assert p.wait(timeout=60) == 0      # the prolog's own status, once it began sampling
+        err = (tmp_path / "prolog.err").read_text()
+        assert "the node daemon went away while the hook ran" not in err and "prolog: done in" in err, err
         sdir = site.state / "jobs" / "5201"
         deadline = time.monotonic() + 60    # the prolog's own process goes on to its end
         while not (sdir / "monitor.json").exists() and time.monotonic() < deadline:

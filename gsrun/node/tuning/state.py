@@ -93,5 +93,5 @@ def _write_json(path: Path, obj, hostfs=None) -> None:
                         hint="state dir full or read-only?") from None
 
 
-def _unlink(path: Path) -> None:
-    Journal(path, "tuning").remove()
+def _unlink(path: Path, durable: bool = True) -> None:
+    Journal(path, "tuning").remove(durable)
