@@ -12,10 +12,10 @@ from __future__ import annotations
 import os
 import time
 from contextlib import suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gsrun.base.errors import GsrunError
-from gsrun.base.fsutil import atomic_write, atomic_write_json, json_text, read_json, remove_tree, write_user_copy
+from gsrun.base.fsutil import atomic_write, json_text, read_json, remove_tree, write_user_copy
 from gsrun.base.ids import is_job_id
 from gsrun.base.log import JobLog, safe_text
 from gsrun.base.paths import Paths
@@ -28,7 +28,7 @@ from gsrun.node.metrics_textfile import remove_job_file
 from gsrun.node.mig_nvml import RealMig
 from gsrun.node.steps import CLEANUP, Step, drain_node, run_steps
 from gsrun.report.node_end import node_settings
-from gsrun.report.summary import node_summary
+from gsrun.report.summary import node_record
 from gsrun.request.config import load_config_or_defaults
 
 STEP_RESERVE_S = 5.0
@@ -141,25 +141,23 @@ def _summary(c: Ctx) -> dict:
     prolog = read_json(paths.spool_job(job.job_id) / f"prolog-{job.node}.json") or {}
     env = job.to_dict()
     env["prolog_time"] = prolog.get("prolog_time")
-    end_time = time.time()
     state = read_json(sdir / "sampler.json")
-    summ, nvml_error, from_state = node_summary(state, env, end_time), (state or {}).get("nvml_error"), \
-        state is not None
-    if not summ.get("gpu_available") and (not from_state or nvml_error):
+    summ = node_record(state, env, time.time())
+    gpu_reason, nvml_error = summ.gpu_reason, (state or {}).get("nvml_error")
+    if not summ.gpu_available and (state is None or nvml_error):
         why = nvml_error or _nvml_reason(hostfs, prolog)
         if why:
-            summ["gpu_reason"] = why
+            gpu_reason = why
             log.error(f"GPU section unavailable: {why}")
-    summ["sampler_stop"] = stopped
-    summ["mem_total_bytes"] = hostfs.mem_total_bytes()
-    summ["request"] = prolog.get("request")
     notes = read_task_notes(str(paths.spool_dir), job.job_id, job.node, job.uid) if job.uid > 0 else None
-    summ["settings"] = node_settings(prolog, notes)     # None: no prolog record, settings unknown
-    lost = [g["index"] for g in summ["gpus"] if g.get("lost_at_s") is not None]
+    summ = replace(summ, gpu_reason=gpu_reason, sampler_stop=stopped, mem_total_bytes=hostfs.mem_total_bytes(),
+                   request=prolog.get("request"),
+                   settings=node_settings(prolog, notes))      # None: no prolog record, settings unknown
+    lost = [g.index for g in summ.gpus if g.lost_at_s is not None]
+    text = json_text(summ.to_json())    # one serialization, two copies (root's and the user's)
     out = paths.spool_job(job.job_id) / f"node-{job.node}.json"
     try:
         paths.make_spool_job(job.job_id, log=log.warn, gid=job.gid)
-        text = json_text(summ)        # one serialization, two copies (root's and the user's)
         atomic_write(out, text, mode=0o600)
         # root's copy is the durable record; the user's is not fsync'd (a crash may lose it)
         write_user_copy(paths.spool_job(job.job_id) / f"user-node-{job.node}.json", text, job.gid,
@@ -170,12 +168,12 @@ def _summary(c: Ctx) -> dict:
         # spool full or broken: keep the summary on the node (state dir), nothing is lost
         log.error(f"cannot write the node summary to the spool: {safe_text(e)}; kept in {sdir}")
         try:
-            atomic_write_json(sdir / f"node-{job.node}.json.pending", summ, mode=0o600)
+            atomic_write(sdir / f"node-{job.node}.json.pending", text, mode=0o600)
         except (OSError, GsrunError) as e2:
             log.error(f"cannot keep the summary in {sdir} either: {safe_text(e2)}")
-        return {"sampler": stopped, "summary": None, "error": safe_text(e), "samples": summ["samples"],
+        return {"sampler": stopped, "summary": None, "error": safe_text(e), "samples": summ.samples,
                 "lost_gpus": lost}
-    return {"sampler": stopped, "summary": str(out), "samples": summ["samples"], "lost_gpus": lost}
+    return {"sampler": stopped, "summary": str(out), "samples": summ.samples, "lost_gpus": lost}
 
 
 def _mps_stop(c: Ctx):

@@ -60,7 +60,7 @@ def live_doc(state_json: dict, job_env: dict, now: float, all_idle_since: float 
              findings: list[dict], alerts: list[str], cancel: dict | None) -> dict:
     """The live node file's content. Pure. ``state_json``: the sampler state
     (timelines dropped here); ``job_env``: what
-    :func:`gsrun.report.summary.node_summary` needs; ``all_idle_since``: epoch
+    :func:`gsrun.report.summary.node_record` needs; ``all_idle_since``: epoch
     s since every GPU here is idle, or None. Shape::
 
         {"kind": "live", "version": 1, "job_id", "node", "written": epoch s,

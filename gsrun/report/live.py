@@ -10,7 +10,7 @@ section::
 
 from __future__ import annotations
 
-from gsrun.report.summary import job_summary, node_summary
+from gsrun.report.summary import job_summary, node_record
 
 
 def live_summary(job_id: str, live: dict[str, dict], finished: list[dict] | None = None,
@@ -26,8 +26,8 @@ def live_summary(job_id: str, live: dict[str, dict], finished: list[dict] | None
     for d in docs:
         st = d["state"]
         try:
-            nodes.append(node_summary(st, dict(d.get("job_env") or {}, node=d["node"], job_id=job_id),
-                                      float(st.get("last_time") or d["written"])))
+            nodes.append(node_record(st, dict(d.get("job_env") or {}, node=d["node"], job_id=job_id),
+                                     float(st.get("last_time") or d["written"])).to_json())
         except (ValueError, TypeError, KeyError):
             continue      # a live file of another shape: that node is missing from the view
     if len(nodes) == len(finished):

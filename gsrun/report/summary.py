@@ -136,10 +136,6 @@ def gpu_record(g: GpuState, node: str, nvml_error: str | None = None) -> GpuSumm
     )
 
 
-def node_summary(state: SamplerState | dict | None, job_env: dict, end_time: float) -> dict:
-    return node_record(state, job_env, end_time).to_json()
-
-
 def node_record(state: SamplerState | dict | None, job_env: dict, end_time: float) -> NodeSummary:
     """The epilog's summary of one node. ``state``: ``sampler.json`` (None:
     no sampler ran); ``job_env``: :mod:`gsrun.facts.jobenv`; ``end_time``: epoch s.
@@ -256,7 +252,7 @@ def _sig(x: float) -> float:
 def job_summary(job: dict, nodes: list[dict | NodeSummary], cfg=None, partition: str | None = None,
                 timeline: JobTimeline | None = None) -> dict:
     """The job summary's JSON form (:class:`~gsrun.report.records.JobSummary`). ``job``: JobInfo's fields,
-    any None but ``id``; ``nodes``: :func:`node_summary` results. Above :data:`KEEP_GPU_TIMELINES` GPUs (or
+    any None but ``id``; ``nodes``: :func:`node_record` results. Above :data:`KEEP_GPU_TIMELINES` GPUs (or
     with ``timeline``, filled by :func:`strip_timelines`) the devices' timelines go to ``gpu.timeline``."""
     nodes = sorted((n.to_json() if isinstance(n, NodeSummary) else n for n in nodes), key=lambda n: n["node"])
     seen = {n["node"] for n in nodes}

@@ -5,9 +5,9 @@
 
 Generates, per size, a job spool of N nodes x 8 GPUs with 24 h of samples:
 ``<spool>/jobs/<id>/node-<node>.json`` in the node epilog's format. The
-files are built directly, not through :func:`gsrun.report.summary.node_summary`
+files are built directly, not through :func:`gsrun.report.summary.node_record`
 (running the sampler for 24 h x 8 GPUs x 4,000 nodes would take hours): one
-node file of ``tests/data/summaries/two-nodes`` (a real ``node_summary``
+node file of ``tests/data/summaries/two-nodes`` (a real ``node_record``
 output) gives the keys, each GPU's timelines are real
 :class:`gsrun.facts.aggregate.Timeline` series fed one value per
 ``sampler.interval_s`` (5 s) for 24 h (so the downsampled size a real

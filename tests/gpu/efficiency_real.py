@@ -8,7 +8,7 @@ validation").
 Two controlled loads, each in its own process (torch), sampled by gsrun's own
 sampler (:class:`gsrun.node.sampler.Sampler` with the real NVML backend, driven
 here with ``sample_once`` every ``--interval-s``), then summarised by
-:func:`gsrun.report.summary.node_summary` / :func:`job_summary` with findings:
+:func:`gsrun.report.summary.node_record` / :func:`job_summary` with findings:
 
 * ``burst``: 8192x8192 bf16 matmuls for ~200 ms (the count calibrated first),
   then idle until the 400 ms period ends: the GPU busy ~50 % of the time. The
@@ -110,7 +110,7 @@ def measure(mode: str, window_s: float, interval_s: float, tmp: Path) -> dict:
     from gsrun.facts.hostfs import HostFS
     from gsrun.node.sampler import Sampler
     from gsrun.request.config import parse_config
-    from gsrun.report.summary import job_summary, node_summary
+    from gsrun.report.summary import job_summary, node_record
 
     # a short measurement window: the site setting that withholds advice for
     # jobs under 60 s is set to 0 so the findings are computed
@@ -143,8 +143,8 @@ def measure(mode: str, window_s: float, interval_s: float, tmp: Path) -> dict:
         res["load_end"] = json.loads(load.stdout.readline())
         load.wait(30)
         st = s.snapshot() if hasattr(s, "snapshot") else s.state   # the flushed (JSON) form
-        node = node_summary(st, {"node": "h200", "job_id": job, "cpus_on_node": os.cpu_count(), "gpus": [0]},
-                            st["last_time"])
+        node = node_record(st, {"node": "h200", "job_id": job, "cpus_on_node": os.cpu_count(), "gpus": [0]},
+                            st["last_time"]).to_json()
         summ = job_summary({"id": job, "nodes": ["h200"], "state": "COMPLETED", "exit_code": 0,
                             "elapsed_s": st["last_time"] - st["start_time"]}, [node], cfg)
         g = node["gpus"][0]

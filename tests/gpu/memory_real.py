@@ -6,7 +6,7 @@
 Standalone, under 3 minutes, changes no GPU setting (no MIG, compute mode,
 clocks, persistence, ECC or reset). Uses gsrun's own sampler
 (:class:`gsrun.node.sampler.Sampler`, real NVML) and summary
-(:func:`gsrun.report.summary.node_summary`) on one idle GPU:
+(:func:`gsrun.report.summary.node_record`) on one idle GPU:
 
 1. ``idle``: no process on the GPU, sampled for ``--window-s``. Expect the
    summary's ``mem_peak_bytes`` ~0 (at most 1 % of the GPU's memory: the
@@ -60,7 +60,7 @@ def _sample(nv, minor: int, window_s: float, usage) -> dict:
     from gsrun.facts.hostfs import HostFS
     from gsrun.node.monitor import read_mem_baseline
     from gsrun.node.sampler import Sampler
-    from gsrun.report.summary import node_summary
+    from gsrun.report.summary import node_record
 
     with tempfile.TemporaryDirectory() as d:
         base = read_mem_baseline(nv, [minor])
@@ -71,8 +71,8 @@ def _sample(nv, minor: int, window_s: float, usage) -> dict:
             s.sample_once()
             time.sleep(0.5)
         s.sample_once()
-        summ = node_summary(s.snapshot(), {"node": "gpu-check", "job_id": JOB_ID, "cpus_on_node": 1,
-                                           "gpus": [minor]}, time.time())
+        summ = node_record(s.snapshot(), {"node": "gpu-check", "job_id": JOB_ID, "cpus_on_node": 1,
+                                           "gpus": [minor]}, time.time()).to_json()
     return summ["gpus"][0]
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from gsrun.facts.hostfs import HostFS
 from gsrun.facts.nvml import FakeNvml, Seq
 from gsrun.node.sampler import Sampler
-from gsrun.report.summary import job_summary, node_summary
+from gsrun.report.summary import job_summary, node_record
 
 REPO = Path(__file__).resolve().parents[2]
 H200 = REPO / "tests" / "data" / "hosts" / "h200-vm" / "nvml.json"
@@ -124,7 +124,7 @@ def run_job(sampler, n_polls: int) -> dict:
 
 def node_of(state: dict, elapsed_s: float, cpus: int | None = 8, gpus=None, node: str = "n1") -> dict:
     env = {"node": node, "job_id": state["job_id"], "cpus_on_node": cpus, "gpus": gpus or []}
-    return node_summary(state, env, state["start_time"] + elapsed_s)
+    return node_record(state, env, state["start_time"] + elapsed_s).to_json()
 
 
 def job_of(node_summaries: list[dict], elapsed_s: float, **job) -> dict:

@@ -123,7 +123,7 @@ def test_not_supported_is_polled_once_and_noted_once(tmp_path):
     from gsrun.facts.hostfs import HostFS
     from gsrun.facts.nvml import NA, FakeNvml, Seq
     from gsrun.node.sampler import Sampler
-    from gsrun.report.summary import node_summary
+    from gsrun.report.summary import node_record
 
     nv = FakeNvml(nvml_devices(2))
     nv.set(1, "energy_mj", Seq([NA("Unknown Error", 999), NA("Unknown Error", 999),
@@ -143,8 +143,8 @@ def test_not_supported_is_polled_once_and_noted_once(tmp_path):
     assert [n for n in s.state["notes"] if "energy counter" in n] == [
         "GPU 0: energy counter (nvmlDeviceGetTotalEnergyConsumption) Not Supported: energy estimated from "
         "power samples"]
-    summ = node_summary(s.snapshot(), {"node": "n1", "job_id": "4242", "cpus_on_node": 1, "gpus": [0, 1]},
-                        t[0])
+    summ = node_record(s.snapshot(), {"node": "n1", "job_id": "4242", "cpus_on_node": 1, "gpus": [0, 1]},
+                        t[0]).to_json()
     g0, g1 = summ["gpus"]
     assert g0["energy_estimated"] is True and g0["energy_j"] == pytest.approx(100.0 * 5)   # 100 W x 5 s
     assert "energy_estimated" not in g1 and g1["energy_j"] == pytest.approx(6.0)           # (7000-1000) mJ

@@ -7,7 +7,7 @@ import json
 
 from gsrun.base.paths import Paths
 from gsrun.epilog.ctld import merge
-from gsrun.report.summary import node_summary
+from gsrun.report.summary import node_record
 
 
 def test_missing_node_waited_with_backoff_then_reported(tmp_path):
@@ -15,13 +15,14 @@ def test_missing_node_waited_with_backoff_then_reported(tmp_path):
     d = paths.spool_job("91")
     d.mkdir(parents=True)
     for n in ("a1", "a2"):
-        (d / f"node-{n}.json").write_text(json.dumps(node_summary(None, {"job_id": "91", "node": n}, 100.0)))
+        (d / f"node-{n}.json").write_text(json.dumps(node_record(None, {"job_id": "91", "node": n}, 100.0).to_json()))
     pauses = []
 
     def sleep(s):
         pauses.append(s)
         if len(pauses) == 3:      # a3's epilog writes late: taken at the next look
-            (d / "node-a3.json").write_text(json.dumps(node_summary(None, {"job_id": "91", "node": "a3"}, 100.0)))
+            a3 = node_record(None, {"job_id": "91", "node": "a3"}, 100.0)
+            (d / "node-a3.json").write_text(json.dumps(a3.to_json()))
 
     job = {"id": "91", "nodes": ["a1", "a2", "a3", "a4"]}
     out = merge(paths, job, None, wait_s=1.0, sleep=sleep)
@@ -39,7 +40,7 @@ def test_each_node_file_is_parsed_once_and_the_real_wait_is_bounded(tmp_path, mo
     d = paths.spool_job("92")
     d.mkdir(parents=True)
     for n in ("b1", "b2"):
-        (d / f"node-{n}.json").write_text(json.dumps(node_summary(None, {"job_id": "92", "node": n}, 100.0)))
+        (d / f"node-{n}.json").write_text(json.dumps(node_record(None, {"job_id": "92", "node": n}, 100.0).to_json()))
     reads: list[str] = []
     real = ctld.read_json
     monkeypatch.setattr(ctld, "read_json", lambda p: reads.append(p.name) or real(p))
@@ -60,7 +61,7 @@ def test_a_node_file_of_an_earlier_job_with_the_same_id_is_not_merged(tmp_path):
     d.mkdir(parents=True)
 
     def node(n, start):
-        s = node_summary(None, {"job_id": "93", "node": n}, start + 10.0)
+        s = node_record(None, {"job_id": "93", "node": n}, start + 10.0).to_json()
         s["start_time"] = start
         return json.dumps(s)
 

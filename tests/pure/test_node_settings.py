@@ -44,9 +44,14 @@ def prolog_record(irq_action="refused", irq_reason="irqbalance runs without gsru
     return rec
 
 
+def _json(settings):
+    """node_settings' records in their JSON form, as a node summary holds them (None stays None)."""
+    return None if settings is None else [s.to_json() for s in settings]
+
+
 def test_node_settings_from_the_prolog_record():
     got = node_settings(prolog_record(holds={"cpu_dma_latency_us": 1}, malloc="jemalloc"))
-    assert [(s["key"], s["value"], s["state"], s["source"]) for s in got] == [
+    assert [(s.key, s.value, s.state, s.source) for s in got] == [
         ("governor", "performance", "applied", "request"),
         ("swap", "off", "reused", "default"),
         ("irq", "local", "refused", "request"),
@@ -54,7 +59,7 @@ def test_node_settings_from_the_prolog_record():
         ("cpu_dma_latency", "1", "held", "request"),
         ("malloc", "jemalloc", "requested", "request"),
     ]
-    assert got[2]["reason"] == "irqbalance runs without gsrun's policy script"
+    assert got[2].reason == "irqbalance runs without gsrun's policy script"
 
 
 def test_node_settings_unknown_none_and_step_error():
@@ -62,14 +67,14 @@ def test_node_settings_unknown_none_and_step_error():
     assert node_settings({}) is None
     assert node_settings({"steps": {"tuning": {"skipped": "tuning.enabled = false"}}, "request": {}}) == []
     err = node_settings({"steps": {"tuning": "gsrun: tune: state dir: EROFS"}})
-    assert [(s["key"], s["state"], s["reason"]) for s in err] == [("tuning", "failed", "gsrun: tune: state dir: EROFS")]
+    assert [(s.key, s.state, s.reason) for s in err] == [("tuning", "failed", "gsrun: tune: state dir: EROFS")]
     # an allocator outside the allow-list never reaches the report (the comment is user text)
     assert node_settings({"request": {"malloc": 5}, "steps": {}}) == []
 
 
 def test_node_summary_with_settings_reads_back_and_validates():
     node = json.loads((FIX / "node-gpu-a01.json").read_text())
-    node["settings"] = node_settings(prolog_record())
+    node["settings"] = _json(node_settings(prolog_record()))
     rec = NodeSummary.from_json(node)
     assert rec.to_json() == node
     assert rec.settings[0].key == "governor"
@@ -95,7 +100,7 @@ def _job(nodes):
 
 
 def test_a_thousand_identical_nodes_are_one_line():
-    nodes = _nodes(1000, node_settings(prolog_record()))
+    nodes = _nodes(1000, _json(node_settings(prolog_record())))
     groups = settings_groups(nodes)
     assert len(groups) == 1 and len(groups[0].nodes) == 1000
     s = job_summary(_job(nodes), nodes)
@@ -109,8 +114,8 @@ def test_a_thousand_identical_nodes_are_one_line():
 
 
 def test_differing_nodes_get_their_own_line_largest_group_first():
-    nodes = _nodes(12, node_settings(prolog_record()))
-    nodes[5]["settings"] = node_settings(prolog_record(irq_action="applied", irq_reason="8 IRQs"))
+    nodes = _nodes(12, _json(node_settings(prolog_record())))
+    nodes[5]["settings"] = _json(node_settings(prolog_record(irq_action="applied", irq_reason="8 IRQs")))
     nodes[7]["settings"] = None                               # no prolog record on that node
     del nodes[9]["settings"]                                  # an older node summary
     s = job_summary(_job(nodes), nodes)
@@ -130,7 +135,7 @@ def test_differing_nodes_get_their_own_line_largest_group_first():
 def test_many_groups_are_counted_not_listed():
     nodes = _nodes(8, [])
     for i, n in enumerate(nodes):
-        n["settings"] = node_settings(prolog_record(irq_reason=f"reason {i}"))
+        n["settings"] = _json(node_settings(prolog_record(irq_reason=f"reason {i}")))
     lines = settings_lines(job_summary(_job(nodes), nodes))
     assert len(lines) == 5
     assert lines[-1] == "Node settings differ on 4 more nodes in 4 groups (gseff --json: settings)"
@@ -154,11 +159,9 @@ def test_compress_hostlist_round_trips(names):
         assert text == "gpu[01-03,07],login1"
 
 
-def test_node_settings_dicts_are_node_setting_json():
-    """node_settings builds plain dicts (the epilog imports no typed record):
-    each is exactly NodeSetting's JSON form."""
+def test_node_settings_are_node_setting_records_that_read_back():
+    """node_settings gives NodeSetting records; their JSON form reads back to the same record."""
     got = node_settings(prolog_record(holds={"cpu_dma_latency_us": 1}, malloc="jemalloc"))
-    assert got
-    for d in got:
-        assert NodeSetting.from_json(d).to_json() == d
-        assert list(d) == list(NodeSetting.from_json(d).to_json())
+    assert got and all(isinstance(s, NodeSetting) for s in got)
+    for s in got:
+        assert NodeSetting.from_json(s.to_json()) == s

@@ -256,7 +256,7 @@ def test_cpu_only_job_has_no_gpu_finding_and_says_none(tmp_path, nvml_works):
     has no GPU headline or section. A GPU job whose node cannot open NVML
     still gets the finding."""
     from gsrun.report.mail.view import mail_view
-    from gsrun.report.summary import node_summary
+    from gsrun.report.summary import node_record
 
     def boom():
         raise NvmlUnavailable("LIBRARY_NOT_FOUND", "libnvidia-ml.so.1: cannot open shared object file")
@@ -273,7 +273,7 @@ def test_cpu_only_job_has_no_gpu_finding_and_says_none(tmp_path, nvml_works):
     job = job_of([node_of(st, 3600, gpus=[0])], 3600, gpus_alloc=1, cpus_alloc=8)
     assert "gpu_unavailable" in [f["code"] for f in job["findings"]]
     # no GPU count from Slurm (AllocTRES without gres/gpu) and a node without sampler state: its gres count
-    job = job_of([node_summary(None, {"node": "n1", "job_id": "4242", "gpus": [0, 1]}, 100.0)], 3600,
+    job = job_of([node_record(None, {"node": "n1", "job_id": "4242", "gpus": [0, 1]}, 100.0).to_json()], 3600,
                  gpus_alloc=None)
     assert job["job"]["gpus_alloc"] == 2 and "gpu_unavailable" in [f["code"] for f in job["findings"]]
     assert "none: the job asked for no GPUs" not in render_text(job, color=False)

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from gsrun.facts.nvml import NA, FakeNvml, Seq
-from gsrun.report.summary import decode_js1, job_summary, js1_blob, node_summary
+from gsrun.report.summary import decode_js1, job_summary, js1_blob, node_record
 from helpers.jobstats_layout import check_jobstats_layout
 
 from helpers.sampler_sim import (GIB, SimClock, cpu_usage, energy_stream, h200_data, job_of, make_sampler,
@@ -87,7 +87,7 @@ def test_cpu_over_100_is_clamped_and_flagged(two_nodes):
 
 
 def test_zero_divisors_are_na():
-    node = node_summary(None, {"node": "n1", "job_id": "5", "cpus_on_node": 0, "prolog_time": 100.0}, 100.0)
+    node = node_record(None, {"node": "n1", "job_id": "5", "cpus_on_node": 0, "prolog_time": 100.0}, 100.0).to_json()
     job = job_summary({"id": "5", "state": "CANCELLED by 1000", "elapsed_s": 0, "cpus_alloc": 0,
                        "mem_req_bytes": 0}, [node])
     assert job["cpu"]["efficiency_pct"] is None and job["memory"]["efficiency_pct"] is None

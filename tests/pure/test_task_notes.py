@@ -19,6 +19,11 @@ PROLOG = {"request": {"malloc": "jemalloc"}, "steps": {}}
 LIB = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
 
 
+def settings_json(*args) -> list[dict]:
+    """node_settings' records in their JSON form, as a node summary holds them."""
+    return [s.to_json() for s in node_settings(*args)]
+
+
 def notes_file(tmp_path, obj) -> tuple[str, str]:
     d = task_dir(str(tmp_path), "4242", "gpu01")
     os.makedirs(d)
@@ -31,7 +36,7 @@ def notes_file(tmp_path, obj) -> tuple[str, str]:
 def test_verified_preload_is_what_the_report_says():
     notes = {"malloc": {"name": "jemalloc", "state": "verified", "path": LIB,
                         "detail": "mapped in local rank 0's /proc/4711/maps"}}
-    st = [s for s in node_settings(PROLOG, notes) if s["key"] == "malloc"]
+    st = [s for s in settings_json(PROLOG, notes) if s["key"] == "malloc"]
     assert st == [{"key": "malloc", "value": "jemalloc", "state": "applied", "source": "request",
                    "reason": f"LD_PRELOAD={LIB} by gsrun-bind; verified: mapped in local rank 0's /proc/4711/maps"}]
     assert fmt_setting(st[0]) == (f"malloc=jemalloc (LD_PRELOAD={LIB} by gsrun-bind; verified: mapped in local "
@@ -41,27 +46,27 @@ def test_verified_preload_is_what_the_report_says():
 def test_not_found_and_not_verified_say_why():
     nf = {"malloc": {"name": "jemalloc", "state": "not found", "path": None,
                      "detail": "libjemalloc.so.2 not found (looked in /usr/lib64, ldconfig -p)"}}
-    st = node_settings(PROLOG, nf)[0]
+    st = settings_json(PROLOG, nf)[0]
     assert st["state"] == "unsupported"
     assert fmt_setting(st) == "malloc=jemalloc (not found: libjemalloc.so.2 not found (looked in /usr/lib64, " \
                               "ldconfig -p))"
     nv = {"malloc": {"name": "jemalloc", "state": "not verified", "path": LIB,
                      "detail": "not in local rank 0's /proc/9/maps 2 s after exec (a static or setuid program "
                                "ignores LD_PRELOAD)"}}
-    st = node_settings(PROLOG, nv)[0]
+    st = settings_json(PROLOG, nv)[0]
     assert st["state"] == "requested" and "not verified: not in local rank 0's" in fmt_setting(st)
     # no notes (no task ran gsrun-bind here): what was asked
-    assert fmt_setting(node_settings(PROLOG)[0]) == "malloc=jemalloc (preloaded by gsrun-bind)"
+    assert fmt_setting(settings_json(PROLOG)[0]) == "malloc=jemalloc (preloaded by gsrun-bind)"
 
 
 def test_memlock_warning_once_per_node_in_the_settings():
     problem = ("memlock: hard RLIMIT_MEMLOCK 65536 bytes (64 KiB), below unlimited: ...; RDMA devices: mlx5_0; "
                "hint: ...")
-    st = node_settings({"steps": {}}, {"memlock": {"soft": 65536, "hard": 65536, "rdma": ["mlx5_0"],
+    st = settings_json({"steps": {}}, {"memlock": {"soft": 65536, "hard": 65536, "rdma": ["mlx5_0"],
                                                     "problem": problem}})
     assert st == [{"key": "memlock", "value": "65536", "state": "warning", "reason": problem, "source": "node"}]
     assert fmt_setting(st[0]) == f"memlock warning ({problem})"
-    assert node_settings({"steps": {}}, {"memlock": {"soft": None, "hard": None, "rdma": [], "problem": None}}) == []
+    assert settings_json({"steps": {}}, {"memlock": {"soft": None, "hard": None, "rdma": [], "problem": None}}) == []
 
 
 def test_reader_takes_the_users_regular_file_only(tmp_path):

@@ -21,6 +21,11 @@ SCOPE = tuning.JobScope([{"bdf": GPU_BDF, "kind": "gpu", "name": "0", "numa_node
                         list(range(4, 12)), {0: list(range(16))}, "test")
 
 
+def settings_json(*args) -> list[dict]:
+    """node_settings' records in their JSON form, as a node summary holds them."""
+    return [s.to_json() for s in node_settings(*args)]
+
+
 class Clock:
     def __init__(self, t):
         self.t = t
@@ -64,7 +69,7 @@ def test_skipped_irq_takes_its_cpus_on_the_retry_and_the_epilog_restores_it(tmp_
     # the report: the irq line says both the skip and the retry
     item = json.loads(rec.read_text())["steps"]["tuning"]["items"][0]
     assert item["retry"] == out
-    setting = node_settings(json.loads(rec.read_text()))[0]
+    setting = settings_json(json.loads(rec.read_text()))[0]
     assert setting["state"] == "applied"
     assert f"skipped IRQ {BAD}: ENOSPC (no free vector on those CPUs)" in setting["reason"]
     assert setting["reason"].endswith(f"; retried once 60 s into the job: IRQ {BAD} now on 4-11")
@@ -84,7 +89,7 @@ def test_refused_again_stays_skipped_and_is_named(tmp_path):
         [(str(BAD), "skipped", "EIO (kernel-managed or not movable)")]
     entry = tuning.status(HostFS(root), str(tmp_path / "s"))["changes"][0]
     assert entry["skipped"] == {str(BAD): "4-11"} and str(BAD) not in entry["target"]
-    reason = node_settings(json.loads(rec.read_text()))[0]["reason"]
+    reason = settings_json(json.loads(rec.read_text()))[0]["reason"]
     assert reason.endswith(f"retried once 61 s into the job: IRQ {BAD} still skipped: EIO "
                            "(kernel-managed or not movable)")
     assert tuning.epilog_restore(HostFS(root), str(tmp_path / "s"), JOB, log=Q)["ok"]
@@ -130,4 +135,4 @@ def test_irq_gone_since_the_prolog(tmp_path):
     (root / f"proc/irq/{BAD}/smp_affinity_list").unlink()
     out = tuning.retry_skipped_irqs(h, str(tmp_path / "s"), JOB, prolog_record=rec, log=Q)
     assert [(o["result"], o["reason"]) for o in out] == [("gone", "no such IRQ any more")]
-    assert f"IRQ {BAD} gone" in node_settings(json.loads(rec.read_text()))[0]["reason"]
+    assert f"IRQ {BAD} gone" in settings_json(json.loads(rec.read_text()))[0]["reason"]

@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO / "tests"))
 
 from gsrun.facts.nvml import NA, FakeNvml, Seq  # noqa: E402
-from gsrun.report.summary import job_summary, node_summary  # noqa: E402
+from gsrun.report.summary import job_summary, node_record  # noqa: E402
 from helpers.sampler_sim import (GIB, SimClock, cpu_usage, energy_stream, h200_data,  # noqa: E402
                                   make_sampler, run_job, util_sample_stream)
 
@@ -32,7 +32,7 @@ REQUEST = {"tune": {"governor": "performance"}, "mps": None, "mig": None, "bind"
 def _node_of(state, elapsed, cpus, gpus, node, extras=True):
     env = {"node": node, "job_id": state["job_id"] if state else "4242", "cpus_on_node": cpus, "gpus": gpus,
            "prolog_time": T0}
-    s = node_summary(state, env, (state["start_time"] if state else T0) + elapsed)
+    s = node_record(state, env, (state["start_time"] if state else T0) + elapsed).to_json()
     if extras:
         s["sampler_stop"] = "stopped"
         s["request"] = REQUEST
