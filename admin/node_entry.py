@@ -125,9 +125,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def run_hook(a: dict) -> int:
-    """Run the hook :func:`parse_hook_args` gave -> its exit status: 2 for a
-    ``GsrunError`` (printed), 0 for a bug of ours (printed with its traceback:
-    it must not drain the node)."""
+    """Run the hook :func:`parse_hook_args` gave -> its exit status: 2 for a ``GsrunError``
+    (printed), 0 for a bug of ours (printed with its traceback: it must not drain the node)."""
     from gsrun.base.errors import GsrunError
 
     try:

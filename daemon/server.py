@@ -21,12 +21,10 @@ Protocol (Unix stream socket, integers big-endian):
 * daemon -> client: ``F`` (re-executing: try again), ``E`` and a line (refused:
   why) or ``R`` (ready); the client answers ``G`` within 2 s, else nothing
   starts. Then ``S`` from the forked child before anything else (a close
-  before ``S``: nothing ran), and ``X`` with the ``i32`` wait status: sent by
-  the child as it exits (its exit status), then by the daemon when it reaps
-  the child (the one a client reads when the child died first). A client
-  that goes away (slurmd past ``PrologEpilogTimeout``, or done after ``X``)
-  has the hook's process group killed, as slurmd kills a hook's process
-  group when it ends.
+  before ``S``: nothing ran), and ``X`` with the ``i32`` wait status, from the
+  child as it exits, else from the daemon as it reaps the child. A client that
+  goes away (done, or slurmd past ``PrologEpilogTimeout``) has the hook's
+  process group killed, as slurmd does when a hook ends.
 * ``["@ping"]`` (no descriptors): one JSON line (:meth:`NodeDaemon.status`).
 * ``["@bind"]`` (no descriptors) with slurmstepd's :data:`STEPD_ENV`, then
   ``["@step", ...]`` with the job's environment: the step's plan
@@ -295,9 +293,11 @@ def _bind_child(conn, stepd_env: dict[str, str]) -> None:
 
 
 def _fresh_signals(sigint=None) -> None:
-    """The daemon's signals back at their defaults (SIGINT at ``sigint``), no wakeup fd, none blocked."""
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD, signal.SIGALRM):
-        signal.signal(sig, signal.SIG_DFL)
+    """Signals as a fresh interpreter's, whatever the daemon inherited (``nohup``, ``&``): SIGPIPE and
+    SIGXFSZ ignored, SIGINT at ``sigint``, all else at its default; no wakeup fd, none blocked."""
+    for sig in signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP, signal.SIGPIPE, signal.SIGXFSZ}:
+        with suppress(OSError, ValueError):     # the C library's own real-time signals
+            signal.signal(sig, signal.SIG_DFL)
     if sigint is not None:
         signal.signal(signal.SIGINT, sigint)
     signal.set_wakeup_fd(-1)
@@ -319,8 +319,9 @@ def _close_from(low: int, keep: int = -1) -> None:
 def _child(args: list[str], env: dict[str, str], umask: int, fds: list[int], conn,
            client_pid: int | None = None) -> None:
     """In the forked child: send ``S``, become what slurmd's hook process would
-    be (:func:`join_client`, :func:`_become`), run the hook, answer ``X`` and exit
-    (:func:`_answer_and_exit`)."""
+    be (:func:`join_client`, :func:`_become`), run the hook; then flush, put
+    ``/dev/null`` on 0-2 (slurmd's pipe ends with the client, not with this
+    process's teardown), send ``X`` and the exit status as a wait status, ``_exit``."""
     rc = 70
     try:
         conn.setblocking(True)
@@ -337,23 +338,14 @@ def _child(args: list[str], env: dict[str, str], umask: int, fds: list[int], con
             os.write(2, f"gsrun: daemon: hook failed in the daemon's child: {e!r}\n".encode())
         rc = 0          # a bug of ours must not drain the node (as node_entry.run_hook)
     finally:
-        _answer_and_exit(conn, rc)      # never back into the caller
-
-
-def _answer_and_exit(conn, rc: int) -> None:
-    """End the hook's process: flush stdout/stderr, put ``/dev/null`` on 0-2
-    (slurmd's pipe then ends with the client, not with this process's
-    teardown), send the client ``X`` and ``rc`` as a wait status, ``_exit``."""
-    for f in (sys.stdout, sys.stderr):
-        with suppress(OSError, ValueError, AttributeError):
-            f.flush()
-    with suppress(OSError):
-        null = os.open("/dev/null", os.O_RDWR)
-        for fd in (0, 1, 2):
-            os.dup2(null, fd)
-    with suppress(OSError):
-        conn.sendall(EXITED + ((rc & 0xFF) << 8).to_bytes(4, "big", signed=True))
-    os._exit(rc & 0xFF)
+        for f in (sys.stdout, sys.stderr):
+            with suppress(OSError, ValueError, AttributeError):
+                f.flush()
+        with suppress(OSError):
+            for fd in (0, 1, 2):
+                os.dup2(os.open("/dev/null", os.O_RDWR), fd)
+            conn.sendall(EXITED + ((rc & 0xFF) << 8).to_bytes(4, "big", signed=True))
+        os._exit(rc & 0xFF)     # never back into the caller
 
 
 def _become(fds: list[int], umask: int, env: dict[str, str], keep: int = -1) -> None:
@@ -885,8 +877,7 @@ def _refuse(conn, why: str) -> None:
 
 
 def _send_exit(conn, status: int) -> None:
-    """Send the client ``X`` and the hook's wait status, then close ``conn`` (a
-    client that read the hook's own ``X`` has returned already: unread)."""
+    """Send the client ``X`` and the hook's wait status (unread after the hook's own), close ``conn``."""
     with suppress(OSError):
         conn.setblocking(True)
         conn.settimeout(0.5)

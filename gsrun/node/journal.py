@@ -117,14 +117,13 @@ class Journal:
             os.unlink(self.path)
         except FileNotFoundError:
             return          # nothing removed: nothing to make durable
-        if not durable:
-            return
-        with suppress(OSError):
-            dfd = os.open(self.path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
+        if durable:
+            with suppress(OSError):
+                dfd = os.open(self.path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                try:
+                    os.fsync(dfd)
+                finally:
+                    os.close(dfd)
 
     def lock(self, timeout_s: float = LOCK_TIMEOUT_S) -> "_Flock":
         """Hold an exclusive ``flock`` on :attr:`lock_path` for the ``with`` block.

@@ -285,10 +285,8 @@ def _leave(hostfs, state_dir, job_ids, all_jobs, log, swap_effect, uid: int | No
         live = st.live_jobs()
         leaving = live if all_jobs else [j for j in job_ids if j in live]
         report["had_journal"] = bool(leaving)
-        # leave first: a crash below leaves a job-less baseline, which the next epilog or
-        # restore --all puts back. Not fsync'd: a job journal that a crash of the machine
-        # brings back is of an earlier boot, which _drop_if_rebooted drops
-        for j in leaving:
+        for j in leaving:           # leave first: a crash below leaves a job-less baseline, which the
+            # next epilog or restore --all puts back; not fsync'd: a machine crash makes it an earlier boot's
             _unlink(st.job_path(j), durable=False)
         remaining = [j for j in live if j not in leaving]
         report["remaining_jobs"] = remaining
