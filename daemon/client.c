@@ -179,10 +179,10 @@ int main(int argc, char **argv)
 	if (gs_read_full(fd, &reply, 1) || reply != 'S')
 		return fail(hook, "node daemon not running", "it went away before the hook started", HINT_START);
 	if (gs_read_full(fd, &reply, 1) || reply != 'X' || gs_read_full(fd, st, 4)) {
-		/* the daemon died under a running hook: its status is lost. A failed
-		 * prolog drains the node, so, as for any bug of gsrun's, exit 0 */
-		fprintf(stderr, "gsrun: %s: the node daemon went away while the hook ran; its exit status "
-			"is unknown\nhint: see the daemon's log (journalctl -u gsrun-daemon)\n", hook);
+		/* the hook's process and the daemon both ended without an X: its status is
+		 * lost. A failed prolog drains the node, so, as for any bug of gsrun's, exit 0 */
+		fprintf(stderr, "gsrun: %s: the hook and the node daemon went away without its exit status"
+			"\nhint: see the daemon's log (journalctl -u gsrun-daemon)\n", hook);
 		return 0;
 	}
 	status = (int)(((uint32_t)(unsigned char)st[0] << 24) | ((uint32_t)(unsigned char)st[1] << 16) |

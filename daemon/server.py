@@ -22,9 +22,9 @@ Protocol (Unix stream socket, integers big-endian):
   why) or ``R`` (ready); the client answers ``G`` within 2 s, else nothing
   starts. Then ``S`` from the forked child before anything else (a close
   before ``S``: nothing ran), and ``X`` with the ``i32`` wait status, from the
-  child as it exits, else from the daemon as it reaps the child. A client that
-  goes away (done, or slurmd past ``PrologEpilogTimeout``) has the hook's
-  process group killed, as slurmd does when a hook ends.
+  child as it exits, else from the daemon as it reaps the child. The hook's
+  process group is killed when the daemon reaps it (as slurmd does when a hook
+  ends) or when the client goes away first (slurmd past ``PrologEpilogTimeout``).
 * ``["@ping"]`` (no descriptors): one JSON line (:meth:`NodeDaemon.status`).
 * ``["@bind"]`` (no descriptors) with slurmstepd's :data:`STEPD_ENV`, then
   ``["@step", ...]`` with the job's environment: the step's plan
@@ -318,10 +318,9 @@ def _close_from(low: int, keep: int = -1) -> None:
 
 def _child(args: list[str], env: dict[str, str], umask: int, fds: list[int], conn,
            client_pid: int | None = None) -> None:
-    """In the forked child: send ``S``, become what slurmd's hook process would
-    be (:func:`join_client`, :func:`_become`), run the hook; then flush, put
-    ``/dev/null`` on 0-2 (slurmd's pipe ends with the client, not with this
-    process's teardown), send ``X`` and the exit status as a wait status, ``_exit``."""
+    """In the forked child: send ``S``, become what slurmd's hook process would be (:func:`join_client`,
+    :func:`_become`), run the hook; then flush, ``/dev/null`` on 0-2 (slurmd's pipe ends with the client,
+    not with this process's teardown), ``X`` and the exit status as a wait status, ``_exit``."""
     rc = 70
     try:
         conn.setblocking(True)
@@ -344,6 +343,7 @@ def _child(args: list[str], env: dict[str, str], umask: int, fds: list[int], con
         with suppress(OSError):
             for fd in (0, 1, 2):
                 os.dup2(os.open("/dev/null", os.O_RDWR), fd)
+        with suppress(OSError):
             conn.sendall(EXITED + ((rc & 0xFF) << 8).to_bytes(4, "big", signed=True))
         os._exit(rc & 0xFF)     # never back into the caller
 
@@ -822,10 +822,8 @@ class NodeDaemon:
             data = b""
         if data:
             return      # nothing is expected from a client now; ignore
-        # the client is gone (done after the hook's X, or killed by slurmd: PrologEpilogTimeout):
-        # the hook's process group goes too
-        self.sel.unregister(conn)
-        # the group, and the child alone when not yet past its setsid() (unreaped: still ours)
+        # the client is gone (done, or killed by slurmd: PrologEpilogTimeout): the hook's group goes too,
+        self.sel.unregister(conn)       # and the child alone when not yet past its setsid() (unreaped: ours)
         for kill in (os.killpg, os.kill):
             with suppress(OSError):
                 kill(entry[1], signal.SIGKILL)
@@ -836,6 +834,8 @@ class NodeDaemon:
         conn, pid = self.running.pop(pidfd)
         self.sel.unregister(pidfd)
         os.close(pidfd)
+        with suppress(OSError):     # what the hook left in its group, as slurmd's killpg after a hook
+            os.killpg(pid, signal.SIGKILL)
         status = _wait(pid)
         self.plans.discard(pidfd)
         if pidfd in self.merges:
@@ -879,8 +879,7 @@ def _refuse(conn, why: str) -> None:
 def _send_exit(conn, status: int) -> None:
     """Send the client ``X`` and the hook's wait status (unread after the hook's own), close ``conn``."""
     with suppress(OSError):
-        conn.setblocking(True)
-        conn.settimeout(0.5)
+        conn.settimeout(0.5)        # blocking, within 0.5 s
         conn.sendall(EXITED + status.to_bytes(4, "big", signed=True))
     conn.close()
 

@@ -501,6 +501,9 @@ if mode == "merge":                 # every epilog-ctld starts a merge that take
     server._merge_child = merge
 if mode == "probe":
     server.run_hook = probe
+elif mode == "leaves":              # the hook leaves a process in its own group and says which
+    import subprocess
+    server.run_hook = lambda a: (open(marker, "w").write(str(subprocess.Popen(["sleep", "60"]).pid)), 0)[1]
 elif mode == "status":              # the hook runs 0.5 s and ends with 3
     server.run_hook = lambda a: (time.sleep(0.5), 3)[1]
 elif mode == "broken":
@@ -547,6 +550,31 @@ def test_the_hooks_own_process_answers_its_status(client, tmp_path):
     finally:
         os.kill(p.pid, signal.SIGCONT)
         c.kill()
+        p.kill()
+        p.wait()
+
+
+def test_what_a_hook_leaves_in_its_group_ends_with_it(client, tmp_path):
+    """As slurmd kills a hook's process group when the hook ends: a process the hook
+    started in its group (not in a session of its own) does not outlive it."""
+    import psutil
+
+    p, sock, marker, log = patched_daemon(tmp_path, "leaves")
+    try:
+        cp = via(client, sock, ["/bin/true"], {}, timeout_s=30)
+        assert cp.returncode == 0, (cp.stderr, log.read_text())
+        left = int(marker.read_text())
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                if psutil.Process(left).status() == psutil.STATUS_ZOMBIE:
+                    break
+            except psutil.NoSuchProcess:
+                break
+            time.sleep(0.02)
+        else:
+            raise AssertionError(f"the hook's process {left} outlived it")
+    finally:
         p.kill()
         p.wait()
 
@@ -1022,7 +1050,7 @@ def test_a_daemon_killed_mid_job_loses_no_setting_and_no_figure(client, tmp_path
         b = Running(tmp_path, site)         # systemd's Restart=always
         assert p.wait(timeout=60) == 0      # the prolog's own status, once it began sampling
         err = (tmp_path / "prolog.err").read_text()
-        assert "the node daemon went away while the hook ran" not in err and "prolog: done in" in err, err
+        assert "went away without its exit status" not in err and "prolog: done in" in err, err
         sdir = site.state / "jobs" / "5201"
         deadline = time.monotonic() + 60    # the prolog's own process goes on to its end
         while not (sdir / "monitor.json").exists() and time.monotonic() < deadline:
