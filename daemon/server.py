@@ -53,7 +53,7 @@ import time
 
 import gsrun
 from gsrun.base import unixsock
-from gsrun.base.errors import NodeError
+from gsrun.base.errors import NodeError, flush_std
 from gsrun.base.paths import DAEMON_SOCKET_NAME, DEFAULT_STATE_DIR
 from gsrun.epilog.ctld_start import merge_command
 from gsrun.admin.node_entry import HOOK_BOOTSTRAP, parse_hook_args, run_hook
@@ -337,9 +337,7 @@ def _child(args: list[str], env: dict[str, str], umask: int, fds: list[int], con
             os.write(2, f"gsrun: daemon: hook failed in the daemon's child: {e!r}\n".encode())
         rc = 0          # a bug of ours must not drain the node (as node_entry.run_hook)
     finally:
-        for f in (sys.stdout, sys.stderr):
-            with suppress(OSError, ValueError, AttributeError):
-                f.flush()
+        flush_std()
         with suppress(OSError):
             for fd in (0, 1, 2):
                 os.dup2(os.open("/dev/null", os.O_RDWR), fd)
@@ -565,8 +563,7 @@ class NodeDaemon:
         self._stop_monitor()
         if self.reexec:
             self.log(f"re-executing ({self.served} hooks served)")
-            sys.stdout.flush()
-            sys.stderr.flush()
+            flush_std()
             os.execv(self.python, getattr(sys, "orig_argv", None) or [self.python, *sys.argv])
         self.log(f"stopped ({self.served} hooks served)")
         return 0
@@ -850,8 +847,7 @@ class NodeDaemon:
 
 def _fork() -> int:
     """``os.fork()`` after flushing stdout and stderr (no buffered line printed twice)."""
-    sys.stdout.flush()
-    sys.stderr.flush()
+    flush_std()
     return os.fork()
 
 

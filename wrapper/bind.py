@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import click
 
 from gsrun.base.cpulist import format_cpulist, parse_cpulist
-from gsrun.base.errors import GsrunError, InputError
+from gsrun.base.errors import GsrunError, InputError, flush_std
 from gsrun.base.log import JobLog
 from gsrun.bind.plan import (RankPlan, apply_affinity, exec_argv, fallback_rank, mig_visible_devices, plan_from_env,
                              read_job_mig_devices, render_table, worker_environ, worker_task_env)
@@ -378,8 +378,7 @@ def main(plan, as_json, host_root, gpus, ntasks_per_node, local_rank, allowed_cp
     except GsrunError as e:
         click.echo(str(e), err=True)
         sys.exit(2)
-    sys.stdout.flush()
-    sys.stderr.flush()
+    flush_std()
     if notes:
         _record_notes(notes, environ)
     os.environ.clear()

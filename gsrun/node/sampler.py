@@ -522,7 +522,7 @@ class Sampler:
             self.state["waste_findings"] = []
         for watch, r in zip(self.state["watch"], self.refs):     # a new watch's, or a restored one's
             watch.power_limit_w = r.power_limit_w      # not in the watch's state: the ref holds it
-            watch.max_gap_s = stretch_gap_s(interval_s)    # this interval's, not the restored state's
+            watch.max_gap_s, watch.window_s = stretch_gap_s(interval_s), interval_s   # not the restored state's
         self.state.setdefault("waste_findings", [])
         self.procs = JobProcs(job_id, uid, node)
         self._cg = None

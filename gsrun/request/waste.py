@@ -298,6 +298,7 @@ class GpuWatch:
         self.idle_power_w = _f(idle_power_w)
         self.idle_power_source = "given" if self.idle_power_w is not None else None
         self.max_gap_s = float(max_gap_s)
+        self.window_s: float | None = None      # the span one reading without GPM covers (the poll interval)
         self.power_limit_w = _f(power_limit_w)
         self.first_s: float | None = None
         self.last_s: float | None = None         # last poll
@@ -380,8 +381,10 @@ class GpuWatch:
         if kind == "busy":
             return []
         if st is None:
-            # a stretch starts at the window of its first reading: the previous poll
+            # a stretch starts at the window of its first reading: the previous poll (GPM's means cover a
+            # pause; utilization samples and instant power at most one interval of it: window_s)
             since = prev_s if prev_s is not None and t_s - prev_s <= self.max_gap_s else t_s
+            since = since if sm is not None or self.window_s is None else max(since, t_s - self.window_s)
             st = self.stretch = _Stretch(kind, since, since)
         st.add(t_s, reading)
         if st.reported:

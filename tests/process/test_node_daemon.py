@@ -414,6 +414,20 @@ def test_an_upgraded_module_makes_the_daemon_re_execute_and_the_hook_waits_for_i
         a.proc.wait()
 
 
+def test_a_host_root_that_is_not_a_directory_stops_the_daemon_before_it_listens(tmp_path):
+    """A mistyped ``--host-root`` (or GSRUN_HOST_ROOT) is refused at once, exit 2, no socket made:
+    a daemon reading an empty tree would take every value of the node for unknown."""
+    sock = tmp_path / "d.sock"
+    for root in (tmp_path / "missing", tmp_path / "d.sock.file"):
+        if root.name.endswith(".file"):
+            root.write_text("")
+        cp = subprocess.run([sys.executable, "-P", "-c", LAUNCH, "daemon", "run", "--socket", str(sock),
+                             "--host-root", str(root)], capture_output=True, text=True, timeout=30, cwd="/")
+        assert cp.returncode == 2, cp.stderr
+        assert "Invalid value for '--host-root'" in cp.stderr and str(root) in cp.stderr
+        assert not sock.exists()
+
+
 def test_a_second_daemon_leaves_a_serving_ones_socket_alone_and_a_stopped_one_removes_its_own(running):
     """An admin trying `gsrun-node daemon run` while the unit's daemon serves: the second
     one refuses (renaming its socket over the path would leave the first serving nobody

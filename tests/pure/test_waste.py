@@ -127,6 +127,22 @@ def test_unknown_polls_are_gaps_not_zeros():
     assert w.idle_since_s == 100.0
 
 
+def test_a_stretch_after_a_pause_starts_one_window_back_without_gpm_and_at_the_pause_with_it():
+    """GPM's figures are means over the whole time since the last poll; without GPM the utilization
+    samples and the power reading cover at most one poll interval (window_s) of a 25 s pause."""
+    no_gpm = {k: v for k, v in CTX_IDLE.items() if k not in ("sm_active_pct", "tensor_active_pct")}
+    for reading, since in ((no_gpm, 95.0), (CTX_IDLE, 75.0)):
+        w = GpuWatch("0", CFG, max_gap_s=30.0)
+        w.window_s = 5.0
+        run(w, [BUSY] * 16)                # t = 0 .. 75 s busy, then nothing read until 100 s
+        w.update(100.0, reading)
+        assert w.idle_since_s == since, reading
+    w = GpuWatch("0", CFG, max_gap_s=30.0)  # no interval known (a bare watch): the previous poll
+    run(w, [BUSY] * 16)
+    w.update(100.0, no_gpm)
+    assert w.idle_since_s == 75.0
+
+
 def test_round_trip_continues_the_stretch():
     a = GpuWatch("2", CFG)
     run(a, [BUSY] * 3 + [CTX_IDLE] * 10)
