@@ -161,6 +161,14 @@ def _plan(cls) -> tuple:
     return tuple(fields), has_extra, frozenset(known), defaults
 
 
+def prepare_loaders(base: type | None = None) -> None:
+    """Build the loading plan of every record class below ``base`` (default :class:`Record`) now: a daemon's
+    forked children inherit them instead of each evaluating the type hints (~4 ms of an epilog, 2-core VM)."""
+    for cls in (base or Record).__subclasses__():
+        _plan(cls)
+        prepare_loaders(cls)
+
+
 _MISSING = object()
 
 

@@ -368,7 +368,7 @@ class RealNvml(Backend):
         if key == "xid_events":
             return self._xids(index, h)
         if key == "gpu_instance_profiles":
-            return self._gi_profiles(h)
+            return gi_profiles(nv, h)
         return NA("Not Supported", NOT_SUPPORTED)
 
     def _gpm(self, index, h):
@@ -454,29 +454,6 @@ class RealNvml(Backend):
             xids.append(int(ev.eventData))
         return xids
 
-    def _gi_profiles(self, h):
-        """All GPU-instance profiles and placements, in the recording's format."""
-        nv = self.nv
-        out = {}
-        for p in range(getattr(nv, "NVML_GPU_INSTANCE_PROFILE_COUNT", 15)):
-            try:
-                info = nv.nvmlDeviceGetGpuInstanceProfileInfo(h, p)
-            except Exception:  # noqa: BLE001 - NVMLError or a binding mismatch
-                continue
-            entry = {"info": {"id": info.id, "sliceCount": info.sliceCount,
-                              "instanceCount": info.instanceCount,
-                              "memorySizeMB": info.memorySizeMB,
-                              "name": _profile_name(info)}}
-            try:
-                arr = (nv.c_nvmlGpuInstancePlacement_t * 16)()
-                cnt = ctypes.c_uint(16)
-                nv.nvmlDeviceGetGpuInstancePossiblePlacements(h, info.id, arr, ctypes.byref(cnt))
-                entry["possible_placements"] = {"ok": [f"[{arr[i].start}, {arr[i].size}]" for i in range(cnt.value)]}
-            except Exception as e:  # noqa: BLE001
-                entry["possible_placements"] = {"error": str(e), "code": getattr(e, "value", None)}
-            out[str(p)] = entry
-        return out
-
 
 ALL_LINKS = 0xFFFFFFFF       # nvmlFieldValue_t.scopeId for an NVLink counter: the sum over every link
 # nvmlValueType_t -> the member of nvmlValue_t that holds the value
@@ -495,6 +472,29 @@ def field_value(v) -> Any:
         return return_na(code)
     member = _VALUE_MEMBER.get(int(getattr(v, "valueType", 3)), "ullVal")
     return getattr(v.value, member)
+
+
+def gi_profiles(nv, h) -> dict:
+    """Every GPU-instance profile of the device handle ``h`` (``nv``: pynvml) in the recording's form:
+    ``{"<profile index>": {"info": {"id", "sliceCount", "instanceCount", "memorySizeMB", "name"},
+    "possible_placements": {"ok": ["[start, size]", ...]} | {"error", "code"}} | {"error", "code"}}``."""
+    out: dict = {}
+    for p in range(int(getattr(nv, "NVML_GPU_INSTANCE_PROFILE_COUNT", 15))):
+        try:
+            info = nv.nvmlDeviceGetGpuInstanceProfileInfo(h, p)
+        except Exception as e:  # noqa: BLE001 - NVMLError (a profile this GPU has not) or a binding mismatch
+            out[str(p)] = {"error": str(e), "code": getattr(e, "value", None)}
+            continue
+        entry = out[str(p)] = {"info": {"id": int(info.id), "sliceCount": int(info.sliceCount),
+                                        "instanceCount": int(info.instanceCount),
+                                        "memorySizeMB": int(info.memorySizeMB), "name": _profile_name(info)}}
+        try:
+            arr, cnt = (nv.c_nvmlGpuInstancePlacement_t * 16)(), ctypes.c_uint(16)
+            nv.nvmlDeviceGetGpuInstancePossiblePlacements(h, info.id, arr, ctypes.byref(cnt))
+            entry["possible_placements"] = {"ok": [f"[{arr[i].start}, {arr[i].size}]" for i in range(cnt.value)]}
+        except Exception as e:  # noqa: BLE001
+            entry["possible_placements"] = {"error": str(e), "code": getattr(e, "value", None)}
+    return out
 
 
 def _profile_name(info) -> str:

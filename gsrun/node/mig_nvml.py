@@ -25,7 +25,7 @@ from contextlib import suppress
 from typing import Any
 
 from gsrun.facts.nvml import (IN_USE, INSUFFICIENT_RESOURCES, INVALID_ARGUMENT, NOT_FOUND,  # noqa: F401
-                              NOT_SUPPORTED, NVML_SUCCESS, UNKNOWN)
+                              NOT_SUPPORTED, NVML_SUCCESS, UNKNOWN, gi_profiles)
 
 #: ``nvmlErrorString`` of the codes MIG calls answer
 CODE_TEXT = {0: "Success", 2: "Invalid Argument", 3: "Not Supported", 4: "Insufficient Permissions",
@@ -137,38 +137,8 @@ class RealMig(MigBackend):
         ps = self._call("compute_processes", gpu, self.nv.nvmlDeviceGetComputeRunningProcesses, self._h(gpu))
         return [{"pid": int(p.pid), "used_bytes": p.usedGpuMemory} for p in ps]
 
-    def _placements(self, gpu: int, h, profile_id: int) -> list[tuple[int, int]]:
-        nv = self.nv
-
-        arr = (nv.c_nvmlGpuInstancePlacement_t * 16)()
-        cnt = ctypes.c_uint(16)
-        self._call("possible_placements", gpu, nv.nvmlDeviceGetGpuInstancePossiblePlacements,
-                   h, profile_id, arr, ctypes.byref(cnt))
-        return [(int(arr[i].start), int(arr[i].size)) for i in range(cnt.value)]
-
     def profiles(self, gpu: int) -> dict:
-        nv = self.nv
-        h = self._h(gpu)
-        out: dict[str, Any] = {}
-        for p in range(int(getattr(nv, "NVML_GPU_INSTANCE_PROFILE_COUNT", 15))):
-            try:
-                info = nv.nvmlDeviceGetGpuInstanceProfileInfo(h, p)
-            except nv.NVMLError as e:
-                out[str(p)] = {"error": str(e), "code": getattr(e, "value", None)}
-                continue
-            name = getattr(info, "name", b"")
-            name = name.decode(errors="replace") if isinstance(name, bytes) else name
-            entry: dict[str, Any] = {"info": {"id": int(info.id), "sliceCount": int(info.sliceCount),
-                                              "instanceCount": int(info.instanceCount),
-                                              "memorySizeMB": int(info.memorySizeMB),
-                                              "name": name or f"profile {info.id}"}}
-            try:
-                pl = self._placements(gpu, h, int(info.id))
-                entry["possible_placements"] = {"ok": [f"[{s}, {n}]" for s, n in pl]}
-            except MigNvmlError as e:
-                entry["possible_placements"] = {"error": e.detail, "code": e.code}
-            out[str(p)] = entry
-        return out
+        return gi_profiles(self.nv, self._h(gpu))
 
     def _gi_handles(self, gpu: int) -> list:
         nv = self.nv

@@ -414,6 +414,20 @@ def test_an_upgraded_module_makes_the_daemon_re_execute_and_the_hook_waits_for_i
         a.proc.wait()
 
 
+def test_the_preload_leaves_the_children_every_record_loading_plan_built():
+    """A forked epilog would otherwise evaluate every record's type hints again (~4 ms on the dev VM)."""
+    code = ("from gsrun.daemon.server import NodeDaemon\nfrom gsrun.base import record\n"
+            "from gsrun.report.records import JobSummary, NodeSummary\n"
+            "from gsrun.facts.sampler_state import SamplerState\n"
+            "print(NodeDaemon('/nonexistent/d.sock').preload())\nbuilt = record._plan.cache_info().misses\n"
+            "for cls in (JobSummary, NodeSummary, SamplerState):\n    record._plan(cls)\n"
+            "print(record._plan.cache_info().misses - built, built)\n")
+    cp = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=60, cwd="/")
+    assert cp.returncode == 0, cp.stderr
+    failed, (new, built) = cp.stdout.splitlines()[0], map(int, cp.stdout.split()[-2:])
+    assert failed == "[]" and new == 0 and built >= 20, cp.stdout
+
+
 def test_a_host_root_that_is_not_a_directory_stops_the_daemon_before_it_listens(tmp_path):
     """A mistyped ``--host-root`` (or GSRUN_HOST_ROOT) is refused at once, exit 2, no socket made:
     a daemon reading an empty tree would take every value of the node for unknown."""
