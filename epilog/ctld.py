@@ -18,11 +18,12 @@ import time
 from contextlib import suppress
 
 from gsrun.base.errors import GsrunError
-from gsrun.base.fsutil import atomic_write, atomic_write_json, read_json, write_user_copy
+from gsrun.base.fsutil import atomic_write, atomic_write_json, read_json, unlink_names, write_user_copy
 from gsrun.base.ids import check_job_id, is_job_id
 from gsrun.base.log import JobLog
 from gsrun.base.paths import Paths
 from gsrun.base.proc import root_child_env, root_python, spawn_detached
+from gsrun.facts.live import LIVE_PREFIX
 from gsrun.facts.sacct import epoch_or_none, parse_mem, parse_tres, time_s_or_none, tres_gpus
 from gsrun.facts.slurm import (ACTIVE_STATES, expand_hostlist, job_record_argv, parse_exit_code, parse_job_record,
                                run_slurm, show_job as _show_job, state_word)
@@ -205,12 +206,15 @@ def _node_without_timelines(path) -> dict | None:
 
 
 def write_summary(paths: Paths, summary: dict, uid: int | None, gid: int | None) -> None:
-    """``summary.json`` (root 0600) and, with ``uid``, ``user-summary.json`` (group ``gid``, 0440)."""
+    """``summary.json`` (root 0600) and, with ``uid``, ``user-summary.json`` (group ``gid``, 0440); the job's
+    live files removed."""
     d = paths.make_spool_job(summary["job"]["id"], gid=gid)
     data = (json.dumps(summary, separators=(",", ":"), sort_keys=True) + "\n").encode()
     atomic_write(d / "summary.json", data, mode=0o600)
     if uid is not None:
         write_user_copy(d / "user-summary.json", data, gid)
+    with suppress(OSError):     # the summary replaces every node's live file (one a node left at a reboot too)
+        unlink_names(d, lambda n: n.startswith(LIVE_PREFIX))
 
 
 def _job_and_log(environ) -> tuple[str | None, JobLog]:

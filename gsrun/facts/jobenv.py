@@ -157,6 +157,12 @@ def job_from_env(env: Mapping[str, str]) -> JobEnv:
                   nodelist, cpn, cpus_on_node, spank, env.get("SLURM_SCRIPT_CONTEXT"))
 
 
+_TOP_COMMA_RE = re.compile(r",(?![^\[]*\])")      # a comma outside brackets
+_BRACKETS_RE = re.compile(r"\[([^\]]*)\]")
+_RANGE_RE = re.compile(r"([0-9]{1,12})-([0-9]{1,12})")
+_REPEAT_RE = re.compile(r"\(x([0-9]{1,12})\)|(?:^|,)[^,(]*(?=,|\Z)")     # 4(x2): 2 entries; 1: one
+
+
 def hostlist_size_bound(text: str) -> int:
     """An upper bound of the names ``text`` expands to (each top-level item
     counts the product of its bracket ranges), computed without expanding,
@@ -167,12 +173,12 @@ def hostlist_size_bound(text: str) -> int:
         return n if n <= MAX_NODES else MAX_NODES + 1
 
     total = 0
-    for item in re.split(r",(?![^\[]*\])", text):
+    for item in _TOP_COMMA_RE.split(text):
         n = 1
-        for group in re.findall(r"\[([^\]]*)\]", item):
+        for group in _BRACKETS_RE.findall(item):
             count = 0
             for r in group.split(","):
-                m = re.fullmatch(r"([0-9]{1,12})-([0-9]{1,12})", r)
+                m = _RANGE_RE.fullmatch(r)
                 count += (int(m.group(2)) - int(m.group(1)) + 1) if m and int(m.group(2)) >= int(m.group(1)) else 1
             n *= max(count, 1)
         total += n
@@ -187,6 +193,6 @@ def _repeat_total(text: str) -> int:
         return (text or "").count(",") + 1
 
     total = 0
-    for m in re.finditer(r"\(x([0-9]{1,12})\)|(?:^|,)[^,(]*(?=,|\Z)", text or ""):
+    for m in _REPEAT_RE.finditer(text or ""):
         total += int(m.group(1)) if m.group(1) else 1
     return total

@@ -117,10 +117,14 @@ def _split_top(expr: str) -> list[str]:
     return parts
 
 
+_BRACKET_ITEM_RE = re.compile(r"^([^\[]*)\[([^\]]+)\](.*)\Z")       # prefix[ranges]rest
+_TASKS_RE = re.compile(r"([0-9]{1,10})(?:\(x([0-9]{1,10})\))?")      # N, or N(xR): R nodes
+_COMMENT_REQUEST_RE = re.compile(r"(?:^|\s)gsrun:(\S+)")
+
 def _expand_one(item: str) -> list[str]:
     if "[" not in item:
         return [item]
-    m = re.match(r"^([^\[]*)\[([^\]]+)\](.*)\Z", item)
+    m = _BRACKET_ITEM_RE.match(item)
     if not m:
         return [item]
     prefix, ranges, rest = m.groups()
@@ -153,7 +157,7 @@ def parse_tasks_per_node(text: str) -> list[int]:
         tok = tok.strip()
         if not tok:
             continue
-        m = re.fullmatch(r"([0-9]{1,10})(?:\(x([0-9]{1,10})\))?", tok)       # N, or N(xR): R nodes
+        m = _TASKS_RE.fullmatch(tok)
         if not m:
             raise InputError("slurm", "bad tasks-per-node value", repr(text))
         reps = int(m[2] or 1)
@@ -371,7 +375,7 @@ def parse_comment_request(comment: str) -> dict[str, str]:
     plugin (``gsrun:tune=swappiness=10;mps=50``): only gsrun's keys, values
     unchecked (their consumers validate)."""
     out: dict[str, str] = {}
-    m = re.search(r"(?:^|\s)gsrun:(\S+)", comment or "")
+    m = _COMMENT_REQUEST_RE.search(comment or "")
     if not m:
         return out
     for part in m.group(1).split(";"):

@@ -38,9 +38,12 @@ NVIDIA_VENDOR = "0x10de"
 GPU_CLASSES = ("0x0300", "0x0302")  # VGA-compatible controller, 3D controller
 
 
+_BDF_RE = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
+_SLOT_RE = re.compile(r"PCI_SLOT_NAME=(\S+)")
+
 def is_bdf(text: str) -> bool:
     """``text`` is a PCI address in sysfs form, ``0000:3b:00.0``."""
-    return re.fullmatch(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]", text) is not None
+    return _BDF_RE.fullmatch(text) is not None
 
 
 def _numbered(name: str, prefix: str) -> bool:
@@ -357,7 +360,7 @@ def _device_bdf(fs: HostFS, base: str) -> str | None:
         name = os.path.basename(os.path.normpath(target))
         if is_bdf(name):
             return name
-    m = re.search(r"PCI_SLOT_NAME=(\S+)", fs.read(f"{base}/uevent") or "")
+    m = _SLOT_RE.search(fs.read(f"{base}/uevent") or "")
     return normalize_bus_id(m[1]) if m else None
 
 

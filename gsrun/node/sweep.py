@@ -3,7 +3,9 @@
 What an epilog that never ran left, removed by the next prolog. Whether a job
 still exists here is decided from root-owned state only
 (``<state_dir>/jobs/<id>/`` with ``monitor.json`` or ``sampler.json``), never
-from the swept files, whose names can be planted; no link is followed.
+from the swept files, whose names can be planted; no link is followed. Live
+files are looked for only in the spool directories of the jobs with state on
+this node (a job's merge on the controller removes every node's live file).
 """
 
 from __future__ import annotations
@@ -93,15 +95,10 @@ def sweep(state_dir, spool_dir, node: str, textfile_dir: str | None, current_job
         gone = set(gone_jobs(by_job, state, current_job_id))
         removed["prom"] = sorted(unlink_names(textfile_dir, lambda n: file_job(n) in gone))
     if is_node_name(node):
-        live_name = f"{LIVE_PREFIX}{node}.json"
-        jobs_dir = Path(spool_dir) / "jobs"
-        try:
-            ids = [j for j in os.listdir(jobs_dir) if is_job_id(j, array=True)]
-        except OSError:
-            ids = []
-        with_live = [j for j in ids if os.path.lexists(jobs_dir / j / live_name)]
-        for j in gone_jobs(with_live, state, current_job_id):
-            if unlink_names(jobs_dir / j, (live_name,)):
+        # the node's own gone jobs only, never a listing of the shared spool (every job of the cluster's
+        # retention); a live file whose job left no state here (a reboot) goes with EpilogSlurmctld's merge
+        for j in gone_jobs(state, state, current_job_id):
+            if unlink_names(Path(spool_dir) / "jobs" / j, (f"{LIVE_PREFIX}{node}.json",)):
                 removed["live"].append(j)
     return removed
 

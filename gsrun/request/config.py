@@ -32,21 +32,25 @@ DEFAULT_CONFIG_PATH = "/etc/gsrun/gsrun.toml"
 _PINNED = r"[0-9]+=[0-9]+[MG](,[0-9]+=[0-9]+[MG])*"
 
 
+_ENV_NAME_RE = re.compile(r"[A-Z_][A-Z0-9_]*")
+_HOST_NAME_RE = re.compile(r"[A-Za-z0-9.-]{1,253}")
+_EMAIL_RE = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+")
+
 def is_env_name(name: str) -> bool:
     """``[A-Z_][A-Z0-9_]*`` (an environment variable name gsrun sets)."""
-    return re.fullmatch(r"[A-Z_][A-Z0-9_]*", name) is not None
+    return _ENV_NAME_RE.fullmatch(name) is not None
 
 
 def is_host_name(value: str) -> bool:
     """``[A-Za-z0-9.-]{1,253}``."""
-    return re.fullmatch(r"[A-Za-z0-9.-]{1,253}", value) is not None
+    return _HOST_NAME_RE.fullmatch(value) is not None
 
 
 def is_email(value: str) -> bool:
     """``local@domain``: local ``[A-Za-z0-9._%+-]+``, domain ``[A-Za-z0-9.-]+`` -- what
     ``[mail] from_addr`` may be. A recipient (a job's MailUser) is checked by
     :mod:`gsrun.report.mail`, which also takes a display name."""
-    return re.fullmatch(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+", value) is not None
+    return _EMAIL_RE.fullmatch(value) is not None
 
 
 @dataclass(frozen=True, slots=True)

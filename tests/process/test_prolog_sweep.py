@@ -1,5 +1,5 @@
 """The real prolog removes the Prometheus textfiles and live files of jobs gone from the node,
-deciding from the state dir only (tests/helpers/node_site: fake host root, fake tools)."""
+deciding from the state dir only, never listing the shared spool (tests/helpers/node_site: fake host root, fake tools)."""
 
 from __future__ import annotations
 
@@ -48,7 +48,8 @@ def test_prolog_removes_files_of_gone_jobs_only(site):
     _job_state(site, "100", ("monitor.json", "sampler.json"))    # running job (the monitor samples it): kept
     _job_state(site, "101", ("sampler.json",))                   # sampled, its sampling ended: removed
     _job_state(site, "102", ())                                  # prolog in progress: kept
-    # 103: no state dir (its epilog ran, or the node rebooted): removed
+    # 103: no state dir (its epilog ran, or the node rebooted): its textfile removed; its live file is
+    # left to the job's merge on the controller (the prolog never lists the shared spool)
     for j in ("100", "101", "102", "103"):
         (site.prom / f"gsrun_job_{j}.prom").write_text("gsrun_gpu_idle 1\n")
         _live(site, j, "gpu-node01")
@@ -63,18 +64,19 @@ def test_prolog_removes_files_of_gone_jobs_only(site):
     assert (site.spool / "jobs/100/user-live-gpu-node01.json").exists()
     assert (site.spool / "jobs/102/user-live-gpu-node01.json").exists()
     assert not (site.spool / "jobs/101/user-live-gpu-node01.json").exists()
-    assert not (site.spool / "jobs/103/user-live-gpu-node01.json").exists()
+    assert (site.spool / "jobs/103/user-live-gpu-node01.json").exists()
     assert (site.spool / "jobs/103/user-live-gpu-node02.json").exists()
     rec = json.loads((site.spool / "jobs/4242/prolog-gpu-node01.json").read_text())
     swept = rec["steps"]["sweep"]
     assert swept["prom"] == [".gsrun_job_103.prom.77.0123abcd", "gsrun_job_101.prom", "gsrun_job_103.prom"]
-    assert swept["live"] == ["101", "103"]
+    assert swept["live"] == ["101"]
 
 
 @root_only
 def test_user_planted_live_file_decides_nothing(site):
     """A live file (group-readable, in a directory the job's group lists) says the job runs:
-    ignored; only the state dir counts."""
+    ignored; only the state dir counts (the textfile goes; the live file of a job without state
+    here is not even looked at)."""
     d = site.spool / "jobs" / "105"
     d.mkdir(parents=True)
     (d / "user-live-gpu-node01.json").write_text(json.dumps({"kind": "live", "written": 9e9}))
@@ -82,4 +84,4 @@ def test_user_planted_live_file_decides_nothing(site):
     cp = run_node(["prolog"], site.env())
     assert cp.returncode == 0, cp.stderr
     assert not (site.prom / "gsrun_job_105.prom").exists()
-    assert not (d / "user-live-gpu-node01.json").exists()
+    assert (d / "user-live-gpu-node01.json").exists()

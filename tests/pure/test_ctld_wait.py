@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from gsrun.base.paths import Paths
-from gsrun.epilog.ctld import merge
+from gsrun.epilog.ctld import merge, write_summary
 from gsrun.report.summary import node_record
 
 
@@ -77,3 +77,15 @@ def test_a_node_file_of_an_earlier_job_with_the_same_id_is_not_merged(tmp_path):
     assert out["nodes_missing"] == [] and len(pauses) == 2
     assert [n["node"] for n in out["nodes_detail"]] == ["c1"]
     assert out["job"]["start_time"] == 10_000.0
+
+
+def test_the_job_summary_replaces_every_nodes_live_file(tmp_path):
+    """A live file a node left (a reboot: no state on the node, no epilog) goes when the job's summary is written;
+    the node summaries and other files stay."""
+    paths = Paths(str(tmp_path / "state"), str(tmp_path / "spool"), str(tmp_path / "mps"))
+    d = paths.spool_job("92")
+    d.mkdir(parents=True)
+    for name in ("user-live-a1.json", "user-live-a2.json", "node-a1.json", "prolog-a2.json"):
+        (d / name).write_text("{}")
+    write_summary(paths, {"job": {"id": "92"}}, None, None)
+    assert sorted(p.name for p in d.iterdir()) == ["node-a1.json", "prolog-a2.json", "summary.json"]
