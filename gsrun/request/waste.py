@@ -382,9 +382,10 @@ class GpuWatch:
             return []
         if st is None:
             # a stretch starts at the window of its first reading: the previous poll (GPM's means cover a
-            # pause; utilization samples and instant power at most one interval of it: window_s)
+            # pause; utilization samples and instant power at most one interval of a pause: window_s)
             since = prev_s if prev_s is not None and t_s - prev_s <= self.max_gap_s else t_s
-            since = since if sm is not None or self.window_s is None else max(since, t_s - self.window_s)
+            if sm is None and self.window_s is not None and t_s - since > 2.0 * self.window_s:
+                since = t_s - self.window_s
             st = self.stretch = _Stretch(kind, since, since)
         st.add(t_s, reading)
         if st.reported:

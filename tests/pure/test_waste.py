@@ -143,6 +143,15 @@ def test_a_stretch_after_a_pause_starts_one_window_back_without_gpm_and_at_the_p
     assert w.idle_since_s == 75.0
 
 
+def test_polls_a_little_late_keep_a_gpu_without_gpm_never_used():
+    """Real polls come milliseconds after the interval: not a pause; the stretch still starts at the
+    job's first poll, so an untouched GPU without GPM is "never used", not "idle"."""
+    w = GpuWatch("0", IdleConfig(warn_after_min=2))
+    w.window_s = 5.0
+    found = run(w, [{"power_w": 83.0}] + [{"util_pct": 0.0, "power_w": 83.0}] * 40, dt=5.01)
+    assert [(d["code"], d["since_s"]) for d in found] == [(NEVER_USED, 0.0)]
+
+
 def test_round_trip_continues_the_stretch():
     a = GpuWatch("2", CFG)
     run(a, [BUSY] * 3 + [CTX_IDLE] * 10)
