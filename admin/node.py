@@ -33,7 +33,8 @@ from gsrun.admin import doctor as doc, install as inst
 from gsrun.admin.install import render_config_reference
 
 HOST_ROOT = click.option("--host-root", default=None, envvar="GSRUN_HOST_ROOT",
-                         type=click.Path(exists=True, file_okay=False), help="Read/write /proc and /sys under DIR (a recorded or fake tree).")
+                         type=click.Path(exists=True, file_okay=False),
+                         help="Read/write /proc and /sys under DIR (a recorded or fake tree).")
 STATE_DIR = click.option("--state-dir", default=None, envvar="GSRUN_STATE_DIR",
                          help="The node's state directory (default: paths.state_dir, /run/gsrun).")
 SPOOL_DIR = click.option("--spool-dir", default=None, envvar="GSRUN_SPOOL_DIR", help="Spool directory.")

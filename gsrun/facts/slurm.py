@@ -121,6 +121,7 @@ _BRACKET_ITEM_RE = re.compile(r"^([^\[]*)\[([^\]]+)\](.*)\Z")       # prefix[ran
 _TASKS_RE = re.compile(r"([0-9]{1,10})(?:\(x([0-9]{1,10})\))?")      # N, or N(xR): R nodes
 _COMMENT_REQUEST_RE = re.compile(r"(?:^|\s)gsrun:(\S+)")
 
+
 def _expand_one(item: str) -> list[str]:
     if "[" not in item:
         return [item]

@@ -41,6 +41,7 @@ GPU_CLASSES = ("0x0300", "0x0302")  # VGA-compatible controller, 3D controller
 _BDF_RE = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
 _SLOT_RE = re.compile(r"PCI_SLOT_NAME=(\S+)")
 
+
 def is_bdf(text: str) -> bool:
     """``text`` is a PCI address in sysfs form, ``0000:3b:00.0``."""
     return _BDF_RE.fullmatch(text) is not None

@@ -26,7 +26,7 @@ from gsrun.facts import cgroup
 from gsrun.facts.aggregate import Counter, HIST_EDGES_PCT, Metric, Timeline
 from gsrun.facts.nvml import GPU_IS_LOST, NA, NOT_SUPPORTED, NvmlUnavailable, index_by_minor, is_na, open_nvml
 from gsrun.facts.sampler_state import GpuRef, STATE_VERSION
-from gsrun.request.waste import GpuWatch, IdleConfig
+from gsrun.request.waste import GAP_FACTOR, GpuWatch, IdleConfig
 
 # NVML clock event (throttle) reason bits -> cause (nvmlClocksEventReason*)
 THROTTLE_CAUSES = {"power": 0x4 | 0x80,        # SwPowerCap | HwPowerBrakeSlowdown
@@ -40,7 +40,6 @@ OPTIONAL_METRICS = ("mem_procs_bytes", "nvlink_tx_bytes_s", "nvlink_rx_bytes_s")
 TIMELINE_METRICS = ("util_pct", "sm_active_pct", "mem_used_bytes", "power_w")
 UTIL_THRESHOLDS_PCT = (5.0, 50.0)   # util_pct: time at or above these (idle = below 5 %)
 WASTE_FINDINGS_MAX = 64            # detections kept in the state (older ones counted in waste_findings_dropped)
-GAP_FACTOR = 2.0                    # a poll later than this x interval_s: the excess is gap time
 STRETCH_CARRY_S = 30.0              # a waste stretch rides over a pause this long at least (restart, stall, clock step)
 GPU_READ_KEYS = ("memory", "power_mw", "energy_mj", "sm_clock_mhz", "temperature_c",
                  "throttle_reasons", "pcie_tx_kbs", "pcie_rx_kbs", "nvlink_kib", "ecc_uncorrected", "xid_events",

@@ -30,11 +30,10 @@ ENV_CONFIG = "GSRUN_CONFIG"
 DEFAULT_CONFIG_PATH = "/etc/gsrun/gsrun.toml"
 
 _PINNED = r"[0-9]+=[0-9]+[MG](,[0-9]+=[0-9]+[MG])*"
-
-
 _ENV_NAME_RE = re.compile(r"[A-Z_][A-Z0-9_]*")
 _HOST_NAME_RE = re.compile(r"[A-Za-z0-9.-]{1,253}")
 _EMAIL_RE = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+")
+
 
 def is_env_name(name: str) -> bool:
     """``[A-Z_][A-Z0-9_]*`` (an environment variable name gsrun sets)."""

@@ -37,6 +37,7 @@ CANCEL_MODES = ("off", "report", "on")
 CONDITIONS = {IDLE: "idle", STUCK: "stuck", NEVER_USED: "never_used"}
 WATCH_VERSION = 1
 DEFAULT_MAX_GAP_S = 60.0
+GAP_FACTOR = 2.0                 # a poll later than this x the interval: the excess is a pause (gap time)
 _NAME_RE = PARTITION_RE          # Slurm partition, QOS and account names: same allowed characters
 
 
@@ -384,7 +385,7 @@ class GpuWatch:
             # a stretch starts at the window of its first reading: the previous poll (GPM's means cover a
             # pause; utilization samples and instant power at most one interval of a pause: window_s)
             since = prev_s if prev_s is not None and t_s - prev_s <= self.max_gap_s else t_s
-            if sm is None and self.window_s is not None and t_s - since > 2.0 * self.window_s:
+            if sm is None and self.window_s is not None and t_s - since > GAP_FACTOR * self.window_s:
                 since = t_s - self.window_s
             st = self.stretch = _Stretch(kind, since, since)
         st.add(t_s, reading)
