@@ -124,9 +124,10 @@ def main(argv: list[str] | None = None) -> None:
     exit_now(run_hook(a))   # no interpreter teardown: 1.5-2 ms of every hook (every file is closed by now)
 
 
-def run_hook(a: dict) -> int:
+def run_hook(a: dict, answer=None) -> int:
     """Run the hook :func:`parse_hook_args` gave -> its exit status: 2 for a ``GsrunError``
-    (printed), 0 for a bug of ours (printed with its traceback: it must not drain the node)."""
+    (printed), 0 for a bug of ours (printed with its traceback: it must not drain the node).
+    ``answer(status)``: the node daemon's, for an epilog that answers before its report."""
     from gsrun.base.errors import GsrunError
 
     try:
@@ -140,7 +141,7 @@ def run_hook(a: dict) -> int:
             return detach(os.environ, a["spool_dir"]) or 0
         from gsrun.epilog.main import run
 
-        return run(os.environ, a["host_root"], a["state_dir"], a["spool_dir"]) or 0
+        return run(os.environ, a["host_root"], a["state_dir"], a["spool_dir"], answer=answer) or 0
     except GsrunError as e:
         print(str(e), file=sys.stderr)
         return 2

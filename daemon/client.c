@@ -185,6 +185,9 @@ int main(int argc, char **argv)
 			"\nhint: see the daemon's log (journalctl -u gsrun-daemon)\n", hook);
 		return 0;
 	}
+	/* "kept": the status is ours, the rest of the hook (an epilog's report) is the daemon's */
+	reply = 'K';
+	(void)send(fd, &reply, 1, MSG_NOSIGNAL);
 	status = (int)(((uint32_t)(unsigned char)st[0] << 24) | ((uint32_t)(unsigned char)st[1] << 16) |
 		       ((uint32_t)(unsigned char)st[2] << 8) | (uint32_t)(unsigned char)st[3]);
 	if (WIFSIGNALED(status)) {

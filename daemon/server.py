@@ -22,9 +22,11 @@ Protocol (Unix stream socket, integers big-endian):
   why) or ``R`` (ready); the client answers ``G`` within 2 s, else nothing
   starts. Then ``S`` from the forked child before anything else (a close
   before ``S``: nothing ran), and ``X`` with the ``i32`` wait status, from the
-  child as it exits, else from the daemon as it reaps the child. The hook's
-  process group is killed when the daemon reaps it (as slurmd does when a hook
-  ends) or when the client goes away first (slurmd past ``PrologEpilogTimeout``).
+  child as it exits or answers early (an epilog, once the node is restored),
+  else from the daemon as it reaps the child; the client then sends ``K``
+  (kept): the rest of the hook is the daemon's. The hook's process group is
+  killed when the daemon reaps it (as slurmd does when a hook ends) or when
+  the client goes away without ``K`` (slurmd past ``PrologEpilogTimeout``).
 * ``["@ping"]`` (no descriptors): one JSON line (:meth:`NodeDaemon.status`).
 * ``["@bind"]`` (no descriptors) with slurmstepd's :data:`STEPD_ENV`, then
   ``["@step", ...]`` with the job's environment: the step's plan
@@ -64,7 +66,7 @@ MAX_ARGS = 32
 REQUEST_TIMEOUT_S = 2.0         # a client sends its request in one message, at once
 MAX_MERGES = 12                 # EpilogSlurmctld merges running at once (forked: a few MB each of their own)
 MAX_PENDING_MERGES = 2048       # merges waiting for a slot (a few KiB each: argv and the hook's environment)
-READY, GO, STARTED, AGAIN, REFUSED, EXITED = b"R", b"G", b"S", b"F", b"E", b"X"
+READY, GO, STARTED, AGAIN, REFUSED, EXITED, KEPT = b"R", b"G", b"S", b"F", b"E", b"X", b"K"
 SOCKET_NAME = DAEMON_SOCKET_NAME
 MONITOR_BACKOFF_S = 10.0        # a node monitor that lived less than this is started again after it
 MONITOR_STOP_S = 10.0           # a stopping monitor's final flush of every job
@@ -319,9 +321,10 @@ def _close_from(low: int, keep: int = -1) -> None:
 def _child(args: list[str], env: dict[str, str], umask: int, fds: list[int], conn,
            client_pid: int | None = None) -> None:
     """In the forked child: send ``S``, become what slurmd's hook process would be (:func:`join_client`,
-    :func:`_become`), run the hook; then flush, ``/dev/null`` on 0-2 (slurmd's pipe ends with the client,
-    not with this process's teardown), ``X`` and the exit status as a wait status, ``_exit``."""
+    :func:`_become`), run the hook (which may :func:`_answer` before it ends); then answer unless
+    it did, ``_exit``."""
     rc = 70
+    answered: list[int] = []
     try:
         conn.setblocking(True)
         conn.sendall(STARTED)
@@ -329,7 +332,7 @@ def _child(args: list[str], env: dict[str, str], umask: int, fds: list[int], con
         _become(fds, umask, env, keep=conn.fileno())   # the client's connection: X at the end
         for note in notes:
             os.write(2, f"gsrun: daemon: {note}\n".encode())
-        rc = run_hook(parse_hook_args(args))
+        rc = run_hook(parse_hook_args(args), answer=lambda status: answered.append(_answer(conn, status)))
     except SystemExit as e:
         rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except BaseException as e:  # noqa: BLE001 - never back into the daemon's loop
@@ -337,13 +340,22 @@ def _child(args: list[str], env: dict[str, str], umask: int, fds: list[int], con
             os.write(2, f"gsrun: daemon: hook failed in the daemon's child: {e!r}\n".encode())
         rc = 0          # a bug of ours must not drain the node (as node_entry.run_hook)
     finally:
-        flush_std()
-        with suppress(OSError):
-            for fd in (0, 1, 2):
-                os.dup2(os.open("/dev/null", os.O_RDWR), fd)
-        with suppress(OSError):
-            conn.sendall(EXITED + ((rc & 0xFF) << 8).to_bytes(4, "big", signed=True))
+        if not answered:
+            _answer(conn, rc)
         os._exit(rc & 0xFF)     # never back into the caller
+
+
+def _answer(conn, rc: int) -> int:
+    """The hook's exit status ``rc`` to its client: flush, ``/dev/null`` on 0-2 (slurmd's pipe ends
+    with the client, not with this process), ``X`` and ``rc`` as a wait status -> ``rc``."""
+    flush_std()
+    with suppress(OSError):
+        null = os.open("/dev/null", os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+    with suppress(OSError):
+        conn.sendall(EXITED + ((rc & 0xFF) << 8).to_bytes(4, "big", signed=True))
+    return rc
 
 
 def _become(fds: list[int], umask: int, env: dict[str, str], keep: int = -1) -> None:
@@ -815,7 +827,11 @@ class NodeDaemon:
         except OSError:
             data = b""
         if data:
-            return      # nothing is expected from a client now; ignore
+            if KEPT in data:    # the client has the status: the hook goes on alone
+                self.sel.unregister(conn)
+                self.running[pidfd] = (None, entry[1])
+                conn.close()
+            return      # nothing else is expected from a client now
         # the client is gone (done, or killed by slurmd: PrologEpilogTimeout): the hook's group goes too,
         self.sel.unregister(conn)       # and the child alone when not yet past its setsid() (unreaped: ours)
         for kill in (os.killpg, os.kill):

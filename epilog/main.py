@@ -1,10 +1,13 @@
 """``gsrun-node epilog``: run by slurmd as root after the job on a node.
 
-Runs :data:`STEPS` (rule ``CLEANUP``: each runs even after an earlier one
-failed, keeping :data:`STEP_RESERVE_S` of ``timeouts.epilog_budget_s`` for
-every later one). Non-zero only when the node needs an admin (a GPU lost, GPU
-memory still held, a step out of time): slurmd drains it. No Slurm command is
-on the critical path (field case 20); only MIG's failure path drains.
+Runs :data:`RESTORE` (the node as before the job), answers slurmd (through
+the node daemon), then runs :data:`REPORT` (the job's last sample and its node
+summary), each with rule ``CLEANUP``: every step runs even after an earlier
+one failed, keeping :data:`STEP_RESERVE_S` of ``timeouts.epilog_budget_s``
+for every later one. Non-zero only when the node needs an admin (GPU memory
+still held, a step out of time): slurmd drains it. No Slurm command is on
+slurmd's path (field case 20): a GPU lost during the job, found by the
+report, and MIG's failure path drain through ``scontrol``.
 """
 
 from __future__ import annotations
@@ -44,27 +47,31 @@ class Ctx:
     paths: Paths
     sdir: object
     log: JobLog
+    stopped: str | None = None      # how the job's sampling ended (:func:`_end_sampling`)
 
 
-STEPS = (
+RESTORE = (
+    Step("mps", "stop the job's MPS daemon, put compute modes back", STEP_RESERVE_S, lambda c: _mps_stop(c)),
+    Step("residual", "end the job's processes still holding GPU memory, check again", STEP_RESERVE_S,
+         lambda c: _residual(c)),
+    Step("mig", "end the job's sampling, put its GPUs back to their MIG layout before the job", STEP_RESERVE_S,
+         lambda c: _mig_restore(c)),
+    Step("tuning", "restore the node settings from the journal (last job out, reverse order)", STEP_RESERVE_S,
+         lambda c: tuning.epilog_restore(c.hostfs, str(c.paths.state_dir), c.job.job_id, log=c.log, uid=c.job.uid)),
+)
+REPORT = (
     Step("sampler+summary", "end the job's sampling (final sample and flush) and write the node summary",
          STEP_RESERVE_S, lambda c: _summary(c)),
     Step("metrics", "remove the job's Prometheus textfile ([metrics] textfile_dir)", 1.0,
          lambda c: {"removed": remove_job_file(c.cfg["metrics.textfile_dir"], c.job.job_id)},
          when=lambda c: bool(c.cfg["metrics.textfile_dir"])),
-    Step("mps", "stop the job's MPS daemon, put compute modes back", STEP_RESERVE_S, lambda c: _mps_stop(c)),
-    Step("residual", "end the job's processes still holding GPU memory, check again", STEP_RESERVE_S,
-         lambda c: _residual(c)),
-    Step("mig", "put the job's GPUs back to their MIG layout before the job", STEP_RESERVE_S,
-         lambda c: _mig_restore(c)),
-    Step("tuning", "restore the node settings from the journal (last job out, reverse order)", STEP_RESERVE_S,
-         lambda c: tuning.epilog_restore(c.hostfs, str(c.paths.state_dir), c.job.job_id, log=c.log, uid=c.job.uid)),
 )
 
 
 def run(environ, host_root: str | None = None, state_dir: str | None = None,
-        spool_dir: str | None = None, *, stream=None) -> int:
-    """Run :data:`STEPS` for the job in ``environ`` (slurmd's). ``stream``:
+        spool_dir: str | None = None, *, stream=None, answer=None) -> int:
+    """Run :data:`RESTORE`, ``answer(status)`` (the node daemon's: slurmd has the
+    node back), :data:`REPORT` for the job in ``environ`` (slurmd's). ``stream``:
     where the log lines go besides syslog (default stderr). Returns the exit
     status: 1 when the node needs an admin (slurmd drains it)."""
     t0 = time.monotonic()
@@ -80,21 +87,31 @@ def run(environ, host_root: str | None = None, state_dir: str | None = None,
     paths = Paths.from_config(cfg, state_dir, spool_dir)
     sdir = paths.state_job(job.job_id)
     ctx = Ctx(job, cfg, hostfs, paths, sdir, log)
-    out = run_steps("epilog", STEPS, ctx, log, rule=CLEANUP, budget_s=budget_s,
-                    verdict=lambda results: _verdict(results, log),
-                    timeout_hint=f"run 'gsrun-node restore --job {job.job_id}'")
-    if not out.rc:
+    hint = f"run 'gsrun-node restore --job {job.job_id}'"
+    out = run_steps("epilog", RESTORE, ctx, log, rule=CLEANUP, budget_s=budget_s,
+                    verdict=lambda results: _verdict(results, log), timeout_hint=hint)
+    if answer is not None:
+        answer(out.rc)
+        log(f"answered in {time.monotonic() - t0:.3f} s")
+    report = run_steps("epilog", REPORT, ctx, log, rule=CLEANUP, timeout_hint=hint,
+                       budget_s=max(budget_s - (time.monotonic() - t0), STEP_RESERVE_S), verdict=_lost)
+    for reason in report.reasons:
+        drain_node(job.node, reason, log)
+    if not out.rc and not report.reasons:
         _forget_job(sdir, log)
     log(f"done in {time.monotonic() - t0:.3f} s")
     return out.rc
 
 
-def _verdict(results: dict, log) -> list[str]:
-    """The epilog's own reasons to drain: a GPU lost, GPU memory still held."""
-    reasons = []
+def _lost(results: dict) -> list[str]:
+    """The report's reason to drain: a GPU lost during the job."""
     summ = results.get("sampler+summary") or {}
-    if isinstance(summ, dict) and summ.get("lost_gpus"):
-        reasons.append(f"GPU(s) lost during the job: {summ['lost_gpus']}")
+    return [f"GPU(s) lost during the job: {summ['lost_gpus']}"] if summ.get("lost_gpus") else []
+
+
+def _verdict(results: dict, log) -> list[str]:
+    """The restore's own reason to drain: GPU memory still held."""
+    reasons = []
     res = results.get("residual") or {}
     if isinstance(res, dict) and str(res.get("reason") or "").startswith("Residual GPU processes"):
         reasons.append(res["reason"])     # the next job would OOM (field case 17)
@@ -128,16 +145,24 @@ def _nvml_reason(hostfs, prolog: dict) -> str | None:
     return None
 
 
+def _end_sampling(c: Ctx) -> str:
+    """End the job's sampling in the monitor (its last sample, final flush,
+    C-state hold released), once -> how it ended (:attr:`Ctx.stopped`)."""
+    if c.stopped is None:
+        try:
+            out = monitor.ask(c.paths.state_dir, {"op": "end", "job_id": c.job.job_id})
+            c.stopped = str(out.get("stopped")) if out.get("ok") else f"refused: {out.get('error')}"
+        except GsrunError as e:
+            c.stopped = f"monitor not answering: {safe_text(e)}"
+            c.log.warn(f"{c.stopped}: the summary has the figures of the last flush")
+    return c.stopped
+
+
 def _summary(c: Ctx) -> dict:
-    """End the job's sampling in the monitor and write the node summary from
-    ``sampler.json`` (a silent monitor costs the figures since its last flush)."""
+    """End the job's sampling and write the node summary from ``sampler.json``
+    (a silent monitor costs the figures since its last flush)."""
     job, paths, sdir, hostfs, log = c.job, c.paths, c.sdir, c.hostfs, c.log
-    try:
-        out = monitor.ask(paths.state_dir, {"op": "end", "job_id": job.job_id})
-        stopped = str(out.get("stopped")) if out.get("ok") else f"refused: {out.get('error')}"
-    except GsrunError as e:
-        stopped = f"monitor not answering: {safe_text(e)}"
-        log.warn(f"{stopped}: the summary has the figures of the last flush")
+    stopped = _end_sampling(c)
     prolog = read_json(paths.spool_job(job.job_id) / f"prolog-{job.node}.json") or {}
     env = job.to_dict()
     env["prolog_time"] = prolog.get("prolog_time")
@@ -210,5 +235,6 @@ def _mig_restore(c: Ctx):
     job, log = c.job, c.log
     if not (c.paths.state_job(job.job_id) / mig.JOURNAL_NAME).exists():
         return {"skipped": "no MIG journal"}
+    _end_sampling(c)        # the restore removes the job's MIG devices: their last sample first
     return mig.epilog_restore(RealMig(), str(c.paths.state_dir / "jobs"), job.job_id,
                               drain=lambda reason: drain_node(job.node, reason, log), log=log)

@@ -406,7 +406,6 @@ class Monitor:
         if entry is None:
             return {"ok": True, "samples": None, "stopped": "not running"}
         s = entry.sampler
-        t0 = time.perf_counter()
         try:
             s.finish()
             stopped = "stopped"
@@ -417,8 +416,7 @@ class Monitor:
             self._release(entry)
             with suppress(OSError):
                 os.unlink(self.paths.state_job(job_id) / JOB_FILE)
-        return {"ok": True, "samples": s.state["samples"], "stopped": stopped,
-                "final_ms": round((time.perf_counter() - t0) * 1000, 2)}
+        return {"ok": True, "samples": s.state["samples"], "stopped": stopped}
 
     def _release(self, entry: Job) -> None:
         if entry.dma_fd is not None:

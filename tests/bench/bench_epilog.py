@@ -18,7 +18,9 @@ As root or not (the fake site of ``tests/helpers/node_site.py``: the H200
 VM recording with a fake NVML, tuning applied to the fake tree). For each
 run: ``gsrun-node prolog`` (the node monitor begins sampling the job, tuning
 journaled when tuned), ``--run-s`` seconds of "job", then ``gsrun-node epilog``
-(the monitor's final sample, the node summary, restore). One node daemon runs
+(restore, then the monitor's final sample and the node summary; through the
+daemon the client has its answer before these two: ``epilog_done_*`` is the
+time until the job's state directory is gone, the report's end). One node daemon runs
 for the whole bench: its monitor (NVML opened once) serves every hook.
 Without and with tuning (``SPANK_GS_TUNE``); ``--no-daemon`` skips the runs
 through the daemon (no C compiler). Also ``gsrun --dry-run`` and
@@ -180,11 +182,17 @@ def main() -> int:
             if cp.returncode:
                 errors.append(f"prolog rc {cp.returncode}: {cp.stderr[-300:]}")
             time.sleep(a.run_s)
+            t0 = time.perf_counter()
             ms, cp = hook_ms(hooks["epilog"], env, via)
             parts.setdefault("epilog" + sfx, []).append(_parts(cp.stderr))
             res["epilog" + sfx].append(ms)
             if cp.returncode:
                 errors.append(f"epilog rc {cp.returncode}: {cp.stderr[-300:]}")
+            if via:     # answered once the node is restored; its report (the job's state dir removed last)
+                sdir = site.state / "jobs" / str(job)      # ends before the next hook, as slurmd's jobs do
+                while sdir.exists() and time.perf_counter() - t0 < 10:
+                    time.sleep(0.0005)
+                res.setdefault("epilog_done" + sfx, []).append((time.perf_counter() - t0) * 1000.0)
         ms, cp = wall_ms([*py, "-c", CLI, "--dry-run", "--gpus", "1", "--gpus-per-node", "1",
                           str(script)], cwd=str(site.base))
         res["dry_run"].append(ms)

@@ -209,6 +209,16 @@ def run_node(args: list[str], env: dict, timeout_s: float = 120, cwd: str = "/")
                           errors="replace", timeout=timeout_s, cwd=cwd)
 
 
+def wait_for(pred, timeout_s: float) -> bool:
+    """``pred()`` true within ``timeout_s`` (polled every 0.1 s)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.1)
+    return pred()
+
+
 def timed(args, env, timeout_s=120) -> tuple[subprocess.CompletedProcess, float]:
     t0 = time.monotonic()
     cp = run_node(args, env, timeout_s)

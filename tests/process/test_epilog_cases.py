@@ -242,10 +242,12 @@ def test_case15_sampler_runs_on_and_epilog_reports_it(site):
     assert summ["cpu_time_s"] == 12.5 and summ["mem_peak_bytes"] == 2 << 30
 
 
-# ---------------------------------------------------------------- field case 16: exit status
+# ---------------------------------------------------------------- field case 16: the node drained
 
 @root_only
-def test_case16_lost_gpu_makes_the_epilog_exit_nonzero(site):
+def test_case16_lost_gpu_drains_the_node(site):
+    """The report finds the lost GPU after slurmd has its answer (the node is restored): the
+    epilog drains the node through scontrol and keeps the job's state for an admin."""
     from gsrun.facts.nvml import NA, FakeNvml, Seq
 
     nv = FakeNvml(json.loads((site.host / "nvml.json").read_text()))
@@ -253,10 +255,14 @@ def test_case16_lost_gpu_makes_the_epilog_exit_nonzero(site):
     (site.state / "jobs/4242").mkdir(parents=True)
     from gsrun.node.sampler import Sampler
 
-    Sampler(HostFS(site.host), "4242", USER, "gpu-node01", [0, 1], str(site.state / "jobs/4242/sampler.json"),
-            0.01, 0.01, nvml=nv, usage=lambda: (1.0, 1, 1, "test")).run(4)
-    cp = run_node(["epilog"], site.env(gpus="0,1"))
-    assert cp.returncode == 1 and "GPU(s) lost during the job: [1]" in cp.stderr
+    s = Sampler(HostFS(site.host), "4242", USER, "gpu-node01", [0, 1], str(site.state / "jobs/4242/sampler.json"),
+                0.01, 0.01, nvml=nv, usage=lambda: (1.0, 1, 1, "test"))
+    s.run(4)
+    cp = run_node(["epilog"], site.env(gpus="0,1", FAKE_SLURM="record"))
+    assert cp.returncode == 0 and "draining gpu-node01: gsrun: GPU(s) lost during the job: [1]" in cp.stderr
+    assert "scontrol update nodename=gpu-node01 state=drain reason=gsrun: GPU(s) lost during the job: [1]" \
+        in site.calls_made(), site.calls_made()
+    assert (site.state / "jobs/4242/sampler.json").exists()
     summ = json.loads((site.spool / "jobs/4242/node-gpu-node01.json").read_text())
     assert [g["lost_at_s"] is not None for g in summ["gpus"]] == [False, True]
 

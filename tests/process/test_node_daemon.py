@@ -21,7 +21,7 @@ import gsrun
 from gsrun.daemon import server
 from gsrun.node import monitor
 from gsrun.admin.node_entry import HOOK_BOOTSTRAP
-from helpers.node_site import LAUNCH, make_site, samplers_of
+from helpers.node_site import LAUNCH, make_site, samplers_of, wait_for
 
 SITE_DIR = os.path.realpath(os.path.dirname(os.path.dirname(os.path.abspath(gsrun.__file__))))
 MISMATCH = {"init": {"error": "Driver/library version mismatch", "code": 18}}
@@ -187,6 +187,7 @@ def test_a_job_through_the_daemon_prolog_monitor_epilog(client, tmp_path):
         time.sleep(1.0)                     # 0.2 s polls
         cp = via(client, running.sock, hook("epilog"), env)
         assert cp.returncode == 0, cp.stderr
+        assert wait_for(lambda: running.children() == [], 10)     # the report, written after the answer
         node = json.loads((site.spool / "jobs" / "5101" / "node-gpu-node01.json").read_text())
         assert node["sampler_stop"] == "stopped" and node["samples"] >= 5 and node["gpu_available"]
         assert monitor.ask(site.state, {"op": "status"})["jobs"] == []
@@ -513,7 +514,7 @@ def child(args, env, umask, fds, conn, client_pid=None):
     with open(marker, "a") as f:
         f.write("daemon\\n")
     os._exit(0)
-def probe(args):                    # the hook itself, in the daemon's real hook child
+def probe(args, answer=None):      # the hook itself, in the daemon's real hook child
     with open("/proc/self/status") as f, open(marker, "w") as out:
         out.write("".join(l for l in f if l.startswith(("SigBlk", "SigIgn", "SigCgt"))))
     os._exit(0)
@@ -531,9 +532,11 @@ if mode == "probe":
     server.run_hook = probe
 elif mode == "leaves":              # the hook leaves a process in its own group and says which
     import subprocess
-    server.run_hook = lambda a: (open(marker, "w").write(str(subprocess.Popen(["sleep", "60"]).pid)), 0)[1]
+    server.run_hook = lambda a, answer: (open(marker, "w").write(str(subprocess.Popen(["sleep", "60"]).pid)), 0)[1]
+elif mode == "early":               # the hook answers 5, then goes on 1 s and says so
+    server.run_hook = lambda a, answer: (answer(5), time.sleep(1.0), open(marker, "w").write("report"), 0)[-1]
 elif mode == "status":              # the hook runs 0.5 s and ends with 3
-    server.run_hook = lambda a: (time.sleep(0.5), 3)[1]
+    server.run_hook = lambda a, answer: (time.sleep(0.5), 3)[1]
 elif mode == "broken":
     server._child = broken
 else:
@@ -578,6 +581,21 @@ def test_the_hooks_own_process_answers_its_status(client, tmp_path):
     finally:
         os.kill(p.pid, signal.SIGCONT)
         c.kill()
+        p.kill()
+        p.wait()
+
+
+def test_a_hook_that_answered_goes_on_after_its_client_left(client, tmp_path):
+    """An epilog answers once the node is restored: the client exits with that status at
+    once (its K), and the client's exit does not end the hook's report."""
+    p, sock, marker, log = patched_daemon(tmp_path, "early")
+    try:
+        t0 = time.monotonic()
+        cp = via(client, sock, ["/bin/true"], {}, timeout_s=30)
+        assert cp.returncode == 5 and time.monotonic() - t0 < 0.9, (cp.stderr, log.read_text())
+        assert not marker.exists()
+        assert wait_for(lambda: marker.exists(), 10) and marker.read_text() == "report", log.read_text()
+    finally:
         p.kill()
         p.wait()
 

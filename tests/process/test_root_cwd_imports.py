@@ -24,13 +24,12 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from gsrun.base.proc import root_child_env, root_python
-from helpers.node_site import kill_fakes, make_site, nvml_devices, run_node
+from helpers.node_site import kill_fakes, make_site, nvml_devices, run_node, wait_for
 
 pytestmark = pytest.mark.process
 
@@ -47,15 +46,6 @@ def plant(cwd: Path, marks: Path, what: str) -> None:
         (cwd / "gsrun" / "__init__.py").write_text(PLANT.format(marks=str(marks), name="gsrun"))
     if what in ("json-module", "both"):
         (cwd / "json.py").write_text(PLANT.format(marks=str(marks), name="json"))
-
-
-def wait_for(pred, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.1)
-    return pred()
 
 
 @pytest.fixture
