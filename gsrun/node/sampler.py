@@ -44,8 +44,7 @@ STRETCH_CARRY_S = 30.0              # a waste stretch rides over a pause this lo
 GPU_READ_KEYS = ("memory", "power_mw", "energy_mj", "sm_clock_mhz", "temperature_c",
                  "throttle_reasons", "pcie_tx_kbs", "pcie_rx_kbs", "nvlink_kib", "ecc_uncorrected", "xid_events",
                  "compute_processes")
-# nvmlDeviceGetPcieThroughput (20 ms a call): not in the final sample (epilog's path) unless GPM gives them
-FINAL_LEAVE_OUT = PCIE_KEYS = ("pcie_tx_kbs", "pcie_rx_kbs")
+PCIE_KEYS = ("pcie_tx_kbs", "pcie_rx_kbs")
 MEM_V2 = "nvmlDeviceGetMemoryInfo_v2"
 MEM_V1_BASELINE = "nvmlDeviceGetMemoryInfo v1 minus the prolog's baseline"
 
@@ -185,20 +184,20 @@ def state_from_json(d: dict, idle_cfg=None) -> dict:
     return st
 
 
-def read_gpu(nv, ref: GpuRef, since_us: int | None, skip=(), leave_out=(), first: bool = False) -> dict:
+def read_gpu(nv, ref: GpuRef, since_us: int | None, skip=(), first: bool = False) -> dict:
     """One poll of one GPU -> raw readings (values or NA); ``skip`` keys answer
-    NA("Not Supported") without a call, ``leave_out`` keys are not read. With
-    GPM, :data:`PCIE_KEYS` come from its metrics (the interval's mean), else
-    from ``nvmlDeviceGetPcieThroughput`` (blocks ~20 ms per call; a ``leave_out``
-    key then). A job's ``first`` poll only sets GPM's baseline: its interval began before the job."""
+    NA("Not Supported") without a call. With GPM, :data:`PCIE_KEYS` come from
+    its metrics (the interval's mean), else from ``nvmlDeviceGetPcieThroughput``
+    (blocks ~20 ms per call). A job's ``first`` poll only sets GPM's baseline
+    (its interval began before the job) and reads no PCIe figures."""
     i = ref.nvml_index
     gone = NA("Not Supported", NOT_SUPPORTED)
 
     def get(k, **kw):
         return gone if k in skip else nv.get(i, k, **kw)
-    gpm = get("gpm") if ref.gpm else None
+    gpm, leave_out = get("gpm") if ref.gpm else None, ()
     if first and isinstance(gpm, dict):
-        gpm, leave_out = NA("first GPM sample", None), (*leave_out, *PCIE_KEYS)
+        gpm, leave_out = NA("first GPM sample", None), PCIE_KEYS
     pcie = {k: gpm[k] for k in PCIE_KEYS if isinstance(gpm, dict) and not is_na(gpm.get(k, gone))}
     r = {k: pcie[k] if k in pcie else get(k) for k in GPU_READ_KEYS if k in pcie or k not in leave_out}
     if ref.gpm:
@@ -403,12 +402,11 @@ class JobProcs:
         self.rss_peak = 0
         self.current: set[int] = set()                # the job's PIDs at the last poll
 
-    def poll(self, known_only: bool = False) -> tuple[float, int]:
-        """``(cumulative CPU seconds, current RSS bytes)`` of the job's processes;
-        ``known_only``: no scan for new ones (~8 ms on an H200 node)."""
+    def poll(self) -> tuple[float, int]:
+        """``(cumulative CPU seconds, current RSS bytes)`` of the job's processes."""
         rss = 0
         current: set[int] = set()
-        for key, p in (self._known(psutil) if known_only else self._scan(psutil)):
+        for key, p in self._scan(psutil):
             with suppress(*_GONE):
                 ct = p.cpu_times()
                 self.seen[key] = ct.user + ct.system
@@ -437,17 +435,6 @@ class JobProcs:
                     if self.node and env.get("SLURMD_NODENAME", self.node) != self.node:
                         self.other.add(key)
                         continue
-            except _GONE:
-                continue
-            yield key, p
-
-    def _known(self, psutil):
-        """The same for the job's processes of the last poll that still run (a reused PID is not one)."""
-        for key in [k for k in self.seen if k[0] in self.current]:
-            try:
-                p = psutil.Process(key[0])
-                if p.create_time() != key[1]:
-                    continue
             except _GONE:
                 continue
             yield key, p
@@ -529,7 +516,7 @@ class Sampler:
         self._usage = usage
         self.live = None          # gsrun.node.live.LiveActions (the monitor sets it)
 
-    def _job_usage(self, final: bool = False):
+    def _job_usage(self):
         if self._usage is not None:
             return self._usage()
 
@@ -540,7 +527,7 @@ class Sampler:
             u = cgroup.read_usage(self.hostfs, self._cg)
             if u is not None and u.cpu_time_s is not None:
                 return u.cpu_time_s, u.mem_current_bytes, u.mem_peak_bytes, u.source
-        cpu, rss = self.procs.poll(known_only=final)
+        cpu, rss = self.procs.poll()
         return cpu, rss, None, "processes with SLURM_JOB_ID (psutil)"
 
     def _job_pids(self) -> set[int] | None:
@@ -551,9 +538,8 @@ class Sampler:
             return set(cgroup.read_pids(self.hostfs, self._cg))
         return set(self.procs.current)
 
-    def sample_once(self, final: bool = False) -> None:
-        """One poll of every GPU and of the job's CPU/memory; the ``final`` one
-        leaves out :data:`FINAL_LEAVE_OUT` and the scan for new processes."""
+    def sample_once(self) -> None:
+        """One poll of every GPU and of the job's CPU/memory."""
         now = self.clock()
         st = self.state
         dt = max(0.0, now - st["last_time"]) if st["samples"] else 0.0
@@ -564,7 +550,7 @@ class Sampler:
             st["gap_s"] = st.get("gap_s", 0.0) + gap
         t_rel = now - st["start_time"]
         try:
-            cpu, cur, peak, src = self._job_usage(final)
+            cpu, cur, peak, src = self._job_usage()
         except Exception as e:  # noqa: BLE001
             cpu, cur, peak, src = None, None, None, f"unavailable ({e})"
         pids = None
@@ -580,7 +566,7 @@ class Sampler:
                 # (a lost GPU is not polled again: calls on it may hang)
                 try:
                     r = read_gpu(self.nv, ref, g["last_sample_us"], set(g.get("not_polled", ())),
-                                 FINAL_LEAVE_OUT if final else (), first=not st["samples"])
+                             first=not st["samples"])
                 except Exception as e:  # noqa: BLE001 - a broken binding must not kill the sampler
                     r = {"memory": NA(f"read failed: {e}", None)}
                 vals = update_gpu(g, r, t_rel, dt, gap, pids)
@@ -660,7 +646,7 @@ class Sampler:
 
     def finish(self) -> None:
         """The last sample and the final flush (``done``)."""
-        self.sample_once(final=True)
+        self.sample_once()
         self.flush(done=True)
 
     def run(self, max_samples: int) -> dict:

@@ -10,7 +10,7 @@ import pytest
 
 from gsrun.facts.nvml import ALL_LINKS, NA, NOT_SUPPORTED, FakeNvml, RealNvml, field_value
 from gsrun.facts.sampler_state import GpuRef
-from gsrun.node.sampler import (FINAL_LEAVE_OUT, new_gpu_state, nvlink_rates, read_gpu, state_from_json,
+from gsrun.node.sampler import (new_gpu_state, nvlink_rates, read_gpu, state_from_json,
                                 state_to_json, update_gpu)
 from gsrun.request.waste import STUCK, GpuWatch, IdleConfig, fmt_rate_bytes_s
 
@@ -78,9 +78,7 @@ def test_not_supported_is_unknown_and_not_polled_again():
 
 def test_sampler_metrics_and_state_round_trip():
     """An H200 with NVLink through read_gpu/update_gpu: the metrics have the rate, the
-    baseline survives the state file (a restarted sampler continues the rate), and the
-    final sample keeps the one field-values read."""
-    assert "nvlink_kib" not in FINAL_LEAVE_OUT
+    baseline survives the state file (a restarted sampler continues the rate)."""
     ref = GpuRef(0, 0, "GPU-x", None, "NVIDIA H200", None, False, False)
     seq = [{"ok": {"tx": 1000 + 50_000 * k, "rx": 2000 + 25_000 * k}} for k in range(4)]
     fake = FakeNvml({"devices": [{"minor": {"ok": 0}, "nvlink_kib": {"seq": seq}}]})
@@ -96,7 +94,7 @@ def test_sampler_metrics_and_state_round_trip():
     assert js["gpus"][0]["nvlink_prev"] == {"t_s": 10.0, "tx_kib": 101_000, "rx_kib": 52_000}
     assert js["gpus"][0]["metrics"]["nvlink_tx_bytes_s"]["n"] == 2
     back = state_from_json(js)["gpus"][0]
-    vals = update_gpu(back, read_gpu(fake, ref, None, (), FINAL_LEAVE_OUT), 15.0, 5.0)
+    vals = update_gpu(back, read_gpu(fake, ref, None, ()), 15.0, 5.0)
     assert vals["nvlink_tx_bytes_s"] == 50_000 * 1024 / 5.0 and vals["pcie_tx_bytes_s"] is None
 
 

@@ -443,9 +443,9 @@ def test_gpm_metric_refused_is_unsupported_and_pcie_falls_back(tmp_path):
     assert g["unsupported"]["tensor_active_pct"] == "Not Supported" and "pcie_tx_kbs" not in g["unsupported"]
     assert g["metrics"]["pcie_tx_bytes_s"]["max"] == 512 * 1024
     assert g["metrics"]["tensor_active_pct"]["max"] is None and g["metrics"]["sm_active_pct"]["max"] == 50.0
-    # the first poll (GPM has no interval yet) asks both; later polls only the refused one, not the final
+    # the first poll (GPM has no interval yet) asks both; later polls, the final one too, only the refused one
     assert [c for c in fake.calls if c[1] in ("pcie_tx_kbs", "pcie_rx_kbs")] == [(0, "pcie_tx_kbs"), (0, "pcie_rx_kbs")] \
-        + [(0, "pcie_tx_kbs")] * 4
+        + [(0, "pcie_tx_kbs")] * 5
 
 
 # ----------------------------------------------------------------- sampler restart
