@@ -648,16 +648,3 @@ class Sampler:
         """The last sample and the final flush (``done``)."""
         self.sample_once()
         self.flush(done=True)
-
-    def run(self, max_samples: int) -> dict:
-        """Poll ``max_samples`` times at ``start + n * interval_s``, then
-        :meth:`finish` -> the state (JSON form) (tests)."""
-        next_t = self.clock()
-        for n in range(max_samples):
-            if n:
-                next_t += self.interval_s
-                if self.clock() < next_t:
-                    self.sleep(next_t - self.clock())
-            self.poll()
-        self.finish()
-        return self.snapshot()

@@ -117,9 +117,17 @@ def make_sampler(tmp_path, fake, gres, clock, interval_s=5.0, flush_s=1e9, node=
 
 
 def run_job(sampler, n_polls: int) -> dict:
-    """Run ``n_polls`` polls (t = 0 .. (n-1) x interval) and stop; returns the
-    final state (JSON form), as the epilog reads it."""
-    return sampler.run(max_samples=n_polls)
+    """``n_polls`` polls at ``start + n * interval_s`` (t = 0 .. (n-1) x interval, waiting with the
+    sampler's ``sleep``), then its final sample and flush -> the state (JSON form), as the epilog reads it."""
+    next_t = sampler.clock()
+    for n in range(n_polls):
+        if n:
+            next_t += sampler.interval_s
+            if sampler.clock() < next_t:
+                sampler.sleep(next_t - sampler.clock())
+        sampler.poll()
+    sampler.finish()
+    return sampler.snapshot()
 
 
 def node_of(state: dict, elapsed_s: float, cpus: int | None = 8, gpus=None, node: str = "n1") -> dict:

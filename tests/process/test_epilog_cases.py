@@ -21,6 +21,7 @@ from gsrun.node import residual
 from gsrun.facts.hostfs import HostFS
 from helpers.node_site import TUNE, host_only, kill_fakes, leftover_fakes, make_site, nvml_devices, \
     run_node, samplers_of, snapshot, timed
+from helpers.sampler_sim import run_job
 from helpers.tuning_tree import diff
 
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="the hooks run as root; processes of other uids")
@@ -234,7 +235,7 @@ def test_case15_sampler_runs_on_and_epilog_reports_it(site):
 
     s = Sampler(HostFS(site.host), "4242", USER, "gpu-node01", [0], str(site.state / "jobs/4242/sampler.json"),
                 0.01, 0.01, usage=lambda: (12.5, 1 << 30, 2 << 30, "test"))
-    s.run(3)
+    run_job(s, 3)
     cp = run_node(["epilog"], env)
     assert cp.returncode == 0
     summ = json.loads((site.spool / "jobs/4242/node-gpu-node01.json").read_text())
@@ -257,7 +258,7 @@ def test_case16_lost_gpu_drains_the_node(site):
 
     s = Sampler(HostFS(site.host), "4242", USER, "gpu-node01", [0, 1], str(site.state / "jobs/4242/sampler.json"),
                 0.01, 0.01, nvml=nv, usage=lambda: (1.0, 1, 1, "test"))
-    s.run(4)
+    run_job(s, 4)
     cp = run_node(["epilog"], site.env(gpus="0,1", FAKE_SLURM="record"))
     assert cp.returncode == 0 and "draining gpu-node01: gsrun: GPU(s) lost during the job: [1]" in cp.stderr
     assert "scontrol update nodename=gpu-node01 state=drain reason=gsrun: GPU(s) lost during the job: [1]" \

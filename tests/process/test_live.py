@@ -26,7 +26,7 @@ from gsrun.request.config import parse_config
 from gsrun.wrapper import gseff
 from gsrun.wrapper.submit import JobState, follow_to_end
 from helpers.line_log import LineLog
-from helpers.sampler_sim import SimClock, h200_data, job_of, make_sampler, node_of
+from helpers.sampler_sim import SimClock, h200_data, job_of, make_sampler, node_of, run_job
 
 JOB = "4242"
 
@@ -58,7 +58,7 @@ def test_live_file_bounded_and_gseff_running_figures_match_the_final_code(tmp_pa
     writes = []
     orig = s.live.write_live
     s.live.write_live = lambda st, js, now: (writes.append(now - clock.t0), orig(st, js, now))
-    final = s.run(max_samples=25)            # t = 0 .. 120 s
+    final = run_job(s, 25)            # t = 0 .. 120 s
     # written at the first flush, then no more often than every live.flush_s (30 s)
     assert writes == [0.0, 30.0, 60.0, 90.0, 120.0]
     path = spool / "jobs" / JOB / "user-live-n1.json"
@@ -70,7 +70,7 @@ def test_live_file_bounded_and_gseff_running_figures_match_the_final_code(tmp_pa
     clock2 = SimClock()
     s2 = make_sampler(tmp_path / "long", FakeNvml(h200_data(8)), list(range(8)), clock2, interval_s=5.0, flush_s=5.0)
     s2.live = _live(spool2, "n1", clock2)
-    long_final = s2.run(max_samples=400)
+    long_final = run_job(s2, 400)
     size2 = (spool2 / "jobs" / JOB / "user-live-n1.json").stat().st_size
     assert size2 < 1.1 * size and len(json.dumps(long_final)) > 2 * len(json.dumps(final))
     # the last live write was after the last poll: its figures are the final code's figures
@@ -191,7 +191,7 @@ def test_watch_redraws_until_final_report(tmp_path):
     clock = SimClock()
     s = make_sampler(tmp_path, FakeNvml(h200_data(1)), [0], clock, interval_s=5.0, flush_s=5.0)
     s.live = _live(spool, "n1", clock)
-    final = s.run(max_samples=3)
+    final = run_job(s, 3)
     paths = Paths("/nonexistent", str(spool), "/nonexistent")
     summ = job_of([node_of(final, 10.0, gpus=[0])], 10.0, id=JOB)
     rounds = []
@@ -259,7 +259,7 @@ def _cancel_run(tmp_path, table: dict, record: dict | None, nodes=("n1",), polls
     s.live = LiveActions(spool, JOB, "n1", os.getuid(), idle, 30.0, clock=clock, job_record=job_record,
                          scancel=lambda j: (calls.append((j, clock() - clock.t0)), (True, "scancel accepted"))[1],
                          kick=lambda: kicks.append(1), log=LineLog())
-    final = s.run(max_samples=polls)
+    final = run_job(s, polls)
     return calls, final, spool
 
 

@@ -164,7 +164,7 @@ def test_actions_in_node_and_job_summary_and_gseff(tmp_path):
     from gsrun.report.render import render_text
     from gsrun.wrapper import gseff
     from helpers.fake_nvml import work_then_idle
-    from helpers.sampler_sim import SimClock, job_of, node_of
+    from helpers.sampler_sim import SimClock, job_of, node_of, run_job as run_sampler
 
     spool = _spool(tmp_path, 1)
     clock = SimClock(T0)
@@ -182,7 +182,7 @@ def test_actions_in_node_and_job_summary_and_gseff(tmp_path):
                                                "unparsable": False},
                          scancel=lambda j: (calls.append(j), (True, "scancel accepted"))[1], kick=lambda: None,
                          log=LineLog())
-    final = s.run(max_samples=20)
+    final = run_sampler(s, 20)
     assert calls == [JOB]
     warned = ("all allocated GPUs idle since 5 s into the job, for 0.5 min (limit 0.5 min, "
               "idle.cancel_after_min)")

@@ -18,7 +18,7 @@ from gsrun.node.metrics_textfile import (TextfileExporter, build_samples, file_n
                                          render)
 from gsrun.node.sampler import new_state, update_gpu
 
-from helpers.sampler_sim import SimClock, h200_data, make_sampler
+from helpers.sampler_sim import SimClock, h200_data, make_sampler, run_job
 
 pytestmark = pytest.mark.pure
 
@@ -215,7 +215,7 @@ def test_sampler_writes_the_file_at_each_flush_0644_atomic(tmp_path, capsys):
     fake.set(0, "util_samples", Seq([{"ok": [[1_000_000 * (k + 1), 25 * (k % 5)]]} for k in range(6)]))
     s = make_sampler(tmp_path, fake, [0], SimClock(), flush_s=10.0)
     s.export = TextfileExporter(str(d), "4242", "alice")
-    s.run(max_samples=5)
+    run_job(s, 5)
     assert os.listdir(d) == ["gsrun_job_4242.prom"]
     st = os.stat(d / "gsrun_job_4242.prom")
     assert stat.S_IMODE(st.st_mode) == 0o640
@@ -238,7 +238,7 @@ def test_idle_flag_follows_the_samplers_detector(tmp_path):
         fake.set(gpu, "util_samples", Seq([{"ok": [[1_000_000 * (k + 1), util]]} for k in range(8)]))
     s = make_sampler(tmp_path, fake, [0, 1], SimClock(), flush_s=10.0)
     s.export = TextfileExporter(str(d), "4242", "alice")
-    s.run(max_samples=6)
+    run_job(s, 6)
     lines = [x for x in (d / "gsrun_job_4242.prom").read_text().splitlines() if x.startswith("gsrun_gpu_idle{")]
     assert [(x.split('gpu="')[1][0], x.rsplit(" ", 1)[1]) for x in lines] == [("0", "1.0"), ("1", "0.0")]
 
@@ -275,7 +275,7 @@ def test_privacy_settings_hide_figures_from_other_local_users(tmp_path):
     fake = FakeNvml(h200_data(1))
     s = make_sampler(tmp_path, fake, [0], SimClock(), flush_s=10.0)
     s.export = exp
-    s.run(max_samples=3)
+    run_job(s, 3)
     st = os.stat(d / "gsrun_job_4242.prom")
     assert stat.S_IMODE(st.st_mode) & 0o007 == 0, "world-readable .prom file"
     text = (d / "gsrun_job_4242.prom").read_text()

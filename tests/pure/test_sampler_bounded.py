@@ -10,7 +10,7 @@ import pytest
 
 from gsrun.facts.nvml import FakeNvml
 
-from helpers.sampler_sim import GIB, T0, SimClock, cpu_usage, h200_data, make_sampler, node_of
+from helpers.sampler_sim import GIB, T0, SimClock, cpu_usage, h200_data, make_sampler, node_of, run_job
 
 WEEK_S = 7 * 86400
 INTERVAL = 5.0
@@ -50,7 +50,7 @@ def _run(tmp_path, seconds: float, n_gpus: int = 2):
     fake = ClockedNvml(h200_data(n_gpus), clock)
     s = make_sampler(tmp_path, fake, list(range(n_gpus)), clock, interval_s=INTERVAL, flush_s=86400.0,
                      usage=cpu_usage(clock, 3.0, 4 * GIB), node=f"n{int(seconds)}")
-    st = s.run(max_samples=int(seconds / INTERVAL) + 1)
+    st = run_job(s, int(seconds / INTERVAL) + 1)
     return st, clock
 
 
@@ -99,7 +99,7 @@ def test_state_file_written_atomically_and_bounded_on_flush(tmp_path):
     clock = SimClock()
     fake = ClockedNvml(h200_data(1), clock)
     s = make_sampler(tmp_path, fake, [0], clock, flush_s=30.0, timeline_points=100)
-    s.run(max_samples=5000)
+    run_job(s, 5000)
     d = json.loads((tmp_path / "sampler-n1.json").read_text())
     assert d["done"] is True and d["samples"] == 5001
     assert all(len(t["points"]) < 100 for t in d["gpus"][0]["timeline"].values())

@@ -13,7 +13,7 @@ from gsrun.facts.nvml import NA, FakeNvml, Seq
 from gsrun.node.sampler import Sampler
 from gsrun.request.waste import IdleConfig
 
-from helpers.sampler_sim import SimClock, energy_stream, h200_data, util_sample_stream
+from helpers.sampler_sim import SimClock, energy_stream, h200_data, run_job, util_sample_stream
 
 pytestmark = pytest.mark.pure
 
@@ -52,7 +52,7 @@ def _sampler(tmp_path, fake, clock):
 
 def test_detections_in_the_state(tmp_path):
     clock = SimClock()
-    st = _sampler(tmp_path, _fake(), clock).run(max_samples=N)
+    st = run_job(_sampler(tmp_path, _fake(), clock), N)
     got = [(f["code"], f["gpu"], f["since_s"], f["detected_s"]) for f in st["waste_findings"]]
     assert got == [("gpu_never_used", "1", 0.0, 60.0), ("gpu_idle", "0", 120.0, 180.0)]
     idle = st["waste_findings"][1]["evidence"]
@@ -78,7 +78,7 @@ def test_restart_continues_the_stretch(tmp_path):
     (tmp_path / "sampler.json").write_text(json.dumps(saved))
     s2 = _sampler(tmp_path, fake, clock)          # a restarted sampler reads the state file
     assert s2.state["watch"][0].idle_since_s == 120.0 and s2.state["watch"][0].max_gap_s == 30.0
-    st = s2.run(max_samples=N - 31)
+    st = run_job(s2, N - 31)
     assert [(f["code"], f["since_s"], f["detected_s"]) for f in st["waste_findings"]] == \
         [("gpu_never_used", 0.0, 60.0), ("gpu_idle", 120.0, 180.0)]
 
@@ -89,7 +89,7 @@ def test_nvml_down_detects_nothing(tmp_path):
     def boom():
         raise NvmlUnavailable("DRIVER_NOT_LOADED", "no driver")
     clock = SimClock()
-    st = _sampler(tmp_path, boom, clock).run(max_samples=N)
+    st = run_job(_sampler(tmp_path, boom, clock), N)
     assert st["waste_findings"] == []
     assert all(w["stretch"] is None and w["kind"] is None for w in st["watch"])
 
@@ -98,7 +98,7 @@ def test_gpu_without_gpm_says_so(tmp_path):
     fake = _fake()
     fake.set(1, "gpm", NA("Not Supported", 3))
     clock = SimClock()
-    st = _sampler(tmp_path, fake, clock).run(max_samples=N)
+    st = run_job(_sampler(tmp_path, fake, clock), N)
     never = [f for f in st["waste_findings"] if f["gpu"] == "1"][0]
     assert never["code"] == "gpu_never_used"
     assert never["evidence"]["basis"] == ["utilization", "power"]
@@ -109,7 +109,7 @@ def test_detections_reach_the_final_report(tmp_path):
     from helpers.sampler_sim import job_of, node_of
 
     clock = SimClock()
-    st = _sampler(tmp_path, _fake(), clock).run(max_samples=N)
+    st = run_job(_sampler(tmp_path, _fake(), clock), N)
     node = node_of(st, 300.0, gpus=[0, 1])
     assert [(w["node"], w["code"], w["gpu"], w["since_s"], w["detected_s"], w["until_s"]) for w in node["waste"]] == \
         [("n1", "gpu_never_used", "1", 0.0, 60.0, 300.0), ("n1", "gpu_idle", "0", 120.0, 180.0, 300.0)]

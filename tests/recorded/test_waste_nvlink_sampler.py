@@ -16,7 +16,7 @@ from gsrun.facts.hostfs import HostFS
 from gsrun.node.sampler import Sampler
 from gsrun.request.waste import STUCK, IdleConfig
 
-from helpers.sampler_sim import SimClock
+from helpers.sampler_sim import SimClock, run_job
 
 pytestmark = pytest.mark.recorded
 
@@ -47,7 +47,7 @@ def _run(tmp_path, nvlink) -> dict:
     clock = SimClock()
     s = Sampler(_root(tmp_path, nvlink), "4242", 1000, "n1", [0], str(tmp_path / "sampler.json"), INTERVAL_S,
                 1e9, 100, clock=clock, sleep=clock.sleep, usage=lambda: (None, None, None, "test"), idle=IDLE)
-    return s.run(max_samples=POLLS)
+    return run_job(s, POLLS)
 
 
 def test_hang_with_quiet_nvlink_and_pcie_is_stuck_and_says_which_signals(tmp_path):
