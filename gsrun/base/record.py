@@ -89,16 +89,6 @@ class Record:
         """
         return _load_record(cls, d, cls.__name__)
 
-    @classmethod
-    def json_form(cls, d: Mapping) -> dict:
-        """``cls.from_json(d).to_json()`` without building the record (the
-        merge of a 4,000-node job's 32,000 GPUs).
-
-        Raises:
-            ValueError: as :meth:`from_json`.
-        """
-        return _json_form(cls, d, cls.__name__)
-
 
 def extra_field():
     """The ``extra`` field: unknown keys, written back; not compared, not in the schema."""
@@ -186,32 +176,6 @@ def _load_record(cls, d, where: str):
     if has_extra:
         kw["extra"] = {k: v for k, v in d.items() if k not in known} if len(d) > len(kw) else {}
     return cls(**kw)
-
-
-def _json_form(cls, d, where: str) -> dict:
-    """:meth:`Record.json_form`: :func:`_load_record` then :meth:`Record.to_json`, fused."""
-    if type(d) is not dict and not isinstance(d, collections.abc.Mapping):
-        raise ValueError(f"{where}: expected an object, got {type(d).__name__}")
-    fields, has_extra, known, defaults = _plan(cls)
-    out: dict = {}
-    found = 0
-    for name, load, required in fields:
-        v = d.get(name, _MISSING)
-        if v is not _MISSING:
-            found += 1
-            if load is not None:
-                v = load(v, f"{where}.{name}")
-            out[name] = v if type(v) in _PLAIN else _dump(v)
-        elif required:
-            raise ValueError(f"{where}: missing key {name!r}")
-        elif name in defaults:             # what from_json would set and to_json write
-            v = defaults[name]()
-            out[name] = v if type(v) in _PLAIN else _dump(v)
-    if has_extra and len(d) > found:
-        for k, v in d.items():
-            if k not in known:
-                out.setdefault(k, v)
-    return out
 
 
 def _loader(tp):

@@ -338,7 +338,7 @@ def job_summary(job: dict, nodes: list[dict | NodeSummary], cfg=None, partition:
             key=lambda a: (a.time, a.node))) else {}),
     )
     d = summary.to_json()
-    d["gpu"]["devices"] = [GpuSummary.json_form(g) for g in gpus]
+    d["gpu"]["devices"] = [GpuSummary.from_json(g).to_json() for g in gpus]
     d["findings"] = [f.to_json() for f in finding_records(d, cfg, partition)]   # the last key, as to_json orders
     return d
 

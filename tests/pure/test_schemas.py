@@ -25,7 +25,7 @@ import pytest
 
 from gsrun.facts.sampler_state import STATE_VERSION, SamplerState
 from gsrun.report import records
-from gsrun.report.records import FindingCode, GpuSummary, JobSummary, NodeSummary
+from gsrun.report.records import FindingCode, JobSummary, NodeSummary
 from gsrun.report.summary import decode_js1, js1_blob, node_record
 from helpers.paths import data_entries, load_data_module
 
@@ -245,58 +245,16 @@ def test_every_code_is_emitted_by_findings():
     (lambda d: d["nodes_detail"][0].pop("node"), "JobSummary.nodes_detail[0]: missing key 'node'"),
     (lambda d: d.__setitem__("node_notes", {"gpu-a01": 3}), "JobSummary.node_notes.gpu-a01: expected an array, got int"),
 ])
-@pytest.mark.parametrize("read", [JobSummary.from_json, JobSummary.json_form])
-def test_a_wrong_shape_is_named_by_its_path(edit, where, read):
+def test_a_wrong_shape_is_named_by_its_path(edit, where):
     """The record readers are built once per class (a 1,000-node merge reads
     8,000 GPU records): a wrong shape deep inside is still refused with its path."""
     doc = json.loads((FIX / "two-nodes" / "summary.json").read_text())
     edit(doc)
     with pytest.raises(ValueError) as e:
-        read(doc)
+        JobSummary.from_json(doc)
     assert where in str(e.value)
 
 
-def _every_fixture_gpu():
-    for p in sorted(FIX.glob("*/*.json")):
-        d = json.loads(p.read_text())
-        if isinstance(d, dict) and d.get("kind") == "job":
-            yield from d["gpu"]["devices"]
-        elif isinstance(d, dict) and d.get("kind") == "node":
-            yield from d["gpus"]
-
-
-def test_json_form_is_from_json_then_to_json():
-    """What the merge uses instead of 32,000 GPU records gives what the records would."""
-    gpus = list(_every_fixture_gpu())
-    assert len(gpus) >= 4
-    for g in gpus:
-        old = {k: v for k, v in g.items() if k != "status"}       # an older writer
-        for d in (g, old, dict(g, future_key={"x": 1})):
-            want = GpuSummary.from_json(d).to_json()
-            got = GpuSummary.json_form(d)
-            assert got == want and list(got) == list(want)
-    doc = json.loads((FIX / "two-nodes" / "summary.json").read_text())
-    assert JobSummary.json_form(doc) == JobSummary.from_json(doc).to_json() == doc
-
-
-def test_json_form_writes_the_defaults_from_json_would_set():
-    from dataclasses import dataclass
-
-    from gsrun.base.record import ABSENT, Record, extra_field, field
-
-    @dataclass(frozen=True)
-    class R(Record):
-        a: int = field("required")
-        b: int | None = field("defaults to None", None)
-        c: tuple[int, ...] = field("defaults to ()", factory=tuple)
-        d: str = field("absent unless given", ABSENT)
-        extra: dict = extra_field()
-
-    for doc in ({"a": 1}, {"a": 1, "d": "x", "z": [1]}, {"a": 2, "b": 3, "c": [4, 5]}):
-        assert R.json_form(doc) == R.from_json(doc).to_json()
-    assert R.json_form({"a": 1}) == {"a": 1, "b": None, "c": []}
-    with pytest.raises(ValueError, match="R: missing key 'a'"):
-        R.json_form({"b": 1})
 
 
 def test_read_values_are_fresh_containers_and_scalars_kept():
