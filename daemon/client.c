@@ -168,8 +168,8 @@ int main(int argc, char **argv)
 		return fail(hook, "node daemon client", "unexpected answer", "client and daemon of different releases: "
 			    "rebuild the client with `gsrun-node daemon build` and restart gsrun-daemon");
 	}
-	/* "go": from here the daemon may start the hook; it starts nothing without it */
-	reply = 'G';
+	/* "go, and K after X": from here the daemon may start the hook; it starts nothing without it */
+	reply = 'H';
 	if (send(fd, &reply, 1, MSG_NOSIGNAL) != 1)
 		return fail(hook, "node daemon not running", "it closed the connection before the hook started", HINT_START);
 	/* no timeout from here: the daemon forks at once, and slurmd's PrologEpilogTimeout bounds the rest */

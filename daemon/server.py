@@ -19,14 +19,15 @@ Protocol (Unix stream socket, integers big-endian):
   ``u32 length`` then NUL-terminated fields ``"GSH1"``, the umask in octal,
   ``argc``, the arguments, then ``NAME=VALUE`` entries (:func:`encode_request`);
 * daemon -> client: ``F`` (re-executing: try again), ``E`` and a line (refused:
-  why) or ``R`` (ready); the client answers ``G`` within 2 s, else nothing
-  starts. Then ``S`` from the forked child before anything else (a close
-  before ``S``: nothing ran), and ``X`` with the ``i32`` wait status, from the
-  child as it exits or answers early (an epilog, once the node is restored),
-  else from the daemon as it reaps the child; the client then sends ``K``
-  (kept): the rest of the hook is the daemon's. The hook's process group is
-  killed when the daemon reaps it (as slurmd does when a hook ends) or when
-  the client goes away without ``K`` (slurmd past ``PrologEpilogTimeout``).
+  why) or ``R`` (ready); the client answers ``G`` (go) or ``H`` (go, and it
+  sends ``K`` after ``X``) within 2 s, else nothing starts. Then ``S`` from
+  the forked child before anything else (a close before ``S``: nothing ran),
+  and ``X`` with the ``i32`` wait status, from the child as it exits or, for
+  an ``H`` client, answers early (an epilog, once the node is restored), else
+  from the daemon as it reaps the child; ``K`` (kept): the rest of the hook is
+  the daemon's, for at most :data:`REPORT_LIMIT_S`. The hook's process group
+  is killed when the daemon reaps it (as slurmd does when a hook ends) or
+  when the client goes away without ``K`` (slurmd past ``PrologEpilogTimeout``).
 * ``["@ping"]`` (no descriptors): one JSON line (:meth:`NodeDaemon.status`).
 * ``["@bind"]`` (no descriptors) with slurmstepd's :data:`STEPD_ENV`, then
   ``["@step", ...]`` with the job's environment: the step's plan
@@ -66,7 +67,8 @@ MAX_ARGS = 32
 REQUEST_TIMEOUT_S = 2.0         # a client sends its request in one message, at once
 MAX_MERGES = 12                 # EpilogSlurmctld merges running at once (forked: a few MB each of their own)
 MAX_PENDING_MERGES = 2048       # merges waiting for a slot (a few KiB each: argv and the hook's environment)
-READY, GO, STARTED, AGAIN, REFUSED, EXITED, KEPT = b"R", b"G", b"S", b"F", b"E", b"X", b"K"
+READY, GO, GO_HANDOVER, STARTED, AGAIN, REFUSED, EXITED, KEPT = b"R", b"G", b"H", b"S", b"F", b"E", b"X", b"K"
+REPORT_LIMIT_S = 3660.0         # a hook's life after its answer: the longest timeouts.epilog_budget_s, and a minute
 SOCKET_NAME = DAEMON_SOCKET_NAME
 MONITOR_BACKOFF_S = 10.0        # a node monitor that lived less than this is started again after it
 MONITOR_STOP_S = 10.0           # a stopping monitor's final flush of every job
@@ -263,7 +265,7 @@ def _bind_child(conn, stepd_env: dict[str, str]) -> None:
     try:
         _fresh_signals()
         resource.setrlimit(resource.RLIMIT_CPU, (BIND_CPU_S, BIND_CPU_S))
-        _close_from(3, keep=conn.fileno())
+        _close_from(3, keep=(conn.fileno(),))
         os.chdir("/")
         os.environ.clear()
         os.environ.update({k: v for k, v in stepd_env.items() if k in STEPD_ENV and k != "GSRUN_CONFIG"})
@@ -306,33 +308,35 @@ def _fresh_signals(sigint=None) -> None:
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
 
 
-def _close_from(low: int, keep: int = -1) -> None:
-    """Close every descriptor >= ``low`` but ``keep`` (those listed in /proc/self/fd)."""
+def _close_from(low: int, keep: tuple[int, ...] = ()) -> None:
+    """Close every descriptor >= ``low`` but those in ``keep`` (those listed in /proc/self/fd)."""
     try:
         fds = [int(n) for n in os.listdir("/proc/self/fd")]
     except OSError:
         fds = list(range(low, 1024))
     for fd in fds:
-        if fd >= low and fd != keep:
+        if fd >= low and fd not in keep:
             with suppress(OSError):  # the listing's own descriptor, closed already
                 os.close(fd)
 
 
 def _child(args: list[str], env: dict[str, str], umask: int, fds: list[int], conn,
-           client_pid: int | None = None) -> None:
+           client_pid: int | None = None, handover: bool = False) -> None:
     """In the forked child: send ``S``, become what slurmd's hook process would be (:func:`join_client`,
-    :func:`_become`), run the hook (which may :func:`_answer` before it ends); then answer unless
-    it did, ``_exit``."""
+    :func:`_become`), run the hook (which, for a ``handover`` client, may :func:`_answer` before it
+    ends); then answer unless it did, ``_exit``."""
     rc = 70
     answered: list[int] = []
     try:
         conn.setblocking(True)
         conn.sendall(STARTED)
         notes = join_client(client_pid) if client_pid else []
-        _become(fds, umask, env, keep=conn.fileno())   # the client's connection: X at the end
+        log_fd = os.dup(2)      # the daemon's log: what the hook prints after its answer
+        _become(fds, umask, env, keep=(conn.fileno(), log_fd))   # the client's connection: X at the end
         for note in notes:
             os.write(2, f"gsrun: daemon: {note}\n".encode())
-        rc = run_hook(parse_hook_args(args), answer=lambda status: answered.append(_answer(conn, status)))
+        rc = run_hook(parse_hook_args(args),
+                      answer=(lambda status: answered.append(_answer(conn, status, log_fd))) if handover else None)
     except SystemExit as e:
         rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except BaseException as e:  # noqa: BLE001 - never back into the daemon's loop
@@ -345,20 +349,20 @@ def _child(args: list[str], env: dict[str, str], umask: int, fds: list[int], con
         os._exit(rc & 0xFF)     # never back into the caller
 
 
-def _answer(conn, rc: int) -> int:
-    """The hook's exit status ``rc`` to its client: flush, ``/dev/null`` on 0-2 (slurmd's pipe ends
-    with the client, not with this process), ``X`` and ``rc`` as a wait status -> ``rc``."""
+def _answer(conn, rc: int, log_fd: int | None = None) -> int:
+    """The hook's status ``rc`` to its client: flush, 0-1 on ``/dev/null``, 2 on ``log_fd`` or ``/dev/null``
+    (slurmd's pipe ends with the client, not with this process), ``X`` and ``rc`` as a wait status -> ``rc``."""
     flush_std()
     with suppress(OSError):
         null = os.open("/dev/null", os.O_RDWR)
-        for fd in (0, 1, 2):
-            os.dup2(null, fd)
+        for fd, to in ((0, null), (1, null), (2, null if log_fd is None else log_fd)):
+            os.dup2(to, fd)
     with suppress(OSError):
         conn.sendall(EXITED + ((rc & 0xFF) << 8).to_bytes(4, "big", signed=True))
     return rc
 
 
-def _become(fds: list[int], umask: int, env: dict[str, str], keep: int = -1) -> None:
+def _become(fds: list[int], umask: int, env: dict[str, str], keep: tuple[int, ...] = ()) -> None:
     """Make this forked child what a fresh process would be: its own session,
     signals as a fresh interpreter's, ``fds`` as 0-2 and no other descriptor
     but ``keep`` (close-on-exec), ``umask``, cwd ``/``, exactly ``env``."""
@@ -444,6 +448,7 @@ class NodeDaemon:
         self.running: dict[int, tuple[object, int]] = {}   # pidfd -> (conn, pid)
         self.merges: set[int] = set()       # the pidfds of self.running that are merges
         self.plans: set[int] = set()        # the pidfds of self.running that are step plans
+        self.report_due: dict[int, float] = {}  # pidfd -> when a hook that answered is killed (monotonic)
         self.pending: deque = deque()       # merges waiting for a slot: (argv, env, umask)
         self.stopping = False
         self.reexec = False
@@ -553,8 +558,10 @@ class NodeDaemon:
             if self.monitor_due is not None and time.monotonic() >= self.monitor_due and not self.stopping:
                 self._start_monitor()
             timeout = None if not self.stopping else 1.0
-            if self.monitor_due is not None:
-                timeout = max(0.0, min(timeout or 60.0, self.monitor_due - time.monotonic()))
+            for due in (self.monitor_due, *self.report_due.values()):
+                if due is not None:
+                    timeout = max(0.0, min(60.0 if timeout is None else timeout, due - time.monotonic()))
+            self._kill_overdue()
             for key, _ev in self.sel.select(timeout=timeout):
                 if key.data == "signal":
                     with suppress(BlockingIOError):
@@ -702,9 +709,7 @@ class NodeDaemon:
             _close(fds)
             stale = self._stale()
             if argv == [PING_REQUEST]:
-                conn.settimeout(0.5)
-                conn.sendall((json.dumps(self.status(stale)) + "\n").encode())
-                conn.close()
+                _last_word(conn, (json.dumps(self.status(stale)) + "\n").encode())
             elif stale or self.stopping:
                 conn.close()        # the plugin says the daemon is re-executing; the step runs unbound
             else:
@@ -718,14 +723,13 @@ class NodeDaemon:
                 _refuse(conn, "not a hook of this installation (" + " ".join(argv[:1] + argv[5:7])[:200] + ")")
                 return
             if self._stale() or self.stopping:
-                conn.settimeout(0.5)
-                conn.sendall(AGAIN)
-                conn.close()
+                _last_word(conn, AGAIN)
                 return
             # a client that does not answer "go" in time has given up: nothing starts
             conn.settimeout(REQUEST_TIMEOUT_S)
             conn.sendall(READY)
-            if conn.recv(1) != GO:
+            go = conn.recv(1)
+            if go not in (GO, GO_HANDOVER):
                 conn.close()
                 return
             merge = _merge_of(args, env)
@@ -739,7 +743,7 @@ class NodeDaemon:
             pid = _fork()
             if pid == 0:
                 try:
-                    _child(args, env, umask, fds, conn, client_pid)     # never returns
+                    _child(args, env, umask, fds, conn, client_pid, go == GO_HANDOVER)     # never returns
                 finally:
                     os._exit(70)    # whatever happens, the child never runs the daemon's loop
         finally:
@@ -826,22 +830,33 @@ class NodeDaemon:
             return
         except OSError:
             data = b""
-        if data:
-            if KEPT in data:    # the client has the status: the hook goes on alone
-                self.sel.unregister(conn)
-                self.running[pidfd] = (None, entry[1])
-                conn.close()
+        if data and KEPT not in data:
             return      # nothing else is expected from a client now
-        # the client is gone (done, or killed by slurmd: PrologEpilogTimeout): the hook's group goes too,
-        self.sel.unregister(conn)       # and the child alone when not yet past its setsid() (unreaped: ours)
-        for kill in (os.killpg, os.kill):
-            with suppress(OSError):
-                kill(entry[1], signal.SIGKILL)
+        self.sel.unregister(conn)
         self.running[pidfd] = (None, entry[1])
         conn.close()
+        if data:        # K: the client has the status; the hook goes on alone, for REPORT_LIMIT_S
+            self.report_due[pidfd] = time.monotonic() + REPORT_LIMIT_S
+            return
+        # the client is gone (done, or killed by slurmd: PrologEpilogTimeout): the hook's group goes too,
+        for kill in (os.killpg, os.kill):       # and the child alone when not yet past its setsid()
+            with suppress(OSError):
+                kill(entry[1], signal.SIGKILL)
+
+    def _kill_overdue(self) -> None:
+        """SIGKILL a hook alive :data:`REPORT_LIMIT_S` after its answer (stuck on a dead NFS server: no alarm ends it)."""
+        for pidfd, due in list(self.report_due.items()):
+            if time.monotonic() >= due:
+                pid = self.running[pidfd][1]
+                del self.report_due[pidfd]
+                self.log(f"hook {pid} still running {REPORT_LIMIT_S:g} s after its answer: killed")
+                for kill in (os.killpg, os.kill):
+                    with suppress(OSError):
+                        kill(pid, signal.SIGKILL)
 
     def _reap(self, pidfd: int) -> None:
         conn, pid = self.running.pop(pidfd)
+        self.report_due.pop(pidfd, None)
         self.sel.unregister(pidfd)
         os.close(pidfd)
         with suppress(OSError):     # what the hook left in its group, as slurmd's killpg after a hook
@@ -879,17 +894,19 @@ def _wait(pid: int) -> int:
 
 def _refuse(conn, why: str) -> None:
     """Answer ``E`` and ``why`` (one line; the client prints it and fails), then close ``conn``."""
-    with suppress(OSError):
-        conn.settimeout(0.5)
-        conn.sendall(REFUSED + " ".join(why.split())[:400].encode("utf-8", "replace") + b"\n")
-    conn.close()
+    _last_word(conn, REFUSED + " ".join(why.split())[:400].encode("utf-8", "replace") + b"\n")
 
 
 def _send_exit(conn, status: int) -> None:
     """Send the client ``X`` and the hook's wait status (unread after the hook's own), close ``conn``."""
+    _last_word(conn, EXITED + status.to_bytes(4, "big", signed=True))
+
+
+def _last_word(conn, data: bytes) -> None:
+    """Send ``data`` (blocking, within 0.5 s; a client gone is no error), then close ``conn``."""
     with suppress(OSError):
-        conn.settimeout(0.5)        # blocking, within 0.5 s
-        conn.sendall(EXITED + status.to_bytes(4, "big", signed=True))
+        conn.settimeout(0.5)
+        conn.sendall(data)
     conn.close()
 
 

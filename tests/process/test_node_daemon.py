@@ -506,7 +506,7 @@ PATCHED = """
 import os, sys, time
 from gsrun.daemon import server
 sock, marker, mode = sys.argv[1:4]
-def child(args, env, umask, fds, conn, client_pid=None):
+def child(args, env, umask, fds, conn, client_pid=None, handover=False):
     time.sleep(0.3)                 # the parent's answer, if any, reaches the client first
     conn.sendall(server.STARTED)
     if mode == "no-setsid":         # a client that leaves before the child is its own group
@@ -533,8 +533,10 @@ if mode == "probe":
 elif mode == "leaves":              # the hook leaves a process in its own group and says which
     import subprocess
     server.run_hook = lambda a, answer: (open(marker, "w").write(str(subprocess.Popen(["sleep", "60"]).pid)), 0)[1]
-elif mode == "early":               # the hook answers 5, then goes on 1 s and says so
-    server.run_hook = lambda a, answer: (answer(5), time.sleep(1.0), open(marker, "w").write("report"), 0)[-1]
+elif mode in ("early", "overdue"):  # the hook answers 5 (when it may), then goes on and says so
+    server.REPORT_LIMIT_S = 1.0
+    server.run_hook = lambda a, answer: (answer and answer(5), time.sleep(1.0 if mode == "early" else 30),
+                                         open(marker, "w").write("report"), 0)[-1]
 elif mode == "status":              # the hook runs 0.5 s and ends with 3
     server.run_hook = lambda a, answer: (time.sleep(0.5), 3)[1]
 elif mode == "broken":
@@ -595,6 +597,65 @@ def test_a_hook_that_answered_goes_on_after_its_client_left(client, tmp_path):
         assert cp.returncode == 5 and time.monotonic() - t0 < 0.9, (cp.stderr, log.read_text())
         assert not marker.exists()
         assert wait_for(lambda: marker.exists(), 10) and marker.read_text() == "report", log.read_text()
+    finally:
+        p.kill()
+        p.wait()
+
+
+def _raw_client(sock: str, go: bytes):
+    """A client by hand: the request (``/bin/true``, fds 0-2), then ``go`` after R, then S."""
+    import socket
+
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(sock)
+    socket.send_fds(s, [server.encode_request(["/bin/true"], {}, 0o022)], [0, 1, 2])
+    assert s.recv(1) == server.READY
+    s.sendall(go)
+    assert s.recv(1) == server.STARTED
+    return s
+
+
+def test_a_client_of_the_previous_release_gets_the_whole_hook_before_its_status(tmp_path):
+    """A client that answers G (it sends no K after X): no early answer, so nothing of the
+    hook is left to be killed when that client exits."""
+    p, sock, marker, log = patched_daemon(tmp_path, "early")
+    try:
+        s = _raw_client(sock, server.GO)
+        s.settimeout(10)
+        assert s.recv(5) == server.EXITED + bytes(4)       # 0: the hook's own end, no early 5
+        assert marker.read_text() == "report", log.read_text()
+        s.close()
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_a_client_gone_after_the_answer_without_its_k_takes_the_hook_with_it(tmp_path):
+    """X read but no K (slurmd killed the client then): the hook's group is killed, as for a
+    client gone before X."""
+    p, sock, marker, log = patched_daemon(tmp_path, "early")
+    try:
+        s = _raw_client(sock, server.GO_HANDOVER)
+        s.settimeout(10)
+        assert s.recv(5) == server.EXITED + (5 << 8).to_bytes(4, "big")
+        s.close()
+        time.sleep(2.0)
+        assert not marker.exists(), log.read_text()
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_a_hook_alive_long_after_its_answer_is_killed(client, tmp_path):
+    """After K the hook is the daemon's, for REPORT_LIMIT_S (1 s here): then its group is killed
+    (a report stuck in a write no alarm interrupts), and the daemon says so."""
+    p, sock, marker, log = patched_daemon(tmp_path, "overdue")
+    try:
+        cp = via(client, sock, ["/bin/true"], {}, timeout_s=30)
+        assert cp.returncode == 5, (cp.stderr, log.read_text())
+        assert wait_for(lambda: "after its answer: killed" in log.read_text(), 10), log.read_text()
+        assert not marker.exists()
+        assert server.ping(sock)["running"] == 0
     finally:
         p.kill()
         p.wait()
@@ -1122,6 +1183,7 @@ def test_a_daemon_killed_mid_job_loses_no_setting_and_no_figure(client, tmp_path
         cp = via(client, b.sock, hook("epilog"), env)
         assert cp.returncode == 0, cp.stderr
         assert diff(base, host_only(snapshot(site.host))) == []
+        assert wait_for(lambda: not (site.state / "jobs" / "5201").exists(), 10)   # the report, after the answer
         node = json.loads((site.spool / "jobs" / "5201" / "node-gpu-node01.json").read_text())
         assert node["gpu_available"] and node["samples"] > before, node["samples"]
         assert node["gpus"][0]["util_gap_s"] >= 0.8, node["gpus"][0]["util_gap_s"]
@@ -1166,7 +1228,7 @@ def _recording_daemon(sock: str, got: dict):
                     os.close(fd)
                 got.update(argv=argv, env=env)
                 c.sendall(server.READY)
-                if c.recv(1) == server.GO:
+                if c.recv(1) == server.GO_HANDOVER:
                     c.sendall(server.STARTED + server.EXITED + bytes(4))
             finally:
                 c.close()
