@@ -65,7 +65,7 @@ def prolog(host_root, state_dir, spool_dir, dry_run):
 @STATE_DIR
 @SPOOL_DIR
 def epilog(host_root, state_dir, spool_dir):
-    """Slurm Epilog: end the job's sampling, node summary, restore the node."""
+    """Slurm Epilog: restore the node, then end the job's sampling and write its node summary."""
     from gsrun.epilog.main import run
     return run(os.environ, host_root, state_dir, spool_dir)
 

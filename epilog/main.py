@@ -1,13 +1,12 @@
 """``gsrun-node epilog``: run by slurmd as root after the job on a node.
 
-Runs :data:`RESTORE` (the node as before the job), answers slurmd (through
-the node daemon), then runs :data:`REPORT` (the job's last sample and its node
-summary), each with rule ``CLEANUP``: every step runs even after an earlier
-one failed, keeping :data:`STEP_RESERVE_S` of ``timeouts.epilog_budget_s``
-for every later one. Non-zero only when the node needs an admin (GPU memory
-still held, a step out of time): slurmd drains it. No Slurm command is on
-slurmd's path (field case 20): a GPU lost during the job, found by the
-report, and MIG's failure path drain through ``scontrol``.
+Runs :data:`RESTORE` (the node as before the job), answers slurmd through the
+node daemon, then :data:`REPORT` (the job's last sample, its node summary); each
+step runs even after one failed (``CLEANUP``), keeping :data:`STEP_RESERVE_S` of
+``timeouts.epilog_budget_s`` for every later one. Non-zero when the node needs
+an admin (a GPU lost, GPU memory still held, a step out of time): slurmd drains
+it. No Slurm command is on slurmd's path (field case 20): a GPU first found lost
+by the last sample, and MIG's failure path, drain through ``scontrol``.
 """
 
 from __future__ import annotations
@@ -51,6 +50,9 @@ class Ctx:
 
 
 RESTORE = (
+    Step("gpus", "ask the monitor which of the job's GPUs it found lost (field case 16)", 1.0,
+         lambda c: {"lost_gpus": monitor.ask(c.paths.state_dir, {"op": "lost", "job_id": c.job.job_id},
+                                             timeout_s=5.0, wait_s=5.0).get("lost") or []}),
     Step("mps", "stop the job's MPS daemon, put compute modes back", STEP_RESERVE_S, lambda c: _mps_stop(c)),
     Step("residual", "end the job's processes still holding GPU memory, check again", STEP_RESERVE_S,
          lambda c: _residual(c)),
@@ -93,8 +95,9 @@ def run(environ, host_root: str | None = None, state_dir: str | None = None,
     if answer is not None:
         answer(out.rc)
         log(f"answered in {time.monotonic() - t0:.3f} s")
-    report = run_steps("epilog", REPORT, ctx, log, rule=CLEANUP, timeout_hint=hint,
-                       budget_s=max(budget_s - (time.monotonic() - t0), STEP_RESERVE_S), verdict=_lost)
+    known = set((out.results.get("gpus") or {}).get("lost_gpus") or ())
+    report = run_steps("epilog", REPORT, ctx, log, rule=CLEANUP, budget_s=max(budget_s - (time.monotonic() - t0),
+                       STEP_RESERVE_S), verdict=lambda results: _lost(results, known))
     for reason in report.reasons:
         drain_node(job.node, reason, log)
     if not out.rc and not report.reasons:
@@ -103,15 +106,16 @@ def run(environ, host_root: str | None = None, state_dir: str | None = None,
     return out.rc
 
 
-def _lost(results: dict) -> list[str]:
-    """The report's reason to drain: a GPU lost during the job."""
-    summ = results.get("sampler+summary") or {}
-    return [f"GPU(s) lost during the job: {summ['lost_gpus']}"] if summ.get("lost_gpus") else []
+def _lost(results: dict, known=()) -> list[str]:
+    """The reason to drain for the job's GPUs found lost, but those in ``known``."""
+    found = (results.get("sampler+summary") or results.get("gpus") or {}).get("lost_gpus") or ()
+    lost = [g for g in found if g not in known]
+    return [f"GPU(s) lost during the job: {lost}"] if lost else []
 
 
 def _verdict(results: dict, log) -> list[str]:
-    """The restore's own reason to drain: GPU memory still held."""
-    reasons = []
+    """The restore's reasons to drain: a GPU lost, GPU memory still held."""
+    reasons = _lost(results)
     res = results.get("residual") or {}
     if isinstance(res, dict) and str(res.get("reason") or "").startswith("Residual GPU processes"):
         reasons.append(res["reason"])     # the next job would OOM (field case 17)

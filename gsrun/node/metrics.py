@@ -94,7 +94,6 @@ GPU_SERIES: tuple[Series, ...] = (
            "GPU temperature in degrees Celsius (NVML)", True,
            "endpoint only: GPU temperature, degrees C (`nvmlDeviceGetTemperature`)"),
 )
-SERIES_PER_GPU = len(JOB_SERIES)     # job series per GPU per job: 7
 
 
 class Sample(NamedTuple):

@@ -17,6 +17,7 @@ line of JSON (at most :data:`MAX_REQUEST_BYTES`, read within
      "dma_latency_us": null | 0..2000000000}
                                    -> {"ok": true, "resumed": false, "gpus": 2, "notes": [...]}
     {"op": "end", "job_id": "42"}  -> {"ok": true, "samples": 120, "stopped": "stopped"}
+    {"op": "lost", "job_id": "42"} -> {"ok": true, "lost": [gres indices of its GPUs found lost]}
     {"op": "status"}               -> {"ok": true, "pid", "started", "jobs": [ids], "gpus", "nvml_error", ...}
     {"op": "get"}                  -> {"ok": true, "devices": [{"minor": {"value": 0},
                                        "compute_processes": {"na": "Not Supported", "code": 3}, ...}, ...]}
@@ -140,7 +141,7 @@ def check_mem_baseline(value) -> dict[str, int]:
 def parse_request(line: bytes) -> dict:
     """One request line -> its dict. Raises ValueError (not JSON, not an object, no known op)."""
     req = json.loads(line)
-    if not isinstance(req, dict) or req.get("op") not in ("nvml", "begin", "end", "status", "get"):
+    if not isinstance(req, dict) or req.get("op") not in ("nvml", "begin", "end", "lost", "status", "get"):
         raise ValueError("not a monitor request")
     return req
 
@@ -311,7 +312,11 @@ class Monitor:
         job_id = req.get("job_id")
         if not is_job_id(job_id):
             raise ValueError(f"job_id {job_id!r} is not a job id")
-        return self.end(job_id)
+        if op == "end":
+            return self.end(job_id)
+        s = self.jobs[job_id].sampler if job_id in self.jobs else None      # lost: [] for a job not sampled
+        lost = [r.gres_index for r, g in zip(s.refs, s.state["gpus"]) if g["lost_at_s"] is not None] if s else []
+        return {"ok": True, "lost": lost}
 
     def _nvml(self):
         if self.nv is not None:

@@ -17,10 +17,10 @@ import time
 import psutil
 import pytest
 
-from gsrun.node import residual
+from gsrun.node import monitor, residual
 from gsrun.facts.hostfs import HostFS
 from helpers.node_site import TUNE, host_only, kill_fakes, leftover_fakes, make_site, nvml_devices, \
-    run_node, samplers_of, snapshot, timed
+    run_node, samplers_of, snapshot, timed, wait_for
 from helpers.sampler_sim import run_job
 from helpers.tuning_tree import diff
 
@@ -31,9 +31,17 @@ BUS = ["0000:41:00.0", "0000:42:00.0", "0000:43:00.0", "0000:44:00.0"]
 RECORD = "JobId={job} JobName=t UserId=nobody(65534) OverSubscribe=NO Comment=(null)"
 
 
+def _lost_gpu1() -> dict:
+    """Four GPUs; GPU 1 answers GPU_IS_LOST (15) from its second memory reading on."""
+    nv = nvml_devices(4)
+    nv["devices"][1]["memory"] = {"seq": [nv["devices"][1]["memory"], {"error": "GPU is lost", "code": 15}]}
+    return nv
+
+
 @pytest.fixture
 def site(request):
-    s = make_site(**getattr(request, "param", {"nvml": nvml_devices(4)}))
+    param = getattr(request, "param", {"nvml": nvml_devices(4)})
+    s = make_site(**({"nvml": _lost_gpu1()} if param.get("nvml") == "lost" else param))
     s.spawned = []
     yield s
     for p in s.spawned:
@@ -244,6 +252,21 @@ def test_case15_sampler_runs_on_and_epilog_reports_it(site):
 
 
 # ---------------------------------------------------------------- field case 16: the node drained
+
+@root_only
+@pytest.mark.parametrize("site", [{"nvml": "lost"}], indirect=True)
+def test_case16_a_gpu_the_monitor_found_lost_drains_the_node_before_the_next_job(site):
+    """The node monitor found GPU 1 lost while the job ran: the epilog exits 1 (slurmd drains the
+    node before it gets another job), with no Slurm command."""
+    env = site.env(gpus="0,1")
+    assert run_node(["prolog"], env).returncode == 0
+    assert wait_for(lambda: monitor.ask(site.state, {"op": "lost", "job_id": "4242"})["lost"] == [1], 10)
+    cp = run_node(["epilog"], env)
+    assert cp.returncode == 1 and "GPU(s) lost during the job: [1]" in cp.stderr, cp.stderr
+    assert not any("state=drain" in c for c in site.calls_made()), site.calls_made()
+    summ = json.loads((site.spool / "jobs/4242/node-gpu-node01.json").read_text())
+    assert [g["lost_at_s"] is not None for g in summ["gpus"]] == [False, True]
+
 
 @root_only
 def test_case16_lost_gpu_drains_the_node(site):

@@ -13,7 +13,7 @@ import pytest
 from gsrun.base.errors import InputError
 from gsrun.facts.nvml import NA, FakeNvml, Seq
 from gsrun.facts.sampler_state import GpuRef
-from gsrun.node.metrics import SERIES_PER_GPU, idle_flag, window_mean
+from gsrun.node.metrics import JOB_SERIES, idle_flag, window_mean
 from gsrun.node.metrics_textfile import (TextfileExporter, build_samples, file_name, is_our_file, remove_job_file,
                                          render)
 from gsrun.node.sampler import new_state, update_gpu
@@ -88,7 +88,7 @@ gsrun_gpu_energy_joules_total{{{labels}}} 3500.0
 # TYPE gsrun_gpu_idle gauge
 gsrun_gpu_idle{{{labels}}} 1.0
 """
-    assert len(samples) == SERIES_PER_GPU == 7
+    assert len(samples) == len(JOB_SERIES) == 7
 
 
 def test_label_values_are_escaped():
