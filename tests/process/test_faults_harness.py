@@ -31,8 +31,8 @@ from helpers.tuning_tree import diff
 
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="the hooks run as root (chown of user files)")
 PROLOG_POINTS = ["records", "records:end", "tuning", "tuning:end", "sampler", "sampler:end"]
-EPILOG_POINTS = ["sampler+summary", "sampler+summary:end", "mps", "mps:end", "residual", "residual:end",
-                 "mig", "mig:end", "tuning", "tuning:end"]
+EPILOG_POINTS = ["gpus", "gpus:end", "mps", "mps:end", "residual", "residual:end", "mig", "mig:end", "tuning",
+                 "tuning:end", "sampler+summary", "sampler+summary:end"]
 RECORD = "JobId={job} JobName=train UserId=nobody(65534) OverSubscribe=NO Comment=(null)"
 
 
