@@ -558,7 +558,7 @@ class NodeDaemon:
             if self.monitor_due is not None and time.monotonic() >= self.monitor_due and not self.stopping:
                 self._start_monitor()
             timeout = None if not self.stopping else 1.0
-            for due in (self.monitor_due, *self.report_due.values()):
+            for due in (None if self.stopping else self.monitor_due, *self.report_due.values()):
                 if due is not None:
                     timeout = max(0.0, min(60.0 if timeout is None else timeout, due - time.monotonic()))
             self._kill_overdue()

@@ -52,7 +52,7 @@ class Ctx:
 RESTORE = (
     Step("gpus", "ask the monitor which of the job's GPUs it found lost (field case 16)", 1.0,
          lambda c: {"lost_gpus": monitor.ask(c.paths.state_dir, {"op": "lost", "job_id": c.job.job_id},
-                                             timeout_s=5.0, wait_s=5.0).get("lost") or []}),
+                                             timeout_s=2.0, wait_s=1.0).get("lost") or []}),
     Step("mps", "stop the job's MPS daemon, put compute modes back", STEP_RESERVE_S, lambda c: _mps_stop(c)),
     Step("residual", "end the job's processes still holding GPU memory, check again", STEP_RESERVE_S,
          lambda c: _residual(c)),
@@ -94,6 +94,7 @@ def run(environ, host_root: str | None = None, state_dir: str | None = None,
                     verdict=lambda results: _verdict(results, log), timeout_hint=hint)
     if answer is not None:
         answer(out.rc)
+        log.stream = None       # the report's lines: syslog (or GSRUN_LOG_FILE) only, not twice in the daemon's
         log(f"answered in {time.monotonic() - t0:.3f} s")
     known = set((out.results.get("gpus") or {}).get("lost_gpus") or ())
     report = run_steps("epilog", REPORT, ctx, log, rule=CLEANUP, budget_s=max(budget_s - (time.monotonic() - t0),

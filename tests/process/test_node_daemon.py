@@ -534,7 +534,7 @@ elif mode == "leaves":              # the hook leaves a process in its own group
     import subprocess
     server.run_hook = lambda a, answer: (open(marker, "w").write(str(subprocess.Popen(["sleep", "60"]).pid)), 0)[1]
 elif mode in ("early", "overdue"):  # the hook answers 5 (when it may), then goes on and says so
-    server.REPORT_LIMIT_S = 1.0
+    server.REPORT_LIMIT_S = 1.0 if mode == "overdue" else 60.0
     server.run_hook = lambda a, answer: (answer and answer(5), time.sleep(1.0 if mode == "early" else 30),
                                          open(marker, "w").write("report"), 0)[-1]
 elif mode == "status":              # the hook runs 0.5 s and ends with 3
@@ -655,7 +655,7 @@ def test_a_hook_alive_long_after_its_answer_is_killed(client, tmp_path):
         assert cp.returncode == 5, (cp.stderr, log.read_text())
         assert wait_for(lambda: "after its answer: killed" in log.read_text(), 10), log.read_text()
         assert not marker.exists()
-        assert server.ping(sock)["running"] == 0
+        assert wait_for(lambda: server.ping(sock)["running"] == 0, 10)
     finally:
         p.kill()
         p.wait()
