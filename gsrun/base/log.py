@@ -37,17 +37,22 @@ def safe_text(text, limit: int = MAX_LINE) -> str:
     return s if len(s) <= limit else s[:limit] + f"...[{len(s) - limit} more]"
 
 
+_KEPT = frozenset((int, float, bool, type(None)))     # JSON values escape_strings keeps as they are
+
+
 def escape_strings(obj, limit: int = 4096):
     """A copy of the JSON tree ``obj`` with every string (keys too) passed
     through :func:`safe_text`: what a text report built from job records
     shows a terminal, where an ESC sequence or a right-to-left override in a
     job name would otherwise act on the reader's screen. Other values are
     kept. Pure."""
+    t = type(obj)
+    if t in _KEPT:
+        return obj
     if isinstance(obj, str):
         return safe_text(obj, limit)
     if isinstance(obj, dict):
-        return {escape_strings(k, limit) if isinstance(k, str) else k: escape_strings(v, limit)
-                for k, v in obj.items()}
+        return {escape_strings(k, limit): escape_strings(v, limit) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [escape_strings(v, limit) for v in obj]
     return obj
