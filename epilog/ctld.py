@@ -16,6 +16,7 @@ import re
 import sys
 import time
 from contextlib import suppress
+from dataclasses import replace
 
 from gsrun.base.errors import GsrunError
 from gsrun.base.fsutil import atomic_write, atomic_write_json, read_json, unlink_names, write_user_copy
@@ -30,6 +31,7 @@ from gsrun.facts.slurm import (ACTIVE_STATES, expand_hostlist, job_record_argv, 
 from gsrun.node.steps import CLEANUP, Step, run_steps
 from gsrun.report import accounting, mail
 from gsrun.report.findings import finding_records
+from gsrun.report.records import JobInfo, JobSummary, NodeSummary, read_record
 from gsrun.report.render import render_png, render_text
 from gsrun.report.retention import ACCOUNTING_MARK
 from gsrun.report.summary import (JS1_MARKERS, JS1_SHORT, JobTimeline, KEEP_GPU_TIMELINES, job_summary, js1_comment,
@@ -80,19 +82,17 @@ def job_from_record(job_id: str, rec: dict[str, str] | None, env) -> dict:
     }
 
 
-def accounting_job_id(job_id: str, job: dict) -> str:
+def accounting_job_id(job_id: str, job: JobInfo) -> str:
     """The id for ``sacctmgr ... where jobid=``: ``A_T`` for an array task (``jobid=A`` names every task,
     as jobstats addresses them), else ``job_id``. Pure."""
-    array = job.get("array")
-    if isinstance(array, str) and "_" in array and is_job_id(array, array=True):
-        return array
-    return job_id
+    a = job.array
+    return a if isinstance(a, str) and "_" in a and is_job_id(a, array=True) else job_id
 
 
 POOL_MAX_NODES = 64     # up to this many nodes the merge pools the GPUs' timelines into the job's
 
 
-def merge(paths: Paths, job: dict, cfg, wait_s: float = 0.0, sleep=time.sleep) -> dict:
+def merge(paths: Paths, job: dict, cfg, wait_s: float = 0.0, sleep=time.sleep) -> JobSummary:
     """Merge the node summaries, each file parsed once, waiting up to ``wait_s``
     (backoff 0.1 s to 2 s) for missing ones. Timelines: pooled as read up to
     :data:`POOL_MAX_NODES` nodes, else cut before parsing. GC is off meanwhile
@@ -106,30 +106,29 @@ def merge(paths: Paths, job: dict, cfg, wait_s: float = 0.0, sleep=time.sleep) -
             gc.enable()
 
 
-def _merge(paths: Paths, job: dict, cfg, wait_s: float, sleep) -> dict:
+def _merge(paths: Paths, job: dict, cfg, wait_s: float, sleep) -> JobSummary:
     d = paths.spool_job(job["id"])
     deadline = time.monotonic() + wait_s
-    by_node: dict[str, dict] = {}
+    by_node: dict[str, NodeSummary] = {}
     cut = len(job.get("nodes") or ()) > POOL_MAX_NODES
     acc: list = [None, 0, job.get("start_time")]     # job timeline, GPUs read, its t0
 
     def take(p) -> None:
-        s = _node_without_timelines(p) if cut else read_json(p)
-        if s and s.get("kind") == "node" and _stale(s, job):
-            return      # an earlier job with this id (ids wrap; a requeued run): wait for this run's
-        if s and s.get("kind") == "node" and s.get("node") not in by_node:
-            by_node[s["node"]] = s
-            if cut:
-                return
-            if acc[2] is None:
-                acc[2] = s.get("start_time")
-            acc[1] += len(s.get("gpus") or ())
-            if acc[0] is None and acc[1] > KEEP_GPU_TIMELINES:
-                acc[0] = JobTimeline()
-                for x in by_node.values():
-                    strip_timelines(x, acc[0], acc[2])
-            elif acc[0] is not None:
-                strip_timelines(s, acc[0], acc[2])
+        s = read_record(NodeSummary, p, _node_without_timelines if cut else read_json)
+        if s is None or _stale(s, job) or s.node in by_node:
+            return      # not a node summary, or an earlier job's with this id (ids wrap; a requeued run)
+        by_node[s.node] = s
+        if cut:
+            return
+        if acc[2] is None and isinstance(s.start_time, (int, float)):
+            acc[2] = s.start_time
+        acc[1] += len(s.gpus or ())
+        if acc[0] is None and acc[1] > KEEP_GPU_TIMELINES:
+            acc[0] = JobTimeline()
+            for k, x in by_node.items():
+                by_node[k] = strip_timelines(x, acc[0], acc[2])
+        elif acc[0] is not None:
+            by_node[s.node] = strip_timelines(s, acc[0], acc[2])
 
     for p in sorted(d.glob("node-*.json")):
         take(p)
@@ -153,9 +152,9 @@ def _merge(paths: Paths, job: dict, cfg, wait_s: float, sleep) -> dict:
 STALE_SLACK_S = 300.0   # a node summary starting this long before the job's StartTime is not this run's
 
 
-def _stale(node: dict, job: dict) -> bool:
+def _stale(node: NodeSummary, job: dict) -> bool:
     """``node`` is an earlier run's (ids wrap, requeues)."""
-    ns, js = node.get("start_time"), job.get("start_time")
+    ns, js = node.start_time, job.get("start_time")
     return isinstance(ns, (int, float)) and isinstance(js, (int, float)) and ns < js - STALE_SLACK_S
 
 
@@ -205,11 +204,11 @@ def _node_without_timelines(path) -> dict | None:
     return s
 
 
-def write_summary(paths: Paths, summary: dict, uid: int | None, gid: int | None) -> None:
+def write_summary(paths: Paths, summary: JobSummary, uid: int | None, gid: int | None) -> None:
     """``summary.json`` (root 0600) and, with ``uid``, ``user-summary.json`` (group ``gid``, 0440); the job's
     live files removed."""
-    d = paths.make_spool_job(summary["job"]["id"], gid=gid)
-    data = (json.dumps(summary, separators=(",", ":"), sort_keys=True) + "\n").encode()
+    d = paths.make_spool_job(summary.job.id, gid=gid)
+    data = (json.dumps(summary.to_json(), separators=(",", ":"), sort_keys=True) + "\n").encode()
     atomic_write(d / "summary.json", data, mode=0o600)
     if uid is not None:
         write_user_copy(d / "user-summary.json", data, gid)
@@ -269,7 +268,7 @@ def _merge_step(c: dict) -> None:
 
 
 def _mail_step(c: dict) -> dict | None:
-    if (c["summary"].get("job") or {}).get("state_source") == "exit_code":      # settle_state mails it
+    if c["summary"].job.state_source == "exit_code":      # settle_state mails it
         return {"deferred": "until Slurm has the job's final state"}
     queue_mail(c["paths"], c["summary"], c["cfg"], c["log"])
     return None
@@ -296,17 +295,16 @@ def _kick_admin_comment(job_id: str, spool_dir: str) -> bool:
 SETTLE_DELAYS_S = (1.0, 2.0, 4.0, 8.0, 15.0, 30.0)   # scontrol polls after EpilogSlurmctld: ~60 s in all
 
 
-def settle_state(paths: Paths, job_id: str, cfg, log, show_job=None, sleep=time.sleep,
-                 delays_s=SETTLE_DELAYS_S, summary: dict | None = None, environ=None) -> dict | None:
+def settle_state(paths: Paths, job_id: str, cfg, log, show_job=None, sleep=time.sleep, delays_s=SETTLE_DELAYS_S,
+                 summary: JobSummary | None = None, environ=None) -> JobSummary | None:
     """A guessed state (``state_source == "exit_code"``) polled at ``delays_s`` until slurmctld has the
     final one, then the summary and the user's copy rewritten with new findings. -> the summary when it
     was a guess (settled or not), else None. Slurm errors are logged, never raised."""
     show_job = show_job or _show_job
-    if summary is None:
-        summary = read_json(paths.spool_job(job_id) / "summary.json")
-    if not isinstance(summary, dict) or (summary.get("job") or {}).get("state_source") != "exit_code":
+    summary = summary or read_record(JobSummary, paths.spool_job(job_id) / "summary.json", read_json)
+    if summary is None or summary.job.state_source != "exit_code":
         return None
-    job = summary["job"]
+    job = summary.job
     for delay in delays_s:
         sleep(delay)
         try:
@@ -319,19 +317,16 @@ def settle_state(paths: Paths, job_id: str, cfg, log, show_job=None, sleep=time.
         final = state_word(rec.get("JobState"))
         if not final or final in ACTIVE_STATES or final == "COMPLETING":
             continue
-        was = job.get("state")
-        job["state"], job["state_source"] = final, "slurm"
-        if rec.get("ExitCode"):
-            ec, sig = parse_exit_code(rec["ExitCode"])
-            job["exit_code"] = ec if not sig else 128 + sig
-
-        summary["findings"] = [f.to_json() for f in finding_records(summary, cfg, job.get("partition"))]
+        ec, sig = parse_exit_code(rec["ExitCode"]) if rec.get("ExitCode") else (job.exit_code, 0)
+        summary = replace(summary, job=replace(job, state=final, state_source="slurm",
+                                               exit_code=ec if not sig else 128 + sig))
+        summary = replace(summary, findings=tuple(finding_records(summary, cfg, job.partition or None)))
         env = os.environ if environ is None else environ
         uid = _uid(env)
         write_summary(paths, summary, uid, _gid(env, uid))
-        log(f"final state {final} (EpilogSlurmctld saw COMPLETING and guessed {was} from the exit code)")
+        log(f"final state {final} (EpilogSlurmctld saw COMPLETING and guessed {job.state} from the exit code)")
         return summary
-    log.warn(f"final state not known after {sum(delays_s):.0f} s: the summary keeps {job.get('state')} "
+    log.warn(f"final state not known after {sum(delays_s):.0f} s: the summary keeps {job.state} "
              "(a guess from the exit code)")
     return summary
 
@@ -346,8 +341,8 @@ def admin_comment_step(job_id: str, spool_dir: str | None = None, deadline_s: fl
         cfg = load_config_or_defaults(log)
         timeout_s = cfg["timeouts.command_s"]
         paths = Paths.from_config(cfg, None, spool_dir)
-        first = read_json(paths.spool_job(job_id) / "summary.json")
-        deferred = isinstance(first, dict) and (first.get("job") or {}).get("state_source") == "exit_code"
+        first = read_record(JobSummary, paths.spool_job(job_id) / "summary.json", read_json)
+        deferred = first is not None and first.job.state_source == "exit_code"
         settled = None
         try:
             if deferred:
@@ -362,12 +357,12 @@ def admin_comment_step(job_id: str, spool_dir: str | None = None, deadline_s: fl
         if not accounting.uses_slurmdbd(sconf):
             _mark_accounting(paths, job_id, "no slurmdbd", log)
             return 0
-        summary = read_json(paths.spool_job(job_id) / "summary.json")
-        if not summary or summary.get("kind") != "job":
+        summary = read_record(JobSummary, paths.spool_job(job_id) / "summary.json", read_json)
+        if summary is None:
             log.warn("no job summary: AdminComment not stored")
             return 1
         blob = js1_comment(summary, cfg["report.js1_max_chars"], cfg["report.js1_short_s"])
-        target = accounting_job_id(job_id, summary.get("job") or {})
+        target = accounting_job_id(job_id, summary.job)
         how = accounting.store_admin_comment_retry(
             target, blob, sconf.get("ClusterName", ""), os.environ.get("SLURM_CONF"), timeout_s,
             deadline_s, log=None)
@@ -440,12 +435,11 @@ def _gid(environ, uid: int | None) -> int | None:
         return uid
 
 
-def queue_mail(paths: Paths, summary: dict, cfg, log) -> str:
-    job = summary["job"]
-    to_addr = job.get("mail_user")
-    if not cfg["mail.enabled"] or not to_addr:
-        return "not requested"
-    if not mail.mail_wanted(job.get("mail_type"), cfg["mail.policy"], state=job.get("state")):
+def queue_mail(paths: Paths, summary: JobSummary, cfg, log) -> str:
+    job = summary.job
+    to_addr = job.mail_user
+    if not cfg["mail.enabled"] or not to_addr or not mail.mail_wanted(job.mail_type or None, cfg["mail.policy"],
+                                                                      state=job.state or None):
         return "not requested"
     if "@" not in to_addr:      # Slurm's default MailUser is the bare user name
         if not cfg["mail.default_domain"]:
@@ -459,7 +453,7 @@ def queue_mail(paths: Paths, summary: dict, cfg, log) -> str:
         log.warn(f"no timeline picture: {e}")
     msg = mail.build_message(summary, render_text(summary, color=False, cfg=cfg), png, to_addr,
                              cfg["mail.from_addr"], cfg=cfg)
-    path = mail.enqueue(str(paths.spool_dir), job["id"], msg)
+    path = mail.enqueue(str(paths.spool_dir), job.id, msg)
     _kick_flush()
     return str(path)
 

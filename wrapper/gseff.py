@@ -21,6 +21,7 @@ from gsrun.base.paths import Paths
 from gsrun.facts.live import read_live_docs
 from gsrun.report import accounting
 from gsrun.report.live import live_summary, live_text
+from gsrun.report.records import JobSummary, NodeSummary, read_record
 from gsrun.facts.slurm import PENDING_STATES, REQUEUE_STATES, show_job, state_word
 from gsrun.report.render import explain_text, render_png, render_text
 from gsrun.report.summary import JS1_MARKERS, JS1_SHORT, JS1_SHORT_S, decode_js1, job_summary, pending_summary
@@ -28,37 +29,32 @@ from gsrun.report.units import fmt_duration_s, fmt_gib, fmt_pct
 from gsrun.request.config import load_config
 
 
-def load_summary(paths: Paths, job_id: str, cfg=None) -> dict:
-    """The final job summary, else a running job's so far (:mod:`gsrun.report.live`).
+def load_summary(paths: Paths, job_id: str, cfg=None, escape: bool = False) -> JobSummary:
+    """The final job summary, else a running job's so far (:mod:`gsrun.report.live`). ``escape``: every
+    string read passed through :func:`~gsrun.base.log.escape_strings` (a report for a terminal).
 
     Raises:
         InputError: no record here (unknown id, another user's job, a spool not shared with this host).
     """
     d = paths.spool_job(job_id)
-    summary = read_spool_json(d / "summary.json") or read_spool_json(d / "user-summary.json") or None
+    read = (lambda p: escape_strings(read_spool_json(p))) if escape else read_spool_json
+    summary = read_record(JobSummary, d / "summary.json", read) or read_record(JobSummary, d / "user-summary.json", read)
     files: dict[str, object] = {}     # node -> its file; names only: a node file is parsed only when merging here
     for p in sorted(d.glob("node-*.json")) + sorted(d.glob("user-node-*.json")):
         files.setdefault(p.name[len("user-node-") if p.name.startswith("user-") else len("node-"):-len(".json")], p)
-    if summary is None:
-        live = read_live_docs(d)
-        if live:
-            finished = [s for s in (read_spool_json(p) for p in files.values()) if s and s.get("kind") == "node"]
-            running = live_summary(job_id, live, finished, cfg)
-            if running is not None:
-                return running
-    if summary is None or len(files) > len(summary["job"]["nodes"]) - len(summary.get("nodes_missing", [])):
-        nodes = []
-        for p in files.values():
-            s = read_spool_json(p)
-            if s and s.get("kind") == "node" and s["node"] not in {x["node"] for x in nodes}:
-                nodes.append(s)
-        if not nodes:
-            if summary:
-                return summary
-            raise InputError("gseff", "no report for job", job_id, hint=NO_REPORT_HINT)
-        base = summary["job"] if summary else {"id": job_id, "nodes": sorted(n["node"] for n in nodes),
-                                                "state": "RUNNING or unmerged"}
-        summary = job_summary(base, nodes)
+    behind = summary is None or len(files) > len(summary.job.nodes or ()) - len(summary.nodes_missing or ())
+    nodes = {s.node: s for p in reversed([*files.values()])          # the first file of a node
+             if behind and (s := read_record(NodeSummary, p, read))}
+    if summary is None and (live := read_live_docs(d)):
+        running = live_summary(job_id, escape_strings(live) if escape else live, list(nodes.values()), cfg)
+        if running is not None:
+            return running
+    if nodes:       # no summary yet, or fewer nodes than files: merged here
+        base = summary.job.to_json() if summary else {"id": job_id, "nodes": sorted(nodes),
+                                                        "state": "RUNNING or unmerged"}
+        summary = job_summary(base, nodes.values())
+    elif summary is None:
+        raise InputError("gseff", "no report for job", job_id, hint=NO_REPORT_HINT)
     return summary
 
 
@@ -66,15 +62,16 @@ NO_REPORT_HINT = ("the job may belong to another user, or have run on a cluster 
                   "with this host")
 
 
-def not_started(job_id: str, cfg, timeout_s: float | None = None) -> dict | None:
-    """A job not started yet: :func:`~gsrun.report.summary.pending_summary`, else None."""
+def not_started(job_id: str, cfg, timeout_s: float | None = None, escape: bool = False) -> JobSummary | None:
+    """A job not started yet: :func:`~gsrun.report.summary.pending_summary`, else None; ``escape``: as
+    :func:`load_summary`'s."""
     try:
         rec = show_job(job_id, timeout_s or cfg["timeouts.command_s"])
     except GsrunError:
         return None
     if not rec or state_word(rec.get("JobState")) not in PENDING_STATES | REQUEUE_STATES:
         return None
-    return pending_summary(rec, cfg)
+    return pending_summary(escape_strings(rec) if escape else rec, cfg)
 
 
 def gpu_from_js1(blob: dict) -> dict:
@@ -193,9 +190,9 @@ def cli(job_id, explain, as_json, plot, all_gpus, from_sacct, watch, spool_dir):
     summary = None
     if not from_sacct:
         try:
-            summary = load_summary(paths, jid, cfg)
+            summary = load_summary(paths, jid, cfg, escape=not as_json)
         except InputError:
-            summary = not_started(jid, cfg)
+            summary = not_started(jid, cfg, escape=not as_json)
     if summary is None:
         try:
             rec = load_accounting(jid, cfg["timeouts.command_s"])
@@ -209,7 +206,7 @@ def cli(job_id, explain, as_json, plot, all_gpus, from_sacct, watch, spool_dir):
         click.echo(json.dumps(rec, indent=1, sort_keys=True) + "\n" if as_json else render_accounting(rec), nl=False)
         return 0
     if as_json:
-        click.echo(json.dumps(summary, indent=1, sort_keys=True))
+        click.echo(json.dumps(summary.to_json(), indent=1, sort_keys=True))
     else:
         click.echo(report_text(summary, cfg, all_gpus, sys.stdout.isatty() and not os.environ.get("NO_COLOR")),
                    nl=False)
@@ -223,10 +220,10 @@ def cli(job_id, explain, as_json, plot, all_gpus, from_sacct, watch, spool_dir):
     return 0
 
 
-def report_text(summary: dict, cfg, all_gpus: bool = False, color: bool = False, now: float | None = None) -> str:
-    """The text report (a running job's after its live lines), control and bidi characters escaped."""
-    summary = escape_strings(summary)
-    head = live_text(summary, time.time() if now is None else now) if summary.get("live") else ""
+def report_text(summary: JobSummary, cfg, all_gpus: bool = False, color: bool = False, now: float | None = None) -> str:
+    """The text report (a running job's after its live lines) of a summary read with ``escape``
+    (:func:`load_summary`, :func:`not_started`): no control or bidi character of a record reaches the screen."""
+    head = live_text(summary, time.time() if now is None else now) if summary.live else ""
     return head + render_text(summary, color=color, cfg=cfg, all_gpus=all_gpus)
 
 
@@ -240,11 +237,11 @@ def watch_job(paths: Paths, job_id: str, cfg, all_gpus: bool = False, out=None, 
     while True:
         rounds += 1
         try:
-            summary = load_summary(paths, job_id, cfg)
+            summary = load_summary(paths, job_id, cfg, escape=True)
         except InputError:
             summary = None
-        unmerged = summary is not None and (summary.get("job") or {}).get("state") == "RUNNING or unmerged"
-        final = summary is not None and not summary.get("live") and (not unmerged or waits_unmerged >= 3)
+        unmerged = summary is not None and summary.job.state == "RUNNING or unmerged"
+        final = summary is not None and not summary.live and (not unmerged or waits_unmerged >= 3)
         if unmerged and not final:     # the nodes are done; the controller's merge comes within seconds
             waits_unmerged += 1
             sleep(min(5.0, float(cfg["live.flush_s"])))

@@ -48,6 +48,11 @@ ABSENT: Any = _Absent()
 node summary made without sampler state). Falsy."""
 
 
+def known(v: Any) -> bool:
+    """``v`` is a value: neither None (unknown) nor :data:`ABSENT` (not in the file)."""
+    return v is not None and v is not ABSENT
+
+
 def field(doc: str, default: Any = dataclasses.MISSING, *, factory=dataclasses.MISSING, optional_key: bool = False):
     """A record field with its doc (the schema's ``description``: shape, unit,
     source). ``optional_key``: default :data:`ABSENT`, not required by the

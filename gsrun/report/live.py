@@ -10,32 +10,34 @@ section::
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from gsrun.report.records import JobSummary, NodeSummary
 from gsrun.report.summary import job_summary, node_record
 
 
-def live_summary(job_id: str, live: dict[str, dict], finished: list[dict] | None = None,
-                 cfg=None) -> dict | None:
+def live_summary(job_id: str, live: dict[str, dict], finished: list[NodeSummary] | None = None,
+                 cfg=None) -> JobSummary | None:
     """From ``live`` (node -> :func:`gsrun.facts.live.read_live_docs` doc) and the final node summaries;
     None without a live doc."""
-    finished = [n for n in (finished or []) if isinstance(n, dict) and n.get("kind") == "node"]
-    done = {n["node"] for n in finished}
+    done = {n.node for n in finished or ()}
     docs = [d for node, d in sorted(live.items()) if node not in done]
     if not docs:
         return None
-    nodes = list(finished)
+    nodes = list(finished or ())
     for d in docs:
         st = d["state"]
         try:
             nodes.append(node_record(st, dict(d.get("job_env") or {}, node=d["node"], job_id=job_id),
-                                     float(st.get("last_time") or d["written"])).to_json())
+                                     float(st.get("last_time") or d["written"])))
         except (ValueError, TypeError, KeyError):
             continue      # a live file of another shape: that node is missing from the view
-    if len(nodes) == len(finished):
+    if len(nodes) == len(finished or ()):
         return None
-    starts = [n["start_time"] for n in nodes if n.get("start_time")]
+    starts = [n.start_time for n in nodes if n.start_time]
     start = min(starts) if starts else None
     env0 = docs[0].get("job_env") or {}
-    expected = sorted(set(env0.get("nodelist") or []) | {n["node"] for n in nodes})
+    expected = sorted(set(env0.get("nodelist") or []) | {n.node for n in nodes})
     base = {"id": job_id, "user": env0.get("user"), "partition": env0.get("partition"), "state": "RUNNING",
             "nodes": expected, "start_time": start, "end_time": None, "elapsed_s": None}
     summary = job_summary(base, nodes, cfg, env0.get("partition"))
@@ -46,14 +48,14 @@ def live_summary(job_id: str, live: dict[str, dict], finished: list[dict] | None
         c = d.get("cancel")
         if isinstance(c, dict) and (cancel is None or c.get("action") == "cancel"):
             cancel = c
-    summary["live"] = {"as_of": max(float(d["written"]) for d in docs), "nodes_live": [d["node"] for d in docs],
-                       "alerts": alerts, "cancel": cancel, "findings": findings}
-    return summary
+    return replace(summary, live={
+        "as_of": max(float(d["written"]) for d in docs), "nodes_live": [d["node"] for d in docs],
+        "alerts": alerts, "cancel": cancel, "findings": findings})
 
 
-def live_text(summary: dict, now: float) -> str:
+def live_text(summary: JobSummary, now: float) -> str:
     """The lines above a running job's report: freshness, alerts, the cancel decision."""
-    live = summary.get("live") or {}
+    live = summary.live or {}
     out = []
     as_of = live.get("as_of")
     if isinstance(as_of, (int, float)):

@@ -269,6 +269,9 @@ class JobInfo(Record):
         "job COMPLETING), exit_code (a guess from the exit code while COMPLETING: replaced by Slurm's final state "
         "by the background step as soon as slurmctld has it); absent in summaries written before it was "
         "recorded", optional_key=True)
+    pending_reason: str | None = field("why a not-started job waits (Reason; pending report only)", optional_key=True)
+    expected_start: float | None = field("epoch seconds Slurm expects a pending job to start (StartTime; pending "
+                                         "report only)", optional_key=True)
     extra: dict = extra_field()
 
 
@@ -360,7 +363,6 @@ class JobSummary(Record):
     nodes_detail: tuple[NodeDetail, ...] = field("per node, sorted by name", ABSENT)
     nodes_missing: tuple[str, ...] = field("nodes of the job without a node summary", ABSENT)
     node_notes: dict[str, tuple[str, ...]] = field("node -> its notes", ABSENT)
-    findings: tuple[Finding, ...] = field("findings, most important first", ABSENT)
     settings: tuple[SettingsGroup, ...] = field(
         "node settings during the job, nodes with the same settings in one group (largest group first; nodes "
         "whose settings are unknown are in none); absent in summaries written before it was recorded",
@@ -369,6 +371,9 @@ class JobSummary(Record):
                                               "time); absent: none", optional_key=True)
     actions: tuple[ss.WasteAction, ...] = field("actions taken on them while the job ran (alert mails, idle "
                                                 "cancel), all nodes, by time; absent: none", optional_key=True)
+    findings: tuple[Finding, ...] = field("findings, most important first", ABSENT)
+    live: dict[str, Any] = field("a running job's report so far (gseff, never stored): as_of (epoch s), nodes_live, "
+                                 "alerts, cancel, findings (gsrun.report.live)", optional_key=True)
     extra: dict = extra_field()
     from_json = _kind_checked("job")
 
@@ -380,10 +385,19 @@ SCHEMAS = {
 }
 
 
-def is_mig(dev) -> bool:
-    """A summary's GPU entry is a MIG instance: marked so, or by NVML name or ``MIG-`` UUID (older files)."""
-    return bool(dev.get("mig")) or dev.get("util_na_reason") == "MIG" \
-        or "MIG" in str(dev.get("name") or "").upper().split() or str(dev.get("uuid") or "").startswith("MIG-")
+def is_mig(dev: GpuSummary) -> bool:
+    """A summary's GPU is a MIG instance: marked so, or by NVML name or ``MIG-`` UUID (older files)."""
+    return bool(dev.mig) or dev.util_na_reason == "MIG" \
+        or "MIG" in str(dev.name or "").upper().split() or str(dev.uuid or "").startswith("MIG-")
+
+
+def read_record(cls, path, reader):
+    """``cls.from_json(reader(path))`` (``reader``: the caller's JSON file reader); None when the file is
+    absent, corrupt, or not a ``cls`` of this schema."""
+    try:
+        return cls.from_json(reader(path))
+    except ValueError:
+        return None
 
 
 def all_schemas() -> dict[str, dict]:
@@ -412,4 +426,4 @@ if __name__ == "__main__":   # python -m gsrun.report.records [FOLDER]: regenera
 
 
 __all__ = ["is_mig", "FindingCode", "Finding", "GpuSummary", "NodeSetting", "SettingsGroup", "NodeSummary", "JobInfo", "CpuFigures", "MemoryFigures",
-           "GpuFigures", "NodeDetail", "JobSummary", "all_schemas", "write_schemas"]
+           "GpuFigures", "NodeDetail", "JobSummary", "all_schemas", "read_record", "write_schemas"]

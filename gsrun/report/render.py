@@ -1,5 +1,5 @@
-"""The report users read, from a job summary's JSON form: text (``gseff``,
-the mail) and a GPU timeline PNG; missing figures print as ``N/A``, never 0.
+"""The report users read, from a :class:`~gsrun.report.records.JobSummary`: text
+(``gseff``, the mail) and a GPU timeline PNG; missing figures print as ``N/A``, never 0.
 """
 
 from __future__ import annotations
@@ -9,9 +9,11 @@ import io
 import re
 import textwrap
 
+from gsrun.base.record import ABSENT, known
+from gsrun.facts.sampler_state import WasteAction
 from gsrun.facts.slurm import compress_hostlist
 from gsrun.report.findings import fmt_run_time, gpus_asked, headline, plural, run_time_s, shown_findings, verdicts
-from gsrun.report.records import is_mig
+from gsrun.report.records import GpuSummary, JobSummary, NodeSetting, is_mig
 from gsrun.report.units import (NA, fmt_bytes, fmt_bytes_of, fmt_duration_s, fmt_energy_j, fmt_hours_h, fmt_pct,
                                 fmt_power_w, fmt_share_pct, fmt_time)
 
@@ -65,19 +67,19 @@ def explain_text() -> str:
     return "\n".join(lines) + "\n"
 
 
-def _util(g) -> str:
-    return fmt_share_pct(g["util_mean_pct"], na="N/A (MIG)" if is_mig(g) else NA)
+def _util(g: GpuSummary) -> str:
+    return fmt_share_pct(g.util_mean_pct, na="N/A (MIG)" if is_mig(g) else NA)
 
 
-def _mem_power_energy(g) -> tuple[str, str, str]:
+def _mem_power_energy(g: GpuSummary) -> tuple[str, str, str]:
     """A GPU's memory peak of its total, mean power (W) and energy (Wh), formatted."""
-    return (fmt_bytes_of(g["mem_peak_bytes"], g["mem_total_bytes"]), fmt_power_w(g["power_mean_w"]),
-            fmt_energy_j(g["energy_j"], "wh"))
+    return (fmt_bytes_of(g.mem_peak_bytes, g.mem_total_bytes), fmt_power_w(g.power_mean_w),
+            fmt_energy_j(g.energy_j, "wh"))
 
 
-def _throttle(g) -> str:
-    ts = {k: v for k, v in (g.get("throttle_s") or {}).items() if v and k != "sync_boost"}
-    cov = g.get("covered_s")
+def _throttle(g: GpuSummary) -> str:
+    ts = {k: v for k, v in (g.throttle_s or {}).items() if v and k != "sync_boost"}
+    cov = g.covered_s
     if not ts or not cov:
         return ""
     cause, s = max(ts.items(), key=lambda kv: kv[1])
@@ -98,32 +100,32 @@ def doc_link(cfg, code) -> str:
     return f"{base}#{code}" if base else ""
 
 
-def _gpu_notes(g, c) -> list[str]:
+def _gpu_notes(g: GpuSummary, c) -> list[str]:
     notes = []
-    if g.get("lost_at_s") is not None:
-        notes.append(c("31", f"lost {fmt_duration_s(g['lost_at_s'], 'clock')} into the job"))
-    elif g.get("emulated"):
+    if known(g.lost_at_s):
+        notes.append(c("31", f"lost {fmt_duration_s(g.lost_at_s, 'clock')} into the job"))
+    elif g.emulated:
         notes.append("no NVIDIA device")
-    if g.get("xid"):
-        notes.append("Xid " + ", ".join(str(x) for x in dict.fromkeys(g["xid"])))
+    if g.xid:
+        notes.append("Xid " + ", ".join(str(x) for x in dict.fromkeys(g.xid)))
     if _throttle(g):
         notes.append(_throttle(g))
-    if g.get("util_gap_s") and g.get("covered_s") and g["util_gap_s"] > 0.05 * g["covered_s"]:
-        notes.append(f"no utilization reading for {fmt_duration_s(g['util_gap_s'], 'clock')} (left out of the mean)")
-    if g.get("energy_estimated"):
-        why = (g.get("unsupported") or {}).get("energy_mj") or "no usable reading"
+    if g.util_gap_s and g.covered_s and g.util_gap_s > 0.05 * g.covered_s:
+        notes.append(f"no utilization reading for {fmt_duration_s(g.util_gap_s, 'clock')} (left out of the mean)")
+    if g.energy_estimated:
+        why = (g.unsupported or {}).get("energy_mj") or "no usable reading"
         notes.append(f"energy estimated from power samples (energy counter: {why})")
-    if g.get("mem_procs_peak_bytes") is not None:
-        base = (f", v1 minus {fmt_bytes(g['mem_baseline_bytes'])} in use before the job"
-                if g.get("mem_baseline_bytes") is not None else "")
-        notes.append(f"the job's processes held at most {fmt_bytes(g['mem_procs_peak_bytes'])} "
-                     f"(device high water {fmt_bytes(g['mem_peak_bytes'])}{base})")
+    if known(g.mem_procs_peak_bytes):
+        base = (f", v1 minus {fmt_bytes(g.mem_baseline_bytes)} in use before the job"
+                if known(g.mem_baseline_bytes) else "")
+        notes.append(f"the job's processes held at most {fmt_bytes(g.mem_procs_peak_bytes)} "
+                     f"(device high water {fmt_bytes(g.mem_peak_bytes)}{base})")
     return notes
 
 
-def fmt_setting(st: dict) -> str:
-    """A NodeSetting as ``governor=performance applied``, ``irq=local refused (...)``."""
-    key, value, state, why = st.get("key"), st.get("value"), st.get("state"), st.get("reason") or ""
+def fmt_setting(st: NodeSetting) -> str:
+    """A node setting as ``governor=performance applied``, ``irq=local refused (...)``."""
+    key, value, state, why = st.key, st.value, st.state, st.reason or ""
     if key == "cpu_dma_latency":
         return f"cpu_dma_latency={value}us held by the node monitor"
     if key == "malloc" and why.startswith(("LD_PRELOAD=", "not found")) or key == "malloc" and state == "unsupported":
@@ -139,25 +141,24 @@ def fmt_setting(st: dict) -> str:
     return text
 
 
-def settings_lines(summary: dict) -> list[str]:
+def settings_lines(summary: JobSummary) -> list[str]:
     """"Node settings during the job" lines (unwrapped): one per group (the first
     :data:`SETTINGS_GROUPS_SHOWN`), then the unknown nodes; ``[]`` when nothing was changed or asked."""
-    groups = [g for g in summary.get("settings") or () if isinstance(g, dict)]
-    if not any(g.get("settings") for g in groups):
+    groups = summary.settings or ()
+    if not any(g.settings for g in groups):
         return []
-    nodes = list((summary.get("job") or {}).get("nodes") or ())
-    known = {n for g in groups for n in g.get("nodes") or ()}
-    unknown = [n for n in nodes if n not in known]
+    seen = {n for g in groups for n in g.nodes}
+    unknown = [n for n in summary.job.nodes or () if n not in seen]
     lines = []
     for g in groups[:SETTINGS_GROUPS_SHOWN]:
-        names = list(g.get("nodes") or ())
-        what = "; ".join(fmt_setting(x) for x in g.get("settings") or ()) or "none changed"
+        names = g.nodes
+        what = "; ".join(fmt_setting(x) for x in g.settings) or "none changed"
         where = "" if len(groups) == 1 and not unknown else \
             f" on {compress_hostlist(names)}" + (f" ({len(names)} nodes)" if len(names) > 1 else "")
         lines.append(f"Node settings during the job{where}: {what}")
     rest = groups[SETTINGS_GROUPS_SHOWN:]
     if rest:
-        n = sum(len(g.get("nodes") or ()) for g in rest)
+        n = sum(len(g.nodes) for g in rest)
         lines.append(f"Node settings differ on {plural(n, 'more node')} in {len(rest)} groups "
                      "(gseff --json: settings)")
     if unknown:
@@ -188,28 +189,26 @@ ACTION_WORDS = {"alert_mailed": "alert mailed", "cancel_warned": "idle-cancel wa
                 "cancel_failed": "idle cancel failed", "cancel_report": "would cancel (idle.cancel = report)"}
 
 
-def action_text(a: dict) -> str:
+def action_text(a: WasteAction) -> str:
     """``2025-10-09 10:02 on n1: alert mailed (idle): GPU 4 on n1 idle since ...``."""
-    what = ACTION_WORDS.get(a.get("action"), str(a.get("action")).replace("_", " "))
-    if a.get("kind"):
-        what += f" ({str(a['kind']).replace('_', ' ')})"
-    text = f"{fmt_time(a.get('time'))} on {a.get('node') or 'N/A'}: {what}"
-    return text + (f": {a['detail']}" if a.get("detail") else "")
+    what = ACTION_WORDS.get(a.action, str(a.action).replace("_", " "))
+    if a.kind:
+        what += f" ({str(a.kind).replace('_', ' ')})"
+    return f"{fmt_time(a.time)} on {a.node or 'N/A'}: {what}" + (f": {a.detail}" if a.detail else "")
 
 
-def render_text(summary: dict, color: bool = False, cfg=None, all_gpus: bool = False) -> str:
+def render_text(summary: JobSummary, color: bool = False, cfg=None, all_gpus: bool = False) -> str:
     """The text report, lines at most :data:`WRAP_COLS` wide (ANSI colour not counted). ``all_gpus``
     lifts every list's limit; ``cfg``: targets and doc URL (None: defaults)."""
     def c(code, s):
         return f"\033[{code}m{s}\033[0m" if color else s
 
-    job, cpu, mem, gpu = summary["job"], summary["cpu"], summary["memory"], summary["gpu"]
-    jid = job.get("array") or job["id"]
-    nodes = job.get("nodes") or []
-    rows = verdicts(summary, cfg, job.get("partition"))
+    job, cpu, mem, gpu = summary.job, summary.cpu, summary.memory, summary.gpu
+    nodes = list(job.nodes or ())
+    rows = verdicts(summary, cfg, job.partition)
     head = headline(summary, rows)
-    title = f"gsrun report: job {jid}" + (f" ({job['name']})" if job.get("name") else "") \
-        + f" {job.get('state') or 'N/A'}"
+    title = f"gsrun report: job {job.array or job.id}" + (f" ({job.name})" if job.name else "") \
+        + f" {job.state or 'N/A'}"
     if run_time_s(job):
         title += f" after {fmt_run_time(job)}"
     if nodes:
@@ -232,16 +231,16 @@ def render_text(summary: dict, color: bool = False, cfg=None, all_gpus: bool = F
     if shown_f:
         lines += ["", c("1", "Findings")]
         for f in shown_f:
-            mark = {"alert": "!!", "warn": "! ", "info": "- "}.get(f["severity"], "- ")
-            text = f["text"] if all_gpus else _short_label(f["text"], FINDING_UP_TO_NODES)
+            mark = {"alert": "!!", "warn": "! ", "info": "- "}.get(f.severity, "- ")
+            text = f.text if all_gpus else _short_label(f.text, FINDING_UP_TO_NODES)
             wrapped = _wrap(text, f"  {mark} ", "     ")
-            col = {"alert": "31", "warn": "33"}.get(f["severity"])
+            col = {"alert": "31", "warn": "33"}.get(f.severity)
             lines += [c(col, w) if col else w for w in wrapped]
-            link = doc_link(cfg, f.get("code"))
-            if link and f["severity"] != "info" or link and f.get("action"):
+            link = doc_link(cfg, f.code)
+            if link and f.severity != "info" or link and f.action:
                 lines.append(f"     More: {link}")
 
-    acts = [a for a in summary.get("actions") or () if isinstance(a, dict)]
+    acts = summary.actions or ()
     if acts:
         lines += ["", c("1", "Actions while the job ran")]
         shown_a = acts if all_gpus else acts[:MAX_ACTIONS_SHOWN]
@@ -251,65 +250,64 @@ def render_text(summary: dict, color: bool = False, cfg=None, all_gpus: bool = F
             lines.append(f"  ... {len(acts) - len(shown_a)} more (gseff --all lists them)")
 
     lines += ["", c("1", "Job")]
-    lines += _wrap(f"User {job.get('user') or 'N/A'}, partition {job.get('partition') or 'N/A'}, exit code "
-                   + ("N/A" if job.get("exit_code") is None else str(job["exit_code"])))
-    start, end, submit = job.get("start_time"), job.get("end_time"), job.get("submit_time")
+    lines += _wrap(f"User {job.user or 'N/A'}, partition {job.partition or 'N/A'}, exit code "
+                   + (str(job.exit_code) if known(job.exit_code) else "N/A"))
+    start, end, submit = job.start_time, job.end_time, job.submit_time
     if submit and start and start >= submit:
         lines += _wrap(f"Submitted {fmt_time(submit)}, waited {fmt_duration_s(start - submit, 'clock')} "
                        "in the queue")
     if start:
         same_day = end and fmt_time(start)[:10] == fmt_time(end)[:10]
         ran = f"Ran {fmt_time(start)} to {fmt_time(end, with_date=not same_day) if end else 'N/A'}"
-        if job.get("time_limit_s"):
-            ran += f", time limit {fmt_duration_s(job['time_limit_s'], 'clock')}"
-        elif "time_limit_s" in job:
+        if job.time_limit_s:
+            ran += f", time limit {fmt_duration_s(job.time_limit_s, 'clock')}"
+        elif job.time_limit_s is not ABSENT:
             ran += ", no time limit"
         lines += _wrap(ran)
     gpus_text = plural(gpus_asked(job, gpu), "GPU")
     if not nodes and not start:     # not started: what it asked for, no figures
         if submit:
             lines += _wrap(f"Submitted {fmt_time(submit)}"
-                           + (f", time limit {fmt_duration_s(job['time_limit_s'], 'clock')}"
-                              if job.get("time_limit_s") else ""))
-        lines += _wrap(f"Asked for {job.get('cpus_alloc') or 'N/A'} CPUs, {gpus_text}")
+                           + (f", time limit {fmt_duration_s(job.time_limit_s, 'clock')}" if job.time_limit_s else ""))
+        lines += _wrap(f"Asked for {job.cpus_alloc or 'N/A'} CPUs, {gpus_text}")
     else:
         named = nodes if all_gpus or len(nodes) <= LIST_UP_TO_NODES else \
             nodes[:FINDING_UP_TO_NODES] + [f"... {nodes[-1]}; gseff --all lists them"]
         lines += _wrap(f"{plural(len(nodes), 'node')} ({', '.join(named) or 'N/A'}), "
-                       f"{job.get('cpus_alloc') or 'N/A'} CPUs, {gpus_text}, "
-                       f"{fmt_bytes(mem.get('req_bytes')) if mem.get('req_bytes') else 'no'} memory requested")
-        if cpu.get("time_s") is not None:
-            cpu_line = f"CPU time {fmt_duration_s(cpu['time_s'], 'clock')}"
-            if job.get("cpus_alloc") and run_time_s(job):
-                cpu_line += f" of {job['cpus_alloc']} cores x {fmt_run_time(job)}"
-            cpu_line += f"; host memory peak {fmt_bytes(mem.get('peak_bytes'))}"
-            if cpu.get("anomaly"):
+                       f"{job.cpus_alloc or 'N/A'} CPUs, {gpus_text}, "
+                       f"{fmt_bytes(mem.req_bytes) if mem.req_bytes else 'no'} memory requested")
+        if known(cpu.time_s):
+            cpu_line = f"CPU time {fmt_duration_s(cpu.time_s, 'clock')}"
+            if job.cpus_alloc and run_time_s(job):
+                cpu_line += f" of {job.cpus_alloc} cores x {fmt_run_time(job)}"
+            cpu_line += f"; host memory peak {fmt_bytes(mem.peak_bytes)}"
+            if cpu.anomaly:
                 cpu_line += " [accounting anomaly]"
             lines += _wrap(cpu_line)
         elif not rows:
-            lines += _wrap(f"CPU efficiency {fmt_share_pct(cpu.get('efficiency_pct'))}, host memory peak "
-                           f"{fmt_bytes(mem.get('peak_bytes'))}")
+            lines += _wrap(f"CPU efficiency {fmt_share_pct(cpu.efficiency_pct)}, host memory peak "
+                           f"{fmt_bytes(mem.peak_bytes)}")
     for ln in settings_lines(summary):
         lines += _wrap(ln)
 
     lines += ["", c("1", "GPUs")]
-    shown = [g for g in gpu["devices"] if g.get("status", "ok") != "unavailable"]
+    shown = [g for g in gpu.devices if g.status != "unavailable"]
     if not gpus_asked(job, gpu) and not shown:
         lines.append("  none: the job asked for no GPUs")
-    elif not gpu["available"]:
-        lines += _wrap(f"unavailable ({gpu.get('reason') or 'unknown reason'})")
+    elif not gpu.available:
+        lines += _wrap(f"unavailable ({gpu.reason or 'unknown reason'})")
     elif not shown and not nodes:
         lines.append(f"  {plural(gpus_asked(job, gpu), 'GPU')} asked for; figures once the job runs")
     elif not shown:
         lines.append("  none")
-    has_sm = any(g.get("sm_active_mean_pct") is not None for g in shown)
+    has_sm = any(known(g.sm_active_mean_pct) for g in shown)
     if shown and len(shown) < TABLE_FROM_GPUS:
         for g in shown:
-            lines += _wrap(f"{g['node']} GPU {g['index']}" + (f", {g['name']}" if g.get("name") else ""))
+            lines += _wrap(f"{g.node} GPU {g.index}" + (f", {g.name}" if g.name else ""))
             busy = [f"busy {_util(g)}"]
             if has_sm:
-                busy += [f"SM active {fmt_share_pct(g.get('sm_active_mean_pct'))}",
-                         f"tensor active {fmt_share_pct(g.get('tensor_active_mean_pct'))}"]
+                busy += [f"SM active {fmt_share_pct(g.sm_active_mean_pct)}",
+                         f"tensor active {fmt_share_pct(g.tensor_active_mean_pct)}"]
             lines += _wrap(", ".join(busy), "    ", "      ")
             lines += _wrap("memory peak {}, power {}, energy {}".format(*_mem_power_energy(g)), "    ", "      ")
             notes = _gpu_notes(g, c)
@@ -318,33 +316,32 @@ def render_text(summary: dict, color: bool = False, cfg=None, all_gpus: bool = F
     elif shown:
         if len(shown) > LIST_UP_TO_GPUS and not all_gpus:
             lines += _distribution(shown)
-            ranked = sorted(shown, key=lambda g: (g.get("util_mean_pct") is None, g.get("util_mean_pct") or 0.0,
-                                                  str(g["node"]), g["index"]))
+            ranked = sorted(shown, key=lambda g: (not known(g.util_mean_pct), g.util_mean_pct or 0.0, str(g.node),
+                                                  g.index))
             shown = ranked[:LIST_ENDS] + ranked[-LIST_ENDS:]
-        multi = len({g["node"] for g in shown}) > 1
-        nw = max(len(str(g["node"])) for g in shown) if multi else 0
+        multi = len({g.node for g in shown}) > 1
+        nw = max(len(str(g.node)) for g in shown) if multi else 0
         hdr = (f"{'node':<{nw}} " if multi else "") + f"{'GPU':>3} {'busy':>5}" + (f" {'SM':>4}" if has_sm else "") \
             + f"  {'memory peak':<19} {'power':>5} {'energy':>8}"
         if not multi:
-            lines.append(f"  on {shown[0]['node']}" + (f", {shown[0]['name']}" if shown[0].get("name") else ""))
+            lines.append(f"  on {shown[0].node}" + (f", {shown[0].name}" if shown[0].name else ""))
         lines.append("  " + hdr)
         for g in shown:
-            row = (f"{g['node']:<{nw}} " if multi else "") + f"{g['index']:>3} {_util(g):>5}" \
-                + (f" {fmt_share_pct(g.get('sm_active_mean_pct')):>4}" if has_sm else "") \
+            row = (f"{g.node:<{nw}} " if multi else "") + f"{g.index:>3} {_util(g):>5}" \
+                + (f" {fmt_share_pct(g.sm_active_mean_pct):>4}" if has_sm else "") \
                 + "  {:<19} {:>5} {:>8}".format(*_mem_power_energy(g))
             lines.append("  " + row.rstrip())
         for g in shown:
             notes = _gpu_notes(g, c)
             if notes:
-                lines += _wrap(f"GPU {g['index']}" + (f" on {g['node']}" if multi else "") + ": " + "; ".join(notes))
-    if shown and gpu.get("available"):
+                lines += _wrap(f"GPU {g.index}" + (f" on {g.node}" if multi else "") + ": " + "; ".join(notes))
+    if shown and gpu.available:
         tot = []
-        if gpu.get("gpu_hours_alloc") is not None:
-            tot.append(f"GPU-hours busy {fmt_hours_h(gpu.get('gpu_hours_used'))} of "
-                       f"{fmt_hours_h(gpu['gpu_hours_alloc'])} allocated")
-        if gpu.get("energy_j") is not None:
-            tot.append(f"energy {fmt_energy_j(gpu['energy_j'], 'wh')}"
-                       + (" (estimated)" if gpu.get("energy_estimated") else ""))
+        if known(gpu.gpu_hours_alloc):
+            tot.append(f"GPU-hours busy {fmt_hours_h(gpu.gpu_hours_used)} of "
+                       f"{fmt_hours_h(gpu.gpu_hours_alloc)} allocated")
+        if known(gpu.energy_j):
+            tot.append(f"energy {fmt_energy_j(gpu.energy_j, 'wh')}" + (" (estimated)" if gpu.energy_estimated else ""))
         if tot:
             t = "; ".join(tot)
             lines += _wrap(t[0].upper() + t[1:])
@@ -353,9 +350,9 @@ def render_text(summary: dict, color: bool = False, cfg=None, all_gpus: bool = F
     return "\n".join(lines) + "\n"
 
 
-def _distribution(gpus: list[dict]) -> list[str]:
+def _distribution(gpus: list[GpuSummary]) -> list[str]:
     """Many GPUs: the spread of busy, then what the table lists."""
-    vals = sorted(g["util_mean_pct"] for g in gpus if g.get("util_mean_pct") is not None)
+    vals = sorted(g.util_mean_pct for g in gpus if known(g.util_mean_pct))
     out = []
     if vals:
         def q(f: float) -> float:
@@ -399,13 +396,13 @@ PNG_WIDTH_IN, PNG_DPI = 7.2, 200      # 1440 px wide, shown at 720 CSS px (2x fo
 MANY_GPUS = 5                          # from this many GPUs: mean with a min-max band, worst GPUs named
 
 
-def render_png(summary: dict) -> bytes | None:
+def render_png(summary: JobSummary) -> bytes | None:
     """The GPU timeline PNG (busy %, SM active %, memory GiB, power W), one line per GPU below
     :data:`MANY_GPUS`, else mean and band. None without matplotlib or anything to draw."""
-    alldev = summary["gpu"]["devices"]
-    devices = [g for g in alldev if any(g.get("timeline", {}).get(k) for k in g.get("timeline", {}))]
+    alldev = summary.gpu.devices
+    devices = [g for g in alldev if any((g.timeline or {}).values())]
     # a many-GPU job's pooled gpu.timeline: [t_s, mean, max, n, lowest GPU mean]
-    pooled = {k: v for k, v in (summary["gpu"].get("timeline") or {}).items() if v} if not devices else {}
+    pooled = {k: v for k, v in (summary.gpu.timeline or {}).items() if v} if not devices else {}
     if not devices and not pooled:
         return None
     try:
@@ -415,14 +412,14 @@ def render_png(summary: dict) -> bytes | None:
         import matplotlib.dates as mdates
     except ImportError:
         return None
-    max_t = max([p[0] for g in devices for pts in g["timeline"].values() for p in pts]
+    max_t = max([p[0] for g in devices for pts in g.timeline.values() for p in pts]
                 + [p[0] for pts in pooled.values() for p in pts], default=0.0)
-    start = (summary.get("job") or {}).get("start_time")
+    start = summary.job.start_time
     clock = bool(start) and max_t > 3600
     tdiv, tunit = _time_axis(max_t)
     panels = [(k, t, sc) for k, t, sc in (("util_pct", "busy (%)", 1.0), ("sm_active_pct", "SM active (%)", 1.0),
                                           ("mem_used_bytes", "memory (GiB)", 1 / 2**30), ("power_w", "power (W)", 1.0))
-              if any(g["timeline"].get(k) for g in devices) or pooled.get(k)]
+              if any(g.timeline.get(k) for g in devices) or pooled.get(k)]
     many = bool(pooled) or len(devices) >= MANY_GPUS
     plt.rcParams.update({"font.size": 11})
     fig, axes = plt.subplots(len(panels), 1, figsize=(PNG_WIDTH_IN, 1.55 * len(panels) + 0.7), sharex=True,
@@ -430,7 +427,7 @@ def render_png(summary: dict) -> bytes | None:
     axes = axes[:, 0]
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     shown = devices or alldev
-    multi_node = len({d["node"] for d in shown}) > 1
+    multi_node = len({d.node for d in shown}) > 1
 
     def xs_of(ts):
         if clock:
@@ -438,7 +435,7 @@ def render_png(summary: dict) -> bytes | None:
         return [t / tdiv if t == t else float("nan") for t in ts]
 
     for ax, (key, title, scale) in zip(axes, panels):
-        series = [(g, g["timeline"].get(key) or []) for g in devices]
+        series = [(g, g.timeline.get(key) or []) for g in devices]
         series = [(g, pts) for g, pts in series if pts]
         allv = [p[1] * scale for _g, pts in series for p in pts if p[1] is not None]
         if pooled:
@@ -464,7 +461,7 @@ def render_png(summary: dict) -> bytes | None:
             for i, (g, pts) in enumerate(series):
                 xs, ys = _segments(pts, scale, 1.0)
                 ax.plot(xs_of(xs), ys, "-", color=colors[i % len(colors)], lw=1.4,
-                        label=f"GPU {g['index']}" + (f" ({g['node']})" if multi_node else ""))
+                        label=f"GPU {g.index}" + (f" ({g.node})" if multi_node else ""))
         if allv:
             mean = sum(allv) / len(allv)
             ax.axhline(mean, color="#444444", ls="--", lw=1)
@@ -479,13 +476,13 @@ def render_png(summary: dict) -> bytes | None:
         elif key == "mem_used_bytes":
             peak = max(allv, default=0.0)
             ax.set_ylim(0, max(peak * 1.15, 0.5))
-            totals = {g["mem_total_bytes"] for g in shown if g.get("mem_total_bytes")}
+            totals = {g.mem_total_bytes for g in shown if g.mem_total_bytes}
             if totals:
                 ax.annotate(f"of {max(totals) * scale:.0f} GiB per GPU", (0.0, 1.0), xycoords="axes fraction",
                             ha="left", va="top", fontsize=11, color="#666666", xytext=(4, -3),
                             textcoords="offset points")
         else:
-            lim = max((g.get("power_limit_w") or 0 for g in shown), default=0)
+            lim = max((g.power_limit_w or 0 for g in shown), default=0)
             top = max(max(allv, default=1.0), lim)
             if lim:
                 ax.axhline(lim, color="#c62828", lw=1)
@@ -493,16 +490,16 @@ def render_png(summary: dict) -> bytes | None:
                             fontsize=11, color="#c62828", xytext=(4, -13), textcoords="offset points")
             ax.set_ylim(0, top * 1.15)
         for g in shown:
-            if g.get("lost_at_s") is not None:
-                lx = xs_of([g["lost_at_s"]])[0]
+            if known(g.lost_at_s):
+                lx = xs_of([g.lost_at_s])[0]
                 ax.axvline(lx, color="#c62828", ls=":", lw=1.5)
                 if ax is axes[0]:
-                    ax.annotate(f"GPU {g['index']} lost", (lx, 1.0), xycoords=("data", "axes fraction"),
+                    ax.annotate(f"GPU {g.index} lost", (lx, 1.0), xycoords=("data", "axes fraction"),
                                 fontsize=11, color="#c62828", xytext=(3, -14), textcoords="offset points")
     # idle stretches: every GPU's busy share under 5 % at a point
     util = {}
     for g in devices:
-        for p in g["timeline"].get("util_pct") or []:
+        for p in g.timeline.get("util_pct") or []:
             if p[1] is not None:
                 util.setdefault(round(p[0]), []).append(p[1])
     for p in pooled.get("util_pct") or []:      # the highest sample of any GPU is under 5 %
@@ -519,12 +516,12 @@ def render_png(summary: dict) -> bytes | None:
     else:
         axes[-1].set_xlabel(f"{tunit} since job start", fontsize=11)
         axes[-1].set_xlim(left=0)
-    job = summary["job"]
-    title = f"job {job.get('array') or job['id']}" + (f" ({job['name']})" if job.get("name") else "")
+    job = summary.job
+    title = f"job {job.array or job.id}" + (f" ({job.name})" if job.name else "")
     if many:
-        ranked = sorted((g for g in shown if g.get("util_mean_pct") is not None), key=lambda g: g["util_mean_pct"])
-        worst = ", ".join(f"GPU {g['index']}" + (f" on {g['node']}" if multi_node else "")
-                          + f" {g['util_mean_pct']:.0f}%" for g in ranked[:2])
+        ranked = sorted((g for g in shown if known(g.util_mean_pct)), key=lambda g: g.util_mean_pct)
+        worst = ", ".join(f"GPU {g.index}" + (f" on {g.node}" if multi_node else "") + f" {g.util_mean_pct:.0f}%"
+                          for g in ranked[:2])
         title += f": {len(shown)} GPUs" + (f", lowest busy: {worst}" if worst else "")
     fig.suptitle(title, x=0.01, ha="left", fontsize=12)
     if len(devices) > 1 and not many or many:

@@ -24,16 +24,18 @@ import base64
 import gzip
 import json
 import statistics
+from dataclasses import replace
+from typing import Iterable
 
 from gsrun import SUMMARY_SCHEMA
-from gsrun.base.record import ABSENT
+from gsrun.base.record import ABSENT, known
 from gsrun.facts.aggregate import Counter, Metric
 from gsrun.facts.sacct import epoch_or_none, parse_tres, time_s_or_none, tres_gpus
-from gsrun.facts.sampler_state import GpuState, SamplerState, WasteAction
+from gsrun.facts.sampler_state import GpuState, SamplerState
 from gsrun.facts.slurm import state_word
 from gsrun.report.findings import finding_records, real_gpus, run_time_s
 from gsrun.report.records import (CpuFigures, GpuFigures, GpuSummary, JobInfo, JobSummary, MemoryFigures, NodeDetail,
-                                  NodeSetting, NodeSummary, SettingsGroup, WasteDetection)
+                                  NodeSummary, SettingsGroup, WasteDetection)
 
 IDLE_UTIL_PCT = 5.0      # util_idle_frac: share of time below this (a sampler threshold)
 
@@ -44,7 +46,7 @@ def _metric(g: GpuState, key: str) -> Metric:
 
 
 def _sum(xs) -> float | None:
-    xs = [x for x in xs if x is not None]
+    xs = [x for x in xs if known(x)]
     return sum(xs) if xs else None
 
 
@@ -173,25 +175,20 @@ def node_record(state: SamplerState | dict | None, job_env: dict, end_time: floa
         gpu_available=bool(real) and not nvml_error, gpu_reason=reason,
         gpus=gpus, samples=st.samples, notes=notes,
         cpu_timeline=st.cpu_timeline.points,
-        **({"waste": [WasteDetection(node=node, code=w.code, gpu=w.gpu, since_s=w.since_s, detected_s=w.detected_s,
-                                     evidence=w.evidence, until_s=w.until_s) for w in st.waste_findings]}
-           if st.waste_findings is not ABSENT and st.waste_findings else {}),
-        **({"actions": list(st.actions)} if st.actions is not ABSENT and st.actions else {}),
+        waste=tuple(WasteDetection(node=node, code=w.code, gpu=w.gpu, since_s=w.since_s, detected_s=w.detected_s,
+                                   evidence=w.evidence, until_s=w.until_s) for w in st.waste_findings or ()) or ABSENT,
+        actions=tuple(st.actions or ()) or ABSENT,
     )
 
 
-def settings_groups(nodes: list[dict]) -> list[SettingsGroup]:
+def settings_groups(nodes: Iterable[NodeSummary]) -> list[SettingsGroup]:
     """Nodes with the same ``settings`` grouped, largest group first; nodes with unknown settings in none."""
-    by: dict[str, tuple[list, list[str]]] = {}
+    by: dict[tuple, list[str]] = {}
     for n in nodes:
-        st = n.get("settings")
-        if not isinstance(st, list):
-            continue
-        k = json.dumps(st, sort_keys=True)
-        by.setdefault(k, (st, []))[1].append(n["node"])
-    groups = sorted(by.values(), key=lambda g: (-len(g[1]), min(g[1])))
-    return [SettingsGroup(nodes=sorted(names), settings=[NodeSetting.from_json(x) for x in st])
-            for st, names in groups]
+        if known(n.settings):
+            by.setdefault(tuple(n.settings), []).append(n.node)
+    groups = sorted(by.items(), key=lambda g: (-len(g[1]), min(g[1])))
+    return [SettingsGroup(nodes=tuple(sorted(names)), settings=st) for st, names in groups]
 
 
 KEEP_GPU_TIMELINES = 16     # up to this many GPUs the job summary keeps each GPU's timeline
@@ -249,109 +246,105 @@ def _sig(x: float) -> float:
     return float(f"{x:.6g}")
 
 
-def job_summary(job: dict, nodes: list[dict | NodeSummary], cfg=None, partition: str | None = None,
-                timeline: JobTimeline | None = None) -> dict:
-    """The job summary's JSON form (:class:`~gsrun.report.records.JobSummary`). ``job``: JobInfo's fields,
-    any None but ``id``; ``nodes``: :func:`node_record` results. Above :data:`KEEP_GPU_TIMELINES` GPUs (or
-    with ``timeline``, filled by :func:`strip_timelines`) the devices' timelines go to ``gpu.timeline``."""
-    nodes = sorted((n.to_json() if isinstance(n, NodeSummary) else n for n in nodes), key=lambda n: n["node"])
-    seen = {n["node"] for n in nodes}
+def job_summary(job: dict, nodes: Iterable[NodeSummary], cfg=None, partition: str | None = None,
+                timeline: JobTimeline | None = None) -> JobSummary:
+    """The job summary, findings filled. ``job``: JobInfo's fields, any None but ``id``; ``nodes``:
+    :func:`node_record` results. Above :data:`KEEP_GPU_TIMELINES` GPUs (or with ``timeline``, filled by
+    :func:`strip_timelines`) the devices' timelines go to ``gpu.timeline``."""
+    nodes = sorted(nodes, key=lambda n: n.node)
+    seen = {n.node for n in nodes}
     expected = job.get("nodes") or sorted(seen)
     missing = [n for n in expected if n not in seen]
-    start = job.get("start_time") or min((n["start_time"] for n in nodes), default=None)
-    end = job.get("end_time") or max((n["end_time"] for n in nodes), default=None)
+    start = job.get("start_time") or min((n.start_time for n in nodes), default=None)
+    end = job.get("end_time") or max((n.end_time for n in nodes), default=None)
     elapsed = job.get("elapsed_s")          # Slurm's (RunTime), None without a job record
     sampled = None
     if elapsed is None:
-        starts = [n["start_time"] for n in nodes if n.get("start_time") is not None]
-        ends = [n["end_time"] for n in nodes if n.get("end_time") is not None]
+        starts = [n.start_time for n in nodes if known(n.start_time)]
+        ends = [n.end_time for n in nodes if known(n.end_time)]
         sampled = max(0.0, max(ends) - min(starts)) if starts and ends else None
     run_s = elapsed if elapsed is not None else sampled
-    cpu_time = _sum(n["cpu_time_s"] for n in nodes)
+    cpu_time = _sum(n.cpu_time_s for n in nodes)
     cpus_alloc = job.get("cpus_alloc")
     if cpus_alloc is None:
-        cpus_alloc = _sum(n.get("cpus_alloc") or None for n in nodes)
+        cpus_alloc = _sum(n.cpus_alloc or None for n in nodes)
     cpu_eff = cpu_raw = None
     if cpu_time is not None and cpus_alloc and run_s:
         cpu_raw = 100.0 * cpu_time / (cpus_alloc * run_s)
         cpu_eff = min(100.0, cpu_raw)
-    mem_peak = _sum(n["mem_peak_bytes"] for n in nodes)
+    mem_peak = _sum(n.mem_peak_bytes for n in nodes)
     mem_req = job.get("mem_req_bytes")
     mem_eff = 100.0 * mem_peak / mem_req if mem_peak is not None and mem_req else None
-    gpus = [g for n in nodes for g in n["gpus"]]
+    gpus = [g for n in nodes for g in n.gpus or ()]
     if len(gpus) > KEEP_GPU_TIMELINES or timeline is not None:
         if timeline is None:
             timeline = JobTimeline()
         gpus = []
         for n in nodes:
-            off = (n["start_time"] - start) if start is not None and n.get("start_time") else 0.0
-            for g in n["gpus"]:
-                if g.get("timeline"):
-                    timeline.add_gpu(g["timeline"], off)
-                    g = {k: v for k, v in g.items() if k != "timeline"}
+            off = (n.start_time - start) if start is not None and n.start_time else 0.0
+            for g in n.gpus or ():
+                if g.timeline:
+                    timeline.add_gpu(g.timeline, off)
+                    g = replace(g, timeline=ABSENT)
                 gpus.append(g)
     real = real_gpus(gpus)
-    reasons = sorted({n["gpu_reason"] for n in nodes if n.get("gpu_reason")})
-    gpus_alloc = job.get("gpus_alloc") or len(gpus) or sum(len(n.get("gres_gpus") or ()) for n in nodes)
+    reasons = sorted({n.gpu_reason for n in nodes if n.gpu_reason})
+    gpus_alloc = job.get("gpus_alloc") or len(gpus) or sum(len(n.gres_gpus or ()) for n in nodes)
     gpu_hours_alloc = gpus_alloc * run_s / 3600.0 if run_s is not None else None
-    busy = [g["util_busy_s"] for g in real if g.get("util_busy_s") is not None]
+    busy = [g.util_busy_s for g in real if known(g.util_busy_s)]
     gpu_hours_used = sum(busy) / 3600.0 if busy else None
-    energy_j = _sum(g["energy_j"] for g in real)
-    estimated = any(g.get("energy_estimated") for g in real if g["energy_j"] is not None)
-    per_node = [NodeDetail(node=n["node"], cpus_alloc=n.get("cpus_alloc"), cpu_time_s=n["cpu_time_s"],
-                           mem_peak_bytes=n["mem_peak_bytes"], elapsed_s=n.get("elapsed_s"),
-                           gpu_available=n.get("gpu_available"), gpu_reason=n.get("gpu_reason"),
-                           **({"mem_total_bytes": n["mem_total_bytes"]} if "mem_total_bytes" in n else {}))
-                for n in nodes]
+    energy_j = _sum(g.energy_j for g in real)
+    estimated = any(g.energy_estimated for g in real if known(g.energy_j))
+    per_node = tuple(NodeDetail(node=n.node, cpus_alloc=_v(n.cpus_alloc), cpu_time_s=n.cpu_time_s,
+                                mem_peak_bytes=n.mem_peak_bytes, elapsed_s=_v(n.elapsed_s),
+                                gpu_available=_v(n.gpu_available), gpu_reason=_v(n.gpu_reason),
+                                mem_total_bytes=n.mem_total_bytes) for n in nodes)
     summary = JobSummary(
         schema=SUMMARY_SCHEMA, kind="job",
         job=JobInfo(
             id=job["id"], array=job.get("array"), user=job.get("user"), name=job.get("name"),
             partition=job.get("partition"), state=job.get("state"), exit_code=job.get("exit_code"),
-            nodes=expected, start_time=start, end_time=end, elapsed_s=_r(elapsed, 3),
-            **({"sampled_s": _r(sampled, 3)} if sampled is not None else {}),
+            nodes=tuple(expected), start_time=start, end_time=end, elapsed_s=_r(elapsed, 3),
+            sampled_s=_r(sampled, 3) if sampled is not None else ABSENT,
             cpus_alloc=cpus_alloc, gpus_alloc=gpus_alloc, mem_req_bytes=mem_req,
             mail_user=job.get("mail_user"), mail_type=job.get("mail_type"),
             **{k: job[k] for k in ("submit_time", "time_limit_s", "state_source") if k in job},
         ),
         cpu=CpuFigures(time_s=_r(cpu_time, 3), efficiency_pct=_r(cpu_eff),
                        anomaly=cpu_raw is not None and cpu_raw > 105.0,
-                       source="; ".join(sorted({n["cpu_source"] for n in nodes if n.get("cpu_source")})) or None),
+                       source="; ".join(sorted({n.cpu_source for n in nodes if n.cpu_source})) or None),
         memory=MemoryFigures(peak_bytes=mem_peak, req_bytes=mem_req, efficiency_pct=_r(mem_eff),
-                             source="; ".join(sorted({n["mem_source"] for n in nodes
-                                                      if n.get("mem_source")})) or None),
-        gpu=GpuFigures(available=bool(real) and any(n["gpu_available"] for n in nodes),
-                       reason="; ".join(reasons) or None, count=len(gpus),
-                       devices=(),        # set below, in the JSON form only
+                             source="; ".join(sorted({n.mem_source for n in nodes if n.mem_source})) or None),
+        gpu=GpuFigures(available=bool(real) and any(n.gpu_available for n in nodes),
+                       reason="; ".join(reasons) or None, count=len(gpus), devices=tuple(gpus),
                        gpu_hours_alloc=_r(gpu_hours_alloc, 4), gpu_hours_used=_r(gpu_hours_used, 4),
                        energy_j=_r(energy_j), energy_kwh=_r(None if energy_j is None else energy_j / 3.6e6, 6),
                        energy_estimated=True if estimated else ABSENT,
                        timeline=timeline.to_json() if timeline is not None else ABSENT),
         nodes_detail=per_node,
-        nodes_missing=missing,
-        node_notes={n["node"]: n.get("notes", []) for n in nodes if n.get("notes")},
-        settings=groups if (groups := settings_groups(nodes)) else ABSENT,
-        **({"waste": waste} if (waste := [WasteDetection.from_json(w) for n in nodes for w in n.get("waste") or ()
-                                          if isinstance(w, dict)]) else {}),
-        **({"actions": actions} if (actions := sorted(
-            (WasteAction.from_json(a) for n in nodes for a in n.get("actions") or () if isinstance(a, dict)),
-            key=lambda a: (a.time, a.node))) else {}),
+        nodes_missing=tuple(missing),
+        node_notes={n.node: tuple(n.notes) for n in nodes if n.notes},
+        settings=tuple(settings_groups(nodes)) or ABSENT,
+        waste=tuple(w for n in nodes for w in n.waste or ()) or ABSENT,
+        actions=tuple(sorted((a for n in nodes for a in n.actions or ()), key=lambda a: (a.time, a.node))) or ABSENT,
     )
-    d = summary.to_json()
-    d["gpu"]["devices"] = [GpuSummary.from_json(g).to_json() for g in gpus]
-    d["findings"] = [f.to_json() for f in finding_records(d, cfg, partition)]   # the last key, as to_json orders
-    return d
+    return replace(summary, findings=tuple(finding_records(summary, cfg, partition)))
 
 
-def strip_timelines(node: dict, acc: JobTimeline, t0: float | None) -> None:
-    """Move ``node``'s GPU timelines into ``acc`` (offset by its start after ``t0``, epoch s); drop its
-    ``cpu_timeline``."""
-    off = (node.get("start_time") or 0.0) - t0 if t0 is not None and node.get("start_time") else 0.0
-    for g in node.get("gpus") or ():
-        tl = g.pop("timeline", None)
-        if tl:
-            acc.add_gpu(tl, off)
-    node.pop("cpu_timeline", None)
+def _v(x):
+    """``x``, None for :data:`~gsrun.base.record.ABSENT`."""
+    return None if x is ABSENT else x
+
+
+def strip_timelines(node: NodeSummary, acc: JobTimeline, t0: float | None) -> NodeSummary:
+    """``node`` with its GPU timelines moved into ``acc`` (offset by its start after ``t0``, epoch s) and
+    without its ``cpu_timeline``."""
+    off = (node.start_time or 0.0) - t0 if t0 is not None and node.start_time else 0.0
+    for g in node.gpus or ():
+        if g.timeline:
+            acc.add_gpu(g.timeline, off)
+    gpus = tuple(replace(g, timeline=ABSENT) for g in node.gpus) if node.gpus else node.gpus
+    return replace(node, gpus=gpus, cpu_timeline=ABSENT)
 
 
 JS1_MAX_CHARS = 32768     # a 64-node 8-GPU job's full blob is ~13.6 k (tests/pure/test_js1_accounting.py)
@@ -363,48 +356,47 @@ JS1_SHORT_S = 2 * 30
 JS1_GROUPS = (512, 256, 128, 64, 32, 16, 8, 4, 2, 1)   # node groups tried, in order, when per-node does not fit
 
 
-def _js1_nodes(summary: dict) -> tuple[list[tuple[str, dict, list[dict]]], dict[str, list[str]]]:
+def _js1_nodes(summary: JobSummary) -> tuple[list[tuple[str, dict, list[GpuSummary]]], dict[str, list[str]]]:
     """Per node by name: (name, CPU/memory keys, its GPUs); node -> keys written as 0 because unknown."""
-    job = summary["job"]
-    detail = summary.get("nodes_detail") or []
-    total_cpus = sum(n["cpus_alloc"] or 0 for n in detail)
-    mem_req = job.get("mem_req_bytes")
-    gpus_of: dict[str, list[dict]] = {}
-    for g in summary["gpu"]["devices"]:
-        if g.get("status", "ok") in ("ok", "lost"):
-            gpus_of.setdefault(g["node"], []).append(g)
+    detail = summary.nodes_detail or ()
+    total_cpus = sum(n.cpus_alloc or 0 for n in detail)
+    mem_req = summary.job.mem_req_bytes
+    gpus_of: dict[str, list[GpuSummary]] = {}
+    for g in summary.gpu.devices:
+        if ("ok" if g.status is ABSENT else g.status) in ("ok", "lost"):
+            gpus_of.setdefault(g.node, []).append(g)
     out, unknown = [], {}
-    for n in sorted(detail, key=lambda n: str(n["node"])):   # the same blob whatever order the merge saw
-        cpus = n.get("cpus_alloc")
+    for n in sorted(detail, key=lambda n: str(n.node)):   # the same blob whatever order the merge saw
+        cpus = _v(n.cpus_alloc)
         if mem_req:      # the job's memory limit on the node (Slurm's mem is the job total)
             share = (cpus / total_cpus) if cpus and total_cpus else 1.0 / len(detail)
             total = int(mem_req * share)
         else:            # no memory limit: the node's memory
-            total = n.get("mem_total_bytes") or 0
-        d = {"cpus": int(cpus) if cpus else 1, "total_time": round(float(n.get("cpu_time_s") or 0.0), 1),
-             "used_memory": int(n.get("mem_peak_bytes") or 0), "total_memory": int(total)}
-        miss = [k for k, v in (("cpus", cpus), ("total_time", n.get("cpu_time_s")),
-                               ("used_memory", n.get("mem_peak_bytes")), ("total_memory", total or None)) if v is None]
+            total = n.mem_total_bytes or 0
+        d = {"cpus": int(cpus) if cpus else 1, "total_time": round(float(n.cpu_time_s or 0.0), 1),
+             "used_memory": int(n.mem_peak_bytes or 0), "total_memory": int(total)}
+        miss = [k for k, v in (("cpus", cpus), ("total_time", n.cpu_time_s), ("used_memory", n.mem_peak_bytes),
+                               ("total_memory", total or None)) if not known(v)]
         if miss:
-            unknown[n["node"]] = miss
-        out.append((n["node"], d, sorted(gpus_of.get(n["node"], []), key=lambda g: int(g["index"]))))
+            unknown[n.node] = miss
+        out.append((n.node, d, sorted(gpus_of.get(n.node, []), key=lambda g: int(g.index))))
     return out, unknown
 
 
-def _gpu_mem(gpus: list[dict]) -> dict[str, tuple[int, int]]:
+def _gpu_mem(gpus: list[GpuSummary]) -> dict[str, tuple[int, int]]:
     """GPU minor -> (memory high water, total) bytes, for GPUs with both figures."""
-    return {str(g["index"]): (int(g["mem_peak_bytes"]), int(g["mem_total_bytes"])) for g in gpus
-            if g.get("mem_peak_bytes") is not None and g.get("mem_total_bytes")}
+    return {str(g.index): (int(g.mem_peak_bytes), int(g.mem_total_bytes)) for g in gpus
+            if known(g.mem_peak_bytes) and g.mem_total_bytes}
 
 
-def _gpu_keys(gpus: list[dict], has_gpus: bool, mem_pair: bool, reduce: bool) -> dict:
+def _gpu_keys(gpus: list[GpuSummary], has_gpus: bool, mem_pair: bool, reduce: bool) -> dict:
     """jobstats' per-node GPU keys: ``gpu_utilization`` ``{}`` for a GPU job
     without figures ("unknown" to jobstats); the memory pair on every node
     when any node has it (jobstats needs it everywhere), else left out
     (jobstats says "JSON is malformed" rather than invent a number).
     ``reduce``: ``min``/``median``/``max`` instead of one key per minor."""
     d: dict = {}
-    util = {str(g["index"]): g["util_mean_pct"] for g in gpus if g.get("util_mean_pct") is not None}
+    util = {str(g.index): g.util_mean_pct for g in gpus if known(g.util_mean_pct)}
     mem = _gpu_mem(gpus)
     if reduce and len(util) > 3:
         vals = list(util.values())
@@ -420,7 +412,7 @@ def _gpu_keys(gpus: list[dict], has_gpus: bool, mem_pair: bool, reduce: bool) ->
     return d
 
 
-def _group(members: list[tuple[str, dict, list[dict]]]) -> tuple[str, dict, list[dict]]:
+def _group(members: list[tuple[str, dict, list[GpuSummary]]]) -> tuple[str, dict, list[GpuSummary]]:
     """Several nodes as one jobstats node: CPU/memory keys summed, GPUs pooled."""
     first, last = members[0][0], members[-1][0]
     name = first if len(members) == 1 else f"{first}..{last} ({len(members)} nodes)"
@@ -434,7 +426,7 @@ def _encode(blob: dict) -> str:
     return "JS1:" + base64.b64encode(gzip.compress(raw, mtime=0)).decode("ascii")
 
 
-def js1_blob(summary: dict, max_chars: int = JS1_MAX_CHARS) -> str | None:
+def js1_blob(summary: JobSummary, max_chars: int = JS1_MAX_CHARS) -> str | None:
     """The blob (module doc), at most ``max_chars`` long; None without run time or node figures.
 
     Every node has the four CPU/memory keys (jobstats needs them): unknown
@@ -444,24 +436,23 @@ def js1_blob(summary: dict, max_chars: int = JS1_MAX_CHARS) -> str | None:
     nodes pooled as ``first..last (N nodes)`` (sums stay exact), said in
     ``gsrun.reduced`` (``"gpus"`` / ``"nodes:<groups>"``).
     """
-    job = summary["job"]
-    elapsed = run_time_s(job)
-    if not elapsed or elapsed <= 0 or not summary.get("nodes_detail"):
+    elapsed = run_time_s(summary.job)
+    if not elapsed or elapsed <= 0 or not summary.nodes_detail:
         return None
     nodes, unknown = _js1_nodes(summary)
-    devs = summary["gpu"]["devices"]
-    gpus_alloc = int(job.get("gpus_alloc") or summary["gpu"].get("count") or 0)
-    gsrun = {"schema": summary["schema"], "cpu_eff_pct": summary["cpu"]["efficiency_pct"],
-             "energy_j": summary["gpu"]["energy_j"],
-             **({"energy_estimated": True} if summary["gpu"].get("energy_estimated") else {}),
-             **({"alerts": len(summary["waste"])} if summary.get("waste") else {})}
-    per_gpu = {out: {f'{g["node"]}:{g["index"]}': g[key] for g in devs if g.get(key) is not None}
-               for out, key in (("sm_active_pct", "sm_active_mean_pct"), ("tensor_active_pct", "tensor_active_mean_pct"),
-                                ("lost", "lost_at_s"))}
+    gpu = summary.gpu
+    gpus_alloc = int(summary.job.gpus_alloc or gpu.count or 0)
+    gsrun = {"schema": summary.schema, "cpu_eff_pct": summary.cpu.efficiency_pct, "energy_j": gpu.energy_j,
+             **({"energy_estimated": True} if gpu.energy_estimated else {}),
+             **({"alerts": len(summary.waste)} if summary.waste else {})}
+    per_gpu = {out: {f"{g.node}:{g.index}": v for g in gpu.devices if known(v := get(g))}
+               for out, get in (("sm_active_pct", lambda g: g.sm_active_mean_pct),
+                                ("tensor_active_pct", lambda g: g.tensor_active_mean_pct),
+                                ("lost", lambda g: g.lost_at_s))}
     if unknown:
         gsrun["unknown"] = unknown
 
-    has_util = gpus_alloc > 0 or any(g.get("util_mean_pct") is not None for _, _, gs in nodes for g in gs)
+    has_util = gpus_alloc > 0 or any(known(g.util_mean_pct) for _, _, gs in nodes for g in gs)
     mem_pair = any(_gpu_mem(gs) for _, _, gs in nodes)
 
     def blob(entries, reduce: bool, reduced: str | None) -> dict:
@@ -487,10 +478,10 @@ def js1_blob(summary: dict, max_chars: int = JS1_MAX_CHARS) -> str | None:
     return text     # one pooled node always fits: 4 numbers, 3 GPU keys
 
 
-def js1_comment(summary: dict, max_chars: int = JS1_MAX_CHARS, short_s: float = JS1_SHORT_S) -> str:
+def js1_comment(summary: JobSummary, max_chars: int = JS1_MAX_CHARS, short_s: float = JS1_SHORT_S) -> str:
     """``AdminComment``, as jobstats' ``report_job_json`` decides: :data:`JS1_SHORT` under ``short_s``,
     :data:`JS1_NONE` without a blob, else the blob."""
-    elapsed = run_time_s(summary.get("job") or {})
+    elapsed = run_time_s(summary.job)
     if elapsed is not None and elapsed < short_s:
         return JS1_SHORT
     return js1_blob(summary, max_chars) or JS1_NONE
@@ -512,7 +503,7 @@ def decode_js1(text: str) -> dict:
         raise ValueError(f"corrupt JS1 blob: {e}") from None
 
 
-def pending_summary(rec: dict[str, str], cfg=None) -> dict:
+def pending_summary(rec: dict[str, str], cfg=None) -> JobSummary:
     """A not-started job's report (never stored) from ``scontrol show job``: the summary's shape without
     figures, what it asked for, ``Reason``, the expected ``StartTime`` and the finding why it waits."""
     def val(k):
@@ -522,13 +513,13 @@ def pending_summary(rec: dict[str, str], cfg=None) -> dict:
     tres = parse_tres(val("ReqTRES") or val("TRES") or "")
     gpus = tres_gpus(tres) or 0
     cpus = val("NumCPUs")
-    job = {"id": rec.get("JobId"), "name": val("JobName"), "user": (val("UserId") or "").split("(")[0] or None,
-           "partition": val("Partition"), "state": state_word(rec.get("JobState")) or "PENDING", "nodes": [],
-           "cpus_alloc": int(cpus) if cpus and cpus.isdigit() else None, "gpus_alloc": gpus,
-           "submit_time": epoch_or_none(val("SubmitTime")), "time_limit_s": time_s_or_none(val("TimeLimit")),
-           "elapsed_s": 0.0, "pending_reason": val("Reason"), "expected_start": epoch_or_none(val("StartTime"))}
-    summary = {"job": job, "cpu": {"efficiency_pct": None, "time_s": None, "anomaly": False},
-               "memory": {"efficiency_pct": None, "peak_bytes": None, "req_bytes": None},
-               "gpu": {"available": True, "count": gpus, "devices": [], "reason": None}}
-    summary["findings"] = [f.to_json() for f in finding_records(summary, cfg, job["partition"])]
-    return summary
+    job = JobInfo(id=rec.get("JobId"), name=val("JobName"), user=(val("UserId") or "").split("(")[0] or None,
+                  partition=val("Partition"), state=state_word(rec.get("JobState")) or "PENDING", nodes=(),
+                  cpus_alloc=int(cpus) if cpus and cpus.isdigit() else None, gpus_alloc=gpus,
+                  submit_time=epoch_or_none(val("SubmitTime")), time_limit_s=time_s_or_none(val("TimeLimit")),
+                  elapsed_s=0.0, pending_reason=val("Reason"), expected_start=epoch_or_none(val("StartTime")))
+    summary = JobSummary(schema=SUMMARY_SCHEMA, kind="job", job=job,
+                         cpu=CpuFigures(efficiency_pct=None, time_s=None, anomaly=False),
+                         memory=MemoryFigures(efficiency_pct=None, peak_bytes=None, req_bytes=None),
+                         gpu=GpuFigures(available=True, count=gpus, devices=(), reason=None))
+    return replace(summary, findings=tuple(finding_records(summary, cfg, job.partition)))

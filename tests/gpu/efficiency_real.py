@@ -143,10 +143,11 @@ def measure(mode: str, window_s: float, interval_s: float, tmp: Path) -> dict:
         res["load_end"] = json.loads(load.stdout.readline())
         load.wait(30)
         st = s.snapshot() if hasattr(s, "snapshot") else s.state   # the flushed (JSON) form
-        node = node_record(st, {"node": "h200", "job_id": job, "cpus_on_node": os.cpu_count(), "gpus": [0]},
-                            st["last_time"]).to_json()
+        rec = node_record(st, {"node": "h200", "job_id": job, "cpus_on_node": os.cpu_count(), "gpus": [0]},
+                          st["last_time"])
+        node = rec.to_json()
         summ = job_summary({"id": job, "nodes": ["h200"], "state": "COMPLETED", "exit_code": 0,
-                            "elapsed_s": st["last_time"] - st["start_time"]}, [node], cfg)
+                            "elapsed_s": st["last_time"] - st["start_time"]}, [rec], cfg)
         g = node["gpus"][0]
         res.update({
             "samples": st["samples"], "window_s": round(t1 - t0, 3),
@@ -155,7 +156,7 @@ def measure(mode: str, window_s: float, interval_s: float, tmp: Path) -> dict:
             "dram_bw_mean_pct": g["dram_bw_mean_pct"], "power_mean_w": g["power_mean_w"],
             "energy_j": g["energy_j"], "nvml_energy_delta_j": (e1 - e0) / 1000.0,
             "mem_peak_bytes": g["mem_peak_bytes"], "unsupported": g["unsupported"],
-            "findings": [{"code": f["code"], "text": f["text"]} for f in summ["findings"]],
+            "findings": [{"code": str(f.code), "text": f.text} for f in summ.findings],
         })
         s.nv.close()
     finally:

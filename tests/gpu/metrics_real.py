@@ -123,9 +123,9 @@ def main() -> int:
             summ = live_summary(JOB, docs)
             text = live_text(summ, time.time()) + "\n" + render_text(summ, color=False)
             (out / f"live-{tag}.txt").write_text(text)
-            g = (summ["gpu"].get("devices") or [{}])[0]
-            return {"state": summ["job"]["state"], "util_pct": g.get("util_mean_pct"),
-                    "alerts": summ["live"]["alerts"], "findings": [f.get("code") for f in summ["live"]["findings"]],
+            devs, live = summ.gpu.devices, summ.live
+            return {"state": summ.job.state, "util_pct": devs[0].util_mean_pct if devs else None,
+                    "alerts": live["alerts"], "findings": [f.get("code") for f in live["findings"]],
                     "bytes": sum(len(json.dumps(d)) for d in docs.values())}
         s.sample_once()                      # the prolog's first poll: before the job's process starts
         load = subprocess.Popen([sys.executable, "-c", LOAD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,

@@ -16,6 +16,7 @@ from pathlib import Path
 from gsrun.facts.hostfs import HostFS
 from gsrun.facts.nvml import FakeNvml, Seq
 from gsrun.node.sampler import Sampler
+from gsrun.report.records import JobSummary, NodeSummary
 from gsrun.report.summary import job_summary, node_record
 
 REPO = Path(__file__).resolve().parents[2]
@@ -131,16 +132,18 @@ def run_job(sampler, n_polls: int) -> dict:
 
 
 def node_of(state: dict, elapsed_s: float, cpus: int | None = 8, gpus=None, node: str = "n1") -> dict:
+    """The node summary's JSON form (``node-<node>.json``)."""
     env = {"node": node, "job_id": state["job_id"], "cpus_on_node": cpus, "gpus": gpus or []}
     return node_record(state, env, state["start_time"] + elapsed_s).to_json()
 
 
-def job_of(node_summaries: list[dict], elapsed_s: float, **job) -> dict:
-    """Job summary of ``node_summaries``; ``job`` overrides record fields."""
-    rec = {"id": "4242", "state": "COMPLETED", "elapsed_s": elapsed_s,
-           "nodes": [n["node"] for n in node_summaries]}
+def job_of(node_summaries: list[dict | NodeSummary], elapsed_s: float, **job) -> JobSummary:
+    """Job summary of ``node_summaries`` (JSON forms, as :func:`node_of` gives, or records); ``job``
+    overrides record fields."""
+    nodes = [n if isinstance(n, NodeSummary) else NodeSummary.from_json(n) for n in node_summaries]
+    rec = {"id": "4242", "state": "COMPLETED", "elapsed_s": elapsed_s, "nodes": [n.node for n in nodes]}
     rec.update(job)
-    return job_summary(rec, node_summaries)
+    return job_summary(rec, nodes)
 
 
 def cpu_usage(clock, cores_busy: float, mem_bytes: int | None = None, peak: int | None = None):

@@ -8,9 +8,11 @@ has it, then queues the mail. Found on a real slurmd: a job stopped by
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from gsrun.base.paths import Paths
 from gsrun.epilog import ctld
+from gsrun.report.records import JobSummary
 from gsrun.request.config import Config, SETTINGS
 from helpers.paths import REPO
 
@@ -38,7 +40,7 @@ def _spool(tmp_path, state: str, source: str | None):
     s["job"]["exit_code"] = 143
     if source:
         s["job"]["state_source"] = source
-    ctld.write_summary(paths, s, None, None)
+    ctld.write_summary(paths, JobSummary.from_json(s), None, None)
     return paths, s["job"]["id"]
 
 
@@ -60,7 +62,7 @@ def test_settle_replaces_the_guess_with_slurms_final_state(tmp_path):
     log = Log()
     out = ctld.settle_state(paths, job, _cfg(), log, show_job=lambda j, t: next(answers), sleep=slept.append)
     assert slept == [1.0, 2.0]                            # backoff: one RPC per poll, stops when final
-    assert out["job"]["state"] == "CANCELLED" and out["job"]["state_source"] == "slurm"
+    assert out.job.state == "CANCELLED" and out.job.state_source == "slurm"
     on_disk = json.loads((paths.spool_job(job) / "summary.json").read_text())
     assert on_disk["job"]["state"] == "CANCELLED" and on_disk["job"]["exit_code"] == 143
     assert any("final state CANCELLED" in ln and "guessed FAILED" in ln for ln in log.lines)
@@ -71,7 +73,7 @@ def test_settle_gives_up_after_its_polls_and_keeps_the_guess(tmp_path):
     calls = []
     out = ctld.settle_state(paths, job, _cfg(), Log(), show_job=lambda j, t: calls.append(j) or
                             {"JobState": "COMPLETING"}, sleep=lambda s: None, delays_s=(1, 2, 3))
-    assert len(calls) == 3 and out["job"]["state"] == "COMPLETED" and out["job"]["state_source"] == "exit_code"
+    assert len(calls) == 3 and out.job.state == "COMPLETED" and out.job.state_source == "exit_code"
 
 
 def test_settle_does_nothing_for_a_state_slurm_gave(tmp_path):
@@ -85,10 +87,11 @@ def test_settle_does_nothing_for_a_state_slurm_gave(tmp_path):
 def test_mail_is_deferred_while_the_state_is_a_guess(tmp_path, monkeypatch):
     queued = []
     monkeypatch.setattr(ctld, "queue_mail", lambda *a: queued.append(a))
-    c = {"summary": {"job": {"state": "FAILED", "state_source": "exit_code"}}, "paths": None, "cfg": None,
-         "log": Log()}
+    s = JobSummary.from_json(json.loads(CANCELLED_SUMMARY.read_text()))
+    s = replace(s, job=replace(s.job, state="FAILED", state_source="exit_code"))
+    c = {"summary": s, "paths": None, "cfg": None, "log": Log()}
     assert ctld._mail_step(c) == {"deferred": "until Slurm has the job's final state"} and queued == []
-    c["summary"]["job"]["state_source"] = "slurm"
+    c["summary"] = replace(s, job=replace(s.job, state_source="slurm"))
     assert ctld._mail_step(c) is None and len(queued) == 1
 
 
@@ -105,14 +108,14 @@ def test_settle_ignores_fields_a_job_name_forges(tmp_path, monkeypatch):
     paths, job = _spool(tmp_path, "FAILED", "exit_code")
     s = json.loads((paths.spool_job(job) / "summary.json").read_text())
     s["job"]["exit_code"] = 3
-    ctld.write_summary(paths, s, None, None)
+    ctld.write_summary(paths, JobSummary.from_json(s), None, None)
     line = (f"JobId={job} JobName=x UserId=victim(4321) ExitCode=0:0 UserId=nobody(65534) GroupId=nogroup(65534) "
             "JobState=FAILED Reason=NonZeroExitCode ExitCode=3:0 Partition=gpu\n")
     monkeypatch.setattr(slurm, "run_slurm", lambda argv, *a, **k: __import__("subprocess").CompletedProcess(
         argv, 0, line, ""))
     out = ctld.settle_state(paths, job, _cfg(), Log(), sleep=lambda s: None,
                             environ={"SLURM_JOB_UID": str(os.getuid()), "SLURM_JOB_GID": str(os.getgid())})
-    assert out["job"]["state"] == "FAILED" and out["job"]["exit_code"] == 3
+    assert out.job.state == "FAILED" and out.job.exit_code == 3
     st = (paths.spool_job(job) / "user-summary.json").stat()
     assert st.st_uid != 4321 and st.st_gid != 4321
     if os.geteuid() == 0:

@@ -20,6 +20,7 @@ import shutil
 import pytest
 
 from gsrun.report import mail
+from gsrun.report.records import JobSummary
 from gsrun.report.render import WRAP_COLS, render_png, render_text
 from helpers.paths import DATA
 from helpers.screenshot import chromium, layout, layout_differences, shoot
@@ -29,7 +30,7 @@ GOLDEN = DATA / "screenshots" / "after"
 
 
 def _message(job: str):
-    s = json.loads((DATA / "golden" / "summaries" / f"{job}.json").read_text())
+    s = JobSummary.from_json(json.loads((DATA / "golden" / "summaries" / f"{job}.json").read_text()))
     png = render_png(s)
     return s, png, mail.build_message(s, render_text(s), png, "alice@example.org", "gsrun@example.org", date=0)
 
@@ -39,7 +40,7 @@ def test_text_part_fits_76_columns_and_stands_alone(job):
     s, _png, msg = _message(job)
     text = msg.get_body(("plain",)).get_content()
     assert max(len(ln) for ln in text.splitlines()) <= WRAP_COLS
-    assert f"job {s['job']['id']}" in text.lower() or f"Job {s['job']['id']}" in text
+    assert f"job {s.job.id}" in text.lower() or f"Job {s.job.id}" in text
 
 
 @pytest.mark.skipif(chromium() is None, reason="chromium not installed (apt-get install -y chromium)")

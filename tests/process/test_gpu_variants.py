@@ -27,6 +27,7 @@ import time
 import pytest
 
 from gsrun.report.mail import mail_view
+from gsrun.report.records import JobSummary
 from gsrun.report.render import render_text
 from gsrun.report.summary import decode_js1, js1_blob
 from helpers.node_site import kill_fakes, make_site, nvml_devices, run_node
@@ -102,9 +103,9 @@ def test_energy_unsupported_estimated_and_v1_memory_baseline_and_job_processes(s
                           "4242", "--json", "--spool-dir", str(site.spool)], capture_output=True, text=True,
                          env=dict(os.environ, GSRUN_CONFIG=str(site.config)), timeout=60)
     assert res.returncode == 0, res.stderr
-    summary = json.loads(res.stdout)
-    assert summary["gpu"]["energy_estimated"] is True
-    assert summary["gpu"]["energy_j"] == g["energy_j"] and summary["gpu"]["energy_kwh"] > 0
+    summary = JobSummary.from_json(json.loads(res.stdout))
+    assert summary.gpu.energy_estimated is True
+    assert summary.gpu.energy_j == g["energy_j"] and summary.gpu.energy_kwh > 0
     assert decode_js1(js1_blob(summary))["gsrun"]["energy_estimated"] is True
     text = render_text(summary)
     assert "energy 0.1 Wh (estimated)" in text                   # the job's total

@@ -77,14 +77,14 @@ def test_live_file_bounded_and_gseff_running_figures_match_the_final_code(tmp_pa
     s.live.write_live(s.state, state_to_json(s.state), clock())
     summary = gseff.load_summary(Paths("/nonexistent", str(spool), "/nonexistent"), JOB)
     # Slurm's elapsed time is squeue's while the job runs: the report so far says it was sampled 120 s
-    assert summary["job"]["state"] == "RUNNING" and summary["job"]["elapsed_s"] is None
-    assert summary["job"]["sampled_s"] == 120.0
-    assert summary["live"]["nodes_live"] == ["n1"] and summary["live"]["alerts"] == []
+    assert summary.job.state == "RUNNING" and summary.job.elapsed_s is None
+    assert summary.job.sampled_s == 120.0
+    assert summary.live["nodes_live"] == ["n1"] and summary.live["alerts"] == []
     want = job_of([node_of(final, 120.0, cpus=8, gpus=list(range(8)))], 120.0)
     keys = ("util_mean_pct", "sm_active_mean_pct", "mem_peak_bytes", "energy_j", "power_mean_w", "covered_s")
-    got_d = {(g["index"], k): g[k] for g in summary["gpu"]["devices"] for k in keys}
-    want_d = {(g["index"], k): g[k] for g in want["gpu"]["devices"] for k in keys}
-    assert got_d == want_d and len(summary["gpu"]["devices"]) == 8
+    got_d = {(g.index, k): getattr(g, k) for g in summary.gpu.devices for k in keys}
+    want_d = {(g.index, k): getattr(g, k) for g in want.gpu.devices for k in keys}
+    assert got_d == want_d and len(summary.gpu.devices) == 8
     assert all(v is not None for (i, k), v in got_d.items() if k in ("util_mean_pct", "energy_j"))
     text = gseff.report_text(summary, None, now=clock() + 12)
     assert text.startswith("RUNNING: figures as of 12 s ago (live files of 1 node(s)")
@@ -199,7 +199,7 @@ def test_watch_redraws_until_final_report(tmp_path):
     def sleep(sec):
         rounds.append(sec)
         if len(rounds) == 2:     # the job ends: the controller's summary appears
-            (spool / "jobs" / JOB / "user-summary.json").write_text(json.dumps(summ))
+            (spool / "jobs" / JOB / "user-summary.json").write_text(json.dumps(summ.to_json()))
     out = io.StringIO()
     cfg = parse_config("")
     assert gseff.watch_job(paths, JOB, cfg, out=out, sleep=sleep) == 0

@@ -199,8 +199,8 @@ def test_actions_in_node_and_job_summary_and_gseff(tmp_path):
     assert final["actions"][0]["detail"].startswith("GPU 0 on n1 idle since ")
     # running: gseff reads the live file
     running = live_summary(JOB, read_live_docs(spool / "jobs" / JOB), None, None)
-    assert [a["action"] for a in running["actions"]] == ["alert_mailed", "cancel_warned", "cancel_requested",
-                                                         "cancel_done"]
+    assert [a.action for a in running.actions] == ["alert_mailed", "cancel_warned", "cancel_requested",
+                                                   "cancel_done"]
     text = gseff.report_text(running, None, now=T0 + 40)
     block = text.split("Actions while the job ran\n", 1)[1].split("\n\n", 1)[0]
     items = [" ".join(x.split()) for x in block.split("  - ")[1:]]
@@ -217,7 +217,7 @@ def test_actions_in_node_and_job_summary_and_gseff(tmp_path):
     assert [a["action"] for a in node["actions"]] == ["alert_mailed", "cancel_warned", "cancel_requested",
                                                       "cancel_done"]
     job = job_of([node], 100.0)
-    assert job["actions"] == node["actions"]
+    assert [a.to_json() for a in job.actions] == node["actions"]
     assert "cancelled by gsrun: scancel accepted" in render_text(job)
 
 

@@ -28,6 +28,7 @@ import pytest
 from gsrun.request.config import parse_config
 from gsrun.base.errors import ConfigError, InputError, NodeError
 from gsrun.report import mail
+from gsrun.report.records import JobSummary
 from gsrun.report.render import render_text
 from gsrun.report.mail import (backoff_s, build_message, enqueue, flush, mail_kind, mail_wanted,
                         queue_status, subject_line, validate_addr)
@@ -50,7 +51,8 @@ def tiny_png(width: int = 3, height: int = 2) -> bytes:
             + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
 
 
-def make_summary(**job_over) -> dict:
+def summary_json(**job_over) -> dict:
+    """A job summary's JSON form; ``job_over`` overrides job fields."""
     job = {"id": "42", "array": None, "user": "user1", "name": "train", "partition": "gpu",
            "state": "COMPLETED", "exit_code": 0, "nodes": ["gpu01", "gpu02"], "elapsed_s": 3600.0,
            "cpus_alloc": 8, "gpus_alloc": 2, "mail_user": TO, "mail_type": "END"}
@@ -60,13 +62,17 @@ def make_summary(**job_over) -> dict:
            "mem_peak_bytes": 40 << 30, "mem_total_bytes": 141 << 30, "energy_j": 720000.0,
            "power_mean_w": 200.0, "throttle_s": {"thermal": 0, "power": 3.5}, "xid": [], "lost_at_s": None}
     dev2 = dict(dev, node="gpu02", uuid="GPU-bbbb", util_mean_pct=60.0)
-    return {"schema": "gsrun.summary/1", "job": job,
+    return {"schema": "gsrun.summary/1", "kind": "job", "job": job,
             "cpu": {"time_s": 12096.0, "efficiency_pct": 42.0, "source": "cgroup v2 cpu.stat"},
             "memory": {"peak_bytes": 3 << 30, "req_bytes": 8 << 30, "efficiency_pct": 37.5},
             "gpu": {"available": True, "reason": None, "devices": [dev, dev2], "energy_j": 1440000.0,
                     "gpu_hours_alloc": 2.0, "gpu_hours_used": 1.0},
-            "findings": [{"code": "low_sm", "severity": "warn",
+            "findings": [{"code": "low_sm_activity", "severity": "warn",
                           "text": "SM activity 11% while utilization 50%: kernels too small", "value": 11.0}]}
+
+
+def make_summary(**job_over) -> JobSummary:
+    return JobSummary.from_json(summary_json(**job_over))
 
 
 def parts(msg):
@@ -239,8 +245,9 @@ HOSTILE_USER = '"><img src=x onerror=alert(2)>'
 
 
 def test_hostile_job_name_and_user_are_escaped_and_cannot_inject_headers(server, spool):
-    s = make_summary(name=HOSTILE_NAME, user=HOSTILE_USER)
-    s["findings"][0]["text"] = "<b>bold</b> & co"
+    d = summary_json(name=HOSTILE_NAME, user=HOSTILE_USER)
+    d["findings"][0]["text"] = "<b>bold</b> & co"
+    s = JobSummary.from_json(d)
     msg = build_message(s, render_text(s) + "<pre>not html</pre>\n", tiny_png(), TO, FROM)
     for k, v in msg.items():
         assert "\r" not in str(v) and "\n" not in str(v).replace("\n ", ""), (k, v)
@@ -312,14 +319,15 @@ def test_non_ascii_job_name_is_encoded_not_mangled():
 # ----------------------------------------------------------------------------- field cases
 
 def test_case23_cancelled_before_start_gets_no_efficiency_lecture():
-    s = make_summary(id="15055386", array="15053872_1491", state="CANCELLED by 1000", elapsed_s=0.0,
+    d = summary_json(id="15055386", array="15053872_1491", state="CANCELLED by 1000", elapsed_s=0.0,
                      cpus_alloc=0, exit_code=0)
-    s["cpu"] = {"time_s": 0.0, "efficiency_pct": None, "source": "sacct"}
-    s["memory"] = {"peak_bytes": None, "req_bytes": 4 << 30, "efficiency_pct": None}
-    s["gpu"] = {"available": True, "reason": None, "devices": [], "energy_j": None,
+    d["cpu"] = {"time_s": 0.0, "efficiency_pct": None, "source": "sacct"}
+    d["memory"] = {"peak_bytes": None, "req_bytes": 4 << 30, "efficiency_pct": None}
+    d["gpu"] = {"available": True, "reason": None, "devices": [], "energy_j": None,
                 "gpu_hours_alloc": 0.0, "gpu_hours_used": 0.0}
-    s["findings"] = [{"code": "low_cpu_eff", "severity": "warn", "text": "CPU efficiency 0%: ask for fewer CPUs",
+    d["findings"] = [{"code": "cpu_idle", "severity": "warn", "text": "CPU efficiency 0%: ask for fewer CPUs",
                       "value": 0.0}]
+    s = JobSummary.from_json(d)
     assert mail_kind(s) == "cancelled_before_start"
     msg = build_message(s, "CPU efficiency 0.0%", None, TO, FROM)
     assert msg["Subject"] == "[gsrun] job 15053872_1491 (train) CANCELLED before start"
@@ -331,9 +339,10 @@ def test_case23_cancelled_before_start_gets_no_efficiency_lecture():
 
 
 def test_case23_instant_failure_says_figures_not_meaningful():
-    s = make_summary(id="13421658", state="FAILED", elapsed_s=0.0, exit_code=1)
-    s["cpu"]["efficiency_pct"] = None
-    s["memory"]["efficiency_pct"] = None
+    d = summary_json(id="13421658", state="FAILED", elapsed_s=0.0, exit_code=1)
+    d["cpu"]["efficiency_pct"] = None
+    d["memory"]["efficiency_pct"] = None
+    s = JobSummary.from_json(d)
     assert mail_kind(s) == "no_run"
     msg = build_message(s, render_text(s), None, TO, FROM)
     assert msg["Subject"] == "[gsrun] job 13421658 (train) FAILED after 0 s: no efficiency figures"
@@ -353,9 +362,10 @@ def test_case23_requeued_is_not_mailed_now():
 
 
 def test_case15_gpu_unavailable_still_mails_cpu_and_memory():
-    s = make_summary()
-    s["gpu"] = {"available": False, "reason": "NVML init failed: LIB_RM_VERSION_MISMATCH", "devices": [],
+    d = summary_json()
+    d["gpu"] = {"available": False, "reason": "NVML init failed: LIB_RM_VERSION_MISMATCH", "devices": [],
                 "energy_j": None, "gpu_hours_alloc": 2.0, "gpu_hours_used": None}
+    s = JobSummary.from_json(d)
     msg = build_message(s, render_text(s), None, TO, FROM)
     assert msg["Subject"] == "[gsrun] job 42 (train) COMPLETED: GPU data unavailable, CPU eff 42%"
     text, html = text_of(msg), html_of(msg)
@@ -368,16 +378,17 @@ def test_case15_gpu_unavailable_still_mails_cpu_and_memory():
 
 
 def test_case12_mig_utilization_is_na_never_did_not_use_gpu():
-    s = make_summary(gpus_alloc=1)
+    d = summary_json(gpus_alloc=1)
     mig = {"node": "gpu01", "index": 0, "name": "NVIDIA H100 80GB HBM3 MIG 1g.10gb",
            "uuid": "MIG-6d4f1b2c-2a6b-5c3e-9f1e-0123456789ab", "pci_bus_id": "0000:00:06.0",
            "util_mean_pct": None, "sm_active_mean_pct": None, "tensor_active_mean_pct": None,
            "mem_peak_bytes": int(9.5 * (1 << 30)), "mem_total_bytes": int(9.75 * (1 << 30)),
            "energy_j": None, "power_mean_w": None, "throttle_s": {}, "xid": [], "lost_at_s": None}
-    s["gpu"]["devices"] = [mig]
+    d["gpu"]["devices"] = [mig]
     # a findings engine that forgot about MIG: the mail must not repeat it
-    s["findings"] = [{"code": "idle_gpu", "severity": "warn", "text": "Your job did not use the GPU",
+    d["findings"] = [{"code": "idle_gpu", "severity": "warn", "text": "Your job did not use the GPU",
                       "value": 0.0}]
+    s = JobSummary.from_json(d)
     msg = build_message(s, render_text(s), None, TO, FROM)
     assert msg["Subject"] == "[gsrun] job 42 (train) COMPLETED: GPU busy N/A (MIG), CPU eff 42%"
     for body in (text_of(msg), html_of(msg)):
@@ -388,8 +399,9 @@ def test_case12_mig_utilization_is_na_never_did_not_use_gpu():
 
 
 def test_case16_xid_and_lost_gpu_flagged():
-    s = make_summary()
-    s["gpu"]["devices"][1].update(xid=[79], lost_at_s=1800.0)
+    d = summary_json()
+    d["gpu"]["devices"][1].update(xid=[79], lost_at_s=1800.0)
+    s = JobSummary.from_json(d)
     msg = build_message(s, render_text(s), None, TO, FROM)
     text, html = text_of(msg), html_of(msg)
     lines = text.splitlines()
@@ -399,9 +411,10 @@ def test_case16_xid_and_lost_gpu_flagged():
 
 
 def test_cpu_only_job_has_no_gpu_part():
-    s = make_summary(gpus_alloc=0)
-    s["gpu"] = {"available": True, "reason": None, "devices": [], "energy_j": None,
+    d = summary_json(gpus_alloc=0)
+    d["gpu"] = {"available": True, "reason": None, "devices": [], "energy_j": None,
                 "gpu_hours_alloc": 0.0, "gpu_hours_used": 0.0}
+    s = JobSummary.from_json(d)
     msg = build_message(s, "r", None, TO, FROM)
     assert msg["Subject"] == "[gsrun] job 42 (train) COMPLETED: CPU eff 42%"
     assert "GPU" not in text_of(msg).split("---- report")[0].replace("[gsrun]", "")

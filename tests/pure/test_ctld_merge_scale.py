@@ -9,9 +9,11 @@ import json
 import os
 
 from gsrun.base.fsutil import atomic_write_json
+from gsrun.base.record import ABSENT
 from gsrun.base.paths import Paths
 from gsrun.epilog import ctld
 from gsrun.epilog.ctld import _node_without_timelines, merge, write_summary
+from gsrun.report.records import NodeSummary
 from gsrun.report.render import render_text
 from gsrun.report.summary import JOB_TIMELINE_POINTS, KEEP_GPU_TIMELINES, JobTimeline, job_summary
 from helpers.paths import DATA
@@ -56,11 +58,16 @@ def _nodes(n: int) -> list[dict]:
     return out
 
 
+def _summary(job: dict, nodes: list[dict]):
+    """:func:`job_summary` of node summaries in their JSON form."""
+    return job_summary(job, map(NodeSummary.from_json, nodes))
+
+
 def test_many_gpus_get_a_bounded_job_timeline_instead_of_per_gpu_ones():
     nodes = _nodes(KEEP_GPU_TIMELINES // 2 + 1)           # 2 GPUs each: one more node than kept
-    s = job_summary({"id": "4242", "nodes": [n["node"] for n in nodes]}, nodes)
-    assert all("timeline" not in g for g in s["gpu"]["devices"])
-    tl = s["gpu"]["timeline"]
+    s = _summary({"id": "4242", "nodes": [n["node"] for n in nodes]}, nodes)
+    assert all(g.timeline is ABSENT for g in s.gpu.devices)
+    tl = s.gpu.timeline
     assert set(tl) == {"util_pct", "mem_used_bytes", "power_w"}      # sm_active_pct had no points
     assert all(len(v) <= JOB_TIMELINE_POINTS for v in tl.values())
     # every GPU's util is 50 % and power 78.45 W in the fixture: mean, max and min across them too
@@ -68,8 +75,8 @@ def test_many_gpus_get_a_bounded_job_timeline_instead_of_per_gpu_ones():
     assert {p[1] for p in tl["power_w"]} == {78.45}
     n_in = sum(p[3] for g in nodes[0]["gpus"] for p in g["timeline"]["util_pct"]) * len(nodes)
     assert sum(p[3] for p in tl["util_pct"]) == n_in              # no sample lost in the pooling
-    few = job_summary({"id": "4242", "nodes": ["n000"]}, _nodes(1))
-    assert "timeline" not in few["gpu"] and all(g["timeline"] for g in few["gpu"]["devices"])
+    few = _summary({"id": "4242", "nodes": ["n000"]}, _nodes(1))
+    assert few.gpu.timeline is ABSENT and all(g.timeline for g in few.gpu.devices)
 
 
 def test_job_timeline_coarsens_to_its_bound():
@@ -89,11 +96,11 @@ def test_merge_of_many_nodes_cuts_timelines_and_writes_one_serialization(tmp_pat
     for n in nodes:
         atomic_write_json(d / f"node-{n['node']}.json", n, mode=0o600)
     s = merge(paths, {"id": "4242", "nodes": [n["node"] for n in nodes]}, None)
-    ref = job_summary({"id": "4242", "nodes": [n["node"] for n in nodes]}, [_without(n) for n in nodes])
-    assert s == ref and "timeline" not in s["gpu"]
+    ref = _summary({"id": "4242", "nodes": [n["node"] for n in nodes]}, [_without(n) for n in nodes])
+    assert s == ref and s.gpu.timeline is ABSENT
     write_summary(paths, s, os.getuid(), os.getgid())
     a, b = (d / "summary.json").read_bytes(), (d / "user-summary.json").read_bytes()
-    assert a == b and json.loads(a) == s
+    assert a == b and json.loads(a) == s.to_json()
     assert (d / "summary.json").stat().st_mode & 0o777 == 0o600
     assert (d / "user-summary.json").stat().st_mode & 0o777 == 0o440
 
@@ -103,7 +110,7 @@ def test_many_gpus_are_summarised_unless_all():
     for i, n in enumerate(nodes):
         for g in n["gpus"]:
             g["util_mean_pct"] = float(i * 2 + g["index"])
-    s = job_summary({"id": "4242", "nodes": [n["node"] for n in nodes]}, nodes)
+    s = _summary({"id": "4242", "nodes": [n["node"] for n in nodes]}, nodes)
     text = render_text(s)
     assert "40 GPUs; busy over 40 with a figure: min 0%, 10th percentile 4%, median 20%, 90th percentile 35%, " \
            "max 39%" in text.replace("\n    ", " ")
@@ -119,8 +126,8 @@ def test_findings_and_nodes_of_a_large_job_are_cut_unless_all():
     for i, n in enumerate(nodes):
         for g in n["gpus"]:
             g["util_mean_pct"], g["util_idle_frac"] = (1.0, 0.99) if i % 2 else (80.0, 0.0)
-    s = job_summary({"id": "4242", "nodes": [n["node"] for n in nodes], "elapsed_s": 86400.0}, nodes)
-    idle = next(f["text"] for f in s["findings"] if f["code"] == "idle_gpu")
+    s = _summary({"id": "4242", "nodes": [n["node"] for n in nodes], "elapsed_s": 86400.0}, nodes)
+    idle = next(f.text for f in s.findings if f.code == "idle_gpu")
     assert idle.count(" on n0") == 20                       # the summary keeps every node
     text = render_text(s).replace("\n     ", " ").replace("\n    ", " ")
     assert "GPUs 0, 1 on n001, GPUs 0, 1 on n003, GPUs 0, 1 on n005, GPUs 0, 1 on n007 and GPUs on 16 more " \

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 
+from gsrun import SUMMARY_SCHEMA
 from gsrun.base.paths import Paths
 from gsrun.epilog.ctld import merge, write_summary
+from gsrun.report.records import JobSummary
 from gsrun.report.summary import node_record
 
 
@@ -26,8 +28,8 @@ def test_missing_node_waited_with_backoff_then_reported(tmp_path):
 
     job = {"id": "91", "nodes": ["a1", "a2", "a3", "a4"]}
     out = merge(paths, job, None, wait_s=1.0, sleep=sleep)
-    assert out["nodes_missing"] == ["a4"]
-    assert [n["node"] for n in out["nodes_detail"]] == ["a1", "a2", "a3"]
+    assert list(out.nodes_missing) == ["a4"]
+    assert [n.node for n in out.nodes_detail] == ["a1", "a2", "a3"]
     assert pauses[:3] == [0.1, 0.2, 0.4] and sum(pauses) <= 1.0 + 1e-9
 
 
@@ -47,7 +49,7 @@ def test_each_node_file_is_parsed_once_and_the_real_wait_is_bounded(tmp_path, mo
     t0 = time.monotonic()
     out = merge(paths, {"id": "92", "nodes": ["b1", "b2", "b3"]}, None, wait_s=0.5)
     took = time.monotonic() - t0
-    assert out["nodes_missing"] == ["b3"]
+    assert list(out.nodes_missing) == ["b3"]
     assert sorted(reads) == ["node-b1.json", "node-b2.json"]     # not re-read while waiting for b3
     assert 0.5 <= took < 5.0
 
@@ -74,9 +76,9 @@ def test_a_node_file_of_an_earlier_job_with_the_same_id_is_not_merged(tmp_path):
             (d / "node-c1.json").write_text(node("c1", 10_005.0))
 
     out = merge(paths, {"id": "93", "nodes": ["c1"], "start_time": 10_000.0}, None, wait_s=5.0, sleep=sleep)
-    assert out["nodes_missing"] == [] and len(pauses) == 2
-    assert [n["node"] for n in out["nodes_detail"]] == ["c1"]
-    assert out["job"]["start_time"] == 10_000.0
+    assert list(out.nodes_missing) == [] and len(pauses) == 2
+    assert [n.node for n in out.nodes_detail] == ["c1"]
+    assert out.job.start_time == 10_000.0
 
 
 def test_the_job_summary_replaces_every_nodes_live_file(tmp_path):
@@ -87,5 +89,6 @@ def test_the_job_summary_replaces_every_nodes_live_file(tmp_path):
     d.mkdir(parents=True)
     for name in ("user-live-a1.json", "user-live-a2.json", "node-a1.json", "prolog-a2.json"):
         (d / name).write_text("{}")
-    write_summary(paths, {"job": {"id": "92"}}, None, None)
+    write_summary(paths, JobSummary.from_json({"schema": SUMMARY_SCHEMA, "kind": "job", "job": {"id": "92"}}),
+                  None, None)
     assert sorted(p.name for p in d.iterdir()) == ["node-a1.json", "prolog-a2.json", "summary.json"]

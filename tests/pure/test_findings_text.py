@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from gsrun import SUMMARY_SCHEMA
 from gsrun.request.config import Config, SETTINGS
 from gsrun.facts.nvml import FakeNvml, Seq
+from gsrun.report.findings import finding_records
+from gsrun.report.records import JobSummary, NodeSummary
 from gsrun.report.render import render_text
 from gsrun.report.summary import job_summary
 
@@ -30,12 +33,12 @@ def _gpm(load):
 
 
 def _codes(job):
-    return [f["code"] for f in job["findings"]]
+    return [f.code for f in job.findings]
 
 
 def _f(job, code):
-    fs = [f for f in job["findings"] if f["code"] == code]
-    assert len(fs) == 1, job["findings"]
+    fs = [f for f in job.findings if f.code == code]
+    assert len(fs) == 1, job.findings
     return fs[0]
 
 
@@ -48,13 +51,13 @@ def test_idle_gpu_text_with_real_number(tmp_path):
     clock = SimClock()
     st = run_job(make_sampler(tmp_path, fake, [0, 1, 2, 3], clock, usage=cpu_usage(clock, 4.0, 8 * GIB)), N)
     job = job_of([node_of(st, H, gpus=[0, 1, 2, 3])], H, cpus_alloc=8, mem_req_bytes=16 * GIB, gpus_alloc=4)
-    g3 = job["gpu"]["devices"][3]
-    assert g3["util_mean_pct"] == pytest.approx(2.0, abs=0.05)
-    assert g3["util_idle_frac"] == pytest.approx(705 / 720, abs=1e-3)
+    g3 = job.gpu.devices[3]
+    assert g3.util_mean_pct == pytest.approx(2.0, abs=0.05)
+    assert g3.util_idle_frac == pytest.approx(705 / 720, abs=1e-3)
     f = _f(job, "idle_gpu")
-    assert f["value"] == pytest.approx(97.9, abs=0.05)
-    assert f["text"] == "GPU 3 on n1 was idle 98% of the time (mean utilization 2%): ask for 3 GPUs (--gpus 3)."
-    assert f["action"] == "ask for 3 GPUs (--gpus 3)"
+    assert f.value == pytest.approx(97.9, abs=0.05)
+    assert f.text == "GPU 3 on n1 was idle 98% of the time (mean utilization 2%): ask for 3 GPUs (--gpus 3)."
+    assert f.action == "ask for 3 GPUs (--gpus 3)"
     assert "idle_gpu" in _codes(job) and "low_sm_activity" not in _codes(job)
 
 
@@ -64,7 +67,7 @@ def test_all_gpus_idle_does_not_say_ask_for_zero(tmp_path):
         fake.set(i, "util_samples", Seq(util_sample_stream(N, 5.0, lambda t: 0)))
     st = run_job(make_sampler(tmp_path, fake, [0, 1], SimClock()), N)
     job = job_of([node_of(st, H, gpus=[0, 1])], H)
-    texts = [f["text"] for f in job["findings"] if f["code"] == "idle_gpu"]
+    texts = [f.text for f in job.findings if f.code == "idle_gpu"]
     # one finding for both GPUs (grouped across GPUs)
     assert texts == ["GPUs 0, 1 on n1 were idle 100% of the time (mean utilization 0%): check that the code "
                      "runs on the GPU at all (model and data moved to 'cuda')."]
@@ -81,13 +84,13 @@ def test_tiny_kernel_sm_activity_far_below_utilization(tmp_path):
         fake.set(i, "energy_mj", Seq(energy_stream(N, 5.0, lambda t, p=load["power_w"]: p)))
     st = run_job(make_sampler(tmp_path, fake, [0, 1], SimClock()), N)
     job = job_of([node_of(st, H, gpus=[0, 1])], H)
-    tiny, big = job["gpu"]["devices"]
-    assert tiny["util_mean_pct"] == 15.0 and tiny["sm_active_mean_pct"] == 0.2
-    assert big["sm_active_mean_pct"] == 95.7 and big["tensor_active_mean_pct"] == 92.9
-    assert tiny["power_mean_w"] == pytest.approx(104.0) and big["power_mean_w"] == pytest.approx(688.0)
+    tiny, big = job.gpu.devices
+    assert tiny.util_mean_pct == 15.0 and tiny.sm_active_mean_pct == 0.2
+    assert big.sm_active_mean_pct == 95.7 and big.tensor_active_mean_pct == 92.9
+    assert tiny.power_mean_w == pytest.approx(104.0) and big.power_mean_w == pytest.approx(688.0)
     f = _f(job, "low_sm_activity")
-    assert f["value"] == 0.2
-    assert f["text"].startswith("GPU 0 on n1: SM activity 0.2% is far below the utilization 15%: ")
+    assert f.value == 0.2
+    assert f.text.startswith("GPU 0 on n1: SM activity 0.2% is far below the utilization 15%: ")
     text = render_text(job).splitlines()
     assert "  !  GPU 0 on n1: SM activity 0.2% is far below the utilization 15%: kernels" in text
     # the per-GPU block (two GPUs on one node: one block each), SM activity 0.2% not rounded to 0%
@@ -116,11 +119,11 @@ def _cpu_job(tmp_path, gpu_util, cores_busy):
 
 def test_cpu_bound_input_pipeline(tmp_path):
     job = _cpu_job(tmp_path, 30, 7.6)
-    assert job["cpu"]["efficiency_pct"] == 95.0
+    assert job.cpu.efficiency_pct == 95.0
     f = _f(job, "cpu_bound")
-    assert f["value"] == 95.0
-    assert "CPUs were 95% busy while the GPUs were busy only 30%" in f["text"]
-    assert "DataLoader workers" in f["text"] and "pin_memory=True" in f["text"]
+    assert f.value == 95.0
+    assert "CPUs were 95% busy while the GPUs were busy only 30%" in f.text
+    assert "DataLoader workers" in f.text and "pin_memory=True" in f.text
 
 
 def test_cpu_saturated_but_gpus_busy_is_not_cpu_bound(tmp_path):
@@ -133,13 +136,13 @@ def test_cpu_bound_threshold_from_site_config(tmp_path):
     vals = {s.key: s.default for s in SETTINGS}
     vals["findings.cpu_saturated_pct"] = 70.0
     cfg = Config(vals)
-    rec = dict(job["job"], elapsed_s=H)
-    nodes = [{"node": "n1", "start_time": 0, "end_time": H, "elapsed_s": H, "cpus_alloc": 8,
-              "cpu_time_s": job["cpu"]["time_s"], "cpu_source": "x", "mem_peak_bytes": 30 * GIB,
-              "mem_source": "x", "gpu_available": True, "gpu_reason": None, "gpus": job["gpu"]["devices"],
-              "notes": []}]
+    rec = dict(job.job.to_json(), elapsed_s=H)
+    nodes = [NodeSummary(schema=SUMMARY_SCHEMA, kind="node", job_id="4242", node="n1", start_time=0, end_time=H,
+                         elapsed_s=H, cpus_alloc=8, cpu_time_s=job.cpu.time_s, cpu_source="x",
+                         mem_peak_bytes=30 * GIB, mem_source="x", gpu_available=True, gpu_reason=None,
+                         gpus=job.gpu.devices, notes=())]
     again = job_summary(rec, nodes, cfg)
-    assert _f(again, "cpu_bound")["value"] == 75.0
+    assert _f(again, "cpu_bound").value == 75.0
 
 
 def test_memory_overrequest_and_idle_cpus(tmp_path):
@@ -149,9 +152,9 @@ def test_memory_overrequest_and_idle_cpus(tmp_path):
     st = run_job(make_sampler(tmp_path, fake, [0], clock, usage=cpu_usage(clock, 0.5, 4 * GIB)), N)
     job = job_of([node_of(st, H, cpus=16, gpus=[0])], H, cpus_alloc=16, mem_req_bytes=64 * GIB, gpus_alloc=1)
     f = _f(job, "mem_overrequest")
-    assert f["value"] == 6.2 and "at most 6% of the host memory" in f["text"]
+    assert f.value == 6.2 and "at most 6% of the host memory" in f.text
     c = _f(job, "cpu_idle")
-    assert c["value"] == pytest.approx(3.1) and "3% of 16 allocated cores" in c["text"]
+    assert c.value == pytest.approx(3.1) and "3% of 16 allocated cores" in c.text
 
 
 def test_gpu_memory_low(tmp_path):
@@ -160,15 +163,17 @@ def test_gpu_memory_low(tmp_path):
     fake.set(0, "memory", {"total": 150754820096, "used": 7 * GIB, "free": 0})
     st = run_job(make_sampler(tmp_path, fake, [0], SimClock()), N)
     f = _f(job_of([node_of(st, H)], H), "gpu_mem_low")
-    assert f["value"] == pytest.approx(5.0, abs=0.05) and "at most 5% of its memory" in f["text"]
+    assert f.value == pytest.approx(5.0, abs=0.05) and "at most 5% of its memory" in f.text
 
 
 def test_pending_and_cancelled_jobs():
-    base = {"schema": "x", "cpu": {"efficiency_pct": None}, "memory": {"efficiency_pct": None},
-            "gpu": {"available": False, "devices": [], "reason": None}}
-    from gsrun.report.findings import findings
-    assert findings(dict(base, job={"state": "PENDING", "elapsed_s": 0}))[0]["code"] == "deferred"
-    assert findings(dict(base, job={"state": "CANCELLED by 1000", "elapsed_s": 0}))[0]["code"] == "never_started"
+    base = {"schema": SUMMARY_SCHEMA, "kind": "job", "cpu": {"efficiency_pct": None},
+            "memory": {"efficiency_pct": None}, "gpu": {"available": False, "devices": [], "reason": None}}
+
+    def first_code(job):
+        return finding_records(JobSummary.from_json(dict(base, job=dict(job, id="1"))))[0].code
+    assert first_code({"state": "PENDING", "elapsed_s": 0}) == "deferred"
+    assert first_code({"state": "CANCELLED by 1000", "elapsed_s": 0}) == "never_started"
 
 
 def test_low_gpu_util_grouped_warn_below_25_info_below_50(tmp_path):
@@ -180,11 +185,11 @@ def test_low_gpu_util_grouped_warn_below_25_info_below_50(tmp_path):
         fake.set(i, "util_samples", Seq(util_sample_stream(N, 5.0, lambda t, u=u: u)))
     st = run_job(make_sampler(tmp_path, fake, [0, 1, 2, 3, 4], SimClock()), N)
     job = job_of([node_of(st, H, gpus=[0, 1, 2, 3, 4])], H)
-    low = [f for f in job["findings"] if f["code"] == "low_gpu_util"]
-    assert [(f["severity"], f["value"]) for f in low] == [("warn", 10.0), ("info", 30.0)]
-    assert low[0]["text"].startswith("GPUs 0, 1 on n1 were busy only 10-20% of the time (target 50%): ")
-    assert low[1]["text"].startswith("GPUs 2, 3 on n1 were busy only 30-40% of the time (target 50%): ")
-    assert low[0]["action"] == "feed the GPU faster (DataLoader num_workers, pin_memory, larger batches)"
+    low = [f for f in job.findings if f.code == "low_gpu_util"]
+    assert [(f.severity, f.value) for f in low] == [("warn", 10.0), ("info", 30.0)]
+    assert low[0].text.startswith("GPUs 0, 1 on n1 were busy only 10-20% of the time (target 50%): ")
+    assert low[1].text.startswith("GPUs 2, 3 on n1 were busy only 30-40% of the time (target 50%): ")
+    assert low[0].action == "feed the GPU faster (DataLoader num_workers, pin_memory, larger batches)"
     assert "idle_gpu" not in _codes(job)
 
 
@@ -193,14 +198,13 @@ def test_low_gpu_util_thresholds_come_from_the_site_config(tmp_path):
     fake.set(0, "util_samples", Seq(util_sample_stream(N, 5.0, lambda t: 30)))
     st = run_job(make_sampler(tmp_path, fake, [0], SimClock()), N)
     job = job_of([node_of(st, H)], H)
-    assert _f(job, "low_gpu_util")["severity"] == "info"
-    from gsrun.report.findings import findings
+    assert _f(job, "low_gpu_util").severity == "info"
     vals = {s.key: s.default for s in SETTINGS}
     assert vals["findings.low_util_note_pct"] == 50.0 and vals["findings.low_util_warn_pct"] == 25.0
     vals["findings.low_util_warn_pct"] = 35.0
-    assert [f["severity"] for f in findings(job, Config(vals)) if f["code"] == "low_gpu_util"] == ["warn"]
+    assert [f.severity for f in finding_records(job, Config(vals)) if f.code == "low_gpu_util"] == ["warn"]
     vals["findings.low_util_warn_pct"], vals["findings.low_util_note_pct"] = 25.0, 20.0
-    assert "low_gpu_util" not in [f["code"] for f in findings(job, Config(vals))]
+    assert "low_gpu_util" not in [f.code for f in finding_records(job, Config(vals))]
 
 
 @pytest.mark.parametrize("elapsed_s, limit_s, text", [
@@ -214,13 +218,14 @@ def test_low_gpu_util_thresholds_come_from_the_site_config(tmp_path):
                     "(--time 00:45:00). A shorter limit lets Slurm start the job sooner (backfill)."),
 ])
 def test_time_limit_high(elapsed_s, limit_s, text):
-    from gsrun.report.findings import findings
-    job = {"job": {"id": "1", "state": "COMPLETED", "elapsed_s": elapsed_s, "time_limit_s": limit_s},
-           "gpu": {"available": False, "devices": [], "reason": None},
-           "cpu": {"efficiency_pct": None}, "memory": {"efficiency_pct": None}}
-    got = [f for f in findings(job) if f["code"] == "time_limit_high"]
+    job = JobSummary.from_json({
+        "schema": SUMMARY_SCHEMA, "kind": "job",
+        "job": {"id": "1", "state": "COMPLETED", "elapsed_s": elapsed_s, "time_limit_s": limit_s},
+        "gpu": {"available": False, "devices": [], "reason": None},
+        "cpu": {"efficiency_pct": None}, "memory": {"efficiency_pct": None}})
+    got = [f for f in finding_records(job) if f.code == "time_limit_high"]
     if text is None:
         assert got == []
     else:
-        assert [(f["severity"], f["text"]) for f in got] == [("info", text)]
-        assert got[0]["value"] == round(100 * elapsed_s / limit_s, 1)
+        assert [(f.severity, f.text) for f in got] == [("info", text)]
+        assert got[0].value == round(100 * elapsed_s / limit_s, 1)

@@ -18,6 +18,7 @@ import json
 import pytest
 
 from gsrun.report import accounting
+from gsrun.report.records import JobSummary
 from gsrun.report.summary import JS1_MAX_CHARS, decode_js1, js1_blob
 from helpers.golden import check_json
 from helpers.paths import DATA
@@ -31,7 +32,7 @@ JOBS = {**{j: GOLDEN / "summaries" / f"{j}.json"
 
 @pytest.mark.parametrize("job", sorted(JOBS))
 def test_golden_js1(job):
-    text = js1_blob(json.loads(JOBS[job].read_text()))
+    text = js1_blob(JobSummary.from_json(json.loads(JOBS[job].read_text())))
     if text is not None:
         assert len(text) <= JS1_MAX_CHARS and accounting.valid_js1(text)
     check_json(GOLDEN / "js1" / f"{job}.json", decode_js1(text) if text else None, f"js1_blob({job})")

@@ -34,6 +34,7 @@ import zlib
 import pytest
 
 from gsrun.report import mail
+from gsrun.report.records import JobSummary
 from gsrun.report.render import render_text as report_text
 from helpers.golden import check_json, check_text
 from helpers.paths import DATA
@@ -54,8 +55,8 @@ def tiny_png(width: int = 3, height: int = 2) -> bytes:
             + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b""))
 
 
-def summary(job: str) -> dict:
-    return json.loads((GOLDEN / "summaries" / f"{job}.json").read_text())
+def summary(job: str) -> JobSummary:
+    return JobSummary.from_json(json.loads((GOLDEN / "summaries" / f"{job}.json").read_text()))
 
 
 def normalise_message(wire: bytes) -> str:
@@ -74,7 +75,7 @@ def normalise_message(wire: bytes) -> str:
 def test_golden_mail_parts(job):
     s = summary(job)
     rt = report_text(s)
-    jid = s["job"].get("array") or s["job"]["id"]
+    jid = s.job.array or s.job.id
     view = mail.mail_view(s, rt, True, CID.format(jid=jid))
     d = GOLDEN / "mail" / job
     check_json(d / "view.json", view, f"mail_view({job})")
@@ -85,7 +86,7 @@ def test_golden_mail_parts(job):
 @pytest.mark.parametrize("job", JOBS)
 def test_golden_mail_message(job):
     s = summary(job)
-    msg = mail.build_message(s, report_text(s), tiny_png(), s["job"]["mail_user"], FROM, date=DATE)
+    msg = mail.build_message(s, report_text(s), tiny_png(), s.job.mail_user, FROM, date=DATE)
     got = normalise_message(mail.wire_bytes(msg))
     assert got.count("<BOUNDARY-") >= 4 and "<DATE>" in got
     check_text(GOLDEN / "mail" / job / "message.eml", got, f"build_message({job})")

@@ -22,6 +22,7 @@ import shutil
 import pytest
 from click.testing import CliRunner
 
+from gsrun.report.records import JobSummary
 from gsrun.report.render import render_text
 from gsrun.wrapper.gseff import cli as gseff_cli
 from helpers.golden import check_text
@@ -32,8 +33,12 @@ SUMMARIES = GOLDEN / "summaries"
 JOBS = ("job-1gpu", "job-8gpu", "job-failed", "job-cancelled", "job-tuned")
 
 
-def summary(job: str) -> dict:
+def summary_json(job: str) -> dict:
     return json.loads((SUMMARIES / f"{job}.json").read_text())
+
+
+def summary(job: str) -> JobSummary:
+    return JobSummary.from_json(summary_json(job))
 
 
 @pytest.mark.parametrize("job", JOBS)
@@ -46,7 +51,7 @@ def test_golden_report_text(job):
 @pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
 @pytest.mark.parametrize("job", JOBS)
 def test_golden_gseff(job, as_json, tmp_path, monkeypatch):
-    s = summary(job)
+    s = summary_json(job)
     jid = s["job"]["id"]
     d = tmp_path / "spool" / "jobs" / jid
     d.mkdir(parents=True)

@@ -57,11 +57,11 @@ def test_a_pending_job_reads_like_every_other_report():
 
 def test_a_reason_that_will_not_change_is_a_warning_with_what_to_do():
     s = pending_summary(_rec("PartitionConfig", "Unknown"))
-    (f,) = s["findings"]
-    assert (f["code"], f["severity"]) == ("deferred", "warn")
-    assert f["text"] == ("The job is pending (PartitionConfig), and will not start as it is: it asks for more "
-                         "than the partition has (nodes, GPUs per node or CPUs).")
-    assert f["action"].startswith("scancel 66, then ask for what exists: sinfo -o '%P %D %G %l'")
+    (f,) = s.findings
+    assert (f.code, f.severity) == ("deferred", "warn")
+    assert f.text == ("The job is pending (PartitionConfig), and will not start as it is: it asks for more "
+                      "than the partition has (nodes, GPUs per node or CPUs).")
+    assert f.action.startswith("scancel 66, then ask for what exists: sinfo -o '%P %D %G %l'")
     text = render_text(s)
     assert text.startswith("gsrun report: job 66 (train.py) PENDING\nNext time: scancel 66, then ask")
     assert "expects it to start" not in text

@@ -28,7 +28,9 @@ import pytest
 
 from gsrun.epilog.ctld import accounting_job_id, job_from_record
 from gsrun.facts.slurm import parse_job_record
+from gsrun import SUMMARY_SCHEMA
 from gsrun.report import accounting
+from gsrun.report.records import JobInfo, JobSummary
 from gsrun.report.summary import (JS1_CAP_MAX, JS1_MAX_CHARS, JS1_NONE, JS1_SHORT, decode_js1, js1_blob,
                                   js1_comment)
 from gsrun.request.config import SETTINGS
@@ -87,12 +89,12 @@ def jobstats_read(admin_comment: str) -> dict:
 
 # ------------------------------------------------ markers
 
-def _job(elapsed, nodes=True):
+def _job(elapsed, nodes=True) -> JobSummary:
     j = big_job(2)
     j["job"]["elapsed_s"] = elapsed
     if not nodes:
         j["nodes_detail"] = []
-    return j
+    return JobSummary.from_json(j)
 
 
 @pytest.mark.parametrize("elapsed, nodes, want", [
@@ -129,7 +131,7 @@ def test_array_task_is_addressed_as_arrayjob_task(case, raw, want):
     if rec.get("ArrayJobId"):      # slurmctld sets these for an array task's EpilogSlurmctld
         env.update(SLURM_ARRAY_JOB_ID=rec["ArrayJobId"], SLURM_ARRAY_TASK_ID=rec["ArrayTaskId"])
     job = job_from_record(raw, rec, env)
-    assert accounting_job_id(raw, job) == want
+    assert accounting_job_id(raw, JobInfo.from_json(job)) == want
     # jobstats addresses the first task (raw id = array id) the same way; later tasks it
     # addresses by raw id, which names the same single record: gsrun uses A_T for all
     assert jobstats_epilog_jobid(env) in (want, raw)
@@ -143,10 +145,10 @@ def test_an_array_id_written_into_a_job_name_never_addresses_another_job():
     rec = parse_job_record(text, "4250")
     assert rec.get("ArrayJobId") == "99"                       # the record alone cannot tell
     job = job_from_record("4250", rec, {"SLURM_JOB_ID": "4250"})
-    assert job["array"] is None and accounting_job_id("4250", job) == "4250"
+    assert job["array"] is None and accounting_job_id("4250", JobInfo.from_json(job)) == "4250"
     job = job_from_record("4250", rec, {"SLURM_JOB_ID": "4250", "SLURM_ARRAY_JOB_ID": "4249",
                                         "SLURM_ARRAY_TASK_ID": "3"})
-    assert accounting_job_id("4250", job) == "4249_3"
+    assert accounting_job_id("4250", JobInfo.from_json(job)) == "4249_3"
 
 
 def test_sacctmgr_and_sql_address_the_task(monkeypatch):
@@ -171,13 +173,13 @@ def test_cap_is_a_site_setting_whose_default_keeps_64_nodes_whole():
     s = next(x for x in SETTINGS if x.key == "report.js1_max_chars")
     assert s.default == JS1_MAX_CHARS == 32768
     assert s.check(JS1_CAP_MAX) is None and s.check(JS1_CAP_MAX + 1) and s.check(1024)
-    text = js1_comment(big_job(64))
+    text = js1_comment(JobSummary.from_json(big_job(64)))
     raw = decode_js1(text)
     assert "reduced" not in raw["gsrun"] and len(raw["nodes"]) == 64
     assert all(len(d["gpu_utilization"]) == 8 for d in raw["nodes"].values())
     assert 12000 < len(text) <= JS1_MAX_CHARS      # about 13.6 k characters
     # a lower site cap reduces the same job
-    small = js1_comment(big_job(64), 8192)
+    small = js1_comment(JobSummary.from_json(big_job(64)), 8192)
     assert len(small) <= 8192 and decode_js1(small)["gsrun"]["reduced"] == "gpus"
 
 
@@ -185,12 +187,12 @@ def test_cap_is_a_site_setting_whose_default_keeps_64_nodes_whole():
                                           (4000, 2048)])
 def test_reduction_is_deterministic_and_jobstats_reads_every_blob(n_nodes, cap):
     job = big_job(n_nodes)
-    text = js1_comment(job, cap)
+    text = js1_comment(JobSummary.from_json(job), cap)
     assert len(text) <= cap and jobstats_epilog_accepts(text[4:])
     shuffled = json.loads(json.dumps(job))
     random.Random(7).shuffle(shuffled["nodes_detail"])
     random.Random(8).shuffle(shuffled["gpu"]["devices"])
-    assert js1_comment(shuffled, cap) == text == js1_comment(job, cap)
+    assert js1_comment(JobSummary.from_json(shuffled), cap) == text == js1_comment(JobSummary.from_json(job), cap)
     got = jobstats_read(text)
     det = job["nodes_detail"]
     assert got["cores"] == sum(n["cpus_alloc"] for n in det)
@@ -232,7 +234,8 @@ def test_the_short_job_threshold_is_a_site_setting():
     from gsrun.report.summary import JS1_SHORT, js1_comment
     from gsrun.request.config import parse_config
 
-    summ = {"job": {"elapsed_s": 12.0}, "nodes_detail": []}
+    summ = JobSummary.from_json({"schema": SUMMARY_SCHEMA, "kind": "job", "job": {"id": "1", "elapsed_s": 12.0},
+                                 "nodes_detail": []})
     assert js1_comment(summ) == JS1_SHORT
     assert parse_config("")["report.js1_short_s"] == 60
     assert parse_config("[report]\njs1_short_s = 0\n")["report.js1_short_s"] == 0

@@ -12,6 +12,7 @@ import pytest
 from gsrun import SUMMARY_SCHEMA
 from gsrun.base.errors import SlurmError
 from gsrun.report import accounting
+from gsrun.report.records import JobSummary
 from gsrun.report.summary import JS1_MAX_CHARS, decode_js1, js1_blob
 from helpers.jobstats_layout import check_jobstats_layout, jobstats_gpu_headlines
 
@@ -19,6 +20,7 @@ GIB = 1 << 30
 
 
 def big_job(n_nodes: int, gpus_per_node: int = 8, seed: int = 1) -> dict:
+    """The JSON form of a job summary of ``n_nodes`` nodes (edited by the tests, read with ``JobSummary.from_json``)."""
     rnd = random.Random(seed)
     names = [f"gpu{i:05d}" for i in range(n_nodes)]
     detail = [{"node": n, "cpus_alloc": 64, "cpu_time_s": rnd.uniform(1e5, 5e6), "mem_peak_bytes": rnd.randrange(
@@ -38,7 +40,7 @@ def big_job(n_nodes: int, gpus_per_node: int = 8, seed: int = 1) -> dict:
 @pytest.mark.parametrize("n_nodes, reduced", [(1, None), (8, None), (64, None), (200, "gpus"), (4000, "nodes")])
 def test_blob_fits_and_keeps_jobstats_totals(n_nodes, reduced):
     job = big_job(n_nodes)
-    text = js1_blob(job)
+    text = js1_blob(JobSummary.from_json(job))
     assert len(text) <= JS1_MAX_CHARS
     raw = decode_js1(text)
     check_jobstats_layout(raw, gpus=True)
@@ -59,7 +61,7 @@ def test_blob_fits_and_keeps_jobstats_totals(n_nodes, reduced):
 
 
 def test_4000_nodes_pooled_names_say_which_nodes():
-    raw = decode_js1(js1_blob(big_job(4000)))
+    raw = decode_js1(js1_blob(JobSummary.from_json(big_job(4000))))
     groups = int(raw["gsrun"]["reduced"].split(":")[1])
     assert len(raw["nodes"]) == groups >= 2
     first = sorted(raw["nodes"])[0]
@@ -71,7 +73,7 @@ def test_job_without_gpu_figures_renders_as_unknown():
     job = big_job(2)
     for g in job["gpu"]["devices"]:
         g.update(util_mean_pct=None, mem_peak_bytes=None)
-    raw = decode_js1(js1_blob(job))
+    raw = decode_js1(js1_blob(JobSummary.from_json(job)))
     check_jobstats_layout(raw, gpus=True)
     # jobstats: empty gpu_utilization -> "GPU utilization is unknown" (no error), no memory keys
     assert all(d["gpu_utilization"] == {} and "gpu_used_memory" not in d for d in raw["nodes"].values())
@@ -86,7 +88,7 @@ def test_nodes_without_gpu_figures_keep_the_memory_pair(n_nodes, reduced):
     for g in job["gpu"]["devices"]:
         if g["node"] in down:
             g.update(status="unavailable", util_mean_pct=None, mem_peak_bytes=None, mem_total_bytes=None)
-    text = js1_blob(job)
+    text = js1_blob(JobSummary.from_json(job))
     assert len(text) <= JS1_MAX_CHARS
     raw = decode_js1(text)
     check_jobstats_layout(raw, gpus=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 from gsrun.facts.nvml import FakeNvml
+from gsrun.report.records import JobSummary, NodeSummary
 from gsrun.report.summary import decode_js1, job_summary, js1_blob
 from helpers.jobstats_layout import CPU_KEYS, check_jobstats_layout, jobstats_gpu_headlines
 from helpers.paths import DATA
@@ -19,15 +20,14 @@ FIX = DATA / "summaries"
 
 
 def test_8gpu_job_every_gpu_with_its_figures():
-    s = json.loads(GOLDEN_8GPU.read_text())
+    s = JobSummary.from_json(json.loads(GOLDEN_8GPU.read_text()))
     raw = decode_js1(js1_blob(s))
     check_jobstats_layout(raw, gpus=True)
     assert raw["gpus"] == 8 and raw["total_time"] == 7200
     d = raw["nodes"]["gpu-b07"]
     assert (d["cpus"], d["total_time"], d["used_memory"]) == (96, 288000.0, 30 * GIB)
     assert d["total_memory"] == 512 * GIB                  # the job's --mem, all on its one node
-    devs = {str(g["index"]): g for g in s["gpu"]["devices"]}
-    assert d["gpu_utilization"] == {k: g["util_mean_pct"] for k, g in devs.items()}
+    assert d["gpu_utilization"] == {str(g.index): g.util_mean_pct for g in s.gpu.devices}
     assert d["gpu_utilization"]["0"] == 87.0 and d["gpu_utilization"]["7"] == 0.0
     assert d["gpu_used_memory"] == {str(i): (10 + 15 * i) * GIB for i in range(8)}
     assert d["gpu_total_memory"] == {str(i): 150754820096 for i in range(8)}
@@ -37,8 +37,8 @@ def test_8gpu_job_every_gpu_with_its_figures():
 
 
 def test_nvml_down_gpu_figures_unknown_never_zero():
-    s = json.loads((FIX / "nvml-fail" / "summary.json").read_text())
-    assert [g["status"] for g in s["gpu"]["devices"]] == ["unavailable"]
+    s = JobSummary.from_json(json.loads((FIX / "nvml-fail" / "summary.json").read_text()))
+    assert [g.status for g in s.gpu.devices] == ["unavailable"]
     raw = decode_js1(js1_blob(s))
     check_jobstats_layout(raw, gpus=True)
     assert raw["gpus"] == 1 and raw["total_time"] == 60
@@ -80,8 +80,8 @@ def test_cpu_only_job_has_no_gpu_keys(tmp_path):
 def test_nvml_down_on_one_node_of_two_keeps_the_others_gpu_memory():
     """jobstats reads GPU memory only when every node has the pair: the node
     without figures carries it empty, so the other node's GPUs still show."""
-    a = json.loads((FIX / "two-nodes" / "node-gpu-a01.json").read_text())
-    n1 = json.loads((FIX / "nvml-fail" / "node-n1.json").read_text())
+    a = NodeSummary.from_json(json.loads((FIX / "two-nodes" / "node-gpu-a01.json").read_text()))
+    n1 = NodeSummary.from_json(json.loads((FIX / "nvml-fail" / "node-n1.json").read_text()))
     job = job_summary({"id": "4242", "state": "COMPLETED", "elapsed_s": 3600.0, "nodes": ["gpu-a01", "n1"],
                        "cpus_alloc": 16, "mem_req_bytes": 64 * GIB, "gpus_alloc": 3}, [a, n1])
     raw = decode_js1(js1_blob(job))

@@ -17,6 +17,7 @@ import pytest
 
 from gsrun.base.errors import InputError
 from gsrun.report.mail import build_message, clean_line, set_text_header, validate_addr
+from gsrun.report.records import JobSummary
 
 pytestmark = pytest.mark.pure
 
@@ -36,11 +37,12 @@ HOSTILE = [
 ]
 
 
-def summary(name: str) -> dict:
-    return {"schema": "gsrun.summary/1",
-            "job": {"id": "42", "array": None, "user": "u", "name": name, "state": "COMPLETED", "exit_code": 0,
+def summary(name: str, array: str | None = None) -> JobSummary:
+    return JobSummary.from_json({
+            "schema": "gsrun.summary/1", "kind": "job",
+            "job": {"id": "42", "array": array, "user": "u", "name": name, "state": "COMPLETED", "exit_code": 0,
                     "nodes": ["n1"], "elapsed_s": 60.0, "mail_user": TO, "mail_type": "END"},
-            "cpu": {"efficiency_pct": 42.0}, "gpu": {"available": False, "devices": []}}
+            "cpu": {"efficiency_pct": 42.0}, "gpu": {"available": False, "devices": []}})
 
 
 def reparsed(msg: EmailMessage) -> EmailMessage:
@@ -94,8 +96,7 @@ def test_set_text_header_round_trips_any_header(text):
 
 
 def test_x_gsrun_job_header_is_literal_too():
-    s = summary("t")
-    s["job"]["array"] = "=?utf-8?q?=E2=80=AE1?="
+    s = summary("t", array="=?utf-8?q?=E2=80=AE1?=")
     msg = reparsed(build_message(s, "report", None, TO, FROM, date=0))
     assert str(msg["X-Gsrun-Job"]) == "=?utf-8?q?=E2=80=AE1?="
 

@@ -10,6 +10,7 @@ import json
 import jsonschema
 import pytest
 
+from gsrun.base.record import ABSENT
 from gsrun.facts.slurm import compress_hostlist, expand_hostlist
 from gsrun.report.mail import mail_view
 from gsrun.report.records import JobSummary, NodeSummary
@@ -95,20 +96,26 @@ def _nodes(n, settings):
     return out
 
 
-def _job(nodes):
-    return {"id": "77", "nodes": [n["node"] for n in nodes], "state": "COMPLETED", "elapsed_s": 600.0}
+def _summary(nodes: list[dict]) -> JobSummary:
+    """The job summary of node summaries in their JSON form."""
+    job = {"id": "77", "nodes": [n["node"] for n in nodes], "state": "COMPLETED", "elapsed_s": 600.0}
+    return job_summary(job, map(NodeSummary.from_json, nodes))
+
+
+def _reads_back(s: JobSummary) -> bool:
+    return JobSummary.from_json(s.to_json()).to_json() == s.to_json()
 
 
 def test_a_thousand_identical_nodes_are_one_line():
     nodes = _nodes(1000, _json(node_settings(prolog_record())))
-    groups = settings_groups(nodes)
+    groups = settings_groups(map(NodeSummary.from_json, nodes))
     assert len(groups) == 1 and len(groups[0].nodes) == 1000
-    s = job_summary(_job(nodes), nodes)
-    assert len(s["settings"]) == 1
+    s = _summary(nodes)
+    assert len(s.settings) == 1
     assert settings_lines(s) == [
         "Node settings during the job: governor=performance applied; swap=off reused; "
         "irq=local refused (irqbalance runs without gsrun's policy script); hugepages=2M:16 skipped (node 0)"]
-    assert JobSummary.from_json(s).to_json() == s
+    assert _reads_back(s)
     text = render_text(s)
     assert text.count("Node settings") == 1
 
@@ -118,12 +125,12 @@ def test_differing_nodes_get_their_own_line_largest_group_first():
     nodes[5]["settings"] = _json(node_settings(prolog_record(irq_action="applied", irq_reason="8 IRQs")))
     nodes[7]["settings"] = None                               # no prolog record on that node
     del nodes[9]["settings"]                                  # an older node summary
-    s = job_summary(_job(nodes), nodes)
-    assert [len(g["nodes"]) for g in s["settings"]] == [9, 1]
-    assert JobSummary.from_json(s).to_json() == s
-    small = job_summary(_job(nodes[4:7]), nodes[4:7])         # few GPUs: per-device timelines, as the schema has
-    assert [len(g["nodes"]) for g in small["settings"]] == [2, 1]
-    jsonschema.validate(small, _schema("job-summary"), cls=jsonschema.Draft202012Validator)
+    s = _summary(nodes)
+    assert [len(g.nodes) for g in s.settings] == [9, 1]
+    assert _reads_back(s)
+    small = _summary(nodes[4:7])         # few GPUs: per-device timelines, as the schema has
+    assert [len(g.nodes) for g in small.settings] == [2, 1]
+    jsonschema.validate(small.to_json(), _schema("job-summary"), cls=jsonschema.Draft202012Validator)
     lines = settings_lines(s)
     assert lines[0].startswith("Node settings during the job on gpu[0000-0004,0006,0008,0010-0011] (9 nodes): ")
     assert lines[1].startswith("Node settings during the job on gpu0005: ")
@@ -136,18 +143,18 @@ def test_many_groups_are_counted_not_listed():
     nodes = _nodes(8, [])
     for i, n in enumerate(nodes):
         n["settings"] = _json(node_settings(prolog_record(irq_reason=f"reason {i}")))
-    lines = settings_lines(job_summary(_job(nodes), nodes))
+    lines = settings_lines(_summary(nodes))
     assert len(lines) == 5
     assert lines[-1] == "Node settings differ on 4 more nodes in 4 groups (gseff --json: settings)"
 
 
 def test_nothing_asked_prints_nothing_and_old_summaries_keep_their_keys():
     nodes = _nodes(2, [])
-    s = job_summary(_job(nodes), nodes)
-    assert s["settings"] == [{"nodes": ["gpu0000", "gpu0001"], "settings": []}]
+    s = _summary(nodes)
+    assert [g.to_json() for g in s.settings] == [{"nodes": ["gpu0000", "gpu0001"], "settings": []}]
     assert settings_lines(s) == []
     old = [json.loads((FIX / f"node-gpu-a0{i}.json").read_text()) for i in (1, 2)]
-    assert "settings" not in job_summary(_job(old), old)     # fixtures from before: no new key
+    assert _summary(old).settings is ABSENT and "settings" not in _summary(old).to_json()  # fixtures from before
 
 
 @pytest.mark.parametrize("names", [["gpu01", "gpu02", "gpu03", "gpu07", "login1"], ["a"], [],

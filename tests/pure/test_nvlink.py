@@ -215,15 +215,20 @@ def test_rate_format(v, text):
 
 def test_report_finding_says_what_a_stuck_gpu_without_gpm_was_decided_on():
     from gsrun.report.findings import _waste
+    from gsrun.report.records import WasteDetection
+
+    def text_of(d: dict) -> str:
+        return _waste([WasteDetection.from_json(d)])[0].text
+
     found, _ = _hang(0.0)
     hit = dict(found[0], node="n1", until_s=300.0)
-    text = _waste([hit])[0]["text"]
+    text = text_of(hit)
     assert "SM and tensor activity" not in text
     assert "with no link traffic (util 100 %, power 92 W of 700 W limit, NVLink max 0 B/s" in text
     with_gpm = dict(hit, evidence={"signals": "gpm", "minutes": 5.0})
-    assert "SM and tensor activity were ~0" in _waste([with_gpm])[0]["text"]
+    assert "SM and tensor activity were ~0" in text_of(with_gpm)
     odd = dict(hit, evidence=dict(hit["evidence"], text="{0} {it}"))      # a node's file is data, not a template
-    assert "({0} {it})" in _waste([odd])[0]["text"]
+    assert "({0} {it})" in text_of(odd)
 
 
 class _GpmPynvml:

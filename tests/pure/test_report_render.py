@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import struct
 import zlib
 
 
+from gsrun.base.record import ABSENT
 from gsrun.facts.nvml import FakeNvml, Seq
+from gsrun.report.records import JobSummary
 from gsrun.report.render import render_png, render_text
 
 from helpers.sampler_sim import (GIB, SimClock, cpu_usage, energy_stream, h200_data, job_of, make_sampler,
@@ -144,13 +146,14 @@ def test_text_report_layout_and_units(tmp_path):
 
 
 def test_missing_figures_print_na_not_zero():
-    job = {"schema": "gsrun.summary/1", "kind": "job",
-           "job": {"id": "9", "nodes": ["n1"], "elapsed_s": None, "cpus_alloc": None, "gpus_alloc": None},
-           "cpu": {"time_s": None, "efficiency_pct": None, "source": None},
-           "memory": {"peak_bytes": None, "req_bytes": None, "efficiency_pct": None, "source": None},
-           "gpu": {"available": False, "reason": None, "count": 0, "devices": [], "gpu_hours_alloc": None,
-                   "gpu_hours_used": None, "energy_j": None, "energy_kwh": None},
-           "findings": []}
+    job = JobSummary.from_json({
+        "schema": "gsrun.summary/1", "kind": "job",
+        "job": {"id": "9", "nodes": ["n1"], "elapsed_s": None, "cpus_alloc": None, "gpus_alloc": None},
+        "cpu": {"time_s": None, "efficiency_pct": None, "source": None},
+        "memory": {"peak_bytes": None, "req_bytes": None, "efficiency_pct": None, "source": None},
+        "gpu": {"available": False, "reason": None, "count": 0, "devices": [], "gpu_hours_alloc": None,
+                "gpu_hours_used": None, "energy_j": None, "energy_kwh": None},
+        "findings": []})
     text = render_text(job)
     assert text.splitlines()[0] == "gsrun report: job 9 N/A on n1"      # state and elapsed unknown: no "after"
     assert "  CPU efficiency N/A, host memory peak N/A" in text.splitlines()
@@ -169,7 +172,7 @@ def test_chart_draws_the_power_limit_nvml_reported(tmp_path, monkeypatch):
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig",
                         lambda fig, *a, **k: (figs.append(fig), real_savefig(fig, *a, **k))[1])
     job = _job(tmp_path)
-    assert {d.get("power_limit_w") for d in job["gpu"]["devices"]} == {700.0}
+    assert {d.power_limit_w for d in job.gpu.devices} == {700.0}
 
     def limit_lines(summary):
         figs.clear()
@@ -182,10 +185,10 @@ def test_chart_draws_the_power_limit_nvml_reported(tmp_path, monkeypatch):
 
     lines, labels = limit_lines(job)
     assert len(lines) == 1 and "power limit 700 W" in labels
-    old = json.loads(json.dumps(job))
+    old = job.to_json()
     for d in old["gpu"]["devices"]:
         d.pop("power_limit_w")
-    lines, labels = limit_lines(old)
+    lines, labels = limit_lines(JobSummary.from_json(old))
     assert lines == [] and not any("power limit" in t for t in labels)
 
 
@@ -203,9 +206,10 @@ def test_chart_of_a_pooled_job_timeline(tmp_path, monkeypatch):
                         lambda fig, *a, **k: (figs.append(fig), real_savefig(fig, *a, **k))[1])
     job = _job(tmp_path, lose_gpu=False, nodes=("gpu-a01", "gpu-a02"))
     pool = JobTimeline()
-    for d in job["gpu"]["devices"]:
-        pool.add_gpu(d.pop("timeline"))
-    job["gpu"]["timeline"] = pool.to_json()
+    for d in job.gpu.devices:
+        pool.add_gpu(d.timeline)
+    devices = tuple(dataclasses.replace(d, timeline=ABSENT) for d in job.gpu.devices)
+    job = dataclasses.replace(job, gpu=dataclasses.replace(job.gpu, devices=devices, timeline=pool.to_json()))
     png = render_png(job)
     assert png and png.startswith(b"\x89PNG")
     (fig,) = figs
@@ -216,5 +220,5 @@ def test_chart_of_a_pooled_job_timeline(tmp_path, monkeypatch):
     assert "power limit 700 W" in labels and any(t.startswith("of 140 GiB") for t in labels)
     title = fig._suptitle.get_text()
     assert ": 8 GPUs, lowest busy: GPU 0 on gpu-a0" in title
-    job["gpu"]["timeline"] = {}
+    job = dataclasses.replace(job, gpu=dataclasses.replace(job.gpu, timeline={}))
     assert render_png(job) is None                              # nothing to draw: no picture

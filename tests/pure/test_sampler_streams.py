@@ -131,7 +131,7 @@ def test_energy_counter_delta_with_reset_midway(tmp_path):
     assert g["energy_j"] == pytest.approx(300 * 3600 - 600, abs=0.5)
     assert g["power_mean_w"] == pytest.approx((300 * 3600 - 600) / 3600, abs=0.05)
     job = job_of([node_of(st, 3600)], 3600)
-    assert job["gpu"]["energy_kwh"] == pytest.approx((300 * 3600 - 600) / 3.6e6, abs=1e-6)
+    assert job.gpu.energy_kwh == pytest.approx((300 * 3600 - 600) / 3.6e6, abs=1e-6)
 
 
 def test_energy_gap_in_counter_reads_loses_nothing(tmp_path):
@@ -187,14 +187,14 @@ def test_gpu_lost_midway_4_gpus_every_10s(tmp_path):
     assert after.count("memory") == 1 and len(after) <= 15
     assert [k for idx, k in fake.calls[mark[0]:] if idx == 3].count("memory") == 182   # t=1800..3600 + stop
     job = job_of([summ], 3600, gpus_alloc=4)
-    lost = [f for f in job["findings"] if f["code"] == "gpu_lost"]
-    assert len(lost) == 1 and lost[0]["severity"] == "alert"
-    assert lost[0]["text"] == ("Hardware event: GPU 2 on n1 was lost 00:30:00 into the job (Xid 79: fallen off "
-                               "the bus) and the node was flagged for the admins. Its figures cover only the "
-                               "time before; if the job failed then, resubmit it.")
-    assert not [f for f in job["findings"] if f["code"] == "xid"]     # Xid 79 is told once, with the loss
-    assert job["gpu"]["gpu_hours_used"] == pytest.approx((0.9 + 0.7 + 0.4) + 0.6 * 1790 / 3600, abs=1e-3)
-    assert job["gpu"]["gpu_hours_alloc"] == 4.0
+    lost = [f for f in job.findings if f.code == "gpu_lost"]
+    assert len(lost) == 1 and lost[0].severity == "alert"
+    assert lost[0].text == ("Hardware event: GPU 2 on n1 was lost 00:30:00 into the job (Xid 79: fallen off "
+                            "the bus) and the node was flagged for the admins. Its figures cover only the "
+                            "time before; if the job failed then, resubmit it.")
+    assert not [f for f in job.findings if f.code == "xid"]     # Xid 79 is told once, with the loss
+    assert job.gpu.gpu_hours_used == pytest.approx((0.9 + 0.7 + 0.4) + 0.6 * 1790 / 3600, abs=1e-3)
+    assert job.gpu.gpu_hours_alloc == 4.0
     text = render_text(job)
     assert "    lost 00:30:00 into the job; Xid 79" in text.splitlines()
     # one unit everywhere: the alert line under the title, the finding and the GPU's note
@@ -210,7 +210,7 @@ def test_lost_on_first_poll_never_crashes(tmp_path):
     assert g["status"] == "lost" and g["lost_at_s"] == 0
     assert g["util_mean_pct"] is None and g["covered_s"] is None
     job = job_of([node_of(st, 20, gpus=[0, 1])], 20)
-    assert [f["code"] for f in job["findings"]] == ["gpu_lost", "short_job"]
+    assert [f.code for f in job.findings] == ["gpu_lost", "short_job"]
 
 
 # ----------------------------------------------------------------- NVML init failure (field case 15)
@@ -228,8 +228,8 @@ def test_nvml_init_failure_keeps_cpu_and_memory(tmp_path):
     assert [g["status"] for g in summ["gpus"]] == ["unavailable", "unavailable"]
     assert summ["cpu_time_s"] == pytest.approx(4 * 3600)
     job = job_of([summ], 3600, cpus_alloc=8, mem_req_bytes=32 * GIB, gpus_alloc=2)
-    assert job["cpu"]["efficiency_pct"] == 50.0
-    assert job["memory"]["peak_bytes"] == 12 * GIB
+    assert job.cpu.efficiency_pct == 50.0
+    assert job.memory.peak_bytes == 12 * GIB
     text = render_text(job)
     assert "unavailable (NVML init failed: LIB_RM_VERSION_MISMATCH)" in text
     lines = text.splitlines()
@@ -238,7 +238,7 @@ def test_nvml_init_failure_keeps_cpu_and_memory(tmp_path):
     assert "  CPU time 04:00:00 of 8 cores x 01:00:00; host memory peak 12.0 GiB" in lines
     assert not any(ln.startswith("GPU ") for ln in lines)         # no GPU verdict without GPU figures
     assert "idle" not in text
-    assert any(f["code"] == "gpu_unavailable" for f in job["findings"])
+    assert any(f.code == "gpu_unavailable" for f in job.findings)
 
 
 def test_nvml_unavailable_exception_from_factory(tmp_path):
@@ -263,7 +263,7 @@ def test_cpu_only_job_has_no_gpu_finding_and_says_none(tmp_path, nvml_works):
     fake = FakeNvml(h200_data(1)) if nvml_works else None
     st = run_job(make_sampler(tmp_path, fake, [], SimClock(), **({} if nvml_works else {"nvml": boom})), 5)
     job = job_of([node_of(st, 3600, gpus=[])], 3600, gpus_alloc=0, cpus_alloc=8)
-    assert "gpu_unavailable" not in [f["code"] for f in job["findings"]]
+    assert "gpu_unavailable" not in [f.code for f in job.findings]
     text = render_text(job, color=False)
     assert "none: the job asked for no GPUs" in text and "unavailable" not in text
     view = mail_view(job, text, False, "cid")
@@ -271,11 +271,11 @@ def test_cpu_only_job_has_no_gpu_finding_and_says_none(tmp_path, nvml_works):
     (tmp_path / "g").mkdir()
     st = run_job(make_sampler(tmp_path / "g", None, [0], SimClock(), nvml=boom), 5)
     job = job_of([node_of(st, 3600, gpus=[0])], 3600, gpus_alloc=1, cpus_alloc=8)
-    assert "gpu_unavailable" in [f["code"] for f in job["findings"]]
+    assert "gpu_unavailable" in [f.code for f in job.findings]
     # no GPU count from Slurm (AllocTRES without gres/gpu) and a node without sampler state: its gres count
     job = job_of([node_record(None, {"node": "n1", "job_id": "4242", "gpus": [0, 1]}, 100.0).to_json()], 3600,
                  gpus_alloc=None)
-    assert job["job"]["gpus_alloc"] == 2 and "gpu_unavailable" in [f["code"] for f in job["findings"]]
+    assert job.job.gpus_alloc == 2 and "gpu_unavailable" in [f.code for f in job.findings]
     assert "none: the job asked for no GPUs" not in render_text(job, color=False)
 
 
@@ -296,7 +296,7 @@ def test_mig_utilization_is_na_mig_never_zero(tmp_path):
     assert g["mig"] is True and g["util_mean_pct"] is None and g["util_na_reason"] == "MIG"
     assert g["mem_peak_bytes"] == int(9.5 * GIB) and g["mem_peak_pct"] == pytest.approx(97.4, abs=0.1)
     job = job_of([summ], 3600, gpus_alloc=1, cpus_alloc=8)
-    codes = [f["code"] for f in job["findings"]]
+    codes = [f.code for f in job.findings]
     assert "idle_gpu" not in codes and "util_na" in codes
     text = render_text(job)
     assert "N/A (MIG)" in text
@@ -309,7 +309,7 @@ def test_mig_utilization_is_na_mig_never_zero(tmp_path):
     assert "did not use" not in flat and "unused" not in flat.replace("does not mean the GPU was unused", "") \
         .replace("does not mean unused", "")
     assert "GPU 0 on n1: utilization N/A (MIG)" in flat
-    assert job["gpu"]["gpu_hours_used"] is None
+    assert job.gpu.gpu_hours_used is None
 
 
 # ----------------------------------------------------------------- short job
@@ -321,9 +321,9 @@ def test_ten_second_job_gets_short_job_and_no_lecture(tmp_path):
     assert st["samples"] == 4 and st["last_time"] - st["start_time"] == 10
     summ = node_of(st, 10, gpus=[0, 1])
     job = job_of([summ], 10, cpus_alloc=8, mem_req_bytes=64 * GIB, gpus_alloc=2)
-    codes = [f["code"] for f in job["findings"]]
+    codes = [f.code for f in job.findings]
     assert codes == ["short_job"]
-    assert "10 s" in job["findings"][0]["text"] and "no advice" in job["findings"][0]["text"]
+    assert "10 s" in job.findings[0].text and "no advice" in job.findings[0].text
 
 
 def test_short_job_still_reports_hardware_events(tmp_path):
@@ -331,9 +331,9 @@ def test_short_job_still_reports_hardware_events(tmp_path):
     fake.set(0, "xid_events", Seq([{"ok": []}, {"ok": [48]}, {"ok": []}]))
     st = run_job(make_sampler(tmp_path, fake, [0], SimClock()), 3)
     job = job_of([node_of(st, 10)], 10)
-    codes = [f["code"] for f in job["findings"]]
+    codes = [f.code for f in job.findings]
     assert codes == ["xid", "short_job"]
-    assert "48 (double-bit ECC error)" in job["findings"][0]["text"]
+    assert "48 (double-bit ECC error)" in job.findings[0].text
 
 
 # ----------------------------------------------------------------- memory, throttling, GPM
@@ -375,8 +375,8 @@ def test_throttle_seconds_per_cause(tmp_path):
     assert g["throttle_s"] == {"power": 550.0, "thermal": 300.0, "hw_slowdown": 0.0, "sync_boost": 0.0}
     assert set(g["throttle_s"]) == set(THROTTLE_CAUSES)
     job = job_of([node_of(st, 3600)], 3600)
-    f = {x["code"]: x for x in job["findings"]}
-    assert f["throttle_power"]["value"] == 550.0 and "15% of the time" in f["throttle_power"]["text"]
+    f = {str(x.code): x for x in job.findings}
+    assert f["throttle_power"].value == 550.0 and "15% of the time" in f["throttle_power"].text
     assert "throttle_thermal" not in f           # 300 s of 3600 s is under 10 %
 
 

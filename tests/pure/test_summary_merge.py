@@ -10,6 +10,7 @@ import json
 import pytest
 
 from gsrun.facts.nvml import NA, FakeNvml, Seq
+from gsrun.report.records import NodeSummary
 from gsrun.report.summary import decode_js1, job_summary, js1_blob, node_record
 from helpers.jobstats_layout import check_jobstats_layout
 
@@ -49,49 +50,50 @@ def two_nodes(tmp_path):
 def test_merge_two_nodes_known_answers(two_nodes):
     a, b = two_nodes
     job = job_summary({"id": "77", "state": "COMPLETED", "elapsed_s": H, "nodes": ["gpu-a01", "gpu-a02"],
-                       "cpus_alloc": 16, "mem_req_bytes": 64 * GIB, "gpus_alloc": 4}, [b, a])
+                       "cpus_alloc": 16, "mem_req_bytes": 64 * GIB, "gpus_alloc": 4},
+                      map(NodeSummary.from_json, [b, a]))
     # CPU efficiency = CPU time / (allocated cores x elapsed) = (4 + 2) x 3600 / (16 x 3600)
-    assert job["cpu"]["time_s"] == pytest.approx(6 * H)
-    assert job["cpu"]["efficiency_pct"] == 37.5
+    assert job.cpu.time_s == pytest.approx(6 * H)
+    assert job.cpu.efficiency_pct == 37.5
     # host memory: sum of node high waters vs the job's request
-    assert job["memory"]["peak_bytes"] == 30 * GIB
-    assert job["memory"]["efficiency_pct"] == pytest.approx(46.9, abs=0.05)
+    assert job.memory.peak_bytes == 30 * GIB
+    assert job.memory.efficiency_pct == pytest.approx(46.9, abs=0.05)
     # GPU-hours: 4 GPUs x 1 h allocated; busy 50 % -> 2.0 used
-    assert job["gpu"]["gpu_hours_alloc"] == 4.0
-    assert job["gpu"]["gpu_hours_used"] == pytest.approx(2.0, abs=0.01)
+    assert job.gpu.gpu_hours_alloc == 4.0
+    assert job.gpu.gpu_hours_used == pytest.approx(2.0, abs=0.01)
     # energy: 4 GPUs x 400 W x 1 h = 5.76 MJ = 1.6 kWh
-    assert job["gpu"]["energy_j"] == pytest.approx(4 * 400 * H, abs=1)
-    assert job["gpu"]["energy_kwh"] == pytest.approx(1.6, abs=1e-6)
-    assert [(g["node"], g["index"]) for g in job["gpu"]["devices"]] == [
+    assert job.gpu.energy_j == pytest.approx(4 * 400 * H, abs=1)
+    assert job.gpu.energy_kwh == pytest.approx(1.6, abs=1e-6)
+    assert [(g.node, g.index) for g in job.gpu.devices] == [
         ("gpu-a01", 0), ("gpu-a01", 1), ("gpu-a02", 2), ("gpu-a02", 3)]
-    assert job["nodes_missing"] == []
-    assert [n["node"] for n in job["nodes_detail"]] == ["gpu-a01", "gpu-a02"]
+    assert list(job.nodes_missing) == []
+    assert [n.node for n in job.nodes_detail] == ["gpu-a01", "gpu-a02"]
 
 
 def test_cpus_alloc_from_nodes_when_record_lacks_it(two_nodes):
     job = job_of(list(two_nodes), H)
-    assert job["job"]["cpus_alloc"] == 16 and job["cpu"]["efficiency_pct"] == 37.5
+    assert job.job.cpus_alloc == 16 and job.cpu.efficiency_pct == 37.5
 
 
 def test_missing_node_is_reported(two_nodes):
     a, _b = two_nodes
     job = job_of([a], H, nodes=["gpu-a01", "gpu-a02"])
-    assert job["nodes_missing"] == ["gpu-a02"]
-    assert any(f["code"] == "nodes_missing" and "gpu-a02" in f["text"] for f in job["findings"])
+    assert list(job.nodes_missing) == ["gpu-a02"]
+    assert any(f.code == "nodes_missing" and "gpu-a02" in f.text for f in job.findings)
 
 
 def test_cpu_over_100_is_clamped_and_flagged(two_nodes):
     job = job_of(list(two_nodes), H, cpus_alloc=2)         # 6 cores busy on 2 allocated
-    assert job["cpu"]["efficiency_pct"] == 100.0 and job["cpu"]["anomaly"] is True
-    assert any(f["code"] == "cpu_anomaly" for f in job["findings"])
+    assert job.cpu.efficiency_pct == 100.0 and job.cpu.anomaly is True
+    assert any(f.code == "cpu_anomaly" for f in job.findings)
 
 
 def test_zero_divisors_are_na():
-    node = node_record(None, {"node": "n1", "job_id": "5", "cpus_on_node": 0, "prolog_time": 100.0}, 100.0).to_json()
+    node = node_record(None, {"node": "n1", "job_id": "5", "cpus_on_node": 0, "prolog_time": 100.0}, 100.0)
     job = job_summary({"id": "5", "state": "CANCELLED by 1000", "elapsed_s": 0, "cpus_alloc": 0,
                        "mem_req_bytes": 0}, [node])
-    assert job["cpu"]["efficiency_pct"] is None and job["memory"]["efficiency_pct"] is None
-    assert [f["code"] for f in job["findings"]] == ["never_started"]
+    assert job.cpu.efficiency_pct is None and job.memory.efficiency_pct is None
+    assert [f.code for f in job.findings] == ["never_started"]
     assert js1_blob(job) is None
 
 
@@ -146,8 +148,8 @@ def test_js1_round_trip_and_jobstats_layout(two_nodes):
     assert None not in list(_walk(raw["nodes"]))
     check_jobstats_layout(raw, gpus=True)
     view = jobstats_view(raw, raw["total_time"])
-    assert view["cpu_eff"] == pytest.approx(job["cpu"]["efficiency_pct"])
-    assert view["mem_eff"] == pytest.approx(job["memory"]["efficiency_pct"], abs=0.05)
+    assert view["cpu_eff"] == pytest.approx(job.cpu.efficiency_pct)
+    assert view["mem_eff"] == pytest.approx(job.memory.efficiency_pct, abs=0.05)
     assert view["gpu_util"] == pytest.approx(50.0)
     assert view["gpu_mem"][("gpu-a02", "3")] == pytest.approx(20 * GIB / 150754820096)
     assert raw["gsrun"]["energy_j"] == pytest.approx(4 * 400 * H, abs=1)

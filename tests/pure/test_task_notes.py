@@ -12,6 +12,7 @@ import pytest
 
 from gsrun.facts.task_notes import MAX_BYTES, clean_notes, read_task_notes, task_dir
 from gsrun.report.node_end import node_settings
+from gsrun.report.records import NodeSetting
 from gsrun.report.render import fmt_setting
 
 pytestmark = pytest.mark.pure
@@ -22,6 +23,11 @@ LIB = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
 def settings_json(*args) -> list[dict]:
     """node_settings' records in their JSON form, as a node summary holds them."""
     return [s.to_json() for s in node_settings(*args)]
+
+
+def fmt(st: dict) -> str:
+    """The report's line of a setting in its JSON form."""
+    return fmt_setting(NodeSetting.from_json(st))
 
 
 def notes_file(tmp_path, obj) -> tuple[str, str]:
@@ -39,8 +45,8 @@ def test_verified_preload_is_what_the_report_says():
     st = [s for s in settings_json(PROLOG, notes) if s["key"] == "malloc"]
     assert st == [{"key": "malloc", "value": "jemalloc", "state": "applied", "source": "request",
                    "reason": f"LD_PRELOAD={LIB} by gsrun-bind; verified: mapped in local rank 0's /proc/4711/maps"}]
-    assert fmt_setting(st[0]) == (f"malloc=jemalloc (LD_PRELOAD={LIB} by gsrun-bind; verified: mapped in local "
-                                  "rank 0's /proc/4711/maps)")
+    assert fmt(st[0]) == (f"malloc=jemalloc (LD_PRELOAD={LIB} by gsrun-bind; verified: mapped in local "
+                          "rank 0's /proc/4711/maps)")
 
 
 def test_not_found_and_not_verified_say_why():
@@ -48,15 +54,15 @@ def test_not_found_and_not_verified_say_why():
                      "detail": "libjemalloc.so.2 not found (looked in /usr/lib64, ldconfig -p)"}}
     st = settings_json(PROLOG, nf)[0]
     assert st["state"] == "unsupported"
-    assert fmt_setting(st) == "malloc=jemalloc (not found: libjemalloc.so.2 not found (looked in /usr/lib64, " \
-                              "ldconfig -p))"
+    assert fmt(st) == "malloc=jemalloc (not found: libjemalloc.so.2 not found (looked in /usr/lib64, " \
+                      "ldconfig -p))"
     nv = {"malloc": {"name": "jemalloc", "state": "not verified", "path": LIB,
                      "detail": "not in local rank 0's /proc/9/maps 2 s after exec (a static or setuid program "
                                "ignores LD_PRELOAD)"}}
     st = settings_json(PROLOG, nv)[0]
-    assert st["state"] == "requested" and "not verified: not in local rank 0's" in fmt_setting(st)
+    assert st["state"] == "requested" and "not verified: not in local rank 0's" in fmt(st)
     # no notes (no task ran gsrun-bind here): what was asked
-    assert fmt_setting(settings_json(PROLOG)[0]) == "malloc=jemalloc (preloaded by gsrun-bind)"
+    assert fmt(settings_json(PROLOG)[0]) == "malloc=jemalloc (preloaded by gsrun-bind)"
 
 
 def test_memlock_warning_once_per_node_in_the_settings():
@@ -65,7 +71,7 @@ def test_memlock_warning_once_per_node_in_the_settings():
     st = settings_json({"steps": {}}, {"memlock": {"soft": 65536, "hard": 65536, "rdma": ["mlx5_0"],
                                                     "problem": problem}})
     assert st == [{"key": "memlock", "value": "65536", "state": "warning", "reason": problem, "source": "node"}]
-    assert fmt_setting(st[0]) == f"memlock warning ({problem})"
+    assert fmt(st[0]) == f"memlock warning ({problem})"
     assert settings_json({"steps": {}}, {"memlock": {"soft": None, "hard": None, "rdma": [], "problem": None}}) == []
 
 

@@ -42,9 +42,11 @@ def test_record_strings_reach_a_terminal_escaped():
     assert tree["job"]["n"] == 3
 
 
-def test_gseff_text_report_escapes_every_record_string():
+def test_gseff_text_report_escapes_every_record_string(tmp_path):
+    from types import SimpleNamespace
+
     from gsrun.request.config import Config, SETTINGS
-    from gsrun.wrapper.gseff import render_accounting, report_text
+    from gsrun.wrapper.gseff import load_summary, render_accounting, report_text
     from helpers.paths import REPO
 
     cfg = Config({s.key: s.default for s in SETTINGS})
@@ -52,7 +54,10 @@ def test_gseff_text_report_escapes_every_record_string():
     s["job"]["name"] = HOSTILE
     s["job"]["partition"] = HOSTILE
     s.setdefault("notes", []).append(HOSTILE)
-    text = report_text(s, cfg, color=False)
+    (tmp_path / "summary.json").write_text(json.dumps(s))
+    paths = SimpleNamespace(spool_job=lambda _job_id: tmp_path)
+    assert load_summary(paths, "1", cfg).job.name == HOSTILE        # as stored (gseff --json)
+    text = report_text(load_summary(paths, "1", cfg, escape=True), cfg, color=False)
     bad = [c for c in text if c != "\n" and not c.isprintable()]
     assert not bad and "\u202e" not in text, bad
     assert "\\x1b]0;pwned" in text

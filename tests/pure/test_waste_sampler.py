@@ -114,8 +114,8 @@ def test_detections_reach_the_final_report(tmp_path):
     assert [(w["node"], w["code"], w["gpu"], w["since_s"], w["detected_s"], w["until_s"]) for w in node["waste"]] == \
         [("n1", "gpu_never_used", "1", 0.0, 60.0, 300.0), ("n1", "gpu_idle", "0", 120.0, 180.0, 300.0)]
     job = job_of([node], 300.0)
-    assert [w["code"] for w in job["waste"]] == ["gpu_never_used", "gpu_idle"]
-    by = {f["code"]: f for f in job["findings"]}
+    assert [w.code for w in job.waste] == ["gpu_never_used", "gpu_idle"]
+    by = {f["code"]: f for f in job.to_json()["findings"]}
     assert by["gpu_never_used"]["text"].startswith(
         "GPU 1 on n1 was held but never used (detected while the job ran, from 00:00:00 into the job, "
         "for at least 5 min): no process of the job ran on it since the job started.")

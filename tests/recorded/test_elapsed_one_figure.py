@@ -22,6 +22,7 @@ from gsrun.base.paths import Paths
 from gsrun.epilog.ctld import job_from_record, merge, write_summary
 from gsrun.facts.slurm import accounting_argv, parse_job_record, queue_argv
 from gsrun.report import mail
+from gsrun.report.records import JobSummary
 from gsrun.report.render import render_text
 from gsrun.report.summary import decode_js1, js1_blob
 from gsrun.wrapper import gseff
@@ -50,7 +51,7 @@ class _Slurm(Watcher):
         return (REC / "sacct.txt").read_text()
 
 
-def _epilog_ctld(tmp_path, rec) -> tuple[Paths, dict]:
+def _epilog_ctld(tmp_path, rec) -> tuple[Paths, JobSummary]:
     """What EpilogSlurmctld does with the record: the job fields, the merge
     of the node summaries in the spool, the summary written (root's copy)."""
     spool = tmp_path / "spool"
@@ -70,7 +71,7 @@ def _gseff(paths: Paths, *args: str) -> str:
     return res.output
 
 
-def _mail_text(summary: dict) -> tuple[str, str]:
+def _mail_text(summary: JobSummary) -> tuple[str, str]:
     msg = mail.build_message(summary, render_text(summary), None, "alice@example.org", "gsrun@example.org",
                              date=1_760_010_000.0)
     text = msg.get_body(("plain",)).get_content()
@@ -96,13 +97,13 @@ def test_the_wait_line_reads_slurms_elapsed_from_squeue_then_sacct():
 def test_summary_gseff_json_text_js1_and_mail_give_slurms_elapsed(tmp_path):
     rec = parse_job_record((REC / "scontrol-epilog-ctld.txt").read_text(), JOB)
     paths, summary = _epilog_ctld(tmp_path, rec)
-    job = summary["job"]
+    job = summary.job
     # slurmctld's figures, not the samplers' (1760000000.0 .. 1760003600.0)
-    assert (job["elapsed_s"], job["start_time"], job["end_time"]) == (SLURM_S, 1759999995.0, 1760003597.0)
-    assert "sampled_s" not in job
-    assert [n["elapsed_s"] for n in summary["nodes_detail"]] == [3600.0, 3600.0]
-    assert summary["cpu"]["efficiency_pct"] == round(100.0 * 21600.0 / (16 * SLURM_S), 1) == 37.5
-    assert summary["gpu"]["gpu_hours_alloc"] == round(4 * SLURM_S / 3600.0, 4) == 4.0022
+    assert (job.elapsed_s, job.start_time, job.end_time) == (SLURM_S, 1759999995.0, 1760003597.0)
+    assert "sampled_s" not in job.to_json()
+    assert [n.elapsed_s for n in summary.nodes_detail] == [3600.0, 3600.0]
+    assert summary.cpu.efficiency_pct == round(100.0 * 21600.0 / (16 * SLURM_S), 1) == 37.5
+    assert summary.gpu.gpu_hours_alloc == round(4 * SLURM_S / 3600.0, 4) == 4.0022
 
     as_json = json.loads(_gseff(paths, "--json"))
     assert as_json["job"]["elapsed_s"] == SLURM_S and "sampled_s" not in as_json["job"]
@@ -129,9 +130,9 @@ def test_without_a_job_record_the_sampled_span_is_labelled_as_sampled(tmp_path):
     elapsed time is unknown (null), the figures are over the sampled span,
     which every output names as sampled."""
     paths, summary = _epilog_ctld(tmp_path, None)
-    job = summary["job"]
-    assert job["elapsed_s"] is None and job["sampled_s"] == 3600.0
-    assert summary["cpu"]["efficiency_pct"] == 37.5 and summary["gpu"]["gpu_hours_alloc"] == 4.0
+    job = summary.job
+    assert job.elapsed_s is None and job.sampled_s == 3600.0
+    assert summary.cpu.efficiency_pct == 37.5 and summary.gpu.gpu_hours_alloc == 4.0
     assert json.loads(_gseff(paths, "--json"))["job"]["sampled_s"] == 3600.0
     text = _gseff(paths)
     assert f" after {SAMPLED_CLOCK} (sampled) on gpu-a01" in text.splitlines()[0]

@@ -13,9 +13,11 @@ from email import policy as email_policy
 from email.header import Header
 from email.headerregistry import Address
 from email.message import EmailMessage
-from typing import Any, Mapping
+from typing import Any
 
 from gsrun.base.errors import InputError
+from gsrun.base.record import ABSENT
+from gsrun.report.records import JobSummary
 from gsrun.report.mail.view import _BIDI, PHASE, clean_line, mail_view, render_html, render_text
 
 
@@ -72,13 +74,12 @@ except TypeError:
     _STRICT = {}
 
 
-def message_id(summary: Mapping, domain: str) -> str:
+def message_id(summary: JobSummary, domain: str) -> str:
     """``<gsrun.job-42.1a2b3c4d5e6f@domain>``, stable per summary; the hash tells wrapped ids apart."""
-    job = summary.get("job") or {}
-    jid = str(job.get("array") or job.get("id") or "unknown")
-    safe = re.sub(r"[^A-Za-z0-9_.+-]", "_", jid)[:40]
-    nodes = job.get("nodes") or [""]
-    key = "|".join(str(x) for x in (job.get("id"), job.get("array"), job.get("user"), job.get("name"), nodes[0]))
+    job = summary.job
+    safe = re.sub(r"[^A-Za-z0-9_.+-]", "_", str(job.array or job.id or "unknown"))[:40]
+    key = "|".join(str(None if x is ABSENT else x)
+                   for x in (job.id, job.array, job.user, job.name, (job.nodes or [""])[0]))
     digest = hashlib.sha256(key.encode("utf-8", "replace")).hexdigest()[:12]
     return f"<gsrun.job-{safe}.{digest}@{domain}>"
 
@@ -102,7 +103,7 @@ def new_message(to_addr: str, from_addr: str, subject: str, msgid, date: float |
     return msg
 
 
-def build_message(summary: dict, report_text: str, png: bytes | None, to_addr: str, from_addr: str,
+def build_message(summary: JobSummary, report_text: str, png: bytes | None, to_addr: str, from_addr: str,
                   *, date: float | None = None, cfg=None) -> EmailMessage:
     """The efficiency mail of a job summary; 7-bit; a ``png`` that is not one or is over 5 MiB is left out::
 
@@ -116,8 +117,7 @@ def build_message(summary: dict, report_text: str, png: bytes | None, to_addr: s
         InputError: as :func:`new_message`.
     """
     domain = validate_addr(from_addr, "sender address (mail.from_addr)").rsplit("@", 1)[1]
-    job = summary.get("job") or {}
-    jid = clean_line(job.get("array") or job.get("id") or "unknown", 40)
+    jid = clean_line(summary.job.array or summary.job.id or "unknown", 40)
     safe = re.sub(r"[^A-Za-z0-9_.+-]", "_", jid)[:40]
     cid = f"timeline.{safe}@{domain}"
 

@@ -282,8 +282,9 @@ class Run:
             self.verdict(f"{name}.js1", False, "no summary")
             return
         from gsrun.report.accounting import valid_js1
+        from gsrun.report.records import JobSummary
         from gsrun.report.summary import js1_blob
-        blob = js1_blob(s)
+        blob = js1_blob(JobSummary.from_json(s))
         self.save(f"{name}/js1.txt", (blob or "") + "\n")
         dec = json.loads(gzip.decompress(base64.b64decode(blob[4:]))) if blob else {}
         ctld = [ln for ln in self.log_lines(jid) if "epilog-ctld" in ln]

@@ -19,6 +19,7 @@ a real :class:`gsrun.node.sampler.Sampler` run on the H200 recording through
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import tempfile
@@ -27,7 +28,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[2]))          # tests/ -> helpers
 
+from gsrun import SUMMARY_SCHEMA  # noqa: E402
 from gsrun.facts.nvml import FakeNvml, Seq  # noqa: E402
+from gsrun.report.records import JobSummary, NodeSummary  # noqa: E402
 from gsrun.report.summary import job_summary  # noqa: E402
 from helpers.sampler_sim import (GIB, SimClock, cpu_usage, energy_stream, h200_data, job_of,  # noqa: E402
                                  make_sampler, node_of, run_job, util_sample_stream)
@@ -63,7 +66,7 @@ def _node(tmp: Path, n_gpus: int, elapsed_s: float, util, power, mem_gib, cores_
     return node_of(st, elapsed_s, cpus=cpus, gpus=list(range(n_gpus)), node=node)
 
 
-def job_1gpu(tmp: Path, **over) -> dict:
+def job_1gpu(tmp: Path, **over) -> JobSummary:
     elapsed = over.pop("elapsed_s", 3600.0)
     node = _node(tmp, 1, elapsed, util=lambda i, t: 100 if (t % 50) < 40 else 0, power=lambda i, t: 480.0,
                  mem_gib=lambda i: 61.0, cores_busy=3.0, cpus=8, node="gpu-a01")
@@ -73,7 +76,7 @@ def job_1gpu(tmp: Path, **over) -> dict:
     return job_of([node], elapsed, **job)
 
 
-def job_8gpu(tmp: Path) -> dict:
+def job_8gpu(tmp: Path) -> JobSummary:
     levels = [95, 90, 80, 70, 50, 30, 5, 0]
 
     def lose(fake):
@@ -89,7 +92,7 @@ def job_8gpu(tmp: Path) -> dict:
                   mail_user="bob@example.org", mail_type="END,FAIL")
 
 
-def job_cancelled() -> dict:
+def job_cancelled() -> JobSummary:
     return job_summary({"id": "6262", "name": "queued-8x", "user": "carol", "partition": "h200",
                         "state": "CANCELLED by 1001", "exit_code": 0, "nodes": ["gpu-b08"], "elapsed_s": 0.0,
                         "cpus_alloc": 96, "gpus_alloc": 8, "mem_req_bytes": 512 * GIB,
@@ -104,13 +107,14 @@ def refresh_findings() -> None:
     """``make.py --findings``: keep the stored figures, add the job record's
     SubmitTime / TimeLimit (:data:`TIMES`) and recompute the
     findings with today's rules (what EpilogSlurmctld would store now)."""
-    from gsrun.report.findings import findings
+    from gsrun.report.findings import finding_records
     for p in sorted(HERE.glob("job-*.json")):
-        s = json.loads(p.read_text())
-        s["job"].update(TIMES.get(p.stem, {}))
-        s["findings"] = findings(s)
-        p.write_text(json.dumps(s, indent=1, sort_keys=True) + "\n")
-        print(f"refreshed {p.name}: {len(s['findings'])} finding(s)")
+        d = json.loads(p.read_text())
+        d["job"].update(TIMES.get(p.stem, {}))
+        s = JobSummary.from_json(d)
+        s = dataclasses.replace(s, findings=tuple(finding_records(s)))
+        p.write_text(json.dumps(s.to_json(), indent=1, sort_keys=True) + "\n")
+        print(f"refreshed {p.name}: {len(s.findings)} finding(s)")
 
 
 # the prolog record's tuning report (gsrun.node.tuning.prolog_tune) of a job run with
@@ -142,7 +146,8 @@ def tuned() -> None:
     from gsrun.report.summary import settings_groups
     s = json.loads((HERE / "job-1gpu.json").read_text())
     s["job"]["id"] = "4350"
-    node = {"node": s["job"]["nodes"][0], "settings": node_settings(TUNED_PROLOG)}
+    node = NodeSummary(schema=SUMMARY_SCHEMA, kind="node", job_id="4350", node=s["job"]["nodes"][0],
+                       settings=tuple(node_settings(TUNED_PROLOG)))
     s["settings"] = [g.to_json() for g in settings_groups([node])]
     (HERE / "job-tuned.json").write_text(json.dumps(s, indent=1, sort_keys=True) + "\n")
     print(f"wrote job-tuned.json ({len(s['settings'][0]['settings'])} settings)")
@@ -164,7 +169,8 @@ def main() -> None:
                 "job-failed": job_1gpu(tmp / "c", elapsed_s=600.0, id="4343", state="FAILED", exit_code=1,
                                        name="train-crash", mail_type="FAIL"),
                 "job-cancelled": job_cancelled()}
-    for name, s in jobs.items():
+    for name, summary in jobs.items():
+        s = summary.to_json()
         s["job"].update(TIMES.get(name, {}))
         (HERE / f"{name}.json").write_text(json.dumps(s, indent=1, sort_keys=True) + "\n")
         print(f"wrote {name}.json ({s['job']['state']}, {len(s['gpu']['devices'])} GPU(s))")
