@@ -79,7 +79,8 @@ def _kind_checked(kind: str) -> classmethod:
 class Finding(Record):
     """One plain-language finding with the number behind it."""
 
-    code: FindingCode = field("what the finding is about (FindingCode)")
+    code: FindingCode | str = field("what the finding is about (FindingCode; another text: a newer gsrun's, "
+                                    "shown as it is)")
     severity: Severity = field("alert: hardware event; warn: advice that saves much; info: the rest")
     text: str = field("the sentence users read (report, mail)")
     value: Any = field("the number the text is about: percent, seconds, a count, a list (Xid codes, "

@@ -255,8 +255,8 @@ def job_summary(job: dict, nodes: Iterable[NodeSummary], cfg=None, partition: st
     seen = {n.node for n in nodes}
     expected = job.get("nodes") or sorted(seen)
     missing = [n for n in expected if n not in seen]
-    start = job.get("start_time") or min((n.start_time for n in nodes), default=None)
-    end = job.get("end_time") or max((n.end_time for n in nodes), default=None)
+    start = job.get("start_time") or min((t for n in nodes if known(t := n.start_time)), default=None)
+    end = job.get("end_time") or max((t for n in nodes if known(t := n.end_time)), default=None)
     elapsed = job.get("elapsed_s")          # Slurm's (RunTime), None without a job record
     sampled = None
     if elapsed is None:
@@ -295,8 +295,8 @@ def job_summary(job: dict, nodes: Iterable[NodeSummary], cfg=None, partition: st
     gpu_hours_used = sum(busy) / 3600.0 if busy else None
     energy_j = _sum(g.energy_j for g in real)
     estimated = any(g.energy_estimated for g in real if known(g.energy_j))
-    per_node = tuple(NodeDetail(node=n.node, cpus_alloc=_v(n.cpus_alloc), cpu_time_s=n.cpu_time_s,
-                                mem_peak_bytes=n.mem_peak_bytes, elapsed_s=_v(n.elapsed_s),
+    per_node = tuple(NodeDetail(node=n.node, cpus_alloc=_v(n.cpus_alloc), cpu_time_s=_v(n.cpu_time_s),
+                                mem_peak_bytes=_v(n.mem_peak_bytes), elapsed_s=_v(n.elapsed_s),
                                 gpu_available=_v(n.gpu_available), gpu_reason=_v(n.gpu_reason),
                                 mem_total_bytes=n.mem_total_bytes) for n in nodes)
     summary = JobSummary(
@@ -362,7 +362,7 @@ def _js1_nodes(summary: JobSummary) -> tuple[list[tuple[str, dict, list[GpuSumma
     total_cpus = sum(n.cpus_alloc or 0 for n in detail)
     mem_req = summary.job.mem_req_bytes
     gpus_of: dict[str, list[GpuSummary]] = {}
-    for g in summary.gpu.devices:
+    for g in summary.gpu.devices or ():
         if ("ok" if g.status is ABSENT else g.status) in ("ok", "lost"):
             gpus_of.setdefault(g.node, []).append(g)
     out, unknown = [], {}
@@ -442,10 +442,10 @@ def js1_blob(summary: JobSummary, max_chars: int = JS1_MAX_CHARS) -> str | None:
     nodes, unknown = _js1_nodes(summary)
     gpu = summary.gpu
     gpus_alloc = int(summary.job.gpus_alloc or gpu.count or 0)
-    gsrun = {"schema": summary.schema, "cpu_eff_pct": summary.cpu.efficiency_pct, "energy_j": gpu.energy_j,
+    gsrun = {"schema": summary.schema, "cpu_eff_pct": _v(summary.cpu.efficiency_pct), "energy_j": _v(gpu.energy_j),
              **({"energy_estimated": True} if gpu.energy_estimated else {}),
              **({"alerts": len(summary.waste)} if summary.waste else {})}
-    per_gpu = {out: {f"{g.node}:{g.index}": v for g in gpu.devices if known(v := get(g))}
+    per_gpu = {out: {f"{g.node}:{g.index}": v for g in gpu.devices or () if known(v := get(g))}
                for out, get in (("sm_active_pct", lambda g: g.sm_active_mean_pct),
                                 ("tensor_active_pct", lambda g: g.tensor_active_mean_pct),
                                 ("lost", lambda g: g.lost_at_s))}
