@@ -53,6 +53,11 @@ def known(v: Any) -> bool:
     return v is not None and v is not ABSENT
 
 
+def or_none(v: Any) -> Any:
+    """``v``, None for :data:`ABSENT` (a key not in the file reads as unknown)."""
+    return None if v is ABSENT else v
+
+
 def field(doc: str, default: Any = dataclasses.MISSING, *, factory=dataclasses.MISSING, optional_key: bool = False):
     """A record field with its doc (the schema's ``description``: shape, unit,
     source). ``optional_key``: default :data:`ABSENT`, not required by the

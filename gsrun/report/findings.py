@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from gsrun.base.record import ABSENT, known
+from gsrun.base.record import ABSENT, known, or_none
 from gsrun.facts.slurm import pending_for_good, pending_hint
 from gsrun.report.records import Finding, FindingCode, GpuFigures, GpuSummary, JobInfo, JobSummary, WasteDetection
 from gsrun.report.units import as_number, fmt_bytes_of, fmt_duration_s, fmt_share_pct, fmt_time
@@ -168,7 +168,7 @@ def finding_records(summary: JobSummary, cfg: Config | None = None, partition: s
     cpu_sat = _t(cfg, "findings.cpu_saturated_pct", partition)
     busy = [g.util_mean_pct for g in real if known(g.util_mean_pct)]
     gmean = sum(busy) / len(busy) if busy else None
-    eff = cpu.efficiency_pct if known(cpu.efficiency_pct) else None
+    eff = or_none(cpu.efficiency_pct)
     if gpu.available and eff is not None and eff >= cpu_sat and busy and gmean < CPU_BOUND_GPU_PCT:
         out.append(Finding(code=FindingCode.CPU_BOUND, severity="warn", value=eff,
                            text=f"The allocated CPUs were {eff:.0f}% busy while the GPUs were "

@@ -28,7 +28,7 @@ from dataclasses import replace
 from typing import Iterable
 
 from gsrun import SUMMARY_SCHEMA
-from gsrun.base.record import ABSENT, known
+from gsrun.base.record import ABSENT, known, or_none
 from gsrun.facts.aggregate import Counter, Metric
 from gsrun.facts.sacct import epoch_or_none, parse_tres, time_s_or_none, tres_gpus
 from gsrun.facts.sampler_state import GpuState, SamplerState
@@ -295,9 +295,9 @@ def job_summary(job: dict, nodes: Iterable[NodeSummary], cfg=None, partition: st
     gpu_hours_used = sum(busy) / 3600.0 if busy else None
     energy_j = _sum(g.energy_j for g in real)
     estimated = any(g.energy_estimated for g in real if known(g.energy_j))
-    per_node = tuple(NodeDetail(node=n.node, cpus_alloc=_v(n.cpus_alloc), cpu_time_s=_v(n.cpu_time_s),
-                                mem_peak_bytes=_v(n.mem_peak_bytes), elapsed_s=_v(n.elapsed_s),
-                                gpu_available=_v(n.gpu_available), gpu_reason=_v(n.gpu_reason),
+    per_node = tuple(NodeDetail(node=n.node, cpus_alloc=or_none(n.cpus_alloc), cpu_time_s=or_none(n.cpu_time_s),
+                                mem_peak_bytes=or_none(n.mem_peak_bytes), elapsed_s=or_none(n.elapsed_s),
+                                gpu_available=or_none(n.gpu_available), gpu_reason=or_none(n.gpu_reason),
                                 mem_total_bytes=n.mem_total_bytes) for n in nodes)
     summary = JobSummary(
         schema=SUMMARY_SCHEMA, kind="job",
@@ -331,11 +331,6 @@ def job_summary(job: dict, nodes: Iterable[NodeSummary], cfg=None, partition: st
     return replace(summary, findings=tuple(finding_records(summary, cfg, partition)))
 
 
-def _v(x):
-    """``x``, None for :data:`~gsrun.base.record.ABSENT`."""
-    return None if x is ABSENT else x
-
-
 def strip_timelines(node: NodeSummary, acc: JobTimeline, t0: float | None) -> NodeSummary:
     """``node`` with its GPU timelines moved into ``acc`` (offset by its start after ``t0``, epoch s) and
     without its ``cpu_timeline``."""
@@ -367,7 +362,7 @@ def _js1_nodes(summary: JobSummary) -> tuple[list[tuple[str, dict, list[GpuSumma
             gpus_of.setdefault(g.node, []).append(g)
     out, unknown = [], {}
     for n in sorted(detail, key=lambda n: str(n.node)):   # the same blob whatever order the merge saw
-        cpus = _v(n.cpus_alloc)
+        cpus = or_none(n.cpus_alloc)
         if mem_req:      # the job's memory limit on the node (Slurm's mem is the job total)
             share = (cpus / total_cpus) if cpus and total_cpus else 1.0 / len(detail)
             total = int(mem_req * share)
@@ -442,7 +437,7 @@ def js1_blob(summary: JobSummary, max_chars: int = JS1_MAX_CHARS) -> str | None:
     nodes, unknown = _js1_nodes(summary)
     gpu = summary.gpu
     gpus_alloc = int(summary.job.gpus_alloc or gpu.count or 0)
-    gsrun = {"schema": summary.schema, "cpu_eff_pct": _v(summary.cpu.efficiency_pct), "energy_j": _v(gpu.energy_j),
+    gsrun = {"schema": summary.schema, "cpu_eff_pct": or_none(summary.cpu.efficiency_pct), "energy_j": or_none(gpu.energy_j),
              **({"energy_estimated": True} if gpu.energy_estimated else {}),
              **({"alerts": len(summary.waste)} if summary.waste else {})}
     per_gpu = {out: {f"{g.node}:{g.index}": v for g in gpu.devices or () if known(v := get(g))}

@@ -16,7 +16,7 @@ from email.message import EmailMessage
 from typing import Any
 
 from gsrun.base.errors import InputError
-from gsrun.base.record import ABSENT
+from gsrun.base.record import or_none
 from gsrun.report.records import JobSummary
 from gsrun.report.mail.view import _BIDI, PHASE, clean_line, mail_view, render_html, render_text
 
@@ -78,7 +78,7 @@ def message_id(summary: JobSummary, domain: str) -> str:
     """``<gsrun.job-42.1a2b3c4d5e6f@domain>``, stable per summary; the hash tells wrapped ids apart."""
     job = summary.job
     safe = re.sub(r"[^A-Za-z0-9_.+-]", "_", str(job.array or job.id or "unknown"))[:40]
-    key = "|".join(str(None if x is ABSENT else x)
+    key = "|".join(str(or_none(x))
                    for x in (job.id, job.array, job.user, job.name, (job.nodes or [""])[0]))
     digest = hashlib.sha256(key.encode("utf-8", "replace")).hexdigest()[:12]
     return f"<gsrun.job-{safe}.{digest}@{domain}>"
