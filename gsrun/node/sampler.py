@@ -457,7 +457,7 @@ def update_job(state: dict, cpu_time_s, mem_current, mem_peak, source: str, t_re
 
 class Sampler:
     """One job's sampling on this node: :meth:`poll` each ``interval_s``,
-    :meth:`finish` at its end. Injectable ``clock``, ``sleep``, ``nvml`` (a
+    :meth:`finish` at its end. Injectable ``clock``, ``nvml`` (a
     backend or a callable returning one) and ``usage`` (``() -> (cpu_time_s,
     mem_current_bytes, mem_peak_bytes, source)``). ``mem_baseline``: gres index
     -> v1 memory used before the job. ``export(state)``: called after each flush."""
@@ -466,7 +466,7 @@ class Sampler:
 
     def __init__(self, hostfs, job_id: str, uid: int | None, node: str, gres_indices: list[int],
                  state_path: str, interval_s: float, flush_s: float, timeline_points: int = 1000,
-                 clock=time.time, sleep=time.sleep, nvml=None, usage=None,
+                 clock=time.time, nvml=None, usage=None,
                  mem_baseline: dict[int, int] | None = None, idle=None):
         self.hostfs = hostfs
         self.job_id = job_id
@@ -475,7 +475,6 @@ class Sampler:
         self.interval_s = interval_s
         self.flush_s = flush_s
         self.clock = clock
-        self.sleep = sleep
         self._last_flush: float | None = None
         t0 = clock()
         try:
@@ -616,10 +615,6 @@ class Sampler:
         self.state["notes"].append(note)
 
         print(f"gsrun: sampler: job {self.job_id}: warning: {note}", file=sys.stderr, flush=True)
-
-    def snapshot(self) -> dict:
-        """The state as JSON-able dicts (what :meth:`flush` writes)."""
-        return state_to_json(self.state)
 
     def flush(self, done: bool = False) -> None:
         """Rewrite the state file atomically. No fsync: a killed daemon leaves

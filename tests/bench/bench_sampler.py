@@ -162,7 +162,7 @@ def run_variant(nv, refs, a, clock: Clock, tmp: Path, name: str, export: bool,
     d = tmp / name
     d.mkdir(exist_ok=True)
     s = Sampler(HostFS(str(tmp / "root")), "4242", os.getuid(), "bench", [r.gres_index for r in refs],
-                str(d / "sampler.json"), a.interval, a.flush, 1000, clock=clock, sleep=clock.sleep,
+                str(d / "sampler.json"), a.interval, a.flush, 1000, clock=clock,
                 nvml=nv, usage=job_usage_reader())
     spent = [0.0, 0.0]         # CPU s inside the export calls, inside the detector calls
     if not detect:
@@ -301,7 +301,7 @@ def main(argv=None) -> int:
     root.mkdir()
     r1 = rss()
     s = Sampler(HostFS(str(root)), "4242", os.getuid(), "bench", [r.gres_index for r in refs],
-                str(Path(tmp) / "sampler.json"), a.interval, a.flush, 1000, clock=clock, sleep=clock.sleep,
+                str(Path(tmp) / "sampler.json"), a.interval, a.flush, 1000, clock=clock,
                 nvml=nv, usage=job_usage_reader())
     poll_cpu = flush_cpu = 0.0
     flushes = 0
@@ -370,7 +370,7 @@ def waste_section(nv, refs, clock: Clock, a) -> int:
             state = Path(tmp) / f"sampler-{which}.json"
             state.unlink(missing_ok=True)
             s = Sampler(HostFS(str(root)), "4242", os.getuid(), "bench", [r.gres_index for r in refs], str(state),
-                        a.interval, 1e12, 1000, clock=clock, sleep=clock.sleep, nvml=nv, usage=job_usage_reader(),
+                        a.interval, 1e12, 1000, clock=clock, nvml=nv, usage=job_usage_reader(),
                         idle=cfg)
             if which == "without":
                 s._watch = lambda *_a: None          # the sampler as before the detector

@@ -108,7 +108,7 @@ def measure(mode: str, window_s: float, interval_s: float, tmp: Path) -> dict:
     import pynvml
 
     from gsrun.facts.hostfs import HostFS
-    from gsrun.node.sampler import Sampler
+    from gsrun.node.sampler import Sampler, state_to_json
     from gsrun.request.config import parse_config
     from gsrun.report.summary import job_summary, node_record
 
@@ -142,7 +142,7 @@ def measure(mode: str, window_s: float, interval_s: float, tmp: Path) -> dict:
         load.stdin.flush()
         res["load_end"] = json.loads(load.stdout.readline())
         load.wait(30)
-        st = s.snapshot() if hasattr(s, "snapshot") else s.state   # the flushed (JSON) form
+        st = state_to_json(s.state)   # the flushed (JSON) form
         rec = node_record(st, {"node": "h200", "job_id": job, "cpus_on_node": os.cpu_count(), "gpus": [0]},
                           st["last_time"])
         node = rec.to_json()

@@ -63,7 +63,7 @@ def main() -> int:
     a = ap.parse_args()
     from gsrun.facts.hostfs import HostFS
     from gsrun.facts.nvml import open_nvml
-    from gsrun.node.sampler import Sampler
+    from gsrun.node.sampler import Sampler, state_to_json
     from gsrun.request.waste import IdleConfig
 
     nv = open_nvml(HostFS("/"))
@@ -79,7 +79,7 @@ def main() -> int:
     busy = phase(s, BUSY, a.busy_s)
     spin = phase(s, SPIN, a.spin_s)
     s.finish()
-    final = s.snapshot()
+    final = state_to_json(s.state)
     g = final["gpus"][0]
     out["busy"], out["spin"] = busy, spin
     out["unsupported"] = g.get("unsupported")

@@ -59,7 +59,7 @@ def _smi_used_mib(pid: int) -> float | None:
 def _sample(nv, minor: int, window_s: float, usage) -> dict:
     from gsrun.facts.hostfs import HostFS
     from gsrun.node.monitor import read_mem_baseline
-    from gsrun.node.sampler import Sampler
+    from gsrun.node.sampler import Sampler, state_to_json
     from gsrun.report.summary import node_record
 
     with tempfile.TemporaryDirectory() as d:
@@ -71,7 +71,7 @@ def _sample(nv, minor: int, window_s: float, usage) -> dict:
             s.sample_once()
             time.sleep(0.5)
         s.sample_once()
-        summ = node_record(s.snapshot(), {"node": "gpu-check", "job_id": JOB_ID, "cpus_on_node": 1,
+        summ = node_record(state_to_json(s.state), {"node": "gpu-check", "job_id": JOB_ID, "cpus_on_node": 1,
                                            "gpus": [minor]}, time.time()).to_json()
     return summ["gpus"][0]
 

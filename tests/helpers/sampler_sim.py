@@ -15,7 +15,7 @@ from pathlib import Path
 
 from gsrun.facts.hostfs import HostFS
 from gsrun.facts.nvml import FakeNvml, Seq
-from gsrun.node.sampler import Sampler
+from gsrun.node.sampler import Sampler, state_to_json
 from gsrun.report.records import JobSummary, NodeSummary
 from gsrun.report.summary import job_summary, node_record
 
@@ -113,22 +113,22 @@ def make_sampler(tmp_path, fake, gres, clock, interval_s=5.0, flush_s=1e9, node=
     root = tmp_path / f"root-{node}"
     root.mkdir(exist_ok=True)
     return Sampler(HostFS(str(root)), job_id, 1000, node, gres, str(tmp_path / f"sampler-{node}.json"),
-                   interval_s, flush_s, timeline_points, clock=clock, sleep=clock.sleep,
+                   interval_s, flush_s, timeline_points, clock=clock,
                    nvml=nvml if nvml is not None else fake, usage=usage)
 
 
 def run_job(sampler, n_polls: int) -> dict:
     """``n_polls`` polls at ``start + n * interval_s`` (t = 0 .. (n-1) x interval, waiting with the
-    sampler's ``sleep``), then its final sample and flush -> the state (JSON form), as the epilog reads it."""
+    simulated clock), then its final sample and flush -> the state (JSON form), as the epilog reads it."""
     next_t = sampler.clock()
     for n in range(n_polls):
         if n:
             next_t += sampler.interval_s
             if sampler.clock() < next_t:
-                sampler.sleep(next_t - sampler.clock())
+                sampler.clock.sleep(next_t - sampler.clock())
         sampler.poll()
     sampler.finish()
-    return sampler.snapshot()
+    return state_to_json(sampler.state)
 
 
 def node_of(state: dict, elapsed_s: float, cpus: int | None = 8, gpus=None, node: str = "n1") -> dict:

@@ -123,7 +123,7 @@ def test_not_supported_is_polled_once_and_noted_once(tmp_path):
     answering gives last - first valid reading (no estimate)."""
     from gsrun.facts.hostfs import HostFS
     from gsrun.facts.nvml import NA, FakeNvml, Seq
-    from gsrun.node.sampler import Sampler
+    from gsrun.node.sampler import Sampler, state_to_json
     from gsrun.report.summary import node_record
 
     nv = FakeNvml(nvml_devices(2))
@@ -135,7 +135,7 @@ def test_not_supported_is_polled_once_and_noted_once(tmp_path):
         t[0] += 1.0
         return t[0]
     s = Sampler(HostFS(tmp_path), "4242", None, "n1", [0, 1], str(tmp_path / "sampler.json"), 1.0, 100.0,
-                clock=clock, sleep=lambda x: None, nvml=nv, usage=lambda: (1.0, 1, 1, "test"))
+                clock=clock, nvml=nv, usage=lambda: (1.0, 1, 1, "test"))
     for _ in range(6):
         s.sample_once()
     assert [c for c in nv.calls if c == (0, "energy_mj")] == [(0, "energy_mj")]     # asked once
@@ -144,7 +144,7 @@ def test_not_supported_is_polled_once_and_noted_once(tmp_path):
     assert [n for n in s.state["notes"] if "energy counter" in n] == [
         "GPU 0: energy counter (nvmlDeviceGetTotalEnergyConsumption) Not Supported: energy estimated from "
         "power samples"]
-    summ = node_record(s.snapshot(), {"node": "n1", "job_id": "4242", "cpus_on_node": 1, "gpus": [0, 1]},
+    summ = node_record(state_to_json(s.state), {"node": "n1", "job_id": "4242", "cpus_on_node": 1, "gpus": [0, 1]},
                         t[0]).to_json()
     g0, g1 = summ["gpus"]
     assert g0["energy_estimated"] is True and g0["energy_j"] == pytest.approx(100.0 * 5)   # 100 W x 5 s

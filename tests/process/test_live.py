@@ -238,7 +238,7 @@ def _cancel_run(tmp_path, table: dict, record: dict | None, nodes=("n1",), polls
     root.mkdir()
     idle = IdleConfig.from_table(table)
     s = Sampler(HostFS(str(root)), JOB, 1000, "n1", [0], str(tmp_path / "sampler.json"), 5.0, 5.0, 100,
-                clock=clock, sleep=clock.sleep, nvml=fake, usage=lambda: (None, None, None, "test"), idle=idle)
+                clock=clock, nvml=fake, usage=lambda: (None, None, None, "test"), idle=idle)
     calls, kicks = [], []
     if isinstance(record, dict):     # a job record as scontrol prints it -> read_cancel_fields' shape
         fields = {**job_fields_from_record(record), "unparsable": False}

@@ -173,7 +173,7 @@ def test_actions_in_node_and_job_summary_and_gseff(tmp_path):
     root = tmp_path / "root"
     root.mkdir()
     s = Sampler(HostFS(str(root)), JOB, 1000, "n1", [0], str(tmp_path / "sampler.json"), 5.0, 5.0, 100,
-                clock=clock, sleep=clock.sleep, nvml=FakeNvml(work_then_idle(1, 10.0), clock=clock),
+                clock=clock, nvml=FakeNvml(work_then_idle(1, 10.0), clock=clock),
                 usage=lambda: (None, None, None, "test"), idle=idle)
     calls = []
     s.live = LiveActions(spool, JOB, "n1", os.getuid(), idle, 30.0, clock=clock,

@@ -10,6 +10,7 @@ import pytest
 
 from gsrun.facts.nvml import FakeNvml
 
+from gsrun.node.sampler import state_to_json
 from helpers.sampler_sim import GIB, T0, SimClock, cpu_usage, h200_data, make_sampler, node_of, run_job
 
 WEEK_S = 7 * 86400
@@ -118,10 +119,10 @@ def test_every_flush_writes_the_live_state(tmp_path):
             s.flush()
             d = json.loads(path.read_text())
             assert d["samples"] == k and d["done"] is False
-            assert d == json.loads(json.dumps(s.snapshot()))
+            assert d == json.loads(json.dumps(state_to_json(s.state)))
             for g in d["gpus"]:
                 assert set(g["timeline"]) == {"util_pct", "sm_active_pct", "mem_used_bytes", "power_w"}
                 assert len(g["timeline"]["mem_used_bytes"]["points"]) == k
     s.flush(done=True)
     d = json.loads(path.read_text())
-    assert d["done"] is True and d == json.loads(json.dumps(s.snapshot()))
+    assert d["done"] is True and d == json.loads(json.dumps(state_to_json(s.state)))

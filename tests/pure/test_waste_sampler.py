@@ -46,7 +46,7 @@ def _sampler(tmp_path, fake, clock):
     root = tmp_path / "root"
     root.mkdir(exist_ok=True)
     return Sampler(HostFS(str(root)), "4242", 1000, "n1", [0, 1], str(tmp_path / "sampler.json"), INTERVAL,
-                   1e9, 1000, clock=clock, sleep=clock.sleep, nvml=fake,
+                   1e9, 1000, clock=clock, nvml=fake,
                    usage=lambda: (None, None, None, "test"), idle=IdleConfig(warn_after_min=1))
 
 
@@ -136,7 +136,7 @@ def test_a_pause_in_the_polls_is_carried_over_up_to_stretch_carry_s(tmp_path, pa
     fake.set(0, "power_mw", 70000)
     clock = SimClock()
     s = Sampler(HostFS(str(tmp_path)), "4242", 1000, "n1", [0], str(tmp_path / "sampler.json"), 1.0, 1e9, 100,
-                clock=clock, sleep=clock.sleep, nvml=fake, usage=lambda: (None, None, None, "test"),
+                clock=clock, nvml=fake, usage=lambda: (None, None, None, "test"),
                 idle=IdleConfig(warn_after_min=0.1))
     for k in range(80):
         s.sample_once()

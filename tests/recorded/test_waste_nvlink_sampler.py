@@ -46,7 +46,7 @@ def _root(tmp_path, nvlink) -> HostFS:
 def _run(tmp_path, nvlink) -> dict:
     clock = SimClock()
     s = Sampler(_root(tmp_path, nvlink), "4242", 1000, "n1", [0], str(tmp_path / "sampler.json"), INTERVAL_S,
-                1e9, 100, clock=clock, sleep=clock.sleep, usage=lambda: (None, None, None, "test"), idle=IDLE)
+                1e9, 100, clock=clock, usage=lambda: (None, None, None, "test"), idle=IDLE)
     return run_job(s, POLLS)
 
 
