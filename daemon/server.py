@@ -30,9 +30,9 @@ Protocol (Unix stream socket, integers big-endian):
   when the client goes away without ``K`` (slurmd past ``PrologEpilogTimeout``).
 * ``["@ping"]`` (no descriptors): one JSON line (:meth:`NodeDaemon.status`).
 * ``["@bind"]`` (no descriptors) with slurmstepd's :data:`STEPD_ENV`, then
-  ``["@step", ...]`` with the job's environment (within :data:`BIND_WAIT_S`):
-  the step's plan (:func:`step_plan`), made in the daemon's loop within
-  :data:`BIND_PLAN_S`.
+  ``["@step", ...]`` with the job's environment: the step's plan
+  (:func:`_bind_child`), limited to :data:`BIND_CPU_S` CPU and
+  :data:`BIND_PLAN_S` wall seconds.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ import importlib
 import json
 import os
 import pwd
+import resource
 import select
 import selectors
 import signal
@@ -55,12 +56,10 @@ import time
 
 import gsrun
 from gsrun.base import record, unixsock
-from gsrun.base.cpulist import parse_cpulist
 from gsrun.base.errors import NodeError, flush_std
 from gsrun.base.paths import DAEMON_SOCKET_NAME, DEFAULT_STATE_DIR
 from gsrun.epilog.ctld_start import merge_command
 from gsrun.admin.node_entry import HOOK_BOOTSTRAP, parse_hook_args, run_hook
-from gsrun.spank_py.hooks import format_actions, step_actions
 
 MAGIC = "GSH1"
 MAX_REQUEST_BYTES = 1 << 20     # an environment of ~1 MiB: far above slurmd's (a few KiB)
@@ -81,7 +80,7 @@ PRELOAD = ("gsrun.admin.node_entry", "gsrun.prolog.main", "gsrun.epilog.main",
            "gsrun.request.config", "gsrun.request.job",
            "gsrun.report.node_end", "gsrun.report.summary", "gsrun.facts.nvml", "gsrun.node.monitor", "json", "pathlib",
            "subprocess", "shutil", "tomllib", "datetime", "traceback", "fcntl", "select", "socket",
-           # the SPANK plugin's step plans (step_plan)
+           # the SPANK plugin's step plans (_bind_child)
            "gsrun.spank_py.hooks", "gsrun.bind.plan", "gsrun.facts.topology", "gsrun.base.cpulist")
 
 
@@ -249,37 +248,52 @@ def _read_request(conn, nfds: int | None = 3, timeout_s: float = REQUEST_TIMEOUT
         raise
 
 
-BIND_REQUEST = "@bind"       # the SPANK plugin's request for a step's plan (see step_plan)
+BIND_REQUEST = "@bind"       # the SPANK plugin's request for a step's plan (see _bind_child)
 BIND_WAIT_S = 120.0          # from slurmstepd's init_post_opt to its user_init (the request's second part)
 # slurmstepd's variables the plugin sends with @bind (GSRUN_CONFIG: $GSRUN_CONFIG or plugstack config=)
 STEPD_ENV = ("GSRUN_HOST_ROOT", "GSRUN_STATE_DIR", "GSRUN_CONFIG", "SLURM_CONF")
-BIND_PLAN_S = 2.0            # wall seconds the daemon gives one plan (an interval timer ends it; a plan takes ~1 ms)
+BIND_CPU_S = 5               # CPU seconds a plan may use (RLIMIT_CPU; a plan takes ~10 ms)
+BIND_PLAN_S = 10             # wall seconds from the step's request to its answer (SIGALRM ends it)
 
 
-class PlanTimeout(BaseException):
-    """A plan over :data:`BIND_PLAN_S` (SIGALRM); no ``except Exception`` of a plan's goes on after it."""
-
-
-def step_plan(argv: list[str], job_env: dict[str, str], stepd_env: dict[str, str]) -> str:
-    """``argv`` ``["@step", CPUS, MEMS, JOB_ID, STEP_ID, MPS, BIND, PLUGSTACK_BIND]``
-    (slurmstepd's affinity and ``Mems_allowed_list``; MPS/BIND ``-`` or ``=VALUE``),
-    the job's environment (the user's: every size capped by the node), slurmstepd's
-    :data:`STEPD_ENV` -> :func:`~gsrun.spank_py.hooks.format_actions`'s text, or
-    ``error WHY`` (the step keeps Slurm's binding). Reads files, writes none."""
+def _bind_child(conn, stepd_env: dict[str, str]) -> None:
+    """In a child forked for one slurmstepd: wait for ``["@step", CPUS, MEMS,
+    JOB_ID, STEP_ID, MPS, BIND, PLUGSTACK_BIND]`` and the job environment
+    (CPUS/MEMS: slurmstepd's affinity and ``Mems_allowed_list``; MPS/BIND ``-``
+    or ``=VALUE``), answer :func:`~gsrun.spank_py.hooks.format_actions`'s text
+    or ``error WHY`` (the step runs unbound). Never returns."""
     try:
-        if (len(argv) != 8 or argv[0] != "@step" or not argv[3].isdigit() or not argv[4].isdigit()
-                or len(argv[3]) > 10 or len(argv[4]) > 10 or any(a != "-" and not a.startswith("=")
-                                                                 for a in argv[5:7])):
-            raise BadRequest("not a step request")
-        own = {k: v for k, v in stepd_env.items() if k in STEPD_ENV and k != "GSRUN_CONFIG"}
-        actions, notes, others = step_actions(
-            job_env, own.get("GSRUN_HOST_ROOT"), parse_cpulist(argv[1]) if argv[1] else None,
-            parse_cpulist(argv[2]) if argv[2] else None, stepd_env.get("GSRUN_CONFIG"),
-            job_id=argv[3], step_id=int(argv[4]), mps_opt=None if argv[5] == "-" else argv[5][1:],
-            bind_opt=None if argv[6] == "-" else argv[6][1:], plugstack_bind=argv[7], environ=own)
-        return format_actions(actions, notes, others)
-    except Exception as e:  # noqa: BLE001 - the plugin runs the step unbound and says why
-        return "error " + f"{type(e).__name__}: {e}".replace("\n", " ") + "\n"
+        _fresh_signals()
+        resource.setrlimit(resource.RLIMIT_CPU, (BIND_CPU_S, BIND_CPU_S))
+        _close_from(3, keep=(conn.fileno(),))
+        os.chdir("/")
+        os.environ.clear()
+        os.environ.update({k: v for k, v in stepd_env.items() if k in STEPD_ENV and k != "GSRUN_CONFIG"})
+        try:
+            argv, job_env, _um, _fds = _read_request(conn, nfds=0, timeout_s=BIND_WAIT_S)
+            signal.alarm(BIND_PLAN_S)       # SIG_DFL: the process ends
+            if (len(argv) != 8 or argv[0] != "@step" or not argv[3].isdigit() or not argv[4].isdigit()
+                    or len(argv[3]) > 10 or len(argv[4]) > 10 or any(a != "-" and not a.startswith("=")
+                                                                     for a in argv[5:7])):
+                raise BadRequest("not a step request")
+            from gsrun.base.cpulist import parse_cpulist
+            from gsrun.spank_py.hooks import format_actions, step_actions
+
+            cpus = parse_cpulist(argv[1]) if argv[1] else None
+            mems = parse_cpulist(argv[2]) if argv[2] else None
+            actions, notes, others = step_actions(
+                job_env, stepd_env.get("GSRUN_HOST_ROOT"), cpus, mems, stepd_env.get("GSRUN_CONFIG"),
+                job_id=argv[3], step_id=int(argv[4]), mps_opt=None if argv[5] == "-" else argv[5][1:],
+                bind_opt=None if argv[6] == "-" else argv[6][1:], plugstack_bind=argv[7])
+            text = format_actions(actions, notes, others)
+        except Exception as e:  # noqa: BLE001 - the plugin runs the step unbound and says why
+            text = "error " + f"{type(e).__name__}: {e}".replace("\n", " ") + "\n"
+        conn.settimeout(5.0)
+        conn.sendall(text.encode("utf-8", "surrogateescape"))
+    except BaseException:   # noqa: BLE001 - never back into the daemon's loop
+        pass
+    finally:
+        os._exit(0)
 
 
 def _fresh_signals(sigint=None) -> None:
@@ -292,6 +306,18 @@ def _fresh_signals(sigint=None) -> None:
         signal.signal(signal.SIGINT, sigint)
     signal.set_wakeup_fd(-1)
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
+
+
+def _close_from(low: int, keep: tuple[int, ...] = ()) -> None:
+    """Close every descriptor >= ``low`` but those in ``keep`` (those listed in /proc/self/fd)."""
+    try:
+        fds = [int(n) for n in os.listdir("/proc/self/fd")]
+    except OSError:
+        fds = list(range(low, 1024))
+    for fd in fds:
+        if fd >= low and fd not in keep:
+            with suppress(OSError):  # the listing's own descriptor, closed already
+                os.close(fd)
 
 
 def _child(args: list[str], env: dict[str, str], umask: int, fds: list[int], conn,
@@ -347,10 +373,7 @@ def _become(fds: list[int], umask: int, env: dict[str, str], keep: tuple[int, ..
     high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 3) for fd in fds]  # none of them is 0-2 while moved
     for i, fd in enumerate(high):
         os.dup2(fd, i)
-    for fd in [int(n) for n in os.listdir("/proc/self/fd")]:    # every other descriptor closed
-        if fd > 2 and fd not in keep:
-            with suppress(OSError):     # the listing's own, closed already
-                os.close(fd)
+    _close_from(3, keep=keep)
     os.umask(umask)
     os.chdir("/")
     os.environ.clear()
@@ -424,8 +447,7 @@ class NodeDaemon:
         self.sel = selectors.DefaultSelector()
         self.running: dict[int, tuple[object, int]] = {}   # pidfd -> (conn, pid)
         self.merges: set[int] = set()       # the pidfds of self.running that are merges
-        self.binds: dict[object, tuple[dict[str, str], float]] = {}  # slurmstepd's conn -> (its env, deadline)
-        self.planning = False               # a step's plan is being made (SIGALRM ends it)
+        self.plans: set[int] = set()        # the pidfds of self.running that are step plans
         self.report_due: dict[int, float] = {}  # pidfd -> when a hook that answered is killed (monotonic)
         self.pending: deque = deque()       # merges waiting for a slot: (argv, env, umask)
         self.stopping = False
@@ -522,7 +544,6 @@ class NodeDaemon:
         caught: list[int] = []
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, lambda n, _f: caught.append(n))
-        signal.signal(signal.SIGALRM, self._plan_overdue)
         self.log(f"serving {self.socket_path} (pid {os.getpid()}, {len(self.files)} gsrun modules loaded)")
         if self.monitor_args is not None:
             self._start_monitor()
@@ -537,11 +558,10 @@ class NodeDaemon:
             if self.monitor_due is not None and time.monotonic() >= self.monitor_due and not self.stopping:
                 self._start_monitor()
             timeout = None if not self.stopping else 1.0
-            for due in (None if self.stopping else self.monitor_due, *self.report_due.values(),
-                        *(d for _env, d in self.binds.values())):
+            for due in (None if self.stopping else self.monitor_due, *self.report_due.values()):
                 if due is not None:
                     timeout = max(0.0, min(60.0 if timeout is None else timeout, due - time.monotonic()))
-            self._end_overdue()
+            self._kill_overdue()
             for key, _ev in self.sel.select(timeout=timeout):
                 if key.data == "signal":
                     with suppress(BlockingIOError):
@@ -553,8 +573,6 @@ class NodeDaemon:
                     self._reap(key.fileobj)
                 elif key.data == "monitor":
                     self._monitor_ended()
-                elif key.data == "bind":
-                    self._plan(key.fileobj)
                 else:
                     self._client_readable(key.fileobj, key.data)
         signal.set_wakeup_fd(-1)
@@ -568,11 +586,10 @@ class NodeDaemon:
 
     def status(self, stale: str | None = None) -> dict:
         """What ``@ping`` answers: ``started`` in Unix seconds, ``running`` hooks,
-        plans (waiting for their step) and merges now, ``stale`` a changed module (re-executing), ``monitor_pid``
+        plans and merges now, ``stale`` a changed module (re-executing), ``monitor_pid``
         None while no monitor runs."""
         return {"pid": os.getpid(), "version": gsrun.__version__, "started": self.started,
-                "served": self.served, "running": len(self.running) + len(self.pending) + len(self.binds),
-                "socket": self.socket_path,
+                "served": self.served, "running": len(self.running) + len(self.pending), "socket": self.socket_path,
                 "stale": stale, "monitor_pid": self.monitor[1] if self.monitor else None}
 
     # -- the node monitor (gsrun.node.monitor) -------------------------------------------
@@ -641,8 +658,8 @@ class NodeDaemon:
         if getattr(self, "listener", None) is None:
             return
         self.stopping = True
-        for conn in list(self.binds):   # a plan may wait BIND_WAIT_S for its step: that step keeps Slurm's binding
-            self._drop_bind(conn)
+        for pidfd in self.plans:    # a plan may wait BIND_WAIT_S for its step: that step keeps Slurm's binding
+            os.kill(self.running[pidfd][1], signal.SIGKILL)
         doors = [(self.listener, self.socket_path, self.socket_id)]
         if self.ctld_listener is not None:
             doors.append((self.ctld_listener, self.ctld[1], self.ctld_socket_id))
@@ -768,53 +785,23 @@ class NodeDaemon:
         return pidfd
 
     def _start_bind(self, conn, stepd_env: dict[str, str]) -> None:
-        """Keep one slurmstepd's connection until its ``@step`` comes (:meth:`_plan`), at most :data:`BIND_WAIT_S`."""
-        conn.setblocking(False)
-        self.sel.register(conn, 1, "bind")
-        self.binds[conn] = ({k: v for k, v in stepd_env.items() if k in STEPD_ENV}, time.monotonic() + BIND_WAIT_S)
-        self.served += 1
-
-    def _drop_bind(self, conn) -> None:
-        """Forget a waiting plan: the plugin reads the close and the step keeps Slurm's binding."""
-        del self.binds[conn]
-        self.sel.unregister(conn)
-        conn.close()
-
-    def _plan_overdue(self, _sig, _frame) -> None:
-        if self.planning:
-            self.planning = False
-            raise PlanTimeout(f"no plan within {BIND_PLAN_S:g} s")
-
-    def _plan(self, conn) -> None:
-        """Answer one slurmstepd's ``@step`` with :func:`step_plan`, in the loop: a plan takes
-        ~1 ms, :data:`BIND_PLAN_S` ends one that does not."""
-        stepd_env, _due = self.binds.pop(conn)
-        self.sel.unregister(conn)
+        """Fork :func:`_bind_child` for one slurmstepd's plugin (it answers on ``conn``); the loop reaps it."""
         try:
-            try:
-                argv, job_env, _umask, _fds = _read_request(conn, nfds=0)
-            except NoRequest:
-                return      # slurmstepd went away (its step ended before user_init)
-            except (BadRequest, OSError) as e:
-                text = f"error {type(e).__name__}: {e}\n"
-            else:
-                self.planning = True
-                signal.setitimer(signal.ITIMER_REAL, BIND_PLAN_S)
-                try:
-                    try:
-                        text = step_plan(argv, job_env, stepd_env)
-                    finally:
-                        signal.setitimer(signal.ITIMER_REAL, 0)
-                        self.planning = False
-                except PlanTimeout as e:     # raised in step_plan's own handler's place, or as the timer stops
-                    self.log(f"step plan of job {' '.join(argv[3:5])[:24]}: {e}: the step keeps Slurm's binding")
-                    text = f"error {e}\n"
-            conn.settimeout(5.0)
-            conn.sendall(text.encode("utf-8", "surrogateescape"))
-        except OSError:
-            pass        # slurmstepd went away: nothing to answer
-        finally:
-            conn.close()
+            pid = _fork()
+        except OSError as e:
+            self.log(f"cannot serve a step's plan: {e}")
+            conn.close()        # the plugin logs it; the tasks keep Slurm's binding
+            return
+        if pid == 0:
+            _bind_child(conn, stepd_env)    # never returns
+        conn.close()
+        self.served += 1
+        try:
+            self.plans.add(self._watch(None, pid))
+        except Exception as e:  # noqa: BLE001 - as for a hook, but a plan may wait BIND_WAIT_S for its step
+            self.log(f"plan {pid} cannot be watched ({e!r}): ended, the step keeps Slurm's binding")
+            os.kill(pid, signal.SIGKILL)
+            _wait(pid)
 
     def _start_detached(self, argv: list[str], env: dict[str, str], umask: int) -> None:
         """Fork :func:`_merge_child` for ``argv``, or queue it while :data:`MAX_MERGES` run."""
@@ -853,18 +840,14 @@ class NodeDaemon:
             return
         _kill_hook(entry[1])    # the client is gone (done, or killed by slurmd: PrologEpilogTimeout)
 
-    def _end_overdue(self) -> None:
-        """SIGKILL a hook alive :data:`REPORT_LIMIT_S` after its answer (stuck on a dead NFS server: no
-        alarm ends it); drop a plan still without its step after :data:`BIND_WAIT_S`."""
-        now = time.monotonic()
+    def _kill_overdue(self) -> None:
+        """SIGKILL a hook alive :data:`REPORT_LIMIT_S` after its answer (stuck on a dead NFS server: no alarm ends it)."""
         for pidfd, due in list(self.report_due.items()):
-            if now >= due:
+            if time.monotonic() >= due:
+                pid = self.running[pidfd][1]
                 del self.report_due[pidfd]
-                self.log(f"hook {self.running[pidfd][1]} still running {REPORT_LIMIT_S:g} s after its answer: killed")
-                _kill_hook(self.running[pidfd][1])
-        for conn in [c for c, (_env, due) in self.binds.items() if now >= due]:
-            self.log(f"a step's plan asked {BIND_WAIT_S:g} s ago still has no step: dropped")
-            self._drop_bind(conn)
+                self.log(f"hook {pid} still running {REPORT_LIMIT_S:g} s after its answer: killed")
+                _kill_hook(pid)
 
     def _reap(self, pidfd: int) -> None:
         conn, pid = self.running.pop(pidfd)
@@ -874,6 +857,7 @@ class NodeDaemon:
         with suppress(OSError):     # what the hook left in its group, as slurmd's killpg after a hook
             os.killpg(pid, signal.SIGKILL)
         status = _wait(pid)
+        self.plans.discard(pidfd)
         if pidfd in self.merges:
             self.merges.discard(pidfd)
             while self.pending and len(self.merges) < MAX_MERGES:

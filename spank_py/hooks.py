@@ -260,15 +260,13 @@ ACTIONS_MAGIC = "GSA1"
 def step_actions(job_env: Mapping[str, str], host_root: str | None, allowed_cpus: list[int] | None,
                  allowed_mems: list[int] | None, config_path: str | None,
                  job_id: str | None = None, step_id: int | None = None, mps_opt: str | None = None,
-                 bind_opt: str | None = None, plugstack_bind: str = "auto", environ: Mapping[str, str] | None = None
+                 bind_opt: str | None = None, plugstack_bind: str = "auto"
                  ) -> tuple[list[tuple[int, TaskActions]], tuple[str, ...], TaskActions | None]:
     """What a step's tasks get, from what the plugin sent (``job_id`` and
     ``step_id`` are slurmstepd's own, not the job environment's, which the job
     can set) -> ``([(local_rank, TaskActions)], notes, others)``; ``others``:
-    what a task without a block gets, or None. A failed plan is a note.
-    ``environ``: where the config is looked for without ``config_path``
-    (``SLURM_CONF``'s directory; default ``os.environ``)."""
-    cfg = load_config(config_path or None, environ=os.environ if environ is None else environ)
+    what a task without a block gets, or None. A failed plan is a note."""
+    cfg = _load_config({"config": config_path} if config_path else None)
     notes: list[str] = []
     mps_env = None
     if mps_opt is not None and job_id and step_id != EXTERN_STEP:
@@ -347,6 +345,11 @@ def _log(level: str, msg: str) -> None:
         _spank().log(level, line)
 
 
+def _load_config(args: Mapping | None = None):
+    """The site config: plugstack ``config=PATH``, else $GSRUN_CONFIG / the default."""
+    return load_config((args or {}).get("config"), environ=os.environ)
+
+
 # ---------------------------------------------------------------- hooks
 
 def slurm_spank_init_post_opt(ctx: str, args: dict) -> int:
@@ -366,8 +369,7 @@ def slurm_spank_init_post_opt(ctx: str, args: dict) -> int:
     layouts: Mapping[str, str] | None = None
     if raw.get("gs-mig") is not None:
         try:
-            # the site config: plugstack config=PATH, else $GSRUN_CONFIG / the default
-            layouts = load_config((args or {}).get("config"))["mig.layouts"]
+            layouts = _load_config(args)["mig.layouts"]
         except Exception as e:  # noqa: BLE001 - a broken site config must not block jobs
             _log("verbose", f"gsrun: {PHASE}: config: {e}; site MIG layout names unavailable")
     exports, errors = validate_options(raw, layouts)
