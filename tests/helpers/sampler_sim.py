@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import copy
 import json
+import time
 from pathlib import Path
 
 from gsrun.facts.hostfs import HostFS
 from gsrun.facts.nvml import FakeNvml, Seq
 from gsrun.node.sampler import Sampler, state_to_json
-from gsrun.report.records import JobSummary, NodeSummary
+from gsrun.report.records import JobInfo, JobSummary, NodeSummary
 from gsrun.report.summary import job_summary, node_record
 
 REPO = Path(__file__).resolve().parents[2]
@@ -119,13 +120,13 @@ def make_sampler(tmp_path, fake, gres, clock, interval_s=5.0, flush_s=1e9, node=
 
 def run_job(sampler, n_polls: int) -> dict:
     """``n_polls`` polls at ``start + n * interval_s`` (t = 0 .. (n-1) x interval, waiting with the
-    simulated clock), then its final sample and flush -> the state (JSON form), as the epilog reads it."""
+    simulated clock, else in real time), then its final sample and flush -> the state (JSON form), as the epilog reads it."""
     next_t = sampler.clock()
     for n in range(n_polls):
         if n:
             next_t += sampler.interval_s
             if sampler.clock() < next_t:
-                sampler.clock.sleep(next_t - sampler.clock())
+                getattr(sampler.clock, "sleep", time.sleep)(next_t - sampler.clock())     # a SimClock, or real time
         sampler.poll()
     sampler.finish()
     return state_to_json(sampler.state)
@@ -143,7 +144,7 @@ def job_of(node_summaries: list[dict | NodeSummary], elapsed_s: float, **job) ->
     nodes = [n if isinstance(n, NodeSummary) else NodeSummary.from_json(n) for n in node_summaries]
     rec = {"id": "4242", "state": "COMPLETED", "elapsed_s": elapsed_s, "nodes": [n.node for n in nodes]}
     rec.update(job)
-    return job_summary(rec, nodes)
+    return job_summary(JobInfo(**rec), nodes)
 
 
 def cpu_usage(clock, cores_busy: float, mem_bytes: int | None = None, peak: int | None = None):
