@@ -23,6 +23,7 @@ from gsrun.base.fsutil import atomic_write, atomic_write_json, read_json, unlink
 from gsrun.base.ids import check_job_id, is_job_id
 from gsrun.base.log import JobLog
 from gsrun.base.paths import Paths
+from gsrun.base.record import ABSENT, or_none
 from gsrun.base.proc import root_child_env, root_python, spawn_detached
 from gsrun.facts.live import LIVE_PREFIX
 from gsrun.facts.sacct import epoch_or_none, parse_mem, parse_tres, time_s_or_none, tres_gpus
@@ -38,7 +39,7 @@ from gsrun.report.summary import (JS1_MARKERS, JS1_SHORT, JobTimeline, KEEP_GPU_
                                   strip_timelines)
 from gsrun.request.config import load_config_or_defaults
 
-def job_from_record(job_id: str, rec: dict[str, str] | None, env) -> dict:
+def job_from_record(job_id: str, rec: dict[str, str] | None, env) -> JobInfo:
     """:func:`~gsrun.report.summary.job_summary`'s ``job`` from ``scontrol -o show job`` and the env. Pure."""
     rec = rec or {}
     tres = parse_tres(rec.get("AllocTRES") or rec.get("TRES", ""))
@@ -67,19 +68,18 @@ def job_from_record(job_id: str, rec: dict[str, str] | None, env) -> dict:
     aj, at = env.get("SLURM_ARRAY_JOB_ID", ""), env.get("SLURM_ARRAY_TASK_ID", "")
     array = f"{aj}_{at}" if aj.isdigit() and at.isdigit() and len(aj) <= 10 and len(at) <= 10 else None
     cpus = tres.get("cpu")
-    return {
-        "id": job_id, "array": array, "user": env.get("SLURM_JOB_USER") or rec.get("UserId", "").split("(")[0] or None,
-        "name": rec.get("JobName"), "partition": rec.get("Partition") or env.get("SLURM_JOB_PARTITION"),
-        "state": state, "exit_code": ec if not sig else 128 + sig,
-        "nodes": nodes, "cpus_alloc": int(cpus) if cpus and cpus.isdigit() else None,
-        "mem_req_bytes": mem, "gpus_alloc": gpus, "mail_user": mail_user, "mail_type": mail_type,
+    return JobInfo(
+        id=job_id, array=array, user=env.get("SLURM_JOB_USER") or rec.get("UserId", "").split("(")[0] or None,
+        name=rec.get("JobName"), partition=rec.get("Partition") or env.get("SLURM_JOB_PARTITION"),
+        state=state, exit_code=ec if not sig else 128 + sig,
+        nodes=tuple(nodes), cpus_alloc=int(cpus) if cpus and cpus.isdigit() else None,
+        mem_req_bytes=mem, gpus_alloc=gpus, mail_user=mail_user, mail_type=mail_type,
         # Slurm's elapsed time (= sacct Elapsed): what every report, mail and gsrun --wait show
-        "start_time": epoch_or_none(rec.get("StartTime")),
-        "end_time": epoch_or_none(rec.get("EndTime")) if ended else None,
-        "elapsed_s": time_s_or_none(rec.get("RunTime")),
-        "submit_time": epoch_or_none(rec.get("SubmitTime")), "time_limit_s": time_s_or_none(rec.get("TimeLimit")),
-        **({"state_source": state_source} if state_source else {}),
-    }
+        start_time=epoch_or_none(rec.get("StartTime")),
+        end_time=epoch_or_none(rec.get("EndTime")) if ended else None,
+        elapsed_s=time_s_or_none(rec.get("RunTime")),
+        submit_time=epoch_or_none(rec.get("SubmitTime")), time_limit_s=time_s_or_none(rec.get("TimeLimit")),
+        state_source=state_source or ABSENT)
 
 
 def accounting_job_id(job_id: str, job: JobInfo) -> str:
@@ -92,7 +92,7 @@ def accounting_job_id(job_id: str, job: JobInfo) -> str:
 POOL_MAX_NODES = 64     # up to this many nodes the merge pools the GPUs' timelines into the job's
 
 
-def merge(paths: Paths, job: dict, cfg, wait_s: float = 0.0, sleep=time.sleep) -> JobSummary:
+def merge(paths: Paths, job: JobInfo, cfg, wait_s: float = 0.0, sleep=time.sleep) -> JobSummary:
     """Merge the node summaries, each file parsed once, waiting up to ``wait_s``
     (backoff 0.1 s to 2 s) for missing ones. Timelines: pooled as read up to
     :data:`POOL_MAX_NODES` nodes, else cut before parsing. GC is off meanwhile
@@ -106,12 +106,12 @@ def merge(paths: Paths, job: dict, cfg, wait_s: float = 0.0, sleep=time.sleep) -
             gc.enable()
 
 
-def _merge(paths: Paths, job: dict, cfg, wait_s: float, sleep) -> JobSummary:
-    d = paths.spool_job(job["id"])
+def _merge(paths: Paths, job: JobInfo, cfg, wait_s: float, sleep) -> JobSummary:
+    d = paths.spool_job(job.id)
     deadline = time.monotonic() + wait_s
     by_node: dict[str, NodeSummary] = {}
-    cut = len(job.get("nodes") or ()) > POOL_MAX_NODES
-    acc: list = [None, 0, job.get("start_time")]     # job timeline, GPUs read, its t0
+    cut = len(job.nodes or ()) > POOL_MAX_NODES
+    acc: list = [None, 0, or_none(job.start_time)]     # job timeline, GPUs read, its t0
 
     def take(p) -> None:
         s = read_record(NodeSummary, p, _node_without_timelines if cut else read_json)
@@ -134,7 +134,7 @@ def _merge(paths: Paths, job: dict, cfg, wait_s: float, sleep) -> JobSummary:
         take(p)
     pause, waited = 0.1, 0.0
     while True:
-        missing = [n for n in job["nodes"] if n not in by_node]
+        missing = [n for n in job.nodes or () if n not in by_node]
         left = min(wait_s - waited, deadline - time.monotonic())
         if not missing or left <= 0:
             break
@@ -146,15 +146,15 @@ def _merge(paths: Paths, job: dict, cfg, wait_s: float, sleep) -> JobSummary:
             if p.exists():
                 take(p)
 
-    return job_summary(job, list(by_node.values()), cfg, job.get("partition"), acc[0])
+    return job_summary(job, list(by_node.values()), cfg, or_none(job.partition), acc[0])
 
 
 STALE_SLACK_S = 300.0   # a node summary starting this long before the job's StartTime is not this run's
 
 
-def _stale(node: NodeSummary, job: dict) -> bool:
+def _stale(node: NodeSummary, job: JobInfo) -> bool:
     """``node`` is an earlier run's (ids wrap, requeues)."""
-    ns, js = node.start_time, job.get("start_time")
+    ns, js = node.start_time, job.start_time
     return isinstance(ns, (int, float)) and isinstance(js, (int, float)) and ns < js - STALE_SLACK_S
 
 

@@ -21,7 +21,7 @@ from gsrun.base.paths import Paths
 from gsrun.facts.live import read_live_docs
 from gsrun.report import accounting
 from gsrun.report.live import live_summary, live_text
-from gsrun.report.records import JobSummary, NodeSummary, read_record
+from gsrun.report.records import JobInfo, JobSummary, NodeSummary, read_record
 from gsrun.facts.slurm import PENDING_STATES, REQUEUE_STATES, show_job, state_word
 from gsrun.report.render import explain_text, render_png, render_text
 from gsrun.report.summary import JS1_MARKERS, JS1_SHORT, JS1_SHORT_S, decode_js1, job_summary, pending_summary
@@ -50,8 +50,8 @@ def load_summary(paths: Paths, job_id: str, cfg=None, escape: bool = False) -> J
         if running is not None:
             return running
     if nodes:       # no summary yet, or fewer nodes than files: merged here
-        base = summary.job.to_json() if summary else {"id": job_id, "nodes": sorted(nodes),
-                                                        "state": "RUNNING or unmerged"}
+        base = summary.job if summary else JobInfo(id=job_id, nodes=tuple(sorted(nodes)),
+                                                   state="RUNNING or unmerged")
         summary = job_summary(base, nodes.values())
     elif summary is None:
         raise InputError("gseff", "no report for job", job_id, hint=NO_REPORT_HINT)

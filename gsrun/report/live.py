@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from gsrun.report.records import JobSummary, NodeSummary
+from gsrun.report.records import JobInfo, JobSummary, NodeSummary
 from gsrun.report.summary import job_summary, node_record
 
 
@@ -38,8 +38,8 @@ def live_summary(job_id: str, live: dict[str, dict], finished: list[NodeSummary]
     start = min(starts) if starts else None
     env0 = docs[0].get("job_env") or {}
     expected = sorted(set(env0.get("nodelist") or []) | {n.node for n in nodes})
-    base = {"id": job_id, "user": env0.get("user"), "partition": env0.get("partition"), "state": "RUNNING",
-            "nodes": expected, "start_time": start, "end_time": None, "elapsed_s": None}
+    base = JobInfo(id=job_id, user=env0.get("user"), partition=env0.get("partition"), state="RUNNING",
+                   nodes=tuple(expected), start_time=start, end_time=None, elapsed_s=None)
     summary = job_summary(base, nodes, cfg, env0.get("partition"))
     alerts, findings, cancel = [], [], None
     for d in docs:

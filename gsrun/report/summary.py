@@ -246,18 +246,19 @@ def _sig(x: float) -> float:
     return float(f"{x:.6g}")
 
 
-def job_summary(job: dict, nodes: Iterable[NodeSummary], cfg=None, partition: str | None = None,
+def job_summary(job: JobInfo, nodes: Iterable[NodeSummary], cfg=None, partition: str | None = None,
                 timeline: JobTimeline | None = None) -> JobSummary:
-    """The job summary, findings filled. ``job``: JobInfo's fields, any None but ``id``; ``nodes``:
-    :func:`node_record` results. Above :data:`KEEP_GPU_TIMELINES` GPUs (or with ``timeline``, filled by
-    :func:`strip_timelines`) the devices' timelines go to ``gpu.timeline``."""
+    """The job summary, findings filled. ``job``: Slurm's record (any field but ``id`` unknown: filled
+    from the nodes where they have it); ``nodes``: :func:`node_record` results. Above
+    :data:`KEEP_GPU_TIMELINES` GPUs (or with ``timeline``, filled by :func:`strip_timelines`) the
+    devices' timelines go to ``gpu.timeline``."""
     nodes = sorted(nodes, key=lambda n: n.node)
     seen = {n.node for n in nodes}
-    expected = job.get("nodes") or sorted(seen)
+    expected = list(job.nodes or ()) or sorted(seen)
     missing = [n for n in expected if n not in seen]
-    start = job.get("start_time") or min((t for n in nodes if known(t := n.start_time)), default=None)
-    end = job.get("end_time") or max((t for n in nodes if known(t := n.end_time)), default=None)
-    elapsed = job.get("elapsed_s")          # Slurm's (RunTime), None without a job record
+    start = or_none(job.start_time) or min((t for n in nodes if known(t := n.start_time)), default=None)
+    end = or_none(job.end_time) or max((t for n in nodes if known(t := n.end_time)), default=None)
+    elapsed = or_none(job.elapsed_s)        # Slurm's (RunTime), None without a job record
     sampled = None
     if elapsed is None:
         starts = [n.start_time for n in nodes if known(n.start_time)]
@@ -265,7 +266,7 @@ def job_summary(job: dict, nodes: Iterable[NodeSummary], cfg=None, partition: st
         sampled = max(0.0, max(ends) - min(starts)) if starts and ends else None
     run_s = elapsed if elapsed is not None else sampled
     cpu_time = _sum(n.cpu_time_s for n in nodes)
-    cpus_alloc = job.get("cpus_alloc")
+    cpus_alloc = or_none(job.cpus_alloc)
     if cpus_alloc is None:
         cpus_alloc = _sum(n.cpus_alloc or None for n in nodes)
     cpu_eff = cpu_raw = None
@@ -273,7 +274,7 @@ def job_summary(job: dict, nodes: Iterable[NodeSummary], cfg=None, partition: st
         cpu_raw = 100.0 * cpu_time / (cpus_alloc * run_s)
         cpu_eff = min(100.0, cpu_raw)
     mem_peak = _sum(n.mem_peak_bytes for n in nodes)
-    mem_req = job.get("mem_req_bytes")
+    mem_req = or_none(job.mem_req_bytes)
     mem_eff = 100.0 * mem_peak / mem_req if mem_peak is not None and mem_req else None
     gpus = [g for n in nodes for g in n.gpus or ()]
     if len(gpus) > KEEP_GPU_TIMELINES or timeline is not None:
@@ -289,7 +290,7 @@ def job_summary(job: dict, nodes: Iterable[NodeSummary], cfg=None, partition: st
                 gpus.append(g)
     real = real_gpus(gpus)
     reasons = sorted({n.gpu_reason for n in nodes if n.gpu_reason})
-    gpus_alloc = job.get("gpus_alloc") or len(gpus) or sum(len(n.gres_gpus or ()) for n in nodes)
+    gpus_alloc = or_none(job.gpus_alloc) or len(gpus) or sum(len(n.gres_gpus or ()) for n in nodes)
     gpu_hours_alloc = gpus_alloc * run_s / 3600.0 if run_s is not None else None
     busy = [g.util_busy_s for g in real if known(g.util_busy_s)]
     gpu_hours_used = sum(busy) / 3600.0 if busy else None
@@ -302,14 +303,13 @@ def job_summary(job: dict, nodes: Iterable[NodeSummary], cfg=None, partition: st
     summary = JobSummary(
         schema=SUMMARY_SCHEMA, kind="job",
         job=JobInfo(
-            id=job["id"], array=job.get("array"), user=job.get("user"), name=job.get("name"),
-            partition=job.get("partition"), state=job.get("state"), exit_code=job.get("exit_code"),
+            id=job.id, array=or_none(job.array), user=or_none(job.user), name=or_none(job.name),
+            partition=or_none(job.partition), state=or_none(job.state), exit_code=or_none(job.exit_code),
             nodes=tuple(expected), start_time=start, end_time=end, elapsed_s=_r(elapsed, 3),
             sampled_s=_r(sampled, 3) if sampled is not None else ABSENT,
             cpus_alloc=cpus_alloc, gpus_alloc=gpus_alloc, mem_req_bytes=mem_req,
-            mail_user=job.get("mail_user"), mail_type=job.get("mail_type"),
-            **{k: job[k] for k in ("submit_time", "time_limit_s", "state_source") if k in job},
-        ),
+            mail_user=or_none(job.mail_user), mail_type=or_none(job.mail_type), submit_time=job.submit_time,
+            time_limit_s=job.time_limit_s, state_source=job.state_source),
         cpu=CpuFigures(time_s=_r(cpu_time, 3), efficiency_pct=_r(cpu_eff),
                        anomaly=cpu_raw is not None and cpu_raw > 105.0,
                        source="; ".join(sorted({n.cpu_source for n in nodes if n.cpu_source})) or None),

@@ -80,6 +80,10 @@ paths = Paths.from_config(cfg, None, spool)
 job = {"id": "4242", "nodes": [f"n{i:04d}" for i in range(n)], "state": "COMPLETED", "exit_code": 0,
        "elapsed_s": 86400.0, "gpus_alloc": 8 * n, "cpus_alloc": 64 * n, "mem_req_bytes": n * 512 * 2**30,
        "user": "bench", "partition": "gpu"}
+import inspect
+if "JobInfo" in str(inspect.signature(merge).parameters["job"].annotation):    # the record, not its dict
+    from gsrun.report.records import JobInfo
+    job = JobInfo(**job)
 s = merge(paths, job, cfg, 0.0)
 write_summary(paths, s, 0, 0)
 bad = [m for m, mod in sys.modules.items() if m.startswith("gsrun") and want

@@ -111,6 +111,7 @@ def measure(mode: str, window_s: float, interval_s: float, tmp: Path) -> dict:
     from gsrun.node.sampler import Sampler, state_to_json
     from gsrun.request.config import parse_config
     from gsrun.report.summary import job_summary, node_record
+    from gsrun.report.records import JobInfo
 
     # a short measurement window: the site setting that withholds advice for
     # jobs under 60 s is set to 0 so the findings are computed
@@ -146,8 +147,8 @@ def measure(mode: str, window_s: float, interval_s: float, tmp: Path) -> dict:
         rec = node_record(st, {"node": "h200", "job_id": job, "cpus_on_node": os.cpu_count(), "gpus": [0]},
                           st["last_time"])
         node = rec.to_json()
-        summ = job_summary({"id": job, "nodes": ["h200"], "state": "COMPLETED", "exit_code": 0,
-                            "elapsed_s": st["last_time"] - st["start_time"]}, [rec], cfg)
+        summ = job_summary(JobInfo(**{"id": job, "nodes": ["h200"], "state": "COMPLETED", "exit_code": 0,
+                            "elapsed_s": st["last_time"] - st["start_time"]}), [rec], cfg)
         g = node["gpus"][0]
         res.update({
             "samples": st["samples"], "window_s": round(t1 - t0, 3),

@@ -273,10 +273,10 @@ def main() -> int:
     node_p = base / "spool" / "jobs" / JOB_ID / f"node-{NODE}.json"
     try:
         from gsrun.report.render import settings_lines
-        from gsrun.report.records import NodeSummary
+        from gsrun.report.records import JobInfo, NodeSummary
         from gsrun.report.summary import job_summary
         node_s = json.loads(node_p.read_text())
-        js = job_summary({"id": JOB_ID, "nodes": [NODE]}, [NodeSummary.from_json(node_s)])
+        js = job_summary(JobInfo(**{"id": JOB_ID, "nodes": [NODE]}), [NodeSummary.from_json(node_s)])
         out["report_settings_lines"] = settings_lines(js)
         keys = {x["key"]: x["state"] for x in node_s.get("settings") or []}
         out["figures"]["settings_states"] = keys

@@ -46,12 +46,12 @@ def _spool(tmp_path, state: str, source: str | None):
 
 def test_completing_record_is_a_guess_from_the_exit_code():
     j = ctld.job_from_record("42", {"JobState": "COMPLETING", "ExitCode": "0:15"}, {})
-    assert (j["state"], j["exit_code"], j["state_source"]) == ("FAILED", 143, "exit_code")
+    assert (j.state, j.exit_code, j.state_source) == ("FAILED", 143, "exit_code")
     j = ctld.job_from_record("42", {"JobState": "COMPLETING", "ExitCode": "0:0"}, {})
-    assert (j["state"], j["state_source"]) == ("COMPLETED", "exit_code")
+    assert (j.state, j.state_source) == ("COMPLETED", "exit_code")
     j = ctld.job_from_record("42", {"JobState": "CANCELLED", "ExitCode": "0:15"}, {})
-    assert (j["state"], j["state_source"]) == ("CANCELLED", "slurm")
-    assert "state_source" not in ctld.job_from_record("42", {}, {})     # nothing known: nothing claimed
+    assert (j.state, j.state_source) == ("CANCELLED", "slurm")
+    assert "state_source" not in ctld.job_from_record("42", {}, {}).to_json()    # nothing known: nothing claimed
 
 
 def test_settle_replaces_the_guess_with_slurms_final_state(tmp_path):

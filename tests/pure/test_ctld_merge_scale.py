@@ -13,7 +13,7 @@ from gsrun.base.record import ABSENT
 from gsrun.base.paths import Paths
 from gsrun.epilog import ctld
 from gsrun.epilog.ctld import _node_without_timelines, merge, write_summary
-from gsrun.report.records import NodeSummary
+from gsrun.report.records import JobInfo, NodeSummary
 from gsrun.report.render import render_text
 from gsrun.report.summary import JOB_TIMELINE_POINTS, KEEP_GPU_TIMELINES, JobTimeline, job_summary
 from helpers.paths import DATA
@@ -60,7 +60,7 @@ def _nodes(n: int) -> list[dict]:
 
 def _summary(job: dict, nodes: list[dict]):
     """:func:`job_summary` of node summaries in their JSON form."""
-    return job_summary(job, map(NodeSummary.from_json, nodes))
+    return job_summary(JobInfo(**job), map(NodeSummary.from_json, nodes))
 
 
 def test_many_gpus_get_a_bounded_job_timeline_instead_of_per_gpu_ones():
@@ -95,7 +95,7 @@ def test_merge_of_many_nodes_cuts_timelines_and_writes_one_serialization(tmp_pat
     nodes = _nodes(3)
     for n in nodes:
         atomic_write_json(d / f"node-{n['node']}.json", n, mode=0o600)
-    s = merge(paths, {"id": "4242", "nodes": [n["node"] for n in nodes]}, None)
+    s = merge(paths, JobInfo(**{"id": "4242", "nodes": [n["node"] for n in nodes]}), None)
     ref = _summary({"id": "4242", "nodes": [n["node"] for n in nodes]}, [_without(n) for n in nodes])
     assert s == ref and s.gpu.timeline is ABSENT
     write_summary(paths, s, os.getuid(), os.getgid())

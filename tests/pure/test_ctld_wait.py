@@ -8,7 +8,7 @@ import json
 from gsrun import SUMMARY_SCHEMA
 from gsrun.base.paths import Paths
 from gsrun.epilog.ctld import merge, write_summary
-from gsrun.report.records import JobSummary
+from gsrun.report.records import JobInfo, JobSummary
 from gsrun.report.summary import node_record
 
 
@@ -27,7 +27,7 @@ def test_missing_node_waited_with_backoff_then_reported(tmp_path):
             (d / "node-a3.json").write_text(json.dumps(a3.to_json()))
 
     job = {"id": "91", "nodes": ["a1", "a2", "a3", "a4"]}
-    out = merge(paths, job, None, wait_s=1.0, sleep=sleep)
+    out = merge(paths, JobInfo(**job), None, wait_s=1.0, sleep=sleep)
     assert list(out.nodes_missing) == ["a4"]
     assert [n.node for n in out.nodes_detail] == ["a1", "a2", "a3"]
     assert pauses[:3] == [0.1, 0.2, 0.4] and sum(pauses) <= 1.0 + 1e-9
@@ -47,7 +47,7 @@ def test_each_node_file_is_parsed_once_and_the_real_wait_is_bounded(tmp_path, mo
     real = ctld.read_json
     monkeypatch.setattr(ctld, "read_json", lambda p: reads.append(p.name) or real(p))
     t0 = time.monotonic()
-    out = merge(paths, {"id": "92", "nodes": ["b1", "b2", "b3"]}, None, wait_s=0.5)
+    out = merge(paths, JobInfo(**{"id": "92", "nodes": ["b1", "b2", "b3"]}), None, wait_s=0.5)
     took = time.monotonic() - t0
     assert list(out.nodes_missing) == ["b3"]
     assert sorted(reads) == ["node-b1.json", "node-b2.json"]     # not re-read while waiting for b3
@@ -75,7 +75,7 @@ def test_a_node_file_of_an_earlier_job_with_the_same_id_is_not_merged(tmp_path):
         if len(pauses) == 2:      # this run's epilog writes its summary over it
             (d / "node-c1.json").write_text(node("c1", 10_005.0))
 
-    out = merge(paths, {"id": "93", "nodes": ["c1"], "start_time": 10_000.0}, None, wait_s=5.0, sleep=sleep)
+    out = merge(paths, JobInfo(**{"id": "93", "nodes": ["c1"], "start_time": 10_000.0}), None, wait_s=5.0, sleep=sleep)
     assert list(out.nodes_missing) == [] and len(pauses) == 2
     assert [n.node for n in out.nodes_detail] == ["c1"]
     assert out.job.start_time == 10_000.0

@@ -9,7 +9,7 @@ from gsrun import SUMMARY_SCHEMA
 from gsrun.request.config import Config, SETTINGS
 from gsrun.facts.nvml import FakeNvml, Seq
 from gsrun.report.findings import finding_records
-from gsrun.report.records import JobSummary, NodeSummary
+from gsrun.report.records import JobInfo, JobSummary, NodeSummary
 from gsrun.report.render import render_text
 from gsrun.report.summary import job_summary
 
@@ -141,7 +141,7 @@ def test_cpu_bound_threshold_from_site_config(tmp_path):
                          elapsed_s=H, cpus_alloc=8, cpu_time_s=job.cpu.time_s, cpu_source="x",
                          mem_peak_bytes=30 * GIB, mem_source="x", gpu_available=True, gpu_reason=None,
                          gpus=job.gpu.devices, notes=())]
-    again = job_summary(rec, nodes, cfg)
+    again = job_summary(JobInfo(**rec), nodes, cfg)
     assert _f(again, "cpu_bound").value == 75.0
 
 

@@ -30,7 +30,7 @@ from gsrun.epilog.ctld import accounting_job_id, job_from_record
 from gsrun.facts.slurm import parse_job_record
 from gsrun import SUMMARY_SCHEMA
 from gsrun.report import accounting
-from gsrun.report.records import JobInfo, JobSummary
+from gsrun.report.records import JobSummary
 from gsrun.report.summary import (JS1_CAP_MAX, JS1_MAX_CHARS, JS1_NONE, JS1_SHORT, decode_js1, js1_blob,
                                   js1_comment)
 from gsrun.request.config import SETTINGS
@@ -131,7 +131,7 @@ def test_array_task_is_addressed_as_arrayjob_task(case, raw, want):
     if rec.get("ArrayJobId"):      # slurmctld sets these for an array task's EpilogSlurmctld
         env.update(SLURM_ARRAY_JOB_ID=rec["ArrayJobId"], SLURM_ARRAY_TASK_ID=rec["ArrayTaskId"])
     job = job_from_record(raw, rec, env)
-    assert accounting_job_id(raw, JobInfo.from_json(job)) == want
+    assert accounting_job_id(raw, job) == want
     # jobstats addresses the first task (raw id = array id) the same way; later tasks it
     # addresses by raw id, which names the same single record: gsrun uses A_T for all
     assert jobstats_epilog_jobid(env) in (want, raw)
@@ -145,10 +145,10 @@ def test_an_array_id_written_into_a_job_name_never_addresses_another_job():
     rec = parse_job_record(text, "4250")
     assert rec.get("ArrayJobId") == "99"                       # the record alone cannot tell
     job = job_from_record("4250", rec, {"SLURM_JOB_ID": "4250"})
-    assert job["array"] is None and accounting_job_id("4250", JobInfo.from_json(job)) == "4250"
+    assert job.array is None and accounting_job_id("4250", job) == "4250"
     job = job_from_record("4250", rec, {"SLURM_JOB_ID": "4250", "SLURM_ARRAY_JOB_ID": "4249",
                                         "SLURM_ARRAY_TASK_ID": "3"})
-    assert accounting_job_id("4250", JobInfo.from_json(job)) == "4249_3"
+    assert accounting_job_id("4250", job) == "4249_3"
 
 
 def test_sacctmgr_and_sql_address_the_task(monkeypatch):
@@ -210,7 +210,7 @@ def test_admin_comment_step_stores_the_tasks_own_comment(tmp_path, monkeypatch, 
     monkeypatch.setenv("GSRUN_LOG_FILE", str(tmp_path / "log"))
     rec = parse_job_record((RECORDS / "24.11-array-task-7.txt").read_text(), "4249")
     summary = big_job(2)
-    summary["job"].update(job_from_record("4249", rec, {"SLURM_ARRAY_JOB_ID": "4242", "SLURM_ARRAY_TASK_ID": "7"}),
+    summary["job"].update(job_from_record("4249", rec, {"SLURM_ARRAY_JOB_ID": "4242", "SLURM_ARRAY_TASK_ID": "7"}).to_json(),
                           elapsed_s=elapsed)
     d = tmp_path / "spool/jobs/4249"
     d.mkdir(parents=True)

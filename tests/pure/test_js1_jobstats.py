@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 
 from gsrun.facts.nvml import FakeNvml
-from gsrun.report.records import JobSummary, NodeSummary
+from gsrun.report.records import JobInfo, JobSummary, NodeSummary
 from gsrun.report.summary import decode_js1, job_summary, js1_blob
 from helpers.jobstats_layout import CPU_KEYS, check_jobstats_layout, jobstats_gpu_headlines
 from helpers.paths import DATA
@@ -82,8 +82,8 @@ def test_nvml_down_on_one_node_of_two_keeps_the_others_gpu_memory():
     without figures carries it empty, so the other node's GPUs still show."""
     a = NodeSummary.from_json(json.loads((FIX / "two-nodes" / "node-gpu-a01.json").read_text()))
     n1 = NodeSummary.from_json(json.loads((FIX / "nvml-fail" / "node-n1.json").read_text()))
-    job = job_summary({"id": "4242", "state": "COMPLETED", "elapsed_s": 3600.0, "nodes": ["gpu-a01", "n1"],
-                       "cpus_alloc": 16, "mem_req_bytes": 64 * GIB, "gpus_alloc": 3}, [a, n1])
+    job = job_summary(JobInfo(**{"id": "4242", "state": "COMPLETED", "elapsed_s": 3600.0, "nodes": ["gpu-a01", "n1"],
+                       "cpus_alloc": 16, "mem_req_bytes": 64 * GIB, "gpus_alloc": 3}), [a, n1])
     raw = decode_js1(js1_blob(job))
     check_jobstats_layout(raw, gpus=True)
     ga, gn = raw["nodes"]["gpu-a01"], raw["nodes"]["n1"]

@@ -13,7 +13,7 @@ import pytest
 from gsrun.base.record import ABSENT
 from gsrun.facts.slurm import compress_hostlist, expand_hostlist
 from gsrun.report.mail import mail_view
-from gsrun.report.records import JobSummary, NodeSummary
+from gsrun.report.records import JobInfo, JobSummary, NodeSummary
 from gsrun.report.render import render_text, settings_lines
 from gsrun.report.node_end import node_settings
 from gsrun.report.records import NodeSetting
@@ -99,7 +99,7 @@ def _nodes(n, settings):
 def _summary(nodes: list[dict]) -> JobSummary:
     """The job summary of node summaries in their JSON form."""
     job = {"id": "77", "nodes": [n["node"] for n in nodes], "state": "COMPLETED", "elapsed_s": 600.0}
-    return job_summary(job, map(NodeSummary.from_json, nodes))
+    return job_summary(JobInfo(**job), map(NodeSummary.from_json, nodes))
 
 
 def _reads_back(s: JobSummary) -> bool:

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from gsrun.facts.nvml import NA, FakeNvml, Seq
-from gsrun.report.records import NodeSummary
+from gsrun.report.records import JobInfo, NodeSummary
 from gsrun.report.summary import decode_js1, job_summary, js1_blob, node_record
 from helpers.jobstats_layout import check_jobstats_layout
 
@@ -49,8 +49,8 @@ def two_nodes(tmp_path):
 
 def test_merge_two_nodes_known_answers(two_nodes):
     a, b = two_nodes
-    job = job_summary({"id": "77", "state": "COMPLETED", "elapsed_s": H, "nodes": ["gpu-a01", "gpu-a02"],
-                       "cpus_alloc": 16, "mem_req_bytes": 64 * GIB, "gpus_alloc": 4},
+    job = job_summary(JobInfo(**{"id": "77", "state": "COMPLETED", "elapsed_s": H, "nodes": ["gpu-a01", "gpu-a02"],
+                       "cpus_alloc": 16, "mem_req_bytes": 64 * GIB, "gpus_alloc": 4}),
                       map(NodeSummary.from_json, [b, a]))
     # CPU efficiency = CPU time / (allocated cores x elapsed) = (4 + 2) x 3600 / (16 x 3600)
     assert job.cpu.time_s == pytest.approx(6 * H)
@@ -90,8 +90,8 @@ def test_cpu_over_100_is_clamped_and_flagged(two_nodes):
 
 def test_zero_divisors_are_na():
     node = node_record(None, {"node": "n1", "job_id": "5", "cpus_on_node": 0, "prolog_time": 100.0}, 100.0)
-    job = job_summary({"id": "5", "state": "CANCELLED by 1000", "elapsed_s": 0, "cpus_alloc": 0,
-                       "mem_req_bytes": 0}, [node])
+    job = job_summary(JobInfo(**{"id": "5", "state": "CANCELLED by 1000", "elapsed_s": 0, "cpus_alloc": 0,
+                       "mem_req_bytes": 0}), [node])
     assert job.cpu.efficiency_pct is None and job.memory.efficiency_pct is None
     assert [f.code for f in job.findings] == ["never_started"]
     assert js1_blob(job) is None

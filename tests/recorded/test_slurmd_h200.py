@@ -57,7 +57,7 @@ def test_epilog_slurmctld_of_a_cancelled_job_has_no_final_state():
     assert env["SLURM_SCRIPT_CONTEXT"] == "epilog_slurmctld" and env["SLURM_JOB_EXIT_CODE2"] == "0:0"
     assert not [k for k in env if "STATE" in k]
     job = ctld.job_from_record(env["SLURM_JOB_ID"], {"JobState": "COMPLETING", "ExitCode": "0:15"}, env)
-    assert (job["state"], job["state_source"]) == ("FAILED", "exit_code")
+    assert (job.state, job.state_source) == ("FAILED", "exit_code")
     assert "CANCELLED after" in (H200 / "cancel" / "gseff.txt").read_text()    # settled by the background step
 
 

@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO / "tests"))
 
 from gsrun.facts.nvml import NA, FakeNvml, Seq  # noqa: E402
-from gsrun.report.records import NodeSummary  # noqa: E402
+from gsrun.report.records import JobInfo, NodeSummary  # noqa: E402
 from gsrun.report.summary import job_summary, node_record  # noqa: E402
 from helpers.sampler_sim import (GIB, SimClock, cpu_usage, energy_stream, h200_data,  # noqa: E402
                                   make_sampler, run_job, util_sample_stream)
@@ -46,7 +46,7 @@ def _job(node_sums, elapsed, **rec):
             "mem_req_bytes": None, "gpus_alloc": None, "mail_user": "alice@example.org", "mail_type": "END",
             "start_time": None, "end_time": None, "elapsed_s": elapsed}
     base.update(rec)
-    return job_summary(base, map(NodeSummary.from_json, node_sums)).to_json()
+    return job_summary(JobInfo(**base), map(NodeSummary.from_json, node_sums)).to_json()
 
 
 def busy4(tmp, name, lose_gpu, gpm=True, n=721):

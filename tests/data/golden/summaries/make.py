@@ -30,7 +30,7 @@ sys.path.insert(0, str(HERE.parents[2]))          # tests/ -> helpers
 
 from gsrun import SUMMARY_SCHEMA  # noqa: E402
 from gsrun.facts.nvml import FakeNvml, Seq  # noqa: E402
-from gsrun.report.records import JobSummary, NodeSummary  # noqa: E402
+from gsrun.report.records import JobInfo, JobSummary, NodeSummary  # noqa: E402
 from gsrun.report.summary import job_summary  # noqa: E402
 from helpers.sampler_sim import (GIB, SimClock, cpu_usage, energy_stream, h200_data, job_of,  # noqa: E402
                                  make_sampler, node_of, run_job, util_sample_stream)
@@ -93,10 +93,10 @@ def job_8gpu(tmp: Path) -> JobSummary:
 
 
 def job_cancelled() -> JobSummary:
-    return job_summary({"id": "6262", "name": "queued-8x", "user": "carol", "partition": "h200",
+    return job_summary(JobInfo(**{"id": "6262", "name": "queued-8x", "user": "carol", "partition": "h200",
                         "state": "CANCELLED by 1001", "exit_code": 0, "nodes": ["gpu-b08"], "elapsed_s": 0.0,
                         "cpus_alloc": 96, "gpus_alloc": 8, "mem_req_bytes": 512 * GIB,
-                        "mail_user": "carol@example.org", "mail_type": "ALL"}, [])
+                        "mail_user": "carol@example.org", "mail_type": "ALL"}), [])
 
 
 TIMES = {"job-1gpu": {"submit_time": 1760000000.0 - 900, "time_limit_s": 8 * 3600.0},
