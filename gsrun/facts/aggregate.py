@@ -9,7 +9,7 @@ energy, mJ) across resets. ``to_dict`` / ``from_dict`` for the state file.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 
 HIST_EDGES_PCT = (0, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100.0001)
 
@@ -78,7 +78,9 @@ class Metric:
         return self.above_s.get(str(threshold), 0.0) / self.weight_s
 
     def to_dict(self) -> dict:
-        return dict(asdict(self), thresholds=list(self.thresholds), hist_edges=list(self.hist_edges))
+        return dict({f.name: getattr(self, f.name) for f in fields(self)},   # not asdict: its deep copy
+                    thresholds=list(self.thresholds), hist_edges=list(self.hist_edges),   # costs every flush
+                    above_s=dict(self.above_s), hist_s=list(self.hist_s))
 
     @classmethod
     def from_dict(cls, d: dict) -> "Metric":
@@ -173,7 +175,7 @@ class Counter:
         return self.t_last_s - self.t_first_s
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Counter":

@@ -48,7 +48,7 @@ def is_bdf(text: str) -> bool:
 
 
 def _numbered(name: str, prefix: str) -> bool:
-    return re.fullmatch(prefix + "[0-9]+", name) is not None
+    return name.startswith(prefix) and name[len(prefix):].isascii() and name[len(prefix):].isdigit()
 
 
 NODE_DIR = "sys/devices/system/node"

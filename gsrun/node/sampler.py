@@ -386,12 +386,15 @@ def nvlink_rates(g: dict, reading, t_rel_s: float) -> tuple[float | None, float 
 
 
 _GONE = (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError)
+SETTLED_S = 5.0     # a process this old is past fork and exec: its real uid and environment stay
+# (pid, create_time) -> real uid of settled processes, shared by every job's scan in the node monitor
+_SETTLED_UIDS: dict[tuple[int, float], int] = {}
 
 
 class JobProcs:
     """CPU time and memory of the job's processes without a job cgroup: those
     with ``SLURM_JOB_ID=<id>`` and this ``SLURMD_NODENAME`` in their environment
-    (an exited process's CPU time is kept)."""
+    (an exited process's CPU time is kept), found in ``psutil``'s cached process table."""
 
     def __init__(self, job_id: str, uid: int | None, node: str | None = None):
         self.job_id = job_id
@@ -399,36 +402,40 @@ class JobProcs:
         self.node = node
         self.seen: dict[tuple[int, float], float] = {}
         self.other: set[tuple[int, float]] = set()   # processes known not to be the job's
-        self.rss_peak = 0
         self.current: set[int] = set()                # the job's PIDs at the last poll
 
     def poll(self) -> tuple[float, int]:
         """``(cumulative CPU seconds, current RSS bytes)`` of the job's processes."""
         rss = 0
         current: set[int] = set()
-        for key, p in self._scan(psutil):
+        for key, p in self._scan():
             with suppress(*_GONE):
                 ct = p.cpu_times()
                 self.seen[key] = ct.user + ct.system
                 rss += p.memory_info().rss
                 current.add(key[0])
-        self.rss_peak = max(self.rss_peak, rss)
         self.current = current
         return sum(self.seen.values()), rss
 
-    def _scan(self, psutil):
+    def _scan(self):
         """``((pid, create_time), process)`` of every process of the job's on this node."""
-        for p in psutil.process_iter(["pid", "uids", "create_time"]):
+        live: set[tuple[int, float]] = set()
+        for p in psutil.process_iter():
             try:
-                if self.uid is not None and p.info["uids"] and p.info["uids"].real != self.uid:
-                    continue
-                key = (p.info["pid"], p.info["create_time"])
+                key = (p.pid, p.create_time())
+                live.add(key)
                 if key in self.other:
                     continue
                 if key not in self.seen:
-                    env = p.environ()
+                    settled = time.time() - key[1] > SETTLED_S
+                    uid = _SETTLED_UIDS.get(key)
+                    if uid is None:
+                        uid = p.uids().real
+                        if settled:
+                            _SETTLED_UIDS[key] = uid
+                    env = {} if self.uid is not None and uid != self.uid else p.environ()
                     if env.get("SLURM_JOB_ID") != self.job_id:
-                        if time.time() - key[1] > 5.0:   # settled: not between fork and exec
+                        if settled:     # not between fork and exec
                             self.other.add(key)
                         continue
                     # several slurmd on one host: only this node's tasks
@@ -438,6 +445,10 @@ class JobProcs:
             except _GONE:
                 continue
             yield key, p
+        if len(_SETTLED_UIDS) > 2 * len(live) + 64:
+            for key in _SETTLED_UIDS.keys() - live:
+                del _SETTLED_UIDS[key]
+        self.other &= live
 
 
 def update_job(state: dict, cpu_time_s, mem_current, mem_peak, source: str, t_rel_s: float, dt_s: float):
