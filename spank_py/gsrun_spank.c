@@ -1054,7 +1054,8 @@ static int daemon_plan(spank_t sp)
 	char cpus[8192] = "", mems[1024] = "", line[4096];
 	char **env = NULL;
 	cpu_set_t set;
-	size_t used = 0, cap = 1 << 16, got = 0;
+	/* a plan names at most GS_MAX_LOCAL_TASKS ranks of ~170 bytes each (env, cpus, mems lines) */
+	size_t used = 0, cap = (size_t)1 << 20, got = 0;
 	struct timeval tv = { .tv_sec = 3 }; /* a plan takes ~10 ms: a slower daemon leaves the step unbound */
 	int rc = -1;
 	char *text = NULL, why[160];

@@ -391,6 +391,29 @@ def test_a_plan_is_applied_in_c_per_rank(built, harness, real_site, tmp_path):
     assert [l for l in out if l.startswith("TASK ")] == [f"TASK 0 pid-ok cpus={cpus}", f"TASK 1 pid-ok cpus={cpus}"]
 
 
+def test_a_plan_for_the_most_ranks_a_node_may_run_is_read_whole(built, harness, real_site, tmp_path):
+    """A plan naming every local rank a plan may name (4096, each with the env lines a bound rank
+    gets: ~0.5 MiB) reaches task_init whole: each task gets its own block."""
+    env = "set LOCAL_WORLD_SIZE=4096\nset OMP_NUM_THREADS=1\nset NCCL_IB_HCA=mlx5_0,mlx5_1\nset NCCL_SOCKET_IFNAME=ib0\n"
+    plan = ("GSA1\n" + "".join(f"rank {r}\nset LOCAL_RANK={r}\n{env}cpus 0\n" for r in range(4096)) + "end\n").encode()
+    assert len(plan) > 1 << 19
+
+    def serve(c):
+        c.settimeout(5)
+        c.recv(1 << 20)     # @bind
+        c.recv(1 << 20)     # @step
+        c.sendall(plan)
+
+    srv, path, t = fake_daemon(tmp_path, serve, connections=1)
+    rc, out, err = run_harness(harness, built, "remote", real_site, f"daemon={path}")
+    t.join(30)
+    srv.close()
+    assert rc == 0 and not [l for l in out if l.startswith("ERROR")], (out, err)
+    assert {l for l in _binding(out) if l.startswith("SETENV LOCAL_RANK=")} == {"SETENV LOCAL_RANK=0",
+                                                                             "SETENV LOCAL_RANK=1"}, out
+    assert [l for l in out if l.startswith("TASK ")] == ["TASK 0 pid-ok cpus=1", "TASK 1 pid-ok cpus=1"], out
+
+
 def test_a_step_that_cannot_be_bound_still_gets_the_mps_env(built, harness, real_site, tmp_path, node_daemon):
     empty = tmp_path / "no-host"
     empty.mkdir()
