@@ -386,9 +386,10 @@ def nvlink_rates(g: dict, reading, t_rel_s: float) -> tuple[float | None, float 
 
 
 _GONE = (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError)
-SETTLED_S = 5.0     # a process this old is past fork and exec: its real uid and environment stay
-# (pid, create_time) -> real uid of settled processes, shared by every job's scan in the node monitor
-_SETTLED_UIDS: dict[tuple[int, float], int] = {}
+SETTLED_S = 5.0     # a process this old is past fork and exec: its environment stays
+ROOT_RECHECK_S = 30.0   # root may still setuid to the job's user before its exec: read again this often
+# (pid, create_time) -> (real uid, read at) of settled processes, shared by every job's scan in the node monitor
+_SETTLED_UIDS: dict[tuple[int, float], tuple[int, float]] = {}
 
 
 class JobProcs:
@@ -428,14 +429,15 @@ class JobProcs:
                     continue
                 if key not in self.seen:
                     settled = time.time() - key[1] > SETTLED_S
-                    uid = _SETTLED_UIDS.get(key)
-                    if uid is None:
+                    uid, read_at = _SETTLED_UIDS.get(key, (None, 0.0))
+                    if uid is None or (uid == 0 and time.time() - read_at > ROOT_RECHECK_S):
                         uid = p.uids().real
                         if settled:
-                            _SETTLED_UIDS[key] = uid
-                    env = {} if self.uid is not None and uid != self.uid else p.environ()
+                            _SETTLED_UIDS[key] = (uid, time.time())
+                    mine = self.uid is None or uid == self.uid
+                    env = p.environ() if mine else {}
                     if env.get("SLURM_JOB_ID") != self.job_id:
-                        if settled:     # not between fork and exec
+                        if settled and (mine or uid != 0):     # root may still become the job's user
                             self.other.add(key)
                         continue
                     # several slurmd on one host: only this node's tasks

@@ -1,0 +1,93 @@
+"""JobProcs: the job's processes on a node without job cgroups, from psutil's process table."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from gsrun.node import sampler
+
+JOB_UID = 1000
+
+
+class Proc:
+    """A psutil.Process double: its uid and environment can change (setuid, exec); reads are counted."""
+
+    def __init__(self, pid: int, started: float, uid: int, env: dict, cpu_s: float = 1.0):
+        self.pid, self.started, self.uid, self.env, self.cpu_s = pid, started, uid, env, cpu_s
+        self.uid_reads = 0
+
+    def create_time(self):
+        return self.started
+
+    def uids(self):
+        self.uid_reads += 1
+        return SimpleNamespace(real=self.uid)
+
+    def environ(self):
+        return dict(self.env)
+
+    def cpu_times(self):
+        return SimpleNamespace(user=self.cpu_s, system=0.0)
+
+    def memory_info(self):
+        return SimpleNamespace(rss=4096)
+
+
+@pytest.fixture
+def node(monkeypatch):
+    clock = SimpleNamespace(now=1000.0)
+    procs: list[Proc] = []
+    monkeypatch.setattr(sampler, "_SETTLED_UIDS", {})
+    monkeypatch.setattr(sampler.psutil, "process_iter", lambda: iter(list(procs)))
+    monkeypatch.setattr(sampler.time, "time", lambda: clock.now)
+    return clock, procs
+
+
+def test_a_settled_process_of_another_user_is_read_once_for_every_job(node):
+    clock, procs = node
+    other = Proc(10, 100.0, 1001, {"SLURM_JOB_ID": "7"})
+    task = Proc(11, 990.0, JOB_UID, {"SLURM_JOB_ID": "7", "SLURMD_NODENAME": "n1"}, cpu_s=2.5)
+    procs += [other, task]
+    job = sampler.JobProcs("7", JOB_UID, "n1")
+    assert job.poll() == (2.5, 4096) and job.current == {11}
+    job.poll()
+    later = sampler.JobProcs("8", JOB_UID, "n1")      # a job begun later on the node
+    assert later.poll() == (0, 0)
+    assert other.uid_reads == 1 and (10, 100.0) in job.other and (10, 100.0) in later.other
+
+
+def test_a_root_process_that_becomes_the_jobs_user_late_is_counted(node):
+    """A task that stays root past the settle time (container set-up before the setuid and exec)
+    is never taken for another user's for good: its uid is read again every ROOT_RECHECK_S."""
+    clock, procs = node
+    task = Proc(20, 900.0, 0, {})
+    procs.append(task)
+    job = sampler.JobProcs("7", JOB_UID, "n1")
+    assert job.poll() == (0, 0) and not job.other
+    clock.now += 5
+    job.poll()
+    assert task.uid_reads == 1                        # root, read within ROOT_RECHECK_S: not again
+    task.uid, task.env = JOB_UID, {"SLURM_JOB_ID": "7"}
+    clock.now += sampler.ROOT_RECHECK_S
+    assert job.poll() == (1.0, 4096) and job.current == {20}
+
+
+def test_a_process_between_fork_and_exec_is_looked_at_again(node):
+    clock, procs = node
+    young = Proc(30, 999.0, JOB_UID, {})              # the job's user, its environment not the job's yet
+    procs.append(young)
+    job = sampler.JobProcs("7", JOB_UID, "n1")
+    assert job.poll() == (0, 0) and not job.other
+    young.env = {"SLURM_JOB_ID": "7"}
+    assert job.poll() == (1.0, 4096)
+
+
+def test_the_shared_uid_map_keeps_to_the_live_processes(node):
+    clock, procs = node
+    procs += [Proc(100 + i, 10.0, 1001, {}) for i in range(200)]
+    sampler.JobProcs("7", JOB_UID, "n1").poll()
+    assert len(sampler._SETTLED_UIDS) == 200
+    del procs[:]
+    job = sampler.JobProcs("8", JOB_UID, "n1")
+    job.poll()
+    assert sampler._SETTLED_UIDS == {} and job.other == set()
