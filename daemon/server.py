@@ -56,7 +56,7 @@ import time
 
 import gsrun
 from gsrun.base import record, unixsock
-from gsrun.base.errors import NodeError, flush_std
+from gsrun.base.errors import NodeError, exit_now, flush_std
 from gsrun.base.paths import DAEMON_SOCKET_NAME, DEFAULT_STATE_DIR
 from gsrun.epilog.ctld_start import merge_command
 from gsrun.admin.node_entry import HOOK_BOOTSTRAP, parse_hook_args, run_hook
@@ -254,6 +254,7 @@ BIND_WAIT_S = 120.0          # from slurmstepd's init_post_opt to its user_init 
 STEPD_ENV = ("GSRUN_HOST_ROOT", "GSRUN_STATE_DIR", "GSRUN_CONFIG", "SLURM_CONF")
 BIND_CPU_S = 5               # CPU seconds a plan may use (RLIMIT_CPU; a plan takes ~10 ms)
 BIND_PLAN_S = 10             # wall seconds from the step's request to its answer (SIGALRM ends it)
+MAX_PLAN_BYTES = 16 << 20    # the most a plan may take: what the plugin reads (gsrun_spank.c GS_MAX_PLAN_BYTES)
 
 
 def _bind_child(conn, stepd_env: dict[str, str]) -> None:
@@ -286,6 +287,8 @@ def _bind_child(conn, stepd_env: dict[str, str]) -> None:
                 job_id=argv[3], step_id=int(argv[4]), mps_opt=None if argv[5] == "-" else argv[5][1:],
                 bind_opt=None if argv[6] == "-" else argv[6][1:], plugstack_bind=argv[7])
             text = format_actions(actions, notes, others)
+            if len(text.encode("utf-8", "surrogateescape")) >= MAX_PLAN_BYTES:
+                raise ValueError(f"a plan of {len(text)} characters: the plugin reads {MAX_PLAN_BYTES - 1} bytes")
         except Exception as e:  # noqa: BLE001 - the plugin runs the step unbound and says why
             text = "error " + f"{type(e).__name__}: {e}".replace("\n", " ") + "\n"
         conn.settimeout(5.0)
@@ -396,8 +399,6 @@ def _merge_child(argv: list[str], env: dict[str, str], umask: int) -> None:
     except BaseException:  # noqa: BLE001 - never back into the daemon's loop
         rc = 1
     finally:
-        from gsrun.base.errors import exit_now
-
         exit_now(rc)
 
 

@@ -720,6 +720,8 @@ __attribute__((visibility("default"))) int gsrun_py_dispatch(spank_t sp, const c
  * "rank *" block if there is one, else nothing (Slurm's binding).
  */
 #define GS_MAX_LOCAL_TASKS 4096 /* local ranks a plan may name: more than any node runs */
+/* the most a plan may take (gsrun.daemon.server.MAX_PLAN_BYTES): 4096 ranks with GPU and MIG lists */
+#define GS_MAX_PLAN_BYTES ((size_t)16 << 20)
 struct gs_rank_act {
 	char **unset;
 	int n_unset;
@@ -1054,8 +1056,7 @@ static int daemon_plan(spank_t sp)
 	char cpus[8192] = "", mems[1024] = "", line[4096];
 	char **env = NULL;
 	cpu_set_t set;
-	/* a plan names at most GS_MAX_LOCAL_TASKS ranks of ~170 bytes each (env, cpus, mems lines) */
-	size_t used = 0, cap = (size_t)1 << 20, got = 0;
+	size_t used = 0, cap = (size_t)1 << 16, got = 0; /* the buffer doubles up to GS_MAX_PLAN_BYTES */
 	struct timeval tv = { .tv_sec = 3 }; /* a plan takes ~10 ms: a slower daemon leaves the step unbound */
 	int rc = -1;
 	char *text = NULL, why[160];
@@ -1115,6 +1116,13 @@ static int daemon_plan(spank_t sp)
 	if (!text)
 		goto out;
 	for (;;) {
+		if (got == cap - 1) {
+			char *more = cap <= GS_MAX_PLAN_BYTES ? realloc(text, cap * 2) : NULL;
+			if (!more)
+				goto out; /* larger than any plan (the daemon refuses one this large) */
+			text = more;
+			cap *= 2;
+		}
 		ssize_t r = read(daemon_fd, text + got, cap - 1 - got);
 		if (r < 0 && errno == EINTR)
 			continue;
@@ -1123,8 +1131,6 @@ static int daemon_plan(spank_t sp)
 		if (r == 0)
 			break;
 		got += (size_t)r;
-		if (got == cap - 1)
-			goto out; /* larger than any plan */
 	}
 	text[got] = '\0';
 	rc = plan_parse(text, why, sizeof(why)); /* owns text from here */

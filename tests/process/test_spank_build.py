@@ -393,10 +393,13 @@ def test_a_plan_is_applied_in_c_per_rank(built, harness, real_site, tmp_path):
 
 def test_a_plan_for_the_most_ranks_a_node_may_run_is_read_whole(built, harness, real_site, tmp_path):
     """A plan naming every local rank a plan may name (4096, each with the env lines a bound rank
-    gets: ~0.5 MiB) reaches task_init whole: each task gets its own block."""
-    env = "set LOCAL_WORLD_SIZE=4096\nset OMP_NUM_THREADS=1\nset NCCL_IB_HCA=mlx5_0,mlx5_1\nset NCCL_SOCKET_IFNAME=ib0\n"
-    plan = ("GSA1\n" + "".join(f"rank {r}\nset LOCAL_RANK={r}\n{env}cpus 0\n" for r in range(4096)) + "end\n").encode()
-    assert len(plan) > 1 << 19
+    of an 8-GPU step gets: ~2.5 MiB) reaches task_init whole: each task gets its own block."""
+    gpus = ",".join(f"GPU-{g:08x}-1111-2222-3333-444455556666" for g in range(8))
+    env = (f"set LOCAL_WORLD_SIZE=4096\nset OMP_NUM_THREADS=1\nset CUDA_VISIBLE_DEVICES={gpus}\n"
+           "set CUDA_DEVICE_ORDER=PCI_BUS_ID\nset NCCL_IB_HCA=mlx5_0,mlx5_1\nset NCCL_SOCKET_IFNAME=ib0\n")
+    plan = ("GSA1\n" + "".join(f"rank {r}\nset LOCAL_RANK={r}\n{env}cpus 0\nmems 0\n" for r in range(4096))
+            + "end\n").encode()
+    assert 2 << 20 < len(plan) < 16 << 20
 
     def serve(c):
         c.settimeout(5)
