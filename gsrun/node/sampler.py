@@ -387,7 +387,7 @@ def nvlink_rates(g: dict, reading, t_rel_s: float) -> tuple[float | None, float 
 
 _GONE = (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError)
 SETTLED_S = 5.0     # a process this old is past fork and exec: its environment stays
-ROOT_RECHECK_S = 30.0   # root may still setuid to the job's user before its exec: read again this often
+RECHECK_S = 30.0    # root (before a setuid) or the job's user (before its exec) may still become the job's
 # (pid, create_time) -> (real uid, read at) of settled processes, shared by every job's scan in the node monitor
 _SETTLED_UIDS: dict[tuple[int, float], tuple[int, float]] = {}
 
@@ -402,7 +402,7 @@ class JobProcs:
         self.uid = uid
         self.node = node
         self.seen: dict[tuple[int, float], float] = {}
-        self.other: set[tuple[int, float]] = set()   # processes known not to be the job's
+        self.other: dict[tuple[int, float], float] = {}  # processes not the job's -> until (inf: for good)
         self.current: set[int] = set()                # the job's PIDs at the last poll
 
     def poll(self) -> tuple[float, int]:
@@ -420,29 +420,30 @@ class JobProcs:
 
     def _scan(self):
         """``((pid, create_time), process)`` of every process of the job's on this node."""
-        live: set[tuple[int, float]] = set()
+        now, live = time.time(), set()
         for p in psutil.process_iter():
             try:
                 key = (p.pid, p.create_time())
                 live.add(key)
-                if key in self.other:
+                if self.other.get(key, 0.0) > now:
                     continue
                 if key not in self.seen:
-                    settled = time.time() - key[1] > SETTLED_S
+                    settled = now - key[1] > SETTLED_S
                     uid, read_at = _SETTLED_UIDS.get(key, (None, 0.0))
-                    if uid is None or (uid == 0 and time.time() - read_at > ROOT_RECHECK_S):
+                    if uid is None or (uid == 0 and now - read_at > RECHECK_S):
                         uid = p.uids().real
                         if settled:
-                            _SETTLED_UIDS[key] = (uid, time.time())
+                            _SETTLED_UIDS[key] = (uid, now)
                     mine = self.uid is None or uid == self.uid
                     env = p.environ() if mine else {}
-                    if env.get("SLURM_JOB_ID") != self.job_id:
-                        if settled and (mine or uid != 0):     # root may still become the job's user
-                            self.other.add(key)
+                    job = env.get("SLURM_JOB_ID")
+                    if job != self.job_id:
+                        if settled:     # for good when another job's or another user's, else looked at again
+                            self.other[key] = float("inf") if job or (not mine and uid) else now + RECHECK_S
                         continue
                     # several slurmd on one host: only this node's tasks
                     if self.node and env.get("SLURMD_NODENAME", self.node) != self.node:
-                        self.other.add(key)
+                        self.other[key] = float("inf")
                         continue
             except _GONE:
                 continue
@@ -450,7 +451,7 @@ class JobProcs:
         if len(_SETTLED_UIDS) > 2 * len(live) + 64:
             for key in _SETTLED_UIDS.keys() - live:
                 del _SETTLED_UIDS[key]
-        self.other &= live
+        self.other = {k: v for k, v in self.other.items() if k in live}
 
 
 def update_job(state: dict, cpu_time_s, mem_current, mem_peak, source: str, t_rel_s: float, dt_s: float):

@@ -58,18 +58,32 @@ def test_a_settled_process_of_another_user_is_read_once_for_every_job(node):
 
 def test_a_root_process_that_becomes_the_jobs_user_late_is_counted(node):
     """A task that stays root past the settle time (container set-up before the setuid and exec)
-    is never taken for another user's for good: its uid is read again every ROOT_RECHECK_S."""
+    is never taken for another user's for good: its uid is read again every RECHECK_S."""
     clock, procs = node
     task = Proc(20, 900.0, 0, {})
     procs.append(task)
     job = sampler.JobProcs("7", JOB_UID, "n1")
-    assert job.poll() == (0, 0) and not job.other
+    assert job.poll() == (0, 0) and job.other == {(20, 900.0): 1000.0 + sampler.RECHECK_S}
     clock.now += 5
     job.poll()
-    assert task.uid_reads == 1                        # root, read within ROOT_RECHECK_S: not again
+    assert task.uid_reads == 1                        # root, read within RECHECK_S: not again
     task.uid, task.env = JOB_UID, {"SLURM_JOB_ID": "7"}
-    clock.now += sampler.ROOT_RECHECK_S
+    clock.now += sampler.RECHECK_S
     assert job.poll() == (1.0, 4096) and job.current == {20}
+
+
+def test_a_task_of_the_jobs_user_before_its_exec_is_counted_once_it_has_execd(node):
+    """Before its exec a task shows slurmstepd's environment (no SLURM_JOB_ID): a settled one is
+    looked at again every RECHECK_S, not taken for another job's; one naming another job is."""
+    clock, procs = node
+    task = Proc(21, 900.0, JOB_UID, {"SLURM_CONF": "/etc/slurm/slurm.conf"})
+    elsewhere = Proc(22, 900.0, JOB_UID, {"SLURM_JOB_ID": "6"})
+    procs += [task, elsewhere]
+    job = sampler.JobProcs("7", JOB_UID, "n1")
+    assert job.poll() == (0, 0) and job.other[(22, 900.0)] == float("inf")
+    task.env = {"SLURM_JOB_ID": "7"}
+    clock.now += sampler.RECHECK_S
+    assert job.poll() == (1.0, 4096) and job.current == {21}
 
 
 def test_a_process_between_fork_and_exec_is_looked_at_again(node):
@@ -90,4 +104,4 @@ def test_the_shared_uid_map_keeps_to_the_live_processes(node):
     del procs[:]
     job = sampler.JobProcs("8", JOB_UID, "n1")
     job.poll()
-    assert sampler._SETTLED_UIDS == {} and job.other == set()
+    assert sampler._SETTLED_UIDS == {} and job.other == {}
