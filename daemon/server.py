@@ -287,8 +287,8 @@ def _bind_child(conn, stepd_env: dict[str, str]) -> None:
                 job_id=argv[3], step_id=int(argv[4]), mps_opt=None if argv[5] == "-" else argv[5][1:],
                 bind_opt=None if argv[6] == "-" else argv[6][1:], plugstack_bind=argv[7])
             text = format_actions(actions, notes, others)
-            if len(text.encode("utf-8", "surrogateescape")) >= MAX_PLAN_BYTES:
-                raise ValueError(f"a plan of {len(text)} characters: the plugin reads {MAX_PLAN_BYTES - 1} bytes")
+            if (n := len(text.encode("utf-8", "surrogateescape"))) >= MAX_PLAN_BYTES:
+                raise ValueError(f"a plan of {n} bytes: the plugin reads at most {MAX_PLAN_BYTES - 1}")
         except Exception as e:  # noqa: BLE001 - the plugin runs the step unbound and says why
             text = "error " + f"{type(e).__name__}: {e}".replace("\n", " ") + "\n"
         conn.settimeout(5.0)

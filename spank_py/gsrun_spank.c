@@ -1116,12 +1116,15 @@ static int daemon_plan(spank_t sp)
 	if (!text)
 		goto out;
 	for (;;) {
-		if (got == cap - 1) {
-			char *more = cap <= GS_MAX_PLAN_BYTES ? realloc(text, cap * 2) : NULL;
-			if (!more)
-				goto out; /* larger than any plan (the daemon refuses one this large) */
+		if (got == cap - 1) { /* a plan is under GS_MAX_PLAN_BYTES: one that fills the last cap is not */
+			size_t want = cap * 2 < GS_MAX_PLAN_BYTES + 1 ? cap * 2 : GS_MAX_PLAN_BYTES + 1;
+			char *more = cap < want ? realloc(text, want) : NULL;
+			if (!more) {
+				slurm_error("gsrun: spank: the node daemon's plan: over %zu bytes, or no memory", got);
+				goto out;
+			}
 			text = more;
-			cap *= 2;
+			cap = want;
 		}
 		ssize_t r = read(daemon_fd, text + got, cap - 1 - got);
 		if (r < 0 && errno == EINTR)
