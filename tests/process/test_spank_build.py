@@ -360,13 +360,8 @@ def test_option_forwarded_to_slurmstepd_gets_the_mps_env_from_the_daemon(built, 
     assert not [l for l in out if l.startswith("ERROR")], out                 # every task: "rank *"
 
 
-def test_a_plan_is_applied_in_c_per_rank(built, harness, real_site, tmp_path):
-    """task_init applies the task's block of the daemon's plan; a rank without one is an error and
-    gets the "rank *" block. Failing affinity or memory policy is logged, the task runs."""
-    assert os.cpu_count() < 1024
-    plan = (b"GSA1\nrank 0\nunset DROP_ME\nset ZERO=0\ncpus 1023\nmems 1000\n"
-            b"rank *\nset OTHER=1\nnote planned by a double\nend\n")
-
+def run_with_plan(harness, built, real_site, tmp_path, plan: bytes):
+    """The harness's remote side with a fake node daemon that answers ``plan`` -> (rc, out, err)."""
     def serve(c):
         c.settimeout(5)
         c.recv(1 << 20)     # @bind
@@ -377,6 +372,16 @@ def test_a_plan_is_applied_in_c_per_rank(built, harness, real_site, tmp_path):
     rc, out, err = run_harness(harness, built, "remote", real_site, f"daemon={path}")
     t.join(30)
     srv.close()
+    return rc, out, err
+
+
+def test_a_plan_is_applied_in_c_per_rank(built, harness, real_site, tmp_path):
+    """task_init applies the task's block of the daemon's plan; a rank without one is an error and
+    gets the "rank *" block. Failing affinity or memory policy is logged, the task runs."""
+    assert os.cpu_count() < 1024
+    plan = (b"GSA1\nrank 0\nunset DROP_ME\nset ZERO=0\ncpus 1023\nmems 1000\n"
+            b"rank *\nset OTHER=1\nnote planned by a double\nend\n")
+    rc, out, err = run_with_plan(harness, built, real_site, tmp_path, plan)
     assert rc == 0, (out, err)
     assert "VERBOSE: gsrun: spank: bind: planned by a double" in out
     t0 = out[out.index("RC slurm_spank_user_init 0") + 1:out.index("CHILD 0 exit=0 signaled=0")]
@@ -400,17 +405,7 @@ def test_a_plan_for_the_most_ranks_a_node_may_run_is_read_whole(built, harness, 
     plan = ("GSA1\n" + "".join(f"rank {r}\nset LOCAL_RANK={r}\n{env}cpus 0\nmems 0\n" for r in range(4096))
             + "end\n").encode()
     assert 2 << 20 < len(plan) < 16 << 20
-
-    def serve(c):
-        c.settimeout(5)
-        c.recv(1 << 20)     # @bind
-        c.recv(1 << 20)     # @step
-        c.sendall(plan)
-
-    srv, path, t = fake_daemon(tmp_path, serve, connections=1)
-    rc, out, err = run_harness(harness, built, "remote", real_site, f"daemon={path}")
-    t.join(30)
-    srv.close()
+    rc, out, err = run_with_plan(harness, built, real_site, tmp_path, plan)
     assert rc == 0 and not [l for l in out if l.startswith("ERROR")], (out, err)
     assert {l for l in _binding(out) if l.startswith("SETENV LOCAL_RANK=")} == {"SETENV LOCAL_RANK=0",
                                                                              "SETENV LOCAL_RANK=1"}, out
