@@ -979,8 +979,8 @@ def test_a_hostile_step_environment_leaves_no_root_process_busy(running, tmp_pat
     """An ordinary srun can set any job variable: SLURM_LOCALID=60000 and beyond,
     SLURM_STEP_GPUS made of thousands of ranges, a huge task count. The plan is
     answered (or refused) within a second or two, and once the answer is back no
-    process of the daemon's is left running: the plan's process is bounded by its
-    own CPU and wall limits (server.BIND_CPU_S, server.BIND_PLAN_S)."""
+    process of the daemon's is left running: the daemon makes the plan in its loop,
+    bounded by the node's size and by server.BIND_PLAN_S."""
     import psutil
     from pathlib import Path
 
@@ -1023,7 +1023,7 @@ def test_a_hostile_step_environment_leaves_no_root_process_busy(running, tmp_pat
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
 def test_a_plan_waiting_for_its_step_does_not_hold_up_a_stop_or_a_reload(running, sig):
     """slurmstepd sends ``@bind`` at its start and ``@step`` later (a plan may wait
-    BIND_WAIT_S for it): a stop or a reload (re-exec) kills such a plan at once
+    BIND_WAIT_S for it): a stop or a reload (re-exec) drops such a plan at once
     (that step keeps Slurm's binding) instead of waiting for it with no socket."""
     import array
     import socket
