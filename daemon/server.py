@@ -31,8 +31,8 @@ Protocol (Unix stream socket, integers big-endian):
 * ``["@ping"]`` (no descriptors): one JSON line (:meth:`NodeDaemon.status`).
 * ``["@bind"]`` (no descriptors) with slurmstepd's :data:`STEPD_ENV`, then
   ``["@step", ...]`` with the job's environment: the step's plan, made in the
-  daemon's loop (:func:`plan_answer`, within :data:`BIND_PLAN_S`; a plan is
-  pure and bounded by the node's size: ~1 ms, ~130 ms for 4096 ranks).
+  daemon's loop (:func:`plan_answer`, within :data:`BIND_PLAN_S`): one rank per
+  task slurmstepd runs on the node, ~1 ms for a few, ~100 ms for 4096.
 """
 
 from __future__ import annotations
@@ -263,24 +263,24 @@ def _out_of_time(_signum, _frame):
 
 
 def plan_answer(conn, stepd_env: dict[str, str]) -> bytes:
-    """Read ``["@step", CPUS, MEMS, JOB_ID, STEP_ID, MPS, BIND, PLUGSTACK_BIND]`` and the
+    """Read ``["@step", CPUS, MEMS, JOB_ID, STEP_ID, MPS, BIND, PLUGSTACK_BIND, NTASKS]`` and the
     job environment from ``conn`` (CPUS/MEMS: slurmstepd's affinity and ``Mems_allowed_list``;
-    MPS/BIND ``-`` or ``=VALUE``) -> :func:`~gsrun.spank_py.hooks.format_actions`'s text, or
-    ``error WHY`` (the plugin logs it and the step runs unbound). The site config is found
-    from slurmstepd's variables (:data:`STEPD_ENV`), never the job's."""
+    MPS/BIND ``-`` or ``=VALUE``; NTASKS: the step's tasks on this node, the plan's ranks)
+    -> :func:`~gsrun.spank_py.hooks.format_actions`'s text, or ``error WHY`` (the plugin logs it,
+    the step runs unbound). The config is found from slurmstepd's variables (:data:`STEPD_ENV`)."""
     try:
         argv, job_env, _um, _fds = _read_request(conn, nfds=0)
         signal.setitimer(signal.ITIMER_REAL, BIND_PLAN_S)
-        if (len(argv) != 8 or argv[0] != "@step" or not argv[3].isdigit() or not argv[4].isdigit()
-                or len(argv[3]) > 10 or len(argv[4]) > 10 or any(a != "-" and not a.startswith("=")
-                                                                 for a in argv[5:7])):
+        if (len(argv) != 9 or argv[0] != "@step" or not all(a.isdigit() and len(a) <= 10 for a in argv[3:5])
+                or not argv[8].isdigit() or len(argv[8]) > 10 or any(a != "-" and not a.startswith("=")
+                                                                     for a in argv[5:7])):
             raise BadRequest("not a step request")
         cpus = parse_cpulist(argv[1]) if argv[1] else None
         mems = parse_cpulist(argv[2]) if argv[2] else None
         actions, notes, others = step_actions(
             job_env, stepd_env.get("GSRUN_HOST_ROOT"), cpus, mems, stepd_env.get("GSRUN_CONFIG"),
             job_id=argv[3], step_id=int(argv[4]), mps_opt=None if argv[5] == "-" else argv[5][1:],
-            bind_opt=None if argv[6] == "-" else argv[6][1:], plugstack_bind=argv[7],
+            bind_opt=None if argv[6] == "-" else argv[6][1:], plugstack_bind=argv[7], local_tasks=int(argv[8]),
             environ={k: v for k, v in stepd_env.items() if k in STEPD_ENV and k != "GSRUN_CONFIG"})
         text = format_actions(actions, notes, others).encode("utf-8", "surrogateescape")
         if len(text) >= MAX_PLAN_BYTES:

@@ -1095,16 +1095,21 @@ static int daemon_plan(spank_t sp)
 		return -1;
 	/* the step id and the remote options (gsrun.spank_py.hooks.REMOTE_OPTIONS): "-" not given,
 	 * "=VALUE" given (an empty VALUE: --gs-mps without a percentage); plugstack bind= */
-	uint32_t step_id = SPECIAL_STEP_MIN;
-	char step[16], mps[64], bindopt[64];
+	uint32_t step_id = SPECIAL_STEP_MIN, ntasks = 0;
+	char step[16], tasks[16], mps[64], bindopt[64];
 	if (spank_get_item(sp, S_JOB_STEPID, &step_id) != ESPANK_SUCCESS)
 		step_id = SPECIAL_STEP_MIN;
 	snprintf(step, sizeof(step), "%u", step_id);
+	/* the step's task count on this node, from slurmstepd (never the job environment's, which the
+	 * job can set): the plan has that many ranks */
+	if (spank_get_item(sp, S_JOB_LOCAL_TASK_COUNT, &ntasks) != ESPANK_SUCCESS || ntasks == 0)
+		goto out;
+	snprintf(tasks, sizeof(tasks), "%u", ntasks);
 	if (option_field(sp, "gs-mps", mps, sizeof(mps)) < 0 || option_field(sp, "gs-bind", bindopt, sizeof(bindopt)) < 0)
 		goto out;
-	if (gs_msg_begin(&m, 022, 8) || gs_msg_add(&m, "@step") || gs_msg_add(&m, cpus) || gs_msg_add(&m, mems) ||
+	if (gs_msg_begin(&m, 022, 9) || gs_msg_add(&m, "@step") || gs_msg_add(&m, cpus) || gs_msg_add(&m, mems) ||
 	    gs_msg_add(&m, job) || gs_msg_add(&m, step) || gs_msg_add(&m, mps) || gs_msg_add(&m, bindopt) ||
-	    gs_msg_add(&m, cfg.bind))
+	    gs_msg_add(&m, cfg.bind) || gs_msg_add(&m, tasks))
 		goto out;
 	for (char **e = env; *e; e++)
 		if (gs_msg_add(&m, *e))

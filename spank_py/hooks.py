@@ -260,13 +260,15 @@ ACTIONS_MAGIC = "GSA1"
 def step_actions(job_env: Mapping[str, str], host_root: str | None, allowed_cpus: list[int] | None,
                  allowed_mems: list[int] | None, config_path: str | None,
                  job_id: str | None = None, step_id: int | None = None, mps_opt: str | None = None,
-                 bind_opt: str | None = None, plugstack_bind: str = "auto", environ: Mapping[str, str] | None = None
+                 bind_opt: str | None = None, plugstack_bind: str = "auto", environ: Mapping[str, str] | None = None,
+                 local_tasks: int | None = None
                  ) -> tuple[list[tuple[int, TaskActions]], tuple[str, ...], TaskActions | None]:
     """What a step's tasks get, from what the plugin sent (``job_id`` and
     ``step_id`` are slurmstepd's own, not the job environment's, which the job
     can set) -> ``([(local_rank, TaskActions)], notes, others)``; ``others``:
     what a task without a block gets, or None. A failed plan is a note.
-    ``environ``: where a ``config_path`` of None is looked up (slurmstepd's; default ``os.environ``)."""
+    ``environ``: where a ``config_path`` of None is looked up (slurmstepd's; default ``os.environ``);
+    ``local_tasks``: the step's tasks on this node (slurmstepd's; None: from ``job_env``)."""
     cfg = load_config(config_path, environ=os.environ if environ is None else environ)
     notes: list[str] = []
     mps_env = None
@@ -283,7 +285,7 @@ def step_actions(job_env: Mapping[str, str], host_root: str | None, allowed_cpus
         hostfs = HostFS.from_env(host_root or None, environ={})
         try:
             plan = plan_from_env(job_env, hostfs, sorted(allowed_cpus) if hostfs.is_real and allowed_cpus else None,
-                                 gpu_isolation=mode == "isolate")
+                                 gpu_isolation=mode == "isolate", ntasks=local_tasks)
         except Exception as e:  # noqa: BLE001 - GsrunError with a message; the tasks keep Slurm's binding
             notes.append(f"bind: {e}; the tasks of this step run with Slurm's binding")
         else:

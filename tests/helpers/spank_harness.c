@@ -12,6 +12,7 @@
  *   FAKE_MAJOR / FAKE_MINOR             running Slurm version (default: the one of the
  *                                       headers this harness is compiled with, e.g. 24/11)
  *   FAKE_STEPID                         S_JOB_STEPID (default 0, a normal step)
+ *   FAKE_NTASKS                         S_JOB_LOCAL_TASK_COUNT (default 2, the tasks forked)
  *   FAKE_GETOPT="gs-mps=50"             what spank_option_getopt answers (an option
  *                                       Slurm forwarded to slurmstepd); else not given
  */
@@ -79,6 +80,9 @@ spank_err_t spank_get_item(spank_t s, spank_item_t item, ...)
 	case S_SLURM_VERSION: *va_arg(ap, char **) = "fake-version"; break;
 	case S_JOB_ID: *va_arg(ap, uint32_t *) = 4242; break;
 	case S_JOB_STEPID: *va_arg(ap, uint32_t *) = getenv("FAKE_STEPID") ? (uint32_t)strtoul(getenv("FAKE_STEPID"), NULL, 0) : 0; break;
+	case S_JOB_LOCAL_TASK_COUNT:
+		*va_arg(ap, uint32_t *) = getenv("FAKE_NTASKS") ? (uint32_t)strtoul(getenv("FAKE_NTASKS"), NULL, 0) : 2;
+		break;
 	case S_JOB_UID: *va_arg(ap, uid_t *) = 1000; break;
 	case S_JOB_NCPUS: *va_arg(ap, uint16_t *) = 16; break;
 	case S_TASK_ID:

@@ -139,11 +139,12 @@ def worker_task_env(environ: Mapping[str, str]) -> dict[str, str | None]:
 
 def plan_from_env(environ: Mapping[str, str], hostfs: HostFS,
                   allowed_cpus: list[int] | None = None, gpu_isolation: bool = False,
-                  topology: Topology | None = None) -> Plan:
+                  topology: Topology | None = None, ntasks: int | None = None) -> Plan:
     """Plan all local ranks of this node from a Slurm task environment (task
-    count: :func:`ntasks_from_env`, else one per GPU, raised to cover
-    ``SLURM_LOCALID``). ``allowed_cpus`` None: the affinity (live host) or
-    all online CPUs; ``topology`` None: read the host, NVML only if needed.
+    count: ``ntasks`` when the caller knows it, as slurmstepd does, else
+    :func:`ntasks_from_env`, else one per GPU, raised to cover ``SLURM_LOCALID``).
+    ``allowed_cpus`` None: the affinity (live host) or all online CPUs;
+    ``topology`` None: read the host, NVML only if needed.
 
     Raises:
         InputError: a malformed Slurm/CUDA variable, no allowed CPU online,
@@ -160,13 +161,13 @@ def plan_from_env(environ: Mapping[str, str], hostfs: HostFS,
     cuda = _device_list(environ, "CUDA_VISIBLE_DEVICES", allow_ranges=False)
     refs = resolve_step_gpus(topo, step, cuda, environ.get("CUDA_DEVICE_ORDER"), warns)
     cap = max_local_ranks(topo)
-    n = ntasks_from_env(environ)
+    n = ntasks if ntasks is not None else ntasks_from_env(environ)
     if n is not None and n > cap:
         raise InputError("bind", "tasks per node out of range", f"{n} local tasks, this node plans at most {cap}",
                          hint="check SLURM_STEP_TASKS_PER_NODE / SLURM_TASKS_PER_NODE / SLURM_NTASKS_PER_NODE")
     if n is None:
         n = max(1, len(refs))
-    lr = _int_env(environ, "SLURM_LOCALID")
+    lr = _int_env(environ, "SLURM_LOCALID") if ntasks is None else None
     if lr is not None and lr >= cap:
         raise InputError("bind", "SLURM_LOCALID out of range", f"{lr}, this node plans at most {cap} local ranks",
                          hint="Slurm sets SLURM_LOCALID to the task's index on the node (0 to tasks per node - 1)")
