@@ -30,9 +30,9 @@ Protocol (Unix stream socket, integers big-endian):
   when the client goes away without ``K`` (slurmd past ``PrologEpilogTimeout``).
 * ``["@ping"]`` (no descriptors): one JSON line (:meth:`NodeDaemon.status`).
 * ``["@bind"]`` (no descriptors) with slurmstepd's :data:`STEPD_ENV`, then
-  ``["@step", ...]`` with the job's environment: the step's plan, made in the
-  daemon's loop (:func:`plan_answer`, within :data:`BIND_PLAN_S`): one rank per
-  task slurmstepd runs on the node, ~1 ms for a few, ~100 ms for 4096.
+  ``["@step", ...]`` with the job's environment: the step's plan
+  (:func:`_bind_child`), limited to :data:`BIND_CPU_S` CPU and
+  :data:`BIND_PLAN_S` wall seconds.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ import importlib
 import json
 import os
 import pwd
+import resource
 import select
 import selectors
 import signal
@@ -55,12 +56,10 @@ import time
 
 import gsrun
 from gsrun.base import record, unixsock
-from gsrun.base.cpulist import parse_cpulist
 from gsrun.base.errors import NodeError, exit_now, flush_std
 from gsrun.base.paths import DAEMON_SOCKET_NAME, DEFAULT_STATE_DIR
 from gsrun.epilog.ctld_start import merge_command
 from gsrun.admin.node_entry import HOOK_BOOTSTRAP, parse_hook_args, run_hook
-from gsrun.spank_py.hooks import format_actions, step_actions
 
 MAGIC = "GSH1"
 MAX_REQUEST_BYTES = 1 << 20     # an environment of ~1 MiB: far above slurmd's (a few KiB)
@@ -81,7 +80,7 @@ PRELOAD = ("gsrun.admin.node_entry", "gsrun.prolog.main", "gsrun.epilog.main",
            "gsrun.request.config", "gsrun.request.job",
            "gsrun.report.node_end", "gsrun.report.summary", "gsrun.facts.nvml", "gsrun.node.monitor", "json", "pathlib",
            "subprocess", "shutil", "tomllib", "datetime", "traceback", "fcntl", "select", "socket",
-           # the SPANK plugin's step plans (plan_answer)
+           # the SPANK plugin's step plans (_bind_child)
            "gsrun.spank_py.hooks", "gsrun.bind.plan", "gsrun.facts.topology", "gsrun.base.cpulist")
 
 
@@ -249,47 +248,55 @@ def _read_request(conn, nfds: int | None = 3, timeout_s: float = REQUEST_TIMEOUT
         raise
 
 
-BIND_REQUEST = "@bind"       # the SPANK plugin's request for a step's plan (see plan_answer)
+BIND_REQUEST = "@bind"       # the SPANK plugin's request for a step's plan (see _bind_child)
 BIND_WAIT_S = 120.0          # from slurmstepd's init_post_opt to its user_init (the request's second part)
-MAX_WAITING_PLANS = 512      # steps between their @bind and @step at once (one descriptor each)
 # slurmstepd's variables the plugin sends with @bind (GSRUN_CONFIG: $GSRUN_CONFIG or plugstack config=)
 STEPD_ENV = ("GSRUN_HOST_ROOT", "GSRUN_STATE_DIR", "GSRUN_CONFIG", "SLURM_CONF")
-BIND_PLAN_S = 2.0            # wall seconds a plan may take in the loop (SIGALRM ends it: the step runs unbound)
+BIND_CPU_S = 5               # CPU seconds a plan may use (RLIMIT_CPU; a plan takes ~10 ms)
+BIND_PLAN_S = 10             # wall seconds from the step's request to its answer (SIGALRM ends it)
 MAX_PLAN_BYTES = 16 << 20    # the most a plan may take: what the plugin reads (gsrun_spank.c GS_MAX_PLAN_BYTES)
 
 
-def _out_of_time(_signum, _frame):
-    raise TimeoutError(f"the plan took over {BIND_PLAN_S:g} s")
-
-
-def plan_answer(conn, stepd_env: dict[str, str]) -> bytes:
-    """Read ``["@step", CPUS, MEMS, JOB_ID, STEP_ID, MPS, BIND, PLUGSTACK_BIND, NTASKS]`` and the
-    job environment from ``conn`` (CPUS/MEMS: slurmstepd's affinity and ``Mems_allowed_list``;
-    MPS/BIND ``-`` or ``=VALUE``; NTASKS: the step's tasks on this node, the plan's ranks)
-    -> :func:`~gsrun.spank_py.hooks.format_actions`'s text, or ``error WHY`` (the plugin logs it,
-    the step runs unbound). The config is found from slurmstepd's variables (:data:`STEPD_ENV`)."""
+def _bind_child(conn, stepd_env: dict[str, str]) -> None:
+    """In a child forked for one slurmstepd: wait for ``["@step", CPUS, MEMS, JOB_ID, STEP_ID, MPS, BIND,
+    PLUGSTACK_BIND, NTASKS]`` and the job environment (CPUS/MEMS: slurmstepd's affinity and ``Mems_allowed_list``;
+    MPS/BIND ``-`` or ``=VALUE``; NTASKS: the step's tasks on this node, the plan's ranks), answer
+    :func:`~gsrun.spank_py.hooks.format_actions`'s text or ``error WHY`` (the step runs unbound). Never returns."""
     try:
-        argv, job_env, _um, _fds = _read_request(conn, nfds=0)
-        signal.setitimer(signal.ITIMER_REAL, BIND_PLAN_S)
-        if (len(argv) != 9 or argv[0] != "@step" or not all(a.isdigit() and len(a) <= 10 for a in argv[3:5])
-                or not argv[8].isdigit() or len(argv[8]) > 10 or any(a != "-" and not a.startswith("=")
-                                                                     for a in argv[5:7])):
-            raise BadRequest("not a step request")
-        cpus = parse_cpulist(argv[1]) if argv[1] else None
-        mems = parse_cpulist(argv[2]) if argv[2] else None
-        actions, notes, others = step_actions(
-            job_env, stepd_env.get("GSRUN_HOST_ROOT"), cpus, mems, stepd_env.get("GSRUN_CONFIG"),
-            job_id=argv[3], step_id=int(argv[4]), mps_opt=None if argv[5] == "-" else argv[5][1:],
-            bind_opt=None if argv[6] == "-" else argv[6][1:], plugstack_bind=argv[7], local_tasks=int(argv[8]),
-            environ={k: v for k, v in stepd_env.items() if k in STEPD_ENV and k != "GSRUN_CONFIG"})
-        text = format_actions(actions, notes, others).encode("utf-8", "surrogateescape")
-        if len(text) >= MAX_PLAN_BYTES:
-            raise ValueError(f"a plan of {len(text)} bytes: the plugin reads at most {MAX_PLAN_BYTES - 1}")
-        return text
-    except Exception as e:  # noqa: BLE001 - the plugin runs the step unbound and says why
-        return ("error " + f"{type(e).__name__}: {e}".replace("\n", " ") + "\n").encode("utf-8", "surrogateescape")
+        _fresh_signals()
+        resource.setrlimit(resource.RLIMIT_CPU, (BIND_CPU_S, BIND_CPU_S))
+        _close_from(3, keep=(conn.fileno(),))
+        os.chdir("/")
+        os.environ.clear()
+        os.environ.update({k: v for k, v in stepd_env.items() if k in STEPD_ENV and k != "GSRUN_CONFIG"})
+        try:
+            argv, job_env, _um, _fds = _read_request(conn, nfds=0, timeout_s=BIND_WAIT_S)
+            signal.alarm(BIND_PLAN_S)       # SIG_DFL: the process ends
+            if (len(argv) != 9 or argv[0] != "@step" or not all(a.isdigit() and len(a) <= 10 for a in argv[3:5])
+                    or not argv[8].isdigit() or len(argv[8]) > 10 or any(a != "-" and not a.startswith("=")
+                                                                         for a in argv[5:7])):
+                raise BadRequest("not a step request" + (" (gsrun_spank.so is older than this daemon: gsrun-node spank "
+                                                         "build && gsrun-node spank install)" if len(argv) == 8 else ""))
+            from gsrun.base.cpulist import parse_cpulist
+            from gsrun.spank_py.hooks import format_actions, step_actions
+
+            cpus = parse_cpulist(argv[1]) if argv[1] else None
+            mems = parse_cpulist(argv[2]) if argv[2] else None
+            actions, notes, others = step_actions(
+                job_env, stepd_env.get("GSRUN_HOST_ROOT"), cpus, mems, stepd_env.get("GSRUN_CONFIG"),
+                job_id=argv[3], step_id=int(argv[4]), mps_opt=None if argv[5] == "-" else argv[5][1:],
+                bind_opt=None if argv[6] == "-" else argv[6][1:], plugstack_bind=argv[7], local_tasks=int(argv[8]))
+            text = format_actions(actions, notes, others)
+            if (n := len(text.encode("utf-8", "surrogateescape"))) >= MAX_PLAN_BYTES:
+                raise ValueError(f"a plan of {n} bytes: the plugin reads at most {MAX_PLAN_BYTES - 1}")
+        except Exception as e:  # noqa: BLE001 - the plugin runs the step unbound and says why
+            text = "error " + f"{type(e).__name__}: {e}".replace("\n", " ") + "\n"
+        conn.settimeout(5.0)
+        conn.sendall(text.encode("utf-8", "surrogateescape"))
+    except BaseException:   # noqa: BLE001 - never back into the daemon's loop
+        pass
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
+        os._exit(0)
 
 
 def _fresh_signals(sigint=None) -> None:
@@ -441,7 +448,7 @@ class NodeDaemon:
         self.sel = selectors.DefaultSelector()
         self.running: dict[int, tuple[object, int]] = {}   # pidfd -> (conn, pid)
         self.merges: set[int] = set()       # the pidfds of self.running that are merges
-        self.waiting: dict = {}             # step plans waiting for their @step: conn -> (stepd env, deadline)
+        self.plans: set[int] = set()        # the pidfds of self.running that are step plans
         self.report_due: dict[int, float] = {}  # pidfd -> when a hook that answered is killed (monotonic)
         self.pending: deque = deque()       # merges waiting for a slot: (argv, env, umask)
         self.stopping = False
@@ -538,7 +545,6 @@ class NodeDaemon:
         caught: list[int] = []
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, lambda n, _f: caught.append(n))
-        signal.signal(signal.SIGALRM, _out_of_time)     # a plan over BIND_PLAN_S (children: _fresh_signals)
         self.log(f"serving {self.socket_path} (pid {os.getpid()}, {len(self.files)} gsrun modules loaded)")
         if self.monitor_args is not None:
             self._start_monitor()
@@ -553,10 +559,7 @@ class NodeDaemon:
             if self.monitor_due is not None and time.monotonic() >= self.monitor_due and not self.stopping:
                 self._start_monitor()
             timeout = None if not self.stopping else 1.0
-            for conn in [c for c, (_env, due) in self.waiting.items() if due <= time.monotonic()]:
-                self._drop_plan(conn)       # its step never came: the plugin logs it, the step runs unbound
-            for due in (None if self.stopping else self.monitor_due, *self.report_due.values(),
-                        *(due for _env, due in self.waiting.values())):
+            for due in (None if self.stopping else self.monitor_due, *self.report_due.values()):
                 if due is not None:
                     timeout = max(0.0, min(60.0 if timeout is None else timeout, due - time.monotonic()))
             self._kill_overdue()
@@ -571,8 +574,6 @@ class NodeDaemon:
                     self._reap(key.fileobj)
                 elif key.data == "monitor":
                     self._monitor_ended()
-                elif key.data == "plan":
-                    self._drop_plan(key.fileobj, plan_answer)
                 else:
                     self._client_readable(key.fileobj, key.data)
         signal.set_wakeup_fd(-1)
@@ -589,7 +590,7 @@ class NodeDaemon:
         plans and merges now, ``stale`` a changed module (re-executing), ``monitor_pid``
         None while no monitor runs."""
         return {"pid": os.getpid(), "version": gsrun.__version__, "started": self.started,
-                "served": self.served, "running": len(self.running) + len(self.pending) + len(self.waiting), "socket": self.socket_path,
+                "served": self.served, "running": len(self.running) + len(self.pending), "socket": self.socket_path,
                 "stale": stale, "monitor_pid": self.monitor[1] if self.monitor else None}
 
     # -- the node monitor (gsrun.node.monitor) -------------------------------------------
@@ -658,8 +659,8 @@ class NodeDaemon:
         if getattr(self, "listener", None) is None:
             return
         self.stopping = True
-        for conn in list(self.waiting):    # a plan may wait BIND_WAIT_S for its step: that step keeps Slurm's binding
-            self._drop_plan(conn)
+        for pidfd in self.plans:    # a plan may wait BIND_WAIT_S for its step: that step keeps Slurm's binding
+            os.kill(self.running[pidfd][1], signal.SIGKILL)
         doors = [(self.listener, self.socket_path, self.socket_id)]
         if self.ctld_listener is not None:
             doors.append((self.ctld_listener, self.ctld[1], self.ctld_socket_id))
@@ -785,20 +786,23 @@ class NodeDaemon:
         return pidfd
 
     def _start_bind(self, conn, stepd_env: dict[str, str]) -> None:
-        """Wait in the loop for this slurmstepd's ``@step`` (:meth:`_plan`), at most :data:`BIND_WAIT_S`."""
-        if len(self.waiting) >= MAX_WAITING_PLANS:
-            self.log(f"{MAX_WAITING_PLANS} steps wait for their plan already: this one runs with Slurm's binding")
-            conn.close()
+        """Fork :func:`_bind_child` for one slurmstepd's plugin (it answers on ``conn``); the loop reaps it."""
+        try:
+            pid = _fork()
+        except OSError as e:
+            self.log(f"cannot serve a step's plan: {e}")
+            conn.close()        # the plugin logs it; the tasks keep Slurm's binding
             return
-        self.sel.register(conn, 1, "plan")
-        self.waiting[conn] = (stepd_env, time.monotonic() + BIND_WAIT_S)
+        if pid == 0:
+            _bind_child(conn, stepd_env)    # never returns
+        conn.close()
         self.served += 1
-
-    def _drop_plan(self, conn, answer=None) -> None:
-        """Stop waiting for ``conn``'s step: send it ``answer(conn, stepd_env)`` (:func:`plan_answer`), or close."""
-        self.sel.unregister(conn)
-        stepd_env = self.waiting.pop(conn)[0]
-        _last_word(conn, answer(conn, stepd_env), 5.0) if answer else conn.close()
+        try:
+            self.plans.add(self._watch(None, pid))
+        except Exception as e:  # noqa: BLE001 - as for a hook, but a plan may wait BIND_WAIT_S for its step
+            self.log(f"plan {pid} cannot be watched ({e!r}): ended, the step keeps Slurm's binding")
+            os.kill(pid, signal.SIGKILL)
+            _wait(pid)
 
     def _start_detached(self, argv: list[str], env: dict[str, str], umask: int) -> None:
         """Fork :func:`_merge_child` for ``argv``, or queue it while :data:`MAX_MERGES` run."""
@@ -854,6 +858,7 @@ class NodeDaemon:
         with suppress(OSError):     # what the hook left in its group, as slurmd's killpg after a hook
             os.killpg(pid, signal.SIGKILL)
         status = _wait(pid)
+        self.plans.discard(pidfd)
         if pidfd in self.merges:
             self.merges.discard(pidfd)
             while self.pending and len(self.merges) < MAX_MERGES:
@@ -900,10 +905,10 @@ def _send_exit(conn, status: int) -> None:
     _last_word(conn, EXITED + status.to_bytes(4, "big", signed=True))
 
 
-def _last_word(conn, data: bytes, timeout_s: float = 0.5) -> None:
-    """Send ``data`` (blocking, within ``timeout_s``; a client gone is no error), then close ``conn``."""
+def _last_word(conn, data: bytes) -> None:
+    """Send ``data`` (blocking, within 0.5 s; a client gone is no error), then close ``conn``."""
     with suppress(OSError):
-        conn.settimeout(timeout_s)
+        conn.settimeout(0.5)
         conn.sendall(data)
     conn.close()
 

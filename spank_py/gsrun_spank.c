@@ -1102,8 +1102,10 @@ static int daemon_plan(spank_t sp)
 	snprintf(step, sizeof(step), "%u", step_id);
 	/* the step's task count on this node, from slurmstepd (never the job environment's, which the
 	 * job can set): the plan has that many ranks */
-	if (spank_get_item(sp, S_JOB_LOCAL_TASK_COUNT, &ntasks) != ESPANK_SUCCESS || ntasks == 0)
+	if (spank_get_item(sp, S_JOB_LOCAL_TASK_COUNT, &ntasks) != ESPANK_SUCCESS || ntasks == 0) {
+		slurm_error("gsrun: spank: the step's task count on this node is unknown: it runs with Slurm's binding");
 		goto out;
+	}
 	snprintf(tasks, sizeof(tasks), "%u", ntasks);
 	if (option_field(sp, "gs-mps", mps, sizeof(mps)) < 0 || option_field(sp, "gs-bind", bindopt, sizeof(bindopt)) < 0)
 		goto out;

@@ -260,16 +260,12 @@ ACTIONS_MAGIC = "GSA1"
 def step_actions(job_env: Mapping[str, str], host_root: str | None, allowed_cpus: list[int] | None,
                  allowed_mems: list[int] | None, config_path: str | None,
                  job_id: str | None = None, step_id: int | None = None, mps_opt: str | None = None,
-                 bind_opt: str | None = None, plugstack_bind: str = "auto", environ: Mapping[str, str] | None = None,
-                 local_tasks: int | None = None
+                 bind_opt: str | None = None, plugstack_bind: str = "auto", local_tasks: int | None = None
                  ) -> tuple[list[tuple[int, TaskActions]], tuple[str, ...], TaskActions | None]:
-    """What a step's tasks get, from what the plugin sent (``job_id`` and
-    ``step_id`` are slurmstepd's own, not the job environment's, which the job
-    can set) -> ``([(local_rank, TaskActions)], notes, others)``; ``others``:
-    what a task without a block gets, or None. A failed plan is a note.
-    ``environ``: where a ``config_path`` of None is looked up (slurmstepd's; default ``os.environ``);
-    ``local_tasks``: the step's tasks on this node (slurmstepd's; None: from ``job_env``)."""
-    cfg = load_config(config_path, environ=os.environ if environ is None else environ)
+    """What a step's tasks get, from what the plugin sent (``job_id``, ``step_id``, ``local_tasks``: the step's
+    tasks here; slurmstepd's own, not the job environment's, which the job can set) -> ``([(local_rank,
+    TaskActions)], notes, others)``; ``others``: what a task without a block gets, or None. A failed plan is a note."""
+    cfg = _load_config({"config": config_path} if config_path else None)
     notes: list[str] = []
     mps_env = None
     if mps_opt is not None and job_id and step_id != EXTERN_STEP:

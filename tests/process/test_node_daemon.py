@@ -979,9 +979,9 @@ def test_a_hostile_step_environment_leaves_no_root_process_busy(running, tmp_pat
     """An ordinary srun can set any job variable: SLURM_LOCALID=60000 and beyond,
     SLURM_STEP_GPUS made of thousands of ranges, a huge task count. The plan has
     the ranks slurmstepd says the step has on the node (the job's SLURM_LOCALID and
-    task counts are not read), is answered (or refused) at once, and no process of
-    the daemon's is left running: the daemon makes the plan in its loop, bounded by
-    the step's size and by server.BIND_PLAN_S."""
+    task counts are not read), is answered (or refused) within a second or two, and
+    once the answer is back no process of the daemon's is left running: the plan's
+    process is bounded by its own CPU and wall limits (server.BIND_CPU_S, server.BIND_PLAN_S)."""
     import psutil
     from pathlib import Path
 
@@ -1003,9 +1003,10 @@ def test_a_hostile_step_environment_leaves_no_root_process_busy(running, tmp_pat
         answer = ask_plan(running.sock, {"GSRUN_HOST_ROOT": str(host), "GSRUN_STATE_DIR": str(state)},
                           dict(base, **extra), cpus="0-3", mems="0")
         took_s = time.monotonic() - t0
-        assert took_s < 1.0, (extra, took_s)
-        assert answer.startswith(("GSA1", "error ")) or answer == "", answer[:200]
+        assert took_s < server.BIND_PLAN_S + 1, (extra, took_s)
+        assert answer.startswith(("GSA1", "error ")), answer[:200]
         assert answer.count("\nrank ") <= 1, answer[:200]       # one task here: one rank at most
+    assert "\nrank 0\n" in answer and "rank 1" not in answer, answer[:300]     # SLURM_LOCALID=4095: one rank
     time.sleep(0.2)
     busy = []
     for p in psutil.process_iter(["pid", "ppid", "cmdline"]):
@@ -1026,7 +1027,7 @@ def test_a_hostile_step_environment_leaves_no_root_process_busy(running, tmp_pat
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
 def test_a_plan_waiting_for_its_step_does_not_hold_up_a_stop_or_a_reload(running, sig):
     """slurmstepd sends ``@bind`` at its start and ``@step`` later (a plan may wait
-    BIND_WAIT_S for it): a stop or a reload (re-exec) drops such a plan at once
+    BIND_WAIT_S for it): a stop or a reload (re-exec) kills such a plan at once
     (that step keeps Slurm's binding) instead of waiting for it with no socket."""
     import array
     import socket
