@@ -375,6 +375,45 @@ def run_with_plan(harness, built, real_site, tmp_path, plan: bytes):
     return rc, out, err
 
 
+@pytest.mark.parametrize("ntasks", ["2", "5", "0"])
+def test_the_step_request_carries_slurmstepds_task_count(built, harness, real_site, tmp_path, ntasks):
+    """The plugin's ``@step`` has the 9 fields the daemon reads (gsrun.daemon.server._bind_child), the last
+    slurmstepd's task count on the node (the plan's ranks, never the job environment's); without a count
+    it asks for no plan and says why."""
+    from contextlib import suppress
+
+    from gsrun.daemon import server
+
+    got = []
+
+    def size(buf: bytes, at: int) -> int | None:     # a frame's length with its prefix, once its prefix is there
+        return 4 + int.from_bytes(buf[at:at + 4], "big") if len(buf) >= at + 4 else None
+
+    def serve(c):
+        c.settimeout(5)
+        buf = b""       # @bind's frame, then @step's (both may come in one read), or EOF instead of @step
+        while not ((n := size(buf, 0)) and (m := size(buf, n)) and len(buf) >= n + m):
+            if not (chunk := c.recv(1 << 20)):
+                break
+            buf += chunk
+        got.append(buf[size(buf, 0):])
+        with suppress(OSError):
+            c.sendall(b"GSA1\nend\n")
+
+    srv, path, t = fake_daemon(tmp_path, serve, connections=1)
+    rc, out, err = run_harness(harness, built, "remote", real_site, f"daemon={path}", env_extra={"FAKE_NTASKS": ntasks})
+    t.join(30)
+    srv.close()
+    assert rc == 0, (out, err)
+    if ntasks == "0":
+        assert got == [b""], got
+        assert any("the step's task count on this node is unknown" in l for l in out), out
+        return
+    argv, env, _umask = server.parse_request(got[0][4:])
+    assert len(argv) == 9 and argv[0] == "@step" and argv[3:5] == ["4242", "0"] and argv[8] == ntasks, argv
+    assert env.get("SLURM_STEP_TASKS_PER_NODE") == "2", env
+
+
 def test_a_plan_is_applied_in_c_per_rank(built, harness, real_site, tmp_path):
     """task_init applies the task's block of the daemon's plan; a rank without one is an error and
     gets the "rank *" block. Failing affinity or memory policy is logged, the task runs."""
