@@ -57,6 +57,7 @@ import time
 import gsrun
 from gsrun.base import record, unixsock
 from gsrun.base.errors import NodeError, exit_now, flush_std
+from gsrun.base.ids import is_digits
 from gsrun.base.paths import DAEMON_SOCKET_NAME, DEFAULT_STATE_DIR
 from gsrun.epilog.ctld_start import merge_command
 from gsrun.admin.node_entry import HOOK_BOOTSTRAP, parse_hook_args, run_hook
@@ -272,9 +273,8 @@ def _bind_child(conn, stepd_env: dict[str, str]) -> None:
         try:
             argv, job_env, _um, _fds = _read_request(conn, nfds=0, timeout_s=BIND_WAIT_S)
             signal.alarm(BIND_PLAN_S)       # SIG_DFL: the process ends
-            if (len(argv) != 9 or argv[0] != "@step" or not all(a.isdigit() and len(a) <= 10 for a in argv[3:5])
-                    or not argv[8].isdigit() or len(argv[8]) > 10 or any(a != "-" and not a.startswith("=")
-                                                                         for a in argv[5:7])):
+            if (len(argv) != 9 or argv[0] != "@step" or not all(is_digits(argv[i]) for i in (3, 4, 8))
+                    or any(a != "-" and not a.startswith("=") for a in argv[5:7])):
                 raise BadRequest("not a step request" + (" (gsrun_spank.so is older than this daemon: gsrun-node spank "
                                                          "build && gsrun-node spank install)" if len(argv) == 8 else ""))
             from gsrun.base.cpulist import parse_cpulist

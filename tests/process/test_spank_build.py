@@ -360,12 +360,25 @@ def test_option_forwarded_to_slurmstepd_gets_the_mps_env_from_the_daemon(built, 
     assert not [l for l in out if l.startswith("ERROR")], out                 # every task: "rank *"
 
 
+def read_bind_and_step(c) -> bytes:
+    """Read the plugin's ``@bind`` frame, then its ``@step`` frame (both may come in one read) -> the
+    ``@step`` frame, length prefix included; ``b""`` when the plugin closes instead."""
+    def size(buf: bytes, at: int) -> int | None:     # a frame's length with its prefix, once its prefix is there
+        return 4 + int.from_bytes(buf[at:at + 4], "big") if len(buf) >= at + 4 else None
+
+    c.settimeout(5)
+    buf = b""
+    while not ((n := size(buf, 0)) and (m := size(buf, n)) and len(buf) >= n + m):
+        if not (chunk := c.recv(1 << 20)):
+            break
+        buf += chunk
+    return buf[size(buf, 0):]
+
+
 def run_with_plan(harness, built, real_site, tmp_path, plan: bytes):
     """The harness's remote side with a fake node daemon that answers ``plan`` -> (rc, out, err)."""
     def serve(c):
-        c.settimeout(5)
-        c.recv(1 << 20)     # @bind
-        c.recv(1 << 20)     # @step
+        read_bind_and_step(c)
         c.sendall(plan)
 
     srv, path, t = fake_daemon(tmp_path, serve, connections=1)
@@ -386,17 +399,8 @@ def test_the_step_request_carries_slurmstepds_task_count(built, harness, real_si
 
     got = []
 
-    def size(buf: bytes, at: int) -> int | None:     # a frame's length with its prefix, once its prefix is there
-        return 4 + int.from_bytes(buf[at:at + 4], "big") if len(buf) >= at + 4 else None
-
     def serve(c):
-        c.settimeout(5)
-        buf = b""       # @bind's frame, then @step's (both may come in one read), or EOF instead of @step
-        while not ((n := size(buf, 0)) and (m := size(buf, n)) and len(buf) >= n + m):
-            if not (chunk := c.recv(1 << 20)):
-                break
-            buf += chunk
-        got.append(buf[size(buf, 0):])
+        got.append(read_bind_and_step(c))
         with suppress(OSError):
             c.sendall(b"GSA1\nend\n")
 
