@@ -122,6 +122,7 @@ __attribute__((used)) static const char gsrun_built_for[] =
 #define MAX_ARG_LEN 4096
 /* Slurm's special step ids (slurm.h): batch, extern, interactive, pending... */
 #define SPECIAL_STEP_MIN 0xFFFFFFF0u
+#define EXTERN_STEP 0xFFFFFFFCu /* SLURM_EXTERN_CONT: slurmstepd never runs user_init for it */
 #define ALLOWED_KEYS "allowed keys: pythonpath=, on_error=, bind=, config=, daemon="
 
 /* ---------------------------------------------------------------- config */
@@ -1049,6 +1050,13 @@ bad:
 	return -1;
 }
 
+/* The step's id (SPECIAL_STEP_MIN and above: batch, extern, interactive; unknown reads as one). */
+static uint32_t step_of(spank_t sp)
+{
+	uint32_t step = SPECIAL_STEP_MIN;
+	return spank_get_item(sp, S_JOB_STEPID, &step) == ESPANK_SUCCESS ? step : SPECIAL_STEP_MIN;
+}
+
 /* user_init: ask for the step's plan on the connection init_post_opt opened. 0 or -1. */
 static int daemon_plan(spank_t sp)
 {
@@ -1095,10 +1103,8 @@ static int daemon_plan(spank_t sp)
 		return -1;
 	/* the step id and the remote options (gsrun.spank_py.hooks.REMOTE_OPTIONS): "-" not given,
 	 * "=VALUE" given (an empty VALUE: --gs-mps without a percentage); plugstack bind= */
-	uint32_t step_id = SPECIAL_STEP_MIN, ntasks = 0;
+	uint32_t step_id = step_of(sp), ntasks = 0;
 	char step[16], tasks[16], mps[64], bindopt[64];
-	if (spank_get_item(sp, S_JOB_STEPID, &step_id) != ESPANK_SUCCESS)
-		step_id = SPECIAL_STEP_MIN;
 	snprintf(step, sizeof(step), "%u", step_id);
 	/* the step's task count on this node, from slurmstepd (never the job environment's, which the
 	 * job can set): the plan has that many ranks */
@@ -1259,15 +1265,6 @@ static int remote_options_given(spank_t sp)
 	return n;
 }
 
-/* A normal step (srun) of a job: not batch, extern, interactive. */
-static int normal_step(spank_t sp)
-{
-	uint32_t step = SPECIAL_STEP_MIN;
-	if (spank_get_item(sp, S_JOB_STEPID, &step) != ESPANK_SUCCESS)
-		return 0;
-	return step < SPECIAL_STEP_MIN;
-}
-
 int slurm_spank_init(spank_t sp, int ac, char **av)
 {
 	spank_context_t ctx = spank_context();
@@ -1293,9 +1290,11 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 	spank_context_t ctx = spank_context();
 	char given[256];
 	if (ctx == S_CTX_REMOTE) {
-		/* only the options the step's plan reads count (the prolog took the others) */
+		/* only the options the step's plan reads count (the prolog took the others); a normal
+		 * step (srun) is bound; the extern step never asks (its user_init never comes) */
+		uint32_t step = step_of(sp);
 		int n_step = remote_options_given(sp);
-		if (n_step == 0 && (strcmp(cfg.bind, "auto") != 0 || !normal_step(sp)))
+		if (step == EXTERN_STEP || (n_step == 0 && (strcmp(cfg.bind, "auto") != 0 || step >= SPECIAL_STEP_MIN)))
 			return 0; /* as if the plugin were absent */
 		/* the step's plan (binding, MIG devices, MPS environment) comes from the node daemon,
 		 * in user_init */

@@ -360,6 +360,15 @@ def test_option_forwarded_to_slurmstepd_gets_the_mps_env_from_the_daemon(built, 
     assert not [l for l in out if l.startswith("ERROR")], out                 # every task: "rank *"
 
 
+def test_extern_step_never_asks_the_daemon(built, harness, real_site, tmp_path):
+    """slurmstepd never runs user_init for the extern step: even with the job's --gs-mps the plugin
+    opens no @bind there (a plan process would wait for an @step that never comes)."""
+    rc, out, err = run_harness(harness, built, "remote", real_site, f"daemon={tmp_path / 'nobody.sock'}",
+                               env_extra={"FAKE_GETOPT": "gs-mps=50", "FAKE_STEPID": "0xfffffffc"})
+    assert rc == 0 and "RC slurm_spank_init_post_opt 0" in out, (out, err)
+    assert not [l for l in out if l.startswith(("ERROR", "SETENV ", "UNSETENV "))], out
+
+
 def read_bind_and_step(c) -> bytes:
     """Read the plugin's ``@bind`` frame, then its ``@step`` frame (both may come in one read) -> the
     ``@step`` frame, length prefix included; ``b""`` when the plugin closes instead."""
