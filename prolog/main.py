@@ -52,7 +52,6 @@ class Ctx:
     paths: Paths
     log: JobLog
     dry_run: bool
-    start_sampler: bool
     record: dict
     records_ok: bool = False
     req: JobRequest | None = None
@@ -158,12 +157,12 @@ STEPS = (
          when=lambda c: c.req.mps is not None and not c.dry_run),
     Step("sampler", "have the node monitor sample the job's GPUs and CPUs", 0,
          lambda c: begin_sampling(c.job, c.paths, _dma_hold(c)),
-         when=lambda c: c.start_sampler and not c.dry_run and c.records_ok),
+         when=lambda c: not c.dry_run and c.records_ok),
 )
 
 
 def run(environ, host_root: str | None = None, state_dir: str | None = None, spool_dir: str | None = None,
-        dry_run: bool = False, start_sampler: bool = True) -> int:
+        dry_run: bool = False) -> int:
     """Run :data:`STEPS` for the job in ``environ`` (slurmd's). Returns the
     exit status: 1 only when the node cannot run the job (slurmd drains it)."""
     t0 = time.time()
@@ -178,7 +177,7 @@ def run(environ, host_root: str | None = None, state_dir: str | None = None, spo
     paths = Paths.from_config(cfg, state_dir, spool_dir)
     record: dict = {"job": job.to_dict(), "prolog_time": t0, "steps": {}, "spank": dict(job.spank),
                     "slurm_calls": []}
-    ctx = Ctx(environ, job, cfg, hostfs, paths, log, dry_run, start_sampler, record)
+    ctx = Ctx(environ, job, cfg, hostfs, paths, log, dry_run, record)
     budget_s = cfg["timeouts.prolog_budget_s"]
     rc = 0
     try:

@@ -395,13 +395,12 @@ _SETTLED_UIDS: dict[tuple[int, float], tuple[int, float]] = {}
 class JobProcs:
     """CPU time and memory of the job's processes without a job cgroup: those
     with ``SLURM_JOB_ID=<id>`` and this ``SLURMD_NODENAME`` in their environment
-    (an exited process's CPU time is kept), found in ``psutil``'s cached process table."""
+    (an exited process's CPU time is kept, in one sum), found in ``psutil``'s cached process table."""
 
     def __init__(self, job_id: str, uid: int | None, node: str | None = None):
-        self.job_id = job_id
-        self.uid = uid
-        self.node = node
-        self.seen: dict[tuple[int, float], float] = {}
+        self.job_id, self.uid, self.node = job_id, uid, node
+        self.seen: dict[tuple[int, float], float] = {}   # the job's live processes -> their CPU seconds
+        self.exited_cpu_s = 0.0                         # the CPU seconds of those that exited
         self.other: dict[tuple[int, float], float] = {}  # processes not the job's -> until (inf: for good)
         self.current: set[int] = set()                # the job's PIDs at the last poll
 
@@ -416,7 +415,7 @@ class JobProcs:
                 rss += p.memory_info().rss
                 current.add(key[0])
         self.current = current
-        return sum(self.seen.values()), rss
+        return self.exited_cpu_s + sum(self.seen.values()), rss
 
     def _scan(self):
         """``((pid, create_time), process)`` of every process of the job's on this node."""
@@ -452,6 +451,8 @@ class JobProcs:
             for key in _SETTLED_UIDS.keys() - live:
                 del _SETTLED_UIDS[key]
         self.other = {k: v for k, v in self.other.items() if k in live}
+        for key in self.seen.keys() - live:     # one sum, not a key per process the job ever ran
+            self.exited_cpu_s += self.seen.pop(key)
 
 
 def update_job(state: dict, cpu_time_s, mem_current, mem_peak, source: str, t_rel_s: float, dt_s: float):
@@ -524,8 +525,7 @@ class Sampler:
             watch.max_gap_s, watch.window_s = stretch_gap_s(interval_s), interval_s   # not the restored state's
         self.state.setdefault("waste_findings", [])
         self.procs = JobProcs(job_id, uid, node)
-        self._cg = None
-        self._cg_looked = False
+        self._cg, self._cg_looked = None, False     # the job's cgroup, once looked for
         self._usage = usage
         self.live = None          # gsrun.node.live.LiveActions (the monitor sets it)
 

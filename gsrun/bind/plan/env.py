@@ -164,7 +164,8 @@ def plan_from_env(environ: Mapping[str, str], hostfs: HostFS,
     n = ntasks if ntasks is not None else ntasks_from_env(environ)
     if n is not None and n > cap:
         raise InputError("bind", "tasks per node out of range", f"{n} local tasks, this node plans at most {cap}",
-                         hint="check SLURM_STEP_TASKS_PER_NODE / SLURM_TASKS_PER_NODE / SLURM_NTASKS_PER_NODE")
+                         hint="fewer tasks per node (slurmstepd's count)" if ntasks is not None else
+                         "check SLURM_STEP_TASKS_PER_NODE / SLURM_TASKS_PER_NODE / SLURM_NTASKS_PER_NODE")
     if n is None:
         n = max(1, len(refs))
     lr = _int_env(environ, "SLURM_LOCALID") if ntasks is None else None
