@@ -423,6 +423,8 @@ class JobProcs:
         for p in psutil.process_iter():
             try:
                 key = (p.pid, p.create_time())
+                if key in self.seen and not p.is_running():     # its pid reused: psutil >= 6 kept the old object
+                    continue
                 live.add(key)
                 if self.other.get(key, 0.0) > now:
                     continue
@@ -436,13 +438,10 @@ class JobProcs:
                     mine = self.uid is None or uid == self.uid
                     env = p.environ() if mine else {}
                     job = env.get("SLURM_JOB_ID")
-                    if job != self.job_id:
+                    # another job's, or (several slurmd on one host) another node's task of this job
+                    if job != self.job_id or (self.node and env.get("SLURMD_NODENAME", self.node) != self.node):
                         if settled:     # for good when another job's or another user's, else looked at again
                             self.other[key] = float("inf") if job or (not mine and uid) else now + RECHECK_S
-                        continue
-                    # several slurmd on one host: only this node's tasks
-                    if self.node and env.get("SLURMD_NODENAME", self.node) != self.node:
-                        self.other[key] = float("inf")
                         continue
             except _GONE:
                 continue

@@ -15,9 +15,13 @@ class Proc:
     def __init__(self, pid: int, started: float, uid: int, env: dict, cpu_s: float = 1.0):
         self.pid, self.started, self.uid, self.env, self.cpu_s = pid, started, uid, env, cpu_s
         self.uid_reads = 0
+        self.alive = True
 
     def create_time(self):
         return self.started
+
+    def is_running(self):
+        return self.alive
 
     def uids(self):
         self.uid_reads += 1
@@ -117,3 +121,22 @@ def test_an_exited_process_keeps_its_cpu_time_in_one_sum(node):
     assert len(job.seen) == 1
     del procs[:]
     assert job.poll() == (pytest.approx(500.0), 0) and job.seen == {} and job.current == set()
+
+
+def test_a_reused_pid_ends_the_old_process_not_its_count(node):
+    """psutil >= 6 keeps a cached process object for a pid: once the pid is another process's,
+    the old process's CPU time stays counted and the newcomer's is not taken for it."""
+    clock, procs = node
+    task = Proc(40, 990.0, JOB_UID, {"SLURM_JOB_ID": "7", "SLURMD_NODENAME": "n1"}, cpu_s=3.0)
+    procs.append(task)
+    job = sampler.JobProcs("7", JOB_UID, "n1")
+    assert job.poll() == (3.0, 4096)
+    task.alive, task.cpu_s = False, 100.0       # the pid is now an unrelated process's
+    assert job.poll() == (3.0, 0) and job.seen == {} and job.exited_cpu_s == 3.0
+
+
+def test_another_nodes_task_of_the_job_is_not_counted(node):
+    clock, procs = node
+    procs.append(Proc(41, 900.0, JOB_UID, {"SLURM_JOB_ID": "7", "SLURMD_NODENAME": "n2"}))
+    job = sampler.JobProcs("7", JOB_UID, "n1")
+    assert job.poll() == (0, 0) and job.other == {(41, 900.0): float("inf")}
