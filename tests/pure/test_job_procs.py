@@ -133,10 +133,16 @@ def test_a_reused_pid_ends_the_old_process_not_its_count(node):
     assert job.poll() == (3.0, 4096)
     task.alive, task.cpu_s = False, 100.0       # the pid is now an unrelated process's
     assert job.poll() == (3.0, 0) and job.seen == {} and job.exited_cpu_s == 3.0
+    procs[:] = [Proc(40, 1001.0, 1001, {}, cpu_s=100.0)]     # psutil's next table: the newcomer, its own key
+    assert job.poll() == (3.0, 0) and (40, 1001.0) not in job.seen
 
 
 def test_another_nodes_task_of_the_job_is_not_counted(node):
+    """Several slurmd on one host: a settled task of the job on another node is left out for good,
+    a young one is looked at again (as any young process), never counted."""
     clock, procs = node
-    procs.append(Proc(41, 900.0, JOB_UID, {"SLURM_JOB_ID": "7", "SLURMD_NODENAME": "n2"}))
+    procs += [Proc(41, 900.0, JOB_UID, {"SLURM_JOB_ID": "7", "SLURMD_NODENAME": "n2"}),
+              Proc(42, 999.0, JOB_UID, {"SLURM_JOB_ID": "7", "SLURMD_NODENAME": "n2"})]
     job = sampler.JobProcs("7", JOB_UID, "n1")
     assert job.poll() == (0, 0) and job.other == {(41, 900.0): float("inf")}
+    assert job.poll() == (0, 0) and job.current == set()
