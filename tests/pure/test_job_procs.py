@@ -114,9 +114,9 @@ def test_the_shared_uid_map_keeps_to_the_live_processes(node):
 def test_an_exited_process_keeps_its_cpu_time_in_one_sum(node):
     """A job that runs thousands of short processes: their CPU time stays counted, their keys do not."""
     clock, procs = node
+    job = sampler.JobProcs("7", JOB_UID, "n1")
     for i in range(1000):
         procs[:] = [Proc(1000 + i, 990.0, JOB_UID, {"SLURM_JOB_ID": "7", "SLURMD_NODENAME": "n1"}, cpu_s=0.5)]
-        job = job if i else sampler.JobProcs("7", JOB_UID, "n1")
         assert job.poll()[0] == pytest.approx(0.5 * (i + 1))
     assert len(job.seen) == 1
     del procs[:]
